@@ -1,0 +1,60 @@
+"""Assembly: open Redis and the SSH pool from the validated config and build the one
+:class:`~handlers.context.Context` a process shares; close it all again in reverse order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+
+from pipeline.remote import SSHPool
+from pipeline.restart import Restarter
+
+from handlers.context import Context
+from handlers.outbox import Outbox
+from pipeline import messages
+from pipeline.config import Config
+from pipeline.events import Events
+from pipeline.redisconn import open_redis
+from pipeline.runs import RunStore
+
+log = logging.getLogger(__name__)
+
+
+def new_instance_id() -> str:
+    """An id for this process: ``host:pid:random`` (leader lease, claims, logs)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+async def build_context(config: Config, outbox: Outbox, *, instance: str | None = None) -> Context:
+    """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context.
+
+    :raises redis.exceptions.ConnectionError: if a configured Redis does not answer.
+    """
+    handle = await open_redis(config)
+    if handle.embedded is not None:
+        log.info(messages.embedded_redis_started(handle.description))
+    ssh = SSHPool(config)
+    runs = RunStore(handle.client, handle.prefix)
+    events = Events(handle.client, handle.prefix)
+    restarter = Restarter(config, ssh, runs, events)
+    return Context(
+        config=config,
+        redis=handle,
+        ssh=ssh,
+        runs=runs,
+        restarter=restarter,
+        events=events,
+        outbox=outbox,
+        instance=instance or new_instance_id(),
+    )
+
+
+async def close_context(ctx: Context) -> None:
+    """Close the SSH pool, then Redis (the embedded server stops if this was its last user)."""
+    try:
+        await ctx.ssh.close()
+    finally:
+        await ctx.redis.aclose()

@@ -1,0 +1,212 @@
+"""The ``pitstop`` command: ``demo | console | serve | say | parse | check-config``.
+
+Every verb exits with the codes listed in the README (:class:`pipeline.errors.ExitCode`):
+0 ok; 1 the action failed or the verdict is not RUNNING; 2 usage, parse or config error;
+3 denied; 4 refused because another restart is in flight; 5 cancelled or timed out.
+Errors are one clear line on stderr, never a traceback.
+
+Usage::
+
+    pitstop check-config pitstop.toml
+    pitstop parse "restart dflash with topk patch"
+    pitstop say "restart dflash with topk patch" --as U012ABCDEF --wait
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from bot import settings as settings_mod
+from pipeline import messages
+from pipeline.config import Config, load_config, resolve_path
+from pipeline.errors import ExitCode, PitstopError
+
+log = logging.getLogger("pitstop")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config", metavar="FILE", help="config file (default: $PITSTOP_CONFIG or ./pitstop.toml)"
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+
+    p = argparse.ArgumentParser(
+        prog="pitstop",
+        description="Restart, watch and report on GPU training jobs from Slack.",
+    )
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    demo = sub.add_parser("demo", parents=[common], help="run the end-to-end demo on this machine")
+    demo.add_argument("--script", metavar="FILE", help="run the lines of FILE non-interactively")
+    demo.add_argument("--say", metavar="TEXT", action="append", default=[], help="run TEXT (repeatable)")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
+
+    console = sub.add_parser("console", parents=[common], help="chat with Pitstop in this terminal")
+    console.add_argument("--as", dest="user", metavar="USER_ID", help="act as this Slack user id")
+
+    serve = sub.add_parser("serve", parents=[common], help="serve Slack (HTTP, or Socket Mode with --socket)")
+    serve.add_argument("--socket", action="store_true", help="use Socket Mode (needs SLACK_APP_TOKEN)")
+    serve.add_argument("--host", default="0.0.0.0", help="HTTP listen address (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=3000, help="HTTP listen port (default 3000)")
+
+    say = sub.add_parser("say", parents=[common], help="run one request as Slack would and print the reply")
+    say.add_argument("text", metavar="TEXT")
+    say.add_argument("--as", dest="user", metavar="USER_ID", help="act as this Slack user id")
+    say.add_argument("--wait", action="store_true", help="also wait for and print the verdict line")
+    say.add_argument("--json", dest="as_json", action="store_true", help="print the reply model as JSON")
+
+    parse = sub.add_parser("parse", parents=[common], help="print the command TEXT parses to, as JSON")
+    parse.add_argument("text", metavar="TEXT")
+
+    check = sub.add_parser("check-config", parents=[common], help="validate a config file")
+    check.add_argument("file", nargs="?", metavar="FILE")
+    return p
+
+
+def _fail(message: str, code: ExitCode) -> int:
+    print(message, file=sys.stderr)
+    return int(code)
+
+
+def run_async(make: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run ``make()`` in a fresh event loop; SIGINT/SIGTERM cancel it so cleanup runs.
+
+    :returns: the coroutine's exit code, or 5 (cancelled) after a signal.
+    """
+
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        stopped: list[int] = []
+
+        def stop(signum: int) -> None:
+            stopped.append(signum)
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop, sig)
+        try:
+            return await make()
+        except asyncio.CancelledError:
+            if stopped:
+                return int(ExitCode.CANCELLED)
+            raise
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())
+
+
+def _load(args: argparse.Namespace, env: settings_mod.Settings) -> Config:
+    return load_config(resolve_path(args.config, env.config_path))
+
+
+def _check_config(args: argparse.Namespace, env: settings_mod.Settings) -> int:
+    path = resolve_path(args.file or args.config, env.config_path)
+    config = load_config(path)
+    redis = config.redis.url or f"embedded under {config.state.dir}"
+    from pipeline.redisconn import mask_url
+
+    print(messages.config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
+    return 0
+
+
+def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
+    verb: str = args.verb
+    if verb == "check-config":
+        return _check_config(args, env)
+    if verb == "demo":
+        from bot.demo import demo_main
+
+        return run_async(lambda: demo_main(args, env))
+    config = _load(args, env)
+    if verb == "parse":
+        from bot.say import parse_main
+
+        return parse_main(config, args.text)
+    if verb == "say":
+        from bot.say import say_main
+
+        user = env.acting_user(args.user)
+        return run_async(lambda: say_main(config, args.text, user=user, wait=args.wait, as_json=args.as_json))
+    if verb == "console":
+        from bot.console import run_console
+
+        user = env.acting_user(args.user)
+        return run_async(lambda: run_console(config, user=user))
+    if verb == "serve":
+        return _serve(args, env, config)
+    raise AssertionError(verb)  # argparse rejects unknown verbs
+
+
+def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config) -> int:
+    from bot import serve
+
+    if not env.bot_token:
+        return _fail(messages.missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
+    bot_token = env.bot_token
+    if args.socket:
+        if not env.app_token:
+            return _fail(messages.missing_env("SLACK_APP_TOKEN"), ExitCode.USAGE)
+        app_token = env.app_token
+
+        async def socket_mode() -> int:
+            await serve.serve_socket(config, bot_token=bot_token, app_token=app_token, api_url=env.api_url)
+            return 0
+
+        return run_async(socket_mode)
+    if not env.signing_secret:
+        return _fail(messages.missing_env("SLACK_SIGNING_SECRET"), ExitCode.USAGE)
+    secret = env.signing_secret
+
+    async def http() -> int:
+        await serve.serve_http(
+            config,
+            host=args.host,
+            port=args.port,
+            bot_token=bot_token,
+            signing_secret=secret,
+            api_url=env.api_url,
+        )
+        return 0
+
+    return run_async(http)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``pitstop`` console script.
+
+    :returns: the exit code (see the module docstring).
+    """
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    env = settings_mod.from_environ()
+    try:
+        return _dispatch(args, env)
+    except PitstopError as exc:
+        return _fail(exc.message, exc.exit_code)
+    except KeyboardInterrupt:
+        return int(ExitCode.CANCELLED)
+    except Exception:
+        incident = uuid.uuid4().hex[:8]
+        log.exception("incident %s", incident)
+        return _fail(messages.internal_error(incident), ExitCode.FAILED)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

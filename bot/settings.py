@@ -1,0 +1,57 @@
+"""The one module that reads the environment.
+
+Secrets (Slack tokens) come only from here, are never logged and never echoed; the rest
+of Pitstop receives values as arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+DEFAULT_USER = "console"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Values taken from the environment at start-up.
+
+    :ivar bot_token: ``SLACK_BOT_TOKEN`` (``xoxb-…``), or None.
+    :ivar signing_secret: ``SLACK_SIGNING_SECRET`` (HTTP mode), or None.
+    :ivar app_token: ``SLACK_APP_TOKEN`` (``xapp-…``, Socket Mode), or None.
+    :ivar api_url: ``SLACK_API_URL``: the Web API base URL (proxies, tests), or None.
+    :ivar config_path: ``PITSTOP_CONFIG``, or None.
+    :ivar user: ``PITSTOP_USER``: who the console and ``pitstop say`` act as, or None.
+    """
+
+    bot_token: str | None = field(default=None, repr=False)
+    signing_secret: str | None = field(default=None, repr=False)
+    app_token: str | None = field(default=None, repr=False)
+    api_url: str | None = None
+    config_path: str | None = None
+    user: str | None = None
+
+    def acting_user(self, explicit: str | None) -> str:
+        """Who a console/CLI request acts as: ``--as``, else ``PITSTOP_USER``, else ``console``."""
+        return explicit or self.user or DEFAULT_USER
+
+
+def from_environ(environ: dict[str, str] | None = None) -> Settings:
+    """Read :class:`Settings` from ``environ`` (default: ``os.environ``); empty values count as unset."""
+    env = os.environ if environ is None else environ
+
+    def get(name: str) -> str | None:
+        value = env.get(name, "").strip()
+        return value or None
+
+    api_url = get("SLACK_API_URL")
+    if api_url and not api_url.endswith("/"):
+        api_url += "/"
+    return Settings(
+        bot_token=get("SLACK_BOT_TOKEN"),
+        signing_secret=get("SLACK_SIGNING_SECRET"),
+        app_token=get("SLACK_APP_TOKEN"),
+        api_url=api_url,
+        config_path=get("PITSTOP_CONFIG"),
+        user=get("PITSTOP_USER"),
+    )

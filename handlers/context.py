@@ -1,0 +1,48 @@
+"""Everything a handler needs, assembled once by ``bot/`` and passed in (arq's ctx pattern).
+
+``handlers/`` never builds its own connections: the surface (Slack app, console, CLI, demo)
+opens Redis and the SSH pool from the validated config, builds one :class:`Context`, and
+passes it to every handler and scheduled job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.remote import SSHPool
+from pipeline.restart import Restarter
+
+from handlers.outbox import Outbox
+from pipeline.config import Config
+from pipeline.events import Events
+from pipeline.redisconn import RedisHandle
+from pipeline.runs import RunStore
+
+
+@dataclass
+class Context:
+    """The shared, long-lived parts of one Pitstop process.
+
+    :ivar config: the validated configuration.
+    :ivar redis: the open Redis handle (client + key prefix).
+    :ivar ssh: the SSH connection pool (one connection per host).
+    :ivar runs: run records in Redis.
+    :ivar restarter: the restart sequence and ``verify``.
+    :ivar events: the awaitable event stream.
+    :ivar outbox: where team-visible posts go (Slack, console, memory).
+    :ivar instance: an id for this process (leader lease, claims, logs).
+    """
+
+    config: Config
+    redis: RedisHandle
+    ssh: SSHPool
+    runs: RunStore
+    restarter: Restarter
+    events: Events
+    outbox: Outbox
+    instance: str
+
+    @property
+    def prefix(self) -> str:
+        """The Redis key prefix (:mod:`pipeline.keys`)."""
+        return self.redis.prefix

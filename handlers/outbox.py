@@ -1,0 +1,65 @@
+"""Where replies that are not answers go: the team-visible posts of restarts, alerts, digests.
+
+A handler answers the requester with a :class:`~handlers.reply.Reply`; everything the team
+should see (a restart's live message, its thread, alerts, resolved notes, digests) goes
+through an :class:`Outbox`.  ``bot/`` implements it for Slack (``chat.postMessage`` /
+``chat.update`` / threads) and for the console (rich); tests use :class:`MemoryOutbox`.
+
+Keys name a headline message: ``run:r-42`` (a restart), ``incident:dflash:7`` (an alert).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from handlers.reply import Reply
+
+
+class Outbox(Protocol):
+    """The team-visible side of a surface."""
+
+    async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Post the headline message for ``key``, or update it in place if already posted.
+
+        :param channel: channel id; ``None`` → the surface's default (``announce_channel``).
+        """
+
+    async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Post ``reply`` in the thread under ``key``'s headline (posting one if none yet)."""
+
+    async def post(self, reply: Reply, channel: str | None) -> None:
+        """Post ``reply`` as a message of its own (digests), uploading ``reply.chart`` if set."""
+
+
+@dataclass
+class Posted:
+    """One call recorded by :class:`MemoryOutbox`."""
+
+    kind: str  #: "announce" | "thread" | "post"
+    key: str | None
+    reply: Reply
+    channel: str | None
+
+
+@dataclass
+class MemoryOutbox:
+    """An :class:`Outbox` that records every call, for tests and ``pitstop say``."""
+
+    posted: list[Posted] = field(default_factory=list)
+
+    async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Record a headline post/update."""
+        self.posted.append(Posted("announce", key, reply, channel))
+
+    async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Record a thread reply."""
+        self.posted.append(Posted("thread", key, reply, channel))
+
+    async def post(self, reply: Reply, channel: str | None) -> None:
+        """Record a plain post."""
+        self.posted.append(Posted("post", None, reply, channel))
+
+    def of(self, kind: str) -> list[Posted]:
+        """The recorded calls of one kind, in order."""
+        return [p for p in self.posted if p.kind == kind]

@@ -1,0 +1,153 @@
+"""The transport-free reply model every handler returns, and its plain-text renderer.
+
+Surfaces render a :class:`Reply` and nothing else: ``bot/blocks.py`` into Block Kit,
+``bot/console.py`` with rich, and :func:`render_text` for ``pitstop say`` and logs.  The
+same handler output therefore reads the same everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pipeline.errors import ExitCode
+
+
+class Status(StrEnum):
+    """The tone of a reply: how a surface colours or marks it."""
+
+    OK = "ok"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """One step of a run as shown live: label, mark, seconds taken, detail."""
+
+    label: str
+    outcome: str  #: :class:`pipeline.runs.Outcome` value
+    seconds: float | None = None
+    detail: str = ""
+
+    @property
+    def mark(self) -> str:
+        """``✓`` ok, ``✗`` failed, ``…`` running/waiting, ``-`` skipped."""
+        return {"ok": "✓", "failed": "✗", "skipped": "-"}.get(self.outcome, "…")
+
+    def text(self) -> str:
+        """``✓ stop 2.1 s - 8 processes stopped``."""
+        took = f" {self.seconds:.1f} s" if self.seconds is not None else ""
+        detail = f" - {self.detail}" if self.detail else ""
+        return f"{self.mark} {self.label}{took}{detail}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A small table: column headers and rows of cells (strings)."""
+
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Button:
+    """An interactive choice: ``action`` is the id a surface routes back (``confirm``, ``cancel``, ``show_log``)."""
+
+    label: str
+    action: str
+    value: str
+    style: str | None = None  #: "primary" | "danger" | None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a handler answers, for any surface.
+
+    :ivar title: one line, the headline (``restart of dflash: RUNNING 8/8 processes pid 4242``).
+    :ivar status: tone of the reply.
+    :ivar lines: body text lines (already worded by :mod:`pipeline.messages`).
+    :ivar fields: label → value pairs shown side by side.
+    :ivar tables: tables (jobs listing, GPUs, digest per rank).
+    :ivar steps: a run's live step list.
+    :ivar log: a log excerpt (shown as preformatted text; surfaces truncate visibly).
+    :ivar log_title: what the excerpt is (``last 30 lines of /w/train.log``).
+    :ivar ephemeral: only the requester should see it (input errors, denials).
+    :ivar thread_key: groups posts into one thread (``run:r-42``, ``incident:dflash:3``).
+    :ivar run_id: the run this reply is about, if any.
+    :ivar chart: path of a PNG to upload with the reply (digests).
+    :ivar buttons: interactive choices (confirm/cancel, show log).
+    :ivar follow_ups: replies that belong in the thread under this one.
+    :ivar exit_code: what the CLI exits with for this reply.
+    """
+
+    title: str
+    status: Status = Status.INFO
+    lines: tuple[str, ...] = ()
+    fields: tuple[tuple[str, str], ...] = ()
+    tables: tuple[Table, ...] = ()
+    steps: tuple[StepLine, ...] = ()
+    log: str | None = None
+    log_title: str = ""
+    ephemeral: bool = False
+    thread_key: str | None = None
+    run_id: str | None = None
+    chart: str | None = None
+    buttons: tuple[Button, ...] = ()
+    follow_ups: tuple[Reply, ...] = field(default=())
+    exit_code: ExitCode = ExitCode.OK
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready dict (``pitstop say --json``)."""
+        return {
+            "title": self.title,
+            "status": self.status.value,
+            "lines": list(self.lines),
+            "fields": dict(self.fields),
+            "tables": [{"headers": list(t.headers), "rows": [list(r) for r in t.rows]} for t in self.tables],
+            "steps": [
+                {"label": s.label, "outcome": s.outcome, "seconds": s.seconds, "detail": s.detail}
+                for s in self.steps
+            ],
+            "log": self.log,
+            "log_title": self.log_title,
+            "ephemeral": self.ephemeral,
+            "thread_key": self.thread_key,
+            "run_id": self.run_id,
+            "chart": self.chart,
+            "buttons": [{"label": b.label, "action": b.action, "value": b.value} for b in self.buttons],
+            "follow_ups": [f.to_dict() for f in self.follow_ups],
+            "exit_code": int(self.exit_code),
+        }
+
+
+def format_table(table: Table) -> list[str]:
+    """A table as aligned monospace lines (header, rule, rows)."""
+    widths = [len(h) for h in table.headers]
+    for row in table.rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=False)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*table.headers).rstrip(), "  ".join("-" * w for w in widths)]
+    out += [fmt.format(*row).rstrip() for row in table.rows]
+    return out
+
+
+def render_text(reply: Reply) -> str:
+    """The reply as plain text, the way ``pitstop say`` prints it."""
+    out = [reply.title]
+    out += [s.text() for s in reply.steps]
+    out += list(reply.lines)
+    out += [f"{k}: {v}" for k, v in reply.fields]
+    for table in reply.tables:
+        out += format_table(table)
+    if reply.log:
+        if reply.log_title:
+            out.append(reply.log_title + ":")
+        out += ["    " + line for line in reply.log.rstrip("\n").splitlines()]
+    if reply.chart:
+        out.append(f"chart: {reply.chart}")
+    for follow in reply.follow_ups:
+        out.append("")
+        out.append(render_text(follow))
+    return "\n".join(out)

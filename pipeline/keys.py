@@ -1,0 +1,122 @@
+"""Every Redis key name Pitstop uses, in one place (as arq's ``constants.py``).
+
+Each function takes the configured prefix (``[redis] prefix``, default ``pitstop:``) first,
+so a test can give every case a fresh prefix on a shared server.
+"""
+
+from __future__ import annotations
+
+
+def run_seq(prefix: str) -> str:
+    """INCR counter behind run ids ``r-<n>``."""
+    return f"{prefix}run:seq"
+
+
+def run(prefix: str, run_id: str) -> str:
+    """String: one run record as JSON (:class:`pipeline.runs.RunRecord`)."""
+    return f"{prefix}run:{run_id}"
+
+
+def runs_of_job(prefix: str, job: str) -> str:
+    """Sorted set: run ids of a job scored by creation time (unix s)."""
+    return f"{prefix}runs:job:{job.lower()}"
+
+
+def runs_all(prefix: str) -> str:
+    """Sorted set: every run id scored by creation time (unix s)."""
+    return f"{prefix}runs:all"
+
+
+def runs_open(prefix: str) -> str:
+    """Set: run ids whose sequence has not finished (reconciled as INTERRUPTED at start)."""
+    return f"{prefix}runs:open"
+
+
+def runs_unverified(prefix: str) -> str:
+    """Sorted set: launched run ids awaiting their verification, scored by due time (unix s)."""
+    return f"{prefix}runs:unverified"
+
+
+def verify_claim(prefix: str, run_id: str) -> str:
+    """SET NX claim: the one process that posts this run's verdict."""
+    return f"{prefix}verify:claim:{run_id}"
+
+
+def job_current(prefix: str, job: str) -> str:
+    """Hash: what is running for a job now (run id, pid, start time, session, patches)."""
+    return f"{prefix}job:{job.lower()}:current"
+
+
+def job_patches(prefix: str, job: str) -> str:
+    """Set: patch names in effect in the job's workdir."""
+    return f"{prefix}job:{job.lower()}:patches"
+
+
+def lock(prefix: str, scope: str) -> str:
+    """redis-py Lock name for a job (``job:NAME``) or host (``host:NAME``) scope."""
+    return f"{prefix}lock:{scope.lower()}"
+
+
+def lock_holder(prefix: str, scope: str) -> str:
+    """Hash beside the lock: user, run id, step, started at."""
+    return f"{prefix}lock:{scope.lower()}:holder"
+
+
+def cancel_request(prefix: str, run_id: str) -> str:
+    """String: set when someone asked to cancel a run; read at step boundaries."""
+    return f"{prefix}cancel:{run_id}"
+
+
+def dedupe(prefix: str, delivery_id: str) -> str:
+    """SET NX with TTL: a delivery already acted on."""
+    return f"{prefix}dedupe:{delivery_id}"
+
+
+def audit(prefix: str) -> str:
+    """Capped stream of every request and its outcome."""
+    return f"{prefix}audit"
+
+
+def incident(prefix: str, job: str) -> str:
+    """Hash: the job's open incident (kind, opened at, thread, acked)."""
+    return f"{prefix}incident:{job.lower()}"
+
+
+def watch_state(prefix: str, job: str) -> str:
+    """Hash: watcher memory for a job (last seen alive, last pid, log size, degraded since)."""
+    return f"{prefix}watch:{job.lower()}"
+
+
+def watch_off(prefix: str, job: str) -> str:
+    """String with TTL: watching paused for the job until it expires."""
+    return f"{prefix}watch:{job.lower()}:off"
+
+
+def auto_restarts(prefix: str, job: str) -> str:
+    """Sorted set: times (unix s) of automatic restarts, for the crash-loop bound."""
+    return f"{prefix}autorestart:{job.lower()}"
+
+
+def digest_offset(prefix: str, job: str) -> str:
+    """Hash: byte offset and inode of the metric log read by the last scheduled digest."""
+    return f"{prefix}digest:{job.lower()}:offset"
+
+
+def digest_last(prefix: str, job: str) -> str:
+    """String: the last scheduled digest's summary (JSON), for the ±% change."""
+    return f"{prefix}digest:{job.lower()}:last"
+
+
+def leader(prefix: str) -> str:
+    """String with TTL: the scheduler leader lease (holder id)."""
+    return f"{prefix}scheduler:leader"
+
+
+def posts(prefix: str, run_or_incident: str) -> str:
+    """Hash: where a run's or incident's message lives (channel, ts) so it can be updated."""
+    return f"{prefix}posts:{run_or_incident}"
+
+
+def events(prefix: str) -> str:
+    """Stream: events (verdict, alert, resolved, digest, step) for surfaces and scripts to await."""
+    return f"{prefix}events"

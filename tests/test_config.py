@@ -1,0 +1,137 @@
+"""The config file: validation, error lines naming TOML paths, and `pitstop check-config`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config, parse_duration, resolve_path
+from pipeline.errors import ConfigError, ExitCode
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MINIMAL = """
+[hosts.gpu1]
+address = "127.0.0.1"
+
+[jobs.dflash]
+host = "gpu1"
+workdir = "/srv/dflash"
+launch = ["./run.sh"]
+log = "/srv/dflash/train.log"
+match = "^dflash-worker "
+processes = 8
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pitstop.toml"
+    path.write_text(text)
+    return path
+
+
+def check_config(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bot.cli", "check-config", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_example_config_is_valid() -> None:
+    """The shipped example config passes check-config with exit 0 and a one-line summary."""
+    done = check_config("pitstop.example.toml")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("\n") == 1 and "1 host(s), 1 job(s)" in done.stdout
+
+
+def test_minimal_config_defaults(tmp_path: Path) -> None:
+    """Defaults apply: /train, pace 1 s, watch every 15 s, embedded Redis, job lookup ignores case."""
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config.slack.command == "/train" and config.slack.pace == 1.0
+    assert config.redis.url is None and config.redis.prefix == "pitstop:"
+    job = config.job("DFLASH")
+    assert job.watch.interval == 15 and job.watch.stall_after == 600 and job.start_window == 10
+    assert job.stop_timeout == 30 and job.lock_scope == "job" and job.metrics == "jsonl"
+
+
+def test_bad_file_names_every_problem(tmp_path: Path) -> None:
+    """An unknown host, a bad type and an unknown key are each reported on a line naming its path."""
+    text = MINIMAL.replace('host = "gpu1"', 'host = "gpu2"').replace("processes = 8", 'processes = "eight"')
+    done = check_config(str(write(tmp_path, text + "bogus = 1\n")))
+    assert done.returncode == ExitCode.USAGE
+    assert "jobs.dflash.host: unknown host 'gpu2' (known: gpu1)" in done.stderr
+    assert "jobs.dflash.processes:" in done.stderr
+    assert "jobs.dflash.bogus: unknown key" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_toml_syntax_error_names_line(tmp_path: Path) -> None:
+    """A TOML syntax error exits 2 with the line it is on, no traceback."""
+    done = check_config(str(write(tmp_path, MINIMAL + "\n[jobs.x\n")))
+    assert done.returncode == ExitCode.USAGE
+    assert "TOML syntax error" in done.stderr and "(at line " in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    """A missing file is one line saying what to do."""
+    done = check_config(str(tmp_path / "nope.toml"))
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr.strip().count("\n") == 0 and "config file not found" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("snippet", "expected"),
+    [
+        ('clear_cache = ["/"]', "jobs.dflash.clear_cache"),
+        ('clear_cache = ["tmp/cache"]', "jobs.dflash.clear_cache"),
+        ('clear_cache = ["/srv/../etc"]', "jobs.dflash.clear_cache"),
+        ('lock_scope = "job"\nstart_window = "soon"', "jobs.dflash.start_window"),
+        ('workdir2 = "x"', "jobs.dflash.workdir2: unknown key"),
+        ('lock_scope = "cluster"', "jobs.dflash.lock_scope"),
+        ('patches = { topk = "missing.diff" }', "jobs.dflash.patches.topk: file not found"),
+        ('metrics = { pattern = "no groups" }', "jobs.dflash.metrics.pattern: needs named groups"),
+    ],
+)
+def test_rejected_values(tmp_path: Path, snippet: str, expected: str) -> None:
+    """Unsafe or malformed job keys are refused with a line naming the key."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, MINIMAL + snippet + "\n"))
+    assert any(p.startswith(expected) for p in info.value.problems), info.value.problems
+
+
+def test_names_unique_ignoring_case(tmp_path: Path) -> None:
+    """Two jobs whose names differ only in case are refused."""
+    twin = MINIMAL.split("[jobs.dflash]")[1]
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, MINIMAL + "\n[jobs.DFlash]" + twin))
+    assert "jobs.DFlash: same name as jobs.dflash (names ignore case)" in info.value.problems
+
+
+def test_durations() -> None:
+    """Durations accept seconds and 30m / 1h / 2.5s forms, and refuse the rest."""
+    assert parse_duration(90) == 90 and parse_duration("30m") == 1800 and parse_duration("1h") == 3600
+    assert parse_duration("2.5s") == 2.5
+    for bad in ("soon", "-1", 0, True):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+
+
+def test_resolve_path_order(tmp_path: Path) -> None:
+    """--config wins over PITSTOP_CONFIG, which wins over ./pitstop.toml."""
+    assert resolve_path("a.toml", "b.toml") == Path("a.toml")
+    assert resolve_path(None, "b.toml") == Path("b.toml")
+    assert resolve_path(None, None) == Path("pitstop.toml")
+
+
+def test_bad_match_regex(tmp_path: Path) -> None:
+    """A `match` that is not a regular expression is refused, naming the key."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, MINIMAL.replace('"^dflash-worker "', '"(unclosed"')))
+    assert any(p.startswith("jobs.dflash.match: not a regular expression") for p in info.value.problems)
