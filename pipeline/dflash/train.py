@@ -1,0 +1,568 @@
+"""DFlash-style drafter training: launcher (``dflash-main``) plus target and drafter workers.
+
+Run ``python train.py --cpu --profile tiny --log LOG --checkpoint-dir DIR`` (or ``run.sh`` with the same
+arguments). The module's top level imports only the standard library, so spawned workers can set their
+process title before torch is imported; torch and the model code are imported inside functions.
+See README.md for the topology, the metric-line protocol and the stop / resume / failure behaviour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import queue as queue_mod
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+STOP_GRACE_S = 60.0  # after a stop request, how long the launcher waits before killing workers
+CHECKPOINT_FILE = "drafter.pt"
+TARGET_FILE = "target.pt"
+LATEST_FILE = "latest.json"
+
+_signalled = False  # set by the SIGTERM/SIGINT handler, in the launcher and in every worker
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _signalled
+    _signalled = True
+
+
+def set_title(title: str) -> None:
+    """Set the process title (``/proc/PID/cmdline``, ``ps``) via setproctitle when it is installed."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.setproctitle(title)
+
+
+class Log:
+    """The metric log: one fd opened with O_APPEND; each line goes out in a single ``os.write``.
+
+    :param path: the log file, created if missing; None means stdout (fd 1).
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.fd = 1 if path is None else os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def line(self, text: str) -> None:
+        """Append ``text`` plus a newline in one write."""
+        os.write(self.fd, (text.rstrip("\n") + "\n").encode())
+
+    def metric(self, record: dict[str, Any]) -> None:
+        """Append one JSON metric line."""
+        self.line(json.dumps(record, separators=(",", ":")))
+
+    def same_file_as(self, fd: int) -> bool:
+        """Whether ``fd`` (e.g. 1 or 2) already writes into this log file."""
+        try:
+            a, b = os.fstat(self.fd), os.fstat(fd)
+        except OSError:
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def load_profile(name: str) -> dict[str, Any]:
+    """The profile ``name`` (``tiny`` | ``full``) from config.json next to this file.
+
+    :raises SystemExit: if config.json has no such profile.
+    """
+    profiles = json.loads((HERE / "config.json").read_text())
+    if name not in profiles:
+        raise SystemExit(f"unknown profile {name!r}; config.json has {sorted(profiles)}")
+    cfg: dict[str, Any] = profiles[name]
+    return cfg
+
+
+def read_resume_step(ckpt_dir: str | None) -> int:
+    """Drafter step of the checkpoint in ``ckpt_dir`` (from latest.json; 0 when there is none)."""
+    if not ckpt_dir:
+        return 0
+    latest = Path(ckpt_dir) / LATEST_FILE
+    if not latest.exists():
+        return 0
+    return int(json.loads(latest.read_text())["step"])
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the drafters' process-group rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line options (see README.md)."""
+    p = argparse.ArgumentParser(description="DFlash-style drafter training (targets + DDP drafters).")
+    p.add_argument("--cpu", action="store_true", help="run every role as a CPU process (gloo)")
+    p.add_argument("--profile", default="tiny", help="config.json profile: tiny | full")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this global drafter step (0: never)")
+    p.add_argument("--log", default=None, help="file metric lines are appended to (default: stdout)")
+    p.add_argument("--checkpoint-dir", default=None, help="drafter checkpoint dir, resumed from when present")
+    p.add_argument("--target-devices", default="0,1,2,3,4", help="CUDA ids of the target workers")
+    p.add_argument("--drafter-devices", default="5,6,7", help="CUDA ids of the DDP drafter workers")
+    p.add_argument("--metric-every", type=int, default=0, help="steps between metric lines (0: profile's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the target weights, data order, drafter init")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------------
+# workers
+
+
+def worker_main(spec: dict[str, Any], q: Any, stop_event: Any, targets_stop: Any) -> None:
+    """Entry of every spawned worker: title first, then signal handling, then torch and the role loop.
+
+    A worker records SIGTERM/SIGINT in a flag and never dies from it; the launcher coordinates the stop.
+    Any exception is written (with traceback) to the log and the worker exits 1; otherwise it exits 0.
+    """
+    set_title(f"dflash-worker {spec['role']} rank {spec['rank']}")
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the launcher blocked them across spawn
+    log = Log(spec["log"])
+    try:
+        if spec["role"] == "target":
+            run_target(spec, log, q, targets_stop)
+        else:
+            run_drafter(spec, log, q, stop_event)
+    except BaseException:
+        text = f"dflash-worker {spec['role']} rank {spec['rank']} failed:\n{traceback.format_exc()}"
+        log.line(text)
+        if not log.same_file_as(2):
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        os._exit(1)  # skip atexit joins (queue feeder, process group) that could hang a dying job
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is written (log lines are unbuffered os.write calls, the checkpoint is on disk). Skip the
+    # interpreter's teardown: torch/gloo C++ destructors running at exit can abort the process
+    # ("terminate called without an active exception", exit -6) although the worker finished cleanly.
+    os._exit(0)
+
+
+def _orphaned(spec: dict[str, Any]) -> bool:
+    return os.getppid() != spec["launcher_pid"]
+
+
+def _maybe_fail(spec: dict[str, Any], step: int) -> None:
+    """Fault injection for tests: DFLASH_FAIL_AT_STEP / DFLASH_FAIL_ROLE / DFLASH_FAIL_RANK (README)."""
+    at = os.environ.get("DFLASH_FAIL_AT_STEP")
+    if not at or step != int(at) or spec["role"] != os.environ.get("DFLASH_FAIL_ROLE", "drafter"):
+        return
+    rank = os.environ.get("DFLASH_FAIL_RANK")
+    if (int(rank) if rank else spec["first_rank_of_role"]) == spec["rank"]:
+        raise RuntimeError(
+            f"DFLASH_FAIL_AT_STEP: injected failure at step {step} ({spec['role']} rank {spec['rank']})"
+        )
+
+
+class Meter:
+    """Throughput bookkeeping between metric lines; ``tokens`` is cumulative for this process."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.tokens = 0
+        self.window_tokens = 0
+        self.window_steps = 0
+        self.window_start = time.monotonic()
+
+    def add(self, tokens: int) -> None:
+        """Count one finished step of ``tokens`` tokens."""
+        self.tokens += tokens
+        self.window_tokens += tokens
+        self.window_steps += 1
+
+    def record(self, step: int, q: Any, extra: dict[str, Any]) -> dict[str, Any]:
+        """The metric record for ``step`` (README table); resets the throughput window."""
+        import torch
+
+        now = time.monotonic()
+        elapsed = max(now - self.window_start, 1e-9)
+        device = self.spec["device"]
+        mem = torch.cuda.max_memory_allocated(device) if device.startswith("cuda") else None
+        rec = {
+            "ts": time.time(),
+            "step": step,
+            "role": self.spec["role"],
+            "rank": self.spec["rank"],
+            "role_rank": self.spec["role_rank"],
+            "device": device,
+            "tokens": self.tokens,
+            "tokens_per_s": round(self.window_tokens / elapsed, 3),
+            "step_time_s": round(elapsed / max(self.window_steps, 1), 6),
+            "queue_depth": _qsize(q),
+            **extra,
+            "gpu_mem_bytes": mem,
+        }
+        self.window_tokens = self.window_steps = 0
+        self.window_start = now
+        return rec
+
+
+def _qsize(q: Any) -> int | None:
+    try:
+        return int(q.qsize())
+    except NotImplementedError:  # macOS
+        return None
+
+
+def _should_log(step: int, first_step: int, every: int) -> bool:
+    return step == first_step or step % every == 0
+
+
+def _setup_torch(spec: dict[str, Any]) -> Any:
+    import torch
+
+    torch.set_num_threads(1 if spec["device"] == "cpu" else 4)
+    if spec["device"].startswith("cuda"):
+        torch.cuda.set_device(spec["device"])
+    return torch
+
+
+def _build_target(spec: dict[str, Any]) -> Any:
+    """The frozen target: checkpoint-dir/target.pt if present, else built from the seed (rank 0 saves it)."""
+    import torch
+    from model import TargetLM
+
+    cfg = spec["cfg"]
+    t = cfg["target"]
+    torch.manual_seed(spec["seed"])
+    model = TargetLM(cfg["vocab_size"], t["d_model"], t["n_layers"], t["n_heads"], cfg["seq_len"])
+    ckpt_dir = spec["checkpoint_dir"]
+    path = Path(ckpt_dir) / TARGET_FILE if ckpt_dir else None
+    if path is not None and path.exists():
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    elif path is not None and spec["role_rank"] == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{TARGET_FILE}.tmp{os.getpid()}")
+        torch.save(model.state_dict(), tmp)
+        os.replace(tmp, path)
+    model.requires_grad_(False).eval()
+    return model.to(device=spec["device"], dtype=getattr(torch, cfg["dtype"]))
+
+
+def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> None:
+    """Target loop: corpus windows -> frozen LM -> (anchor blocks, context features, target tokens) -> queue.
+
+    Each queue item is ``torch.save`` bytes of a dict: ``block`` (N, B) int64 = anchor token then
+    MASK_ID; ``features`` (N, C, F) in the profile dtype = the fused-layer features of the C positions
+    ending at the anchor; ``labels`` (N, B) int64 = the target's argmax next token at the anchor and at
+    the B-1 positions after it. A put waits at most 0.2 s at a time so the loop notices ``targets_stop``
+    (set by the launcher once every drafter has exited), then the worker exits 0.
+    """
+    torch = _setup_torch(spec)
+    from data import MASK_ID, WindowSampler, load_corpus
+
+    cfg = spec["cfg"]
+    seq, blk, ctx, per_seq = cfg["seq_len"], cfg["block_size"], cfg["ctx_len"], cfg["blocks_per_seq"]
+    model = _build_target(spec)
+    data_seed = spec["seed"] * 1_000_003 + 7919 * spec["rank"] + spec["resume_step"]
+    sampler = WindowSampler(load_corpus(), seq, cfg["batch_seqs"], seed=data_seed)
+    gen = torch.Generator().manual_seed(data_seed + 1)
+    meter = Meter(spec)
+    step = 0
+    try:
+        while not targets_stop.is_set() and not _orphaned(spec):
+            tokens = sampler.next()  # (b, T)
+            with torch.no_grad():
+                logits, feats = model(tokens.to(spec["device"]), cfg["target"]["feature_layers"])
+            preds = logits.argmax(-1).cpu()  # (b, T): the target's next token after each position
+            feats = feats.cpu()
+            b = tokens.shape[0]
+            anchors = torch.randint(ctx - 1, seq - blk + 1, (b, per_seq), generator=gen)  # (b, n)
+            rows = torch.arange(b)[:, None, None]
+            ctx_idx = anchors[..., None] + torch.arange(-ctx + 1, 1)  # (b, n, C)
+            lab_idx = anchors[..., None] + torch.arange(blk)  # (b, n, B)
+            block = torch.full((b, per_seq, blk), MASK_ID, dtype=torch.int64)
+            block[..., 0] = tokens[torch.arange(b)[:, None], anchors]
+            item = {
+                "block": block.reshape(-1, blk),
+                "features": feats[rows, ctx_idx].reshape(b * per_seq, ctx, -1),
+                "labels": preds[rows, lab_idx].reshape(-1, blk),
+            }
+            buf = io.BytesIO()
+            torch.save(item, buf)
+            payload = buf.getvalue()
+            while True:
+                if targets_stop.is_set() or _orphaned(spec):
+                    return
+                try:
+                    q.put(payload, timeout=0.2)
+                    break
+                except queue_mod.Full:
+                    continue
+            step += 1
+            meter.add(tokens.numel())
+            _maybe_fail(spec, step)
+            if _should_log(step, 1, spec["metric_every"]):
+                log.metric(meter.record(step, q, {}))
+    finally:
+        q.cancel_join_thread()  # never block exit on a full pipe
+
+
+def _save_checkpoint(spec: dict[str, Any], model: Any, opt: Any, step: int) -> None:
+    """Atomically write checkpoint-dir/drafter.pt (drafter, optimizer, step), then latest.json."""
+    import torch
+
+    d = Path(spec["checkpoint_dir"])
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f"{CHECKPOINT_FILE}.tmp{os.getpid()}"
+    state = {
+        "step": step,
+        "profile": spec["profile"],
+        "drafter": model.state_dict(),
+        "optimizer": opt.state_dict(),
+    }
+    torch.save(state, tmp)
+    os.replace(tmp, d / CHECKPOINT_FILE)
+    tmp_json = d / f"{LATEST_FILE}.tmp{os.getpid()}"
+    tmp_json.write_text(json.dumps({"step": step, "file": CHECKPOINT_FILE, "ts": time.time()}) + "\n")
+    os.replace(tmp_json, d / LATEST_FILE)
+
+
+def _get_item(spec: dict[str, Any], q: Any) -> bytes:
+    while True:
+        try:
+            item: bytes = q.get(timeout=0.5)
+            return item
+        except queue_mod.Empty:
+            if _orphaned(spec):
+                raise RuntimeError("launcher is gone") from None
+
+
+def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None:
+    """Drafter loop (one DDP rank): queue item -> drafter forward/backward -> optimizer step.
+
+    At every step boundary the ranks all-reduce (MAX) a local stop flag (SIGTERM seen, the launcher's
+    ``stop_event``, launcher gone, or ``max_steps`` reached), so all of them stop after the same step;
+    rank 0 then writes the checkpoint and every rank exits 0.
+    """
+    torch = _setup_torch(spec)
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from metrics import topk_accuracy
+    from model import Drafter
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cfg = spec["cfg"]
+    dev = torch.device(spec["device"])
+    cuda = dev.type == "cuda"
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{spec['port']}",
+        rank=spec["role_rank"],
+        world_size=spec["world_size"],
+    )
+    t, dr = cfg["target"], cfg["drafter"]
+    torch.manual_seed(spec["seed"] + 1)
+    model = Drafter(
+        cfg["vocab_size"],
+        dr["d_model"],
+        dr["n_layers"],
+        dr["n_heads"],
+        feature_dim=len(t["feature_layers"]) * t["d_model"],
+        block_size=cfg["block_size"],
+        ctx_len=cfg["ctx_len"],
+    ).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    step = spec["resume_step"]
+    if step:
+        path = Path(spec["checkpoint_dir"]) / CHECKPOINT_FILE
+        state = torch.load(path, map_location=dev, weights_only=True)
+        if state["profile"] != spec["profile"]:
+            raise RuntimeError(f"{path} is for profile {state['profile']!r}, not {spec['profile']!r}")
+        model.load_state_dict(state["drafter"])
+        opt.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+    ddp = DDP(model, device_ids=[dev.index] if cuda else None)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and cfg["dtype"] == "bfloat16")
+    meter = Meter(spec)
+    first_step = step + 1
+    flag = torch.zeros(1, dtype=torch.int32, device=dev)
+    max_steps = spec["max_steps"]
+    while True:
+        local_stop = _signalled or stop_event.is_set() or _orphaned(spec) or 0 < max_steps <= step
+        flag.fill_(1 if local_stop else 0)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            break
+        item = torch.load(io.BytesIO(_get_item(spec, q)), weights_only=True)
+        step += 1
+        _maybe_fail(spec, step)
+        block, labels = item["block"].to(dev), item["labels"].to(dev)
+        feats = item["features"].to(dev, torch.float32)
+        with autocast:
+            hidden, logits = ddp(block, feats)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        meter.add(labels.numel())
+        if _should_log(step, first_step, spec["metric_every"]):
+            acc = topk_accuracy(
+                hidden.detach().flatten(0, 1).float(),
+                model.lm_head.weight.detach().float(),
+                labels.flatten(),
+                cfg["topk_chunk"],
+            )
+            log.metric(meter.record(step, q, {"loss": round(loss.item(), 6), **acc}))
+        every = cfg["checkpoint_every"]
+        if spec["role_rank"] == 0 and spec["checkpoint_dir"] and every and step % every == 0:
+            _save_checkpoint(spec, model, opt, step)
+    if spec["role_rank"] == 0 and spec["checkpoint_dir"]:
+        _save_checkpoint(spec, model, opt, step)
+        log.line(
+            f"dflash-worker drafter rank {spec['rank']}: checkpoint step {step} in {spec['checkpoint_dir']}"
+        )
+    dist.barrier()  # every rank leaves only once the checkpoint is on disk
+    del ddp
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------------
+# launcher
+
+
+def _devices(arg: str, cpu: bool) -> list[str]:
+    ids = [s.strip() for s in arg.split(",") if s.strip()]
+    if not ids:
+        raise SystemExit(f"empty device list {arg!r}")
+    return ["cpu"] * len(ids) if cpu else [f"cuda:{i}" for i in ids]
+
+
+def _describe(devs: list[str]) -> str:
+    return f"[cpu x{len(devs)}]" if all(d == "cpu" for d in devs) else "[" + ",".join(devs) + "]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Launcher: spawn the workers, watch them, turn SIGTERM into a coordinated stop.
+
+    :param argv: command-line arguments (default: ``sys.argv[1:]``).
+    :returns: the exit code: 0 when every worker exited 0, 1 when one failed or a stop timed out,
+        2 when CUDA is missing without ``--cpu``.
+    """
+    set_title("dflash-main")
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_signal)
+    args = parse_args(argv)
+    cfg = load_profile(args.profile)
+    log = Log(args.log)
+    if args.cpu:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    target_devs = _devices(args.target_devices, args.cpu)
+    drafter_devs = _devices(args.drafter_devices, args.cpu)
+    resume_step = read_resume_step(args.checkpoint_dir)
+    banner = (
+        f"dflash-main pid {os.getpid()} targets={_describe(target_devs)} drafters={_describe(drafter_devs)} "
+        f"profile={args.profile} resume_step={resume_step}"
+    )
+    print(banner, flush=True)
+    if not log.same_file_as(1):
+        log.line(banner)
+
+    import torch
+    import torch.multiprocessing as tmp
+
+    if not args.cpu and not torch.cuda.is_available():
+        log.line("dflash-main: CUDA is not available; pass --cpu to run on CPU")
+        return 2
+    if _signalled:
+        log.line("dflash-main: stop requested before start; exit 0")
+        return 0
+    ctx = tmp.get_context("spawn")
+    q = ctx.Queue(maxsize=cfg["queue_size"])
+    stop_event, targets_stop = ctx.Event(), ctx.Event()
+    base = {
+        "cfg": cfg,
+        "profile": args.profile,
+        "log": args.log,
+        "checkpoint_dir": args.checkpoint_dir,
+        "seed": args.seed,
+        "resume_step": resume_step,
+        "max_steps": args.max_steps,
+        "metric_every": args.metric_every or cfg["metric_every"],
+        "launcher_pid": os.getpid(),
+        "port": free_port(),
+        "world_size": len(drafter_devs),
+    }
+    roles = [("target", d) for d in target_devs] + [("drafter", d) for d in drafter_devs]
+    procs: list[tuple[str, int, Any]] = []
+    # Block the stop signals while spawning: the children inherit the mask, so a SIGTERM to the process
+    # group during their start-up stays pending until their handler is installed.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        for rank, (role, dev) in enumerate(roles):
+            spec = {
+                **base,
+                "role": role,
+                "rank": rank,
+                "role_rank": rank if role == "target" else rank - len(target_devs),
+                "device": dev,
+                "first_rank_of_role": 0 if role == "target" else len(target_devs),
+            }
+            p = ctx.Process(target=worker_main, args=(spec, q, stop_event, targets_stop))
+            p.start()
+            procs.append((role, rank, p))
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    try:
+        return _watch(procs, log, stop_event, targets_stop)
+    finally:
+        q.cancel_join_thread()
+        q.close()
+
+
+def _watch(procs: list[tuple[str, int, Any]], log: Log, stop_event: Any, targets_stop: Any) -> int:
+    """Monitor the workers until they all exit; 0 only if every one of them exited 0."""
+    from multiprocessing.connection import wait
+
+    deadline: float | None = None
+    while True:
+        if _signalled and not stop_event.is_set():
+            stop_event.set()
+            deadline = time.monotonic() + STOP_GRACE_S
+            log.line("dflash-main: stop requested; drafters stop at the next step boundary")
+        failed = [(role, rank, p) for role, rank, p in procs if p.exitcode not in (None, 0)]
+        if failed:
+            role, rank, p = failed[0]
+            log.line(
+                f"dflash-main: {role} rank {rank} (pid {p.pid}) exited with code {p.exitcode}; stopping the job"
+            )
+            _kill_all(procs)
+            log.line("dflash-main: exit 1")
+            return 1
+        if all(p.exitcode == 0 for role, _, p in procs if role == "drafter") and not targets_stop.is_set():
+            targets_stop.set()
+            deadline = min(deadline or float("inf"), time.monotonic() + STOP_GRACE_S)
+        if all(p.exitcode == 0 for _, _, p in procs):
+            log.line(f"dflash-main: all {len(procs)} workers exited 0; exit 0")
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            log.line(f"dflash-main: workers did not stop within {STOP_GRACE_S:.0f}s; killing them; exit 1")
+            _kill_all(procs)
+            return 1
+        wait([p.sentinel for _, _, p in procs if p.exitcode is None], timeout=0.1)
+
+
+def _kill_all(procs: list[tuple[str, int, Any]]) -> None:
+    """SIGKILL every live worker (they ignore SIGTERM by design) and reap them."""
+    for _, _, p in procs:
+        if p.exitcode is None:
+            p.kill()
+    for _, _, p in procs:
+        p.join(timeout=10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
