@@ -77,10 +77,13 @@ def _fail(message: str, code: ExitCode) -> int:
     return int(code)
 
 
-def run_async(make: Callable[[], Coroutine[Any, Any, int]]) -> int:
+def run_async(
+    make: Callable[[], Coroutine[Any, Any, int]], *, on_signal: ExitCode = ExitCode.CANCELLED
+) -> int:
     """Run ``make()`` in a fresh event loop; SIGINT/SIGTERM cancel it so cleanup runs.
 
-    :returns: the coroutine's exit code, or 5 (cancelled) after a signal.
+    :param on_signal: the exit code after a signal (5, cancelled; ``serve`` uses 0: a normal stop).
+    :returns: the coroutine's exit code, or ``on_signal`` after a signal.
     """
 
     async def main() -> int:
@@ -99,7 +102,7 @@ def run_async(make: Callable[[], Coroutine[Any, Any, int]]) -> int:
             return await make()
         except asyncio.CancelledError:
             if stopped:
-                return int(ExitCode.CANCELLED)
+                return int(on_signal)
             raise
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -165,7 +168,7 @@ def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config)
             await serve.serve_socket(config, bot_token=bot_token, app_token=app_token, api_url=env.api_url)
             return 0
 
-        return run_async(socket_mode)
+        return run_async(socket_mode, on_signal=ExitCode.OK)
     if not env.signing_secret:
         return _fail(messages.missing_env("SLACK_SIGNING_SECRET"), ExitCode.USAGE)
     secret = env.signing_secret
@@ -181,7 +184,7 @@ def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config)
         )
         return 0
 
-    return run_async(http)
+    return run_async(http, on_signal=ExitCode.OK)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-
 from handlers.outbox import Outbox
 from pipeline.config import Config
 from pipeline.events import Events
 from pipeline.redisconn import RedisHandle
+from pipeline.remote import SSHPool
+from pipeline.restart import Restarter
 from pipeline.runs import RunStore
 
 

@@ -37,9 +37,11 @@ class StepLine:
         return {"ok": "✓", "failed": "✗", "skipped": "-"}.get(self.outcome, "…")
 
     def text(self) -> str:
-        """``✓ stop 2.1 s - 8 processes stopped``."""
+        """``✓ stop 2.1 s - 8 processes stopped``; a step not yet due reads ``… verify: waiting``."""
         took = f" {self.seconds:.1f} s" if self.seconds is not None else ""
         detail = f" - {self.detail}" if self.detail else ""
+        if self.outcome == "waiting":  # a step not yet due reads ``… verify: waiting``
+            return f"{self.mark} {self.label}: waiting{detail}"
         return f"{self.mark} {self.label}{took}{detail}"
 
 

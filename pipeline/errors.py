@@ -186,3 +186,48 @@ class UnknownRun(PitstopError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(messages.unknown_run(run_id))
+
+
+# --- Slack surface (bot/serve.py) ---------------------------------------------------------------
+
+
+class SlackUnavailable(PitstopError):
+    """Slack refused the tokens or could not be reached at start-up (``pitstop serve``)."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, method: str, error: str) -> None:
+        self.method = method
+        self.error = error
+        super().__init__(messages.slack_unavailable(method, error))
+
+
+# --- remote execution and probes (pipeline/remote.py, hostprobe.py, gpus.py) -------------------
+
+
+class UnknownHost(PitstopError):
+    """A host name that is not configured."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, name: str, known: Sequence[str]) -> None:
+        self.name = name
+        self.known = list(known)
+        super().__init__(messages.unknown_host(name, self.known))
+
+
+class HostAuthRejected(HostUnreachable):
+    """The host answered but refused the login (keys, user); a kind of unreachable."""
+
+    def __init__(self, host: str, user: str, reason: str) -> None:
+        self.user = user
+        RemoteError.__init__(self, host, messages.host_auth_rejected(host, user, reason))
+        self.reason = reason
+
+
+class GpuQueryFailed(RemoteError):
+    """``nvidia-smi`` could not be run or its output read."""
+
+    def __init__(self, host: str, detail: str) -> None:
+        self.detail = detail
+        super().__init__(host, messages.gpu_query_failed(host, detail))

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from pipeline import keys
 
 STREAM_MAXLEN = 10_000
+BLOCK_S = 4.0  #: longest single XREAD block, under redis-py 8's 5 s default socket timeout
 
 
 class EventKind(StrEnum):
@@ -50,7 +51,7 @@ class Events:
         self.client = client
         self.key = keys.events(prefix)
 
-    async def publish(self, kind: EventKind, job: str, **data: Any) -> str:
+    async def publish(self, kind: EventKind, job: str, /, **data: Any) -> str:
         """Append an event; returns its stream id."""
         fields = {"kind": kind.value, "job": job, "ts": repr(time.time()), "data": json.dumps(data)}
         return str(await self.client.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True))  # type: ignore[arg-type]
@@ -70,7 +71,7 @@ class Events:
         cursor = after
         while (left := deadline - time.monotonic()) > 0:
             got: Any = await self.client.xread(
-                {self.key: cursor}, count=100, block=max(1, int(min(left, 5) * 1000))
+                {self.key: cursor}, count=100, block=max(1, int(min(left, BLOCK_S) * 1000))
             )
             for _stream, entries in got or []:
                 for entry_id, fields in entries:

@@ -120,3 +120,11 @@ def posts(prefix: str, run_or_incident: str) -> str:
 def events(prefix: str) -> str:
     """Stream: events (verdict, alert, resolved, digest, step) for surfaces and scripts to await."""
     return f"{prefix}events"
+
+
+# --- handlers: confirmations (handlers/confirm.py) --------------------------------------------
+
+
+def confirmation(prefix: str, token: str) -> str:
+    """String with TTL: a request waiting for its requester's confirmation (JSON)."""
+    return f"{prefix}confirm:{token}"

@@ -1,0 +1,371 @@
+"""``pitstop console``: chat with Pitstop in a terminal, over the same handlers as Slack.
+
+A :class:`ConsoleSession` sends each line to the :class:`~handlers.dispatch.Dispatcher` as a
+Slack message would be sent, and prints the :class:`~handlers.reply.Reply` with
+:class:`Renderer` (rich): the title in its status colour, the step list with ✓/✗ and
+durations, fields, tables, the log in a panel, the chart's path.  What the team would see in
+the channel — a restart's message updated step by step, its thread, alerts, digests — comes
+through :class:`ConsoleOutbox`, prefixed by its thread key (``[run r-3]``), as it happens.
+
+A reply with a ``confirm`` button asks ``confirm? [y/N]`` and answers through
+``handle_action("confirm", …)`` (or ``cancel``).  The session also runs without a terminal:
+:meth:`ConsoleSession.repl` reads lines from any iterable (or stdin when it is not a tty), and
+:meth:`ConsoleSession.run_line` runs one line — the demo drives the session that way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sys
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import IO, Any
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table as RichTable
+from rich.text import Text
+
+from bot.blocks import plain
+from handlers.dispatch import Dispatcher, Request
+from handlers.reply import Reply, Status, StepLine
+from pipeline import messages
+from pipeline.config import Config
+
+STATUS_STYLE = {
+    Status.OK: "bold green",
+    Status.INFO: "bold cyan",
+    Status.WARNING: "bold yellow",
+    Status.ERROR: "bold red",
+}
+STEP_STYLE = {"ok": "green", "failed": "red", "skipped": "dim", "running": "yellow", "waiting": "yellow"}
+PREFIX_STYLE = "bold magenta"
+MAX_LOG_LINES = 200  #: lines of a log shown in the console (the end of it)
+DRAIN_TIMEOUT = 120.0  #: seconds ``run_console`` waits for restarts in flight when the chat ends
+_QUIT = frozenset({"quit", "exit", ":q", "bye"})
+
+Ask = Callable[[str], Awaitable[str | None]]
+
+
+def make_console(*, file: IO[str] | None = None, record: bool = False, width: int | None = None) -> Console:
+    """The rich Console the console chat prints to.
+
+    :param file: where to write (default stdout); tests pass a StringIO.
+    :param record: keep what was printed (``console.export_text()``).
+    :param width: columns (default: the terminal's; 120 for a given file).
+    """
+    if file is not None and width is None:
+        width = 120
+    console = Console(file=file, record=record, width=width, highlight=False)
+    console.soft_wrap = file is None and not console.is_terminal  # piped output: whole lines, no hard wraps
+    return console
+
+
+def key_prefix(key: str | None) -> str:
+    """``run:r-3`` → ``[run r-3]`` (the thread key a console line belongs to)."""
+    if not key:
+        return ""
+    head, _, rest = key.partition(":")
+    return f"[{head} {rest}]" if rest else f"[{head}]"
+
+
+def prefixed(prefix: str, text: Text) -> Text:
+    """``text`` behind a thread-key prefix (``[run r-3] ✓ stop 2.1 s``); ``text`` if no prefix."""
+    if not prefix:
+        return text
+    return Text.assemble((prefix, PREFIX_STYLE), " ", text)
+
+
+class Renderer:
+    """Reply → rich renderables; the console counterpart of :mod:`bot.blocks`."""
+
+    def title(self, reply: Reply) -> Text:
+        """The title in its status colour."""
+        return Text(plain(reply.title), style=STATUS_STYLE[reply.status])
+
+    def step(self, step: StepLine) -> Text:
+        """``✓ stop 2.1 s - 8 processes stopped``, coloured by outcome."""
+        return Text(plain(step.text()), style=STEP_STYLE.get(step.outcome, ""))
+
+    def log(self, reply: Reply) -> Panel:
+        """The log excerpt (its last :data:`MAX_LOG_LINES` lines) in a panel titled ``log_title``."""
+        lines = (reply.log or "").rstrip("\n").splitlines()
+        body = "\n".join(lines[-MAX_LOG_LINES:])
+        if len(lines) > MAX_LOG_LINES:
+            omitted = sum(len(line) + 1 for line in lines[:-MAX_LOG_LINES])
+            body = messages.slack_earlier_omitted(omitted) + "\n" + body
+        return Panel(Text(body), title=Text(reply.log_title) if reply.log_title else None, title_align="left")
+
+    def render(self, reply: Reply, prefix: str = "") -> RenderableType:
+        """Everything in ``reply``: title, steps, lines, fields, tables, log, chart, buttons, follow-ups.
+
+        :param prefix: shown before the title (the thread key, ``[run r-3]``).
+        """
+        parts: list[RenderableType] = [prefixed(prefix, self.title(reply))]
+        parts += [self.step(s) for s in reply.steps]
+        parts += [Text(plain(line)) for line in reply.lines]
+        if reply.fields:
+            grid = RichTable.grid(padding=(0, 2))
+            grid.add_column(style="bold")
+            grid.add_column()
+            for label, value in reply.fields:
+                grid.add_row(Text(plain(label)), Text(plain(value)))
+            parts.append(grid)
+        for table in reply.tables:
+            rich_table = RichTable(*table.headers, show_edge=False, header_style="bold")
+            for row in table.rows:
+                rich_table.add_row(*(Text(plain(c)) for c in row))
+            parts.append(rich_table)
+        if reply.log:
+            parts.append(self.log(reply))
+        if reply.chart:
+            parts.append(Text(f"chart: {reply.chart}", style="dim"))
+        if reply.buttons:
+            parts.append(
+                Text(
+                    "  ".join(messages.console_button(b.label, b.action) for b in reply.buttons), style="dim"
+                )
+            )
+        for follow in reply.follow_ups:
+            parts.append(Text(""))
+            parts.append(self.render(follow))
+        return Group(*parts)
+
+
+class ConsoleOutbox:
+    """:class:`~handlers.outbox.Outbox` for the terminal: team-visible posts printed as they come.
+
+    The first ``announce`` of a key prints the whole reply; later ones print only what changed
+    (the title, and each step that started or finished) — the live step list.
+
+    :param console: where to print.
+    """
+
+    def __init__(self, console: Console, renderer: Renderer | None = None) -> None:
+        self.console = console
+        self.renderer = renderer or Renderer()
+        self._shown: dict[str, Reply] = {}
+
+    def _print(self, prefix: str, renderable: RenderableType) -> None:
+        if isinstance(renderable, Text):
+            self.console.print(prefixed(prefix, renderable))
+        elif prefix:
+            self.console.print(Text(prefix, style=PREFIX_STYLE))
+            self.console.print(renderable)
+        else:
+            self.console.print(renderable)
+
+    async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Print a headline, or the steps and title that changed since the last one for ``key``."""
+        prefix = key_prefix(key)
+        before = self._shown.get(key)
+        self._shown[key] = reply
+        if before is None:
+            self.console.print(self.renderer.render(reply, prefix))
+            return
+        seen = {s.label: s for s in before.steps}
+        changed: list[RenderableType] = [self.renderer.step(s) for s in reply.steps if seen.get(s.label) != s]
+        if reply.title != before.title or reply.status != before.status:
+            changed.append(self.renderer.title(reply))
+        if reply.log and reply.log != before.log:
+            changed.append(self.renderer.log(reply))
+        for part in changed:
+            self._print(prefix, part)
+
+    async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Print a thread reply under its key."""
+        self.console.print(self.renderer.render(reply, key_prefix(key) + " ↳"))
+
+    async def post(self, reply: Reply, channel: str | None) -> None:
+        """Print a standalone post (a digest)."""
+        self.console.print(self.renderer.render(reply, key_prefix(reply.thread_key)))
+
+
+class _StdinReader:
+    """Reads stdin in a daemon thread (so Ctrl-C and exit never wait for a pending ``input()``)."""
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[str, asyncio.Future[str | None], asyncio.AbstractEventLoop]] = (
+            queue.Queue()
+        )
+        self._thread: threading.Thread | None = None
+        self.tty = sys.stdin.isatty()
+
+    async def read(self, prompt: str) -> str | None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str | None] = loop.create_future()
+        self._requests.put((prompt, fut, loop))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pitstop-stdin", daemon=True)
+            self._thread.start()
+        return await fut
+
+    def _run(self) -> None:
+        while True:
+            prompt, fut, loop = self._requests.get()
+            line: str | None
+            try:
+                if self.tty:
+                    line = input(prompt)
+                else:
+                    raw = sys.stdin.readline()
+                    line = raw.rstrip("\n") if raw else None
+            except (EOFError, OSError, ValueError):
+                line = None
+            with contextlib.suppress(RuntimeError):  # loop closed
+                loop.call_soon_threadsafe(_resolve, fut, line)
+
+
+def _resolve(fut: asyncio.Future[str | None], line: str | None) -> None:
+    if not fut.done():
+        fut.set_result(line)
+
+
+class ConsoleSession:
+    """One person chatting with Pitstop in a terminal (or a script driving it).
+
+    :param dispatcher: the handlers, as Slack uses them.
+    :param user: who the requests act as (a Slack user id, ``--as``/``PITSTOP_USER``).
+    :param console: where replies are printed (default: a new one on stdout).
+    :param groups: the user's user-group ids.
+    :param ask: how to ask ``confirm? [y/N]`` (returns the answer, None for no answer);
+        default: the next input line in :meth:`repl`, the terminal otherwise, else "no".
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        user: str,
+        console: Console | None = None,
+        groups: tuple[str, ...] = (),
+        ask: Ask | None = None,
+        renderer: Renderer | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.user = user
+        self.console = console or make_console()
+        self.groups = groups
+        self.renderer = renderer or Renderer()
+        self._ask = ask
+        self._lines: Iterator[str] | None = None
+        self._stdin: _StdinReader | None = None
+
+    def _delivery(self) -> str:
+        return f"console:{uuid.uuid4().hex}"
+
+    async def run_line(self, text: str) -> Reply:
+        """Send one line to Pitstop, print the reply, and settle a confirmation if it asks for one.
+
+        :returns: the final reply (the confirmed/cancelled outcome when one was asked for).
+        """
+        req = Request(
+            text=text, user=self.user, groups=self.groups, delivery_id=self._delivery(), surface="console"
+        )
+        reply = await self.dispatcher.handle(req)
+        self.console.print(self.renderer.render(reply))
+        confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
+        if confirm is None:
+            return reply
+        answer = await self.ask(messages.console_confirm())
+        if answer is not None and answer.strip().lower() in ("y", "yes"):
+            action, value = "confirm", confirm.value
+        else:
+            cancel = next((b for b in reply.buttons if b.action == "cancel"), None)
+            action, value = "cancel", (cancel.value if cancel is not None else confirm.value)
+        outcome = await self.dispatcher.handle_action(action, value, self.user, self._delivery())
+        self.console.print(self.renderer.render(outcome))
+        return outcome
+
+    async def ask(self, prompt: str) -> str | None:
+        """An answer to ``prompt``: from ``ask``, the input lines, or the terminal; None if none."""
+        if self._ask is not None:
+            return await self._ask(prompt)
+        if self._lines is not None:
+            line = next(self._lines, None)
+            self.console.print(Text(prompt + (line or ""), style="bold"))
+            return line
+        if self._stdin is not None or sys.stdin.isatty():
+            return await self._read(prompt)
+        self.console.print(Text(prompt + "n", style="bold"))
+        return None
+
+    async def _read(self, prompt: str) -> str | None:
+        if self._stdin is None:
+            self._stdin = _StdinReader()
+        if not self._stdin.tty:
+            line = await self._stdin.read(prompt)
+            if line is not None:
+                self.console.print(Text(prompt + line, style="bold"))
+            return line
+        return await self._stdin.read(prompt)
+
+    async def repl(self, lines: Iterable[str] | None = None) -> int:
+        """Read lines and answer each until ``quit`` or end of input.
+
+        :param lines: the input lines; None → stdin (a prompt when it is a terminal, else its lines).
+        :returns: 0.
+        """
+        self._lines = iter(lines) if lines is not None else None
+        prompt = messages.console_prompt()
+        while True:
+            if self._lines is not None:
+                line = next(self._lines, None)
+                if line is not None and line.strip():
+                    self.console.print(Text(prompt + line.strip(), style="bold"))
+            else:
+                line = await self._read(prompt)
+            if line is None:
+                break
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            if text.lower() in _QUIT:
+                break
+            await self.run_line(text)
+        self.console.print(Text(messages.console_bye(), style="dim"))
+        return 0
+
+
+async def run_console(
+    config: Config,
+    *,
+    user: str,
+    lines: Iterable[str] | None = None,
+    console: Console | None = None,
+    scheduler: bool = True,
+) -> int:
+    """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
+    chat until ``quit``/end of input, wait for restarts in flight, close everything.
+
+    :param user: who the requests act as.
+    :param lines: input lines (None → stdin).
+    :param console: where to print (default stdout).
+    :param scheduler: start the scheduler (verdicts, watching, digests arrive as posts).
+    :returns: the exit code (0).
+    """
+    from bot.assembly import build_context, close_context
+
+    console = console or make_console()
+    ctx = await build_context(config, ConsoleOutbox(console))
+    sched: Any = None
+    dispatcher: Dispatcher | None = None
+    try:
+        if scheduler:
+            from bot.scheduler import PitstopScheduler
+
+            sched = PitstopScheduler(ctx)
+            await sched.start()
+        dispatcher = Dispatcher(ctx)
+        session = ConsoleSession(dispatcher, user=user, console=console)
+        code = await session.repl(lines)
+        await dispatcher.drain(DRAIN_TIMEOUT)
+        return code
+    finally:
+        if sched is not None:
+            with contextlib.suppress(Exception):
+                await sched.stop()
+        await close_context(ctx)

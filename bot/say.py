@@ -1,0 +1,209 @@
+"""``pitstop parse TEXT`` and ``pitstop say TEXT``: the grammar and the whole request path from a shell.
+
+``pitstop parse`` prints the command TEXT parses to as one JSON object (names checked against
+the config) and exits 0, or prints the error and exits 2::
+
+    $ pitstop parse "restart DFlash with topk patch —fresh-cache"
+    {"verb": "restart", "job": "dflash", "host": null, "patches": ["topk"], "options": {"without": [], "fresh_cache": true}}
+
+``pitstop say`` runs one request through the same :class:`~handlers.dispatch.Dispatcher` as
+Slack, against the configured hosts, and prints the reply; a restart's sequence runs to the
+end of its launch before the command returns (its thread posts are printed too).  With
+``--wait`` it also waits for the verified verdict and prints it; with ``--json`` it prints the
+reply model (the verdict, with ``--wait``, as a follow-up).  A job with ``confirm = true``
+asks ``confirm? [y/N]`` on stderr and reads the answer from stdin.
+
+Exit codes: 0 ok; 1 failed, or the verdict is not RUNNING; 2 bad input; 3 denied; 4 another
+restart in flight; 5 cancelled, or timed out waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+import threading
+import time
+import uuid
+from typing import IO, TYPE_CHECKING
+
+from handlers.commands import ParseError, parse
+from handlers.outbox import MemoryOutbox
+from handlers.reply import Reply, render_text
+from handlers.runview import thread_key, verdict_reply
+from pipeline import keys, messages
+from pipeline.config import Config
+from pipeline.errors import ExitCode, PitstopError
+from pipeline.events import EventKind
+from pipeline.runs import RunRecord, Step
+
+if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick
+    from handlers.context import Context
+    from handlers.dispatch import Dispatcher
+
+SEQUENCE_SLACK = 300.0  #: seconds allowed for a sequence beyond the job's stop timeout
+VERDICT_SLACK = 120.0  #: seconds allowed for a verdict beyond the job's start window
+
+
+def parse_main(config: Config, text: str, *, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
+    """``pitstop parse TEXT``: print the parsed command as JSON (exit 0) or the error (exit 2).
+
+    :param out: where the JSON goes (default stdout).
+    :param err: where the error goes (default stderr).
+    """
+    out = out or sys.stdout
+    try:
+        command = parse(text, config)
+    except ParseError as exc:
+        print(exc.message, file=err or sys.stderr)
+        return int(exc.exit_code)
+    print(json.dumps(command.to_json()), file=out)
+    return 0
+
+
+def _read_line(prompt: str, timeout: float, err: IO[str]) -> str | None:
+    """A line from stdin within ``timeout`` s (a daemon thread, so a silent stdin never blocks exit)."""
+    print(prompt, end="", file=err, flush=True)
+    box: list[str | None] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            line = sys.stdin.readline()
+            box.append(line if line else None)
+        except (OSError, ValueError):
+            box.append(None)
+        done.set()
+
+    threading.Thread(target=read, name="pitstop-say-stdin", daemon=True).start()
+    done.wait(timeout)
+    if not box:
+        print("", file=err)
+    return box[0] if box else None
+
+
+async def _settle_confirmation(dispatcher: Dispatcher, reply: Reply, user: str, err: IO[str]) -> Reply:
+    confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
+    if confirm is None:
+        return reply
+    answer = await asyncio.to_thread(_read_line, messages.console_confirm(), dispatcher.confirm_window, err)
+    action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
+    return await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
+
+
+async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: float) -> RunRecord | None:
+    """The run once its verdict is recorded: deliver it here when due, unless another process
+    (the scheduler of a running ``pitstop serve``) claimed it first — then await its VERDICT event."""
+    from handlers.verdicts import deliver_verdict
+
+    deadline = time.monotonic() + timeout
+    score = await ctx.redis.client.zscore(keys.runs_unverified(ctx.prefix), run.id)
+    if score is not None:
+        await asyncio.sleep(max(0.0, min(float(score) - time.time(), deadline - time.monotonic())))
+    delivered = await deliver_verdict(ctx, run.id)
+    if delivered is not None and delivered.verdict is not None:
+        return delivered
+    while (left := deadline - time.monotonic()) > 0:
+        current = await ctx.runs.get(run.id)
+        if current.verdict is not None:
+            return current
+        event = await ctx.events.wait_for(EventKind.VERDICT, run.job, after=after, timeout=min(left, 5.0))
+        if event is not None:
+            after = event.id
+            if event.data.get("run_id") == run.id:
+                return await ctx.runs.get(run.id)
+        elif await ctx.redis.client.zscore(keys.runs_unverified(ctx.prefix), run.id) is not None:
+            delivered = await deliver_verdict(ctx, run.id)  # retry after a failed verification
+            if delivered is not None and delivered.verdict is not None:
+                return delivered
+    return None
+
+
+async def say_main(
+    config: Config,
+    text: str,
+    *,
+    user: str,
+    wait: bool,
+    as_json: bool,
+    groups: tuple[str, ...] = (),
+    out: IO[str] | None = None,
+    err: IO[str] | None = None,
+) -> int:
+    """``pitstop say TEXT``: one request through the Slack path; print the reply (and verdict).
+
+    :param user: who the request acts as (``--as``, else ``PITSTOP_USER``, else ``console``).
+    :param wait: also wait for the verified verdict of a restart/start and print it.
+    :param as_json: print :meth:`Reply.to_dict` instead of text.
+    :param groups: the user's user-group ids.
+    :returns: the exit code (see the module docstring).
+    """
+    from bot.assembly import build_context, close_context
+    from handlers.dispatch import Dispatcher, Request
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    outbox = MemoryOutbox()
+    ctx = await build_context(config, outbox)
+    dispatcher = Dispatcher(ctx)
+    try:
+        after = await ctx.events.last_id()
+        request = Request(
+            text=text, user=user, groups=groups, delivery_id=f"say:{uuid.uuid4().hex}", surface="say"
+        )
+        reply = await dispatcher.handle(request)
+        if reply.buttons and any(b.action == "confirm" for b in reply.buttons):
+            if not as_json:
+                print(render_text(reply), file=out, flush=True)
+            reply = await _settle_confirmation(dispatcher, reply, user, err)
+        if not as_json:
+            print(render_text(reply), file=out, flush=True)
+        if reply.run_id is None or reply.exit_code is not ExitCode.OK or not dispatcher.in_flight:
+            if as_json:
+                print(json.dumps(reply.to_dict()), file=out)
+            return int(reply.exit_code)
+        run = await ctx.runs.get(reply.run_id)
+        spec = config.jobs.get(run.job)
+        await dispatcher.drain((spec.stop_timeout if spec else 0.0) + SEQUENCE_SLACK)
+        run = await ctx.runs.get(reply.run_id)
+        posts = tuple(p.reply for p in outbox.of("thread") if p.key == thread_key(run.id))
+        if not as_json:
+            for post in posts:
+                print(render_text(post), file=out, flush=True)
+        code = _sequence_code(run)
+        verdict: Reply | None = None
+        if wait and code is ExitCode.OK and run.verdict is None and run.step(Step.LAUNCH) is not None:
+            window = spec.start_window if spec else 0.0
+            done = await _await_verdict(ctx, run, after, window + VERDICT_SLACK)
+            if done is None:
+                code = ExitCode.CANCELLED
+                print(messages.demo_wait_timed_out("verdict", run.job, window + VERDICT_SLACK), file=err)
+            else:
+                run = done
+                verdict = verdict_reply(run)
+                code = ExitCode.OK if run.verdict is not None and run.verdict.ok else ExitCode.FAILED
+                if not as_json:
+                    print(render_text(verdict), file=out, flush=True)
+        if as_json:
+            extra = posts + ((verdict,) if verdict is not None else ())
+            print(
+                json.dumps(dataclasses.replace(reply, follow_ups=reply.follow_ups + extra).to_dict()),
+                file=out,
+            )
+        return int(code)
+    except PitstopError as exc:
+        print(exc.message, file=err)
+        return int(exc.exit_code)
+    finally:
+        await dispatcher.drain(5.0)
+        await close_context(ctx)
+
+
+def _sequence_code(run: RunRecord) -> ExitCode:
+    """Exit code of a run whose sequence has ended (before any verification)."""
+    if run.verdict is None:
+        return ExitCode.OK
+    if run.verdict.value == "CANCELLED":
+        return ExitCode.CANCELLED
+    return ExitCode.FAILED

@@ -1,0 +1,245 @@
+"""The scheduler: verification posts, watch cycles and digests, run by one process among replicas.
+
+APScheduler 3's :class:`~apscheduler.schedulers.asyncio.AsyncIOScheduler` runs inside the
+process's event loop; every job is an ``async`` function and every job sets
+``misfire_grace_time``, ``coalesce`` and ``max_instances=1`` explicitly (the 1 s default grace
+silently drops runs that start late on a busy loop).
+
+Jobs:
+
+- ``leader``, every ``leader_ttl / 3`` s, on every replica: take or renew the Redis leader
+  lease (:class:`~pipeline.leader.LeaderLease`).  On becoming leader: reconcile runs left open
+  by a dead process (``ctx.restarter.reconcile()``), then deliver overdue verifications.
+- ``verify``, every ``poll_interval`` s: deliver the verifications that are due
+  (``ZRANGEBYSCORE keys.runs_unverified``, :func:`handlers.verdicts.deliver_due`).
+- ``watch:HOST:INTERVAL``, every ``watch.interval`` s: one watch cycle — one probe — for all
+  jobs on HOST that share that interval (:class:`handlers.watching.Watcher`).
+- ``digest:JOB``, per ``digest.every`` (interval) or ``digest.cron`` (crontab in
+  ``[scheduler] timezone``): :func:`handlers.reports.digest_command` posted with
+  ``ctx.outbox.post``.
+
+Only the lease holder does the work of ``verify``, ``watch`` and ``digest`` jobs; the others
+wake, see they are not leader, and return.  If the leader dies, another replica takes the
+lease within ``leader_ttl`` s.  Claims in Redis (verify claims, incident revisions, digest
+offsets) keep a post from happening twice even if two processes briefly both think they lead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+from redis.exceptions import RedisError
+
+from handlers.context import Context
+from handlers.verdicts import deliver_due
+from handlers.watching import Watcher
+from pipeline import messages
+from pipeline.leader import LeaderLease
+from pipeline.watch import DEFAULT_REMIND_EVERY
+
+log = logging.getLogger(__name__)
+
+DIGEST_CRON_GRACE = 3600.0  #: seconds a cron digest may start late and still run
+DRAIN_TIMEOUT = 30.0  #: seconds :meth:`PitstopScheduler.stop` waits for automatic restarts
+
+
+class PitstopScheduler:
+    """Scheduled work of one Pitstop process, done only while it holds the leader lease.
+
+    :param ctx: the process context.
+    :param leader_ttl: seconds the leader lease lives without renewal (renewed every third).
+    :param poll_interval: seconds between polls of due verifications.
+    :param remind_every: seconds between reminders of an open, unacknowledged incident.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        leader_ttl: float = 10.0,
+        poll_interval: float = 1.0,
+        remind_every: float = DEFAULT_REMIND_EVERY,
+    ) -> None:
+        self.ctx = ctx
+        self.poll_interval = poll_interval
+        self.lease = LeaderLease(ctx.redis.client, ctx.prefix, ctx.instance, leader_ttl)
+        self.watcher = Watcher(ctx, remind_every=remind_every)
+        self._scheduler: AsyncIOScheduler | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._was_leader = False
+        self._stopping = False
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this process holds a lease it can trust and is not stopping."""
+        return not self._stopping and self.lease.is_leader
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`stop`."""
+        return self._scheduler is not None
+
+    @property
+    def apscheduler(self) -> AsyncIOScheduler | None:
+        """The underlying APScheduler scheduler while started (for inspection), else None."""
+        return self._scheduler
+
+    def job_ids(self) -> list[str]:
+        """The ids of the scheduled jobs (``leader``, ``verify``, ``watch:…``, ``digest:…``)."""
+        return [job.id for job in self._scheduler.get_jobs()] if self._scheduler else []
+
+    async def start(self) -> None:
+        """Schedule every job in the running event loop and try for the lease at once.
+
+        :raises RuntimeError: if already started.
+        """
+        if self._scheduler is not None:
+            raise RuntimeError("scheduler already started")
+        self._stopping = False
+        config = self.ctx.config
+        tz = config.scheduler.timezone
+        sched = AsyncIOScheduler(event_loop=asyncio.get_running_loop(), timezone=tz)
+
+        def add(
+            fn: Callable[..., Awaitable[None]], trigger: Any, job_id: str, grace: float, *args: Any
+        ) -> None:
+            sched.add_job(
+                self._guarded,
+                trigger,
+                args=[fn, *args],
+                id=job_id,
+                name=job_id,
+                coalesce=True,
+                misfire_grace_time=max(1, int(grace)),
+                max_instances=1,
+                replace_existing=True,
+            )
+
+        renew = self.lease.renew_every
+        add(self._lease_tick, IntervalTrigger(seconds=renew, timezone=tz), "leader", renew)
+        add(
+            self._verify_tick,
+            IntervalTrigger(seconds=self.poll_interval, timezone=tz),
+            "verify",
+            max(5.0, self.poll_interval * 5),
+        )
+        groups: dict[tuple[str, float], list[str]] = {}
+        for name, job in config.jobs.items():
+            groups.setdefault((job.host, job.watch.interval), []).append(name)
+        for (host, interval), names in groups.items():
+            add(
+                self._watch_tick,
+                IntervalTrigger(seconds=interval, timezone=tz),
+                f"watch:{host}:{interval:g}",
+                interval,
+                host,
+                names,
+            )
+        for name, job in config.jobs.items():
+            if job.digest.every is not None:
+                trigger: Any = IntervalTrigger(seconds=job.digest.every, timezone=tz)
+                add(self._digest_tick, trigger, f"digest:{name}", job.digest.every, name)
+            elif job.digest.cron is not None:
+                trigger = CronTrigger.from_crontab(job.digest.cron, timezone=tz)
+                add(self._digest_tick, trigger, f"digest:{name}", DIGEST_CRON_GRACE, name)
+        self._scheduler = sched
+        sched.start()
+        await self._lease_tick()
+
+    async def stop(self, *, release: bool = True, drain_timeout: float = DRAIN_TIMEOUT) -> None:
+        """Stop scheduling, cancel running jobs, wait for automatic restarts, give the lease up.
+
+        :param release: release the lease so another replica takes over at once; False
+            leaves it to expire (as if this process had died).
+        :param drain_timeout: seconds to wait for automatic restarts still running.
+        """
+        self._stopping = True
+        sched, self._scheduler = self._scheduler, None
+        if sched is not None and sched.running:
+            sched.shutdown(wait=False)
+        for _ in range(3):
+            await asyncio.sleep(0)  # let the scheduler's shutdown run in the loop
+        tasks = [t for t in self._tasks if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.watcher.drain(drain_timeout)
+        self._was_leader = False
+        if release:
+            try:
+                await self.lease.release()
+            except RedisError:
+                log.warning("could not release the scheduler lease; it expires by itself")
+        else:
+            self.lease.forget()
+
+    # --- jobs ---------------------------------------------------------------------------------
+
+    async def _guarded(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run one job tracked (so :meth:`stop` can cancel it), logging instead of raising."""
+        if self._stopping:
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await fn(*args)
+        except asyncio.CancelledError:
+            return  # stop() cancelled it; the job ends here
+        except Exception:
+            log.exception("scheduled job %s failed", getattr(fn, "__name__", fn))
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _lease_tick(self) -> None:
+        try:
+            held = await self.lease.acquire()
+        except RedisError as exc:
+            log.warning("scheduler lease: Redis unavailable: %s", exc)
+            held = False
+        if held and not self._was_leader:
+            log.info(messages.scheduler_leader(self.ctx.instance, True))
+            self._spawn(self._became_leader)
+        elif not held and self._was_leader:
+            log.warning(messages.scheduler_leader(self.ctx.instance, False))
+        self._was_leader = held
+
+    async def _became_leader(self) -> None:
+        """Reconcile runs a dead process left open, then deliver overdue verifications."""
+        try:
+            await self.ctx.restarter.reconcile()
+        except Exception:
+            log.exception("reconciling open runs failed")
+        if self.is_leader:
+            await deliver_due(self.ctx)
+
+    async def _verify_tick(self) -> None:
+        if self.is_leader:
+            await deliver_due(self.ctx)
+
+    async def _watch_tick(self, host: str, names: list[str]) -> None:
+        if self.is_leader:
+            await self.watcher.cycle(host, names)
+
+    async def _digest_tick(self, job: str) -> None:
+        if not self.is_leader:
+            return
+        from handlers.reports import digest_command
+
+        reply = await digest_command(self.ctx, job, scheduled=True)
+        if not self.is_leader:
+            return  # lost the lease while building it: the new leader posts the next one
+        await self.ctx.outbox.post(reply, self.ctx.config.channel_for(job))
+
+    def _spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        task = asyncio.get_running_loop().create_task(self._guarded(fn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

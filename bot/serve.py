@@ -1,0 +1,325 @@
+"""``pitstop serve``: the Slack surface over HTTP (aiohttp) or Socket Mode.
+
+HTTP mode listens on ``--host``/``--port``: ``POST /slack/events`` takes events, slash
+commands and interactivity (Bolt verifies the signature: a bad, stale or missing one gets
+401), ``GET /healthz`` answers JSON with the state of Redis and Slack (200 when both are
+fine, else 503).  Socket Mode (``--socket``) needs no public URL: slack_sdk's aiohttp
+``SocketModeClient`` under Bolt's ``AsyncSocketModeHandler`` opens the connection
+(``apps.connections.open``) and reconnects when Slack asks (``disconnect``).
+
+Both modes share :class:`SlackRuntime`: one Web API client (``SLACK_API_URL`` as its base
+URL, 429s waited out), the :class:`~bot.slack_outbox.SlackOutbox`, the Context from
+:func:`bot.assembly.build_context`, the dispatcher, the scheduler and the Bolt app.  On
+shutdown (SIGINT/SIGTERM cancel the task) answers in flight are delivered (bounded), then
+everything is closed in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.slack_app import ACK_BUDGET, SlackSurface
+from bot.slack_outbox import SlackOutbox, web_client
+from handlers.context import Context
+from handlers.dispatch import Dispatcher
+from pipeline import messages
+from pipeline.config import Config
+from pipeline.errors import SlackUnavailable
+
+log = logging.getLogger(__name__)
+
+EVENTS_PATH = "/slack/events"
+HEALTH_PATH = "/healthz"
+HEALTH_TTL = 30.0  #: seconds an ``auth.test`` result is reused by /healthz
+DRAIN_TIMEOUT = 10.0  #: seconds given to answers and restarts in flight at shutdown
+
+
+@dataclass
+class SlackRuntime:
+    """Everything one serving process holds; build with :func:`open_runtime`, end with :meth:`close`."""
+
+    config: Config
+    client: AsyncWebClient
+    session: aiohttp.ClientSession
+    outbox: SlackOutbox
+    ctx: Context
+    dispatcher: Dispatcher
+    surface: SlackSurface
+    scheduler: Any = None
+    socket: AsyncSocketModeHandler | None = None
+    auth: dict[str, Any] = field(default_factory=dict)
+    _auth_at: float = 0.0
+
+    async def slack_health(self) -> dict[str, Any]:
+        """``auth.test`` (cached :data:`HEALTH_TTL` s) plus the Socket Mode connection state."""
+        if time.monotonic() - self._auth_at > HEALTH_TTL:
+            try:
+                resp = await self.client.auth_test()
+                self.auth = {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
+            except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+                error = exc.response.get("error") if isinstance(exc, SlackApiError) else str(exc)
+                self.auth = {"ok": False, "error": str(error or type(exc).__name__)}
+            self._auth_at = time.monotonic()
+        out = dict(self.auth)
+        if self.socket is not None:
+            connected = await self.socket.client.is_connected()
+            out["socket_mode"] = "connected" if connected else "reconnecting"
+            out["ok"] = bool(out.get("ok")) and connected
+        out["refused_posts"] = len(self.outbox.failures)
+        return out
+
+    async def redis_health(self) -> dict[str, Any]:
+        """A PING round trip to Redis, in milliseconds."""
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(self.ctx.redis.client.ping(), timeout=2.0)
+        except Exception as exc:
+            return {"ok": False, "error": str(exc) or type(exc).__name__}
+        return {"ok": True, "ms": round((time.perf_counter() - started) * 1000, 2)}
+
+    async def health(self) -> dict[str, Any]:
+        """``{"ok": bool, "redis": {...}, "slack": {...}}``."""
+        redis, slack = await asyncio.gather(self.redis_health(), self.slack_health())
+        return {"ok": bool(redis["ok"] and slack["ok"]), "redis": redis, "slack": slack}
+
+    async def close(self, drain: float = DRAIN_TIMEOUT) -> None:
+        """Stop taking requests, let answers and restarts in flight finish (bounded), close all."""
+        if self.socket is not None:
+            with contextlib.suppress(Exception):
+                await self.socket.close_async()  # type: ignore[no-untyped-call]
+        if self.scheduler is not None:
+            with contextlib.suppress(Exception):
+                await self.scheduler.stop()
+        try:
+            await self.surface.drain(drain)
+            await self.dispatcher.drain(drain)
+        finally:
+            from bot.assembly import close_context
+
+            try:
+                await close_context(self.ctx)
+            finally:
+                await self.session.close()
+
+
+async def open_runtime(
+    config: Config,
+    *,
+    bot_token: str,
+    api_url: str | None,
+    signing_secret: str | None = None,
+    scheduler: bool = True,
+    check_auth: bool = True,
+    instance: str | None = None,
+    ack_budget: float | None = None,
+) -> SlackRuntime:
+    """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler.
+
+    :param signing_secret: HTTP mode's secret; None for Socket Mode.
+    :param scheduler: start the scheduler (verifications, watching, digests).
+    :param check_auth: call ``auth.test`` first so a wrong token fails at once.
+    :param ack_budget: seconds a slash command waits for its answer before acking "working…".
+    :raises SlackUnavailable: if ``auth.test`` fails.
+    """
+    from bot.assembly import build_context, new_instance_id
+    from handlers.dispatch import Dispatcher
+
+    session = aiohttp.ClientSession()
+    ctx: Context | None = None
+    try:
+        client = web_client(bot_token, base_url=api_url, session=session)
+        auth: dict[str, Any] = {}
+        if check_auth:
+            try:
+                resp = await client.auth_test()
+            except SlackApiError as exc:
+                raise SlackUnavailable("auth.test", str(exc.response.get("error"))) from None
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise SlackUnavailable("auth.test", str(exc) or type(exc).__name__) from None
+            auth = {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
+        instance = instance or new_instance_id()
+        outbox = SlackOutbox(
+            client, default_channel=config.slack.announce_channel, pace=config.slack.pace, instance=instance
+        )
+        ctx = await build_context(config, outbox, instance=instance)
+        outbox.bind(ctx.redis.client, ctx.prefix)
+        dispatcher = Dispatcher(ctx)
+        surface = SlackSurface(
+            config,
+            dispatcher,
+            client=client,
+            signing_secret=signing_secret,
+            outbox=outbox,
+            ack_budget=ACK_BUDGET if ack_budget is None else ack_budget,
+        )
+        runtime = SlackRuntime(
+            config=config,
+            client=client,
+            session=session,
+            outbox=outbox,
+            ctx=ctx,
+            dispatcher=dispatcher,
+            surface=surface,
+            auth=auth,
+            _auth_at=time.monotonic() if auth else 0.0,
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(surface.groups.refresh(), timeout=5.0)
+        if scheduler:
+            from bot.scheduler import PitstopScheduler
+
+            runtime.scheduler = PitstopScheduler(ctx)
+            await runtime.scheduler.start()
+        return runtime
+    except BaseException:
+        if ctx is not None:
+            from bot.assembly import close_context
+
+            with contextlib.suppress(Exception):
+                await close_context(ctx)
+        await session.close()
+        raise
+
+
+# --- HTTP ----------------------------------------------------------------------------------------
+
+
+def http_app(surface: SlackSurface, health: Callable[[], Awaitable[dict[str, Any]]]) -> web.Application:
+    """The aiohttp application: ``POST /slack/events`` through Bolt, ``GET /healthz``.
+
+    :param health: returns the ``/healthz`` JSON (``ok`` decides 200 or 503).
+    """
+
+    async def events(request: web.Request) -> web.Response:
+        bolt_req = await to_bolt_request(request)
+        bolt_resp = await surface.app.async_dispatch(bolt_req)
+        return await to_aiohttp_response(bolt_resp)
+
+    async def healthz(request: web.Request) -> web.Response:
+        state = await health()
+        return web.json_response(state, status=200 if state.get("ok") else 503)
+
+    app = web.Application()
+    app.router.add_post(EVENTS_PATH, events)
+    app.router.add_get(HEALTH_PATH, healthz)
+    return app
+
+
+@dataclass
+class HttpServer:
+    """A running HTTP listener; :attr:`url` is its base URL."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT`` (the address actually bound)."""
+        return f"http://{self.host}:{self.port}"
+
+    async def close(self) -> None:
+        """Stop listening and close open connections."""
+        await self.runner.cleanup()
+
+
+async def start_http(app: web.Application, *, host: str, port: int) -> HttpServer:
+    """Listen on ``host:port`` (0 → a free port) with ``app`` (from :func:`http_app`).
+
+    :returns: the server; close it before the runtime.
+    """
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    sockets = getattr(site._server, "sockets", None)
+    if sockets:
+        bound = int(sockets[0].getsockname()[1])
+    return HttpServer(runner, host, bound)
+
+
+async def serve_http(
+    config: Config,
+    *,
+    host: str,
+    port: int,
+    bot_token: str,
+    signing_secret: str,
+    api_url: str | None,
+) -> None:
+    """Serve Slack over HTTP until cancelled (SIGINT/SIGTERM).
+
+    :param host: listen address.
+    :param port: listen port.
+    :param bot_token: ``SLACK_BOT_TOKEN``.
+    :param signing_secret: ``SLACK_SIGNING_SECRET`` (requests with a bad signature get 401).
+    :param api_url: ``SLACK_API_URL``, or None for Slack's.
+    :raises SlackUnavailable: if the bot token is refused.
+    """
+    runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
+    try:
+        server = await start_http(http_app(runtime.surface, runtime.health), host=host, port=port)
+        try:
+            print(messages.serve_listening(server.url), file=sys.stderr, flush=True)
+            await asyncio.Event().wait()
+        finally:
+            await server.close()
+    finally:
+        await runtime.close()
+
+
+# --- Socket Mode ---------------------------------------------------------------------------------
+
+
+async def connect_socket(
+    surface: SlackSurface, client: AsyncWebClient, *, app_token: str, ping_interval: float = 10.0
+) -> AsyncSocketModeHandler:
+    """Connect ``surface``'s Bolt app to Slack over Socket Mode (``apps.connections.open`` with
+    the app token, on ``client``'s Web API base URL).
+
+    :returns: the connected handler; close it with ``await handler.close_async()``.
+    :raises SlackUnavailable: if Slack refuses the app token.
+    """
+    handler = AsyncSocketModeHandler(surface.app, app_token, web_client=client, ping_interval=ping_interval)
+    try:
+        # the first URL is fetched here so a refused app token fails at once (the client itself
+        # would retry forever); reconnections fetch new ones inside the client
+        handler.client.wss_uri = await handler.client.issue_new_wss_url()
+    except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+        await handler.close_async()  # type: ignore[no-untyped-call]
+        error = exc.response.get("error") if isinstance(exc, SlackApiError) else str(exc)
+        raise SlackUnavailable("apps.connections.open", str(error or type(exc).__name__)) from None
+    await handler.connect_async()  # type: ignore[no-untyped-call]
+    return handler
+
+
+async def serve_socket(config: Config, *, bot_token: str, app_token: str, api_url: str | None) -> None:
+    """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM); no public URL needed.
+
+    :param bot_token: ``SLACK_BOT_TOKEN``.
+    :param app_token: ``SLACK_APP_TOKEN`` (``xapp-…``, scope ``connections:write``).
+    :param api_url: ``SLACK_API_URL``, or None for Slack's.
+    :raises SlackUnavailable: if a token is refused.
+    """
+    runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
+    try:
+        runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
+        print(messages.serve_socket_connected(), file=sys.stderr, flush=True)
+        await asyncio.Event().wait()
+    finally:
+        await runtime.close()

@@ -1,0 +1,418 @@
+"""The Slack surface: a Bolt ``AsyncApp`` over the transport-free :class:`handlers.dispatch.Dispatcher`.
+
+It listens for the slash command from ``[slack] command`` (``/train``), app mentions
+(``@pitstop restart dflash with topk patch``), direct messages, the buttons of a reply
+(confirm / cancel / show log) and the App Home tab (a listing of every job, published with
+``views.publish``).  The same app serves HTTP (:mod:`bot.serve`, Bolt's signature check) and
+Socket Mode.
+
+**Ack first.**  The app runs with ``process_before_response=True``: a listener runs before the
+HTTP response (or the Socket Mode ack) and calls ``ack()`` itself, so the ack goes out as soon
+as it is called — Bolt's other path polls for the ack every 10 ms.  A slash command starts
+``Dispatcher.handle`` and waits for it at most :data:`ACK_BUDGET` seconds: a fast answer
+(help, a parse error, "queued run r-42 for dflash") *is* the ack; anything slower is acked
+with a short "working on …" and the answer follows through ``response_url``.  ``handle``
+itself never waits for SSH work (restarts continue in the dispatcher's background tasks and
+report through the outbox), so nothing remote ever sits between Slack and its ack.  Events
+and buttons are acked empty at once and answered with ``chat.postMessage`` /
+``chat.postEphemeral`` / ``respond``.
+
+**Retries are not repeats.**  Bolt does not drop Slack's retries (``X-Slack-Retry-Num``); each
+request carries a stable delivery id — the slash command's ``trigger_id``, the event's
+``event_id``, the button click's ``trigger_id`` — and the dispatcher's dedupe acts on it once.
+A retried *event* is not answered a second time in Slack.
+
+User groups (``usergroups.list`` with members) are resolved through :class:`GroupCache`: read
+from a short-lived cache, refreshed in the background, and only fetched at all when the
+configuration names a user-group id (``S…``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot import blocks
+from bot.slack_outbox import SlackOutbox
+from handlers.dispatch import Dispatcher, Request
+from handlers.reply import Reply, Status
+from pipeline import messages
+from pipeline.config import Config
+
+log = logging.getLogger(__name__)
+
+ACK_BUDGET = 0.25  #: seconds a slash command waits for its answer before acking "working on …"
+GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
+_MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
+_CONFIRMING = frozenset({"confirm", "cancel"})
+
+Respond = Callable[..., Awaitable[Any]]
+
+
+def needs_groups(config: Config) -> bool:
+    """True when any role list (global or per job) names a user-group id (``S…``)."""
+    ids: list[str] = [*config.auth.admins, *config.auth.operators, *config.auth.viewers]
+    for job in config.jobs.values():
+        for ids_of in (job.auth.admins, job.auth.operators, job.auth.viewers):
+            ids += ids_of or []
+    return any(i.startswith("S") for i in ids)
+
+
+class GroupCache:
+    """Which user groups each user is in, from ``usergroups.list`` (include_users), cached briefly.
+
+    :param client: the Web API client (needs ``usergroups:read``).
+    :param ttl: seconds a listing is trusted; an older one is still served while a refresh runs.
+    :param enabled: False → every user is in no group and Slack is never asked.
+    """
+
+    def __init__(self, client: AsyncWebClient, *, ttl: float = GROUPS_TTL, enabled: bool = True) -> None:
+        self.client = client
+        self.ttl = ttl
+        self.enabled = enabled
+        self._members: dict[str, tuple[str, ...]] | None = None
+        self._loaded_at = 0.0
+        self._refreshing: asyncio.Task[None] | None = None
+
+    def cached(self, user: str) -> tuple[str, ...] | None:
+        """The user's groups from the cache without waiting, or None if nothing was loaded yet.
+
+        A stale listing is returned as is and a refresh starts in the background.
+        """
+        if not self.enabled:
+            return ()
+        if self._members is None:
+            return None
+        if time.monotonic() - self._loaded_at > self.ttl:
+            self._start_refresh()
+        return self._members.get(user, ())
+
+    async def get(self, user: str) -> tuple[str, ...]:
+        """The user's groups, loading the listing first if there is none yet."""
+        got = self.cached(user)
+        if got is not None:
+            return got
+        await self.refresh()
+        return (self._members or {}).get(user, ())
+
+    def _start_refresh(self) -> asyncio.Task[None]:
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._load())
+        return self._refreshing
+
+    async def refresh(self) -> None:
+        """Load the listing now (one request at a time; concurrent callers share it)."""
+        if self.enabled:
+            await asyncio.shield(self._start_refresh())
+
+    async def _load(self) -> None:
+        try:
+            resp = await self.client.usergroups_list(include_users=True)
+        except Exception as exc:  # a failed lookup must not fail the request: no groups, retry later
+            log.warning("usergroups.list failed: %s", exc)
+            if self._members is None:
+                self._members = {}
+            self._loaded_at = time.monotonic()
+            return
+        members: dict[str, list[str]] = {}
+        for group in resp.get("usergroups") or []:
+            for user in group.get("users") or []:
+                members.setdefault(str(user), []).append(str(group["id"]))
+        self._members = {u: tuple(g) for u, g in members.items()}
+        self._loaded_at = time.monotonic()
+
+    async def close(self) -> None:
+        """Cancel a refresh in flight."""
+        if self._refreshing is not None and not self._refreshing.done():
+            self._refreshing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refreshing
+
+
+def response_type(reply: Reply) -> str:
+    """``ephemeral`` for input errors, denials, confirmations and run acks (the team sees the
+    run's own message); ``in_channel`` for the rest."""
+    private = (
+        reply.ephemeral or reply.run_id is not None or any(b.action in _CONFIRMING for b in reply.buttons)
+    )
+    return "ephemeral" if private else "in_channel"
+
+
+def internal_error_reply() -> Reply:
+    """What Slack shows for an unexpected failure (the traceback goes to the log)."""
+    incident = uuid.uuid4().hex[:8]
+    log.exception("incident %s", incident)
+    return Reply(title=messages.internal_error(incident), status=Status.ERROR, ephemeral=True)
+
+
+def mention_text(text: str, bot_user: str | None) -> str:
+    """The command in a mention: the bot's ``<@U…>`` (or a leading mention) removed."""
+    if bot_user:
+        text = text.replace(f"<@{bot_user}>", " ")
+    text = text.strip()
+    if text.startswith("<@"):
+        text = _MENTION.sub(" ", text, count=1)
+    return " ".join(text.split())
+
+
+def _quiet_token_warning(record: logging.LogRecord) -> bool:
+    """Drop Bolt's notice that ``SLACK_BOT_TOKEN`` (which it reads itself) is unused beside our
+    client: Pitstop gives Bolt the client deliberately (base URL, 429 handling)."""
+    return not str(record.msg).startswith("As you gave `client` as well")
+
+
+class SlackSurface:
+    """The Bolt app plus the state its listeners share (tasks after the ack, group cache).
+
+    :param config: the validated configuration (slash command name).
+    :param dispatcher: the transport-free handlers.
+    :param client: the Web API client (bot token).
+    :param signing_secret: HTTP mode's signing secret; None for Socket Mode (no signature check).
+    :param outbox: the Slack outbox, for uploading a chart that comes with an answer.
+    :param groups: the user-group cache (default: one over ``client``, enabled when the config
+        names a group).
+    :param ack_budget: seconds a slash command may wait for its answer before acking "working…".
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        dispatcher: Dispatcher,
+        *,
+        client: AsyncWebClient,
+        signing_secret: str | None,
+        outbox: SlackOutbox | None = None,
+        groups: GroupCache | None = None,
+        ack_budget: float = ACK_BUDGET,
+    ) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.client = client
+        self.outbox = outbox
+        self.groups = groups or GroupCache(client, enabled=needs_groups(config))
+        self.ack_budget = ack_budget
+        self._tasks: set[asyncio.Task[Any]] = set()
+        bolt_log = logging.getLogger("pitstop.bolt")
+        bolt_log.addFilter(_quiet_token_warning)
+        self.app = AsyncApp(
+            name="pitstop",
+            client=client,
+            signing_secret=signing_secret or "",
+            request_verification_enabled=signing_secret is not None,
+            process_before_response=True,
+            logger=bolt_log,
+        )
+        self.app.command(config.slack.command)(self._on_command)
+        self.app.event("app_mention")(self._on_mention)
+        self.app.event("message")(self._on_message)
+        self.app.event("app_home_opened")(self._on_home)
+        self.app.action(re.compile("^" + re.escape(blocks.ACTION_PREFIX)))(self._on_action)
+        self.app.error(self._on_error)
+
+    # --- background work after the ack --------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` after the ack, tracked so :meth:`drain` can wait for it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Slack follow-up failed", exc_info=task.exception())
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for answers still being delivered, then cancel the rest."""
+        if self._tasks:
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+        await self.groups.close()
+
+    async def _handle(self, req: Request) -> Reply:
+        try:
+            return await self.dispatcher.handle(req)
+        except Exception:
+            return internal_error_reply()
+
+    # --- slash command ------------------------------------------------------------------------
+
+    async def _on_command(self, ack: Respond, body: dict[str, Any], respond: Respond) -> None:
+        user = str(body.get("user_id", ""))
+        text = str(body.get("text", ""))
+        trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"
+        req_args: dict[str, Any] = {
+            "text": text,
+            "user": user,
+            "delivery_id": f"cmd:{trigger}",
+            "channel": body.get("channel_id"),
+            "surface": "slack",
+        }
+        groups = self.groups.cached(user)
+        if groups is None:  # first request before the listing arrived: never wait for Slack here
+            await ack(**blocks.text_message(messages.slack_working(text)), response_type="ephemeral")
+            self.spawn(self._late_command(req_args, respond, None))
+            return
+        task = asyncio.get_running_loop().create_task(self._handle(Request(groups=groups, **req_args)))
+        done, _ = await asyncio.wait({task}, timeout=self.ack_budget)
+        if done:
+            reply = task.result()
+            await ack(**blocks.message(reply), response_type=response_type(reply))
+            self._after_answer(reply, body.get("channel_id"))
+            return
+        await ack(**blocks.text_message(messages.slack_working(text)), response_type="ephemeral")
+        self.spawn(self._late_command(req_args, respond, task))
+
+    async def _late_command(
+        self, req_args: dict[str, Any], respond: Respond, task: asyncio.Task[Reply] | None
+    ) -> None:
+        if task is None:
+            groups = await self.groups.get(req_args["user"])
+            reply = await self._handle(Request(groups=groups, **req_args))
+        else:
+            reply = await task
+        await self._respond(respond, reply)
+        self._after_answer(reply, req_args.get("channel"))
+
+    async def _respond(self, respond: Respond, reply: Reply, *, replace: bool = False) -> None:
+        try:
+            resp = await respond(
+                **blocks.message(reply), response_type=response_type(reply), replace_original=replace
+            )
+        except Exception as exc:
+            log.warning(messages.slack_not_posted("response_url", str(exc)))
+            return
+        status = getattr(resp, "status_code", 200)
+        if status != 200:
+            log.warning(
+                messages.slack_not_posted("response_url", f"HTTP {status} {getattr(resp, 'body', '')}")
+            )
+
+    def _after_answer(self, reply: Reply, channel: object) -> None:
+        """Upload an answer's chart (a response_url cannot carry files)."""
+        if reply.chart and self.outbox is not None and isinstance(channel, str) and channel:
+            self.spawn(self.outbox.upload(reply.chart, channel, thread_ts=None, title=reply.title))
+
+    # --- mentions and direct messages --------------------------------------------------------
+
+    @staticmethod
+    def _is_retry(request: AsyncBoltRequest) -> bool:
+        """True for Slack's redelivery of an event (``X-Slack-Retry-Num`` ≥ 1; Socket Mode's
+        ``retry_attempt`` arrives as the same header, ``0`` on a first delivery)."""
+        raw = request.headers.get("x-slack-retry-num")
+        value = raw[0] if isinstance(raw, list | tuple) and raw else raw
+        try:
+            return int(str(value)) > 0
+        except ValueError:
+            return False
+
+    async def _on_mention(
+        self, body: dict[str, Any], event: dict[str, Any], request: AsyncBoltRequest, context: Any
+    ) -> None:
+        bot_user = getattr(context, "bot_user_id", None)
+        text = mention_text(str(event.get("text", "")), bot_user)
+        self.spawn(self._converse(body, event, text, in_thread=True, retry=self._is_retry(request)))
+
+    async def _on_message(
+        self, body: dict[str, Any], event: dict[str, Any], request: AsyncBoltRequest
+    ) -> None:
+        if event.get("channel_type") != "im" or event.get("subtype") or event.get("bot_id"):
+            return
+        text = " ".join(str(event.get("text", "")).split())
+        if text:
+            self.spawn(self._converse(body, event, text, in_thread=False, retry=self._is_retry(request)))
+
+    async def _converse(
+        self, body: dict[str, Any], event: dict[str, Any], text: str, *, in_thread: bool, retry: bool
+    ) -> None:
+        user = str(event.get("user", ""))
+        channel = str(event.get("channel", ""))
+        groups = await self.groups.get(user)
+        event_id = body.get("event_id") or f"{channel}:{event.get('ts')}"
+        req = Request(
+            text=text,
+            user=user,
+            groups=groups,
+            delivery_id=f"ev:{event_id}",
+            channel=channel,
+            surface="slack",
+        )
+        if retry and await self.dispatcher.seen(req.delivery_id):
+            return  # Slack's retry of an event already acted on: the first delivery answers it
+        reply = await self._handle(req)
+        thread_ts = event.get("thread_ts") or (event.get("ts") if in_thread else None)
+        try:
+            if reply.ephemeral:
+                await self.client.chat_postEphemeral(
+                    channel=channel, user=user, thread_ts=thread_ts, **blocks.message(reply)
+                )
+            else:
+                await self.client.chat_postMessage(
+                    channel=channel, thread_ts=thread_ts, unfurl_links=False, **blocks.message(reply)
+                )
+        except SlackApiError as exc:
+            log.warning(messages.slack_not_posted(channel, str(exc.response.get("error"))))
+            return
+        self._after_answer(reply, channel)
+
+    # --- buttons ------------------------------------------------------------------------------
+
+    async def _on_action(
+        self, ack: Respond, body: dict[str, Any], action: dict[str, Any], respond: Respond
+    ) -> None:
+        await ack()
+        user = str((body.get("user") or {}).get("id", ""))
+        name = blocks.action_of(str(action.get("action_id", "")))
+        delivery = body.get("trigger_id") or f"{action.get('action_ts')}:{user}"
+        self.spawn(self._act(name, str(action.get("value", "")), user, f"act:{delivery}", respond, body))
+
+    async def _act(
+        self, name: str, value: str, user: str, delivery_id: str, respond: Respond, body: dict[str, Any]
+    ) -> None:
+        try:
+            reply = await self.dispatcher.handle_action(name, value, user, delivery_id)
+        except Exception:
+            reply = internal_error_reply()
+        await self._respond(respond, reply, replace=name in _CONFIRMING)
+        self._after_answer(reply, (body.get("channel") or {}).get("id"))
+
+    # --- App Home -----------------------------------------------------------------------------
+
+    async def _on_home(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        if event.get("tab", "home") != "home":
+            return
+        self.spawn(
+            self.publish_home(str(event.get("user", "")), str(body.get("event_id") or uuid.uuid4().hex))
+        )
+
+    async def publish_home(self, user: str, delivery: str) -> None:
+        """Publish the App Home tab for ``user``: every job with its state, PID, uptime, last
+        restart and who did it (the ``status`` listing)."""
+        groups = await self.groups.get(user)
+        reply = await self._handle(
+            Request(text="status", user=user, groups=groups, delivery_id=f"home:{delivery}", surface="home")
+        )
+        footer = messages.slack_home_updated(time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+        try:
+            await self.client.views_publish(user_id=user, view=blocks.home_view(reply, footer))
+        except SlackApiError as exc:
+            log.warning(messages.slack_not_posted(f"App Home of {user}", str(exc.response.get("error"))))
+
+    async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
+        incident = uuid.uuid4().hex[:8]
+        log.error("incident %s: %s", incident, error, exc_info=error)

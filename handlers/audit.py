@@ -1,0 +1,175 @@
+"""The audit trail: every request and what became of it, in a capped Redis stream.
+
+Accepted, denied, refused, invalid, failed, duplicate — each request the dispatcher sees is
+one ``XADD … MAXLEN ~ 10000`` entry: who, when, the text, the parsed command as JSON, the
+outcome, a one-line detail and the run id.  ``history`` reads it newest first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from pipeline import keys
+
+STREAM_MAXLEN = 10_000
+_SCAN_BATCH = 200
+
+
+class AuditOutcome(StrEnum):
+    """What became of a request."""
+
+    ACCEPTED = "accepted"  #: acted on (or answered, for reads)
+    DENIED = "denied"  #: the requester lacks the role
+    REFUSED = "refused"  #: another restart was in flight
+    INVALID = "invalid"  #: the text did not parse
+    FAILED = "failed"  #: an expected failure (host unreachable, …)
+    ERROR = "error"  #: an unexpected failure (incident id in the detail)
+    DUPLICATE = "duplicate"  #: a repeated delivery, not acted on again
+    PENDING = "pending"  #: waiting for the requester's confirmation
+    CONFIRMED = "confirmed"  #: the requester confirmed
+    CANCELLED = "cancelled"  #: declined, or not confirmed in time
+    FORCED = "forced"  #: ``unlock`` freed a lock someone held
+
+
+#: outcomes ``history`` shows as refused requests
+REFUSALS = frozenset({AuditOutcome.DENIED, AuditOutcome.REFUSED, AuditOutcome.FAILED, AuditOutcome.ERROR})
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One audit record.
+
+    :ivar id: the stream id (time-ordered).
+    :ivar ts: unix seconds.
+    :ivar command: the parsed command as JSON text, or empty when it did not parse.
+    """
+
+    id: str
+    ts: float
+    user: str
+    surface: str
+    channel: str
+    text: str
+    verb: str
+    job: str
+    command: str
+    outcome: AuditOutcome
+    detail: str
+    run_id: str
+
+    @classmethod
+    def from_fields(cls, entry_id: str, fields: dict[str, Any]) -> AuditEntry:
+        """An entry from its stream fields (unknown outcomes read as ``error``)."""
+        try:
+            outcome = AuditOutcome(fields.get("outcome", "error"))
+        except ValueError:
+            outcome = AuditOutcome.ERROR
+        try:
+            ts = float(fields.get("ts", "0"))
+        except ValueError:
+            ts = 0.0
+        return cls(
+            id=entry_id,
+            ts=ts,
+            user=str(fields.get("user", "")),
+            surface=str(fields.get("surface", "")),
+            channel=str(fields.get("channel", "")),
+            text=str(fields.get("text", "")),
+            verb=str(fields.get("verb", "")),
+            job=str(fields.get("job", "")),
+            command=str(fields.get("command", "")),
+            outcome=outcome,
+            detail=str(fields.get("detail", "")),
+            run_id=str(fields.get("run_id", "")),
+        )
+
+
+class Audit:
+    """Write and read the audit stream.
+
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the key prefix.
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.key = keys.audit(prefix)
+
+    async def record(
+        self,
+        *,
+        user: str,
+        text: str,
+        outcome: AuditOutcome,
+        surface: str = "",
+        channel: str | None = None,
+        verb: str = "",
+        job: str | None = None,
+        command: str = "",
+        detail: str = "",
+        run_id: str | None = None,
+    ) -> str:
+        """Append one record.
+
+        :param command: the parsed command as JSON text (:meth:`handlers.commands.Command.dumps`).
+        :returns: the stream id.
+        """
+        fields = {
+            "ts": repr(time.time()),
+            "user": user,
+            "surface": surface,
+            "channel": channel or "",
+            "text": text[:2000],
+            "verb": verb,
+            "job": job or "",
+            "command": command,
+            "outcome": outcome.value,
+            "detail": detail[:2000],
+            "run_id": run_id or "",
+        }
+        return str(await self.client.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True))  # type: ignore[arg-type]
+
+    async def recent(
+        self,
+        *,
+        job: str | None = None,
+        outcomes: Collection[AuditOutcome] | None = None,
+        count: int = 10,
+        scan: int = 2000,
+    ) -> list[AuditEntry]:
+        """Up to ``count`` records, newest first, optionally of one job and some outcomes.
+
+        :param job: only records about this job (case-insensitive).
+        :param outcomes: only these outcomes.
+        :param scan: read at most this many records looking for matches.
+        """
+        out: list[AuditEntry] = []
+        upper = "+"
+        read = 0
+        while len(out) < count and read < scan:
+            batch: Any = await self.client.xrevrange(self.key, max=upper, count=_SCAN_BATCH)
+            if not batch:
+                break
+            for entry_id, fields in batch:
+                if entry_id == upper:
+                    continue
+                read += 1
+                entry = AuditEntry.from_fields(str(entry_id), fields)
+                if job is not None and entry.job.lower() != job.lower():
+                    continue
+                if outcomes is not None and entry.outcome not in outcomes:
+                    continue
+                out.append(entry)
+                if len(out) >= count:
+                    break
+            last = str(batch[-1][0])
+            if last == upper:
+                break
+            upper = last
+        return out

@@ -1,0 +1,340 @@
+"""Typed commands: what a person asked for, checked against the config, or one clear error.
+
+:func:`parse` turns text into a frozen :class:`Command` or raises :class:`ParseError` — never
+anything else.  Jobs, hosts and patches come back in their configured spelling (the person's
+text is only used to look them up), numbers and durations are bounded integers, ``on|off`` is
+a choice; nothing a person typed ever reaches a command line.
+
+Usage::
+
+    cmd = parse("restart DFlash with topk patch", config)
+    assert cmd == Command("restart", job="dflash", patches=("topk",),
+                          options={"without": (), "fresh_cache": False})
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from handlers import grammar
+from handlers.grammar import SLOTS, Binding, VerbSpec
+from handlers.normalise import normalise, tokenise
+from pipeline import messages
+from pipeline.config import Config
+from pipeline.errors import ExitCode, PitstopError
+
+MAX_TEXT = 500  #: characters; longer requests are refused before parsing
+MAX_TOKENS = 64
+
+OptionValue = bool | int | str | tuple[str, ...] | None
+
+_DURATION = re.compile(
+    r"(\d{1,7}(?:\.\d{1,3})?)(s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?)?\Z", re.IGNORECASE
+)
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class ParseError(PitstopError):
+    """Text that is not a command, with a message a person can act on (did-you-mean, usage).
+
+    :param message: the explanation (from :mod:`pipeline.messages`).
+    :param verb: the verb, when the text got that far.
+    """
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, message: str, verb: str | None = None) -> None:
+        super().__init__(message)
+        self.verb = verb
+
+
+@dataclass(frozen=True)
+class Command:
+    """A parsed, validated request.
+
+    :ivar verb: the canonical verb (``restart``, ``status`` …).
+    :ivar job: the job's configured name, or None.
+    :ivar host: the host's configured name (``gpus``), or None.
+    :ivar patches: patch names to add (``restart … with P patch``), configured spelling.
+    :ivar options: per verb — ``without`` (tuple of patch names) and ``fresh_cache`` (bool)
+        for restart; ``lines`` for logs; ``count`` for history; ``state`` (``on``/``off``) and
+        ``for_s`` (seconds) for watch; ``topic`` for help.  Read-only.
+    """
+
+    verb: str
+    job: str | None = None
+    host: str | None = None
+    patches: tuple[str, ...] = ()
+    options: Mapping[str, OptionValue] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    @property
+    def spec(self) -> VerbSpec:
+        """The verb's entry in the command table."""
+        return grammar.VERBS[self.verb]
+
+    @property
+    def without(self) -> tuple[str, ...]:
+        """Patches to remove (restart)."""
+        value = self.options.get("without", ())
+        return value if isinstance(value, tuple) else ()
+
+    @property
+    def fresh_cache(self) -> bool:
+        """Clear the job's caches (restart)."""
+        return self.options.get("fresh_cache") is True
+
+    @property
+    def lines(self) -> int:
+        """Log lines asked for (logs)."""
+        value = self.options.get("lines")
+        return value if isinstance(value, int) and not isinstance(value, bool) else grammar.DEFAULT_LINES
+
+    @property
+    def count(self) -> int:
+        """Runs asked for (history)."""
+        value = self.options.get("count")
+        return value if isinstance(value, int) and not isinstance(value, bool) else grammar.DEFAULT_COUNT
+
+    @property
+    def for_s(self) -> int | None:
+        """Seconds watching stays off (watch … off for DURATION), or None."""
+        value = self.options.get("for_s")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def state(self) -> str | None:
+        """``on`` or ``off`` (watch)."""
+        value = self.options.get("state")
+        return value if isinstance(value, str) else None
+
+    @property
+    def topic(self) -> str | None:
+        """The verb ``help`` was asked about, or None."""
+        value = self.options.get("topic")
+        return value if isinstance(value, str) else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The command as a JSON-ready dict (``pitstop parse``, the audit trail, confirmations)."""
+        return {
+            "verb": self.verb,
+            "job": self.job,
+            "host": self.host,
+            "patches": list(self.patches),
+            "options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()},
+        }
+
+    def dumps(self) -> str:
+        """:meth:`to_json` as compact JSON text."""
+        return json.dumps(self.to_json(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Command:
+        """The inverse of :meth:`to_json` (for records Pitstop itself wrote).
+
+        :raises KeyError: if ``data`` has no verb.
+        """
+        options = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in dict(data.get("options", {})).items()
+        }
+        return cls(
+            verb=str(data["verb"]),
+            job=data.get("job"),
+            host=data.get("host"),
+            patches=tuple(data.get("patches", ())),
+            options=options,
+        )
+
+    def text(self) -> str:
+        """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
+        words = [self.verb]
+        words += [n for n in (self.job, self.host) if n]
+        if self.verb == "restart":
+            if self.patches:
+                words.append("with " + messages.patch_phrase(self.patches))
+            if self.without:
+                words.append("without " + messages.patch_phrase(self.without))
+            if self.fresh_cache:
+                words.append("fresh cache")
+        elif self.verb == "logs":
+            words.append(str(self.lines))
+        elif self.verb == "history":
+            words.append(str(self.count))
+        elif self.verb == "watch":
+            words.append(self.state or "")
+            if self.for_s:
+                words.append(f"for {messages.duration_text(self.for_s)}")
+        elif self.topic:
+            words.append(self.topic)
+        return " ".join(w for w in words if w)
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def _close(given: str, known: Iterable[str]) -> list[str]:
+    """Configured names close to ``given`` (case-insensitive), in their configured spelling."""
+    by_lower = {k.lower(): k for k in known}
+    return [by_lower[m] for m in difflib.get_close_matches(given.lower(), list(by_lower), n=3, cutoff=0.6)]
+
+
+def _unknown(kind: str, given: str, known: Sequence[str], verb: str | None, where: str = "") -> ParseError:
+    return ParseError(messages.parse_unknown(kind, given, _close(given, known), known, where), verb)
+
+
+def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str = "") -> str:
+    for name in known:
+        if name.lower() == given.lower():
+            return name
+    raise _unknown(kind, given, known, verb, where)
+
+
+def _int(slot: str, raw: str, verb: str) -> int:
+    kind = SLOTS[slot]
+    value = int(raw)
+    if not kind.low <= value <= kind.high:
+        what = "lines" if slot == "lines" else "N"
+        raise ParseError(messages.parse_out_of_range(what, value, kind.low, kind.high), verb)
+    return value
+
+
+def parse_duration_seconds(raw: str, verb: str | None = None) -> int:
+    """Whole seconds from ``90s``, ``30m``, ``2h``, ``1d`` (or a bare number of seconds).
+
+    :raises ParseError: if it is not a duration or lies outside 1 s … 7 d.
+    """
+    kind = SLOTS["for_s"]
+    longest = messages.duration_text(kind.high)
+    m = _DURATION.match(raw)
+    if m is None:
+        raise ParseError(messages.parse_bad_duration(raw, longest), verb)
+    unit = (m.group(2) or "s")[0].lower()
+    seconds = round(float(m.group(1)) * _UNIT[unit])
+    if not kind.low <= seconds <= kind.high:
+        raise ParseError(messages.parse_duration_out_of_range(raw, longest), verb)
+    return seconds
+
+
+def _patches(raw: Sequence[str], job: str, config: Config, verb: str) -> tuple[str, ...]:
+    known = list(config.jobs[job].patches)
+    out: list[str] = []
+    for name in raw:
+        found = _lookup("patch", name, known, verb, f"for {job}")
+        if found not in out:
+            out.append(found)
+    return tuple(out)
+
+
+def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
+    verb = spec.name
+    raw: dict[str, list[str]] = {}
+    for name, value in binding:
+        raw.setdefault(name, []).extend([value] if isinstance(value, str) else value)
+
+    def one(name: str) -> str | None:
+        values = raw.get(name)
+        return values[0] if values else None
+
+    job_raw, host_raw = one("job"), one("host")
+    job = _lookup("job", job_raw, list(config.jobs), verb) if job_raw is not None else None
+    host = _lookup("host", host_raw, list(config.hosts), verb) if host_raw is not None else None
+    options: dict[str, OptionValue] = {}
+    patches: tuple[str, ...] = ()
+    if verb == "restart":
+        assert job is not None
+        patches = _patches(raw.get("patches", []), job, config, verb)
+        without = _patches(raw.get("without", []), job, config, verb)
+        both = [p for p in patches if p in without]
+        if both:
+            raise ParseError(messages.parse_added_and_removed(both), verb)
+        options["without"] = without
+        options["fresh_cache"] = "fresh_cache" in raw
+    elif verb == "logs":
+        lines = one("lines")
+        options["lines"] = _int("lines", lines, verb) if lines is not None else grammar.DEFAULT_LINES
+    elif verb == "history":
+        count = one("count")
+        options["count"] = _int("count", count, verb) if count is not None else grammar.DEFAULT_COUNT
+    elif verb == "watch":
+        state = one("state")
+        assert state is not None and job is not None
+        options["state"] = state
+        duration = one("for_s")
+        if duration is not None:
+            if state != "off":
+                raise ParseError(messages.parse_for_needs_off(job), verb)
+            options["for_s"] = parse_duration_seconds(duration, verb)
+    elif verb == "help":
+        topic = one("topic")
+        if topic is not None:
+            topic_spec = grammar.verb_spec(topic)
+            if topic_spec is None:
+                raise _unknown("command", topic, list(grammar.VERBS), verb)
+            options["topic"] = topic_spec.name
+    return Command(verb=verb, job=job, host=host, patches=patches, options=options)
+
+
+def _numbers_as_names(binding: Binding) -> int:
+    """How many name slots of ``binding`` hold a bare number (less likely what was meant)."""
+    return sum(
+        1
+        for name, value in binding
+        if name in SLOTS and SLOTS[name].kind == "name" and isinstance(value, str) and value.isdigit()
+    )
+
+
+def parse(text: str, config: Config) -> Command:
+    """The command ``text`` asks for.
+
+    Normalises Slack markup first (:func:`handlers.normalise.normalise`); verbs and names
+    ignore case; empty text is ``help``.
+
+    :param text: what the person typed (slash command text, a mention, a console line).
+    :param config: the configuration whose jobs, hosts and patches names are checked against.
+    :returns: the validated command.
+    :raises ParseError: unknown verb/job/host/patch (with did-you-mean and the known names),
+        arguments that fit no form of the verb (its usage line), numbers or durations out of
+        bounds, or text too long to be a command.
+    """
+    if len(text) > MAX_TEXT * 4:
+        raise ParseError(messages.parse_too_long(MAX_TEXT))
+    clean = normalise(text, command=config.slack.command)
+    if len(clean) > MAX_TEXT:
+        raise ParseError(messages.parse_too_long(MAX_TEXT))
+    tokens = tokenise(clean)
+    if not tokens:
+        return Command("help")
+    spec = grammar.verb_spec(tokens[0])
+    if spec is None:
+        raise _unknown("command", tokens[0], list(grammar.VERBS), None)
+    usage = ParseError(messages.parse_usage(spec.name, spec.usages), spec.name)
+    if len(tokens) > MAX_TOKENS:
+        raise usage
+    matches = grammar.match(spec, tokens)
+    if not matches:
+        raise usage
+    first: ParseError | None = None
+    matches.sort(key=_numbers_as_names)  # "history 1000" means N, so its error is the one to show
+    for binding in matches:
+        try:
+            return _convert(spec, binding, config)
+        except ParseError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
+
+
+def usage_of(verb: str) -> tuple[str, ...]:
+    """The usage lines of a verb.
+
+    :raises KeyError: if there is no such verb.
+    """
+    return grammar.VERBS[verb].usages

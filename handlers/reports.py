@@ -1,0 +1,321 @@
+"""Reports: throughput digests (``digest [JOB]``) and a host's GPUs (``gpus HOST``).
+
+Transport-free: each function returns a :class:`~handlers.reply.Reply`; the surface renders it
+and uploads ``reply.chart``.  The scheduler calls :func:`digest_command` with
+``scheduled=True`` and posts the reply to the job's channel; a person's ``digest`` is on
+demand and moves no offset (see :mod:`pipeline.digest`).
+
+Expected failures (host unreachable, log missing, nvidia-smi absent) become a reply saying
+so — never a traceback, never a silent success.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from handlers.reply import Reply, Status, Table
+from pipeline import keys, messages
+from pipeline.digest import TARGET, Digest, build_digest
+from pipeline.errors import ExitCode, PitstopError
+
+if TYPE_CHECKING:
+    from handlers.context import Context
+    from pipeline.gpus import ComputeApp, GpuStat
+
+log = logging.getLogger(__name__)
+
+NA = "n/a"
+
+
+def _suggest(name: str, known: Sequence[str]) -> list[str]:
+    lowered = {k.lower(): k for k in known}
+    return [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=2, cutoff=0.6)]
+
+
+def _mib(used: float | None, total: float | None) -> str:
+    if used is None and total is None:
+        return NA
+    return f"{messages.na(used)} / {messages.na(total)} MiB"
+
+
+def _change(change: dict[str, float], key: str) -> str:
+    pct = change.get(key)
+    return f" ({messages.signed_pct(pct)})" if pct is not None else ""
+
+
+def _step_time(digest: Digest) -> str:
+    """Pipeline (drafter) step time with its change, then the targets' own."""
+    s = digest.summary
+    text = messages.digest_step_time(s.step_p50, s.step_p95) + _change(digest.change, "step_p50")
+    targets = s.role(TARGET)
+    if targets is not None:
+        text += messages.digest_step_time_targets(targets.step_p50, targets.step_p95)
+    return text
+
+
+def _topk_change(change: dict[str, float]) -> str:
+    if not any(k in change for k in ("top1", "top4", "top8")):
+        return ""
+    return " / ".join(messages.signed_pct(change[k]) if k in change else NA for k in ("top1", "top4", "top8"))
+
+
+def digest_reply(digest: Digest) -> Reply:
+    """The reply for a built digest: headline with ±%, fields, per-rank and per-GPU tables, chart.
+
+    :param digest: from :func:`pipeline.digest.build_digest`.
+    :returns: the reply (``status`` WARNING when drafters are starved, no metric lines were
+        found, or GPU data is missing).
+    """
+    s = digest.summary
+    w = digest.window
+    lines: list[str] = []
+    warn = False
+    if (note := messages.digest_window_note(w.kind.value, digest.path, digest.max_bytes)) is not None:
+        lines.append(note)
+    if w.skipped and w.kind.value == "since_last":
+        lines.append(messages.digest_skipped(w.skipped, digest.max_bytes))
+    if not s.metric_lines:
+        lines.append(messages.digest_no_lines(digest.job, digest.path, s.bytes_read))
+        warn = True
+    if s.starved and s.queue_mean is not None:
+        lines.append(messages.digest_starved(s.queue_mean))
+        warn = True
+    if s.resets:
+        lines.append(messages.digest_resets(s.resets))
+    if digest.gpu_note:
+        lines.append(digest.gpu_note)
+        warn = True
+    targets = s.role(TARGET)
+    fields: list[tuple[str, str]] = [
+        ("uptime", messages.human_duration(digest.uptime_s)),
+        (
+            "restarts",
+            messages.digest_restarts(
+                None if digest.restarts is None else len(digest.restarts), digest.restarts or ()
+            ),
+        ),
+        ("window", messages.digest_window(s.window_start, s.window_end, s.bytes_read, w.skipped)),
+    ]
+    if targets is not None:
+        fields.append(("targets", messages.digest_targets(s.target_tokens_per_s, targets.ranks)))
+    fields += [
+        ("step time p50/p95", _step_time(digest)),
+        ("queue depth", messages.digest_queue(s.queue_mean, s.queue_max)),
+        ("loss", messages.digest_loss(s.loss_last, s.loss_mean)),
+        ("top-1/4/8", messages.digest_topk(s.top1, s.top4, s.top8, _topk_change(digest.change))),
+    ]
+    tables = []
+    if s.ranks:
+        tables.append(
+            Table(
+                ("rank", "role", "device", "tokens/s", "step p50"),
+                tuple(
+                    (
+                        str(r.rank),
+                        r.role,
+                        r.device or NA,
+                        messages.na(r.tokens_per_s),
+                        messages.na(r.step_p50, "{:.3f}", " s"),
+                    )
+                    for r in s.ranks
+                ),
+            )
+        )
+    if digest.gpus:
+        tables.append(
+            Table(
+                ("gpu", "role", "util", "memory used/total", "power"),
+                tuple(
+                    (
+                        str(g.index),
+                        g.role,
+                        messages.na(g.utilization_pct, "{:.0f}", "%"),
+                        _mib(g.memory_used_mib, g.memory_total_mib),
+                        messages.na(g.power_w, "{:.0f}", " W"),
+                    )
+                    for g in digest.gpus
+                ),
+            )
+        )
+    return Reply(
+        title=messages.digest_title(
+            digest.job, s.pipeline_tokens_per_s, digest.change.get("pipeline_tokens_per_s")
+        ),
+        status=Status.WARNING if warn else Status.OK,
+        lines=tuple(lines),
+        fields=tuple(fields),
+        tables=tuple(tables),
+        chart=str(digest.chart) if digest.chart else None,
+    )
+
+
+async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
+    try:
+        digest = await build_digest(ctx, job, scheduled=scheduled)
+    except PitstopError as exc:
+        return Reply(
+            title=messages.digest_failed(job, exc.message), status=Status.ERROR, exit_code=exc.exit_code
+        )
+    return digest_reply(digest)
+
+
+async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = False) -> Reply:
+    """``digest [JOB]``: a throughput digest of one job, or of every configured job.
+
+    With one job (or only one configured), the reply is that job's digest.  Without a job and
+    several configured, the reply is a short heading with one follow-up digest per job (each
+    posted in its thread, each with its own chart); one job's failure is that job's follow-up.
+
+    :param job: a job name (case-insensitive) or None for every job.
+    :param scheduled: the scheduler's digest: moves the job's offset and stores the numbers the
+        next digest compares against.  A person's digest is on demand (False).
+    :returns: the reply; an unknown job is an ephemeral usage error with a did-you-mean.
+    """
+    names = list(ctx.config.jobs)
+    if job is not None:
+        try:
+            name = ctx.config.job_name(job)
+        except KeyError:
+            return Reply(
+                title=messages.digest_unknown_job(job, _suggest(job, names)),
+                status=Status.ERROR,
+                ephemeral=True,
+                exit_code=ExitCode.USAGE,
+            )
+        return await _one_digest(ctx, name, scheduled)
+    if not names:
+        return Reply(title=messages.digest_no_jobs(), status=Status.INFO)
+    if len(names) == 1:
+        return await _one_digest(ctx, names[0], scheduled)
+    follow = [await _one_digest(ctx, name, scheduled) for name in names]
+    worst = max((f.exit_code for f in follow), default=ExitCode.OK)
+    status = Status.ERROR if worst else Status.OK
+    if not worst and any(f.status is Status.WARNING for f in follow):
+        status = Status.WARNING
+    return Reply(
+        title=messages.digest_all_title(len(names)),
+        status=status,
+        lines=tuple(f.title for f in follow),
+        follow_ups=tuple(follow),
+        exit_code=worst,
+    )
+
+
+# --- gpus HOST ----------------------------------------------------------------------------------
+
+
+async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
+    """Host PIDs → job name, from each job's recorded pid/sid and its current process list."""
+    from pipeline.hostprobe import probe_host
+
+    owners: dict[int, str] = {}
+    jobs = [(n, j) for n, j in ctx.config.jobs.items() if j.host == host]
+    if not jobs:
+        return owners
+    entries = []
+    for name, spec in jobs:
+        current: dict[str, str] = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, name))  # type: ignore[assignment]
+        entries.append((name, spec, current or None))
+        for field in ("pid", "sid"):
+            value = (current or {}).get(field)
+            if value and value.isdigit() and current.get("state") != "stopped":
+                owners[int(value)] = name
+    try:
+        probes = await probe_host(ctx.ssh, host, entries)
+    except PitstopError:
+        return owners
+    for name, probe in probes.items():
+        for pid in (*probe.session_pids, *probe.pids):
+            owners[pid] = name
+    return owners
+
+
+def _gpu_table(gpus: Sequence[GpuStat], apps: Sequence[ComputeApp] | None, owners: dict[int, str]) -> Table:
+    per_gpu: dict[int, list[str]] = {}
+    placed = False
+    for app in apps or ():
+        index = getattr(app, "gpu_index", None)
+        if isinstance(index, int):
+            placed = True
+            per_gpu.setdefault(index, []).append(_app_text(app, owners))
+    headers: tuple[str, ...] = ("gpu", "name", "util", "memory used/total", "power")
+    rows = []
+    for g in gpus:
+        row = (
+            str(g.index),
+            g.name or NA,
+            messages.na(g.utilization_pct, "{:.0f}", "%"),
+            _mib(g.memory_used_mib, g.memory_total_mib),
+            messages.na(g.power_w, "{:.0f}", " W"),
+        )
+        rows.append((*row, ", ".join(per_gpu.get(g.index, [])) or "-") if placed else row)
+    if placed:
+        headers = (*headers, "processes")
+    return Table(headers, tuple(rows))
+
+
+def _app_text(app: ComputeApp, owners: dict[int, str]) -> str:
+    job = owners.get(app.pid)
+    mem = f" {messages.na(app.used_memory_mib)} MiB" if app.used_memory_mib is not None else ""
+    return f"{app.pid}{f' ({job})' if job else ''}{mem}"
+
+
+async def gpus_command(ctx: Context, host: str) -> Reply:
+    """``gpus HOST``: the host's GPUs (utilisation, memory, power) and the processes on them.
+
+    Fields nvidia-smi reports as ``[N/A]`` / ``[Not Supported]`` show as ``n/a``.  Processes
+    holding GPU memory are mapped to jobs by the jobs' recorded pid/session and their current
+    process lists (host PIDs: processes inside a container show without a job).
+
+    :param host: a configured host name (case-insensitive).
+    :returns: the reply: one GPU table, and a process table when the per-GPU placement of
+        processes is not known; an error reply when the host gave no GPU data.
+    """
+    from pipeline.gpus import compute_apps, query_gpus
+
+    try:
+        name = ctx.config.host_name(host)
+    except KeyError:
+        return Reply(
+            title=messages.gpus_unknown_host(host, _suggest(host, list(ctx.config.hosts))),
+            status=Status.ERROR,
+            ephemeral=True,
+            exit_code=ExitCode.USAGE,
+        )
+    try:
+        gpus = await query_gpus(ctx.ssh, name)
+    except PitstopError as exc:
+        return Reply(
+            title=messages.gpus_unavailable(name, exc.message), status=Status.ERROR, exit_code=exc.exit_code
+        )
+    lines: list[str] = []
+    apps: list[ComputeApp] | None
+    try:
+        apps = await compute_apps(ctx.ssh, name)
+    except PitstopError as exc:
+        apps = None
+        lines.append(messages.gpus_processes_unavailable(exc.message))
+    owners = await _pid_jobs(ctx, name) if apps else {}
+    table = _gpu_table(gpus, apps, owners)
+    tables = [table]
+    if apps is not None and not apps:
+        lines.append(messages.gpus_no_processes())
+    elif apps and "processes" not in table.headers:
+        tables.append(
+            Table(
+                ("pid", "job", "gpu memory"),
+                tuple(
+                    (str(a.pid), owners.get(a.pid, "-"), messages.na(a.used_memory_mib, "{:,.0f}", " MiB"))
+                    for a in apps
+                ),
+            )
+        )
+    return Reply(
+        title=messages.gpus_title(name, len(gpus)),
+        status=Status.OK,
+        lines=tuple(lines),
+        tables=tuple(tables),
+    )

@@ -1,0 +1,215 @@
+"""Restart, start and stop as people see them: lock, run record, live message, background sequence.
+
+:func:`begin_sequence` does the fast part before the requester gets an answer: take the
+job's lock (or raise :class:`~handlers.lock.InFlight`), create the run, start renewing the
+lock and announce the run's live message.  :func:`run_sequence` is the slow part, run as a
+background task: it calls the Restarter, updates the live message after every step, releases
+the lock as soon as the launch step ends (verification must not hold it), and posts the
+launch summary — or, for a run that ended before verification, its verdict — in the run's
+thread.  The verdict of a launched run is posted later by :func:`handlers.verdicts.deliver_verdict`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+
+from handlers.commands import Command
+from handlers.context import Context
+from handlers.lock import JobLock, read_holder, scope_of
+from handlers.reply import Reply, Status
+from handlers.runview import run_reply, thread_key, verdict_reply
+from pipeline import keys, messages
+from pipeline.errors import ExitCode, PitstopError
+from pipeline.events import EventKind
+from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
+
+log = logging.getLogger(__name__)
+
+CANCEL_TTL = 3600  #: seconds a cancel request is kept
+
+
+async def _safe(what: str, aw: Awaitable[object]) -> None:
+    """Await a team-visible post; a surface failure is logged, never allowed to stop a sequence."""
+    try:
+        await aw
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.warning("could not post %s", what, exc_info=True)
+
+
+async def begin_sequence(
+    ctx: Context, command: Command, user: str, channel: str | None, *, lock_ttl: float
+) -> tuple[RunRecord, JobLock, str | None]:
+    """Take the lock, create the run, announce it.  No remote command runs here.
+
+    :param command: a validated restart/start/stop command.
+    :param user: who asked.
+    :param channel: where the request came from (used when the job has no channel).
+    :param lock_ttl: seconds the lock lives without renewal.
+    :returns: the new run, the held lock (renewing), and the channel the run is posted in.
+    :raises InFlight: if another restart of the job (or on its host) holds the lock.
+    """
+    assert command.job is not None
+    job = command.job
+    lock = JobLock.for_job(ctx.redis.client, ctx.prefix, ctx.config, job, ttl=lock_ttl)
+    await lock.acquire(job=job, action=command.verb, user=user)
+    try:
+        lock.start_renewal()
+        run = await ctx.runs.create(
+            job, user, action=command.verb, patches=list(command.patches), fresh_cache=command.fresh_cache
+        )
+        await lock.update(run_id=run.id)
+    except BaseException:
+        await asyncio.shield(lock.release())
+        raise
+    post_to = ctx.config.channel_for(job) or channel
+    await _safe(f"run {run.id}", ctx.outbox.announce(thread_key(run.id), run_reply(run, ctx.config), post_to))
+    return run, lock, post_to
+
+
+def _launched(run: RunRecord) -> bool:
+    launch = run.step(Step.LAUNCH)
+    return launch is not None and launch.outcome is Outcome.OK and run.pid is not None
+
+
+async def run_sequence(
+    ctx: Context, run: RunRecord, command: Command, lock: JobLock, channel: str | None
+) -> RunRecord:
+    """The background part of a restart/start/stop.
+
+    :returns: the run as the sequence left it.
+    """
+    config, client, prefix = ctx.config, ctx.redis.client, ctx.prefix
+    key = thread_key(run.id)
+
+    def notes() -> tuple[str, ...]:
+        return (messages.run_lock_lost(run.job),) if lock.lost else ()
+
+    async def on_step(current: RunRecord, rec: StepRecord) -> None:
+        await lock.update(step=rec.step.value)
+        if rec.step is Step.LAUNCH and rec.outcome is not Outcome.RUNNING:
+            await lock.release()  # the launch ended: verification must not hold the lock
+        await _safe(
+            f"run {run.id}", ctx.outbox.announce(key, run_reply(current, config, notes=notes()), channel)
+        )
+
+    async def cancelled() -> bool:
+        return bool(await client.exists(keys.cancel_request(prefix, run.id)))
+
+    error: str | None = None
+    final = run
+    try:
+        if command.verb == "restart":
+            final = await ctx.restarter.restart(
+                run,
+                add=command.patches,
+                remove=command.without,
+                fresh_cache=command.fresh_cache,
+                on_step=on_step,
+                cancelled=cancelled,
+            )
+        elif command.verb == "start":
+            final = await ctx.restarter.start(run, on_step=on_step, cancelled=cancelled)
+        else:
+            final = await ctx.restarter.stop(run, on_step=on_step)
+    except PitstopError as exc:
+        error = exc.message
+    except Exception:
+        incident = uuid.uuid4().hex[:8]
+        log.exception("incident %s: %s of %s (%s)", incident, command.verb, run.job, run.id)
+        error = messages.internal_error(incident)
+    finally:
+        await asyncio.shield(lock.release())
+    try:
+        await client.delete(keys.cancel_request(prefix, run.id))
+    except Exception:
+        log.debug("could not clear the cancel request of %s", run.id, exc_info=True)
+    if error is not None:
+        final = await _record_failure(ctx, run, error)
+    await _safe(f"run {run.id}", ctx.outbox.announce(key, run_reply(final, config, notes=notes()), channel))
+    if final.verdict is not None:  # ended before verification: nobody else will post its verdict
+        await _safe(f"verdict of {run.id}", ctx.outbox.thread(key, verdict_reply(final), channel))
+        await _safe(
+            "verdict event",
+            ctx.events.publish(
+                EventKind.VERDICT,
+                final.job,
+                run_id=final.id,
+                verdict=final.verdict.value,
+                line=final.verdict_line,
+                instance=ctx.instance,
+            ),
+        )
+    elif _launched(final):
+        window = config.jobs[final.job].start_window if final.job in config.jobs else 0.0
+        summary = Reply(
+            title=messages.launch_summary(final.id, final.job, final.pid, window),
+            status=Status.INFO,
+            lines=notes(),
+            thread_key=key,
+            run_id=final.id,
+        )
+        await _safe(f"launch summary of {run.id}", ctx.outbox.thread(key, summary, channel))
+    elif command.verb == "stop":
+        stop = final.step(Step.STOP)
+        summary = Reply(
+            title=messages.stop_summary(final.id, final.job),
+            status=Status.OK,
+            lines=(stop.detail,) if stop is not None and stop.detail else (),
+            thread_key=key,
+            run_id=final.id,
+        )
+        await _safe(f"stop summary of {run.id}", ctx.outbox.thread(key, summary, channel))
+    return final
+
+
+async def _record_failure(ctx: Context, run: RunRecord, error: str) -> RunRecord:
+    """A sequence that raised: record the truth on the run (unless it already launched)."""
+    try:
+        final = await ctx.runs.get(run.id)
+    except PitstopError:
+        final = run
+    if final.verdict is None and not _launched(final):
+        final.verdict = Verdict.INTERRUPTED
+        final.verdict_line = messages.run_failed(final.id, final.job, error)
+        final.evidence = error
+        final.finished_at = time.time()
+        for rec in final.steps:
+            if rec.outcome is Outcome.RUNNING:
+                rec.outcome = Outcome.FAILED
+                rec.ended_at = final.finished_at
+                rec.detail = rec.detail or error
+        try:
+            await ctx.runs.save(final)
+        except Exception:
+            log.warning("could not record the failure of %s", run.id, exc_info=True)
+    return final
+
+
+async def cancel_command(ctx: Context, job: str, user: str) -> Reply:
+    """``cancel JOB``: ask the job's in-flight sequence to stop at its next step boundary.
+
+    :returns: a reply naming the run, or saying there is nothing to cancel (exit code 1).
+    """
+    client, prefix = ctx.redis.client, ctx.prefix
+    holder = await read_holder(client, prefix, scope_of(ctx.config, job))
+    run_id = holder.run_id if holder is not None and holder.job == job and holder.run_id else None
+    if run_id is None:
+        for run in await ctx.runs.recent(job, 5):
+            if run.finished_at is None and run.verdict is None and run.step(Step.LAUNCH) is None:
+                run_id = run.id
+                break
+    if run_id is None:
+        return Reply(title=messages.cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED)
+    await client.set(keys.cancel_request(prefix, run_id), user, ex=CANCEL_TTL)
+    return Reply(
+        title=messages.cancel_requested(run_id, job),
+        status=Status.INFO,
+        run_id=run_id,
+        thread_key=thread_key(run_id),
+    )

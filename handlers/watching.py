@@ -1,0 +1,490 @@
+"""Watching jobs: the watch cycle (one probe per host), incident posts, ``ack`` and ``watch``.
+
+:class:`Watcher` runs one cycle for the jobs of one host: it reads every job's Redis view in
+two pipelined round trips (watcher memory, open incident, pause, lock, newest run, automatic
+restarts), probes the host once (:func:`pipeline.hostprobe.probe_host`), decides each job with
+the pure :func:`pipeline.watch.assess`, and applies the transitions — each one a
+compare-and-set in Redis *before* its post, so of two processes deciding the same thing only
+one posts.  An unreachable host is confirmed over a fresh connection
+(:meth:`~pipeline.remote.SSHPool.check`) before it is reported, as its own incident.
+
+Posts: the alert is the headline message ``incident:JOB:N`` in the job's channel (mentioning
+``[slack] alert_mention``); reminders (every ``remind_every`` s while open and not
+acknowledged), kind changes, automatic restarts, the crash-loop give-up and ``resolved after
+N min`` go in its thread, and the headline is updated in place.  Events: ALERT (``kind`` dead |
+degraded | stalled | unreachable | crash_loop), RESOLVED, RESTART (automatic restarts).
+
+Automatic restarts (opt-in, ``[jobs.NAME.watch] auto_restart``) go through the same
+:class:`~handlers.dispatch.Dispatcher` as a person's ``restart JOB`` — locked, posted and
+audited — as the system principal :data:`AUTO_USER`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from handlers.alerts import (
+    acked_reply,
+    alert_reply,
+    auto_restart_reply,
+    changed_reply,
+    clock,
+    give_up_reply,
+    reminder_reply,
+    resolved_headline,
+    resolved_reply,
+)
+from handlers.auth import SYSTEM_USER
+from handlers.reply import Reply, Status
+from pipeline import keys, messages
+from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
+from pipeline.events import EventKind
+from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
+from pipeline.runs import RunRecord, Verdict
+from pipeline.watch import (
+    DEFAULT_REMIND_EVERY,
+    LOG_LINES,
+    Action,
+    ActionKind,
+    Decision,
+    Incident,
+    IncidentKind,
+    Observation,
+    Situation,
+    WatchState,
+    WatchStore,
+    assess,
+    detect_cause,
+)
+
+if TYPE_CHECKING:
+    from handlers.context import Context
+    from pipeline.config import JobConfig
+
+log = logging.getLogger(__name__)
+
+AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
+DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
+AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
+
+
+def lock_scope(name: str, cfg: JobConfig) -> str:
+    """The lock scope of a job's restarts: ``job:NAME`` or ``host:HOST`` (``lock_scope``)."""
+    return f"host:{cfg.host}" if cfg.lock_scope == "host" else f"job:{name}"
+
+
+@dataclass
+class JobView:
+    """One job's state in Redis at the start of a cycle."""
+
+    name: str
+    cfg: JobConfig
+    current: dict[str, str]
+    state: WatchState
+    incident: Incident | None
+    paused: bool
+    lock_held: bool
+    lock_holder: dict[str, str]
+    latest: RunRecord | None
+    unverified: bool
+    auto_restarts: int
+
+
+class Watcher:
+    """Watch cycles and their posts for one Pitstop process.
+
+    :param ctx: the process context (config, Redis, SSH pool, outbox, events).
+    :param remind_every: seconds between reminders of an open, unacknowledged incident.
+    """
+
+    def __init__(self, ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> None:
+        self.ctx = ctx
+        self.remind_every = remind_every
+        self.store = WatchStore(ctx.redis.client, ctx.prefix)
+        self._dispatcher: Any = None
+        self._auto_fired: dict[str, float] = {}
+
+    # --- one cycle ---------------------------------------------------------------------------
+
+    async def cycle(
+        self, host: str, jobs: Sequence[str] | None = None, *, now: float | None = None
+    ) -> dict[str, Decision]:
+        """Probe ``host`` once and decide every watched job on it.
+
+        :param host: a configured host name.
+        :param jobs: the jobs to watch (default: every job on ``host``).
+        :param now: unix s (default: the current time).
+        :returns: job name → the decision taken (paused and unprobeable jobs are absent).
+        """
+        config = self.ctx.config
+        names = list(jobs) if jobs is not None else [n for n, j in config.jobs.items() if j.host == host]
+        now = time.time() if now is None else now
+        views = [v for v in await self.load(names, now) if not v.paused]
+        if not views:
+            return {}
+        probes = await probe_host(self.ctx.ssh, host, [(v.name, v.cfg, v.current or None) for v in views])
+        unreachable: str | None = None
+        if any(p.error for p in probes.values()):
+            unreachable = await self._confirm_unreachable(host)
+        decisions: dict[str, Decision] = {}
+        for view in views:
+            probe = probes.get(view.name) or JobProbe(job=view.name, error="no answer")
+            if probe.error and unreachable is None:
+                log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
+                continue
+            obs = self._observation(probe, now, unreachable)
+            decisions[view.name] = assess(
+                view.name,
+                view.cfg,
+                obs,
+                view.state,
+                view.incident,
+                self._situation(view, now),
+                remind_every=self.remind_every,
+            )
+        async with self.ctx.redis.client.pipeline(transaction=False) as pipe:
+            for name, d in decisions.items():
+                pipe.hset(keys.watch_state(self.ctx.prefix, name), mapping=d.state.to_hash())  # type: ignore[arg-type]
+                gone = [f for f in WatchState.model_fields if f not in d.state.to_hash()]
+                if gone:
+                    pipe.hdel(keys.watch_state(self.ctx.prefix, name), *gone)
+            await pipe.execute()
+        by_name = {v.name: v for v in views}
+        acting = [
+            (by_name[n], d) for n, d in decisions.items() if d.actions or d.incident != by_name[n].incident
+        ]
+        if acting:
+            await asyncio.gather(*(self._apply(v, d, now) for v, d in acting))
+        return decisions
+
+    async def load(self, names: Sequence[str], now: float) -> list[JobView]:
+        """Every named job's Redis view, in two pipelined round trips."""
+        p, config = self.ctx.prefix, self.ctx.config
+        client = self.ctx.redis.client
+        per_job = 8
+        async with client.pipeline(transaction=False) as pipe:
+            for name in names:
+                cfg = config.jobs[name]
+                scope = lock_scope(name, cfg)
+                within = cfg.watch.auto_restart.within if cfg.watch.auto_restart else 0.0
+                pipe.exists(keys.watch_off(p, name))
+                pipe.hgetall(keys.job_current(p, name))
+                pipe.zrevrange(keys.runs_of_job(p, name), 0, 0)
+                pipe.exists(keys.lock(p, scope))
+                pipe.hgetall(keys.lock_holder(p, scope))
+                pipe.zcount(keys.auto_restarts(p, name), now - within, "+inf")
+                pipe.hgetall(keys.watch_state(p, name))
+                pipe.hgetall(keys.incident(p, name))
+            raw = await pipe.execute()
+        latest_ids = [(raw[i * per_job + 2] or [None])[0] for i in range(len(names))]
+        async with client.pipeline(transaction=False) as pipe:
+            for run_id in latest_ids:
+                pipe.get(keys.run(p, str(run_id or "-")))
+                pipe.zscore(keys.runs_unverified(p), str(run_id or "-"))
+            runs_raw = await pipe.execute()
+        views = []
+        for i, name in enumerate(names):
+            r = raw[i * per_job : (i + 1) * per_job]
+            run_json, score = runs_raw[2 * i], runs_raw[2 * i + 1]
+            views.append(
+                JobView(
+                    name=name,
+                    cfg=config.jobs[name],
+                    current=dict(r[1] or {}),
+                    paused=bool(r[0]),
+                    lock_held=bool(r[3]),
+                    lock_holder=dict(r[4] or {}),
+                    auto_restarts=int(r[5] or 0),
+                    state=WatchState.model_validate(r[6] or {}),
+                    incident=Incident.model_validate(r[7]) if r[7] else None,
+                    latest=RunRecord.model_validate_json(run_json) if run_json else None,
+                    unverified=score is not None,
+                )
+            )
+        return views
+
+    async def _confirm_unreachable(self, host: str) -> str | None:
+        """None if a fresh connection to ``host`` works, else why it does not."""
+        try:
+            await self.ctx.ssh.check(host)
+        except (HostUnreachable, HostKeyRejected) as exc:
+            return exc.message
+        return None
+
+    @staticmethod
+    def _observation(probe: JobProbe, now: float, unreachable: str | None) -> Observation:
+        if probe.error:
+            return Observation(at=now, reachable=False, error=unreachable or probe.error)
+        return Observation(at=now, count=probe.count, pids=tuple(sorted(probe.pids)), log_size=probe.log_size)
+
+    def _situation(self, view: JobView, now: float) -> Situation:
+        latest = view.latest
+        in_flight = view.unverified
+        if latest is not None and latest.finished_at is None and latest.verdict is None:
+            in_flight = True
+        if view.lock_held:
+            holder_job = view.lock_holder.get("job")
+            holder_run = view.lock_holder.get("run_id") or view.lock_holder.get("run")
+            if view.cfg.lock_scope == "job" or holder_job is None or holder_job.lower() == view.name.lower():
+                in_flight = True
+            elif latest is not None and holder_run == latest.id:
+                in_flight = True
+        fired = self._auto_fired.get(view.name)
+        if fired is not None and now - fired < AUTO_GRACE and (latest is None or latest.created_at < fired):
+            in_flight = True
+        stopped_at = None
+        if latest is not None and latest.action == "stop":
+            stopped_at = latest.finished_at or latest.created_at
+        return Situation(
+            in_flight=in_flight,
+            stopped_at=stopped_at,
+            running_verdict=latest is not None and latest.verdict is Verdict.RUNNING,
+            auto_restarts=view.auto_restarts,
+        )
+
+    # --- applying transitions -----------------------------------------------------------------
+
+    async def _apply(self, view: JobView, decision: Decision, now: float) -> None:
+        try:
+            await self._apply_actions(view, decision, now)
+        except PitstopError as exc:
+            log.warning("watch %s: %s", view.name, exc.message)
+        except Exception:
+            log.exception("watch %s: applying %s failed", view.name, [a.kind.value for a in decision.actions])
+
+    async def _apply_actions(self, view: JobView, decision: Decision, now: float) -> None:
+        ctx, name = self.ctx, view.name
+        channel = ctx.config.channel_for(name)
+        current = view.incident
+        for action in decision.actions:
+            if action.kind is ActionKind.OPEN:
+                inc = await self._with_log(action.incident)
+                opened = await self.store.open(inc)
+                if opened is None:
+                    return  # another process opened it: it posts
+                current = opened
+                await ctx.outbox.announce(
+                    opened.thread_key, alert_reply(opened, ctx.config, now=now), channel
+                )
+                await self._event(EventKind.ALERT, opened)
+            elif action.kind is ActionKind.RESOLVE:
+                if current is None or not await self.store.close(current):
+                    return
+                done = action.incident.model_copy(update={"n": current.n, "rev": current.rev})
+                current = None
+                await ctx.outbox.thread(done.thread_key, resolved_reply(done, now=now), channel)
+                await ctx.outbox.announce(
+                    done.thread_key, resolved_headline(done, ctx.config, now=now), channel
+                )
+                await self._event(EventKind.RESOLVED, done, after_s=round(now - done.opened_at, 3))
+            else:
+                if current is None:
+                    return
+                new = action.incident
+                if action.kind is ActionKind.CHANGE and new.kind is not IncidentKind.UNREACHABLE:
+                    new = await self._with_log(new)
+                else:
+                    new = new.model_copy(update={"log": current.log, "cause": current.cause})
+                updated = await self.store.update(current, new)
+                if updated is None:
+                    return
+                current = updated
+                await self._post(action, updated, channel, now)
+        if decision.incident is not None and current is not None:
+            wanted = decision.incident.model_copy(update={"log": current.log, "cause": current.cause})
+            if _differs(wanted, current):
+                await self.store.update(current, wanted)
+
+    async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
+        ctx = self.ctx
+        if action.kind is ActionKind.REMIND:
+            await ctx.outbox.thread(inc.thread_key, reminder_reply(inc, ctx.config, now=now), channel)
+        elif action.kind is ActionKind.CHANGE:
+            assert action.previous is not None
+            await ctx.outbox.thread(inc.thread_key, changed_reply(inc, action.previous), channel)
+            await ctx.outbox.announce(
+                inc.thread_key, alert_reply(inc, ctx.config, now=now, mention=False), channel
+            )
+            await self._event(EventKind.ALERT, inc, change_from=action.previous.value)
+        elif action.kind is ActionKind.GIVE_UP:
+            await ctx.outbox.thread(inc.thread_key, give_up_reply(inc, ctx.config), channel)
+            await ctx.outbox.announce(
+                inc.thread_key, alert_reply(inc, ctx.config, now=now, mention=False), channel
+            )
+            await self._event(EventKind.ALERT, inc)
+        elif action.kind is ActionKind.AUTO_RESTART:
+            await ctx.redis.client.zadd(keys.auto_restarts(ctx.prefix, inc.job), {f"{now!r}:{inc.n}": now})
+            policy = ctx.config.jobs[inc.job].watch.auto_restart
+            if policy is not None:
+                await ctx.redis.client.zremrangebyscore(
+                    keys.auto_restarts(ctx.prefix, inc.job), "-inf", now - policy.within
+                )
+            self._auto_fired[inc.job] = time.time()
+            answer = await self._dispatch_restart(inc.job, channel)
+            await ctx.events.publish(
+                EventKind.RESTART,
+                inc.job,
+                auto=True,
+                attempt=inc.auto_restarts,
+                incident=inc.n,
+                run_id=answer.run_id,
+                answer=answer.title,
+                instance=ctx.instance,
+            )
+            await ctx.outbox.thread(inc.thread_key, auto_restart_reply(inc, ctx.config, answer), channel)
+
+    async def _dispatch_restart(self, job: str, channel: str | None) -> Reply:
+        from handlers.dispatch import Dispatcher, Request
+
+        if self._dispatcher is None:
+            self._dispatcher = Dispatcher(self.ctx)
+        reply: Reply = await self._dispatcher.handle(
+            Request(text=f"restart {job}", user=AUTO_USER, channel=channel, surface="scheduler")
+        )
+        return reply
+
+    async def _with_log(self, inc: Incident) -> Incident:
+        """The incident with the job's log tail, the cause found in it and, for a job launched by
+        Pitstop, how its process ended (the launch waiter's exit record) — one helper call."""
+        if inc.kind is IncidentKind.UNREACHABLE:
+            return inc
+        name, cfg = inc.job, self.ctx.config.jobs[inc.job]
+        exit_cause = inc.exit_cause
+        try:
+            raw = await self.ctx.redis.client.hgetall(keys.job_current(self.ctx.prefix, name))
+            current = recorded_identity({str(k): str(v) for k, v in raw.items()})
+            if current["pid"] is not None:
+                args = {
+                    "name": name,
+                    "match": cfg.match,
+                    "log": cfg.log,
+                    "offset": 0,
+                    "tail_lines": LOG_LINES,
+                }
+                answer = await call_helper(self.ctx.ssh, "evidence", {**args, **current}, job=name)
+                tail = str(answer.get("tail") or "")
+                status = answer.get("status") or {}
+                if status and answer.get("state") != "alive":
+                    exit_cause = messages.alert_exit_cause(status.get("code"), status.get("signal"))
+            else:
+                tail = await log_tail(self.ctx.ssh, name, cfg, LOG_LINES)
+        except PitstopError as exc:
+            log.info("watch %s: no log tail: %s", name, exc.message)
+            return inc
+        return inc.model_copy(
+            update={"log": tail or None, "cause": detect_cause(tail), "exit_cause": exit_cause}
+        )
+
+    async def _event(self, kind: EventKind, inc: Incident, **extra: Any) -> None:
+        await self.ctx.events.publish(
+            kind,
+            inc.job,
+            alert=inc.kind.value,
+            n=inc.n,
+            host=inc.host,
+            count=inc.count,
+            cause=inc.cause,
+            instance=self.ctx.instance,
+            **extra,
+        )
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for automatic restarts still running in the background."""
+        if self._dispatcher is not None:
+            await self._dispatcher.drain(timeout)
+
+
+def _differs(a: Incident, b: Incident) -> bool:
+    skip = {"n", "rev"}
+    return a.model_dump(exclude=skip) != b.model_dump(exclude=skip)
+
+
+# --- the verbs: ack, watch ------------------------------------------------------------------------
+
+
+def _job_or_error(ctx: Context, job: str) -> tuple[str | None, Reply | None]:
+    try:
+        return ctx.config.job_name(job), None
+    except KeyError:
+        close = difflib.get_close_matches(job, list(ctx.config.jobs), n=1)
+        return None, Reply(
+            title=messages.watch_unknown_job(job, close[0] if close else None),
+            status=Status.ERROR,
+            ephemeral=True,
+            exit_code=ExitCode.USAGE,
+        )
+
+
+async def ack_command(ctx: Context, job: str, user: str) -> Reply:
+    """``ack JOB``: acknowledge the job's open incident — no more reminders until it resolves.
+
+    Notes who acknowledged in the incident's thread and on its headline.
+
+    :param job: a job name (any case).
+    :param user: the requester's id.
+    :returns: the answer (INFO when nothing is open or it was already acknowledged).
+    """
+    name, error = _job_or_error(ctx, job)
+    if name is None:
+        assert error is not None
+        return error
+    store = WatchStore(ctx.redis.client, ctx.prefix)
+    for _ in range(5):
+        incident = await store.incident(name)
+        if incident is None:
+            return Reply(title=messages.incident_none_open(name), status=Status.INFO)
+        if incident.acked_by:
+            return Reply(
+                title=messages.incident_already_acked(name, incident.acked_by),
+                status=Status.INFO,
+                thread_key=incident.thread_key,
+            )
+        acked = await store.update(
+            incident, incident.model_copy(update={"acked_by": user, "acked_at": time.time()})
+        )
+        if acked is None:
+            continue  # changed meanwhile (a reminder, a resolve): read it again
+        channel = ctx.config.channel_for(name)
+        reply = acked_reply(acked, user)
+        await ctx.outbox.thread(acked.thread_key, reply, channel)
+        await ctx.outbox.announce(acked.thread_key, alert_reply(acked, ctx.config, mention=False), channel)
+        return reply
+    return Reply(title=messages.incident_none_open(name), status=Status.INFO)
+
+
+async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, user: str) -> Reply:
+    """``watch JOB on|off [for DURATION]``: pause watching (expires by itself) or resume it.
+
+    ``off`` without a duration pauses for :data:`DEFAULT_OFF_S`.  ``on`` also resets the
+    watcher's stall and degradation clocks, so a pause is not mistaken for a stall.
+
+    :param state: ``on`` or ``off``.
+    :param for_s: seconds to stay off.
+    :param user: the requester's id (recorded as the pause's value).
+    :returns: the answer; USAGE error for another state or unknown job.
+    """
+    name, error = _job_or_error(ctx, job)
+    if name is None:
+        assert error is not None
+        return error
+    client, p = ctx.redis.client, ctx.prefix
+    if state == "off":
+        seconds = int(for_s or DEFAULT_OFF_S)
+        await client.set(keys.watch_off(p, name), user, ex=max(1, seconds))
+        until = clock(time.time() + seconds, ctx.config.scheduler.timezone)
+        return Reply(title=messages.watch_paused(name, until, seconds), status=Status.OK)
+    if state == "on":
+        async with client.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.watch_off(p, name))
+            pipe.hdel(keys.watch_state(p, name), "progress_at", "degraded_since", "log_size")
+            was_off, _ = await pipe.execute()
+        return Reply(title=messages.watch_resumed(name, bool(was_off)), status=Status.OK)
+    return Reply(
+        title=messages.watch_bad_state(state), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE
+    )

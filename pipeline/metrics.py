@@ -1,0 +1,199 @@
+"""Metric lines: the training log's throughput records, parsed from bytes.
+
+Two formats, chosen per job by ``metrics`` in the config (:class:`~pipeline.config.JobConfig`):
+
+- ``"jsonl"`` (the default): one JSON object per line, written by the reference pipeline
+  ``pipeline/dflash/`` (its README documents the keys: ``ts``, ``step``, ``role``, ``rank``,
+  ``role_rank``, ``device``, ``tokens``, ``tokens_per_s``, ``step_time_s``, ``queue_depth`` and,
+  for drafters, ``loss``, ``top1``, ``top4``, ``top8``, ``gpu_mem_bytes``).  A line counts when it
+  is a JSON object with a string ``role``; anything else in the same file — the start-up line,
+  status lines, tracebacks, a partial last line — is skipped.
+- ``{pattern = '...'}`` (:class:`~pipeline.config.MetricsPattern`): a regular expression searched
+  in each line of a plain-text log; its named groups are the keys above.  Numbers are converted
+  (``"1,234"`` and ``"2.5e3"`` too); ``ts`` may be unix seconds or an ISO 8601 time (read as UTC
+  when it has no offset).  Without a ``role`` group a line's role is ``worker``; without ``rank``
+  its rank is 0.
+
+Parsing never raises on log content: a value of the wrong type (a string where a number belongs,
+``NaN``, ``true``) is read as absent (``None``), never as 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pipeline.config import MetricsPattern
+
+DEFAULT_ROLE = "worker"  #: role of a plain-text metric line without a ``role`` group
+_NUMBER = re.compile(r"^[+-]?(\d[\d,_]*)?(\.\d*)?([eE][+-]?\d+)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricLine:
+    """One metric record of one rank.
+
+    :ivar ts: unix time in seconds, or None when the log has no timestamps.
+    :ivar role: ``target``, ``drafter`` (the reference pipeline) or another role name.
+    :ivar rank: global rank (0-7 in the eight-GPU pipeline).
+    :ivar step: the rank's step counter.
+    :ivar role_rank: rank within the role.
+    :ivar device: ``cpu``, ``cuda:5``, …
+    :ivar tokens: cumulative tokens this rank has processed since its launch.
+    :ivar tokens_per_s: the rank's own rate since its previous line (tokens/s).
+    :ivar step_time_s: mean seconds per step since the previous line.
+    :ivar queue_depth: items waiting in the target→drafter queue (hidden states).
+    :ivar loss: drafter loss (nats/token).
+    :ivar top1: drafter top-1 accuracy, fraction in [0, 1] (likewise ``top4``, ``top8``).
+    :ivar gpu_mem_bytes: peak GPU memory allocated by the rank, bytes.
+    """
+
+    ts: float | None
+    role: str
+    rank: int
+    step: int | None = None
+    role_rank: int | None = None
+    device: str | None = None
+    tokens: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    queue_depth: float | None = None
+    loss: float | None = None
+    top1: float | None = None
+    top4: float | None = None
+    top8: float | None = None
+    gpu_mem_bytes: int | None = None
+
+
+def _num(value: Any) -> float | None:
+    """A finite float from a JSON number or a numeric string, else None (bools are not numbers)."""
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is int:
+        return float(value)
+    if kind is not str:
+        return None  # bool, None, list, dict
+    text = value.strip()
+    if not text or not _NUMBER.match(text):
+        return None
+    try:
+        out = float(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _int(value: Any) -> int | None:
+    if type(value) is int:
+        return value
+    out = _num(value)
+    return int(out) if out is not None and out == int(out) else None
+
+
+def _ts(value: Any) -> float | None:
+    """Unix seconds from a number, a numeric string or an ISO 8601 time (UTC if naive)."""
+    out = _num(value)
+    if out is not None or type(value) is not str:
+        return out
+    try:
+        when = datetime.fromisoformat(value.strip().replace(",", "."))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
+    """A :class:`MetricLine` from a dict of raw values, or None if it is not a metric record."""
+    role = raw.get("role")
+    if type(role) is not str or not role:
+        if default_role is None:
+            return None
+        role = default_role
+    rank = _int(raw.get("rank"))
+    get = raw.get
+    device = get("device")
+    return MetricLine(
+        _ts(get("ts")),
+        role,
+        rank if rank is not None else 0,
+        _int(get("step")),
+        _int(get("role_rank")),
+        device if type(device) is str and device else None,
+        _num(get("tokens")),
+        _num(get("tokens_per_s")),
+        _num(get("step_time_s")),
+        _num(get("queue_depth")),
+        _num(get("loss")),
+        _num(get("top1")),
+        _num(get("top4")),
+        _num(get("top8")),
+        _int(get("gpu_mem_bytes")),
+    )
+
+
+def _complete_lines(data: bytes) -> list[bytes]:
+    """The newline-terminated lines of ``data``; a partial last line (no newline yet) is left out."""
+    end = data.rfind(b"\n")
+    return data[: end + 1].splitlines() if end >= 0 else []
+
+
+def parse_jsonl(data: bytes) -> list[MetricLine]:
+    """Metric lines from JSON-lines bytes, skipping every line that is not a metric record.
+
+    :param data: raw log bytes; only complete (newline-terminated) lines are read.
+    :returns: the records in file order.
+    """
+    out: list[MetricLine] = []
+    for line in _complete_lines(data):
+        line = line.strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            raw = json.loads(line)
+        except ValueError:  # includes UnicodeDecodeError
+            continue
+        if isinstance(raw, dict) and (rec := _record(raw, None)) is not None:
+            out.append(rec)
+    return out
+
+
+def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> list[MetricLine]:
+    """Metric lines from a plain-text log: ``pattern`` searched in each complete line.
+
+    :param data: raw log bytes (decoded as UTF-8, undecodable bytes replaced).
+    :param pattern: the configured mapping; its named groups are the metric keys.
+    :returns: one record per matching line, in file order.
+    """
+    rx = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern.pattern)
+    out: list[MetricLine] = []
+    for line in _complete_lines(data):
+        m = rx.search(line.decode("utf-8", "replace"))
+        if m is None:
+            continue
+        groups = {k: v for k, v in m.groupdict().items() if v is not None}
+        if not groups:
+            continue
+        rec = _record(groups, DEFAULT_ROLE)
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def parse_metric_lines(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> list[MetricLine]:
+    """Metric lines from log bytes in the job's configured format; other lines are skipped.
+
+    :param data: raw log bytes; a partial last line (no newline yet) is not read.
+    :param mapping: ``"jsonl"`` or a :class:`~pipeline.config.MetricsPattern`.
+    :returns: the records in file order.
+    """
+    if mapping == "jsonl":
+        return parse_jsonl(data)
+    assert isinstance(mapping, MetricsPattern)
+    return parse_pattern(data, mapping)

@@ -1,0 +1,240 @@
+"""Shared parts of the handler tests: a config, a Context on real Redis, and a real-Redis
+stand-in for the Restarter (the lock, dedupe, auth and confirmation are what those tests
+prove; the real restart sequence has its own tests, and test_dispatch runs it end to end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from handlers.context import Context
+from handlers.outbox import MemoryOutbox
+from pipeline.config import Config, parse_config
+from pipeline.events import Events
+from pipeline.redisconn import RedisHandle
+from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
+
+ADMIN = "U0ADMIN0001"
+OPERATOR = "U0OPERATOR1"
+VIEWER = "U0VIEWER001"
+OPS_GROUP = "S0OPSGROUP1"
+NOBODY_GROUP = "S0NOBODY001"
+
+
+def handler_config(**jobs_extra: dict[str, Any]) -> Config:
+    """Two hosts; jobs ``dflash`` (patches topk, fast, old), ``guarded`` (confirm = true),
+    ``eagle`` (on gpu1 too, lock_scope = host) and ``solo`` (own auth: only U0SOLO00001 operates)."""
+    job = {"workdir": "/srv/w", "launch": ["./run.sh"], "log": "/srv/w/train.log", "match": "^w "}
+    data: dict[str, Any] = {
+        "slack": {"announce_channel": "C0ANNOUNCE1"},
+        "auth": {"admins": [ADMIN], "operators": [OPERATOR, OPS_GROUP], "viewers": ["*"]},
+        "hosts": {"gpu1": {"address": "127.0.0.1"}, "gpu2": {"address": "127.0.0.2"}},
+        "jobs": {
+            "dflash": {
+                **job,
+                "host": "gpu1",
+                "patches": {"topk": "/p/topk.diff", "fast": "/p/fast.diff", "old": "/p/old.diff"},
+                "start_window": 1,
+            },
+            "guarded": {**job, "host": "gpu2", "confirm": True},
+            "eagle": {**job, "host": "gpu1", "lock_scope": "host"},
+            "solo": {**job, "host": "gpu2", "auth": {"operators": ["U0SOLO00001"]}},
+        },
+    }
+    for name, extra in jobs_extra.items():
+        data["jobs"][name] = {**data["jobs"].get(name, job), **extra}
+    return parse_config(data)
+
+
+class FakeSSH:
+    """Stands in for the SSH pool in tests that never reach a host."""
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+
+class StandInRestarter:
+    """Real-Redis test double for :class:`pipeline.restart.Restarter`.
+
+    Walks the steps (recording each on the run and reporting it to ``on_step`` as the real one
+    does), checks ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``
+    for the launch), and records every call in a Redis list and the highest number of
+    sequences running at once, so a test sees what ran across processes.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        runs: RunStore,
+        *,
+        step_s: float = 0.2,
+        launch_s: float = 0.2,
+        after_launch_s: float = 0.0,
+        log_text: str = "step 1\nstep 2\n",
+        log_error: Exception | None = None,
+    ) -> None:
+        self.config = config
+        self.runs = runs
+        self.client = runs.client
+        self.calls_key = f"{runs.prefix}test:calls"
+        self.active_key = f"{runs.prefix}test:active"
+        self.peak_key = f"{runs.prefix}test:peak"
+        self.step_s = step_s
+        self.launch_s = launch_s
+        self.after_launch_s = after_launch_s
+        self.log_text = log_text
+        self.log_error = log_error
+        self.launched = asyncio.Event()
+        self.in_launch = asyncio.Event()
+
+    async def calls(self) -> list[dict[str, Any]]:
+        """Every call so far, oldest first."""
+        return [json.loads(x) for x in await self.client.lrange(self.calls_key, 0, -1)]
+
+    async def peak(self) -> int:
+        """The most sequences that ran at once."""
+        return int(await self.client.get(self.peak_key) or 0)
+
+    async def _step(
+        self,
+        run: RunRecord,
+        step: Step,
+        seconds: float,
+        on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None,
+    ) -> None:
+        rec = StepRecord(step=step, started_at=time.time())
+        run.steps.append(rec)
+        await self.runs.save(run)
+        if on_step:
+            await on_step(run, rec)
+        if step is Step.LAUNCH:
+            self.in_launch.set()
+        await asyncio.sleep(seconds)
+        rec.ended_at = time.time()
+        rec.outcome = Outcome.OK
+        rec.detail = f"{step.value} done"
+        await self.runs.save(run)
+        if on_step:
+            await on_step(run, rec)
+
+    async def _sequence(
+        self,
+        action: str,
+        run: RunRecord,
+        steps: Sequence[Step],
+        on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None,
+        cancelled: Callable[[], Awaitable[bool]] | None,
+        **details: Any,
+    ) -> RunRecord:
+        await self.client.rpush(self.calls_key, json.dumps({"action": action, "run": run.id, **details}))
+        active = await self.client.incr(self.active_key)
+        peak = int(await self.client.get(self.peak_key) or 0)
+        if active > peak:
+            await self.client.set(self.peak_key, active)
+        try:
+            for step in steps:
+                if cancelled is not None and await cancelled():
+                    after = run.current_step.value if run.current_step else None
+                    run.verdict = Verdict.CANCELLED
+                    run.verdict_line = f"cancelled after {after}"
+                    run.finished_at = time.time()
+                    await self.runs.save(run)
+                    return run
+                await self._step(run, step, self.launch_s if step is Step.LAUNCH else self.step_s, on_step)
+            if Step.LAUNCH in steps:
+                run.pid = 4242
+                run.launched_at = time.time()
+                rec = StepRecord(step=Step.VERIFY, started_at=time.time(), outcome=Outcome.WAITING)
+                run.steps.append(rec)
+                await self.runs.save(run)
+                if on_step:
+                    await on_step(run, rec)
+                self.launched.set()
+                await asyncio.sleep(self.after_launch_s)
+            else:
+                run.finished_at = time.time()
+                await self.runs.save(run)
+            return run
+        finally:
+            await self.client.decr(self.active_key)
+
+    async def restart(
+        self,
+        run: RunRecord,
+        *,
+        add: Sequence[str] = (),
+        remove: Sequence[str] = (),
+        fresh_cache: bool = False,
+        on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None = None,
+        cancelled: Callable[[], Awaitable[bool]] | None = None,
+    ) -> RunRecord:
+        """Walk preflight → stop → clear_cache → patch → launch; leave verify WAITING."""
+        steps = [Step.PREFLIGHT, Step.STOP, Step.CLEAR_CACHE, Step.PATCH, Step.LAUNCH]
+        return await self._sequence(
+            "restart",
+            run,
+            steps,
+            on_step,
+            cancelled,
+            add=list(add),
+            remove=list(remove),
+            fresh_cache=fresh_cache,
+        )
+
+    async def start(
+        self,
+        run: RunRecord,
+        *,
+        on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None = None,
+        cancelled: Callable[[], Awaitable[bool]] | None = None,
+    ) -> RunRecord:
+        """Walk preflight → launch."""
+        return await self._sequence("start", run, [Step.PREFLIGHT, Step.LAUNCH], on_step, cancelled)
+
+    async def stop(
+        self, run: RunRecord, *, on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None = None
+    ) -> RunRecord:
+        """Walk stop; finish the run."""
+        return await self._sequence("stop", run, [Step.STOP], on_step, None)
+
+    async def log_tail(self, job: str, lines: int) -> str:
+        """The configured text (or raise the configured error)."""
+        if self.log_error is not None:
+            raise self.log_error
+        return self.log_text
+
+    async def patches_in_effect(self, job: str) -> list[str]:
+        """None applied."""
+        return []
+
+
+def make_context(
+    config: Config, handle: RedisHandle, *, restarter: Any = None, outbox: MemoryOutbox | None = None
+) -> Context:
+    """A Context on real Redis with the stand-in restarter (unless one is given)."""
+    runs = RunStore(handle.client, handle.prefix)
+    return Context(
+        config=config,
+        redis=handle,
+        ssh=FakeSSH(),  # type: ignore[arg-type]
+        runs=runs,
+        restarter=restarter if restarter is not None else StandInRestarter(config, runs),
+        events=Events(handle.client, handle.prefix),
+        outbox=outbox if outbox is not None else MemoryOutbox(),
+        instance="test-instance",
+    )
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, every: float = 0.02
+) -> None:
+    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(every)

@@ -1,0 +1,97 @@
+"""`pitstop demo` end to end: the default script on real parts, and a broken script."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _leftovers(marker: str) -> list[str]:
+    """Processes whose command line or cwd mention ``marker`` (the demo's temp root)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = (
+                Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if marker in cmdline or marker in cwd:
+            out.append(f"{entry}: {cmdline.strip()}")
+    return out
+
+
+def _demo(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp_path),
+        "PITSTOP_DEMO_START_WINDOW": "20",
+        "PITSTOP_DEMO_WATCH_INTERVAL": "1",
+        "PITSTOP_DEMO_DIGEST_EVERY": "600",
+        "COLUMNS": "160",
+    }
+    env.pop("SLACK_BOT_TOKEN", None)
+    env.pop("SLACK_APP_TOKEN", None)
+    return subprocess.run(
+        [sys.executable, "-m", "bot.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_default_script_end_to_end(tmp_path: Path) -> None:
+    """The default story: patched restart verified 8/8, digest for all 8 ranks, one alert, one resolved, no leftovers."""
+    script = tmp_path / "script.txt"
+    script.write_text((ROOT / "demo" / "script.txt").read_text() + "patches dflash\n")
+    done = _demo(tmp_path, "--script", str(script), timeout=560)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert "Traceback" not in out
+    assert re.search(r"RUNNING 8/8 processes pid \d+", out), out[-4000:]
+    assert re.search(r"topk.*(in effect|applied)", out, re.IGNORECASE), out[-4000:]
+    assert len(re.findall(r"\[incident dflash:\d+\] dflash is down:", out)) == 1, out[-4000:]
+    assert len(re.findall(r"resolved after", out)) == 1, out[-4000:]
+    for rank in range(8):
+        assert re.search(rf"\b{rank}\b.*(target|drafter)", out), f"rank {rank} missing from the digest"
+    assert "demo complete" in out
+    assert _leftovers(str(tmp_path)) == []
+
+
+@pytest.mark.timeout(300)
+def test_broken_script_line_stops_and_cleans_up(tmp_path: Path) -> None:
+    """A malformed directive stops the demo with a clear error, exit 2, and nothing left running."""
+    script = tmp_path / "bad.txt"
+    script.write_text("status dflash\nwait forever dflash\n")
+    done = _demo(tmp_path, "--script", str(script), timeout=240)
+    assert done.returncode == 2
+    assert "demo script line 2:" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr + done.stdout
+    assert _leftovers(str(tmp_path)) == []
+
+
+@pytest.mark.timeout(400)
+def test_failing_command_stops_demo_and_cleans_up(tmp_path: Path) -> None:
+    """A script command that fails (an unknown job) stops the demo, says why, and leaves no process behind."""
+    script = tmp_path / "typo.txt"
+    script.write_text("status dflash\nrestart dflsh\nhistory\n")
+    done = _demo(tmp_path, "--script", str(script), timeout=360)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-4000:]
+    assert "did you mean 'dflash'" in out
+    assert "Traceback" not in out
+    assert _leftovers(str(tmp_path)) == []

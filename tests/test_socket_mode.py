@@ -1,0 +1,156 @@
+"""Pitstop over Socket Mode against the fake Slack's websocket, on real parts: envelopes in, acks out,
+a `disconnect` answered by reconnecting."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from bot import blocks
+from bot.serve import SlackRuntime, connect_socket, open_runtime
+from pipeline import keys, messages
+from pipeline.config import Config
+from pipeline.errors import SlackUnavailable
+from tests.fixtures.slack import (
+    APP_TOKEN,
+    BOT_TOKEN,
+    FakeSlack,
+    block_action,
+    envelope,
+    event_callback,
+    kill_matching,
+    slack_config,
+    slash_command,
+    validate_blocks,
+)
+from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
+
+
+@dataclass
+class Linked:
+    """``pitstop serve --socket`` connected to the fake Slack."""
+
+    fake: FakeSlack
+    runtime: SlackRuntime
+    setup: JobSetup
+
+
+@pytest.fixture
+async def linked(
+    fake_slack: FakeSlack, redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
+) -> AsyncIterator[Linked]:
+    """The runtime connected over Socket Mode, with a job that asks for confirmation; closed after."""
+    setup = job_factory(ssh_server, confirm=True)
+    config = slack_config(setup.config, redis_config)
+    runtime = await open_runtime(config, bot_token=BOT_TOKEN, api_url=fake_slack.api_url)
+    try:
+        runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=APP_TOKEN)
+        await fake_slack.wait_connected(1)
+        yield Linked(fake_slack, runtime, setup)
+    finally:
+        await runtime.close(30)
+        kill_matching(setup.token)
+
+
+async def test_slash_command_envelope_is_acked_with_the_answer(linked: Linked) -> None:
+    """A slash command over the socket is acked by envelope id, the answer in the ack's payload."""
+    env = envelope("slash_commands", slash_command("help", response_url=linked.fake.response_url()))
+    await linked.fake.socket_send(env)
+    ack = await linked.fake.wait_ack(env["envelope_id"])
+    assert ack["payload"]["text"].startswith(messages.help_title())
+    assert validate_blocks(ack["payload"]["blocks"]) == []
+    assert linked.fake.connections_opened == 1
+
+
+async def test_event_envelope_is_acked_then_answered(linked: Linked) -> None:
+    """A mention over the socket is acked empty at once, then answered with chat.postMessage in its thread."""
+    event = {
+        "type": "app_mention",
+        "user": "U0OPERATOR1",
+        "text": "<@U0PITSTOPBOT> help",
+        "ts": "1.5",
+        "channel": "C0T",
+    }
+    env = envelope("events_api", event_callback(event, event_id="EvSOCK1"))
+    await linked.fake.socket_send(env)
+    ack = await linked.fake.wait_ack(env["envelope_id"])
+    assert not ack.get("payload")
+    (posted,) = await linked.fake.wait_for("chat.postMessage")
+    assert posted.args["thread_ts"] == "1.5" and posted.args["text"].startswith(messages.help_title())
+
+
+async def test_retried_event_envelope_is_answered_once(linked: Linked) -> None:
+    """An events_api envelope redelivered with retry_attempt 1 (same event_id) is acked but not acted on again."""
+    event = {
+        "type": "app_mention",
+        "user": "U0OPERATOR1",
+        "text": "<@U0PITSTOPBOT> help",
+        "ts": "2.5",
+        "channel": "C0T",
+    }
+    first = envelope("events_api", event_callback(event, event_id="EvSOCK2"))
+    await linked.fake.socket_send(first)
+    await linked.fake.wait_for("chat.postMessage")
+    again = envelope("events_api", first["payload"], retry_attempt=1)
+    await linked.fake.socket_send(again)
+    await linked.fake.wait_ack(again["envelope_id"])
+    await linked.runtime.surface.drain(10)
+    assert len(await linked.fake.calls("chat.postMessage")) == 1
+    ctx = linked.runtime.ctx
+    assert len(await ctx.redis.client.xrange(keys.audit(ctx.prefix))) == 1
+
+
+async def test_button_envelopes_confirm_a_restart(linked: Linked) -> None:
+    """A restart that needs confirmation is confirmed by a button click over the socket and starts its run."""
+    env = envelope(
+        "slash_commands",
+        slash_command(f"restart {linked.setup.name}", response_url=linked.fake.response_url()),
+    )
+    await linked.fake.socket_send(env)
+    ack = await linked.fake.wait_ack(env["envelope_id"])
+    actions = next(b for b in ack["payload"]["blocks"] if b["type"] == "actions")
+    confirm = next(e for e in actions["elements"] if blocks.action_of(e["action_id"]) == "confirm")
+    click = envelope(
+        "interactive",
+        block_action(confirm["action_id"], confirm["value"], response_url=linked.fake.response_url()),
+    )
+    await linked.fake.socket_send(click)
+    await linked.fake.wait_ack(click["envelope_id"])
+    (answer,) = await linked.fake.wait_for("response_url")
+    assert answer.args["text"].startswith("queued run r-1") and answer.args["replace_original"] is True
+
+
+async def test_disconnect_makes_the_client_reconnect_and_keep_serving(linked: Linked) -> None:
+    """On Slack's `disconnect` (refresh_requested) the client opens a new connection and keeps serving on it."""
+    await linked.fake.socket_disconnect("refresh_requested")
+    await linked.fake.wait_connected(2, timeout=30)
+    assert linked.fake.connections_opened == 2
+    env = envelope("slash_commands", slash_command("help", response_url=linked.fake.response_url()))
+    await linked.fake.socket_send(env)
+    ack = await linked.fake.wait_ack(env["envelope_id"], timeout=20)
+    assert ack["payload"]["text"].startswith(messages.help_title())
+    assert linked.fake.open_sockets()[-1] is linked.fake._ws[-1]
+    health = await linked.runtime.slack_health()
+    assert health["socket_mode"] == "connected"
+
+
+async def test_refused_app_token_fails_at_once(fake_slack: FakeSlack, redis_config: Config) -> None:
+    """A wrong app token is a clear SlackUnavailable error, not an endless reconnect loop."""
+    runtime = await open_runtime(
+        redis_config, bot_token=BOT_TOKEN, api_url=fake_slack.api_url, scheduler=False
+    )
+    try:
+        with pytest.raises(SlackUnavailable, match=r"apps\.connections\.open failed: invalid_auth"):
+            await connect_socket(runtime.surface, runtime.client, app_token="xapp-wrong")
+    finally:
+        with contextlib.suppress(Exception):
+            await runtime.close(5)
+
+
+async def test_refused_bot_token_fails_at_start(fake_slack: FakeSlack, redis_config: Config) -> None:
+    """A wrong bot token stops `pitstop serve` at start with a clear SlackUnavailable error."""
+    with pytest.raises(SlackUnavailable, match=r"auth\.test failed: invalid_auth"):
+        await open_runtime(redis_config, bot_token="xoxb-wrong", api_url=fake_slack.api_url)
