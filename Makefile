@@ -38,7 +38,14 @@ pytest: $(STAMP_DEV)
 
 ## make bench: every benchmark under bench/, one summary line each at the end
 bench: $(STAMP_DEV)
-	@for b in bench/*.py; do $(BIN)/python $$b || exit $$?; done
+	@summary=$$(mktemp); \
+	for b in bench/*.py; do \
+	  echo "== $$b"; out=$$(mktemp); \
+	  $(BIN)/python $$b > $$out 2>&1; rc=$$?; cat $$out; \
+	  if [ $$rc -ne 0 ]; then rm -f $$out $$summary; exit $$rc; fi; \
+	  tail -n 1 $$out >> $$summary; rm -f $$out; \
+	done; \
+	echo; echo "== summary"; cat $$summary; rm -f $$summary
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

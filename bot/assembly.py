@@ -9,15 +9,14 @@ import os
 import socket
 import uuid
 
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-
 from handlers.context import Context
 from handlers.outbox import Outbox
 from pipeline import messages
 from pipeline.config import Config
 from pipeline.events import Events
 from pipeline.redisconn import open_redis
+from pipeline.remote import SSHPool
+from pipeline.restart import Restarter
 from pipeline.runs import RunStore
 
 log = logging.getLogger(__name__)
