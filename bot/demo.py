@@ -237,6 +237,9 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
         if script is None and env.bot_token and env.app_token:
             from bot.serve import serve_socket
 
+            # Slack takes over: its runtime runs the scheduler (and posts to Slack, not here)
+            await scheduler.stop()
+            scheduler = None
             await serve_socket(config, bot_token=env.bot_token, app_token=env.app_token, api_url=env.api_url)
             return 0
         if script is None:

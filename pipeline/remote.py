@@ -419,5 +419,7 @@ def _reason(exc: BaseException) -> str:
     if reason:
         return str(reason)
     if isinstance(exc, OSError) and exc.strerror:
+        if exc.filename:  # a local file (a client key), not the network
+            return f"{exc.strerror}: {exc.filename} (check client_keys in the host's config)"
         return exc.strerror
     return str(exc) or type(exc).__name__
