@@ -278,7 +278,9 @@ async def _say(session: ConsoleSession, text: str, lineno: int) -> None:
 async def _wait(ctx: Context, step: Wait, cursor: str) -> None:
     event = await ctx.events.wait_for(step.kind, step.job, after=cursor, timeout=step.within)
     if event is None:
-        raise DemoFailed(messages.demo_wait_timed_out(step.kind.value, step.job, step.within))
+        raise DemoFailed(
+            messages.demo_wait_timed_out(step.kind.value, step.job, step.within), ExitCode.CANCELLED
+        )
     if step.kind is EventKind.VERDICT and event.data.get("verdict") != "RUNNING":
         raise DemoFailed(messages.demo_unexpected(step.lineno, f"verdict {event.data.get('line')}"))
 

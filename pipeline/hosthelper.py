@@ -183,9 +183,25 @@ def session_view(procs: Procs, sid: int, rx: re.Pattern[str]) -> tuple[list[int]
     return members, matching
 
 
-def user_matching(procs: Procs, rx: re.Pattern[str]) -> list[int]:
-    """The user's processes whose command line matches ``rx``."""
-    return sorted(p for p, v in procs.items() if matches(rx, v[4]))
+def in_workdir(pid: int, workdir: str | None) -> bool:
+    """True if ``workdir`` is None, or the process's working directory lies inside it."""
+    if not workdir:
+        return True
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    root = os.path.realpath(workdir).rstrip("/") + "/"
+    return (cwd.rstrip("/") + "/").startswith(root)
+
+
+def user_matching(procs: Procs, rx: re.Pattern[str], workdir: str | None = None) -> list[int]:
+    """The user's processes whose command line matches ``rx`` and that run inside ``workdir``.
+
+    Without a recorded session this is how a job's processes are recognised; the working
+    directory keeps another copy of the same program (another job, another checkout) out.
+    """
+    return sorted(p for p, v in procs.items() if matches(rx, v[4]) and in_workdir(p, workdir))
 
 
 def descendants(procs: Procs, roots: list[int]) -> set[int]:
@@ -392,7 +408,7 @@ def op_stop(a: Args) -> Args:
         targets = {p: v for p, v in procs.items() if v[2] == sid}
         scope = "session"
     else:
-        roots = user_matching(procs, rx)
+        roots = user_matching(procs, rx, a.get("workdir"))
         if stale is not None:  # never the pid that now belongs to someone else, nor its session
             roots = [p for p in roots if p != pid and procs[p][2] != pid]
         targets = {p: procs[p] for p in descendants(procs, roots)}
@@ -667,7 +683,7 @@ def probe_one(procs: Procs, j: Args) -> Args:
     if sid is not None:
         members, matching = session_view(procs, sid, rx)
     else:
-        matching = user_matching(procs, rx)
+        matching = user_matching(procs, rx, j.get("workdir"))
         members = matching
     out["session_pids"] = members
     out["pids"] = matching

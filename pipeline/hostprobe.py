@@ -210,7 +210,13 @@ def recorded_identity(current: Mapping[str, str] | None) -> dict[str, int | None
 
 def probe_args(name: str, job: JobConfig, current: Mapping[str, str] | None) -> dict[str, Any]:
     """The helper's per-job probe arguments."""
-    return {"name": name, "match": job.match, "log": job.log, **recorded_identity(current)}
+    return {
+        "name": name,
+        "match": job.match,
+        "workdir": job.workdir,
+        "log": job.log,
+        **recorded_identity(current),
+    }
 
 
 def _to_probe(name: str, raw: Mapping[str, Any], sampled_at: float | None) -> JobProbe:

@@ -121,8 +121,9 @@ def demo_wait_timed_out(kind: str, job: str, within: float) -> str:
 
 
 def demo_unexpected(lineno: int, what: str) -> str:
-    """A demo step did not behave as expected."""
-    return f"demo step at line {lineno} did not behave as expected: {what}"
+    """A demo step did not behave as expected (line 0: the demo's own start of the job)."""
+    where = f"demo step at line {lineno}" if lineno else "the demo's initial start of the job"
+    return f"{where} did not behave as expected: {what}"
 
 
 def demo_done(steps: int, seconds: float) -> str:

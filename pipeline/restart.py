@@ -489,7 +489,13 @@ class Restarter:
             "running": None,
         }
         if running is not None:
-            args["running"] = {"name": name, "match": job.match, "log": None, **recorded_identity(running)}
+            args["running"] = {
+                "name": name,
+                "match": job.match,
+                "workdir": job.workdir,
+                "log": None,
+                **recorded_identity(running),
+            }
         try:
             answer = await call_helper(
                 self.ssh,
@@ -534,7 +540,13 @@ class Restarter:
         """Stop the old run; returns the stale-record note if the record was stale."""
         rec = await self._begin(run, Step.STOP, on_step)
         ident = recorded_identity(current)
-        args = {**ident, "match": job.match, "term_timeout": job.stop_timeout, "kill_timeout": KILL_TIMEOUT}
+        args = {
+            **ident,
+            "match": job.match,
+            "workdir": job.workdir,
+            "term_timeout": job.stop_timeout,
+            "kill_timeout": KILL_TIMEOUT,
+        }
         try:
             answer = await call_helper(
                 self.ssh, "stop", args, job=name, timeout=job.stop_timeout + 2 * KILL_TIMEOUT + CALL_TIMEOUT
