@@ -222,7 +222,7 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         "gpus",
         Role.VIEWER,
         ("gpus {host}",),
-        "GPU utilisation, memory and temperature on a host",
+        "GPU utilisation, memory, power and processes on a host",
         ("gpus gpu1",),
         aliases=("gpu",),
     ),
