@@ -145,7 +145,7 @@ async def say_main(
     out = out or sys.stdout
     err = err or sys.stderr
     outbox = MemoryOutbox()
-    ctx = await build_context(config, outbox)
+    ctx = await build_context(config, outbox, deliver_recovered=True)
     dispatcher = Dispatcher(ctx)
     try:
         after = await ctx.events.last_id()

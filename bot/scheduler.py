@@ -8,8 +8,9 @@ silently drops runs that start late on a busy loop).
 Jobs:
 
 - ``leader``, every ``leader_ttl / 3`` s, on every replica: take or renew the Redis leader
-  lease (:class:`~pipeline.leader.LeaderLease`).  On becoming leader: reconcile runs left open
-  by a dead process (``ctx.restarter.reconcile()``), then deliver overdue verifications.
+  lease (:class:`~pipeline.leader.LeaderLease`).  While leader, on every tick: take over runs
+  whose owner's heartbeat lapsed (:func:`handlers.verdicts.recover_runs`); on becoming leader,
+  then deliver overdue verifications.
 - ``verify``, every ``poll_interval`` s: deliver the verifications that are due
   (``ZRANGEBYSCORE keys.runs_unverified``, :func:`handlers.verdicts.deliver_due`).
 - ``watch:HOST:INTERVAL``, every ``watch.interval`` s: one watch cycle — one probe — for all
@@ -37,7 +38,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from redis.exceptions import RedisError
 
 from handlers.context import Context
-from handlers.verdicts import deliver_due
+from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
 from pipeline import messages
 from pipeline.leader import LeaderLease
@@ -74,6 +75,7 @@ class PitstopScheduler:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._was_leader = False
         self._stopping = False
+        self._recovering = False
 
     @property
     def is_leader(self) -> bool:
@@ -208,18 +210,29 @@ class PitstopScheduler:
         if held and not self._was_leader:
             log.info(messages.scheduler_leader(self.ctx.instance, True))
             self._spawn(self._became_leader)
+        elif held:
+            self._spawn(self._recover)
         elif not held and self._was_leader:
             log.warning(messages.scheduler_leader(self.ctx.instance, False))
         self._was_leader = held
 
     async def _became_leader(self) -> None:
-        """Reconcile runs a dead process left open, then deliver overdue verifications."""
-        try:
-            await self.ctx.restarter.reconcile()
-        except Exception:
-            log.exception("reconciling open runs failed")
+        """Take over runs a dead process left open, then deliver overdue verifications."""
+        await self._recover()
         if self.is_leader:
             await deliver_due(self.ctx)
+
+    async def _recover(self) -> None:
+        """Take over runs whose owner died (every lease tick while leader; one at a time)."""
+        if self._recovering or not self.is_leader:
+            return
+        self._recovering = True
+        try:
+            await recover_runs(self.ctx)
+        except Exception:
+            log.exception("taking over the runs of a dead process failed")
+        finally:
+            self._recovering = False
 
     async def _verify_tick(self) -> None:
         if self.is_leader:

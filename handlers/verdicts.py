@@ -4,9 +4,10 @@ After a launch the Restarter leaves the run's verify step WAITING and puts the r
 ``keys.runs_unverified`` scored by its due time (launch + ``start_window``).  Whoever comes
 first — the scheduler leader polling that set, or ``pitstop say --wait`` — calls
 :func:`deliver_verdict`; a Redis ``SET NX`` claim (``keys.verify_claim``) makes exactly one
-of them verify and post.  The claim is taken with a TTL and made permanent only once the
-posts are out, so a process that dies half-way leaves the run to be delivered again (never
-zero times); a run whose verdict is already recorded is posted without verifying again.
+of them verify and post.  The claim is taken with a short TTL that its holder renews while it
+works, and made permanent only once the posts are out, so a process that dies half-way leaves
+the run to be delivered again within the TTL (never zero times); a run whose verdict is
+already recorded is posted without verifying again.
 
 A verification that came due while Pitstop was down is simply overdue in the sorted set: the
 first poll after start delivers it, once.
@@ -15,21 +16,30 @@ first poll after start delivers it, once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
 from pipeline import keys, messages
 from pipeline.errors import PitstopError, UnknownRun
 from pipeline.events import EventKind
+from pipeline.recovery import Interruption, reconcile
 from pipeline.runs import RunRecord
 
 log = logging.getLogger(__name__)
 
-CLAIM_TTL = 300.0  #: seconds a claim lives while its holder verifies and posts
+CLAIM_TTL = 30.0  #: seconds a claim lives without renewal while its holder verifies and posts
 DONE_TTL = 7 * 86400.0  #: seconds a delivered claim is remembered
 RETRY_AFTER = 15.0  #: seconds before a verification that failed to run is tried again
+
+# KEYS[1] claim; ARGV[1] holder; ARGV[2] ttl in ms.  Extends the claim only if this holder owns it.
+_EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 
 # KEYS[1] claim; ARGV[1] holder.  Deletes the claim only if this holder still owns it.
 _RELEASE = """
@@ -56,6 +66,29 @@ async def deliver_verdict(ctx: Context, run_id: str, *, claim_ttl: float = CLAIM
     holder = f"{ctx.instance}:{time.time():.3f}"
     if not await client.set(claim, holder, nx=True, px=max(1, int(claim_ttl * 1000))):
         return None
+    renewal = asyncio.get_running_loop().create_task(_renew_claim(ctx, claim, holder, claim_ttl))
+    try:
+        return await _deliver_claimed(ctx, run_id, claim, holder, claim_ttl)
+    finally:
+        renewal.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewal
+
+
+async def _renew_claim(ctx: Context, claim: str, holder: str, ttl: float) -> None:
+    """Extend a held claim every ``ttl / 3`` s: a live verifier keeps it, a dead one loses it in ``ttl``."""
+    while True:
+        await asyncio.sleep(ttl / 3)
+        try:
+            await ctx.redis.client.eval(_EXTEND, 1, claim, holder, max(1, int(ttl * 1000)))
+        except Exception:
+            log.warning("could not extend the verification claim %s", claim, exc_info=True)
+
+
+async def _deliver_claimed(
+    ctx: Context, run_id: str, claim: str, holder: str, claim_ttl: float
+) -> RunRecord | None:
+    client, prefix = ctx.redis.client, ctx.prefix
     try:
         run = await ctx.runs.get(run_id)
     except UnknownRun:
@@ -126,3 +159,39 @@ async def deliver_due(ctx: Context, *, now: float | None = None) -> list[RunReco
                 raise result
             log.error(messages.verdict_not_delivered(run_id, repr(result)), exc_info=result)
     return delivered
+
+
+async def recover_runs(ctx: Context, *, deliver: bool = False) -> list[Interruption]:
+    """Take over runs whose owner died (:func:`pipeline.recovery.reconcile`) and tell their threads.
+
+    Each taken-over run gets its line in its thread (``INTERRUPTED during stop: the old run
+    (pid 4242) is still alive, 8/8 processes``) and its headline updated; one that ended before
+    its launch also publishes its VERDICT event.  One that had launched is queued for
+    verification, which the scheduler leader delivers — or this process at once with ``deliver``.
+
+    :param deliver: verify and post the launched ones here (a process without a scheduler).
+    :returns: the runs taken over.
+    """
+    found = await reconcile(ctx.restarter, instance=ctx.instance)
+    for item in found:
+        run, key = item.run, thread_key(item.run.id)
+        channel = ctx.config.channel_for(run.job) if run.job in ctx.config.jobs else None
+        line = Reply(title=item.line, status=Status.WARNING, thread_key=key, run_id=run.id)
+        try:
+            await ctx.outbox.thread(key, line, channel)
+            await ctx.outbox.announce(key, run_reply(run, ctx.config), channel)
+        except Exception:
+            log.warning("could not post the take-over of %s", run.id, exc_info=True)
+        log.warning("%s: %s", run.id, item.line)
+        if not item.launched:
+            await ctx.events.publish(
+                EventKind.VERDICT,
+                run.job,
+                run_id=run.id,
+                verdict=run.verdict.value if run.verdict else None,
+                line=run.verdict_line,
+                instance=ctx.instance,
+            )
+        elif deliver:
+            await deliver_verdict(ctx, run.id)
+    return found

@@ -36,6 +36,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -48,9 +49,25 @@ MARK = b"# pitstop-host-helper"
 
 #: The waiter (see :func:`op_launch`): outside the job's session, it starts the job, reports
 #: its identity through the pipe ``wfd``, waits for it and writes how it ended to ``status``.
+#: Its command line carries no part of the job's: the spec (argv, workdir, log) arrives in an
+#: unlinked file on descriptor ``argv[1]``, and the waiter retitles itself
+#: ``pitstop-waiter JOB RUN_ID`` (comm ``pitstop-waiter``), so ``pgrep -f`` of the job's own
+#: pattern counts trainers only and ``pkill -f`` of it cannot take the exit-status record along.
 WAITER = """# pitstop-host-helper waiter: runs one job detached, records how it ended
 import json, os, signal, subprocess, sys, time
-a = json.loads(sys.argv[1])
+with os.fdopen(int(sys.argv[1]), "rb") as f:
+    a = json.loads(f.read().decode())
+try:
+    import ctypes
+    title = ("%s %s %s" % (WAITER_TITLE, a["name"], a["run_id"])).encode()
+    with open("/proc/self/stat", "rb") as f:
+        rest = f.read().rsplit(b")", 1)[1].split()
+    start, end = int(rest[45]), int(rest[46])  # arg_start, arg_end: fields 48 and 49 of proc(5)
+    if 0 < len(title) < end - start:
+        ctypes.memmove(start, title + b"\\0" * (end - start - len(title)), end - start)
+    ctypes.CDLL(None).prctl(15, WAITER_TITLE.encode(), 0, 0, 0)  # PR_SET_NAME: comm, 15 bytes at most
+except Exception:
+    pass  # the title is for people; the command line carries no part of the job's either way
 wfd, logfd = a["wfd"], a["logfd"]
 try:
     job = subprocess.Popen(a["argv"], cwd=a["workdir"], stdin=subprocess.DEVNULL, stdout=logfd,
@@ -79,6 +96,8 @@ try:
 except OSError:
     pass
 """
+WAITER_TITLE = "pitstop-waiter"  #: the waiter's comm and the first word of its command line
+WAITER = WAITER.replace("WAITER_TITLE", repr(WAITER_TITLE))
 ERROR_RX = re.compile(rb"Traceback \(most recent call last\)|\w*Error\b|\bKilled\b")
 POLL = 0.1
 
@@ -149,7 +168,7 @@ def scan() -> Procs:
         if st is None or st[0] in ("Z", "X"):
             continue
         cmd = proc_cmdline(pid)
-        if MARK in cmd:
+        if MARK in cmd or cmd.startswith(WAITER_TITLE.encode() + b" "):
             continue
         out[pid] = (st[1], st[2], st[3], st[4], cmd)
     return out
@@ -610,7 +629,9 @@ def op_launch(a: Args) -> Args:
     """Start the job detached and report its identity at once.
 
     The helper forks an intermediate process that leaves the helper's session (``setsid``) and
-    forks the *waiter* (:data:`WAITER`, a small program of its own); the intermediate exits at
+    forks the *waiter* (:data:`WAITER`, a small program of its own, titled
+    ``pitstop-waiter NAME RUN_ID``; it reads ``argv`` from an unlinked file, never from its
+    command line); the intermediate exits at
     once, so the waiter is nobody's child.  The waiter holds none of the SSH channel's
     descriptors (its stdin/stdout/stderr are ``/dev/null``), starts the job with
     ``Popen(start_new_session=True)`` — pid = pgid = sid — with stdin ``/dev/null`` and
@@ -646,8 +667,16 @@ def op_launch(a: Args) -> Args:
                     "status": status_path(log),
                     "wfd": wfd,
                     "logfd": logfd,
+                    "name": a.get("name") or "job",
+                    "run_id": a.get("run_id") or "-",
                 }
-                os.execv(sys.executable, [sys.executable, "-E", "-S", "-c", WAITER, json.dumps(spec)])
+                specfile = tempfile.TemporaryFile()  # unlinked: the job's argv stays off the command line
+                specfile.write(json.dumps(spec).encode())
+                specfile.flush()
+                specfile.seek(0)
+                fd = specfile.fileno()
+                os.set_inheritable(fd, True)
+                os.execv(sys.executable, [sys.executable, "-E", "-S", "-c", WAITER, str(fd)])
         except BaseException:
             code = 1
         finally:

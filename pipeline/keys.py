@@ -37,6 +37,15 @@ def runs_unverified(prefix: str) -> str:
     return f"{prefix}runs:unverified"
 
 
+def run_owner(prefix: str, run_id: str) -> str:
+    """String with TTL: the heartbeat of the process executing a run (its instance id).
+
+    Renewed every ``ttl / 3`` while that process holds the run; a run that is open without it
+    lost its owner (the process died) and is reconciled by the next Pitstop process.
+    """
+    return f"{prefix}run-owner:{run_id}"
+
+
 def verify_claim(prefix: str, run_id: str) -> str:
     """SET NX claim: the one process that posts this run's verdict."""
     return f"{prefix}verify:claim:{run_id}"
@@ -100,6 +109,11 @@ def auto_restarts(prefix: str, job: str) -> str:
 def digest_offset(prefix: str, job: str) -> str:
     """Hash: byte offset and inode of the metric log read by the last scheduled digest."""
     return f"{prefix}digest:{job.lower()}:offset"
+
+
+def digest_ranks(prefix: str, job: str) -> str:
+    """Hash: every rank a digest has seen for the job → JSON ``{"role", "last_ts"}`` (silent ranks)."""
+    return f"{prefix}digest-ranks:{job}"
 
 
 def digest_last(prefix: str, job: str) -> str:

@@ -638,9 +638,52 @@ def verdict_cancelled(after_step: str | None) -> str:
     return f"CANCELLED after {after_step} - the job is stopped and was not relaunched"
 
 
-def verdict_interrupted(step: str | None) -> str:
-    """``INTERRUPTED during stop``: Pitstop stopped mid-sequence."""
-    return f"INTERRUPTED during {step or 'start'} - Pitstop stopped before the sequence finished"
+def verdict_interrupted(step: str | None, found: str | None = None) -> str:
+    """``INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8 processes``.
+
+    :param step: the step the run was in when its owner died.
+    :param found: what a probe of the host found (:func:`interrupted_found`); None when no
+        probe was made (the sequence was cancelled by its own process).
+    """
+    if found is None:
+        return f"INTERRUPTED during {step or 'start'} - Pitstop stopped before the sequence finished"
+    return f"INTERRUPTED during {step or 'start'}: {found}"
+
+
+def interrupted_found(step: str | None, old_pid: int | None, state: str, count: int, expected: int) -> str:
+    """What the host showed when a run cut off before its launch was taken over.
+
+    :param step: the step it was in (``stop``: ``old_pid`` is the run being stopped).
+    :param state: the recorded pid's state: ``alive``, ``gone``, ``stale`` or ``none`` (no record).
+    """
+    procs = f"{count}/{expected} processes"
+    if old_pid is None or state == "none":
+        return f"no recorded run is up, {procs} match the job"
+    who = "the old run" if step in (None, "preflight", "stop") else "the recorded run"
+    if state == "alive":
+        return f"{who} (pid {old_pid}) is still alive, {procs}"
+    if state == "stale":
+        return f"{who} (pid {old_pid}) is gone (its pid was reused), {procs}"
+    return f"{who} (pid {old_pid}) is gone, {procs}"
+
+
+def interrupted_unknown(error: str) -> str:
+    """The job's state could not be probed when its run was taken over."""
+    return f"the job's state on its host is unknown ({error})"
+
+
+def interrupted_after_launch(pid: int, state: str, count: int, expected: int) -> str:
+    """``INTERRUPTED after launch: pid 5151 running 8/8 (unverified)``: the owner died after the launch."""
+    if state == "alive":
+        return f"INTERRUPTED after launch: pid {pid} running {count}/{expected} (unverified)"
+    if state == "unknown":
+        return f"INTERRUPTED after launch: pid {pid} state unknown (unverified)"
+    return f"INTERRUPTED after launch: pid {pid} gone, {count}/{expected} (unverified)"
+
+
+def unknown_job_now(job: str) -> str:
+    """A run's job is no longer in the configuration."""
+    return f"job {job} is no longer configured"
 
 
 # step details (one line each, shown beside the step)
@@ -1029,6 +1072,21 @@ def digest_title(job: str, tokens_per_s: float | None, change_pct: float | None)
 def digest_targets(tokens_per_s: float | None, ranks: int) -> str:
     """The target ranks' own throughput, shown apart from the pipeline's."""
     return f"{na(tokens_per_s)} tokens/s over {ranks} rank(s), not added to the pipeline's"
+
+
+def digest_silent_cell(last_seen: float | None) -> str:
+    """A silent rank's cell in the digest's rank table: ``silent since 02:06:13 UTC``."""
+    from datetime import UTC, datetime
+
+    if last_seen is None:
+        return "silent (no metric line seen yet)"
+    return f"silent since {datetime.fromtimestamp(last_seen, UTC).strftime('%H:%M:%S')} UTC"
+
+
+def digest_silent(ranks: Sequence[tuple[int, str, float | None]]) -> str:
+    """The warning line naming the expected ranks without a metric line in the window."""
+    named = "; ".join(f"rank {rank} ({role}) {digest_silent_cell(last)}" for rank, role, last in ranks)
+    return f"{named}: no metric line in this window"
 
 
 def digest_window(start: float | None, end: float | None, read: int, skipped: int) -> str:

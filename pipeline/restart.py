@@ -33,7 +33,7 @@ from typing import Any
 
 from pipeline import keys, messages
 from pipeline.config import Config, JobConfig
-from pipeline.errors import HostKeyRejected, PitstopError, RemoteError, RemoteTimeout
+from pipeline.errors import HostKeyRejected, RemoteError, RemoteTimeout
 from pipeline.events import EventKind, Events
 from pipeline.hostprobe import (
     ProcessCount,
@@ -369,48 +369,7 @@ class Restarter:
             sampled_at=time.time(),
         )
 
-    # --- reconcile and queries ------------------------------------------------------------------
-
-    async def reconcile(self) -> list[RunRecord]:
-        """Mark runs left mid-sequence by a Pitstop that died as ``INTERRUPTED``.
-
-        A run that finished its launch and only awaits verification is not interrupted: it is
-        (re)queued in ``keys.runs_unverified``.  A run whose job (or host) lock is still held
-        belongs to a live Pitstop and is left alone.
-
-        :returns: the runs marked INTERRUPTED.
-        """
-        out: list[RunRecord] = []
-        for run_id in sorted(await self.runs.open_ids()):
-            try:
-                run = await self.runs.get(run_id)
-            except PitstopError:
-                await self._redis.srem(keys.runs_open(self._prefix), run_id)
-                continue
-            if run.finished_at is not None:
-                await self.runs.save(run)
-                continue
-            if await self._lock_held(run.job):
-                continue
-            launch = run.step(Step.LAUNCH)
-            if launch is not None and launch.outcome is Outcome.OK and run.pid is not None:
-                job = self.config.jobs.get(self._job_key(run.job))
-                window = job.start_window if job else 0.0
-                due = (run.launched_at or time.time()) + window
-                await self._redis.zadd(keys.runs_unverified(self._prefix), {run.id: due}, nx=True)
-                continue
-            step = run.current_step
-            for rec in run.steps:
-                if rec.ended_at is None or rec.outcome is Outcome.RUNNING:
-                    rec.ended_at = time.time()
-                    rec.outcome = Outcome.FAILED
-                    rec.detail = messages.interrupted_step()
-            run.verdict = Verdict.INTERRUPTED
-            run.verdict_line = messages.verdict_interrupted(step.value if step else None)
-            run.finished_at = time.time()
-            await self.runs.save(run)
-            out.append(run)
-        return out
+    # --- queries ---------------------------------------------------------------------------------
 
     async def job_processes(self, job: str) -> ProcessCount:
         """The job's processes now: members of its recorded session matching ``match``.
@@ -672,7 +631,13 @@ class Restarter:
 
     async def _launch(self, run: RunRecord, name: str, job: JobConfig, on_step: StepCallback | None) -> None:
         rec = await self._begin(run, Step.LAUNCH, on_step)
-        args = {"workdir": job.workdir, "argv": list(job.launch), "log": job.log}
+        args = {
+            "workdir": job.workdir,
+            "argv": list(job.launch),
+            "log": job.log,
+            "name": name,
+            "run_id": run.id,
+        }
         try:
             answer = await call_helper(self.ssh, "launch", args, job=name, timeout=LAUNCH_TIMEOUT)
         except RemoteTimeout as exc:
@@ -799,20 +764,6 @@ class Restarter:
 
     async def _patches_from_redis(self, name: str) -> set[str]:
         return {str(m) for m in await self._redis.smembers(keys.job_patches(self._prefix, name))}
-
-    async def _lock_held(self, job: str) -> bool:
-        key = self._job_key(job)
-        scopes = [f"job:{key}"]
-        spec = self.config.jobs.get(key)
-        if spec is not None:
-            scopes.append(f"host:{spec.host}")
-        return any([bool(await self._redis.exists(keys.lock(self._prefix, s))) for s in scopes])
-
-    def _job_key(self, job: str) -> str:
-        try:
-            return self.config.job_name(job)
-        except KeyError:
-            return job
 
     async def _begin(self, run: RunRecord, step: Step, on_step: StepCallback | None) -> StepRecord:
         rec = StepRecord(step=step, started_at=time.time())

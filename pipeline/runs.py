@@ -8,6 +8,9 @@ apply, the first wins.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from enum import StrEnum
 
@@ -16,6 +19,16 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline import keys
 from pipeline.errors import UnknownRun
+
+log = logging.getLogger(__name__)
+
+OWNER_TTL = 30.0  #: seconds a run's owner heartbeat lives without renewal (the restart lock's TTL)
+
+# KEYS[1] heartbeat; ARGV[1] owner; ARGV[2] ttl in ms.  1 if extended (still ours), else 0.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 
 
 class Step(StrEnum):
@@ -108,6 +121,8 @@ class RunRecord(BaseModel):
     verdict_line: str | None = None
     evidence: str = ""  #: log tail or other evidence behind the verdict
     finished_at: float | None = None
+    owner: str | None = None  #: instance id of the process executing the run (None: handed over)
+    interrupted: str | None = None  #: ``INTERRUPTED after launch: …`` when its owner died after the launch
 
     def step(self, step: Step) -> StepRecord | None:
         """The record of ``step``, or None if it has not started."""
@@ -123,15 +138,37 @@ class RunRecord(BaseModel):
 
 
 class RunStore:
-    """Run records in Redis: create, save, read, list, and reconcile after a crash.
+    """Run records in Redis: create, save, read, list, and who owns each open run.
+
+    A run is *owned* by the process executing it: :meth:`create` records this store's
+    ``owner`` on the run and sets its heartbeat (``keys.run_owner``, TTL ``heartbeat_ttl``),
+    which a background task renews every ``heartbeat_ttl / 3`` s until the run is saved
+    finished, or :meth:`aclose` hands it over (a clean exit).  A process that dies stops
+    renewing: its runs' heartbeats lapse within ``heartbeat_ttl`` s, and any Pitstop process
+    finds them with :meth:`orphans` (see :mod:`pipeline.recovery`).
 
     :param client: an asyncio Redis client with ``decode_responses=True``.
     :param prefix: the key prefix (:mod:`pipeline.keys`).
+    :param owner: this process's instance id; None keeps no heartbeat (tools and tests).
+    :param heartbeat_ttl: seconds a heartbeat lives without renewal.
     """
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        *,
+        owner: str | None = None,
+        heartbeat_ttl: float = OWNER_TTL,
+    ) -> None:
+        if heartbeat_ttl <= 0:
+            raise ValueError("heartbeat_ttl must be positive")
         self.client = client
         self.prefix = prefix
+        self.owner = owner
+        self.heartbeat_ttl = heartbeat_ttl
+        self._owned: set[str] = set()
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def create(
         self,
@@ -156,22 +193,135 @@ class RunStore:
             created_at=now,
             patches=list(patches or []),
             fresh_cache=fresh_cache,
+            owner=self.owner,
         )
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
             pipe.zadd(keys.runs_of_job(self.prefix, job), {run.id: now})
             pipe.zadd(keys.runs_all(self.prefix), {run.id: now})
             pipe.sadd(keys.runs_open(self.prefix), run.id)
+            if self.owner is not None:
+                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=self._ttl_ms())
             await pipe.execute()
+        if self.owner is not None:
+            self._owned.add(run.id)
+            self._start_heartbeat()
         return run
 
     async def save(self, run: RunRecord) -> None:
-        """Write ``run`` back; a run with a verdict and ``finished_at`` leaves the open set."""
+        """Write ``run`` back; a run with ``finished_at`` leaves the open set and its owner."""
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
             if run.finished_at is not None:
                 pipe.srem(keys.runs_open(self.prefix), run.id)
+                pipe.delete(keys.run_owner(self.prefix, run.id))
             await pipe.execute()
+        if run.finished_at is not None:
+            self._owned.discard(run.id)
+
+    # --- ownership ------------------------------------------------------------------------------
+
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.heartbeat_ttl * 1000))
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(
+                self._beat(), name="pitstop-run-heartbeat"
+            )
+
+    async def _beat(self) -> None:
+        while self._owned:
+            await asyncio.sleep(self.heartbeat_ttl / 3)
+            try:
+                await self.renew()
+            except Exception:  # a Redis hiccup must not end the heartbeat: the next beat retries
+                log.warning("could not renew the heartbeat of runs %s", sorted(self._owned), exc_info=True)
+
+    async def renew(self) -> set[str]:
+        """Renew the heartbeat of every run this store owns; forget runs that are finished.
+
+        :returns: the run ids still owned.
+        """
+        ids = sorted(self._owned)
+        if not ids or self.owner is None:
+            return set()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for run_id in ids:
+                pipe.eval(_RENEW, 1, keys.run_owner(self.prefix, run_id), self.owner, self._ttl_ms())
+            for run_id in ids:
+                pipe.sismember(keys.runs_open(self.prefix), run_id)
+            answers = await pipe.execute()
+        for run_id, renewed, still_open in zip(ids, answers[: len(ids)], answers[len(ids) :], strict=True):
+            if not still_open or not renewed:
+                if still_open:
+                    log.warning("run %s: its heartbeat lapsed and another process took it over", run_id)
+                self._owned.discard(run_id)
+        return set(self._owned)
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """Ids of the runs this process owns now."""
+        return frozenset(self._owned)
+
+    async def hand_over(self, run_id: str) -> None:
+        """Give up ownership of a launched run on purpose: the verification queue has it now.
+
+        Clears ``owner`` on the record and deletes the heartbeat, so the run is not taken for
+        the run of a dead process.  A run that is finished or unknown is left as it is.
+        """
+        self._owned.discard(run_id)
+        raw = await self.client.get(keys.run(self.prefix, run_id))
+        if raw is None:
+            return
+        run = RunRecord.model_validate_json(raw)
+        if run.finished_at is not None or run.owner is None:
+            return
+        run.owner = None
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
+            pipe.delete(keys.run_owner(self.prefix, run.id))
+            await pipe.execute()
+
+    async def aclose(self) -> None:
+        """Stop the heartbeat and hand every run still owned over (a clean exit).
+
+        A run still mid-sequence at this point was cancelled by its caller and is saved finished
+        by it; what is left is launched and waiting for verification.
+        """
+        task, self._heartbeat = self._heartbeat, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for run_id in sorted(self._owned):
+            try:
+                await self.hand_over(run_id)
+            except Exception:
+                log.warning("could not hand run %s over; it is reconciled as interrupted", run_id)
+
+    async def unowned(self) -> list[RunRecord]:
+        """Open runs no live process heartbeats: their owner's heartbeat lapsed (the process
+        that ran them died), or they have no owner (handed over to the verification queue, or
+        created by a store without one).  Runs already finished leave the open set here.
+        """
+        ids = sorted(await self.open_ids())
+        if not ids:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for run_id in ids:
+                pipe.get(keys.run(self.prefix, run_id))
+            for run_id in ids:
+                pipe.exists(keys.run_owner(self.prefix, run_id))
+            answers = await pipe.execute()
+        out: list[RunRecord] = []
+        for run_id, raw, beating in zip(ids, answers[: len(ids)], answers[len(ids) :], strict=True):
+            run = None if raw is None else RunRecord.model_validate_json(raw)
+            if run is None or run.finished_at is not None:
+                await self.client.srem(keys.runs_open(self.prefix), run_id)
+            elif not beating:
+                out.append(run)
+        return out
 
     async def get(self, run_id: str) -> RunRecord:
         """The run with id ``run_id``.

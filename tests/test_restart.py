@@ -21,6 +21,7 @@ from pipeline.config import Config, GpuRoles, JobConfig
 from pipeline.events import Events
 from pipeline.hosthelper import proc_stat
 from pipeline.hostprobe import probe_host, read_log, read_log_chunk
+from pipeline.recovery import reconcile
 from pipeline.redisconn import RedisHandle, open_redis
 from pipeline.remote import SSHPool
 from pipeline.restart import Evidence, Restarter
@@ -700,12 +701,12 @@ async def test_reconcile_marks_mid_sequence_runs_interrupted_only(
     held.steps = [StepRecord(step=Step.PATCH, started_at=1.0)]
     await stack.runs.save(held)
     await client.set(keys.lock(prefix, f"job:{stack.setup.name}"), "token")
-    other = await stack.restarter.reconcile()
+    other = await reconcile(stack.restarter, instance="tester")
     assert other == []  # the job's lock is held: a live Pitstop owns these runs
     await client.delete(keys.lock(prefix, f"job:{stack.setup.name}"))
 
-    marked = await stack.restarter.reconcile()
-    assert {r.id for r in marked} == {mid.id, held.id}
+    marked = await reconcile(stack.restarter, instance="tester")
+    assert {r.run.id for r in marked} == {mid.id, held.id}
     stored = await stack.runs.get(mid.id)
     assert stored.verdict is Verdict.INTERRUPTED and stored.verdict_line is not None
     assert stored.verdict_line.startswith("INTERRUPTED during stop")
