@@ -25,12 +25,14 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bot.demo_script import Kill, Say, Step, Wait, parse_line, parse_script
+from bot.demo_script import Kill, Say, Step, Wait, WaitRanks, parse_line, parse_script
 from bot.settings import Settings
 from pipeline import keys, messages
 from pipeline.config import load_config
+from pipeline.digest import MAX_WINDOW_BYTES, remote_reader
 from pipeline.errors import ExitCode, PitstopError, UsageError
 from pipeline.events import EventKind
+from pipeline.metrics import parse_metric_lines
 
 if TYPE_CHECKING:
     from bot.console import ConsoleSession
@@ -285,6 +287,34 @@ async def _wait(ctx: Context, step: Wait, cursor: str) -> None:
         raise DemoFailed(messages.demo_unexpected(step.lineno, f"verdict {event.data.get('line')}"))
 
 
+RANKS_POLL = 1.0  #: seconds between reads of the metric log while waiting for every rank
+
+
+async def _wait_ranks(ctx: Context, step: WaitRanks) -> None:
+    """Until each of the job's ``processes`` ranks wrote a metric line since its last launch."""
+    name = ctx.config.job_name(step.job)
+    spec = ctx.config.jobs[name]
+    read = remote_reader(ctx.ssh, name, spec)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + step.within
+    seen: set[int] = set()
+    while True:
+        run = next((r for r in await ctx.runs.recent(name, 5) if r.log_size_at_launch is not None), None)
+        offset = (run.log_size_at_launch or 0) if run is not None else 0
+        chunk = await read(offset, MAX_WINDOW_BYTES)
+        seen = {line.rank for line in parse_metric_lines(chunk.data, spec.metrics)}
+        if len(seen) >= spec.processes:
+            return
+        if loop.time() >= deadline:
+            raise DemoFailed(
+                messages.demo_wait_timed_out(
+                    f"ranks ({len(seen)}/{spec.processes} seen)", step.job, step.within
+                ),
+                ExitCode.CANCELLED,
+            )
+        await asyncio.sleep(RANKS_POLL)
+
+
 async def _run_script(ctx: Context, session: ConsoleSession, steps: Sequence[Step]) -> None:
     cursor = await ctx.events.last_id()
     for step in steps:
@@ -297,6 +327,11 @@ async def _run_script(ctx: Context, session: ConsoleSession, steps: Sequence[Ste
                 f"[dim]… waiting for {step.kind.value} of {step.job} (≤ {step.within:g} s)[/dim]"
             )
             await _wait(ctx, step, cursor)
+        elif isinstance(step, WaitRanks):
+            session.console.print(
+                f"[dim]… waiting for every rank of {step.job} to report (≤ {step.within:g} s)[/dim]"
+            )
+            await _wait_ranks(ctx, step)
         elif isinstance(step, Kill):
             cursor = await ctx.events.last_id()
             current = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, step.job))

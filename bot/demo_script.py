@@ -3,6 +3,8 @@
 Directives::
 
     wait verdict|alert|resolved|digest JOB [within N]   wait (at most N s, default 120) for that event
+    wait ranks JOB [within N]                           wait until each of the job's ``processes`` ranks
+                                                        wrote a metric line since its last launch
     kill JOB                                            SIGKILL the job's whole session from outside
     # comment                                           ignored, as are blank lines
 
@@ -24,6 +26,7 @@ MAX_WAIT = 1800.0
 _WAIT = re.compile(r"^wait\s+(?P<kind>\S+)\s+(?P<job>\S+)(?:\s+within\s+(?P<secs>\S+))?\s*$", re.IGNORECASE)
 _KILL = re.compile(r"^kill\s+(?P<job>\S+)\s*$", re.IGNORECASE)
 WAITABLE = (EventKind.VERDICT, EventKind.ALERT, EventKind.RESOLVED, EventKind.DIGEST)
+RANKS = "ranks"  #: ``wait ranks JOB``: not an event, a condition on the job's metric log
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,15 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class WaitRanks:
+    """``wait ranks JOB [within N]``: every rank of the job wrote a metric line since its launch."""
+
+    job: str
+    within: float
+    lineno: int
+
+
+@dataclass(frozen=True)
 class Kill:
     """``kill JOB``: SIGKILL to the job's session."""
 
@@ -52,7 +64,7 @@ class Kill:
     lineno: int
 
 
-Step = Say | Wait | Kill
+Step = Say | Wait | WaitRanks | Kill
 
 
 def parse_line(line: str, lineno: int) -> Step | None:
@@ -67,9 +79,11 @@ def parse_line(line: str, lineno: int) -> Step | None:
     if head == "wait":
         m = _WAIT.match(text)
         kinds = {k.value: k for k in WAITABLE}
-        if not m or m.group("kind").lower() not in kinds:
+        if not m or m.group("kind").lower() not in (*kinds, RANKS):
             raise UsageError(
-                messages.demo_bad_line(lineno, text, "wait verdict|alert|resolved|digest JOB [within N]")
+                messages.demo_bad_line(
+                    lineno, text, "wait verdict|alert|resolved|digest|ranks JOB [within N]"
+                )
             )
         within = DEFAULT_WAIT
         if m.group("secs") is not None:
@@ -81,6 +95,8 @@ def parse_line(line: str, lineno: int) -> Step | None:
                 raise UsageError(
                     messages.demo_bad_line(lineno, text, f"within N, 0 < N <= {MAX_WAIT:g} seconds")
                 )
+        if m.group("kind").lower() == RANKS:
+            return WaitRanks(m.group("job"), within, lineno)
         return Wait(kinds[m.group("kind").lower()], m.group("job"), within, lineno)
     if head == "kill":
         m = _KILL.match(text)

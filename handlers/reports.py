@@ -83,6 +83,9 @@ def digest_reply(digest: Digest) -> Reply:
     if s.starved and s.queue_mean is not None:
         lines.append(messages.digest_starved(s.queue_mean))
         warn = True
+    if digest.silent:
+        lines.append(messages.digest_silent([(r.rank, r.role, r.last_seen) for r in digest.silent]))
+        warn = True
     if s.resets:
         lines.append(messages.digest_resets(s.resets))
     if digest.gpu_note:
@@ -108,21 +111,26 @@ def digest_reply(digest: Digest) -> Reply:
         ("top-1/4/8", messages.digest_topk(s.top1, s.top4, s.top8, _topk_change(digest.change))),
     ]
     tables = []
-    if s.ranks:
-        tables.append(
-            Table(
-                ("rank", "role", "device", "tokens/s", "step p50"),
-                tuple(
-                    (
-                        str(r.rank),
-                        r.role,
-                        r.device or NA,
-                        messages.na(r.tokens_per_s),
-                        messages.na(r.step_p50, "{:.3f}", " s"),
-                    )
-                    for r in s.ranks
+    if s.ranks or digest.silent:
+        rows = [
+            (
+                r.rank,
+                (
+                    str(r.rank),
+                    r.role,
+                    r.device or NA,
+                    messages.na(r.tokens_per_s),
+                    messages.na(r.step_p50, "{:.3f}", " s"),
                 ),
             )
+            for r in s.ranks
+        ]
+        rows += [
+            (q.rank, (str(q.rank), q.role, NA, messages.digest_silent_cell(q.last_seen), NA))
+            for q in digest.silent
+        ]
+        tables.append(
+            Table(("rank", "role", "device", "tokens/s", "step p50"), tuple(row for _, row in sorted(rows)))
         )
     if digest.gpus:
         tables.append(

@@ -627,6 +627,74 @@ class GpuRow:
 
 
 @dataclass(frozen=True)
+class SilentRank:
+    """A rank that was expected in the window and wrote no metric line in it.
+
+    :ivar rank: global rank.
+    :ivar role: its role (``target``/``drafter``), from ``gpus`` or from the digest that last saw it.
+    :ivar last_seen: ``ts`` of its last metric line in an earlier digest (unix s), None if never seen.
+    """
+
+    rank: int
+    role: str
+    last_seen: float | None
+
+
+def expected_ranks(spec: JobConfig, seen: Mapping[int, tuple[str, float | None]]) -> dict[int, str]:
+    """Every rank a digest of the job should list: rank → role.
+
+    From the job's ``gpus`` (targets first: ranks ``0..T-1`` are targets, ``T..T+D-1`` drafters —
+    the reference pipeline's layout, ``pipeline/dflash/README.md``) and from every rank an earlier
+    digest saw (``keys.digest_ranks``), whose recorded role wins.
+    """
+    out: dict[int, str] = {}
+    if spec.gpus is not None:
+        roles = [TARGET] * len(spec.gpus.target) + [DRAFTER] * len(spec.gpus.drafter)
+        out.update(enumerate(roles))
+    out.update({rank: role for rank, (role, _) in seen.items()})
+    return out
+
+
+def silent_ranks(
+    summary: DigestSummary, expected: Mapping[int, str], seen: Mapping[int, tuple[str, float | None]]
+) -> tuple[SilentRank, ...]:
+    """The expected ranks with no metric line in the window, by rank."""
+    present = {r.rank for r in summary.ranks}
+    return tuple(
+        SilentRank(rank, role, seen.get(rank, (role, None))[1])
+        for rank, role in sorted(expected.items())
+        if rank not in present
+    )
+
+
+async def load_seen_ranks(
+    client: aioredis.Redis, prefix: str, job: str
+) -> dict[int, tuple[str, float | None]]:
+    """Ranks earlier digests saw: rank → (role, ``ts`` of its last metric line or None)."""
+    raw: dict[str, str] = await client.hgetall(keys.digest_ranks(prefix, job))  # type: ignore[assignment]
+    out: dict[int, tuple[str, float | None]] = {}
+    for rank, value in raw.items():
+        try:
+            data = json.loads(value)
+            last = data.get("last_ts")
+            out[int(rank)] = (str(data["role"]), float(last) if last is not None else None)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def seen_update(summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]) -> dict[str, str]:
+    """The ``keys.digest_ranks`` fields to write for the ranks in this window (never moving a
+    rank's last ``ts`` backwards)."""
+    out: dict[str, str] = {}
+    for r in summary.ranks:
+        before = seen.get(r.rank, (r.role, None))[1]
+        last = r.last_ts if before is None or (r.last_ts is not None and r.last_ts > before) else before
+        out[str(r.rank)] = json.dumps({"role": r.role, "last_ts": last})
+    return out
+
+
+@dataclass(frozen=True)
 class Digest:
     """A built digest: the summary plus everything around it a reply shows.
 
@@ -644,6 +712,7 @@ class Digest:
     :ivar uptime_s: seconds since the current run was launched, None if unknown or stopped.
     :ivar restarts: run ids created since the window began, newest first (None: unknown).
     :ivar built_at: unix s.
+    :ivar silent: expected ranks (:func:`expected_ranks`) that wrote no metric line in the window.
     """
 
     job: str
@@ -660,6 +729,7 @@ class Digest:
     uptime_s: float | None = None
     restarts: tuple[str, ...] | None = None
     built_at: float = 0.0
+    silent: tuple[SilentRank, ...] = ()
 
 
 async def load_offset(client: aioredis.Redis, prefix: str, job: str) -> OffsetState | None:
@@ -787,6 +857,10 @@ async def build_digest(
     window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     lines = parse_metric_lines(window.data, spec.metrics)
     summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
+    seen = await load_seen_ranks(client, ctx.prefix, name)
+    silent = silent_ranks(summary, expected_ranks(spec, seen), seen)
+    if summary.ranks:
+        await client.hset(keys.digest_ranks(ctx.prefix, name), mapping=seen_update(summary, seen))  # type: ignore[arg-type]
     previous = await load_last(client, ctx.prefix, name)
     # a repeated window is the last scheduled digest itself: no change to speak of
     change = compare(previous, summary) if window.kind is not WindowKind.REPEAT else {}
@@ -820,6 +894,7 @@ async def build_digest(
         uptime_s=await _uptime(ctx, name, now),
         restarts=await _restarts_since(ctx, name, since),
         built_at=now,
+        silent=silent,
     )
     if scheduled:
         async with client.pipeline(transaction=True) as pipe:

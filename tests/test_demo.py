@@ -66,8 +66,10 @@ def test_default_script_end_to_end(tmp_path: Path) -> None:
     assert re.search(r"topk.*(in effect|applied)", out, re.IGNORECASE), out[-4000:]
     assert len(re.findall(r"\[incident dflash:\d+\] dflash is down:", out)) == 1, out[-4000:]
     assert len(re.findall(r"resolved after", out)) == 1, out[-4000:]
-    for rank in range(8):
-        assert re.search(rf"\b{rank}\b.*(target|drafter)", out), f"rank {rank} missing from the digest"
+    for rank in range(8):  # every rank reported, with numbers (the script waits for all of them)
+        row = rf"^\s*{rank}\s+│\s+(target|drafter)\s+│\s+cpu\s+│\s+[\d,]+\s+│"
+        assert re.search(row, out, re.MULTILINE), f"rank {rank} missing from the digest"
+    assert "silent" not in out
     assert "demo complete" in out
     assert _leftovers(str(tmp_path)) == []
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.demo_script import Kill, Say, Wait, parse_script
+from bot.demo_script import Kill, Say, Wait, WaitRanks, parse_script
 from pipeline.errors import ExitCode, UsageError
 from pipeline.events import EventKind
 
@@ -19,10 +19,16 @@ def test_default_script_follows_the_story() -> None:
     kinds = [
         s.text.split()[0]
         if isinstance(s, Say)
-        else ("kill" if isinstance(s, Kill) else f"wait {s.kind.value}")
+        else (
+            "kill"
+            if isinstance(s, Kill)
+            else "wait ranks"
+            if isinstance(s, WaitRanks)
+            else f"wait {s.kind.value}"
+        )
         for s in steps
     ]
-    assert kinds[:3] == ["status", "restart", "wait verdict"]
+    assert kinds[:5] == ["status", "restart", "wait verdict", "wait ranks", "digest"]
     assert kinds.index("kill") < kinds.index("wait alert") < kinds.index("wait resolved")
     assert kinds[-1] == "history"
     assert any(isinstance(s, Say) and "with topk patch" in s.text for s in steps)
@@ -30,12 +36,15 @@ def test_default_script_follows_the_story() -> None:
 
 def test_directives_parse() -> None:
     """wait KIND JOB [within N] and kill JOB become typed steps; comments and blanks vanish."""
-    steps = parse_script("# hi\n\nwait alert dflash within 45\nWAIT digest dflash\nkill dflash\nstatus\n")
+    steps = parse_script(
+        "# hi\n\nwait alert dflash within 45\nWAIT digest dflash\nkill dflash\nstatus\nwait ranks dflash within 9\n"
+    )
     assert steps == [
         Wait(EventKind.ALERT, "dflash", 45.0, 3),
         Wait(EventKind.DIGEST, "dflash", 120.0, 4),
         Kill("dflash", 5),
         Say("status", 6),
+        WaitRanks("dflash", 9.0, 7),
     ]
 
 

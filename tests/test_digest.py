@@ -515,3 +515,38 @@ async def test_gpus_command_shows_na_and_maps_processes_to_jobs(
     assert procs.rows == (("4242", "dflash", "81,220 MiB"), ("4243", "-", "n/a"))
     unknown = await gpus_command(ctx, "gpu2")
     assert unknown.ephemeral and unknown.title == messages.gpus_unknown_host("gpu2", ["gpu1"])
+
+
+def _line(ts: float, rank: int, tokens: int) -> bytes:
+    """A metric line of the eight-rank layout: targets 0..4, drafters 5..7."""
+    if rank >= 5:
+        return _drafter(ts, rank, tokens)
+    rec = {"ts": ts, "step": 1, "role": "target", "rank": rank, "role_rank": rank, "device": f"cuda:{rank}"}
+    rec.update(tokens=tokens, tokens_per_s=1.0, step_time_s=0.05, queue_depth=3)
+    return (json.dumps(rec) + "\n").encode()
+
+
+async def test_rank_silent_in_the_window_is_listed_with_when_it_was_last_seen(
+    gpu_host: LocalSSHHost, tmp_path: Path, make_ctx: object, nvidia_dir: Path
+) -> None:
+    """A rank with no metric line in the window is a row `silent since HH:MM:SS UTC` and a warning, not a gap."""
+    for with_gpus in (True, False):  # expected ranks from `gpus`, or from the ranks seen before
+        ctx = make_ctx(_config(gpu_host, tmp_path / f"gpus-{with_gpus}", gpus=with_gpus))  # type: ignore[operator]
+        p = ctx.prefix
+        await ctx.redis.client.delete(keys.digest_ranks(p, "dflash"), keys.digest_offset(p, "dflash"))
+        log = Path(ctx.config.jobs["dflash"].log)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_bytes(b"".join(_line(T + dt, r, 100 * dt) for dt in (0, 10) for r in range(8)))
+        first = await build_digest(ctx, "dflash", scheduled=True, chart=False)
+        assert first.silent == () and len(first.summary.ranks) == 8
+        with log.open("ab") as f:  # rank 5 writes nothing more
+            f.write(b"".join(_line(T + dt, r, 100 * dt) for dt in (20, 30) for r in range(8) if r != 5))
+        second = await build_digest(ctx, "dflash", scheduled=True, chart=False)
+        assert [(s.rank, s.role, s.last_seen) for s in second.silent] == [(5, "drafter", T + 10)]
+        reply = digest_reply(second)
+        ranks = reply.tables[0]
+        assert [row[0] for row in ranks.rows] == [str(r) for r in range(8)]
+        clock = "22:13:30"  # T + 10 = 2023-11-14 22:13:30 UTC
+        assert ranks.rows[5] == ("5", "drafter", "n/a", f"silent since {clock} UTC", "n/a")
+        assert f"rank 5 (drafter) silent since {clock} UTC: no metric line in this window" in reply.lines
+        assert reply.status is Status.WARNING
