@@ -154,6 +154,21 @@ def slack_blocks_omitted(blocks: int) -> str:
     return f"… ({blocks:,} more sections omitted - Slack shows at most 50 per message)"
 
 
+def slack_continued(more: int) -> str:
+    """The end of the first message of an answer split over several."""
+    return f"… continued in {more} more message{'s' if more != 1 else ''} below"
+
+
+def slack_part(index: int, total: int, title: str) -> str:
+    """The head of a later message of a split answer."""
+    return f"({index}/{total}) {title}"
+
+
+def slack_untitled() -> str:
+    """What an empty reply shows (Slack refuses empty text)."""
+    return "(no text)"
+
+
 def slack_working(text: str) -> str:
     """The immediate ack while a request that is not answered at once runs."""
     return f"working on `{text}` …"
