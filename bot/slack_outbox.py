@@ -7,19 +7,33 @@ in its thread.  ``thread(key)`` posts under the headline (``thread_ts``); ``post
 standalone message; a reply's chart is uploaded with ``files_upload_v2`` (the
 ``files.getUploadURLExternal`` + ``files.completeUploadExternal`` flow).
 
-Slack's limits are respected: every payload comes from :mod:`bot.blocks`; posts to one
-channel are paced (``[slack] pace`` seconds apart, :class:`Pacer`); HTTP 429 is answered by
-waiting ``Retry-After`` (:func:`web_client` adds slack_sdk's rate-limit retry handler).  A
-post Slack refuses is logged and dropped — a team-visible message must never break the
-restart that reports through it.
+Slack's limits are respected: every payload comes from :mod:`bot.blocks` (a long answer is
+split over several messages, the rest in the thread); posts to one channel are paced
+(``[slack] pace`` seconds apart, :class:`Pacer`); HTTP 429 is answered by waiting
+``Retry-After`` (:func:`web_client` adds slack_sdk's rate-limit retry handler).
+
+**Never silent, never twice.**  A post never breaks the restart that reports through it, and
+a refused one is never only a log line.  Transient failures are retried with backoff
+(:data:`ATTEMPTS`); a post whose outcome is unknown (timeout, reset, 5xx — Slack may have
+stored it) carries message metadata with its own id and is looked up
+(``conversations.history`` / ``conversations.replies``) before it is sent again.  A permanent
+refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_blocks_too_long``,
+``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
+run by DM, with the fix (:func:`pipeline.messages.slack_fix`), or, for alerts and digests, the
+announce channel when their own channel refused them.  The last refusal is kept for
+``/healthz`` and ``status`` (:func:`pipeline.keys.delivery_failure`).  A chart for a public
+channel the bot has not joined is uploaded after ``conversations.join``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +43,23 @@ from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
-    AsyncServerErrorRetryHandler,
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
-from handlers.reply import Reply
+from bot.people import People
+from handlers.reply import Reply, Status
 from pipeline import keys, messages
 
 log = logging.getLogger(__name__)
 
 POST_TTL = 30 * 86400  #: seconds a headline's location is kept
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
+ATTEMPTS = 4  #: tries of one post (transient errors and unknown outcomes)
+BACKOFF = 0.5  #: seconds before the second try; doubled each time
+METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
+#: errors worth another try (Slack's own transient answers)
+TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
 
 
 def web_client(
@@ -50,7 +69,11 @@ def web_client(
     session: aiohttp.ClientSession | None = None,
     rate_limit_retries: int = 3,
 ) -> AsyncWebClient:
-    """An ``AsyncWebClient`` that waits ``Retry-After`` on HTTP 429 and retries connection errors.
+    """An ``AsyncWebClient`` that waits ``Retry-After`` on HTTP 429 and retries a connection that
+    could not be made.
+
+    Nothing that may have reached Slack is retried blindly (a reset or a 5xx after Slack stored
+    a message would post it twice): :class:`SlackOutbox` looks such a post up first.
 
     :param base_url: the Web API base URL (``SLACK_API_URL``), default Slack's.
     :param session: a shared aiohttp session (closed by the caller), or None for one per call.
@@ -61,11 +84,35 @@ def web_client(
         kwargs["base_url"] = base_url if base_url.endswith("/") else base_url + "/"
     client = AsyncWebClient(**kwargs)
     client.retry_handlers = [
-        AsyncConnectionErrorRetryHandler(max_retry_count=2),
+        AsyncConnectionErrorRetryHandler(max_retry_count=2, error_types=[aiohttp.ClientConnectorError]),
         AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries),
-        AsyncServerErrorRetryHandler(max_retry_count=1),
     ]
     return client
+
+
+class Refused(Exception):
+    """Slack refused a post for good (or its outcome stayed unknown): ``error`` is Slack's code."""
+
+    def __init__(self, error: str, detail: str = "") -> None:
+        super().__init__(f"{error} {detail}".strip())
+        self.error = error
+        self.detail = detail
+
+
+def _error_of(exc: BaseException) -> tuple[str, bool]:
+    """``(error code, outcome unknown?)`` of a failed call."""
+    if isinstance(exc, SlackApiError):
+        status = getattr(exc.response, "status_code", 200)
+        if status >= 500:
+            return f"http_{status}", True
+        if status == 429:
+            return "ratelimited", False
+        return str(exc.response.get("error", "unknown_error")), False
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connection_failed", False
+    if isinstance(exc, TimeoutError):
+        return "timeout", True
+    return type(exc).__name__, True
 
 
 class Pacer:
@@ -100,6 +147,8 @@ class SlackOutbox:
     :param default_channel: where posts go when the caller passes no channel (``announce_channel``).
     :param pace: minimum seconds between posts to one channel.
     :param instance: this process's id, used to claim a headline across replicas.
+    :param people: names for the people replies mention (default: one over ``client``).
+    :param backoff: seconds before a post's second try (doubled each time).
 
     Call :meth:`bind` once Redis is open so headline locations are shared; until then they
     are kept in this process only.
@@ -112,12 +161,21 @@ class SlackOutbox:
         default_channel: str | None,
         pace: float = 1.0,
         instance: str = "",
+        people: People | None = None,
+        backoff: float = BACKOFF,
     ) -> None:
         self.client = client
         self.default_channel = default_channel
         self.pacer = Pacer(pace)
         self.instance = instance or "pitstop"
+        self.people = people or People(client)
+        self.backoff = backoff
         self.failures: list[str] = []  #: refused posts, as logged (for /healthz and tests)
+        self.last_failure: dict[str, Any] | None = None  #: the newest refusal: at, where, error, line
+        self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
+        self._requesters: dict[str, str] = {}
+        self._prompts: dict[str, Any] = {}
+        self._saving: set[asyncio.Task[None]] = set()
         self._redis: aioredis.Redis | None = None
         self._prefix = "pitstop:"
         self._local: dict[str, tuple[str, str]] = {}
@@ -128,6 +186,19 @@ class SlackOutbox:
         """Keep headline locations in Redis (``keys.posts``) from now on."""
         self._redis = client
         self._prefix = prefix
+
+    def requested_by(self, key: str, user: str) -> None:
+        """Remember who asked for ``key``'s run: a refused post about it is told to them."""
+        self._requesters[key] = user
+        if len(self._requesters) > 1000:
+            self._requesters.pop(next(iter(self._requesters)))
+
+    async def names(self, reply: Reply) -> Mapping[str, str]:
+        """The names of the people ``reply`` mentions (never raises)."""
+        try:
+            return await self.people.names_for(reply)
+        except Exception:  # names are a nicety
+            return self.people.cached()
 
     # --- where a headline lives ---------------------------------------------------------------
 
@@ -188,28 +259,25 @@ class SlackOutbox:
         if loc is None and not await self._claim(key):
             loc = await self._wait_elsewhere(key)
         if loc is not None:
-            await self.pacer.wait(loc[0])
             try:
-                await self.client.chat_update(
-                    channel=loc[0], ts=loc[1], **blocks.message(reply, follow_ups=False)
-                )
+                await self._update(loc, reply)
                 return loc
-            except SlackApiError as exc:
-                if exc.response.get("error") != "message_not_found":
-                    self._failed(f"{key} ({loc[0]})", exc)
+            except Refused as exc:
+                if exc.error != "message_not_found":
+                    await self._refused(key, reply, loc[0], exc)
                     return loc
         target = channel or self.default_channel
         if target is None:
             self._failed(key, "no channel: set [slack] announce_channel")
             return None
-        ts = await self._send(target, reply, thread_ts=None, follow_ups=False)
+        ts = await self._send(target, reply, thread_ts=None, follow_ups=False, key=key)
         if ts is None:
             if self._redis is not None:
                 await self._redis.hdel(keys.posts(self._prefix, key), "claim")
             return None
         await self._remember(key, target, ts)
         for follow in reply.follow_ups:
-            await self._send(target, follow, thread_ts=ts, follow_ups=True)
+            await self._send(target, follow, thread_ts=ts, follow_ups=True, key=key)
         if reply.chart:
             await self.upload(reply.chart, target, thread_ts=ts, title=reply.title)
         return target, ts
@@ -225,7 +293,7 @@ class SlackOutbox:
                 if loc is None:
                     await self._announce(key, reply, channel)
                     return
-        ts = await self._send(loc[0], reply, thread_ts=loc[1], follow_ups=True)
+        ts = await self._send(loc[0], reply, thread_ts=loc[1], follow_ups=True, key=key)
         if ts is not None and reply.chart:
             await self.upload(reply.chart, loc[0], thread_ts=loc[1], title=reply.title)
 
@@ -247,22 +315,184 @@ class SlackOutbox:
     # --- Web API calls ----------------------------------------------------------------------
 
     async def _send(
-        self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool
+        self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool, key: str | None = None
     ) -> str | None:
-        """``chat.postMessage``; returns the message ts, or None if Slack refused it (logged)."""
-        await self.pacer.wait(channel)
+        """Post ``reply`` (split over several messages if long: the rest in the thread).
+
+        :returns: the first message's ts, or None if Slack refused it (told to a person, see
+            the module doc).
+        """
+        payloads = blocks.parts(reply, follow_ups=follow_ups, names=await self.names(reply))
         try:
-            resp = await self.client.chat_postMessage(
-                channel=channel,
-                thread_ts=thread_ts,
-                unfurl_links=False,
-                unfurl_media=False,
-                **blocks.message(reply, follow_ups=follow_ups),
-            )
-        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-            self._failed(channel, exc)
+            ts = await self.post_payload(channel, payloads[0], thread_ts=thread_ts)
+            for more in payloads[1:]:
+                await self.post_payload(channel, more, thread_ts=thread_ts or ts)
+        except Refused as exc:
+            await self._refused(key, reply, channel, exc)
             return None
-        return str(resp["ts"])
+        return ts
+
+    async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
+        """``chat.postMessage`` of one rendered message, at most once.
+
+        Transient errors are retried after :attr:`backoff` (doubling); when the outcome is
+        unknown the message is looked up by its metadata id before another try.
+
+        :returns: the message ts.
+        :raises Refused: if Slack refused it for good, or its outcome stayed unknown.
+        """
+        post_id = uuid.uuid4().hex
+        metadata = {"event_type": METADATA_TYPE, "event_payload": {"post_id": post_id}}
+        since = time.time() - 5
+        unknown = False
+        error = "unknown_error"
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            if unknown:
+                found = await self._find(channel, thread_ts, post_id, since)
+                if found is not None:
+                    return found
+            await self.pacer.wait(channel)
+            try:
+                resp = await self.client.chat_postMessage(
+                    channel=channel,
+                    thread_ts=thread_ts,
+                    unfurl_links=False,
+                    unfurl_media=False,
+                    metadata=metadata,
+                    **payload,
+                )
+                return str(resp["ts"])
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                error, maybe = _error_of(exc)
+                unknown = unknown or maybe
+                if not maybe and error not in TRANSIENT and error != "connection_failed":
+                    raise Refused(error, _detail(exc)) from None
+        if unknown:
+            found = await self._find(channel, thread_ts, post_id, since)
+            if found is not None:
+                return found
+        raise Refused(error, messages.slack_gave_up(ATTEMPTS))
+
+    async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str | None:
+        """The ts of the message carrying ``post_id`` in its metadata, or None (not there, or the
+        lookup failed)."""
+        try:
+            if thread_ts:
+                resp = await self.client.conversations_replies(
+                    channel=channel, ts=thread_ts, include_all_metadata=True, limit=200
+                )
+            else:
+                resp = await self.client.conversations_history(
+                    channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=100
+                )
+        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("looking up post %s in %s failed: %s", post_id, channel, _error_of(exc)[0])
+            return None
+        for msg in resp.get("messages") or []:
+            meta = msg.get("metadata") or {}
+            if (
+                meta.get("event_type") == METADATA_TYPE
+                and (meta.get("event_payload") or {}).get("post_id") == post_id
+            ):
+                return str(msg["ts"])
+        return None
+
+    async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
+        """``chat.update`` of a headline (safe to repeat), retried on transient errors.
+
+        :raises Refused: with Slack's error code.
+        """
+        payload = blocks.message(reply, follow_ups=False, names=await self.names(reply))
+        error = "unknown_error"
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            await self.pacer.wait(loc[0])
+            try:
+                await self.client.chat_update(channel=loc[0], ts=loc[1], **payload)
+                return
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                error, maybe = _error_of(exc)
+                if not maybe and error not in TRANSIENT and error != "connection_failed":
+                    raise Refused(error, _detail(exc)) from None
+        raise Refused(error, messages.slack_gave_up(ATTEMPTS))
+
+    async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
+        """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
+        alerts and digests, to the announce channel when their own channel refused them."""
+        what = reply.title.splitlines()[0] if reply.title else (key or "post")
+        line = self._failed(channel, exc)
+        notice = messages.slack_refused(what, channel, exc.error, messages.slack_fix(exc.error, channel))
+        user = self._requesters.get(key or "")
+        if user is None and key and key.startswith("run:"):
+            user = await self._requester_of_run(key)
+        if user is not None and await self.dm(user, Reply(title=notice, status=Status.WARNING)):
+            return
+        target = self.default_channel
+        if target and target != channel:
+            with contextlib.suppress(Refused):
+                await self.post_payload(target, blocks.text_message(notice), thread_ts=None)
+                self.notices.append((target, notice))
+                return
+        log.error("not told to anyone: %s", line)
+
+    async def _requester_of_run(self, key: str) -> str | None:
+        if self._redis is None:
+            return None
+        raw = await self._redis.get(keys.run(self._prefix, key.removeprefix("run:")))
+        if not raw:
+            return None
+        try:
+            user = json.loads(raw).get("requested_by")
+        except ValueError:
+            return None
+        return str(user) if isinstance(user, str) and user.startswith(("U", "W")) else None
+
+    async def dm(self, user: str, reply: Reply) -> bool:
+        """A direct message to ``user`` (``conversations.open``, needs ``im:write``), split if long.
+
+        :returns: True if it was posted.
+        """
+        try:
+            opened = await self.client.conversations_open(users=user)
+            dm = str(opened["channel"]["id"])
+            for payload in blocks.parts(reply, names=await self.names(reply)):
+                await self.post_payload(dm, payload, thread_ts=None)
+        except (
+            SlackApiError,
+            SlackRequestError,
+            aiohttp.ClientError,
+            TimeoutError,
+            Refused,
+            KeyError,
+        ) as exc:
+            log.warning(messages.slack_not_posted(f"a direct message to {user}", str(exc)))
+            return False
+        self.notices.append((user, reply.title))
+        return True
+
+    async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
+        """Tell ``user`` privately: replace the prompt ``prompt`` (its response_url, registered
+        with :meth:`prompted`) when it can, else a direct message."""
+        respond = self._prompts.pop(prompt, None) if prompt else None
+        if respond is not None:
+            payload = blocks.message(reply, names=await self.names(reply))
+            try:
+                resp = await respond(**payload, response_type="ephemeral", replace_original=True)
+                if getattr(resp, "status_code", 200) == 200:
+                    self.notices.append((user, reply.title))
+                    return
+            except Exception as exc:  # the prompt may be gone (response_url expired): DM instead
+                log.info("replacing prompt %s failed: %s", prompt, exc)
+        await self.dm(user, reply)
+
+    def prompted(self, token: str, respond: Any) -> None:
+        """Remember how to replace the confirmation prompt ``token`` (Bolt's ``respond``)."""
+        self._prompts[token] = respond
+        if len(self._prompts) > 1000:
+            self._prompts.pop(next(iter(self._prompts)))
 
     async def upload(
         self, path: str, channel: str, *, thread_ts: str | None, title: str | None = None
@@ -275,32 +505,80 @@ class SlackOutbox:
         if not await asyncio.to_thread(file.is_file):
             self._failed(channel, f"chart {path} does not exist")
             return False
-        await self.pacer.wait(channel)
+        joined = False
+        while True:
+            await self.pacer.wait(channel)
+            try:
+                await self.client.files_upload_v2(
+                    channel=channel,
+                    thread_ts=thread_ts,
+                    file=str(file),
+                    filename=file.name,
+                    title=(title or file.name)[:250],
+                )
+                return True
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+                error = _error_of(exc)[0] if not isinstance(exc, OSError) else "file_unreadable"
+                if error == "not_in_channel" and not joined and await self._join(channel):
+                    joined = True
+                    continue
+                await self._refused(
+                    None, Reply(title=title or file.name), channel, Refused(error, _detail(exc))
+                )
+                return False
+
+    async def _join(self, channel: str) -> bool:
+        """Join a public channel (``channels:join``) so a file can be shared there."""
         try:
-            await self.client.files_upload_v2(
-                channel=channel,
-                thread_ts=thread_ts,
-                file=str(file),
-                filename=file.name,
-                title=(title or file.name)[:250],
-            )
-        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self._failed(channel, exc)
+            await self.client.conversations_join(channel=channel)
+        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+            log.info("conversations.join %s: %s", channel, _error_of(exc)[0])
             return False
         return True
 
-    def _failed(self, where: str, error: object) -> None:
-        if isinstance(error, SlackApiError):
-            detail = str(error.response.get("error", error))
-            extra = error.response.get("errors")
-            if extra:
-                detail += f" {extra}"
-        else:
-            detail = str(error) or type(error).__name__
+    def record_failure(self, where: str, error: str) -> str:
+        """Record a refused post made elsewhere (an answer through the response_url): for
+        ``/healthz`` and ``status``.
+
+        :returns: the logged line.
+        """
+        return self._failed(where, error)
+
+    def _failed(self, where: str, error: object) -> str:
+        detail = _detail(error)
         line = messages.slack_not_posted(where, detail)
         self.failures.append(line)
         del self.failures[:-100]
+        code = error.error if isinstance(error, Refused) else detail.split(" ", 1)[0]
+        self.last_failure = {"at": time.time(), "where": where, "error": code, "line": line}
+        if self._redis is not None:
+            self._spawn_save(dict(self.last_failure))
         log.warning(line)
+        return line
+
+    def _spawn_save(self, failure: dict[str, Any]) -> None:
+        redis, name = self._redis, keys.delivery_failure(self._prefix)
+        if redis is None:
+            return
+
+        async def save() -> None:
+            with contextlib.suppress(Exception):
+                await redis.hset(name, mapping={k: str(v) for k, v in failure.items()})
+
+        with contextlib.suppress(RuntimeError):
+            task = asyncio.get_running_loop().create_task(save())
+            self._saving.add(task)
+            task.add_done_callback(self._saving.discard)
+
+
+def _detail(error: object) -> str:
+    if isinstance(error, SlackApiError):
+        detail = str(error.response.get("error", error))
+        extra = error.response.get("errors")
+        if extra:
+            detail += f" {extra}"
+        return detail
+    return str(error) or type(error).__name__
 
 
 async def close_client(client: AsyncWebClient) -> None:

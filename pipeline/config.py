@@ -78,7 +78,7 @@ class SlackSettings(_Model):
     def _pageable(cls, v: str | None) -> str | None:
         if v is not None and v not in ("here", "channel") and not re.fullmatch(r"[SUW][A-Z0-9]{2,}", v):
             raise ValueError(
-                f"{v!r} cannot page anyone: use \"here\", \"channel\", a user-group id (S…) "
+                f'{v!r} cannot page anyone: use "here", "channel", a user-group id (S…) '
                 "or a user id (U…), as Slack shows them in a profile's ⋮ → Copy member ID"
             )
         return v

@@ -179,6 +179,11 @@ def slack_home_title() -> str:
     return "Pitstop - jobs"
 
 
+def slack_home_no_role() -> str:
+    """The App Home of someone who holds no role."""
+    return "you hold no Pitstop role yet - ask an admin to add you to [auth] viewers"
+
+
 def slack_home_updated(when: str) -> str:
     """The App Home tab's footer."""
     return f"updated {when} · type `/train help` for commands"
@@ -187,6 +192,38 @@ def slack_home_updated(when: str) -> str:
 def slack_not_posted(where: str, error: str) -> str:
     """A team-visible post that Slack refused (logged, never shown in Slack)."""
     return f"Slack refused a post to {where}: {error}"
+
+
+def slack_gave_up(attempts: int) -> str:
+    """Why a post was given up after its retries."""
+    return f"gave up after {attempts} tries"
+
+
+def slack_fix(error: str, channel: str) -> str:
+    """What to do about a refused post, by Slack's error code (empty when there is nothing to do)."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    fixes = {
+        "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
+        "channel_not_found": f"check the channel id {channel} in the config ([slack] announce_channel / jobs.*.channel)",
+        "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
+        "msg_blocks_too_long": "the message was too long for Slack - please report this",
+        "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
+        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
+        "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
+        "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
+    }
+    return fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
+
+
+def slack_refused(what: str, channel: str, error: str, fix: str) -> str:
+    """The notice sent to a person when Slack refused a post."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    return f'Slack refused "{what}" in {where}: {error} - {fix}'
+
+
+def status_delivery_failure(line: str, ago: str) -> str:
+    """``status``'s line about the last post Slack refused."""
+    return f"last Slack delivery failure {ago}: {line}"
 
 
 def slack_unavailable(method: str, error: str) -> str:
