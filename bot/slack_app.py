@@ -362,8 +362,10 @@ class SlackSurface:
         run (a refused post about it is told to them) and how to replace a confirmation prompt."""
         if self.outbox is None:
             return
-        if reply.chart and isinstance(channel, str) and channel:
-            self.spawn(self.outbox.upload(reply.chart, channel, thread_ts=None, title=reply.title))
+        if isinstance(channel, str) and channel:
+            for part in (reply, *reply.follow_ups):  # an all-jobs digest carries one chart per job
+                if part.chart:
+                    self.spawn(self.outbox.upload(part.chart, channel, thread_ts=None, title=part.title))
         if reply.run_id and user:
             self.outbox.requested_by(thread_key(reply.run_id), user)
         if respond is not None:

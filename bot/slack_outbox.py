@@ -94,7 +94,7 @@ class Refused(Exception):
     """Slack refused a post for good (or its outcome stayed unknown): ``error`` is Slack's code."""
 
     def __init__(self, error: str, detail: str = "") -> None:
-        super().__init__(f"{error} {detail}".strip())
+        super().__init__(error if not detail or detail == error else f"{error} ({detail})")
         self.error = error
         self.detail = detail
 
@@ -278,6 +278,8 @@ class SlackOutbox:
         await self._remember(key, target, ts)
         for follow in reply.follow_ups:
             await self._send(target, follow, thread_ts=ts, follow_ups=True, key=key)
+            if follow.chart:
+                await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
         if reply.chart:
             await self.upload(reply.chart, target, thread_ts=ts, title=reply.title)
         return target, ts
@@ -298,8 +300,8 @@ class SlackOutbox:
             await self.upload(reply.chart, loc[0], thread_ts=loc[1], title=reply.title)
 
     async def post(self, reply: Reply, channel: str | None) -> None:
-        """Post ``reply`` on its own (digests); follow-ups go in its thread, the chart is uploaded
-        to the channel."""
+        """Post ``reply`` on its own (digests); follow-ups go in its thread with their charts, the
+        reply's own chart is uploaded to the channel."""
         target = channel or self.default_channel
         if target is None:
             self._failed("post", "no channel: set [slack] announce_channel")
@@ -307,8 +309,10 @@ class SlackOutbox:
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False)
         if ts is None:
             return
-        for follow in reply.follow_ups:
+        for follow in reply.follow_ups:  # an all-jobs digest: each job's digest and chart in the thread
             await self._send(target, follow, thread_ts=ts, follow_ups=True)
+            if follow.chart:
+                await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
         if reply.chart:
             await self.upload(reply.chart, target, thread_ts=None, title=reply.title)
 
