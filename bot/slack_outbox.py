@@ -19,7 +19,7 @@ stored it) carries message metadata with its own id and is looked up
 (``conversations.history`` / ``conversations.replies``) before it is sent again.  A permanent
 refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_blocks_too_long``,
 ``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
-run by DM, with the fix (:func:`pipeline.messages.slack_fix`), or, for alerts and digests, the
+run by DM, with the fix (:func:`fix_for`), or, for alerts and digests, the
 announce channel when their own channel refused them.  The last refusal is kept for
 ``/healthz`` and ``status`` (:func:`pipeline.keys.delivery_failure`).  A chart for a public
 channel the bot has not joined is uploaded after ``conversations.join``.
@@ -428,7 +428,7 @@ class SlackOutbox:
         alerts and digests, to the announce channel when their own channel refused them."""
         what = reply.title.splitlines()[0] if reply.title else (key or "post")
         line = self._failed(channel, exc)
-        notice = messages.slack_refused(what, channel, exc.error, messages.slack_fix(exc.error, channel))
+        notice = refused_notice(what, channel, exc.error)
         user = self._requesters.get(key or "")
         if user is None and key and key.startswith("run:"):
             user = await self._requester_of_run(key)
@@ -573,6 +573,32 @@ class SlackOutbox:
             task = asyncio.get_running_loop().create_task(save())
             self._saving.add(task)
             task.add_done_callback(self._saving.discard)
+
+
+def fix_for(error: str, channel: str) -> str:
+    """What to do about a post Slack refused, by Slack's error code (Slack's own wording: ``<#C…>``
+    links the channel, ``/invite @pitstop`` is what a person types)."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    fixes = {
+        "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
+        "channel_not_found": (
+            f"check the channel id {channel} in the config ([slack] announce_channel / jobs.*.channel), "
+            "or `/invite @pitstop` if it is private"
+        ),
+        "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
+        "msg_blocks_too_long": "the message was too long for Slack - please report this",
+        "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
+        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
+        "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
+        "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
+    }
+    return fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
+
+
+def refused_notice(what: str, channel: str, error: str) -> str:
+    """The notice a person gets when Slack refused a post: what, where, Slack's error, the fix."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    return f'Slack refused "{what}" in {where}: {error} - {fix_for(error, channel)}'
 
 
 def _detail(error: object) -> str:

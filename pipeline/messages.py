@@ -199,28 +199,6 @@ def slack_gave_up(attempts: int) -> str:
     return f"gave up after {attempts} tries"
 
 
-def slack_fix(error: str, channel: str) -> str:
-    """What to do about a refused post, by Slack's error code (empty when there is nothing to do)."""
-    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
-    fixes = {
-        "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
-        "channel_not_found": f"check the channel id {channel} in the config ([slack] announce_channel / jobs.*.channel)",
-        "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
-        "msg_blocks_too_long": "the message was too long for Slack - please report this",
-        "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
-        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
-        "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
-        "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
-    }
-    return fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
-
-
-def slack_refused(what: str, channel: str, error: str, fix: str) -> str:
-    """The notice sent to a person when Slack refused a post."""
-    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
-    return f'Slack refused "{what}" in {where}: {error} - {fix}'
-
-
 def status_delivery_failure(line: str, ago: str) -> str:
     """``status``'s line about the last post Slack refused."""
     return f"last Slack delivery failure {ago}: {line}"

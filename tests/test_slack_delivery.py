@@ -22,7 +22,7 @@ from handlers.alerts import alert_reply
 from handlers.audit import AuditOutcome
 from handlers.reply import Reply, Status, Table
 from pipeline import keys, messages
-from pipeline.config import Config, SlackSettings
+from pipeline.config import AuthSettings, Config, SlackSettings
 from pipeline.errors import ExitCode
 from pipeline.watch import Incident, IncidentKind
 from tests.fixtures.slack import (
@@ -393,6 +393,20 @@ async def test_12_app_home_opens_reuse_the_listing_and_write_one_audit_row(serve
     await served.fake.wait_for("views.publish", count=3)
     audit = await served.runtime.ctx.redis.client.xrange(keys.audit(served.runtime.ctx.prefix))
     assert len(audit) == 1
+
+
+async def test_12_app_home_of_someone_without_a_role_writes_no_audit_row(served: Stack) -> None:
+    """Opening the App Home without a role shows a line saying so, probes nothing and audits nothing."""
+    surface = served.runtime.surface
+    surface.config = surface.config.model_copy(update={"auth": AuthSettings(viewers=["U0SOMEONEELSE"])})
+    for i in range(2):
+        event = {"type": "app_home_opened", "user": "U0OPERATOR1", "channel": "D0DM", "tab": "home"}
+        assert await served.event(event, event_id=f"EvNOROLE{i}") == 200
+    published = await served.fake.wait_for("views.publish", count=2)
+    assert messages.slack_home_no_role() in "\n".join(
+        blocks.block_texts(published[-1].args["view"]["blocks"])
+    )
+    assert await served.runtime.ctx.redis.client.xrange(keys.audit(served.runtime.ctx.prefix)) == []
 
 
 def test_12_manifest_scopes_are_all_used() -> None:
