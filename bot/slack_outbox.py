@@ -347,7 +347,7 @@ class SlackOutbox:
         """
         post_id = uuid.uuid4().hex
         metadata = {"event_type": METADATA_TYPE, "event_payload": {"post_id": post_id}}
-        since = time.time() - 5
+        since = time.time() - 60  # Slack's clock may differ a little from ours
         unknown = False
         error = "unknown_error"
         for attempt in range(ATTEMPTS):
@@ -355,7 +355,7 @@ class SlackOutbox:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
             if unknown:
                 found = await self._find(channel, thread_ts, post_id, since)
-                if found is not None:
+                if found:
                     return found
             await self.pacer.wait(channel)
             try:
@@ -375,13 +375,16 @@ class SlackOutbox:
                     raise Refused(error, _detail(exc)) from None
         if unknown:
             found = await self._find(channel, thread_ts, post_id, since)
-            if found is not None:
+            if found:
                 return found
         raise Refused(error, messages.slack_gave_up(ATTEMPTS))
 
-    async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str | None:
-        """The ts of the message carrying ``post_id`` in its metadata, or None (not there, or the
-        lookup failed)."""
+    async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
+        """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not there.
+
+        :raises Refused: (``outcome_unknown``) when the lookup itself fails: sending again could
+            post twice, so the post is given up and reported instead.
+        """
         try:
             if thread_ts:
                 resp = await self.client.conversations_replies(
@@ -392,8 +395,7 @@ class SlackOutbox:
                     channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=100
                 )
         except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("looking up post %s in %s failed: %s", post_id, channel, _error_of(exc)[0])
-            return None
+            raise Refused("outcome_unknown", f"looking it up failed: {_error_of(exc)[0]}") from None
         for msg in resp.get("messages") or []:
             meta = msg.get("metadata") or {}
             if (
@@ -401,7 +403,7 @@ class SlackOutbox:
                 and (meta.get("event_payload") or {}).get("post_id") == post_id
             ):
                 return str(msg["ts"])
-        return None
+        return ""
 
     async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
         """``chat.update`` of a headline (safe to repeat), retried on transient errors.
@@ -587,6 +589,7 @@ def fix_for(error: str, channel: str) -> str:
         ),
         "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
         "msg_blocks_too_long": "the message was too long for Slack - please report this",
+        "outcome_unknown": f"Slack may have it or not: look in {where} (Pitstop does not post twice)",
         "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
         "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
         "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",

@@ -33,6 +33,7 @@ from tests.fixtures.slack import (
     FakeSlack,
     block_action,
     form_body,
+    manifest_scopes,
     validate_blocks,
 )
 from tests.test_slack_http import MakeStack, Stack, make_stack  # noqa: F401 (a fixture)
@@ -229,6 +230,17 @@ async def test_4_reset_in_a_thread_is_looked_up_in_the_thread(fake_slack: FakeSl
     head = fake_slack.posted_to(ANNOUNCE)[0]
     assert [m["text"] for m in fake_slack.thread(ANNOUNCE, str(head["ts"]))] == ["verdict RUNNING"]
     assert await fake_slack.calls("conversations.replies", ok=True)
+
+
+async def test_4_without_a_lookup_the_post_is_reported_not_repeated() -> None:
+    """When the look-up is refused (no channels:history), a reset post is not sent again but reported."""
+    async with FakeSlack(scopes=manifest_scopes() - {"channels:history"}) as fake:
+        outbox = _outbox(fake, backoff=0.05)
+        fake.fail_next("chat.postMessage", reset=True)
+        await outbox.post(Reply(title="once"), "C0OTHER")
+        assert [m["text"] for m in fake.posted_to("C0OTHER")] == ["once"]
+        assert outbox.last_failure is not None and outbox.last_failure["error"] == "outcome_unknown"
+        assert any("does not post twice" in str(m["text"]) for m in fake.posted_to(ANNOUNCE))
 
 
 # --- 5. charts to a channel the bot has not joined ------------------------------------------------------
