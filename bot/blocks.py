@@ -342,6 +342,7 @@ def parts(
     follow_ups: bool = True,
     names: Mapping[str, str] | None = None,
     max_parts: int = MAX_PARTS,
+    attached: bool = False,
 ) -> list[dict[str, Any]]:
     """``reply`` as one or more messages (``{"text", "blocks"}``), each within Slack's limits.
 
@@ -349,11 +350,12 @@ def parts(
     as much as fits, the buttons and a marker saying how many messages follow
     (:func:`pipeline.messages.slack_continued`); each later one starts with its place
     (:func:`pipeline.messages.slack_part`).  Past ``max_parts`` the last one says how many
-    sections were left out.
+    sections were left out — or, with ``attached``, that they are in the attached text file.
 
     :param follow_ups: render ``reply.follow_ups`` below a divider (see :func:`reply_blocks`).
     :param names: user/group id → name for :func:`humanise`.
     :param max_parts: most messages to produce (5 for a ``response_url``).
+    :param attached: the caller attaches the whole answer as a file when it is cut.
     :returns: at least one message payload.
     """
     reply = humanise(reply, names)
@@ -384,7 +386,8 @@ def parts(
         if len(chunks[-1]) + len(tail) + 3 > MAX_BLOCKS:
             dropped += 1
             chunks[-1].pop()
-        chunks[-1].append(_context(escape(messages.slack_blocks_omitted(dropped))))
+        cut = messages.slack_attached(dropped) if attached else messages.slack_blocks_omitted(dropped)
+        chunks[-1].append(_context(escape(cut)))
     total = len(chunks)
     out: list[dict[str, Any]] = []
     for i, chunk in enumerate(chunks):

@@ -8,7 +8,8 @@ standalone message; a reply's chart is uploaded with ``files_upload_v2`` (the
 ``files.getUploadURLExternal`` + ``files.completeUploadExternal`` flow).
 
 Slack's limits are respected: every payload comes from :mod:`bot.blocks` (a long answer is
-split over several messages, the rest in the thread); posts to one channel are paced
+split over several messages, the rest in the thread, and past :data:`bot.blocks.MAX_PARTS` the
+whole answer is attached as a text file); posts to one channel are paced
 (``[slack] pace`` seconds apart, :class:`Pacer`); HTTP 429 is answered by waiting
 ``Retry-After`` (:func:`web_client` adds slack_sdk's rate-limit retry handler).
 
@@ -48,7 +49,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
 from bot.people import People
-from handlers.reply import Reply, Status
+from handlers.reply import Reply, Status, render_text
 from pipeline import keys, messages
 
 log = logging.getLogger(__name__)
@@ -326,7 +327,12 @@ class SlackOutbox:
         :returns: the first message's ts, or None if Slack refused it (told to a person, see
             the module doc).
         """
-        payloads = blocks.parts(reply, follow_ups=follow_ups, names=await self.names(reply))
+        names = await self.names(reply)
+        whole = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
+        too_long = len(whole) > blocks.MAX_PARTS
+        payloads = (
+            blocks.parts(reply, follow_ups=follow_ups, names=names, attached=True) if too_long else whole
+        )
         try:
             ts = await self.post_payload(channel, payloads[0], thread_ts=thread_ts)
             for more in payloads[1:]:
@@ -334,7 +340,17 @@ class SlackOutbox:
         except Refused as exc:
             await self._refused(key, reply, channel, exc)
             return None
+        if too_long:  # the whole answer, as text, in the thread
+            text = render_text(blocks.humanise(reply, names))
+            await self.upload_text(text, channel, thread_ts=thread_ts or ts, title=reply.title)
         return ts
+
+    async def upload_text(self, text: str, channel: str, *, thread_ts: str | None, title: str) -> bool:
+        """Upload ``text`` as a ``.txt`` file (an answer too long for messages).
+
+        :returns: True if Slack took it.
+        """
+        return await self.upload("", channel, thread_ts=thread_ts, title=title, content=text)
 
     async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
         """``chat.postMessage`` of one rendered message, at most once.
@@ -501,14 +517,25 @@ class SlackOutbox:
             self._prompts.pop(next(iter(self._prompts)))
 
     async def upload(
-        self, path: str, channel: str, *, thread_ts: str | None, title: str | None = None
+        self,
+        path: str,
+        channel: str,
+        *,
+        thread_ts: str | None,
+        title: str | None = None,
+        content: str | None = None,
     ) -> bool:
-        """Upload the file at ``path`` to ``channel`` (in a thread if ``thread_ts``) with files_upload_v2.
+        """Upload the file at ``path`` (or ``content`` as a text file) to ``channel`` (in a thread
+        if ``thread_ts``) with files_upload_v2, joining a public channel the bot is not in.
 
-        :returns: True if Slack took it; False (logged) otherwise.
+        :returns: True if Slack took it; False (told to a person, see the module doc) otherwise.
         """
         file = Path(path)
-        if not await asyncio.to_thread(file.is_file):
+        if content is not None:
+            source: dict[str, Any] = {"content": content, "filename": "pitstop-answer.txt"}
+        elif await asyncio.to_thread(file.is_file):
+            source = {"file": str(file), "filename": file.name}
+        else:
             self._failed(channel, f"chart {path} does not exist")
             return False
         joined = False
@@ -518,9 +545,8 @@ class SlackOutbox:
                 await self.client.files_upload_v2(
                     channel=channel,
                     thread_ts=thread_ts,
-                    file=str(file),
-                    filename=file.name,
-                    title=(title or file.name)[:250],
+                    title=(title or source["filename"])[:250],
+                    **source,
                 )
                 return True
             except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -529,7 +555,7 @@ class SlackOutbox:
                     joined = True
                     continue
                 await self._refused(
-                    None, Reply(title=title or file.name), channel, Refused(error, _detail(exc))
+                    None, Reply(title=title or source["filename"]), channel, Refused(error, _detail(exc))
                 )
                 return False
 

@@ -159,6 +159,11 @@ def slack_continued(more: int) -> str:
     return f"… continued in {more} more message{'s' if more != 1 else ''} below"
 
 
+def slack_attached(sections: int) -> str:
+    """The end of a split answer too long even for several messages."""
+    return f"… ({sections:,} more sections in the attached text file)"
+
+
 def slack_part(index: int, total: int, title: str) -> str:
     """The head of a later message of a split answer."""
     return f"({index}/{total}) {title}"

@@ -140,6 +140,19 @@ async def test_2_long_answer_is_split_into_the_thread_with_a_marker(fake_slack: 
     assert all(blocks.block_chars(m["blocks"]) <= blocks.MAX_MESSAGE_CHARS for m in (head, *rest))  # type: ignore[arg-type]
 
 
+async def test_2_answer_too_long_for_10_messages_is_attached_as_a_text_file(fake_slack: FakeSlack) -> None:
+    """A 3,000-row answer posts 10 messages, the last saying the rest is attached, and the whole text as a file in the thread."""
+    outbox = _outbox(fake_slack)
+    await outbox.post(Reply(title="history dflash 3000", tables=(_rows(3000),)), ANNOUNCE)
+    head, *rest = fake_slack.posted_to(ANNOUNCE)
+    assert len(rest) + 1 == blocks.MAX_PARTS
+    assert "in the attached text file" in _texts(rest[-1])
+    (done,) = await fake_slack.wait_for("files.completeUploadExternal")
+    assert done.args["thread_ts"] == head["ts"]
+    data = fake_slack.uploads[done.args["files"][0]["id"]]["data"].decode()
+    assert "job-0000" in data and "job-2999" in data
+
+
 async def test_2_long_answer_through_the_response_url_is_split_within_its_5_uses(served: Stack) -> None:
     """An answer through the response_url is split over at most 5 accepted posts, the first saying more follow."""
     url = served.fake.response_url()
