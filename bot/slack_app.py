@@ -351,7 +351,7 @@ class SlackSurface:
         if self.outbox is None:
             log.warning(messages.slack_not_posted(where, error))
             return
-        self.outbox.record_failure(where, error)
+        await self.outbox.record_failure(where, error)
         if user and not await self.outbox.dm(user, reply):
             log.error("answer to %s lost: %s", user, messages.slack_not_posted(where, error))
 

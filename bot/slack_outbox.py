@@ -176,7 +176,6 @@ class SlackOutbox:
         self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
         self._requesters: dict[str, str] = {}
         self._prompts: dict[str, Any] = {}
-        self._saving: set[asyncio.Task[None]] = set()
         self._redis: aioredis.Redis | None = None
         self._prefix = "pitstop:"
         self._local: dict[str, tuple[str, str]] = {}
@@ -269,7 +268,7 @@ class SlackOutbox:
                     return loc
         target = channel or self.default_channel
         if target is None:
-            self._failed(key, "no channel: set [slack] announce_channel")
+            await self._failed(key, "no channel: set [slack] announce_channel")
             return None
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False, key=key)
         if ts is None:
@@ -305,7 +304,7 @@ class SlackOutbox:
         reply's own chart is uploaded to the channel."""
         target = channel or self.default_channel
         if target is None:
-            self._failed("post", "no channel: set [slack] announce_channel")
+            await self._failed("post", "no channel: set [slack] announce_channel")
             return
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False)
         if ts is None:
@@ -445,7 +444,7 @@ class SlackOutbox:
         """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
         alerts and digests, to the announce channel when their own channel refused them."""
         what = reply.title.splitlines()[0] if reply.title else (key or "post")
-        line = self._failed(channel, exc)
+        line = await self._failed(channel, exc)
         notice = refused_notice(what, channel, exc.error)
         user = self._requesters.get(key or "")
         if user is None and key and key.startswith("run:"):
@@ -536,7 +535,7 @@ class SlackOutbox:
         elif await asyncio.to_thread(file.is_file):
             source = {"file": str(file), "filename": file.name}
         else:
-            self._failed(channel, f"chart {path} does not exist")
+            await self._failed(channel, f"chart {path} does not exist")
             return False
         joined = False
         while True:
@@ -568,39 +567,32 @@ class SlackOutbox:
             return False
         return True
 
-    def record_failure(self, where: str, error: str) -> str:
+    async def record_failure(self, where: str, error: str) -> str:
         """Record a refused post made elsewhere (an answer through the response_url): for
         ``/healthz`` and ``status``.
 
         :returns: the logged line.
         """
-        return self._failed(where, error)
+        return await self._failed(where, error)
 
-    def _failed(self, where: str, error: object) -> str:
+    async def _failed(self, where: str, error: object) -> str:
+        """Log a refused post and keep it as the last delivery failure (here and in Redis)."""
         detail = _detail(error)
         line = messages.slack_not_posted(where, detail)
         self.failures.append(line)
         del self.failures[:-100]
         code = error.error if isinstance(error, Refused) else detail.split(" ", 1)[0]
         self.last_failure = {"at": time.time(), "where": where, "error": code, "line": line}
-        if self._redis is not None:
-            self._spawn_save(dict(self.last_failure))
         log.warning(line)
+        if self._redis is not None:
+            try:
+                await self._redis.hset(
+                    keys.delivery_failure(self._prefix),
+                    mapping={k: str(v) for k, v in self.last_failure.items()},
+                )
+            except Exception as exc:  # Redis trouble must not hide the refusal itself
+                log.warning("could not store the last delivery failure: %s", exc)
         return line
-
-    def _spawn_save(self, failure: dict[str, Any]) -> None:
-        redis, name = self._redis, keys.delivery_failure(self._prefix)
-        if redis is None:
-            return
-
-        async def save() -> None:
-            with contextlib.suppress(Exception):
-                await redis.hset(name, mapping={k: str(v) for k, v in failure.items()})
-
-        with contextlib.suppress(RuntimeError):
-            task = asyncio.get_running_loop().create_task(save())
-            self._saving.add(task)
-            task.add_done_callback(self._saving.discard)
 
 
 def fix_for(error: str, channel: str) -> str:
