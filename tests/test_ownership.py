@@ -272,15 +272,14 @@ async def test_holder_killed_after_launch_is_interrupted_and_verified_once(plain
 
 
 async def test_waiter_is_not_counted_nor_killed_by_the_jobs_pattern(world: World) -> None:
-    """`pgrep -f MATCH` counts the trainers only; `pkill -f MATCH` leaves the waiter, whose record names SIGTERM."""
+    """`pgrep -f MATCH` counts the trainers only; `pkill -9 -f MATCH` leaves the waiter, whose record names SIGKILL."""
     setup = world.setup
     run = await world.ctx.restarter.start(await world.ctx.runs.create(world.job, ADMIN, action="start"))
     found = subprocess.run(["pgrep", "-f", setup.token], capture_output=True, text=True)
     assert [int(p) for p in found.stdout.split()] == [run.pid]
     waiters = subprocess.run(["pgrep", "-af", "^pitstop-waiter "], capture_output=True, text=True).stdout
     assert re.search(rf"^\d+ pitstop-waiter {world.job} {run.id}$", waiters, re.MULTILINE), waiters
-    subprocess.run(["pkill", "-TERM", "-f", setup.token], check=False)
-    os.kill(run.pid or 0, signal.SIGKILL)  # the job ignores SIGTERM: a person's kill -9 follows
+    subprocess.run(["pkill", "-KILL", "-f", setup.token], check=False)  # a person's `pkill -9 -f`
     verified = await world.ctx.restarter.verify(run)
     assert verified.verdict is Verdict.EXITED
     assert verified.verdict_line is not None and verified.verdict_line.startswith("EXITED signal SIGKILL")
