@@ -130,12 +130,16 @@ def make_config(root: Path, infos: list[dict[str, Any]], jobs: int) -> Config:
 
 
 def start_sleepers(root: Path, jobs: int) -> list[subprocess.Popen[bytes]]:
-    """One sleeping process and one small log per job."""
+    """One sleeping process and one small log per job, each running inside the jobs' workdir.
+
+    Without a recorded session a job's processes are the matching ones whose working directory
+    is the job's ``workdir`` (:mod:`pipeline.hostprobe`), so the sleepers start there.
+    """
     (root / "logs").mkdir(exist_ok=True)
     out = []
     for j in range(jobs):
         (root / "logs" / f"job{j:03d}.log").write_text('{"step": 1, "tokens_per_s": 1000.0}\n')
-        out.append(subprocess.Popen(["sleep", f"9{j:05d}"], start_new_session=True))
+        out.append(subprocess.Popen(["sleep", f"9{j:05d}"], cwd=root, start_new_session=True))
     return out
 
 

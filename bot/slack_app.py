@@ -8,14 +8,12 @@ Socket Mode.
 
 **Ack first.**  The app runs with ``process_before_response=True``: a listener runs before the
 HTTP response (or the Socket Mode ack) and calls ``ack()`` itself, so the ack goes out as soon
-as it is called — Bolt's other path polls for the ack every 10 ms.  A slash command starts
-``Dispatcher.handle`` and waits for it at most :data:`ACK_BUDGET` seconds: a fast answer
-(help, a parse error, "queued run r-42 for dflash") *is* the ack; anything slower is acked
-with a short "working on …" and the answer follows through ``response_url``.  ``handle``
-itself never waits for SSH work (restarts continue in the dispatcher's background tasks and
-report through the outbox), so nothing remote ever sits between Slack and its ack.  Events
-and buttons are acked empty at once and answered with ``chat.postMessage`` /
-``chat.postEphemeral`` / ``respond``.
+as it is called — Bolt's other path polls for the ack every 10 ms.  A slash command is acked
+empty before anything else happens: no parsing, no Redis round trip (dedupe, roles from user
+groups, audit), no answer built.  All of that runs after the ack in a tracked task, and the
+answer (help, a parse error, "queued run r-42 for dflash") follows through ``response_url``,
+so the time to the ack is Bolt's own.  Events and buttons are acked the same way and answered
+with ``chat.postMessage`` / ``chat.postEphemeral`` / ``respond``.
 
 **Retries are not repeats.**  Bolt does not drop Slack's retries (``X-Slack-Retry-Num``); each
 request carries a stable delivery id — the slash command's ``trigger_id``, the event's
@@ -52,7 +50,6 @@ from pipeline.config import Config
 
 log = logging.getLogger(__name__)
 
-ACK_BUDGET = 0.25  #: seconds a slash command waits for its answer before acking "working on …"
 GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
 _CONFIRMING = frozenset({"confirm", "cancel"})
@@ -182,7 +179,6 @@ class SlackSurface:
     :param outbox: the Slack outbox, for uploading a chart that comes with an answer.
     :param groups: the user-group cache (default: one over ``client``, enabled when the config
         names a group).
-    :param ack_budget: seconds a slash command may wait for its answer before acking "working…".
     """
 
     def __init__(
@@ -194,14 +190,12 @@ class SlackSurface:
         signing_secret: str | None,
         outbox: SlackOutbox | None = None,
         groups: GroupCache | None = None,
-        ack_budget: float = ACK_BUDGET,
     ) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.client = client
         self.outbox = outbox
         self.groups = groups or GroupCache(client, enabled=needs_groups(config))
-        self.ack_budget = ack_budget
         self._tasks: set[asyncio.Task[Any]] = set()
         bolt_log = logging.getLogger("pitstop.bolt")
         bolt_log.addFilter(_quiet_token_warning)
@@ -253,41 +247,26 @@ class SlackSurface:
     # --- slash command ------------------------------------------------------------------------
 
     async def _on_command(self, ack: Respond, body: dict[str, Any], respond: Respond) -> None:
+        await ack()  # first: everything else (parse, dedupe, roles, audit, the answer) runs after it
+        self.spawn(self._command(body, respond))
+
+    async def _command(self, body: dict[str, Any], respond: Respond) -> None:
+        """Answer an acked slash command through its ``response_url``."""
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
         trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"
-        req_args: dict[str, Any] = {
-            "text": text,
-            "user": user,
-            "delivery_id": f"cmd:{trigger}",
-            "channel": body.get("channel_id"),
-            "surface": "slack",
-        }
-        groups = self.groups.cached(user)
-        if groups is None:  # first request before the listing arrived: never wait for Slack here
-            await ack(**blocks.text_message(messages.slack_working(text)), response_type="ephemeral")
-            self.spawn(self._late_command(req_args, respond, None))
-            return
-        task = asyncio.get_running_loop().create_task(self._handle(Request(groups=groups, **req_args)))
-        done, _ = await asyncio.wait({task}, timeout=self.ack_budget)
-        if done:
-            reply = task.result()
-            await ack(**blocks.message(reply), response_type=response_type(reply))
-            self._after_answer(reply, body.get("channel_id"))
-            return
-        await ack(**blocks.text_message(messages.slack_working(text)), response_type="ephemeral")
-        self.spawn(self._late_command(req_args, respond, task))
-
-    async def _late_command(
-        self, req_args: dict[str, Any], respond: Respond, task: asyncio.Task[Reply] | None
-    ) -> None:
-        if task is None:
-            groups = await self.groups.get(req_args["user"])
-            reply = await self._handle(Request(groups=groups, **req_args))
-        else:
-            reply = await task
+        groups = await self.groups.get(user)
+        req = Request(
+            text=text,
+            user=user,
+            groups=groups,
+            delivery_id=f"cmd:{trigger}",
+            channel=body.get("channel_id"),
+            surface="slack",
+        )
+        reply = await self._handle(req)
         await self._respond(respond, reply)
-        self._after_answer(reply, req_args.get("channel"))
+        self._after_answer(reply, req.channel)
 
     async def _respond(self, respond: Respond, reply: Reply, *, replace: bool = False) -> None:
         try:

@@ -154,11 +154,6 @@ def slack_blocks_omitted(blocks: int) -> str:
     return f"… ({blocks:,} more sections omitted - Slack shows at most 50 per message)"
 
 
-def slack_working(text: str) -> str:
-    """The immediate ack while a request that is not answered at once runs."""
-    return f"working on `{text}` …"
-
-
 def slack_home_title() -> str:
     """The heading of Pitstop's App Home tab."""
     return "Pitstop - jobs"
