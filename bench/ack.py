@@ -15,14 +15,16 @@ the time to the ack:
 Pitstop acks before it parses, dedupes, reads roles or audits (:mod:`bot.slack_app`), so its
 ack should cost what Bolt's does.  The load runs in rounds, the four series interleaved (each
 round in a rotated order), and after each Pitstop round the benchmark waits until Slack has
-received every answer, so one server's follow-up work never lands in another's round.
+received every answer, so one server's follow-up work never lands in another's round.  A
+ratio is the median over rounds of a series' p99 over the bare app's p99 in the same round, so
+a burst of load from elsewhere on the machine skews one round, not the result.
 
 Target: Pitstop's p99 within 1.5x of the bare app's for both ``help`` and ``restart``.  Fails
 (exit 1) when an ack is not HTTP 200, an answer does not arrive, or a p99 ratio exceeds 3x
 (a regression: work before the ack again).  The last line is the summary:
 ``ack: help p99 X ms (R.RRx) restart p99 Y ms (S.SSx) vs bare p99 Z ms``.
 
-Run: ``.venv/bin/python bench/ack.py [--requests 200] [--concurrency 20] [--rounds 5] [--quick]``.
+Run: ``.venv/bin/python bench/ack.py [--requests 400] [--concurrency 20] [--rounds 4] [--quick]``.
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ async def _bench(total: int, concurrency: int, rounds: int, quick: bool) -> int:
                 ("bare, ack inline", inline, "help"),
                 ("pitstop restart", pitstop, "restart dflash"),
             ]
-            results: dict[str, list[float]] = {name: [] for name, _, _ in series}
+            results: dict[str, list[list[float]]] = {name: [] for name, _, _ in series}
             connector = aiohttp.TCPConnector(limit=concurrency + 2)
             async with aiohttp.ClientSession(connector=connector) as session:
                 expected = 0
@@ -268,7 +270,9 @@ async def _bench(total: int, concurrency: int, rounds: int, quick: bool) -> int:
                 answered = await _await_answers(session, slack, expected, 30)
                 for r in range(rounds):
                     for name, child, text in series[r % len(series) :] + series[: r % len(series)]:
-                        results[name] += await _load(session, child.url, slack, text, per_round, concurrency)
+                        results[name].append(
+                            await _load(session, child.url, slack, text, per_round, concurrency)
+                        )
                         if child is pitstop:
                             expected += per_round
                             answered = await _await_answers(session, slack, expected, 30)
@@ -276,24 +280,32 @@ async def _bench(total: int, concurrency: int, rounds: int, quick: bool) -> int:
             for child in children:
                 child.close()
             slack_child.close()
-    bare_p99 = _pct(results["bare"], 99)
+    pooled = {name: [t for r in rounds_of for t in r] for name, rounds_of in results.items()}
+    bare_p99 = _pct(pooled["bare"], 99)
     print(f"{per_round * rounds} signed slash commands per series, {concurrency} at a time, over HTTP,")
-    print(f"in {rounds} interleaved rounds (time to the ack):")
-    for name, values in results.items():
+    print(
+        f"in {rounds} interleaved rounds (time to the ack; ratios: median over rounds of p99 / bare's p99):"
+    )
+
+    def ratio(name: str) -> float:
+        """The median over rounds of the series' p99 over the bare app's p99 in the same round."""
+        return statistics.median(_pct(a, 99) / _pct(b, 99) for a, b in zip(results[name], results["bare"]))
+
+    for name, values in pooled.items():
         p50, p99 = _pct(values, 50), _pct(values, 99)
         print(
             f"  {name:17s} p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  mean {statistics.fmean(values):6.1f} ms"
-            f"  max {max(values):6.1f} ms  ratio p99 {p99 / bare_p99:4.2f}x"
+            f"  max {max(values):6.1f} ms  ratio p99 {ratio(name):4.2f}x"
         )
-    help_p99, restart_p99 = _pct(results["pitstop help"], 99), _pct(results["pitstop restart"], 99)
-    help_ratio, restart_ratio = help_p99 / bare_p99, restart_p99 / bare_p99
+    help_p99, restart_p99 = _pct(pooled["pitstop help"], 99), _pct(pooled["pitstop restart"], 99)
+    help_ratio, restart_ratio = ratio("pitstop help"), ratio("pitstop restart")
     checks = Checks(quick=quick)
     checks.correct(
         "every Pitstop request answered on response_url", answered >= expected, f"{answered}/{expected}"
     )
-    for verb, ratio in (("help", help_ratio), ("restart", restart_ratio)):
-        checks.bound(f"{verb} p99 within {BOUND:g}x of bare", ratio <= BOUND, f"{ratio:.2f}x")
-        checks.target(f"{verb} p99 within {TARGET:g}x of bare", ratio <= TARGET, f"{ratio:.2f}x")
+    for verb, got in (("help", help_ratio), ("restart", restart_ratio)):
+        checks.bound(f"{verb} p99 within {BOUND:g}x of bare", got <= BOUND, f"{got:.2f}x")
+        checks.target(f"{verb} p99 within {TARGET:g}x of bare", got <= TARGET, f"{got:.2f}x")
     print(
         checks.summary(
             f"ack: help p99 {help_p99:.1f} ms ({help_ratio:.2f}x) restart p99 {restart_p99:.1f} ms "
@@ -306,9 +318,9 @@ async def _bench(total: int, concurrency: int, rounds: int, quick: bool) -> int:
 def main() -> int:
     """Run the benchmark (or, with ``--serve``, one of its servers)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=200, help="requests per series")
+    p.add_argument("--requests", type=int, default=400, help="requests per series")
     p.add_argument("--concurrency", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds the requests are split into")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds the requests are split into")
     p.add_argument(
         "--quick", action="store_true", help="20 requests per series, 5 at a time, no speed checks"
     )

@@ -202,9 +202,10 @@ def http_app(surface: SlackSurface, health: Callable[[], Awaitable[dict[str, Any
     """
 
     async def events(request: web.Request) -> web.Response:
-        bolt_req = await to_bolt_request(request)
-        bolt_resp = await surface.app.async_dispatch(bolt_req)
-        return await to_aiohttp_response(bolt_resp)
+        with surface.acks.acking():  # work after an ack waits for these (bot.ackgate)
+            bolt_req = await to_bolt_request(request)
+            bolt_resp = await surface.app.async_dispatch(bolt_req)
+            return await to_aiohttp_response(bolt_resp)
 
     async def healthz(request: web.Request) -> web.Response:
         state = await health()

@@ -42,6 +42,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
+from bot.ackgate import AckGate
 from bot.slack_outbox import SlackOutbox
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Reply, Status
@@ -197,6 +198,7 @@ class SlackSurface:
         self.outbox = outbox
         self.groups = groups or GroupCache(client, enabled=needs_groups(config))
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.acks = AckGate()  #: the HTTP server counts requests being acked; follow-ups wait for a lull
         bolt_log = logging.getLogger("pitstop.bolt")
         bolt_log.addFilter(_quiet_token_warning)
         self.app = AsyncApp(
@@ -251,7 +253,9 @@ class SlackSurface:
         self.spawn(self._command(body, respond))
 
     async def _command(self, body: dict[str, Any], respond: Respond) -> None:
-        """Answer an acked slash command through its ``response_url``."""
+        """Answer an acked slash command through its ``response_url``, once the acks queued
+        behind it went out (:class:`~bot.ackgate.AckGate`)."""
+        await self.acks.lull()
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
         trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"

@@ -306,7 +306,7 @@ async def read_log_chunk(
     A negative ``offset`` counts from the end of the file (``-N``: its last ``N`` bytes), so the
     tail of a log is one call.  Starts over at 0 when the file is shorter than ``offset``
     (truncated) or, given ``inode``, when the path now holds another file (rotated).  The bytes
-    travel zlib-compressed (level 1: a metric log shrinks about sixfold for a few ms per MiB).
+    travel zlib-compressed (level 1: a metric log shrinks over tenfold for a few ms per MiB).
 
     :raises RemoteCommandError: if the file cannot be read (the helper's message).
     :raises: connection errors as :meth:`pipeline.remote.SSHPool.run`.

@@ -1,0 +1,55 @@
+"""Acks before follow-ups: work after a Slack ack waits for a lull in the acks still being made.
+
+Slack gives an ack 3 s; the answer that follows on ``response_url`` has 30 minutes.  Under a
+burst of requests (or a machine busy with other work) the follow-ups — parsing, Redis round
+trips, audit, the answer's HTTP post — would otherwise take CPU from the acks queued behind
+them.  :class:`AckGate` counts the requests being acked; a follow-up first waits until none
+is (a lull), or at most ``patience`` seconds, so it is delayed, never starved.
+
+Usage::
+
+    gate = AckGate()
+    with gate.acking():                  # around dispatching one request to Bolt
+        response = await app.async_dispatch(request)
+    ...
+    await gate.lull()                    # first thing in the work after the ack
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+PATIENCE = 0.5  #: seconds a follow-up waits at most for a lull in the acks
+
+
+class AckGate:
+    """The number of requests being acked, and a wait for none.
+
+    :param patience: seconds :meth:`lull` waits at most.
+    """
+
+    def __init__(self, patience: float = PATIENCE) -> None:
+        self.patience = patience
+        self.in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def acking(self) -> Iterator[None]:
+        """Count one request as being acked while the block runs."""
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def lull(self) -> None:
+        """Return once no request is being acked, or after :attr:`patience` seconds."""
+        if self.in_flight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.patience)

@@ -1,0 +1,36 @@
+"""The ack gate: work after an ack waits for a lull in the acks being made, but never longer than its patience."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bot.ackgate import AckGate
+
+
+async def test_lull_returns_at_once_when_nothing_is_being_acked() -> None:
+    """With no request being acked, a follow-up starts without waiting."""
+    gate = AckGate(patience=60)
+    await asyncio.wait_for(gate.lull(), 5)
+
+
+async def test_follow_up_starts_when_the_last_ack_went_out() -> None:
+    """A follow-up waits while two requests are being acked and starts once both are done."""
+    gate = AckGate(patience=60)
+    first, second = gate.acking(), gate.acking()
+    first.__enter__()
+    second.__enter__()
+    waiter = asyncio.create_task(gate.lull())
+    first.__exit__(None, None, None)
+    await asyncio.sleep(0)
+    assert not waiter.done() and gate.in_flight == 1
+    second.__exit__(None, None, None)
+    await asyncio.wait_for(waiter, 5)
+    assert gate.in_flight == 0
+
+
+async def test_follow_up_is_delayed_not_starved() -> None:
+    """Under acks that never stop, a follow-up still starts after its patience."""
+    gate = AckGate(patience=0.05)
+    with gate.acking():
+        await asyncio.wait_for(gate.lull(), 5)
+        assert gate.in_flight == 1
