@@ -4,7 +4,9 @@ Slack gives an ack 3 s; the answer that follows on ``response_url`` has 30 minut
 burst of requests (or a machine busy with other work) the follow-ups — parsing, Redis round
 trips, audit, the answer's HTTP post — would otherwise take CPU from the acks queued behind
 them.  :class:`AckGate` counts the requests being acked; a follow-up first waits until none
-is (a lull), or at most ``patience`` seconds, so it is delayed, never starved.
+is (a lull), or at most ``patience`` seconds, so it is delayed, never starved.  At most
+``concurrency`` follow-ups run at once, so a burst released together queues rather than
+opening a Redis connection each (redis-py's pool refuses the 101st).
 
 Usage::
 
@@ -12,27 +14,31 @@ Usage::
     with gate.acking():                  # around dispatching one request to Bolt
         response = await app.async_dispatch(request)
     ...
-    await gate.lull()                    # first thing in the work after the ack
+    async with gate.follow_up():         # around the work after the ack
+        ...
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 PATIENCE = 0.5  #: seconds a follow-up waits at most for a lull in the acks
+CONCURRENCY = 16  #: follow-ups running at once
 
 
 class AckGate:
-    """The number of requests being acked, and a wait for none.
+    """The number of requests being acked, a wait for none, and slots for the work after them.
 
     :param patience: seconds :meth:`lull` waits at most.
+    :param concurrency: follow-ups :meth:`follow_up` lets run at once.
     """
 
-    def __init__(self, patience: float = PATIENCE) -> None:
+    def __init__(self, patience: float = PATIENCE, concurrency: int = CONCURRENCY) -> None:
         self.patience = patience
         self.in_flight = 0
+        self._slots = asyncio.Semaphore(concurrency)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -53,3 +59,10 @@ class AckGate:
         if self.in_flight:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), self.patience)
+
+    @contextlib.asynccontextmanager
+    async def follow_up(self) -> AsyncIterator[None]:
+        """Run the block after a lull (:meth:`lull`), holding one of the follow-up slots."""
+        await self.lull()
+        async with self._slots:
+            yield

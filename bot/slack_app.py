@@ -255,7 +255,10 @@ class SlackSurface:
     async def _command(self, body: dict[str, Any], respond: Respond) -> None:
         """Answer an acked slash command through its ``response_url``, once the acks queued
         behind it went out (:class:`~bot.ackgate.AckGate`)."""
-        await self.acks.lull()
+        async with self.acks.follow_up():
+            await self._answer_command(body, respond)
+
+    async def _answer_command(self, body: dict[str, Any], respond: Respond) -> None:
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
         trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"

@@ -34,3 +34,23 @@ async def test_follow_up_is_delayed_not_starved() -> None:
     with gate.acking():
         await asyncio.wait_for(gate.lull(), 5)
         assert gate.in_flight == 1
+
+
+async def test_follow_ups_beyond_the_slots_queue() -> None:
+    """With two slots, a third follow-up waits until one of the first two ends."""
+    gate = AckGate(patience=60, concurrency=2)
+    release = asyncio.Event()
+    running: list[int] = []
+
+    async def work(i: int) -> None:
+        async with gate.follow_up():
+            running.append(i)
+            await release.wait()
+
+    tasks = [asyncio.create_task(work(i)) for i in range(3)]
+    for _ in range(50):  # let every task run as far as it can
+        await asyncio.sleep(0)
+    assert running == [0, 1]
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert sorted(running) == [0, 1, 2]
