@@ -289,7 +289,9 @@ async def _bench(total: int, concurrency: int, rounds: int, quick: bool) -> int:
 
     def ratio(name: str) -> float:
         """The median over rounds of the series' p99 over the bare app's p99 in the same round."""
-        return statistics.median(_pct(a, 99) / _pct(b, 99) for a, b in zip(results[name], results["bare"]))
+        return statistics.median(
+            _pct(a, 99) / _pct(b, 99) for a, b in zip(results[name], results["bare"], strict=True)
+        )
 
     for name, values in pooled.items():
         p50, p99 = _pct(values, 50), _pct(values, 99)
