@@ -39,7 +39,7 @@ pytest: $(STAMP_DEV)
 ## make bench: every benchmark under bench/, one summary line each at the end; exits 1 if any
 ## failed (its output and its summary line name the condition)
 bench: $(STAMP_DEV)
-	@summary=$$(mktemp); failed=""; \
+	@summary=$$(mktemp); failed=""; load0=$$(cut -d' ' -f1-3 /proc/loadavg); \
 	for b in bench/*.py; do \
 	  [ "$$b" = bench/benchlib.py ] && continue; \
 	  echo "== $$b"; out=$$(mktemp); \
@@ -47,7 +47,9 @@ bench: $(STAMP_DEV)
 	  if [ $$rc -ne 0 ]; then failed="$$failed $$b"; echo "$$b: FAILED (exit $$rc): $$(tail -n 1 $$out)" >> $$summary; \
 	  else tail -n 1 $$out >> $$summary; fi; rm -f $$out; \
 	done; \
-	echo; echo "== summary ($$(uname -m), $$(nproc) cores, $$(date -u +%Y-%m-%dT%H:%MZ))"; cat $$summary; rm -f $$summary; \
+	gpu=$$(nvidia-smi -L 2>/dev/null | head -n 1); \
+	echo; echo "== summary ($$(uname -m), $$(nproc) cores, $${gpu:-no GPU}, load average $$load0 at the start and $$(cut -d' ' -f1-3 /proc/loadavg) at the end, $$(date -u +%Y-%m-%dT%H:%MZ))"; \
+	cat $$summary; rm -f $$summary; \
 	if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi
 
 ## make bench-smoke: every benchmark's quick mode (small sizes, a few seconds each, no speed
