@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from bot.ackgate import AckGate
 
@@ -54,3 +55,17 @@ async def test_follow_ups_beyond_the_slots_queue() -> None:
     release.set()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert sorted(running) == [0, 1, 2]
+
+
+async def test_follow_up_waits_for_a_quiet_spell_after_the_last_ack() -> None:
+    """Right after an ack went out (nothing in flight, but not quiet for long) a follow-up still waits."""
+    gate = AckGate(patience=60, quiet=60)
+    with gate.acking():
+        pass
+    waiter = asyncio.create_task(gate.lull())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not waiter.done() and gate.in_flight == 0
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
