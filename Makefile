@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP_TRAIN := $(VENV)/.installed-train
 STAMP_DEV   := $(VENV)/.installed-dev
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench bench-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,16 +36,26 @@ typecheck: $(STAMP_DEV)
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q
 
-## make bench: every benchmark under bench/, one summary line each at the end
+## make bench: every benchmark under bench/, one summary line each at the end; exits 1 if any
+## failed (its output and its summary line name the condition)
 bench: $(STAMP_DEV)
-	@summary=$$(mktemp); \
+	@summary=$$(mktemp); failed=""; load0=$$(cut -d' ' -f1-3 /proc/loadavg); \
 	for b in bench/*.py; do \
+	  [ "$$b" = bench/benchlib.py ] && continue; \
 	  echo "== $$b"; out=$$(mktemp); \
 	  $(BIN)/python $$b > $$out 2>&1; rc=$$?; cat $$out; \
-	  if [ $$rc -ne 0 ]; then rm -f $$out $$summary; exit $$rc; fi; \
-	  tail -n 1 $$out >> $$summary; rm -f $$out; \
+	  if [ $$rc -ne 0 ]; then failed="$$failed $$b"; echo "$$b: FAILED (exit $$rc): $$(tail -n 1 $$out)" >> $$summary; \
+	  else tail -n 1 $$out >> $$summary; fi; rm -f $$out; \
 	done; \
-	echo; echo "== summary"; cat $$summary; rm -f $$summary
+	gpu=$$(nvidia-smi -L 2>/dev/null | head -n 1); \
+	echo; echo "== summary ($$(uname -m), $$(nproc) cores, $${gpu:-no GPU}, load average $$load0 at the start and $$(cut -d' ' -f1-3 /proc/loadavg) at the end, $$(date -u +%Y-%m-%dT%H:%MZ))"; \
+	cat $$summary; rm -f $$summary; \
+	if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi
+
+## make bench-smoke: every benchmark's quick mode (small sizes, a few seconds each, no speed
+## checks); make test runs the same file as part of the suite
+bench-smoke: $(STAMP_DEV)
+	$(BIN)/python -m pytest -q tests/test_bench_smoke.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -17,13 +17,26 @@ Two cases per log, each the median of ``--repeat`` runs:
 - **first**: no stored offset — the digest reads the log's last 8 MiB;
 - **next**: a scheduled digest after 1 MiB more was appended — it reads just that.
 
-Ends with ONE line: ``digest: 10MB X ms 1GB Y ms ratio Z.ZZx`` (first + next, summed).
+Beside them, the first digest's three steps on the 10 MB log — read the window over SSH, parse,
+aggregate — are timed against the reference path they replaced, interleaved, median of
+``--repeat``: two helper calls (size, then the bytes) sending the 8 MiB uncompressed, and the
+standard library's ``json`` per line (:func:`pipeline.metrics.parse_jsonl_stdlib`).  Now: one
+call reading the tail (negative offset) zlib-compressed, and orjson
+(:func:`pipeline.metrics.parse_jsonl`).  Target: 5x faster.
+
+Fails (exit 1) when a digest reads more than its bound, the next digest does not start where
+the first ended, or the 1 GB / 10 MB ratio exceeds 2x (the read is no longer bounded).
+``--quick``: 2 MB and 4 MB logs, a 1 MiB window, one repeat, no speed checks.
+
+Ends with ONE line: ``digest: 10MB X ms 1GB Y ms ratio Z.ZZx; first digest A ms vs reference B ms
+speedup C.Cx`` (first + next, summed; then the three steps of a first digest).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import statistics
 import sys
 import tempfile
@@ -31,11 +44,25 @@ import time
 import uuid
 from pathlib import Path
 
+from benchlib import Checks
+
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
-from pipeline.digest import MAX_WINDOW_BYTES, build_digest
+from pipeline.digest import (
+    MAX_WINDOW_BYTES,
+    LogRead,
+    LogReader,
+    WindowKind,
+    _read_from,
+    build_digest,
+    read_window,
+    remote_reader,
+    summarise,
+)
 from pipeline.events import Events
+from pipeline.hostprobe import call_helper
+from pipeline.metrics import parse_jsonl, parse_jsonl_stdlib
 from pipeline.redisconn import open_redis
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
@@ -113,19 +140,66 @@ class LogWriter:
                 self.size += len(data)
 
 
-async def _case(ctx: Context, job: str, writer: LogWriter, run: int) -> tuple[float, float, str]:
+def reference_reader(ssh: SSHPool, job: JobConfig) -> LogReader:
+    """The reader the digest used before: the helper's ``read`` with the bytes sent uncompressed."""
+
+    async def reader(offset: int, max_bytes: int) -> LogRead:
+        args = {"path": job.log, "offset": offset, "max_bytes": max_bytes, "inode": None}
+        answer = await call_helper(ssh, "read", args, host=job.host, exec_prefix=job.exec)
+        data = base64.b64decode(answer["data"])
+        return LogRead(data, int(answer["offset"]) - len(data), int(answer["size"]), answer.get("inode"))
+
+    return reader
+
+
+async def steps(
+    ctx: Context, job: str, *, reference: bool, max_bytes: int
+) -> tuple[float, float, float, int]:
+    """A first digest's read, parse and aggregate (seconds each) by the current or the reference path.
+
+    :returns: the three times and the metric lines found.
+    """
+    spec = ctx.config.jobs[job]
+    t0 = time.perf_counter()
+    if reference:  # size first, then the bytes: two helper calls
+        reader = reference_reader(ctx.ssh, spec)
+        probe = await reader(0, 0)
+        window = await _read_from(reader, 0, probe.size, max_bytes, WindowKind.LAST_BYTES)
+    else:
+        window = await read_window(
+            remote_reader(ctx.ssh, job, spec), None, scheduled=True, max_bytes=max_bytes
+        )
+    t1 = time.perf_counter()
+    lines = (parse_jsonl_stdlib if reference else parse_jsonl)(window.data)
+    t2 = time.perf_counter()
+    summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2, len(lines)
+
+
+async def _case(
+    ctx: Context, job: str, writer: LogWriter, run: int, max_bytes: int, checks: Checks
+) -> tuple[float, float, str]:
     """One first digest (no stored offset) and one next digest after 1 MB more; seconds each."""
     ctx.redis.prefix = f"{ctx.config.redis.prefix}{job}{run}:"  # a fresh prefix: no stored offset
     t = time.perf_counter()
-    first = await build_digest(ctx, job, scheduled=True, chart=False)
+    first = await build_digest(ctx, job, scheduled=True, chart=False, max_bytes=max_bytes)
     t_first = time.perf_counter() - t
     writer.grow(MB)
     t = time.perf_counter()
-    nxt = await build_digest(ctx, job, scheduled=True, chart=False)
+    nxt = await build_digest(ctx, job, scheduled=True, chart=False, max_bytes=max_bytes)
     t_next = time.perf_counter() - t
     s = first.summary
-    assert s.bytes_read <= MAX_WINDOW_BYTES and s.metric_lines > 0 and s.pipeline_tokens_per_s
-    assert nxt.window.start == first.window.end and nxt.summary.bytes_read < 2 * MB
+    checks.correct(
+        f"{job} run {run}: first digest within {max_bytes:,} bytes, with metric lines",
+        s.bytes_read <= max_bytes and s.metric_lines > 0 and bool(s.pipeline_tokens_per_s),
+        f"{s.bytes_read:,} bytes, {s.metric_lines:,} lines",
+    )
+    checks.correct(
+        f"{job} run {run}: next digest starts where the first ended and reads only what was added",
+        nxt.window.start == first.window.end and nxt.summary.bytes_read < 2 * MB,
+        f"{nxt.window.start} vs {first.window.end}, {nxt.summary.bytes_read:,} bytes",
+    )
     note = (
         f"{s.bytes_read / MB:.1f} MB / {s.metric_lines:,} lines read, {s.pipeline_tokens_per_s:,.0f} tokens/s; "
         f"next read {nxt.summary.bytes_read / MB:.1f} MB"
@@ -133,8 +207,16 @@ async def _case(ctx: Context, job: str, writer: LogWriter, run: int) -> tuple[fl
     return t_first, t_next, note
 
 
-async def run(tmp: Path, sizes: dict[str, int], repeat: int) -> dict[str, tuple[float, float]]:
-    """Generate the logs, then time digests of each, alternating so load drift hits both alike."""
+Steps = tuple[float, float, float]
+
+
+async def run(
+    tmp: Path, sizes: dict[str, int], repeat: int, max_bytes: int, checks: Checks
+) -> tuple[dict[str, tuple[float, float]], dict[str, Steps]]:
+    """Generate the logs, then time digests of each, alternating so load drift hits both alike.
+
+    :returns: per log (first, next) seconds; per path ("now", "reference") the first digest's steps.
+    """
     writers: dict[str, LogWriter] = {}
     for label, nbytes in sizes.items():
         started = time.perf_counter()
@@ -166,14 +248,24 @@ async def run(tmp: Path, sizes: dict[str, int], repeat: int) -> dict[str, tuple[
         config, redis, ssh, runs, Restarter(config, ssh, runs, events), events, MemoryOutbox(), "bench"
     )
     times: dict[str, list[tuple[float, float]]] = {label: [] for label in sizes}
+    path_times: dict[str, list[tuple[float, float, float]]] = {"now": [], "reference": []}
     notes: dict[str, str] = {}
+    small = next(iter(sizes))
     try:
-        await build_digest(ctx, next(iter(sizes)), scheduled=False, chart=False)  # open the SSH connection
+        await build_digest(ctx, small, scheduled=False, chart=False)  # open the SSH connection
         for i in range(repeat):
             order = list(sizes) if i % 2 == 0 else list(reversed(sizes))
             for label in order:
-                t_first, t_next, notes[label] = await _case(ctx, label, writers[label], i)
+                t_first, t_next, notes[label] = await _case(ctx, label, writers[label], i, max_bytes, checks)
                 times[label].append((t_first, t_next))
+            counts = []
+            for path in ("now", "reference") if i % 2 == 0 else ("reference", "now"):
+                *took, found = await steps(ctx, small, reference=path == "reference", max_bytes=max_bytes)
+                path_times[path].append((took[0], took[1], took[2]))
+                counts.append(found)
+            checks.correct(
+                f"run {i}: both paths find the same metric lines", counts[0] == counts[1], f"{counts}"
+            )
     finally:
         await ssh.close()
         await redis.aclose()
@@ -188,7 +280,16 @@ async def run(tmp: Path, sizes: dict[str, int], repeat: int) -> dict[str, tuple[
             f"  {label}: first {first * 1000:.0f} ms, next {nxt * 1000:.0f} ms ({notes[label]})", flush=True
         )
         out[label] = (first, nxt)
-    return out
+    medians: dict[str, Steps] = {}
+    for path, triples in path_times.items():
+        read, parse, agg = (statistics.median(t[k] for t in triples) for k in range(3))
+        medians[path] = (read, parse, agg)
+        print(
+            f"  first digest, {path:9s}: read {read * 1000:4.0f} ms  parse {parse * 1000:4.0f} ms  "
+            f"aggregate {agg * 1000:4.0f} ms  total {(read + parse + agg) * 1000:4.0f} ms",
+            flush=True,
+        )
+    return out, medians
 
 
 async def main(argv: list[str]) -> int:
@@ -196,13 +297,32 @@ async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs per case (median)")
     parser.add_argument("--big-mb", type=int, default=1000, help="size of the large log in MB (default 1000)")
+    parser.add_argument("--quick", action="store_true", help="2 MB and 4 MB logs, 1 MiB window, one repeat")
     args = parser.parse_args(argv)
+    checks = Checks(quick=args.quick)
+    small_mb, big_mb, repeat, max_bytes = (
+        (2, 4, 1, 2**20) if args.quick else (10, args.big_mb, args.repeat, MAX_WINDOW_BYTES)
+    )
+    small_label = f"{small_mb}MB"
+    big_label = "1GB" if big_mb == 1000 else f"{big_mb}MB"
     with tempfile.TemporaryDirectory(prefix="pitstop-bench-digest-") as d:
-        result = await run(Path(d), {"10MB": 10 * MB, "1GB": args.big_mb * MB}, args.repeat)
-    small, big = result["10MB"], result["1GB"]
+        result, paths = await run(
+            Path(d), {small_label: small_mb * MB, big_label: big_mb * MB}, repeat, max_bytes, checks
+        )
+    small, big = result[small_label], result[big_label]
     s_ms, b_ms = sum(small) * 1000, sum(big) * 1000
-    print(f"digest: 10MB {s_ms:.0f} ms 1GB {b_ms:.0f} ms ratio {b_ms / s_ms:.2f}x")
-    return 0
+    now, ref = sum(paths["now"]) * 1000, sum(paths["reference"]) * 1000
+    size_ratio = f"{big_label} / {small_label}"
+    checks.bound(f"{size_ratio} within 2x (reads only the window)", b_ms / s_ms <= 2.0, f"{b_ms / s_ms:.2f}x")
+    checks.target(f"{size_ratio} within 1.2x", b_ms / s_ms <= 1.2, f"{b_ms / s_ms:.2f}x")
+    checks.target("first digest 5x faster than the reference path", ref / now >= 5.0, f"{ref / now:.1f}x")
+    print(
+        checks.summary(
+            f"digest: {small_label} {s_ms:.0f} ms {big_label} {b_ms:.0f} ms ratio {b_ms / s_ms:.2f}x; "
+            f"first digest {now:.0f} ms vs reference {ref:.0f} ms speedup {ref / now:.1f}x"
+        )
+    )
+    return checks.status
 
 
 if __name__ == "__main__":

@@ -1,34 +1,49 @@
-"""Benchmark: request → verified verdict, Pitstop's restart against the hand sequence it replaces.
+"""Benchmark: request → verified verdict, Pitstop's restart against supervisord and the hand sequence.
 
-Same host (the in-process asyncssh SSH host on 127.0.0.1, commands in real bash), same SSH
-connection pool, same light job (a Python process writing a log line every 0.2 s, which exits
-promptly on SIGTERM), side by side in one run:
+The same light job (a Python process writing a log line every 0.2 s, which exits promptly on
+SIGTERM), the same verification window, side by side in one run:
 
-- **pitstop**: ``Restarter.restart`` then ``Restarter.verify`` (pre-flight, stop by recorded
-  identity, launch detached, evidence polled until launch + start_window);
+- **pitstop**: over SSH (the in-process asyncssh host on 127.0.0.1, commands in real bash):
+  ``Restarter.restart`` then ``Restarter.verify`` (pre-flight, stop by recorded identity, launch
+  detached, evidence polled until launch + ``start_window``);
+- **supervisord** (from PyPI, run locally by this benchmark, ``startsecs`` = Pitstop's
+  ``start_window``): ``stopProcess`` then ``startProcess`` over its XML-RPC socket, each
+  waiting (``wait=True``) — its restart is "started" once the process stayed up ``startsecs``;
 - **hand**: the sequence people typed, over the same SSH, as one ``bash -c``: a pattern kill
   (fixed so it cannot match its own shell: the character class in ``[d]flash-bench-…``),
-  ``sleep 8``, ``nohup`` launch, then the *same* verification window as Pitstop's
-  ``start_window``, then count the processes.
+  ``sleep 8``, ``nohup`` launch, the *same* window, then count the processes.
 
-Prints both times and the ratio, and ends with ONE summary line starting ``restart:``.
-Target: Pitstop at least 2x faster to a verdict.
+Pitstop and supervisord run ``--repeat`` times each, interleaved (median); the hand sequence
+once.  The window is a job's default ``start_window`` (10 s) unless ``--window`` says otherwise.
+Each prints one line with its fixed costs per step beside the window they all wait: the
+costs beyond the window are what differs, and the ratio shrinks as the window grows.
+Target: Pitstop within 1.1x of supervisord (local, no SSH).  Fails (exit 1) when a verdict is
+not RUNNING, supervisord's program is not RUNNING, or Pitstop takes over 1.5x supervisord's
+time (a regression in the fixed costs).  ``--quick``: a 1 s window, a 1 s hand wait, one
+repeat, no speed checks.  Ends with ONE summary line starting ``restart:``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import os
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+import xmlrpc.client
 from pathlib import Path
+from typing import Any
+
+from benchlib import Checks
+from supervisor.xmlrpc import SupervisorTransport
 
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
 from pipeline.events import Events
@@ -49,14 +64,102 @@ while True:
     time.sleep(0.2)
 """
 HAND_SETTLE = 8.0  #: the hand sequence's fixed wait after the kill
+DEFAULT_WINDOW = int(JobConfig.model_fields["start_window"].default)  #: a job's start_window unless set
+TARGET = 1.1  #: the stated target: Pitstop within this many times supervisord's time
+BOUND = 1.5  #: beyond this Pitstop's fixed costs have regressed
+SUPERVISORD_CONF = """\
+[unix_http_server]
+file={sock}
+
+[supervisord]
+logfile={root}/supervisord.log
+pidfile={root}/supervisord.pid
+childlogdir={root}
+nodaemon=true
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[program:bench]
+command={command}
+directory={workdir}
+startsecs={startsecs}
+startretries=0
+autostart=true
+autorestart=false
+stopsignal=TERM
+stopwaitsecs=10
+redirect_stderr=true
+stdout_logfile={workdir}/supervised.log
+"""
 
 
-def hand_script(token: str, workdir: Path, launch: list[str], log: Path, window: float) -> str:
+class Supervisord:
+    """supervisord as a child process of this benchmark, driven over its XML-RPC unix socket.
+
+    :param root: a directory for its socket, config and logs.
+    :param command: the program's command line.
+    :param workdir: the program's working directory.
+    :param startsecs: seconds the program must stay up to count as started (an integer).
+    :raises RuntimeError: if it does not answer within 30 s.
+    """
+
+    def __init__(self, root: Path, command: str, workdir: Path, startsecs: int) -> None:
+        sock = root / "supervisor.sock"
+        conf = root / "supervisord.conf"
+        conf.write_text(
+            SUPERVISORD_CONF.format(
+                sock=sock, root=root, command=command, workdir=workdir, startsecs=startsecs
+            )
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            transport = SupervisorTransport(None, None, serverurl=f"unix://{sock}")
+            self.rpc: Any = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+            try:
+                if self.rpc.supervisor.getState()["statename"] == "RUNNING":
+                    break
+            except (OSError, xmlrpc.client.Fault, http.client.HTTPException):
+                pass  # not listening yet: a fresh connection next time
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError(f"supervisord did not start (see {root}/supervisord.log)")
+            time.sleep(0.05)
+
+    def state(self) -> str:
+        """The program's state name (``RUNNING``, ``STARTING``, ``STOPPED``, …)."""
+        return str(self.rpc.supervisor.getProcessInfo("bench")["statename"])
+
+    def restart(self) -> tuple[float, float]:
+        """``stopProcess`` then ``startProcess``, each waiting; returns the seconds of each."""
+        t0 = time.monotonic()
+        self.rpc.supervisor.stopProcess("bench", True)
+        t1 = time.monotonic()
+        self.rpc.supervisor.startProcess("bench", True)
+        return t1 - t0, time.monotonic() - t1
+
+    def close(self) -> None:
+        """Stop supervisord (SIGTERM: it stops its program first), then wait for it."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def hand_script(token: str, workdir: Path, launch: list[str], log: Path, window: float, settle: float) -> str:
     """The hand sequence as one shell command line (what people typed, made not to kill itself)."""
     pattern = f"[{token[0]}]{token[1:]}"
     return (
         f"ps -eo pid=,args= | grep -e {shlex.quote(pattern)} | awk '{{print $1}}' | xargs -r kill -9; "
-        f"sleep {HAND_SETTLE:g}; "
+        f"sleep {settle:g}; "
         f"cd {shlex.quote(str(workdir))}; nohup {shlex.join(launch)} >> {shlex.quote(str(log))} 2>&1 & "
         f"sleep {window:g}; "
         f"ps -eo args= | grep -c -e {shlex.quote(pattern)}"
@@ -79,19 +182,29 @@ def kill_token(token: str) -> None:
                 pass
 
 
-async def bench(window: float) -> int:
-    """Run both sequences once each; print the comparison. :returns: exit status (0 ok)."""
+def write_job(workdir: Path, name: str, token: str) -> Path:
+    """A launcher ``name`` in ``workdir`` running the light job with ``token`` in its arguments
+    (the launcher's own command line does not hold the token)."""
+    script = workdir / name
+    script.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -u job.py {token}\n")
+    script.chmod(0o755)
+    return script
+
+
+async def bench(window: int, settle: float, repeat: int, quick: bool) -> int:
+    """Run the three side by side; print one line each and the summary. :returns: exit status."""
     tmp = Path(tempfile.mkdtemp(prefix="pitstop-bench-restart-"))
     token = f"dflash-bench-{uuid.uuid4().hex[:10]}"
+    sup_token = f"dflash-supervised-{uuid.uuid4().hex[:10]}"  # its own: Pitstop never matches it
     workdir = tmp / "work"
     workdir.mkdir()
     (workdir / "job.py").write_text(JOB)
-    run_sh = workdir / "run.sh"  # the launcher people start: its own line does not hold the token
-    run_sh.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -u job.py {token}\n")
-    run_sh.chmod(0o755)
+    write_job(workdir, "run.sh", token)
+    sup_run = write_job(workdir, "run_supervised.sh", sup_token)
     subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
     log = workdir / "train.log"
     launch = ["./run.sh"]
+    checks = Checks(quick=quick)
     host = await start_local_ssh_host(tmp / "ssh")
     job = JobConfig(
         host="local",
@@ -100,7 +213,7 @@ async def bench(window: float) -> int:
         log=str(log),
         match=token,
         processes=1,
-        start_window=window,
+        start_window=float(window),
         stop_timeout=10,
     )
     config = Config(
@@ -113,37 +226,90 @@ async def bench(window: float) -> int:
     ssh = SSHPool(config)
     runs = RunStore(redis.client, redis.prefix)
     restarter = Restarter(config, ssh, runs, Events(redis.client, redis.prefix))
+    sup: Supervisord | None = None
     try:
+        # supervisord starts its program (autostart) while Pitstop starts and verifies its own
+        sup = await asyncio.to_thread(Supervisord, tmp, str(sup_run), workdir, window)
         first = await restarter.start(await runs.create("bench", "bench", action="start"))
         if first.pid is None:
             print(f"could not start the job: {first.verdict_line}")
             return 1
         await restarter.verify(first)
+        deadline = time.monotonic() + window + 30
+        while await asyncio.to_thread(sup.state) != "RUNNING" and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
-        started = time.monotonic()
-        run = await restarter.restart(await runs.create("bench", "bench"))
-        run = await restarter.verify(run)
-        pitstop = time.monotonic() - started
-        steps = ", ".join(f"{s.step.value} {s.duration or 0:.2f} s" for s in run.steps)
-        print(f"pitstop: {pitstop:.2f} s to `{run.verdict_line}` ({steps})")
+        p_times: list[float] = []
+        p_steps: list[dict[str, float]] = []
+        s_times: list[tuple[float, float]] = []
+        verdicts: list[str] = []
+        sup_states: list[str] = []
+        for i in range(repeat):
+            for who in ("pitstop", "supervisord") if i % 2 == 0 else ("supervisord", "pitstop"):
+                if who == "pitstop":
+                    started = time.monotonic()
+                    run = await restarter.restart(await runs.create("bench", "bench"))
+                    run = await restarter.verify(run)
+                    p_times.append(time.monotonic() - started)
+                    p_steps.append({s.step.value: s.duration or 0.0 for s in run.steps})
+                    verdicts.append(run.verdict_line or "(no verdict)")
+                else:
+                    s_times.append(await asyncio.to_thread(sup.restart))
+                    sup_states.append(await asyncio.to_thread(sup.state))
 
         started = time.monotonic()
         result = await ssh.run(
-            "local", ["bash", "-c", hand_script(token, workdir, launch, log, window)], timeout=60
+            "local", ["bash", "-c", hand_script(token, workdir, launch, log, window, settle)], timeout=60
         )
         hand = time.monotonic() - started
         counted = result.stdout.strip() or f"(no output; exit {result.exit_status or result.exit_signal})"
-        print(
-            f"hand:    {hand:.2f} s to a count of {counted} process(es) (sleep {HAND_SETTLE:g} + window {window:g} s)"
-        )
 
-        ratio = hand / pitstop if pitstop > 0 else float("inf")
+        pitstop = statistics.median(p_times)
+        supervisord = statistics.median(sum(t) for t in s_times)
+        step = {name: statistics.median(s[name] for s in p_steps if name in s) for name in p_steps[0]}
+        fixed = ", ".join(f"{name} {secs:.2f}" for name, secs in step.items() if name != "verify")
+        s_stop = statistics.median(t[0] for t in s_times)
+        s_start = statistics.median(t[1] for t in s_times)
+        print(f"window {window} s (Pitstop's start_window = supervisord's startsecs); median of {repeat}:")
         print(
-            f"restart: pitstop {pitstop:.1f}s hand {hand:.1f}s ratio {ratio:.1f}x (verdict {run.verdict_line})"
+            f"  pitstop     {pitstop:5.2f} s  over SSH: {fixed}, verify {step.get('verify', 0):.2f} s "
+            f"-> fixed {pitstop - window:.2f} s beyond the window ({verdicts[-1]})"
         )
-        return 0 if run.verdict_line and run.verdict_line.startswith("RUNNING") else 1
+        print(
+            f"  supervisord {supervisord:5.2f} s  local: stop {s_stop:.2f}, start {s_start:.2f} s "
+            f"(startsecs {window}) -> fixed {supervisord - window:.2f} s beyond the window ({sup_states[-1]})"
+        )
+        print(
+            f"  hand        {hand:5.2f} s  over SSH: kill, sleep {settle:g}, nohup, sleep {window} "
+            f"-> fixed {hand - window:.2f} s beyond the window (count {counted})"
+        )
+        ratio = pitstop / supervisord
+        checks.correct(
+            "every Pitstop verdict RUNNING",
+            all(v.startswith("RUNNING") for v in verdicts),
+            "; ".join(verdicts),
+        )
+        checks.correct(
+            "supervisord's program RUNNING after each restart",
+            all(st == "RUNNING" for st in sup_states),
+            ", ".join(sup_states),
+        )
+        checks.correct("the hand sequence counted one process", counted == "1", counted)
+        checks.bound(f"pitstop within {BOUND:g}x of supervisord", ratio <= BOUND, f"{ratio:.2f}x")
+        checks.target(f"pitstop within {TARGET:g}x of supervisord", ratio <= TARGET, f"{ratio:.2f}x")
+        print(
+            checks.summary(
+                f"restart: pitstop {pitstop:.2f}s supervisord {supervisord:.2f}s hand {hand:.1f}s "
+                f"(window {window}s; fixed {pitstop - window:.2f}s / {supervisord - window:.2f}s / "
+                f"{hand - window:.1f}s) pitstop/supervisord {ratio:.2f}x hand/pitstop {hand / pitstop:.1f}x"
+            )
+        )
+        return checks.status
     finally:
+        if sup is not None:
+            await asyncio.to_thread(sup.close)
         kill_token(token)
+        kill_token(sup_token)
         await ssh.close()
         await redis.aclose()
         await host.close()
@@ -153,9 +319,18 @@ async def bench(window: float) -> int:
 def main() -> int:
     """Parse ``--window`` and run the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--window", type=float, default=2.0, help="start_window / verification window, s")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=DEFAULT_WINDOW,
+        help=f"start_window = startsecs, whole seconds (default {DEFAULT_WINDOW}: a job's default start_window)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="restarts each of Pitstop and supervisord")
+    parser.add_argument("--quick", action="store_true", help="1 s window, 1 s hand wait, one repeat")
     args = parser.parse_args()
-    return asyncio.run(bench(args.window))
+    if args.quick:
+        return asyncio.run(bench(1, 1.0, 1, quick=True))
+    return asyncio.run(bench(args.window, HAND_SETTLE, args.repeat, quick=False))
 
 
 if __name__ == "__main__":

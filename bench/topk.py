@@ -8,7 +8,10 @@ applied by ``git apply`` (one logits matmul, one topk(k=8)). Vocabulary 248,320 
 - GPU (when ``torch.cuda.is_available()``): hidden 4096, 1024 positions, bf16.
 
 Prints both times and the ratio per device and ends with ONE summary line starting ``topk:``.
-``--quick`` does one timed repeat instead of three on CPU.
+Fails (exit 1) when the two implementations disagree, or when the patched code is slower than
+the shipped one (ratio under 1.0x: the patch's one matmul and one topk must not cost more than
+two of each).  ``--quick``: a 8,192 vocabulary, hidden 64, 32 positions, one timed repeat, CPU
+only, no speed checks.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from benchlib import Checks
 
 DFLASH = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
 VOCAB = 248_320
@@ -73,6 +77,7 @@ def compare(
     positions: int,
     dtype: torch.dtype,
     repeats: int,
+    vocab: int = VOCAB,
 ) -> tuple[float, float]:
     """Time one chunk of ``positions`` (hidden size ``hidden``) with both implementations on ``device``.
 
@@ -80,9 +85,9 @@ def compare(
     :raises AssertionError: if the two implementations disagree.
     """
     gen = torch.Generator(device=device).manual_seed(0)
-    head = torch.randn(VOCAB, hidden, generator=gen, device=device, dtype=dtype)
+    head = torch.randn(vocab, hidden, generator=gen, device=device, dtype=dtype)
     h = torch.randn(positions, hidden, generator=gen, device=device, dtype=dtype)
-    labels = torch.randint(0, VOCAB, (positions,), generator=gen, device=device)
+    labels = torch.randint(0, vocab, (positions,), generator=gen, device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     result_before = before.topk_accuracy(h, head, labels, positions)
     result_after = after.topk_accuracy(h, head, labels, positions)
@@ -91,7 +96,7 @@ def compare(
     t_after = best_time(lambda: after.topk_accuracy(h, head, labels, positions), repeats, sync)
     mib = head.numel() * head.element_size() / 2**20
     print(
-        f"{device}: vocab {VOCAB} hidden {hidden} positions {positions} {str(dtype).removeprefix('torch.')} "
+        f"{device}: vocab {vocab} hidden {hidden} positions {positions} {str(dtype).removeprefix('torch.')} "
         f"(head {mib:.0f} MiB): before {t_before:.3f}s after {t_after:.3f}s ratio {t_before / t_after:.2f}x"
     )
     return t_before, t_after
@@ -100,22 +105,29 @@ def compare(
 def main() -> int:
     """Run the CPU comparison (and the GPU one when CUDA is available); print the summary line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one timed repeat on CPU instead of three")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one timed repeat, CPU only")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
+    checks = Checks(quick=args.quick)
     before = load_module(DFLASH / "metrics.py", "dflash_metrics_before")
     summary = []
     with tempfile.TemporaryDirectory(prefix="topk-bench-") as tmp:
         after = load_module(patched_copy(Path(tmp) / "dflash"), "dflash_metrics_after")
-        t_b, t_a = compare(before, after, "cpu", 1024, 256, torch.float32, 1 if args.quick else 3)
+        if args.quick:
+            t_b, t_a = compare(before, after, "cpu", 64, 32, torch.float32, 1, vocab=8192)
+        else:
+            t_b, t_a = compare(before, after, "cpu", 1024, 256, torch.float32, 3)
         summary.append(f"cpu before {t_b:.3f}s after {t_a:.3f}s ratio {t_b / t_a:.2f}x")
-        if torch.cuda.is_available():
+        checks.correct("before and after agree on every chunk", True, "asserted per device")
+        checks.bound("cpu: patched not slower than shipped", t_b / t_a >= 1.0, f"{t_b / t_a:.2f}x")
+        if torch.cuda.is_available() and not args.quick:
             t_b, t_a = compare(before, after, "cuda", 4096, 1024, torch.bfloat16, 20)
             summary.append(f"cuda before {t_b * 1e3:.2f}ms after {t_a * 1e3:.2f}ms ratio {t_b / t_a:.2f}x")
+            checks.bound("cuda: patched not slower than shipped", t_b / t_a >= 1.0, f"{t_b / t_a:.2f}x")
         else:
-            print("cuda: not available, skipped")
-    print("topk: " + "; ".join(summary))
-    return 0
+            print("cuda: not available or quick mode, skipped")
+    print(checks.summary("topk: " + "; ".join(summary)))
+    return checks.status
 
 
 if __name__ == "__main__":

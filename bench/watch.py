@@ -13,7 +13,9 @@ log file; jobs are spread round-robin over the hosts.
   ``pgrep -fc PATTERN; stat -c %s LOG``; the CPU of the ``ssh`` children
   (``getrusage(RUSAGE_CHILDREN)``) plus this process's own spawning overhead.
 
-Target: 200 jobs cost under 10 % of one core at the default 10 s interval.  Ends with ONE line:
+Target: 200 jobs cost under 10 % of one core at the default 10 s interval (a bound: exit 1
+beyond it, as when a job is not seen healthy).  ``--quick``: 2 hosts, 8 jobs, one cycle each,
+no speed checks.  Ends with ONE line:
 ``watch: 200 jobs X.XXX cpu-s/cycle (Y.Y% of a core at 10 s) vs ssh-per-check Z.ZZZ cpu-s/cycle ratio W.Wx``.
 """
 
@@ -34,6 +36,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from benchlib import Checks
 
 from bot.assembly import build_context, close_context
 from handlers.outbox import MemoryOutbox
@@ -63,10 +67,10 @@ async def _serve(state_dir: str) -> None:
     await host.close()
 
 
-def start_hosts(root: Path) -> tuple[list[subprocess.Popen[str]], list[dict[str, Any]]]:
-    """Start :data:`HOSTS` SSH host subprocesses; return them and their connection details."""
+def start_hosts(root: Path, count: int) -> tuple[list[subprocess.Popen[str]], list[dict[str, Any]]]:
+    """Start ``count`` SSH host subprocesses; return them and their connection details."""
     procs, infos = [], []
-    for i in range(HOSTS):
+    for i in range(count):
         proc = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(root / f"host{i}")],
             stdin=subprocess.PIPE,
@@ -112,7 +116,7 @@ def make_config(root: Path, infos: list[dict[str, Any]], jobs: int) -> Config:
     }
     specs = {
         f"job{j:03d}": JobConfig(
-            host=f"h{j % HOSTS}",
+            host=f"h{j % len(infos)}",
             workdir=str(root),
             launch=["sleep"],
             log=str(root / "logs" / f"job{j:03d}.log"),
@@ -130,20 +134,25 @@ def make_config(root: Path, infos: list[dict[str, Any]], jobs: int) -> Config:
 
 
 def start_sleepers(root: Path, jobs: int) -> list[subprocess.Popen[bytes]]:
-    """One sleeping process and one small log per job."""
+    """One sleeping process and one small log per job, each running inside the jobs' workdir.
+
+    Without a recorded session a job's processes are the matching ones whose working directory
+    is the job's ``workdir`` (:mod:`pipeline.hostprobe`), so the sleepers start there.
+    """
     (root / "logs").mkdir(exist_ok=True)
     out = []
     for j in range(jobs):
         (root / "logs" / f"job{j:03d}.log").write_text('{"step": 1, "tokens_per_s": 1000.0}\n')
-        out.append(subprocess.Popen(["sleep", f"9{j:05d}"], start_new_session=True))
+        out.append(subprocess.Popen(["sleep", f"9{j:05d}"], cwd=root, start_new_session=True))
     return out
 
 
 # --- the two watchers ---------------------------------------------------------------------------------
 
 
-async def pitstop_cpu(config: Config, cycles: int) -> tuple[float, float]:
-    """CPU seconds and wall seconds per cycle of Pitstop's watcher over every host."""
+async def pitstop_cpu(config: Config, cycles: int) -> tuple[float, float, str]:
+    """CPU seconds and wall seconds per cycle of Pitstop's watcher over every host, and what
+    the watcher saw before measuring (``N/N healthy``, else the conditions it found)."""
     ctx = await build_context(config, MemoryOutbox(), instance="bench")
     try:
         watcher = Watcher(ctx)
@@ -159,12 +168,13 @@ async def pitstop_cpu(config: Config, cycles: int) -> tuple[float, float]:
         decisions = await cycle()  # connect, learn the jobs (seen alive)
         decisions = await cycle()
         healthy = sum(1 for d in decisions.values() if d.condition == "ok")
+        seen = f"{healthy}/{len(config.jobs)} healthy"
         if healthy != len(config.jobs):
-            raise SystemExit(f"watch bench: only {healthy}/{len(config.jobs)} jobs seen healthy")
+            seen += f" (conditions: {', '.join(sorted({d.condition for d in decisions.values()}))})"
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for _ in range(cycles):
             await cycle()
-        return (time.process_time() - cpu0) / cycles, (time.perf_counter() - wall0) / cycles
+        return (time.process_time() - cpu0) / cycles, (time.perf_counter() - wall0) / cycles, seen
     finally:
         await close_context(ctx)
 
@@ -210,19 +220,24 @@ async def ssh_per_check_cpu(config: Config, cycles: int, concurrency: int) -> tu
 
 async def run(args: argparse.Namespace) -> int:
     """Measure every size; print the table and the summary line."""
+    hosts, sizes = (2, (8,)) if args.quick else (HOSTS, SIZES)
     with tempfile.TemporaryDirectory(prefix="pitstop-bench-watch-") as tmp:
         root = Path(tmp)
-        procs, infos = start_hosts(root)
-        sleepers = start_sleepers(root, max(SIZES))
+        procs, infos = start_hosts(root, hosts)
+        sleepers = start_sleepers(root, max(sizes))
         try:
             rows = []
-            for size in SIZES:
+            healthy: list[str] = []
+            all_ok = True
+            for size in sizes:
                 config = make_config(root, infos, size)
-                p_cpu, p_wall = await pitstop_cpu(config, args.cycles)
+                p_cpu, p_wall, seen = await pitstop_cpu(config, args.cycles)
+                healthy.append(seen)
+                all_ok = all_ok and seen.startswith(f"{size}/{size} ")
                 s_cpu, s_wall = await ssh_per_check_cpu(config, args.baseline_cycles, args.concurrency)
                 rows.append((size, p_cpu, p_wall, s_cpu, s_wall))
                 print(
-                    f"{size:4d} jobs on {HOSTS} hosts: pitstop {p_cpu:.3f} cpu-s/cycle "
+                    f"{size:4d} jobs on {hosts} hosts: pitstop {p_cpu:.3f} cpu-s/cycle "
                     f"({p_wall:.2f} s wall)  ssh-per-check {s_cpu:.3f} cpu-s/cycle "
                     f"({s_wall:.2f} s wall)  ratio {s_cpu / p_cpu:.1f}x",
                     flush=True,
@@ -235,11 +250,16 @@ async def run(args: argparse.Namespace) -> int:
             stop_hosts(procs)
     size, p_cpu, _, s_cpu, _ = rows[-1]
     share = 100.0 * p_cpu / INTERVAL
+    checks = Checks(quick=args.quick)
+    checks.correct("every job seen healthy at every size", all_ok, "; ".join(healthy))
+    checks.bound(f"{size} jobs under 10% of a core at {INTERVAL:g} s", share < 10.0, f"{share:.1f}%")
     print(
-        f"watch: {size} jobs {p_cpu:.3f} cpu-s/cycle ({share:.1f}% of a core at {INTERVAL:g} s) "
-        f"vs ssh-per-check {s_cpu:.3f} cpu-s/cycle ratio {s_cpu / p_cpu:.1f}x"
+        checks.summary(
+            f"watch: {size} jobs {p_cpu:.3f} cpu-s/cycle ({share:.1f}% of a core at {INTERVAL:g} s) "
+            f"vs ssh-per-check {s_cpu:.3f} cpu-s/cycle ratio {s_cpu / p_cpu:.1f}x"
+        )
     )
-    return 0 if share < 10.0 else 1
+    return checks.status
 
 
 def main() -> int:
@@ -248,11 +268,14 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=10, help="Pitstop cycles measured per size")
     parser.add_argument("--baseline-cycles", type=int, default=1, help="ssh-per-check cycles per size")
     parser.add_argument("--concurrency", type=int, default=8, help="ssh clients at once in the baseline")
+    parser.add_argument("--quick", action="store_true", help="2 hosts, 8 jobs, one cycle each")
     parser.add_argument("--serve", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         asyncio.run(_serve(args.serve))
         return 0
+    if args.quick:
+        args.cycles, args.baseline_cycles = 1, 1
     return asyncio.run(run(args))
 
 

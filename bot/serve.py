@@ -32,7 +32,7 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack_app import ACK_BUDGET, SlackSurface
+from bot.slack_app import SlackSurface
 from bot.slack_outbox import SlackOutbox, web_client
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
@@ -126,14 +126,12 @@ async def open_runtime(
     scheduler: bool = True,
     check_auth: bool = True,
     instance: str | None = None,
-    ack_budget: float | None = None,
 ) -> SlackRuntime:
     """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler.
 
     :param signing_secret: HTTP mode's secret; None for Socket Mode.
     :param scheduler: start the scheduler (verifications, watching, digests).
     :param check_auth: call ``auth.test`` first so a wrong token fails at once.
-    :param ack_budget: seconds a slash command waits for its answer before acking "working…".
     :raises SlackUnavailable: if ``auth.test`` fails.
     """
     from bot.assembly import build_context, new_instance_id
@@ -165,7 +163,6 @@ async def open_runtime(
             client=client,
             signing_secret=signing_secret,
             outbox=outbox,
-            ack_budget=ACK_BUDGET if ack_budget is None else ack_budget,
         )
         runtime = SlackRuntime(
             config=config,
@@ -206,9 +203,10 @@ def http_app(surface: SlackSurface, health: Callable[[], Awaitable[dict[str, Any
     """
 
     async def events(request: web.Request) -> web.Response:
-        bolt_req = await to_bolt_request(request)
-        bolt_resp = await surface.app.async_dispatch(bolt_req)
-        return await to_aiohttp_response(bolt_resp)
+        with surface.acks.acking():  # work after an ack waits for these (bot.ackgate)
+            bolt_req = await to_bolt_request(request)
+            bolt_resp = await surface.app.async_dispatch(bolt_req)
+            return await to_aiohttp_response(bolt_resp)
 
     async def healthz(request: web.Request) -> web.Response:
         state = await health()

@@ -8,14 +8,12 @@ Socket Mode.
 
 **Ack first.**  The app runs with ``process_before_response=True``: a listener runs before the
 HTTP response (or the Socket Mode ack) and calls ``ack()`` itself, so the ack goes out as soon
-as it is called — Bolt's other path polls for the ack every 10 ms.  A slash command starts
-``Dispatcher.handle`` and waits for it at most :data:`ACK_BUDGET` seconds: a fast answer
-(help, a parse error, "queued run r-42 for dflash") *is* the ack; anything slower is acked
-with a short "working on …" and the answer follows through ``response_url``.  ``handle``
-itself never waits for SSH work (restarts continue in the dispatcher's background tasks and
-report through the outbox), so nothing remote ever sits between Slack and its ack.  Events
-and buttons are acked empty at once and answered with ``chat.postMessage`` /
-``chat.postEphemeral`` / ``respond``.
+as it is called — Bolt's other path polls for the ack every 10 ms.  A slash command is acked
+empty before anything else happens: no parsing, no Redis round trip (dedupe, roles from user
+groups, audit), no answer built.  All of that runs after the ack in a tracked task, and the
+answer (help, a parse error, "queued run r-42 for dflash") follows through ``response_url``,
+so the time to the ack is Bolt's own.  Events and buttons are acked the same way and answered
+with ``chat.postMessage`` / ``chat.postEphemeral`` / ``respond``.
 
 **Retries are not repeats.**  Bolt does not drop Slack's retries (``X-Slack-Retry-Num``); each
 request carries a stable delivery id — the slash command's ``trigger_id``, the event's
@@ -44,6 +42,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
+from bot.ackgate import AckGate
 from bot.slack_outbox import SlackOutbox
 from handlers.auth import role_of
 from handlers.dispatch import Dispatcher, Request
@@ -54,7 +53,6 @@ from pipeline.config import Config
 
 log = logging.getLogger(__name__)
 
-ACK_BUDGET = 0.25  #: seconds a slash command waits for its answer before acking "working on …"
 GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
 HOME_TTL = 60.0  #: seconds the App Home's job listing is reused before the hosts are probed again
 RESPONSE_PARTS = 5  #: a response_url takes at most 5 posts (within 30 minutes)
@@ -186,7 +184,6 @@ class SlackSurface:
     :param outbox: the Slack outbox, for uploading a chart that comes with an answer.
     :param groups: the user-group cache (default: one over ``client``, enabled when the config
         names a group).
-    :param ack_budget: seconds a slash command may wait for its answer before acking "working…".
     """
 
     def __init__(
@@ -198,17 +195,16 @@ class SlackSurface:
         signing_secret: str | None,
         outbox: SlackOutbox | None = None,
         groups: GroupCache | None = None,
-        ack_budget: float = ACK_BUDGET,
     ) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.client = client
         self.outbox = outbox
         self.groups = groups or GroupCache(client, enabled=needs_groups(config))
-        self.ack_budget = ack_budget
         self._tasks: set[asyncio.Task[Any]] = set()
         self._home: tuple[float, Reply] | None = None
         self._home_lock = asyncio.Lock()
+        self.acks = AckGate()  #: the HTTP server counts requests being acked; follow-ups wait for a lull
         bolt_log = logging.getLogger("pitstop.bolt")
         bolt_log.addFilter(_quiet_token_warning)
         self.app = AsyncApp(
@@ -259,44 +255,31 @@ class SlackSurface:
     # --- slash command ------------------------------------------------------------------------
 
     async def _on_command(self, ack: Respond, body: dict[str, Any], respond: Respond) -> None:
+        await ack()  # first: everything else (parse, dedupe, roles, audit, the answer) runs after it
+        self.spawn(self._command(body, respond))
+
+    async def _command(self, body: dict[str, Any], respond: Respond) -> None:
+        """Answer an acked slash command through its ``response_url``, once the acks queued
+        behind it went out (:class:`~bot.ackgate.AckGate`)."""
+        async with self.acks.follow_up():
+            await self._answer_command(body, respond)
+
+    async def _answer_command(self, body: dict[str, Any], respond: Respond) -> None:
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
         trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"
-        req_args: dict[str, Any] = {
-            "text": text,
-            "user": user,
-            "delivery_id": f"cmd:{trigger}",
-            "channel": body.get("channel_id"),
-            "surface": "slack",
-        }
-        groups = self.groups.cached(user)
-        if groups is None:  # first request before the listing arrived: never wait for Slack here
-            await ack(**blocks.text_message(messages.slack_working(text)), response_type="ephemeral")
-            self.spawn(self._late_command(req_args, respond, None))
-            return
-        task = asyncio.get_running_loop().create_task(self._handle(Request(groups=groups, **req_args)))
-        done, _ = await asyncio.wait({task}, timeout=self.ack_budget)
-        if done:
-            reply = task.result()
-            first, *rest = blocks.parts(reply, names=self._cached_names(), max_parts=RESPONSE_PARTS + 1)
-            await ack(**first, response_type=response_type(reply))
-            if rest:  # a long answer goes on through the response_url
-                self.spawn(self._respond_parts(respond, rest, reply, user))
-            self._after_answer(reply, body.get("channel_id"), user, respond)
-            return
-        await ack(**blocks.text_message(messages.slack_working(text)), response_type="ephemeral")
-        self.spawn(self._late_command(req_args, respond, task))
-
-    async def _late_command(
-        self, req_args: dict[str, Any], respond: Respond, task: asyncio.Task[Reply] | None
-    ) -> None:
-        if task is None:
-            groups = await self.groups.get(req_args["user"])
-            reply = await self._handle(Request(groups=groups, **req_args))
-        else:
-            reply = await task
-        await self._respond(respond, reply, user=req_args["user"])
-        self._after_answer(reply, req_args.get("channel"), req_args["user"], respond)
+        groups = await self.groups.get(user)
+        req = Request(
+            text=text,
+            user=user,
+            groups=groups,
+            delivery_id=f"cmd:{trigger}",
+            channel=body.get("channel_id"),
+            surface="slack",
+        )
+        reply = await self._handle(req)
+        await self._respond(respond, reply, user=user)
+        self._after_answer(reply, req.channel, user, respond)
 
     def _cached_names(self) -> Mapping[str, str]:
         return self.outbox.people.cached() if self.outbox is not None else {}

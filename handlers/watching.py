@@ -150,8 +150,10 @@ class Watcher:
             )
         async with self.ctx.redis.client.pipeline(transaction=False) as pipe:
             for name, d in decisions.items():
-                pipe.hset(keys.watch_state(self.ctx.prefix, name), mapping=d.state.to_hash())  # type: ignore[arg-type]
-                gone = [f for f in WatchState.model_fields if f not in d.state.to_hash()]
+                fields = d.state.to_hash()
+                if fields:  # a job never seen (its host down from the start) has nothing to store yet
+                    pipe.hset(keys.watch_state(self.ctx.prefix, name), mapping=fields)  # type: ignore[arg-type]
+                gone = [f for f in WatchState.model_fields if f not in fields]
                 if gone:
                     pipe.hdel(keys.watch_state(self.ctx.prefix, name), *gone)
             await pipe.execute()

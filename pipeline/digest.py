@@ -410,7 +410,8 @@ class LogRead:
 
 
 LogReader = Callable[[int, int], Awaitable[LogRead]]
-"""``await reader(offset, max_bytes)``: at most ``max_bytes`` of the log from ``offset``."""
+"""``await reader(offset, max_bytes)``: at most ``max_bytes`` of the log from ``offset``; a
+negative ``offset`` counts from the end of the file (``-N``: its last ``N`` bytes)."""
 
 
 class WindowKind(StrEnum):
@@ -543,9 +544,14 @@ async def read_window(
     :param max_bytes: the most bytes aggregated; when more was written, the last ``max_bytes``.
     :returns: the window; the caller stores ``window.state(now)`` when scheduled.
     """
-    if state is None:
-        probe = await reader(0, 0)
-        return await _read_from(reader, 0, probe.size, max_bytes, WindowKind.LAST_BYTES)
+    if state is None:  # the last max_bytes and the byte before them, in one read
+        got = await reader(-(max_bytes + 1), max_bytes + 1)
+        if got.offset == 0 and len(got.data) <= max_bytes:
+            return _complete(got.data, 0, got, WindowKind.LAST_BYTES, 0)
+        nl = got.data.find(b"\n")  # the byte before ``begin`` decides whether it starts a line
+        data = got.data[nl + 1 :] if nl >= 0 else b""
+        first = got.offset + (nl + 1 if nl >= 0 else len(got.data))
+        return _complete(data, first, got, WindowKind.LAST_BYTES, got.offset + 1)
     fp = state.fingerprint[len(state.fingerprint) - min(len(state.fingerprint), state.offset) :]
     ask = state.offset - len(fp)
     got = await reader(ask, len(fp) + max_bytes)
@@ -580,7 +586,9 @@ def local_reader(path: str | os.PathLike[str]) -> LogReader:
     def _read(offset: int, max_bytes: int) -> LogRead:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
-            if offset > st.st_size:
+            if offset < 0:
+                offset = max(0, st.st_size + offset)
+            elif offset > st.st_size:
                 offset = 0
             f.seek(offset)
             data = f.read(max(0, min(max_bytes, st.st_size - offset)))

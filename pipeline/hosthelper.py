@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -762,17 +763,22 @@ def op_evidence(a: Args) -> Args:
 
 
 def op_read(a: Args) -> Args:
-    """Log bytes from an offset (base64); starts over from 0 after truncation or a new inode."""
+    """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set); a negative offset
+    counts from the end; starts over from 0 after truncation or a new inode."""
     path, offset, max_bytes = a["path"], a["offset"], a["max_bytes"]
     info = file_info(path)
     if info["size"] is None:
         return {"error": info["error"]}
+    if offset < 0:
+        offset = max(0, info["size"] + offset)
     reset = offset > info["size"] or (a.get("inode") is not None and a["inode"] != info["inode"])
     if reset:
         offset = 0
     data = read_range(path, offset, min(max_bytes, info["size"] - offset))
+    packed = zlib.compress(data, 1) if a.get("zlib") else data
     return {
-        "data": base64.b64encode(data).decode(),
+        "data": base64.b64encode(packed).decode(),
+        "zlib": bool(a.get("zlib")),
         "offset": offset + len(data),
         "size": info["size"],
         "inode": info["inode"],

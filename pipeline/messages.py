@@ -174,11 +174,6 @@ def slack_untitled() -> str:
     return "(no text)"
 
 
-def slack_working(text: str) -> str:
-    """The immediate ack while a request that is not answered at once runs."""
-    return f"working on `{text}` …"
-
-
 def slack_home_title() -> str:
     """The heading of Pitstop's App Home tab."""
     return "Pitstop - jobs"

@@ -21,9 +21,11 @@ from pipeline import keys, messages
 from pipeline.chart import rank_rates, tokens_chart
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
 from pipeline.digest import (
+    LogRead,
     LogWindow,
     OffsetState,
     WindowKind,
+    _read_from,
     build_digest,
     compare,
     counter_increase,
@@ -550,3 +552,26 @@ async def test_rank_silent_in_the_window_is_listed_with_when_it_was_last_seen(
         assert ranks.rows[5] == ("5", "drafter", "n/a", f"silent since {clock} UTC", "n/a")
         assert f"rank 5 (drafter) silent since {clock} UTC: no metric line in this window" in reply.lines
         assert reply.status is Status.WARNING
+
+
+@pytest.mark.parametrize("size", [0, 5, 63, 64, 65, 66, 200])
+async def test_first_window_in_one_read_matches_size_then_bytes(tmp_path: Path, size: int) -> None:
+    """A first digest's one tail read (negative offset) gives the window the size-then-bytes reads gave."""
+    path = tmp_path / "m.log"
+    path.write_bytes(b"".join(b"line %03d\n" % i if i % 3 else b"x\n" for i in range(60))[:size])
+    reads: list[tuple[int, int]] = []
+    plain = local_reader(path)
+
+    async def counted(offset: int, max_bytes: int) -> LogRead:
+        reads.append((offset, max_bytes))
+        return await plain(offset, max_bytes)
+
+    window = await read_window(counted, None, scheduled=True, max_bytes=64)
+    assert len(reads) == 1
+    before = await _read_from(plain, 0, path.stat().st_size, 64, WindowKind.LAST_BYTES)
+    assert (window.data, window.start, window.end, window.skipped) == (
+        before.data,
+        before.start,
+        before.end,
+        before.skipped,
+    )

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.config import MetricsPattern, parse_config
 from pipeline.digest import summarise
-from pipeline.metrics import DEFAULT_ROLE, MetricLine, parse_jsonl, parse_metric_lines, parse_pattern
+from pipeline.metrics import (
+    DEFAULT_ROLE,
+    MetricLine,
+    parse_jsonl,
+    parse_jsonl_stdlib,
+    parse_metric_lines,
+    parse_pattern,
+)
 
 DATA = Path(__file__).parent / "data"
 DFLASH_LOG = (DATA / "dflash_metrics.log").read_bytes()
@@ -128,3 +138,38 @@ def test_regex_mapping_with_role_and_unix_ts_from_config() -> None:
 def test_pattern_matching_nothing_gives_no_lines() -> None:
     """A log the pattern does not fit gives no records rather than an error."""
     assert parse_metric_lines(DFLASH_LOG, PLAIN_PATTERN) == []
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["1,234", "2.5e3", " 7 ", "", "x", "NaN", "2026-12-01T10:00:00"]),
+)
+_KEYS = st.sampled_from(
+    ["ts", "step", "role", "rank", "role_rank", "device", "tokens", "tokens_per_s", "step_time_s",
+     "queue_depth", "loss", "top1", "top4", "top8", "gpu_mem_bytes", "other"]
+)  # fmt: skip
+_OBJECTS = st.dictionaries(_KEYS, _VALUES | st.sampled_from(["drafter", "target"]), max_size=16)
+_LINES = st.one_of(
+    _OBJECTS.map(lambda d: json.dumps(d).encode()),
+    st.just(b'{"role":"drafter","rank":5,"tokens":NaN,"loss":Infinity}'),
+    st.just(b'  {"role":"target","rank":1}  '),
+    st.just(b'{"role":"target"},{"role":"drafter"}'),
+    st.just(b"[1, 2]"),
+    st.just(b"{not json"),
+    st.binary(max_size=40),
+)
+
+
+@given(st.lists(_LINES, max_size=30))
+def test_fast_jsonl_parser_reads_exactly_as_the_stdlib_one(lines: list[bytes]) -> None:
+    """orjson-based parse_jsonl gives the same records as the standard-library reference, line for line."""
+    data = b"\n".join(line.replace(b"\n", b" ") for line in lines) + b"\n"
+    assert parse_jsonl(data) == parse_jsonl_stdlib(data)
+
+
+def test_fast_jsonl_parser_on_the_recorded_log() -> None:
+    """On the recorded dflash log (start-up line, traceback, malformed and partial lines) both parsers agree."""
+    assert parse_jsonl(DFLASH_LOG) == parse_jsonl_stdlib(DFLASH_LOG)

@@ -292,7 +292,7 @@ async def _click(served: Stack, action: str, value: str, user: str, **payload_fi
 async def test_6_button_click_honours_the_clickers_user_group(build: MakeStack) -> None:
     """With operators = S0ONCALL, a member's Cancel click on a run is not denied; a non-member's is."""
     served = await build(operators=("S0ONCALL",))
-    _, started, _ = await served.command(f"start {served.job}")
+    started = await served.answer(f"start {served.job}")
     assert started["text"].startswith("queued run r-1")
     member = await _click(served, "cancel", "r-1", "U0OPERATOR1")
     other = await _click(served, "cancel", "r-1", "U0SOMEONE")
@@ -328,14 +328,12 @@ async def test_8_expired_confirmation_replaces_the_prompt_privately(build: MakeS
     served = await build(confirm=True)
     served.runtime.dispatcher.confirm_window = 0.5
     url = served.fake.response_url()
-    _, prompt, _ = await served.command(f"restart {served.job}", response_url=url)
+    await served.command(f"restart {served.job}", response_url=url)  # acked empty, answered after
+    prompt, replaced = await served.answered(url, 2)
     assert any(b["type"] == "actions" for b in prompt["blocks"])
-    (replaced,) = await served.fake.wait_for(
-        "response_url", where=lambda c: c.path.endswith(url.rsplit("/", 1)[1])
-    )
-    assert replaced.args["replace_original"] is True and replaced.args["response_type"] == "ephemeral"
-    assert replaced.args["text"].startswith(messages.confirm_expired(f"restart {served.job}", 0.5)[:20])
-    assert not any(b["type"] == "actions" for b in replaced.args["blocks"])
+    assert replaced["replace_original"] is True and replaced["response_type"] == "ephemeral"
+    assert replaced["text"].startswith(messages.confirm_expired(f"restart {served.job}", 0.5)[:20])
+    assert not any(b["type"] == "actions" for b in replaced["blocks"])
     assert await served.fake.calls("chat.postMessage") == []
 
 

@@ -82,23 +82,24 @@ class Stack:
             text = await resp.text()
             return resp.status, text, time.monotonic() - started
 
-    async def command(self, text: str, **kw: Any) -> tuple[int, dict[str, Any], float]:
-        """A signed slash command; returns status, the ack body (JSON) and seconds to the ack."""
+    async def command(self, text: str, **kw: Any) -> tuple[int, str, float]:
+        """A signed slash command; returns status, the ack body and seconds to the ack."""
         kw.setdefault("response_url", self.fake.response_url())
-        status, body, took = await self.post(form_body(slash_command(text, **kw)))
-        return status, (json.loads(body) if body.startswith("{") else {"raw": body}), took
+        return await self.post(form_body(slash_command(text, **kw)))
+
+    async def answered(self, url: str, count: int = 1) -> list[dict[str, Any]]:
+        """The ``count`` answers posted to the response_url ``url`` (waited for, bounded)."""
+        tag = url.rsplit("/", 1)[1]
+        calls = await self.fake.wait_for("response_url", count, where=lambda c: c.path.endswith(tag))
+        return [c.args for c in calls]
 
     async def answer(self, text: str, **kw: Any) -> dict[str, Any]:
-        """The answer to a slash command: the ack itself, or what follows on its response_url."""
+        """The answer to a slash command, which follows its empty ack on its response_url."""
         url = self.fake.response_url()
         status, body, _ = await self.command(text, response_url=url, **kw)
-        assert status == 200
-        if not body["text"].startswith("working on"):
-            return body
-        (late,) = await self.fake.wait_for(
-            "response_url", where=lambda c: c.path.endswith(url.rsplit("/", 1)[1])
-        )
-        return late.args
+        assert status == 200 and body == ""
+        (late,) = await self.answered(url)
+        return late
 
     async def event(self, event: dict[str, Any], *, event_id: str | None = None, retry: int = 0) -> int:
         """A signed Events API delivery; returns the HTTP status."""
@@ -128,7 +129,7 @@ async def _verdict(ctx: Context, run_id: str, *, timeout: float) -> str | None:
 async def make_stack(
     fake_slack: FakeSlack, redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
 ) -> AsyncIterator[MakeStack]:
-    """Builds the served stack: ``make_stack(opts=(), operators=("*",), extra_jobs=0, ack_budget=None, **job_fields)``."""
+    """Builds the served stack: ``make_stack(opts=(), operators=("*",), extra_jobs=0, **job_fields)``."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def make(
@@ -136,7 +137,6 @@ async def make_stack(
             opts: tuple[str, ...] = (),
             operators: tuple[str, ...] = ("*",),
             extra_jobs: int = 0,
-            ack_budget: float | None = None,
             **job_fields: Any,
         ) -> Stack:
             setup = job_factory(ssh_server, opts=opts, **job_fields)
@@ -147,7 +147,6 @@ async def make_stack(
                 bot_token=BOT_TOKEN,
                 api_url=fake_slack.api_url,
                 signing_secret=SIGNING_SECRET,
-                ack_budget=ack_budget,
             )
             stack.push_async_callback(runtime.close, 30)
             server = await start_http(http_app(runtime.surface, runtime.health), host="127.0.0.1", port=0)
@@ -164,10 +163,12 @@ async def stack(make_stack: MakeStack) -> Stack:
     return await make_stack()
 
 
-async def test_fast_command_is_answered_in_the_ack(stack: Stack) -> None:
-    """A signed `help` is answered in the ack body itself, with blocks and a fallback text."""
-    status, body, _ = await stack.command("help")
-    assert status == 200
+async def test_command_is_acked_empty_then_answered_on_response_url(stack: Stack) -> None:
+    """A signed `help` is acked with an empty 200, then answered on its response_url with blocks and a fallback text."""
+    url = stack.fake.response_url()
+    status, ack, _ = await stack.command("help", response_url=url)
+    assert status == 200 and ack == ""
+    (body,) = await stack.answered(url)
     assert body["response_type"] == "in_channel"
     assert body["text"].startswith(messages.help_title())
     assert validate_blocks(body["blocks"]) == []
@@ -195,12 +196,14 @@ async def test_restart_taking_20_s_is_acked_at_once_and_updated_step_by_step(mak
     as each step completes, ending with the verified verdict, and the verdict goes in its thread."""
     stack = await make_stack(opts=("ignore_term=1",), stop_timeout=20.0)
     ctx = stack.runtime.ctx
-    _, started, _ = await stack.command(f"start {stack.job}")
+    started = await stack.answer(f"start {stack.job}")
     assert started["text"].startswith("queued run r-1")
     assert (await _verdict(ctx, "r-1", timeout=30)) == "RUNNING"
 
-    status, body, took = await stack.command(f"restart {stack.job}")
+    url = stack.fake.response_url()
+    status, _, took = await stack.command(f"restart {stack.job}", response_url=url)
     assert status == 200 and took < 2.0  # generous: the remote part takes 20 s
+    (body,) = await stack.answered(url)
     assert body["text"].startswith("queued run r-2") and body["response_type"] == "ephemeral"
     assert (await _verdict(ctx, "r-2", timeout=60)) == "RUNNING"
 
@@ -227,12 +230,13 @@ async def test_restart_taking_20_s_is_acked_at_once_and_updated_step_by_step(mak
 
 async def test_retried_slash_command_acts_once(stack: Stack) -> None:
     """The same slash command delivered again with X-Slack-Retry-Num: 1 starts one run, not two."""
-    body = form_body(slash_command(f"restart {stack.job}", response_url=stack.fake.response_url()))
+    url = stack.fake.response_url()
+    body = form_body(slash_command(f"restart {stack.job}", response_url=url))
     first = await stack.post(body)
     again = await stack.post(body, headers={"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"})
     assert first[0] == again[0] == 200
-    assert json.loads(first[1])["text"].startswith("queued run r-1")
-    assert json.loads(again[1])["text"] == messages.duplicate_delivery()
+    texts = sorted(a["text"] for a in await stack.answered(url, 2))
+    assert texts[0] == messages.duplicate_delivery() and texts[1].startswith("queued run r-1")
     await stack.runtime.dispatcher.drain(30)
     assert len(await stack.runtime.ctx.runs.recent(stack.job)) == 1
     headlines = [c for c in await stack.fake.calls("chat.postMessage") if "thread_ts" not in c.args]
@@ -256,17 +260,26 @@ async def test_retried_event_is_answered_once(stack: Stack) -> None:
     assert len(await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.prefix))) == 1
 
 
-async def test_answer_not_ready_in_the_budget_follows_on_response_url(make_stack: MakeStack) -> None:
-    """When the answer is not ready within the ack budget, the ack says "working on …" and the answer follows."""
-    stack = await make_stack(ack_budget=0.0)
+async def test_ack_does_not_wait_for_the_answer(stack: Stack) -> None:
+    """While the dispatcher is held before it starts (no parse, dedupe or audit yet), the slash command is
+    already acked; the answer follows on response_url once it runs."""
+    dispatcher = stack.runtime.dispatcher
+    release = asyncio.Event()
+    handle = dispatcher.handle
+
+    async def held(req: Any) -> Reply:
+        await release.wait()
+        return await handle(req)
+
+    dispatcher.handle = held  # type: ignore[method-assign]
     url = stack.fake.response_url()
-    status, body, _ = await stack.command(f"status {stack.job}", response_url=url)
-    assert status == 200 and body["text"] == messages.slack_working(f"status {stack.job}")
-    assert body["response_type"] == "ephemeral"
-    (late,) = await stack.fake.wait_for("response_url")
-    assert late.path.endswith(url.rsplit("/", 1)[1])
-    assert stack.job in "\n".join(blocks.block_texts(late.args["blocks"]))
-    assert validate_blocks(late.args["blocks"]) == []
+    status, ack, _ = await stack.command(f"status {stack.job}", response_url=url)
+    assert status == 200 and ack == ""
+    assert await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.prefix)) == []
+    release.set()
+    (late,) = await stack.answered(url)
+    assert stack.job in "\n".join(blocks.block_texts(late["blocks"]))
+    assert validate_blocks(late["blocks"]) == []
 
 
 async def test_long_log_and_80_jobs_fit_slacks_limits(make_stack: MakeStack) -> None:
@@ -325,14 +338,14 @@ async def test_direct_message_is_answered_and_bot_messages_ignored(stack: Stack)
 async def test_confirm_button_starts_the_restart(make_stack: MakeStack) -> None:
     """A job with confirm = true answers with Confirm/Cancel; clicking Confirm replaces the prompt with the queued run."""
     stack = await make_stack(confirm=True)
-    _, body, _ = await stack.command(f"restart {stack.job}")
+    body = await stack.answer(f"restart {stack.job}")
     assert body["response_type"] == "ephemeral"
     actions = next(b for b in body["blocks"] if b["type"] == "actions")
     confirm = next(e for e in actions["elements"] if blocks.action_of(e["action_id"]) == "confirm")
     payload = block_action(confirm["action_id"], confirm["value"], response_url=stack.fake.response_url())
     status, _, _ = await stack.post(form_body({"payload": json.dumps(payload)}))
     assert status == 200
-    (answer,) = await stack.fake.wait_for("response_url")
+    (answer,) = await stack.fake.wait_for("response_url", where=lambda c: c.args.get("replace_original"))
     assert answer.args["replace_original"] is True and answer.args["text"].startswith("queued run r-1")
     await stack.fake.wait_for("chat.postMessage", where=lambda c: c.args["channel"] == CHANNEL)
 
@@ -351,8 +364,8 @@ async def test_app_home_lists_jobs(stack: Stack) -> None:
 async def test_user_groups_decide_roles(make_stack: MakeStack) -> None:
     """With operators = a user group, a member may restart and a non-member is refused privately (one usergroups.list)."""
     stack = await make_stack(operators=("S0ONCALL",))
-    _, member, _ = await stack.command(f"restart {stack.job}", user="U0OPERATOR1")
-    _, other, _ = await stack.command(f"restart {stack.job}", user="U0SOMEONE")
+    member = await stack.answer(f"restart {stack.job}", user="U0OPERATOR1")
+    other = await stack.answer(f"restart {stack.job}", user="U0SOMEONE")
     assert member["text"].startswith("queued run r-1")
     assert other["response_type"] == "ephemeral" and "operator" in other["text"]
     assert len(await stack.fake.calls("usergroups.list")) == 1

@@ -55,13 +55,15 @@ async def linked(
         kill_matching(setup.token)
 
 
-async def test_slash_command_envelope_is_acked_with_the_answer(linked: Linked) -> None:
-    """A slash command over the socket is acked by envelope id, the answer in the ack's payload."""
+async def test_slash_command_envelope_is_acked_then_answered(linked: Linked) -> None:
+    """A slash command over the socket is acked empty by envelope id, then answered on its response_url."""
     env = envelope("slash_commands", slash_command("help", response_url=linked.fake.response_url()))
     await linked.fake.socket_send(env)
     ack = await linked.fake.wait_ack(env["envelope_id"])
-    assert ack["payload"]["text"].startswith(messages.help_title())
-    assert validate_blocks(ack["payload"]["blocks"]) == []
+    assert not ack.get("payload")
+    (answer,) = await linked.fake.wait_for("response_url")
+    assert answer.args["text"].startswith(messages.help_title())
+    assert validate_blocks(answer.args["blocks"]) == []
     assert linked.fake.connections_opened == 1
 
 
@@ -110,8 +112,9 @@ async def test_button_envelopes_confirm_a_restart(linked: Linked) -> None:
         slash_command(f"restart {linked.setup.name}", response_url=linked.fake.response_url()),
     )
     await linked.fake.socket_send(env)
-    ack = await linked.fake.wait_ack(env["envelope_id"])
-    actions = next(b for b in ack["payload"]["blocks"] if b["type"] == "actions")
+    await linked.fake.wait_ack(env["envelope_id"])
+    (prompt,) = await linked.fake.wait_for("response_url")
+    actions = next(b for b in prompt.args["blocks"] if b["type"] == "actions")
     confirm = next(e for e in actions["elements"] if blocks.action_of(e["action_id"]) == "confirm")
     click = envelope(
         "interactive",
@@ -119,7 +122,7 @@ async def test_button_envelopes_confirm_a_restart(linked: Linked) -> None:
     )
     await linked.fake.socket_send(click)
     await linked.fake.wait_ack(click["envelope_id"])
-    (answer,) = await linked.fake.wait_for("response_url")
+    (answer,) = await linked.fake.wait_for("response_url", where=lambda c: c.args.get("replace_original"))
     assert answer.args["text"].startswith("queued run r-1") and answer.args["replace_original"] is True
 
 
@@ -130,8 +133,9 @@ async def test_disconnect_makes_the_client_reconnect_and_keep_serving(linked: Li
     assert linked.fake.connections_opened == 2
     env = envelope("slash_commands", slash_command("help", response_url=linked.fake.response_url()))
     await linked.fake.socket_send(env)
-    ack = await linked.fake.wait_ack(env["envelope_id"], timeout=20)
-    assert ack["payload"]["text"].startswith(messages.help_title())
+    await linked.fake.wait_ack(env["envelope_id"], timeout=20)
+    (answer,) = await linked.fake.wait_for("response_url", timeout=20)
+    assert answer.args["text"].startswith(messages.help_title())
     assert linked.fake.open_sockets()[-1] is linked.fake._ws[-1]
     health = await linked.runtime.slack_health()
     assert health["socket_mode"] == "connected"
@@ -161,8 +165,9 @@ async def test_disconnect_warning_keeps_serving_and_link_disabled_shows_in_healt
     await linked.fake.socket_disconnect("warning")
     env = envelope("slash_commands", slash_command("help", response_url=linked.fake.response_url()))
     await linked.fake.socket_send(env)
-    ack = await linked.fake.wait_ack(env["envelope_id"], timeout=20)
-    assert ack["payload"]["text"].startswith(messages.help_title())
+    await linked.fake.wait_ack(env["envelope_id"], timeout=20)
+    (answer,) = await linked.fake.wait_for("response_url", timeout=20)  # acked empty, answered after
+    assert answer.args["text"].startswith(messages.help_title())
     await linked.fake.socket_disconnect("link_disabled")
     await linked.fake.wait_for("apps.connections.open", ok=False, timeout=30)  # it tried, and was refused
     health = await linked.runtime.slack_health()

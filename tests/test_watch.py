@@ -663,6 +663,17 @@ async def test_unreachable_host_is_its_own_incident(harness: Harness) -> None:
     assert len(h.alerts()) == 1
 
 
+async def test_host_down_from_the_first_cycle_is_unreachable(harness: Harness) -> None:
+    """A host that never answered (no watch state stored yet) is reported unreachable; the cycle does not fail."""
+    h, ctx = harness, harness.ctx
+    watcher = Watcher(ctx)
+    assert isinstance(h.host, InProcessHost)
+    await h.host.host.close()
+    decisions = await watcher.cycle("local", ["train"])
+    assert decisions["train"].condition == "unreachable"
+    assert len(h.alerts()) == 1
+
+
 async def test_watch_off_pauses_and_expires(harness: Harness) -> None:
     """``watch JOB off for N`` skips the job until it expires; ``on`` resumes at once."""
     ctx = harness.ctx
