@@ -18,6 +18,7 @@ from pipeline.redisconn import open_redis
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
 from pipeline.runs import RunStore
+from pipeline.slurmengine import SlurmEngine
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ async def build_context(config: Config, outbox: Outbox, *, instance: str | None 
     runs = RunStore(handle.client, handle.prefix)
     events = Events(handle.client, handle.prefix)
     restarter = Restarter(config, ssh, runs, events)
+    SlurmEngine.attach(restarter)
     return Context(
         config=config,
         redis=handle,

@@ -26,6 +26,7 @@ class ExitCode(IntEnum):
     DENIED = 3  #: the requester lacks the role
     IN_FLIGHT = 4  #: refused: another restart of the job is in flight
     CANCELLED = 5  #: cancelled, or timed out waiting
+    PENDING = 6  #: the verdict is PENDING: the job is queued by its scheduler; the real verdict follows
 
 
 class PitstopError(Exception):

