@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeline.errors import RemoteCommandError
@@ -49,12 +49,14 @@ FAILURES = frozenset(
 )
 
 _QUERY = r"""
-ids="$1"
+ids="$1"; shift
 squeue -h -t all -j "$ids" -o '%i|%T|%D|%N|%r|%M' 2>/dev/null
 echo '@@scontrol'
 for id in ${ids//,/ }; do scontrol show job -o "$id" 2>/dev/null; done
 echo '@@sacct'
 sacct -X -n -P -j "$ids" -o JobID,State,ExitCode,Reason,NNodes,NodeList 2>/dev/null
+echo '@@stat'
+for p in "$@"; do stat -c '%s|%n' "$p" 2>/dev/null; done
 true
 """
 
@@ -119,6 +121,7 @@ class _Parts:
     squeue: list[str] = field(default_factory=list)
     scontrol: list[str] = field(default_factory=list)
     sacct: list[str] = field(default_factory=list)
+    stat: list[str] = field(default_factory=list)
 
 
 def parse_elapsed(text: str) -> float | None:
@@ -173,6 +176,20 @@ def parse_scontrol(line: str) -> dict[str, str]:
     return out
 
 
+def parse_sizes(text: str) -> dict[str, int]:
+    """File sizes (bytes) by path from a ``_QUERY`` answer's ``@@stat`` section."""
+    sizes: dict[str, int] = {}
+    on = False
+    for line in text.splitlines():
+        if line.startswith("@@"):
+            on = line.strip() == "@@stat"
+        elif on and "|" in line:
+            size, _, path = line.partition("|")
+            if size.isdigit():
+                sizes[path] = int(size)
+    return sizes
+
+
 def parse_query(text: str) -> dict[int, SlurmJob]:
     """The jobs in one ``_QUERY`` answer: squeue rows first, completed by scontrol, then sacct."""
     parts = _Parts()
@@ -182,6 +199,8 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
             target = parts.scontrol
         elif line.strip() == "@@sacct":
             target = parts.sacct
+        elif line.strip() == "@@stat":
+            target = parts.stat
         elif line.strip():
             target.append(line.strip())
     jobs: dict[int, dict[str, object]] = {}
@@ -245,9 +264,20 @@ class SlurmClient:
         """
         if not ids:
             return {}
-        joined = ",".join(str(i) for i in ids)
-        result = await self._run(job, ["bash", "-c", _QUERY, "pitstop-slurm-query", joined])
-        return parse_query(result.stdout)
+        return (await self.query_with_sizes(job, ids, ()))[0]
+
+    async def query_with_sizes(
+        self, job: str, ids: Sequence[int], paths: Sequence[str]
+    ) -> tuple[dict[int, SlurmJob], dict[str, int]]:
+        """:meth:`query` plus the sizes of ``paths`` on the login node, in the same call.
+
+        :returns: the jobs by id, and sizes in bytes by path (a missing file is absent).
+        :raises RemoteError: if the login node cannot be reached.
+        """
+        joined = ",".join(str(i) for i in ids) or "0"
+        result = await self._run(job, ["bash", "-c", _QUERY, "pitstop-slurm-query", joined, *paths])
+        jobs = parse_query(result.stdout)
+        return ({i: j for i, j in jobs.items() if i in set(ids)}, parse_sizes(result.stdout))
 
     async def one(self, job: str, job_id: int) -> SlurmJob | None:
         """:meth:`query` for one job; None if the cluster does not know it."""
@@ -390,13 +420,7 @@ def job_ended(j: SlurmJob) -> str:
     return f"job {j.id} ended {j.state}" + (f" ({', '.join(bits)})" if bits else "")
 
 
-def incident_state(job: str, j: SlurmJob) -> str:
-    """The incident for a job that left RUNNING: state, ExitCode and Reason as the cluster has them."""
+def state_cause(j: SlurmJob) -> str:
+    """Why a job no longer runs, as the cluster has it: ``Slurm job 12 is CANCELLED (ExitCode 0:15, Reason None)``."""
     code = f"{j.exit_code if j.exit_code is not None else '?'}:{j.signal or 0}"
-    return f"{job} is down: Slurm job {j.id} is {j.state} (ExitCode {code}, Reason {j.reason or 'None'})"
-
-
-def degraded_nodes(job: str, short: Mapping[str, tuple[int, int]]) -> str:
-    """``dflash is degraded: n2 has 3/4 processes``."""
-    parts = [f"{node} has {seen}/{want} processes" for node, (seen, want) in sorted(short.items())]
-    return f"{job} is degraded: {'; '.join(parts)}"
+    return f"Slurm job {j.id} is {j.state} (ExitCode {code}, Reason {j.reason or 'None'})"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import signal
 import sys
 import time
 import uuid
@@ -14,8 +16,13 @@ from typing import Any
 
 import pytest
 
+from handlers.context import Context
+from handlers.outbox import MemoryOutbox
+from handlers.verdicts import deliver_due, deliver_verdict
+from handlers.watching import Watcher
 from pipeline import keys, slurm
-from pipeline.config import Config, JobConfig, SlurmSettings
+from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
+from pipeline.errors import ExitCode
 from pipeline.events import Events
 from pipeline.redisconn import RedisHandle, open_redis
 from pipeline.remote import SSHPool
@@ -24,6 +31,7 @@ from pipeline.runs import RunRecord, RunStore, Step, Verdict
 from pipeline.slurmengine import SlurmEngine
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.ssh import LOOP, HostUnderTest, InProcessHost, git_repo, kill_matching
+from tests.support_handlers import make_context
 
 SCRIPT = """\
 #!/bin/bash
@@ -117,6 +125,7 @@ async def make_slurm(
         tasks_per_node: int = 4,
         start_window: float = 3.0,
         host: HostUnderTest | None = None,
+        watch: WatchSettings | None = None,
         **slurm_fields: Any,
     ) -> SlurmStack:
         token = f"pitstop-slurm-{uuid.uuid4().hex[:12]}"
@@ -143,6 +152,7 @@ async def make_slurm(
             match=token,
             start_window=start_window,
             stop_timeout=5.0,
+            watch=watch or WatchSettings(),
         )
         config = Config(hosts={"login": (host or ssh_server).host_config()}, jobs={"trainer": job})
         ssh = SSHPool(config)
@@ -164,15 +174,25 @@ async def make_slurm(
         kill_matching(token)
 
 
-async def recheck_until_decided(stack: SlurmStack, run: RunRecord, timeout: float = 60.0) -> RunRecord:
-    """Verify again each time the PENDING run comes due in keys.runs_unverified, as the scheduler does."""
+async def recheck_until_decided(
+    ctx: Context, stack: SlurmStack, run_id: str, timeout: float = 60.0
+) -> RunRecord:
+    """Deliver the run each time it comes due in keys.runs_unverified (as the scheduler does) until
+    its verdict is no longer PENDING."""
     deadline = time.time() + timeout
-    while run.verdict is Verdict.PENDING and time.time() < deadline:
-        due = await stack.redis.client.zscore(keys.runs_unverified(stack.redis.prefix), run.id)
-        assert due is not None, "a PENDING run stays queued for verification"
+    while time.time() < deadline:
+        due = await stack.redis.client.zscore(keys.runs_unverified(stack.redis.prefix), run_id)
+        if due is None:
+            break
         await asyncio.sleep(max(0.0, float(due) - time.time()))
-        run = await stack.restarter.verify(run)
-    return run
+        await deliver_due(ctx)
+    return await stack.runs.get(run_id)
+
+
+def context(stack: SlurmStack, outbox: MemoryOutbox) -> Context:
+    """A handlers Context on the stack's real Redis, SSH pool and Restarter, posting to ``outbox``."""
+    ctx = make_context(stack.config, stack.redis, restarter=stack.restarter, outbox=outbox)
+    return dataclasses.replace(ctx, ssh=stack.ssh)
 
 
 def outcomes(run: RunRecord) -> dict[str, str]:
@@ -220,23 +240,35 @@ async def test_batch_script_exiting_3_is_exited_code_3(make_slurm: MakeSlurm) ->
     assert "giving up" in run.evidence and "FAILED" in run.evidence
 
 
-async def test_full_partition_is_pending_reason_resources_then_running(make_slurm: MakeSlurm) -> None:
-    """With a blocker holding every CPU the job is PENDING reason Resources; once it ends, RUNNING."""
+async def test_full_partition_is_pending_reason_resources_then_running_posted_in_the_thread(
+    make_slurm: MakeSlurm,
+) -> None:
+    """A blocker holds every CPU: PENDING reason Resources is posted; when it ends, RUNNING in the same thread."""
     stack = await make_slurm(start_window=2.0)
+    outbox = MemoryOutbox()
+    ctx = context(stack, outbox)
     blocker = stack.cluster.run(
         "sbatch", "--parsable", "-N2", "--ntasks-per-node=8", "-o", "/dev/null", "--wrap", "sleep 600"
     ).stdout.strip()
     run = await stack.restarter.restart(await stack.run())
     assert run.verdict is None, run.verdict_line
-    run = await stack.restarter.verify(run)
-    assert run.verdict is Verdict.PENDING, (run.verdict_line, run.evidence)
-    parsed = slurm.parse_verdict_pending(run.verdict_line or "")
-    assert parsed is not None and parsed[0] == "Resources" and parsed[1] == run.slurm_job, run.verdict_line
-    due = await stack.redis.client.zscore(keys.runs_unverified(stack.redis.prefix), run.id)
-    assert due is not None
+    first = await deliver_verdict(ctx, run.id)
+    assert first is not None and first.verdict is Verdict.PENDING, first and (
+        first.verdict_line,
+        first.evidence,
+    )
+    parsed = slurm.parse_verdict_pending(first.verdict_line or "")
+    assert parsed is not None and parsed[:2] == ("Resources", run.slurm_job), first.verdict_line
+    again = await deliver_verdict(ctx, run.id)  # still queued: checked again, not posted again
+    assert again is not None and again.verdict is Verdict.PENDING
     stack.cluster.run("scancel", blocker)
-    run = await recheck_until_decided(stack, run)
-    assert run.verdict_line == f"RUNNING 8/8 processes job {run.slurm_job} on 2 nodes", run.evidence
+    final = await recheck_until_decided(ctx, stack, run.id)
+    assert final.verdict_line == f"RUNNING 8/8 processes job {run.slurm_job} on 2 nodes", final.evidence
+    threads = [(p.key, p.reply.title, p.reply.exit_code) for p in outbox.of("thread")]
+    assert threads == [
+        (f"run:{run.id}", first.verdict_line, ExitCode.PENDING),
+        (f"run:{run.id}", final.verdict_line, ExitCode.OK),
+    ]
     assert await stack.redis.client.zscore(keys.runs_unverified(stack.redis.prefix), run.id) is None
 
 
@@ -256,3 +288,47 @@ def test_nodelist_and_elapsed_parsing() -> None:
     assert slurm.parse_elapsed("1-02:03:04") == 93784.0
     assert slurm.parse_elapsed("2:03") == 123.0
     assert slurm.parse_elapsed("INVALID") is None
+
+
+async def test_task_killed_on_one_node_is_degraded_naming_the_node(make_slurm: MakeSlurm) -> None:
+    """One task killed on n2: the watcher opens one degraded incident that names n2 and its 3/4 tasks."""
+    stack = await make_slurm(watch=WatchSettings(degraded_after=0.001, stall_after=600))
+    run = await stack.start()
+    outbox = MemoryOutbox()
+    watcher = Watcher(context(stack, outbox))
+    first = await watcher.cycle("login")
+    assert first["trainer"].condition == "ok", first
+    tasks = await stack.engine.client.node_tasks(stack.name, run.slurm_job or 0, 2, stack.token)
+    victim = next(t for t in tasks if t.node == "n2").pids[0]
+    os.kill(victim, signal.SIGKILL)
+    decisions = await watcher.cycle("login")
+    decisions = await watcher.cycle("login")
+    assert decisions["trainer"].condition == "degraded", decisions
+    alerts = outbox.of("announce")
+    assert len(alerts) == 1, [a.reply.title for a in alerts]
+    assert alerts[0].reply.title == "trainer is degraded: 7/8 processes on login"
+    assert any(
+        line == f"detected cause: n2 has 3/4 processes (Slurm job {run.slurm_job})"
+        for line in alerts[0].reply.lines
+    )
+
+
+async def test_scancel_from_outside_is_one_incident_with_the_slurm_state(make_slurm: MakeSlurm) -> None:
+    """A job cancelled outside Pitstop is one dead incident carrying Slurm's state, ExitCode and Reason."""
+    stack = await make_slurm()
+    run = await stack.start()
+    outbox = MemoryOutbox()
+    watcher = Watcher(context(stack, outbox))
+    assert (await watcher.cycle("login"))["trainer"].condition == "ok"
+    stack.cluster.run("scancel", str(run.slurm_job))
+    deadline = time.time() + 60
+    while (j := await stack.engine.client.one(stack.name, run.slurm_job or 0)) is not None and j.active:
+        assert time.time() < deadline, j
+        await asyncio.sleep(0.2)
+    for _ in range(2):
+        decisions = await watcher.cycle("login")
+        assert decisions["trainer"].condition == "dead", decisions
+    alerts = outbox.of("announce")
+    assert len(alerts) == 1, [a.reply.title for a in alerts]
+    fields = dict(alerts[0].reply.fields)
+    assert fields["exit cause"].startswith(f"Slurm job {run.slurm_job} is CANCELLED (ExitCode 0:15"), fields
