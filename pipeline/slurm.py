@@ -361,6 +361,35 @@ class SlurmClient:
             )
         return sorted(out, key=lambda n: n.node)
 
+    async def node_gpus(self, job: str, job_id: int, nodes: int, argv: Sequence[str]) -> dict[str, str]:
+        """``argv`` (an ``nvidia-smi`` query) run once on each of the job's nodes inside its
+        allocation; its output by node name.
+
+        :raises RemoteCommandError: if srun fails on every node (its stderr in the message).
+        """
+        script = 'echo "@@node $SLURMD_NODENAME"; exec "$@"'
+        srun = ["srun", f"--jobid={job_id}", "--overlap", f"-N{nodes}", "--ntasks-per-node=1", "--label"]
+        result = await self._run(
+            job, [*srun, "--quiet", "bash", "-c", script, "pitstop-gpus", *argv], TASKS_TIMEOUT
+        )
+        by_task: dict[str, list[str]] = {}
+        for line in result.stdout.splitlines():
+            label, _, body = line.partition(": ")
+            by_task.setdefault(label.strip(), []).append(body)
+        out: dict[str, str] = {}
+        for lines in by_task.values():
+            if lines and lines[0].startswith("@@node "):
+                out[lines[0][7:].strip()] = "\n".join(lines[1:]) + "\n"
+        if not out:
+            raise RemoteCommandError(
+                result.host,
+                ["srun", f"--jobid={job_id}", "--overlap", *argv],
+                f"on {result.host}: srun into job {job_id} failed: {result.stderr.strip()[-300:] or 'no output'}",
+                exit_status=result.exit_status,
+                stderr=result.stderr,
+            )
+        return dict(sorted(out.items()))
+
 
 # --- texts of the Slurm engine ----------------------------------------------------------------------
 
@@ -424,3 +453,23 @@ def state_cause(j: SlurmJob) -> str:
     """Why a job no longer runs, as the cluster has it: ``Slurm job 12 is CANCELLED (ExitCode 0:15, Reason None)``."""
     code = f"{j.exit_code if j.exit_code is not None else '?'}:{j.signal or 0}"
     return f"Slurm job {j.id} is {j.state} (ExitCode {code}, Reason {j.reason or 'None'})"
+
+
+def status_line(job: str, j: SlurmJob) -> str:
+    """``dflash: Slurm job 4242 RUNNING on 2 nodes (n1, n2), elapsed 3 min`` (a pending reason when queued)."""
+    where = f" on {j.nodes} node{'s' if j.nodes != 1 else ''}" + (
+        f" ({', '.join(j.nodelist)})" if j.nodelist else ""
+    )
+    elapsed = f", elapsed {queued_for(j.elapsed)}" if j.elapsed else ""
+    reason = f", reason {j.reason}" if j.reason and j.state != "RUNNING" else ""
+    return f"{job}: Slurm job {j.id} {j.state}{where}{elapsed}{reason}"
+
+
+def gpus_title(job: str, job_id: int, nodes: int, gpus: int) -> str:
+    """``GPUs of dflash (Slurm job 4242): 16 on 2 nodes``."""
+    return f"GPUs of {job} (Slurm job {job_id}): {gpus} on {nodes} node{'s' if nodes != 1 else ''}"
+
+
+def gpus_not_running(job: str, why: str) -> str:
+    """``gpus JOB`` for a Slurm job that holds no nodes now."""
+    return f"{job} holds no nodes now ({why}); `status {job}` shows its state"

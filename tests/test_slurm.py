@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 
+from handlers.audit import Audit
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
+from handlers.reports import gpus_command
 from handlers.verdicts import deliver_due, deliver_verdict
+from handlers.views import history_command, logs_command, status_command
 from handlers.watching import Watcher
 from pipeline import keys, slurm
 from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
@@ -332,3 +335,38 @@ async def test_scancel_from_outside_is_one_incident_with_the_slurm_state(make_sl
     assert len(alerts) == 1, [a.reply.title for a in alerts]
     fields = dict(alerts[0].reply.fields)
     assert fields["exit cause"].startswith(f"Slurm job {run.slurm_job} is CANCELLED (ExitCode 0:15"), fields
+
+
+async def test_status_logs_history_gpus_and_cancel_on_a_slurm_job(make_slurm: MakeSlurm) -> None:
+    """status shows job id, state, nodes and elapsed; logs reads StdOut; gpus covers each node; cancel works."""
+    stack = await make_slurm()
+    run = await stack.start()
+    ctx = context(stack, MemoryOutbox())
+    status = await status_command(ctx, "trainer")
+    row = status.tables[0].rows[0]
+    assert row[:4] == ("trainer", "running", f"job {run.slurm_job}", "8/8"), row
+    assert any(
+        line.startswith(f"trainer: Slurm job {run.slurm_job} RUNNING on 2 nodes (n1, n2)")
+        for line in status.lines
+    ), status.lines
+    logs = await logs_command(ctx, "trainer", 5)
+    assert logs.log is not None and "step" in logs.log
+    history = await history_command(ctx, Audit(stack.redis.client, stack.redis.prefix), "trainer", 5)
+    assert any(run.verdict_line in cell for r in history.tables[0].rows for cell in r), history
+    gpus = await gpus_command(ctx, "trainer")
+    assert gpus.title == f"GPUs of trainer (Slurm job {run.slurm_job}): 16 on 2 nodes", (
+        gpus.title,
+        gpus.lines,
+    )
+    assert {r[0] for t in gpus.tables for r in t.rows} == {"n1", "n2"}
+
+    async def yes() -> bool:
+        return True
+
+    cancelled = await stack.restarter.restart(await stack.run(), cancelled=yes)
+    assert (
+        cancelled.verdict is Verdict.CANCELLED
+        and cancelled.verdict_line == "CANCELLED before stop - nothing was changed"
+    )
+    alive = await stack.engine.client.one(stack.name, run.slurm_job or 0)
+    assert alive is not None and alive.state == "RUNNING"
