@@ -204,10 +204,11 @@ def outcomes(run: RunRecord) -> dict[str, str]:
 
 
 async def test_restart_submits_a_new_job_running_the_expected_tasks_on_every_node(
-    make_slurm: MakeSlurm,
+    make_slurm: MakeSlurm, any_ssh_host: HostUnderTest
 ) -> None:
-    """Restart of a running job: the old job is cancelled, a new job id RUNNING with 4 tasks on each of 2 nodes."""
-    stack = await make_slurm()
+    """Restart of a running job (login node over asyncssh and over OpenSSH sshd): the old job is
+    cancelled, a new job id is RUNNING with 4 tasks on each of 2 nodes."""
+    stack = await make_slurm(host=any_ssh_host)
     first = await stack.start()
     assert first.verdict_line == f"RUNNING 8/8 processes job {first.slurm_job} on 2 nodes"
     run = await stack.restarter.restart(await stack.run())
@@ -370,3 +371,18 @@ async def test_status_logs_history_gpus_and_cancel_on_a_slurm_job(make_slurm: Ma
     )
     alive = await stack.engine.client.one(stack.name, run.slurm_job or 0)
     assert alive is not None and alive.state == "RUNNING"
+
+
+async def test_restart_with_requeue_keeps_the_job_id(make_slurm: MakeSlurm) -> None:
+    """With requeue the job is stopped and requeued under the same id (PENDING through Slurm's delay, then RUNNING)."""
+    stack = await make_slurm(requeue=True, start_window=2.0)
+    first = await stack.start()
+    run = await stack.restarter.restart(await stack.run())
+    assert run.verdict is None, (run.verdict_line, [s.detail for s in run.steps])
+    launch = run.step(Step.LAUNCH)
+    assert launch is not None and launch.detail.startswith(f"requeued Slurm job {first.slurm_job}")
+    assert run.slurm_job == first.slurm_job
+    ctx = context(stack, MemoryOutbox())
+    await deliver_verdict(ctx, run.id)
+    final = await recheck_until_decided(ctx, stack, run.id)
+    assert final.verdict_line == f"RUNNING 8/8 processes job {first.slurm_job} on 2 nodes", final.evidence
