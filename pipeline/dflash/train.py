@@ -113,11 +113,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drafter-devices", default="5,6,7", help="CUDA ids of the DDP drafter workers")
     p.add_argument("--metric-every", type=int, default=0, help="steps between metric lines (0: profile's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the target weights, data order, drafter init")
-    p.add_argument(
-        "--slurm-task",
-        action="store_true",
-        help="run as one Slurm task (srun): the role from SLURM_PROCID; task 0 serves the queue",
-    )
     return p.parse_args(argv)
 
 
@@ -142,7 +137,7 @@ def worker_main(spec: dict[str, Any], q: Any, stop_event: Any, targets_stop: Any
         if spec["role"] == "target":
             run_target(spec, log, q, targets_stop)
             if spec.get("slurm") and spec["rank"] == 0:
-                time.sleep(SLURM_SERVER_GRACE_S)  # task 0 serves the queue: let the others leave first
+                time.sleep(spec["server_grace"])  # task 0 serves the queue: let the others leave first
         else:
             run_drafter(spec, log, q, stop_event)
             if spec.get("slurm") and spec["role_rank"] == 0:
@@ -175,97 +170,6 @@ def _plain_comm(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         pass
-
-
-SLURM_SERVER_GRACE_S = 3.0  # task 0 keeps serving the queue this long after the targets stop
-SLURM_CONNECT_S = 120.0  # how long tasks other than 0 try to reach task 0's queue server
-
-
-def slurm_task_main(args: argparse.Namespace) -> int:
-    """One worker as a Slurm task (``srun python train.py --slurm-task ...``): no launcher.
-
-    The global rank is ``SLURM_PROCID`` (targets first, as in the launcher); ``SLURM_NTASKS`` must
-    equal the worker count.  Task 0 serves the bounded queue and the two stop events over TCP
-    (``multiprocessing.managers``, authkey = the job id) at ``MASTER_ADDR`` (default 127.0.0.1) and
-    ``MASTER_PORT`` (default 20000 + job id mod 20000); the drafters' DDP rendezvous is
-    ``MASTER_PORT + 1`` of ``DRAFTER_ADDR`` (the node of the first drafter; default ``MASTER_ADDR``).
-    A GPU task uses ``cuda:SLURM_LOCALID``.  SIGTERM (``scancel --signal=TERM --full``) reaches every
-    task: the drafters stop together at a step boundary (checkpoint as usual), then release the targets.
-
-    :returns: 2 on a task count that does not match the roles (never returns otherwise: the worker exits).
-    """
-    import threading
-    from multiprocessing.managers import BaseManager
-
-    cfg = load_profile(args.profile)
-    if args.cpu:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    target_devs = _devices(args.target_devices, args.cpu)
-    drafter_devs = _devices(args.drafter_devices, args.cpu)
-    roles = [("target", d) for d in target_devs] + [("drafter", d) for d in drafter_devs]
-    rank = int(os.environ["SLURM_PROCID"])
-    ntasks = int(os.environ.get("SLURM_NTASKS", "0"))
-    if ntasks != len(roles):
-        print(
-            f"dflash: {ntasks} Slurm tasks for {len(roles)} workers; run with -n {len(roles)}",
-            file=sys.stderr,
-        )
-        return 2
-    job_id = os.environ.get("SLURM_JOB_ID", "0")
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ.get("MASTER_PORT") or 20000 + int(job_id) % 20000)
-    role, dev = roles[rank]
-    if dev.startswith("cuda"):
-        dev = f"cuda:{os.environ.get('SLURM_LOCALID', '0')}"
-
-    class Serve(BaseManager):
-        pass
-
-    class Hub(BaseManager):
-        pass
-
-    if rank == 0:
-        q: queue_mod.Queue[bytes] = queue_mod.Queue(maxsize=cfg["queue_size"])
-        stop_event, targets_stop = threading.Event(), threading.Event()
-        Serve.register("queue", callable=lambda: q)
-        Serve.register("stop", callable=lambda: stop_event)
-        Serve.register("targets_stop", callable=lambda: targets_stop)
-        server = Serve(address=("", port), authkey=job_id.encode()).get_server()
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    for name in ("queue", "stop", "targets_stop"):
-        Hub.register(name)
-    hub = Hub(address=(master, port), authkey=job_id.encode())
-    deadline = time.monotonic() + SLURM_CONNECT_S
-    while True:
-        try:
-            hub.connect()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-    spec = {
-        "cfg": cfg,
-        "profile": args.profile,
-        "log": args.log,
-        "checkpoint_dir": args.checkpoint_dir,
-        "seed": args.seed,
-        "resume_step": read_resume_step(args.checkpoint_dir),
-        "max_steps": args.max_steps,
-        "metric_every": args.metric_every or cfg["metric_every"],
-        "launcher_pid": os.getppid(),  # slurmstepd: gone means the step is gone
-        "port": port + 1,
-        "rendezvous": os.environ.get("DRAFTER_ADDR", master),
-        "world_size": len(drafter_devs),
-        "role": role,
-        "rank": rank,
-        "role_rank": rank if role == "target" else rank - len(target_devs),
-        "device": dev,
-        "first_rank_of_role": 0 if role == "target" else len(target_devs),
-        "slurm": True,
-    }
-    worker_main(spec, hub.queue(), hub.stop(), hub.targets_stop())  # type: ignore[attr-defined]
-    return 0
 
 
 def _orphaned(spec: dict[str, Any]) -> bool:
@@ -571,8 +475,6 @@ def main(argv: list[str] | None = None) -> int:
         2 when CUDA is missing without ``--cpu``.
     """
     args = parse_args(argv)
-    if args.slurm_task:
-        return slurm_task_main(args)
     set_title("dflash-main")
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
