@@ -222,7 +222,8 @@ class SlurmEngine:
         state = parts.get(want or "", parts.get(f"{want}*", "")) if want else ""
         if not want or state != "up":
             known = ", ".join(f"{p.rstrip('*')} {s}" for p, s in parts.items()) or " ".join(info)[:200]
-            raise await fail("partition", f"partition {want or '(default)'} is not up ({known or 'none'})")
+            shown = want.rstrip("*") if want else "(default)"
+            raise await fail("partition", f"partition {shown} is not up ({known or 'none'})")
         if "@@script=ok" not in result.stdout:
             raise await fail("script", f"{sl.script}: no such file on {job.host}")
         test = [ln for ln in sections.get("test", []) if not ln.startswith("@@rc=")]
@@ -376,8 +377,8 @@ class SlurmEngine:
                     started = now - (j.elapsed or 0.0)
                     if now >= max(deadline, started + job.start_window):
                         break
-                elif now >= deadline:
-                    break
+                elif now >= deadline and (j.state != "COMPLETING" or now >= deadline + VERIFY_GRACE):
+                    break  # still queued (or starting): PENDING; a job completing is awaited
             elif now >= deadline + VERIFY_GRACE:
                 rec.outcome, rec.ended_at, rec.detail = Outcome.FAILED, now, failure.message
                 await r.runs.save(run)

@@ -77,9 +77,9 @@ async def probe_cluster(
         j = jobs.get(job_id) if job_id is not None else None
         if j is None or j.state != "RUNNING":
             cause = None
-            if j is not None and not j.active:
+            if j is not None:
                 cause = slurm.state_cause(j)
-            elif job_id is not None and j is None:
+            elif job_id is not None:
                 cause = f"Slurm job {job_id} is no longer known to the cluster"
             return JobProbe(job=name, count=0, log_size=size), SlurmNote(j, cause)
         try:

@@ -386,3 +386,27 @@ async def test_restart_with_requeue_keeps_the_job_id(make_slurm: MakeSlurm) -> N
     await deliver_verdict(ctx, run.id)
     final = await recheck_until_decided(ctx, stack, run.id)
     assert final.verdict_line == f"RUNNING 8/8 processes job {first.slurm_job} on 2 nodes", final.evidence
+
+
+async def test_preflight_refuses_a_missing_script_and_a_partition_that_is_not_up(
+    make_slurm: MakeSlurm,
+) -> None:
+    """Nothing is submitted when the script is missing or the partition is down: PREFLIGHT_FAILED, named."""
+    stack = await make_slurm()
+    (stack.workdir / "job.sbatch").unlink()
+    run = await stack.restarter.start(await stack.run("start"))
+    assert run.verdict is Verdict.PREFLIGHT_FAILED
+    assert (
+        run.verdict_line == f"PREFLIGHT_FAILED script: {stack.workdir / 'job.sbatch'}: no such file on login"
+    )
+    other = await make_slurm()
+    stack.cluster.run("scontrol", "update", "partitionname=debug", "state=down")
+    try:
+        run = await other.restarter.start(await other.run("start"))
+    finally:
+        stack.cluster.run("scontrol", "update", "partitionname=debug", "state=up")
+    assert run.verdict is Verdict.PREFLIGHT_FAILED
+    assert run.verdict_line is not None and run.verdict_line.startswith("PREFLIGHT_FAILED partition: "), (
+        run.verdict_line
+    )
+    assert stack.cluster.jobs() == []
