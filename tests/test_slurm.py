@@ -410,3 +410,18 @@ async def test_preflight_refuses_a_missing_script_and_a_partition_that_is_not_up
         run.verdict_line
     )
     assert stack.cluster.jobs() == []
+
+
+async def test_stop_by_pitstop_is_no_incident(make_slurm: MakeSlurm) -> None:
+    """A job cancelled by Pitstop's own stop is idle for the watcher: no alert."""
+    stack = await make_slurm()
+    run = await stack.start()
+    outbox = MemoryOutbox()
+    watcher = Watcher(context(stack, outbox))
+    assert (await watcher.cycle("login"))["trainer"].condition == "ok"
+    stopped = await stack.restarter.stop(await stack.run("stop"))
+    assert stopped.verdict is None, stopped.verdict_line
+    stop = stopped.step(Step.STOP)
+    assert stop is not None and stop.detail.startswith(f"stopped Slurm job {run.slurm_job} in "), stop.detail
+    assert (await watcher.cycle("login"))["trainer"].condition == "idle"
+    assert outbox.of("announce") == []
