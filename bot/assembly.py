@@ -19,6 +19,7 @@ from pipeline.redisconn import open_redis
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
 from pipeline.runs import RunStore
+from pipeline.slurmengine import SlurmEngine
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ async def build_context(
     runs = RunStore(handle.client, handle.prefix, owner=instance)
     events = Events(handle.client, handle.prefix)
     restarter = Restarter(config, ssh, runs, events)
+    SlurmEngine.attach(restarter)
     ctx = Context(
         config=config,
         redis=handle,

@@ -185,7 +185,7 @@ async def say_main(
             else:
                 run = done
                 verdict = verdict_reply(run)
-                code = ExitCode.OK if run.verdict is not None and run.verdict.ok else ExitCode.FAILED
+                code = verdict.exit_code
                 if not as_json:
                     print(render_text(verdict), file=out, flush=True)
         if as_json:

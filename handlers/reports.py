@@ -287,6 +287,11 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     try:
         name = ctx.config.host_name(host)
     except KeyError:
+        job = next((j for j, spec in ctx.config.jobs.items() if j.lower() == host.lower()), None)
+        if job is not None and ctx.config.jobs[job].engine == "slurm":
+            from handlers.slurmviews import job_gpus
+
+            return await job_gpus(ctx, job)
         return Reply(
             title=messages.gpus_unknown_host(host, _suggest(host, list(ctx.config.hosts))),
             status=Status.ERROR,

@@ -17,7 +17,7 @@ from pipeline.config import Config
 from pipeline.errors import ExitCode
 from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
 
-_WARNING_VERDICTS = frozenset({Verdict.CANCELLED, Verdict.INTERRUPTED})
+_WARNING_VERDICTS = frozenset({Verdict.CANCELLED, Verdict.INTERRUPTED, Verdict.PENDING})
 
 
 def thread_key(run_id: str) -> str:
@@ -119,14 +119,15 @@ def verdict_reply(run: RunRecord) -> Reply:
         0 for RUNNING, 1 otherwise.
     """
     ok = run.verdict is not None and run.verdict.ok
+    pending = run.verdict is Verdict.PENDING
     title = verdict_line(run) or messages.run_verdict_fallback(run.id, run.job, "no verdict")
     return Reply(
         title=title,
-        status=Status.OK if ok else Status.ERROR,
+        status=Status.OK if ok else Status.WARNING if pending else Status.ERROR,
         log=run.evidence or None,
         log_title=messages.run_evidence_title(run.job) if run.evidence else "",
         thread_key=thread_key(run.id),
         run_id=run.id,
-        buttons=() if ok else (Button(messages.show_log_button(), "show_log", run.job),),
-        exit_code=ExitCode.OK if ok else ExitCode.FAILED,
+        buttons=() if ok or pending else (Button(messages.show_log_button(), "show_log", run.job),),
+        exit_code=ExitCode.OK if ok else ExitCode.PENDING if pending else ExitCode.FAILED,
     )

@@ -11,6 +11,10 @@ already recorded is posted without verifying again.
 
 A verification that came due while Pitstop was down is simply overdue in the sorted set: the
 first poll after start delivers it, once.
+
+A run verified as ``PENDING`` (a Slurm job still queued at its deadline) is posted once and
+stays in ``keys.runs_unverified`` (the engine sets the next due time); later deliveries verify
+it again and post only the real verdict, in the same thread.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pipeline import keys, messages
 from pipeline.errors import PitstopError, UnknownRun
 from pipeline.events import EventKind
 from pipeline.recovery import Interruption, reconcile
-from pipeline.runs import RunRecord
+from pipeline.runs import RunRecord, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +99,9 @@ async def _deliver_claimed(
         await client.zrem(keys.runs_unverified(prefix), run_id)
         await _release(ctx, claim, holder)
         return None
+    before = run.verdict
     try:
-        if run.verdict is None:
+        if run.verdict is None or run.verdict is Verdict.PENDING:
             run = await ctx.restarter.verify(run)
     except asyncio.CancelledError:
         await asyncio.shield(_release(ctx, claim, holder))
@@ -107,9 +112,26 @@ async def _deliver_claimed(
         await client.zadd(keys.runs_unverified(prefix), {run_id: time.time() + RETRY_AFTER}, xx=True)
         await _release(ctx, claim, holder)
         return None
+    if run.verdict is Verdict.PENDING:
+        # still queued (Slurm): the engine re-queued the check; post PENDING once, then only
+        # the real verdict, in the same thread
+        if before is not Verdict.PENDING:
+            await _post(ctx, run)
+        await _release(ctx, claim, holder)
+        return run
     # verify() takes the run off the unverified set; put it back until the posts are out, so a
     # process that dies while posting leaves it to be delivered again when its claim expires
     await client.zadd(keys.runs_unverified(prefix), {run_id: time.time() + claim_ttl})
+    await _post(ctx, run)
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.set(claim, f"done:{holder}", px=int(DONE_TTL * 1000))
+        pipe.zrem(keys.runs_unverified(prefix), run_id)
+        await pipe.execute()
+    return run
+
+
+async def _post(ctx: Context, run: RunRecord) -> None:
+    """The verdict in the run's thread, the run's headline updated, a VERDICT event."""
     channel = ctx.config.channel_for(run.job) if run.job in ctx.config.jobs else None
     await ctx.outbox.thread(thread_key(run.id), verdict_reply(run), channel)
     await ctx.outbox.announce(thread_key(run.id), run_reply(run, ctx.config), channel)
@@ -121,11 +143,6 @@ async def _deliver_claimed(
         line=run.verdict_line,
         instance=ctx.instance,
     )
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.set(claim, f"done:{holder}", px=int(DONE_TTL * 1000))
-        pipe.zrem(keys.runs_unverified(prefix), run_id)
-        await pipe.execute()
-    return run
 
 
 async def _release(ctx: Context, claim: str, holder: str) -> None:

@@ -20,6 +20,7 @@ from handlers.context import Context
 from handlers.lock import Holder, force_release, read_holder, scope_of
 from handlers.reply import Reply, Status, Table
 from handlers.runview import thread_key
+from handlers.slurmviews import slurm_probes, status_bits
 from pipeline import keys, messages
 from pipeline.config import Config
 from pipeline.errors import RemoteError
@@ -74,8 +75,10 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         currents[name] = {str(k): str(v) for k, v in raw.items()}
         patches[name] = sorted(str(p) for p in await client.smembers(keys.job_patches(prefix, name)))
     by_host: dict[str, list[str]] = {}
+    on_slurm = [n for n in names if config.jobs[n].engine == "slurm"]
     for name in names:
-        by_host.setdefault(config.jobs[name].host, []).append(name)
+        if name not in on_slurm:
+            by_host.setdefault(config.jobs[name].host, []).append(name)
     probes: dict[str, JobProbe] = {}
     results = await asyncio.gather(
         *(
@@ -85,15 +88,27 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     )
     for part in results:
         probes.update(part)
+    slurm_jobs = await slurm_probes(ctx, on_slurm, currents) if on_slurm else {}
     rows: list[tuple[str, ...]] = []
     lines: list[str] = []
     tone = Status.OK
     now = time.time()
     for name in names:
         spec = config.jobs[name]
-        probe = probes.get(name, JobProbe(job=name, error="no answer"))
+        probe = (
+            slurm_jobs[name][0]
+            if name in slurm_jobs
+            else probes.get(name, JobProbe(job=name, error="no answer"))
+        )
         current = currents[name]
-        if probe.error is not None:
+        bits = status_bits(ctx, name, *slurm_jobs[name]) if name in slurm_jobs else None
+        if bits is not None:
+            state, procs = bits.state, bits.procs
+            if bits.line:
+                lines.append(bits.line)
+            if not bits.healthy and tone is Status.OK:
+                tone = Status.WARNING if probe.error is None and bits.state != "unknown" else Status.ERROR
+        elif probe.error is not None:
             state, procs = "unknown", "?"
             lines.append(messages.status_probe_failed(name, spec.host, probe.error))
             tone = Status.ERROR
@@ -104,7 +119,9 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
                 tone = Status.WARNING
         pid = current.get("pid", "") if current.get("state") != "stopped" else ""
         uptime = ""
-        if state == "running" and current.get("launched_at"):
+        if bits is not None:
+            pid, uptime = ("" if bits.pid == "-" else bits.pid), ("" if bits.uptime == "-" else bits.uptime)
+        elif state == "running" and current.get("launched_at"):
             try:
                 uptime = messages.span(now - float(current["launched_at"]))
             except ValueError:

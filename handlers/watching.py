@@ -22,6 +22,7 @@ audited — as the system principal :data:`AUTO_USER`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import logging
 import time
@@ -47,6 +48,7 @@ from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopE
 from pipeline.events import EventKind
 from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
 from pipeline.runs import RunRecord, Verdict
+from pipeline.slurmwatch import SlurmNote, probe_cluster
 from pipeline.watch import (
     DEFAULT_REMIND_EVERY,
     LOG_LINES,
@@ -128,7 +130,19 @@ class Watcher:
         views = [v for v in await self.load(names, now) if not v.paused]
         if not views:
             return {}
-        probes = await probe_host(self.ctx.ssh, host, [(v.name, v.cfg, v.current or None) for v in views])
+        ssh_views = [v for v in views if v.cfg.engine == "ssh"]
+        probes = (
+            await probe_host(self.ctx.ssh, host, [(v.name, v.cfg, v.current or None) for v in ssh_views])
+            if ssh_views
+            else {}
+        )
+        notes: dict[str, SlurmNote] = {}
+        if len(ssh_views) < len(views):  # Slurm jobs: one query for the cluster behind this login node
+            answer = await probe_cluster(
+                self.ctx.ssh, [(v.name, v.cfg, v.current or None) for v in views if v.cfg.engine == "slurm"]
+            )
+            probes = {**probes, **{n: p for n, (p, _) in answer.items()}}
+            notes = {n: note for n, (_, note) in answer.items()}
         unreachable: str | None = None
         if any(p.error for p in probes.values()):
             unreachable = await self._confirm_unreachable(host)
@@ -139,9 +153,14 @@ class Watcher:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
             obs = self._observation(probe, now, unreachable)
+            cfg = view.cfg
+            if view.name in notes:
+                note = notes[view.name]
+                obs = dataclasses.replace(obs, exit_cause=note.exit_cause, detail=note.detail)
+                cfg = cfg.model_copy(update={"processes": cfg.expected_processes})
             decisions[view.name] = assess(
                 view.name,
-                view.cfg,
+                cfg,
                 obs,
                 view.state,
                 view.incident,
@@ -379,9 +398,10 @@ class Watcher:
         except PitstopError as exc:
             log.info("watch %s: no log tail: %s", name, exc.message)
             return inc
-        return inc.model_copy(
-            update={"log": tail or None, "cause": detect_cause(tail), "exit_cause": exit_cause}
-        )
+        cause = detect_cause(tail)
+        if cfg.engine == "slurm" and inc.cause and inc.kind is IncidentKind.DEGRADED:
+            cause = inc.cause  # the nodes short of tasks
+        return inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
 
     async def _event(self, kind: EventKind, inc: Incident, **extra: Any) -> None:
         await self.ctx.events.publish(

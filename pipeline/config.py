@@ -209,13 +209,32 @@ class JobAuth(_Model):
     viewers: list[str] | None = None
 
 
+class SlurmSettings(_Model):
+    """``[jobs.NAME.slurm]``: the job is a Slurm batch job; the job's ``host`` is the login node."""
+
+    script: str  #: the batch script on the login node (absolute path)
+    sbatch_args: list[str] = []  #: extra sbatch arguments, e.g. ["--partition", "gpu"]
+    requeue: bool = False  #: restart with ``scontrol requeue`` (same job id), else scancel + sbatch
+    nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
+    tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
+
+    @field_validator("script")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path on the login node")
+        return v
+
+
 class JobConfig(_Model):
-    """``[jobs.NAME]``: a training job on a host."""
+    """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
     host: str
+    engine: Literal["ssh", "slurm"] = "ssh"
+    slurm: SlurmSettings | None = None
     exec: list[str] = []  #: argv prefix, e.g. ["pct","exec","200","--"]
     workdir: str
-    launch: list[str]  #: argv run in workdir
+    launch: list[str] = []  #: argv run in workdir (the ssh engine's; unused on Slurm)
     log: str  #: training log path on the host
     match: str  #: regex searched in each process's full command line
     processes: int = Field(default=1, ge=1)
@@ -272,6 +291,24 @@ class JobConfig(_Model):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
                 raise ValueError(f"patch name {name!r}: letters, digits, '_', '.', '-' only")
         return v
+
+    @model_validator(mode="after")
+    def _engine(self) -> JobConfig:
+        if self.engine == "ssh" and not self.launch:
+            raise ValueError("launch: required key is missing")
+        if self.engine == "slurm" and self.slurm is None:
+            raise ValueError('engine "slurm" needs a [jobs.NAME.slurm] table with at least script')
+        if self.engine == "ssh" and self.slurm is not None:
+            raise ValueError('[jobs.NAME.slurm] is set but engine is "ssh" (set engine = "slurm")')
+        return self
+
+    @property
+    def expected_processes(self) -> int:
+        """Processes the job should have: ``nodes`` × ``tasks_per_node`` on Slurm when set, else
+        ``processes``."""
+        if self.slurm is not None and self.slurm.tasks_per_node is not None:
+            return self.slurm.nodes * self.slurm.tasks_per_node
+        return self.processes
 
     @property
     def metrics_path(self) -> str:

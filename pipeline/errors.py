@@ -21,11 +21,12 @@ class ExitCode(IntEnum):
     """Exit codes shared by every ``pitstop`` command (listed in the README)."""
 
     OK = 0
-    FAILED = 1  #: the action failed, or the verdict is not RUNNING
+    FAILED = 1  #: the action failed, or the verdict is not RUNNING (nor PENDING)
     USAGE = 2  #: usage, parse or config error
     DENIED = 3  #: the requester lacks the role
     IN_FLIGHT = 4  #: refused: another restart of the job is in flight
     CANCELLED = 5  #: cancelled, or timed out waiting
+    PENDING = 6  #: the verdict is PENDING: the job is queued by its scheduler; the real verdict follows
 
 
 class PitstopError(Exception):

@@ -799,7 +799,40 @@ def op_tail(a: Args) -> Args:
     }
 
 
+def proc_environ(pid: int) -> dict[bytes, bytes]:
+    """``/proc/PID/environ`` as a dict (empty if it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    return dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+
+
+def op_slurm_tasks(a: Args) -> Args:
+    """Run on one node of a Slurm job (``srun --jobid=ID --overlap``): the job's task processes here.
+
+    A task process matches ``match`` and its environment holds ``SLURM_JOB_ID=job``, a
+    ``SLURM_STEP_ID`` (set for tasks of a step, not for the batch script or its ``srun`` client)
+    and this node's ``SLURMD_NODENAME``.
+    """
+    rx = re.compile(a["match"])
+    job = str(a["job"]).encode()
+    node = os.environ.get("SLURMD_NODENAME", "")
+    pids = []
+    for pid, (_pp, _pg, _sid, _st, cmd) in scan().items():
+        if not matches(rx, cmd):
+            continue
+        env = proc_environ(pid)
+        if env.get(b"SLURM_JOB_ID") != job or b"SLURM_STEP_ID" not in env:
+            continue
+        if env.get(b"SLURMD_NODENAME", b"").decode() == node:
+            pids.append(pid)
+    return {"node": node, "pids": sorted(pids), "count": len(pids), "time": time.time()}
+
+
 OPS = {
+    "slurm_tasks": op_slurm_tasks,
     "preflight": op_preflight,
     "stop": op_stop,
     "gpu_wait": op_gpu_wait,

@@ -607,6 +607,11 @@ def _short(argv: Sequence[str], limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def engine_missing(engine: str) -> str:
+    """A job's engine has no implementation registered (a wiring error)."""
+    return f'no "{engine}" engine is registered with this Pitstop; restart Pitstop after an upgrade'
+
+
 # verdict lines: exact, one line, for people and scripts alike (VERDICT DETAIL)
 
 

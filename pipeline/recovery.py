@@ -48,9 +48,9 @@ class Interruption:
 
 
 def launched(run: RunRecord) -> bool:
-    """True when the run's launch step ended OK with a recorded pid."""
+    """True when the run's launch step ended OK with a recorded pid (or Slurm job id)."""
     rec = run.step(Step.LAUNCH)
-    return rec is not None and rec.outcome is Outcome.OK and run.pid is not None
+    return rec is not None and rec.outcome is Outcome.OK and (run.pid or run.slurm_job) is not None
 
 
 async def reconcile(restarter: Restarter, *, instance: str) -> list[Interruption]:

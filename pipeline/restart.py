@@ -33,7 +33,8 @@ from typing import Any
 
 from pipeline import keys, messages
 from pipeline.config import Config, JobConfig
-from pipeline.errors import HostKeyRejected, RemoteError, RemoteTimeout
+from pipeline.engine import Engine
+from pipeline.errors import HostKeyRejected, PitstopError, RemoteError, RemoteTimeout
 from pipeline.events import EventKind, Events
 from pipeline.hostprobe import (
     ProcessCount,
@@ -125,6 +126,19 @@ class Restarter:
         self.gpu_wait_timeout = gpu_wait_timeout
         self.min_free_bytes = min_free_bytes
         self.verify_poll = verify_poll
+        self.engines: dict[str, Engine] = {}  #: engine name → engine, for jobs not on "ssh"
+
+    def engine_for(self, job: JobConfig) -> Engine | None:
+        """The engine running ``job``, or None for the ssh engine (this class).
+
+        :raises PitstopError: if the job's engine was not registered in :attr:`engines`.
+        """
+        if job.engine == "ssh":
+            return None
+        engine = self.engines.get(job.engine)
+        if engine is None:
+            raise PitstopError(messages.engine_missing(job.engine))
+        return engine
 
     @property
     def _redis(self) -> Any:
@@ -164,6 +178,10 @@ class Restarter:
         """
         name = self.config.job_name(run.job)
         job = self.config.jobs[name]
+        if (other := self.engine_for(job)) is not None:
+            return await other.restart(
+                run, add=add, remove=remove, fresh_cache=fresh_cache, on_step=on_step, cancelled=cancelled
+            )
         run.fresh_cache = fresh_cache
         try:
             current = await self._current(name)
@@ -198,6 +216,8 @@ class Restarter:
         """
         name = self.config.job_name(run.job)
         job = self.config.jobs[name]
+        if (other := self.engine_for(job)) is not None:
+            return await other.start(run, on_step=on_step, cancelled=cancelled)
         try:
             current = await self._current(name)
             await self._preflight(run, name, job, {}, {}, on_step, running=current)
@@ -217,6 +237,8 @@ class Restarter:
         """
         name = self.config.job_name(run.job)
         job = self.config.jobs[name]
+        if (other := self.engine_for(job)) is not None:
+            return await other.stop(run, on_step=on_step)
         try:
             current = await self._current(name)
             run.old_pid = recorded_identity(current)["pid"]
@@ -243,6 +265,9 @@ class Restarter:
         :raises RemoteError: if the host cannot be reached until well past the deadline (the
             verify step records the failure; the run stays unverified for a later attempt).
         """
+        spec = self.config.jobs.get(self._job_key(run.job))
+        if spec is not None and (other := self.engine_for(spec)) is not None:
+            return await other.verify(run)
         if run.pid is None or run.launched_at is None:
             return run
         name = self.config.job_name(run.job)
@@ -378,6 +403,8 @@ class Restarter:
         """
         name = self.config.job_name(job)
         spec = self.config.jobs[name]
+        if (other := self.engine_for(spec)) is not None:
+            return await other.job_processes(name)
         current = await self._current(name)
         probes = await probe_host(self.ssh, spec.host, [(name, spec, current)])
         probe = probes[name]
@@ -400,6 +427,8 @@ class Restarter:
         :raises RemoteError: if the log cannot be read.
         """
         name = self.config.job_name(job)
+        if (other := self.engine_for(self.config.jobs[name])) is not None:
+            return await other.log_tail(name, lines)
         return await log_tail(self.ssh, name, self.config.jobs[name], lines)
 
     async def patches_in_effect(self, job: str) -> list[str]:
@@ -764,6 +793,12 @@ class Restarter:
 
     async def _patches_from_redis(self, name: str) -> set[str]:
         return {str(m) for m in await self._redis.smembers(keys.job_patches(self._prefix, name))}
+
+    def _job_key(self, job: str) -> str:
+        try:
+            return self.config.job_name(job)
+        except KeyError:
+            return job
 
     async def _begin(self, run: RunRecord, step: Step, on_step: StepCallback | None) -> StepRecord:
         rec = StepRecord(step=step, started_at=time.time())

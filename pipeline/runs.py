@@ -65,6 +65,7 @@ class Verdict(StrEnum):
     ERROR_IN_LOG = "ERROR_IN_LOG"
     WRONG_COUNT = "WRONG_COUNT"
     NO_PROGRESS = "NO_PROGRESS"
+    PENDING = "PENDING"  #: still queued by the scheduler (Slurm) at the deadline; re-checked later
     RUNNING = "RUNNING"
 
     @property
@@ -116,6 +117,8 @@ class RunRecord(BaseModel):
     start_time: int | None = None
     launched_at: float | None = None
     log_size_at_launch: int | None = None
+    slurm_job: int | None = None  #: the Slurm job id launched (engine "slurm")
+    old_slurm_job: int | None = None  #: the Slurm job id stopped (engine "slurm")
     steps: list[StepRecord] = []
     verdict: Verdict | None = None
     verdict_line: str | None = None

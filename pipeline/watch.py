@@ -72,6 +72,8 @@ class Observation:
     :ivar log_size: bytes in the job's log (and metric log), or None if it could not be read.
     :ivar exit_cause: how the last process ended, when the host knows (``exit 1``, ``SIGKILL``).
     :ivar error: why the host could not be reached.
+    :ivar detail: what the engine says beside the count (Slurm: the nodes short of tasks), kept
+        as the incident's ``cause``.
     """
 
     at: float
@@ -81,6 +83,7 @@ class Observation:
     log_size: int | None = None
     exit_cause: str | None = None
     error: str | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -313,6 +316,7 @@ def assess(
         "last_pid": st.last_pid,
         "last_alive_at": st.last_alive_at,
         "exit_cause": st.exit_cause,
+        **({"cause": obs.detail} if obs.detail else {}),
     }
     if incident is None:
         if isinstance(condition, IncidentKind):

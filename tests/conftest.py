@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.ssh",
     "tests.fixtures.slack",
+    "tests.fixtures.slurm",
 ]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config, parse_duration, resolve_path
+from pipeline.config import load_config, parse_config, parse_duration, resolve_path
 from pipeline.errors import ConfigError, ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,3 +136,25 @@ def test_bad_match_regex(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, MINIMAL.replace('"^dflash-worker "', '"(unclosed"')))
     assert any(p.startswith("jobs.dflash.match: not a regular expression") for p in info.value.problems)
+
+
+def test_example_slurm_job_block_is_valid() -> None:
+    """The commented Slurm job at the end of the example config validates once uncommented."""
+    text = Path("pitstop.example.toml").read_text()
+    head, _, block = text.partition("# --- A multi-node job on Slurm")
+    lines = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in block.splitlines()[1:]]
+    config = parse_config(tomllib.loads(head + "\n".join(lines) + "\n"), "example", Path.cwd())
+    job = config.job("dflash-multi")
+    assert job.engine == "slurm" and job.slurm is not None and job.expected_processes == 8
+    assert config.job("dflash").engine == "ssh"
+
+
+def test_slurm_engine_needs_its_table_and_the_table_needs_the_engine(tmp_path: Path) -> None:
+    """engine = "slurm" without [jobs.NAME.slurm], or the table on an ssh job, is a clear error."""
+    base = MINIMAL.replace('launch = ["./run.sh"]\n', "")
+    with pytest.raises(ConfigError) as missing:
+        load_config(write(tmp_path, base.replace("[jobs.dflash]\n", '[jobs.dflash]\nengine = "slurm"\n')))
+    assert 'engine "slurm" needs a [jobs.NAME.slurm] table' in str(missing.value)
+    with pytest.raises(ConfigError) as stray:
+        load_config(write(tmp_path, MINIMAL + '\n[jobs.dflash.slurm]\nscript = "/srv/job.sbatch"\n'))
+    assert 'engine is "ssh"' in str(stray.value)

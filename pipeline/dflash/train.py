@@ -127,6 +127,8 @@ def worker_main(spec: dict[str, Any], q: Any, stop_event: Any, targets_stop: Any
     Any exception is written (with traceback) to the log and the worker exits 1; otherwise it exits 0.
     """
     set_title(f"dflash-worker {spec['role']} rank {spec['rank']}")
+    if spec.get("slurm"):
+        _plain_comm("dflash-worker")
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the launcher blocked them across spawn
@@ -134,8 +136,12 @@ def worker_main(spec: dict[str, Any], q: Any, stop_event: Any, targets_stop: Any
     try:
         if spec["role"] == "target":
             run_target(spec, log, q, targets_stop)
+            if spec.get("slurm") and spec["rank"] == 0:
+                time.sleep(spec["server_grace"])  # task 0 serves the queue: let the others leave first
         else:
             run_drafter(spec, log, q, stop_event)
+            if spec.get("slurm") and spec["role_rank"] == 0:
+                targets_stop.set()  # no launcher in a Slurm job: the drafters release the targets
     except BaseException:
         text = f"dflash-worker {spec['role']} rank {spec['rank']} failed:\n{traceback.format_exc()}"
         log.line(text)
@@ -149,6 +155,21 @@ def worker_main(spec: dict[str, Any], q: Any, stop_event: Any, targets_stop: Any
     # interpreter's teardown: torch/gloo C++ destructors running at exit can abort the process
     # ("terminate called without an active exception", exit -6) although the worker finished cleanly.
     os._exit(0)
+
+
+def _plain_comm(name: str) -> None:
+    """Set the kernel's process name (``comm``, ``/proc/PID/stat``) to ``name``, without spaces.
+
+    setproctitle also sets ``comm`` to the title's first 15 bytes (``dflash-worker t``); Slurm's
+    ``proctrack/linuxproc`` misreads a ``comm`` holding a space in ``/proc/PID/stat``, cannot find
+    the task among the step's processes and so never signals it.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 def _orphaned(spec: dict[str, Any]) -> bool:
@@ -308,7 +329,8 @@ def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> Non
             if _should_log(step, 1, spec["metric_every"]):
                 log.metric(meter.record(step, q, {}))
     finally:
-        q.cancel_join_thread()  # never block exit on a full pipe
+        if hasattr(q, "cancel_join_thread"):  # a Slurm task's queue is a manager proxy: no pipe
+            q.cancel_join_thread()  # never block exit on a full pipe
 
 
 def _save_checkpoint(spec: dict[str, Any], model: Any, opt: Any, step: int) -> None:
@@ -360,7 +382,7 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
     cuda = dev.type == "cuda"
     dist.init_process_group(
         "nccl" if cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{spec['port']}",
+        init_method=f"tcp://{spec.get('rendezvous', '127.0.0.1')}:{spec['port']}",
         rank=spec["role_rank"],
         world_size=spec["world_size"],
     )
@@ -452,10 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     :returns: the exit code: 0 when every worker exited 0, 1 when one failed or a stop timed out,
         2 when CUDA is missing without ``--cpu``.
     """
+    args = parse_args(argv)
     set_title("dflash-main")
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
-    args = parse_args(argv)
     cfg = load_profile(args.profile)
     log = Log(args.log)
     if args.cpu:
