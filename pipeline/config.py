@@ -217,6 +217,7 @@ class JobConfig(_Model):
     gpus: GpuRoles | None = None
     metrics: Literal["jsonl"] | MetricsPattern = "jsonl"
     metrics_log: str | None = None
+    checkpoint_dir: str | None = None  #: where the job's checkpoints are; verify checks the run resumed
     patches: dict[str, Path] = {}
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
@@ -229,10 +230,10 @@ class JobConfig(_Model):
             raise ValueError("needs at least the program to run")
         return v
 
-    @field_validator("workdir", "log")
+    @field_validator("workdir", "log", "checkpoint_dir")
     @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
             raise ValueError("must be an absolute path on the host")
         return v
 

@@ -290,6 +290,64 @@ def first_error(path: str, start: int, max_bytes: int = 1 << 20) -> str | None:
     return line.decode("utf-8", "replace").strip()[:300]
 
 
+RESUME_RX = re.compile(rb"\bresume_step=(\d+)|\bresum(?:ed|ing) (?:at|from) step (\d+)", re.IGNORECASE)
+
+
+def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> Args:
+    """Where a run started, from the first bytes it wrote after ``start``.
+
+    ``said``: the step a ``resume_step=N`` / ``resumed at step N`` line names; ``first``: the
+    largest first ``step`` among the ranks' JSON metric lines, minus one (a rank that resumed
+    from N logs N+1 first; one that started afresh logs 1).  None each when not found.
+    """
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return {"said": None, "first": None}
+    if size < start:
+        start = 0
+    data = read_range(path, start, min(max_bytes, size - start))
+    m = RESUME_RX.search(data)
+    said = int(m.group(1) or m.group(2)) if m else None
+    firsts = {}  # type: dict[object, int]
+    for line in data.splitlines():
+        if not line.startswith(b"{") or b'"step"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "role" in rec and isinstance(rec.get("step"), int):
+            firsts.setdefault(rec.get("rank"), rec["step"])
+    first = max(firsts.values()) - 1 if firsts else None
+    return {"said": said, "first": max(first, 0) if first is not None else None}
+
+
+def checkpoint_info(directory: str) -> Args | None:
+    """The newest checkpoint in ``directory``: ``{"step", "mtime", "file"}``, or None if there is none.
+
+    ``latest.json`` (``{"step": N}``, the reference pipeline's) decides when present; otherwise the
+    newest file, its step the last number in its name (``step_12000.pt``; None without one).
+    """
+    latest = os.path.join(directory, "latest.json")
+    try:
+        with open(latest, "rb") as f:
+            raw = json.loads(f.read().decode("utf-8", "replace"))
+        if isinstance(raw, dict) and isinstance(raw.get("step"), int):
+            return {"step": raw["step"], "mtime": os.stat(latest).st_mtime, "file": latest}
+    except (OSError, ValueError):
+        pass
+    try:
+        entries = [e for e in os.scandir(directory) if e.is_file() and not e.name.startswith(".")]
+    except OSError:
+        return None
+    if not entries:
+        return None
+    newest = max(entries, key=lambda e: e.stat().st_mtime)
+    nums = re.findall(r"\d+", newest.name)
+    return {"step": int(nums[-1]) if nums else None, "mtime": newest.stat().st_mtime, "file": newest.path}
+
+
 def status_path(log: str) -> str:
     """The file the waiter writes the job's exit status to: ``.LOGNAME.pitstop-exit`` beside the log."""
     d, base = os.path.split(log)
@@ -757,6 +815,10 @@ def op_evidence(a: Args) -> Args:
         res["error_line"] = None
         res["tail"] = ""
     res["status"] = read_status(log, a["pid"], a.get("start_time")) if a.get("pid") else None
+    if a.get("progress_log"):
+        res["start_step"] = start_step(a["progress_log"], a.get("progress_offset") or 0)
+    if a.get("checkpoint_dir"):
+        res["checkpoint"] = checkpoint_info(a["checkpoint_dir"])
     res["time"] = time.time()
     return res
 

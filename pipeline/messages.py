@@ -580,9 +580,41 @@ def _short(argv: Sequence[str], limit: int = 120) -> str:
 # verdict lines: exact, one line, for people and scripts alike (VERDICT DETAIL)
 
 
-def verdict_running(seen: int, expected: int, pid: int) -> str:
-    """``RUNNING 8/8 processes pid 4242``."""
-    return f"RUNNING {seen}/{expected} processes pid {pid}"
+def verdict_running(
+    seen: int,
+    expected: int,
+    pid: int,
+    *,
+    resumed_at: int | None = None,
+    ignored_checkpoint: int | None = None,
+) -> str:
+    """``RUNNING 8/8 processes pid 4242``, ``…, resumed at step 12000`` or
+    ``…, started from step 0 although checkpoint step 12000 exists``."""
+    line = f"RUNNING {seen}/{expected} processes pid {pid}"
+    if ignored_checkpoint is not None:
+        return f"{line}, {resume_ignored(ignored_checkpoint)}"
+    if resumed_at:
+        return f"{line}, resumed at step {resumed_at}"
+    return line
+
+
+def resume_ignored(checkpoint_step: int) -> str:
+    """``started from step 0 although checkpoint step 12000 exists``."""
+    return f"started from step 0 although checkpoint step {checkpoint_step} exists"
+
+
+def resume_warning(job: str, checkpoint_step: int, path: str) -> str:
+    """The thread's warning for a run that ignored its checkpoint."""
+    return (
+        f"⚠ {job} {resume_ignored(checkpoint_step)} ({path}): the run is training again from the start; "
+        "check its --checkpoint-dir / resume option"
+    )
+
+
+def checkpoint_fact(path: str, step: int | None, age_s: float) -> str:
+    """Evidence line: ``checkpoint /srv/ckpt/latest.json: step 12000, written 3 min before the check``."""
+    what = f"step {step}" if step is not None else "no step in its name"
+    return f"checkpoint {path}: {what}, written {span(age_s)} before the check"
 
 
 def verdict_wrong_count(seen: int, expected: int, pid: int) -> str:
