@@ -22,6 +22,7 @@ audited — as the system principal :data:`AUTO_USER`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import logging
 import time
@@ -42,7 +43,7 @@ from handlers.alerts import (
 )
 from handlers.auth import SYSTEM_USER
 from handlers.reply import Reply, Status
-from pipeline import keys, messages
+from pipeline import keys, messages, progress
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.events import EventKind
 from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
@@ -133,12 +134,13 @@ class Watcher:
         if any(p.error for p in probes.values()):
             unreachable = await self._confirm_unreachable(host)
         decisions: dict[str, Decision] = {}
-        for view in views:
+        steps = await asyncio.gather(*(self._progress(v, probes.get(v.name), now) for v in views))
+        for view, judged in zip(views, steps, strict=True):
             probe = probes.get(view.name) or JobProbe(job=view.name, error="no answer")
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
-            obs = self._observation(probe, now, unreachable)
+            obs = dataclasses.replace(self._observation(probe, now, unreachable), progress=judged)
             decisions[view.name] = assess(
                 view.name,
                 view.cfg,
@@ -209,6 +211,28 @@ class Watcher:
             )
         return views
 
+    async def _progress(self, view: JobView, probe: JobProbe | None, now: float) -> progress.Judgement | None:
+        """The ranks' step progress after reading the metric log's new lines (None when nothing runs
+        or the log cannot be read: the log-bytes rule applies then)."""
+        if probe is None or probe.error or probe.count == 0:
+            return None
+        latest = view.latest
+        try:
+            state = await progress.refresh(
+                self.ctx.ssh,
+                self.ctx.redis.client,
+                self.ctx.prefix,
+                view.name,
+                view.cfg,
+                run_pid=latest.pid if latest is not None else None,
+                launch_offset=latest.log_size_at_launch if latest is not None else None,
+                now=now,
+            )
+        except PitstopError as exc:
+            log.info("watch %s: no step progress: %s", view.name, exc.message)
+            return None
+        return progress.judge(state, now, progress.rank_stall_threshold(view.cfg, state.gaps))
+
     async def _confirm_unreachable(self, host: str) -> str | None:
         """None if a fresh connection to ``host`` works, else why it does not."""
         try:
@@ -246,6 +270,7 @@ class Watcher:
             stopped_at=stopped_at,
             running_verdict=latest is not None and latest.verdict is Verdict.RUNNING,
             auto_restarts=view.auto_restarts,
+            launched_at=latest.launched_at if latest is not None else None,
         )
 
     # --- applying transitions -----------------------------------------------------------------
@@ -377,9 +402,8 @@ class Watcher:
         except PitstopError as exc:
             log.info("watch %s: no log tail: %s", name, exc.message)
             return inc
-        return inc.model_copy(
-            update={"log": tail or None, "cause": detect_cause(tail), "exit_cause": exit_cause}
-        )
+        cause = inc.cause if inc.kind is IncidentKind.STUCK_RANK else detect_cause(tail)
+        return inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
 
     async def _event(self, kind: EventKind, inc: Incident, **extra: Any) -> None:
         await self.ctx.events.publish(

@@ -167,6 +167,8 @@ class WatchSettings(_Model):
     interval: Seconds = 15.0
     stall_after: Seconds = 600.0
     degraded_after: Seconds = 120.0
+    rank_stall_after: Seconds | None = None  #: None: max(60 s, 20 × observed p95 time between advances)
+    warmup: Seconds = 120.0  #: seconds after a launch without stuck-rank or stalled alerts
     auto_restart: AutoRestart | None = None
 
 

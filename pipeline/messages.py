@@ -898,6 +898,8 @@ def alert_title(kind: str, job: str, host: str, count: int, expected: int, quiet
     if kind == "stalled":
         idle = f" for {span(quiet_for)}" if quiet_for is not None else ""
         return f"{job} has stalled: alive ({count}/{expected}) but no new log output{idle}"
+    if kind == "stuck_rank":
+        return f"{job} has a stuck rank on {host}: one rank stopped advancing while the others wait"
     if kind == "unreachable":
         return f"host {host} unreachable - cannot check {job}"
     if kind == "crash_loop":

@@ -19,7 +19,10 @@ Conditions, in precedence order, for a job with an expected process count ``proc
 - ``dead``: no process, while the job should be running (a RUNNING verdict, or seen alive,
   and not stopped on purpose since);
 - ``degraded``: more than zero but fewer than ``processes`` for ``degraded_after`` s;
-- ``stalled``: alive, but no new log bytes for ``stall_after`` s;
+- ``stuck_rank``: one rank's step has not advanced for ``rank_stall_after`` s while other ranks
+  advanced or wait on it (:mod:`pipeline.progress`); not during ``warmup`` s after a launch;
+- ``stalled``: alive, but no rank's step advanced for ``stall_after`` s, not during ``warmup`` s
+  after a launch; for a job whose log has no steps: no new log bytes for ``stall_after`` s;
 - ``crash_loop``: dead again after ``auto_restart.max`` automatic restarts within ``within``.
 """
 
@@ -35,6 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline import keys
 from pipeline.config import JobConfig
+from pipeline.progress import Judgement
 
 DEFAULT_REMIND_EVERY = 1800.0  #: seconds between reminders of an open, unacknowledged incident
 LOG_LINES = 30  #: log lines shown in an alert
@@ -46,6 +50,7 @@ class IncidentKind(StrEnum):
     DEAD = "dead"
     DEGRADED = "degraded"
     STALLED = "stalled"
+    STUCK_RANK = "stuck_rank"
     UNREACHABLE = "unreachable"
     CRASH_LOOP = "crash_loop"
 
@@ -72,6 +77,7 @@ class Observation:
     :ivar log_size: bytes in the job's log (and metric log), or None if it could not be read.
     :ivar exit_cause: how the last process ended, when the host knows (``exit 1``, ``SIGKILL``).
     :ivar error: why the host could not be reached.
+    :ivar progress: the ranks' step progress (:func:`pipeline.progress.judge`), None if not read.
     """
 
     at: float
@@ -81,6 +87,7 @@ class Observation:
     log_size: int | None = None
     exit_cause: str | None = None
     error: str | None = None
+    progress: Judgement | None = None
 
 
 @dataclass(frozen=True)
@@ -93,12 +100,14 @@ class Situation:
         newest run; None otherwise.
     :ivar running_verdict: the newest run's verdict is RUNNING.
     :ivar auto_restarts: automatic restarts within ``auto_restart.within`` so far.
+    :ivar launched_at: when the job's newest run was launched (for ``watch.warmup``), if known.
     """
 
     in_flight: bool = False
     stopped_at: float | None = None
     running_verdict: bool = False
     auto_restarts: int = 0
+    launched_at: float | None = None
 
 
 class _Stored(BaseModel):
@@ -175,6 +184,10 @@ class Incident(_Stored):
     gave_up: bool = False
     resolved_at: float | None = None
     resolution: str | None = None  #: why it resolved: running | stopped | reachable
+    rank: int | None = None  #: a stuck rank: its global rank, role, last step and pid
+    rank_role: str | None = None
+    rank_step: int | None = None
+    rank_pid: int | None = None
 
     @property
     def thread_key(self) -> str:
@@ -213,7 +226,13 @@ class Decision:
     condition: str
 
 
-_BAD = {IncidentKind.DEAD, IncidentKind.DEGRADED, IncidentKind.STALLED, IncidentKind.UNREACHABLE}
+_BAD = {
+    IncidentKind.DEAD,
+    IncidentKind.DEGRADED,
+    IncidentKind.STALLED,
+    IncidentKind.STUCK_RANK,
+    IncidentKind.UNREACHABLE,
+}
 
 
 def _expected(state: WatchState, situation: Situation) -> bool:
@@ -295,12 +314,18 @@ def assess(
         return Decision(st, incident, tuple(actions), "in_flight")
 
     expected = _expected(st, situation)
+    warming = situation.launched_at is not None and now - situation.launched_at < w.warmup
+    steps = obs.progress if obs.progress is not None and obs.progress.known else None
     condition: IncidentKind | str
     if obs.count == 0:
         condition = IncidentKind.DEAD if expected else "idle"
     elif st.degraded_since is not None and now - st.degraded_since >= w.degraded_after:
         condition = IncidentKind.DEGRADED
-    elif now - (st.progress_at or now) >= w.stall_after:
+    elif not warming and steps is not None and steps.stuck:
+        condition = IncidentKind.STUCK_RANK
+    elif not warming and steps is not None and (steps.frozen_for or 0.0) >= w.stall_after:
+        condition = IncidentKind.STALLED
+    elif steps is None and now - (st.progress_at or now) >= w.stall_after:
         condition = IncidentKind.STALLED
     elif obs.count < cfg.processes:
         condition = "pending"
@@ -314,6 +339,8 @@ def assess(
         "last_alive_at": st.last_alive_at,
         "exit_cause": st.exit_cause,
     }
+    if condition is IncidentKind.STUCK_RANK and steps is not None:
+        facts.update(_stuck_facts(steps, cfg.host))
     if incident is None:
         if isinstance(condition, IncidentKind):
             new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
@@ -353,6 +380,25 @@ def assess(
             actions.append(Action(ActionKind.AUTO_RESTART, fired))
             return Decision(st, fired, tuple(actions), condition.value)
     return _remind(st, incident, now, remind_every, condition.value, actions)
+
+
+def _stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
+    """The incident fields naming the first stuck rank, and the cause line naming all of them."""
+    first = steps.stuck[0]
+    others = [s.rank for s in steps.stuck[1:]]
+    cause = (
+        f"rank {first.rank} ({first.role}) stuck at step {first.step} for {first.stuck_for:.0f} s"
+        + (f", pid {first.pid} on {host}" if first.pid is not None else f" on {host}")
+        + (f"; also stuck: ranks {', '.join(map(str, others))}" if others else "")
+        + (f"; waiting on it: ranks {', '.join(map(str, steps.waiting))}" if steps.waiting else "")
+    )
+    return {
+        "rank": first.rank,
+        "rank_role": first.role,
+        "rank_step": first.step,
+        "rank_pid": first.pid,
+        "cause": cause,
+    }
 
 
 def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation, now: float) -> Incident:

@@ -156,6 +156,7 @@ class WaitReporter:
             "step": step,
             "on": self.on,
             "waited_s": round(now - self.since, 3),
+            "pid": os.getpid(),
         }
         self.log.metric(rec)
 

@@ -206,6 +206,7 @@ class Meter:
             "tokens_per_s": round(self.window_tokens / elapsed, 3),
             "step_time_s": round(elapsed / max(self.window_steps, 1), 6),
             "queue_depth": _qsize(q),
+            "pid": os.getpid(),
             **extra,
             "gpu_mem_bytes": mem,
         }
