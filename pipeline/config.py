@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.crashes import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError
 
 DEFAULT_CONFIG = "pitstop.toml"
@@ -154,11 +155,12 @@ class MetricsPattern(_Model):
 
 
 class AutoRestart(_Model):
-    """``auto_restart = {max, within, backoff}``: restart a crashed job, bounded."""
+    """``auto_restart = {max, within, backoff, on}``: restart a crashed job, bounded."""
 
     max: int = Field(default=3, ge=1)  #: restarts allowed within ``within``
     within: Seconds = 3600.0  #: seconds
     backoff: Seconds = 10.0  #: first delay in seconds, doubled after each restart
+    on: list[CrashClass] = list(TRANSIENT)  #: crash classes restarted automatically (pipeline.crashes)
 
 
 class WatchSettings(_Model):
@@ -169,6 +171,7 @@ class WatchSettings(_Model):
     degraded_after: Seconds = 120.0
     rank_stall_after: Seconds | None = None  #: None: max(60 s, 20 × observed p95 time between advances)
     warmup: Seconds = 120.0  #: seconds after a launch without stuck-rank or stalled alerts
+    unreachable_after: int = Field(default=3, ge=1)  #: consecutive failed probes (over >= 2 intervals)
     auto_restart: AutoRestart | None = None
 
 

@@ -22,6 +22,8 @@ Operations (``OP``; ``JSON`` holds the arguments, larger inputs such as diffs co
   the log; returns pid, start time and log size at once.  A waiter process outside the job's
   session records the job's exit status in a file next to the log.
 - ``probe``, ``evidence``, ``read``, ``tail``: process counts, liveness, log size, log bytes.
+- ``hang``: what a person would look at for a hung job: each process's state and ``wchan`` from
+  ``/proc``, and its Python stacks from ``py-spy dump`` when py-spy is installed.
 
 This module is also importable (tests exercise its functions locally); it must not import
 anything from Pitstop.
@@ -855,6 +857,63 @@ def op_tail(a: Args) -> Args:
     }
 
 
+PY_SPY_TIMEOUT = 20  #: seconds for one ``py-spy dump``
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, next to the interpreter, or in ~/.local/bin (None if nowhere)."""
+    import shutil
+
+    for cand in (
+        shutil.which("py-spy"),
+        os.path.join(os.path.dirname(sys.executable), "py-spy"),
+        os.path.expanduser("~/.local/bin/py-spy"),
+    ):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def op_hang(a: Args) -> Args:
+    """State, wchan, command line and (with py-spy) Python stacks of the job's processes (or ``pids``)."""
+    procs = scan()
+    pids = [int(p) for p in (a.get("pids") or probe_one(procs, a)["pids"])][: a.get("max_pids", 16)]
+    spy = find_py_spy()
+    out = []
+    for pid in pids:
+        st = proc_stat(pid)
+        try:
+            with open(f"/proc/{pid}/wchan", "rb") as f:
+                wchan = f.read().decode("utf-8", "replace").strip() or None
+        except OSError:
+            wchan = None
+        item = {
+            "pid": pid,
+            "state": st[0] if st else None,
+            "wchan": None if wchan == "0" else wchan,
+            "cmdline": proc_cmdline(pid).decode("utf-8", "replace")[:200],
+            "stack": None,
+            "stack_error": None,
+        }
+        if spy and st is not None:
+            try:
+                r = subprocess.run(
+                    [spy, "dump", "--pid", str(pid)],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=PY_SPY_TIMEOUT,
+                )
+                text = r.stdout.decode("utf-8", "replace").strip()
+                if r.returncode == 0 and text:
+                    item["stack"] = text[-6000:]
+                else:
+                    item["stack_error"] = (r.stderr.decode("utf-8", "replace").strip() or text)[-500:]
+            except subprocess.TimeoutExpired:
+                item["stack_error"] = f"py-spy dump timed out after {PY_SPY_TIMEOUT}s"
+        out.append(item)
+    return {"processes": out, "py_spy": spy, "time": time.time()}
+
+
 OPS = {
     "preflight": op_preflight,
     "stop": op_stop,
@@ -867,6 +926,7 @@ OPS = {
     "evidence": op_evidence,
     "read": op_read,
     "tail": op_tail,
+    "hang": op_hang,
 }
 
 

@@ -126,6 +126,11 @@ def rank_progress(prefix: str, job: str) -> str:
     return f"{prefix}progress:{job.lower()}"
 
 
+def last_crash(prefix: str, job: str) -> str:
+    """Hash: the job's last classified crash (``crash_*`` fields, ``run_id``, ``repeat``)."""
+    return f"{prefix}crash:{job.lower()}"
+
+
 def leader(prefix: str) -> str:
     """String with TTL: the scheduler leader lease (holder id)."""
     return f"{prefix}scheduler:leader"

@@ -1013,6 +1013,22 @@ def auto_restart_started(job: str, attempt: int, limit: int, answer: str) -> str
     return f"automatic restart {attempt}/{limit} of {job}: {answer}"
 
 
+def auto_restart_not_on(job: str, crash_class: str, summary: str) -> str:
+    """The give-up alert when the crash's class is not restarted automatically."""
+    return (
+        f"{job} failed with {crash_class} - not restarted automatically ({crash_class} is not in "
+        f"auto_restart.on); restart it by hand once the cause is fixed. Cause: {summary}"
+    )
+
+
+def auto_restart_repeat(job: str, exc_type: str, step: int | None, summary: str) -> str:
+    """The give-up alert when the same Python exception came back at the same step."""
+    return (
+        f"{job} failed again with {exc_type} at step {step} - the same exception at the same step is a "
+        f"bug a restart will not fix, so no more automatic restarts; fix it and restart by hand. Cause: {summary}"
+    )
+
+
 def crash_loop_gave_up(job: str, restarts: int, within: float) -> str:
     """The single give-up alert of a crash loop."""
     return (

@@ -15,7 +15,9 @@ applies it and posts; the other's write fails and it posts nothing.
 
 Conditions, in precedence order, for a job with an expected process count ``processes``:
 
-- ``unreachable``: the probe could not reach the host, and a fresh connection failed too;
+- ``unreachable``: the probe could not reach the host, and a fresh connection failed too, in
+  ``unreachable_after`` consecutive cycles spanning at least 2 intervals (fewer: ``probe_failed``,
+  no incident); an unreachable host never leads to an automatic restart;
 - ``dead``: no process, while the job should be running (a RUNNING verdict, or seen alive,
   and not stopped on purpose since);
 - ``degraded``: more than zero but fewer than ``processes`` for ``degraded_after`` s;
@@ -140,6 +142,8 @@ class WatchState(_Stored):
     :ivar progress_at: when the log last grew (unix s).
     :ivar degraded_since: since when fewer than ``processes`` but more than zero run.
     :ivar exit_cause: the last exit cause the host reported.
+    :ivar probe_failures: consecutive cycles the host could not be reached; ``unreachable_since``
+        when the first of them was.
     """
 
     last_alive_at: float | None = None
@@ -149,6 +153,8 @@ class WatchState(_Stored):
     progress_at: float | None = None
     degraded_since: float | None = None
     exit_cause: str | None = None
+    probe_failures: int | None = None
+    unreachable_since: float | None = None
 
 
 class Incident(_Stored):
@@ -188,6 +194,13 @@ class Incident(_Stored):
     rank_role: str | None = None
     rank_step: int | None = None
     rank_pid: int | None = None
+    crash_class: str | None = None  #: a dead job: the class of its failure (pipeline.crashes)
+    crash_evidence: str | None = None
+    crash_exc_type: str | None = None
+    crash_message: str | None = None
+    crash_rank: int | None = None
+    crash_step: int | None = None
+    no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
 
     @property
     def thread_key(self) -> str:
@@ -266,6 +279,11 @@ def assess(
     now = obs.at
     w = cfg.watch
     if not obs.reachable:
+        since = state.unreachable_since if state.unreachable_since is not None else now
+        fails = (state.probe_failures or 0) + 1
+        state = state.model_copy(update={"probe_failures": fails, "unreachable_since": since})
+        if fails < w.unreachable_after or now - since < 2 * w.interval:
+            return Decision(state, incident, (), "probe_failed")  # one lost probe is no verdict
         if incident is None:
             new = Incident(
                 job=job,
@@ -282,7 +300,7 @@ def assess(
             return Decision(state, new, (Action(ActionKind.OPEN, new),), IncidentKind.UNREACHABLE.value)
         return _remind(state, incident, now, remind_every, IncidentKind.UNREACHABLE.value)
 
-    st = state.model_copy()
+    st = state.model_copy(update={"probe_failures": None, "unreachable_since": None})
     actions: list[Action] = []
     if incident is not None and incident.kind is IncidentKind.UNREACHABLE:
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": "reachable"})
@@ -369,6 +387,10 @@ def assess(
 
     # the same condition persists: maybe restart automatically, maybe remind
     if condition is IncidentKind.DEAD and cfg.watch.auto_restart is not None and not incident.gave_up:
+        if incident.no_auto:  # its crash class is not restarted automatically: say so, once
+            incident = incident.model_copy(update={"gave_up": True, "next_auto_at": None, "changed_at": now})
+            actions.append(Action(ActionKind.GIVE_UP, incident))
+            return Decision(st, incident, tuple(actions), condition.value)
         incident = _plan_auto_restart(incident, cfg, situation, now)
         if incident.gave_up:
             actions.append(Action(ActionKind.GIVE_UP, incident))
@@ -404,7 +426,7 @@ def _stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
 def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation, now: float) -> Incident:
     """Schedule the next automatic restart of a dead job, or mark the crash loop given up."""
     policy = cfg.watch.auto_restart
-    if policy is None or incident.kind is not IncidentKind.DEAD or incident.gave_up:
+    if policy is None or incident.kind is not IncidentKind.DEAD or incident.gave_up or incident.no_auto:
         return incident
     if situation.auto_restarts >= policy.max:
         return incident.model_copy(

@@ -322,6 +322,7 @@ def test_fault_options_are_checked() -> None:
         (["--hang-rank", "6"], "--hang-rank and --hang-at-step go together"),
         (["--crash-rank", "6", "--crash-at-step", "3"], "go together"),
         (["--hang-rank", "8", "--hang-at-step", "3"], "--hang-rank 8: ranks are 0..7"),
+        (["--hang-rank", "6", "--hang-at-step", "+x"], "a step number, or +N"),
     ]:
         proc = subprocess.run(
             [sys.executable, str(DFLASH / "train.py"), "--cpu", *args],
@@ -330,6 +331,17 @@ def test_fault_options_are_checked() -> None:
             timeout=60,
         )
         assert proc.returncode != 0 and said in proc.stderr, proc.stderr
+
+
+def test_fault_step_plus_n_counts_from_the_resume_step() -> None:
+    """--hang-at-step +30 on a run resuming at 100 hangs after step 130; a plain number stays as given."""
+    import argparse
+
+    faults = load_module(DFLASH / "faults.py", "dflash_faults")
+    args = argparse.Namespace(
+        hang_rank=6, hang_at_step="+30", crash_rank=2, crash_at_step="7", crash="cuda_oom"
+    )
+    assert faults.plan(args, 8, 100) == {"hang": (6, 130), "crash": (2, 7, "cuda_oom")}
 
 
 def test_directory_imports_only_stdlib_torch_setproctitle() -> None:

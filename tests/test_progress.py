@@ -20,8 +20,9 @@ from handlers.outbox import MemoryOutbox
 from handlers.watching import Watcher
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.progress import ProgressState, judge, rank_stall_threshold
+from pipeline.testhost import start_local_ssh_host
 from pipeline.watch import ActionKind, IncidentKind, Observation, Situation, WatchState, assess
-from tests.fixtures.ssh import start_in_process
+from tests.fixtures.ssh import BIN
 from tests.test_watch import T0, job_cfg, run_cycles
 
 DFLASH = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
@@ -130,7 +131,9 @@ async def test_hung_rank_6_of_the_reference_pipeline_is_one_stuck_rank_alert(
     tmp_path: Path, redis_config: Config
 ) -> None:
     """--hang-rank 6 --hang-at-step 40: one stuck-rank alert naming rank 6, within threshold + 2 intervals."""
-    host = await start_in_process(tmp_path / "sshhost")
+    venv_bin = Path(sys.executable).parent  # py-spy (installed with the train extra) lives beside it
+    assert shutil.which("py-spy", path=str(venv_bin)), "py-spy missing: pip install -e '.[train]'"
+    host = await start_local_ssh_host(tmp_path / "sshhost", path_prepend=[BIN, venv_bin])
     workdir = tmp_path / "dflash"
     shutil.copytree(DFLASH, workdir, ignore=shutil.ignore_patterns("__pycache__"))
     log, ckpt = workdir / "train.log", workdir / "ckpt"
@@ -184,15 +187,49 @@ async def test_hung_rank_6_of_the_reference_pipeline_is_one_stuck_rank_alert(
         assert first.title.startswith("dflash has a stuck rank")
         text = "\n".join(first.lines)
         assert "rank 6 (drafter) stuck at step 40" in text and "pid " in text, text
+        evidence = [
+            p.reply for p in outbox.of("thread") if p.reply.title.startswith("hang evidence for rank 6")
+        ]
+        assert len(evidence) == 1, [p.reply.title for p in outbox.of("thread")]
+        assert (
+            evidence[0].lines[0].startswith("pid ") and "dflash-worker drafter rank 6" in evidence[0].lines[0]
+        )
+        assert evidence[0].log is not None and "hang_if_due" in evidence[0].log, evidence[0]
     finally:
         await watcher.drain(5)
         if run is not None and run.sid is not None:
             with contextlib.suppress(OSError):
                 os.killpg(run.sid, signal.SIGKILL)  # the hung rank ignores SIGTERM
         await close_context(ctx)
-        await host.host.close()
+        await host.close()
 
 
 async def _sleep_rest(started: float, interval: float) -> None:
     """Pace the loop at one watch interval, as the scheduler does."""
     await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def test_hang_reply_says_a_d_state_rank_needs_the_host_recycled_and_how_to_get_py_spy() -> None:
+    """State D: 'a restart will not free rank 6; the host may need recycling'; no py-spy: the install line."""
+    from handlers.hangevidence import hang_reply
+    from pipeline.watch import Incident
+
+    inc = Incident(
+        n=2, job="dflash", host="gpu1", kind=IncidentKind.STUCK_RANK, opened_at=T0, notified_at=T0, rank=6
+    )
+    proc = {"pid": 4301, "cmdline": "dflash-worker drafter rank 6", "state": "D", "wchan": "nv_wait"}
+    reply = hang_reply(inc, {"processes": [proc], "py_spy": None})
+    assert (
+        reply.title == "hang evidence for rank 6: 1 process on the host"
+        and reply.thread_key == "incident:dflash:2"
+    )
+    assert (
+        reply.lines[0]
+        == "pid 4301 `dflash-worker drafter rank 6`: state D (uninterruptible sleep), wchan nv_wait"
+    )
+    assert "py-spy is not installed on gpu1, so no Python stacks: `pip install py-spy` there" in reply.lines
+    assert "a restart will not free rank 6; the host may need recycling" in reply.lines[-1]
+    spied = hang_reply(
+        inc, {"processes": [{**proc, "state": "S", "stack": "Thread 1\n  hang"}], "py_spy": "/x"}
+    )
+    assert spied.log == "py-spy dump --pid 4301\nThread 1\n  hang" and len(spied.lines) == 1

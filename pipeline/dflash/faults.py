@@ -37,17 +37,24 @@ WAIT_REPEAT_S = 15.0  #: seconds between further reports while it still waits
 def add_arguments(p: Any) -> None:
     """Add the fault-injection options to an ``argparse.ArgumentParser``."""
     p.add_argument("--hang-rank", type=int, default=None, help="global rank that hangs (with --hang-at-step)")
-    p.add_argument("--hang-at-step", type=int, default=None, help="the step after which it hangs")
+    p.add_argument(
+        "--hang-at-step", default=None, help="the step after which it hangs (+N: N after the resume)"
+    )
     p.add_argument("--crash-rank", type=int, default=None, help="global rank that crashes (with --crash-*)")
-    p.add_argument("--crash-at-step", type=int, default=None, help="the step during which it crashes")
+    p.add_argument(
+        "--crash-at-step", default=None, help="the step during which it crashes (+N: after the resume)"
+    )
     p.add_argument("--crash", choices=CRASH_KINDS, default=None, help="how it crashes")
 
 
-def plan(args: Any, world: int) -> dict[str, Any]:
+def plan(args: Any, world: int, resume_step: int = 0) -> dict[str, Any]:
     """The faults asked for on the command line, checked: ``{"hang": (rank, step) | None, "crash": …}``.
+
+    A step written ``+N`` counts from the step the run resumes at (``resume_step + N``).
 
     :param args: the parsed options.
     :param world: the number of workers (ranks are ``0 .. world-1``).
+    :param resume_step: the checkpoint step this run resumes from (0: from scratch).
     :raises SystemExit: if an option comes without its partners or a rank/step is out of range.
     """
     out: dict[str, Any] = {"hang": None, "crash": None}
@@ -55,13 +62,25 @@ def plan(args: Any, world: int) -> dict[str, Any]:
     if any(v is not None for v in hang):
         if None in hang:
             raise SystemExit("--hang-rank and --hang-at-step go together")
-        out["hang"] = _checked(hang[0], hang[1], world, "--hang")
+        out["hang"] = _checked(hang[0], _step(hang[1], resume_step, "--hang"), world, "--hang")
     crash = (args.crash_rank, args.crash_at_step, args.crash)
     if any(v is not None for v in crash):
         if None in crash:
             raise SystemExit("--crash-rank, --crash-at-step and --crash go together")
-        out["crash"] = (*_checked(crash[0], crash[1], world, "--crash"), crash[2])
+        out["crash"] = (
+            *_checked(crash[0], _step(crash[1], resume_step, "--crash"), world, "--crash"),
+            crash[2],
+        )
     return out
+
+
+def _step(text: str, resume_step: int, flag: str) -> int:
+    try:
+        return resume_step + int(text[1:]) if text.startswith("+") else int(text)
+    except ValueError:
+        raise SystemExit(
+            f"{flag}-at-step {text!r}: a step number, or +N for N steps after the resume"
+        ) from None
 
 
 def _checked(rank: int, step: int, world: int, flag: str) -> tuple[int, int]:

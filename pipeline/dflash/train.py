@@ -474,8 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     target_devs = _devices(args.target_devices, args.cpu)
     drafter_devs = _devices(args.drafter_devices, args.cpu)
-    fault_plan = faults.plan(args, len(target_devs) + len(drafter_devs))
     resume_step = read_resume_step(args.checkpoint_dir)
+    fault_plan = faults.plan(args, len(target_devs) + len(drafter_devs), resume_step)
     banner = (
         f"dflash-main pid {os.getpid()} targets={_describe(target_devs)} drafters={_describe(drafter_devs)} "
         f"profile={args.profile} resume_step={resume_step}"
