@@ -266,4 +266,61 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
     return Crash(CrashClass.UNKNOWN, evidence, rank=rank, step=step)
 
 
-__all__ = ["MAX_EVIDENCE", "TRANSIENT", "Crash", "CrashClass", "classify", "from_fields"]
+# --- causes found in a log tail ------------------------------------------------------------------
+
+_EXC_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Warning|Failure)\b.*$|^[A-Za-z_][\w.]*: .+$"
+)
+_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError", re.IGNORECASE)
+_NCCL = re.compile(
+    r"NCCL.*(?:timeout|timed out|watchdog)|(?:Watchdog|watchdog).*NCCL|ProcessGroupNCCL", re.IGNORECASE
+)
+_KILLED = re.compile(
+    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill", re.MULTILINE
+)
+
+
+def detect_cause(log_tail: str) -> str | None:
+    """A one-line cause found in a log tail, or None.
+
+    Recognised, most specific first: CUDA out of memory, an NCCL timeout or watchdog, a
+    Python traceback (its last exception line), ``Killed`` (the kernel's OOM killer).
+
+    :param log_tail: the last lines of the job's log.
+    :returns: e.g. ``CUDA out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried…``.
+    """
+    lines = [ln.rstrip() for ln in log_tail.splitlines() if ln.strip()]
+    exception = _last_exception(lines)
+    for ln in reversed(lines):
+        if _CUDA_OOM.search(ln):
+            return f"CUDA out of memory: {ln.strip()}"
+    for ln in reversed(lines):
+        if _NCCL.search(ln):
+            return f"NCCL timeout/watchdog: {ln.strip()}"
+    if exception is not None:
+        return f"Python exception: {exception}"
+    if _KILLED.search("\n".join(lines[-5:])):
+        return "killed (likely the kernel's OOM killer: `Killed`)"
+    return None
+
+
+def _last_exception(lines: list[str]) -> str | None:
+    """The exception line closing the last traceback in ``lines``, if any."""
+    start = None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            start = i
+            break
+    if start is None:
+        return None
+    candidate = None
+    for ln in lines[start + 1 :]:
+        if ln.startswith((" ", "\t")) or ln.startswith("Traceback"):
+            continue
+        if _EXC_LINE.match(ln):
+            candidate = ln.strip()
+            break
+    return candidate
+
+
+__all__ = ["MAX_EVIDENCE", "TRANSIENT", "Crash", "CrashClass", "classify", "detect_cause", "from_fields"]

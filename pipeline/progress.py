@@ -40,7 +40,7 @@ from pipeline.remote import SSHPool
 MIN_RANK_STALL = 60.0  #: seconds: the smallest default ``rank_stall_after``
 STALL_FACTOR = 20.0  #: default ``rank_stall_after`` = this × the p95 time between advances
 GAPS_KEPT = 200  #: advance gaps (s) kept for the p95
-MAX_READ = 4 * 1024 * 1024  #: bytes read per cycle at most; the rest is read next cycle
+MAX_READ = 4 * 1024 * 1024  #: bytes read per cycle at most; further behind, older bytes are skipped
 
 
 class RankState(BaseModel):
@@ -201,6 +201,30 @@ def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
     return Judgement(known=True, stuck=tuple(stuck), waiting=waiting, frozen_for=frozen_for)
 
 
+def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
+    """The incident fields naming the first stuck rank, and the ``cause`` line naming all of them.
+
+    :param steps: a judgement with at least one stuck rank.
+    :param host: the job's host (named in the cause line).
+    :returns: ``rank``, ``rank_role``, ``rank_step``, ``rank_pid`` and ``cause``.
+    """
+    first = steps.stuck[0]
+    others = [s.rank for s in steps.stuck[1:]]
+    cause = (
+        f"rank {first.rank} ({first.role}) stuck at step {first.step} for {first.stuck_for:.0f} s"
+        + (f", pid {first.pid} on {host}" if first.pid is not None else f" on {host}")
+        + (f"; also stuck: ranks {', '.join(map(str, others))}" if others else "")
+        + (f"; waiting on it: ranks {', '.join(map(str, steps.waiting))}" if steps.waiting else "")
+    )
+    return {
+        "rank": first.rank,
+        "rank_role": first.role,
+        "rank_step": first.step,
+        "rank_pid": first.pid,
+        "cause": cause,
+    }
+
+
 async def load(client: aioredis.Redis, prefix: str, job: str) -> ProgressState:
     """The job's stored progress (empty when none)."""
     raw = await client.get(keys.rank_progress(prefix, job))
@@ -235,7 +259,10 @@ async def refresh(
     end = chunk.data.rfind(b"\n") + 1  # a partial last line is read again next cycle
     base = ProgressState(run_pid=state.run_pid, gaps=state.gaps) if chunk.reset else state
     new = base.ingest(chunk.data[:end], job, now)
-    new = new.model_copy(update={"offset": chunk.offset - (len(chunk.data) - end), "inode": chunk.inode})
+    offset = chunk.offset - (len(chunk.data) - end)
+    if chunk.size - offset > MAX_READ:  # far behind (a long log first seen): only the recent lines matter
+        offset = chunk.size - MAX_READ
+    new = new.model_copy(update={"offset": offset, "inode": chunk.inode})
     await client.set(keys.rank_progress(prefix, name), new.model_dump_json())
     return new
 
@@ -249,4 +276,5 @@ __all__ = [
     "load",
     "rank_stall_threshold",
     "refresh",
+    "stuck_facts",
 ]

@@ -30,7 +30,6 @@ Conditions, in precedence order, for a job with an expected process count ``proc
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -40,7 +39,8 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline import keys
 from pipeline.config import JobConfig
-from pipeline.progress import Judgement
+from pipeline.crashes import detect_cause
+from pipeline.progress import Judgement, stuck_facts
 
 DEFAULT_REMIND_EVERY = 1800.0  #: seconds between reminders of an open, unacknowledged incident
 LOG_LINES = 30  #: log lines shown in an alert
@@ -358,7 +358,7 @@ def assess(
         "exit_cause": st.exit_cause,
     }
     if condition is IncidentKind.STUCK_RANK and steps is not None:
-        facts.update(_stuck_facts(steps, cfg.host))
+        facts.update(stuck_facts(steps, cfg.host))
     if incident is None:
         if isinstance(condition, IncidentKind):
             new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
@@ -404,25 +404,6 @@ def assess(
     return _remind(st, incident, now, remind_every, condition.value, actions)
 
 
-def _stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
-    """The incident fields naming the first stuck rank, and the cause line naming all of them."""
-    first = steps.stuck[0]
-    others = [s.rank for s in steps.stuck[1:]]
-    cause = (
-        f"rank {first.rank} ({first.role}) stuck at step {first.step} for {first.stuck_for:.0f} s"
-        + (f", pid {first.pid} on {host}" if first.pid is not None else f" on {host}")
-        + (f"; also stuck: ranks {', '.join(map(str, others))}" if others else "")
-        + (f"; waiting on it: ranks {', '.join(map(str, steps.waiting))}" if steps.waiting else "")
-    )
-    return {
-        "rank": first.rank,
-        "rank_role": first.role,
-        "rank_step": first.step,
-        "rank_pid": first.pid,
-        "cause": cause,
-    }
-
-
 def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation, now: float) -> Incident:
     """Schedule the next automatic restart of a dead job, or mark the crash loop given up."""
     policy = cfg.watch.auto_restart
@@ -451,63 +432,6 @@ def _remind(
         incident = incident.model_copy(update={"notified_at": now})
         acts.append(Action(ActionKind.REMIND, incident))
     return Decision(state, incident, tuple(acts), condition)
-
-
-# --- causes found in a log tail ------------------------------------------------------------------
-
-_EXC_LINE = re.compile(
-    r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Warning|Failure)\b.*$|^[A-Za-z_][\w.]*: .+$"
-)
-_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError", re.IGNORECASE)
-_NCCL = re.compile(
-    r"NCCL.*(?:timeout|timed out|watchdog)|(?:Watchdog|watchdog).*NCCL|ProcessGroupNCCL", re.IGNORECASE
-)
-_KILLED = re.compile(
-    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill", re.MULTILINE
-)
-
-
-def detect_cause(log_tail: str) -> str | None:
-    """A one-line cause found in a log tail, or None.
-
-    Recognised, most specific first: CUDA out of memory, an NCCL timeout or watchdog, a
-    Python traceback (its last exception line), ``Killed`` (the kernel's OOM killer).
-
-    :param log_tail: the last lines of the job's log.
-    :returns: e.g. ``CUDA out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried…``.
-    """
-    lines = [ln.rstrip() for ln in log_tail.splitlines() if ln.strip()]
-    exception = _last_exception(lines)
-    for ln in reversed(lines):
-        if _CUDA_OOM.search(ln):
-            return f"CUDA out of memory: {ln.strip()}"
-    for ln in reversed(lines):
-        if _NCCL.search(ln):
-            return f"NCCL timeout/watchdog: {ln.strip()}"
-    if exception is not None:
-        return f"Python exception: {exception}"
-    if _KILLED.search("\n".join(lines[-5:])):
-        return "killed (likely the kernel's OOM killer: `Killed`)"
-    return None
-
-
-def _last_exception(lines: list[str]) -> str | None:
-    """The exception line closing the last traceback in ``lines``, if any."""
-    start = None
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("Traceback (most recent call last):"):
-            start = i
-            break
-    if start is None:
-        return None
-    candidate = None
-    for ln in lines[start + 1 :]:
-        if ln.startswith((" ", "\t")) or ln.startswith("Traceback"):
-            continue
-        if _EXC_LINE.match(ln):
-            candidate = ln.strip()
-            break
-    return candidate
 
 
 # --- Redis storage -------------------------------------------------------------------------------

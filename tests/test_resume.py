@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config import Config
 from pipeline.events import Events
 from pipeline.hosthelper import checkpoint_info, start_step
 from pipeline.redisconn import RedisHandle
@@ -130,3 +131,24 @@ async def test_verify_reads_the_resume_step_and_flags_an_ignored_checkpoint(
         )
         assert run.warning is not None and "checkpoint step 12000" in run.warning
     assert f"checkpoint {ckpt / 'latest.json'}: step 12000, written" in run.evidence
+
+
+async def test_a_flagged_run_gets_a_warning_beside_its_verdict(tmp_path: Path, redis_config: Config) -> None:
+    """A RUNNING run that ignored its checkpoint: the verdict post, then a WARNING post in its thread."""
+    from handlers.verdicts import deliver_due
+    from pipeline import keys
+    from tests.test_watch import open_harness
+
+    async with open_harness(tmp_path, redis_config, {"train": {"start_window": 1.0}}) as h:
+        ctx = h.ctx
+        run = await h.launch("train")  # verified RUNNING
+        assert run.verdict is Verdict.RUNNING
+        run.warning = "⚠ train started from step 0 although checkpoint step 12000 exists (/c/latest.json)"
+        await ctx.runs.save(run)
+        await ctx.redis.client.zadd(keys.runs_unverified(ctx.prefix), {run.id: 0})
+        assert [r.id for r in await deliver_due(ctx)] == [run.id]
+        posts = [(p.key, p.reply.title, p.reply.status.value) for p in ctx.outbox.of("thread")]
+        assert posts == [
+            (f"run:{run.id}", run.verdict_line, "ok"),
+            (f"run:{run.id}", run.warning, "warning"),
+        ]
