@@ -7,13 +7,24 @@ omitted)``), long tables and texts are split over several sections, and when a r
 needs more than 50 blocks the middle is cut with a marker, keeping the title and the buttons.
 Every message carries a plain-text fallback ``text`` (notifications, screen readers).
 
-User-visible text is escaped for mrkdwn (``&``, ``<``, ``>``) so nothing a job prints can
-become a mention or a link.
+Slack also refuses a message whose block text adds up past about 12,000 characters
+(``msg_blocks_too_long``): one message keeps within :data:`MAX_MESSAGE_CHARS`, and
+:func:`parts` splits a long answer into several messages (the first saying how many follow,
+each later one naming its place) for the thread or the ``response_url``.
+
+Nothing a job prints or a user types can ping anyone: text is escaped for mrkdwn (``&``,
+``<``, ``>``), a run of backticks cannot close a code fence, and every reference in the
+reply's text (``<@U…>``, ``<!subteam^S…>``, ``<!here>``) is shown as a name (``@maya``,
+resolved by :class:`bot.people.People` where known) — except the one the reply pages
+(:attr:`handlers.reply.Reply.page`, the configured ``alert_mention``), which
+:func:`page_ref` writes in Slack's syntax.  No section or fallback ``text`` is ever empty.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from handlers.reply import Button, Reply, Status, Table, format_table
@@ -28,6 +39,10 @@ MAX_BUTTON_TEXT = 75  #: characters of a button label
 MAX_BUTTON_VALUE = 2000  #: characters of a button value
 MAX_ACTIONS = 25  #: elements per actions block
 MAX_FALLBACK = 3000  #: our cap on the fallback ``text`` (Slack allows 40,000)
+#: block text per message: Slack refuses past about 12,000 characters in all (msg_blocks_too_long;
+#: not documented, refusals reported at 11,341 and 13,202), so keep well below the lowest
+MAX_MESSAGE_CHARS = 10000
+MAX_PARTS = 10  #: messages one answer is split into at most (thread posts)
 ACTION_PREFIX = "pitstop:"  #: action ids are ``pitstop:<action>:<index>``
 
 Block = dict[str, Any]
@@ -42,7 +57,69 @@ STATUS_EMOJI = {
 _FENCE = "```"
 
 
-_REFS = re.compile(r"<(?:@[UW][A-Z0-9]+|#C[A-Z0-9]+|!subteam\^S[A-Z0-9]+)(?:\|[^<>&|]*)?>")
+_REFS = re.compile(r"<(?:@[UW][A-Z0-9]+|#C[A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel)(?:\|[^<>&|]*)?>")
+_PEOPLE = re.compile(r"<(@[UW][A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel|!everyone)(?:\|([^<>|]*))?>")
+_TICKS = re.compile(r"`{3,}")
+
+
+def page_ref(target: str) -> str:
+    """``alert_mention`` in Slack's syntax: ``here`` → ``<!here>``, ``channel`` → ``<!channel>``,
+    ``S…`` → ``<!subteam^S…>``, ``U…``/``W…`` → ``<@U…>``."""
+    t = target.strip().lstrip("@")
+    if t in ("here", "channel"):
+        return f"<!{t}>"
+    if t.startswith("S"):
+        return f"<!subteam^{t}>"
+    return f"<@{t}>"
+
+
+def humanise_text(text: str, names: Mapping[str, str] | None = None, keep: str | None = None) -> str:
+    """``text`` with every person, group or broadcast reference made plain (``<@U1>`` → ``@maya``
+    when ``names`` knows U1, else ``@U1``; ``<!subteam^S1|@oncall>`` → ``@oncall``; ``<!here>`` →
+    ``@here``), except ``keep`` (the one reference the reply pages)."""
+    names = names or {}
+
+    def plain_ref(m: re.Match[str]) -> str:
+        ref, label = m.group(1), m.group(2)
+        if keep is not None and m.group(0) == keep:
+            return keep
+        if ref.startswith("@"):
+            return "@" + names.get(ref[1:], (label or "").lstrip("@") or ref[1:])
+        if ref.startswith("!subteam^"):
+            gid = ref.removeprefix("!subteam^")
+            return "@" + ((label or "").lstrip("@") or names.get(gid, gid))
+        return "@" + ref[1:]
+
+    return _PEOPLE.sub(plain_ref, text)
+
+
+def humanise(reply: Reply, names: Mapping[str, str] | None = None) -> Reply:
+    """``reply`` with :func:`humanise_text` applied to all its text but the log (shown literally in
+    a code block); only ``reply.page``'s reference stays live."""
+    keep = page_ref(reply.page) if reply.page else None
+
+    def h(text: str) -> str:
+        return humanise_text(text, names, keep)
+
+    return dataclasses.replace(
+        reply,
+        title=h(reply.title),
+        lines=tuple(h(x) for x in reply.lines),
+        fields=tuple((h(k), h(v)) for k, v in reply.fields),
+        tables=tuple(
+            Table(tuple(h(c) for c in t.headers), tuple(tuple(h(c) for c in r) for r in t.rows))
+            for t in reply.tables
+        ),
+        steps=tuple(dataclasses.replace(st, detail=h(st.detail)) for st in reply.steps),
+        log_title=h(reply.log_title),
+        follow_ups=tuple(humanise(f, names) for f in reply.follow_ups),
+    )
+
+
+def unfence(text: str) -> str:
+    """``text`` for inside a code block: a run of three or more backticks is broken with zero-width
+    spaces so that it cannot close the block."""
+    return _TICKS.sub(lambda m: "\u200b".join(m.group(0)), text)
 
 
 def escape(text: str, *, refs: bool = False) -> str:
@@ -66,7 +143,7 @@ def escape(text: str, *, refs: bool = False) -> str:
 
 def plain(text: str) -> str:
     """Pitstop's Slack references made readable outside Slack: ``<@U1>`` → ``@U1``,
-    ``<#C1>`` → ``#C1``, ``<!subteam^S1>`` → ``@S1`` (the console)."""
+    ``<#C1>`` → ``#C1``, ``<!subteam^S1>`` → ``@S1``, ``<!here>`` → ``@here`` (the console)."""
 
     def name(m: re.Match[str]) -> str:
         body = m.group(0)[1:-1]
@@ -75,6 +152,8 @@ def plain(text: str) -> str:
             return ("#" if ref.startswith("#") else "@") + label
         if ref.startswith("!subteam^"):
             return "@" + ref.removeprefix("!subteam^")
+        if ref.startswith("!"):
+            return "@" + ref[1:]
         return ref
 
     return _REFS.sub(name, text)
@@ -91,6 +170,7 @@ def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str
     :returns: the escaped (possibly cut) text, without the wrapper.
     """
     room = limit - len(wrap[0]) - len(wrap[1])
+    text = unfence(text) if wrap[0].startswith(_FENCE) else text
     whole = escape(text)
     if len(whole) <= room:
         return whole
@@ -140,7 +220,7 @@ def _line_sections(lines: list[str], *, fence: bool = False) -> list[Block]:
     chunk: list[str] = []
     size = 0
     for raw in lines:
-        line = keep_head(raw, room, refs=not fence)
+        line = keep_head(unfence(raw) if fence else raw, room, refs=not fence)
         if chunk and size + 1 + len(line) > room:
             out.append(_section(wrap[0] + "\n".join(chunk) + wrap[1]))
             chunk, size = [], 0
@@ -148,7 +228,7 @@ def _line_sections(lines: list[str], *, fence: bool = False) -> list[Block]:
         size += len(line) + (1 if len(chunk) > 1 else 0)
     if chunk:
         out.append(_section(wrap[0] + "\n".join(chunk) + wrap[1]))
-    return out
+    return [b for b in out if b["text"]["text"].strip()]  # Slack refuses an empty section
 
 
 def _fields(fields: tuple[tuple[str, str], ...]) -> list[Block]:
@@ -194,8 +274,10 @@ def action_of(action_id: str) -> str:
 
 
 def title_text(reply: Reply) -> str:
-    """The title as the first section shows it (status emoji, bold, escaped)."""
-    return f"{STATUS_EMOJI[reply.status]} *{keep_head(reply.title, MAX_SECTION_TEXT - 40)}*"
+    """The title as the first section shows it (status emoji, bold, escaped); a blank title reads
+    as :func:`pipeline.messages.slack_untitled`."""
+    title = " ".join(reply.title.split()) or messages.slack_untitled()
+    return f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*"
 
 
 def _body(reply: Reply, table_sections: int) -> list[Block]:
@@ -220,61 +302,167 @@ def _body(reply: Reply, table_sections: int) -> list[Block]:
     return blocks
 
 
-def fit(blocks: list[Block], limit: int = MAX_BLOCKS) -> list[Block]:
-    """``blocks`` cut to ``limit``: the first ones and every actions block are kept, the middle
-    is replaced by one context block saying how many were left out."""
-    if len(blocks) <= limit:
+def block_chars(blocks: list[Block]) -> int:
+    """Characters of text in ``blocks`` all together (what Slack's ``msg_blocks_too_long`` counts)."""
+    return sum(len(t) for t in block_texts(blocks))
+
+
+def fit(blocks: list[Block], limit: int = MAX_BLOCKS, chars: int = MAX_MESSAGE_CHARS) -> list[Block]:
+    """``blocks`` cut to ``limit`` blocks and ``chars`` characters of text: the first ones and every
+    actions block are kept, the rest is replaced by one context block saying how many were left out."""
+    if len(blocks) <= limit and block_chars(blocks) <= chars:
         return blocks
     actions = [b for b in blocks if b.get("type") == "actions"][: limit // 2]
     others = [b for b in blocks if b.get("type") != "actions"]
     room = limit - len(actions) - 1
-    kept = others[:room]
+    budget = chars - block_chars(actions) - 120  # the marker
+    kept: list[Block] = []
+    for block in others[:room]:
+        size = block_chars([block])
+        if size > budget:
+            break
+        kept.append(block)
+        budget -= size
     dropped = len(others) - len(kept)
     return [*kept, _context(escape(messages.slack_blocks_omitted(dropped))), *actions]
 
 
-def reply_blocks(reply: Reply, *, follow_ups: bool = True, limit: int = MAX_BLOCKS) -> list[Block]:
-    """The Block Kit blocks of ``reply``, at most ``limit`` of them, every text within Slack's limits.
-
-    :param follow_ups: also render ``reply.follow_ups`` below a divider (for surfaces with no
-        thread, such as a slash command's response); the outbox posts them in the thread instead.
-    :param limit: the block budget (50 for messages, 100 for the App Home view).
-    :returns: blocks ready for ``chat.postMessage`` / ``chat.update`` / ``respond``.
-    """
-    table_sections = max(2, limit // 5)
-    blocks = _body(reply, table_sections)
-    if follow_ups:
-        for follow in reply.follow_ups:
-            blocks.append({"type": "divider"})
-            blocks += _body(follow, table_sections)
+def _actions(reply: Reply, follow_ups: bool) -> Block | None:
     elements = [_button(b, i) for i, b in enumerate(reply.buttons)][:MAX_ACTIONS]
     if follow_ups:
         for follow in reply.follow_ups:
             start = len(elements)
             elements += [_button(b, start + i) for i, b in enumerate(follow.buttons)][: MAX_ACTIONS - start]
-    if elements:
-        blocks.append({"type": "actions", "elements": elements})
-    return fit(blocks, limit)
+    return {"type": "actions", "elements": elements} if elements else None
+
+
+def parts(
+    reply: Reply,
+    *,
+    follow_ups: bool = True,
+    names: Mapping[str, str] | None = None,
+    max_parts: int = MAX_PARTS,
+    attached: bool = False,
+) -> list[dict[str, Any]]:
+    """``reply`` as one or more messages (``{"text", "blocks"}``), each within Slack's limits.
+
+    Nothing is cut while ``max_parts`` messages suffice: the first message holds the title,
+    as much as fits, the buttons and a marker saying how many messages follow
+    (:func:`pipeline.messages.slack_continued`); each later one starts with its place
+    (:func:`pipeline.messages.slack_part`).  Past ``max_parts`` the last one says how many
+    sections were left out — or, with ``attached``, that they are in the attached text file.
+
+    :param follow_ups: render ``reply.follow_ups`` below a divider (see :func:`reply_blocks`).
+    :param names: user/group id → name for :func:`humanise`.
+    :param max_parts: most messages to produce (5 for a ``response_url``).
+    :param attached: the caller attaches the whole answer as a file when it is cut.
+    :returns: at least one message payload.
+    """
+    reply = humanise(reply, names)
+    body = _body(reply, 10_000)
+    if follow_ups:
+        for follow in reply.follow_ups:
+            body.append({"type": "divider"})
+            body += _body(follow, 10_000)
+    actions = _actions(reply, follow_ups)
+    tail = [actions] if actions else []
+    reserve = block_chars(tail) + 200  # markers
+    chunks: list[list[Block]] = [[]]
+    size = 0
+    for block in body:
+        n = block_chars([block])
+        chunk = chunks[-1]
+        if chunk and (len(chunk) + len(tail) + 2 > MAX_BLOCKS or size + n > MAX_MESSAGE_CHARS - reserve):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(block)
+        size += n
+    for chunk in chunks:  # a lone divider leading a later part says nothing
+        while len(chunk) > 1 and chunk[0]["type"] == "divider":
+            chunk.pop(0)
+    if len(chunks) > max_parts:
+        dropped = sum(len(c) for c in chunks[max_parts:])
+        chunks = chunks[:max_parts]
+        if len(chunks[-1]) + len(tail) + 3 > MAX_BLOCKS:
+            dropped += 1
+            chunks[-1].pop()
+        cut = messages.slack_attached(dropped) if attached else messages.slack_blocks_omitted(dropped)
+        chunks[-1].append(_context(escape(cut)))
+    total = len(chunks)
+    out: list[dict[str, Any]] = []
+    for i, chunk in enumerate(chunks):
+        if i == 0:
+            first = list(chunk)
+            if total > 1:
+                first.append(_context(escape(messages.slack_continued(total - 1))))
+            out.append({"text": fallback_text(reply), "blocks": first + tail})
+        else:
+            label = messages.slack_part(i + 1, total, reply.title)
+            out.append(
+                {
+                    "text": keep_head(label, MAX_FALLBACK),
+                    "blocks": [_context(keep_head(label, MAX_SECTION_TEXT)), *chunk],
+                }
+            )
+    return out
+
+
+def reply_blocks(
+    reply: Reply,
+    *,
+    follow_ups: bool = True,
+    limit: int = MAX_BLOCKS,
+    names: Mapping[str, str] | None = None,
+) -> list[Block]:
+    """The Block Kit blocks of ``reply`` for one message, at most ``limit`` of them and
+    :data:`MAX_MESSAGE_CHARS` characters, every text within Slack's limits (see :func:`parts` to
+    split instead of cut).
+
+    :param follow_ups: also render ``reply.follow_ups`` below a divider (for surfaces with no
+        thread, such as a slash command's response); the outbox posts them in the thread instead.
+    :param limit: the block budget (50 for messages, 100 for the App Home view).
+    :param names: user/group id → name for :func:`humanise`.
+    :returns: blocks ready for ``chat.postMessage`` / ``chat.update`` / ``respond``.
+    """
+    reply = humanise(reply, names)
+    messages_cap = MAX_MESSAGE_CHARS // MAX_SECTION_TEXT if limit <= MAX_BLOCKS else limit
+    table_sections = max(2, min(limit // 5, messages_cap))
+    blocks = _body(reply, table_sections)
+    if follow_ups:
+        for follow in reply.follow_ups:
+            blocks.append({"type": "divider"})
+            blocks += _body(follow, table_sections)
+    actions = _actions(reply, follow_ups)
+    if actions:
+        blocks.append(actions)
+    return fit(blocks, limit, MAX_MESSAGE_CHARS if limit <= MAX_BLOCKS else 10**9)
 
 
 def fallback_text(reply: Reply) -> str:
-    """The plain-text ``text`` sent with the blocks: title, steps and lines, at most 3,000 characters."""
-    parts = [reply.title, *(s.text() for s in reply.steps), *reply.lines]
-    return keep_head("\n".join(parts), MAX_FALLBACK)
+    """The plain-text ``text`` sent with the blocks: title, steps and lines, 1 to 3,000 characters."""
+    lines = [reply.title, *(s.text() for s in reply.steps), *reply.lines]
+    text = "\n".join(line for line in lines if line.strip())
+    return keep_head(text or messages.slack_untitled(), MAX_FALLBACK)
 
 
-def message(reply: Reply, *, follow_ups: bool = True) -> dict[str, Any]:
-    """``{"text": …, "blocks": […]}`` for ``reply``: the keyword arguments of a message call."""
+def message(
+    reply: Reply, *, follow_ups: bool = True, names: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``{"text": …, "blocks": […]}`` for ``reply`` as one message (cut visibly if it is too long;
+    :func:`parts` splits instead): the keyword arguments of a message call."""
+    reply = humanise(reply, names)
     return {"text": fallback_text(reply), "blocks": reply_blocks(reply, follow_ups=follow_ups)}
 
 
 def text_message(text: str) -> dict[str, Any]:
-    """A one-section message (the "working…" ack), within the limits."""
+    """A one-section message (the "working…" ack), within the limits; references in ``text`` are
+    shown as text, never as pings."""
+    text = humanise_text(text) if text.strip() else messages.slack_untitled()
     body = keep_head(text, MAX_SECTION_TEXT)
     return {"text": keep_head(text, MAX_FALLBACK), "blocks": [_section(body)]}
 
 
-def home_view(reply: Reply, footer: str) -> dict[str, Any]:
+def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The App Home view (``views.publish``): a header, ``reply`` rendered, and a footer line.
 
     :param reply: the job listing (state, PID, uptime, last restart and by whom).
@@ -284,7 +472,7 @@ def home_view(reply: Reply, footer: str) -> dict[str, Any]:
         "type": "header",
         "text": {"type": "plain_text", "text": messages.slack_home_title()[:150], "emoji": True},
     }
-    body = reply_blocks(reply, follow_ups=True, limit=MAX_HOME_BLOCKS - 2)
+    body = reply_blocks(reply, follow_ups=True, limit=MAX_HOME_BLOCKS - 2, names=names)
     return {"type": "home", "blocks": [header, *body, _context(keep_head(footer, MAX_SECTION_TEXT))]}
 
 

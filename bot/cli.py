@@ -1,4 +1,4 @@
-"""The ``pitstop`` command: ``demo | console | serve | say | parse | check-config``.
+"""The ``pitstop`` command: ``demo | console | serve | say | parse | check-config | check-slack``.
 
 Every verb exits with the codes listed in the README (:class:`pipeline.errors.ExitCode`):
 0 ok; 1 the action failed or the verdict is not RUNNING; 2 usage, parse or config error;
@@ -8,6 +8,7 @@ Errors are one clear line on stderr, never a traceback.
 Usage::
 
     pitstop check-config pitstop.toml
+    pitstop check-slack --post
     pitstop parse "restart dflash with topk patch"
     pitstop say "restart dflash with topk patch" --as U012ABCDEF --wait
 """
@@ -69,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", parents=[common], help="validate a config file")
     check.add_argument("file", nargs="?", metavar="FILE")
+
+    doctor = sub.add_parser(
+        "check-slack", parents=[common], help="check the token, scopes, channels and command against Slack"
+    )
+    doctor.add_argument(
+        "--post", action="store_true", help="also post a test message to each channel and delete it"
+    )
     return p
 
 
@@ -150,6 +158,13 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         return run_async(lambda: run_console(config, user=user))
     if verb == "serve":
         return _serve(args, env, config)
+    if verb == "check-slack":
+        from bot.slack_doctor import check_slack
+
+        if not env.bot_token:
+            return _fail(messages.missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
+        token = env.bot_token
+        return run_async(lambda: check_slack(config, bot_token=token, api_url=env.api_url, post=args.post))
     raise AssertionError(verb)  # argparse rejects unknown verbs
 
 

@@ -183,6 +183,10 @@ class ConsoleOutbox:
         """Print a standalone post (a digest)."""
         self.console.print(self.renderer.render(reply, key_prefix(reply.thread_key)))
 
+    async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
+        """Print a private message (the console has one reader)."""
+        self.console.print(self.renderer.render(reply, ""))
+
 
 class _StdinReader:
     """Reads stdin in a daemon thread (so Ctrl-C and exit never wait for a pending ``input()``)."""

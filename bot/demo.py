@@ -103,7 +103,7 @@ def demo_config_text(
 [slack]
 command = "/train"
 announce_channel = "CDEMO"
-alert_mention = "{DEMO_USER}"
+alert_mention = "here"
 pace = 0
 
 [auth]

@@ -147,6 +147,9 @@ async def say_main(
     outbox = MemoryOutbox()
     ctx = await build_context(config, outbox, deliver_recovered=True)
     dispatcher = Dispatcher(ctx)
+    for taken in outbox.of("thread"):  # runs of a dead Pitstop process this call took over
+        print(render_text(taken.reply), file=err, flush=True)
+    outbox.posted.clear()
     try:
         after = await ctx.events.last_id()
         request = Request(

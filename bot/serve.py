@@ -80,6 +80,7 @@ class SlackRuntime:
             out["socket_mode"] = "connected" if connected else "reconnecting"
             out["ok"] = bool(out.get("ok")) and connected
         out["refused_posts"] = len(self.outbox.failures)
+        out["last_delivery_failure"] = self.outbox.last_failure
         return out
 
     async def redis_health(self) -> dict[str, Any]:

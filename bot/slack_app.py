@@ -35,7 +35,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
@@ -45,8 +45,10 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
 from bot.slack_outbox import SlackOutbox
+from handlers.auth import role_of
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Reply, Status
+from handlers.runview import thread_key
 from pipeline import messages
 from pipeline.config import Config
 
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 
 ACK_BUDGET = 0.25  #: seconds a slash command waits for its answer before acking "working on …"
 GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
+HOME_TTL = 60.0  #: seconds the App Home's job listing is reused before the hosts are probed again
+RESPONSE_PARTS = 5  #: a response_url takes at most 5 posts (within 30 minutes)
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
 _CONFIRMING = frozenset({"confirm", "cancel"})
 
@@ -203,6 +207,8 @@ class SlackSurface:
         self.groups = groups or GroupCache(client, enabled=needs_groups(config))
         self.ack_budget = ack_budget
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._home: tuple[float, Reply] | None = None
+        self._home_lock = asyncio.Lock()
         bolt_log = logging.getLogger("pitstop.bolt")
         bolt_log.addFilter(_quiet_token_warning)
         self.app = AsyncApp(
@@ -272,8 +278,11 @@ class SlackSurface:
         done, _ = await asyncio.wait({task}, timeout=self.ack_budget)
         if done:
             reply = task.result()
-            await ack(**blocks.message(reply), response_type=response_type(reply))
-            self._after_answer(reply, body.get("channel_id"))
+            first, *rest = blocks.parts(reply, names=self._cached_names(), max_parts=RESPONSE_PARTS + 1)
+            await ack(**first, response_type=response_type(reply))
+            if rest:  # a long answer goes on through the response_url
+                self.spawn(self._respond_parts(respond, rest, reply, user))
+            self._after_answer(reply, body.get("channel_id"), user, respond)
             return
         await ack(**blocks.text_message(messages.slack_working(text)), response_type="ephemeral")
         self.spawn(self._late_command(req_args, respond, task))
@@ -286,27 +295,83 @@ class SlackSurface:
             reply = await self._handle(Request(groups=groups, **req_args))
         else:
             reply = await task
-        await self._respond(respond, reply)
-        self._after_answer(reply, req_args.get("channel"))
+        await self._respond(respond, reply, user=req_args["user"])
+        self._after_answer(reply, req_args.get("channel"), req_args["user"], respond)
 
-    async def _respond(self, respond: Respond, reply: Reply, *, replace: bool = False) -> None:
-        try:
-            resp = await respond(
-                **blocks.message(reply), response_type=response_type(reply), replace_original=replace
-            )
-        except Exception as exc:
-            log.warning(messages.slack_not_posted("response_url", str(exc)))
+    def _cached_names(self) -> Mapping[str, str]:
+        return self.outbox.people.cached() if self.outbox is not None else {}
+
+    async def _names(self, reply: Reply) -> Mapping[str, str]:
+        return await self.outbox.names(reply) if self.outbox is not None else {}
+
+    async def _respond(
+        self,
+        respond: Respond,
+        reply: Reply,
+        *,
+        user: str,
+        replace: bool = False,
+        thread_ts: str | None = None,
+    ) -> None:
+        """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages)."""
+        payloads = blocks.parts(reply, names=await self._names(reply), max_parts=RESPONSE_PARTS)
+        await self._respond_parts(respond, payloads, reply, user, replace=replace, thread_ts=thread_ts)
+
+    async def _respond_parts(
+        self,
+        respond: Respond,
+        payloads: list[dict[str, Any]],
+        reply: Reply,
+        user: str,
+        *,
+        replace: bool = False,
+        thread_ts: str | None = None,
+    ) -> None:
+        """Post rendered messages through the response_url; if Slack refuses, the requester gets
+        the answer by direct message instead (never only a log line)."""
+        extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
+        for i, payload in enumerate(payloads):
+            try:
+                resp = await respond(
+                    **payload,
+                    response_type=response_type(reply),
+                    replace_original=replace and i == 0,
+                    **extra,
+                )
+                status = getattr(resp, "status_code", 200)
+                error = "" if status == 200 else f"HTTP {status} {getattr(resp, 'body', '')}".strip()
+            except Exception as exc:
+                error = str(exc) or type(exc).__name__
+            if error:
+                await self._undelivered(user, reply, "response_url", error)
+                return
+
+    async def _undelivered(self, user: str, reply: Reply, where: str, error: str) -> None:
+        """An answer Slack refused: recorded (``/healthz``, ``status``) and sent to ``user`` by DM."""
+        if self.outbox is None:
+            log.warning(messages.slack_not_posted(where, error))
             return
-        status = getattr(resp, "status_code", 200)
-        if status != 200:
-            log.warning(
-                messages.slack_not_posted("response_url", f"HTTP {status} {getattr(resp, 'body', '')}")
-            )
+        await self.outbox.record_failure(where, error)
+        if user and not await self.outbox.dm(user, reply):
+            log.error("answer to %s lost: %s", user, messages.slack_not_posted(where, error))
 
-    def _after_answer(self, reply: Reply, channel: object) -> None:
-        """Upload an answer's chart (a response_url cannot carry files)."""
-        if reply.chart and self.outbox is not None and isinstance(channel, str) and channel:
-            self.spawn(self.outbox.upload(reply.chart, channel, thread_ts=None, title=reply.title))
+    def _after_answer(
+        self, reply: Reply, channel: object, user: str = "", respond: Respond | None = None
+    ) -> None:
+        """Upload an answer's chart (a response_url cannot carry files); remember who asked for a
+        run (a refused post about it is told to them) and how to replace a confirmation prompt."""
+        if self.outbox is None:
+            return
+        if isinstance(channel, str) and channel:
+            for part in (reply, *reply.follow_ups):  # an all-jobs digest carries one chart per job
+                if part.chart:
+                    self.spawn(self.outbox.upload(part.chart, channel, thread_ts=None, title=part.title))
+        if reply.run_id and user:
+            self.outbox.requested_by(thread_key(reply.run_id), user)
+        if respond is not None:
+            for button in reply.buttons:
+                if button.action == "confirm":
+                    self.outbox.prompted(button.value, respond)
 
     # --- mentions and direct messages --------------------------------------------------------
 
@@ -356,19 +421,25 @@ class SlackSurface:
             return  # Slack's retry of an event already acted on: the first delivery answers it
         reply = await self._handle(req)
         thread_ts = event.get("thread_ts") or (event.get("ts") if in_thread else None)
+        payloads = blocks.parts(reply, names=await self._names(reply))
         try:
-            if reply.ephemeral:
-                await self.client.chat_postEphemeral(
-                    channel=channel, user=user, thread_ts=thread_ts, **blocks.message(reply)
-                )
-            else:
-                await self.client.chat_postMessage(
-                    channel=channel, thread_ts=thread_ts, unfurl_links=False, **blocks.message(reply)
-                )
-        except SlackApiError as exc:
-            log.warning(messages.slack_not_posted(channel, str(exc.response.get("error"))))
+            for payload in payloads:
+                if reply.ephemeral:
+                    await self.client.chat_postEphemeral(
+                        channel=channel, user=user, thread_ts=thread_ts, **payload
+                    )
+                elif self.outbox is not None:
+                    ts = await self.outbox.post_payload(channel, payload, thread_ts=thread_ts)
+                    thread_ts = thread_ts or ts
+                else:
+                    await self.client.chat_postMessage(
+                        channel=channel, thread_ts=thread_ts, unfurl_links=False, **payload
+                    )
+        except Exception as exc:  # SlackApiError, Refused, a network error: tell the asker directly
+            error = str(exc.response.get("error")) if isinstance(exc, SlackApiError) else str(exc)
+            await self._undelivered(user, reply, channel, error)
             return
-        self._after_answer(reply, channel)
+        self._after_answer(reply, channel, user)
 
     # --- buttons ------------------------------------------------------------------------------
 
@@ -385,11 +456,17 @@ class SlackSurface:
         self, name: str, value: str, user: str, delivery_id: str, respond: Respond, body: dict[str, Any]
     ) -> None:
         try:
-            reply = await self.dispatcher.handle_action(name, value, user, delivery_id)
+            groups = await self.groups.get(user)  # roles may name user groups, as for typed commands
+            reply = await self.dispatcher.handle_action(name, value, user, delivery_id, groups=groups)
         except Exception:
             reply = internal_error_reply()
-        await self._respond(respond, reply, replace=name in _CONFIRMING)
-        self._after_answer(reply, (body.get("channel") or {}).get("id"))
+        # "Show log" answers in the thread of the message it was clicked on (the run's thread)
+        message = body.get("message") or {}
+        container = body.get("container") or {}
+        in_thread = message.get("thread_ts") or container.get("thread_ts") or message.get("ts")
+        thread_ts = str(in_thread) if name == "show_log" and in_thread else None
+        await self._respond(respond, reply, user=user, replace=name in _CONFIRMING, thread_ts=thread_ts)
+        self._after_answer(reply, (body.get("channel") or {}).get("id"), user)
 
     # --- App Home -----------------------------------------------------------------------------
 
@@ -402,14 +479,34 @@ class SlackSurface:
 
     async def publish_home(self, user: str, delivery: str) -> None:
         """Publish the App Home tab for ``user``: every job with its state, PID, uptime, last
-        restart and who did it (the ``status`` listing)."""
+        restart and who did it (the ``status`` listing).
+
+        The listing is shared by everyone who may see it and reused for :data:`HOME_TTL` s, so
+        opening the tab does not probe the hosts each time; a user without the viewer role sees
+        a line saying so (and no audit row is written per open).
+        """
         groups = await self.groups.get(user)
-        reply = await self._handle(
-            Request(text="status", user=user, groups=groups, delivery_id=f"home:{delivery}", surface="home")
-        )
-        footer = messages.slack_home_updated(time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+        if role_of(self.config, user, groups) is None:
+            reply = Reply(title=messages.slack_home_no_role(), status=Status.INFO)
+            at = time.time()
+        else:
+            async with self._home_lock:
+                if self._home is None or time.time() - self._home[0] > HOME_TTL:
+                    listing = await self._handle(
+                        Request(
+                            text="status",
+                            user=user,
+                            groups=groups,
+                            delivery_id=f"home:{delivery}",
+                            surface="home",
+                        )
+                    )
+                    self._home = (time.time(), listing)
+                at, reply = self._home
+        footer = messages.slack_home_updated(time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(at)))
         try:
-            await self.client.views_publish(user_id=user, view=blocks.home_view(reply, footer))
+            view = blocks.home_view(reply, footer, names=await self._names(reply))
+            await self.client.views_publish(user_id=user, view=view)
         except SlackApiError as exc:
             log.warning(messages.slack_not_posted(f"App Home of {user}", str(exc.response.get("error"))))
 

@@ -7,19 +7,34 @@ in its thread.  ``thread(key)`` posts under the headline (``thread_ts``); ``post
 standalone message; a reply's chart is uploaded with ``files_upload_v2`` (the
 ``files.getUploadURLExternal`` + ``files.completeUploadExternal`` flow).
 
-Slack's limits are respected: every payload comes from :mod:`bot.blocks`; posts to one
-channel are paced (``[slack] pace`` seconds apart, :class:`Pacer`); HTTP 429 is answered by
-waiting ``Retry-After`` (:func:`web_client` adds slack_sdk's rate-limit retry handler).  A
-post Slack refuses is logged and dropped — a team-visible message must never break the
-restart that reports through it.
+Slack's limits are respected: every payload comes from :mod:`bot.blocks` (a long answer is
+split over several messages, the rest in the thread, and past :data:`bot.blocks.MAX_PARTS` the
+whole answer is attached as a text file); posts to one channel are paced
+(``[slack] pace`` seconds apart, :class:`Pacer`); HTTP 429 is answered by waiting
+``Retry-After`` (:func:`web_client` adds slack_sdk's rate-limit retry handler).
+
+**Never silent, never twice.**  A post never breaks the restart that reports through it, and
+a refused one is never only a log line.  Transient failures are retried with backoff
+(:data:`ATTEMPTS`); a post whose outcome is unknown (timeout, reset, 5xx — Slack may have
+stored it) carries message metadata with its own id and is looked up
+(``conversations.history`` / ``conversations.replies``) before it is sent again.  A permanent
+refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_blocks_too_long``,
+``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
+run by DM, with the fix (:func:`fix_for`), or, for alerts and digests, the
+announce channel when their own channel refused them.  The last refusal is kept for
+``/healthz`` and ``status`` (:func:`pipeline.keys.delivery_failure`).  A chart for a public
+channel the bot has not joined is uploaded after ``conversations.join``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +44,23 @@ from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
-    AsyncServerErrorRetryHandler,
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
-from handlers.reply import Reply
+from bot.people import People
+from handlers.reply import Reply, Status, render_text
 from pipeline import keys, messages
 
 log = logging.getLogger(__name__)
 
 POST_TTL = 30 * 86400  #: seconds a headline's location is kept
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
+ATTEMPTS = 4  #: tries of one post (transient errors and unknown outcomes)
+BACKOFF = 0.5  #: seconds before the second try; doubled each time
+METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
+#: errors worth another try (Slack's own transient answers)
+TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
 
 
 def web_client(
@@ -50,7 +70,11 @@ def web_client(
     session: aiohttp.ClientSession | None = None,
     rate_limit_retries: int = 3,
 ) -> AsyncWebClient:
-    """An ``AsyncWebClient`` that waits ``Retry-After`` on HTTP 429 and retries connection errors.
+    """An ``AsyncWebClient`` that waits ``Retry-After`` on HTTP 429 and retries a connection that
+    could not be made.
+
+    Nothing that may have reached Slack is retried blindly (a reset or a 5xx after Slack stored
+    a message would post it twice): :class:`SlackOutbox` looks such a post up first.
 
     :param base_url: the Web API base URL (``SLACK_API_URL``), default Slack's.
     :param session: a shared aiohttp session (closed by the caller), or None for one per call.
@@ -61,11 +85,35 @@ def web_client(
         kwargs["base_url"] = base_url if base_url.endswith("/") else base_url + "/"
     client = AsyncWebClient(**kwargs)
     client.retry_handlers = [
-        AsyncConnectionErrorRetryHandler(max_retry_count=2),
+        AsyncConnectionErrorRetryHandler(max_retry_count=2, error_types=[aiohttp.ClientConnectorError]),
         AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries),
-        AsyncServerErrorRetryHandler(max_retry_count=1),
     ]
     return client
+
+
+class Refused(Exception):
+    """Slack refused a post for good (or its outcome stayed unknown): ``error`` is Slack's code."""
+
+    def __init__(self, error: str, detail: str = "") -> None:
+        super().__init__(error if not detail or detail == error else f"{error} ({detail})")
+        self.error = error
+        self.detail = detail
+
+
+def _error_of(exc: BaseException) -> tuple[str, bool]:
+    """``(error code, outcome unknown?)`` of a failed call."""
+    if isinstance(exc, SlackApiError):
+        status = getattr(exc.response, "status_code", 200)
+        if status >= 500:
+            return f"http_{status}", True
+        if status == 429:
+            return "ratelimited", False
+        return str(exc.response.get("error", "unknown_error")), False
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connection_failed", False
+    if isinstance(exc, TimeoutError):
+        return "timeout", True
+    return type(exc).__name__, True
 
 
 class Pacer:
@@ -100,6 +148,8 @@ class SlackOutbox:
     :param default_channel: where posts go when the caller passes no channel (``announce_channel``).
     :param pace: minimum seconds between posts to one channel.
     :param instance: this process's id, used to claim a headline across replicas.
+    :param people: names for the people replies mention (default: one over ``client``).
+    :param backoff: seconds before a post's second try (doubled each time).
 
     Call :meth:`bind` once Redis is open so headline locations are shared; until then they
     are kept in this process only.
@@ -112,12 +162,20 @@ class SlackOutbox:
         default_channel: str | None,
         pace: float = 1.0,
         instance: str = "",
+        people: People | None = None,
+        backoff: float = BACKOFF,
     ) -> None:
         self.client = client
         self.default_channel = default_channel
         self.pacer = Pacer(pace)
         self.instance = instance or "pitstop"
+        self.people = people or People(client)
+        self.backoff = backoff
         self.failures: list[str] = []  #: refused posts, as logged (for /healthz and tests)
+        self.last_failure: dict[str, Any] | None = None  #: the newest refusal: at, where, error, line
+        self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
+        self._requesters: dict[str, str] = {}
+        self._prompts: dict[str, Any] = {}
         self._redis: aioredis.Redis | None = None
         self._prefix = "pitstop:"
         self._local: dict[str, tuple[str, str]] = {}
@@ -128,6 +186,19 @@ class SlackOutbox:
         """Keep headline locations in Redis (``keys.posts``) from now on."""
         self._redis = client
         self._prefix = prefix
+
+    def requested_by(self, key: str, user: str) -> None:
+        """Remember who asked for ``key``'s run: a refused post about it is told to them."""
+        self._requesters[key] = user
+        if len(self._requesters) > 1000:
+            self._requesters.pop(next(iter(self._requesters)))
+
+    async def names(self, reply: Reply) -> Mapping[str, str]:
+        """The names of the people ``reply`` mentions (never raises)."""
+        try:
+            return await self.people.names_for(reply)
+        except Exception:  # names are a nicety
+            return self.people.cached()
 
     # --- where a headline lives ---------------------------------------------------------------
 
@@ -188,28 +259,27 @@ class SlackOutbox:
         if loc is None and not await self._claim(key):
             loc = await self._wait_elsewhere(key)
         if loc is not None:
-            await self.pacer.wait(loc[0])
             try:
-                await self.client.chat_update(
-                    channel=loc[0], ts=loc[1], **blocks.message(reply, follow_ups=False)
-                )
+                await self._update(loc, reply)
                 return loc
-            except SlackApiError as exc:
-                if exc.response.get("error") != "message_not_found":
-                    self._failed(f"{key} ({loc[0]})", exc)
+            except Refused as exc:
+                if exc.error != "message_not_found":
+                    await self._refused(key, reply, loc[0], exc)
                     return loc
         target = channel or self.default_channel
         if target is None:
-            self._failed(key, "no channel: set [slack] announce_channel")
+            await self._failed(key, "no channel: set [slack] announce_channel")
             return None
-        ts = await self._send(target, reply, thread_ts=None, follow_ups=False)
+        ts = await self._send(target, reply, thread_ts=None, follow_ups=False, key=key)
         if ts is None:
             if self._redis is not None:
                 await self._redis.hdel(keys.posts(self._prefix, key), "claim")
             return None
         await self._remember(key, target, ts)
         for follow in reply.follow_ups:
-            await self._send(target, follow, thread_ts=ts, follow_ups=True)
+            await self._send(target, follow, thread_ts=ts, follow_ups=True, key=key)
+            if follow.chart:
+                await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
         if reply.chart:
             await self.upload(reply.chart, target, thread_ts=ts, title=reply.title)
         return target, ts
@@ -225,82 +295,341 @@ class SlackOutbox:
                 if loc is None:
                     await self._announce(key, reply, channel)
                     return
-        ts = await self._send(loc[0], reply, thread_ts=loc[1], follow_ups=True)
+        ts = await self._send(loc[0], reply, thread_ts=loc[1], follow_ups=True, key=key)
         if ts is not None and reply.chart:
             await self.upload(reply.chart, loc[0], thread_ts=loc[1], title=reply.title)
 
     async def post(self, reply: Reply, channel: str | None) -> None:
-        """Post ``reply`` on its own (digests); follow-ups go in its thread, the chart is uploaded
-        to the channel."""
+        """Post ``reply`` on its own (digests); follow-ups go in its thread with their charts, the
+        reply's own chart is uploaded to the channel."""
         target = channel or self.default_channel
         if target is None:
-            self._failed("post", "no channel: set [slack] announce_channel")
+            await self._failed("post", "no channel: set [slack] announce_channel")
             return
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False)
         if ts is None:
             return
-        for follow in reply.follow_ups:
+        for follow in reply.follow_ups:  # an all-jobs digest: each job's digest and chart in the thread
             await self._send(target, follow, thread_ts=ts, follow_ups=True)
+            if follow.chart:
+                await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
         if reply.chart:
             await self.upload(reply.chart, target, thread_ts=None, title=reply.title)
 
     # --- Web API calls ----------------------------------------------------------------------
 
     async def _send(
-        self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool
+        self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool, key: str | None = None
     ) -> str | None:
-        """``chat.postMessage``; returns the message ts, or None if Slack refused it (logged)."""
-        await self.pacer.wait(channel)
+        """Post ``reply`` (split over several messages if long: the rest in the thread).
+
+        :returns: the first message's ts, or None if Slack refused it (told to a person, see
+            the module doc).
+        """
+        names = await self.names(reply)
+        whole = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
+        too_long = len(whole) > blocks.MAX_PARTS
+        payloads = (
+            blocks.parts(reply, follow_ups=follow_ups, names=names, attached=True) if too_long else whole
+        )
         try:
-            resp = await self.client.chat_postMessage(
-                channel=channel,
-                thread_ts=thread_ts,
-                unfurl_links=False,
-                unfurl_media=False,
-                **blocks.message(reply, follow_ups=follow_ups),
-            )
-        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-            self._failed(channel, exc)
+            ts = await self.post_payload(channel, payloads[0], thread_ts=thread_ts)
+            for more in payloads[1:]:
+                await self.post_payload(channel, more, thread_ts=thread_ts or ts)
+        except Refused as exc:
+            await self._refused(key, reply, channel, exc)
             return None
-        return str(resp["ts"])
+        if too_long:  # the whole answer, as text, in the thread
+            text = render_text(blocks.humanise(reply, names))
+            await self.upload_text(text, channel, thread_ts=thread_ts or ts, title=reply.title)
+        return ts
+
+    async def upload_text(self, text: str, channel: str, *, thread_ts: str | None, title: str) -> bool:
+        """Upload ``text`` as a ``.txt`` file (an answer too long for messages).
+
+        :returns: True if Slack took it.
+        """
+        return await self.upload("", channel, thread_ts=thread_ts, title=title, content=text)
+
+    async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
+        """``chat.postMessage`` of one rendered message, at most once.
+
+        Transient errors are retried after :attr:`backoff` (doubling); when the outcome is
+        unknown the message is looked up by its metadata id before another try.
+
+        :returns: the message ts.
+        :raises Refused: if Slack refused it for good, or its outcome stayed unknown.
+        """
+        post_id = uuid.uuid4().hex
+        metadata = {"event_type": METADATA_TYPE, "event_payload": {"post_id": post_id}}
+        since = time.time() - 60  # Slack's clock may differ a little from ours
+        unknown = False
+        error = "unknown_error"
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            if unknown:
+                found = await self._find(channel, thread_ts, post_id, since)
+                if found:
+                    return found
+            await self.pacer.wait(channel)
+            try:
+                resp = await self.client.chat_postMessage(
+                    channel=channel,
+                    thread_ts=thread_ts,
+                    unfurl_links=False,
+                    unfurl_media=False,
+                    metadata=metadata,
+                    **payload,
+                )
+                return str(resp["ts"])
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                error, maybe = _error_of(exc)
+                unknown = unknown or maybe
+                if not maybe and error not in TRANSIENT and error != "connection_failed":
+                    raise Refused(error, _detail(exc)) from None
+        if unknown:
+            found = await self._find(channel, thread_ts, post_id, since)
+            if found:
+                return found
+        raise Refused(error, messages.slack_gave_up(ATTEMPTS))
+
+    async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
+        """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not there.
+
+        :raises Refused: (``outcome_unknown``) when the lookup itself fails: sending again could
+            post twice, so the post is given up and reported instead.
+        """
+        try:
+            if thread_ts:
+                resp = await self.client.conversations_replies(
+                    channel=channel, ts=thread_ts, include_all_metadata=True, limit=200
+                )
+            else:
+                resp = await self.client.conversations_history(
+                    channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=100
+                )
+        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+            raise Refused("outcome_unknown", f"looking it up failed: {_error_of(exc)[0]}") from None
+        for msg in resp.get("messages") or []:
+            meta = msg.get("metadata") or {}
+            if (
+                meta.get("event_type") == METADATA_TYPE
+                and (meta.get("event_payload") or {}).get("post_id") == post_id
+            ):
+                return str(msg["ts"])
+        return ""
+
+    async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
+        """``chat.update`` of a headline (safe to repeat), retried on transient errors.
+
+        :raises Refused: with Slack's error code.
+        """
+        payload = blocks.message(reply, follow_ups=False, names=await self.names(reply))
+        error = "unknown_error"
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            await self.pacer.wait(loc[0])
+            try:
+                await self.client.chat_update(channel=loc[0], ts=loc[1], **payload)
+                return
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                error, maybe = _error_of(exc)
+                if not maybe and error not in TRANSIENT and error != "connection_failed":
+                    raise Refused(error, _detail(exc)) from None
+        raise Refused(error, messages.slack_gave_up(ATTEMPTS))
+
+    async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
+        """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
+        alerts and digests, to the announce channel when their own channel refused them."""
+        what = reply.title.splitlines()[0] if reply.title else (key or "post")
+        line = await self._failed(channel, exc)
+        notice = refused_notice(what, channel, exc.error)
+        user = self._requesters.get(key or "")
+        if user is None and key and key.startswith("run:"):
+            user = await self._requester_of_run(key)
+        if user is not None and await self.dm(user, Reply(title=notice, status=Status.WARNING)):
+            return
+        target = self.default_channel
+        if target and target != channel:
+            with contextlib.suppress(Refused):
+                await self.post_payload(target, blocks.text_message(notice), thread_ts=None)
+                self.notices.append((target, notice))
+                return
+        log.error("not told to anyone: %s", line)
+
+    async def _requester_of_run(self, key: str) -> str | None:
+        if self._redis is None:
+            return None
+        raw = await self._redis.get(keys.run(self._prefix, key.removeprefix("run:")))
+        if not raw:
+            return None
+        try:
+            user = json.loads(raw).get("requested_by")
+        except ValueError:
+            return None
+        return str(user) if isinstance(user, str) and user.startswith(("U", "W")) else None
+
+    async def dm(self, user: str, reply: Reply) -> bool:
+        """A direct message to ``user`` (``conversations.open``, needs ``im:write``), split if long.
+
+        :returns: True if it was posted.
+        """
+        try:
+            opened = await self.client.conversations_open(users=user)
+            dm = str(opened["channel"]["id"])
+            for payload in blocks.parts(reply, names=await self.names(reply)):
+                await self.post_payload(dm, payload, thread_ts=None)
+        except (
+            SlackApiError,
+            SlackRequestError,
+            aiohttp.ClientError,
+            TimeoutError,
+            Refused,
+            KeyError,
+        ) as exc:
+            log.warning(messages.slack_not_posted(f"a direct message to {user}", str(exc)))
+            return False
+        self.notices.append((user, reply.title))
+        return True
+
+    async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
+        """Tell ``user`` privately: replace the prompt ``prompt`` (its response_url, registered
+        with :meth:`prompted`) when it can, else a direct message."""
+        respond = self._prompts.pop(prompt, None) if prompt else None
+        if respond is not None:
+            payload = blocks.message(reply, names=await self.names(reply))
+            try:
+                resp = await respond(**payload, response_type="ephemeral", replace_original=True)
+                if getattr(resp, "status_code", 200) == 200:
+                    self.notices.append((user, reply.title))
+                    return
+            except Exception as exc:  # the prompt may be gone (response_url expired): DM instead
+                log.info("replacing prompt %s failed: %s", prompt, exc)
+        await self.dm(user, reply)
+
+    def prompted(self, token: str, respond: Any) -> None:
+        """Remember how to replace the confirmation prompt ``token`` (Bolt's ``respond``)."""
+        self._prompts[token] = respond
+        if len(self._prompts) > 1000:
+            self._prompts.pop(next(iter(self._prompts)))
 
     async def upload(
-        self, path: str, channel: str, *, thread_ts: str | None, title: str | None = None
+        self,
+        path: str,
+        channel: str,
+        *,
+        thread_ts: str | None,
+        title: str | None = None,
+        content: str | None = None,
     ) -> bool:
-        """Upload the file at ``path`` to ``channel`` (in a thread if ``thread_ts``) with files_upload_v2.
+        """Upload the file at ``path`` (or ``content`` as a text file) to ``channel`` (in a thread
+        if ``thread_ts``) with files_upload_v2, joining a public channel the bot is not in.
 
-        :returns: True if Slack took it; False (logged) otherwise.
+        :returns: True if Slack took it; False (told to a person, see the module doc) otherwise.
         """
         file = Path(path)
-        if not await asyncio.to_thread(file.is_file):
-            self._failed(channel, f"chart {path} does not exist")
+        if content is not None:
+            source: dict[str, Any] = {"content": content, "filename": "pitstop-answer.txt"}
+        elif await asyncio.to_thread(file.is_file):
+            source = {"file": str(file), "filename": file.name}
+        else:
+            await self._failed(channel, f"chart {path} does not exist")
             return False
-        await self.pacer.wait(channel)
+        joined = False
+        while True:
+            await self.pacer.wait(channel)
+            try:
+                await self.client.files_upload_v2(
+                    channel=channel,
+                    thread_ts=thread_ts,
+                    title=(title or source["filename"])[:250],
+                    **source,
+                )
+                return True
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+                error = _error_of(exc)[0] if not isinstance(exc, OSError) else "file_unreadable"
+                if error == "not_in_channel" and not joined and await self._join(channel):
+                    joined = True
+                    continue
+                await self._refused(
+                    None, Reply(title=title or source["filename"]), channel, Refused(error, _detail(exc))
+                )
+                return False
+
+    async def _join(self, channel: str) -> bool:
+        """Join a public channel (``channels:join``) so a file can be shared there."""
         try:
-            await self.client.files_upload_v2(
-                channel=channel,
-                thread_ts=thread_ts,
-                file=str(file),
-                filename=file.name,
-                title=(title or file.name)[:250],
-            )
-        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self._failed(channel, exc)
+            await self.client.conversations_join(channel=channel)
+        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+            log.info("conversations.join %s: %s", channel, _error_of(exc)[0])
             return False
         return True
 
-    def _failed(self, where: str, error: object) -> None:
-        if isinstance(error, SlackApiError):
-            detail = str(error.response.get("error", error))
-            extra = error.response.get("errors")
-            if extra:
-                detail += f" {extra}"
-        else:
-            detail = str(error) or type(error).__name__
+    async def record_failure(self, where: str, error: str) -> str:
+        """Record a refused post made elsewhere (an answer through the response_url): for
+        ``/healthz`` and ``status``.
+
+        :returns: the logged line.
+        """
+        return await self._failed(where, error)
+
+    async def _failed(self, where: str, error: object) -> str:
+        """Log a refused post and keep it as the last delivery failure (here and in Redis)."""
+        detail = _detail(error)
         line = messages.slack_not_posted(where, detail)
         self.failures.append(line)
         del self.failures[:-100]
+        code = error.error if isinstance(error, Refused) else detail.split(" ", 1)[0]
+        self.last_failure = {"at": time.time(), "where": where, "error": code, "line": line}
         log.warning(line)
+        if self._redis is not None:
+            try:
+                await self._redis.hset(
+                    keys.delivery_failure(self._prefix),
+                    mapping={k: str(v) for k, v in self.last_failure.items()},
+                )
+            except Exception as exc:  # Redis trouble must not hide the refusal itself
+                log.warning("could not store the last delivery failure: %s", exc)
+        return line
+
+
+def fix_for(error: str, channel: str) -> str:
+    """What to do about a post Slack refused, by Slack's error code (Slack's own wording: ``<#C…>``
+    links the channel, ``/invite @pitstop`` is what a person types)."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    fixes = {
+        "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
+        "channel_not_found": (
+            f"check the channel id {channel} in the config ([slack] announce_channel / jobs.*.channel), "
+            "or `/invite @pitstop` if it is private"
+        ),
+        "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
+        "msg_blocks_too_long": "the message was too long for Slack - please report this",
+        "outcome_unknown": f"Slack may have it or not: look in {where} (Pitstop does not post twice)",
+        "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
+        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
+        "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
+        "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
+    }
+    return fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
+
+
+def refused_notice(what: str, channel: str, error: str) -> str:
+    """The notice a person gets when Slack refused a post: what, where, Slack's error, the fix."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    return f'Slack refused "{what}" in {where}: {error} - {fix_for(error, channel)}'
+
+
+def _detail(error: object) -> str:
+    if isinstance(error, SlackApiError):
+        detail = str(error.response.get("error", error))
+        extra = error.response.get("errors")
+        if extra:
+            detail += f" {extra}"
+        return detail
+    return str(error) or type(error).__name__
 
 
 async def close_client(client: AsyncWebClient) -> None:

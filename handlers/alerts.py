@@ -114,6 +114,7 @@ def alert_reply(
         lines.append(messages.alert_no_log())
     return Reply(
         title=_title(incident, config, now),
+        page=config.slack.alert_mention if who else None,
         status=Status.ERROR if severe else Status.WARNING,
         lines=tuple(lines),
         fields=_fields(incident, config, now),
@@ -171,6 +172,7 @@ def reminder_reply(incident: Incident, config: Config, *, now: float | None = No
     text = messages.incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
     return Reply(
         title=f"{who} {text}" if who else text,
+        page=config.slack.alert_mention,
         status=Status.WARNING,
         thread_key=incident.thread_key,
     )
@@ -209,6 +211,7 @@ def give_up_reply(incident: Incident, config: Config) -> Reply:
     who = mention_of(config)
     return Reply(
         title=f"{who} {text}" if who else text,
+        page=config.slack.alert_mention,
         status=Status.ERROR,
         thread_key=incident.thread_key,
         exit_code=ExitCode.FAILED,

@@ -339,22 +339,29 @@ class Dispatcher:
         text = messages.confirm_expired(found.text, found.window)
         await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
         reply = Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.CANCELLED)
-        channel = found.channel or (self.ctx.config.channel_for(command.job) if command.job else None)
-        try:
-            await self.ctx.outbox.post(reply, channel)
+        try:  # privately, replacing the prompt where the surface can: no public post, no live buttons
+            await self.ctx.outbox.tell(found.user, reply, pending.token)
         except Exception:
             log.warning("could not post the expiry of confirmation %s", pending.token, exc_info=True)
 
     async def handle_action(
-        self, action: str, value: str, user: str, delivery_id: str | None = None
+        self,
+        action: str,
+        value: str,
+        user: str,
+        delivery_id: str | None = None,
+        groups: tuple[str, ...] = (),
     ) -> Reply:
         """Answer a button: ``confirm``/``cancel`` (value: a confirmation token, or a run id to
         cancel that run), ``show_log`` (value: a job).  Never raises (except cancellation).
 
         :param user: who clicked.
         :param delivery_id: the click's id (a double click arrives twice with the same id).
+        :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
         """
-        req = Request(text=f"[{action}] {value}", user=user, delivery_id=delivery_id, surface="action")
+        req = Request(
+            text=f"[{action}] {value}", user=user, groups=groups, delivery_id=delivery_id, surface="action"
+        )
         command: Command | None = None
         try:
             if delivery_id and not await self.dedupe.claim(delivery_id, self.ctx.instance):
@@ -362,12 +369,12 @@ class Dispatcher:
                 return Reply(title=messages.duplicate_delivery(), status=Status.INFO, ephemeral=True)
             if action == "show_log":
                 command = parse(f"logs {value}", self.ctx.config)
-                authorise(self.ctx.config, command, user)
+                authorise(self.ctx.config, command, user, groups)
                 return await self._act_and_audit(req, command, AuditOutcome.ACCEPTED)
             if action == "cancel" and _RUN_ID.match(value):
                 run = await self.ctx.runs.get(value)
                 command = Command("cancel", job=run.job)
-                authorise(self.ctx.config, command, user)
+                authorise(self.ctx.config, command, user, groups)
                 return await self._act_and_audit(req, command, AuditOutcome.ACCEPTED)
             if action in ("confirm", "cancel"):
                 return await self._settle(req, action, value, user)
@@ -411,7 +418,7 @@ class Dispatcher:
             text = messages.confirm_cancelled(pending.text, user)
             await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
             return Reply(title=text, status=Status.INFO, ephemeral=True, exit_code=ExitCode.CANCELLED)
-        authorise(self.ctx.config, command, user, pending.groups)  # roles may have changed meanwhile
+        authorise(self.ctx.config, command, user, req.groups or pending.groups)  # roles may have changed
         return await self._act_and_audit(original, command, AuditOutcome.CONFIRMED)
 
 

@@ -31,12 +31,19 @@ class Outbox(Protocol):
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Post ``reply`` as a message of its own (digests), uploading ``reply.chart`` if set."""
 
+    async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
+        """Tell ``user`` privately, never the channel (an expired confirmation, say).
+
+        :param prompt: the confirmation token whose prompt this settles: a surface that can
+            replace that prompt does (its buttons go with it).
+        """
+
 
 @dataclass
 class Posted:
     """One call recorded by :class:`MemoryOutbox`."""
 
-    kind: str  #: "announce" | "thread" | "post"
+    kind: str  #: "announce" | "thread" | "post" | "tell"
     key: str | None
     reply: Reply
     channel: str | None
@@ -59,6 +66,10 @@ class MemoryOutbox:
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Record a plain post."""
         self.posted.append(Posted("post", None, reply, channel))
+
+    async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
+        """Record a private message: ``key`` is the prompt, ``channel`` the user."""
+        self.posted.append(Posted("tell", prompt, reply, user))
 
     def of(self, kind: str) -> list[Posted]:
         """The recorded calls of one kind, in order."""

@@ -82,6 +82,9 @@ class Reply:
     :ivar buttons: interactive choices (confirm/cancel, show log).
     :ivar follow_ups: replies that belong in the thread under this one.
     :ivar exit_code: what the CLI exits with for this reply.
+    :ivar page: who this reply pages (``[slack] alert_mention``: ``here``, ``channel``, ``S…``,
+        ``U…``); the one reference in its text a surface lets notify — every other one is shown
+        as a name.
     """
 
     title: str
@@ -99,6 +102,7 @@ class Reply:
     buttons: tuple[Button, ...] = ()
     follow_ups: tuple[Reply, ...] = field(default=())
     exit_code: ExitCode = ExitCode.OK
+    page: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (``pitstop say --json``)."""
@@ -121,6 +125,7 @@ class Reply:
             "buttons": [{"label": b.label, "action": b.action, "value": b.value} for b in self.buttons],
             "follow_ups": [f.to_dict() for f in self.follow_ups],
             "exit_code": int(self.exit_code),
+            "page": self.page,
         }
 
 

@@ -135,6 +135,13 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
                 ", ".join(patches[name]) or "-",
             )
         )
+    failure = await client.hgetall(keys.delivery_failure(prefix))  # written by the Slack outbox
+    if failure.get("line"):
+        try:
+            ago = messages.ago(now - float(failure.get("at", now)))
+        except ValueError:
+            ago = "?"
+        lines.append(messages.status_delivery_failure(str(failure["line"]), ago))
     return Reply(
         title=messages.status_title(len(names)),
         status=tone,

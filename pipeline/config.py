@@ -63,7 +63,8 @@ class SlackSettings(_Model):
 
     command: str = "/train"  #: the slash command
     announce_channel: str | None = None  #: channel id for restarts, alerts and digests
-    alert_mention: str | None = None  #: user or user-group id mentioned in alerts
+    #: who alerts page: ``here``, ``channel``, a user-group id (``S…``) or a user id (``U…``/``W…``)
+    alert_mention: str | None = None
     pace: float = Field(default=1.0, ge=0)  #: min seconds between posts to one channel
 
     @field_validator("command")
@@ -71,6 +72,16 @@ class SlackSettings(_Model):
     def _slash(cls, v: str) -> str:
         if not re.fullmatch(r"/[a-z0-9_-]{1,31}", v):
             raise ValueError("a slash command such as '/train'")
+        return v
+
+    @field_validator("alert_mention")
+    @classmethod
+    def _pageable(cls, v: str | None) -> str | None:
+        if v is not None and v not in ("here", "channel") and not re.fullmatch(r"[SUW][A-Z0-9]{2,}", v):
+            raise ValueError(
+                f'{v!r} cannot page anyone: use "here", "channel", a user-group id (S…) '
+                "or a user id (U…), as Slack shows them in a profile's ⋮ → Copy member ID"
+            )
         return v
 
 

@@ -141,6 +141,11 @@ def posts(prefix: str, run_or_incident: str) -> str:
     return f"{prefix}posts:{run_or_incident}"
 
 
+def delivery_failure(prefix: str) -> str:
+    """Hash: the last post Slack refused (``at`` unix s, ``where``, ``error``, ``line``), for ``status``."""
+    return f"{prefix}slack:last_failure"
+
+
 def events(prefix: str) -> str:
     """Stream: events (verdict, alert, resolved, digest, step) for surfaces and scripts to await."""
     return f"{prefix}events"

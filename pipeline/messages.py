@@ -154,6 +154,26 @@ def slack_blocks_omitted(blocks: int) -> str:
     return f"… ({blocks:,} more sections omitted - Slack shows at most 50 per message)"
 
 
+def slack_continued(more: int) -> str:
+    """The end of the first message of an answer split over several."""
+    return f"… continued in {more} more message{'s' if more != 1 else ''} below"
+
+
+def slack_attached(sections: int) -> str:
+    """The end of a split answer too long even for several messages."""
+    return f"… ({sections:,} more sections in the attached text file)"
+
+
+def slack_part(index: int, total: int, title: str) -> str:
+    """The head of a later message of a split answer."""
+    return f"({index}/{total}) {title}"
+
+
+def slack_untitled() -> str:
+    """What an empty reply shows (Slack refuses empty text)."""
+    return "(no text)"
+
+
 def slack_working(text: str) -> str:
     """The immediate ack while a request that is not answered at once runs."""
     return f"working on `{text}` …"
@@ -164,6 +184,11 @@ def slack_home_title() -> str:
     return "Pitstop - jobs"
 
 
+def slack_home_no_role() -> str:
+    """The App Home of someone who holds no role."""
+    return "you hold no Pitstop role yet - ask an admin to add you to [auth] viewers"
+
+
 def slack_home_updated(when: str) -> str:
     """The App Home tab's footer."""
     return f"updated {when} · type `/train help` for commands"
@@ -172,6 +197,16 @@ def slack_home_updated(when: str) -> str:
 def slack_not_posted(where: str, error: str) -> str:
     """A team-visible post that Slack refused (logged, never shown in Slack)."""
     return f"Slack refused a post to {where}: {error}"
+
+
+def slack_gave_up(attempts: int) -> str:
+    """Why a post was given up after its retries."""
+    return f"gave up after {attempts} tries"
+
+
+def status_delivery_failure(line: str, ago: str) -> str:
+    """``status``'s line about the last post Slack refused."""
+    return f"last Slack delivery failure {ago}: {line}"
 
 
 def slack_unavailable(method: str, error: str) -> str:

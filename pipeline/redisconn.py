@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from pipeline.config import Config
 log = logging.getLogger(__name__)
 
 EMBEDDED_DB = "pitstop.rdb"
+DISCONNECT_WAIT = 5.0  #: seconds to wait for the embedded server to see this process's connections close
 
 
 @dataclass
@@ -60,10 +64,25 @@ class RedisHandle:
         await self.client.connection_pool.disconnect()
         if self.embedded is not None:
             embedded, self.embedded = self.embedded, None
-            await asyncio.to_thread(_shutdown_embedded, embedded)
+            name = self.client.connection_pool.connection_kwargs.get("client_name")
+            await asyncio.to_thread(_shutdown_embedded, embedded, name)
 
 
-def _shutdown_embedded(server: Any) -> None:
+def _shutdown_embedded(server: Any, name: str | None = None) -> None:
+    """Stop the embedded server if no other client is connected.
+
+    The server learns of closed connections asynchronously: first wait (up to
+    :data:`DISCONNECT_WAIT` s) until it lists none of this handle's connections (named
+    ``name``), so a busy server is not left running because it had not yet seen them go.
+    """
+    deadline = time.monotonic() + DISCONNECT_WAIT
+    try:
+        while name and any(c.get("name") == name for c in server.client_list()):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+    except Exception:
+        log.debug("embedded redis client list failed", exc_info=True)
     try:
         server._cleanup()  # shuts redis-server down when no other client is connected
     except Exception:  # the server may already be gone (SIGKILL of a peer, say)
@@ -107,7 +126,11 @@ async def open_redis(config: Config, *, url: str | None = None, prefix: str | No
     else:
         db_path = config.state.path / "redis" / EMBEDDED_DB
         server = await asyncio.to_thread(_start_embedded, db_path)
-        client = aioredis.Redis(unix_socket_path=str(server.socket_file), decode_responses=True)
+        client = aioredis.Redis(
+            unix_socket_path=str(server.socket_file),
+            decode_responses=True,
+            client_name=f"pitstop-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        )
         handle = RedisHandle(client, prefix, f"embedded ({db_path})", server)
     try:
         await handle.client.ping()

@@ -56,8 +56,8 @@ def test_listing_of_80_jobs_fits_and_shows_every_job() -> None:
         assert f"job-{i:03d}" in text
 
 
-def test_oversized_reply_is_cut_to_50_blocks_keeping_title_and_buttons() -> None:
-    """A reply needing far more than 50 blocks keeps its title and buttons and says how much was omitted."""
+def test_oversized_reply_is_cut_to_one_message_keeping_title_and_buttons() -> None:
+    """A reply needing far more than one message (50 blocks, 12,000 characters) keeps its title and buttons and says how much was omitted."""
     reply = Reply(
         title="a very large reply",
         status=Status.WARNING,
@@ -67,7 +67,7 @@ def test_oversized_reply_is_cut_to_50_blocks_keeping_title_and_buttons() -> None
     )
     out = blocks.reply_blocks(reply)
     assert validate_blocks(out) == []
-    assert len(out) == blocks.MAX_BLOCKS
+    assert len(out) <= blocks.MAX_BLOCKS and blocks.block_chars(out) <= blocks.MAX_MESSAGE_CHARS
     assert "a very large reply" in out[0]["text"]["text"]
     assert out[-1]["type"] == "actions"
     assert [blocks.action_of(e["action_id"]) for e in out[-1]["elements"]] == ["confirm", "cancel"]
@@ -86,19 +86,20 @@ def test_huge_table_is_cut_with_a_row_count() -> None:
 
 
 def test_text_is_escaped_for_mrkdwn() -> None:
-    """Text from a job or a user cannot become a broadcast or a link; Pitstop's own user/channel references stay."""
+    """Text from a job or a user cannot become a broadcast, a ping or a link; people read as names, channels stay links."""
     reply = Reply(
         title="<!channel> & co, by <@U0OPERATOR1> in <#C0ANNOUNCE>",
-        lines=("see <http://evil|here>", "ping <!subteam^S0ONCALL>"),
+        lines=("see <http://evil|here>", "ping <!subteam^S0ONCALL>", "cc <!here> <@U0X|maya>"),
         log="<@U123> boom",
         tables=(Table(("by",), (("<@U0OPERATOR1>",),)),),
     )
-    texts = "\n".join(blocks.block_texts(blocks.reply_blocks(reply)))
-    assert "<!channel>" not in texts and "&lt;!channel&gt; &amp; co" in texts
-    assert "by <@U0OPERATOR1> in <#C0ANNOUNCE>" in texts and "ping <!subteam^S0ONCALL>" in texts
+    texts = "\n".join(blocks.block_texts(blocks.reply_blocks(reply, names={"U0OPERATOR1": "ops"})))
+    assert "<!" not in texts and "<@" not in texts
+    assert "@channel &amp; co, by @ops in <#C0ANNOUNCE>" in texts and "ping @S0ONCALL" in texts
+    assert "cc @here @maya" in texts
     assert "<http" not in texts and "&lt;http://evil|here&gt;" in texts
     assert "&lt;@U123&gt; boom" in texts  # inside the log everything is literal
-    assert "&lt;@U0OPERATOR1&gt;" in texts  # and inside a table's code block
+    assert "\n@ops\n" in texts  # and a table shows the person's name
     assert blocks.plain("by <@U1> in <#C2|ops> for <!subteam^S3>") == "by @U1 in #ops for @S3"
 
 

@@ -152,7 +152,7 @@ async def test_console_and_slack_render_the_same_handler_output(chat: Chat) -> N
         slack = "\n".join(blocks.block_texts(blocks.reply_blocks(reply)))
         for text in (reply.title, *reply.lines, *(s.text() for s in reply.steps)):
             assert " ".join(blocks.plain(text).split()) in shown, text
-            assert blocks.escape(text, refs=True) in slack, text
+            assert blocks.escape(blocks.humanise_text(text), refs=True) in slack, text
 
 
 async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat) -> None:

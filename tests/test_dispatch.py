@@ -164,18 +164,19 @@ async def test_confirmation_by_another_user_is_refused(ctx: Context, dispatcher:
 
 
 async def test_unconfirmed_request_is_cancelled_and_says_so(ctx: Context, dispatcher: Dispatcher) -> None:
-    """Without a click within the window the request is cancelled, the requester is told, it is
-    audited, and a late click does nothing."""
+    """Without a click within the window the request is cancelled, the requester is told privately
+    (its prompt named), it is audited, and a late click does nothing."""
     ask = await dispatcher.handle(_req("restart guarded", channel="C0REQUEST01"))
     token = ask.buttons[0].value
     expired = messages.confirm_expired("restart guarded", 1.0)
 
     async def said() -> bool:
-        return any(p.reply.title == expired for p in _outbox(ctx).of("post"))
+        return any(p.reply.title == expired for p in _outbox(ctx).of("tell"))
 
     await wait_until(said, timeout=10)
-    post = _outbox(ctx).of("post")[0]
-    assert post.channel == "C0REQUEST01" and post.reply.exit_code == 5
+    told = _outbox(ctx).of("tell")[0]
+    assert told.channel == OPERATOR and told.key == token and told.reply.exit_code == 5
+    assert _outbox(ctx).of("post") == []  # privately, never in the channel
     cancelled = await dispatcher.audit.recent(outcomes={AuditOutcome.CANCELLED}, count=5)
     assert [e.detail for e in cancelled] == [expired]
     late = await dispatcher.handle_action("confirm", token, OPERATOR, "act:late")

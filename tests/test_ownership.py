@@ -202,6 +202,7 @@ async def test_holder_killed_mid_stop_next_cli_call_says_what_the_host_shows(wor
     assert run.verdict_line == (
         f"INTERRUPTED during stop: the old run (pid {first.pid}) is still alive, 1/1 processes"
     ), run.verdict_line
+    assert run.verdict_line in out  # the call that took it over says so
     assert run.finished_at is not None and run.id not in await world.ctx.runs.open_ids()
 
 

@@ -154,3 +154,16 @@ async def test_refused_bot_token_fails_at_start(fake_slack: FakeSlack, redis_con
     """A wrong bot token stops `pitstop serve` at start with a clear SlackUnavailable error."""
     with pytest.raises(SlackUnavailable, match=r"auth\.test failed: invalid_auth"):
         await open_runtime(redis_config, bot_token="xoxb-wrong", api_url=fake_slack.api_url)
+
+
+async def test_disconnect_warning_keeps_serving_and_link_disabled_shows_in_health(linked: Linked) -> None:
+    """After a `warning` disconnect the client still answers; after `link_disabled` /healthz says Socket Mode is down."""
+    await linked.fake.socket_disconnect("warning")
+    env = envelope("slash_commands", slash_command("help", response_url=linked.fake.response_url()))
+    await linked.fake.socket_send(env)
+    ack = await linked.fake.wait_ack(env["envelope_id"], timeout=20)
+    assert ack["payload"]["text"].startswith(messages.help_title())
+    await linked.fake.socket_disconnect("link_disabled")
+    await linked.fake.wait_for("apps.connections.open", ok=False, timeout=30)  # it tried, and was refused
+    health = await linked.runtime.slack_health()
+    assert health["ok"] is False and health["socket_mode"] == "reconnecting"

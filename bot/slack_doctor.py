@@ -1,0 +1,216 @@
+"""``pitstop check-slack``: what Slack will refuse, found before a post is refused.
+
+Checks, each printed as one line (``ok``, ``warn`` or ``FAIL``):
+
+1. the bot token (``auth.test``): valid, which workspace and bot user;
+2. the scopes Slack granted (the ``X-OAuth-Scopes`` header) against what this configuration
+   needs (:func:`needed_scopes`);
+3. the announce channel and every job's channel (``conversations.info``): known, not archived,
+   the bot a member (a public channel it has not joined takes posts with ``chat:write.public``
+   and charts after ``conversations.join``; a private one needs ``/invite @pitstop``);
+4. the slash command: Slack has no API to list an app's commands, so ``[slack] command`` is
+   compared with ``slack-manifest.yml`` when the manifest is found;
+5. with ``--post``: a test message posted to each channel and deleted again.
+
+Exit codes as elsewhere: 0 when nothing failed (warnings allowed), 1 when a check failed,
+2 when ``SLACK_BOT_TOKEN`` is missing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.slack_app import needs_groups
+from bot.slack_outbox import close_client, web_client
+from pipeline.config import Config
+from pipeline.errors import ExitCode
+
+#: scopes every installation needs: commands and mentions in, posts/threads/uploads out, names,
+#: DMs to a requester whose post was refused, and the look-up before a retry
+BASE_SCOPES = (
+    "commands",
+    "app_mentions:read",
+    "im:history",
+    "chat:write",
+    "files:write",
+    "im:write",
+    "users:read",
+    "channels:read",
+    "channels:history",
+)
+MANIFEST = Path(__file__).resolve().parent.parent / "slack-manifest.yml"
+_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
+
+
+def needed_scopes(config: Config) -> list[str]:
+    """The bot scopes ``config`` needs: :data:`BASE_SCOPES`, plus ``usergroups:read`` when a role
+    names a user group."""
+    return [*BASE_SCOPES, *(["usergroups:read"] if needs_groups(config) else [])]
+
+
+def channels_of(config: Config) -> dict[str, list[str]]:
+    """Channel id → what posts there (``announce`` and/or job names)."""
+    out: dict[str, list[str]] = {}
+    if config.slack.announce_channel:
+        out.setdefault(config.slack.announce_channel, []).append("announce")
+    for job in config.jobs:
+        channel = config.channel_for(job)
+        if channel:
+            out.setdefault(channel, []).append(job)
+    return out
+
+
+def _error(exc: BaseException) -> str:
+    if isinstance(exc, SlackApiError):
+        return str(exc.response.get("error", "unknown_error"))
+    return str(exc) or type(exc).__name__
+
+
+def manifest_command(path: Path = MANIFEST) -> str | None:
+    """The slash command ``slack-manifest.yml`` declares, or None if the file is not there."""
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("- command:"):
+            return stripped.removeprefix("- command:").strip()
+    return None
+
+
+class Doctor:
+    """Runs the checks and prints them.
+
+    :param config: the validated configuration.
+    :param client: a Web API client with the bot token.
+    :param out: where the lines go.
+    """
+
+    def __init__(self, config: Config, client: AsyncWebClient, out: TextIO) -> None:
+        self.config = config
+        self.client = client
+        self.out = out
+        self.failed = 0
+        self.warned = 0
+
+    def line(self, mark: str, text: str) -> None:
+        """Print one check's result; ``mark`` is ``ok``, ``warn`` or ``FAIL``."""
+        if mark == "FAIL":
+            self.failed += 1
+        elif mark == "warn":
+            self.warned += 1
+        print(f"{mark:<4} {text}", file=self.out, flush=True)
+
+    async def run(self, *, post: bool) -> int:
+        """All the checks.
+
+        :param post: also post a test message to each channel and delete it.
+        :returns: the exit code (0 or 1).
+        """
+        try:
+            auth = await self.client.auth_test()
+        except _ERRORS as exc:
+            self.line("FAIL", f"token: auth.test refused it ({_error(exc)}) - check SLACK_BOT_TOKEN")
+            return int(ExitCode.FAILED)
+        self.line("ok", f"token: bot {auth.get('user')} ({auth.get('user_id')}) in {auth.get('team')}")
+        granted = {s.strip() for s in str(auth.headers.get("x-oauth-scopes", "")).split(",") if s.strip()}
+        missing = [s for s in needed_scopes(self.config) if s not in granted]
+        if missing:
+            self.line(
+                "FAIL",
+                f"scopes: missing {', '.join(missing)} - add them from slack-manifest.yml and reinstall the app",
+            )
+        else:
+            self.line(
+                "ok", f"scopes: {len(granted)} granted, all {len(needed_scopes(self.config))} needed present"
+            )
+        public = "chat:write.public" in granted
+        joins = "channels:join" in granted
+        channels = channels_of(self.config)
+        if not channels:
+            self.line("FAIL", "channels: none configured - set [slack] announce_channel")
+        for channel, users in channels.items():
+            await self.check_channel(channel, ", ".join(users), public=public, joins=joins)
+        self.check_command()
+        if post:
+            for channel in channels:
+                await self.try_post(channel)
+        summary = "ok" if not self.failed else "FAIL"
+        self.line(summary, f"{self.failed} failed, {self.warned} warning(s)")
+        return int(ExitCode.FAILED) if self.failed else 0
+
+    async def check_channel(self, channel: str, used_by: str, *, public: bool, joins: bool) -> None:
+        """``conversations.info``: the channel exists, is not archived, and the bot can post there."""
+        try:
+            info = (await self.client.conversations_info(channel=channel))["channel"]
+        except _ERRORS as exc:
+            error = _error(exc)
+            hint = (
+                "check the id, or /invite @pitstop if it is private" if error == "channel_not_found" else ""
+            )
+            self.line("FAIL", f"channel {channel} ({used_by}): {error} {hint}".rstrip())
+            return
+        name = f"#{info.get('name', channel)} ({channel}, {used_by})"
+        if info.get("is_archived"):
+            self.line("FAIL", f"channel {name}: archived - unarchive it or configure another channel")
+        elif info.get("is_member"):
+            self.line("ok", f"channel {name}: the bot is a member")
+        elif not info.get("is_private") and public:
+            how = "Pitstop joins it before uploading a chart" if joins else "charts need /invite @pitstop"
+            self.line("warn", f"channel {name}: not a member; posts work (chat:write.public), {how}")
+        else:
+            self.line("FAIL", f"channel {name}: the bot is not a member - /invite @pitstop there")
+
+    def check_command(self) -> None:
+        """``[slack] command`` against the manifest's slash command."""
+        declared = manifest_command()
+        command = self.config.slack.command
+        if declared is None:
+            self.line(
+                "warn", f"command: {command} cannot be checked over the API - make sure the app declares it"
+            )
+        elif declared == command:
+            self.line("ok", f"command: {command} (as in slack-manifest.yml)")
+        else:
+            self.line(
+                "FAIL", f"command: [slack] command is {command} but slack-manifest.yml declares {declared}"
+            )
+
+    async def try_post(self, channel: str) -> None:
+        """Post a test message to ``channel`` and delete it."""
+        try:
+            resp = await self.client.chat_postMessage(
+                channel=channel, text="pitstop check-slack: test message"
+            )
+        except _ERRORS as exc:
+            self.line("FAIL", f"post to {channel}: {_error(exc)}")
+            return
+        try:
+            await self.client.chat_delete(channel=channel, ts=str(resp["ts"]))
+        except _ERRORS as exc:
+            self.line("warn", f"post to {channel}: posted, but deleting it failed ({_error(exc)})")
+            return
+        self.line("ok", f"post to {channel}: posted and deleted")
+
+
+async def check_slack(
+    config: Config, *, bot_token: str, api_url: str | None, post: bool = False, out: TextIO | None = None
+) -> int:
+    """Run ``pitstop check-slack``.
+
+    :param bot_token: ``SLACK_BOT_TOKEN``.
+    :param api_url: ``SLACK_API_URL`` or None.
+    :param post: also post (and delete) a test message in each channel.
+    :param out: where the lines go (stdout).
+    :returns: the exit code: 0 nothing failed, 1 a check failed.
+    """
+    client = web_client(bot_token, base_url=api_url, session=aiohttp.ClientSession())
+    try:
+        return await Doctor(config, client, out or sys.stdout).run(post=post)
+    finally:
+        await close_client(client)
