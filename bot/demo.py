@@ -85,6 +85,7 @@ def demo_config_text(
     """The demo's TOML config: job ``dflash`` (5 target + 3 drafter CPU processes, tiny sizes)."""
     log = workdir / "train.log"
     patch = dflash_source() / "patches" / "topk.diff"
+    hang = dflash_source() / "patches" / "hang.diff"
     launch = [
         "/usr/bin/env",
         f"PYTHON={python}",
@@ -128,16 +129,20 @@ log = "{log}"
 match = '^dflash-worker '
 processes = 8
 start_window = {start_window}
-stop_timeout = 30
+stop_timeout = 15
 clear_cache = ["{workdir / "cache"}"]
+checkpoint_dir = "{workdir / "checkpoints"}"
 
 [jobs.dflash.patches]
 topk = "{patch}"
+hang = "{hang}"
 
 [jobs.dflash.watch]
 interval = {watch_interval}
 stall_after = 300
 degraded_after = 60
+rank_stall_after = 20
+warmup = 10
 
 [jobs.dflash.digest]
 every = {digest_every}
@@ -204,7 +209,8 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
     scheduler: PitstopScheduler | None = None
     try:
         console.print(f"demo dir {tmp}", style="dim", markup=False)
-        host = await start_local_ssh_host(tmp / "ssh")
+        # the interpreter's bin dir on the host's PATH: py-spy (installed with Pitstop) dumps the hung rank
+        host = await start_local_ssh_host(tmp / "ssh", path_prepend=[Path(sys.executable).parent])
         workdir = tmp / "dflash"
         await asyncio.to_thread(deploy_dflash, workdir)
         hc = host.host_config()

@@ -203,7 +203,11 @@ def acked_reply(incident: Incident, user: str) -> Reply:
 def give_up_reply(incident: Incident, config: Config) -> Reply:
     """The single crash-loop alert, in the incident's thread (mentions ``alert_mention``)."""
     policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
-    text = messages.crash_loop_gave_up(incident.job, incident.auto_restarts, policy.within if policy else 0.0)
+    text = incident.no_auto or messages.crash_loop_gave_up(
+        incident.job, incident.auto_restarts, policy.within if policy else 0.0
+    )
+    if incident.no_auto is None and incident.cause:
+        text += f" ({messages.alert_detected_cause(incident.cause)})"
     who = mention_of(config)
     return Reply(
         title=f"{who} {text}" if who else text,

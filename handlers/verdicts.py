@@ -134,6 +134,9 @@ async def _post(ctx: Context, run: RunRecord) -> None:
     """The verdict in the run's thread, the run's headline updated, a VERDICT event."""
     channel = ctx.config.channel_for(run.job) if run.job in ctx.config.jobs else None
     await ctx.outbox.thread(thread_key(run.id), verdict_reply(run), channel)
+    if run.warning:  # flagged beside the verdict, which stays as it is
+        flag = Reply(title=run.warning, status=Status.WARNING, thread_key=thread_key(run.id), run_id=run.id)
+        await ctx.outbox.thread(thread_key(run.id), flag, channel)
     await ctx.outbox.announce(thread_key(run.id), run_reply(run, ctx.config), channel)
     await ctx.events.publish(
         EventKind.VERDICT,

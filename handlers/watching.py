@@ -42,8 +42,11 @@ from handlers.alerts import (
     resolved_reply,
 )
 from handlers.auth import SYSTEM_USER
+from handlers.crashcheck import CrashCheck, check_crash, refusal
+from handlers.hangevidence import KINDS as HANG_KINDS
+from handlers.hangevidence import hang_evidence
 from handlers.reply import Reply, Status
-from pipeline import keys, messages
+from pipeline import keys, messages, progress
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.events import EventKind
 from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
@@ -146,13 +149,22 @@ class Watcher:
         unreachable: str | None = None
         if any(p.error for p in probes.values()):
             unreachable = await self._confirm_unreachable(host)
+            if unreachable is None:  # the host answers a fresh connection: probe those jobs again
+                again = [v for v in views if (p := probes.get(v.name)) is None or p.error]
+                probes = {
+                    **probes,
+                    **await probe_host(
+                        self.ctx.ssh, host, [(v.name, v.cfg, v.current or None) for v in again]
+                    ),
+                }
         decisions: dict[str, Decision] = {}
-        for view in views:
+        steps = await asyncio.gather(*(self._progress(v, probes.get(v.name), now) for v in views))
+        for view, judged in zip(views, steps, strict=True):
             probe = probes.get(view.name) or JobProbe(job=view.name, error="no answer")
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
-            obs = self._observation(probe, now, unreachable)
+            obs = dataclasses.replace(self._observation(probe, now, unreachable), progress=judged)
             cfg = view.cfg
             if view.name in notes:
                 note = notes[view.name]
@@ -230,6 +242,28 @@ class Watcher:
             )
         return views
 
+    async def _progress(self, view: JobView, probe: JobProbe | None, now: float) -> progress.Judgement | None:
+        """The ranks' step progress after reading the metric log's new lines (None when nothing runs
+        or the log cannot be read: the log-bytes rule applies then)."""
+        if probe is None or probe.error or probe.count == 0:
+            return None
+        latest = view.latest
+        try:
+            state = await progress.refresh(
+                self.ctx.ssh,
+                self.ctx.redis.client,
+                self.ctx.prefix,
+                view.name,
+                view.cfg,
+                run_pid=latest.pid if latest is not None else None,
+                launch_offset=latest.log_size_at_launch if latest is not None else None,
+                now=now,
+            )
+        except PitstopError as exc:
+            log.info("watch %s: no step progress: %s", view.name, exc.message)
+            return None
+        return progress.judge(state, now, progress.rank_stall_threshold(view.cfg, state.gaps))
+
     async def _confirm_unreachable(self, host: str) -> str | None:
         """None if a fresh connection to ``host`` works, else why it does not."""
         try:
@@ -267,6 +301,7 @@ class Watcher:
             stopped_at=stopped_at,
             running_verdict=latest is not None and latest.verdict is Verdict.RUNNING,
             auto_restarts=view.auto_restarts,
+            launched_at=latest.launched_at if latest is not None else None,
         )
 
     # --- applying transitions -----------------------------------------------------------------
@@ -294,6 +329,7 @@ class Watcher:
                     opened.thread_key, alert_reply(opened, ctx.config, now=now), channel
                 )
                 await self._event(EventKind.ALERT, opened)
+                await self._hang_evidence(opened, channel)
             elif action.kind is ActionKind.RESOLVE:
                 if current is None or not await self.store.close(current):
                     return
@@ -307,6 +343,10 @@ class Watcher:
             else:
                 if current is None:
                     return
+                if action.kind is ActionKind.AUTO_RESTART:
+                    action = await self._gate(action)
+                    if action.kind is ActionKind.GIVE_UP:  # the incident ends as the gate left it
+                        decision = dataclasses.replace(decision, incident=action.incident)
                 new = action.incident
                 if action.kind is ActionKind.CHANGE and new.kind is not IncidentKind.UNREACHABLE:
                     new = await self._with_log(new)
@@ -317,6 +357,8 @@ class Watcher:
                     return
                 current = updated
                 await self._post(action, updated, channel, now)
+                if action.kind is ActionKind.CHANGE:
+                    await self._hang_evidence(updated, channel)
         if decision.incident is not None and current is not None:
             wanted = decision.incident.model_copy(update={"log": current.log, "cause": current.cause})
             if _differs(wanted, current):
@@ -360,6 +402,31 @@ class Watcher:
             )
             await ctx.outbox.thread(inc.thread_key, auto_restart_reply(inc, ctx.config, answer), channel)
 
+    async def _hang_evidence(self, inc: Incident, channel: str | None) -> None:
+        """Post the hang evidence (stacks, /proc state) in a stuck-rank or stalled incident's thread."""
+        if inc.kind in HANG_KINDS and (reply := await hang_evidence(self.ctx, inc)) is not None:
+            await self.ctx.outbox.thread(inc.thread_key, reply, channel)
+
+    async def _gate(self, action: Action) -> Action:
+        """An automatic restart about to fire, unless the latest crash is not to be retried: then
+        the give-up (no more automatic restarts, and why)."""
+        inc = action.incident
+        check = await check_crash(self.ctx, inc.job)
+        if check is None:
+            return action
+        why = refusal(inc.job, check, self.ctx.config.jobs[inc.job].watch.auto_restart)
+        if why is None:
+            return action
+        stopped = inc.model_copy(
+            update={
+                "gave_up": True,
+                "no_auto": why,
+                "next_auto_at": None,
+                "auto_restarts": inc.auto_restarts - 1,
+            }
+        )
+        return Action(ActionKind.GIVE_UP, _with_crash(stopped, check))
+
     async def _dispatch_restart(self, job: str, channel: str | None) -> Reply:
         from handlers.dispatch import Dispatcher, Request
 
@@ -398,10 +465,16 @@ class Watcher:
         except PitstopError as exc:
             log.info("watch %s: no log tail: %s", name, exc.message)
             return inc
-        cause = detect_cause(tail)
+        cause = inc.cause if inc.kind is IncidentKind.STUCK_RANK else detect_cause(tail)
         if cfg.engine == "slurm" and inc.cause and inc.kind is IncidentKind.DEGRADED:
             cause = inc.cause  # the nodes short of tasks
-        return inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
+        inc = inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
+        if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name)) is not None:
+            inc = _with_crash(inc, check)
+            why = refusal(name, check, cfg.watch.auto_restart)
+            if why is not None:
+                inc = inc.model_copy(update={"no_auto": why, "next_auto_at": None})
+        return inc
 
     async def _event(self, kind: EventKind, inc: Incident, **extra: Any) -> None:
         await self.ctx.events.publish(
@@ -420,6 +493,23 @@ class Watcher:
         """Wait (at most ``timeout`` s) for automatic restarts still running in the background."""
         if self._dispatcher is not None:
             await self._dispatcher.drain(timeout)
+
+
+def _with_crash(inc: Incident, check: CrashCheck) -> Incident:
+    """The incident with the crash's class, evidence line (the alert's cause) and details."""
+    c = check.crash
+    return inc.model_copy(
+        update={
+            "crash_class": c.kind.value,
+            "crash_evidence": c.evidence,
+            "crash_exc_type": c.exc_type,
+            "crash_message": c.message,
+            "crash_rank": c.rank,
+            "crash_step": c.step,
+            "cause": c.summary,
+            "exit_cause": check.exit_cause or inc.exit_cause,
+        }
+    )
 
 
 def _differs(a: Incident, b: Incident) -> bool:

@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.crashes import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError
 
 DEFAULT_CONFIG = "pitstop.toml"
@@ -165,11 +166,12 @@ class MetricsPattern(_Model):
 
 
 class AutoRestart(_Model):
-    """``auto_restart = {max, within, backoff}``: restart a crashed job, bounded."""
+    """``auto_restart = {max, within, backoff, on}``: restart a crashed job, bounded."""
 
     max: int = Field(default=3, ge=1)  #: restarts allowed within ``within``
     within: Seconds = 3600.0  #: seconds
     backoff: Seconds = 10.0  #: first delay in seconds, doubled after each restart
+    on: list[CrashClass] = list(TRANSIENT)  #: crash classes restarted automatically (pipeline.crashes)
 
 
 class WatchSettings(_Model):
@@ -178,6 +180,9 @@ class WatchSettings(_Model):
     interval: Seconds = 15.0
     stall_after: Seconds = 600.0
     degraded_after: Seconds = 120.0
+    rank_stall_after: Seconds | None = None  #: None: max(60 s, 20 × observed p95 time between advances)
+    warmup: Seconds = 120.0  #: seconds after a launch without stuck-rank or stalled alerts
+    unreachable_after: int = Field(default=3, ge=1)  #: consecutive failed probes (over >= 2 intervals)
     auto_restart: AutoRestart | None = None
 
 
@@ -247,6 +252,7 @@ class JobConfig(_Model):
     gpus: GpuRoles | None = None
     metrics: Literal["jsonl"] | MetricsPattern = "jsonl"
     metrics_log: str | None = None
+    checkpoint_dir: str | None = None  #: where the job's checkpoints are; verify checks the run resumed
     patches: dict[str, Path] = {}
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
@@ -259,10 +265,10 @@ class JobConfig(_Model):
             raise ValueError("needs at least the program to run")
         return v
 
-    @field_validator("workdir", "log")
+    @field_validator("workdir", "log", "checkpoint_dir")
     @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
             raise ValueError("must be an absolute path on the host")
         return v
 

@@ -22,6 +22,8 @@ Operations (``OP``; ``JSON`` holds the arguments, larger inputs such as diffs co
   the log; returns pid, start time and log size at once.  A waiter process outside the job's
   session records the job's exit status in a file next to the log.
 - ``probe``, ``evidence``, ``read``, ``tail``: process counts, liveness, log size, log bytes.
+- ``hang``: what a person would look at for a hung job: each process's state and ``wchan`` from
+  ``/proc``, and its Python stacks from ``py-spy dump`` when py-spy is installed.
 
 This module is also importable (tests exercise its functions locally); it must not import
 anything from Pitstop.
@@ -289,6 +291,64 @@ def first_error(path: str, start: int, max_bytes: int = 1 << 20) -> str | None:
     line_end = data.find(b"\n", m.end())
     line = data[line_start : line_end if line_end >= 0 else len(data)]
     return line.decode("utf-8", "replace").strip()[:300]
+
+
+RESUME_RX = re.compile(rb"\bresume_step=(\d+)|\bresum(?:ed|ing) (?:at|from) step (\d+)", re.IGNORECASE)
+
+
+def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> Args:
+    """Where a run started, from the first bytes it wrote after ``start``.
+
+    ``said``: the step a ``resume_step=N`` / ``resumed at step N`` line names; ``first``: the
+    largest first ``step`` among the ranks' JSON metric lines, minus one (a rank that resumed
+    from N logs N+1 first; one that started afresh logs 1).  None each when not found.
+    """
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return {"said": None, "first": None}
+    if size < start:
+        start = 0
+    data = read_range(path, start, min(max_bytes, size - start))
+    m = RESUME_RX.search(data)
+    said = int(m.group(1) or m.group(2)) if m else None
+    firsts = {}  # type: dict[object, int]
+    for line in data.splitlines():
+        if not line.startswith(b"{") or b'"step"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and "role" in rec and isinstance(rec.get("step"), int):
+            firsts.setdefault(rec.get("rank"), rec["step"])
+    first = max(firsts.values()) - 1 if firsts else None
+    return {"said": said, "first": max(first, 0) if first is not None else None}
+
+
+def checkpoint_info(directory: str) -> Args | None:
+    """The newest checkpoint in ``directory``: ``{"step", "mtime", "file"}``, or None if there is none.
+
+    ``latest.json`` (``{"step": N}``, the reference pipeline's) decides when present; otherwise the
+    newest file, its step the last number in its name (``step_12000.pt``; None without one).
+    """
+    latest = os.path.join(directory, "latest.json")
+    try:
+        with open(latest, "rb") as f:
+            raw = json.loads(f.read().decode("utf-8", "replace"))
+        if isinstance(raw, dict) and isinstance(raw.get("step"), int):
+            return {"step": raw["step"], "mtime": os.stat(latest).st_mtime, "file": latest}
+    except (OSError, ValueError):
+        pass
+    try:
+        entries = [e for e in os.scandir(directory) if e.is_file() and not e.name.startswith(".")]
+    except OSError:
+        return None
+    if not entries:
+        return None
+    newest = max(entries, key=lambda e: e.stat().st_mtime)
+    nums = re.findall(r"\d+", newest.name)
+    return {"step": int(nums[-1]) if nums else None, "mtime": newest.stat().st_mtime, "file": newest.path}
 
 
 def status_path(log: str) -> str:
@@ -758,6 +818,10 @@ def op_evidence(a: Args) -> Args:
         res["error_line"] = None
         res["tail"] = ""
     res["status"] = read_status(log, a["pid"], a.get("start_time")) if a.get("pid") else None
+    if a.get("progress_log"):
+        res["start_step"] = start_step(a["progress_log"], a.get("progress_offset") or 0)
+    if a.get("checkpoint_dir"):
+        res["checkpoint"] = checkpoint_info(a["checkpoint_dir"])
     res["time"] = time.time()
     return res
 
@@ -831,6 +895,63 @@ def op_slurm_tasks(a: Args) -> Args:
     return {"node": node, "pids": sorted(pids), "count": len(pids), "time": time.time()}
 
 
+PY_SPY_TIMEOUT = 20  #: seconds for one ``py-spy dump``
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, next to the interpreter, or in ~/.local/bin (None if nowhere)."""
+    import shutil
+
+    for cand in (
+        shutil.which("py-spy"),
+        os.path.join(os.path.dirname(sys.executable), "py-spy"),
+        os.path.expanduser("~/.local/bin/py-spy"),
+    ):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def op_hang(a: Args) -> Args:
+    """State, wchan, command line and (with py-spy) Python stacks of the job's processes (or ``pids``)."""
+    procs = scan()
+    pids = [int(p) for p in (a.get("pids") or probe_one(procs, a)["pids"])][: a.get("max_pids", 16)]
+    spy = find_py_spy()
+    out = []
+    for pid in pids:
+        st = proc_stat(pid)
+        try:
+            with open(f"/proc/{pid}/wchan", "rb") as f:
+                wchan = f.read().decode("utf-8", "replace").strip() or None
+        except OSError:
+            wchan = None
+        item = {
+            "pid": pid,
+            "state": st[0] if st else None,
+            "wchan": None if wchan == "0" else wchan,
+            "cmdline": proc_cmdline(pid).decode("utf-8", "replace")[:200],
+            "stack": None,
+            "stack_error": None,
+        }
+        if spy and st is not None:
+            try:
+                r = subprocess.run(
+                    [spy, "dump", "--pid", str(pid)],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=PY_SPY_TIMEOUT,
+                )
+                text = r.stdout.decode("utf-8", "replace").strip()
+                if r.returncode == 0 and text:
+                    item["stack"] = text[-6000:]
+                else:
+                    item["stack_error"] = (r.stderr.decode("utf-8", "replace").strip() or text)[-500:]
+            except subprocess.TimeoutExpired:
+                item["stack_error"] = f"py-spy dump timed out after {PY_SPY_TIMEOUT}s"
+        out.append(item)
+    return {"processes": out, "py_spy": spy, "time": time.time()}
+
+
 OPS = {
     "slurm_tasks": op_slurm_tasks,
     "preflight": op_preflight,
@@ -844,6 +965,7 @@ OPS = {
     "evidence": op_evidence,
     "read": op_read,
     "tail": op_tail,
+    "hang": op_hang,
 }
 
 

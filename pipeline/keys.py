@@ -121,6 +121,16 @@ def digest_last(prefix: str, job: str) -> str:
     return f"{prefix}digest:{job.lower()}:last"
 
 
+def rank_progress(prefix: str, job: str) -> str:
+    """String: the job's per-rank progress (JSON :class:`pipeline.progress.ProgressState`)."""
+    return f"{prefix}progress:{job.lower()}"
+
+
+def last_crash(prefix: str, job: str) -> str:
+    """Hash: the job's last classified crash (``crash_*`` fields, ``run_id``, ``repeat``)."""
+    return f"{prefix}crash:{job.lower()}"
+
+
 def leader(prefix: str) -> str:
     """String with TTL: the scheduler leader lease (holder id)."""
     return f"{prefix}scheduler:leader"

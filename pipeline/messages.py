@@ -615,9 +615,41 @@ def engine_missing(engine: str) -> str:
 # verdict lines: exact, one line, for people and scripts alike (VERDICT DETAIL)
 
 
-def verdict_running(seen: int, expected: int, pid: int) -> str:
-    """``RUNNING 8/8 processes pid 4242``."""
-    return f"RUNNING {seen}/{expected} processes pid {pid}"
+def verdict_running(
+    seen: int,
+    expected: int,
+    pid: int,
+    *,
+    resumed_at: int | None = None,
+    ignored_checkpoint: int | None = None,
+) -> str:
+    """``RUNNING 8/8 processes pid 4242``, ``…, resumed at step 12000`` or
+    ``…, started from step 0 although checkpoint step 12000 exists``."""
+    line = f"RUNNING {seen}/{expected} processes pid {pid}"
+    if ignored_checkpoint is not None:
+        return f"{line}, {resume_ignored(ignored_checkpoint)}"
+    if resumed_at:
+        return f"{line}, resumed at step {resumed_at}"
+    return line
+
+
+def resume_ignored(checkpoint_step: int) -> str:
+    """``started from step 0 although checkpoint step 12000 exists``."""
+    return f"started from step 0 although checkpoint step {checkpoint_step} exists"
+
+
+def resume_warning(job: str, checkpoint_step: int, path: str) -> str:
+    """The thread's warning for a run that ignored its checkpoint."""
+    return (
+        f"⚠ {job} {resume_ignored(checkpoint_step)} ({path}): the run is training again from the start; "
+        "check its --checkpoint-dir / resume option"
+    )
+
+
+def checkpoint_fact(path: str, step: int | None, age_s: float) -> str:
+    """Evidence line: ``checkpoint /srv/ckpt/latest.json: step 12000, written 3 min before the check``."""
+    what = f"step {step}" if step is not None else "no step in its name"
+    return f"checkpoint {path}: {what}, written {span(age_s)} before the check"
 
 
 def verdict_wrong_count(seen: int, expected: int, pid: int) -> str:
@@ -901,6 +933,8 @@ def alert_title(kind: str, job: str, host: str, count: int, expected: int, quiet
     if kind == "stalled":
         idle = f" for {span(quiet_for)}" if quiet_for is not None else ""
         return f"{job} has stalled: alive ({count}/{expected}) but no new log output{idle}"
+    if kind == "stuck_rank":
+        return f"{job} has a stuck rank on {host}: one rank stopped advancing while the others wait"
     if kind == "unreachable":
         return f"host {host} unreachable - cannot check {job}"
     if kind == "crash_loop":
@@ -1012,6 +1046,22 @@ def auto_restart_planned(job: str, delay: float, attempt: int, limit: int) -> st
 def auto_restart_started(job: str, attempt: int, limit: int, answer: str) -> str:
     """The incident thread note when an automatic restart is requested."""
     return f"automatic restart {attempt}/{limit} of {job}: {answer}"
+
+
+def auto_restart_not_on(job: str, crash_class: str, summary: str) -> str:
+    """The give-up alert when the crash's class is not restarted automatically."""
+    return (
+        f"{job} failed with {crash_class} - not restarted automatically ({crash_class} is not in "
+        f"auto_restart.on); restart it by hand once the cause is fixed. Cause: {summary}"
+    )
+
+
+def auto_restart_repeat(job: str, exc_type: str, step: int | None, summary: str) -> str:
+    """The give-up alert when the same Python exception came back at the same step."""
+    return (
+        f"{job} failed again with {exc_type} at step {step} - the same exception at the same step is a "
+        f"bug a restart will not fix, so no more automatic restarts; fix it and restart by hand. Cause: {summary}"
+    )
 
 
 def crash_loop_gave_up(job: str, restarts: int, within: float) -> str:

@@ -44,6 +44,7 @@ from pipeline.hostprobe import (
     recorded_identity,
 )
 from pipeline.remote import SSHPool
+from pipeline.resume import ResumePoint, check_resume
 from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,9 @@ class Evidence:
     :ivar status: the waiter's record of how the process ended (code/signal/started_at/ended_at).
     :ivar tail: the last lines written since launch.
     :ivar sampled_at: Pitstop's clock when the answer came.
+    :ivar start_step: the step the run started from (its ``resume_step=`` line or first metric
+        steps; :func:`pipeline.hosthelper.start_step`), None when not seen yet.
+    :ivar checkpoint: the newest checkpoint in ``checkpoint_dir`` (when configured and present).
     """
 
     state: str
@@ -94,6 +98,8 @@ class Evidence:
     tail: str
     log_error: str | None
     sampled_at: float
+    start_step: int | None = None
+    checkpoint: ResumePoint | None = None
 
 
 class Restarter:
@@ -306,6 +312,9 @@ class Restarter:
         verdict, line, evidence = self._decide(run, job, ev)
         run.verdict = verdict
         run.verdict_line = line
+        ignored = check_resume(ev.start_step, ev.checkpoint, ev.sampled_at - run.launched_at).ignored
+        if verdict is Verdict.RUNNING and ignored is not None and ev.checkpoint is not None:
+            run.warning = messages.resume_warning(name, ignored, ev.checkpoint.path)
         run.evidence = evidence
         run.finished_at = time.time()
         rec.outcome = Outcome.OK if verdict is Verdict.RUNNING else Outcome.FAILED
@@ -344,7 +353,23 @@ class Restarter:
                 messages.verdict_no_progress(ev.count, job.processes, pid, silent),
             )
         else:
-            verdict, line = Verdict.RUNNING, messages.verdict_running(ev.count, job.processes, pid)
+            resume = check_resume(
+                ev.start_step, ev.checkpoint, ev.sampled_at - (run.launched_at or ev.sampled_at)
+            )
+            verdict, line = (
+                Verdict.RUNNING,
+                messages.verdict_running(
+                    ev.count,
+                    job.processes,
+                    pid,
+                    resumed_at=resume.started_at,
+                    ignored_checkpoint=resume.ignored,
+                ),
+            )
+        if ev.checkpoint is not None:
+            facts.append(
+                messages.checkpoint_fact(ev.checkpoint.path, ev.checkpoint.step, ev.checkpoint.age_s)
+            )
         stop = run.step(Step.STOP)
         if stop is not None and stop.detail.startswith(messages.STALE_PREFIX):
             facts.insert(0, stop.detail)
@@ -379,9 +404,13 @@ class Restarter:
             "log": job.log,
             "offset": run.log_size_at_launch or 0,
             "tail_lines": TAIL_LINES,
+            "progress_log": job.log,
+            "progress_offset": run.log_size_at_launch or 0,
+            "checkpoint_dir": job.checkpoint_dir,
         }
         raw = await call_helper(self.ssh, "evidence", args, job=run.job)
         info = raw.get("log") or {}
+        started = raw.get("start_step") or {}
         return Evidence(
             state=str(raw.get("state") or "gone"),
             count=int(raw.get("count") or 0),
@@ -392,6 +421,8 @@ class Restarter:
             tail=str(raw.get("tail") or ""),
             log_error=info.get("error"),
             sampled_at=time.time(),
+            start_step=started.get("said") if started.get("said") is not None else started.get("first"),
+            checkpoint=ResumePoint.from_helper(raw.get("checkpoint"), raw.get("time")),
         )
 
     # --- queries ---------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ class RunRecord(BaseModel):
     finished_at: float | None = None
     owner: str | None = None  #: instance id of the process executing the run (None: handed over)
     interrupted: str | None = None  #: ``INTERRUPTED after launch: …`` when its owner died after the launch
+    warning: str | None = None  #: a flag for the thread beside a RUNNING verdict (a checkpoint ignored)
 
     def step(self, step: Step) -> StepRecord | None:
         """The record of ``step``, or None if it has not started."""

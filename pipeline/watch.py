@@ -15,17 +15,21 @@ applies it and posts; the other's write fails and it posts nothing.
 
 Conditions, in precedence order, for a job with an expected process count ``processes``:
 
-- ``unreachable``: the probe could not reach the host, and a fresh connection failed too;
+- ``unreachable``: the probe could not reach the host, and a fresh connection failed too, in
+  ``unreachable_after`` consecutive cycles spanning at least 2 intervals (fewer: ``probe_failed``,
+  no incident); an unreachable host never leads to an automatic restart;
 - ``dead``: no process, while the job should be running (a RUNNING verdict, or seen alive,
   and not stopped on purpose since);
 - ``degraded``: more than zero but fewer than ``processes`` for ``degraded_after`` s;
-- ``stalled``: alive, but no new log bytes for ``stall_after`` s;
+- ``stuck_rank``: one rank's step has not advanced for ``rank_stall_after`` s while other ranks
+  advanced or wait on it (:mod:`pipeline.progress`); not during ``warmup`` s after a launch;
+- ``stalled``: alive, but no rank's step advanced for ``stall_after`` s, not during ``warmup`` s
+  after a launch; for a job whose log has no steps: no new log bytes for ``stall_after`` s;
 - ``crash_loop``: dead again after ``auto_restart.max`` automatic restarts within ``within``.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -35,6 +39,8 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline import keys
 from pipeline.config import JobConfig
+from pipeline.crashes import detect_cause
+from pipeline.progress import Judgement, stuck_facts
 
 DEFAULT_REMIND_EVERY = 1800.0  #: seconds between reminders of an open, unacknowledged incident
 LOG_LINES = 30  #: log lines shown in an alert
@@ -46,6 +52,7 @@ class IncidentKind(StrEnum):
     DEAD = "dead"
     DEGRADED = "degraded"
     STALLED = "stalled"
+    STUCK_RANK = "stuck_rank"
     UNREACHABLE = "unreachable"
     CRASH_LOOP = "crash_loop"
 
@@ -74,6 +81,7 @@ class Observation:
     :ivar error: why the host could not be reached.
     :ivar detail: what the engine says beside the count (Slurm: the nodes short of tasks), kept
         as the incident's ``cause``.
+    :ivar progress: the ranks' step progress (:func:`pipeline.progress.judge`), None if not read.
     """
 
     at: float
@@ -84,6 +92,7 @@ class Observation:
     exit_cause: str | None = None
     error: str | None = None
     detail: str | None = None
+    progress: Judgement | None = None
 
 
 @dataclass(frozen=True)
@@ -96,12 +105,14 @@ class Situation:
         newest run; None otherwise.
     :ivar running_verdict: the newest run's verdict is RUNNING.
     :ivar auto_restarts: automatic restarts within ``auto_restart.within`` so far.
+    :ivar launched_at: when the job's newest run was launched (for ``watch.warmup``), if known.
     """
 
     in_flight: bool = False
     stopped_at: float | None = None
     running_verdict: bool = False
     auto_restarts: int = 0
+    launched_at: float | None = None
 
 
 class _Stored(BaseModel):
@@ -134,6 +145,8 @@ class WatchState(_Stored):
     :ivar progress_at: when the log last grew (unix s).
     :ivar degraded_since: since when fewer than ``processes`` but more than zero run.
     :ivar exit_cause: the last exit cause the host reported.
+    :ivar probe_failures: consecutive cycles the host could not be reached; ``unreachable_since``
+        when the first of them was.
     """
 
     last_alive_at: float | None = None
@@ -143,6 +156,8 @@ class WatchState(_Stored):
     progress_at: float | None = None
     degraded_since: float | None = None
     exit_cause: str | None = None
+    probe_failures: int | None = None
+    unreachable_since: float | None = None
 
 
 class Incident(_Stored):
@@ -178,6 +193,17 @@ class Incident(_Stored):
     gave_up: bool = False
     resolved_at: float | None = None
     resolution: str | None = None  #: why it resolved: running | stopped | reachable
+    rank: int | None = None  #: a stuck rank: its global rank, role, last step and pid
+    rank_role: str | None = None
+    rank_step: int | None = None
+    rank_pid: int | None = None
+    crash_class: str | None = None  #: a dead job: the class of its failure (pipeline.crashes)
+    crash_evidence: str | None = None
+    crash_exc_type: str | None = None
+    crash_message: str | None = None
+    crash_rank: int | None = None
+    crash_step: int | None = None
+    no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
 
     @property
     def thread_key(self) -> str:
@@ -216,7 +242,13 @@ class Decision:
     condition: str
 
 
-_BAD = {IncidentKind.DEAD, IncidentKind.DEGRADED, IncidentKind.STALLED, IncidentKind.UNREACHABLE}
+_BAD = {
+    IncidentKind.DEAD,
+    IncidentKind.DEGRADED,
+    IncidentKind.STALLED,
+    IncidentKind.STUCK_RANK,
+    IncidentKind.UNREACHABLE,
+}
 
 
 def _expected(state: WatchState, situation: Situation) -> bool:
@@ -250,6 +282,11 @@ def assess(
     now = obs.at
     w = cfg.watch
     if not obs.reachable:
+        since = state.unreachable_since if state.unreachable_since is not None else now
+        fails = (state.probe_failures or 0) + 1
+        state = state.model_copy(update={"probe_failures": fails, "unreachable_since": since})
+        if fails < w.unreachable_after or now - since < 2 * w.interval:
+            return Decision(state, incident, (), "probe_failed")  # one lost probe is no verdict
         if incident is None:
             new = Incident(
                 job=job,
@@ -266,7 +303,7 @@ def assess(
             return Decision(state, new, (Action(ActionKind.OPEN, new),), IncidentKind.UNREACHABLE.value)
         return _remind(state, incident, now, remind_every, IncidentKind.UNREACHABLE.value)
 
-    st = state.model_copy()
+    st = state.model_copy(update={"probe_failures": None, "unreachable_since": None})
     actions: list[Action] = []
     if incident is not None and incident.kind is IncidentKind.UNREACHABLE:
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": "reachable"})
@@ -298,12 +335,18 @@ def assess(
         return Decision(st, incident, tuple(actions), "in_flight")
 
     expected = _expected(st, situation)
+    warming = situation.launched_at is not None and now - situation.launched_at < w.warmup
+    steps = obs.progress if obs.progress is not None and obs.progress.known else None
     condition: IncidentKind | str
     if obs.count == 0:
         condition = IncidentKind.DEAD if expected else "idle"
     elif st.degraded_since is not None and now - st.degraded_since >= w.degraded_after:
         condition = IncidentKind.DEGRADED
-    elif now - (st.progress_at or now) >= w.stall_after:
+    elif not warming and steps is not None and steps.stuck:
+        condition = IncidentKind.STUCK_RANK
+    elif not warming and steps is not None and (steps.frozen_for or 0.0) >= w.stall_after:
+        condition = IncidentKind.STALLED
+    elif steps is None and now - (st.progress_at or now) >= w.stall_after:
         condition = IncidentKind.STALLED
     elif obs.count < cfg.processes:
         condition = "pending"
@@ -318,6 +361,8 @@ def assess(
         "exit_cause": st.exit_cause,
         **({"cause": obs.detail} if obs.detail else {}),
     }
+    if condition is IncidentKind.STUCK_RANK and steps is not None:
+        facts.update(stuck_facts(steps, cfg.host))
     if incident is None:
         if isinstance(condition, IncidentKind):
             new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
@@ -346,6 +391,10 @@ def assess(
 
     # the same condition persists: maybe restart automatically, maybe remind
     if condition is IncidentKind.DEAD and cfg.watch.auto_restart is not None and not incident.gave_up:
+        if incident.no_auto:  # its crash class is not restarted automatically: say so, once
+            incident = incident.model_copy(update={"gave_up": True, "next_auto_at": None, "changed_at": now})
+            actions.append(Action(ActionKind.GIVE_UP, incident))
+            return Decision(st, incident, tuple(actions), condition.value)
         incident = _plan_auto_restart(incident, cfg, situation, now)
         if incident.gave_up:
             actions.append(Action(ActionKind.GIVE_UP, incident))
@@ -362,7 +411,7 @@ def assess(
 def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation, now: float) -> Incident:
     """Schedule the next automatic restart of a dead job, or mark the crash loop given up."""
     policy = cfg.watch.auto_restart
-    if policy is None or incident.kind is not IncidentKind.DEAD or incident.gave_up:
+    if policy is None or incident.kind is not IncidentKind.DEAD or incident.gave_up or incident.no_auto:
         return incident
     if situation.auto_restarts >= policy.max:
         return incident.model_copy(
@@ -387,63 +436,6 @@ def _remind(
         incident = incident.model_copy(update={"notified_at": now})
         acts.append(Action(ActionKind.REMIND, incident))
     return Decision(state, incident, tuple(acts), condition)
-
-
-# --- causes found in a log tail ------------------------------------------------------------------
-
-_EXC_LINE = re.compile(
-    r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Warning|Failure)\b.*$|^[A-Za-z_][\w.]*: .+$"
-)
-_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError", re.IGNORECASE)
-_NCCL = re.compile(
-    r"NCCL.*(?:timeout|timed out|watchdog)|(?:Watchdog|watchdog).*NCCL|ProcessGroupNCCL", re.IGNORECASE
-)
-_KILLED = re.compile(
-    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill", re.MULTILINE
-)
-
-
-def detect_cause(log_tail: str) -> str | None:
-    """A one-line cause found in a log tail, or None.
-
-    Recognised, most specific first: CUDA out of memory, an NCCL timeout or watchdog, a
-    Python traceback (its last exception line), ``Killed`` (the kernel's OOM killer).
-
-    :param log_tail: the last lines of the job's log.
-    :returns: e.g. ``CUDA out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried…``.
-    """
-    lines = [ln.rstrip() for ln in log_tail.splitlines() if ln.strip()]
-    exception = _last_exception(lines)
-    for ln in reversed(lines):
-        if _CUDA_OOM.search(ln):
-            return f"CUDA out of memory: {ln.strip()}"
-    for ln in reversed(lines):
-        if _NCCL.search(ln):
-            return f"NCCL timeout/watchdog: {ln.strip()}"
-    if exception is not None:
-        return f"Python exception: {exception}"
-    if _KILLED.search("\n".join(lines[-5:])):
-        return "killed (likely the kernel's OOM killer: `Killed`)"
-    return None
-
-
-def _last_exception(lines: list[str]) -> str | None:
-    """The exception line closing the last traceback in ``lines``, if any."""
-    start = None
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("Traceback (most recent call last):"):
-            start = i
-            break
-    if start is None:
-        return None
-    candidate = None
-    for ln in lines[start + 1 :]:
-        if ln.startswith((" ", "\t")) or ln.startswith("Traceback"):
-            continue
-        if _EXC_LINE.match(ln):
-            candidate = ln.strip()
-            break
-    return candidate
 
 
 # --- Redis storage -------------------------------------------------------------------------------

@@ -55,7 +55,9 @@ def _demo(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedPro
 
 @pytest.mark.timeout(600)
 def test_default_script_end_to_end(tmp_path: Path) -> None:
-    """The default story: patched restart verified 8/8, digest for all 8 ranks, one alert, one resolved, no leftovers."""
+    """The default story: patched restart verified 8/8, digest for all 8 ranks, a killed job alerted and
+    resolved, a hung rank 6 named in one stuck-rank alert with its stacks, a restart resumed from the
+    checkpoint, no leftovers."""
     script = tmp_path / "script.txt"
     script.write_text((ROOT / "demo" / "script.txt").read_text() + "patches dflash\n")
     done = _demo(tmp_path, "--script", str(script), timeout=560)
@@ -65,7 +67,11 @@ def test_default_script_end_to_end(tmp_path: Path) -> None:
     assert re.search(r"RUNNING 8/8 processes pid \d+", out), out[-4000:]
     assert re.search(r"topk.*(in effect|applied)", out, re.IGNORECASE), out[-4000:]
     assert len(re.findall(r"\[incident dflash:\d+\] dflash is down:", out)) == 1, out[-4000:]
-    assert len(re.findall(r"resolved after", out)) == 1, out[-4000:]
+    assert len(re.findall(r"\[incident dflash:\d+\] dflash has a stuck rank", out)) == 1, out[-4000:]
+    assert re.search(r"rank 6 \(drafter\) stuck at step \d+ for \d+ s, pid \d+", out), out[-4000:]
+    assert "hang evidence for rank 6" in out and "hang_if_due" in out, out[-4000:]  # py-spy's stack
+    assert re.search(r"RUNNING 8/8 processes pid \d+, resumed at step [1-9]\d*", out), out[-4000:]
+    assert len(re.findall(r"resolved after", out)) == 2, out[-4000:]
     for rank in range(8):  # every rank reported, with numbers (the script waits for all of them)
         row = rf"^\s*{rank}\s+│\s+(target|drafter)\s+│\s+cpu\s+│\s+[\d,]+\s+│"
         assert re.search(row, out, re.MULTILINE), f"rank {rank} missing from the digest"

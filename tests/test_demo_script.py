@@ -32,6 +32,9 @@ def test_default_script_follows_the_story() -> None:
     assert kinds.index("kill") < kinds.index("wait alert") < kinds.index("wait resolved")
     assert kinds[-1] == "history"
     assert any(isinstance(s, Say) and "with topk patch" in s.text for s in steps)
+    texts = [s.text if isinstance(s, Say) else kinds[i] for i, s in enumerate(steps)]
+    hang = texts.index("restart dflash with hang patch")  # a stuck rank, then the resuming restart
+    assert texts[hang + 1 : hang + 4] == ["wait verdict", "wait alert", "restart dflash without hang patch"]
 
 
 def test_directives_parse() -> None:

@@ -57,10 +57,11 @@ class Job:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def metrics(self) -> list[dict[str, Any]]:
+        """The metric records (JSON lines with a ``role``; ``waiting`` lines are not metric records)."""
         out = []
         for line in self.text().splitlines():
-            if line.startswith("{"):
-                out.append(json.loads(line))
+            if line.startswith("{") and "role" in (rec := json.loads(line)):
+                out.append(rec)
         return out
 
     def wait_for(self, what: str, cond: Callable[[], bool], timeout: float) -> None:
@@ -240,6 +241,107 @@ def test_worker_exception_fails_the_job_with_traceback(tmp_path: Path, jobs: lis
     assert "RuntimeError: DFLASH_FAIL_AT_STEP: injected failure at step 3 (drafter rank 6)" in text
     assert "dflash-main: drafter rank 6" in text and "exited with code 1; stopping the job" in text
     wait_session_gone(job)
+
+
+def waits(job: Job) -> list[dict[str, Any]]:
+    """The job's ``waiting`` lines (faults.py), in file order."""
+    out = []
+    for line in job.text().splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            if rec.get("event") == "waiting":
+                out.append(rec)
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_hang_rank_blocks_the_others_wait_then_resume_from_checkpoint(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    """--hang-rank 6 --hang-at-step 20: rank 6 stops at 20, ranks 5 and 7 report waiting in the all-reduce;
+    a later start resumes from the step-20 checkpoint."""
+    job = Job(tmp_path, "--hang-rank", "6", "--hang-at-step", "20", "--checkpoint-every", "10")
+    jobs.append(job)
+
+    def drafters_waiting() -> bool:
+        return {w["rank"] for w in waits(job) if w["on"] == "all_reduce"} == {5, 7}
+
+    job.wait_for("ranks 5 and 7 waiting in the all-reduce", drafters_waiting, 150)
+    lines = job.metrics()
+    for rank in (5, 6, 7):
+        assert max(m["step"] for m in lines if m["rank"] == rank) == 20
+    assert all(w["step"] == 20 and w["rank_role"] == "drafter" for w in waits(job) if w["on"] == "all_reduce")
+    assert not [w for w in waits(job) if w["rank"] == 6]
+    assert all("role" not in w for w in waits(job))  # not metric records
+    assert json.loads((job.ckpt / "latest.json").read_text())["step"] == 20
+    assert job.proc.poll() is None  # hung, not dead
+    job.kill()
+    wait_session_gone(job)
+
+    again = Job(tmp_path, "--max-steps", "25", "--metric-every", "1", ckpt=job.ckpt)
+    jobs.append(again)
+    assert again.wait_exit(150) == 0, again.text()[-3000:]
+    assert "resume_step=20" in again.text()
+    assert min(m["step"] for m in again.metrics() if m["role"] == "drafter") == 21
+
+
+CRASH_PRINTS = {
+    "nccl_timeout": [
+        "Watchdog caught collective operation timeout: WorkNCCL(",
+        "terminate called after throwing an instance of 'c10::DistBackendError'",
+        "exited with code -6; stopping the job",
+    ],
+    "cuda_oom": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"],
+    "exception": ["RuntimeError: injected exception at step 3 (drafter rank 6)"],
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", sorted(CRASH_PRINTS))
+def test_crash_kind_prints_what_the_real_failure_prints(tmp_path: Path, jobs: list[Job], kind: str) -> None:
+    """--crash-rank 6 --crash-at-step 3 --crash KIND: the job fails, printing KIND's real messages."""
+    from pipeline.crashes import CrashClass, classify
+
+    job = Job(tmp_path, "--crash-rank", "6", "--crash-at-step", "3", "--crash", kind, "--metric-every", "1")
+    jobs.append(job)
+    assert job.wait_exit(150) == 1, job.text()[-3000:]
+    text = job.text()
+    for printed in CRASH_PRINTS[kind]:
+        assert printed in text, text[-3000:]
+    assert "dflash-main: drafter rank 6" in text
+    wait_session_gone(job)
+    found = classify(text.encode())
+    assert found.kind is CrashClass(kind if kind != "exception" else "python_exception"), found
+    if kind == "exception":
+        assert (found.exc_type, found.rank, found.step) == ("RuntimeError", 6, 2), found  # last step logged
+
+
+def test_fault_options_are_checked() -> None:
+    """A fault option without its partners, or a rank out of range, is refused before anything starts."""
+    for args, said in [
+        (["--hang-rank", "6"], "--hang-rank and --hang-at-step go together"),
+        (["--crash-rank", "6", "--crash-at-step", "3"], "go together"),
+        (["--hang-rank", "8", "--hang-at-step", "3"], "--hang-rank 8: ranks are 0..7"),
+        (["--hang-rank", "6", "--hang-at-step", "+x"], "a step number, or +N"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, str(DFLASH / "train.py"), "--cpu", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode != 0 and said in proc.stderr, proc.stderr
+
+
+def test_fault_step_plus_n_counts_from_the_resume_step() -> None:
+    """--hang-at-step +30 on a run resuming at 100 hangs after step 130; a plain number stays as given."""
+    import argparse
+
+    faults = load_module(DFLASH / "faults.py", "dflash_faults")
+    args = argparse.Namespace(
+        hang_rank=6, hang_at_step="+30", crash_rank=2, crash_at_step="7", crash="cuda_oom"
+    )
+    assert faults.plan(args, 8, 100) == {"hang": (6, 130), "crash": (2, 7, "cuda_oom")}
 
 
 def test_directory_imports_only_stdlib_torch_setproctitle() -> None:

@@ -15,6 +15,7 @@ from bot.scheduler import PitstopScheduler
 from handlers.outbox import MemoryOutbox
 from pipeline import keys
 from pipeline.config import AutoRestart, Config, DigestSettings
+from pipeline.crashes import CrashClass
 from pipeline.events import Event, EventKind
 from tests.test_watch import MENTION, Harness, open_harness, until
 
@@ -166,7 +167,7 @@ async def test_jobs_are_scheduled_with_explicit_misfire_and_coalesce(
 async def test_crash_loop_restarts_three_times_then_gives_up(tmp_path: Path, redis_config: Config) -> None:
     """A crash-looping job with auto_restart max 3 is restarted 3 times (backoff doubling), then
     one 'crash loop - giving up' alert; the restarts go through the dispatcher as pitstop-auto."""
-    policy = AutoRestart(max=3, within=600, backoff=0.2)
+    policy = AutoRestart(max=3, within=600, backoff=0.2, on=list(CrashClass))  # its crashes are exceptions
     async with open_harness(
         tmp_path, redis_config, {"loop": {"start_window": 1.0, "auto_restart": policy}}
     ) as h:

@@ -200,13 +200,20 @@ def test_reminders_repeat_until_acknowledged() -> None:
 
 
 def test_unreachable_host_is_its_own_incident_and_resolves_when_back() -> None:
-    """A confirmed unreachable host opens an unreachable incident, resolved when the host answers."""
+    """A host unreachable for 3 cycles over 2 intervals opens an unreachable incident, resolved when it answers."""
     cfg = job_cfg()
     state = run_cycles(cfg, [alive(0)])[-1].state
+    for t in (3, 4):  # two failed probes within 2 intervals: no verdict yet
+        d = assess(
+            "job", cfg, Observation(at=T0 + t, reachable=False, error="refused"), state, None, Situation()
+        )
+        assert d.actions == () and d.condition == "probe_failed"
+        state = d.state
     down = Observation(at=T0 + 5, reachable=False, error="connection refused")
     d = assess("job", cfg, down, state, None, Situation())
     assert [(a.kind, a.incident.kind) for a in d.actions] == [(ActionKind.OPEN, IncidentKind.UNREACHABLE)]
-    assert d.state == state  # nothing learnt about the job itself
+    assert d.state.last_alive_at == state.last_alive_at  # nothing learnt about the job itself
+    state = run_cycles(cfg, [alive(0)])[-1].state
     inc = d.incident
     assert inc is not None and inc.error == "connection refused"
     inc = inc.model_copy(update={"n": 1})
@@ -655,8 +662,13 @@ async def test_unreachable_host_is_its_own_incident(harness: Harness) -> None:
     await watcher.cycle("local", ["train"])
     assert isinstance(h.host, InProcessHost)
     await h.host.host.close()  # stops listening and drops the pooled connection
-    decisions = await watcher.cycle("local", ["train"])
-    assert decisions["train"].condition == "unreachable"
+    seen: list[str] = []
+
+    async def cycle() -> None:
+        seen.append((await watcher.cycle("local", ["train"]))["train"].condition)
+
+    assert await until(lambda: _true(h.alerts()), 10, cycle)
+    assert seen[0] == "probe_failed" and seen[-1] == "unreachable" and len(seen) >= 3
     alerts = h.alerts()
     assert len(alerts) == 1 and alerts[0].reply.title == "host local unreachable - cannot check train"
     await watcher.cycle("local", ["train"])

@@ -21,6 +21,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import faults
+
 HERE = Path(__file__).resolve().parent
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 STOP_GRACE_S = 60.0  # after a stop request, how long the launcher waits before killing workers
@@ -113,6 +115,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drafter-devices", default="5,6,7", help="CUDA ids of the DDP drafter workers")
     p.add_argument("--metric-every", type=int, default=0, help="steps between metric lines (0: profile's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the target weights, data order, drafter init")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (profile's)")
+    faults.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -223,6 +227,7 @@ class Meter:
             "tokens_per_s": round(self.window_tokens / elapsed, 3),
             "step_time_s": round(elapsed / max(self.window_steps, 1), 6),
             "queue_depth": _qsize(q),
+            "pid": os.getpid(),
             **extra,
             "gpu_mem_bytes": mem,
         }
@@ -315,6 +320,7 @@ def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> Non
             buf = io.BytesIO()
             torch.save(item, buf)
             payload = buf.getvalue()
+            waiting = faults.WaitReporter(spec, log, "queue")
             while True:
                 if targets_stop.is_set() or _orphaned(spec):
                     return
@@ -322,12 +328,15 @@ def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> Non
                     q.put(payload, timeout=0.2)
                     break
                 except queue_mod.Full:
+                    waiting.poll(step)
                     continue
             step += 1
             meter.add(tokens.numel())
             _maybe_fail(spec, step)
+            faults.crash_if_due(spec, log, step)
             if _should_log(step, 1, spec["metric_every"]):
                 log.metric(meter.record(step, q, {}))
+            faults.hang_if_due(spec, step, lambda: _orphaned(spec))
     finally:
         if hasattr(q, "cancel_join_thread"):  # a Slurm task's queue is a manager proxy: no pipe
             q.cancel_join_thread()  # never block exit on a full pipe
@@ -416,12 +425,14 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
     while True:
         local_stop = _signalled or stop_event.is_set() or _orphaned(spec) or 0 < max_steps <= step
         flag.fill_(1 if local_stop else 0)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+        faults.wait_work(work, faults.WaitReporter(spec, log, "all_reduce"), step, lambda: _orphaned(spec))
         if flag.item():
             break
         item = torch.load(io.BytesIO(_get_item(spec, q)), weights_only=True)
         step += 1
         _maybe_fail(spec, step)
+        faults.crash_if_due(spec, log, step)
         block, labels = item["block"].to(dev), item["labels"].to(dev)
         feats = item["features"].to(dev, torch.float32)
         with autocast:
@@ -439,9 +450,10 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
                 cfg["topk_chunk"],
             )
             log.metric(meter.record(step, q, {"loss": round(loss.item(), 6), **acc}))
-        every = cfg["checkpoint_every"]
+        every = spec["checkpoint_every"]
         if spec["role_rank"] == 0 and spec["checkpoint_dir"] and every and step % every == 0:
             _save_checkpoint(spec, model, opt, step)
+        faults.hang_if_due(spec, step, lambda: _orphaned(spec))
     if spec["role_rank"] == 0 and spec["checkpoint_dir"]:
         _save_checkpoint(spec, model, opt, step)
         log.line(
@@ -485,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     target_devs = _devices(args.target_devices, args.cpu)
     drafter_devs = _devices(args.drafter_devices, args.cpu)
     resume_step = read_resume_step(args.checkpoint_dir)
+    fault_plan = faults.plan(args, len(target_devs) + len(drafter_devs), resume_step)
     banner = (
         f"dflash-main pid {os.getpid()} targets={_describe(target_devs)} drafters={_describe(drafter_devs)} "
         f"profile={args.profile} resume_step={resume_step}"
@@ -514,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
         "resume_step": resume_step,
         "max_steps": args.max_steps,
         "metric_every": args.metric_every or cfg["metric_every"],
+        "checkpoint_every": cfg["checkpoint_every"]
+        if args.checkpoint_every is None
+        else args.checkpoint_every,
+        "faults": fault_plan,
         "launcher_pid": os.getpid(),
         "port": free_port(),
         "world_size": len(drafter_devs),

@@ -1,0 +1,110 @@
+"""Why did the job die, and may it be restarted automatically? (the watcher's crash classes)
+
+:func:`check_crash` reads everything the job's current run wrote since its launch (at most
+:data:`MAX_CRASH_BYTES`, the end of it), with its launcher's exit status, and classifies it
+(:func:`pipeline.crashes.classify`).  It remembers the last classified crash per job in Redis
+(``keys.last_crash``, with the run it came from), so a Python exception that comes back with the same
+type at the same step in the *next* run is recognised as a repeat.
+
+:func:`refusal` applies ``[jobs.NAME.watch] auto_restart``: no automatic restart for a class not
+in ``on`` (default: the transient classes), nor for a repeating Python exception — the give-up
+alert says which and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline import keys, messages
+from pipeline.config import AutoRestart
+from pipeline.crashes import Crash, CrashClass, classify, from_fields
+from pipeline.errors import PitstopError
+from pipeline.hostprobe import call_helper, read_log_chunk, recorded_identity
+
+if TYPE_CHECKING:
+    from handlers.context import Context
+
+log = logging.getLogger(__name__)
+
+MAX_CRASH_BYTES = 2 * 1024 * 1024  #: log bytes since the launch read for a classification (the last ones)
+
+
+@dataclass(frozen=True)
+class CrashCheck:
+    """A classified failure of the job's current run.
+
+    :ivar crash: the class and its evidence.
+    :ivar repeat: the previous run failed with the same Python exception type at the same step.
+    :ivar exit_cause: how the launched process ended, when its waiter recorded it.
+    """
+
+    crash: Crash
+    repeat: bool
+    exit_cause: str | None
+
+
+async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
+    """Classify how the job's current run failed, from all ranks' log bytes since its launch.
+
+    :param ctx: the process context.
+    :param name: the job's configured name.
+    :returns: the check, or None when the job has no recorded run or the host cannot be read.
+    """
+    cfg = ctx.config.jobs[name]
+    client, prefix = ctx.redis.client, ctx.prefix
+    try:
+        raw = await client.hgetall(keys.job_current(prefix, name))
+        current = {str(k): str(v) for k, v in raw.items()}
+        run_id = current.get("run_id")
+        if not run_id:
+            return None
+        run = await ctx.runs.get(run_id)
+        offset = run.log_size_at_launch or 0
+        args = {"name": name, "match": cfg.match, "log": cfg.log, "offset": offset, "tail_lines": 0}
+        answer = await call_helper(ctx.ssh, "evidence", {**args, **recorded_identity(current)}, job=name)
+        status = answer.get("status") or {}
+        size = int((answer.get("log") or {}).get("size") or 0)
+        start = max(offset, size - MAX_CRASH_BYTES) if size >= offset else 0
+        chunk = await read_log_chunk(ctx.ssh, name, cfg, start, MAX_CRASH_BYTES)
+    except PitstopError as exc:
+        log.info("crash check %s: %s", name, exc.message)
+        return None
+    signal = status.get("signal") if answer.get("state") != "alive" else None
+    code = status.get("code") if answer.get("state") != "alive" else None
+    crash = classify(chunk.data, exit_signal=signal, exit_code=code)
+    exit_cause = (
+        messages.alert_exit_cause(code, signal) if status and answer.get("state") != "alive" else None
+    )
+    stored = {str(k): str(v) for k, v in (await client.hgetall(keys.last_crash(prefix, name))).items()}
+    previous = from_fields(stored)
+    if stored.get("run_id") == run_id and previous is not None:
+        return CrashCheck(previous, stored.get("repeat") == "1", exit_cause)  # this run, seen before
+    repeat = previous is not None and previous.same_failure(crash)
+    fields = {**crash.to_fields(), "run_id": run_id, "repeat": "1" if repeat else "0"}
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.last_crash(prefix, name))
+        pipe.hset(keys.last_crash(prefix, name), mapping=fields)  # type: ignore[arg-type]
+        await pipe.execute()
+    return CrashCheck(crash, repeat, exit_cause)
+
+
+def refusal(job: str, check: CrashCheck, policy: AutoRestart | None) -> str | None:
+    """Why the job must not be restarted automatically after this crash, or None if it may.
+
+    :param job: the job's name (for the message).
+    :param check: the classified crash.
+    :param policy: the job's ``auto_restart`` (None: no automatic restarts at all — nothing to refuse).
+    """
+    if policy is None:
+        return None
+    crash = check.crash
+    if check.repeat and crash.kind is CrashClass.PYTHON_EXCEPTION:
+        return messages.auto_restart_repeat(job, crash.exc_type or "?", crash.step, crash.summary)
+    if crash.kind not in policy.on:
+        return messages.auto_restart_not_on(job, crash.kind.value, crash.summary)
+    return None
+
+
+__all__ = ["MAX_CRASH_BYTES", "CrashCheck", "check_crash", "refusal"]

@@ -1,0 +1,326 @@
+"""Crash classes: why a training job failed, read from the new log bytes of all its ranks.
+
+:func:`classify` reads every line a job wrote since a point (its launch, or the last read), not
+just the tail: with eight ranks writing into one log, the last lines are usually the collateral
+damage (the launcher's teardown, other ranks' "launcher is gone"), while the cause is the first
+failure line of one rank.  The rules, in order:
+
+1. an ``Xid`` / ECC / "fallen off the bus" line anywhere → ``xid`` (the hardware explains the rest);
+2. else the *earliest* failure line: a CUDA out-of-memory line → ``cuda_oom``; the NCCL watchdog's
+   timeout → ``nccl_timeout``; another NCCL error → ``nccl_error``; a Python traceback → its
+   exception line decides (an OOM or NCCL exception is that class, anything else
+   ``python_exception`` with the exception's type and message);
+3. else how a process ended: SIGKILL (the launcher's ``exited with code -9``, the job's exit signal,
+   ``Killed``, the kernel's ``Out of memory: Killed process``) → ``host_oom``; another signal or
+   ``Segmentation fault`` / ``Fatal Python error`` → ``signal``;
+4. else ``unknown``.
+
+The failing rank comes from the lines just before the traceback (``dflash-worker drafter rank 6
+failed:``), the evidence line, or the launcher's ``ROLE rank R (pid P) exited with code C``; the
+step is the last ``step`` that rank logged (JSON metric lines) before the failure line.  Pure
+functions, no I/O: tests feed them the bytes real crashes of the reference pipeline wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+MAX_EVIDENCE = 300  #: characters of the evidence line kept
+
+
+class CrashClass(StrEnum):
+    """Why a job failed; the values appear in alerts and in ``auto_restart.on``."""
+
+    NCCL_TIMEOUT = "nccl_timeout"
+    NCCL_ERROR = "nccl_error"
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM = "host_oom"
+    XID = "xid"
+    PYTHON_EXCEPTION = "python_exception"
+    SIGNAL = "signal"
+    UNKNOWN = "unknown"
+
+
+#: The classes a restart may cure: ``auto_restart.on``'s default.
+TRANSIENT: tuple[CrashClass, ...] = (
+    CrashClass.NCCL_TIMEOUT,
+    CrashClass.NCCL_ERROR,
+    CrashClass.XID,
+    CrashClass.HOST_OOM,
+    CrashClass.UNKNOWN,
+)
+
+
+@dataclass(frozen=True)
+class Crash:
+    """One classified failure.
+
+    :ivar kind: the class.
+    :ivar evidence: the line that decided it (stripped, at most :data:`MAX_EVIDENCE` chars), if any.
+    :ivar exc_type: for a Python exception, its type as printed (``RuntimeError``, ``torch.OutOfMemoryError``).
+    :ivar message: the exception's message.
+    :ivar rank: the failing global rank, when the log names it.
+    :ivar step: the last step that rank (or, without a rank, any rank) logged before the failure.
+    """
+
+    kind: CrashClass
+    evidence: str | None = None
+    exc_type: str | None = None
+    message: str | None = None
+    rank: int | None = None
+    step: int | None = None
+
+    @property
+    def summary(self) -> str:
+        """``nccl_timeout: [rank1]:[E …] Watchdog caught …`` — the class and its evidence line."""
+        return f"{self.kind.value}: {self.evidence}" if self.evidence else self.kind.value
+
+    def same_failure(self, other: Crash) -> bool:
+        """Whether ``other`` is this Python exception again: same type at the same step."""
+        return (
+            self.kind is CrashClass.PYTHON_EXCEPTION
+            and other.kind is CrashClass.PYTHON_EXCEPTION
+            and self.exc_type == other.exc_type
+            and self.step is not None
+            and self.step == other.step
+        )
+
+    def to_fields(self) -> dict[str, str]:
+        """Flat string fields (``crash_*``) to keep in a Redis hash; :func:`from_fields` reads them."""
+        out = {"crash_class": self.kind.value}
+        for name in ("evidence", "exc_type", "message", "rank", "step"):
+            value = getattr(self, name)
+            if value is not None:
+                out[f"crash_{name}"] = str(value)
+        return out
+
+
+def from_fields(fields: Mapping[str, str]) -> Crash | None:
+    """The :class:`Crash` stored by :meth:`Crash.to_fields`, or None if there is none."""
+    kind = fields.get("crash_class")
+    if not kind or kind not in CrashClass.__members__.values():
+        return None
+
+    def num(name: str) -> int | None:
+        v = fields.get(f"crash_{name}")
+        return int(v) if v not in (None, "") else None
+
+    return Crash(
+        CrashClass(kind),
+        fields.get("crash_evidence"),
+        fields.get("crash_exc_type"),
+        fields.get("crash_message"),
+        num("rank"),
+        num("step"),
+    )
+
+
+_XID = re.compile(r"NVRM: Xid|\bXid\b.*\d|uncorrectable ECC|ECC error|fallen off the bus", re.IGNORECASE)
+_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED")
+_NCCL_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout|NCCL.{0,80}(?:timed out|timeout)|Timeout at NCCL work",
+    re.IGNORECASE,
+)
+_NCCL_ERROR = re.compile(
+    r"NCCL error|nccl(?:Internal|System|Remote|UnhandledCuda|InvalidUsage|InvalidArgument)Error|DistBackendError"
+)
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+_EXC = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+_RANK = re.compile(r"\brank[ _]?(\d+)\b", re.IGNORECASE)
+_LAUNCHER_EXIT = re.compile(r"\b(\w+) rank (\d+) \(pid \d+\) exited with code (-?\d+)")
+_KILLED = re.compile(r"^\s*Killed\s*$|Out of memory: Killed process|oom-kill|oom_reaper")
+_SIGNAL_LINE = re.compile(r"Segmentation fault|Fatal Python error|Aborted \(core dumped\)|Bus error")
+
+
+def _lines(data: bytes) -> list[str]:
+    return [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
+
+
+def _short(line: str) -> str:
+    line = line.strip()
+    return line if len(line) <= MAX_EVIDENCE else line[: MAX_EVIDENCE - 1] + "…"
+
+
+def _exception_at(lines: list[str], start: int) -> tuple[int, str, str | None] | None:
+    """(index, type, message) of the exception line closing the traceback that starts at ``start``."""
+    for i in range(start + 1, len(lines)):
+        ln = lines[i]
+        if not ln.strip() or ln.startswith((" ", "\t")) or ln.startswith(_TRACEBACK):
+            continue
+        if ln.startswith(_CHAINED):
+            return None  # the traceback that follows holds the exception that ended the process
+        m = _EXC.match(ln.strip())
+        if m:
+            return i, m.group(1), m.group(2)
+        return None
+    return None
+
+
+def _rank_near(lines: list[str], i: int) -> int | None:
+    for ln in reversed(lines[max(0, i - 3) : i + 1]):
+        m = _RANK.search(ln)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _launcher_rank(lines: list[str]) -> int | None:
+    for ln in lines:
+        m = _LAUNCHER_EXIT.search(ln)
+        if m and m.group(3) != "0":
+            return int(m.group(2))
+    return None
+
+
+def _last_step(lines: list[str], before: int, rank: int | None) -> int | None:
+    """The last ``step`` in JSON metric lines before line ``before`` (of ``rank`` when given)."""
+    best: int | None = None
+    for ln in lines[:before]:
+        if not ln.startswith("{") or '"step"' not in ln:
+            continue
+        try:
+            rec = json.loads(ln)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or "role" not in rec or not isinstance(rec.get("step"), int):
+            continue
+        if rank is not None:
+            if rec.get("rank") == rank:
+                best = rec["step"]
+        elif best is None or rec["step"] > best:
+            best = rec["step"]
+    return best
+
+
+def _first_failure(lines: list[str]) -> tuple[int, CrashClass, str | None, str | None] | None:
+    """(line index, class, exception type, message) of the earliest failure line."""
+    for i, ln in enumerate(lines):
+        if ln.startswith(_TRACEBACK):
+            exc = _exception_at(lines, i)
+            if exc is None:
+                continue
+            j, etype, msg = exc
+            text = lines[j]
+            if _CUDA_OOM.search(text):
+                return j, CrashClass.CUDA_OOM, etype, msg
+            if _NCCL_TIMEOUT.search(text):
+                return j, CrashClass.NCCL_TIMEOUT, etype, msg
+            if _NCCL_ERROR.search(text):
+                return j, CrashClass.NCCL_ERROR, etype, msg
+            return j, CrashClass.PYTHON_EXCEPTION, etype, msg
+        if _CUDA_OOM.search(ln):
+            return i, CrashClass.CUDA_OOM, None, None
+        if _NCCL_TIMEOUT.search(ln):
+            return i, CrashClass.NCCL_TIMEOUT, None, None
+        if _NCCL_ERROR.search(ln):
+            return i, CrashClass.NCCL_ERROR, None, None
+    return None
+
+
+def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | None = None) -> Crash:
+    """Classify a failure from the log bytes the job's ranks wrote (see the module docstring).
+
+    :param data: the new log bytes of all ranks (since the launch, or since the last read).
+    :param exit_signal: the signal that ended the job's launched process, when known (``SIGKILL``).
+    :param exit_code: its exit code, when known.
+    :returns: the class, the evidence line, and the exception type/message, rank and step when found.
+    """
+    lines = _lines(data)
+    for i, ln in enumerate(lines):
+        if _XID.search(ln):
+            rank = _rank_near(lines, i)
+            return Crash(CrashClass.XID, _short(ln), rank=rank, step=_last_step(lines, i, rank))
+    first = _first_failure(lines)
+    if first is not None:
+        i, kind, etype, msg = first
+        rank = None
+        if etype is not None:  # the lines just before its traceback name the rank
+            tb = max(k for k in range(i + 1) if lines[k].startswith(_TRACEBACK))
+            rank = _rank_near(lines, tb - 1) if tb > 0 else None
+        if (
+            rank is None
+        ):  # the launcher names the process that died (a ``[rankN]`` prefix may be a group rank)
+            rank = _launcher_rank(lines)
+        if rank is None:
+            rank = _rank_near(lines, i)
+        return Crash(kind, _short(lines[i]), etype, msg, rank, _last_step(lines, i, rank))
+    rank = _launcher_rank(lines)
+    for i, ln in enumerate(lines):
+        m = _LAUNCHER_EXIT.search(ln)
+        code = int(m.group(3)) if m else None
+        if _KILLED.search(ln) or code == -9:
+            return Crash(CrashClass.HOST_OOM, _short(ln), rank=rank, step=_last_step(lines, i, rank))
+        if _SIGNAL_LINE.search(ln) or (code is not None and code < 0):
+            return Crash(CrashClass.SIGNAL, _short(ln), rank=rank, step=_last_step(lines, i, rank))
+    step = _last_step(lines, len(lines), rank)
+    if exit_signal == "SIGKILL":
+        return Crash(CrashClass.HOST_OOM, f"the job was killed by {exit_signal}", rank=rank, step=step)
+    if exit_signal:
+        return Crash(CrashClass.SIGNAL, f"the job was ended by {exit_signal}", rank=rank, step=step)
+    evidence = f"exit code {exit_code}, no failure line in the log" if exit_code is not None else None
+    return Crash(CrashClass.UNKNOWN, evidence, rank=rank, step=step)
+
+
+# --- causes found in a log tail ------------------------------------------------------------------
+
+_EXC_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Warning|Failure)\b.*$|^[A-Za-z_][\w.]*: .+$"
+)
+_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError", re.IGNORECASE)
+_NCCL = re.compile(
+    r"NCCL.*(?:timeout|timed out|watchdog)|(?:Watchdog|watchdog).*NCCL|ProcessGroupNCCL", re.IGNORECASE
+)
+_KILLED = re.compile(
+    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill", re.MULTILINE
+)
+
+
+def detect_cause(log_tail: str) -> str | None:
+    """A one-line cause found in a log tail, or None.
+
+    Recognised, most specific first: CUDA out of memory, an NCCL timeout or watchdog, a
+    Python traceback (its last exception line), ``Killed`` (the kernel's OOM killer).
+
+    :param log_tail: the last lines of the job's log.
+    :returns: e.g. ``CUDA out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried…``.
+    """
+    lines = [ln.rstrip() for ln in log_tail.splitlines() if ln.strip()]
+    exception = _last_exception(lines)
+    for ln in reversed(lines):
+        if _CUDA_OOM.search(ln):
+            return f"CUDA out of memory: {ln.strip()}"
+    for ln in reversed(lines):
+        if _NCCL.search(ln):
+            return f"NCCL timeout/watchdog: {ln.strip()}"
+    if exception is not None:
+        return f"Python exception: {exception}"
+    if _KILLED.search("\n".join(lines[-5:])):
+        return "killed (likely the kernel's OOM killer: `Killed`)"
+    return None
+
+
+def _last_exception(lines: list[str]) -> str | None:
+    """The exception line closing the last traceback in ``lines``, if any."""
+    start = None
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            start = i
+            break
+    if start is None:
+        return None
+    candidate = None
+    for ln in lines[start + 1 :]:
+        if ln.startswith((" ", "\t")) or ln.startswith("Traceback"):
+            continue
+        if _EXC_LINE.match(ln):
+            candidate = ln.strip()
+            break
+    return candidate
+
+
+__all__ = ["MAX_EVIDENCE", "TRANSIENT", "Crash", "CrashClass", "classify", "detect_cause", "from_fields"]

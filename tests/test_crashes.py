@@ -1,0 +1,165 @@
+"""Crash classes: classification of all ranks' log bytes, the auto_restart policy on classes, and
+(end to end, real processes printing the reference pipeline's failures) retry vs give up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.scheduler import PitstopScheduler
+from handlers.crashcheck import CrashCheck, refusal
+from pipeline.config import AutoRestart, Config, parse_config
+from pipeline.crashes import TRANSIENT, Crash, CrashClass, classify, from_fields
+from pipeline.errors import ConfigError
+from pipeline.events import EventKind
+from pipeline.runs import Verdict
+from tests.test_scheduler import _events
+from tests.test_watch import MENTION, open_harness
+
+DFLASH = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
+
+
+def metric(rank: int, step: int) -> str:
+    """A reference-pipeline metric line."""
+    return f'{{"step":{step},"role":"drafter","rank":{rank},"tokens_per_s":1.0}}'
+
+
+def test_each_class_from_what_the_failure_prints() -> None:
+    """Xid, host OOM (SIGKILL), other signals, NCCL errors and unknown exits get their class and evidence."""
+    xid = classify(b"step 1\nNVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.\n")
+    assert xid.kind is CrashClass.XID and xid.evidence is not None and "Xid" in xid.evidence
+    killed = f"{metric(6, 40)}\ndflash-main: drafter rank 6 (pid 77) exited with code -9; stopping the job\n"
+    host_oom = classify(killed.encode())
+    assert (host_oom.kind, host_oom.rank, host_oom.step) == (CrashClass.HOST_OOM, 6, 40)
+    assert classify(b"x\n", exit_signal="SIGKILL").kind is CrashClass.HOST_OOM
+    segv = classify(b"dflash-main: target rank 2 (pid 9) exited with code -11; stopping the job\n")
+    assert (segv.kind, segv.rank) == (CrashClass.SIGNAL, 2)
+    nccl = classify(b"RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n")
+    assert nccl.kind is CrashClass.NCCL_ERROR
+    unknown = classify(b"step 1\nstep 2\n", exit_code=3)
+    assert (
+        unknown.kind is CrashClass.UNKNOWN and unknown.evidence == "exit code 3, no failure line in the log"
+    )
+
+
+def test_the_earliest_failure_of_any_rank_wins_over_the_collateral() -> None:
+    """Rank 6's exception comes first; the others' later NCCL timeouts and 'launcher is gone' are collateral."""
+    text = "\n".join(
+        [
+            metric(5, 10),
+            metric(6, 10),
+            "dflash-worker drafter rank 6 failed:",
+            "Traceback (most recent call last):",
+            '  File "train.py", line 1, in <module>',
+            "ValueError: loss is nan",
+            "[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(",
+            "dflash-worker drafter rank 5 failed:",
+            "Traceback (most recent call last):",
+            "RuntimeError: launcher is gone",
+        ]
+    )
+    found = classify(text.encode())
+    assert found.kind is CrashClass.PYTHON_EXCEPTION
+    assert (found.exc_type, found.message, found.rank, found.step) == ("ValueError", "loss is nan", 6, 10)
+    assert found.summary == "python_exception: ValueError: loss is nan"
+    assert from_fields(found.to_fields()) == found
+
+
+def test_auto_restart_policy_on_classes_and_repeats() -> None:
+    """Default ``on`` = the transient classes; a repeating Python exception is never retried."""
+    policy = AutoRestart()
+    assert policy.on == list(TRANSIENT)
+    nccl = CrashCheck(Crash(CrashClass.NCCL_TIMEOUT, "Watchdog caught …"), False, None)
+    assert refusal("dflash", nccl, policy) is None
+    exc = Crash(CrashClass.PYTHON_EXCEPTION, "ValueError: x", "ValueError", "x", 6, 40)
+    why = refusal("dflash", CrashCheck(exc, False, None), policy)
+    assert why is not None and "python_exception is not in auto_restart.on" in why
+    allow_all = AutoRestart(on=list(CrashClass))
+    assert refusal("dflash", CrashCheck(exc, False, None), allow_all) is None
+    why = refusal("dflash", CrashCheck(exc, True, None), allow_all)
+    assert why is not None and why.startswith("dflash failed again with ValueError at step 40")
+    assert refusal("dflash", nccl, None) is None
+    assert exc.same_failure(Crash(CrashClass.PYTHON_EXCEPTION, "ValueError: y", "ValueError", "y", 6, 40))
+    assert not exc.same_failure(Crash(CrashClass.PYTHON_EXCEPTION, "ValueError: y", "ValueError", "y", 6, 41))
+
+
+def test_unknown_class_in_on_is_a_config_error() -> None:
+    """``on = ["nccl_timout"]`` is refused with its TOML path."""
+    job = {"host": "h", "workdir": "/w", "launch": ["x"], "log": "/w/l", "match": "m"}
+    job["watch"] = {"auto_restart": {"on": ["nccl_timout"]}}  # type: ignore[assignment]
+    with pytest.raises(ConfigError) as err:
+        parse_config({"hosts": {"h": {"address": "a"}}, "jobs": {"j": job}})
+    assert "jobs.j.watch.auto_restart.on[0]" in str(err.value.problems)
+
+
+# --- end to end: processes that fail as the reference pipeline does --------------------------------
+
+CRASHER = f"""\
+import json, os, sys, time, traceback
+sys.path.insert(0, {str(DFLASH)!r})
+import faults
+here = os.path.dirname(os.path.abspath(__file__))
+mode = json.load(open(os.path.join(here, "mode.json")))
+
+class Log:
+    def line(self, text): print(text, flush=True)
+    def metric(self, rec): print(json.dumps(rec), flush=True)
+    def same_file_as(self, fd): return True
+
+step = 0
+while True:
+    step += 1
+    if step <= 2:  # the last metric line is always step 2: a crash later is "at step 2"
+        print(json.dumps({{"step": step, "role": "drafter", "rank": 6, "tokens_per_s": 1.0}}), flush=True)
+    elif os.path.exists(os.path.join(here, "crash.now")):
+        spec = {{"rank": 6, "role": "drafter", "role_rank": 1, "device": "cpu",
+                "faults": {{"crash": [6, step, mode["crash"]]}}}}
+        try:
+            faults.crash_if_due(spec, Log(), step)
+        except Exception:
+            print("dflash-worker drafter rank 6 failed:\\n" + traceback.format_exc(), flush=True)
+            os._exit(1)
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("kind", ["nccl_timeout", "exception"])
+async def test_auto_restart_retries_nccl_timeout_and_gives_up_on_a_repeating_exception(
+    tmp_path: Path, redis_config: Config, kind: str
+) -> None:
+    """nccl_timeout (transient) is restarted automatically, with its class in the alert; the same
+    exception at the same step after a restart ends automatic restarts with one give-up post saying why."""
+    on = list(TRANSIENT) + ([CrashClass.PYTHON_EXCEPTION] if kind == "exception" else [])
+    policy = AutoRestart(max=3, within=600, backoff=0.2, on=on)
+    async with open_harness(
+        tmp_path, redis_config, {"job": {"start_window": 1.0, "auto_restart": policy}}
+    ) as h:
+        (h.root / "job" / "worker.py").write_text(CRASHER)
+        ctx = h.ctx
+        sched = PitstopScheduler(ctx, leader_ttl=2.0, poll_interval=0.2)
+        await sched.start()
+        try:
+            after = await ctx.events.last_id()
+            h.set_mode("job", crash=kind)
+            run = await h.launch("job")  # verified RUNNING: the job is expected to be up
+            assert run.verdict is Verdict.RUNNING, run.evidence
+            (h.root / "job" / "crash.now").write_text("")  # from now on every run fails after step 2
+            [alert] = await _events(h, EventKind.ALERT, "job", after, count=1, timeout=20)
+            expected_class = "nccl_timeout" if kind == "nccl_timeout" else "python_exception"
+            assert alert.data["alert"] == "dead" and alert.data["cause"].startswith(expected_class)
+            if kind == "nccl_timeout":
+                assert "Watchdog caught collective operation timeout" in alert.data["cause"]
+                restarts = await _events(h, EventKind.RESTART, "job", after, count=1, timeout=20)
+                assert restarts and restarts[0].data["auto"] and restarts[0].data["attempt"] == 1
+                return
+            [restart] = await _events(h, EventKind.RESTART, "job", after, count=1, timeout=20)
+            gave_up = await _events(h, EventKind.ALERT, "job", alert.id, count=1, timeout=20)
+            assert len(gave_up) == 1
+            assert await _events(h, EventKind.RESTART, "job", restart.id, count=1, timeout=2.0) == []
+            posts = h.thread(f"{MENTION} job failed again with RuntimeError at step 2")
+            assert len(posts) == 1, [p.reply.title for p in ctx.outbox.of("thread")]  # type: ignore[attr-defined]
+            assert "python_exception: RuntimeError: injected exception at step" in posts[0].reply.title
+            assert len(h.alerts()) == 1
+        finally:
+            await sched.stop()
