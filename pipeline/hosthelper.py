@@ -54,8 +54,8 @@ MARK = b"# pitstop-host-helper"
 #: its identity through the pipe ``wfd``, waits for it and writes how it ended to ``status``.
 #: Its command line carries no part of the job's: the spec (argv, workdir, log) arrives in an
 #: unlinked file on descriptor ``argv[1]``, and the waiter retitles itself
-#: ``pitstop-waiter JOB RUN_ID`` (comm ``pitstop-waiter``), so ``pgrep -f`` of the job's own
-#: pattern counts trainers only and ``pkill -f`` of it cannot take the exit-status record along.
+#: ``pitstop-waiter JOB RUN_ID`` (comm ``pitstop-waiter``), so a person counting or killing
+#: processes by the job's own pattern on the host sees trainers only and keeps the exit record.
 WAITER = """# pitstop-host-helper waiter: runs one job detached, records how it ended
 import json, os, signal, subprocess, sys, time
 with os.fdopen(int(sys.argv[1]), "rb") as f:

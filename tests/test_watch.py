@@ -676,13 +676,17 @@ async def test_unreachable_host_is_its_own_incident(harness: Harness) -> None:
 
 
 async def test_host_down_from_the_first_cycle_is_unreachable(harness: Harness) -> None:
-    """A host that never answered (no watch state stored yet) is reported unreachable; the cycle does not fail."""
+    """A host that never answered (no watch state stored yet) is reported unreachable after its failed probes; no cycle fails."""
     h, ctx = harness, harness.ctx
     watcher = Watcher(ctx)
     assert isinstance(h.host, InProcessHost)
     await h.host.host.close()
-    decisions = await watcher.cycle("local", ["train"])
-    assert decisions["train"].condition == "unreachable"
+    interval, start = ctx.config.jobs["train"].watch.interval, time.time()
+    seen = [
+        (await watcher.cycle("local", ["train"], now=start + i * (interval + 0.5)))["train"].condition
+        for i in range(3)
+    ]
+    assert seen == ["probe_failed", "probe_failed", "unreachable"]
     assert len(h.alerts()) == 1
 
 

@@ -12,6 +12,7 @@ import threading
 import time
 from multiprocessing.managers import BaseManager
 
+import faults
 from train import _devices, load_profile, parse_args, read_resume_step, worker_main
 
 SERVER_GRACE_S = 3.0  # task 0 keeps serving the queue this long after the targets stop
@@ -79,15 +80,18 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+    resume_step = read_resume_step(args.checkpoint_dir)
     spec = {
         "cfg": cfg,
         "profile": args.profile,
         "log": args.log,
         "checkpoint_dir": args.checkpoint_dir,
         "seed": args.seed,
-        "resume_step": read_resume_step(args.checkpoint_dir),
+        "resume_step": resume_step,
         "max_steps": args.max_steps,
         "metric_every": args.metric_every or cfg["metric_every"],
+        "checkpoint_every": cfg["checkpoint_every"] if args.checkpoint_every is None else args.checkpoint_every,
+        "faults": faults.plan(args, len(target_devs) + len(drafter_devs), resume_step),
         "launcher_pid": os.getppid(),  # slurmstepd: gone means the step is gone
         "port": port + 1,
         "rendezvous": os.environ.get("DRAFTER_ADDR", master),
