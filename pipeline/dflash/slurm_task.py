@@ -90,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         "resume_step": resume_step,
         "max_steps": args.max_steps,
         "metric_every": args.metric_every or cfg["metric_every"],
-        "checkpoint_every": cfg["checkpoint_every"] if args.checkpoint_every is None else args.checkpoint_every,
+        "checkpoint_every": cfg["checkpoint_every"]
+        if args.checkpoint_every is None
+        else args.checkpoint_every,
         "faults": faults.plan(args, len(target_devs) + len(drafter_devs), resume_step),
         "launcher_pid": os.getppid(),  # slurmstepd: gone means the step is gone
         "port": port + 1,
