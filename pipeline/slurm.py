@@ -301,12 +301,18 @@ class SlurmClient:
             )
         return result
 
-    async def submit(self, job: str, workdir: str, script: str, args: Sequence[str]) -> int:
-        """``sbatch --parsable -D WORKDIR ARGS SCRIPT``: the new job id (returned at once).
+    async def submit(
+        self, job: str, workdir: str, script: str, args: Sequence[str], *, hold: bool = False
+    ) -> int:
+        """``sbatch --parsable [--hold] -D WORKDIR ARGS SCRIPT``: the new job id (returned at once).
+
+        With ``hold`` the job is queued held (``JobHeldUser``) until ``scontrol release ID``, so
+        its output file can be measured before the job writes a byte.
 
         :raises RemoteCommandError: if sbatch refuses the job.
         """
-        result = await self.checked(job, ["sbatch", "--parsable", "-D", workdir, *args, script])
+        held = ["--hold"] if hold else []
+        result = await self.checked(job, ["sbatch", "--parsable", *held, "-D", workdir, *args, script])
         head = result.stdout.strip().split(";")[0]
         if not head.isdigit():
             raise RemoteCommandError(

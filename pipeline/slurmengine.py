@@ -9,7 +9,8 @@ Same steps, same meaning as the ssh engine (:mod:`pipeline.engine`):
   ``scancel ID``; done once the old job id no longer holds an allocation; its final state and
   exit code are recorded in the step's detail.
 - ``clear_cache`` and ``patch``: as on ssh, on the shared workdir.
-- ``launch``: ``sbatch --parsable`` (or, with ``requeue``, ``scontrol requeue ID``) — returns the
+- ``launch``: ``sbatch --parsable --hold`` (or, with ``requeue``, ``scontrol requeuehold ID``), the output
+  file measured, then ``scontrol release ID`` — returns the
   job id at once; the job's ``StdOut`` and its size are recorded.
 - ``verify`` at ``start_window``: ``RUNNING`` on the expected node count, the expected task
   processes on every node (the host helper under ``srun --overlap``), ``StdOut`` grew, no
@@ -308,15 +309,20 @@ class SlurmEngine:
         assert sl is not None
         rec = await r._begin(run, Step.LAUNCH, on_step)
         try:
+            # Queued held, measured, then released: a job that starts at once cannot write its
+            # first lines before the offset that verification reads from is taken.
             if sl.requeue and old is not None:
-                await self.client.checked(name, ["scontrol", "requeue", str(old)])
+                await self.client.checked(name, ["scontrol", "requeuehold", str(old)])
                 job_id, how = old, f"requeued Slurm job {old}"
             else:
-                job_id = await self.client.submit(name, job.workdir, sl.script, sl.sbatch_args)
+                job_id = await self.client.submit(name, job.workdir, sl.script, sl.sbatch_args, hold=True)
                 how = f"submitted Slurm job {job_id}"
-            j = await self.client.one(name, job_id)
-            stdout = (j.stdout if j is not None else None) or job.log
-            size = await self.client.file_size(name, stdout)
+            try:
+                j = await self.client.one(name, job_id)
+                stdout = (j.stdout if j is not None else None) or job.log
+                size = await self.client.file_size(name, stdout)
+            finally:
+                await self.client.checked(name, ["scontrol", "release", str(job_id)])
         except RemoteError as exc:
             await r._fail(run, rec, exc.message, on_step)
             raise _Abort(Verdict.LAUNCH_FAILED, messages.verdict_launch_failed(exc.message)) from None
