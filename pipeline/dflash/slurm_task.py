@@ -13,7 +13,7 @@ import time
 from multiprocessing.managers import BaseManager
 
 import faults
-from train import _devices, load_profile, parse_args, read_resume_step, worker_main
+from train import _devices, load_profile, parse_args, rank_specs, read_resume_step, worker_main
 
 SERVER_GRACE_S = 3.0  # task 0 keeps serving the queue this long after the targets stop
 CONNECT_S = 120.0  # how long tasks other than 0 try to reach task 0's queue server
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     job_id = os.environ.get("SLURM_JOB_ID", "0")
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ.get("MASTER_PORT") or 20000 + int(job_id) % 20000)
-    role, dev = roles[rank]
+    _, dev = roles[rank]
     if dev.startswith("cuda"):
         dev = f"cuda:{os.environ.get('SLURM_LOCALID', '0')}"
 
@@ -82,27 +82,18 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
     resume_step = read_resume_step(args.checkpoint_dir)
     spec = {
-        "cfg": cfg,
-        "profile": args.profile,
-        "log": args.log,
-        "checkpoint_dir": args.checkpoint_dir,
-        "seed": args.seed,
-        "resume_step": resume_step,
-        "max_steps": args.max_steps,
-        "metric_every": args.metric_every or cfg["metric_every"],
-        "checkpoint_every": cfg["checkpoint_every"]
-        if args.checkpoint_every is None
-        else args.checkpoint_every,
-        "faults": faults.plan(args, len(target_devs) + len(drafter_devs), resume_step),
-        "launcher_pid": os.getppid(),  # slurmstepd: gone means the step is gone
-        "port": port + 1,
-        "rendezvous": os.environ.get("DRAFTER_ADDR", master),
-        "world_size": len(drafter_devs),
-        "role": role,
-        "rank": rank,
-        "role_rank": rank if role == "target" else rank - len(target_devs),
+        **rank_specs(
+            args,
+            cfg,
+            resume_step,
+            faults.plan(args, len(roles), resume_step),
+            target_devs,
+            drafter_devs,
+            launcher_pid=os.getppid(),  # slurmstepd: gone means the step is gone
+            port=port + 1,
+        )[rank],
         "device": dev,
-        "first_rank_of_role": 0 if role == "target" else len(target_devs),
+        "rendezvous": os.environ.get("DRAFTER_ADDR", master),
         "slurm": True,
         "server_grace": SERVER_GRACE_S,
     }

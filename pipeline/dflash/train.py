@@ -479,6 +479,54 @@ def _describe(devs: list[str]) -> str:
     return f"[cpu x{len(devs)}]" if all(d == "cpu" for d in devs) else "[" + ",".join(devs) + "]"
 
 
+def rank_specs(
+    args: argparse.Namespace,
+    cfg: dict[str, Any],
+    resume_step: int,
+    fault_plan: dict[str, Any],
+    target_devs: list[str],
+    drafter_devs: list[str],
+    *,
+    launcher_pid: int,
+    port: int,
+) -> list[dict[str, Any]]:
+    """One worker spec per rank, targets first (ranks ``0..T-1``), then drafters (``T..T+D-1``).
+
+    The spec is what :func:`worker_main` reads; the launcher and the Slurm task (``slurm_task.py``)
+    both build their workers from it.  ``port`` is the drafters' DDP rendezvous port;
+    ``launcher_pid`` is the process whose death means the run is over.
+    """
+    base = {
+        "cfg": cfg,
+        "profile": args.profile,
+        "log": args.log,
+        "checkpoint_dir": args.checkpoint_dir,
+        "seed": args.seed,
+        "resume_step": resume_step,
+        "max_steps": args.max_steps,
+        "metric_every": args.metric_every or cfg["metric_every"],
+        "checkpoint_every": cfg["checkpoint_every"]
+        if args.checkpoint_every is None
+        else args.checkpoint_every,
+        "faults": fault_plan,
+        "launcher_pid": launcher_pid,
+        "port": port,
+        "world_size": len(drafter_devs),
+    }
+    roles = [("target", d) for d in target_devs] + [("drafter", d) for d in drafter_devs]
+    return [
+        {
+            **base,
+            "role": role,
+            "rank": rank,
+            "role_rank": rank if role == "target" else rank - len(target_devs),
+            "device": dev,
+            "first_rank_of_role": 0 if role == "target" else len(target_devs),
+        }
+        for rank, (role, dev) in enumerate(roles)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Launcher: spawn the workers, watch them, turn SIGTERM into a coordinated stop.
 
@@ -518,41 +566,25 @@ def main(argv: list[str] | None = None) -> int:
     ctx = tmp.get_context("spawn")
     q = ctx.Queue(maxsize=cfg["queue_size"])
     stop_event, targets_stop = ctx.Event(), ctx.Event()
-    base = {
-        "cfg": cfg,
-        "profile": args.profile,
-        "log": args.log,
-        "checkpoint_dir": args.checkpoint_dir,
-        "seed": args.seed,
-        "resume_step": resume_step,
-        "max_steps": args.max_steps,
-        "metric_every": args.metric_every or cfg["metric_every"],
-        "checkpoint_every": cfg["checkpoint_every"]
-        if args.checkpoint_every is None
-        else args.checkpoint_every,
-        "faults": fault_plan,
-        "launcher_pid": os.getpid(),
-        "port": free_port(),
-        "world_size": len(drafter_devs),
-    }
-    roles = [("target", d) for d in target_devs] + [("drafter", d) for d in drafter_devs]
     procs: list[tuple[str, int, Any]] = []
     # Block the stop signals while spawning: the children inherit the mask, so a SIGTERM to the process
     # group during their start-up stays pending until their handler is installed.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        for rank, (role, dev) in enumerate(roles):
-            spec = {
-                **base,
-                "role": role,
-                "rank": rank,
-                "role_rank": rank if role == "target" else rank - len(target_devs),
-                "device": dev,
-                "first_rank_of_role": 0 if role == "target" else len(target_devs),
-            }
+        specs = rank_specs(
+            args,
+            cfg,
+            resume_step,
+            fault_plan,
+            target_devs,
+            drafter_devs,
+            launcher_pid=os.getpid(),
+            port=free_port(),
+        )
+        for spec in specs:
             p = ctx.Process(target=worker_main, args=(spec, q, stop_event, targets_stop))
             p.start()
-            procs.append((role, rank, p))
+            procs.append((spec["role"], spec["rank"], p))
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
