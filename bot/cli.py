@@ -21,14 +21,13 @@ import contextlib
 import logging
 import signal
 import sys
-import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from bot import settings as settings_mod
 from pipeline import messages
 from pipeline.config import Config, load_config, resolve_path
-from pipeline.errors import ExitCode, PitstopError
+from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 
 log = logging.getLogger("pitstop")
 
@@ -220,9 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return int(ExitCode.CANCELLED)
     except Exception:
-        incident = uuid.uuid4().hex[:8]
+        incident = new_incident_id()
         log.exception("incident %s", incident)
-        return _fail(messages.internal_error(incident), ExitCode.FAILED)
+        return _fail(internal_error(incident), ExitCode.FAILED)
 
 
 if __name__ == "__main__":

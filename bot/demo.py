@@ -173,6 +173,8 @@ def kill_session(sid: int) -> int:
 class DemoFailed(PitstopError):
     """A demo step did not behave as expected; exits with the step's own exit code."""
 
+    code = "demo_failed"
+
     def __init__(self, message: str, exit_code: ExitCode = ExitCode.FAILED) -> None:
         super().__init__(message)
         self.exit_code = exit_code

@@ -50,6 +50,7 @@ from handlers.reply import Reply, Status
 from handlers.runview import thread_key
 from pipeline import messages
 from pipeline.config import Config
+from pipeline.errors import internal_error, new_incident_id
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +154,9 @@ def response_type(reply: Reply) -> str:
 
 def internal_error_reply() -> Reply:
     """What Slack shows for an unexpected failure (the traceback goes to the log)."""
-    incident = uuid.uuid4().hex[:8]
+    incident = new_incident_id()
     log.exception("incident %s", incident)
-    return Reply(title=messages.internal_error(incident), status=Status.ERROR, ephemeral=True)
+    return Reply(title=internal_error(incident), status=Status.ERROR, ephemeral=True)
 
 
 def mention_text(text: str, bot_user: str | None) -> str:
@@ -494,5 +495,5 @@ class SlackSurface:
             log.warning(messages.slack_not_posted(f"App Home of {user}", str(exc.response.get("error"))))
 
     async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
-        incident = uuid.uuid4().hex[:8]
+        incident = new_incident_id()
         log.error("incident %s: %s", incident, error, exc_info=error)

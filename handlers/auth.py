@@ -37,6 +37,7 @@ class Denied(PitstopError):
     :param needed: the least role that may do it.
     """
 
+    code = "denied"
     exit_code = ExitCode.DENIED
 
     def __init__(self, user: str, command: Command, needed: Role) -> None:

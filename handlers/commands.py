@@ -47,6 +47,7 @@ class ParseError(PitstopError):
     :param verb: the verb, when the text got that far.
     """
 
+    code = "parse_error"
     exit_code = ExitCode.USAGE
 
     def __init__(self, message: str, verb: str | None = None) -> None:

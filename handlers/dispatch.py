@@ -24,7 +24,6 @@ import asyncio
 import json
 import logging
 import re
-import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,7 @@ from handlers.lock import DEFAULT_TTL, InFlight
 from handlers.reply import Button, Reply, Status
 from handlers.sequences import begin_sequence, cancel_command, run_sequence
 from pipeline import messages
-from pipeline.errors import ExitCode, PitstopError
+from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +73,7 @@ def _error_reply(exc: PitstopError, *, ephemeral: bool) -> Reply:
 
 def _internal_reply(incident: str) -> Reply:
     return Reply(
-        title=messages.internal_error(incident),
+        title=internal_error(incident),
         status=Status.ERROR,
         ephemeral=True,
         exit_code=ExitCode.FAILED,
@@ -216,7 +215,7 @@ class Dispatcher:
         return _error_reply(exc, ephemeral=ephemeral)
 
     async def _internal(self, req: Request, command: Command | None) -> Reply:
-        incident = uuid.uuid4().hex[:8]
+        incident = new_incident_id()
         log.exception("incident %s: request %r from %s", incident, req.text, req.user)
         await self._audit(req, AuditOutcome.ERROR, command, detail=f"incident {incident}")
         return _internal_reply(incident)

@@ -103,6 +103,7 @@ class InFlight(PitstopError):
     :param holder: who holds the lock (None if its record could not be read in time).
     """
 
+    code = "in_flight"
     exit_code = ExitCode.IN_FLIGHT
 
     def __init__(self, job: str, holder: Holder | None) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable
 
 from handlers.commands import Command
@@ -23,7 +22,7 @@ from handlers.lock import JobLock, read_holder, scope_of
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
 from pipeline import keys, messages
-from pipeline.errors import ExitCode, PitstopError
+from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.events import EventKind
 from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
 
@@ -120,9 +119,9 @@ async def run_sequence(
     except PitstopError as exc:
         error = exc.message
     except Exception:
-        incident = uuid.uuid4().hex[:8]
+        incident = new_incident_id()
         log.exception("incident %s: %s of %s (%s)", incident, command.verb, run.job, run.id)
-        error = messages.internal_error(incident)
+        error = internal_error(incident)
     finally:
         await asyncio.shield(lock.release())
     try:

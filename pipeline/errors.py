@@ -1,20 +1,56 @@
-"""Every error a person can see, built from ids in one module.
+"""Every error a person can see: its code, the fields it was built from, and its text.
 
 Two kinds of failure reach a person (the errbot/Bolt pattern): a :class:`PitstopError`
 carries a message written for the user and is shown as it is; anything else is logged
-with its traceback and the user gets one line with an incident id
-(:func:`pipeline.messages.internal_error`).
+with its traceback under an incident id (:func:`new_incident_id`) and the user gets one
+line naming it (:func:`internal_error`).
 
-Each error carries the CLI exit code it maps to (:class:`ExitCode`), so every surface
-agrees on what a failure means.
+As asyncssh's errors do, each error class has a stable string ``code`` (for scripts, logs
+and tests; it never changes once released), keeps the fields it was built from as
+attributes, and builds its own text from them.  Each also carries the CLI exit code it maps
+to (:class:`ExitCode`, listed in the README), so every surface agrees on what a failure
+means.  :func:`error_class` turns a code back into its class.
+
+============================  =====================  ====  ===========================================
+class                         code                   exit  fields
+============================  =====================  ====  ===========================================
+:class:`PitstopError`         ``error``              1     message
+:class:`ConfigError`          ``config_invalid``     2     problems, source
+:class:`UsageError`           ``usage``              2     message
+:class:`RemoteError`          ``remote_error``       1     host
+:class:`HostUnreachable`      ``host_unreachable``   1     host, reason
+:class:`HostAuthRejected`     ``host_auth_rejected`` 1     host, user, reason
+:class:`HostKeyRejected`      ``host_key_rejected``  1     host, fingerprint, known_hosts
+:class:`RemoteCommandError`   ``remote_command``     1     host, argv, exit_status, exit_signal,
+                                                           stdout, stderr
+:class:`RemoteTimeout`        ``remote_timeout``     5     host, argv, timeout, stdout, stderr
+:class:`GpuQueryFailed`       ``gpu_query_failed``   1     host, detail
+:class:`UnknownHost`          ``unknown_host``       2     name, known
+:class:`UnknownRun`           ``unknown_run``        2     run_id
+:class:`SlackUnavailable`     ``slack_unavailable``  2     method, error
+:class:`SequenceAborted`      ``sequence_aborted``   1     verdict, line, evidence
+:class:`PreflightFailed`      ``preflight_failed``   1     job, check, detail (+ verdict, line)
+:class:`StopFailed`           ``stop_failed``        1     job, survivors, detail (+ verdict, line)
+:class:`LaunchFailed`         ``launch_failed``      1     job, detail (+ verdict, line)
+:class:`RunCancelled`         ``run_cancelled``      5     job, run_id, after_step (+ verdict, line)
+``handlers.commands.ParseError``  ``parse_error``    2     message, verb
+``handlers.auth.Denied``      ``denied``             3     user, command, needed
+``handlers.lock.InFlight``    ``in_flight``          4     job, holder
+``bot.demo.DemoFailed``       ``demo_failed``        any   message, exit_code
+============================  =====================  ====  ===========================================
+
+The :class:`SequenceAborted` family ends a restart sequence (:mod:`pipeline.restart`,
+:mod:`pipeline.slurmengine`): a step raises it with the verdict line it leads to, and the
+sequence catches it and records that verdict on the run; it does not reach a person as such.
 """
 
 from __future__ import annotations
 
+import shlex
+import uuid
 from collections.abc import Sequence
 from enum import IntEnum
-
-from pipeline import messages
+from typing import ClassVar
 
 
 class ExitCode(IntEnum):
@@ -29,12 +65,38 @@ class ExitCode(IntEnum):
     PENDING = 6  #: the verdict is PENDING: the job is queued by its scheduler; the real verdict follows
 
 
+# --- unexpected failures ------------------------------------------------------------------------
+
+
+def new_incident_id() -> str:
+    """A fresh incident id for an unexpected failure: 8 hex digits.
+
+    Log it with the traceback and show it to the person (:func:`internal_error`), so the
+    one can be found from the other.
+    """
+    return uuid.uuid4().hex[:8]
+
+
+def internal_error(incident: str) -> str:
+    """What a person sees for an unexpected failure; the traceback is in the log.
+
+    :param incident: the id from :func:`new_incident_id`.
+    """
+    return f"something went wrong inside Pitstop (incident {incident}); the details are in its log"
+
+
+# --- the base and its code map ------------------------------------------------------------------
+
+
 class PitstopError(Exception):
     """An expected failure whose message is written for the person who asked.
 
     :param message: one line (or a few) a person can act on; shown as it is.
+    :cvar code: the stable string code of the class (the table in :mod:`pipeline.errors`).
+    :cvar exit_code: the CLI exit code it maps to.
     """
 
+    code: ClassVar[str] = "error"
     exit_code: ExitCode = ExitCode.FAILED
 
     def __init__(self, message: str) -> None:
@@ -42,23 +104,50 @@ class PitstopError(Exception):
         self.message = message
 
 
+def error_class(code: str) -> type[PitstopError]:
+    """The error class with this ``code`` (among the classes defined so far).
+
+    :raises KeyError: if no class has that code.
+    """
+    pending: list[type[PitstopError]] = [PitstopError]
+    while pending:
+        cls = pending.pop()
+        if cls.code == code:
+            return cls
+        pending.extend(cls.__subclasses__())
+    raise KeyError(code)
+
+
 class ConfigError(PitstopError):
     """The configuration file is missing or invalid.
 
     :param problems: one line per problem, each naming its TOML path or line.
+    :param source: the file (or other source) the problems are in; "" if unknown.
     """
 
+    code = "config_invalid"
     exit_code = ExitCode.USAGE
 
     def __init__(self, problems: Sequence[str], source: str = "") -> None:
         self.problems = list(problems)
         self.source = source
-        super().__init__(messages.config_invalid(source, self.problems))
+        super().__init__(_config_invalid(source, self.problems))
+
+
+def _config_invalid(source: str, problems: Sequence[str]) -> str:
+    if len(problems) == 1 and (not source or problems[0].startswith(source)):
+        return problems[0]
+    head = f"{source}: invalid configuration" if source else "invalid configuration"
+    return "\n".join([head, *problems])
 
 
 class UsageError(PitstopError):
-    """A CLI invocation that cannot be carried out as given."""
+    """A CLI invocation that cannot be carried out as given.
 
+    :param message: what is wrong and how to call it instead.
+    """
+
+    code = "usage"
     exit_code = ExitCode.USAGE
 
 
@@ -69,7 +158,10 @@ class RemoteError(PitstopError):
     """Base of every failure talking to a host.
 
     :param host: the configured host name.
+    :param message: the text shown.
     """
+
+    code = "remote_error"
 
     def __init__(self, host: str, message: str) -> None:
         self.host = host
@@ -77,20 +169,37 @@ class RemoteError(PitstopError):
 
 
 class HostUnreachable(RemoteError):
-    """The host could not be reached (refused, timed out, DNS, lost connection)."""
+    """The host could not be reached (refused, timed out, DNS, lost connection).
+
+    :param host: the configured host name.
+    :param reason: why, in a few words.
+    """
+
+    code = "host_unreachable"
 
     def __init__(self, host: str, reason: str) -> None:
         self.reason = reason
-        super().__init__(host, messages.host_unreachable(host, reason))
+        super().__init__(host, f"host {host} unreachable: {reason}")
 
 
 class HostKeyRejected(RemoteError):
-    """The host's key is unknown or differs from the one pinned in ``known_hosts``."""
+    """The host's key is unknown or differs from the one pinned in ``known_hosts``.
+
+    :param host: the configured host name.
+    :param fingerprint: the fingerprint of the key the host presented.
+    :param known_hosts: the known_hosts file it was checked against.
+    """
+
+    code = "host_key_rejected"
 
     def __init__(self, host: str, fingerprint: str, known_hosts: str) -> None:
         self.fingerprint = fingerprint
         self.known_hosts = known_hosts
-        super().__init__(host, messages.host_key_rejected(host, fingerprint, known_hosts))
+        super().__init__(
+            host,
+            f"host {host} presented key {fingerprint}, which does not match {known_hosts} - "
+            "refusing to connect; if the host was rebuilt, verify the key and update known_hosts",
+        )
 
 
 class RemoteCommandError(RemoteError):
@@ -98,7 +207,13 @@ class RemoteCommandError(RemoteError):
 
     Keeps what asyncssh's ``ProcessError`` keeps: the command, the exit status or
     signal, and the (partial) output.
+
+    :param host: the configured host name.
+    :param argv: the command.
+    :param message: the text shown.
     """
+
+    code = "remote_command"
 
     def __init__(
         self,
@@ -120,15 +235,23 @@ class RemoteCommandError(RemoteError):
 
 
 class RemoteTimeout(RemoteCommandError):
-    """A remote command did not finish within its timeout; keeps the partial output."""
+    """A remote command did not finish within its timeout; keeps the partial output.
 
+    :param timeout: the timeout it outlived, in seconds.
+    """
+
+    code = "remote_timeout"
     exit_code = ExitCode.CANCELLED
 
     def __init__(
         self, host: str, argv: Sequence[str], timeout: float, *, stdout: str = "", stderr: str = ""
     ) -> None:
         super().__init__(
-            host, argv, messages.remote_timeout(host, argv, timeout), stdout=stdout, stderr=stderr
+            host,
+            argv,
+            f"on {host}: `{shlex.join(argv)}` did not finish within {timeout:g} s",
+            stdout=stdout,
+            stderr=stderr,
         )
         self.timeout = timeout
 
@@ -136,99 +259,195 @@ class RemoteTimeout(RemoteCommandError):
 # --- the restart sequence ---------------------------------------------------------------------
 
 
-class PreflightFailed(PitstopError):
-    """A pre-flight check failed; nothing was stopped.
+class SequenceAborted(PitstopError):
+    """A restart sequence ends here, with a verdict; base of the errors its steps raise.
 
-    :param check: the check's name (``host``, ``workdir``, ``launch``, ``patch``, ``log_dir``, ``disk``).
+    The step that fails records its own detail, then raises; the sequence catches this class
+    and finishes the run with ``verdict``, ``line`` and ``evidence``.
+
+    :param message: the text of the failure.
+    :param line: the verdict line the run gets (formatted by the verdict's owner).
+    :cvar verdict: the run's verdict, a :class:`pipeline.runs.Verdict` value.
+    :ivar evidence: the run's evidence: the verdict line, unless a subclass says more.
     """
 
-    def __init__(self, job: str, check: str, detail: str) -> None:
+    code = "sequence_aborted"
+    verdict: ClassVar[str] = ""
+
+    def __init__(self, message: str, *, line: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.evidence = line
+
+
+class PreflightFailed(SequenceAborted):
+    """A pre-flight check failed; nothing was stopped (verdict ``PREFLIGHT_FAILED``).
+
+    :param job: the job.
+    :param check: the check's name (``host``, ``host_key``, ``workdir``, ``launch``, ``patch``,
+        ``log_dir``, ``disk``, ``running``; on Slurm also ``partition``, ``script``, ``sbatch``).
+    :param detail: what the check found.
+    :param line: the verdict line.
+    """
+
+    code = "preflight_failed"
+    verdict = "PREFLIGHT_FAILED"
+
+    def __init__(self, job: str, check: str, detail: str, *, line: str) -> None:
         self.job = job
         self.check = check
         self.detail = detail
-        super().__init__(messages.preflight_failed(job, check, detail))
+        super().__init__(
+            f"pre-flight check '{check}' failed for {job}: {detail} - nothing was stopped", line=line
+        )
 
 
-class StopFailed(PitstopError):
-    """The old run could not be stopped; the listed PIDs survive."""
+class StopFailed(SequenceAborted):
+    """The old run could not be stopped; the listed PIDs survive (verdict ``STOP_FAILED``).
 
-    def __init__(self, job: str, survivors: Sequence[int], detail: str = "") -> None:
+    :param job: the job.
+    :param survivors: the pids still alive (empty when unknown).
+    :param detail: why, when more is known.
+    :param line: the verdict line.
+    """
+
+    code = "stop_failed"
+    verdict = "STOP_FAILED"
+
+    def __init__(self, job: str, survivors: Sequence[int], detail: str = "", *, line: str) -> None:
         self.job = job
         self.survivors = list(survivors)
-        super().__init__(messages.stop_failed(job, self.survivors, detail))
+        self.detail = detail
+        pids = ", ".join(str(p) for p in self.survivors) or "none listed"
+        tail = f" ({detail})" if detail else ""
+        super().__init__(f"could not stop {job}: still alive: pid {pids}{tail} - not relaunching", line=line)
 
 
-class LaunchFailed(PitstopError):
-    """The launch command did not start a process."""
+class LaunchFailed(SequenceAborted):
+    """The launch (or the cache clearing or patching before it) failed (verdict ``LAUNCH_FAILED``).
 
-    def __init__(self, job: str, detail: str) -> None:
+    :param job: the job.
+    :param detail: what failed.
+    :param line: the verdict line.
+    """
+
+    code = "launch_failed"
+    verdict = "LAUNCH_FAILED"
+
+    def __init__(self, job: str, detail: str, *, line: str) -> None:
         self.job = job
         self.detail = detail
-        super().__init__(messages.launch_failed(job, detail))
+        super().__init__(f"launch of {job} failed: {detail}", line=line)
 
 
-class RunCancelled(PitstopError):
-    """A run was cancelled at a step boundary."""
+class RunCancelled(SequenceAborted):
+    """A run was cancelled at a step boundary (verdict ``CANCELLED``); its evidence is its text.
 
+    :param job: the job.
+    :param run_id: the run.
+    :param after_step: the last step done (a :class:`pipeline.runs.Step` value), None if none.
+    :param line: the verdict line.
+    """
+
+    code = "run_cancelled"
+    verdict = "CANCELLED"
     exit_code = ExitCode.CANCELLED
 
-    def __init__(self, job: str, run_id: str, after_step: str | None) -> None:
+    def __init__(self, job: str, run_id: str, after_step: str | None, *, line: str) -> None:
         self.job = job
         self.run_id = run_id
         self.after_step = after_step
-        super().__init__(messages.run_cancelled(job, run_id, after_step))
+        if after_step is None:
+            text = f"run {run_id} for {job} cancelled before anything was changed"
+        else:
+            text = f"run {run_id} for {job} cancelled after step {after_step} - the job may be stopped"
+        super().__init__(text, line=line)
+        self.evidence = text
 
 
 class UnknownRun(PitstopError):
-    """No run record with that id."""
+    """No run record with that id.
 
+    :param run_id: the id asked for.
+    """
+
+    code = "unknown_run"
     exit_code = ExitCode.USAGE
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        super().__init__(messages.unknown_run(run_id))
+        super().__init__(f"no run {run_id}")
 
 
 # --- Slack surface (bot/serve.py) ---------------------------------------------------------------
 
 
 class SlackUnavailable(PitstopError):
-    """Slack refused the tokens or could not be reached at start-up (``pitstop serve``)."""
+    """Slack refused the tokens or could not be reached at start-up (``pitstop serve``).
 
+    :param method: the Web API method that failed.
+    :param error: Slack's error code, or the connection error.
+    """
+
+    code = "slack_unavailable"
     exit_code = ExitCode.USAGE
 
     def __init__(self, method: str, error: str) -> None:
         self.method = method
         self.error = error
-        super().__init__(messages.slack_unavailable(method, error))
+        super().__init__(
+            f"Slack {method} failed: {error} - check SLACK_BOT_TOKEN / SLACK_APP_TOKEN (and SLACK_API_URL if set)"
+        )
 
 
 # --- remote execution and probes (pipeline/remote.py, hostprobe.py, gpus.py) -------------------
 
 
 class UnknownHost(PitstopError):
-    """A host name that is not configured."""
+    """A host name that is not configured.
 
+    :param name: the name asked for.
+    :param known: the configured host names.
+    """
+
+    code = "unknown_host"
     exit_code = ExitCode.USAGE
 
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
         self.known = list(known)
-        super().__init__(messages.unknown_host(name, self.known))
+        super().__init__(f"no host {name!r} in the configuration (known: {', '.join(self.known) or 'none'})")
 
 
 class HostAuthRejected(HostUnreachable):
-    """The host answered but refused the login (keys, user); a kind of unreachable."""
+    """The host answered but refused the login (keys, user); a kind of unreachable.
+
+    :param host: the configured host name.
+    :param user: the login user.
+    :param reason: what the host said.
+    """
+
+    code = "host_auth_rejected"
 
     def __init__(self, host: str, user: str, reason: str) -> None:
         self.user = user
-        RemoteError.__init__(self, host, messages.host_auth_rejected(host, user, reason))
+        RemoteError.__init__(
+            self,
+            host,
+            f"host {host} refused login as {user}: {reason} - check client_keys and the host's authorized_keys",
+        )
         self.reason = reason
 
 
 class GpuQueryFailed(RemoteError):
-    """``nvidia-smi`` could not be run or its output read."""
+    """``nvidia-smi`` could not be run or its output read.
+
+    :param host: the configured host name.
+    :param detail: what went wrong.
+    """
+
+    code = "gpu_query_failed"
 
     def __init__(self, host: str, detail: str) -> None:
         self.detail = detail
-        super().__init__(host, messages.gpu_query_failed(host, detail))
+        super().__init__(host, f"on {host}: cannot query GPUs with nvidia-smi: {detail}")

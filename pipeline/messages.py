@@ -13,14 +13,6 @@ from collections.abc import Sequence
 # --- config and CLI ---------------------------------------------------------------------------
 
 
-def config_invalid(source: str, problems: Sequence[str]) -> str:
-    """Header plus one line per problem of an invalid config file."""
-    if len(problems) == 1 and (not source or problems[0].startswith(source)):
-        return problems[0]
-    head = f"{source}: invalid configuration" if source else "invalid configuration"
-    return "\n".join([head, *problems])
-
-
 def config_missing(path: str) -> str:
     """The config file does not exist."""
     return (
@@ -39,11 +31,6 @@ def embedded_redis_started(path: str) -> str:
     return f"no [redis] url configured - using embedded Redis at {path}"
 
 
-def internal_error(incident: str) -> str:
-    """What a person sees for an unexpected failure; the traceback is in the log."""
-    return f"something went wrong inside Pitstop (incident {incident}); the details are in its log"
-
-
 def demo_not_built() -> str:
     """Placeholder shown by ``make demo`` before the demo exists."""
     return "the demo is not built yet - checked the example config instead"
@@ -52,54 +39,7 @@ def demo_not_built() -> str:
 # --- remote execution -------------------------------------------------------------------------
 
 
-def host_unreachable(host: str, reason: str) -> str:
-    """A host could not be reached."""
-    return f"host {host} unreachable: {reason}"
-
-
-def host_key_rejected(host: str, fingerprint: str, known_hosts: str) -> str:
-    """A host key was unknown or changed."""
-    return (
-        f"host {host} presented key {fingerprint}, which does not match {known_hosts} - "
-        "refusing to connect; if the host was rebuilt, verify the key and update known_hosts"
-    )
-
-
-def remote_timeout(host: str, argv: Sequence[str], timeout: float) -> str:
-    """A remote command outlived its timeout."""
-    return f"on {host}: `{shlex.join(argv)}` did not finish within {timeout:g} s"
-
-
 # --- the restart sequence ---------------------------------------------------------------------
-
-
-def preflight_failed(job: str, check: str, detail: str) -> str:
-    """A pre-flight check failed; the running job was left untouched."""
-    return f"pre-flight check '{check}' failed for {job}: {detail} - nothing was stopped"
-
-
-def stop_failed(job: str, survivors: Sequence[int], detail: str) -> str:
-    """Processes of the old run survived the stop."""
-    pids = ", ".join(str(p) for p in survivors) or "none listed"
-    tail = f" ({detail})" if detail else ""
-    return f"could not stop {job}: still alive: pid {pids}{tail} - not relaunching"
-
-
-def launch_failed(job: str, detail: str) -> str:
-    """The launch did not start a process."""
-    return f"launch of {job} failed: {detail}"
-
-
-def run_cancelled(job: str, run_id: str, after_step: str | None) -> str:
-    """A run was cancelled at a step boundary."""
-    if after_step is None:
-        return f"run {run_id} for {job} cancelled before anything was changed"
-    return f"run {run_id} for {job} cancelled after step {after_step} - the job may be stopped"
-
-
-def unknown_run(run_id: str) -> str:
-    """No run record with that id."""
-    return f"no run {run_id}"
 
 
 def missing_env(name: str) -> str:
@@ -202,13 +142,6 @@ def slack_gave_up(attempts: int) -> str:
 def status_delivery_failure(line: str, ago: str) -> str:
     """``status``'s line about the last post Slack refused."""
     return f"last Slack delivery failure {ago}: {line}"
-
-
-def slack_unavailable(method: str, error: str) -> str:
-    """Slack refused the tokens or could not be reached when ``pitstop serve`` started."""
-    return (
-        f"Slack {method} failed: {error} - check SLACK_BOT_TOKEN / SLACK_APP_TOKEN (and SLACK_API_URL if set)"
-    )
 
 
 def serve_listening(url: str) -> str:
@@ -552,16 +485,6 @@ def verb_unavailable(verb: str, module: str) -> str:
 # --- remote execution, restart sequence, probes, GPUs (pipeline/remote.py, restart.py, ...) --
 
 
-def unknown_host(name: str, known: Sequence[str]) -> str:
-    """A host name that is not in ``[hosts]``."""
-    return f"no host {name!r} in the configuration (known: {', '.join(known) or 'none'})"
-
-
-def host_auth_rejected(host: str, user: str, reason: str) -> str:
-    """The host answered but refused the login."""
-    return f"host {host} refused login as {user}: {reason} - check client_keys and the host's authorized_keys"
-
-
 def host_key_missing_file(known_hosts: str) -> str:
     """Suffix for a rejected key when the known_hosts file does not exist."""
     return f"{known_hosts} (file not found)"
@@ -595,11 +518,6 @@ def helper_failed(host: str, op: str, detail: str) -> str:
 def helper_python_missing(host: str, python: str) -> str:
     """The host has no Python for the helper."""
     return f"on {host}: `{python}` not found - Pitstop's host helper needs Python 3.8+ on the job's side"
-
-
-def gpu_query_failed(host: str, detail: str) -> str:
-    """nvidia-smi could not be run or read."""
-    return f"on {host}: cannot query GPUs with nvidia-smi: {detail}"
 
 
 def _short(argv: Sequence[str], limit: int = 120) -> str:

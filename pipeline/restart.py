@@ -15,9 +15,13 @@ The sequence is built so the two classic failures cannot happen:
 Nothing is stopped before pre-flight passed (host, workdir, launch program, patches, log
 directory, free space — one SSH call).  Each step is recorded in the run (:mod:`pipeline.runs`)
 with start, end, outcome and detail, reported to ``on_step`` as it happens and published as a
-``step`` event; a failure sets the verdict and returns the run (it is not raised).  The
-verdict is decided by :meth:`Restarter.verify` from evidence gathered from the launch until
-``launch + start_window``.
+``step`` event; a failed step raises one of the :class:`~pipeline.errors.SequenceAborted`
+errors (``PreflightFailed``, ``StopFailed``, ``LaunchFailed``, ``RunCancelled``), each carrying
+its verdict and verdict line, which the sequence catches: it sets the verdict and returns the
+run (the failure is not raised to the caller).  A stop that found the recorded pid reused marks
+its step ``stale`` (:class:`~pipeline.runs.StepRecord`), which makes the verdict
+``STALE_RECORD``.  The verdict is decided by :meth:`Restarter.verify` from evidence gathered
+from the launch until ``launch + start_window``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,17 @@ from typing import Any
 from pipeline import keys, messages
 from pipeline.config import Config, JobConfig
 from pipeline.engine import Engine
-from pipeline.errors import HostKeyRejected, PitstopError, RemoteError, RemoteTimeout
+from pipeline.errors import (
+    HostKeyRejected,
+    LaunchFailed,
+    PitstopError,
+    PreflightFailed,
+    RemoteError,
+    RemoteTimeout,
+    RunCancelled,
+    SequenceAborted,
+    StopFailed,
+)
 from pipeline.events import EventKind, Events
 from pipeline.hostprobe import (
     ProcessCount,
@@ -61,16 +75,6 @@ TAIL_LINES = 30  #: log lines kept as evidence
 
 StepCallback = Callable[[RunRecord, StepRecord], Awaitable[None]]
 CancelCheck = Callable[[], Awaitable[bool]]
-
-
-class _Abort(Exception):
-    """Internal: the sequence ends here with this verdict."""
-
-    def __init__(self, verdict: Verdict, line: str, evidence: str = "") -> None:
-        super().__init__(line)
-        self.verdict = verdict
-        self.line = line
-        self.evidence = evidence
 
 
 @dataclass(frozen=True)
@@ -209,8 +213,8 @@ class Restarter:
                 log.info("%s: %s", run.id, stale)
             await self._await_verify(run, job, on_step)
             return run
-        except _Abort as stop:
-            return await self._finish(run, stop.verdict, stop.line, stop.evidence)
+        except SequenceAborted as stop:
+            return await self._finish(run, stop)
 
     async def start(
         self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None
@@ -232,8 +236,8 @@ class Restarter:
             await self._launch(run, name, job, on_step)
             await self._await_verify(run, job, on_step)
             return run
-        except _Abort as stop:
-            return await self._finish(run, stop.verdict, stop.line, stop.evidence)
+        except SequenceAborted as stop:
+            return await self._finish(run, stop)
 
     async def stop(self, run: RunRecord, *, on_step: StepCallback | None = None) -> RunRecord:
         """Stop the job (by its recorded identity) and nothing else.
@@ -249,8 +253,8 @@ class Restarter:
             current = await self._current(name)
             run.old_pid = recorded_identity(current)["pid"]
             await self._stop(run, name, job, current, on_step)
-        except _Abort as stop:
-            return await self._finish(run, stop.verdict, stop.line, stop.evidence)
+        except SequenceAborted as stop:
+            return await self._finish(run, stop)
         run.finished_at = time.time()
         await self.runs.save(run)
         return run
@@ -371,7 +375,7 @@ class Restarter:
                 messages.checkpoint_fact(ev.checkpoint.path, ev.checkpoint.step, ev.checkpoint.age_s)
             )
         stop = run.step(Step.STOP)
-        if stop is not None and stop.detail.startswith(messages.STALE_PREFIX):
+        if stop is not None and stop.stale:
             facts.insert(0, stop.detail)
             verdict, line = Verdict.STALE_RECORD, messages.verdict_stale_record(run.old_pid or 0, line)
         evidence = "\n".join(facts)
@@ -527,23 +531,28 @@ class Restarter:
         except RemoteError as exc:
             check = "host_key" if isinstance(exc, HostKeyRejected) else "host"
             await self._fail(run, rec, exc.message, on_step)
-            raise _Abort(
-                Verdict.PREFLIGHT_FAILED, messages.verdict_preflight_failed(check, exc.message)
+            raise PreflightFailed(
+                name, check, exc.message, line=messages.verdict_preflight_failed(check, exc.message)
             ) from None
         failed = [c for c in answer.get("checks", []) if not c.get("ok")]
         if failed:
             first = failed[0]
             detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
             await self._fail(run, rec, detail, on_step)
-            raise _Abort(
-                Verdict.PREFLIGHT_FAILED, messages.verdict_preflight_failed(first["check"], first["detail"])
+            raise PreflightFailed(
+                name,
+                first["check"],
+                detail,
+                line=messages.verdict_preflight_failed(first["check"], first["detail"]),
             )
         seen = answer.get("running")
         if seen and (seen.get("alive") or seen.get("count")):
             pids = list(seen.get("pids") or []) or [int(recorded_identity(running)["pid"] or 0)]
             detail = messages.already_running(name, pids)
             await self._fail(run, rec, detail, on_step)
-            raise _Abort(Verdict.PREFLIGHT_FAILED, messages.verdict_preflight_failed("running", detail))
+            raise PreflightFailed(
+                name, "running", detail, line=messages.verdict_preflight_failed("running", detail)
+            )
         names = [c["check"] for c in answer.get("checks", [])]
         await self._end(run, rec, Outcome.OK, messages.step_preflight_ok(list(dict.fromkeys(names))), on_step)
         return answer
@@ -572,8 +581,11 @@ class Restarter:
             )
         except RemoteError as exc:
             await self._fail(run, rec, exc.message, on_step)
-            raise _Abort(Verdict.STOP_FAILED, messages.verdict_stop_failed([], exc.message)) from None
+            raise StopFailed(
+                name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
+            ) from None
         stale = answer.get("stale")
+        rec.stale = bool(stale)
         note = (
             messages.stale_record(stale["pid"], stale.get("recorded"), stale.get("found")) if stale else None
         )
@@ -588,9 +600,11 @@ class Restarter:
         if note:
             detail = f"{note}; {detail}"
         if survivors:
-            why = messages.stop_failed(name, survivors, "")
-            await self._fail(run, rec, f"{detail}; {why}", on_step)
-            raise _Abort(Verdict.STOP_FAILED, messages.verdict_stop_failed(survivors, "survived SIGKILL"))
+            failure = StopFailed(
+                name, survivors, line=messages.verdict_stop_failed(survivors, "survived SIGKILL")
+            )
+            await self._fail(run, rec, f"{detail}; {failure.message}", on_step)
+            raise failure
         if job.gpus is not None and job.gpus.all and targets:
             pairs = [[t["pid"], t.get("start_time")] for t in targets]
             try:
@@ -603,12 +617,14 @@ class Restarter:
                 )
             except RemoteError as exc:
                 await self._fail(run, rec, f"{detail}; {exc.message}", on_step)
-                raise _Abort(Verdict.STOP_FAILED, messages.verdict_stop_failed([], exc.message)) from None
+                raise StopFailed(
+                    name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
+                ) from None
             holders = sorted({int(h["pid"]) for h in gpu.get("holders") or []})
             if holders:
                 held = messages.gpu_memory_held(holders, float(gpu.get("seconds") or self.gpu_wait_timeout))
                 await self._fail(run, rec, f"{detail}; {held}", on_step)
-                raise _Abort(Verdict.STOP_FAILED, messages.verdict_stop_failed(holders, held))
+                raise StopFailed(name, holders, held, line=messages.verdict_stop_failed(holders, held))
             detail += "; " + messages.gpu_memory_freed(float(gpu.get("seconds") or 0))
         await self._mark_stopped(name, run)
         await self._end(run, rec, Outcome.OK, detail, on_step)
@@ -630,7 +646,7 @@ class Restarter:
             )
         except RemoteError as exc:
             await self._fail(run, rec, exc.message, on_step)
-            raise _Abort(Verdict.LAUNCH_FAILED, messages.verdict_launch_failed(exc.message)) from None
+            raise LaunchFailed(name, exc.message, line=messages.verdict_launch_failed(exc.message)) from None
         cleared = answer.get("cleared") or []
         detail = messages.step_cache_cleared(
             [
@@ -642,7 +658,7 @@ class Restarter:
         if errors:
             why = f"cannot clear cache: {'; '.join(errors[:3])}"
             await self._fail(run, rec, f"{detail}; {why}", on_step)
-            raise _Abort(Verdict.LAUNCH_FAILED, messages.verdict_launch_failed(why))
+            raise LaunchFailed(name, why, line=messages.verdict_launch_failed(why))
         await self._end(run, rec, Outcome.OK, detail, on_step)
 
     async def _patch(
@@ -676,8 +692,8 @@ class Restarter:
             )
         except RemoteError as exc:
             await self._fail(run, rec, exc.message, on_step)
-            raise _Abort(
-                Verdict.LAUNCH_FAILED, messages.verdict_launch_failed(messages.patch_failed(exc.message))
+            raise LaunchFailed(
+                name, exc.message, line=messages.verdict_launch_failed(messages.patch_failed(exc.message))
             ) from None
         in_effect = sorted(answer.get("in_effect") or [])
         run.patches = in_effect
@@ -686,7 +702,7 @@ class Restarter:
         if answer.get("failed"):
             why = messages.patch_failed("; ".join(answer["failed"]))
             await self._fail(run, rec, f"{detail}; {why}", on_step)
-            raise _Abort(Verdict.LAUNCH_FAILED, messages.verdict_launch_failed(why))
+            raise LaunchFailed(name, why, line=messages.verdict_launch_failed(why))
         await self._end(run, rec, Outcome.OK, detail, on_step)
 
     async def _launch(self, run: RunRecord, name: str, job: JobConfig, on_step: StepCallback | None) -> None:
@@ -703,13 +719,13 @@ class Restarter:
         except RemoteTimeout as exc:
             detail = messages.launch_hung(exc.timeout, await self._state_text(name, job))
             await self._fail(run, rec, detail, on_step)
-            raise _Abort(Verdict.LAUNCH_FAILED, messages.verdict_launch_failed(detail)) from None
+            raise LaunchFailed(name, detail, line=messages.verdict_launch_failed(detail)) from None
         except RemoteError as exc:
             detail = exc.message
             if not isinstance(exc, HostKeyRejected):
                 detail += f"; process state: {await self._state_text(name, job)}"
             await self._fail(run, rec, detail, on_step)
-            raise _Abort(Verdict.LAUNCH_FAILED, messages.verdict_launch_failed(detail)) from None
+            raise LaunchFailed(name, detail, line=messages.verdict_launch_failed(detail)) from None
         run.pid = int(answer["pid"])
         run.pgid = int(answer.get("pgid") or run.pid)
         run.sid = int(answer.get("sid") or run.pid)
@@ -772,7 +788,9 @@ class Restarter:
             known = ", ".join(job.patches) or "none"
             detail = f"unknown patch {', '.join(unknown)} for {name} (known: {known})"
             await self._fail(run, rec, detail, on_step)
-            raise _Abort(Verdict.PREFLIGHT_FAILED, messages.verdict_preflight_failed("patch", detail))
+            raise PreflightFailed(
+                name, "patch", detail, line=messages.verdict_preflight_failed("patch", detail)
+            )
         texts: dict[str, str] = {}
         for patch, path in job.patches.items():
             try:
@@ -783,8 +801,8 @@ class Restarter:
                 rec = await self._begin(run, Step.PREFLIGHT, on_step)
                 detail = f"{patch}: cannot read {path}: {exc.strerror}"
                 await self._fail(run, rec, detail, on_step)
-                raise _Abort(
-                    Verdict.PREFLIGHT_FAILED, messages.verdict_preflight_failed("patch", detail)
+                raise PreflightFailed(
+                    name, "patch", detail, line=messages.verdict_preflight_failed("patch", detail)
                 ) from None
         return texts
 
@@ -795,11 +813,8 @@ class Restarter:
         if not asked and cancelled is not None:
             asked = await cancelled()
         if asked:
-            raise _Abort(
-                Verdict.CANCELLED,
-                messages.verdict_cancelled(after.value if after else None),
-                messages.run_cancelled(run.job, run.id, after.value if after else None),
-            )
+            after_step = after.value if after else None
+            raise RunCancelled(run.job, run.id, after_step, line=messages.verdict_cancelled(after_step))
 
     async def _current(self, name: str) -> dict[str, str]:
         raw = await self._redis.hgetall(keys.job_current(self._prefix, name))
@@ -865,10 +880,11 @@ class Restarter:
             detail=rec.detail,
         )
 
-    async def _finish(self, run: RunRecord, verdict: Verdict, line: str, evidence: str) -> RunRecord:
-        run.verdict = verdict
-        run.verdict_line = line
-        run.evidence = evidence or line
+    async def _finish(self, run: RunRecord, aborted: SequenceAborted) -> RunRecord:
+        """Finish a run that a step ended: its verdict, line and evidence, as ``aborted`` carries them."""
+        run.verdict = Verdict(aborted.verdict)
+        run.verdict_line = aborted.line
+        run.evidence = aborted.evidence or aborted.line
         run.finished_at = time.time()
         await self.runs.save(run)
         return run

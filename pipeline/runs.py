@@ -78,7 +78,12 @@ VERDICT_ORDER: tuple[Verdict, ...] = tuple(Verdict)
 
 
 class StepRecord(BaseModel):
-    """One step of a run: start and end (unix s), outcome and a one-line detail."""
+    """One step of a run: start and end (unix s), outcome and a one-line detail.
+
+    ``stale`` is set on a ``stop`` step whose recorded pid had been reused by another process
+    (so nothing was signalled; the run's verdict becomes ``STALE_RECORD``).  Records saved
+    before the field existed load with it False.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -87,6 +92,7 @@ class StepRecord(BaseModel):
     ended_at: float | None = None
     outcome: Outcome = Outcome.RUNNING
     detail: str = ""
+    stale: bool = False  #: stop: the recorded pid belonged to another process (start time differs)
 
     @property
     def duration(self) -> float | None:

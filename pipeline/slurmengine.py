@@ -30,9 +30,9 @@ from typing import Any
 from pipeline import keys, messages, slurm
 from pipeline.config import JobConfig, SlurmSettings
 from pipeline.engine import CancelCheck, StepCallback
-from pipeline.errors import RemoteError
+from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError, SequenceAborted, StopFailed
 from pipeline.hostprobe import ProcessCount, call_helper, log_tail
-from pipeline.restart import CALL_TIMEOUT, KILL_TIMEOUT, TAIL_LINES, VERIFY_GRACE, Restarter, _Abort
+from pipeline.restart import CALL_TIMEOUT, KILL_TIMEOUT, TAIL_LINES, VERIFY_GRACE, Restarter
 from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
 from pipeline.slurm import SlurmClient, SlurmJob
 
@@ -132,8 +132,8 @@ class SlurmEngine:
             await self._launch(run, name, job, run.old_slurm_job, on_step)
             await r._await_verify(run, job, on_step)
             return run
-        except _Abort as stop:
-            return await r._finish(run, stop.verdict, stop.line, stop.evidence)
+        except SequenceAborted as stop:
+            return await r._finish(run, stop)
 
     async def start(
         self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None
@@ -150,8 +150,8 @@ class SlurmEngine:
             await self._launch(run, name, job, old, on_step)
             await r._await_verify(run, job, on_step)
             return run
-        except _Abort as stop:
-            return await r._finish(run, stop.verdict, stop.line, stop.evidence)
+        except SequenceAborted as stop:
+            return await r._finish(run, stop)
 
     async def stop(self, run: RunRecord, *, on_step: StepCallback | None = None) -> RunRecord:
         """See :meth:`pipeline.engine.Engine.stop`."""
@@ -160,8 +160,8 @@ class SlurmEngine:
             current = await self.r._current(name)
             run.old_slurm_job = _int(current.get("slurm_job"))
             await self._stop(run, name, job, run.old_slurm_job, on_step)
-        except _Abort as stop:
-            return await self.r._finish(run, stop.verdict, stop.line, stop.evidence)
+        except SequenceAborted as stop:
+            return await self.r._finish(run, stop)
         run.finished_at = time.time()
         await self.r.runs.save(run)
         return run
@@ -184,9 +184,9 @@ class SlurmEngine:
         assert sl is not None
         rec = await r._begin(run, Step.PREFLIGHT, on_step)
 
-        async def fail(check: str, detail: str) -> _Abort:
+        async def fail(check: str, detail: str) -> PreflightFailed:
             await r._fail(run, rec, detail, on_step)
-            return _Abort(Verdict.PREFLIGHT_FAILED, messages.verdict_preflight_failed(check, detail))
+            return PreflightFailed(name, check, detail, line=messages.verdict_preflight_failed(check, detail))
 
         test_args = ["-D", job.workdir, *sl.sbatch_args]
         try:
@@ -234,9 +234,11 @@ class SlurmEngine:
         if failed:
             detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
             await r._fail(run, rec, detail, on_step)
-            raise _Abort(
-                Verdict.PREFLIGHT_FAILED,
-                messages.verdict_preflight_failed(failed[0]["check"], failed[0]["detail"]),
+            raise PreflightFailed(
+                name,
+                failed[0]["check"],
+                detail,
+                line=messages.verdict_preflight_failed(failed[0]["check"], failed[0]["detail"]),
             )
         if running is not None:
             try:
@@ -289,12 +291,14 @@ class SlurmEngine:
                 j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
         except RemoteError as exc:
             await r._fail(run, rec, exc.message, on_step)
-            raise _Abort(Verdict.STOP_FAILED, messages.verdict_stop_failed([], exc.message)) from None
+            raise StopFailed(
+                name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
+            ) from None
         took = time.monotonic() - began
         if j is not None and j.active:
             why = f"Slurm job {old} is still {j.state} after scancel"
             await r._fail(run, rec, why, on_step)
-            raise _Abort(Verdict.STOP_FAILED, messages.verdict_stop_failed([], why))
+            raise StopFailed(name, [], why, line=messages.verdict_stop_failed([], why))
         ended = slurm.job_ended(j) if j is not None else f"job {old} left the queue"
         await r._mark_stopped(name, run)
         await r._end(
@@ -325,7 +329,7 @@ class SlurmEngine:
                 await self.client.checked(name, ["scontrol", "release", str(job_id)])
         except RemoteError as exc:
             await r._fail(run, rec, exc.message, on_step)
-            raise _Abort(Verdict.LAUNCH_FAILED, messages.verdict_launch_failed(exc.message)) from None
+            raise LaunchFailed(name, exc.message, line=messages.verdict_launch_failed(exc.message)) from None
         run.slurm_job = job_id
         run.log_size_at_launch = size
         run.launched_at = time.time()

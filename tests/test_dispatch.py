@@ -22,7 +22,7 @@ from handlers.reply import render_text
 from handlers.verdicts import deliver_verdict
 from pipeline import messages
 from pipeline.config import Config
-from pipeline.errors import HostUnreachable
+from pipeline.errors import HostUnreachable, internal_error
 from pipeline.events import EventKind, Events
 from pipeline.redisconn import RedisHandle
 from pipeline.remote import SSHPool
@@ -249,7 +249,7 @@ async def test_unexpected_failure_gives_an_incident_id_not_a_traceback(
     text = render_text(reply)
     assert "secret" not in text and "Traceback" not in text and reply.exit_code == 1
     incident = reply.title.split("incident ")[1].split(")")[0]
-    assert reply.title == messages.internal_error(incident)
+    assert reply.title == internal_error(incident)
     assert any(incident in r.getMessage() and r.exc_info for r in caplog.records)
     errors = await d.audit.recent(outcomes={AuditOutcome.ERROR}, count=1)
     assert errors[0].detail == f"incident {incident}"

@@ -342,7 +342,7 @@ async def test_stale_record_signals_nothing(
             mapping={"pid": bystander.pid, "start_time": st[4] - 1, "sid": bystander.pid, "state": "running"},
         )
         run = await stack.restarter.restart(await stack.run())
-        assert step(run, Step.STOP).detail.startswith(messages.STALE_PREFIX)
+        assert step(run, Step.STOP).stale and "stale record" in step(run, Step.STOP).detail
         assert alive(bystander.pid, st[4])
         run = await stack.restarter.verify(run)
         assert run.verdict is Verdict.STALE_RECORD
@@ -664,7 +664,9 @@ def test_verdict_precedence_first_applicable_wins() -> None:
     assert _decide(_run(), _ev(state="gone", error_line="ValueError", count=0))[0] is Verdict.EXITED
     assert _decide(_run(), _ev(error_line="Killed", count=3, new_bytes=0))[0] is Verdict.ERROR_IN_LOG
     assert _decide(_run(), _ev(count=3, new_bytes=0))[0] is Verdict.WRONG_COUNT
-    stale_stop = StepRecord(step=Step.STOP, started_at=1.0, detail=messages.stale_record(77, 1, 2))
+    stale_stop = StepRecord(
+        step=Step.STOP, started_at=1.0, detail=messages.stale_record(77, 1, 2), stale=True
+    )
     run = _run(old_pid=77, steps=[stale_stop])
     assert _decide(run, _ev()) == (
         Verdict.STALE_RECORD,
@@ -673,6 +675,16 @@ def test_verdict_precedence_first_applicable_wins() -> None:
     assert _decide(run, _ev(state="gone"))[0] is Verdict.STALE_RECORD
     order = list(Verdict)
     assert order.index(Verdict.STALE_RECORD) < order.index(Verdict.EXITED) < order.index(Verdict.RUNNING)
+
+
+def test_stale_is_a_field_of_the_stop_step_not_its_text() -> None:
+    """Only the step's ``stale`` field makes a run STALE_RECORD; records saved without it load as not stale."""
+    look_alike = StepRecord(step=Step.STOP, started_at=1.0, detail=messages.stale_record(77, 1, 2))
+    assert _decide(_run(old_pid=77, steps=[look_alike]), _ev())[0] is Verdict.RUNNING
+    old = StepRecord.model_validate_json('{"step": "stop", "started_at": 1.0, "detail": "stopped"}')
+    assert old.stale is False
+    stale = StepRecord(step=Step.STOP, started_at=1.0, stale=True)
+    assert StepRecord.model_validate_json(stale.model_dump_json()).stale is True
 
 
 async def test_reconcile_marks_mid_sequence_runs_interrupted_only(
