@@ -219,7 +219,9 @@ class SlurmSettings(_Model):
 
     script: str  #: the batch script on the login node (absolute path)
     sbatch_args: list[str] = []  #: extra sbatch arguments, e.g. ["--partition", "gpu"]
-    requeue: bool = False  #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
+    requeue: bool = (
+        False  #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
+    )
     nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
     tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
 

@@ -15,14 +15,14 @@ engine is not ``"ssh"`` to the engine registered under that name (``Restarter.en
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from pipeline.hostprobe import ProcessCount
-from pipeline.runs import RunRecord, StepRecord
+from pipeline.runs import RunRecord
+from pipeline.steplog import CancelCheck, StepCallback
 
-StepCallback = Callable[[RunRecord, StepRecord], Awaitable[None]]
-CancelCheck = Callable[[], Awaitable[bool]]
+__all__ = ["CancelCheck", "Engine", "StepCallback"]
 
 
 class Engine(Protocol):

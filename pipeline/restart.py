@@ -30,26 +30,26 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline import keys, messages
+from pipeline import messages
 from pipeline.config import Config, JobConfig
 from pipeline.engine import Engine
 from pipeline.errors import (
     HostKeyRejected,
+    HostUnreachable,
     LaunchFailed,
     PitstopError,
     PreflightFailed,
     RemoteError,
     RemoteTimeout,
-    RunCancelled,
     SequenceAborted,
     StopFailed,
 )
-from pipeline.events import EventKind, Events
+from pipeline.events import Events
+from pipeline.evidence import Evidence, decide, gather, settle_exit
 from pipeline.hostprobe import (
     ProcessCount,
     call_helper,
@@ -58,52 +58,19 @@ from pipeline.hostprobe import (
     recorded_identity,
 )
 from pipeline.remote import SSHPool
-from pipeline.resume import ResumePoint, check_resume
-from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
+from pipeline.resume import check_resume
+from pipeline.runs import Outcome, RunRecord, RunStore, Step, Verdict
+from pipeline.steplog import CancelCheck, StepCallback, StepLog
+from pipeline.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
 
 log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the log is written
 GPU_WAIT_TIMEOUT = 60.0  #: seconds to wait for old processes to release GPU memory
 KILL_TIMEOUT = 10.0  #: seconds to wait for processes to vanish after SIGKILL
-CALL_TIMEOUT = 30.0  #: seconds for a pre-flight, cache or patch call
 LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under one)
 VERIFY_POLL = 0.5  #: seconds between evidence samples while verifying
 VERIFY_GRACE = 30.0  #: seconds past the deadline an unreachable host is retried before giving up
-RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
-TAIL_LINES = 30  #: log lines kept as evidence
-
-StepCallback = Callable[[RunRecord, StepRecord], Awaitable[None]]
-CancelCheck = Callable[[], Awaitable[bool]]
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One sample of a launched run, as the helper saw it.
-
-    :ivar state: ``alive``, ``gone`` or ``stale`` (pid reused).
-    :ivar count: matching processes in the run's session; ``pids`` lists them.
-    :ivar new_bytes: log bytes written since launch (None if the log cannot be read).
-    :ivar error_line: the first traceback / ``…Error`` / ``Killed`` line since launch.
-    :ivar status: the waiter's record of how the process ended (code/signal/started_at/ended_at).
-    :ivar tail: the last lines written since launch.
-    :ivar sampled_at: Pitstop's clock when the answer came.
-    :ivar start_step: the step the run started from (its ``resume_step=`` line or first metric
-        steps; :func:`pipeline.hosthelper.start_step`), None when not seen yet.
-    :ivar checkpoint: the newest checkpoint in ``checkpoint_dir`` (when configured and present).
-    """
-
-    state: str
-    count: int
-    pids: tuple[int, ...]
-    new_bytes: int | None
-    error_line: str | None
-    status: Mapping[str, Any] | None
-    tail: str
-    log_error: str | None
-    sampled_at: float
-    start_step: int | None = None
-    checkpoint: ResumePoint | None = None
 
 
 class Restarter:
@@ -136,6 +103,7 @@ class Restarter:
         self.gpu_wait_timeout = gpu_wait_timeout
         self.min_free_bytes = min_free_bytes
         self.verify_poll = verify_poll
+        self.steps = StepLog(runs, events)  #: records each step of a run (shared with other engines)
         self.engines: dict[str, Engine] = {}  #: engine name → engine, for jobs not on "ssh"
 
     def engine_for(self, job: JobConfig) -> Engine | None:
@@ -149,14 +117,6 @@ class Restarter:
         if engine is None:
             raise PitstopError(messages.engine_missing(job.engine))
         return engine
-
-    @property
-    def _redis(self) -> Any:
-        return self.runs.client
-
-    @property
-    def _prefix(self) -> str:
-        return self.runs.prefix
 
     # --- the sequences ------------------------------------------------------------------------
 
@@ -194,27 +154,29 @@ class Restarter:
             )
         run.fresh_cache = fresh_cache
         try:
-            current = await self._current(name)
+            current = await self.steps.current(name)
             run.old_pid = recorded_identity(current)["pid"]
-            texts = await self._patch_texts(run, name, job, [*add, *remove], on_step)
+            texts = await patch_texts(self.steps, run, name, job, [*add, *remove], on_step)
             wants = {p: "state" for p in job.patches}
             wants.update({p: "revert" for p in remove})
             wants.update({p: "apply" for p in add})
             pre = await self._preflight(run, name, job, wants, texts, on_step)
-            await self._boundary(run, None, cancelled, on_step)
+            await self.steps.boundary(run, None, cancelled, on_step)
             stale = await self._stop(run, name, job, current, on_step)
-            await self._boundary(run, Step.STOP, cancelled, on_step)
-            await self._clear_cache(run, name, job, fresh_cache, on_step)
-            await self._boundary(run, Step.CLEAR_CACHE, cancelled, on_step)
-            await self._patch(run, name, job, texts, pre.get("applied") or {}, add, remove, on_step)
-            await self._boundary(run, Step.PATCH, cancelled, on_step)
+            await self.steps.boundary(run, Step.STOP, cancelled, on_step)
+            await clear_cache(self.ssh, self.steps, run, name, job, fresh_cache, on_step)
+            await self.steps.boundary(run, Step.CLEAR_CACHE, cancelled, on_step)
+            await patch(
+                self.ssh, self.steps, run, name, job, texts, pre.get("applied") or {}, add, remove, on_step
+            )
+            await self.steps.boundary(run, Step.PATCH, cancelled, on_step)
             await self._launch(run, name, job, on_step)
             if stale:
                 log.info("%s: %s", run.id, stale)
-            await self._await_verify(run, job, on_step)
+            await self.steps.await_verify(run, job.start_window, on_step)
             return run
         except SequenceAborted as stop:
-            return await self._finish(run, stop)
+            return await self.steps.finish(run, stop)
 
     async def start(
         self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None
@@ -229,15 +191,15 @@ class Restarter:
         if (other := self.engine_for(job)) is not None:
             return await other.start(run, on_step=on_step, cancelled=cancelled)
         try:
-            current = await self._current(name)
+            current = await self.steps.current(name)
             await self._preflight(run, name, job, {}, {}, on_step, running=current)
-            await self._boundary(run, None, cancelled, on_step)
-            run.patches = sorted(await self._patches_from_redis(name))
+            await self.steps.boundary(run, None, cancelled, on_step)
+            run.patches = sorted(await self.steps.stored_patches(name))
             await self._launch(run, name, job, on_step)
-            await self._await_verify(run, job, on_step)
+            await self.steps.await_verify(run, job.start_window, on_step)
             return run
         except SequenceAborted as stop:
-            return await self._finish(run, stop)
+            return await self.steps.finish(run, stop)
 
     async def stop(self, run: RunRecord, *, on_step: StepCallback | None = None) -> RunRecord:
         """Stop the job (by its recorded identity) and nothing else.
@@ -250,11 +212,11 @@ class Restarter:
         if (other := self.engine_for(job)) is not None:
             return await other.stop(run, on_step=on_step)
         try:
-            current = await self._current(name)
+            current = await self.steps.current(name)
             run.old_pid = recorded_identity(current)["pid"]
             await self._stop(run, name, job, current, on_step)
         except SequenceAborted as stop:
-            return await self._finish(run, stop)
+            return await self.steps.finish(run, stop)
         run.finished_at = time.time()
         await self.runs.save(run)
         return run
@@ -282,152 +244,37 @@ class Restarter:
             return run
         name = self.config.job_name(run.job)
         job = self.config.jobs[name]
-        rec = run.step(Step.VERIFY)
-        if rec is None:
-            rec = StepRecord(step=Step.VERIFY, started_at=time.time())
-            run.steps.append(rec)
-        rec.outcome = Outcome.RUNNING
-        rec.ended_at = None
+        rec = self.steps.verify_step(run)
         deadline = run.launched_at + job.start_window
         ev: Evidence | None = None
         failure: RemoteError | None = None
         while True:
             try:
-                ev = await self._evidence(run, job)
+                ev = await gather(self.ssh, run, job)
                 failure = None
             except RemoteError as exc:
                 failure = exc
             now = time.time()
             if ev is not None and failure is None and ev.state != "alive":
-                ev = await self._settle_exit(run, job, ev)
+                ev = await settle_exit(self.ssh, run, job, ev)
                 break
             if now >= deadline and failure is None:
                 break
             if failure is not None and now >= deadline + VERIFY_GRACE:
-                rec.outcome = Outcome.FAILED
-                rec.ended_at = now
-                rec.detail = failure.message
-                await self.runs.save(run)
-                await self._publish(run, rec)
+                await self.steps.verify_unreachable(run, rec, failure.message)
                 raise failure
             delay = self.verify_poll if now >= deadline else min(self.verify_poll, deadline - now)
             await asyncio.sleep(max(0.05, delay))
         assert ev is not None
-        verdict, line, evidence = self._decide(run, job, ev)
+        verdict, line, evidence = decide(run, job, ev)
         run.verdict = verdict
         run.verdict_line = line
         ignored = check_resume(ev.start_step, ev.checkpoint, ev.sampled_at - run.launched_at).ignored
         if verdict is Verdict.RUNNING and ignored is not None and ev.checkpoint is not None:
             run.warning = messages.resume_warning(name, ignored, ev.checkpoint.path)
         run.evidence = evidence
-        run.finished_at = time.time()
-        rec.outcome = Outcome.OK if verdict is Verdict.RUNNING else Outcome.FAILED
-        rec.ended_at = run.finished_at
-        rec.detail = line
-        await self.runs.save(run)
-        await self._redis.zrem(keys.runs_unverified(self._prefix), run.id)
-        await self._publish(run, rec)
+        await self.steps.verified(run, rec)
         return run
-
-    def _decide(self, run: RunRecord, job: JobConfig, ev: Evidence) -> tuple[Verdict, str, str]:
-        pid = run.pid or 0
-        tail = ev.tail.strip() or messages.log_since_launch_empty()
-        facts = [
-            f"pid {pid}: {ev.state}",
-            f"processes matching {job.match!r} in session {run.sid}: {ev.count}/{job.processes}"
-            + (f" (pids {', '.join(str(p) for p in ev.pids[:20])})" if ev.pids else ""),
-            f"log {job.log}: "
-            + (f"+{ev.new_bytes} bytes since launch" if ev.new_bytes is not None else f"{ev.log_error}"),
-        ]
-        if ev.state != "alive":
-            st = ev.status or {}
-            if st.get("started_at") is not None and st.get("ended_at") is not None:
-                after = float(st["ended_at"]) - float(st["started_at"])
-            else:
-                after = ev.sampled_at - (run.launched_at or ev.sampled_at)
-            verdict, line = Verdict.EXITED, messages.verdict_exited(st.get("code"), st.get("signal"), after)
-        elif ev.error_line:
-            verdict, line = Verdict.ERROR_IN_LOG, messages.verdict_error_in_log(pid, ev.error_line)
-        elif ev.count != job.processes:
-            verdict, line = Verdict.WRONG_COUNT, messages.verdict_wrong_count(ev.count, job.processes, pid)
-        elif not ev.new_bytes or ev.new_bytes <= 0:
-            silent = ev.sampled_at - (run.launched_at or ev.sampled_at)
-            verdict, line = (
-                Verdict.NO_PROGRESS,
-                messages.verdict_no_progress(ev.count, job.processes, pid, silent),
-            )
-        else:
-            resume = check_resume(
-                ev.start_step, ev.checkpoint, ev.sampled_at - (run.launched_at or ev.sampled_at)
-            )
-            verdict, line = (
-                Verdict.RUNNING,
-                messages.verdict_running(
-                    ev.count,
-                    job.processes,
-                    pid,
-                    resumed_at=resume.started_at,
-                    ignored_checkpoint=resume.ignored,
-                ),
-            )
-        if ev.checkpoint is not None:
-            facts.append(
-                messages.checkpoint_fact(ev.checkpoint.path, ev.checkpoint.step, ev.checkpoint.age_s)
-            )
-        stop = run.step(Step.STOP)
-        if stop is not None and stop.stale:
-            facts.insert(0, stop.detail)
-            verdict, line = Verdict.STALE_RECORD, messages.verdict_stale_record(run.old_pid or 0, line)
-        evidence = "\n".join(facts)
-        if verdict is not Verdict.RUNNING:
-            evidence += f"\n--- last {TAIL_LINES} log lines since launch ---\n{tail}"
-        elif ev.tail.strip():  # healthy: a glimpse of the log is enough
-            last = tail.rstrip("\n").splitlines()[-RUNNING_TAIL_LINES:]
-            evidence += f"\n--- last {len(last)} log lines ---\n" + "\n".join(last)
-        return verdict, line, evidence
-
-    async def _settle_exit(self, run: RunRecord, job: JobConfig, ev: Evidence) -> Evidence:
-        """The process is gone: give its waiter a moment to record the exit status."""
-        for _ in range(10):
-            if ev.status is not None:
-                break
-            await asyncio.sleep(0.1)
-            try:
-                ev = await self._evidence(run, job)
-            except RemoteError:
-                break
-        return ev
-
-    async def _evidence(self, run: RunRecord, job: JobConfig) -> Evidence:
-        args = {
-            "name": run.job,
-            "match": job.match,
-            "pid": run.pid,
-            "start_time": run.start_time,
-            "sid": run.sid,
-            "log": job.log,
-            "offset": run.log_size_at_launch or 0,
-            "tail_lines": TAIL_LINES,
-            "progress_log": job.log,
-            "progress_offset": run.log_size_at_launch or 0,
-            "checkpoint_dir": job.checkpoint_dir,
-        }
-        raw = await call_helper(self.ssh, "evidence", args, job=run.job)
-        info = raw.get("log") or {}
-        started = raw.get("start_step") or {}
-        return Evidence(
-            state=str(raw.get("state") or "gone"),
-            count=int(raw.get("count") or 0),
-            pids=tuple(raw.get("pids") or ()),
-            new_bytes=raw.get("new_bytes"),
-            error_line=raw.get("error_line"),
-            status=raw.get("status"),
-            tail=str(raw.get("tail") or ""),
-            log_error=info.get("error"),
-            sampled_at=time.time(),
-            start_step=started.get("said") if started.get("said") is not None else started.get("first"),
-            checkpoint=ResumePoint.from_helper(raw.get("checkpoint"), raw.get("time")),
-        )
 
     # --- queries ---------------------------------------------------------------------------------
 
@@ -440,12 +287,10 @@ class Restarter:
         spec = self.config.jobs[name]
         if (other := self.engine_for(spec)) is not None:
             return await other.job_processes(name)
-        current = await self._current(name)
+        current = await self.steps.current(name)
         probes = await probe_host(self.ssh, spec.host, [(name, spec, current)])
         probe = probes[name]
         if probe.error is not None:
-            from pipeline.errors import HostUnreachable
-
             raise HostUnreachable(spec.host, probe.error)
         return ProcessCount(
             job=name,
@@ -486,7 +331,7 @@ class Restarter:
             timeout=CALL_TIMEOUT,
         )
         applied = sorted(n for n, on in (answer.get("applied") or {}).items() if on)
-        await self._store_patches(name, applied)
+        await self.steps.store_patches(name, applied)
         return applied
 
     # --- steps ------------------------------------------------------------------------------------
@@ -502,7 +347,7 @@ class Restarter:
         *,
         running: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        rec = await self._begin(run, Step.PREFLIGHT, on_step)
+        rec = await self.steps.begin(run, Step.PREFLIGHT, on_step)
         args: dict[str, Any] = {
             "workdir": job.workdir,
             "program": job.launch[0],
@@ -530,7 +375,7 @@ class Restarter:
             )
         except RemoteError as exc:
             check = "host_key" if isinstance(exc, HostKeyRejected) else "host"
-            await self._fail(run, rec, exc.message, on_step)
+            await self.steps.fail(run, rec, exc.message, on_step)
             raise PreflightFailed(
                 name, check, exc.message, line=messages.verdict_preflight_failed(check, exc.message)
             ) from None
@@ -538,7 +383,7 @@ class Restarter:
         if failed:
             first = failed[0]
             detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            await self._fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail, on_step)
             raise PreflightFailed(
                 name,
                 first["check"],
@@ -549,12 +394,14 @@ class Restarter:
         if seen and (seen.get("alive") or seen.get("count")):
             pids = list(seen.get("pids") or []) or [int(recorded_identity(running)["pid"] or 0)]
             detail = messages.already_running(name, pids)
-            await self._fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail, on_step)
             raise PreflightFailed(
                 name, "running", detail, line=messages.verdict_preflight_failed("running", detail)
             )
         names = [c["check"] for c in answer.get("checks", [])]
-        await self._end(run, rec, Outcome.OK, messages.step_preflight_ok(list(dict.fromkeys(names))), on_step)
+        await self.steps.end(
+            run, rec, Outcome.OK, messages.step_preflight_ok(list(dict.fromkeys(names))), on_step
+        )
         return answer
 
     async def _stop(
@@ -566,7 +413,7 @@ class Restarter:
         on_step: StepCallback | None,
     ) -> str | None:
         """Stop the old run; returns the stale-record note if the record was stale."""
-        rec = await self._begin(run, Step.STOP, on_step)
+        rec = await self.steps.begin(run, Step.STOP, on_step)
         ident = recorded_identity(current)
         args = {
             **ident,
@@ -580,7 +427,7 @@ class Restarter:
                 self.ssh, "stop", args, job=name, timeout=job.stop_timeout + 2 * KILL_TIMEOUT + CALL_TIMEOUT
             )
         except RemoteError as exc:
-            await self._fail(run, rec, exc.message, on_step)
+            await self.steps.fail(run, rec, exc.message, on_step)
             raise StopFailed(
                 name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
             ) from None
@@ -603,7 +450,7 @@ class Restarter:
             failure = StopFailed(
                 name, survivors, line=messages.verdict_stop_failed(survivors, "survived SIGKILL")
             )
-            await self._fail(run, rec, f"{detail}; {failure.message}", on_step)
+            await self.steps.fail(run, rec, f"{detail}; {failure.message}", on_step)
             raise failure
         if job.gpus is not None and job.gpus.all and targets:
             pairs = [[t["pid"], t.get("start_time")] for t in targets]
@@ -616,97 +463,22 @@ class Restarter:
                     timeout=self.gpu_wait_timeout + CALL_TIMEOUT,
                 )
             except RemoteError as exc:
-                await self._fail(run, rec, f"{detail}; {exc.message}", on_step)
+                await self.steps.fail(run, rec, f"{detail}; {exc.message}", on_step)
                 raise StopFailed(
                     name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
                 ) from None
             holders = sorted({int(h["pid"]) for h in gpu.get("holders") or []})
             if holders:
                 held = messages.gpu_memory_held(holders, float(gpu.get("seconds") or self.gpu_wait_timeout))
-                await self._fail(run, rec, f"{detail}; {held}", on_step)
+                await self.steps.fail(run, rec, f"{detail}; {held}", on_step)
                 raise StopFailed(name, holders, held, line=messages.verdict_stop_failed(holders, held))
             detail += "; " + messages.gpu_memory_freed(float(gpu.get("seconds") or 0))
-        await self._mark_stopped(name, run)
-        await self._end(run, rec, Outcome.OK, detail, on_step)
+        await self.steps.mark_stopped(name, run)
+        await self.steps.end(run, rec, Outcome.OK, detail, on_step)
         return note
 
-    async def _clear_cache(
-        self, run: RunRecord, name: str, job: JobConfig, fresh: bool, on_step: StepCallback | None
-    ) -> None:
-        rec = await self._begin(run, Step.CLEAR_CACHE, on_step)
-        if not fresh:
-            await self._end(run, rec, Outcome.SKIPPED, messages.step_cache_skipped(), on_step)
-            return
-        if not job.clear_cache:
-            await self._end(run, rec, Outcome.SKIPPED, messages.step_cache_none(), on_step)
-            return
-        try:
-            answer = await call_helper(
-                self.ssh, "clear", {"paths": list(job.clear_cache)}, job=name, timeout=CALL_TIMEOUT * 4
-            )
-        except RemoteError as exc:
-            await self._fail(run, rec, exc.message, on_step)
-            raise LaunchFailed(name, exc.message, line=messages.verdict_launch_failed(exc.message)) from None
-        cleared = answer.get("cleared") or []
-        detail = messages.step_cache_cleared(
-            [
-                (c["path"], int(c.get("files", 0)), int(c.get("bytes", 0)), bool(c.get("missing")))
-                for c in cleared
-            ]
-        )
-        errors = [e for c in cleared for e in c.get("errors", [])]
-        if errors:
-            why = f"cannot clear cache: {'; '.join(errors[:3])}"
-            await self._fail(run, rec, f"{detail}; {why}", on_step)
-            raise LaunchFailed(name, why, line=messages.verdict_launch_failed(why))
-        await self._end(run, rec, Outcome.OK, detail, on_step)
-
-    async def _patch(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        texts: Mapping[str, str],
-        applied: Mapping[str, bool],
-        add: Sequence[str],
-        remove: Sequence[str],
-        on_step: StepCallback | None,
-    ) -> None:
-        rec = await self._begin(run, Step.PATCH, on_step)
-        in_effect = sorted(n for n, on in applied.items() if on)
-        to_apply = [p for p in add if not applied.get(p)]
-        to_revert = [p for p in remove if applied.get(p)]
-        if not to_apply and not to_revert:
-            run.patches = in_effect
-            await self._store_patches(name, in_effect)
-            await self._end(run, rec, Outcome.SKIPPED, messages.step_patches([], [], in_effect), on_step)
-            return
-        try:
-            answer = await call_helper(
-                self.ssh,
-                "patch",
-                {"workdir": job.workdir, "apply": to_apply, "revert": to_revert},
-                job=name,
-                stdin=json.dumps(dict(texts)),
-                timeout=CALL_TIMEOUT * 2,
-            )
-        except RemoteError as exc:
-            await self._fail(run, rec, exc.message, on_step)
-            raise LaunchFailed(
-                name, exc.message, line=messages.verdict_launch_failed(messages.patch_failed(exc.message))
-            ) from None
-        in_effect = sorted(answer.get("in_effect") or [])
-        run.patches = in_effect
-        await self._store_patches(name, in_effect)
-        detail = messages.step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
-        if answer.get("failed"):
-            why = messages.patch_failed("; ".join(answer["failed"]))
-            await self._fail(run, rec, f"{detail}; {why}", on_step)
-            raise LaunchFailed(name, why, line=messages.verdict_launch_failed(why))
-        await self._end(run, rec, Outcome.OK, detail, on_step)
-
     async def _launch(self, run: RunRecord, name: str, job: JobConfig, on_step: StepCallback | None) -> None:
-        rec = await self._begin(run, Step.LAUNCH, on_step)
+        rec = await self.steps.begin(run, Step.LAUNCH, on_step)
         args = {
             "workdir": job.workdir,
             "argv": list(job.launch),
@@ -718,13 +490,13 @@ class Restarter:
             answer = await call_helper(self.ssh, "launch", args, job=name, timeout=LAUNCH_TIMEOUT)
         except RemoteTimeout as exc:
             detail = messages.launch_hung(exc.timeout, await self._state_text(name, job))
-            await self._fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail, on_step)
             raise LaunchFailed(name, detail, line=messages.verdict_launch_failed(detail)) from None
         except RemoteError as exc:
             detail = exc.message
             if not isinstance(exc, HostKeyRejected):
                 detail += f"; process state: {await self._state_text(name, job)}"
-            await self._fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail, on_step)
             raise LaunchFailed(name, detail, line=messages.verdict_launch_failed(detail)) from None
         run.pid = int(answer["pid"])
         run.pgid = int(answer.get("pgid") or run.pid)
@@ -743,26 +515,10 @@ class Restarter:
             "state": "running",
             "patches": ",".join(run.patches),
         }
-        key = keys.job_current(self._prefix, name)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            pipe.hset(key, mapping=current)
-            pipe.zadd(keys.runs_unverified(self._prefix), {run.id: run.launched_at + job.start_window})
-            await pipe.execute()
-        await self._end(
+        await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
+        await self.steps.end(
             run, rec, Outcome.OK, messages.step_launched(run.pid, job.log, run.log_size_at_launch), on_step
         )
-
-    async def _await_verify(self, run: RunRecord, job: JobConfig, on_step: StepCallback | None) -> None:
-        rec = StepRecord(
-            step=Step.VERIFY,
-            started_at=time.time(),
-            outcome=Outcome.WAITING,
-            detail=messages.step_verify_waiting(job.start_window),
-        )
-        run.steps.append(rec)
-        await self.runs.save(run)
-        await self._emit(run, rec, on_step)
 
     # --- helpers ------------------------------------------------------------------------------------
 
@@ -779,112 +535,8 @@ class Restarter:
             return f"no process matching {job.match!r}"
         return f"{p.count} process(es) matching {job.match!r}: pid {', '.join(str(x) for x in p.pids[:10])}"
 
-    async def _patch_texts(
-        self, run: RunRecord, name: str, job: JobConfig, asked: Sequence[str], on_step: StepCallback | None
-    ) -> dict[str, str]:
-        unknown = [p for p in asked if p not in job.patches]
-        if unknown:
-            rec = await self._begin(run, Step.PREFLIGHT, on_step)
-            known = ", ".join(job.patches) or "none"
-            detail = f"unknown patch {', '.join(unknown)} for {name} (known: {known})"
-            await self._fail(run, rec, detail, on_step)
-            raise PreflightFailed(
-                name, "patch", detail, line=messages.verdict_preflight_failed("patch", detail)
-            )
-        texts: dict[str, str] = {}
-        for patch, path in job.patches.items():
-            try:
-                texts[patch] = await asyncio.to_thread(Path(path).read_text, encoding="utf-8")
-            except OSError as exc:
-                if patch not in asked:
-                    continue
-                rec = await self._begin(run, Step.PREFLIGHT, on_step)
-                detail = f"{patch}: cannot read {path}: {exc.strerror}"
-                await self._fail(run, rec, detail, on_step)
-                raise PreflightFailed(
-                    name, "patch", detail, line=messages.verdict_preflight_failed("patch", detail)
-                ) from None
-        return texts
-
-    async def _boundary(
-        self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None, on_step: StepCallback | None
-    ) -> None:
-        asked = bool(await self._redis.exists(keys.cancel_request(self._prefix, run.id)))
-        if not asked and cancelled is not None:
-            asked = await cancelled()
-        if asked:
-            after_step = after.value if after else None
-            raise RunCancelled(run.job, run.id, after_step, line=messages.verdict_cancelled(after_step))
-
-    async def _current(self, name: str) -> dict[str, str]:
-        raw = await self._redis.hgetall(keys.job_current(self._prefix, name))
-        return {str(k): str(v) for k, v in raw.items()}
-
-    async def _mark_stopped(self, name: str, run: RunRecord) -> None:
-        key = keys.job_current(self._prefix, name)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(key, "pid", "start_time", "sid", "pgid")
-            pipe.hset(
-                key, mapping={"state": "stopped", "stopped_at": repr(time.time()), "stopped_by": run.id}
-            )
-            await pipe.execute()
-
-    async def _store_patches(self, name: str, in_effect: Sequence[str]) -> None:
-        key = keys.job_patches(self._prefix, name)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            if in_effect:
-                pipe.sadd(key, *in_effect)
-            await pipe.execute()
-
-    async def _patches_from_redis(self, name: str) -> set[str]:
-        return {str(m) for m in await self._redis.smembers(keys.job_patches(self._prefix, name))}
-
     def _job_key(self, job: str) -> str:
         try:
             return self.config.job_name(job)
         except KeyError:
             return job
-
-    async def _begin(self, run: RunRecord, step: Step, on_step: StepCallback | None) -> StepRecord:
-        rec = StepRecord(step=step, started_at=time.time())
-        run.steps.append(rec)
-        await self.runs.save(run)
-        await self._emit(run, rec, on_step)
-        return rec
-
-    async def _end(
-        self, run: RunRecord, rec: StepRecord, outcome: Outcome, detail: str, on_step: StepCallback | None
-    ) -> None:
-        rec.ended_at = time.time()
-        rec.outcome = outcome
-        rec.detail = detail
-        await self.runs.save(run)
-        await self._emit(run, rec, on_step)
-
-    async def _fail(self, run: RunRecord, rec: StepRecord, detail: str, on_step: StepCallback | None) -> None:
-        await self._end(run, rec, Outcome.FAILED, detail, on_step)
-
-    async def _emit(self, run: RunRecord, rec: StepRecord, on_step: StepCallback | None) -> None:
-        await self._publish(run, rec)
-        if on_step is not None:
-            await on_step(run, rec)
-
-    async def _publish(self, run: RunRecord, rec: StepRecord) -> None:
-        await self.events.publish(
-            EventKind.STEP,
-            run.job,
-            run_id=run.id,
-            step=rec.step.value,
-            outcome=rec.outcome.value,
-            detail=rec.detail,
-        )
-
-    async def _finish(self, run: RunRecord, aborted: SequenceAborted) -> RunRecord:
-        """Finish a run that a step ended: its verdict, line and evidence, as ``aborted`` carries them."""
-        run.verdict = Verdict(aborted.verdict)
-        run.verdict_line = aborted.line
-        run.evidence = aborted.evidence or aborted.line
-        run.finished_at = time.time()
-        await self.runs.save(run)
-        return run

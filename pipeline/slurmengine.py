@@ -27,14 +27,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline import keys, messages, slurm
+from pipeline import messages, slurm
 from pipeline.config import JobConfig, SlurmSettings
 from pipeline.engine import CancelCheck, StepCallback
 from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError, SequenceAborted, StopFailed
+from pipeline.evidence import TAIL_LINES
 from pipeline.hostprobe import ProcessCount, call_helper, log_tail
-from pipeline.restart import CALL_TIMEOUT, KILL_TIMEOUT, TAIL_LINES, VERIFY_GRACE, Restarter
-from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
+from pipeline.restart import KILL_TIMEOUT, VERIFY_GRACE, Restarter
+from pipeline.runs import Outcome, RunRecord, Step, Verdict
 from pipeline.slurm import SlurmClient, SlurmJob
+from pipeline.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
 
 PENDING_RECHECK = 15.0  #: seconds between checks of a job still PENDING after its verdict was posted
 STOP_POLL = 0.5  #: seconds between state checks while a job stops
@@ -82,6 +84,7 @@ class SlurmEngine:
 
     def __init__(self, restarter: Restarter, *, pending_recheck: float = PENDING_RECHECK) -> None:
         self.r = restarter
+        self.steps = restarter.steps
         self.client = SlurmClient(restarter.ssh)
         self.pending_recheck = pending_recheck
 
@@ -115,53 +118,54 @@ class SlurmEngine:
         r = self.r
         run.fresh_cache = fresh_cache
         try:
-            current = await r._current(name)
+            current = await self.steps.current(name)
             run.old_slurm_job = _int(current.get("slurm_job"))
-            texts = await r._patch_texts(run, name, job, [*add, *remove], on_step)
+            texts = await patch_texts(self.steps, run, name, job, [*add, *remove], on_step)
             wants = {p: "state" for p in job.patches}
             wants.update({p: "revert" for p in remove})
             wants.update({p: "apply" for p in add})
             pre = await self._preflight(run, name, job, wants, texts, on_step)
-            await r._boundary(run, None, cancelled, on_step)
+            await self.steps.boundary(run, None, cancelled, on_step)
             await self._stop(run, name, job, run.old_slurm_job, on_step)
-            await r._boundary(run, Step.STOP, cancelled, on_step)
-            await r._clear_cache(run, name, job, fresh_cache, on_step)
-            await r._boundary(run, Step.CLEAR_CACHE, cancelled, on_step)
-            await r._patch(run, name, job, texts, pre.get("applied") or {}, add, remove, on_step)
-            await r._boundary(run, Step.PATCH, cancelled, on_step)
+            await self.steps.boundary(run, Step.STOP, cancelled, on_step)
+            await clear_cache(r.ssh, self.steps, run, name, job, fresh_cache, on_step)
+            await self.steps.boundary(run, Step.CLEAR_CACHE, cancelled, on_step)
+            await patch(
+                r.ssh, self.steps, run, name, job, texts, pre.get("applied") or {}, add, remove, on_step
+            )
+            await self.steps.boundary(run, Step.PATCH, cancelled, on_step)
             await self._launch(run, name, job, run.old_slurm_job, on_step)
-            await r._await_verify(run, job, on_step)
+            await self.steps.await_verify(run, job.start_window, on_step)
             return run
         except SequenceAborted as stop:
-            return await r._finish(run, stop)
+            return await self.steps.finish(run, stop)
 
     async def start(
         self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None
     ) -> RunRecord:
         """See :meth:`pipeline.engine.Engine.start`: refuses while the recorded job is active."""
         name, job, _ = self._spec(run.job)
-        r = self.r
         try:
-            current = await r._current(name)
+            current = await self.steps.current(name)
             old = _int(current.get("slurm_job"))
             await self._preflight(run, name, job, {}, {}, on_step, running=old)
-            await r._boundary(run, None, cancelled, on_step)
-            run.patches = sorted(await r._patches_from_redis(name))
+            await self.steps.boundary(run, None, cancelled, on_step)
+            run.patches = sorted(await self.steps.stored_patches(name))
             await self._launch(run, name, job, old, on_step)
-            await r._await_verify(run, job, on_step)
+            await self.steps.await_verify(run, job.start_window, on_step)
             return run
         except SequenceAborted as stop:
-            return await r._finish(run, stop)
+            return await self.steps.finish(run, stop)
 
     async def stop(self, run: RunRecord, *, on_step: StepCallback | None = None) -> RunRecord:
         """See :meth:`pipeline.engine.Engine.stop`."""
         name, job, _ = self._spec(run.job)
         try:
-            current = await self.r._current(name)
+            current = await self.steps.current(name)
             run.old_slurm_job = _int(current.get("slurm_job"))
             await self._stop(run, name, job, run.old_slurm_job, on_step)
         except SequenceAborted as stop:
-            return await self.r._finish(run, stop)
+            return await self.steps.finish(run, stop)
         run.finished_at = time.time()
         await self.r.runs.save(run)
         return run
@@ -182,10 +186,10 @@ class SlurmEngine:
         r = self.r
         sl = job.slurm
         assert sl is not None
-        rec = await r._begin(run, Step.PREFLIGHT, on_step)
+        rec = await self.steps.begin(run, Step.PREFLIGHT, on_step)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
-            await r._fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail, on_step)
             return PreflightFailed(name, check, detail, line=messages.verdict_preflight_failed(check, detail))
 
         test_args = ["-D", job.workdir, *sl.sbatch_args]
@@ -233,7 +237,7 @@ class SlurmEngine:
         failed = [c for c in answer.get("checks", []) if not c.get("ok") and c.get("check") != "launch"]
         if failed:
             detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            await r._fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail, on_step)
             raise PreflightFailed(
                 name,
                 failed[0]["check"],
@@ -249,7 +253,7 @@ class SlurmEngine:
                 raise await fail("running", f"{name} is already {j.state} as Slurm job {j.id}")
         checks = ["partition", "script", "sbatch", *(c["check"] for c in answer.get("checks", []))]
         names = [c for c in dict.fromkeys(checks) if c != "launch"]
-        await r._end(run, rec, Outcome.OK, messages.step_preflight_ok(names), on_step)
+        await self.steps.end(run, rec, Outcome.OK, messages.step_preflight_ok(names), on_step)
         return answer
 
     async def _wait_gone(self, name: str, job_id: int, timeout: float) -> SlurmJob | None:
@@ -264,8 +268,7 @@ class SlurmEngine:
     async def _stop(
         self, run: RunRecord, name: str, job: JobConfig, old: int | None, on_step: StepCallback | None
     ) -> None:
-        r = self.r
-        rec = await r._begin(run, Step.STOP, on_step)
+        rec = await self.steps.begin(run, Step.STOP, on_step)
         try:
             j = await self.client.one(name, old) if old is not None else None
             if old is None or j is None or not j.active:
@@ -274,8 +277,8 @@ class SlurmEngine:
                     if j is not None
                     else messages.step_stop_nothing()
                 )
-                await r._mark_stopped(name, run)
-                await r._end(run, rec, Outcome.OK, detail, on_step)
+                await self.steps.mark_stopped(name, run)
+                await self.steps.end(run, rec, Outcome.OK, detail, on_step)
                 return
             began = time.monotonic()
             how = "SIGTERM"
@@ -290,28 +293,27 @@ class SlurmEngine:
                 await self.client.checked(name, ["scancel", str(old)])
                 j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
         except RemoteError as exc:
-            await r._fail(run, rec, exc.message, on_step)
+            await self.steps.fail(run, rec, exc.message, on_step)
             raise StopFailed(
                 name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
             ) from None
         took = time.monotonic() - began
         if j is not None and j.active:
             why = f"Slurm job {old} is still {j.state} after scancel"
-            await r._fail(run, rec, why, on_step)
+            await self.steps.fail(run, rec, why, on_step)
             raise StopFailed(name, [], why, line=messages.verdict_stop_failed([], why))
         ended = slurm.job_ended(j) if j is not None else f"job {old} left the queue"
-        await r._mark_stopped(name, run)
-        await r._end(
+        await self.steps.mark_stopped(name, run)
+        await self.steps.end(
             run, rec, Outcome.OK, f"stopped Slurm job {old} in {took:.1f} s ({how}); {ended}", on_step
         )
 
     async def _launch(
         self, run: RunRecord, name: str, job: JobConfig, old: int | None, on_step: StepCallback | None
     ) -> None:
-        r = self.r
         sl = job.slurm
         assert sl is not None
-        rec = await r._begin(run, Step.LAUNCH, on_step)
+        rec = await self.steps.begin(run, Step.LAUNCH, on_step)
         try:
             # Queued held, measured, then released: a job that starts at once cannot write its
             # first lines before the offset that verification reads from is taken.
@@ -328,7 +330,7 @@ class SlurmEngine:
             finally:
                 await self.client.checked(name, ["scontrol", "release", str(job_id)])
         except RemoteError as exc:
-            await r._fail(run, rec, exc.message, on_step)
+            await self.steps.fail(run, rec, exc.message, on_step)
             raise LaunchFailed(name, exc.message, line=messages.verdict_launch_failed(exc.message)) from None
         run.slurm_job = job_id
         run.log_size_at_launch = size
@@ -342,13 +344,8 @@ class SlurmEngine:
             "state": "running",
             "patches": ",".join(run.patches),
         }
-        key = keys.job_current(r._prefix, name)
-        async with r._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            pipe.hset(key, mapping=current)
-            pipe.zadd(keys.runs_unverified(r._prefix), {run.id: run.launched_at + job.start_window})
-            await pipe.execute()
-        await r._end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}", on_step)
+        await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
+        await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}", on_step)
 
     # --- verification ---------------------------------------------------------------------------
 
@@ -365,11 +362,7 @@ class SlurmEngine:
             return run
         name, job, sl = self._spec(run.job)
         r = self.r
-        rec = run.step(Step.VERIFY)
-        if rec is None:
-            rec = StepRecord(step=Step.VERIFY, started_at=time.time())
-            run.steps.append(rec)
-        rec.outcome, rec.ended_at = Outcome.RUNNING, None
+        rec = self.steps.verify_step(run)
         deadline = run.launched_at + job.start_window
         failure: RemoteError | None = None
         j: SlurmJob | None = None
@@ -390,26 +383,13 @@ class SlurmEngine:
                 elif now >= deadline and (j.state != "COMPLETING" or now >= deadline + VERIFY_GRACE):
                     break  # still queued (or starting): PENDING; a job completing is awaited
             elif now >= deadline + VERIFY_GRACE:
-                rec.outcome, rec.ended_at, rec.detail = Outcome.FAILED, now, failure.message
-                await r.runs.save(run)
-                await r._publish(run, rec)
+                await self.steps.verify_unreachable(run, rec, failure.message)
                 raise failure
             await asyncio.sleep(max(0.05, r.verify_poll))
         verdict, line, evidence = await self._decide(run, name, job, sl, j)
         run.verdict, run.verdict_line, run.evidence = verdict, line, evidence
-        run.finished_at = time.time()
-        rec.ended_at = run.finished_at
-        rec.detail = line
-        if verdict is Verdict.PENDING:
-            rec.outcome = Outcome.WAITING
-            due = time.time() + self.pending_recheck
-            await r.runs.save(run)
-            await r._redis.zadd(keys.runs_unverified(r._prefix), {run.id: due})
-        else:
-            rec.outcome = Outcome.OK if verdict is Verdict.RUNNING else Outcome.FAILED
-            await r.runs.save(run)
-            await r._redis.zrem(keys.runs_unverified(r._prefix), run.id)
-        await r._publish(run, rec)
+        recheck = time.time() + self.pending_recheck if verdict is Verdict.PENDING else None
+        await self.steps.verified(run, rec, recheck_at=recheck)
         return run
 
     async def _decide(
@@ -501,7 +481,7 @@ class SlurmEngine:
         :raises RemoteError: if the cluster cannot be asked.
         """
         name, spec, _ = self._spec(job)
-        current = await self.r._current(name)
+        current = await self.steps.current(name)
         job_id = _int(current.get("slurm_job"))
         j = await self.client.one(name, job_id) if job_id is not None else None
         pids: tuple[int, ...] = ()
@@ -520,7 +500,7 @@ class SlurmEngine:
     async def job_state(self, job: str) -> SlurmJob | None:
         """The recorded Slurm job as the cluster reports it now (``status``), or None."""
         name, _, _ = self._spec(job)
-        job_id = _int((await self.r._current(name)).get("slurm_job"))
+        job_id = _int((await self.steps.current(name)).get("slurm_job"))
         return await self.client.one(name, job_id) if job_id is not None else None
 
     async def log_tail(self, job: str, lines: int) -> str:
@@ -529,5 +509,5 @@ class SlurmEngine:
         :raises RemoteError: if it cannot be read.
         """
         name, spec, _ = self._spec(job)
-        path = (await self.r._current(name)).get("log") or spec.log
+        path = (await self.steps.current(name)).get("log") or spec.log
         return await log_tail(self.r.ssh, name, spec.model_copy(update={"log": path}), lines)

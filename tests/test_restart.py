@@ -19,12 +19,13 @@ import pytest
 from pipeline import keys, messages
 from pipeline.config import Config, GpuRoles, JobConfig
 from pipeline.events import Events
+from pipeline.evidence import Evidence, decide
 from pipeline.hosthelper import proc_stat
 from pipeline.hostprobe import probe_host, read_log, read_log_chunk
 from pipeline.recovery import reconcile
 from pipeline.redisconn import RedisHandle, open_redis
 from pipeline.remote import SSHPool
-from pipeline.restart import Evidence, Restarter
+from pipeline.restart import Restarter
 from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
 from tests.fixtures.ssh import BIN, HostUnderTest, InProcessHost, JobFactory, JobSetup
 
@@ -634,8 +635,7 @@ def _run(**fields: object) -> RunRecord:
 
 
 def _decide(run: RunRecord, ev: Evidence) -> tuple[Verdict, str]:
-    restarter = Restarter.__new__(Restarter)
-    verdict, line, _ = restarter._decide(run, _job_config(), ev)
+    verdict, line, _ = decide(run, _job_config(), ev)
     return verdict, line
 
 

@@ -11,10 +11,11 @@ import pytest
 
 from pipeline.config import Config
 from pipeline.events import Events
+from pipeline.evidence import Evidence, decide
 from pipeline.hosthelper import checkpoint_info, start_step
 from pipeline.redisconn import RedisHandle
 from pipeline.remote import SSHPool
-from pipeline.restart import Evidence, Restarter
+from pipeline.restart import Restarter
 from pipeline.resume import ResumePoint, check_resume
 from pipeline.runs import RunRecord, RunStore, Verdict
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
@@ -22,8 +23,7 @@ from tests.test_restart import _ev, _job_config, _run
 
 
 def _decide(run: RunRecord, ev: Evidence) -> tuple[Verdict, str]:
-    restarter = Restarter.__new__(Restarter)
-    verdict, line, _ = restarter._decide(run, _job_config(), ev)
+    verdict, line, _ = decide(run, _job_config(), ev)
     return verdict, line
 
 
