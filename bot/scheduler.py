@@ -37,6 +37,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from redis.exceptions import RedisError
 
+from bot.assembly import build_watcher
 from handlers.context import Context
 from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
@@ -70,7 +71,7 @@ class PitstopScheduler:
         self.ctx = ctx
         self.poll_interval = poll_interval
         self.lease = LeaderLease(ctx.redis.client, ctx.prefix, ctx.instance, leader_ttl)
-        self.watcher = Watcher(ctx, remind_every=remind_every)
+        self.watcher: Watcher = build_watcher(ctx, remind_every=remind_every)
         self._scheduler: AsyncIOScheduler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._was_leader = False
