@@ -39,6 +39,7 @@ from redis.exceptions import RedisError
 
 from bot.assembly import build_watcher
 from handlers.context import Context
+from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
 from pipeline import messages
@@ -246,8 +247,6 @@ class PitstopScheduler:
     async def _digest_tick(self, job: str) -> None:
         if not self.is_leader:
             return
-        from handlers.reports import digest_command
-
         reply = await digest_command(self.ctx, job, scheduled=True)
         if not self.is_leader:
             return  # lost the lease while building it: the new leader posts the next one

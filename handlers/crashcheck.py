@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from handlers.context import Context
 from pipeline import keys, messages
 from pipeline.config import AutoRestart
 from pipeline.crashes import Crash, CrashClass, classify, from_fields
 from pipeline.errors import PitstopError
 from pipeline.hostprobe import call_helper, read_log_chunk, recorded_identity
 from pipeline.watch import Incident
-
-if TYPE_CHECKING:
-    from handlers.context import Context
 
 log = logging.getLogger(__name__)
 

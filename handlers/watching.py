@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from handlers.alerts import (
     acked_reply,
@@ -42,11 +42,13 @@ from handlers.alerts import (
     resolved_reply,
 )
 from handlers.auth import SYSTEM_USER
+from handlers.context import Context
 from handlers.crashcheck import check_crash, refusal, with_crash
 from handlers.hangevidence import KINDS as HANG_KINDS
 from handlers.hangevidence import hang_evidence
 from handlers.reply import Reply, Status
 from pipeline import keys, messages, progress
+from pipeline.config import JobConfig
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.events import EventKind
 from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
@@ -67,10 +69,6 @@ from pipeline.watch import (
     assess,
     detect_cause,
 )
-
-if TYPE_CHECKING:
-    from handlers.context import Context
-    from pipeline.config import JobConfig
 
 log = logging.getLogger(__name__)
 
