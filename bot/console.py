@@ -22,15 +22,15 @@ import sys
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import IO
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from bot.blocks import plain
 from bot.assembly import build_context, close_context
+from bot.blocks import plain
 from bot.scheduler import PitstopScheduler
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Reply, Status, StepLine

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from bot.assembly import build_context, close_context
 from bot.console import ConsoleOutbox, ConsoleSession, make_console
-from bot.scheduler import PitstopScheduler
 from bot.demo_script import Kill, Say, Step, Wait, WaitRanks, parse_line, parse_script
+from bot.scheduler import PitstopScheduler
 from bot.settings import Settings
 from handlers.context import Context
 from handlers.dispatch import Dispatcher

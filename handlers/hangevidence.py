@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from handlers.reply import Reply, Status
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from pipeline import keys
 from pipeline.errors import PitstopError
 from pipeline.hostprobe import call_helper, recorded_identity

@@ -15,14 +15,14 @@ import difflib
 import logging
 from collections.abc import Sequence
 
-from handlers.reply import Reply, Status, Table
 from handlers.context import Context
+from handlers.reply import Reply, Status, Table
 from handlers.slurmviews import job_gpus
-from pipeline.gpus import ComputeApp, GpuStat, compute_apps, query_gpus
-from pipeline.hostprobe import probe_host
 from pipeline import keys, messages
 from pipeline.digest import TARGET, Digest, build_digest
 from pipeline.errors import ExitCode, PitstopError
+from pipeline.gpus import ComputeApp, GpuStat, compute_apps, query_gpus
+from pipeline.hostprobe import probe_host
 
 log = logging.getLogger(__name__)
 
