@@ -34,7 +34,7 @@ from typing import Any
 from pipeline import keys, messages
 from pipeline.config import Config, JobConfig
 from pipeline.engine import Engine
-from pipeline.errors import HostKeyRejected, PitstopError, RemoteError, RemoteTimeout
+from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError, RemoteError, RemoteTimeout
 from pipeline.events import EventKind, Events
 from pipeline.hostprobe import (
     ProcessCount,
@@ -440,8 +440,6 @@ class Restarter:
         probes = await probe_host(self.ssh, spec.host, [(name, spec, current)])
         probe = probes[name]
         if probe.error is not None:
-            from pipeline.errors import HostUnreachable
-
             raise HostUnreachable(spec.host, probe.error)
         return ProcessCount(
             job=name,
