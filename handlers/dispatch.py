@@ -83,7 +83,7 @@ class Flow:
     :ivar outcome: the audit outcome when the handler succeeds (accepted, confirmed).
     :ivar user: who is authorised.
     :ivar groups: their user groups.
-    :ivar system: the system principal (automatic restarts): no role check, no confirmation.
+    :ivar system: the system principal (automatic restarts): its own role, never asked to confirm.
     """
 
     req: Request
