@@ -39,9 +39,8 @@ from typing import Any
 
 from benchlib import Checks
 
-from bot.assembly import build_context, close_context
+from bot.assembly import build_context, build_watcher, close_context
 from handlers.outbox import MemoryOutbox
-from handlers.watching import Watcher
 from pipeline.config import Config, HostConfig, JobConfig, RedisSettings, StateSettings, WatchSettings
 
 HOSTS = 4
@@ -155,7 +154,7 @@ async def pitstop_cpu(config: Config, cycles: int) -> tuple[float, float, str]:
     the watcher saw before measuring (``N/N healthy``, else the conditions it found)."""
     ctx = await build_context(config, MemoryOutbox(), instance="bench")
     try:
-        watcher = Watcher(ctx)
+        watcher = build_watcher(ctx)
         hosts = sorted({j.host for j in config.jobs.values()})
 
         async def cycle() -> dict[str, Any]:

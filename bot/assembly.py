@@ -1,5 +1,8 @@
 """Assembly: open Redis and the SSH pool from the validated config and build the one
 :class:`~handlers.context.Context` a process shares; close it all again in reverse order.
+
+It also wires the parts that must not import each other: the watcher's automatic restarts go
+through a :class:`~handlers.dispatch.Dispatcher` (:func:`build_watcher`).
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ import socket
 import uuid
 
 from handlers.context import Context
+from handlers.dispatch import Dispatcher, Request
 from handlers.outbox import Outbox
+from handlers.reply import Reply
 from handlers.verdicts import recover_runs
+from handlers.watching import AUTO_USER, Watcher
 from pipeline import messages
 from pipeline.config import Config
 from pipeline.events import Events
@@ -20,6 +26,7 @@ from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
 from pipeline.runs import RunStore
 from pipeline.slurmengine import SlurmEngine
+from pipeline.watch import DEFAULT_REMIND_EVERY
 
 log = logging.getLogger(__name__)
 
@@ -84,3 +91,33 @@ async def close_context(ctx: Context) -> None:
         await ctx.ssh.close()
     finally:
         await ctx.redis.aclose()
+
+
+class DispatchedRestarts:
+    """The watcher's automatic restarts (:class:`handlers.watching.Restarts`): ``restart JOB``
+    through a dispatcher of its own, as :data:`handlers.watching.AUTO_USER` from the scheduler
+    surface — locked, posted and audited as a person's.
+
+    :param ctx: the process context.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.dispatcher = Dispatcher(ctx)
+
+    async def restart(self, job: str, channel: str | None) -> Reply:
+        """Request ``restart JOB``; the dispatcher's answer (it never raises)."""
+        return await self.dispatcher.handle(
+            Request(text=f"restart {job}", user=AUTO_USER, channel=channel, surface="scheduler")
+        )
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for the restarts still running, then cancel them."""
+        await self.dispatcher.drain(timeout)
+
+
+def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> Watcher:
+    """The process's :class:`~handlers.watching.Watcher`, its automatic restarts dispatched.
+
+    :param remind_every: seconds between reminders of an open, unacknowledged incident.
+    """
+    return Watcher(ctx, DispatchedRestarts(ctx), remind_every=remind_every)

@@ -28,6 +28,7 @@ from bot import settings as settings_mod
 from pipeline import messages
 from pipeline.config import Config, load_config, resolve_path
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
+from pipeline.redisconn import mask_url
 
 log = logging.getLogger("pitstop")
 
@@ -126,7 +127,6 @@ def _check_config(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     path = resolve_path(args.file or args.config, env.config_path)
     config = load_config(path)
     redis = config.redis.url or f"embedded under {config.state.dir}"
-    from pipeline.redisconn import mask_url
 
     print(messages.config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
     return 0
@@ -137,28 +137,28 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     if verb == "check-config":
         return _check_config(args, env)
     if verb == "demo":
-        from bot.demo import demo_main
+        from bot.demo import demo_main  # lazy: each verb loads only its own stack (SSH, Redis, Slack)
 
         return run_async(lambda: demo_main(args, env))
     config = _load(args, env)
     if verb == "parse":
-        from bot.say import parse_main
+        from bot.say import parse_main  # lazy: as above, ``parse`` stays quick
 
         return parse_main(config, args.text)
     if verb == "say":
-        from bot.say import say_main
+        from bot.say import say_main  # lazy: as above
 
         user = env.acting_user(args.user)
         return run_async(lambda: say_main(config, args.text, user=user, wait=args.wait, as_json=args.as_json))
     if verb == "console":
-        from bot.console import run_console
+        from bot.console import run_console  # lazy: as above
 
         user = env.acting_user(args.user)
         return run_async(lambda: run_console(config, user=user))
     if verb == "serve":
         return _serve(args, env, config)
     if verb == "check-slack":
-        from bot.slack_doctor import check_slack
+        from bot.slack_doctor import check_slack  # lazy: as above (slack_sdk, aiohttp)
 
         if not env.bot_token:
             return _fail(messages.missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
@@ -168,7 +168,7 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
 
 
 def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config) -> int:
-    from bot import serve
+    from bot import serve  # lazy: as above (slack_bolt, slack_sdk, aiohttp)
 
     if not env.bot_token:
         return _fail(messages.missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)

@@ -22,14 +22,16 @@ import sys
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import IO
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from bot.assembly import build_context, close_context
 from bot.blocks import plain
+from bot.scheduler import PitstopScheduler
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Reply, Status, StepLine
 from pipeline import messages
@@ -351,16 +353,12 @@ async def run_console(
     :param scheduler: start the scheduler (verdicts, watching, digests arrive as posts).
     :returns: the exit code (0).
     """
-    from bot.assembly import build_context, close_context
-
     console = console or make_console()
     ctx = await build_context(config, ConsoleOutbox(console))
-    sched: Any = None
+    sched: PitstopScheduler | None = None
     dispatcher: Dispatcher | None = None
     try:
         if scheduler:
-            from bot.scheduler import PitstopScheduler
-
             sched = PitstopScheduler(ctx)
             await sched.start()
         dispatcher = Dispatcher(ctx)

@@ -23,22 +23,21 @@ import time
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from bot.assembly import build_context, close_context
+from bot.console import ConsoleOutbox, ConsoleSession, make_console
 from bot.demo_script import Kill, Say, Step, Wait, WaitRanks, parse_line, parse_script
+from bot.scheduler import PitstopScheduler
 from bot.settings import Settings
+from handlers.context import Context
+from handlers.dispatch import Dispatcher
 from pipeline import keys, messages
 from pipeline.config import load_config
 from pipeline.digest import MAX_WINDOW_BYTES, remote_reader
 from pipeline.errors import ExitCode, PitstopError, UsageError
 from pipeline.events import EventKind
 from pipeline.metrics import parse_metric_lines
-
-if TYPE_CHECKING:
-    from bot.console import ConsoleSession
-    from bot.scheduler import PitstopScheduler
-    from handlers.context import Context
-    from pipeline.testhost import LocalSSHHost
+from pipeline.testhost import LocalSSHHost, start_local_ssh_host
 
 DEMO_USER = "demo-admin"
 DEFAULT_SCRIPT = Path(__file__).resolve().parent.parent / "demo" / "script.txt"
@@ -197,12 +196,6 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
     elif not sys.stdin.isatty() and not (env.bot_token and env.app_token):
         script = parse_script(await asyncio.to_thread(DEFAULT_SCRIPT.read_text))
 
-    from bot.assembly import build_context
-    from bot.console import ConsoleOutbox, ConsoleSession, make_console
-    from bot.scheduler import PitstopScheduler
-    from handlers.dispatch import Dispatcher
-    from pipeline.testhost import start_local_ssh_host
-
     console = make_console()
     tmp = Path(tempfile.mkdtemp(prefix="pitstop-demo-"))
     started = time.monotonic()
@@ -245,7 +238,7 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
         await _wait(ctx, Wait(EventKind.VERDICT, "dflash", 180, 0), cursor)
 
         if script is None and env.bot_token and env.app_token:
-            from bot.serve import serve_socket
+            from bot.serve import serve_socket  # lazy: Slack's libraries only when tokens hand over to Slack
 
             # Slack takes over: its runtime runs the scheduler (and posts to Slack, not here)
             await scheduler.stop()
@@ -375,8 +368,6 @@ async def _cleanup(
         if sid is not None:
             kill_session(sid)  # ... and whatever is left of the session, the hard way
         with contextlib.suppress(Exception):
-            from bot.assembly import close_context
-
             await close_context(ctx)
     if host is not None:
         with contextlib.suppress(Exception):

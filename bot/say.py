@@ -95,7 +95,7 @@ async def _settle_confirmation(dispatcher: Dispatcher, reply: Reply, user: str, 
 async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: float) -> RunRecord | None:
     """The run once its verdict is recorded: deliver it here when due, unless another process
     (the scheduler of a running ``pitstop serve``) claimed it first — then await its VERDICT event."""
-    from handlers.verdicts import deliver_verdict
+    from handlers.verdicts import deliver_verdict  # lazy: the request path, see TYPE_CHECKING above
 
     deadline = time.monotonic() + timeout
     score = await ctx.redis.client.zscore(keys.runs_unverified(ctx.prefix), run.id)
@@ -139,8 +139,8 @@ async def say_main(
     :param groups: the user's user-group ids.
     :returns: the exit code (see the module docstring).
     """
-    from bot.assembly import build_context, close_context
-    from handlers.dispatch import Dispatcher, Request
+    from bot.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
+    from handlers.dispatch import Dispatcher, Request  # lazy: the request path (SSH, Redis)
 
     out = out or sys.stdout
     err = err or sys.stderr

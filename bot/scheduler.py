@@ -37,7 +37,9 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from redis.exceptions import RedisError
 
+from bot.assembly import build_watcher
 from handlers.context import Context
+from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
 from pipeline import messages
@@ -70,7 +72,7 @@ class PitstopScheduler:
         self.ctx = ctx
         self.poll_interval = poll_interval
         self.lease = LeaderLease(ctx.redis.client, ctx.prefix, ctx.instance, leader_ttl)
-        self.watcher = Watcher(ctx, remind_every=remind_every)
+        self.watcher: Watcher = build_watcher(ctx, remind_every=remind_every)
         self._scheduler: AsyncIOScheduler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._was_leader = False
@@ -245,8 +247,6 @@ class PitstopScheduler:
     async def _digest_tick(self, job: str) -> None:
         if not self.is_leader:
             return
-        from handlers.reports import digest_command
-
         reply = await digest_command(self.ctx, job, scheduled=True)
         if not self.is_leader:
             return  # lost the lease while building it: the new leader posts the next one

@@ -32,6 +32,8 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.assembly import build_context, close_context, new_instance_id
+from bot.scheduler import PitstopScheduler
 from bot.slack_app import SlackSurface
 from bot.slack_outbox import SlackOutbox, web_client
 from handlers.context import Context
@@ -59,7 +61,7 @@ class SlackRuntime:
     ctx: Context
     dispatcher: Dispatcher
     surface: SlackSurface
-    scheduler: Any = None
+    scheduler: PitstopScheduler | None = None
     socket: AsyncSocketModeHandler | None = None
     auth: dict[str, Any] = field(default_factory=dict)
     _auth_at: float = 0.0
@@ -109,8 +111,6 @@ class SlackRuntime:
             await self.surface.drain(drain)
             await self.dispatcher.drain(drain)
         finally:
-            from bot.assembly import close_context
-
             try:
                 await close_context(self.ctx)
             finally:
@@ -134,9 +134,6 @@ async def open_runtime(
     :param check_auth: call ``auth.test`` first so a wrong token fails at once.
     :raises SlackUnavailable: if ``auth.test`` fails.
     """
-    from bot.assembly import build_context, new_instance_id
-    from handlers.dispatch import Dispatcher
-
     session = aiohttp.ClientSession()
     ctx: Context | None = None
     try:
@@ -178,15 +175,11 @@ async def open_runtime(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(surface.groups.refresh(), timeout=5.0)
         if scheduler:
-            from bot.scheduler import PitstopScheduler
-
             runtime.scheduler = PitstopScheduler(ctx)
             await runtime.scheduler.start()
         return runtime
     except BaseException:
         if ctx is not None:
-            from bot.assembly import close_context
-
             with contextlib.suppress(Exception):
                 await close_context(ctx)
         await session.close()

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from handlers.context import Context
 from pipeline import keys, messages
 from pipeline.config import AutoRestart
 from pipeline.crashes import Crash, CrashClass, classify, from_fields
 from pipeline.errors import PitstopError
 from pipeline.hostprobe import call_helper, read_log_chunk, recorded_identity
-
-if TYPE_CHECKING:
-    from handlers.context import Context
+from pipeline.watch import Incident
 
 log = logging.getLogger(__name__)
 
@@ -107,4 +105,21 @@ def refusal(job: str, check: CrashCheck, policy: AutoRestart | None) -> str | No
     return None
 
 
-__all__ = ["MAX_CRASH_BYTES", "CrashCheck", "check_crash", "refusal"]
+def with_crash(inc: Incident, check: CrashCheck) -> Incident:
+    """The incident with the crash's class, evidence line (the alert's cause) and details."""
+    c = check.crash
+    return inc.model_copy(
+        update={
+            "crash_class": c.kind.value,
+            "crash_evidence": c.evidence,
+            "crash_exc_type": c.exc_type,
+            "crash_message": c.message,
+            "crash_rank": c.rank,
+            "crash_step": c.step,
+            "cause": c.summary,
+            "exit_cause": check.exit_cause or inc.exit_cause,
+        }
+    )
+
+
+__all__ = ["MAX_CRASH_BYTES", "CrashCheck", "check_crash", "refusal", "with_crash"]

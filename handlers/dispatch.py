@@ -1,8 +1,12 @@
 """The one path every request takes, from any surface: parse → dedupe → authorise → confirm → act.
 
-:class:`Dispatcher` is the middleware-like step (Bolt's ``async_process``, errbot's
-``cmdfilter``): the cross-cutting rules — exactly-once delivery, roles, confirmation and the
-audit trail — live here once, before any verb's handler runs.  Every request ends in one audit
+:class:`Dispatcher` runs every request — a typed command (:meth:`Dispatcher.handle`) or a
+button (:meth:`Dispatcher.handle_action`) — through one list of middleware-like steps
+(:attr:`Dispatcher.steps`, as Bolt's ``async_process(req, resp, next)``): guard (errors →
+reply and audit), parse, dedupe (exactly-once delivery), resolve (a button → its command, a
+confirmation click settled), authorise (roles), confirm; then the verb's handler from the
+table :data:`handlers.verbs.VERBS`.  A step answers by itself or calls the next; adding a
+cross-cutting rule adds a step, not an ``if`` in each path.  Every request ends in one audit
 record (accepted, denied, refused, invalid, failed, error, duplicate, pending, confirmed,
 cancelled, forced) and one :class:`~handlers.reply.Reply` whose ``exit_code`` the CLI uses.
 
@@ -24,7 +28,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +40,7 @@ from handlers.context import Context
 from handlers.dedupe import Dedupe
 from handlers.lock import DEFAULT_TTL, InFlight
 from handlers.reply import Button, Reply, Status
-from handlers.sequences import begin_sequence, cancel_command, run_sequence
+from handlers.verbs import VERBS, Call
 from pipeline import messages
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 
@@ -65,6 +69,41 @@ class Request:
     surface: str = "slack"
 
 
+@dataclass
+class Flow:
+    """One request on its way through the steps; each step may fill in what it learnt.
+
+    :ivar req: the request as received (failures are audited against it).
+    :ivar action: the button's action (``confirm``, ``cancel``, ``show_log``), None for typed text.
+    :ivar value: the button's value (a token, a run id, a job).
+    :ivar command: the command known so far (failures are audited with it).
+    :ivar run: the command the verb's handler runs (a confirmation's stored command).
+    :ivar on_behalf: the request the handler acts and is audited for (default: ``req``).
+    :ivar outcome: the audit outcome when the handler succeeds (accepted, confirmed).
+    :ivar user: who is authorised.
+    :ivar groups: their user groups.
+    :ivar system: the system principal (automatic restarts): its own role, never asked to confirm.
+    """
+
+    req: Request
+    action: str | None = None
+    value: str = ""
+    command: Command | None = None
+    run: Command | None = None
+    on_behalf: Request | None = None
+    outcome: AuditOutcome = AuditOutcome.ACCEPTED
+    user: str = ""
+    groups: tuple[str, ...] = ()
+    system: bool = False
+
+
+Next = Callable[[], Awaitable[Reply]]
+"""Calls the rest of the steps (and then the handler)."""
+
+Step = Callable[[Flow, Next], Awaitable[Reply]]
+"""A cross-cutting step: answers by itself or returns ``await call_next()``."""
+
+
 def _error_reply(exc: PitstopError, *, ephemeral: bool) -> Reply:
     head, *rest = exc.message.splitlines() or [""]
     tone = Status.WARNING if isinstance(exc, InFlight) else Status.ERROR
@@ -81,7 +120,7 @@ def _internal_reply(incident: str) -> Reply:
 
 
 class Dispatcher:
-    """Parse, deduplicate, authorise, confirm, act and audit — for every surface.
+    """Parse, deduplicate, authorise, confirm, act and audit — for every surface, as one list of steps.
 
     :param ctx: the process's shared parts.
     :param lock_ttl: seconds a restart lock lives without renewal (renewed every ``ttl / 3``).
@@ -100,6 +139,15 @@ class Dispatcher:
         self.confirmations = Confirmations(client, prefix)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.Task[Any]] = set()
+        #: the cross-cutting steps every request runs, in order, before the verb's handler
+        self.steps: tuple[Step, ...] = (
+            self._guard,
+            self._parse,
+            self._dedupe,
+            self._resolve,
+            self._authorise,
+            self._confirm,
+        )
 
     # --- background work ------------------------------------------------------------------------
 
@@ -167,41 +215,134 @@ class Dispatcher:
         except Exception:  # the answer matters more than its record; the log keeps it
             log.exception("could not write the audit record for %r (%s)", req.text, outcome.value)
 
-    # --- requests --------------------------------------------------------------------------------
+    # --- requests: every one runs the same steps ---------------------------------------------------
 
     async def handle(self, req: Request) -> Reply:
-        """Answer one request; never raises (except cancellation).
+        """Answer one typed request; never raises (except cancellation).
 
         :returns: the reply for the requester; ``exit_code`` 0 ok, 1 failed, 2 bad input,
             3 denied, 4 in flight, 5 cancelled.
         """
-        command: Command | None = None
+        system = req.surface == SYSTEM_SURFACE and req.user == SYSTEM_USER
+        return await self._run(Flow(req, user=req.user, groups=req.groups, system=system))
+
+    async def handle_action(
+        self,
+        action: str,
+        value: str,
+        user: str,
+        delivery_id: str | None = None,
+        groups: tuple[str, ...] = (),
+    ) -> Reply:
+        """Answer a button: ``confirm``/``cancel`` (value: a confirmation token, or a run id to
+        cancel that run), ``show_log`` (value: a job).  Never raises (except cancellation).
+
+        :param user: who clicked.
+        :param delivery_id: the click's id (a double click arrives twice with the same id).
+        :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
+        """
+        req = Request(
+            text=f"[{action}] {value}", user=user, groups=groups, delivery_id=delivery_id, surface="action"
+        )
+        return await self._run(Flow(req, action=action, value=value, user=user, groups=groups))
+
+    async def _run(self, flow: Flow) -> Reply:
+        """Pass ``flow`` through :attr:`steps`, each calling the next, then to the verb's handler."""
+
+        async def at(i: int) -> Reply:
+            if i == len(self.steps):
+                return await self._act(flow)
+            return await self.steps[i](flow, lambda: at(i + 1))
+
+        return await at(0)
+
+    # --- the steps, in order ------------------------------------------------------------------------
+
+    async def _guard(self, flow: Flow, call_next: Next) -> Reply:
+        """Turn what the later steps raise into a reply and its audit record."""
         try:
-            try:
-                command = parse(req.text, self.ctx.config)
-            except ParseError as exc:
-                await self._audit(req, AuditOutcome.INVALID, detail=exc.message)
-                return _error_reply(exc, ephemeral=True)
-            if req.delivery_id and not await self.dedupe.claim(req.delivery_id, self.ctx.instance):
-                await self._audit(req, AuditOutcome.DUPLICATE, command)
-                return Reply(title=messages.duplicate_delivery(), status=Status.INFO, ephemeral=True)
-            system = req.surface == SYSTEM_SURFACE and req.user == SYSTEM_USER
-            authorise(self.ctx.config, command, req.user, req.groups, system=system)
-            # a job's opt-in auto_restart is its standing confirmation: nobody could click for it
-            if (
-                command.spec.acts
-                and command.job is not None
-                and self.ctx.config.jobs[command.job].confirm
-                and not system
-            ):
-                return await self._ask(req, command)
-            return await self._act_and_audit(req, command, AuditOutcome.ACCEPTED)
+            return await call_next()
         except asyncio.CancelledError:
             raise
         except PitstopError as exc:
-            return await self._failed(req, command, exc)
+            return await self._failed(flow.req, flow.command, exc)
         except Exception:
-            return await self._internal(req, command)
+            return await self._internal(flow.req, flow.command)
+
+    async def _parse(self, flow: Flow, call_next: Next) -> Reply:
+        """Typed text → a :class:`Command` (buttons carry no text: they are resolved after dedupe)."""
+        if flow.action is None:
+            try:
+                flow.command = flow.run = parse(flow.req.text, self.ctx.config)
+            except ParseError as exc:
+                await self._audit(flow.req, AuditOutcome.INVALID, detail=exc.message)
+                return _error_reply(exc, ephemeral=True)
+        return await call_next()
+
+    async def _dedupe(self, flow: Flow, call_next: Next) -> Reply:
+        """Act on a delivery once: a retry of one already claimed is answered, not acted on."""
+        req = flow.req
+        if req.delivery_id and not await self.dedupe.claim(req.delivery_id, self.ctx.instance):
+            await self._audit(req, AuditOutcome.DUPLICATE, flow.command)
+            return Reply(title=messages.duplicate_delivery(), status=Status.INFO, ephemeral=True)
+        return await call_next()
+
+    async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
+        """A button → the command it stands for (typed commands pass as they are)."""
+        action, value, req = flow.action, flow.value, flow.req
+        if action is None:
+            return await call_next()
+        if action == "show_log":
+            flow.command = flow.run = parse(f"logs {value}", self.ctx.config)
+            return await call_next()
+        if action == "cancel" and _RUN_ID.match(value):
+            run = await self.ctx.runs.get(value)
+            flow.command = flow.run = Command("cancel", job=run.job)
+            return await call_next()
+        if action in ("confirm", "cancel"):
+            return await self._settle(flow, call_next)
+        await self._audit(req, AuditOutcome.INVALID, detail=messages.unknown_action(action))
+        return Reply(
+            title=messages.unknown_action(action),
+            status=Status.ERROR,
+            ephemeral=True,
+            exit_code=ExitCode.USAGE,
+        )
+
+    async def _authorise(self, flow: Flow, call_next: Next) -> Reply:
+        """The requester's role must cover the verb's (:func:`handlers.auth.authorise` raises)."""
+        assert flow.run is not None
+        authorise(self.ctx.config, flow.run, flow.user, flow.groups, system=flow.system)
+        return await call_next()
+
+    async def _confirm(self, flow: Flow, call_next: Next) -> Reply:
+        """Ask first when the verb changes a job whose config wants confirmation."""
+        command = flow.run
+        assert command is not None
+        # a job's opt-in auto_restart is its standing confirmation: nobody could click for it
+        if (
+            flow.outcome is AuditOutcome.ACCEPTED
+            and command.spec.acts
+            and command.job is not None
+            and self.ctx.config.jobs[command.job].confirm
+            and not flow.system
+        ):
+            return await self._ask(flow.req, command)
+        return await call_next()
+
+    async def _act(self, flow: Flow) -> Reply:
+        """Run the verb's handler (:data:`handlers.verbs.VERBS`) and audit what came of it."""
+        req, command = flow.on_behalf or flow.req, flow.run
+        assert command is not None
+        call = Call(self.ctx, command, req.user, req.channel, self.audit, self.lock_ttl, self._spawn_work)
+        reply, audited = await VERBS[command.verb].handler(call)
+        if reply.exit_code is not ExitCode.OK and flow.outcome is AuditOutcome.ACCEPTED:
+            audited = AuditOutcome.FAILED
+        await self._audit(req, audited or flow.outcome, command, detail=reply.title, run_id=reply.run_id)
+        return reply
+
+    def _spawn_work(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        self._spawn(coro, name=name)
 
     async def _failed(self, req: Request, command: Command | None, exc: PitstopError) -> Reply:
         if isinstance(exc, Denied):
@@ -219,89 +360,6 @@ class Dispatcher:
         log.exception("incident %s: request %r from %s", incident, req.text, req.user)
         await self._audit(req, AuditOutcome.ERROR, command, detail=f"incident {incident}")
         return _internal_reply(incident)
-
-    async def _act_and_audit(self, req: Request, command: Command, outcome: AuditOutcome) -> Reply:
-        reply, audited = await self._act(req, command)
-        if reply.exit_code is not ExitCode.OK and outcome is AuditOutcome.ACCEPTED:
-            audited = AuditOutcome.FAILED
-        await self._audit(req, audited or outcome, command, detail=reply.title, run_id=reply.run_id)
-        return reply
-
-    async def _act(self, req: Request, command: Command) -> tuple[Reply, AuditOutcome | None]:
-        """Run the verb's handler.
-
-        :returns: the reply and, when it differs from the caller's, the outcome to audit.
-        """
-        from handlers import views
-
-        ctx, verb, job = self.ctx, command.verb, command.job
-        if verb in ("restart", "start", "stop"):
-            run, lock, channel = await begin_sequence(
-                ctx, command, req.user, req.channel, lock_ttl=self.lock_ttl
-            )
-            self._spawn(run_sequence(ctx, run, command, lock, channel), name=f"pitstop-{verb}:{run.id}")
-            reply = Reply(
-                title=messages.queued(run.id, run.job),
-                lines=(messages.queued_detail(verb, channel),),
-                status=Status.INFO,
-                run_id=run.id,
-                thread_key=f"run:{run.id}",
-            )
-            return reply, None
-        if verb == "cancel":
-            assert job is not None
-            return await cancel_command(ctx, job, req.user), None
-        if verb == "status":
-            return await views.status_command(ctx, job), None
-        if verb == "logs":
-            assert job is not None
-            return await views.logs_command(ctx, job, command.lines), None
-        if verb == "patches":
-            assert job is not None
-            return await views.patches_command(ctx, job), None
-        if verb == "lock":
-            assert job is not None
-            return await views.lock_command(ctx, job), None
-        if verb == "unlock":
-            assert job is not None
-            reply, holder = await views.unlock_command(ctx, job, req.user)
-            return reply, AuditOutcome.FORCED if holder is not None else None
-        if verb == "history":
-            return await views.history_command(ctx, self.audit, job, command.count), None
-        if verb == "help":
-            return views.help_command(ctx.config, command), None
-        return await self._delegated(req, command), None
-
-    async def _delegated(self, req: Request, command: Command) -> Reply:
-        """digest, gpus (handlers.reports) and watch, ack (handlers.watching), imported lazily."""
-        ctx, verb = self.ctx, command.verb
-        module = "handlers.reports" if verb in ("digest", "gpus") else "handlers.watching"
-        try:
-            if verb == "digest":
-                from handlers.reports import digest_command
-
-                return await digest_command(ctx, command.job)
-            if verb == "gpus":
-                from handlers.reports import gpus_command
-
-                assert command.host is not None
-                return await gpus_command(ctx, command.host)
-            if verb == "watch":
-                from handlers.watching import watch_command
-
-                assert command.job is not None and command.state is not None
-                return await watch_command(ctx, command.job, command.state, command.for_s, req.user)
-            if verb == "ack":
-                from handlers.watching import ack_command
-
-                assert command.job is not None
-                return await ack_command(ctx, command.job, req.user)
-        except ImportError:
-            log.exception("verb %s unavailable", verb)
-            return Reply(
-                title=messages.verb_unavailable(verb, module), status=Status.ERROR, exit_code=ExitCode.FAILED
-            )
-        raise AssertionError(f"no handler for verb {verb!r}")  # the grammar and this table disagree
 
     # --- confirmation --------------------------------------------------------------------------
 
@@ -343,55 +401,9 @@ class Dispatcher:
         except Exception:
             log.warning("could not post the expiry of confirmation %s", pending.token, exc_info=True)
 
-    async def handle_action(
-        self,
-        action: str,
-        value: str,
-        user: str,
-        delivery_id: str | None = None,
-        groups: tuple[str, ...] = (),
-    ) -> Reply:
-        """Answer a button: ``confirm``/``cancel`` (value: a confirmation token, or a run id to
-        cancel that run), ``show_log`` (value: a job).  Never raises (except cancellation).
-
-        :param user: who clicked.
-        :param delivery_id: the click's id (a double click arrives twice with the same id).
-        :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
-        """
-        req = Request(
-            text=f"[{action}] {value}", user=user, groups=groups, delivery_id=delivery_id, surface="action"
-        )
-        command: Command | None = None
-        try:
-            if delivery_id and not await self.dedupe.claim(delivery_id, self.ctx.instance):
-                await self._audit(req, AuditOutcome.DUPLICATE)
-                return Reply(title=messages.duplicate_delivery(), status=Status.INFO, ephemeral=True)
-            if action == "show_log":
-                command = parse(f"logs {value}", self.ctx.config)
-                authorise(self.ctx.config, command, user, groups)
-                return await self._act_and_audit(req, command, AuditOutcome.ACCEPTED)
-            if action == "cancel" and _RUN_ID.match(value):
-                run = await self.ctx.runs.get(value)
-                command = Command("cancel", job=run.job)
-                authorise(self.ctx.config, command, user, groups)
-                return await self._act_and_audit(req, command, AuditOutcome.ACCEPTED)
-            if action in ("confirm", "cancel"):
-                return await self._settle(req, action, value, user)
-            await self._audit(req, AuditOutcome.INVALID, detail=messages.unknown_action(action))
-            return Reply(
-                title=messages.unknown_action(action),
-                status=Status.ERROR,
-                ephemeral=True,
-                exit_code=ExitCode.USAGE,
-            )
-        except asyncio.CancelledError:
-            raise
-        except PitstopError as exc:
-            return await self._failed(req, command, exc)
-        except Exception:
-            return await self._internal(req, command)
-
-    async def _settle(self, req: Request, action: str, token: str, user: str) -> Reply:
+    async def _settle(self, flow: Flow, call_next: Next) -> Reply:
+        """A click on a confirmation: end it here, or pass its stored command on, confirmed."""
+        req, action, token, user = flow.req, flow.action, flow.value, flow.user
         taken, pending = await self.confirmations.take(token, user)
         if taken is Take.GONE or pending is None:
             await self._audit(req, AuditOutcome.CANCELLED, detail=messages.confirm_gone())
@@ -417,8 +429,10 @@ class Dispatcher:
             text = messages.confirm_cancelled(pending.text, user)
             await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
             return Reply(title=text, status=Status.INFO, ephemeral=True, exit_code=ExitCode.CANCELLED)
-        authorise(self.ctx.config, command, user, req.groups or pending.groups)  # roles may have changed
-        return await self._act_and_audit(original, command, AuditOutcome.CONFIRMED)
+        # roles may have changed since the request: authorised again, as who clicked
+        flow.run, flow.on_behalf, flow.outcome = command, original, AuditOutcome.CONFIRMED
+        flow.groups = req.groups or pending.groups
+        return await call_next()
 
 
 def _loads(raw: str) -> dict[str, Any]:

@@ -13,7 +13,8 @@ Format language:
   (``[ … ]...`` may repeat, as ``--patch a --patch b``), optionally joined by ``,``/``and``.
 
 This module only matches shapes; :mod:`handlers.commands` turns a match into a typed
-:class:`~handlers.commands.Command`, checking names against the config.
+:class:`~handlers.commands.Command`, checking names against the config, and
+:data:`handlers.verbs.VERBS` pairs each entry with the handler that answers it.
 """
 
 from __future__ import annotations

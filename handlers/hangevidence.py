@@ -10,16 +10,14 @@ restart will not free it and the host may need recycling.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from handlers.context import Context
 from handlers.reply import Reply, Status
 from pipeline import keys
 from pipeline.errors import PitstopError
 from pipeline.hostprobe import call_helper, recorded_identity
 from pipeline.watch import Incident, IncidentKind
-
-if TYPE_CHECKING:
-    from handlers.context import Context
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,15 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from handlers.context import Context
 from handlers.reply import Reply, Status, Table
+from handlers.slurmviews import job_gpus
 from pipeline import keys, messages
 from pipeline.digest import TARGET, Digest, build_digest
 from pipeline.errors import ExitCode, PitstopError
-
-if TYPE_CHECKING:
-    from handlers.context import Context
-    from pipeline.gpus import ComputeApp, GpuStat
+from pipeline.gpus import ComputeApp, GpuStat, compute_apps, query_gpus
+from pipeline.hostprobe import probe_host
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +216,6 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
 
 async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
     """Host PIDs → job name, from each job's recorded pid/sid and its current process list."""
-    from pipeline.hostprobe import probe_host
-
     owners: dict[int, str] = {}
     jobs = [(n, j) for n, j in ctx.config.jobs.items() if j.host == host]
     if not jobs:
@@ -282,15 +279,11 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     :returns: the reply: one GPU table, and a process table when the per-GPU placement of
         processes is not known; an error reply when the host gave no GPU data.
     """
-    from pipeline.gpus import compute_apps, query_gpus
-
     try:
         name = ctx.config.host_name(host)
     except KeyError:
         job = next((j for j, spec in ctx.config.jobs.items() if j.lower() == host.lower()), None)
         if job is not None and ctx.config.jobs[job].engine == "slurm":
-            from handlers.slurmviews import job_gpus
-
             return await job_gpus(ctx, job)
         return Reply(
             title=messages.gpus_unknown_host(host, _suggest(host, list(ctx.config.hosts))),

@@ -16,7 +16,7 @@ degraded | stalled | unreachable | crash_loop), RESOLVED, RESTART (automatic res
 
 Automatic restarts (opt-in, ``[jobs.NAME.watch] auto_restart``) go through the same
 :class:`~handlers.dispatch.Dispatcher` as a person's ``restart JOB`` — locked, posted and
-audited — as the system principal :data:`AUTO_USER`.
+audited — as the system principal :data:`AUTO_USER`, injected by the assembly (:class:`Restarts`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from handlers.alerts import (
     acked_reply,
@@ -42,11 +42,13 @@ from handlers.alerts import (
     resolved_reply,
 )
 from handlers.auth import SYSTEM_USER
-from handlers.crashcheck import CrashCheck, check_crash, refusal
+from handlers.context import Context
+from handlers.crashcheck import check_crash, refusal, with_crash
 from handlers.hangevidence import KINDS as HANG_KINDS
 from handlers.hangevidence import hang_evidence
 from handlers.reply import Reply, Status
 from pipeline import keys, messages, progress
+from pipeline.config import JobConfig
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.events import EventKind
 from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
@@ -68,10 +70,6 @@ from pipeline.watch import (
     detect_cause,
 )
 
-if TYPE_CHECKING:
-    from handlers.context import Context
-    from pipeline.config import JobConfig
-
 log = logging.getLogger(__name__)
 
 AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
@@ -82,6 +80,15 @@ AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before it
 def lock_scope(name: str, cfg: JobConfig) -> str:
     """The lock scope of a job's restarts: ``job:NAME`` or ``host:HOST`` (``lock_scope``)."""
     return f"host:{cfg.host}" if cfg.lock_scope == "host" else f"job:{name}"
+
+
+class Restarts(Protocol):
+    """Requests ``restart JOB`` as :data:`AUTO_USER` and answers as a person would be answered
+    (the dispatcher's, injected by the assembly); ``drain`` waits at most ``timeout`` s for them."""
+
+    async def restart(self, job: str, channel: str | None) -> Reply: ...
+
+    async def drain(self, timeout: float) -> None: ...
 
 
 @dataclass
@@ -105,14 +112,17 @@ class Watcher:
     """Watch cycles and their posts for one Pitstop process.
 
     :param ctx: the process context (config, Redis, SSH pool, outbox, events).
+    :param restarts: requests the automatic restarts (the assembly passes the dispatcher's).
     :param remind_every: seconds between reminders of an open, unacknowledged incident.
     """
 
-    def __init__(self, ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> None:
+    def __init__(
+        self, ctx: Context, restarts: Restarts, *, remind_every: float = DEFAULT_REMIND_EVERY
+    ) -> None:
         self.ctx = ctx
+        self.restarts = restarts
         self.remind_every = remind_every
         self.store = WatchStore(ctx.redis.client, ctx.prefix)
-        self._dispatcher: Any = None
         self._auto_fired: dict[str, float] = {}
 
     # --- one cycle ---------------------------------------------------------------------------
@@ -389,7 +399,7 @@ class Watcher:
                     keys.auto_restarts(ctx.prefix, inc.job), "-inf", now - policy.within
                 )
             self._auto_fired[inc.job] = time.time()
-            answer = await self._dispatch_restart(inc.job, channel)
+            answer = await self.restarts.restart(inc.job, channel)
             await ctx.events.publish(
                 EventKind.RESTART,
                 inc.job,
@@ -425,17 +435,7 @@ class Watcher:
                 "auto_restarts": inc.auto_restarts - 1,
             }
         )
-        return Action(ActionKind.GIVE_UP, _with_crash(stopped, check))
-
-    async def _dispatch_restart(self, job: str, channel: str | None) -> Reply:
-        from handlers.dispatch import Dispatcher, Request
-
-        if self._dispatcher is None:
-            self._dispatcher = Dispatcher(self.ctx)
-        reply: Reply = await self._dispatcher.handle(
-            Request(text=f"restart {job}", user=AUTO_USER, channel=channel, surface="scheduler")
-        )
-        return reply
+        return Action(ActionKind.GIVE_UP, with_crash(stopped, check))
 
     async def _with_log(self, inc: Incident) -> Incident:
         """The incident with the job's log tail, the cause found in it and, for a job launched by
@@ -470,7 +470,7 @@ class Watcher:
             cause = inc.cause  # the nodes short of tasks
         inc = inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
         if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name)) is not None:
-            inc = _with_crash(inc, check)
+            inc = with_crash(inc, check)
             why = refusal(name, check, cfg.watch.auto_restart)
             if why is not None:
                 inc = inc.model_copy(update={"no_auto": why, "next_auto_at": None})
@@ -491,25 +491,7 @@ class Watcher:
 
     async def drain(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) for automatic restarts still running in the background."""
-        if self._dispatcher is not None:
-            await self._dispatcher.drain(timeout)
-
-
-def _with_crash(inc: Incident, check: CrashCheck) -> Incident:
-    """The incident with the crash's class, evidence line (the alert's cause) and details."""
-    c = check.crash
-    return inc.model_copy(
-        update={
-            "crash_class": c.kind.value,
-            "crash_evidence": c.evidence,
-            "crash_exc_type": c.exc_type,
-            "crash_message": c.message,
-            "crash_rank": c.rank,
-            "crash_step": c.step,
-            "cause": c.summary,
-            "exit_cause": check.exit_cause or inc.exit_cause,
-        }
-    )
+        await self.restarts.drain(timeout)
 
 
 def _differs(a: Incident, b: Incident) -> bool:

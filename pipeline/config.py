@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline import messages
 from pipeline.crashes import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError
 
@@ -506,8 +507,6 @@ def load_config(path: str | Path) -> Config:
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        from pipeline import messages
-
         raise ConfigError([messages.config_missing(source)]) from None
     except OSError as exc:
         raise ConfigError([f"{source}: cannot read: {exc.strerror}"]) from None

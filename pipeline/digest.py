@@ -40,7 +40,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import keys
+from pipeline import keys, messages
+from pipeline.errors import PitstopError
+from pipeline.events import EventKind
+from pipeline.gpus import query_gpus
+from pipeline.hostprobe import read_log_chunk
 from pipeline.metrics import MetricLine, parse_metric_lines
 
 if TYPE_CHECKING:
@@ -609,7 +613,6 @@ def remote_reader(ssh: SSHPool, job_name: str, job: JobConfig) -> LogReader:
     :raises RemoteCommandError: (from the returned reader) if the log cannot be read.
     :raises HostUnreachable: (likewise) if the host cannot be reached.
     """
-    from pipeline.hostprobe import read_log_chunk
 
     async def reader(offset: int, max_bytes: int) -> LogRead:
         chunk = await read_log_chunk(ssh, job_name, job, offset, max_bytes, path=job.metrics_path)
@@ -759,10 +762,6 @@ async def load_last(client: aioredis.Redis, prefix: str, job: str) -> dict[str, 
 
 
 async def _gpu_rows(ctx: Context, job: JobConfig) -> tuple[tuple[GpuRow, ...] | None, str | None]:
-    from pipeline import messages
-    from pipeline.errors import PitstopError
-    from pipeline.gpus import query_gpus
-
     if job.gpus is None or not job.gpus.all:
         return None, None
     try:
@@ -823,7 +822,7 @@ def _prune_charts(directory: Path, job: str, keep: int = CHARTS_KEPT) -> None:
 
 
 def _draw(lines: Sequence[MetricLine], path: Path, job: str) -> Path:
-    from pipeline.chart import tokens_chart
+    from pipeline.chart import tokens_chart  # lazy: matplotlib, loaded only when a chart is drawn
 
     out = tokens_chart(lines, path, title=f"{job}: tokens/s per GPU")
     _prune_charts(path.parent, job)
@@ -855,8 +854,6 @@ async def build_digest(
     :raises RemoteCommandError: if the metric log cannot be read (missing file…).
     :raises HostUnreachable: if the host cannot be reached.
     """
-    from pipeline.events import EventKind
-
     name = ctx.config.job_name(job)
     spec = ctx.config.jobs[name]
     client = ctx.redis.client

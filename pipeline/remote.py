@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal as _signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,8 +94,6 @@ class RemoteResult:
         """The exit status, or minus the signal number (as :mod:`subprocess` reports it)."""
         if self.exit_status is not None:
             return self.exit_status
-        import signal as _signal
-
         try:
             return -int(_signal.Signals[self.exit_signal or ""])
         except KeyError:

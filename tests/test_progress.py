@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.assembly import build_context, close_context
+from bot.assembly import build_context, build_watcher, close_context
 from handlers.outbox import MemoryOutbox
-from handlers.watching import Watcher
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.progress import ProgressState, judge, rank_stall_threshold
 from pipeline.testhost import start_local_ssh_host
@@ -156,7 +155,7 @@ async def test_hung_rank_6_of_the_reference_pipeline_is_one_stuck_rank_alert(
     )
     outbox = MemoryOutbox()
     ctx = await build_context(config, outbox, instance="A")
-    watcher = Watcher(ctx)
+    watcher = build_watcher(ctx)
     run = None
     try:
         run = await ctx.restarter.start(await ctx.runs.create("dflash", "U0TEST", action="start"))

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from bot.assembly import build_watcher
 from handlers.audit import Audit
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reports import gpus_command
 from handlers.verdicts import deliver_due, deliver_verdict
 from handlers.views import history_command, logs_command, status_command
-from handlers.watching import Watcher
 from pipeline import keys, slurm
 from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
 from pipeline.errors import ExitCode
@@ -299,7 +299,7 @@ async def test_task_killed_on_one_node_is_degraded_naming_the_node(make_slurm: M
     stack = await make_slurm(watch=WatchSettings(degraded_after=0.001, stall_after=600))
     run = await stack.start()
     outbox = MemoryOutbox()
-    watcher = Watcher(context(stack, outbox))
+    watcher = build_watcher(context(stack, outbox))
     first = await watcher.cycle("login")
     assert first["trainer"].condition == "ok", first
     tasks = await stack.engine.client.node_tasks(stack.name, run.slurm_job or 0, 2, stack.token)
@@ -322,7 +322,7 @@ async def test_scancel_from_outside_is_one_incident_with_the_slurm_state(make_sl
     stack = await make_slurm()
     run = await stack.start()
     outbox = MemoryOutbox()
-    watcher = Watcher(context(stack, outbox))
+    watcher = build_watcher(context(stack, outbox))
     assert (await watcher.cycle("login"))["trainer"].condition == "ok"
     stack.cluster.run("scancel", str(run.slurm_job))
     deadline = time.time() + 60
@@ -417,7 +417,7 @@ async def test_stop_by_pitstop_is_no_incident(make_slurm: MakeSlurm) -> None:
     stack = await make_slurm()
     run = await stack.start()
     outbox = MemoryOutbox()
-    watcher = Watcher(context(stack, outbox))
+    watcher = build_watcher(context(stack, outbox))
     assert (await watcher.cycle("login"))["trainer"].condition == "ok"
     stopped = await stack.restarter.stop(await stack.run("stop"))
     assert stopped.verdict is None, stopped.verdict_line

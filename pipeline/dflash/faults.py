@@ -100,7 +100,7 @@ def crash_if_due(spec: dict[str, Any], log: Any, step: int) -> None:
     if kind == "exception":
         raise RuntimeError(f"injected exception at step {step} ({who})")
     if kind == "cuda_oom":
-        import torch
+        import torch  # lazy: train.py imports this module before torch (its docstring says why)
 
         oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
         gpu = spec["device"].split(":")[-1] if spec["device"].startswith("cuda") else spec["rank"]

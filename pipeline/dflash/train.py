@@ -9,6 +9,7 @@ See README.md for the topology, the metric-line protocol and the stop / resume /
 from __future__ import annotations
 
 import argparse
+import ctypes
 import io
 import json
 import os
@@ -18,6 +19,7 @@ import socket
 import sys
 import time
 import traceback
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,7 @@ def _on_signal(signum: int, frame: object) -> None:
 def set_title(title: str) -> None:
     """Set the process title (``/proc/PID/cmdline``, ``ps``) via setproctitle when it is installed."""
     try:
-        import setproctitle
+        import setproctitle  # optional library
     except ImportError:
         return
     setproctitle.setproctitle(title)
@@ -169,8 +171,6 @@ def _plain_comm(name: str) -> None:
     the task among the step's processes and so never signals it.
     """
     try:
-        import ctypes
-
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         pass
@@ -210,7 +210,7 @@ class Meter:
 
     def record(self, step: int, q: Any, extra: dict[str, Any]) -> dict[str, Any]:
         """The metric record for ``step`` (README table); resets the throughput window."""
-        import torch
+        import torch  # lazy: torch after the process title is set (module docstring)
 
         now = time.monotonic()
         elapsed = max(now - self.window_start, 1e-9)
@@ -248,7 +248,7 @@ def _should_log(step: int, first_step: int, every: int) -> bool:
 
 
 def _setup_torch(spec: dict[str, Any]) -> Any:
-    import torch
+    import torch  # lazy: torch after the process title is set (module docstring)
 
     torch.set_num_threads(1 if spec["device"] == "cpu" else 4)
     if spec["device"].startswith("cuda"):
@@ -258,7 +258,7 @@ def _setup_torch(spec: dict[str, Any]) -> Any:
 
 def _build_target(spec: dict[str, Any]) -> Any:
     """The frozen target: checkpoint-dir/target.pt if present, else built from the seed (rank 0 saves it)."""
-    import torch
+    import torch  # lazy: torch after the process title is set (module docstring)
     from model import TargetLM
 
     cfg = spec["cfg"]
@@ -288,7 +288,7 @@ def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> Non
     (set by the launcher once every drafter has exited), then the worker exits 0.
     """
     torch = _setup_torch(spec)
-    from data import MASK_ID, WindowSampler, load_corpus
+    from data import MASK_ID, WindowSampler, load_corpus  # lazy: imports torch (module docstring)
 
     cfg = spec["cfg"]
     seq, blk, ctx, per_seq = cfg["seq_len"], cfg["block_size"], cfg["ctx_len"], cfg["blocks_per_seq"]
@@ -344,7 +344,7 @@ def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> Non
 
 def _save_checkpoint(spec: dict[str, Any], model: Any, opt: Any, step: int) -> None:
     """Atomically write checkpoint-dir/drafter.pt (drafter, optimizer, step), then latest.json."""
-    import torch
+    import torch  # lazy: torch after the process title is set (module docstring)
 
     d = Path(spec["checkpoint_dir"])
     d.mkdir(parents=True, exist_ok=True)
@@ -380,7 +380,7 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
     rank 0 then writes the checkpoint and every rank exits 0.
     """
     torch = _setup_torch(spec)
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch after the process title is set (module docstring)
     import torch.nn.functional as F
     from metrics import topk_accuracy
     from model import Drafter
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     if not log.same_file_as(1):
         log.line(banner)
 
-    import torch
+    import torch  # lazy: torch after the process title is set (module docstring)
     import torch.multiprocessing as tmp
 
     if not args.cpu and not torch.cuda.is_available():
@@ -596,8 +596,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _watch(procs: list[tuple[str, int, Any]], log: Log, stop_event: Any, targets_stop: Any) -> int:
     """Monitor the workers until they all exit; 0 only if every one of them exited 0."""
-    from multiprocessing.connection import wait
-
     deadline: float | None = None
     while True:
         if _signalled and not stop_event.is_set():

@@ -1,0 +1,198 @@
+"""The verb table: each verb's grammar entry (formats, usage, role) and the handler that answers it.
+
+:data:`VERBS` maps a verb to one :class:`Verb` — its :class:`~handlers.grammar.VerbSpec` (what
+the parser accepts, the usage and ``help`` text, the least role) beside the handler that runs
+once the cross-cutting steps of :class:`~handlers.dispatch.Dispatcher` (parse, dedupe,
+authorise, confirm) have passed it.  Adding a verb is one :class:`~handlers.grammar.VerbSpec`
+in :data:`handlers.grammar.GRAMMAR` and one row here; the table refuses to build when the two
+disagree.
+
+The specs themselves stay in :mod:`handlers.grammar`, a leaf the parser imports without the
+handlers' remote machinery (``pitstop parse`` stays quick, and no handler module imports back
+into this table).
+
+Usage::
+
+    acted = await VERBS["status"].handler(Call(ctx, Command("status"), user="U012AB", ...))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from handlers import grammar, reports, views, watching
+from handlers.audit import Audit, AuditOutcome
+from handlers.commands import Command
+from handlers.context import Context
+from handlers.grammar import VerbSpec
+from handlers.reply import Reply, Status
+from handlers.sequences import begin_sequence, cancel_command, run_sequence
+from pipeline import messages
+
+Spawn = Callable[[Coroutine[Any, Any, Any], str], object]
+"""Starts background work tracked by the dispatcher: ``spawn(coroutine, task_name)``."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a verb's handler is given once the request passed every cross-cutting step.
+
+    :ivar ctx: the process's shared parts.
+    :ivar command: the parsed, authorised (and, where needed, confirmed) command.
+    :ivar user: who the command acts for (audited as such).
+    :ivar channel: the channel the request came from, or None.
+    :ivar audit: the dispatcher's audit trail (``history`` reads it).
+    :ivar lock_ttl: seconds a restart lock lives without renewal.
+    :ivar spawn: starts a background task the dispatcher tracks (restart/start/stop sequences).
+    """
+
+    ctx: Context
+    command: Command
+    user: str
+    channel: str | None
+    audit: Audit
+    lock_ttl: float
+    spawn: Spawn
+
+
+class Acted(NamedTuple):
+    """A handler's answer: the reply and, when it differs from the dispatcher's, the outcome to audit."""
+
+    reply: Reply
+    outcome: AuditOutcome | None = None
+
+
+Handler = Callable[[Call], Awaitable[Acted]]
+
+
+@dataclass(frozen=True)
+class Verb:
+    """One row of the table.
+
+    :ivar spec: the grammar entry: formats, usage, role, ``help`` text.
+    :ivar handler: answers a command of this verb.
+    """
+
+    spec: VerbSpec
+    handler: Handler
+
+    @property
+    def name(self) -> str:
+        """The canonical verb."""
+        return self.spec.name
+
+
+# --- the handlers, one per verb ------------------------------------------------------------------
+
+
+async def _sequence(call: Call) -> Acted:
+    """restart, start, stop: take the lock, create and announce the run, continue in the background."""
+    ctx, command = call.ctx, call.command
+    run, lock, channel = await begin_sequence(ctx, command, call.user, call.channel, lock_ttl=call.lock_ttl)
+    call.spawn(run_sequence(ctx, run, command, lock, channel), f"pitstop-{command.verb}:{run.id}")
+    reply = Reply(
+        title=messages.queued(run.id, run.job),
+        lines=(messages.queued_detail(command.verb, channel),),
+        status=Status.INFO,
+        run_id=run.id,
+        thread_key=f"run:{run.id}",
+    )
+    return Acted(reply)
+
+
+def _job(call: Call) -> str:
+    job = call.command.job
+    assert job is not None  # the verb's formats require a job
+    return job
+
+
+async def _cancel(call: Call) -> Acted:
+    return Acted(await cancel_command(call.ctx, _job(call), call.user))
+
+
+async def _status(call: Call) -> Acted:
+    return Acted(await views.status_command(call.ctx, call.command.job))
+
+
+async def _logs(call: Call) -> Acted:
+    return Acted(await views.logs_command(call.ctx, _job(call), call.command.lines))
+
+
+async def _digest(call: Call) -> Acted:
+    return Acted(await reports.digest_command(call.ctx, call.command.job))
+
+
+async def _history(call: Call) -> Acted:
+    return Acted(await views.history_command(call.ctx, call.audit, call.command.job, call.command.count))
+
+
+async def _patches(call: Call) -> Acted:
+    return Acted(await views.patches_command(call.ctx, _job(call)))
+
+
+async def _lock(call: Call) -> Acted:
+    return Acted(await views.lock_command(call.ctx, _job(call)))
+
+
+async def _unlock(call: Call) -> Acted:
+    reply, holder = await views.unlock_command(call.ctx, _job(call), call.user)
+    return Acted(reply, AuditOutcome.FORCED if holder is not None else None)
+
+
+async def _watch(call: Call) -> Acted:
+    command = call.command
+    assert command.state is not None  # the format requires on|off
+    return Acted(await watching.watch_command(call.ctx, _job(call), command.state, command.for_s, call.user))
+
+
+async def _ack(call: Call) -> Acted:
+    return Acted(await watching.ack_command(call.ctx, _job(call), call.user))
+
+
+async def _gpus(call: Call) -> Acted:
+    host = call.command.host
+    assert host is not None  # the format requires a host
+    return Acted(await reports.gpus_command(call.ctx, host))
+
+
+async def _help(call: Call) -> Acted:
+    return Acted(views.help_command(call.ctx.config, call.command))
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+
+def _table(*rows: tuple[str, Handler]) -> Mapping[str, Verb]:
+    """The rows in :data:`handlers.grammar.GRAMMAR` order.
+
+    :raises ValueError: if a row names no verb of the grammar, or a verb of the grammar has no row.
+    """
+    handlers = dict(rows)
+    missing = [spec.name for spec in grammar.GRAMMAR if spec.name not in handlers]
+    unknown = [name for name in handlers if name not in grammar.VERBS]
+    if missing or unknown or len(handlers) != len(rows):
+        raise ValueError(f"verb table and grammar disagree: no handler {missing}, no grammar {unknown}")
+    return MappingProxyType({spec.name: Verb(spec, handlers[spec.name]) for spec in grammar.GRAMMAR})
+
+
+VERBS: Mapping[str, Verb] = _table(
+    ("restart", _sequence),
+    ("start", _sequence),
+    ("stop", _sequence),
+    ("cancel", _cancel),
+    ("status", _status),
+    ("logs", _logs),
+    ("digest", _digest),
+    ("history", _history),
+    ("patches", _patches),
+    ("lock", _lock),
+    ("unlock", _unlock),
+    ("watch", _watch),
+    ("ack", _ack),
+    ("gpus", _gpus),
+    ("help", _help),
+)
+"""verb → its grammar entry and handler, read-only, in ``help`` order."""

@@ -1,0 +1,167 @@
+"""The layering, read from the source: bot → handlers → pipeline, and no import cycles.
+
+Every ``import`` statement of every module under ``bot/``, ``handlers/`` and ``pipeline/`` is
+read with :mod:`ast` — at module level, inside functions and under ``TYPE_CHECKING`` alike —
+so a cycle cannot hide behind a lazy import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("bot", "handlers", "pipeline")
+#: which layers each layer must not import (dependencies point bot → handlers → pipeline only)
+FORBIDDEN = {"pipeline": ("handlers", "bot"), "handlers": ("bot",)}
+
+#: Known edges, each to be deleted by the merge that removes it.  Keep this empty otherwise.
+ALLOWED: set[tuple[str, str]] = {
+    # pipeline/digest.py still imports handlers.context under TYPE_CHECKING; another branch of
+    # issue 12 (build_digest takes its real dependencies) removes it — the merger deletes this line.
+    ("pipeline.digest", "handlers.context"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    """First-party modules ``name`` imports anywhere in its source, with the line of each."""
+    is_package = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = name.split(".") if is_package else name.split(".")[:-1]
+                here = here[: len(here) - (node.level - 1)]
+                base = ".".join([*here, base] if base else here)
+            # ``from pipeline import messages`` imports the module pipeline.messages
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        for target in targets:
+            # ``import a.b.c`` depends on the longest first-party module it names
+            parts = target.split(".")
+            while parts and ".".join(parts) not in known:
+                parts.pop()
+            if parts and parts[0] in PACKAGES:
+                yield ".".join(parts), node.lineno
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    known = _modules()
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in known.items():
+        edges = graph.setdefault(name, {})
+        for target, line in _imports(name, path, known):
+            if target != name:
+                edges.setdefault(target, line)
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (as a closed path of module names) per strongly connected component."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan; the graph is small enough for recursion
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for component in components:
+        members = set(component)
+        start = component[0]
+        # breadth-first search from start back to start, inside the component
+        previous: dict[str, str] = {}
+        frontier = [start]
+        found: str | None = None
+        while frontier and found is None:
+            following = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w == start:
+                        found = v
+                        break
+                    if w in members and w not in previous:
+                        previous[w] = v
+                        following.append(w)
+                if found is not None:
+                    break
+            frontier = following
+        assert found is not None
+        path = [found]
+        while path[-1] != start:
+            path.append(previous[path[-1]])
+        cycles.append([*reversed(path), start])
+    return cycles
+
+
+def test_layers_point_down() -> None:
+    """No module of pipeline/ imports handlers/ or bot/, and none of handlers/ imports bot/."""
+    graph = _graph()
+    wrong = [
+        f"{source} imports {target} (line {line})"
+        for source, edges in sorted(graph.items())
+        for target, line in sorted(edges.items())
+        if target.split(".")[0] in FORBIDDEN.get(source.split(".")[0], ()) and (source, target) not in ALLOWED
+    ]
+    assert not wrong, "imports against the layering bot → handlers → pipeline:\n" + "\n".join(wrong)
+
+
+def test_allow_list_is_still_needed() -> None:
+    """Every allowed exception still exists (delete its line once the import is gone)."""
+    graph = _graph()
+    stale = [f"{s} → {t}" for s, t in sorted(ALLOWED) if t not in graph.get(s, {})]
+    assert not stale, "allow-list entries no longer needed: " + ", ".join(stale)
+
+
+def test_no_import_cycles() -> None:
+    """The modules' import graph (every import, lazy ones included) has no cycle."""
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" → ".join(c) for c in cycles)
+
+
+def test_cycle_finder_reports_a_cycle() -> None:
+    """The cycle finder names the modules of a cycle in order, closed at its start."""
+    graph = {"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1, "d": 1}, "d": {}}
+    assert _cycles(graph) == [["a", "b", "c", "a"]]
