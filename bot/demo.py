@@ -37,8 +37,8 @@ from pipeline.metrics import parse_metric_lines
 if TYPE_CHECKING:
     from bot.console import ConsoleSession
     from bot.scheduler import PitstopScheduler
+    from devhost.sshhost import LocalSSHHost
     from handlers.context import Context
-    from pipeline.testhost import LocalSSHHost
 
 DEMO_USER = "demo-admin"
 DEFAULT_SCRIPT = Path(__file__).resolve().parent.parent / "demo" / "script.txt"
@@ -198,8 +198,8 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
     from bot.assembly import build_context
     from bot.console import ConsoleOutbox, ConsoleSession, make_console
     from bot.scheduler import PitstopScheduler
+    from devhost.sshhost import start_local_ssh_host
     from handlers.dispatch import Dispatcher
-    from pipeline.testhost import start_local_ssh_host
 
     console = make_console()
     tmp = Path(tempfile.mkdtemp(prefix="pitstop-demo-"))
