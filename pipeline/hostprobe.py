@@ -29,7 +29,7 @@ from pipeline import messages
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteCommandError
 from pipeline.quoting import job_argv
-from pipeline.remote import SSHPool
+from pipeline.remote import RemoteHosts
 
 HELPER_PYTHON = "python3"  #: interpreter for the helper on the job's side (Python 3.8+)
 PROBE_TIMEOUT = 20.0  #: seconds for one probe / read / tail call
@@ -66,7 +66,7 @@ def _shown(op: str) -> list[str]:
 
 
 async def call_helper(
-    ssh: SSHPool,
+    ssh: RemoteHosts,
     op: str,
     args: Mapping[str, Any],
     *,
@@ -240,7 +240,7 @@ def _to_probe(name: str, raw: Mapping[str, Any], sampled_at: float | None) -> Jo
 
 
 async def probe_host(
-    ssh: SSHPool, host: str, jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]]
+    ssh: RemoteHosts, host: str, jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]]
 ) -> dict[str, JobProbe]:
     """Probe several jobs of one host: one SSH call per distinct ``exec`` prefix, run concurrently.
 
@@ -292,7 +292,7 @@ class LogChunk:
 
 
 async def read_log_chunk(
-    ssh: SSHPool,
+    ssh: RemoteHosts,
     job_name: str,
     job: JobConfig,
     offset: int,
@@ -330,7 +330,7 @@ async def read_log_chunk(
 
 
 async def read_log(
-    ssh: SSHPool, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
+    ssh: RemoteHosts, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
 ) -> tuple[bytes, int, int]:
     """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest.
 
@@ -342,7 +342,7 @@ async def read_log(
 
 
 async def log_tail(
-    ssh: SSHPool, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
+    ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
 ) -> str:
     """The last ``lines`` lines of the job's log (at most :data:`TAIL_MAX_BYTES` read).
 

@@ -43,7 +43,7 @@ from pipeline.hostprobe import (
     probe_host,
     recorded_identity,
 )
-from pipeline.remote import SSHPool
+from pipeline.remote import RemoteHosts
 from pipeline.resume import ResumePoint, check_resume
 from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
 
@@ -117,7 +117,7 @@ class Restarter:
     def __init__(
         self,
         config: Config,
-        ssh: SSHPool,
+        ssh: RemoteHosts,
         runs: RunStore,
         events: Events,
         *,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from pipeline.errors import RemoteCommandError
 from pipeline.hostprobe import helper_argv
-from pipeline.remote import RemoteResult, SSHPool
+from pipeline.remote import RemoteHosts, RemoteResult
 
 QUERY_TIMEOUT = 30.0  #: seconds for one squeue/scontrol/sacct call
 TASKS_TIMEOUT = 60.0  #: seconds for the per-node helper under srun
@@ -250,7 +250,7 @@ class SlurmClient:
     :param ssh: the SSH pool; every call is :meth:`SSHPool.run_job` for ``job``.
     """
 
-    def __init__(self, ssh: SSHPool) -> None:
+    def __init__(self, ssh: RemoteHosts) -> None:
         self.ssh = ssh
 
     async def _run(self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> RemoteResult:
