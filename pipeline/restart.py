@@ -36,6 +36,7 @@ from pipeline.config import Config, JobConfig
 from pipeline.engine import Engine
 from pipeline.errors import HostKeyRejected, PitstopError, RemoteError, RemoteTimeout
 from pipeline.events import EventKind, Events
+from pipeline.hostcontract import EvidenceArgs, LaunchArgs, PreflightAnswer, PreflightArgs, StopArgs
 from pipeline.hostprobe import (
     ProcessCount,
     call_helper,
@@ -395,7 +396,7 @@ class Restarter:
         return ev
 
     async def _evidence(self, run: RunRecord, job: JobConfig) -> Evidence:
-        args = {
+        args: EvidenceArgs = {
             "name": run.job,
             "match": job.match,
             "pid": run.pid,
@@ -409,8 +410,8 @@ class Restarter:
             "checkpoint_dir": job.checkpoint_dir,
         }
         raw = await call_helper(self.ssh, "evidence", args, job=run.job)
-        info = raw.get("log") or {}
-        started = raw.get("start_step") or {}
+        info = raw.get("log")
+        started = raw.get("start_step")
         return Evidence(
             state=str(raw.get("state") or "gone"),
             count=int(raw.get("count") or 0),
@@ -419,9 +420,11 @@ class Restarter:
             error_line=raw.get("error_line"),
             status=raw.get("status"),
             tail=str(raw.get("tail") or ""),
-            log_error=info.get("error"),
+            log_error=info["error"] if info else None,
             sampled_at=time.time(),
-            start_step=started.get("said") if started.get("said") is not None else started.get("first"),
+            start_step=(started["said"] if started["said"] is not None else started["first"])
+            if started
+            else None,
             checkpoint=ResumePoint.from_helper(raw.get("checkpoint"), raw.get("time")),
         )
 
@@ -497,9 +500,9 @@ class Restarter:
         on_step: StepCallback | None,
         *,
         running: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> PreflightAnswer:
         rec = await self._begin(run, Step.PREFLIGHT, on_step)
-        args: dict[str, Any] = {
+        args: PreflightArgs = {
             "workdir": job.workdir,
             "program": job.launch[0],
             "log": job.log,
@@ -559,7 +562,7 @@ class Restarter:
         """Stop the old run; returns the stale-record note if the record was stale."""
         rec = await self._begin(run, Step.STOP, on_step)
         ident = recorded_identity(current)
-        args = {
+        args: StopArgs = {
             **ident,
             "match": job.match,
             "workdir": job.workdir,
@@ -592,7 +595,7 @@ class Restarter:
             await self._fail(run, rec, f"{detail}; {why}", on_step)
             raise _Abort(Verdict.STOP_FAILED, messages.verdict_stop_failed(survivors, "survived SIGKILL"))
         if job.gpus is not None and job.gpus.all and targets:
-            pairs = [[t["pid"], t.get("start_time")] for t in targets]
+            pairs: list[tuple[int, int | None]] = [(t["pid"], t["start_time"]) for t in targets]
             try:
                 gpu = await call_helper(
                     self.ssh,
@@ -691,7 +694,7 @@ class Restarter:
 
     async def _launch(self, run: RunRecord, name: str, job: JobConfig, on_step: StepCallback | None) -> None:
         rec = await self._begin(run, Step.LAUNCH, on_step)
-        args = {
+        args: LaunchArgs = {
             "workdir": job.workdir,
             "argv": list(job.launch),
             "log": job.log,

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeline.errors import RemoteCommandError
+from pipeline.hostcontract import SlurmTasksArgs
 from pipeline.hostprobe import helper_argv
 from pipeline.remote import RemoteHosts, RemoteResult
 
@@ -326,6 +327,7 @@ class SlurmClient:
 
         :raises RemoteCommandError: if srun fails (its stderr in the message).
         """
+        tasks: SlurmTasksArgs = {"job": job_id, "match": match}
         argv = [
             "srun",
             f"--jobid={job_id}",
@@ -334,7 +336,7 @@ class SlurmClient:
             "--ntasks-per-node=1",
             "--label",
             "--quiet",
-            *helper_argv("slurm_tasks", {"job": job_id, "match": match}),
+            *helper_argv("slurm_tasks", tasks),
         ]
         result = await self._run(job, argv, TASKS_TIMEOUT)
         out: list[NodeTasks] = []

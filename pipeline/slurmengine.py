@@ -30,6 +30,7 @@ from pipeline import keys, messages, slurm
 from pipeline.config import JobConfig, SlurmSettings
 from pipeline.engine import CancelCheck, StepCallback
 from pipeline.errors import RemoteError
+from pipeline.hostcontract import EvidenceArgs, PreflightAnswer
 from pipeline.hostprobe import ProcessCount, call_helper, log_tail
 from pipeline.restart import CALL_TIMEOUT, KILL_TIMEOUT, TAIL_LINES, VERIFY_GRACE, Restarter, _Abort
 from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
@@ -177,7 +178,7 @@ class SlurmEngine:
         on_step: StepCallback | None,
         *,
         running: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> PreflightAnswer:
         r = self.r
         sl = job.slurm
         assert sl is not None
@@ -467,20 +468,17 @@ class SlurmEngine:
     async def _output(self, run: RunRecord, name: str, job: JobConfig, j: SlurmJob) -> dict[str, Any]:
         """Growth, first error and tail of the job's output since launch (host helper on the login node)."""
         path = j.stdout or job.log
-        raw = await call_helper(
-            self.r.ssh,
-            "evidence",
-            {
-                "name": name,
-                "match": "(?!x)x",
-                "pid": None,
-                "sid": None,
-                "log": path,
-                "offset": run.log_size_at_launch or 0,
-                "tail_lines": TAIL_LINES,
-            },
-            job=name,
-        )
+        args: EvidenceArgs = {
+            "name": name,
+            "match": "(?!x)x",
+            "pid": None,
+            "start_time": None,
+            "sid": None,
+            "log": path,
+            "offset": run.log_size_at_launch or 0,
+            "tail_lines": TAIL_LINES,
+        }
+        raw = await call_helper(self.r.ssh, "evidence", args, job=name)
         return {**raw, "path": path}
 
     # --- queries ---------------------------------------------------------------------------------
