@@ -8,6 +8,7 @@ COPY pyproject.toml README.md ./
 COPY bot ./bot
 COPY handlers ./handlers
 COPY pipeline ./pipeline
+COPY devhost ./devhost
 RUN pip install --no-cache-dir . && useradd --create-home pitstop
 USER pitstop
 ENV PITSTOP_CONFIG=/etc/pitstop/pitstop.toml

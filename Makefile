@@ -27,8 +27,8 @@ demo: $(STAMP_TRAIN)
 test: $(STAMP_DEV) lint typecheck pytest
 
 lint: $(STAMP_DEV)
-	$(BIN)/ruff check bot handlers pipeline tests bench
-	$(BIN)/ruff format --check bot handlers pipeline tests bench
+	$(BIN)/ruff check bot handlers pipeline devhost tests bench
+	$(BIN)/ruff format --check bot handlers pipeline devhost tests bench
 
 typecheck: $(STAMP_DEV)
 	$(BIN)/mypy

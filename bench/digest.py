@@ -46,6 +46,7 @@ from pathlib import Path
 
 from benchlib import Checks
 
+from devhost.sshhost import start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
@@ -67,7 +68,6 @@ from pipeline.redisconn import open_redis
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
 from pipeline.runs import RunStore
-from pipeline.testhost import start_local_ssh_host
 
 MB = 1_000_000
 T0 = 1_760_000_000.0

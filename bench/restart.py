@@ -45,13 +45,13 @@ from typing import Any
 from benchlib import Checks
 from supervisor.xmlrpc import SupervisorTransport
 
+from devhost.sshhost import start_local_ssh_host
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
 from pipeline.events import Events
 from pipeline.redisconn import open_redis
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
 from pipeline.runs import RunStore
-from pipeline.testhost import start_local_ssh_host
 
 JOB = """\
 import signal, sys, time

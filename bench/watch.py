@@ -1,7 +1,7 @@
 """Benchmark: Pitstop's CPU per watch cycle for 50, 100 and 200 jobs, against one ``ssh`` per check.
 
 Four SSH hosts run on 127.0.0.1, each an in-process asyncssh server
-(:func:`pipeline.testhost.start_local_ssh_host`) in **its own subprocess**, so their CPU is not
+(:func:`devhost.sshhost.start_local_ssh_host`) in **its own subprocess**, so their CPU is not
 counted.  Every job is a real process (``sleep 9NNNNN``, matched by ``^sleep 9NNNNN$``) with a
 log file; jobs are spread round-robin over the hosts.
 
@@ -52,7 +52,7 @@ INTERVAL = 10.0  #: seconds: the watch interval the percentage is quoted at
 
 
 async def _serve(state_dir: str) -> None:
-    from pipeline.testhost import start_local_ssh_host
+    from devhost.sshhost import start_local_ssh_host
 
     host = await start_local_ssh_host(Path(state_dir))
     info = {

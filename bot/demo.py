@@ -29,6 +29,7 @@ from bot.console import ConsoleOutbox, ConsoleSession, make_console
 from bot.demo_script import Kill, Say, Step, Wait, WaitRanks, parse_line, parse_script
 from bot.scheduler import PitstopScheduler
 from bot.settings import Settings
+from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
 from pipeline import keys, messages
@@ -37,7 +38,6 @@ from pipeline.digest import MAX_WINDOW_BYTES, remote_reader
 from pipeline.errors import ExitCode, PitstopError, UsageError
 from pipeline.events import EventKind
 from pipeline.metrics import parse_metric_lines
-from pipeline.testhost import LocalSSHHost, start_local_ssh_host
 
 DEMO_USER = "demo-admin"
 DEFAULT_SCRIPT = Path(__file__).resolve().parent.parent / "demo" / "script.txt"

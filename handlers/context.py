@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from handlers.outbox import Outbox
 from pipeline.config import Config
+from pipeline.engine import RestartService
 from pipeline.events import Events
 from pipeline.redisconn import RedisHandle
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
+from pipeline.remote import RemoteHosts
 from pipeline.runs import RunStore
 
 
@@ -34,9 +34,9 @@ class Context:
 
     config: Config
     redis: RedisHandle
-    ssh: SSHPool
+    ssh: RemoteHosts
     runs: RunStore
-    restarter: Restarter
+    restarter: RestartService
     events: Events
     outbox: Outbox
     instance: str

@@ -21,6 +21,7 @@ from pipeline import keys, messages
 from pipeline.config import AutoRestart
 from pipeline.crashes import Crash, CrashClass, classify, from_fields
 from pipeline.errors import PitstopError
+from pipeline.hostcontract import EvidenceArgs
 from pipeline.hostprobe import call_helper, read_log_chunk, recorded_identity
 from pipeline.watch import Incident
 
@@ -60,17 +61,28 @@ async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
             return None
         run = await ctx.runs.get(run_id)
         offset = run.log_size_at_launch or 0
-        args = {"name": name, "match": cfg.match, "log": cfg.log, "offset": offset, "tail_lines": 0}
-        answer = await call_helper(ctx.ssh, "evidence", {**args, **recorded_identity(current)}, job=name)
-        status = answer.get("status") or {}
-        size = int((answer.get("log") or {}).get("size") or 0)
+        ident = recorded_identity(current)
+        args: EvidenceArgs = {
+            "name": name,
+            "match": cfg.match,
+            "log": cfg.log,
+            "offset": offset,
+            "tail_lines": 0,
+            "pid": ident["pid"],
+            "start_time": ident["start_time"],
+            "sid": ident["sid"],
+        }
+        answer = await call_helper(ctx.ssh, "evidence", args, job=name)
+        status = answer.get("status")
+        log_info = answer.get("log")
+        size = int((log_info["size"] if log_info else None) or 0)
         start = max(offset, size - MAX_CRASH_BYTES) if size >= offset else 0
         chunk = await read_log_chunk(ctx.ssh, name, cfg, start, MAX_CRASH_BYTES)
     except PitstopError as exc:
         log.info("crash check %s: %s", name, exc.message)
         return None
-    signal = status.get("signal") if answer.get("state") != "alive" else None
-    code = status.get("code") if answer.get("state") != "alive" else None
+    signal = status.get("signal") if status and answer.get("state") != "alive" else None
+    code = status.get("code") if status and answer.get("state") != "alive" else None
     crash = classify(chunk.data, exit_signal=signal, exit_code=code)
     exit_cause = (
         messages.alert_exit_cause(code, signal) if status and answer.get("state") != "alive" else None

@@ -10,12 +10,12 @@ restart will not free it and the host may need recycling.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from pipeline import keys
 from pipeline.errors import PitstopError
+from pipeline.hostcontract import HangAnswer, HangArgs
 from pipeline.hostprobe import call_helper, recorded_identity
 from pipeline.watch import Incident, IncidentKind
 
@@ -35,7 +35,14 @@ async def hang_evidence(ctx: Context, inc: Incident) -> Reply | None:
     cfg = ctx.config.jobs[inc.job]
     raw = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, inc.job))
     current = recorded_identity({str(k): str(v) for k, v in raw.items()})
-    args: dict[str, Any] = {"name": inc.job, "match": cfg.match, "workdir": cfg.workdir, **current}
+    args: HangArgs = {
+        "name": inc.job,
+        "match": cfg.match,
+        "workdir": cfg.workdir,
+        "pid": current["pid"],
+        "start_time": current["start_time"],
+        "sid": current["sid"],
+    }
     if inc.kind is IncidentKind.STUCK_RANK and inc.rank_pid is not None:
         args["pids"] = [inc.rank_pid]
     try:
@@ -46,7 +53,7 @@ async def hang_evidence(ctx: Context, inc: Incident) -> Reply | None:
     return hang_reply(inc, answer)
 
 
-def hang_reply(inc: Incident, answer: dict[str, Any]) -> Reply:
+def hang_reply(inc: Incident, answer: HangAnswer) -> Reply:
     """The post from the helper's ``hang`` answer (pure; see :func:`hang_evidence`)."""
     procs = answer.get("processes") or []
     who = f"rank {inc.rank}" if inc.kind is IncidentKind.STUCK_RANK and inc.rank is not None else inc.job
@@ -56,10 +63,11 @@ def hang_reply(inc: Incident, answer: dict[str, Any]) -> Reply:
     for p in procs:
         lines.append(_process(p["pid"], p.get("cmdline") or "", p.get("state"), p.get("wchan")))
         unkillable |= p.get("state") == "D"
-        if p.get("stack"):
-            stacks.append(_stack_title(p["pid"]) + "\n" + p["stack"])
-        elif p.get("stack_error"):
-            lines.append(_py_spy_failed(p["pid"], p["stack_error"]))
+        stack, stack_error = p.get("stack"), p.get("stack_error")
+        if stack:
+            stacks.append(_stack_title(p["pid"]) + "\n" + stack)
+        elif stack_error:
+            lines.append(_py_spy_failed(p["pid"], stack_error))
     if not procs:
         lines.append(_no_process(inc.job))
     if answer.get("py_spy") is None:

@@ -51,6 +51,7 @@ from pipeline import keys, messages, progress
 from pipeline.config import JobConfig
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.events import EventKind
+from pipeline.hostcontract import EvidenceArgs
 from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
 from pipeline.runs import RunRecord, Verdict
 from pipeline.slurmwatch import SlurmNote, probe_cluster
@@ -448,16 +449,19 @@ class Watcher:
             raw = await self.ctx.redis.client.hgetall(keys.job_current(self.ctx.prefix, name))
             current = recorded_identity({str(k): str(v) for k, v in raw.items()})
             if current["pid"] is not None:
-                args = {
+                args: EvidenceArgs = {
                     "name": name,
                     "match": cfg.match,
                     "log": cfg.log,
                     "offset": 0,
                     "tail_lines": LOG_LINES,
+                    "pid": current["pid"],
+                    "start_time": current["start_time"],
+                    "sid": current["sid"],
                 }
-                answer = await call_helper(self.ctx.ssh, "evidence", {**args, **current}, job=name)
+                answer = await call_helper(self.ctx.ssh, "evidence", args, job=name)
                 tail = str(answer.get("tail") or "")
-                status = answer.get("status") or {}
+                status = answer.get("status")
                 if status and answer.get("state") != "alive":
                     exit_cause = messages.alert_exit_cause(status.get("code"), status.get("signal"))
             else:

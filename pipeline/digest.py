@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from handlers.context import Context
     from pipeline.config import JobConfig
-    from pipeline.remote import SSHPool
+    from pipeline.remote import RemoteHosts
     from pipeline.runs import RunRecord
 
 MAX_WINDOW_BYTES = 8 * 1024 * 1024  #: most bytes of metric log read per digest
@@ -604,7 +604,7 @@ def local_reader(path: str | os.PathLike[str]) -> LogReader:
     return reader
 
 
-def remote_reader(ssh: SSHPool, job_name: str, job: JobConfig) -> LogReader:
+def remote_reader(ssh: RemoteHosts, job_name: str, job: JobConfig) -> LogReader:
     """A :data:`LogReader` over the job's metric log (``metrics_log``, else ``log``) on its host.
 
     Each read is one SSH call to the host helper, on the job's side of its ``exec`` wrapper

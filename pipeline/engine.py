@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from pipeline.config import Config
 from pipeline.hostprobe import ProcessCount
-from pipeline.runs import RunRecord
+from pipeline.remote import RemoteHosts
+from pipeline.runs import RunRecord, RunStore
 from pipeline.steplog import CancelCheck, StepCallback
 
 __all__ = ["CancelCheck", "Engine", "StepCallback"]
@@ -73,5 +75,34 @@ class Engine(Protocol):
         """The last ``lines`` lines of the job's output (``logs``).
 
         :raises RemoteError: if it cannot be read.
+        """
+        ...
+
+
+class RestartService(Engine, Protocol):
+    """What the handlers and :mod:`pipeline.recovery` need from :class:`~pipeline.restart.Restarter`:
+    every engine operation (for any job, whatever its engine), the patches in effect, and the
+    configuration, SSH pool and run store it works with.  Tests' stand-ins implement it.
+    """
+
+    @property
+    def config(self) -> Config:
+        """The validated configuration."""
+        ...
+
+    @property
+    def ssh(self) -> RemoteHosts:
+        """The connections to the hosts."""
+        ...
+
+    @property
+    def runs(self) -> RunStore:
+        """Run records in Redis."""
+        ...
+
+    async def patches_in_effect(self, job: str) -> list[str]:
+        """Patch names applied in the job's workdir now.
+
+        :raises RemoteError: if the host cannot be reached or git fails.
         """
         ...

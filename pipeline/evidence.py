@@ -18,8 +18,9 @@ from typing import Any
 from pipeline import messages
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteError
+from pipeline.hostcontract import EvidenceArgs
 from pipeline.hostprobe import call_helper
-from pipeline.remote import SSHPool
+from pipeline.remote import RemoteHosts
 from pipeline.resume import ResumePoint, check_resume
 from pipeline.runs import RunRecord, Step, Verdict
 
@@ -56,13 +57,13 @@ class Evidence:
     checkpoint: ResumePoint | None = None
 
 
-async def gather(ssh: SSHPool, run: RunRecord, job: JobConfig) -> Evidence:
+async def gather(ssh: RemoteHosts, run: RunRecord, job: JobConfig) -> Evidence:
     """One sample of the launched ``run`` (host helper ``evidence``: its session, log since launch,
     exit status, start step, newest checkpoint).
 
     :raises RemoteError: if the host cannot be asked.
     """
-    args = {
+    args: EvidenceArgs = {
         "name": run.job,
         "match": job.match,
         "pid": run.pid,
@@ -76,8 +77,8 @@ async def gather(ssh: SSHPool, run: RunRecord, job: JobConfig) -> Evidence:
         "checkpoint_dir": job.checkpoint_dir,
     }
     raw = await call_helper(ssh, "evidence", args, job=run.job)
-    info = raw.get("log") or {}
-    started = raw.get("start_step") or {}
+    info = raw.get("log")
+    started = raw.get("start_step")
     return Evidence(
         state=str(raw.get("state") or "gone"),
         count=int(raw.get("count") or 0),
@@ -86,14 +87,16 @@ async def gather(ssh: SSHPool, run: RunRecord, job: JobConfig) -> Evidence:
         error_line=raw.get("error_line"),
         status=raw.get("status"),
         tail=str(raw.get("tail") or ""),
-        log_error=info.get("error"),
+        log_error=info["error"] if info else None,
         sampled_at=time.time(),
-        start_step=started.get("said") if started.get("said") is not None else started.get("first"),
+        start_step=(started["said"] if started["said"] is not None else started["first"])
+        if started
+        else None,
         checkpoint=ResumePoint.from_helper(raw.get("checkpoint"), raw.get("time")),
     )
 
 
-async def settle_exit(ssh: SSHPool, run: RunRecord, job: JobConfig, ev: Evidence) -> Evidence:
+async def settle_exit(ssh: RemoteHosts, run: RunRecord, job: JobConfig, ev: Evidence) -> Evidence:
     """The process is gone: give its waiter a moment to record the exit status."""
     for _ in range(10):
         if ev.status is not None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from pipeline.errors import GpuQueryFailed
 
 if TYPE_CHECKING:
-    from pipeline.remote import SSHPool
+    from pipeline.remote import RemoteHosts
 
 NVIDIA_SMI = "nvidia-smi"
 GPU_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "power.draw")
@@ -124,7 +124,7 @@ def parse_compute_apps(text: str) -> list[ComputeApp]:
     return out
 
 
-async def _query(ssh: SSHPool, host: str, argv: tuple[str, ...], timeout: float) -> str:
+async def _query(ssh: RemoteHosts, host: str, argv: tuple[str, ...], timeout: float) -> str:
     result = await ssh.run(host, argv, timeout=timeout)
     if result.exit_status == 127:
         raise GpuQueryFailed(result.host, f"{NVIDIA_SMI} not found on the host")
@@ -135,7 +135,7 @@ async def _query(ssh: SSHPool, host: str, argv: tuple[str, ...], timeout: float)
     return result.stdout
 
 
-async def query_gpus(ssh: SSHPool, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[GpuStat]:
+async def query_gpus(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[GpuStat]:
     """Every GPU of ``host`` (one SSH call).
 
     :param host: a configured host name.
@@ -146,7 +146,7 @@ async def query_gpus(ssh: SSHPool, host: str, *, timeout: float = QUERY_TIMEOUT)
     return parse_query_gpu(await _query(ssh, host, QUERY_GPU_ARGV, timeout))
 
 
-async def compute_apps(ssh: SSHPool, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[ComputeApp]:
+async def compute_apps(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[ComputeApp]:
     """Processes holding GPU memory on ``host`` (host PIDs).
 
     :raises GpuQueryFailed: if nvidia-smi is missing or fails.

@@ -1,4 +1,4 @@
-# pitstop-host-helper v1
+# pitstop-host-helper (the protocol and its version: pipeline/hostcontract.py)
 """Pitstop's helper on the GPU host: one small program, standard library only (Python 3.8+).
 
 Pitstop sends this file's source over SSH and runs it as ``python3 -c SOURCE OP JSON``
@@ -25,8 +25,10 @@ Operations (``OP``; ``JSON`` holds the arguments, larger inputs such as diffs co
 - ``hang``: what a person would look at for a hung job: each process's state and ``wchan`` from
   ``/proc``, and its Python stacks from ``py-spy dump`` when py-spy is installed.
 
-This module is also importable (tests exercise its functions locally); it must not import
-anything from Pitstop.
+Each operation's arguments and answer are typed in :mod:`pipeline.hostcontract`, the one
+Pitstop module this one imports: :func:`pipeline.hostprobe.helper_source` ships the contract
+inside the helper's source, in place of that import.  This module is also importable (tests
+exercise its functions locally); it must import nothing else from Pitstop.
 """
 
 from __future__ import annotations
@@ -41,14 +43,59 @@ import sys
 import tempfile
 import time
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from pipeline.hostcontract import (
+    MARKER,
+    Checkpoint,
+    ClearAnswer,
+    ClearArgs,
+    ClearedPath,
+    ErrorAnswer,
+    EvidenceAnswer,
+    EvidenceArgs,
+    ExitRecord,
+    FileInfo,
+    GpuHolder,
+    GpuWaitAnswer,
+    GpuWaitArgs,
+    HangAnswer,
+    HangArgs,
+    HangProcess,
+    JobArgs,
+    JobState,
+    LaunchAnswer,
+    LaunchArgs,
+    PatchAnswer,
+    PatchArgs,
+    PatchesAnswer,
+    PatchesArgs,
+    PreflightAnswer,
+    PreflightArgs,
+    PreflightCheck,
+    ProbeAnswer,
+    ProbeArgs,
+    ProcInfo,
+    ProcStat,
+    ReadAnswer,
+    ReadArgs,
+    SlurmTasksAnswer,
+    SlurmTasksArgs,
+    StaleRecord,
+    StartStep,
+    StopAnswer,
+    StopArgs,
+    StopTarget,
+    TailAnswer,
+    TailArgs,
+)
 
 if TYPE_CHECKING:
-    Args = dict[str, Any]
-    Proc = tuple[int, int, int, int, bytes]  # ppid, pgrp, session, start time, cmdline
-    Procs = dict[int, Proc]
+    from collections.abc import Callable, Mapping
 
-MARK = b"# pitstop-host-helper"
+    Procs = dict[int, ProcInfo]
+
+MARK = MARKER.encode()
 
 #: The waiter (see :func:`op_launch`): outside the job's session, it starts the job, reports
 #: its identity through the pipe ``wfd``, waits for it and writes how it ended to ``status``.
@@ -108,8 +155,8 @@ POLL = 0.1
 # --- /proc ------------------------------------------------------------------------------------
 
 
-def proc_stat(pid: int) -> tuple[str, int, int, int, int] | None:
-    """``(state, ppid, pgrp, session, start_time)`` of ``pid`` or None if it is gone.
+def proc_stat(pid: int) -> ProcStat | None:
+    """:class:`~pipeline.hostcontract.ProcStat` of ``pid``, or None if it is gone.
 
     The comm field may hold spaces and parentheses: fields are split after the last ``)``.
     ``start_time`` is field 22 (clock ticks since boot).
@@ -120,7 +167,7 @@ def proc_stat(pid: int) -> tuple[str, int, int, int, int] | None:
     except OSError:
         return None
     rest = data[data.rindex(b")") + 2 :].split()
-    return (rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]))
+    return ProcStat(rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]))
 
 
 def proc_cmdline(pid: int) -> bytes:
@@ -149,14 +196,14 @@ def ancestry() -> set[int]:
         st = proc_stat(pid)
         if st is None:
             break
-        pid = st[1]
+        pid = st.ppid
     return out
 
 
 def scan() -> Procs:
     """Live processes of the helper's user, minus its ancestry and other helpers.
 
-    :returns: dict pid → (ppid, pgrp, session, start_time, cmdline bytes).
+    :returns: dict pid → :class:`~pipeline.hostcontract.ProcInfo`.
     """
     me = os.getuid()
     skip = ancestry()
@@ -168,12 +215,12 @@ def scan() -> Procs:
         if pid in skip or proc_uid(pid) != me:
             continue
         st = proc_stat(pid)
-        if st is None or st[0] in ("Z", "X"):
+        if st is None or st.state in ("Z", "X"):
             continue
         cmd = proc_cmdline(pid)
         if MARK in cmd or cmd.startswith(WAITER_TITLE.encode() + b" "):
             continue
-        out[pid] = (st[1], st[2], st[3], st[4], cmd)
+        out[pid] = ProcInfo(st.ppid, st.pgrp, st.session, st.start_time, cmd)
     return out
 
 
@@ -185,23 +232,25 @@ def matches(rx: re.Pattern[str], cmd: bytes) -> bool:
 def alive(pid: int, start_time: int | None) -> bool:
     """True if ``pid`` exists (not a zombie) with this start time."""
     st = proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X") and (start_time is None or st[4] == start_time)
+    return (
+        st is not None and st.state not in ("Z", "X") and (start_time is None or st.start_time == start_time)
+    )
 
 
 def identity(pid: int, start_time: int | None) -> tuple[str, int | None]:
     """'alive', 'gone' or 'stale' (the pid now belongs to a process with another start time)."""
     st = proc_stat(pid)
-    if st is None or st[0] in ("Z", "X"):
+    if st is None or st.state in ("Z", "X"):
         return "gone", None
-    if start_time is not None and st[4] != start_time:
-        return "stale", st[4]
-    return "alive", st[4]
+    if start_time is not None and st.start_time != start_time:
+        return "stale", st.start_time
+    return "alive", st.start_time
 
 
 def session_view(procs: Procs, sid: int, rx: re.Pattern[str]) -> tuple[list[int], list[int]]:
     """Members of session ``sid``: all pids, and those whose cmdline matches ``rx``."""
-    members = sorted(p for p, v in procs.items() if v[2] == sid)
-    matching = [p for p in members if matches(rx, procs[p][4])]
+    members = sorted(p for p, v in procs.items() if v.session == sid)
+    matching = [p for p in members if matches(rx, procs[p].cmdline)]
     return members, matching
 
 
@@ -223,7 +272,7 @@ def user_matching(procs: Procs, rx: re.Pattern[str], workdir: str | None = None)
     Without a recorded session this is how a job's processes are recognised; the working
     directory keeps another copy of the same program (another job, another checkout) out.
     """
-    return sorted(p for p, v in procs.items() if matches(rx, v[4]) and in_workdir(p, workdir))
+    return sorted(p for p, v in procs.items() if matches(rx, v.cmdline) and in_workdir(p, workdir))
 
 
 def descendants(procs: Procs, roots: list[int]) -> set[int]:
@@ -233,7 +282,7 @@ def descendants(procs: Procs, roots: list[int]) -> set[int]:
     while changed:
         changed = False
         for pid, v in procs.items():
-            if pid not in out and v[0] in out:
+            if pid not in out and v.ppid in out:
                 out.add(pid)
                 changed = True
     return out
@@ -242,7 +291,7 @@ def descendants(procs: Procs, roots: list[int]) -> set[int]:
 # --- logs -------------------------------------------------------------------------------------
 
 
-def file_info(path: str) -> Args:
+def file_info(path: str) -> FileInfo:
     """Size, mtime and inode of ``path`` (None each, and ``error``, if it cannot be read)."""
     try:
         st = os.stat(path)
@@ -296,7 +345,7 @@ def first_error(path: str, start: int, max_bytes: int = 1 << 20) -> str | None:
 RESUME_RX = re.compile(rb"\bresume_step=(\d+)|\bresum(?:ed|ing) (?:at|from) step (\d+)", re.IGNORECASE)
 
 
-def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> Args:
+def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
     """Where a run started, from the first bytes it wrote after ``start``.
 
     ``said``: the step a ``resume_step=N`` / ``resumed at step N`` line names; ``first``: the
@@ -326,7 +375,7 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> Args:
     return {"said": said, "first": max(first, 0) if first is not None else None}
 
 
-def checkpoint_info(directory: str) -> Args | None:
+def checkpoint_info(directory: str) -> Checkpoint | None:
     """The newest checkpoint in ``directory``: ``{"step", "mtime", "file"}``, or None if there is none.
 
     ``latest.json`` (``{"step": N}``, the reference pipeline's) decides when present; otherwise the
@@ -357,16 +406,16 @@ def status_path(log: str) -> str:
     return os.path.join(d, f".{base}.pitstop-exit")
 
 
-def read_status(log: str, pid: int, start_time: int | None) -> Args | None:
+def read_status(log: str, pid: int, start_time: int | None) -> ExitRecord | None:
     """The recorded end of the job ``pid`` (None while it runs, or for another job)."""
     try:
         with open(status_path(log)) as f:
-            st = json.load(f)
+            st: ExitRecord = json.load(f)
     except (OSError, ValueError):
         return None
     if st.get("pid") != pid or (start_time is not None and st.get("start_time") != start_time):
         return None
-    return st  # type: ignore[no-any-return]
+    return st
 
 
 # --- operations -------------------------------------------------------------------------------
@@ -404,9 +453,9 @@ def read_stdin_json() -> Any:
     return json.loads(data)
 
 
-def op_preflight(a: Args) -> Args:
+def op_preflight(a: PreflightArgs) -> PreflightAnswer:
     """All pre-flight checks in one go; nothing is changed."""
-    checks: list[Args] = []
+    checks: list[PreflightCheck] = []
 
     def check(name: str, ok: bool, detail: str = "") -> bool:
         checks.append({"check": name, "ok": bool(ok), "detail": detail})
@@ -446,7 +495,7 @@ def op_preflight(a: Args) -> Args:
             ok,
             f"{free // 10**6} MB free in {logdir} (need {a['min_free'] // 10**6} MB)",
         )
-    applied = {}
+    applied: dict[str, bool] = {}
     wants = a.get("patches") or {}
     if wants:
         texts = read_stdin_json()
@@ -466,36 +515,36 @@ def op_preflight(a: Args) -> Args:
                 elif want == "revert" and state == "conflict":
                     check("patch", False, f"{name} cannot be reverted: {msg}")
     running = None
-    if a.get("running"):
-        r = a["running"]
-        running = probe_one(scan(), r)
+    r = a.get("running")
+    if r:
+        running = probe_one(scan(), r, r.get("log"))
     return {"checks": checks, "applied": applied, "running": running}
 
 
-def op_stop(a: Args) -> Args:
+def op_stop(a: StopArgs) -> StopAnswer:
     """SIGTERM, poll, SIGKILL after ``term_timeout``, confirm: see the module docstring."""
     rx = re.compile(a["match"])
     pid, start, sid = a.get("pid"), a.get("start_time"), a.get("sid")
     began = time.time()
     procs = scan()
-    stale = None
+    stale: StaleRecord | None = None
     state = None
     if pid is not None:
         state, now_start = identity(pid, start)
         if state == "stale":
             stale = {"pid": pid, "recorded": start, "found": now_start}
     if sid is not None and stale is None:
-        targets = {p: v for p, v in procs.items() if v[2] == sid}
+        targets = {p: v for p, v in procs.items() if v.session == sid}
         scope = "session"
     else:
         roots = user_matching(procs, rx, a.get("workdir"))
         if stale is not None:  # never the pid that now belongs to someone else, nor its session
-            roots = [p for p in roots if p != pid and procs[p][2] != pid]
+            roots = [p for p in roots if p != pid and procs[p].session != pid]
         targets = {p: procs[p] for p in descendants(procs, roots)}
         scope = "match"
-    ident: dict[int, int | None] = {p: v[3] for p, v in targets.items()}
-    info = [
-        {"pid": p, "start_time": v[3], "cmdline": v[4].decode("utf-8", "replace")[:200]}
+    ident: dict[int, int | None] = {p: v.start_time for p, v in targets.items()}
+    info: list[StopTarget] = [
+        {"pid": p, "start_time": v.start_time, "cmdline": v.cmdline.decode("utf-8", "replace")[:200]}
         for p, v in sorted(targets.items())
     ]
 
@@ -506,10 +555,10 @@ def op_stop(a: Args) -> Args:
         groups: set[int] = set()
         for p in pids:
             st = proc_stat(p)
-            if st is None or st[4] != ident[p]:
+            if st is None or st.start_time != ident[p]:
                 continue
-            if scope == "session" and st[3] == sid:
-                groups.add(st[2])
+            if scope == "session" and st.session == sid:
+                groups.add(st.pgrp)
             else:
                 try:
                     os.kill(p, sig)
@@ -534,7 +583,7 @@ def op_stop(a: Args) -> Args:
             while left() and time.monotonic() < deadline:
                 time.sleep(POLL)
         if scope == "session":  # anything that joined the session meanwhile
-            late = {p: v[3] for p, v in scan().items() if v[2] == sid and p not in ident}
+            late = {p: v.start_time for p, v in scan().items() if v.session == sid and p not in ident}
             ident.update(late)
             if late:
                 send(signal.SIGKILL, list(late))
@@ -585,10 +634,10 @@ def ns_identity(host_pid: int) -> tuple[int, int | None]:
     except OSError:
         return host_pid, None
     st = proc_stat(host_pid)
-    return inner, (st[4] if st else None)
+    return inner, (st.start_time if st else None)
 
 
-def op_gpu_wait(a: Args) -> Args:
+def op_gpu_wait(a: GpuWaitArgs) -> GpuWaitAnswer | ErrorAnswer:
     """Poll ``nvidia-smi`` until none of ``targets`` holds GPU memory, or ``timeout`` passes."""
     targets = {int(p): s for p, s in a["targets"]}
     deadline = time.monotonic() + a["timeout"]
@@ -598,7 +647,7 @@ def op_gpu_wait(a: Args) -> Args:
             apps = nvidia_apps(a.get("nvidia_smi") or "nvidia-smi")
         except (OSError, RuntimeError) as exc:
             return {"error": f"cannot read GPU memory: {exc}"}
-        holders = []
+        holders: list[GpuHolder] = []
         for host_pid, mem in apps:
             inner, start = ns_identity(host_pid)
             if inner in targets and (start is None or targets[inner] is None or start == targets[inner]):
@@ -608,12 +657,12 @@ def op_gpu_wait(a: Args) -> Args:
         time.sleep(0.5)
 
 
-def op_clear(a: Args) -> Args:
+def op_clear(a: ClearArgs) -> ClearAnswer:
     """Remove the contents of each cache path (the path itself stays); count files and bytes."""
-    out = []
+    out: list[ClearedPath] = []
     for path in a["paths"]:
         files = dirs = size = 0
-        errors = []
+        errors: list[str] = []
         if not os.path.lexists(path):
             out.append({"path": path, "missing": True, "files": 0, "bytes": 0, "errors": []})
             continue
@@ -650,7 +699,7 @@ def op_clear(a: Args) -> Args:
     return {"cleared": out}
 
 
-def op_patch(a: Args) -> Args:
+def op_patch(a: PatchArgs) -> PatchAnswer | ErrorAnswer:
     """Revert then apply named diffs (texts on stdin); report the patches in effect after."""
     texts = read_stdin_json()
     if texts is None:
@@ -658,25 +707,25 @@ def op_patch(a: Args) -> Args:
             "error": "no patch text arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)"
         }
     workdir = a["workdir"]
-    done: Args = {"applied": [], "reverted": [], "kept": [], "failed": []}
+    done: PatchAnswer = {"applied": [], "reverted": [], "kept": [], "failed": [], "in_effect": []}
     for name in a.get("revert", []):
         state, msg = patch_state(workdir, texts[name])
         if state == "applied":
             ok, msg = git(workdir, ["apply", "--reverse", "-"], texts[name])
-            done["reverted" if ok else "failed"].append(name if ok else f"{name}: {msg}")
+            (done["reverted"] if ok else done["failed"]).append(name if ok else f"{name}: {msg}")
     for name in a.get("apply", []):
         state, msg = patch_state(workdir, texts[name])
         if state == "applied":
             done["kept"].append(name)
             continue
         ok, msg = git(workdir, ["apply", "-"], texts[name])
-        done["applied" if ok else "failed"].append(name if ok else f"{name}: {msg}")
+        (done["applied"] if ok else done["failed"]).append(name if ok else f"{name}: {msg}")
     in_effect = sorted(n for n in texts if patch_state(workdir, texts[n])[0] == "applied")
     done["in_effect"] = in_effect
     return done
 
 
-def op_patches(a: Args) -> Args:
+def op_patches(a: PatchesArgs) -> PatchesAnswer | ErrorAnswer:
     """Which of the named diffs (texts on stdin) are applied in ``workdir`` now."""
     texts = read_stdin_json()
     if texts is None:
@@ -686,7 +735,7 @@ def op_patches(a: Args) -> Args:
     return {"applied": {n: patch_state(a["workdir"], t)[0] == "applied" for n, t in texts.items()}}
 
 
-def op_launch(a: Args) -> Args:
+def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
     """Start the job detached and report its identity at once.
 
     The helper forks an intermediate process that leaves the helper's session (``setsid``) and
@@ -756,19 +805,25 @@ def op_launch(a: Args) -> Args:
     except ChildProcessError:
         pass
     try:
-        info = json.loads(b"".join(chunks).decode() or "{}")
+        info: dict[str, Any] = json.loads(b"".join(chunks).decode() or "{}")
     except ValueError:
         info = {}
     if "pid" not in info:
         return {"error": info.get("error") or "the launcher vanished before reporting a pid"}
-    info["log_size"] = log_size
-    return info  # type: ignore[no-any-return]
+    return {
+        "pid": info["pid"],
+        "pgid": info["pgid"],
+        "sid": info["sid"],
+        "start_time": info["start_time"],
+        "launched_at": info["launched_at"],
+        "log_size": log_size,
+    }
 
 
-def probe_one(procs: Procs, j: Args) -> Args:
-    """Processes, liveness and log state of one job."""
+def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
+    """Processes, liveness and (given ``log``) log state of one job."""
     rx = re.compile(j["match"])
-    out = {"name": j.get("name"), "error": None}
+    out: JobState = {"name": j.get("name"), "error": None}
     sid, pid, start = j.get("sid"), j.get("pid"), j.get("start_time")
     if sid is not None:
         members, matching = session_view(procs, sid, rx)
@@ -785,81 +840,86 @@ def probe_one(procs: Procs, j: Args) -> Args:
     else:
         out["state"] = None
         out["alive"] = None
-    if j.get("log"):
-        out["log"] = file_info(j["log"])
+    if log:
+        out["log"] = file_info(log)
     return out
 
 
-def op_probe(a: Args) -> Args:
+def op_probe(a: ProbeArgs) -> ProbeAnswer:
     """:func:`probe_one` for several jobs of one host in one call."""
     procs = scan()
-    out = {}
+    out: dict[str, JobState] = {}
     for j in a["jobs"]:
+        name = str(j.get("name"))
         try:
-            out[j["name"]] = probe_one(procs, j)
+            out[name] = probe_one(procs, j, j.get("log"))
         except Exception as exc:  # one bad job (regex, permissions) must not hide the others
-            out[j["name"]] = {"name": j["name"], "error": f"{type(exc).__name__}: {exc}"}
+            out[name] = {"name": j.get("name"), "error": f"{type(exc).__name__}: {exc}"}
     return {"jobs": out, "time": time.time()}
 
 
-def op_evidence(a: Args) -> Args:
+def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
     """What verification decides from: liveness, count, log growth, errors, exit status, tail."""
     procs = scan()
-    res = probe_one(procs, a)
+    res = cast("EvidenceAnswer", probe_one(procs, a, a["log"]))  # the same keys and more, all optional
     log, offset = a["log"], a.get("offset") or 0
     res["new_bytes"] = None
-    info = res.get("log") or {}
-    if info.get("size") is not None:
-        size = info["size"]
+    size = res["log"]["size"] if "log" in res else None
+    if size is not None:
         res["new_bytes"] = size - offset if size >= offset else size
         res["error_line"] = first_error(log, offset)
         res["tail"] = tail_bytes(log, offset, a.get("tail_lines", 30)).decode("utf-8", "replace")
     else:
         res["error_line"] = None
         res["tail"] = ""
-    res["status"] = read_status(log, a["pid"], a.get("start_time")) if a.get("pid") else None
-    if a.get("progress_log"):
-        res["start_step"] = start_step(a["progress_log"], a.get("progress_offset") or 0)
-    if a.get("checkpoint_dir"):
-        res["checkpoint"] = checkpoint_info(a["checkpoint_dir"])
+    pid = a["pid"]
+    res["status"] = read_status(log, pid, a.get("start_time")) if pid else None
+    progress_log, checkpoint_dir = a.get("progress_log"), a.get("checkpoint_dir")
+    if progress_log:
+        res["start_step"] = start_step(progress_log, a.get("progress_offset") or 0)
+    if checkpoint_dir:
+        res["checkpoint"] = checkpoint_info(checkpoint_dir)
     res["time"] = time.time()
     return res
 
 
-def op_read(a: Args) -> Args:
+def op_read(a: ReadArgs) -> ReadAnswer | ErrorAnswer:
     """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set); a negative offset
     counts from the end; starts over from 0 after truncation or a new inode."""
     path, offset, max_bytes = a["path"], a["offset"], a["max_bytes"]
     info = file_info(path)
-    if info["size"] is None:
-        return {"error": info["error"]}
+    size = info["size"]
+    if size is None:
+        return {"error": str(info["error"])}
     if offset < 0:
-        offset = max(0, info["size"] + offset)
-    reset = offset > info["size"] or (a.get("inode") is not None and a["inode"] != info["inode"])
+        offset = max(0, size + offset)
+    inode = a.get("inode")
+    reset = offset > size or (inode is not None and inode != info["inode"])
     if reset:
         offset = 0
-    data = read_range(path, offset, min(max_bytes, info["size"] - offset))
+    data = read_range(path, offset, min(max_bytes, size - offset))
     packed = zlib.compress(data, 1) if a.get("zlib") else data
     return {
         "data": base64.b64encode(packed).decode(),
         "zlib": bool(a.get("zlib")),
         "offset": offset + len(data),
-        "size": info["size"],
+        "size": size,
         "inode": info["inode"],
         "reset": reset,
     }
 
 
-def op_tail(a: Args) -> Args:
+def op_tail(a: TailArgs) -> TailAnswer | ErrorAnswer:
     """The last lines of a file."""
     info = file_info(a["path"])
-    if info["size"] is None:
-        return {"error": info["error"]}
+    size = info["size"]
+    if size is None:
+        return {"error": str(info["error"])}
     return {
         "text": tail_bytes(a["path"], a.get("start", 0), a["lines"], a.get("max_bytes", 65536)).decode(
             "utf-8", "replace"
         ),
-        "size": info["size"],
+        "size": size,
     }
 
 
@@ -873,7 +933,7 @@ def proc_environ(pid: int) -> dict[bytes, bytes]:
     return dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
 
 
-def op_slurm_tasks(a: Args) -> Args:
+def op_slurm_tasks(a: SlurmTasksArgs) -> SlurmTasksAnswer:
     """Run on one node of a Slurm job (``srun --jobid=ID --overlap``): the job's task processes here.
 
     A task process matches ``match`` and its environment holds ``SLURM_JOB_ID=job``, a
@@ -883,9 +943,9 @@ def op_slurm_tasks(a: Args) -> Args:
     rx = re.compile(a["match"])
     job = str(a["job"]).encode()
     node = os.environ.get("SLURMD_NODENAME", "")
-    pids = []
-    for pid, (_pp, _pg, _sid, _st, cmd) in scan().items():
-        if not matches(rx, cmd):
+    pids: list[int] = []
+    for pid, proc in scan().items():
+        if not matches(rx, proc.cmdline):
             continue
         env = proc_environ(pid)
         if env.get(b"SLURM_JOB_ID") != job or b"SLURM_STEP_ID" not in env:
@@ -912,12 +972,12 @@ def find_py_spy() -> str | None:
     return None
 
 
-def op_hang(a: Args) -> Args:
+def op_hang(a: HangArgs) -> HangAnswer:
     """State, wchan, command line and (with py-spy) Python stacks of the job's processes (or ``pids``)."""
     procs = scan()
     pids = [int(p) for p in (a.get("pids") or probe_one(procs, a)["pids"])][: a.get("max_pids", 16)]
     spy = find_py_spy()
-    out = []
+    out: list[HangProcess] = []
     for pid in pids:
         st = proc_stat(pid)
         try:
@@ -925,9 +985,9 @@ def op_hang(a: Args) -> Args:
                 wchan = f.read().decode("utf-8", "replace").strip() or None
         except OSError:
             wchan = None
-        item = {
+        item: HangProcess = {
             "pid": pid,
-            "state": st[0] if st else None,
+            "state": st.state if st else None,
             "wchan": None if wchan == "0" else wchan,
             "cmdline": proc_cmdline(pid).decode("utf-8", "replace")[:200],
             "stack": None,
@@ -952,7 +1012,8 @@ def op_hang(a: Args) -> Args:
     return {"processes": out, "py_spy": spy, "time": time.time()}
 
 
-OPS = {
+#: operation name → its function (arguments and answers: :data:`pipeline.hostcontract.OPERATIONS`)
+OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
     "slurm_tasks": op_slurm_tasks,
     "preflight": op_preflight,
     "stop": op_stop,

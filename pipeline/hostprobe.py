@@ -23,35 +23,85 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal, TypedDict, Unpack, overload
 
 from pipeline import messages
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteCommandError
+from pipeline.hostcontract import (
+    HELPER_VERSION,
+    MARKER,
+    ClearAnswer,
+    ClearArgs,
+    EvidenceAnswer,
+    EvidenceArgs,
+    GpuWaitAnswer,
+    GpuWaitArgs,
+    HangAnswer,
+    HangArgs,
+    Identity,
+    JobState,
+    LaunchAnswer,
+    LaunchArgs,
+    PatchAnswer,
+    PatchArgs,
+    PatchesAnswer,
+    PatchesArgs,
+    PreflightAnswer,
+    PreflightArgs,
+    ProbeAnswer,
+    ProbeArgs,
+    ProbeJob,
+    ReadAnswer,
+    ReadArgs,
+    StopAnswer,
+    StopArgs,
+    TailAnswer,
+    TailArgs,
+)
 from pipeline.quoting import job_argv
-from pipeline.remote import SSHPool
+from pipeline.remote import RemoteHosts
 
 HELPER_PYTHON = "python3"  #: interpreter for the helper on the job's side (Python 3.8+)
+CONTRACT_MODULE = "pipeline.hostcontract"  #: the helper's one Pitstop import, shipped inside it
 PROBE_TIMEOUT = 20.0  #: seconds for one probe / read / tail call
 TAIL_MAX_BYTES = 65536  #: a tail reads at most this many bytes from the end of the log
 
 
 @cache
 def helper_source() -> str:
-    """The helper program as sent to hosts: :mod:`pipeline.hosthelper` without docstrings and
-    comments (a third of the size), behind its marker line ``# pitstop-host-helper``."""
-    text = (resources.files("pipeline") / "hosthelper.py").read_text(encoding="utf-8")
-    tree = ast.parse(text)
+    """The helper program as sent to hosts: :mod:`pipeline.hosthelper` with its contract
+    (:mod:`pipeline.hostcontract`) in place of the import of it, without docstrings and comments
+    (a third of the size), behind the marker line ``# pitstop-host-helper vHELPER_VERSION``."""
+    helper = _module_tree("hosthelper.py")
+    contract = [
+        node
+        for node in _module_tree("hostcontract.py").body
+        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+    ]
+    body: list[ast.stmt] = []
+    for node in helper.body:
+        if isinstance(node, ast.ImportFrom) and node.module == CONTRACT_MODULE:
+            body.extend(contract)
+        else:
+            body.append(node)
+    helper.body = body
+    return f"{MARKER} v{HELPER_VERSION}\n" + ast.unparse(helper) + "\n"
+
+
+def _module_tree(filename: str) -> ast.Module:
+    """A module of ``pipeline`` parsed, its docstrings dropped."""
+    tree = ast.parse((resources.files("pipeline") / filename).read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 if isinstance(body[0].value.value, str):
                     node.body = body[1:] or [ast.Pass()]
-    return "# pitstop-host-helper v1\n" + ast.unparse(tree) + "\n"
+    return tree
 
 
-def helper_argv(op: str, args: Mapping[str, Any]) -> list[str]:
+def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:
     """``[python3, -E, -S, -c, SOURCE, OP, JSON]``: the helper invocation for one operation.
 
     ``-E -S``: no ``PYTHON*`` variables, no site-packages — the helper needs only the
@@ -65,18 +115,80 @@ def _shown(op: str) -> list[str]:
     return [HELPER_PYTHON, "-c", "<pitstop host helper>", op]
 
 
+class HelperCall(TypedDict, total=False):
+    """Where and how long a helper call runs: the keyword arguments of :func:`call_helper`."""
+
+    job: str | None
+    host: str | None
+    exec_prefix: Sequence[str] | None
+    stdin: str | None
+    timeout: float
+
+
+# one signature per operation (arguments and answer: pipeline.hostcontract), so mypy checks callers
+@overload
 async def call_helper(
-    ssh: SSHPool,
+    ssh: RemoteHosts, op: Literal["preflight"], args: PreflightArgs, **where: Unpack[HelperCall]
+) -> PreflightAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["stop"], args: StopArgs, **where: Unpack[HelperCall]
+) -> StopAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["gpu_wait"], args: GpuWaitArgs, **where: Unpack[HelperCall]
+) -> GpuWaitAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["clear"], args: ClearArgs, **where: Unpack[HelperCall]
+) -> ClearAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["patch"], args: PatchArgs, **where: Unpack[HelperCall]
+) -> PatchAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["patches"], args: PatchesArgs, **where: Unpack[HelperCall]
+) -> PatchesAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["launch"], args: LaunchArgs, **where: Unpack[HelperCall]
+) -> LaunchAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["probe"], args: ProbeArgs, **where: Unpack[HelperCall]
+) -> ProbeAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["evidence"], args: EvidenceArgs, **where: Unpack[HelperCall]
+) -> EvidenceAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["read"], args: ReadArgs, **where: Unpack[HelperCall]
+) -> ReadAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["tail"], args: TailArgs, **where: Unpack[HelperCall]
+) -> TailAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["hang"], args: HangArgs, **where: Unpack[HelperCall]
+) -> HangAnswer: ...
+async def call_helper(
+    ssh: RemoteHosts,
     op: str,
-    args: Mapping[str, Any],
+    args: Mapping[str, object],
     *,
     job: str | None = None,
     host: str | None = None,
     exec_prefix: Sequence[str] | None = None,
     stdin: str | None = None,
     timeout: float = PROBE_TIMEOUT,
-) -> dict[str, Any]:
+) -> Mapping[str, object]:
     """Run one helper operation and return its JSON answer.
+
+    The overloads above type each operation's arguments and answer
+    (:data:`pipeline.hostcontract.OPERATIONS`); the answer is the helper's JSON as it came.
 
     Exactly one of ``job`` (job side: the job's host behind its ``exec`` prefix) or ``host``
     (the host itself, or behind ``exec_prefix`` when given) says where.
@@ -201,15 +313,19 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def recorded_identity(current: Mapping[str, str] | None) -> dict[str, int | None]:
+def recorded_identity(current: Mapping[str, str] | None) -> Identity:
     """``pid``, ``start_time``, ``sid`` from a ``keys.job_current`` hash (None each when absent
     or when the job is recorded as stopped)."""
     if not current or current.get("state") == "stopped":
         return {"pid": None, "start_time": None, "sid": None}
-    return {k: _int(current.get(k)) for k in ("pid", "start_time", "sid")}
+    return {
+        "pid": _int(current.get("pid")),
+        "start_time": _int(current.get("start_time")),
+        "sid": _int(current.get("sid")),
+    }
 
 
-def probe_args(name: str, job: JobConfig, current: Mapping[str, str] | None) -> dict[str, Any]:
+def probe_args(name: str, job: JobConfig, current: Mapping[str, str] | None) -> ProbeJob:
     """The helper's per-job probe arguments."""
     return {
         "name": name,
@@ -220,10 +336,10 @@ def probe_args(name: str, job: JobConfig, current: Mapping[str, str] | None) -> 
     }
 
 
-def _to_probe(name: str, raw: Mapping[str, Any], sampled_at: float | None) -> JobProbe:
+def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
     if raw.get("error"):
-        return JobProbe(job=name, error=str(raw["error"]), sampled_at=sampled_at)
-    log = raw.get("log") or {}
+        return JobProbe(job=name, error=str(raw.get("error")), sampled_at=sampled_at)
+    log = raw.get("log")
     return JobProbe(
         job=name,
         pids=tuple(raw.get("pids") or ()),
@@ -231,16 +347,16 @@ def _to_probe(name: str, raw: Mapping[str, Any], sampled_at: float | None) -> Jo
         session_pids=tuple(raw.get("session_pids") or ()),
         alive=raw.get("alive"),
         state=raw.get("state"),
-        log_size=log.get("size"),
-        log_mtime=log.get("mtime"),
-        log_inode=log.get("inode"),
+        log_size=log["size"] if log else None,
+        log_mtime=log["mtime"] if log else None,
+        log_inode=log["inode"] if log else None,
         sampled_at=sampled_at,
         error=None,
     )
 
 
 async def probe_host(
-    ssh: SSHPool, host: str, jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]]
+    ssh: RemoteHosts, host: str, jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]]
 ) -> dict[str, JobProbe]:
     """Probe several jobs of one host: one SSH call per distinct ``exec`` prefix, run concurrently.
 
@@ -253,8 +369,10 @@ async def probe_host(
     for entry in jobs:
         groups.setdefault(tuple(entry[1].exec), []).append(entry)
 
-    async def one(prefix: tuple[str, ...], members: list[Any]) -> dict[str, JobProbe]:
-        args = {"jobs": [probe_args(n, j, c) for n, j, c in members]}
+    async def one(
+        prefix: tuple[str, ...], members: list[tuple[str, JobConfig, Mapping[str, str] | None]]
+    ) -> dict[str, JobProbe]:
+        args: ProbeArgs = {"jobs": [probe_args(n, j, c) for n, j, c in members]}
         try:
             answer = await call_helper(ssh, "probe", args, host=host, exec_prefix=prefix)
         except Exception as exc:  # the watcher turns errors into "host unreachable", never raises
@@ -292,7 +410,7 @@ class LogChunk:
 
 
 async def read_log_chunk(
-    ssh: SSHPool,
+    ssh: RemoteHosts,
     job_name: str,
     job: JobConfig,
     offset: int,
@@ -311,7 +429,7 @@ async def read_log_chunk(
     :raises RemoteCommandError: if the file cannot be read (the helper's message).
     :raises: connection errors as :meth:`pipeline.remote.SSHPool.run`.
     """
-    args = {
+    args: ReadArgs = {
         "path": path or job.log,
         "offset": offset,
         "max_bytes": max(0, max_bytes),
@@ -330,7 +448,7 @@ async def read_log_chunk(
 
 
 async def read_log(
-    ssh: SSHPool, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
+    ssh: RemoteHosts, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
 ) -> tuple[bytes, int, int]:
     """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest.
 
@@ -342,7 +460,7 @@ async def read_log(
 
 
 async def log_tail(
-    ssh: SSHPool, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
+    ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
 ) -> str:
     """The last ``lines`` lines of the job's log (at most :data:`TAIL_MAX_BYTES` read).
 
@@ -350,6 +468,11 @@ async def log_tail(
     :raises RemoteCommandError: if the log cannot be read.
     :raises: connection errors as :meth:`pipeline.remote.SSHPool.run`.
     """
-    args = {"path": path or job.log, "lines": max(0, lines), "start": since, "max_bytes": TAIL_MAX_BYTES}
+    args: TailArgs = {
+        "path": path or job.log,
+        "lines": max(0, lines),
+        "start": since,
+        "max_bytes": TAIL_MAX_BYTES,
+    }
     answer = await call_helper(ssh, "tail", args, host=job.host, exec_prefix=job.exec)
     return str(answer.get("text", ""))

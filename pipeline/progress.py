@@ -35,7 +35,7 @@ from pipeline.config import JobConfig
 from pipeline.digest import percentile
 from pipeline.hostprobe import read_log_chunk
 from pipeline.metrics import parse_metric_lines
-from pipeline.remote import SSHPool
+from pipeline.remote import RemoteHosts
 
 MIN_RANK_STALL = 60.0  #: seconds: the smallest default ``rank_stall_after``
 STALL_FACTOR = 20.0  #: default ``rank_stall_after`` = this × the p95 time between advances
@@ -232,7 +232,7 @@ async def load(client: aioredis.Redis, prefix: str, job: str) -> ProgressState:
 
 
 async def refresh(
-    ssh: SSHPool,
+    ssh: RemoteHosts,
     client: aioredis.Redis,
     prefix: str,
     name: str,

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 
 from pipeline import keys, messages
+from pipeline.engine import RestartService
 from pipeline.hostprobe import JobProbe, probe_host, recorded_identity
-from pipeline.restart import Restarter
 from pipeline.runs import Outcome, RunRecord, Step, Verdict
 
 
@@ -53,7 +53,7 @@ def launched(run: RunRecord) -> bool:
     return rec is not None and rec.outcome is Outcome.OK and (run.pid or run.slurm_job) is not None
 
 
-async def reconcile(restarter: Restarter, *, instance: str) -> list[Interruption]:
+async def reconcile(restarter: RestartService, *, instance: str) -> list[Interruption]:
     """Take over every open run whose owner is gone; probe each job and record what is true.
 
     :param restarter: the process's Restarter (config, SSH pool and run store).
@@ -83,7 +83,7 @@ async def reconcile(restarter: Restarter, *, instance: str) -> list[Interruption
     return out
 
 
-async def _take_over(restarter: Restarter, run: RunRecord) -> Interruption:
+async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
     probe, current = await _probe(restarter, run)
     spec = restarter.config.jobs.get(_job_key(restarter, run.job))
     expected = spec.processes if spec is not None else 0
@@ -122,7 +122,7 @@ def _found(probe: JobProbe) -> str:
     return probe.state or "none"
 
 
-async def _probe(restarter: Restarter, run: RunRecord) -> tuple[JobProbe, dict[str, str]]:
+async def _probe(restarter: RestartService, run: RunRecord) -> tuple[JobProbe, dict[str, str]]:
     """The job as its host shows it now, with the ``keys.job_current`` record it was probed by."""
     name = _job_key(restarter, run.job)
     spec = restarter.config.jobs.get(name)
@@ -134,14 +134,14 @@ async def _probe(restarter: Restarter, run: RunRecord) -> tuple[JobProbe, dict[s
     return probes[name], current
 
 
-async def _queue_verification(restarter: Restarter, run: RunRecord) -> None:
+async def _queue_verification(restarter: RestartService, run: RunRecord) -> None:
     spec = restarter.config.jobs.get(_job_key(restarter, run.job))
     window = spec.start_window if spec is not None else 0.0
     due = (run.launched_at or time.time()) + window
     await restarter.runs.client.zadd(keys.runs_unverified(restarter.runs.prefix), {run.id: due}, nx=True)
 
 
-async def _lock_held(restarter: Restarter, job: str) -> bool:
+async def _lock_held(restarter: RestartService, job: str) -> bool:
     name = _job_key(restarter, job)
     scopes = [f"job:{name}"]
     spec = restarter.config.jobs.get(name)
@@ -151,7 +151,7 @@ async def _lock_held(restarter: Restarter, job: str) -> bool:
     return any([bool(await client.exists(keys.lock(prefix, s))) for s in scopes])
 
 
-def _job_key(restarter: Restarter, job: str) -> str:
+def _job_key(restarter: RestartService, job: str) -> str:
     try:
         return restarter.config.job_name(job)
     except KeyError:

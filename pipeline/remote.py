@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncssh
 
@@ -100,6 +100,50 @@ class RemoteResult:
             return -1
 
 
+class RemoteHosts(Protocol):
+    """What Pitstop needs from its connections to the hosts: :class:`SSHPool` in production,
+    a stand-in in tests that never reach a host.
+
+    Every method raises the errors :class:`SSHPool`'s does (see the module docstring).
+    """
+
+    async def run(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        display: Sequence[str] | None = None,
+    ) -> RemoteResult:
+        """Run ``argv`` on ``host`` (``timeout`` in seconds); a non-zero exit is returned, not raised."""
+        ...
+
+    async def run_job(
+        self,
+        job: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        display: Sequence[str] | None = None,
+    ) -> RemoteResult:
+        """Run ``argv`` on the job's side: its host, behind its ``exec`` prefix."""
+        ...
+
+    async def check(self, host: str) -> None:
+        """Return if ``host`` can be reached now (a fresh connection); raise if not."""
+        ...
+
+    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
+        """Copy a local file to ``remote_path`` on the host itself."""
+        ...
+
+    async def close(self) -> None:
+        """Close every connection; idempotent."""
+        ...
+
+
 class _Client(asyncssh.SSHClient):
     """Records the fingerprint of a host key that known_hosts does not trust."""
 
@@ -122,7 +166,7 @@ class _Client(asyncssh.SSHClient):
 
 
 class SSHPool:
-    """One reused SSH connection per configured host.
+    """One reused SSH connection per configured host (implements :class:`RemoteHosts`).
 
     :param config: the validated configuration (its ``[hosts]``).
     """

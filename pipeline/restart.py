@@ -32,7 +32,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from pipeline import messages
 from pipeline.config import Config, JobConfig
@@ -50,6 +49,7 @@ from pipeline.errors import (
 )
 from pipeline.events import Events
 from pipeline.evidence import Evidence, decide, gather, settle_exit
+from pipeline.hostcontract import LaunchArgs, PreflightAnswer, PreflightArgs, StopArgs
 from pipeline.hostprobe import (
     ProcessCount,
     call_helper,
@@ -57,7 +57,7 @@ from pipeline.hostprobe import (
     probe_host,
     recorded_identity,
 )
-from pipeline.remote import SSHPool
+from pipeline.remote import RemoteHosts
 from pipeline.resume import check_resume
 from pipeline.runs import Outcome, RunRecord, RunStore, Step, Verdict
 from pipeline.steplog import CancelCheck, StepCallback, StepLog
@@ -88,7 +88,7 @@ class Restarter:
     def __init__(
         self,
         config: Config,
-        ssh: SSHPool,
+        ssh: RemoteHosts,
         runs: RunStore,
         events: Events,
         *,
@@ -346,9 +346,9 @@ class Restarter:
         on_step: StepCallback | None,
         *,
         running: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> PreflightAnswer:
         rec = await self.steps.begin(run, Step.PREFLIGHT, on_step)
-        args: dict[str, Any] = {
+        args: PreflightArgs = {
             "workdir": job.workdir,
             "program": job.launch[0],
             "log": job.log,
@@ -415,7 +415,7 @@ class Restarter:
         """Stop the old run; returns the stale-record note if the record was stale."""
         rec = await self.steps.begin(run, Step.STOP, on_step)
         ident = recorded_identity(current)
-        args = {
+        args: StopArgs = {
             **ident,
             "match": job.match,
             "workdir": job.workdir,
@@ -453,7 +453,7 @@ class Restarter:
             await self.steps.fail(run, rec, f"{detail}; {failure.message}", on_step)
             raise failure
         if job.gpus is not None and job.gpus.all and targets:
-            pairs = [[t["pid"], t.get("start_time")] for t in targets]
+            pairs: list[tuple[int, int | None]] = [(t["pid"], t["start_time"]) for t in targets]
             try:
                 gpu = await call_helper(
                     self.ssh,
@@ -479,7 +479,7 @@ class Restarter:
 
     async def _launch(self, run: RunRecord, name: str, job: JobConfig, on_step: StepCallback | None) -> None:
         rec = await self.steps.begin(run, Step.LAUNCH, on_step)
-        args = {
+        args: LaunchArgs = {
             "workdir": job.workdir,
             "argv": list(job.launch),
             "log": job.log,

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipeline.errors import RemoteCommandError
+from pipeline.hostcontract import SlurmTasksArgs
 from pipeline.hostprobe import helper_argv
-from pipeline.remote import RemoteResult, SSHPool
+from pipeline.remote import RemoteHosts, RemoteResult
 
 QUERY_TIMEOUT = 30.0  #: seconds for one squeue/scontrol/sacct call
 TASKS_TIMEOUT = 60.0  #: seconds for the per-node helper under srun
@@ -250,7 +251,7 @@ class SlurmClient:
     :param ssh: the SSH pool; every call is :meth:`SSHPool.run_job` for ``job``.
     """
 
-    def __init__(self, ssh: SSHPool) -> None:
+    def __init__(self, ssh: RemoteHosts) -> None:
         self.ssh = ssh
 
     async def _run(self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> RemoteResult:
@@ -332,6 +333,7 @@ class SlurmClient:
 
         :raises RemoteCommandError: if srun fails (its stderr in the message).
         """
+        tasks: SlurmTasksArgs = {"job": job_id, "match": match}
         argv = [
             "srun",
             f"--jobid={job_id}",
@@ -340,7 +342,7 @@ class SlurmClient:
             "--ntasks-per-node=1",
             "--label",
             "--quiet",
-            *helper_argv("slurm_tasks", {"job": job_id, "match": match}),
+            *helper_argv("slurm_tasks", tasks),
         ]
         result = await self._run(job, argv, TASKS_TIMEOUT)
         out: list[NodeTasks] = []

@@ -32,6 +32,7 @@ from pipeline.config import JobConfig, SlurmSettings
 from pipeline.engine import CancelCheck, StepCallback
 from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError, SequenceAborted, StopFailed
 from pipeline.evidence import TAIL_LINES
+from pipeline.hostcontract import EvidenceArgs, PreflightAnswer
 from pipeline.hostprobe import ProcessCount, call_helper, log_tail
 from pipeline.restart import KILL_TIMEOUT, VERIFY_GRACE, Restarter
 from pipeline.runs import Outcome, RunRecord, Step, Verdict
@@ -182,7 +183,7 @@ class SlurmEngine:
         on_step: StepCallback | None,
         *,
         running: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> PreflightAnswer:
         r = self.r
         sl = job.slurm
         assert sl is not None
@@ -457,20 +458,17 @@ class SlurmEngine:
     async def _output(self, run: RunRecord, name: str, job: JobConfig, j: SlurmJob) -> dict[str, Any]:
         """Growth, first error and tail of the job's output since launch (host helper on the login node)."""
         path = j.stdout or job.log
-        raw = await call_helper(
-            self.r.ssh,
-            "evidence",
-            {
-                "name": name,
-                "match": "(?!x)x",
-                "pid": None,
-                "sid": None,
-                "log": path,
-                "offset": run.log_size_at_launch or 0,
-                "tail_lines": TAIL_LINES,
-            },
-            job=name,
-        )
+        args: EvidenceArgs = {
+            "name": name,
+            "match": "(?!x)x",
+            "pid": None,
+            "start_time": None,
+            "sid": None,
+            "log": path,
+            "offset": run.log_size_at_launch or 0,
+            "tail_lines": TAIL_LINES,
+        }
+        raw = await call_helper(self.r.ssh, "evidence", args, job=name)
         return {**raw, "path": path}
 
     # --- queries ---------------------------------------------------------------------------------

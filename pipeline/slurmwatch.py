@@ -19,7 +19,7 @@ from pipeline import slurm
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteError
 from pipeline.hostprobe import JobProbe
-from pipeline.remote import SSHPool
+from pipeline.remote import RemoteHosts
 from pipeline.slurm import SlurmClient, SlurmJob
 
 
@@ -51,7 +51,7 @@ def _job_id(current: Mapping[str, str] | None) -> int | None:
 
 
 async def probe_cluster(
-    ssh: SSHPool, entries: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]]
+    ssh: RemoteHosts, entries: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]]
 ) -> dict[str, tuple[JobProbe, SlurmNote]]:
     """Probe Slurm jobs sharing one login node: one query for all, then tasks per running job.
 

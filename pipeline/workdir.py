@@ -16,7 +16,7 @@ from pipeline import messages
 from pipeline.config import JobConfig
 from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError
 from pipeline.hostprobe import call_helper
-from pipeline.remote import SSHPool
+from pipeline.remote import RemoteHosts
 from pipeline.runs import Outcome, RunRecord, Step
 from pipeline.steplog import StepCallback, StepLog
 
@@ -59,7 +59,7 @@ async def patch_texts(
 
 
 async def clear_cache(
-    ssh: SSHPool,
+    ssh: RemoteHosts,
     steps: StepLog,
     run: RunRecord,
     name: str,
@@ -98,7 +98,7 @@ async def clear_cache(
 
 
 async def patch(
-    ssh: SSHPool,
+    ssh: RemoteHosts,
     steps: StepLog,
     run: RunRecord,
     name: str,

@@ -9,13 +9,18 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, parse_config
+from pipeline.engine import RestartService
+from pipeline.errors import HostUnreachable
 from pipeline.events import Events
+from pipeline.hostprobe import ProcessCount
 from pipeline.redisconn import RedisHandle
+from pipeline.remote import RemoteHosts, RemoteResult
 from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
 
 ADMIN = "U0ADMIN0001"
@@ -51,14 +56,48 @@ def handler_config(**jobs_extra: dict[str, Any]) -> Config:
 
 
 class FakeSSH:
-    """Stands in for the SSH pool in tests that never reach a host."""
+    """Stands in for the SSH pool (:class:`~pipeline.remote.RemoteHosts`) in tests that never
+    reach a host: every host is unreachable."""
+
+    async def run(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        display: Sequence[str] | None = None,
+    ) -> RemoteResult:
+        """Raise :class:`HostUnreachable`."""
+        raise HostUnreachable(host, "the test's stand-in reaches no host")
+
+    async def run_job(
+        self,
+        job: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        display: Sequence[str] | None = None,
+    ) -> RemoteResult:
+        """Raise :class:`HostUnreachable`."""
+        raise HostUnreachable(job, "the test's stand-in reaches no host")
+
+    async def check(self, host: str) -> None:
+        """Raise :class:`HostUnreachable`."""
+        raise HostUnreachable(host, "the test's stand-in reaches no host")
+
+    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
+        """Raise :class:`HostUnreachable`."""
+        raise HostUnreachable(host, "the test's stand-in reaches no host")
 
     async def close(self) -> None:
         """Nothing to close."""
 
 
 class StandInRestarter:
-    """Real-Redis test double for :class:`pipeline.restart.Restarter`.
+    """Real-Redis test double for :class:`pipeline.restart.Restarter` (implements
+    :class:`~pipeline.engine.RestartService`).
 
     Walks the steps (recording each on the run and reporting it to ``on_step`` as the real one
     does), checks ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``
@@ -76,9 +115,11 @@ class StandInRestarter:
         after_launch_s: float = 0.0,
         log_text: str = "step 1\nstep 2\n",
         log_error: Exception | None = None,
+        ssh: RemoteHosts | None = None,
     ) -> None:
         self.config = config
         self.runs = runs
+        self.ssh: RemoteHosts = ssh if ssh is not None else FakeSSH()
         self.client = runs.client
         self.calls_key = f"{runs.prefix}test:calls"
         self.active_key = f"{runs.prefix}test:active"
@@ -91,7 +132,7 @@ class StandInRestarter:
         self.launched = asyncio.Event()
         self.in_launch = asyncio.Event()
 
-    async def calls(self) -> list[dict[str, Any]]:
+    async def calls(self) -> list[dict[str, object]]:
         """Every call so far, oldest first."""
         return [json.loads(x) for x in await self.client.lrange(self.calls_key, 0, -1)]
 
@@ -128,7 +169,7 @@ class StandInRestarter:
         steps: Sequence[Step],
         on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None,
         cancelled: Callable[[], Awaitable[bool]] | None,
-        **details: Any,
+        **details: object,
     ) -> RunRecord:
         await self.client.rpush(self.calls_key, json.dumps({"action": action, "run": run.id, **details}))
         active = await self.client.incr(self.active_key)
@@ -201,6 +242,15 @@ class StandInRestarter:
         """Walk stop; finish the run."""
         return await self._sequence("stop", run, [Step.STOP], on_step, None)
 
+    async def verify(self, run: RunRecord) -> RunRecord:
+        """Not simulated: the handler tests that verify use the real Restarter."""
+        raise NotImplementedError("StandInRestarter does not verify")
+
+    async def job_processes(self, job: str) -> ProcessCount:
+        """No processes: the stand-in runs nothing."""
+        spec = self.config.jobs[self.config.job_name(job)]
+        return ProcessCount(job=job, pids=(), count=0, expected=spec.processes, alive=None, pid=None)
+
     async def log_tail(self, job: str, lines: int) -> str:
         """The configured text (or raise the configured error)."""
         if self.log_error is not None:
@@ -213,14 +263,18 @@ class StandInRestarter:
 
 
 def make_context(
-    config: Config, handle: RedisHandle, *, restarter: Any = None, outbox: MemoryOutbox | None = None
+    config: Config,
+    handle: RedisHandle,
+    *,
+    restarter: RestartService | None = None,
+    outbox: MemoryOutbox | None = None,
 ) -> Context:
     """A Context on real Redis with the stand-in restarter (unless one is given)."""
     runs = RunStore(handle.client, handle.prefix)
     return Context(
         config=config,
         redis=handle,
-        ssh=FakeSSH(),  # type: ignore[arg-type]
+        ssh=FakeSSH(),
         runs=runs,
         restarter=restarter if restarter is not None else StandInRestarter(config, runs),
         events=Events(handle.client, handle.prefix),

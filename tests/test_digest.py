@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status, render_text
@@ -41,7 +42,6 @@ from pipeline.redisconn import RedisHandle
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
 from pipeline.runs import RunStore
-from pipeline.testhost import LocalSSHHost, start_local_ssh_host
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = Path(__file__).parent / "fixtures"

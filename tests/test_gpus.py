@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from devhost.sshhost import start_local_ssh_host
 from pipeline.config import Config
 from pipeline.errors import GpuQueryFailed
 from pipeline.gpus import (
@@ -21,7 +22,6 @@ from pipeline.gpus import (
 )
 from pipeline.hosthelper import ns_identity
 from pipeline.remote import SSHPool
-from pipeline.testhost import start_local_ssh_host
 from tests.fixtures.ssh import NVIDIA, InProcessHost
 
 

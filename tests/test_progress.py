@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from bot.assembly import build_context, build_watcher, close_context
+from devhost.sshhost import start_local_ssh_host
 from handlers.outbox import MemoryOutbox
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.progress import ProgressState, judge, rank_stall_threshold
-from pipeline.testhost import start_local_ssh_host
 from pipeline.watch import ActionKind, IncidentKind, Observation, Situation, WatchState, assess
 from tests.fixtures.ssh import BIN
 from tests.test_watch import T0, job_cfg, run_cycles
