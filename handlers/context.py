@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from handlers.outbox import Outbox
 from pipeline.config import Config
 from pipeline.events import Events
+from pipeline.jobstate import JobStore
 from pipeline.redisconn import RedisHandle
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
@@ -45,3 +46,8 @@ class Context:
     def prefix(self) -> str:
         """The Redis key prefix (:mod:`pipeline.keys`)."""
         return self.redis.prefix
+
+    @property
+    def jobs(self) -> JobStore:
+        """Jobs' state in Redis, one round trip per read (:class:`~pipeline.jobstate.JobStore`)."""
+        return JobStore(self.redis.client, self.prefix, self.config)
