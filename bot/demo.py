@@ -29,9 +29,9 @@ from bot.demo_script import Kill, Say, Step, Wait, WaitRanks, parse_line, parse_
 from bot.settings import Settings
 from pipeline import messages
 from pipeline.config import load_config
-from pipeline.digest import MAX_WINDOW_BYTES, remote_reader
 from pipeline.errors import ExitCode, PitstopError, UsageError
 from pipeline.events import EventKind
+from pipeline.logwindow import MAX_WINDOW_BYTES, remote_reader
 from pipeline.metrics import parse_metric_lines
 
 if TYPE_CHECKING:

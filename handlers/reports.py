@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from handlers.reply import Reply, Status, Table
-from pipeline import keys, messages
-from pipeline.digest import TARGET, Digest, build_digest
+from pipeline import messages
+from pipeline.digest import Digest, build_digest
+from pipeline.digeststats import TARGET
 from pipeline.errors import ExitCode, PitstopError
 
 if TYPE_CHECKING:
@@ -162,7 +163,15 @@ def digest_reply(digest: Digest) -> Reply:
 
 async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
     try:
-        digest = await build_digest(ctx, job, scheduled=scheduled)
+        digest = await build_digest(
+            job,
+            config=ctx.config,
+            client=ctx.redis.client,
+            prefix=ctx.prefix,
+            ssh=ctx.ssh,
+            events=ctx.events,
+            scheduled=scheduled,
+        )
     except PitstopError as exc:
         return Reply(
             title=messages.digest_failed(job, exc.message), status=Status.ERROR, exit_code=exc.exit_code
@@ -224,12 +233,13 @@ async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
     if not jobs:
         return owners
     entries = []
-    for name, spec in jobs:
-        current: dict[str, str] = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, name))  # type: ignore[assignment]
+    snaps = await ctx.jobs.read_many([n for n, _ in jobs])
+    for (name, spec), snap in zip(jobs, snaps, strict=True):
+        current = snap.current
         entries.append((name, spec, current or None))
         for field in ("pid", "sid"):
-            value = (current or {}).get(field)
-            if value and value.isdigit() and current.get("state") != "stopped":
+            value = current.get(field)
+            if value and value.isdigit() and not snap.stopped:
                 owners[int(value)] = name
     try:
         probes = await probe_host(ctx.ssh, host, entries)
