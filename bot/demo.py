@@ -32,11 +32,11 @@ from bot.settings import Settings
 from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
-from pipeline import keys, messages
+from pipeline import messages
 from pipeline.config import load_config
-from pipeline.digest import MAX_WINDOW_BYTES, remote_reader
 from pipeline.errors import ExitCode, PitstopError, UsageError
 from pipeline.events import EventKind
+from pipeline.logwindow import MAX_WINDOW_BYTES, remote_reader
 from pipeline.metrics import parse_metric_lines
 
 DEMO_USER = "demo-admin"
@@ -335,7 +335,7 @@ async def _run_script(ctx: Context, session: ConsoleSession, steps: Sequence[Ste
             await _wait_ranks(ctx, step)
         elif isinstance(step, Kill):
             cursor = await ctx.events.last_id()
-            current = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, step.job))
+            current = (await ctx.jobs.read(step.job)).current
             if not current.get("sid"):
                 raise UsageError(messages.demo_unexpected(step.lineno, f"no recorded session for {step.job}"))
             sid = int(current["sid"])
@@ -359,7 +359,7 @@ async def _cleanup(
     if ctx is not None:
         sid: int | None = None
         with contextlib.suppress(Exception):
-            current = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, "dflash"))
+            current = (await ctx.jobs.read("dflash")).current
             sid = int(current["sid"]) if current.get("sid") else None
         with contextlib.suppress(Exception):
             # a graceful stop first (SIGTERM to the process group: checkpoint, exit 0) ...

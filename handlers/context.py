@@ -13,6 +13,7 @@ from handlers.outbox import Outbox
 from pipeline.config import Config
 from pipeline.engine import RestartService
 from pipeline.events import Events
+from pipeline.jobstate import JobStore
 from pipeline.redisconn import RedisHandle
 from pipeline.remote import RemoteHosts
 from pipeline.runs import RunStore
@@ -45,3 +46,8 @@ class Context:
     def prefix(self) -> str:
         """The Redis key prefix (:mod:`pipeline.keys`)."""
         return self.redis.prefix
+
+    @property
+    def jobs(self) -> JobStore:
+        """Jobs' state in Redis, one round trip per read (:class:`~pipeline.jobstate.JobStore`)."""
+        return JobStore(self.redis.client, self.prefix, self.config)

@@ -54,8 +54,7 @@ async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
     cfg = ctx.config.jobs[name]
     client, prefix = ctx.redis.client, ctx.prefix
     try:
-        raw = await client.hgetall(keys.job_current(prefix, name))
-        current = {str(k): str(v) for k, v in raw.items()}
+        current = (await ctx.jobs.read(name)).current
         run_id = current.get("run_id")
         if not run_id:
             return None

@@ -13,7 +13,6 @@ import logging
 
 from handlers.context import Context
 from handlers.reply import Reply, Status
-from pipeline import keys
 from pipeline.errors import PitstopError
 from pipeline.hostcontract import HangAnswer, HangArgs
 from pipeline.hostprobe import call_helper, recorded_identity
@@ -33,8 +32,7 @@ async def hang_evidence(ctx: Context, inc: Incident) -> Reply | None:
     :returns: the reply, or None if the host could not be asked (logged).
     """
     cfg = ctx.config.jobs[inc.job]
-    raw = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, inc.job))
-    current = recorded_identity({str(k): str(v) for k, v in raw.items()})
+    current = recorded_identity((await ctx.jobs.read(inc.job)).current)
     args: HangArgs = {
         "name": inc.job,
         "match": cfg.match,

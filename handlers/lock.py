@@ -35,17 +35,12 @@ from redis.exceptions import LockError, RedisError
 from pipeline import keys, messages
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
+from pipeline.jobstate import scope_of
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 30.0  #: seconds
 HOLDER_WAIT = 1.0  #: seconds a refused request waits for the holder's record to appear
-
-
-def scope_of(config: Config, job: str) -> str:
-    """The lock scope of a job: ``job:NAME``, or ``host:NAME`` when ``lock_scope = "host"``."""
-    spec = config.jobs[job]
-    return f"host:{spec.host}" if spec.lock_scope == "host" else f"job:{job}"
 
 
 @dataclass(frozen=True)
@@ -143,7 +138,7 @@ class JobLock:
 
     :param client: an asyncio Redis client (``decode_responses=True``).
     :param prefix: the key prefix.
-    :param scope: ``job:NAME`` or ``host:NAME`` (:func:`scope_of`).
+    :param scope: ``job:NAME`` or ``host:NAME`` (:func:`pipeline.jobstate.scope_of`).
     :param ttl: seconds the lock lives without renewal (a crashed holder frees it this fast).
     :param renew_every: seconds between renewals (default ``ttl / 3``).
     """

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
 from handlers.slurmviews import job_gpus
-from pipeline import keys, messages
-from pipeline.digest import TARGET, Digest, build_digest
+from pipeline import messages
+from pipeline.digest import Digest, build_digest
+from pipeline.digeststats import TARGET
 from pipeline.errors import ExitCode, PitstopError
 from pipeline.gpus import ComputeApp, GpuStat, compute_apps, query_gpus
 from pipeline.hostprobe import probe_host
@@ -161,7 +162,15 @@ def digest_reply(digest: Digest) -> Reply:
 
 async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
     try:
-        digest = await build_digest(ctx, job, scheduled=scheduled)
+        digest = await build_digest(
+            job,
+            config=ctx.config,
+            client=ctx.redis.client,
+            prefix=ctx.prefix,
+            ssh=ctx.ssh,
+            events=ctx.events,
+            scheduled=scheduled,
+        )
     except PitstopError as exc:
         return Reply(
             title=messages.digest_failed(job, exc.message), status=Status.ERROR, exit_code=exc.exit_code
@@ -221,12 +230,13 @@ async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
     if not jobs:
         return owners
     entries = []
-    for name, spec in jobs:
-        current: dict[str, str] = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, name))  # type: ignore[assignment]
+    snaps = await ctx.jobs.read_many([n for n, _ in jobs])
+    for (name, spec), snap in zip(jobs, snaps, strict=True):
+        current = snap.current
         entries.append((name, spec, current or None))
         for field in ("pid", "sid"):
-            value = (current or {}).get(field)
-            if value and value.isdigit() and current.get("state") != "stopped":
+            value = current.get(field)
+            if value and value.isdigit() and not snap.stopped:
                 owners[int(value)] = name
     try:
         probes = await probe_host(ctx.ssh, host, entries)

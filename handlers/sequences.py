@@ -18,12 +18,13 @@ from collections.abc import Awaitable
 
 from handlers.commands import Command
 from handlers.context import Context
-from handlers.lock import JobLock, read_holder, scope_of
+from handlers.lock import JobLock, read_holder
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
 from pipeline import keys, messages
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.events import EventKind
+from pipeline.jobstate import scope_of
 from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
 
 log = logging.getLogger(__name__)

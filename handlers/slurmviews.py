@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
-from pipeline import keys, messages, slurm
+from pipeline import messages, slurm
 from pipeline.errors import PitstopError, RemoteError
 from pipeline.gpus import QUERY_GPU_ARGV, parse_query_gpu
 from pipeline.hostprobe import JobProbe
@@ -77,9 +77,9 @@ async def job_gpus(ctx: Context, name: str) -> Reply:
     """
     spec = ctx.config.jobs[name]
     client = SlurmClient(ctx.ssh)
-    current = await ctx.redis.client.hgetall(keys.job_current(ctx.prefix, name))
+    current = (await ctx.jobs.read(name)).current
     try:
-        probes = await slurm_probes(ctx, [name], {name: {str(k): str(v) for k, v in current.items()}})
+        probes = await slurm_probes(ctx, [name], {name: dict(current)})
         j = probes[name][1].job
         if j is None or j.state != "RUNNING":
             why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"

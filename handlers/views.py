@@ -17,7 +17,7 @@ from handlers import grammar
 from handlers.audit import REFUSALS, Audit
 from handlers.commands import Command
 from handlers.context import Context
-from handlers.lock import Holder, force_release, read_holder, scope_of
+from handlers.lock import Holder, force_release, read_holder
 from handlers.reply import Reply, Status, Table
 from handlers.runview import thread_key
 from handlers.slurmviews import slurm_probes, status_bits
@@ -25,6 +25,7 @@ from pipeline import keys, messages
 from pipeline.config import Config
 from pipeline.errors import RemoteError
 from pipeline.hostprobe import JobProbe, probe_host
+from pipeline.jobstate import scope_of
 from pipeline.runs import Outcome, RunRecord, Step
 
 _MAX_REFUSALS = 10
@@ -68,12 +69,8 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     if not names:
         return Reply(title=messages.status_none(), status=Status.WARNING)
     client, prefix = ctx.redis.client, ctx.prefix
-    currents: dict[str, dict[str, str]] = {}
-    patches: dict[str, list[str]] = {}
-    for name in names:
-        raw = await client.hgetall(keys.job_current(prefix, name))
-        currents[name] = {str(k): str(v) for k, v in raw.items()}
-        patches[name] = sorted(str(p) for p in await client.smembers(keys.job_patches(prefix, name)))
+    snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
+    currents = {name: dict(s.current) for name, s in snaps.items()}
     by_host: dict[str, list[str]] = {}
     on_slurm = [n for n in names if config.jobs[n].engine == "slurm"]
     for name in names:
@@ -100,7 +97,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
             if name in slurm_jobs
             else probes.get(name, JobProbe(job=name, error="no answer"))
         )
-        current = currents[name]
+        snap = snaps[name]
         bits = status_bits(ctx, name, *slurm_jobs[name]) if name in slurm_jobs else None
         if bits is not None:
             state, procs = bits.state, bits.procs
@@ -117,16 +114,13 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
             procs = f"{probe.count}/{spec.processes}"
             if probe.count != spec.processes and tone is Status.OK:
                 tone = Status.WARNING
-        pid = current.get("pid", "") if current.get("state") != "stopped" else ""
+        pid = snap.pid
         uptime = ""
         if bits is not None:
             pid, uptime = ("" if bits.pid == "-" else bits.pid), ("" if bits.uptime == "-" else bits.uptime)
-        elif state == "running" and current.get("launched_at"):
-            try:
-                uptime = messages.span(now - float(current["launched_at"]))
-            except ValueError:
-                uptime = ""
-        latest = await ctx.runs.latest(name)
+        elif state == "running" and snap.launched_at is not None:
+            uptime = messages.span(now - snap.launched_at)
+        latest = snap.latest
         last = (
             messages.status_last_run(
                 latest.id,
@@ -138,7 +132,9 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
             if latest
             else ""
         )
-        holder = await read_holder(client, prefix, scope_of(config, name))
+        holder = (
+            Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
+        )
         lock = messages.status_lock(holder.action, holder.user, holder.step) if holder else ""
         rows.append(
             (
@@ -149,7 +145,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
                 uptime or "-",
                 last or "-",
                 lock or "-",
-                ", ".join(patches[name]) or "-",
+                ", ".join(snap.patches) or "-",
             )
         )
     failure = await client.hgetall(keys.delivery_failure(prefix))  # written by the Slack outbox

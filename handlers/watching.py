@@ -1,8 +1,8 @@
 """Watching jobs: the watch cycle (one probe per host), incident posts, ``ack`` and ``watch``.
 
 :class:`Watcher` runs one cycle for the jobs of one host: it reads every job's Redis view in
-two pipelined round trips (watcher memory, open incident, pause, lock, newest run, automatic
-restarts), probes the host once (:func:`pipeline.hostprobe.probe_host`), decides each job with
+one pipelined round trip (:class:`~pipeline.jobstate.JobStore`: watcher memory, open incident,
+pause, lock, newest run, automatic restarts), probes the host once (:func:`pipeline.hostprobe.probe_host`), decides each job with
 the pure :func:`pipeline.watch.assess`, and applies the transitions — each one a
 compare-and-set in Redis *before* its post, so of two processes deciding the same thing only
 one posts.  An unreachable host is confirmed over a fresh connection
@@ -76,11 +76,6 @@ log = logging.getLogger(__name__)
 AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
 DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
 AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
-
-
-def lock_scope(name: str, cfg: JobConfig) -> str:
-    """The lock scope of a job's restarts: ``job:NAME`` or ``host:HOST`` (``lock_scope``)."""
-    return f"host:{cfg.host}" if cfg.lock_scope == "host" else f"job:{name}"
 
 
 class Restarts(Protocol):
@@ -208,50 +203,24 @@ class Watcher:
         return decisions
 
     async def load(self, names: Sequence[str], now: float) -> list[JobView]:
-        """Every named job's Redis view, in two pipelined round trips."""
-        p, config = self.ctx.prefix, self.ctx.config
-        client = self.ctx.redis.client
-        per_job = 8
-        async with client.pipeline(transaction=False) as pipe:
-            for name in names:
-                cfg = config.jobs[name]
-                scope = lock_scope(name, cfg)
-                within = cfg.watch.auto_restart.within if cfg.watch.auto_restart else 0.0
-                pipe.exists(keys.watch_off(p, name))
-                pipe.hgetall(keys.job_current(p, name))
-                pipe.zrevrange(keys.runs_of_job(p, name), 0, 0)
-                pipe.exists(keys.lock(p, scope))
-                pipe.hgetall(keys.lock_holder(p, scope))
-                pipe.zcount(keys.auto_restarts(p, name), now - within, "+inf")
-                pipe.hgetall(keys.watch_state(p, name))
-                pipe.hgetall(keys.incident(p, name))
-            raw = await pipe.execute()
-        latest_ids = [(raw[i * per_job + 2] or [None])[0] for i in range(len(names))]
-        async with client.pipeline(transaction=False) as pipe:
-            for run_id in latest_ids:
-                pipe.get(keys.run(p, str(run_id or "-")))
-                pipe.zscore(keys.runs_unverified(p), str(run_id or "-"))
-            runs_raw = await pipe.execute()
-        views = []
-        for i, name in enumerate(names):
-            r = raw[i * per_job : (i + 1) * per_job]
-            run_json, score = runs_raw[2 * i], runs_raw[2 * i + 1]
-            views.append(
-                JobView(
-                    name=name,
-                    cfg=config.jobs[name],
-                    current=dict(r[1] or {}),
-                    paused=bool(r[0]),
-                    lock_held=bool(r[3]),
-                    lock_holder=dict(r[4] or {}),
-                    auto_restarts=int(r[5] or 0),
-                    state=WatchState.model_validate(r[6] or {}),
-                    incident=Incident.model_validate(r[7]) if r[7] else None,
-                    latest=RunRecord.model_validate_json(run_json) if run_json else None,
-                    unverified=score is not None,
-                )
+        """Every named job's Redis view, in one pipelined round trip (:class:`~pipeline.jobstate.JobStore`)."""
+        snaps = await self.ctx.jobs.read_many(names, now=now)
+        return [
+            JobView(
+                name=s.name,
+                cfg=self.ctx.config.jobs[s.name],
+                current=dict(s.current),
+                paused=s.paused,
+                lock_held=s.lock_held,
+                lock_holder=dict(s.lock_holder),
+                auto_restarts=s.auto_restarts,
+                state=s.watch,
+                incident=s.incident,
+                latest=s.latest,
+                unverified=s.unverified,
             )
-        return views
+            for s in snaps
+        ]
 
     async def _progress(self, view: JobView, probe: JobProbe | None, now: float) -> progress.Judgement | None:
         """The ranks' step progress after reading the metric log's new lines (None when nothing runs
@@ -446,8 +415,7 @@ class Watcher:
         name, cfg = inc.job, self.ctx.config.jobs[inc.job]
         exit_cause = inc.exit_cause
         try:
-            raw = await self.ctx.redis.client.hgetall(keys.job_current(self.ctx.prefix, name))
-            current = recorded_identity({str(k): str(v) for k, v in raw.items()})
+            current = recorded_identity((await self.ctx.jobs.read(name)).current)
             if current["pid"] is not None:
                 args: EvidenceArgs = {
                     "name": name,

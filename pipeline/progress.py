@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline import keys
 from pipeline.config import JobConfig
-from pipeline.digest import percentile
+from pipeline.digeststats import percentile
 from pipeline.hostprobe import read_log_chunk
 from pipeline.metrics import parse_metric_lines
 from pipeline.remote import RemoteHosts

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pipeline import keys, messages
 from pipeline.engine import RestartService
 from pipeline.hostprobe import JobProbe, probe_host, recorded_identity
+from pipeline.jobstate import JobStore
 from pipeline.runs import Outcome, RunRecord, Step, Verdict
 
 
@@ -128,8 +129,8 @@ async def _probe(restarter: RestartService, run: RunRecord) -> tuple[JobProbe, d
     spec = restarter.config.jobs.get(name)
     if spec is None:
         return JobProbe(job=name, error=messages.unknown_job_now(name)), {}
-    raw = await restarter.runs.client.hgetall(keys.job_current(restarter.runs.prefix, name))
-    current = {str(k): str(v) for k, v in raw.items()}
+    snap = await JobStore(restarter.runs.client, restarter.runs.prefix, restarter.config).read(name)
+    current = dict(snap.current)
     probes = await probe_host(restarter.ssh, spec.host, [(name, spec, current)])
     return probes[name], current
 

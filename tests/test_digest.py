@@ -10,6 +10,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,22 +22,19 @@ from handlers.reports import digest_command, digest_reply, gpus_command
 from pipeline import keys, messages
 from pipeline.chart import rank_rates, tokens_chart
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
-from pipeline.digest import (
+from pipeline.digest import Digest, build_digest
+from pipeline.digeststats import compare, counter_increase, percentile, summarise
+from pipeline.events import EventKind, Events
+from pipeline.logwindow import (
     LogRead,
     LogWindow,
     OffsetState,
     WindowKind,
     _read_from,
-    build_digest,
-    compare,
-    counter_increase,
     load_offset,
     local_reader,
-    percentile,
     read_window,
-    summarise,
 )
-from pipeline.events import EventKind, Events
 from pipeline.metrics import MetricLine, parse_metric_lines
 from pipeline.redisconn import RedisHandle
 from pipeline.remote import SSHPool
@@ -302,6 +300,19 @@ def _config(
     return Config(hosts={"gpu1": host.host_config()}, jobs=specs, state=StateSettings(dir=tmp_path / "state"))
 
 
+async def _digest(ctx: Context, job: str, **options: Any) -> Digest:
+    """:func:`build_digest` with the dependencies a Context holds."""
+    return await build_digest(
+        job,
+        config=ctx.config,
+        client=ctx.redis.client,
+        prefix=ctx.prefix,
+        ssh=ctx.ssh,
+        events=ctx.events,
+        **options,
+    )
+
+
 @pytest.fixture
 async def make_ctx(redis_handle: RedisHandle) -> AsyncIterator[object]:
     """Builds Contexts on the test's Redis; closes their SSH pools afterwards."""
@@ -329,7 +340,7 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
     log.write_bytes(DFLASH_LOG)  # ends in a partial line
     after = await ctx.events.last_id()
 
-    d1 = await build_digest(ctx, "DFlash", scheduled=True)
+    d1 = await _digest(ctx, "DFlash", scheduled=True)
     assert d1.job == "dflash" and d1.window.kind is WindowKind.LAST_BYTES
     assert d1.summary.pipeline_tokens_per_s == 500.0 and d1.summary.bytes_read == len(COMPLETE)
     state = await load_offset(ctx.redis.client, ctx.prefix, "dflash")
@@ -344,7 +355,7 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
     more += _drafter(T + 50, 5, 100_001_999) + _drafter(T + 50, 6, 5000) + _drafter(T + 50, 7, 7500)
     with log.open("ab") as f:
         f.write(more)
-    d2 = await build_digest(ctx, "dflash", scheduled=True)
+    d2 = await _digest(ctx, "dflash", scheduled=True)
     assert d2.window.kind is WindowKind.SINCE_LAST and d2.window.start == len(COMPLETE)
     assert d2.summary.bytes_read == len(DFLASH_LOG) - len(COMPLETE) + len(more)
     # 2000/10 + 2000/10 + 1500/10 = 550 tokens/s: +10% against 500
@@ -359,7 +370,7 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
 
     with log.open("ab") as f:
         f.write(_drafter(T + 60, 5, 100_003_999))
-    d3 = await build_digest(ctx, "dflash", scheduled=False)
+    d3 = await _digest(ctx, "dflash", scheduled=False)
     assert d3.window.kind is WindowKind.SINCE_LAST and d3.summary.metric_lines == 1
     state3 = await load_offset(ctx.redis.client, ctx.prefix, "dflash")
     assert state3 is not None and state3.offset == end  # on demand left the offset alone
@@ -367,7 +378,7 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
     assert last["pipeline_tokens_per_s"] == pytest.approx(550.0)
 
     log.write_bytes(_drafter(T + 100, 5, 10) + _drafter(T + 110, 5, 1010))
-    d4 = await build_digest(ctx, "dflash", scheduled=True)
+    d4 = await _digest(ctx, "dflash", scheduled=True)
     assert d4.window.kind is WindowKind.TRUNCATED and d4.window.start == 0
     assert d4.summary.pipeline_tokens_per_s == 100.0
 
@@ -428,12 +439,12 @@ async def test_uptime_and_restarts_come_from_redis(
     await ctx.redis.client.hset(
         keys.job_current(ctx.prefix, "dflash"), mapping={"launched_at": repr(now - 7500), "state": "running"}
     )
-    d = await build_digest(ctx, "dflash", scheduled=False, chart=False)
+    d = await _digest(ctx, "dflash", scheduled=False, chart=False)
     assert d.uptime_s is not None and 7500 <= d.uptime_s < 7600
     assert d.restarts == (run.id,)
     assert d.gpus is None and d.gpu_note is None  # no gpus configured: no table, no note
     await ctx.redis.client.hset(keys.job_current(ctx.prefix, "dflash"), "state", "stopped")
-    assert (await build_digest(ctx, "dflash", scheduled=False, chart=False)).uptime_s is None
+    assert (await _digest(ctx, "dflash", scheduled=False, chart=False)).uptime_s is None
 
 
 async def test_host_without_nvidia_smi_says_no_gpu_data(tmp_path: Path, make_ctx: object) -> None:
@@ -539,11 +550,11 @@ async def test_rank_silent_in_the_window_is_listed_with_when_it_was_last_seen(
         log = Path(ctx.config.jobs["dflash"].log)
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_bytes(b"".join(_line(T + dt, r, 100 * dt) for dt in (0, 10) for r in range(8)))
-        first = await build_digest(ctx, "dflash", scheduled=True, chart=False)
+        first = await _digest(ctx, "dflash", scheduled=True, chart=False)
         assert first.silent == () and len(first.summary.ranks) == 8
         with log.open("ab") as f:  # rank 5 writes nothing more
             f.write(b"".join(_line(T + dt, r, 100 * dt) for dt in (20, 30) for r in range(8) if r != 5))
-        second = await build_digest(ctx, "dflash", scheduled=True, chart=False)
+        second = await _digest(ctx, "dflash", scheduled=True, chart=False)
         assert [(s.rank, s.role, s.last_seen) for s in second.silent] == [(5, "drafter", T + 10)]
         reply = digest_reply(second)
         ranks = reply.tables[0]

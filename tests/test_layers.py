@@ -12,15 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("bot", "handlers", "pipeline")
+PACKAGES = ("bot", "handlers", "pipeline", "devhost")
 #: which layers each layer must not import (dependencies point bot → handlers → pipeline only)
-FORBIDDEN = {"pipeline": ("handlers", "bot"), "handlers": ("bot",)}
-
-#: Known edges, each to be deleted by the merge that removes it.  Keep this empty otherwise.
-ALLOWED: set[tuple[str, str]] = {
-    # pipeline/digest.py still imports handlers.context under TYPE_CHECKING; another branch of
-    # issue 12 (build_digest takes its real dependencies) removes it — the merger deletes this line.
-    ("pipeline.digest", "handlers.context"),
+FORBIDDEN = {
+    "pipeline": ("handlers", "bot", "devhost"),
+    "handlers": ("bot", "devhost"),
+    "devhost": ("handlers", "bot"),
 }
 
 
@@ -137,22 +134,15 @@ def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
 
 
 def test_layers_point_down() -> None:
-    """No module of pipeline/ imports handlers/ or bot/, and none of handlers/ imports bot/."""
+    """No module of pipeline/ imports handlers/, bot/ or devhost/; none of handlers/ imports bot/ or devhost/; devhost/ imports pipeline/ only."""
     graph = _graph()
     wrong = [
         f"{source} imports {target} (line {line})"
         for source, edges in sorted(graph.items())
         for target, line in sorted(edges.items())
-        if target.split(".")[0] in FORBIDDEN.get(source.split(".")[0], ()) and (source, target) not in ALLOWED
+        if target.split(".")[0] in FORBIDDEN.get(source.split(".")[0], ())
     ]
     assert not wrong, "imports against the layering bot → handlers → pipeline:\n" + "\n".join(wrong)
-
-
-def test_allow_list_is_still_needed() -> None:
-    """Every allowed exception still exists (delete its line once the import is gone)."""
-    graph = _graph()
-    stale = [f"{s} → {t}" for s, t in sorted(ALLOWED) if t not in graph.get(s, {})]
-    assert not stale, "allow-list entries no longer needed: " + ", ".join(stale)
 
 
 def test_no_import_cycles() -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Config, JobConfig, SlurmSettings
-from pipeline.digest import read_window, remote_reader, summarise
+from pipeline.digeststats import summarise
 from pipeline.events import Events
+from pipeline.logwindow import read_window, remote_reader
 from pipeline.metrics import parse_metric_lines
 from pipeline.redisconn import RedisHandle
 from pipeline.remote import SSHPool
