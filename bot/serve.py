@@ -34,8 +34,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.assembly import build_context, close_context, new_instance_id
 from bot.scheduler import PitstopScheduler
+from bot.slack_api import web_client
 from bot.slack_app import SlackSurface
-from bot.slack_outbox import SlackOutbox, web_client
+from bot.slack_outbox import SlackOutbox
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
 from pipeline import messages

@@ -26,8 +26,8 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.slack_api import close_client, web_client
 from bot.slack_app import needs_groups
-from bot.slack_outbox import close_client, web_client
 from pipeline.config import Config
 from pipeline.errors import ExitCode
 

@@ -10,17 +10,17 @@ standalone message; a reply's chart is uploaded with ``files_upload_v2`` (the
 Slack's limits are respected: every payload comes from :mod:`bot.blocks` (a long answer is
 split over several messages, the rest in the thread, and past :data:`bot.blocks.MAX_PARTS` the
 whole answer is attached as a text file); posts to one channel are paced
-(``[slack] pace`` seconds apart, :class:`Pacer`); HTTP 429 is answered by waiting
-``Retry-After`` (:func:`web_client` adds slack_sdk's rate-limit retry handler).
+(``[slack] pace`` seconds apart, :class:`bot.slack_api.Pacer`); HTTP 429 is answered by waiting
+``Retry-After`` (:func:`bot.slack_api.web_client` adds slack_sdk's rate-limit retry handler).
 
 **Never silent, never twice.**  A post never breaks the restart that reports through it, and
 a refused one is never only a log line.  Transient failures are retried with backoff
-(:data:`ATTEMPTS`); a post whose outcome is unknown (timeout, reset, 5xx — Slack may have
+(:data:`bot.slack_api.ATTEMPTS`); a post whose outcome is unknown (timeout, reset, 5xx — Slack may have
 stored it) carries message metadata with its own id and is looked up
 (``conversations.history`` / ``conversations.replies``) before it is sent again.  A permanent
 refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_blocks_too_long``,
 ``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
-run by DM, with the fix (:func:`fix_for`), or, for alerts and digests, the
+run by DM, with the fix (:func:`bot.slack_api.fix_for`), or, for alerts and digests, the
 announce channel when their own channel refused them.  The last refusal is kept for
 ``/healthz`` and ``status`` (:func:`pipeline.keys.delivery_failure`).  A chart for a public
 channel the bot has not joined is uploaded after ``conversations.join``.
@@ -41,14 +41,20 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 from slack_sdk.errors import SlackApiError, SlackRequestError
-from slack_sdk.http_retry.builtin_async_handlers import (
-    AsyncConnectionErrorRetryHandler,
-    AsyncRateLimitErrorRetryHandler,
-)
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
 from bot.people import People
+from bot.slack_api import (
+    ATTEMPTS,
+    BACKOFF,
+    TRANSIENT,
+    Pacer,
+    Refused,
+    detail_of,
+    error_of,
+    refused_notice,
+)
 from handlers.reply import Reply, Status, render_text
 from pipeline import keys, messages
 
@@ -56,89 +62,7 @@ log = logging.getLogger(__name__)
 
 POST_TTL = 30 * 86400  #: seconds a headline's location is kept
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
-ATTEMPTS = 4  #: tries of one post (transient errors and unknown outcomes)
-BACKOFF = 0.5  #: seconds before the second try; doubled each time
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
-#: errors worth another try (Slack's own transient answers)
-TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
-
-
-def web_client(
-    token: str,
-    *,
-    base_url: str | None = None,
-    session: aiohttp.ClientSession | None = None,
-    rate_limit_retries: int = 3,
-) -> AsyncWebClient:
-    """An ``AsyncWebClient`` that waits ``Retry-After`` on HTTP 429 and retries a connection that
-    could not be made.
-
-    Nothing that may have reached Slack is retried blindly (a reset or a 5xx after Slack stored
-    a message would post it twice): :class:`SlackOutbox` looks such a post up first.
-
-    :param base_url: the Web API base URL (``SLACK_API_URL``), default Slack's.
-    :param session: a shared aiohttp session (closed by the caller), or None for one per call.
-    :param rate_limit_retries: how many 429s in a row one call waits out.
-    """
-    kwargs: dict[str, Any] = {"token": token, "session": session}
-    if base_url:
-        kwargs["base_url"] = base_url if base_url.endswith("/") else base_url + "/"
-    client = AsyncWebClient(**kwargs)
-    client.retry_handlers = [
-        AsyncConnectionErrorRetryHandler(max_retry_count=2, error_types=[aiohttp.ClientConnectorError]),
-        AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries),
-    ]
-    return client
-
-
-class Refused(Exception):
-    """Slack refused a post for good (or its outcome stayed unknown): ``error`` is Slack's code."""
-
-    def __init__(self, error: str, detail: str = "") -> None:
-        super().__init__(error if not detail or detail == error else f"{error} ({detail})")
-        self.error = error
-        self.detail = detail
-
-
-def _error_of(exc: BaseException) -> tuple[str, bool]:
-    """``(error code, outcome unknown?)`` of a failed call."""
-    if isinstance(exc, SlackApiError):
-        status = getattr(exc.response, "status_code", 200)
-        if status >= 500:
-            return f"http_{status}", True
-        if status == 429:
-            return "ratelimited", False
-        return str(exc.response.get("error", "unknown_error")), False
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "connection_failed", False
-    if isinstance(exc, TimeoutError):
-        return "timeout", True
-    return type(exc).__name__, True
-
-
-class Pacer:
-    """At most one post per ``interval`` seconds to one channel (Slack allows about 1/s).
-
-    :param interval: minimum seconds between two posts to one channel (0 disables pacing).
-    """
-
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self._next: dict[str, float] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    async def wait(self, channel: str) -> None:
-        """Return when a post to ``channel`` may go; reserves that slot."""
-        if self.interval <= 0:
-            return
-        lock = self._locks.setdefault(channel, asyncio.Lock())
-        async with lock:
-            now = time.monotonic()
-            due = self._next.get(channel, 0.0)
-            if due > now:
-                await asyncio.sleep(due - now)
-                now = time.monotonic()
-            self._next[channel] = now + self.interval
 
 
 class SlackOutbox:
@@ -384,10 +308,10 @@ class SlackOutbox:
                 )
                 return str(resp["ts"])
             except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                error, maybe = _error_of(exc)
+                error, maybe = error_of(exc)
                 unknown = unknown or maybe
                 if not maybe and error not in TRANSIENT and error != "connection_failed":
-                    raise Refused(error, _detail(exc)) from None
+                    raise Refused(error, detail_of(exc)) from None
         if unknown:
             found = await self._find(channel, thread_ts, post_id, since)
             if found:
@@ -410,7 +334,7 @@ class SlackOutbox:
                     channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=100
                 )
         except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-            raise Refused("outcome_unknown", f"looking it up failed: {_error_of(exc)[0]}") from None
+            raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
         for msg in resp.get("messages") or []:
             meta = msg.get("metadata") or {}
             if (
@@ -435,9 +359,9 @@ class SlackOutbox:
                 await self.client.chat_update(channel=loc[0], ts=loc[1], **payload)
                 return
             except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                error, maybe = _error_of(exc)
+                error, maybe = error_of(exc)
                 if not maybe and error not in TRANSIENT and error != "connection_failed":
-                    raise Refused(error, _detail(exc)) from None
+                    raise Refused(error, detail_of(exc)) from None
         raise Refused(error, messages.slack_gave_up(ATTEMPTS))
 
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
@@ -549,12 +473,12 @@ class SlackOutbox:
                 )
                 return True
             except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError, OSError) as exc:
-                error = _error_of(exc)[0] if not isinstance(exc, OSError) else "file_unreadable"
+                error = error_of(exc)[0] if not isinstance(exc, OSError) else "file_unreadable"
                 if error == "not_in_channel" and not joined and await self._join(channel):
                     joined = True
                     continue
                 await self._refused(
-                    None, Reply(title=title or source["filename"]), channel, Refused(error, _detail(exc))
+                    None, Reply(title=title or source["filename"]), channel, Refused(error, detail_of(exc))
                 )
                 return False
 
@@ -563,7 +487,7 @@ class SlackOutbox:
         try:
             await self.client.conversations_join(channel=channel)
         except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-            log.info("conversations.join %s: %s", channel, _error_of(exc)[0])
+            log.info("conversations.join %s: %s", channel, error_of(exc)[0])
             return False
         return True
 
@@ -577,7 +501,7 @@ class SlackOutbox:
 
     async def _failed(self, where: str, error: object) -> str:
         """Log a refused post and keep it as the last delivery failure (here and in Redis)."""
-        detail = _detail(error)
+        detail = detail_of(error)
         line = messages.slack_not_posted(where, detail)
         self.failures.append(line)
         del self.failures[:-100]
@@ -593,48 +517,3 @@ class SlackOutbox:
             except Exception as exc:  # Redis trouble must not hide the refusal itself
                 log.warning("could not store the last delivery failure: %s", exc)
         return line
-
-
-def fix_for(error: str, channel: str) -> str:
-    """What to do about a post Slack refused, by Slack's error code (Slack's own wording: ``<#C…>``
-    links the channel, ``/invite @pitstop`` is what a person types)."""
-    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
-    fixes = {
-        "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
-        "channel_not_found": (
-            f"check the channel id {channel} in the config ([slack] announce_channel / jobs.*.channel), "
-            "or `/invite @pitstop` if it is private"
-        ),
-        "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
-        "msg_blocks_too_long": "the message was too long for Slack - please report this",
-        "outcome_unknown": f"Slack may have it or not: look in {where} (Pitstop does not post twice)",
-        "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
-        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
-        "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
-        "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
-    }
-    return fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
-
-
-def refused_notice(what: str, channel: str, error: str) -> str:
-    """The notice a person gets when Slack refused a post: what, where, Slack's error, the fix."""
-    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
-    return f'Slack refused "{what}" in {where}: {error} - {fix_for(error, channel)}'
-
-
-def _detail(error: object) -> str:
-    if isinstance(error, SlackApiError):
-        detail = str(error.response.get("error", error))
-        extra = error.response.get("errors")
-        if extra:
-            detail += f" {extra}"
-        return detail
-    return str(error) or type(error).__name__
-
-
-async def close_client(client: AsyncWebClient) -> None:
-    """Close a client's shared aiohttp session, if it has one."""
-    session = getattr(client, "session", None)
-    if isinstance(session, aiohttp.ClientSession):
-        with contextlib.suppress(Exception):
-            await session.close()

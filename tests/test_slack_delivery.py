@@ -16,7 +16,8 @@ import pytest
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot import blocks
-from bot.slack_outbox import SlackOutbox, web_client
+from bot.slack_api import web_client
+from bot.slack_outbox import SlackOutbox
 from handlers.alerts import alert_reply
 from handlers.audit import AuditOutcome
 from handlers.reply import Reply, Status, Table

@@ -18,7 +18,8 @@ import pytest
 
 from bot import blocks
 from bot.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_http
-from bot.slack_outbox import SlackOutbox, web_client
+from bot.slack_api import web_client
+from bot.slack_outbox import SlackOutbox
 from handlers.context import Context
 from handlers.reply import Reply, Status, StepLine
 from pipeline import keys, messages

@@ -1,0 +1,154 @@
+"""One call to Slack's Web API, as Pitstop makes it: the client, its retries, pacing and refusals.
+
+:func:`web_client` builds slack_sdk's ``AsyncWebClient`` with its rate-limit (HTTP 429,
+``Retry-After``) and connection retry handlers; :class:`Pacer` keeps posts to one channel about
+1/s apart (Slack's ``chat.postMessage`` limit per channel, https://api.slack.com/methods/chat.postMessage#rate_limiting);
+:func:`error_of` names a failed call by Slack's error code and says whether Slack may have
+stored the message anyway; a post refused for good is a :class:`Refused`, and
+:func:`fix_for` / :func:`refused_notice` say what a person does about it.  The outbox
+(:mod:`bot.slack_outbox`) decides what to post and what to do on refusal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+
+ATTEMPTS = 4  #: tries of one post (transient errors and unknown outcomes)
+BACKOFF = 0.5  #: seconds before the second try; doubled each time
+#: errors worth another try (Slack's own transient answers)
+TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+
+
+def web_client(
+    token: str,
+    *,
+    base_url: str | None = None,
+    session: aiohttp.ClientSession | None = None,
+    rate_limit_retries: int = 3,
+) -> AsyncWebClient:
+    """An ``AsyncWebClient`` that waits ``Retry-After`` on HTTP 429 and retries a connection that
+    could not be made.
+
+    Nothing that may have reached Slack is retried blindly (a reset or a 5xx after Slack stored
+    a message would post it twice): :class:`SlackOutbox` looks such a post up first.
+
+    :param base_url: the Web API base URL (``SLACK_API_URL``), default Slack's.
+    :param session: a shared aiohttp session (closed by the caller), or None for one per call.
+    :param rate_limit_retries: how many 429s in a row one call waits out.
+    """
+    kwargs: dict[str, Any] = {"token": token, "session": session}
+    if base_url:
+        kwargs["base_url"] = base_url if base_url.endswith("/") else base_url + "/"
+    client = AsyncWebClient(**kwargs)
+    client.retry_handlers = [
+        AsyncConnectionErrorRetryHandler(max_retry_count=2, error_types=[aiohttp.ClientConnectorError]),
+        AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries),
+    ]
+    return client
+
+
+class Refused(Exception):
+    """Slack refused a post for good (or its outcome stayed unknown): ``error`` is Slack's code."""
+
+    def __init__(self, error: str, detail: str = "") -> None:
+        super().__init__(error if not detail or detail == error else f"{error} ({detail})")
+        self.error = error
+        self.detail = detail
+
+
+def error_of(exc: BaseException) -> tuple[str, bool]:
+    """``(error code, outcome unknown?)`` of a failed call."""
+    if isinstance(exc, SlackApiError):
+        status = getattr(exc.response, "status_code", 200)
+        if status >= 500:
+            return f"http_{status}", True
+        if status == 429:
+            return "ratelimited", False
+        return str(exc.response.get("error", "unknown_error")), False
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connection_failed", False
+    if isinstance(exc, TimeoutError):
+        return "timeout", True
+    return type(exc).__name__, True
+
+
+class Pacer:
+    """At most one post per ``interval`` seconds to one channel (Slack allows about 1/s).
+
+    :param interval: minimum seconds between two posts to one channel (0 disables pacing).
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._next: dict[str, float] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def wait(self, channel: str) -> None:
+        """Return when a post to ``channel`` may go; reserves that slot."""
+        if self.interval <= 0:
+            return
+        lock = self._locks.setdefault(channel, asyncio.Lock())
+        async with lock:
+            now = time.monotonic()
+            due = self._next.get(channel, 0.0)
+            if due > now:
+                await asyncio.sleep(due - now)
+                now = time.monotonic()
+            self._next[channel] = now + self.interval
+
+
+def fix_for(error: str, channel: str) -> str:
+    """What to do about a post Slack refused, by Slack's error code (Slack's own wording: ``<#C…>``
+    links the channel, ``/invite @pitstop`` is what a person types)."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    fixes = {
+        "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
+        "channel_not_found": (
+            f"check the channel id {channel} in the config ([slack] announce_channel / jobs.*.channel), "
+            "or `/invite @pitstop` if it is private"
+        ),
+        "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
+        "msg_blocks_too_long": "the message was too long for Slack - please report this",
+        "outcome_unknown": f"Slack may have it or not: look in {where} (Pitstop does not post twice)",
+        "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
+        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
+        "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
+        "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
+    }
+    return fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
+
+
+def refused_notice(what: str, channel: str, error: str) -> str:
+    """The notice a person gets when Slack refused a post: what, where, Slack's error, the fix."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    return f'Slack refused "{what}" in {where}: {error} - {fix_for(error, channel)}'
+
+
+def detail_of(error: object) -> str:
+    """Slack's error code of a failed call, with its ``errors`` list when it has one."""
+    if isinstance(error, SlackApiError):
+        detail = str(error.response.get("error", error))
+        extra = error.response.get("errors")
+        if extra:
+            detail += f" {extra}"
+        return detail
+    return str(error) or type(error).__name__
+
+
+async def close_client(client: AsyncWebClient) -> None:
+    """Close a client's shared aiohttp session, if it has one."""
+    session = getattr(client, "session", None)
+    if isinstance(session, aiohttp.ClientSession):
+        with contextlib.suppress(Exception):
+            await session.close()
