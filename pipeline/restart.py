@@ -60,8 +60,9 @@ from pipeline.hostprobe import (
 from pipeline.remote import RemoteHosts
 from pipeline.resume import check_resume
 from pipeline.runs import Outcome, RunRecord, RunStore, Step, Verdict
+from pipeline.sequence import restart_sequence
 from pipeline.steplog import CancelCheck, StepCallback, StepLog
-from pipeline.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
+from pipeline.workdir import CALL_TIMEOUT
 
 log = logging.getLogger(__name__)
 
@@ -152,31 +153,60 @@ class Restarter:
             return await other.restart(
                 run, add=add, remove=remove, fresh_cache=fresh_cache, on_step=on_step, cancelled=cancelled
             )
-        run.fresh_cache = fresh_cache
-        try:
-            current = await self.steps.current(name)
-            run.old_pid = recorded_identity(current)["pid"]
-            texts = await patch_texts(self.steps, run, name, job, [*add, *remove], on_step)
-            wants = {p: "state" for p in job.patches}
-            wants.update({p: "revert" for p in remove})
-            wants.update({p: "apply" for p in add})
-            pre = await self._preflight(run, name, job, wants, texts, on_step)
-            await self.steps.boundary(run, None, cancelled, on_step)
-            stale = await self._stop(run, name, job, current, on_step)
-            await self.steps.boundary(run, Step.STOP, cancelled, on_step)
-            await clear_cache(self.ssh, self.steps, run, name, job, fresh_cache, on_step)
-            await self.steps.boundary(run, Step.CLEAR_CACHE, cancelled, on_step)
-            await patch(
-                self.ssh, self.steps, run, name, job, texts, pre.get("applied") or {}, add, remove, on_step
-            )
-            await self.steps.boundary(run, Step.PATCH, cancelled, on_step)
-            await self._launch(run, name, job, on_step)
-            if stale:
-                log.info("%s: %s", run.id, stale)
-            await self.steps.await_verify(run, job.start_window, on_step)
-            return run
-        except SequenceAborted as stop:
-            return await self.steps.finish(run, stop)
+        return await restart_sequence(
+            self,
+            self.steps,
+            self.ssh,
+            run,
+            name,
+            job,
+            add=add,
+            remove=remove,
+            fresh_cache=fresh_cache,
+            on_step=on_step,
+            cancelled=cancelled,
+        )
+
+    # --- the ssh engine's own steps (pipeline.sequence.EngineSteps) ---------------------------------
+
+    def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
+        """The old run's pid, from the job's current record."""
+        run.old_pid = recorded_identity(current)["pid"]
+
+    async def preflight_step(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        wants: Mapping[str, str],
+        texts: Mapping[str, str],
+        on_step: StepCallback | None,
+    ) -> Mapping[str, bool]:
+        """One helper call checks host, workdir, program, patches, log directory and free space."""
+        return (await self._preflight(run, name, job, wants, texts, on_step)).get("applied") or {}
+
+    async def stop_step(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        current: Mapping[str, str],
+        on_step: StepCallback | None,
+    ) -> None:
+        """Stop the recorded process group (SIGTERM, ``stop_timeout``, SIGKILL), never by pattern."""
+        if stale := await self._stop(run, name, job, current, on_step):
+            log.info("%s: %s", run.id, stale)
+
+    async def launch_step(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        current: Mapping[str, str],
+        on_step: StepCallback | None,
+    ) -> None:
+        """Launch fully detached (new session); the SSH call returns at once."""
+        await self._launch(run, name, job, on_step)
 
     async def start(
         self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None

@@ -36,8 +36,9 @@ from pipeline.hostcontract import EvidenceArgs, PreflightAnswer
 from pipeline.hostprobe import ProcessCount, call_helper, log_tail
 from pipeline.restart import KILL_TIMEOUT, VERIFY_GRACE, Restarter
 from pipeline.runs import Outcome, RunRecord, Step, Verdict
+from pipeline.sequence import restart_sequence
 from pipeline.slurm import SlurmClient, SlurmJob
-from pipeline.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
+from pipeline.workdir import CALL_TIMEOUT
 
 PENDING_RECHECK = 15.0  #: seconds between checks of a job still PENDING after its verdict was posted
 STOP_POLL = 0.5  #: seconds between state checks while a job stops
@@ -116,30 +117,59 @@ class SlurmEngine:
     ) -> RunRecord:
         """See :meth:`pipeline.engine.Engine.restart`."""
         name, job, _ = self._spec(run.job)
-        r = self.r
-        run.fresh_cache = fresh_cache
-        try:
-            current = await self.steps.current(name)
-            run.old_slurm_job = _int(current.get("slurm_job"))
-            texts = await patch_texts(self.steps, run, name, job, [*add, *remove], on_step)
-            wants = {p: "state" for p in job.patches}
-            wants.update({p: "revert" for p in remove})
-            wants.update({p: "apply" for p in add})
-            pre = await self._preflight(run, name, job, wants, texts, on_step)
-            await self.steps.boundary(run, None, cancelled, on_step)
-            await self._stop(run, name, job, run.old_slurm_job, on_step)
-            await self.steps.boundary(run, Step.STOP, cancelled, on_step)
-            await clear_cache(r.ssh, self.steps, run, name, job, fresh_cache, on_step)
-            await self.steps.boundary(run, Step.CLEAR_CACHE, cancelled, on_step)
-            await patch(
-                r.ssh, self.steps, run, name, job, texts, pre.get("applied") or {}, add, remove, on_step
-            )
-            await self.steps.boundary(run, Step.PATCH, cancelled, on_step)
-            await self._launch(run, name, job, run.old_slurm_job, on_step)
-            await self.steps.await_verify(run, job.start_window, on_step)
-            return run
-        except SequenceAborted as stop:
-            return await self.steps.finish(run, stop)
+        return await restart_sequence(
+            self,
+            self.steps,
+            self.r.ssh,
+            run,
+            name,
+            job,
+            add=add,
+            remove=remove,
+            fresh_cache=fresh_cache,
+            on_step=on_step,
+            cancelled=cancelled,
+        )
+
+    # --- the Slurm engine's own steps (pipeline.sequence.EngineSteps) -------------------------------
+
+    def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
+        """The old Slurm job id, from the job's current record."""
+        run.old_slurm_job = _int(current.get("slurm_job"))
+
+    async def preflight_step(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        wants: Mapping[str, str],
+        texts: Mapping[str, str],
+        on_step: StepCallback | None,
+    ) -> Mapping[str, bool]:
+        """Partition up, script present, ``sbatch --test-only``, and the helper's checks on the login node."""
+        return (await self._preflight(run, name, job, wants, texts, on_step)).get("applied") or {}
+
+    async def stop_step(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        current: Mapping[str, str],
+        on_step: StepCallback | None,
+    ) -> None:
+        """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has left."""
+        await self._stop(run, name, job, run.old_slurm_job, on_step)
+
+    async def launch_step(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        current: Mapping[str, str],
+        on_step: StepCallback | None,
+    ) -> None:
+        """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
+        await self._launch(run, name, job, run.old_slurm_job, on_step)
 
     async def start(
         self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None
