@@ -18,7 +18,6 @@ from handlers.outbox import Outbox
 from handlers.reply import Reply
 from handlers.verdicts import recover_runs
 from handlers.watching import AUTO_USER, Watcher
-from pipeline import messages
 from pipeline.config import Config
 from pipeline.events import Events
 from pipeline.redisconn import open_redis
@@ -58,7 +57,7 @@ async def build_context(
     """
     handle = await open_redis(config)
     if handle.embedded is not None:
-        log.info(messages.embedded_redis_started(handle.description))
+        log.info(embedded_redis_started(handle.description))
     instance = instance or new_instance_id()
     ssh = SSHPool(config)
     runs = RunStore(handle.client, handle.prefix, owner=instance)
@@ -121,3 +120,11 @@ def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -
     :param remind_every: seconds between reminders of an open, unacknowledged incident.
     """
     return Watcher(ctx, DispatchedRestarts(ctx), remind_every=remind_every)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def embedded_redis_started(path: str) -> str:
+    """Start-up notice when no ``[redis] url`` is configured."""
+    return f"no [redis] url configured - using embedded Redis at {path}"

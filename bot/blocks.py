@@ -17,7 +17,7 @@ Nothing a job prints or a user types can ping anyone: text is escaped for mrkdwn
 reply's text (``<@U…>``, ``<!subteam^S…>``, ``<!here>``) is shown as a name (``@maya``,
 resolved by :class:`bot.people.People` where known) — except the one the reply pages
 (:attr:`handlers.reply.Reply.page`, the configured ``alert_mention``), which
-:func:`page_ref` writes in Slack's syntax.  No section or fallback ``text`` is ever empty.
+:func:`handlers.reply.mention` writes in Slack's syntax.  No section or fallback ``text`` is ever empty.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from handlers.reply import Button, Reply, Status, Table, format_table
-from pipeline import messages
+from handlers.reply import Button, Reply, Status, Table, format_table, mention
 
 MAX_BLOCKS = 50  #: blocks per message (chat.postMessage, chat.update, response_url)
 MAX_HOME_BLOCKS = 100  #: blocks per App Home view
@@ -62,17 +61,6 @@ _PEOPLE = re.compile(r"<(@[UW][A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel|!eve
 _TICKS = re.compile(r"`{3,}")
 
 
-def page_ref(target: str) -> str:
-    """``alert_mention`` in Slack's syntax: ``here`` → ``<!here>``, ``channel`` → ``<!channel>``,
-    ``S…`` → ``<!subteam^S…>``, ``U…``/``W…`` → ``<@U…>``."""
-    t = target.strip().lstrip("@")
-    if t in ("here", "channel"):
-        return f"<!{t}>"
-    if t.startswith("S"):
-        return f"<!subteam^{t}>"
-    return f"<@{t}>"
-
-
 def humanise_text(text: str, names: Mapping[str, str] | None = None, keep: str | None = None) -> str:
     """``text`` with every person, group or broadcast reference made plain (``<@U1>`` → ``@maya``
     when ``names`` knows U1, else ``@U1``; ``<!subteam^S1|@oncall>`` → ``@oncall``; ``<!here>`` →
@@ -96,7 +84,7 @@ def humanise_text(text: str, names: Mapping[str, str] | None = None, keep: str |
 def humanise(reply: Reply, names: Mapping[str, str] | None = None) -> Reply:
     """``reply`` with :func:`humanise_text` applied to all its text but the log (shown literally in
     a code block); only ``reply.page``'s reference stays live."""
-    keep = page_ref(reply.page) if reply.page else None
+    keep = mention(reply.page) if reply.page else None
 
     def h(text: str) -> str:
         return humanise_text(text, names, keep)
@@ -163,7 +151,7 @@ def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str
     """The end of ``text``, escaped, so that ``wrap[0] + result + wrap[1]`` fits ``limit`` characters.
 
     When text is cut, the result starts with the marker of
-    :func:`pipeline.messages.slack_earlier_omitted` (counted in characters of ``text``) and,
+    :func:`pipeline.slack_earlier_omitted` (counted in characters of ``text``) and,
     where a line break is near, at the start of a whole line.
 
     :param limit: characters available, wrapper included.
@@ -174,13 +162,13 @@ def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str
     whole = escape(text)
     if len(whole) <= room:
         return whole
-    keep = max(room - len(messages.slack_earlier_omitted(len(text))) - 1, 0)
+    keep = max(room - len(slack_earlier_omitted(len(text))) - 1, 0)
     while True:
         tail = text[len(text) - keep :] if keep else ""
         newline = tail.find("\n", 0, 200)
         if 0 <= newline < len(tail) - 1:
             tail = tail[newline + 1 :]
-        marker = messages.slack_earlier_omitted(len(text) - len(tail))
+        marker = slack_earlier_omitted(len(text) - len(tail))
         out = f"{marker}\n{escape(tail)}" if tail else marker
         if len(out) <= room or keep == 0:
             return out[:room]
@@ -195,10 +183,10 @@ def keep_head(text: str, limit: int, *, refs: bool = True) -> str:
     whole = escape(text, refs=refs)
     if len(whole) <= limit:
         return whole
-    keep = max(limit - len(messages.slack_later_omitted(len(text))) - 1, 0)
+    keep = max(limit - len(slack_later_omitted(len(text))) - 1, 0)
     while True:
         head = text[:keep]
-        out = f"{escape(head, refs=refs)} {messages.slack_later_omitted(len(text) - len(head))}"
+        out = f"{escape(head, refs=refs)} {slack_later_omitted(len(text) - len(head))}"
         if len(out) <= limit or keep == 0:
             return out[:limit]
         keep = max(keep - (len(out) - limit), 0)
@@ -251,7 +239,7 @@ def _table(table: Table, max_sections: int) -> list[Block]:
     kept = sections[: max(max_sections - 1, 1)]
     shown = sum(b["text"]["text"].count("\n") - 1 for b in kept)  # rows + header + rule
     rows_shown = max(shown - 2, 0)
-    kept.append(_context(escape(messages.slack_rows_omitted(len(table.rows) - rows_shown))))
+    kept.append(_context(escape(slack_rows_omitted(len(table.rows) - rows_shown))))
     return kept
 
 
@@ -275,8 +263,8 @@ def action_of(action_id: str) -> str:
 
 def title_text(reply: Reply) -> str:
     """The title as the first section shows it (status emoji, bold, escaped); a blank title reads
-    as :func:`pipeline.messages.slack_untitled`."""
-    title = " ".join(reply.title.split()) or messages.slack_untitled()
+    as :func:`pipeline.slack_untitled`."""
+    title = " ".join(reply.title.split()) or slack_untitled()
     return f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*"
 
 
@@ -324,7 +312,7 @@ def fit(blocks: list[Block], limit: int = MAX_BLOCKS, chars: int = MAX_MESSAGE_C
         kept.append(block)
         budget -= size
     dropped = len(others) - len(kept)
-    return [*kept, _context(escape(messages.slack_blocks_omitted(dropped))), *actions]
+    return [*kept, _context(escape(slack_blocks_omitted(dropped))), *actions]
 
 
 def _actions(reply: Reply, follow_ups: bool) -> Block | None:
@@ -348,8 +336,8 @@ def parts(
 
     Nothing is cut while ``max_parts`` messages suffice: the first message holds the title,
     as much as fits, the buttons and a marker saying how many messages follow
-    (:func:`pipeline.messages.slack_continued`); each later one starts with its place
-    (:func:`pipeline.messages.slack_part`).  Past ``max_parts`` the last one says how many
+    (:func:`pipeline.slack_continued`); each later one starts with its place
+    (:func:`pipeline.slack_part`).  Past ``max_parts`` the last one says how many
     sections were left out — or, with ``attached``, that they are in the attached text file.
 
     :param follow_ups: render ``reply.follow_ups`` below a divider (see :func:`reply_blocks`).
@@ -386,7 +374,7 @@ def parts(
         if len(chunks[-1]) + len(tail) + 3 > MAX_BLOCKS:
             dropped += 1
             chunks[-1].pop()
-        cut = messages.slack_attached(dropped) if attached else messages.slack_blocks_omitted(dropped)
+        cut = slack_attached(dropped) if attached else slack_blocks_omitted(dropped)
         chunks[-1].append(_context(escape(cut)))
     total = len(chunks)
     out: list[dict[str, Any]] = []
@@ -394,10 +382,10 @@ def parts(
         if i == 0:
             first = list(chunk)
             if total > 1:
-                first.append(_context(escape(messages.slack_continued(total - 1))))
+                first.append(_context(escape(slack_continued(total - 1))))
             out.append({"text": fallback_text(reply), "blocks": first + tail})
         else:
-            label = messages.slack_part(i + 1, total, reply.title)
+            label = slack_part(i + 1, total, reply.title)
             out.append(
                 {
                     "text": keep_head(label, MAX_FALLBACK),
@@ -442,7 +430,7 @@ def fallback_text(reply: Reply) -> str:
     """The plain-text ``text`` sent with the blocks: title, steps and lines, 1 to 3,000 characters."""
     lines = [reply.title, *(s.text() for s in reply.steps), *reply.lines]
     text = "\n".join(line for line in lines if line.strip())
-    return keep_head(text or messages.slack_untitled(), MAX_FALLBACK)
+    return keep_head(text or slack_untitled(), MAX_FALLBACK)
 
 
 def message(
@@ -457,7 +445,7 @@ def message(
 def text_message(text: str) -> dict[str, Any]:
     """A one-section message (the "working…" ack), within the limits; references in ``text`` are
     shown as text, never as pings."""
-    text = humanise_text(text) if text.strip() else messages.slack_untitled()
+    text = humanise_text(text) if text.strip() else slack_untitled()
     body = keep_head(text, MAX_SECTION_TEXT)
     return {"text": keep_head(text, MAX_FALLBACK), "blocks": [_section(body)]}
 
@@ -470,7 +458,7 @@ def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None)
     """
     header: Block = {
         "type": "header",
-        "text": {"type": "plain_text", "text": messages.slack_home_title()[:150], "emoji": True},
+        "text": {"type": "plain_text", "text": slack_home_title()[:150], "emoji": True},
     }
     body = reply_blocks(reply, follow_ups=True, limit=MAX_HOME_BLOCKS - 2, names=names)
     return {"type": "home", "blocks": [header, *body, _context(keep_head(footer, MAX_SECTION_TEXT))]}
@@ -491,3 +479,51 @@ def block_texts(blocks: list[Block]) -> list[str]:
             elif isinstance(el.get("text"), str):
                 out.append(el["text"])
     return out
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def slack_earlier_omitted(chars: int) -> str:
+    """The visible marker in front of a log cut to fit a Slack section."""
+    return f"… ({chars:,} earlier characters omitted)"
+
+
+def slack_later_omitted(chars: int) -> str:
+    """The visible marker after text cut to fit a Slack section."""
+    return f"… ({chars:,} more characters omitted)"
+
+
+def slack_rows_omitted(rows: int) -> str:
+    """A table cut to fit one Slack message."""
+    return f"… ({rows:,} more rows omitted)"
+
+
+def slack_blocks_omitted(blocks: int) -> str:
+    """A reply cut to Slack's 50 blocks per message."""
+    return f"… ({blocks:,} more sections omitted - Slack shows at most 50 per message)"
+
+
+def slack_continued(more: int) -> str:
+    """The end of the first message of an answer split over several."""
+    return f"… continued in {more} more message{'s' if more != 1 else ''} below"
+
+
+def slack_attached(sections: int) -> str:
+    """The end of a split answer too long even for several messages."""
+    return f"… ({sections:,} more sections in the attached text file)"
+
+
+def slack_part(index: int, total: int, title: str) -> str:
+    """The head of a later message of a split answer."""
+    return f"({index}/{total}) {title}"
+
+
+def slack_untitled() -> str:
+    """What an empty reply shows (Slack refuses empty text)."""
+    return "(no text)"
+
+
+def slack_home_title() -> str:
+    """The heading of Pitstop's App Home tab."""
+    return "Pitstop - jobs"

@@ -25,7 +25,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from bot import settings as settings_mod
-from pipeline import messages
 from pipeline.config import Config, load_config, resolve_path
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.redisconn import mask_url
@@ -128,7 +127,7 @@ def _check_config(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     config = load_config(path)
     redis = config.redis.url or f"embedded under {config.state.dir}"
 
-    print(messages.config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
+    print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
     return 0
 
 
@@ -161,7 +160,7 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         from bot.slack_doctor import check_slack  # lazy: as above (slack_sdk, aiohttp)
 
         if not env.bot_token:
-            return _fail(messages.missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
+            return _fail(missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
         token = env.bot_token
         return run_async(lambda: check_slack(config, bot_token=token, api_url=env.api_url, post=args.post))
     raise AssertionError(verb)  # argparse rejects unknown verbs
@@ -171,11 +170,11 @@ def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config)
     from bot import serve  # lazy: as above (slack_bolt, slack_sdk, aiohttp)
 
     if not env.bot_token:
-        return _fail(messages.missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
+        return _fail(missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
     bot_token = env.bot_token
     if args.socket:
         if not env.app_token:
-            return _fail(messages.missing_env("SLACK_APP_TOKEN"), ExitCode.USAGE)
+            return _fail(missing_env("SLACK_APP_TOKEN"), ExitCode.USAGE)
         app_token = env.app_token
 
         async def socket_mode() -> int:
@@ -184,7 +183,7 @@ def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config)
 
         return run_async(socket_mode, on_signal=ExitCode.OK)
     if not env.signing_secret:
-        return _fail(messages.missing_env("SLACK_SIGNING_SECRET"), ExitCode.USAGE)
+        return _fail(missing_env("SLACK_SIGNING_SECRET"), ExitCode.USAGE)
     secret = env.signing_secret
 
     async def http() -> int:
@@ -222,6 +221,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         incident = new_incident_id()
         log.exception("incident %s", incident)
         return _fail(internal_error(incident), ExitCode.FAILED)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def config_summary(source: str, hosts: int, jobs: int, redis: str) -> str:
+    """The one-line summary ``pitstop check-config`` prints for a valid file."""
+    return f"{source}: ok - {hosts} host(s), {jobs} job(s), redis: {redis}"
+
+
+def missing_env(name: str) -> str:
+    """A required environment variable is unset."""
+    return f"{name} is not set - export it (secrets are read from the environment only)"
 
 
 if __name__ == "__main__":

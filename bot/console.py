@@ -30,11 +30,10 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from bot.assembly import build_context, close_context
-from bot.blocks import plain
+from bot.blocks import plain, slack_earlier_omitted
 from bot.scheduler import PitstopScheduler
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Reply, Status, StepLine
-from pipeline import messages
 from pipeline.config import Config
 
 STATUS_STYLE = {
@@ -98,7 +97,7 @@ class Renderer:
         body = "\n".join(lines[-MAX_LOG_LINES:])
         if len(lines) > MAX_LOG_LINES:
             omitted = sum(len(line) + 1 for line in lines[:-MAX_LOG_LINES])
-            body = messages.slack_earlier_omitted(omitted) + "\n" + body
+            body = slack_earlier_omitted(omitted) + "\n" + body
         return Panel(Text(body), title=Text(reply.log_title) if reply.log_title else None, title_align="left")
 
     def render(self, reply: Reply, prefix: str = "") -> RenderableType:
@@ -127,9 +126,7 @@ class Renderer:
             parts.append(Text(f"chart: {reply.chart}", style="dim"))
         if reply.buttons:
             parts.append(
-                Text(
-                    "  ".join(messages.console_button(b.label, b.action) for b in reply.buttons), style="dim"
-                )
+                Text("  ".join(console_button(b.label, b.action) for b in reply.buttons), style="dim")
             )
         for follow in reply.follow_ups:
             parts.append(Text(""))
@@ -276,7 +273,7 @@ class ConsoleSession:
         confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
         if confirm is None:
             return reply
-        answer = await self.ask(messages.console_confirm())
+        answer = await self.ask(console_confirm())
         if answer is not None and answer.strip().lower() in ("y", "yes"):
             action, value = "confirm", confirm.value
         else:
@@ -316,7 +313,7 @@ class ConsoleSession:
         :returns: 0.
         """
         self._lines = iter(lines) if lines is not None else None
-        prompt = messages.console_prompt()
+        prompt = console_prompt()
         while True:
             if self._lines is not None:
                 line = next(self._lines, None)
@@ -332,7 +329,7 @@ class ConsoleSession:
             if text.lower() in _QUIT:
                 break
             await self.run_line(text)
-        self.console.print(Text(messages.console_bye(), style="dim"))
+        self.console.print(Text(console_bye(), style="dim"))
         return 0
 
 
@@ -371,3 +368,26 @@ async def run_console(
             with contextlib.suppress(Exception):
                 await sched.stop()
         await close_context(ctx)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def console_prompt() -> str:
+    """The console chat's input prompt."""
+    return "pitstop> "
+
+
+def console_confirm() -> str:
+    """The console's question for a reply that asks for confirmation."""
+    return "confirm? [y/N] "
+
+
+def console_button(label: str, action: str) -> str:
+    """A button the console cannot click, shown as a hint."""
+    return f"[{label}] ({action})"
+
+
+def console_bye() -> str:
+    """The console's last line."""
+    return "bye"

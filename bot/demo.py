@@ -24,15 +24,14 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from bot.assembly import build_context, close_context
+from bot.assembly import build_context, close_context, embedded_redis_started
 from bot.console import ConsoleOutbox, ConsoleSession, make_console
-from bot.demo_script import Kill, Say, Step, Wait, WaitRanks, parse_line, parse_script
+from bot.demo_script import Kill, Say, Step, Wait, WaitRanks, demo_wait_timed_out, parse_line, parse_script
 from bot.scheduler import PitstopScheduler
 from bot.settings import Settings
 from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
-from pipeline import messages
 from pipeline.config import load_config
 from pipeline.errors import ExitCode, PitstopError, UsageError
 from pipeline.events import EventKind
@@ -189,7 +188,7 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
         try:
             text = await asyncio.to_thread(Path(args.script).read_text)
         except OSError as exc:
-            raise UsageError(messages.demo_script_unreadable(args.script, exc.strerror or str(exc))) from None
+            raise UsageError(demo_script_unreadable(args.script, exc.strerror or str(exc))) from None
         script = parse_script(text)
     elif args.say:
         script = [s for n, t in enumerate(args.say, 1) if (s := parse_line(t, n)) is not None]
@@ -225,9 +224,7 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
         )
         config = load_config(config_path)
         ctx = await build_context(config, ConsoleOutbox(console))
-        console.print(
-            messages.embedded_redis_started(str(config.state.path / "redis")), style="dim", markup=False
-        )
+        console.print(embedded_redis_started(str(config.state.path / "redis")), style="dim", markup=False)
         scheduler = PitstopScheduler(ctx)
         await scheduler.start()
         dispatcher = Dispatcher(ctx)
@@ -248,7 +245,7 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
         if script is None:
             return await session.repl()
         await _run_script(ctx, session, script)
-        console.print(messages.demo_done(len(script), time.monotonic() - started))
+        console.print(demo_done(len(script), time.monotonic() - started))
         return 0
     except PitstopError as exc:
         console.print(f"[bold red]{exc.message}[/bold red]")
@@ -273,19 +270,15 @@ def _overrides() -> dict[str, float]:
 async def _say(session: ConsoleSession, text: str, lineno: int) -> None:
     reply = await session.run_line(text)
     if reply.exit_code != ExitCode.OK:
-        raise DemoFailed(
-            messages.demo_unexpected(lineno, f"{text!r} answered {reply.title!r}"), reply.exit_code
-        )
+        raise DemoFailed(demo_unexpected(lineno, f"{text!r} answered {reply.title!r}"), reply.exit_code)
 
 
 async def _wait(ctx: Context, step: Wait, cursor: str) -> None:
     event = await ctx.events.wait_for(step.kind, step.job, after=cursor, timeout=step.within)
     if event is None:
-        raise DemoFailed(
-            messages.demo_wait_timed_out(step.kind.value, step.job, step.within), ExitCode.CANCELLED
-        )
+        raise DemoFailed(demo_wait_timed_out(step.kind.value, step.job, step.within), ExitCode.CANCELLED)
     if step.kind is EventKind.VERDICT and event.data.get("verdict") != "RUNNING":
-        raise DemoFailed(messages.demo_unexpected(step.lineno, f"verdict {event.data.get('line')}"))
+        raise DemoFailed(demo_unexpected(step.lineno, f"verdict {event.data.get('line')}"))
 
 
 RANKS_POLL = 1.0  #: seconds between reads of the metric log while waiting for every rank
@@ -308,9 +301,7 @@ async def _wait_ranks(ctx: Context, step: WaitRanks) -> None:
             return
         if loop.time() >= deadline:
             raise DemoFailed(
-                messages.demo_wait_timed_out(
-                    f"ranks ({len(seen)}/{spec.processes} seen)", step.job, step.within
-                ),
+                demo_wait_timed_out(f"ranks ({len(seen)}/{spec.processes} seen)", step.job, step.within),
                 ExitCode.CANCELLED,
             )
         await asyncio.sleep(RANKS_POLL)
@@ -337,7 +328,7 @@ async def _run_script(ctx: Context, session: ConsoleSession, steps: Sequence[Ste
             cursor = await ctx.events.last_id()
             current = (await ctx.jobs.read(step.job)).current
             if not current.get("sid"):
-                raise UsageError(messages.demo_unexpected(step.lineno, f"no recorded session for {step.job}"))
+                raise UsageError(demo_unexpected(step.lineno, f"no recorded session for {step.job}"))
             sid = int(current["sid"])
             n = kill_session(sid)
             session.console.print(
@@ -374,3 +365,22 @@ async def _cleanup(
             await host.close()
     if not keep:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def demo_unexpected(lineno: int, what: str) -> str:
+    """A demo step did not behave as expected (line 0: the demo's own start of the job)."""
+    where = f"demo step at line {lineno}" if lineno else "the demo's initial start of the job"
+    return f"{where} did not behave as expected: {what}"
+
+
+def demo_done(steps: int, seconds: float) -> str:
+    """The demo's last line when every step behaved."""
+    return f"demo complete: {steps} steps behaved as expected in {seconds:.0f} s"
+
+
+def demo_script_unreadable(path: str, reason: str) -> str:
+    """The demo's ``--script`` file cannot be read."""
+    return f"cannot read demo script {path}: {reason}"

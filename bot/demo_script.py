@@ -17,7 +17,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline import messages
 from pipeline.errors import UsageError
 from pipeline.events import EventKind
 
@@ -81,9 +80,7 @@ def parse_line(line: str, lineno: int) -> Step | None:
         kinds = {k.value: k for k in WAITABLE}
         if not m or m.group("kind").lower() not in (*kinds, RANKS):
             raise UsageError(
-                messages.demo_bad_line(
-                    lineno, text, "wait verdict|alert|resolved|digest|ranks JOB [within N]"
-                )
+                demo_bad_line(lineno, text, "wait verdict|alert|resolved|digest|ranks JOB [within N]")
             )
         within = DEFAULT_WAIT
         if m.group("secs") is not None:
@@ -92,16 +89,14 @@ def parse_line(line: str, lineno: int) -> Step | None:
             except ValueError:
                 within = -1
             if not 0 < within <= MAX_WAIT:
-                raise UsageError(
-                    messages.demo_bad_line(lineno, text, f"within N, 0 < N <= {MAX_WAIT:g} seconds")
-                )
+                raise UsageError(demo_bad_line(lineno, text, f"within N, 0 < N <= {MAX_WAIT:g} seconds"))
         if m.group("kind").lower() == RANKS:
             return WaitRanks(m.group("job"), within, lineno)
         return Wait(kinds[m.group("kind").lower()], m.group("job"), within, lineno)
     if head == "kill":
         m = _KILL.match(text)
         if not m:
-            raise UsageError(messages.demo_bad_line(lineno, text, "kill JOB"))
+            raise UsageError(demo_bad_line(lineno, text, "kill JOB"))
         return Kill(m.group("job"), lineno)
     return Say(text, lineno)
 
@@ -117,3 +112,16 @@ def parse_script(text: str) -> list[Step]:
         if step is not None:
             steps.append(step)
     return steps
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def demo_bad_line(lineno: int, line: str, expected: str) -> str:
+    """A demo script line that is not a command or a well-formed directive."""
+    return f"demo script line {lineno}: {line!r} - expected {expected}"
+
+
+def demo_wait_timed_out(kind: str, job: str, within: float) -> str:
+    """A ``wait`` directive's event did not come in time."""
+    return f"no {kind} for {job} within {within:g} s"

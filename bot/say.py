@@ -28,15 +28,18 @@ import time
 import uuid
 from typing import IO, TYPE_CHECKING
 
+from bot.console import console_confirm
+from bot.demo_script import demo_wait_timed_out
 from handlers.commands import ParseError, parse
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Reply, render_text
 from handlers.runview import thread_key, verdict_reply
-from pipeline import keys, messages
+from pipeline import keys
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
 from pipeline.events import EventKind
-from pipeline.runs import RunRecord, Step
+from pipeline.runs import RunRecord
+from pipeline.verdict import Step
 
 if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick
     from handlers.context import Context
@@ -87,7 +90,7 @@ async def _settle_confirmation(dispatcher: Dispatcher, reply: Reply, user: str, 
     confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
     if confirm is None:
         return reply
-    answer = await asyncio.to_thread(_read_line, messages.console_confirm(), dispatcher.confirm_window, err)
+    answer = await asyncio.to_thread(_read_line, console_confirm(), dispatcher.confirm_window, err)
     action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
     return await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
 
@@ -181,7 +184,7 @@ async def say_main(
             done = await _await_verdict(ctx, run, after, window + VERDICT_SLACK)
             if done is None:
                 code = ExitCode.CANCELLED
-                print(messages.demo_wait_timed_out("verdict", run.job, window + VERDICT_SLACK), file=err)
+                print(demo_wait_timed_out("verdict", run.job, window + VERDICT_SLACK), file=err)
             else:
                 run = done
                 verdict = verdict_reply(run)

@@ -42,7 +42,6 @@ from handlers.context import Context
 from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
-from pipeline import messages
 from pipeline.leader import LeaderLease
 from pipeline.watch import DEFAULT_REMIND_EVERY
 
@@ -210,12 +209,12 @@ class PitstopScheduler:
             log.warning("scheduler lease: Redis unavailable: %s", exc)
             held = False
         if held and not self._was_leader:
-            log.info(messages.scheduler_leader(self.ctx.instance, True))
+            log.info(scheduler_leader(self.ctx.instance, True))
             self._spawn(self._became_leader)
         elif held:
             self._spawn(self._recover)
         elif not held and self._was_leader:
-            log.warning(messages.scheduler_leader(self.ctx.instance, False))
+            log.warning(scheduler_leader(self.ctx.instance, False))
         self._was_leader = held
 
     async def _became_leader(self) -> None:
@@ -256,3 +255,11 @@ class PitstopScheduler:
         task = asyncio.get_running_loop().create_task(self._guarded(fn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def scheduler_leader(instance: str, acquired: bool) -> str:
+    """Log line: this process became, or stopped being, the scheduler leader."""
+    return f"{instance} {'is now' if acquired else 'is no longer'} the scheduler leader"

@@ -39,7 +39,6 @@ from bot.slack_app import SlackSurface
 from bot.slack_outbox import SlackOutbox
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
-from pipeline import messages
 from pipeline.config import Config
 from pipeline.errors import SlackUnavailable
 
@@ -268,7 +267,7 @@ async def serve_http(
     try:
         server = await start_http(http_app(runtime.surface, runtime.health), host=host, port=port)
         try:
-            print(messages.serve_listening(server.url), file=sys.stderr, flush=True)
+            print(serve_listening(server.url), file=sys.stderr, flush=True)
             await asyncio.Event().wait()
         finally:
             await server.close()
@@ -312,7 +311,20 @@ async def serve_socket(config: Config, *, bot_token: str, app_token: str, api_ur
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
     try:
         runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
-        print(messages.serve_socket_connected(), file=sys.stderr, flush=True)
+        print(serve_socket_connected(), file=sys.stderr, flush=True)
         await asyncio.Event().wait()
     finally:
         await runtime.close()
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def serve_listening(url: str) -> str:
+    """``pitstop serve`` is up (HTTP mode)."""
+    return f"serving Slack on {url} (POST /slack/events, GET /healthz)"
+
+
+def serve_socket_connected() -> str:
+    """``pitstop serve --socket`` is up."""
+    return "connected to Slack over Socket Mode"

@@ -43,12 +43,12 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
 from bot.ackgate import AckGate
-from bot.slack_outbox import SlackOutbox
+from bot.slack_outbox import SlackOutbox, slack_not_posted
 from handlers.auth import role_of
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Reply, Status
 from handlers.runview import thread_key
-from pipeline import messages
+from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import internal_error, new_incident_id
 
@@ -333,11 +333,11 @@ class SlackSurface:
     async def _undelivered(self, user: str, reply: Reply, where: str, error: str) -> None:
         """An answer Slack refused: recorded (``/healthz``, ``status``) and sent to ``user`` by DM."""
         if self.outbox is None:
-            log.warning(messages.slack_not_posted(where, error))
+            log.warning(slack_not_posted(where, error))
             return
         await self.outbox.record_failure(where, error)
         if user and not await self.outbox.dm(user, reply):
-            log.error("answer to %s lost: %s", user, messages.slack_not_posted(where, error))
+            log.error("answer to %s lost: %s", user, slack_not_posted(where, error))
 
     def _after_answer(
         self, reply: Reply, channel: object, user: str = "", respond: Respond | None = None
@@ -471,7 +471,7 @@ class SlackSurface:
         """
         groups = await self.groups.get(user)
         if role_of(self.config, user, groups) is None:
-            reply = Reply(title=messages.slack_home_no_role(), status=Status.INFO)
+            reply = Reply(title=slack_home_no_role(), status=Status.INFO)
             at = time.time()
         else:
             async with self._home_lock:
@@ -487,13 +487,26 @@ class SlackSurface:
                     )
                     self._home = (time.time(), listing)
                 at, reply = self._home
-        footer = messages.slack_home_updated(time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(at)))
+        footer = slack_home_updated(fmt.clock(at, self.config.scheduler.timezone))
         try:
             view = blocks.home_view(reply, footer, names=await self._names(reply))
             await self.client.views_publish(user_id=user, view=view)
         except SlackApiError as exc:
-            log.warning(messages.slack_not_posted(f"App Home of {user}", str(exc.response.get("error"))))
+            log.warning(slack_not_posted(f"App Home of {user}", str(exc.response.get("error"))))
 
     async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
         incident = new_incident_id()
         log.error("incident %s: %s", incident, error, exc_info=error)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def slack_home_no_role() -> str:
+    """The App Home of someone who holds no role."""
+    return "you hold no Pitstop role yet - ask an admin to add you to [auth] viewers"
+
+
+def slack_home_updated(when: str) -> str:
+    """The App Home tab's footer."""
+    return f"updated {when} · type `/train help` for commands"

@@ -56,7 +56,7 @@ from bot.slack_api import (
     refused_notice,
 )
 from handlers.reply import Reply, Status, render_text
-from pipeline import keys, messages
+from pipeline import keys
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ class SlackOutbox:
             found = await self._find(channel, thread_ts, post_id, since)
             if found:
                 return found
-        raise Refused(error, messages.slack_gave_up(ATTEMPTS))
+        raise Refused(error, slack_gave_up(ATTEMPTS))
 
     async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
         """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not there.
@@ -362,7 +362,7 @@ class SlackOutbox:
                 error, maybe = error_of(exc)
                 if not maybe and error not in TRANSIENT and error != "connection_failed":
                     raise Refused(error, detail_of(exc)) from None
-        raise Refused(error, messages.slack_gave_up(ATTEMPTS))
+        raise Refused(error, slack_gave_up(ATTEMPTS))
 
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
         """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
@@ -413,7 +413,7 @@ class SlackOutbox:
             Refused,
             KeyError,
         ) as exc:
-            log.warning(messages.slack_not_posted(f"a direct message to {user}", str(exc)))
+            log.warning(slack_not_posted(f"a direct message to {user}", str(exc)))
             return False
         self.notices.append((user, reply.title))
         return True
@@ -502,7 +502,7 @@ class SlackOutbox:
     async def _failed(self, where: str, error: object) -> str:
         """Log a refused post and keep it as the last delivery failure (here and in Redis)."""
         detail = detail_of(error)
-        line = messages.slack_not_posted(where, detail)
+        line = slack_not_posted(where, detail)
         self.failures.append(line)
         del self.failures[:-100]
         code = error.error if isinstance(error, Refused) else detail.split(" ", 1)[0]
@@ -517,3 +517,16 @@ class SlackOutbox:
             except Exception as exc:  # Redis trouble must not hide the refusal itself
                 log.warning("could not store the last delivery failure: %s", exc)
         return line
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def slack_not_posted(where: str, error: str) -> str:
+    """A team-visible post that Slack refused (logged, never shown in Slack)."""
+    return f"Slack refused a post to {where}: {error}"
+
+
+def slack_gave_up(attempts: int) -> str:
+    """Why a post was given up after its retries."""
+    return f"gave up after {attempts} tries"

@@ -1,0 +1,25 @@
+"""``handlers`` — transport-free: text → typed command → authorisation → action → a reply model.
+
+It knows nothing of Slack's wire format (no ``slack_bolt``/``slack_sdk``, no Block Kit): every
+surface in ``bot`` hands it a :class:`~handlers.dispatch.Request` and shows the
+:class:`~handlers.reply.Reply` it gets back.  It imports ``pipeline``, never ``bot``.  Where each
+concept lives:
+
+- the request path: :mod:`~handlers.dispatch` (parse → dedupe → authorise → confirm → act, one
+  list of steps for typed commands and buttons); the verb table :mod:`~handlers.verbs`; the
+  grammar :mod:`~handlers.grammar` and :mod:`~handlers.normalise`; typed commands and parse errors
+  :mod:`~handlers.commands`; roles :mod:`~handlers.auth`; Slack deliveries acted on once
+  :mod:`~handlers.deliveries`; confirmations :mod:`~handlers.confirm`; the audit trail
+  :mod:`~handlers.audit`; the restart lock :mod:`~handlers.lock`;
+- what is done and shown: restart/start/stop :mod:`~handlers.sequences`; a run as people see it
+  :mod:`~handlers.runview`; verdict delivery :mod:`~handlers.verdicts`; the read-only verbs
+  :mod:`~handlers.views` (with :mod:`~handlers.slurmviews`); digests and GPUs
+  :mod:`~handlers.reports`; the watch cycle, ``ack`` and ``watch`` :mod:`~handlers.watching`, its
+  alerts :mod:`~handlers.alerts`, crash checks :mod:`~handlers.crashcheck` and hang evidence
+  :mod:`~handlers.hangevidence`;
+- the reply model :mod:`~handlers.reply`, where team-visible posts go :mod:`~handlers.outbox`,
+  and what a handler is given :mod:`~handlers.context`.
+
+Each reply's words sit beside the verb that answers it (a ``# --- text`` section at the end of
+its module).
+"""

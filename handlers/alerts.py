@@ -4,42 +4,28 @@ An incident's alert is the headline message under key ``incident:JOB:N``
 (:meth:`~handlers.outbox.Outbox.announce`); reminders, kind changes, acknowledgements,
 automatic restarts and the "resolved after N min" note go in its thread, and the headline
 is updated in place (resolved, acknowledged) — built here from the stored
-:class:`~pipeline.watch.Incident` alone, so any process can rebuild it.
+:class:`~pipeline.incidents.Incident` alone, so any process can rebuild it.
 """
 
 from __future__ import annotations
 
 import time
-from datetime import datetime
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from handlers.reply import Reply, Status
-from pipeline import messages
+from handlers.reply import Reply, Status, mention
+from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import ExitCode
-from pipeline.watch import LOG_LINES, Incident, IncidentKind
-
-
-def clock(ts: float, timezone: str) -> str:
-    """``14:02:11 UTC`` (with the date when not today) in the configured timezone."""
-    try:
-        tz = ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError):
-        tz = ZoneInfo("UTC")
-    at = datetime.fromtimestamp(ts, tz)
-    today = datetime.now(tz).date()
-    fmt = "%H:%M:%S %Z" if at.date() == today else "%Y-%m-%d %H:%M:%S %Z"
-    return at.strftime(fmt)
+from pipeline.incidents import LOG_LINES, Incident, IncidentKind
 
 
 def mention_of(config: Config) -> str | None:
     """The configured ``alert_mention`` in Slack syntax, or None."""
     target = config.slack.alert_mention
-    return messages.slack_mention(target) if target else None
+    return mention(target) if target else None
 
 
 def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, str], ...]:
-    label = messages.alert_field_labels()
+    label = alert_field_labels()
     tz = config.scheduler.timezone
     out: list[tuple[str, str]] = [
         (label["job"], incident.job),
@@ -52,20 +38,20 @@ def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, 
         out.append(
             (
                 label["last_alive"],
-                messages.alert_when(clock(incident.last_alive_at, tz), now - incident.last_alive_at),
+                alert_when(fmt.clock(incident.last_alive_at, tz), now - incident.last_alive_at),
             )
         )
     else:
-        out.append((label["last_alive"], messages.alert_never_seen()))
+        out.append((label["last_alive"], alert_never_seen()))
     if incident.exit_cause:
         out.append((label["exit"], incident.exit_cause))
     if incident.error:
         out.append((label["error"], incident.error))
-    out.append((label["opened"], clock(incident.opened_at, tz)))
+    out.append((label["opened"], fmt.clock(incident.opened_at, tz)))
     if incident.auto_restarts:
         out.append((label["auto"], str(incident.auto_restarts)))
     if incident.acked_by:
-        out.append((label["acked"], messages.slack_mention(incident.acked_by)))
+        out.append((label["acked"], mention(incident.acked_by)))
     return tuple(out)
 
 
@@ -73,7 +59,7 @@ def _title(incident: Incident, config: Config, now: float) -> str:
     quiet = None
     if incident.kind is IncidentKind.STALLED and incident.job in config.jobs:
         quiet = config.jobs[incident.job].watch.stall_after + (now - incident.opened_at)
-    return messages.alert_title(
+    return alert_title(
         incident.kind.value, incident.job, incident.host, incident.count, incident.expected, quiet
     )
 
@@ -92,26 +78,24 @@ def alert_reply(
     now = time.time() if now is None else now
     lines: list[str] = []
     who = mention_of(config) if mention else None
-    lines.append(messages.alert_mention_line(who, incident.job))
+    lines.append(alert_mention_line(who, incident.job))
     if incident.cause:
-        lines.append(messages.alert_detected_cause(incident.cause))
+        lines.append(alert_detected_cause(incident.cause))
     if incident.kind is IncidentKind.CRASH_LOOP:
         policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
         within = policy.within if policy else 0.0
-        lines.append(messages.crash_loop_gave_up(incident.job, incident.auto_restarts, within))
+        lines.append(crash_loop_gave_up(incident.job, incident.auto_restarts, within))
     if incident.next_auto_at is not None:
         policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
         limit = policy.max if policy else 0
         lines.append(
-            messages.auto_restart_planned(
-                incident.job, incident.next_auto_at - now, incident.auto_restarts + 1, limit
-            )
+            auto_restart_planned(incident.job, incident.next_auto_at - now, incident.auto_restarts + 1, limit)
         )
     severe = incident.kind in (IncidentKind.DEAD, IncidentKind.CRASH_LOOP)
     log_path = config.jobs[incident.job].log if incident.job in config.jobs else ""
     log = incident.log
     if log is None and incident.kind is not IncidentKind.UNREACHABLE:
-        lines.append(messages.alert_no_log())
+        lines.append(alert_no_log())
     return Reply(
         title=_title(incident, config, now),
         page=config.slack.alert_mention if who else None,
@@ -119,7 +103,7 @@ def alert_reply(
         lines=tuple(lines),
         fields=_fields(incident, config, now),
         log=log or None,
-        log_title=messages.alert_log_title(LOG_LINES, log_path) if log else "",
+        log_title=alert_log_title(LOG_LINES, log_path) if log else "",
         thread_key=incident.thread_key,
         exit_code=ExitCode.FAILED,
     )
@@ -130,10 +114,10 @@ def resolved_headline(incident: Incident, config: Config, *, now: float | None =
     now = time.time() if now is None else now
     ended = incident.resolved_at if incident.resolved_at is not None else now
     return Reply(
-        title=messages.alert_resolved_title(incident.kind.value, incident.job, ended - incident.opened_at),
+        title=alert_resolved_title(incident.kind.value, incident.job, ended - incident.opened_at),
         status=Status.OK,
         lines=(
-            messages.incident_resolved(
+            incident_resolved(
                 incident.job,
                 incident.kind.value,
                 ended - incident.opened_at,
@@ -152,7 +136,7 @@ def resolved_reply(incident: Incident, *, now: float | None = None) -> Reply:
     now = time.time() if now is None else now
     ended = incident.resolved_at if incident.resolved_at is not None else now
     return Reply(
-        title=messages.incident_resolved(
+        title=incident_resolved(
             incident.job,
             incident.kind.value,
             ended - incident.opened_at,
@@ -169,7 +153,7 @@ def reminder_reply(incident: Incident, config: Config, *, now: float | None = No
     """The thread re-post of an open, unacknowledged incident (mentions ``alert_mention``)."""
     now = time.time() if now is None else now
     who = mention_of(config)
-    text = messages.incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
+    text = incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
     return Reply(
         title=f"{who} {text}" if who else text,
         page=config.slack.alert_mention,
@@ -181,11 +165,11 @@ def reminder_reply(incident: Incident, config: Config, *, now: float | None = No
 def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:
     """The thread note when the open incident became another kind."""
     return Reply(
-        title=messages.incident_changed(
+        title=incident_changed(
             incident.job, previous.value, incident.kind.value, incident.count, incident.expected
         ),
         status=Status.WARNING,
-        lines=(messages.alert_detected_cause(incident.cause),) if incident.cause else (),
+        lines=(alert_detected_cause(incident.cause),) if incident.cause else (),
         log=incident.log or None,
         thread_key=incident.thread_key,
     )
@@ -194,7 +178,7 @@ def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:
 def acked_reply(incident: Incident, user: str) -> Reply:
     """The thread note and the requester's answer for ``ack JOB``."""
     return Reply(
-        title=messages.incident_acked(incident.job, user),
+        title=incident_acked(incident.job, user),
         status=Status.OK,
         thread_key=incident.thread_key,
     )
@@ -203,11 +187,11 @@ def acked_reply(incident: Incident, user: str) -> Reply:
 def give_up_reply(incident: Incident, config: Config) -> Reply:
     """The single crash-loop alert, in the incident's thread (mentions ``alert_mention``)."""
     policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
-    text = incident.no_auto or messages.crash_loop_gave_up(
+    text = incident.no_auto or crash_loop_gave_up(
         incident.job, incident.auto_restarts, policy.within if policy else 0.0
     )
     if incident.no_auto is None and incident.cause:
-        text += f" ({messages.alert_detected_cause(incident.cause)})"
+        text += f" ({alert_detected_cause(incident.cause)})"
     who = mention_of(config)
     return Reply(
         title=f"{who} {text}" if who else text,
@@ -222,10 +206,137 @@ def auto_restart_reply(incident: Incident, config: Config, answer: Reply) -> Rep
     """The thread note when an automatic restart was requested, with the dispatcher's answer."""
     policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
     return Reply(
-        title=messages.auto_restart_started(
+        title=auto_restart_started(
             incident.job, incident.auto_restarts, policy.max if policy else 0, answer.title
         ),
         status=Status.INFO,
         thread_key=incident.thread_key,
         run_id=answer.run_id,
+    )
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def alert_title(kind: str, job: str, host: str, count: int, expected: int, quiet_for: float | None) -> str:
+    """The headline of a new alert, by incident kind."""
+    if kind == "dead":
+        return f"{job} is down: no processes left on {host} (expected {expected})"
+    if kind == "degraded":
+        return f"{job} is degraded: {count}/{expected} processes on {host}"
+    if kind == "stalled":
+        idle = f" for {fmt.duration(quiet_for)}" if quiet_for is not None else ""
+        return f"{job} has stalled: alive ({count}/{expected}) but no new log output{idle}"
+    if kind == "stuck_rank":
+        return f"{job} has a stuck rank on {host}: one rank stopped advancing while the others wait"
+    if kind == "unreachable":
+        return f"host {host} unreachable - cannot check {job}"
+    if kind == "crash_loop":
+        return f"{job} is crash-looping on {host} - automatic restarts given up"
+    return f"{job}: {kind} on {host}"
+
+
+def alert_resolved_title(kind: str, job: str, after: float) -> str:
+    """The alert's headline once its incident resolved."""
+    return f"resolved: {job} was {kind.replace('_', ' ')} for {fmt.duration(after)}"
+
+
+def alert_mention_line(mention: str | None, job: str) -> str:
+    """The first line of an alert: who is called, and how to silence it."""
+    who = f"{mention} " if mention else ""
+    return f"{who}`ack {job}` to acknowledge, `watch {job} off for 2h` to pause watching"
+
+
+def alert_detected_cause(cause: str) -> str:
+    """The cause found in the log."""
+    return f"detected cause: {cause}"
+
+
+def alert_no_log() -> str:
+    """The log tail could not be read for an alert."""
+    return "the log could not be read"
+
+
+def alert_log_title(lines: int, path: str) -> str:
+    """The caption of an alert's log excerpt."""
+    return f"last {lines} lines of {path}"
+
+
+def alert_field_labels() -> dict[str, str]:
+    """Labels of an alert's fields, by field id."""
+    return {
+        "job": "job",
+        "host": "host",
+        "processes": "processes",
+        "last_pid": "last PID",
+        "last_alive": "last seen alive",
+        "exit": "exit cause",
+        "error": "connection error",
+        "opened": "since",
+        "acked": "acknowledged by",
+        "auto": "automatic restarts",
+    }
+
+
+def alert_when(clock: str, ago: float) -> str:
+    """A moment as clock time and age: ``14:02:11 UTC (3 min ago)``."""
+    return f"{clock} ({fmt.duration(ago)} ago)"
+
+
+def alert_exit_cause(code: int | None, signal: str | None) -> str:
+    """How the job's launched process ended, from its waiter's record."""
+    if signal:
+        hint = " (the kernel's OOM killer, or someone's kill -9)" if signal == "SIGKILL" else ""
+        return f"killed by {signal}{hint}"
+    if code is None:
+        return "ended (status unknown)"
+    return f"exited with code {code}"
+
+
+def alert_never_seen() -> str:
+    """The job was never seen alive by the watcher."""
+    return "not seen by the watcher"
+
+
+def incident_resolved(job: str, kind: str, after: float, resolution: str, count: int, expected: int) -> str:
+    """The thread reply when an incident resolves."""
+    if resolution == "stopped":
+        return f"resolved after {fmt.duration(after)}: {job} was stopped on purpose"
+    if resolution == "reachable":
+        return f"resolved after {fmt.duration(after)}: the host of {job} is reachable again"
+    return f"resolved after {fmt.duration(after)}: {job} is running again ({count}/{expected} processes)"
+
+
+def incident_reminder(job: str, kind: str, open_for: float) -> str:
+    """The thread re-post of an incident still open and not acknowledged."""
+    return (
+        f"still {kind.replace('_', ' ')}: {job}, for {fmt.duration(open_for)} - `ack {job}` to stop reminders"
+    )
+
+
+def incident_changed(job: str, old: str, new: str, count: int, expected: int) -> str:
+    """The open incident became another kind."""
+    return f"{job} is now {new.replace('_', ' ')} (was {old.replace('_', ' ')}): {count}/{expected} processes"
+
+
+def incident_acked(job: str, user: str) -> str:
+    """The thread note and reply of ``ack JOB``."""
+    return f"acknowledged by {mention(user)} - no more reminders for {job} until it resolves"
+
+
+def auto_restart_planned(job: str, delay: float, attempt: int, limit: int) -> str:
+    """An alert's note that an automatic restart will follow."""
+    return f"automatic restart {attempt}/{limit} of {job} in {fmt.duration(delay)}"
+
+
+def auto_restart_started(job: str, attempt: int, limit: int, answer: str) -> str:
+    """The incident thread note when an automatic restart is requested."""
+    return f"automatic restart {attempt}/{limit} of {job}: {answer}"
+
+
+def crash_loop_gave_up(job: str, restarts: int, within: float) -> str:
+    """The single give-up alert of a crash loop."""
+    return (
+        f"{job} crashed again after {restarts} automatic restarts within {fmt.duration(within)} - "
+        "crash loop, giving up; restart it by hand once the cause is fixed"
     )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from handlers.commands import Command
 from handlers.grammar import Role
-from pipeline import messages
+from handlers.reply import who
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
 
@@ -44,7 +44,7 @@ class Denied(PitstopError):
         self.user = user
         self.command = command
         self.needed = needed
-        super().__init__(messages.denied(user, command.verb, command.job or command.host, needed.label))
+        super().__init__(denied(user, command.verb, command.job or command.host, needed.label))
 
 
 def _lists(config: Config, job: str | None) -> dict[Role, list[str]]:
@@ -95,3 +95,15 @@ def authorise(
     if held is None or held < needed:
         raise Denied(user, command, needed)
     return held
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def denied(user: str, verb: str, job: str | None, role: str) -> str:
+    """A request refused for lack of a role."""
+    target = f" {job}" if job else ""
+    return (
+        f"{who(user)} may not `{verb}{target}` - it needs the {role} role "
+        "(roles come from [auth] in the config, or [jobs.NAME.auth] for one job)"
+    )

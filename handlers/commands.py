@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -25,7 +24,7 @@ from typing import Any
 from handlers import grammar
 from handlers.grammar import SLOTS, Binding, VerbSpec
 from handlers.normalise import normalise, tokenise
-from pipeline import messages
+from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
 
@@ -33,11 +32,6 @@ MAX_TEXT = 500  #: characters; longer requests are refused before parsing
 MAX_TOKENS = 64
 
 OptionValue = bool | int | str | tuple[str, ...] | None
-
-_DURATION = re.compile(
-    r"(\d{1,7}(?:\.\d{1,3})?)(s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?)?\Z", re.IGNORECASE
-)
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class ParseError(PitstopError):
@@ -160,9 +154,9 @@ class Command:
         words += [n for n in (self.job, self.host) if n]
         if self.verb == "restart":
             if self.patches:
-                words.append("with " + messages.patch_phrase(self.patches))
+                words.append("with " + patch_phrase(self.patches))
             if self.without:
-                words.append("without " + messages.patch_phrase(self.without))
+                words.append("without " + patch_phrase(self.without))
             if self.fresh_cache:
                 words.append("fresh cache")
         elif self.verb == "logs":
@@ -172,7 +166,7 @@ class Command:
         elif self.verb == "watch":
             words.append(self.state or "")
             if self.for_s:
-                words.append(f"for {messages.duration_text(self.for_s)}")
+                words.append(f"for {fmt.duration(self.for_s)}")
         elif self.topic:
             words.append(self.topic)
         return " ".join(w for w in words if w)
@@ -188,7 +182,7 @@ def _close(given: str, known: Iterable[str]) -> list[str]:
 
 
 def _unknown(kind: str, given: str, known: Sequence[str], verb: str | None, where: str = "") -> ParseError:
-    return ParseError(messages.parse_unknown(kind, given, _close(given, known), known, where), verb)
+    return ParseError(parse_unknown(kind, given, _close(given, known), known, where), verb)
 
 
 def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str = "") -> str:
@@ -203,7 +197,7 @@ def _int(slot: str, raw: str, verb: str) -> int:
     value = int(raw)
     if not kind.low <= value <= kind.high:
         what = "lines" if slot == "lines" else "N"
-        raise ParseError(messages.parse_out_of_range(what, value, kind.low, kind.high), verb)
+        raise ParseError(parse_out_of_range(what, value, kind.low, kind.high), verb)
     return value
 
 
@@ -213,14 +207,13 @@ def parse_duration_seconds(raw: str, verb: str | None = None) -> int:
     :raises ParseError: if it is not a duration or lies outside 1 s … 7 d.
     """
     kind = SLOTS["for_s"]
-    longest = messages.duration_text(kind.high)
-    m = _DURATION.match(raw)
-    if m is None:
-        raise ParseError(messages.parse_bad_duration(raw, longest), verb)
-    unit = (m.group(2) or "s")[0].lower()
-    seconds = round(float(m.group(1)) * _UNIT[unit])
+    longest = fmt.duration(kind.high)
+    try:
+        seconds = round(fmt.parse_duration(raw))
+    except ValueError:
+        raise ParseError(parse_bad_duration(raw, longest), verb) from None
     if not kind.low <= seconds <= kind.high:
-        raise ParseError(messages.parse_duration_out_of_range(raw, longest), verb)
+        raise ParseError(parse_duration_out_of_range(raw, longest), verb)
     return seconds
 
 
@@ -255,7 +248,7 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         without = _patches(raw.get("without", []), job, config, verb)
         both = [p for p in patches if p in without]
         if both:
-            raise ParseError(messages.parse_added_and_removed(both), verb)
+            raise ParseError(parse_added_and_removed(both), verb)
         options["without"] = without
         options["fresh_cache"] = "fresh_cache" in raw
     elif verb == "logs":
@@ -271,7 +264,7 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         duration = one("for_s")
         if duration is not None:
             if state != "off":
-                raise ParseError(messages.parse_for_needs_off(job), verb)
+                raise ParseError(parse_for_needs_off(job), verb)
             options["for_s"] = parse_duration_seconds(duration, verb)
     elif verb == "help":
         topic = one("topic")
@@ -306,17 +299,17 @@ def parse(text: str, config: Config) -> Command:
         bounds, or text too long to be a command.
     """
     if len(text) > MAX_TEXT * 4:
-        raise ParseError(messages.parse_too_long(MAX_TEXT))
+        raise ParseError(parse_too_long(MAX_TEXT))
     clean = normalise(text, command=config.slack.command)
     if len(clean) > MAX_TEXT:
-        raise ParseError(messages.parse_too_long(MAX_TEXT))
+        raise ParseError(parse_too_long(MAX_TEXT))
     tokens = tokenise(clean)
     if not tokens:
         return Command("help")
     spec = grammar.verb_spec(tokens[0])
     if spec is None:
         raise _unknown("command", tokens[0], list(grammar.VERBS), None)
-    usage = ParseError(messages.parse_usage(spec.name, spec.usages), spec.name)
+    usage = ParseError(parse_usage(spec.name, spec.usages), spec.name)
     if len(tokens) > MAX_TOKENS:
         raise usage
     matches = grammar.match(spec, tokens)
@@ -339,3 +332,65 @@ def usage_of(verb: str) -> tuple[str, ...]:
     :raises KeyError: if there is no such verb.
     """
     return grammar.VERBS[verb].usages
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def patch_phrase(patches: Sequence[str]) -> str:
+    """``topk patch`` / ``topk and fast patches`` / ``a, b and c patches``."""
+    names = list(patches)
+    if len(names) == 1:
+        return f"{names[0]} patch"
+    return f"{', '.join(names[:-1])} and {names[-1]} patches"
+
+
+def parse_unknown(
+    kind: str, given: str, suggestions: Sequence[str], known: Sequence[str], where: str = ""
+) -> str:
+    """An unknown name: ``unknown job 'dflsh' — did you mean 'dflash'? (known: dflash, eagle)``.
+
+    :param kind: what was looked up (``job``, ``host``, ``command``, ``patch``).
+    :param where: what it was looked up in (``for dflash``), or empty.
+    """
+    hint = f" — did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+    listing = f"(known: {', '.join(known)})" if known else "(none configured)"
+    at = f" {where}" if where else ""
+    return f"unknown {kind} {given!r}{at}{hint} {listing}"
+
+
+def parse_usage(verb: str, usages: Sequence[str]) -> str:
+    """Wrong arguments for a verb: its usage line(s)."""
+    head = "usage: "
+    pad = "\n" + " " * len(head)
+    return head + pad.join(usages) + f"\n(type `help {verb}` for examples)"
+
+
+def parse_out_of_range(what: str, value: int, low: int, high: int) -> str:
+    """A number outside its bounds."""
+    return f"{what} must be between {low} and {high}, got {value}"
+
+
+def parse_bad_duration(given: str, longest: str) -> str:
+    """A duration that is not one."""
+    return f"{given!r} is not a duration - use e.g. 90s, 30m, 2h or 1d (at most {longest})"
+
+
+def parse_duration_out_of_range(given: str, longest: str) -> str:
+    """A duration outside its bounds."""
+    return f"duration {given!r} is out of range - give at least 1 s and at most {longest}"
+
+
+def parse_added_and_removed(patches: Sequence[str]) -> str:
+    """The same patch asked both with and without."""
+    return f"patch {', '.join(repr(p) for p in patches)} cannot be both added and removed"
+
+
+def parse_for_needs_off(job: str) -> str:
+    """``watch JOB on for 2h``: a duration only makes sense when pausing."""
+    return f"`for DURATION` pauses watching for a while: say `watch {job} off for 2h`"
+
+
+def parse_too_long(limit: int) -> str:
+    """A request longer than any command."""
+    return f"that is too long for a command (at most {limit} characters) - type `help`"

@@ -17,6 +17,7 @@ from enum import StrEnum
 
 import redis.asyncio as aioredis
 
+from handlers.reply import who
 from pipeline import keys
 
 DEFAULT_WINDOW = 60.0  #: seconds a confirmation waits
@@ -131,3 +132,41 @@ class Confirmations:
         if user is not None and pending.expired:
             return Take.EXPIRED, pending
         return Take.TAKEN, pending
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def confirm_ask(text: str, job: str, seconds: float) -> str:
+    """A job configured with ``confirm = true`` asks before acting."""
+    return f"`{text}` - {job} asks for confirmation: confirm within {seconds:g} s or it is cancelled"
+
+
+def confirm_button() -> str:
+    """The label of the confirm button."""
+    return "Confirm"
+
+
+def cancel_button() -> str:
+    """The label of the cancel button."""
+    return "Cancel"
+
+
+def confirm_expired(text: str, seconds: float) -> str:
+    """No confirmation came in time."""
+    return f"not confirmed within {seconds:g} s - `{text}` was cancelled, nothing was done"
+
+
+def confirm_gone() -> str:
+    """A click on a confirmation that no longer exists."""
+    return "this confirmation has expired or was already answered - nothing was done"
+
+
+def confirm_not_yours(owner: str) -> str:
+    """Someone else clicked another person's confirmation."""
+    return f"only {who(owner)}, who asked, can answer this confirmation"
+
+
+def confirm_cancelled(text: str, user: str) -> str:
+    """The requester declined their own confirmation."""
+    return f"`{text}` cancelled by {who(user)} - nothing was done"

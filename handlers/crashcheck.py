@@ -16,14 +16,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from handlers.alerts import alert_exit_cause
 from handlers.context import Context
-from pipeline import keys, messages
+from pipeline import keys
 from pipeline.config import AutoRestart
 from pipeline.crashes import Crash, CrashClass, classify, from_fields
 from pipeline.errors import PitstopError
 from pipeline.hostcontract import EvidenceArgs
 from pipeline.hostprobe import call_helper, read_log_chunk, recorded_identity
-from pipeline.watch import Incident
+from pipeline.incidents import Incident
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +84,7 @@ async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
     signal = status.get("signal") if status and answer.get("state") != "alive" else None
     code = status.get("code") if status and answer.get("state") != "alive" else None
     crash = classify(chunk.data, exit_signal=signal, exit_code=code)
-    exit_cause = (
-        messages.alert_exit_cause(code, signal) if status and answer.get("state") != "alive" else None
-    )
+    exit_cause = alert_exit_cause(code, signal) if status and answer.get("state") != "alive" else None
     stored = {str(k): str(v) for k, v in (await client.hgetall(keys.last_crash(prefix, name))).items()}
     previous = from_fields(stored)
     if stored.get("run_id") == run_id and previous is not None:
@@ -110,9 +109,9 @@ def refusal(job: str, check: CrashCheck, policy: AutoRestart | None) -> str | No
         return None
     crash = check.crash
     if check.repeat and crash.kind is CrashClass.PYTHON_EXCEPTION:
-        return messages.auto_restart_repeat(job, crash.exc_type or "?", crash.step, crash.summary)
+        return auto_restart_repeat(job, crash.exc_type or "?", crash.step, crash.summary)
     if crash.kind not in policy.on:
-        return messages.auto_restart_not_on(job, crash.kind.value, crash.summary)
+        return auto_restart_not_on(job, crash.kind.value, crash.summary)
     return None
 
 
@@ -134,3 +133,22 @@ def with_crash(inc: Incident, check: CrashCheck) -> Incident:
 
 
 __all__ = ["MAX_CRASH_BYTES", "CrashCheck", "check_crash", "refusal", "with_crash"]
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def auto_restart_not_on(job: str, crash_class: str, summary: str) -> str:
+    """The give-up alert when the crash's class is not restarted automatically."""
+    return (
+        f"{job} failed with {crash_class} - not restarted automatically ({crash_class} is not in "
+        f"auto_restart.on); restart it by hand once the cause is fixed. Cause: {summary}"
+    )
+
+
+def auto_restart_repeat(job: str, exc_type: str, step: int | None, summary: str) -> str:
+    """The give-up alert when the same Python exception came back at the same step."""
+    return (
+        f"{job} failed again with {exc_type} at step {step} - the same exception at the same step is a "
+        f"bug a restart will not fix, so no more automatic restarts; fix it and restart by hand. Cause: {summary}"
+    )

@@ -35,13 +35,24 @@ from typing import Any
 from handlers.audit import Audit, AuditOutcome
 from handlers.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.commands import Command, ParseError, parse
-from handlers.confirm import DEFAULT_WINDOW, Confirmations, Pending, Take
+from handlers.confirm import (
+    DEFAULT_WINDOW,
+    Confirmations,
+    Pending,
+    Take,
+    cancel_button,
+    confirm_ask,
+    confirm_button,
+    confirm_cancelled,
+    confirm_expired,
+    confirm_gone,
+    confirm_not_yours,
+)
 from handlers.context import Context
-from handlers.dedupe import Dedupe
+from handlers.deliveries import Deliveries
 from handlers.lock import DEFAULT_TTL, InFlight
 from handlers.reply import Button, Reply, Status
 from handlers.verbs import VERBS, Call
-from pipeline import messages
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 
 log = logging.getLogger(__name__)
@@ -135,7 +146,7 @@ class Dispatcher:
         self.confirm_window = confirm_window
         client, prefix = ctx.redis.client, ctx.prefix
         self.audit = Audit(client, prefix)
-        self.dedupe = Dedupe(client, prefix)
+        self.deliveries = Deliveries(client, prefix)
         self.confirmations = Confirmations(client, prefix)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.Task[Any]] = set()
@@ -186,7 +197,7 @@ class Dispatcher:
 
     async def seen(self, delivery_id: str | None) -> bool:
         """True when ``delivery_id`` was already acted on (for surfaces deciding whether to answer a retry)."""
-        return bool(delivery_id) and await self.dedupe.seen(str(delivery_id))
+        return bool(delivery_id) and await self.deliveries.seen(str(delivery_id))
 
     # --- the audit step -------------------------------------------------------------------------
 
@@ -282,9 +293,9 @@ class Dispatcher:
     async def _dedupe(self, flow: Flow, call_next: Next) -> Reply:
         """Act on a delivery once: a retry of one already claimed is answered, not acted on."""
         req = flow.req
-        if req.delivery_id and not await self.dedupe.claim(req.delivery_id, self.ctx.instance):
+        if req.delivery_id and not await self.deliveries.claim(req.delivery_id, self.ctx.instance):
             await self._audit(req, AuditOutcome.DUPLICATE, flow.command)
-            return Reply(title=messages.duplicate_delivery(), status=Status.INFO, ephemeral=True)
+            return Reply(title=duplicate_delivery(), status=Status.INFO, ephemeral=True)
         return await call_next()
 
     async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
@@ -301,9 +312,9 @@ class Dispatcher:
             return await call_next()
         if action in ("confirm", "cancel"):
             return await self._settle(flow, call_next)
-        await self._audit(req, AuditOutcome.INVALID, detail=messages.unknown_action(action))
+        await self._audit(req, AuditOutcome.INVALID, detail=unknown_action(action))
         return Reply(
-            title=messages.unknown_action(action),
+            title=unknown_action(action),
             status=Status.ERROR,
             ephemeral=True,
             exit_code=ExitCode.USAGE,
@@ -377,12 +388,12 @@ class Dispatcher:
         self._spawn(self._expire(pending), name=f"pitstop-confirm:{pending.token}", timer=True)
         assert command.job is not None
         return Reply(
-            title=messages.confirm_ask(command.text(), command.job, self.confirm_window),
+            title=confirm_ask(command.text(), command.job, self.confirm_window),
             status=Status.WARNING,
             ephemeral=True,
             buttons=(
-                Button(messages.confirm_button(), "confirm", pending.token, "primary"),
-                Button(messages.cancel_button(), "cancel", pending.token, "danger"),
+                Button(confirm_button(), "confirm", pending.token, "primary"),
+                Button(cancel_button(), "cancel", pending.token, "danger"),
             ),
         )
 
@@ -393,7 +404,7 @@ class Dispatcher:
             return
         req = Request(found.text, found.user, found.groups, None, found.channel, found.surface)
         command = Command.from_json(_loads(found.command))
-        text = messages.confirm_expired(found.text, found.window)
+        text = confirm_expired(found.text, found.window)
         await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
         reply = Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.CANCELLED)
         try:  # privately, replacing the prompt where the surface can: no public post, no live buttons
@@ -406,9 +417,9 @@ class Dispatcher:
         req, action, token, user = flow.req, flow.action, flow.value, flow.user
         taken, pending = await self.confirmations.take(token, user)
         if taken is Take.GONE or pending is None:
-            await self._audit(req, AuditOutcome.CANCELLED, detail=messages.confirm_gone())
+            await self._audit(req, AuditOutcome.CANCELLED, detail=confirm_gone())
             return Reply(
-                title=messages.confirm_gone(),
+                title=confirm_gone(),
                 status=Status.WARNING,
                 ephemeral=True,
                 exit_code=ExitCode.CANCELLED,
@@ -418,15 +429,15 @@ class Dispatcher:
             pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
         )
         if taken is Take.NOT_YOURS:
-            text = messages.confirm_not_yours(pending.user)
+            text = confirm_not_yours(pending.user)
             await self._audit(req, AuditOutcome.DENIED, command, detail=text)
             return Reply(title=text, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.DENIED)
         if taken is Take.EXPIRED:
-            text = messages.confirm_expired(pending.text, pending.window)
+            text = confirm_expired(pending.text, pending.window)
             await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
             return Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.CANCELLED)
         if action == "cancel":
-            text = messages.confirm_cancelled(pending.text, user)
+            text = confirm_cancelled(pending.text, user)
             await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
             return Reply(title=text, status=Status.INFO, ephemeral=True, exit_code=ExitCode.CANCELLED)
         # roles may have changed since the request: authorised again, as who clicked
@@ -440,3 +451,16 @@ def _loads(raw: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError("a stored command is not a JSON object")
     return data
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def duplicate_delivery() -> str:
+    """A repeated delivery of a request that was already acted on."""
+    return "already handled (a repeated delivery of the same request) - nothing was done again"
+
+
+def unknown_action(action: str) -> str:
+    """A button whose action Pitstop does not know."""
+    return f"unknown action {action!r} - nothing was done"

@@ -16,7 +16,7 @@ from handlers.reply import Reply, Status
 from pipeline.errors import PitstopError
 from pipeline.hostcontract import HangAnswer, HangArgs
 from pipeline.hostprobe import call_helper, recorded_identity
-from pipeline.watch import Incident, IncidentKind
+from pipeline.incidents import Incident, IncidentKind
 
 log = logging.getLogger(__name__)
 

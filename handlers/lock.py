@@ -32,7 +32,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError, RedisError
 
-from pipeline import keys, messages
+from handlers.reply import who
+from pipeline import keys
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
 from pipeline.jobstate import scope_of
@@ -82,7 +83,7 @@ class Holder:
 
     def in_flight_message(self, job: str) -> str:
         """``restart of dflash already in flight - started by <@U…> 40 s ago, now at: launch``."""
-        return messages.in_flight(
+        return in_flight(
             self.action or "restart",
             self.job or job,
             self.user or "someone",
@@ -305,3 +306,13 @@ class JobLock:
             self._lost = True
         except RedisError:
             log.warning("could not release the lock %s; it frees itself within %g s", self.scope, self.ttl)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def in_flight(action: str, job: str, user: str, seconds: float, step: str) -> str:
+    """A restart refused because another is in flight (the exact wording people learn to read)."""
+    return (
+        f"{action} of {job} already in flight - started by {who(user)} {int(seconds)} s ago, now at: {step}"
+    )

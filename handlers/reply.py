@@ -27,7 +27,7 @@ class StepLine:
     """One step of a run as shown live: label, mark, seconds taken, detail."""
 
     label: str
-    outcome: str  #: :class:`pipeline.runs.Outcome` value
+    outcome: str  #: :class:`pipeline.verdict.Outcome` value
     seconds: float | None = None
     detail: str = ""
 
@@ -158,3 +158,30 @@ def render_text(reply: Reply) -> str:
         out.append("")
         out.append(render_text(follow))
     return "\n".join(out)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def mention(target: str) -> str:
+    """A person, a user group or a broadcast in the reply's markup (Slack's, which every surface reads).
+
+    ``U…``/``W…`` → ``<@U…>``, ``S…`` → ``<!subteam^S…>``, ``here``/``channel``/``everyone`` →
+    ``<!here>`` …; anything else is returned as it is.  ``bot.blocks`` shows each as a name
+    (``@maya``) and pages only for :attr:`Reply.page`.
+    """
+    t = target.strip().lstrip("@")
+    if t in ("here", "channel", "everyone"):
+        return f"<!{t}>"
+    if t.startswith("S"):
+        return f"<!subteam^{t}>"
+    if t.startswith(("U", "W")):
+        return f"<@{t}>"
+    return t
+
+
+def who(user: str) -> str:
+    """A Slack user id as a mention (``<@U012AB>``); any other requester (``console``) as it is."""
+    if user.startswith(("U", "W")) and user[1:].isalnum() and user.isupper() and len(user) > 2:
+        return f"<@{user}>"
+    return user

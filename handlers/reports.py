@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
-from handlers.slurmviews import job_gpus
-from pipeline import messages
+from handlers.slurmviews import gpus_unavailable, job_gpus
+from pipeline import fmt
 from pipeline.digest import Digest, build_digest
 from pipeline.digeststats import TARGET
 from pipeline.errors import ExitCode, PitstopError
@@ -38,28 +38,28 @@ def _suggest(name: str, known: Sequence[str]) -> list[str]:
 def _mib(used: float | None, total: float | None) -> str:
     if used is None and total is None:
         return NA
-    return f"{messages.na(used)} / {messages.na(total)} MiB"
+    return f"{fmt.number(used)} / {fmt.number(total)} MiB"
 
 
 def _change(change: dict[str, float], key: str) -> str:
     pct = change.get(key)
-    return f" ({messages.signed_pct(pct)})" if pct is not None else ""
+    return f" ({fmt.signed_pct(pct)})" if pct is not None else ""
 
 
 def _step_time(digest: Digest) -> str:
     """Pipeline (drafter) step time with its change, then the targets' own."""
     s = digest.summary
-    text = messages.digest_step_time(s.step_p50, s.step_p95) + _change(digest.change, "step_p50")
+    text = digest_step_time(s.step_p50, s.step_p95) + _change(digest.change, "step_p50")
     targets = s.role(TARGET)
     if targets is not None:
-        text += messages.digest_step_time_targets(targets.step_p50, targets.step_p95)
+        text += digest_step_time_targets(targets.step_p50, targets.step_p95)
     return text
 
 
 def _topk_change(change: dict[str, float]) -> str:
     if not any(k in change for k in ("top1", "top4", "top8")):
         return ""
-    return " / ".join(messages.signed_pct(change[k]) if k in change else NA for k in ("top1", "top4", "top8"))
+    return " / ".join(fmt.signed_pct(change[k]) if k in change else NA for k in ("top1", "top4", "top8"))
 
 
 def digest_reply(digest: Digest) -> Reply:
@@ -73,42 +73,40 @@ def digest_reply(digest: Digest) -> Reply:
     w = digest.window
     lines: list[str] = []
     warn = False
-    if (note := messages.digest_window_note(w.kind.value, digest.path, digest.max_bytes)) is not None:
+    if (note := digest_window_note(w.kind.value, digest.path, digest.max_bytes)) is not None:
         lines.append(note)
     if w.skipped and w.kind.value == "since_last":
-        lines.append(messages.digest_skipped(w.skipped, digest.max_bytes))
+        lines.append(digest_skipped(w.skipped, digest.max_bytes))
     if not s.metric_lines:
-        lines.append(messages.digest_no_lines(digest.job, digest.path, s.bytes_read))
+        lines.append(digest_no_lines(digest.job, digest.path, s.bytes_read))
         warn = True
     if s.starved and s.queue_mean is not None:
-        lines.append(messages.digest_starved(s.queue_mean))
+        lines.append(digest_starved(s.queue_mean))
         warn = True
     if digest.silent:
-        lines.append(messages.digest_silent([(r.rank, r.role, r.last_seen) for r in digest.silent]))
+        lines.append(digest_silent([(r.rank, r.role, r.last_seen) for r in digest.silent]))
         warn = True
     if s.resets:
-        lines.append(messages.digest_resets(s.resets))
+        lines.append(digest_resets(s.resets))
     if digest.gpu_note:
         lines.append(digest.gpu_note)
         warn = True
     targets = s.role(TARGET)
     fields: list[tuple[str, str]] = [
-        ("uptime", messages.human_duration(digest.uptime_s)),
+        ("uptime", fmt.duration(digest.uptime_s)),
         (
             "restarts",
-            messages.digest_restarts(
-                None if digest.restarts is None else len(digest.restarts), digest.restarts or ()
-            ),
+            digest_restarts(None if digest.restarts is None else len(digest.restarts), digest.restarts or ()),
         ),
-        ("window", messages.digest_window(s.window_start, s.window_end, s.bytes_read, w.skipped)),
+        ("window", digest_window(s.window_start, s.window_end, s.bytes_read, w.skipped)),
     ]
     if targets is not None:
-        fields.append(("targets", messages.digest_targets(s.target_tokens_per_s, targets.ranks)))
+        fields.append(("targets", digest_targets(s.target_tokens_per_s, targets.ranks)))
     fields += [
         ("step time p50/p95", _step_time(digest)),
-        ("queue depth", messages.digest_queue(s.queue_mean, s.queue_max)),
-        ("loss", messages.digest_loss(s.loss_last, s.loss_mean)),
-        ("top-1/4/8", messages.digest_topk(s.top1, s.top4, s.top8, _topk_change(digest.change))),
+        ("queue depth", digest_queue(s.queue_mean, s.queue_max)),
+        ("loss", digest_loss(s.loss_last, s.loss_mean)),
+        ("top-1/4/8", digest_topk(s.top1, s.top4, s.top8, _topk_change(digest.change))),
     ]
     tables = []
     if s.ranks or digest.silent:
@@ -119,15 +117,14 @@ def digest_reply(digest: Digest) -> Reply:
                     str(r.rank),
                     r.role,
                     r.device or NA,
-                    messages.na(r.tokens_per_s),
-                    messages.na(r.step_p50, "{:.3f}", " s"),
+                    fmt.number(r.tokens_per_s),
+                    fmt.number(r.step_p50, "{:.3f}", " s"),
                 ),
             )
             for r in s.ranks
         ]
         rows += [
-            (q.rank, (str(q.rank), q.role, NA, messages.digest_silent_cell(q.last_seen), NA))
-            for q in digest.silent
+            (q.rank, (str(q.rank), q.role, NA, digest_silent_cell(q.last_seen), NA)) for q in digest.silent
         ]
         tables.append(
             Table(("rank", "role", "device", "tokens/s", "step p50"), tuple(row for _, row in sorted(rows)))
@@ -140,18 +137,16 @@ def digest_reply(digest: Digest) -> Reply:
                     (
                         str(g.index),
                         g.role,
-                        messages.na(g.utilization_pct, "{:.0f}", "%"),
+                        fmt.number(g.utilization_pct, "{:.0f}", "%"),
                         _mib(g.memory_used_mib, g.memory_total_mib),
-                        messages.na(g.power_w, "{:.0f}", " W"),
+                        fmt.number(g.power_w, "{:.0f}", " W"),
                     )
                     for g in digest.gpus
                 ),
             )
         )
     return Reply(
-        title=messages.digest_title(
-            digest.job, s.pipeline_tokens_per_s, digest.change.get("pipeline_tokens_per_s")
-        ),
+        title=digest_title(digest.job, s.pipeline_tokens_per_s, digest.change.get("pipeline_tokens_per_s")),
         status=Status.WARNING if warn else Status.OK,
         lines=tuple(lines),
         fields=tuple(fields),
@@ -172,9 +167,7 @@ async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
             scheduled=scheduled,
         )
     except PitstopError as exc:
-        return Reply(
-            title=messages.digest_failed(job, exc.message), status=Status.ERROR, exit_code=exc.exit_code
-        )
+        return Reply(title=digest_failed(job, exc.message), status=Status.ERROR, exit_code=exc.exit_code)
     return digest_reply(digest)
 
 
@@ -196,14 +189,14 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
             name = ctx.config.job_name(job)
         except KeyError:
             return Reply(
-                title=messages.digest_unknown_job(job, _suggest(job, names)),
+                title=digest_unknown_job(job, _suggest(job, names)),
                 status=Status.ERROR,
                 ephemeral=True,
                 exit_code=ExitCode.USAGE,
             )
         return await _one_digest(ctx, name, scheduled)
     if not names:
-        return Reply(title=messages.digest_no_jobs(), status=Status.INFO)
+        return Reply(title=digest_no_jobs(), status=Status.INFO)
     if len(names) == 1:
         return await _one_digest(ctx, names[0], scheduled)
     follow = [await _one_digest(ctx, name, scheduled) for name in names]
@@ -212,7 +205,7 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
     if not worst and any(f.status is Status.WARNING for f in follow):
         status = Status.WARNING
     return Reply(
-        title=messages.digest_all_title(len(names)),
+        title=digest_all_title(len(names)),
         status=status,
         lines=tuple(f.title for f in follow),
         follow_ups=tuple(follow),
@@ -262,9 +255,9 @@ def _gpu_table(gpus: Sequence[GpuStat], apps: Sequence[ComputeApp] | None, owner
         row = (
             str(g.index),
             g.name or NA,
-            messages.na(g.utilization_pct, "{:.0f}", "%"),
+            fmt.number(g.utilization_pct, "{:.0f}", "%"),
             _mib(g.memory_used_mib, g.memory_total_mib),
-            messages.na(g.power_w, "{:.0f}", " W"),
+            fmt.number(g.power_w, "{:.0f}", " W"),
         )
         rows.append((*row, ", ".join(per_gpu.get(g.index, [])) or "-") if placed else row)
     if placed:
@@ -274,7 +267,7 @@ def _gpu_table(gpus: Sequence[GpuStat], apps: Sequence[ComputeApp] | None, owner
 
 def _app_text(app: ComputeApp, owners: dict[int, str]) -> str:
     job = owners.get(app.pid)
-    mem = f" {messages.na(app.used_memory_mib)} MiB" if app.used_memory_mib is not None else ""
+    mem = f" {fmt.number(app.used_memory_mib)} MiB" if app.used_memory_mib is not None else ""
     return f"{app.pid}{f' ({job})' if job else ''}{mem}"
 
 
@@ -296,7 +289,7 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         if job is not None and ctx.config.jobs[job].engine == "slurm":
             return await job_gpus(ctx, job)
         return Reply(
-            title=messages.gpus_unknown_host(host, _suggest(host, list(ctx.config.hosts))),
+            title=gpus_unknown_host(host, _suggest(host, list(ctx.config.hosts))),
             status=Status.ERROR,
             ephemeral=True,
             exit_code=ExitCode.USAGE,
@@ -304,34 +297,187 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     try:
         gpus = await query_gpus(ctx.ssh, name)
     except PitstopError as exc:
-        return Reply(
-            title=messages.gpus_unavailable(name, exc.message), status=Status.ERROR, exit_code=exc.exit_code
-        )
+        return Reply(title=gpus_unavailable(name, exc.message), status=Status.ERROR, exit_code=exc.exit_code)
     lines: list[str] = []
     apps: list[ComputeApp] | None
     try:
         apps = await compute_apps(ctx.ssh, name)
     except PitstopError as exc:
         apps = None
-        lines.append(messages.gpus_processes_unavailable(exc.message))
+        lines.append(gpus_processes_unavailable(exc.message))
     owners = await _pid_jobs(ctx, name) if apps else {}
     table = _gpu_table(gpus, apps, owners)
     tables = [table]
     if apps is not None and not apps:
-        lines.append(messages.gpus_no_processes())
+        lines.append(gpus_no_processes())
     elif apps and "processes" not in table.headers:
         tables.append(
             Table(
                 ("pid", "job", "gpu memory"),
                 tuple(
-                    (str(a.pid), owners.get(a.pid, "-"), messages.na(a.used_memory_mib, "{:,.0f}", " MiB"))
+                    (str(a.pid), owners.get(a.pid, "-"), fmt.number(a.used_memory_mib, "{:,.0f}", " MiB"))
                     for a in apps
                 ),
             )
         )
     return Reply(
-        title=messages.gpus_title(name, len(gpus)),
+        title=gpus_title(name, len(gpus)),
         status=Status.OK,
         lines=tuple(lines),
         tables=tuple(tables),
     )
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def digest_title(job: str, tokens_per_s: float | None, change_pct: float | None) -> str:
+    """``digest dflash: 1,234 tokens/s (+5.2%)``."""
+    if tokens_per_s is None:
+        return f"digest {job}: no throughput in this window"
+    change = f" ({fmt.signed_pct(change_pct)})" if change_pct is not None else ""
+    return f"digest {job}: {tokens_per_s:,.0f} tokens/s{change}"
+
+
+def digest_targets(tokens_per_s: float | None, ranks: int) -> str:
+    """The target ranks' own throughput, shown apart from the pipeline's."""
+    return f"{fmt.number(tokens_per_s)} tokens/s over {ranks} rank(s), not added to the pipeline's"
+
+
+def digest_silent_cell(last_seen: float | None) -> str:
+    """A silent rank's cell in the digest's rank table: ``silent since 02:06:13 UTC``."""
+    if last_seen is None:
+        return "silent (no metric line seen yet)"
+    return f"silent since {fmt.clock(last_seen, date=False)}"
+
+
+def digest_silent(ranks: Sequence[tuple[int, str, float | None]]) -> str:
+    """The warning line naming the expected ranks without a metric line in the window."""
+    named = "; ".join(f"rank {rank} ({role}) {digest_silent_cell(last)}" for rank, role, last in ranks)
+    return f"{named}: no metric line in this window"
+
+
+def digest_window(start: float | None, end: float | None, read: int, skipped: int) -> str:
+    """The window a digest covers: time span of its metric lines and bytes read."""
+    span = (
+        f"{fmt.duration(end - start)} ({fmt.clock(start, date=False)} to {fmt.clock(end, date=False)})"
+        if start is not None and end is not None
+        else "no timestamps"
+    )
+    more = f", {fmt.size(skipped)} earlier not read" if skipped else ""
+    return f"{span}, {fmt.size(read)} read{more}"
+
+
+def digest_window_note(kind: str, path: str, max_bytes: int) -> str | None:
+    """Why a window is not simply 'since the last digest' (``None`` when it is)."""
+    notes = {
+        "last_bytes": f"first digest of {path}: read its last {fmt.size(max_bytes)} at most",
+        "repeat": "nothing new since the last scheduled digest - showing its window again",
+        "truncated": f"{path} was truncated since the last digest - read from its start",
+        "rotated": f"{path} was replaced (rotated) since the last digest - read the new file from its start",
+    }
+    return notes.get(kind)
+
+
+def digest_skipped(skipped: int, max_bytes: int) -> str:
+    """More was written than one digest reads."""
+    return (
+        f"{fmt.size(skipped)} of metric log written since the last digest were not read "
+        f"(a digest reads the last {fmt.size(max_bytes)} at most)"
+    )
+
+
+def digest_no_lines(job: str, path: str, read: int) -> str:
+    """The window held no metric lines."""
+    return f"no metric lines for {job} in the {fmt.size(read)} read from {path}"
+
+
+def digest_starved(queue_mean: float) -> str:
+    """The drafters' hidden-state queue is ~empty: the targets cannot keep up."""
+    return (
+        f"drafters are starved: mean hidden-state queue depth {queue_mean:.2f} - "
+        "the target GPUs cannot keep up"
+    )
+
+
+def digest_resets(count: int) -> str:
+    """Token counters went down inside the window (a relaunch)."""
+    return f"{count} token counter reset(s) in the window (a relaunch); counted from zero after each"
+
+
+def digest_step_time(p50: float | None, p95: float | None) -> str:
+    """``0.120 s / 0.245 s``."""
+    return f"{fmt.number(p50, '{:.3f}', ' s')} / {fmt.number(p95, '{:.3f}', ' s')}"
+
+
+def digest_step_time_targets(p50: float | None, p95: float | None) -> str:
+    """The target ranks' step time, appended to the pipeline's (targets include queue waits)."""
+    return f"; targets {digest_step_time(p50, p95)}"
+
+
+def digest_queue(mean: float | None, peak: float | None) -> str:
+    """Mean and max hidden-state queue depth."""
+    return f"mean {fmt.number(mean, '{:.1f}')}, max {fmt.number(peak)}"
+
+
+def digest_loss(last: float | None, mean: float | None) -> str:
+    """Loss: last (mean over drafter ranks of each one's last line) and window mean."""
+    return f"{fmt.number(last, '{:.3f}')} last, {fmt.number(mean, '{:.3f}')} mean"
+
+
+def digest_topk(top1: float | None, top4: float | None, top8: float | None, change: str = "") -> str:
+    """Top-1/4/8 accuracy in percent: the mean of each drafter rank's last line."""
+    pct = "{:.1%}"
+    tail = f" ({change})" if change else ""
+    return f"{fmt.number(top1, pct)} / {fmt.number(top4, pct)} / {fmt.number(top8, pct)} (each drafter's last line){tail}"
+
+
+def digest_restarts(count: int | None, ids: Sequence[str]) -> str:
+    """Restarts during the window."""
+    if count is None:
+        return "n/a"
+    if not count:
+        return "none"
+    return f"{count} ({', '.join(ids[:5])}{', …' if len(ids) > 5 else ''})"
+
+
+def digest_failed(job: str, detail: str) -> str:
+    """A digest could not be built."""
+    return f"digest {job}: could not be built - {detail}"
+
+
+def digest_all_title(jobs: int) -> str:
+    """Heading of ``digest`` without a job: one follow-up per job."""
+    return f"digest of {jobs} job(s)"
+
+
+def digest_no_jobs() -> str:
+    """``digest`` with no jobs configured."""
+    return "no jobs are configured - nothing to digest"
+
+
+def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
+    """``digest NAME`` for a job that is not configured."""
+    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
+    return f"no job named {job}{hint}"
+
+
+def gpus_title(host: str, count: int) -> str:
+    """Heading of ``gpus HOST``."""
+    return f"GPUs on {host}: {count}"
+
+
+def gpus_unknown_host(host: str, suggestions: Sequence[str]) -> str:
+    """``gpus NAME`` for a host that is not configured."""
+    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
+    return f"no host named {host}{hint}"
+
+
+def gpus_no_processes() -> str:
+    """No compute processes hold GPU memory."""
+    return "no processes hold GPU memory"
+
+
+def gpus_processes_unavailable(detail: str) -> str:
+    """The GPU list came back but the process list did not."""
+    return f"processes on the GPUs unknown: {detail}"

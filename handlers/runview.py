@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from handlers.reply import Button, Reply, Status, StepLine
-from pipeline import messages
+from handlers.commands import patch_phrase
+from handlers.reply import Button, Reply, Status, StepLine, who
 from pipeline.config import Config
 from pipeline.errors import ExitCode
-from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
+from pipeline.runs import RunRecord, StepRecord
+from pipeline.verdict import Outcome, Step, Verdict
 
 _WARNING_VERDICTS = frozenset({Verdict.CANCELLED, Verdict.INTERRUPTED, Verdict.PENDING})
 
@@ -71,7 +72,7 @@ def verdict_line(run: RunRecord) -> str | None:
     if run.verdict_line:
         return run.verdict_line
     if run.verdict is not None:
-        return messages.run_verdict_fallback(run.id, run.job, run.verdict.value)
+        return run_verdict_fallback(run.id, run.job, run.verdict.value)
     return None
 
 
@@ -97,9 +98,7 @@ def run_reply(run: RunRecord, config: Config, *, notes: Sequence[str] = ()) -> R
     if line:
         lines.append(line)
     return Reply(
-        title=messages.run_headline(
-            run.id, run.action, run.job, run.requested_by, run.patches, run.fresh_cache
-        ),
+        title=run_headline(run.id, run.action, run.job, run.requested_by, run.patches, run.fresh_cache),
         status=run_status(run),
         steps=step_lines(run),
         lines=tuple(lines),
@@ -120,14 +119,45 @@ def verdict_reply(run: RunRecord) -> Reply:
     """
     ok = run.verdict is not None and run.verdict.ok
     pending = run.verdict is Verdict.PENDING
-    title = verdict_line(run) or messages.run_verdict_fallback(run.id, run.job, "no verdict")
+    title = verdict_line(run) or run_verdict_fallback(run.id, run.job, "no verdict")
     return Reply(
         title=title,
         status=Status.OK if ok else Status.WARNING if pending else Status.ERROR,
         log=run.evidence or None,
-        log_title=messages.run_evidence_title(run.job) if run.evidence else "",
+        log_title=run_evidence_title(run.job) if run.evidence else "",
         thread_key=thread_key(run.id),
         run_id=run.id,
-        buttons=() if ok or pending else (Button(messages.show_log_button(), "show_log", run.job),),
+        buttons=() if ok or pending else (Button(show_log_button(), "show_log", run.job),),
         exit_code=ExitCode.OK if ok else ExitCode.PENDING if pending else ExitCode.FAILED,
     )
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def run_headline(
+    run_id: str, action: str, job: str, user: str, patches: Sequence[str], fresh_cache: bool
+) -> str:
+    """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch``."""
+    extra = []
+    if patches:
+        extra.append(f"with {patch_phrase(patches)}")
+    if fresh_cache:
+        extra.append("fresh cache")
+    tail = (" " + ", ".join(extra)) if extra else ""
+    return f"{run_id}: {action} of {job} by {who(user)}{tail}"
+
+
+def run_verdict_fallback(run_id: str, job: str, verdict: str) -> str:
+    """A verdict line for a run whose record carries a verdict but no line."""
+    return f"{run_id}: {job} {verdict}"
+
+
+def run_evidence_title(job: str) -> str:
+    """The title of the evidence (log tail) under a verdict."""
+    return f"evidence from {job}"
+
+
+def show_log_button() -> str:
+    """The label of the show-log button."""
+    return "Show log"

@@ -21,11 +21,12 @@ from handlers.context import Context
 from handlers.lock import JobLock, read_holder
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
-from pipeline import keys, messages
+from pipeline import keys
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.events import EventKind
 from pipeline.jobstate import scope_of
-from pipeline.runs import Outcome, RunRecord, Step, StepRecord, Verdict
+from pipeline.runs import RunRecord, StepRecord
+from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ async def run_sequence(
     key = thread_key(run.id)
 
     def notes() -> tuple[str, ...]:
-        return (messages.run_lock_lost(run.job),) if lock.lost else ()
+        return (run_lock_lost(run.job),) if lock.lost else ()
 
     async def on_step(current: RunRecord, rec: StepRecord) -> None:
         await lock.update(step=rec.step.value)
@@ -148,7 +149,7 @@ async def run_sequence(
     elif _launched(final):
         window = config.jobs[final.job].start_window if final.job in config.jobs else 0.0
         summary = Reply(
-            title=messages.launch_summary(final.id, final.job, final.pid, window),
+            title=launch_summary(final.id, final.job, final.pid, window),
             status=Status.INFO,
             lines=notes(),
             thread_key=key,
@@ -158,7 +159,7 @@ async def run_sequence(
     elif command.verb == "stop":
         stop = final.step(Step.STOP)
         summary = Reply(
-            title=messages.stop_summary(final.id, final.job),
+            title=stop_summary(final.id, final.job),
             status=Status.OK,
             lines=(stop.detail,) if stop is not None and stop.detail else (),
             thread_key=key,
@@ -176,7 +177,7 @@ async def _record_failure(ctx: Context, run: RunRecord, error: str) -> RunRecord
         final = run
     if final.verdict is None and not _launched(final):
         final.verdict = Verdict.INTERRUPTED
-        final.verdict_line = messages.run_failed(final.id, final.job, error)
+        final.verdict_line = run_failed(final.id, final.job, error)
         final.evidence = error
         final.finished_at = time.time()
         for rec in final.steps:
@@ -205,11 +206,48 @@ async def cancel_command(ctx: Context, job: str, user: str) -> Reply:
                 run_id = run.id
                 break
     if run_id is None:
-        return Reply(title=messages.cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED)
+        return Reply(title=cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED)
     await client.set(keys.cancel_request(prefix, run_id), user, ex=CANCEL_TTL)
     return Reply(
-        title=messages.cancel_requested(run_id, job),
+        title=cancel_requested(run_id, job),
         status=Status.INFO,
         run_id=run_id,
         thread_key=thread_key(run_id),
     )
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def run_lock_lost(job: str) -> str:
+    """The sequence lost its lock (expired or forced) while it ran."""
+    return (
+        f"warning: the lock on {job} was lost while this run held it (expired or forced by unlock) - "
+        "another restart may have started; what follows is still this run's true outcome"
+    )
+
+
+def cancel_requested(run_id: str, job: str) -> str:
+    """``cancel JOB``: the run stops at its next step boundary."""
+    return f"cancel requested for run {run_id} of {job} - it stops at the next step boundary"
+
+
+def cancel_nothing(job: str) -> str:
+    """``cancel JOB`` with nothing in flight."""
+    return f"no restart of {job} in flight - nothing to cancel"
+
+
+def launch_summary(run_id: str, job: str, pid: int | None, window: float) -> str:
+    """Posted in the run's thread when the launch step ended well."""
+    proc = f" as pid {pid}" if pid is not None else ""
+    return f"{run_id}: {job} launched{proc} - the verdict follows in about {window:g} s"
+
+
+def stop_summary(run_id: str, job: str) -> str:
+    """Posted in the run's thread when a stop finished."""
+    return f"{run_id}: {job} stopped"
+
+
+def run_failed(run_id: str, job: str, detail: str) -> str:
+    """A run's sequence ended with an error before (or at) launch."""
+    return f"{run_id}: {job} failed - {detail}"

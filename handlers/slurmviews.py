@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
-from pipeline import messages, slurm
+from pipeline import fmt, slurm
 from pipeline.errors import PitstopError, RemoteError
 from pipeline.gpus import QUERY_GPU_ARGV, parse_query_gpu
 from pipeline.hostprobe import JobProbe
@@ -59,12 +59,12 @@ def status_bits(ctx: Context, name: str, probe: JobProbe, note: SlurmNote) -> St
     spec = ctx.config.jobs[name]
     expected = spec.expected_processes
     if probe.error is not None:
-        line = messages.status_probe_failed(name, spec.host, probe.error)
+        line = status_probe_failed(name, spec.host, probe.error)
         return StatusBits("unknown", "-", "?", "-", line, False)
     j = note.job
     if j is None:
         return StatusBits("stopped", "-", f"0/{expected}", "-", None, True)
-    elapsed = messages.span(j.elapsed) if j.elapsed else "-"
+    elapsed = fmt.duration(j.elapsed) if j.elapsed else "-"
     line = slurm.status_line(name, j)
     healthy = j.state == "RUNNING" and probe.count == expected and not note.short
     return StatusBits(j.state.lower(), f"job {j.id}", f"{probe.count}/{expected}", elapsed, line, healthy)
@@ -86,7 +86,7 @@ async def job_gpus(ctx: Context, name: str) -> Reply:
             return Reply(title=slurm.gpus_not_running(name, why), status=Status.WARNING)
         texts = await client.node_gpus(name, j.id, j.nodes, QUERY_GPU_ARGV)
     except RemoteError as exc:
-        return Reply(title=messages.gpus_unavailable(spec.host, exc.message), status=Status.ERROR)
+        return Reply(title=gpus_unavailable(spec.host, exc.message), status=Status.ERROR)
     tables: list[Table] = []
     lines: list[str] = []
     for node, text in texts.items():
@@ -100,9 +100,9 @@ async def job_gpus(ctx: Context, name: str) -> Reply:
                 node,
                 str(g.index),
                 g.name,
-                messages.na(g.utilization_pct, "{:.0f}", "%"),
-                messages.na(g.memory_used_mib, "{:,.0f}", " MiB"),
-                messages.na(g.power_w, "{:.0f}", " W"),
+                fmt.number(g.utilization_pct, "{:.0f}", "%"),
+                fmt.number(g.memory_used_mib, "{:,.0f}", " MiB"),
+                fmt.number(g.power_w, "{:.0f}", " W"),
             )
             for g in gpus
         )
@@ -114,3 +114,16 @@ async def job_gpus(ctx: Context, name: str) -> Reply:
         lines=tuple(lines),
         tables=tuple(tables),
     )
+
+
+# --- text shared with status and gpus (handlers/views.py, handlers/reports.py) ----------------
+
+
+def status_probe_failed(job: str, host: str, error: str) -> str:
+    """A job whose host could not be probed for ``status``."""
+    return f"{job}: state unknown - {host}: {error}"
+
+
+def gpus_unavailable(host: str, detail: str) -> str:
+    """``gpus HOST`` when the host gave no GPU data."""
+    return f"no GPU data from {host}: {detail}"

@@ -30,7 +30,6 @@ from handlers.context import Context
 from handlers.grammar import VerbSpec
 from handlers.reply import Reply, Status
 from handlers.sequences import begin_sequence, cancel_command, run_sequence
-from pipeline import messages
 
 Spawn = Callable[[Coroutine[Any, Any, Any], str], object]
 """Starts background work tracked by the dispatcher: ``spawn(coroutine, task_name)``."""
@@ -94,8 +93,8 @@ async def _sequence(call: Call) -> Acted:
     run, lock, channel = await begin_sequence(ctx, command, call.user, call.channel, lock_ttl=call.lock_ttl)
     call.spawn(run_sequence(ctx, run, command, lock, channel), f"pitstop-{command.verb}:{run.id}")
     reply = Reply(
-        title=messages.queued(run.id, run.job),
-        lines=(messages.queued_detail(command.verb, channel),),
+        title=queued(run.id, run.job),
+        lines=(queued_detail(command.verb, channel),),
         status=Status.INFO,
         run_id=run.id,
         thread_key=f"run:{run.id}",
@@ -196,3 +195,17 @@ VERBS: Mapping[str, Verb] = _table(
     ("help", _help),
 )
 """verb → its grammar entry and handler, read-only, in ``help`` order."""
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def queued(run_id: str, job: str) -> str:
+    """The quick answer to restart/start/stop: the run is under way."""
+    return f"queued run {run_id} for {job}"
+
+
+def queued_detail(action: str, channel: str | None) -> str:
+    """Where the run's steps will appear."""
+    where = f" in <#{channel}>" if channel else ""
+    return f"the {action} runs step by step{where}; the verified result follows in its thread"

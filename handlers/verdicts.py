@@ -27,11 +27,12 @@ import time
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
-from pipeline import keys, messages
+from pipeline import keys
 from pipeline.errors import PitstopError, UnknownRun
 from pipeline.events import EventKind
 from pipeline.recovery import Interruption, reconcile
-from pipeline.runs import RunRecord, Verdict
+from pipeline.runs import RunRecord
+from pipeline.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ async def _deliver_claimed(
         raise
     except Exception as exc:
         text = exc.message if isinstance(exc, PitstopError) else f"{type(exc).__name__}: {exc}"
-        log.warning(messages.verdict_not_delivered(run_id, text), exc_info=not isinstance(exc, PitstopError))
+        log.warning(verdict_not_delivered(run_id, text), exc_info=not isinstance(exc, PitstopError))
         await client.zadd(keys.runs_unverified(prefix), {run_id: time.time() + RETRY_AFTER}, xx=True)
         await _release(ctx, claim, holder)
         return None
@@ -138,14 +139,7 @@ async def _post(ctx: Context, run: RunRecord) -> None:
         flag = Reply(title=run.warning, status=Status.WARNING, thread_key=thread_key(run.id), run_id=run.id)
         await ctx.outbox.thread(thread_key(run.id), flag, channel)
     await ctx.outbox.announce(thread_key(run.id), run_reply(run, ctx.config), channel)
-    await ctx.events.publish(
-        EventKind.VERDICT,
-        run.job,
-        run_id=run.id,
-        verdict=run.verdict.value if run.verdict else None,
-        line=run.verdict_line,
-        instance=ctx.instance,
-    )
+    await _publish_verdict(ctx, run)
 
 
 async def _release(ctx: Context, claim: str, holder: str) -> None:
@@ -177,7 +171,7 @@ async def deliver_due(ctx: Context, *, now: float | None = None) -> list[RunReco
         elif isinstance(result, BaseException):
             if isinstance(result, asyncio.CancelledError):
                 raise result
-            log.error(messages.verdict_not_delivered(run_id, repr(result)), exc_info=result)
+            log.error(verdict_not_delivered(run_id, repr(result)), exc_info=result)
     return delivered
 
 
@@ -204,14 +198,27 @@ async def recover_runs(ctx: Context, *, deliver: bool = False) -> list[Interrupt
             log.warning("could not post the take-over of %s", run.id, exc_info=True)
         log.warning("%s: %s", run.id, item.line)
         if not item.launched:
-            await ctx.events.publish(
-                EventKind.VERDICT,
-                run.job,
-                run_id=run.id,
-                verdict=run.verdict.value if run.verdict else None,
-                line=run.verdict_line,
-                instance=ctx.instance,
-            )
+            await _publish_verdict(ctx, run)
         elif deliver:
             await deliver_verdict(ctx, run.id)
     return found
+
+
+async def _publish_verdict(ctx: Context, run: RunRecord) -> None:
+    """The ``verdict`` event of ``run``, for ``pitstop say --wait`` and any other waiter."""
+    await ctx.events.publish(
+        EventKind.VERDICT,
+        run.job,
+        run_id=run.id,
+        verdict=run.verdict.value if run.verdict else None,
+        line=run.verdict_line,
+        instance=ctx.instance,
+    )
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def verdict_not_delivered(run_id: str, error: str) -> str:
+    """A verification that failed to run (logged; retried later)."""
+    return f"verification of {run_id} failed: {error} - retrying"

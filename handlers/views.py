@@ -10,48 +10,41 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
-from zoneinfo import ZoneInfo
+from collections.abc import Sequence
 
 from handlers import grammar
 from handlers.audit import REFUSALS, Audit
 from handlers.commands import Command
 from handlers.context import Context
 from handlers.lock import Holder, force_release, read_holder
-from handlers.reply import Reply, Status, Table
+from handlers.reply import Reply, Status, Table, who
 from handlers.runview import thread_key
-from handlers.slurmviews import slurm_probes, status_bits
-from pipeline import keys, messages
+from handlers.slurmviews import slurm_probes, status_bits, status_probe_failed
+from pipeline import fmt, keys
 from pipeline.config import Config
 from pipeline.errors import RemoteError
 from pipeline.hostprobe import JobProbe, probe_host
 from pipeline.jobstate import scope_of
-from pipeline.runs import Outcome, RunRecord, Step
+from pipeline.runs import RunRecord
+from pipeline.verdict import Outcome, Step
 
 _MAX_REFUSALS = 10
 
 
-def _tz(config: Config) -> ZoneInfo:
-    try:
-        return ZoneInfo(config.scheduler.timezone)
-    except (KeyError, ValueError):
-        return ZoneInfo("UTC")
-
-
 def _when(config: Config, ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).astimezone(_tz(config)).strftime("%Y-%m-%d %H:%M")
+    return fmt.clock(ts, config.scheduler.timezone, date=True)
 
 
 def _run_outcome(run: RunRecord) -> str:
     if run.verdict is not None:
         return run.verdict.value
     if run.finished_at is not None:
-        return messages.run_done()
+        return run_done()
     verify = run.step(Step.VERIFY)
     if verify is not None and verify.outcome in (Outcome.WAITING, Outcome.RUNNING):
-        return messages.awaiting_verdict()
+        return awaiting_verdict()
     step = run.current_step
-    return messages.in_progress(step.value if step else None)
+    return in_progress(step.value if step else None)
 
 
 # --- status ---------------------------------------------------------------------------------------
@@ -67,7 +60,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     config = ctx.config
     names = [job] if job else list(config.jobs)
     if not names:
-        return Reply(title=messages.status_none(), status=Status.WARNING)
+        return Reply(title=status_none(), status=Status.WARNING)
     client, prefix = ctx.redis.client, ctx.prefix
     snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
     currents = {name: dict(s.current) for name, s in snaps.items()}
@@ -107,7 +100,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
                 tone = Status.WARNING if probe.error is None and bits.state != "unknown" else Status.ERROR
         elif probe.error is not None:
             state, procs = "unknown", "?"
-            lines.append(messages.status_probe_failed(name, spec.host, probe.error))
+            lines.append(status_probe_failed(name, spec.host, probe.error))
             tone = Status.ERROR
         else:
             state = "running" if probe.count > 0 else "stopped"
@@ -119,13 +112,13 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         if bits is not None:
             pid, uptime = ("" if bits.pid == "-" else bits.pid), ("" if bits.uptime == "-" else bits.uptime)
         elif state == "running" and snap.launched_at is not None:
-            uptime = messages.span(now - snap.launched_at)
+            uptime = fmt.duration(now - snap.launched_at)
         latest = snap.latest
         last = (
-            messages.status_last_run(
+            status_last_run(
                 latest.id,
                 latest.action,
-                messages.ago(now - latest.created_at),
+                f"{fmt.duration(now - latest.created_at)} ago",
                 latest.requested_by,
                 _run_outcome(latest),
             )
@@ -135,7 +128,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         holder = (
             Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
         )
-        lock = messages.status_lock(holder.action, holder.user, holder.step) if holder else ""
+        lock = status_lock(holder.action, holder.user, holder.step) if holder else ""
         rows.append(
             (
                 name,
@@ -151,14 +144,14 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     failure = await client.hgetall(keys.delivery_failure(prefix))  # written by the Slack outbox
     if failure.get("line"):
         try:
-            ago = messages.ago(now - float(failure.get("at", now)))
+            ago = f"{fmt.duration(now - float(failure.get('at', now)))} ago"
         except ValueError:
             ago = "?"
-        lines.append(messages.status_delivery_failure(str(failure["line"]), ago))
+        lines.append(status_delivery_failure(str(failure["line"]), ago))
     return Reply(
-        title=messages.status_title(len(names)),
+        title=status_title(len(names)),
         status=tone,
-        tables=(Table(messages.status_headers(), tuple(rows)),),
+        tables=(Table(status_headers(), tuple(rows)),),
         lines=tuple(lines),
     )
 
@@ -173,9 +166,9 @@ async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
     """
     spec = ctx.config.jobs[job]
     text = await ctx.restarter.log_tail(job, lines)
-    title = messages.logs_title(lines, spec.log, job)
+    title = logs_title(lines, spec.log, job)
     if not text.strip():
-        return Reply(title=title, lines=(messages.logs_empty(job),))
+        return Reply(title=title, lines=(logs_empty(job),))
     return Reply(title=title, log=text)
 
 
@@ -193,14 +186,14 @@ async def patches_command(ctx: Context, job: str) -> Reply:
     except RemoteError as exc:
         members = await ctx.redis.client.smembers(keys.job_patches(ctx.prefix, job))
         in_effect = sorted(str(m) for m in members)
-        lines.append(messages.patches_recorded_only(exc.message))
+        lines.append(patches_recorded_only(exc.message))
         tone = Status.WARNING
     return Reply(
-        title=messages.patches_title(job),
+        title=patches_title(job),
         status=tone,
         fields=(
-            (messages.field_available(), messages.patches_available(list(spec.patches))),
-            (messages.field_in_effect(), messages.patches_in_effect(in_effect)),
+            (field_available(), patches_available(list(spec.patches))),
+            (field_in_effect(), patches_in_effect(in_effect)),
         ),
         lines=tuple(lines),
     )
@@ -210,11 +203,11 @@ async def patches_command(ctx: Context, job: str) -> Reply:
 
 
 def _holder_reply(config: Config, holder: Holder) -> Reply:
-    fields = [(messages.field_since(), _when(config, holder.started_at))]
+    fields = [(field_since(), _when(config, holder.started_at))]
     if holder.run_id:
-        fields.append((messages.field_run(), holder.run_id))
+        fields.append((field_run(), holder.run_id))
     return Reply(
-        title=messages.lock_held(
+        title=lock_held(
             holder.scope, holder.action, holder.job, holder.user, holder.age(), holder.step, holder.run_id
         ),
         status=Status.WARNING,
@@ -227,7 +220,7 @@ async def lock_command(ctx: Context, job: str) -> Reply:
     """``lock JOB``: who holds the job's restart lock, since when, which step."""
     holder = await read_holder(ctx.redis.client, ctx.prefix, scope_of(ctx.config, job))
     if holder is None:
-        return Reply(title=messages.lock_free(job), status=Status.OK)
+        return Reply(title=lock_free(job), status=Status.OK)
     return _holder_reply(ctx.config, holder)
 
 
@@ -239,14 +232,14 @@ async def unlock_command(ctx: Context, job: str, user: str) -> tuple[Reply, Hold
     scope = scope_of(ctx.config, job)
     holder = await force_release(ctx.redis.client, ctx.prefix, scope)
     if holder is None:
-        return Reply(title=messages.unlock_not_held(scope), status=Status.INFO), None
+        return Reply(title=unlock_not_held(scope), status=Status.INFO), None
     if holder.run_id:
         channel = ctx.config.channel_for(holder.job) if holder.job in ctx.config.jobs else None
         note = Reply(
-            title=messages.lock_forced_note(user), status=Status.WARNING, thread_key=thread_key(holder.run_id)
+            title=lock_forced_note(user), status=Status.WARNING, thread_key=thread_key(holder.run_id)
         )
         await ctx.outbox.thread(thread_key(holder.run_id), note, channel)
-    return Reply(title=messages.unlocked(scope, user, holder.user), status=Status.WARNING), holder
+    return Reply(title=unlocked(scope, user, holder.user), status=Status.WARNING), holder
 
 
 # --- history ------------------------------------------------------------------------------------------
@@ -260,12 +253,12 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
     rows = []
     for run in runs:
         end = run.finished_at or run.launched_at
-        took = messages.span(end - run.created_at) if end else "-"
+        took = fmt.duration(end - run.created_at) if end else "-"
         rows.append(
             (
                 run.id,
                 _when(config, run.created_at),
-                messages.who(run.requested_by),
+                who(run.requested_by),
                 run.action,
                 ", ".join(run.patches) or "-",
                 run.verdict_line or _run_outcome(run),
@@ -277,16 +270,16 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
     lines: list[str] = []
     follow_ups: list[Reply] = []
     if rows:
-        tables.append(Table(messages.history_headers(), tuple(rows)))
+        tables.append(Table(history_headers(), tuple(rows)))
     else:
-        lines.append(messages.history_none(job))
+        lines.append(history_none(job))
     if refusals:
         refused = Table(
-            messages.history_refusal_headers(),
+            history_refusal_headers(),
             tuple(
                 (
                     _when(config, e.ts),
-                    messages.who(e.user),
+                    who(e.user),
                     e.text[:80],
                     e.outcome.value,
                     e.detail.splitlines()[0][:120] if e.detail else "",
@@ -294,9 +287,9 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
                 for e in refusals
             ),
         )
-        follow_ups.append(Reply(title=messages.history_refusals_title(), tables=(refused,)))
+        follow_ups.append(Reply(title=history_refusals_title(), tables=(refused,)))
     return Reply(
-        title=messages.history_title(job, len(runs)),
+        title=history_title(job, len(runs)),
         tables=tuple(tables),
         lines=tuple(lines),
         follow_ups=tuple(follow_ups),
@@ -313,10 +306,195 @@ def help_command(config: Config, command: Command) -> Reply:
     if topic is not None:
         spec = grammar.VERBS[topic]
         lines = [f"`{u}`" for u in spec.usages[1:]]
-        lines += [spec.summary, messages.help_role(spec.role.label)]
+        lines += [spec.summary, help_role(spec.role.label)]
         if spec.examples:
-            lines.append(messages.help_examples(spec.examples))
-        return Reply(title=messages.help_verb_title(spec.usages[0]), lines=tuple(lines))
-    lines = [messages.help_line(spec.usages[0], spec.summary, spec.role.label) for spec in grammar.GRAMMAR]
-    lines.append(messages.help_footer(config.slack.command))
-    return Reply(title=messages.help_title(), lines=tuple(lines))
+            lines.append(help_examples(spec.examples))
+        return Reply(title=help_verb_title(spec.usages[0]), lines=tuple(lines))
+    lines = [help_line(spec.usages[0], spec.summary, spec.role.label) for spec in grammar.GRAMMAR]
+    lines.append(help_footer(config.slack.command))
+    return Reply(title=help_title(), lines=tuple(lines))
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def status_delivery_failure(line: str, ago: str) -> str:
+    """``status``'s line about the last post Slack refused."""
+    return f"last Slack delivery failure {ago}: {line}"
+
+
+def help_title() -> str:
+    """The heading of ``help``."""
+    return "Pitstop commands"
+
+
+def help_footer(command: str) -> str:
+    """The last line of ``help``."""
+    return f"type `{command} help VERB` for one command; names ignore case; roles: viewer < operator < admin"
+
+
+def help_verb_title(usage: str) -> str:
+    """The heading of ``help VERB``."""
+    return f"usage: {usage}"
+
+
+def help_role(role: str) -> str:
+    """Who may use a verb."""
+    return f"needs the {role} role"
+
+
+def lock_free(job: str) -> str:
+    """``lock JOB`` when nothing holds it."""
+    return f"no restart of {job} in flight - the lock is free"
+
+
+def lock_held(scope: str, action: str, job: str, user: str, seconds: float, step: str, run_id: str) -> str:
+    """``lock JOB`` when something holds it."""
+    run = f" (run {run_id})" if run_id else ""
+    return (
+        f"{scope} is locked: {action} of {job}{run} started by {who(user)} {int(seconds)} s ago, "
+        f"now at: {step}"
+    )
+
+
+def unlocked(scope: str, user: str, holder: str | None) -> str:
+    """``unlock JOB`` forced the lock free."""
+    was = f" (was held by {who(holder)})" if holder else ""
+    return f"lock on {scope} released by {who(user)}{was}"
+
+
+def unlock_not_held(scope: str) -> str:
+    """``unlock JOB`` when nothing held the lock."""
+    return f"{scope} was not locked - nothing to release"
+
+
+def status_title(count: int) -> str:
+    """The heading of ``status``."""
+    return f"status of {count} job{'s' if count != 1 else ''}"
+
+
+def status_none() -> str:
+    """``status`` with no jobs configured."""
+    return "no jobs configured - add a [jobs.NAME] table to the config"
+
+
+def logs_title(lines: int, path: str, job: str) -> str:
+    """What a ``logs`` excerpt is."""
+    return f"last {lines} lines of {path} ({job})"
+
+
+def logs_empty(job: str) -> str:
+    """``logs JOB`` when the log is empty or missing."""
+    return f"the log of {job} is empty or missing"
+
+
+def patches_title(job: str) -> str:
+    """The heading of ``patches JOB``."""
+    return f"patches of {job}"
+
+
+def history_title(job: str | None, count: int) -> str:
+    """The heading of ``history``."""
+    of = f" of {job}" if job else ""
+    return f"history{of}: last {count} run{'s' if count != 1 else ''}"
+
+
+def history_none(job: str | None) -> str:
+    """``history`` when nothing happened yet."""
+    of = f" of {job}" if job else ""
+    return f"no restarts{of} recorded yet"
+
+
+def history_refusals_title() -> str:
+    """The heading of the denied/refused part of ``history``."""
+    return "recent denied, refused and failed requests"
+
+
+def status_headers() -> tuple[str, ...]:
+    """Columns of the ``status`` table."""
+    return ("job", "state", "pid", "procs", "uptime", "last restart", "lock", "patches")
+
+
+def status_last_run(run_id: str, action: str, when_ago: str, user: str, outcome: str) -> str:
+    """A ``status`` cell: the job's last run."""
+    return f"{run_id} {action} {when_ago} by {who(user)}: {outcome}"
+
+
+def status_lock(action: str, user: str, step: str) -> str:
+    """A ``status`` cell: who holds the lock."""
+    return f"{action} by {who(user)}, at {step}"
+
+
+def in_progress(step: str | None) -> str:
+    """A run without verdict yet."""
+    return f"in flight ({step})" if step else "in flight"
+
+
+def history_headers() -> tuple[str, ...]:
+    """Columns of the ``history`` runs table."""
+    return ("run", "when", "who", "action", "patches", "verdict", "took")
+
+
+def history_refusal_headers() -> tuple[str, ...]:
+    """Columns of the ``history`` refused-requests table."""
+    return ("when", "who", "request", "outcome", "why")
+
+
+def patches_available(names: Sequence[str]) -> str:
+    """``patches JOB``: the configured patches."""
+    return ", ".join(names) if names else "none configured"
+
+
+def patches_in_effect(names: Sequence[str]) -> str:
+    """``patches JOB``: the patches applied now."""
+    return ", ".join(names) if names else "none"
+
+
+def patches_recorded_only(error: str) -> str:
+    """``patches JOB`` could not ask the host; the recorded set is shown."""
+    return f"could not check the workdir ({error}) - showing the set recorded by the last restart"
+
+
+def field_available() -> str:
+    """Field label."""
+    return "available"
+
+
+def field_in_effect() -> str:
+    """Field label."""
+    return "in effect"
+
+
+def field_run() -> str:
+    """Field label."""
+    return "run"
+
+
+def field_since() -> str:
+    """Field label."""
+    return "since"
+
+
+def lock_forced_note(user: str) -> str:
+    """Posted in a run's thread when ``unlock`` freed its lock."""
+    return f"the lock of this run was forced free by {who(user)}"
+
+
+def help_line(usage: str, summary: str, role: str) -> str:
+    """One verb in ``help``."""
+    return f"`{usage}` - {summary} ({role})"
+
+
+def help_examples(examples: Sequence[str]) -> str:
+    """Examples in ``help VERB``."""
+    return "examples: " + "; ".join(f"`{e}`" for e in examples)
+
+
+def run_done() -> str:
+    """A finished run without a verdict (a stop that succeeded)."""
+    return "done"
+
+
+def awaiting_verdict() -> str:
+    """A launched run whose verification is not due yet."""
+    return "launched, awaiting verdict"

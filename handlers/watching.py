@@ -32,10 +32,10 @@ from typing import Any, Protocol
 
 from handlers.alerts import (
     acked_reply,
+    alert_exit_cause,
     alert_reply,
     auto_restart_reply,
     changed_reply,
-    clock,
     give_up_reply,
     reminder_reply,
     resolved_headline,
@@ -46,30 +46,19 @@ from handlers.context import Context
 from handlers.crashcheck import check_crash, refusal, with_crash
 from handlers.hangevidence import KINDS as HANG_KINDS
 from handlers.hangevidence import hang_evidence
-from handlers.reply import Reply, Status
-from pipeline import keys, messages, progress
+from handlers.reply import Reply, Status, mention
+from pipeline import fmt, keys, progress
 from pipeline.config import JobConfig
+from pipeline.crashes import detect_cause
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.events import EventKind
 from pipeline.hostcontract import EvidenceArgs
 from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
-from pipeline.runs import RunRecord, Verdict
+from pipeline.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore, WatchState
+from pipeline.runs import RunRecord
 from pipeline.slurmwatch import SlurmNote, probe_cluster
-from pipeline.watch import (
-    DEFAULT_REMIND_EVERY,
-    LOG_LINES,
-    Action,
-    ActionKind,
-    Decision,
-    Incident,
-    IncidentKind,
-    Observation,
-    Situation,
-    WatchState,
-    WatchStore,
-    assess,
-    detect_cause,
-)
+from pipeline.verdict import Verdict
+from pipeline.watch import DEFAULT_REMIND_EVERY, Action, ActionKind, Decision, Observation, Situation, assess
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +107,7 @@ class Watcher:
         self.ctx = ctx
         self.restarts = restarts
         self.remind_every = remind_every
-        self.store = WatchStore(ctx.redis.client, ctx.prefix)
+        self.store = IncidentStore(ctx.redis.client, ctx.prefix)
         self._auto_fired: dict[str, float] = {}
 
     # --- one cycle ---------------------------------------------------------------------------
@@ -431,7 +420,7 @@ class Watcher:
                 tail = str(answer.get("tail") or "")
                 status = answer.get("status")
                 if status and answer.get("state") != "alive":
-                    exit_cause = messages.alert_exit_cause(status.get("code"), status.get("signal"))
+                    exit_cause = alert_exit_cause(status.get("code"), status.get("signal"))
             else:
                 tail = await log_tail(self.ctx.ssh, name, cfg, LOG_LINES)
         except PitstopError as exc:
@@ -480,7 +469,7 @@ def _job_or_error(ctx: Context, job: str) -> tuple[str | None, Reply | None]:
     except KeyError:
         close = difflib.get_close_matches(job, list(ctx.config.jobs), n=1)
         return None, Reply(
-            title=messages.watch_unknown_job(job, close[0] if close else None),
+            title=watch_unknown_job(job, close[0] if close else None),
             status=Status.ERROR,
             ephemeral=True,
             exit_code=ExitCode.USAGE,
@@ -500,14 +489,14 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
     if name is None:
         assert error is not None
         return error
-    store = WatchStore(ctx.redis.client, ctx.prefix)
+    store = IncidentStore(ctx.redis.client, ctx.prefix)
     for _ in range(5):
         incident = await store.incident(name)
         if incident is None:
-            return Reply(title=messages.incident_none_open(name), status=Status.INFO)
+            return Reply(title=incident_none_open(name), status=Status.INFO)
         if incident.acked_by:
             return Reply(
-                title=messages.incident_already_acked(name, incident.acked_by),
+                title=incident_already_acked(name, incident.acked_by),
                 status=Status.INFO,
                 thread_key=incident.thread_key,
             )
@@ -521,7 +510,7 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
         await ctx.outbox.thread(acked.thread_key, reply, channel)
         await ctx.outbox.announce(acked.thread_key, alert_reply(acked, ctx.config, mention=False), channel)
         return reply
-    return Reply(title=messages.incident_none_open(name), status=Status.INFO)
+    return Reply(title=incident_none_open(name), status=Status.INFO)
 
 
 async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, user: str) -> Reply:
@@ -543,14 +532,48 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
     if state == "off":
         seconds = int(for_s or DEFAULT_OFF_S)
         await client.set(keys.watch_off(p, name), user, ex=max(1, seconds))
-        until = clock(time.time() + seconds, ctx.config.scheduler.timezone)
-        return Reply(title=messages.watch_paused(name, until, seconds), status=Status.OK)
+        until = fmt.clock(time.time() + seconds, ctx.config.scheduler.timezone)
+        return Reply(title=watch_paused(name, until, seconds), status=Status.OK)
     if state == "on":
         async with client.pipeline(transaction=True) as pipe:
             pipe.delete(keys.watch_off(p, name))
             pipe.hdel(keys.watch_state(p, name), "progress_at", "degraded_since", "log_size")
             was_off, _ = await pipe.execute()
-        return Reply(title=messages.watch_resumed(name, bool(was_off)), status=Status.OK)
-    return Reply(
-        title=messages.watch_bad_state(state), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE
-    )
+        return Reply(title=watch_resumed(name, bool(was_off)), status=Status.OK)
+    return Reply(title=watch_bad_state(state), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def incident_already_acked(job: str, user: str) -> str:
+    """``ack JOB`` on an incident someone already acknowledged."""
+    return f"the {job} incident was already acknowledged by {mention(user)}"
+
+
+def incident_none_open(job: str) -> str:
+    """``ack JOB`` when nothing is open."""
+    return f"no open incident for {job} - nothing to acknowledge"
+
+
+def watch_paused(job: str, until: str, seconds: float) -> str:
+    """Reply of ``watch JOB off [for D]``."""
+    return f"watching {job} paused for {fmt.duration(seconds)} (until {until}) - `watch {job} on` resumes it"
+
+
+def watch_resumed(job: str, was_off: bool) -> str:
+    """Reply of ``watch JOB on``."""
+    if was_off:
+        return f"watching {job} again"
+    return f"watching {job} (it was not paused)"
+
+
+def watch_bad_state(state: str) -> str:
+    """``watch JOB`` with something other than on/off."""
+    return f"watch takes `on` or `off`, not {state!r}"
+
+
+def watch_unknown_job(job: str, suggestion: str | None) -> str:
+    """A watch/ack command naming a job that is not configured."""
+    hint = f" - did you mean {suggestion}?" if suggestion else ""
+    return f"no job called {job!r}{hint}"

@@ -24,17 +24,16 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline import messages
+from pipeline import fmt
 from pipeline.crashes import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError
 
 DEFAULT_CONFIG = "pitstop.toml"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
-def parse_duration(value: object) -> float:
-    """Seconds from a number or a string such as ``"90"``, ``"30m"``, ``"1h"``, ``"2.5s"``.
+def seconds_setting(value: object) -> float:
+    """A config duration in seconds: a number, or a string :func:`pipeline.fmt.parse_duration` reads
+    (``"90"``, ``"30m"``, ``"1h"``, ``"2.5s"``).
 
     :returns: seconds (float, > 0).
     :raises ValueError: for anything else, or a value that is not positive.
@@ -43,8 +42,8 @@ def parse_duration(value: object) -> float:
         raise ValueError("expected seconds or a duration such as '30m'")
     if isinstance(value, int | float):
         seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION.match(value.lower())):
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    elif isinstance(value, str):
+        seconds = fmt.parse_duration(value)
     else:
         raise ValueError(f"expected seconds or a duration such as '30m', got {value!r}")
     if seconds <= 0:
@@ -52,7 +51,7 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
+Seconds = Annotated[float, BeforeValidator(seconds_setting)]
 
 
 class _Model(BaseModel):
@@ -507,7 +506,7 @@ def load_config(path: str | Path) -> Config:
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise ConfigError([messages.config_missing(source)]) from None
+        raise ConfigError([config_missing(source)]) from None
     except OSError as exc:
         raise ConfigError([f"{source}: cannot read: {exc.strerror}"]) from None
     try:
@@ -517,3 +516,14 @@ def load_config(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: TOML syntax error: {exc}"], source) from None
     return parse_config(data, source, p.resolve().parent)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def config_missing(path: str) -> str:
+    """The config file does not exist."""
+    return (
+        f"{path}: config file not found - pass --config FILE, set PITSTOP_CONFIG, "
+        "or copy pitstop.example.toml to ./pitstop.toml"
+    )

@@ -25,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from pipeline import keys, messages
+from pipeline import keys
 from pipeline.config import Config, JobConfig
 from pipeline.digeststats import DRAFTER, TARGET, DigestSummary, compare, summarise_series
 from pipeline.errors import PitstopError
@@ -191,9 +191,9 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
     try:
         stats = {g.index: g for g in await query_gpus(ssh, job.host)}
     except PitstopError as exc:
-        return None, messages.digest_no_gpu_data(exc.message)
+        return None, digest_no_gpu_data(exc.message)
     if not stats:
-        return None, messages.digest_no_gpu_data("nvidia-smi listed no GPUs")
+        return None, digest_no_gpu_data("nvidia-smi listed no GPUs")
     roles = [(i, TARGET) for i in job.gpus.target] + [(i, DRAFTER) for i in job.gpus.drafter]
     rows = []
     for index, role in roles:
@@ -210,7 +210,7 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
             )
         )
     missing = [i for i, _ in roles if i not in stats]
-    return tuple(rows), messages.digest_gpus_missing(missing) if missing else None
+    return tuple(rows), digest_gpus_missing(missing) if missing else None
 
 
 async def _restarts_since(runs: RunStore, job: str, since: float | None) -> tuple[str, ...] | None:
@@ -328,3 +328,16 @@ async def build_digest(
         chart=str(path) if path else None,
     )
     return digest
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def digest_no_gpu_data(reason: str) -> str:
+    """A job with ``gpus`` whose host gave no GPU statistics (CPU host, nvidia-smi failing)."""
+    return f"no GPU data: {reason}"
+
+
+def digest_gpus_missing(indices: Sequence[int]) -> str:
+    """Configured GPU indices nvidia-smi did not list."""
+    return f"GPU index(es) {', '.join(str(i) for i in indices)} configured but not reported by nvidia-smi"

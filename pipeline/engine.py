@@ -3,10 +3,10 @@
 A job's ``engine`` (``[jobs.NAME] engine``) says how its processes are started, stopped and
 seen: ``"ssh"`` (the default: one process group on one host, :class:`pipeline.restart.Restarter`)
 or ``"slurm"`` (a batch job on a Slurm cluster, :class:`pipeline.slurmengine.SlurmEngine`).
-Every engine runs the same named steps (:class:`pipeline.runs.Step`) with the same meaning —
+Every engine runs the same named steps (:class:`pipeline.verdict.Step`) with the same meaning —
 ``preflight`` (nothing is touched until it passes), ``stop`` (the old run is gone, its end
 recorded), ``clear_cache``, ``patch``, ``launch`` (returns at once), ``verify`` (at
-``start_window``) — and ends in the same closed verdict set (:class:`pipeline.runs.Verdict`).
+``start_window``) — and ends in the same closed verdict set (:class:`pipeline.verdict.Verdict`).
 ``docs/engines.md`` maps the steps and states onto Slurm and, on paper, onto Kubernetes.
 
 The :class:`~pipeline.restart.Restarter` is the entry point for every job; it hands a job whose

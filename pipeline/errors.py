@@ -50,7 +50,7 @@ import shlex
 import uuid
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, Self, TypedDict, Unpack
 
 
 class ExitCode(IntEnum):
@@ -233,6 +233,69 @@ class RemoteCommandError(RemoteError):
         self.stderr = stderr
         super().__init__(host, message)
 
+    # The named ways a remote command fails; each builds its text from what it was given.
+
+    @classmethod
+    def connection_lost(
+        cls, host: str, argv: Sequence[str], reason: str, **output: Unpack[CommandOutput]
+    ) -> Self:
+        """The SSH connection dropped while ``argv`` ran: its outcome is unknown."""
+        text = f"on {host}: connection lost while running `{_short(argv)}`: {reason} - its outcome is unknown"
+        return cls(host, argv, text, **output)
+
+    @classmethod
+    def channel_closed(cls, host: str, argv: Sequence[str], **output: Unpack[CommandOutput]) -> Self:
+        """The command's channel closed without an exit status or signal (the connection is up)."""
+        text = f"on {host}: `{_short(argv)}` ended without an exit status (channel closed by the host)"
+        return cls(host, argv, text, **output)
+
+    @classmethod
+    def shell_killed(
+        cls, host: str, argv: Sequence[str], signal: str, **output: Unpack[CommandOutput]
+    ) -> Self:
+        """The shell running the command was killed by ``signal`` (e.g. ``SIGKILL``)."""
+        return cls(
+            host,
+            argv,
+            f"on {host}: the control shell running `{_short(argv)}` was killed by {signal}",
+            **output,
+        )
+
+    @classmethod
+    def upload_failed(cls, host: str, local: str, remote: str, reason: str) -> Self:
+        """An SFTP upload of ``local`` to ``remote`` failed."""
+        return cls(host, ["sftp", "put", local, remote], f"on {host}: cannot upload to {remote}: {reason}")
+
+    @classmethod
+    def helper_failed(
+        cls, host: str, argv: Sequence[str], op: str, detail: str, **output: Unpack[CommandOutput]
+    ) -> Self:
+        """Pitstop's host helper failed at operation ``op`` or gave no answer."""
+        return cls(host, argv, f"on {host}: Pitstop's host helper ({op}) failed: {detail}", **output)
+
+    @classmethod
+    def python_missing(
+        cls, host: str, argv: Sequence[str], python: str, **output: Unpack[CommandOutput]
+    ) -> Self:
+        """The job's side has no ``python`` for the host helper (exit status 127)."""
+        text = f"on {host}: `{python}` not found - Pitstop's host helper needs Python 3.8+ on the job's side"
+        return cls(host, argv, text, **output)
+
+
+class CommandOutput(TypedDict, total=False):
+    """What a failed remote command left behind, as :class:`RemoteCommandError` keeps it."""
+
+    exit_status: int | None
+    exit_signal: str | None
+    stdout: str
+    stderr: str
+
+
+def _short(argv: Sequence[str], limit: int = 120) -> str:
+    """``argv`` as a shell line, cut to ``limit`` characters."""
+    text = shlex.join(argv)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 class RemoteTimeout(RemoteCommandError):
     """A remote command did not finish within its timeout; keeps the partial output.
@@ -267,7 +330,7 @@ class SequenceAborted(PitstopError):
 
     :param message: the text of the failure.
     :param line: the verdict line the run gets (formatted by the verdict's owner).
-    :cvar verdict: the run's verdict, a :class:`pipeline.runs.Verdict` value.
+    :cvar verdict: the run's verdict, a :class:`pipeline.verdict.Verdict` value.
     :ivar evidence: the run's evidence: the verdict line, unless a subclass says more.
     """
 
@@ -345,7 +408,7 @@ class RunCancelled(SequenceAborted):
 
     :param job: the job.
     :param run_id: the run.
-    :param after_step: the last step done (a :class:`pipeline.runs.Step` value), None if none.
+    :param after_step: the last step done (a :class:`pipeline.verdict.Step` value), None if none.
     :param line: the verdict line.
     """
 

@@ -15,14 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline import messages
+from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteError
 from pipeline.hostcontract import EvidenceArgs
 from pipeline.hostprobe import call_helper
 from pipeline.remote import RemoteHosts
-from pipeline.resume import ResumePoint, check_resume
-from pipeline.runs import RunRecord, Step, Verdict
+from pipeline.resume import ResumePoint, check_resume, checkpoint_fact
+from pipeline.runs import RunRecord
+from pipeline.verdict import Step, Verdict
 
 RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
 TAIL_LINES = 30  #: log lines kept as evidence
@@ -112,12 +113,12 @@ async def settle_exit(ssh: RemoteHosts, run: RunRecord, job: JobConfig, ev: Evid
 def decide(run: RunRecord, job: JobConfig, ev: Evidence) -> tuple[Verdict, str, str]:
     """The verdict, verdict line and evidence text of an ssh run from one sample ``ev``.
 
-    Precedence (:class:`~pipeline.runs.Verdict`): ``EXITED`` (exit code or signal, last log lines),
+    Precedence (:class:`~pipeline.verdict.Verdict`): ``EXITED`` (exit code or signal, last log lines),
     ``ERROR_IN_LOG``, ``WRONG_COUNT`` (expected vs seen), ``NO_PROGRESS`` (log silent), else
     ``RUNNING`` (with where it resumed); a run whose stop found a stale record is ``STALE_RECORD``.
     """
     pid = run.pid or 0
-    tail = ev.tail.strip() or messages.log_since_launch_empty()
+    tail = ev.tail.strip() or log_since_launch_empty()
     facts = [
         f"pid {pid}: {ev.state}",
         f"processes matching {job.match!r} in session {run.sid}: {ev.count}/{job.processes}"
@@ -131,24 +132,24 @@ def decide(run: RunRecord, job: JobConfig, ev: Evidence) -> tuple[Verdict, str, 
             after = float(st["ended_at"]) - float(st["started_at"])
         else:
             after = ev.sampled_at - (run.launched_at or ev.sampled_at)
-        verdict, line = Verdict.EXITED, messages.verdict_exited(st.get("code"), st.get("signal"), after)
+        decided, line = Verdict.EXITED, verdict.exited(st.get("code"), st.get("signal"), after)
     elif ev.error_line:
-        verdict, line = Verdict.ERROR_IN_LOG, messages.verdict_error_in_log(pid, ev.error_line)
+        decided, line = Verdict.ERROR_IN_LOG, verdict.error_in_log(ev.error_line, pid=pid)
     elif ev.count != job.processes:
-        verdict, line = Verdict.WRONG_COUNT, messages.verdict_wrong_count(ev.count, job.processes, pid)
+        decided, line = Verdict.WRONG_COUNT, verdict.wrong_count(ev.count, job.processes, pid=pid)
     elif not ev.new_bytes or ev.new_bytes <= 0:
         silent = ev.sampled_at - (run.launched_at or ev.sampled_at)
-        verdict, line = (
+        decided, line = (
             Verdict.NO_PROGRESS,
-            messages.verdict_no_progress(ev.count, job.processes, pid, silent),
+            verdict.no_progress(ev.count, job.processes, silent, pid=pid),
         )
     else:
         resume = check_resume(
             ev.start_step, ev.checkpoint, ev.sampled_at - (run.launched_at or ev.sampled_at)
         )
-        verdict, line = (
+        decided, line = (
             Verdict.RUNNING,
-            messages.verdict_running(
+            verdict.running(
                 ev.count,
                 job.processes,
                 pid,
@@ -157,15 +158,23 @@ def decide(run: RunRecord, job: JobConfig, ev: Evidence) -> tuple[Verdict, str, 
             ),
         )
     if ev.checkpoint is not None:
-        facts.append(messages.checkpoint_fact(ev.checkpoint.path, ev.checkpoint.step, ev.checkpoint.age_s))
+        facts.append(checkpoint_fact(ev.checkpoint.path, ev.checkpoint.step, ev.checkpoint.age_s))
     stop = run.step(Step.STOP)
     if stop is not None and stop.stale:
         facts.insert(0, stop.detail)
-        verdict, line = Verdict.STALE_RECORD, messages.verdict_stale_record(run.old_pid or 0, line)
+        decided, line = Verdict.STALE_RECORD, verdict.stale_record(run.old_pid or 0, line)
     evidence = "\n".join(facts)
-    if verdict is not Verdict.RUNNING:
+    if decided is not Verdict.RUNNING:
         evidence += f"\n--- last {TAIL_LINES} log lines since launch ---\n{tail}"
     elif ev.tail.strip():  # healthy: a glimpse of the log is enough
         last = tail.rstrip("\n").splitlines()[-RUNNING_TAIL_LINES:]
         evidence += f"\n--- last {len(last)} log lines ---\n" + "\n".join(last)
-    return verdict, line, evidence
+    return decided, line, evidence
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def log_since_launch_empty() -> str:
+    """Evidence when the job wrote nothing since its launch."""
+    return "(no log output since launch)"

@@ -25,7 +25,6 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal, TypedDict, Unpack, overload
 
-from pipeline import messages
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteCommandError
 from pipeline.hostcontract import (
@@ -211,19 +210,19 @@ async def call_helper(
             host, job_argv(prefix, argv), timeout=timeout, stdin=stdin, display=job_argv(prefix, shown)
         )
     if result.exit_signal is not None:
-        raise RemoteCommandError(
+        raise RemoteCommandError.shell_killed(
             result.host,
             shown,
-            messages.control_shell_killed(result.host, shown, result.exit_signal),
+            result.exit_signal,
             exit_signal=result.exit_signal,
             stdout=result.stdout,
             stderr=result.stderr,
         )
     if result.exit_status == 127 and not result.stdout.strip():
-        raise RemoteCommandError(
+        raise RemoteCommandError.python_missing(
             result.host,
             shown,
-            messages.helper_python_missing(result.host, HELPER_PYTHON),
+            HELPER_PYTHON,
             exit_status=127,
             stderr=result.stderr,
         )
@@ -237,19 +236,21 @@ async def call_helper(
     if not isinstance(answer, dict):
         err = (result.stderr.strip().splitlines() or ["no output"])[-1]
         detail = f"exit status {result.exit_status}, no answer: {err[:300]}"
-        raise RemoteCommandError(
+        raise RemoteCommandError.helper_failed(
             result.host,
             shown,
-            messages.helper_failed(result.host, op, detail),
+            op,
+            detail,
             exit_status=result.exit_status,
             stdout=result.stdout,
             stderr=result.stderr,
         )
     if answer.get("error"):
-        raise RemoteCommandError(
+        raise RemoteCommandError.helper_failed(
             result.host,
             shown,
-            messages.helper_failed(result.host, op, str(answer["error"])),
+            op,
+            str(answer["error"]),
             exit_status=result.exit_status,
             stdout=result.stdout,
             stderr=result.stderr,

@@ -31,8 +31,8 @@ import redis.asyncio as aioredis
 
 from pipeline import keys
 from pipeline.config import Config
+from pipeline.incidents import Incident, WatchState
 from pipeline.runs import RunRecord
-from pipeline.watch import Incident, WatchState
 
 _PER_JOB = 9  #: commands per job in the pipelined read
 

@@ -76,8 +76,8 @@ def cancel_request(prefix: str, run_id: str) -> str:
     return f"{prefix}cancel:{run_id}"
 
 
-def dedupe(prefix: str, delivery_id: str) -> str:
-    """SET NX with TTL: a delivery already acted on."""
+def delivery(prefix: str, delivery_id: str) -> str:
+    """SET NX with TTL: a Slack delivery (event id, trigger id) already acted on (:mod:`handlers.deliveries`)."""
     return f"{prefix}dedupe:{delivery_id}"
 
 

@@ -27,11 +27,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pipeline import keys, messages
+from pipeline import keys, verdict
 from pipeline.engine import RestartService
 from pipeline.hostprobe import JobProbe, probe_host, recorded_identity
 from pipeline.jobstate import JobStore
-from pipeline.runs import Outcome, RunRecord, Step, Verdict
+from pipeline.runs import RunRecord
+from pipeline.verdict import Outcome, Step, Verdict
 
 
 @dataclass(frozen=True)
@@ -91,25 +92,23 @@ async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
     now = time.time()
     run.owner = None
     if launched(run):
-        line = messages.interrupted_after_launch(run.pid or 0, _found(probe), probe.count, expected)
+        line = verdict.interrupted_after_launch(run.pid or 0, _found(probe), probe.count, expected)
         run.interrupted = line
         await restarter.runs.save(run)
         await _queue_verification(restarter, run)
         return Interruption(run, line, True)
     step = run.current_step
     old = recorded_identity(current)["pid"] or run.old_pid
-    found = messages.interrupted_found(
-        step.value if step else None, old, _found(probe), probe.count, expected
-    )
+    found = interrupted_found(step.value if step else None, old, _found(probe), probe.count, expected)
     if probe.error:
-        found = messages.interrupted_unknown(probe.error)
+        found = interrupted_unknown(probe.error)
     for rec in run.steps:
         if rec.ended_at is None or rec.outcome is Outcome.RUNNING:
             rec.ended_at = now
             rec.outcome = Outcome.FAILED
-            rec.detail = messages.interrupted_step()
+            rec.detail = interrupted_step()
     run.verdict = Verdict.INTERRUPTED
-    run.verdict_line = messages.verdict_interrupted(step.value if step else None, found)
+    run.verdict_line = verdict.interrupted(step.value if step else None, found)
     run.evidence = run.evidence or run.verdict_line
     run.finished_at = now
     await restarter.runs.save(run)
@@ -128,7 +127,7 @@ async def _probe(restarter: RestartService, run: RunRecord) -> tuple[JobProbe, d
     name = _job_key(restarter, run.job)
     spec = restarter.config.jobs.get(name)
     if spec is None:
-        return JobProbe(job=name, error=messages.unknown_job_now(name)), {}
+        return JobProbe(job=name, error=unknown_job_now(name)), {}
     snap = await JobStore(restarter.runs.client, restarter.runs.prefix, restarter.config).read(name)
     current = dict(snap.current)
     probes = await probe_host(restarter.ssh, spec.host, [(name, spec, current)])
@@ -157,3 +156,38 @@ def _job_key(restarter: RestartService, job: str) -> str:
         return restarter.config.job_name(job)
     except KeyError:
         return job
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def interrupted_found(step: str | None, old_pid: int | None, state: str, count: int, expected: int) -> str:
+    """What the host showed when a run cut off before its launch was taken over.
+
+    :param step: the step it was in (``stop``: ``old_pid`` is the run being stopped).
+    :param state: the recorded pid's state: ``alive``, ``gone``, ``stale`` or ``none`` (no record).
+    """
+    procs = f"{count}/{expected} processes"
+    if old_pid is None or state == "none":
+        return f"no recorded run is up, {procs} match the job"
+    who = "the old run" if step in (None, "preflight", "stop") else "the recorded run"
+    if state == "alive":
+        return f"{who} (pid {old_pid}) is still alive, {procs}"
+    if state == "stale":
+        return f"{who} (pid {old_pid}) is gone (its pid was reused), {procs}"
+    return f"{who} (pid {old_pid}) is gone, {procs}"
+
+
+def interrupted_unknown(error: str) -> str:
+    """The job's state could not be probed when its run was taken over."""
+    return f"the job's state on its host is unknown ({error})"
+
+
+def unknown_job_now(job: str) -> str:
+    """A run's job is no longer in the configuration."""
+    return f"job {job} is no longer configured"
+
+
+def interrupted_step() -> str:
+    """Detail of the step that was running when Pitstop stopped."""
+    return "Pitstop stopped during this step"

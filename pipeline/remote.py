@@ -43,7 +43,6 @@ from typing import Any, Protocol
 
 import asyncssh
 
-from pipeline import messages
 from pipeline.config import Config, HostConfig
 from pipeline.errors import (
     HostAuthRejected,
@@ -225,12 +224,8 @@ class SSHPool:
             except (asyncssh.Error, OSError) as exc:
                 out, err = proc.collect_output()
                 self._drop_if_closed(name)
-                raise RemoteCommandError(
-                    name,
-                    args,
-                    messages.connection_lost(name, args, _reason(exc)),
-                    stdout=_text(out),
-                    stderr=_text(err),
+                raise RemoteCommandError.connection_lost(
+                    name, args, _reason(exc), stdout=_text(out), stderr=_text(err)
                 ) from None
             finally:
                 proc.close()
@@ -244,12 +239,11 @@ class SSHPool:
         stdout, stderr = _text(done.stdout), _text(done.stderr)
         if status is None and signal_name is None:
             lost = self._drop_if_closed(name)
-            message = (
-                messages.connection_lost(name, args, "the connection closed")
-                if lost
-                else messages.channel_closed(name, args)
-            )
-            raise RemoteCommandError(name, args, message, stdout=stdout, stderr=stderr)
+            if lost:
+                raise RemoteCommandError.connection_lost(
+                    name, args, "the connection closed", stdout=stdout, stderr=stderr
+                )
+            raise RemoteCommandError.channel_closed(name, args, stdout=stdout, stderr=stderr)
         log.debug("%s: %s -> %s in %.3f s", name, command[:200], status or signal_name, duration)
         return RemoteResult(name, tuple(argv), status, signal_name, stdout, stderr, duration)
 
@@ -307,10 +301,8 @@ class SSHPool:
                     await sftp.put(str(local_path), remote_path)
             except (asyncssh.Error, OSError) as exc:
                 self._drop_if_closed(name)
-                raise RemoteCommandError(
-                    name,
-                    ["sftp", "put", str(local_path), remote_path],
-                    messages.sftp_failed(name, remote_path, _reason(exc)),
+                raise RemoteCommandError.upload_failed(
+                    name, str(local_path), remote_path, _reason(exc)
                 ) from None
 
     async def close(self) -> None:
@@ -397,7 +389,7 @@ class SSHPool:
             known = str(known_path)
         else:
             known = asyncssh.import_known_hosts("")  # trusts nothing
-            known_label = messages.host_key_missing_file(str(known_path))
+            known_label = host_key_missing_file(str(known_path))
         options: dict[str, Any] = {
             "port": hc.port,
             "known_hosts": known,
@@ -466,3 +458,11 @@ def _reason(exc: BaseException) -> str:
             return f"{exc.strerror}: {exc.filename} (check client_keys in the host's config)"
         return exc.strerror
     return str(exc) or type(exc).__name__
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def host_key_missing_file(known_hosts: str) -> str:
+    """Suffix for a rejected key when the known_hosts file does not exist."""
+    return f"{known_hosts} (file not found)"

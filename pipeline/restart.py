@@ -1,4 +1,8 @@
-"""The restart sequence: pre-flight → stop → clear cache → patch → launch → (later) verify.
+"""The ssh engine (:class:`Restarter`): a job's restart on one host over SSH, step by step.
+
+The order of the steps is :func:`pipeline.sequence.restart_sequence`'s (pre-flight → stop →
+clear cache → patch → launch → (later) verify); this module does each of them on one host,
+through the host helper, and verifies the launch.
 
 Every restart ends in one of two honest outcomes: *verified running* (pid, process count,
 log growth) or *a named failure with evidence* (which step, exit status or signal, log tail).
@@ -33,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pipeline import messages
+from pipeline import verdict
 from pipeline.config import Config, JobConfig
 from pipeline.engine import Engine
 from pipeline.errors import (
@@ -58,10 +62,24 @@ from pipeline.hostprobe import (
     recorded_identity,
 )
 from pipeline.remote import RemoteHosts
-from pipeline.resume import check_resume
-from pipeline.runs import Outcome, RunRecord, RunStore, Step, Verdict
+from pipeline.resume import check_resume, resume_warning
+from pipeline.runs import RunRecord, RunStore
 from pipeline.sequence import restart_sequence
-from pipeline.steplog import CancelCheck, StepCallback, StepLog
+from pipeline.steplog import (
+    CancelCheck,
+    StepCallback,
+    StepLog,
+    already_running,
+    gpu_memory_freed,
+    gpu_memory_held,
+    launch_hung,
+    stale_record,
+    step_launched,
+    step_preflight_ok,
+    step_stop_nothing,
+    step_stopped,
+)
+from pipeline.verdict import Outcome, Step, Verdict
 from pipeline.workdir import CALL_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -116,7 +134,7 @@ class Restarter:
             return None
         engine = self.engines.get(job.engine)
         if engine is None:
-            raise PitstopError(messages.engine_missing(job.engine))
+            raise PitstopError(engine_missing(job.engine))
         return engine
 
     # --- the sequences ------------------------------------------------------------------------
@@ -135,7 +153,7 @@ class Restarter:
 
         The launched run is saved and put in ``keys.runs_unverified`` (due at launch +
         ``start_window``) for :meth:`verify`.  A failure sets the verdict (precedence of
-        :class:`~pipeline.runs.Verdict`), ``finished_at`` and the failing step's detail, saves
+        :class:`~pipeline.verdict.Verdict`), ``finished_at`` and the failing step's detail, saves
         the run and returns it.
 
         :param run: a fresh run from :meth:`RunStore.create` for a configured job.
@@ -301,7 +319,7 @@ class Restarter:
         run.verdict_line = line
         ignored = check_resume(ev.start_step, ev.checkpoint, ev.sampled_at - run.launched_at).ignored
         if verdict is Verdict.RUNNING and ignored is not None and ev.checkpoint is not None:
-            run.warning = messages.resume_warning(name, ignored, ev.checkpoint.path)
+            run.warning = resume_warning(name, ignored, ev.checkpoint.path)
         run.evidence = evidence
         await self.steps.verified(run, rec)
         return run
@@ -407,7 +425,7 @@ class Restarter:
             check = "host_key" if isinstance(exc, HostKeyRejected) else "host"
             await self.steps.fail(run, rec, exc.message, on_step)
             raise PreflightFailed(
-                name, check, exc.message, line=messages.verdict_preflight_failed(check, exc.message)
+                name, check, exc.message, line=verdict.preflight_failed(check, exc.message)
             ) from None
         failed = [c for c in answer.get("checks", []) if not c.get("ok")]
         if failed:
@@ -418,20 +436,16 @@ class Restarter:
                 name,
                 first["check"],
                 detail,
-                line=messages.verdict_preflight_failed(first["check"], first["detail"]),
+                line=verdict.preflight_failed(first["check"], first["detail"]),
             )
         seen = answer.get("running")
         if seen and (seen.get("alive") or seen.get("count")):
             pids = list(seen.get("pids") or []) or [int(recorded_identity(running)["pid"] or 0)]
-            detail = messages.already_running(name, pids)
+            detail = already_running(name, pids)
             await self.steps.fail(run, rec, detail, on_step)
-            raise PreflightFailed(
-                name, "running", detail, line=messages.verdict_preflight_failed("running", detail)
-            )
+            raise PreflightFailed(name, "running", detail, line=verdict.preflight_failed("running", detail))
         names = [c["check"] for c in answer.get("checks", [])]
-        await self.steps.end(
-            run, rec, Outcome.OK, messages.step_preflight_ok(list(dict.fromkeys(names))), on_step
-        )
+        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(list(dict.fromkeys(names))), on_step)
         return answer
 
     async def _stop(
@@ -458,28 +472,22 @@ class Restarter:
             )
         except RemoteError as exc:
             await self.steps.fail(run, rec, exc.message, on_step)
-            raise StopFailed(
-                name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
-            ) from None
+            raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
         stale = answer.get("stale")
         rec.stale = bool(stale)
-        note = (
-            messages.stale_record(stale["pid"], stale.get("recorded"), stale.get("found")) if stale else None
-        )
+        note = stale_record(stale["pid"], stale.get("recorded"), stale.get("found")) if stale else None
         targets = answer.get("targets") or []
         survivors = [int(p) for p in answer.get("survivors") or []]
         if targets:
-            detail = messages.step_stopped(
+            detail = step_stopped(
                 len(targets), float(answer.get("seconds") or 0), answer.get("killed") or [], job.stop_timeout
             )
         else:
-            detail = messages.step_stop_nothing()
+            detail = step_stop_nothing()
         if note:
             detail = f"{note}; {detail}"
         if survivors:
-            failure = StopFailed(
-                name, survivors, line=messages.verdict_stop_failed(survivors, "survived SIGKILL")
-            )
+            failure = StopFailed(name, survivors, line=verdict.stop_failed(survivors, "survived SIGKILL"))
             await self.steps.fail(run, rec, f"{detail}; {failure.message}", on_step)
             raise failure
         if job.gpus is not None and job.gpus.all and targets:
@@ -494,15 +502,13 @@ class Restarter:
                 )
             except RemoteError as exc:
                 await self.steps.fail(run, rec, f"{detail}; {exc.message}", on_step)
-                raise StopFailed(
-                    name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
-                ) from None
+                raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
             holders = sorted({int(h["pid"]) for h in gpu.get("holders") or []})
             if holders:
-                held = messages.gpu_memory_held(holders, float(gpu.get("seconds") or self.gpu_wait_timeout))
+                held = gpu_memory_held(holders, float(gpu.get("seconds") or self.gpu_wait_timeout))
                 await self.steps.fail(run, rec, f"{detail}; {held}", on_step)
-                raise StopFailed(name, holders, held, line=messages.verdict_stop_failed(holders, held))
-            detail += "; " + messages.gpu_memory_freed(float(gpu.get("seconds") or 0))
+                raise StopFailed(name, holders, held, line=verdict.stop_failed(holders, held))
+            detail += "; " + gpu_memory_freed(float(gpu.get("seconds") or 0))
         await self.steps.mark_stopped(name, run)
         await self.steps.end(run, rec, Outcome.OK, detail, on_step)
         return note
@@ -519,15 +525,15 @@ class Restarter:
         try:
             answer = await call_helper(self.ssh, "launch", args, job=name, timeout=LAUNCH_TIMEOUT)
         except RemoteTimeout as exc:
-            detail = messages.launch_hung(exc.timeout, await self._state_text(name, job))
+            detail = launch_hung(exc.timeout, await self._state_text(name, job))
             await self.steps.fail(run, rec, detail, on_step)
-            raise LaunchFailed(name, detail, line=messages.verdict_launch_failed(detail)) from None
+            raise LaunchFailed(name, detail, line=verdict.launch_failed(detail)) from None
         except RemoteError as exc:
             detail = exc.message
             if not isinstance(exc, HostKeyRejected):
                 detail += f"; process state: {await self._state_text(name, job)}"
             await self.steps.fail(run, rec, detail, on_step)
-            raise LaunchFailed(name, detail, line=messages.verdict_launch_failed(detail)) from None
+            raise LaunchFailed(name, detail, line=verdict.launch_failed(detail)) from None
         run.pid = int(answer["pid"])
         run.pgid = int(answer.get("pgid") or run.pid)
         run.sid = int(answer.get("sid") or run.pid)
@@ -547,7 +553,7 @@ class Restarter:
         }
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
         await self.steps.end(
-            run, rec, Outcome.OK, messages.step_launched(run.pid, job.log, run.log_size_at_launch), on_step
+            run, rec, Outcome.OK, step_launched(run.pid, job.log, run.log_size_at_launch), on_step
         )
 
     # --- helpers ------------------------------------------------------------------------------------
@@ -570,3 +576,11 @@ class Restarter:
             return self.config.job_name(job)
         except KeyError:
             return job
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def engine_missing(engine: str) -> str:
+    """A job's engine has no implementation registered (a wiring error)."""
+    return f'no "{engine}" engine is registered with this Pitstop; restart Pitstop after an upgrade'

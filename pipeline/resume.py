@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline import fmt
+
 
 @dataclass(frozen=True)
 class ResumePoint:
@@ -73,3 +75,20 @@ def check_resume(
 
 
 __all__ = ["ResumeCheck", "ResumePoint", "check_resume"]
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def resume_warning(job: str, checkpoint_step: int, path: str) -> str:
+    """The thread's warning for a run that ignored its checkpoint."""
+    return (
+        f"⚠ {job} started from step 0 although checkpoint step {checkpoint_step} exists ({path}): the run is training again from the start; "
+        "check its --checkpoint-dir / resume option"
+    )
+
+
+def checkpoint_fact(path: str, step: int | None, age_s: float) -> str:
+    """Evidence line: ``checkpoint /srv/ckpt/latest.json: step 12000, written 3 min before the check``."""
+    what = f"step {step}" if step is not None else "no step in its name"
+    return f"checkpoint {path}: {what}, written {fmt.duration(age_s)} before the check"

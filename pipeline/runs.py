@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from enum import StrEnum
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict
 
 from pipeline import keys
 from pipeline.errors import UnknownRun
+from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -29,52 +29,6 @@ _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
-
-
-class Step(StrEnum):
-    """The steps of the restart sequence, in order; the values are the labels people see."""
-
-    PREFLIGHT = "preflight"
-    STOP = "stop"
-    CLEAR_CACHE = "clear_cache"
-    PATCH = "patch"
-    LAUNCH = "launch"
-    VERIFY = "verify"
-
-
-class Outcome(StrEnum):
-    """How one step ended."""
-
-    RUNNING = "running"  #: started, not finished yet
-    OK = "ok"
-    FAILED = "failed"
-    SKIPPED = "skipped"  #: nothing to do (no cache asked for, no patch change)
-    WAITING = "waiting"  #: verify scheduled, not yet due
-
-
-class Verdict(StrEnum):
-    """The closed set of outcomes of a run, in precedence order (first applicable wins)."""
-
-    PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
-    STOP_FAILED = "STOP_FAILED"
-    LAUNCH_FAILED = "LAUNCH_FAILED"
-    STALE_RECORD = "STALE_RECORD"
-    CANCELLED = "CANCELLED"
-    INTERRUPTED = "INTERRUPTED"
-    EXITED = "EXITED"
-    ERROR_IN_LOG = "ERROR_IN_LOG"
-    WRONG_COUNT = "WRONG_COUNT"
-    NO_PROGRESS = "NO_PROGRESS"
-    PENDING = "PENDING"  #: still queued by the scheduler (Slurm) at the deadline; re-checked later
-    RUNNING = "RUNNING"
-
-    @property
-    def ok(self) -> bool:
-        """True only for ``RUNNING``."""
-        return self is Verdict.RUNNING
-
-
-VERDICT_ORDER: tuple[Verdict, ...] = tuple(Verdict)
 
 
 class StepRecord(BaseModel):

@@ -16,8 +16,9 @@ from typing import Protocol
 from pipeline.config import JobConfig
 from pipeline.errors import SequenceAborted
 from pipeline.remote import RemoteHosts
-from pipeline.runs import RunRecord, Step
+from pipeline.runs import RunRecord
 from pipeline.steplog import CancelCheck, StepCallback, StepLog
+from pipeline.verdict import Step
 from pipeline.workdir import clear_cache, patch, patch_texts
 
 

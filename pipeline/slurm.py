@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipeline import fmt
 from pipeline.errors import RemoteCommandError
 from pipeline.hostcontract import SlurmTasksArgs
 from pipeline.hostprobe import helper_argv
@@ -402,49 +403,6 @@ class SlurmClient:
 # --- texts of the Slurm engine ----------------------------------------------------------------------
 
 
-def queued_for(seconds: float) -> str:
-    """``40 s`` under a minute, else ``2 min``."""
-    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.0f} min"
-
-
-def verdict_pending(reason: str, job_id: int, queued_s: float) -> str:
-    """``PENDING reason Resources (job 4242 queued 2 min)``."""
-    return f"PENDING reason {reason or 'None'} (job {job_id} queued {queued_for(queued_s)})"
-
-
-_PENDING_RX = re.compile(r"^PENDING reason (\S+) \(job (\d+) queued (\d+) (s|min)\)$")
-
-
-def parse_verdict_pending(line: str) -> tuple[str, int, float] | None:
-    """The reverse of :func:`verdict_pending`: ``(reason, job id, queued seconds)``, or None."""
-    m = _PENDING_RX.match(line)
-    if not m:
-        return None
-    return m.group(1), int(m.group(2)), float(m.group(3)) * (60 if m.group(4) == "min" else 1)
-
-
-def verdict_running(seen: int, expected: int, job_id: int, nodes: int) -> str:
-    """``RUNNING 8/8 processes job 4242 on 2 nodes``."""
-    return f"RUNNING {seen}/{expected} processes job {job_id} on {nodes} node{'s' if nodes != 1 else ''}"
-
-
-def verdict_wrong_count(seen: int, expected: int, job_id: int, short: Sequence[str]) -> str:
-    """``WRONG_COUNT 7/8 processes job 4242 (n2: 3/4)``."""
-    return f"WRONG_COUNT {seen}/{expected} processes job {job_id}" + (
-        f" ({', '.join(short)})" if short else ""
-    )
-
-
-def verdict_error_in_log(job_id: int, line: str) -> str:
-    """``ERROR_IN_LOG job 4242: RuntimeError: …``."""
-    return f"ERROR_IN_LOG job {job_id}: {line[:200]}"
-
-
-def verdict_no_progress(seen: int, expected: int, job_id: int, silent_s: float) -> str:
-    """``NO_PROGRESS 8/8 processes job 4242 log silent 60 s``."""
-    return f"NO_PROGRESS {seen}/{expected} processes job {job_id} log silent {silent_s:.0f} s"
-
-
 def job_ended(j: SlurmJob) -> str:
     """``job 4242 ended FAILED (exit code 3, reason NonZeroExitCode)``."""
     bits = []
@@ -468,7 +426,7 @@ def status_line(job: str, j: SlurmJob) -> str:
     where = f" on {j.nodes} node{'s' if j.nodes != 1 else ''}" + (
         f" ({', '.join(j.nodelist)})" if j.nodelist else ""
     )
-    elapsed = f", elapsed {queued_for(j.elapsed)}" if j.elapsed else ""
+    elapsed = f", elapsed {fmt.duration(j.elapsed)}" if j.elapsed else ""
     reason = f", reason {j.reason}" if j.reason and j.state != "RUNNING" else ""
     return f"{job}: Slurm job {j.id} {j.state}{where}{elapsed}{reason}"
 

@@ -27,17 +27,19 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline import messages, slurm
+from pipeline import slurm, verdict
 from pipeline.config import JobConfig, SlurmSettings
 from pipeline.engine import CancelCheck, StepCallback
 from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError, SequenceAborted, StopFailed
-from pipeline.evidence import TAIL_LINES
+from pipeline.evidence import TAIL_LINES, log_since_launch_empty
 from pipeline.hostcontract import EvidenceArgs, PreflightAnswer
 from pipeline.hostprobe import ProcessCount, call_helper, log_tail
 from pipeline.restart import KILL_TIMEOUT, VERIFY_GRACE, Restarter
-from pipeline.runs import Outcome, RunRecord, Step, Verdict
+from pipeline.runs import RunRecord
 from pipeline.sequence import restart_sequence
 from pipeline.slurm import SlurmClient, SlurmJob
+from pipeline.steplog import step_preflight_ok, step_stop_nothing
+from pipeline.verdict import Outcome, Step, Verdict
 from pipeline.workdir import CALL_TIMEOUT
 
 PENDING_RECHECK = 15.0  #: seconds between checks of a job still PENDING after its verdict was posted
@@ -221,7 +223,7 @@ class SlurmEngine:
 
         async def fail(check: str, detail: str) -> PreflightFailed:
             await self.steps.fail(run, rec, detail, on_step)
-            return PreflightFailed(name, check, detail, line=messages.verdict_preflight_failed(check, detail))
+            return PreflightFailed(name, check, detail, line=verdict.preflight_failed(check, detail))
 
         test_args = ["-D", job.workdir, *sl.sbatch_args]
         try:
@@ -273,7 +275,7 @@ class SlurmEngine:
                 name,
                 failed[0]["check"],
                 detail,
-                line=messages.verdict_preflight_failed(failed[0]["check"], failed[0]["detail"]),
+                line=verdict.preflight_failed(failed[0]["check"], failed[0]["detail"]),
             )
         if running is not None:
             try:
@@ -284,7 +286,7 @@ class SlurmEngine:
                 raise await fail("running", f"{name} is already {j.state} as Slurm job {j.id}")
         checks = ["partition", "script", "sbatch", *(c["check"] for c in answer.get("checks", []))]
         names = [c for c in dict.fromkeys(checks) if c != "launch"]
-        await self.steps.end(run, rec, Outcome.OK, messages.step_preflight_ok(names), on_step)
+        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names), on_step)
         return answer
 
     async def _wait_gone(self, name: str, job_id: int, timeout: float) -> SlurmJob | None:
@@ -303,11 +305,7 @@ class SlurmEngine:
         try:
             j = await self.client.one(name, old) if old is not None else None
             if old is None or j is None or not j.active:
-                detail = (
-                    slurm.job_ended(j) + "; nothing to stop"
-                    if j is not None
-                    else messages.step_stop_nothing()
-                )
+                detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else step_stop_nothing()
                 await self.steps.mark_stopped(name, run)
                 await self.steps.end(run, rec, Outcome.OK, detail, on_step)
                 return
@@ -325,14 +323,12 @@ class SlurmEngine:
                 j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
         except RemoteError as exc:
             await self.steps.fail(run, rec, exc.message, on_step)
-            raise StopFailed(
-                name, [], exc.message, line=messages.verdict_stop_failed([], exc.message)
-            ) from None
+            raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
         took = time.monotonic() - began
         if j is not None and j.active:
             why = f"Slurm job {old} is still {j.state} after scancel"
             await self.steps.fail(run, rec, why, on_step)
-            raise StopFailed(name, [], why, line=messages.verdict_stop_failed([], why))
+            raise StopFailed(name, [], why, line=verdict.stop_failed([], why))
         ended = slurm.job_ended(j) if j is not None else f"job {old} left the queue"
         await self.steps.mark_stopped(name, run)
         await self.steps.end(
@@ -362,7 +358,7 @@ class SlurmEngine:
                 await self.client.checked(name, ["scontrol", "release", str(job_id)])
         except RemoteError as exc:
             await self.steps.fail(run, rec, exc.message, on_step)
-            raise LaunchFailed(name, exc.message, line=messages.verdict_launch_failed(exc.message)) from None
+            raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
         run.slurm_job = job_id
         run.log_size_at_launch = size
         run.launched_at = time.time()
@@ -417,9 +413,9 @@ class SlurmEngine:
                 await self.steps.verify_unreachable(run, rec, failure.message)
                 raise failure
             await asyncio.sleep(max(0.05, r.verify_poll))
-        verdict, line, evidence = await self._decide(run, name, job, sl, j)
-        run.verdict, run.verdict_line, run.evidence = verdict, line, evidence
-        recheck = time.time() + self.pending_recheck if verdict is Verdict.PENDING else None
+        decided, line, evidence = await self._decide(run, name, job, sl, j)
+        run.verdict, run.verdict_line, run.evidence = decided, line, evidence
+        recheck = time.time() + self.pending_recheck if decided is Verdict.PENDING else None
         await self.steps.verified(run, rec, recheck_at=recheck)
         return run
 
@@ -429,17 +425,17 @@ class SlurmEngine:
         job_id = run.slurm_job or 0
         now = time.time()
         if j is None:
-            line = messages.verdict_exited(None, None, now - (run.launched_at or now))
+            line = verdict.exited(None, None, now - (run.launched_at or now))
             return Verdict.EXITED, line, f"Slurm job {job_id} is no longer known to the cluster"
         if j.state == "PENDING" or (j.active and j.state != "RUNNING"):
-            line = slurm.verdict_pending(j.reason or j.state, job_id, now - (run.launched_at or now))
+            line = verdict.pending(j.reason or j.state, job_id, now - (run.launched_at or now))
             return Verdict.PENDING, line, f"Slurm job {job_id}: {j.state}, reason {j.reason or 'None'}"
         out = await self._output(run, name, job, j)
-        tail = str(out.get("tail") or "").strip() or messages.log_since_launch_empty()
+        tail = str(out.get("tail") or "").strip() or log_since_launch_empty()
         facts = [f"Slurm job {job_id}: {j.state} on {j.nodes} node(s) {','.join(j.nodelist)}".rstrip()]
         if not j.active:
             facts.append(slurm.job_ended(j))
-            line = messages.verdict_exited(j.exit_code, _signame(j.signal), j.elapsed or 0)
+            line = verdict.exited(j.exit_code, _signame(j.signal), j.elapsed or 0)
             return (
                 Verdict.EXITED,
                 line,
@@ -465,25 +461,28 @@ class SlurmEngine:
             + (f"+{new_bytes} bytes since launch" if new_bytes is not None else "unreadable")
         )
         if out.get("error_line"):
-            verdict, line = Verdict.ERROR_IN_LOG, slurm.verdict_error_in_log(job_id, str(out["error_line"]))
+            decided, line = Verdict.ERROR_IN_LOG, verdict.error_in_log(str(out["error_line"]), job_id=job_id)
         elif j.nodes != sl.nodes or seen != expected or short:
             if j.nodes != sl.nodes:
                 short.insert(0, f"{j.nodes}/{sl.nodes} nodes")
-            verdict, line = Verdict.WRONG_COUNT, slurm.verdict_wrong_count(seen, expected, job_id, short)
+            decided, line = (
+                Verdict.WRONG_COUNT,
+                verdict.wrong_count(seen, expected, job_id=job_id, short=short),
+            )
         elif not new_bytes or new_bytes <= 0:
-            verdict, line = (
+            decided, line = (
                 Verdict.NO_PROGRESS,
-                slurm.verdict_no_progress(seen, expected, job_id, j.elapsed or 0),
+                verdict.no_progress(seen, expected, j.elapsed or 0, job_id=job_id),
             )
         else:
-            verdict, line = Verdict.RUNNING, slurm.verdict_running(seen, expected, job_id, j.nodes)
+            decided, line = Verdict.RUNNING, verdict.running_job(seen, expected, job_id, j.nodes)
         evidence = "\n".join(facts)
-        if verdict is Verdict.RUNNING:
+        if decided is Verdict.RUNNING:
             last = tail.splitlines()[-3:]
             evidence += f"\n--- last {len(last)} output lines ---\n" + "\n".join(last)
         else:
             evidence += f"\n--- last {TAIL_LINES} output lines since launch ---\n{tail}"
-        return verdict, line, evidence
+        return decided, line, evidence
 
     async def _output(self, run: RunRecord, name: str, job: JobConfig, j: SlurmJob) -> dict[str, Any]:
         """Growth, first error and tail of the job's output since launch (host helper on the login node)."""

@@ -1,6 +1,6 @@
 """The record of a run's steps, shared by every engine: each step's start, end, outcome and detail.
 
-A restart is a list of named steps (:class:`pipeline.runs.Step`).  Every engine records them the
+A restart is a list of named steps (:class:`pipeline.verdict.Step`).  Every engine records them the
 same way through one :class:`StepLog`: a step is *begun* (saved, published as a ``step`` event,
 reported to the caller's ``on_step``), then *ended* with an outcome and a detail a person reads.
 A step that fails raises one of the :class:`~pipeline.errors.SequenceAborted` errors, and the
@@ -17,10 +17,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from pipeline import keys, messages
+from pipeline import keys, verdict
 from pipeline.errors import RunCancelled, SequenceAborted
 from pipeline.events import EventKind, Events
-from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
+from pipeline.runs import RunRecord, RunStore, StepRecord
+from pipeline.verdict import Outcome, Step, Verdict
 
 StepCallback = Callable[[RunRecord, StepRecord], Awaitable[None]]
 CancelCheck = Callable[[], Awaitable[bool]]
@@ -95,7 +96,7 @@ class StepLog:
             step=Step.VERIFY,
             started_at=time.time(),
             outcome=Outcome.WAITING,
-            detail=messages.step_verify_waiting(start_window),
+            detail=step_verify_waiting(start_window),
         )
         run.steps.append(rec)
         await self.runs.save(run)
@@ -144,7 +145,7 @@ class StepLog:
             asked = await cancelled()
         if asked:
             after_step = after.value if after else None
-            raise RunCancelled(run.job, run.id, after_step, line=messages.verdict_cancelled(after_step))
+            raise RunCancelled(run.job, run.id, after_step, line=verdict.cancelled(after_step))
 
     async def finish(self, run: RunRecord, aborted: SequenceAborted) -> RunRecord:
         """Finish a run that a step ended: its verdict, line and evidence, as ``aborted`` carries them."""
@@ -194,3 +195,67 @@ class StepLog:
     async def stored_patches(self, name: str) -> set[str]:
         """The patch names last recorded in effect for the job."""
         return {str(m) for m in await self.redis.smembers(keys.job_patches(self.prefix, name))}
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def step_preflight_ok(checks: Sequence[str]) -> str:
+    """All pre-flight checks passed."""
+    return "ok: " + ", ".join(checks)
+
+
+def step_stop_nothing() -> str:
+    """Nothing of the job was running."""
+    return "nothing was running"
+
+
+def step_stopped(count: int, seconds: float, killed: Sequence[int], stop_timeout: float) -> str:
+    """How the old run was stopped."""
+    text = f"stopped {count} process{'es' if count != 1 else ''} in {seconds:.1f} s"
+    if killed:
+        pids = ", ".join(str(p) for p in killed)
+        text += f" (SIGKILL after {stop_timeout:g} s to pid {pids}, which ignored SIGTERM)"
+    else:
+        text += " (SIGTERM)"
+    return text
+
+
+def stale_record(pid: int, recorded: int | None, found: int | None) -> str:
+    """The recorded pid now belongs to another process: it is not signalled."""
+    return (
+        f"stale record: pid {pid} now belongs to another process (start time {found}, recorded {recorded}) "
+        "- not signalled"
+    )
+
+
+def gpu_memory_held(pids: Sequence[int], seconds: float) -> str:
+    """Old processes still hold GPU memory after the stop."""
+    listed = ", ".join(str(p) for p in pids)
+    return f"GPU memory still held by old pid {listed} after {seconds:.0f} s - not relaunching"
+
+
+def gpu_memory_freed(seconds: float) -> str:
+    """GPU memory of the old run was released."""
+    return f"GPU memory released ({seconds:.1f} s)"
+
+
+def step_launched(pid: int, log: str, log_size: int) -> str:
+    """The launch returned the new process."""
+    return f"pid {pid} (new session), log {log} from byte {log_size}"
+
+
+def step_verify_waiting(start_window: float) -> str:
+    """Verification is scheduled."""
+    return f"checking for {start_window:g} s after launch"
+
+
+def launch_hung(timeout: float, state: str) -> str:
+    """The launch channel did not return."""
+    return f"launch channel hung for {timeout:g} s; process state: {state}"
+
+
+def already_running(job: str, pids: Sequence[int]) -> str:
+    """``start`` refused because the job runs."""
+    listed = ", ".join(str(p) for p in pids[:10])
+    return f"{job} is already running (pid {listed}) - use restart"

@@ -12,13 +12,14 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pipeline import messages
+from pipeline import fmt, verdict
 from pipeline.config import JobConfig
 from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError
 from pipeline.hostprobe import call_helper
 from pipeline.remote import RemoteHosts
-from pipeline.runs import Outcome, RunRecord, Step
+from pipeline.runs import RunRecord
 from pipeline.steplog import StepCallback, StepLog
+from pipeline.verdict import Outcome, Step
 
 CALL_TIMEOUT = 30.0  #: seconds for a pre-flight, cache or patch call
 
@@ -41,7 +42,7 @@ async def patch_texts(
         known = ", ".join(job.patches) or "none"
         detail = f"unknown patch {', '.join(unknown)} for {name} (known: {known})"
         await steps.fail(run, rec, detail, on_step)
-        raise PreflightFailed(name, "patch", detail, line=messages.verdict_preflight_failed("patch", detail))
+        raise PreflightFailed(name, "patch", detail, line=verdict.preflight_failed("patch", detail))
     texts: dict[str, str] = {}
     for patch, path in job.patches.items():
         try:
@@ -53,7 +54,7 @@ async def patch_texts(
             detail = f"{patch}: cannot read {path}: {exc.strerror}"
             await steps.fail(run, rec, detail, on_step)
             raise PreflightFailed(
-                name, "patch", detail, line=messages.verdict_preflight_failed("patch", detail)
+                name, "patch", detail, line=verdict.preflight_failed("patch", detail)
             ) from None
     return texts
 
@@ -73,10 +74,10 @@ async def clear_cache(
     """
     rec = await steps.begin(run, Step.CLEAR_CACHE, on_step)
     if not fresh:
-        await steps.end(run, rec, Outcome.SKIPPED, messages.step_cache_skipped(), on_step)
+        await steps.end(run, rec, Outcome.SKIPPED, step_cache_skipped(), on_step)
         return
     if not job.clear_cache:
-        await steps.end(run, rec, Outcome.SKIPPED, messages.step_cache_none(), on_step)
+        await steps.end(run, rec, Outcome.SKIPPED, step_cache_none(), on_step)
         return
     try:
         answer = await call_helper(
@@ -84,16 +85,16 @@ async def clear_cache(
         )
     except RemoteError as exc:
         await steps.fail(run, rec, exc.message, on_step)
-        raise LaunchFailed(name, exc.message, line=messages.verdict_launch_failed(exc.message)) from None
+        raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
     cleared = answer.get("cleared") or []
-    detail = messages.step_cache_cleared(
+    detail = step_cache_cleared(
         [(c["path"], int(c.get("files", 0)), int(c.get("bytes", 0)), bool(c.get("missing"))) for c in cleared]
     )
     errors = [e for c in cleared for e in c.get("errors", [])]
     if errors:
         why = f"cannot clear cache: {'; '.join(errors[:3])}"
         await steps.fail(run, rec, f"{detail}; {why}", on_step)
-        raise LaunchFailed(name, why, line=messages.verdict_launch_failed(why))
+        raise LaunchFailed(name, why, line=verdict.launch_failed(why))
     await steps.end(run, rec, Outcome.OK, detail, on_step)
 
 
@@ -121,7 +122,7 @@ async def patch(
     if not to_apply and not to_revert:
         run.patches = in_effect
         await steps.store_patches(name, in_effect)
-        await steps.end(run, rec, Outcome.SKIPPED, messages.step_patches([], [], in_effect), on_step)
+        await steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect), on_step)
         return
     try:
         answer = await call_helper(
@@ -134,15 +135,54 @@ async def patch(
         )
     except RemoteError as exc:
         await steps.fail(run, rec, exc.message, on_step)
-        raise LaunchFailed(
-            name, exc.message, line=messages.verdict_launch_failed(messages.patch_failed(exc.message))
-        ) from None
+        raise LaunchFailed(name, exc.message, line=verdict.launch_failed(patch_failed(exc.message))) from None
     in_effect = sorted(answer.get("in_effect") or [])
     run.patches = in_effect
     await steps.store_patches(name, in_effect)
-    detail = messages.step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
+    detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
     if answer.get("failed"):
-        why = messages.patch_failed("; ".join(answer["failed"]))
+        why = patch_failed("; ".join(answer["failed"]))
         await steps.fail(run, rec, f"{detail}; {why}", on_step)
-        raise LaunchFailed(name, why, line=messages.verdict_launch_failed(why))
+        raise LaunchFailed(name, why, line=verdict.launch_failed(why))
     await steps.end(run, rec, Outcome.OK, detail, on_step)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def step_cache_skipped() -> str:
+    """No fresh cache was asked for."""
+    return "not asked for"
+
+
+def step_cache_none() -> str:
+    """A fresh cache was asked for but the job has no clear_cache paths."""
+    return "asked for, but the job has no clear_cache paths"
+
+
+def step_cache_cleared(cleared: Sequence[tuple[str, int, int, bool]]) -> str:
+    """``/srv/cache: 120 files, 3.4 GB removed`` per path (path, files, bytes, missing)."""
+    parts = []
+    for path, files, size, missing in cleared:
+        parts.append(
+            f"{path}: not present" if missing else f"{path}: {files} files, {fmt.size(size)} removed"
+        )
+    return "; ".join(parts)
+
+
+def step_patches(applied: Sequence[str], reverted: Sequence[str], in_effect: Sequence[str]) -> str:
+    """What the patch step changed and what is in effect after it."""
+    parts = []
+    if applied:
+        parts.append("applied " + ", ".join(applied))
+    if reverted:
+        parts.append("reverted " + ", ".join(reverted))
+    if not parts:
+        parts.append("no change")
+    parts.append("in effect: " + (", ".join(in_effect) or "none"))
+    return "; ".join(parts)
+
+
+def patch_failed(detail: str) -> str:
+    """A patch did not apply after the stop (pre-flight had passed)."""
+    return f"patch step failed, job not relaunched: {detail}"

@@ -21,7 +21,8 @@ from pipeline.events import Events
 from pipeline.hostprobe import ProcessCount
 from pipeline.redisconn import RedisHandle
 from pipeline.remote import RemoteHosts, RemoteResult
-from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
+from pipeline.runs import RunRecord, RunStore, StepRecord
+from pipeline.verdict import Outcome, Step, Verdict
 
 ADMIN = "U0ADMIN0001"
 OPERATOR = "U0OPERATOR1"

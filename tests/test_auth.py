@@ -8,12 +8,11 @@ import uuid
 import pytest
 
 from handlers.audit import AuditOutcome
-from handlers.auth import SYSTEM_USER, Denied, authorise, role_of
+from handlers.auth import SYSTEM_USER, Denied, authorise, denied, role_of
 from handlers.commands import parse
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
 from handlers.grammar import Role
-from pipeline import messages
 from pipeline.config import parse_config
 from pipeline.redisconn import RedisHandle
 from tests.support_handlers import (
@@ -60,7 +59,7 @@ def test_no_role_without_a_listing() -> None:
     assert role_of(config, "U0STRANGER1", ("S0TEAM00001",)) is Role.VIEWER
     with pytest.raises(Denied) as info:
         authorise(config, parse("status", config), "console")
-    assert info.value.message == messages.denied("console", "status", None, "viewer")
+    assert info.value.message == denied("console", "status", None, "viewer")
     assert int(info.value.exit_code) == 3
 
 
@@ -120,7 +119,7 @@ async def test_viewer_restart_is_denied_and_audited(ctx: Context) -> None:
     reply = await d.handle(
         Request("restart dflash", user=VIEWER, delivery_id=uuid.uuid4().hex, channel="C0X")
     )
-    assert reply.title == messages.denied(VIEWER, "restart", "dflash", "operator")
+    assert reply.title == denied(VIEWER, "restart", "dflash", "operator")
     assert reply.exit_code == 3 and reply.ephemeral
     await d.drain(5)
     assert isinstance(ctx.restarter, StandInRestarter)

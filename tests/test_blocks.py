@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot import blocks
+from bot.blocks import slack_rows_omitted
 from handlers.reply import Button, Reply, Status, StepLine, Table
-from pipeline import messages
 from tests.fixtures.slack import MAX_SECTION_TEXT, validate_blocks
 
 
@@ -82,7 +82,7 @@ def test_huge_table_is_cut_with_a_row_count() -> None:
     texts = blocks.block_texts(out)
     marker = next(t for t in texts if "more rows omitted" in t)
     shown = sum(t.count("job-") for t in _section_texts(out))
-    assert marker == messages.slack_rows_omitted(2000 - shown)
+    assert marker == slack_rows_omitted(2000 - shown)
 
 
 def test_text_is_escaped_for_mrkdwn() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config, parse_config, parse_duration, resolve_path
+from pipeline.config import load_config, parse_config, resolve_path, seconds_setting
 from pipeline.errors import ConfigError, ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,11 +117,11 @@ def test_names_unique_ignoring_case(tmp_path: Path) -> None:
 
 def test_durations() -> None:
     """Durations accept seconds and 30m / 1h / 2.5s forms, and refuse the rest."""
-    assert parse_duration(90) == 90 and parse_duration("30m") == 1800 and parse_duration("1h") == 3600
-    assert parse_duration("2.5s") == 2.5
+    assert seconds_setting(90) == 90 and seconds_setting("30m") == 1800 and seconds_setting("1h") == 3600
+    assert seconds_setting("2.5s") == 2.5
     for bad in ("soon", "-1", 0, True):
         with pytest.raises(ValueError):
-            parse_duration(bad)
+            seconds_setting(bad)
 
 
 def test_resolve_path_order(tmp_path: Path) -> None:

@@ -11,12 +11,21 @@ from rich.console import Console
 
 from bot import blocks
 from bot.assembly import build_context, close_context
-from bot.console import ConsoleOutbox, ConsoleSession, Renderer, key_prefix, make_console, run_console
+from bot.console import (
+    ConsoleOutbox,
+    ConsoleSession,
+    Renderer,
+    console_bye,
+    console_confirm,
+    key_prefix,
+    make_console,
+    run_console,
+)
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Button, Reply, Status, StepLine, Table
 from handlers.runview import run_reply
-from pipeline import messages
+from handlers.views import help_title
 from pipeline.config import Config
 from tests.fixtures.slack import kill_matching, slack_config
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
@@ -169,7 +178,7 @@ async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat) -> None:
     yes = await session.run_line(f"start {job}")
     await chat.dispatcher.drain(30)
     no = await session.run_line(f"stop {job}")
-    assert asked == [messages.console_confirm()] * 2
+    assert asked == [console_confirm()] * 2
     assert yes.title.startswith("queued run r-1") and yes.run_id == "r-1"
     assert no.exit_code == 5 and no.run_id is None
     assert len(await chat.ctx.runs.recent(job)) == 1
@@ -184,11 +193,11 @@ async def test_repl_runs_from_lines_without_a_terminal(chat: Chat) -> None:
     await chat.dispatcher.drain(30)
     assert code == 0
     out = chat.console.export_text()
-    assert f"pitstop> start {job}" in out and f"{messages.console_confirm()}y" in out
-    assert out.count(messages.help_title()) == 1  # nothing after quit ran
+    assert f"pitstop> start {job}" in out and f"{console_confirm()}y" in out
+    assert out.count(help_title()) == 1  # nothing after quit ran
     assert "queued run r-1" in out
     assert "[run r-1] ✓ launch" in out
-    assert messages.console_bye() in out.splitlines()
+    assert console_bye() in out.splitlines()
 
 
 async def test_run_console_end_to_end(
@@ -207,4 +216,4 @@ async def test_run_console_end_to_end(
     assert code == 0
     out = console.export_text()
     assert "queued run r-1" in out and "[run r-1] ✓ launch" in out
-    assert messages.console_bye() in out.splitlines()
+    assert console_bye() in out.splitlines()

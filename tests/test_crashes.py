@@ -13,7 +13,7 @@ from pipeline.config import AutoRestart, Config, parse_config
 from pipeline.crashes import TRANSIENT, Crash, CrashClass, classify, from_fields
 from pipeline.errors import ConfigError
 from pipeline.events import EventKind
-from pipeline.runs import Verdict
+from pipeline.verdict import Verdict
 from tests.test_scheduler import _events
 from tests.test_watch import MENTION, open_harness
 

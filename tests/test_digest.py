@@ -18,8 +18,20 @@ from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status, render_text
-from handlers.reports import digest_command, digest_reply, gpus_command
-from pipeline import keys, messages
+from handlers.reports import (
+    digest_all_title,
+    digest_command,
+    digest_reply,
+    digest_resets,
+    digest_starved,
+    digest_targets,
+    digest_unknown_job,
+    digest_window_note,
+    gpus_command,
+    gpus_title,
+    gpus_unknown_host,
+)
+from pipeline import keys
 from pipeline.chart import rank_rates, tokens_chart
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
 from pipeline.digest import Digest, build_digest
@@ -408,11 +420,11 @@ async def test_digest_reply_reads_like_the_brief(
     assert fields["top-1/4/8"].startswith("37.5% / 62.5% / 87.5%")
     assert (
         fields["targets"]
-        == messages.digest_targets(3500.0, 5)
+        == digest_targets(3500.0, 5)
         == "3,500 tokens/s over 5 rank(s), not added to the pipeline's"
     )
-    assert messages.digest_starved(1 / 3) in reply.lines
-    assert messages.digest_resets(1) in reply.lines
+    assert digest_starved(1 / 3) in reply.lines
+    assert digest_resets(1) in reply.lines
     ranks, gpus = reply.tables
     assert ranks.headers == ("rank", "role", "device", "tokens/s", "step p50")
     assert ranks.rows[5] == ("5", "drafter", "cuda:5", "200", "0.115 s")
@@ -473,7 +485,7 @@ async def test_missing_log_and_unknown_job_are_clear_errors(
     assert reply.status is Status.ERROR and reply.exit_code != 0
     assert reply.title.startswith("digest dflash: could not be built") and "dflash.log" in reply.title
     unknown = await digest_command(ctx, "dflsh")
-    assert unknown.ephemeral and unknown.title == messages.digest_unknown_job("dflsh", ["dflash"])
+    assert unknown.ephemeral and unknown.title == digest_unknown_job("dflsh", ["dflash"])
     assert await load_offset(ctx.redis.client, ctx.prefix, "dflash") is None
 
 
@@ -484,7 +496,7 @@ async def test_digest_of_every_job_has_one_follow_up_each(
     ctx = make_ctx(_config(gpu_host, tmp_path, gpus=False, jobs=("dflash", "other")))  # type: ignore[operator]
     (tmp_path / "dflash.log").write_bytes(COMPLETE)
     reply = await digest_command(ctx, None)
-    assert reply.title == messages.digest_all_title(2)
+    assert reply.title == digest_all_title(2)
     first, second = reply.follow_ups
     assert first.title == "digest dflash: 500 tokens/s"
     assert second.status is Status.ERROR  # other.log does not exist
@@ -504,7 +516,7 @@ async def test_scheduled_digest_command_stores_offset_and_draws_chart(
     assert state is not None and (state.start, state.offset) == (0, len(COMPLETE))
     again = await digest_command(ctx, "dflash")
     assert again.title == "digest dflash: 500 tokens/s"  # no "(+0.0%)" against itself
-    assert messages.digest_window_note("repeat", str(tmp_path / "dflash.log"), 0) in again.lines
+    assert digest_window_note("repeat", str(tmp_path / "dflash.log"), 0) in again.lines
 
 
 async def test_gpus_command_shows_na_and_maps_processes_to_jobs(
@@ -520,14 +532,14 @@ async def test_gpus_command_shows_na_and_maps_processes_to_jobs(
         keys.job_current(ctx.prefix, "dflash"), mapping={"pid": "4242", "sid": "4242", "state": "running"}
     )
     reply = await gpus_command(ctx, "GPU1")
-    assert reply.title == messages.gpus_title("gpu1", 8)
+    assert reply.title == gpus_title("gpu1", 8)
     gpus = reply.tables[0]
     assert gpus.rows[0] == ("0", "NVIDIA H200", "97%", "81,234 / 143,771 MiB", "n/a")
     assert gpus.rows[7] == ("7", "NVIDIA H200", "0%", "0 / 143,771 MiB", "74 W")
     procs = reply.tables[-1]
     assert procs.rows == (("4242", "dflash", "81,220 MiB"), ("4243", "-", "n/a"))
     unknown = await gpus_command(ctx, "gpu2")
-    assert unknown.ephemeral and unknown.title == messages.gpus_unknown_host("gpu2", ["gpu1"])
+    assert unknown.ephemeral and unknown.title == gpus_unknown_host("gpu2", ["gpu1"])
 
 
 def _line(ts: float, rank: int, tokens: int) -> bytes:

@@ -14,20 +14,24 @@ from typing import Any
 import pytest
 
 from handlers.audit import AuditOutcome
+from handlers.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_gone, confirm_not_yours
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Request
+from handlers.dispatch import Dispatcher, Request, duplicate_delivery, unknown_action
 from handlers.lock import read_holder
 from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
+from handlers.sequences import cancel_nothing, cancel_requested, launch_summary, stop_summary
+from handlers.verbs import queued
 from handlers.verdicts import deliver_verdict
-from pipeline import messages
+from handlers.views import awaiting_verdict, history_headers, history_title, lock_free, logs_title
 from pipeline.config import Config
 from pipeline.errors import HostUnreachable, internal_error
 from pipeline.events import EventKind, Events
 from pipeline.redisconn import RedisHandle
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
-from pipeline.runs import RunStore, Step, Verdict
+from pipeline.runs import RunStore
+from pipeline.verdict import Step, Verdict
 from tests.support_handlers import (
     ADMIN,
     OPERATOR,
@@ -76,7 +80,7 @@ async def test_restart_answers_at_once_and_runs_in_background(ctx: Context, disp
     background sequence updates the live message step by step and posts the launch summary in its thread."""
     _restarter(ctx).step_s = 0.3
     reply = await dispatcher.handle(_req("restart dflash with topk patch fresh cache"))
-    assert reply.title == messages.queued("r-1", "dflash")
+    assert reply.title == queued("r-1", "dflash")
     assert reply.exit_code == 0 and reply.run_id == "r-1" and reply.thread_key == "run:r-1"
     outbox = _outbox(ctx)
     first = outbox.of("announce")[0]
@@ -101,7 +105,7 @@ async def test_restart_answers_at_once_and_runs_in_background(ctx: Context, disp
     assert last.steps[-1].text() == "… verify: waiting"
     assert [s.mark for s in last.steps[:5]] == ["✓"] * 5
     thread = outbox.of("thread")
-    assert [p.reply.title for p in thread] == [messages.launch_summary("r-1", "dflash", 4242, 1.0)]
+    assert [p.reply.title for p in thread] == [launch_summary("r-1", "dflash", 4242, 1.0)]
     assert await read_holder(ctx.redis.client, ctx.prefix, "job:dflash") is None
 
 
@@ -112,7 +116,7 @@ async def test_same_delivery_twice_acts_once(ctx: Context, dispatcher: Dispatche
         dispatcher.handle(_req("restart dflash", delivery_id="ev:Ev0001")),
     )
     titles = sorted([a.title, b.title])
-    assert titles == sorted([messages.queued("r-1", "dflash"), messages.duplicate_delivery()])
+    assert titles == sorted([queued("r-1", "dflash"), duplicate_delivery()])
     await dispatcher.drain(30)
     assert len(await _restarter(ctx).calls()) == 1
     assert await dispatcher.seen("ev:Ev0001")
@@ -130,7 +134,7 @@ async def test_double_clicked_confirmation_acts_once(ctx: Context, dispatcher: D
         dispatcher.handle_action("confirm", token, OPERATOR, "act:T2"),
     )
     titles = [first.title, again.title, other_id.title]
-    assert titles.count(messages.queued("r-1", "guarded")) == 1
+    assert titles.count(queued("r-1", "guarded")) == 1
     await dispatcher.drain(30)
     assert len(await _restarter(ctx).calls()) == 1
 
@@ -138,12 +142,12 @@ async def test_double_clicked_confirmation_acts_once(ctx: Context, dispatcher: D
 async def test_confirmation_by_the_same_user_runs(ctx: Context, dispatcher: Dispatcher) -> None:
     """A job with confirm = true waits for its requester's click; the click runs it and is audited."""
     ask = await dispatcher.handle(_req("restart guarded"))
-    assert ask.ephemeral and ask.title == messages.confirm_ask("restart guarded", "guarded", 1.0)
+    assert ask.ephemeral and ask.title == confirm_ask("restart guarded", "guarded", 1.0)
     assert [b.action for b in ask.buttons] == ["confirm", "cancel"]
     assert await _restarter(ctx).calls() == []
     token = ask.buttons[0].value
     done = await dispatcher.handle_action("confirm", token, OPERATOR, "act:1")
-    assert done.title == messages.queued("r-1", "guarded") and done.exit_code == 0
+    assert done.title == queued("r-1", "guarded") and done.exit_code == 0
     await dispatcher.drain(30)
     assert [c["action"] for c in await _restarter(ctx).calls()] == ["restart"]
     outcomes = [e.outcome for e in await dispatcher.audit.recent(count=10)]
@@ -155,10 +159,10 @@ async def test_confirmation_by_another_user_is_refused(ctx: Context, dispatcher:
     ask = await dispatcher.handle(_req("restart guarded"))
     token = ask.buttons[0].value
     other = await dispatcher.handle_action("confirm", token, ADMIN, "act:2")
-    assert other.title == messages.confirm_not_yours(OPERATOR) and other.exit_code == 3 and other.ephemeral
+    assert other.title == confirm_not_yours(OPERATOR) and other.exit_code == 3 and other.ephemeral
     assert await _restarter(ctx).calls() == []
     mine = await dispatcher.handle_action("confirm", token, OPERATOR, "act:3")
-    assert mine.title == messages.queued("r-1", "guarded")
+    assert mine.title == queued("r-1", "guarded")
     denied = await dispatcher.audit.recent(outcomes={AuditOutcome.DENIED}, count=5)
     assert [e.user for e in denied] == [ADMIN]
 
@@ -168,7 +172,7 @@ async def test_unconfirmed_request_is_cancelled_and_says_so(ctx: Context, dispat
     (its prompt named), it is audited, and a late click does nothing."""
     ask = await dispatcher.handle(_req("restart guarded", channel="C0REQUEST01"))
     token = ask.buttons[0].value
-    expired = messages.confirm_expired("restart guarded", 1.0)
+    expired = confirm_expired("restart guarded", 1.0)
 
     async def said() -> bool:
         return any(p.reply.title == expired for p in _outbox(ctx).of("tell"))
@@ -180,7 +184,7 @@ async def test_unconfirmed_request_is_cancelled_and_says_so(ctx: Context, dispat
     cancelled = await dispatcher.audit.recent(outcomes={AuditOutcome.CANCELLED}, count=5)
     assert [e.detail for e in cancelled] == [expired]
     late = await dispatcher.handle_action("confirm", token, OPERATOR, "act:late")
-    assert late.title == messages.confirm_gone() and late.exit_code == 5
+    assert late.title == confirm_gone() and late.exit_code == 5
     assert await _restarter(ctx).calls() == []
 
 
@@ -188,7 +192,7 @@ async def test_requester_can_decline(ctx: Context, dispatcher: Dispatcher) -> No
     """The Cancel button settles the confirmation: nothing runs, exit 5, audited."""
     ask = await dispatcher.handle(_req("stop guarded"))
     reply = await dispatcher.handle_action("cancel", ask.buttons[1].value, OPERATOR, "act:c")
-    assert reply.title == messages.confirm_cancelled("stop guarded", OPERATOR) and reply.exit_code == 5
+    assert reply.title == confirm_cancelled("stop guarded", OPERATOR) and reply.exit_code == 5
     assert await _restarter(ctx).calls() == []
 
 
@@ -205,7 +209,7 @@ async def test_cancel_stops_the_run_at_the_next_step_boundary(ctx: Context, disp
 
     await wait_until(at_stop)
     reply = await dispatcher.handle(_req("cancel dflash", user=ADMIN))
-    assert reply.title == messages.cancel_requested("r-1", "dflash") and reply.run_id == "r-1"
+    assert reply.title == cancel_requested("r-1", "dflash") and reply.run_id == "r-1"
     await dispatcher.drain(30)
     run = await ctx.runs.get("r-1")
     assert run.verdict is Verdict.CANCELLED and run.step(Step.LAUNCH) is None
@@ -213,7 +217,7 @@ async def test_cancel_stops_the_run_at_the_next_step_boundary(ctx: Context, disp
     event = await ctx.events.wait_for(EventKind.VERDICT, "dflash", after=after, timeout=5)
     assert event is not None and event.data["verdict"] == "CANCELLED"
     nothing = await dispatcher.handle(_req("cancel dflash"))
-    assert nothing.title == messages.cancel_nothing("dflash") and nothing.exit_code == 1
+    assert nothing.title == cancel_nothing("dflash") and nothing.exit_code == 1
 
 
 async def test_stop_posts_its_summary(ctx: Context, dispatcher: Dispatcher) -> None:
@@ -223,7 +227,7 @@ async def test_stop_posts_its_summary(ctx: Context, dispatcher: Dispatcher) -> N
     await dispatcher.drain(30)
     assert [c["action"] for c in await _restarter(ctx).calls()] == ["stop"]
     thread = _outbox(ctx).of("thread")
-    assert thread[-1].reply.title == messages.stop_summary("r-1", "dflash")
+    assert thread[-1].reply.title == stop_summary("r-1", "dflash")
 
 
 async def test_expected_failure_is_a_clear_reply(redis_handle: RedisHandle) -> None:
@@ -258,13 +262,11 @@ async def test_unexpected_failure_gives_an_incident_id_not_a_traceback(
 async def test_reads_answer_inline(ctx: Context, dispatcher: Dispatcher) -> None:
     """logs, patches, lock and help answer directly with what a person needs."""
     logs = await dispatcher.handle(_req("logs dflash 5", user=VIEWER))
-    assert (
-        logs.title == messages.logs_title(5, "/srv/w/train.log", "dflash") and logs.log == "step 1\nstep 2\n"
-    )
+    assert logs.title == logs_title(5, "/srv/w/train.log", "dflash") and logs.log == "step 1\nstep 2\n"
     patches = await dispatcher.handle(_req("patches dflash", user=VIEWER))
     assert dict(patches.fields) == {"available": "topk, fast, old", "in effect": "none"}
     lock = await dispatcher.handle(_req("lock dflash", user=VIEWER))
-    assert lock.title == messages.lock_free("dflash")
+    assert lock.title == lock_free("dflash")
     helped = await dispatcher.handle(_req("help", user=VIEWER))
     listed = " ".join(helped.lines)
     for verb in ("restart", "start", "stop", "cancel", "status", "logs", "digest", "history", "patches"):
@@ -280,12 +282,12 @@ async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatc
     await dispatcher.handle(_req("restart dflash", user=ADMIN))  # refused: in flight
     await dispatcher.drain(30)
     reply = await dispatcher.handle(_req("history dflash 5", user=VIEWER))
-    assert reply.title == messages.history_title("dflash", 1)
+    assert reply.title == history_title("dflash", 1)
     (runs,) = reply.tables
-    assert runs.headers == messages.history_headers()
+    assert runs.headers == history_headers()
     row = runs.rows[0]
     assert row[0] == "r-1" and row[2] == "<@U0OPERATOR1>" and row[3] == "restart" and row[4] == "topk"
-    assert row[5] == messages.awaiting_verdict()
+    assert row[5] == awaiting_verdict()
     (refusals,) = reply.follow_ups
     outcomes = [r[3] for r in refusals.tables[0].rows]
     assert outcomes == ["refused", "denied"]
@@ -408,7 +410,7 @@ async def test_say_runs_the_slack_path_and_waits_for_the_verdict(
         )
         assert code == 0, out.getvalue() + err.getvalue()
         data = json.loads(out.getvalue())
-        assert data["title"] == messages.queued("r-1", "trainer")
+        assert data["title"] == queued("r-1", "trainer")
         launch, verdict = data["follow_ups"]
         assert launch["title"].startswith("r-1: trainer launched as pid")
         assert verdict["title"].startswith("RUNNING 1/1 processes") and verdict["status"] == "ok"
@@ -440,14 +442,15 @@ async def test_show_log_button_answers_with_the_log(ctx: Context, dispatcher: Di
     unknown = await dispatcher.handle_action("show_log", "dflsh", VIEWER, "act:log2")
     assert unknown.exit_code == 2 and "did you mean 'dflash'" in unknown.title
     odd = await dispatcher.handle_action("reboot", "x", VIEWER, "act:odd")
-    assert odd.title == messages.unknown_action("reboot") and odd.exit_code == 2
+    assert odd.title == unknown_action("reboot") and odd.exit_code == 2
 
 
 def test_run_view_shows_who_what_steps_and_verdict() -> None:
     """The live message reads who asked for what, each step with ✓/✗ and seconds, a waiting verify,
     and the verdict line last; the verdict post carries the evidence and a Show log button on failure."""
     from handlers.runview import run_reply, verdict_reply
-    from pipeline.runs import Outcome, RunRecord, StepRecord
+    from pipeline.runs import RunRecord, StepRecord
+    from pipeline.verdict import Outcome
 
     t = 1_000_000.0
     run = RunRecord(

@@ -31,7 +31,7 @@ from pipeline.errors import (
     internal_error,
     new_incident_id,
 )
-from pipeline.runs import Verdict
+from pipeline.verdict import Verdict
 
 _SURFACES = (bot.demo, handlers.auth, handlers.commands, handlers.lock)  # their errors are subclasses too
 

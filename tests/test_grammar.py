@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from bot.say import parse_main
 from handlers import grammar
-from handlers.commands import Command, ParseError, parse
+from handlers.commands import Command, ParseError, parse, parse_too_long
 from handlers.normalise import normalise
-from pipeline import messages
 from tests.support_handlers import handler_config
 
 CONFIG = handler_config()
@@ -166,11 +165,11 @@ ERRORS: list[tuple[str, str]] = [
     ("logs dflash 0", "lines must be between 1 and 500, got 0"),
     ("logs dflash 501", "lines must be between 1 and 500, got 501"),
     ("history 1000", "N must be between 1 and 100, got 1000"),
-    ("watch dflash off for 5x", "'5x' is not a duration - use e.g. 90s, 30m, 2h or 1d (at most 7d)"),
-    ("watch dflash off for 8d", "duration '8d' is out of range - give at least 1s and at most 7d"),
+    ("watch dflash off for 5x", "'5x' is not a duration - use e.g. 90s, 30m, 2h or 1d (at most 7 d)"),
+    ("watch dflash off for 8d", "duration '8d' is out of range - give at least 1 s and at most 7 d"),
     ("watch dflash on for 2h", "`for DURATION` pauses watching for a while: say `watch dflash off for 2h`"),
     ("restart dflash with topk without topk", "patch 'topk' cannot be both added and removed"),
-    ("status " + "x" * 600, messages.parse_too_long(500)),
+    ("status " + "x" * 600, parse_too_long(500)),
 ]
 
 

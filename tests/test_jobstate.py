@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from pipeline import keys
+from pipeline.incidents import Incident, IncidentKind
 from pipeline.jobstate import JobStore, scope_of
 from pipeline.redisconn import RedisHandle
 from pipeline.runs import RunStore
-from pipeline.watch import Incident, IncidentKind
 from tests.support_handlers import handler_config
 
 CONFIG = handler_config(dflash={"watch": {"auto_restart": {"within": 600}}})

@@ -18,7 +18,10 @@ from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
 from handlers.lock import InFlight, JobLock, read_holder
 from handlers.outbox import MemoryOutbox
-from pipeline import keys, messages
+from handlers.sequences import run_lock_lost
+from handlers.verbs import queued
+from handlers.views import lock_forced_note, lock_free, unlock_not_held, unlocked
+from pipeline import keys
 from pipeline.redisconn import RedisHandle
 from tests.support_handlers import (
     ADMIN,
@@ -137,7 +140,7 @@ async def test_sequence_longer_than_ttl_keeps_the_lock(ctx: Context) -> None:
         assert refused.title.endswith("now at: launch")
         await d.drain(30)
         final = [p for p in _outbox(ctx).of("announce") if p.key == "run:r-1"][-1].reply
-        assert messages.run_lock_lost("dflash") not in final.lines
+        assert run_lock_lost("dflash") not in final.lines
         assert len(await _restarter(ctx).calls()) == 1
     finally:
         await d.drain(30)
@@ -159,7 +162,7 @@ async def test_lock_is_released_when_the_launch_ends(ctx: Context) -> None:
         assert d.in_flight == 1
         assert await read_holder(ctx.redis.client, ctx.prefix, "job:dflash") is None
         lock = await d.handle(_req("lock dflash"))
-        assert lock.title == messages.lock_free("dflash")
+        assert lock.title == lock_free("dflash")
     finally:
         await d.drain(30)
 
@@ -175,15 +178,15 @@ async def test_unlock_forces_release_and_the_run_warns(ctx: Context) -> None:
         denied = await d.handle(_req("unlock dflash"))
         assert denied.exit_code == 3
         forced = await d.handle(_req("unlock dflash", user=ADMIN))
-        assert forced.title == messages.unlocked("job:dflash", ADMIN, OPERATOR)
+        assert forced.title == unlocked("job:dflash", ADMIN, OPERATOR)
         assert (await d.audit.recent(outcomes={AuditOutcome.FORCED}, count=1))[0].user == ADMIN
-        assert _outbox(ctx).of("thread")[0].reply.title == messages.lock_forced_note(ADMIN)
+        assert _outbox(ctx).of("thread")[0].reply.title == lock_forced_note(ADMIN)
         await d.drain(30)
         final = [p for p in _outbox(ctx).of("announce") if p.key == "run:r-1"][-1].reply
-        assert messages.run_lock_lost("dflash") in final.lines
+        assert run_lock_lost("dflash") in final.lines
         assert final.steps[-1].text() == "… verify: waiting"
         again = await d.handle(_req("unlock dflash", user=ADMIN))
-        assert again.title == messages.unlock_not_held("job:dflash")
+        assert again.title == unlock_not_held("job:dflash")
     finally:
         await d.drain(30)
 
@@ -264,7 +267,7 @@ async def test_fifty_concurrent_restarts_run_one_sequence(ctx: Context) -> None:
         accepted = [(u, r) for u, r in zip(users, replies, strict=True) if r.exit_code == 0]
         assert len(accepted) == 1
         winner, reply = accepted[0]
-        assert reply.title == messages.queued("r-1", "dflash")
+        assert reply.title == queued("r-1", "dflash")
         refused = [r for r in replies if r.exit_code != 0]
         assert len(refused) == 49
         for r in refused:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pipeline import keys, messages
+from pipeline import keys, verdict
 from pipeline.config import Config, GpuRoles, JobConfig
 from pipeline.events import Events
 from pipeline.evidence import Evidence, decide
@@ -26,7 +26,9 @@ from pipeline.recovery import reconcile
 from pipeline.redisconn import RedisHandle, open_redis
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
-from pipeline.runs import Outcome, RunRecord, RunStore, Step, StepRecord, Verdict
+from pipeline.runs import RunRecord, RunStore, StepRecord
+from pipeline.steplog import stale_record
+from pipeline.verdict import Outcome, Step, Verdict
 from tests.fixtures.ssh import BIN, HostUnderTest, InProcessHost, JobFactory, JobSetup
 
 TOPK_DIFF = """\
@@ -494,7 +496,7 @@ async def test_fresh_cache_clears_only_the_listed_paths(
     stack = await make_stack(job_factory(ssh_server, clear_cache=[str(cache), str(tmp_path / "absent")]))
     run = await stack.restarter.restart(await stack.run(), fresh_cache=True)
     detail = step(run, Step.CLEAR_CACHE).detail
-    assert f"{cache}: 2 files, 1.5 kB removed" in detail and "absent: not present" in detail
+    assert f"{cache}: 2 files, 1.5 KiB removed" in detail and "absent: not present" in detail
     assert cache.is_dir() and list(cache.iterdir()) == [] and keep.exists()
     plain = await stack.restarter.restart(await stack.run())
     assert step(plain, Step.CLEAR_CACHE).outcome is Outcome.SKIPPED
@@ -652,11 +654,11 @@ def test_verdict_lines_are_exact() -> None:
     assert _decide(_run(), _ev(error_line="Traceback (most recent call last):"))[1] == (
         "ERROR_IN_LOG pid 4242: Traceback (most recent call last):"
     )
-    assert messages.verdict_preflight_failed("patch", "topk does not apply") == (
+    assert verdict.preflight_failed("patch", "topk does not apply") == (
         "PREFLIGHT_FAILED patch: topk does not apply"
     )
-    assert messages.verdict_stop_failed([1, 2], "x") == "STOP_FAILED survivors pid 1, 2: x"
-    assert messages.verdict_interrupted("stop").startswith("INTERRUPTED during stop")
+    assert verdict.stop_failed([1, 2], "x") == "STOP_FAILED survivors pid 1, 2: x"
+    assert verdict.interrupted("stop").startswith("INTERRUPTED during stop")
 
 
 def test_verdict_precedence_first_applicable_wins() -> None:
@@ -664,9 +666,7 @@ def test_verdict_precedence_first_applicable_wins() -> None:
     assert _decide(_run(), _ev(state="gone", error_line="ValueError", count=0))[0] is Verdict.EXITED
     assert _decide(_run(), _ev(error_line="Killed", count=3, new_bytes=0))[0] is Verdict.ERROR_IN_LOG
     assert _decide(_run(), _ev(count=3, new_bytes=0))[0] is Verdict.WRONG_COUNT
-    stale_stop = StepRecord(
-        step=Step.STOP, started_at=1.0, detail=messages.stale_record(77, 1, 2), stale=True
-    )
+    stale_stop = StepRecord(step=Step.STOP, started_at=1.0, detail=stale_record(77, 1, 2), stale=True)
     run = _run(old_pid=77, steps=[stale_stop])
     assert _decide(run, _ev()) == (
         Verdict.STALE_RECORD,
@@ -679,7 +679,7 @@ def test_verdict_precedence_first_applicable_wins() -> None:
 
 def test_stale_is_a_field_of_the_stop_step_not_its_text() -> None:
     """Only the step's ``stale`` field makes a run STALE_RECORD; records saved without it load as not stale."""
-    look_alike = StepRecord(step=Step.STOP, started_at=1.0, detail=messages.stale_record(77, 1, 2))
+    look_alike = StepRecord(step=Step.STOP, started_at=1.0, detail=stale_record(77, 1, 2))
     assert _decide(_run(old_pid=77, steps=[look_alike]), _ev())[0] is Verdict.RUNNING
     old = StepRecord.model_validate_json('{"step": "stop", "started_at": 1.0, "detail": "stopped"}')
     assert old.stale is False

@@ -17,7 +17,8 @@ from pipeline.redisconn import RedisHandle
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
 from pipeline.resume import ResumePoint, check_resume
-from pipeline.runs import RunRecord, RunStore, Verdict
+from pipeline.runs import RunRecord, RunStore
+from pipeline.verdict import Verdict
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
 from tests.test_restart import _ev, _job_config, _run
 

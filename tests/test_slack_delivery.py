@@ -16,15 +16,18 @@ import pytest
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot import blocks
+from bot.blocks import slack_continued, slack_part
 from bot.slack_api import web_client
+from bot.slack_app import slack_home_no_role
 from bot.slack_outbox import SlackOutbox
 from handlers.alerts import alert_reply
 from handlers.audit import AuditOutcome
+from handlers.confirm import confirm_expired
 from handlers.reply import Reply, Status, Table
-from pipeline import keys, messages
+from pipeline import keys
 from pipeline.config import AuthSettings, Config, SlackSettings
 from pipeline.errors import ExitCode
-from pipeline.watch import Incident, IncidentKind
+from pipeline.incidents import Incident, IncidentKind
 from tests.fixtures.slack import (
     ANNOUNCE,
     BOT_TOKEN,
@@ -131,10 +134,8 @@ async def test_2_long_answer_is_split_into_the_thread_with_a_marker(fake_slack: 
     assert await fake_slack.calls("chat.postMessage", ok=False) == []
     head, *rest = fake_slack.posted_to(ANNOUNCE)
     assert rest and all(m["thread_ts"] == head["ts"] for m in rest)
-    assert messages.slack_continued(len(rest)) in _texts(head)
-    assert _texts(rest[-1]).startswith(
-        messages.slack_part(len(rest) + 1, len(rest) + 1, "history dflash 400")
-    )
+    assert slack_continued(len(rest)) in _texts(head)
+    assert _texts(rest[-1]).startswith(slack_part(len(rest) + 1, len(rest) + 1, "history dflash 400"))
     shown = "\n".join(_texts(m) for m in (head, *rest))
     assert all(f"job-{i:04d}" in shown for i in range(400))
     assert all(blocks.block_chars(m["blocks"]) <= blocks.MAX_MESSAGE_CHARS for m in (head, *rest))  # type: ignore[arg-type]
@@ -333,7 +334,7 @@ async def test_8_expired_confirmation_replaces_the_prompt_privately(build: MakeS
     prompt, replaced = await served.answered(url, 2)
     assert any(b["type"] == "actions" for b in prompt["blocks"])
     assert replaced["replace_original"] is True and replaced["response_type"] == "ephemeral"
-    assert replaced["text"].startswith(messages.confirm_expired(f"restart {served.job}", 0.5)[:20])
+    assert replaced["text"].startswith(confirm_expired(f"restart {served.job}", 0.5)[:20])
     assert not any(b["type"] == "actions" for b in replaced["blocks"])
     assert await served.fake.calls("chat.postMessage") == []
 
@@ -421,9 +422,7 @@ async def test_12_app_home_of_someone_without_a_role_writes_no_audit_row(served:
         event = {"type": "app_home_opened", "user": "U0OPERATOR1", "channel": "D0DM", "tab": "home"}
         assert await served.event(event, event_id=f"EvNOROLE{i}") == 200
     published = await served.fake.wait_for("views.publish", count=2)
-    assert messages.slack_home_no_role() in "\n".join(
-        blocks.block_texts(published[-1].args["view"]["blocks"])
-    )
+    assert slack_home_no_role() in "\n".join(blocks.block_texts(published[-1].args["view"]["blocks"]))
     assert await served.runtime.ctx.redis.client.xrange(keys.audit(served.runtime.ctx.prefix)) == []
 
 

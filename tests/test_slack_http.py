@@ -21,8 +21,10 @@ from bot.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_ht
 from bot.slack_api import web_client
 from bot.slack_outbox import SlackOutbox
 from handlers.context import Context
+from handlers.dispatch import duplicate_delivery
 from handlers.reply import Reply, Status, StepLine
-from pipeline import keys, messages
+from handlers.views import help_title
+from pipeline import keys
 from pipeline.config import Config
 from pipeline.errors import UnknownRun
 from pipeline.redisconn import RedisHandle
@@ -171,7 +173,7 @@ async def test_command_is_acked_empty_then_answered_on_response_url(stack: Stack
     assert status == 200 and ack == ""
     (body,) = await stack.answered(url)
     assert body["response_type"] == "in_channel"
-    assert body["text"].startswith(messages.help_title())
+    assert body["text"].startswith(help_title())
     assert validate_blocks(body["blocks"]) == []
     audit = await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.prefix))
     assert len(audit) == 1 and audit[0][1]["user"] == "U0OPERATOR1"
@@ -237,7 +239,7 @@ async def test_retried_slash_command_acts_once(stack: Stack) -> None:
     again = await stack.post(body, headers={"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"})
     assert first[0] == again[0] == 200
     texts = sorted(a["text"] for a in await stack.answered(url, 2))
-    assert texts[0] == messages.duplicate_delivery() and texts[1].startswith("queued run r-1")
+    assert texts[0] == duplicate_delivery() and texts[1].startswith("queued run r-1")
     await stack.runtime.dispatcher.drain(30)
     assert len(await stack.runtime.ctx.runs.recent(stack.job)) == 1
     headlines = [c for c in await stack.fake.calls("chat.postMessage") if "thread_ts" not in c.args]
@@ -310,7 +312,7 @@ async def test_mention_is_answered_in_its_thread_and_errors_privately(stack: Sta
         assert await stack.event(event, event_id=event_id) == 200
     (posted,) = await stack.fake.wait_for("chat.postMessage")
     assert posted.args["thread_ts"] == "1700000001.000100"
-    assert posted.args["text"].startswith(messages.help_title())
+    assert posted.args["text"].startswith(help_title())
     (private,) = await stack.fake.wait_for("chat.postEphemeral")
     assert private.args["user"] == "U0OPERATOR1" and "nosuchjob" in private.args["text"]
     assert validate_blocks(private.args["blocks"]) == []

@@ -23,15 +23,16 @@ from handlers.outbox import MemoryOutbox
 from handlers.reports import gpus_command
 from handlers.verdicts import deliver_due, deliver_verdict
 from handlers.views import history_command, logs_command, status_command
-from pipeline import keys, slurm
+from pipeline import keys, slurm, verdict
 from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
 from pipeline.errors import ExitCode
 from pipeline.events import Events
 from pipeline.redisconn import RedisHandle, open_redis
 from pipeline.remote import SSHPool
 from pipeline.restart import Restarter
-from pipeline.runs import RunRecord, RunStore, Step, Verdict
+from pipeline.runs import RunRecord, RunStore
 from pipeline.slurmengine import SlurmEngine
+from pipeline.verdict import Step, Verdict
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.ssh import LOOP, HostUnderTest, InProcessHost, git_repo, kill_matching
 from tests.support_handlers import make_context
@@ -261,8 +262,8 @@ async def test_full_partition_is_pending_reason_resources_then_running_posted_in
         first.verdict_line,
         first.evidence,
     )
-    parsed = slurm.parse_verdict_pending(first.verdict_line or "")
-    assert parsed is not None and parsed[:2] == ("Resources", run.slurm_job), first.verdict_line
+    parsed = verdict.parse_line(first.verdict_line or "")
+    assert (parsed.reason, parsed.job_id) == ("Resources", run.slurm_job), first.verdict_line
     again = await deliver_verdict(ctx, run.id)  # still queued: checked again, not posted again
     assert again is not None and again.verdict is Verdict.PENDING
     stack.cluster.run("scancel", blocker)
@@ -274,14 +275,6 @@ async def test_full_partition_is_pending_reason_resources_then_running_posted_in
         (f"run:{run.id}", final.verdict_line, ExitCode.OK),
     ]
     assert await stack.redis.client.zscore(keys.runs_unverified(stack.redis.prefix), run.id) is None
-
-
-def test_verdict_pending_line_round_trip() -> None:
-    """The PENDING line is parsed back to its reason, job id and queued time."""
-    line = slurm.verdict_pending("Resources", 4242, 125)
-    assert line == "PENDING reason Resources (job 4242 queued 2 min)"
-    assert slurm.parse_verdict_pending(line) == ("Resources", 4242, 120.0)
-    assert slurm.parse_verdict_pending(slurm.verdict_pending("Priority", 7, 12)) == ("Priority", 7, 12.0)
 
 
 def test_nodelist_and_elapsed_parsing() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from bot import blocks
 from bot.serve import SlackRuntime, connect_socket, open_runtime
-from pipeline import keys, messages
+from handlers.views import help_title
+from pipeline import keys
 from pipeline.config import Config
 from pipeline.errors import SlackUnavailable
 from tests.fixtures.slack import (
@@ -62,7 +63,7 @@ async def test_slash_command_envelope_is_acked_then_answered(linked: Linked) -> 
     ack = await linked.fake.wait_ack(env["envelope_id"])
     assert not ack.get("payload")
     (answer,) = await linked.fake.wait_for("response_url")
-    assert answer.args["text"].startswith(messages.help_title())
+    assert answer.args["text"].startswith(help_title())
     assert validate_blocks(answer.args["blocks"]) == []
     assert linked.fake.connections_opened == 1
 
@@ -81,7 +82,7 @@ async def test_event_envelope_is_acked_then_answered(linked: Linked) -> None:
     ack = await linked.fake.wait_ack(env["envelope_id"])
     assert not ack.get("payload")
     (posted,) = await linked.fake.wait_for("chat.postMessage")
-    assert posted.args["thread_ts"] == "1.5" and posted.args["text"].startswith(messages.help_title())
+    assert posted.args["thread_ts"] == "1.5" and posted.args["text"].startswith(help_title())
 
 
 async def test_retried_event_envelope_is_answered_once(linked: Linked) -> None:
@@ -135,7 +136,7 @@ async def test_disconnect_makes_the_client_reconnect_and_keep_serving(linked: Li
     await linked.fake.socket_send(env)
     await linked.fake.wait_ack(env["envelope_id"], timeout=20)
     (answer,) = await linked.fake.wait_for("response_url", timeout=20)
-    assert answer.args["text"].startswith(messages.help_title())
+    assert answer.args["text"].startswith(help_title())
     assert linked.fake.open_sockets()[-1] is linked.fake._ws[-1]
     health = await linked.runtime.slack_health()
     assert health["socket_mode"] == "connected"
@@ -167,7 +168,7 @@ async def test_disconnect_warning_keeps_serving_and_link_disabled_shows_in_healt
     await linked.fake.socket_send(env)
     await linked.fake.wait_ack(env["envelope_id"], timeout=20)
     (answer,) = await linked.fake.wait_for("response_url", timeout=20)  # acked empty, answered after
-    assert answer.args["text"].startswith(messages.help_title())
+    assert answer.args["text"].startswith(help_title())
     await linked.fake.socket_disconnect("link_disabled")
     await linked.fake.wait_for("apps.connections.open", ok=False, timeout=30)  # it tried, and was refused
     health = await linked.runtime.slack_health()

@@ -13,7 +13,7 @@ from handlers.verdicts import deliver_due, deliver_verdict, due_run_ids
 from pipeline import keys
 from pipeline.config import Config
 from pipeline.events import EventKind
-from pipeline.runs import Verdict
+from pipeline.verdict import Verdict
 from tests.test_watch import Harness, open_harness
 
 

@@ -33,21 +33,13 @@ from pipeline.config import (
     SlackSettings,
     WatchSettings,
 )
+from pipeline.crashes import detect_cause
 from pipeline.events import EventKind
+from pipeline.incidents import Incident, IncidentKind, IncidentStore, WatchState
 from pipeline.redisconn import RedisHandle
-from pipeline.runs import RunRecord, Verdict
-from pipeline.watch import (
-    ActionKind,
-    Decision,
-    Incident,
-    IncidentKind,
-    Observation,
-    Situation,
-    WatchState,
-    WatchStore,
-    assess,
-    detect_cause,
-)
+from pipeline.runs import RunRecord
+from pipeline.verdict import Verdict
+from pipeline.watch import ActionKind, Decision, Observation, Situation, assess
 from tests.fixtures.ssh import HostUnderTest, InProcessHost, start_in_process
 
 T0 = 1_700_000_000.0
@@ -300,7 +292,7 @@ def test_detect_cause(log: str, expected: str | None) -> None:
 
 async def test_store_opens_once_and_updates_by_compare_and_set(redis_handle: RedisHandle) -> None:
     """Opening twice opens once; a stale revision cannot update or close; n counts incidents."""
-    store = WatchStore(redis_handle.client, redis_handle.prefix)
+    store = IncidentStore(redis_handle.client, redis_handle.prefix)
     inc = Incident(
         job="dflash", host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0, log="a\nb"
     )
@@ -321,7 +313,7 @@ async def test_store_opens_once_and_updates_by_compare_and_set(redis_handle: Red
 
 async def test_store_state_round_trip_removes_cleared_fields(redis_handle: RedisHandle) -> None:
     """Watcher memory survives a round trip; fields set back to None are removed."""
-    store = WatchStore(redis_handle.client, redis_handle.prefix)
+    store = IncidentStore(redis_handle.client, redis_handle.prefix)
     st = WatchState(last_alive_at=T0, last_pid=42, log_size=10, progress_at=T0, degraded_since=T0)
     await store.save_state("dflash", st)
     got, incident = await store.load("dflash")

@@ -1,4 +1,7 @@
-"""Exactly once: a delivery acted on is remembered, so Slack's retries and double clicks act once.
+"""Exactly-once deliveries: a Slack delivery acted on is remembered, so retries and double clicks act once.
+
+This is about Slack's deliveries (a request arriving twice), not alerts: an alert is posted
+once per incident by the incident's compare-and-set in :mod:`pipeline.incidents`.
 
 Slack redelivers an event it thinks was not acknowledged (``X-Slack-Retry-Num``,
 ``retry_attempt``) and a person may click a button twice; both arrive with the same delivery
@@ -15,7 +18,7 @@ from pipeline import keys
 DEFAULT_TTL = 3600  #: seconds a delivery id is remembered (Slack retries within minutes)
 
 
-class Dedupe:
+class Deliveries:
     """Claim delivery ids.
 
     :param client: an asyncio Redis client.
@@ -34,8 +37,10 @@ class Dedupe:
         :param owner: stored with the claim (the instance that acts on it).
         :returns: True for the first delivery, False for a repeat.
         """
-        return bool(await self.client.set(keys.dedupe(self.prefix, delivery_id), owner, nx=True, ex=self.ttl))
+        return bool(
+            await self.client.set(keys.delivery(self.prefix, delivery_id), owner, nx=True, ex=self.ttl)
+        )
 
     async def seen(self, delivery_id: str) -> bool:
         """True when ``delivery_id`` was already claimed."""
-        return bool(await self.client.exists(keys.dedupe(self.prefix, delivery_id)))
+        return bool(await self.client.exists(keys.delivery(self.prefix, delivery_id)))

@@ -1,0 +1,134 @@
+"""Formatting for people: exactly one function per kind of quantity, used by every layer.
+
+- :func:`duration` — a length of time: ``45 s``, ``12 min``, ``3 h 5 min``, ``2 d 4 h``;
+  :func:`parse_duration` reads it back, and also reads the short forms people type and configs
+  hold (``90``, ``90s``, ``30m``, ``2h``, ``1d``, ``2.5s``, ``500ms``).
+- :func:`size` — a number of bytes in binary units (``512 B``, ``1.5 KiB``, ``8.0 MiB``,
+  ``1.00 GiB``), as ``du -h`` and ``ls -lh`` count.
+- :func:`clock` — a moment as wall-clock time in a timezone (``14:02:11 UTC``, with the date
+  when it is not today).
+- :func:`number` and :func:`signed_pct` — a value that may be unknown (``n/a``, never 0) and a
+  change in percent.
+
+A leaf module: standard library only, importing nothing of Pitstop, so ``pipeline``,
+``handlers`` and ``bot`` all format the same way.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+UNKNOWN = "n/a"  #: what an unknown number shows (an unknown is never shown as 0)
+
+_UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+
+
+def duration(seconds: float | None) -> str:
+    """A length of time for people, in at most two units.
+
+    ``45 s``, ``12 min``, ``3 h 5 min``, ``3 h``, ``2 d 4 h``; rounded down to the smaller unit
+    shown (whole seconds, minutes or hours).
+
+    :param seconds: the length in seconds; None or a negative value is unknown.
+    :returns: the text, or ``n/a`` when unknown.
+    """
+    if seconds is None or seconds < 0:
+        return UNKNOWN
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    m = s // 60
+    if m < 60:
+        return f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+_SHORT = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?)?\s*$"
+)
+_SHORT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_LONG = re.compile(r"^\s*(\d+)\s*(d|h|min|s)(?:\s+(\d+)\s*(d|h|min|s))?\s*$")
+_LONG_UNITS = dict(_UNITS)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a duration as people type it or as :func:`duration` shows it.
+
+    Reads a bare number of seconds (``90``, ``2.5``), a number with one unit (``500ms``,
+    ``90s``, ``30m``, ``2h``, ``1d``, ``30mins``, ``2hours``, ``1day``; any case) and :func:`duration`'s own output (``3 h 5 min``),
+    so ``parse_duration(duration(x))`` is ``x`` rounded down to the units shown.
+
+    :param text: the duration.
+    :returns: seconds (float, may be 0).
+    :raises ValueError: if ``text`` is not a duration.
+    """
+    if m := _SHORT.match(text.lower()):
+        unit = m.group(2) or "s"
+        return float(m.group(1)) * _SHORT_UNITS["ms" if unit == "ms" else unit[0]]
+    if m := _LONG.match(text.lower()):
+        seconds = float(int(m.group(1)) * _LONG_UNITS[m.group(2)])
+        if m.group(3) is not None:
+            seconds += int(m.group(3)) * _LONG_UNITS[m.group(4)]
+        return seconds
+    raise ValueError(f"expected a duration such as '30m', '2h' or '90s', got {text!r}")
+
+
+def size(n: float) -> str:
+    """A number of bytes in binary units: ``512 B``, ``1.5 KiB``, ``8.0 MiB``, ``1.00 GiB``.
+
+    :param n: bytes.
+    """
+    if n < 1024:
+        return f"{n:.0f} B"
+    if n < 1024**2:
+        return f"{n / 1024:.1f} KiB"
+    if n < 1024**3:
+        return f"{n / 1024**2:.1f} MiB"
+    if n < 1024**4:
+        return f"{n / 1024**3:.2f} GiB"
+    return f"{n / 1024**4:.2f} TiB"
+
+
+def timezone_of(name: str) -> ZoneInfo:
+    """The IANA timezone ``name`` (``[scheduler] timezone``), or UTC when it is unknown."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return ZoneInfo("UTC")
+
+
+def clock(ts: float, timezone: str = "UTC", *, date: bool | None = None, now: float | None = None) -> str:
+    """A moment as wall-clock time: ``14:02:11 UTC``, or ``2026-12-01 14:02:11 UTC``.
+
+    :param ts: the moment, unix seconds.
+    :param timezone: the IANA timezone to show it in (``[scheduler] timezone``); an unknown
+        name shows UTC.
+    :param date: True always shows the date, False never; None (the default) shows it when the
+        moment is not today (in that timezone).
+    :param now: unix seconds taken as now, for ``date=None`` (default: the clock).
+    """
+    tz = timezone_of(timezone)
+    at = datetime.fromtimestamp(ts, tz)
+    if date is None:
+        date = at.date() != datetime.fromtimestamp(time.time() if now is None else now, tz).date()
+    return at.strftime("%Y-%m-%d %H:%M:%S %Z" if date else "%H:%M:%S %Z")
+
+
+def number(value: float | None, fmt: str = "{:,.0f}", unit: str = "") -> str:
+    """``value`` formatted with ``fmt`` and followed by ``unit``, or ``n/a`` when it is unknown.
+
+    :param fmt: a :meth:`str.format` pattern (``"{:.3f}"``, ``"{:.1%}"``).
+    """
+    return UNKNOWN if value is None else fmt.format(value) + unit
+
+
+def signed_pct(change: float | None) -> str:
+    """A change in percent: ``+5.2%``, ``-3.0%``; ``""`` when unknown."""
+    return "" if change is None else f"{change:+.1f}%"

@@ -1,0 +1,438 @@
+"""The restart's steps, its verdict and the verdict line: one owner that formats it and parses it.
+
+A run's steps are one closed enum (:class:`Step`, values are the labels people see) and each
+step ends with an :class:`Outcome`.  The verdict is one closed set (:class:`Verdict`), listed in
+precedence order: when several apply, the first wins.
+
+The verdict line is a contract for people and scripts alike (``pitstop say --wait`` prints it,
+the README lists its forms): one line, the verdict's name first, then the facts behind it::
+
+    RUNNING 8/8 processes pid 4242
+    RUNNING 8/8 processes pid 4242, resumed at step 12000
+    RUNNING 8/8 processes pid 4242, started from step 0 although checkpoint step 12000 exists
+    RUNNING 8/8 processes job 4242 on 2 nodes                 (Slurm)
+    PENDING reason Resources (job 4242 queued 2 min)           (Slurm)
+    WRONG_COUNT 5/8 processes pid 4242
+    WRONG_COUNT 7/8 processes job 4242 (n2: 3/4)
+    NO_PROGRESS 8/8 processes pid 4242 log silent 60 s
+    EXITED code 3 after 1.2 s  |  EXITED signal SIGKILL after 1.2 s  |  EXITED after 1.2 s (exit code unknown)
+    ERROR_IN_LOG pid 4242: RuntimeError: CUDA out of memory
+    PREFLIGHT_FAILED patch: topk does not apply: …
+    STOP_FAILED survivors pid 4242, 4243: survived SIGKILL
+    LAUNCH_FAILED cannot start ./run.sh: …
+    STALE_RECORD pid 4242 not signalled (start time differs); then: RUNNING 8/8 processes pid 5000
+    CANCELLED before stop - nothing was changed
+    CANCELLED after patch - the job is stopped and was not relaunched
+    INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8 processes
+    INTERRUPTED after launch: pid 5151 running 8/8 (unverified)
+
+:class:`VerdictLine` holds the facts; :func:`format_line` writes the line and :func:`parse_line`
+reads it back (``format_line(parse_line(s)) == s`` for every line Pitstop writes, tested round
+trip).  The builders (:func:`running`, :func:`exited`, …) are what the engines call.
+
+A leaf module beside :mod:`pipeline.fmt`: standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pipeline import fmt
+
+
+class Step(StrEnum):
+    """The steps of the restart sequence, in order; the values are the labels people see."""
+
+    PREFLIGHT = "preflight"
+    STOP = "stop"
+    CLEAR_CACHE = "clear_cache"
+    PATCH = "patch"
+    LAUNCH = "launch"
+    VERIFY = "verify"
+
+
+class Outcome(StrEnum):
+    """How one step ended."""
+
+    RUNNING = "running"  #: started, not finished yet
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  #: nothing to do (no cache asked for, no patch change)
+    WAITING = "waiting"  #: verify scheduled, not yet due
+
+
+class Verdict(StrEnum):
+    """The closed set of outcomes of a run, in precedence order (first applicable wins)."""
+
+    PREFLIGHT_FAILED = "PREFLIGHT_FAILED"
+    STOP_FAILED = "STOP_FAILED"
+    LAUNCH_FAILED = "LAUNCH_FAILED"
+    STALE_RECORD = "STALE_RECORD"
+    CANCELLED = "CANCELLED"
+    INTERRUPTED = "INTERRUPTED"
+    EXITED = "EXITED"
+    ERROR_IN_LOG = "ERROR_IN_LOG"
+    WRONG_COUNT = "WRONG_COUNT"
+    NO_PROGRESS = "NO_PROGRESS"
+    PENDING = "PENDING"  #: still queued by the scheduler (Slurm) at the deadline; re-checked later
+    RUNNING = "RUNNING"
+
+    @property
+    def ok(self) -> bool:
+        """True only for ``RUNNING``."""
+        return self is Verdict.RUNNING
+
+
+VERDICT_ORDER: tuple[Verdict, ...] = tuple(Verdict)
+
+ERROR_LINE_LIMIT = 200  #: characters of the log's error line kept in an ERROR_IN_LOG line
+_NOT_RELAUNCHED = " - the job is stopped and was not relaunched"
+_NOTHING_CHANGED = " - nothing was changed"
+_OWNER_STOPPED = " - Pitstop stopped before the sequence finished"
+
+
+@dataclass(frozen=True)
+class VerdictLine:
+    """The facts a verdict line carries; which fields are set depends on the verdict.
+
+    :ivar verdict: the verdict, the line's first word.
+    :ivar seen: processes found (RUNNING, WRONG_COUNT, NO_PROGRESS; INTERRUPTED after launch).
+    :ivar expected: processes expected.
+    :ivar pid: the launched (or recorded) process's pid, on the SSH engine.
+    :ivar job_id: the Slurm job id, on the Slurm engine.
+    :ivar nodes: the node count a Slurm job runs on (RUNNING).
+    :ivar resumed_at: the step the run resumed at (RUNNING), when it did not start at 0.
+    :ivar ignored_checkpoint: the checkpoint's step a run started from 0 in spite of (RUNNING).
+    :ivar code: the exit code (EXITED).
+    :ivar signal: the signal name that ended it (EXITED), e.g. ``SIGKILL``.
+    :ivar after_s: seconds from launch to the exit (EXITED), shown to 0.1 s.
+    :ivar silent_s: seconds the log was silent (NO_PROGRESS), shown whole.
+    :ivar queued_s: seconds queued (PENDING), shown as :func:`pipeline.fmt.duration` shows it.
+    :ivar reason: the scheduler's pending reason (PENDING), e.g. ``Resources``.
+    :ivar check: the pre-flight check that failed (PREFLIGHT_FAILED).
+    :ivar survivors: pids that outlived the stop (STOP_FAILED).
+    :ivar step: the step a run was cancelled after, or interrupted during (None: before stop,
+        or ``start`` when interrupted before any step); ``launch`` with ``after_launch``.
+    :ivar after_launch: INTERRUPTED after the launch (its pid's state is ``state``).
+    :ivar state: INTERRUPTED after launch: ``alive``, ``gone`` or ``unknown``.
+    :ivar detail: free text: the log's error line, a failure's detail, what a probe found, a
+        Slurm job's short nodes.
+    :ivar then: STALE_RECORD: the verdict the run had apart from the stale record.
+    """
+
+    verdict: Verdict
+    seen: int | None = None
+    expected: int | None = None
+    pid: int | None = None
+    job_id: int | None = None
+    nodes: int | None = None
+    resumed_at: int | None = None
+    ignored_checkpoint: int | None = None
+    code: int | None = None
+    signal: str | None = None
+    after_s: float | None = None
+    silent_s: float | None = None
+    queued_s: float | None = None
+    reason: str | None = None
+    check: str | None = None
+    survivors: tuple[int, ...] = ()
+    step: str | None = None
+    after_launch: bool = False
+    state: str | None = None
+    detail: str = ""
+    then: VerdictLine | None = None
+
+    def __str__(self) -> str:
+        return format_line(self)
+
+
+# --- writing --------------------------------------------------------------------------------------
+
+
+def _who(v: VerdictLine) -> str:
+    return f"job {v.job_id}" if v.job_id is not None else f"pid {v.pid}"
+
+
+def _count(v: VerdictLine) -> str:
+    return f"{v.seen}/{v.expected} processes {_who(v)}"
+
+
+def format_line(v: VerdictLine) -> str:
+    """The one-line text of a verdict (the forms in this module's docstring).
+
+    :raises ValueError: if ``v`` lacks a field its verdict's line needs.
+    """
+    V = Verdict
+    try:
+        if v.verdict is V.RUNNING:
+            line = f"RUNNING {_count(v)}"
+            if v.job_id is not None:
+                return f"{line} on {v.nodes} node{'s' if v.nodes != 1 else ''}"
+            if v.ignored_checkpoint is not None:
+                return f"{line}, started from step 0 although checkpoint step {v.ignored_checkpoint} exists"
+            return f"{line}, resumed at step {v.resumed_at}" if v.resumed_at else line
+        if v.verdict is V.PENDING:
+            assert v.queued_s is not None
+            return f"PENDING reason {v.reason or 'None'} (job {v.job_id} queued {fmt.duration(v.queued_s)})"
+        if v.verdict is V.WRONG_COUNT:
+            return f"WRONG_COUNT {_count(v)}" + (f" ({v.detail})" if v.detail else "")
+        if v.verdict is V.NO_PROGRESS:
+            assert v.silent_s is not None
+            return f"NO_PROGRESS {_count(v)} log silent {v.silent_s:.0f} s"
+        if v.verdict is V.EXITED:
+            assert v.after_s is not None
+            if v.signal:
+                return f"EXITED signal {v.signal} after {v.after_s:.1f} s"
+            if v.code is not None:
+                return f"EXITED code {v.code} after {v.after_s:.1f} s"
+            return f"EXITED after {v.after_s:.1f} s (exit code unknown)"
+        if v.verdict is V.ERROR_IN_LOG:
+            return f"ERROR_IN_LOG {_who(v)}: {v.detail[:ERROR_LINE_LIMIT]}"
+        if v.verdict is V.PREFLIGHT_FAILED:
+            return f"PREFLIGHT_FAILED {v.check}: {v.detail}"
+        if v.verdict is V.STOP_FAILED:
+            pids = ", ".join(str(p) for p in v.survivors)
+            head = f"STOP_FAILED survivors pid {pids}" if pids else "STOP_FAILED"
+            return f"{head}: {v.detail}" if v.detail else head
+        if v.verdict is V.LAUNCH_FAILED:
+            return f"LAUNCH_FAILED {v.detail}"
+        if v.verdict is V.STALE_RECORD:
+            assert v.then is not None
+            return f"STALE_RECORD pid {v.pid} not signalled (start time differs); then: {format_line(v.then)}"
+        if v.verdict is V.CANCELLED:
+            return (
+                f"CANCELLED after {v.step}{_NOT_RELAUNCHED}"
+                if v.step
+                else f"CANCELLED before stop{_NOTHING_CHANGED}"
+            )
+        if v.verdict is V.INTERRUPTED:
+            if v.after_launch:
+                if v.state == "alive":
+                    return f"INTERRUPTED after launch: pid {v.pid} running {v.seen}/{v.expected} (unverified)"
+                if v.state == "unknown":
+                    return f"INTERRUPTED after launch: pid {v.pid} state unknown (unverified)"
+                return f"INTERRUPTED after launch: pid {v.pid} gone, {v.seen}/{v.expected} (unverified)"
+            during = f"INTERRUPTED during {v.step or 'start'}"
+            return f"{during}: {v.detail}" if v.detail else during + _OWNER_STOPPED
+    except AssertionError:
+        pass
+    raise ValueError(f"a {v.verdict} verdict line needs more than {v!r}")
+
+
+# --- the builders the engines call -----------------------------------------------------------------
+
+
+def running(
+    seen: int,
+    expected: int,
+    pid: int,
+    *,
+    resumed_at: int | None = None,
+    ignored_checkpoint: int | None = None,
+) -> str:
+    """``RUNNING 8/8 processes pid 4242`` (``, resumed at step N`` / ``, started from step 0 although …``)."""
+    return format_line(
+        VerdictLine(
+            Verdict.RUNNING,
+            seen,
+            expected,
+            pid=pid,
+            resumed_at=resumed_at,
+            ignored_checkpoint=ignored_checkpoint,
+        )
+    )
+
+
+def running_job(seen: int, expected: int, job_id: int, nodes: int) -> str:
+    """``RUNNING 8/8 processes job 4242 on 2 nodes`` (Slurm)."""
+    return format_line(VerdictLine(Verdict.RUNNING, seen, expected, job_id=job_id, nodes=nodes))
+
+
+def pending(reason: str, job_id: int, queued_s: float) -> str:
+    """``PENDING reason Resources (job 4242 queued 2 min)`` (Slurm)."""
+    return format_line(VerdictLine(Verdict.PENDING, job_id=job_id, reason=reason or None, queued_s=queued_s))
+
+
+def wrong_count(
+    seen: int, expected: int, *, pid: int | None = None, job_id: int | None = None, short: Sequence[str] = ()
+) -> str:
+    """``WRONG_COUNT 5/8 processes pid 4242`` or ``WRONG_COUNT 7/8 processes job 4242 (n2: 3/4)``."""
+    return format_line(
+        VerdictLine(Verdict.WRONG_COUNT, seen, expected, pid=pid, job_id=job_id, detail=", ".join(short))
+    )
+
+
+def no_progress(
+    seen: int, expected: int, silent_s: float, *, pid: int | None = None, job_id: int | None = None
+) -> str:
+    """``NO_PROGRESS 8/8 processes pid 4242 log silent 60 s``.
+
+    :param silent_s: seconds the log has been silent.
+    """
+    return format_line(
+        VerdictLine(Verdict.NO_PROGRESS, seen, expected, pid=pid, job_id=job_id, silent_s=silent_s)
+    )
+
+
+def exited(code: int | None, signal: str | None, after_s: float) -> str:
+    """``EXITED code 3 after 1.2 s``, ``EXITED signal SIGKILL after 1.2 s`` or ``EXITED after 1.2 s (exit code unknown)``.
+
+    :param after_s: seconds from the launch to the exit.
+    """
+    return format_line(VerdictLine(Verdict.EXITED, code=code, signal=signal or None, after_s=after_s))
+
+
+def error_in_log(line: str, *, pid: int | None = None, job_id: int | None = None) -> str:
+    """``ERROR_IN_LOG pid 4242: RuntimeError: CUDA out of memory`` (the line cut to 200 characters)."""
+    return format_line(
+        VerdictLine(Verdict.ERROR_IN_LOG, pid=pid, job_id=job_id, detail=line[:ERROR_LINE_LIMIT])
+    )
+
+
+def preflight_failed(check: str, detail: str) -> str:
+    """``PREFLIGHT_FAILED patch: topk does not apply: …``."""
+    return format_line(VerdictLine(Verdict.PREFLIGHT_FAILED, check=check, detail=detail))
+
+
+def stop_failed(survivors: Sequence[int], detail: str) -> str:
+    """``STOP_FAILED survivors pid 4242, 4243: …``."""
+    return format_line(VerdictLine(Verdict.STOP_FAILED, survivors=tuple(survivors), detail=detail))
+
+
+def launch_failed(detail: str) -> str:
+    """``LAUNCH_FAILED cannot start ./run.sh: …``."""
+    return format_line(VerdictLine(Verdict.LAUNCH_FAILED, detail=detail))
+
+
+def stale_record(pid: int, then: str) -> str:
+    """``STALE_RECORD pid 4242 not signalled (start time differs); then: RUNNING 8/8 processes pid 5000``.
+
+    :param then: the verdict line the run had apart from the stale record.
+    """
+    return format_line(VerdictLine(Verdict.STALE_RECORD, pid=pid, then=parse_line(then)))
+
+
+def cancelled(after_step: str | None) -> str:
+    """``CANCELLED before stop - …`` (nothing changed) or ``CANCELLED after patch - …`` (job stopped)."""
+    return format_line(VerdictLine(Verdict.CANCELLED, step=after_step))
+
+
+def interrupted(step: str | None, found: str | None = None) -> str:
+    """``INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8 processes``.
+
+    :param step: the step the run was in when its owner died (None: before any step).
+    :param found: what a probe of the host found; None when no probe was made (the sequence
+        was cancelled by its own process).
+    """
+    return format_line(VerdictLine(Verdict.INTERRUPTED, step=step or "start", detail=found or ""))
+
+
+def interrupted_after_launch(pid: int, state: str, seen: int, expected: int) -> str:
+    """``INTERRUPTED after launch: pid 5151 running 8/8 (unverified)``: the owner died after the launch.
+
+    :param state: the launched pid's state: ``alive``, ``gone`` or ``unknown``.
+    """
+    return format_line(
+        VerdictLine(
+            Verdict.INTERRUPTED, seen, expected, pid=pid, step="launch", after_launch=True, state=state
+        )
+    )
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+_WHO = r"(?:pid (?P<pid>\d+)|job (?P<job>\d+))"
+_COUNT = rf"(?P<seen>\d+)/(?P<expected>\d+) processes {_WHO}"
+_FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
+    Verdict.RUNNING: (
+        re.compile(rf"^RUNNING {_COUNT} on (?P<nodes>\d+) nodes?$"),
+        re.compile(rf"^RUNNING {_COUNT}, started from step 0 although checkpoint step (?P<ckpt>\d+) exists$"),
+        re.compile(rf"^RUNNING {_COUNT}(?:, resumed at step (?P<resumed>\d+))?$"),
+    ),
+    Verdict.PENDING: (
+        re.compile(r"^PENDING reason (?P<reason>\S+) \(job (?P<job>\d+) queued (?P<queued>[^)]+)\)$"),
+    ),
+    Verdict.WRONG_COUNT: (re.compile(rf"^WRONG_COUNT {_COUNT}(?: \((?P<detail>.*)\))?$"),),
+    Verdict.NO_PROGRESS: (re.compile(rf"^NO_PROGRESS {_COUNT} log silent (?P<silent>\d+) s$"),),
+    Verdict.EXITED: (
+        re.compile(r"^EXITED signal (?P<signal>\S+) after (?P<after>[\d.]+) s$"),
+        re.compile(r"^EXITED code (?P<code>-?\d+) after (?P<after>[\d.]+) s$"),
+        re.compile(r"^EXITED after (?P<after>[\d.]+) s \(exit code unknown\)$"),
+    ),
+    Verdict.ERROR_IN_LOG: (re.compile(rf"^ERROR_IN_LOG {_WHO}: (?P<detail>.*)$"),),
+    Verdict.PREFLIGHT_FAILED: (re.compile(r"^PREFLIGHT_FAILED (?P<check>[^:]*): (?P<detail>.*)$"),),
+    Verdict.STOP_FAILED: (
+        re.compile(r"^STOP_FAILED(?: survivors pid (?P<survivors>[\d, ]+?))?(?:: (?P<detail>.*))?$"),
+    ),
+    Verdict.LAUNCH_FAILED: (re.compile(r"^LAUNCH_FAILED (?P<detail>.*)$"),),
+    Verdict.STALE_RECORD: (
+        re.compile(
+            r"^STALE_RECORD pid (?P<pid>\d+) not signalled \(start time differs\); then: (?P<then>.*)$"
+        ),
+    ),
+    Verdict.CANCELLED: (
+        re.compile(rf"^CANCELLED after (?P<step>\S+){re.escape(_NOT_RELAUNCHED)}$"),
+        re.compile(rf"^CANCELLED before stop{re.escape(_NOTHING_CHANGED)}$"),
+    ),
+    Verdict.INTERRUPTED: (
+        re.compile(
+            r"^INTERRUPTED after launch: pid (?P<pid>\d+) (?P<state>running) (?P<seen>\d+)/(?P<expected>\d+) \(unverified\)$"
+        ),
+        re.compile(r"^INTERRUPTED after launch: pid (?P<pid>\d+) state (?P<state>unknown) \(unverified\)$"),
+        re.compile(
+            r"^INTERRUPTED after launch: pid (?P<pid>\d+) (?P<state>gone), (?P<seen>\d+)/(?P<expected>\d+) \(unverified\)$"
+        ),
+        re.compile(rf"^INTERRUPTED during (?P<step>\S+){re.escape(_OWNER_STOPPED)}$"),
+        re.compile(r"^INTERRUPTED during (?P<step>\S+): (?P<detail>.*)$"),
+    ),
+}
+
+
+def _int(value: str | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def parse_line(text: str) -> VerdictLine:
+    """The facts of a verdict line written by :func:`format_line`.
+
+    :param text: one verdict line (surrounding whitespace is ignored).
+    :returns: its :class:`VerdictLine`; :func:`format_line` of it gives ``text`` back.
+    :raises ValueError: if ``text`` is not a verdict line.
+    """
+    text = text.strip()
+    head = text.split(" ", 1)[0].rstrip(":")
+    try:
+        verdict = Verdict(head)
+    except ValueError:
+        raise ValueError(f"not a verdict line (no verdict first): {text[:80]!r}") from None
+    for form in _FORMS[verdict]:
+        if m := form.match(text):
+            g = {k: v for k, v in m.groupdict().items() if v is not None}
+            state = g.get("state")
+            return VerdictLine(
+                verdict,
+                seen=_int(g.get("seen")),
+                expected=_int(g.get("expected")),
+                pid=_int(g.get("pid")),
+                job_id=_int(g.get("job")),
+                nodes=_int(g.get("nodes")),
+                resumed_at=_int(g.get("resumed")),
+                ignored_checkpoint=_int(g.get("ckpt")),
+                code=_int(g.get("code")),
+                signal=g.get("signal"),
+                after_s=float(g["after"]) if "after" in g else None,
+                silent_s=float(g["silent"]) if "silent" in g else None,
+                queued_s=fmt.parse_duration(g["queued"]) if "queued" in g else None,
+                reason=None if g.get("reason") in (None, "None") else g["reason"],
+                check=g.get("check"),
+                survivors=tuple(int(p) for p in g.get("survivors", "").split(", ") if p),
+                step=g.get("step", "launch" if state else None),
+                after_launch=state is not None,
+                state="alive" if state == "running" else state,
+                detail=g.get("detail", ""),
+                then=parse_line(g["then"]) if "then" in g else None,
+            )
+    raise ValueError(f"not a {verdict} verdict line: {text[:120]!r}")

@@ -1,0 +1,142 @@
+"""The verdict line: one owner writes it and reads it back, exactly, for people and scripts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline import verdict
+from pipeline.verdict import Verdict, VerdictLine, format_line, parse_line
+
+#: every form the engines write, built by the builders they call
+LINES = [
+    (verdict.running(8, 8, 4242), "RUNNING 8/8 processes pid 4242"),
+    (verdict.running(8, 8, 4242, resumed_at=12000), "RUNNING 8/8 processes pid 4242, resumed at step 12000"),
+    (
+        verdict.running(8, 8, 4242, ignored_checkpoint=12000),
+        "RUNNING 8/8 processes pid 4242, started from step 0 although checkpoint step 12000 exists",
+    ),
+    (verdict.running_job(8, 8, 4242, 2), "RUNNING 8/8 processes job 4242 on 2 nodes"),
+    (verdict.running_job(4, 4, 7, 1), "RUNNING 4/4 processes job 7 on 1 node"),
+    (verdict.pending("Resources", 4242, 125), "PENDING reason Resources (job 4242 queued 2 min)"),
+    (verdict.pending("", 7, 12), "PENDING reason None (job 7 queued 12 s)"),
+    (verdict.pending("Priority", 7, 3900), "PENDING reason Priority (job 7 queued 1 h 5 min)"),
+    (verdict.wrong_count(5, 8, pid=4242), "WRONG_COUNT 5/8 processes pid 4242"),
+    (
+        verdict.wrong_count(7, 8, job_id=4242, short=["n2: 3/4", "n3: no answer"]),
+        "WRONG_COUNT 7/8 processes job 4242 (n2: 3/4, n3: no answer)",
+    ),
+    (verdict.no_progress(8, 8, 60.2, pid=4242), "NO_PROGRESS 8/8 processes pid 4242 log silent 60 s"),
+    (verdict.exited(3, None, 1.23), "EXITED code 3 after 1.2 s"),
+    (verdict.exited(None, "SIGKILL", 1.2), "EXITED signal SIGKILL after 1.2 s"),
+    (verdict.exited(None, None, 0.04), "EXITED after 0.0 s (exit code unknown)"),
+    (
+        verdict.error_in_log("RuntimeError: CUDA out of memory", pid=4242),
+        "ERROR_IN_LOG pid 4242: RuntimeError: CUDA out of memory",
+    ),
+    (verdict.error_in_log("x" * 300, job_id=9), "ERROR_IN_LOG job 9: " + "x" * 200),
+    (
+        verdict.preflight_failed("patch", "topk does not apply: hunk 2 failed"),
+        "PREFLIGHT_FAILED patch: topk does not apply: hunk 2 failed",
+    ),
+    (
+        verdict.stop_failed([4242, 4243], "survived SIGKILL"),
+        "STOP_FAILED survivors pid 4242, 4243: survived SIGKILL",
+    ),
+    (verdict.stop_failed([], "on gpu1: connection lost"), "STOP_FAILED: on gpu1: connection lost"),
+    (verdict.stop_failed([], ""), "STOP_FAILED"),
+    (
+        verdict.launch_failed("cannot start ./run.sh: no such file"),
+        "LAUNCH_FAILED cannot start ./run.sh: no such file",
+    ),
+    (
+        verdict.stale_record(4242, "RUNNING 8/8 processes pid 5000"),
+        "STALE_RECORD pid 4242 not signalled (start time differs); then: RUNNING 8/8 processes pid 5000",
+    ),
+    (verdict.cancelled(None), "CANCELLED before stop - nothing was changed"),
+    (verdict.cancelled("patch"), "CANCELLED after patch - the job is stopped and was not relaunched"),
+    (
+        verdict.interrupted("stop", "the old run (pid 4242) is still alive, 8/8 processes"),
+        "INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8 processes",
+    ),
+    (verdict.interrupted(None), "INTERRUPTED during start - Pitstop stopped before the sequence finished"),
+    (
+        verdict.interrupted_after_launch(5151, "alive", 8, 8),
+        "INTERRUPTED after launch: pid 5151 running 8/8 (unverified)",
+    ),
+    (
+        verdict.interrupted_after_launch(5151, "gone", 0, 8),
+        "INTERRUPTED after launch: pid 5151 gone, 0/8 (unverified)",
+    ),
+    (
+        verdict.interrupted_after_launch(5151, "unknown", 0, 8),
+        "INTERRUPTED after launch: pid 5151 state unknown (unverified)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("built", "expected"), LINES, ids=[e for _, e in LINES])
+def test_each_form_is_written_and_read_back_exactly(built: str, expected: str) -> None:
+    """Each builder writes the documented line, and parsing it then writing it again gives the same line."""
+    assert built == expected
+    parsed = parse_line(built)
+    assert format_line(parsed) == built
+    assert parsed.verdict is Verdict(built.split(" ", 1)[0].rstrip(":"))
+
+
+def test_every_verdict_has_a_documented_form() -> None:
+    """The forms above cover the whole closed verdict set."""
+    assert {parse_line(line).verdict for line, _ in LINES} == set(Verdict)
+
+
+def test_parsed_facts_are_the_ones_written() -> None:
+    """A script reads the numbers back: counts, pid or job id, resume step, exit code, survivors, nested then."""
+    assert parse_line("RUNNING 8/8 processes pid 4242, resumed at step 12000") == VerdictLine(
+        Verdict.RUNNING, seen=8, expected=8, pid=4242, resumed_at=12000
+    )
+    assert parse_line("RUNNING 8/8 processes job 42 on 2 nodes").nodes == 2
+    assert parse_line("EXITED code 3 after 1.2 s").code == 3
+    assert parse_line("PENDING reason Resources (job 4242 queued 2 min)").queued_s == 120.0
+    assert parse_line("STOP_FAILED survivors pid 1, 2: x").survivors == (1, 2)
+    stale = parse_line(
+        "STALE_RECORD pid 4242 not signalled (start time differs); then: EXITED code 1 after 2.0 s"
+    )
+    assert stale.pid == 4242 and stale.then is not None and stale.then.code == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "running 8/8 processes pid 1", "RUNNING eight processes", "OK fine", "EXITED code x after 1 s"],
+)
+def test_what_is_not_a_verdict_line_is_refused(text: str) -> None:
+    """Anything else raises ValueError naming the text, never a half-filled VerdictLine."""
+    with pytest.raises(ValueError, match="verdict line"):
+        parse_line(text)
+
+
+@given(
+    seen=st.integers(0, 10_000),
+    expected=st.integers(1, 10_000),
+    pid=st.integers(1, 4_194_304),
+    resumed=st.none() | st.integers(1, 10**9),
+)
+def test_running_lines_round_trip_for_any_numbers(
+    seen: int, expected: int, pid: int, resumed: int | None
+) -> None:
+    """Any counts, pid and resume step survive a write and a read."""
+    line = verdict.running(seen, expected, pid, resumed_at=resumed)
+    assert parse_line(line) == VerdictLine(Verdict.RUNNING, seen, expected, pid=pid, resumed_at=resumed)
+
+
+@given(detail=st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=80))
+def test_free_text_details_round_trip(detail: str) -> None:
+    """A failure's free-text detail (any printable text, colons included) is read back whole."""
+    detail = detail.strip() or "x"
+    for line in (
+        verdict.launch_failed(detail),
+        verdict.preflight_failed("disk", detail),
+        verdict.stop_failed([7], detail),
+    ):
+        assert format_line(parse_line(line)) == line
+        assert parse_line(line).detail == detail
