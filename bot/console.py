@@ -98,7 +98,12 @@ class Renderer:
         if len(lines) > MAX_LOG_LINES:
             omitted = sum(len(line) + 1 for line in lines[:-MAX_LOG_LINES])
             body = slack_earlier_omitted(omitted) + "\n" + body
-        return Panel(Text(body), title=Text(reply.log_title) if reply.log_title else None, title_align="left")
+        # fold, never crop: the end of a line (a pid list, a checkpoint's step) is often what matters
+        return Panel(
+            Text(body, overflow="fold"),
+            title=Text(reply.log_title) if reply.log_title else None,
+            title_align="left",
+        )
 
     def render(self, reply: Reply, prefix: str = "") -> RenderableType:
         """Everything in ``reply``: title, steps, lines, fields, tables, log, chart, buttons, follow-ups.

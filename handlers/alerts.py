@@ -238,7 +238,19 @@ def alert_title(kind: str, job: str, host: str, count: int, expected: int, quiet
 
 def alert_resolved_title(kind: str, job: str, after: float) -> str:
     """The alert's headline once its incident resolved."""
-    return f"resolved: {job} was {kind.replace('_', ' ')} for {fmt.duration(after)}"
+    was = _WAS.get(kind, f"was {kind.replace('_', ' ')}")
+    return f"resolved: {job} {was} for {fmt.duration(after)}"
+
+
+#: how a resolved incident's headline says what the job was, by incident kind
+_WAS = {
+    "dead": "was down",
+    "degraded": "was degraded",
+    "stalled": "was stalled",
+    "stuck_rank": "had a stuck rank",
+    "unreachable": "was unreachable",
+    "crash_loop": "was crash-looping",
+}
 
 
 def alert_mention_line(mention: str | None, job: str) -> str:

@@ -345,7 +345,9 @@ class Dispatcher:
         """Run the verb's handler (:data:`handlers.verbs.VERBS`) and audit what came of it."""
         req, command = flow.on_behalf or flow.req, flow.run
         assert command is not None
-        call = Call(self.ctx, command, req.user, req.channel, self.audit, self.lock_ttl, self._spawn_work)
+        call = Call(
+            self.ctx, command, req.user, req.channel, self.audit, self.lock_ttl, self._spawn_work, req.surface
+        )
         reply, audited = await VERBS[command.verb].handler(call)
         if reply.exit_code is not ExitCode.OK and flow.outcome is AuditOutcome.ACCEPTED:
             audited = AuditOutcome.FAILED

@@ -46,6 +46,7 @@ class Call:
     :ivar audit: the dispatcher's audit trail (``history`` reads it).
     :ivar lock_ttl: seconds a restart lock lives without renewal.
     :ivar spawn: starts a background task the dispatcher tracks (restart/start/stop sequences).
+    :ivar surface: where the request came from (``slack``, ``home``, ``console``, ``say`` …).
     """
 
     ctx: Context
@@ -55,6 +56,7 @@ class Call:
     audit: Audit
     lock_ttl: float
     spawn: Spawn
+    surface: str = "slack"
 
 
 class Acted(NamedTuple):
@@ -158,7 +160,9 @@ async def _gpus(call: Call) -> Acted:
 
 
 async def _help(call: Call) -> Acted:
-    return Acted(views.help_command(call.ctx.config, call.command))
+    # in Slack a verb is typed after the slash command; in the console and `pitstop say` alone
+    typed = f"{call.ctx.config.slack.command} " if call.surface in ("slack", "home") else ""
+    return Acted(views.help_command(call.command, typed=typed))
 
 
 # --- the table -----------------------------------------------------------------------------------

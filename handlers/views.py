@@ -299,9 +299,13 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
 # --- help ------------------------------------------------------------------------------------------------
 
 
-def help_command(config: Config, command: Command) -> Reply:
+def help_command(command: Command, *, typed: str = "") -> Reply:
     """``help [VERB]``: every verb's usage, what it does and the role it needs; or one verb's
-    usage lines and examples.  Derived from the command table (:data:`handlers.grammar.GRAMMAR`)."""
+    usage lines and examples.  Derived from the command table (:data:`handlers.grammar.GRAMMAR`).
+
+    :param typed: what a person types before a verb on their surface (``/train `` in Slack,
+        nothing in the console).
+    """
     topic = command.topic
     if topic is not None:
         spec = grammar.VERBS[topic]
@@ -311,7 +315,7 @@ def help_command(config: Config, command: Command) -> Reply:
             lines.append(help_examples(spec.examples))
         return Reply(title=help_verb_title(spec.usages[0]), lines=tuple(lines))
     lines = [help_line(spec.usages[0], spec.summary, spec.role.label) for spec in grammar.GRAMMAR]
-    lines.append(help_footer(config.slack.command))
+    lines.append(help_footer(typed))
     return Reply(title=help_title(), lines=tuple(lines))
 
 
@@ -328,9 +332,9 @@ def help_title() -> str:
     return "Pitstop commands"
 
 
-def help_footer(command: str) -> str:
-    """The last line of ``help``."""
-    return f"type `{command} help VERB` for one command; names ignore case; roles: viewer < operator < admin"
+def help_footer(typed: str) -> str:
+    """The last line of ``help``; ``typed`` is what comes before a verb (``/train ``, or nothing)."""
+    return f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
 
 
 def help_verb_title(usage: str) -> str:

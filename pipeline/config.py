@@ -9,10 +9,12 @@ never as a traceback (:func:`load_config` raises :class:`~pipeline.errors.Config
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     BaseModel,
@@ -35,17 +37,22 @@ def seconds_setting(value: object) -> float:
     """A config duration in seconds: a number, or a string :func:`pipeline.fmt.parse_duration` reads
     (``"90"``, ``"30m"``, ``"1h"``, ``"2.5s"``).
 
-    :returns: seconds (float, > 0).
-    :raises ValueError: for anything else, or a value that is not positive.
+    :returns: seconds (float, finite, > 0).
+    :raises ValueError: for anything else, or a value that is not positive and finite.
     """
     if isinstance(value, bool):
         raise ValueError("expected seconds or a duration such as '30m'")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError("too large for a duration") from None
     elif isinstance(value, str):
         seconds = fmt.parse_duration(value)
     else:
         raise ValueError(f"expected seconds or a duration such as '30m', got {value!r}")
+    if not math.isfinite(seconds):
+        raise ValueError("must be a finite number of seconds")
     if seconds <= 0:
         raise ValueError("must be positive")
     return seconds
@@ -119,9 +126,20 @@ class StateSettings(_Model):
 
 
 class SchedulerSettings(_Model):
-    """``[scheduler]``: the timezone cron digests are read in."""
+    """``[scheduler]``: the timezone cron digests are read in (and times are shown in)."""
 
-    timezone: str = "UTC"
+    timezone: str = "UTC"  #: an IANA timezone name (``Europe/Paris``)
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, v: str) -> str:
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError, OSError):
+            raise ValueError(
+                f"unknown timezone {v!r} - use an IANA name such as 'UTC' or 'Europe/Paris'"
+            ) from None
+        return v
 
 
 class HostConfig(_Model):

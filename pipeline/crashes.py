@@ -259,7 +259,10 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
             return Crash(CrashClass.SIGNAL, _short(ln), rank=rank, step=_last_step(lines, i, rank))
     step = _last_step(lines, len(lines), rank)
     if exit_signal == "SIGKILL":
-        return Crash(CrashClass.HOST_OOM, f"the job was killed by {exit_signal}", rank=rank, step=step)
+        # no kernel line said so: most SIGKILLs of a training job are the OOM killer's, but a
+        # person's kill -9 looks the same from here, and the evidence says so
+        why = f"the job was killed by {exit_signal} with no OOM line in its log (the kernel's OOM killer, or a kill -9)"
+        return Crash(CrashClass.HOST_OOM, why, rank=rank, step=step)
     if exit_signal:
         return Crash(CrashClass.SIGNAL, f"the job was ended by {exit_signal}", rank=rank, step=step)
     evidence = f"exit code {exit_code}, no failure line in the log" if exit_code is not None else None

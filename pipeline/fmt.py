@@ -16,6 +16,7 @@ A leaf module: standard library only, importing nothing of Pitstop, so ``pipelin
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from datetime import datetime
@@ -32,10 +33,10 @@ def duration(seconds: float | None) -> str:
     ``45 s``, ``12 min``, ``3 h 5 min``, ``3 h``, ``2 d 4 h``; rounded down to the smaller unit
     shown (whole seconds, minutes or hours).
 
-    :param seconds: the length in seconds; None or a negative value is unknown.
+    :param seconds: the length in seconds; None, a negative value, NaN or infinity is unknown.
     :returns: the text, or ``n/a`` when unknown.
     """
-    if seconds is None or seconds < 0:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return UNKNOWN
     s = round(seconds)
     if s < 60:
@@ -51,10 +52,11 @@ def duration(seconds: float | None) -> str:
 
 
 _SHORT = re.compile(
-    r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?)?\s*$"
+    r"^\s*(\d{1,15}(?:\.\d{1,9})?)\s*(ms|s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?)?\s*$",
+    re.ASCII,
 )
 _SHORT_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_LONG = re.compile(r"^\s*(\d+)\s*(d|h|min|s)(?:\s+(\d+)\s*(d|h|min|s))?\s*$")
+_LONG = re.compile(r"^\s*(\d{1,15})\s*(d|h|min|s)(?:\s+(\d{1,15})\s*(d|h|min|s))?\s*$", re.ASCII)
 _LONG_UNITS = dict(_UNITS)
 
 
@@ -64,6 +66,8 @@ def parse_duration(text: str) -> float:
     Reads a bare number of seconds (``90``, ``2.5``), a number with one unit (``500ms``,
     ``90s``, ``30m``, ``2h``, ``1d``, ``30mins``, ``2hours``, ``1day``; any case) and :func:`duration`'s own output (``3 h 5 min``),
     so ``parse_duration(duration(x))`` is ``x`` rounded down to the units shown.
+
+    Digits are ASCII, at most 15 before the point, so the result is always finite.
 
     :param text: the duration.
     :returns: seconds (float, may be 0).
@@ -81,18 +85,17 @@ def parse_duration(text: str) -> float:
 
 
 def size(n: float) -> str:
-    """A number of bytes in binary units: ``512 B``, ``1.5 KiB``, ``8.0 MiB``, ``1.00 GiB``.
+    """A number of bytes in binary units: ``512 B``, ``1.5 KiB``, ``8.0 MiB``, ``1.00 GiB``, ``2.00 TiB``.
 
-    :param n: bytes.
+    :param n: bytes; NaN or infinity is unknown (``n/a``).
     """
-    if n < 1024:
+    if not math.isfinite(n):
+        return UNKNOWN
+    if round(n) < 1024:
         return f"{n:.0f} B"
-    if n < 1024**2:
-        return f"{n / 1024:.1f} KiB"
-    if n < 1024**3:
-        return f"{n / 1024**2:.1f} MiB"
-    if n < 1024**4:
-        return f"{n / 1024**3:.2f} GiB"
+    for unit, power, digits in (("KiB", 1, 1), ("MiB", 2, 1), ("GiB", 3, 2)):
+        if round(n / 1024**power, digits) < 1024:
+            return f"{n / 1024**power:.{digits}f} {unit}"
     return f"{n / 1024**4:.2f} TiB"
 
 
@@ -100,7 +103,7 @@ def timezone_of(name: str) -> ZoneInfo:
     """The IANA timezone ``name`` (``[scheduler] timezone``), or UTC when it is unknown."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder of zones, a name too long
         return ZoneInfo("UTC")
 
 
@@ -126,9 +129,9 @@ def number(value: float | None, fmt: str = "{:,.0f}", unit: str = "") -> str:
 
     :param fmt: a :meth:`str.format` pattern (``"{:.3f}"``, ``"{:.1%}"``).
     """
-    return UNKNOWN if value is None else fmt.format(value) + unit
+    return UNKNOWN if value is None or not math.isfinite(value) else fmt.format(value) + unit
 
 
 def signed_pct(change: float | None) -> str:
-    """A change in percent: ``+5.2%``, ``-3.0%``; ``""`` when unknown."""
-    return "" if change is None else f"{change:+.1f}%"
+    """A change in percent: ``+5.2%``, ``-3.0%``; ``""`` when unknown (None, NaN, infinity)."""
+    return "" if change is None or not math.isfinite(change) else f"{change:+.1f}%"

@@ -35,6 +35,7 @@ A leaf module beside :mod:`pipeline.fmt`: standard library only.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,6 +153,16 @@ class VerdictLine:
 # --- writing --------------------------------------------------------------------------------------
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line: every run of whitespace (line breaks included) a single space, none at the ends."""
+    return " ".join(text.split())
+
+
+def _secs(seconds: float) -> float:
+    """Seconds as a line shows them: never negative (a host clock stepped back), never NaN."""
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
+
+
 def _who(v: VerdictLine) -> str:
     return f"job {v.job_id}" if v.job_id is not None else f"pid {v.pid}"
 
@@ -163,49 +174,59 @@ def _count(v: VerdictLine) -> str:
 def format_line(v: VerdictLine) -> str:
     """The one-line text of a verdict (the forms in this module's docstring).
 
+    Free text (``detail``, ``check``, ``reason``) is written on one line (:func:`one_line`) and
+    seconds are never negative, so every line written reads back with :func:`parse_line`.
+
     :raises ValueError: if ``v`` lacks a field its verdict's line needs.
     """
     V = Verdict
+    detail = one_line(v.detail)
     try:
         if v.verdict is V.RUNNING:
             line = f"RUNNING {_count(v)}"
             if v.job_id is not None:
+                assert v.nodes is not None
                 return f"{line} on {v.nodes} node{'s' if v.nodes != 1 else ''}"
             if v.ignored_checkpoint is not None:
                 return f"{line}, started from step 0 although checkpoint step {v.ignored_checkpoint} exists"
             return f"{line}, resumed at step {v.resumed_at}" if v.resumed_at else line
         if v.verdict is V.PENDING:
-            assert v.queued_s is not None
-            return f"PENDING reason {v.reason or 'None'} (job {v.job_id} queued {fmt.duration(v.queued_s)})"
+            assert v.queued_s is not None and v.job_id is not None
+            reason = one_line(v.reason or "") or "None"
+            return f"PENDING reason {reason} (job {v.job_id} queued {fmt.duration(_secs(v.queued_s))})"
         if v.verdict is V.WRONG_COUNT:
-            return f"WRONG_COUNT {_count(v)}" + (f" ({v.detail})" if v.detail else "")
+            return f"WRONG_COUNT {_count(v)}" + (f" ({detail})" if detail else "")
         if v.verdict is V.NO_PROGRESS:
             assert v.silent_s is not None
-            return f"NO_PROGRESS {_count(v)} log silent {v.silent_s:.0f} s"
+            return f"NO_PROGRESS {_count(v)} log silent {_secs(v.silent_s):.0f} s"
         if v.verdict is V.EXITED:
             assert v.after_s is not None
+            after = f"after {_secs(v.after_s):.1f} s"
             if v.signal:
-                return f"EXITED signal {v.signal} after {v.after_s:.1f} s"
+                return f"EXITED signal {one_line(v.signal)} {after}"
             if v.code is not None:
-                return f"EXITED code {v.code} after {v.after_s:.1f} s"
-            return f"EXITED after {v.after_s:.1f} s (exit code unknown)"
+                return f"EXITED code {v.code} {after}"
+            return f"EXITED {after} (exit code unknown)"
         if v.verdict is V.ERROR_IN_LOG:
-            return f"ERROR_IN_LOG {_who(v)}: {v.detail[:ERROR_LINE_LIMIT]}"
+            cut = detail[:ERROR_LINE_LIMIT].rstrip()
+            return f"ERROR_IN_LOG {_who(v)}:" + (f" {cut}" if cut else "")
         if v.verdict is V.PREFLIGHT_FAILED:
-            return f"PREFLIGHT_FAILED {v.check}: {v.detail}"
+            check = one_line(v.check or "").replace(":", "")
+            return f"PREFLIGHT_FAILED {check}:" + (f" {detail}" if detail else "")
         if v.verdict is V.STOP_FAILED:
             pids = ", ".join(str(p) for p in v.survivors)
             head = f"STOP_FAILED survivors pid {pids}" if pids else "STOP_FAILED"
-            return f"{head}: {v.detail}" if v.detail else head
+            return f"{head}: {detail}" if detail else head
         if v.verdict is V.LAUNCH_FAILED:
-            return f"LAUNCH_FAILED {v.detail}"
+            return "LAUNCH_FAILED" + (f" {detail}" if detail else "")
         if v.verdict is V.STALE_RECORD:
             assert v.then is not None
             return f"STALE_RECORD pid {v.pid} not signalled (start time differs); then: {format_line(v.then)}"
+        step = one_line(v.step or "").replace(" ", "_")
         if v.verdict is V.CANCELLED:
             return (
-                f"CANCELLED after {v.step}{_NOT_RELAUNCHED}"
-                if v.step
+                f"CANCELLED after {step}{_NOT_RELAUNCHED}"
+                if step
                 else f"CANCELLED before stop{_NOTHING_CHANGED}"
             )
         if v.verdict is V.INTERRUPTED:
@@ -215,8 +236,8 @@ def format_line(v: VerdictLine) -> str:
                 if v.state == "unknown":
                     return f"INTERRUPTED after launch: pid {v.pid} state unknown (unverified)"
                 return f"INTERRUPTED after launch: pid {v.pid} gone, {v.seen}/{v.expected} (unverified)"
-            during = f"INTERRUPTED during {v.step or 'start'}"
-            return f"{during}: {v.detail}" if v.detail else during + _OWNER_STOPPED
+            during = f"INTERRUPTED during {step or 'start'}"
+            return f"{during}: {detail}" if detail else during + _OWNER_STOPPED
     except AssertionError:
         pass
     raise ValueError(f"a {v.verdict} verdict line needs more than {v!r}")
@@ -344,49 +365,50 @@ def interrupted_after_launch(pid: int, state: str, seen: int, expected: int) -> 
 
 # --- reading --------------------------------------------------------------------------------------
 
-_WHO = r"(?:pid (?P<pid>\d+)|job (?P<job>\d+))"
-_COUNT = rf"(?P<seen>\d+)/(?P<expected>\d+) processes {_WHO}"
+_N = r"[0-9]+"
+_WHO = rf"(?:pid (?P<pid>{_N})|job (?P<job>{_N}))"
+_COUNT = rf"(?P<seen>{_N})/(?P<expected>{_N}) processes {_WHO}"
+_PID_COUNT = rf"(?P<seen>{_N})/(?P<expected>{_N}) processes pid (?P<pid>{_N})"
+_SECS = r"[0-9]+(?:\.[0-9])?"
+
+
+def _forms(*patterns: str) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(f"^{p}$", re.ASCII) for p in patterns)
+
+
 _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
-    Verdict.RUNNING: (
-        re.compile(rf"^RUNNING {_COUNT} on (?P<nodes>\d+) nodes?$"),
-        re.compile(rf"^RUNNING {_COUNT}, started from step 0 although checkpoint step (?P<ckpt>\d+) exists$"),
-        re.compile(rf"^RUNNING {_COUNT}(?:, resumed at step (?P<resumed>\d+))?$"),
+    Verdict.RUNNING: _forms(
+        rf"RUNNING (?P<seen>{_N})/(?P<expected>{_N}) processes job (?P<job>{_N}) on (?P<nodes>{_N}) nodes?",
+        rf"RUNNING {_PID_COUNT}, started from step 0 although checkpoint step (?P<ckpt>{_N}) exists",
+        rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed>{_N}))?",
     ),
-    Verdict.PENDING: (
-        re.compile(r"^PENDING reason (?P<reason>\S+) \(job (?P<job>\d+) queued (?P<queued>[^)]+)\)$"),
+    Verdict.PENDING: _forms(rf"PENDING reason (?P<reason>.+) \(job (?P<job>{_N}) queued (?P<queued>[^)]+)\)"),
+    Verdict.WRONG_COUNT: _forms(rf"WRONG_COUNT {_COUNT}(?: \((?P<detail>.+)\))?"),
+    Verdict.NO_PROGRESS: _forms(rf"NO_PROGRESS {_COUNT} log silent (?P<silent>{_N}) s"),
+    Verdict.EXITED: _forms(
+        rf"EXITED signal (?P<signal>\S+) after (?P<after>{_SECS}) s",
+        rf"EXITED code (?P<code>-?{_N}) after (?P<after>{_SECS}) s",
+        rf"EXITED after (?P<after>{_SECS}) s \(exit code unknown\)",
     ),
-    Verdict.WRONG_COUNT: (re.compile(rf"^WRONG_COUNT {_COUNT}(?: \((?P<detail>.*)\))?$"),),
-    Verdict.NO_PROGRESS: (re.compile(rf"^NO_PROGRESS {_COUNT} log silent (?P<silent>\d+) s$"),),
-    Verdict.EXITED: (
-        re.compile(r"^EXITED signal (?P<signal>\S+) after (?P<after>[\d.]+) s$"),
-        re.compile(r"^EXITED code (?P<code>-?\d+) after (?P<after>[\d.]+) s$"),
-        re.compile(r"^EXITED after (?P<after>[\d.]+) s \(exit code unknown\)$"),
+    Verdict.ERROR_IN_LOG: _forms(rf"ERROR_IN_LOG {_WHO}:(?: (?P<detail>.+))?"),
+    Verdict.PREFLIGHT_FAILED: _forms(r"PREFLIGHT_FAILED (?P<check>[^:]*):(?: (?P<detail>.+))?"),
+    Verdict.STOP_FAILED: _forms(
+        rf"STOP_FAILED(?: survivors pid (?P<survivors>{_N}(?:, {_N})*))?(?:: (?P<detail>.+))?"
     ),
-    Verdict.ERROR_IN_LOG: (re.compile(rf"^ERROR_IN_LOG {_WHO}: (?P<detail>.*)$"),),
-    Verdict.PREFLIGHT_FAILED: (re.compile(r"^PREFLIGHT_FAILED (?P<check>[^:]*): (?P<detail>.*)$"),),
-    Verdict.STOP_FAILED: (
-        re.compile(r"^STOP_FAILED(?: survivors pid (?P<survivors>[\d, ]+?))?(?:: (?P<detail>.*))?$"),
+    Verdict.LAUNCH_FAILED: _forms(r"LAUNCH_FAILED(?: (?P<detail>.+))?"),
+    Verdict.STALE_RECORD: _forms(
+        rf"STALE_RECORD pid (?P<pid>{_N}) not signalled \(start time differs\); then: (?P<then>.+)"
     ),
-    Verdict.LAUNCH_FAILED: (re.compile(r"^LAUNCH_FAILED (?P<detail>.*)$"),),
-    Verdict.STALE_RECORD: (
-        re.compile(
-            r"^STALE_RECORD pid (?P<pid>\d+) not signalled \(start time differs\); then: (?P<then>.*)$"
-        ),
+    Verdict.CANCELLED: _forms(
+        rf"CANCELLED after (?P<step>\S+){re.escape(_NOT_RELAUNCHED)}",
+        rf"CANCELLED before stop{re.escape(_NOTHING_CHANGED)}",
     ),
-    Verdict.CANCELLED: (
-        re.compile(rf"^CANCELLED after (?P<step>\S+){re.escape(_NOT_RELAUNCHED)}$"),
-        re.compile(rf"^CANCELLED before stop{re.escape(_NOTHING_CHANGED)}$"),
-    ),
-    Verdict.INTERRUPTED: (
-        re.compile(
-            r"^INTERRUPTED after launch: pid (?P<pid>\d+) (?P<state>running) (?P<seen>\d+)/(?P<expected>\d+) \(unverified\)$"
-        ),
-        re.compile(r"^INTERRUPTED after launch: pid (?P<pid>\d+) state (?P<state>unknown) \(unverified\)$"),
-        re.compile(
-            r"^INTERRUPTED after launch: pid (?P<pid>\d+) (?P<state>gone), (?P<seen>\d+)/(?P<expected>\d+) \(unverified\)$"
-        ),
-        re.compile(rf"^INTERRUPTED during (?P<step>\S+){re.escape(_OWNER_STOPPED)}$"),
-        re.compile(r"^INTERRUPTED during (?P<step>\S+): (?P<detail>.*)$"),
+    Verdict.INTERRUPTED: _forms(
+        rf"INTERRUPTED after launch: pid (?P<pid>{_N}) (?P<state>running) (?P<seen>{_N})/(?P<expected>{_N}) \(unverified\)",
+        rf"INTERRUPTED after launch: pid (?P<pid>{_N}) state (?P<state>unknown) \(unverified\)",
+        rf"INTERRUPTED after launch: pid (?P<pid>{_N}) (?P<state>gone), (?P<seen>{_N})/(?P<expected>{_N}) \(unverified\)",
+        rf"INTERRUPTED during (?P<step>\S+){re.escape(_OWNER_STOPPED)}",
+        r"INTERRUPTED during (?P<step>\S+): (?P<detail>.+)",
     ),
 }
 

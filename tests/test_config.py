@@ -119,9 +119,28 @@ def test_durations() -> None:
     """Durations accept seconds and 30m / 1h / 2.5s forms, and refuse the rest."""
     assert seconds_setting(90) == 90 and seconds_setting("30m") == 1800 and seconds_setting("1h") == 3600
     assert seconds_setting("2.5s") == 2.5
-    for bad in ("soon", "-1", 0, True):
+    for bad in ("soon", "-1", 0, True, float("nan"), float("inf"), 10**400, "9" * 400):
         with pytest.raises(ValueError):
             seconds_setting(bad)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400", "9" * 400])
+def test_non_finite_and_huge_durations_are_refused_by_check_config(tmp_path: Path, value: str) -> None:
+    """`interval = nan` (a watch loop that would spin) or a 400-digit number exits 2 naming the key."""
+    path = write(tmp_path, MINIMAL + f"\n[jobs.dflash.watch]\ninterval = {value}\n")
+    done = check_config(str(path))
+    assert done.returncode == 2 and "jobs.dflash.watch.interval" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("zone", ["Europe", "Not/AZone", "x" * 300])
+def test_unknown_timezone_is_refused(tmp_path: Path, zone: str) -> None:
+    """A timezone that is not an IANA zone is refused at scheduler.timezone (it would break every clock shown)."""
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, f'[scheduler]\ntimezone = "{zone}"\n' + MINIMAL))
+    assert any(p.startswith("scheduler.timezone") and "unknown timezone" in p for p in info.value.problems), (
+        info.value.problems
+    )
 
 
 def test_resolve_path_order(tmp_path: Path) -> None:

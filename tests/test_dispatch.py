@@ -273,6 +273,9 @@ async def test_reads_answer_inline(ctx: Context, dispatcher: Dispatcher) -> None
         assert f"`{verb} " in listed or f"`{verb}`" in listed
     one = await dispatcher.handle(_req("help restart", user=VIEWER))
     assert one.title.startswith("usage: restart JOB")
+    assert "type `/train help VERB`" in helped.lines[-1]  # in Slack a verb follows the slash command
+    typed = await dispatcher.handle(_req("help", user=VIEWER, surface="console"))
+    assert "type `help VERB`" in typed.lines[-1]  # in the console it is typed alone
 
 
 async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatcher) -> None:

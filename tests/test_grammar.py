@@ -167,6 +167,15 @@ ERRORS: list[tuple[str, str]] = [
     ("history 1000", "N must be between 1 and 100, got 1000"),
     ("watch dflash off for 5x", "'5x' is not a duration - use e.g. 90s, 30m, 2h or 1d (at most 7 d)"),
     ("watch dflash off for 8d", "duration '8d' is out of range - give at least 1 s and at most 7 d"),
+    (
+        "watch dflash off for 99999999999h",
+        "duration '99999999999h' is out of range - give at least 1 s and at most 7 d",
+    ),
+    (
+        "watch dflash off for " + "9" * 400,
+        f"{'9' * 400!r} is not a duration - use e.g. 90s, 30m, 2h or 1d (at most 7 d)",
+    ),
+    ("watch dflash off for nan", "usage: watch JOB on|off [for DURATION]\n(type `help watch` for examples)"),
     ("watch dflash on for 2h", "`for DURATION` pauses watching for a while: say `watch dflash off for 2h`"),
     ("restart dflash with topk without topk", "patch 'topk' cannot be both added and removed"),
     ("status " + "x" * 600, parse_too_long(500)),

@@ -50,7 +50,7 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[st
                 here = name.split(".") if is_package else name.split(".")[:-1]
                 here = here[: len(here) - (node.level - 1)]
                 base = ".".join([*here, base] if base else here)
-            # ``from pipeline import messages`` imports the module pipeline.messages
+            # ``from pipeline import fmt`` imports the module pipeline.fmt
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         for target in targets:
             # ``import a.b.c`` depends on the longest first-party module it names

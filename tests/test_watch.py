@@ -580,7 +580,7 @@ async def _kill_alerts_once_and_restart_resolves_once(h: Harness) -> None:
     assert len(resolved) == 1 and resolved[0].key == alerts[0].key
     assert len(h.alerts()) == 1
     headline = [p for p in h.outbox.of("announce") if p.key == alerts[0].key][-1]
-    assert headline.reply.title.startswith("resolved: train was dead")
+    assert headline.reply.title.startswith("resolved: train was down")
     assert await ctx.events.wait_for(EventKind.RESOLVED, "train", after=after, timeout=5) is not None
 
 
