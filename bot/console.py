@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
-from rich.panel import Panel
+from rich.rule import Rule
 from rich.table import Table as RichTable
 from rich.text import Text
 
@@ -56,12 +56,15 @@ def make_console(*, file: IO[str] | None = None, record: bool = False, width: in
 
     :param file: where to write (default stdout); tests pass a StringIO.
     :param record: keep what was printed (``console.export_text()``).
-    :param width: columns (default: the terminal's; 120 for a given file).
+    :param width: columns (default: the terminal's; 120 for a given file or piped output).
     """
     if file is not None and width is None:
         width = 120
     console = Console(file=file, record=record, width=width, highlight=False)
-    console.soft_wrap = file is None and not console.is_terminal  # piped output: whole lines, no hard wraps
+    if file is None and not console.is_terminal:
+        console.soft_wrap = True  # piped output: whole lines, no hard wraps
+        if width is None:
+            console.width = 120  # a log or a pipe has no width of its own: as wide as a given file's
     return console
 
 
@@ -91,19 +94,17 @@ class Renderer:
         """``✓ stop 2.1 s - 8 processes stopped``, coloured by outcome."""
         return Text(plain(step.text()), style=STEP_STYLE.get(step.outcome, ""))
 
-    def log(self, reply: Reply) -> Panel:
-        """The log excerpt (its last :data:`MAX_LOG_LINES` lines) in a panel titled ``log_title``."""
+    def log(self, reply: Reply) -> Group:
+        """The log excerpt (its last :data:`MAX_LOG_LINES` lines) between rules, the first titled ``log_title``."""
         lines = (reply.log or "").rstrip("\n").splitlines()
         body = "\n".join(lines[-MAX_LOG_LINES:])
         if len(lines) > MAX_LOG_LINES:
             omitted = sum(len(line) + 1 for line in lines[:-MAX_LOG_LINES])
             body = slack_earlier_omitted(omitted) + "\n" + body
-        # fold, never crop: the end of a line (a pid list, a checkpoint's step) is often what matters
-        return Panel(
-            Text(body, overflow="fold"),
-            title=Text(reply.log_title) if reply.log_title else None,
-            title_align="left",
-        )
+        # between two rules, not in a box: a box crops a long line when the output is piped (soft
+        # wrap), and the end of a line (a pid list, a checkpoint's step) is often what matters
+        title = Text(reply.log_title) if reply.log_title else ""
+        return Group(Rule(title, align="left", style="dim"), Text(body), Rule(style="dim"))
 
     def render(self, reply: Reply, prefix: str = "") -> RenderableType:
         """Everything in ``reply``: title, steps, lines, fields, tables, log, chart, buttons, follow-ups.

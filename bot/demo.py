@@ -307,6 +307,15 @@ async def _wait_ranks(ctx: Context, step: WaitRanks) -> None:
         await asyncio.sleep(RANKS_POLL)
 
 
+#: what a ``wait`` directive waits for, as its line says it
+_AWAITED = {
+    EventKind.VERDICT: "the verdict",
+    EventKind.ALERT: "an alert",
+    EventKind.RESOLVED: "the resolution",
+    EventKind.DIGEST: "a digest",
+}
+
+
 async def _run_script(ctx: Context, session: ConsoleSession, steps: Sequence[Step]) -> None:
     cursor = await ctx.events.last_id()
     for step in steps:
@@ -316,7 +325,7 @@ async def _run_script(ctx: Context, session: ConsoleSession, steps: Sequence[Ste
             await _say(session, step.text, step.lineno)
         elif isinstance(step, Wait):
             session.console.print(
-                f"[dim]… waiting for {step.kind.value} of {step.job} (≤ {step.within:g} s)[/dim]"
+                f"[dim]… waiting for {_AWAITED.get(step.kind, step.kind.value)} of {step.job} (≤ {step.within:g} s)[/dim]"
             )
             await _wait(ctx, step, cursor)
         elif isinstance(step, WaitRanks):

@@ -32,7 +32,8 @@ _MAX_REFUSALS = 10
 
 
 def _when(config: Config, ts: float) -> str:
-    return fmt.clock(ts, config.scheduler.timezone, date=True)
+    """``21:15:01 UTC`` today, with the date in front on another day (the configured timezone)."""
+    return fmt.clock(ts, config.scheduler.timezone)
 
 
 def _run_outcome(run: RunRecord) -> str:

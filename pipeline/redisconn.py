@@ -110,28 +110,42 @@ def mask_url(url: str) -> str:
     return url
 
 
+#: connections one Pitstop process opens to Redis at most; a burst of commands beyond it (a watch
+#: cycle over hundreds of jobs, acks released together) waits for a free one instead of failing
+MAX_CONNECTIONS = 64
+POOL_WAIT = 30.0  #: seconds a command waits for a free connection before a ConnectionError
+
+
 async def open_redis(config: Config, *, url: str | None = None, prefix: str | None = None) -> RedisHandle:
     """Connect to Redis as configured, starting the embedded server when no URL is set.
 
     :param url: overrides ``[redis] url`` (tests).
     :param prefix: overrides ``[redis] prefix`` (tests use a fresh one each).
+    The client's pool is redis-py's ``BlockingConnectionPool`` (:data:`MAX_CONNECTIONS`,
+    :data:`POOL_WAIT`): concurrency above the pool waits rather than raising ``MaxConnectionsError``.
+
     :returns: a handle whose client is already verified with ``PING``.
     :raises redis.exceptions.ConnectionError: if a configured server does not answer.
     """
     url = url if url is not None else config.redis.url
     prefix = prefix if prefix is not None else config.redis.prefix
     if url:
-        client = aioredis.Redis.from_url(url, decode_responses=True)
-        handle = RedisHandle(client, prefix, mask_url(url))
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT
+        )
+        handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, mask_url(url))
     else:
         db_path = config.state.path / "redis" / EMBEDDED_DB
         server = await asyncio.to_thread(_start_embedded, db_path)
-        client = aioredis.Redis(
-            unix_socket_path=str(server.socket_file),
+        pool = aioredis.BlockingConnectionPool(
+            connection_class=aioredis.UnixDomainSocketConnection,
+            path=str(server.socket_file),
             decode_responses=True,
             client_name=f"pitstop-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            max_connections=MAX_CONNECTIONS,
+            timeout=POOL_WAIT,
         )
-        handle = RedisHandle(client, prefix, f"embedded ({db_path})", server)
+        handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, f"embedded ({db_path})", server)
     try:
         await handle.client.ping()
     except BaseException:
