@@ -28,6 +28,7 @@ import faults
 HERE = Path(__file__).resolve().parent
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 STOP_GRACE_S = 60.0  # after a stop request, how long the launcher waits before killing workers
+FAIL_GRACE_S = 1.0  # after a worker failed, how long the launcher waits for the peers it broke to exit
 CHECKPOINT_FILE = "drafter.pt"
 TARGET_FILE = "target.pt"
 LATEST_FILE = "latest.json"
@@ -604,10 +605,17 @@ def _watch(procs: list[tuple[str, int, Any]], log: Log, stop_event: Any, targets
             log.line("dflash-main: stop requested; drafters stop at the next step boundary")
         failed = [(role, rank, p) for role, rank, p in procs if p.exitcode not in (None, 0)]
         if failed:
-            role, rank, p = failed[0]
-            log.line(
-                f"dflash-main: {role} rank {rank} (pid {p.pid}) exited with code {p.exitcode}; stopping the job"
-            )
+            # one rank's failure breaks its peers' collectives within moments: let those exit too,
+            # so every failed rank is named (the first one to fail is not always the first polled)
+            grace = time.monotonic() + FAIL_GRACE_S
+            while time.monotonic() < grace and any(p.exitcode is None for _, _, p in procs):
+                time.sleep(0.05)
+            for role, rank, p in procs:
+                if p.exitcode not in (None, 0):
+                    log.line(
+                        f"dflash-main: {role} rank {rank} (pid {p.pid}) exited with code {p.exitcode}; "
+                        "stopping the job"
+                    )
             _kill_all(procs)
             log.line("dflash-main: exit 1")
             return 1
