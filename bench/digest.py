@@ -6,9 +6,9 @@ A digest reads only what was written since the last scheduled digest, bounded to
 
 Both logs hold real dflash metric lines (5 target + 3 drafter ranks, monotonic counters and
 timestamps, a start-up line), generated into a temporary directory and deleted afterwards.  The
-path measured is the real one: :func:`pipeline.digest.build_digest` reading the log through the
+path measured is the real one: :func:`pipeline.digest.report.build_digest` reading the log through the
 host helper over SSH (an in-process asyncssh host on 127.0.0.1, reached by
-:class:`~pipeline.remote.SSHPool`), parsing, aggregating and storing the offset in an embedded
+:class:`~pipeline.host.remote.SSHPool`), parsing, aggregating and storing the offset in an embedded
 Redis.  The chart is not drawn and the job has no ``gpus`` (both cost the same for any log size
 and would only dilute the ratio).
 
@@ -21,12 +21,12 @@ Beside them, the first digest's three steps on the 10 MB log — read the window
 aggregate — are timed against the reference path they replaced, interleaved, median of
 ``--repeat``: two helper calls (size, then the bytes) sending the 8 MiB uncompressed, the
 standard library's ``json`` per line into a record per line
-(:func:`pipeline.metrics.parse_jsonl_stdlib`), and the statistics over those records
-(:func:`pipeline.digeststats.summarise`; it now groups them into columns first, so the reference
+(:func:`pipeline.digest.metrics.parse_jsonl_stdlib`), and the statistics over those records
+(:func:`pipeline.digest.stats.summarise`; it now groups them into columns first, so the reference
 is already faster than the code before this path and the speedup shown is a lower bound).  Now:
 one call reading the tail (negative offset) zlib-compressed, orjson reading only the keys the
-statistics use straight into columns per rank (:func:`pipeline.metrics.parse_series`) and the
-statistics over the columns (:func:`pipeline.digeststats.summarise_series`).  Target: 5x faster.
+statistics use straight into columns per rank (:func:`pipeline.digest.metrics.parse_series`) and the
+statistics over the columns (:func:`pipeline.digest.stats.summarise_series`).  Target: 5x faster.
 
 Fails (exit 1) when a digest reads more than its bound, the next digest does not start where
 the first ended, or the 1 GB / 10 MB ratio exceeds 2x (the read is no longer bounded).
@@ -55,11 +55,10 @@ from devhost.sshhost import start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
-from pipeline.digest import Digest, build_digest
-from pipeline.digeststats import summarise, summarise_series
-from pipeline.events import Events
-from pipeline.hostprobe import call_helper
-from pipeline.logwindow import (
+from pipeline.digest.metrics import parse_jsonl_stdlib, parse_series
+from pipeline.digest.report import Digest, build_digest
+from pipeline.digest.stats import summarise, summarise_series
+from pipeline.digest.window import (
     MAX_WINDOW_BYTES,
     LogRead,
     LogReader,
@@ -68,11 +67,12 @@ from pipeline.logwindow import (
     read_window,
     remote_reader,
 )
-from pipeline.metrics import parse_jsonl_stdlib, parse_series
-from pipeline.redisconn import open_redis
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.runs import RunStore
+from pipeline.engines.ssh import Restarter
+from pipeline.host.probe import call_helper
+from pipeline.host.remote import SSHPool
+from pipeline.state.events import Events
+from pipeline.state.redisconn import open_redis
+from pipeline.state.runs import RunStore
 
 MB = 1_000_000
 T0 = 1_760_000_000.0

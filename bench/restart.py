@@ -47,11 +47,11 @@ from supervisor.xmlrpc import SupervisorTransport
 
 from devhost.sshhost import start_local_ssh_host
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
-from pipeline.events import Events
-from pipeline.redisconn import open_redis
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.runs import RunStore
+from pipeline.engines.ssh import Restarter
+from pipeline.host.remote import SSHPool
+from pipeline.state.events import Events
+from pipeline.state.redisconn import open_redis
+from pipeline.state.runs import RunStore
 
 JOB = """\
 import signal, sys, time

@@ -136,7 +136,7 @@ def start_sleepers(root: Path, jobs: int) -> list[subprocess.Popen[bytes]]:
     """One sleeping process and one small log per job, each running inside the jobs' workdir.
 
     Without a recorded session a job's processes are the matching ones whose working directory
-    is the job's ``workdir`` (:mod:`pipeline.hostprobe`), so the sleepers start there.
+    is the job's ``workdir`` (:mod:`pipeline.host.probe`), so the sleepers start there.
     """
     (root / "logs").mkdir(exist_ok=True)
     out = []

@@ -19,13 +19,13 @@ from handlers.reply import Reply
 from handlers.verdicts import recover_runs
 from handlers.watching import AUTO_USER, Watcher
 from pipeline.config import Config
-from pipeline.events import Events
-from pipeline.redisconn import open_redis
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.runs import RunStore
-from pipeline.slurmengine import SlurmEngine
-from pipeline.watch import DEFAULT_REMIND_EVERY
+from pipeline.engines.slurm import SlurmEngine
+from pipeline.engines.ssh import Restarter
+from pipeline.host.remote import SSHPool
+from pipeline.observe.watch import DEFAULT_REMIND_EVERY
+from pipeline.state.events import Events
+from pipeline.state.redisconn import open_redis
+from pipeline.state.runs import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ async def build_context(
     """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context.
 
     Runs this process executes are owned by it (a heartbeat in Redis, see
-    :class:`~pipeline.runs.RunStore`).  With ``recover`` (every CLI, console and serve process),
+    :class:`~pipeline.state.runs.RunStore`).  With ``recover`` (every CLI, console and serve process),
     runs whose owner died are taken over at once (:func:`handlers.verdicts.recover_runs`).
 
     :param instance: this process's id (default: :func:`new_instance_id`).

@@ -27,7 +27,7 @@ from typing import Any
 from bot import settings as settings_mod
 from pipeline.config import Config, load_config, resolve_path
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
-from pipeline.redisconn import mask_url
+from pipeline.state.redisconn import mask_url
 
 log = logging.getLogger("pitstop")
 

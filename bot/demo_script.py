@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.errors import UsageError
-from pipeline.events import EventKind
+from pipeline.state.events import EventKind
 
 DEFAULT_WAIT = 120.0
 MAX_WAIT = 1800.0

@@ -34,11 +34,11 @@ from handlers.commands import ParseError, parse
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Reply, render_text
 from handlers.runview import thread_key, verdict_reply
-from pipeline import keys
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
-from pipeline.events import EventKind
-from pipeline.runs import RunRecord
+from pipeline.state import keys
+from pipeline.state.events import EventKind
+from pipeline.state.runs import RunRecord
 from pipeline.verdict import Step
 
 if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick

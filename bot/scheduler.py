@@ -8,7 +8,7 @@ silently drops runs that start late on a busy loop).
 Jobs:
 
 - ``leader``, every ``leader_ttl / 3`` s, on every replica: take or renew the Redis leader
-  lease (:class:`~pipeline.leader.LeaderLease`).  While leader, on every tick: take over runs
+  lease (:class:`~pipeline.state.leader.LeaderLease`).  While leader, on every tick: take over runs
   whose owner's heartbeat lapsed (:func:`handlers.verdicts.recover_runs`); on becoming leader,
   then deliver overdue verifications.
 - ``verify``, every ``poll_interval`` s: deliver the verifications that are due
@@ -42,8 +42,8 @@ from handlers.context import Context
 from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
-from pipeline.leader import LeaderLease
-from pipeline.watch import DEFAULT_REMIND_EVERY
+from pipeline.observe.watch import DEFAULT_REMIND_EVERY
+from pipeline.state.leader import LeaderLease
 
 log = logging.getLogger(__name__)
 

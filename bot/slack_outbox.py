@@ -2,7 +2,7 @@
 
 ``announce(key)`` posts the headline of a restart or incident (``chat.postMessage``) and, on
 later calls, edits it in place (``chat.update``) as steps complete.  Where it lives (channel,
-ts) is kept in Redis under :func:`pipeline.keys.posts`, so any replica can update it or post
+ts) is kept in Redis under :func:`pipeline.state.keys.posts`, so any replica can update it or post
 in its thread.  ``thread(key)`` posts under the headline (``thread_ts``); ``post()`` is a
 standalone message; a reply's chart is uploaded with ``files_upload_v2`` (the
 ``files.getUploadURLExternal`` + ``files.completeUploadExternal`` flow).
@@ -22,7 +22,7 @@ refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_block
 ``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
 run by DM, with the fix (:func:`bot.slack_api.fix_for`), or, for alerts and digests, the
 announce channel when their own channel refused them.  The last refusal is kept for
-``/healthz`` and ``status`` (:func:`pipeline.keys.delivery_failure`).  A chart for a public
+``/healthz`` and ``status`` (:func:`pipeline.state.keys.delivery_failure`).  A chart for a public
 channel the bot has not joined is uploaded after ``conversations.join``.
 """
 
@@ -56,7 +56,7 @@ from bot.slack_api import (
     refused_notice,
 )
 from handlers.reply import Reply, Status, render_text
-from pipeline import keys
+from pipeline.state import keys
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 benchmarks — never part of a production deployment.
 
 - :mod:`devhost.sshhost` — an SSH host on 127.0.0.1 (asyncssh's server running real
-  ``bash -c`` commands), reached through the same :class:`~pipeline.remote.SSHPool` code path
+  ``bash -c`` commands), reached through the same :class:`~pipeline.host.remote.SSHPool` code path
   as a GPU host.
 
 This package sits beside the three layers and imports ``pipeline`` only (never ``handlers`` or

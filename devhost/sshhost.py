@@ -1,6 +1,6 @@
 """An SSH host inside this process: asyncssh's server on 127.0.0.1, running each command in a
 real ``/bin/bash -c`` — for tests and ``pitstop demo``, reached through the same
-:class:`~pipeline.remote.SSHPool` code path as a GPU host.
+:class:`~pipeline.host.remote.SSHPool` code path as a GPU host.
 
 It behaves like OpenSSH's ``sshd`` where Pitstop depends on it:
 

@@ -4,7 +4,7 @@ An incident's alert is the headline message under key ``incident:JOB:N``
 (:meth:`~handlers.outbox.Outbox.announce`); reminders, kind changes, acknowledgements,
 automatic restarts and the "resolved after N min" note go in its thread, and the headline
 is updated in place (resolved, acknowledged) — built here from the stored
-:class:`~pipeline.incidents.Incident` alone, so any process can rebuild it.
+:class:`~pipeline.state.incidents.Incident` alone, so any process can rebuild it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from handlers.reply import Reply, Status, mention
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import ExitCode
-from pipeline.incidents import LOG_LINES, Incident, IncidentKind
+from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind
 
 
 def mention_of(config: Config) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from pipeline import keys
+from pipeline.state import keys
 
 STREAM_MAXLEN = 10_000
 _SCAN_BATCH = 200

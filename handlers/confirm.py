@@ -1,6 +1,6 @@
 """Confirmations: a job with ``confirm = true`` acts only when the same person confirms in time.
 
-The request waits in Redis (:func:`pipeline.keys.confirmation`, JSON, with a TTL slightly
+The request waits in Redis (:func:`pipeline.state.keys.confirmation`, JSON, with a TTL slightly
 longer than the window) under a random token carried by the Confirm/Cancel buttons, so any
 replica can take the click.  :meth:`Confirmations.take` settles it atomically (``GETDEL``):
 exactly one of the requester's click, a double click, and the expiry timer wins.  Someone
@@ -18,7 +18,7 @@ from enum import StrEnum
 import redis.asyncio as aioredis
 
 from handlers.reply import who
-from pipeline import keys
+from pipeline.state import keys
 
 DEFAULT_WINDOW = 60.0  #: seconds a confirmation waits
 GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer settles first)

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from handlers.outbox import Outbox
 from pipeline.config import Config
-from pipeline.engine import RestartService
-from pipeline.events import Events
-from pipeline.jobstate import JobStore
-from pipeline.redisconn import RedisHandle
-from pipeline.remote import RemoteHosts
-from pipeline.runs import RunStore
+from pipeline.engines.base import RestartService
+from pipeline.host.remote import RemoteHosts
+from pipeline.state.events import Events
+from pipeline.state.jobstate import JobStore
+from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunStore
 
 
 @dataclass
@@ -44,10 +44,10 @@ class Context:
 
     @property
     def prefix(self) -> str:
-        """The Redis key prefix (:mod:`pipeline.keys`)."""
+        """The Redis key prefix (:mod:`pipeline.state.keys`)."""
         return self.redis.prefix
 
     @property
     def jobs(self) -> JobStore:
-        """Jobs' state in Redis, one round trip per read (:class:`~pipeline.jobstate.JobStore`)."""
+        """Jobs' state in Redis, one round trip per read (:class:`~pipeline.state.jobstate.JobStore`)."""
         return JobStore(self.redis.client, self.prefix, self.config)

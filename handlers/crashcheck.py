@@ -2,7 +2,7 @@
 
 :func:`check_crash` reads everything the job's current run wrote since its launch (at most
 :data:`MAX_CRASH_BYTES`, the end of it), with its launcher's exit status, and classifies it
-(:func:`pipeline.crashes.classify`).  It remembers the last classified crash per job in Redis
+(:func:`pipeline.observe.crashes.classify`).  It remembers the last classified crash per job in Redis
 (``keys.last_crash``, with the run it came from), so a Python exception that comes back with the same
 type at the same step in the *next* run is recognised as a repeat.
 
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 from handlers.alerts import alert_exit_cause
 from handlers.context import Context
-from pipeline import keys
 from pipeline.config import AutoRestart
-from pipeline.crashes import Crash, CrashClass, classify, from_fields
 from pipeline.errors import PitstopError
-from pipeline.hostcontract import EvidenceArgs
-from pipeline.hostprobe import call_helper, read_log_chunk, recorded_identity
-from pipeline.incidents import Incident
+from pipeline.host.contract import EvidenceArgs
+from pipeline.host.probe import call_helper, read_log_chunk, recorded_identity
+from pipeline.observe.crashes import Crash, CrashClass, classify, from_fields
+from pipeline.state import keys
+from pipeline.state.incidents import Incident
 
 log = logging.getLogger(__name__)
 

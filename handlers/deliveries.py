@@ -1,7 +1,7 @@
 """Exactly-once deliveries: a Slack delivery acted on is remembered, so retries and double clicks act once.
 
 This is about Slack's deliveries (a request arriving twice), not alerts: an alert is posted
-once per incident by the incident's compare-and-set in :mod:`pipeline.incidents`.
+once per incident by the incident's compare-and-set in :mod:`pipeline.state.incidents`.
 
 Slack redelivers an event it thinks was not acknowledged (``X-Slack-Retry-Num``,
 ``retry_attempt``) and a person may click a button twice; both arrive with the same delivery
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from pipeline import keys
+from pipeline.state import keys
 
 DEFAULT_TTL = 3600  #: seconds a delivery id is remembered (Slack retries within minutes)
 

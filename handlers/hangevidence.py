@@ -14,9 +14,9 @@ import logging
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from pipeline.errors import PitstopError
-from pipeline.hostcontract import HangAnswer, HangArgs
-from pipeline.hostprobe import call_helper, recorded_identity
-from pipeline.incidents import Incident, IncidentKind
+from pipeline.host.contract import HangAnswer, HangArgs
+from pipeline.host.probe import call_helper, recorded_identity
+from pipeline.state.incidents import Incident, IncidentKind
 
 log = logging.getLogger(__name__)
 

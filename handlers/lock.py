@@ -2,7 +2,7 @@
 
 :class:`JobLock` takes the lock without blocking (``client.lock(name, timeout=ttl,
 blocking=False)``), writes who holds it (user, action, run id, current step, started at) in a
-hash beside it (:func:`pipeline.keys.lock_holder`), and while a sequence runs a renewal task
+hash beside it (:func:`pipeline.state.keys.lock_holder`), and while a sequence runs a renewal task
 extends both every ``ttl / 3`` seconds, so a long stop or launch never outlives the TTL.  If
 the process dies, renewal stops and the lock frees itself within ``ttl``.  A refused request
 gets :class:`InFlight`, whose message names the holder::
@@ -33,10 +33,10 @@ from redis.asyncio.lock import Lock
 from redis.exceptions import LockError, RedisError
 
 from handlers.reply import who
-from pipeline import keys
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
-from pipeline.jobstate import scope_of
+from pipeline.state import keys
+from pipeline.state.jobstate import scope_of
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class JobLock:
 
     :param client: an asyncio Redis client (``decode_responses=True``).
     :param prefix: the key prefix.
-    :param scope: ``job:NAME`` or ``host:NAME`` (:func:`pipeline.jobstate.scope_of`).
+    :param scope: ``job:NAME`` or ``host:NAME`` (:func:`pipeline.state.jobstate.scope_of`).
     :param ttl: seconds the lock lives without renewal (a crashed holder frees it this fast).
     :param renew_every: seconds between renewals (default ``ttl / 3``).
     """

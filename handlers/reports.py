@@ -3,7 +3,7 @@
 Transport-free: each function returns a :class:`~handlers.reply.Reply`; the surface renders it
 and uploads ``reply.chart``.  The scheduler calls :func:`digest_command` with
 ``scheduled=True`` and posts the reply to the job's channel; a person's ``digest`` is on
-demand and moves no offset (see :mod:`pipeline.digest`).
+demand and moves no offset (see :mod:`pipeline.digest.report`).
 
 Expected failures (host unreachable, log missing, nvidia-smi absent) become a reply saying
 so — never a traceback, never a silent success.
@@ -19,11 +19,11 @@ from handlers.context import Context
 from handlers.reply import Reply, Status, Table
 from handlers.slurmviews import gpus_unavailable, job_gpus
 from pipeline import fmt
-from pipeline.digest import Digest, build_digest
-from pipeline.digeststats import TARGET
+from pipeline.digest.report import Digest, build_digest
+from pipeline.digest.stats import TARGET
 from pipeline.errors import ExitCode, PitstopError
-from pipeline.gpus import ComputeApp, GpuStat, compute_apps, query_gpus
-from pipeline.hostprobe import probe_host
+from pipeline.host.probe import probe_host
+from pipeline.observe.gpus import ComputeApp, GpuStat, compute_apps, query_gpus
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _topk_change(change: dict[str, float]) -> str:
 def digest_reply(digest: Digest) -> Reply:
     """The reply for a built digest: headline with ±%, fields, per-rank and per-GPU tables, chart.
 
-    :param digest: from :func:`pipeline.digest.build_digest`.
+    :param digest: from :func:`pipeline.digest.report.build_digest`.
     :returns: the reply (``status`` WARNING when drafters are starved, no metric lines were
         found, or GPU data is missing).
     """

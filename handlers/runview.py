@@ -4,7 +4,7 @@
 created and updated in place after every step: who asked for what, with which patches, each
 step with ✓/✗ and its duration (a step not yet due reads ``verify: waiting``), and the verdict
 line once there is one.  :func:`verdict_reply` is the thread post carrying the verdict and its
-evidence (the log tail).  Both are pure functions of the :class:`~pipeline.runs.RunRecord`.
+evidence (the log tail).  Both are pure functions of the :class:`~pipeline.state.runs.RunRecord`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from handlers.commands import patch_phrase
 from handlers.reply import Button, Reply, Status, StepLine, who
 from pipeline.config import Config
 from pipeline.errors import ExitCode
-from pipeline.runs import RunRecord, StepRecord
+from pipeline.state.runs import RunRecord, StepRecord
 from pipeline.verdict import Outcome, Step, Verdict
 
 _WARNING_VERDICTS = frozenset({Verdict.CANCELLED, Verdict.INTERRUPTED, Verdict.PENDING})

@@ -21,11 +21,11 @@ from handlers.context import Context
 from handlers.lock import JobLock, read_holder
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
-from pipeline import keys
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
-from pipeline.events import EventKind
-from pipeline.jobstate import scope_of
-from pipeline.runs import RunRecord, StepRecord
+from pipeline.state import keys
+from pipeline.state.events import EventKind
+from pipeline.state.jobstate import scope_of
+from pipeline.state.runs import RunRecord, StepRecord
 from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)

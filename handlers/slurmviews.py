@@ -1,7 +1,7 @@
 """The Slurm parts of ``status`` and ``gpus``: a Slurm job's id, state, nodes and elapsed time,
 and the GPUs of each of its nodes.
 
-``status`` asks each cluster once for all its jobs (:func:`pipeline.slurmwatch.probe_cluster`,
+``status`` asks each cluster once for all its jobs (:func:`pipeline.observe.slurmwatch.probe_cluster`,
 the watcher's probe); ``gpus JOB`` for a Slurm job runs the same ``nvidia-smi`` query as
 ``gpus HOST`` on every node of the job, inside its allocation (``srun --overlap``).
 """
@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
-from pipeline import fmt, slurm
+from pipeline import fmt
 from pipeline.errors import PitstopError, RemoteError
-from pipeline.gpus import QUERY_GPU_ARGV, parse_query_gpu
-from pipeline.hostprobe import JobProbe
-from pipeline.slurm import SlurmClient
-from pipeline.slurmwatch import SlurmNote, probe_cluster
+from pipeline.host import slurm
+from pipeline.host.probe import JobProbe
+from pipeline.host.slurm import SlurmClient
+from pipeline.observe.gpus import QUERY_GPU_ARGV, parse_query_gpu
+from pipeline.observe.slurmwatch import SlurmNote, probe_cluster
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ import time
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
-from pipeline import keys
+from pipeline.engines.recovery import Interruption, reconcile
 from pipeline.errors import PitstopError, UnknownRun
-from pipeline.events import EventKind
-from pipeline.recovery import Interruption, reconcile
-from pipeline.runs import RunRecord
+from pipeline.state import keys
+from pipeline.state.events import EventKind
+from pipeline.state.runs import RunRecord
 from pipeline.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ async def deliver_due(ctx: Context, *, now: float | None = None) -> list[RunReco
 
 
 async def recover_runs(ctx: Context, *, deliver: bool = False) -> list[Interruption]:
-    """Take over runs whose owner died (:func:`pipeline.recovery.reconcile`) and tell their threads.
+    """Take over runs whose owner died (:func:`pipeline.engines.recovery.reconcile`) and tell their threads.
 
     Each taken-over run gets its line in its thread (``INTERRUPTED during stop: the old run
     (pid 4242) is still alive, 8/8 processes``) and its headline updated; one that ended before

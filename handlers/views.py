@@ -3,7 +3,7 @@
 Each takes the :class:`~handlers.context.Context` and a validated
 :class:`~handlers.commands.Command` and returns a :class:`~handlers.reply.Reply`.  They may
 do their remote work inline (the Slack surface acks first): ``status`` probes each host once
-(:func:`pipeline.hostprobe.probe_host`), ``logs`` and ``patches`` ask the Restarter.
+(:func:`pipeline.host.probe.probe_host`), ``logs`` and ``patches`` ask the Restarter.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from handlers.lock import Holder, force_release, read_holder
 from handlers.reply import Reply, Status, Table, who
 from handlers.runview import thread_key
 from handlers.slurmviews import slurm_probes, status_bits, status_probe_failed
-from pipeline import fmt, keys
+from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import RemoteError
-from pipeline.hostprobe import JobProbe, probe_host
-from pipeline.jobstate import scope_of
-from pipeline.runs import RunRecord
+from pipeline.host.probe import JobProbe, probe_host
+from pipeline.state import keys
+from pipeline.state.jobstate import scope_of
+from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
 _MAX_REFUSALS = 10

@@ -1,12 +1,12 @@
 """Watching jobs: the watch cycle (one probe per host), incident posts, ``ack`` and ``watch``.
 
 :class:`Watcher` runs one cycle for the jobs of one host: it reads every job's Redis view in
-one pipelined round trip (:class:`~pipeline.jobstate.JobStore`: watcher memory, open incident,
-pause, lock, newest run, automatic restarts), probes the host once (:func:`pipeline.hostprobe.probe_host`), decides each job with
-the pure :func:`pipeline.watch.assess`, and applies the transitions — each one a
+one pipelined round trip (:class:`~pipeline.state.jobstate.JobStore`: watcher memory, open incident,
+pause, lock, newest run, automatic restarts), probes the host once (:func:`pipeline.host.probe.probe_host`), decides each job with
+the pure :func:`pipeline.observe.watch.assess`, and applies the transitions — each one a
 compare-and-set in Redis *before* its post, so of two processes deciding the same thing only
 one posts.  An unreachable host is confirmed over a fresh connection
-(:meth:`~pipeline.remote.SSHPool.check`) before it is reported, as its own incident.
+(:meth:`~pipeline.host.remote.SSHPool.check`) before it is reported, as its own incident.
 
 Posts: the alert is the headline message ``incident:JOB:N`` in the job's channel (mentioning
 ``[slack] alert_mention``); reminders (every ``remind_every`` s while open and not
@@ -47,18 +47,28 @@ from handlers.crashcheck import check_crash, refusal, with_crash
 from handlers.hangevidence import KINDS as HANG_KINDS
 from handlers.hangevidence import hang_evidence
 from handlers.reply import Reply, Status, mention
-from pipeline import fmt, keys, progress
+from pipeline import fmt
 from pipeline.config import JobConfig
-from pipeline.crashes import detect_cause
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
-from pipeline.events import EventKind
-from pipeline.hostcontract import EvidenceArgs
-from pipeline.hostprobe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
-from pipeline.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore, WatchState
-from pipeline.runs import RunRecord
-from pipeline.slurmwatch import SlurmNote, probe_cluster
+from pipeline.host.contract import EvidenceArgs
+from pipeline.host.probe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
+from pipeline.observe import progress
+from pipeline.observe.crashes import detect_cause
+from pipeline.observe.slurmwatch import SlurmNote, probe_cluster
+from pipeline.observe.watch import (
+    DEFAULT_REMIND_EVERY,
+    Action,
+    ActionKind,
+    Decision,
+    Observation,
+    Situation,
+    assess,
+)
+from pipeline.state import keys
+from pipeline.state.events import EventKind
+from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore, WatchState
+from pipeline.state.runs import RunRecord
 from pipeline.verdict import Verdict
-from pipeline.watch import DEFAULT_REMIND_EVERY, Action, ActionKind, Decision, Observation, Situation, assess
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +202,7 @@ class Watcher:
         return decisions
 
     async def load(self, names: Sequence[str], now: float) -> list[JobView]:
-        """Every named job's Redis view, in one pipelined round trip (:class:`~pipeline.jobstate.JobStore`)."""
+        """Every named job's Redis view, in one pipelined round trip (:class:`~pipeline.state.jobstate.JobStore`)."""
         snaps = await self.ctx.jobs.read_many(names, now=now)
         return [
             JobView(

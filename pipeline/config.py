@@ -27,8 +27,8 @@ from pydantic import (
 )
 
 from pipeline import fmt
-from pipeline.crashes import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError
+from pipeline.observe.crashes import TRANSIENT, CrashClass
 
 DEFAULT_CONFIG = "pitstop.toml"
 
@@ -189,7 +189,9 @@ class AutoRestart(_Model):
     max: int = Field(default=3, ge=1)  #: restarts allowed within ``within``
     within: Seconds = 3600.0  #: seconds
     backoff: Seconds = 10.0  #: first delay in seconds, doubled after each restart
-    on: list[CrashClass] = list(TRANSIENT)  #: crash classes restarted automatically (pipeline.crashes)
+    on: list[CrashClass] = list(
+        TRANSIENT
+    )  #: crash classes restarted automatically (pipeline.observe.crashes)
 
 
 class WatchSettings(_Model):

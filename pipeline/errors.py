@@ -39,8 +39,8 @@ class                         code                   exit  fields
 ``bot.demo.DemoFailed``       ``demo_failed``        any   message, exit_code
 ============================  =====================  ====  ===========================================
 
-The :class:`SequenceAborted` family ends a restart sequence (:mod:`pipeline.restart`,
-:mod:`pipeline.slurmengine`): a step raises it with the verdict line it leads to, and the
+The :class:`SequenceAborted` family ends a restart sequence (:mod:`pipeline.engines.ssh`,
+:mod:`pipeline.engines.slurm`): a step raises it with the verdict line it leads to, and the
 sequence catches it and records that verdict on the run; it does not reach a person as such.
 """
 
@@ -463,7 +463,7 @@ class SlackUnavailable(PitstopError):
         )
 
 
-# --- remote execution and probes (pipeline/remote.py, hostprobe.py, gpus.py) -------------------
+# --- remote execution and probes (pipeline/host/remote.py, host/probe.py, observe/gpus.py) -------------------
 
 
 class UnknownHost(PitstopError):

@@ -15,13 +15,13 @@ from typing import Any
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, parse_config
-from pipeline.engine import RestartService
+from pipeline.engines.base import RestartService
 from pipeline.errors import HostUnreachable
-from pipeline.events import Events
-from pipeline.hostprobe import ProcessCount
-from pipeline.redisconn import RedisHandle
-from pipeline.remote import RemoteHosts, RemoteResult
-from pipeline.runs import RunRecord, RunStore, StepRecord
+from pipeline.host.probe import ProcessCount
+from pipeline.host.remote import RemoteHosts, RemoteResult
+from pipeline.state.events import Events
+from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunRecord, RunStore, StepRecord
 from pipeline.verdict import Outcome, Step, Verdict
 
 ADMIN = "U0ADMIN0001"
@@ -57,7 +57,7 @@ def handler_config(**jobs_extra: dict[str, Any]) -> Config:
 
 
 class FakeSSH:
-    """Stands in for the SSH pool (:class:`~pipeline.remote.RemoteHosts`) in tests that never
+    """Stands in for the SSH pool (:class:`~pipeline.host.remote.RemoteHosts`) in tests that never
     reach a host: every host is unreachable."""
 
     async def run(
@@ -97,8 +97,8 @@ class FakeSSH:
 
 
 class StandInRestarter:
-    """Real-Redis test double for :class:`pipeline.restart.Restarter` (implements
-    :class:`~pipeline.engine.RestartService`).
+    """Real-Redis test double for :class:`pipeline.engines.ssh.Restarter` (implements
+    :class:`~pipeline.engines.base.RestartService`).
 
     Walks the steps (recording each on the run and reporting it to ``on_step`` as the real one
     does), checks ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``

@@ -12,8 +12,8 @@ import handlers.audit as audit_mod
 from handlers.audit import Audit, AuditOutcome
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
-from pipeline import keys
-from pipeline.redisconn import RedisHandle
+from pipeline.state import keys
+from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import ADMIN, OPERATOR, VIEWER, handler_config, make_context
 
 CONFIG = handler_config()

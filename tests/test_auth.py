@@ -14,7 +14,7 @@ from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
 from handlers.grammar import Role
 from pipeline.config import parse_config
-from pipeline.redisconn import RedisHandle
+from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import (
     ADMIN,
     NOBODY_GROUP,

@@ -10,9 +10,9 @@ import pytest
 from bot.scheduler import PitstopScheduler
 from handlers.crashcheck import CrashCheck, refusal
 from pipeline.config import AutoRestart, Config, parse_config
-from pipeline.crashes import TRANSIENT, Crash, CrashClass, classify, from_fields
 from pipeline.errors import ConfigError
-from pipeline.events import EventKind
+from pipeline.observe.crashes import TRANSIENT, Crash, CrashClass, classify, from_fields
+from pipeline.state.events import EventKind
 from pipeline.verdict import Verdict
 from tests.test_scheduler import _events
 from tests.test_watch import MENTION, open_harness

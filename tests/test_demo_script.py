@@ -8,7 +8,7 @@ import pytest
 
 from bot.demo_script import Kill, Say, Wait, WaitRanks, parse_script
 from pipeline.errors import ExitCode, UsageError
-from pipeline.events import EventKind
+from pipeline.state.events import EventKind
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -300,7 +300,7 @@ CRASH_PRINTS = {
 @pytest.mark.parametrize("kind", sorted(CRASH_PRINTS))
 def test_crash_kind_prints_what_the_real_failure_prints(tmp_path: Path, jobs: list[Job], kind: str) -> None:
     """--crash-rank 6 --crash-at-step 3 --crash KIND: the job fails, printing KIND's real messages."""
-    from pipeline.crashes import CrashClass, classify
+    from pipeline.observe.crashes import CrashClass, classify
 
     job = Job(tmp_path, "--crash-rank", "6", "--crash-at-step", "3", "--crash", kind, "--metric-every", "1")
     jobs.append(job)

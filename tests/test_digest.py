@@ -31,13 +31,12 @@ from handlers.reports import (
     gpus_title,
     gpus_unknown_host,
 )
-from pipeline import keys
-from pipeline.chart import rank_rates, tokens_chart
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
-from pipeline.digest import Digest, build_digest
-from pipeline.digeststats import compare, counter_increase, percentile, summarise
-from pipeline.events import EventKind, Events
-from pipeline.logwindow import (
+from pipeline.digest.chart import rank_rates, tokens_chart
+from pipeline.digest.metrics import MetricLine, parse_metric_lines
+from pipeline.digest.report import Digest, build_digest
+from pipeline.digest.stats import compare, counter_increase, percentile, summarise
+from pipeline.digest.window import (
     LogRead,
     LogWindow,
     OffsetState,
@@ -47,11 +46,12 @@ from pipeline.logwindow import (
     local_reader,
     read_window,
 )
-from pipeline.metrics import MetricLine, parse_metric_lines
-from pipeline.redisconn import RedisHandle
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.runs import RunStore
+from pipeline.engines.ssh import Restarter
+from pipeline.host.remote import SSHPool
+from pipeline.state import keys
+from pipeline.state.events import EventKind, Events
+from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunStore
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = Path(__file__).parent / "fixtures"

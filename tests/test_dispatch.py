@@ -25,12 +25,12 @@ from handlers.verbs import queued
 from handlers.verdicts import deliver_verdict
 from handlers.views import awaiting_verdict, history_headers, history_title, lock_free, logs_title
 from pipeline.config import Config
+from pipeline.engines.ssh import Restarter
 from pipeline.errors import HostUnreachable, internal_error
-from pipeline.events import EventKind, Events
-from pipeline.redisconn import RedisHandle
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.runs import RunStore
+from pipeline.host.remote import SSHPool
+from pipeline.state.events import EventKind, Events
+from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunStore
 from pipeline.verdict import Step, Verdict
 from tests.support_handlers import (
     ADMIN,
@@ -452,7 +452,7 @@ def test_run_view_shows_who_what_steps_and_verdict() -> None:
     """The live message reads who asked for what, each step with ✓/✗ and seconds, a waiting verify,
     and the verdict line last; the verdict post carries the evidence and a Show log button on failure."""
     from handlers.runview import run_reply, verdict_reply
-    from pipeline.runs import RunRecord, StepRecord
+    from pipeline.state.runs import RunRecord, StepRecord
     from pipeline.verdict import Outcome
 
     t = 1_000_000.0

@@ -9,7 +9,9 @@ import pytest
 from devhost.sshhost import start_local_ssh_host
 from pipeline.config import Config
 from pipeline.errors import GpuQueryFailed
-from pipeline.gpus import (
+from pipeline.host.helper import ns_identity
+from pipeline.host.remote import SSHPool
+from pipeline.observe.gpus import (
     QUERY_APPS_ARGV,
     QUERY_GPU_ARGV,
     ComputeApp,
@@ -20,8 +22,6 @@ from pipeline.gpus import (
     parse_query_gpu,
     query_gpus,
 )
-from pipeline.hosthelper import ns_identity
-from pipeline.remote import SSHPool
 from tests.fixtures.ssh import NVIDIA, InProcessHost
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import hostprobe
-from pipeline.hostcontract import (
+from pipeline.host import probe as hostprobe
+from pipeline.host.contract import (
     HELPER_VERSION,
     MARKER,
     OPERATIONS,
@@ -28,8 +28,8 @@ from pipeline.hostcontract import (
     ProcStat,
     StopTarget,
 )
-from pipeline.hosthelper import OPS, proc_stat
-from pipeline.hostprobe import helper_source
+from pipeline.host.helper import OPS, proc_stat
+from pipeline.host.probe import helper_source
 from tests.fixtures.ssh import BIN
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-from pipeline import keys
-from pipeline.incidents import Incident, IncidentKind
-from pipeline.jobstate import JobStore, scope_of
-from pipeline.redisconn import RedisHandle
-from pipeline.runs import RunStore
+from pipeline.state import keys
+from pipeline.state.incidents import Incident, IncidentKind
+from pipeline.state.jobstate import JobStore, scope_of
+from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunStore
 from tests.support_handlers import handler_config
 
 CONFIG = handler_config(dflash={"watch": {"auto_restart": {"within": 600}}})

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pipeline import keys
-from pipeline.leader import LeaderLease
-from pipeline.redisconn import RedisHandle
+from pipeline.state import keys
+from pipeline.state.leader import LeaderLease
+from pipeline.state.redisconn import RedisHandle
 
 
 async def _until(predicate_coro: object, timeout: float) -> bool:

@@ -21,8 +21,8 @@ from handlers.outbox import MemoryOutbox
 from handlers.sequences import run_lock_lost
 from handlers.verbs import queued
 from handlers.views import lock_forced_note, lock_free, unlock_not_held, unlocked
-from pipeline import keys
-from pipeline.redisconn import RedisHandle
+from pipeline.state import keys
+from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import (
     ADMIN,
     OPERATOR,

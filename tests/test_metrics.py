@@ -12,8 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.config import MetricsPattern, parse_config
-from pipeline.digeststats import summarise, summarise_series
-from pipeline.metrics import (
+from pipeline.digest.metrics import (
     DEFAULT_ROLE,
     MetricLine,
     _jsonl_series,
@@ -24,6 +23,7 @@ from pipeline.metrics import (
     parse_series,
     series_of,
 )
+from pipeline.digest.stats import summarise, summarise_series
 
 DATA = Path(__file__).parent / "data"
 DFLASH_LOG = (DATA / "dflash_metrics.log").read_bytes()

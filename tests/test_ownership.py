@@ -27,8 +27,8 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.runview import thread_key
 from pipeline.config import Config
-from pipeline.events import EventKind
-from pipeline.runs import OWNER_TTL, RunRecord
+from pipeline.state.events import EventKind
+from pipeline.state.runs import OWNER_TTL, RunRecord
 from pipeline.verdict import Verdict
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup, kill_matching
 

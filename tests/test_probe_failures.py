@@ -4,8 +4,8 @@ intervals, and an unreachable host never triggers an automatic restart."""
 from __future__ import annotations
 
 from pipeline.config import AutoRestart
-from pipeline.incidents import IncidentKind
-from pipeline.watch import ActionKind, Observation
+from pipeline.observe.watch import ActionKind, Observation
+from pipeline.state.incidents import IncidentKind
 from tests.test_watch import T0, alive, job_cfg, kinds, run_cycles
 
 

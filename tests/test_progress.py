@@ -19,9 +19,9 @@ from bot.assembly import build_context, build_watcher, close_context
 from devhost.sshhost import start_local_ssh_host
 from handlers.outbox import MemoryOutbox
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
-from pipeline.incidents import IncidentKind, WatchState
-from pipeline.progress import ProgressState, judge, rank_stall_threshold
-from pipeline.watch import ActionKind, Observation, Situation, assess
+from pipeline.observe.progress import ProgressState, judge, rank_stall_threshold
+from pipeline.observe.watch import ActionKind, Observation, Situation, assess
+from pipeline.state.incidents import IncidentKind, WatchState
 from tests.fixtures.ssh import BIN
 from tests.test_watch import T0, job_cfg, run_cycles
 
@@ -212,7 +212,7 @@ async def _sleep_rest(started: float, interval: float) -> None:
 def test_hang_reply_says_a_d_state_rank_needs_the_host_recycled_and_how_to_get_py_spy() -> None:
     """State D: 'a restart will not free rank 6; the host may need recycling'; no py-spy: the install line."""
     from handlers.hangevidence import hang_reply
-    from pipeline.incidents import Incident
+    from pipeline.state.incidents import Incident
 
     inc = Incident(
         n=2, job="dflash", host="gpu1", kind=IncidentKind.STUCK_RANK, opened_at=T0, notified_at=T0, rank=6

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import Config, StateSettings
-from pipeline.redisconn import RedisHandle, mask_url, open_redis
+from pipeline.state.redisconn import RedisHandle, mask_url, open_redis
 
 
 async def test_fresh_prefix_roundtrip(redis_handle: RedisHandle) -> None:
@@ -39,7 +39,7 @@ SCRIPT = """
 import asyncio, sys
 from bot.cli import run_async
 from pipeline.config import Config, StateSettings
-from pipeline.redisconn import open_redis
+from pipeline.state.redisconn import open_redis
 
 async def main():
     handle = await open_redis(Config(state=StateSettings(dir=sys.argv[1])))

@@ -20,8 +20,8 @@ from pipeline.errors import (
     RemoteTimeout,
     UnknownHost,
 )
-from pipeline.quoting import command_line, job_argv
-from pipeline.remote import RemoteResult, SSHPool
+from pipeline.host.quoting import command_line, job_argv
+from pipeline.host.remote import RemoteResult, SSHPool
 from tests.fixtures.ssh import BIN, HostUnderTest, InProcessHost
 
 ECHO_ARGV = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]

@@ -16,18 +16,19 @@ from typing import Any
 
 import pytest
 
-from pipeline import keys, verdict
+from pipeline import verdict
 from pipeline.config import Config, GpuRoles, JobConfig
-from pipeline.events import Events
-from pipeline.evidence import Evidence, decide
-from pipeline.hosthelper import proc_stat
-from pipeline.hostprobe import probe_host, read_log, read_log_chunk
-from pipeline.recovery import reconcile
-from pipeline.redisconn import RedisHandle, open_redis
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.runs import RunRecord, RunStore, StepRecord
-from pipeline.steplog import stale_record
+from pipeline.engines.recovery import reconcile
+from pipeline.engines.ssh import Restarter
+from pipeline.engines.steplog import stale_record
+from pipeline.host.helper import proc_stat
+from pipeline.host.probe import probe_host, read_log, read_log_chunk
+from pipeline.host.remote import SSHPool
+from pipeline.observe.evidence import Evidence, decide
+from pipeline.state import keys
+from pipeline.state.events import Events
+from pipeline.state.redisconn import RedisHandle, open_redis
+from pipeline.state.runs import RunRecord, RunStore, StepRecord
 from pipeline.verdict import Outcome, Step, Verdict
 from tests.fixtures.ssh import BIN, HostUnderTest, InProcessHost, JobFactory, JobSetup
 
@@ -732,7 +733,7 @@ async def test_step_events_are_published_as_steps_happen(
     ssh_server: InProcessHost, job_factory: JobFactory, make_stack: MakeStack
 ) -> None:
     """Each step change is a `step` event on the stream and an on_step call, in order."""
-    from pipeline.events import EventKind
+    from pipeline.state.events import EventKind
 
     stack = await make_stack(job_factory(ssh_server))
     cursor = await stack.events.last_id()

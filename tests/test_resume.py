@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Config
-from pipeline.events import Events
-from pipeline.evidence import Evidence, decide
-from pipeline.hosthelper import checkpoint_info, start_step
-from pipeline.redisconn import RedisHandle
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.resume import ResumePoint, check_resume
-from pipeline.runs import RunRecord, RunStore
+from pipeline.engines.ssh import Restarter
+from pipeline.host.helper import checkpoint_info, start_step
+from pipeline.host.remote import SSHPool
+from pipeline.observe.evidence import Evidence, decide
+from pipeline.observe.resume import ResumePoint, check_resume
+from pipeline.state.events import Events
+from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunRecord, RunStore
 from pipeline.verdict import Verdict
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
 from tests.test_restart import _ev, _job_config, _run
@@ -137,7 +137,7 @@ async def test_verify_reads_the_resume_step_and_flags_an_ignored_checkpoint(
 async def test_a_flagged_run_gets_a_warning_beside_its_verdict(tmp_path: Path, redis_config: Config) -> None:
     """A RUNNING run that ignored its checkpoint: the verdict post, then a WARNING post in its thread."""
     from handlers.verdicts import deliver_due
-    from pipeline import keys
+    from pipeline.state import keys
     from tests.test_watch import open_harness
 
     async with open_harness(tmp_path, redis_config, {"train": {"start_window": 1.0}}) as h:

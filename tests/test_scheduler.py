@@ -13,10 +13,10 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.scheduler import PitstopScheduler
 from handlers.outbox import MemoryOutbox
-from pipeline import keys
 from pipeline.config import AutoRestart, Config, DigestSettings
-from pipeline.crashes import CrashClass
-from pipeline.events import Event, EventKind
+from pipeline.observe.crashes import CrashClass
+from pipeline.state import keys
+from pipeline.state.events import Event, EventKind
 from tests.test_watch import MENTION, Harness, open_harness, until
 
 

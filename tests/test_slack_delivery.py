@@ -24,10 +24,10 @@ from handlers.alerts import alert_reply
 from handlers.audit import AuditOutcome
 from handlers.confirm import confirm_expired
 from handlers.reply import Reply, Status, Table
-from pipeline import keys
 from pipeline.config import AuthSettings, Config, SlackSettings
 from pipeline.errors import ExitCode
-from pipeline.incidents import Incident, IncidentKind
+from pipeline.state import keys
+from pipeline.state.incidents import Incident, IncidentKind
 from tests.fixtures.slack import (
     ANNOUNCE,
     BOT_TOKEN,

@@ -24,10 +24,10 @@ from handlers.context import Context
 from handlers.dispatch import duplicate_delivery
 from handlers.reply import Reply, Status, StepLine
 from handlers.views import help_title
-from pipeline import keys
 from pipeline.config import Config
 from pipeline.errors import UnknownRun
-from pipeline.redisconn import RedisHandle
+from pipeline.state import keys
+from pipeline.state.redisconn import RedisHandle
 from tests.fixtures.slack import (
     ANNOUNCE,
     BOT_TOKEN,

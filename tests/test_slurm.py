@@ -23,15 +23,17 @@ from handlers.outbox import MemoryOutbox
 from handlers.reports import gpus_command
 from handlers.verdicts import deliver_due, deliver_verdict
 from handlers.views import history_command, logs_command, status_command
-from pipeline import keys, slurm, verdict
+from pipeline import verdict
 from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
+from pipeline.engines.slurm import SlurmEngine
+from pipeline.engines.ssh import Restarter
 from pipeline.errors import ExitCode
-from pipeline.events import Events
-from pipeline.redisconn import RedisHandle, open_redis
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.runs import RunRecord, RunStore
-from pipeline.slurmengine import SlurmEngine
+from pipeline.host import slurm
+from pipeline.host.remote import SSHPool
+from pipeline.state import keys
+from pipeline.state.events import Events
+from pipeline.state.redisconn import RedisHandle, open_redis
+from pipeline.state.runs import RunRecord, RunStore
 from pipeline.verdict import Step, Verdict
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.ssh import LOOP, HostUnderTest, InProcessHost, git_repo, kill_matching

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Config, JobConfig, SlurmSettings
-from pipeline.digeststats import summarise
-from pipeline.events import Events
-from pipeline.logwindow import read_window, remote_reader
-from pipeline.metrics import parse_metric_lines
-from pipeline.redisconn import RedisHandle
-from pipeline.remote import SSHPool
-from pipeline.restart import Restarter
-from pipeline.runs import RunStore, Verdict
-from pipeline.slurmengine import SlurmEngine
+from pipeline.digest.metrics import parse_metric_lines
+from pipeline.digest.stats import summarise
+from pipeline.digest.window import read_window, remote_reader
+from pipeline.engines.slurm import SlurmEngine
+from pipeline.engines.ssh import Restarter
+from pipeline.host.remote import SSHPool
+from pipeline.state.events import Events
+from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunStore, Verdict
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.ssh import InProcessHost
 from tests.test_slurm import redis_handle, shared_redis_url  # noqa: F401  (the module's Redis)

@@ -12,9 +12,9 @@ import pytest
 from bot import blocks
 from bot.serve import SlackRuntime, connect_socket, open_runtime
 from handlers.views import help_title
-from pipeline import keys
 from pipeline.config import Config
 from pipeline.errors import SlackUnavailable
+from pipeline.state import keys
 from tests.fixtures.slack import (
     APP_TOKEN,
     BOT_TOKEN,

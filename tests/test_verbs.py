@@ -12,7 +12,7 @@ from handlers.context import Context
 from handlers.dispatch import Dispatcher, Flow, Next, Request
 from handlers.reply import Reply
 from handlers.verbs import VERBS, Acted, Call, _table
-from pipeline.redisconn import RedisHandle
+from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import VIEWER, handler_config, make_context
 
 CONFIG = handler_config()

@@ -10,9 +10,9 @@ import pytest
 
 from handlers.outbox import MemoryOutbox
 from handlers.verdicts import deliver_due, deliver_verdict, due_run_ids
-from pipeline import keys
 from pipeline.config import Config
-from pipeline.events import EventKind
+from pipeline.state import keys
+from pipeline.state.events import EventKind
 from pipeline.verdict import Verdict
 from tests.test_watch import Harness, open_harness
 

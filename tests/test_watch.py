@@ -23,7 +23,6 @@ from bot.assembly import build_context, build_watcher, close_context
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox, Posted
 from handlers.watching import Watcher, ack_command, watch_command
-from pipeline import keys
 from pipeline.config import (
     AuthSettings,
     AutoRestart,
@@ -33,13 +32,14 @@ from pipeline.config import (
     SlackSettings,
     WatchSettings,
 )
-from pipeline.crashes import detect_cause
-from pipeline.events import EventKind
-from pipeline.incidents import Incident, IncidentKind, IncidentStore, WatchState
-from pipeline.redisconn import RedisHandle
-from pipeline.runs import RunRecord
+from pipeline.observe.crashes import detect_cause
+from pipeline.observe.watch import ActionKind, Decision, Observation, Situation, assess
+from pipeline.state import keys
+from pipeline.state.events import EventKind
+from pipeline.state.incidents import Incident, IncidentKind, IncidentStore, WatchState
+from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunRecord
 from pipeline.verdict import Verdict
-from pipeline.watch import ActionKind, Decision, Observation, Situation, assess
 from tests.fixtures.ssh import HostUnderTest, InProcessHost, start_in_process
 
 T0 = 1_700_000_000.0

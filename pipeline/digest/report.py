@@ -1,0 +1,343 @@
+"""Throughput digests: what a training job did since the last digest, from its metric log.
+
+A digest reads only the metric-log bytes written since the last scheduled digest — never the
+whole log — and aggregates them.  The concepts live in three modules beside this one:
+
+- **the window** (:mod:`pipeline.digest.window`): the byte offset where the last scheduled digest
+  stopped, kept in Redis with a fingerprint of the file; at most ``max_bytes`` (8 MiB) read,
+  complete lines only.  A scheduled digest moves the offset and stores its headline numbers
+  (``keys.digest_last``) for the next one's ±% change; an on-demand digest moves nothing.
+- **parsing** (:mod:`pipeline.digest.metrics`): the window's metric lines, read straight into columns
+  per rank (:func:`pipeline.digest.metrics.parse_series`).
+- **statistics** (:mod:`pipeline.digest.stats`, pure): per rank, per role and overall — tokens/s
+  from the cumulative counters, step-time percentiles, queue depth, loss and accuracy.
+
+This module assembles a :class:`Digest` (:func:`build_digest`): one bounded read through a
+:data:`~pipeline.digest.window.LogReader` (the job's host over SSH, or a local file), the
+statistics, the ranks expected but silent, GPU statistics from ``nvidia-smi`` when the job has
+``gpus``, uptime and restarts from the job's state (:class:`~pipeline.state.jobstate.JobStore`), a
+PNG chart, and the Redis bookkeeping.  Its dependencies are passed in (the Redis client and
+prefix, the SSH pool, the event stream, the configuration); it knows nothing of the handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from pipeline.config import Config, JobConfig
+from pipeline.digest.metrics import parse_metric_lines, parse_series
+from pipeline.digest.stats import DRAFTER, TARGET, DigestSummary, compare, summarise_series
+from pipeline.digest.window import (
+    MAX_WINDOW_BYTES,
+    LogReader,
+    LogWindow,
+    WindowKind,
+    load_offset,
+    read_window,
+    remote_reader,
+)
+from pipeline.errors import PitstopError
+from pipeline.host.remote import RemoteHosts
+from pipeline.observe.gpus import query_gpus
+from pipeline.state import keys
+from pipeline.state.events import EventKind, Events
+from pipeline.state.jobstate import JobStore
+from pipeline.state.runs import RunStore
+
+CHARTS_KEPT = 20  #: chart PNGs kept per job under ``state/charts``
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One configured GPU of a job, with its role and nvidia-smi's numbers (None = n/a)."""
+
+    index: int
+    role: str
+    name: str | None
+    utilization_pct: float | None
+    memory_used_mib: float | None
+    memory_total_mib: float | None
+    power_w: float | None
+
+
+@dataclass(frozen=True)
+class SilentRank:
+    """A rank that was expected in the window and wrote no metric line in it.
+
+    :ivar rank: global rank.
+    :ivar role: its role (``target``/``drafter``), from ``gpus`` or from the digest that last saw it.
+    :ivar last_seen: ``ts`` of its last metric line in an earlier digest (unix s), None if never seen.
+    """
+
+    rank: int
+    role: str
+    last_seen: float | None
+
+
+def expected_ranks(spec: JobConfig, seen: Mapping[int, tuple[str, float | None]]) -> dict[int, str]:
+    """Every rank a digest of the job should list: rank → role.
+
+    From the job's ``gpus`` (targets first: ranks ``0..T-1`` are targets, ``T..T+D-1`` drafters —
+    the reference pipeline's layout, ``pipeline/dflash/README.md``) and from every rank an earlier
+    digest saw (``keys.digest_ranks``), whose recorded role wins.
+    """
+    out: dict[int, str] = {}
+    if spec.gpus is not None:
+        roles = [TARGET] * len(spec.gpus.target) + [DRAFTER] * len(spec.gpus.drafter)
+        out.update(enumerate(roles))
+    out.update({rank: role for rank, (role, _) in seen.items()})
+    return out
+
+
+def silent_ranks(
+    summary: DigestSummary, expected: Mapping[int, str], seen: Mapping[int, tuple[str, float | None]]
+) -> tuple[SilentRank, ...]:
+    """The expected ranks with no metric line in the window, by rank."""
+    present = {r.rank for r in summary.ranks}
+    return tuple(
+        SilentRank(rank, role, seen.get(rank, (role, None))[1])
+        for rank, role in sorted(expected.items())
+        if rank not in present
+    )
+
+
+async def load_seen_ranks(
+    client: aioredis.Redis, prefix: str, job: str
+) -> dict[int, tuple[str, float | None]]:
+    """Ranks earlier digests saw: rank → (role, ``ts`` of its last metric line or None)."""
+    raw: dict[str, str] = await client.hgetall(keys.digest_ranks(prefix, job))  # type: ignore[assignment]
+    out: dict[int, tuple[str, float | None]] = {}
+    for rank, value in raw.items():
+        try:
+            data = json.loads(value)
+            last = data.get("last_ts")
+            out[int(rank)] = (str(data["role"]), float(last) if last is not None else None)
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def seen_update(summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]) -> dict[str, str]:
+    """The ``keys.digest_ranks`` fields to write for the ranks in this window (never moving a
+    rank's last ``ts`` backwards)."""
+    out: dict[str, str] = {}
+    for r in summary.ranks:
+        before = seen.get(r.rank, (r.role, None))[1]
+        last = r.last_ts if before is None or (r.last_ts is not None and r.last_ts > before) else before
+        out[str(r.rank)] = json.dumps({"role": r.role, "last_ts": last})
+    return out
+
+
+@dataclass(frozen=True)
+class Digest:
+    """A built digest: the summary plus everything around it a reply shows.
+
+    :ivar job: the job's configured name.
+    :ivar scheduled: built by the scheduler (moved the offset) or on demand.
+    :ivar summary: the aggregated window.
+    :ivar window: the window read, without its bytes (``data`` is empty).
+    :ivar path: the metric log on the host.
+    :ivar max_bytes: the read bound used.
+    :ivar change: ±% against the last scheduled digest (:func:`compare`).
+    :ivar previous: the last scheduled digest's headline numbers, if any.
+    :ivar gpus: the job's GPUs, or None when the job has no ``gpus`` or no data came back.
+    :ivar gpu_note: why there is no (or partial) GPU data, else None.
+    :ivar chart: the PNG written, or None when the window had no metric lines.
+    :ivar uptime_s: seconds since the current run was launched, None if unknown or stopped.
+    :ivar restarts: run ids created since the window began, newest first (None: unknown).
+    :ivar built_at: unix s.
+    :ivar silent: expected ranks (:func:`expected_ranks`) that wrote no metric line in the window.
+    """
+
+    job: str
+    scheduled: bool
+    summary: DigestSummary
+    window: LogWindow
+    path: str
+    max_bytes: int
+    change: dict[str, float] = field(default_factory=dict)
+    previous: dict[str, float | None] | None = None
+    gpus: tuple[GpuRow, ...] | None = None
+    gpu_note: str | None = None
+    chart: Path | None = None
+    uptime_s: float | None = None
+    restarts: tuple[str, ...] | None = None
+    built_at: float = 0.0
+    silent: tuple[SilentRank, ...] = ()
+
+
+async def load_last(client: aioredis.Redis, prefix: str, job: str) -> dict[str, float | None] | None:
+    """The last scheduled digest's headline numbers (:meth:`DigestSummary.headline`), or None."""
+    raw = await client.get(keys.digest_last(prefix, job))
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...] | None, str | None]:
+    if job.gpus is None or not job.gpus.all:
+        return None, None
+    try:
+        stats = {g.index: g for g in await query_gpus(ssh, job.host)}
+    except PitstopError as exc:
+        return None, digest_no_gpu_data(exc.message)
+    if not stats:
+        return None, digest_no_gpu_data("nvidia-smi listed no GPUs")
+    roles = [(i, TARGET) for i in job.gpus.target] + [(i, DRAFTER) for i in job.gpus.drafter]
+    rows = []
+    for index, role in roles:
+        g = stats.get(index)
+        rows.append(
+            GpuRow(
+                index,
+                role,
+                g.name if g else None,
+                g.utilization_pct if g else None,
+                g.memory_used_mib if g else None,
+                g.memory_total_mib if g else None,
+                g.power_w if g else None,
+            )
+        )
+    missing = [i for i, _ in roles if i not in stats]
+    return tuple(rows), digest_gpus_missing(missing) if missing else None
+
+
+async def _restarts_since(runs: RunStore, job: str, since: float | None) -> tuple[str, ...] | None:
+    if since is None:
+        return None
+    return tuple(r.id for r in await runs.recent(job, 100) if r.created_at >= since and r.action != "stop")
+
+
+def _prune_charts(directory: Path, job: str, keep: int = CHARTS_KEPT) -> None:
+    charts = sorted(directory.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)
+    for old in charts[:-keep] if keep else charts:
+        old.unlink(missing_ok=True)
+
+
+def _draw(data: bytes, spec: JobConfig, path: Path, job: str) -> Path:
+    """Parse the window's lines and draw them (in a worker thread: parsing and drawing are slow)."""
+    # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
+    from pipeline.digest.chart import tokens_chart
+
+    out = tokens_chart(parse_metric_lines(data, spec.metrics), path, title=f"{job}: tokens/s per GPU")
+    _prune_charts(path.parent, job)
+    return out
+
+
+async def build_digest(
+    job: str,
+    *,
+    config: Config,
+    client: aioredis.Redis,
+    prefix: str,
+    ssh: RemoteHosts,
+    events: Events,
+    scheduled: bool,
+    max_bytes: int = MAX_WINDOW_BYTES,
+    reader: LogReader | None = None,
+    chart: bool = True,
+) -> Digest:
+    """Read the job's new metric lines, aggregate them, add GPU stats, uptime and a chart.
+
+    A scheduled digest stores the new offset (``keys.digest_offset``) and its headline numbers
+    (``keys.digest_last``); an on-demand one writes nothing but the chart.  Publishes a
+    ``digest`` event either way.
+
+    :param job: a configured job name (case-insensitive).
+    :param config: the validated configuration (the job, ``[state] dir`` for charts).
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the Redis key prefix (:mod:`pipeline.state.keys`).
+    :param ssh: the SSH pool (the log over SSH, ``nvidia-smi``).
+    :param events: where the ``digest`` event is published.
+    :param scheduled: True for the scheduler's digests (moves the offset).
+    :param max_bytes: the most bytes of metric log read.
+    :param reader: where the log is read from (default: the job's host over SSH).
+    :param chart: draw the PNG (when the window has metric lines).
+    :returns: the digest.
+    :raises KeyError: if ``job`` is not configured.
+    :raises RemoteCommandError: if the metric log cannot be read (missing file…).
+    :raises HostUnreachable: if the host cannot be reached.
+    """
+    name = config.job_name(job)
+    spec = config.jobs[name]
+    state = await load_offset(client, prefix, name)
+    read = reader if reader is not None else remote_reader(ssh, name, spec)
+    window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
+    series = parse_series(window.data, spec.metrics)
+    summary = summarise_series(series, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
+    seen = await load_seen_ranks(client, prefix, name)
+    silent = silent_ranks(summary, expected_ranks(spec, seen), seen)
+    if summary.ranks:
+        await client.hset(keys.digest_ranks(prefix, name), mapping=seen_update(summary, seen))  # type: ignore[arg-type]
+    previous = await load_last(client, prefix, name)
+    # a repeated window is the last scheduled digest itself: no change to speak of
+    change = compare(previous, summary) if window.kind is not WindowKind.REPEAT else {}
+    now = time.time()
+    gpus, gpu_note = await _gpu_rows(ssh, spec)
+    path: Path | None = None
+    if chart and summary.metric_lines:
+        where = config.state.path / "charts" / f"{name.lower()}-{int(now * 1000)}.png"
+        path = await asyncio.to_thread(_draw, window.data, spec, where, name)
+    since = summary.window_start if summary.window_start is not None else (state.at if state else None)
+    snapshot = await JobStore(client, prefix, config).read(name, now=now)
+    digest = Digest(
+        job=name,
+        scheduled=scheduled,
+        summary=summary,
+        window=replace(window, data=b""),
+        path=spec.metrics_path,
+        max_bytes=max_bytes,
+        change=change,
+        previous=previous,
+        gpus=gpus,
+        gpu_note=gpu_note,
+        chart=path,
+        uptime_s=snapshot.uptime(now),
+        restarts=await _restarts_since(RunStore(client, prefix), name, since),
+        built_at=now,
+        silent=silent,
+    )
+    if scheduled:
+        async with client.pipeline(transaction=True) as pipe:
+            state_fields = window.state(now).to_hash()
+            pipe.hset(keys.digest_offset(prefix, name), mapping=state_fields)  # type: ignore[arg-type]
+            if summary.metric_lines:
+                pipe.set(keys.digest_last(prefix, name), json.dumps({**summary.headline(), "at": now}))
+            await pipe.execute()
+    await events.publish(
+        EventKind.DIGEST,
+        name,
+        tokens_per_s=summary.pipeline_tokens_per_s,
+        target_tokens_per_s=summary.target_tokens_per_s,
+        change_pct=change.get("pipeline_tokens_per_s"),
+        scheduled=scheduled,
+        window=window.kind.value,
+        lines=summary.metric_lines,
+        bytes=summary.bytes_read,
+        chart=str(path) if path else None,
+    )
+    return digest
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def digest_no_gpu_data(reason: str) -> str:
+    """A job with ``gpus`` whose host gave no GPU statistics (CPU host, nvidia-smi failing)."""
+    return f"no GPU data: {reason}"
+
+
+def digest_gpus_missing(indices: Sequence[int]) -> str:
+    """Configured GPU indices nvidia-smi did not list."""
+    return f"GPU index(es) {', '.join(str(i) for i in indices)} configured but not reported by nvidia-smi"

@@ -1,0 +1,387 @@
+"""Digest statistics (pure): a window's metric lines aggregated per rank, per role and overall.
+
+Per rank, tokens/s is Δtokens/Δtime between its first and last line in the window from the
+cumulative ``tokens`` counter (not an average of rates).  A counter that goes down was restarted
+from zero (a relaunch): the value after the reset counts as that step's increase (as
+Prometheus' ``increase()`` treats counter resets).  The pipeline's tokens/s is the sum over the
+ranks that are not ``target`` (the drafters, which consume what targets produce); targets are
+summed separately and never added in.
+
+The work is done on columns (:class:`~pipeline.digest.metrics.RankSeries`, one list per key and rank):
+each number is one pass of a builtin (``sorted``, ``sum``, ``min``, ``max``) over a column, so a
+window of ~37,000 lines costs milliseconds.  :func:`summarise` takes :class:`MetricLine` records,
+:func:`summarise_series` the columns :func:`pipeline.digest.metrics.parse_series` reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipeline.digest.metrics import MetricLine, RankSeries, series_of
+
+STARVED_BELOW = 0.5  #: mean drafter queue depth under which drafters are starved of hidden states
+TARGET = "target"
+DRAFTER = "drafter"
+COMPARED = ("pipeline_tokens_per_s", "step_p50", "step_p95", "top1", "top4", "top8")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-quantile of ``values`` by linear interpolation between closest ranks.
+
+    The same definition as numpy's default: position ``(n - 1) * q`` in the sorted values.
+
+    :param q: in [0, 1] (0.5 is the median, 0.95 the 95th percentile).
+    :returns: the quantile, or None for no values.
+    """
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """One rank's numbers over the window.
+
+    :ivar tokens: tokens processed between its first and last line (resets handled).
+    :ivar seconds: time between its first and last line.
+    :ivar tokens_per_s: ``tokens / seconds``; when the rank has fewer than two timed lines, the
+        mean of its reported ``tokens_per_s`` (``rate_from`` says which: ``counter``,
+        ``reported`` or ``none``).
+    :ivar step_p50: median ``step_time_s`` of its lines, seconds (``step_p95``: 95th percentile).
+    :ivar loss: its last line's loss (``top1``/``top4``/``top8`` likewise).
+    """
+
+    rank: int
+    role: str
+    role_rank: int | None
+    device: str | None
+    lines: int
+    first_ts: float | None
+    last_ts: float | None
+    tokens: float | None
+    seconds: float | None
+    tokens_per_s: float | None
+    rate_from: str
+    resets: int
+    step_p50: float | None
+    step_p95: float | None
+    queue_mean: float | None
+    queue_max: float | None
+    loss: float | None
+    top1: float | None
+    top4: float | None
+    top8: float | None
+    gpu_mem_bytes: int | None
+
+
+@dataclass(frozen=True)
+class RoleStats:
+    """One role's numbers over the window.
+
+    :ivar tokens_per_s: the sum of its ranks' tokens/s (None when no rank has a rate).
+    :ivar step_p50: median ``step_time_s`` over all its lines, seconds (``step_p95`` likewise).
+    :ivar queue_mean: mean ``queue_depth`` over its lines (``queue_max``: the largest).
+    """
+
+    role: str
+    ranks: int
+    lines: int
+    tokens_per_s: float | None
+    step_p50: float | None
+    step_p95: float | None
+    queue_mean: float | None
+    queue_max: float | None
+
+
+@dataclass(frozen=True)
+class DigestSummary:
+    """A window of metric lines, aggregated (see the module docstring for the definitions).
+
+    :ivar window_start: ``ts`` of the first metric line (unix s), None without timestamps.
+    :ivar window_end: ``ts`` of the last metric line.
+    :ivar ranks: per-rank stats, by rank.
+    :ivar roles: per-role stats, targets first.
+    :ivar pipeline_tokens_per_s: the sum over every non-target rank (the drafters).
+    :ivar target_tokens_per_s: the sum over target ranks, shown apart, never added in.
+    :ivar step_p50: median step time of the pipeline (non-target) lines, seconds (``step_p95``).
+    :ivar queue_mean: mean hidden-state queue depth seen by the pipeline lines (``queue_max``).
+    :ivar starved: the drafters' mean queue depth is ~0 (below :data:`STARVED_BELOW`): targets
+        cannot keep up.
+    :ivar loss_last: mean over drafter ranks of each one's last loss; ``loss_mean``: mean of
+        every drafter line's loss in the window.
+    :ivar top1: mean over drafter ranks of each one's last top-1 accuracy (``top4``, ``top8``);
+        ``top1_mean``…: mean over every drafter line in the window.
+    :ivar resets: counter resets (relaunches) seen across ranks.
+    :ivar metric_lines: metric records aggregated.
+    :ivar lines_read: complete log lines read (metric or not).
+    :ivar bytes_read: log bytes read.
+    """
+
+    window_start: float | None
+    window_end: float | None
+    ranks: tuple[RankStats, ...]
+    roles: tuple[RoleStats, ...]
+    pipeline_tokens_per_s: float | None
+    target_tokens_per_s: float | None
+    step_p50: float | None
+    step_p95: float | None
+    queue_mean: float | None
+    queue_max: float | None
+    starved: bool
+    loss_last: float | None
+    loss_mean: float | None
+    top1: float | None
+    top4: float | None
+    top8: float | None
+    top1_mean: float | None
+    top4_mean: float | None
+    top8_mean: float | None
+    resets: int
+    metric_lines: int
+    lines_read: int
+    bytes_read: int
+
+    @property
+    def seconds(self) -> float | None:
+        """Seconds between the first and last metric line."""
+        if self.window_start is None or self.window_end is None:
+            return None
+        return self.window_end - self.window_start
+
+    def role(self, name: str) -> RoleStats | None:
+        """The stats of role ``name``, or None if no line had it."""
+        return next((r for r in self.roles if r.role == name), None)
+
+    def headline(self) -> dict[str, float | None]:
+        """The numbers a later digest compares against (stored in ``keys.digest_last``)."""
+        return {
+            "pipeline_tokens_per_s": self.pipeline_tokens_per_s,
+            "target_tokens_per_s": self.target_tokens_per_s,
+            "step_p50": self.step_p50,
+            "step_p95": self.step_p95,
+            "top1": self.top1,
+            "top4": self.top4,
+            "top8": self.top8,
+            "loss_last": self.loss_last,
+            "window_end": self.window_end,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON-ready data."""
+        return asdict(self)
+
+
+def counter_increase(values: Sequence[float]) -> tuple[float, int]:
+    """The increase of a cumulative counter over consecutive samples, and the resets seen.
+
+    A sample lower than the one before means the counter restarted from zero, so that sample's
+    whole value is the increase for that step.
+
+    :param values: the counter's samples in time order.
+    :returns: (total increase, number of resets).
+    """
+    if len(values) < 2:
+        return 0.0, 0
+    if values[0] <= values[-1] and list(values) == sorted(values):  # no reset: one C pass
+        return float(values[-1] - values[0]), 0
+    total = 0.0
+    resets = 0
+    for prev, cur in itertools.pairwise(values):
+        if cur < prev:
+            resets += 1
+            total += cur
+        else:
+            total += cur - prev
+    return total, resets
+
+
+def _last(values: Sequence[float | None]) -> float | None:
+    return next((v for v in reversed(values) if v is not None), None)
+
+
+def _rank_stats(s: RankSeries) -> RankStats:
+    complete = None not in s.ts and None not in s.tokens
+    counted = s.tokens if None not in s.tokens else _present(s.tokens)
+    increase, resets = counter_increase(counted)  # type: ignore[arg-type]
+    if complete:
+        timed_ts, timed_tokens = s.ts, counted
+    else:
+        pairs = [(t, n) for t, n in zip(s.ts, s.tokens, strict=True) if t is not None and n is not None]
+        timed_ts, timed_tokens = [p[0] for p in pairs], [p[1] for p in pairs]
+    tokens: float | None = None
+    seconds: float | None = None
+    rate: float | None = None
+    rate_from = "none"
+    if len(timed_ts) >= 2:
+        first, last = timed_ts[0], timed_ts[-1]
+        assert first is not None and last is not None
+        seconds = float(last - first)
+        tokens = increase if complete else counter_increase(timed_tokens)[0]  # type: ignore[arg-type]
+        if seconds > 0:
+            rate, rate_from = tokens / seconds, "counter"
+    elif counted:
+        tokens = increase
+    if rate is None and (reported := _present(s.tokens_per_s)):
+        rate, rate_from = _mean(reported), "reported"
+    steps = _present(s.step_time_s)
+    queue = _present(s.queue_depth)
+    ts = s.ts if None not in s.ts else _present(s.ts)
+    mem = _last(s.gpu_mem_bytes)
+    return RankStats(
+        rank=s.rank,
+        role=s.role,
+        role_rank=s.role_rank,
+        device=s.device,
+        lines=s.lines,
+        first_ts=_float(min(ts)) if ts else None,  # type: ignore[type-var]
+        last_ts=_float(max(ts)) if ts else None,  # type: ignore[type-var]
+        tokens=tokens,
+        seconds=seconds,
+        tokens_per_s=rate,
+        rate_from=rate_from,
+        resets=resets,
+        step_p50=percentile(steps, 0.5),
+        step_p95=percentile(steps, 0.95),
+        queue_mean=_mean(queue),
+        queue_max=_float(max(queue)) if queue else None,
+        loss=_float(_last(s.loss)),
+        top1=_float(_last(s.top1)),
+        top4=_float(_last(s.top4)),
+        top8=_float(_last(s.top8)),
+        gpu_mem_bytes=int(mem) if mem is not None else None,
+    )
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    present = _present(values)
+    return sum(present) if present else None
+
+
+def _column(series: Iterable[RankSeries], key: str) -> list[float]:
+    """Every present value of column ``key`` over ``series``."""
+    return [v for s in series for v in getattr(s, key) if v is not None]
+
+
+def _role_stats(role: str, ranks: Sequence[RankStats], series: Sequence[RankSeries]) -> RoleStats:
+    steps = _column(series, "step_time_s")
+    queue = _column(series, "queue_depth")
+    return RoleStats(
+        role=role,
+        ranks=len(ranks),
+        lines=sum(s.lines for s in series),
+        tokens_per_s=_sum(r.tokens_per_s for r in ranks),
+        step_p50=percentile(steps, 0.5),
+        step_p95=percentile(steps, 0.95),
+        queue_mean=_mean(queue),
+        queue_max=_float(max(queue)) if queue else None,
+    )
+
+
+def summarise(
+    lines: Sequence[MetricLine], *, lines_read: int | None = None, bytes_read: int = 0
+) -> DigestSummary:
+    """Aggregate the metric lines of one window (see the module docstring for definitions).
+
+    :param lines: the window's metric records in file order.
+    :param lines_read: complete log lines read, metric or not (default: ``len(lines)``).
+    :param bytes_read: log bytes read for this window.
+    :returns: the summary; numbers without data are None, never 0.
+    """
+    return summarise_series(series_of(lines), lines_read=lines_read, bytes_read=bytes_read)
+
+
+def summarise_series(
+    series: Sequence[RankSeries], *, lines_read: int | None = None, bytes_read: int = 0
+) -> DigestSummary:
+    """:func:`summarise` from columns per rank (:func:`pipeline.digest.metrics.parse_series`).
+
+    :param series: one per ``(role, rank)``.
+    :param lines_read: complete log lines read, metric or not (default: the metric lines).
+    :param bytes_read: log bytes read for this window.
+    :returns: the summary; numbers without data are None, never 0.
+    """
+    pairs = sorted(((_rank_stats(s), s) for s in series), key=lambda p: (p[0].rank, p[0].role))
+    ranks = [r for r, _ in pairs]
+    role_names = sorted({r.role for r in ranks}, key=lambda name: (name != TARGET, name))
+    roles = tuple(
+        _role_stats(name, [r for r in ranks if r.role == name], [s for r, s in pairs if r.role == name])
+        for name in role_names
+    )
+    pipe = [s for s in series if s.role != TARGET]
+    pipe_ranks = [r for r in ranks if r.role != TARGET]
+    drafters = [r for r in ranks if r.role == DRAFTER] or pipe_ranks
+    drafter_series = [s for s in series if s.role == DRAFTER] or pipe
+    pipe_steps = _column(pipe, "step_time_s")
+    pipe_queue = _column(pipe, "queue_depth")
+    queue_mean = _mean(pipe_queue)
+    starts = [r.first_ts for r in ranks if r.first_ts is not None]
+    ends = [r.last_ts for r in ranks if r.last_ts is not None]
+    metric_lines = sum(s.lines for s in series)
+    return DigestSummary(
+        window_start=min(starts) if starts else None,
+        window_end=max(ends) if ends else None,
+        ranks=tuple(ranks),
+        roles=roles,
+        pipeline_tokens_per_s=_sum(r.tokens_per_s for r in pipe_ranks),
+        target_tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == TARGET),
+        step_p50=percentile(pipe_steps, 0.5),
+        step_p95=percentile(pipe_steps, 0.95),
+        queue_mean=queue_mean,
+        queue_max=_float(max(pipe_queue)) if pipe_queue else None,
+        starved=queue_mean is not None and queue_mean < STARVED_BELOW,
+        loss_last=_mean(_present(r.loss for r in drafters)),
+        loss_mean=_mean(_column(drafter_series, "loss")),
+        top1=_mean(_present(r.top1 for r in drafters)),
+        top4=_mean(_present(r.top4 for r in drafters)),
+        top8=_mean(_present(r.top8 for r in drafters)),
+        top1_mean=_mean(_column(drafter_series, "top1")),
+        top4_mean=_mean(_column(drafter_series, "top4")),
+        top8_mean=_mean(_column(drafter_series, "top8")),
+        resets=sum(r.resets for r in ranks),
+        metric_lines=metric_lines,
+        lines_read=metric_lines if lines_read is None else lines_read,
+        bytes_read=bytes_read,
+    )
+
+
+def compare(
+    prev: DigestSummary | Mapping[str, float | None] | None, cur: DigestSummary | Mapping[str, float | None]
+) -> dict[str, float]:
+    """The change of each headline number against a previous digest, in percent.
+
+    Only numbers present in both with a non-zero previous value are compared.
+
+    :param prev: the previous summary or its :meth:`DigestSummary.headline` (None: no change known).
+    :param cur: the current summary or its headline.
+    :returns: key → ``(cur - prev) / |prev| * 100`` for keys in :data:`COMPARED`.
+    """
+    if prev is None:
+        return {}
+    before = prev.headline() if isinstance(prev, DigestSummary) else prev
+    now = cur.headline() if isinstance(cur, DigestSummary) else cur
+    out: dict[str, float] = {}
+    for key in COMPARED:
+        a, b = before.get(key), now.get(key)
+        if isinstance(a, int | float) and isinstance(b, int | float) and a != 0:
+            out[key] = (b - a) / abs(a) * 100.0
+    return out

@@ -1,0 +1,264 @@
+"""The metric log window a digest reads: bounded reads from a byte offset, complete lines only.
+
+The byte offset where the last scheduled digest stopped is kept in Redis (``keys.digest_offset``,
+:class:`OffsetState`) with the file's inode, size and the last bytes before the offset (a
+fingerprint).  A file now shorter than the offset was truncated; another inode, or other bytes
+before the offset, means it was rotated or rewritten: either way the window starts again from the
+beginning of the current file.  At most ``max_bytes`` (:data:`MAX_WINDOW_BYTES`, 8 MiB) are read:
+when more was written, only the **last** ``max_bytes``, aligned to a line start, are read.  Only
+complete lines count; a partial last line is read by the next digest.
+
+A scheduled digest reads from the offset; an on-demand one (which moves nothing) reads what was
+written since the offset, or — when nothing complete was written since — the last scheduled
+window again, or the last ``max_bytes`` when there is no offset.  :func:`read_window` chooses the
+window (:class:`WindowKind`) with at most two bounded reads through a :data:`LogReader`: the job's
+host over SSH (:func:`remote_reader`) or a local file (:func:`local_reader`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import redis.asyncio as aioredis
+
+from pipeline.config import JobConfig
+from pipeline.host.probe import read_log_chunk
+from pipeline.host.remote import RemoteHosts
+from pipeline.state import keys
+
+MAX_WINDOW_BYTES = 8 * 1024 * 1024  #: most bytes of metric log read per digest
+FINGERPRINT_BYTES = 64  #: bytes before the stored offset kept to recognise the same file
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """What one bounded read of the metric log returned.
+
+    :ivar data: the bytes read.
+    :ivar offset: the file offset of ``data[0]`` (0 when the reader restarted a truncated file).
+    :ivar size: the file's size when it was read, bytes.
+    :ivar inode: the file's inode, when the reader knows it.
+    """
+
+    data: bytes
+    offset: int
+    size: int
+    inode: int | None = None
+
+
+LogReader = Callable[[int, int], Awaitable[LogRead]]
+"""``await reader(offset, max_bytes)``: at most ``max_bytes`` of the log from ``offset``; a
+negative ``offset`` counts from the end of the file (``-N``: its last ``N`` bytes)."""
+
+
+class WindowKind(StrEnum):
+    """How a digest's window was chosen."""
+
+    SINCE_LAST = "since_last"  #: everything written since the scheduled offset
+    LAST_BYTES = "last_bytes"  #: no offset yet: the last ``max_bytes`` (or the whole smaller file)
+    REPEAT = "repeat"  #: on demand, nothing new: the last scheduled digest's window again
+    TRUNCATED = "truncated"  #: the file shrank below the offset: read from its start
+    ROTATED = "rotated"  #: another file (inode or bytes before the offset differ): from its start
+
+
+@dataclass(frozen=True)
+class OffsetState:
+    """What a scheduled digest remembers in ``keys.digest_offset`` about the log.
+
+    :ivar offset: byte offset after the last complete line read.
+    :ivar start: where that digest's window began (an on-demand digest re-reads it when nothing
+        is new).
+    :ivar size: the file's size then.
+    :ivar inode: the file's inode then, if known.
+    :ivar fingerprint: the bytes just before ``offset`` (up to :data:`FINGERPRINT_BYTES`).
+    :ivar at: when it was stored (unix s).
+    """
+
+    offset: int
+    start: int
+    size: int
+    inode: int | None
+    fingerprint: bytes
+    at: float
+
+    def to_hash(self) -> dict[str, str]:
+        """The Redis hash fields."""
+        return {
+            "offset": str(self.offset),
+            "start": str(self.start),
+            "size": str(self.size),
+            "inode": "" if self.inode is None else str(self.inode),
+            "fingerprint": self.fingerprint.hex(),
+            "at": repr(self.at),
+        }
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[str, str]) -> OffsetState | None:
+        """Parse the Redis hash; None when absent or unreadable (the digest starts afresh)."""
+        try:
+            return cls(
+                offset=int(raw["offset"]),
+                start=int(raw.get("start") or 0),
+                size=int(raw.get("size") or 0),
+                inode=int(raw["inode"]) if raw.get("inode") else None,
+                fingerprint=bytes.fromhex(raw.get("fingerprint") or ""),
+                at=float(raw.get("at") or 0.0),
+            )
+        except (KeyError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class LogWindow:
+    """The bytes a digest aggregates: complete lines only.
+
+    :ivar data: complete lines (ends with a newline, or is empty).
+    :ivar start: file offset of ``data[0]``.
+    :ivar end: file offset after the last complete line (the next scheduled offset).
+    :ivar size: file size seen, bytes.
+    :ivar inode: the file's inode, if known.
+    :ivar kind: how the window was chosen.
+    :ivar skipped: bytes written since the offset that were not read (more than ``max_bytes``).
+    :ivar fingerprint: the last bytes before ``end``.
+    """
+
+    data: bytes
+    start: int
+    end: int
+    size: int
+    inode: int | None
+    kind: WindowKind
+    skipped: int = 0
+    fingerprint: bytes = b""
+
+    def state(self, at: float) -> OffsetState:
+        """The offset state a scheduled digest stores after reading this window."""
+        return OffsetState(self.end, self.start, self.size, self.inode, self.fingerprint, at)
+
+
+async def _read_from(
+    reader: LogReader, start: int, size: int, max_bytes: int, kind: WindowKind, skipped: int = 0
+) -> LogWindow:
+    """Read ``[max(start, size - max_bytes), size)`` aligned to a line start; keep complete lines."""
+    begin = max(start, size - max_bytes)
+    skipped += begin - start
+    if begin > 0 and begin > start:
+        # read one byte before: if it is a newline, ``begin`` already starts a line
+        got = await reader(begin - 1, size - begin + 1)
+        nl = got.data.find(b"\n")
+        data = got.data[nl + 1 :] if nl >= 0 else b""
+        first = got.offset + (nl + 1 if nl >= 0 else len(got.data))
+    else:
+        got = await reader(begin, size - begin)
+        data, first = got.data, got.offset
+    return _complete(data, first, got, kind, skipped)
+
+
+def _complete(data: bytes, first: int, got: LogRead, kind: WindowKind, skipped: int) -> LogWindow:
+    cut = data.rfind(b"\n") + 1
+    whole = data[:cut]
+    return LogWindow(
+        data=whole,
+        start=first,
+        end=first + cut,
+        size=got.size,
+        inode=got.inode,
+        kind=kind,
+        skipped=skipped,
+        fingerprint=whole[-FINGERPRINT_BYTES:],
+    )
+
+
+async def read_window(
+    reader: LogReader, state: OffsetState | None, *, scheduled: bool, max_bytes: int = MAX_WINDOW_BYTES
+) -> LogWindow:
+    """The bytes a digest aggregates, read with at most two bounded reads.
+
+    :param reader: reads the job's metric log (:data:`LogReader`).
+    :param state: what the last scheduled digest stored, or None.
+    :param scheduled: a scheduled digest (reads from the offset); on demand, when nothing
+        complete was written since the offset, the last scheduled window is read again.
+    :param max_bytes: the most bytes aggregated; when more was written, the last ``max_bytes``.
+    :returns: the window; the caller stores ``window.state(now)`` when scheduled.
+    """
+    if state is None:  # the last max_bytes and the byte before them, in one read
+        got = await reader(-(max_bytes + 1), max_bytes + 1)
+        if got.offset == 0 and len(got.data) <= max_bytes:
+            return _complete(got.data, 0, got, WindowKind.LAST_BYTES, 0)
+        nl = got.data.find(b"\n")  # the byte before ``begin`` decides whether it starts a line
+        data = got.data[nl + 1 :] if nl >= 0 else b""
+        first = got.offset + (nl + 1 if nl >= 0 else len(got.data))
+        return _complete(data, first, got, WindowKind.LAST_BYTES, got.offset + 1)
+    fp = state.fingerprint[len(state.fingerprint) - min(len(state.fingerprint), state.offset) :]
+    ask = state.offset - len(fp)
+    got = await reader(ask, len(fp) + max_bytes)
+    if got.size < state.offset:
+        return await _read_from(reader, 0, got.size, max_bytes, WindowKind.TRUNCATED)
+    other_inode = state.inode is not None and got.inode is not None and got.inode != state.inode
+    if other_inode or got.offset != ask or got.data[: len(fp)] != fp:
+        return await _read_from(reader, 0, got.size, max_bytes, WindowKind.ROTATED)
+    if got.size - state.offset > max_bytes:
+        return await _read_from(reader, state.offset, got.size, max_bytes, WindowKind.SINCE_LAST)
+    window = _complete(got.data[len(fp) :], state.offset, got, WindowKind.SINCE_LAST, 0)
+    if window.data:
+        return window
+    if not scheduled and state.start < state.offset:
+        again = await _read_from(reader, state.start, state.offset, max_bytes, WindowKind.REPEAT)
+        return LogWindow(
+            again.data, again.start, again.end, got.size, got.inode, WindowKind.REPEAT, again.skipped
+        )
+    # nothing complete since the offset: stay there, keeping the fingerprint of the bytes before it
+    return LogWindow(b"", state.offset, state.offset, got.size, got.inode, WindowKind.SINCE_LAST, 0, fp)
+
+
+def local_reader(path: str | os.PathLike[str]) -> LogReader:
+    """A :data:`LogReader` over a file on this machine (benchmarks, tests).
+
+    Reads happen in a worker thread so the event loop is never blocked.
+
+    :param path: the log file.
+    :raises FileNotFoundError: (from the returned reader) if the file does not exist.
+    """
+
+    def _read(offset: int, max_bytes: int) -> LogRead:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if offset < 0:
+                offset = max(0, st.st_size + offset)
+            elif offset > st.st_size:
+                offset = 0
+            f.seek(offset)
+            data = f.read(max(0, min(max_bytes, st.st_size - offset)))
+        return LogRead(data, offset, st.st_size, st.st_ino)
+
+    async def reader(offset: int, max_bytes: int) -> LogRead:
+        return await asyncio.to_thread(_read, offset, max_bytes)
+
+    return reader
+
+
+def remote_reader(ssh: RemoteHosts, job_name: str, job: JobConfig) -> LogReader:
+    """A :data:`LogReader` over the job's metric log (``metrics_log``, else ``log``) on its host.
+
+    Each read is one SSH call to the host helper, on the job's side of its ``exec`` wrapper
+    (:func:`pipeline.host.probe.read_log_chunk`).
+
+    :raises RemoteCommandError: (from the returned reader) if the log cannot be read.
+    :raises HostUnreachable: (likewise) if the host cannot be reached.
+    """
+
+    async def reader(offset: int, max_bytes: int) -> LogRead:
+        chunk = await read_log_chunk(ssh, job_name, job, offset, max_bytes, path=job.metrics_path)
+        return LogRead(chunk.data, chunk.offset - len(chunk.data), chunk.size, chunk.inode)
+
+    return reader
+
+
+async def load_offset(client: aioredis.Redis, prefix: str, job: str) -> OffsetState | None:
+    """The last scheduled digest's :class:`OffsetState` (``keys.digest_offset``), or None."""
+    raw: dict[str, str] = await client.hgetall(keys.digest_offset(prefix, job))  # type: ignore[assignment]
+    return OffsetState.from_hash(raw) if raw else None

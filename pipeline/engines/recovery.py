@@ -1,0 +1,194 @@
+"""Runs whose owner died: found by any Pitstop process, told as they are on the host.
+
+A run is owned by the process executing it, which keeps a heartbeat in Redis
+(:class:`~pipeline.state.runs.RunStore`).  When that process dies (SIGKILL, OOM, a lost VM), the
+heartbeat lapses within its TTL and :func:`reconcile` — run by the scheduler leader on every
+lease tick and by every CLI, console and serve process when it starts — takes the run over:
+
+- it claims the run first (``SET NX`` on the lapsed heartbeat key), so two processes never
+  both report the same run;
+- it **probes the job's real state** on its host, so the record says what is true, not only
+  where the sequence stopped;
+- a run cut off before its launch is finished as ``INTERRUPTED`` with the step it was in and
+  what the probe found: ``INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8
+  processes``;
+- a run cut off after its launch keeps its verdict open: the line ``INTERRUPTED after launch:
+  pid 5151 running 8/8 (unverified)`` is recorded in ``interrupted`` and the run is (re)queued
+  in ``keys.runs_unverified``, so its verification still runs, once, from the recorded launch
+  identity.
+
+It releases nothing it does not own: a dead holder's restart lock expires by itself (its TTL
+is the heartbeat's).  Runs without an owner that never launched (written by a store without
+one) are taken only when no restart lock of their job is held, as before heartbeats existed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pipeline import verdict
+from pipeline.engines.base import RestartService
+from pipeline.host.probe import JobProbe, probe_host, recorded_identity
+from pipeline.state import keys
+from pipeline.state.jobstate import JobStore
+from pipeline.state.runs import RunRecord
+from pipeline.verdict import Outcome, Step, Verdict
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A run taken over from a dead owner.
+
+    :ivar run: the run as saved after the take-over.
+    :ivar line: the line for the run's thread (the verdict line, or ``run.interrupted``).
+    :ivar launched: the run had launched: its verification is queued and still to come.
+    """
+
+    run: RunRecord
+    line: str
+    launched: bool
+
+
+def launched(run: RunRecord) -> bool:
+    """True when the run's launch step ended OK with a recorded pid (or Slurm job id)."""
+    rec = run.step(Step.LAUNCH)
+    return rec is not None and rec.outcome is Outcome.OK and (run.pid or run.slurm_job) is not None
+
+
+async def reconcile(restarter: RestartService, *, instance: str) -> list[Interruption]:
+    """Take over every open run whose owner is gone; probe each job and record what is true.
+
+    :param restarter: the process's Restarter (config, SSH pool and run store).
+    :param instance: this process's id, written in the claim it takes on each run.
+    :returns: the runs taken over, oldest first; a run another process claimed is skipped.
+    """
+    runs, client, prefix = restarter.runs, restarter.runs.client, restarter.runs.prefix
+    out: list[Interruption] = []
+    for run in await runs.unowned():
+        if run.owner is None:
+            if launched(run):  # handed over on purpose: make sure the queue has it
+                await _queue_verification(restarter, run)
+                continue
+            if await _lock_held(restarter, run.job):
+                continue
+        claim = keys.run_owner(prefix, run.id)
+        ttl_ms = max(1, int(runs.heartbeat_ttl * 1000))
+        if not await client.set(claim, f"recovering:{instance}", nx=True, px=ttl_ms):
+            continue  # its owner came back, or another process is taking it over
+        try:
+            fresh = await runs.get(run.id)
+            if fresh.finished_at is not None:
+                continue
+            out.append(await _take_over(restarter, fresh))
+        finally:
+            await client.delete(claim)
+    return out
+
+
+async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
+    probe, current = await _probe(restarter, run)
+    spec = restarter.config.jobs.get(_job_key(restarter, run.job))
+    expected = spec.processes if spec is not None else 0
+    now = time.time()
+    run.owner = None
+    if launched(run):
+        line = verdict.interrupted_after_launch(run.pid or 0, _found(probe), probe.count, expected)
+        run.interrupted = line
+        await restarter.runs.save(run)
+        await _queue_verification(restarter, run)
+        return Interruption(run, line, True)
+    step = run.current_step
+    old = recorded_identity(current)["pid"] or run.old_pid
+    found = interrupted_found(step.value if step else None, old, _found(probe), probe.count, expected)
+    if probe.error:
+        found = interrupted_unknown(probe.error)
+    for rec in run.steps:
+        if rec.ended_at is None or rec.outcome is Outcome.RUNNING:
+            rec.ended_at = now
+            rec.outcome = Outcome.FAILED
+            rec.detail = interrupted_step()
+    run.verdict = Verdict.INTERRUPTED
+    run.verdict_line = verdict.interrupted(step.value if step else None, found)
+    run.evidence = run.evidence or run.verdict_line
+    run.finished_at = now
+    await restarter.runs.save(run)
+    return Interruption(run, run.verdict_line, False)
+
+
+def _found(probe: JobProbe) -> str:
+    """``alive`` / ``gone`` / ``stale`` / ``unknown`` (probe failed) / ``none`` (no record)."""
+    if probe.error:
+        return "unknown"
+    return probe.state or "none"
+
+
+async def _probe(restarter: RestartService, run: RunRecord) -> tuple[JobProbe, dict[str, str]]:
+    """The job as its host shows it now, with the ``keys.job_current`` record it was probed by."""
+    name = _job_key(restarter, run.job)
+    spec = restarter.config.jobs.get(name)
+    if spec is None:
+        return JobProbe(job=name, error=unknown_job_now(name)), {}
+    snap = await JobStore(restarter.runs.client, restarter.runs.prefix, restarter.config).read(name)
+    current = dict(snap.current)
+    probes = await probe_host(restarter.ssh, spec.host, [(name, spec, current)])
+    return probes[name], current
+
+
+async def _queue_verification(restarter: RestartService, run: RunRecord) -> None:
+    spec = restarter.config.jobs.get(_job_key(restarter, run.job))
+    window = spec.start_window if spec is not None else 0.0
+    due = (run.launched_at or time.time()) + window
+    await restarter.runs.client.zadd(keys.runs_unverified(restarter.runs.prefix), {run.id: due}, nx=True)
+
+
+async def _lock_held(restarter: RestartService, job: str) -> bool:
+    name = _job_key(restarter, job)
+    scopes = [f"job:{name}"]
+    spec = restarter.config.jobs.get(name)
+    if spec is not None:
+        scopes.append(f"host:{spec.host}")
+    client, prefix = restarter.runs.client, restarter.runs.prefix
+    return any([bool(await client.exists(keys.lock(prefix, s))) for s in scopes])
+
+
+def _job_key(restarter: RestartService, job: str) -> str:
+    try:
+        return restarter.config.job_name(job)
+    except KeyError:
+        return job
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def interrupted_found(step: str | None, old_pid: int | None, state: str, count: int, expected: int) -> str:
+    """What the host showed when a run cut off before its launch was taken over.
+
+    :param step: the step it was in (``stop``: ``old_pid`` is the run being stopped).
+    :param state: the recorded pid's state: ``alive``, ``gone``, ``stale`` or ``none`` (no record).
+    """
+    procs = f"{count}/{expected} processes"
+    if old_pid is None or state == "none":
+        return f"no recorded run is up, {procs} match the job"
+    who = "the old run" if step in (None, "preflight", "stop") else "the recorded run"
+    if state == "alive":
+        return f"{who} (pid {old_pid}) is still alive, {procs}"
+    if state == "stale":
+        return f"{who} (pid {old_pid}) is gone (its pid was reused), {procs}"
+    return f"{who} (pid {old_pid}) is gone, {procs}"
+
+
+def interrupted_unknown(error: str) -> str:
+    """The job's state could not be probed when its run was taken over."""
+    return f"the job's state on its host is unknown ({error})"
+
+
+def unknown_job_now(job: str) -> str:
+    """A run's job is no longer in the configuration."""
+    return f"job {job} is no longer configured"
+
+
+def interrupted_step() -> str:
+    """Detail of the step that was running when Pitstop stopped."""
+    return "Pitstop stopped during this step"

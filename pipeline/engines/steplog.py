@@ -1,0 +1,262 @@
+"""The record of a run's steps, shared by every engine: each step's start, end, outcome and detail.
+
+A restart is a list of named steps (:class:`pipeline.verdict.Step`).  Every engine records them the
+same way through one :class:`StepLog`: a step is *begun* (saved, published as a ``step`` event,
+reported to the caller's ``on_step``), then *ended* with an outcome and a detail a person reads.
+A step that fails raises one of the :class:`~pipeline.errors.SequenceAborted` errors, and the
+engine hands it to :meth:`StepLog.finish`, which sets the run's verdict from it.
+
+The job's ``current`` record (``keys.job_current``: what runs now, by pid/session or Slurm job
+id) and its patches in effect (``keys.job_patches``) are written here too, so that every engine
+leaves the same trace behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from pipeline import verdict
+from pipeline.errors import RunCancelled, SequenceAborted
+from pipeline.state import keys
+from pipeline.state.events import EventKind, Events
+from pipeline.state.runs import RunRecord, RunStore, StepRecord
+from pipeline.verdict import Outcome, Step, Verdict
+
+StepCallback = Callable[[RunRecord, StepRecord], Awaitable[None]]
+CancelCheck = Callable[[], Awaitable[bool]]
+
+
+class StepLog:
+    """Records, saves and publishes the steps of runs.
+
+    :param runs: where run records are saved (its Redis client and key prefix are used for the
+        job's ``current`` record, patches and the verification queue).
+    :param events: the event stream; each step change is published as a ``step`` event.
+    """
+
+    def __init__(self, runs: RunStore, events: Events) -> None:
+        self.runs = runs
+        self.events = events
+
+    @property
+    def redis(self) -> Any:
+        """The Redis client the run store uses."""
+        return self.runs.client
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix the run store uses."""
+        return self.runs.prefix
+
+    # --- steps ------------------------------------------------------------------------------------
+
+    async def begin(self, run: RunRecord, step: Step, on_step: StepCallback | None) -> StepRecord:
+        """Start ``step``: appended to the run, saved, published and reported."""
+        rec = StepRecord(step=step, started_at=time.time())
+        run.steps.append(rec)
+        await self.runs.save(run)
+        await self.emit(run, rec, on_step)
+        return rec
+
+    async def end(
+        self, run: RunRecord, rec: StepRecord, outcome: Outcome, detail: str, on_step: StepCallback | None
+    ) -> None:
+        """End ``rec`` with ``outcome`` and ``detail`` (one line a person reads); saved and reported."""
+        rec.ended_at = time.time()
+        rec.outcome = outcome
+        rec.detail = detail
+        await self.runs.save(run)
+        await self.emit(run, rec, on_step)
+
+    async def fail(self, run: RunRecord, rec: StepRecord, detail: str, on_step: StepCallback | None) -> None:
+        """End ``rec`` as FAILED with ``detail``."""
+        await self.end(run, rec, Outcome.FAILED, detail, on_step)
+
+    async def emit(self, run: RunRecord, rec: StepRecord, on_step: StepCallback | None) -> None:
+        """Publish ``rec`` and report it to ``on_step``."""
+        await self.publish(run, rec)
+        if on_step is not None:
+            await on_step(run, rec)
+
+    async def publish(self, run: RunRecord, rec: StepRecord) -> None:
+        """Publish ``rec`` as a ``step`` event of the run's job."""
+        await self.events.publish(
+            EventKind.STEP,
+            run.job,
+            run_id=run.id,
+            step=rec.step.value,
+            outcome=rec.outcome.value,
+            detail=rec.detail,
+        )
+
+    async def await_verify(self, run: RunRecord, start_window: float, on_step: StepCallback | None) -> None:
+        """Add the ``verify`` step, WAITING for ``start_window`` seconds after the launch."""
+        rec = StepRecord(
+            step=Step.VERIFY,
+            started_at=time.time(),
+            outcome=Outcome.WAITING,
+            detail=step_verify_waiting(start_window),
+        )
+        run.steps.append(rec)
+        await self.runs.save(run)
+        await self.emit(run, rec, on_step)
+
+    def verify_step(self, run: RunRecord) -> StepRecord:
+        """The run's ``verify`` step, set RUNNING (added if the run has none)."""
+        rec = run.step(Step.VERIFY)
+        if rec is None:
+            rec = StepRecord(step=Step.VERIFY, started_at=time.time())
+            run.steps.append(rec)
+        rec.outcome, rec.ended_at = Outcome.RUNNING, None
+        return rec
+
+    async def verify_unreachable(self, run: RunRecord, rec: StepRecord, detail: str) -> None:
+        """Record that the job could not be observed past its deadline (the run stays unverified)."""
+        rec.outcome, rec.ended_at, rec.detail = Outcome.FAILED, time.time(), detail
+        await self.runs.save(run)
+        await self.publish(run, rec)
+
+    async def verified(self, run: RunRecord, rec: StepRecord, *, recheck_at: float | None = None) -> None:
+        """Save a decided verdict: ``rec`` ends with the verdict line; the run leaves the
+        verification queue, or stays in it due at ``recheck_at`` (epoch seconds; a PENDING job)."""
+        rec.ended_at = run.finished_at = time.time()
+        rec.detail = run.verdict_line or ""
+        if recheck_at is not None:
+            rec.outcome = Outcome.WAITING
+        else:
+            rec.outcome = Outcome.OK if run.verdict is Verdict.RUNNING else Outcome.FAILED
+        await self.runs.save(run)
+        if recheck_at is not None:
+            await self.redis.zadd(keys.runs_unverified(self.prefix), {run.id: recheck_at})
+        else:
+            await self.redis.zrem(keys.runs_unverified(self.prefix), run.id)
+        await self.publish(run, rec)
+
+    async def boundary(
+        self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None, on_step: StepCallback | None
+    ) -> None:
+        """Between two steps: cancel the run if ``keys.cancel_request`` is set or ``cancelled()`` says so.
+
+        :raises RunCancelled: if the run is cancelled.
+        """
+        asked = bool(await self.redis.exists(keys.cancel_request(self.prefix, run.id)))
+        if not asked and cancelled is not None:
+            asked = await cancelled()
+        if asked:
+            after_step = after.value if after else None
+            raise RunCancelled(run.job, run.id, after_step, line=verdict.cancelled(after_step))
+
+    async def finish(self, run: RunRecord, aborted: SequenceAborted) -> RunRecord:
+        """Finish a run that a step ended: its verdict, line and evidence, as ``aborted`` carries them."""
+        run.verdict = Verdict(aborted.verdict)
+        run.verdict_line = aborted.line
+        run.evidence = aborted.evidence or aborted.line
+        run.finished_at = time.time()
+        await self.runs.save(run)
+        return run
+
+    # --- the job's current record and patches ------------------------------------------------------
+
+    async def current(self, name: str) -> dict[str, str]:
+        """The job's ``current`` record (empty when none)."""
+        raw = await self.redis.hgetall(keys.job_current(self.prefix, name))
+        return {str(k): str(v) for k, v in raw.items()}
+
+    async def record_launch(self, run: RunRecord, name: str, current: Mapping[str, str], due: float) -> None:
+        """Replace the job's ``current`` record with the launched run's and queue its verification
+        at ``due`` (epoch seconds), in one transaction."""
+        key = keys.job_current(self.prefix, name)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping=dict(current))
+            pipe.zadd(keys.runs_unverified(self.prefix), {run.id: due})
+            await pipe.execute()
+
+    async def mark_stopped(self, name: str, run: RunRecord) -> None:
+        """The job's ``current`` record says stopped (by ``run``), its process identity removed."""
+        key = keys.job_current(self.prefix, name)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(key, "pid", "start_time", "sid", "pgid")
+            pipe.hset(
+                key, mapping={"state": "stopped", "stopped_at": repr(time.time()), "stopped_by": run.id}
+            )
+            await pipe.execute()
+
+    async def store_patches(self, name: str, in_effect: Sequence[str]) -> None:
+        """Record the patch names in effect in the job's workdir (``keys.job_patches``)."""
+        key = keys.job_patches(self.prefix, name)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            if in_effect:
+                pipe.sadd(key, *in_effect)
+            await pipe.execute()
+
+    async def stored_patches(self, name: str) -> set[str]:
+        """The patch names last recorded in effect for the job."""
+        return {str(m) for m in await self.redis.smembers(keys.job_patches(self.prefix, name))}
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def step_preflight_ok(checks: Sequence[str]) -> str:
+    """All pre-flight checks passed."""
+    return "ok: " + ", ".join(checks)
+
+
+def step_stop_nothing() -> str:
+    """Nothing of the job was running."""
+    return "nothing was running"
+
+
+def step_stopped(count: int, seconds: float, killed: Sequence[int], stop_timeout: float) -> str:
+    """How the old run was stopped."""
+    text = f"stopped {count} process{'es' if count != 1 else ''} in {seconds:.1f} s"
+    if killed:
+        pids = ", ".join(str(p) for p in killed)
+        text += f" (SIGKILL after {stop_timeout:g} s to pid {pids}, which ignored SIGTERM)"
+    else:
+        text += " (SIGTERM)"
+    return text
+
+
+def stale_record(pid: int, recorded: int | None, found: int | None) -> str:
+    """The recorded pid now belongs to another process: it is not signalled."""
+    return (
+        f"stale record: pid {pid} now belongs to another process (start time {found}, recorded {recorded}) "
+        "- not signalled"
+    )
+
+
+def gpu_memory_held(pids: Sequence[int], seconds: float) -> str:
+    """Old processes still hold GPU memory after the stop."""
+    listed = ", ".join(str(p) for p in pids)
+    return f"GPU memory still held by old pid {listed} after {seconds:.0f} s - not relaunching"
+
+
+def gpu_memory_freed(seconds: float) -> str:
+    """GPU memory of the old run was released."""
+    return f"GPU memory released ({seconds:.1f} s)"
+
+
+def step_launched(pid: int, log: str, log_size: int) -> str:
+    """The launch returned the new process."""
+    return f"pid {pid} (new session), log {log} from byte {log_size}"
+
+
+def step_verify_waiting(start_window: float) -> str:
+    """Verification is scheduled."""
+    return f"checking for {start_window:g} s after launch"
+
+
+def launch_hung(timeout: float, state: str) -> str:
+    """The launch channel did not return."""
+    return f"launch channel hung for {timeout:g} s; process state: {state}"
+
+
+def already_running(job: str, pids: Sequence[int]) -> str:
+    """``start`` refused because the job runs."""
+    listed = ", ".join(str(p) for p in pids[:10])
+    return f"{job} is already running (pid {listed}) - use restart"

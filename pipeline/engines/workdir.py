@@ -1,0 +1,188 @@
+"""The steps every engine runs on the job's workdir through the host helper: patches and caches.
+
+The workdir is on the job's host (ssh) or on the cluster's shared filesystem, reached through
+its login node (Slurm); either way the host helper (:mod:`pipeline.host.helper`) does the work:
+patch texts are read here and sent on stdin, never on a command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pipeline import fmt, verdict
+from pipeline.config import JobConfig
+from pipeline.engines.steplog import StepCallback, StepLog
+from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError
+from pipeline.host.probe import call_helper
+from pipeline.host.remote import RemoteHosts
+from pipeline.state.runs import RunRecord
+from pipeline.verdict import Outcome, Step
+
+CALL_TIMEOUT = 30.0  #: seconds for a pre-flight, cache or patch call
+
+
+async def patch_texts(
+    steps: StepLog,
+    run: RunRecord,
+    name: str,
+    job: JobConfig,
+    asked: Sequence[str],
+    on_step: StepCallback | None,
+) -> dict[str, str]:
+    """Every configured patch's text by name (read on the controller); ``asked`` must be known and readable.
+
+    :raises PreflightFailed: (check ``patch``) for an unknown patch or an unreadable asked one.
+    """
+    unknown = [p for p in asked if p not in job.patches]
+    if unknown:
+        rec = await steps.begin(run, Step.PREFLIGHT, on_step)
+        known = ", ".join(job.patches) or "none"
+        detail = f"unknown patch {', '.join(unknown)} for {name} (known: {known})"
+        await steps.fail(run, rec, detail, on_step)
+        raise PreflightFailed(name, "patch", detail, line=verdict.preflight_failed("patch", detail))
+    texts: dict[str, str] = {}
+    for patch, path in job.patches.items():
+        try:
+            texts[patch] = await asyncio.to_thread(Path(path).read_text, encoding="utf-8")
+        except OSError as exc:
+            if patch not in asked:
+                continue
+            rec = await steps.begin(run, Step.PREFLIGHT, on_step)
+            detail = f"{patch}: cannot read {path}: {exc.strerror}"
+            await steps.fail(run, rec, detail, on_step)
+            raise PreflightFailed(
+                name, "patch", detail, line=verdict.preflight_failed("patch", detail)
+            ) from None
+    return texts
+
+
+async def clear_cache(
+    ssh: RemoteHosts,
+    steps: StepLog,
+    run: RunRecord,
+    name: str,
+    job: JobConfig,
+    fresh: bool,
+    on_step: StepCallback | None,
+) -> None:
+    """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh`` (else SKIPPED).
+
+    :raises LaunchFailed: if the host cannot be reached or a path cannot be cleared.
+    """
+    rec = await steps.begin(run, Step.CLEAR_CACHE, on_step)
+    if not fresh:
+        await steps.end(run, rec, Outcome.SKIPPED, step_cache_skipped(), on_step)
+        return
+    if not job.clear_cache:
+        await steps.end(run, rec, Outcome.SKIPPED, step_cache_none(), on_step)
+        return
+    try:
+        answer = await call_helper(
+            ssh, "clear", {"paths": list(job.clear_cache)}, job=name, timeout=CALL_TIMEOUT * 4
+        )
+    except RemoteError as exc:
+        await steps.fail(run, rec, exc.message, on_step)
+        raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
+    cleared = answer.get("cleared") or []
+    detail = step_cache_cleared(
+        [(c["path"], int(c.get("files", 0)), int(c.get("bytes", 0)), bool(c.get("missing"))) for c in cleared]
+    )
+    errors = [e for c in cleared for e in c.get("errors", [])]
+    if errors:
+        why = f"cannot clear cache: {'; '.join(errors[:3])}"
+        await steps.fail(run, rec, f"{detail}; {why}", on_step)
+        raise LaunchFailed(name, why, line=verdict.launch_failed(why))
+    await steps.end(run, rec, Outcome.OK, detail, on_step)
+
+
+async def patch(
+    ssh: RemoteHosts,
+    steps: StepLog,
+    run: RunRecord,
+    name: str,
+    job: JobConfig,
+    texts: Mapping[str, str],
+    applied: Mapping[str, bool],
+    add: Sequence[str],
+    remove: Sequence[str],
+    on_step: StepCallback | None,
+) -> None:
+    """The ``patch`` step: apply ``add`` and revert ``remove`` in the job's workdir (``git apply``);
+    ``applied`` is what pre-flight found in effect.  The patches in effect are recorded.
+
+    :raises LaunchFailed: if a patch does not apply or the host cannot be reached.
+    """
+    rec = await steps.begin(run, Step.PATCH, on_step)
+    in_effect = sorted(n for n, on in applied.items() if on)
+    to_apply = [p for p in add if not applied.get(p)]
+    to_revert = [p for p in remove if applied.get(p)]
+    if not to_apply and not to_revert:
+        run.patches = in_effect
+        await steps.store_patches(name, in_effect)
+        await steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect), on_step)
+        return
+    try:
+        answer = await call_helper(
+            ssh,
+            "patch",
+            {"workdir": job.workdir, "apply": to_apply, "revert": to_revert},
+            job=name,
+            stdin=json.dumps(dict(texts)),
+            timeout=CALL_TIMEOUT * 2,
+        )
+    except RemoteError as exc:
+        await steps.fail(run, rec, exc.message, on_step)
+        raise LaunchFailed(name, exc.message, line=verdict.launch_failed(patch_failed(exc.message))) from None
+    in_effect = sorted(answer.get("in_effect") or [])
+    run.patches = in_effect
+    await steps.store_patches(name, in_effect)
+    detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
+    if answer.get("failed"):
+        why = patch_failed("; ".join(answer["failed"]))
+        await steps.fail(run, rec, f"{detail}; {why}", on_step)
+        raise LaunchFailed(name, why, line=verdict.launch_failed(why))
+    await steps.end(run, rec, Outcome.OK, detail, on_step)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def step_cache_skipped() -> str:
+    """No fresh cache was asked for."""
+    return "not asked for"
+
+
+def step_cache_none() -> str:
+    """A fresh cache was asked for but the job has no clear_cache paths."""
+    return "asked for, but the job has no clear_cache paths"
+
+
+def step_cache_cleared(cleared: Sequence[tuple[str, int, int, bool]]) -> str:
+    """``/srv/cache: 120 files, 3.4 GB removed`` per path (path, files, bytes, missing)."""
+    parts = []
+    for path, files, size, missing in cleared:
+        parts.append(
+            f"{path}: not present" if missing else f"{path}: {files} files, {fmt.size(size)} removed"
+        )
+    return "; ".join(parts)
+
+
+def step_patches(applied: Sequence[str], reverted: Sequence[str], in_effect: Sequence[str]) -> str:
+    """What the patch step changed and what is in effect after it."""
+    parts = []
+    if applied:
+        parts.append("applied " + ", ".join(applied))
+    if reverted:
+        parts.append("reverted " + ", ".join(reverted))
+    if not parts:
+        parts.append("no change")
+    parts.append("in effect: " + (", ".join(in_effect) or "none"))
+    return "; ".join(parts)
+
+
+def patch_failed(detail: str) -> str:
+    """A patch did not apply after the stop (pre-flight had passed)."""
+    return f"patch step failed, job not relaunched: {detail}"

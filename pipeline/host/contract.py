@@ -1,0 +1,387 @@
+"""The host helper's contract: each operation's arguments and answer, typed, for both sides.
+
+:mod:`pipeline.host.helper` (on the GPU host) and :func:`pipeline.host.probe.call_helper` (in
+Pitstop) import these types, so mypy checks what a caller sends and how it reads the answer.
+The helper ships this module *inside* its source (:func:`pipeline.host.probe.helper_source`
+puts it where the helper imports it), so it stays standard library only and Python 3.8: typing's
+``TypedDict``/``NamedTuple``, ``Optional``/``List``/``Dict``, no ``X | Y`` in class bodies
+(3.8 checks their annotations when it builds the class).
+
+Every operation is ``OP`` + a JSON object of :class:`…Args`; the helper prints one JSON object,
+the :class:`…Answer`, or ``{"error": "..."}`` (which :func:`~pipeline.host.probe.call_helper`
+raises instead of returning).  :data:`OPERATIONS` lists them.  A key marked optional below
+(``total=False`` part) may be left out; ``Optional[...]`` means it may be ``null``.
+
+Units: times are unix seconds on the host's clock, durations seconds, sizes bytes,
+``start_time`` is field 22 of ``/proc/PID/stat`` (clock ticks since boot).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, NamedTuple, Optional, Tuple, TypedDict, Union
+
+HELPER_VERSION = 1  #: the helper protocol's version, on the first line of the shipped source
+MARKER = "# pitstop-host-helper"  #: starts the shipped source: the helper's processes carry it
+
+
+# --- /proc ----------------------------------------------------------------------------------------
+
+
+class ProcStat(NamedTuple):
+    """The fields of ``/proc/PID/stat`` the helper reads (fields 3, 4, 5, 6 and 22 of proc(5))."""
+
+    state: str  #: ``R``, ``S``, ``D``, ``Z``, …
+    ppid: int
+    pgrp: int
+    session: int
+    start_time: int  #: clock ticks since boot
+
+
+class ProcInfo(NamedTuple):
+    """One process seen by the helper's scan: who it belongs to and its command line."""
+
+    ppid: int
+    pgrp: int
+    session: int
+    start_time: int
+    cmdline: bytes  #: NULs read as spaces, trailing space stripped
+
+
+# --- pieces shared by several answers -------------------------------------------------------------
+
+
+class Identity(TypedDict):
+    """A recorded launch (``keys.job_current``): None each when there is no record."""
+
+    pid: Optional[int]
+    start_time: Optional[int]
+    sid: Optional[int]
+
+
+class _JobMatch(Identity):
+    match: str  #: the job's ``match`` regex (``re.search`` on the command line)
+
+
+class JobArgs(_JobMatch, total=False):
+    """Which processes are the job's: its recorded session, else ``match`` inside ``workdir``."""
+
+    name: Optional[str]
+    workdir: Optional[str]
+
+
+class ProbeJob(JobArgs, total=False):
+    """A job to probe, and its log file to look at."""
+
+    log: Optional[str]  #: report this file's size, mtime and inode too
+
+
+class FileInfo(TypedDict):
+    """A file's size, mtime and inode (None each, and ``error``, if it cannot be read)."""
+
+    size: Optional[int]
+    mtime: Optional[float]
+    inode: Optional[int]
+    error: Optional[str]
+
+
+class JobState(TypedDict, total=False):
+    """One job's processes and log (only ``name`` and ``error`` when the probe of it failed)."""
+
+    name: Optional[str]
+    error: Optional[str]
+    session_pids: List[int]  #: every member of the recorded session (else same as ``pids``)
+    pids: List[int]  #: the job's processes
+    count: int
+    state: Optional[str]  #: ``alive`` / ``gone`` / ``stale``; None without a recorded pid
+    alive: Optional[bool]
+    log: FileInfo  #: present when ``log`` was asked
+
+
+class ExitRecord(TypedDict):
+    """How a launched job ended, as its waiter recorded it."""
+
+    pid: int
+    start_time: Optional[int]
+    started_at: float
+    ended_at: float
+    code: Optional[int]  #: exit status; None when a signal ended it
+    signal: Optional[str]  #: ``SIGKILL`` …
+
+
+class StartStep(TypedDict):
+    """Where a run started: the step its log ``said`` it resumed at, the ``first`` step it logged."""
+
+    said: Optional[int]
+    first: Optional[int]
+
+
+class Checkpoint(TypedDict):
+    """The newest checkpoint: its step (None if its name has none), mtime and path."""
+
+    step: Optional[int]
+    mtime: float
+    file: str
+
+
+# --- operations -------------------------------------------------------------------------------------
+
+
+class PreflightArgs(TypedDict):
+    workdir: str
+    program: str  #: the launch program (argv[0])
+    log: str
+    min_free: int  #: bytes the log's file system must have free
+    patches: Dict[str, str]  #: patch name → ``apply`` / ``revert`` (diff texts on stdin)
+    running: Optional[ProbeJob]  #: is this job running already?
+
+
+class PreflightCheck(TypedDict):
+    check: str  #: ``workdir``, ``launch``, ``log_dir``, ``disk``, ``patch``
+    ok: bool
+    detail: str
+
+
+class PreflightAnswer(TypedDict):
+    checks: List[PreflightCheck]
+    applied: Dict[str, bool]  #: patch name → applied now
+    running: Optional[JobState]
+
+
+class _StopArgs(_JobMatch):
+    term_timeout: float  #: seconds between SIGTERM and SIGKILL
+    kill_timeout: float  #: seconds to wait after SIGKILL
+
+
+class StopArgs(_StopArgs, total=False):
+    workdir: Optional[str]
+
+
+class StaleRecord(TypedDict):
+    """The recorded pid now belongs to a process started at another time."""
+
+    pid: int
+    recorded: Optional[int]
+    found: Optional[int]
+
+
+class StopTarget(TypedDict):
+    pid: int
+    start_time: int
+    cmdline: str
+
+
+class StopAnswer(TypedDict):
+    scope: str  #: ``session`` or ``match``
+    state: Optional[str]  #: the recorded pid's: ``alive`` / ``gone`` / ``stale``
+    stale: Optional[StaleRecord]
+    targets: List[StopTarget]
+    killed: List[int]  #: pids that needed SIGKILL
+    survivors: List[int]
+    seconds: float
+
+
+class _GpuWaitArgs(TypedDict):
+    targets: List[Tuple[int, Optional[int]]]  #: ``(pid, start_time)`` as the job's side sees them
+    timeout: float
+
+
+class GpuWaitArgs(_GpuWaitArgs, total=False):
+    nvidia_smi: Optional[str]
+
+
+class GpuHolder(TypedDict):
+    pid: int  #: as the job's side sees it
+    host_pid: int
+    used_mib: Optional[int]
+
+
+class GpuWaitAnswer(TypedDict):
+    holders: List[GpuHolder]  #: targets still holding GPU memory at the end
+    seconds: float
+
+
+class ClearArgs(TypedDict):
+    paths: List[str]
+
+
+class _ClearedPath(TypedDict):
+    path: str
+    missing: bool  #: the path did not exist
+    files: int  #: files removed
+    bytes: int  #: their size
+    errors: List[str]
+
+
+class ClearedPath(_ClearedPath, total=False):
+    dirs: int
+
+
+class ClearAnswer(TypedDict):
+    cleared: List[ClearedPath]
+
+
+class _PatchArgs(TypedDict):
+    workdir: str
+
+
+class PatchArgs(_PatchArgs, total=False):
+    apply: List[str]
+    revert: List[str]
+
+
+class PatchAnswer(TypedDict):
+    applied: List[str]
+    reverted: List[str]
+    kept: List[str]  #: asked to apply, applied already
+    failed: List[str]  #: ``NAME: git's message``
+    in_effect: List[str]
+
+
+class PatchesArgs(TypedDict):
+    workdir: str
+
+
+class PatchesAnswer(TypedDict):
+    applied: Dict[str, bool]
+
+
+class _LaunchArgs(TypedDict):
+    workdir: str
+    argv: List[str]
+    log: str
+
+
+class LaunchArgs(_LaunchArgs, total=False):
+    name: str  #: for the waiter's title
+    run_id: str
+
+
+class LaunchAnswer(TypedDict):
+    pid: int
+    pgid: int
+    sid: int
+    start_time: Optional[int]
+    launched_at: float
+    log_size: int  #: the log's size before the job wrote to it
+
+
+class ProbeArgs(TypedDict):
+    jobs: List[ProbeJob]
+
+
+class ProbeAnswer(TypedDict):
+    jobs: Dict[str, JobState]  #: by job name
+    time: float
+
+
+class _EvidenceArgs(JobArgs):
+    log: str
+
+
+class EvidenceArgs(_EvidenceArgs, total=False):
+    offset: int  #: the log's size at launch: only bytes after it count
+    tail_lines: int
+    progress_log: str  #: find where the run started (``start_step``) in this file
+    progress_offset: int
+    checkpoint_dir: Optional[str]  #: report the newest checkpoint in it
+
+
+class EvidenceAnswer(JobState, total=False):
+    new_bytes: Optional[int]
+    error_line: Optional[str]
+    tail: str
+    status: Optional[ExitRecord]
+    start_step: StartStep
+    checkpoint: Optional[Checkpoint]
+    time: float
+
+
+class _ReadArgs(TypedDict):
+    path: str
+    offset: int  #: negative: from the end
+    max_bytes: int
+
+
+class ReadArgs(_ReadArgs, total=False):
+    inode: Optional[int]  #: start over at 0 when the path now holds another file
+    zlib: bool
+
+
+class ReadAnswer(TypedDict):
+    data: str  #: base64 (of zlib-compressed bytes when ``zlib``)
+    zlib: bool
+    offset: int  #: where the next read starts
+    size: int
+    inode: Optional[int]
+    reset: bool  #: reading started over at 0
+
+
+class _TailArgs(TypedDict):
+    path: str
+    lines: int
+
+
+class TailArgs(_TailArgs, total=False):
+    start: int  #: only bytes at or after this offset count
+    max_bytes: int
+
+
+class TailAnswer(TypedDict):
+    text: str
+    size: int
+
+
+class HangArgs(JobArgs, total=False):
+    pids: List[int]  #: these processes instead of the job's
+    max_pids: int
+
+
+class HangProcess(TypedDict):
+    pid: int
+    state: Optional[str]
+    wchan: Optional[str]
+    cmdline: str
+    stack: Optional[str]  #: ``py-spy dump`` output
+    stack_error: Optional[str]
+
+
+class HangAnswer(TypedDict):
+    processes: List[HangProcess]
+    py_spy: Optional[str]  #: py-spy's path, None when it is not installed
+    time: float
+
+
+class SlurmTasksArgs(TypedDict):
+    job: Union[str, int]  #: the Slurm job id
+    match: str
+
+
+class SlurmTasksAnswer(TypedDict):
+    node: str
+    pids: List[int]
+    count: int
+    time: float
+
+
+class ErrorAnswer(TypedDict):
+    """What the helper prints, with exit status 3, when an operation fails."""
+
+    error: str
+
+
+#: operation name → (its arguments, its answer)
+OPERATIONS: Dict[str, Tuple[type, type]] = {
+    "preflight": (PreflightArgs, PreflightAnswer),
+    "stop": (StopArgs, StopAnswer),
+    "gpu_wait": (GpuWaitArgs, GpuWaitAnswer),
+    "clear": (ClearArgs, ClearAnswer),
+    "patch": (PatchArgs, PatchAnswer),
+    "patches": (PatchesArgs, PatchesAnswer),
+    "launch": (LaunchArgs, LaunchAnswer),
+    "probe": (ProbeArgs, ProbeAnswer),
+    "evidence": (EvidenceArgs, EvidenceAnswer),
+    "read": (ReadArgs, ReadAnswer),
+    "tail": (TailArgs, TailAnswer),
+    "hang": (HangArgs, HangAnswer),
+    "slurm_tasks": (SlurmTasksArgs, SlurmTasksAnswer),
+}

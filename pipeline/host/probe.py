@@ -1,0 +1,479 @@
+"""Calling Pitstop's host helper (:mod:`pipeline.host.helper`) over SSH, and the probes built on it.
+
+The helper's source travels with every call (``python3 -c SOURCE OP JSON``), so nothing is
+installed on the host; it runs on the job's side of the ``exec`` wrapper unless the work is
+the host's own (``nvidia-smi``).  One call answers one question in full — the watcher's
+:func:`probe_host` covers every job of a host that shares an ``exec`` prefix in one SSH call.
+
+Process counts follow one rule everywhere (status, watcher, verification): the job's
+processes are the members of its recorded session (``sid``, from ``keys.job_current``) whose
+``/proc/PID/cmdline`` — NULs read as spaces, trailing space stripped — matches the job's
+``match`` regex (``re.search``).  Without a recorded session, the user's processes that match
+count, minus the helper's own ancestry and other helper processes.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import json
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Literal, TypedDict, Unpack, overload
+
+from pipeline.config import JobConfig
+from pipeline.errors import RemoteCommandError
+from pipeline.host.contract import (
+    HELPER_VERSION,
+    MARKER,
+    ClearAnswer,
+    ClearArgs,
+    EvidenceAnswer,
+    EvidenceArgs,
+    GpuWaitAnswer,
+    GpuWaitArgs,
+    HangAnswer,
+    HangArgs,
+    Identity,
+    JobState,
+    LaunchAnswer,
+    LaunchArgs,
+    PatchAnswer,
+    PatchArgs,
+    PatchesAnswer,
+    PatchesArgs,
+    PreflightAnswer,
+    PreflightArgs,
+    ProbeAnswer,
+    ProbeArgs,
+    ProbeJob,
+    ReadAnswer,
+    ReadArgs,
+    StopAnswer,
+    StopArgs,
+    TailAnswer,
+    TailArgs,
+)
+from pipeline.host.quoting import job_argv
+from pipeline.host.remote import RemoteHosts
+
+HELPER_PYTHON = "python3"  #: interpreter for the helper on the job's side (Python 3.8+)
+CONTRACT_MODULE = "pipeline.host.contract"  #: the helper's one Pitstop import, shipped inside it
+PROBE_TIMEOUT = 20.0  #: seconds for one probe / read / tail call
+TAIL_MAX_BYTES = 65536  #: a tail reads at most this many bytes from the end of the log
+
+
+@cache
+def helper_source() -> str:
+    """The helper program as sent to hosts: :mod:`pipeline.host.helper` with its contract
+    (:mod:`pipeline.host.contract`) in place of the import of it, without docstrings and comments
+    (a third of the size), behind the marker line ``# pitstop-host-helper vHELPER_VERSION``."""
+    helper = _module_tree("helper.py")
+    contract = [
+        node
+        for node in _module_tree("contract.py").body
+        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+    ]
+    body: list[ast.stmt] = []
+    for node in helper.body:
+        if isinstance(node, ast.ImportFrom) and node.module == CONTRACT_MODULE:
+            body.extend(contract)
+        else:
+            body.append(node)
+    helper.body = body
+    return f"{MARKER} v{HELPER_VERSION}\n" + ast.unparse(helper) + "\n"
+
+
+def _module_tree(filename: str) -> ast.Module:
+    """A module of ``pipeline.host`` parsed, its docstrings dropped."""
+    tree = ast.parse((resources.files("pipeline.host") / filename).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:
+    """``[python3, -E, -S, -c, SOURCE, OP, JSON]``: the helper invocation for one operation.
+
+    ``-E -S``: no ``PYTHON*`` variables, no site-packages — the helper needs only the
+    standard library, and starts twice as fast without them.
+    """
+    return [HELPER_PYTHON, "-E", "-S", "-c", helper_source(), op, json.dumps(args, separators=(",", ":"))]
+
+
+def _shown(op: str) -> list[str]:
+    """How a helper call is named in errors (the source is not worth showing)."""
+    return [HELPER_PYTHON, "-c", "<pitstop host helper>", op]
+
+
+class HelperCall(TypedDict, total=False):
+    """Where and how long a helper call runs: the keyword arguments of :func:`call_helper`."""
+
+    job: str | None
+    host: str | None
+    exec_prefix: Sequence[str] | None
+    stdin: str | None
+    timeout: float
+
+
+# one signature per operation (arguments and answer: pipeline.host.contract), so mypy checks callers
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["preflight"], args: PreflightArgs, **where: Unpack[HelperCall]
+) -> PreflightAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["stop"], args: StopArgs, **where: Unpack[HelperCall]
+) -> StopAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["gpu_wait"], args: GpuWaitArgs, **where: Unpack[HelperCall]
+) -> GpuWaitAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["clear"], args: ClearArgs, **where: Unpack[HelperCall]
+) -> ClearAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["patch"], args: PatchArgs, **where: Unpack[HelperCall]
+) -> PatchAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["patches"], args: PatchesArgs, **where: Unpack[HelperCall]
+) -> PatchesAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["launch"], args: LaunchArgs, **where: Unpack[HelperCall]
+) -> LaunchAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["probe"], args: ProbeArgs, **where: Unpack[HelperCall]
+) -> ProbeAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["evidence"], args: EvidenceArgs, **where: Unpack[HelperCall]
+) -> EvidenceAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["read"], args: ReadArgs, **where: Unpack[HelperCall]
+) -> ReadAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["tail"], args: TailArgs, **where: Unpack[HelperCall]
+) -> TailAnswer: ...
+@overload
+async def call_helper(
+    ssh: RemoteHosts, op: Literal["hang"], args: HangArgs, **where: Unpack[HelperCall]
+) -> HangAnswer: ...
+async def call_helper(
+    ssh: RemoteHosts,
+    op: str,
+    args: Mapping[str, object],
+    *,
+    job: str | None = None,
+    host: str | None = None,
+    exec_prefix: Sequence[str] | None = None,
+    stdin: str | None = None,
+    timeout: float = PROBE_TIMEOUT,
+) -> Mapping[str, object]:
+    """Run one helper operation and return its JSON answer.
+
+    The overloads above type each operation's arguments and answer
+    (:data:`pipeline.host.contract.OPERATIONS`); the answer is the helper's JSON as it came.
+
+    Exactly one of ``job`` (job side: the job's host behind its ``exec`` prefix) or ``host``
+    (the host itself, or behind ``exec_prefix`` when given) says where.
+
+    :param timeout: seconds.
+    :returns: the helper's JSON object (without ``error``).
+    :raises RemoteCommandError: the helper failed (its ``error``), gave no answer, or its
+        control shell was killed by a signal — named as such, never as empty output.
+    :raises RemoteTimeout: if the call outlived ``timeout`` (named without the helper source).
+    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    """
+    argv = helper_argv(op, args)
+    shown = _shown(op)
+    if job is not None:
+        result = await ssh.run_job(job, argv, timeout=timeout, stdin=stdin, display=shown)
+    else:
+        assert host is not None, "call_helper needs job or host"
+        prefix = list(exec_prefix or [])
+        result = await ssh.run(
+            host, job_argv(prefix, argv), timeout=timeout, stdin=stdin, display=job_argv(prefix, shown)
+        )
+    if result.exit_signal is not None:
+        raise RemoteCommandError.shell_killed(
+            result.host,
+            shown,
+            result.exit_signal,
+            exit_signal=result.exit_signal,
+            stdout=result.stdout,
+            stderr=result.stderr,
+        )
+    if result.exit_status == 127 and not result.stdout.strip():
+        raise RemoteCommandError.python_missing(
+            result.host,
+            shown,
+            HELPER_PYTHON,
+            exit_status=127,
+            stderr=result.stderr,
+        )
+    answer: Any = None
+    lines = result.stdout.strip().splitlines()
+    if lines:
+        try:
+            answer = json.loads(lines[-1])
+        except ValueError:
+            answer = None
+    if not isinstance(answer, dict):
+        err = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        detail = f"exit status {result.exit_status}, no answer: {err[:300]}"
+        raise RemoteCommandError.helper_failed(
+            result.host,
+            shown,
+            op,
+            detail,
+            exit_status=result.exit_status,
+            stdout=result.stdout,
+            stderr=result.stderr,
+        )
+    if answer.get("error"):
+        raise RemoteCommandError.helper_failed(
+            result.host,
+            shown,
+            op,
+            str(answer["error"]),
+            exit_status=result.exit_status,
+            stdout=result.stdout,
+            stderr=result.stderr,
+        )
+    return answer
+
+
+# --- the watcher's probe ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobProbe:
+    """One job as seen on its host at one moment.
+
+    :ivar job: the job name.
+    :ivar pids: the job's processes (session members matching ``match``).
+    :ivar count: ``len(pids)``.
+    :ivar session_pids: every member of the recorded session (matching or not); without a
+        recorded session, same as ``pids``.
+    :ivar alive: the recorded pid is alive with its recorded start time; None without a record.
+    :ivar state: ``alive`` / ``gone`` / ``stale`` (pid reused by another process) / None.
+    :ivar log_size: the log's size in bytes (None if it cannot be read).
+    :ivar log_mtime: the log's modification time (unix s, host clock).
+    :ivar log_inode: the log's inode (a change means it was replaced).
+    :ivar sampled_at: when the helper looked (unix s, host clock).
+    :ivar error: why this job could not be probed (host unreachable, bad regex…), else None.
+    """
+
+    job: str
+    pids: tuple[int, ...] = ()
+    count: int = 0
+    session_pids: tuple[int, ...] = ()
+    alive: bool | None = None
+    state: str | None = None
+    log_size: int | None = None
+    log_mtime: float | None = None
+    log_inode: int | None = None
+    sampled_at: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessCount:
+    """The job's process count for ``status``: ``count`` of ``expected``, and who.
+
+    :ivar pid: the recorded launcher pid (None without a record).
+    """
+
+    job: str
+    pids: tuple[int, ...]
+    count: int
+    expected: int
+    alive: bool | None
+    pid: int | None
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def recorded_identity(current: Mapping[str, str] | None) -> Identity:
+    """``pid``, ``start_time``, ``sid`` from a ``keys.job_current`` hash (None each when absent
+    or when the job is recorded as stopped)."""
+    if not current or current.get("state") == "stopped":
+        return {"pid": None, "start_time": None, "sid": None}
+    return {
+        "pid": _int(current.get("pid")),
+        "start_time": _int(current.get("start_time")),
+        "sid": _int(current.get("sid")),
+    }
+
+
+def probe_args(name: str, job: JobConfig, current: Mapping[str, str] | None) -> ProbeJob:
+    """The helper's per-job probe arguments."""
+    return {
+        "name": name,
+        "match": job.match,
+        "workdir": job.workdir,
+        "log": job.log,
+        **recorded_identity(current),
+    }
+
+
+def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
+    if raw.get("error"):
+        return JobProbe(job=name, error=str(raw.get("error")), sampled_at=sampled_at)
+    log = raw.get("log")
+    return JobProbe(
+        job=name,
+        pids=tuple(raw.get("pids") or ()),
+        count=int(raw.get("count") or 0),
+        session_pids=tuple(raw.get("session_pids") or ()),
+        alive=raw.get("alive"),
+        state=raw.get("state"),
+        log_size=log["size"] if log else None,
+        log_mtime=log["mtime"] if log else None,
+        log_inode=log["inode"] if log else None,
+        sampled_at=sampled_at,
+        error=None,
+    )
+
+
+async def probe_host(
+    ssh: RemoteHosts, host: str, jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]]
+) -> dict[str, JobProbe]:
+    """Probe several jobs of one host: one SSH call per distinct ``exec`` prefix, run concurrently.
+
+    :param host: the configured host name the jobs run on.
+    :param jobs: ``(job name, job config, keys.job_current hash or None)`` for each job.
+    :returns: job name → :class:`JobProbe`; a job whose call failed carries ``error`` (the
+        failure's message) instead of raising.
+    """
+    groups: dict[tuple[str, ...], list[tuple[str, JobConfig, Mapping[str, str] | None]]] = {}
+    for entry in jobs:
+        groups.setdefault(tuple(entry[1].exec), []).append(entry)
+
+    async def one(
+        prefix: tuple[str, ...], members: list[tuple[str, JobConfig, Mapping[str, str] | None]]
+    ) -> dict[str, JobProbe]:
+        args: ProbeArgs = {"jobs": [probe_args(n, j, c) for n, j, c in members]}
+        try:
+            answer = await call_helper(ssh, "probe", args, host=host, exec_prefix=prefix)
+        except Exception as exc:  # the watcher turns errors into "host unreachable", never raises
+            message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            return {n: JobProbe(job=n, error=message) for n, _, _ in members}
+        raw = answer.get("jobs") or {}
+        when = answer.get("time")
+        return {n: _to_probe(n, raw.get(n) or {"error": "no answer"}, when) for n, _, _ in members}
+
+    out: dict[str, JobProbe] = {}
+    for part in await asyncio.gather(*(one(p, m) for p, m in groups.items())):
+        out.update(part)
+    return out
+
+
+# --- logs -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Bytes read from a log.
+
+    :ivar data: the bytes.
+    :ivar offset: where the next read starts.
+    :ivar size: the file's size when read.
+    :ivar inode: the file's inode.
+    :ivar reset: True if reading started over at 0 (truncated, or a new file at the path).
+    """
+
+    data: bytes
+    offset: int
+    size: int
+    inode: int | None
+    reset: bool
+
+
+async def read_log_chunk(
+    ssh: RemoteHosts,
+    job_name: str,
+    job: JobConfig,
+    offset: int,
+    max_bytes: int,
+    *,
+    inode: int | None = None,
+    path: str | None = None,
+) -> LogChunk:
+    """Read up to ``max_bytes`` of the job's log (or ``path``) from byte ``offset``.
+
+    A negative ``offset`` counts from the end of the file (``-N``: its last ``N`` bytes), so the
+    tail of a log is one call.  Starts over at 0 when the file is shorter than ``offset``
+    (truncated) or, given ``inode``, when the path now holds another file (rotated).  The bytes
+    travel zlib-compressed (level 1: a metric log shrinks over tenfold for a few ms per MiB).
+
+    :raises RemoteCommandError: if the file cannot be read (the helper's message).
+    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    """
+    args: ReadArgs = {
+        "path": path or job.log,
+        "offset": offset,
+        "max_bytes": max(0, max_bytes),
+        "inode": inode,
+        "zlib": True,
+    }
+    answer = await call_helper(ssh, "read", args, host=job.host, exec_prefix=job.exec)
+    raw = base64.b64decode(answer["data"])
+    return LogChunk(
+        data=zlib.decompress(raw) if answer.get("zlib") else raw,
+        offset=int(answer["offset"]),
+        size=int(answer["size"]),
+        inode=answer.get("inode"),
+        reset=bool(answer.get("reset")),
+    )
+
+
+async def read_log(
+    ssh: RemoteHosts, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
+) -> tuple[bytes, int, int]:
+    """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest.
+
+    A returned offset smaller than ``offset + len(data)`` means the log was truncated or
+    replaced and reading started over at 0.
+    """
+    chunk = await read_log_chunk(ssh, job_name, job, offset, max_bytes, inode=inode)
+    return chunk.data, chunk.offset, chunk.size
+
+
+async def log_tail(
+    ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
+) -> str:
+    """The last ``lines`` lines of the job's log (at most :data:`TAIL_MAX_BYTES` read).
+
+    :param since: only bytes written at or after this offset count.
+    :raises RemoteCommandError: if the log cannot be read.
+    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    """
+    args: TailArgs = {
+        "path": path or job.log,
+        "lines": max(0, lines),
+        "start": since,
+        "max_bytes": TAIL_MAX_BYTES,
+    }
+    answer = await call_helper(ssh, "tail", args, host=job.host, exec_prefix=job.exec)
+    return str(answer.get("text", ""))

@@ -1,0 +1,468 @@
+"""Remote execution over SSH: one pooled asyncssh connection per host, commands as argv.
+
+Shaped like asyncssh's ``conn.run(check=False)``: :meth:`SSHPool.run` returns a frozen
+:class:`RemoteResult` (a non-zero exit status, or a signal, is *returned*) and raises typed
+errors that keep the command and any partial output:
+
+- :class:`~pipeline.errors.HostUnreachable` — refused, DNS, no answer within
+  ``connect_timeout``, login refused (:class:`~pipeline.errors.HostAuthRejected`);
+- :class:`~pipeline.errors.HostKeyRejected` — the host's key is not the one pinned in
+  ``known_hosts`` (unknown or changed), naming the host and the key's SHA256 fingerprint;
+- :class:`~pipeline.errors.RemoteTimeout` — the command did not finish in time (partial output kept);
+- :class:`~pipeline.errors.RemoteCommandError` — the connection was lost while the command
+  ran, or its channel closed without an exit status.
+
+Host keys are always verified: ``known_hosts`` from the host's config, else
+``~/.ssh/known_hosts``; a missing file trusts nothing.  ``~/.ssh/config`` is not read, so a
+host behaves exactly as configured.  A host with ``jump = "bastion"`` is reached through the
+bastion's pooled connection (asyncssh ``tunnel=``).  Connections send keepalives and are
+re-opened when they drop; at most :data:`MAX_CHANNELS` commands run at once per host (OpenSSH
+allows 10 sessions per connection).
+
+Every command is an argv, quoted once with :func:`~pipeline.host.quoting.command_line` for the
+remote login shell; :meth:`SSHPool.run_job` puts the job's ``exec`` prefix in front
+(see :mod:`pipeline.host.quoting`).
+
+Files reach a job's workdir on the job's side of its ``exec`` wrapper as *stdin* of a
+job-side command (patches are sent to ``git apply`` that way, for every job, so a container
+wrapper needs no shared filesystem).  :meth:`SSHPool.put_file` (SFTP) writes on the host
+itself and is only for targets outside any container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal as _signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import asyncssh
+
+from pipeline.config import Config, HostConfig
+from pipeline.errors import (
+    HostAuthRejected,
+    HostKeyRejected,
+    HostUnreachable,
+    RemoteCommandError,
+    RemoteTimeout,
+    UnknownHost,
+)
+from pipeline.host.quoting import command_line, job_argv
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_INTERVAL = 15.0  #: seconds between SSH keepalive requests
+KEEPALIVE_COUNT_MAX = 3  #: unanswered keepalives before the connection counts as dropped
+MAX_CHANNELS = 8  #: concurrent commands per host connection
+CLOSE_WAIT = 1.0  #: seconds to wait for the host to confirm a channel closed
+
+
+@dataclass(frozen=True)
+class RemoteResult:
+    """A finished remote command (the analogue of asyncssh's ``SSHCompletedProcess``).
+
+    :ivar host: the configured host name.
+    :ivar argv: the argv that ran on the host (with any ``exec`` prefix).
+    :ivar exit_status: the exit status, or None if a signal ended the command.
+    :ivar exit_signal: the signal's name (``"SIGKILL"``) if one ended the command.
+    :ivar stdout: standard output (UTF-8, undecodable bytes replaced).
+    :ivar stderr: standard error.
+    :ivar duration: seconds from sending the command to its end.
+    """
+
+    host: str
+    argv: tuple[str, ...]
+    exit_status: int | None
+    exit_signal: str | None
+    stdout: str
+    stderr: str
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        """True if the command exited with status 0."""
+        return self.exit_status == 0
+
+    @property
+    def returncode(self) -> int:
+        """The exit status, or minus the signal number (as :mod:`subprocess` reports it)."""
+        if self.exit_status is not None:
+            return self.exit_status
+        try:
+            return -int(_signal.Signals[self.exit_signal or ""])
+        except KeyError:
+            return -1
+
+
+class RemoteHosts(Protocol):
+    """What Pitstop needs from its connections to the hosts: :class:`SSHPool` in production,
+    a stand-in in tests that never reach a host.
+
+    Every method raises the errors :class:`SSHPool`'s does (see the module docstring).
+    """
+
+    async def run(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        display: Sequence[str] | None = None,
+    ) -> RemoteResult:
+        """Run ``argv`` on ``host`` (``timeout`` in seconds); a non-zero exit is returned, not raised."""
+        ...
+
+    async def run_job(
+        self,
+        job: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        display: Sequence[str] | None = None,
+    ) -> RemoteResult:
+        """Run ``argv`` on the job's side: its host, behind its ``exec`` prefix."""
+        ...
+
+    async def check(self, host: str) -> None:
+        """Return if ``host`` can be reached now (a fresh connection); raise if not."""
+        ...
+
+    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
+        """Copy a local file to ``remote_path`` on the host itself."""
+        ...
+
+    async def close(self) -> None:
+        """Close every connection; idempotent."""
+        ...
+
+
+class _Client(asyncssh.SSHClient):
+    """Records the fingerprint of a host key that known_hosts does not trust."""
+
+    def __init__(self, pool: SSHPool | None, host: str) -> None:
+        self.pool = pool
+        self.host = host
+        self.conn: asyncssh.SSHClientConnection | None = None
+        self.rejected_fingerprint: str | None = None
+
+    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
+        self.conn = conn
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.pool is not None and self.conn is not None:
+            self.pool._forget(self.host, self.conn)
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        self.rejected_fingerprint = key.get_fingerprint("sha256")
+        return False
+
+
+class SSHPool:
+    """One reused SSH connection per configured host (implements :class:`RemoteHosts`).
+
+    :param config: the validated configuration (its ``[hosts]``).
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._conns: dict[str, asyncssh.SSHClientConnection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._closed = False
+
+    # --- public API ------------------------------------------------------------------------
+
+    async def run(
+        self,
+        host: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        display: Sequence[str] | None = None,
+    ) -> RemoteResult:
+        """Run ``argv`` on ``host`` and collect its output.
+
+        :param host: a configured host name (case-insensitive).
+        :param argv: the program and its arguments, exactly as the program must receive them.
+        :param timeout: seconds the command may take (the connection is opened first, within
+            the host's ``connect_timeout``).
+        :param stdin: text sent to the command's stdin, then EOF (default: EOF at once).
+        :param display: how errors name the command (default ``argv``; for long generated argv).
+        :returns: the result; a non-zero exit status or a signal is returned, not raised.
+        :raises UnknownHost: if ``host`` is not configured.
+        :raises HostUnreachable: if the host cannot be reached or refuses the login.
+        :raises HostKeyRejected: if the host's key is not the pinned one.
+        :raises RemoteTimeout: if the command outlives ``timeout`` (partial output kept).
+        :raises RemoteCommandError: if the connection is lost while the command runs, or the
+            channel closes without an exit status.
+        """
+        name = self._host_name(host)
+        command = command_line(argv)
+        args = tuple(display) if display is not None else tuple(argv)
+        started = time.monotonic()
+        async with self._slot(name):
+            proc = await self._open_process(name, command)
+            try:
+                if stdin:
+                    proc.stdin.write(stdin)
+                proc.stdin.write_eof()
+                done = await proc.wait(timeout=timeout)
+            except asyncssh.TimeoutError as exc:
+                with contextlib.suppress(Exception):
+                    proc.send_signal("KILL")  # honoured by OpenSSH >= 7.9 and the test host
+                raise RemoteTimeout(
+                    name, args, timeout, stdout=_text(exc.stdout), stderr=_text(exc.stderr)
+                ) from None
+            except (asyncssh.Error, OSError) as exc:
+                out, err = proc.collect_output()
+                self._drop_if_closed(name)
+                raise RemoteCommandError.connection_lost(
+                    name, args, _reason(exc), stdout=_text(out), stderr=_text(err)
+                ) from None
+            finally:
+                proc.close()
+                with contextlib.suppress(Exception):  # a host may keep a hung channel open: don't wait long
+                    await asyncio.wait_for(proc.wait_closed(), CLOSE_WAIT)
+        duration = time.monotonic() - started
+        signal_name = done.exit_signal[0] if done.exit_signal else None
+        if signal_name is not None and not signal_name.startswith("SIG"):
+            signal_name = "SIG" + signal_name
+        status = done.exit_status if signal_name is None else None
+        stdout, stderr = _text(done.stdout), _text(done.stderr)
+        if status is None and signal_name is None:
+            lost = self._drop_if_closed(name)
+            if lost:
+                raise RemoteCommandError.connection_lost(
+                    name, args, "the connection closed", stdout=stdout, stderr=stderr
+                )
+            raise RemoteCommandError.channel_closed(name, args, stdout=stdout, stderr=stderr)
+        log.debug("%s: %s -> %s in %.3f s", name, command[:200], status or signal_name, duration)
+        return RemoteResult(name, tuple(argv), status, signal_name, stdout, stderr, duration)
+
+    async def run_job(
+        self,
+        job: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        display: Sequence[str] | None = None,
+    ) -> RemoteResult:
+        """Run ``argv`` on the job's side: on the job's host, behind its ``exec`` prefix.
+
+        :param job: a configured job name (case-insensitive).
+        :raises KeyError: if ``job`` is not configured.
+        :raises: as :meth:`run`.
+        """
+        spec = self.config.job(job)
+        shown = job_argv(spec.exec, display) if display is not None else None
+        return await self.run(
+            spec.host, job_argv(spec.exec, argv), timeout=timeout, stdin=stdin, display=shown
+        )
+
+    async def check(self, host: str) -> None:
+        """Open and close a *fresh* connection (never the pooled one): is the host reachable now?
+
+        :raises HostUnreachable: if it is not (or refuses the login).
+        :raises HostKeyRejected: if its key is not the pinned one.
+        """
+        name = self._host_name(host)
+        chain: list[asyncssh.SSHClientConnection] = []
+        try:
+            await self._connect_chain(name, chain, seen=set())
+        finally:
+            for conn in reversed(chain):
+                conn.close()
+                with contextlib.suppress(Exception):
+                    await conn.wait_closed()
+
+    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
+        """Copy a local file to ``remote_path`` on the host itself (SFTP).
+
+        Not for paths inside a job's container: send file contents on stdin of a job-side
+        command instead (see the module docstring).
+
+        :raises RemoteCommandError: if the upload fails.
+        :raises: connection errors as :meth:`run`.
+        """
+        name = self._host_name(host)
+        async with self._slot(name):
+            conn = await self._connection(name)
+            try:
+                async with conn.start_sftp_client() as sftp:
+                    await sftp.put(str(local_path), remote_path)
+            except (asyncssh.Error, OSError) as exc:
+                self._drop_if_closed(name)
+                raise RemoteCommandError.upload_failed(
+                    name, str(local_path), remote_path, _reason(exc)
+                ) from None
+
+    async def close(self) -> None:
+        """Close every pooled connection (targets before their bastions); idempotent."""
+        self._closed = True
+        conns = list(self._conns.items())
+        self._conns.clear()
+        jumped = [c for n, c in conns if self.config.hosts[n].jump]
+        direct = [c for n, c in conns if not self.config.hosts[n].jump]
+        for group in (jumped, direct):
+            for conn in group:
+                conn.close()
+            for conn in group:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.wait_closed(), 5)
+
+    # --- connections -----------------------------------------------------------------------
+
+    def _host_name(self, host: str) -> str:
+        try:
+            return self.config.host_name(host)
+        except KeyError:
+            raise UnknownHost(host, list(self.config.hosts)) from None
+
+    def _slot(self, name: str) -> asyncio.Semaphore:
+        if name not in self._slots:
+            self._slots[name] = asyncio.Semaphore(MAX_CHANNELS)
+        return self._slots[name]
+
+    def _forget(self, name: str, conn: asyncssh.SSHClientConnection) -> None:
+        if self._conns.get(name) is conn:
+            del self._conns[name]
+
+    def _drop_if_closed(self, name: str) -> bool:
+        conn = self._conns.get(name)
+        if conn is not None and conn.is_closed():
+            del self._conns[name]
+            return True
+        return conn is None
+
+    async def _connection(
+        self, name: str, seen: frozenset[str] = frozenset()
+    ) -> asyncssh.SSHClientConnection:
+        """The pooled connection to ``name``, opened (again) if needed."""
+        if self._closed:
+            raise HostUnreachable(name, "the SSH pool is closed")
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(name)
+            if conn is not None and not conn.is_closed():
+                return conn
+            self._conns.pop(name, None)
+            hc = self.config.hosts[name]
+            tunnel = None
+            if hc.jump:
+                if hc.jump in seen:
+                    raise HostUnreachable(name, f"jump host loop through {hc.jump}")
+                tunnel = await self._connection(hc.jump, seen | {name})
+            conn = await self._connect(name, hc, tunnel=tunnel, pooled=True)
+            self._conns[name] = conn
+            return conn
+
+    async def _connect_chain(
+        self, name: str, chain: list[asyncssh.SSHClientConnection], seen: set[str]
+    ) -> None:
+        """Fresh connections to ``name`` and its bastions, appended to ``chain`` (outermost first)."""
+        hc = self.config.hosts[name]
+        tunnel = None
+        if hc.jump:
+            if hc.jump in seen:
+                raise HostUnreachable(name, f"jump host loop through {hc.jump}")
+            seen.add(name)
+            await self._connect_chain(hc.jump, chain, seen)
+            tunnel = chain[-1]
+        chain.append(await self._connect(name, hc, tunnel=tunnel, pooled=False))
+
+    async def _connect(
+        self, name: str, hc: HostConfig, *, tunnel: Any, pooled: bool
+    ) -> asyncssh.SSHClientConnection:
+        known_path = (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
+        known: Any
+        known_label = str(known_path)
+        if await asyncio.to_thread(known_path.is_file):
+            known = str(known_path)
+        else:
+            known = asyncssh.import_known_hosts("")  # trusts nothing
+            known_label = host_key_missing_file(str(known_path))
+        options: dict[str, Any] = {
+            "port": hc.port,
+            "known_hosts": known,
+            "config": None,
+            "connect_timeout": hc.connect_timeout,
+            "keepalive_interval": KEEPALIVE_INTERVAL,
+            "keepalive_count_max": KEEPALIVE_COUNT_MAX,
+        }
+        if hc.user:
+            options["username"] = hc.user
+        if hc.client_keys:
+            options["client_keys"] = [str(k.expanduser()) for k in hc.client_keys]
+        if tunnel is not None:
+            options["tunnel"] = tunnel
+        client = _Client(self if pooled else None, name)
+        user = hc.user or "the local user"
+        try:
+            conn = await asyncio.wait_for(
+                asyncssh.connect(hc.address, client_factory=lambda: client, **options),
+                hc.connect_timeout + 2,
+            )
+        except asyncssh.HostKeyNotVerifiable:
+            raise HostKeyRejected(name, client.rejected_fingerprint or "unknown", known_label) from None
+        except asyncssh.PermissionDenied as exc:
+            raise HostAuthRejected(name, user, exc.reason or "permission denied") from None
+        except TimeoutError:
+            raise HostUnreachable(name, f"no SSH answer within {hc.connect_timeout:g} s") from None
+        except asyncssh.DisconnectError as exc:
+            raise HostUnreachable(name, exc.reason or type(exc).__name__) from None
+        except asyncssh.ChannelOpenError as exc:  # the bastion could not reach it
+            raise HostUnreachable(name, f"via {hc.jump}: {exc.reason}") from None
+        except OSError as exc:
+            raise HostUnreachable(name, _reason(exc)) from None
+        except ValueError as exc:  # unreadable key or known_hosts file
+            raise HostUnreachable(name, f"SSH configuration problem: {exc}") from None
+        return conn
+
+    async def _open_process(self, name: str, command: str) -> asyncssh.SSHClientProcess[str]:
+        """A channel running ``command``; retried once on a fresh connection if the pooled one is stale."""
+        for attempt in (1, 2):
+            conn = await self._connection(name)
+            try:
+                return await conn.create_process(command, encoding="utf-8", errors="replace")
+            except (asyncssh.ChannelOpenError, asyncssh.DisconnectError, OSError) as exc:
+                self._forget(name, conn)
+                conn.close()
+                if attempt == 2:
+                    raise HostUnreachable(name, _reason(exc)) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _text(data: Any) -> str:
+    if data is None:
+        return ""
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return str(data)
+
+
+def _reason(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None)
+    if reason:
+        return str(reason)
+    if isinstance(exc, OSError) and exc.strerror:
+        if exc.filename:  # a local file (a client key), not the network
+            return f"{exc.strerror}: {exc.filename} (check client_keys in the host's config)"
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def host_key_missing_file(known_hosts: str) -> str:
+    """Suffix for a rejected key when the known_hosts file does not exist."""
+    return f"{known_hosts} (file not found)"

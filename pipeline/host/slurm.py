@@ -1,0 +1,441 @@
+"""Talking to a Slurm cluster through its login node: job state, submit, cancel, requeue, per-node tasks.
+
+Every command runs on the job's ``host`` (the login node) behind its ``exec`` prefix, over the
+same pinned-key SSH as any job (:meth:`pipeline.host.remote.SSHPool.run_job`).  Numbers come from
+Slurm's own clients: ``squeue`` (live state, node count and list, pending reason, elapsed time),
+``scontrol show job -o`` (``StdOut``, ``ExitCode``, a finished job while the controller keeps it:
+``MinJobAge``) and ``sacct`` (a finished job's ``State``/``ExitCode``/``Reason`` where accounting
+is on).  Per-node processes come from the host helper (:func:`pipeline.host.helper.op_slurm_tasks`)
+run once on each node inside the job's allocation: ``srun --jobid=ID --overlap -N<n>
+--ntasks-per-node=1 --label``.
+
+This module also owns the Slurm engine's texts (verdict lines, step details, incidents).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pipeline import fmt
+from pipeline.errors import RemoteCommandError
+from pipeline.host.contract import SlurmTasksArgs
+from pipeline.host.probe import helper_argv
+from pipeline.host.remote import RemoteHosts, RemoteResult
+
+QUERY_TIMEOUT = 30.0  #: seconds for one squeue/scontrol/sacct call
+TASKS_TIMEOUT = 60.0  #: seconds for the per-node helper under srun
+
+#: states in which a job still holds (or waits for) its allocation
+ACTIVE = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "SUSPENDED",
+        "COMPLETING",
+        "CONFIGURING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
+#: states that end a job abnormally (an incident when the job leaves RUNNING for one of them)
+FAILURES = frozenset(
+    {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED", "CANCELLED", "BOOT_FAIL"}
+)
+
+_QUERY = r"""
+ids="$1"; shift
+squeue -h -t all -j "$ids" -o '%i|%T|%D|%N|%r|%M' 2>/dev/null
+echo '@@scontrol'
+for id in ${ids//,/ }; do scontrol show job -o "$id" 2>/dev/null; done
+echo '@@sacct'
+sacct -X -n -P -j "$ids" -o JobID,State,ExitCode,Reason,NNodes,NodeList 2>/dev/null
+echo '@@stat'
+for p in "$@"; do stat -c '%s|%n' "$p" 2>/dev/null; done
+true
+"""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job as the cluster reports it.
+
+    :ivar id: the job id.
+    :ivar state: ``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``… (``squeue %T``;
+        sacct's ``CANCELLED by 0`` is cut to ``CANCELLED``).
+    :ivar nodes: allocated node count (``%D``); requested count while pending.
+    :ivar nodelist: allocated nodes, expanded (``n[1-2]`` → ``n1``, ``n2``).
+    :ivar reason: the pending reason or why it ended (``Resources``, ``NonZeroExitCode``…), or "".
+    :ivar elapsed: seconds it has run (``%M``/``RunTime``), None if unknown.
+    :ivar exit_code: the batch script's exit code (``ExitCode`` ``3:0`` → 3), None if unknown.
+    :ivar signal: the signal that ended it (``0:15`` → 15), None if none.
+    :ivar stdout: its output file (``StdOut``), None if unknown.
+    """
+
+    id: int
+    state: str
+    nodes: int = 0
+    nodelist: tuple[str, ...] = ()
+    reason: str = ""
+    elapsed: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Still holding or waiting for an allocation."""
+        return self.state in ACTIVE
+
+
+@dataclass(frozen=True)
+class NodeTasks:
+    """The job's task processes on one node (from the host helper under ``srun``)."""
+
+    node: str
+    pids: tuple[int, ...] = ()
+    error: str | None = None
+
+    @property
+    def count(self) -> int:
+        """How many task processes."""
+        return len(self.pids)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What ``sbatch --parsable`` (or ``scontrol requeue``) returned, and where output goes."""
+
+    job_id: int
+    stdout: str | None
+    stdout_size: int = 0
+
+
+@dataclass
+class _Parts:
+    squeue: list[str] = field(default_factory=list)
+    scontrol: list[str] = field(default_factory=list)
+    sacct: list[str] = field(default_factory=list)
+    stat: list[str] = field(default_factory=list)
+
+
+def parse_elapsed(text: str) -> float | None:
+    """Seconds from Slurm's ``[days-][hours:]minutes:seconds`` (``1-02:03:04``, ``2:03``).
+
+    :returns: seconds, or None for ``INVALID``/``UNLIMITED``/anything else.
+    """
+    m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def expand_nodelist(text: str) -> tuple[str, ...]:
+    """``n[1-3,5],gpu7`` → ``("n1", "n2", "n3", "n5", "gpu7")`` (Slurm's hostlist syntax, one
+    bracket per name); ``""``/``(null)``/``None assigned`` → ``()``."""
+    text = text.strip()
+    if not text or text in ("(null)", "None assigned"):
+        return ()
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", text):
+        head, ranges, tail = m.group(1), m.group(2), m.group(3)
+        if ranges is None:
+            out.append(head + tail)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if hi:
+                width = len(lo)
+                out.extend(f"{head}{i:0{width}d}{tail}" for i in range(int(lo), int(hi) + 1))
+            else:
+                out.append(f"{head}{lo}{tail}")
+    return tuple(out)
+
+
+def _exit(text: str | None) -> tuple[int | None, int | None]:
+    if not text or ":" not in text:
+        return None, None
+    code, _, sig = text.partition(":")
+    try:
+        return int(code), (int(sig) or None)
+    except ValueError:
+        return None, None
+
+
+def parse_scontrol(line: str) -> dict[str, str]:
+    """``scontrol show job -o`` (one line of ``Key=Value``) as a dict; a value runs to the next key."""
+    out: dict[str, str] = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|$)", line):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def parse_sizes(text: str) -> dict[str, int]:
+    """File sizes (bytes) by path from a ``_QUERY`` answer's ``@@stat`` section."""
+    sizes: dict[str, int] = {}
+    on = False
+    for line in text.splitlines():
+        if line.startswith("@@"):
+            on = line.strip() == "@@stat"
+        elif on and "|" in line:
+            size, _, path = line.partition("|")
+            if size.isdigit():
+                sizes[path] = int(size)
+    return sizes
+
+
+def parse_query(text: str) -> dict[int, SlurmJob]:
+    """The jobs in one ``_QUERY`` answer: squeue rows first, completed by scontrol, then sacct."""
+    parts = _Parts()
+    target = parts.squeue
+    for line in text.splitlines():
+        if line.strip() == "@@scontrol":
+            target = parts.scontrol
+        elif line.strip() == "@@sacct":
+            target = parts.sacct
+        elif line.strip() == "@@stat":
+            target = parts.stat
+        elif line.strip():
+            target.append(line.strip())
+    jobs: dict[int, dict[str, object]] = {}
+    for row in parts.squeue:
+        f = row.split("|")
+        if len(f) < 6 or not f[0].isdigit():
+            continue
+        jobs[int(f[0])] = {
+            "state": f[1],
+            "nodes": int(f[2]) if f[2].isdigit() else 0,
+            "nodelist": expand_nodelist(f[3]),
+            "reason": "" if f[4] == "None" else f[4],
+            "elapsed": parse_elapsed(f[5]),
+        }
+    for row in parts.scontrol:
+        d = parse_scontrol(row)
+        if not d.get("JobId", "").isdigit():
+            continue
+        jid = int(d["JobId"])
+        known = jobs.setdefault(jid, {})
+        code, sig = _exit(d.get("ExitCode"))
+        known.setdefault("state", d.get("JobState", "UNKNOWN"))
+        known.setdefault("nodes", int(d["NumNodes"]) if d.get("NumNodes", "").isdigit() else 0)
+        known.setdefault("nodelist", expand_nodelist(d.get("NodeList", "")))
+        known.setdefault("reason", "" if d.get("Reason") in (None, "None") else d["Reason"])
+        known.setdefault("elapsed", parse_elapsed(d.get("RunTime", "")))
+        known["exit_code"], known["signal"] = code, sig
+        known["stdout"] = d.get("StdOut")
+    for row in parts.sacct:
+        f = row.split("|")
+        if len(f) < 6 or not f[0].isdigit():
+            continue
+        known = jobs.setdefault(int(f[0]), {})
+        known.setdefault("state", f[1].split()[0] if f[1] else "UNKNOWN")
+        code, sig = _exit(f[2])
+        known.setdefault("exit_code", code)
+        known.setdefault("signal", sig)
+        known.setdefault("reason", "" if f[3] == "None" else f[3])
+        known.setdefault("nodes", int(f[4]) if f[4].isdigit() else 0)
+        known.setdefault("nodelist", expand_nodelist(f[5]))
+    return {jid: SlurmJob(id=jid, **v) for jid, v in jobs.items()}  # type: ignore[arg-type]
+
+
+class SlurmClient:
+    """Slurm's clients on a job's login node.
+
+    :param ssh: the SSH pool; every call is :meth:`SSHPool.run_job` for ``job``.
+    """
+
+    def __init__(self, ssh: RemoteHosts) -> None:
+        self.ssh = ssh
+
+    async def _run(self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> RemoteResult:
+        return await self.ssh.run_job(job, list(argv), timeout=timeout)
+
+    async def query(self, job: str, ids: Sequence[int]) -> dict[int, SlurmJob]:
+        """State of jobs ``ids`` in one call (squeue, scontrol, sacct); an id the cluster no
+        longer knows is absent.
+
+        :raises RemoteError: if the login node cannot be reached.
+        """
+        if not ids:
+            return {}
+        return (await self.query_with_sizes(job, ids, ()))[0]
+
+    async def query_with_sizes(
+        self, job: str, ids: Sequence[int], paths: Sequence[str]
+    ) -> tuple[dict[int, SlurmJob], dict[str, int]]:
+        """:meth:`query` plus the sizes of ``paths`` on the login node, in the same call.
+
+        :returns: the jobs by id, and sizes in bytes by path (a missing file is absent).
+        :raises RemoteError: if the login node cannot be reached.
+        """
+        joined = ",".join(str(i) for i in ids) or "0"
+        result = await self._run(job, ["bash", "-c", _QUERY, "pitstop-slurm-query", joined, *paths])
+        jobs = parse_query(result.stdout)
+        return ({i: j for i, j in jobs.items() if i in set(ids)}, parse_sizes(result.stdout))
+
+    async def one(self, job: str, job_id: int) -> SlurmJob | None:
+        """:meth:`query` for one job; None if the cluster does not know it."""
+        return (await self.query(job, [job_id])).get(job_id)
+
+    async def checked(self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> RemoteResult:
+        """Run ``argv``; a non-zero exit raises.
+
+        :raises RemoteCommandError: with the command's stderr when it exits non-zero.
+        """
+        result = await self._run(job, argv, timeout)
+        if result.exit_status != 0:
+            err = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()
+            raise RemoteCommandError(
+                result.host,
+                list(argv),
+                f"on {result.host}: {argv[0]} exited with status {result.exit_status}: {' '.join(err[-3:])[:400]}",
+                exit_status=result.exit_status,
+                stdout=result.stdout,
+                stderr=result.stderr,
+            )
+        return result
+
+    async def submit(
+        self, job: str, workdir: str, script: str, args: Sequence[str], *, hold: bool = False
+    ) -> int:
+        """``sbatch --parsable [--hold] -D WORKDIR ARGS SCRIPT``: the new job id (returned at once).
+
+        With ``hold`` the job is queued held (``JobHeldUser``) until ``scontrol release ID``, so
+        its output file can be measured before the job writes a byte.
+
+        :raises RemoteCommandError: if sbatch refuses the job.
+        """
+        held = ["--hold"] if hold else []
+        result = await self.checked(job, ["sbatch", "--parsable", *held, "-D", workdir, *args, script])
+        head = result.stdout.strip().split(";")[0]
+        if not head.isdigit():
+            raise RemoteCommandError(
+                result.host, ["sbatch"], f"on {result.host}: sbatch gave no job id: {result.stdout[:200]!r}"
+            )
+        return int(head)
+
+    async def file_size(self, job: str, path: str) -> int:
+        """Size of ``path`` on the login node in bytes (0 if it does not exist yet)."""
+        result = await self._run(job, ["stat", "-c", "%s", path])
+        text = result.stdout.strip()
+        return int(text) if result.exit_status == 0 and text.isdigit() else 0
+
+    async def node_tasks(self, job: str, job_id: int, nodes: int, match: str) -> list[NodeTasks]:
+        """The job's task processes on each of its ``nodes`` nodes: the host helper, once per node,
+        inside the allocation (``srun --jobid=ID --overlap -N<nodes> --ntasks-per-node=1``).
+
+        :raises RemoteCommandError: if srun fails (its stderr in the message).
+        """
+        tasks: SlurmTasksArgs = {"job": job_id, "match": match}
+        argv = [
+            "srun",
+            f"--jobid={job_id}",
+            "--overlap",
+            f"-N{nodes}",
+            "--ntasks-per-node=1",
+            "--label",
+            "--quiet",
+            *helper_argv("slurm_tasks", tasks),
+        ]
+        result = await self._run(job, argv, TASKS_TIMEOUT)
+        out: list[NodeTasks] = []
+        for line in result.stdout.splitlines():
+            label, _, body = line.partition(": ")
+            if not label.strip().isdigit():
+                continue
+            for chunk in re.findall(r"\{.*?\}(?=\{|$)", body.strip()):
+                try:
+                    answer = json.loads(chunk)
+                except ValueError:
+                    continue
+                if answer.get("error"):
+                    out.append(NodeTasks(str(answer.get("node") or "?"), (), str(answer["error"])))
+                else:
+                    out.append(NodeTasks(str(answer["node"]), tuple(int(p) for p in answer["pids"])))
+        if not out and result.exit_status != 0:
+            raise RemoteCommandError(
+                result.host,
+                ["srun", f"--jobid={job_id}", "--overlap", "<pitstop host helper>", "slurm_tasks"],
+                f"on {result.host}: srun into job {job_id} failed: {result.stderr.strip()[-300:]}",
+                exit_status=result.exit_status,
+                stderr=result.stderr,
+            )
+        return sorted(out, key=lambda n: n.node)
+
+    async def node_gpus(self, job: str, job_id: int, nodes: int, argv: Sequence[str]) -> dict[str, str]:
+        """``argv`` (an ``nvidia-smi`` query) run once on each of the job's nodes inside its
+        allocation; its output by node name.
+
+        :raises RemoteCommandError: if srun fails on every node (its stderr in the message).
+        """
+        script = 'echo "@@node $SLURMD_NODENAME"; exec "$@"'
+        srun = ["srun", f"--jobid={job_id}", "--overlap", f"-N{nodes}", "--ntasks-per-node=1", "--label"]
+        result = await self._run(
+            job, [*srun, "--quiet", "bash", "-c", script, "pitstop-gpus", *argv], TASKS_TIMEOUT
+        )
+        by_task: dict[str, list[str]] = {}
+        for line in result.stdout.splitlines():
+            label, _, body = line.partition(": ")
+            by_task.setdefault(label.strip(), []).append(body)
+        out: dict[str, str] = {}
+        for lines in by_task.values():
+            if lines and lines[0].startswith("@@node "):
+                out[lines[0][7:].strip()] = "\n".join(lines[1:]) + "\n"
+        if not out:
+            raise RemoteCommandError(
+                result.host,
+                ["srun", f"--jobid={job_id}", "--overlap", *argv],
+                f"on {result.host}: srun into job {job_id} failed: {result.stderr.strip()[-300:] or 'no output'}",
+                exit_status=result.exit_status,
+                stderr=result.stderr,
+            )
+        return dict(sorted(out.items()))
+
+
+# --- texts of the Slurm engine ----------------------------------------------------------------------
+
+
+def job_ended(j: SlurmJob) -> str:
+    """``job 4242 ended FAILED (exit code 3, reason NonZeroExitCode)``."""
+    bits = []
+    if j.signal:
+        bits.append(f"signal {j.signal}")
+    elif j.exit_code is not None:
+        bits.append(f"exit code {j.exit_code}")
+    if j.reason:
+        bits.append(f"reason {j.reason}")
+    return f"job {j.id} ended {j.state}" + (f" ({', '.join(bits)})" if bits else "")
+
+
+def state_cause(j: SlurmJob) -> str:
+    """Why a job no longer runs, as the cluster has it: ``Slurm job 12 is CANCELLED (ExitCode 0:15, Reason None)``."""
+    code = f"{j.exit_code if j.exit_code is not None else '?'}:{j.signal or 0}"
+    return f"Slurm job {j.id} is {j.state} (ExitCode {code}, Reason {j.reason or 'None'})"
+
+
+def status_line(job: str, j: SlurmJob) -> str:
+    """``dflash: Slurm job 4242 RUNNING on 2 nodes (n1, n2), elapsed 3 min`` (a pending reason when queued)."""
+    where = f" on {j.nodes} node{'s' if j.nodes != 1 else ''}" + (
+        f" ({', '.join(j.nodelist)})" if j.nodelist else ""
+    )
+    elapsed = f", elapsed {fmt.duration(j.elapsed)}" if j.elapsed else ""
+    reason = f", reason {j.reason}" if j.reason and j.state != "RUNNING" else ""
+    return f"{job}: Slurm job {j.id} {j.state}{where}{elapsed}{reason}"
+
+
+def gpus_title(job: str, job_id: int, nodes: int, gpus: int) -> str:
+    """``GPUs of dflash (Slurm job 4242): 16 on 2 nodes``."""
+    return f"GPUs of {job} (Slurm job {job_id}): {gpus} on {nodes} node{'s' if nodes != 1 else ''}"
+
+
+def gpus_not_running(job: str, why: str) -> str:
+    """``gpus JOB`` for a Slurm job that holds no nodes now."""
+    return f"{job} holds no nodes now ({why}); `status {job}` shows its state"

@@ -1,0 +1,155 @@
+"""GPU state from ``nvidia-smi``: per-GPU utilisation, memory and power; compute processes.
+
+Queries use nvidia-smi's stable CSV interface (``--format=csv,noheader,nounits``), one line
+per GPU or process, e.g. ``0, NVIDIA H200, 97, 81234, 143771, 612.45``.  A field nvidia-smi
+cannot report reads ``[N/A]``, ``[Not Supported]``, ``[Unknown Error]`` … (bracketed) or
+``N/A``: it becomes ``None`` — never 0, never an exception — so a digest can say "n/a"
+instead of inventing a number.
+
+``nvidia-smi`` runs on the host itself (not behind a job's container wrapper): it reports
+host PIDs; :mod:`pipeline.host.helper` maps them into a container through ``NSpid`` where
+needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.errors import GpuQueryFailed
+
+if TYPE_CHECKING:
+    from pipeline.host.remote import RemoteHosts
+
+NVIDIA_SMI = "nvidia-smi"
+GPU_FIELDS = ("index", "name", "utilization.gpu", "memory.used", "memory.total", "power.draw")
+APP_FIELDS = ("pid", "used_memory")
+FORMAT = "--format=csv,noheader,nounits"
+QUERY_GPU_ARGV: tuple[str, ...] = (NVIDIA_SMI, "--query-gpu=" + ",".join(GPU_FIELDS), FORMAT)
+QUERY_APPS_ARGV: tuple[str, ...] = (NVIDIA_SMI, "--query-compute-apps=" + ",".join(APP_FIELDS), FORMAT)
+QUERY_TIMEOUT = 20.0  #: seconds (nvidia-smi can be slow on a busy 8-GPU host)
+
+
+@dataclass(frozen=True)
+class GpuStat:
+    """One GPU as nvidia-smi reports it; ``None`` where it reports ``[N/A]`` or similar.
+
+    :ivar index: the GPU's index (``CUDA_VISIBLE_DEVICES`` numbering by PCI bus order).
+    :ivar name: the product name (``NVIDIA H200``).
+    :ivar utilization_pct: GPU utilisation in percent over the last sample period.
+    :ivar memory_used_mib: memory in use, MiB.
+    :ivar memory_total_mib: memory in total, MiB.
+    :ivar power_w: power draw, watts.
+    """
+
+    index: int
+    name: str
+    utilization_pct: float | None
+    memory_used_mib: float | None
+    memory_total_mib: float | None
+    power_w: float | None
+
+    @property
+    def memory_fraction(self) -> float | None:
+        """Memory used / total (0..1), or None if either is unknown."""
+        if self.memory_used_mib is None or not self.memory_total_mib:
+            return None
+        return self.memory_used_mib / self.memory_total_mib
+
+
+@dataclass(frozen=True)
+class ComputeApp:
+    """A process holding GPU memory: host PID and MiB used (None if not reported)."""
+
+    pid: int
+    used_memory_mib: float | None
+
+
+def parse_number(field: str) -> float | None:
+    """A numeric CSV field, or None for ``[N/A]``, ``[Not Supported]``, ``N/A``, empty or junk."""
+    text = field.strip()
+    if not text or text.startswith("[") or text.upper() == "N/A":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _fields(line: str, count: int) -> list[str] | None:
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) < count:
+        return None
+    if len(parts) > count:  # a comma inside the name: rejoin the name (field 2)
+        extra = len(parts) - count
+        parts = [parts[0], ", ".join(parts[1 : 2 + extra]), *parts[2 + extra :]]
+    return parts
+
+
+def parse_query_gpu(text: str) -> list[GpuStat]:
+    """GPUs from ``nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total,power.draw
+    --format=csv,noheader,nounits``; lines that are not GPU rows are skipped.
+
+    :returns: one :class:`GpuStat` per GPU, in output order.
+    """
+    out: list[GpuStat] = []
+    for line in text.splitlines():
+        parts = _fields(line, len(GPU_FIELDS))
+        if parts is None or not parts[0].isdigit():
+            continue
+        out.append(
+            GpuStat(
+                index=int(parts[0]),
+                name=parts[1],
+                utilization_pct=parse_number(parts[2]),
+                memory_used_mib=parse_number(parts[3]),
+                memory_total_mib=parse_number(parts[4]),
+                power_w=parse_number(parts[5]),
+            )
+        )
+    return out
+
+
+def parse_compute_apps(text: str) -> list[ComputeApp]:
+    """Processes from ``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits``.
+
+    Empty output, or a line such as ``No running processes found``, means none.
+    """
+    out: list[ComputeApp] = []
+    for line in text.splitlines():
+        parts = _fields(line, len(APP_FIELDS))
+        if parts is None or not parts[0].isdigit():
+            continue
+        out.append(ComputeApp(pid=int(parts[0]), used_memory_mib=parse_number(parts[1])))
+    return out
+
+
+async def _query(ssh: RemoteHosts, host: str, argv: tuple[str, ...], timeout: float) -> str:
+    result = await ssh.run(host, argv, timeout=timeout)
+    if result.exit_status == 127:
+        raise GpuQueryFailed(result.host, f"{NVIDIA_SMI} not found on the host")
+    if not result.ok:
+        why = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()[0]
+        status = f"exit status {result.exit_status}" if result.exit_signal is None else result.exit_signal
+        raise GpuQueryFailed(result.host, f"{status}: {why}")
+    return result.stdout
+
+
+async def query_gpus(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[GpuStat]:
+    """Every GPU of ``host`` (one SSH call).
+
+    :param host: a configured host name.
+    :param timeout: seconds.
+    :raises GpuQueryFailed: if nvidia-smi is missing or fails.
+    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    """
+    return parse_query_gpu(await _query(ssh, host, QUERY_GPU_ARGV, timeout))
+
+
+async def compute_apps(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[ComputeApp]:
+    """Processes holding GPU memory on ``host`` (host PIDs).
+
+    :raises GpuQueryFailed: if nvidia-smi is missing or fails.
+    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    """
+    return parse_compute_apps(await _query(ssh, host, QUERY_APPS_ARGV, timeout))

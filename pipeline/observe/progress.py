@@ -1,0 +1,280 @@
+"""Per-rank progress from the metric stream: which rank stopped advancing, and for how long.
+
+Each watch cycle reads the job's metric log from where the last cycle stopped
+(:func:`refresh`, one helper ``read`` call) and folds the new lines into a
+:class:`ProgressState` kept in Redis (``keys.rank_progress``): per rank its last ``step``, when
+that step last went up (Pitstop's clock, so the precision is one watch interval), its pid (the
+metric line's ``pid``, when it has one), and whether it reported waiting (a JSON line
+``{"event": "waiting", "rank", "rank_role", "step", "on"}``, as the reference pipeline writes when
+blocked in a collective or on a full queue) since its last advance.
+
+:func:`judge` decides, purely:
+
+- a rank whose step has not gone up for ``rank_stall_after`` s, that has not reported waiting
+  since, while another rank advanced within that time or waits → **stuck** (named in a
+  ``stuck_rank`` incident);
+- no rank advanced for ``stall_after`` s and none is stuck → the job is **frozen** (``stalled``,
+  decided on step progress: a log that keeps growing with warnings or wait reports is not progress).
+
+``rank_stall_after`` defaults to the larger of 60 s and 20 × the observed p95 time between a rank's
+step advances (:func:`rank_stall_threshold`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict
+
+from pipeline.config import JobConfig
+from pipeline.digest.metrics import parse_metric_lines
+from pipeline.digest.stats import percentile
+from pipeline.host.probe import read_log_chunk
+from pipeline.host.remote import RemoteHosts
+from pipeline.state import keys
+
+MIN_RANK_STALL = 60.0  #: seconds: the smallest default ``rank_stall_after``
+STALL_FACTOR = 20.0  #: default ``rank_stall_after`` = this × the p95 time between advances
+GAPS_KEPT = 200  #: advance gaps (s) kept for the p95
+MAX_READ = 4 * 1024 * 1024  #: bytes read per cycle at most; further behind, older bytes are skipped
+
+
+class RankState(BaseModel):
+    """One rank's progress.
+
+    :ivar role: its role (``drafter``, ``target``, ``worker``).
+    :ivar step: the highest step it logged.
+    :ivar advanced_at: when (Pitstop's clock, unix s) its step last went up.
+    :ivar pid: its process id, when its lines carry one.
+    :ivar waiting_on: what it reported waiting on since its last advance (``all_reduce``), else None.
+    :ivar waiting_at: when that report was read.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: str = "worker"
+    step: int = 0
+    advanced_at: float
+    pid: int | None = None
+    waiting_on: str | None = None
+    waiting_at: float | None = None
+
+
+class ProgressState(BaseModel):
+    """A job's per-rank progress between cycles (``keys.rank_progress``, JSON).
+
+    :ivar run_pid: the launched pid these ranks belong to (a new run starts afresh).
+    :ivar offset: the metric log byte read up to; ``inode`` the file it was read from.
+    :ivar ranks: rank (as a string) → its :class:`RankState`.
+    :ivar gaps: recent seconds between a rank's advances (for the default threshold).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    run_pid: int | None = None
+    offset: int = 0
+    inode: int | None = None
+    ranks: dict[str, RankState] = {}
+    gaps: list[float] = []
+
+    def ingest(self, data: bytes, job: JobConfig, now: float) -> ProgressState:
+        """Fold new metric-log bytes in (complete lines only; the caller keeps the offset).
+
+        :param data: bytes read from the metric log since the last cycle.
+        :param job: the job (its ``metrics`` format).
+        :param now: Pitstop's clock (unix s): when these lines were read.
+        :returns: the updated copy.
+        """
+        ranks = {k: v.model_copy() for k, v in self.ranks.items()}
+        gaps = list(self.gaps)
+        for line in parse_metric_lines(data, job.metrics):
+            if line.step is None:
+                continue
+            key = str(line.rank)
+            r = ranks.get(key)
+            if r is None:
+                ranks[key] = RankState(role=line.role, step=line.step, advanced_at=now)
+            elif line.step > r.step:
+                if now > r.advanced_at:
+                    gaps.append(now - r.advanced_at)
+                r.step, r.advanced_at, r.role = line.step, now, line.role
+                r.waiting_on = r.waiting_at = None
+        for rec in _json_records(data):
+            rank = rec.get("rank")
+            if not isinstance(rank, int):
+                continue
+            r = ranks.get(str(rank))
+            if isinstance(rec.get("pid"), int) and r is not None:
+                r.pid = rec["pid"]
+            if rec.get("event") == "waiting":
+                if r is None:
+                    r = ranks[str(rank)] = RankState(
+                        role=str(rec.get("rank_role") or "worker"),
+                        step=int(rec.get("step") or 0),
+                        advanced_at=now,
+                    )
+                r.waiting_on, r.waiting_at = str(rec.get("on") or "?"), now
+        return self.model_copy(update={"ranks": ranks, "gaps": gaps[-GAPS_KEPT:]})
+
+
+def _json_records(data: bytes) -> list[dict[str, Any]]:
+    """JSON objects of the complete lines holding a ``pid`` or an ``event`` (cheap pre-filter)."""
+    end = data.rfind(b"\n")
+    out = []
+    for line in data[: end + 1].splitlines():
+        if not line.startswith(b"{") or (b'"event"' not in line and b'"pid"' not in line):
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+@dataclass(frozen=True)
+class StuckRank:
+    """A rank that stopped advancing while others advanced or wait on it.
+
+    :ivar rank: global rank; ``role`` its role; ``step`` its last step.
+    :ivar stuck_for: seconds since its step last went up.
+    :ivar pid: its process id, when known.
+    """
+
+    rank: int
+    role: str
+    step: int
+    stuck_for: float
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the ranks' progress says now.
+
+    :ivar known: at least one rank logged a step (otherwise the log-bytes rule applies).
+    :ivar stuck: the stuck ranks, lowest first.
+    :ivar waiting: ranks that report waiting.
+    :ivar frozen_for: seconds since any rank last advanced (None when none is known).
+    """
+
+    known: bool
+    stuck: tuple[StuckRank, ...] = ()
+    waiting: tuple[int, ...] = ()
+    frozen_for: float | None = None
+
+
+def rank_stall_threshold(job: JobConfig, gaps: Sequence[float]) -> float:
+    """``watch.rank_stall_after``, else max(60 s, 20 × the p95 of ``gaps``) (seconds)."""
+    if job.watch.rank_stall_after is not None:
+        return job.watch.rank_stall_after
+    p95 = percentile(list(gaps), 0.95) if gaps else None
+    return max(MIN_RANK_STALL, STALL_FACTOR * p95) if p95 else MIN_RANK_STALL
+
+
+def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
+    """Decide which ranks are stuck (module docstring), purely.
+
+    :param state: the progress after this cycle's lines.
+    :param now: unix s.
+    :param threshold: ``rank_stall_after`` in seconds.
+    """
+    if not state.ranks:
+        return Judgement(known=False)
+    ages = {int(k): now - r.advanced_at for k, r in state.ranks.items()}
+    waiting = tuple(sorted(int(k) for k, r in state.ranks.items() if r.waiting_on))
+    frozen_for = min(ages.values())
+    stuck: list[StuckRank] = []
+    for key, r in sorted(state.ranks.items(), key=lambda kv: int(kv[0])):
+        rank = int(key)
+        if r.waiting_on or ages[rank] < threshold:
+            continue
+        others_move = any(a < threshold for k, a in ages.items() if k != rank)
+        others_wait = any(w != rank for w in waiting)
+        if others_move or others_wait:
+            stuck.append(StuckRank(rank, r.role, r.step, ages[rank], r.pid))
+    return Judgement(known=True, stuck=tuple(stuck), waiting=waiting, frozen_for=frozen_for)
+
+
+def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
+    """The incident fields naming the first stuck rank, and the ``cause`` line naming all of them.
+
+    :param steps: a judgement with at least one stuck rank.
+    :param host: the job's host (named in the cause line).
+    :returns: ``rank``, ``rank_role``, ``rank_step``, ``rank_pid`` and ``cause``.
+    """
+    first = steps.stuck[0]
+    others = [s.rank for s in steps.stuck[1:]]
+    cause = (
+        f"rank {first.rank} ({first.role}) stuck at step {first.step} for {first.stuck_for:.0f} s"
+        + (f", pid {first.pid} on {host}" if first.pid is not None else f" on {host}")
+        + (f"; also stuck: ranks {', '.join(map(str, others))}" if others else "")
+        + (f"; waiting on it: ranks {', '.join(map(str, steps.waiting))}" if steps.waiting else "")
+    )
+    return {
+        "rank": first.rank,
+        "rank_role": first.role,
+        "rank_step": first.step,
+        "rank_pid": first.pid,
+        "cause": cause,
+    }
+
+
+async def load(client: aioredis.Redis, prefix: str, job: str) -> ProgressState:
+    """The job's stored progress (empty when none)."""
+    raw = await client.get(keys.rank_progress(prefix, job))
+    return ProgressState.model_validate_json(raw) if raw else ProgressState()
+
+
+async def refresh(
+    ssh: RemoteHosts,
+    client: aioredis.Redis,
+    prefix: str,
+    name: str,
+    job: JobConfig,
+    *,
+    run_pid: int | None,
+    launch_offset: int | None,
+    now: float,
+) -> ProgressState:
+    """Read the metric log's new bytes, fold them in, store and return the progress.
+
+    A new run (``run_pid`` differs from the stored one) starts with no ranks, reading from
+    ``launch_offset`` (the log size at its launch) when the metric lines are in the job's log.
+
+    :raises RemoteError: if the host cannot be read (the stored state is left as it was).
+    """
+    state = await load(client, prefix, name)
+    if run_pid is not None and run_pid != state.run_pid:
+        offset = launch_offset if launch_offset is not None and job.metrics_log is None else state.offset
+        state = ProgressState(run_pid=run_pid, offset=offset, inode=state.inode)
+    chunk = await read_log_chunk(
+        ssh, name, job, state.offset, MAX_READ, inode=state.inode, path=job.metrics_path
+    )
+    end = chunk.data.rfind(b"\n") + 1  # a partial last line is read again next cycle
+    base = ProgressState(run_pid=state.run_pid, gaps=state.gaps) if chunk.reset else state
+    new = base.ingest(chunk.data[:end], job, now)
+    offset = chunk.offset - (len(chunk.data) - end)
+    if chunk.size - offset > MAX_READ:  # far behind (a long log first seen): only the recent lines matter
+        offset = chunk.size - MAX_READ
+    new = new.model_copy(update={"offset": offset, "inode": chunk.inode})
+    await client.set(keys.rank_progress(prefix, name), new.model_dump_json())
+    return new
+
+
+__all__ = [
+    "Judgement",
+    "ProgressState",
+    "RankState",
+    "StuckRank",
+    "judge",
+    "load",
+    "rank_stall_threshold",
+    "refresh",
+    "stuck_facts",
+]

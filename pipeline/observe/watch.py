@@ -1,0 +1,319 @@
+"""The watcher's rules: what one probe saw of a job in, the incident transitions to make out.
+
+Each watch cycle turns what one probe saw of a job (:class:`Observation`) plus what Pitstop
+knows about it (:class:`Situation`: a restart in flight, a deliberate stop, the last verdict)
+into a :class:`Decision`: the job's new :class:`~pipeline.state.incidents.WatchState` and the incident transitions to
+make (:class:`Action`): open an incident, change its kind, remind, resolve, restart
+automatically, give up on a crash loop.  :func:`assess` is pure (no I/O, time passed in), so
+every rule is tested without hosts or clocks.
+
+The decisions are applied, once each, by :class:`pipeline.state.incidents.IncidentStore` (a
+compare-and-set on the incident's revision: that is where an alert is de-duplicated) and posted
+by :mod:`handlers.watching`.
+
+Conditions, in precedence order, for a job with an expected process count ``processes``:
+
+- ``unreachable``: the probe could not reach the host, and a fresh connection failed too, in
+  ``unreachable_after`` consecutive cycles spanning at least 2 intervals (fewer: ``probe_failed``,
+  no incident); an unreachable host never leads to an automatic restart;
+- ``dead``: no process, while the job should be running (a RUNNING verdict, or seen alive,
+  and not stopped on purpose since);
+- ``degraded``: more than zero but fewer than ``processes`` for ``degraded_after`` s;
+- ``stuck_rank``: one rank's step has not advanced for ``rank_stall_after`` s while other ranks
+  advanced or wait on it (:mod:`pipeline.observe.progress`); not during ``warmup`` s after a launch;
+- ``stalled``: alive, but no rank's step advanced for ``stall_after`` s, not during ``warmup`` s
+  after a launch; for a job whose log has no steps: no new log bytes for ``stall_after`` s;
+- ``crash_loop``: dead again after ``auto_restart.max`` automatic restarts within ``within``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pipeline.config import JobConfig
+from pipeline.observe.progress import Judgement, stuck_facts
+from pipeline.state.incidents import Incident, IncidentKind, WatchState
+
+DEFAULT_REMIND_EVERY = 1800.0  #: seconds between reminders of an open, unacknowledged incident
+
+
+class ActionKind(StrEnum):
+    """An incident transition decided by :func:`assess`."""
+
+    OPEN = "open"  #: a new incident: post the alert
+    CHANGE = "change"  #: the open incident became another kind (degraded → dead)
+    REMIND = "remind"  #: re-post in the incident's thread (not acknowledged)
+    RESOLVE = "resolve"  #: the job is healthy again (or was stopped on purpose)
+    AUTO_RESTART = "auto_restart"  #: restart the job through the locked sequence
+    GIVE_UP = "give_up"  #: crash loop: no more automatic restarts
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one probe cycle saw of one job.
+
+    :ivar at: when (unix s).
+    :ivar reachable: False when the host could not be reached (confirmed over a fresh connection).
+    :ivar count: matching processes.
+    :ivar pids: their PIDs, the launched (lowest) one first.
+    :ivar log_size: bytes in the job's log (and metric log), or None if it could not be read.
+    :ivar exit_cause: how the last process ended, when the host knows (``exit 1``, ``SIGKILL``).
+    :ivar error: why the host could not be reached.
+    :ivar detail: what the engine says beside the count (Slurm: the nodes short of tasks), kept
+        as the incident's ``cause``.
+    :ivar progress: the ranks' step progress (:func:`pipeline.observe.progress.judge`), None if not read.
+    """
+
+    at: float
+    reachable: bool = True
+    count: int = 0
+    pids: tuple[int, ...] = ()
+    log_size: int | None = None
+    exit_cause: str | None = None
+    error: str | None = None
+    detail: str | None = None
+    progress: Judgement | None = None
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What Pitstop knows about a job beyond the probe.
+
+    :ivar in_flight: a restart/start/stop is running or awaiting its verification (lock held,
+        or the job's newest run unfinished).
+    :ivar stopped_at: when the job was last stopped on purpose (``stop JOB``), if that is its
+        newest run; None otherwise.
+    :ivar running_verdict: the newest run's verdict is RUNNING.
+    :ivar auto_restarts: automatic restarts within ``auto_restart.within`` so far.
+    :ivar launched_at: when the job's newest run was launched (for ``watch.warmup``), if known.
+    """
+
+    in_flight: bool = False
+    stopped_at: float | None = None
+    running_verdict: bool = False
+    auto_restarts: int = 0
+    launched_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Action:
+    """One incident transition; ``incident`` is the incident as it is after the action."""
+
+    kind: ActionKind
+    incident: Incident
+    previous: IncidentKind | None = None  #: the kind before a CHANGE
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one cycle for one job.
+
+    :ivar state: the watcher memory to save.
+    :ivar incident: the open incident after the actions (None if none or resolved).
+    :ivar actions: the transitions to apply, in order.
+    :ivar condition: what the cycle found (``ok``, ``pending``, ``idle``, ``in_flight`` or
+        an :class:`IncidentKind` value).
+    """
+
+    state: WatchState
+    incident: Incident | None
+    actions: tuple[Action, ...]
+    condition: str
+
+
+_BAD = {
+    IncidentKind.DEAD,
+    IncidentKind.DEGRADED,
+    IncidentKind.STALLED,
+    IncidentKind.STUCK_RANK,
+    IncidentKind.UNREACHABLE,
+}
+
+
+def _expected(state: WatchState, situation: Situation) -> bool:
+    """Should the job be running: a RUNNING verdict or seen alive, and not stopped on purpose since."""
+    if situation.stopped_at is not None and (state.last_alive_at or 0.0) <= situation.stopped_at:
+        return False
+    return situation.running_verdict or state.last_alive_at is not None
+
+
+def assess(
+    job: str,
+    cfg: JobConfig,
+    obs: Observation,
+    state: WatchState,
+    incident: Incident | None,
+    situation: Situation,
+    *,
+    remind_every: float = DEFAULT_REMIND_EVERY,
+) -> Decision:
+    """Decide one watch cycle for one job.
+
+    :param job: the job's configured name.
+    :param cfg: its configuration (``processes``, ``watch``).
+    :param obs: what the probe saw (``obs.at`` is "now").
+    :param state: the watcher memory from the previous cycle.
+    :param incident: the job's open incident, if any.
+    :param situation: restarts in flight, deliberate stops, verdicts, auto-restart count.
+    :param remind_every: seconds between reminders of an unacknowledged open incident.
+    :returns: the new state, the incident after the cycle and the transitions to make.
+    """
+    now = obs.at
+    w = cfg.watch
+    if not obs.reachable:
+        since = state.unreachable_since if state.unreachable_since is not None else now
+        fails = (state.probe_failures or 0) + 1
+        state = state.model_copy(update={"probe_failures": fails, "unreachable_since": since})
+        if fails < w.unreachable_after or now - since < 2 * w.interval:
+            return Decision(state, incident, (), "probe_failed")  # one lost probe is no verdict
+        if incident is None:
+            new = Incident(
+                job=job,
+                host=cfg.host,
+                kind=IncidentKind.UNREACHABLE,
+                opened_at=now,
+                notified_at=now,
+                count=state.last_count or 0,
+                expected=cfg.processes,
+                last_pid=state.last_pid,
+                last_alive_at=state.last_alive_at,
+                error=obs.error,
+            )
+            return Decision(state, new, (Action(ActionKind.OPEN, new),), IncidentKind.UNREACHABLE.value)
+        return _remind(state, incident, now, remind_every, IncidentKind.UNREACHABLE.value)
+
+    st = state.model_copy(update={"probe_failures": None, "unreachable_since": None})
+    actions: list[Action] = []
+    if incident is not None and incident.kind is IncidentKind.UNREACHABLE:
+        resolved = incident.model_copy(update={"resolved_at": now, "resolution": "reachable"})
+        actions.append(Action(ActionKind.RESOLVE, resolved))
+        incident = None
+
+    if obs.count > 0:
+        st.last_alive_at = now
+        st.last_pid = obs.pids[0] if obs.pids else st.last_pid
+        st.last_count = obs.count
+    if obs.exit_cause:
+        st.exit_cause = obs.exit_cause
+    if obs.log_size is not None and obs.log_size != st.log_size:
+        st.progress_at = now  # grew, or rotated/truncated: either way the job wrote
+        st.log_size = obs.log_size
+    if st.progress_at is None or obs.count == 0:
+        st.progress_at = now  # no baseline yet, or nothing running to stall
+    if obs.count == 0 or obs.count >= cfg.processes:
+        st.degraded_since = None
+    elif st.degraded_since is None:
+        st.degraded_since = now
+
+    if situation.in_flight:
+        # a planned restart: no alerts; progress and degradation are measured from its end
+        st.progress_at = now
+        st.degraded_since = None
+        if incident is not None and incident.next_auto_at is not None:
+            incident = incident.model_copy(update={"next_auto_at": None})
+        return Decision(st, incident, tuple(actions), "in_flight")
+
+    expected = _expected(st, situation)
+    warming = situation.launched_at is not None and now - situation.launched_at < w.warmup
+    steps = obs.progress if obs.progress is not None and obs.progress.known else None
+    condition: IncidentKind | str
+    if obs.count == 0:
+        condition = IncidentKind.DEAD if expected else "idle"
+    elif st.degraded_since is not None and now - st.degraded_since >= w.degraded_after:
+        condition = IncidentKind.DEGRADED
+    elif not warming and steps is not None and steps.stuck:
+        condition = IncidentKind.STUCK_RANK
+    elif not warming and steps is not None and (steps.frozen_for or 0.0) >= w.stall_after:
+        condition = IncidentKind.STALLED
+    elif steps is None and now - (st.progress_at or now) >= w.stall_after:
+        condition = IncidentKind.STALLED
+    elif obs.count < cfg.processes:
+        condition = "pending"
+    else:
+        condition = "ok"
+
+    facts: dict[str, Any] = {
+        "count": obs.count,
+        "expected": cfg.processes,
+        "last_pid": st.last_pid,
+        "last_alive_at": st.last_alive_at,
+        "exit_cause": st.exit_cause,
+        **({"cause": obs.detail} if obs.detail else {}),
+    }
+    if condition is IncidentKind.STUCK_RANK and steps is not None:
+        facts.update(stuck_facts(steps, cfg.host))
+    if incident is None:
+        if isinstance(condition, IncidentKind):
+            new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
+            new = _plan_auto_restart(new, cfg, situation, now)
+            actions.append(Action(ActionKind.OPEN, new))
+            return Decision(st, new, tuple(actions), condition.value)
+        return Decision(st, None, tuple(actions), str(condition))
+
+    if condition == "ok" or condition == "idle":
+        why = "running" if condition == "ok" else "stopped"
+        resolved = incident.model_copy(update={"resolved_at": now, "resolution": why, **facts})
+        actions.append(Action(ActionKind.RESOLVE, resolved))
+        return Decision(st, None, tuple(actions), str(condition))
+    if condition == "pending":
+        return _remind(st, incident, now, remind_every, "pending", actions)
+
+    assert isinstance(condition, IncidentKind)
+    current = incident.kind
+    if current is IncidentKind.CRASH_LOOP and condition is IncidentKind.DEAD:
+        return _remind(st, incident, now, remind_every, condition.value, actions)
+    if condition is not current and condition in _BAD:
+        changed = incident.model_copy(update={"kind": condition, "changed_at": now, **facts})
+        changed = _plan_auto_restart(changed, cfg, situation, now)
+        actions.append(Action(ActionKind.CHANGE, changed, previous=current))
+        return Decision(st, changed, tuple(actions), condition.value)
+
+    # the same condition persists: maybe restart automatically, maybe remind
+    if condition is IncidentKind.DEAD and cfg.watch.auto_restart is not None and not incident.gave_up:
+        if incident.no_auto:  # its crash class is not restarted automatically: say so, once
+            incident = incident.model_copy(update={"gave_up": True, "next_auto_at": None, "changed_at": now})
+            actions.append(Action(ActionKind.GIVE_UP, incident))
+            return Decision(st, incident, tuple(actions), condition.value)
+        incident = _plan_auto_restart(incident, cfg, situation, now)
+        if incident.gave_up:
+            actions.append(Action(ActionKind.GIVE_UP, incident))
+            return Decision(st, incident, tuple(actions), IncidentKind.CRASH_LOOP.value)
+        if incident.next_auto_at is not None and now >= incident.next_auto_at:
+            fired = incident.model_copy(
+                update={"next_auto_at": None, "auto_restarts": incident.auto_restarts + 1}
+            )
+            actions.append(Action(ActionKind.AUTO_RESTART, fired))
+            return Decision(st, fired, tuple(actions), condition.value)
+    return _remind(st, incident, now, remind_every, condition.value, actions)
+
+
+def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation, now: float) -> Incident:
+    """Schedule the next automatic restart of a dead job, or mark the crash loop given up."""
+    policy = cfg.watch.auto_restart
+    if policy is None or incident.kind is not IncidentKind.DEAD or incident.gave_up or incident.no_auto:
+        return incident
+    if situation.auto_restarts >= policy.max:
+        return incident.model_copy(
+            update={"kind": IncidentKind.CRASH_LOOP, "gave_up": True, "next_auto_at": None, "changed_at": now}
+        )
+    if incident.next_auto_at is None:
+        delay = policy.backoff * (2**situation.auto_restarts)
+        return incident.model_copy(update={"next_auto_at": now + delay})
+    return incident
+
+
+def _remind(
+    state: WatchState,
+    incident: Incident,
+    now: float,
+    remind_every: float,
+    condition: str,
+    actions: list[Action] | None = None,
+) -> Decision:
+    acts = list(actions or [])
+    if incident.acked_by is None and now - incident.notified_at >= remind_every:
+        incident = incident.model_copy(update={"notified_at": now})
+        acts.append(Action(ActionKind.REMIND, incident))
+    return Decision(state, incident, tuple(acts), condition)

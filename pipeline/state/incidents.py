@@ -1,0 +1,270 @@
+"""Incidents, once each: what is wrong with a job, kept in Redis and changed only by compare-and-set.
+
+This is where an alert is de-duplicated.  A job has at most one open :class:`Incident`
+(``keys.incident``): :meth:`IncidentStore.open` creates it only if none is open and numbers it
+(``incident:JOB:N``, its alert's thread), and every later change — a new kind, a reminder, an
+acknowledgement, an automatic restart, the resolution — is a compare-and-set on its revision
+(``rev``, :meth:`IncidentStore.update` and :meth:`IncidentStore.close`).  Of two Pitstop
+processes that decide the same transition, one applies it and posts; the other's write fails
+and it posts nothing, so each incident alerts once and resolves once, across restarts of Pitstop
+and changes of scheduler leader.  Slack's own redeliveries of a request are a different thing
+(:mod:`handlers.deliveries`).
+
+Beside each incident the store keeps the watcher's memory of the job between cycles
+(:class:`WatchState`, ``keys.watch_state``).  Which transition a cycle makes is decided by
+:func:`pipeline.observe.watch.assess`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict
+
+from pipeline.state import keys
+
+LOG_LINES = 30  #: log lines shown in an alert
+
+
+class IncidentKind(StrEnum):
+    """What is wrong with a job; the values are the ``kind`` of ALERT events."""
+
+    DEAD = "dead"
+    DEGRADED = "degraded"
+    STALLED = "stalled"
+    STUCK_RANK = "stuck_rank"
+    UNREACHABLE = "unreachable"
+    CRASH_LOOP = "crash_loop"
+
+
+class _Stored(BaseModel):
+    """A model kept as a Redis hash of strings (None fields are absent)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    def to_hash(self) -> dict[str, str]:
+        """Field → string, leaving out None (bools as ``1``/``0``)."""
+        out: dict[str, str] = {}
+        for name, value in self.model_dump(mode="json").items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                out[name] = "1" if value else "0"
+            elif isinstance(value, float):
+                out[name] = repr(value)
+            else:
+                out[name] = str(value)
+        return out
+
+
+class WatchState(_Stored):
+    """The watcher's memory of a job between cycles (``keys.watch_state``).
+
+    :ivar last_alive_at: when a process of the job was last seen (unix s).
+    :ivar last_pid: the launched PID seen then.
+    :ivar last_count: how many processes were seen then.
+    :ivar log_size: the log size at the last cycle (bytes).
+    :ivar progress_at: when the log last grew (unix s).
+    :ivar degraded_since: since when fewer than ``processes`` but more than zero run.
+    :ivar exit_cause: the last exit cause the host reported.
+    :ivar probe_failures: consecutive cycles the host could not be reached; ``unreachable_since``
+        when the first of them was.
+    """
+
+    last_alive_at: float | None = None
+    last_pid: int | None = None
+    last_count: int | None = None
+    log_size: int | None = None
+    progress_at: float | None = None
+    degraded_since: float | None = None
+    exit_cause: str | None = None
+    probe_failures: int | None = None
+    unreachable_since: float | None = None
+
+
+class Incident(_Stored):
+    """A job's open incident (``keys.incident``); deleted when it resolves.
+
+    :ivar n: the job's incident number (thread key ``incident:JOB:N``).
+    :ivar rev: revision, bumped by every change (compare-and-set).
+    :ivar notified_at: when the alert or the last reminder was posted.
+    :ivar next_auto_at: when the next automatic restart is due (unix s), if one is.
+    :ivar auto_restarts: automatic restarts made during this incident.
+    """
+
+    n: int = 0
+    rev: int = 0
+    job: str
+    host: str
+    kind: IncidentKind
+    opened_at: float
+    changed_at: float | None = None
+    notified_at: float
+    count: int = 0
+    expected: int = 1
+    last_pid: int | None = None
+    last_alive_at: float | None = None
+    exit_cause: str | None = None
+    cause: str | None = None
+    log: str | None = None  #: the log tail shown in the alert
+    error: str | None = None
+    acked_by: str | None = None
+    acked_at: float | None = None
+    next_auto_at: float | None = None
+    auto_restarts: int = 0
+    gave_up: bool = False
+    resolved_at: float | None = None
+    resolution: str | None = None  #: why it resolved: running | stopped | reachable
+    rank: int | None = None  #: a stuck rank: its global rank, role, last step and pid
+    rank_role: str | None = None
+    rank_step: int | None = None
+    rank_pid: int | None = None
+    crash_class: str | None = None  #: a dead job: the class of its failure (pipeline.observe.crashes)
+    crash_evidence: str | None = None
+    crash_exc_type: str | None = None
+    crash_message: str | None = None
+    crash_rank: int | None = None
+    crash_step: int | None = None
+    no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
+
+    @property
+    def thread_key(self) -> str:
+        """The outbox key of the incident's alert message: ``incident:JOB:N``."""
+        return incident_key(self.job, self.n)
+
+
+def incident_key(job: str, n: int) -> str:
+    """The outbox key of a job's ``n``-th incident."""
+    return f"incident:{job}:{n}"
+
+
+# --- Redis storage -------------------------------------------------------------------------------
+
+# KEYS[1] incident hash, KEYS[2] watch state hash; ARGV: field, value, ….  Opens the incident
+# only if none is open; numbers it with HINCRBY watch_state.seq.  Returns n, or 0 if one is open.
+_OPEN = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local n = redis.call('HINCRBY', KEYS[2], 'incident_seq', 1)
+redis.call('HSET', KEYS[1], 'n', n, 'rev', 1, unpack(ARGV))
+return n
+"""
+
+# KEYS[1] incident hash; ARGV[1] expected n, ARGV[2] expected rev, ARGV[3..]: field, value, ….
+# Replaces the whole incident with rev+1 if n and rev match.  Returns the new rev, or 0.
+_UPDATE = """
+if redis.call('HGET', KEYS[1], 'n') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'rev') ~= ARGV[2] then
+  return 0
+end
+local rev = tonumber(ARGV[2]) + 1
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'n', ARGV[1], 'rev', rev, unpack(ARGV, 3))
+return rev
+"""
+
+# KEYS[1] incident hash; ARGV[1] expected n, ARGV[2] expected rev.  Deletes it if they match.
+_CLOSE = """
+if redis.call('HGET', KEYS[1], 'n') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'rev') ~= ARGV[2] then
+  return 0
+end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    out: list[str] = []
+    for k, v in fields.items():
+        if k not in ("n", "rev"):
+            out += [k, v]
+    return out
+
+
+class IncidentStore:
+    """Incidents and watcher memory in Redis, changed only by compare-and-set.
+
+    :param client: an asyncio Redis client with ``decode_responses=True``.
+    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._open = client.register_script(_OPEN)
+        self._update = client.register_script(_UPDATE)
+        self._close = client.register_script(_CLOSE)
+
+    async def load(self, job: str) -> tuple[WatchState, Incident | None]:
+        """The job's watcher memory and open incident (None if none)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.watch_state(self.prefix, job))
+            pipe.hgetall(keys.incident(self.prefix, job))
+            raw_state, raw_incident = await pipe.execute()
+        state = WatchState.model_validate(raw_state or {})
+        incident = Incident.model_validate(raw_incident) if raw_incident else None
+        return state, incident
+
+    async def incident(self, job: str) -> Incident | None:
+        """The job's open incident, or None."""
+        raw = await self.client.hgetall(keys.incident(self.prefix, job))
+        return Incident.model_validate(raw) if raw else None
+
+    async def save_state(self, job: str, state: WatchState) -> None:
+        """Write the watcher memory (fields that became None are removed)."""
+        key = keys.watch_state(self.prefix, job)
+        fields = state.to_hash()
+        gone = [name for name in WatchState.model_fields if name not in fields]
+        async with self.client.pipeline(transaction=True) as pipe:
+            if fields:
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+            if gone:
+                pipe.hdel(key, *gone)
+            await pipe.execute()
+
+    async def open(self, incident: Incident) -> Incident | None:
+        """Open ``incident`` if the job has none open.
+
+        :returns: the stored incident (numbered, rev 1), or None if one was already open.
+        """
+        n = await self._open(
+            keys=[keys.incident(self.prefix, incident.job), keys.watch_state(self.prefix, incident.job)],
+            args=_flat(incident.to_hash()),
+        )
+        if not n:
+            return None
+        return incident.model_copy(update={"n": int(n), "rev": 1})
+
+    async def update(self, expected: Incident, new: Incident) -> Incident | None:
+        """Replace the open incident ``expected`` (same ``n`` and ``rev``) by ``new``.
+
+        :returns: ``new`` with its revision bumped, or None if the incident changed meanwhile.
+        """
+        rev = await self._update(
+            keys=[keys.incident(self.prefix, expected.job)],
+            args=[str(expected.n), str(expected.rev), *_flat(new.to_hash())],
+        )
+        if not rev:
+            return None
+        return new.model_copy(update={"n": expected.n, "rev": int(rev)})
+
+    async def close(self, expected: Incident) -> bool:
+        """Delete the open incident ``expected`` (same ``n`` and ``rev``).
+
+        :returns: False if it changed or closed meanwhile.
+        """
+        done = await self._close(
+            keys=[keys.incident(self.prefix, expected.job)], args=[str(expected.n), str(expected.rev)]
+        )
+        return bool(done)
+
+    async def watch_off_left(self, job: str) -> float | None:
+        """Seconds left of a ``watch JOB off`` (``inf`` if it has no expiry), or None if watching is on."""
+        ttl = int(await self.client.pttl(keys.watch_off(self.prefix, job)))
+        if ttl == -2:
+            return None
+        return float("inf") if ttl < 0 else ttl / 1000.0
+
+
+def with_updates(incident: Incident, **changes: Any) -> Incident:
+    """``incident`` with fields changed (validated copy)."""
+    return Incident.model_validate({**incident.model_dump(), **changes})

@@ -1,0 +1,204 @@
+"""One job's state in Redis, read in one round trip: the owner of the ``job_current`` record.
+
+A job's state is spread over several keys (:mod:`pipeline.state.keys`): what runs now
+(``job_current``, written by the restart sequence), the patches in effect, the restart lock and
+its holder, the open incident, the watcher's memory, the watch pause, the newest run and whether
+it awaits its verification, and the automatic restarts made recently.  :class:`JobStore` reads
+all of them for one or many jobs in **one** pipelined round trip into a frozen
+:class:`JobSnapshot`; the watcher, ``status``, ``gpus``, the crash check and digests read a
+job's state through it and nowhere else.
+
+Writers stay with the sequence that owns each transition (``pipeline/engines/ssh.py`` and
+``pipeline/engines/slurm.py`` write ``job_current``, the lock writes its holder, the watcher its
+memory and incidents); they all name the keys through :mod:`pipeline.state.keys`.
+
+:func:`scope_of` is the one definition of a job's lock scope.
+
+Usage::
+
+    snap = await JobStore(client, prefix, config).read("dflash")
+    if snap.running:
+        print(snap.pid, snap.launched_at, snap.patches)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+
+from pipeline.config import Config
+from pipeline.state import keys
+from pipeline.state.incidents import Incident, WatchState
+from pipeline.state.runs import RunRecord
+
+_PER_JOB = 9  #: commands per job in the pipelined read
+
+# The newest run of a job, its record and whether it awaits verification, in one step of the
+# pipeline.  KEYS: runs_of_job, runs_unverified; ARGV: the run key's prefix (keys.run(prefix, "")).
+_LATEST_RUN = """
+local ids = redis.call('ZREVRANGE', KEYS[1], 0, 0)
+if #ids == 0 then return {false, false, false} end
+local id = ids[1]
+return {id, redis.call('GET', ARGV[1] .. id), redis.call('ZSCORE', KEYS[2], id)}
+"""
+
+
+def scope_of(config: Config, job: str) -> str:
+    """The lock scope of a job's restarts: ``job:NAME``, or ``host:HOST`` with ``lock_scope = "host"``.
+
+    :param config: the validated configuration.
+    :param job: a configured job name.
+    :returns: the scope, as :func:`pipeline.state.keys.lock` and :func:`pipeline.state.keys.lock_holder` take it.
+    :raises KeyError: if ``job`` is not configured.
+    """
+    spec = config.jobs[job]
+    return f"host:{spec.host}" if spec.lock_scope == "host" else f"job:{job}"
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """One job's state in Redis at one moment (read by :class:`JobStore`).
+
+    :ivar name: the job's configured name.
+    :ivar scope: its lock scope (:func:`scope_of`).
+    :ivar current: the ``keys.job_current`` record as stored (``run_id``, ``pid``,
+        ``start_time``, ``sid``, ``pgid``, ``launched_at``, ``log``, ``state``, ``patches``;
+        Slurm jobs ``engine``, ``slurm_job``); empty when nothing was ever launched.
+    :ivar patches: the patch names in effect in the workdir (``keys.job_patches``), sorted.
+    :ivar lock_held: the restart lock of :attr:`scope` is taken.
+    :ivar lock_holder: the hash beside the lock (user, job, action, run id, step, started at).
+    :ivar incident: the job's open incident, or None.
+    :ivar watch: the watcher's memory of the job.
+    :ivar paused: watching is paused (``watch JOB off``).
+    :ivar auto_restarts: automatic restarts within the job's ``auto_restart.within`` seconds
+        before the read (0 without automatic restarts).
+    :ivar latest: the job's newest run, or None.
+    :ivar unverified: the newest run is launched and awaits its verification.
+    """
+
+    name: str
+    scope: str
+    current: Mapping[str, str] = field(default_factory=dict)
+    patches: tuple[str, ...] = ()
+    lock_held: bool = False
+    lock_holder: Mapping[str, str] = field(default_factory=dict)
+    incident: Incident | None = None
+    watch: WatchState = field(default_factory=WatchState)
+    paused: bool = False
+    auto_restarts: int = 0
+    latest: RunRecord | None = None
+    unverified: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        """The current record says the job was stopped (``stop JOB``)."""
+        return self.current.get("state") == "stopped"
+
+    @property
+    def run_id(self) -> str | None:
+        """The run that launched what runs now, or None."""
+        return self.current.get("run_id") or None
+
+    @property
+    def pid(self) -> str:
+        """The launched PID as recorded (a string, ``""`` when none or stopped)."""
+        return "" if self.stopped else self.current.get("pid", "")
+
+    @property
+    def launched_at(self) -> float | None:
+        """When the current run was launched (unix s), None if unknown or unreadable."""
+        return _float(self.current.get("launched_at"))
+
+    def uptime(self, now: float) -> float | None:
+        """Seconds the job has run at ``now``: from the current record's ``launched_at``, else (no
+        record at all) from the newest run that was not a stop; None when stopped or unknown."""
+        if self.stopped:
+            return None
+        launched = self.launched_at
+        if launched is None and not self.current:
+            run = self.latest
+            launched = run.launched_at if run is not None and run.action != "stop" else None
+        return max(0.0, now - launched) if launched is not None else None
+
+
+class JobStore:
+    """Reads jobs' state (:class:`JobSnapshot`) from Redis, one pipelined round trip per call.
+
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
+    :param config: the validated configuration (lock scopes, automatic-restart windows).
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str, config: Config) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.config = config
+
+    async def read(self, name: str, *, now: float | None = None) -> JobSnapshot:
+        """One job's snapshot.
+
+        :param name: a configured job name.
+        :param now: the time automatic restarts are counted back from (unix s; default now).
+        :raises KeyError: if ``name`` is not configured.
+        """
+        return (await self.read_many([name], now=now))[0]
+
+    async def read_many(self, names: Sequence[str], *, now: float | None = None) -> list[JobSnapshot]:
+        """Several jobs' snapshots, in the order of ``names``, in one round trip.
+
+        :param names: configured job names.
+        :param now: the time automatic restarts are counted back from (unix s; default now).
+        :raises KeyError: if a name is not configured.
+        """
+        if not names:
+            return []
+        when = time.time() if now is None else now
+        p = self.prefix
+        scopes = [scope_of(self.config, name) for name in names]
+        async with self.client.pipeline(transaction=False) as pipe:
+            for name, scope in zip(names, scopes, strict=True):
+                auto = self.config.jobs[name].watch.auto_restart
+                within = auto.within if auto else 0.0
+                pipe.hgetall(keys.job_current(p, name))
+                pipe.smembers(keys.job_patches(p, name))
+                pipe.exists(keys.lock(p, scope))
+                pipe.hgetall(keys.lock_holder(p, scope))
+                pipe.hgetall(keys.incident(p, name))
+                pipe.hgetall(keys.watch_state(p, name))
+                pipe.exists(keys.watch_off(p, name))
+                pipe.zcount(keys.auto_restarts(p, name), when - within, "+inf")
+                pipe.eval(_LATEST_RUN, 2, keys.runs_of_job(p, name), keys.runs_unverified(p), keys.run(p, ""))
+            raw = await pipe.execute()
+        out = []
+        for i, (name, scope) in enumerate(zip(names, scopes, strict=True)):
+            current, patches, held, holder, incident, watch, paused, auto, latest = raw[
+                i * _PER_JOB : (i + 1) * _PER_JOB
+            ]
+            _, run_json, score = latest or (None, None, None)
+            out.append(
+                JobSnapshot(
+                    name=name,
+                    scope=scope,
+                    current={str(k): str(v) for k, v in (current or {}).items()},
+                    patches=tuple(sorted(str(m) for m in patches or ())),
+                    lock_held=bool(held),
+                    lock_holder={str(k): str(v) for k, v in (holder or {}).items()},
+                    incident=Incident.model_validate(incident) if incident else None,
+                    watch=WatchState.model_validate(watch or {}),
+                    paused=bool(paused),
+                    auto_restarts=int(auto or 0),
+                    latest=RunRecord.model_validate_json(run_json) if run_json else None,
+                    unverified=score is not None,
+                )
+            )
+        return out

@@ -1,0 +1,122 @@
+"""The scheduler leader lease: one Pitstop process among replicas runs scheduled jobs.
+
+Several Pitstop processes may share one Redis for availability; only the holder of the
+lease (``keys.leader``: a string holding the holder's id, with a TTL) runs verifications,
+watch cycles and digests.  The holder renews it every ``ttl / 3`` with a compare-and-extend
+script; if it dies, the key expires and another process takes over within ``ttl``.
+
+A holder trusts its lease locally only until ``renewed_at + ttl * SAFETY`` (monotonic clock,
+measured from *before* the renewing command was sent), so a process whose renewals stall
+(a paused VM, a slow Redis) stops acting as leader before the key can expire under it.
+Claims in Redis (verify claims, incident revisions, digest offsets) remain the backstop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis.asyncio as aioredis
+
+from pipeline.state import keys
+
+SAFETY = 0.8  #: fraction of the TTL a holder trusts its lease after a successful renewal
+
+# KEYS[1] lease key; ARGV[1] holder id; ARGV[2] ttl in ms.  1 if held by ARGV[1] afterwards.
+_ACQUIRE_OR_EXTEND = """
+local v = redis.call('GET', KEYS[1])
+if v == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS[1] lease key; ARGV[1] holder id.  1 if it was held by ARGV[1] and is now released.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class LeaderLease:
+    """A Redis lease naming the one process that runs scheduled jobs.
+
+    :param client: an asyncio Redis client with ``decode_responses=True``.
+    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
+    :param holder: this process's id (``Context.instance``); stored as the lease's value.
+    :param ttl: seconds the lease lives without renewal; renew every ``ttl / 3``.
+    :raises ValueError: if ``ttl`` is not positive.
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str, holder: str, ttl: float = 10.0) -> None:
+        if ttl <= 0:
+            raise ValueError("ttl must be positive")
+        self.client = client
+        self.key = keys.leader(prefix)
+        self.holder = holder
+        self.ttl = ttl
+        self._valid_until = 0.0
+        self._acquire = client.register_script(_ACQUIRE_OR_EXTEND)
+        self._release = client.register_script(_RELEASE)
+
+    @property
+    def renew_every(self) -> float:
+        """Seconds between renewals: a third of the TTL."""
+        return self.ttl / 3
+
+    @property
+    def is_leader(self) -> bool:
+        """True while the last successful acquire/renew is recent enough to trust."""
+        return time.monotonic() < self._valid_until
+
+    async def acquire(self) -> bool:
+        """Take the lease if it is free, or extend it if this process holds it.
+
+        :returns: whether this process holds the lease now.
+        :raises redis.exceptions.RedisError: if Redis cannot be reached (the local
+            lease is dropped first, so :attr:`is_leader` turns False).
+        """
+        started = time.monotonic()
+        try:
+            held = await self._acquire(keys=[self.key], args=[self.holder, max(1, int(self.ttl * 1000))])
+        except BaseException:
+            self._valid_until = 0.0
+            raise
+        if held == 1:
+            self._valid_until = started + self.ttl * SAFETY
+            return True
+        self._valid_until = 0.0
+        return False
+
+    async def renew(self) -> bool:
+        """Extend the lease if this process still holds it (compare-and-extend).
+
+        A lease that expired and was not taken by anyone else is taken back.
+
+        :returns: whether this process holds the lease now.
+        :raises redis.exceptions.RedisError: if Redis cannot be reached.
+        """
+        return await self.acquire()
+
+    async def release(self) -> bool:
+        """Give the lease up if this process holds it, so another can take over at once.
+
+        :returns: True if this process held it and released it.
+        """
+        self._valid_until = 0.0
+        return bool(await self._release(keys=[self.key], args=[self.holder]))
+
+    def forget(self) -> None:
+        """Stop trusting the lease locally without touching Redis (it expires by itself)."""
+        self._valid_until = 0.0
+
+    async def current_holder(self) -> str | None:
+        """The id of the process holding the lease now, or None if it is free."""
+        value = await self.client.get(self.key)
+        return None if value is None else str(value)

@@ -1,0 +1,317 @@
+"""Run records: every restart is a run ``r-<n>`` kept in Redis with its steps and verdict.
+
+A run's steps are one closed enum (:class:`Step`) with fixed labels, each recorded with
+its start, end, outcome and detail, so "where did it stop" always has an answer.  The
+verdict is one closed set (:class:`Verdict`), listed in precedence order: when several
+apply, the first wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict
+
+from pipeline.errors import UnknownRun
+from pipeline.state import keys
+from pipeline.verdict import Outcome, Step, Verdict
+
+log = logging.getLogger(__name__)
+
+OWNER_TTL = 30.0  #: seconds a run's owner heartbeat lives without renewal (the restart lock's TTL)
+
+# KEYS[1] heartbeat; ARGV[1] owner; ARGV[2] ttl in ms.  1 if extended (still ours), else 0.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+class StepRecord(BaseModel):
+    """One step of a run: start and end (unix s), outcome and a one-line detail.
+
+    ``stale`` is set on a ``stop`` step whose recorded pid had been reused by another process
+    (so nothing was signalled; the run's verdict becomes ``STALE_RECORD``).  Records saved
+    before the field existed load with it False.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: Step
+    started_at: float
+    ended_at: float | None = None
+    outcome: Outcome = Outcome.RUNNING
+    detail: str = ""
+    stale: bool = False  #: stop: the recorded pid belonged to another process (start time differs)
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds the step took, or None while it runs."""
+        return None if self.ended_at is None else self.ended_at - self.started_at
+
+
+class RunRecord(BaseModel):
+    """A restart (or start/stop) of a job, as stored in Redis.
+
+    Times are unix seconds.  ``pid``/``start_time``/``pgid``/``sid`` identify the launched
+    process (start time in clock ticks since boot, field 22 of ``/proc/PID/stat``).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    job: str
+    action: str = "restart"  #: restart | start | stop | auto-restart
+    requested_by: str
+    created_at: float
+    patches: list[str] = []  #: patch names in effect after this run
+    fresh_cache: bool = False
+    old_pid: int | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    sid: int | None = None
+    start_time: int | None = None
+    launched_at: float | None = None
+    log_size_at_launch: int | None = None
+    slurm_job: int | None = None  #: the Slurm job id launched (engine "slurm")
+    old_slurm_job: int | None = None  #: the Slurm job id stopped (engine "slurm")
+    steps: list[StepRecord] = []
+    verdict: Verdict | None = None
+    verdict_line: str | None = None
+    evidence: str = ""  #: log tail or other evidence behind the verdict
+    finished_at: float | None = None
+    owner: str | None = None  #: instance id of the process executing the run (None: handed over)
+    interrupted: str | None = None  #: ``INTERRUPTED after launch: …`` when its owner died after the launch
+    warning: str | None = None  #: a flag for the thread beside a RUNNING verdict (a checkpoint ignored)
+
+    def step(self, step: Step) -> StepRecord | None:
+        """The record of ``step``, or None if it has not started."""
+        for rec in self.steps:
+            if rec.step is step:
+                return rec
+        return None
+
+    @property
+    def current_step(self) -> Step | None:
+        """The last step that started."""
+        return self.steps[-1].step if self.steps else None
+
+
+class RunStore:
+    """Run records in Redis: create, save, read, list, and who owns each open run.
+
+    A run is *owned* by the process executing it: :meth:`create` records this store's
+    ``owner`` on the run and sets its heartbeat (``keys.run_owner``, TTL ``heartbeat_ttl``),
+    which a background task renews every ``heartbeat_ttl / 3`` s until the run is saved
+    finished, or :meth:`aclose` hands it over (a clean exit).  A process that dies stops
+    renewing: its runs' heartbeats lapse within ``heartbeat_ttl`` s, and any Pitstop process
+    finds them with :meth:`orphans` (see :mod:`pipeline.engines.recovery`).
+
+    :param client: an asyncio Redis client with ``decode_responses=True``.
+    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
+    :param owner: this process's instance id; None keeps no heartbeat (tools and tests).
+    :param heartbeat_ttl: seconds a heartbeat lives without renewal.
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        *,
+        owner: str | None = None,
+        heartbeat_ttl: float = OWNER_TTL,
+    ) -> None:
+        if heartbeat_ttl <= 0:
+            raise ValueError("heartbeat_ttl must be positive")
+        self.client = client
+        self.prefix = prefix
+        self.owner = owner
+        self.heartbeat_ttl = heartbeat_ttl
+        self._owned: set[str] = set()
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def create(
+        self,
+        job: str,
+        requested_by: str,
+        *,
+        action: str = "restart",
+        patches: list[str] | None = None,
+        fresh_cache: bool = False,
+    ) -> RunRecord:
+        """A new run ``r-<n>``, saved and marked open.
+
+        :returns: the record; ``patches`` starts as the requested set.
+        """
+        n = await self.client.incr(keys.run_seq(self.prefix))
+        now = time.time()
+        run = RunRecord(
+            id=f"r-{n}",
+            job=job,
+            action=action,
+            requested_by=requested_by,
+            created_at=now,
+            patches=list(patches or []),
+            fresh_cache=fresh_cache,
+            owner=self.owner,
+        )
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
+            pipe.zadd(keys.runs_of_job(self.prefix, job), {run.id: now})
+            pipe.zadd(keys.runs_all(self.prefix), {run.id: now})
+            pipe.sadd(keys.runs_open(self.prefix), run.id)
+            if self.owner is not None:
+                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=self._ttl_ms())
+            await pipe.execute()
+        if self.owner is not None:
+            self._owned.add(run.id)
+            self._start_heartbeat()
+        return run
+
+    async def save(self, run: RunRecord) -> None:
+        """Write ``run`` back; a run with ``finished_at`` leaves the open set and its owner."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
+            if run.finished_at is not None:
+                pipe.srem(keys.runs_open(self.prefix), run.id)
+                pipe.delete(keys.run_owner(self.prefix, run.id))
+            await pipe.execute()
+        if run.finished_at is not None:
+            self._owned.discard(run.id)
+
+    # --- ownership ------------------------------------------------------------------------------
+
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.heartbeat_ttl * 1000))
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(
+                self._beat(), name="pitstop-run-heartbeat"
+            )
+
+    async def _beat(self) -> None:
+        while self._owned:
+            await asyncio.sleep(self.heartbeat_ttl / 3)
+            try:
+                await self.renew()
+            except Exception:  # a Redis hiccup must not end the heartbeat: the next beat retries
+                log.warning("could not renew the heartbeat of runs %s", sorted(self._owned), exc_info=True)
+
+    async def renew(self) -> set[str]:
+        """Renew the heartbeat of every run this store owns; forget runs that are finished.
+
+        :returns: the run ids still owned.
+        """
+        ids = sorted(self._owned)
+        if not ids or self.owner is None:
+            return set()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for run_id in ids:
+                pipe.eval(_RENEW, 1, keys.run_owner(self.prefix, run_id), self.owner, self._ttl_ms())
+            for run_id in ids:
+                pipe.sismember(keys.runs_open(self.prefix), run_id)
+            answers = await pipe.execute()
+        for run_id, renewed, still_open in zip(ids, answers[: len(ids)], answers[len(ids) :], strict=True):
+            if not still_open or not renewed:
+                if still_open:
+                    log.warning("run %s: its heartbeat lapsed and another process took it over", run_id)
+                self._owned.discard(run_id)
+        return set(self._owned)
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """Ids of the runs this process owns now."""
+        return frozenset(self._owned)
+
+    async def hand_over(self, run_id: str) -> None:
+        """Give up ownership of a launched run on purpose: the verification queue has it now.
+
+        Clears ``owner`` on the record and deletes the heartbeat, so the run is not taken for
+        the run of a dead process.  A run that is finished or unknown is left as it is.
+        """
+        self._owned.discard(run_id)
+        raw = await self.client.get(keys.run(self.prefix, run_id))
+        if raw is None:
+            return
+        run = RunRecord.model_validate_json(raw)
+        if run.finished_at is not None or run.owner is None:
+            return
+        run.owner = None
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
+            pipe.delete(keys.run_owner(self.prefix, run.id))
+            await pipe.execute()
+
+    async def aclose(self) -> None:
+        """Stop the heartbeat and hand every run still owned over (a clean exit).
+
+        A run still mid-sequence at this point was cancelled by its caller and is saved finished
+        by it; what is left is launched and waiting for verification.
+        """
+        task, self._heartbeat = self._heartbeat, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for run_id in sorted(self._owned):
+            try:
+                await self.hand_over(run_id)
+            except Exception:
+                log.warning("could not hand run %s over; it is reconciled as interrupted", run_id)
+
+    async def unowned(self) -> list[RunRecord]:
+        """Open runs no live process heartbeats: their owner's heartbeat lapsed (the process
+        that ran them died), or they have no owner (handed over to the verification queue, or
+        created by a store without one).  Runs already finished leave the open set here.
+        """
+        ids = sorted(await self.open_ids())
+        if not ids:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for run_id in ids:
+                pipe.get(keys.run(self.prefix, run_id))
+            for run_id in ids:
+                pipe.exists(keys.run_owner(self.prefix, run_id))
+            answers = await pipe.execute()
+        out: list[RunRecord] = []
+        for run_id, raw, beating in zip(ids, answers[: len(ids)], answers[len(ids) :], strict=True):
+            run = None if raw is None else RunRecord.model_validate_json(raw)
+            if run is None or run.finished_at is not None:
+                await self.client.srem(keys.runs_open(self.prefix), run_id)
+            elif not beating:
+                out.append(run)
+        return out
+
+    async def get(self, run_id: str) -> RunRecord:
+        """The run with id ``run_id``.
+
+        :raises UnknownRun: if there is none.
+        """
+        raw = await self.client.get(keys.run(self.prefix, run_id))
+        if raw is None:
+            raise UnknownRun(run_id)
+        return RunRecord.model_validate_json(raw)
+
+    async def recent(self, job: str | None = None, count: int = 10) -> list[RunRecord]:
+        """Up to ``count`` runs, newest first, of one job or of all jobs."""
+        key = keys.runs_of_job(self.prefix, job) if job else keys.runs_all(self.prefix)
+        ids = await self.client.zrevrange(key, 0, max(count, 1) - 1)
+        if not ids:
+            return []
+        raws = await self.client.mget([keys.run(self.prefix, str(i)) for i in ids])
+        return [RunRecord.model_validate_json(r) for r in raws if r is not None]
+
+    async def latest(self, job: str) -> RunRecord | None:
+        """The job's newest run, or None."""
+        runs = await self.recent(job, 1)
+        return runs[0] if runs else None
+
+    async def open_ids(self) -> set[str]:
+        """Ids of runs whose sequence has not finished."""
+        members = await self.client.smembers(keys.runs_open(self.prefix))
+        return {str(m) for m in members}
