@@ -1,10 +1,12 @@
 """Restart, start and stop as people see them: lock, run record, live message, background sequence.
 
 :func:`begin_sequence` does the fast part before the requester gets an answer: take the
-job's lock (or raise :class:`~handlers.lock.InFlight`), create the run, start renewing the
-lock and announce the run's live message.  :func:`run_sequence` is the slow part, run as a
-background task: it calls the Restarter, updates the live message after every step, releases
-the lock as soon as the launch step ends (verification must not hold it), and posts the
+job's lock (or raise :class:`~handlers.lock.InFlight`), create the run and start renewing the
+lock.  :func:`run_sequence` is the slow part, run as a background task: it calls the Restarter
+and hears of every step through one subscription (:meth:`RestartService.subscribe`); the run's
+live message follows at the surface's own pace (:class:`~handlers.latest.Latest`: last state
+wins), so a slow Slack delays the message, never the restart.  It releases the lock
+as soon as the launch step ends (verification must not hold it), and posts the
 launch summary — or, for a run that ended before verification, its verdict — in the run's
 thread.  The verdict of a launched run is posted later by :func:`handlers.verdicts.deliver_verdict`.
 """
@@ -18,6 +20,7 @@ from collections.abc import Awaitable
 
 from handlers.commands import Command
 from handlers.context import Context
+from handlers.latest import Latest
 from handlers.lock import JobLock, read_holder
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
@@ -46,7 +49,8 @@ async def _safe(what: str, aw: Awaitable[object]) -> None:
 async def begin_sequence(
     ctx: Context, command: Command, user: str, channel: str | None, *, lock_ttl: float
 ) -> tuple[RunRecord, JobLock, str | None]:
-    """Take the lock, create the run, announce it.  No remote command runs here.
+    """Take the lock and create the run.  No remote command runs here, and no surface is waited for
+    (the run's live message is posted by :func:`run_sequence`).
 
     :param command: a validated restart/start/stop command.
     :param user: who asked.
@@ -68,9 +72,7 @@ async def begin_sequence(
     except BaseException:
         await asyncio.shield(lock.release())
         raise
-    post_to = ctx.config.channel_for(job) or channel
-    await _safe(f"run {run.id}", ctx.outbox.announce(thread_key(run.id), run_reply(run, ctx.config), post_to))
-    return run, lock, post_to
+    return run, lock, ctx.config.channel_for(job) or channel
 
 
 def _launched(run: RunRecord) -> bool:
@@ -91,19 +93,29 @@ async def run_sequence(
     def notes() -> tuple[str, ...]:
         return (run_lock_lost(run.job),) if lock.lost else ()
 
-    async def on_step(current: RunRecord, rec: StepRecord) -> None:
+    async def show(current: RunRecord) -> None:
+        await ctx.outbox.announce(key, run_reply(current, config, notes=notes()), channel)
+
+    async def hold(rec: StepRecord) -> None:
         await lock.update(step=rec.step.value)
         if rec.step is Step.LAUNCH and rec.outcome is not Outcome.RUNNING:
             await lock.release()  # the launch ended: verification must not hold the lock
-        await _safe(
-            f"run {run.id}", ctx.outbox.announce(key, run_reply(current, config, notes=notes()), channel)
-        )
+
+    message = Latest(show, f"run {run.id}")  # the live message, at the surface's pace
+
+    def on_step(current: RunRecord, rec: StepRecord) -> Awaitable[None] | None:
+        if current.id != run.id:
+            return None
+        message.put(current)  # queued: the sequence does not wait for the surface
+        return hold(rec)  # the lock is run state: kept in step with the sequence
 
     async def cancelled() -> bool:
         return bool(await client.exists(keys.cancel_request(prefix, run.id)))
 
     error: str | None = None
     final = run
+    message.put(run)
+    unsubscribe = ctx.restarter.subscribe(on_step)
     try:
         if command.verb == "restart":
             final = await ctx.restarter.restart(
@@ -111,13 +123,12 @@ async def run_sequence(
                 add=command.patches,
                 remove=command.without,
                 fresh_cache=command.fresh_cache,
-                on_step=on_step,
                 cancelled=cancelled,
             )
         elif command.verb == "start":
-            final = await ctx.restarter.start(run, on_step=on_step, cancelled=cancelled)
+            final = await ctx.restarter.start(run, cancelled=cancelled)
         else:
-            final = await ctx.restarter.stop(run, on_step=on_step)
+            final = await ctx.restarter.stop(run)
     except PitstopError as exc:
         error = exc.message
     except Exception:
@@ -125,6 +136,7 @@ async def run_sequence(
         log.exception("incident %s: %s of %s (%s)", incident, command.verb, run.job, run.id)
         error = internal_error(incident)
     finally:
+        unsubscribe()
         await asyncio.shield(lock.release())
     try:
         await client.delete(keys.cancel_request(prefix, run.id))
@@ -132,7 +144,8 @@ async def run_sequence(
         log.debug("could not clear the cancel request of %s", run.id, exc_info=True)
     if error is not None:
         final = await _record_failure(ctx, run, error)
-    await _safe(f"run {run.id}", ctx.outbox.announce(key, run_reply(final, config, notes=notes()), channel))
+    message.put(final)
+    await message.flush()
     if final.verdict is not None:  # ended before verification: nobody else will post its verdict
         await _safe(f"verdict of {run.id}", ctx.outbox.thread(key, verdict_reply(final), channel))
         await _safe(

@@ -15,7 +15,7 @@ from typing import Any
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, parse_config
-from pipeline.engines.base import RestartService
+from pipeline.engines.base import RestartService, StepListener
 from pipeline.errors import HostUnreachable
 from pipeline.host.probe import ProcessCount
 from pipeline.host.remote import RemoteHosts, RemoteResult
@@ -100,8 +100,8 @@ class StandInRestarter:
     """Real-Redis test double for :class:`pipeline.engines.ssh.Restarter` (implements
     :class:`~pipeline.engines.base.RestartService`).
 
-    Walks the steps (recording each on the run and reporting it to ``on_step`` as the real one
-    does), checks ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``
+    Walks the steps (recording each on the run and telling the subscribed listeners as the real
+    one does), checks ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``
     for the launch), and records every call in a Redis list and the highest number of
     sequences running at once, so a test sees what ran across processes.
     """
@@ -132,6 +132,17 @@ class StandInRestarter:
         self.log_error = log_error
         self.launched = asyncio.Event()
         self.in_launch = asyncio.Event()
+        self._listeners: list[StepListener] = []
+
+    def subscribe(self, listener: StepListener) -> Callable[[], None]:
+        """Tell ``listener`` of every step change, as :meth:`StepLog.subscribe` does."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    async def _tell(self, run: RunRecord, rec: StepRecord) -> None:
+        for listener in list(self._listeners):
+            if (pending := listener(run, rec)) is not None:
+                await pending
 
     async def calls(self) -> list[dict[str, object]]:
         """Every call so far, oldest first."""
@@ -146,13 +157,11 @@ class StandInRestarter:
         run: RunRecord,
         step: Step,
         seconds: float,
-        on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None,
     ) -> None:
         rec = StepRecord(step=step, started_at=time.time())
         run.steps.append(rec)
         await self.runs.save(run)
-        if on_step:
-            await on_step(run, rec)
+        await self._tell(run, rec)
         if step is Step.LAUNCH:
             self.in_launch.set()
         await asyncio.sleep(seconds)
@@ -160,15 +169,13 @@ class StandInRestarter:
         rec.outcome = Outcome.OK
         rec.detail = f"{step.value} done"
         await self.runs.save(run)
-        if on_step:
-            await on_step(run, rec)
+        await self._tell(run, rec)
 
     async def _sequence(
         self,
         action: str,
         run: RunRecord,
         steps: Sequence[Step],
-        on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None,
         cancelled: Callable[[], Awaitable[bool]] | None,
         **details: object,
     ) -> RunRecord:
@@ -186,15 +193,14 @@ class StandInRestarter:
                     run.finished_at = time.time()
                     await self.runs.save(run)
                     return run
-                await self._step(run, step, self.launch_s if step is Step.LAUNCH else self.step_s, on_step)
+                await self._step(run, step, self.launch_s if step is Step.LAUNCH else self.step_s)
             if Step.LAUNCH in steps:
                 run.pid = 4242
                 run.launched_at = time.time()
                 rec = StepRecord(step=Step.VERIFY, started_at=time.time(), outcome=Outcome.WAITING)
                 run.steps.append(rec)
                 await self.runs.save(run)
-                if on_step:
-                    await on_step(run, rec)
+                await self._tell(run, rec)
                 self.launched.set()
                 await asyncio.sleep(self.after_launch_s)
             else:
@@ -211,7 +217,6 @@ class StandInRestarter:
         add: Sequence[str] = (),
         remove: Sequence[str] = (),
         fresh_cache: bool = False,
-        on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None = None,
         cancelled: Callable[[], Awaitable[bool]] | None = None,
     ) -> RunRecord:
         """Walk preflight → stop → clear_cache → patch → launch; leave verify WAITING."""
@@ -220,7 +225,6 @@ class StandInRestarter:
             "restart",
             run,
             steps,
-            on_step,
             cancelled,
             add=list(add),
             remove=list(remove),
@@ -231,17 +235,14 @@ class StandInRestarter:
         self,
         run: RunRecord,
         *,
-        on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None = None,
         cancelled: Callable[[], Awaitable[bool]] | None = None,
     ) -> RunRecord:
         """Walk preflight → launch."""
-        return await self._sequence("start", run, [Step.PREFLIGHT, Step.LAUNCH], on_step, cancelled)
+        return await self._sequence("start", run, [Step.PREFLIGHT, Step.LAUNCH], cancelled)
 
-    async def stop(
-        self, run: RunRecord, *, on_step: Callable[[RunRecord, StepRecord], Awaitable[None]] | None = None
-    ) -> RunRecord:
+    async def stop(self, run: RunRecord) -> RunRecord:
         """Walk stop; finish the run."""
-        return await self._sequence("stop", run, [Step.STOP], on_step, None)
+        return await self._sequence("stop", run, [Step.STOP], None)
 
     async def verify(self, run: RunRecord) -> RunRecord:
         """Not simulated: the handler tests that verify use the real Restarter."""

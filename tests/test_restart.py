@@ -521,11 +521,17 @@ async def test_cancel_before_stop_changes_nothing_and_after_stop_says_so(
 
     run = await stack.run()
 
-    async def cancel_during_stop(r: RunRecord, rec: StepRecord) -> None:
-        if rec.step is Step.STOP and rec.outcome is Outcome.RUNNING:  # someone presses Cancel now
-            await stack.redis.client.set(keys.cancel_request(stack.redis.prefix, r.id), "U-tester")
+    pressed = asyncio.Event()
 
-    run = await stack.restarter.restart(run, on_step=cancel_during_stop)
+    def cancel_during_stop(r: RunRecord, rec: StepRecord) -> None:
+        if rec.step is Step.STOP and rec.outcome is Outcome.RUNNING:  # someone presses Cancel now
+            pressed.set()
+
+    async def cancel_pressed() -> bool:
+        return pressed.is_set()
+
+    stack.restarter.subscribe(cancel_during_stop)
+    run = await stack.restarter.restart(run, cancelled=cancel_pressed)
     assert run.verdict is Verdict.CANCELLED
     assert run.verdict_line == "CANCELLED after stop - the job is stopped and was not relaunched"
     assert not alive(first.pid or 0, first.start_time) and run.step(Step.LAUNCH) is None
@@ -539,14 +545,15 @@ async def test_lost_connection_mid_stop_is_recorded_not_raised(
     await stack.start()
     seen: list[str] = []
 
-    async def on_step(run: RunRecord, rec: StepRecord) -> None:
+    def on_step(run: RunRecord, rec: StepRecord) -> None:
         seen.append(f"{rec.step.value}:{rec.outcome.value}")
         if rec.step is Step.STOP and rec.outcome is Outcome.RUNNING:
             asyncio.get_running_loop().call_later(
                 0.5, lambda: [c.close() for c in list(ssh_server.host._conns)]
             )
 
-    run = await stack.restarter.restart(await stack.run(), on_step=on_step)
+    stack.restarter.subscribe(on_step)
+    run = await stack.restarter.restart(await stack.run())
     assert run.verdict is Verdict.STOP_FAILED, run.verdict_line
     detail = step(run, Step.STOP).detail
     assert "connection lost" in detail or "without an exit status" in detail
@@ -732,17 +739,18 @@ async def test_reconcile_marks_mid_sequence_runs_interrupted_only(
 async def test_step_events_are_published_as_steps_happen(
     ssh_server: InProcessHost, job_factory: JobFactory, make_stack: MakeStack
 ) -> None:
-    """Each step change is a `step` event on the stream and an on_step call, in order."""
+    """Each step change is a `step` event on the stream and a call of every subscribed listener, in order."""
     from pipeline.state.events import EventKind
 
     stack = await make_stack(job_factory(ssh_server))
     cursor = await stack.events.last_id()
     calls: list[tuple[str, str]] = []
 
-    async def on_step(run: RunRecord, rec: StepRecord) -> None:
+    def on_step(run: RunRecord, rec: StepRecord) -> None:
         calls.append((rec.step.value, rec.outcome.value))
 
-    run = await stack.restarter.start(await stack.run("start"), on_step=on_step)
+    stack.restarter.subscribe(on_step)
+    run = await stack.restarter.start(await stack.run("start"))
     assert calls == [
         ("preflight", "running"),
         ("preflight", "ok"),

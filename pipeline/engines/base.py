@@ -15,16 +15,16 @@ engine is not ``"ssh"`` to the engine registered under that name (``Restarter.en
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pipeline.config import Config
-from pipeline.engines.steplog import CancelCheck, StepCallback
+from pipeline.engines.steplog import CancelCheck, StepListener
 from pipeline.host.probe import ProcessCount
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.runs import RunRecord, RunStore
 
-__all__ = ["CancelCheck", "Engine", "StepCallback"]
+__all__ = ["CancelCheck", "Engine", "StepListener"]
 
 
 class Engine(Protocol):
@@ -40,20 +40,17 @@ class Engine(Protocol):
         add: Sequence[str] = (),
         remove: Sequence[str] = (),
         fresh_cache: bool = False,
-        on_step: StepCallback | None = None,
         cancelled: CancelCheck | None = None,
     ) -> RunRecord:
         """preflight → stop → clear_cache → patch → launch; leaves ``verify`` WAITING (due at
         launch + ``start_window`` in ``keys.runs_unverified``)."""
         ...
 
-    async def start(
-        self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None
-    ) -> RunRecord:
+    async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
         """preflight (refusing a job that runs) → launch; leaves ``verify`` WAITING."""
         ...
 
-    async def stop(self, run: RunRecord, *, on_step: StepCallback | None = None) -> RunRecord:
+    async def stop(self, run: RunRecord) -> RunRecord:
         """The ``stop`` step alone; verdict None on success, ``STOP_FAILED`` otherwise."""
         ...
 
@@ -98,6 +95,13 @@ class RestartService(Engine, Protocol):
     @property
     def runs(self) -> RunStore:
         """Run records in Redis."""
+        ...
+
+    def subscribe(self, listener: StepListener) -> Callable[[], None]:
+        """Tell ``listener`` of every step change of every run (:meth:`StepLog.subscribe`).
+
+        :returns: a function that unsubscribes it.
+        """
         ...
 
     async def patches_in_effect(self, job: str) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from pipeline.config import JobConfig
-from pipeline.engines.steplog import CancelCheck, StepCallback, StepLog
+from pipeline.engines.steplog import CancelCheck, StepLog
 from pipeline.engines.workdir import clear_cache, patch, patch_texts
 from pipeline.errors import SequenceAborted
 from pipeline.host.remote import RemoteHosts
@@ -41,7 +41,6 @@ class EngineSteps(Protocol):
         job: JobConfig,
         wants: Mapping[str, str],
         texts: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> Mapping[str, bool]:
         """Pre-flight; returns which configured patches are applied in the workdir now."""
         ...
@@ -52,7 +51,6 @@ class EngineSteps(Protocol):
         name: str,
         job: JobConfig,
         current: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> None:
         """Stop the old run recorded in ``current``."""
         ...
@@ -63,7 +61,6 @@ class EngineSteps(Protocol):
         name: str,
         job: JobConfig,
         current: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> None:
         """Launch the new run; returns at once, its identity recorded."""
         ...
@@ -80,7 +77,6 @@ async def restart_sequence(
     add: Sequence[str] = (),
     remove: Sequence[str] = (),
     fresh_cache: bool = False,
-    on_step: StepCallback | None = None,
     cancelled: CancelCheck | None = None,
 ) -> RunRecord:
     """Pre-flight, stop, clear cache, patch, launch; leave ``verify`` WAITING.
@@ -96,20 +92,20 @@ async def restart_sequence(
     try:
         current = await steps.current(name)
         engine.remember_old(run, current)
-        texts = await patch_texts(steps, run, name, job, [*add, *remove], on_step)
+        texts = await patch_texts(steps, run, name, job, [*add, *remove])
         wants = {p: "state" for p in job.patches}
         wants.update({p: "revert" for p in remove})
         wants.update({p: "apply" for p in add})
-        applied = await engine.preflight_step(run, name, job, wants, texts, on_step)
-        await steps.boundary(run, None, cancelled, on_step)
-        await engine.stop_step(run, name, job, current, on_step)
-        await steps.boundary(run, Step.STOP, cancelled, on_step)
-        await clear_cache(ssh, steps, run, name, job, fresh_cache, on_step)
-        await steps.boundary(run, Step.CLEAR_CACHE, cancelled, on_step)
-        await patch(ssh, steps, run, name, job, texts, applied, add, remove, on_step)
-        await steps.boundary(run, Step.PATCH, cancelled, on_step)
-        await engine.launch_step(run, name, job, current, on_step)
-        await steps.await_verify(run, job.start_window, on_step)
+        applied = await engine.preflight_step(run, name, job, wants, texts)
+        await steps.boundary(run, None, cancelled)
+        await engine.stop_step(run, name, job, current)
+        await steps.boundary(run, Step.STOP, cancelled)
+        await clear_cache(ssh, steps, run, name, job, fresh_cache)
+        await steps.boundary(run, Step.CLEAR_CACHE, cancelled)
+        await patch(ssh, steps, run, name, job, texts, applied, add, remove)
+        await steps.boundary(run, Step.PATCH, cancelled)
+        await engine.launch_step(run, name, job, current)
+        await steps.await_verify(run, job.start_window)
         return run
     except SequenceAborted as stop:
         return await steps.finish(run, stop)

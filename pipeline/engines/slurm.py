@@ -29,7 +29,7 @@ from typing import Any
 
 from pipeline import verdict
 from pipeline.config import JobConfig, SlurmSettings
-from pipeline.engines.base import CancelCheck, StepCallback
+from pipeline.engines.base import CancelCheck
 from pipeline.engines.sequence import restart_sequence
 from pipeline.engines.ssh import KILL_TIMEOUT, VERIFY_GRACE, Restarter
 from pipeline.engines.steplog import step_preflight_ok, step_stop_nothing
@@ -115,7 +115,6 @@ class SlurmEngine:
         add: Sequence[str] = (),
         remove: Sequence[str] = (),
         fresh_cache: bool = False,
-        on_step: StepCallback | None = None,
         cancelled: CancelCheck | None = None,
     ) -> RunRecord:
         """See :meth:`pipeline.engines.base.Engine.restart`."""
@@ -130,7 +129,6 @@ class SlurmEngine:
             add=add,
             remove=remove,
             fresh_cache=fresh_cache,
-            on_step=on_step,
             cancelled=cancelled,
         )
 
@@ -147,10 +145,9 @@ class SlurmEngine:
         job: JobConfig,
         wants: Mapping[str, str],
         texts: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> Mapping[str, bool]:
         """Partition up, script present, ``sbatch --test-only``, and the helper's checks on the login node."""
-        return (await self._preflight(run, name, job, wants, texts, on_step)).get("applied") or {}
+        return (await self._preflight(run, name, job, wants, texts)).get("applied") or {}
 
     async def stop_step(
         self,
@@ -158,10 +155,9 @@ class SlurmEngine:
         name: str,
         job: JobConfig,
         current: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> None:
         """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has left."""
-        await self._stop(run, name, job, run.old_slurm_job, on_step)
+        await self._stop(run, name, job, run.old_slurm_job)
 
     async def launch_step(
         self,
@@ -169,35 +165,32 @@ class SlurmEngine:
         name: str,
         job: JobConfig,
         current: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> None:
         """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
-        await self._launch(run, name, job, run.old_slurm_job, on_step)
+        await self._launch(run, name, job, run.old_slurm_job)
 
-    async def start(
-        self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None
-    ) -> RunRecord:
+    async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
         """See :meth:`pipeline.engines.base.Engine.start`: refuses while the recorded job is active."""
         name, job, _ = self._spec(run.job)
         try:
             current = await self.steps.current(name)
             old = _int(current.get("slurm_job"))
-            await self._preflight(run, name, job, {}, {}, on_step, running=old)
-            await self.steps.boundary(run, None, cancelled, on_step)
+            await self._preflight(run, name, job, {}, {}, running=old)
+            await self.steps.boundary(run, None, cancelled)
             run.patches = sorted(await self.steps.stored_patches(name))
-            await self._launch(run, name, job, old, on_step)
-            await self.steps.await_verify(run, job.start_window, on_step)
+            await self._launch(run, name, job, old)
+            await self.steps.await_verify(run, job.start_window)
             return run
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
 
-    async def stop(self, run: RunRecord, *, on_step: StepCallback | None = None) -> RunRecord:
+    async def stop(self, run: RunRecord) -> RunRecord:
         """See :meth:`pipeline.engines.base.Engine.stop`."""
         name, job, _ = self._spec(run.job)
         try:
             current = await self.steps.current(name)
             run.old_slurm_job = _int(current.get("slurm_job"))
-            await self._stop(run, name, job, run.old_slurm_job, on_step)
+            await self._stop(run, name, job, run.old_slurm_job)
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
         run.finished_at = time.time()
@@ -213,17 +206,16 @@ class SlurmEngine:
         job: JobConfig,
         wants: Mapping[str, str],
         texts: Mapping[str, str],
-        on_step: StepCallback | None,
         *,
         running: int | None = None,
     ) -> PreflightAnswer:
         r = self.r
         sl = job.slurm
         assert sl is not None
-        rec = await self.steps.begin(run, Step.PREFLIGHT, on_step)
+        rec = await self.steps.begin(run, Step.PREFLIGHT)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
-            await self.steps.fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail)
             return PreflightFailed(name, check, detail, line=verdict.preflight_failed(check, detail))
 
         test_args = ["-D", job.workdir, *sl.sbatch_args]
@@ -271,7 +263,7 @@ class SlurmEngine:
         failed = [c for c in answer.get("checks", []) if not c.get("ok") and c.get("check") != "launch"]
         if failed:
             detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            await self.steps.fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail)
             raise PreflightFailed(
                 name,
                 failed[0]["check"],
@@ -287,7 +279,7 @@ class SlurmEngine:
                 raise await fail("running", f"{name} is already {j.state} as Slurm job {j.id}")
         checks = ["partition", "script", "sbatch", *(c["check"] for c in answer.get("checks", []))]
         names = [c for c in dict.fromkeys(checks) if c != "launch"]
-        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names), on_step)
+        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names))
         return answer
 
     async def _wait_gone(self, name: str, job_id: int, timeout: float) -> SlurmJob | None:
@@ -299,16 +291,14 @@ class SlurmEngine:
                 return j
             await asyncio.sleep(STOP_POLL)
 
-    async def _stop(
-        self, run: RunRecord, name: str, job: JobConfig, old: int | None, on_step: StepCallback | None
-    ) -> None:
-        rec = await self.steps.begin(run, Step.STOP, on_step)
+    async def _stop(self, run: RunRecord, name: str, job: JobConfig, old: int | None) -> None:
+        rec = await self.steps.begin(run, Step.STOP)
         try:
             j = await self.client.one(name, old) if old is not None else None
             if old is None or j is None or not j.active:
                 detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else step_stop_nothing()
                 await self.steps.mark_stopped(name, run)
-                await self.steps.end(run, rec, Outcome.OK, detail, on_step)
+                await self.steps.end(run, rec, Outcome.OK, detail)
                 return
             began = time.monotonic()
             how = "SIGTERM"
@@ -323,25 +313,23 @@ class SlurmEngine:
                 await self.client.checked(name, ["scancel", str(old)])
                 j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
         except RemoteError as exc:
-            await self.steps.fail(run, rec, exc.message, on_step)
+            await self.steps.fail(run, rec, exc.message)
             raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
         took = time.monotonic() - began
         if j is not None and j.active:
             why = f"Slurm job {old} is still {j.state} after scancel"
-            await self.steps.fail(run, rec, why, on_step)
+            await self.steps.fail(run, rec, why)
             raise StopFailed(name, [], why, line=verdict.stop_failed([], why))
         ended = slurm.job_ended(j) if j is not None else f"job {old} left the queue"
         await self.steps.mark_stopped(name, run)
         await self.steps.end(
-            run, rec, Outcome.OK, f"stopped Slurm job {old} in {took:.1f} s ({how}); {ended}", on_step
+            run, rec, Outcome.OK, f"stopped Slurm job {old} in {took:.1f} s ({how}); {ended}"
         )
 
-    async def _launch(
-        self, run: RunRecord, name: str, job: JobConfig, old: int | None, on_step: StepCallback | None
-    ) -> None:
+    async def _launch(self, run: RunRecord, name: str, job: JobConfig, old: int | None) -> None:
         sl = job.slurm
         assert sl is not None
-        rec = await self.steps.begin(run, Step.LAUNCH, on_step)
+        rec = await self.steps.begin(run, Step.LAUNCH)
         try:
             # Queued held, measured, then released: a job that starts at once cannot write its
             # first lines before the offset that verification reads from is taken.
@@ -358,7 +346,7 @@ class SlurmEngine:
             finally:
                 await self.client.checked(name, ["scontrol", "release", str(job_id)])
         except RemoteError as exc:
-            await self.steps.fail(run, rec, exc.message, on_step)
+            await self.steps.fail(run, rec, exc.message)
             raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
         run.slurm_job = job_id
         run.log_size_at_launch = size
@@ -373,7 +361,7 @@ class SlurmEngine:
             "patches": ",".join(run.patches),
         }
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
-        await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}", on_step)
+        await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}")
 
     # --- verification ---------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ The sequence is built so the two classic failures cannot happen:
 
 Nothing is stopped before pre-flight passed (host, workdir, launch program, patches, log
 directory, free space — one SSH call).  Each step is recorded in the run (:mod:`pipeline.state.runs`)
-with start, end, outcome and detail, reported to ``on_step`` as it happens and published as a
-``step`` event; a failed step raises one of the :class:`~pipeline.errors.SequenceAborted`
+with start, end, outcome and detail, published as a ``step`` event and told to the step log's
+listeners as it happens; a failed step raises one of the :class:`~pipeline.errors.SequenceAborted`
 errors (``PreflightFailed``, ``StopFailed``, ``LaunchFailed``, ``RunCancelled``), each carrying
 its verdict and verdict line, which the sequence catches: it sets the verdict and returns the
 run (the failure is not raised to the caller).  A stop that found the recorded pid reused marks
@@ -34,7 +34,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pipeline import verdict
@@ -43,7 +43,7 @@ from pipeline.engines.base import Engine
 from pipeline.engines.sequence import restart_sequence
 from pipeline.engines.steplog import (
     CancelCheck,
-    StepCallback,
+    StepListener,
     StepLog,
     already_running,
     gpu_memory_freed,
@@ -125,6 +125,13 @@ class Restarter:
         self.steps = StepLog(runs, events)  #: records each step of a run (shared with other engines)
         self.engines: dict[str, Engine] = {}  #: engine name → engine, for jobs not on "ssh"
 
+    def subscribe(self, listener: StepListener) -> Callable[[], None]:
+        """Tell ``listener`` of every step change of every run, whatever its engine.
+
+        :returns: a function that unsubscribes it.
+        """
+        return self.steps.subscribe(listener)
+
     def engine_for(self, job: JobConfig) -> Engine | None:
         """The engine running ``job``, or None for the ssh engine (this class).
 
@@ -146,7 +153,6 @@ class Restarter:
         add: Sequence[str] = (),
         remove: Sequence[str] = (),
         fresh_cache: bool = False,
-        on_step: StepCallback | None = None,
         cancelled: CancelCheck | None = None,
     ) -> RunRecord:
         """Pre-flight, stop, clear cache, patch, launch; leave ``verify`` WAITING.
@@ -160,7 +166,6 @@ class Restarter:
         :param add: patch names to apply (kept applied by later restarts).
         :param remove: patch names to revert.
         :param fresh_cache: clear the job's ``clear_cache`` paths before the launch.
-        :param on_step: awaited with the run and step each time a step starts or ends.
         :param cancelled: awaited at each step boundary; True cancels the run (so does the
             ``keys.cancel_request`` key).
         :returns: the run as saved.
@@ -169,7 +174,7 @@ class Restarter:
         job = self.config.jobs[name]
         if (other := self.engine_for(job)) is not None:
             return await other.restart(
-                run, add=add, remove=remove, fresh_cache=fresh_cache, on_step=on_step, cancelled=cancelled
+                run, add=add, remove=remove, fresh_cache=fresh_cache, cancelled=cancelled
             )
         return await restart_sequence(
             self,
@@ -181,7 +186,6 @@ class Restarter:
             add=add,
             remove=remove,
             fresh_cache=fresh_cache,
-            on_step=on_step,
             cancelled=cancelled,
         )
 
@@ -198,10 +202,9 @@ class Restarter:
         job: JobConfig,
         wants: Mapping[str, str],
         texts: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> Mapping[str, bool]:
         """One helper call checks host, workdir, program, patches, log directory and free space."""
-        return (await self._preflight(run, name, job, wants, texts, on_step)).get("applied") or {}
+        return (await self._preflight(run, name, job, wants, texts)).get("applied") or {}
 
     async def stop_step(
         self,
@@ -209,10 +212,9 @@ class Restarter:
         name: str,
         job: JobConfig,
         current: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> None:
         """Stop the recorded process group (SIGTERM, ``stop_timeout``, SIGKILL), never by pattern."""
-        if stale := await self._stop(run, name, job, current, on_step):
+        if stale := await self._stop(run, name, job, current):
             log.info("%s: %s", run.id, stale)
 
     async def launch_step(
@@ -221,14 +223,11 @@ class Restarter:
         name: str,
         job: JobConfig,
         current: Mapping[str, str],
-        on_step: StepCallback | None,
     ) -> None:
         """Launch fully detached (new session); the SSH call returns at once."""
-        await self._launch(run, name, job, on_step)
+        await self._launch(run, name, job)
 
-    async def start(
-        self, run: RunRecord, *, on_step: StepCallback | None = None, cancelled: CancelCheck | None = None
-    ) -> RunRecord:
+    async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
         """Pre-flight (refusing if the job already runs), launch; leave ``verify`` WAITING.
 
         :returns: the run as saved (verdict ``PREFLIGHT_FAILED`` with check ``running`` if the
@@ -237,19 +236,19 @@ class Restarter:
         name = self.config.job_name(run.job)
         job = self.config.jobs[name]
         if (other := self.engine_for(job)) is not None:
-            return await other.start(run, on_step=on_step, cancelled=cancelled)
+            return await other.start(run, cancelled=cancelled)
         try:
             current = await self.steps.current(name)
-            await self._preflight(run, name, job, {}, {}, on_step, running=current)
-            await self.steps.boundary(run, None, cancelled, on_step)
+            await self._preflight(run, name, job, {}, {}, running=current)
+            await self.steps.boundary(run, None, cancelled)
             run.patches = sorted(await self.steps.stored_patches(name))
-            await self._launch(run, name, job, on_step)
-            await self.steps.await_verify(run, job.start_window, on_step)
+            await self._launch(run, name, job)
+            await self.steps.await_verify(run, job.start_window)
             return run
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
 
-    async def stop(self, run: RunRecord, *, on_step: StepCallback | None = None) -> RunRecord:
+    async def stop(self, run: RunRecord) -> RunRecord:
         """Stop the job (by its recorded identity) and nothing else.
 
         :returns: the run, finished; verdict None when the stop succeeded (the detail is in the
@@ -258,11 +257,11 @@ class Restarter:
         name = self.config.job_name(run.job)
         job = self.config.jobs[name]
         if (other := self.engine_for(job)) is not None:
-            return await other.stop(run, on_step=on_step)
+            return await other.stop(run)
         try:
             current = await self.steps.current(name)
             run.old_pid = recorded_identity(current)["pid"]
-            await self._stop(run, name, job, current, on_step)
+            await self._stop(run, name, job, current)
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
         run.finished_at = time.time()
@@ -391,11 +390,10 @@ class Restarter:
         job: JobConfig,
         wants: Mapping[str, str],
         texts: Mapping[str, str],
-        on_step: StepCallback | None,
         *,
         running: Mapping[str, str] | None = None,
     ) -> PreflightAnswer:
-        rec = await self.steps.begin(run, Step.PREFLIGHT, on_step)
+        rec = await self.steps.begin(run, Step.PREFLIGHT)
         args: PreflightArgs = {
             "workdir": job.workdir,
             "program": job.launch[0],
@@ -423,7 +421,7 @@ class Restarter:
             )
         except RemoteError as exc:
             check = "host_key" if isinstance(exc, HostKeyRejected) else "host"
-            await self.steps.fail(run, rec, exc.message, on_step)
+            await self.steps.fail(run, rec, exc.message)
             raise PreflightFailed(
                 name, check, exc.message, line=verdict.preflight_failed(check, exc.message)
             ) from None
@@ -431,7 +429,7 @@ class Restarter:
         if failed:
             first = failed[0]
             detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            await self.steps.fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail)
             raise PreflightFailed(
                 name,
                 first["check"],
@@ -442,10 +440,10 @@ class Restarter:
         if seen and (seen.get("alive") or seen.get("count")):
             pids = list(seen.get("pids") or []) or [int(recorded_identity(running)["pid"] or 0)]
             detail = already_running(name, pids)
-            await self.steps.fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail)
             raise PreflightFailed(name, "running", detail, line=verdict.preflight_failed("running", detail))
         names = [c["check"] for c in answer.get("checks", [])]
-        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(list(dict.fromkeys(names))), on_step)
+        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(list(dict.fromkeys(names))))
         return answer
 
     async def _stop(
@@ -454,10 +452,9 @@ class Restarter:
         name: str,
         job: JobConfig,
         current: Mapping[str, str] | None,
-        on_step: StepCallback | None,
     ) -> str | None:
         """Stop the old run; returns the stale-record note if the record was stale."""
-        rec = await self.steps.begin(run, Step.STOP, on_step)
+        rec = await self.steps.begin(run, Step.STOP)
         ident = recorded_identity(current)
         args: StopArgs = {
             **ident,
@@ -471,7 +468,7 @@ class Restarter:
                 self.ssh, "stop", args, job=name, timeout=job.stop_timeout + 2 * KILL_TIMEOUT + CALL_TIMEOUT
             )
         except RemoteError as exc:
-            await self.steps.fail(run, rec, exc.message, on_step)
+            await self.steps.fail(run, rec, exc.message)
             raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
         stale = answer.get("stale")
         rec.stale = bool(stale)
@@ -488,7 +485,7 @@ class Restarter:
             detail = f"{note}; {detail}"
         if survivors:
             failure = StopFailed(name, survivors, line=verdict.stop_failed(survivors, "survived SIGKILL"))
-            await self.steps.fail(run, rec, f"{detail}; {failure.message}", on_step)
+            await self.steps.fail(run, rec, f"{detail}; {failure.message}")
             raise failure
         if job.gpus is not None and job.gpus.all and targets:
             pairs: list[tuple[int, int | None]] = [(t["pid"], t["start_time"]) for t in targets]
@@ -501,20 +498,20 @@ class Restarter:
                     timeout=self.gpu_wait_timeout + CALL_TIMEOUT,
                 )
             except RemoteError as exc:
-                await self.steps.fail(run, rec, f"{detail}; {exc.message}", on_step)
+                await self.steps.fail(run, rec, f"{detail}; {exc.message}")
                 raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
             holders = sorted({int(h["pid"]) for h in gpu.get("holders") or []})
             if holders:
                 held = gpu_memory_held(holders, float(gpu.get("seconds") or self.gpu_wait_timeout))
-                await self.steps.fail(run, rec, f"{detail}; {held}", on_step)
+                await self.steps.fail(run, rec, f"{detail}; {held}")
                 raise StopFailed(name, holders, held, line=verdict.stop_failed(holders, held))
             detail += "; " + gpu_memory_freed(float(gpu.get("seconds") or 0))
         await self.steps.mark_stopped(name, run)
-        await self.steps.end(run, rec, Outcome.OK, detail, on_step)
+        await self.steps.end(run, rec, Outcome.OK, detail)
         return note
 
-    async def _launch(self, run: RunRecord, name: str, job: JobConfig, on_step: StepCallback | None) -> None:
-        rec = await self.steps.begin(run, Step.LAUNCH, on_step)
+    async def _launch(self, run: RunRecord, name: str, job: JobConfig) -> None:
+        rec = await self.steps.begin(run, Step.LAUNCH)
         args: LaunchArgs = {
             "workdir": job.workdir,
             "argv": list(job.launch),
@@ -526,13 +523,13 @@ class Restarter:
             answer = await call_helper(self.ssh, "launch", args, job=name, timeout=LAUNCH_TIMEOUT)
         except RemoteTimeout as exc:
             detail = launch_hung(exc.timeout, await self._state_text(name, job))
-            await self.steps.fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail)
             raise LaunchFailed(name, detail, line=verdict.launch_failed(detail)) from None
         except RemoteError as exc:
             detail = exc.message
             if not isinstance(exc, HostKeyRejected):
                 detail += f"; process state: {await self._state_text(name, job)}"
-            await self.steps.fail(run, rec, detail, on_step)
+            await self.steps.fail(run, rec, detail)
             raise LaunchFailed(name, detail, line=verdict.launch_failed(detail)) from None
         run.pid = int(answer["pid"])
         run.pgid = int(answer.get("pgid") or run.pid)
@@ -552,9 +549,7 @@ class Restarter:
             "patches": ",".join(run.patches),
         }
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
-        await self.steps.end(
-            run, rec, Outcome.OK, step_launched(run.pid, job.log, run.log_size_at_launch), on_step
-        )
+        await self.steps.end(run, rec, Outcome.OK, step_launched(run.pid, job.log, run.log_size_at_launch))
 
     # --- helpers ------------------------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """The record of a run's steps, shared by every engine: each step's start, end, outcome and detail.
 
 A restart is a list of named steps (:class:`pipeline.verdict.Step`).  Every engine records them the
-same way through one :class:`StepLog`: a step is *begun* (saved, published as a ``step`` event,
-reported to the caller's ``on_step``), then *ended* with an outcome and a detail a person reads.
+same way through one :class:`StepLog`: a step is *begun* (saved, published as a ``step`` event on
+the stream and handed to every in-process listener, :meth:`StepLog.subscribe`), then *ended* with
+an outcome and a detail a person reads.  A surface's listener only queues the change and renders
+at its own pace, so the sequence never waits for Slack.
 A step that fails raises one of the :class:`~pipeline.errors.SequenceAborted` errors, and the
 engine hands it to :meth:`StepLog.finish`, which sets the run's verdict from it.
 
@@ -13,6 +15,7 @@ leaves the same trace behind.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -24,7 +27,12 @@ from pipeline.state.events import EventKind, Events
 from pipeline.state.runs import RunRecord, RunStore, StepRecord
 from pipeline.verdict import Outcome, Step, Verdict
 
-StepCallback = Callable[[RunRecord, StepRecord], Awaitable[None]]
+log = logging.getLogger(__name__)
+
+StepListener = Callable[[RunRecord, StepRecord], Awaitable[None] | None]
+"""Told of every step change (the run as it is now, the step that changed).  A surface's listener
+returns None and queues its work; one that keeps run state (the restart lock's step) may return
+an awaitable, awaited before the sequence goes on: bounded, and never waiting for a surface."""
 CancelCheck = Callable[[], Awaitable[bool]]
 
 
@@ -39,6 +47,19 @@ class StepLog:
     def __init__(self, runs: RunStore, events: Events) -> None:
         self.runs = runs
         self.events = events
+        self._listeners: list[StepListener] = []
+
+    def subscribe(self, listener: StepListener) -> Callable[[], None]:
+        """Tell ``listener`` of every step change of every run from now on.
+
+        The listener is called in the sequence's task, right after the change was saved and
+        published (see :data:`StepListener` for what it may await).  An exception it raises is
+        logged and does not reach the sequence.
+
+        :returns: a function that unsubscribes it.
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     @property
     def redis(self) -> Any:
@@ -52,33 +73,35 @@ class StepLog:
 
     # --- steps ------------------------------------------------------------------------------------
 
-    async def begin(self, run: RunRecord, step: Step, on_step: StepCallback | None) -> StepRecord:
+    async def begin(self, run: RunRecord, step: Step) -> StepRecord:
         """Start ``step``: appended to the run, saved, published and reported."""
         rec = StepRecord(step=step, started_at=time.time())
         run.steps.append(rec)
         await self.runs.save(run)
-        await self.emit(run, rec, on_step)
+        await self.emit(run, rec)
         return rec
 
-    async def end(
-        self, run: RunRecord, rec: StepRecord, outcome: Outcome, detail: str, on_step: StepCallback | None
-    ) -> None:
+    async def end(self, run: RunRecord, rec: StepRecord, outcome: Outcome, detail: str) -> None:
         """End ``rec`` with ``outcome`` and ``detail`` (one line a person reads); saved and reported."""
         rec.ended_at = time.time()
         rec.outcome = outcome
         rec.detail = detail
         await self.runs.save(run)
-        await self.emit(run, rec, on_step)
+        await self.emit(run, rec)
 
-    async def fail(self, run: RunRecord, rec: StepRecord, detail: str, on_step: StepCallback | None) -> None:
+    async def fail(self, run: RunRecord, rec: StepRecord, detail: str) -> None:
         """End ``rec`` as FAILED with ``detail``."""
-        await self.end(run, rec, Outcome.FAILED, detail, on_step)
+        await self.end(run, rec, Outcome.FAILED, detail)
 
-    async def emit(self, run: RunRecord, rec: StepRecord, on_step: StepCallback | None) -> None:
-        """Publish ``rec`` and report it to ``on_step``."""
+    async def emit(self, run: RunRecord, rec: StepRecord) -> None:
+        """Publish ``rec`` on the stream and tell every listener."""
         await self.publish(run, rec)
-        if on_step is not None:
-            await on_step(run, rec)
+        for listener in list(self._listeners):
+            try:
+                if (pending := listener(run, rec)) is not None:
+                    await pending
+            except Exception:  # a listener's failure is the surface's, never the sequence's
+                log.exception("step listener failed for %s", run.id)
 
     async def publish(self, run: RunRecord, rec: StepRecord) -> None:
         """Publish ``rec`` as a ``step`` event of the run's job."""
@@ -91,7 +114,7 @@ class StepLog:
             detail=rec.detail,
         )
 
-    async def await_verify(self, run: RunRecord, start_window: float, on_step: StepCallback | None) -> None:
+    async def await_verify(self, run: RunRecord, start_window: float) -> None:
         """Add the ``verify`` step, WAITING for ``start_window`` seconds after the launch."""
         rec = StepRecord(
             step=Step.VERIFY,
@@ -101,7 +124,7 @@ class StepLog:
         )
         run.steps.append(rec)
         await self.runs.save(run)
-        await self.emit(run, rec, on_step)
+        await self.emit(run, rec)
 
     def verify_step(self, run: RunRecord) -> StepRecord:
         """The run's ``verify`` step, set RUNNING (added if the run has none)."""
@@ -134,9 +157,7 @@ class StepLog:
             await self.redis.zrem(keys.runs_unverified(self.prefix), run.id)
         await self.publish(run, rec)
 
-    async def boundary(
-        self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None, on_step: StepCallback | None
-    ) -> None:
+    async def boundary(self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None) -> None:
         """Between two steps: cancel the run if ``keys.cancel_request`` is set or ``cancelled()`` says so.
 
         :raises RunCancelled: if the run is cancelled.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline import fmt, verdict
 from pipeline.config import JobConfig
-from pipeline.engines.steplog import StepCallback, StepLog
+from pipeline.engines.steplog import StepLog
 from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError
 from pipeline.host.probe import call_helper
 from pipeline.host.remote import RemoteHosts
@@ -30,7 +30,6 @@ async def patch_texts(
     name: str,
     job: JobConfig,
     asked: Sequence[str],
-    on_step: StepCallback | None,
 ) -> dict[str, str]:
     """Every configured patch's text by name (read on the controller); ``asked`` must be known and readable.
 
@@ -38,10 +37,10 @@ async def patch_texts(
     """
     unknown = [p for p in asked if p not in job.patches]
     if unknown:
-        rec = await steps.begin(run, Step.PREFLIGHT, on_step)
+        rec = await steps.begin(run, Step.PREFLIGHT)
         known = ", ".join(job.patches) or "none"
         detail = f"unknown patch {', '.join(unknown)} for {name} (known: {known})"
-        await steps.fail(run, rec, detail, on_step)
+        await steps.fail(run, rec, detail)
         raise PreflightFailed(name, "patch", detail, line=verdict.preflight_failed("patch", detail))
     texts: dict[str, str] = {}
     for patch, path in job.patches.items():
@@ -50,9 +49,9 @@ async def patch_texts(
         except OSError as exc:
             if patch not in asked:
                 continue
-            rec = await steps.begin(run, Step.PREFLIGHT, on_step)
+            rec = await steps.begin(run, Step.PREFLIGHT)
             detail = f"{patch}: cannot read {path}: {exc.strerror}"
-            await steps.fail(run, rec, detail, on_step)
+            await steps.fail(run, rec, detail)
             raise PreflightFailed(
                 name, "patch", detail, line=verdict.preflight_failed("patch", detail)
             ) from None
@@ -66,25 +65,24 @@ async def clear_cache(
     name: str,
     job: JobConfig,
     fresh: bool,
-    on_step: StepCallback | None,
 ) -> None:
     """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh`` (else SKIPPED).
 
     :raises LaunchFailed: if the host cannot be reached or a path cannot be cleared.
     """
-    rec = await steps.begin(run, Step.CLEAR_CACHE, on_step)
+    rec = await steps.begin(run, Step.CLEAR_CACHE)
     if not fresh:
-        await steps.end(run, rec, Outcome.SKIPPED, step_cache_skipped(), on_step)
+        await steps.end(run, rec, Outcome.SKIPPED, step_cache_skipped())
         return
     if not job.clear_cache:
-        await steps.end(run, rec, Outcome.SKIPPED, step_cache_none(), on_step)
+        await steps.end(run, rec, Outcome.SKIPPED, step_cache_none())
         return
     try:
         answer = await call_helper(
             ssh, "clear", {"paths": list(job.clear_cache)}, job=name, timeout=CALL_TIMEOUT * 4
         )
     except RemoteError as exc:
-        await steps.fail(run, rec, exc.message, on_step)
+        await steps.fail(run, rec, exc.message)
         raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
     cleared = answer.get("cleared") or []
     detail = step_cache_cleared(
@@ -93,9 +91,9 @@ async def clear_cache(
     errors = [e for c in cleared for e in c.get("errors", [])]
     if errors:
         why = f"cannot clear cache: {'; '.join(errors[:3])}"
-        await steps.fail(run, rec, f"{detail}; {why}", on_step)
+        await steps.fail(run, rec, f"{detail}; {why}")
         raise LaunchFailed(name, why, line=verdict.launch_failed(why))
-    await steps.end(run, rec, Outcome.OK, detail, on_step)
+    await steps.end(run, rec, Outcome.OK, detail)
 
 
 async def patch(
@@ -108,21 +106,20 @@ async def patch(
     applied: Mapping[str, bool],
     add: Sequence[str],
     remove: Sequence[str],
-    on_step: StepCallback | None,
 ) -> None:
     """The ``patch`` step: apply ``add`` and revert ``remove`` in the job's workdir (``git apply``);
     ``applied`` is what pre-flight found in effect.  The patches in effect are recorded.
 
     :raises LaunchFailed: if a patch does not apply or the host cannot be reached.
     """
-    rec = await steps.begin(run, Step.PATCH, on_step)
+    rec = await steps.begin(run, Step.PATCH)
     in_effect = sorted(n for n, on in applied.items() if on)
     to_apply = [p for p in add if not applied.get(p)]
     to_revert = [p for p in remove if applied.get(p)]
     if not to_apply and not to_revert:
         run.patches = in_effect
         await steps.store_patches(name, in_effect)
-        await steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect), on_step)
+        await steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect))
         return
     try:
         answer = await call_helper(
@@ -134,7 +131,7 @@ async def patch(
             timeout=CALL_TIMEOUT * 2,
         )
     except RemoteError as exc:
-        await steps.fail(run, rec, exc.message, on_step)
+        await steps.fail(run, rec, exc.message)
         raise LaunchFailed(name, exc.message, line=verdict.launch_failed(patch_failed(exc.message))) from None
     in_effect = sorted(answer.get("in_effect") or [])
     run.patches = in_effect
@@ -142,9 +139,9 @@ async def patch(
     detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
     if answer.get("failed"):
         why = patch_failed("; ".join(answer["failed"]))
-        await steps.fail(run, rec, f"{detail}; {why}", on_step)
+        await steps.fail(run, rec, f"{detail}; {why}")
         raise LaunchFailed(name, why, line=verdict.launch_failed(why))
-    await steps.end(run, rec, Outcome.OK, detail, on_step)
+    await steps.end(run, rec, Outcome.OK, detail)
 
 
 # --- text ---------------------------------------------------------------------------------------

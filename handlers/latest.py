@@ -1,0 +1,71 @@
+"""Last state wins: a value delivered at the consumer's pace, never at the producer's.
+
+A restart's steps change faster than Slack takes updates of one message (``chat.update`` is paced
+per channel).  The sequence hands each new state to a :class:`Latest` with :meth:`Latest.put`,
+which returns at once; one task delivers the newest state whenever the previous delivery ended,
+so states that arrived meanwhile are coalesced into one delivery of the last of them, and a slow
+or rate-limited surface delays the message, never the sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Latest(Generic[T]):
+    """Deliver the newest value put, one delivery at a time, in a task of its own.
+
+    :param deliver: awaited with the newest value; an exception it raises is logged and the
+        next value is still delivered.
+    :param what: names the deliveries in the log.
+    """
+
+    def __init__(self, deliver: Callable[[T], Awaitable[object]], what: str) -> None:
+        self._deliver = deliver
+        self._what = what
+        self._value: T | None = None
+        self._pending = False
+        self._closing = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def put(self, value: T) -> None:
+        """Make ``value`` the next one delivered (replacing one not delivered yet); returns at once."""
+        self._value, self._pending = value, True
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            value, self._pending = self._value, False
+            try:
+                await self._deliver(value)  # type: ignore[arg-type]
+            except Exception:
+                log.warning("could not deliver %s", self._what, exc_info=True)
+
+    async def flush(self) -> None:
+        """Wait until the newest value put so far was delivered; the task then ends (a later
+        :meth:`put` starts another)."""
+        if self._task is None:
+            return
+        task = self._task
+        self._closing = True
+        self._wake.set()
+        try:
+            await task
+        finally:
+            self._task, self._closing = None, False
