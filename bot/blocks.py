@@ -27,6 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from bot.text import SLACK_HOME_TITLE, SLACK_UNTITLED
 from handlers.reply import Button, Reply, Status, Table, format_table, mention
 
 MAX_BLOCKS = 50  #: blocks per message (chat.postMessage, chat.update, response_url)
@@ -263,8 +264,8 @@ def action_of(action_id: str) -> str:
 
 def title_text(reply: Reply) -> str:
     """The title as the first section shows it (status emoji, bold, escaped); a blank title reads
-    as :func:`pipeline.slack_untitled`."""
-    title = " ".join(reply.title.split()) or slack_untitled()
+    as :data:`bot.text.SLACK_UNTITLED`."""
+    title = " ".join(reply.title.split()) or SLACK_UNTITLED
     return f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*"
 
 
@@ -430,7 +431,7 @@ def fallback_text(reply: Reply) -> str:
     """The plain-text ``text`` sent with the blocks: title, steps and lines, 1 to 3,000 characters."""
     lines = [reply.title, *(s.text() for s in reply.steps), *reply.lines]
     text = "\n".join(line for line in lines if line.strip())
-    return keep_head(text or slack_untitled(), MAX_FALLBACK)
+    return keep_head(text or SLACK_UNTITLED, MAX_FALLBACK)
 
 
 def message(
@@ -445,7 +446,7 @@ def message(
 def text_message(text: str) -> dict[str, Any]:
     """A one-section message (the "working…" ack), within the limits; references in ``text`` are
     shown as text, never as pings."""
-    text = humanise_text(text) if text.strip() else slack_untitled()
+    text = humanise_text(text) if text.strip() else SLACK_UNTITLED
     body = keep_head(text, MAX_SECTION_TEXT)
     return {"text": keep_head(text, MAX_FALLBACK), "blocks": [_section(body)]}
 
@@ -458,7 +459,7 @@ def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None)
     """
     header: Block = {
         "type": "header",
-        "text": {"type": "plain_text", "text": slack_home_title()[:150], "emoji": True},
+        "text": {"type": "plain_text", "text": SLACK_HOME_TITLE[:150], "emoji": True},
     }
     body = reply_blocks(reply, follow_ups=True, limit=MAX_HOME_BLOCKS - 2, names=names)
     return {"type": "home", "blocks": [header, *body, _context(keep_head(footer, MAX_SECTION_TEXT))]}
@@ -517,13 +518,3 @@ def slack_attached(sections: int) -> str:
 def slack_part(index: int, total: int, title: str) -> str:
     """The head of a later message of a split answer."""
     return f"({index}/{total}) {title}"
-
-
-def slack_untitled() -> str:
-    """What an empty reply shows (Slack refuses empty text)."""
-    return "(no text)"
-
-
-def slack_home_title() -> str:
-    """The heading of Pitstop's App Home tab."""
-    return "Pitstop - jobs"

@@ -32,6 +32,7 @@ from rich.text import Text
 from bot.assembly import build_context, close_context
 from bot.blocks import plain, slack_earlier_omitted
 from bot.scheduler import PitstopScheduler
+from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, CONSOLE_PROMPT
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Reply, Status, StepLine
 from pipeline.config import Config
@@ -279,7 +280,7 @@ class ConsoleSession:
         confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
         if confirm is None:
             return reply
-        answer = await self.ask(console_confirm())
+        answer = await self.ask(CONSOLE_CONFIRM)
         if answer is not None and answer.strip().lower() in ("y", "yes"):
             action, value = "confirm", confirm.value
         else:
@@ -319,7 +320,7 @@ class ConsoleSession:
         :returns: 0.
         """
         self._lines = iter(lines) if lines is not None else None
-        prompt = console_prompt()
+        prompt = CONSOLE_PROMPT
         while True:
             if self._lines is not None:
                 line = next(self._lines, None)
@@ -335,7 +336,7 @@ class ConsoleSession:
             if text.lower() in _QUIT:
                 break
             await self.run_line(text)
-        self.console.print(Text(console_bye(), style="dim"))
+        self.console.print(Text(CONSOLE_BYE, style="dim"))
         return 0
 
 
@@ -379,21 +380,6 @@ async def run_console(
 # --- text ---------------------------------------------------------------------------------------
 
 
-def console_prompt() -> str:
-    """The console chat's input prompt."""
-    return "pitstop> "
-
-
-def console_confirm() -> str:
-    """The console's question for a reply that asks for confirmation."""
-    return "confirm? [y/N] "
-
-
 def console_button(label: str, action: str) -> str:
     """A button the console cannot click, shown as a hint."""
     return f"[{label}] ({action})"
-
-
-def console_bye() -> str:
-    """The console's last line."""
-    return "bye"

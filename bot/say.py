@@ -28,8 +28,8 @@ import time
 import uuid
 from typing import IO, TYPE_CHECKING
 
-from bot.console import console_confirm
 from bot.demo_script import demo_wait_timed_out
+from bot.text import CONSOLE_CONFIRM
 from handlers.commands import ParseError, parse
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Reply, render_text
@@ -89,7 +89,7 @@ async def _settle_confirmation(dispatcher: Dispatcher, reply: Reply, user: str, 
     confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
     if confirm is None:
         return reply
-    answer = await asyncio.to_thread(_read_line, console_confirm(), dispatcher.confirm_window, err)
+    answer = await asyncio.to_thread(_read_line, CONSOLE_CONFIRM, dispatcher.confirm_window, err)
     action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
     return await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
 

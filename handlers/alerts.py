@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from handlers.reply import Reply, Status, mention
+from handlers.text import ALERT_FIELD_LABELS, ALERT_NEVER_SEEN, ALERT_NO_LOG
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import ExitCode
@@ -25,7 +26,7 @@ def mention_of(config: Config) -> str | None:
 
 
 def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, str], ...]:
-    label = alert_field_labels()
+    label = ALERT_FIELD_LABELS
     tz = config.scheduler.timezone
     out: list[tuple[str, str]] = [
         (label["job"], incident.job),
@@ -42,7 +43,7 @@ def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, 
             )
         )
     else:
-        out.append((label["last_alive"], alert_never_seen()))
+        out.append((label["last_alive"], ALERT_NEVER_SEEN))
     if incident.exit_cause:
         out.append((label["exit"], incident.exit_cause))
     if incident.error:
@@ -95,7 +96,7 @@ def alert_reply(
     log_path = config.jobs[incident.job].log if incident.job in config.jobs else ""
     log = incident.log
     if log is None and incident.kind is not IncidentKind.UNREACHABLE:
-        lines.append(alert_no_log())
+        lines.append(ALERT_NO_LOG)
     return Reply(
         title=_title(incident, config, now),
         page=config.slack.alert_mention if who else None,
@@ -264,30 +265,9 @@ def alert_detected_cause(cause: str) -> str:
     return f"detected cause: {cause}"
 
 
-def alert_no_log() -> str:
-    """The log tail could not be read for an alert."""
-    return "the log could not be read"
-
-
 def alert_log_title(lines: int, path: str) -> str:
     """The caption of an alert's log excerpt."""
     return f"last {lines} lines of {path}"
-
-
-def alert_field_labels() -> dict[str, str]:
-    """Labels of an alert's fields, by field id."""
-    return {
-        "job": "job",
-        "host": "host",
-        "processes": "processes",
-        "last_pid": "last PID",
-        "last_alive": "last seen alive",
-        "exit": "exit cause",
-        "error": "connection error",
-        "opened": "since",
-        "acked": "acknowledged by",
-        "auto": "automatic restarts",
-    }
 
 
 def alert_when(clock: str, ago: float) -> str:
@@ -303,11 +283,6 @@ def alert_exit_cause(code: int | None, signal: str | None) -> str:
     if code is None:
         return "ended (status unknown)"
     return f"exited with code {code}"
-
-
-def alert_never_seen() -> str:
-    """The job was never seen alive by the watcher."""
-    return "not seen by the watcher"
 
 
 def incident_resolved(job: str, kind: str, after: float, resolution: str, count: int, expected: int) -> str:

@@ -13,6 +13,7 @@ import logging
 
 from handlers.context import Context
 from handlers.reply import Reply, Status
+from handlers.text import HANG_STACKS_TITLE
 from pipeline.errors import PitstopError
 from pipeline.host.contract import HangAnswer, HangArgs
 from pipeline.host.probe import call_helper, recorded_identity
@@ -77,7 +78,7 @@ def hang_reply(inc: Incident, answer: HangAnswer) -> Reply:
         status=Status.ERROR if unkillable else Status.WARNING,
         lines=tuple(lines),
         log="\n\n".join(stacks) or None,
-        log_title=_stacks_title() if stacks else "",
+        log_title=HANG_STACKS_TITLE if stacks else "",
         thread_key=inc.thread_key,
     )
 
@@ -98,10 +99,6 @@ def _process(pid: int, cmdline: str, state: str | None, wchan: str | None) -> st
 
 def _stack_title(pid: int) -> str:
     return f"py-spy dump --pid {pid}"
-
-
-def _stacks_title() -> str:
-    return "Python stacks (py-spy dump)"
 
 
 def _py_spy_failed(pid: int, error: str) -> str:

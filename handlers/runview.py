@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from handlers.commands import patch_phrase
 from handlers.reply import Button, Reply, Status, StepLine, who
+from handlers.text import SHOW_LOG_BUTTON
 from pipeline.config import Config
 from pipeline.errors import ExitCode
 from pipeline.state.runs import RunRecord, StepRecord
@@ -121,7 +122,7 @@ def verdict_reply(run: RunRecord) -> Reply:
         log_title=run_evidence_title(run.job) if run.evidence else "",
         thread_key=thread_key(run.id),
         run_id=run.id,
-        buttons=() if ok or pending else (Button(show_log_button(), "show_log", run.job),),
+        buttons=() if ok or pending else (Button(SHOW_LOG_BUTTON, "show_log", run.job),),
         exit_code=ExitCode.OK if ok else ExitCode.PENDING if pending else ExitCode.FAILED,
     )
 
@@ -150,8 +151,3 @@ def run_verdict_fallback(run_id: str, job: str, verdict: str) -> str:
 def run_evidence_title(job: str) -> str:
     """The title of the evidence (log tail) under a verdict."""
     return f"evidence from {job}"
-
-
-def show_log_button() -> str:
-    """The label of the show-log button."""
-    return "Show log"

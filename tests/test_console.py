@@ -15,12 +15,11 @@ from bot.console import (
     ConsoleOutbox,
     ConsoleSession,
     Renderer,
-    console_bye,
-    console_confirm,
     key_prefix,
     make_console,
     run_console,
 )
+from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Button, Reply, Status, StepLine, Table
@@ -178,7 +177,7 @@ async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat) -> None:
     yes = await session.run_line(f"start {job}")
     await chat.dispatcher.drain(30)
     no = await session.run_line(f"stop {job}")
-    assert asked == [console_confirm()] * 2
+    assert asked == [CONSOLE_CONFIRM] * 2
     assert yes.title.startswith("queued run r-1") and yes.run_id == "r-1"
     assert no.exit_code == 5 and no.run_id is None
     assert len(await chat.ctx.runs.recent(job)) == 1
@@ -193,11 +192,11 @@ async def test_repl_runs_from_lines_without_a_terminal(chat: Chat) -> None:
     await chat.dispatcher.drain(30)
     assert code == 0
     out = chat.console.export_text()
-    assert f"pitstop> start {job}" in out and f"{console_confirm()}y" in out
+    assert f"pitstop> start {job}" in out and f"{CONSOLE_CONFIRM}y" in out
     assert out.count(help_title()) == 1  # nothing after quit ran
     assert "queued run r-1" in out
     assert "[run r-1] ✓ launch" in out
-    assert console_bye() in out.splitlines()
+    assert CONSOLE_BYE in out.splitlines()
 
 
 async def test_run_console_end_to_end(
@@ -216,4 +215,4 @@ async def test_run_console_end_to_end(
     assert code == 0
     out = console.export_text()
     assert "queued run r-1" in out and "[run r-1] ✓ launch" in out
-    assert console_bye() in out.splitlines()
+    assert CONSOLE_BYE in out.splitlines()
