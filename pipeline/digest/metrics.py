@@ -312,16 +312,8 @@ def series_of(lines: Sequence[MetricLine]) -> list[RankSeries]:
         if s is None:
             s = groups[(ln.role, ln.rank)] = RankSeries(ln.role, ln.rank)
         s.role_rank, s.device = ln.role_rank, ln.device
-        s.ts.append(ln.ts)
-        s.tokens.append(ln.tokens)
-        s.tokens_per_s.append(ln.tokens_per_s)
-        s.step_time_s.append(ln.step_time_s)
-        s.queue_depth.append(ln.queue_depth)
-        s.loss.append(ln.loss)
-        s.top1.append(ln.top1)
-        s.top4.append(ln.top4)
-        s.top8.append(ln.top8)
-        s.gpu_mem_bytes.append(ln.gpu_mem_bytes)
+        for key in _COLUMNS:
+            getattr(s, key).append(getattr(ln, key))
     return list(groups.values())
 
 
@@ -420,15 +412,8 @@ def _jsonl_series(data: bytes) -> list[RankSeries] | None:
                 role_rank if type(role_rank) in ints else _int(role_rank),
                 device if type(device) is str and device else None,
                 ts=_column(cols["ts"], floats, _ts),
-                tokens=_column(cols["tokens"], floats, _num),
-                tokens_per_s=_column(cols["tokens_per_s"], floats, _num),
-                step_time_s=_column(cols["step_time_s"], floats, _num),
-                queue_depth=_column(cols["queue_depth"], floats, _num),
-                loss=_column(cols["loss"], floats, _num),
-                top1=_column(cols["top1"], floats, _num),
-                top4=_column(cols["top4"], floats, _num),
-                top8=_column(cols["top8"], floats, _num),
                 gpu_mem_bytes=_column(cols["gpu_mem_bytes"], ints, _int),
+                **{key: _column(cols[key], floats, _num) for key in _FLOAT_KEYS},
             )
         )
     return out

@@ -242,9 +242,7 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
         if etype is not None:  # the lines just before its traceback name the rank
             tb = max(k for k in range(i + 1) if lines[k].startswith(_TRACEBACK))
             rank = _rank_near(lines, tb - 1) if tb > 0 else None
-        if (
-            rank is None
-        ):  # the launcher names the process that died (a ``[rankN]`` prefix may be a group rank)
+        if rank is None:  # the launcher names the process that died (a ``[rankN]`` may be a group rank)
             rank = _launcher_rank(lines)
         if rank is None:
             rank = _rank_near(lines, i)
@@ -309,21 +307,14 @@ def detect_cause(log_tail: str) -> str | None:
 
 def _last_exception(lines: list[str]) -> str | None:
     """The exception line closing the last traceback in ``lines``, if any."""
-    start = None
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("Traceback (most recent call last):"):
-            start = i
-            break
-    if start is None:
+    starts = [i for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
+    if not starts:
         return None
-    candidate = None
-    for ln in lines[start + 1 :]:
-        if ln.startswith((" ", "\t")) or ln.startswith("Traceback"):
-            continue
-        if _EXC_LINE.match(ln):
-            candidate = ln.strip()
-            break
-    return candidate
+    rest = lines[starts[-1] + 1 :]
+    return next(
+        (ln.strip() for ln in rest if not ln.startswith((" ", "\t", "Traceback")) and _EXC_LINE.match(ln)),
+        None,
+    )
 
 
 __all__ = ["MAX_EVIDENCE", "TRANSIENT", "Crash", "CrashClass", "classify", "detect_cause", "from_fields"]

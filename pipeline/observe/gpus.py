@@ -13,6 +13,7 @@ needed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -76,14 +77,17 @@ def parse_number(field: str) -> float | None:
         return None
 
 
-def _fields(line: str, count: int) -> list[str] | None:
-    parts = [p.strip() for p in line.split(",")]
-    if len(parts) < count:
-        return None
-    if len(parts) > count:  # a comma inside the name: rejoin the name (field 2)
+def _rows(text: str, count: int) -> Iterator[list[str]]:
+    """The CSV rows of ``text`` with ``count`` fields whose first is a number (an index, a PID).
+
+    A comma inside the name (field 2) is rejoined; other lines are skipped.
+    """
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < count or not parts[0].isdigit():
+            continue
         extra = len(parts) - count
-        parts = [parts[0], ", ".join(parts[1 : 2 + extra]), *parts[2 + extra :]]
-    return parts
+        yield [parts[0], ", ".join(parts[1 : 2 + extra]), *parts[2 + extra :]] if extra else parts
 
 
 def parse_query_gpu(text: str) -> list[GpuStat]:
@@ -92,22 +96,7 @@ def parse_query_gpu(text: str) -> list[GpuStat]:
 
     :returns: one :class:`GpuStat` per GPU, in output order.
     """
-    out: list[GpuStat] = []
-    for line in text.splitlines():
-        parts = _fields(line, len(GPU_FIELDS))
-        if parts is None or not parts[0].isdigit():
-            continue
-        out.append(
-            GpuStat(
-                index=int(parts[0]),
-                name=parts[1],
-                utilization_pct=parse_number(parts[2]),
-                memory_used_mib=parse_number(parts[3]),
-                memory_total_mib=parse_number(parts[4]),
-                power_w=parse_number(parts[5]),
-            )
-        )
-    return out
+    return [GpuStat(int(p[0]), p[1], *map(parse_number, p[2:6])) for p in _rows(text, len(GPU_FIELDS))]
 
 
 def parse_compute_apps(text: str) -> list[ComputeApp]:
@@ -115,13 +104,7 @@ def parse_compute_apps(text: str) -> list[ComputeApp]:
 
     Empty output, or a line such as ``No running processes found``, means none.
     """
-    out: list[ComputeApp] = []
-    for line in text.splitlines():
-        parts = _fields(line, len(APP_FIELDS))
-        if parts is None or not parts[0].isdigit():
-            continue
-        out.append(ComputeApp(pid=int(parts[0]), used_memory_mib=parse_number(parts[1])))
-    return out
+    return [ComputeApp(int(p[0]), parse_number(p[1])) for p in _rows(text, len(APP_FIELDS))]
 
 
 async def _query(ssh: RemoteHosts, host: str, argv: tuple[str, ...], timeout: float) -> str:
