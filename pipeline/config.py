@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -189,9 +190,8 @@ class AutoRestart(_Model):
     max: int = Field(default=3, ge=1)  #: restarts allowed within ``within``
     within: Seconds = 3600.0  #: seconds
     backoff: Seconds = 10.0  #: first delay in seconds, doubled after each restart
-    on: list[CrashClass] = list(
-        TRANSIENT
-    )  #: crash classes restarted automatically (pipeline.observe.crashes)
+    #: crash classes restarted automatically (pipeline.observe.crashes)
+    on: list[CrashClass] = list(TRANSIENT)
 
 
 class WatchSettings(_Model):
@@ -239,9 +239,8 @@ class SlurmSettings(_Model):
 
     script: str  #: the batch script on the login node (absolute path)
     sbatch_args: list[str] = []  #: extra sbatch arguments, e.g. ["--partition", "gpu"]
-    requeue: bool = (
-        False  #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
-    )
+    #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
+    requeue: bool = False
     nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
     tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
 
@@ -397,24 +396,26 @@ class Config(_Model):
 
         :raises KeyError: if there is none.
         """
-        for key in self.jobs:
-            if key.lower() == name.lower():
-                return key
-        raise KeyError(name)
+        return _spelling(self.jobs, name)
 
     def host_name(self, name: str) -> str:
         """The configured spelling of a host name (case-insensitive).
 
         :raises KeyError: if there is none.
         """
-        for key in self.hosts:
-            if key.lower() == name.lower():
-                return key
-        raise KeyError(name)
+        return _spelling(self.hosts, name)
 
     def channel_for(self, job: str) -> str | None:
         """The channel a job's posts go to: its ``channel``, else ``announce_channel``."""
         return self.jobs[job].channel or self.slack.announce_channel
+
+
+def _spelling(known: Iterable[str], name: str) -> str:
+    lower = name.lower()
+    for key in known:
+        if key.lower() == lower:
+            return key
+    raise KeyError(name)
 
 
 def resolve_path(explicit: str | Path | None, env_value: str | None) -> Path:
