@@ -14,7 +14,7 @@ import time
 from handlers.reply import Reply, Status, mention
 from handlers.text import ALERT_FIELD_LABELS, ALERT_NEVER_SEEN, ALERT_NO_LOG
 from pipeline import fmt
-from pipeline.config import Config
+from pipeline.config import AutoRestart, Config
 from pipeline.errors import ExitCode
 from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind
 
@@ -83,11 +83,11 @@ def alert_reply(
     if incident.cause:
         lines.append(alert_detected_cause(incident.cause))
     if incident.kind is IncidentKind.CRASH_LOOP:
-        policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
+        policy = _policy(incident, config)
         within = policy.within if policy else 0.0
         lines.append(crash_loop_gave_up(incident.job, incident.auto_restarts, within))
     if incident.next_auto_at is not None:
-        policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
+        policy = _policy(incident, config)
         limit = policy.max if policy else 0
         lines.append(
             auto_restart_planned(incident.job, incident.next_auto_at - now, incident.auto_restarts + 1, limit)
@@ -110,23 +110,28 @@ def alert_reply(
     )
 
 
+def _policy(incident: Incident, config: Config) -> AutoRestart | None:
+    return config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
+
+
+def _open_for(incident: Incident, now: float) -> float:
+    """Seconds from the incident's opening to its resolution (or to ``now``)."""
+    return (incident.resolved_at if incident.resolved_at is not None else now) - incident.opened_at
+
+
+def _resolved_text(i: Incident, now: float) -> str:
+    return incident_resolved(
+        i.job, i.kind.value, _open_for(i, now), i.resolution or "running", i.count, i.expected
+    )
+
+
 def resolved_headline(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
     """The alert's headline updated in place once the incident resolved."""
     now = time.time() if now is None else now
-    ended = incident.resolved_at if incident.resolved_at is not None else now
     return Reply(
-        title=alert_resolved_title(incident.kind.value, incident.job, ended - incident.opened_at),
+        title=alert_resolved_title(incident.kind.value, incident.job, _open_for(incident, now)),
         status=Status.OK,
-        lines=(
-            incident_resolved(
-                incident.job,
-                incident.kind.value,
-                ended - incident.opened_at,
-                incident.resolution or "running",
-                incident.count,
-                incident.expected,
-            ),
-        ),
+        lines=(_resolved_text(incident, now),),
         fields=_fields(incident, config, now),
         thread_key=incident.thread_key,
     )
@@ -135,19 +140,7 @@ def resolved_headline(incident: Incident, config: Config, *, now: float | None =
 def resolved_reply(incident: Incident, *, now: float | None = None) -> Reply:
     """The thread note ``resolved after N min``."""
     now = time.time() if now is None else now
-    ended = incident.resolved_at if incident.resolved_at is not None else now
-    return Reply(
-        title=incident_resolved(
-            incident.job,
-            incident.kind.value,
-            ended - incident.opened_at,
-            incident.resolution or "running",
-            incident.count,
-            incident.expected,
-        ),
-        status=Status.OK,
-        thread_key=incident.thread_key,
-    )
+    return Reply(title=_resolved_text(incident, now), status=Status.OK, thread_key=incident.thread_key)
 
 
 def reminder_reply(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
@@ -178,16 +171,12 @@ def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:
 
 def acked_reply(incident: Incident, user: str) -> Reply:
     """The thread note and the requester's answer for ``ack JOB``."""
-    return Reply(
-        title=incident_acked(incident.job, user),
-        status=Status.OK,
-        thread_key=incident.thread_key,
-    )
+    return Reply(title=incident_acked(incident.job, user), status=Status.OK, thread_key=incident.thread_key)
 
 
 def give_up_reply(incident: Incident, config: Config) -> Reply:
     """The single crash-loop alert, in the incident's thread (mentions ``alert_mention``)."""
-    policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
+    policy = _policy(incident, config)
     text = incident.no_auto or crash_loop_gave_up(
         incident.job, incident.auto_restarts, policy.within if policy else 0.0
     )
@@ -205,7 +194,7 @@ def give_up_reply(incident: Incident, config: Config) -> Reply:
 
 def auto_restart_reply(incident: Incident, config: Config, answer: Reply) -> Reply:
     """The thread note when an automatic restart was requested, with the dispatcher's answer."""
-    policy = config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
+    policy = _policy(incident, config)
     return Reply(
         title=auto_restart_started(
             incident.job, incident.auto_restarts, policy.max if policy else 0, answer.title
