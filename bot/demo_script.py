@@ -106,12 +106,7 @@ def parse_script(text: str) -> list[Step]:
 
     :raises UsageError: at the first malformed directive.
     """
-    steps: list[Step] = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        step = parse_line(line, n)
-        if step is not None:
-            steps.append(step)
-    return steps
+    return [step for n, line in enumerate(text.splitlines(), 1) if (step := parse_line(line, n)) is not None]
 
 
 # --- text ---------------------------------------------------------------------------------------

@@ -14,26 +14,12 @@ import unicodedata
 
 _LEADING_MENTION = re.compile(r"^\s*<@[UW][A-Z0-9]+(?:\|[^>]*)?>[\s:,]*")
 _MARKUP = re.compile(r"<([^<>]*)>")
+#: smart quotes → straight; em dash (Slack's rendering of --), en dash (some clients') → --; minus → -
 _SMART = str.maketrans(
-    {
-        "‘": "'",
-        "’": "'",
-        "‚": "'",
-        "‛": "'",
-        "′": "'",
-        "“": '"',
-        "”": '"',
-        "„": '"',
-        "‟": '"',
-        "«": '"',
-        "»": '"',
-        "—": "--",  # em dash: Slack's rendering of --
-        "–": "--",  # en dash: some clients' rendering of --
-        "―": "--",
-        "−": "-",  # minus sign
-        "‐": "-",
-        "‑": "-",
-    }
+    dict.fromkeys("‘’‚‛′", "'")
+    | dict.fromkeys("“”„‟«»", '"')
+    | dict.fromkeys("—–―", "--")
+    | dict.fromkeys("−‐‑", "-")
 )
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
 _FLAG_VALUE = re.compile(r"(?<!\S)(--[A-Za-z][A-Za-z0-9-]*)=")
@@ -85,9 +71,4 @@ def tokenise(text: str) -> tuple[str, ...]:
 
     ``"dflash"``, ```restart``` and ``'topk',`` read as ``dflash``, ``restart``, ``topk`` ``,``.
     """
-    out: list[str] = []
-    for tok in _TOKEN.findall(text):
-        word = tok.strip(_QUOTES)
-        if word:
-            out.append(word)
-    return tuple(out)
+    return tuple(word for tok in _TOKEN.findall(text) if (word := tok.strip(_QUOTES)))
