@@ -152,7 +152,7 @@ def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str
     """The end of ``text``, escaped, so that ``wrap[0] + result + wrap[1]`` fits ``limit`` characters.
 
     When text is cut, the result starts with the marker of
-    :func:`pipeline.slack_earlier_omitted` (counted in characters of ``text``) and,
+    :func:`slack_earlier_omitted` (counted in characters of ``text``) and,
     where a line break is near, at the start of a whole line.
 
     :param limit: characters available, wrapper included.
@@ -221,14 +221,13 @@ def _line_sections(lines: list[str], *, fence: bool = False) -> list[Block]:
 
 
 def _fields(fields: tuple[tuple[str, str], ...]) -> list[Block]:
-    out: list[Block] = []
     items = [
         {"type": "mrkdwn", "text": keep_head(f"*{label}*\n{value}", MAX_FIELD_TEXT)}
         for label, value in fields
     ]
-    for i in range(0, len(items), MAX_FIELDS):
-        out.append({"type": "section", "fields": items[i : i + MAX_FIELDS]})
-    return out
+    return [
+        {"type": "section", "fields": items[i : i + MAX_FIELDS]} for i in range(0, len(items), MAX_FIELDS)
+    ]
 
 
 def _table(table: Table, max_sections: int) -> list[Block]:
@@ -267,6 +266,14 @@ def title_text(reply: Reply) -> str:
     as :data:`bot.text.SLACK_UNTITLED`."""
     title = " ".join(reply.title.split()) or SLACK_UNTITLED
     return f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*"
+
+
+def _with_follow_ups(reply: Reply, table_sections: int, follow_ups: bool) -> list[Block]:
+    """:func:`_body` of ``reply``, then of each follow-up below a divider when ``follow_ups``."""
+    blocks = _body(reply, table_sections)
+    for follow in reply.follow_ups if follow_ups else ():
+        blocks += [{"type": "divider"}, *_body(follow, table_sections)]
+    return blocks
 
 
 def _body(reply: Reply, table_sections: int) -> list[Block]:
@@ -337,8 +344,8 @@ def parts(
 
     Nothing is cut while ``max_parts`` messages suffice: the first message holds the title,
     as much as fits, the buttons and a marker saying how many messages follow
-    (:func:`pipeline.slack_continued`); each later one starts with its place
-    (:func:`pipeline.slack_part`).  Past ``max_parts`` the last one says how many
+    (:func:`slack_continued`); each later one starts with its place
+    (:func:`slack_part`).  Past ``max_parts`` the last one says how many
     sections were left out — or, with ``attached``, that they are in the attached text file.
 
     :param follow_ups: render ``reply.follow_ups`` below a divider (see :func:`reply_blocks`).
@@ -348,11 +355,7 @@ def parts(
     :returns: at least one message payload.
     """
     reply = humanise(reply, names)
-    body = _body(reply, 10_000)
-    if follow_ups:
-        for follow in reply.follow_ups:
-            body.append({"type": "divider"})
-            body += _body(follow, 10_000)
+    body = _with_follow_ups(reply, 10_000, follow_ups)
     actions = _actions(reply, follow_ups)
     tail = [actions] if actions else []
     reserve = block_chars(tail) + 200  # markers
@@ -416,11 +419,7 @@ def reply_blocks(
     reply = humanise(reply, names)
     messages_cap = MAX_MESSAGE_CHARS // MAX_SECTION_TEXT if limit <= MAX_BLOCKS else limit
     table_sections = max(2, min(limit // 5, messages_cap))
-    blocks = _body(reply, table_sections)
-    if follow_ups:
-        for follow in reply.follow_ups:
-            blocks.append({"type": "divider"})
-            blocks += _body(follow, table_sections)
+    blocks = _with_follow_ups(reply, table_sections, follow_ups)
     actions = _actions(reply, follow_ups)
     if actions:
         blocks.append(actions)

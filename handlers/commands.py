@@ -90,31 +90,34 @@ class Command:
     @property
     def lines(self) -> int:
         """Log lines asked for (logs)."""
-        value = self.options.get("lines")
-        return value if isinstance(value, int) and not isinstance(value, bool) else grammar.DEFAULT_LINES
+        return self._int("lines") or grammar.DEFAULT_LINES
 
     @property
     def count(self) -> int:
         """Runs asked for (history)."""
-        value = self.options.get("count")
-        return value if isinstance(value, int) and not isinstance(value, bool) else grammar.DEFAULT_COUNT
+        return self._int("count") or grammar.DEFAULT_COUNT
 
     @property
     def for_s(self) -> int | None:
         """Seconds watching stays off (watch … off for DURATION), or None."""
-        value = self.options.get("for_s")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return self._int("for_s")
 
     @property
     def state(self) -> str | None:
         """``on`` or ``off`` (watch)."""
-        value = self.options.get("state")
-        return value if isinstance(value, str) else None
+        return self._str("state")
 
     @property
     def topic(self) -> str | None:
         """The verb ``help`` was asked about, or None."""
-        value = self.options.get("topic")
+        return self._str("topic")
+
+    def _int(self, name: str) -> int | None:
+        value = self.options.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def _str(self, name: str) -> str | None:
+        value = self.options.get(name)
         return value if isinstance(value, str) else None
 
     def to_json(self) -> dict[str, Any]:
@@ -324,14 +327,6 @@ def parse(text: str, config: Config) -> Command:
             first = first or exc
     assert first is not None
     raise first
-
-
-def usage_of(verb: str) -> tuple[str, ...]:
-    """The usage lines of a verb.
-
-    :raises KeyError: if there is no such verb.
-    """
-    return grammar.VERBS[verb].usages
 
 
 # --- text ---------------------------------------------------------------------------------------
