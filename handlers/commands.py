@@ -37,7 +37,7 @@ OptionValue = bool | int | str | tuple[str, ...] | None
 class ParseError(PitstopError):
     """Text that is not a command, with a message a person can act on (did-you-mean, usage).
 
-    :param message: the explanation (from :mod:`pipeline.messages`).
+    :param message: the explanation (built in :mod:`handlers.commands`).
     :param verb: the verb, when the text got that far.
     """
 

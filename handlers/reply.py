@@ -69,7 +69,7 @@ class Reply:
 
     :ivar title: one line, the headline (``restart of dflash: RUNNING 8/8 processes pid 4242``).
     :ivar status: tone of the reply.
-    :ivar lines: body text lines (already worded by :mod:`pipeline.messages`).
+    :ivar lines: body text lines (already worded by the handler).
     :ivar fields: label → value pairs shown side by side.
     :ivar tables: tables (jobs listing, GPUs, digest per rank).
     :ivar steps: a run's live step list.
