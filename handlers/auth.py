@@ -48,20 +48,12 @@ class Denied(PitstopError):
 
 
 def _lists(config: Config, job: str | None) -> dict[Role, list[str]]:
-    lists = {
-        Role.ADMIN: config.auth.admins,
-        Role.OPERATOR: config.auth.operators,
-        Role.VIEWER: config.auth.viewers,
-    }
+    a = config.auth
+    lists = {Role.ADMIN: a.admins, Role.OPERATOR: a.operators, Role.VIEWER: a.viewers}
     if job is not None and job in config.jobs:
         own = config.jobs[job].auth
-        for role, value in (
-            (Role.ADMIN, own.admins),
-            (Role.OPERATOR, own.operators),
-            (Role.VIEWER, own.viewers),
-        ):
-            if value is not None:
-                lists[role] = value
+        overrides = {Role.ADMIN: own.admins, Role.OPERATOR: own.operators, Role.VIEWER: own.viewers}
+        lists.update({role: value for role, value in overrides.items() if value is not None})
     return lists
 
 
@@ -74,10 +66,8 @@ def role_of(config: Config, user: str, groups: Sequence[str] = (), job: str | No
     :returns: the role, or None when the config gives them none.
     """
     ids = {user, *groups, EVERYONE}
-    for role in (Role.ADMIN, Role.OPERATOR, Role.VIEWER):
-        if ids & set(_lists(config, job)[role]):
-            return role
-    return None
+    lists = _lists(config, job)
+    return next((role for role in (Role.ADMIN, Role.OPERATOR, Role.VIEWER) if ids & set(lists[role])), None)
 
 
 def authorise(

@@ -81,10 +81,10 @@ async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
     except PitstopError as exc:
         log.info("crash check %s: %s", name, exc.message)
         return None
-    signal = status.get("signal") if status and answer.get("state") != "alive" else None
-    code = status.get("code") if status and answer.get("state") != "alive" else None
+    ended = status if status and answer.get("state") != "alive" else None  # the waiter's record
+    signal, code = (ended.get("signal"), ended.get("code")) if ended else (None, None)
     crash = classify(chunk.data, exit_signal=signal, exit_code=code)
-    exit_cause = alert_exit_cause(code, signal) if status and answer.get("state") != "alive" else None
+    exit_cause = alert_exit_cause(code, signal) if ended else None
     stored = {str(k): str(v) for k, v in (await client.hgetall(keys.last_crash(prefix, name))).items()}
     previous = from_fields(stored)
     if stored.get("run_id") == run_id and previous is not None:
