@@ -149,13 +149,17 @@ async def _read_from(
     if begin > 0 and begin > start:
         # read one byte before: if it is a newline, ``begin`` already starts a line
         got = await reader(begin - 1, size - begin + 1)
-        nl = got.data.find(b"\n")
-        data = got.data[nl + 1 :] if nl >= 0 else b""
-        first = got.offset + (nl + 1 if nl >= 0 else len(got.data))
+        data, first = _after_first_newline(got)
     else:
         got = await reader(begin, size - begin)
         data, first = got.data, got.offset
     return _complete(data, first, got, kind, skipped)
+
+
+def _after_first_newline(got: LogRead) -> tuple[bytes, int]:
+    """``got``'s bytes after its first newline and their offset (its first byte precedes the window)."""
+    nl = got.data.find(b"\n")
+    return (got.data[nl + 1 :], got.offset + nl + 1) if nl >= 0 else (b"", got.offset + len(got.data))
 
 
 def _complete(data: bytes, first: int, got: LogRead, kind: WindowKind, skipped: int) -> LogWindow:
@@ -189,9 +193,7 @@ async def read_window(
         got = await reader(-(max_bytes + 1), max_bytes + 1)
         if got.offset == 0 and len(got.data) <= max_bytes:
             return _complete(got.data, 0, got, WindowKind.LAST_BYTES, 0)
-        nl = got.data.find(b"\n")  # the byte before ``begin`` decides whether it starts a line
-        data = got.data[nl + 1 :] if nl >= 0 else b""
-        first = got.offset + (nl + 1 if nl >= 0 else len(got.data))
+        data, first = _after_first_newline(got)
         return _complete(data, first, got, WindowKind.LAST_BYTES, got.offset + 1)
     fp = state.fingerprint[len(state.fingerprint) - min(len(state.fingerprint), state.offset) :]
     ask = state.offset - len(fp)
