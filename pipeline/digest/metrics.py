@@ -17,15 +17,11 @@ Two formats, chosen per job by ``metrics`` in the config (:class:`~pipeline.conf
 Parsing never raises on log content: a value of the wrong type (a string where a number belongs,
 ``NaN``, ``true``) is read as absent (``None``), never as 0.
 
-Speed: a first digest parses the last 8 MiB of a log, about 37,000 dflash lines.  JSON lines are
-decoded with orjson (a line orjson refuses, such as one holding ``NaN``, is decoded again by the
-standard library so it reads exactly as before), values that already have their type are taken
-as they are, and :class:`MetricLine` is a named tuple (a frozen dataclass spends most of its
-construction time in ``object.__setattr__``).  A digest needs no per-line object at all:
-:func:`parse_series` reads only the keys the statistics use, straight into one
-:class:`RankSeries` of columns per rank (one orjson call per line, then one list per key and
-rank), the same values :func:`parse_metric_lines` would give.  ``bench/digest.py`` measures the
-digest's path against the standard-library one side by side.
+Speed (a first digest parses the last 8 MiB, ~37,000 lines): JSON lines are decoded with orjson (a
+line it refuses, such as one holding ``NaN``, again by the standard library, so it reads the same),
+and :func:`parse_series` reads only the keys the statistics use straight into one
+:class:`RankSeries` of columns per rank, the values :func:`parse_metric_lines` would give;
+``bench/digest.py`` measures both paths.
 """
 
 from __future__ import annotations
