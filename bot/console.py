@@ -306,12 +306,10 @@ class ConsoleSession:
     async def _read(self, prompt: str) -> str | None:
         if self._stdin is None:
             self._stdin = _StdinReader()
-        if not self._stdin.tty:
-            line = await self._stdin.read(prompt)
-            if line is not None:
-                self.console.print(Text(prompt + line, style="bold"))
-            return line
-        return await self._stdin.read(prompt)
+        line = await self._stdin.read(prompt)
+        if line is not None and not self._stdin.tty:  # a terminal echoes the line itself
+            self.console.print(Text(prompt + line, style="bold"))
+        return line
 
     async def repl(self, lines: Iterable[str] | None = None) -> int:
         """Read lines and answer each until ``quit`` or end of input.
@@ -320,14 +318,13 @@ class ConsoleSession:
         :returns: 0.
         """
         self._lines = iter(lines) if lines is not None else None
-        prompt = CONSOLE_PROMPT
         while True:
             if self._lines is not None:
                 line = next(self._lines, None)
                 if line is not None and line.strip():
-                    self.console.print(Text(prompt + line.strip(), style="bold"))
+                    self.console.print(Text(CONSOLE_PROMPT + line.strip(), style="bold"))
             else:
-                line = await self._read(prompt)
+                line = await self._read(CONSOLE_PROMPT)
             if line is None:
                 break
             text = line.strip()
@@ -360,7 +357,6 @@ async def run_console(
     console = console or make_console()
     ctx = await build_context(config, ConsoleOutbox(console))
     sched: PitstopScheduler | None = None
-    dispatcher: Dispatcher | None = None
     try:
         if scheduler:
             sched = PitstopScheduler(ctx)
