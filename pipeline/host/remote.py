@@ -383,27 +383,22 @@ class SSHPool:
         self, name: str, hc: HostConfig, *, tunnel: Any, pooled: bool
     ) -> asyncssh.SSHClientConnection:
         known_path = (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
-        known: Any
-        known_label = str(known_path)
-        if await asyncio.to_thread(known_path.is_file):
-            known = str(known_path)
-        else:
-            known = asyncssh.import_known_hosts("")  # trusts nothing
-            known_label = host_key_missing_file(str(known_path))
+        found = await asyncio.to_thread(known_path.is_file)
+        known_label = str(known_path) if found else host_key_missing_file(str(known_path))
         options: dict[str, Any] = {
             "port": hc.port,
-            "known_hosts": known,
+            "known_hosts": str(known_path) if found else asyncssh.import_known_hosts(""),  # trusts nothing
             "config": None,
             "connect_timeout": hc.connect_timeout,
             "keepalive_interval": KEEPALIVE_INTERVAL,
             "keepalive_count_max": KEEPALIVE_COUNT_MAX,
         }
-        if hc.user:
-            options["username"] = hc.user
-        if hc.client_keys:
-            options["client_keys"] = [str(k.expanduser()) for k in hc.client_keys]
-        if tunnel is not None:
-            options["tunnel"] = tunnel
+        given = {
+            "username": hc.user,
+            "client_keys": [str(k.expanduser()) for k in hc.client_keys],
+            "tunnel": tunnel,
+        }
+        options.update({key: value for key, value in given.items() if value})  # else asyncssh's defaults
         client = _Client(self if pooled else None, name)
         user = hc.user or "the local user"
         try:
