@@ -60,11 +60,11 @@ class GpuRow:
 
     index: int
     role: str
-    name: str | None
-    utilization_pct: float | None
-    memory_used_mib: float | None
-    memory_total_mib: float | None
-    power_w: float | None
+    name: str | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    power_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -195,22 +195,14 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
     if not stats:
         return None, digest_no_gpu_data("nvidia-smi listed no GPUs")
     roles = [(i, TARGET) for i in job.gpus.target] + [(i, DRAFTER) for i in job.gpus.drafter]
-    rows = []
-    for index, role in roles:
-        g = stats.get(index)
-        rows.append(
-            GpuRow(
-                index,
-                role,
-                g.name if g else None,
-                g.utilization_pct if g else None,
-                g.memory_used_mib if g else None,
-                g.memory_total_mib if g else None,
-                g.power_w if g else None,
-            )
-        )
+    rows = tuple(
+        GpuRow(index, role, g.name, g.utilization_pct, g.memory_used_mib, g.memory_total_mib, g.power_w)
+        if (g := stats.get(index))
+        else GpuRow(index, role)
+        for index, role in roles
+    )
     missing = [i for i, _ in roles if i not in stats]
-    return tuple(rows), digest_gpus_missing(missing) if missing else None
+    return rows, digest_gpus_missing(missing) if missing else None
 
 
 async def _restarts_since(runs: RunStore, job: str, since: float | None) -> tuple[str, ...] | None:
