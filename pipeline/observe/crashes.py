@@ -197,6 +197,15 @@ def _last_step(lines: list[str], before: int, rank: int | None) -> int | None:
     return best
 
 
+def _named_class(text: str) -> CrashClass | None:
+    """The class a failure line names itself (CUDA out of memory, an NCCL timeout or error), if any."""
+    if _CUDA_OOM.search(text):
+        return CrashClass.CUDA_OOM
+    if _NCCL_TIMEOUT.search(text):
+        return CrashClass.NCCL_TIMEOUT
+    return CrashClass.NCCL_ERROR if _NCCL_ERROR.search(text) else None
+
+
 def _first_failure(lines: list[str]) -> tuple[int, CrashClass, str | None, str | None] | None:
     """(line index, class, exception type, message) of the earliest failure line."""
     for i, ln in enumerate(lines):
@@ -205,20 +214,9 @@ def _first_failure(lines: list[str]) -> tuple[int, CrashClass, str | None, str |
             if exc is None:
                 continue
             j, etype, msg = exc
-            text = lines[j]
-            if _CUDA_OOM.search(text):
-                return j, CrashClass.CUDA_OOM, etype, msg
-            if _NCCL_TIMEOUT.search(text):
-                return j, CrashClass.NCCL_TIMEOUT, etype, msg
-            if _NCCL_ERROR.search(text):
-                return j, CrashClass.NCCL_ERROR, etype, msg
-            return j, CrashClass.PYTHON_EXCEPTION, etype, msg
-        if _CUDA_OOM.search(ln):
-            return i, CrashClass.CUDA_OOM, None, None
-        if _NCCL_TIMEOUT.search(ln):
-            return i, CrashClass.NCCL_TIMEOUT, None, None
-        if _NCCL_ERROR.search(ln):
-            return i, CrashClass.NCCL_ERROR, None, None
+            return j, _named_class(lines[j]) or CrashClass.PYTHON_EXCEPTION, etype, msg
+        if kind := _named_class(ln):
+            return i, kind, None, None
     return None
 
 
