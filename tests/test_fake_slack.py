@@ -3,6 +3,8 @@ uses, rate tiers, faults after storing, Socket Mode redelivery and disconnects."
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from slack_sdk.errors import SlackApiError
@@ -137,6 +139,22 @@ async def test_injected_5xx_and_reset_happen_after_storing(fake_slack: FakeSlack
     with pytest.raises(aiohttp.ClientError):
         await client.chat_postMessage(channel="C0ANNOUNCE", text="two")
     assert [m["text"] for m in fake_slack.posted_to("C0ANNOUNCE")] == ["one", "two"]
+
+
+async def test_held_calls_wait_untouched_until_released_in_order(fake_slack: FakeSlack) -> None:
+    """While held, posts are neither answered, recorded nor stored; released, they go on in the order they came."""
+    client = _client(fake_slack)
+    fake_slack.hold("chat.postMessage")
+    posts = []
+    for i in range(3):
+        posts.append(asyncio.create_task(client.chat_postMessage(channel="C0ANNOUNCE", text=f"post {i}")))
+        await fake_slack.wait_held("chat.postMessage", i + 1)
+    assert await fake_slack.calls("chat.postMessage") == [] and fake_slack.posted_to("C0ANNOUNCE") == []
+    assert not any(p.done() for p in posts)
+    fake_slack.release()
+    await asyncio.wait_for(asyncio.gather(*posts), 10)
+    assert [m["text"] for m in fake_slack.posted_to("C0ANNOUNCE")] == ["post 0", "post 1", "post 2"]
+    assert fake_slack.holding["chat.postMessage"] == 0
 
 
 async def _link(http: aiohttp.ClientSession, fake: FakeSlack) -> aiohttp.ClientWebSocketResponse:
