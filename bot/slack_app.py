@@ -260,25 +260,22 @@ class SlackSurface:
         self.spawn(self._command(body, respond))
 
     async def _command(self, body: dict[str, Any], respond: Respond) -> None:
-        """Answer an acked slash command through its ``response_url``, once the acks queued
-        behind it went out (:class:`~bot.ackgate.AckGate`)."""
-        async with self.acks.follow_up():
-            await self._answer_command(body, respond)
-
-    async def _answer_command(self, body: dict[str, Any], respond: Respond) -> None:
+        """Act on an acked slash command once the acks queued behind it went out
+        (:class:`~bot.ackgate.AckGate`), then answer through its ``response_url`` — outside the
+        follow-up slot, so a slow Slack never holds another command back."""
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
         trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"
-        groups = await self.groups.get(user)
-        req = Request(
-            text=text,
-            user=user,
-            groups=groups,
-            delivery_id=f"cmd:{trigger}",
-            channel=body.get("channel_id"),
-            surface="slack",
-        )
-        reply = await self._handle(req)
+        async with self.acks.follow_up():
+            req = Request(
+                text=text,
+                user=user,
+                groups=await self.groups.get(user),
+                delivery_id=f"cmd:{trigger}",
+                channel=body.get("channel_id"),
+                surface="slack",
+            )
+            reply = await self._handle(req)
         await self._respond(respond, reply, user=user)
         self._after_answer(reply, req.channel, user, respond)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from bot.ackgate import AckGate
 from bot.slack_api import Pacer, web_client
 from bot.slack_outbox import SlackOutbox
 from handlers.context import Context
@@ -19,11 +20,13 @@ from tests.test_slack_http import MakeStack, make_stack  # noqa: F401 (a fixture
 DEFAULT_PACE = 1.0  #: [slack] pace's default: seconds between posts to one channel
 
 
-async def _steps_until(ctx: Context, job: str, after: str, step: Step, outcome: Outcome) -> list[Event]:
+async def _steps_until(
+    ctx: Context, job: str, after: str, step: Step, outcome: Outcome, *, timeout: float = 60.0
+) -> list[Event]:
     """The ``step`` events of ``job`` after stream id ``after`` up to ``step`` reaching ``outcome``
-    (awaited, at most 60 s)."""
+    (awaited, at most ``timeout`` s)."""
     seen: list[Event] = []
-    deadline = time.monotonic() + 60.0
+    deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
         event = await ctx.events.wait_for(EventKind.STEP, job, after=after, timeout=left)
         if event is None:
@@ -96,6 +99,28 @@ async def test_slash_command_restart_reaches_verify_while_slack_holds_every_post
     thread = [i for i, c in enumerate(posts) if c.args.get("thread_ts") == where[1]]
     assert len(thread) >= 2 and all(i > head for i in thread)  # the launch summary and the verdict
     assert fake.warnings == []
+
+
+async def test_an_answer_held_by_slack_does_not_hold_the_next_command_back(
+    make_stack: MakeStack,  # noqa: F811
+) -> None:
+    """With one follow-up slot and Slack holding the answer to a first command on its response_url,
+    a restart typed next still runs to its launch; both answers arrive once released."""
+    stack = await make_stack()
+    ctx, fake = stack.runtime.ctx, stack.fake
+    stack.runtime.surface.acks = AckGate(concurrency=1)
+    fake.hold("response_url")
+    first, second = fake.response_url(), fake.response_url()
+    assert (await stack.command("help", response_url=first))[0] == 200
+    await fake.wait_held("response_url")
+    after = await ctx.events.last_id()
+    assert (await stack.command(f"restart {stack.job}", response_url=second))[0] == 200
+    # within the 30 s after which the held answer's own request would give up and free its slot
+    await _steps_until(ctx, stack.job, after, Step.LAUNCH, Outcome.OK, timeout=20.0)
+    assert await fake.calls("response_url") == []
+    fake.release()
+    assert (await stack.answered(first))[0]["text"]
+    assert (await stack.answered(second))[0]["text"].startswith("queued run")
 
 
 def _state(n: int) -> Reply:
