@@ -30,42 +30,24 @@ class Latest(Generic[T]):
     def __init__(self, deliver: Callable[[T], Awaitable[object]], what: str) -> None:
         self._deliver = deliver
         self._what = what
-        self._value: T | None = None
-        self._pending = False
-        self._closing = False
-        self._wake = asyncio.Event()
+        self._next: list[T] = []  #: the value not delivered yet, if any
         self._task: asyncio.Task[None] | None = None
 
     def put(self, value: T) -> None:
         """Make ``value`` the next one delivered (replacing one not delivered yet); returns at once."""
-        self._value, self._pending = value, True
-        self._wake.set()
-        if self._task is None:
+        self._next = [value]
+        if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                await self._wake.wait()
-                self._wake.clear()
-                continue
-            value, self._pending = self._value, False
+        while self._next:
+            value = self._next.pop()
             try:
-                await self._deliver(value)  # type: ignore[arg-type]
+                await self._deliver(value)
             except Exception:
                 log.warning("could not deliver %s", self._what, exc_info=True)
 
     async def flush(self) -> None:
-        """Wait until the newest value put so far was delivered; the task then ends (a later
-        :meth:`put` starts another)."""
-        if self._task is None:
-            return
-        task = self._task
-        self._closing = True
-        self._wake.set()
-        try:
-            await task
-        finally:
-            self._task, self._closing = None, False
+        """Wait until the newest value put so far was delivered."""
+        if self._task is not None:
+            await self._task
