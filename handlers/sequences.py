@@ -140,9 +140,7 @@ async def run_sequence(
     if error is not None:
         final = await _record_failure(ctx, run, error)
     message.put(final)
-    await message.flush()
-    if final.verdict is not None:  # ended before verification: nobody else will post its verdict
-        await _safe(f"verdict of {run.id}", ctx.outbox.thread(key, verdict_reply(final), channel))
+    if final.verdict is not None:  # ended before verification: published now, not once Slack took it
         await _safe(
             "verdict event",
             ctx.events.publish(
@@ -154,6 +152,9 @@ async def run_sequence(
                 instance=ctx.instance,
             ),
         )
+    await message.flush()  # the headline exists before anything is posted in its thread
+    if final.verdict is not None:  # nobody else will post its verdict
+        await _safe(f"verdict of {run.id}", ctx.outbox.thread(key, verdict_reply(final), channel))
     elif final.launched:
         window = config.jobs[final.job].start_window if final.job in config.jobs else 0.0
         summary = Reply(

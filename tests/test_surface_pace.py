@@ -40,15 +40,16 @@ async def _steps_until(
     )
 
 
-async def _verdict_event(ctx: Context, job: str, run_id: str, after: str) -> Event:
-    """The VERDICT event of ``run_id`` after stream id ``after`` (awaited, at most 60 s)."""
+async def _verdict_event(ctx: Context, job: str, run_id: str | None, after: str) -> Event:
+    """The VERDICT event of ``run_id`` (any run of ``job`` if None) after stream id ``after``
+    (awaited, at most 60 s)."""
     deadline = time.monotonic() + 60.0
     while (left := deadline - time.monotonic()) > 0:
         event = await ctx.events.wait_for(EventKind.VERDICT, job, after=after, timeout=left)
         if event is None:
             break
         after = event.id
-        if event.data.get("run_id") == run_id:
+        if run_id is None or event.data.get("run_id") == run_id:
             return event
     raise AssertionError(f"no verdict for {run_id}")
 
@@ -99,6 +100,27 @@ async def test_slash_command_restart_reaches_verify_while_slack_holds_every_post
     thread = [i for i, c in enumerate(posts) if c.args.get("thread_ts") == where[1]]
     assert len(thread) >= 2 and all(i > head for i in thread)  # the launch summary and the verdict
     assert fake.warnings == []
+
+
+async def test_a_restart_ended_early_publishes_its_verdict_while_slack_holds_its_message(
+    make_stack: MakeStack,  # noqa: F811
+) -> None:
+    """A restart its pre-flight refuses (the workdir is gone) publishes its verdict event while Slack still
+    holds its headline; released, the verdict is posted in the thread under that headline."""
+    stack = await make_stack(workdir="/nonexistent/pitstop-surface-pace")
+    ctx, fake = stack.runtime.ctx, stack.fake
+    stack.runtime.outbox.pacer = Pacer(DEFAULT_PACE)
+    fake.hold("chat.postMessage", "chat.update")
+    after = await ctx.events.last_id()
+    assert (await stack.command(f"restart {stack.job}", response_url=fake.response_url()))[0] == 200
+    verdict = await _verdict_event(ctx, stack.job, None, after)
+    assert verdict.data["verdict"] == "PREFLIGHT_FAILED"
+    await fake.wait_held("chat.postMessage")
+    assert await fake.calls("chat.postMessage") == []
+    fake.release()
+    head, reply = await fake.wait_for("chat.postMessage", 2)
+    assert head.args.get("thread_ts") is None and reply.args["thread_ts"] == head.response["ts"]
+    assert reply.args["text"] == verdict.data["line"]
 
 
 async def test_an_answer_held_by_slack_does_not_hold_the_next_command_back(
