@@ -4,12 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP_TRAIN := $(VENV)/.installed-train
 STAMP_DEV   := $(VENV)/.installed-dev
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test lint typecheck pytest bench bench-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP_TRAIN): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[train]'
@@ -33,8 +33,9 @@ lint: $(STAMP_DEV)
 typecheck: $(STAMP_DEV)
 	$(BIN)/mypy
 
+# two workers (pytest-xdist); the Slurm tests share one worker, so one cluster (tests/fixtures/slurm.py)
 pytest: $(STAMP_DEV)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 ## make bench: every benchmark under bench/, one summary line each at the end; exits 1 if any
 ## failed (its output and its summary line name the condition)

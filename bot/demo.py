@@ -76,11 +76,17 @@ def demo_config_text(
     workdir: Path,
     state_dir: Path,
     python: str,
-    start_window: float = 30,
-    watch_interval: float = 3,
+    start_window: float = 15,
+    watch_interval: float = 1,
     digest_every: float = 30,
 ) -> str:
-    """The demo's TOML config: job ``dflash`` (5 target + 3 drafter CPU processes, tiny sizes)."""
+    """The demo's TOML config: job ``dflash`` (5 target + 3 drafter CPU processes, tiny sizes).
+
+    :param start_window: seconds a launch must stay up to be ``RUNNING`` (the tiny CPU profile's
+        processes are all up within a few seconds).
+    :param watch_interval: seconds between watch cycles (one probe each).
+    :param digest_every: seconds between scheduled digests.
+    """
     log = workdir / "train.log"
     patch = dflash_source() / "patches" / "topk.diff"
     hang = dflash_source() / "patches" / "hang.diff"

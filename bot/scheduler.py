@@ -3,7 +3,10 @@
 APScheduler 3's :class:`~apscheduler.schedulers.asyncio.AsyncIOScheduler` runs inside the
 process's event loop; every job is an ``async`` function and every job sets
 ``misfire_grace_time``, ``coalesce`` and ``max_instances=1`` explicitly (the 1 s default grace
-silently drops runs that start late on a busy loop).
+silently drops runs that start late on a busy loop).  An interval tick still running when the next
+one is due makes that one skipped, which is the design: APScheduler's warning for it ("skipped:
+maximum number of running instances reached", every interval while a verify tick runs long) is
+dropped from this scheduler's logger (:class:`_QuietOverlap`); other jobs' skips still warn.
 
 Jobs:
 
@@ -49,6 +52,23 @@ log = logging.getLogger(__name__)
 
 DIGEST_CRON_GRACE = 3600.0  #: seconds a cron digest may start late and still run
 DRAIN_TIMEOUT = 30.0  #: seconds :meth:`PitstopScheduler.stop` waits for automatic restarts
+
+
+class _QuietOverlap(logging.Filter):
+    """Drops APScheduler's "maximum number of running instances reached" warning for interval jobs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for that warning about a job with an :class:`IntervalTrigger`, True otherwise."""
+        job = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        return not (
+            "maximum number of running instances" in str(record.msg)
+            and isinstance(getattr(job, "trigger", None), IntervalTrigger)
+        )
+
+
+#: this module's schedulers log here (a child of ``apscheduler.scheduler``: same levels and handlers)
+APS_LOG = logging.getLogger("apscheduler.scheduler.pitstop")
+APS_LOG.addFilter(_QuietOverlap())
 
 
 class PitstopScheduler:
@@ -107,7 +127,7 @@ class PitstopScheduler:
         self._stopping = False
         config = self.ctx.config
         tz = config.scheduler.timezone
-        sched = AsyncIOScheduler(event_loop=asyncio.get_running_loop(), timezone=tz)
+        sched = AsyncIOScheduler(event_loop=asyncio.get_running_loop(), timezone=tz, logger=APS_LOG)
 
         def add(
             fn: Callable[..., Awaitable[None]], trigger: Any, job_id: str, grace: float, *args: Any

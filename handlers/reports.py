@@ -340,8 +340,11 @@ def digest_title(job: str, tokens_per_s: float | None, change_pct: float | None)
 
 
 def digest_targets(tokens_per_s: float | None, ranks: int) -> str:
-    """The target ranks' own throughput, shown apart from the pipeline's."""
-    return f"{fmt.number(tokens_per_s)} tokens/s over {ranks} rank(s), not added to the pipeline's"
+    """The target ranks' own throughput, shown apart: the drafters consume what the targets produce."""
+    return (
+        f"{fmt.number(tokens_per_s)} tokens/s over {ranks} rank(s), not added to the pipeline's throughput"
+        " (the drafters consume what the targets produce)"
+    )
 
 
 def digest_silent_cell(last_seen: float | None) -> str:

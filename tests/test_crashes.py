@@ -29,7 +29,8 @@ def test_each_class_from_what_the_failure_prints() -> None:
     """Xid, host OOM (SIGKILL), other signals, NCCL errors and unknown exits get their class and evidence."""
     xid = classify(b"step 1\nNVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.\n")
     assert xid.kind is CrashClass.XID and xid.evidence is not None and "Xid" in xid.evidence
-    killed = f"{metric(6, 40)}\ndflash-main: drafter rank 6 (pid 77) exited with code -9; stopping the job\n"
+    wait = '{"event":"waiting","rank":6,"role":"drafter","step":41,"on":"queue"}'  # an event, not a step
+    killed = f"{metric(6, 40)}\n{wait}\ndflash-main: drafter rank 6 (pid 77) exited with code -9; stopping the job\n"
     host_oom = classify(killed.encode())
     assert (host_oom.kind, host_oom.rank, host_oom.step) == (CrashClass.HOST_OOM, 6, 40)
     assert classify(b"x\n", exit_signal="SIGKILL").kind is CrashClass.HOST_OOM

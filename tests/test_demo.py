@@ -35,8 +35,6 @@ def _demo(tmp_path: Path, *args: str, timeout: float) -> subprocess.CompletedPro
     env = {
         **os.environ,
         "TMPDIR": str(tmp_path),
-        "PITSTOP_DEMO_START_WINDOW": "20",
-        "PITSTOP_DEMO_WATCH_INTERVAL": "1",
         "PITSTOP_DEMO_DIGEST_EVERY": "600",
         "COLUMNS": "160",
     }
@@ -65,6 +63,8 @@ def test_default_script_end_to_end(tmp_path: Path) -> None:
     assert done.returncode == 0, out[-6000:]
     assert "Traceback" not in out
     assert re.search(r"RUNNING 8/8 processes pid \d+", out), out[-4000:]
+    verifies = [float(s) for s in re.findall(r"✓ verify ([\d.]+) s", out)]
+    assert len(verifies) == 5 and all(15 <= s < 20 for s in verifies), verifies  # make demo's 15 s window
     assert re.search(r"topk.*(in effect|applied)", out, re.IGNORECASE), out[-4000:]
     assert len(re.findall(r"\[incident dflash:\d+\] dflash is down:", out)) == 1, out[-4000:]
     assert len(re.findall(r"\[incident dflash:\d+\] dflash has a stuck rank", out)) == 1, out[-4000:]

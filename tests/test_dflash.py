@@ -57,10 +57,10 @@ class Job:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def metrics(self) -> list[dict[str, Any]]:
-        """The metric records (JSON lines with a ``role``; ``waiting`` lines are not metric records)."""
+        """The metric records (JSON lines with a ``role`` and no ``event``: ``waiting`` lines are events)."""
         out = []
         for line in self.text().splitlines():
-            if line.startswith("{") and "role" in (rec := json.loads(line)):
+            if line.startswith("{") and "role" in (rec := json.loads(line)) and "event" not in rec:
                 out.append(rec)
         return out
 
@@ -270,9 +270,8 @@ def test_hang_rank_blocks_the_others_wait_then_resume_from_checkpoint(
     lines = job.metrics()
     for rank in (5, 6, 7):
         assert max(m["step"] for m in lines if m["rank"] == rank) == 20
-    assert all(w["step"] == 20 and w["rank_role"] == "drafter" for w in waits(job) if w["on"] == "all_reduce")
+    assert all(w["step"] == 20 and w["role"] == "drafter" for w in waits(job) if w["on"] == "all_reduce")
     assert not [w for w in waits(job) if w["rank"] == 6]
-    assert all("role" not in w for w in waits(job))  # not metric records
     assert json.loads((job.ckpt / "latest.json").read_text())["step"] == 20
     assert job.proc.poll() is None  # hung, not dead
     job.kill()

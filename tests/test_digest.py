@@ -421,7 +421,8 @@ async def test_digest_reply_reads_like_the_brief(
     assert (
         fields["targets"]
         == digest_targets(3500.0, 5)
-        == "3,500 tokens/s over 5 rank(s), not added to the pipeline's"
+        == "3,500 tokens/s over 5 rank(s), not added to the pipeline's throughput"
+        " (the drafters consume what the targets produce)"
     )
     assert digest_starved(1 / 3) in reply.lines
     assert digest_resets(1) in reply.lines

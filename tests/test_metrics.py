@@ -90,6 +90,17 @@ def test_jsonl_without_role_or_with_binary_junk_is_skipped() -> None:
     assert (rec.role, rec.rank, rec.ts) == ("drafter", 7, None)
 
 
+def test_wait_events_are_not_metric_records_under_either_role_name() -> None:
+    """A waiting event (``role`` since one name, ``rank_role`` in older logs) is read by no metric parser."""
+    metric = b'{"ts":1.0,"step":40,"role":"drafter","rank":5,"tokens":100.0}\n'
+    data = (
+        metric + b'{"ts":3.0,"event":"waiting","rank":5,"role":"drafter","step":40,"on":"all_reduce"}\n'
+        b'{"ts":5.0,"event":"waiting","rank":7,"rank_role":"drafter","step":40,"on":"all_reduce"}\n'
+    )
+    assert parse_jsonl(data) == parse_jsonl_stdlib(data) == parse_jsonl(metric)
+    assert parse_series(data, "jsonl") == parse_series(metric, "jsonl") == series_of(parse_jsonl(metric))
+
+
 def test_regex_mapping_reads_plain_text_log() -> None:
     """Named groups become keys; '1,000.0' and ISO times are converted; non-matching lines are skipped."""
     lines = parse_metric_lines(PLAIN_LOG, PLAIN_PATTERN)
@@ -153,7 +164,7 @@ _VALUES = st.one_of(
 )
 _KEYS = st.sampled_from(
     ["ts", "step", "role", "rank", "role_rank", "device", "tokens", "tokens_per_s", "step_time_s",
-     "queue_depth", "loss", "top1", "top4", "top8", "gpu_mem_bytes", "other"]
+     "queue_depth", "loss", "top1", "top4", "top8", "gpu_mem_bytes", "event", "other"]
 )  # fmt: skip
 _OBJECTS = st.dictionaries(_KEYS, _VALUES | st.sampled_from(["drafter", "target"]), max_size=16)
 _LINES = st.one_of(

@@ -66,13 +66,15 @@ def test_ranks_waiting_on_a_silent_rank_point_at_it_and_all_frozen_is_not_stuck(
     silent = feed(cfg, base)
     frozen = judge(silent, T0 + 30, threshold=10.0)
     assert frozen.stuck == () and frozen.frozen_for == pytest.approx(30.0) and frozen.known
-    waits = [
-        {"event": "waiting", "rank": r, "rank_role": "drafter", "step": 40, "on": "all_reduce"}
-        for r in (5, 7)
+    waits = [  # rank 7's line as the previous version wrote it: the role named rank_role
+        {"event": "waiting", "rank": 5, "role": "drafter", "step": 40, "on": "all_reduce"},
+        {"event": "waiting", "rank": 7, "rank_role": "drafter", "step": 40, "on": "all_reduce"},
+        {"event": "waiting", "rank": 4, "role": "target", "step": 9, "on": "queue"},
     ]
     waiting = feed(cfg, [*base, (3.0, lines(*waits))])
     found = judge(waiting, T0 + 30, threshold=10.0)
-    assert [s.rank for s in found.stuck] == [6] and found.waiting == (5, 7)
+    assert [s.rank for s in found.stuck] == [6] and found.waiting == (4, 5, 7)
+    assert (waiting.ranks["4"].role, waiting.ranks["4"].step) == ("target", 9)  # known by its wait line only
     assert not judge(ProgressState(), T0, 10.0).known
 
 

@@ -64,6 +64,7 @@ def test_helper_reads_the_start_step_and_the_newest_checkpoint(tmp_path: Path) -
     log.write_bytes(
         old + b"dflash-main pid 1 targets=[cpu x5] drafters=[cpu x3] profile=tiny resume_step=40\n"
         b'{"ts":1,"event":"waiting","rank":1,"rank_role":"target","step":3,"on":"queue"}\n'
+        b'{"ts":1,"event":"waiting","rank":2,"role":"target","step":90,"on":"queue"}\n'
         b'{"step":1,"role":"target","rank":0}\n{"step":41,"role":"drafter","rank":5}\n'
     )
     assert start_step(str(log), len(old)) == {"said": 40, "first": 40}

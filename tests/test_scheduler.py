@@ -3,6 +3,8 @@ leader takeover; automatic restarts bounded by the crash-loop limit; digests on 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -162,6 +164,33 @@ async def test_jobs_are_scheduled_with_explicit_misfire_and_coalesce(
             assert isinstance(cron, CronTrigger) and str(cron.timezone) == "Europe/Berlin"
         finally:
             await sched.stop()
+
+
+async def test_a_tick_longer_than_its_interval_skips_the_next_without_a_warning(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 0.5 s verify tick every 0.1 s: ticks keep coming, and APScheduler's "skipped: maximum number
+    of running instances reached" warning is not logged."""
+    ticks: list[float] = []
+
+    async def slow_delivery(ctx: object) -> None:
+        ticks.append(time.monotonic())
+        await asyncio.sleep(0.5)  # the slow work itself
+
+    async def three_ticks() -> bool:
+        return len(ticks) >= 3
+
+    monkeypatch.setattr("bot.scheduler.deliver_due", slow_delivery)
+    sched = PitstopScheduler(harness.ctx, leader_ttl=3.0, poll_interval=0.1)
+    with caplog.at_level(logging.INFO, logger="apscheduler"):
+        await sched.start()
+        try:
+            assert await until(three_ticks, 10)
+        finally:
+            await sched.stop()
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("apscheduler")]
+    assert any("Added job" in m for m in messages)  # APScheduler's own log still reaches us
+    assert not [m for m in messages if "maximum number of running instances" in m]
 
 
 async def test_crash_loop_restarts_three_times_then_gives_up(tmp_path: Path, redis_config: Config) -> None:

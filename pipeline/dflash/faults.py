@@ -15,8 +15,8 @@ failure does, printing what the real failure prints:
 
 Wait reports: a rank blocked for more than :data:`WAIT_REPORT_S` seconds (in the step-boundary
 all-reduce, or putting into a full queue) appends one JSON line ``{"ts", "event": "waiting",
-"rank", "rank_role", "step", "on", "waited_s"}``, then one every :data:`WAIT_REPEAT_S` seconds while
-it still waits.  The line has no ``role`` key, so it is not a metric record; a watcher reads it as
+"rank", "role", "step", "on", "waited_s"}``, then one every :data:`WAIT_REPEAT_S` seconds while
+it still waits.  The ``event`` key makes it an event, not a metric record; a watcher reads it as
 "rank 5 is alive, waiting at step 40 on all_reduce".
 
 Standard library at the top level only (workers import this before torch).
@@ -171,7 +171,7 @@ class WaitReporter:
             "ts": time.time(),
             "event": "waiting",
             "rank": self.spec["rank"],
-            "rank_role": self.spec["role"],
+            "role": self.spec["role"],
             "step": step,
             "on": self.on,
             "waited_s": round(now - self.since, 3),

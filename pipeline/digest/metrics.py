@@ -6,8 +6,9 @@ Two formats, chosen per job by ``metrics`` in the config (:class:`~pipeline.conf
   ``pipeline/dflash/`` (its README documents the keys: ``ts``, ``step``, ``role``, ``rank``,
   ``role_rank``, ``device``, ``tokens``, ``tokens_per_s``, ``step_time_s``, ``queue_depth`` and,
   for drafters, ``loss``, ``top1``, ``top4``, ``top8``, ``gpu_mem_bytes``).  A line counts when it
-  is a JSON object with a string ``role``; anything else in the same file — the start-up line,
-  status lines, tracebacks, a partial last line — is skipped.
+  is a JSON object with a string ``role`` and no ``event`` key (``{"event": "waiting", "role": …}``
+  is an event, not a metric record); anything else in the same file — the start-up line, status
+  lines, tracebacks, a partial last line — is skipped.
 - ``{pattern = '...'}`` (:class:`~pipeline.config.MetricsPattern`): a regular expression searched
   in each line of a plain-text log; its named groups are the keys above.  Numbers are converted
   (``"1,234"`` and ``"2.5e3"`` too); ``ts`` may be unix seconds or an ISO 8601 time (read as UTC
@@ -159,7 +160,7 @@ def _json_record(raw: dict[str, Any]) -> MetricLine | None:
     Integers beyond 64 bits arrive from orjson as floats and keep only a float's precision."""
     get = raw.get
     role = get("role")
-    if type(role) is not str or not role:
+    if type(role) is not str or not role or "event" in raw:
         return None
     ts, rank, step, role_rank, device = get("ts"), get("rank"), get("step"), get("role_rank"), get("device")
     if type(rank) is not int:
@@ -216,7 +217,7 @@ def _stdlib_record(line: bytes) -> MetricLine | None:
         raw = json.loads(line)
     except ValueError:  # includes UnicodeDecodeError
         return None
-    return _record(raw, None) if isinstance(raw, dict) else None
+    return _record(raw, None) if isinstance(raw, dict) and "event" not in raw else None
 
 
 def parse_jsonl_stdlib(data: bytes) -> list[MetricLine]:
@@ -386,7 +387,7 @@ def _jsonl_series(data: bytes) -> list[RankSeries] | None:
         objs = [loads(c) for c in candidates]
     except orjson.JSONDecodeError:
         return None  # NaN, huge integers, a broken line: read as the standard library reads them
-    groups = _groups(objs)
+    groups = _groups([o for o in objs if "event" not in o])
     if groups is None:
         return None
     out = []

@@ -369,7 +369,12 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and "role" in rec and isinstance(rec.get("step"), int):
+        if (
+            isinstance(rec, dict)
+            and "role" in rec
+            and "event" not in rec
+            and isinstance(rec.get("step"), int)
+        ):
             firsts.setdefault(rec.get("rank"), rec["step"])
     first = max(firsts.values()) - 1 if firsts else None
     return {"said": said, "first": max(first, 0) if first is not None else None}

@@ -187,7 +187,12 @@ def _last_step(lines: list[str], before: int, rank: int | None) -> int | None:
             rec = json.loads(ln)
         except ValueError:
             continue
-        if not isinstance(rec, dict) or "role" not in rec or not isinstance(rec.get("step"), int):
+        if (
+            not isinstance(rec, dict)
+            or "role" not in rec
+            or "event" in rec
+            or not isinstance(rec.get("step"), int)
+        ):
             continue
         if rank is not None:
             if rec.get("rank") == rank:

@@ -5,8 +5,9 @@ Each watch cycle reads the job's metric log from where the last cycle stopped
 :class:`ProgressState` kept in Redis (``keys.rank_progress``): per rank its last ``step``, when
 that step last went up (Pitstop's clock, so the precision is one watch interval), its pid (the
 metric line's ``pid``, when it has one), and whether it reported waiting (a JSON line
-``{"event": "waiting", "rank", "rank_role", "step", "on"}``, as the reference pipeline writes when
-blocked in a collective or on a full queue) since its last advance.
+``{"event": "waiting", "rank", "role", "step", "on"}``, as the reference pipeline writes when
+blocked in a collective or on a full queue; logs of earlier versions name the role ``rank_role``)
+since its last advance.
 
 :func:`judge` decides, purely:
 
@@ -113,7 +114,7 @@ class ProgressState(BaseModel):
             if rec.get("event") == "waiting":
                 if r is None:
                     r = ranks[str(rank)] = RankState(
-                        role=str(rec.get("rank_role") or "worker"),
+                        role=str(rec.get("role") or rec.get("rank_role") or "worker"),
                         step=int(rec.get("step") or 0),
                         advanced_at=now,
                     )
