@@ -26,6 +26,9 @@ FORBIDDEN = {
     "devhost": ("handlers", "bot"),
 }
 SURFACES = ("bot", "handlers")  #: layers that reach run state only through pipeline/state's stores
+#: names the surfaces give pipeline/state's stores: their ``.client`` is Redis's
+STORES = frozenset({"runs", "events", "jobs", "records", "locks", "queue", "store", "lease", "audit"})
+STORES |= {"deliveries", "confirmations", "posts", "_posts", "_runs", "memory"}
 #: every method name of redis-py's asyncio client: a Redis command (or a pipeline, a script, a lock),
 #: less those of Pitstop's own handle (``ctx.redis.aclose()`` closes the connection)
 REDIS_COMMANDS = frozenset(
@@ -199,10 +202,8 @@ def redis_uses(source: str) -> Iterator[tuple[int, str]]:
         elif isinstance(node, ast.Attribute):
             receiver = _chain(node.value)
             owner = receiver[-1].lower() if receiver else ""
-            if (
-                node.attr == "client"
-                and receiver
-                and (receiver[0] == "ctx" or any("redis" in n.lower() for n in receiver))
+            if node.attr == "client" and (
+                "ctx" in receiver or owner in STORES or "redis" in ".".join(receiver).lower()
             ):
                 yield node.lineno, ".".join([*receiver, node.attr])
             elif node.attr in REDIS_COMMANDS and (owner in ("client", "pipe") or "redis" in owner):
@@ -252,8 +253,9 @@ def test_redis_use_finder_reports_each_kind() -> None:
         "from redis.exceptions import RedisError\n"
         "x = ctx.redis.client\n"
         "await ctx.runs.client.zadd('k', {})\n"
+        "c = self.store.client\n"
         "async with self._redis.pipeline() as pipe:\n"
         "    pipe.hset('k', 'f', 'v')\n"
         "await self.client.chat_postMessage(channel='C')\n"  # a Slack client: not Redis
     )
-    assert sorted(line for line, _ in redis_uses(source)) == [1, 2, 3, 3, 4, 5]
+    assert sorted(line for line, _ in redis_uses(source)) == [1, 2, 3, 3, 4, 5, 6]
