@@ -96,10 +96,10 @@ class RedisHandle:
 
 @contextmanager
 def unavailable() -> Iterator[None]:
-    """Raise Redis's errors (and a timeout) inside the block as :class:`~pipeline.errors.StateUnavailable`."""
+    """Raise Redis's errors (and socket errors, timeouts) inside the block as :class:`~pipeline.errors.StateUnavailable`."""
     try:
         yield
-    except (RedisError, TimeoutError) as exc:
+    except (RedisError, OSError) as exc:
         raise StateUnavailable(str(exc) or type(exc).__name__) from exc
 
 
