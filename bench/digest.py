@@ -192,8 +192,7 @@ async def _build(ctx: Context, job: str, **options: Any) -> Digest:
     return await build_digest(
         job,
         config=ctx.config,
-        client=ctx.redis.client,
-        prefix=ctx.prefix,
+        redis=ctx.redis,
         ssh=ctx.ssh,
         events=ctx.events,
         **options,

@@ -53,15 +53,15 @@ async def build_context(
     :param recover: take over runs of dead processes before returning.
     :param deliver_recovered: also verify, here and now, the taken-over runs that had launched
         (for processes without a scheduler, such as ``pitstop say``).
-    :raises redis.exceptions.ConnectionError: if a configured Redis does not answer.
+    :raises StateUnavailable: if a configured Redis does not answer.
     """
     handle = await open_redis(config)
     if handle.embedded is not None:
         log.info(embedded_redis_started(handle.description))
     instance = instance or new_instance_id()
     ssh = SSHPool(config)
-    runs = RunStore(handle.client, handle.prefix, owner=instance)
-    events = Events(handle.client, handle.prefix)
+    runs = handle.open_store(RunStore, owner=instance)
+    events = handle.open_store(Events)
     restarter = Restarter(config, ssh, runs, events)
     SlurmEngine.attach(restarter)
     ctx = Context(

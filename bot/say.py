@@ -36,7 +36,6 @@ from handlers.reply import Reply, render_text
 from handlers.runview import thread_key, verdict_reply
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
-from pipeline.state import keys
 from pipeline.state.events import EventKind
 from pipeline.state.runs import RunRecord
 
@@ -100,9 +99,9 @@ async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: floa
     from handlers.verdicts import deliver_verdict  # lazy: the request path, see TYPE_CHECKING above
 
     deadline = time.monotonic() + timeout
-    score = await ctx.redis.client.zscore(keys.runs_unverified(ctx.prefix), run.id)
-    if score is not None:
-        await asyncio.sleep(max(0.0, min(float(score) - time.time(), deadline - time.monotonic())))
+    due = await ctx.queue.due_at(run.id)
+    if due is not None:
+        await asyncio.sleep(max(0.0, min(due - time.time(), deadline - time.monotonic())))
     delivered = await deliver_verdict(ctx, run.id)
     if delivered is not None and delivered.verdict is not None:
         return delivered
@@ -115,7 +114,7 @@ async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: floa
             after = event.id
             if event.data.get("run_id") == run.id:
                 return await ctx.runs.get(run.id)
-        elif await ctx.redis.client.zscore(keys.runs_unverified(ctx.prefix), run.id) is not None:
+        elif await ctx.queue.due_at(run.id) is not None:
             delivered = await deliver_verdict(ctx, run.id)  # retry after a failed verification
             if delivered is not None and delivered.verdict is not None:
                 return delivered

@@ -15,7 +15,7 @@ Jobs:
   whose owner's heartbeat lapsed (:func:`handlers.verdicts.recover_runs`); on becoming leader,
   then deliver overdue verifications.
 - ``verify``, every ``poll_interval`` s: deliver the verifications that are due
-  (``ZRANGEBYSCORE keys.runs_unverified``, :func:`handlers.verdicts.deliver_due`).
+  (the verification queue, :func:`handlers.verdicts.deliver_due`).
 - ``watch:HOST:INTERVAL``, every ``watch.interval`` s: one watch cycle — one probe — for all
   jobs on HOST that share that interval (:class:`handlers.watching.Watcher`).
 - ``digest:JOB``, per ``digest.every`` (interval) or ``digest.cron`` (crontab in
@@ -38,13 +38,13 @@ from typing import Any
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
-from redis.exceptions import RedisError
 
 from bot.assembly import build_watcher
 from handlers.context import Context
 from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
+from pipeline.errors import StateUnavailable
 from pipeline.observe.watch import DEFAULT_REMIND_EVERY
 from pipeline.state.leader import LeaderLease
 
@@ -90,7 +90,7 @@ class PitstopScheduler:
     ) -> None:
         self.ctx = ctx
         self.poll_interval = poll_interval
-        self.lease = LeaderLease(ctx.redis.client, ctx.prefix, ctx.instance, leader_ttl)
+        self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
         self.watcher: Watcher = build_watcher(ctx, remind_every=remind_every)
         self._scheduler: AsyncIOScheduler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -198,7 +198,7 @@ class PitstopScheduler:
         if release:
             try:
                 await self.lease.release()
-            except RedisError:
+            except StateUnavailable:
                 log.warning("could not release the scheduler lease; it expires by itself")
         else:
             self.lease.forget()
@@ -225,8 +225,8 @@ class PitstopScheduler:
     async def _lease_tick(self) -> None:
         try:
             held = await self.lease.acquire()
-        except RedisError as exc:
-            log.warning("scheduler lease: Redis unavailable: %s", exc)
+        except StateUnavailable as exc:
+            log.warning("scheduler lease: Redis unavailable: %s", exc.detail)
             held = False
         if held and not self._was_leader:
             log.info(scheduler_leader(self.ctx.instance, True))

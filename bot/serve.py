@@ -40,7 +40,8 @@ from bot.slack_outbox import SlackOutbox
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
 from pipeline.config import Config
-from pipeline.errors import SlackUnavailable
+from pipeline.errors import SlackUnavailable, StateUnavailable
+from pipeline.state.posts import Posts
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +88,11 @@ class SlackRuntime:
 
     async def redis_health(self) -> dict[str, Any]:
         """A PING round trip to Redis, in milliseconds."""
-        started = time.perf_counter()
         try:
-            await asyncio.wait_for(self.ctx.redis.client.ping(), timeout=2.0)
-        except Exception as exc:
-            return {"ok": False, "error": str(exc) or type(exc).__name__}
-        return {"ok": True, "ms": round((time.perf_counter() - started) * 1000, 2)}
+            ms = await self.ctx.redis.round_trip()
+        except StateUnavailable as exc:
+            return {"ok": False, "error": exc.detail}
+        return {"ok": True, "ms": round(ms, 2)}
 
     async def health(self) -> dict[str, Any]:
         """``{"ok": bool, "redis": {...}, "slack": {...}}``."""
@@ -152,7 +152,7 @@ async def open_runtime(
             client, default_channel=config.slack.announce_channel, pace=config.slack.pace, instance=instance
         )
         ctx = await build_context(config, outbox, instance=instance)
-        outbox.bind(ctx.redis.client, ctx.prefix)
+        outbox.bind(ctx.redis.open_store(Posts), ctx.runs)
         dispatcher = Dispatcher(ctx)
         surface = SlackSurface(
             config,

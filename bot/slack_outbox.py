@@ -2,7 +2,7 @@
 
 ``announce(key)`` posts the headline of a restart or incident (``chat.postMessage``) and, on
 later calls, edits it in place (``chat.update``) as steps complete.  Where it lives (channel,
-ts) is kept in Redis under :func:`pipeline.state.keys.posts`, so any replica can update it or post
+ts) is kept in Redis under :class:`pipeline.state.posts.Posts`, so any replica can update it or post
 in its thread.  ``thread(key)`` posts under the headline (``thread_ts``); ``post()`` is a
 standalone message; a reply's chart is uploaded with ``files_upload_v2`` (the
 ``files.getUploadURLExternal`` + ``files.completeUploadExternal`` flow).
@@ -22,7 +22,7 @@ refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_block
 ``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
 run by DM, with the fix (:func:`bot.slack_api.fix_for`), or, for alerts and digests, the
 announce channel when their own channel refused them.  The last refusal is kept for
-``/healthz`` and ``status`` (:func:`pipeline.state.keys.delivery_failure`).  A chart for a public
+``/healthz`` and ``status`` (:meth:`pipeline.state.posts.Posts.record_failure`).  A chart for a public
 channel the bot has not joined is uploaded after ``conversations.join``.
 """
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import redis.asyncio as aioredis
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -56,11 +54,12 @@ from bot.slack_api import (
     refused_notice,
 )
 from handlers.reply import Reply, Status, render_text
-from pipeline.state import keys
+from pipeline.errors import UnknownRun
+from pipeline.state.posts import Posts
+from pipeline.state.runs import RunStore
 
 log = logging.getLogger(__name__)
 
-POST_TTL = 30 * 86400  #: seconds a headline's location is kept
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
 
@@ -100,16 +99,15 @@ class SlackOutbox:
         self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
         self._requesters: dict[str, str] = {}
         self._prompts: dict[str, Any] = {}
-        self._redis: aioredis.Redis | None = None
-        self._prefix = "pitstop:"
+        self._posts: Posts | None = None
+        self._runs: RunStore | None = None
         self._local: dict[str, tuple[str, str]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, tuple[Reply, str | None]] = {}
 
-    def bind(self, client: aioredis.Redis, prefix: str) -> None:
-        """Keep headline locations in Redis (``keys.posts``) from now on."""
-        self._redis = client
-        self._prefix = prefix
+    def bind(self, posts: Posts, runs: RunStore) -> None:
+        """Keep headline locations in Redis (``posts``) from now on; find runs' requesters in ``runs``."""
+        self._posts, self._runs = posts, runs
 
     def requested_by(self, key: str, user: str) -> None:
         """Remember who asked for ``key``'s run: a refused post about it is told to them."""
@@ -128,31 +126,16 @@ class SlackOutbox:
 
     async def where(self, key: str) -> tuple[str, str] | None:
         """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""
-        if self._redis is None:
-            return self._local.get(key)
-        got = await self._redis.hmget(keys.posts(self._prefix, key), ["channel", "ts"])
-        if got and got[0] and got[1]:
-            return str(got[0]), str(got[1])
-        return None
+        return self._local.get(key) if self._posts is None else await self._posts.where(key)
 
     async def _remember(self, key: str, channel: str, ts: str) -> None:
         self._local[key] = (channel, ts)
-        if self._redis is not None:
-            name = keys.posts(self._prefix, key)
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(name, mapping={"channel": channel, "ts": ts})
-                pipe.expire(name, POST_TTL)
-                await pipe.execute()
+        if self._posts is not None:
+            await self._posts.remember(key, channel, ts)
 
     async def _claim(self, key: str) -> bool:
         """True if this process may post ``key``'s headline (no other replica is posting it)."""
-        if self._redis is None:
-            return True
-        name = keys.posts(self._prefix, key)
-        if await self._redis.hsetnx(name, "claim", self.instance):
-            await self._redis.expire(name, POST_TTL)
-            return True
-        return bool(await self._redis.hget(name, "claim") == self.instance)
+        return self._posts is None or await self._posts.claim(key, self.instance)
 
     async def _wait_elsewhere(self, key: str) -> tuple[str, str] | None:
         deadline = time.monotonic() + CLAIM_WAIT
@@ -196,8 +179,8 @@ class SlackOutbox:
             return None
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False, key=key)
         if ts is None:
-            if self._redis is not None:
-                await self._redis.hdel(keys.posts(self._prefix, key), "claim")
+            if self._posts is not None:
+                await self._posts.unclaim(key)
             return None
         await self._remember(key, target, ts)
         for follow in reply.follow_ups:
@@ -384,16 +367,13 @@ class SlackOutbox:
         log.error("not told to anyone: %s", line)
 
     async def _requester_of_run(self, key: str) -> str | None:
-        if self._redis is None:
-            return None
-        raw = await self._redis.get(keys.run(self._prefix, key.removeprefix("run:")))
-        if not raw:
+        if self._runs is None:
             return None
         try:
-            user = json.loads(raw).get("requested_by")
-        except ValueError:
+            user = (await self._runs.get(key.removeprefix("run:"))).requested_by
+        except (UnknownRun, ValueError):  # no such run, or a record that does not read
             return None
-        return str(user) if isinstance(user, str) and user.startswith(("U", "W")) else None
+        return user if user.startswith(("U", "W")) else None
 
     async def dm(self, user: str, reply: Reply) -> bool:
         """A direct message to ``user`` (``conversations.open``, needs ``im:write``), split if long.
@@ -508,12 +488,9 @@ class SlackOutbox:
         code = error.error if isinstance(error, Refused) else detail.split(" ", 1)[0]
         self.last_failure = {"at": time.time(), "where": where, "error": code, "line": line}
         log.warning(line)
-        if self._redis is not None:
+        if self._posts is not None:
             try:
-                await self._redis.hset(
-                    keys.delivery_failure(self._prefix),
-                    mapping={k: str(v) for k, v in self.last_failure.items()},
-                )
+                await self._posts.record_failure({k: str(v) for k, v in self.last_failure.items()})
             except Exception as exc:  # Redis trouble must not hide the refusal itself
                 log.warning("could not store the last delivery failure: %s", exc)
         return line

@@ -8,9 +8,9 @@ concept lives:
 - the request path: :mod:`~handlers.dispatch` (parse → dedupe → authorise → confirm → act, one
   list of steps for typed commands and buttons); the verb table :mod:`~handlers.verbs`; the
   grammar :mod:`~handlers.grammar` and :mod:`~handlers.normalise`; typed commands and parse errors
-  :mod:`~handlers.commands`; roles :mod:`~handlers.auth`; Slack deliveries acted on once
-  :mod:`~handlers.deliveries`; confirmations :mod:`~handlers.confirm`; the audit trail
-  :mod:`~handlers.audit`; the restart lock :mod:`~handlers.lock`;
+  :mod:`~handlers.commands`; roles :mod:`~handlers.auth`; confirmations :mod:`~handlers.confirm`
+  and the restart lock :mod:`~handlers.lock` as people read them (their state, the audit trail
+  and deliveries acted on once live in :mod:`pipeline.state`);
 - what is done and shown: restart/start/stop :mod:`~handlers.sequences`; a run as people see it
   :mod:`~handlers.runview`; verdict delivery :mod:`~handlers.verdicts`; the read-only verbs
   :mod:`~handlers.views` (with :mod:`~handlers.slurmviews`); digests and GPUs

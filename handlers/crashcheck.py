@@ -3,7 +3,7 @@
 :func:`check_crash` reads everything the job's current run wrote since its launch (at most
 :data:`MAX_CRASH_BYTES`, the end of it), with its launcher's exit status, and classifies it
 (:func:`pipeline.observe.crashes.classify`).  It remembers the last classified crash per job in Redis
-(``keys.last_crash``, with the run it came from), so a Python exception that comes back with the same
+(:meth:`~pipeline.state.incidents.IncidentStore.last_crash`, with the run it came from), so a Python exception that comes back with the same
 type at the same step in the *next* run is recognised as a repeat.
 
 :func:`refusal` applies ``[jobs.NAME.watch] auto_restart``: no automatic restart for a class not
@@ -23,8 +23,7 @@ from pipeline.errors import PitstopError
 from pipeline.host.contract import EvidenceArgs
 from pipeline.host.probe import call_helper, read_log_chunk, recorded_identity
 from pipeline.observe.crashes import Crash, CrashClass, classify, from_fields
-from pipeline.state import keys
-from pipeline.state.incidents import Incident
+from pipeline.state.incidents import Incident, IncidentStore
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
     :returns: the check, or None when the job has no recorded run or the host cannot be read.
     """
     cfg = ctx.config.jobs[name]
-    client, prefix = ctx.redis.client, ctx.prefix
+    store = ctx.redis.open_store(IncidentStore)
     try:
         current = (await ctx.jobs.read(name)).current
         run_id = current.get("run_id")
@@ -85,16 +84,13 @@ async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
     signal, code = (ended.get("signal"), ended.get("code")) if ended else (None, None)
     crash = classify(chunk.data, exit_signal=signal, exit_code=code)
     exit_cause = alert_exit_cause(code, signal) if ended else None
-    stored = {str(k): str(v) for k, v in (await client.hgetall(keys.last_crash(prefix, name))).items()}
+    stored = await store.last_crash(name)
     previous = from_fields(stored)
     if stored.get("run_id") == run_id and previous is not None:
         return CrashCheck(previous, stored.get("repeat") == "1", exit_cause)  # this run, seen before
     repeat = previous is not None and previous.same_failure(crash)
     fields = {**crash.to_fields(), "run_id": run_id, "repeat": "1" if repeat else "0"}
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.last_crash(prefix, name))
-        pipe.hset(keys.last_crash(prefix, name), mapping=fields)  # type: ignore[arg-type]
-        await pipe.execute()
+    await store.remember_crash(name, fields)
     return CrashCheck(crash, repeat, exit_cause)
 
 

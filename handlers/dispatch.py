@@ -32,14 +32,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from handlers.audit import Audit, AuditOutcome
 from handlers.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.commands import Command, ParseError, parse
 from handlers.confirm import (
-    DEFAULT_WINDOW,
-    Confirmations,
-    Pending,
-    Take,
     cancel_button,
     confirm_ask,
     confirm_button,
@@ -49,11 +44,13 @@ from handlers.confirm import (
     confirm_not_yours,
 )
 from handlers.context import Context
-from handlers.deliveries import Deliveries
 from handlers.lock import DEFAULT_TTL, InFlight
 from handlers.reply import Button, Reply, Status
 from handlers.verbs import VERBS, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
+from pipeline.state.audit import Audit, AuditOutcome
+from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
+from pipeline.state.deliveries import Deliveries
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +141,9 @@ class Dispatcher:
         self.ctx = ctx
         self.lock_ttl = lock_ttl
         self.confirm_window = confirm_window
-        client, prefix = ctx.redis.client, ctx.prefix
-        self.audit = Audit(client, prefix)
-        self.deliveries = Deliveries(client, prefix)
-        self.confirmations = Confirmations(client, prefix)
+        self.audit = ctx.redis.open_store(Audit)
+        self.deliveries = ctx.redis.open_store(Deliveries)
+        self.confirmations = ctx.redis.open_store(Confirmations)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.Task[Any]] = set()
         #: the cross-cutting steps every request runs, in order, before the verb's handler

@@ -160,8 +160,7 @@ async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
         digest = await build_digest(
             job,
             config=ctx.config,
-            client=ctx.redis.client,
-            prefix=ctx.prefix,
+            redis=ctx.redis,
             ssh=ctx.ssh,
             events=ctx.events,
             scheduled=scheduled,

@@ -21,11 +21,10 @@ from collections.abc import Awaitable
 from handlers.commands import Command
 from handlers.context import Context
 from handlers.latest import Latest
-from handlers.lock import JobLock, read_holder
+from handlers.lock import JobLock
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
-from pipeline.state import keys
 from pipeline.state.events import EventKind
 from pipeline.state.jobstate import scope_of
 from pipeline.state.runs import RunRecord, StepRecord
@@ -61,7 +60,7 @@ async def begin_sequence(
     """
     assert command.job is not None
     job = command.job
-    lock = JobLock.for_job(ctx.redis.client, ctx.prefix, ctx.config, job, ttl=lock_ttl)
+    lock = ctx.redis.open_store(JobLock, scope_of(ctx.config, job), ttl=lock_ttl)
     await lock.acquire(job=job, action=command.verb, user=user)
     try:
         lock.start_renewal()
@@ -82,7 +81,7 @@ async def run_sequence(
 
     :returns: the run as the sequence left it.
     """
-    config, client, prefix = ctx.config, ctx.redis.client, ctx.prefix
+    config = ctx.config
     key = thread_key(run.id)
 
     def notes() -> tuple[str, ...]:
@@ -104,9 +103,6 @@ async def run_sequence(
         message.put(current)  # queued: the sequence does not wait for the surface
         return hold(rec)  # the lock is run state: kept in step with the sequence
 
-    async def cancelled() -> bool:
-        return bool(await client.exists(keys.cancel_request(prefix, run.id)))
-
     error: str | None = None
     final = run
     message.put(run)
@@ -118,10 +114,9 @@ async def run_sequence(
                 add=command.patches,
                 remove=command.without,
                 fresh_cache=command.fresh_cache,
-                cancelled=cancelled,
             )
         elif command.verb == "start":
-            final = await ctx.restarter.start(run, cancelled=cancelled)
+            final = await ctx.restarter.start(run)
         else:
             final = await ctx.restarter.stop(run)
     except PitstopError as exc:
@@ -134,7 +129,7 @@ async def run_sequence(
         unsubscribe()
         await asyncio.shield(lock.release())
     try:
-        await client.delete(keys.cancel_request(prefix, run.id))
+        await ctx.runs.clear_cancel(run.id)
     except Exception:
         log.debug("could not clear the cancel request of %s", run.id, exc_info=True)
     if error is not None:
@@ -185,17 +180,11 @@ async def _record_failure(ctx: Context, run: RunRecord, error: str) -> RunRecord
     except PitstopError:
         final = run
     if final.verdict is None and not final.launched:
-        final.verdict = Verdict.INTERRUPTED
-        final.verdict_line = run_failed(final.id, final.job, error)
-        final.evidence = error
-        final.finished_at = time.time()
         for rec in final.steps:
             if rec.outcome is Outcome.RUNNING:
-                rec.outcome = Outcome.FAILED
-                rec.ended_at = final.finished_at
-                rec.detail = rec.detail or error
+                rec.outcome, rec.ended_at, rec.detail = Outcome.FAILED, time.time(), rec.detail or error
         try:
-            await ctx.runs.save(final)
+            await ctx.runs.finish(final, Verdict.INTERRUPTED, run_failed(final.id, final.job, error), error)
         except Exception:
             log.warning("could not record the failure of %s", run.id, exc_info=True)
     return final
@@ -206,8 +195,7 @@ async def cancel_command(ctx: Context, job: str, user: str) -> Reply:
 
     :returns: a reply naming the run, or saying there is nothing to cancel (exit code 1).
     """
-    client, prefix = ctx.redis.client, ctx.prefix
-    holder = await read_holder(client, prefix, scope_of(ctx.config, job))
+    holder = await ctx.locks.holder(scope_of(ctx.config, job))
     run_id = holder.run_id if holder is not None and holder.job == job and holder.run_id else None
     if run_id is None:
         for run in await ctx.runs.recent(job, 5):
@@ -216,7 +204,7 @@ async def cancel_command(ctx: Context, job: str, user: str) -> Reply:
                 break
     if run_id is None:
         return Reply(title=cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED)
-    await client.set(keys.cancel_request(prefix, run_id), user, ex=CANCEL_TTL)
+    await ctx.runs.request_cancel(run_id, user, CANCEL_TTL)
     return Reply(
         title=cancel_requested(run_id, job),
         status=Status.INFO,

@@ -24,12 +24,12 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from handlers import grammar, reports, views, watching
-from handlers.audit import Audit, AuditOutcome
 from handlers.commands import Command
 from handlers.context import Context
 from handlers.grammar import VerbSpec
 from handlers.reply import Reply, Status
 from handlers.sequences import begin_sequence, cancel_command, run_sequence
+from pipeline.state.audit import Audit, AuditOutcome
 
 Spawn = Callable[[Coroutine[Any, Any, Any], str], object]
 """Starts background work tracked by the dispatcher: ``spawn(coroutine, task_name)``."""

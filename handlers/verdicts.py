@@ -1,10 +1,9 @@
 """Delivering a run's verdict: verify once, post once, whichever process gets there first.
 
-After a launch the Restarter leaves the run's verify step WAITING and puts the run in
-``keys.runs_unverified`` scored by its due time (launch + ``start_window``).  Whoever comes
-first — the scheduler leader polling that set, or ``pitstop say --wait`` — calls
-:func:`deliver_verdict`; a Redis ``SET NX`` claim (``keys.verify_claim``) makes exactly one
-of them verify and post.  The claim is taken with a short TTL that its holder renews while it
+After a launch the Restarter leaves the run's verify step WAITING and queues the run
+(:mod:`pipeline.state.verifications`) due at launch + ``start_window``.  Whoever comes
+first — the scheduler leader polling the queue, or ``pitstop say --wait`` — calls
+:func:`deliver_verdict`; the queue's claim makes exactly one of them verify and post.  The claim is taken with a short TTL that its holder renews while it
 works, and made permanent only once the posts are out, so a process that dies half-way leaves
 the run to be delivered again within the TTL (never zero times); a run whose verdict is
 already recorded is posted without verifying again.
@@ -13,7 +12,7 @@ A verification that came due while Pitstop was down is simply overdue in the sor
 first poll after start delivers it, once.
 
 A run verified as ``PENDING`` (a Slurm job still queued at its deadline) is posted once and
-stays in ``keys.runs_unverified`` (the engine sets the next due time); later deliveries verify
+stays queued (the engine sets the next due time); later deliveries verify
 it again and post only the real verdict, in the same thread.
 """
 
@@ -28,106 +27,88 @@ from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
 from pipeline.engines.recovery import Interruption, reconcile
-from pipeline.errors import PitstopError, UnknownRun
-from pipeline.state import keys
+from pipeline.errors import IllegalTransition, PitstopError, UnknownRun
 from pipeline.state.events import EventKind
 from pipeline.state.runs import RunRecord
+from pipeline.state.verifications import Claim
 from pipeline.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
 CLAIM_TTL = 30.0  #: seconds a claim lives without renewal while its holder verifies and posts
-DONE_TTL = 7 * 86400.0  #: seconds a delivered claim is remembered
 RETRY_AFTER = 15.0  #: seconds before a verification that failed to run is tried again
-
-# KEYS[1] claim; ARGV[1] holder; ARGV[2] ttl in ms.  Extends the claim only if this holder owns it.
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-# KEYS[1] claim; ARGV[1] holder.  Deletes the claim only if this holder still owns it.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 async def deliver_verdict(ctx: Context, run_id: str, *, claim_ttl: float = CLAIM_TTL) -> RunRecord | None:
     """Verify a launched run and post its verdict, unless another process claimed it.
 
-    Claims the run (``SET NX`` on ``keys.verify_claim``), runs ``ctx.restarter.verify`` (not
-    again if the record already has a verdict), posts the verdict line in the run's thread,
-    updates the run's headline, publishes a VERDICT event and removes the run from
-    ``keys.runs_unverified``.
+    Claims the run (:meth:`~pipeline.state.verifications.VerifyQueue.claim`), runs
+    ``ctx.restarter.verify`` (not again if the record already has a verdict), posts the verdict
+    line in the run's thread, updates the run's headline, publishes a VERDICT event and marks
+    the claim done (the run leaves the queue).
 
     :param run_id: the run (``r-42``).
     :param claim_ttl: seconds the claim protects an unfinished delivery.
     :returns: the verified run, or None if someone else claimed it, the run is unknown, or
         verification could not run (it is retried after :data:`RETRY_AFTER` s).
     """
-    client, prefix = ctx.redis.client, ctx.prefix
-    claim = keys.verify_claim(prefix, run_id)
-    holder = f"{ctx.instance}:{time.time():.3f}"
-    if not await client.set(claim, holder, nx=True, px=max(1, int(claim_ttl * 1000))):
+    claim = await ctx.queue.claim(run_id, f"{ctx.instance}:{time.time():.3f}", claim_ttl)
+    if claim is None:
         return None
-    renewal = asyncio.get_running_loop().create_task(_renew_claim(ctx, claim, holder, claim_ttl))
+    renewal = asyncio.get_running_loop().create_task(_renew_claim(ctx, claim))
     try:
-        return await _deliver_claimed(ctx, run_id, claim, holder, claim_ttl)
+        return await _deliver_claimed(ctx, claim)
     finally:
         renewal.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewal
 
 
-async def _renew_claim(ctx: Context, claim: str, holder: str, ttl: float) -> None:
+async def _renew_claim(ctx: Context, claim: Claim) -> None:
     """Extend a held claim every ``ttl / 3`` s: a live verifier keeps it, a dead one loses it in ``ttl``."""
     while True:
-        await asyncio.sleep(ttl / 3)
+        await asyncio.sleep(claim.ttl / 3)
         try:
-            await ctx.redis.client.eval(_EXTEND, 1, claim, holder, max(1, int(ttl * 1000)))
+            await ctx.queue.extend(claim)
         except Exception:
-            log.warning("could not extend the verification claim %s", claim, exc_info=True)
+            log.warning("could not extend the verification claim of %s", claim.run_id, exc_info=True)
 
 
-async def _deliver_claimed(
-    ctx: Context, run_id: str, claim: str, holder: str, claim_ttl: float
-) -> RunRecord | None:
-    client, prefix = ctx.redis.client, ctx.prefix
+async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
+    run_id = claim.run_id
     try:
         run = await ctx.runs.get(run_id)
     except UnknownRun:
-        await client.zrem(keys.runs_unverified(prefix), run_id)
-        await _release(ctx, claim, holder)
+        await ctx.queue.drop(run_id)
+        await ctx.queue.release(claim)
         return None
     before = run.verdict
     try:
         if run.verdict is None or run.verdict is Verdict.PENDING:
             run = await ctx.restarter.verify(run)
     except asyncio.CancelledError:
-        await asyncio.shield(_release(ctx, claim, holder))
+        await asyncio.shield(ctx.queue.release(claim))
         raise
     except Exception as exc:
         text = exc.message if isinstance(exc, PitstopError) else f"{type(exc).__name__}: {exc}"
         log.warning(verdict_not_delivered(run_id, text), exc_info=not isinstance(exc, PitstopError))
-        await client.zadd(keys.runs_unverified(prefix), {run_id: time.time() + RETRY_AFTER}, xx=True)
-        await _release(ctx, claim, holder)
+        await ctx.queue.requeue(run_id, time.time() + RETRY_AFTER)
+        await ctx.queue.release(claim)
         return None
     if run.verdict is Verdict.PENDING:
         # still queued (Slurm): the engine re-queued the check; post PENDING once, then only
         # the real verdict, in the same thread
         if before is not Verdict.PENDING:
             await _post(ctx, run)
-        await _release(ctx, claim, holder)
+        await ctx.queue.release(claim)
         return run
-    # verify() takes the run off the unverified set; put it back until the posts are out, so a
-    # process that dies while posting leaves it to be delivered again when its claim expires
-    await client.zadd(keys.runs_unverified(prefix), {run_id: time.time() + claim_ttl})
+    # the run stays queued while the claim is held, so a process that dies while posting leaves
+    # it to be delivered again when its claim expires
     await _post(ctx, run)
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.set(claim, f"done:{holder}", px=int(DONE_TTL * 1000))
-        pipe.zrem(keys.runs_unverified(prefix), run_id)
-        await pipe.execute()
+    try:
+        await ctx.queue.done(claim)
+    except IllegalTransition as exc:  # the claim expired mid-post: its new holder finishes it
+        log.warning("%s: %s", run_id, exc.message)
     return run
 
 
@@ -142,17 +123,9 @@ async def _post(ctx: Context, run: RunRecord) -> None:
     await _publish_verdict(ctx, run)
 
 
-async def _release(ctx: Context, claim: str, holder: str) -> None:
-    await ctx.redis.client.eval(_RELEASE, 1, claim, holder)
-
-
 async def due_run_ids(ctx: Context, *, now: float | None = None, limit: int = 100) -> list[str]:
-    """Ids of launched runs whose verification is due (``ZRANGEBYSCORE -inf now``), oldest first."""
-    now = time.time() if now is None else now
-    ids = await ctx.redis.client.zrangebyscore(
-        keys.runs_unverified(ctx.prefix), "-inf", now, start=0, num=limit
-    )
-    return [str(i) for i in ids]
+    """Ids of launched runs whose verification is due, oldest first."""
+    return await ctx.queue.due(now=now, limit=limit)
 
 
 async def deliver_due(ctx: Context, *, now: float | None = None) -> list[RunRecord]:

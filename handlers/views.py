@@ -13,10 +13,8 @@ import time
 from collections.abc import Sequence
 
 from handlers import grammar
-from handlers.audit import REFUSALS, Audit
 from handlers.commands import Command
 from handlers.context import Context
-from handlers.lock import Holder, force_release, read_holder
 from handlers.reply import Reply, Status, Table, who
 from handlers.runview import thread_key
 from handlers.slurmviews import slurm_probes, status_bits, status_probe_failed
@@ -24,8 +22,10 @@ from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import RemoteError
 from pipeline.host.probe import JobProbe, probe_host
-from pipeline.state import keys
+from pipeline.state.audit import REFUSALS, Audit
 from pipeline.state.jobstate import scope_of
+from pipeline.state.locks import Holder
+from pipeline.state.posts import Posts
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
@@ -63,7 +63,6 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     names = [job] if job else list(config.jobs)
     if not names:
         return Reply(title=status_none(), status=Status.WARNING)
-    client, prefix = ctx.redis.client, ctx.prefix
     snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
     currents = {name: dict(s.current) for name, s in snaps.items()}
     by_host: dict[str, list[str]] = {}
@@ -143,7 +142,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
                 ", ".join(snap.patches) or "-",
             )
         )
-    failure = await client.hgetall(keys.delivery_failure(prefix))  # written by the Slack outbox
+    failure = await ctx.redis.open_store(Posts).last_failure()  # written by the Slack outbox
     if failure.get("line"):
         try:
             ago = f"{fmt.duration(now - float(failure.get('at', now)))} ago"
@@ -186,8 +185,7 @@ async def patches_command(ctx: Context, job: str) -> Reply:
     try:
         in_effect = list(await ctx.restarter.patches_in_effect(job))
     except RemoteError as exc:
-        members = await ctx.redis.client.smembers(keys.job_patches(ctx.prefix, job))
-        in_effect = sorted(str(m) for m in members)
+        in_effect = sorted(await ctx.records.stored_patches(job))
         lines.append(patches_recorded_only(exc.message))
         tone = Status.WARNING
     return Reply(
@@ -220,7 +218,7 @@ def _holder_reply(config: Config, holder: Holder) -> Reply:
 
 async def lock_command(ctx: Context, job: str) -> Reply:
     """``lock JOB``: who holds the job's restart lock, since when, which step."""
-    holder = await read_holder(ctx.redis.client, ctx.prefix, scope_of(ctx.config, job))
+    holder = await ctx.locks.holder(scope_of(ctx.config, job))
     if holder is None:
         return Reply(title=lock_free(job), status=Status.OK)
     return _holder_reply(ctx.config, holder)
@@ -232,7 +230,7 @@ async def unlock_command(ctx: Context, job: str, user: str) -> tuple[Reply, Hold
     :returns: the reply and who held the lock (None if it was free).
     """
     scope = scope_of(ctx.config, job)
-    holder = await force_release(ctx.redis.client, ctx.prefix, scope)
+    holder = await ctx.locks.force_release(scope)
     if holder is None:
         return Reply(title=unlock_not_held(scope), status=Status.INFO), None
     if holder.run_id:

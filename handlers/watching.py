@@ -64,7 +64,6 @@ from pipeline.observe.watch import (
     Situation,
     assess,
 )
-from pipeline.state import keys
 from pipeline.state.events import EventKind
 from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore, WatchState
 from pipeline.state.runs import RunRecord
@@ -117,7 +116,7 @@ class Watcher:
         self.ctx = ctx
         self.restarts = restarts
         self.remind_every = remind_every
-        self.store = IncidentStore(ctx.redis.client, ctx.prefix)
+        self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
 
     # --- one cycle ---------------------------------------------------------------------------
@@ -184,15 +183,7 @@ class Watcher:
                 self._situation(view, now),
                 remind_every=self.remind_every,
             )
-        async with self.ctx.redis.client.pipeline(transaction=False) as pipe:
-            for name, d in decisions.items():
-                fields = d.state.to_hash()
-                if fields:  # a job never seen (its host down from the start) has nothing to store yet
-                    pipe.hset(keys.watch_state(self.ctx.prefix, name), mapping=fields)  # type: ignore[arg-type]
-                gone = [f for f in WatchState.model_fields if f not in fields]
-                if gone:
-                    pipe.hdel(keys.watch_state(self.ctx.prefix, name), *gone)
-            await pipe.execute()
+        await self.store.save_states({name: d.state for name, d in decisions.items()})
         by_name = {v.name: v for v in views}
         acting = [
             (by_name[n], d) for n, d in decisions.items() if d.actions or d.incident != by_name[n].incident
@@ -230,8 +221,7 @@ class Watcher:
         try:
             state = await progress.refresh(
                 self.ctx.ssh,
-                self.ctx.redis.client,
-                self.ctx.prefix,
+                self.store,
                 view.name,
                 view.cfg,
                 run_pid=latest.pid if latest is not None else None,
@@ -361,12 +351,8 @@ class Watcher:
             )
             await self._event(EventKind.ALERT, inc)
         elif action.kind is ActionKind.AUTO_RESTART:
-            await ctx.redis.client.zadd(keys.auto_restarts(ctx.prefix, inc.job), {f"{now!r}:{inc.n}": now})
             policy = ctx.config.jobs[inc.job].watch.auto_restart
-            if policy is not None:
-                await ctx.redis.client.zremrangebyscore(
-                    keys.auto_restarts(ctx.prefix, inc.job), "-inf", now - policy.within
-                )
+            await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
             self._auto_fired[inc.job] = time.time()
             answer = await self.restarts.restart(inc.job, channel)
             await ctx.events.publish(
@@ -499,7 +485,7 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
     if name is None:
         assert error is not None
         return error
-    store = IncidentStore(ctx.redis.client, ctx.prefix)
+    store = ctx.redis.open_store(IncidentStore)
     for _ in range(5):
         incident = await store.incident(name)
         if incident is None:
@@ -538,18 +524,14 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
     if name is None:
         assert error is not None
         return error
-    client, p = ctx.redis.client, ctx.prefix
+    store = ctx.redis.open_store(IncidentStore)
     if state == "off":
         seconds = int(for_s or DEFAULT_OFF_S)
-        await client.set(keys.watch_off(p, name), user, ex=max(1, seconds))
+        await store.pause(name, user, seconds)
         until = fmt.clock(time.time() + seconds, ctx.config.scheduler.timezone)
         return Reply(title=watch_paused(name, until, seconds), status=Status.OK)
     if state == "on":
-        async with client.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.watch_off(p, name))
-            pipe.hdel(keys.watch_state(p, name), "progress_at", "degraded_since", "log_size")
-            was_off, _ = await pipe.execute()
-        return Reply(title=watch_resumed(name, bool(was_off)), status=Status.OK)
+        return Reply(title=watch_resumed(name, await store.resume(name)), status=Status.OK)
     return Reply(title=watch_bad_state(state), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
 
 

@@ -28,6 +28,8 @@ class                         code                   exit  fields
 :class:`UnknownHost`          ``unknown_host``       2     name, known
 :class:`UnknownRun`           ``unknown_run``        2     run_id
 :class:`SlackUnavailable`     ``slack_unavailable``  2     method, error
+:class:`IllegalTransition`    ``illegal_transition`` 1     what, current, wanted
+:class:`StateUnavailable`     ``state_unavailable``  1     detail
 :class:`SequenceAborted`      ``sequence_aborted``   1     verdict, line, evidence
 :class:`PreflightFailed`      ``preflight_failed``   1     job, check, detail (+ verdict, line)
 :class:`StopFailed`           ``stop_failed``        1     job, survivors, detail (+ verdict, line)
@@ -440,6 +442,39 @@ class UnknownRun(PitstopError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"no run {run_id}")
+
+
+# --- run state (pipeline/state/) ----------------------------------------------------------------
+
+
+class IllegalTransition(PitstopError):
+    """A state change its store refuses (supervisor's ``_assertInState``): ``what`` is ``current``.
+
+    :param what: the thing, by id (``run r-42``, ``lock job:dflash``, ``verification of r-42``).
+    :param current: its state now (``finished``, ``free``, ``not queued``).
+    :param wanted: the transition asked for (``finish``, ``release``, ``done``).
+    """
+
+    code = "illegal_transition"
+
+    def __init__(self, what: str, current: str, wanted: str) -> None:
+        self.what = what
+        self.current = current
+        self.wanted = wanted
+        super().__init__(f"{what} is {current}: it cannot {wanted} - reload it and try again")
+
+
+class StateUnavailable(PitstopError):
+    """Redis did not answer or refused a command.
+
+    :param detail: the Redis client's error.
+    """
+
+    code = "state_unavailable"
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"run state unavailable (Redis): {detail} - check that [redis] url answers")
 
 
 # --- Slack surface (bot/serve.py) ---------------------------------------------------------------

@@ -101,7 +101,7 @@ class StandInRestarter:
     :class:`~pipeline.engines.base.RestartService`).
 
     Walks the steps (recording each on the run and telling the subscribed listeners as the real
-    one does), checks ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``
+    one does), checks cancel requests and ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``
     for the launch), and records every call in a Redis list and the highest number of
     sequences running at once, so a test sees what ran across processes.
     """
@@ -186,13 +186,9 @@ class StandInRestarter:
             await self.client.set(self.peak_key, active)
         try:
             for step in steps:
-                if cancelled is not None and await cancelled():
+                if await self.runs.cancel_requested(run.id) or (cancelled is not None and await cancelled()):
                     after = run.current_step.value if run.current_step else None
-                    run.verdict = Verdict.CANCELLED
-                    run.verdict_line = f"cancelled after {after}"
-                    run.finished_at = time.time()
-                    await self.runs.save(run)
-                    return run
+                    return await self.runs.finish(run, Verdict.CANCELLED, f"cancelled after {after}")
                 await self._step(run, step, self.launch_s if step is Step.LAUNCH else self.step_s)
             if Step.LAUNCH in steps:
                 run.pid = 4242

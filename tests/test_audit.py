@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-import handlers.audit as audit_mod
-from handlers.audit import Audit, AuditOutcome
+import pipeline.state.audit as audit_mod
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
 from pipeline.state import keys
+from pipeline.state.audit import Audit, AuditOutcome
 from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import ADMIN, OPERATOR, VIEWER, handler_config, make_context
 

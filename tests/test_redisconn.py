@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.config import Config, StateSettings
+import pytest
+
+from pipeline.config import Config, RedisSettings, StateSettings
+from pipeline.errors import StateUnavailable
 from pipeline.state.redisconn import RedisHandle, mask_url, open_redis
 
 
@@ -72,3 +76,14 @@ def test_mask_url_hides_password() -> None:
     """A password in a Redis URL is never shown."""
     assert mask_url("redis://u:secret@h:6379/0") == "redis://u:***@h:6379/0"
     assert mask_url("redis://h:6379") == "redis://h:6379"
+
+
+async def test_a_redis_that_does_not_answer_is_state_unavailable(tmp_path: Path) -> None:
+    """A configured URL nobody listens on fails as StateUnavailable (code state_unavailable), not redis's own error."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = Config(redis=RedisSettings(url=f"redis://127.0.0.1:{port}/0"), state=StateSettings(dir=tmp_path))
+    with pytest.raises(StateUnavailable) as info:
+        await open_redis(config)
+    assert info.value.code == "state_unavailable" and info.value.detail

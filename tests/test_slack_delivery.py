@@ -21,12 +21,12 @@ from bot.slack_api import web_client
 from bot.slack_app import slack_home_no_role
 from bot.slack_outbox import SlackOutbox
 from handlers.alerts import alert_reply
-from handlers.audit import AuditOutcome
 from handlers.confirm import confirm_expired
 from handlers.reply import Reply, Status, Table
 from pipeline.config import AuthSettings, Config, SlackSettings
 from pipeline.errors import ExitCode
 from pipeline.state import keys
+from pipeline.state.audit import AuditOutcome
 from pipeline.state.incidents import Incident, IncidentKind
 from tests.fixtures.slack import (
     ANNOUNCE,

@@ -27,7 +27,9 @@ from handlers.views import help_title
 from pipeline.config import Config
 from pipeline.errors import UnknownRun
 from pipeline.state import keys
+from pipeline.state.posts import Posts
 from pipeline.state.redisconn import RedisHandle
+from pipeline.state.runs import RunStore
 from tests.fixtures.slack import (
     ANNOUNCE,
     BOT_TOKEN,
@@ -402,8 +404,8 @@ async def test_outbox_announce_posts_once_then_updates_from_any_replica(
     client = web_client(BOT_TOKEN, base_url=fake_slack.api_url)
     one = SlackOutbox(client, default_channel=CHANNEL, pace=0, instance="a")
     two = SlackOutbox(client, default_channel=CHANNEL, pace=0, instance="b")
-    one.bind(redis_handle.client, redis_handle.prefix)
-    two.bind(redis_handle.client, redis_handle.prefix)
+    one.bind(redis_handle.open_store(Posts), redis_handle.open_store(RunStore))
+    two.bind(redis_handle.open_store(Posts), redis_handle.open_store(RunStore))
     await one.announce("run:r-7", _run_reply(1), None)
     await one.announce("run:r-7", _run_reply(2), None)
     await two.announce("run:r-7", _run_reply(3), None)

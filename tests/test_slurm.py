@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from bot.assembly import build_watcher
-from handlers.audit import Audit
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reports import gpus_command
@@ -31,6 +30,7 @@ from pipeline.errors import ExitCode
 from pipeline.host import slurm
 from pipeline.host.remote import SSHPool
 from pipeline.state import keys
+from pipeline.state.audit import Audit
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle, open_redis
 from pipeline.state.runs import RunRecord, RunStore

@@ -29,8 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import redis.asyncio as aioredis
-
 from pipeline.config import Config, JobConfig
 from pipeline.digest.metrics import parse_metric_lines, parse_series
 from pipeline.digest.stats import DRAFTER, TARGET, DigestSummary, compare, summarise_series
@@ -46,9 +44,10 @@ from pipeline.digest.window import (
 from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.gpus import query_gpus
-from pipeline.state import keys
+from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobStore
+from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunStore
 
 CHARTS_KEPT = 20  #: chart PNGs kept per job under ``state/charts``
@@ -108,11 +107,9 @@ def silent_ranks(
     )
 
 
-async def load_seen_ranks(
-    client: aioredis.Redis, prefix: str, job: str
-) -> dict[int, tuple[str, float | None]]:
+async def load_seen_ranks(memory: DigestMemory, job: str) -> dict[int, tuple[str, float | None]]:
     """Ranks earlier digests saw: rank → (role, ``ts`` of its last metric line or None)."""
-    raw: dict[str, str] = await client.hgetall(keys.digest_ranks(prefix, job))  # type: ignore[assignment]
+    raw = await memory.ranks(job)
     out: dict[int, tuple[str, float | None]] = {}
     for rank, value in raw.items():
         try:
@@ -173,9 +170,9 @@ class Digest:
     silent: tuple[SilentRank, ...] = ()
 
 
-async def load_last(client: aioredis.Redis, prefix: str, job: str) -> dict[str, float | None] | None:
+async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
     """The last scheduled digest's headline numbers (:meth:`DigestSummary.headline`), or None."""
-    raw = await client.get(keys.digest_last(prefix, job))
+    raw = await memory.last(job)
     if not raw:
         return None
     try:
@@ -231,8 +228,7 @@ async def build_digest(
     job: str,
     *,
     config: Config,
-    client: aioredis.Redis,
-    prefix: str,
+    redis: RedisHandle,
     ssh: RemoteHosts,
     events: Events,
     scheduled: bool,
@@ -248,8 +244,7 @@ async def build_digest(
 
     :param job: a configured job name (case-insensitive).
     :param config: the validated configuration (the job, ``[state] dir`` for charts).
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the Redis key prefix (:mod:`pipeline.state.keys`).
+    :param redis: the open Redis handle.
     :param ssh: the SSH pool (the log over SSH, ``nvidia-smi``).
     :param events: where the ``digest`` event is published.
     :param scheduled: True for the scheduler's digests (moves the offset).
@@ -263,16 +258,17 @@ async def build_digest(
     """
     name = config.job_name(job)
     spec = config.jobs[name]
-    state = await load_offset(client, prefix, name)
+    memory = redis.open_store(DigestMemory)
+    state = await load_offset(memory, name)
     read = reader if reader is not None else remote_reader(ssh, name, spec)
     window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     series = parse_series(window.data, spec.metrics)
     summary = summarise_series(series, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
-    seen = await load_seen_ranks(client, prefix, name)
+    seen = await load_seen_ranks(memory, name)
     silent = silent_ranks(summary, expected_ranks(spec, seen), seen)
     if summary.ranks:
-        await client.hset(keys.digest_ranks(prefix, name), mapping=seen_update(summary, seen))  # type: ignore[arg-type]
-    previous = await load_last(client, prefix, name)
+        await memory.add_ranks(name, seen_update(summary, seen))
+    previous = await load_last(memory, name)
     # a repeated window is the last scheduled digest itself: no change to speak of
     change = compare(previous, summary) if window.kind is not WindowKind.REPEAT else {}
     now = time.time()
@@ -282,7 +278,7 @@ async def build_digest(
         where = config.state.path / "charts" / f"{name.lower()}-{int(now * 1000)}.png"
         path = await asyncio.to_thread(_draw, window.data, spec, where, name)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
-    snapshot = await JobStore(client, prefix, config).read(name, now=now)
+    snapshot = await redis.open_store(JobStore, config).read(name, now=now)
     digest = Digest(
         job=name,
         scheduled=scheduled,
@@ -296,17 +292,13 @@ async def build_digest(
         gpu_note=gpu_note,
         chart=path,
         uptime_s=snapshot.uptime(now),
-        restarts=await _restarts_since(RunStore(client, prefix), name, since),
+        restarts=await _restarts_since(redis.open_store(RunStore), name, since),
         built_at=now,
         silent=silent,
     )
     if scheduled:
-        async with client.pipeline(transaction=True) as pipe:
-            state_fields = window.state(now).to_hash()
-            pipe.hset(keys.digest_offset(prefix, name), mapping=state_fields)  # type: ignore[arg-type]
-            if summary.metric_lines:
-                pipe.set(keys.digest_last(prefix, name), json.dumps({**summary.headline(), "at": now}))
-            await pipe.execute()
+        last = json.dumps({**summary.headline(), "at": now}) if summary.metric_lines else None
+        await memory.save(name, window.state(now).to_hash(), last)
     await events.publish(
         EventKind.DIGEST,
         name,

@@ -23,12 +23,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-import redis.asyncio as aioredis
-
 from pipeline.config import JobConfig
 from pipeline.host.probe import read_log_chunk
 from pipeline.host.remote import RemoteHosts
-from pipeline.state import keys
+from pipeline.state.digests import DigestMemory
 
 MAX_WINDOW_BYTES = 8 * 1024 * 1024  #: most bytes of metric log read per digest
 FINGERPRINT_BYTES = 64  #: bytes before the stored offset kept to recognise the same file
@@ -260,7 +258,7 @@ def remote_reader(ssh: RemoteHosts, job_name: str, job: JobConfig) -> LogReader:
     return reader
 
 
-async def load_offset(client: aioredis.Redis, prefix: str, job: str) -> OffsetState | None:
-    """The last scheduled digest's :class:`OffsetState` (``keys.digest_offset``), or None."""
-    raw: dict[str, str] = await client.hgetall(keys.digest_offset(prefix, job))  # type: ignore[assignment]
+async def load_offset(memory: DigestMemory, job: str) -> OffsetState | None:
+    """The last scheduled digest's :class:`OffsetState`, or None."""
+    raw = await memory.offset(job)
     return OffsetState.from_hash(raw) if raw else None

@@ -14,7 +14,7 @@ lease tick and by every CLI, console and serve process when it starts — takes 
   processes``;
 - a run cut off after its launch keeps its verdict open: the line ``INTERRUPTED after launch:
   pid 5151 running 8/8 (unverified)`` (or ``job 42 pending``, ``job 42 gone, 0/8``) is recorded
-  in ``interrupted`` and the run is (re)queued in ``keys.runs_unverified``, so its verification
+  in ``interrupted`` and the run is (re)queued in the verification queue, so its verification
   still runs, once, from the recorded launch identity, and records what the host or cluster says.
 
 It releases nothing it does not own: a dead holder's restart lock expires by itself (its TTL
@@ -34,9 +34,10 @@ from pipeline.engines.base import RestartService
 from pipeline.errors import RemoteError
 from pipeline.host.probe import probe_host, recorded_identity
 from pipeline.host.slurm import SlurmClient
-from pipeline.state import keys
 from pipeline.state.jobstate import JobStore
+from pipeline.state.locks import Locks
 from pipeline.state.runs import RunRecord, identity
+from pipeline.state.verifications import VerifyQueue
 from pipeline.verdict import Outcome, Verdict
 
 
@@ -85,7 +86,7 @@ async def reconcile(restarter: RestartService, *, instance: str) -> list[Interru
     :param instance: this process's id, written in the claim it takes on each run.
     :returns: the runs taken over, oldest first; a run another process claimed is skipped.
     """
-    runs, client, prefix = restarter.runs, restarter.runs.client, restarter.runs.prefix
+    runs = restarter.runs
     out: list[Interruption] = []
     for run in await runs.unowned():
         if run.owner is None:
@@ -94,9 +95,7 @@ async def reconcile(restarter: RestartService, *, instance: str) -> list[Interru
                 continue
             if await _lock_held(restarter, run.job):
                 continue
-        claim = keys.run_owner(prefix, run.id)
-        ttl_ms = max(1, int(runs.heartbeat_ttl * 1000))
-        if not await client.set(claim, f"recovering:{instance}", nx=True, px=ttl_ms):
+        if not await runs.claim_orphan(run.id, instance):
             continue  # its owner came back, or another process is taking it over
         try:
             fresh = await runs.get(run.id)
@@ -104,7 +103,7 @@ async def reconcile(restarter: RestartService, *, instance: str) -> list[Interru
                 continue
             out.append(await _take_over(restarter, fresh))
         finally:
-            await client.delete(claim)
+            await runs.unclaim(run.id)
     return out
 
 
@@ -135,12 +134,9 @@ async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
             rec.ended_at = now
             rec.outcome = Outcome.FAILED
             rec.detail = interrupted_step()
-    run.verdict = Verdict.INTERRUPTED
-    run.verdict_line = verdict.interrupted(step.value if step else None, found)
-    run.evidence = run.evidence or run.verdict_line
-    run.finished_at = now
-    await restarter.runs.save(run)
-    return Interruption(run, run.verdict_line, False)
+    line = verdict.interrupted(step.value if step else None, found)
+    await restarter.runs.finish(run, Verdict.INTERRUPTED, line, run.evidence or line)
+    return Interruption(run, line, False)
 
 
 async def _observe_ssh(restarter: RestartService, run: RunRecord, name: str, spec: JobConfig) -> Observed:
@@ -181,17 +177,12 @@ async def _queue_verification(restarter: RestartService, run: RunRecord) -> None
     spec = restarter.config.jobs.get(_job_key(restarter, run.job))
     window = spec.start_window if spec is not None else 0.0
     due = (run.launched_at or time.time()) + window
-    await restarter.runs.client.zadd(keys.runs_unverified(restarter.runs.prefix), {run.id: due}, nx=True)
+    await VerifyQueue(restarter.runs.client, restarter.runs.prefix).enqueue(run.id, due, keep=True)
 
 
 async def _lock_held(restarter: RestartService, job: str) -> bool:
-    name = _job_key(restarter, job)
-    scopes = [f"job:{name}"]
-    spec = restarter.config.jobs.get(name)
-    if spec is not None:
-        scopes.append(f"host:{spec.host}")
-    client, prefix = restarter.runs.client, restarter.runs.prefix
-    return any([bool(await client.exists(keys.lock(prefix, s))) for s in scopes])
+    locks = Locks(restarter.runs.client, restarter.runs.prefix)
+    return await locks.any_held(restarter.config, _job_key(restarter, job))
 
 
 def _job_key(restarter: RestartService, job: str) -> str:

@@ -193,9 +193,7 @@ class SlurmEngine:
             await self._stop(run, name, job, run.old_slurm_job)
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
-        run.finished_at = time.time()
-        await self.r.runs.save(run)
-        return run
+        return await self.r.runs.finish(run)
 
     # --- steps ------------------------------------------------------------------------------------
 
@@ -403,9 +401,8 @@ class SlurmEngine:
                 raise failure
             await asyncio.sleep(max(0.05, r.verify_poll))
         decided, line, evidence = await self._decide(run, name, job, sl, j)
-        run.verdict, run.verdict_line, run.evidence = decided, line, evidence
         recheck = time.time() + self.pending_recheck if decided is Verdict.PENDING else None
-        await self.steps.verified(run, rec, recheck_at=recheck)
+        await self.steps.verified(run, rec, (decided, line, evidence), recheck_at=recheck)
         return run
 
     async def _decide(

@@ -264,9 +264,7 @@ class Restarter:
             await self._stop(run, name, job, current)
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
-        run.finished_at = time.time()
-        await self.runs.save(run)
-        return run
+        return await self.runs.finish(run)
 
     # --- verification ---------------------------------------------------------------------------
 
@@ -278,7 +276,7 @@ class Restarter:
         lines), ``ERROR_IN_LOG``, ``WRONG_COUNT`` (expected vs seen), ``NO_PROGRESS`` (log
         silent), else ``RUNNING``; a run whose stop found a stale record is ``STALE_RECORD``.
         Re-runnable: a second call samples again.  Sets ``verdict``, ``verdict_line``,
-        ``evidence``, ``finished_at``; saves; removes the run from ``keys.runs_unverified``.
+        ``evidence``, ``finished_at``; saves; takes the run off the verification queue.
 
         :returns: the run as saved; unchanged if it launched nothing.
         :raises RemoteError: if the host cannot be reached until well past the deadline (the
@@ -314,13 +312,10 @@ class Restarter:
             await asyncio.sleep(max(0.05, delay))
         assert ev is not None
         verdict, line, evidence = decide(run, job, ev)
-        run.verdict = verdict
-        run.verdict_line = line
         ignored = check_resume(ev.start_step, ev.checkpoint, ev.sampled_at - run.launched_at).ignored
         if verdict is Verdict.RUNNING and ignored is not None and ev.checkpoint is not None:
             run.warning = resume_warning(name, ignored, ev.checkpoint.path)
-        run.evidence = evidence
-        await self.steps.verified(run, rec)
+        await self.steps.verified(run, rec, (verdict, line, evidence))
         return run
 
     # --- queries ---------------------------------------------------------------------------------

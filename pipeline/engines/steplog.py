@@ -8,9 +8,9 @@ at its own pace, so the sequence never waits for Slack.
 A step that fails raises one of the :class:`~pipeline.errors.SequenceAborted` errors, and the
 engine hands it to :meth:`StepLog.finish`, which sets the run's verdict from it.
 
-The job's ``current`` record (``keys.job_current``: what runs now, by pid/session or Slurm job
-id) and its patches in effect (``keys.job_patches``) are written here too, so that every engine
-leaves the same trace behind.
+The job's ``current`` record (what runs now, by pid/session or Slurm job id) and its patches in
+effect are written through here too (:class:`~pipeline.state.jobstate.JobRecords`), so that every
+engine leaves the same trace behind.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
 from pipeline import verdict
 from pipeline.errors import RunCancelled, SequenceAborted
-from pipeline.state import keys
 from pipeline.state.events import EventKind, Events
+from pipeline.state.jobstate import JobRecords
 from pipeline.state.runs import RunRecord, RunStore, StepRecord
+from pipeline.state.verifications import VerifyQueue
 from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,8 @@ CancelCheck = Callable[[], Awaitable[bool]]
 class StepLog:
     """Records, saves and publishes the steps of runs.
 
-    :param runs: where run records are saved (its Redis client and key prefix are used for the
-        job's ``current`` record, patches and the verification queue).
+    :param runs: where run records are saved (its Redis client and key prefix serve the job's
+        ``current`` record, patches and the verification queue too).
     :param events: the event stream; each step change is published as a ``step`` event.
     """
 
@@ -48,6 +48,8 @@ class StepLog:
         self.runs = runs
         self.events = events
         self._listeners: list[StepListener] = []
+        self.queue = VerifyQueue(runs.client, runs.prefix)
+        self.records = JobRecords(runs.client, runs.prefix)
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
         """Tell ``listener`` of every step change of every run from now on.
@@ -60,16 +62,6 @@ class StepLog:
         """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
-
-    @property
-    def redis(self) -> Any:
-        """The Redis client the run store uses."""
-        return self.runs.client
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix the run store uses."""
-        return self.runs.prefix
 
     # --- steps ------------------------------------------------------------------------------------
 
@@ -141,28 +133,40 @@ class StepLog:
         await self.runs.save(run)
         await self.publish(run, rec)
 
-    async def verified(self, run: RunRecord, rec: StepRecord, *, recheck_at: float | None = None) -> None:
-        """Save a decided verdict: ``rec`` ends with the verdict line; the run leaves the
-        verification queue, or stays in it due at ``recheck_at`` (epoch seconds; a PENDING job)."""
-        rec.ended_at = run.finished_at = time.time()
-        rec.detail = run.verdict_line or ""
+    async def verified(
+        self,
+        run: RunRecord,
+        rec: StepRecord,
+        decided: tuple[Verdict, str, str],
+        *,
+        recheck_at: float | None = None,
+    ) -> None:
+        """Save a decided verdict (``decided``: verdict, line, evidence): ``rec`` ends with the
+        line; the run leaves the verification queue (:meth:`~pipeline.state.verifications.VerifyQueue.settle`),
+        or stays in it due at ``recheck_at`` (epoch seconds; a PENDING job).
+
+        :raises IllegalTransition: if the run was ended by its sequence.
+        """
+        verdict, line, _ = decided
+        rec.ended_at, rec.detail = time.time(), line
         if recheck_at is not None:
             rec.outcome = Outcome.WAITING
         else:
-            rec.outcome = Outcome.OK if run.verdict is Verdict.RUNNING else Outcome.FAILED
-        await self.runs.save(run)
+            rec.outcome = Outcome.OK if verdict is Verdict.RUNNING else Outcome.FAILED
+        await self.runs.decide(run, *decided)
         if recheck_at is not None:
-            await self.redis.zadd(keys.runs_unverified(self.prefix), {run.id: recheck_at})
+            await self.queue.enqueue(run.id, recheck_at)
         else:
-            await self.redis.zrem(keys.runs_unverified(self.prefix), run.id)
+            await self.queue.settle(run.id)
         await self.publish(run, rec)
 
     async def boundary(self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None) -> None:
-        """Between two steps: cancel the run if ``keys.cancel_request`` is set or ``cancelled()`` says so.
+        """Between two steps: cancel the run if someone asked (:meth:`RunStore.cancel_requested`, one
+        read) or ``cancelled()`` says so.
 
         :raises RunCancelled: if the run is cancelled.
         """
-        asked = bool(await self.redis.exists(keys.cancel_request(self.prefix, run.id)))
+        asked = await self.runs.cancel_requested(run.id)
         if not asked and cancelled is not None:
             asked = await cancelled()
         if asked:
@@ -171,52 +175,32 @@ class StepLog:
 
     async def finish(self, run: RunRecord, aborted: SequenceAborted) -> RunRecord:
         """Finish a run that a step ended: its verdict, line and evidence, as ``aborted`` carries them."""
-        run.verdict = Verdict(aborted.verdict)
-        run.verdict_line = aborted.line
-        run.evidence = aborted.evidence or aborted.line
-        run.finished_at = time.time()
-        await self.runs.save(run)
-        return run
+        return await self.runs.finish(
+            run, Verdict(aborted.verdict), aborted.line, aborted.evidence or aborted.line
+        )
 
     # --- the job's current record and patches ------------------------------------------------------
 
     async def current(self, name: str) -> dict[str, str]:
         """The job's ``current`` record (empty when none)."""
-        raw = await self.redis.hgetall(keys.job_current(self.prefix, name))
-        return {str(k): str(v) for k, v in raw.items()}
+        return await self.records.current(name)
 
     async def record_launch(self, run: RunRecord, name: str, current: Mapping[str, str], due: float) -> None:
         """Replace the job's ``current`` record with the launched run's and queue its verification
         at ``due`` (epoch seconds), in one transaction."""
-        key = keys.job_current(self.prefix, name)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            pipe.hset(key, mapping=dict(current))
-            pipe.zadd(keys.runs_unverified(self.prefix), {run.id: due})
-            await pipe.execute()
+        await self.records.record_launch(run.id, name, current, due)
 
     async def mark_stopped(self, name: str, run: RunRecord) -> None:
         """The job's ``current`` record says stopped (by ``run``), its process identity removed."""
-        key = keys.job_current(self.prefix, name)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hdel(key, "pid", "start_time", "sid", "pgid")
-            pipe.hset(
-                key, mapping={"state": "stopped", "stopped_at": repr(time.time()), "stopped_by": run.id}
-            )
-            await pipe.execute()
+        await self.records.mark_stopped(name, run.id)
 
     async def store_patches(self, name: str, in_effect: Sequence[str]) -> None:
-        """Record the patch names in effect in the job's workdir (``keys.job_patches``)."""
-        key = keys.job_patches(self.prefix, name)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            if in_effect:
-                pipe.sadd(key, *in_effect)
-            await pipe.execute()
+        """Record the patch names in effect in the job's workdir."""
+        await self.records.store_patches(name, in_effect)
 
     async def stored_patches(self, name: str) -> set[str]:
         """The patch names last recorded in effect for the job."""
-        return {str(m) for m in await self.redis.smembers(keys.job_patches(self.prefix, name))}
+        return await self.records.stored_patches(name)
 
 
 # --- text ---------------------------------------------------------------------------------------

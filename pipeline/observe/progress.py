@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.config import JobConfig
@@ -36,7 +35,7 @@ from pipeline.digest.metrics import parse_metric_lines
 from pipeline.digest.stats import percentile
 from pipeline.host.probe import read_log_chunk
 from pipeline.host.remote import RemoteHosts
-from pipeline.state import keys
+from pipeline.state.incidents import IncidentStore
 
 MIN_RANK_STALL = 60.0  #: seconds: the smallest default ``rank_stall_after``
 STALL_FACTOR = 20.0  #: default ``rank_stall_after`` = this × the p95 time between advances
@@ -226,16 +225,15 @@ def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
     }
 
 
-async def load(client: aioredis.Redis, prefix: str, job: str) -> ProgressState:
+async def load(store: IncidentStore, job: str) -> ProgressState:
     """The job's stored progress (empty when none)."""
-    raw = await client.get(keys.rank_progress(prefix, job))
+    raw = await store.progress(job)
     return ProgressState.model_validate_json(raw) if raw else ProgressState()
 
 
 async def refresh(
     ssh: RemoteHosts,
-    client: aioredis.Redis,
-    prefix: str,
+    store: IncidentStore,
     name: str,
     job: JobConfig,
     *,
@@ -250,7 +248,7 @@ async def refresh(
 
     :raises RemoteError: if the host cannot be read (the stored state is left as it was).
     """
-    state = await load(client, prefix, name)
+    state = await load(store, name)
     if run_pid is not None and run_pid != state.run_pid:
         offset = launch_offset if launch_offset is not None and job.metrics_log is None else state.offset
         state = ProgressState(run_pid=run_pid, offset=offset, inode=state.inode)
@@ -264,7 +262,7 @@ async def refresh(
     if chunk.size - offset > MAX_READ:  # far behind (a long log first seen): only the recent lines matter
         offset = chunk.size - MAX_READ
     new = new.model_copy(update={"offset": offset, "inode": chunk.inode})
-    await client.set(keys.rank_progress(prefix, name), new.model_dump_json())
+    await store.save_progress(name, new.model_dump_json())
     return new
 
 

@@ -1,11 +1,20 @@
 """``pipeline.state`` — run state with one owner: the only code that touches Redis.
 
-- every key name :mod:`~pipeline.state.keys`; the connection (embedded or configured)
-  :mod:`~pipeline.state.redisconn`;
-- run records :mod:`~pipeline.state.runs`; one job's state in one read
-  :mod:`~pipeline.state.jobstate`; incidents, opened and resolved once each
-  :mod:`~pipeline.state.incidents`; the event stream :mod:`~pipeline.state.events`; the
-  scheduler's leader lease :mod:`~pipeline.state.leader`.
+- every key name :mod:`~pipeline.state.keys` (imported by this package only); the connection
+  (embedded or configured) :mod:`~pipeline.state.redisconn`, whose handle opens every store;
+- run records and their transitions :mod:`~pipeline.state.runs`; the verification queue
+  :mod:`~pipeline.state.verifications`; restart locks :mod:`~pipeline.state.locks`; one job's
+  state in one read, and its ``current`` record :mod:`~pipeline.state.jobstate`; incidents and
+  the watcher's memory :mod:`~pipeline.state.incidents`; digests' memory
+  :mod:`~pipeline.state.digests`; the event stream :mod:`~pipeline.state.events`; the scheduler's
+  leader lease :mod:`~pipeline.state.leader`; requests: the audit trail
+  :mod:`~pipeline.state.audit`, Slack deliveries acted on once :mod:`~pipeline.state.deliveries`,
+  confirmations :mod:`~pipeline.state.confirmations`; where Slack posts live
+  :mod:`~pipeline.state.posts`.
+
+A state changes only through its store's named transitions; an illegal one raises
+:class:`~pipeline.errors.IllegalTransition`, and Redis's own errors reach callers as
+:class:`~pipeline.errors.StateUnavailable` where they cross out of a store.
 
 May import the loose modules of :mod:`pipeline` (config, errors, fmt, verdict) and nothing else
 of Pitstop's.

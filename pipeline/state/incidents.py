@@ -4,11 +4,12 @@ This is where an alert is de-duplicated.  A job has at most one open :class:`Inc
 (``keys.incident``): :meth:`IncidentStore.open` creates it only if none is open and numbers it
 (``incident:JOB:N``, its alert's thread), and every later change — a new kind, a reminder, an
 acknowledgement, an automatic restart, the resolution — is a compare-and-set on its revision
-(``rev``, :meth:`IncidentStore.update` and :meth:`IncidentStore.close`).  Of two Pitstop
+(``rev``, :meth:`IncidentStore.update` and :meth:`IncidentStore.close`); changing or resolving an
+incident that was never opened raises :class:`~pipeline.errors.IllegalTransition`.  Of two Pitstop
 processes that decide the same transition, one applies it and posts; the other's write fails
 and it posts nothing, so each incident alerts once and resolves once, across restarts of Pitstop
 and changes of scheduler leader.  Slack's own redeliveries of a request are a different thing
-(:mod:`handlers.deliveries`).
+(:mod:`pipeline.state.deliveries`).
 
 Beside each incident the store keeps the watcher's memory of the job between cycles
 (:class:`WatchState`, ``keys.watch_state``).  Which transition a cycle makes is decided by
@@ -23,6 +24,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict
 
+from pipeline.errors import IllegalTransition
 from pipeline.state import keys
 
 LOG_LINES = 30  #: log lines shown in an alert
@@ -172,6 +174,11 @@ return redis.call('DEL', KEYS[1])
 """
 
 
+def _opened(incident: Incident, wanted: str) -> None:
+    if incident.n < 1:
+        raise IllegalTransition(f"incident of {incident.job}", "never opened", wanted)
+
+
 def _flat(fields: dict[str, str]) -> list[str]:
     out: list[str] = []
     for k, v in fields.items():
@@ -238,7 +245,9 @@ class IncidentStore:
         """Replace the open incident ``expected`` (same ``n`` and ``rev``) by ``new``.
 
         :returns: ``new`` with its revision bumped, or None if the incident changed meanwhile.
+        :raises IllegalTransition: if ``expected`` was never opened.
         """
+        _opened(expected, "change")
         rev = await self._update(
             keys=[keys.incident(self.prefix, expected.job)],
             args=[str(expected.n), str(expected.rev), *_flat(new.to_hash())],
@@ -251,11 +260,71 @@ class IncidentStore:
         """Delete the open incident ``expected`` (same ``n`` and ``rev``).
 
         :returns: False if it changed or closed meanwhile.
+        :raises IllegalTransition: if ``expected`` was never opened.
         """
+        _opened(expected, "resolve")
         done = await self._close(
             keys=[keys.incident(self.prefix, expected.job)], args=[str(expected.n), str(expected.rev)]
         )
         return bool(done)
+
+    async def save_states(self, states: dict[str, WatchState]) -> None:
+        """Write the watcher memory of many jobs in one round trip (fields that became None are
+        removed; a job with nothing to store yet is left alone)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for job, state in states.items():
+                fields = state.to_hash()
+                if fields:
+                    pipe.hset(keys.watch_state(self.prefix, job), mapping=fields)  # type: ignore[arg-type]
+                gone = [f for f in WatchState.model_fields if f not in fields]
+                if gone:
+                    pipe.hdel(keys.watch_state(self.prefix, job), *gone)
+            await pipe.execute()
+
+    async def pause(self, job: str, user: str, seconds: int) -> None:
+        """``watch JOB off``: no watching of ``job`` for ``seconds``."""
+        await self.client.set(keys.watch_off(self.prefix, job), user, ex=max(1, seconds))
+
+    async def resume(self, job: str) -> bool:
+        """``watch JOB on``: watch again, forgetting the progress memory of before the pause.
+
+        :returns: whether watching was paused.
+        """
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.watch_off(self.prefix, job))
+            pipe.hdel(keys.watch_state(self.prefix, job), "progress_at", "degraded_since", "log_size")
+            was_off, _ = await pipe.execute()
+        return bool(was_off)
+
+    async def count_auto_restart(self, incident: Incident, now: float, within: float | None) -> None:
+        """Count an automatic restart of the incident's job at ``now`` (unix s) for the crash-loop
+        bound, forgetting those older than ``within`` seconds (None: keep all)."""
+        key = keys.auto_restarts(self.prefix, incident.job)
+        await self.client.zadd(key, {f"{now!r}:{incident.n}": now})
+        if within is not None:
+            await self.client.zremrangebyscore(key, "-inf", now - within)
+
+    async def last_crash(self, job: str) -> dict[str, str]:
+        """The job's last classified crash (``crash_*`` fields, ``run_id``, ``repeat``; empty if none)."""
+        return {
+            str(k): str(v) for k, v in (await self.client.hgetall(keys.last_crash(self.prefix, job))).items()
+        }
+
+    async def remember_crash(self, job: str, fields: dict[str, str]) -> None:
+        """Replace the job's last classified crash."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.last_crash(self.prefix, job))
+            pipe.hset(keys.last_crash(self.prefix, job), mapping=fields)  # type: ignore[arg-type]
+            await pipe.execute()
+
+    async def progress(self, job: str) -> str | None:
+        """The job's per-rank progress as stored (JSON :class:`pipeline.observe.progress.ProgressState`)."""
+        raw = await self.client.get(keys.rank_progress(self.prefix, job))
+        return None if raw is None else str(raw)
+
+    async def save_progress(self, job: str, state_json: str) -> None:
+        """Store the job's per-rank progress (JSON)."""
+        await self.client.set(keys.rank_progress(self.prefix, job), state_json)
 
     async def watch_off_left(self, job: str) -> float | None:
         """Seconds left of a ``watch JOB off`` (``inf`` if it has no expiry), or None if watching is on."""

@@ -8,9 +8,9 @@ all of them for one or many jobs in **one** pipelined round trip into a frozen
 :class:`JobSnapshot`; the watcher, ``status``, ``gpus``, the crash check and digests read a
 job's state through it and nowhere else.
 
-Writers stay with the sequence that owns each transition (``pipeline/engines/ssh.py`` and
-``pipeline/engines/slurm.py`` write ``job_current``, the lock writes its holder, the watcher its
-memory and incidents); they all name the keys through :mod:`pipeline.state.keys`.
+:class:`JobRecords` writes the ``job_current`` record and the patches in effect (for the engines,
+through :class:`pipeline.engines.steplog.StepLog`); the lock writes its holder
+(:mod:`pipeline.state.locks`), the watcher its memory and incidents (:mod:`pipeline.state.incidents`).
 
 :func:`scope_of` is the one definition of a job's lock scope.
 
@@ -33,6 +33,7 @@ from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.incidents import Incident, WatchState
 from pipeline.state.runs import RunRecord
+from pipeline.state.verifications import VerifyQueue
 
 _PER_JOB = 9  #: commands per job in the pipelined read
 
@@ -202,3 +203,53 @@ class JobStore:
                 )
             )
         return out
+
+
+class JobRecords:
+    """The writer of a job's ``current`` record and of the patches in effect in its workdir.
+
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the key prefix.
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    async def current(self, name: str) -> dict[str, str]:
+        """The job's ``current`` record (empty when none)."""
+        raw = await self.client.hgetall(keys.job_current(self.prefix, name))
+        return {str(k): str(v) for k, v in raw.items()}
+
+    async def record_launch(self, run_id: str, name: str, current: Mapping[str, str], due: float) -> None:
+        """Replace the job's ``current`` record with the launched run's and queue its verification
+        at ``due`` (epoch seconds), in one transaction."""
+        key = keys.job_current(self.prefix, name)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping=dict(current))  # type: ignore[arg-type]
+            VerifyQueue(self.client, self.prefix).enqueue_in(pipe, run_id, due)
+            await pipe.execute()
+
+    async def mark_stopped(self, name: str, run_id: str) -> None:
+        """The job's ``current`` record says stopped (by ``run_id``), its process identity removed."""
+        key = keys.job_current(self.prefix, name)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(key, "pid", "start_time", "sid", "pgid")
+            pipe.hset(
+                key, mapping={"state": "stopped", "stopped_at": repr(time.time()), "stopped_by": run_id}
+            )
+            await pipe.execute()
+
+    async def store_patches(self, name: str, in_effect: Sequence[str]) -> None:
+        """Record the patch names in effect in the job's workdir (``keys.job_patches``)."""
+        key = keys.job_patches(self.prefix, name)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            if in_effect:
+                pipe.sadd(key, *in_effect)
+            await pipe.execute()
+
+    async def stored_patches(self, name: str) -> set[str]:
+        """The patch names last recorded in effect for the job."""
+        return {str(m) for m in await self.client.smembers(keys.job_patches(self.prefix, name))}

@@ -77,7 +77,7 @@ def cancel_request(prefix: str, run_id: str) -> str:
 
 
 def delivery(prefix: str, delivery_id: str) -> str:
-    """SET NX with TTL: a Slack delivery (event id, trigger id) already acted on (:mod:`handlers.deliveries`)."""
+    """SET NX with TTL: a Slack delivery (event id, trigger id) already acted on (:mod:`pipeline.state.deliveries`)."""
     return f"{prefix}dedupe:{delivery_id}"
 
 
@@ -151,7 +151,7 @@ def events(prefix: str) -> str:
     return f"{prefix}events"
 
 
-# --- handlers: confirmations (handlers/confirm.py) --------------------------------------------
+# --- confirmations (pipeline/state/confirmations.py) --------------------------------------------
 
 
 def confirmation(prefix: str, token: str) -> str:

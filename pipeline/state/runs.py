@@ -4,6 +4,12 @@ A run's steps are one closed enum (:class:`Step`) with fixed labels, each record
 its start, end, outcome and detail, so "where did it stop" always has an answer.  The
 verdict is one closed set (:class:`Verdict`), listed in precedence order: when several
 apply, the first wins.
+
+A run's state (:class:`RunState`, read from its record) changes only through
+:class:`RunStore`'s transitions, legal from the states in :data:`TRANSITIONS`: ``finish`` (the
+sequence ended it: an aborted step, a stop, an interruption) and ``decide`` (verification set
+the verdict from evidence; re-runnable).  Anything else raises
+:class:`~pipeline.errors.IllegalTransition`.  Cancel requests of a run live here too.
 """
 
 from __future__ import annotations
@@ -12,11 +18,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from enum import StrEnum
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.errors import UnknownRun
+from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
 from pipeline.verdict import Outcome, Step, Verdict
 
@@ -36,6 +43,36 @@ def identity(pid: int | None, slurm_job: int | None) -> str | None:
     if slurm_job is not None:
         return f"Slurm job {slurm_job}"
     return None if pid is None else f"pid {pid}"
+
+
+class RunState(StrEnum):
+    """Where a run stands, read from its record (nothing more is stored)."""
+
+    OPEN = "open"  #: its sequence runs, nothing launched yet
+    AWAITING = "awaiting"  #: launched, its verdict not decided (or PENDING: queued by Slurm)
+    DECIDED = "decided"  #: verified: a verdict from evidence (verification may run again)
+    ENDED = "ended"  #: ended by its sequence (aborted, stopped, interrupted): final
+
+    @classmethod
+    def of(cls, run: RunRecord) -> RunState:
+        """The state of ``run``."""
+        if (run.verdict is None and run.finished_at is None) or run.verdict is Verdict.PENDING:
+            launch = run.step(Step.LAUNCH)
+            return cls.AWAITING if launch is not None and launch.outcome is Outcome.OK else cls.OPEN
+        return cls.DECIDED if run.verdict in _DECIDED else cls.ENDED
+
+
+#: verdicts that verification decides; the others end a sequence
+_DECIDED = frozenset(
+    {Verdict.STALE_RECORD, Verdict.EXITED, Verdict.ERROR_IN_LOG, Verdict.WRONG_COUNT, Verdict.NO_PROGRESS}
+    | {Verdict.PENDING, Verdict.RUNNING}
+)
+
+#: each transition of a run → the states it is legal from
+TRANSITIONS: dict[str, frozenset[RunState]] = {
+    "finish": frozenset({RunState.OPEN, RunState.AWAITING}),
+    "decide": frozenset({RunState.OPEN, RunState.AWAITING, RunState.DECIDED}),
+}
 
 
 class StepRecord(BaseModel):
@@ -201,6 +238,63 @@ class RunStore:
         if run.finished_at is not None:
             self._owned.discard(run.id)
 
+    # --- transitions ------------------------------------------------------------------------------
+
+    @staticmethod
+    def check(run: RunRecord, transition: str) -> None:
+        """Refuse ``transition`` of ``run`` unless its state allows it (:data:`TRANSITIONS`).
+
+        :raises IllegalTransition: if the run is in a state the transition is not legal from.
+        """
+        state = RunState.of(run)
+        if state not in TRANSITIONS[transition]:
+            raise IllegalTransition(f"run {run.id}", state.value, transition)
+
+    async def finish(
+        self,
+        run: RunRecord,
+        verdict: Verdict | None = None,
+        line: str | None = None,
+        evidence: str | None = None,
+    ) -> RunRecord:
+        """End ``run``'s sequence now, with ``verdict`` (None: a stop that succeeded); saved.
+
+        :param evidence: the evidence behind the verdict (kept as it is when None).
+        :returns: the run, finished.
+        :raises IllegalTransition: if the run already ended or was verified.
+        """
+        self.check(run, "finish")
+        run.verdict, run.verdict_line = verdict, line
+        run.evidence = run.evidence if evidence is None else evidence
+        run.finished_at = time.time()
+        await self.save(run)
+        return run
+
+    async def decide(self, run: RunRecord, verdict: Verdict, line: str, evidence: str) -> RunRecord:
+        """Record the verdict verification decided (``finished_at`` now); saved.
+
+        :raises IllegalTransition: if the run was ended by its sequence (nothing to verify).
+        """
+        self.check(run, "decide")
+        run.verdict, run.verdict_line, run.evidence = verdict, line, evidence
+        run.finished_at = time.time()
+        await self.save(run)
+        return run
+
+    # --- cancel requests ---------------------------------------------------------------------------
+
+    async def request_cancel(self, run_id: str, user: str, ttl: float) -> None:
+        """Ask ``run_id``'s sequence to stop at its next step boundary (the request lives ``ttl`` s)."""
+        await self.client.set(keys.cancel_request(self.prefix, run_id), user, ex=max(1, int(ttl)))
+
+    async def cancel_requested(self, run_id: str) -> bool:
+        """True when someone asked to cancel ``run_id`` (read once per step boundary)."""
+        return bool(await self.client.exists(keys.cancel_request(self.prefix, run_id)))
+
+    async def clear_cancel(self, run_id: str) -> None:
+        """Forget a cancel request once the sequence ended."""
+        await self.client.delete(keys.cancel_request(self.prefix, run_id))
+
     # --- ownership ------------------------------------------------------------------------------
 
     def _ttl_ms(self) -> int:
@@ -240,6 +334,19 @@ class RunStore:
                     log.warning("run %s: its heartbeat lapsed and another process took it over", run_id)
                 self._owned.discard(run_id)
         return set(self._owned)
+
+    async def claim_orphan(self, run_id: str, instance: str) -> bool:
+        """Claim an open run whose owner is gone, for ``heartbeat_ttl`` s (``SET NX`` on its lapsed
+        heartbeat, ``recovering:INSTANCE``), so two processes never both take it over.
+
+        :returns: False if its owner came back or another process claimed it first.
+        """
+        key = keys.run_owner(self.prefix, run_id)
+        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=self._ttl_ms()))
+
+    async def unclaim(self, run_id: str) -> None:
+        """Drop the claim of :meth:`claim_orphan` (the take-over is recorded)."""
+        await self.client.delete(keys.run_owner(self.prefix, run_id))
 
     @property
     def owned(self) -> frozenset[str]:

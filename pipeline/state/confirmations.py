@@ -1,0 +1,133 @@
+"""Confirmations: a job with ``confirm = true`` acts only when the same person confirms in time.
+
+The request waits in Redis (:func:`pipeline.state.keys.confirmation`, JSON, with a TTL slightly
+longer than the window) under a random token carried by the Confirm/Cancel buttons, so any
+replica can take the click.  :meth:`Confirmations.take` settles it atomically (``GETDEL``):
+exactly one of the requester's click, a double click, and the expiry timer wins.  Someone
+else's click is refused and leaves the confirmation waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+import redis.asyncio as aioredis
+
+from pipeline.state import keys
+
+DEFAULT_WINDOW = 60.0  #: seconds a confirmation waits
+GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer settles first)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A request waiting for confirmation.
+
+    :ivar token: the id the buttons carry.
+    :ivar command: the parsed command as JSON text.
+    :ivar created_at: unix seconds.
+    :ivar window: seconds it may wait.
+    """
+
+    token: str
+    user: str
+    groups: tuple[str, ...]
+    text: str
+    command: str
+    channel: str | None
+    surface: str
+    created_at: float
+    window: float
+
+    @property
+    def expired(self) -> bool:
+        """True once the window has passed."""
+        return time.time() > self.created_at + self.window
+
+    def dumps(self) -> str:
+        """As JSON text."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, raw: str | bytes) -> Pending:
+        """From :meth:`dumps` output."""
+        data = json.loads(raw)
+        data["groups"] = tuple(data.get("groups") or ())
+        return cls(**data)
+
+
+class Take(StrEnum):
+    """What :meth:`Confirmations.take` found."""
+
+    TAKEN = "taken"  #: this caller settled it
+    GONE = "gone"  #: expired, or already settled by someone else
+    NOT_YOURS = "not_yours"  #: another user's confirmation: left waiting
+    EXPIRED = "expired"  #: found, but its window had passed (settled as expired)
+
+
+class Confirmations:
+    """Pending confirmations in Redis.
+
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the key prefix.
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    async def add(
+        self,
+        *,
+        user: str,
+        groups: tuple[str, ...],
+        text: str,
+        command: str,
+        channel: str | None,
+        surface: str,
+        window: float = DEFAULT_WINDOW,
+    ) -> Pending:
+        """Store a request waiting for ``user``'s confirmation.
+
+        :param window: seconds it may wait.
+        :returns: the pending record (its token goes on the buttons).
+        """
+        pending = Pending(
+            token=secrets.token_urlsafe(12),
+            user=user,
+            groups=groups,
+            text=text,
+            command=command,
+            channel=channel,
+            surface=surface,
+            created_at=time.time(),
+            window=window,
+        )
+        ttl_ms = max(1, int((window + GRACE) * 1000))
+        await self.client.set(keys.confirmation(self.prefix, pending.token), pending.dumps(), px=ttl_ms)
+        return pending
+
+    async def take(self, token: str, user: str | None) -> tuple[Take, Pending | None]:
+        """Settle a confirmation.
+
+        :param user: who clicked; None for the expiry timer (always allowed).
+        :returns: the outcome and the pending request (None when gone).
+        """
+        key = keys.confirmation(self.prefix, token)
+        raw = await self.client.get(key)
+        if raw is None:
+            return Take.GONE, None
+        pending = Pending.loads(raw)
+        if user is not None and user != pending.user:
+            return Take.NOT_YOURS, pending
+        raw = await self.client.getdel(key)
+        if raw is None:
+            return Take.GONE, None
+        pending = Pending.loads(raw)
+        if user is not None and pending.expired:
+            return Take.EXPIRED, pending
+        return Take.TAKEN, pending

@@ -1,0 +1,312 @@
+"""One restart in flight per scope (a job, or a host): a redis-py asyncio ``Lock`` with its holder beside it.
+
+:class:`JobLock` takes the lock without blocking (``client.lock(name, timeout=ttl,
+blocking=False)``), writes who holds it (user, action, run id, current step, started at) in a
+hash beside it (:func:`pipeline.state.keys.lock_holder`), and while a sequence runs a renewal task
+extends both every ``ttl / 3`` seconds, so a long stop or launch never outlives the TTL.  If
+the process dies, renewal stops and the lock frees itself within ``ttl``.  A refused acquire
+raises :class:`LockHeld` naming the holder (``handlers.lock`` words it for people).
+:class:`Locks` reads and frees the locks of any scope (``status``, ``unlock``, recovery).
+
+Transitions: free → held (:meth:`JobLock.acquire`, once per object) → free
+(:meth:`JobLock.release`, or the TTL, or :meth:`Locks.force_release`); releasing a lock this
+object never took raises :class:`~pipeline.errors.IllegalTransition`.
+
+Usage::
+
+    lock = JobLock(client, prefix, scope_of(config, "dflash"), ttl=30)
+    await lock.acquire(job="dflash", action="restart", user="U012AB")  # raises LockHeld
+    lock.start_renewal()
+    await lock.update(step="stop")
+    await lock.release()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError, RedisError
+
+from pipeline.config import Config
+from pipeline.errors import IllegalTransition
+from pipeline.state import keys
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL = 30.0  #: seconds
+HOLDER_WAIT = 1.0  #: seconds a refused request waits for the holder's record to appear
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock: the record beside it.
+
+    :ivar scope: ``job:dflash`` or ``host:gpu1``.
+    :ivar started_at: unix seconds when the lock was taken.
+    """
+
+    scope: str
+    job: str
+    action: str
+    user: str
+    run_id: str
+    step: str
+    started_at: float
+
+    @classmethod
+    def from_hash(cls, scope: str, data: Mapping[str, str]) -> Holder:
+        """A holder from its Redis hash (missing fields read as empty)."""
+        try:
+            started = float(data.get("started_at", "0"))
+        except ValueError:
+            started = 0.0
+        return cls(
+            scope=scope,
+            job=data.get("job", ""),
+            action=data.get("action", "restart"),
+            user=data.get("user", ""),
+            run_id=data.get("run_id", ""),
+            step=data.get("step", ""),
+            started_at=started,
+        )
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since the lock was taken."""
+        return max(0.0, (time.time() if now is None else now) - self.started_at)
+
+
+class LockHeld(Exception):
+    """An acquire refused: someone else holds the scope's lock.
+
+    :param scope: the scope asked for.
+    :param holder: who holds it (None if its record could not be read in time).
+    """
+
+    def __init__(self, scope: str, holder: Holder | None) -> None:
+        super().__init__(scope)
+        self.scope = scope
+        self.holder = holder
+
+
+class Locks:
+    """The restart locks of every scope: who holds one, whether a job's are taken, freeing by force.
+
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the key prefix.
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    async def holder(self, scope: str) -> Holder | None:
+        """The holder of ``scope``'s lock, or None when the lock is free (or its record is gone)."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.exists(keys.lock(self.prefix, scope))
+            pipe.hgetall(keys.lock_holder(self.prefix, scope))
+            exists, data = await pipe.execute()
+        if not exists or not data:
+            return None
+        return Holder.from_hash(scope, data)
+
+    async def force_release(self, scope: str) -> Holder | None:
+        """Free ``scope``'s lock whoever holds it (``unlock``); the holder's renewal then finds it lost.
+
+        :returns: who held it, or None if it was free.
+        """
+        holder = await self.holder(scope)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.lock(self.prefix, scope))
+            pipe.delete(keys.lock_holder(self.prefix, scope))
+            deleted, _ = await pipe.execute()
+        return holder if deleted else None
+
+    async def any_held(self, config: Config, job: str) -> bool:
+        """True when a restart of ``job`` could be in flight: its job lock or its host's lock is taken."""
+        spec = config.jobs.get(job)
+        scopes = [f"job:{job}"] + ([f"host:{spec.host}"] if spec is not None else [])
+        async with self.client.pipeline(transaction=False) as pipe:
+            for scope in scopes:
+                pipe.exists(keys.lock(self.prefix, scope))
+            return any(await pipe.execute())
+
+
+class JobLock:
+    """The restart lock of one scope, with holder metadata and renewal.
+
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the key prefix.
+    :param scope: ``job:NAME`` or ``host:NAME`` (:func:`pipeline.state.jobstate.scope_of`).
+    :param ttl: seconds the lock lives without renewal (a crashed holder frees it this fast).
+    :param renew_every: seconds between renewals (default ``ttl / 3``).
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        scope: str,
+        *,
+        ttl: float = DEFAULT_TTL,
+        renew_every: float | None = None,
+    ) -> None:
+        if ttl <= 0:
+            raise ValueError("ttl must be positive")
+        self.client = client
+        self.prefix = prefix
+        self.scope = scope
+        self.ttl = ttl
+        self.renew_every = renew_every if renew_every is not None else ttl / 3
+        self.name = keys.lock(prefix, scope)
+        self.holder_key = keys.lock_holder(prefix, scope)
+        self._lock: Lock = client.lock(
+            self.name, timeout=ttl, blocking=False, thread_local=False, lock_class=Lock
+        )
+        self._held = self._taken = False
+        self._lost = False
+        self._renewal: asyncio.Task[None] | None = None
+        self.holder: Holder | None = None
+
+    @property
+    def held(self) -> bool:
+        """True between a successful :meth:`acquire` and :meth:`release`, unless lost."""
+        return self._held and not self._lost
+
+    @property
+    def lost(self) -> bool:
+        """True when the lock expired or was forced free while this object held it."""
+        return self._lost
+
+    def _ms(self) -> int:
+        return max(1, int(self.ttl * 1000))
+
+    async def acquire(
+        self, *, job: str, action: str, user: str, run_id: str = "", step: str = "queued"
+    ) -> Holder:
+        """Take the lock now or refuse; never waits for it.
+
+        :param job: the job the sequence acts on.
+        :param action: ``restart`` | ``start`` | ``stop``.
+        :param user: who asked.
+        :param run_id: the run, when already known (set later with :meth:`update`).
+        :param step: the step shown to refused requests.
+        :returns: the holder record written beside the lock.
+        :raises LockHeld: if someone else holds it (naming them).
+        :raises IllegalTransition: if this object took the lock before (locks are single-use).
+        """
+        if self._taken:
+            raise IllegalTransition(f"lock {self.scope}", "taken by this object before", "acquire")
+        deadline = time.monotonic() + HOLDER_WAIT
+        while True:
+            if await self._lock.acquire(token=uuid.uuid4().hex):
+                break
+            holder = await Locks(self.client, self.prefix).holder(self.scope)
+            if holder is not None:
+                raise LockHeld(self.scope, holder)
+            if time.monotonic() >= deadline:
+                raise LockHeld(self.scope, None)
+            await asyncio.sleep(0.02)  # the holder writes its record right after taking the lock
+        self._held = self._taken = True
+        holder = Holder(self.scope, job, action, user, run_id, step, time.time())
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(self.holder_key)
+            pipe.hset(
+                self.holder_key,
+                mapping={
+                    "job": holder.job,
+                    "action": holder.action,
+                    "user": holder.user,
+                    "run_id": holder.run_id,
+                    "step": holder.step,
+                    "started_at": repr(holder.started_at),
+                },
+            )
+            pipe.pexpire(self.holder_key, self._ms())
+            await pipe.execute()
+        self.holder = holder
+        return holder
+
+    async def update(self, *, run_id: str | None = None, step: str | None = None) -> None:
+        """Change the holder record (the run id once created, the step as the sequence moves)."""
+        if not self.held or self.holder is None:
+            return
+        fields: dict[str, str] = {}
+        if run_id is not None:
+            fields["run_id"] = run_id
+        if step is not None:
+            fields["step"] = step
+        if not fields:
+            return
+        self.holder = Holder(
+            self.holder.scope,
+            self.holder.job,
+            self.holder.action,
+            self.holder.user,
+            run_id if run_id is not None else self.holder.run_id,
+            step if step is not None else self.holder.step,
+            self.holder.started_at,
+        )
+        try:
+            if await self._lock.owned():
+                async with self.client.pipeline(transaction=True) as pipe:
+                    for name, value in fields.items():
+                        pipe.hset(self.holder_key, name, value)
+                    await pipe.execute()
+            else:
+                self._lost = True
+        except RedisError:
+            log.warning("could not update the holder of %s", self.scope, exc_info=True)
+
+    def start_renewal(self) -> None:
+        """Extend the lock and its holder record every ``renew_every`` seconds until :meth:`release`."""
+        if self._renewal is None and self._held:
+            self._renewal = asyncio.get_running_loop().create_task(
+                self._renew(), name=f"pitstop-lock-renewal:{self.scope}"
+            )
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.renew_every)
+            try:
+                await self._lock.extend(self.ttl, replace_ttl=True)
+                await self.client.pexpire(self.holder_key, self._ms())
+            except LockError:
+                self._lost = True
+                log.warning("lost the lock %s (expired or forced free)", self.scope)
+                return
+            except RedisError:
+                log.warning("could not renew the lock %s; retrying", self.scope, exc_info=True)
+
+    async def release(self) -> None:
+        """Stop renewing and free the lock if this object still holds it.  Safe to call twice.
+
+        :raises IllegalTransition: if this object never took the lock.
+        """
+        if not self._taken:
+            raise IllegalTransition(f"lock {self.scope}", "not held by this object", "release")
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+            self._renewal = None
+        if not self._held:
+            return
+        self._held = False
+        try:
+            if await self._lock.owned():
+                await self.client.delete(self.holder_key)
+                await self._lock.release()
+            else:
+                self._lost = True
+        except LockError:
+            self._lost = True
+        except RedisError:
+            log.warning("could not release the lock %s; it frees itself within %g s", self.scope, self.ttl)

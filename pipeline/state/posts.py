@@ -1,0 +1,61 @@
+"""Where each run's or incident's headline lives in Slack, so any replica can update it, and the
+last post Slack refused (for ``status`` and ``/healthz``).
+
+A headline is posted by one replica: it *claims* the key (``HSETNX claim``), posts, and
+*remembers* ``(channel, ts)``; a replica that lost the claim waits for the location instead.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from pipeline.state import keys
+
+POST_TTL = 30 * 86400  #: seconds a headline's location is kept
+
+
+class Posts:
+    """Headline locations and the last refused post.
+
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the key prefix.
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    async def where(self, key: str) -> tuple[str, str] | None:
+        """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""
+        got = await self.client.hmget(keys.posts(self.prefix, key), ["channel", "ts"])
+        return (str(got[0]), str(got[1])) if got and got[0] and got[1] else None
+
+    async def remember(self, key: str, channel: str, ts: str) -> None:
+        """``key``'s headline is at ``(channel, ts)`` (kept :data:`POST_TTL` s)."""
+        name = keys.posts(self.prefix, key)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(name, mapping={"channel": channel, "ts": ts})
+            pipe.expire(name, POST_TTL)
+            await pipe.execute()
+
+    async def claim(self, key: str, instance: str) -> bool:
+        """True if ``instance`` may post ``key``'s headline (no other replica is posting it)."""
+        name = keys.posts(self.prefix, key)
+        if await self.client.hsetnx(name, "claim", instance):
+            await self.client.expire(name, POST_TTL)
+            return True
+        return bool(await self.client.hget(name, "claim") == instance)
+
+    async def unclaim(self, key: str) -> None:
+        """Give the claim on ``key``'s headline up (the post failed)."""
+        await self.client.hdel(keys.posts(self.prefix, key), "claim")
+
+    async def record_failure(self, failure: dict[str, str]) -> None:
+        """Keep the last post Slack refused (``at`` unix s, ``where``, ``error``, ``line``)."""
+        await self.client.hset(keys.delivery_failure(self.prefix), mapping=failure)  # type: ignore[arg-type]
+
+    async def last_failure(self) -> dict[str, str]:
+        """The last post Slack refused, as :meth:`record_failure` kept it (empty if none)."""
+        return {
+            str(k): str(v) for k, v in (await self.client.hgetall(keys.delivery_failure(self.prefix))).items()
+        }
