@@ -39,7 +39,6 @@ from pipeline.errors import ExitCode, PitstopError
 from pipeline.state import keys
 from pipeline.state.events import EventKind
 from pipeline.state.runs import RunRecord
-from pipeline.verdict import Step
 
 if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick
     from handlers.context import Context
@@ -179,7 +178,7 @@ async def say_main(
                 print(render_text(post), file=out, flush=True)
         code = _sequence_code(run)
         verdict: Reply | None = None
-        if wait and code is ExitCode.OK and run.verdict is None and run.step(Step.LAUNCH) is not None:
+        if wait and code is ExitCode.OK and run.verdict is None and run.launched:
             window = spec.start_window if spec else 0.0
             done = await _await_verdict(ctx, run, after, window + VERDICT_SLACK)
             if done is None:

@@ -38,13 +38,7 @@ def step_lines(run: RunRecord) -> tuple[StepLine, ...]:
         StepLine(label=rec.step.value, outcome=rec.outcome.value, seconds=_seconds(rec), detail=rec.detail)
         for rec in run.steps
     ]
-    launch = run.step(Step.LAUNCH)
-    if (
-        run.verdict is None
-        and launch is not None
-        and launch.outcome is Outcome.OK
-        and run.step(Step.VERIFY) is None
-    ):
+    if run.verdict is None and run.launched and run.step(Step.VERIFY) is None:
         lines.append(StepLine(label=Step.VERIFY.value, outcome=Outcome.WAITING.value))
     return tuple(lines)
 

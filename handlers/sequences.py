@@ -75,11 +75,6 @@ async def begin_sequence(
     return run, lock, ctx.config.channel_for(job) or channel
 
 
-def _launched(run: RunRecord) -> bool:
-    launch = run.step(Step.LAUNCH)
-    return launch is not None and launch.outcome is Outcome.OK and run.pid is not None
-
-
 async def run_sequence(
     ctx: Context, run: RunRecord, command: Command, lock: JobLock, channel: str | None
 ) -> RunRecord:
@@ -159,10 +154,10 @@ async def run_sequence(
                 instance=ctx.instance,
             ),
         )
-    elif _launched(final):
+    elif final.launched:
         window = config.jobs[final.job].start_window if final.job in config.jobs else 0.0
         summary = Reply(
-            title=launch_summary(final.id, final.job, final.pid, window),
+            title=launch_summary(final.id, final.job, final.launched_as, window),
             status=Status.INFO,
             lines=notes(),
             thread_key=key,
@@ -188,7 +183,7 @@ async def _record_failure(ctx: Context, run: RunRecord, error: str) -> RunRecord
         final = await ctx.runs.get(run.id)
     except PitstopError:
         final = run
-    if final.verdict is None and not _launched(final):
+    if final.verdict is None and not final.launched:
         final.verdict = Verdict.INTERRUPTED
         final.verdict_line = run_failed(final.id, final.job, error)
         final.evidence = error
@@ -250,9 +245,13 @@ def cancel_nothing(job: str) -> str:
     return f"no restart of {job} in flight - nothing to cancel"
 
 
-def launch_summary(run_id: str, job: str, pid: int | None, window: float) -> str:
-    """Posted in the run's thread when the launch step ended well."""
-    proc = f" as pid {pid}" if pid is not None else ""
+def launch_summary(run_id: str, job: str, launched_as: str | None, window: float) -> str:
+    """Posted in the run's thread when the launch step ended well.
+
+    :param launched_as: the run's identity (:attr:`~pipeline.state.runs.RunRecord.launched_as`).
+    :param window: seconds until the verdict (the job's ``start_window``).
+    """
+    proc = f" as {launched_as}" if launched_as is not None else ""
     return f"{run_id}: {job} launched{proc} - the verdict follows in about {window:g} s"
 
 

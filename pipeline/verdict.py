@@ -118,7 +118,7 @@ class VerdictLine:
     :ivar step: the step a run was cancelled after, or interrupted during (None: before stop,
         or ``start`` when interrupted before any step); ``launch`` with ``after_launch``.
     :ivar after_launch: INTERRUPTED after the launch (its pid's state is ``state``).
-    :ivar state: INTERRUPTED after launch: ``alive``, ``gone`` or ``unknown``.
+    :ivar state: INTERRUPTED after launch: ``alive``, ``gone``, ``unknown`` or ``pending`` (Slurm).
     :ivar detail: free text: the log's error line, a failure's detail, what a probe found, a
         Slurm job's short nodes.
     :ivar then: STALE_RECORD: the verdict the run had apart from the stale record.
@@ -231,11 +231,12 @@ def format_line(v: VerdictLine) -> str:
             )
         if v.verdict is V.INTERRUPTED:
             if v.after_launch:
+                head = f"INTERRUPTED after launch: {_who(v)}"
                 if v.state == "alive":
-                    return f"INTERRUPTED after launch: pid {v.pid} running {v.seen}/{v.expected} (unverified)"
-                if v.state == "unknown":
-                    return f"INTERRUPTED after launch: pid {v.pid} state unknown (unverified)"
-                return f"INTERRUPTED after launch: pid {v.pid} gone, {v.seen}/{v.expected} (unverified)"
+                    return f"{head} running {v.seen}/{v.expected} (unverified)"
+                if v.state in ("unknown", "pending"):
+                    return f"{head} {'state unknown' if v.state == 'unknown' else 'pending'} (unverified)"
+                return f"{head} gone, {v.seen}/{v.expected} (unverified)"
             during = f"INTERRUPTED during {step or 'start'}"
             return f"{during}: {detail}" if detail else during + _OWNER_STOPPED
     except AssertionError:
@@ -351,14 +352,25 @@ def interrupted(step: str | None, found: str | None = None) -> str:
     return format_line(VerdictLine(Verdict.INTERRUPTED, step=step or "start", detail=found or ""))
 
 
-def interrupted_after_launch(pid: int, state: str, seen: int, expected: int) -> str:
-    """``INTERRUPTED after launch: pid 5151 running 8/8 (unverified)``: the owner died after the launch.
+def interrupted_after_launch(
+    state: str, seen: int, expected: int, *, pid: int | None = None, job_id: int | None = None
+) -> str:
+    """``INTERRUPTED after launch: pid 5151 running 8/8 (unverified)`` (or ``job 42 pending``): the
+    owner died after the launch.
 
-    :param state: the launched pid's state: ``alive``, ``gone`` or ``unknown``.
+    :param state: the launched run's state: ``alive``, ``gone``, ``unknown`` or ``pending`` (a
+        Slurm job still queued).
     """
     return format_line(
         VerdictLine(
-            Verdict.INTERRUPTED, seen, expected, pid=pid, step="launch", after_launch=True, state=state
+            Verdict.INTERRUPTED,
+            seen,
+            expected,
+            pid=pid,
+            job_id=job_id,
+            step="launch",
+            after_launch=True,
+            state=state,
         )
     )
 
@@ -404,9 +416,10 @@ _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
         rf"CANCELLED before stop{re.escape(_NOTHING_CHANGED)}",
     ),
     Verdict.INTERRUPTED: _forms(
-        rf"INTERRUPTED after launch: pid (?P<pid>{_N}) (?P<state>running) (?P<seen>{_N})/(?P<expected>{_N}) \(unverified\)",
-        rf"INTERRUPTED after launch: pid (?P<pid>{_N}) state (?P<state>unknown) \(unverified\)",
-        rf"INTERRUPTED after launch: pid (?P<pid>{_N}) (?P<state>gone), (?P<seen>{_N})/(?P<expected>{_N}) \(unverified\)",
+        rf"INTERRUPTED after launch: {_WHO} (?P<state>running) (?P<seen>{_N})/(?P<expected>{_N}) \(unverified\)",
+        rf"INTERRUPTED after launch: {_WHO} state (?P<state>unknown) \(unverified\)",
+        rf"INTERRUPTED after launch: {_WHO} (?P<state>pending) \(unverified\)",
+        rf"INTERRUPTED after launch: {_WHO} (?P<state>gone), (?P<seen>{_N})/(?P<expected>{_N}) \(unverified\)",
         rf"INTERRUPTED during (?P<step>\S+){re.escape(_OWNER_STOPPED)}",
         r"INTERRUPTED during (?P<step>\S+): (?P<detail>.+)",
     ),

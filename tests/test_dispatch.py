@@ -105,7 +105,7 @@ async def test_restart_answers_at_once_and_runs_in_background(ctx: Context, disp
     assert last.steps[-1].text() == "… verify: waiting"
     assert [s.mark for s in last.steps[:5]] == ["✓"] * 5
     thread = outbox.of("thread")
-    assert [p.reply.title for p in thread] == [launch_summary("r-1", "dflash", 4242, 1.0)]
+    assert [p.reply.title for p in thread] == [launch_summary("r-1", "dflash", "pid 4242", 1.0)]
     assert await read_holder(ctx.redis.client, ctx.prefix, "job:dflash") is None
 
 

@@ -64,16 +64,24 @@ LINES = [
     ),
     (verdict.interrupted(None), "INTERRUPTED during start - Pitstop stopped before the sequence finished"),
     (
-        verdict.interrupted_after_launch(5151, "alive", 8, 8),
+        verdict.interrupted_after_launch("alive", 8, 8, pid=5151),
         "INTERRUPTED after launch: pid 5151 running 8/8 (unverified)",
     ),
     (
-        verdict.interrupted_after_launch(5151, "gone", 0, 8),
+        verdict.interrupted_after_launch("gone", 0, 8, pid=5151),
         "INTERRUPTED after launch: pid 5151 gone, 0/8 (unverified)",
     ),
     (
-        verdict.interrupted_after_launch(5151, "unknown", 0, 8),
+        verdict.interrupted_after_launch("unknown", 0, 8, pid=5151),
         "INTERRUPTED after launch: pid 5151 state unknown (unverified)",
+    ),
+    (
+        verdict.interrupted_after_launch("alive", 8, 8, job_id=42),
+        "INTERRUPTED after launch: job 42 running 8/8 (unverified)",
+    ),
+    (
+        verdict.interrupted_after_launch("pending", 0, 8, job_id=42),
+        "INTERRUPTED after launch: job 42 pending (unverified)",
     ),
 ]
 

@@ -7,13 +7,13 @@ lease tick and by every CLI, console and serve process when it starts — takes 
 
 - it claims the run first (``SET NX`` on the lapsed heartbeat key), so two processes never
   both report the same run;
-- it **probes the job's real state** on its host, so the record says what is true, not only
-  where the sequence stopped;
+- it **probes the job's real state** on its host (a Slurm job: its state from the cluster and
+  its tasks on every node), so the record says what is true, not only where the sequence stopped;
 - a run cut off before its launch is finished as ``INTERRUPTED`` with the step it was in and
   what the probe found: ``INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8
   processes``;
 - a run cut off after its launch keeps its verdict open: the line ``INTERRUPTED after launch:
-  pid 5151 running 8/8 (unverified)`` is recorded in ``interrupted`` and the run is (re)queued
+  pid 5151 running 8/8 (unverified)`` (``job 42 pending``…) is recorded in ``interrupted`` and the run is (re)queued
   in ``keys.runs_unverified``, so its verification still runs, once, from the recorded launch
   identity.
 
@@ -25,15 +25,19 @@ one) are taken only when no restart lock of their job is held, as before heartbe
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pipeline import verdict
+from pipeline.config import JobConfig
 from pipeline.engines.base import RestartService
-from pipeline.host.probe import JobProbe, probe_host, recorded_identity
+from pipeline.errors import RemoteError
+from pipeline.host.probe import probe_host, recorded_identity
+from pipeline.host.slurm import SlurmClient
 from pipeline.state import keys
 from pipeline.state.jobstate import JobStore
-from pipeline.state.runs import RunRecord
-from pipeline.verdict import Outcome, Step, Verdict
+from pipeline.state.runs import RunRecord, identity
+from pipeline.verdict import Outcome, Verdict
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,28 @@ class Interruption:
     launched: bool
 
 
-def launched(run: RunRecord) -> bool:
-    """True when the run's launch step ended OK with a recorded pid (or Slurm job id)."""
-    rec = run.step(Step.LAUNCH)
-    return rec is not None and rec.outcome is Outcome.OK and (run.pid or run.slurm_job) is not None
+@dataclass(frozen=True)
+class Observed:
+    """A run's job as its host or cluster shows it at the take-over.
+
+    :ivar state: ``alive``, ``pending`` (a Slurm job still queued), ``gone``, ``stale`` (its pid
+        was reused), ``unknown`` (it could not be asked: ``error``) or ``none`` (nothing recorded).
+    :ivar count: the job's processes found (on every node of a Slurm job).
+    :ivar pid: the pid observed (ssh), or None.
+    :ivar job_id: the Slurm job id observed, or None.
+    :ivar error: why the job could not be observed, else None.
+    """
+
+    state: str
+    count: int = 0
+    pid: int | None = None
+    job_id: int | None = None
+    error: str | None = None
+
+    @property
+    def who(self) -> str | None:
+        """``pid 4242`` / ``Slurm job 41``, or None when nothing was recorded."""
+        return identity(self.pid, self.job_id)
 
 
 async def reconcile(restarter: RestartService, *, instance: str) -> list[Interruption]:
@@ -67,7 +89,7 @@ async def reconcile(restarter: RestartService, *, instance: str) -> list[Interru
     out: list[Interruption] = []
     for run in await runs.unowned():
         if run.owner is None:
-            if launched(run):  # handed over on purpose: make sure the queue has it
+            if run.launched:  # handed over on purpose: make sure the queue has it
                 await _queue_verification(restarter, run)
                 continue
             if await _lock_held(restarter, run.job):
@@ -87,22 +109,27 @@ async def reconcile(restarter: RestartService, *, instance: str) -> list[Interru
 
 
 async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
-    probe, current = await _probe(restarter, run)
-    spec = restarter.config.jobs.get(_job_key(restarter, run.job))
-    expected = spec.processes if spec is not None else 0
+    name = _job_key(restarter, run.job)
+    spec = restarter.config.jobs.get(name)
+    if spec is None:
+        seen = Observed("unknown", pid=run.pid, job_id=run.slurm_job, error=unknown_job_now(name))
+    else:
+        seen = await _OBSERVE[spec.engine](restarter, run, name, spec)
+    expected = spec.expected_processes if spec is not None else 0
     now = time.time()
     run.owner = None
-    if launched(run):
-        line = verdict.interrupted_after_launch(run.pid or 0, _found(probe), probe.count, expected)
+    if run.launched:
+        line = verdict.interrupted_after_launch(
+            seen.state, seen.count, expected, pid=seen.pid, job_id=seen.job_id
+        )
         run.interrupted = line
         await restarter.runs.save(run)
         await _queue_verification(restarter, run)
         return Interruption(run, line, True)
     step = run.current_step
-    old = recorded_identity(current)["pid"] or run.old_pid
-    found = interrupted_found(step.value if step else None, old, _found(probe), probe.count, expected)
-    if probe.error:
-        found = interrupted_unknown(probe.error)
+    found = interrupted_found(step.value if step else None, seen.who, seen.state, seen.count, expected)
+    if seen.error:
+        found = interrupted_unknown(seen.error)
     for rec in run.steps:
         if rec.ended_at is None or rec.outcome is Outcome.RUNNING:
             rec.ended_at = now
@@ -116,23 +143,38 @@ async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
     return Interruption(run, run.verdict_line, False)
 
 
-def _found(probe: JobProbe) -> str:
-    """``alive`` / ``gone`` / ``stale`` / ``unknown`` (probe failed) / ``none`` (no record)."""
-    if probe.error:
-        return "unknown"
-    return probe.state or "none"
-
-
-async def _probe(restarter: RestartService, run: RunRecord) -> tuple[JobProbe, dict[str, str]]:
-    """The job as its host shows it now, with the ``keys.job_current`` record it was probed by."""
-    name = _job_key(restarter, run.job)
-    spec = restarter.config.jobs.get(name)
-    if spec is None:
-        return JobProbe(job=name, error=unknown_job_now(name)), {}
+async def _observe_ssh(restarter: RestartService, run: RunRecord, name: str, spec: JobConfig) -> Observed:
+    """The recorded process on its host (``keys.job_current``: the launched run's, or the old one's)."""
     snap = await JobStore(restarter.runs.client, restarter.runs.prefix, restarter.config).read(name)
     current = dict(snap.current)
-    probes = await probe_host(restarter.ssh, spec.host, [(name, spec, current)])
-    return probes[name], current
+    probe = (await probe_host(restarter.ssh, spec.host, [(name, spec, current)]))[name]
+    pid = run.pid if run.launched else recorded_identity(current)["pid"] or run.old_pid
+    state = "unknown" if probe.error else probe.state or "none"
+    return Observed(state, probe.count, pid=pid, error=probe.error)
+
+
+async def _observe_slurm(restarter: RestartService, run: RunRecord, name: str, spec: JobConfig) -> Observed:
+    """The launched (or old) Slurm job as the cluster reports it, its tasks counted on every node."""
+    job_id = run.slurm_job if run.launched else run.old_slurm_job
+    if job_id is None:
+        return Observed("none")
+    cluster = SlurmClient(restarter.ssh)
+    try:
+        j = await cluster.one(name, job_id)
+        tasks = (
+            await cluster.node_tasks(name, job_id, j.nodes, spec.match) if j and j.state == "RUNNING" else []
+        )
+    except RemoteError as exc:
+        return Observed("unknown", job_id=job_id, error=exc.message)
+    state = "gone" if j is None or not j.active else "pending" if j.state == "PENDING" else "alive"
+    return Observed(state, sum(t.count for t in tasks), job_id=job_id)
+
+
+#: how each engine's jobs are observed at a take-over, by ``[jobs.NAME] engine``
+_OBSERVE: dict[str, Callable[[RestartService, RunRecord, str, JobConfig], Awaitable[Observed]]] = {
+    "ssh": _observe_ssh,
+    "slurm": _observe_slurm,
+}
 
 
 async def _queue_verification(restarter: RestartService, run: RunRecord) -> None:
@@ -162,21 +204,19 @@ def _job_key(restarter: RestartService, job: str) -> str:
 # --- text ---------------------------------------------------------------------------------------
 
 
-def interrupted_found(step: str | None, old_pid: int | None, state: str, count: int, expected: int) -> str:
-    """What the host showed when a run cut off before its launch was taken over.
+def interrupted_found(step: str | None, who: str | None, state: str, count: int, expected: int) -> str:
+    """What the host or cluster showed when a run cut off before its launch was taken over.
 
-    :param step: the step it was in (``stop``: ``old_pid`` is the run being stopped).
-    :param state: the recorded pid's state: ``alive``, ``gone``, ``stale`` or ``none`` (no record).
+    :param step: the step it was in (``stop``: ``who`` is the run being stopped).
+    :param who: the recorded run, ``pid 4242`` or ``Slurm job 41`` (None: no record).
+    :param state: its state: ``alive``, ``pending``, ``gone``, ``stale`` or ``none`` (no record).
     """
     procs = f"{count}/{expected} processes"
-    if old_pid is None or state == "none":
+    if who is None or state == "none":
         return f"no recorded run is up, {procs} match the job"
-    who = "the old run" if step in (None, "preflight", "stop") else "the recorded run"
-    if state == "alive":
-        return f"{who} (pid {old_pid}) is still alive, {procs}"
-    if state == "stale":
-        return f"{who} (pid {old_pid}) is gone (its pid was reused), {procs}"
-    return f"{who} (pid {old_pid}) is gone, {procs}"
+    run = "the old run" if step in (None, "preflight", "stop") else "the recorded run"
+    how = {"alive": "is still alive", "pending": "is still pending", "stale": "is gone (its pid was reused)"}
+    return f"{run} ({who}) {how.get(state, 'is gone')}, {procs}"
 
 
 def interrupted_unknown(error: str) -> str:

@@ -31,6 +31,13 @@ return 0
 """
 
 
+def identity(pid: int | None, slurm_job: int | None) -> str | None:
+    """A run's process as a person reads it: ``Slurm job 42``, else ``pid 5151``; None if neither is known."""
+    if slurm_job is not None:
+        return f"Slurm job {slurm_job}"
+    return None if pid is None else f"pid {pid}"
+
+
 class StepRecord(BaseModel):
     """One step of a run: start and end (unix s), outcome and a one-line detail.
 
@@ -99,6 +106,17 @@ class RunRecord(BaseModel):
     def current_step(self) -> Step | None:
         """The last step that started."""
         return self.steps[-1].step if self.steps else None
+
+    @property
+    def launched_as(self) -> str | None:
+        """The launched run's identity (:func:`identity`): ``pid 5151`` or ``Slurm job 42``; None if none."""
+        return identity(self.pid, self.slurm_job)
+
+    @property
+    def launched(self) -> bool:
+        """The launch step ended OK and the run has a launched identity (a pid or a Slurm job id)."""
+        rec = self.step(Step.LAUNCH)
+        return rec is not None and rec.outcome is Outcome.OK and self.launched_as is not None
 
 
 class RunStore:
