@@ -31,6 +31,7 @@ from tests.fixtures.slack import (
     slack_config,
     slash_command,
 )
+from tests.support_handlers import wait_until
 from tests.test_slurm import (  # noqa: F401 (fixtures)
     MakeSlurm,
     SlurmStack,
@@ -66,7 +67,13 @@ class Served:
 
     async def thread(self, run_id: str, count: int) -> list[str]:
         """The texts of the first ``count`` posts in the run's thread (waited for, bounded)."""
-        headline = await self.runtime.outbox.where(f"run:{run_id}")
+        outbox = self.runtime.outbox
+
+        async def posted() -> bool:  # the run's message is delivered at the surface's own pace
+            return await outbox.where(f"run:{run_id}") is not None
+
+        await wait_until(posted, TIMEOUT)
+        headline = await outbox.where(f"run:{run_id}")
         assert headline is not None
         calls = await self.fake.wait_for(
             "chat.postMessage", count, TIMEOUT, where=lambda c: c.args.get("thread_ts") == headline[1]
@@ -213,7 +220,7 @@ async def test_run_of_a_killed_replica_during_the_slurm_stop_is_interrupted_nami
     run = await stack.run()
     run.owner = "replica-killed"
     run.old_slurm_job = first.slurm_job
-    await stack.restarter.steps.begin(run, Step.STOP, None)  # the replica died here
+    await stack.restarter.steps.begin(run, Step.STOP)  # the replica died here
     found = await recover_runs(context(stack, MemoryOutbox()))
     line = f"INTERRUPTED during stop: the old run (Slurm job {first.slurm_job}) is still alive, 8/8 processes"
     assert [(i.line, i.launched) for i in found] == [(line, False)]
