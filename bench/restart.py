@@ -47,7 +47,7 @@ from supervisor.xmlrpc import SupervisorTransport
 
 from devhost.sshhost import start_local_ssh_host
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
-from pipeline.engines.ssh import Restarter
+from pipeline.engines.runner import Runner as Restarter
 from pipeline.host.remote import SSHPool
 from pipeline.state.events import Events
 from pipeline.state.redisconn import open_redis
