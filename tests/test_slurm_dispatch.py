@@ -31,7 +31,6 @@ from tests.fixtures.slack import (
     slack_config,
     slash_command,
 )
-from tests.support_handlers import wait_until
 from tests.test_slurm import (  # noqa: F401 (fixtures)
     MakeSlurm,
     SlurmStack,
@@ -66,18 +65,12 @@ class Served:
         return str(call.args["text"])
 
     async def thread(self, run_id: str, count: int) -> list[str]:
-        """The texts of the first ``count`` posts in the run's thread (waited for, bounded)."""
-        outbox = self.runtime.outbox
-
-        async def posted() -> bool:  # the run's message is delivered at the surface's own pace
-            return await outbox.where(f"run:{run_id}") is not None
-
-        await wait_until(posted, TIMEOUT)
-        headline = await outbox.where(f"run:{run_id}")
-        assert headline is not None
+        """The texts of the first ``count`` posts in a thread (waited for, bounded), all in the run's."""
         calls = await self.fake.wait_for(
-            "chat.postMessage", count, TIMEOUT, where=lambda c: c.args.get("thread_ts") == headline[1]
+            "chat.postMessage", count, TIMEOUT, where=lambda c: bool(c.args.get("thread_ts"))
         )
+        headline = await self.runtime.outbox.where(f"run:{run_id}")
+        assert headline is not None and {c.args["thread_ts"] for c in calls} == {headline[1]}
         return [str(c.args["text"]) for c in calls]
 
 

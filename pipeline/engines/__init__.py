@@ -7,7 +7,7 @@ the engines behind it.
   engine shares (patches, caches) :mod:`~pipeline.engines.workdir`;
 - the engines: one host over SSH :mod:`~pipeline.engines.ssh`, a Slurm cluster
   :mod:`~pipeline.engines.slurm`;
-- runs whose owner died, reconciled with the host's truth :mod:`~pipeline.engines.recovery`.
+- runs whose owner died, reconciled with the host's or cluster's truth :mod:`~pipeline.engines.recovery`.
 
 May import :mod:`pipeline.host`, :mod:`pipeline.observe`, :mod:`pipeline.state` and the loose
 modules of :mod:`pipeline`; nothing outside ``pipeline``.

@@ -14,9 +14,9 @@ lease tick and by every CLI, console and serve process when it starts — takes 
   what the probe found: ``INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8
   processes``;
 - a run cut off after its launch keeps its verdict open: the line ``INTERRUPTED after launch:
-  pid 5151 running 8/8 (unverified)`` (``job 42 pending``…) is recorded in ``interrupted`` and the run is (re)queued
-  in ``keys.runs_unverified``, so its verification still runs, once, from the recorded launch
-  identity.
+  pid 5151 running 8/8 (unverified)`` (or ``job 42 pending``, ``job 42 gone, 0/8``) is recorded
+  in ``interrupted`` and the run is (re)queued in ``keys.runs_unverified``, so its verification
+  still runs, once, from the recorded launch identity, and records what the host or cluster says.
 
 It releases nothing it does not own: a dead holder's restart lock expires by itself (its TTL
 is the heartbeat's).  Runs without an owner that never launched (written by a store without
