@@ -13,11 +13,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.engines.base import Entry, Observation, Sighting, register
 from pipeline.engines.steplog import StepLog
-from pipeline.errors import PreflightFailed
 from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.runs import RunRecord
@@ -68,8 +66,7 @@ class LocalEngine:
             if not _alive(_pid(running)):
                 await self.steps.end(run, rec, Outcome.OK, "ok: workdir")
                 return {}
-        await self.steps.fail(run, rec, detail)
-        raise PreflightFailed(name, check, detail, line=verdict.preflight_failed(check, detail))
+        raise await self.steps.refuse(run, rec, name, check, detail)
 
     async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """SIGTERM to the recorded session, until it is gone (``stop_timeout``), then SIGKILL."""

@@ -32,7 +32,7 @@ from typing import Any
 from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.engines.base import Entry, NodeOutputs, Observation, Sighting, register
-from pipeline.engines.steplog import StepLog, step_preflight_ok, step_stop_nothing
+from pipeline.engines.steplog import StepLog, failed_checks, step_preflight_ok, step_stop_nothing
 from pipeline.engines.workdir import CALL_TIMEOUT
 from pipeline.errors import LaunchFailed, PitstopError, PreflightFailed, RemoteError, StopFailed
 from pipeline.host import slurm
@@ -116,8 +116,7 @@ class SlurmEngine:
         rec = await self.steps.begin(run, Step.PREFLIGHT)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
-            await self.steps.fail(run, rec, detail)
-            return PreflightFailed(name, check, detail, line=verdict.preflight_failed(check, detail))
+            return await self.steps.refuse(run, rec, name, check, detail)
 
         test_args = ["-D", job.workdir, *sl.sbatch_args]
         try:
@@ -161,16 +160,8 @@ class SlurmEngine:
         test = [ln for ln in sections.get("test", []) if not ln.startswith("@@rc=")]
         if "@@rc=0" != (sections.get("test", ["@@rc=?"])[-1] if sections.get("test") else ""):
             raise await fail("sbatch", "sbatch --test-only refused the job: " + " ".join(test)[-300:])
-        failed = [c for c in answer.get("checks", []) if not c.get("ok") and c.get("check") != "launch"]
-        if failed:
-            detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            await self.steps.fail(run, rec, detail)
-            raise PreflightFailed(
-                name,
-                failed[0]["check"],
-                detail,
-                line=verdict.preflight_failed(failed[0]["check"], failed[0]["detail"]),
-            )
+        if failed := failed_checks([c for c in answer.get("checks", []) if c.get("check") != "launch"]):
+            raise await self.steps.refuse(run, rec, name, *failed)
         if old is not None:
             try:
                 j = await self.client.one(name, old)

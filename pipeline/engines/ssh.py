@@ -41,6 +41,7 @@ from pipeline.engines.base import Entry, NodeOutputs, Observation, Sighting, reg
 from pipeline.engines.steplog import (
     StepLog,
     already_running,
+    failed_checks,
     gpu_memory_freed,
     gpu_memory_held,
     launch_hung,
@@ -54,7 +55,6 @@ from pipeline.engines.workdir import CALL_TIMEOUT
 from pipeline.errors import (
     HostKeyRejected,
     LaunchFailed,
-    PreflightFailed,
     RemoteError,
     RemoteTimeout,
     StopFailed,
@@ -140,27 +140,13 @@ class SshEngine:
             )
         except RemoteError as exc:
             check = "host_key" if isinstance(exc, HostKeyRejected) else "host"
-            await self.steps.fail(run, rec, exc.message)
-            raise PreflightFailed(
-                name, check, exc.message, line=verdict.preflight_failed(check, exc.message)
-            ) from None
-        failed = [c for c in answer.get("checks", []) if not c.get("ok")]
-        if failed:
-            first = failed[0]
-            detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            await self.steps.fail(run, rec, detail)
-            raise PreflightFailed(
-                name,
-                first["check"],
-                detail,
-                line=verdict.preflight_failed(first["check"], first["detail"]),
-            )
+            raise await self.steps.refuse(run, rec, name, check, exc.message) from None
+        if failed := failed_checks(answer.get("checks", [])):
+            raise await self.steps.refuse(run, rec, name, *failed)
         seen = answer.get("running")
         if seen and (seen.get("alive") or seen.get("count")):
             pids = list(seen.get("pids") or []) or [int(recorded_identity(running)["pid"] or 0)]
-            detail = already_running(name, pids)
-            await self.steps.fail(run, rec, detail)
-            raise PreflightFailed(name, "running", detail, line=verdict.preflight_failed("running", detail))
+            raise await self.steps.refuse(run, rec, name, "running", already_running(name, pids))
         names = [c["check"] for c in answer.get("checks", [])]
         await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(list(dict.fromkeys(names))))
         return answer.get("applied") or {}
