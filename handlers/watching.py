@@ -118,6 +118,7 @@ class Watcher:
         self.remind_every = remind_every
         self.store = IncidentStore(ctx.redis.client, ctx.prefix)
         self._auto_fired: dict[str, float] = {}
+        self._short: dict[str, str | None] = {}  #: job → where its engine last saw the count fall short
 
     # --- one cycle ---------------------------------------------------------------------------
 
@@ -154,6 +155,7 @@ class Watcher:
         for view, judged in zip(views, steps, strict=True):
             sight = seen.get(view.name)
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
+            self._short[view.name] = sight.detail if sight else None
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
@@ -425,8 +427,8 @@ class Watcher:
             log.info("watch %s: no log tail: %s", name, exc.message)
             return inc
         cause = inc.cause if inc.kind is IncidentKind.STUCK_RANK else detect_cause(tail)
-        if inc.cause and inc.kind is IncidentKind.DEGRADED:
-            cause = inc.cause  # where the engine saw the count fall short (a node short of tasks)
+        if inc.kind is IncidentKind.DEGRADED and (short := self._short.get(name)):
+            cause = short  # where the engine saw the count fall short (a node short of tasks)
         inc = inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
         if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name)) is not None:
             inc = with_crash(inc, check)
