@@ -67,7 +67,7 @@ from pipeline.digest.window import (
     read_window,
     remote_reader,
 )
-from pipeline.engines.ssh import Restarter
+from pipeline.engines.runner import Runner as Restarter
 from pipeline.host.probe import call_helper
 from pipeline.host.remote import SSHPool
 from pipeline.state.events import Events

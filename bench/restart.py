@@ -74,7 +74,7 @@ from handlers.dispatch import Dispatcher, Request  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
 from handlers.verdicts import deliver_verdict  # noqa: E402
 from pipeline.config import AuthSettings, Config, JobConfig, RedisSettings, SlackSettings, StateSettings  # noqa: E402
-from pipeline.engines.ssh import Restarter  # noqa: E402
+from pipeline.engines.runner import Runner as Restarter  # noqa: E402
 from pipeline.host.remote import SSHPool  # noqa: E402
 from pipeline.state.events import EventKind, Events  # noqa: E402
 from pipeline.state.redisconn import open_redis  # noqa: E402

@@ -19,8 +19,7 @@ from handlers.reply import Reply
 from handlers.verdicts import recover_runs
 from handlers.watching import AUTO_USER, Watcher
 from pipeline.config import Config
-from pipeline.engines.slurm import SlurmEngine
-from pipeline.engines.ssh import Restarter
+from pipeline.engines.runner import Runner
 from pipeline.host.remote import SSHPool
 from pipeline.observe.watch import DEFAULT_REMIND_EVERY
 from pipeline.state.events import Events
@@ -62,8 +61,7 @@ async def build_context(
     ssh = SSHPool(config)
     runs = handle.open_store(RunStore, owner=instance)
     events = handle.open_store(Events)
-    restarter = Restarter(config, ssh, runs, events)
-    SlurmEngine.attach(restarter)
+    restarter = Runner(config, ssh, runs, events)
     ctx = Context(
         config=config,
         redis=handle,

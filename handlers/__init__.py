@@ -13,7 +13,7 @@ concept lives:
   and deliveries acted on once live in :mod:`pipeline.state`);
 - what is done and shown: restart/start/stop :mod:`~handlers.sequences`; a run as people see it
   :mod:`~handlers.runview`; verdict delivery :mod:`~handlers.verdicts`; the read-only verbs
-  :mod:`~handlers.views` (with :mod:`~handlers.slurmviews`); digests and GPUs
+  :mod:`~handlers.views`; digests and GPUs
   :mod:`~handlers.reports`; the watch cycle, ``ack`` and ``watch`` :mod:`~handlers.watching`, its
   alerts :mod:`~handlers.alerts`, crash checks :mod:`~handlers.crashcheck` and hang evidence
   :mod:`~handlers.hangevidence`;

@@ -17,13 +17,19 @@ from collections.abc import Sequence
 
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
-from handlers.slurmviews import gpus_unavailable, job_gpus
 from pipeline import fmt
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import TARGET
-from pipeline.errors import ExitCode, PitstopError
+from pipeline.errors import ExitCode, PitstopError, RemoteError
 from pipeline.host.probe import probe_host
-from pipeline.observe.gpus import ComputeApp, GpuStat, compute_apps, query_gpus
+from pipeline.observe.gpus import (
+    QUERY_GPU_ARGV,
+    ComputeApp,
+    GpuStat,
+    compute_apps,
+    parse_query_gpu,
+    query_gpus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +276,49 @@ def _app_text(app: ComputeApp, owners: dict[int, str]) -> str:
     return f"{app.pid}{f' ({job})' if job else ''}{mem}"
 
 
+async def _job_gpus(ctx: Context, name: str) -> Reply | None:
+    """``gpus JOB`` for a job whose run holds nodes of its own (a Slurm job): the GPUs of each,
+    one table per node; None for a job its host answers for.
+
+    :returns: a warning reply when the run holds no nodes now, an error reply when none answered.
+    """
+    try:
+        answer = await ctx.restarter.node_outputs(name, QUERY_GPU_ARGV)
+    except RemoteError as exc:
+        return Reply(title=gpus_unavailable(ctx.config.jobs[name].host, exc.message), status=Status.ERROR)
+    except PitstopError as exc:
+        return Reply(title=exc.message, status=Status.WARNING)
+    if answer is None:
+        return None
+    tables: list[Table] = []
+    lines: list[str] = []
+    for node, text in answer.outputs.items():
+        try:
+            gpus = parse_query_gpu(text)
+        except PitstopError as exc:
+            lines.append(f"{node}: {exc.message}")
+            continue
+        rows = tuple(
+            (
+                node,
+                str(g.index),
+                g.name,
+                fmt.number(g.utilization_pct, "{:.0f}", "%"),
+                fmt.number(g.memory_used_mib, "{:,.0f}", " MiB"),
+                fmt.number(g.power_w, "{:.0f}", " W"),
+            )
+            for g in gpus
+        )
+        tables.append(Table(("node", "gpu", "name", "util", "memory", "power"), rows))
+    count = sum(len(t.rows) for t in tables)
+    return Reply(
+        title=job_gpus_title(name, answer.who, len(answer.outputs), count),
+        status=Status.OK if not lines else Status.WARNING,
+        lines=tuple(lines),
+        tables=tuple(tables),
+    )
+
+
 async def gpus_command(ctx: Context, host: str) -> Reply:
     """``gpus HOST``: the host's GPUs (utilisation, memory, power) and the processes on them.
 
@@ -285,8 +334,8 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         name = ctx.config.host_name(host)
     except KeyError:
         job = next((j for j, spec in ctx.config.jobs.items() if j.lower() == host.lower()), None)
-        if job is not None and ctx.config.jobs[job].engine == "slurm":
-            return await job_gpus(ctx, job)
+        if job is not None and (reply := await _job_gpus(ctx, job)) is not None:
+            return reply
         return Reply(
             title=gpus_unknown_host(host, _suggest(host, list(ctx.config.hosts))),
             status=Status.ERROR,
@@ -462,6 +511,16 @@ def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
     """``digest NAME`` for a job that is not configured."""
     hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
     return f"no job named {job}{hint}"
+
+
+def job_gpus_title(job: str, who: str, nodes: int, gpus: int) -> str:
+    """``GPUs of dflash (Slurm job 4242): 16 on 2 nodes``."""
+    return f"GPUs of {job} ({who}): {gpus} on {nodes} node{'s' if nodes != 1 else ''}"
+
+
+def gpus_unavailable(host: str, detail: str) -> str:
+    """``gpus HOST`` when the host gave no GPU data."""
+    return f"no GPU data from {host}: {detail}"
 
 
 def gpus_title(host: str, count: int) -> str:

@@ -2,13 +2,12 @@
 
 Each takes the :class:`~handlers.context.Context` and a validated
 :class:`~handlers.commands.Command` and returns a :class:`~handlers.reply.Reply`.  They may
-do their remote work inline (the Slack surface acks first): ``status`` probes each host once
-(:func:`pipeline.host.probe.probe_host`), ``logs`` and ``patches`` ask the Restarter.
+do their remote work inline (the Slack surface acks first): ``status`` looks at each host (or
+cluster) once through the jobs' engines, ``logs`` and ``patches`` ask the runner.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 
@@ -17,11 +16,11 @@ from handlers.commands import Command
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table, who
 from handlers.runview import thread_key
-from handlers.slurmviews import slurm_probes, status_bits, status_probe_failed
 from pipeline import fmt
 from pipeline.config import Config
+from pipeline.engines.base import Sighting
 from pipeline.errors import RemoteError
-from pipeline.host.probe import JobProbe, probe_host
+from pipeline.host.probe import JobProbe
 from pipeline.state.audit import REFUSALS, Audit
 from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import Holder
@@ -65,53 +64,30 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         return Reply(title=status_none(), status=Status.WARNING)
     snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
     currents = {name: dict(s.current) for name, s in snaps.items()}
-    by_host: dict[str, list[str]] = {}
-    on_slurm = [n for n in names if config.jobs[n].engine == "slurm"]
-    for name in names:
-        if name not in on_slurm:
-            by_host.setdefault(config.jobs[name].host, []).append(name)
-    probes: dict[str, JobProbe] = {}
-    results = await asyncio.gather(
-        *(
-            probe_host(ctx.ssh, host, [(n, config.jobs[n], currents[n] or None) for n in members])
-            for host, members in by_host.items()
-        )
-    )
-    for part in results:
-        probes.update(part)
-    slurm_jobs = await slurm_probes(ctx, on_slurm, currents) if on_slurm else {}
+    seen = await ctx.restarter.sightings([(n, config.jobs[n], currents[n] or None) for n in names])
     rows: list[tuple[str, ...]] = []
     lines: list[str] = []
     tone = Status.OK
     now = time.time()
     for name in names:
         spec = config.jobs[name]
-        probe = (
-            slurm_jobs[name][0]
-            if name in slurm_jobs
-            else probes.get(name, JobProbe(job=name, error="no answer"))
-        )
+        sight = seen.get(name) or Sighting(JobProbe(job=name, error="no answer"), spec.expected_processes)
         snap = snaps[name]
-        bits = status_bits(ctx, name, *slurm_jobs[name]) if name in slurm_jobs else None
-        if bits is not None:
-            state, procs = bits.state, bits.procs
-            if bits.line:
-                lines.append(bits.line)
-            if not bits.healthy and tone is Status.OK:
-                tone = Status.WARNING if probe.error is None and bits.state != "unknown" else Status.ERROR
-        elif probe.error is not None:
+        if sight.probe.error is not None:
             state, procs = "unknown", "?"
-            lines.append(status_probe_failed(name, spec.host, probe.error))
+            lines.append(status_probe_failed(name, spec.host, sight.probe.error))
             tone = Status.ERROR
         else:
-            state = "running" if probe.count > 0 else "stopped"
-            procs = f"{probe.count}/{spec.processes}"
-            if probe.count != spec.processes and tone is Status.OK:
+            state = sight.word or ("running" if sight.probe.count > 0 else "stopped")
+            procs = f"{sight.probe.count}/{sight.expected}"
+            if sight.line:
+                lines.append(sight.line)
+            if not sight.healthy and tone is Status.OK:
                 tone = Status.WARNING
-        pid = snap.pid
+        pid = sight.who or snap.pid
         uptime = ""
-        if bits is not None:
-            pid, uptime = ("" if bits.pid == "-" else bits.pid), ("" if bits.uptime == "-" else bits.uptime)
+        if sight.uptime_s is not None:
+            uptime = fmt.duration(sight.uptime_s) if sight.uptime_s else ""
         elif state == "running" and snap.launched_at is not None:
             uptime = fmt.duration(now - snap.launched_at)
         latest = snap.latest
@@ -370,6 +346,11 @@ def unlocked(scope: str, user: str, holder: str | None) -> str:
 def unlock_not_held(scope: str) -> str:
     """``unlock JOB`` when nothing held the lock."""
     return f"{scope} was not locked - nothing to release"
+
+
+def status_probe_failed(job: str, host: str, error: str) -> str:
+    """A job whose host could not be probed for ``status``."""
+    return f"{job}: state unknown - {host}: {error}"
 
 
 def status_title(count: int) -> str:

@@ -51,10 +51,9 @@ from pipeline import fmt
 from pipeline.config import JobConfig
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.contract import EvidenceArgs
-from pipeline.host.probe import JobProbe, call_helper, log_tail, probe_host, recorded_identity
+from pipeline.host.probe import JobProbe, call_helper, log_tail, recorded_identity
 from pipeline.observe import progress
 from pipeline.observe.crashes import detect_cause
-from pipeline.observe.slurmwatch import SlurmNote, probe_cluster
 from pipeline.observe.watch import (
     DEFAULT_REMIND_EVERY,
     Action,
@@ -118,6 +117,7 @@ class Watcher:
         self.remind_every = remind_every
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
+        self._short: dict[str, str | None] = {}  #: job → where its engine last saw the count fall short
 
     # --- one cycle ---------------------------------------------------------------------------
 
@@ -137,43 +137,33 @@ class Watcher:
         views = [v for v in await self.load(names, now) if not v.paused]
         if not views:
             return {}
-        ssh_views = [v for v in views if v.cfg.engine == "ssh"]
-        probes = (
-            await probe_host(self.ctx.ssh, host, [(v.name, v.cfg, v.current or None) for v in ssh_views])
-            if ssh_views
-            else {}
-        )
-        notes: dict[str, SlurmNote] = {}
-        if len(ssh_views) < len(views):  # Slurm jobs: one query for the cluster behind this login node
-            answer = await probe_cluster(
-                self.ctx.ssh, [(v.name, v.cfg, v.current or None) for v in views if v.cfg.engine == "slurm"]
-            )
-            probes = {**probes, **{n: p for n, (p, _) in answer.items()}}
-            notes = {n: note for n, (_, note) in answer.items()}
+        seen = await self.ctx.restarter.sightings([(v.name, v.cfg, v.current or None) for v in views])
         unreachable: str | None = None
-        if any(p.error for p in probes.values()):
+        if any(s.probe.error for s in seen.values()):
             unreachable = await self._confirm_unreachable(host)
-            if unreachable is None:  # the host answers a fresh connection: probe those jobs again
-                again = [v for v in views if (p := probes.get(v.name)) is None or p.error]
-                probes = {
-                    **probes,
-                    **await probe_host(
-                        self.ctx.ssh, host, [(v.name, v.cfg, v.current or None) for v in again]
-                    ),
+            if unreachable is None:  # the host answers a fresh connection: look at those jobs again
+                again = [v for v in views if (s := seen.get(v.name)) is None or s.probe.error]
+                seen = {
+                    **seen,
+                    **await self.ctx.restarter.sightings([(v.name, v.cfg, v.current or None) for v in again]),
                 }
         decisions: dict[str, Decision] = {}
-        steps = await asyncio.gather(*(self._progress(v, probes.get(v.name), now) for v in views))
+        steps = await asyncio.gather(
+            *(self._progress(v, s.probe if (s := seen.get(v.name)) else None, now) for v in views)
+        )
         for view, judged in zip(views, steps, strict=True):
-            probe = probes.get(view.name) or JobProbe(job=view.name, error="no answer")
+            sight = seen.get(view.name)
+            probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
+            self._short[view.name] = sight.detail if sight else None
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
             obs = dataclasses.replace(self._observation(probe, now, unreachable), progress=judged)
             cfg = view.cfg
-            if view.name in notes:
-                note = notes[view.name]
-                obs = dataclasses.replace(obs, exit_cause=note.exit_cause, detail=note.detail)
-                cfg = cfg.model_copy(update={"processes": cfg.expected_processes})
+            if sight is not None and (sight.exit_cause or sight.detail):
+                obs = dataclasses.replace(obs, exit_cause=sight.exit_cause, detail=sight.detail)
+            if sight is not None and sight.expected != cfg.processes:
+                cfg = cfg.model_copy(update={"processes": sight.expected})
             decisions[view.name] = assess(
                 view.name,
                 cfg,
@@ -423,8 +413,8 @@ class Watcher:
             log.info("watch %s: no log tail: %s", name, exc.message)
             return inc
         cause = inc.cause if inc.kind is IncidentKind.STUCK_RANK else detect_cause(tail)
-        if cfg.engine == "slurm" and inc.cause and inc.kind is IncidentKind.DEGRADED:
-            cause = inc.cause  # the nodes short of tasks
+        if inc.kind is IncidentKind.DEGRADED and (short := self._short.get(name)):
+            cause = short  # where the engine saw the count fall short (a node short of tasks)
         inc = inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
         if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name)) is not None:
             inc = with_crash(inc, check)

@@ -252,11 +252,15 @@ class SlurmSettings(_Model):
         return v
 
 
+ENGINE_NAMES: set[str] = {"ssh", "slurm"}
+"""The valid ``[jobs.NAME] engine`` names (:func:`pipeline.engines.base.register` adds to it)."""
+
+
 class JobConfig(_Model):
     """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
     host: str
-    engine: Literal["ssh", "slurm"] = "ssh"
+    engine: str = "ssh"  #: one of :data:`ENGINE_NAMES`
     slurm: SlurmSettings | None = None
     exec: list[str] = []  #: argv prefix, e.g. ["pct","exec","200","--"]
     workdir: str
@@ -317,6 +321,14 @@ class JobConfig(_Model):
         for name in v:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
                 raise ValueError(f"patch name {name!r}: letters, digits, '_', '.', '-' only")
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in ENGINE_NAMES:
+            known = ", ".join(f'"{n}"' for n in sorted(ENGINE_NAMES))
+            raise ValueError(f"unknown engine {v!r}: use one of {known}")
         return v
 
     @model_validator(mode="after")

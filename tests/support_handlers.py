@@ -15,9 +15,10 @@ from typing import Any
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, parse_config
-from pipeline.engines.base import RestartService, StepListener
+from pipeline.engines.base import ENGINES, Entry, NodeOutputs, RestartService, Sighting, StepListener
+from pipeline.engines.runner import look
+from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostUnreachable
-from pipeline.host.probe import ProcessCount
 from pipeline.host.remote import RemoteHosts, RemoteResult
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
@@ -244,11 +245,6 @@ class StandInRestarter:
         """Not simulated: the handler tests that verify use the real Restarter."""
         raise NotImplementedError("StandInRestarter does not verify")
 
-    async def job_processes(self, job: str) -> ProcessCount:
-        """No processes: the stand-in runs nothing."""
-        spec = self.config.jobs[self.config.job_name(job)]
-        return ProcessCount(job=job, pids=(), count=0, expected=spec.processes, alive=None, pid=None)
-
     async def log_tail(self, job: str, lines: int) -> str:
         """The configured text (or raise the configured error)."""
         if self.log_error is not None:
@@ -258,6 +254,15 @@ class StandInRestarter:
     async def patches_in_effect(self, job: str) -> list[str]:
         """None applied."""
         return []
+
+    async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
+        """None: every job's host answers ``gpus HOST``."""
+        return None
+
+    async def sightings(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+        """What the registered engines see over this stand-in's SSH (a FakeSSH answers probes)."""
+        steps = StepLog(self.runs, Events(self.runs.client, self.runs.prefix))
+        return await look({n: make(self.ssh, steps) for n, make in ENGINES.items()}, entries)
 
 
 def make_context(

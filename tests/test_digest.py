@@ -46,7 +46,7 @@ from pipeline.digest.window import (
     local_reader,
     read_window,
 )
-from pipeline.engines.ssh import Restarter
+from pipeline.engines.runner import Runner
 from pipeline.host.remote import SSHPool
 from pipeline.state import keys
 from pipeline.state.digests import DigestMemory
@@ -335,7 +335,7 @@ async def make_ctx(redis_handle: RedisHandle) -> AsyncIterator[object]:
         pools.append(ssh)
         runs = RunStore(redis_handle.client, redis_handle.prefix)
         events = Events(redis_handle.client, redis_handle.prefix)
-        restarter = Restarter(config, ssh, runs, events)
+        restarter = Runner(config, ssh, runs, events)
         return Context(config, redis_handle, ssh, runs, restarter, events, MemoryOutbox(), "test")
 
     yield build

@@ -23,7 +23,7 @@ from handlers.verbs import queued
 from handlers.verdicts import deliver_verdict
 from handlers.views import awaiting_verdict, history_headers, history_title, lock_free, logs_title
 from pipeline.config import Config
-from pipeline.engines.ssh import Restarter
+from pipeline.engines.runner import Runner
 from pipeline.errors import HostUnreachable, internal_error
 from pipeline.host.remote import SSHPool
 from pipeline.state.audit import AuditOutcome
@@ -342,9 +342,7 @@ async def test_real_restart_end_to_end(
     runs = RunStore(redis_handle.client, redis_handle.prefix)
     events = Events(redis_handle.client, redis_handle.prefix)
     outbox = MemoryOutbox()
-    ctx = Context(
-        config, redis_handle, ssh, runs, Restarter(config, ssh, runs, events), events, outbox, "e2e"
-    )
+    ctx = Context(config, redis_handle, ssh, runs, Runner(config, ssh, runs, events), events, outbox, "e2e")
     d = Dispatcher(ctx)
     try:
         started = await d.handle(_req("start trainer"))

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from pipeline import verdict
-from pipeline.config import Config, GpuRoles, JobConfig
+from pipeline.config import Config, GpuRoles
 from pipeline.engines.recovery import reconcile
-from pipeline.engines.ssh import Restarter
+from pipeline.engines.runner import Runner
 from pipeline.engines.steplog import stale_record
 from pipeline.host.helper import proc_stat
-from pipeline.host.probe import probe_host, read_log, read_log_chunk
+from pipeline.host.probe import JobProbe, probe_host, read_log, read_log_chunk
 from pipeline.host.remote import SSHPool
-from pipeline.observe.evidence import Evidence, decide
+from pipeline.observe.evidence import Observation, decide
 from pipeline.state import keys
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle, open_redis
@@ -88,7 +88,7 @@ class Stack:
     ssh: SSHPool
     runs: RunStore
     events: Events
-    restarter: Restarter
+    restarter: Runner
     redis: RedisHandle
 
     async def run(self, action: str = "restart") -> RunRecord:
@@ -110,6 +110,12 @@ class Stack:
 MakeStack = Callable[..., Awaitable[Stack]]
 
 
+async def processes(runner: Runner, job: str) -> JobProbe:
+    """The job's processes now, as ``status`` sees them (the runner's sighting of it)."""
+    spec = runner.config.jobs[job]
+    return (await runner.sightings([(job, spec, await runner.steps.current(job))]))[job].probe
+
+
 @pytest.fixture
 async def make_stack(redis_handle: RedisHandle) -> AsyncIterator[MakeStack]:
     """Build a :class:`Stack` for a JobSetup (pools closed after the test)."""
@@ -120,7 +126,9 @@ async def make_stack(redis_handle: RedisHandle) -> AsyncIterator[MakeStack]:
         pools.append(ssh)
         runs = RunStore(redis_handle.client, redis_handle.prefix)
         events = Events(redis_handle.client, redis_handle.prefix)
-        restarter = Restarter(setup.config, ssh, runs, events, **kw)  # type: ignore[arg-type]
+        restarter = Runner(setup.config, ssh, runs, events)
+        for name, value in kw.items():  # the ssh engine's settings (gpu_wait_timeout, …)
+            setattr(restarter.engines["ssh"], name, value)
         return Stack(setup, ssh, runs, events, restarter, redis_handle)
 
     yield make
@@ -201,11 +209,11 @@ async def test_forking_launcher_leaves_no_worker_behind(
     )
     stack = await make_stack(setup)
     first = await stack.start()
-    count = await stack.restarter.job_processes(setup.name)
+    count = await processes(stack.restarter, setup.name)
     deadline = time.monotonic() + 10
     while count.count < 4 and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-        count = await stack.restarter.job_processes(setup.name)
+        count = await processes(stack.restarter, setup.name)
     old = {pid: (proc_stat(pid) or ("", 0, 0, 0, 0))[4] for pid in count.pids}
     assert len(old) == 4 and first.pid in old
     run = await stack.restarter.restart(await stack.run())
@@ -576,7 +584,7 @@ async def test_probe_host_counts_several_jobs_in_one_call(
     b = job_factory(ssh_server, name="beta")
     run = await a.start()
     deadline = time.monotonic() + 10
-    while (await a.restarter.job_processes("alpha")).count < 2 and time.monotonic() < deadline:
+    while (await processes(a.restarter, "alpha")).count < 2 and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     probes = await probe_host(
         a.ssh, "local", [("alpha", a.setup.job, await a.current()), ("beta", b.job, None)]
@@ -610,31 +618,24 @@ async def test_read_log_and_tail_follow_offsets_and_truncation(
 # --- verdicts, precedence, reconcile ---------------------------------------------------------------
 
 
-def _job_config(**fields: object) -> JobConfig:
-    base: dict[str, object] = {
-        "host": "h",
-        "workdir": "/w",
-        "launch": ["./run.sh"],
-        "log": "/w/train.log",
-        "match": "dflash-worker",
-        "processes": 8,
-    }
-    return JobConfig(**{**base, **fields})  # type: ignore[arg-type]
-
-
-def _ev(**fields: object) -> Evidence:
+def _ev(**fields: object) -> Observation:
+    """An ssh engine's observation of pid 4242 (8/8, log growing); ``status`` is the waiter's exit record."""
+    status = fields.pop("status", None) or {}
+    assert isinstance(status, dict)
     base: dict[str, object] = {
         "state": "alive",
         "count": 8,
-        "pids": tuple(range(4242, 4250)),
+        "expected": 8,
+        "pid": 4242,
         "new_bytes": 1000,
-        "error_line": None,
-        "status": None,
         "tail": "step 1\nstep 2",
-        "log_error": None,
         "sampled_at": 1010.0,
+        "started_at": 1000.0,
+        "exit_code": status.get("code"),
+        "signal": status.get("signal"),
+        "ran_for": status["ended_at"] - status["started_at"] if status else None,
     }
-    return Evidence(**{**base, **fields})  # type: ignore[arg-type]
+    return Observation(**{**base, **fields})  # type: ignore[arg-type]
 
 
 def _run(**fields: object) -> RunRecord:
@@ -650,8 +651,8 @@ def _run(**fields: object) -> RunRecord:
     return RunRecord(**{**base, **fields})  # type: ignore[arg-type]
 
 
-def _decide(run: RunRecord, ev: Evidence) -> tuple[Verdict, str]:
-    verdict, line, _ = decide(run, _job_config(), ev)
+def _decide(run: RunRecord, ev: Observation) -> tuple[Verdict, str]:
+    verdict, line, _ = decide(run, ev)
     return verdict, line
 
 

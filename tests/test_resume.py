@@ -10,21 +10,21 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Config
-from pipeline.engines.ssh import Restarter
+from pipeline.engines.runner import Runner
 from pipeline.host.helper import checkpoint_info, start_step
 from pipeline.host.remote import SSHPool
-from pipeline.observe.evidence import Evidence, decide
+from pipeline.observe.evidence import Observation, decide
 from pipeline.observe.resume import ResumePoint, check_resume
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunRecord, RunStore
 from pipeline.verdict import Verdict
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
-from tests.test_restart import _ev, _job_config, _run
+from tests.test_restart import _ev, _run
 
 
-def _decide(run: RunRecord, ev: Evidence) -> tuple[Verdict, str]:
-    verdict, line, _ = decide(run, _job_config(), ev)
+def _decide(run: RunRecord, ev: Observation) -> tuple[Verdict, str]:
+    verdict, line, _ = decide(run, ev)
     return verdict, line
 
 
@@ -119,7 +119,7 @@ async def test_verify_reads_the_resume_step_and_flags_an_ignored_checkpoint(
     ssh = SSHPool(setup.config)
     pools.append(ssh)
     runs = RunStore(handle.client, handle.prefix)
-    restarter = Restarter(setup.config, ssh, runs, Events(handle.client, handle.prefix))
+    restarter = Runner(setup.config, ssh, runs, Events(handle.client, handle.prefix))
     run = await restarter.start(await runs.create(setup.name, "U-tester", action="start"))
     assert run.pid is not None, run.steps
     run = await restarter.verify(run)

@@ -24,8 +24,8 @@ from handlers.verdicts import deliver_due, deliver_verdict
 from handlers.views import history_command, logs_command, status_command
 from pipeline import verdict
 from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
+from pipeline.engines.runner import Runner
 from pipeline.engines.slurm import SlurmEngine
-from pipeline.engines.ssh import Restarter
 from pipeline.errors import ExitCode
 from pipeline.host import slurm
 from pipeline.host.remote import SSHPool
@@ -85,7 +85,7 @@ class SlurmStack:
     cluster: SlurmCluster
     ssh: SSHPool
     runs: RunStore
-    restarter: Restarter
+    restarter: Runner
     engine: SlurmEngine
     redis: RedisHandle
 
@@ -164,10 +164,16 @@ async def make_slurm(
         ssh = SSHPool(config)
         pools.append(ssh)
         runs = RunStore(redis_handle.client, redis_handle.prefix)
-        restarter = Restarter(
-            config, ssh, runs, Events(redis_handle.client, redis_handle.prefix), verify_poll=0.3
+        restarter = Runner(
+            config,
+            ssh,
+            runs,
+            Events(redis_handle.client, redis_handle.prefix),
+            verify_poll=0.3,
+            pending_recheck=1.0,
         )
-        engine = SlurmEngine.attach(restarter, pending_recheck=1.0)
+        engine = restarter.engines["slurm"]
+        assert isinstance(engine, SlurmEngine)
         return SlurmStack(
             config, "trainer", token, workdir, slurm, ssh, runs, restarter, engine, redis_handle
         )

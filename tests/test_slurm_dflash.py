@@ -14,8 +14,7 @@ from pipeline.config import Config, JobConfig, SlurmSettings
 from pipeline.digest.metrics import parse_metric_lines
 from pipeline.digest.stats import summarise
 from pipeline.digest.window import read_window, remote_reader
-from pipeline.engines.slurm import SlurmEngine
-from pipeline.engines.ssh import Restarter
+from pipeline.engines.runner import Runner
 from pipeline.host.remote import SSHPool
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
@@ -76,10 +75,7 @@ async def test_dflash_restarts_through_slurm_with_eight_tasks_on_two_nodes(
     ssh = SSHPool(config)
     pool.append(ssh)
     runs = RunStore(redis_handle.client, redis_handle.prefix)
-    restarter = Restarter(
-        config, ssh, runs, Events(redis_handle.client, redis_handle.prefix), verify_poll=1.0
-    )
-    SlurmEngine.attach(restarter)
+    restarter = Runner(config, ssh, runs, Events(redis_handle.client, redis_handle.prefix), verify_poll=1.0)
 
     first = await restarter.start(await runs.create("dflash", "U-tester", action="start"))
     assert first.verdict is None, (first.verdict_line, [s.detail for s in first.steps])

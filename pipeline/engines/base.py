@@ -1,37 +1,168 @@
-"""What runs a job: the engine interface the restart sequence is written against.
+"""What runs a job: the one interface every engine implements, and the registry of engines.
 
-A job's ``engine`` (``[jobs.NAME] engine``) says how its processes are started, stopped and
-seen: ``"ssh"`` (the default: one process group on one host, :class:`pipeline.engines.ssh.Restarter`)
-or ``"slurm"`` (a batch job on a Slurm cluster, :class:`pipeline.engines.slurm.SlurmEngine`).
-Every engine runs the same named steps (:class:`pipeline.verdict.Step`) with the same meaning —
-``preflight`` (nothing is touched until it passes), ``stop`` (the old run is gone, its end
-recorded), ``clear_cache``, ``patch``, ``launch`` (returns at once), ``verify`` (at
-``start_window``) — and ends in the same closed verdict set (:class:`pipeline.verdict.Verdict`).
+A job's ``engine`` (``[jobs.NAME] engine``) names the :class:`Engine` that starts, stops and
+sees its processes: ``"ssh"`` (the default: one process group on one host,
+:mod:`pipeline.engines.ssh`), ``"slurm"`` (a batch job on a Slurm cluster,
+:mod:`pipeline.engines.slurm`), or any engine added with :func:`register`.  The runner
+(:class:`pipeline.engines.runner.Runner`) is written once against this interface: it runs the
+named steps (:class:`pipeline.verdict.Step`) in order, and the verdict is decided from an
+engine's :class:`Observation` by one function (:func:`pipeline.observe.evidence.decide`).
 ``docs/engines.md`` maps the steps and states onto Slurm and, on paper, onto Kubernetes.
-
-The :class:`~pipeline.engines.ssh.Restarter` is the entry point for every job; it hands a job whose
-engine is not ``"ssh"`` to the engine registered under that name (``Restarter.engines``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from pipeline.config import Config
-from pipeline.engines.steplog import CancelCheck, StepListener
-from pipeline.host.probe import ProcessCount
+from pipeline import config as _config
+from pipeline.config import Config, JobConfig
+from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
+from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.evidence import Observation
 from pipeline.state.runs import RunRecord, RunStore
 
-__all__ = ["CancelCheck", "Engine", "StepListener"]
+__all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener", "register"]
+
+Entry = tuple[str, JobConfig, Mapping[str, str] | None]
+"""``(job name, its config, its keys.job_current record or None)``: one job to observe."""
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """One job as its engine sees it in a look at many jobs at once (watch, status, recovery).
+
+    :ivar probe: processes, output size and clock; ``error`` set when the job could not be seen.
+    :ivar expected: processes the job should have.
+    :ivar state: ``alive``, ``pending``, ``gone``, ``stale`` or ``none`` (nothing recorded).
+    :ivar pid, job_id: the recorded run's identity.
+    :ivar word: the job's state in the status table (``running``, ``pending``…); None: from the count.
+    :ivar who: the identity cell in the status table (``job 12``); None: the recorded pid.
+    :ivar uptime_s: seconds the run has run, when the engine knows (else from the launch time).
+    :ivar line: a line shown under the status table (nodes, pending reason).
+    :ivar exit_cause: how the run ended, when it no longer runs.
+    :ivar detail: where the count falls short (kept as an incident's cause).
+    :ivar ok: whether the job is as it should be, when the engine judges it itself.
+    """
+
+    probe: JobProbe
+    expected: int
+    state: str = "none"
+    pid: int | None = None
+    job_id: int | None = None
+    word: str | None = None
+    who: str | None = None
+    uptime_s: float | None = None
+    line: str | None = None
+    exit_cause: str | None = None
+    detail: str | None = None
+    ok: bool | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """The engine's ``ok`` when it says, else: seen, with the expected processes, nothing short."""
+        if self.ok is not None:
+            return self.ok
+        return self.probe.error is None and self.probe.count == self.expected and not self.detail
+
+
+@dataclass(frozen=True)
+class NodeOutputs:
+    """A command's output on every node of a job's run.
+
+    :ivar who: how the engine names the run (``Slurm job 12``).
+    :ivar outputs: node name → the command's standard output there.
+    """
+
+    who: str
+    outputs: Mapping[str, str]
 
 
 class Engine(Protocol):
-    """The operations an engine provides; each takes a run from :meth:`RunStore.create`.
+    """The steps and looks that differ between engines; everything else is the runner's.
 
-    Failures are verdicts set on the returned run, not exceptions (except where noted).
+    Each step begins and ends its record through the :class:`~pipeline.engines.steplog.StepLog`
+    the engine was built with and raises a :class:`~pipeline.errors.SequenceAborted` error when
+    it fails.  Looks raise :class:`~pipeline.errors.RemoteError` when the job cannot be seen.
     """
+
+    def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
+        """Record on ``run`` which old run it replaces (pid, job id) from the job's ``current``."""
+        ...
+
+    async def preflight(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        wants: Mapping[str, str],
+        texts: Mapping[str, str],
+        *,
+        running: Mapping[str, str] | None = None,
+    ) -> Mapping[str, bool]:
+        """Check everything before anything is touched; refuse if ``running`` (a ``current``
+        record) still runs.  :returns: which configured patches are applied now."""
+        ...
+
+    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+        """Stop the old run recorded in ``current`` (by its identity, never by pattern)."""
+        ...
+
+    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+        """Launch the new run; returns at once, its identity recorded (``StepLog.record_launch``)."""
+        ...
+
+    async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
+        """One sample of the launched ``run``; ``complete=False`` may return the state alone."""
+        ...
+
+    async def observe_many(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+        """Every job of ``entries`` (all on one host or cluster) in one look; never raises:
+        a job that could not be seen has ``probe.error`` set."""
+        ...
+
+    async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
+        """The last ``lines`` lines of the job's output (``logs``)."""
+        ...
+
+    async def node_outputs(
+        self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
+    ) -> NodeOutputs | None:
+        """``argv`` run on every node the job's run holds now (``gpus JOB``); None when the job
+        holds no nodes of its own (``gpus HOST`` asks its host).
+
+        :raises PitstopError: if the run holds no nodes now (the message says why).
+        """
+        ...
+
+
+EngineFactory = Callable[[RemoteHosts, StepLog], Engine]
+"""Builds an engine over the SSH pool and the step log every engine records through."""
+
+ENGINES: dict[str, EngineFactory] = {}
+"""Engine name (``[jobs.NAME] engine``) → its factory; :func:`register` adds one."""
+
+
+def register(name: str, factory: EngineFactory) -> None:
+    """Make ``name`` a valid ``[jobs.NAME] engine``, built by ``factory`` for every runner made after.
+
+    Usage: ``register("local", LocalEngine)`` in the engine's own module.
+    """
+    ENGINES[name] = factory
+    _config.ENGINE_NAMES.add(name)
+
+
+class RestartService(Protocol):
+    """What the handlers and :mod:`pipeline.engines.recovery` need from the runner: every
+    operation for any job, whatever its engine, and the configuration, SSH pool and run store
+    it works with.  Tests' stand-ins implement it.
+    """
+
+    config: Config
+    ssh: RemoteHosts
+    runs: RunStore
 
     async def restart(
         self,
@@ -42,8 +173,7 @@ class Engine(Protocol):
         fresh_cache: bool = False,
         cancelled: CancelCheck | None = None,
     ) -> RunRecord:
-        """preflight → stop → clear_cache → patch → launch; leaves ``verify`` WAITING (due at
-        launch + ``start_window`` in ``keys.runs_unverified``)."""
+        """preflight → stop → clear_cache → patch → launch; leaves ``verify`` WAITING."""
         ...
 
     async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
@@ -55,58 +185,28 @@ class Engine(Protocol):
         ...
 
     async def verify(self, run: RunRecord) -> RunRecord:
-        """Decide the verdict from evidence up to launch + ``start_window``.
+        """Decide the verdict from observations up to launch + ``start_window``.
 
         :raises RemoteError: if the job cannot be observed until well past the deadline.
         """
         ...
 
-    async def job_processes(self, job: str) -> ProcessCount:
-        """The job's processes now (``status``).
-
-        :raises RemoteError: if they cannot be counted.
-        """
-        ...
-
     async def log_tail(self, job: str, lines: int) -> str:
-        """The last ``lines`` lines of the job's output (``logs``).
-
-        :raises RemoteError: if it cannot be read.
-        """
+        """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
         ...
 
-
-class RestartService(Engine, Protocol):
-    """What the handlers and :mod:`pipeline.engines.recovery` need from :class:`~pipeline.engines.ssh.Restarter`:
-    every engine operation (for any job, whatever its engine), the patches in effect, and the
-    configuration, SSH pool and run store it works with.  Tests' stand-ins implement it.
-    """
-
-    @property
-    def config(self) -> Config:
-        """The validated configuration."""
+    async def sightings(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+        """Every job of ``entries`` in one look per host or cluster (watch, status); never raises."""
         ...
 
-    @property
-    def ssh(self) -> RemoteHosts:
-        """The connections to the hosts."""
-        ...
-
-    @property
-    def runs(self) -> RunStore:
-        """Run records in Redis."""
+    async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
+        """:meth:`Engine.node_outputs` for the job.  :raises PitstopError: if it holds no nodes now."""
         ...
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
-        """Tell ``listener`` of every step change of every run (:meth:`StepLog.subscribe`).
-
-        :returns: a function that unsubscribes it.
-        """
+        """Tell ``listener`` of every step change of every run.  :returns: its unsubscriber."""
         ...
 
     async def patches_in_effect(self, job: str) -> list[str]:
-        """Patch names applied in the job's workdir now.
-
-        :raises RemoteError: if the host cannot be reached or git fails.
-        """
+        """Patch names applied in the job's workdir now.  :raises RemoteError: if unreadable."""
         ...

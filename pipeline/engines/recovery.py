@@ -7,8 +7,9 @@ lease tick and by every CLI, console and serve process when it starts — takes 
 
 - it claims the run first (``SET NX`` on the lapsed heartbeat key), so two processes never
   both report the same run;
-- it **probes the job's real state** on its host (a Slurm job: its state from the cluster and
-  its tasks on every node), so the record says what is true, not only where the sequence stopped;
+- it **observes the job's real state** through its engine (one sighting, as watch and status
+  see it: a Slurm job's state from the cluster and its tasks on every node), so the record says
+  what is true, not only where the sequence stopped;
 - a run cut off before its launch is finished as ``INTERRUPTED`` with the step it was in and
   what the probe found: ``INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8
   processes``;
@@ -25,15 +26,11 @@ one) are taken only when no restart lock of their job is held, as before heartbe
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pipeline import verdict
-from pipeline.config import JobConfig
-from pipeline.engines.base import RestartService
-from pipeline.errors import RemoteError
-from pipeline.host.probe import probe_host, recorded_identity
-from pipeline.host.slurm import SlurmClient
+from pipeline.engines.base import RestartService, Sighting
+from pipeline.host.probe import JobProbe
 from pipeline.state.jobstate import JobStore
 from pipeline.state.locks import Locks
 from pipeline.state.runs import RunRecord, identity
@@ -53,30 +50,6 @@ class Interruption:
     run: RunRecord
     line: str
     launched: bool
-
-
-@dataclass(frozen=True)
-class Observed:
-    """A run's job as its host or cluster shows it at the take-over.
-
-    :ivar state: ``alive``, ``pending`` (a Slurm job still queued), ``gone``, ``stale`` (its pid
-        was reused), ``unknown`` (it could not be asked: ``error``) or ``none`` (nothing recorded).
-    :ivar count: the job's processes found (on every node of a Slurm job).
-    :ivar pid: the pid observed (ssh), or None.
-    :ivar job_id: the Slurm job id observed, or None.
-    :ivar error: why the job could not be observed, else None.
-    """
-
-    state: str
-    count: int = 0
-    pid: int | None = None
-    job_id: int | None = None
-    error: str | None = None
-
-    @property
-    def who(self) -> str | None:
-        """``pid 4242`` / ``Slurm job 41``, or None when nothing was recorded."""
-        return identity(self.pid, self.job_id)
 
 
 async def reconcile(restarter: RestartService, *, instance: str) -> list[Interruption]:
@@ -111,24 +84,31 @@ async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
     name = _job_key(restarter, run.job)
     spec = restarter.config.jobs.get(name)
     if spec is None:
-        seen = Observed("unknown", pid=run.pid, job_id=run.slurm_job, error=unknown_job_now(name))
+        seen = Sighting(JobProbe(job=name, error=unknown_job_now(name)), 0)
     else:
-        seen = await _OBSERVE[spec.engine](restarter, run, name, spec)
-    expected = spec.expected_processes if spec is not None else 0
+        current = dict(
+            (
+                await JobStore(restarter.runs.client, restarter.runs.prefix, restarter.config).read(name)
+            ).current
+        )
+        seen = (await restarter.sightings([(name, spec, current)]))[name]
+    state = "unknown" if seen.probe.error else seen.state
+    pid = run.pid if run.launched else seen.pid or run.old_pid
+    job_id = run.slurm_job if run.launched else seen.job_id or run.old_slurm_job
+    expected = seen.expected
     now = time.time()
     run.owner = None
     if run.launched:
-        line = verdict.interrupted_after_launch(
-            seen.state, seen.count, expected, pid=seen.pid, job_id=seen.job_id
-        )
+        line = verdict.interrupted_after_launch(state, seen.probe.count, expected, pid=pid, job_id=job_id)
         run.interrupted = line
         await restarter.runs.save(run)
         await _queue_verification(restarter, run)
         return Interruption(run, line, True)
     step = run.current_step
-    found = interrupted_found(step.value if step else None, seen.who, seen.state, seen.count, expected)
-    if seen.error:
-        found = interrupted_unknown(seen.error)
+    who = identity(pid, job_id)
+    found = interrupted_found(step.value if step else None, who, state, seen.probe.count, expected)
+    if seen.probe.error:
+        found = interrupted_unknown(seen.probe.error)
     for rec in run.steps:
         if rec.ended_at is None or rec.outcome is Outcome.RUNNING:
             rec.ended_at = now
@@ -137,40 +117,6 @@ async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
     line = verdict.interrupted(step.value if step else None, found)
     await restarter.runs.finish(run, Verdict.INTERRUPTED, line, run.evidence or line)
     return Interruption(run, line, False)
-
-
-async def _observe_ssh(restarter: RestartService, run: RunRecord, name: str, spec: JobConfig) -> Observed:
-    """The recorded process on its host (``keys.job_current``: the launched run's, or the old one's)."""
-    snap = await JobStore(restarter.runs.client, restarter.runs.prefix, restarter.config).read(name)
-    current = dict(snap.current)
-    probe = (await probe_host(restarter.ssh, spec.host, [(name, spec, current)]))[name]
-    pid = run.pid if run.launched else recorded_identity(current)["pid"] or run.old_pid
-    state = "unknown" if probe.error else probe.state or "none"
-    return Observed(state, probe.count, pid=pid, error=probe.error)
-
-
-async def _observe_slurm(restarter: RestartService, run: RunRecord, name: str, spec: JobConfig) -> Observed:
-    """The launched (or old) Slurm job as the cluster reports it, its tasks counted on every node."""
-    job_id = run.slurm_job if run.launched else run.old_slurm_job
-    if job_id is None:
-        return Observed("none")
-    cluster = SlurmClient(restarter.ssh)
-    try:
-        j = await cluster.one(name, job_id)
-        tasks = (
-            await cluster.node_tasks(name, job_id, j.nodes, spec.match) if j and j.state == "RUNNING" else []
-        )
-    except RemoteError as exc:
-        return Observed("unknown", job_id=job_id, error=exc.message)
-    state = "gone" if j is None or not j.active else "pending" if j.state == "PENDING" else "alive"
-    return Observed(state, sum(t.count for t in tasks), job_id=job_id)
-
-
-#: how each engine's jobs are observed at a take-over, by ``[jobs.NAME] engine``
-_OBSERVE: dict[str, Callable[[RestartService, RunRecord, str, JobConfig], Awaitable[Observed]]] = {
-    "ssh": _observe_ssh,
-    "slurm": _observe_slurm,
-}
 
 
 async def _queue_verification(restarter: RestartService, run: RunRecord) -> None:

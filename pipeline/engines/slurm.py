@@ -12,10 +12,11 @@ Same steps, same meaning as the ssh engine (:mod:`pipeline.engines.base`):
 - ``launch``: ``sbatch --parsable --hold`` (or, with ``requeue``, ``scontrol requeuehold ID``), the output
   file measured, then ``scontrol release ID`` — returns the
   job id at once; the job's ``StdOut`` and its size are recorded.
-- ``verify`` at ``start_window``: ``RUNNING`` on the expected node count, the expected task
-  processes on every node (the host helper under ``srun --overlap``), ``StdOut`` grew, no
-  traceback in it.  A job still queued is ``PENDING`` — not a failure — and is verified again
-  every ``pending_recheck`` s until it runs or ends; the window then counts from its start.
+- ``observe`` (what ``verify`` at ``start_window`` decides from): the job's state, node count,
+  task processes on every node (the host helper under ``srun --overlap``), ``StdOut``'s growth
+  and first error since launch.  A job still queued is ``pending`` — ``PENDING`` is not a
+  failure, and the runner verifies it again until it runs or ends; the window then counts
+  from its start.
 """
 
 from __future__ import annotations
@@ -25,25 +26,26 @@ import json
 import signal
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pipeline import verdict
-from pipeline.config import JobConfig, SlurmSettings
-from pipeline.engines.base import CancelCheck
-from pipeline.engines.sequence import restart_sequence
-from pipeline.engines.ssh import KILL_TIMEOUT, VERIFY_GRACE, Restarter
-from pipeline.engines.steplog import step_preflight_ok, step_stop_nothing
+from pipeline.config import JobConfig
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Sighting, register
+from pipeline.engines.steplog import StepLog, failed_checks, step_preflight_ok, step_stop_nothing
 from pipeline.engines.workdir import CALL_TIMEOUT
-from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError, SequenceAborted, StopFailed
+from pipeline.errors import LaunchFailed, PitstopError, PreflightFailed, RemoteError, StopFailed
 from pipeline.host import slurm
-from pipeline.host.contract import EvidenceArgs, PreflightAnswer
-from pipeline.host.probe import ProcessCount, call_helper, log_tail
+from pipeline.host.contract import EvidenceArgs
+from pipeline.host.probe import JobProbe, call_helper, log_tail
+from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import SlurmClient, SlurmJob
-from pipeline.observe.evidence import TAIL_LINES, log_since_launch_empty
+from pipeline.observe.evidence import TAIL_LINES
 from pipeline.state.runs import RunRecord
-from pipeline.verdict import Outcome, Step, Verdict
+from pipeline.verdict import Outcome, Step
 
-PENDING_RECHECK = 15.0  #: seconds between checks of a job still PENDING after its verdict was posted
+KILL_TIMEOUT = 10.0  #: seconds for a job to leave after a second scancel, beyond ``KILL_WAIT``
+MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the output is written
 STOP_POLL = 0.5  #: seconds between state checks while a job stops
 KILL_WAIT = 60.0  #: seconds a job may take to leave after a plain scancel (covers Slurm's KillWait)
 
@@ -80,124 +82,23 @@ def _int(value: str | None) -> int | None:
 
 
 class SlurmEngine:
-    """:class:`pipeline.engines.base.Engine` for ``engine = "slurm"`` jobs; records runs through the
-    :class:`~pipeline.engines.ssh.Restarter` it is attached to (same run store, events, step records).
+    """:class:`pipeline.engines.base.Engine` for ``engine = "slurm"`` jobs: a batch job on a cluster,
+    driven through its login node.
 
-    :param restarter: the Restarter whose runs, Redis and SSH pool it uses.
-    :param pending_recheck: seconds between re-checks of a job posted as PENDING.
+    :param ssh: the SSH pool (the login node is the job's ``host``).
+    :param steps: the step log every step is recorded through.
     """
 
-    def __init__(self, restarter: Restarter, *, pending_recheck: float = PENDING_RECHECK) -> None:
-        self.r = restarter
-        self.steps = restarter.steps
-        self.client = SlurmClient(restarter.ssh)
-        self.pending_recheck = pending_recheck
-
-    @classmethod
-    def attach(cls, restarter: Restarter, **kw: float) -> SlurmEngine:
-        """Create an engine and register it as ``restarter.engines["slurm"]``."""
-        engine = cls(restarter, **kw)
-        restarter.engines["slurm"] = engine
-        return engine
-
-    def _spec(self, job: str) -> tuple[str, JobConfig, SlurmSettings]:
-        name = self.r.config.job_name(job)
-        spec = self.r.config.jobs[name]
-        assert spec.slurm is not None, "a slurm job has a [slurm] table (config validation)"
-        return name, spec, spec.slurm
-
-    # --- the sequences ------------------------------------------------------------------------
-
-    async def restart(
-        self,
-        run: RunRecord,
-        *,
-        add: Sequence[str] = (),
-        remove: Sequence[str] = (),
-        fresh_cache: bool = False,
-        cancelled: CancelCheck | None = None,
-    ) -> RunRecord:
-        """See :meth:`pipeline.engines.base.Engine.restart`."""
-        name, job, _ = self._spec(run.job)
-        return await restart_sequence(
-            self,
-            self.steps,
-            self.r.ssh,
-            run,
-            name,
-            job,
-            add=add,
-            remove=remove,
-            fresh_cache=fresh_cache,
-            cancelled=cancelled,
-        )
-
-    # --- the Slurm engine's own steps (pipeline.engines.sequence.EngineSteps) -------------------------------
+    def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
+        self.ssh = ssh
+        self.steps = steps
+        self.client = SlurmClient(ssh)
 
     def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
         """The old Slurm job id, from the job's current record."""
         run.old_slurm_job = _int(current.get("slurm_job"))
 
-    async def preflight_step(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        wants: Mapping[str, str],
-        texts: Mapping[str, str],
-    ) -> Mapping[str, bool]:
-        """Partition up, script present, ``sbatch --test-only``, and the helper's checks on the login node."""
-        return (await self._preflight(run, name, job, wants, texts)).get("applied") or {}
-
-    async def stop_step(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        current: Mapping[str, str],
-    ) -> None:
-        """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has left."""
-        await self._stop(run, name, job, run.old_slurm_job)
-
-    async def launch_step(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        current: Mapping[str, str],
-    ) -> None:
-        """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
-        await self._launch(run, name, job, run.old_slurm_job)
-
-    async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
-        """See :meth:`pipeline.engines.base.Engine.start`: refuses while the recorded job is active."""
-        name, job, _ = self._spec(run.job)
-        try:
-            current = await self.steps.current(name)
-            old = _int(current.get("slurm_job"))
-            await self._preflight(run, name, job, {}, {}, running=old)
-            await self.steps.boundary(run, None, cancelled)
-            run.patches = sorted(await self.steps.stored_patches(name))
-            await self._launch(run, name, job, old)
-            await self.steps.await_verify(run, job.start_window)
-            return run
-        except SequenceAborted as stop:
-            return await self.steps.finish(run, stop)
-
-    async def stop(self, run: RunRecord) -> RunRecord:
-        """See :meth:`pipeline.engines.base.Engine.stop`."""
-        name, job, _ = self._spec(run.job)
-        try:
-            current = await self.steps.current(name)
-            run.old_slurm_job = _int(current.get("slurm_job"))
-            await self._stop(run, name, job, run.old_slurm_job)
-        except SequenceAborted as stop:
-            return await self.steps.finish(run, stop)
-        return await self.r.runs.finish(run)
-
-    # --- steps ------------------------------------------------------------------------------------
-
-    async def _preflight(
+    async def preflight(
         self,
         run: RunRecord,
         name: str,
@@ -205,16 +106,17 @@ class SlurmEngine:
         wants: Mapping[str, str],
         texts: Mapping[str, str],
         *,
-        running: int | None = None,
-    ) -> PreflightAnswer:
-        r = self.r
+        running: Mapping[str, str] | None = None,
+    ) -> Mapping[str, bool]:
+        """Partition up, script present, ``sbatch --test-only``, the helper's checks on the login
+        node, and (``running``) the recorded job no longer active."""
+        old = _int(running.get("slurm_job")) if running is not None else None
         sl = job.slurm
         assert sl is not None
         rec = await self.steps.begin(run, Step.PREFLIGHT)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
-            await self.steps.fail(run, rec, detail)
-            return PreflightFailed(name, check, detail, line=verdict.preflight_failed(check, detail))
+            return await self.steps.refuse(run, rec, name, check, detail)
 
         test_args = ["-D", job.workdir, *sl.sbatch_args]
         try:
@@ -222,13 +124,13 @@ class SlurmEngine:
                 name, ["bash", "-c", _PREFLIGHT, "pitstop-slurm-preflight", sl.script, *test_args]
             )
             answer = await call_helper(
-                r.ssh,
+                self.ssh,
                 "preflight",
                 {
                     "workdir": job.workdir,
                     "program": "sbatch",
                     "log": job.log,
-                    "min_free": r.min_free_bytes,
+                    "min_free": MIN_FREE_BYTES,
                     "patches": dict(wants) if texts else {},
                     "running": None,
                 },
@@ -258,19 +160,11 @@ class SlurmEngine:
         test = [ln for ln in sections.get("test", []) if not ln.startswith("@@rc=")]
         if "@@rc=0" != (sections.get("test", ["@@rc=?"])[-1] if sections.get("test") else ""):
             raise await fail("sbatch", "sbatch --test-only refused the job: " + " ".join(test)[-300:])
-        failed = [c for c in answer.get("checks", []) if not c.get("ok") and c.get("check") != "launch"]
-        if failed:
-            detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            await self.steps.fail(run, rec, detail)
-            raise PreflightFailed(
-                name,
-                failed[0]["check"],
-                detail,
-                line=verdict.preflight_failed(failed[0]["check"], failed[0]["detail"]),
-            )
-        if running is not None:
+        if failed := failed_checks([c for c in answer.get("checks", []) if c.get("check") != "launch"]):
+            raise await self.steps.refuse(run, rec, name, *failed)
+        if old is not None:
             try:
-                j = await self.client.one(name, running)
+                j = await self.client.one(name, old)
             except RemoteError as exc:
                 raise await fail("host", exc.message) from None
             if j is not None and j.active:
@@ -278,7 +172,7 @@ class SlurmEngine:
         checks = ["partition", "script", "sbatch", *(c["check"] for c in answer.get("checks", []))]
         names = [c for c in dict.fromkeys(checks) if c != "launch"]
         await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names))
-        return answer
+        return answer.get("applied") or {}
 
     async def _wait_gone(self, name: str, job_id: int, timeout: float) -> SlurmJob | None:
         """Poll until the job holds no allocation (or ``timeout`` s); its last known state."""
@@ -289,7 +183,9 @@ class SlurmEngine:
                 return j
             await asyncio.sleep(STOP_POLL)
 
-    async def _stop(self, run: RunRecord, name: str, job: JobConfig, old: int | None) -> None:
+    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+        """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has left."""
+        old = run.old_slurm_job = _int(current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.STOP)
         try:
             j = await self.client.one(name, old) if old is not None else None
@@ -324,7 +220,9 @@ class SlurmEngine:
             run, rec, Outcome.OK, f"stopped Slurm job {old} in {took:.1f} s ({how}); {ended}"
         )
 
-    async def _launch(self, run: RunRecord, name: str, job: JobConfig, old: int | None) -> None:
+    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+        """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
+        old = _int(current.get("slurm_job"))
         sl = job.slurm
         assert sl is not None
         rec = await self.steps.begin(run, Step.LAUNCH)
@@ -361,114 +259,78 @@ class SlurmEngine:
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
         await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}")
 
-    # --- verification ---------------------------------------------------------------------------
+    # --- looks ------------------------------------------------------------------------------------
 
-    async def verify(self, run: RunRecord) -> RunRecord:
-        """See :meth:`pipeline.engines.base.Engine.verify`; a run posted as PENDING is verified again.
+    async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
+        """The run's Slurm job: its state alone, or (``complete``) with its tasks on every node
+        and its output since launch.
 
-        Polls the job's state every ``verify_poll`` s.  It ends early when the job ends
-        (``EXITED`` with its exit code or signal).  A job that runs is judged ``start_window`` s
-        after it started (``squeue %M``): node count, tasks on every node, output growth and
-        errors.  A job still queued at the deadline is ``PENDING``: the run stays in
-        ``keys.runs_unverified``, due again in ``pending_recheck`` s.
+        :raises RemoteError: if the cluster cannot be asked.
         """
-        if run.slurm_job is None or run.launched_at is None:
-            return run
-        name, job, sl = self._spec(run.job)
-        r = self.r
-        rec = self.steps.verify_step(run)
-        deadline = run.launched_at + job.start_window
-        failure: RemoteError | None = None
-        j: SlurmJob | None = None
-        while True:
-            now = time.time()
-            try:
-                j = await self.client.one(name, run.slurm_job)
-                failure = None
-            except RemoteError as exc:
-                failure = exc
-            if failure is None:
-                if j is None or not j.active:
-                    break
-                if j.state == "RUNNING":
-                    started = now - (j.elapsed or 0.0)
-                    if now >= max(deadline, started + job.start_window):
-                        break
-                elif now >= deadline and (j.state != "COMPLETING" or now >= deadline + VERIFY_GRACE):
-                    break  # still queued (or starting): PENDING; a job completing is awaited
-            elif now >= deadline + VERIFY_GRACE:
-                await self.steps.verify_unreachable(run, rec, failure.message)
-                raise failure
-            await asyncio.sleep(max(0.05, r.verify_poll))
-        decided, line, evidence = await self._decide(run, name, job, sl, j)
-        recheck = time.time() + self.pending_recheck if decided is Verdict.PENDING else None
-        await self.steps.verified(run, rec, (decided, line, evidence), recheck_at=recheck)
-        return run
-
-    async def _decide(
-        self, run: RunRecord, name: str, job: JobConfig, sl: SlurmSettings, j: SlurmJob | None
-    ) -> tuple[Verdict, str, str]:
         job_id = run.slurm_job or 0
+        j = await self.client.one(name, job_id)
         now = time.time()
         if j is None:
-            line = verdict.exited(None, None, now - (run.launched_at or now))
-            return Verdict.EXITED, line, f"Slurm job {job_id} is no longer known to the cluster"
-        if j.state == "PENDING" or (j.active and j.state != "RUNNING"):
-            line = verdict.pending(j.reason or j.state, job_id, now - (run.launched_at or now))
-            return Verdict.PENDING, line, f"Slurm job {job_id}: {j.state}, reason {j.reason or 'None'}"
+            gone = (f"Slurm job {job_id} is no longer known to the cluster",)
+            return Observation("gone", job_id=job_id, sampled_at=now, facts=gone, output="output")
+        if j.active and j.state != "RUNNING":
+            fact = f"Slurm job {job_id}: {j.state}, reason {j.reason or 'None'}"
+            return Observation(
+                "pending",
+                job_id=job_id,
+                sampled_at=now,
+                pending_reason=j.reason or j.state,
+                facts=(fact,),
+                settling=j.state == "COMPLETING",
+            )
+        started = now - (j.elapsed or 0.0)
+        state = "alive" if j.active else "gone"
+        if not complete:
+            return Observation(state, job_id=job_id, sampled_at=now, started_at=started, complete=False)
         out = await self._output(run, name, job, j)
-        tail = str(out.get("tail") or "").strip() or log_since_launch_empty()
         facts = [f"Slurm job {job_id}: {j.state} on {j.nodes} node(s) {','.join(j.nodelist)}".rstrip()]
+        base = Observation(
+            state,
+            job_id=job_id,
+            nodes=j.nodes,
+            sampled_at=now,
+            started_at=started,
+            tail=str(out.get("tail") or ""),
+            output="output",
+        )
         if not j.active:
             facts.append(slurm.job_ended(j))
-            line = verdict.exited(j.exit_code, _signame(j.signal), j.elapsed or 0)
-            return (
-                Verdict.EXITED,
-                line,
-                "\n".join(facts) + f"\n--- last {TAIL_LINES} output lines ---\n{tail}",
+            return replace(
+                base,
+                exit_code=j.exit_code,
+                signal=_signame(j.signal),
+                ran_for=j.elapsed or 0,
+                facts=tuple(facts),
             )
+        sl = job.slurm
+        assert sl is not None
         per_node = sl.tasks_per_node or max(1, job.processes // sl.nodes)
-        expected = job.expected_processes
         tasks = await self.client.node_tasks(name, job_id, j.nodes, job.match)
-        seen = sum(t.count for t in tasks)
         short = [f"{t.node}: {t.count}/{per_node}" for t in tasks if t.count != per_node]
         short += [f"{n}: no answer" for n in j.nodelist if n not in {t.node for t in tasks}]
-        facts.append(
-            "tasks matching "
-            + repr(job.match)
-            + ": "
-            + "; ".join(
-                f"{t.node} {t.count}/{per_node}" + (f" ({t.error})" if t.error else "") for t in tasks
-            )
+        if j.nodes != sl.nodes:
+            short.insert(0, f"{j.nodes}/{sl.nodes} nodes")
+        cells = "; ".join(
+            f"{t.node} {t.count}/{per_node}" + (f" ({t.error})" if t.error else "") for t in tasks
         )
+        facts.append(f"tasks matching {job.match!r}: {cells}")
         new_bytes = out.get("new_bytes")
-        facts.append(
-            f"output {out.get('path')}: "
-            + (f"+{new_bytes} bytes since launch" if new_bytes is not None else "unreadable")
+        grew = f"+{new_bytes} bytes since launch" if new_bytes is not None else "unreadable"
+        facts.append(f"output {out.get('path')}: {grew}")
+        return replace(
+            base,
+            count=sum(t.count for t in tasks),
+            expected=job.expected_processes,
+            short=tuple(short),
+            new_bytes=new_bytes,
+            error_line=out.get("error_line") or None,
+            facts=tuple(facts),
         )
-        if out.get("error_line"):
-            decided, line = Verdict.ERROR_IN_LOG, verdict.error_in_log(str(out["error_line"]), job_id=job_id)
-        elif j.nodes != sl.nodes or seen != expected or short:
-            if j.nodes != sl.nodes:
-                short.insert(0, f"{j.nodes}/{sl.nodes} nodes")
-            decided, line = (
-                Verdict.WRONG_COUNT,
-                verdict.wrong_count(seen, expected, job_id=job_id, short=short),
-            )
-        elif not new_bytes or new_bytes <= 0:
-            decided, line = (
-                Verdict.NO_PROGRESS,
-                verdict.no_progress(seen, expected, j.elapsed or 0, job_id=job_id),
-            )
-        else:
-            decided, line = Verdict.RUNNING, verdict.running_job(seen, expected, job_id, j.nodes)
-        evidence = "\n".join(facts)
-        if decided is Verdict.RUNNING:
-            last = tail.splitlines()[-3:]
-            evidence += f"\n--- last {len(last)} output lines ---\n" + "\n".join(last)
-        else:
-            evidence += f"\n--- last {TAIL_LINES} output lines since launch ---\n{tail}"
-        return decided, line, evidence
 
     async def _output(self, run: RunRecord, name: str, job: JobConfig, j: SlurmJob) -> dict[str, Any]:
         """Growth, first error and tail of the job's output since launch (host helper on the login node)."""
@@ -483,44 +345,89 @@ class SlurmEngine:
             "offset": run.log_size_at_launch or 0,
             "tail_lines": TAIL_LINES,
         }
-        raw = await call_helper(self.r.ssh, "evidence", args, job=name)
+        raw = await call_helper(self.ssh, "evidence", args, job=name)
         return {**raw, "path": path}
 
-    # --- queries ---------------------------------------------------------------------------------
+    async def observe_many(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+        """One query (``squeue``/``scontrol``/``sacct``, output sizes) for every job on this login
+        node's cluster, then the tasks on every node of each RUNNING job."""
+        ids = {name: _int((cur or {}).get("slurm_job")) for name, _, cur in entries}
+        paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
+        try:
+            known = [i for i in ids.values() if i is not None]
+            jobs, sizes = await self.client.query_with_sizes(
+                entries[0][0], known, sorted(set(paths.values()))
+            )
+        except RemoteError as exc:
+            return {
+                n: Sighting(JobProbe(job=n, error=exc.message), c.expected_processes) for n, c, _ in entries
+            }
 
-    async def job_processes(self, job: str) -> ProcessCount:
-        """The recorded job's task processes on all its nodes (``status``); none when it is not RUNNING.
+        async def one(name: str, cfg: JobConfig) -> Sighting:
+            expected, job_id, size = cfg.expected_processes, ids[name], sizes.get(paths[name])
+            j = jobs.get(job_id) if job_id is not None else None
+            if j is None:
+                gone = None if job_id is None else f"Slurm job {job_id} is no longer known to the cluster"
+                probe = JobProbe(job=name, log_size=size)
+                state = "none" if job_id is None else "gone"
+                return Sighting(
+                    probe, expected, state, job_id=job_id, word="stopped", exit_cause=gone, ok=True
+                )
+            pids: tuple[int, ...] = ()
+            detail, error, cause = None, None, None
+            if j.state != "RUNNING":
+                cause = slurm.state_cause(j)
+            else:
+                try:
+                    tasks = await self.client.node_tasks(name, j.id, j.nodes, cfg.match)
+                except RemoteError as exc:
+                    tasks, error = [], exc.message
+                want = (cfg.slurm.tasks_per_node if cfg.slurm else None) or max(
+                    1, expected // max(1, j.nodes)
+                )
+                seen = {t.node: t.count for t in tasks}
+                nodes = sorted(j.nodelist or seen)
+                short = [f"{n} has {seen.get(n, 0)}/{want} processes" for n in nodes if seen.get(n, 0) < want]
+                detail = f"{'; '.join(short)} (Slurm job {j.id})" if short else None
+                pids = tuple(sorted(p for t in tasks for p in t.pids))
+            return Sighting(
+                JobProbe(job=name, pids=pids, count=len(pids), log_size=size, error=error),
+                expected,
+                "alive" if j.state == "RUNNING" else "pending" if j.active else "gone",
+                job_id=j.id,
+                word=j.state.lower(),
+                who=f"job {j.id}",
+                uptime_s=j.elapsed or 0.0,
+                line=slurm.status_line(name, j),
+                exit_cause=cause,
+                detail=detail,
+                ok=j.state == "RUNNING" and len(pids) == expected and not detail,
+            )
 
-        :raises RemoteError: if the cluster cannot be asked.
-        """
-        name, spec, _ = self._spec(job)
-        current = await self.steps.current(name)
-        job_id = _int(current.get("slurm_job"))
-        j = await self.client.one(name, job_id) if job_id is not None else None
-        pids: tuple[int, ...] = ()
-        if j is not None and j.state == "RUNNING":
-            tasks = await self.client.node_tasks(name, j.id, j.nodes, spec.match)
-            pids = tuple(p for t in tasks for p in t.pids)
-        return ProcessCount(
-            job=name,
-            pids=pids,
-            count=len(pids),
-            expected=spec.expected_processes,
-            alive=None if j is None else j.state == "RUNNING",
-            pid=job_id,
-        )
+        found = await asyncio.gather(*(one(name, cfg) for name, cfg, _ in entries))
+        return {s.probe.job: s for s in found}
 
-    async def job_state(self, job: str) -> SlurmJob | None:
-        """The recorded Slurm job as the cluster reports it now (``status``), or None."""
-        name, _, _ = self._spec(job)
-        job_id = _int((await self.steps.current(name)).get("slurm_job"))
-        return await self.client.one(name, job_id) if job_id is not None else None
-
-    async def log_tail(self, job: str, lines: int) -> str:
+    async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
         """The last ``lines`` lines of the job's output (recorded ``StdOut``, else ``log``).
 
         :raises RemoteError: if it cannot be read.
         """
-        name, spec, _ = self._spec(job)
-        path = (await self.steps.current(name)).get("log") or spec.log
-        return await log_tail(self.r.ssh, name, spec.model_copy(update={"log": path}), lines)
+        path = current.get("log") or job.log
+        return await log_tail(self.ssh, name, job.model_copy(update={"log": path}), lines)
+
+    async def node_outputs(
+        self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
+    ) -> NodeOutputs | None:
+        """``argv`` on every node of the recorded job, inside its allocation (``srun --overlap``).
+
+        :raises PitstopError: if the job is not RUNNING; :raises RemoteError: if unreachable.
+        """
+        job_id = _int(current.get("slurm_job"))
+        j = await self.client.one(name, job_id) if job_id is not None else None
+        if j is None or j.state != "RUNNING":
+            why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"
+            raise PitstopError(slurm.gpus_not_running(name, why))
+        return NodeOutputs(f"Slurm job {j.id}", await self.client.node_gpus(name, j.id, j.nodes, argv))
+
+
+register("slurm", SlurmEngine)

@@ -1,8 +1,8 @@
-"""The ssh engine (:class:`Restarter`): a job's restart on one host over SSH, step by step.
+"""The ssh engine (:class:`SshEngine`): a job's steps and looks on one host over SSH.
 
-The order of the steps is :func:`pipeline.engines.sequence.restart_sequence`'s (pre-flight → stop →
+The order of the steps is the runner's (:mod:`pipeline.engines.runner`: pre-flight → stop →
 clear cache → patch → launch → (later) verify); this module does each of them on one host,
-through the host helper, and verifies the launch.
+through the host helper, and observes the launched run for verification.
 
 Every restart ends in one of two honest outcomes: *verified running* (pid, process count,
 log growth) or *a named failure with evidence* (which step, exit status or signal, log tail).
@@ -24,28 +24,24 @@ errors (``PreflightFailed``, ``StopFailed``, ``LaunchFailed``, ``RunCancelled``)
 its verdict and verdict line, which the sequence catches: it sets the verdict and returns the
 run (the failure is not raised to the caller).  A stop that found the recorded pid reused marks
 its step ``stale`` (:class:`~pipeline.state.runs.StepRecord`), which makes the verdict
-``STALE_RECORD``.  The verdict is decided by :meth:`Restarter.verify` from evidence gathered
-from the launch until ``launch + start_window``.
+``STALE_RECORD``.  The verdict is decided by the runner from this engine's observations
+(:meth:`SshEngine.observe`) gathered from the launch until ``launch + start_window``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 
 from pipeline import verdict
-from pipeline.config import Config, JobConfig
-from pipeline.engines.base import Engine
-from pipeline.engines.sequence import restart_sequence
+from pipeline.config import JobConfig
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Sighting, register
 from pipeline.engines.steplog import (
-    CancelCheck,
-    StepListener,
     StepLog,
     already_running,
+    failed_checks,
     gpu_memory_freed,
     gpu_memory_held,
     launch_hung,
@@ -58,29 +54,17 @@ from pipeline.engines.steplog import (
 from pipeline.engines.workdir import CALL_TIMEOUT
 from pipeline.errors import (
     HostKeyRejected,
-    HostUnreachable,
     LaunchFailed,
-    PitstopError,
-    PreflightFailed,
     RemoteError,
     RemoteTimeout,
-    SequenceAborted,
     StopFailed,
 )
-from pipeline.host.contract import LaunchArgs, PreflightAnswer, PreflightArgs, StopArgs
-from pipeline.host.probe import (
-    ProcessCount,
-    call_helper,
-    log_tail,
-    probe_host,
-    recorded_identity,
-)
+from pipeline.host.contract import LaunchArgs, PreflightArgs, StopArgs
+from pipeline.host.probe import call_helper, log_tail, probe_host, recorded_identity
 from pipeline.host.remote import RemoteHosts
-from pipeline.observe.evidence import Evidence, decide, gather, settle_exit
-from pipeline.observe.resume import check_resume, resume_warning
-from pipeline.state.events import Events
-from pipeline.state.runs import RunRecord, RunStore
-from pipeline.verdict import Outcome, Step, Verdict
+from pipeline.observe.evidence import gather, settle_exit
+from pipeline.state.runs import RunRecord
+from pipeline.verdict import Outcome, Step
 
 log = logging.getLogger(__name__)
 
@@ -88,297 +72,35 @@ MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the log is 
 GPU_WAIT_TIMEOUT = 60.0  #: seconds to wait for old processes to release GPU memory
 KILL_TIMEOUT = 10.0  #: seconds to wait for processes to vanish after SIGKILL
 LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under one)
-VERIFY_POLL = 0.5  #: seconds between evidence samples while verifying
-VERIFY_GRACE = 30.0  #: seconds past the deadline an unreachable host is retried before giving up
 
 
-class Restarter:
-    """The restart / start / stop sequences and verification for configured jobs.
+class SshEngine:
+    """:class:`pipeline.engines.base.Engine` for ``engine = "ssh"`` jobs: one process group on one host.
 
-    :param config: the validated configuration.
     :param ssh: the SSH pool.
-    :param runs: run records.
-    :param events: the event stream (``step`` events are published as steps change).
+    :param steps: the step log every step is recorded through.
     :param gpu_wait_timeout: seconds to wait for GPU memory of a stopped run to be released.
     :param min_free_bytes: pre-flight free-space threshold for the log's filesystem.
-    :param verify_poll: seconds between evidence samples in :meth:`verify`.
     """
 
     def __init__(
         self,
-        config: Config,
         ssh: RemoteHosts,
-        runs: RunStore,
-        events: Events,
+        steps: StepLog,
         *,
         gpu_wait_timeout: float = GPU_WAIT_TIMEOUT,
         min_free_bytes: int = MIN_FREE_BYTES,
-        verify_poll: float = VERIFY_POLL,
     ) -> None:
-        self.config = config
         self.ssh = ssh
-        self.runs = runs
-        self.events = events
+        self.steps = steps
         self.gpu_wait_timeout = gpu_wait_timeout
         self.min_free_bytes = min_free_bytes
-        self.verify_poll = verify_poll
-        self.steps = StepLog(runs, events)  #: records each step of a run (shared with other engines)
-        self.engines: dict[str, Engine] = {}  #: engine name → engine, for jobs not on "ssh"
-
-    def subscribe(self, listener: StepListener) -> Callable[[], None]:
-        """Tell ``listener`` of every step change of every run, whatever its engine.
-
-        :returns: a function that unsubscribes it.
-        """
-        return self.steps.subscribe(listener)
-
-    def engine_for(self, job: JobConfig) -> Engine | None:
-        """The engine running ``job``, or None for the ssh engine (this class).
-
-        :raises PitstopError: if the job's engine was not registered in :attr:`engines`.
-        """
-        if job.engine == "ssh":
-            return None
-        engine = self.engines.get(job.engine)
-        if engine is None:
-            raise PitstopError(engine_missing(job.engine))
-        return engine
-
-    # --- the sequences ------------------------------------------------------------------------
-
-    async def restart(
-        self,
-        run: RunRecord,
-        *,
-        add: Sequence[str] = (),
-        remove: Sequence[str] = (),
-        fresh_cache: bool = False,
-        cancelled: CancelCheck | None = None,
-    ) -> RunRecord:
-        """Pre-flight, stop, clear cache, patch, launch; leave ``verify`` WAITING.
-
-        The launched run is saved and put in ``keys.runs_unverified`` (due at launch +
-        ``start_window``) for :meth:`verify`.  A failure sets the verdict (precedence of
-        :class:`~pipeline.verdict.Verdict`), ``finished_at`` and the failing step's detail, saves
-        the run and returns it.
-
-        :param run: a fresh run from :meth:`RunStore.create` for a configured job.
-        :param add: patch names to apply (kept applied by later restarts).
-        :param remove: patch names to revert.
-        :param fresh_cache: clear the job's ``clear_cache`` paths before the launch.
-        :param cancelled: awaited at each step boundary; True cancels the run (so does the
-            ``keys.cancel_request`` key).
-        :returns: the run as saved.
-        """
-        name = self.config.job_name(run.job)
-        job = self.config.jobs[name]
-        if (other := self.engine_for(job)) is not None:
-            return await other.restart(
-                run, add=add, remove=remove, fresh_cache=fresh_cache, cancelled=cancelled
-            )
-        return await restart_sequence(
-            self,
-            self.steps,
-            self.ssh,
-            run,
-            name,
-            job,
-            add=add,
-            remove=remove,
-            fresh_cache=fresh_cache,
-            cancelled=cancelled,
-        )
-
-    # --- the ssh engine's own steps (pipeline.engines.sequence.EngineSteps) ---------------------------------
 
     def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
         """The old run's pid, from the job's current record."""
         run.old_pid = recorded_identity(current)["pid"]
 
-    async def preflight_step(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        wants: Mapping[str, str],
-        texts: Mapping[str, str],
-    ) -> Mapping[str, bool]:
-        """One helper call checks host, workdir, program, patches, log directory and free space."""
-        return (await self._preflight(run, name, job, wants, texts)).get("applied") or {}
-
-    async def stop_step(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        current: Mapping[str, str],
-    ) -> None:
-        """Stop the recorded process group (SIGTERM, ``stop_timeout``, SIGKILL), never by pattern."""
-        if stale := await self._stop(run, name, job, current):
-            log.info("%s: %s", run.id, stale)
-
-    async def launch_step(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        current: Mapping[str, str],
-    ) -> None:
-        """Launch fully detached (new session); the SSH call returns at once."""
-        await self._launch(run, name, job)
-
-    async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
-        """Pre-flight (refusing if the job already runs), launch; leave ``verify`` WAITING.
-
-        :returns: the run as saved (verdict ``PREFLIGHT_FAILED`` with check ``running`` if the
-            job's processes are already there).
-        """
-        name = self.config.job_name(run.job)
-        job = self.config.jobs[name]
-        if (other := self.engine_for(job)) is not None:
-            return await other.start(run, cancelled=cancelled)
-        try:
-            current = await self.steps.current(name)
-            await self._preflight(run, name, job, {}, {}, running=current)
-            await self.steps.boundary(run, None, cancelled)
-            run.patches = sorted(await self.steps.stored_patches(name))
-            await self._launch(run, name, job)
-            await self.steps.await_verify(run, job.start_window)
-            return run
-        except SequenceAborted as stop:
-            return await self.steps.finish(run, stop)
-
-    async def stop(self, run: RunRecord) -> RunRecord:
-        """Stop the job (by its recorded identity) and nothing else.
-
-        :returns: the run, finished; verdict None when the stop succeeded (the detail is in the
-            ``stop`` step), ``STOP_FAILED`` when something survived.
-        """
-        name = self.config.job_name(run.job)
-        job = self.config.jobs[name]
-        if (other := self.engine_for(job)) is not None:
-            return await other.stop(run)
-        try:
-            current = await self.steps.current(name)
-            run.old_pid = recorded_identity(current)["pid"]
-            await self._stop(run, name, job, current)
-        except SequenceAborted as stop:
-            return await self.steps.finish(run, stop)
-        return await self.runs.finish(run)
-
-    # --- verification ---------------------------------------------------------------------------
-
-    async def verify(self, run: RunRecord) -> RunRecord:
-        """Decide the verdict of a launched run from evidence up to launch + ``start_window``.
-
-        Polls the host every ``verify_poll`` s; ends early when the process has exited.  At the
-        deadline, in precedence order: ``EXITED`` (exit code or signal when known, last log
-        lines), ``ERROR_IN_LOG``, ``WRONG_COUNT`` (expected vs seen), ``NO_PROGRESS`` (log
-        silent), else ``RUNNING``; a run whose stop found a stale record is ``STALE_RECORD``.
-        Re-runnable: a second call samples again.  Sets ``verdict``, ``verdict_line``,
-        ``evidence``, ``finished_at``; saves; takes the run off the verification queue.
-
-        :returns: the run as saved; unchanged if it launched nothing.
-        :raises RemoteError: if the host cannot be reached until well past the deadline (the
-            verify step records the failure; the run stays unverified for a later attempt).
-        """
-        spec = self.config.jobs.get(self._job_key(run.job))
-        if spec is not None and (other := self.engine_for(spec)) is not None:
-            return await other.verify(run)
-        if run.pid is None or run.launched_at is None:
-            return run
-        name = self.config.job_name(run.job)
-        job = self.config.jobs[name]
-        rec = self.steps.verify_step(run)
-        deadline = run.launched_at + job.start_window
-        ev: Evidence | None = None
-        failure: RemoteError | None = None
-        while True:
-            try:
-                ev = await gather(self.ssh, run, job)
-                failure = None
-            except RemoteError as exc:
-                failure = exc
-            now = time.time()
-            if ev is not None and failure is None and ev.state != "alive":
-                ev = await settle_exit(self.ssh, run, job, ev)
-                break
-            if now >= deadline and failure is None:
-                break
-            if failure is not None and now >= deadline + VERIFY_GRACE:
-                await self.steps.verify_unreachable(run, rec, failure.message)
-                raise failure
-            delay = self.verify_poll if now >= deadline else min(self.verify_poll, deadline - now)
-            await asyncio.sleep(max(0.05, delay))
-        assert ev is not None
-        verdict, line, evidence = decide(run, job, ev)
-        ignored = check_resume(ev.start_step, ev.checkpoint, ev.sampled_at - run.launched_at).ignored
-        if verdict is Verdict.RUNNING and ignored is not None and ev.checkpoint is not None:
-            run.warning = resume_warning(name, ignored, ev.checkpoint.path)
-        await self.steps.verified(run, rec, (verdict, line, evidence))
-        return run
-
-    # --- queries ---------------------------------------------------------------------------------
-
-    async def job_processes(self, job: str) -> ProcessCount:
-        """The job's processes now: members of its recorded session matching ``match``.
-
-        :raises RemoteError: if the host cannot be probed.
-        """
-        name = self.config.job_name(job)
-        spec = self.config.jobs[name]
-        if (other := self.engine_for(spec)) is not None:
-            return await other.job_processes(name)
-        current = await self.steps.current(name)
-        probes = await probe_host(self.ssh, spec.host, [(name, spec, current)])
-        probe = probes[name]
-        if probe.error is not None:
-            raise HostUnreachable(spec.host, probe.error)
-        return ProcessCount(
-            job=name,
-            pids=probe.pids,
-            count=probe.count,
-            expected=spec.processes,
-            alive=probe.alive,
-            pid=recorded_identity(current)["pid"],
-        )
-
-    async def log_tail(self, job: str, lines: int) -> str:
-        """The last ``lines`` lines of the job's log.
-
-        :raises RemoteError: if the log cannot be read.
-        """
-        name = self.config.job_name(job)
-        if (other := self.engine_for(self.config.jobs[name])) is not None:
-            return await other.log_tail(name, lines)
-        return await log_tail(self.ssh, name, self.config.jobs[name], lines)
-
-    async def patches_in_effect(self, job: str) -> list[str]:
-        """Patch names applied in the job's workdir now (``git apply --reverse --check``);
-        ``keys.job_patches`` is brought in step.
-
-        :raises RemoteError: if the host cannot be reached or git fails.
-        """
-        name = self.config.job_name(job)
-        spec = self.config.jobs[name]
-        if not spec.patches:
-            return []
-        texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in spec.patches.items()}
-        answer = await call_helper(
-            self.ssh,
-            "patches",
-            {"workdir": spec.workdir},
-            job=name,
-            stdin=json.dumps(texts),
-            timeout=CALL_TIMEOUT,
-        )
-        applied = sorted(n for n, on in (answer.get("applied") or {}).items() if on)
-        await self.steps.store_patches(name, applied)
-        return applied
-
-    # --- steps ------------------------------------------------------------------------------------
-
-    async def _preflight(
+    async def preflight(
         self,
         run: RunRecord,
         name: str,
@@ -387,7 +109,9 @@ class Restarter:
         texts: Mapping[str, str],
         *,
         running: Mapping[str, str] | None = None,
-    ) -> PreflightAnswer:
+    ) -> Mapping[str, bool]:
+        """One helper call checks host, workdir, program, patches, log directory and free space
+        (and that the ``running`` record's processes are gone)."""
         rec = await self.steps.begin(run, Step.PREFLIGHT)
         args: PreflightArgs = {
             "workdir": job.workdir,
@@ -416,39 +140,19 @@ class Restarter:
             )
         except RemoteError as exc:
             check = "host_key" if isinstance(exc, HostKeyRejected) else "host"
-            await self.steps.fail(run, rec, exc.message)
-            raise PreflightFailed(
-                name, check, exc.message, line=verdict.preflight_failed(check, exc.message)
-            ) from None
-        failed = [c for c in answer.get("checks", []) if not c.get("ok")]
-        if failed:
-            first = failed[0]
-            detail = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-            await self.steps.fail(run, rec, detail)
-            raise PreflightFailed(
-                name,
-                first["check"],
-                detail,
-                line=verdict.preflight_failed(first["check"], first["detail"]),
-            )
+            raise await self.steps.refuse(run, rec, name, check, exc.message) from None
+        if failed := failed_checks(answer.get("checks", [])):
+            raise await self.steps.refuse(run, rec, name, *failed)
         seen = answer.get("running")
         if seen and (seen.get("alive") or seen.get("count")):
             pids = list(seen.get("pids") or []) or [int(recorded_identity(running)["pid"] or 0)]
-            detail = already_running(name, pids)
-            await self.steps.fail(run, rec, detail)
-            raise PreflightFailed(name, "running", detail, line=verdict.preflight_failed("running", detail))
+            raise await self.steps.refuse(run, rec, name, "running", already_running(name, pids))
         names = [c["check"] for c in answer.get("checks", [])]
         await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(list(dict.fromkeys(names))))
-        return answer
+        return answer.get("applied") or {}
 
-    async def _stop(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        current: Mapping[str, str] | None,
-    ) -> str | None:
-        """Stop the old run; returns the stale-record note if the record was stale."""
+    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+        """Stop the recorded process group (SIGTERM, ``stop_timeout``, SIGKILL), never by pattern."""
         rec = await self.steps.begin(run, Step.STOP)
         ident = recorded_identity(current)
         args: StopArgs = {
@@ -503,9 +207,11 @@ class Restarter:
             detail += "; " + gpu_memory_freed(float(gpu.get("seconds") or 0))
         await self.steps.mark_stopped(name, run)
         await self.steps.end(run, rec, Outcome.OK, detail)
-        return note
+        if note:
+            log.info("%s: %s", run.id, note)
 
-    async def _launch(self, run: RunRecord, name: str, job: JobConfig) -> None:
+    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+        """Launch fully detached (new session); the SSH call returns at once."""
         rec = await self.steps.begin(run, Step.LAUNCH)
         args: LaunchArgs = {
             "workdir": job.workdir,
@@ -546,7 +252,68 @@ class Restarter:
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
         await self.steps.end(run, rec, Outcome.OK, step_launched(run.pid, job.log, run.log_size_at_launch))
 
-    # --- helpers ------------------------------------------------------------------------------------
+    async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
+        """One helper ``evidence`` sample of the run's session, log since launch and exit record
+        (always complete); a run that is gone is given a moment for its exit status.
+
+        :raises RemoteError: if the host cannot be asked.
+        """
+        ev = await gather(self.ssh, run, job)
+        if ev.state != "alive":
+            ev = await settle_exit(self.ssh, run, job, ev)
+        st = ev.status or {}
+        ran_for = None
+        if st.get("started_at") is not None and st.get("ended_at") is not None:
+            ran_for = float(st["ended_at"]) - float(st["started_at"])
+        pids = f" (pids {', '.join(str(p) for p in ev.pids[:20])})" if ev.pids else ""
+        grew = f"+{ev.new_bytes} bytes since launch" if ev.new_bytes is not None else f"{ev.log_error}"
+        return Observation(
+            ev.state,
+            ev.count,
+            job.processes,
+            pid=run.pid or 0,
+            sampled_at=ev.sampled_at,
+            started_at=run.launched_at,
+            new_bytes=ev.new_bytes,
+            error_line=ev.error_line,
+            exit_code=st.get("code"),
+            signal=st.get("signal"),
+            ran_for=ran_for,
+            tail=ev.tail,
+            facts=(
+                f"pid {run.pid or 0}: {ev.state}",
+                f"processes matching {job.match!r} in session {run.sid}: {ev.count}/{job.processes}{pids}",
+                f"log {job.log}: {grew}",
+            ),
+            start_step=ev.start_step,
+            checkpoint=ev.checkpoint,
+        )
+
+    async def observe_many(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+        """One helper ``probe`` call per ``exec`` prefix for every job of one host."""
+        if not entries:
+            return {}
+        probes = await probe_host(self.ssh, entries[0][1].host, entries)
+        out: dict[str, Sighting] = {}
+        for name, spec, current in entries:
+            probe = probes[name]
+            state = probe.state or "none"
+            pid = recorded_identity(current)["pid"]
+            out[name] = Sighting(probe, spec.processes, state, pid=pid)
+        return out
+
+    async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
+        """The last ``lines`` lines of the job's log.
+
+        :raises RemoteError: if the log cannot be read.
+        """
+        return await log_tail(self.ssh, name, job, lines)
+
+    async def node_outputs(
+        self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
+    ) -> NodeOutputs | None:
+        """None: the job runs on its host, which ``gpus HOST`` asks."""
+        return None
 
     async def _state_text(self, name: str, job: JobConfig) -> str:
         """What runs for the job now, in words (for a launch that hung or lost its channel)."""
@@ -561,16 +328,5 @@ class Restarter:
             return f"no process matching {job.match!r}"
         return f"{p.count} process(es) matching {job.match!r}: pid {', '.join(str(x) for x in p.pids[:10])}"
 
-    def _job_key(self, job: str) -> str:
-        try:
-            return self.config.job_name(job)
-        except KeyError:
-            return job
 
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def engine_missing(engine: str) -> str:
-    """A job's engine has no implementation registered (a wiring error)."""
-    return f'no "{engine}" engine is registered with this Pitstop; restart Pitstop after an upgrade'
+register("ssh", SshEngine)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from pipeline import verdict
-from pipeline.errors import RunCancelled, SequenceAborted
+from pipeline.errors import PreflightFailed, RunCancelled, SequenceAborted
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobRecords
 from pipeline.state.runs import RunRecord, RunStore, StepRecord
@@ -84,6 +85,18 @@ class StepLog:
     async def fail(self, run: RunRecord, rec: StepRecord, detail: str) -> None:
         """End ``rec`` as FAILED with ``detail``."""
         await self.end(run, rec, Outcome.FAILED, detail)
+
+    async def refuse(
+        self, run: RunRecord, rec: StepRecord, name: str, check: str, detail: str, shown: str | None = None
+    ) -> PreflightFailed:
+        """End the pre-flight ``rec`` FAILED with ``detail``.
+
+        :param shown: what the verdict line says of the check (default ``detail``).
+        :returns: the error for the engine to raise (verdict ``PREFLIGHT_FAILED`` naming ``check``).
+        """
+        await self.fail(run, rec, detail)
+        line = verdict.preflight_failed(check, detail if shown is None else shown)
+        return PreflightFailed(name, check, detail, line=line)
 
     async def emit(self, run: RunRecord, rec: StepRecord) -> None:
         """Publish ``rec`` on the stream and tell every listener."""
@@ -204,6 +217,15 @@ class StepLog:
 
 
 # --- text ---------------------------------------------------------------------------------------
+
+
+def failed_checks(checks: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] | None:
+    """The host helper's failed pre-flight checks: the first's name, every failure in one
+    detail, and the first's own detail (for the verdict line); None when all passed."""
+    failed = [c for c in checks if not c.get("ok")]
+    if not failed:
+        return None
+    return failed[0]["check"], "; ".join(f"{c['check']}: {c['detail']}" for c in failed), failed[0]["detail"]
 
 
 def step_preflight_ok(checks: Sequence[str]) -> str:

@@ -292,21 +292,6 @@ class JobProbe:
     error: str | None = None
 
 
-@dataclass(frozen=True)
-class ProcessCount:
-    """The job's process count for ``status``: ``count`` of ``expected``, and who.
-
-    :ivar pid: the recorded launcher pid (None without a record).
-    """
-
-    job: str
-    pids: tuple[int, ...]
-    count: int
-    expected: int
-    alive: bool | None
-    pid: int | None
-
-
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value not in (None, "") else None

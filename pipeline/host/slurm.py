@@ -431,11 +431,6 @@ def status_line(job: str, j: SlurmJob) -> str:
     return f"{job}: Slurm job {j.id} {j.state}{where}{elapsed}{reason}"
 
 
-def gpus_title(job: str, job_id: int, nodes: int, gpus: int) -> str:
-    """``GPUs of dflash (Slurm job 4242): 16 on 2 nodes``."""
-    return f"GPUs of {job} (Slurm job {job_id}): {gpus} on {nodes} node{'s' if nodes != 1 else ''}"
-
-
 def gpus_not_running(job: str, why: str) -> str:
     """``gpus JOB`` for a Slurm job that holds no nodes now."""
     return f"{job} holds no nodes now ({why}); `status {job}` shows its state"

@@ -1,11 +1,10 @@
 """``pipeline.observe`` — what Pitstop sees of a job, and what it concludes.
 
-- verification's evidence of a launched run and the verdict it leads to
+- an engine's observation of a launched run and the one verdict decision from it
   :mod:`~pipeline.observe.evidence`; resume proof :mod:`~pipeline.observe.resume`;
 - the watcher's rules :mod:`~pipeline.observe.watch`; per-rank progress
-  :mod:`~pipeline.observe.progress`; crash classes :mod:`~pipeline.observe.crashes`; the Slurm
-  probe :mod:`~pipeline.observe.slurmwatch`; GPUs from ``nvidia-smi``
-  :mod:`~pipeline.observe.gpus`.
+  :mod:`~pipeline.observe.progress`; crash classes :mod:`~pipeline.observe.crashes`; GPUs from
+  ``nvidia-smi`` :mod:`~pipeline.observe.gpus`.
 
 May import :mod:`pipeline.host`, :mod:`pipeline.state` and the loose modules of :mod:`pipeline`.
 """

@@ -1,10 +1,10 @@
-"""What verification reads on the ssh engine: one sample of a launched run, and the verdict it leads to.
+"""What verification reads, and the one decision of a verdict from an observation.
 
-:func:`gather` asks the host helper for one :class:`Evidence` sample (the run's session and
-processes, the log since launch, the waiter's exit record, where the run started, the newest
-checkpoint); :func:`decide` turns a sample into the verdict, its one-line verdict line and the
-evidence text posted with it.  The Slurm engine reads its own evidence
-(:mod:`pipeline.engines.slurm`) and keeps the same tail sizes.
+:func:`decide` turns any engine's :class:`Observation` into the verdict,
+its one-line verdict line and the evidence text posted with it (the runner's verify uses it
+for every engine).  :func:`gather` asks the host helper for one :class:`Evidence` sample of an
+ssh run (its session and processes, the log since launch, the waiter's exit record, where the
+run started, the newest checkpoint).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pipeline.host.probe import call_helper
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.resume import ResumePoint, check_resume, checkpoint_fact
 from pipeline.state.runs import RunRecord
-from pipeline.verdict import Step, Verdict
+from pipeline.verdict import Step, Verdict, VerdictLine
 
 RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
 TAIL_LINES = 30  #: log lines kept as evidence
@@ -54,6 +54,53 @@ class Evidence:
     tail: str
     log_error: str | None
     sampled_at: float
+    start_step: int | None = None
+    checkpoint: ResumePoint | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One sample of a launched run, normalised across engines (what the verdict is decided from).
+
+    :ivar state: ``alive``, ``pending`` (queued, not started), ``gone`` or ``stale`` (pid reused).
+    :ivar count: the run's processes seen (on every node); ``expected``: how many it should have.
+    :ivar pid: the run's pid (one-host engines) and ``job_id`` its scheduler job id: the run's
+        identity in the verdict line (``pid 4242`` / ``job 12``); ``nodes`` its node count.
+    :ivar sampled_at: Pitstop's clock when the answer came (unix s); ``started_at``: when the run
+        started running (unix s; None while pending).
+    :ivar complete: False for a cheap look (state only) the runner polls with until it decides.
+    :ivar settling: a pending run between states (Slurm's ``COMPLETING``): awaited a while longer.
+    :ivar short: where the count falls short (``n2: 3/4``, ``1/2 nodes``): a wrong count too.
+    :ivar new_bytes: output bytes written since launch (None: unreadable, see ``output_error``).
+    :ivar error_line: the first traceback / ``…Error`` line since launch.
+    :ivar exit_code, signal, ran_for: how an ended run ended and after how many seconds.
+    :ivar pending_reason: why a pending run waits (``Resources``).
+    :ivar tail: the last output lines since launch; ``facts``: evidence lines, engine's words.
+    :ivar output: what the engine calls the run's output in evidence (``log``, ``output``).
+    :ivar start_step, checkpoint: where the run started from, the newest checkpoint (resume check).
+    :ivar stale: the stop step's note when the recorded pid was reused.
+    """
+
+    state: str
+    count: int = 0
+    expected: int = 0
+    pid: int | None = None
+    job_id: int | None = None
+    nodes: int | None = None
+    sampled_at: float = 0.0
+    started_at: float | None = None
+    complete: bool = True
+    settling: bool = False
+    short: tuple[str, ...] = ()
+    new_bytes: int | None = None
+    error_line: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    ran_for: float | None = None
+    pending_reason: str | None = None
+    tail: str = ""
+    facts: tuple[str, ...] = ()
+    output: str = "log"
     start_step: int | None = None
     checkpoint: ResumePoint | None = None
 
@@ -110,65 +157,65 @@ async def settle_exit(ssh: RemoteHosts, run: RunRecord, job: JobConfig, ev: Evid
     return ev
 
 
-def decide(run: RunRecord, job: JobConfig, ev: Evidence) -> tuple[Verdict, str, str]:
-    """The verdict, verdict line and evidence text of an ssh run from one sample ``ev``.
+def decide(run: RunRecord, obs: Observation) -> tuple[Verdict, str, str]:
+    """The verdict, verdict line and evidence text of a launched run from one observation, for
+    every engine.
 
-    Precedence (:class:`~pipeline.verdict.Verdict`): ``EXITED`` (exit code or signal, last log lines),
-    ``ERROR_IN_LOG``, ``WRONG_COUNT`` (expected vs seen), ``NO_PROGRESS`` (log silent), else
+    Precedence (:class:`~pipeline.verdict.Verdict`): ``PENDING`` (queued, not started),
+    ``EXITED`` (exit code or signal, last output lines), ``ERROR_IN_LOG``, ``WRONG_COUNT``
+    (expected vs seen, or ``short`` somewhere), ``NO_PROGRESS`` (output silent), else
     ``RUNNING`` (with where it resumed); a run whose stop found a stale record is ``STALE_RECORD``.
+
+    :param run: the launched run (its launch time and stop step are read).
+    :param obs: a complete :class:`Observation` of it.
     """
-    pid = run.pid or 0
-    tail = ev.tail.strip() or log_since_launch_empty()
-    facts = [
-        f"pid {pid}: {ev.state}",
-        f"processes matching {job.match!r} in session {run.sid}: {ev.count}/{job.processes}"
-        + (f" (pids {', '.join(str(p) for p in ev.pids[:20])})" if ev.pids else ""),
-        f"log {job.log}: "
-        + (f"+{ev.new_bytes} bytes since launch" if ev.new_bytes is not None else f"{ev.log_error}"),
-    ]
-    if ev.state != "alive":
-        st = ev.status or {}
-        if st.get("started_at") is not None and st.get("ended_at") is not None:
-            after = float(st["ended_at"]) - float(st["started_at"])
-        else:
-            after = ev.sampled_at - (run.launched_at or ev.sampled_at)
-        decided, line = Verdict.EXITED, verdict.exited(st.get("code"), st.get("signal"), after)
-    elif ev.error_line:
-        decided, line = Verdict.ERROR_IN_LOG, verdict.error_in_log(ev.error_line, pid=pid)
-    elif ev.count != job.processes:
-        decided, line = Verdict.WRONG_COUNT, verdict.wrong_count(ev.count, job.processes, pid=pid)
-    elif not ev.new_bytes or ev.new_bytes <= 0:
-        silent = ev.sampled_at - (run.launched_at or ev.sampled_at)
+    now = obs.sampled_at
+    since = now - (run.launched_at or now)
+    ran = now - (obs.started_at or run.launched_at or now)
+    pid, job_id = obs.pid, obs.job_id
+    tail = obs.tail.strip() or log_since_launch_empty()
+    facts = list(obs.facts)
+    if obs.state == "pending":
+        line = verdict.pending(obs.pending_reason or "", obs.job_id or 0, since)
+        return Verdict.PENDING, line, "\n".join(facts)
+    if obs.state not in ("alive", "pending"):
+        after = obs.ran_for if obs.ran_for is not None else since
+        decided, line = Verdict.EXITED, verdict.exited(obs.exit_code, obs.signal, after)
+    elif obs.error_line:
+        decided, line = Verdict.ERROR_IN_LOG, verdict.error_in_log(obs.error_line, pid=pid, job_id=job_id)
+    elif obs.count != obs.expected or obs.short:
+        line = verdict.wrong_count(obs.count, obs.expected, pid=pid, job_id=job_id, short=obs.short)
+        decided = Verdict.WRONG_COUNT
+    elif not obs.new_bytes or obs.new_bytes <= 0:
         decided, line = (
             Verdict.NO_PROGRESS,
-            verdict.no_progress(ev.count, job.processes, silent, pid=pid),
+            verdict.no_progress(obs.count, obs.expected, ran, pid=pid, job_id=job_id),
         )
     else:
-        resume = check_resume(
-            ev.start_step, ev.checkpoint, ev.sampled_at - (run.launched_at or ev.sampled_at)
-        )
-        decided, line = (
+        resume = check_resume(obs.start_step, obs.checkpoint, since)
+        running = VerdictLine(
             Verdict.RUNNING,
-            verdict.running(
-                ev.count,
-                job.processes,
-                pid,
-                resumed_at=resume.started_at,
-                ignored_checkpoint=resume.ignored,
-            ),
+            obs.count,
+            obs.expected,
+            pid=pid,
+            job_id=job_id,
+            nodes=obs.nodes,
+            resumed_at=resume.started_at,
+            ignored_checkpoint=resume.ignored,
         )
-    if ev.checkpoint is not None:
-        facts.append(checkpoint_fact(ev.checkpoint.path, ev.checkpoint.step, ev.checkpoint.age_s))
+        decided, line = Verdict.RUNNING, verdict.format_line(running)
+    if obs.checkpoint is not None:
+        facts.append(checkpoint_fact(obs.checkpoint.path, obs.checkpoint.step, obs.checkpoint.age_s))
     stop = run.step(Step.STOP)
     if stop is not None and stop.stale:
         facts.insert(0, stop.detail)
         decided, line = Verdict.STALE_RECORD, verdict.stale_record(run.old_pid or 0, line)
     evidence = "\n".join(facts)
     if decided is not Verdict.RUNNING:
-        evidence += f"\n--- last {TAIL_LINES} log lines since launch ---\n{tail}"
-    elif ev.tail.strip():  # healthy: a glimpse of the log is enough
+        evidence += f"\n--- last {TAIL_LINES} {obs.output} lines since launch ---\n{tail}"
+    elif obs.tail.strip():  # healthy: a glimpse of the output is enough
         last = tail.rstrip("\n").splitlines()[-RUNNING_TAIL_LINES:]
-        evidence += f"\n--- last {len(last)} log lines ---\n" + "\n".join(last)
+        evidence += f"\n--- last {len(last)} {obs.output} lines ---\n" + "\n".join(last)
     return decided, line, evidence
 
 

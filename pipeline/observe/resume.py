@@ -1,6 +1,6 @@
 """Resume proof: did a new run start where the job's checkpoint left off?
 
-The verify step (:meth:`pipeline.engines.ssh.Restarter.verify`) asks the host helper where the new
+The verify step (:meth:`pipeline.engines.runner.Runner.verify`) asks the host helper where the new
 run started (``start_step``: the step a ``resume_step=N`` / ``resumed at step N`` line names, else
 the ranks' first metric steps) and for the newest checkpoint in ``[jobs.NAME] checkpoint_dir``.
 :func:`check_resume` turns the two into the verdict line's suffix: ``resumed at step 12000``, or

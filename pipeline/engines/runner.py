@@ -1,0 +1,301 @@
+"""The runner: restart, start, stop and verify written once, for every engine.
+
+:class:`Runner` owns the order of the steps — pre-flight → stop → clear cache → patch → launch
+→ (at ``start_window``) verify — the cancellation checks between them
+(:meth:`~pipeline.engines.steplog.StepLog.boundary`), the workdir steps every engine shares
+(:mod:`pipeline.engines.workdir`), the verification loop and the handling of a step that aborts
+the run (:class:`~pipeline.errors.SequenceAborted` → verdict).  Nothing is stopped before
+pre-flight passed.  What differs between engines is behind :class:`~pipeline.engines.base.Engine`,
+picked by the job's ``engine`` from the registry (:data:`~pipeline.engines.base.ENGINES`); the
+verdict is decided from the engine's observation by :func:`pipeline.observe.evidence.decide`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+# the engines shipped with Pitstop register themselves on import
+import pipeline.engines.slurm
+import pipeline.engines.ssh  # noqa: F401
+from pipeline.config import Config, JobConfig
+from pipeline.engines.base import ENGINES, Engine, Entry, NodeOutputs, Observation, Sighting
+from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
+from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
+from pipeline.errors import PitstopError, RemoteError, SequenceAborted
+from pipeline.host.probe import JobProbe, call_helper
+from pipeline.host.remote import RemoteHosts
+from pipeline.observe.evidence import decide
+from pipeline.observe.resume import check_resume, resume_warning
+from pipeline.state.events import Events
+from pipeline.state.runs import RunRecord, RunStore
+from pipeline.verdict import Step, Verdict
+
+VERIFY_POLL = 0.5  #: seconds between observations while verifying
+VERIFY_GRACE = 30.0  #: seconds past the deadline an unobservable job is retried before giving up
+PENDING_RECHECK = 15.0  #: seconds between checks of a run still PENDING after its verdict was posted
+
+
+class Runner:
+    """The restart / start / stop sequences and verification for configured jobs, any engine.
+
+    :param config: the validated configuration.
+    :param ssh: the SSH pool.
+    :param runs: run records.
+    :param events: the event stream (``step`` events are published as steps change).
+    :param verify_poll: seconds between observations in :meth:`verify`.
+    :param pending_recheck: seconds between verifications of a run posted as PENDING.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        ssh: RemoteHosts,
+        runs: RunStore,
+        events: Events,
+        *,
+        verify_poll: float = VERIFY_POLL,
+        pending_recheck: float = PENDING_RECHECK,
+    ) -> None:
+        self.config = config
+        self.ssh = ssh
+        self.runs = runs
+        self.verify_poll = verify_poll
+        self.pending_recheck = pending_recheck
+        self.steps = StepLog(runs, events)  #: records each step of every run
+        #: engine name → engine, one of each registered engine
+        self.engines: dict[str, Engine] = {name: make(ssh, self.steps) for name, make in ENGINES.items()}
+
+    def subscribe(self, listener: StepListener) -> Callable[[], None]:
+        """Tell ``listener`` of every step change of every run, whatever its engine.
+
+        :returns: a function that unsubscribes it.
+        """
+        return self.steps.subscribe(listener)
+
+    def _job(self, job: str) -> tuple[str, JobConfig, Engine]:
+        """The job's configured name, its config and its engine.
+
+        :raises KeyError: if the job is not configured.
+        :raises PitstopError: if its engine is not registered.
+        """
+        name = self.config.job_name(job)
+        spec = self.config.jobs[name]
+        engine = self.engines.get(spec.engine)
+        if engine is None:
+            raise PitstopError(engine_missing(spec.engine))
+        return name, spec, engine
+
+    # --- the sequences ------------------------------------------------------------------------
+
+    async def restart(
+        self,
+        run: RunRecord,
+        *,
+        add: Sequence[str] = (),
+        remove: Sequence[str] = (),
+        fresh_cache: bool = False,
+        cancelled: CancelCheck | None = None,
+    ) -> RunRecord:
+        """Pre-flight, stop, clear cache, patch, launch; leave ``verify`` WAITING.
+
+        The launched run is saved and put in ``keys.runs_unverified`` (due at launch +
+        ``start_window``) for :meth:`verify`.  A failed step (or a cancel between two steps)
+        sets the verdict, ``finished_at`` and the failing step's detail, saves the run and
+        returns it: the failure is not raised.
+
+        :param run: a fresh run from :meth:`RunStore.create` for a configured job.
+        :param add: patch names to apply (kept applied by later restarts); ``remove``: to revert
+            (unknown names fail pre-flight).
+        :param fresh_cache: clear the job's ``clear_cache`` paths before the launch.
+        :param cancelled: awaited at each step boundary; True cancels the run (so does the
+            ``keys.cancel_request`` key).
+        :returns: the run as saved.
+        """
+        name, job, engine = self._job(run.job)
+        steps = self.steps
+        run.fresh_cache = fresh_cache
+        try:
+            current = await steps.current(name)
+            engine.remember_old(run, current)
+            texts = await patch_texts(steps, run, name, job, [*add, *remove])
+            wants = {p: "state" for p in job.patches}
+            wants.update({p: "revert" for p in remove})
+            wants.update({p: "apply" for p in add})
+            applied = await engine.preflight(run, name, job, wants, texts)
+            await steps.boundary(run, None, cancelled)
+            await engine.stop(run, name, job, current)
+            await steps.boundary(run, Step.STOP, cancelled)
+            await clear_cache(self.ssh, steps, run, name, job, fresh_cache)
+            await steps.boundary(run, Step.CLEAR_CACHE, cancelled)
+            await patch(self.ssh, steps, run, name, job, texts, applied, add, remove)
+            await steps.boundary(run, Step.PATCH, cancelled)
+            await engine.launch(run, name, job, current)
+            await steps.await_verify(run, job.start_window)
+            return run
+        except SequenceAborted as stop:
+            return await steps.finish(run, stop)
+
+    async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
+        """Pre-flight (refusing if the job already runs), launch; leave ``verify`` WAITING.
+
+        :returns: the run as saved (verdict ``PREFLIGHT_FAILED`` with check ``running`` if the
+            job's processes are already there).
+        """
+        name, job, engine = self._job(run.job)
+        try:
+            current = await self.steps.current(name)
+            await engine.preflight(run, name, job, {}, {}, running=current)
+            await self.steps.boundary(run, None, cancelled)
+            run.patches = sorted(await self.steps.stored_patches(name))
+            await engine.launch(run, name, job, current)
+            await self.steps.await_verify(run, job.start_window)
+            return run
+        except SequenceAborted as stop:
+            return await self.steps.finish(run, stop)
+
+    async def stop(self, run: RunRecord) -> RunRecord:
+        """Stop the job (by its recorded identity) and nothing else.
+
+        :returns: the run, finished; verdict None when the stop succeeded (the detail is in the
+            ``stop`` step), ``STOP_FAILED`` when something survived.
+        """
+        name, job, engine = self._job(run.job)
+        try:
+            current = await self.steps.current(name)
+            engine.remember_old(run, current)
+            await engine.stop(run, name, job, current)
+        except SequenceAborted as stop:
+            return await self.steps.finish(run, stop)
+        return await self.runs.finish(run)
+
+    # --- verification ---------------------------------------------------------------------------
+
+    async def verify(self, run: RunRecord) -> RunRecord:
+        """Decide the verdict of a launched run from observations up to launch + ``start_window``.
+
+        Observes the job every ``verify_poll`` s; ends early when the run has ended.  A run that
+        runs is judged ``start_window`` s after it started; one still queued at the deadline is
+        ``PENDING`` and stays in ``keys.runs_unverified``, due again in ``pending_recheck`` s.
+        The verdict is :func:`~pipeline.observe.evidence.decide`'s.  Re-runnable: a second call
+        observes again.  Sets ``verdict``, ``verdict_line``, ``evidence``, ``finished_at``; saves.
+
+        :returns: the run as saved; unchanged if it launched nothing.
+        :raises RemoteError: if the job cannot be observed until well past the deadline (the
+            verify step records the failure; the run stays unverified for a later attempt).
+        """
+        if run.launched_as is None or run.launched_at is None:
+            return run
+        name, job, engine = self._job(run.job)
+        rec = self.steps.verify_step(run)
+        deadline = run.launched_at + job.start_window
+        obs: Observation | None = None
+        while True:
+            try:
+                obs = await engine.observe(run, name, job, complete=False)
+                failure: RemoteError | None = None
+            except RemoteError as exc:
+                failure = exc
+            now = time.time()
+            if failure is None and obs is not None and _decided(obs, now, deadline, job.start_window):
+                break
+            if failure is not None and now >= deadline + VERIFY_GRACE:
+                await self.steps.verify_unreachable(run, rec, failure.message)
+                raise failure
+            delay = self.verify_poll if now >= deadline else min(self.verify_poll, deadline - now)
+            await asyncio.sleep(max(0.05, delay))
+        if not obs.complete:
+            obs = await engine.observe(run, name, job, complete=True)
+        decided = decide(run, obs)
+        ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
+        if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
+            run.warning = resume_warning(name, ignored, obs.checkpoint.path)
+        recheck = time.time() + self.pending_recheck if decided[0] is Verdict.PENDING else None
+        await self.steps.verified(run, rec, decided, recheck_at=recheck)
+        return run
+
+    # --- queries ---------------------------------------------------------------------------------
+
+    async def log_tail(self, job: str, lines: int) -> str:
+        """The last ``lines`` lines of the job's output.
+
+        :raises RemoteError: if it cannot be read.
+        """
+        name, spec, engine = self._job(job)
+        return await engine.log_tail(name, spec, await self.steps.current(name), lines)
+
+    async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
+        """``argv`` on every node of the job's run (:meth:`~pipeline.engines.base.Engine.node_outputs`).
+
+        :raises PitstopError: if the run holds no nodes now; :raises RemoteError: if unreachable.
+        """
+        name, spec, engine = self._job(job)
+        return await engine.node_outputs(name, spec, await self.steps.current(name), argv)
+
+    async def sightings(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+        """Every job of ``entries``: one look per engine and host (or cluster), concurrently.
+
+        :returns: job name → sighting; a job that could not be seen has ``probe.error`` set.
+        """
+        return await look(self.engines, entries)
+
+    async def patches_in_effect(self, job: str) -> list[str]:
+        """Patch names applied in the job's workdir now (``git apply --reverse --check``);
+        ``keys.job_patches`` is brought in step.
+
+        :raises RemoteError: if the host cannot be reached or git fails.
+        """
+        name = self.config.job_name(job)
+        spec = self.config.jobs[name]
+        if not spec.patches:
+            return []
+        texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in spec.patches.items()}
+        answer = await call_helper(
+            self.ssh,
+            "patches",
+            {"workdir": spec.workdir},
+            job=name,
+            stdin=json.dumps(texts),
+            timeout=CALL_TIMEOUT,
+        )
+        applied = sorted(n for n, on in (answer.get("applied") or {}).items() if on)
+        await self.steps.store_patches(name, applied)
+        return applied
+
+
+def _decided(obs: Observation, now: float, deadline: float, window: float) -> bool:
+    """Whether the verdict can be decided from ``obs`` at ``now`` (unix s)."""
+    if obs.state == "alive":
+        return now >= max(deadline, (obs.started_at or deadline) + window)
+    if obs.state == "pending":
+        return now >= deadline + (VERIFY_GRACE if obs.settling else 0.0)
+    return True  # ended
+
+
+async def look(engines: Mapping[str, Engine], entries: Sequence[Entry]) -> dict[str, Sighting]:
+    """Sightings of ``entries`` from ``engines`` (name → engine): one ``observe_many`` per engine
+    and host, concurrently; a job whose engine is missing is reported with ``probe.error``."""
+    groups: dict[tuple[str, str], list[Entry]] = {}
+    for entry in entries:
+        groups.setdefault((entry[1].engine, entry[1].host), []).append(entry)
+    out: dict[str, Sighting] = {}
+    for (engine, _), members in groups.items():
+        if engine not in engines:
+            for name, spec, _ in members:
+                probe = JobProbe(job=name, error=engine_missing(engine))
+                out[name] = Sighting(probe, spec.expected_processes)
+    found = [(engines[e], m) for (e, _), m in groups.items() if e in engines]
+    for part in await asyncio.gather(*(engine.observe_many(m) for engine, m in found)):
+        out.update(part)
+    return out
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def engine_missing(engine: str) -> str:
+    """A job's engine has no implementation registered (a wiring error)."""
+    return f'no "{engine}" engine is registered with this Pitstop; restart Pitstop after an upgrade'

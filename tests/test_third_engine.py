@@ -1,0 +1,129 @@
+"""A third engine (tests/localengine.py, registered as ``engine = "local"``) is driven by the runner,
+the verdict, status, the watcher and recovery with no change outside its own module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import tests.localengine  # noqa: F401  (registers the "local" engine)
+from bot.assembly import build_context, build_watcher, close_context
+from handlers.context import Context
+from handlers.dispatch import Dispatcher, Request
+from handlers.outbox import MemoryOutbox
+from handlers.verdicts import deliver_verdict, recover_runs
+from pipeline.config import AuthSettings, Config, SlackSettings, load_config
+from pipeline.engines.runner import Runner
+from pipeline.errors import ConfigError
+from pipeline.state.runs import RunStore
+from pipeline.verdict import Step, Verdict
+from tests.fixtures.ssh import start_in_process
+from tests.test_restart import processes
+from tests.test_watch import MENTION, job_config, until
+
+
+@dataclass
+class Local:
+    """A Pitstop process whose one job ``train`` runs on the local engine."""
+
+    ctx: Context
+    outbox: MemoryOutbox
+    dispatcher: Dispatcher
+
+    async def say(self, text: str) -> str | None:
+        """Dispatch ``text`` as the operator; wait for the sequence; the run id it started."""
+        reply = await self.dispatcher.handle(Request(text=text, user="U0TEST", delivery_id=uuid.uuid4().hex))
+        await self.dispatcher.drain(60)
+        return reply.run_id
+
+
+@pytest.fixture
+async def local(tmp_path: Path, redis_config: Config) -> AsyncIterator[Local]:
+    """The job's worker script under ``tmp_path``, its host an in-process SSH host (for the watcher's
+    log reads), a context with the real runner."""
+    host = await start_in_process(tmp_path / "sshhost")
+    job = job_config(tmp_path / "jobs", "train", uuid.uuid4().hex, stall_after=30)
+    config = redis_config.model_copy(
+        update={
+            "hosts": {"local": host.host_config(connect_timeout=5)},
+            "jobs": {"train": job.model_copy(update={"engine": "local"})},
+            "slack": SlackSettings(alert_mention="S0ONCALL", announce_channel="CANNOUNCE"),
+            "auth": AuthSettings(operators=["U0TEST"], viewers=["*"]),
+        }
+    )
+    outbox = MemoryOutbox()
+    ctx = await build_context(config, outbox, instance="A")
+    assert isinstance(ctx.restarter, Runner)
+    ctx.restarter.verify_poll = 0.1
+    yield Local(ctx, outbox, Dispatcher(ctx))
+    await Local(ctx, outbox, Dispatcher(ctx)).say("stop train")
+    await close_context(ctx)
+    await host.host.close()
+
+
+async def alerted(local: Local) -> bool:
+    """An alert headline (with the on-call mention) was posted."""
+    return any(MENTION in p.reply.lines[0] for p in local.outbox.of("announce") if p.reply.lines)
+
+
+def test_config_accepts_a_registered_engine_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    """``engine = "local"`` loads once registered; ``engine = "k8s"`` is refused, naming the known ones."""
+    text = """[hosts.h]\naddress = "127.0.0.1"\nuser = "u"\n
+[jobs.j]\nhost = "h"\nengine = "{}"\nworkdir = "/w"\nlaunch = ["x"]\nlog = "/w/l"\nmatch = "x"\n"""
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text(text.format("local"))
+    bad.write_text(text.format("k8s"))
+    assert load_config(good).jobs["j"].engine == "local"
+    with pytest.raises(ConfigError) as refused:
+        load_config(bad)
+    assert "unknown engine 'k8s'" in str(refused.value) and '"local"' in str(refused.value)
+
+
+async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local: Local) -> None:
+    """start → RUNNING, status shows it, restart replaces the pid, a kill is alerted by the watcher,
+    and runs of a dead owner are reconciled (before and after their launch) through the engine."""
+    ctx, runner = local.ctx, local.ctx.restarter
+    assert isinstance(runner, Runner)
+    first = await deliver_verdict(ctx, await local.say("start train") or "")
+    assert first is not None and first.verdict_line == f"RUNNING 1/1 processes pid {first.pid}", first
+    assert first.evidence is not None and first.evidence.startswith(f"pid {first.pid}: alive")
+
+    status = await local.dispatcher.handle(Request(text="status", user="U0TEST", delivery_id="s1"))
+    row = dict(zip(status.tables[0].headers, status.tables[0].rows[0], strict=True))
+    assert (row["state"], row["pid"], row["procs"]) == ("running", str(first.pid), "1/1"), row
+
+    second = await deliver_verdict(ctx, await local.say("restart train") or "")
+    assert second is not None and second.verdict is Verdict.RUNNING and second.old_pid == first.pid
+    assert second.pid != first.pid and (await processes(runner, "train")).pids == (second.pid,)
+
+    watcher = build_watcher(ctx)
+    await watcher.cycle("local", ["train"])
+    assert not await alerted(local)
+    os.killpg(second.pid or 0, signal.SIGKILL)
+    assert await until(lambda: alerted(local), 10, lambda: watcher.cycle("local", ["train"]))
+
+    dead = RunStore(ctx.redis.client, ctx.prefix)  # a replica that died: no heartbeat behind its runs
+    launched = await dead.create("train", "U0TEST", action="start")
+    launched.owner = "replica-killed"
+    launched = await runner.start(launched)
+    cut = await dead.create("train", "U0TEST")
+    cut.owner = "replica-killed"
+    cut.old_pid = launched.pid
+    await runner.runs.save(cut)
+    await runner.steps.begin(cut, Step.STOP)  # its owner died in the stop
+    found = {i.run.id: (i.line, i.launched) for i in await recover_runs(ctx)}
+    assert found == {
+        launched.id: (f"INTERRUPTED after launch: pid {launched.pid} running 1/1 (unverified)", True),
+        cut.id: (
+            f"INTERRUPTED during stop: the old run (pid {launched.pid}) is still alive, 1/1 processes",
+            False,
+        ),
+    }
+    verified = await deliver_verdict(ctx, launched.id)
+    assert verified is not None and verified.verdict_line == f"RUNNING 1/1 processes pid {launched.pid}"
