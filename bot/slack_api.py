@@ -28,6 +28,9 @@ ATTEMPTS = 4  #: tries of one post (transient errors and unknown outcomes)
 BACKOFF = 0.5  #: seconds before the second try; doubled each time
 #: errors worth another try (Slack's own transient answers)
 TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+#: HTTP 200 errors after which "some aspect of the operation may have succeeded" (Slack's
+#: words): the outcome is unknown, as after a timeout
+AMBIGUOUS = frozenset({"internal_error", "fatal_error"})
 
 
 def web_client(
@@ -68,14 +71,16 @@ class Refused(Exception):
 
 
 def error_of(exc: BaseException) -> tuple[str, bool]:
-    """``(error code, outcome unknown?)`` of a failed call."""
+    """``(error code, outcome unknown?)`` of a failed call: unknown after a timeout, a reset, a
+    5xx, or Slack's HTTP 200 ``fatal_error`` / ``internal_error`` (:data:`AMBIGUOUS`)."""
     if isinstance(exc, SlackApiError):
         status = getattr(exc.response, "status_code", 200)
         if status >= 500:
             return f"http_{status}", True
         if status == 429:
             return "ratelimited", False
-        return str(exc.response.get("error", "unknown_error")), False
+        error = str(exc.response.get("error", "unknown_error"))
+        return error, error in AMBIGUOUS
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connection_failed", False
     if isinstance(exc, TimeoutError):

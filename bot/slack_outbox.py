@@ -16,8 +16,10 @@ whole answer is attached as a text file); posts to one channel are paced
 **Never silent, never twice.**  A post never breaks the restart that reports through it, and
 a refused one is never only a log line.  Transient failures are retried with backoff
 (:data:`bot.slack_api.ATTEMPTS`); a post whose outcome is unknown (timeout, reset, 5xx — Slack may have
-stored it) carries message metadata with its own id and is looked up
-(``conversations.history`` / ``conversations.replies``) before it is sent again.  A permanent
+stored it; also Slack's HTTP 200 ``fatal_error`` / ``internal_error``) carries message
+metadata with its own id and is looked up (``conversations.history`` /
+``conversations.replies`` from ``oldest``, page by page, and once more after
+:data:`SETTLE` s, since Slack may list a message late) before it is sent again.  A permanent
 refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_blocks_too_long``,
 ``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
 run by DM, with the fix (:func:`bot.slack_api.fix_for`), or, for alerts and digests, the
@@ -62,6 +64,9 @@ log = logging.getLogger(__name__)
 
 POST_TTL = 30 * 86400  #: seconds a headline's location is kept
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
+SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
+PAGES = 20  #: most pages (of :data:`PAGE` messages) one look-up reads
+PAGE = 200
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
 
 
@@ -74,6 +79,8 @@ class SlackOutbox:
     :param instance: this process's id, used to claim a headline across replicas.
     :param people: names for the people replies mention (default: one over ``client``).
     :param backoff: seconds before a post's second try (doubled each time).
+    :param settle: seconds to wait before looking a post up a second time (Slack lists a stored
+        message late), before sending it again.
 
     Call :meth:`bind` once Redis is open so headline locations are shared; until then they
     are kept in this process only.
@@ -88,6 +95,7 @@ class SlackOutbox:
         instance: str = "",
         people: People | None = None,
         backoff: float = BACKOFF,
+        settle: float = SETTLE,
     ) -> None:
         self.client = client
         self.default_channel = default_channel
@@ -95,6 +103,7 @@ class SlackOutbox:
         self.instance = instance or "pitstop"
         self.people = people or People(client)
         self.backoff = backoff
+        self.settle = settle
         self.failures: list[str] = []  #: refused posts, as logged (for /healthz and tests)
         self.last_failure: dict[str, Any] | None = None  #: the newest refusal: at, where, error, line
         self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
@@ -319,29 +328,47 @@ class SlackOutbox:
         raise Refused(error, slack_gave_up(ATTEMPTS))
 
     async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
-        """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not there.
+        """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not
+        there, after looking twice :attr:`settle` s apart (Slack may list a stored message late).
 
         :raises Refused: (``outcome_unknown``) when the lookup itself fails: sending again could
             post twice, so the post is given up and reported instead.
         """
-        try:
-            if thread_ts:
-                resp = await self.client.conversations_replies(
-                    channel=channel, ts=thread_ts, include_all_metadata=True, limit=200
-                )
-            else:
-                resp = await self.client.conversations_history(
-                    channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=100
-                )
-        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-            raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
-        for msg in resp.get("messages") or []:
-            meta = msg.get("metadata") or {}
-            if (
-                meta.get("event_type") == METADATA_TYPE
-                and (meta.get("event_payload") or {}).get("post_id") == post_id
-            ):
-                return str(msg["ts"])
+        found = await self._look(channel, thread_ts, post_id, since)
+        if not found and self.settle > 0:
+            await asyncio.sleep(self.settle)
+            found = await self._look(channel, thread_ts, post_id, since)
+        return found
+
+    async def _look(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
+        """One look-up of ``post_id`` among the messages since ``since`` (unix s), page by page."""
+        cursor = ""
+        for _ in range(PAGES):
+            args: dict[str, Any] = {
+                "channel": channel,
+                "oldest": f"{since:.6f}",
+                "include_all_metadata": True,
+                "limit": PAGE,
+            }
+            if cursor:
+                args["cursor"] = cursor
+            try:
+                if thread_ts:
+                    resp = await self.client.conversations_replies(ts=thread_ts, **args)
+                else:
+                    resp = await self.client.conversations_history(**args)
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
+            for msg in resp.get("messages") or []:
+                meta = msg.get("metadata") or {}
+                if (
+                    meta.get("event_type") == METADATA_TYPE
+                    and (meta.get("event_payload") or {}).get("post_id") == post_id
+                ):
+                    return str(msg["ts"])
+            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
+            if not cursor:
+                break
         return ""
 
     async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
