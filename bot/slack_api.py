@@ -126,8 +126,24 @@ def fix_for(error: str, channel: str) -> str:
         "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
         "msg_blocks_too_long": "the message was too long for Slack - please report this",
         "outcome_unknown": f"Slack may have it or not: look in {where} (Pitstop does not post twice)",
+        "restricted_action": (
+            "posting there is restricted (read-only, threads only or admins only): allow the app "
+            "to post in the channel's settings or point the config at another channel"
+        ),
+        "ekm_access_denied": (
+            f"{where} is locked by an Enterprise Key Management policy: ask a Slack admin to "
+            "restore access or point the config at another channel"
+        ),
         "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
         "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
+        "token_expired": (
+            "SLACK_BOT_TOKEN expired (token rotation is on): turn rotation off for the bot token "
+            "or refresh it, then update the token"
+        ),
+        "account_inactive": (
+            "the bot's token belongs to a deactivated app, user or workspace: reinstall the app "
+            "and update SLACK_BOT_TOKEN"
+        ),
         "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
         "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
     }

@@ -20,8 +20,9 @@ stored it; also Slack's HTTP 200 ``fatal_error`` / ``internal_error``) carries m
 metadata with its own id and is looked up (``conversations.history`` /
 ``conversations.replies`` from ``oldest``, page by page, and once more after
 :data:`SETTLE` s, since Slack may list a message late) before it is sent again.  A permanent
-refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_blocks_too_long``,
-``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
+refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``restricted_action``,
+``ekm_access_denied``, ``msg_blocks_too_long``, ``invalid_auth``, ``token_revoked``,
+``token_expired``, ``account_inactive``, ``ratelimited`` after the retries …) reaches a person: the requester of the
 run by DM, with the fix (:func:`bot.slack_api.fix_for`), or, for alerts and digests, the
 announce channel when their own channel refused them.  The last refusal is kept for
 ``/healthz`` and ``status`` (:func:`pipeline.state.keys.delivery_failure`).  A chart for a public
@@ -395,7 +396,7 @@ class SlackOutbox:
         """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
         alerts and digests, to the announce channel when their own channel refused them."""
         what = reply.title.splitlines()[0] if reply.title else (key or "post")
-        line = await self._failed(channel, exc)
+        await self._failed(channel, exc)
         notice = refused_notice(what, channel, exc.error)
         user = self._requesters.get(key or "")
         if user is None and key and key.startswith("run:"):
@@ -408,7 +409,7 @@ class SlackOutbox:
                 await self.post_payload(target, blocks.text_message(notice), thread_ts=None)
                 self.notices.append((target, notice))
                 return
-        log.error("not told to anyone: %s", line)
+        log.error("not told to anyone: %s", notice)
 
     async def _requester_of_run(self, key: str) -> str | None:
         if self._redis is None:

@@ -8,7 +8,7 @@ import pytest
 from bot.slack_api import web_client
 from bot.slack_outbox import SlackOutbox
 from handlers.reply import Reply
-from tests.fixtures.slack import ANNOUNCE, BOT_TOKEN, FakeSlack
+from tests.fixtures.slack import ANNOUNCE, BOT_TOKEN, Channel, FakeSlack
 
 
 def _outbox(fake: FakeSlack, **kw: object) -> SlackOutbox:
@@ -63,3 +63,53 @@ async def test_a_message_listed_late_is_looked_for_again_before_resending(fake_s
     assert [m["text"] for m in fake_slack.posted_to(ANNOUNCE)] == ["once"]
     looks = await fake_slack.calls("conversations.history", ok=True)
     assert [len(c.response["messages"]) for c in looks] == [0, 1]
+
+
+# --- every permanent error has a fix in words ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("channel", "error", "fix"),
+    [
+        (Channel("C0RO", read_only=True), "restricted_action", "posting there is restricted"),
+        (Channel("C0THREADS", thread_only=True), "restricted_action", "posting there is restricted"),
+        (Channel("C0EKM", ekm=True), "ekm_access_denied", "Enterprise Key Management"),
+    ],
+)
+async def test_a_channel_refusal_is_told_to_the_requester_with_its_fix(
+    fake_slack: FakeSlack, caplog: pytest.LogCaptureFixture, channel: Channel, error: str, fix: str
+) -> None:
+    """A run post refused for a channel's policy reaches the requester by DM with the code and the fix, and is logged with the code."""
+    fake_slack.add_channel(channel)
+    outbox = _outbox(fake_slack)
+    outbox.requested_by("run:r-2", "U0OPERATOR1")
+    await outbox.announce("run:r-2", Reply(title="restart of dflash"), channel.id)
+    (dm,) = fake_slack.posted_to("D0OPERATOR1")
+    assert error in str(dm["text"]) and fix in str(dm["text"]) and "restart of dflash" in str(dm["text"])
+    assert any(error in r.getMessage() and channel.id in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("error", "fix"),
+    [
+        ("token_revoked", "was revoked"),
+        ("token_expired", "token rotation"),
+        ("account_inactive", "deactivated"),
+        ("invalid_auth", "no longer valid"),
+    ],
+)
+async def test_a_dead_token_is_logged_with_its_code_and_fix(
+    fake_slack: FakeSlack, caplog: pytest.LogCaptureFixture, error: str, fix: str
+) -> None:
+    """With the bot token dead nothing can be posted: the log says the code and what to do."""
+    if error == "invalid_auth":
+        fake_slack.bot_token = "xoxb-another"
+    else:
+        fake_slack.token_error = error
+    outbox = _outbox(fake_slack)
+    outbox.requested_by("run:r-3", "U0OPERATOR1")
+    await outbox.announce("run:r-3", Reply(title="restart of dflash"), "C0TEAM")
+    assert fake_slack.messages == {}
+    assert outbox.last_failure is not None and outbox.last_failure["error"] == error
+    told = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(error in line and fix in line for line in told), told
