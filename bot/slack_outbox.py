@@ -24,7 +24,10 @@ refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``restricte
 ``ekm_access_denied``, ``msg_blocks_too_long``, ``invalid_auth``, ``token_revoked``,
 ``token_expired``, ``account_inactive``, ``ratelimited`` after the retries …) reaches a person: the requester of the
 run by DM, with the fix (:func:`bot.slack_api.fix_for`), or, for alerts and digests, the
-announce channel when their own channel refused them.  The last refusal is kept for
+announce channel when their own channel refused them, else ``[slack] fallback_channel``; an
+alert that no channel takes goes by DM to its job's owners and the admins.  The alert itself
+is posted, after lines saying where it should have gone and why not, and lives in the channel
+that took it from then on (``last_undelivered``, :mod:`pipeline.state.undelivered`).  The last refusal is kept for
 ``/healthz`` and ``status`` (:func:`pipeline.state.keys.delivery_failure`).  A chart for a public
 channel the bot has not joined is uploaded after ``conversations.join``.
 """
@@ -32,12 +35,12 @@ channel the bot has not joined is uploaded after ``conversations.join``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,7 @@ from bot.slack_api import (
 )
 from handlers.reply import Reply, Status, render_text
 from pipeline.state import keys
+from pipeline.state.undelivered import UndeliveredAlerts
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,9 @@ class SlackOutbox:
     :param backoff: seconds before a post's second try (doubled each time).
     :param settle: seconds to wait before looking a post up a second time (Slack lists a stored
         message late), before sending it again.
+    :param fallback_channel: where an alert goes when its channel and ``default_channel`` refuse it.
+    :param page_by_dm: an alert's key → the user and user-group ids it goes to by DM when no
+        channel takes it (its job's owners, then the admins).
 
     Call :meth:`bind` once Redis is open so headline locations are shared; until then they
     are kept in this process only.
@@ -97,6 +104,8 @@ class SlackOutbox:
         people: People | None = None,
         backoff: float = BACKOFF,
         settle: float = SETTLE,
+        fallback_channel: str | None = None,
+        page_by_dm: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
         self.client = client
         self.default_channel = default_channel
@@ -105,6 +114,12 @@ class SlackOutbox:
         self.people = people or People(client)
         self.backoff = backoff
         self.settle = settle
+        self.fallback_channel = fallback_channel
+        self.page_by_dm = page_by_dm
+        #: the newest alert refused in its channel: at, title, channel, error, told (for /healthz)
+        self.last_undelivered: dict[str, Any] | None = None
+        self._undelivered: UndeliveredAlerts | None = None
+        self._rescued: dict[str, tuple[str, str]] = {}
         self.failures: list[str] = []  #: refused posts, as logged (for /healthz and tests)
         self.last_failure: dict[str, Any] | None = None  #: the newest refusal: at, where, error, line
         self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
@@ -120,6 +135,7 @@ class SlackOutbox:
         """Keep headline locations in Redis (``keys.posts``) from now on."""
         self._redis = client
         self._prefix = prefix
+        self._undelivered = UndeliveredAlerts(client, prefix)
 
     def requested_by(self, key: str, user: str) -> None:
         """Remember who asked for ``key``'s run: a refused post about it is told to them."""
@@ -199,6 +215,7 @@ class SlackOutbox:
             except Refused as exc:
                 if exc.error != "message_not_found":
                     await self._refused(key, reply, loc[0], exc)
+                    self._rescued.pop(key, None)
                     return loc
         target = channel or self.default_channel
         if target is None:
@@ -206,6 +223,10 @@ class SlackOutbox:
             return None
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False, key=key)
         if ts is None:
+            rescued = self._rescued.pop(key, None)
+            if rescued is not None:  # the alert went to another channel: it lives there from now on
+                await self._remember(key, *rescued)
+                return rescued
             if self._redis is not None:
                 await self._redis.hdel(keys.posts(self._prefix, key), "claim")
             return None
@@ -403,13 +424,74 @@ class SlackOutbox:
             user = await self._requester_of_run(key)
         if user is not None and await self.dm(user, Reply(title=notice, status=Status.WARNING)):
             return
-        target = self.default_channel
-        if target and target != channel:
-            with contextlib.suppress(Refused):
-                await self.post_payload(target, blocks.text_message(notice), thread_ts=None)
-                self.notices.append((target, notice))
-                return
-        log.error("not told to anyone: %s", notice)
+        alert = bool(key and key.startswith("incident:"))
+        told = await self._elsewhere(key if alert else None, reply, channel, [notice])
+        if alert:
+            self.last_undelivered = {
+                "at": time.time(),
+                "title": what,
+                "channel": channel,
+                "error": exc.error,
+                "told": told,
+            }
+            if self._undelivered is not None:
+                try:
+                    await self._undelivered.record(what, channel, exc.error, told)
+                except Exception as err:  # Redis trouble must not hide the alert itself
+                    log.warning("could not store the last undelivered alert: %s", err)
+        if not told:
+            log.error("not told to anyone: %s", notice)
+
+    async def _elsewhere(self, alert: str | None, reply: Reply, channel: str, notes: list[str]) -> list[str]:
+        """Tell a refusal where it can be seen: the announce channel, else ``fallback_channel``;
+        for an alert (``alert`` is its key) the alert itself goes, after ``notes`` (where it should
+        have gone and why not), and when no channel takes it, to its owners and the admins by DM.
+
+        :returns: where it went (a channel id, or the user ids DMed); empty when nowhere.
+        """
+        what = reply.title.splitlines()[0] if reply.title else "post"
+        for target in dict.fromkeys(c for c in (self.default_channel, self.fallback_channel) if c):
+            if target == channel:
+                continue
+            try:
+                if alert is None:
+                    await self.post_payload(target, blocks.text_message(notes[0]), thread_ts=None)
+                else:
+                    shown = replace(reply, lines=(*notes, *reply.lines), follow_ups=())
+                    payloads = blocks.parts(shown, names=await self.names(shown))
+                    ts = await self.post_payload(target, payloads[0], thread_ts=None)
+                    for more in payloads[1:]:
+                        await self.post_payload(target, more, thread_ts=ts)
+                    self._rescued[alert] = (target, ts)
+            except Refused as again:
+                await self._failed(target, again)
+                notes.append(refused_notice(what, target, again.error))
+                continue
+            self.notices.append((target, notes[0]))
+            return [target]
+        if alert is None:
+            return []
+        told = []
+        dm = replace(reply, lines=(*notes, *reply.lines), follow_ups=(), page=None)
+        for user in await self._people(alert):
+            if await self.dm(user, dm):
+                told.append(user)
+        return told
+
+    async def _people(self, key: str) -> list[str]:
+        """The users an alert goes to by DM (``page_by_dm``), user groups expanded (``usergroups.list``)."""
+        wanted = list(self.page_by_dm(key)) if self.page_by_dm else []
+        groups: dict[str, list[str]] = {}
+        if any(w.startswith("S") for w in wanted):
+            try:
+                resp = await self.client.usergroups_list(include_users=True)
+                groups = {str(g.get("id")): list(g.get("users") or []) for g in resp.get("usergroups") or []}
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("usergroups.list: %s", error_of(exc)[0])
+        users: list[str] = []
+        for who in wanted:
+            users.extend(groups.get(who, []) if who.startswith("S") else [who])
+        return [u for u in dict.fromkeys(users) if u.startswith(("U", "W"))]
 
     async def _requester_of_run(self, key: str) -> str | None:
         if self._redis is None:

@@ -25,6 +25,17 @@ def mention_of(config: Config) -> str | None:
     return mention(target) if target else None
 
 
+def page_by_dm(config: Config, key: str) -> list[str]:
+    """Who gets an alert by DM when no channel takes it: its job's owners, then the admins.
+
+    :param key: the alert's key, ``incident:JOB:N``.
+    :returns: user and user-group ids, in that order, without ``"*"``.
+    """
+    job = key.removeprefix("incident:").rpartition(":")[0]
+    owners = config.jobs[job].owners if job in config.jobs else []
+    return [who for who in dict.fromkeys([*owners, *config.auth.admins]) if who != "*"]
+
+
 def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, str], ...]:
     label = ALERT_FIELD_LABELS
     tz = config.scheduler.timezone

@@ -17,7 +17,7 @@ from handlers.audit import REFUSALS, Audit
 from handlers.commands import Command
 from handlers.context import Context
 from handlers.lock import Holder, force_release, read_holder
-from handlers.reply import Reply, Status, Table, who
+from handlers.reply import Reply, Status, Table, mention, who
 from handlers.runview import thread_key
 from handlers.slurmviews import slurm_probes, status_bits, status_probe_failed
 from pipeline import fmt
@@ -27,6 +27,7 @@ from pipeline.host.probe import JobProbe, probe_host
 from pipeline.state import keys
 from pipeline.state.jobstate import scope_of
 from pipeline.state.runs import RunRecord
+from pipeline.state.undelivered import UndeliveredAlerts
 from pipeline.verdict import Outcome, Step
 
 _MAX_REFUSALS = 10
@@ -150,6 +151,17 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         except ValueError:
             ago = "?"
         lines.append(status_delivery_failure(str(failure["line"]), ago))
+    undelivered = await UndeliveredAlerts(client, prefix).last()
+    if undelivered is not None:
+        lines.append(
+            status_undelivered_alert(
+                undelivered.title,
+                undelivered.channel,
+                undelivered.error,
+                undelivered.told,
+                f"{fmt.duration(now - undelivered.at)} ago",
+            )
+        )
     return Reply(
         title=status_title(len(names)),
         status=tone,
@@ -327,6 +339,13 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
 def status_delivery_failure(line: str, ago: str) -> str:
     """``status``'s line about the last post Slack refused."""
     return f"last Slack delivery failure {ago}: {line}"
+
+
+def status_undelivered_alert(title: str, channel: str, error: str, told: Sequence[str], ago: str) -> str:
+    """``status``'s line about the last alert Slack refused in its channel, and who got it instead."""
+    shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in told]
+    instead = f"went to {', '.join(shown)} instead" if told else "reached no one"
+    return f"last undelivered alert {ago}: {title} - {error} in <#{channel}>, {instead}"
 
 
 def help_title() -> str:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from bot import blocks
 from bot.slack_api import web_client
 from bot.slack_outbox import SlackOutbox
-from handlers.reply import Reply
+from handlers.reply import Reply, Status
 from tests.fixtures.slack import ANNOUNCE, BOT_TOKEN, Channel, FakeSlack
+from tests.test_slack_http import MakeStack, make_stack  # noqa: F401 (a fixture)
 
 
 def _outbox(fake: FakeSlack, **kw: object) -> SlackOutbox:
@@ -113,3 +115,66 @@ async def test_a_dead_token_is_logged_with_its_code_and_fix(
     assert outbox.last_failure is not None and outbox.last_failure["error"] == error
     told = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert any(error in line and fix in line for line in told), told
+
+
+# --- an alert always reaches a person ------------------------------------------------------------
+
+ALERT = "incident:dflash:1"
+
+
+def _alert(title: str = "dflash is down: 0/8 processes on gpu1") -> Reply:
+    return Reply(title=title, status=Status.ERROR, lines=("last alive 02:10 UTC",), thread_key=ALERT)
+
+
+async def test_an_alert_refused_in_the_announce_channel_goes_to_the_fallback_and_lives_there(
+    fake_slack: FakeSlack,
+) -> None:
+    """An alert refused in the announce channel itself is posted in fallback_channel, saying where and why; its updates follow it."""
+    fake_slack.channels[ANNOUNCE].read_only = True
+    fake_slack.add_channel(Channel("C0FALLBACK"))
+    outbox = _outbox(fake_slack, fallback_channel="C0FALLBACK")
+    await outbox.announce(ALERT, _alert(), ANNOUNCE)
+    (posted,) = fake_slack.posted_to("C0FALLBACK")
+    text = "\n".join(blocks.block_texts(posted["blocks"]))  # type: ignore[arg-type]
+    assert str(posted["text"]).startswith("dflash is down: 0/8 processes on gpu1")
+    assert f"<#{ANNOUNCE}>: restricted_action - posting there is restricted" in text
+    assert "last alive 02:10 UTC" in text
+    assert outbox.last_undelivered is not None and outbox.last_undelivered["told"] == ["C0FALLBACK"]
+    await outbox.announce(ALERT, _alert("dflash is down: acknowledged"), ANNOUNCE)
+    await outbox.thread(ALERT, Reply(title="reminder"), ANNOUNCE)
+    assert len(fake_slack.posted_to("C0FALLBACK")) == 2 and posted["updates"] == 1
+    assert fake_slack.thread("C0FALLBACK", str(posted["ts"]))[0]["text"] == "reminder"
+
+
+async def test_an_alert_no_channel_takes_goes_to_owners_then_admins_by_dm(fake_slack: FakeSlack) -> None:
+    """Job channel read-only, announce archived, fallback unset: the owners (a group expanded) and the admins get the alert by DM, with both refusals."""
+    fake_slack.add_channel(Channel("C0RO", read_only=True))
+    fake_slack.channels[ANNOUNCE].archived = True
+    outbox = _outbox(fake_slack, page_by_dm=lambda key: ["S0ONCALL", "U0ADMIN01"] if key == ALERT else [])
+    await outbox.announce(ALERT, _alert(), "C0RO")
+    for dm in ("D0OPERATOR1", "D0ADMIN01"):
+        (got,) = fake_slack.posted_to(dm)
+        text = "\n".join(blocks.block_texts(got["blocks"]))  # type: ignore[arg-type]
+        assert str(got["text"]).startswith("dflash is down") and "restricted_action" in text
+        assert "is_archived" in text and "last alive 02:10 UTC" in text
+    assert outbox.last_undelivered is not None
+    assert outbox.last_undelivered["told"] == ["U0OPERATOR1", "U0ADMIN01"]
+
+
+async def test_healthz_and_status_show_the_last_undelivered_alert(make_stack: MakeStack) -> None:  # noqa: F811
+    """With every channel refusing, the job's owner gets the alert by DM and /healthz and `status` show the undelivered alert."""
+    served = await make_stack(owners=["U0OWNER01"])
+    served.fake.channels[ANNOUNCE].read_only = True
+    key = f"incident:{served.job}:1"
+    await served.runtime.outbox.announce(key, Reply(title=f"{served.job} is down", thread_key=key), ANNOUNCE)
+    (dm,) = served.fake.posted_to("D0OWNER01")
+    assert str(dm["text"]).startswith(f"{served.job} is down")
+    async with served.http.get(f"{served.server.url}/healthz") as resp:
+        state = await resp.json()
+    last = state["slack"]["last_undelivered_alert"]
+    assert (
+        last["channel"] == ANNOUNCE and last["error"] == "restricted_action" and last["told"] == ["U0OWNER01"]
+    )
+    answer = await served.answer(f"status {served.job}")
+    text = "\n".join(blocks.block_texts(answer["blocks"]))
+    assert f"{served.job} is down - restricted_action in" in text and "last undelivered alert" in text
