@@ -205,11 +205,15 @@ async def test_disconnect_warning_refresh_and_link_disabled(fake_slack: FakeSlac
 
 
 async def test_restricted_ekm_and_dead_tokens_are_refused(fake_slack: FakeSlack) -> None:
-    """Read-only and thread-only channels answer restricted_action, EKM ekm_access_denied, a dead token its own error."""
+    """Read-only, admins-only and thread-only channels answer restricted_action, EKM ekm_access_denied, a dead token its own error."""
     client = _client(fake_slack)
     fake_slack.add_channel(Channel("C0RO", read_only=True))
     fake_slack.add_channel(Channel("C0THREADS", thread_only=True))
     fake_slack.add_channel(Channel("C0EKM", ekm=True))
+    fake_slack.add_channel(Channel("C0ADMINS", admins_only=True))
+    assert await _error(client.chat_postMessage(channel="C0ADMINS", text="x")) == "restricted_action"
+    admins = (await client.conversations_info(channel="C0ADMINS"))["channel"]
+    assert admins["properties"]["posting_restricted_to"] == {"type": ["admin"]}
     assert await _error(client.chat_postMessage(channel="C0RO", text="x")) == "restricted_action"
     assert await _error(client.chat_postMessage(channel="C0THREADS", text="x")) == "restricted_action"
     await client.chat_postMessage(channel="C0THREADS", text="in a thread", thread_ts="1.0")
