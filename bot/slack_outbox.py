@@ -294,6 +294,8 @@ class SlackOutbox:
         except Refused as exc:
             await self._refused(key, reply, channel, exc)
             return None
+        if reply.owners:
+            await self._tell_owners(channel, reply)
         if too_long:  # the whole answer, as text, in the thread
             text = render_text(blocks.humanise(reply, names))
             await self.upload_text(text, channel, thread_ts=thread_ts or ts, title=reply.title)
@@ -478,6 +480,36 @@ class SlackOutbox:
                 told.append(user)
         return told
 
+    async def _tell_owners(self, channel: str, reply: Reply) -> None:
+        """DM ``reply`` to each owning user (``reply.owners``) who is not a member of ``channel``
+        (``conversations.members``; when that fails, to every owning user)."""
+        users = [u for u in reply.owners if u.startswith(("U", "W"))]
+        if not users:
+            return
+        members = await self._members(channel)
+        note = slack_owner_note(channel)
+        for user in users:
+            if members is None or user not in members:
+                await self.dm(user, replace(reply, lines=(note, *reply.lines), page=None, owners=()))
+
+    async def _members(self, channel: str) -> set[str] | None:
+        """The members of ``channel``, page by page, or None when Slack would not say."""
+        members: set[str] = set()
+        cursor = ""
+        for _ in range(PAGES):
+            try:
+                resp = await self.client.conversations_members(
+                    channel=channel, limit=PAGE, cursor=cursor or None
+                )
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                log.info("conversations.members %s: %s", channel, error_of(exc)[0])
+                return None
+            members.update(str(m) for m in resp.get("members") or [])
+            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
+            if not cursor:
+                break
+        return members
+
     async def _people(self, key: str) -> list[str]:
         """The users an alert goes to by DM (``page_by_dm``), user groups expanded (``usergroups.list``)."""
         wanted = list(self.page_by_dm(key)) if self.page_by_dm else []
@@ -635,6 +667,11 @@ class SlackOutbox:
 def slack_not_posted(where: str, error: str) -> str:
     """A team-visible post that Slack refused (logged, never shown in Slack)."""
     return f"Slack refused a post to {where}: {error}"
+
+
+def slack_owner_note(channel: str) -> str:
+    """The line above an alert DMed to an owner who is not in the channel it was posted in."""
+    return f"You own this job and are not in <#{channel}>, where this was posted; acknowledging it there stops these messages."
 
 
 def slack_gave_up(attempts: int) -> str:

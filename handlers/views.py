@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from handlers import grammar
+from handlers.alerts import job_owners
 from handlers.audit import REFUSALS, Audit
 from handlers.commands import Command
 from handlers.context import Context
@@ -132,6 +133,10 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
             Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
         )
         lock = status_lock(holder.action, holder.user, holder.step) if holder else ""
+        actor = latest.requested_by if latest is not None and latest.action in ("start", "restart") else None
+        owners = job_owners(config, name, actor)
+        if owners:
+            lines.append(status_owners(name, owners))
         rows.append(
             (
                 name,
@@ -339,6 +344,11 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
 def status_delivery_failure(line: str, ago: str) -> str:
     """``status``'s line about the last post Slack refused."""
     return f"last Slack delivery failure {ago}: {line}"
+
+
+def status_owners(job: str, owners: Sequence[str]) -> str:
+    """``status``'s line naming who owns ``job`` (its alerts page them)."""
+    return f"{job} is owned by {', '.join(mention(o) for o in owners)}"
 
 
 def status_undelivered_alert(title: str, channel: str, error: str, told: Sequence[str], ago: str) -> str:

@@ -3,14 +3,21 @@ words for every permanent error, an alert that always reaches a person, and the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bot import blocks
+from bot.assembly import build_context, build_watcher
 from bot.slack_api import web_client
 from bot.slack_outbox import SlackOutbox
 from handlers.reply import Reply, Status
+from handlers.views import status_command
+from handlers.watching import ack_command
+from pipeline.config import Config
 from tests.fixtures.slack import ANNOUNCE, BOT_TOKEN, Channel, FakeSlack
 from tests.test_slack_http import MakeStack, make_stack  # noqa: F401 (a fixture)
+from tests.test_watch import JOBS, cycles_for, open_harness, until
 
 
 def _outbox(fake: FakeSlack, **kw: object) -> SlackOutbox:
@@ -178,3 +185,56 @@ async def test_healthz_and_status_show_the_last_undelivered_alert(make_stack: Ma
     answer = await served.answer(f"status {served.job}")
     text = "\n".join(blocks.block_texts(answer["blocks"]))
     assert f"{served.job} is down - restricted_action in" in text and "last undelivered alert" in text
+
+
+# --- the owner is paged --------------------------------------------------------------------------
+
+
+async def test_owners_are_mentioned_and_those_outside_the_channel_dmed_until_ack(
+    fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
+) -> None:
+    """A killed job's alert mentions its owners and last starter; the owners outside its channel get it by DM, reminders too, until ack; status names them."""
+    fake_slack.rate_limits = False
+    fake_slack.add_channel(Channel("CTRAIN", users={"U0INSIDE"}))
+    fake_slack.add_channel(Channel("CANNOUNCE"))
+    async with open_harness(tmp_path, redis_config, {"train": JOBS["train"]}) as h:
+        train = h.config.jobs["train"].model_copy(
+            update={"owners": ["U0INSIDE", "U0OUTSIDE"], "notify_last_actor": True}
+        )
+        slack = h.config.slack.model_copy(update={"pace": 0})
+        config = h.config.model_copy(update={"jobs": {"train": train}, "slack": slack})
+        outbox = _outbox(fake_slack)
+        ctx = await build_context(config, outbox, instance="B")
+        h.extra.append(ctx)
+        outbox.bind(ctx.redis.client, ctx.prefix)
+        ctx.restarter.verify_poll = 0.1
+        watcher = build_watcher(ctx, remind_every=0.4)
+        await h.launch("train", ctx=ctx)  # started by U0TEST
+        await watcher.cycle("local", ["train"])
+        await h.kill("train")
+
+        async def dms(user: str) -> int:
+            return len(fake_slack.posted_to(f"D{user[1:]}"))
+
+        async def reminded() -> bool:
+            return await dms("U0OUTSIDE") >= 2
+
+        assert await until(reminded, 15, lambda: watcher.cycle("local", ["train"]))
+        (headline,) = [m for m in fake_slack.posted_to("CTRAIN") if m.get("thread_ts") is None]
+        assert str(headline["text"]).startswith("train is down")
+        first = "\n".join(blocks.block_texts(headline["blocks"]))  # type: ignore[arg-type]
+        for ref in ("<!subteam^S0ONCALL>", "<@U0INSIDE>", "<@U0OUTSIDE>", "<@U0TEST>"):
+            assert ref in first, ref
+        assert await dms("U0INSIDE") == 0 and await dms("U0TEST") >= 2
+        dm = fake_slack.posted_to("D0OUTSIDE")[0]
+        assert str(dm["text"]).startswith("train is down") and "not in <#CTRAIN>" in _text(dm)
+        status = await status_command(ctx, "train")
+        assert "train is owned by <@U0INSIDE>, <@U0OUTSIDE>, <@U0TEST>" in status.lines
+        await ack_command(ctx, "train", "U0ACK")
+        before = await dms("U0OUTSIDE"), await dms("U0TEST")
+        await cycles_for(watcher, 1.2)
+        assert (await dms("U0OUTSIDE"), await dms("U0TEST")) == before
+
+
+def _text(msg: dict[str, object]) -> str:
+    return "\n".join(blocks.block_texts(msg["blocks"]))  # type: ignore[arg-type]
