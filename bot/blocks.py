@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from bot.text import SLACK_HOME_TITLE, SLACK_UNTITLED
@@ -62,16 +62,19 @@ _PEOPLE = re.compile(r"<(@[UW][A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel|!eve
 _TICKS = re.compile(r"`{3,}")
 
 
-def humanise_text(text: str, names: Mapping[str, str] | None = None, keep: str | None = None) -> str:
+def humanise_text(
+    text: str, names: Mapping[str, str] | None = None, keep: str | Collection[str] | None = None
+) -> str:
     """``text`` with every person, group or broadcast reference made plain (``<@U1>`` → ``@maya``
     when ``names`` knows U1, else ``@U1``; ``<!subteam^S1|@oncall>`` → ``@oncall``; ``<!here>`` →
-    ``@here``), except ``keep`` (the one reference the reply pages)."""
+    ``@here``), except ``keep`` (the references the reply pages)."""
     names = names or {}
+    kept = {keep} if isinstance(keep, str) else set(keep or ())
 
     def plain_ref(m: re.Match[str]) -> str:
         ref, label = m.group(1), m.group(2)
-        if keep is not None and m.group(0) == keep:
-            return keep
+        if m.group(0) in kept:
+            return m.group(0)
         if ref.startswith("@"):
             return "@" + names.get(ref[1:], (label or "").lstrip("@") or ref[1:])
         if ref.startswith("!subteam^"):
@@ -84,8 +87,8 @@ def humanise_text(text: str, names: Mapping[str, str] | None = None, keep: str |
 
 def humanise(reply: Reply, names: Mapping[str, str] | None = None) -> Reply:
     """``reply`` with :func:`humanise_text` applied to all its text but the log (shown literally in
-    a code block); only ``reply.page``'s reference stays live."""
-    keep = mention(reply.page) if reply.page else None
+    a code block); only ``reply.page``'s and ``reply.owners``' references stay live."""
+    keep = {mention(who) for who in (*([reply.page] if reply.page else []), *reply.owners)}
 
     def h(text: str) -> str:
         return humanise_text(text, names, keep)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -37,11 +38,13 @@ from bot.scheduler import PitstopScheduler
 from bot.slack_api import web_client
 from bot.slack_app import SlackSurface
 from bot.slack_outbox import SlackOutbox
+from handlers.alerts import page_by_dm
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
 from pipeline.config import Config
 from pipeline.errors import SlackUnavailable, StateUnavailable
 from pipeline.state.posts import Posts
+from pipeline.state.undelivered import UndeliveredAlerts
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,7 @@ class SlackRuntime:
             out["ok"] = bool(out.get("ok")) and connected
         out["refused_posts"] = len(self.outbox.failures)
         out["last_delivery_failure"] = self.outbox.last_failure
+        out["last_undelivered_alert"] = self.outbox.last_undelivered
         return out
 
     async def redis_health(self) -> dict[str, Any]:
@@ -149,10 +153,15 @@ async def open_runtime(
             auth = {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
         instance = instance or new_instance_id()
         outbox = SlackOutbox(
-            client, default_channel=config.slack.announce_channel, pace=config.slack.pace, instance=instance
+            client,
+            default_channel=config.slack.announce_channel,
+            pace=config.slack.pace,
+            instance=instance,
+            fallback_channel=config.slack.fallback_channel,
+            page_by_dm=functools.partial(page_by_dm, config),
         )
         ctx = await build_context(config, outbox, instance=instance)
-        outbox.bind(ctx.redis.open_store(Posts), ctx.runs)
+        outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
         surface = SlackSurface(
             config,

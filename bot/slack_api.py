@@ -28,6 +28,9 @@ ATTEMPTS = 4  #: tries of one post (transient errors and unknown outcomes)
 BACKOFF = 0.5  #: seconds before the second try; doubled each time
 #: errors worth another try (Slack's own transient answers)
 TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+#: HTTP 200 errors after which "some aspect of the operation may have succeeded" (Slack's
+#: words): the outcome is unknown, as after a timeout
+AMBIGUOUS = frozenset({"internal_error", "fatal_error"})
 
 
 def web_client(
@@ -68,14 +71,16 @@ class Refused(Exception):
 
 
 def error_of(exc: BaseException) -> tuple[str, bool]:
-    """``(error code, outcome unknown?)`` of a failed call."""
+    """``(error code, outcome unknown?)`` of a failed call: unknown after a timeout, a reset, a
+    5xx, or Slack's HTTP 200 ``fatal_error`` / ``internal_error`` (:data:`AMBIGUOUS`)."""
     if isinstance(exc, SlackApiError):
         status = getattr(exc.response, "status_code", 200)
         if status >= 500:
             return f"http_{status}", True
         if status == 429:
             return "ratelimited", False
-        return str(exc.response.get("error", "unknown_error")), False
+        error = str(exc.response.get("error", "unknown_error"))
+        return error, error in AMBIGUOUS
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connection_failed", False
     if isinstance(exc, TimeoutError):
@@ -121,8 +126,24 @@ def fix_for(error: str, channel: str) -> str:
         "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
         "msg_blocks_too_long": "the message was too long for Slack - please report this",
         "outcome_unknown": f"Slack may have it or not: look in {where} (Pitstop does not post twice)",
+        "restricted_action": (
+            "posting there is restricted (read-only, threads only or admins only): allow the app "
+            "to post in the channel's settings or point the config at another channel"
+        ),
+        "ekm_access_denied": (
+            f"{where} is locked by an Enterprise Key Management policy: ask a Slack admin to "
+            "restore access or point the config at another channel"
+        ),
         "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
         "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
+        "token_expired": (
+            "SLACK_BOT_TOKEN expired (token rotation is on): turn rotation off for the bot token "
+            "or refresh it, then update the token"
+        ),
+        "account_inactive": (
+            "the bot's token belongs to a deactivated app, user or workspace: reinstall the app "
+            "and update SLACK_BOT_TOKEN"
+        ),
         "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
         "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
     }

@@ -255,14 +255,17 @@ class SlackSurface:
 
     # --- slash command ------------------------------------------------------------------------
 
-    async def _on_command(self, ack: Respond, body: dict[str, Any], respond: Respond) -> None:
+    async def _on_command(
+        self, ack: Respond, body: dict[str, Any], respond: Respond, request: AsyncBoltRequest
+    ) -> None:
         await ack()  # first: everything else (parse, dedupe, roles, audit, the answer) runs after it
-        self.spawn(self._command(body, respond))
+        self.spawn(self._command(body, respond, retry=self._is_retry(request)))
 
-    async def _command(self, body: dict[str, Any], respond: Respond) -> None:
+    async def _command(self, body: dict[str, Any], respond: Respond, *, retry: bool = False) -> None:
         """Act on an acked slash command once the acks queued behind it went out
         (:class:`~bot.ackgate.AckGate`), then answer through its ``response_url`` — outside the
-        follow-up slot, so a slow Slack never holds another command back."""
+        follow-up slot, so a slow Slack never holds another command back.  Slack's redelivery
+        (``retry``) of a command already acted on is left to the first delivery's answer."""
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
         trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"
@@ -275,6 +278,8 @@ class SlackSurface:
                 channel=body.get("channel_id"),
                 surface="slack",
             )
+            if retry and await self.dispatcher.seen(req.delivery_id):
+                return
             reply = await self._handle(req)
         await self._respond(respond, reply, user=user)
         self._after_answer(reply, req.channel, user, respond)

@@ -55,7 +55,7 @@ def needed_scopes(config: Config) -> list[str]:
 
 
 def channels_of(config: Config) -> dict[str, list[str]]:
-    """Channel id → what posts there (``announce`` and/or job names)."""
+    """Channel id → what posts there (``announce``, job names and/or ``fallback``)."""
     out: dict[str, list[str]] = {}
     if config.slack.announce_channel:
         out.setdefault(config.slack.announce_channel, []).append("announce")
@@ -63,6 +63,8 @@ def channels_of(config: Config) -> dict[str, list[str]]:
         channel = config.channel_for(job)
         if channel:
             out.setdefault(channel, []).append(job)
+    if config.slack.fallback_channel:
+        out.setdefault(config.slack.fallback_channel, []).append("fallback")
     return out
 
 
@@ -145,7 +147,9 @@ class Doctor:
         return int(ExitCode.FAILED) if self.failed else 0
 
     async def check_channel(self, channel: str, used_by: str, *, public: bool, joins: bool) -> None:
-        """``conversations.info``: the channel exists, is not archived, and the bot can post there."""
+        """``conversations.info``: the channel exists, is not archived, read-only, threads-only or
+        restricted to some posters (``properties.posting_restricted_to``), and the bot can post
+        there — found without posting."""
         try:
             info = (await self.client.conversations_info(channel=channel))["channel"]
         except _ERRORS as exc:
@@ -156,8 +160,22 @@ class Doctor:
             self.line("FAIL", f"channel {channel} ({used_by}): {error} {hint}".rstrip())
             return
         name = f"#{info.get('name', channel)} ({channel}, {used_by})"
+        restricted = (info.get("properties") or {}).get("posting_restricted_to")
         if info.get("is_archived"):
             self.line("FAIL", f"channel {name}: archived - unarchive it or configure another channel")
+        elif info.get("is_read_only") or info.get("is_thread_only") or restricted:
+            how = (
+                "read-only"
+                if info.get("is_read_only")
+                else "threads only"
+                if not restricted
+                else "admins only"
+            )
+            self.line(
+                "FAIL",
+                f"channel {name}: posting is restricted ({how}), Slack answers restricted_action - "
+                "allow the app to post in the channel's settings or configure another channel",
+            )
         elif info.get("is_member"):
             self.line("ok", f"channel {name}: the bot is a member")
         elif not info.get("is_private") and public:

@@ -16,24 +16,30 @@ whole answer is attached as a text file); posts to one channel are paced
 **Never silent, never twice.**  A post never breaks the restart that reports through it, and
 a refused one is never only a log line.  Transient failures are retried with backoff
 (:data:`bot.slack_api.ATTEMPTS`); a post whose outcome is unknown (timeout, reset, 5xx — Slack may have
-stored it) carries message metadata with its own id and is looked up
-(``conversations.history`` / ``conversations.replies``) before it is sent again.  A permanent
-refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``msg_blocks_too_long``,
-``invalid_auth``, ``ratelimited`` after the retries …) reaches a person: the requester of the
+stored it; also Slack's HTTP 200 ``fatal_error`` / ``internal_error``) carries message
+metadata with its own id and is looked up (``conversations.history`` /
+``conversations.replies`` from ``oldest``, page by page, and once more after
+:data:`SETTLE` s, since Slack may list a message late) before it is sent again.  A permanent
+refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``restricted_action``,
+``ekm_access_denied``, ``msg_blocks_too_long``, ``invalid_auth``, ``token_revoked``,
+``token_expired``, ``account_inactive``, ``ratelimited`` after the retries …) reaches a person: the requester of the
 run by DM, with the fix (:func:`bot.slack_api.fix_for`), or, for alerts and digests, the
-announce channel when their own channel refused them.  The last refusal is kept for
-``/healthz`` and ``status`` (:meth:`pipeline.state.posts.Posts.record_failure`).  A chart for a public
+announce channel when their own channel refused them, else ``[slack] fallback_channel``; an
+alert that no channel takes goes by DM to its job's owners and the admins.  The alert itself
+is posted, after lines saying where it should have gone and why not, and lives in the channel
+that took it from then on (``last_undelivered``, :mod:`pipeline.state.undelivered`).  The last
+refusal is kept for ``/healthz`` and ``status`` (:meth:`pipeline.state.posts.Posts.record_failure`).  A chart for a public
 channel the bot has not joined is uploaded after ``conversations.join``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +63,14 @@ from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
 from pipeline.state.posts import Posts
 from pipeline.state.runs import RunStore
+from pipeline.state.undelivered import UndeliveredAlerts
 
 log = logging.getLogger(__name__)
 
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
+SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
+PAGES = 20  #: most pages (of :data:`PAGE` messages) one look-up reads
+PAGE = 200
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
 
 
@@ -73,6 +83,11 @@ class SlackOutbox:
     :param instance: this process's id, used to claim a headline across replicas.
     :param people: names for the people replies mention (default: one over ``client``).
     :param backoff: seconds before a post's second try (doubled each time).
+    :param settle: seconds to wait before looking a post up a second time (Slack lists a stored
+        message late), before sending it again.
+    :param fallback_channel: where an alert goes when its channel and ``default_channel`` refuse it.
+    :param page_by_dm: an alert's key → the user and user-group ids it goes to by DM when no
+        channel takes it (its job's owners, then the admins).
 
     Call :meth:`bind` once Redis is open so headline locations are shared; until then they
     are kept in this process only.
@@ -87,6 +102,9 @@ class SlackOutbox:
         instance: str = "",
         people: People | None = None,
         backoff: float = BACKOFF,
+        settle: float = SETTLE,
+        fallback_channel: str | None = None,
+        page_by_dm: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
         self.client = client
         self.default_channel = default_channel
@@ -94,6 +112,13 @@ class SlackOutbox:
         self.instance = instance or "pitstop"
         self.people = people or People(client)
         self.backoff = backoff
+        self.settle = settle
+        self.fallback_channel = fallback_channel
+        self.page_by_dm = page_by_dm
+        #: the newest alert refused in its channel: at, title, channel, error, told (for /healthz)
+        self.last_undelivered: dict[str, Any] | None = None
+        self._undelivered: UndeliveredAlerts | None = None
+        self._rescued: dict[str, tuple[str, str]] = {}
         self.failures: list[str] = []  #: refused posts, as logged (for /healthz and tests)
         self.last_failure: dict[str, Any] | None = None  #: the newest refusal: at, where, error, line
         self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
@@ -105,9 +130,10 @@ class SlackOutbox:
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, tuple[Reply, str | None]] = {}
 
-    def bind(self, posts: Posts, runs: RunStore) -> None:
-        """Keep headline locations in Redis (``posts``) from now on; find runs' requesters in ``runs``."""
-        self._posts, self._runs = posts, runs
+    def bind(self, posts: Posts, runs: RunStore, undelivered: UndeliveredAlerts | None = None) -> None:
+        """Keep headline locations in Redis (``posts``) from now on; find runs' requesters in
+        ``runs``; keep the last undelivered alert in ``undelivered``."""
+        self._posts, self._runs, self._undelivered = posts, runs, undelivered
 
     def requested_by(self, key: str, user: str) -> None:
         """Remember who asked for ``key``'s run: a refused post about it is told to them."""
@@ -172,6 +198,7 @@ class SlackOutbox:
             except Refused as exc:
                 if exc.error != "message_not_found":
                     await self._refused(key, reply, loc[0], exc)
+                    self._rescued.pop(key, None)
                     return loc
         target = channel or self.default_channel
         if target is None:
@@ -179,6 +206,10 @@ class SlackOutbox:
             return None
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False, key=key)
         if ts is None:
+            rescued = self._rescued.pop(key, None)
+            if rescued is not None:  # the alert went to another channel: it lives there from now on
+                await self._remember(key, *rescued)
+                return rescued
             if self._posts is not None:
                 await self._posts.unclaim(key)
             return None
@@ -246,6 +277,8 @@ class SlackOutbox:
         except Refused as exc:
             await self._refused(key, reply, channel, exc)
             return None
+        if reply.owners:
+            await self._tell_owners(channel, reply)
         if too_long:  # the whole answer, as text, in the thread
             text = render_text(blocks.humanise(reply, names))
             await self.upload_text(text, channel, thread_ts=thread_ts or ts, title=reply.title)
@@ -302,29 +335,47 @@ class SlackOutbox:
         raise Refused(error, slack_gave_up(ATTEMPTS))
 
     async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
-        """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not there.
+        """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not
+        there, after looking twice :attr:`settle` s apart (Slack may list a stored message late).
 
         :raises Refused: (``outcome_unknown``) when the lookup itself fails: sending again could
             post twice, so the post is given up and reported instead.
         """
-        try:
-            if thread_ts:
-                resp = await self.client.conversations_replies(
-                    channel=channel, ts=thread_ts, include_all_metadata=True, limit=200
-                )
-            else:
-                resp = await self.client.conversations_history(
-                    channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=100
-                )
-        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-            raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
-        for msg in resp.get("messages") or []:
-            meta = msg.get("metadata") or {}
-            if (
-                meta.get("event_type") == METADATA_TYPE
-                and (meta.get("event_payload") or {}).get("post_id") == post_id
-            ):
-                return str(msg["ts"])
+        found = await self._look(channel, thread_ts, post_id, since)
+        if not found and self.settle > 0:
+            await asyncio.sleep(self.settle)
+            found = await self._look(channel, thread_ts, post_id, since)
+        return found
+
+    async def _look(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
+        """One look-up of ``post_id`` among the messages since ``since`` (unix s), page by page."""
+        cursor = ""
+        for _ in range(PAGES):
+            args: dict[str, Any] = {
+                "channel": channel,
+                "oldest": f"{since:.6f}",
+                "include_all_metadata": True,
+                "limit": PAGE,
+            }
+            if cursor:
+                args["cursor"] = cursor
+            try:
+                if thread_ts:
+                    resp = await self.client.conversations_replies(ts=thread_ts, **args)
+                else:
+                    resp = await self.client.conversations_history(**args)
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
+            for msg in resp.get("messages") or []:
+                meta = msg.get("metadata") or {}
+                if (
+                    meta.get("event_type") == METADATA_TYPE
+                    and (meta.get("event_payload") or {}).get("post_id") == post_id
+                ):
+                    return str(msg["ts"])
+            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
+            if not cursor:
+                break
         return ""
 
     async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
@@ -351,20 +402,111 @@ class SlackOutbox:
         """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
         alerts and digests, to the announce channel when their own channel refused them."""
         what = reply.title.splitlines()[0] if reply.title else (key or "post")
-        line = await self._failed(channel, exc)
+        await self._failed(channel, exc)
         notice = refused_notice(what, channel, exc.error)
         user = self._requesters.get(key or "")
         if user is None and key and key.startswith("run:"):
             user = await self._requester_of_run(key)
         if user is not None and await self.dm(user, Reply(title=notice, status=Status.WARNING)):
             return
-        target = self.default_channel
-        if target and target != channel:
-            with contextlib.suppress(Refused):
-                await self.post_payload(target, blocks.text_message(notice), thread_ts=None)
-                self.notices.append((target, notice))
-                return
-        log.error("not told to anyone: %s", line)
+        alert = bool(key and key.startswith("incident:"))
+        told = await self._elsewhere(key if alert else None, reply, channel, [notice])
+        if alert:
+            self.last_undelivered = {
+                "at": time.time(),
+                "title": what,
+                "channel": channel,
+                "error": exc.error,
+                "told": told,
+            }
+            if self._undelivered is not None:
+                try:
+                    await self._undelivered.record(what, channel, exc.error, told)
+                except Exception as err:  # Redis trouble must not hide the alert itself
+                    log.warning("could not store the last undelivered alert: %s", err)
+        if not told:
+            log.error("not told to anyone: %s", notice)
+
+    async def _elsewhere(self, alert: str | None, reply: Reply, channel: str, notes: list[str]) -> list[str]:
+        """Tell a refusal where it can be seen: the announce channel, else ``fallback_channel``;
+        for an alert (``alert`` is its key) the alert itself goes, after ``notes`` (where it should
+        have gone and why not), and when no channel takes it, to its owners and the admins by DM.
+
+        :returns: where it went (a channel id, or the user ids DMed); empty when nowhere.
+        """
+        what = reply.title.splitlines()[0] if reply.title else "post"
+        for target in dict.fromkeys(c for c in (self.default_channel, self.fallback_channel) if c):
+            if target == channel:
+                continue
+            try:
+                if alert is None:
+                    await self.post_payload(target, blocks.text_message(notes[0]), thread_ts=None)
+                else:
+                    shown = replace(reply, lines=(*notes, *reply.lines), follow_ups=())
+                    payloads = blocks.parts(shown, names=await self.names(shown))
+                    ts = await self.post_payload(target, payloads[0], thread_ts=None)
+                    for more in payloads[1:]:
+                        await self.post_payload(target, more, thread_ts=ts)
+                    self._rescued[alert] = (target, ts)
+            except Refused as again:
+                await self._failed(target, again)
+                notes.append(refused_notice(what, target, again.error))
+                continue
+            self.notices.append((target, notes[0]))
+            return [target]
+        if alert is None:
+            return []
+        told = []
+        dm = replace(reply, lines=(*notes, *reply.lines), follow_ups=(), page=None)
+        for user in await self._people(alert):
+            if await self.dm(user, dm):
+                told.append(user)
+        return told
+
+    async def _tell_owners(self, channel: str, reply: Reply) -> None:
+        """DM ``reply`` to each owning user (``reply.owners``) who is not a member of ``channel``
+        (``conversations.members``; when that fails, to every owning user)."""
+        users = [u for u in reply.owners if u.startswith(("U", "W"))]
+        if not users:
+            return
+        members = await self._members(channel)
+        note = slack_owner_note(channel)
+        for user in users:
+            if members is None or user not in members:
+                await self.dm(user, replace(reply, lines=(note, *reply.lines), page=None, owners=()))
+
+    async def _members(self, channel: str) -> set[str] | None:
+        """The members of ``channel``, page by page, or None when Slack would not say."""
+        members: set[str] = set()
+        cursor = ""
+        for _ in range(PAGES):
+            try:
+                resp = await self.client.conversations_members(
+                    channel=channel, limit=PAGE, cursor=cursor or None
+                )
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                log.info("conversations.members %s: %s", channel, error_of(exc)[0])
+                return None
+            members.update(str(m) for m in resp.get("members") or [])
+            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
+            if not cursor:
+                break
+        return members
+
+    async def _people(self, key: str) -> list[str]:
+        """The users an alert goes to by DM (``page_by_dm``), user groups expanded (``usergroups.list``)."""
+        wanted = list(self.page_by_dm(key)) if self.page_by_dm else []
+        groups: dict[str, list[str]] = {}
+        if any(w.startswith("S") for w in wanted):
+            try:
+                resp = await self.client.usergroups_list(include_users=True)
+                groups = {str(g.get("id")): list(g.get("users") or []) for g in resp.get("usergroups") or []}
+            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("usergroups.list: %s", error_of(exc)[0])
+        users: list[str] = []
+        for who in wanted:
+            users.extend(groups.get(who, []) if who.startswith("S") else [who])
+        return [u for u in dict.fromkeys(users) if u.startswith(("U", "W"))]
 
     async def _requester_of_run(self, key: str) -> str | None:
         if self._runs is None:
@@ -502,6 +644,11 @@ class SlackOutbox:
 def slack_not_posted(where: str, error: str) -> str:
     """A team-visible post that Slack refused (logged, never shown in Slack)."""
     return f"Slack refused a post to {where}: {error}"
+
+
+def slack_owner_note(channel: str) -> str:
+    """The line above an alert DMed to an owner who is not in the channel it was posted in."""
+    return f"You own this job and are not in <#{channel}>, where this was posted; acknowledging it there stops these messages."
 
 
 def slack_gave_up(attempts: int) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from handlers.reply import Reply, Status, mention
+from handlers.reply import mention as _mention
 from handlers.text import ALERT_FIELD_LABELS, ALERT_NEVER_SEEN, ALERT_NO_LOG
 from pipeline import fmt
 from pipeline.config import AutoRestart, Config
@@ -23,6 +24,33 @@ def mention_of(config: Config) -> str | None:
     """The configured ``alert_mention`` in Slack syntax, or None."""
     target = config.slack.alert_mention
     return mention(target) if target else None
+
+
+def job_owners(config: Config, job: str, last_actor: str | None) -> tuple[str, ...]:
+    """Who owns ``job``: ``[jobs.NAME] owners``, plus with ``notify_last_actor`` ``last_actor``
+    (the user who last started or restarted it, if a user id)."""
+    spec = config.jobs.get(job)
+    if spec is None:
+        return ()
+    actor = last_actor if spec.notify_last_actor else None
+    extra = [actor] if actor and actor.startswith(("U", "W")) else []
+    return tuple(dict.fromkeys([*spec.owners, *extra]))
+
+
+def owners_of(incident: Incident, config: Config) -> tuple[str, ...]:
+    """Who owns the incident's job (:func:`job_owners`, with the actor recorded when it opened)."""
+    return job_owners(config, incident.job, incident.last_actor)
+
+
+def page_by_dm(config: Config, key: str) -> list[str]:
+    """Who gets an alert by DM when no channel takes it: its job's owners, then the admins.
+
+    :param key: the alert's key, ``incident:JOB:N``.
+    :returns: user and user-group ids, in that order, without ``"*"``.
+    """
+    job = key.removeprefix("incident:").rpartition(":")[0]
+    owners = config.jobs[job].owners if job in config.jobs else []
+    return [who for who in dict.fromkeys([*owners, *config.auth.admins]) if who != "*"]
 
 
 def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, str], ...]:
@@ -78,8 +106,9 @@ def alert_reply(
     """
     now = time.time() if now is None else now
     lines: list[str] = []
-    who = mention_of(config) if mention else None
-    lines.append(alert_mention_line(who, incident.job))
+    owners = owners_of(incident, config) if mention else ()
+    who = " ".join(w for w in (mention_of(config) if mention else None, *map(_mention, owners)) if w)
+    lines.append(alert_mention_line(who or None, incident.job))
     if incident.cause:
         lines.append(alert_detected_cause(incident.cause))
     if incident.kind is IncidentKind.CRASH_LOOP:
@@ -99,7 +128,8 @@ def alert_reply(
         lines.append(ALERT_NO_LOG)
     return Reply(
         title=_title(incident, config, now),
-        page=config.slack.alert_mention if who else None,
+        page=config.slack.alert_mention if mention else None,
+        owners=owners,
         status=Status.ERROR if severe else Status.WARNING,
         lines=tuple(lines),
         fields=_fields(incident, config, now),
@@ -144,13 +174,16 @@ def resolved_reply(incident: Incident, *, now: float | None = None) -> Reply:
 
 
 def reminder_reply(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
-    """The thread re-post of an open, unacknowledged incident (mentions ``alert_mention``)."""
+    """The thread re-post of an open, unacknowledged incident (mentions ``alert_mention`` and the
+    job's owners)."""
     now = time.time() if now is None else now
-    who = mention_of(config)
+    owners = owners_of(incident, config)
+    who = " ".join(w for w in (mention_of(config), *map(_mention, owners)) if w)
     text = incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
     return Reply(
         title=f"{who} {text}" if who else text,
         page=config.slack.alert_mention,
+        owners=owners,
         status=Status.WARNING,
         thread_key=incident.thread_key,
     )

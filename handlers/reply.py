@@ -85,6 +85,8 @@ class Reply:
     :ivar page: who this reply pages (``[slack] alert_mention``: ``here``, ``channel``, ``S…``,
         ``U…``); the one reference in its text a surface lets notify — every other one is shown
         as a name.
+    :ivar owners: whom else it pages: the job's owners (``U…``, ``S…``), each reference kept
+        live like ``page``; a surface also tells each owning user who cannot see the post.
     """
 
     title: str
@@ -103,6 +105,7 @@ class Reply:
     follow_ups: tuple[Reply, ...] = field(default=())
     exit_code: ExitCode = ExitCode.OK
     page: str | None = None
+    owners: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (``pitstop say --json``)."""
@@ -126,6 +129,7 @@ class Reply:
             "follow_ups": [f.to_dict() for f in self.follow_ups],
             "exit_code": int(self.exit_code),
             "page": self.page,
+            "owners": list(self.owners),
         }
 
 

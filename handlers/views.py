@@ -12,9 +12,10 @@ import time
 from collections.abc import Sequence
 
 from handlers import grammar
+from handlers.alerts import job_owners
 from handlers.commands import Command
 from handlers.context import Context
-from handlers.reply import Reply, Status, Table, who
+from handlers.reply import Reply, Status, Table, mention, who
 from handlers.runview import thread_key
 from pipeline import fmt
 from pipeline.config import Config
@@ -26,6 +27,7 @@ from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import Holder
 from pipeline.state.posts import Posts
 from pipeline.state.runs import RunRecord
+from pipeline.state.undelivered import UndeliveredAlerts
 from pipeline.verdict import Outcome, Step
 
 _MAX_REFUSALS = 10
@@ -106,6 +108,10 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
             Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
         )
         lock = status_lock(holder.action, holder.user, holder.step) if holder else ""
+        actor = latest.requested_by if latest is not None and latest.action in ("start", "restart") else None
+        owners = job_owners(config, name, actor)
+        if owners:
+            lines.append(status_owners(name, owners))
         rows.append(
             (
                 name,
@@ -125,6 +131,17 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         except ValueError:
             ago = "?"
         lines.append(status_delivery_failure(str(failure["line"]), ago))
+    undelivered = await ctx.redis.open_store(UndeliveredAlerts).last()
+    if undelivered is not None:
+        lines.append(
+            status_undelivered_alert(
+                undelivered.title,
+                undelivered.channel,
+                undelivered.error,
+                undelivered.told,
+                f"{fmt.duration(now - undelivered.at)} ago",
+            )
+        )
     return Reply(
         title=status_title(len(names)),
         status=tone,
@@ -301,6 +318,18 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
 def status_delivery_failure(line: str, ago: str) -> str:
     """``status``'s line about the last post Slack refused."""
     return f"last Slack delivery failure {ago}: {line}"
+
+
+def status_owners(job: str, owners: Sequence[str]) -> str:
+    """``status``'s line naming who owns ``job`` (its alerts page them)."""
+    return f"{job} is owned by {', '.join(mention(o) for o in owners)}"
+
+
+def status_undelivered_alert(title: str, channel: str, error: str, told: Sequence[str], ago: str) -> str:
+    """``status``'s line about the last alert Slack refused in its channel, and who got it instead."""
+    shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in told]
+    instead = f"went to {', '.join(shown)} instead" if told else "reached no one"
+    return f"last undelivered alert {ago}: {title} - {error} in <#{channel}>, {instead}"
 
 
 def help_title() -> str:

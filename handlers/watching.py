@@ -280,6 +280,9 @@ class Watcher:
         for action in decision.actions:
             if action.kind is ActionKind.OPEN:
                 inc = await self._with_log(action.incident)
+                latest = view.latest
+                if latest is not None and latest.action in ("start", "restart"):
+                    inc = inc.model_copy(update={"last_actor": latest.requested_by})
                 opened = await self.store.open(inc)
                 if opened is None:
                     return  # another process opened it: it posts
@@ -311,6 +314,7 @@ class Watcher:
                     new = await self._with_log(new)
                 else:
                     new = new.model_copy(update={"log": current.log, "cause": current.cause})
+                new = new.model_copy(update={"last_actor": current.last_actor})  # set when it opened
                 updated = await self.store.update(current, new)
                 if updated is None:
                     return
@@ -319,7 +323,9 @@ class Watcher:
                 if action.kind is ActionKind.CHANGE:
                     await self._hang_evidence(updated, channel)
         if decision.incident is not None and current is not None:
-            wanted = decision.incident.model_copy(update={"log": current.log, "cause": current.cause})
+            wanted = decision.incident.model_copy(
+                update={"log": current.log, "cause": current.cause, "last_actor": current.last_actor}
+            )
             if _differs(wanted, current):
                 await self.store.update(current, wanted)
 

@@ -74,6 +74,8 @@ class SlackSettings(_Model):
     #: who alerts page: ``here``, ``channel``, a user-group id (``S…``) or a user id (``U…``/``W…``)
     alert_mention: str | None = None
     pace: float = Field(default=1.0, ge=0)  #: min seconds between posts to one channel
+    #: channel id an alert goes to when its own channel and the announce channel refuse it
+    fallback_channel: str | None = None
 
     @field_validator("command")
     @classmethod
@@ -90,6 +92,13 @@ class SlackSettings(_Model):
                 f'{v!r} cannot page anyone: use "here", "channel", a user-group id (S…) '
                 "or a user id (U…), as Slack shows them in a profile's ⋮ → Copy member ID"
             )
+        return v
+
+    @field_validator("fallback_channel")
+    @classmethod
+    def _channel_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[CG][A-Z0-9]{2,}", v):
+            raise ValueError(f"{v!r} is not a channel id: use the id (C…) from the channel's details")
         return v
 
 
@@ -282,6 +291,20 @@ class JobConfig(_Model):
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
     auth: JobAuth = JobAuth()
+    #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
+    owners: list[str] = []
+    notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too
+
+    @field_validator("owners")
+    @classmethod
+    def _people(cls, v: list[str]) -> list[str]:
+        for who in v:
+            if not re.fullmatch(r"[SUW][A-Z0-9]{2,}", who):
+                raise ValueError(
+                    f"owner {who!r}: use a user id (U…) or a user-group id (S…), as Slack shows them "
+                    "in a profile's ⋮ → Copy member ID"
+                )
+        return v
 
     @field_validator("launch")
     @classmethod

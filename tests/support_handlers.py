@@ -287,7 +287,7 @@ def make_context(
 
 
 async def wait_until(
-    predicate: Callable[[], Awaitable[bool]], timeout: float = 10.0, every: float = 0.02
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 30.0, every: float = 0.02
 ) -> None:
     """Poll ``predicate`` until it is true; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -105,3 +105,20 @@ async def test_cli_verb_exits_by_the_usual_codes(fake_slack: FakeSlack, tmp_path
     assert bad[0] == ExitCode.FAILED and "invalid_auth" in bad[1]
     none = await run()
     assert none[0] == ExitCode.USAGE and "SLACK_BOT_TOKEN" in none[1]
+
+
+async def test_restricted_channels_fail_without_posting_and_the_fallback_is_checked(
+    fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    """A read-only job channel and an admins-only fallback channel each fail from conversations.info alone; nothing is posted."""
+    fake_slack.add_channel(Channel("C0RO", name="ml-ops", read_only=True))
+    fake_slack.add_channel(Channel("C0ADMINS", name="general", admins_only=True))
+    path = _config(tmp_path, "C0RO")
+    path.write_text(path.read_text().replace("[slack]\n", '[slack]\nfallback_channel = "C0ADMINS"\n'))
+    out = io.StringIO()
+    code = await check_slack(load_config(path), bot_token=BOT_TOKEN, api_url=fake_slack.api_url, out=out)
+    text = out.getvalue()
+    assert code == ExitCode.FAILED
+    assert "FAIL channel #ml-ops (C0RO, dflash): posting is restricted (read-only)" in text
+    assert "FAIL channel #general (C0ADMINS, fallback): posting is restricted (admins only)" in text
+    assert "restricted_action" in text and await fake_slack.calls("chat.postMessage") == []

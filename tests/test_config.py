@@ -98,6 +98,8 @@ def test_missing_file(tmp_path: Path) -> None:
         ('lock_scope = "cluster"', "jobs.dflash.lock_scope"),
         ('patches = { topk = "missing.diff" }', "jobs.dflash.patches.topk: file not found"),
         ('metrics = { pattern = "no groups" }', "jobs.dflash.metrics.pattern: needs named groups"),
+        ('owners = ["alice"]', "jobs.dflash.owners: owner 'alice'"),
+        ("notify_last_actor = 3", "jobs.dflash.notify_last_actor"),
     ],
 )
 def test_rejected_values(tmp_path: Path, snippet: str, expected: str) -> None:
@@ -177,3 +179,12 @@ def test_slurm_engine_needs_its_table_and_the_table_needs_the_engine(tmp_path: P
     with pytest.raises(ConfigError) as stray:
         load_config(write(tmp_path, MINIMAL + '\n[jobs.dflash.slurm]\nscript = "/srv/job.sbatch"\n'))
     assert 'engine is "ssh"' in str(stray.value)
+
+
+def test_check_config_refuses_a_fallback_channel_that_is_not_a_channel_id(tmp_path: Path) -> None:
+    """check-config refuses [slack] fallback_channel = "#ml-ops" (exit 2) naming the key; a C… id passes."""
+    done = check_config(str(write(tmp_path, '[slack]\nfallback_channel = "#ml-ops"\n' + MINIMAL)))
+    assert done.returncode == ExitCode.USAGE
+    assert "slack.fallback_channel: '#ml-ops' is not a channel id" in done.stderr
+    config = load_config(write(tmp_path, '[slack]\nfallback_channel = "C0FALLBACK1"\n' + MINIMAL))
+    assert config.slack.fallback_channel == "C0FALLBACK1"

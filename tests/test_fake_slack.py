@@ -202,3 +202,86 @@ async def test_disconnect_warning_refresh_and_link_disabled(fake_slack: FakeSlac
             assert (await r.json())["ok"] is False
         await new.close()
         await old.close()
+
+
+async def test_restricted_ekm_and_dead_tokens_are_refused(fake_slack: FakeSlack) -> None:
+    """Read-only, admins-only and thread-only channels answer restricted_action, EKM ekm_access_denied, a dead token its own error."""
+    client = _client(fake_slack)
+    fake_slack.add_channel(Channel("C0RO", read_only=True))
+    fake_slack.add_channel(Channel("C0THREADS", thread_only=True))
+    fake_slack.add_channel(Channel("C0EKM", ekm=True))
+    fake_slack.add_channel(Channel("C0ADMINS", admins_only=True))
+    assert await _error(client.chat_postMessage(channel="C0ADMINS", text="x")) == "restricted_action"
+    admins = (await client.conversations_info(channel="C0ADMINS"))["channel"]
+    assert admins["properties"]["posting_restricted_to"] == {"type": ["admin"]}
+    assert await _error(client.chat_postMessage(channel="C0RO", text="x")) == "restricted_action"
+    assert await _error(client.chat_postMessage(channel="C0THREADS", text="x")) == "restricted_action"
+    await client.chat_postMessage(channel="C0THREADS", text="in a thread", thread_ts="1.0")
+    assert await _error(client.chat_postMessage(channel="C0EKM", text="x")) == "ekm_access_denied"
+    info = (await client.conversations_info(channel="C0RO"))["channel"]
+    assert info["is_read_only"] is True and info["is_thread_only"] is False
+    for error in ("token_revoked", "token_expired", "account_inactive"):
+        fake_slack.token_error = error
+        assert await _error(client.chat_postMessage(channel="C0ANNOUNCE", text="x")) == error
+    assert [m["text"] for m in fake_slack.posted_to("C0THREADS")] == ["in a thread"]
+
+
+async def test_http_200_fatal_error_comes_after_storing(fake_slack: FakeSlack) -> None:
+    """fail_next(error=…) stores the message, then answers HTTP 200 with ok false and that error."""
+    client = _client(fake_slack)
+    fake_slack.fail_next("chat.postMessage", error="fatal_error")
+    assert await _error(client.chat_postMessage(channel="C0ANNOUNCE", text="one")) == "fatal_error"
+    (call,) = await fake_slack.calls("chat.postMessage")
+    assert call.status == 200 and [m["text"] for m in fake_slack.posted_to("C0ANNOUNCE")] == ["one"]
+
+
+async def test_messages_show_late_in_history_and_pages_have_cursors(fake_slack: FakeSlack) -> None:
+    """A stored message is listed only visible_after s later; replies honour oldest and page by cursor."""
+    client = _client(fake_slack)
+    fake_slack.rate_limits = False
+    fake_slack.visible_after = 30
+    ts = (await client.chat_postMessage(channel="C0ANNOUNCE", text="late"))["ts"]
+    assert (await client.conversations_history(channel="C0ANNOUNCE"))["messages"] == []
+    fake_slack.advance(30)
+    assert [m["text"] for m in (await client.conversations_history(channel="C0ANNOUNCE"))["messages"]] == [
+        "late"
+    ]
+    fake_slack.visible_after = 0
+    for i in range(5):
+        await client.chat_postMessage(channel="C0ANNOUNCE", text=f"r{i}", thread_ts=ts)
+    first = await client.conversations_replies(channel="C0ANNOUNCE", ts=ts, limit=3)
+    assert [m["text"] for m in first["messages"]] == ["late", "r0", "r1"] and first["has_more"]
+    cursor = first["response_metadata"]["next_cursor"]
+    rest = await client.conversations_replies(channel="C0ANNOUNCE", ts=ts, limit=3, cursor=cursor)
+    assert [m["text"] for m in rest["messages"]] == ["r2", "r3", "r4"] and not rest["has_more"]
+    r3 = fake_slack.posted_to("C0ANNOUNCE")[4]["ts"]
+    newer = await client.conversations_replies(channel="C0ANNOUNCE", ts=ts, oldest=r3)
+    assert [m["text"] for m in newer["messages"]] == ["late", "r3", "r4"]
+
+
+async def test_late_command_ack_is_an_operation_timeout_and_sockets_are_capped() -> None:
+    """A slash command acked after the ack timeout is an operation_timeout; an 11th socket is told too_many_websockets."""
+    async with FakeSlack(ack_timeout=0.2) as fake, aiohttp.ClientSession() as http:
+        ws = await _link(http, fake)
+        on_time = envelope("slash_commands", {"command": "/train"})
+        late = envelope("slash_commands", {"command": "/train"})
+        await fake.socket_send(on_time)
+        await ws.send_json({"envelope_id": on_time["envelope_id"]})
+        await fake.wait_ack(on_time["envelope_id"])
+        await fake.socket_send(late)
+        with pytest.raises(TimeoutError):
+            await fake.wait_ack(late["envelope_id"], timeout=0.3)
+        await ws.send_json({"envelope_id": late["envelope_id"]})
+        await fake.wait_ack(late["envelope_id"])
+        assert fake.operation_timeouts == [late["envelope_id"]]
+        more = [await _link(http, fake) for _ in range(9)]
+        async with http.post(
+            f"{fake.api_url}apps.connections.open", headers={"Authorization": f"Bearer {APP_TOKEN}"}
+        ) as r:
+            url = (await r.json())["url"]
+        eleventh = await http.ws_connect(url)
+        refused = await eleventh.receive_json(timeout=5)
+        assert refused == {"type": "disconnect", "reason": "too_many_websockets"}
+        assert len(fake.open_sockets()) == 10
+        for sock in [ws, eleventh, *more]:
+            await sock.close()

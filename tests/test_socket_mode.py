@@ -106,6 +106,20 @@ async def test_retried_event_envelope_is_answered_once(linked: Linked) -> None:
     assert len(await ctx.redis.client.xrange(keys.audit(ctx.prefix))) == 1
 
 
+async def test_redelivered_slash_command_is_acted_on_once_without_a_duplicate_reply(linked: Linked) -> None:
+    """A slash command envelope redelivered with retry_attempt 1 (same trigger_id) is acked in time and neither acted on nor answered again."""
+    first = envelope("slash_commands", slash_command("help", response_url=linked.fake.response_url()))
+    await linked.fake.socket_send(first)
+    await linked.fake.wait_for("response_url")
+    again = {**envelope("slash_commands", first["payload"]), "retry_attempt": 1, "retry_reason": "timeout"}
+    await linked.fake.socket_send(again)
+    await linked.fake.wait_ack(again["envelope_id"])
+    await linked.runtime.surface.drain(10)
+    assert len(await linked.fake.calls("response_url")) == 1 and linked.fake.operation_timeouts == []
+    ctx = linked.runtime.ctx
+    assert len(await ctx.redis.client.xrange(keys.audit(ctx.prefix))) == 1
+
+
 async def test_button_envelopes_confirm_a_restart(linked: Linked) -> None:
     """A restart that needs confirmation is confirmed by a button click over the socket and starts its run."""
     env = envelope(

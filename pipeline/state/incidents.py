@@ -127,6 +127,7 @@ class Incident(_Stored):
     crash_evidence: str | None = None
     crash_exc_type: str | None = None
     crash_message: str | None = None
+    last_actor: str | None = None  #: who started or restarted the job last (``notify_last_actor``)
     crash_rank: int | None = None
     crash_step: int | None = None
     no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)

@@ -146,6 +146,12 @@ def delivery_failure(prefix: str) -> str:
     return f"{prefix}slack:last_failure"
 
 
+def undelivered_alert(prefix: str) -> str:
+    """String: JSON of the last alert refused in its channel
+    (:class:`pipeline.state.undelivered.UndeliveredAlert`), for ``status``."""
+    return f"{prefix}slack:undelivered_alert"
+
+
 def events(prefix: str) -> str:
     """Stream: events (verdict, alert, resolved, digest, step) for surfaces and scripts to await."""
     return f"{prefix}events"
