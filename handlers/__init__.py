@@ -18,8 +18,9 @@ concept lives:
   alerts :mod:`~handlers.alerts`, crash checks :mod:`~handlers.crashcheck` and hang evidence
   :mod:`~handlers.hangevidence`;
 - the reply model :mod:`~handlers.reply`, where team-visible posts go :mod:`~handlers.outbox`,
-  and what a handler is given :mod:`~handlers.context`.
+  a live message delivered at the surface's pace, last state wins :mod:`~handlers.latest`, and
+  what a handler is given :mod:`~handlers.context`.
 
-Each reply's words sit beside the verb that answers it (a ``# --- text`` section at the end of
-its module).
+Each reply's words that compute sit beside the verb that answers it (a ``# --- text`` section at
+the end of its module); the constant ones are in the layer's catalogue :mod:`~handlers.text`.
 """

@@ -10,7 +10,7 @@
   leader lease :mod:`~pipeline.state.leader`; requests: the audit trail
   :mod:`~pipeline.state.audit`, Slack deliveries acted on once :mod:`~pipeline.state.deliveries`,
   confirmations :mod:`~pipeline.state.confirmations`; where Slack posts live
-  :mod:`~pipeline.state.posts`.
+  :mod:`~pipeline.state.posts`, and the last alert Slack refused :mod:`~pipeline.state.undelivered`.
 
 A state changes only through its store's named transitions; an illegal one raises
 :class:`~pipeline.errors.IllegalTransition`, and Redis's own errors reach callers as
