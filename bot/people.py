@@ -1,4 +1,5 @@
-"""People's names for Slack messages: ``users.info`` (``users:read``), cached.
+"""Who is who on Slack: people's names (``users.info``, ``users:read``, cached), a channel's
+members (``conversations.members``) and user groups expanded (``usergroups.list``).
 
 Replies name people by id (``<@U012AB>``); :func:`bot.blocks.humanise` shows each as ``@name``
 so that a table or a log line never pings anyone.  :class:`People` resolves the ids a reply
@@ -13,8 +14,11 @@ import logging
 import re
 import time
 
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.slack_api import error_of
 from handlers.reply import Reply, render_text
 
 log = logging.getLogger(__name__)
@@ -22,6 +26,8 @@ log = logging.getLogger(__name__)
 TTL = 3600.0  #: seconds a resolved name is trusted
 MISS_TTL = 600.0  #: seconds before a failed lookup is tried again
 LOOKUPS = 20  #: most ids resolved for one reply
+PAGES, PAGE = 20, 200  #: most pages of members one look-up reads, and members per page
+_ASKED = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 _USER = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 
 
@@ -59,3 +65,36 @@ class People:
         profile = info.get("profile") or {}
         name = profile.get("display_name") or profile.get("real_name") or info.get("name") or user
         self._names[user] = (str(name), time.monotonic() + TTL)
+
+    async def members(self, channel: str) -> set[str] | None:
+        """The members of ``channel`` (user ids), page by page, or None when Slack would not say."""
+        members: set[str] = set()
+        cursor = ""
+        for _ in range(PAGES):
+            try:
+                resp = await self.client.conversations_members(
+                    channel=channel, limit=PAGE, cursor=cursor or None
+                )
+            except _ASKED as exc:
+                log.info("conversations.members %s: %s", channel, error_of(exc)[0])
+                return None
+            members.update(str(m) for m in resp.get("members") or [])
+            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
+            if not cursor:
+                break
+        return members
+
+    async def expand(self, wanted: list[str]) -> list[str]:
+        """``wanted`` (user ids ``U…``/``W…`` and user group ids ``S…``) as user ids, each once,
+        groups expanded through ``usergroups.list`` (a group Slack will not list adds no one)."""
+        groups: dict[str, list[str]] = {}
+        if any(w.startswith("S") for w in wanted):
+            try:
+                resp = await self.client.usergroups_list(include_users=True)
+                groups = {str(g.get("id")): list(g.get("users") or []) for g in resp.get("usergroups") or []}
+            except _ASKED as exc:
+                log.warning("usergroups.list: %s", error_of(exc)[0])
+        users: list[str] = []
+        for who in wanted:
+            users.extend(groups.get(who, []) if who.startswith("S") else [who])
+        return [u for u in dict.fromkeys(users) if u.startswith(("U", "W"))]

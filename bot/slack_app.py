@@ -45,7 +45,7 @@ from bot import blocks
 from bot.ackgate import AckGate
 from bot.slack_outbox import SlackOutbox, slack_not_posted
 from handlers.auth import role_of
-from handlers.dispatch import Dispatcher, Request
+from handlers.dispatch import Dispatcher, Request, duplicate_delivery
 from handlers.reply import Reply, Status
 from handlers.runview import thread_key
 from pipeline import fmt
@@ -264,8 +264,10 @@ class SlackSurface:
     async def _command(self, body: dict[str, Any], respond: Respond, *, retry: bool = False) -> None:
         """Act on an acked slash command once the acks queued behind it went out
         (:class:`~bot.ackgate.AckGate`), then answer through its ``response_url`` — outside the
-        follow-up slot, so a slow Slack never holds another command back.  Slack's redelivery
-        (``retry``) of a command already acted on is left to the first delivery's answer."""
+        follow-up slot, so a slow Slack never holds another command back.  A command is known by
+        its ``trigger_id``, so a second delivery of one is Slack's redelivery, never a person
+        typing it again: whichever of the two arrives second is acted on by nobody and answered
+        by nobody (the first answers); a retry of one already acted on is not even audited."""
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
         trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"
@@ -281,6 +283,8 @@ class SlackSurface:
             if retry and await self.dispatcher.seen(req.delivery_id):
                 return
             reply = await self._handle(req)
+        if reply.title == duplicate_delivery():
+            return  # Slack's redelivery: the first delivery acted and answers
         await self._respond(respond, reply, user=user)
         self._after_answer(reply, req.channel, user, respond)
 

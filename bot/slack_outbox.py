@@ -1,35 +1,24 @@
 """The Slack :class:`~handlers.outbox.Outbox`: one message per restart, updated in place.
 
-``announce(key)`` posts the headline of a restart or incident (``chat.postMessage``) and, on
-later calls, edits it in place (``chat.update``) as steps complete.  Where it lives (channel,
-ts) is kept in Redis under :class:`pipeline.state.posts.Posts`, so any replica can update it or post
-in its thread.  ``thread(key)`` posts under the headline (``thread_ts``); ``post()`` is a
-standalone message; a reply's chart is uploaded with ``files_upload_v2`` (the
-``files.getUploadURLExternal`` + ``files.completeUploadExternal`` flow).
+``announce(key)`` posts the headline of a restart or incident (``chat.postMessage``) and later
+edits it in place (``chat.update``); where it lives is kept in Redis
+(:class:`pipeline.state.posts.Posts`), so any replica can update it or post in its thread
+(``thread(key)``, ``thread_ts``).  ``post()`` is a standalone message; a chart is uploaded with
+``files_upload_v2`` (after ``conversations.join`` for a public channel the bot is not in).
+Payloads come from :mod:`bot.blocks` (within Slack's limits); posts to one channel are paced
+(``[slack] pace``, :class:`bot.slack_api.Pacer`); a 429 waits ``Retry-After``.
 
-Slack's limits are respected: every payload comes from :mod:`bot.blocks` (a long answer is
-split over several messages, the rest in the thread, and past :data:`bot.blocks.MAX_PARTS` the
-whole answer is attached as a text file); posts to one channel are paced
-(``[slack] pace`` seconds apart, :class:`bot.slack_api.Pacer`); HTTP 429 is answered by waiting
-``Retry-After`` (:func:`bot.slack_api.web_client` adds slack_sdk's rate-limit retry handler).
-
-**Never silent, never twice.**  A post never breaks the restart that reports through it, and
-a refused one is never only a log line.  Transient failures are retried with backoff
-(:data:`bot.slack_api.ATTEMPTS`); a post whose outcome is unknown (timeout, reset, 5xx — Slack may have
-stored it; also Slack's HTTP 200 ``fatal_error`` / ``internal_error``) carries message
-metadata with its own id and is looked up (``conversations.history`` /
-``conversations.replies`` from ``oldest``, page by page, and once more after
-:data:`SETTLE` s, since Slack may list a message late) before it is sent again.  A permanent
-refusal (``not_in_channel``, ``channel_not_found``, ``is_archived``, ``restricted_action``,
-``ekm_access_denied``, ``msg_blocks_too_long``, ``invalid_auth``, ``token_revoked``,
-``token_expired``, ``account_inactive``, ``ratelimited`` after the retries …) reaches a person: the requester of the
-run by DM, with the fix (:func:`bot.slack_api.fix_for`), or, for alerts and digests, the
-announce channel when their own channel refused them, else ``[slack] fallback_channel``; an
-alert that no channel takes goes by DM to its job's owners and the admins.  The alert itself
-is posted, after lines saying where it should have gone and why not, and lives in the channel
-that took it from then on (``last_undelivered``, :mod:`pipeline.state.undelivered`).  The last
-refusal is kept for ``/healthz`` and ``status`` (:meth:`pipeline.state.posts.Posts.record_failure`).  A chart for a public
-channel the bot has not joined is uploaded after ``conversations.join``.
+**Never silent, never twice.**  A post never breaks the restart that reports through it.
+Transient failures are retried with backoff (:data:`bot.slack_api.ATTEMPTS`); a post whose
+outcome is unknown (timeout, reset, 5xx, Slack's HTTP 200 ``fatal_error``/``internal_error``)
+carries message metadata with its own id and is looked up (``conversations.history`` /
+``conversations.replies`` from ``oldest``, page by page, and again after :data:`SETTLE` s, since
+Slack may list a message late) before it is sent again.  A permanent refusal
+(``restricted_action``, ``not_in_channel``, ``token_revoked`` …) reaches a person with its fix
+(:func:`bot.slack_api.fix_for`): the run's requester by DM, or, for alerts and digests, the
+announce channel, else ``[slack] fallback_channel``; an alert no channel takes goes by DM to its
+job's owners and the admins, after lines saying where it should have gone and why not
+(:mod:`pipeline.state.undelivered`).  The last refusal is kept for ``/healthz`` and ``status``.
 """
 
 from __future__ import annotations
@@ -69,8 +58,7 @@ log = logging.getLogger(__name__)
 
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
 SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
-PAGES = 20  #: most pages (of :data:`PAGE` messages) one look-up reads
-PAGE = 200
+PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
 
 
@@ -281,15 +269,8 @@ class SlackOutbox:
             await self._tell_owners(channel, reply)
         if too_long:  # the whole answer, as text, in the thread
             text = render_text(blocks.humanise(reply, names))
-            await self.upload_text(text, channel, thread_ts=thread_ts or ts, title=reply.title)
+            await self.upload("", channel, thread_ts=thread_ts or ts, title=reply.title, content=text)
         return ts
-
-    async def upload_text(self, text: str, channel: str, *, thread_ts: str | None, title: str) -> bool:
-        """Upload ``text`` as a ``.txt`` file (an answer too long for messages).
-
-        :returns: True if Slack took it.
-        """
-        return await self.upload("", channel, thread_ts=thread_ts, title=title, content=text)
 
     async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
         """``chat.postMessage`` of one rendered message, at most once.
@@ -412,13 +393,9 @@ class SlackOutbox:
         alert = bool(key and key.startswith("incident:"))
         told = await self._elsewhere(key if alert else None, reply, channel, [notice])
         if alert:
-            self.last_undelivered = {
-                "at": time.time(),
-                "title": what,
-                "channel": channel,
-                "error": exc.error,
-                "told": told,
-            }
+            self.last_undelivered = dict(
+                at=time.time(), title=what, channel=channel, error=exc.error, told=told
+            )
             if self._undelivered is not None:
                 try:
                     await self._undelivered.record(what, channel, exc.error, told)
@@ -458,7 +435,7 @@ class SlackOutbox:
             return []
         told = []
         dm = replace(reply, lines=(*notes, *reply.lines), follow_ups=(), page=None)
-        for user in await self._people(alert):
+        for user in await self.people.expand(list(self.page_by_dm(alert)) if self.page_by_dm else []):
             if await self.dm(user, dm):
                 told.append(user)
         return told
@@ -469,44 +446,11 @@ class SlackOutbox:
         users = [u for u in reply.owners if u.startswith(("U", "W"))]
         if not users:
             return
-        members = await self._members(channel)
+        members = await self.people.members(channel)
         note = slack_owner_note(channel)
         for user in users:
             if members is None or user not in members:
                 await self.dm(user, replace(reply, lines=(note, *reply.lines), page=None, owners=()))
-
-    async def _members(self, channel: str) -> set[str] | None:
-        """The members of ``channel``, page by page, or None when Slack would not say."""
-        members: set[str] = set()
-        cursor = ""
-        for _ in range(PAGES):
-            try:
-                resp = await self.client.conversations_members(
-                    channel=channel, limit=PAGE, cursor=cursor or None
-                )
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                log.info("conversations.members %s: %s", channel, error_of(exc)[0])
-                return None
-            members.update(str(m) for m in resp.get("members") or [])
-            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
-            if not cursor:
-                break
-        return members
-
-    async def _people(self, key: str) -> list[str]:
-        """The users an alert goes to by DM (``page_by_dm``), user groups expanded (``usergroups.list``)."""
-        wanted = list(self.page_by_dm(key)) if self.page_by_dm else []
-        groups: dict[str, list[str]] = {}
-        if any(w.startswith("S") for w in wanted):
-            try:
-                resp = await self.client.usergroups_list(include_users=True)
-                groups = {str(g.get("id")): list(g.get("users") or []) for g in resp.get("usergroups") or []}
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                log.warning("usergroups.list: %s", error_of(exc)[0])
-        users: list[str] = []
-        for who in wanted:
-            users.extend(groups.get(who, []) if who.startswith("S") else [who])
-        return [u for u in dict.fromkeys(users) if u.startswith(("U", "W"))]
 
     async def _requester_of_run(self, key: str) -> str | None:
         if self._runs is None:
