@@ -149,6 +149,14 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         except ValueError:
             ago = "?"
         lines.append(status_delivery_failure(str(failure["line"]), ago))
+    kept = await ctx.redis.persistence()
+    lines.append(
+        status_state_store(
+            kept.where or ctx.redis.description,
+            kept.aof,
+            fmt.clock(kept.last_save, config.scheduler.timezone),
+        )
+    )
     return Reply(
         title=status_title(len(names)),
         status=tone,
@@ -325,6 +333,12 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
 def status_delivery_failure(line: str, ago: str) -> str:
     """``status``'s line about the last post Slack refused."""
     return f"last Slack delivery failure {ago}: {line}"
+
+
+def status_state_store(where: str, aof: bool, last_save: str) -> str:
+    """``status``'s line on where the run state lives and when it was last persisted."""
+    kept = "every write, fsynced each second (append-only file)" if aof else "at snapshots only"
+    return f"state in {where}: persisted {kept}; last snapshot {last_save}"
 
 
 def help_title() -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from handlers.views import status_command
 from pipeline.config import Config, RedisSettings, StateSettings, WatchSettings
 from pipeline.state.incidents import IncidentStore
 from tests.fixtures.slack import kill_matching
@@ -118,5 +119,10 @@ async def test_redis_sigkilled_under_serve_loses_nothing(
     assert (await ctx.runs.get("r-1")).verdict is not None
     kept = await incidents.incident(stack.job)
     assert kept is not None and kept.n == opened.n and kept.opened_at == opened.opened_at
+    status = await status_command(ctx, stack.job)
+    (where,) = [line for line in status.lines if line.startswith("state in ")]
+    assert str(tmp_path) in where and "fsynced each second" in where
+    health = await runtime.health()
+    assert health["redis"]["aof"] is True and str(tmp_path) in health["redis"]["data"]
     posts = [c for c in await stack.fake.calls("chat.postMessage") if AWAY in (c.args.get("text") or "")]
     assert len(posts) == 1
