@@ -127,9 +127,9 @@ class SlackRuntime:
 
     async def close(self, drain: float = DRAIN_TIMEOUT) -> None:
         """Stop taking requests, let answers and restarts in flight finish (bounded), close all."""
-        if self._watching is not None:
-            self._watching.cancel()
-            await asyncio.gather(self._watching, return_exceptions=True)
+        if self._watching is not None and self.store_watch is not None:
+            self.store_watch.stop()
+            await asyncio.wait([self._watching], timeout=drain)
         if self.socket is not None:
             with contextlib.suppress(Exception):
                 await self.socket.close_async()  # type: ignore[no-untyped-call]

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 
 from redis.backoff import ExponentialBackoff
@@ -40,7 +41,7 @@ class Outage:
 
 
 class StoreWatch:
-    """Watches one :class:`RedisHandle`; run :meth:`run` as a task and cancel it to stop.
+    """Watches one :class:`RedisHandle`; run :meth:`run` as a task, end it with :meth:`stop`.
 
     :param handle: the process's Redis handle.
     :param grace: seconds of outage after which it is reported (two watch intervals).
@@ -63,17 +64,27 @@ class StoreWatch:
         self.down_since: float | None = None  #: Unix time (s) the current outage began, else None
         self._logged = False
         self._revived = False
+        self._stopped = asyncio.Event()
+
+    def stop(self) -> None:
+        """Make :meth:`run` return at its next wait (a cancellation alone can be lost in a ``wait_for``)."""
+        self._stopped.set()
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if :meth:`stop` is called."""
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)
 
     async def run(self) -> None:
-        """Ping, revive and report until cancelled."""
+        """Ping, revive and report until :meth:`stop` (or cancelled)."""
         failures = 0
-        while True:
+        while not self._stopped.is_set():
             try:
                 await self.handle.round_trip()
             except StateUnavailable as exc:
                 failures += 1
                 await self._down(exc)
-                await asyncio.sleep(BACKOFF.compute(failures))
+                await self._pause(BACKOFF.compute(failures))
                 continue
             failures = 0
             if self.down_since is not None:
@@ -84,7 +95,7 @@ class StoreWatch:
                         await self.on_back(outage)
                     except Exception:
                         log.exception("telling of the Redis outage failed")
-            await asyncio.sleep(self.every)
+            await self._pause(self.every)
 
     async def _down(self, exc: StateUnavailable) -> None:
         """Note the outage, log it once it outlasts :attr:`grace`, and try to revive the server."""
