@@ -17,7 +17,10 @@ Jobs:
 - ``verify``, every ``poll_interval`` s: deliver the verifications that are due
   (the verification queue, :func:`handlers.verdicts.deliver_due`).
 - ``watch:HOST:INTERVAL``, every ``watch.interval`` s: one watch cycle — one probe — for all
-  jobs on HOST that share that interval (:class:`handlers.watching.Watcher`).
+  jobs on HOST that share that interval (:class:`handlers.watching.Watcher`); once every group
+  has had one, ``[health] heartbeat_url`` is pinged (:class:`bot.heartbeat.Heartbeat`).  A cycle
+  starting more than :data:`GAP_INTERVALS` intervals after the previous one (of any leader)
+  ended posts once in the announce channel that Pitstop was not watching, and what it found.
 - ``digest:JOB``, per ``digest.every`` (interval) or ``digest.cron`` (crontab in
   ``[scheduler] timezone``): :func:`handlers.reports.digest_command` posted with
   ``ctx.outbox.post``.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,18 +44,24 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.assembly import build_watcher
+from bot.heartbeat import Heartbeat
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
+from pipeline import fmt
 from pipeline.errors import StateUnavailable
 from pipeline.observe.watch import DEFAULT_REMIND_EVERY
+from pipeline.state.incidents import IncidentKind
 from pipeline.state.leader import LeaderLease
+from pipeline.state.watchclock import WatchClock
 
 log = logging.getLogger(__name__)
 
 DIGEST_CRON_GRACE = 3600.0  #: seconds a cron digest may start late and still run
 DRAIN_TIMEOUT = 30.0  #: seconds :meth:`PitstopScheduler.stop` waits for automatic restarts
+GAP_INTERVALS = 3  #: watch intervals without a cycle after which the returning leader says it was away
 
 
 class _QuietOverlap(logging.Filter):
@@ -92,6 +102,9 @@ class PitstopScheduler:
         self.poll_interval = poll_interval
         self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
         self.watcher: Watcher = build_watcher(ctx, remind_every=remind_every)
+        self.heartbeat: Heartbeat | None = None
+        self.clock = ctx.redis.open_store(WatchClock)
+        self._shortest = min((job.watch.interval for job in ctx.config.jobs.values()), default=0.0)
         self._scheduler: AsyncIOScheduler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._was_leader = False
@@ -163,7 +176,10 @@ class PitstopScheduler:
                 interval,
                 host,
                 names,
+                f"watch:{host}:{interval:g}",
             )
+        if config.health.heartbeat_url and groups:
+            self.heartbeat = Heartbeat(config.health.heartbeat_url, (f"watch:{h}:{i:g}" for h, i in groups))
         for name, job in config.jobs.items():
             if job.digest.every is not None:
                 trigger: Any = IntervalTrigger(seconds=job.digest.every, timezone=tz)
@@ -194,6 +210,8 @@ class PitstopScheduler:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         await self.watcher.drain(drain_timeout)
+        if self.heartbeat is not None:
+            await self.heartbeat.aclose()
         self._was_leader = False
         if release:
             try:
@@ -259,9 +277,27 @@ class PitstopScheduler:
         if self.is_leader:
             await deliver_due(self.ctx)
 
-    async def _watch_tick(self, host: str, names: list[str]) -> None:
-        if self.is_leader:
-            await self.watcher.cycle(host, names)
+    async def _watch_tick(self, host: str, names: list[str], group: str) -> None:
+        if not self.is_leader:
+            return
+        began = time.time()
+        previous = await self.clock.mark(began)  # the end of the last cycle, of any leader
+        try:
+            decisions = await self.watcher.cycle(host, names)
+        except Exception:
+            await self._beat(group, False)
+            raise
+        await self.clock.mark(time.time())
+        if previous is not None and began - previous > GAP_INTERVALS * self._shortest and self.is_leader:
+            found = {name: d.condition for name, d in decisions.items()}
+            post = not_watching(previous, began, found, self.ctx.config.scheduler.timezone)
+            await self.ctx.outbox.post(post, self.ctx.config.slack.announce_channel)
+        await self._beat(group, all(d.condition != IncidentKind.UNREACHABLE for d in decisions.values()))
+
+    async def _beat(self, group: str, ok: bool) -> None:
+        """Tell the heartbeat of one watch cycle (``[health] heartbeat_url``), while still leader."""
+        if self.heartbeat is not None and self.is_leader:
+            await self.heartbeat.cycle_done(group, ok)
 
     async def _digest_tick(self, job: str) -> None:
         if not self.is_leader:
@@ -283,3 +319,18 @@ class PitstopScheduler:
 def scheduler_leader(instance: str, acquired: bool) -> str:
     """Log line: this process became, or stopped being, the scheduler leader."""
     return f"{instance} {'is now' if acquired else 'is no longer'} the scheduler leader"
+
+
+def not_watching(start: float, end: float, found: dict[str, str], timezone: str) -> Reply:
+    """The announce post of a leader back after a gap: when nobody watched, and what it found.
+
+    :param start: unix s of the last cycle before the gap.
+    :param end: unix s of the first cycle after it.
+    :param found: job → the condition its first cycle found (``ok`` shows as RUNNING).
+    """
+    jobs = ", ".join(f"{name} {'RUNNING' if c == 'ok' else c.upper()}" for name, c in found.items())
+    return Reply(
+        f"Pitstop was not watching from {fmt.clock(start, timezone)} to {fmt.clock(end, timezone)} "
+        f"({fmt.duration(end - start)}); on return: {jobs or 'nothing to watch'}",
+        Status.WARNING,
+    )

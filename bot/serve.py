@@ -41,8 +41,11 @@ from bot.slack_outbox import SlackOutbox
 from handlers.alerts import page_by_dm
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
-from pipeline.config import Config
+from handlers.reply import Reply, Status
+from pipeline import fmt
+from pipeline.config import Config, WatchSettings
 from pipeline.errors import SlackUnavailable, StateUnavailable
+from pipeline.state.outage import Outage, StoreWatch
 from pipeline.state.posts import Posts
 from pipeline.state.undelivered import UndeliveredAlerts
 
@@ -67,8 +70,21 @@ class SlackRuntime:
     surface: SlackSurface
     scheduler: PitstopScheduler | None = None
     socket: AsyncSocketModeHandler | None = None
+    store_watch: StoreWatch | None = None
     auth: dict[str, Any] = field(default_factory=dict)
     _auth_at: float = 0.0
+    _watching: asyncio.Task[None] | None = None
+
+    def watch_store(self) -> None:
+        """Start watching Redis: a dead embedded server is started again, and an outage longer
+        than two watch intervals is logged and, once Redis is back, posted to the announce channel."""
+        self.store_watch = StoreWatch(
+            self.ctx.redis, grace=2 * watch_interval(self.config), on_back=self._store_back
+        )
+        self._watching = asyncio.get_running_loop().create_task(self.store_watch.run())
+
+    async def _store_back(self, outage: Outage) -> None:
+        await self.outbox.post(state_store_was_away(outage, self.config.scheduler.timezone), None)
 
     async def slack_health(self) -> dict[str, Any]:
         """``auth.test`` (cached :data:`HEALTH_TTL` s) plus the Socket Mode connection state."""
@@ -92,11 +108,21 @@ class SlackRuntime:
 
     async def redis_health(self) -> dict[str, Any]:
         """A PING round trip to Redis, in milliseconds."""
+        since = self.store_watch.down_since if self.store_watch is not None else None
         try:
             ms = await self.ctx.redis.round_trip()
+            kept = await self.ctx.redis.persistence()
         except StateUnavailable as exc:
-            return {"ok": False, "error": exc.detail}
-        return {"ok": True, "ms": round(ms, 2)}
+            down = {"unreachable_since": fmt.clock(since, date=True)} if since is not None else {}
+            return {"ok": False, "error": exc.detail, **down}
+        return {
+            "ok": True,
+            "ms": round(ms, 2),
+            "data": kept.where,
+            "aof": kept.aof,
+            "last_save": fmt.clock(kept.last_save, date=True),
+            "persisted": "every second (append-only file)" if kept.aof and kept.aof_ok else "at snapshots",
+        }
 
     async def health(self) -> dict[str, Any]:
         """``{"ok": bool, "redis": {...}, "slack": {...}}``."""
@@ -105,6 +131,9 @@ class SlackRuntime:
 
     async def close(self, drain: float = DRAIN_TIMEOUT) -> None:
         """Stop taking requests, let answers and restarts in flight finish (bounded), close all."""
+        if self._watching is not None and self.store_watch is not None:
+            self.store_watch.stop()
+            await asyncio.wait([self._watching], timeout=drain)
         if self.socket is not None:
             with contextlib.suppress(Exception):
                 await self.socket.close_async()  # type: ignore[no-untyped-call]
@@ -183,6 +212,7 @@ async def open_runtime(
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(surface.groups.refresh(), timeout=5.0)
+        runtime.watch_store()
         if scheduler:
             runtime.scheduler = PitstopScheduler(ctx)
             await runtime.scheduler.start()
@@ -326,7 +356,22 @@ async def serve_socket(config: Config, *, bot_token: str, app_token: str, api_ur
         await runtime.close()
 
 
+def watch_interval(config: Config) -> float:
+    """The shortest watch interval of the configured jobs, in seconds (the default one without jobs)."""
+    return min((job.watch.interval for job in config.jobs.values()), default=WatchSettings().interval)
+
+
 # --- text ---------------------------------------------------------------------------------------
+
+
+def state_store_was_away(outage: Outage, timezone: str) -> Reply:
+    """The announce post once Redis is back after an outage longer than two watch intervals."""
+    return Reply(
+        f"state store was unreachable from {fmt.clock(outage.start, timezone)} to "
+        f"{fmt.clock(outage.end, timezone)} ({fmt.duration(outage.seconds)}); "
+        "watching, verifications and alerts resume now",
+        Status.WARNING,
+    )
 
 
 def serve_listening(url: str) -> str:

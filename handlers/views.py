@@ -142,6 +142,14 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
                 f"{fmt.duration(now - undelivered.at)} ago",
             )
         )
+    kept = await ctx.redis.persistence()
+    lines.append(
+        status_state_store(
+            kept.where or ctx.redis.description,
+            kept.aof,
+            fmt.clock(kept.last_save, config.scheduler.timezone),
+        )
+    )
     return Reply(
         title=status_title(len(names)),
         status=tone,
@@ -330,6 +338,12 @@ def status_undelivered_alert(title: str, channel: str, error: str, told: Sequenc
     shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in told]
     instead = f"went to {', '.join(shown)} instead" if told else "reached no one"
     return f"last undelivered alert {ago}: {title} - {error} in <#{channel}>, {instead}"
+
+
+def status_state_store(where: str, aof: bool, last_save: str) -> str:
+    """``status``'s line on where the run state lives and when it was last persisted."""
+    kept = "every write, fsynced each second (append-only file)" if aof else "at snapshots only"
+    return f"state in {where}: persisted {kept}; last snapshot {last_save}"
 
 
 def help_title() -> str:

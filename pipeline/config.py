@@ -124,6 +124,21 @@ class RedisSettings(_Model):
         return v
 
 
+class HealthSettings(_Model):
+    """``[health]``: a watcher for the watcher."""
+
+    #: pinged (HTTP GET) after each watch round that probed every host, ``URL/fail`` after a failed
+    #: one (the Healthchecks.io / Cronitor / Dead Man's Snitch convention)
+    heartbeat_url: str | None = None
+
+    @field_validator("heartbeat_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", v):
+            raise ValueError("must be an http:// or https:// URL, such as 'https://hc-ping.com/UUID'")
+        return v
+
+
 class StateSettings(_Model):
     """``[state]``: where local state (embedded Redis, charts) lives."""
 
@@ -388,6 +403,7 @@ class Config(_Model):
     auth: AuthSettings = AuthSettings()
     redis: RedisSettings = RedisSettings()
     state: StateSettings = StateSettings()
+    health: HealthSettings = HealthSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     hosts: dict[str, HostConfig] = {}
     jobs: dict[str, JobConfig] = {}

@@ -163,3 +163,8 @@ def events(prefix: str) -> str:
 def confirmation(prefix: str, token: str) -> str:
     """String with TTL: a request waiting for its requester's confirmation (JSON)."""
     return f"{prefix}confirm:{token}"
+
+
+def watched_at(prefix: str) -> str:
+    """String: unix s at which a leader last finished a watch cycle (gaps in watching show here)."""
+    return f"{prefix}watch:last_cycle"

@@ -24,7 +24,6 @@ Usage::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -43,6 +42,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TTL = 30.0  #: seconds
 HOLDER_WAIT = 1.0  #: seconds a refused request waits for the holder's record to appear
+RENEWAL_STOP_TIMEOUT = 5.0  #: seconds release waits for the renewal task to end
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,7 @@ class JobLock:
         self._held = self._taken = False
         self._lost = False
         self._renewal: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
         self.holder: Holder | None = None
 
     @property
@@ -274,7 +275,11 @@ class JobLock:
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(self.renew_every)
+            try:  # a stop request ends the loop even when redis-py swallowed the task's cancel
+                await asyncio.wait_for(self._stopping.wait(), self.renew_every)
+                return
+            except TimeoutError:
+                pass
             try:
                 await self._lock.extend(self.ttl, replace_ttl=True)
                 await self.client.pexpire(self.holder_key, self._ms())
@@ -293,10 +298,11 @@ class JobLock:
         if not self._taken:
             raise IllegalTransition(f"lock {self.scope}", "not held by this object", "release")
         if self._renewal is not None:
-            self._renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewal
-            self._renewal = None
+            task, self._renewal = self._renewal, None
+            self._stopping.set()
+            task.cancel()
+            # bounded: a cancel that redis-py's connection code swallows must not hang the release
+            await asyncio.wait({task}, timeout=RENEWAL_STOP_TIMEOUT)
         if not self._held:
             return
         self._held = False

