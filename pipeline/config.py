@@ -1,10 +1,9 @@
 """The configuration file: one TOML file, read once, validated with pydantic, passed in.
 
-Found by ``--config FILE``, else ``$PITSTOP_CONFIG``, else ``./pitstop.toml``
-(:func:`resolve_path`).  Every key is documented in ``pitstop.example.toml``; the key
-names are part of Pitstop's interface.  Validation errors are reported one line per
-problem, each naming its TOML path (``jobs.dflash.host: unknown host 'gpu2' (known: gpu1)``),
-never as a traceback (:func:`load_config` raises :class:`~pipeline.errors.ConfigError`).
+Found by ``--config FILE``, else ``$PITSTOP_CONFIG``, else ``./pitstop.toml`` (:func:`resolve_path`).
+Every key is documented in ``pitstop.example.toml``; its names are Pitstop's interface.  Errors
+come one line per problem, naming its TOML path (``jobs.dflash.host: unknown host 'gpu2' (known:
+gpu1)``), never as a traceback (:func:`load_config` raises :class:`~pipeline.errors.ConfigError`).
 """
 
 from __future__ import annotations
