@@ -15,8 +15,9 @@ and ``bot`` import it, never the other way round.  Its packages, one concept eac
 - :mod:`pipeline.digest` — throughput digests: metric lines, the log window, statistics, the chart;
 - :mod:`pipeline.dflash` — the reference eight-GPU training workload (hosts run a copy of it).
 
-Loose at the top, imported by all of them: :mod:`~pipeline.config` (the TOML file, validated
-once), :mod:`~pipeline.errors` (every error with its code), :mod:`~pipeline.fmt` (duration, bytes,
+- :mod:`pipeline.config` — the TOML file, validated once, its models by table.
+
+Loose at the top, imported by all of them: :mod:`~pipeline.errors` (every error with its code), :mod:`~pipeline.fmt` (duration, bytes,
 clock for people) and :mod:`~pipeline.verdict` (the steps, the verdict set and the verdict line,
 formatted and parsed).
 

@@ -1,0 +1,279 @@
+"""The configuration file: one TOML file, read once, validated with pydantic, passed in.
+
+Found by ``--config FILE``, else ``$PITSTOP_CONFIG``, else ``./pitstop.toml`` (:func:`resolve_path`).
+Every key is documented in ``pitstop.example.toml``; its names are Pitstop's interface.  Errors
+come one line per problem, naming its TOML path (``jobs.dflash.host: unknown host 'gpu2' (known:
+gpu1)``), never as a traceback (:func:`load_config` raises :class:`~pipeline.errors.ConfigError`).
+
+The tables' models live by table: :mod:`~pipeline.config.service` (the service's own tables),
+:mod:`~pipeline.config.jobs` (``[jobs.NAME]``), :mod:`~pipeline.config.watch` (its ``watch`` and
+``digest``); all are importable from here.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError, model_validator
+
+from pipeline.config.base import Seconds, _Model, seconds_setting
+from pipeline.config.jobs import (
+    ENGINE_NAMES,
+    GpuRoles,
+    JobAuth,
+    JobConfig,
+    MetricsPattern,
+    SlurmSettings,
+)
+from pipeline.config.service import (
+    AuthSettings,
+    HealthSettings,
+    HostConfig,
+    RedisSettings,
+    SchedulerSettings,
+    SlackSettings,
+    StateSettings,
+)
+from pipeline.config.watch import AutoRestart, DigestSettings, WatchSettings
+from pipeline.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "ENGINE_NAMES",
+    "AuthSettings",
+    "AutoRestart",
+    "Config",
+    "DigestSettings",
+    "GpuRoles",
+    "HealthSettings",
+    "HostConfig",
+    "JobAuth",
+    "JobConfig",
+    "MetricsPattern",
+    "RedisSettings",
+    "SchedulerSettings",
+    "Seconds",
+    "SlackSettings",
+    "SlurmSettings",
+    "StateSettings",
+    "WatchSettings",
+    "config_missing",
+    "load_config",
+    "parse_config",
+    "resolve_path",
+    "seconds_setting",
+]
+
+DEFAULT_CONFIG = "pitstop.toml"
+
+
+class Config(_Model):
+    """The whole validated configuration.
+
+    :ivar source: the file it was read from (resolved), or ``""`` when built in code.
+    """
+
+    slack: SlackSettings = SlackSettings()
+    auth: AuthSettings = AuthSettings()
+    redis: RedisSettings = RedisSettings()
+    state: StateSettings = StateSettings()
+    health: HealthSettings = HealthSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
+    hosts: dict[str, HostConfig] = {}
+    jobs: dict[str, JobConfig] = {}
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        problems: list[str] = []
+        for table, names in (("hosts", list(self.hosts)), ("jobs", list(self.jobs))):
+            seen: dict[str, str] = {}
+            for name in names:
+                if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+                    problems.append(f"{table}.{name}: names use letters, digits, '_', '.', '-'")
+                if name.lower() in seen:
+                    problems.append(
+                        f"{table}.{name}: same name as {table}.{seen[name.lower()]} (names ignore case)"
+                    )
+                seen[name.lower()] = name
+        known = ", ".join(self.hosts) or "none"
+        for name, host in self.hosts.items():
+            if host.jump is not None and host.jump not in self.hosts:
+                problems.append(f"hosts.{name}.jump: unknown host '{host.jump}' (known: {known})")
+            if host.jump == name:
+                problems.append(f"hosts.{name}.jump: a host cannot be its own bastion")
+        for name, job in self.jobs.items():
+            if job.host not in self.hosts:
+                problems.append(f"jobs.{name}.host: unknown host '{job.host}' (known: {known})")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def job(self, name: str) -> JobConfig:
+        """The job called ``name`` (case-insensitive).
+
+        :raises KeyError: if there is none.
+        """
+        return self.jobs[self.job_name(name)]
+
+    def job_name(self, name: str) -> str:
+        """The configured spelling of a job name (case-insensitive).
+
+        :raises KeyError: if there is none.
+        """
+        return _spelling(self.jobs, name)
+
+    def host_name(self, name: str) -> str:
+        """The configured spelling of a host name (case-insensitive).
+
+        :raises KeyError: if there is none.
+        """
+        return _spelling(self.hosts, name)
+
+    def channel_for(self, job: str) -> str | None:
+        """The channel a job's posts go to: its ``channel``, else ``announce_channel``."""
+        return self.jobs[job].channel or self.slack.announce_channel
+
+
+def _spelling(known: Iterable[str], name: str) -> str:
+    lower = name.lower()
+    for key in known:
+        if key.lower() == lower:
+            return key
+    raise KeyError(name)
+
+
+def resolve_path(explicit: str | Path | None, env_value: str | None) -> Path:
+    """Where the config file is: ``--config``, else ``$PITSTOP_CONFIG``, else ``./pitstop.toml``."""
+    if explicit:
+        return Path(explicit)
+    if env_value:
+        return Path(env_value)
+    return Path(DEFAULT_CONFIG)
+
+
+_BRANCH_TAGS = {"MetricsPattern"}  # pydantic names a union branch by its class in error locations
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            parts[-1:] = [f"{parts[-1]}[{part}]"] if parts else [f"[{part}]"]
+        elif part in _BRANCH_TAGS or "[" in part:
+            continue  # a union branch's class or validator name, not a TOML key
+        else:
+            parts.append(part)
+    return ".".join(parts)
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    out: list[str] = []
+    errors = exc.errors()
+    others = [_loc(e["loc"]) for e in errors if e["type"] != "literal_error"]
+    for err in errors:
+        path = _loc(err["loc"])
+        if err["type"] == "literal_error" and any(o.startswith(path + ".") for o in others):
+            continue  # the other branch of a union explains the problem better
+        msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (see pitstop.example.toml for the keys)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        for line in msg.splitlines():
+            out.append(f"{path}: {line}" if path and not line.startswith(("jobs.", "hosts.")) else line)
+    # a union (metrics) reports each branch; keep distinct lines only
+    return list(dict.fromkeys(out))
+
+
+def _raw_reference_problems(data: dict[str, Any]) -> list[str]:
+    """Unknown-host references, found even when other keys fail validation."""
+    hosts: dict[str, Any] = data["hosts"] if isinstance(data.get("hosts"), dict) else {}
+    jobs: dict[str, Any] = data["jobs"] if isinstance(data.get("jobs"), dict) else {}
+    known = ", ".join(hosts) or "none"
+    out = []
+    for name, job in jobs.items():
+        host = job.get("host") if isinstance(job, dict) else None
+        if isinstance(host, str) and host not in hosts:
+            out.append(f"jobs.{name}.host: unknown host '{host}' (known: {known})")
+    return out
+
+
+def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:
+    """Validate a TOML document already parsed into a dict.
+
+    Patch paths are resolved relative to ``base_dir`` (the config file's directory).
+
+    :raises ConfigError: one problem per invalid key.
+    """
+    try:
+        config = Config.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        problems = _problems(exc)
+        problems += [p for p in _raw_reference_problems(data) if p not in problems]
+        raise ConfigError(problems, source) from None
+    if base_dir is not None:
+        missing = [
+            f"jobs.{name}.patches.{patch}: file not found: {base_dir / path}"
+            for name, job in config.jobs.items()
+            for patch, path in job.patches.items()
+            if not (base_dir / path).is_file()
+        ]
+        if missing:
+            raise ConfigError(missing, source)
+        jobs = {
+            name: job.model_copy(
+                update={"patches": {p: (base_dir / path).resolve() for p, path in job.patches.items()}}
+            )
+            for name, job in config.jobs.items()
+        }
+        hosts = {
+            name: host.model_copy(
+                update={
+                    "known_hosts": (base_dir / host.known_hosts.expanduser()).resolve()
+                    if host.known_hosts
+                    else None,
+                    "client_keys": [(base_dir / k.expanduser()).resolve() for k in host.client_keys],
+                }
+            )
+            for name, host in config.hosts.items()
+        }
+        config = config.model_copy(update={"jobs": jobs, "hosts": hosts})
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate the config file at ``path``.
+
+    :raises ConfigError: missing file, TOML syntax error (with its line), or invalid keys.
+    """
+    p = Path(path)
+    source = str(p)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError([config_missing(source)]) from None
+    except OSError as exc:
+        raise ConfigError([f"{source}: cannot read: {exc.strerror}"]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError([f"{source}: not UTF-8 text"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{source}: TOML syntax error: {exc}"], source) from None
+    return parse_config(data, source, p.resolve().parent)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def config_missing(path: str) -> str:
+    """The config file does not exist."""
+    return (
+        f"{path}: config file not found - pass --config FILE, set PITSTOP_CONFIG, "
+        "or copy pitstop.example.toml to ./pitstop.toml"
+    )

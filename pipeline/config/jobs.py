@@ -1,0 +1,185 @@
+"""A job's ``[jobs.NAME]`` table and its small sub-tables (``gpus``, ``metrics``, ``auth``,
+``slurm``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config.base import Seconds, _Model
+from pipeline.config.watch import DigestSettings, WatchSettings
+
+
+class GpuRoles(_Model):
+    """``gpus = {target=[...], drafter=[...]}``: GPU indices per pipeline role."""
+
+    target: list[int] = []
+    drafter: list[int] = []
+
+    @property
+    def all(self) -> list[int]:
+        """Every GPU index, targets first."""
+        return [*self.target, *self.drafter]
+
+
+class MetricsPattern(_Model):
+    """``metrics = {pattern = '...'}``: a regex whose named groups are metric keys."""
+
+    pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            rx = re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from exc
+        if not rx.groupindex:
+            raise ValueError("needs named groups, e.g. (?P<tokens_per_s>[0-9.]+)")
+        return v
+
+
+class JobAuth(_Model):
+    """``[jobs.NAME.auth]``: per-job role overrides (replace the global list when set)."""
+
+    admins: list[str] | None = None
+    operators: list[str] | None = None
+    viewers: list[str] | None = None
+
+
+class SlurmSettings(_Model):
+    """``[jobs.NAME.slurm]``: the job is a Slurm batch job; the job's ``host`` is the login node."""
+
+    script: str  #: the batch script on the login node (absolute path)
+    sbatch_args: list[str] = []  #: extra sbatch arguments, e.g. ["--partition", "gpu"]
+    #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
+    requeue: bool = False
+    nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
+    tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
+
+    @field_validator("script")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path on the login node")
+        return v
+
+
+ENGINE_NAMES: set[str] = {"ssh", "slurm"}
+"""The valid ``[jobs.NAME] engine`` names (:func:`pipeline.engines.base.register` adds to it)."""
+
+
+class JobConfig(_Model):
+    """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
+
+    host: str
+    engine: str = "ssh"  #: one of :data:`ENGINE_NAMES`
+    slurm: SlurmSettings | None = None
+    exec: list[str] = []  #: argv prefix, e.g. ["pct","exec","200","--"]
+    workdir: str
+    launch: list[str] = []  #: argv run in workdir (the ssh engine's; unused on Slurm)
+    log: str  #: training log path on the host
+    match: str  #: regex searched in each process's full command line
+    processes: int = Field(default=1, ge=1)
+    start_window: Seconds = 10.0
+    stop_timeout: Seconds = 30.0
+    lock_scope: Literal["job", "host"] = "job"
+    clear_cache: list[str] = []
+    confirm: bool = False
+    channel: str | None = None
+    gpus: GpuRoles | None = None
+    metrics: Literal["jsonl"] | MetricsPattern = "jsonl"
+    metrics_log: str | None = None
+    checkpoint_dir: str | None = None  #: where the job's checkpoints are; verify checks the run resumed
+    patches: dict[str, Path] = {}
+    watch: WatchSettings = WatchSettings()
+    digest: DigestSettings = DigestSettings()
+    auth: JobAuth = JobAuth()
+    #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
+    owners: list[str] = []
+    notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too
+
+    @field_validator("owners")
+    @classmethod
+    def _people(cls, v: list[str]) -> list[str]:
+        for who in v:
+            if not re.fullmatch(r"[SUW][A-Z0-9]{2,}", who):
+                raise ValueError(
+                    f"owner {who!r}: use a user id (U…) or a user-group id (S…), as Slack shows them "
+                    "in a profile's ⋮ → Copy member ID"
+                )
+        return v
+
+    @field_validator("launch")
+    @classmethod
+    def _nonempty(cls, v: list[str]) -> list[str]:
+        if not v or not v[0]:
+            raise ValueError("needs at least the program to run")
+        return v
+
+    @field_validator("workdir", "log", "checkpoint_dir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError("must be an absolute path on the host")
+        return v
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from exc
+        return v
+
+    @field_validator("clear_cache")
+    @classmethod
+    def _safe_paths(cls, v: list[str]) -> list[str]:
+        for p in v:
+            parts = p.split("/")
+            if not p.startswith("/") or p.rstrip("/") == "" or ".." in parts:
+                raise ValueError(f"{p!r}: must be an absolute path, not '/', without '..'")
+        return v
+
+    @field_validator("patches")
+    @classmethod
+    def _patch_names(cls, v: dict[str, Path]) -> dict[str, Path]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+                raise ValueError(f"patch name {name!r}: letters, digits, '_', '.', '-' only")
+        return v
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in ENGINE_NAMES:
+            known = ", ".join(f'"{n}"' for n in sorted(ENGINE_NAMES))
+            raise ValueError(f"unknown engine {v!r}: use one of {known}")
+        return v
+
+    @model_validator(mode="after")
+    def _engine(self) -> JobConfig:
+        if self.engine == "ssh" and not self.launch:
+            raise ValueError("launch: required key is missing")
+        if self.engine == "slurm" and self.slurm is None:
+            raise ValueError('engine "slurm" needs a [jobs.NAME.slurm] table with at least script')
+        if self.engine == "ssh" and self.slurm is not None:
+            raise ValueError('[jobs.NAME.slurm] is set but engine is "ssh" (set engine = "slurm")')
+        return self
+
+    @property
+    def expected_processes(self) -> int:
+        """Processes the job should have: ``nodes`` × ``tasks_per_node`` on Slurm when set, else
+        ``processes``."""
+        if self.slurm is not None and self.slurm.tasks_per_node is not None:
+            return self.slurm.nodes * self.slurm.tasks_per_node
+        return self.processes
+
+    @property
+    def metrics_path(self) -> str:
+        """The file metric lines are read from (``metrics_log``, else ``log``)."""
+        return self.metrics_log or self.log
