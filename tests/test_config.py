@@ -100,6 +100,12 @@ def test_missing_file(tmp_path: Path) -> None:
         ('metrics = { pattern = "no groups" }', "jobs.dflash.metrics.pattern: needs named groups"),
         ('owners = ["alice"]', "jobs.dflash.owners: owner 'alice'"),
         ("notify_last_actor = 3", "jobs.dflash.notify_last_actor"),
+        ("max_lost = -5", "jobs.dflash.max_lost: a number of steps"),
+        ('max_lost = "soon"', "jobs.dflash.max_lost"),
+        ("total_steps = 0", "jobs.dflash.total_steps"),
+        ("[jobs.dflash.watch]\nslow_after_restart = 1.5", "jobs.dflash.watch.slow_after_restart"),
+        ("[jobs.dflash.watch]\nidle_gpu_below = 5", "jobs.dflash.watch: set both idle_gpu_below"),
+        ("[jobs.dflash.watch]\nno_progress_after = 0", "jobs.dflash.watch.no_progress_after"),
     ],
 )
 def test_rejected_values(tmp_path: Path, snippet: str, expected: str) -> None:
@@ -107,6 +113,19 @@ def test_rejected_values(tmp_path: Path, snippet: str, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, MINIMAL + snippet + "\n"))
     assert any(p.startswith(expected) for p in info.value.problems), info.value.problems
+
+
+def test_loss_and_recovery_keys(tmp_path: Path) -> None:
+    """max_lost reads an integer as steps and a duration as seconds; the recovery and idle-GPU watch
+    keys take their documented defaults (idle GPUs off)."""
+    steps = load_config(write(tmp_path, MINIMAL + "max_lost = 500\ntotal_steps = 9000\n")).jobs["dflash"]
+    assert steps.max_lost == 500 and steps.total_steps == 9000
+    timed = load_config(write(tmp_path, MINIMAL + 'max_lost = "10m"\n')).jobs["dflash"]
+    assert not isinstance(timed.max_lost, int) and timed.max_lost is not None
+    assert timed.max_lost.seconds == 600
+    w = timed.watch
+    assert (w.recovery_window, w.slow_after_restart, w.no_progress_after, w.min_progress) == (300, 0.8, 3, 1)
+    assert w.idle_gpu_below is None and w.idle_gpu_for is None
 
 
 def test_names_unique_ignoring_case(tmp_path: Path) -> None:

@@ -156,7 +156,10 @@ def resolve_path(explicit: str | Path | None, env_value: str | None) -> Path:
     return Path(DEFAULT_CONFIG)
 
 
-_BRANCH_TAGS = {"MetricsPattern"}  # pydantic names a union branch by its class in error locations
+_BRANCH_TAGS = {
+    "MetricsPattern",
+    "LostDuration",
+}  # pydantic names a union branch by its class in error locations
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:

@@ -9,8 +9,22 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config.base import Seconds, _Model
+from pipeline.config.base import Seconds, _Model, seconds_setting
 from pipeline.config.watch import DigestSettings, WatchSettings
+
+
+class LostDuration(_Model):
+    """``max_lost = "10m"``: the most training time a restart may lose, in seconds."""
+
+    seconds: float
+
+
+def _lost(value: object) -> object:
+    if isinstance(value, str):
+        return LostDuration(seconds=seconds_setting(value))
+    if isinstance(value, bool) or (isinstance(value, int) and value < 0):
+        raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
+    return value
 
 
 class GpuRoles(_Model):
@@ -94,6 +108,9 @@ class JobConfig(_Model):
     metrics: Literal["jsonl"] | MetricsPattern = "jsonl"
     metrics_log: str | None = None
     checkpoint_dir: str | None = None  #: where the job's checkpoints are; verify checks the run resumed
+    total_steps: int | None = Field(default=None, ge=1)  #: the run's last step: digests give % and ETA
+    #: the most a restart may lose: an int is steps, a duration string ("10m") is seconds of training
+    max_lost: int | LostDuration | None = None
     patches: dict[str, Path] = {}
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
@@ -119,6 +136,11 @@ class JobConfig(_Model):
         if not v or not v[0]:
             raise ValueError("needs at least the program to run")
         return v
+
+    @field_validator("max_lost", mode="before")
+    @classmethod
+    def _max_lost(cls, v: object) -> object:
+        return _lost(v)
 
     @field_validator("workdir", "log", "checkpoint_dir")
     @classmethod

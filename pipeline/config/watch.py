@@ -28,6 +28,23 @@ class WatchSettings(_Model):
     warmup: Seconds = 120.0  #: seconds after a launch without stuck-rank or stalled alerts
     unreachable_after: int = Field(default=3, ge=1)  #: consecutive failed probes (over >= 2 intervals)
     auto_restart: AutoRestart | None = None
+    #: seconds after a RUNNING verdict when throughput since the restart is compared with before it
+    recovery_window: Seconds = 300.0
+    #: below this fraction of the previous run's median throughput → a "slower since" alert
+    slow_after_restart: float = Field(default=0.8, gt=0, le=1)
+    #: automatic restarts stop after this many consecutive attempts that made no progress
+    no_progress_after: int = Field(default=3, ge=1)
+    #: steps past its resume step an attempt must advance to count as progress
+    min_progress: int = Field(default=1, ge=1)
+    #: a job GPU under this utilisation (percent) for ``idle_gpu_for`` → an ``idle_gpus`` incident
+    idle_gpu_below: float | None = Field(default=None, gt=0, le=100)
+    idle_gpu_for: Seconds | None = None  #: seconds; both idle keys set, or neither (off)
+
+    @model_validator(mode="after")
+    def _idle_pair(self) -> WatchSettings:
+        if (self.idle_gpu_below is None) != (self.idle_gpu_for is None):
+            raise ValueError("set both idle_gpu_below and idle_gpu_for, or neither")
+        return self
 
 
 class DigestSettings(_Model):
