@@ -126,3 +126,38 @@ async def test_redis_sigkilled_under_serve_loses_nothing(
     assert health["redis"]["aof"] is True and str(tmp_path) in health["redis"]["data"]
     posts = [c for c in await stack.fake.calls("chat.postMessage") if AWAY in (c.args.get("text") or "")]
     assert len(posts) == 1
+
+
+@pytest.mark.parametrize("redis_server", ["standalone"], indirect=True)
+async def test_verification_due_during_the_outage_is_delivered_once(
+    make_stack: MakeStack, redis_server: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """A verification that comes due while redis-server is down is delivered once it is back: the run gets
+    its verdict and its thread one verdict reply, not one per verify tick that failed meanwhile."""
+    stack = await make_stack(watch=WatchSettings(interval=INTERVAL), start_window=3.0)
+    runtime, ctx = stack.runtime, stack.runtime.ctx
+    started = await stack.answer(f"start {stack.job}")
+    assert started["text"].startswith("queued run r-1")
+    due = await until(lambda: ctx.queue.due_at("r-1"), 60, "r-1 queued for verification")
+    await asyncio.sleep(1.5)  # the AOF is fsynced every second: what Redis itself promises to keep
+
+    watch = runtime.store_watch
+    assert watch is not None
+    redis_server[-1].send_signal(signal.SIGKILL)
+    redis_server[-1].wait()
+    await until(lambda: time.time() > due + 2 * INTERVAL and watch.down_since, 60, "due while Redis is down")
+    redis_server.append(standalone(tmp_path))
+    await stack.fake.wait_for("chat.postMessage", 1, where=lambda c: AWAY in (c.args.get("text") or ""))
+
+    assert (await _verdict(ctx, "r-1", timeout=60)) == "RUNNING"
+    headline = await runtime.outbox.where("run:r-1")
+    assert headline is not None
+    channel, ts = headline
+    await stack.fake.wait_for(
+        "chat.postMessage",
+        1,
+        where=lambda c: c.args.get("thread_ts") == ts and "RUNNING" in (c.args.get("text") or ""),
+    )
+    assert await ctx.queue.due_at("r-1") is None  # delivered: dequeued, its claim done for good
+    verdicts = [m for m in stack.fake.thread(channel, ts) if "RUNNING" in (m["text"] or "")]
+    assert len(verdicts) == 1, verdicts
