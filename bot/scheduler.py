@@ -37,6 +37,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -52,7 +53,7 @@ from handlers.verdicts import deliver_due, recover_runs
 from handlers.watching import Watcher
 from pipeline import fmt
 from pipeline.errors import StateUnavailable
-from pipeline.observe.watch import DEFAULT_REMIND_EVERY
+from pipeline.observe.watch import DEFAULT_REMIND_EVERY, Decision
 from pipeline.state.incidents import IncidentKind
 from pipeline.state.leader import LeaderLease
 from pipeline.state.watchclock import WatchClock
@@ -79,6 +80,21 @@ class _QuietOverlap(logging.Filter):
 #: this module's schedulers log here (a child of ``apscheduler.scheduler``: same levels and handlers)
 APS_LOG = logging.getLogger("apscheduler.scheduler.pitstop")
 APS_LOG.addFilter(_QuietOverlap())
+
+
+@dataclass
+class _Gap:
+    """A time nobody watched, found by one group's cycle; the others' first cycles add what they find.
+
+    :ivar start: unix s of the last cycle before it; :ivar end: of the first cycle after it.
+    :ivar waiting: the watch groups whose first cycle after it has not finished yet.
+    :ivar found: job → the condition its first cycle found.
+    """
+
+    start: float
+    end: float
+    waiting: set[str]
+    found: dict[str, str] = field(default_factory=dict)
 
 
 class PitstopScheduler:
@@ -110,6 +126,8 @@ class PitstopScheduler:
         self._was_leader = False
         self._stopping = False
         self._recovering = False
+        self._groups: list[str] = []
+        self._gap: _Gap | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -168,6 +186,7 @@ class PitstopScheduler:
         groups: dict[tuple[str, float], list[str]] = {}
         for name, job in config.jobs.items():
             groups.setdefault((job.host, job.watch.interval), []).append(name)
+        self._groups = [f"watch:{h}:{i:g}" for h, i in groups]
         for (host, interval), names in groups.items():
             add(
                 self._watch_tick,
@@ -282,17 +301,32 @@ class PitstopScheduler:
             return
         began = time.time()
         previous = await self.clock.mark(began)  # the end of the last cycle, of any leader
+        if previous is not None and began - previous > GAP_INTERVALS * self._shortest:
+            self._gap = _Gap(previous, began, set(self._groups))  # told once every group looked
+        decisions: dict[str, Decision] = {}
         try:
             decisions = await self.watcher.cycle(host, names)
         except Exception:
             await self._beat(group, False)
             raise
+        finally:
+            await self._gap_seen(group, {name: d.condition for name, d in decisions.items()})
         await self.clock.mark(time.time())
-        if previous is not None and began - previous > GAP_INTERVALS * self._shortest and self.is_leader:
-            found = {name: d.condition for name, d in decisions.items()}
-            post = not_watching(previous, began, found, self.ctx.config.scheduler.timezone)
-            await self.ctx.outbox.post(post, self.ctx.config.slack.announce_channel)
         await self._beat(group, all(d.condition != IncidentKind.UNREACHABLE for d in decisions.values()))
+
+    async def _gap_seen(self, group: str, found: dict[str, str]) -> None:
+        """Add one group's first cycle after a gap; post the return once every group has had one."""
+        gap = self._gap
+        if gap is None or group not in gap.waiting:
+            return
+        gap.found.update(found)
+        gap.waiting.discard(group)
+        if gap.waiting:
+            return
+        self._gap = None
+        if self.is_leader:
+            post = not_watching(gap.start, gap.end, gap.found, self.ctx.config.scheduler.timezone)
+            await self.ctx.outbox.post(post, self.ctx.config.slack.announce_channel)
 
     async def _beat(self, group: str, ok: bool) -> None:
         """Tell the heartbeat of one watch cycle (``[health] heartbeat_url``), while still leader."""

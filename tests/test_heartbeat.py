@@ -143,6 +143,19 @@ async def test_leader_back_after_4_intervals_says_it_was_not_watching(
     assert "; on return: train " in post
 
 
+async def test_the_return_post_lists_the_jobs_of_every_watch_group(
+    tmp_path: Path, redis_config: Config, pings: tuple[PingServer, str]
+) -> None:
+    """Jobs watched at different intervals are different watch groups: the one post of the return lists
+    them all, whichever group's cycle found the gap."""
+    config = redis_config.model_copy(update={"health": HealthSettings(heartbeat_url=pings[1])})
+    jobs = {"train": {"interval": INTERVAL}, "evals": {"interval": INTERVAL * 3}}
+    async with open_harness(tmp_path, config, jobs) as h:
+        (post,) = await _gap(h, pings[0], 6)
+    assert post.startswith("Pitstop was not watching from ")
+    assert "train " in post and "evals " in post, post
+
+
 async def test_leader_back_after_1_interval_posts_nothing(
     harness: Harness, pings: tuple[PingServer, str]
 ) -> None:
