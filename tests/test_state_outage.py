@@ -17,6 +17,8 @@ import pytest
 from handlers.views import status_command
 from pipeline.config import Config, RedisSettings, StateSettings, WatchSettings
 from pipeline.state.incidents import IncidentStore
+from pipeline.state.outage import Outage, StoreWatch
+from pipeline.state.redisconn import open_redis
 from tests.fixtures.slack import kill_matching
 from tests.test_slack_http import MakeStack, _verdict, make_stack
 
@@ -161,3 +163,38 @@ async def test_verification_due_during_the_outage_is_delivered_once(
     assert await ctx.queue.due_at("r-1") is None  # delivered: dequeued, its claim done for good
     verdicts = [m for m in stack.fake.thread(channel, ts) if "RUNNING" in (m["text"] or "")]
     assert len(verdicts) == 1, verdicts
+
+
+async def test_two_replicas_tell_of_one_outage_once(tmp_path: Path) -> None:
+    """Two processes on one standalone redis-server both see it SIGKILLed and back: the outage is told by
+    one of them, once."""
+    server = [standalone(tmp_path)]
+    await until(lambda: (tmp_path / "r.sock").exists(), 30, "redis-server listening")
+    url, config = f"unix://{tmp_path / 'r.sock'}", Config()
+    told: list[tuple[str, Outage]] = []
+    handles = [await open_redis(config, url=url, prefix="outage:") for _ in range(2)]
+    watches: list[StoreWatch] = []
+    for name, handle in zip("AB", handles, strict=True):
+
+        async def back(outage: Outage, name: str = name) -> None:
+            told.append((name, outage))
+
+        watches.append(StoreWatch(handle, grace=0.5, on_back=back, every=0.1))
+    tasks = [asyncio.create_task(w.run()) for w in watches]
+    try:
+        server[0].send_signal(signal.SIGKILL)
+        server[0].wait()
+        await until(lambda: all(w.down_since and time.time() - w.down_since > 1 for w in watches), 30, "down")
+        server.append(standalone(tmp_path))
+        await until(lambda: all(w.last_outage for w in watches), 60, "both handled Redis's return")
+        assert len(told) == 1, told
+        assert told[0][1].seconds > 0.5
+    finally:
+        for w in watches:
+            w.stop()
+        await asyncio.gather(*tasks)
+        for h in handles:
+            await h.aclose()
+        for proc in server:
+            proc.kill()
+            proc.wait()

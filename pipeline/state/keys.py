@@ -168,3 +168,9 @@ def confirmation(prefix: str, token: str) -> str:
 def watched_at(prefix: str) -> str:
     """String: unix s at which a leader last finished a watch cycle (gaps in watching show here)."""
     return f"{prefix}watch:last_cycle"
+
+
+def outage_told(prefix: str) -> str:
+    """String: unix s at which the last state-store outage that was posted ended (one post per outage
+    among replicas)."""
+    return f"{prefix}store:outage_told"

@@ -5,7 +5,8 @@ embedded server (:meth:`~pipeline.state.redisconn.RedisHandle.revive`) with redi
 exponential backoff between tries, logs an error once the outage is longer than ``grace`` s, and
 when Redis answers again after such an outage — or after any that needed the embedded server
 started again, whose last second of writes may be lost — hands the :class:`Outage` to ``on_back``
-(once).
+(once, and once among replicas: the first to claim an outage in ``keys.outage_told`` tells it; a
+replica whose outage overlaps one already told stays quiet).
 """
 
 from __future__ import annotations
@@ -20,11 +21,21 @@ from dataclasses import dataclass
 from redis.backoff import ExponentialBackoff
 
 from pipeline.errors import StateUnavailable
+from pipeline.state import keys
 from pipeline.state.redisconn import RedisHandle
 
 log = logging.getLogger(__name__)
 
 BACKOFF = ExponentialBackoff(cap=10.0, base=0.2)  #: seconds between tries while Redis is away
+
+# KEYS[1] outage_told; ARGV[1] start, ARGV[2] end (unix s).  1 if this outage is the first to tell of
+# a time Redis was away (no told outage ended after it began), else 0.
+_CLAIM = """
+local told = tonumber(redis.call('GET', KEYS[1]) or '0')
+if told >= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', 604800)
+return 1
+"""
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,8 @@ class StoreWatch:
         self.every = every
         self.on_back = on_back
         self.down_since: float | None = None  #: Unix time (s) the current outage began, else None
+        #: the last outage seen to end, once told (here or by a replica) or found too short to tell
+        self.last_outage: Outage | None = None
         self._logged = False
         self._revived = False
         self._stopped = asyncio.Event()
@@ -92,10 +105,19 @@ class StoreWatch:
                 log.warning("Redis answers again after %.0f s", outage.seconds)
                 if outage.seconds > self.grace or self._revived:
                     try:
-                        await self.on_back(outage)
+                        if await self._claim(outage):
+                            await self.on_back(outage)
                     except Exception:
                         log.exception("telling of the Redis outage failed")
+                self.last_outage = outage
             await self._pause(self.every)
+
+    async def _claim(self, outage: Outage) -> bool:
+        """True if no replica has told of an outage overlapping this one yet (then this one tells)."""
+        told = await self.handle.client.eval(
+            _CLAIM, 1, keys.outage_told(self.handle.prefix), repr(outage.start), repr(outage.end)
+        )
+        return bool(told)
 
     async def _down(self, exc: StateUnavailable) -> None:
         """Note the outage, log it once it outlasts :attr:`grace`, and try to revive the server."""
