@@ -5,7 +5,8 @@ commands and interactivity (Bolt verifies the signature: a bad, stale or missing
 401), ``GET /healthz`` answers JSON with the state of Redis and Slack (200 when both are
 fine, else 503).  Socket Mode (``--socket``) needs no public URL: slack_sdk's aiohttp
 ``SocketModeClient`` under Bolt's ``AsyncSocketModeHandler`` opens the connection
-(``apps.connections.open``) and reconnects when Slack asks (``disconnect``).
+(``apps.connections.open``) and reconnects when Slack asks (``disconnect``), waiting between tries
+when Slack refuses one over its 10-connection cap (:mod:`bot.socket_mode`).
 
 Both modes share :class:`SlackRuntime`: one Web API client (``SLACK_API_URL`` as its base
 URL, 429s waited out), the :class:`~bot.slack_outbox.SlackOutbox`, the Context from
@@ -29,7 +30,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
-from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -38,6 +38,7 @@ from bot.scheduler import PitstopScheduler
 from bot.slack_api import web_client
 from bot.slack_app import SlackSurface
 from bot.slack_outbox import SlackOutbox
+from bot.socket_mode import CappedSocketModeHandler
 from handlers.alerts import page_by_dm
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
@@ -69,7 +70,7 @@ class SlackRuntime:
     dispatcher: Dispatcher
     surface: SlackSurface
     scheduler: PitstopScheduler | None = None
-    socket: AsyncSocketModeHandler | None = None
+    socket: CappedSocketModeHandler | None = None
     store_watch: StoreWatch | None = None
     auth: dict[str, Any] = field(default_factory=dict)
     _auth_at: float = 0.0
@@ -100,6 +101,9 @@ class SlackRuntime:
         if self.socket is not None:
             connected = await self.socket.client.is_connected()
             out["socket_mode"] = "connected" if connected else "reconnecting"
+            refused = self.socket.client.health()
+            if refused is not None:
+                out["socket_mode"], out["socket_refused"] = "refused", refused
             out["ok"] = bool(out.get("ok")) and connected
         out["refused_posts"] = len(self.outbox.failures)
         out["last_delivery_failure"] = self.outbox.last_failure
@@ -319,14 +323,14 @@ async def serve_http(
 
 async def connect_socket(
     surface: SlackSurface, client: AsyncWebClient, *, app_token: str, ping_interval: float = 10.0
-) -> AsyncSocketModeHandler:
+) -> CappedSocketModeHandler:
     """Connect ``surface``'s Bolt app to Slack over Socket Mode (``apps.connections.open`` with
     the app token, on ``client``'s Web API base URL).
 
     :returns: the connected handler; close it with ``await handler.close_async()``.
     :raises SlackUnavailable: if Slack refuses the app token.
     """
-    handler = AsyncSocketModeHandler(surface.app, app_token, web_client=client, ping_interval=ping_interval)
+    handler = CappedSocketModeHandler(surface.app, app_token, web_client=client, ping_interval=ping_interval)
     try:
         # the first URL is fetched here so a refused app token fails at once (the client itself
         # would retry forever); reconnections fetch new ones inside the client

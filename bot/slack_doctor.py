@@ -148,7 +148,8 @@ class Doctor:
 
     async def check_channel(self, channel: str, used_by: str, *, public: bool, joins: bool) -> None:
         """``conversations.info``: the channel exists, is not archived, read-only, threads-only or
-        restricted to some posters (``properties.posting_restricted_to``), and the bot can post
+        restricted to some posters (``properties.posting_restricted_to``, ``{"type": ["admin"]}``: the
+        conversation object's shape, as in @slack/web-api's generated response types), and the bot can post
         there — found without posting."""
         try:
             info = (await self.client.conversations_info(channel=channel))["channel"]

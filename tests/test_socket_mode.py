@@ -3,14 +3,17 @@ a `disconnect` answered by reconnecting."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import aiohttp
 import pytest
 
 from bot import blocks
 from bot.serve import SlackRuntime, connect_socket, open_runtime
+from bot.socket_mode import BACKOFF
 from handlers.views import help_title
 from pipeline.config import Config
 from pipeline.errors import SlackUnavailable
@@ -18,6 +21,7 @@ from pipeline.state import keys
 from tests.fixtures.slack import (
     APP_TOKEN,
     BOT_TOKEN,
+    MAX_SOCKETS,
     FakeSlack,
     block_action,
     envelope,
@@ -187,3 +191,43 @@ async def test_disconnect_warning_keeps_serving_and_link_disabled_shows_in_healt
     await linked.fake.wait_for("apps.connections.open", ok=False, timeout=30)  # it tried, and was refused
     health = await linked.runtime.slack_health()
     assert health["ok"] is False and health["socket_mode"] == "reconnecting"
+
+
+async def _open_socket(http: aiohttp.ClientSession, fake: FakeSlack) -> aiohttp.ClientWebSocketResponse:
+    """Another process's Socket Mode connection with the same app token (greeted with ``hello``)."""
+    async with http.post(
+        f"{fake.api_url}apps.connections.open", headers={"Authorization": f"Bearer {APP_TOKEN}"}
+    ) as r:
+        url = (await r.json())["url"]
+    ws = await http.ws_connect(url)
+    assert (await ws.receive_json(timeout=5))["type"] == "hello"
+    return ws
+
+
+async def test_too_many_websockets_backs_off_shows_in_health_and_connects_when_one_is_free(
+    fake_slack: FakeSlack, redis_config: Config
+) -> None:
+    """With Slack's 10 Socket Mode connections taken, Pitstop's connection is refused: it waits between
+    tries instead of reconnecting at once, /healthz says why, and it connects once a connection is free."""
+    runtime = await open_runtime(
+        redis_config, bot_token=BOT_TOKEN, api_url=fake_slack.api_url, scheduler=False
+    )
+    async with aiohttp.ClientSession() as http:
+        others = [await _open_socket(http, fake_slack) for _ in range(MAX_SOCKETS)]
+        try:
+            runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=APP_TOKEN)
+            tries = await fake_slack.wait_for("apps.connections.open", 2 + MAX_SOCKETS, timeout=30)
+            first, second = (c.at for c in tries[MAX_SOCKETS:])
+            assert second - first >= BACKOFF.compute(1) * 0.9  # not at once, as slack_sdk alone would
+            health = await runtime.slack_health()
+            assert health["ok"] is False and health["socket_mode"] == "refused"
+            assert health["socket_refused"]["refused"] == "too_many_websockets"
+            await others.pop().close()
+            await fake_slack.wait_connected(MAX_SOCKETS + 1, timeout=60)
+            async with asyncio.timeout(30):  # until the client has read the new connection's hello
+                while (await runtime.slack_health())["socket_mode"] != "connected":
+                    await asyncio.sleep(0.1)
+        finally:
+            for sock in others:
+                await sock.close()
+            await runtime.close(10)

@@ -1,0 +1,114 @@
+"""Socket Mode's connection cap, kept: Slack allows an app 10 open Socket Mode connections; one more is
+sent ``{"type": "disconnect", "reason": "too_many_websockets"}`` and closed (Slack's Socket Mode docs,
+"Using Socket Mode": *you can have up to 10 open connections at a time*).
+
+slack_sdk's client answers every ``disconnect`` by reconnecting at once, so an eleventh replica would
+open and lose a connection in a tight loop, unseen.  :class:`CappedSocketModeClient` waits between
+tries instead (redis-py's exponential backoff, up to :data:`MAX_WAIT` s), logs the cause and its fix
+once per episode, and keeps the refusal for ``/healthz`` until a connection is accepted (``hello``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import suppress
+from typing import Any
+
+from aiohttp import WSMessage, WSMsgType
+from redis.backoff import ExponentialBackoff
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.app.async_app import AsyncApp
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.web.async_client import AsyncWebClient
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT = 60.0  #: seconds between connection tries at most while Slack refuses them
+BACKOFF = ExponentialBackoff(cap=MAX_WAIT, base=1.0)  #: 2 s, 4 s, 8 s, … between refused tries
+REFUSED = "too_many_websockets"  #: the ``disconnect`` reason of a connection over Slack's cap
+
+
+class CappedSocketModeClient(SocketModeClient):
+    """slack_sdk's aiohttp :class:`SocketModeClient` that backs off when Slack refuses a connection
+    for having too many (same arguments).
+
+    A refusal is noted as its ``disconnect`` message is read (before the close that follows it), and
+    every reconnection — the one the ``disconnect`` asks for and the one the close triggers — waits
+    for the backoff and goes one at a time.
+
+    :ivar refusals: refused connections since the last accepted one.
+    :ivar refused_at: unix s of the last refusal, or None once a connection is accepted.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refusals = 0
+        self.refused_at: float | None = None
+        self._next_try = 0.0  # time.monotonic() before which no new connection is tried
+        self._one_at_a_time = asyncio.Lock()
+        self.on_message_listeners.append(self._note)
+
+    async def _note(self, message: WSMessage) -> None:
+        """A raw websocket message: a ``too_many_websockets`` refusal, or the ``hello`` of a connection."""
+        if message.type != WSMsgType.TEXT or not isinstance(message.data, str):
+            return
+        if REFUSED in message.data:
+            with suppress(ValueError):
+                parsed = json.loads(message.data)
+                if parsed.get("type") == "disconnect" and parsed.get("reason") == REFUSED:
+                    self.refusals += 1
+                    self.refused_at = time.time()
+                    self._next_try = time.monotonic() + BACKOFF.compute(self.refusals)
+                    if self.refusals == 1:
+                        log.error(too_many_websockets())
+        elif '"hello"' in message.data:
+            self.refusals, self.refused_at, self._next_try = 0, None, 0.0
+
+    async def connect_to_new_endpoint(self, force: bool = False) -> None:
+        """Reconnect as slack_sdk does, after the backoff of a refusal and one caller at a time (a
+        caller that finds a connection made meanwhile leaves it be)."""
+        async with self._one_at_a_time:
+            wait = self._next_try - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                if self.closed or await self.is_connected():
+                    return
+            await super().connect_to_new_endpoint(force)
+
+    def health(self) -> dict[str, Any] | None:
+        """``{"refused": "too_many_websockets", "since": unix s, "tries": n}`` while refused, else None."""
+        if self.refused_at is None:
+            return None
+        return {"refused": REFUSED, "since": self.refused_at, "tries": self.refusals}
+
+
+class CappedSocketModeHandler(AsyncSocketModeHandler):
+    """Bolt's :class:`AsyncSocketModeHandler` on a :class:`CappedSocketModeClient` (its ``__init__``
+    as Bolt's, with that client)."""
+
+    client: CappedSocketModeClient
+
+    def __init__(
+        self, app: AsyncApp, app_token: str, *, web_client: AsyncWebClient, ping_interval: float = 10.0
+    ) -> None:
+        self.app = app
+        self.app_token = app_token
+        self.client = CappedSocketModeClient(
+            app_token=app_token, logger=app.logger, web_client=web_client, ping_interval=ping_interval
+        )
+        self.client.socket_mode_request_listeners.append(self.handle)  # type: ignore[arg-type]
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def too_many_websockets() -> str:
+    """Log line: Slack refused the Socket Mode connection, and what to do."""
+    return (
+        f"Slack refused the Socket Mode connection ({REFUSED}): the app already has 10 open, Slack's "
+        "limit - stop other `pitstop serve --socket` processes (or other apps sharing this app token); "
+        f"trying again with a backoff of up to {MAX_WAIT:g} s"
+    )
