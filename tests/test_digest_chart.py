@@ -20,7 +20,7 @@ from devhost.sshhost import LocalSSHHost
 from handlers.reports import digest_command
 from pipeline.digest.chart import DAY_S, chart_reference_before, chart_reference_last_digest, draw_chart
 from pipeline.digest.metrics import MetricLine
-from pipeline.digest.report import restart_marks
+from pipeline.digest.report import build_digest, restart_marks
 from pipeline.digest.series import RestartMark, rank_intervals, restart_label, throughput
 from tests.test_digest import _config, gpu_host, make_ctx, nvidia_dir  # noqa: F401  (fixtures)
 
@@ -230,8 +230,11 @@ async def test_digest_marks_the_runs_launched_in_its_window(
         RestartMark(start + 1480, r3.id, f"{r3.id} auto-restart topk"),
     )
     assert failed.id not in {m.run for m in marks}
-    reply = await digest_command(ctx, "dflash")
-    assert reply.chart is not None and Path(reply.chart).read_bytes().startswith(PNG)
+    digest = await build_digest(
+        "dflash", config=ctx.config, redis=ctx.redis, ssh=ctx.ssh, events=ctx.events, scheduled=False
+    )
+    assert digest.marks == marks  # what the chart was drawn with
+    assert digest.chart is not None and digest.chart.read_bytes().startswith(PNG)
 
 
 async def test_the_all_jobs_digest_draws_each_job_in_the_same_style(

@@ -153,6 +153,7 @@ class Digest:
     :ivar restarts: run ids created since the window began, newest first (None: unknown).
     :ivar built_at: unix s.
     :ivar silent: expected ranks (:func:`expected_ranks`) that wrote no metric line in the window.
+    :ivar marks: the restarts drawn on the chart (:func:`restart_marks`), oldest first.
     """
 
     job: str
@@ -170,6 +171,7 @@ class Digest:
     restarts: tuple[str, ...] | None = None
     built_at: float = 0.0
     silent: tuple[SilentRank, ...] = ()
+    marks: tuple[RestartMark, ...] = ()
 
 
 async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
@@ -301,6 +303,7 @@ async def build_digest(
     gpus, gpu_note = await _gpu_rows(ssh, spec)
     path: Path | None = None
     runs = redis.open_store(RunStore)
+    marks: tuple[RestartMark, ...] = ()
     if chart and summary.metric_lines:
         where = config.state.path / "charts" / f"{name.lower()}-{int(now * 1000)}.png"
         repeat = window.kind is WindowKind.REPEAT  # the last scheduled window again: up to its end
@@ -326,6 +329,7 @@ async def build_digest(
         restarts=await _restarts_since(runs, name, since),
         built_at=now,
         silent=silent,
+        marks=marks,
     )
     if scheduled:
         last = json.dumps({**summary.headline(), "at": now}) if summary.metric_lines else None
