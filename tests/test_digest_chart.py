@@ -185,6 +185,25 @@ def test_stragglers_are_a_strip_not_eight_lines() -> None:
     assert len([ln for ln in strip.get_lines() if str(ln.get_gid()).startswith("restart-strip:")]) == 2
 
 
+def test_many_ranks_name_every_straggler_on_the_strip() -> None:
+    """With 64 ranks the strip names every n-th rank, and always the slow one."""
+    lines = [
+        MetricLine(
+            ts=T + n * 2.0,
+            role="target" if r < 40 else "drafter",
+            rank=r,
+            device=f"cuda:{r % 8}",
+            tokens=n * 2.0 * (60.0 if r == 50 else 100.0),
+        )
+        for n in range(1, 30)
+        for r in range(64)
+    ]
+    strip = draw_chart(lines).axes[1]
+    labels = [t.get_text() for t in strip.get_yticklabels()]
+    assert "50 drafter cuda:2" in labels and len(labels) < 64
+    assert "49 drafter cuda:1" not in labels and "51 drafter cuda:3" not in labels  # no label on top of it
+
+
 def test_charts_without_rates_say_so() -> None:
     """No metric lines, or too few for a rate, is a chart that says so, not an empty frame or an error."""
     empty = draw_chart([])

@@ -41,8 +41,14 @@ from pipeline.digest.series import (
     rank_strip,
     throughput,
 )
+from pipeline.digest.stats import percentile
 
-STRIP_RANGE = (50.0, 150.0)  #: the strip's colour scale, percent of the role's median
+STRIP_LABELS = 24  #: most ranks named on the strip (more: every n-th)
+STRIP_RANGE = (50.0, 150.0)
+STRAGGLER_BAND = (
+    90.0,
+    110.0,
+)  #: a rank whose median share is outside it is always named on the strip  #: the strip's colour scale, percent of the role's median
 DAY_S = 86_400.0
 
 
@@ -116,6 +122,16 @@ def _strip_label(key: tuple[str, int], devices: dict[tuple[str, int], str]) -> s
     return f"{key[1]} {key[0]}" + (f" {device}" if device else "")
 
 
+def _stragglers(strip: RankStrip) -> list[int]:
+    """The rows whose median share is outside :data:`STRAGGLER_BAND` percent of their role's median."""
+    out = []
+    for i, row in enumerate(strip.share):
+        median = percentile([v for v in row if math.isfinite(v)], 0.5)
+        if median is not None and not STRAGGLER_BAND[0] <= median <= STRAGGLER_BAND[1]:
+            out.append(i)
+    return out
+
+
 def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str, int], str]) -> None:
     from matplotlib import colormaps
 
@@ -130,8 +146,12 @@ def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str,
         extent=(_days(strip.edges[0]), _days(strip.edges[-1]), len(strip.rows), 0),
     )
     image.set_gid("strip")
-    ax.set_yticks([i + 0.5 for i in range(len(strip.rows))])
-    ax.set_yticklabels([_strip_label(k, devices) for k in strip.rows], fontsize="small")
+    every = max(1, math.ceil(len(strip.rows) / STRIP_LABELS))  # many ranks: every n-th one named,
+    slow = _stragglers(strip)  # and every straggler, without a neighbour's label on top of its own
+    regular = [i for i in range(0, len(strip.rows), every) if every == 1 or all(abs(i - j) > 1 for j in slow)]
+    shown = sorted({*regular, *slow})
+    ax.set_yticks([i + 0.5 for i in shown])
+    ax.set_yticklabels([_strip_label(strip.rows[i], devices) for i in shown], fontsize="small")
     roles = [k[0] for k in strip.rows]
     for i in range(1, len(roles)):
         if roles[i] != roles[i - 1]:
@@ -161,10 +181,11 @@ def draw_chart(
     intervals = rank_intervals(lines, restarts)
     series = throughput(lines, restarts, intervals)
     strip = rank_strip(lines, restarts, intervals)
-    fig = Figure(figsize=(10, 6), dpi=100, layout="constrained")
+    rows = len(strip.rows)
+    fig = Figure(figsize=(10, 4.5 + min(0.22 * rows, 4.0)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     if strip.rows:
-        top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, max(1.2, 0.22 * len(strip.rows))))
+        top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, max(1.2, min(0.22 * rows, 4.0))))
     else:
         top, bottom = fig.add_subplot(), None
     days = [_days(t) for t in series.x]
