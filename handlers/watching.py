@@ -13,7 +13,8 @@ Posts: the alert is the headline message ``incident:JOB:N`` in the job's channel
 acknowledged), kind changes, automatic restarts, the crash-loop give-up and ``resolved after
 N min`` go in its thread, and the headline is updated in place.  Events: ALERT (``kind`` dead |
 degraded | stalled | unreachable | crash_loop | idle_gpus), RESOLVED, RESTART (automatic restarts).
-The GPUs of jobs with ``idle_gpu_below`` set are read once per host and cycle.
+The GPUs of jobs with ``idle_gpu_below`` set are read once per host and cycle
+(:func:`pipeline.observe.idle.read_watched`).
 
 Automatic restarts (opt-in, ``[jobs.NAME.watch] auto_restart``) go through the same
 :class:`~handlers.dispatch.Dispatcher` as a person's ``restart JOB`` — locked, posted and
@@ -27,7 +28,7 @@ import dataclasses
 import difflib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,7 +56,7 @@ from pipeline.host.contract import EvidenceArgs
 from pipeline.host.probe import JobProbe, call_helper, log_tail, recorded_identity
 from pipeline.observe import progress
 from pipeline.observe.crashes import detect_cause
-from pipeline.observe.idle import GpuReading, read_watched
+from pipeline.observe.idle import read_watched
 from pipeline.observe.watch import (
     DEFAULT_REMIND_EVERY,
     Action,
@@ -153,7 +154,10 @@ class Watcher:
         steps = await asyncio.gather(
             *(self._progress(v, s.probe if (s := seen.get(v.name)) else None, now) for v in views)
         )
-        gpus = await self._gpus(host, views, seen)
+        # the GPUs of jobs with idle_gpu_below set: one set of nvidia-smi calls for the host
+        gpus = await read_watched(
+            self.ctx.ssh, host, [(v.name, v.cfg, s.probe) for v in views if (s := seen.get(v.name))]
+        )
         for view, judged in zip(views, steps, strict=True):
             sight = seen.get(view.name)
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
@@ -227,23 +231,6 @@ class Watcher:
             log.info("watch %s: no step progress: %s", view.name, exc.message)
             return None
         return progress.judge(state, now, progress.rank_stall_threshold(view.cfg, state.gaps))
-
-    async def _gpus(
-        self, host: str, views: Sequence[JobView], seen: Mapping[str, Any]
-    ) -> dict[str, tuple[GpuReading, ...] | None]:
-        """The watched GPUs of the jobs with ``idle_gpu_below`` set and processes running, read with one
-        set of ``nvidia-smi`` calls for the host (:func:`pipeline.observe.idle.read_watched`).  A Slurm
-        job's host is its login node, whose GPUs are not the job's: not read."""
-        jobs = [
-            (v.name, v.cfg, {*s.probe.pids, *s.probe.session_pids})
-            for v in views
-            if v.cfg.watch.idle_gpu_below is not None
-            and v.cfg.engine != "slurm"
-            and (s := seen.get(v.name)) is not None
-            and not s.probe.error
-            and s.probe.count > 0
-        ]
-        return await read_watched(self.ctx.ssh, host, jobs) if jobs else {}
 
     async def _confirm_unreachable(self, host: str) -> str | None:
         """None if a fresh connection to ``host`` works, else why it does not."""

@@ -26,6 +26,7 @@ from pipeline.errors import PitstopError
 from pipeline.observe.gpus import FORMAT, NVIDIA_SMI, QUERY_TIMEOUT, GpuStat, csv_rows, query_csv, query_gpus
 
 if TYPE_CHECKING:
+    from pipeline.host.probe import JobProbe
     from pipeline.host.remote import RemoteHosts
 
 QUERY_UUID_ARGV: tuple[str, ...] = (NVIDIA_SMI, "--query-gpu=index,uuid", FORMAT)
@@ -114,25 +115,38 @@ def _held(uuids: str, apps: str, pids: Collection[int]) -> set[int]:
 async def read_watched(
     ssh: RemoteHosts,
     host: str,
-    jobs: Sequence[tuple[str, JobConfig, Collection[int]]],
+    jobs: Sequence[tuple[str, JobConfig, JobProbe]],
     *,
     timeout: float = QUERY_TIMEOUT,
 ) -> dict[str, tuple[GpuReading, ...] | None]:
-    """The watched GPUs of each job on ``host``: one ``--query-gpu``, and for jobs without ``gpus``
-    roles one ``--query-gpu=index,uuid`` and one ``--query-compute-apps=pid,gpu_uuid``.
+    """The watched GPUs of the jobs on ``host`` that watch them: one ``--query-gpu``, and for jobs
+    without ``gpus`` roles one ``--query-gpu=index,uuid`` and one ``--query-compute-apps=pid,gpu_uuid``.
 
-    :param jobs: (name, config, the PIDs of its processes on the host).
-    :returns: name → readings; None for every job when nvidia-smi fails or the host cannot be
-        reached (no reading is no verdict: the idle memory is kept as it is).
+    A job is read when it sets ``idle_gpu_below``, its probe saw processes, and it is not a Slurm
+    job (whose host is the login node: its GPUs are not the job's); no call is made when none is.
+
+    :param jobs: (name, config, this cycle's probe of it: its PIDs and session members).
+    :returns: name → readings for the jobs read; None for each of them when nvidia-smi fails or
+        the host cannot be reached (no reading is no verdict: the idle memory is kept as it is).
     """
+    wanted = [
+        (name, cfg, {*probe.pids, *probe.session_pids})
+        for name, cfg, probe in jobs
+        if cfg.watch.idle_gpu_below is not None
+        and cfg.engine != "slurm"
+        and not probe.error
+        and probe.count > 0
+    ]
+    if not wanted:
+        return {}
     try:
         stats = await query_gpus(ssh, host, timeout=timeout)
         held: dict[str, set[int]] = {}
-        by_process = [(n, pids) for n, cfg, pids in jobs if cfg.gpus is None or not cfg.gpus.all]
+        by_process = [(n, pids) for n, cfg, pids in wanted if cfg.gpus is None or not cfg.gpus.all]
         if by_process:
             uuids = await query_csv(ssh, host, QUERY_UUID_ARGV, timeout)
             apps = await query_csv(ssh, host, QUERY_HELD_ARGV, timeout)
             held = {n: _held(uuids, apps, pids) for n, pids in by_process}
     except PitstopError:
-        return {name: None for name, _, _ in jobs}
-    return {name: watched(cfg, stats, held.get(name, ())) for name, cfg, _ in jobs}
+        return {name: None for name, _, _ in wanted}
+    return {name: watched(cfg, stats, held.get(name, ())) for name, cfg, _ in wanted}
