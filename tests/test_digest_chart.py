@@ -18,7 +18,13 @@ from matplotlib.image import AxesImage
 
 from devhost.sshhost import LocalSSHHost
 from handlers.reports import digest_command
-from pipeline.digest.chart import DAY_S, chart_reference_before, chart_reference_last_digest, draw_chart
+from pipeline.digest.chart import (
+    DAY_S,
+    chart_reference_before,
+    chart_reference_last_digest,
+    draw_chart,
+    tokens_chart,
+)
 from pipeline.digest.metrics import MetricLine
 from pipeline.digest.report import build_digest, restart_marks
 from pipeline.digest.series import RestartMark, rank_intervals, restart_label, throughput
@@ -202,6 +208,21 @@ def test_many_ranks_name_every_straggler_on_the_strip() -> None:
     labels = [t.get_text() for t in strip.get_yticklabels()]
     assert "50 drafter cuda:2" in labels and len(labels) < 64
     assert "49 drafter cuda:1" not in labels and "51 drafter cuda:3" not in labels  # no label on top of it
+
+
+def test_a_restart_after_the_last_line_is_drawn_inside_the_chart(tmp_path: Path) -> None:
+    """A run launched after the window's last line widens the time axis to its line; the PNG is drawn without a layout warning."""
+    late = RestartMark(T + 1500, "r-9", "r-9 topk")
+    fig = draw_chart(_launch(T, T + 600), restarts=(late,))
+    left, right = fig.axes[0].get_xlim()
+    assert left < _days(T + 2) and right > _days(late.at)
+    (ref,) = _by_gid(fig.axes[0].collections, "reference")
+    ((start, _), (end, _)) = ref.get_segments()[0]
+    assert start == _days(late.at) and end > start  # the attempt before it, from it on
+    out = tokens_chart(
+        _launch(T, T + 600), tmp_path / "late.png", restarts=(late,)
+    )  # warnings are errors here
+    assert out.read_bytes().startswith(PNG)
 
 
 def test_charts_without_rates_say_so() -> None:

@@ -160,6 +160,17 @@ def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str,
     bar.set_label(CHART_STRIP_UNIT, fontsize="small")
 
 
+def _span(ax: Any, series: Throughput, strip: RankStrip, restarts: Sequence[RestartMark]) -> None:
+    """Set the time axis to hold the data and every restart line (one after the last line included)."""
+    times = [t for seg in series.segments for t in seg] + strip.edges[:1] + strip.edges[-1:]
+    times += [m.at for m in restarts]
+    if not times:
+        return
+    lo, hi = min(times), max(times)
+    pad = max((hi - lo) * 0.02, 1.0)
+    ax.set_xlim(_days(lo - pad), _days(hi + pad))
+
+
 def draw_chart(
     lines: Sequence[MetricLine],
     *,
@@ -198,23 +209,25 @@ def draw_chart(
         top.text(0.5, 0.5, CHART_TOO_FEW, ha="center", va="center", transform=top.transAxes)
     else:
         top.text(0.5, 0.5, CHART_NO_LINES, ha="center", va="center", transform=top.transAxes)
-    ref = reference(series, restarts, last_digest)
-    if ref is not None and series.x:
-        value, since, label = ref
-        start = _days(since) if since is not None else days[0]
-        end = max(_days(series.segments[-1][1]), start)
-        top.hlines(
-            value, start, end, colors="0.35", linestyles="--", linewidth=1.2, gid="reference", label=label
-        )
     on_top = blended_transform_factory(top.transData, top.transAxes)
     for mark in sorted(restarts, key=lambda m: m.at):
         x = _days(mark.at)
         top.axvline(x, color="C3", linewidth=1.2, zorder=4, gid=f"restart:{mark.run}")
-        top.text(
+        label = top.text(
             x, 0.98, f" {mark.label}", transform=on_top, rotation=90, ha="right", va="top", fontsize="small"
         )
+        label.set_in_layout(False)  # inside the axes: the layout needs no room for it
         if bottom is not None:
             bottom.axvline(x, color="C3", linewidth=1.0, gid=f"restart-strip:{mark.run}")
+    _span(top, series, strip, restarts)
+    ref = reference(series, restarts, last_digest)
+    if ref is not None and series.x:
+        value, since, caption = ref
+        start = _days(since) if since is not None else days[0]
+        end = max(_days(series.segments[-1][1]), top.get_xlim()[1] if since is not None else start)
+        top.hlines(
+            value, start, end, colors="0.35", linestyles="--", linewidth=1.2, gid="reference", label=caption
+        )
     if series.x:
         top.legend(loc="lower left", fontsize="small", frameon=False)
     top.set_title(title)
