@@ -16,11 +16,13 @@ machine alike.  With CUDA:
    memory (``nvidia-smi --query-compute-apps``), and every GPU's ``memory.used`` is back within
    :data:`RELEASE_SLACK_MIB` of what it was before the launch (``torch.cuda.mem_get_info`` in a
    child process where there is no ``nvidia-smi``), within :data:`RELEASE_WITHIN_S`;
-3. **restart**: the same again for half the time from the checkpoint the stop wrote: its banner
-   must say ``resume_step=N`` with N > 0, it must write metric lines past N, and release again;
+3. **restart**: the same again for half the time (at least 30 s) from the checkpoint the stop
+   wrote: its banner must say ``resume_step=N`` with N > 0, it must write metric lines, and
+   release again;
 4. **topk**: ``bench/topk.py`` (CPU and CUDA), its summary line quoted.
 
-Exits 1 when a check failed (the summary names it).  ``--quick``: 40 s, no top-k benchmark.
+Exits 1 when a check failed (the summary names it).  ``--quick`` (the smoke ``make test`` runs):
+the same sequence with the ``tiny`` profile for :data:`QUICK_S` s a run, no top-k benchmark.
 ``--cpu``: a dry run of steps 1 and 3 on the CPU with the ``tiny`` profile (no GPU memory, no
 top-k), to try the sequence on a machine without a GPU.
 """
@@ -43,6 +45,7 @@ from benchlib import Checks
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_SH = ROOT / "pipeline" / "dflash" / "run.sh"
+QUICK_S = 5.0  #: ``--quick``: seconds of each run of the tiny profile (the smoke in ``make test``)
 START_WITHIN_S = 300.0  #: seconds for the first drafter metric line (model init, CUDA start-up)
 STOP_WITHIN_S = 90.0  #: the launcher's own stop grace (60 s) plus the checkpoint write
 RELEASE_WITHIN_S = 30.0  #: seconds after the stop for the GPU memory to be released
@@ -130,17 +133,17 @@ class Attempt:
     over_mib: float
 
 
-def attempt(work: Path, seconds: float, count: int) -> Attempt:
-    """Launch the full profile, let it run ``seconds``, SIGTERM its group, and check the release.
+def attempt(work: Path, seconds: float, count: int, profile: str = "full") -> Attempt:
+    """Launch ``profile``, let it run ``seconds``, SIGTERM its group, and check the release.
 
-    :param count: the GPUs to use; 0 is the ``--cpu`` dry run (``tiny`` profile, no memory read).
+    :param count: the GPUs to use; 0 is the ``--cpu`` dry run (no GPU memory read).
     """
     log = work / "train.log"
     start = log.stat().st_size if log.exists() else 0
     before = gpu_memory(count) if count else {}
     targets, drafters = layout(count) if count else ("0,1,2,3,4", "5,6,7")
     argv = ["bash", str(RUN_SH), "--target-devices", targets, "--drafter-devices", drafters]
-    argv += ["--profile", "full"] if count else ["--cpu", "--profile", "tiny"]
+    argv += ["--profile", profile] if count else ["--cpu", "--profile", profile]
     argv += ["--log", str(log), "--checkpoint-dir", str(work / "ckpt"), "--metric-every", "10"]
     with (work / "stdout.log").open("ab") as out:
         env = {**os.environ, "PYTHON": sys.executable}  # run.sh's interpreter: this one, with torch
@@ -203,13 +206,14 @@ def check(seconds: float, quick: bool, cpu: bool = False) -> int:
     import torch
 
     count = 0 if cpu else torch.cuda.device_count()
-    name = "CPU (dry run, tiny profile)" if cpu else torch.cuda.get_device_name(0)
+    profile = "tiny" if quick or cpu else "full"
+    name = "CPU (dry run)" if cpu else torch.cuda.get_device_name(0)
     checks = Checks(quick=False)
-    summary = [f"{count}x {name}"]
+    summary = [f"{count}x {name}, {profile} profile"]
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
-        for label, bound in (("run", seconds), ("restart", max(30.0, seconds / 2))):
-            got = attempt(work, bound, count)
+        for label, bound in (("run", seconds), ("restart", seconds if quick else max(30.0, seconds / 2))):
+            got = attempt(work, bound, count, profile)
             tps, p50, topk = numbers(got.data)
             checks.correct(f"{label}: metric lines written", tps is not None, f"{got.data.count(b'{')} lines")
             checks.correct(
@@ -248,16 +252,16 @@ def main() -> int:
     """Parse the arguments; print ``no GPU`` and exit 0 without CUDA, else run the checks."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=120.0, help="the first run's length, seconds")
-    parser.add_argument("--quick", action="store_true", help="40 s runs, no top-k benchmark")
+    parser.add_argument("--quick", action="store_true", help="the tiny profile for 5 s, no top-k benchmark")
     parser.add_argument("--cpu", action="store_true", help="a dry run on the CPU (tiny profile)")
     args = parser.parse_args()
     if args.cpu:
-        return check(args.seconds, True, cpu=True)
+        return check(QUICK_S if args.quick else args.seconds, args.quick, cpu=True)
     why = no_gpu()
     if why is not None:
         print(f"gpu-check: no GPU ({why}) - nothing to check")
         return 0
-    return check(40.0 if args.quick else args.seconds, args.quick)
+    return check(QUICK_S if args.quick else args.seconds, args.quick)
 
 
 if __name__ == "__main__":
