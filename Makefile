@@ -6,7 +6,7 @@ STAMP_TRAIN := $(VENV)/.installed-train
 STAMP_DEV   := $(VENV)/.installed-dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test lint typecheck pytest bench bench-smoke clean
+.PHONY: demo test lint typecheck pytest bench bench-smoke gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,7 @@ bench: $(STAMP_DEV)
 	@summary=$$(mktemp); failed=""; load0=$$(cut -d' ' -f1-3 /proc/loadavg); \
 	for b in bench/*.py; do \
 	  [ "$$b" = bench/benchlib.py ] && continue; \
+	  [ "$$b" = bench/gpu_check.py ] && continue; \
 	  echo "== $$b"; out=$$(mktemp); \
 	  $(BIN)/python $$b > $$out 2>&1; rc=$$?; cat $$out; \
 	  if [ $$rc -ne 0 ]; then failed="$$failed $$b"; echo "$$b: FAILED (exit $$rc): $$(tail -n 1 $$out)" >> $$summary; \
@@ -57,6 +58,13 @@ bench: $(STAMP_DEV)
 ## checks); make test runs the same file as part of the suite
 bench-smoke: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q tests/test_bench_smoke.py
+
+## make gpu-check: on this machine's GPUs, the reference pipeline's full profile for a bounded time,
+## a restart with the GPU memory released after each stop, and bench/topk.py on CUDA: one summary
+## line; "gpu-check: no GPU" and exit 0 where there is none (GPU_CHECK_S: the run's seconds)
+GPU_CHECK_S ?= 120
+gpu-check: $(STAMP_DEV)
+	$(BIN)/python bench/gpu_check.py --seconds $(GPU_CHECK_S)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

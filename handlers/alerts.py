@@ -256,6 +256,8 @@ def alert_title(kind: str, job: str, host: str, count: int, expected: int, quiet
         return f"host {host} unreachable - cannot check {job}"
     if kind == "crash_loop":
         return f"{job} is crash-looping on {host} - automatic restarts given up"
+    if kind == "idle_gpus":
+        return f"{job} has idle GPUs on {host}: alive ({count}/{expected}) but GPUs it holds are not working"
     return f"{job}: {kind} on {host}"
 
 
@@ -273,6 +275,7 @@ _WAS = {
     "stuck_rank": "had a stuck rank",
     "unreachable": "was unreachable",
     "crash_loop": "was crash-looping",
+    "idle_gpus": "had idle GPUs",
 }
 
 
@@ -313,6 +316,8 @@ def incident_resolved(job: str, kind: str, after: float, resolution: str, count:
         return f"resolved after {fmt.duration(after)}: {job} was stopped on purpose"
     if resolution == "reachable":
         return f"resolved after {fmt.duration(after)}: the host of {job} is reachable again"
+    if kind == "idle_gpus":
+        return f"resolved after {fmt.duration(after)}: the GPUs of {job} are working again"
     return f"resolved after {fmt.duration(after)}: {job} is running again ({count}/{expected} processes)"
 
 

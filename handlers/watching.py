@@ -12,7 +12,9 @@ Posts: the alert is the headline message ``incident:JOB:N`` in the job's channel
 ``[slack] alert_mention``); reminders (every ``remind_every`` s while open and not
 acknowledged), kind changes, automatic restarts, the crash-loop give-up and ``resolved after
 N min`` go in its thread, and the headline is updated in place.  Events: ALERT (``kind`` dead |
-degraded | stalled | unreachable | crash_loop), RESOLVED, RESTART (automatic restarts).
+degraded | stalled | unreachable | crash_loop | idle_gpus), RESOLVED, RESTART (automatic restarts).
+The GPUs of jobs with ``idle_gpu_below`` set are read once per host and cycle
+(:func:`pipeline.observe.idle.read_watched`).
 
 Automatic restarts (opt-in, ``[jobs.NAME.watch] auto_restart``) go through the same
 :class:`~handlers.dispatch.Dispatcher` as a person's ``restart JOB`` — locked, posted and
@@ -54,6 +56,7 @@ from pipeline.host.contract import EvidenceArgs
 from pipeline.host.probe import JobProbe, call_helper, log_tail, recorded_identity
 from pipeline.observe import progress
 from pipeline.observe.crashes import detect_cause
+from pipeline.observe.idle import read_watched
 from pipeline.observe.watch import (
     DEFAULT_REMIND_EVERY,
     Action,
@@ -151,6 +154,10 @@ class Watcher:
         steps = await asyncio.gather(
             *(self._progress(v, s.probe if (s := seen.get(v.name)) else None, now) for v in views)
         )
+        # the GPUs of jobs with idle_gpu_below set: one set of nvidia-smi calls for the host
+        gpus = await read_watched(
+            self.ctx.ssh, host, [(v.name, v.cfg, s.probe) for v in views if (s := seen.get(v.name))]
+        )
         for view, judged in zip(views, steps, strict=True):
             sight = seen.get(view.name)
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
@@ -158,7 +165,9 @@ class Watcher:
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
-            obs = dataclasses.replace(self._observation(probe, now, unreachable), progress=judged)
+            obs = dataclasses.replace(
+                self._observation(probe, now, unreachable), progress=judged, gpus=gpus.get(view.name)
+            )
             cfg = view.cfg
             if sight is not None and (sight.exit_cause or sight.detail):
                 obs = dataclasses.replace(obs, exit_cause=sight.exit_cause, detail=sight.detail)
@@ -418,7 +427,8 @@ class Watcher:
         except PitstopError as exc:
             log.info("watch %s: no log tail: %s", name, exc.message)
             return inc
-        cause = inc.cause if inc.kind is IncidentKind.STUCK_RANK else detect_cause(tail)
+        kept = inc.kind in (IncidentKind.STUCK_RANK, IncidentKind.IDLE_GPUS)  # the watcher's own cause line
+        cause = inc.cause if kept else detect_cause(tail)
         if inc.kind is IncidentKind.DEGRADED and (short := self._short.get(name)):
             cause = short  # where the engine saw the count fall short (a node short of tasks)
         inc = inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})

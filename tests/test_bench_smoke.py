@@ -14,6 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SUMMARY = {"ack": "ack:", "digest": "digest:", "restart": "restart:", "topk": "topk:", "watch": "watch:"}
+SUMMARY["gpu_check"] = "gpu-check:"  # without CUDA: "gpu-check: no GPU (…)", exit 0
+#: seconds a quick run may take (with CUDA, gpu_check launches the tiny profile twice: ~1 min)
+TIMEOUT = {"gpu_check": 300}
 
 
 def test_every_benchmark_has_a_smoke_run() -> None:
@@ -29,7 +32,7 @@ def test_quick_mode_completes_with_its_summary_line(name: str) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=TIMEOUT.get(name, 110),
     )
     shown = f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, shown

@@ -1,24 +1,55 @@
-"""The digest chart: tokens/s of each GPU (rank) over the digest's window, as a PNG.
+"""The digest chart: the pipeline's throughput over the digest's window, with its restarts marked
+and its stragglers beside it, as a PNG a person reads at a glance.
+
+Two panels on one time axis (UTC), from the data of :mod:`pipeline.digest.series`:
+
+- **the pipeline's tokens/s** (the drafters' sum, the digest's headline number): smoothed in a
+  solid line, the raw bins faint behind it, broken at every gap (a pause, a relaunch) rather than
+  joined across it; each restart in the window is a labelled vertical line (``r-2 topk``); the
+  previous attempt's median (before the last restart in the window, else the last scheduled
+  digest's number) is a dashed reference;
+- **the straggler strip**: one row per rank, each bin coloured by the rank's tokens/s as a
+  percentage of its role's median then (red below 100%, blue above, grey without data), so one
+  slow GPU is one red row instead of a line lost among eight.
 
 Drawn with matplotlib's object API on the Agg canvas (no pyplot, no GUI, no global figure
-state), so it is safe in a server process and in a worker thread.  Drafter ranks are solid
-lines, target ranks dashed, so the two roles read apart at a glance.
+state), so it is safe in a server process and in a worker thread.  :func:`draw_chart` returns
+the :class:`~matplotlib.figure.Figure` (its artists carry ``gid``\\ s: ``pipeline``,
+``pipeline-raw``, ``reference``, ``restart:r-2``, ``strip``), :func:`tokens_chart` writes it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Colormap
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
+from matplotlib.transforms import blended_transform_factory
 
+from pipeline import fmt
 from pipeline.digest.metrics import MetricLine
+from pipeline.digest.series import (
+    RankStrip,
+    RestartMark,
+    Throughput,
+    rank_intervals,
+    rank_strip,
+    throughput,
+)
+from pipeline.digest.stats import percentile
 
-MAX_POINTS = 2000  #: most points drawn per rank (longer series are thinned evenly)
+STRIP_LABELS = 24  #: most ranks named on the strip (more: every n-th)
+STRIP_RANGE = (50.0, 150.0)
+STRAGGLER_BAND = (
+    90.0,
+    110.0,
+)  #: a rank whose median share is outside it is always named on the strip  #: the strip's colour scale, percent of the role's median
+DAY_S = 86_400.0
 
 
 def rank_rates(lines: Sequence[MetricLine]) -> dict[tuple[str, int], list[tuple[float, float]]]:
@@ -27,7 +58,8 @@ def rank_rates(lines: Sequence[MetricLine]) -> dict[tuple[str, int], list[tuple[
     Between two lines the rate is Δtokens/Δts; a counter that went down restarted from zero,
     so the later value is the increase.  A line without a usable pair (the first one, no
     timestamps) contributes its reported ``tokens_per_s`` instead, when it has one; a line
-    without a counter value is skipped over when pairing.
+    without a counter value is skipped over when pairing.  (The chart itself reads
+    :func:`pipeline.digest.series.rank_intervals`, which leaves gaps and relaunches out.)
 
     :param lines: metric records in file order.
     :returns: (role, rank) → [(ts unix s, tokens/s), …] in time order; lines without ``ts``
@@ -59,53 +91,206 @@ def rank_rates(lines: Sequence[MetricLine]) -> dict[tuple[str, int], list[tuple[
     return out
 
 
-def _thin(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    if len(points) <= MAX_POINTS:
-        return points
-    step = len(points) / MAX_POINTS
-    return [points[int(i * step)] for i in range(MAX_POINTS - 1)] + [points[-1]]
+def _days(ts: float) -> float:
+    """Unix seconds as matplotlib's date numbers (days since its default epoch, 1970-01-01)."""
+    return ts / DAY_S if math.isfinite(ts) else math.nan
 
 
-def tokens_chart(lines: Sequence[MetricLine], path: Path, *, title: str = "tokens/s per GPU") -> Path:
-    """Write a PNG line chart of tokens/s per rank over time.
+def reference(
+    series: Throughput, marks: Sequence[RestartMark], last_digest: float | None
+) -> tuple[float, float | None, str] | None:
+    """The dashed reference: (tokens/s, from when (unix s; None: the whole window), its label).
+
+    The previous attempt's median — the bins between the restart before the last one in the
+    window (or the window's start) and the last one — when there are bins there; else the last
+    scheduled digest's pipeline tokens/s (``last_digest``); else None.
+    """
+    ordered = sorted(marks, key=lambda m: m.at)
+    if ordered and series.segments:
+        last = ordered[-1]
+        before = ordered[-2].at if len(ordered) > 1 else -math.inf
+        median = series.median(before, last.at)
+        if median is not None:
+            return median, last.at, chart_reference_before(last.run, median)
+    if last_digest is not None and math.isfinite(last_digest):
+        return last_digest, None, chart_reference_last_digest(last_digest)
+    return None
+
+
+def _strip_label(key: tuple[str, int], devices: dict[tuple[str, int], str]) -> str:
+    device = devices.get(key)
+    return f"{key[1]} {key[0]}" + (f" {device}" if device else "")
+
+
+def _stragglers(strip: RankStrip) -> list[int]:
+    """The rows whose median share is outside :data:`STRAGGLER_BAND` percent of their role's median."""
+    out = []
+    for i, row in enumerate(strip.share):
+        median = percentile([v for v in row if math.isfinite(v)], 0.5)
+        if median is not None and not STRAGGLER_BAND[0] <= median <= STRAGGLER_BAND[1]:
+            out.append(i)
+    return out
+
+
+def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str, int], str]) -> None:
+    from matplotlib import colormaps
+
+    cmap: Colormap = colormaps["RdBu"].with_extremes(bad="0.9")
+    image = ax.imshow(
+        strip.share,
+        aspect="auto",
+        interpolation="nearest",
+        cmap=cmap,
+        vmin=STRIP_RANGE[0],
+        vmax=STRIP_RANGE[1],
+        extent=(_days(strip.edges[0]), _days(strip.edges[-1]), len(strip.rows), 0),
+    )
+    image.set_gid("strip")
+    every = max(1, math.ceil(len(strip.rows) / STRIP_LABELS))  # many ranks: every n-th one named,
+    slow = _stragglers(strip)  # and every straggler, without a neighbour's label on top of its own
+    regular = [i for i in range(0, len(strip.rows), every) if every == 1 or all(abs(i - j) > 1 for j in slow)]
+    shown = sorted({*regular, *slow})
+    ax.set_yticks([i + 0.5 for i in shown])
+    ax.set_yticklabels([_strip_label(strip.rows[i], devices) for i in shown], fontsize="small")
+    roles = [k[0] for k in strip.rows]
+    for i in range(1, len(roles)):
+        if roles[i] != roles[i - 1]:
+            ax.axhline(i, color="black", linewidth=0.8)
+    bar = fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04)
+    bar.set_label(CHART_STRIP_UNIT, fontsize="small")
+
+
+def _span(ax: Any, series: Throughput, strip: RankStrip, restarts: Sequence[RestartMark]) -> None:
+    """Set the time axis to hold the data and every restart line (one after the last line included)."""
+    times = [t for seg in series.segments for t in seg] + strip.edges[:1] + strip.edges[-1:]
+    times += [m.at for m in restarts]
+    if not times:
+        return
+    lo, hi = min(times), max(times)
+    pad = max((hi - lo) * 0.02, 1.0)
+    ax.set_xlim(_days(lo - pad), _days(hi + pad))
+
+
+def draw_chart(
+    lines: Sequence[MetricLine],
+    *,
+    title: str = "pipeline tokens/s",
+    restarts: Sequence[RestartMark] = (),
+    last_digest: float | None = None,
+) -> Figure:
+    """The digest chart as a figure (see the module docstring).
+
+    :param lines: the window's metric records.
+    :param title: the chart's title.
+    :param restarts: the restarts launched within the window (a vertical line each; a rank's
+        interval holding one is a gap).
+    :param last_digest: the last scheduled digest's pipeline tokens/s, the reference when no
+        restart in the window has an attempt before it.
+    :returns: the figure on an Agg canvas; its first axes is the throughput panel, the second
+        (absent without any rank's rate) the straggler strip.
+    """
+    intervals = rank_intervals(lines, restarts)
+    series = throughput(lines, restarts, intervals)
+    strip = rank_strip(lines, restarts, intervals)
+    rows = len(strip.rows)
+    fig = Figure(figsize=(10, 4.5 + min(0.22 * rows, 4.0)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    if strip.rows:
+        top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, max(1.2, min(0.22 * rows, 4.0))))
+    else:
+        top, bottom = fig.add_subplot(), None
+    days = [_days(t) for t in series.x]
+    if series.x:
+        top.plot(days, series.raw, color="C0", alpha=0.3, linewidth=1.0, zorder=2, gid="pipeline-raw")
+        top.plot(
+            days, series.smooth, color="C0", linewidth=2.0, zorder=3, gid="pipeline", label=CHART_PIPELINE
+        )
+    elif lines:
+        top.text(0.5, 0.5, CHART_TOO_FEW, ha="center", va="center", transform=top.transAxes)
+    else:
+        top.text(0.5, 0.5, CHART_NO_LINES, ha="center", va="center", transform=top.transAxes)
+    on_top = blended_transform_factory(top.transData, top.transAxes)
+    for mark in sorted(restarts, key=lambda m: m.at):
+        x = _days(mark.at)
+        top.axvline(x, color="C3", linewidth=1.2, zorder=4, gid=f"restart:{mark.run}")
+        label = top.text(
+            x, 0.98, f" {mark.label}", transform=on_top, rotation=90, ha="right", va="top", fontsize="small"
+        )
+        label.set_in_layout(False)  # inside the axes: the layout needs no room for it
+        if bottom is not None:
+            bottom.axvline(x, color="C3", linewidth=1.0, gid=f"restart-strip:{mark.run}")
+    _span(top, series, strip, restarts)
+    ref = reference(series, restarts, last_digest)
+    if ref is not None and series.x:
+        value, since, caption = ref
+        start = _days(since) if since is not None else days[0]
+        end = max(_days(series.segments[-1][1]), top.get_xlim()[1] if since is not None else start)
+        top.hlines(
+            value, start, end, colors="0.35", linestyles="--", linewidth=1.2, gid="reference", label=caption
+        )
+    if series.x:
+        top.legend(loc="lower left", fontsize="small", frameon=False)
+    top.set_title(title)
+    top.set_ylabel("tokens/s")
+    top.set_ylim(bottom=0)
+    top.grid(True, alpha=0.3)
+    axis = bottom if bottom is not None else top
+    if bottom is not None:
+        devices = {(ln.role, ln.rank): ln.device for ln in lines if ln.device}
+        _draw_strip(fig, bottom, strip, devices)
+        top.tick_params(labelbottom=False)
+        bottom.set_title(CHART_STRIP_TITLE, fontsize="small", loc="left")
+    if series.x or strip.rows:
+        locator = AutoDateLocator()  # type: ignore[no-untyped-call]
+        axis.xaxis.set_major_locator(locator)
+        axis.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
+    axis.set_xlabel("time (UTC)")
+    return fig
+
+
+def tokens_chart(
+    lines: Sequence[MetricLine],
+    path: Path,
+    *,
+    title: str = "pipeline tokens/s",
+    restarts: Sequence[RestartMark] = (),
+    last_digest: float | None = None,
+) -> Path:
+    """Write the digest chart (:func:`draw_chart`) as a PNG.
 
     :param lines: the window's metric records.
     :param path: the PNG file to write (its directory is created if missing).
     :param title: the chart's title.
+    :param restarts: the restarts launched within the window.
+    :param last_digest: the last scheduled digest's pipeline tokens/s (the fallback reference).
     :returns: ``path``.
     :raises OSError: if the file cannot be written.
     """
-    series = rank_rates(lines)
-    fig = Figure(figsize=(9, 4.5), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    devices = {(ln.role, ln.rank): ln.device for ln in lines if ln.device}
-    for role, rank in sorted(series, key=lambda k: (k[0] == "target", k[1])):
-        pts = _thin(series[(role, rank)])
-        xs: Any = [datetime.fromtimestamp(t, UTC) for t, _ in pts]
-        ys = [r for _, r in pts]
-        device = devices.get((role, rank))
-        label = f"{role} {rank}" + (f" ({device})" if device else "")
-        ax.plot(
-            xs,
-            ys,
-            linestyle="--" if role == "target" else "-",
-            linewidth=1.0 if role == "target" else 1.6,
-            marker="." if len(pts) < 50 else None,
-            label=label,
-        )
-    if series:
-        locator = AutoDateLocator()  # type: ignore[no-untyped-call]
-        ax.xaxis.set_major_locator(locator)
-        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    else:
-        ax.text(0.5, 0.5, "no metric lines in this window", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title(title)
-    ax.set_ylabel("tokens/s")
-    ax.set_xlabel("time (UTC)")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
+    fig = draw_chart(lines, title=title, restarts=restarts, last_digest=last_digest)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")
     return path
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+CHART_PIPELINE = "pipeline tokens/s (drafters), smoothed; raw behind"
+CHART_NO_LINES = "no metric lines in this window"
+CHART_TOO_FEW = "too few metric lines in this window for a rate"
+CHART_STRIP_TITLE = "stragglers: each rank's tokens/s as % of its role's median (red: slower)"
+CHART_STRIP_UNIT = "% of role median"
+
+
+def chart_title(job: str) -> str:
+    """The digest chart's title."""
+    return f"{job}: pipeline tokens/s"
+
+
+def chart_reference_before(run: str, median: float) -> str:
+    """The reference line's label: the median of the attempt before restart ``run``."""
+    return f"median before {run}: {fmt.number(median)} tokens/s"
+
+
+def chart_reference_last_digest(value: float) -> str:
+    """The reference line's label when there is no earlier attempt in the window."""
+    return f"last digest: {fmt.number(value)} tokens/s"

@@ -16,7 +16,8 @@ This module assembles a :class:`Digest` (:func:`build_digest`): one bounded read
 :data:`~pipeline.digest.window.LogReader` (the job's host over SSH, or a local file), the
 statistics, the ranks expected but silent, GPU statistics from ``nvidia-smi`` when the job has
 ``gpus``, uptime and restarts from the job's state (:class:`~pipeline.state.jobstate.JobStore`), a
-PNG chart, and the Redis bookkeeping.  Its dependencies are passed in (the Redis client and
+PNG chart (:mod:`pipeline.digest.chart`: each run launched in the window is a restart line, read
+from the run records, :func:`restart_marks`), and the Redis bookkeeping.  Its dependencies are passed in (the Redis client and
 prefix, the SSH pool, the event stream, the configuration); it knows nothing of the handlers.
 """
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from pipeline.config import Config, JobConfig
 from pipeline.digest.metrics import parse_metric_lines, parse_series
+from pipeline.digest.series import RestartMark, restart_label
 from pipeline.digest.stats import DRAFTER, TARGET, DigestSummary, compare, summarise_series
 from pipeline.digest.window import (
     MAX_WINDOW_BYTES,
@@ -151,6 +153,7 @@ class Digest:
     :ivar restarts: run ids created since the window began, newest first (None: unknown).
     :ivar built_at: unix s.
     :ivar silent: expected ranks (:func:`expected_ranks`) that wrote no metric line in the window.
+    :ivar marks: the restarts drawn on the chart (:func:`restart_marks`), oldest first.
     """
 
     job: str
@@ -168,6 +171,7 @@ class Digest:
     restarts: tuple[str, ...] | None = None
     built_at: float = 0.0
     silent: tuple[SilentRank, ...] = ()
+    marks: tuple[RestartMark, ...] = ()
 
 
 async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
@@ -208,18 +212,42 @@ async def _restarts_since(runs: RunStore, job: str, since: float | None) -> tupl
     return tuple(r.id for r in await runs.recent(job, 100) if r.created_at >= since and r.action != "stop")
 
 
+async def restart_marks(runs: RunStore, job: str, start: float | None, end: float) -> tuple[RestartMark, ...]:
+    """The job's runs launched within ``[start, end]`` (unix s) as the chart's restart lines.
+
+    From the run records (:class:`~pipeline.state.runs.RunRecord`'s ``launched_at``, ``action``
+    and ``patches``), oldest first; a ``stop`` launches nothing and a failed launch has no
+    ``launched_at``, so neither is marked.  None for ``start`` (no timestamps) marks nothing.
+    """
+    if start is None:
+        return ()
+    return tuple(
+        RestartMark(r.launched_at, r.id, restart_label(r.id, r.action, r.patches))
+        for r in reversed(await runs.recent(job, 100))
+        if r.launched_at is not None and start <= r.launched_at <= end and r.action != "stop"
+    )
+
+
 def _prune_charts(directory: Path, job: str, keep: int = CHARTS_KEPT) -> None:
     charts = sorted(directory.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)
     for old in charts[:-keep] if keep else charts:
         old.unlink(missing_ok=True)
 
 
-def _draw(data: bytes, spec: JobConfig, path: Path, job: str) -> Path:
+def _draw(
+    data: bytes,
+    spec: JobConfig,
+    path: Path,
+    job: str,
+    marks: Sequence[RestartMark] = (),
+    last_digest: float | None = None,
+) -> Path:
     """Parse the window's lines and draw them (in a worker thread: parsing and drawing are slow)."""
     # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
-    from pipeline.digest.chart import tokens_chart
+    from pipeline.digest.chart import chart_title, tokens_chart
 
-    out = tokens_chart(parse_metric_lines(data, spec.metrics), path, title=f"{job}: tokens/s per GPU")
+    lines = parse_metric_lines(data, spec.metrics)
+    out = tokens_chart(lines, path, title=chart_title(job), restarts=marks, last_digest=last_digest)
     _prune_charts(path.parent, job)
     return out
 
@@ -274,9 +302,15 @@ async def build_digest(
     now = time.time()
     gpus, gpu_note = await _gpu_rows(ssh, spec)
     path: Path | None = None
+    runs = redis.open_store(RunStore)
+    marks: tuple[RestartMark, ...] = ()
     if chart and summary.metric_lines:
         where = config.state.path / "charts" / f"{name.lower()}-{int(now * 1000)}.png"
-        path = await asyncio.to_thread(_draw, window.data, spec, where, name)
+        repeat = window.kind is WindowKind.REPEAT  # the last scheduled window again: up to its end
+        until = (summary.window_end or now) if repeat else now
+        marks = await restart_marks(runs, name, summary.window_start, until)
+        last_rate = None if repeat else (previous or {}).get("pipeline_tokens_per_s")
+        path = await asyncio.to_thread(_draw, window.data, spec, where, name, marks, last_rate)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
     snapshot = await redis.open_store(JobStore, config).read(name, now=now)
     digest = Digest(
@@ -292,9 +326,10 @@ async def build_digest(
         gpu_note=gpu_note,
         chart=path,
         uptime_s=snapshot.uptime(now),
-        restarts=await _restarts_since(redis.open_store(RunStore), name, since),
+        restarts=await _restarts_since(runs, name, since),
         built_at=now,
         silent=silent,
+        marks=marks,
     )
     if scheduled:
         last = json.dumps({**summary.headline(), "at": now}) if summary.metric_lines else None

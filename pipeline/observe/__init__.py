@@ -4,7 +4,8 @@
   :mod:`~pipeline.observe.evidence`; resume proof :mod:`~pipeline.observe.resume`;
 - the watcher's rules :mod:`~pipeline.observe.watch`; per-rank progress
   :mod:`~pipeline.observe.progress`; crash classes :mod:`~pipeline.observe.crashes`; GPUs from
-  ``nvidia-smi`` :mod:`~pipeline.observe.gpus`.
+  ``nvidia-smi`` :mod:`~pipeline.observe.gpus`, and a running job's idle GPUs
+  :mod:`~pipeline.observe.idle`.
 
 May import :mod:`pipeline.host`, :mod:`pipeline.state` and the loose modules of :mod:`pipeline`.
 """

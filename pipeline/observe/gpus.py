@@ -77,7 +77,7 @@ def parse_number(field: str) -> float | None:
         return None
 
 
-def _rows(text: str, count: int) -> Iterator[list[str]]:
+def csv_rows(text: str, count: int) -> Iterator[list[str]]:
     """The CSV rows of ``text`` with ``count`` fields whose first is a number (an index, a PID).
 
     A comma inside the name (field 2) is rejoined; other lines are skipped.
@@ -96,7 +96,7 @@ def parse_query_gpu(text: str) -> list[GpuStat]:
 
     :returns: one :class:`GpuStat` per GPU, in output order.
     """
-    return [GpuStat(int(p[0]), p[1], *map(parse_number, p[2:6])) for p in _rows(text, len(GPU_FIELDS))]
+    return [GpuStat(int(p[0]), p[1], *map(parse_number, p[2:6])) for p in csv_rows(text, len(GPU_FIELDS))]
 
 
 def parse_compute_apps(text: str) -> list[ComputeApp]:
@@ -104,10 +104,15 @@ def parse_compute_apps(text: str) -> list[ComputeApp]:
 
     Empty output, or a line such as ``No running processes found``, means none.
     """
-    return [ComputeApp(int(p[0]), parse_number(p[1])) for p in _rows(text, len(APP_FIELDS))]
+    return [ComputeApp(int(p[0]), parse_number(p[1])) for p in csv_rows(text, len(APP_FIELDS))]
 
 
-async def _query(ssh: RemoteHosts, host: str, argv: tuple[str, ...], timeout: float) -> str:
+async def query_csv(ssh: RemoteHosts, host: str, argv: tuple[str, ...], timeout: float) -> str:
+    """The stdout of one ``nvidia-smi`` query (``argv``) on ``host``.
+
+    :param timeout: seconds.
+    :raises GpuQueryFailed: if nvidia-smi is missing (exit status 127) or fails.
+    """
     result = await ssh.run(host, argv, timeout=timeout)
     if result.exit_status == 127:
         raise GpuQueryFailed(result.host, f"{NVIDIA_SMI} not found on the host")
@@ -126,7 +131,7 @@ async def query_gpus(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TIME
     :raises GpuQueryFailed: if nvidia-smi is missing or fails.
     :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
     """
-    return parse_query_gpu(await _query(ssh, host, QUERY_GPU_ARGV, timeout))
+    return parse_query_gpu(await query_csv(ssh, host, QUERY_GPU_ARGV, timeout))
 
 
 async def compute_apps(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[ComputeApp]:
@@ -135,4 +140,4 @@ async def compute_apps(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TI
     :raises GpuQueryFailed: if nvidia-smi is missing or fails.
     :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
     """
-    return parse_compute_apps(await _query(ssh, host, QUERY_APPS_ARGV, timeout))
+    return parse_compute_apps(await query_csv(ssh, host, QUERY_APPS_ARGV, timeout))

@@ -23,6 +23,9 @@ Conditions, in precedence order, for a job with an expected process count ``proc
   advanced or wait on it (:mod:`pipeline.observe.progress`); not during ``warmup`` s after a launch;
 - ``stalled``: alive, but no rank's step advanced for ``stall_after`` s, not during ``warmup`` s
   after a launch; for a job whose log has no steps: no new log bytes for ``stall_after`` s;
+- ``idle_gpus`` (opt-in, ``idle_gpu_below`` and ``idle_gpu_for``): alive and advancing, but some
+  of its GPUs under ``idle_gpu_below`` percent utilisation for ``idle_gpu_for`` s
+  (:mod:`pipeline.observe.idle`; ``[N/A]`` never counts); not during ``warmup`` s after a launch;
 - ``crash_loop``: dead again after ``auto_restart.max`` automatic restarts within ``within``.
 """
 
@@ -33,6 +36,7 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline.config import JobConfig
+from pipeline.observe.idle import GpuReading, idle_facts, idle_now, idle_since
 from pipeline.observe.progress import Judgement, stuck_facts
 from pipeline.state.incidents import Incident, IncidentKind, WatchState
 
@@ -64,6 +68,8 @@ class Observation:
     :ivar detail: what the engine says beside the count (Slurm: the nodes short of tasks), kept
         as the incident's ``cause``.
     :ivar progress: the ranks' step progress (:func:`pipeline.observe.progress.judge`), None if not read.
+    :ivar gpus: the GPUs the idle rule watches, read this cycle (:func:`pipeline.observe.idle.read_watched`);
+        None when not watched or not read.
     """
 
     at: float
@@ -75,6 +81,7 @@ class Observation:
     error: str | None = None
     detail: str | None = None
     progress: Judgement | None = None
+    gpus: tuple[GpuReading, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,7 @@ _BAD = {
     IncidentKind.STALLED,
     IncidentKind.STUCK_RANK,
     IncidentKind.UNREACHABLE,
+    IncidentKind.IDLE_GPUS,
 }
 
 
@@ -211,6 +219,7 @@ def assess(
         # a planned restart: no alerts; progress and degradation are measured from its end
         st.progress_at = now
         st.degraded_since = None
+        st.idle_gpus_since = None
         if incident is not None and incident.next_auto_at is not None:
             incident = incident.model_copy(update={"next_auto_at": None})
         return Decision(st, incident, tuple(actions), "in_flight")
@@ -218,6 +227,9 @@ def assess(
     expected = _expected(st, situation)
     warming = situation.launched_at is not None and now - situation.launched_at < w.warmup
     steps = obs.progress if obs.progress is not None and obs.progress.known else None
+    idle = _idle_gpus(st, w.idle_gpu_below, w.idle_gpu_for, obs, warming)
+    # GPUs not read this cycle (nvidia-smi failed): an open idle incident stays as it is
+    unread = w.idle_gpu_below is not None and obs.gpus is None and bool(st.idle_gpus_since)
     condition: IncidentKind | str
     if obs.count == 0:
         condition = IncidentKind.DEAD if expected else "idle"
@@ -229,6 +241,8 @@ def assess(
         condition = IncidentKind.STALLED
     elif steps is None and now - (st.progress_at or now) >= w.stall_after:
         condition = IncidentKind.STALLED
+    elif idle or (unread and incident is not None and incident.kind is IncidentKind.IDLE_GPUS):
+        condition = IncidentKind.IDLE_GPUS
     elif obs.count < cfg.processes:
         condition = "pending"
     else:
@@ -244,6 +258,8 @@ def assess(
     }
     if condition is IncidentKind.STUCK_RANK and steps is not None:
         facts.update(stuck_facts(steps, cfg.host))
+    if condition is IncidentKind.IDLE_GPUS and obs.gpus and w.idle_gpu_below is not None:
+        facts.update(idle_facts(idle, len(obs.gpus), st.idle_gpus_since or {}, w.idle_gpu_below, now))
     if incident is None:
         if isinstance(condition, IncidentKind):
             new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
@@ -287,6 +303,23 @@ def assess(
             actions.append(Action(ActionKind.AUTO_RESTART, fired))
             return Decision(st, fired, tuple(actions), condition.value)
     return _remind(st, incident, now, remind_every, condition.value, actions)
+
+
+def _idle_gpus(
+    st: WatchState, below: float | None, idle_for: float | None, obs: Observation, warming: bool
+) -> list[GpuReading]:
+    """Carry each watched GPU's idle start in ``st`` and return those idle for ``idle_for`` s.
+
+    Nothing running, or warming up after a launch, forgets every idle start; a cycle whose GPUs
+    could not be read keeps them as they are (no reading is no verdict).
+    """
+    if below is None or idle_for is None or obs.count == 0 or warming:
+        st.idle_gpus_since = None
+        return []
+    if obs.gpus is None:
+        return []
+    st.idle_gpus_since = idle_since(obs.gpus, below, st.idle_gpus_since or {}, obs.at) or None
+    return idle_now(obs.gpus, st.idle_gpus_since or {}, idle_for, obs.at)
 
 
 def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation, now: float) -> Incident:

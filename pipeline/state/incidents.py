@@ -18,11 +18,12 @@ Beside each incident the store keeps the watcher's memory of the job between cyc
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
@@ -39,6 +40,7 @@ class IncidentKind(StrEnum):
     STUCK_RANK = "stuck_rank"
     UNREACHABLE = "unreachable"
     CRASH_LOOP = "crash_loop"
+    IDLE_GPUS = "idle_gpus"  #: a running job's GPUs under ``idle_gpu_below`` for ``idle_gpu_for``
 
 
 class _Stored(BaseModel):
@@ -54,6 +56,8 @@ class _Stored(BaseModel):
                 continue
             if isinstance(value, bool):
                 out[name] = "1" if value else "0"
+            elif isinstance(value, dict):
+                out[name] = json.dumps(value)
             elif isinstance(value, float):
                 out[name] = repr(value)
             else:
@@ -73,6 +77,8 @@ class WatchState(_Stored):
     :ivar exit_cause: the last exit cause the host reported.
     :ivar probe_failures: consecutive cycles the host could not be reached; ``unreachable_since``
         when the first of them was.
+    :ivar idle_gpus_since: GPU index → since when it has been under ``idle_gpu_below`` (unix s;
+        :func:`pipeline.observe.idle.idle_since`), stored as JSON.
     """
 
     last_alive_at: float | None = None
@@ -84,6 +90,12 @@ class WatchState(_Stored):
     exit_cause: str | None = None
     probe_failures: int | None = None
     unreachable_since: float | None = None
+    idle_gpus_since: dict[int, float] | None = None
+
+    @field_validator("idle_gpus_since", mode="before")
+    @classmethod
+    def _json(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
 
 
 class Incident(_Stored):
@@ -131,6 +143,7 @@ class Incident(_Stored):
     crash_rank: int | None = None
     crash_step: int | None = None
     no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
+    idle_gpus: str | None = None  #: idle GPUs: their indices, comma-separated (``cause`` names them)
 
     @property
     def thread_key(self) -> str:

@@ -1,0 +1,152 @@
+"""Idle GPUs: a running job's GPUs under ``idle_gpu_below`` percent for ``idle_gpu_for`` seconds.
+
+Which GPUs are watched: the job's ``gpus`` roles (targets and drafters, by index); a job that
+names none watches the GPUs its processes hold — ``nvidia-smi``'s compute processes whose PID is
+one of the job's, placed on a GPU by its UUID (``--query-compute-apps=pid,gpu_uuid`` against
+``--query-gpu=index,uuid``).  Utilisation is ``utilization.gpu``, percent over nvidia-smi's last
+sample period (:mod:`pipeline.observe.gpus`).  A reading of ``[N/A]`` — a MIG-enabled GPU, a
+board that does not report it — is no reading: it never counts as idle, and it ends an idle
+stretch.
+
+The rules are pure (time passed in): :func:`idle_since` carries each GPU's idle start from cycle to
+cycle (kept in :class:`~pipeline.state.incidents.WatchState`), :func:`idle_now` lists those idle
+long enough, :func:`idle_facts` the incident fields naming them.  :func:`read_watched` reads one
+host's GPUs for every watched job in at most three ``nvidia-smi`` calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline import fmt
+from pipeline.config import JobConfig
+from pipeline.errors import PitstopError
+from pipeline.observe.gpus import FORMAT, NVIDIA_SMI, QUERY_TIMEOUT, GpuStat, csv_rows, query_csv, query_gpus
+
+if TYPE_CHECKING:
+    from pipeline.host.probe import JobProbe
+    from pipeline.host.remote import RemoteHosts
+
+QUERY_UUID_ARGV: tuple[str, ...] = (NVIDIA_SMI, "--query-gpu=index,uuid", FORMAT)
+QUERY_HELD_ARGV: tuple[str, ...] = (NVIDIA_SMI, "--query-compute-apps=pid,gpu_uuid", FORMAT)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One watched GPU of a job in one cycle.
+
+    :ivar index: the GPU's index (nvidia-smi's ``index``).
+    :ivar role: ``target``/``drafter`` from the job's ``gpus``; None for a GPU found by its processes.
+    :ivar utilization_pct: percent, or None where nvidia-smi reports ``[N/A]`` (or the GPU is missing).
+    """
+
+    index: int
+    role: str | None
+    utilization_pct: float | None
+
+
+def watched(cfg: JobConfig, stats: Sequence[GpuStat], held: Collection[int] = ()) -> tuple[GpuReading, ...]:
+    """The GPUs the idle rule watches for ``cfg``, with their utilisation.
+
+    :param cfg: the job (its ``gpus`` roles, if any).
+    :param stats: the host's GPUs (:func:`pipeline.observe.gpus.query_gpus`).
+    :param held: indices of the GPUs the job's processes hold (used when it names no ``gpus``).
+    :returns: one reading per watched GPU, by role then index (a configured GPU nvidia-smi does
+        not list reads None: not idle).
+    """
+    util = {g.index: g.utilization_pct for g in stats}
+    if cfg.gpus is not None and cfg.gpus.all:
+        roles = [(i, "target") for i in cfg.gpus.target] + [(i, "drafter") for i in cfg.gpus.drafter]
+        return tuple(GpuReading(i, role, util.get(i)) for i, role in roles)
+    return tuple(GpuReading(i, None, util.get(i)) for i in sorted(set(held)))
+
+
+def idle_since(
+    readings: Sequence[GpuReading], below: float, before: Mapping[int, float], now: float
+) -> dict[int, float]:
+    """Each idle GPU's idle start: kept from ``before`` while it stays idle, ``now`` when it became so.
+
+    :param readings: this cycle's watched GPUs.
+    :param below: ``idle_gpu_below``, percent.
+    :param before: the previous cycle's map (index → unix s).
+    :param now: unix s.
+    :returns: index → unix s, for the GPUs under ``below`` now (``[N/A]`` readings never are).
+    """
+    return {
+        r.index: before.get(r.index, now)
+        for r in readings
+        if r.utilization_pct is not None and r.utilization_pct < below
+    }
+
+
+def idle_now(
+    readings: Sequence[GpuReading], since: Mapping[int, float], idle_for: float, now: float
+) -> list[GpuReading]:
+    """The readings of the GPUs idle for at least ``idle_for`` seconds, in reading order."""
+    return [r for r in readings if r.index in since and now - since[r.index] >= idle_for]
+
+
+def idle_facts(
+    idle: Sequence[GpuReading], watched_count: int, since: Mapping[int, float], below: float, now: float
+) -> dict[str, Any]:
+    """The incident fields naming the idle GPUs: ``idle_gpus`` (indices, comma-separated) and ``cause``.
+
+    ``GPU 1 (target) 0%, GPU 6 (drafter) 3% (2 of 8 watched) under 5% for 10 min``.
+    """
+    names = ", ".join(
+        f"GPU {r.index}" + (f" ({r.role})" if r.role else "") + f" {fmt.number(r.utilization_pct)}%"
+        for r in idle
+    )
+    longest = max((now - since[r.index] for r in idle), default=0.0)
+    cause = (
+        f"{names} ({len(idle)} of {watched_count} watched) under {fmt.number(below, '{:g}')}% "
+        f"for {fmt.duration(longest)}"
+    )
+    return {"idle_gpus": ",".join(str(r.index) for r in idle), "cause": cause}
+
+
+def _held(uuids: str, apps: str, pids: Collection[int]) -> set[int]:
+    index = {p[1]: int(p[0]) for p in csv_rows(uuids, 2)}
+    return {index[p[1]] for p in csv_rows(apps, 2) if int(p[0]) in pids and p[1] in index}
+
+
+async def read_watched(
+    ssh: RemoteHosts,
+    host: str,
+    jobs: Sequence[tuple[str, JobConfig, JobProbe]],
+    *,
+    timeout: float = QUERY_TIMEOUT,
+) -> dict[str, tuple[GpuReading, ...] | None]:
+    """The watched GPUs of the jobs on ``host`` that watch them: one ``--query-gpu``, and for jobs
+    without ``gpus`` roles one ``--query-gpu=index,uuid`` and one ``--query-compute-apps=pid,gpu_uuid``.
+
+    A job is read when it sets ``idle_gpu_below``, its probe saw processes, and it is not a Slurm
+    job (whose host is the login node: its GPUs are not the job's); no call is made when none is.
+
+    :param jobs: (name, config, this cycle's probe of it: its PIDs and session members).
+    :returns: name → readings for the jobs read; None for each of them when nvidia-smi fails or
+        the host cannot be reached (no reading is no verdict: the idle memory is kept as it is).
+    """
+    wanted = [
+        (name, cfg, {*probe.pids, *probe.session_pids})
+        for name, cfg, probe in jobs
+        if cfg.watch.idle_gpu_below is not None
+        and cfg.engine != "slurm"
+        and not probe.error
+        and probe.count > 0
+    ]
+    if not wanted:
+        return {}
+    try:
+        stats = await query_gpus(ssh, host, timeout=timeout)
+        held: dict[str, set[int]] = {}
+        by_process = [(n, pids) for n, cfg, pids in wanted if cfg.gpus is None or not cfg.gpus.all]
+        if by_process:
+            uuids = await query_csv(ssh, host, QUERY_UUID_ARGV, timeout)
+            apps = await query_csv(ssh, host, QUERY_HELD_ARGV, timeout)
+            held = {n: _held(uuids, apps, pids) for n, pids in by_process}
+    except PitstopError:
+        return {name: None for name, _, _ in wanted}
+    return {name: watched(cfg, stats, held.get(name, ())) for name, cfg, _ in wanted}
