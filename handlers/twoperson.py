@@ -146,37 +146,40 @@ class TwoPersonRule:
         ):
             refusal = policy.approval_not_approver(user, request.id, settings.approvers if settings else [])
         if refusal is not None:
-            await self.audit(req, AuditOutcome.DENIED, command, detail=refusal, run_id=request.id)
+            await self.audit(req, AuditOutcome.DENIED, _asked(request), detail=refusal, run_id=request.id)
             return Reply(title=refusal, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.DENIED)
         state = ApprovalState.APPROVED if approving else ApprovalState.DENIED
         decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
         if decided is Decided.SELF:
             text = policy.approval_self(request.id)
-            await self.audit(req, AuditOutcome.DENIED, command, detail=text, run_id=request.id)
+            await self.audit(req, AuditOutcome.DENIED, _asked(request), detail=text, run_id=request.id)
             return Reply(title=text, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.DENIED)
         if decided is Decided.LOST:
             text = policy.approval_already(request.id, request.state.value, request.decided_by)
             return Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.FAILED)
-        await self._closed(request, req, command)
+        await self._closed(request, req)
         if decided is Decided.EXPIRED:
             text = policy.approval_expired(request.id, request.expires_at - request.created_at)
             return Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.CANCELLED)
         if not approving:
             return Reply(title=policy.approval_denied_ack(request.id), status=Status.INFO, ephemeral=True)
-        flow.run = Command.from_json(json.loads(request.command))
+        flow.run = _asked(request)
         flow.on_behalf = Request(
             request.text, request.requester, request.groups, req.delivery_id, request.channel, request.surface
         )
         flow.approval, flow.outcome = request, AuditOutcome.ACCEPTED
         return await call_next()
 
-    async def _closed(self, request: ApprovalRequest, req: Request, command: Command | None) -> None:
-        """A request just decided or expired: its record in the audit trail, its message without buttons."""
+    async def _closed(self, request: ApprovalRequest, req: Request) -> None:
+        """A request just decided or expired: its record in the audit trail (as the command it asked
+        for, so ``history JOB`` finds it), its message without buttons."""
         outcome = {
             ApprovalState.APPROVED: AuditOutcome.APPROVED,
             ApprovalState.DENIED: AuditOutcome.REJECTED,
         }.get(request.state, AuditOutcome.EXPIRED)
-        await self.audit(req, outcome, command, detail=policy.approval_record(request), run_id=request.id)
+        await self.audit(
+            req, outcome, _asked(request), detail=policy.approval_record(request), run_id=request.id
+        )
         await self._show(request, policy.closed_reply(self.ctx.config, request))
 
     async def _expire_at(self, request: ApprovalRequest) -> None:
@@ -191,9 +194,8 @@ class TwoPersonRule:
         decided, request = await self.approvals.decide(request_id, ApprovalState.EXPIRED)
         if decided is not Decided.WON:
             return False
-        command = Command.from_json(json.loads(request.command))
         req = Request(request.text, request.requester, request.groups, None, request.channel, request.surface)
-        await self._closed(request, req, command)
+        await self._closed(request, req)
         return True
 
     async def expire_due(self) -> int:
@@ -209,3 +211,8 @@ class TwoPersonRule:
             except PitstopError:
                 log.warning("could not expire approval request %s", request_id, exc_info=True)
         return closed
+
+
+def _asked(request: ApprovalRequest) -> Command:
+    """The command ``request`` asked for (as Pitstop stored it)."""
+    return Command.from_json(json.loads(request.command))
