@@ -377,3 +377,29 @@ async def test_store_refuses_self_approval_itself(ctx: Context, dispatcher: Disp
     store = ctx.redis.open_store(Approvals)
     decided, request = await store.decide(rid, ApprovalState.APPROVED, OPERATOR)
     assert decided.value == "self" and request.state is ApprovalState.PENDING
+
+
+async def test_the_schedulers_tick_expires_a_dead_processs_request(
+    tmp_path: Path, redis_handle: RedisHandle
+) -> None:
+    """A request whose process went away is closed at its expiry by the leader's verify tick."""
+    from bot.scheduler import PitstopScheduler
+
+    config = _config(tmp_path, expires=0.5)
+    asker = Dispatcher(make_context(config, redis_handle), lock_ttl=5.0)
+    rid = await _ask(asker)
+    await asker.drain(0)  # its timer goes with it
+    ctx = make_context(config, redis_handle)
+    sched = PitstopScheduler(ctx, poll_interval=0.2)
+    await sched.start()
+    try:
+        approvals = ctx.redis.open_store(Approvals)
+
+        async def closed() -> bool:
+            return (await approvals.get(rid)).state is ApprovalState.EXPIRED
+
+        await wait_until(closed, timeout=15)
+    finally:
+        await sched.stop()
+    last = [p for p in _outbox(ctx).of("announce") if p.key == f"run:{rid}"][-1].reply
+    assert "expired after" in last.title and last.buttons == ()
