@@ -135,7 +135,9 @@ class TwoPersonRule:
         assert command is not None and command.run_ref is not None
         request = await self.approvals.find(command.run_ref)
         if request is None:
-            raise PitstopError(policy.approval_not_request(command.run_ref))
+            text = policy.approval_not_request(command.run_ref)
+            await self.audit(req, AuditOutcome.INVALID, command, detail=text)
+            return Reply(title=text, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
         approving = command.verb == "approve"
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
         refusal = None

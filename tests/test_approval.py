@@ -403,3 +403,20 @@ async def test_the_schedulers_tick_expires_a_dead_processs_request(
         await sched.stop()
     last = [p for p in _outbox(ctx).of("announce") if p.key == f"run:{rid}"][-1].reply
     assert "expired after" in last.title and last.buttons == ()
+
+
+async def test_unlock_waits_for_a_second_admin(tmp_path: Path, redis_handle: RedisHandle) -> None:
+    """With unlock in actions, an admin's `unlock` waits; another admin's approval runs it for the
+    requester; `approve` of a run that was never a request is a usage error (exit 2)."""
+    ctx = make_context(_config(tmp_path, actions=["unlock"]), redis_handle)
+    dispatcher = Dispatcher(ctx, lock_ttl=5.0)
+    try:
+        rid = await _ask(dispatcher, "unlock dflash", user=ADMIN)
+        done = await dispatcher.handle(_req(f"approve {rid}", SECOND))
+        assert done.exit_code is ExitCode.OK and "dflash" in done.title
+        accepted = await dispatcher.audit.recent(outcomes={AuditOutcome.ACCEPTED}, count=5)
+        assert accepted[0].user == ADMIN and accepted[0].verb == "unlock"
+        unknown = await dispatcher.handle(_req("approve r-999", SECOND))
+        assert unknown.exit_code is ExitCode.USAGE and unknown.title == policy.approval_not_request("r-999")
+    finally:
+        await dispatcher.drain(30)

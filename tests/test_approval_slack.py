@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -94,13 +95,11 @@ def _action_id(action: str) -> str:
     return f"{blocks.ACTION_PREFIX}{action}:0"
 
 
-@pytest.fixture
-async def served(
-    fake_slack: FakeSlack, redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
+@contextlib.asynccontextmanager
+async def _serve(
+    fake_slack: FakeSlack, redis_config: Config, setup: JobSetup, expires: float
 ) -> AsyncIterator[Served]:
-    """Two replicas serving a job whose patched restarts wait for an admin's approval."""
-    setup = job_factory(ssh_server, patches={"topk": TOPK_DIFF})
-    rule = ApprovalSettings(actions=["restart_with_patch"], approvers=["admin"])
+    rule = ApprovalSettings(actions=["restart_with_patch"], approvers=["admin"], expires=expires)
     setup = setup.with_job(approval=rule)
     config = slack_config(setup.config, redis_config, operators=(OPERATOR,), admins=(ADMIN, SECOND))
     async with contextlib.AsyncExitStack() as stack:
@@ -116,6 +115,26 @@ async def served(
             replicas.append(Replica(runtime, server))
         http = await stack.enter_async_context(aiohttp.ClientSession())
         yield Served(fake_slack, replicas, setup, http)
+
+
+@pytest.fixture
+async def served(
+    fake_slack: FakeSlack, redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
+) -> AsyncIterator[Served]:
+    """Two replicas serving a job whose patched restarts wait for an admin's approval (15 min)."""
+    async with _serve(
+        fake_slack, redis_config, job_factory(ssh_server, patches={"topk": TOPK_DIFF}), 900
+    ) as s:
+        yield s
+
+
+@pytest.fixture
+async def served_briefly(
+    fake_slack: FakeSlack, redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
+) -> AsyncIterator[Served]:
+    """The same, with requests that expire after 1 s."""
+    async with _serve(fake_slack, redis_config, job_factory(ssh_server, patches={"topk": TOPK_DIFF}), 1) as s:
+        yield s
 
 
 async def _request(served: Served) -> str:
@@ -192,3 +211,44 @@ async def test_break_glass_is_announced(served: Served) -> None:
     assert said.args["channel"] == ANNOUNCE and "NCCL hang" in str(said.args)
     refused = await served.command(f'restart {served.setup.name} --break-glass "me too"', OPERATOR)
     assert refused["response_type"] == "ephemeral" and "admin" in refused["text"]
+
+
+async def test_an_expired_request_loses_its_buttons(served_briefly: Served) -> None:
+    """Nobody decides within `expires`: the message is updated to say it expired, without buttons, and a
+    late click on Approve is answered privately and runs nothing."""
+    served = served_briefly
+    rid = await _request(served)
+
+    def expired(call: Any) -> bool:
+        return "expired after" in str(call.args) and '"actions"' not in json.dumps(call.args.get("blocks"))
+
+    await served.fake.wait_for("chat.update", where=expired, timeout=30)
+    late = await served.click("approve", rid, ADMIN)
+    assert late["response_type"] == "ephemeral" and "already expired" in late["text"]
+    assert await served.replicas[0].runtime.ctx.runs.recent(served.setup.name) == []
+
+
+async def test_patch_edited_after_approval_stops_at_preflight_touching_nothing(served: Served) -> None:
+    """The job runs; a patched restart is asked, the patch file is edited, then approved: the run stops at
+    pre-flight ("patch changed since approval"), the old process still runs and the workdir is unchanged."""
+    ctx = served.replicas[0].runtime.ctx
+    started = await served.command(f"start {served.setup.name}", OPERATOR)
+    assert started["text"].startswith("queued run r-1")
+
+    async def decided(run_id: str) -> bool:
+        return (await ctx.runs.get(run_id)).verdict is not None
+
+    await wait_until(lambda: decided("r-1"), timeout=60)
+    old = await ctx.runs.get("r-1")
+    assert old.verdict is Verdict.RUNNING and old.pid is not None
+    rid = await _request(served)
+    patch = served.setup.job.patches["topk"]
+    patch.write_text(TOPK_DIFF.replace("topk = 8", "topk = 64"))
+    assert (await served.click("approve", rid, ADMIN))["text"].startswith(f"queued run {rid}")
+    await wait_until(lambda: decided(rid), timeout=60)
+    run = await ctx.runs.get(rid)
+    assert run.verdict is Verdict.PREFLIGHT_FAILED and run.verdict_line is not None
+    assert "patch changed since approval" in run.verdict_line and SHA[:12] in run.verdict_line
+    assert [s.step.value for s in run.steps] == ["preflight"]
+    assert (served.setup.workdir / "settings.txt").read_text() == "topk = 1\nlr = 0.001\n"
+    os.kill(old.pid, 0)  # the old run was never signalled: still alive
