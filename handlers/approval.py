@@ -15,6 +15,7 @@ lives in :mod:`pipeline.state.approvals`; the steps that use these rules are in
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Sequence
 
@@ -26,7 +27,7 @@ from handlers.text import APPROVE_BUTTON, DENY_BUTTON
 from pipeline import fmt
 from pipeline.config import ApprovalSettings, Config
 from pipeline.config.approval import APPROVER_ROLES
-from pipeline.engines.workdir import patch_digest
+from pipeline.engines.workdir import patch_digest, patch_text
 from pipeline.errors import ExitCode, PitstopError
 from pipeline.state.approvals import ApprovalRequest, ApprovalState, PatchDigest
 
@@ -92,21 +93,22 @@ async def digests(config: Config, command: Command) -> tuple[PatchDigest, ...]:
 
 
 async def attachments(config: Config, request: ApprovalRequest) -> tuple[Attachment, ...]:
-    """Each patch's whole diff as a file, read again and kept only when its bytes still have the
-    hash shown (a file edited since is left out, and pre-flight would refuse it anyway)."""
+    """Each patch's whole diff as a file: the text ``git apply`` would be given, read again and kept
+    only when the file's bytes still have the hash shown (a file edited since is left out, and
+    pre-flight would refuse it anyway)."""
     files = []
     for digest in request.patches:
         path = config.jobs[request.job].patches.get(digest.name)
         if path is None:
             continue
         try:
-            now = await asyncio.to_thread(patch_digest, digest.name, path)
-            text = await asyncio.to_thread(path.read_bytes)
+            raw = await asyncio.to_thread(path.read_bytes)
+            text = patch_text(raw)
         except (OSError, UnicodeDecodeError):
             continue
-        if now.sha256 == digest.sha256:
+        if hashlib.sha256(raw).hexdigest() == digest.sha256:
             title = f"{path.name} · sha256 {digest.sha256}"
-            files.append(Attachment(path.name, text.decode("utf-8"), title, str(path)))
+            files.append(Attachment(path.name, text, title, str(path)))
     return tuple(files)
 
 

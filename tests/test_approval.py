@@ -116,6 +116,7 @@ def test_approval_table_is_validated(tmp_path: Path) -> None:
         ({"actions": ["reboot"], "approvers": ["admin"]}, "jobs.dflash.approval.actions[0]"),
         ({"actions": ["restart"], "approvers": []}, "jobs.dflash.approval.approvers"),
         ({"actions": ["restart"], "approvers": ["*"]}, "'*' would let anyone approve"),
+        ({"actions": ["restart"], "approvers": ["admins"]}, "approver 'admins': the role is written 'admin'"),
         ({"actions": ["restart"], "approvers": ["admin"], "expires": "soon"}, "jobs.dflash.approval.expires"),
         ({"actions": ["restart"], "approvers": ["admin"], "who": 1}, "jobs.dflash.approval.who: unknown key"),
     ):

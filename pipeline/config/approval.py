@@ -38,6 +38,8 @@ class ApprovalSettings(_Model):
     @classmethod
     def _approvers(cls, v: list[str]) -> list[str]:
         for who in v:
+            if who.endswith("s") and who[:-1] in APPROVER_ROLES:
+                raise ValueError(f"approver {who!r}: the role is written {who[:-1]!r}")
             if not who.strip() or who != who.strip() or who == "*":
                 raise ValueError(
                     f"approver {who!r}: use a role ({', '.join(APPROVER_ROLES)}), a user id (U…) or a "

@@ -66,7 +66,7 @@ async def patch_texts(
         approved = run.approved_patches.get(patch)
         if approved is not None and hashlib.sha256(raw).hexdigest() != approved:
             await _changed(steps, run, name, patch, hashlib.sha256(raw).hexdigest())
-        texts[patch] = _text(raw)
+        texts[patch] = patch_text(raw)
     missing = [p for p in run.approved_patches if p not in job.patches]
     if missing:
         await _changed(steps, run, name, missing[0], "")
@@ -82,9 +82,12 @@ async def _changed(steps: StepLog, run: RunRecord, name: str, patch: str, found:
     raise PatchChanged(name, patch, approved, found, line=verdict.preflight_failed("approval", detail))
 
 
-def _text(raw: bytes) -> str:
+def patch_text(raw: bytes) -> str:
     """A patch file's bytes as the text sent to ``git apply``: UTF-8, universal newlines (as
-    :meth:`pathlib.Path.read_text` reads it)."""
+    :meth:`pathlib.Path.read_text` reads it).
+
+    :raises UnicodeDecodeError: if the bytes are not UTF-8.
+    """
     return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -94,7 +97,7 @@ def patch_digest(name: str, path: Path) -> PatchDigest:
     :raises OSError: if the file cannot be read.
     """
     raw = path.read_bytes()
-    return PatchDigest(name, hashlib.sha256(raw).hexdigest(), diffstat(_text(raw)), len(raw))
+    return PatchDigest(name, hashlib.sha256(raw).hexdigest(), diffstat(patch_text(raw)), len(raw))
 
 
 def diffstat(text: str) -> tuple[str, ...]:
