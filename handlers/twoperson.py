@@ -8,9 +8,10 @@
   exit code 7, and nothing else happens;
 - ``approve r-N`` / ``deny r-N [reason]`` (typed, or the message's buttons): the requester never
   approves their own request (exit code 3), someone who is not an approver is refused privately,
-  and the first decision wins across replicas (the store's script); an approval runs the stored
-  command here, in the approver's process, on behalf of the requester, with the approved patch
-  hashes on the run (re-checked at pre-flight);
+  and the first decision wins across replicas (the store's script); an approval while another
+  restart of the job holds its lock is refused (exit 4) and the request stays open; an approval
+  runs the stored command here, in the approver's process, on behalf of the requester, with the
+  approved patch hashes on the run (re-checked at pre-flight);
 - ``restart JOB --break-glass "reason"``: admins only; it runs without approval, announced in
   the channel and marked on the run and in the audit trail;
 - a request nobody decides closes at its expiry (a timer here, and :meth:`TwoPersonRule.expire_due`
@@ -32,10 +33,12 @@ from handlers.commands import Command
 from handlers.context import Context
 from handlers.flow import Flow, Next, Request
 from handlers.grammar import Role
+from handlers.lock import InFlight
 from handlers.reply import Reply, Status
 from pipeline.errors import ExitCode, PitstopError
 from pipeline.state.approvals import ApprovalRequest, Approvals, ApprovalState, Decided
 from pipeline.state.audit import AuditOutcome
+from pipeline.state.jobstate import scope_of
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +153,12 @@ class TwoPersonRule:
         if refusal is not None:
             await self.audit(req, AuditOutcome.DENIED, _asked(request), detail=refusal, run_id=request.id)
             return Reply(title=refusal, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.DENIED)
+        asked = _asked(request)
+        if approving and request.state is ApprovalState.PENDING and asked.spec.acts:
+            # a restart in flight would refuse it: the request stays open for after it, not spent
+            holder = await self.ctx.locks.holder(scope_of(self.ctx.config, request.job))
+            if holder is not None:
+                raise InFlight(request.job, holder)
         state = ApprovalState.APPROVED if approving else ApprovalState.DENIED
         decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
         if decided is Decided.SELF:
@@ -165,7 +174,7 @@ class TwoPersonRule:
             return Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.CANCELLED)
         if not approving:
             return Reply(title=policy.approval_denied_ack(request.id), status=Status.INFO, ephemeral=True)
-        flow.run = _asked(request)
+        flow.run = asked
         flow.on_behalf = Request(
             request.text, request.requester, request.groups, req.delivery_id, request.channel, request.surface
         )

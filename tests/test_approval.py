@@ -421,3 +421,18 @@ async def test_unlock_waits_for_a_second_admin(tmp_path: Path, redis_handle: Red
         assert unknown.exit_code is ExitCode.USAGE and unknown.title == policy.approval_not_request("r-999")
     finally:
         await dispatcher.drain(30)
+
+
+async def test_approval_while_a_restart_is_in_flight_keeps_the_request(
+    dispatcher: Dispatcher, ctx: Context
+) -> None:
+    """Approving while another restart of the job holds its lock is refused (exit 4) without spending the
+    request; once the lock is free the same approval runs it."""
+    rid = await _ask(dispatcher)
+    other = await dispatcher.handle(_req("restart dflash"))  # not held by the rule: takes the lock now
+    assert other.exit_code is ExitCode.OK
+    busy = await dispatcher.handle(_req(f"approve {rid}", ADMIN))
+    assert busy.exit_code is ExitCode.IN_FLIGHT
+    assert (await dispatcher.two_person.approvals.get(rid)).state is ApprovalState.PENDING
+    await dispatcher.drain(30)
+    assert (await dispatcher.handle(_req(f"approve {rid}", ADMIN))).title == queued(rid, "dflash")
