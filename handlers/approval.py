@@ -290,6 +290,11 @@ def break_glass_announce(user: str, text: str, reason: str) -> str:
     return f"break glass: {who(user)} ran `{text}` without approval - reason: {reason}"
 
 
+def break_glass_note(reason: str) -> str:
+    """After the queued run's headline (and so in its audit record): it runs without approval."""
+    return f" - break glass, without approval: {reason}"
+
+
 def pending_title(n: int) -> str:
     """``pending``'s headline."""
     return f"{n} request{'s' if n != 1 else ''} waiting for approval"

@@ -111,7 +111,8 @@ async def _sequence(call: Call) -> Acted:
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
     call.spawn(run_sequence(ctx, run, command, lock, channel), f"pitstop-{command.verb}:{run.id}")
     reply = Reply(
-        title=queued(run.id, run.job),
+        title=queued(run.id, run.job)
+        + (approval.break_glass_note(call.break_glass) if call.break_glass else ""),
         lines=(queued_detail(command.verb, channel),),
         status=Status.INFO,
         run_id=run.id,

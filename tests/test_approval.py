@@ -369,7 +369,11 @@ async def test_break_glass_runs_announced_and_marked(dispatcher: Dispatcher, ctx
     run = await ctx.runs.get(reply.run_id)
     assert run.break_glass == "NCCL hang" and run.approved_by is None
     marked = await dispatcher.audit.recent(outcomes={AuditOutcome.BREAK_GLASS}, count=5)
-    assert marked[0].user == ADMIN and marked[0].run_id == reply.run_id
+    assert marked[0].user == ADMIN and marked[0].run_id == reply.run_id and "NCCL hang" in marked[0].detail
+    history = await dispatcher.handle(_req("history dflash", VIEWER))
+    assert history.tables[0].rows[0][3] == "restart (break glass)"
+    (decisions,) = [f for f in history.follow_ups if "two-person rule" in f.title]
+    assert any(r[3] == "break_glass" and "NCCL hang" in r[4] for r in decisions.tables[0].rows)
 
 
 async def test_store_refuses_self_approval_itself(ctx: Context, dispatcher: Dispatcher) -> None:

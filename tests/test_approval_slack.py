@@ -32,6 +32,7 @@ from tests.fixtures.slack import (
     sign,
     slack_config,
     slash_command,
+    validate_blocks,
 )
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
 from tests.support_handlers import wait_until
@@ -154,7 +155,7 @@ async def test_request_message_shows_the_patch_and_refuses_the_wrong_clicks(serv
     (post,) = await served.fake.wait_for(
         "chat.postMessage", where=lambda c: "waiting for approval" in str(c.args)
     )
-    assert post.args["channel"] == ANNOUNCE
+    assert post.args["channel"] == ANNOUNCE and validate_blocks(post.args["blocks"]) == []
     texts = "\n".join(blocks.block_texts(post.args["blocks"]))
     assert SHA[:12] in texts and "settings.txt | +1 -1" in texts and "may approve: admins" in texts
     actions = next(b for b in post.args["blocks"] if b["type"] == "actions")
