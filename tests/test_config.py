@@ -219,3 +219,12 @@ def test_example_approval_table_is_valid() -> None:
     rule = config.job("dflash").approval
     assert rule is not None and rule.actions == ["restart_with_patch", "stop"] and rule.expires == 900
     assert rule.approvers == ["admin", "S0MLONCALL1"]
+
+
+def test_check_config_names_a_bad_approval_key(tmp_path: Path) -> None:
+    """check-config refuses an unknown approval action (exit 2), naming its key; a good table passes."""
+    bad = MINIMAL + '\n[jobs.dflash.approval]\nactions = ["reboot"]\napprovers = ["admin"]\n'
+    done = check_config(str(write(tmp_path, bad)))
+    assert done.returncode == ExitCode.USAGE and "jobs.dflash.approval.actions[0]" in done.stderr
+    good = MINIMAL + '\n[jobs.dflash.approval]\nactions = ["restart"]\napprovers = ["admin", "S0ONCALL1"]\n'
+    assert check_config(str(write(tmp_path, good))).returncode == 0
