@@ -187,6 +187,8 @@ async def test_second_person_approves_and_the_run_carries_the_hash(
     run = await ctx.runs.get(rid)
     sha = hashlib.sha256(TOPK.read_bytes()).hexdigest()
     assert run.requested_by == OPERATOR and run.approved_by == ADMIN and run.approved_patches == {"topk": sha}
+    live = [p.reply for p in _outbox(ctx).of("announce") if p.key == f"run:{rid}"][-1]
+    assert ("approved by", f"<@{ADMIN}> (topk sha256 {sha[:12]})") in live.fields
     approved = await dispatcher.audit.recent(outcomes={AuditOutcome.APPROVED}, count=5)
     assert approved[0].user == ADMIN and sha[:12] in approved[0].detail and OPERATOR in approved[0].detail
     closed = [
