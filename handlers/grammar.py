@@ -221,7 +221,7 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         "deny",
         Role.VIEWER,
         ("deny {run} [{reason}]",),
-        "deny a request waiting for approval, with a reason (approvers only)",
+        "deny a request waiting for approval, with a reason (approvers; its requester withdraws it)",
         ("deny r-7", "deny r-7 not during the eval run"),
     ),
     VerbSpec(

@@ -7,7 +7,8 @@
   it will be): its message shows what would change and who may approve, the requester gets
   exit code 7, and nothing else happens;
 - ``approve r-N`` / ``deny r-N [reason]`` (typed, or the message's buttons): the requester never
-  approves their own request (exit code 3), someone who is not an approver is refused privately,
+  approves their own request (exit code 3) but may deny (withdraw) it, someone who is not an
+  approver is refused privately,
   and the first decision wins across replicas (the store's script); an approval while another
   restart of the job holds its lock is refused (exit 4) and the request stays open; an approval
   runs the stored command here, in the approver's process, on behalf of the requester, with the
@@ -146,8 +147,10 @@ class TwoPersonRule:
         refusal = None
         if request.state is ApprovalState.PENDING and approving and user == request.requester:
             refusal = policy.approval_self(request.id)
-        elif request.state is ApprovalState.PENDING and not policy.may_approve(
-            self.ctx.config, request, user, flow.groups
+        elif (
+            request.state is ApprovalState.PENDING
+            and (approving or user != request.requester)  # the requester may withdraw their own
+            and not policy.may_approve(self.ctx.config, request, user, flow.groups)
         ):
             refusal = policy.approval_not_approver(user, request.id, settings.approvers if settings else [])
         if refusal is not None:

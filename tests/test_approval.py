@@ -442,3 +442,13 @@ async def test_approval_while_a_restart_is_in_flight_keeps_the_request(
     assert (await dispatcher.two_person.approvals.get(rid)).state is ApprovalState.PENDING
     await dispatcher.drain(30)
     assert (await dispatcher.handle(_req(f"approve {rid}", ADMIN))).title == queued(rid, "dflash")
+
+
+async def test_the_requester_may_withdraw_their_own_request(dispatcher: Dispatcher, ctx: Context) -> None:
+    """`deny r-N` by its requester (no approver) withdraws it: closed as denied by them, nothing runs."""
+    rid = await _ask(dispatcher)
+    reply = await dispatcher.handle(_req(f"deny {rid} wrong patch", OPERATOR))
+    assert reply.exit_code is ExitCode.OK
+    request = await dispatcher.two_person.approvals.get(rid)
+    assert request.state is ApprovalState.DENIED and request.decided_by == OPERATOR
+    assert await _restarter(ctx).calls() == []
