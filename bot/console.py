@@ -108,7 +108,8 @@ class Renderer:
         return Group(Rule(title, align="left", style="dim"), Text(body), Rule(style="dim"))
 
     def render(self, reply: Reply, prefix: str = "") -> RenderableType:
-        """Everything in ``reply``: title, steps, lines, fields, tables, log, chart, buttons, follow-ups.
+        """Everything in ``reply``: title, steps, lines, fields, tables, log, chart, attachments, buttons,
+        follow-ups.
 
         :param prefix: shown before the title (the thread key, ``[run r-3]``).
         """
@@ -131,6 +132,10 @@ class Renderer:
             parts.append(self.log(reply))
         if reply.chart:
             parts.append(Text(f"chart: {reply.chart}", style="dim"))
+        for attached in reply.attachments:  # a patch under review: its path here, its hash in the title
+            parts.append(
+                Text(f"attached: {attached.title or attached.filename} ({attached.path})", style="dim")
+            )
         if reply.buttons:
             parts.append(
                 Text("  ".join(console_button(b.label, b.action) for b in reply.buttons), style="dim")

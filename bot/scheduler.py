@@ -15,7 +15,9 @@ Jobs:
   whose owner's heartbeat lapsed (:func:`handlers.verdicts.recover_runs`); on becoming leader,
   then deliver overdue verifications.
 - ``verify``, every ``poll_interval`` s: deliver the verifications that are due
-  (the verification queue, :func:`handlers.verdicts.deliver_due`).
+  (the verification queue, :func:`handlers.verdicts.deliver_due`), and close the approval
+  requests past their expiry, those of a process that died included
+  (:meth:`handlers.dispatch.Dispatcher.expire_due`).
 - ``watch:HOST:INTERVAL``, every ``watch.interval`` s: one watch cycle — one probe — for all
   jobs on HOST that share that interval (:class:`handlers.watching.Watcher`); once every group
   has had one, ``[health] heartbeat_url`` is pinged (:class:`bot.heartbeat.Heartbeat`).  A cycle
@@ -47,6 +49,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from bot.assembly import build_watcher
 from bot.heartbeat import Heartbeat
 from handlers.context import Context
+from handlers.dispatch import Dispatcher
 from handlers.reply import Reply, Status
 from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
@@ -120,6 +123,8 @@ class PitstopScheduler:
         self.watcher: Watcher = build_watcher(ctx, remind_every=remind_every)
         self.heartbeat: Heartbeat | None = None
         self.clock = ctx.redis.open_store(WatchClock)
+        #: closes approval requests at their expiry, those of a process that died included
+        self.requests = Dispatcher(ctx)
         self._shortest = min((job.watch.interval for job in ctx.config.jobs.values()), default=0.0)
         self._scheduler: AsyncIOScheduler | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -295,6 +300,7 @@ class PitstopScheduler:
     async def _verify_tick(self) -> None:
         if self.is_leader:
             await deliver_due(self.ctx)
+            await self.requests.expire_due()
 
     async def _watch_tick(self, host: str, names: list[str], group: str) -> None:
         if not self.is_leader:

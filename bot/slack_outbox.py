@@ -38,16 +38,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
 from bot.people import People
-from bot.slack_api import (
-    ATTEMPTS,
-    BACKOFF,
-    TRANSIENT,
-    Pacer,
-    Refused,
-    detail_of,
-    error_of,
-    refused_notice,
-)
+from bot.slack_api import ATTEMPTS, BACKOFF, TRANSIENT, Pacer, Refused, detail_of, error_of, refused_notice
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
 from pipeline.state.posts import Posts
@@ -208,6 +199,8 @@ class SlackOutbox:
                 await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
         if reply.chart:
             await self.upload(reply.chart, target, thread_ts=ts, title=reply.title)
+        for f in reply.attachments:  # a patch under review: its exact text, as a snippet in the thread
+            await self.upload("", target, thread_ts=ts, title=f.title, content=f.content, filename=f.filename)
         return target, ts
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
@@ -513,15 +506,16 @@ class SlackOutbox:
         thread_ts: str | None,
         title: str | None = None,
         content: str | None = None,
+        filename: str = "pitstop-answer.txt",
     ) -> bool:
-        """Upload the file at ``path`` (or ``content`` as a text file) to ``channel`` (in a thread
-        if ``thread_ts``) with files_upload_v2, joining a public channel the bot is not in.
+        """Upload the file at ``path`` (or ``content`` as the text file ``filename``) to ``channel``
+        (in a thread if ``thread_ts``) with files_upload_v2, joining a public channel the bot is not in.
 
         :returns: True if Slack took it; False (told to a person, see the module doc) otherwise.
         """
         file = Path(path)
         if content is not None:
-            source: dict[str, Any] = {"content": content, "filename": "pitstop-answer.txt"}
+            source: dict[str, Any] = {"content": content, "filename": filename}
         elif await asyncio.to_thread(file.is_file):
             source = {"file": str(file), "filename": file.name}
         else:

@@ -5,8 +5,10 @@ surface in ``bot`` hands it a :class:`~handlers.dispatch.Request` and shows the
 :class:`~handlers.reply.Reply` it gets back.  It imports ``pipeline``, never ``bot``.  Where each
 concept lives:
 
-- the request path: :mod:`~handlers.dispatch` (parse → dedupe → authorise → confirm → act, one
-  list of steps for typed commands and buttons); the verb table :mod:`~handlers.verbs`; the
+- the request path: :mod:`~handlers.dispatch` (parse → dedupe → authorise → confirm → approval →
+  act, one list of steps for typed commands and buttons; a request on its way :mod:`~handlers.flow`);
+  the two-person rule's step :mod:`~handlers.twoperson` and its rules and words
+  :mod:`~handlers.approval`; the verb table :mod:`~handlers.verbs`; the
   grammar :mod:`~handlers.grammar` and :mod:`~handlers.normalise`; typed commands and parse errors
   :mod:`~handlers.commands`; roles :mod:`~handlers.auth`; confirmations :mod:`~handlers.confirm`
   and the restart lock :mod:`~handlers.lock` as people read them (their state, the audit trail

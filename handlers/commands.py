@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -108,6 +109,21 @@ class Command:
         return self._str("state")
 
     @property
+    def run_ref(self) -> str | None:
+        """The run id a request is named by (approve, deny: ``r-7``), or None."""
+        return self._str("run")
+
+    @property
+    def reason(self) -> str | None:
+        """Free text: a denial's reason (deny), or None."""
+        return self._str("reason")
+
+    @property
+    def break_glass(self) -> str | None:
+        """An admin's reason for restarting without approval (``--break-glass "REASON"``), or None."""
+        return self._str("break_glass")
+
+    @property
     def topic(self) -> str | None:
         """The verb ``help`` was asked about, or None."""
         return self._str("topic")
@@ -162,6 +178,10 @@ class Command:
                 words.append("without " + patch_phrase(self.without))
             if self.fresh_cache:
                 words.append("fresh cache")
+            if self.break_glass is not None:
+                words.append(f'--break-glass "{self.break_glass}"')
+        elif self.verb in ("approve", "deny"):
+            words += [self.run_ref or "", self.reason or ""]
         elif self.verb == "logs":
             words.append(str(self.lines))
         elif self.verb == "history":
@@ -254,6 +274,15 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
             raise ParseError(parse_added_and_removed(both), verb)
         options["without"] = without
         options["fresh_cache"] = "fresh_cache" in raw
+        if "reason" in raw:
+            options["break_glass"] = _reason(raw["reason"])
+    elif verb in ("approve", "deny"):
+        ref = one("run") or ""
+        if not _RUN_REF.fullmatch(ref.lower()):
+            raise ParseError(parse_bad_run(ref), verb)
+        options["run"] = ref.lower()
+        if "reason" in raw:
+            options["reason"] = _reason(raw["reason"])
     elif verb == "logs":
         lines = one("lines")
         options["lines"] = _int("lines", lines, verb) if lines is not None else grammar.DEFAULT_LINES
@@ -277,6 +306,14 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
                 raise _unknown("command", topic, list(grammar.VERBS), verb)
             options["topic"] = topic_spec.name
     return Command(verb=verb, job=job, host=host, patches=patches, options=options)
+
+
+_RUN_REF = re.compile(r"r-[0-9]{1,12}")
+
+
+def _reason(words: Sequence[str]) -> str:
+    """Free-text words as one line (``a , b`` → ``a, b``), at most 300 characters."""
+    return " ".join(words).replace(" ,", ",")[:300]
 
 
 def _numbers_as_names(binding: Binding) -> int:
@@ -384,6 +421,11 @@ def parse_added_and_removed(patches: Sequence[str]) -> str:
 def parse_for_needs_off(job: str) -> str:
     """``watch JOB on for 2h``: a duration only makes sense when pausing."""
     return f"`for DURATION` pauses watching for a while: say `watch {job} off for 2h`"
+
+
+def parse_bad_run(given: str) -> str:
+    """``approve X`` where X is not a run id."""
+    return f"{given!r} is not a run id - give it as Pitstop wrote it, e.g. `approve r-7` (see `pending`)"
 
 
 def parse_too_long(limit: int) -> str:

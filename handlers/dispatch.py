@@ -1,14 +1,15 @@
-"""The one path every request takes, from any surface: parse → dedupe → authorise → confirm → act.
+"""The one path every request takes, from any surface: parse → dedupe → authorise → confirm → approval → act.
 
 :class:`Dispatcher` runs every request — a typed command (:meth:`Dispatcher.handle`) or a
 button (:meth:`Dispatcher.handle_action`) — through one list of middleware-like steps
 (:attr:`Dispatcher.steps`, as Bolt's ``async_process(req, resp, next)``): guard (errors →
 reply and audit), parse, dedupe (exactly-once delivery), resolve (a button → its command, a
-confirmation click settled), authorise (roles), confirm; then the verb's handler from the
+confirmation click settled), authorise (roles), confirm, approval (the two-person rule,
+:mod:`handlers.approval`: a request waits, a decision runs it, break glass); then the verb's handler from the
 table :data:`handlers.verbs.VERBS`.  A step answers by itself or calls the next; adding a
 cross-cutting rule adds a step, not an ``if`` in each path.  Every request ends in one audit
 record (accepted, denied, refused, invalid, failed, error, duplicate, pending, confirmed,
-cancelled, forced) and one :class:`~handlers.reply.Reply` whose ``exit_code`` the CLI uses.
+cancelled, forced, awaiting_approval, approved, rejected, expired, break_glass) and one :class:`~handlers.reply.Reply` whose ``exit_code`` the CLI uses.
 
 It answers fast: restart/start/stop take the lock, create and announce the run, and continue
 in a tracked background task (:func:`handlers.sequences.run_sequence`); reads do their remote
@@ -28,8 +29,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from typing import Any
 
 from handlers.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
@@ -44,72 +44,21 @@ from handlers.confirm import (
     confirm_not_yours,
 )
 from handlers.context import Context
+from handlers.flow import Flow, Next, Request, Step
 from handlers.lock import DEFAULT_TTL, InFlight
 from handlers.reply import Button, Reply, Status
+from handlers.twoperson import TwoPersonRule
 from handlers.verbs import VERBS, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.state.audit import Audit, AuditOutcome
 from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
 from pipeline.state.deliveries import Deliveries
 
+__all__ = ["Dispatcher", "Flow", "Request", "duplicate_delivery", "unknown_action"]
+
 log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(r"r-[0-9]+\Z")
-
-
-@dataclass(frozen=True)
-class Request:
-    """One request from a surface, already stripped of its transport.
-
-    :ivar text: what the person typed (Slack markup is normalised by the parser).
-    :ivar user: the requester's Slack user id (or the console's ``--as`` id).
-    :ivar groups: the requester's Slack user-group ids (for ``[auth]``).
-    :ivar delivery_id: the delivery's id (event id, trigger id) for exactly-once; None = no dedupe.
-    :ivar channel: the channel the request came from.
-    :ivar surface: ``slack`` | ``console`` | ``say`` | ``home`` ….
-    """
-
-    text: str
-    user: str
-    groups: tuple[str, ...] = ()
-    delivery_id: str | None = None
-    channel: str | None = None
-    surface: str = "slack"
-
-
-@dataclass
-class Flow:
-    """One request on its way through the steps; each step may fill in what it learnt.
-
-    :ivar req: the request as received (failures are audited against it).
-    :ivar action: the button's action (``confirm``, ``cancel``, ``show_log``), None for typed text.
-    :ivar value: the button's value (a token, a run id, a job).
-    :ivar command: the command known so far (failures are audited with it).
-    :ivar run: the command the verb's handler runs (a confirmation's stored command).
-    :ivar on_behalf: the request the handler acts and is audited for (default: ``req``).
-    :ivar outcome: the audit outcome when the handler succeeds (accepted, confirmed).
-    :ivar user: who is authorised.
-    :ivar groups: their user groups.
-    :ivar system: the system principal (automatic restarts): its own role, never asked to confirm.
-    """
-
-    req: Request
-    action: str | None = None
-    value: str = ""
-    command: Command | None = None
-    run: Command | None = None
-    on_behalf: Request | None = None
-    outcome: AuditOutcome = AuditOutcome.ACCEPTED
-    user: str = ""
-    groups: tuple[str, ...] = ()
-    system: bool = False
-
-
-Next = Callable[[], Awaitable[Reply]]
-"""Calls the rest of the steps (and then the handler)."""
-
-Step = Callable[[Flow, Next], Awaitable[Reply]]
-"""A cross-cutting step: answers by itself or returns ``await call_next()``."""
 
 
 def _error_reply(exc: PitstopError, *, ephemeral: bool) -> Reply:
@@ -144,6 +93,10 @@ class Dispatcher:
         self.audit = ctx.redis.open_store(Audit)
         self.deliveries = ctx.redis.open_store(Deliveries)
         self.confirmations = ctx.redis.open_store(Confirmations)
+        #: the two-person rule's step (:mod:`handlers.twoperson`)
+        self.two_person = TwoPersonRule(
+            ctx, self._audit, lambda coro, name: self._spawn(coro, name=name, timer=True)
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.Task[Any]] = set()
         #: the cross-cutting steps every request runs, in order, before the verb's handler
@@ -154,6 +107,7 @@ class Dispatcher:
             self._resolve,
             self._authorise,
             self._confirm,
+            self.two_person.step,
         )
 
     # --- background work ------------------------------------------------------------------------
@@ -190,6 +144,13 @@ class Dispatcher:
             task.cancel()
         if timers:
             await asyncio.wait(timers, timeout=5.0)
+
+    async def expire_due(self) -> int:
+        """Close every approval request past its expiry (:meth:`TwoPersonRule.expire_due`).
+
+        :returns: how many this call closed.
+        """
+        return await self.two_person.expire_due()
 
     async def seen(self, delivery_id: str | None) -> bool:
         """True when ``delivery_id`` was already acted on (for surfaces deciding whether to answer a retry)."""
@@ -308,6 +269,9 @@ class Dispatcher:
             return await call_next()
         if action in ("confirm", "cancel"):
             return await self._settle(flow, call_next)
+        if action in ("approve", "deny") and _RUN_ID.match(value):
+            flow.command = flow.run = Command(action, options={"run": value})
+            return await call_next()
         await self._audit(req, AuditOutcome.INVALID, detail=unknown_action(action))
         return Reply(
             title=unknown_action(action),
@@ -342,7 +306,16 @@ class Dispatcher:
         req, command = flow.on_behalf or flow.req, flow.run
         assert command is not None
         call = Call(
-            self.ctx, command, req.user, req.channel, self.audit, self.lock_ttl, self._spawn_work, req.surface
+            self.ctx,
+            command,
+            req.user,
+            req.channel,
+            self.audit,
+            self.lock_ttl,
+            self._spawn_work,
+            req.surface,
+            approval=flow.approval,
+            break_glass=flow.break_glass,
         )
         reply, audited = await VERBS[command.verb].handler(call)
         if reply.exit_code is not ExitCode.OK and flow.outcome is AuditOutcome.ACCEPTED:

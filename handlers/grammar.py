@@ -48,7 +48,8 @@ class Role(IntEnum):
 class SlotType:
     """What one ``{slot}`` accepts.
 
-    :ivar kind: ``name`` (one name), ``names`` (a list of names), ``int``, ``duration``, ``choice``.
+    :ivar kind: ``name`` (one name), ``names`` (a list of names), ``int``, ``duration``, ``choice``,
+        ``text`` (one or more words of free text, a reason: never looked up, never run).
     :ivar metavar: how usage lines show it.
     :ivar low: smallest accepted value (ints: the value; durations: seconds).
     :ivar high: largest accepted value.
@@ -72,6 +73,8 @@ SLOTS: dict[str, SlotType] = {
     "count": SlotType("int", "N", 1, 100),
     "for_s": SlotType("duration", "DURATION", 1, 7 * 86400),
     "state": SlotType("choice", "on|off", choices=("on", "off")),
+    "run": SlotType("name", "RUN"),
+    "reason": SlotType("text", '"REASON"'),
 }
 
 FLAGS = frozenset({"fresh_cache"})  #: options set by an optional group of words
@@ -121,7 +124,8 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         Role.OPERATOR,
         (
             "restart {job} [with {patches} [patch|patches]] [without {without} [patch|patches]] [fresh cache]"
-            " [--patch|--patches {patches}]... [--without {without}]... [--fresh-cache]",
+            " [--patch|--patches {patches}]... [--without {without}]... [--fresh-cache]"
+            " [--break-glass {reason}]",
         ),
         "stop the job, clear caches and apply patches if asked, relaunch it, then verify",
         (
@@ -129,6 +133,7 @@ GRAMMAR: tuple[VerbSpec, ...] = (
             "restart dflash with topk patch",
             "restart dflash with topk and fast patches without old patch fresh cache",
             "restart dflash --patch topk --fresh-cache",
+            'restart dflash --break-glass "NCCL hang, approvers asleep"',
         ),
         acts=True,
     ),
@@ -204,6 +209,27 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         ("unlock {job}",),
         "force the job's restart lock free (audited)",
         ("unlock dflash",),
+    ),
+    VerbSpec(
+        "approve",
+        Role.VIEWER,
+        ("approve {run}",),
+        "approve a request waiting under the two-person rule, and run it (approvers only, never your own)",
+        ("approve r-7",),
+    ),
+    VerbSpec(
+        "deny",
+        Role.VIEWER,
+        ("deny {run} [{reason}]",),
+        "deny a request waiting for approval, with a reason (approvers; its requester withdraws it)",
+        ("deny r-7", "deny r-7 not during the eval run"),
+    ),
+    VerbSpec(
+        "pending",
+        Role.VIEWER,
+        ("pending [{job}]",),
+        "requests waiting for approval: what, who asked, the patches' hashes, who may approve",
+        ("pending", "pending dflash"),
     ),
     VerbSpec(
         "watch",
@@ -385,6 +411,9 @@ def _slot(slot: Slot, tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, st
     elif kind.kind == "duration":
         if NAME.match(tok) and tok[0].isdigit():
             yield i + 1, tok
+    elif kind.kind == "text":
+        for j in range(i + 1, len(tokens) + 1):  # shortest first: later options keep their words
+            yield j, tokens[i:j]
     elif tok.lower() in kind.choices:
         yield i + 1, tok.lower()
 

@@ -64,6 +64,23 @@ class Button:
 
 
 @dataclass(frozen=True)
+class Attachment:
+    """A file that goes with a reply (a patch under review): shown as a file snippet where the
+    surface can, as its path elsewhere.
+
+    :ivar filename: the file's name as shown (``topk.diff``).
+    :ivar content: its text, exactly as it is sent on (a patch: what ``git apply`` is given).
+    :ivar title: a caption (``topk.diff · sha256 1a2b3c4d5e6f``).
+    :ivar path: where it lies on this machine, or empty.
+    """
+
+    filename: str
+    content: str
+    title: str = ""
+    path: str = ""
+
+
+@dataclass(frozen=True)
 class Reply:
     """What a handler answers, for any surface.
 
@@ -79,7 +96,8 @@ class Reply:
     :ivar thread_key: groups posts into one thread (``run:r-42``, ``incident:dflash:3``).
     :ivar run_id: the run this reply is about, if any.
     :ivar chart: path of a PNG to upload with the reply (digests).
-    :ivar buttons: interactive choices (confirm/cancel, show log).
+    :ivar buttons: interactive choices (confirm/cancel, approve/deny, show log).
+    :ivar attachments: files posted with it (a patch's whole diff under review).
     :ivar follow_ups: replies that belong in the thread under this one.
     :ivar exit_code: what the CLI exits with for this reply.
     :ivar page: who this reply pages (``[slack] alert_mention``: ``here``, ``channel``, ``S…``,
@@ -102,6 +120,7 @@ class Reply:
     run_id: str | None = None
     chart: str | None = None
     buttons: tuple[Button, ...] = ()
+    attachments: tuple[Attachment, ...] = ()
     follow_ups: tuple[Reply, ...] = field(default=())
     exit_code: ExitCode = ExitCode.OK
     page: str | None = None
@@ -126,6 +145,9 @@ class Reply:
             "run_id": self.run_id,
             "chart": self.chart,
             "buttons": [{"label": b.label, "action": b.action, "value": b.value} for b in self.buttons],
+            "attachments": [
+                {"filename": a.filename, "title": a.title, "path": a.path} for a in self.attachments
+            ],
             "follow_ups": [f.to_dict() for f in self.follow_ups],
             "exit_code": int(self.exit_code),
             "page": self.page,
@@ -158,6 +180,9 @@ def render_text(reply: Reply) -> str:
         out += ["    " + line for line in reply.log.rstrip("\n").splitlines()]
     if reply.chart:
         out.append(f"chart: {reply.chart}")
+    out += [
+        f"attached: {a.title or a.filename}" + (f" ({a.path})" if a.path else "") for a in reply.attachments
+    ]
     for follow in reply.follow_ups:
         out.append("")
         out.append(render_text(follow))

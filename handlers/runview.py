@@ -9,7 +9,7 @@ evidence (the log tail).  Both are pure functions of the :class:`~pipeline.state
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from handlers.commands import patch_phrase
 from handlers.reply import Button, Reply, Status, StepLine, who
@@ -88,6 +88,10 @@ def run_reply(run: RunRecord, config: Config, *, notes: Sequence[str] = ()) -> R
         fields.append(("host", job.host))
     if run.pid is not None:
         fields.append(("pid", str(run.pid)))
+    if run.approved_by is not None:  # the two-person rule: who approved, and the patch bytes they saw
+        fields.append(("approved by", run_approved(run.approved_by, run.approved_patches)))
+    if run.break_glass is not None:
+        fields.append(("break glass", run.break_glass))
     lines = list(notes)
     line = verdict_line(run)
     if line:
@@ -151,3 +155,9 @@ def run_verdict_fallback(run_id: str, job: str, verdict: str) -> str:
 def run_evidence_title(job: str) -> str:
     """The title of the evidence (log tail) under a verdict."""
     return f"evidence from {job}"
+
+
+def run_approved(by: str, hashes: Mapping[str, str]) -> str:
+    """``<@U2> (topk sha256 1a2b3c4d5e6f)``: a run's approver and the patch hashes approved."""
+    shown = ", ".join(f"{name} sha256 {sha[:12]}" for name, sha in sorted(hashes.items()))
+    return who(by) + (f" ({shown})" if shown else "")

@@ -25,6 +25,7 @@ from handlers.lock import JobLock
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
+from pipeline.state.approvals import ApprovalRequest
 from pipeline.state.events import EventKind
 from pipeline.state.jobstate import scope_of
 from pipeline.state.runs import RunRecord, StepRecord
@@ -46,7 +47,14 @@ async def _safe(what: str, aw: Awaitable[object]) -> None:
 
 
 async def begin_sequence(
-    ctx: Context, command: Command, user: str, channel: str | None, *, lock_ttl: float
+    ctx: Context,
+    command: Command,
+    user: str,
+    channel: str | None,
+    *,
+    lock_ttl: float,
+    approval: ApprovalRequest | None = None,
+    break_glass: str | None = None,
 ) -> tuple[RunRecord, JobLock, str | None]:
     """Take the lock and create the run.  No remote command runs here, and no surface is waited for
     (the run's live message is posted by :func:`run_sequence`).
@@ -55,6 +63,9 @@ async def begin_sequence(
     :param user: who asked.
     :param channel: where the request came from (used when the job has no channel).
     :param lock_ttl: seconds the lock lives without renewal.
+    :param approval: the approved request (the two-person rule): the run takes its id, approver
+        and patch hashes (re-checked at pre-flight).
+    :param break_glass: an admin's reason for acting without approval, marked on the run.
     :returns: the new run, the held lock (renewing), and the channel the run is posted in.
     :raises InFlight: if another restart of the job (or on its host) holds the lock.
     """
@@ -65,7 +76,15 @@ async def begin_sequence(
     try:
         lock.start_renewal()
         run = await ctx.runs.create(
-            job, user, action=command.verb, patches=list(command.patches), fresh_cache=command.fresh_cache
+            job,
+            user,
+            action=command.verb,
+            patches=list(command.patches),
+            fresh_cache=command.fresh_cache,
+            run_id=approval.id if approval is not None else None,
+            approved_by=approval.decided_by if approval is not None else None,
+            approved_patches=approval.hashes if approval is not None else None,
+            break_glass=break_glass,
         )
         await lock.update(run_id=run.id)
     except BaseException:

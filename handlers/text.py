@@ -31,3 +31,6 @@ ALERT_FIELD_LABELS = MappingProxyType(
 SHOW_LOG_BUTTON = "Show log"
 #: the caption of the Python stacks under hang evidence
 HANG_STACKS_TITLE = "Python stacks (py-spy dump)"
+#: the labels of an approval request's buttons (the two-person rule)
+APPROVE_BUTTON = "Approve"
+DENY_BUTTON = "Deny"

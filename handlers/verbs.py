@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from handlers import grammar, reports, views, watching
+from handlers import approval, grammar, reports, views, watching
 from handlers.commands import Command
 from handlers.context import Context
 from handlers.grammar import VerbSpec
 from handlers.reply import Reply, Status
 from handlers.sequences import begin_sequence, cancel_command, run_sequence
+from pipeline.state.approvals import ApprovalRequest, Approvals
 from pipeline.state.audit import Audit, AuditOutcome
 
 Spawn = Callable[[Coroutine[Any, Any, Any], str], object]
@@ -47,6 +48,8 @@ class Call:
     :ivar lock_ttl: seconds a restart lock lives without renewal.
     :ivar spawn: starts a background task the dispatcher tracks (restart/start/stop sequences).
     :ivar surface: where the request came from (``slack``, ``home``, ``console``, ``say`` …).
+    :ivar approval: the approved request this command runs under the two-person rule, or None.
+    :ivar break_glass: an admin's reason for acting without approval, or None.
     """
 
     ctx: Context
@@ -57,6 +60,8 @@ class Call:
     lock_ttl: float
     spawn: Spawn
     surface: str = "slack"
+    approval: ApprovalRequest | None = None
+    break_glass: str | None = None
 
 
 class Acted(NamedTuple):
@@ -91,11 +96,23 @@ class Verb:
 
 async def _sequence(call: Call) -> Acted:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
-    ctx, command = call.ctx, call.command
-    run, lock, channel = await begin_sequence(ctx, command, call.user, call.channel, lock_ttl=call.lock_ttl)
+    ctx, command, granted = call.ctx, call.command, call.approval
+    run, lock, channel = await begin_sequence(
+        ctx,
+        command,
+        call.user,
+        call.channel,
+        lock_ttl=call.lock_ttl,
+        approval=granted,
+        break_glass=call.break_glass,
+    )
+    if call.break_glass is not None:  # said in the channel before anything is touched
+        text = approval.break_glass_announce(call.user, command.text(), call.break_glass)
+        await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
     call.spawn(run_sequence(ctx, run, command, lock, channel), f"pitstop-{command.verb}:{run.id}")
     reply = Reply(
-        title=queued(run.id, run.job),
+        title=queued(run.id, run.job)
+        + (approval.break_glass_note(call.break_glass) if call.break_glass else ""),
         lines=(queued_detail(command.verb, channel),),
         status=Status.INFO,
         run_id=run.id,
@@ -159,6 +176,16 @@ async def _gpus(call: Call) -> Acted:
     return Acted(await reports.gpus_command(call.ctx, host))
 
 
+async def _approve(call: Call) -> Acted:
+    # the two-person rule's step decided it and, when approved, ran the request's own command
+    raise AssertionError("approve and deny are answered by handlers.twoperson")
+
+
+async def _pending(call: Call) -> Acted:
+    requests = await call.ctx.redis.open_store(Approvals).pending(call.command.job)
+    return Acted(approval.pending_reply(call.ctx.config, requests, call.command.job))
+
+
 async def _help(call: Call) -> Acted:
     # in Slack a verb is typed after the slash command; in the console and `pitstop say` alone
     typed = f"{call.ctx.config.slack.command} " if call.surface in ("slack", "home") else ""
@@ -193,6 +220,9 @@ VERBS: Mapping[str, Verb] = _table(
     ("patches", _patches),
     ("lock", _lock),
     ("unlock", _unlock),
+    ("approve", _approve),
+    ("deny", _approve),
+    ("pending", _pending),
     ("watch", _watch),
     ("ack", _ack),
     ("gpus", _gpus),

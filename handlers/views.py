@@ -8,6 +8,7 @@ cluster) once through the jobs' engines, ``logs`` and ``patches`` ask the runner
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -20,9 +21,10 @@ from handlers.runview import thread_key
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.engines.base import Sighting
+from pipeline.engines.workdir import patch_digest
 from pipeline.errors import RemoteError
 from pipeline.host.probe import JobProbe
-from pipeline.state.audit import REFUSALS, Audit
+from pipeline.state.audit import APPROVALS, REFUSALS, Audit
 from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import Holder
 from pipeline.state.posts import Posts
@@ -189,15 +191,19 @@ async def patches_command(ctx: Context, job: str) -> Reply:
         in_effect = sorted(await ctx.records.stored_patches(job))
         lines.append(patches_recorded_only(exc.message))
         tone = Status.WARNING
-    return Reply(
-        title=patches_title(job),
-        status=tone,
-        fields=(
-            (field_available(), patches_available(list(spec.patches))),
-            (field_in_effect(), patches_in_effect(in_effect)),
-        ),
-        lines=tuple(lines),
-    )
+    hashes = []
+    for name, path in spec.patches.items():  # what an approval would name: the file's bytes now
+        try:
+            hashes.append(f"{name} {(await asyncio.to_thread(patch_digest, name, path)).sha256[:12]}")
+        except (OSError, UnicodeDecodeError) as exc:
+            lines.append(patches_unreadable(name, str(exc)))
+    fields = [
+        (field_available(), patches_available(list(spec.patches))),
+        (field_in_effect(), patches_in_effect(in_effect)),
+    ]
+    if hashes:
+        fields.append((field_sha256(), ", ".join(hashes)))
+    return Reply(title=patches_title(job), status=tone, fields=tuple(fields), lines=tuple(lines))
 
 
 # --- lock, unlock -----------------------------------------------------------------------------------
@@ -259,8 +265,8 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
             (
                 run.id,
                 _when(config, run.created_at),
-                who(run.requested_by),
-                run.action,
+                who(run.requested_by) + (f" + {who(run.approved_by)}" if run.approved_by else ""),
+                run.action + (f" ({history_break_glass()})" if run.break_glass else ""),
                 ", ".join(run.patches) or "-",
                 run.verdict_line or _run_outcome(run),
                 took,
@@ -289,6 +295,14 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
             ),
         )
         follow_ups.append(Reply(title=history_refusals_title(), tables=(refused,)))
+    decisions = await audit.recent(job=job, outcomes=APPROVALS, count=min(count, _MAX_REFUSALS))
+    if decisions:
+        decided = tuple(
+            (_when(config, e.ts), e.run_id or "-", who(e.user), e.outcome.value, e.detail[:200])
+            for e in decisions
+        )
+        table = Table(history_approval_headers(), decided)
+        follow_ups.append(Reply(title=history_approvals_title(), tables=(table,)))
     return Reply(
         title=history_title(job, len(runs)),
         tables=tuple(tables),
@@ -461,6 +475,31 @@ def in_progress(step: str | None) -> str:
 def history_headers() -> tuple[str, ...]:
     """Columns of the ``history`` runs table."""
     return ("run", "when", "who", "action", "patches", "verdict", "took")
+
+
+def history_approvals_title() -> str:
+    """The heading of the two-person rule's part of ``history``."""
+    return "two-person rule: requests, approvals, denials, expiries and break glass"
+
+
+def history_approval_headers() -> tuple[str, ...]:
+    """Columns of the ``history`` approvals table (the detail names requester, approver, hashes)."""
+    return ("when", "run", "who", "outcome", "what")
+
+
+def history_break_glass() -> str:
+    """Marks a run an admin started without approval."""
+    return "break glass"
+
+
+def field_sha256() -> str:
+    """Field label: each patch file's SHA-256 now (its first 12 hex digits)."""
+    return "sha256"
+
+
+def patches_unreadable(name: str, error: str) -> str:
+    """A configured patch file that cannot be read (on this machine: no hash to show)."""
+    return f"patch {name} cannot be read here, so it has no hash: {error}"
 
 
 def history_refusal_headers() -> tuple[str, ...]:

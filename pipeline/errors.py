@@ -35,6 +35,7 @@ class                         code                   exit  fields
 :class:`StopFailed`           ``stop_failed``        1     job, survivors, detail (+ verdict, line)
 :class:`LaunchFailed`         ``launch_failed``      1     job, detail (+ verdict, line)
 :class:`RunCancelled`         ``run_cancelled``      5     job, run_id, after_step (+ verdict, line)
+:class:`PatchChanged`         ``patch_changed``      1     job, patch, approved, found (+ check, line)
 ``handlers.commands.ParseError``  ``parse_error``    2     message, verb
 ``handlers.auth.Denied``      ``denied``             3     user, command, needed
 ``handlers.lock.InFlight``    ``in_flight``          4     job, holder
@@ -65,6 +66,7 @@ class ExitCode(IntEnum):
     IN_FLIGHT = 4  #: refused: another restart of the job is in flight
     CANCELLED = 5  #: cancelled, or timed out waiting
     PENDING = 6  #: the verdict is PENDING: the job is queued by its scheduler; the real verdict follows
+    AWAITING_APPROVAL = 7  #: the action waits for a second person's approval (``approve r-N``)
 
 
 # --- unexpected failures ------------------------------------------------------------------------
@@ -403,6 +405,32 @@ class LaunchFailed(SequenceAborted):
         self.job = job
         self.detail = detail
         super().__init__(f"launch of {job} failed: {detail}", line=line)
+
+
+class PatchChanged(PreflightFailed):
+    """A patch file no longer has the SHA-256 that was approved (the two-person rule): the run
+    stops at pre-flight, before anything is touched (verdict ``PREFLIGHT_FAILED``, check ``approval``).
+
+    :param job: the job.
+    :param patch: the patch's name.
+    :param approved: the SHA-256 approved (64 hex digits).
+    :param found: the SHA-256 of the file's bytes now (empty when it cannot be read).
+    :param line: the verdict line.
+    """
+
+    code = "patch_changed"
+
+    def __init__(self, job: str, patch: str, approved: str, found: str, *, line: str) -> None:
+        self.patch = patch
+        self.approved = approved
+        self.found = found
+        super().__init__(job, "approval", patch_changed(patch, approved, found), line=line)
+
+
+def patch_changed(patch: str, approved: str, found: str) -> str:
+    """The detail of :class:`PatchChanged`: both hashes, their first 12 hex digits."""
+    now = f"sha256 {found[:12]} now" if found else "unreadable now"
+    return f"patch changed since approval: {patch} was approved as sha256 {approved[:12]}, {now}"
 
 
 class RunCancelled(SequenceAborted):

@@ -207,3 +207,24 @@ def test_check_config_refuses_a_fallback_channel_that_is_not_a_channel_id(tmp_pa
     assert "slack.fallback_channel: '#ml-ops' is not a channel id" in done.stderr
     config = load_config(write(tmp_path, '[slack]\nfallback_channel = "C0FALLBACK1"\n' + MINIMAL))
     assert config.slack.fallback_channel == "C0FALLBACK1"
+
+
+def test_example_approval_table_is_valid() -> None:
+    """The commented [jobs.dflash.approval] table of the example config validates once uncommented."""
+    text = Path("pitstop.example.toml").read_text()
+    head, _, rest = text.partition("# [jobs.dflash.approval]\n")
+    block, _, tail = rest.partition("\n\n")
+    lines = ["[jobs.dflash.approval]"] + [ln[2:] for ln in block.splitlines() if not ln.startswith("# # ")]
+    config = parse_config(tomllib.loads(head + "\n".join(lines) + "\n\n" + tail), "example", Path.cwd())
+    rule = config.job("dflash").approval
+    assert rule is not None and rule.actions == ["restart_with_patch", "stop"] and rule.expires == 900
+    assert rule.approvers == ["admin", "S0MLONCALL1"]
+
+
+def test_check_config_names_a_bad_approval_key(tmp_path: Path) -> None:
+    """check-config refuses an unknown approval action (exit 2), naming its key; a good table passes."""
+    bad = MINIMAL + '\n[jobs.dflash.approval]\nactions = ["reboot"]\napprovers = ["admin"]\n'
+    done = check_config(str(write(tmp_path, bad)))
+    assert done.returncode == ExitCode.USAGE and "jobs.dflash.approval.actions[0]" in done.stderr
+    good = MINIMAL + '\n[jobs.dflash.approval]\nactions = ["restart"]\napprovers = ["admin", "S0ONCALL1"]\n'
+    assert check_config(str(write(tmp_path, good))).returncode == 0

@@ -133,7 +133,8 @@ KNOWN_JOBS = "(known: dflash, guarded, eagle, solo)"
 VERBS = ", ".join(v.name for v in grammar.GRAMMAR)
 RESTART_USAGE = (
     "usage: restart JOB [with PATCH[, PATCH and PATCH] [patch(es)]] [without PATCH [patch(es)]] [fresh cache]"
-    " [--patch(es) PATCH[, PATCH and PATCH]]... [--without PATCH]... [--fresh-cache]\n"
+    " [--patch(es) PATCH[, PATCH and PATCH]]... [--without PATCH]... [--fresh-cache]"
+    ' [--break-glass "REASON"]\n'
     "(type `help restart` for examples)"
 )
 
@@ -259,6 +260,9 @@ def test_roles_cover_every_verb() -> None:
         "watch": "operator",
         "ack": "operator",
         "unlock": "admin",
+        "approve": "viewer",
+        "deny": "viewer",
+        "pending": "viewer",
     }
 
 

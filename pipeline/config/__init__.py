@@ -7,7 +7,7 @@ gpu1)``), never as a traceback (:func:`load_config` raises :class:`~pipeline.err
 
 The tables' models live by table: :mod:`~pipeline.config.service` (the service's own tables),
 :mod:`~pipeline.config.jobs` (``[jobs.NAME]``), :mod:`~pipeline.config.watch` (its ``watch`` and
-``digest``); all are importable from here.
+``digest``), :mod:`~pipeline.config.approval` (its ``approval``); all are importable from here.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError, model_validator
 
+from pipeline.config.approval import ApprovalSettings
 from pipeline.config.base import Seconds, _Model, seconds_setting
 from pipeline.config.jobs import (
     ENGINE_NAMES,
@@ -44,6 +45,7 @@ from pipeline.errors import ConfigError
 __all__ = [
     "DEFAULT_CONFIG",
     "ENGINE_NAMES",
+    "ApprovalSettings",
     "AuthSettings",
     "AutoRestart",
     "Config",

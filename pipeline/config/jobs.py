@@ -1,5 +1,5 @@
 """A job's ``[jobs.NAME]`` table and its small sub-tables (``gpus``, ``metrics``, ``auth``,
-``slurm``)."""
+``slurm``; ``approval`` is :mod:`pipeline.config.approval`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from pipeline.config.approval import ApprovalSettings
 from pipeline.config.base import Seconds, _Model, seconds_setting
 from pipeline.config.watch import DigestSettings, WatchSettings
 
@@ -115,6 +116,7 @@ class JobConfig(_Model):
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
     auth: JobAuth = JobAuth()
+    approval: ApprovalSettings | None = None  #: the two-person rule (:mod:`pipeline.config.approval`)
     #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
     owners: list[str] = []
     notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too

@@ -8,6 +8,7 @@ patch texts are read here and sent on stdin, never on a command line.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,9 +16,10 @@ from pathlib import Path
 from pipeline import fmt, verdict
 from pipeline.config import JobConfig
 from pipeline.engines.steplog import StepLog
-from pipeline.errors import LaunchFailed, PreflightFailed, RemoteError
+from pipeline.errors import LaunchFailed, PatchChanged, PreflightFailed, RemoteError, patch_changed
 from pipeline.host.probe import call_helper
 from pipeline.host.remote import RemoteHosts
+from pipeline.state.approvals import PatchDigest
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
@@ -33,6 +35,10 @@ async def patch_texts(
 ) -> dict[str, str]:
     """Every configured patch's text by name (read on the controller); ``asked`` must be known and readable.
 
+    A patch whose SHA-256 was approved (``run.approved_patches``, the two-person rule) must still
+    have it: the hash is taken of the very bytes whose text is returned (and given to ``git apply``).
+
+    :raises PatchChanged: (check ``approval``) if an approved patch's bytes no longer match.
     :raises PreflightFailed: (check ``patch``) for an unknown patch or an unreadable asked one.
     """
     unknown = [p for p in asked if p not in job.patches]
@@ -45,8 +51,10 @@ async def patch_texts(
     texts: dict[str, str] = {}
     for patch, path in job.patches.items():
         try:
-            texts[patch] = await asyncio.to_thread(Path(path).read_text, encoding="utf-8")
+            raw = await asyncio.to_thread(Path(path).read_bytes)
         except OSError as exc:
+            if patch in run.approved_patches:
+                await _changed(steps, run, name, patch, "")
             if patch not in asked:
                 continue
             rec = await steps.begin(run, Step.PREFLIGHT)
@@ -55,7 +63,58 @@ async def patch_texts(
             raise PreflightFailed(
                 name, "patch", detail, line=verdict.preflight_failed("patch", detail)
             ) from None
+        approved = run.approved_patches.get(patch)
+        if approved is not None and hashlib.sha256(raw).hexdigest() != approved:
+            await _changed(steps, run, name, patch, hashlib.sha256(raw).hexdigest())
+        texts[patch] = patch_text(raw)
+    missing = [p for p in run.approved_patches if p not in job.patches]
+    if missing:
+        await _changed(steps, run, name, missing[0], "")
     return texts
+
+
+async def _changed(steps: StepLog, run: RunRecord, name: str, patch: str, found: str) -> None:
+    """Fail pre-flight: ``patch`` is not the file that was approved.  :raises PatchChanged:"""
+    approved = run.approved_patches[patch]
+    rec = await steps.begin(run, Step.PREFLIGHT)
+    detail = patch_changed(patch, approved, found)
+    await steps.fail(run, rec, detail)
+    raise PatchChanged(name, patch, approved, found, line=verdict.preflight_failed("approval", detail))
+
+
+def patch_text(raw: bytes) -> str:
+    """A patch file's bytes as the text sent to ``git apply``: UTF-8, universal newlines (as
+    :meth:`pathlib.Path.read_text` reads it).
+
+    :raises UnicodeDecodeError: if the bytes are not UTF-8.
+    """
+    return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def patch_digest(name: str, path: Path) -> PatchDigest:
+    """A patch file as shown for approval: its SHA-256, diffstat and size (blocking: read it in a thread).
+
+    :raises OSError: if the file cannot be read.
+    """
+    raw = path.read_bytes()
+    return PatchDigest(name, hashlib.sha256(raw).hexdigest(), diffstat(patch_text(raw)), len(raw))
+
+
+def diffstat(text: str) -> tuple[str, ...]:
+    """``git diff --stat``'s lines of a unified diff: ``path | +3 -1``, one per file, in order."""
+    files: dict[str, list[int]] = {}
+    current: list[int] | None = None
+    for line in text.splitlines():
+        if line.startswith("+++ "):
+            target = line[4:].split("\t")[0].strip()
+            current = files.setdefault(target.removeprefix("b/"), [0, 0])
+        elif line.startswith("--- ") or current is None:
+            continue
+        elif line.startswith("+"):
+            current[0] += 1
+        elif line.startswith("-"):
+            current[1] += 1
+    return tuple(f"{path} | +{add} -{rem}" for path, (add, rem) in files.items())
 
 
 async def clear_cache(

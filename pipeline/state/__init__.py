@@ -9,7 +9,8 @@
   :mod:`~pipeline.state.digests`; the event stream :mod:`~pipeline.state.events`; the scheduler's
   leader lease :mod:`~pipeline.state.leader`; requests: the audit trail
   :mod:`~pipeline.state.audit`, Slack deliveries acted on once :mod:`~pipeline.state.deliveries`,
-  confirmations :mod:`~pipeline.state.confirmations`; where Slack posts live
+  confirmations :mod:`~pipeline.state.confirmations`, approval requests under the two-person rule
+  :mod:`~pipeline.state.approvals`; where Slack posts live
   :mod:`~pipeline.state.posts`, and the last alert Slack refused :mod:`~pipeline.state.undelivered`.
 
 A state changes only through its store's named transitions; an illegal one raises

@@ -35,6 +35,18 @@ class AuditOutcome(StrEnum):
     CONFIRMED = "confirmed"  #: the requester confirmed
     CANCELLED = "cancelled"  #: declined, or not confirmed in time
     FORCED = "forced"  #: ``unlock`` freed a lock someone held
+    AWAITING = "awaiting_approval"  #: waiting for a second person (the two-person rule)
+    APPROVED = "approved"  #: a second person approved it (the approver's record)
+    REJECTED = "rejected"  #: an approver denied it (with the reason)
+    EXPIRED = "expired"  #: nobody decided it in time
+    BREAK_GLASS = "break_glass"  #: an admin acted without approval, with a reason
+
+
+#: outcomes ``history`` shows under the two-person rule
+APPROVALS = frozenset(
+    {AuditOutcome.AWAITING, AuditOutcome.APPROVED, AuditOutcome.REJECTED, AuditOutcome.EXPIRED}
+    | {AuditOutcome.BREAK_GLASS}
+)
 
 
 #: outcomes ``history`` shows as refused requests

@@ -165,6 +165,17 @@ def confirmation(prefix: str, token: str) -> str:
     return f"{prefix}confirm:{token}"
 
 
+def approval(prefix: str, request_id: str) -> str:
+    """String: a request under the two-person rule, by its reserved run id (JSON,
+    :class:`pipeline.state.approvals.ApprovalRequest`); kept a week after it is decided."""
+    return f"{prefix}approval:{request_id}"
+
+
+def approvals_open(prefix: str) -> str:
+    """Sorted set: ids of approval requests still pending, scored by when they expire (unix s)."""
+    return f"{prefix}approvals:open"
+
+
 def watched_at(prefix: str) -> str:
     """String: unix s at which a leader last finished a watch cycle (gaps in watching show here)."""
     return f"{prefix}watch:last_cycle"

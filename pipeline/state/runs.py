@@ -131,6 +131,11 @@ class RunRecord(BaseModel):
     owner: str | None = None  #: instance id of the process executing the run (None: handed over)
     interrupted: str | None = None  #: ``INTERRUPTED after launch: …`` when its owner died after the launch
     warning: str | None = None  #: a flag for the thread beside a RUNNING verdict (a checkpoint ignored)
+    #: the two-person rule (:mod:`pipeline.state.approvals`): who approved the run's request, and
+    #: patch name → the SHA-256 approved, re-checked at pre-flight against the file's bytes
+    approved_by: str | None = None
+    approved_patches: dict[str, str] = {}
+    break_glass: str | None = None  #: the reason an admin gave for acting without approval
 
     def step(self, step: Step) -> StepRecord | None:
         """The record of ``step``, or None if it has not started."""
@@ -197,15 +202,28 @@ class RunStore:
         action: str = "restart",
         patches: list[str] | None = None,
         fresh_cache: bool = False,
+        run_id: str | None = None,
+        approved_by: str | None = None,
+        approved_patches: dict[str, str] | None = None,
+        break_glass: str | None = None,
     ) -> RunRecord:
         """A new run ``r-<n>``, saved and marked open.
 
+        :param run_id: an id already reserved from ``keys.run_seq`` (an approval request's);
+            None takes the next.
+        :param approved_by: who approved it under the two-person rule; ``approved_patches``:
+            patch name → the SHA-256 they approved; ``break_glass``: an admin's reason for
+            acting without approval.
         :returns: the record; ``patches`` starts as the requested set.
+        :raises IllegalTransition: if ``run_id`` already names a run.
         """
-        n = await self.client.incr(keys.run_seq(self.prefix))
+        if run_id is None:
+            run_id = f"r-{await self.client.incr(keys.run_seq(self.prefix))}"
+        elif await self.client.exists(keys.run(self.prefix, run_id)):
+            raise IllegalTransition(f"run {run_id}", "created", "create")
         now = time.time()
         run = RunRecord(
-            id=f"r-{n}",
+            id=run_id,
             job=job,
             action=action,
             requested_by=requested_by,
@@ -213,6 +231,9 @@ class RunStore:
             patches=list(patches or []),
             fresh_cache=fresh_cache,
             owner=self.owner,
+            approved_by=approved_by,
+            approved_patches=dict(approved_patches or {}),
+            break_glass=break_glass,
         )
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())

@@ -1,0 +1,55 @@
+"""``[jobs.NAME.approval]``: the two-person rule — which actions on a job wait for a second person.
+
+A job without the table behaves as before: its actions run on one person's word.  With it, an
+action listed in ``actions`` becomes a request that waits until someone in ``approvers`` other
+than the requester approves it (or denies it, or ``expires`` passes); see
+:mod:`handlers.approval` for the rules and :mod:`pipeline.state.approvals` for the record.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from pipeline.config.base import Seconds, _Model
+
+#: what ``actions`` may list: ``restart_with_patch`` is a restart that applies or reverts a patch;
+#: ``restart`` is every restart (with or without patches)
+ApprovalAction = Literal["restart_with_patch", "restart", "start", "stop", "unlock"]
+
+#: the role names ``approvers`` may list besides user and user-group ids (roles of ``[auth]``,
+#: or of ``[jobs.NAME.auth]`` where the job sets them)
+APPROVER_ROLES = ("admin", "operator", "viewer")
+
+DEFAULT_EXPIRES = 900.0  #: seconds a request stays open (15 min)
+
+
+class ApprovalSettings(_Model):
+    """``[jobs.NAME.approval]``: ``actions`` that need a second person, ``approvers`` who may give it,
+    and ``expires`` (seconds, or a duration such as ``"15m"``) a request stays open."""
+
+    actions: list[ApprovalAction] = Field(min_length=1)
+    #: role names (``admin``, ``operator``, ``viewer``), user ids (``U…``) or user-group ids (``S…``)
+    approvers: list[str] = Field(min_length=1)
+    expires: Seconds = DEFAULT_EXPIRES
+
+    @field_validator("approvers")
+    @classmethod
+    def _approvers(cls, v: list[str]) -> list[str]:
+        for who in v:
+            if who.endswith("s") and who[:-1] in APPROVER_ROLES:
+                raise ValueError(f"approver {who!r}: the role is written {who[:-1]!r}")
+            if not who.strip() or who != who.strip() or who == "*":
+                raise ValueError(
+                    f"approver {who!r}: use a role ({', '.join(APPROVER_ROLES)}), a user id (U…) or a "
+                    "user-group id (S…); '*' would let anyone approve"
+                )
+        return v
+
+    @field_validator("expires")
+    @classmethod
+    def _bounded(cls, v: float) -> float:
+        if v > 7 * 86400:
+            raise ValueError("at most 7 days (a request older than that is stale)")
+        return v
