@@ -4,7 +4,7 @@ sent ``{"type": "disconnect", "reason": "too_many_websockets"}`` and closed (Sla
 
 slack_sdk's client answers every ``disconnect`` by reconnecting at once, so an eleventh replica would
 open and lose a connection in a tight loop, unseen.  :class:`CappedSocketModeClient` waits between
-tries instead (redis-py's exponential backoff, up to :data:`MAX_WAIT` s), logs the cause and its fix
+tries instead (doubling, up to :data:`MAX_WAIT` s: :func:`wait_after`), logs the cause and its fix
 once per episode, and keeps the refusal for ``/healthz`` until a connection is accepted (``hello``).
 """
 
@@ -18,7 +18,6 @@ from contextlib import suppress
 from typing import Any
 
 from aiohttp import WSMessage, WSMsgType
-from redis.backoff import ExponentialBackoff
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
@@ -27,8 +26,13 @@ from slack_sdk.web.async_client import AsyncWebClient
 log = logging.getLogger(__name__)
 
 MAX_WAIT = 60.0  #: seconds between connection tries at most while Slack refuses them
-BACKOFF = ExponentialBackoff(cap=MAX_WAIT, base=1.0)  #: 2 s, 4 s, 8 s, … between refused tries
 REFUSED = "too_many_websockets"  #: the ``disconnect`` reason of a connection over Slack's cap
+
+
+def wait_after(refusals: int) -> float:
+    """Seconds before the next connection try after ``refusals`` refused ones: 2, 4, 8, … up to
+    :data:`MAX_WAIT`."""
+    return min(MAX_WAIT, 2.0 ** min(refusals, 16))
 
 
 class CappedSocketModeClient(SocketModeClient):
@@ -61,7 +65,7 @@ class CappedSocketModeClient(SocketModeClient):
                 if parsed.get("type") == "disconnect" and parsed.get("reason") == REFUSED:
                     self.refusals += 1
                     self.refused_at = time.time()
-                    self._next_try = time.monotonic() + BACKOFF.compute(self.refusals)
+                    self._next_try = time.monotonic() + wait_after(self.refusals)
                     if self.refusals == 1:
                         log.error(too_many_websockets())
         elif '"hello"' in message.data:

@@ -13,7 +13,7 @@ import pytest
 
 from bot import blocks
 from bot.serve import SlackRuntime, connect_socket, open_runtime
-from bot.socket_mode import BACKOFF
+from bot.socket_mode import wait_after
 from handlers.views import help_title
 from pipeline.config import Config
 from pipeline.errors import SlackUnavailable
@@ -218,7 +218,7 @@ async def test_too_many_websockets_backs_off_shows_in_health_and_connects_when_o
             runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=APP_TOKEN)
             tries = await fake_slack.wait_for("apps.connections.open", 2 + MAX_SOCKETS, timeout=30)
             first, second = (c.at for c in tries[MAX_SOCKETS:])
-            assert second - first >= BACKOFF.compute(1) * 0.9  # not at once, as slack_sdk alone would
+            assert second - first >= wait_after(1) * 0.9  # not at once, as slack_sdk alone would
             health = await runtime.slack_health()
             assert health["ok"] is False and health["socket_mode"] == "refused"
             assert health["socket_refused"]["refused"] == "too_many_websockets"
