@@ -15,7 +15,8 @@ Jobs:
   whose owner's heartbeat lapsed (:func:`handlers.verdicts.recover_runs`); on becoming leader,
   then deliver overdue verifications.
 - ``verify``, every ``poll_interval`` s: deliver the verifications that are due
-  (the verification queue, :func:`handlers.verdicts.deliver_due`).
+  (the verification queue, :func:`handlers.verdicts.deliver_due`), then the throughput follow-ups
+  due ``recovery_window`` after a RUNNING verdict (:func:`handlers.recovery.deliver_recoveries`).
 - ``watch:HOST:INTERVAL``, every ``watch.interval`` s: one watch cycle — one probe — for all
   jobs on HOST that share that interval (:class:`handlers.watching.Watcher`); once every group
   has had one, ``[health] heartbeat_url`` is pinged (:class:`bot.heartbeat.Heartbeat`).  A cycle
@@ -46,6 +47,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from bot.assembly import build_watcher
 from bot.heartbeat import Heartbeat
 from handlers.context import Context
+from handlers.recovery import deliver_recoveries
 from handlers.reply import Reply, Status
 from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
@@ -276,6 +278,8 @@ class PitstopScheduler:
     async def _verify_tick(self) -> None:
         if self.is_leader:
             await deliver_due(self.ctx)
+        if self.is_leader:
+            await deliver_recoveries(self.ctx)
 
     async def _watch_tick(self, host: str, names: list[str], group: str) -> None:
         if not self.is_leader:
