@@ -43,14 +43,16 @@ from pipeline.digest.window import (
 )
 from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.attempts import TrainingProgress, progress_toward
 from pipeline.observe.gpus import query_gpus
 from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobStore
 from pipeline.state.redisconn import RedisHandle
-from pipeline.state.runs import RunStore
+from pipeline.state.runs import RunRecord, RunStore
 
 CHARTS_KEPT = 20  #: chart PNGs kept per job under ``state/charts``
+ATTEMPTS_SHOWN = 3  #: attempts in a digest's footer
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,9 @@ class Digest:
     :ivar restarts: run ids created since the window began, newest first (None: unknown).
     :ivar built_at: unix s.
     :ivar silent: expected ranks (:func:`expected_ranks`) that wrote no metric line in the window.
+    :ivar progress: step, share done and rate against ``total_steps`` (when set): the ETA.
+    :ivar attempts: the job's last :data:`ATTEMPTS_SHOWN` attempts, newest first (the footer);
+        ``live_run`` the one running now.
     """
 
     job: str
@@ -168,6 +173,9 @@ class Digest:
     restarts: tuple[str, ...] | None = None
     built_at: float = 0.0
     silent: tuple[SilentRank, ...] = ()
+    progress: TrainingProgress | None = None
+    attempts: tuple[RunRecord, ...] = ()
+    live_run: str | None = None
 
 
 async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
@@ -279,6 +287,10 @@ async def build_digest(
         path = await asyncio.to_thread(_draw, window.data, spec, where, name)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
     snapshot = await redis.open_store(JobStore, config).read(name, now=now)
+    progress = None
+    if spec.total_steps is not None and summary.metric_lines:
+        progress = progress_toward(parse_metric_lines(window.data, spec.metrics), spec.total_steps)
+    runs = redis.open_store(RunStore)
     digest = Digest(
         job=name,
         scheduled=scheduled,
@@ -292,9 +304,12 @@ async def build_digest(
         gpu_note=gpu_note,
         chart=path,
         uptime_s=snapshot.uptime(now),
-        restarts=await _restarts_since(redis.open_store(RunStore), name, since),
+        restarts=await _restarts_since(runs, name, since),
         built_at=now,
         silent=silent,
+        progress=progress,
+        attempts=tuple(await runs.attempts(name, ATTEMPTS_SHOWN)),
+        live_run=snapshot.run_id,
     )
     if scheduled:
         last = json.dumps({**summary.headline(), "at": now}) if summary.metric_lines else None
