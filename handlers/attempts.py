@@ -23,8 +23,7 @@ from handlers.crashcheck import CrashCheck
 from handlers.reply import Reply, Status, Table
 from pipeline import fmt
 from pipeline.errors import ExitCode, PitstopError, UnknownRun
-from pipeline.observe.attempts import no_progress_streak, reach_of, read_attempt
-from pipeline.observe.crashes import Crash, CrashClass
+from pipeline.observe.attempts import crash_words, no_progress_streak, reach_of, read_attempt
 from pipeline.state.runs import RunRecord
 
 log = logging.getLogger(__name__)
@@ -160,26 +159,6 @@ def attempts_none(job: str) -> str:
 def attempts_need_job() -> str:
     """``history --attempts`` without a job."""
     return "history --attempts needs a job: `history dflash --attempts`"
-
-
-_CLASS_WORDS = {
-    CrashClass.NCCL_TIMEOUT: "NCCL timeout",
-    CrashClass.NCCL_ERROR: "NCCL error",
-    CrashClass.CUDA_OOM: "CUDA out of memory",
-    CrashClass.HOST_OOM: "killed by SIGKILL (host OOM killer or kill -9)",
-    CrashClass.XID: "GPU Xid error",
-    CrashClass.SIGNAL: "killed by a signal",
-    CrashClass.UNKNOWN: "an unknown cause",
-}
-
-
-def crash_words(crash: Crash) -> str:
-    """A crash as people say it: ``CUDA out of memory on rank 6``, ``ValueError: loss is nan on rank 5``."""
-    if crash.kind is CrashClass.PYTHON_EXCEPTION:
-        what = f"{crash.exc_type or 'an exception'}" + (f": {crash.message}" if crash.message else "")
-    else:
-        what = _CLASS_WORDS[crash.kind]
-    return what + (f" on rank {crash.rank}" if crash.rank is not None else "")
 
 
 def _where(stuck: list[RunRecord]) -> str:

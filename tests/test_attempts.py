@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bot.assembly import build_context, close_context
 from devhost.sshhost import start_local_ssh_host
@@ -83,6 +85,24 @@ def test_the_lost_clause_is_written_and_read_back(lost: Lost, expected: str) -> 
         lost.steps,
         lost.role,
     )
+    assert format_line(parsed) == built
+
+
+@given(
+    resumed=st.integers(1, 10**9),
+    reached=st.integers(0, 10**9),
+    lost=st.integers(0, 10**9),
+    role=st.none() | st.sampled_from(["drafter", "worker", "policy_net"]),
+    seconds=st.none() | st.floats(0, 1e7),
+    at=st.none() | st.sampled_from(["00:32:01 UTC", "2026-12-01 23:59:59 CET"]),
+)
+def test_lost_clauses_round_trip_for_any_numbers(
+    resumed: int, reached: int, lost: int, role: str | None, seconds: float | None, at: str | None
+) -> None:
+    """Any steps, role word, training time and checkpoint time survive a write and a read."""
+    built = verdict.running(8, 8, 4242, resumed_at=resumed, lost=Lost(reached, lost, role, seconds, at))
+    parsed = parse_line(built)
+    assert (parsed.reached, parsed.lost, parsed.lost_role, parsed.checkpoint_at) == (reached, lost, role, at)
     assert format_line(parsed) == built
 
 
@@ -249,6 +269,7 @@ async def test_sigkill_then_restart_states_the_lost_steps_and_a_slowed_restart_a
     job = JobConfig(
         host="local", workdir=str(workdir), launch=launch, log=str(log), match="^dflash-worker ",
         processes=8, start_window=3, stop_timeout=20, checkpoint_dir=str(ckpt), patches={"slow": slow_diff},
+        max_lost=1,
         watch=WatchSettings(recovery_window=5, slow_after_restart=0.5), channel="CDFLASH",
     )  # fmt: skip
     config = redis_config.model_copy(
@@ -288,6 +309,10 @@ async def test_sigkill_then_restart_states_the_lost_steps_and_a_slowed_restart_a
         ), second.verdict_line
         assert f"{reached - resumed:,} drafter steps (about " in (second.verdict_line or "")
         assert (second.previous_run, second.lost) == (first.id, reached - resumed)
+        assert second.warning is not None and second.warning.startswith(
+            f"⚠ dflash lost {reached - resumed:,} drafter steps (about "
+        ), second.warning  # over max_lost = 1 step
+        assert "more than max_lost (1 step): checkpointing every 1 step, about " in second.warning
         prev = await ctx.runs.get(first.id)
         assert prev.reach is not None and prev.reach.step == reached and prev.reach.tokens_per_s
         assert prev.reach.ended is not None and prev.reach.ended.startswith(f"had ended when {second.id}")
@@ -306,6 +331,7 @@ async def test_sigkill_then_restart_states_the_lost_steps_and_a_slowed_restart_a
         assert "— 0 drafter steps lost since the checkpoint of " in (third.verdict_line or ""), (
             third.verdict_line
         )
+        assert third.warning is None  # 0 lost: within max_lost
         await _until_steps(log, third.log_size_at_launch or 0, 3 * 30)
         [slow] = await deliver_recoveries(ctx, now=time.time() + 60)
         assert slow.title.startswith(f"dflash is slower since {third.id}: "), slow.title

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.scheduler import PitstopScheduler
-from handlers.attempts import attempts_command, auto_restart_no_progress, crash_words, no_progress_warning
+from handlers.attempts import attempts_command, auto_restart_no_progress, no_progress_warning
+from handlers.dispatch import Dispatcher, Request
 from pipeline.config import AutoRestart, Config
+from pipeline.observe.attempts import crash_words
 from pipeline.observe.crashes import Crash, CrashClass
 from pipeline.state.events import EventKind
 from pipeline.state.runs import Reach, RunRecord
@@ -72,7 +74,8 @@ async def test_three_attempts_dying_where_they_resumed_stop_automatic_restarts(
 ) -> None:
     """A crash at the same step under auto_restart: the first attempt progressed (0 → 20); the next three
     die at step 20 where they resumed → one give-up alert naming step 20 and the NCCL timeout, no fourth
-    automatic restart; then a person's restart is queued with a warning, not refused."""
+    automatic restart; ``history --attempts`` shows the four; a person's restart is queued with a
+    warning, not refused."""
     policy = AutoRestart(max=6, within=600, backoff=0.2)
     job = {"start_window": 1.0, "auto_restart": policy, "no_progress_after": 3}
     async with open_harness(tmp_path, redis_config, {"dflash": job}) as h:
@@ -108,5 +111,10 @@ async def test_three_attempts_dying_where_they_resumed_stop_automatic_restarts(
             [rows] = [t.rows for t in table.tables]
             assert [r[2] for r in rows] == ["20", "20", "20", "0"]  # resumed at
             assert rows[3][3] == "20" and all(r[5].startswith("NCCL timeout") for r in rows), rows
+            d = Dispatcher(ctx, lock_ttl=5)
+            answer = await d.handle(Request("restart dflash", "U0TEST"))
+            assert answer.exit_code == 0 and answer.title.startswith("queued run r-"), answer.title
+            assert any(line.startswith("⚠ the last 3 attempts of dflash") for line in answer.lines)
+            await d.drain(30)
         finally:
             await sched.stop()

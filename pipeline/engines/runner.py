@@ -29,7 +29,7 @@ from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_tex
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.probe import JobProbe, call_helper
 from pipeline.host.remote import RemoteHosts
-from pipeline.observe.attempts import Previous, account_previous, lost_warning, over_max_lost
+from pipeline.observe.attempts import Previous, account_previous, crash_words, lost_warning, over_max_lost
 from pipeline.observe.crashes import from_fields
 from pipeline.observe.evidence import decide
 from pipeline.observe.resume import check_resume, resume_warning
@@ -38,10 +38,10 @@ from pipeline.state.incidents import IncidentStore
 from pipeline.state.runs import RunRecord, RunStore
 from pipeline.verdict import Outcome, Step, Verdict
 
-VERIFY_POLL = 0.5  #: seconds between observations while verifying
-VERIFY_GRACE = 30.0  #: seconds past the deadline an unobservable job is retried before giving up
 log = logging.getLogger(__name__)
 
+VERIFY_POLL = 0.5  #: seconds between observations while verifying
+VERIFY_GRACE = 30.0  #: seconds past the deadline an unobservable job is retried before giving up
 PENDING_RECHECK = 15.0  #: seconds between checks of a run still PENDING after its verdict was posted
 
 
@@ -236,8 +236,8 @@ class Runner:
         (:func:`~pipeline.observe.attempts.account_previous`); None when unknown or unreadable."""
         if obs.state != "alive":
             return None
-        crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(name)
         try:
+            crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(name)
             previous = await account_previous(
                 self.ssh,
                 self.runs,
@@ -254,7 +254,7 @@ class Runner:
             return None
         if previous is not None and previous.run.reach is not None and previous.run.reach.ended is None:
             found = from_fields(crash) if crash.get("run_id") == previous.run.id else None
-            ended = found.summary if found is not None else ended_by(run)
+            ended = crash_words(found) if found is not None else ended_by(run)
             reach = previous.run.reach.model_copy(update={"ended": ended})
             saved = await self.runs.record_reach(previous.run.id, reach)
             previous = Previous(saved or previous.run, previous.lost)

@@ -19,6 +19,9 @@ launched the log holds the whole truth of it.  From those metric lines:
 - :func:`no_progress_streak` — the consecutive attempts, newest first, that died before
   advancing ``min_progress`` steps past where they resumed (automatic restarts stop there).
 
+How an attempt ended is kept in people's words (:func:`crash_words`: ``CUDA out of memory on rank
+6``), so the alert that stops a no-progress loop can name the common cause.
+
 :func:`read_attempt` is the one I/O: the metric lines of a byte range of the log, its last
 :data:`MAX_READ` bytes at most (one helper ``read`` call).  The rest is pure.
 """
@@ -36,6 +39,7 @@ from pipeline.digest.metrics import MetricLine, parse_metric_lines
 from pipeline.digest.stats import TARGET, percentile
 from pipeline.host.probe import read_log_chunk
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.crashes import Crash, CrashClass
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord, RunStore
 from pipeline.verdict import Lost
@@ -359,6 +363,7 @@ __all__ = [
     "account_previous",
     "checkpoint_interval",
     "compared_role",
+    "crash_words",
     "lost_work",
     "median_throughput",
     "no_progress_streak",
@@ -391,5 +396,25 @@ def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s
         at = (
             f", about {fmt.duration(every / steps_per_s)} at {steps_per_s:.2f} steps/s" if steps_per_s else ""
         )
-        hint = f"checkpointing every {every:,} steps{at} would have kept it under"
+        hint = f"checkpointing every {every:,} step{'' if every == 1 else 's'}{at} would have kept it under"
     return f"⚠ {job} lost {steps}{took} at this restart, more than max_lost ({limit}): {hint}"
+
+
+_CLASS_WORDS = {
+    CrashClass.NCCL_TIMEOUT: "NCCL timeout",
+    CrashClass.NCCL_ERROR: "NCCL error",
+    CrashClass.CUDA_OOM: "CUDA out of memory",
+    CrashClass.HOST_OOM: "killed by SIGKILL (host OOM killer or kill -9)",
+    CrashClass.XID: "GPU Xid error",
+    CrashClass.SIGNAL: "killed by a signal",
+    CrashClass.UNKNOWN: "an unknown cause",
+}
+
+
+def crash_words(crash: Crash) -> str:
+    """A crash as people say it: ``CUDA out of memory on rank 6``, ``ValueError: loss is nan on rank 5``."""
+    if crash.kind is CrashClass.PYTHON_EXCEPTION:
+        what = f"{crash.exc_type or 'an exception'}" + (f": {crash.message}" if crash.message else "")
+    else:
+        what = _CLASS_WORDS[crash.kind]
+    return what + (f" on rank {crash.rank}" if crash.rank is not None else "")
