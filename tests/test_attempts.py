@@ -191,6 +191,43 @@ def test_no_progress_streak_counts_consecutive_attempts_newest_first() -> None:
     assert no_progress_streak([fresh, *attempts], 1) == []
 
 
+def test_the_slow_fault_is_planned_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--slow-after-step +N counts from the resume step; --slow-rank is optional; a factor under 1, a
+    rank out of range or a factor without its step is refused before anything starts."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dflash_faults_slow", DFLASH / "faults.py")
+    assert spec is not None and spec.loader is not None
+    faults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(faults)
+    parser = argparse.ArgumentParser()
+    faults.add_arguments(parser)
+    plan = faults.plan(parser.parse_args(["--slow-after-step", "+5", "--slow-factor", "6"]), 8, 100)
+    assert plan["slow"] == (None, 105, 6.0)
+    args = parser.parse_args(["--slow-rank", "6", "--slow-after-step", "40", "--slow-factor", "2"])
+    assert faults.plan(args, 8)["slow"] == (6, 40, 2.0)
+    assert "slow" not in faults.plan(parser.parse_args([]), 8)
+    for argv, said in [
+        (["--slow-factor", "2"], "--slow-after-step and --slow-factor go together"),
+        (["--slow-after-step", "3", "--slow-factor", "0.5"], "1 or more"),
+        (
+            ["--slow-rank", "9", "--slow-after-step", "3", "--slow-factor", "2"],
+            "--slow-rank 9: ranks are 0..7",
+        ),
+    ]:
+        with pytest.raises(SystemExit, match=said):
+            faults.plan(parser.parse_args(argv), 8)
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    slowed = {"rank": 6, "faults": {"slow": (6, 40, 3.0)}}
+    faults.slow_if_due(slowed, 40, time.monotonic() - 0.05)  # its step 40: not yet slowed
+    faults.slow_if_due({**slowed, "rank": 5}, 41, time.monotonic() - 0.05)  # another rank
+    assert slept == []
+    faults.slow_if_due(slowed, 41, time.monotonic() - 0.05)  # a 0.05 s step now takes 3 × as long
+    assert len(slept) == 1 and slept[0] >= 0.1
+
+
 # --- end to end: the reference pipeline on CPU -------------------------------------------------------
 
 
