@@ -15,9 +15,10 @@ Jobs:
   whose owner's heartbeat lapsed (:func:`handlers.verdicts.recover_runs`); on becoming leader,
   then deliver overdue verifications.
 - ``verify``, every ``poll_interval`` s: deliver the verifications that are due
-  (the verification queue, :func:`handlers.verdicts.deliver_due`), and close the approval
+  (the verification queue, :func:`handlers.verdicts.deliver_due`), close the approval
   requests past their expiry, those of a process that died included
-  (:meth:`handlers.dispatch.Dispatcher.expire_due`).
+  (:meth:`handlers.dispatch.Dispatcher.expire_due`), then the throughput follow-ups due
+  ``recovery_window`` after a RUNNING verdict (:func:`handlers.recovery.deliver_recoveries`).
 - ``watch:HOST:INTERVAL``, every ``watch.interval`` s: one watch cycle — one probe — for all
   jobs on HOST that share that interval (:class:`handlers.watching.Watcher`); once every group
   has had one, ``[health] heartbeat_url`` is pinged (:class:`bot.heartbeat.Heartbeat`).  A cycle
@@ -50,6 +51,7 @@ from bot.assembly import build_watcher
 from bot.heartbeat import Heartbeat
 from handlers.context import Context
 from handlers.dispatch import Dispatcher
+from handlers.recovery import deliver_recoveries
 from handlers.reply import Reply, Status
 from handlers.reports import digest_command
 from handlers.verdicts import deliver_due, recover_runs
@@ -301,6 +303,8 @@ class PitstopScheduler:
         if self.is_leader:
             await deliver_due(self.ctx)
             await self.requests.expire_due()
+        if self.is_leader:
+            await deliver_recoveries(self.ctx)
 
     async def _watch_tick(self, host: str, names: list[str], group: str) -> None:
         if not self.is_leader:

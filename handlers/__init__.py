@@ -18,7 +18,8 @@ concept lives:
   :mod:`~handlers.views`; digests and GPUs
   :mod:`~handlers.reports`; the watch cycle, ``ack`` and ``watch`` :mod:`~handlers.watching`, its
   alerts :mod:`~handlers.alerts`, crash checks :mod:`~handlers.crashcheck` and hang evidence
-  :mod:`~handlers.hangevidence`;
+  :mod:`~handlers.hangevidence`; no-progress loops and ``history --attempts``
+  :mod:`~handlers.attempts`; the throughput follow-up after a restart :mod:`~handlers.recovery`;
 - the reply model :mod:`~handlers.reply`, where team-visible posts go :mod:`~handlers.outbox`,
   a live message delivered at the surface's pace, last state wins :mod:`~handlers.latest`, and
   what a handler is given :mod:`~handlers.context`.

@@ -59,7 +59,7 @@ class Command:
     :ivar host: the host's configured name (``gpus``), or None.
     :ivar patches: patch names to add (``restart … with P patch``), configured spelling.
     :ivar options: per verb — ``without`` (tuple of patch names) and ``fresh_cache`` (bool)
-        for restart; ``lines`` for logs; ``count`` for history; ``state`` (``on``/``off``) and
+        for restart; ``lines`` for logs; ``count`` and ``attempts`` (bool) for history; ``state`` (``on``/``off``) and
         ``for_s`` (seconds) for watch; ``topic`` for help.  Read-only.
     """
 
@@ -97,6 +97,11 @@ class Command:
     def count(self) -> int:
         """Runs asked for (history)."""
         return self._int("count") or grammar.DEFAULT_COUNT
+
+    @property
+    def attempts(self) -> bool:
+        """One row per attempt instead of per run (``history --attempts``)."""
+        return self.options.get("attempts") is True
 
     @property
     def for_s(self) -> int | None:
@@ -186,6 +191,8 @@ class Command:
             words.append(str(self.lines))
         elif self.verb == "history":
             words.append(str(self.count))
+            if self.attempts:
+                words.append("--attempts")
         elif self.verb == "watch":
             words.append(self.state or "")
             if self.for_s:
@@ -289,6 +296,8 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
     elif verb == "history":
         count = one("count")
         options["count"] = _int("count", count, verb) if count is not None else grammar.DEFAULT_COUNT
+        if "attempts" in raw:
+            options["attempts"] = True
     elif verb == "watch":
         state = one("state")
         assert state is not None and job is not None

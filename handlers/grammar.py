@@ -77,7 +77,7 @@ SLOTS: dict[str, SlotType] = {
     "reason": SlotType("text", '"REASON"'),
 }
 
-FLAGS = frozenset({"fresh_cache"})  #: options set by an optional group of words
+FLAGS = frozenset({"fresh_cache", "attempts"})  #: options set by an optional group of words
 
 DEFAULT_LINES = 30  #: ``logs JOB`` without N
 DEFAULT_COUNT = 10  #: ``history`` without N
@@ -185,9 +185,10 @@ GRAMMAR: tuple[VerbSpec, ...] = (
     VerbSpec(
         "history",
         Role.VIEWER,
-        ("history [{job}] [{count}]",),
-        f"the last N runs with their verdicts (default {DEFAULT_COUNT}) and recent refused requests",
-        ("history", "history dflash", "history dflash 20"),
+        ("history [{job}] [{count}] [--attempts]",),
+        f"the last N runs with their verdicts (default {DEFAULT_COUNT}) and recent refused requests; "
+        "--attempts: one row per attempt (started, resumed at, reached, steps/s, how it ended, steps lost)",
+        ("history", "history dflash", "history dflash 20", "history dflash --attempts"),
     ),
     VerbSpec(
         "patches",

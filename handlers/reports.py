@@ -15,6 +15,7 @@ import difflib
 import logging
 from collections.abc import Sequence
 
+from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
 from pipeline import fmt
@@ -22,6 +23,7 @@ from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import TARGET
 from pipeline.errors import ExitCode, PitstopError, RemoteError
 from pipeline.host.probe import probe_host
+from pipeline.observe.attempts import TrainingProgress
 from pipeline.observe.gpus import (
     QUERY_GPU_ARGV,
     ComputeApp,
@@ -68,10 +70,11 @@ def _topk_change(change: dict[str, float]) -> str:
     return " / ".join(fmt.signed_pct(change[k]) if k in change else NA for k in ("top1", "top4", "top8"))
 
 
-def digest_reply(digest: Digest) -> Reply:
+def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     """The reply for a built digest: headline with ±%, fields, per-rank and per-GPU tables, chart.
 
     :param digest: from :func:`pipeline.digest.report.build_digest`.
+    :param timezone: how the attempts' start times are shown (``[scheduler] timezone``).
     :returns: the reply (``status`` WARNING when drafters are starved, no metric lines were
         found, or GPU data is missing).
     """
@@ -114,6 +117,8 @@ def digest_reply(digest: Digest) -> Reply:
         ("loss", digest_loss(s.loss_last, s.loss_mean)),
         ("top-1/4/8", digest_topk(s.top1, s.top4, s.top8, _topk_change(digest.change))),
     ]
+    if digest.progress is not None:
+        fields.append(("progress", digest_progress(digest.progress)))
     tables = []
     if s.ranks or digest.silent:
         rows = [
@@ -151,6 +156,9 @@ def digest_reply(digest: Digest) -> Reply:
                 ),
             )
         )
+    if digest.attempts:  # the footer: one row per attempt
+        footer = attempt_rows(list(digest.attempts), timezone, live=digest.live_run)
+        tables.append(Table(ATTEMPT_HEADERS, footer))
     return Reply(
         title=digest_title(digest.job, s.pipeline_tokens_per_s, digest.change.get("pipeline_tokens_per_s")),
         status=Status.WARNING if warn else Status.OK,
@@ -173,7 +181,7 @@ async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
         )
     except PitstopError as exc:
         return Reply(title=digest_failed(job, exc.message), status=Status.ERROR, exit_code=exc.exit_code)
-    return digest_reply(digest)
+    return digest_reply(digest, ctx.config.scheduler.timezone)
 
 
 async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = False) -> Reply:
@@ -385,6 +393,17 @@ def digest_title(job: str, tokens_per_s: float | None, change_pct: float | None)
         return f"digest {job}: no throughput in this window"
     change = f" ({fmt.signed_pct(change_pct)})" if change_pct is not None else ""
     return f"digest {job}: {tokens_per_s:,.0f} tokens/s{change}"
+
+
+def digest_progress(p: TrainingProgress) -> str:
+    """``drafter step 12,000 of 100,000 (12.0 %), ETA 3 h 5 min at 7.93 steps/s`` (the current rate)."""
+    role = f"{p.role} " if p.role else ""
+    done = f"{role}step {p.step:,} of {p.total:,} ({p.fraction * 100:.1f} %)"
+    if p.step >= p.total:
+        return f"{done}, done"
+    if p.eta_s is None:
+        return f"{done}, ETA unknown (no rate in this window)"
+    return f"{done}, ETA {fmt.duration(p.eta_s)} at {p.steps_per_s:.2f} steps/s"
 
 
 def digest_targets(tokens_per_s: float | None, ranks: int) -> str:

@@ -24,6 +24,8 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from handlers import approval, grammar, reports, views, watching
+from handlers.attempts import attempts_command, no_progress_warning
+from handlers.auth import SYSTEM_USER
 from handlers.commands import Command
 from handlers.context import Context
 from handlers.grammar import VerbSpec
@@ -110,10 +112,13 @@ async def _sequence(call: Call) -> Acted:
         text = approval.break_glass_announce(call.user, command.text(), call.break_glass)
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
     call.spawn(run_sequence(ctx, run, command, lock, channel), f"pitstop-{command.verb}:{run.id}")
+    warned = None
+    if command.verb in ("restart", "start") and call.user != SYSTEM_USER:
+        warned = await no_progress_warning(ctx, run.job)  # a person's restart is warned, never blocked
     reply = Reply(
         title=queued(run.id, run.job)
         + (approval.break_glass_note(call.break_glass) if call.break_glass else ""),
-        lines=(queued_detail(command.verb, channel),),
+        lines=(queued_detail(command.verb, channel), *((warned,) if warned else ())),
         status=Status.INFO,
         run_id=run.id,
         thread_key=f"run:{run.id}",
@@ -144,6 +149,8 @@ async def _digest(call: Call) -> Acted:
 
 
 async def _history(call: Call) -> Acted:
+    if call.command.attempts:
+        return Acted(await attempts_command(call.ctx, call.command.job, call.command.count))
     return Acted(await views.history_command(call.ctx, call.audit, call.command.job, call.command.count))
 
 

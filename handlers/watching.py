@@ -43,6 +43,7 @@ from handlers.alerts import (
     resolved_headline,
     resolved_reply,
 )
+from handlers.attempts import no_progress_refusal
 from handlers.auth import SYSTEM_USER
 from handlers.context import Context
 from handlers.crashcheck import check_crash, refusal, with_crash
@@ -378,13 +379,14 @@ class Watcher:
             await self.ctx.outbox.thread(inc.thread_key, reply, channel)
 
     async def _gate(self, action: Action) -> Action:
-        """An automatic restart about to fire, unless the latest crash is not to be retried: then
+        """An automatic restart about to fire, unless the latest crash is not to be retried, or the
+        last ``no_progress_after`` attempts died without progress (:mod:`handlers.attempts`): then
         the give-up (no more automatic restarts, and why)."""
         inc = action.incident
         check = await check_crash(self.ctx, inc.job)
-        if check is None:
-            return action
-        why = refusal(inc.job, check, self.ctx.config.jobs[inc.job].watch.auto_restart)
+        why = refusal(inc.job, check, self.ctx.config.jobs[inc.job].watch.auto_restart) if check else None
+        if why is None:
+            why = await no_progress_refusal(self.ctx, inc.job, check)
         if why is None:
             return action
         stopped = inc.model_copy(
@@ -395,7 +397,7 @@ class Watcher:
                 "auto_restarts": inc.auto_restarts - 1,
             }
         )
-        return Action(ActionKind.GIVE_UP, with_crash(stopped, check))
+        return Action(ActionKind.GIVE_UP, with_crash(stopped, check) if check is not None else stopped)
 
     async def _with_log(self, inc: Incident) -> Incident:
         """The incident with the job's log tail, the cause found in it and, for a job launched by

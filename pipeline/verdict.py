@@ -9,6 +9,7 @@ the README lists its forms): one line, the verdict's name first, then the facts 
 
     RUNNING 8/8 processes pid 4242
     RUNNING 8/8 processes pid 4242, resumed at step 12000
+    RUNNING 8/8 processes pid 4242, resumed at step 471; the previous run reached drafter step 1,004 — 533 drafter steps (about 4 min of training) lost since the checkpoint of 00:32:01 UTC
     RUNNING 8/8 processes pid 4242, started from step 0 although checkpoint step 12000 exists
     RUNNING 8/8 processes job 4242 on 2 nodes                 (Slurm)
     PENDING reason Resources (job 4242 queued 2 min)           (Slurm)
@@ -38,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from pipeline import fmt
@@ -107,6 +108,11 @@ class VerdictLine:
     :ivar nodes: the node count a Slurm job runs on (RUNNING).
     :ivar resumed_at: the step the run resumed at (RUNNING), when it did not start at 0.
     :ivar ignored_checkpoint: the checkpoint's step a run started from 0 in spite of (RUNNING).
+    :ivar reached: the step the previous run reached (RUNNING, resumed; :class:`Lost`).
+    :ivar lost: the steps lost since the checkpoint resumed from (RUNNING, resumed).
+    :ivar lost_role: the role whose step is compared (``drafter``), None when the job has one role.
+    :ivar lost_s: the training time those steps took, seconds (shown as :func:`pipeline.fmt.duration`).
+    :ivar checkpoint_at: when that checkpoint was written, as :func:`pipeline.fmt.clock` shows it.
     :ivar code: the exit code (EXITED).
     :ivar signal: the signal name that ended it (EXITED), e.g. ``SIGKILL``.
     :ivar after_s: seconds from launch to the exit (EXITED), shown to 0.1 s.
@@ -132,6 +138,11 @@ class VerdictLine:
     nodes: int | None = None
     resumed_at: int | None = None
     ignored_checkpoint: int | None = None
+    reached: int | None = None
+    lost: int | None = None
+    lost_role: str | None = None
+    lost_s: float | None = None
+    checkpoint_at: str | None = None
     code: int | None = None
     signal: str | None = None
     after_s: float | None = None
@@ -171,6 +182,27 @@ def _count(v: VerdictLine) -> str:
     return f"{v.seen}/{v.expected} processes {_who(v)}"
 
 
+def _steps(n: int, role: str | None) -> str:
+    word = f"{role} step" if role else "step"
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _lost_clause(v: VerdictLine) -> str:
+    """``; the previous run reached drafter step 1,004 — 533 drafter steps (about 4 min of training)
+    lost since the checkpoint of 00:32:01 UTC`` (the duration and the checkpoint's time when known)."""
+    assert v.reached is not None and v.lost is not None
+    role = one_line(v.lost_role or "").replace(" ", "_") or None
+    text = (
+        f"; the previous run reached {role + ' ' if role else ''}step {v.reached:,} — {_steps(v.lost, role)}"
+    )
+    if v.lost and v.lost_s is not None and math.isfinite(v.lost_s):
+        text += f" (about {fmt.duration(_secs(v.lost_s))} of training)"
+    text += " lost"
+    if v.checkpoint_at:
+        text += f" since the checkpoint of {one_line(v.checkpoint_at)}"
+    return text
+
+
 def format_line(v: VerdictLine) -> str:
     """The one-line text of a verdict (the forms in this module's docstring).
 
@@ -189,7 +221,10 @@ def format_line(v: VerdictLine) -> str:
                 return f"{line} on {v.nodes} node{'s' if v.nodes != 1 else ''}"
             if v.ignored_checkpoint is not None:
                 return f"{line}, started from step 0 although checkpoint step {v.ignored_checkpoint} exists"
-            return f"{line}, resumed at step {v.resumed_at}" if v.resumed_at else line
+            if not v.resumed_at:
+                return line
+            line = f"{line}, resumed at step {v.resumed_at}"
+            return line + _lost_clause(v) if v.reached is not None and v.lost is not None else line
         if v.verdict is V.PENDING:
             assert v.queued_s is not None and v.job_id is not None
             reason = one_line(v.reason or "") or "None"
@@ -244,6 +279,36 @@ def format_line(v: VerdictLine) -> str:
     raise ValueError(f"a {v.verdict} verdict line needs more than {v!r}")
 
 
+@dataclass(frozen=True)
+class Lost:
+    """What a restart that resumed from a checkpoint lost: the verdict line's last clause.
+
+    :ivar reached: the step the previous run reached (its highest logged step of ``role``).
+    :ivar steps: steps lost: ``reached`` minus the step resumed at (never negative).
+    :ivar role: the role whose step is compared (``drafter``), None when the job has one role.
+    :ivar seconds: training time those steps took at the previous run's rate (seconds), if known.
+    :ivar checkpoint_at: when the checkpoint resumed from was written, as people read it
+        (:func:`pipeline.fmt.clock`), if known.
+    """
+
+    reached: int
+    steps: int
+    role: str | None = None
+    seconds: float | None = None
+    checkpoint_at: str | None = None
+
+    def on(self, line: VerdictLine) -> VerdictLine:
+        """``line`` (a resumed RUNNING line's facts) carrying this clause."""
+        return replace(
+            line,
+            reached=self.reached,
+            lost=self.steps,
+            lost_role=self.role,
+            lost_s=self.seconds,
+            checkpoint_at=self.checkpoint_at,
+        )
+
+
 # --- the builders the engines call -----------------------------------------------------------------
 
 
@@ -254,18 +319,19 @@ def running(
     *,
     resumed_at: int | None = None,
     ignored_checkpoint: int | None = None,
+    lost: Lost | None = None,
 ) -> str:
-    """``RUNNING 8/8 processes pid 4242`` (``, resumed at step N`` / ``, started from step 0 although …``)."""
-    return format_line(
-        VerdictLine(
-            Verdict.RUNNING,
-            seen,
-            expected,
-            pid=pid,
-            resumed_at=resumed_at,
-            ignored_checkpoint=ignored_checkpoint,
-        )
+    """``RUNNING 8/8 processes pid 4242`` (``, resumed at step N`` / ``, started from step 0 although …``;
+    with ``lost``, what the previous run reached and what the restart lost)."""
+    line = VerdictLine(
+        Verdict.RUNNING,
+        seen,
+        expected,
+        pid=pid,
+        resumed_at=resumed_at,
+        ignored_checkpoint=ignored_checkpoint,
     )
+    return format_line(lost.on(line) if lost is not None else line)
 
 
 def running_job(seen: int, expected: int, job_id: int, nodes: int) -> str:
@@ -382,6 +448,12 @@ _WHO = rf"(?:pid (?P<pid>{_N})|job (?P<job>{_N}))"
 _COUNT = rf"(?P<seen>{_N})/(?P<expected>{_N}) processes {_WHO}"
 _PID_COUNT = rf"(?P<seen>{_N})/(?P<expected>{_N}) processes pid (?P<pid>{_N})"
 _SECS = r"[0-9]+(?:\.[0-9])?"
+_GROUPED = r"[0-9]{1,3}(?:,[0-9]{3})*"
+_LOST = (
+    rf"(?:; the previous run reached (?:(?P<role>[A-Za-z0-9_.-]+) )?step (?P<reached>{_GROUPED})"
+    rf" — (?P<lost>{_GROUPED}) (?:[A-Za-z0-9_.-]+ )?steps?(?: \(about (?P<lost_s>[^)]+) of training\))? lost"
+    r"(?: since the checkpoint of (?P<ckpt_at>.+))?)?"
+)
 
 
 def _forms(*patterns: str) -> tuple[re.Pattern[str], ...]:
@@ -392,7 +464,7 @@ _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
     Verdict.RUNNING: _forms(
         rf"RUNNING (?P<seen>{_N})/(?P<expected>{_N}) processes job (?P<job>{_N}) on (?P<nodes>{_N}) nodes?",
         rf"RUNNING {_PID_COUNT}, started from step 0 although checkpoint step (?P<ckpt>{_N}) exists",
-        rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed>{_N}))?",
+        rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed>{_N}){_LOST})?",
     ),
     Verdict.PENDING: _forms(rf"PENDING reason (?P<reason>.+) \(job (?P<job>{_N}) queued (?P<queued>[^)]+)\)"),
     Verdict.WRONG_COUNT: _forms(rf"WRONG_COUNT {_COUNT}(?: \((?P<detail>.+)\))?"),
@@ -456,6 +528,11 @@ def parse_line(text: str) -> VerdictLine:
                 nodes=_int(g.get("nodes")),
                 resumed_at=_int(g.get("resumed")),
                 ignored_checkpoint=_int(g.get("ckpt")),
+                reached=_int(g["reached"].replace(",", "")) if "reached" in g else None,
+                lost=_int(g["lost"].replace(",", "")) if "lost" in g else None,
+                lost_role=g.get("role"),
+                lost_s=fmt.parse_duration(g["lost_s"]) if "lost_s" in g else None,
+                checkpoint_at=g.get("ckpt_at"),
                 code=_int(g.get("code")),
                 signal=g.get("signal"),
                 after_s=float(g["after"]) if "after" in g else None,

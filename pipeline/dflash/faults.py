@@ -13,6 +13,11 @@ failure does, printing what the real failure prints:
 - ``cuda_oom``: ``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate …`` (traceback, exit 1);
 - ``exception``: ``RuntimeError: injected exception at step S (ROLE rank R)`` (traceback, exit 1).
 
+``--slow-after-step S --slow-factor F [--slow-rank R]``: after its step S, rank R (every rank when
+``--slow-rank`` is not given) takes F times as long per step (it sleeps F-1 times the step's own
+time after each step): a bad patch or a degraded GPU, as throughput shows it while every process
+is alive.  One slow drafter slows them all (they all-reduce at every step boundary).
+
 Wait reports: a rank blocked for more than :data:`WAIT_REPORT_S` seconds (in the step-boundary
 all-reduce, or putting into a full queue) appends one JSON line ``{"ts", "event": "waiting",
 "rank", "role", "step", "on", "waited_s"}``, then one every :data:`WAIT_REPEAT_S` seconds while
@@ -45,10 +50,16 @@ def add_arguments(p: Any) -> None:
         "--crash-at-step", default=None, help="the step during which it crashes (+N: after the resume)"
     )
     p.add_argument("--crash", choices=CRASH_KINDS, default=None, help="how it crashes")
+    p.add_argument("--slow-rank", type=int, default=None, help="global rank that slows (default: every rank)")
+    p.add_argument(
+        "--slow-after-step", default=None, help="the step after which it slows (+N: N after the resume)"
+    )
+    p.add_argument("--slow-factor", type=float, default=None, help="how many times longer each step takes")
 
 
 def plan(args: Any, world: int, resume_step: int = 0) -> dict[str, Any]:
-    """The faults asked for on the command line, checked: ``{"hang": (rank, step) | None, "crash": …}``.
+    """The faults asked for on the command line, checked: ``{"hang": (rank, step) | None, "crash": …}``,
+    and ``"slow": (rank | None, step, factor)`` when a slowdown is asked for.
 
     A step written ``+N`` counts from the step the run resumes at (``resume_step + N``).
 
@@ -71,6 +82,16 @@ def plan(args: Any, world: int, resume_step: int = 0) -> dict[str, Any]:
             *_checked(crash[0], _step(crash[1], resume_step, "--crash"), world, "--crash"),
             crash[2],
         )
+    slow = (getattr(args, "slow_after_step", None), getattr(args, "slow_factor", None))
+    if any(v is not None for v in (*slow, getattr(args, "slow_rank", None))):
+        if None in slow:
+            raise SystemExit("--slow-after-step and --slow-factor go together (--slow-rank is optional)")
+        if not slow[1] >= 1.0:
+            raise SystemExit(f"--slow-factor {slow[1]}: 1 or more (2: each step takes twice as long)")
+        rank = getattr(args, "slow_rank", None)
+        if rank is not None and not 0 <= rank < world:
+            raise SystemExit(f"--slow-rank {rank}: ranks are 0..{world - 1}")
+        out["slow"] = (rank, _step(slow[0], resume_step, "--slow"), slow[1])
     return out
 
 
@@ -135,6 +156,17 @@ def crash_if_due(spec: dict[str, Any], log: Any, step: int) -> None:
         sys.stderr.write(text)
         sys.stderr.flush()
     os.abort()
+
+
+def slow_if_due(spec: dict[str, Any], step: int, began: float) -> None:
+    """Make this rank's step ``step`` take ``--slow-factor`` times as long, if it is slowed by now.
+
+    :param began: ``time.monotonic()`` when the step began.
+    """
+    slow = spec.get("faults", {}).get("slow")
+    if not slow or (slow[0] is not None and slow[0] != spec["rank"]) or step <= slow[1]:
+        return
+    time.sleep(max(0.0, (slow[2] - 1.0) * (time.monotonic() - began)))
 
 
 def hang_if_due(spec: dict[str, Any], step: int, orphaned: Any) -> None:

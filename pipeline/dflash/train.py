@@ -301,6 +301,7 @@ def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> Non
     step = 0
     try:
         while not targets_stop.is_set() and not _orphaned(spec):
+            began = time.monotonic()
             tokens = sampler.next()  # (b, T)
             with torch.no_grad():
                 logits, feats = model(tokens.to(spec["device"]), cfg["target"]["feature_layers"])
@@ -332,6 +333,7 @@ def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> Non
                     waiting.poll(step)
                     continue
             step += 1
+            faults.slow_if_due(spec, step, began)
             meter.add(tokens.numel())
             _maybe_fail(spec, step)
             faults.crash_if_due(spec, log, step)
@@ -430,6 +432,7 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
         faults.wait_work(work, faults.WaitReporter(spec, log, "all_reduce"), step, lambda: _orphaned(spec))
         if flag.item():
             break
+        began = time.monotonic()
         item = torch.load(io.BytesIO(_get_item(spec, q)), weights_only=True)
         step += 1
         _maybe_fail(spec, step)
@@ -442,6 +445,7 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        faults.slow_if_due(spec, step, began)
         meter.add(labels.numel())
         if _should_log(step, first_step, spec["metric_every"]):
             acc = topk_accuracy(

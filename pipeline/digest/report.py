@@ -45,14 +45,16 @@ from pipeline.digest.window import (
 )
 from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.attempts import TrainingProgress, progress_toward
 from pipeline.observe.gpus import query_gpus
 from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobStore
 from pipeline.state.redisconn import RedisHandle
-from pipeline.state.runs import RunStore
+from pipeline.state.runs import RunRecord, RunStore
 
 CHARTS_KEPT = 20  #: chart PNGs kept per job under ``state/charts``
+ATTEMPTS_SHOWN = 3  #: attempts in a digest's footer
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,9 @@ class Digest:
     :ivar built_at: unix s.
     :ivar silent: expected ranks (:func:`expected_ranks`) that wrote no metric line in the window.
     :ivar marks: the restarts drawn on the chart (:func:`restart_marks`), oldest first.
+    :ivar progress: step, share done and rate against ``total_steps`` (when set): the ETA.
+    :ivar attempts: the job's last :data:`ATTEMPTS_SHOWN` attempts, newest first (the footer);
+        ``live_run`` the one running now.
     """
 
     job: str
@@ -172,6 +177,9 @@ class Digest:
     built_at: float = 0.0
     silent: tuple[SilentRank, ...] = ()
     marks: tuple[RestartMark, ...] = ()
+    progress: TrainingProgress | None = None
+    attempts: tuple[RunRecord, ...] = ()
+    live_run: str | None = None
 
 
 async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
@@ -313,6 +321,9 @@ async def build_digest(
         path = await asyncio.to_thread(_draw, window.data, spec, where, name, marks, last_rate)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
     snapshot = await redis.open_store(JobStore, config).read(name, now=now)
+    progress = None
+    if spec.total_steps is not None and summary.metric_lines:
+        progress = progress_toward(parse_metric_lines(window.data, spec.metrics), spec.total_steps)
     digest = Digest(
         job=name,
         scheduled=scheduled,
@@ -330,6 +341,9 @@ async def build_digest(
         built_at=now,
         silent=silent,
         marks=marks,
+        progress=progress,
+        attempts=tuple(await runs.attempts(name, ATTEMPTS_SHOWN)),
+        live_run=snapshot.run_id,
     )
     if scheduled:
         last = json.dumps({**summary.headline(), "at": now}) if summary.metric_lines else None

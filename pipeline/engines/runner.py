@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,11 +29,16 @@ from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_tex
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.probe import JobProbe, call_helper
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.attempts import Previous, account_previous, crash_words, lost_warning, over_max_lost
+from pipeline.observe.crashes import from_fields
 from pipeline.observe.evidence import decide
 from pipeline.observe.resume import check_resume, resume_warning
 from pipeline.state.events import Events
+from pipeline.state.incidents import IncidentStore
 from pipeline.state.runs import RunRecord, RunStore
-from pipeline.verdict import Step, Verdict
+from pipeline.verdict import Outcome, Step, Verdict
+
+log = logging.getLogger(__name__)
 
 VERIFY_POLL = 0.5  #: seconds between observations while verifying
 VERIFY_GRACE = 30.0  #: seconds past the deadline an unobservable job is retried before giving up
@@ -209,13 +215,62 @@ class Runner:
             await asyncio.sleep(max(0.05, delay))
         if not obs.complete:
             obs = await engine.observe(run, name, job, complete=True)
-        decided = decide(run, obs)
+        previous = await self._previous(name, job, run, obs)
+        decided = decide(run, obs, lost=previous.lost if previous is not None else None)
         ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
         if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
             run.warning = resume_warning(name, ignored, obs.checkpoint.path)
+        if obs.start_step is not None:
+            run.resumed_at = obs.start_step
+        if previous is not None and decided[0] is Verdict.RUNNING:
+            self._note_lost(name, job, run, previous)
         recheck = time.time() + self.pending_recheck if decided[0] is Verdict.PENDING else None
         await self.steps.verified(run, rec, decided, recheck_at=recheck)
+        if decided[0] is Verdict.RUNNING and previous is not None and previous.run.reach is not None:
+            if previous.run.reach.tokens_per_s is not None:
+                await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
         return run
+
+    async def _previous(self, name: str, job: JobConfig, run: RunRecord, obs: Observation) -> Previous | None:
+        """The attempt before ``run``, its reach recorded, and what resuming lost of it
+        (:func:`~pipeline.observe.attempts.account_previous`); None when unknown or unreadable."""
+        if obs.state != "alive":
+            return None
+        try:
+            crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(name)
+            previous = await account_previous(
+                self.ssh,
+                self.runs,
+                name,
+                job,
+                run,
+                resumed_at=obs.start_step,
+                checkpoint=obs.checkpoint,
+                sampled_at=obs.sampled_at,
+                timezone=self.config.scheduler.timezone,
+            )
+        except PitstopError as exc:
+            log.info("%s: what the previous run reached is unknown: %s", run.id, exc.message)
+            return None
+        if previous is not None and previous.run.reach is not None and previous.run.reach.ended is None:
+            found = from_fields(crash) if crash.get("run_id") == previous.run.id else None
+            ended = crash_words(found) if found is not None else ended_by(run)
+            reach = previous.run.reach.model_copy(update={"ended": ended})
+            saved = await self.runs.record_reach(previous.run.id, reach)
+            previous = Previous(saved or previous.run, previous.lost)
+        return previous
+
+    @staticmethod
+    def _note_lost(name: str, job: JobConfig, run: RunRecord, previous: Previous) -> None:
+        """Keep what the restart lost on ``run``, with a thread warning over ``max_lost``."""
+        run.previous_run = previous.run.id
+        lost = previous.lost
+        if lost is None:
+            return
+        run.lost, run.lost_s = lost.steps, lost.seconds
+        if job.max_lost is not None and over_max_lost(lost, job.max_lost) and run.warning is None:
+            rate = previous.run.reach.steps_per_s if previous.run.reach is not None else None
+            run.warning = lost_warning(name, lost, job.max_lost, rate)
 
     # --- queries ---------------------------------------------------------------------------------
 
@@ -294,6 +349,16 @@ async def look(engines: Mapping[str, Engine], entries: Sequence[Entry]) -> dict[
 
 
 # --- text ---------------------------------------------------------------------------------------
+
+
+def ended_by(run: RunRecord) -> str:
+    """How the attempt before ``run`` ended, as ``run``'s stop step saw it."""
+    stop = run.step(Step.STOP)
+    if stop is None:
+        return "ended before " + run.id
+    if stop.outcome is Outcome.OK and stop.detail.startswith("stopped"):
+        return f"stopped by {run.id} ({stop.detail})"
+    return f"had ended when {run.id} began"
 
 
 def engine_missing(engine: str) -> str:

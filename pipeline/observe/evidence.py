@@ -23,7 +23,7 @@ from pipeline.host.probe import call_helper
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.resume import ResumePoint, check_resume, checkpoint_fact
 from pipeline.state.runs import RunRecord
-from pipeline.verdict import Step, Verdict, VerdictLine
+from pipeline.verdict import Lost, Step, Verdict, VerdictLine
 
 RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
 TAIL_LINES = 30  #: log lines kept as evidence
@@ -157,7 +157,7 @@ async def settle_exit(ssh: RemoteHosts, run: RunRecord, job: JobConfig, ev: Evid
     return ev
 
 
-def decide(run: RunRecord, obs: Observation) -> tuple[Verdict, str, str]:
+def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tuple[Verdict, str, str]:
     """The verdict, verdict line and evidence text of a launched run from one observation, for
     every engine.
 
@@ -168,6 +168,8 @@ def decide(run: RunRecord, obs: Observation) -> tuple[Verdict, str, str]:
 
     :param run: the launched run (its launch time and stop step are read).
     :param obs: a complete :class:`Observation` of it.
+    :param lost: what the restart lost of the previous run (:func:`pipeline.observe.attempts.lost_work`):
+        the clause a RUNNING line that resumed from a checkpoint ends with.
     """
     now = obs.sampled_at
     since = now - (run.launched_at or now)
@@ -203,6 +205,8 @@ def decide(run: RunRecord, obs: Observation) -> tuple[Verdict, str, str]:
             resumed_at=resume.started_at,
             ignored_checkpoint=resume.ignored,
         )
+        if lost is not None and resume.started_at:
+            running = lost.on(running)
         decided, line = Verdict.RUNNING, verdict.format_line(running)
     if obs.checkpoint is not None:
         facts.append(checkpoint_fact(obs.checkpoint.path, obs.checkpoint.step, obs.checkpoint.age_s))

@@ -37,6 +37,11 @@ def runs_unverified(prefix: str) -> str:
     return f"{prefix}runs:unverified"
 
 
+def runs_recovery(prefix: str) -> str:
+    """Sorted set: RUNNING run ids whose throughput follow-up is due, scored by due time (unix s)."""
+    return f"{prefix}runs:recovery"
+
+
 def run_owner(prefix: str, run_id: str) -> str:
     """String with TTL: the heartbeat of the process executing a run (its instance id).
 

@@ -98,6 +98,33 @@ class StepRecord(BaseModel):
         return None if self.ended_at is None else self.ended_at - self.started_at
 
 
+class Reach(BaseModel):
+    """How far one attempt (a launched run) got, read from the metric lines it wrote
+    (:func:`pipeline.observe.attempts.reach_of`); kept on its run for the next restart and
+    ``history --attempts``.
+
+    :ivar steps: role → the highest step its ranks logged.
+    :ivar role: the role whose step counts across resumes (the one a checkpoint's step names: the
+        reference pipeline's drafters; its targets count from 1 in every run).
+    :ivar step: that role's highest step: what the attempt reached.
+    :ivar steps_per_s: that role's steps per second over the lines read.
+    :ivar tokens_per_s: the pipeline's median throughput over the attempt's last
+        ``recovery_window`` (tokens/s: :func:`pipeline.observe.attempts.median_throughput`).
+    :ivar last_at: the ``ts`` of its last metric line (unix s).
+    :ivar ended: how it ended, as people read it (``nccl_timeout: …``, ``stopped by r-5``), if known.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    steps: dict[str, int] = {}
+    role: str | None = None
+    step: int | None = None
+    steps_per_s: float | None = None
+    tokens_per_s: float | None = None
+    last_at: float | None = None
+    ended: str | None = None
+
+
 class RunRecord(BaseModel):
     """A restart (or start/stop) of a job, as stored in Redis.
 
@@ -136,6 +163,12 @@ class RunRecord(BaseModel):
     approved_by: str | None = None
     approved_patches: dict[str, str] = {}
     break_glass: str | None = None  #: the reason an admin gave for acting without approval
+    previous_run: str | None = None  #: the attempt this run followed (the job's previous launched run)
+    resumed_at: int | None = None  #: the step it resumed at, as its verdict says (0: from scratch)
+    lost: int | None = None  #: steps lost since the checkpoint it resumed from (its verdict's clause)
+    lost_s: float | None = None  #: the training time those steps took (s), at the previous run's rate
+    reach: Reach | None = None  #: how far it got, recorded once it ended (the next attempt read its log)
+    recovery: str | None = None  #: the throughput follow-up posted ``recovery_window`` after its verdict
 
     def step(self, step: Step) -> StepRecord | None:
         """The record of ``step``, or None if it has not started."""
@@ -301,6 +334,76 @@ class RunStore:
         run.finished_at = time.time()
         await self.save(run)
         return run
+
+    async def record_reach(self, run_id: str, reach: Reach) -> RunRecord | None:
+        """Record how far an attempt got (:class:`Reach`) on its run; nothing else of it changes.
+
+        :returns: the run as saved, or None if there is no such run.
+        """
+        return await self._amend(run_id, reach=reach)
+
+    async def record_recovery(self, run_id: str, line: str) -> RunRecord | None:
+        """Record the throughput follow-up's line on a run.
+
+        :returns: the run as saved, or None if there is no such run.
+        """
+        return await self._amend(run_id, recovery=line)
+
+    async def _amend(self, run_id: str, **fields: object) -> RunRecord | None:
+        """Set ``fields`` on the stored run (read, changed, written under WATCH: no other write lost)."""
+        key = keys.run(self.prefix, run_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            for _ in range(5):
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        await pipe.reset()  # type: ignore[no-untyped-call]
+                        return None
+                    run = RunRecord.model_validate_json(raw).model_copy(update=fields)
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.set(key, run.model_dump_json())
+                    await pipe.execute()
+                    return run
+                except aioredis.WatchError:
+                    continue
+        raise IllegalTransition(f"run {run_id}", "changing under concurrent writes", "be amended")
+
+    async def attempts(
+        self, job: str, count: int = 10, *, before: RunRecord | None = None
+    ) -> list[RunRecord]:
+        """The job's attempts — its runs that launched something — newest first.
+
+        :param count: at most this many.
+        :param before: only attempts created before this run.
+        """
+        runs = await self.recent(job, max(count, 1) * 3 + 10)
+        out = [
+            r
+            for r in runs
+            if r.launched_at is not None
+            and r.launched_as is not None
+            and (before is None or (r.created_at < before.created_at and r.id != before.id))
+        ]
+        return out[:count]
+
+    # --- the throughput follow-up ------------------------------------------------------------------
+
+    async def schedule_recovery(self, run_id: str, due: float) -> None:
+        """Queue ``run_id``'s throughput follow-up, due at ``due`` (unix s)."""
+        await self.client.zadd(keys.runs_recovery(self.prefix), {run_id: due})
+
+    async def due_recoveries(self, now: float | None = None, limit: int = 100) -> list[str]:
+        """Ids of runs whose follow-up is due by ``now`` (default: now), oldest first."""
+        now = time.time() if now is None else now
+        found = await self.client.zrangebyscore(
+            keys.runs_recovery(self.prefix), "-inf", now, start=0, num=limit
+        )
+        return [str(i) for i in found]
+
+    async def take_recovery(self, run_id: str) -> bool:
+        """Take a due follow-up off the queue: True for exactly one caller (it posts it)."""
+        return bool(await self.client.zrem(keys.runs_recovery(self.prefix), run_id))
 
     # --- cancel requests ---------------------------------------------------------------------------
 

@@ -1,0 +1,191 @@
+"""No-progress loops: attempts that keep dying where they resumed stop the automatic restarts.
+
+An automatic restart about to fire (:meth:`handlers.watching.Watcher._gate`) first records how far
+the attempt that just died got (:func:`record_dead_attempt`: its log since its launch, read once,
+kept as its :class:`~pipeline.state.runs.Reach` with how it ended), then asks
+:func:`no_progress_refusal`: when the last ``[jobs.NAME.watch] no_progress_after`` attempts in a row
+died before advancing ``min_progress`` steps past where they resumed
+(:func:`pipeline.observe.attempts.no_progress_streak`), no more automatic restarts — the give-up
+alert names the step and the common cause: ``every attempt died at step 1,210: CUDA out of memory
+on rank 6``.  A person's restart is never blocked: :func:`no_progress_warning` is the warning its
+answer carries.
+
+``history JOB --attempts`` (:func:`attempts_command`) shows one row per attempt: started, resumed
+at, reached, steps/s, how it ended, steps lost.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from handlers.context import Context
+from handlers.crashcheck import CrashCheck
+from handlers.reply import Reply, Status, Table
+from pipeline import fmt
+from pipeline.errors import ExitCode, PitstopError, UnknownRun
+from pipeline.observe.attempts import crash_words, no_progress_streak, reach_of, read_attempt
+from pipeline.state.runs import RunRecord
+
+log = logging.getLogger(__name__)
+
+
+async def record_dead_attempt(ctx: Context, name: str, check: CrashCheck | None) -> RunRecord | None:
+    """Record how far the job's current (dead) attempt got and how it ended, once.
+
+    :param check: its classified crash, if any (how it ended).
+    :returns: the attempt as saved, or None when the job has no recorded run or its log is unreadable.
+    """
+    run_id = (await ctx.jobs.read(name)).run_id
+    if not run_id:
+        return None
+    try:
+        run = await ctx.runs.get(run_id)
+    except UnknownRun:
+        return None
+    if run.reach is not None or run.log_size_at_launch is None:
+        return run
+    job = ctx.config.jobs[name]
+    try:
+        lines = await read_attempt(ctx.ssh, name, job, run.log_size_at_launch)
+    except PitstopError as exc:
+        log.info("%s: how far %s got is unknown: %s", name, run.id, exc.message)
+        return None
+    ended = crash_words(check.crash) if check is not None else None
+    reach = reach_of(lines, window_s=job.watch.recovery_window, ended=ended)
+    return await ctx.runs.record_reach(run.id, reach)
+
+
+async def stuck_attempts(ctx: Context, name: str) -> list[RunRecord]:
+    """The job's newest attempts that in a row made no progress (newest first), if there are at
+    least ``no_progress_after`` of them; else an empty list."""
+    watch = ctx.config.jobs[name].watch
+    attempts = await ctx.runs.attempts(name, watch.no_progress_after)
+    streak = no_progress_streak(attempts, watch.min_progress)
+    return streak if len(streak) >= watch.no_progress_after else []
+
+
+async def no_progress_refusal(ctx: Context, name: str, check: CrashCheck | None) -> str | None:
+    """Why automatic restarts must stop: the last ``no_progress_after`` attempts made no progress.
+
+    :returns: the give-up text, or None when they may go on.
+    """
+    await record_dead_attempt(ctx, name, check)
+    stuck = await stuck_attempts(ctx, name)
+    if not stuck:
+        return None
+    return auto_restart_no_progress(name, stuck, ctx.config.jobs[name].watch.min_progress)
+
+
+async def no_progress_warning(ctx: Context, name: str) -> str | None:
+    """The warning a person's restart carries when the last attempts made no progress (never a block)."""
+    try:
+        stuck = await stuck_attempts(ctx, name)
+    except PitstopError:
+        return None
+    if not stuck:
+        return None
+    return restart_no_progress(name, stuck)
+
+
+# --- history JOB --attempts ---------------------------------------------------------------------
+
+
+def attempt_rows(
+    attempts: list[RunRecord], timezone: str, *, live: str | None = None
+) -> tuple[tuple[str, ...], ...]:
+    """One row per attempt, newest first: run, started, resumed at, reached, steps/s, how it ended,
+    steps lost (what the restart after it lost of its work: the next attempt's ``lost``).
+
+    :param attempts: the job's attempts, newest first.
+    :param live: the id of the attempt running now (``running`` in its "ended" column).
+    """
+    rows = []
+    for i, run in enumerate(attempts):
+        reach = run.reach
+        newer = attempts[i - 1] if i > 0 else None
+        lost = newer.lost if newer is not None and newer.previous_run == run.id else None
+        started = fmt.clock(run.launched_at, timezone) if run.launched_at is not None else NA
+        reached = f"{reach.step:,}" if reach is not None and reach.step is not None else NA
+        ended = (
+            "running" if run.id == live and reach is None else (reach.ended if reach and reach.ended else NA)
+        )
+        rows.append(
+            (
+                run.id,
+                started,
+                f"{run.resumed_at:,}" if run.resumed_at is not None else NA,
+                reached,
+                fmt.number(reach.steps_per_s if reach else None, "{:.2f}"),
+                ended,
+                f"{lost:,}" if lost is not None else NA,
+            )
+        )
+    return tuple(rows)
+
+
+async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
+    """``history JOB --attempts``: the job's last ``count`` attempts, one row each (:func:`attempt_rows`).
+
+    :param job: a configured job (the verb needs one with ``--attempts``).
+    :returns: the table, or an ERROR reply (usage) without a job.
+    """
+    if job is None:
+        return Reply(title=attempts_need_job(), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
+    attempts = await ctx.runs.attempts(job, count)
+    live = (await ctx.jobs.read(job)).run_id
+    if not attempts:
+        return Reply(title=attempts_title(job, 0), lines=(attempts_none(job),))
+    rows = attempt_rows(attempts, ctx.config.scheduler.timezone, live=live)
+    return Reply(title=attempts_title(job, len(attempts)), tables=(Table(ATTEMPT_HEADERS, rows),))
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+NA = fmt.UNKNOWN
+#: the columns of ``history JOB --attempts``
+ATTEMPT_HEADERS = ("run", "started", "resumed at", "reached", "steps/s", "ended", "steps lost")
+
+
+def attempts_title(job: str, count: int) -> str:
+    """The heading of ``history JOB --attempts``."""
+    return f"history of {job}: last {count} attempt{'s' if count != 1 else ''}"
+
+
+def attempts_none(job: str) -> str:
+    """``history JOB --attempts`` before anything was launched."""
+    return f"{job} has not been launched by Pitstop yet"
+
+
+def attempts_need_job() -> str:
+    """``history --attempts`` without a job."""
+    return "history --attempts needs a job: `history dflash --attempts`"
+
+
+def _where(stuck: list[RunRecord]) -> str:
+    """``every attempt died at step 1,210: CUDA out of memory on rank 6`` (or each attempt's step)."""
+    steps = [r.reach.step if r.reach and r.reach.step is not None else r.resumed_at or 0 for r in stuck]
+    causes = {r.reach.ended for r in stuck if r.reach is not None}
+    cause = next(iter(causes)) if len(causes) == 1 else None
+    if len(set(steps)) == 1:
+        text = f"every attempt died at step {steps[0]:,}"
+    else:
+        text = "the attempts died at steps " + ", ".join(f"{s:,}" for s in reversed(steps))
+    return f"{text}: {cause}" if cause else text
+
+
+def auto_restart_no_progress(job: str, stuck: list[RunRecord], min_progress: int) -> str:
+    """The give-up alert when the last attempts died without progress."""
+    ids = ", ".join(r.id for r in reversed(stuck))
+    return (
+        f"{job}: automatic restarts stopped - the last {len(stuck)} attempts ({ids}) died before advancing "
+        f"{min_progress} step{'' if min_progress == 1 else 's'} past where they resumed; {_where(stuck)}. "
+        "Another restart will die the same way: fix the cause, then restart by hand"
+    )
+
+
+def restart_no_progress(job: str, stuck: list[RunRecord]) -> str:
+    """A person's restart goes ahead, warned that the last attempts made no progress."""
+    return (
+        f"⚠ the last {len(stuck)} attempts of {job} made no progress ({_where(stuck)}); "
+        "restarting as asked - unless something changed, this one will die the same way"
+    )

@@ -1,0 +1,420 @@
+"""Attempts: how far each launched run got, what a restart lost, and whether throughput came back.
+
+An *attempt* is one launched run of a job.  What it wrote lies in the job's log between its
+launch offset (``log_size_at_launch``) and the next attempt's, so once the next one has
+launched the log holds the whole truth of it.  From those metric lines:
+
+- :func:`reach_of` — how far it got (:class:`~pipeline.state.runs.Reach`): the highest step per
+  role, the *compared* role (the one whose step counts across resumes, :func:`compared_role`),
+  its steps/s, and the pipeline's median throughput over its last ``recovery_window``;
+- :func:`lost_work` — what a restart that resumed from a checkpoint lost: the previous attempt's
+  reached step minus the step resumed at, and the training time that took at its rate
+  (:class:`~pipeline.verdict.Lost`, the verdict line's last clause);
+- :func:`median_throughput` — the pipeline's throughput, robust to a slow first step: per
+  non-target rank the median of its reported ``tokens_per_s`` (each rank's first line, which
+  carries the start-up, left out), summed over ranks (tokens/s; the digest's definition of the
+  pipeline: drafters, not targets);
+- :func:`progress_toward` — step, percent done and rate against ``[jobs.NAME] total_steps`` (the
+  digest's ETA);
+- :func:`no_progress_streak` — the consecutive attempts, newest first, that died before
+  advancing ``min_progress`` steps past where they resumed (automatic restarts stop there).
+
+How an attempt ended is kept in people's words (:func:`crash_words`: ``CUDA out of memory on rank
+6``), so the alert that stops a no-progress loop can name the common cause.
+
+:func:`read_attempt` is the one I/O: the metric lines of a byte range of the log, its last
+:data:`MAX_READ` bytes at most (one helper ``read`` call).  The rest is pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pipeline import fmt
+from pipeline.config import JobConfig
+from pipeline.config.jobs import LostDuration
+from pipeline.digest.metrics import MetricLine, parse_metric_lines
+from pipeline.digest.stats import TARGET, percentile
+from pipeline.host.probe import read_log_chunk
+from pipeline.host.remote import RemoteHosts
+from pipeline.observe.crashes import Crash, CrashClass
+from pipeline.observe.resume import ResumePoint
+from pipeline.state.runs import Reach, RunRecord, RunStore
+from pipeline.verdict import Lost
+
+MAX_READ = 4 * 1024 * 1024  #: bytes of an attempt's log read at most (its last ones)
+
+
+async def read_attempt(
+    ssh: RemoteHosts, name: str, job: JobConfig, start: int, end: int | None = None
+) -> list[MetricLine]:
+    """The metric lines the job's log holds between byte ``start`` and ``end`` (None: its end now).
+
+    Only the last :data:`MAX_READ` bytes of the range are read; a line cut at the start of the
+    read is dropped.  A log shorter than ``start`` (truncated, rotated) gives no lines.
+
+    :param start: the attempt's launch offset (``log_size_at_launch``), bytes.
+    :param end: the next attempt's launch offset, bytes.
+    :raises RemoteError: if the host cannot be read.
+    """
+    if end is not None and end <= start:
+        return []
+    if end is None:
+        tail = await read_log_chunk(ssh, name, job, -MAX_READ, MAX_READ)
+        if tail.reset or tail.size < start:
+            return []
+        data, offset = tail.data, tail.offset - len(tail.data)  # a chunk's offset is where it ends
+        if offset < start:
+            data, offset = data[start - offset :], start
+    else:
+        offset = max(start, end - MAX_READ)
+        chunk = await read_log_chunk(ssh, name, job, offset, end - offset)
+        if chunk.reset:
+            return []
+        data = chunk.data
+    if offset > start and (cut := data.find(b"\n")) >= 0:
+        data = data[cut + 1 :]
+    return parse_metric_lines(data, job.metrics)
+
+
+def _by_role(lines: Sequence[MetricLine]) -> tuple[dict[str, int], dict[str, int]]:
+    """Role → first step logged, role → highest step logged."""
+    first: dict[str, int] = {}
+    high: dict[str, int] = {}
+    for line in lines:
+        if line.step is None:
+            continue
+        first.setdefault(line.role, line.step)
+        high[line.role] = max(high.get(line.role, line.step), line.step)
+    return first, high
+
+
+def compared_role(first: Mapping[str, int], high: Mapping[str, int]) -> str | None:
+    """The role whose step counts across resumes: the one whose first logged step is the largest (a
+    rank that resumed from N logs N+1 first, one that counts afresh logs 1); on a tie (a run from
+    scratch, or a new run whose ranks have not logged yet) a role other than ``target`` (the
+    digest's pipeline: targets feed it, and the reference pipeline's count from 1 in every run),
+    then the one that got furthest.  None without steps."""
+    if not high:
+        return None
+    return max(high, key=lambda role: (first.get(role, 0), role != TARGET, high[role], role))
+
+
+def median_throughput(lines: Sequence[MetricLine], since: float | None = None) -> float | None:
+    """The pipeline's throughput (tokens/s): per non-target rank the median of its reported
+    ``tokens_per_s`` over its lines from ``since`` (unix s; each rank's first line left out), summed.
+
+    A job without a ``target`` role counts every rank.  None when no line reports a rate.
+    """
+    pipe = [ln for ln in lines if ln.role != TARGET] or list(lines)
+    per_rank: dict[tuple[str, int], list[float]] = {}
+    seen: set[tuple[str, int]] = set()
+    for line in pipe:
+        key = (line.role, line.rank)
+        if key not in seen:
+            seen.add(key)
+            continue
+        if line.tokens_per_s is None or (since is not None and (line.ts is None or line.ts < since)):
+            continue
+        per_rank.setdefault(key, []).append(line.tokens_per_s)
+    medians = [m for values in per_rank.values() if (m := percentile(values, 0.5)) is not None]
+    return sum(medians) if medians else None
+
+
+def reach_of(
+    lines: Sequence[MetricLine], *, window_s: float, role: str | None = None, ended: str | None = None
+) -> Reach:
+    """How far an attempt got, from its metric lines in file order.
+
+    :param window_s: seconds before its last line over which the throughput is taken
+        (``recovery_window``).
+    :param role: the compared role when known (from the attempt that followed it), else
+        :func:`compared_role` of these lines.
+    :param ended: how it ended, if known.
+    """
+    first, high = _by_role(lines)
+    role = role if role in high else compared_role(first, high)
+    times = [ln.ts for ln in lines if ln.ts is not None]
+    last_at = max(times) if times else None
+    rate = None
+    if role is not None:
+        timed = [(ln.ts, ln.step) for ln in lines if ln.role == role and ln.ts is not None and ln.step]
+        if len(timed) >= 2:
+            (t0, s0), (t1, s1) = min(timed), max(timed)
+            assert t0 is not None and t1 is not None and s0 is not None and s1 is not None
+            rate = (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+    since = last_at - window_s if last_at is not None else None
+    return Reach(
+        steps=high,
+        role=role,
+        step=high.get(role) if role is not None else None,
+        steps_per_s=rate,
+        tokens_per_s=median_throughput(lines, since),
+        last_at=last_at,
+        ended=ended,
+    )
+
+
+def lost_work(
+    previous: Reach,
+    resumed_at: int,
+    *,
+    checkpoint: ResumePoint | None = None,
+    sampled_at: float | None = None,
+    timezone: str = "UTC",
+) -> Lost | None:
+    """What a restart that resumed at ``resumed_at`` lost of ``previous``'s work.
+
+    :param previous: how far the previous attempt got.
+    :param resumed_at: the step the new run resumed at (of the compared role).
+    :param checkpoint: the newest checkpoint at the verification: its time is said when its step
+        is the one resumed from.
+    :param sampled_at: Pitstop's clock when ``checkpoint`` was seen (unix s).
+    :param timezone: how the checkpoint's time is shown (``[scheduler] timezone``).
+    :returns: None when the previous attempt's reach is unknown.
+    """
+    if previous.step is None:
+        return None
+    steps = max(0, previous.step - resumed_at)
+    seconds = steps / previous.steps_per_s if previous.steps_per_s else None
+    at = None
+    if checkpoint is not None and checkpoint.step == resumed_at and sampled_at is not None:
+        at = fmt.clock(sampled_at - checkpoint.age_s, timezone, now=sampled_at)
+    role = previous.role if len(previous.steps) > 1 else None
+    return Lost(previous.step, steps, role, seconds, at)
+
+
+def over_max_lost(lost: Lost, max_lost: int | LostDuration | None) -> bool:
+    """Whether ``lost`` exceeds ``[jobs.NAME] max_lost`` (steps, or seconds of training)."""
+    if max_lost is None:
+        return False
+    if isinstance(max_lost, LostDuration):
+        return lost.seconds is not None and lost.seconds > max_lost.seconds
+    return lost.steps > max_lost
+
+
+def checkpoint_interval(max_lost: int | LostDuration, steps_per_s: float | None) -> int | None:
+    """The checkpoint interval (steps) that keeps a loss within ``max_lost``: ``max_lost`` steps, or
+    the steps trained in ``max_lost`` seconds at ``steps_per_s`` (None when the rate is unknown)."""
+    if isinstance(max_lost, LostDuration):
+        if not steps_per_s:
+            return None
+        return max(1, math.floor(max_lost.seconds * steps_per_s))
+    return max(1, max_lost)
+
+
+def progressed(run: RunRecord, min_progress: int) -> bool | None:
+    """Whether an attempt advanced ``min_progress`` steps past where it resumed (None: unknown — its
+    reach is not recorded yet, or it logged no step and did not say where it started).  One that
+    resumed at a known step and logged none past it did not advance."""
+    reach = run.reach
+    if reach is None:
+        return None
+    if reach.step is None:  # no step logged: a run that said where it resumed never advanced past it
+        return False if run.resumed_at else None
+    return reach.step - (run.resumed_at or 0) >= min_progress
+
+
+def no_progress_streak(attempts: Sequence[RunRecord], min_progress: int) -> list[RunRecord]:
+    """The newest attempts, newest first, that in a row made no progress (an unknown ends the row)."""
+    out: list[RunRecord] = []
+    for run in attempts:
+        if progressed(run, min_progress) is not False:
+            break
+        out.append(run)
+    return out
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """Where a run stands against ``[jobs.NAME] total_steps``, and when it will get there.
+
+    :ivar step: the highest step of the progress role (a role other than ``target`` when there is
+        one: the reference pipeline's drafters, whose step ``--max-steps`` counts).
+    :ivar total: ``total_steps``.
+    :ivar role: that role.
+    :ivar steps_per_s: its rate over the lines read (the current rate), None when unknown.
+    """
+
+    step: int
+    total: int
+    role: str | None
+    steps_per_s: float | None
+
+    @property
+    def fraction(self) -> float:
+        """Done, in [0, 1]."""
+        return min(1.0, max(0.0, self.step / self.total))
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to ``total`` at the current rate (0 once there), None when the rate is unknown."""
+        if self.step >= self.total:
+            return 0.0
+        return (self.total - self.step) / self.steps_per_s if self.steps_per_s else None
+
+
+def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingProgress | None:
+    """Step, share done and rate of the progress role (:class:`TrainingProgress`) from a window's
+    metric lines; None when they hold no step."""
+    _, high = _by_role(lines)
+    if not high:
+        return None
+    pipeline = {r: s for r, s in high.items() if r != TARGET} or high
+    role = max(pipeline, key=lambda r: (pipeline[r], r))
+    reach = reach_of(lines, window_s=math.inf, role=role)
+    assert reach.step is not None
+    return TrainingProgress(reach.step, total_steps, role, reach.steps_per_s)
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The attempt a newly verified run followed, and what the restart lost of it.
+
+    :ivar run: the previous attempt, with its :class:`~pipeline.state.runs.Reach` recorded.
+    :ivar lost: what was lost, when the new run resumed from a checkpoint (else None).
+    """
+
+    run: RunRecord
+    lost: Lost | None
+
+
+async def account_previous(
+    ssh: RemoteHosts,
+    runs: RunStore,
+    name: str,
+    job: JobConfig,
+    run: RunRecord,
+    *,
+    resumed_at: int | None,
+    checkpoint: ResumePoint | None,
+    sampled_at: float,
+    timezone: str,
+    ended: str | None = None,
+) -> Previous | None:
+    """Read how far the attempt before ``run`` got (the log between the two launches), record its
+    :class:`~pipeline.state.runs.Reach`, and say what resuming at ``resumed_at`` lost of it.
+
+    The compared role is the one whose first step in the new run is the largest (it resumed).
+    Jobs whose metric lines are in a ``metrics_log`` of their own are not read (the launch offsets
+    are the job log's).
+
+    :param run: the new, launched run.
+    :param resumed_at: the step it resumed at (0 or None: from scratch, nothing is said lost).
+    :param checkpoint: the newest checkpoint seen by its verification; ``sampled_at`` when.
+    :param timezone: how times are shown.
+    :param ended: how the previous attempt ended, if known (kept when its reach already says).
+    :returns: None when there is no previous attempt or its log range is unknown.
+    :raises RemoteError: if the host cannot be read.
+    """
+    if job.metrics_log is not None or run.log_size_at_launch is None:
+        return None
+    before = await runs.attempts(name, 1, before=run)
+    if not before or before[0].log_size_at_launch is None:
+        return None
+    prev = before[0]
+    end = run.log_size_at_launch
+    lines = await read_attempt(ssh, name, job, prev.log_size_at_launch or 0, end)
+    fresh = await read_attempt(ssh, name, job, end)
+    first, high = _by_role(fresh)
+    role = compared_role(first, high) if resumed_at else None
+    known = prev.reach.ended if prev.reach is not None else None
+    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=known or ended)
+    saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
+    lost = None
+    if resumed_at:
+        lost = lost_work(reach, resumed_at, checkpoint=checkpoint, sampled_at=sampled_at, timezone=timezone)
+    return Previous(saved, lost)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Throughput since a restart against before it.
+
+    :ivar now: the median throughput since the restart (tokens/s).
+    :ivar before: the previous attempt's, before it stopped (tokens/s).
+    :ivar slow: ``now`` is under ``slow_after_restart`` × ``before``.
+    """
+
+    now: float
+    before: float
+    slow: bool
+
+    @property
+    def ratio(self) -> float:
+        """``now / before``."""
+        return self.now / self.before
+
+
+def recovery(now: float | None, before: float | None, slow_after: float) -> Recovery | None:
+    """Compare the throughput since a restart with the one before (None when either is unknown)."""
+    if now is None or before is None or before <= 0:
+        return None
+    return Recovery(now, before, now < slow_after * before)
+
+
+__all__ = [
+    "MAX_READ",
+    "Previous",
+    "Recovery",
+    "TrainingProgress",
+    "account_previous",
+    "checkpoint_interval",
+    "compared_role",
+    "crash_words",
+    "lost_work",
+    "median_throughput",
+    "no_progress_streak",
+    "over_max_lost",
+    "progress_toward",
+    "progressed",
+    "reach_of",
+    "read_attempt",
+    "recovery",
+]
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s: float | None) -> str:
+    """The thread's warning for a restart that lost more than ``[jobs.NAME] max_lost``, with the
+    checkpoint interval that would have kept it under."""
+    steps = f"{lost.steps:,} {lost.role + ' ' if lost.role else ''}step{'' if lost.steps == 1 else 's'}"
+    took = f" (about {fmt.duration(lost.seconds)} of training)" if lost.seconds is not None else ""
+    limit = (
+        f"{fmt.duration(max_lost.seconds)} of training"
+        if isinstance(max_lost, LostDuration)
+        else f"{max_lost:,} step{'' if max_lost == 1 else 's'}"
+    )
+    every = checkpoint_interval(max_lost, steps_per_s)
+    if every is None:
+        hint = "checkpoint more often (the previous run's rate is unknown, so no interval can be named)"
+    else:
+        at = (
+            f", about {fmt.duration(every / steps_per_s)} at {steps_per_s:.2f} steps/s" if steps_per_s else ""
+        )
+        hint = f"checkpointing every {every:,} step{'' if every == 1 else 's'}{at} would have kept it under"
+    return f"⚠ {job} lost {steps}{took} at this restart, more than max_lost ({limit}): {hint}"
+
+
+_CLASS_WORDS = {
+    CrashClass.NCCL_TIMEOUT: "NCCL timeout",
+    CrashClass.NCCL_ERROR: "NCCL error",
+    CrashClass.CUDA_OOM: "CUDA out of memory",
+    CrashClass.HOST_OOM: "killed by SIGKILL (host OOM killer or kill -9)",
+    CrashClass.XID: "GPU Xid error",
+    CrashClass.SIGNAL: "killed by a signal",
+    CrashClass.UNKNOWN: "an unknown cause",
+}
+
+
+def crash_words(crash: Crash) -> str:
+    """A crash as people say it: ``CUDA out of memory on rank 6``, ``ValueError: loss is nan on rank 5``."""
+    if crash.kind is CrashClass.PYTHON_EXCEPTION:
+        what = f"{crash.exc_type or 'an exception'}" + (f": {crash.message}" if crash.message else "")
+    else:
+        what = _CLASS_WORDS[crash.kind]
+    return what + (f" on rank {crash.rank}" if crash.rank is not None else "")

@@ -1,0 +1,152 @@
+"""ETA and attempts: digests say step, percent done and the ETA at the current rate; ``history JOB
+--attempts`` and the digest's footer show one row per attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bot.assembly import build_context, close_context
+from devhost.sshhost import start_local_ssh_host
+from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
+from handlers.commands import parse
+from handlers.outbox import MemoryOutbox
+from handlers.reports import digest_command, digest_progress
+from handlers.verbs import VERBS
+from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings
+from pipeline.digest.metrics import MetricLine
+from pipeline.observe.attempts import TrainingProgress, progress_toward
+from pipeline.state.runs import Reach, RunRecord
+from pipeline.verdict import Verdict
+from tests.fixtures.ssh import BIN
+from tests.support_handlers import handler_config
+
+#: a steady run: drafter rank 5 logs one step every PERIOD s, from the step in its first argument
+STEADY = """\
+import json, sys, time
+step, period = int(sys.argv[2]), float(sys.argv[3])
+began = time.time()
+while True:
+    step += 1
+    print(json.dumps({"ts": time.time(), "step": step, "role": "drafter", "rank": 5, "tokens_per_s": 64 / period}), flush=True)
+    print(json.dumps({"ts": time.time(), "step": step // 2, "role": "target", "rank": 0, "tokens_per_s": 1.0}), flush=True)
+    time.sleep(max(0.0, began + (step - int(sys.argv[2])) * period - time.time()))
+"""
+
+
+def test_progress_is_the_pipeline_roles_step_and_rate() -> None:
+    """Drafters' step (targets count apart), share done, ETA = steps left / current steps/s."""
+    lines = [MetricLine(ts=100.0 + s, role="drafter", rank=5, step=10 * s) for s in range(1, 11)]
+    lines += [MetricLine(ts=100.0 + s, role="target", rank=0, step=999) for s in range(1, 3)]
+    p = progress_toward(lines, 1000)
+    assert p == TrainingProgress(100, 1000, "drafter", 10.0)
+    assert p.fraction == pytest.approx(0.1) and p.eta_s == pytest.approx(90.0)
+    assert digest_progress(p) == "drafter step 100 of 1,000 (10.0 %), ETA 1 min at 10.00 steps/s"
+    assert digest_progress(TrainingProgress(1000, 1000, None, None)) == "step 1,000 of 1,000 (100.0 %), done"
+    assert progress_toward([MetricLine(ts=1.0, role="drafter", rank=5)], 10) is None
+
+
+def test_history_attempts_parses_and_shows_one_row_per_attempt() -> None:
+    """``history JOB --attempts``: started, resumed at, reached, steps/s, how it ended, steps lost."""
+    cmd = parse("history dflash --attempts", handler_config())
+    assert cmd.attempts and cmd.text() == "history dflash 10 --attempts" and "history" in VERBS
+    assert not parse("history dflash", handler_config()).attempts
+    first = RunRecord(
+        id="r-1", job="dflash", requested_by="u", created_at=1.0, launched_at=1_796_000_000.0, resumed_at=0,
+        reach=Reach(steps={"drafter": 1004}, role="drafter", step=1004, steps_per_s=2.5, ended="host_oom"),
+    )  # fmt: skip
+    second = RunRecord(
+        id="r-2", job="dflash", requested_by="u", created_at=2.0, launched_at=1_796_000_600.0,
+        resumed_at=471, previous_run="r-1", lost=533,
+    )  # fmt: skip
+    rows = attempt_rows([second, first], "UTC", live="r-2")
+    assert ATTEMPT_HEADERS == ("run", "started", "resumed at", "reached", "steps/s", "ended", "steps lost")
+    assert rows[0][0] == "r-2" and rows[0][2:] == ("471", "n/a", "n/a", "running", "n/a")
+    assert rows[1][0] == "r-1" and rows[1][2:] == ("0", "1,004", "2.50", "host_oom", "533")
+
+
+@pytest.mark.timeout(300)
+async def test_eta_of_a_steady_run_is_within_ten_percent(tmp_path: Path, redis_config: Config) -> None:
+    """With total_steps, a digest of a steady run (real process, real SSH) says the step, percent done
+    and an ETA within 10 % of when the run really got there (by its log's clock, from the step the digest
+    saw); its footer lists the attempt."""
+    host = await start_local_ssh_host(tmp_path / "sshhost", path_prepend=[BIN])
+    work = tmp_path / "steady"
+    work.mkdir()
+    (work / "steady.py").write_text(STEADY)
+    token, period, total = uuid.uuid4().hex, 0.05, 400
+    log = work / "train.log"
+    job = JobConfig(
+        host="local", workdir=str(work), launch=[sys.executable, str(work / "steady.py"), token, "0", str(period)],
+        log=str(log), match=f"steady.py {token}", start_window=1.0, stop_timeout=2, total_steps=total,
+    )  # fmt: skip
+    config = redis_config.model_copy(
+        update={
+            "hosts": {"local": host.host_config(connect_timeout=5)},
+            "jobs": {"steady": job},
+            "slack": SlackSettings(announce_channel="CANNOUNCE"),
+            "auth": AuthSettings(operators=["U0TEST"], viewers=["*"]),
+        }
+    )
+    ctx = await build_context(config, MemoryOutbox(), instance="A")
+    run = None
+    try:
+        run = await ctx.restarter.start(await ctx.runs.create("steady", "U0TEST", action="start"))
+        run = await ctx.restarter.verify(run)
+        assert run.verdict is Verdict.RUNNING, run.evidence
+        await _until_step(log, 100)
+        reply = await digest_command(ctx, "steady")
+        field = dict(reply.fields)["progress"]
+        assert field.startswith("drafter step ") and f" of {total} (" in field, field
+        seen, eta = _eta(field)
+        await _until_step(log, total, timeout=120)
+        took = _ts_of(log, total) - _ts_of(log, seen)  # the log's own clock: when each step was logged
+        assert abs(took - eta) <= 0.10 * took, (field, took)
+        footer = reply.tables[-1]
+        assert (
+            footer.headers == ATTEMPT_HEADERS
+            and footer.rows[0][0] == run.id
+            and footer.rows[0][5] == "running"
+        )
+    finally:
+        if run is not None and run.sid is not None:
+            import os
+            import signal
+
+            os.killpg(run.sid, signal.SIGKILL)
+        await close_context(ctx)
+        await host.close()
+
+
+def _eta(field: str) -> tuple[int, float]:
+    """The step of a progress field (``drafter step 111 of 400 (…), ETA 14 s at 20.00 steps/s``) and its
+    ETA in seconds from that step, from its rate (the duration shown is rounded to whole seconds)."""
+    step = int(field.split(" of ")[0].rsplit(" ", 1)[1].replace(",", ""))
+    total = int(field.split(" of ")[1].split(" ")[0].replace(",", ""))
+    rate = float(field.rsplit(" at ", 1)[1].split(" ")[0])
+    return step, (total - step) / rate
+
+
+def _ts_of(log: Path, step: int) -> float:
+    """When the drafter logged ``step`` (its line's ``ts``)."""
+    for raw in log.read_bytes().splitlines():
+        if raw.startswith(b"{") and b'"drafter"' in raw and (rec := json.loads(raw))["step"] == step:
+            return float(rec["ts"])
+    raise AssertionError(f"no drafter line for step {step}")
+
+
+async def _until_step(log: Path, step: int, timeout: float = 60.0) -> None:
+    """Wait (bounded) until the log holds drafter step ``step``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for raw in log.read_bytes().splitlines()[-20:] if log.exists() else []:
+            if raw.startswith(b"{") and b'"drafter"' in raw and json.loads(raw)["step"] >= step:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"step {step} not reached")
