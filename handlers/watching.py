@@ -62,6 +62,7 @@ from pipeline.observe.watch import (
     Observation,
     Situation,
     assess,
+    probe_slow,
 )
 from pipeline.state.events import EventKind
 from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore, WatchState
@@ -73,6 +74,7 @@ log = logging.getLogger(__name__)
 AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
 DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
 AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
+MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
 
 
 class Restarts(Protocol):
@@ -118,6 +120,7 @@ class Watcher:
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
         self._short: dict[str, str | None] = {}  #: job → where its engine last saw the count fall short
+        self._probing = asyncio.Semaphore(MAX_HOSTS_AT_ONCE)
 
     # --- one cycle ---------------------------------------------------------------------------
 
@@ -137,7 +140,25 @@ class Watcher:
         views = [v for v in await self.load(names, now) if not v.paused]
         if not views:
             return {}
-        seen = await self.ctx.restarter.sightings([(v.name, v.cfg, v.current or None) for v in views])
+        tracked = [
+            progress.Tracked(
+                v.name,
+                v.cfg,
+                v.latest.pid if v.latest is not None else None,
+                v.latest.log_size_at_launch if v.latest is not None else None,
+            )
+            for v in views
+        ]
+        planned = await progress.plan_many(self.store, tracked)
+        reads = {name: read for name, (_, read) in planned.items()}
+        async with self._probing:  # at most MAX_HOSTS_AT_ONCE hosts at a time; a slow one holds one slot
+            began = time.monotonic()
+            seen = await self.ctx.restarter.sightings(
+                [(v.name, v.cfg, v.current or None) for v in views], reads
+            )
+            probe_s = round(time.monotonic() - began, 3)
+        if any(probe_slow(probe_s, v.cfg) for v in views):
+            log.warning(probe_slow_line(host, probe_s))
         unreachable: str | None = None
         if any(s.probe.error for s in seen.values()):
             unreachable = await self._confirm_unreachable(host)
@@ -145,12 +166,13 @@ class Watcher:
                 again = [v for v in views if (s := seen.get(v.name)) is None or s.probe.error]
                 seen = {
                     **seen,
-                    **await self.ctx.restarter.sightings([(v.name, v.cfg, v.current or None) for v in again]),
+                    **await self.ctx.restarter.sightings(
+                        [(v.name, v.cfg, v.current or None) for v in again], reads
+                    ),
                 }
         decisions: dict[str, Decision] = {}
-        steps = await asyncio.gather(
-            *(self._progress(v, s.probe if (s := seen.get(v.name)) else None, now) for v in views)
-        )
+        probes = {name: s.probe for name, s in seen.items()}
+        steps = await progress.judge_many(self.ctx.ssh, self.store, tracked, probes, planned, now)
         for view, judged in zip(views, steps, strict=True):
             sight = seen.get(view.name)
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
@@ -158,7 +180,9 @@ class Watcher:
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
-            obs = dataclasses.replace(self._observation(probe, now, unreachable), progress=judged)
+            obs = dataclasses.replace(
+                self._observation(probe, now, unreachable), progress=judged, probe_s=probe_s
+            )
             cfg = view.cfg
             if sight is not None and (sight.exit_cause or sight.detail):
                 obs = dataclasses.replace(obs, exit_cause=sight.exit_cause, detail=sight.detail)
@@ -201,27 +225,6 @@ class Watcher:
             )
             for s in snaps
         ]
-
-    async def _progress(self, view: JobView, probe: JobProbe | None, now: float) -> progress.Judgement | None:
-        """The ranks' step progress after reading the metric log's new lines (None when nothing runs
-        or the log cannot be read: the log-bytes rule applies then)."""
-        if probe is None or probe.error or probe.count == 0:
-            return None
-        latest = view.latest
-        try:
-            state = await progress.refresh(
-                self.ctx.ssh,
-                self.store,
-                view.name,
-                view.cfg,
-                run_pid=latest.pid if latest is not None else None,
-                launch_offset=latest.log_size_at_launch if latest is not None else None,
-                now=now,
-            )
-        except PitstopError as exc:
-            log.info("watch %s: no step progress: %s", view.name, exc.message)
-            return None
-        return progress.judge(state, now, progress.rank_stall_threshold(view.cfg, state.gaps))
 
     async def _confirm_unreachable(self, host: str) -> str | None:
         """None if a fresh connection to ``host`` works, else why it does not."""
@@ -532,6 +535,12 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
 
 
 # --- text ---------------------------------------------------------------------------------------
+
+
+def probe_slow_line(host: str, seconds: float) -> str:
+    """Log line: a host's probe took longer than its jobs' watch interval."""
+    took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"
+    return f"probe slow: {host} took {took}"
 
 
 def incident_already_acked(job: str, user: str) -> str:

@@ -31,7 +31,7 @@ from typing import Any
 
 from pipeline import verdict
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, NodeOutputs, Observation, Sighting, register
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import StepLog, failed_checks, step_preflight_ok, step_stop_nothing
 from pipeline.engines.workdir import CALL_TIMEOUT
 from pipeline.errors import LaunchFailed, PitstopError, PreflightFailed, RemoteError, StopFailed
@@ -348,9 +348,10 @@ class SlurmEngine:
         raw = await call_helper(self.ssh, "evidence", args, job=name)
         return {**raw, "path": path}
 
-    async def observe_many(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+    async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """One query (``squeue``/``scontrol``/``sacct``, output sizes) for every job on this login
-        node's cluster, then the tasks on every node of each RUNNING job."""
+        node's cluster, then the tasks on every node of each RUNNING job (``reads`` are left to
+        the watcher: read from the login node on their own)."""
         ids = {name: _int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
         try:

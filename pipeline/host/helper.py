@@ -21,7 +21,8 @@ Operations (``OP``; ``JSON`` holds the arguments, larger inputs such as diffs co
 - ``launch``: start the job detached in a new session, stdin ``/dev/null``, output appended to
   the log; returns pid, start time and log size at once.  A waiter process outside the job's
   session records the job's exit status in a file next to the log.
-- ``probe``, ``evidence``, ``read``, ``tail``: process counts, liveness, log size, log bytes.
+- ``probe``, ``evidence``, ``read``, ``tail``: process counts, liveness, log size, log bytes
+  (``probe`` covers every job of a host in one call, each job's metric-log bytes included).
 - ``hang``: what a person would look at for a hung job: each process's state and ``wchan`` from
   ``/proc``, and its Python stacks from ``py-spy dump`` when py-spy is installed.
 
@@ -851,15 +852,24 @@ def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
-    """:func:`probe_one` for several jobs of one host in one call."""
+    """:func:`probe_one` for several jobs of one host in one call, with each job's ``read`` (its
+    metric log's new bytes, zlib-compressed; with ``if_running`` only when it has processes)."""
     procs = scan()
     out: dict[str, JobState] = {}
     for j in a["jobs"]:
         name = str(j.get("name"))
         try:
-            out[name] = probe_one(procs, j, j.get("log"))
+            state = out[name] = probe_one(procs, j, j.get("log"))
         except Exception as exc:  # one bad job (regex, permissions) must not hide the others
             out[name] = {"name": j.get("name"), "error": f"{type(exc).__name__}: {exc}"}
+            continue
+        want = j.get("read")
+        if want and (state["count"] > 0 or not want["if_running"]):
+            try:
+                got = read_file(want["path"], want["offset"], want["max_bytes"], want["inode"], True)
+            except Exception as exc:
+                got = {"error": f"{type(exc).__name__}: {exc}"}
+            state["read"] = got
     return {"jobs": out, "time": time.time()}
 
 
@@ -891,22 +901,26 @@ def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
 def op_read(a: ReadArgs) -> ReadAnswer | ErrorAnswer:
     """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set); a negative offset
     counts from the end; starts over from 0 after truncation or a new inode."""
-    path, offset, max_bytes = a["path"], a["offset"], a["max_bytes"]
+    return read_file(a["path"], a["offset"], a["max_bytes"], a.get("inode"), bool(a.get("zlib")))
+
+
+def read_file(
+    path: str, offset: int, max_bytes: int, inode: int | None, packed: bool
+) -> ReadAnswer | ErrorAnswer:
+    """:func:`op_read`'s answer for one file (also a probe's ``read``)."""
     info = file_info(path)
     size = info["size"]
     if size is None:
         return {"error": str(info["error"])}
     if offset < 0:
         offset = max(0, size + offset)
-    inode = a.get("inode")
     reset = offset > size or (inode is not None and inode != info["inode"])
     if reset:
         offset = 0
     data = read_range(path, offset, min(max_bytes, size - offset))
-    packed = zlib.compress(data, 1) if a.get("zlib") else data
     return {
-        "data": base64.b64encode(packed).decode(),
-        "zlib": bool(a.get("zlib")),
+        "data": base64.b64encode(zlib.compress(data, 1) if packed else data).decode(),
+        "zlib": packed,
         "offset": offset + len(data),
         "size": size,
         "inode": info["inode"],

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Literal, TypedDict, Unpack, overload
+from typing import Any, Literal, TypedDict, Unpack, cast, overload
 
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteCommandError
@@ -42,6 +42,7 @@ from pipeline.host.contract import (
     JobState,
     LaunchAnswer,
     LaunchArgs,
+    LogRead,
     PatchAnswer,
     PatchArgs,
     PatchesAnswer,
@@ -277,6 +278,9 @@ class JobProbe:
     :ivar log_inode: the log's inode (a change means it was replaced).
     :ivar sampled_at: when the helper looked (unix s, host clock).
     :ivar error: why this job could not be probed (host unreachable, bad regex…), else None.
+    :ivar read: the bytes of the ``read`` asked for with the probe (:class:`LogChunk`); None when
+        none was asked, or it was asked ``if_running`` and the job had no process.
+    :ivar read_error: why that read failed (the file is missing…), else None.
     """
 
     job: str
@@ -290,6 +294,8 @@ class JobProbe:
     log_inode: int | None = None
     sampled_at: float | None = None
     error: str | None = None
+    read: LogChunk | None = None
+    read_error: str | None = None
 
 
 def _int(value: str | None) -> int | None:
@@ -311,13 +317,16 @@ def recorded_identity(current: Mapping[str, str] | None) -> Identity:
     }
 
 
-def probe_args(name: str, job: JobConfig, current: Mapping[str, str] | None) -> ProbeJob:
-    """The helper's per-job probe arguments."""
+def probe_args(
+    name: str, job: JobConfig, current: Mapping[str, str] | None, read: LogRead | None = None
+) -> ProbeJob:
+    """The helper's per-job probe arguments (``read``: a file's bytes to read in the same call)."""
     return {
         "name": name,
         "match": job.match,
         "workdir": job.workdir,
         "log": job.log,
+        "read": read,
         **recorded_identity(current),
     }
 
@@ -326,6 +335,13 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
     if raw.get("error"):
         return JobProbe(job=name, error=str(raw.get("error")), sampled_at=sampled_at)
     log = raw.get("log")
+    got: Mapping[str, Any] | None = raw.get("read")
+    chunk, read_error = None, None
+    if got is not None:
+        if "error" in got:
+            read_error = str(got["error"])
+        else:
+            chunk = _chunk(cast(ReadAnswer, got))
     return JobProbe(
         job=name,
         pids=tuple(raw.get("pids") or ()),
@@ -338,19 +354,31 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
         log_inode=log["inode"] if log else None,
         sampled_at=sampled_at,
         error=None,
+        read=chunk,
+        read_error=read_error,
     )
 
 
 async def probe_host(
-    ssh: RemoteHosts, host: str, jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]]
+    ssh: RemoteHosts,
+    host: str,
+    jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]],
+    reads: Mapping[str, LogRead] | None = None,
 ) -> dict[str, JobProbe]:
     """Probe several jobs of one host: one SSH call per distinct ``exec`` prefix, run concurrently.
 
+    Everything a watch cycle needs of a job comes back in that call: its processes, its log's
+    size, and, for a job named in ``reads``, those bytes (its metric log's new lines, in
+    :attr:`JobProbe.read`) — so a cycle makes one helper call per host however many jobs it has.
+
     :param host: the configured host name the jobs run on.
     :param jobs: ``(job name, job config, keys.job_current hash or None)`` for each job.
+    :param reads: job name → a file range to read in the same call (at most
+        :data:`pipeline.observe.progress.MAX_READ` bytes each is what the watcher asks).
     :returns: job name → :class:`JobProbe`; a job whose call failed carries ``error`` (the
         failure's message) instead of raising.
     """
+    reads = reads or {}
     groups: dict[tuple[str, ...], list[tuple[str, JobConfig, Mapping[str, str] | None]]] = {}
     for entry in jobs:
         groups.setdefault(tuple(entry[1].exec), []).append(entry)
@@ -358,7 +386,7 @@ async def probe_host(
     async def one(
         prefix: tuple[str, ...], members: list[tuple[str, JobConfig, Mapping[str, str] | None]]
     ) -> dict[str, JobProbe]:
-        args: ProbeArgs = {"jobs": [probe_args(n, j, c) for n, j, c in members]}
+        args: ProbeArgs = {"jobs": [probe_args(n, j, c, reads.get(n)) for n, j, c in members]}
         try:
             answer = await call_helper(ssh, "probe", args, host=host, exec_prefix=prefix)
         except Exception as exc:  # the watcher turns errors into "host unreachable", never raises
@@ -422,7 +450,11 @@ async def read_log_chunk(
         "inode": inode,
         "zlib": True,
     }
-    answer = await call_helper(ssh, "read", args, host=job.host, exec_prefix=job.exec)
+    return _chunk(await call_helper(ssh, "read", args, host=job.host, exec_prefix=job.exec))
+
+
+def _chunk(answer: ReadAnswer) -> LogChunk:
+    """A helper ``read`` answer (or a probe's) as a :class:`LogChunk`."""
     raw = base64.b64decode(answer["data"])
     return LogChunk(
         data=zlib.decompress(raw) if answer.get("zlib") else raw,
