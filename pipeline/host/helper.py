@@ -76,6 +76,7 @@ from pipeline.host.contract import (
     PreflightCheck,
     ProbeAnswer,
     ProbeArgs,
+    ProbeJob,
     ProcInfo,
     ProcStat,
     ReadAnswer,
@@ -201,28 +202,57 @@ def ancestry() -> set[int]:
     return out
 
 
-def scan() -> Procs:
+def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
     """Live processes of the helper's user, minus its ancestry and other helpers.
+
+    A probe that needs only some processes says which, and the rest cost one ``stat`` each
+    instead of two reads: ``sessions``, only members of these sessions (their command lines are
+    read after ``/proc/PID/stat``); ``keep``, only processes whose command line it accepts (their
+    ``/proc/PID/stat`` is read after).
 
     :returns: dict pid → :class:`~pipeline.host.contract.ProcInfo`.
     """
     me = os.getuid()
     skip = ancestry()
     out: Procs = {}
+    waiter = WAITER_TITLE.encode() + b" "
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         pid = int(entry)
         if pid in skip or proc_uid(pid) != me:
             continue
+        cmd = b""
+        if keep is not None:
+            cmd = proc_cmdline(pid)
+            if not keep(cmd):
+                continue
         st = proc_stat(pid)
-        if st is None or st.state in ("Z", "X"):
+        if st is None or st.state in ("Z", "X") or (sessions is not None and st.session not in sessions):
             continue
-        cmd = proc_cmdline(pid)
-        if MARK in cmd or cmd.startswith(WAITER_TITLE.encode() + b" "):
+        if keep is None:
+            cmd = proc_cmdline(pid)
+        if MARK in cmd or cmd.startswith(waiter):
             continue
         out[pid] = ProcInfo(st.ppid, st.pgrp, st.session, st.start_time, cmd)
     return out
+
+
+def probe_scan(jobs: list[ProbeJob]) -> Procs:
+    """:func:`scan` narrowed to what ``jobs`` can count: their recorded sessions when every job has
+    one, the command lines one of their ``match`` patterns finds when none has; else everything."""
+    sids = {j.get("sid") for j in jobs}
+    if jobs and None not in sids:
+        return scan(sessions={int(s) for s in sids if s is not None})
+    if jobs and sids == {None}:
+        rxs = []
+        for j in jobs:
+            try:
+                rxs.append(re.compile(j["match"]))
+            except re.error:
+                pass  # reported by probe_one for that job alone
+        return scan(keep=lambda cmd: any(rx.search(cmd.decode("utf-8", "replace")) for rx in rxs))
+    return scan()
 
 
 def matches(rx: re.Pattern[str], cmd: bytes) -> bool:
@@ -854,7 +884,7 @@ def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
     """:func:`probe_one` for several jobs of one host in one call, with each job's ``read`` (its
     metric log's new bytes, zlib-compressed; with ``if_running`` only when it has processes)."""
-    procs = scan()
+    procs = probe_scan(a["jobs"])
     out: dict[str, JobState] = {}
     for j in a["jobs"]:
         name = str(j.get("name"))

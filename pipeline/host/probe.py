@@ -69,10 +69,15 @@ TAIL_MAX_BYTES = 65536  #: a tail reads at most this many bytes from the end of 
 
 
 @cache
-def helper_source() -> str:
+def helper_source(op: str | None = None) -> str:
     """The helper program as sent to hosts: :mod:`pipeline.host.helper` with its contract
     (:mod:`pipeline.host.contract`) in place of the import of it, without docstrings and comments
-    (a third of the size), behind the marker line ``# pitstop-host-helper vHELPER_VERSION``."""
+    (a third of the size), behind the marker line ``# pitstop-host-helper vHELPER_VERSION``.
+
+    Given ``op``, only what that operation runs is kept (:func:`_only_op`): a host compiles the
+    source on every call, and for ``probe`` — every host, every watch cycle — that is a fifth of
+    the whole (about 40 ms less CPU per call on the host, and fewer bytes over SSH).
+    """
     helper = _module_tree("helper.py")
     contract = [
         node
@@ -85,8 +90,73 @@ def helper_source() -> str:
             body.extend(contract)
         else:
             body.append(node)
-    helper.body = body
+    helper.body = body if op is None else _only_op(body, op)
     return f"{MARKER} v{HELPER_VERSION}\n" + ast.unparse(helper) + "\n"
+
+
+def _only_op(body: list[ast.stmt], op: str) -> list[ast.stmt]:
+    """The helper's top-level statements that operation ``op`` needs, in their order.
+
+    Imports and ``if`` blocks stay; ``OPS`` keeps the one entry; a definition (function, class,
+    assignment) stays when a kept statement names it — annotations aside, which the helper never
+    evaluates (``from __future__ import annotations``).
+    """
+    defs: dict[str, list[ast.stmt]] = {}
+    for node in body:
+        for name in _defined(node):
+            defs.setdefault(name, []).append(node)
+    kept: list[ast.stmt] = []
+    for node in body:
+        if _defined(node) == ["OPS"] and isinstance(node, ast.AnnAssign | ast.Assign):
+            value = node.value
+            assert isinstance(value, ast.Dict), "OPS is a dict literal"
+            pairs = [(k, v) for k, v in zip(value.keys, value.values, strict=True) if _is_str(k, op)]
+            node.value = ast.Dict(keys=[k for k, _ in pairs], values=[v for _, v in pairs])
+            kept.append(node)
+        elif isinstance(node, ast.Import | ast.ImportFrom | ast.If):
+            kept.append(node)
+    wanted: set[int] = {id(n) for n in kept}
+    todo = list(kept)
+    while todo:
+        for name in _names_used(todo.pop()):
+            for node in defs.get(name, ()):
+                if id(node) not in wanted:
+                    wanted.add(id(node))
+                    todo.append(node)
+    return [node for node in body if id(node) in wanted]
+
+
+def _defined(node: ast.stmt) -> list[str]:
+    """The top-level names a statement defines."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
+
+
+def _names_used(node: ast.AST) -> set[str]:
+    """Names a statement reads when it runs (annotations left out)."""
+    out: set[str] = set()
+    stack: list[ast.AST] = [node]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, ast.Name):
+            out.add(cur.id)
+        for field, value in ast.iter_fields(cur):
+            if field in ("annotation", "returns") or (isinstance(cur, ast.AnnAssign) and field == "target"):
+                continue
+            if isinstance(value, ast.AST):
+                stack.append(value)
+            elif isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, ast.AST))
+    return out
+
+
+def _is_str(node: ast.expr | None, text: str) -> bool:
+    return isinstance(node, ast.Constant) and node.value == text
 
 
 def _module_tree(filename: str) -> ast.Module:
@@ -107,7 +177,7 @@ def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:
     ``-E -S``: no ``PYTHON*`` variables, no site-packages — the helper needs only the
     standard library, and starts twice as fast without them.
     """
-    return [HELPER_PYTHON, "-E", "-S", "-c", helper_source(), op, json.dumps(args, separators=(",", ":"))]
+    return [HELPER_PYTHON, "-E", "-S", "-c", helper_source(op), op, json.dumps(args, separators=(",", ":"))]
 
 
 def _shown(op: str) -> list[str]:
