@@ -24,6 +24,7 @@ from handlers.views import status_command
 from pipeline.config import Config, JobConfig, WatchSettings
 from pipeline.host.contract import LogRead
 from pipeline.host.helper import op_probe
+from pipeline.host.probe import helper_source
 from pipeline.observe.progress import ProgressState
 from pipeline.state.incidents import IncidentStore
 from tests.fixtures.ssh import InProcessHost, start_in_process
@@ -67,12 +68,27 @@ def sleepers(config: Config) -> Iterator[None]:
         for spec in config.jobs.values()
     ]
     try:
+        for proc in procs:
+            exec_done(proc)
         yield
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def exec_done(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Wait (bounded) until the child's /proc command line is its program's: Popen may return
+    a moment before /proc shows the exec."""
+    want = " ".join(str(a) for a in proc.args).encode()  # type: ignore[union-attr]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            if f.read().replace(b"\0", b" ").strip() == want:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {proc.pid} did not exec {want!r} within {timeout} s")
 
 
 @pytest.fixture
@@ -197,6 +213,7 @@ def test_the_probe_reads_a_jobs_bytes_only_while_it_runs(tmp_path: Path) -> None
     log.write_bytes(b"0123456789")
     proc = subprocess.Popen(["sleep", "91999"], cwd=tmp_path, start_new_session=True)
     try:
+        exec_done(proc)
         read: LogRead = {"path": str(log), "offset": 4, "max_bytes": 3, "inode": None, "if_running": True}
         base = {"workdir": str(tmp_path), "pid": None, "start_time": None, "sid": None, "log": str(log)}
         answer = op_probe(
@@ -221,3 +238,13 @@ def test_the_probe_reads_a_jobs_bytes_only_while_it_runs(tmp_path: Path) -> None
     assert (up["read"]["offset"], up["read"]["size"], up["read"]["zlib"]) == (7, 10, True)
     assert down["count"] == 0 and "read" not in down
     assert lost["count"] == 1 and "No such file" in str(lost["read"]["error"])
+
+
+def test_each_operation_ships_only_what_it_runs() -> None:
+    """The probe's source (sent and compiled on every call) is a fraction of the whole helper,
+    with its marker line, and holds none of the other operations."""
+    whole, probe = helper_source(), helper_source("probe")
+    assert probe.splitlines()[0] == whole.splitlines()[0]  # the marker the helper excludes itself by
+    assert len(probe) * 4 < len(whole)
+    assert "def op_probe" in probe and "def op_launch" not in probe and "pitstop-waiter" in probe
+    assert "'probe': op_probe" in probe and "'launch'" not in probe
