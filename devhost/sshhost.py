@@ -50,6 +50,7 @@ class LocalSSHHost:
     :ivar host_key: its private host key file.
     :ivar env: the environment every command starts with.
     :ivar accepted: how many SSH connections it has accepted so far.
+    :ivar commands: how many commands it has been asked to run so far (one per helper call).
     """
 
     address: str
@@ -60,6 +61,7 @@ class LocalSSHHost:
     host_key: Path
     env: dict[str, str]
     accepted: int = 0
+    commands: int = 0
     _acceptor: Any = field(repr=False, default=None)
     _conns: set[Any] = field(repr=False, default_factory=set)
     _children: set[asyncio.subprocess.Process] = field(repr=False, default_factory=set)
@@ -116,6 +118,7 @@ class LocalSSHHost:
 
     async def _run_command(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         command = process.command or ""
+        self.commands += 1
         try:
             child = await asyncio.create_subprocess_exec(
                 "/bin/bash",

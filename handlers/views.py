@@ -18,12 +18,14 @@ from handlers.commands import Command
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table, mention, who
 from handlers.runview import thread_key
+from handlers.watching import probe_slow_line
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.engines.base import Sighting
 from pipeline.engines.workdir import patch_digest
 from pipeline.errors import RemoteError
 from pipeline.host.probe import JobProbe
+from pipeline.observe.watch import probe_slow
 from pipeline.state.audit import APPROVALS, REFUSALS, Audit
 from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import Holder
@@ -73,10 +75,14 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     lines: list[str] = []
     tone = Status.OK
     now = time.time()
+    slow_hosts: set[str] = set()
     for name in names:
         spec = config.jobs[name]
         sight = seen.get(name) or Sighting(JobProbe(job=name, error="no answer"), spec.expected_processes)
         snap = snaps[name]
+        if probe_slow(snap.watch.probe_s, spec) and spec.host not in slow_hosts:
+            slow_hosts.add(spec.host)
+            lines.append(status_probe_slow(spec.host, snap.watch.probe_s or 0.0, spec.watch.interval))
         if sight.probe.error is not None:
             state, procs = "unknown", "?"
             lines.append(status_probe_failed(name, spec.host, sight.probe.error))
@@ -403,6 +409,11 @@ def unlocked(scope: str, user: str, holder: str | None) -> str:
 def unlock_not_held(scope: str) -> str:
     """``unlock JOB`` when nothing held the lock."""
     return f"{scope} was not locked - nothing to release"
+
+
+def status_probe_slow(host: str, seconds: float, interval: float) -> str:
+    """A host whose last watch probe took longer than its jobs' watch interval (s)."""
+    return f"{probe_slow_line(host, seconds)} at the last watch cycle (interval {interval:g} s)"
 
 
 def status_probe_failed(job: str, host: str, error: str) -> str:

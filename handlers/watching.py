@@ -2,7 +2,11 @@
 
 :class:`Watcher` runs one cycle for the jobs of one host: it reads every job's Redis view in
 one pipelined round trip (:class:`~pipeline.state.jobstate.JobStore`: watcher memory, open incident,
-pause, lock, newest run, automatic restarts), probes the host once (:func:`pipeline.host.probe.probe_host`), decides each job with
+pause, lock, newest run, automatic restarts; then their per-rank progress), probes the host once —
+one helper call returning every job's processes, log size and new metric-log bytes
+(:func:`pipeline.host.probe.probe_host`, :func:`pipeline.observe.progress.plan_many`), at most
+:data:`MAX_HOSTS_AT_ONCE` hosts at a time, a probe slower than the watch interval logged
+(``probe slow: gpu-07 took 14 s``) and kept for ``status`` — decides each job with
 the pure :func:`pipeline.observe.watch.assess`, and applies the transitions — each one a
 compare-and-set in Redis *before* its post, so of two processes deciding the same thing only
 one posts.  An unreachable host is confirmed over a fresh connection
@@ -66,6 +70,7 @@ from pipeline.observe.watch import (
     Observation,
     Situation,
     assess,
+    probe_slow,
 )
 from pipeline.state.events import EventKind
 from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore, WatchState
@@ -77,6 +82,7 @@ log = logging.getLogger(__name__)
 AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
 DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
 AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
+MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
 
 
 class Restarts(Protocol):
@@ -122,6 +128,7 @@ class Watcher:
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
         self._short: dict[str, str | None] = {}  #: job → where its engine last saw the count fall short
+        self._probing = asyncio.Semaphore(MAX_HOSTS_AT_ONCE)
 
     # --- one cycle ---------------------------------------------------------------------------
 
@@ -141,7 +148,25 @@ class Watcher:
         views = [v for v in await self.load(names, now) if not v.paused]
         if not views:
             return {}
-        seen = await self.ctx.restarter.sightings([(v.name, v.cfg, v.current or None) for v in views])
+        tracked = [
+            progress.Tracked(
+                v.name,
+                v.cfg,
+                v.latest.pid if v.latest is not None else None,
+                v.latest.log_size_at_launch if v.latest is not None else None,
+            )
+            for v in views
+        ]
+        planned = await progress.plan_many(self.store, tracked)
+        reads = {name: read for name, (_, read) in planned.items()}
+        async with self._probing:  # at most MAX_HOSTS_AT_ONCE hosts at a time; a slow one holds one slot
+            began = time.monotonic()
+            seen = await self.ctx.restarter.sightings(
+                [(v.name, v.cfg, v.current or None) for v in views], reads
+            )
+            probe_s = round(time.monotonic() - began, 3)
+        if any(probe_slow(probe_s, v.cfg) for v in views):
+            log.warning(probe_slow_line(host, probe_s))
         unreachable: str | None = None
         if any(s.probe.error for s in seen.values()):
             unreachable = await self._confirm_unreachable(host)
@@ -149,12 +174,13 @@ class Watcher:
                 again = [v for v in views if (s := seen.get(v.name)) is None or s.probe.error]
                 seen = {
                     **seen,
-                    **await self.ctx.restarter.sightings([(v.name, v.cfg, v.current or None) for v in again]),
+                    **await self.ctx.restarter.sightings(
+                        [(v.name, v.cfg, v.current or None) for v in again], reads
+                    ),
                 }
         decisions: dict[str, Decision] = {}
-        steps = await asyncio.gather(
-            *(self._progress(v, s.probe if (s := seen.get(v.name)) else None, now) for v in views)
-        )
+        probes = {name: s.probe for name, s in seen.items()}
+        steps = await progress.judge_many(self.ctx.ssh, self.store, tracked, probes, planned, now)
         # the GPUs of jobs with idle_gpu_below set: one set of nvidia-smi calls for the host
         gpus = await read_watched(
             self.ctx.ssh, host, [(v.name, v.cfg, s.probe) for v in views if (s := seen.get(v.name))]
@@ -167,7 +193,10 @@ class Watcher:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
             obs = dataclasses.replace(
-                self._observation(probe, now, unreachable), progress=judged, gpus=gpus.get(view.name)
+                self._observation(probe, now, unreachable),
+                progress=judged,
+                gpus=gpus.get(view.name),
+                probe_s=probe_s,
             )
             cfg = view.cfg
             if sight is not None and (sight.exit_cause or sight.detail):
@@ -211,27 +240,6 @@ class Watcher:
             )
             for s in snaps
         ]
-
-    async def _progress(self, view: JobView, probe: JobProbe | None, now: float) -> progress.Judgement | None:
-        """The ranks' step progress after reading the metric log's new lines (None when nothing runs
-        or the log cannot be read: the log-bytes rule applies then)."""
-        if probe is None or probe.error or probe.count == 0:
-            return None
-        latest = view.latest
-        try:
-            state = await progress.refresh(
-                self.ctx.ssh,
-                self.store,
-                view.name,
-                view.cfg,
-                run_pid=latest.pid if latest is not None else None,
-                launch_offset=latest.log_size_at_launch if latest is not None else None,
-                now=now,
-            )
-        except PitstopError as exc:
-            log.info("watch %s: no step progress: %s", view.name, exc.message)
-            return None
-        return progress.judge(state, now, progress.rank_stall_threshold(view.cfg, state.gaps))
 
     async def _confirm_unreachable(self, host: str) -> str | None:
         """None if a fresh connection to ``host`` works, else why it does not."""
@@ -544,6 +552,12 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
 
 
 # --- text ---------------------------------------------------------------------------------------
+
+
+def probe_slow_line(host: str, seconds: float) -> str:
+    """Log line: a host's probe took longer than its jobs' watch interval."""
+    took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"
+    return f"probe slow: {host} took {took}"
 
 
 def incident_already_acked(job: str, user: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, Observation, Sighting, register
+from pipeline.engines.base import Entry, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import StepLog
 from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts
@@ -115,8 +115,8 @@ class LocalEngine:
             facts=(f"pid {run.pid}: {'alive' if alive else 'gone'}",),
         )
 
-    async def observe_many(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
-        """Each job's recorded pid and its log's size."""
+    async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
+        """Each job's recorded pid and its log's size (``reads`` left to the watcher)."""
         out: dict[str, Sighting] = {}
         for name, job, current in entries:
             pid = _pid(current)

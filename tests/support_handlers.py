@@ -15,7 +15,7 @@ from typing import Any
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, parse_config
-from pipeline.engines.base import ENGINES, Entry, NodeOutputs, RestartService, Sighting, StepListener
+from pipeline.engines.base import ENGINES, Entry, NodeOutputs, Reads, RestartService, Sighting, StepListener
 from pipeline.engines.runner import look
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostUnreachable
@@ -259,10 +259,10 @@ class StandInRestarter:
         """None: every job's host answers ``gpus HOST``."""
         return None
 
-    async def sightings(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+    async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """What the registered engines see over this stand-in's SSH (a FakeSSH answers probes)."""
         steps = StepLog(self.runs, Events(self.runs.client, self.runs.prefix))
-        return await look({n: make(self.ssh, steps) for n, make in ENGINES.items()}, entries)
+        return await look({n: make(self.ssh, steps) for n, make in ENGINES.items()}, entries, reads)
 
 
 def make_context(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -426,3 +427,33 @@ async def test_stop_by_pitstop_is_no_incident(make_slurm: MakeSlurm) -> None:
     assert stop is not None and stop.detail.startswith(f"stopped Slurm job {run.slurm_job} in "), stop.detail
     assert (await watcher.cycle("login"))["trainer"].condition == "idle"
     assert outbox.of("announce") == []
+
+
+METRICS_BODY = (
+    "srun {python} -u job.py token={token} quiet=1 &\n"
+    "i=0; while :; do i=$((i+1)); "
+    'printf \'\\x7b"step": %d, "role": "drafter", "rank": 0, "tokens_per_s": 1.0\\x7d\\n\' $i; '
+    "sleep 0.2; done"
+)
+
+
+async def test_a_watch_cycle_reads_the_metric_lines_with_the_cluster_query(
+    make_slurm: MakeSlurm, ssh_server: InProcessHost
+) -> None:
+    """A running Slurm job's per-rank progress comes with the one cluster query: a cycle runs that
+    query and the one srun of the tasks on its nodes on the login node, no read of its own, and
+    the stored step advances from cycle to cycle."""
+    stack = await make_slurm(body=METRICS_BODY, watch=WatchSettings(stall_after=600))
+    await stack.start()
+    watcher = build_watcher(context(stack, MemoryOutbox()))
+    steps: list[int] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(set(steps)) < 3:
+        before = ssh_server.host.commands
+        decisions = await watcher.cycle("login")
+        assert decisions["trainer"].condition == "ok", decisions
+        assert ssh_server.host.commands - before == 2  # the query (with the reads), the srun
+        raw = await stack.redis.client.get(keys.rank_progress(stack.redis.prefix, "trainer"))
+        if raw:
+            steps.append(json.loads(raw)["ranks"]["0"]["step"])
+    assert len(set(steps)) >= 3 and steps == sorted(steps), steps

@@ -376,15 +376,32 @@ def _groups(objs: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, 
     return groups
 
 
+def _objects(candidates: list[bytes]) -> list[Any]:
+    """The candidate lines' JSON objects: one orjson call over them all as one array (a third of
+    the time of a call per line), else — when that fails, or finds another number of values (a
+    line holding two objects) — a call per line, which raises on the line it refuses.
+
+    :raises orjson.JSONDecodeError: for a line that is not one JSON value.
+    """
+    if not candidates:
+        return []
+    try:
+        objs = orjson.loads(b"[" + b",".join(candidates) + b"]")
+    except orjson.JSONDecodeError:
+        objs = None
+    if not isinstance(objs, list) or len(objs) != len(candidates):
+        objs = [orjson.loads(c) for c in candidates]
+    return objs
+
+
 def _jsonl_series(data: bytes) -> list[RankSeries] | None:
     """:func:`parse_series` for JSON lines when every candidate line is plain JSON and every
     metric line's rank an integer; None when not (the caller takes the per-line path)."""
-    loads = orjson.loads
     candidates = [
         c for c in (ln if ln[:1] == b"{" else ln.strip() for ln in _complete_lines(data)) if c[:1] == b"{"
     ]
     try:
-        objs = [loads(c) for c in candidates]
+        objs = _objects(candidates)
     except orjson.JSONDecodeError:
         return None  # NaN, huge integers, a broken line: read as the standard library reads them
     groups = _groups([o for o in objs if "event" not in o])

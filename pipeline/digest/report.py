@@ -4,7 +4,8 @@ A digest reads only the metric-log bytes written since the last scheduled digest
 whole log — and aggregates them.  The concepts live in three modules beside this one:
 
 - **the window** (:mod:`pipeline.digest.window`): the byte offset where the last scheduled digest
-  stopped, kept in Redis with a fingerprint of the file; at most ``max_bytes`` (8 MiB) read,
+  stopped, kept in Redis with a fingerprint of the file; at most ``max_bytes`` (8 MiB; a first
+  digest 1 MiB, the recent past) read,
   complete lines only.  A scheduled digest moves the offset and stores its headline numbers
   (``keys.digest_last``) for the next one's ±% change; an on-demand digest moves nothing.
 - **parsing** (:mod:`pipeline.digest.metrics`): the window's metric lines, read straight into columns
@@ -35,6 +36,7 @@ from pipeline.digest.metrics import parse_metric_lines, parse_series
 from pipeline.digest.series import RestartMark, restart_label
 from pipeline.digest.stats import DRAFTER, TARGET, DigestSummary, compare, summarise_series
 from pipeline.digest.window import (
+    FIRST_WINDOW_BYTES,
     MAX_WINDOW_BYTES,
     LogReader,
     LogWindow,
@@ -269,6 +271,7 @@ async def build_digest(
     events: Events,
     scheduled: bool,
     max_bytes: int = MAX_WINDOW_BYTES,
+    first_bytes: int = FIRST_WINDOW_BYTES,
     reader: LogReader | None = None,
     chart: bool = True,
 ) -> Digest:
@@ -285,6 +288,7 @@ async def build_digest(
     :param events: where the ``digest`` event is published.
     :param scheduled: True for the scheduler's digests (moves the offset).
     :param max_bytes: the most bytes of metric log read.
+    :param first_bytes: the most read by a first digest (no stored offset: the log's last bytes).
     :param reader: where the log is read from (default: the job's host over SSH).
     :param chart: draw the PNG (when the window has metric lines).
     :returns: the digest.
@@ -297,6 +301,8 @@ async def build_digest(
     memory = redis.open_store(DigestMemory)
     state = await load_offset(memory, name)
     read = reader if reader is not None else remote_reader(ssh, name, spec)
+    if state is None:
+        max_bytes = min(max_bytes, first_bytes)
     window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     series = parse_series(window.data, spec.metrics)
     summary = summarise_series(series, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))

@@ -19,6 +19,7 @@ from typing import Protocol
 from pipeline import config as _config
 from pipeline.config import Config, JobConfig
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
+from pipeline.host.contract import LogRead
 from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation
@@ -28,6 +29,9 @@ __all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "S
 
 Entry = tuple[str, JobConfig, Mapping[str, str] | None]
 """``(job name, its config, its keys.job_current record or None)``: one job to observe."""
+
+Reads = Mapping[str, LogRead]
+"""Job name → a file range to read in the same look (the watcher's metric-log bytes)."""
 
 
 @dataclass(frozen=True)
@@ -118,9 +122,11 @@ class Engine(Protocol):
         """One sample of the launched ``run``; ``complete=False`` may return the state alone."""
         ...
 
-    async def observe_many(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+    async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries`` (all on one host or cluster) in one look; never raises:
-        a job that could not be seen has ``probe.error`` set."""
+        a job that could not be seen has ``probe.error`` set.  An engine that reads ``reads`` in
+        that look puts the bytes in ``probe.read`` (``probe.read_error``); one that does not
+        leaves them None, and the watcher reads them itself."""
         ...
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
@@ -195,8 +201,9 @@ class RestartService(Protocol):
         """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
         ...
 
-    async def sightings(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
-        """Every job of ``entries`` in one look per host or cluster (watch, status); never raises."""
+    async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
+        """Every job of ``entries`` in one look per host or cluster (watch, status), with ``reads``
+        (:meth:`Engine.observe_many`); never raises."""
         ...
 
     async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:

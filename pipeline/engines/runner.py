@@ -23,7 +23,7 @@ from pathlib import Path
 import pipeline.engines.slurm
 import pipeline.engines.ssh  # noqa: F401
 from pipeline.config import Config, JobConfig
-from pipeline.engines.base import ENGINES, Engine, Entry, NodeOutputs, Observation, Sighting
+from pipeline.engines.base import ENGINES, Engine, Entry, NodeOutputs, Observation, Reads, Sighting
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
@@ -290,12 +290,13 @@ class Runner:
         name, spec, engine = self._job(job)
         return await engine.node_outputs(name, spec, await self.steps.current(name), argv)
 
-    async def sightings(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
+    async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries``: one look per engine and host (or cluster), concurrently.
 
+        :param reads: job name → a file range read in the same look (:meth:`Engine.observe_many`).
         :returns: job name → sighting; a job that could not be seen has ``probe.error`` set.
         """
-        return await look(self.engines, entries)
+        return await look(self.engines, entries, reads)
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now (``git apply --reverse --check``);
@@ -330,9 +331,12 @@ def _decided(obs: Observation, now: float, deadline: float, window: float) -> bo
     return True  # ended
 
 
-async def look(engines: Mapping[str, Engine], entries: Sequence[Entry]) -> dict[str, Sighting]:
+async def look(
+    engines: Mapping[str, Engine], entries: Sequence[Entry], reads: Reads | None = None
+) -> dict[str, Sighting]:
     """Sightings of ``entries`` from ``engines`` (name → engine): one ``observe_many`` per engine
-    and host, concurrently; a job whose engine is missing is reported with ``probe.error``."""
+    and host, concurrently, each given its jobs' ``reads``; a job whose engine is missing is
+    reported with ``probe.error``."""
     groups: dict[tuple[str, str], list[Entry]] = {}
     for entry in entries:
         groups.setdefault((entry[1].engine, entry[1].host), []).append(entry)
@@ -343,7 +347,12 @@ async def look(engines: Mapping[str, Engine], entries: Sequence[Entry]) -> dict[
                 probe = JobProbe(job=name, error=engine_missing(engine))
                 out[name] = Sighting(probe, spec.expected_processes)
     found = [(engines[e], m) for (e, _), m in groups.items() if e in engines]
-    for part in await asyncio.gather(*(engine.observe_many(m) for engine, m in found)):
+    reads = reads or {}
+
+    def mine(members: list[Entry]) -> Reads:
+        return {n: reads[n] for n, _, _ in members if n in reads}
+
+    for part in await asyncio.gather(*(engine.observe_many(m, mine(m)) for engine, m in found)):
         out.update(part)
     return out
 

@@ -25,21 +25,22 @@ import asyncio
 import json
 import signal
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from pipeline import verdict
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, NodeOutputs, Observation, Sighting, register
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import StepLog, failed_checks, step_preflight_ok, step_stop_nothing
 from pipeline.engines.workdir import CALL_TIMEOUT
 from pipeline.errors import LaunchFailed, PitstopError, PreflightFailed, RemoteError, StopFailed
 from pipeline.host import slurm
 from pipeline.host.contract import EvidenceArgs
-from pipeline.host.probe import JobProbe, call_helper, log_tail
+from pipeline.host.probe import JobProbe, LogChunk, call_helper, log_tail
 from pipeline.host.remote import RemoteHosts
-from pipeline.host.slurm import SlurmClient, SlurmJob
+from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
 from pipeline.observe.evidence import TAIL_LINES
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
@@ -348,15 +349,23 @@ class SlurmEngine:
         raw = await call_helper(self.ssh, "evidence", args, job=name)
         return {**raw, "path": path}
 
-    async def observe_many(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
-        """One query (``squeue``/``scontrol``/``sacct``, output sizes) for every job on this login
-        node's cluster, then the tasks on every node of each RUNNING job."""
+    async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
+        """One query (``squeue``/``scontrol``/``sacct``, output sizes, the ``reads``: the jobs'
+        metric-log bytes) for every job on this login node's cluster, then the tasks on every node
+        of each RUNNING job (one ``srun`` each)."""
         ids = {name: _int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
+        wants = {
+            name: FileRange(r["path"], r["offset"], r["max_bytes"], r["inode"])
+            for name, r in (reads or {}).items()
+            if r["offset"] >= 0
+        }
+        shared = {p for p, n in Counter(w.path for w in wants.values()).items() if n > 1}
+        wants = {name: w for name, w in wants.items() if w.path not in shared}  # those read alone
         try:
             known = [i for i in ids.values() if i is not None]
-            jobs, sizes = await self.client.query_with_sizes(
-                entries[0][0], known, sorted(set(paths.values()))
+            jobs, sizes, got = await self.client.query_with_reads(
+                entries[0][0], known, sorted(set(paths.values())), list(wants.values())
             )
         except RemoteError as exc:
             return {
@@ -390,8 +399,24 @@ class SlurmEngine:
                 short = [f"{n} has {seen.get(n, 0)}/{want} processes" for n in nodes if seen.get(n, 0) < want]
                 detail = f"{'; '.join(short)} (Slurm job {j.id})" if short else None
                 pids = tuple(sorted(p for t in tasks for p in t.pids))
+            read, read_error = None, None
+            if name in wants and pids:
+                fb = got.get(wants[name].path)
+                if fb is None:
+                    read_error = f"{wants[name].path} cannot be read on the login node"
+                else:
+                    read = LogChunk(fb.data, fb.offset + len(fb.data), fb.size, fb.inode, fb.reset)
+            probe = JobProbe(
+                job=name,
+                pids=pids,
+                count=len(pids),
+                log_size=size,
+                error=error,
+                read=read,
+                read_error=read_error,
+            )
             return Sighting(
-                JobProbe(job=name, pids=pids, count=len(pids), log_size=size, error=error),
+                probe,
                 expected,
                 "alive" if j.state == "RUNNING" else "pending" if j.active else "gone",
                 job_id=j.id,

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 from pipeline import verdict
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, NodeOutputs, Observation, Sighting, register
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import (
     StepLog,
     already_running,
@@ -127,6 +127,7 @@ class SshEngine:
                 "match": job.match,
                 "workdir": job.workdir,
                 "log": None,
+                "read": None,
                 **recorded_identity(running),
             }
         try:
@@ -289,11 +290,11 @@ class SshEngine:
             checkpoint=ev.checkpoint,
         )
 
-    async def observe_many(self, entries: Sequence[Entry]) -> dict[str, Sighting]:
-        """One helper ``probe`` call per ``exec`` prefix for every job of one host."""
+    async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
+        """One helper ``probe`` call per ``exec`` prefix for every job of one host, ``reads`` included."""
         if not entries:
             return {}
-        probes = await probe_host(self.ssh, entries[0][1].host, entries)
+        probes = await probe_host(self.ssh, entries[0][1].host, entries, reads)
         out: dict[str, Sighting] = {}
         for name, spec, current in entries:
             probe = probes[name]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Optional, Tuple, TypedDict, Union
 
-HELPER_VERSION = 1  #: the helper protocol's version, on the first line of the shipped source
+HELPER_VERSION = 2  #: the helper protocol's version, on the first line of the shipped source
 MARKER = "# pitstop-host-helper"  #: starts the shipped source: the helper's processes carry it
 
 
@@ -69,10 +69,21 @@ class JobArgs(_JobMatch, total=False):
     workdir: Optional[str]
 
 
+class LogRead(TypedDict):
+    """Bytes of a file to read in the same call as a probe (the metric log's new lines)."""
+
+    path: str
+    offset: int  #: negative: from the end
+    max_bytes: int
+    inode: Optional[int]  #: start over at 0 when the path now holds another file
+    if_running: bool  #: read only when the job has processes
+
+
 class ProbeJob(JobArgs, total=False):
-    """A job to probe, and its log file to look at."""
+    """A job to probe, its log file to look at, and a file to read (its metric log's new bytes)."""
 
     log: Optional[str]  #: report this file's size, mtime and inode too
+    read: Optional[LogRead]  #: read these bytes too (zlib-compressed, as ``read`` with ``zlib``)
 
 
 class FileInfo(TypedDict):
@@ -95,6 +106,7 @@ class JobState(TypedDict, total=False):
     state: Optional[str]  #: ``alive`` / ``gone`` / ``stale``; None without a recorded pid
     alive: Optional[bool]
     log: FileInfo  #: present when ``log`` was asked
+    read: ReadResult  #: present when ``read`` was asked and done (``if_running``: the job had processes)
 
 
 class ExitRecord(TypedDict):
@@ -314,6 +326,9 @@ class ReadAnswer(TypedDict):
     size: int
     inode: Optional[int]
     reset: bool  #: reading started over at 0
+
+
+ReadResult = Union[ReadAnswer, "ErrorAnswer"]  #: a probe's ``read``: the bytes, or why not
 
 
 class _TailArgs(TypedDict):

@@ -21,7 +21,8 @@ Operations (``OP``; ``JSON`` holds the arguments, larger inputs such as diffs co
 - ``launch``: start the job detached in a new session, stdin ``/dev/null``, output appended to
   the log; returns pid, start time and log size at once.  A waiter process outside the job's
   session records the job's exit status in a file next to the log.
-- ``probe``, ``evidence``, ``read``, ``tail``: process counts, liveness, log size, log bytes.
+- ``probe``, ``evidence``, ``read``, ``tail``: process counts, liveness, log size, log bytes
+  (``probe`` covers every job of a host in one call, each job's metric-log bytes included).
 - ``hang``: what a person would look at for a hung job: each process's state and ``wchan`` from
   ``/proc``, and its Python stacks from ``py-spy dump`` when py-spy is installed.
 
@@ -75,6 +76,7 @@ from pipeline.host.contract import (
     PreflightCheck,
     ProbeAnswer,
     ProbeArgs,
+    ProbeJob,
     ProcInfo,
     ProcStat,
     ReadAnswer,
@@ -200,28 +202,57 @@ def ancestry() -> set[int]:
     return out
 
 
-def scan() -> Procs:
+def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
     """Live processes of the helper's user, minus its ancestry and other helpers.
+
+    A probe that needs only some processes says which, and the rest cost one ``stat`` each
+    instead of two reads: ``sessions``, only members of these sessions (their command lines are
+    read after ``/proc/PID/stat``); ``keep``, only processes whose command line it accepts (their
+    ``/proc/PID/stat`` is read after).
 
     :returns: dict pid → :class:`~pipeline.host.contract.ProcInfo`.
     """
     me = os.getuid()
     skip = ancestry()
     out: Procs = {}
+    waiter = WAITER_TITLE.encode() + b" "
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         pid = int(entry)
         if pid in skip or proc_uid(pid) != me:
             continue
+        cmd = b""
+        if keep is not None:
+            cmd = proc_cmdline(pid)
+            if not keep(cmd):
+                continue
         st = proc_stat(pid)
-        if st is None or st.state in ("Z", "X"):
+        if st is None or st.state in ("Z", "X") or (sessions is not None and st.session not in sessions):
             continue
-        cmd = proc_cmdline(pid)
-        if MARK in cmd or cmd.startswith(WAITER_TITLE.encode() + b" "):
+        if keep is None:
+            cmd = proc_cmdline(pid)
+        if MARK in cmd or cmd.startswith(waiter):
             continue
         out[pid] = ProcInfo(st.ppid, st.pgrp, st.session, st.start_time, cmd)
     return out
+
+
+def probe_scan(jobs: list[ProbeJob]) -> Procs:
+    """:func:`scan` narrowed to what ``jobs`` can count: their recorded sessions when every job has
+    one, the command lines one of their ``match`` patterns finds when none has; else everything."""
+    sids = {j.get("sid") for j in jobs}
+    if jobs and None not in sids:
+        return scan(sessions={int(s) for s in sids if s is not None})
+    if jobs and sids == {None}:
+        rxs = []
+        for j in jobs:
+            try:
+                rxs.append(re.compile(j["match"]))
+            except re.error:
+                pass  # reported by probe_one for that job alone
+        return scan(keep=lambda cmd: any(rx.search(cmd.decode("utf-8", "replace")) for rx in rxs))
+    return scan()
 
 
 def matches(rx: re.Pattern[str], cmd: bytes) -> bool:
@@ -851,15 +882,24 @@ def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
-    """:func:`probe_one` for several jobs of one host in one call."""
-    procs = scan()
+    """:func:`probe_one` for several jobs of one host in one call, with each job's ``read`` (its
+    metric log's new bytes, zlib-compressed; with ``if_running`` only when it has processes)."""
+    procs = probe_scan(a["jobs"])
     out: dict[str, JobState] = {}
     for j in a["jobs"]:
         name = str(j.get("name"))
         try:
-            out[name] = probe_one(procs, j, j.get("log"))
+            state = out[name] = probe_one(procs, j, j.get("log"))
         except Exception as exc:  # one bad job (regex, permissions) must not hide the others
             out[name] = {"name": j.get("name"), "error": f"{type(exc).__name__}: {exc}"}
+            continue
+        want = j.get("read")
+        if want and (state["count"] > 0 or not want["if_running"]):
+            try:
+                got = read_file(want["path"], want["offset"], want["max_bytes"], want["inode"], True)
+            except Exception as exc:
+                got = {"error": f"{type(exc).__name__}: {exc}"}
+            state["read"] = got
     return {"jobs": out, "time": time.time()}
 
 
@@ -891,22 +931,26 @@ def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
 def op_read(a: ReadArgs) -> ReadAnswer | ErrorAnswer:
     """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set); a negative offset
     counts from the end; starts over from 0 after truncation or a new inode."""
-    path, offset, max_bytes = a["path"], a["offset"], a["max_bytes"]
+    return read_file(a["path"], a["offset"], a["max_bytes"], a.get("inode"), bool(a.get("zlib")))
+
+
+def read_file(
+    path: str, offset: int, max_bytes: int, inode: int | None, packed: bool
+) -> ReadAnswer | ErrorAnswer:
+    """:func:`op_read`'s answer for one file (also a probe's ``read``)."""
     info = file_info(path)
     size = info["size"]
     if size is None:
         return {"error": str(info["error"])}
     if offset < 0:
         offset = max(0, size + offset)
-    inode = a.get("inode")
     reset = offset > size or (inode is not None and inode != info["inode"])
     if reset:
         offset = 0
     data = read_range(path, offset, min(max_bytes, size - offset))
-    packed = zlib.compress(data, 1) if a.get("zlib") else data
     return {
-        "data": base64.b64encode(packed).decode(),
-        "zlib": bool(a.get("zlib")),
+        "data": base64.b64encode(zlib.compress(data, 1) if packed else data).decode(),
+        "zlib": packed,
         "offset": offset + len(data),
         "size": size,
         "inode": info["inode"],

@@ -14,6 +14,7 @@ This module also owns the Slurm engine's texts (verdict lines, step details, inc
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Sequence
@@ -57,8 +58,20 @@ echo '@@scontrol'
 for id in ${ids//,/ }; do scontrol show job -o "$id" 2>/dev/null; done
 echo '@@sacct'
 sacct -X -n -P -j "$ids" -o JobID,State,ExitCode,Reason,NNodes,NodeList 2>/dev/null
+paths=()
+while [ $# -gt 0 ] && [ "$1" != "@@reads" ]; do paths+=("$1"); shift; done
+[ $# -gt 0 ] && shift
 echo '@@stat'
-for p in "$@"; do stat -c '%s|%n' "$p" 2>/dev/null; done
+for p in "${paths[@]}"; do stat -c '%s|%n' "$p" 2>/dev/null; done
+echo '@@reads'
+while [ $# -ge 4 ]; do
+  p="$1"; off="$2"; max="$3"; want="$4"; shift 4
+  st=$(stat -c '%s|%i' "$p" 2>/dev/null) || { echo "E|$p"; continue; }
+  size="${st%|*}"; ino="${st#*|}"; reset=0
+  if [ "$off" -gt "$size" ] || { [ -n "$want" ] && [ "$want" != "$ino" ]; }; then off=0; reset=1; fi
+  echo "R|$off|$size|$ino|$reset|$p"
+  tail -c "+$((off + 1))" "$p" 2>/dev/null | head -c "$max" | base64 -w0; echo
+done
 true
 """
 
@@ -192,6 +205,63 @@ def parse_sizes(text: str) -> dict[str, int]:
     return sizes
 
 
+@dataclass(frozen=True)
+class FileRange:
+    """Bytes of a file on the login node to read with the cluster query (a job's metric lines).
+
+    :ivar path: the file; ``offset`` the first byte; ``max_bytes`` at most this many.
+    :ivar inode: read from 0 when the path now holds another file (None: not checked).
+    """
+
+    path: str
+    offset: int
+    max_bytes: int
+    inode: int | None = None
+
+
+@dataclass(frozen=True)
+class FileBytes:
+    """What a :class:`FileRange` read returned.
+
+    :ivar data: the bytes; ``offset`` where they start; ``size`` the file's size; ``inode`` its inode.
+    :ivar reset: reading started over at 0 (truncated, or another file at the path).
+    """
+
+    data: bytes
+    offset: int
+    size: int
+    inode: int | None
+    reset: bool
+
+
+def parse_reads(text: str) -> dict[str, FileBytes | None]:
+    """The ``@@reads`` section of a ``_QUERY`` answer: path → its bytes (None: unreadable)."""
+    out: dict[str, FileBytes | None] = {}
+    lines = text.split("\n")
+    i = next((k + 1 for k, ln in enumerate(lines) if ln.strip() == "@@reads"), len(lines))
+    while i < len(lines):
+        head = lines[i]
+        i += 1
+        if head.startswith("E|"):
+            out[head[2:]] = None
+        elif head.startswith("R|") and i < len(lines):
+            parts = head.split("|", 5)
+            body = lines[i]
+            i += 1
+            try:
+                data = base64.b64decode(body.strip())
+                out[parts[5]] = FileBytes(
+                    data, int(parts[1]), int(parts[2]), _int_or_none(parts[3]), parts[4] == "1"
+                )
+            except (ValueError, IndexError):
+                continue
+    return out
+
+
+def _int_or_none(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
 def parse_query(text: str) -> dict[int, SlurmJob]:
     """The jobs in one ``_QUERY`` answer: squeue rows first, completed by scontrol, then sacct."""
     parts = _Parts()
@@ -276,10 +346,36 @@ class SlurmClient:
         :returns: the jobs by id, and sizes in bytes by path (a missing file is absent).
         :raises RemoteError: if the login node cannot be reached.
         """
+        jobs, sizes, _ = await self.query_with_reads(job, ids, paths, ())
+        return jobs, sizes
+
+    async def query_with_reads(
+        self, job: str, ids: Sequence[int], paths: Sequence[str], reads: Sequence[FileRange]
+    ) -> tuple[dict[int, SlurmJob], dict[str, int], dict[str, FileBytes | None]]:
+        """:meth:`query_with_sizes` and the byte ranges ``reads`` (the jobs' metric lines), all in
+        one call: what a watch cycle needs of the cluster but the tasks on its nodes.
+
+        :returns: the jobs by id, sizes by path, and each read's bytes by path (None: unreadable).
+        :raises RemoteError: if the login node cannot be reached.
+        """
         joined = ",".join(str(i) for i in ids) or "0"
-        result = await self._run(job, ["bash", "-c", _QUERY, "pitstop-slurm-query", joined, *paths])
+        extra: list[str] = []
+        for r in reads:
+            extra += [
+                r.path,
+                str(max(0, r.offset)),
+                str(max(0, r.max_bytes)),
+                "" if r.inode is None else str(r.inode),
+            ]
+        argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", joined, *paths, "@@reads", *extra]
+        result = await self._run(job, argv)
         jobs = parse_query(result.stdout)
-        return ({i: j for i, j in jobs.items() if i in set(ids)}, parse_sizes(result.stdout))
+        wanted = set(ids)
+        return (
+            {i: j for i, j in jobs.items() if i in wanted},
+            parse_sizes(result.stdout),
+            parse_reads(result.stdout),
+        )
 
     async def one(self, job: str, job_id: int) -> SlurmJob | None:
         """:meth:`query` for one job; None if the cluster does not know it."""

@@ -1,7 +1,7 @@
 """Per-rank progress from the metric stream: which rank stopped advancing, and for how long.
 
-Each watch cycle reads the job's metric log from where the last cycle stopped
-(:func:`refresh`, one helper ``read`` call) and folds the new lines into a
+Each watch cycle reads the job's metric log from where the last cycle stopped (:func:`plan`: the
+read rides on the host's probe, so it costs no helper call of its own) and folds the new lines into a
 :class:`ProgressState` kept in Redis (``keys.rank_progress``): per rank its last ``step``, when
 that step last went up (Pitstop's clock, so the precision is one watch interval), its pid (the
 metric line's ``pid``, when it has one), and whether it reported waiting (a JSON line
@@ -23,8 +23,10 @@ step advances (:func:`rank_stall_threshold`).
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +35,13 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.config import JobConfig
 from pipeline.digest.metrics import parse_metric_lines
 from pipeline.digest.stats import percentile
-from pipeline.host.probe import read_log_chunk
+from pipeline.errors import PitstopError
+from pipeline.host.contract import LogRead
+from pipeline.host.probe import JobProbe, LogChunk, read_log_chunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.incidents import IncidentStore
+
+log = logging.getLogger(__name__)
 
 MIN_RANK_STALL = 60.0  #: seconds: the smallest default ``rank_stall_after``
 STALL_FACTOR = 20.0  #: default ``rank_stall_after`` = this × the p95 time between advances
@@ -227,8 +233,134 @@ def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
 
 async def load(store: IncidentStore, job: str) -> ProgressState:
     """The job's stored progress (empty when none)."""
-    raw = await store.progress(job)
+    return parse(await store.progress(job))
+
+
+def parse(raw: str | None) -> ProgressState:
+    """A stored progress (JSON, as :meth:`~pipeline.state.incidents.IncidentStore.progress` returns
+    it) as a :class:`ProgressState`; empty when None."""
     return ProgressState.model_validate_json(raw) if raw else ProgressState()
+
+
+def plan(
+    state: ProgressState, job: JobConfig, *, run_pid: int | None, launch_offset: int | None
+) -> tuple[ProgressState, LogRead]:
+    """What this cycle reads of the metric log, and the state its bytes fold into.
+
+    A new run (``run_pid`` differs from the stored one) starts with no ranks, reading from
+    ``launch_offset`` (the log size at its launch) when the metric lines are in the job's log.
+    The read (at most :data:`MAX_READ` bytes, only while the job has processes) goes with the
+    watcher's probe of the host (:func:`pipeline.host.probe.probe_host`), so it costs no call.
+
+    :returns: the state to pass to :func:`fold` with the bytes read, and the read.
+    """
+    if run_pid is not None and run_pid != state.run_pid:
+        offset = launch_offset if launch_offset is not None and job.metrics_log is None else state.offset
+        state = ProgressState(run_pid=run_pid, offset=offset, inode=state.inode)
+    read: LogRead = {
+        "path": job.metrics_path,
+        "offset": state.offset,
+        "max_bytes": MAX_READ,
+        "inode": state.inode,
+        "if_running": True,
+    }
+    return state, read
+
+
+def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> ProgressState:
+    """The progress after the bytes :func:`plan`'s read returned (complete lines only: a partial
+    last line is read again next cycle; a log far behind skips to its last :data:`MAX_READ` bytes).
+
+    :param state: the state :func:`plan` returned.
+    :param chunk: the bytes read.
+    :param now: Pitstop's clock (unix s).
+    """
+    end = chunk.data.rfind(b"\n") + 1
+    base = ProgressState(run_pid=state.run_pid, gaps=state.gaps) if chunk.reset else state
+    new = base.ingest(chunk.data[:end], job, now)
+    offset = chunk.offset - (len(chunk.data) - end)
+    if chunk.size - offset > MAX_READ:  # far behind (a long log first seen): only the recent lines matter
+        offset = chunk.size - MAX_READ
+    return new.model_copy(update={"offset": offset, "inode": chunk.inode})
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A job whose progress a watch cycle follows.
+
+    :ivar name: the job's name; ``job`` its config.
+    :ivar run_pid: its newest run's launched pid (a new one starts the ranks afresh), if any.
+    :ivar launch_offset: the log's size at that launch (bytes), if known.
+    """
+
+    name: str
+    job: JobConfig
+    run_pid: int | None = None
+    launch_offset: int | None = None
+
+
+Planned = dict[str, tuple[ProgressState, LogRead]]
+"""Job name → the state its bytes fold into, and the read that goes with the host's probe."""
+
+
+async def plan_many(store: IncidentStore, tracked: Sequence[Tracked]) -> Planned:
+    """:func:`plan` for every job of a cycle, their stored progress read in one Redis round trip."""
+    stored = await store.progress_many([t.name for t in tracked])
+    return {
+        t.name: plan(parse(stored.get(t.name)), t.job, run_pid=t.run_pid, launch_offset=t.launch_offset)
+        for t in tracked
+    }
+
+
+async def judge_many(
+    ssh: RemoteHosts,
+    store: IncidentStore,
+    tracked: Sequence[Tracked],
+    probes: Mapping[str, JobProbe],
+    planned: Planned,
+    now: float,
+) -> list[Judgement | None]:
+    """Each job's :class:`Judgement` after its probe, in ``tracked``'s order.
+
+    The bytes the probe read (:attr:`~pipeline.host.probe.JobProbe.read`) are folded in and every
+    new state is stored in one round trip; a job whose engine did not read them is read in a call
+    of its own (:func:`refresh`).  None for a job with no process, not seen, or whose metric log
+    could not be read (the log-bytes rule applies then; the reason is logged).
+
+    :param probes: job name → its probe this cycle.
+    :param planned: :func:`plan_many`'s answer for the same jobs.
+    :param now: Pitstop's clock (unix s).
+    """
+    out: list[Judgement | None] = [None] * len(tracked)
+    folded: dict[str, str] = {}
+    alone: dict[int, Awaitable[Judgement | None]] = {}
+    for i, t in enumerate(tracked):
+        probe = probes.get(t.name)
+        if probe is None or probe.error or probe.count == 0:
+            continue
+        if probe.read_error is not None:
+            log.info("watch %s: no step progress: %s", t.name, probe.read_error)
+        elif probe.read is not None:
+            state = fold(planned[t.name][0], probe.read, t.job, now)
+            folded[t.name] = state.model_dump_json()
+            out[i] = judge(state, now, rank_stall_threshold(t.job, state.gaps))
+        else:
+            alone[i] = _judge_alone(ssh, store, t, now)
+    _, *read_alone = await asyncio.gather(store.save_progress_many(folded), *alone.values())
+    for i, judged in zip(alone, read_alone, strict=True):
+        out[i] = judged
+    return out
+
+
+async def _judge_alone(ssh: RemoteHosts, store: IncidentStore, t: Tracked, now: float) -> Judgement | None:
+    try:
+        state = await refresh(
+            ssh, store, t.name, t.job, run_pid=t.run_pid, launch_offset=t.launch_offset, now=now
+        )
+    except PitstopError as exc:
+        log.info("watch %s: no step progress: %s", t.name, exc.message)
+        return None
+    return judge(state, now, rank_stall_threshold(t.job, state.gaps))
 
 
 async def refresh(
@@ -241,27 +373,16 @@ async def refresh(
     launch_offset: int | None,
     now: float,
 ) -> ProgressState:
-    """Read the metric log's new bytes, fold them in, store and return the progress.
-
-    A new run (``run_pid`` differs from the stored one) starts with no ranks, reading from
-    ``launch_offset`` (the log size at its launch) when the metric lines are in the job's log.
+    """Read the metric log's new bytes in a call of its own, fold them in, store and return the
+    progress (:func:`plan` and :func:`fold`; for an engine whose look does not read them).
 
     :raises RemoteError: if the host cannot be read (the stored state is left as it was).
     """
-    state = await load(store, name)
-    if run_pid is not None and run_pid != state.run_pid:
-        offset = launch_offset if launch_offset is not None and job.metrics_log is None else state.offset
-        state = ProgressState(run_pid=run_pid, offset=offset, inode=state.inode)
+    state, read = plan(await load(store, name), job, run_pid=run_pid, launch_offset=launch_offset)
     chunk = await read_log_chunk(
-        ssh, name, job, state.offset, MAX_READ, inode=state.inode, path=job.metrics_path
+        ssh, name, job, read["offset"], read["max_bytes"], inode=read["inode"], path=read["path"]
     )
-    end = chunk.data.rfind(b"\n") + 1  # a partial last line is read again next cycle
-    base = ProgressState(run_pid=state.run_pid, gaps=state.gaps) if chunk.reset else state
-    new = base.ingest(chunk.data[:end], job, now)
-    offset = chunk.offset - (len(chunk.data) - end)
-    if chunk.size - offset > MAX_READ:  # far behind (a long log first seen): only the recent lines matter
-        offset = chunk.size - MAX_READ
-    new = new.model_copy(update={"offset": offset, "inode": chunk.inode})
+    new = fold(state, chunk, job, now)
     await store.save_progress(name, new.model_dump_json())
     return new
 
@@ -271,8 +392,14 @@ __all__ = [
     "ProgressState",
     "RankState",
     "StuckRank",
+    "Tracked",
+    "fold",
     "judge",
+    "judge_many",
     "load",
+    "parse",
+    "plan",
+    "plan_many",
     "rank_stall_threshold",
     "refresh",
     "stuck_facts",

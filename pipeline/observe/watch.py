@@ -70,6 +70,8 @@ class Observation:
     :ivar progress: the ranks' step progress (:func:`pipeline.observe.progress.judge`), None if not read.
     :ivar gpus: the GPUs the idle rule watches, read this cycle (:func:`pipeline.observe.idle.read_watched`);
         None when not watched or not read.
+    :ivar probe_s: seconds the probe of the job's host took (kept in the watcher memory; slower
+        than ``watch.interval``: :func:`probe_slow`).
     """
 
     at: float
@@ -82,6 +84,13 @@ class Observation:
     detail: str | None = None
     progress: Judgement | None = None
     gpus: tuple[GpuReading, ...] | None = None
+    probe_s: float | None = None
+
+
+def probe_slow(probe_s: float | None, cfg: JobConfig) -> bool:
+    """Whether a probe that took ``probe_s`` seconds was slower than the job's watch interval (its
+    host's cycles then run late: APScheduler skips the ticks that fall while one runs)."""
+    return probe_s is not None and probe_s > cfg.watch.interval
 
 
 @dataclass(frozen=True)
@@ -192,7 +201,7 @@ def assess(
             return Decision(state, new, (Action(ActionKind.OPEN, new),), IncidentKind.UNREACHABLE.value)
         return _remind(state, incident, now, remind_every, IncidentKind.UNREACHABLE.value)
 
-    st = state.model_copy(update={"probe_failures": None, "unreachable_since": None})
+    st = state.model_copy(update={"probe_failures": None, "unreachable_since": None, "probe_s": obs.probe_s})
     actions: list[Action] = []
     if incident is not None and incident.kind is IncidentKind.UNREACHABLE:
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": "reachable"})

@@ -19,6 +19,7 @@ Beside each incident the store keeps the watcher's memory of the job between cyc
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -79,6 +80,8 @@ class WatchState(_Stored):
         when the first of them was.
     :ivar idle_gpus_since: GPU index → since when it has been under ``idle_gpu_below`` (unix s;
         :func:`pipeline.observe.idle.idle_since`), stored as JSON.
+    :ivar probe_s: seconds the last probe of the job's host took (status names a host slower
+        than the watch interval).
     """
 
     last_alive_at: float | None = None
@@ -91,6 +94,7 @@ class WatchState(_Stored):
     probe_failures: int | None = None
     unreachable_since: float | None = None
     idle_gpus_since: dict[int, float] | None = None
+    probe_s: float | None = None
 
     @field_validator("idle_gpus_since", mode="before")
     @classmethod
@@ -339,6 +343,18 @@ class IncidentStore:
     async def save_progress(self, job: str, state_json: str) -> None:
         """Store the job's per-rank progress (JSON)."""
         await self.client.set(keys.rank_progress(self.prefix, job), state_json)
+
+    async def progress_many(self, jobs: Sequence[str]) -> dict[str, str | None]:
+        """:meth:`progress` of many jobs in one round trip (job → JSON, None when none is stored)."""
+        if not jobs:
+            return {}
+        raw = await self.client.mget([keys.rank_progress(self.prefix, job) for job in jobs])
+        return {job: None if value is None else str(value) for job, value in zip(jobs, raw, strict=True)}
+
+    async def save_progress_many(self, states: Mapping[str, str]) -> None:
+        """:meth:`save_progress` of many jobs in one round trip (job → JSON)."""
+        if states:
+            await self.client.mset({keys.rank_progress(self.prefix, job): raw for job, raw in states.items()})
 
     async def watch_off_left(self, job: str) -> float | None:
         """Seconds left of a ``watch JOB off`` (``inf`` if it has no expiry), or None if watching is on."""

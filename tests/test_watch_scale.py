@@ -1,0 +1,250 @@
+"""Watching many jobs: one helper call per host per cycle whatever it watches (processes, log
+sizes and per-rank progress together), and a slow host neither delays the others nor goes unsaid
+(real SSH hosts, real processes, real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.assembly import build_context, build_watcher, close_context
+from handlers.context import Context
+from handlers.outbox import MemoryOutbox
+from handlers.views import status_command
+from pipeline.config import Config, JobConfig, WatchSettings
+from pipeline.host.contract import LogRead
+from pipeline.host.helper import op_probe
+from pipeline.host.probe import helper_source
+from pipeline.observe.progress import ProgressState
+from pipeline.state.incidents import IncidentStore
+from tests.fixtures.ssh import InProcessHost, start_in_process
+
+TOKEN = 91_000  #: the jobs' sleepers run ``sleep 91NNN`` (one number per job)
+
+
+def metric_lines(step: int, ranks: int = 2) -> str:
+    """One metric line per rank at ``step`` (the reference pipeline's JSON lines)."""
+    return "".join(
+        json.dumps({"step": step, "role": "drafter", "rank": r, "tokens_per_s": 100.0}) + "\n"
+        for r in range(ranks)
+    )
+
+
+def job(
+    root: Path, host: str, n: int, *, interval: float = 10.0, exec_prefix: list[str] | None = None
+) -> JobConfig:
+    """Job ``n`` on ``host``: a sleeper matched by ``^sleep 91NNN$`` in its own workdir, with a metric log."""
+    workdir = root / f"job{n}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "train.log").write_text(metric_lines(1))
+    return JobConfig(
+        host=host,
+        workdir=str(workdir),
+        launch=["sleep"],
+        log=str(workdir / "train.log"),
+        match=f"^sleep {TOKEN + n}$",
+        exec=exec_prefix or [],
+        watch=WatchSettings(interval=interval, stall_after=3600, degraded_after=3600),
+    )
+
+
+@contextlib.contextmanager
+def sleepers(config: Config) -> Iterator[None]:
+    """Each job's process, started in its workdir (how a job without a recorded session is found)."""
+    procs = [
+        subprocess.Popen(
+            ["sleep", spec.match.strip("^$").split()[1]], cwd=spec.workdir, start_new_session=True
+        )
+        for spec in config.jobs.values()
+    ]
+    try:
+        for proc in procs:
+            exec_done(proc)
+        yield
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def exec_done(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Wait (bounded) until the child's /proc command line is its program's: Popen may return
+    a moment before /proc shows the exec."""
+    want = " ".join(str(a) for a in proc.args).encode()  # type: ignore[union-attr]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            if f.read().replace(b"\0", b" ").strip() == want:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {proc.pid} did not exec {want!r} within {timeout} s")
+
+
+@pytest.fixture
+async def two_hosts(tmp_path: Path) -> AsyncIterator[tuple[InProcessHost, InProcessHost]]:
+    """Two in-process SSH hosts, each counting the commands it runs."""
+    a = await start_in_process(tmp_path / "host-a")
+    b = await start_in_process(tmp_path / "host-b")
+    try:
+        yield a, b
+    finally:
+        await a.host.close()
+        await b.host.close()
+
+
+@contextlib.asynccontextmanager
+async def context(config: Config) -> AsyncIterator[Context]:
+    """The process context for ``config`` (closed after)."""
+    ctx = await build_context(config, MemoryOutbox(), instance="A")
+    try:
+        yield ctx
+    finally:
+        await close_context(ctx)
+
+
+async def test_a_cycle_makes_one_helper_call_per_host_whatever_its_jobs(
+    tmp_path: Path, redis_config: Config, two_hosts: tuple[InProcessHost, InProcessHost]
+) -> None:
+    """1 job on one host, 12 on the other: every cycle is one command on each host, and the
+    per-rank progress of every job still advances with the lines its metric log gains."""
+    small, big = two_hosts
+    jobs = {"solo": job(tmp_path, "small", 0)} | {f"j{n}": job(tmp_path, "big", n) for n in range(1, 13)}
+    config = redis_config.model_copy(
+        update={
+            "hosts": {
+                "small": small.host_config(connect_timeout=5),
+                "big": big.host_config(connect_timeout=5),
+            },
+            "jobs": jobs,
+        }
+    )
+    with sleepers(config):
+        async with context(config) as ctx:
+            watcher = build_watcher(ctx)
+            store = ctx.redis.open_store(IncidentStore)
+            for step in (2, 3, 4):
+                for spec in jobs.values():
+                    with open(spec.log, "a") as f:
+                        f.write(metric_lines(step))
+                before = (small.host.commands, big.host.commands)
+                found = await asyncio.gather(watcher.cycle("small"), watcher.cycle("big"))
+                assert (small.host.commands - before[0], big.host.commands - before[1]) == (1, 1)
+                decisions = found[0] | found[1]
+                assert sorted(decisions) == sorted(jobs)
+                assert {d.condition for d in decisions.values()} == {"ok"}, decisions
+                for name in jobs:
+                    state = ProgressState.model_validate_json(await store.progress(name) or "{}")
+                    assert {r: s.step for r, s in state.ranks.items()} == {"0": step, "1": step}, name
+
+
+async def test_a_slow_host_does_not_delay_the_others_and_is_reported(
+    tmp_path: Path,
+    redis_config: Config,
+    two_hosts: tuple[InProcessHost, InProcessHost],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A host whose probe is held (its exec wrapper waits on a FIFO) leaves the other host's cycle
+    to finish on its own; once it answers, slower than its interval, it is logged and named in
+    ``status`` as ``probe slow: slow took N s``."""
+    fast, slow = two_hosts
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    wait = ["/bin/sh", "-c", f'read x < {gate}; exec "$0" "$@"']
+    interval = 0.5
+    jobs = {
+        "quick": job(tmp_path, "fast", 0, interval=interval),
+        "late": job(tmp_path, "slow", 1, interval=interval, exec_prefix=wait),
+    }
+    config = redis_config.model_copy(
+        update={
+            "hosts": {
+                "fast": fast.host_config(connect_timeout=5),
+                "slow": slow.host_config(connect_timeout=5),
+            },
+            "jobs": jobs,
+        }
+    )
+    caplog.set_level(logging.WARNING, logger="handlers.watching")
+    with sleepers(config):
+        async with context(config) as ctx:
+            watcher = build_watcher(ctx)
+            began = time.monotonic()
+            held = asyncio.ensure_future(watcher.cycle("slow"))
+            quick = await asyncio.wait_for(watcher.cycle("fast"), 60)
+            assert quick["quick"].condition == "ok"
+            assert not held.done()  # its probe cannot answer before the gate opens
+            assert not [r for r in caplog.records if "probe slow: fast" in r.getMessage()]
+            await asyncio.sleep(max(0.0, interval + 0.2 - (time.monotonic() - began)))  # let it be late
+            await asyncio.to_thread(_open_gate, gate)
+            late = await asyncio.wait_for(held, 60)
+            assert late["late"].condition == "ok"
+            assert late["late"].state.probe_s is not None and late["late"].state.probe_s > interval
+            assert [
+                r.getMessage() for r in caplog.records if r.getMessage().startswith("probe slow: slow took ")
+            ]
+            gate.unlink()
+            gate.write_text("open\n")  # from now on the wrapper reads at once
+            reply = await status_command(ctx, None)
+            slow_lines = [ln for ln in reply.lines if ln.startswith("probe slow: ")]
+            assert len(slow_lines) == 1 and slow_lines[0].startswith("probe slow: slow took "), reply.lines
+            assert slow_lines[0].endswith(f"(interval {interval:g} s)")
+
+
+def _open_gate(gate: Path) -> None:
+    with open(gate, "w") as f:
+        f.write("go\n")
+
+
+def test_the_probe_reads_a_jobs_bytes_only_while_it_runs(tmp_path: Path) -> None:
+    """The helper's probe reads a job's metric-log range with its processes; ``if_running`` and
+    none running: no read; a missing file: the read's error, the probe itself intact."""
+    log = tmp_path / "m.log"
+    log.write_bytes(b"0123456789")
+    proc = subprocess.Popen(["sleep", "91999"], cwd=tmp_path, start_new_session=True)
+    try:
+        exec_done(proc)
+        read: LogRead = {"path": str(log), "offset": 4, "max_bytes": 3, "inode": None, "if_running": True}
+        base = {"workdir": str(tmp_path), "pid": None, "start_time": None, "sid": None, "log": str(log)}
+        answer = op_probe(
+            {
+                "jobs": [
+                    {"name": "up", "match": "^sleep 91999$", "read": read, **base},
+                    {"name": "down", "match": "^sleep 91998$", "read": read, **base},
+                    {
+                        "name": "lost",
+                        "match": "^sleep 91999$",
+                        "read": {**read, "path": str(log) + ".no"},
+                        **base,
+                    },
+                ]
+            }
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    up, down, lost = (answer["jobs"][n] for n in ("up", "down", "lost"))
+    assert up["count"] == 1 and "read" in up and "error" not in up["read"]
+    assert (up["read"]["offset"], up["read"]["size"], up["read"]["zlib"]) == (7, 10, True)
+    assert down["count"] == 0 and "read" not in down
+    assert lost["count"] == 1 and "No such file" in str(lost["read"]["error"])
+
+
+def test_each_operation_ships_only_what_it_runs() -> None:
+    """The probe's source (sent and compiled on every call) is a fraction of the whole helper,
+    with its marker line, and holds none of the other operations."""
+    whole, probe = helper_source(), helper_source("probe")
+    assert probe.splitlines()[0] == whole.splitlines()[0]  # the marker the helper excludes itself by
+    assert len(probe) * 4 < len(whole)
+    assert "def op_probe" in probe and "def op_launch" not in probe and "pitstop-waiter" in probe
+    assert "'probe': op_probe" in probe and "'launch'" not in probe
