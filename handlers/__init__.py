@@ -15,8 +15,9 @@ concept lives:
   :mod:`~handlers.runview`; verdict delivery :mod:`~handlers.verdicts`; the read-only verbs
   :mod:`~handlers.views`; digests and GPUs
   :mod:`~handlers.reports`; the watch cycle, ``ack`` and ``watch`` :mod:`~handlers.watching`, its
-  alerts :mod:`~handlers.alerts`, crash checks :mod:`~handlers.crashcheck` and hang evidence
-  :mod:`~handlers.hangevidence`;
+  alerts :mod:`~handlers.alerts`, alert storms told as one story :mod:`~handlers.storm`, its
+  measurements :mod:`~handlers.watchstats`, crash checks :mod:`~handlers.crashcheck` and hang
+  evidence :mod:`~handlers.hangevidence`;
 - the reply model :mod:`~handlers.reply`, where team-visible posts go :mod:`~handlers.outbox`,
   a live message delivered at the surface's pace, last state wins :mod:`~handlers.latest`, and
   what a handler is given :mod:`~handlers.context`.

@@ -11,8 +11,9 @@ one posts.  An unreachable host is confirmed over a fresh connection
 Posts: the alert is the headline message ``incident:JOB:N`` in the job's channel (mentioning
 ``[slack] alert_mention``); reminders (every ``remind_every`` s while open and not
 acknowledged), kind changes, automatic restarts, the crash-loop give-up and ``resolved after
-N min`` go in its thread, and the headline is updated in place.  Events: ALERT (``kind`` dead |
-degraded | stalled | unreachable | crash_loop), RESOLVED, RESTART (automatic restarts).
+N min`` go in its thread, and the headline is updated in place; many at once are told as one
+story (:mod:`handlers.storm`).  Events: ALERT (``kind`` dead | degraded | stalled | unreachable |
+crash_loop), RESOLVED, RESTART (automatic restarts).
 
 Automatic restarts (opt-in, ``[jobs.NAME.watch] auto_restart``) go through the same
 :class:`~handlers.dispatch.Dispatcher` as a person's ``restart JOB`` — locked, posted and
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -38,8 +40,6 @@ from handlers.alerts import (
     changed_reply,
     give_up_reply,
     reminder_reply,
-    resolved_headline,
-    resolved_reply,
 )
 from handlers.auth import SYSTEM_USER
 from handlers.context import Context
@@ -47,6 +47,8 @@ from handlers.crashcheck import check_crash, refusal, with_crash
 from handlers.hangevidence import KINDS as HANG_KINDS
 from handlers.hangevidence import hang_evidence
 from handlers.reply import Reply, Status, mention
+from handlers.storm import Round, Told, tell
+from handlers.watchstats import WatchStats
 from pipeline import fmt
 from pipeline.config import JobConfig
 from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
@@ -118,6 +120,8 @@ class Watcher:
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
         self._short: dict[str, str | None] = {}  #: job → where its engine last saw the count fall short
+        self._round: Round | None = None  #: the round cycles starting now join (:mod:`handlers.storm`)
+        self.stats = WatchStats()  #: probes and cycles measured, for ``/metrics``
 
     # --- one cycle ---------------------------------------------------------------------------
 
@@ -130,13 +134,36 @@ class Watcher:
         :param jobs: the jobs to watch (default: every job on ``host``).
         :param now: unix s (default: the current time).
         :returns: job name → the decision taken (paused and unprobeable jobs are absent).
+
+        The alerts and resolutions it decides are told when the last cycle of its round ends
+        (cycles of other hosts starting with it join it): grouped from ``[slack] group_from``
+        (:func:`handlers.storm.tell`).
         """
+        rnd = self._round
+        if rnd is None or not rnd.joinable(time.monotonic()):
+            rnd = self._round = Round()
+        rnd.members += 1
+        began = time.monotonic()
+        try:
+            return await self._cycle(host, jobs, now, rnd)
+        finally:
+            self.stats.cycled(host, time.monotonic() - began)
+            rnd.members -= 1
+            if rnd.members == 0:
+                if self._round is rnd:
+                    self._round = None
+                await tell(self.ctx, self.store, rnd)
+
+    async def _cycle(
+        self, host: str, jobs: Sequence[str] | None, now: float | None, rnd: Round
+    ) -> dict[str, Decision]:
         config = self.ctx.config
         names = list(jobs) if jobs is not None else [n for n, j in config.jobs.items() if j.host == host]
         now = time.time() if now is None else now
         views = [v for v in await self.load(names, now) if not v.paused]
         if not views:
             return {}
+        probing = time.monotonic()
         seen = await self.ctx.restarter.sightings([(v.name, v.cfg, v.current or None) for v in views])
         unreachable: str | None = None
         if any(s.probe.error for s in seen.values()):
@@ -147,6 +174,7 @@ class Watcher:
                     **seen,
                     **await self.ctx.restarter.sightings([(v.name, v.cfg, v.current or None) for v in again]),
                 }
+        self.stats.probed(host, time.monotonic() - probing, failed=unreachable is not None)
         decisions: dict[str, Decision] = {}
         steps = await asyncio.gather(
             *(self._progress(v, s.probe if (s := seen.get(v.name)) else None, now) for v in views)
@@ -158,6 +186,8 @@ class Watcher:
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
+            if not probe.error:
+                self.stats.seen[view.name] = probe.count
             obs = dataclasses.replace(self._observation(probe, now, unreachable), progress=judged)
             cfg = view.cfg
             if sight is not None and (sight.exit_cause or sight.detail):
@@ -179,7 +209,7 @@ class Watcher:
             (by_name[n], d) for n, d in decisions.items() if d.actions or d.incident != by_name[n].incident
         ]
         if acting:
-            await asyncio.gather(*(self._apply(v, d, now) for v, d in acting))
+            await asyncio.gather(*(self._apply(v, d, now, rnd) for v, d in acting))
         return decisions
 
     async def load(self, names: Sequence[str], now: float) -> list[JobView]:
@@ -265,15 +295,15 @@ class Watcher:
 
     # --- applying transitions -----------------------------------------------------------------
 
-    async def _apply(self, view: JobView, decision: Decision, now: float) -> None:
+    async def _apply(self, view: JobView, decision: Decision, now: float, rnd: Round) -> None:
         try:
-            await self._apply_actions(view, decision, now)
+            await self._apply_actions(view, decision, now, rnd)
         except PitstopError as exc:
             log.warning("watch %s: %s", view.name, exc.message)
         except Exception:
             log.exception("watch %s: applying %s failed", view.name, [a.kind.value for a in decision.actions])
 
-    async def _apply_actions(self, view: JobView, decision: Decision, now: float) -> None:
+    async def _apply_actions(self, view: JobView, decision: Decision, now: float, rnd: Round) -> None:
         ctx, name = self.ctx, view.name
         channel = ctx.config.channel_for(name)
         current = view.incident
@@ -287,20 +317,15 @@ class Watcher:
                 if opened is None:
                     return  # another process opened it: it posts
                 current = opened
-                await ctx.outbox.announce(
-                    opened.thread_key, alert_reply(opened, ctx.config, now=now), channel
-                )
+                rnd.opened.append(Told(opened, channel, now))  # posted when the round is told
                 await self._event(EventKind.ALERT, opened)
-                await self._hang_evidence(opened, channel)
+                rnd.later.append(functools.partial(self._hang_evidence, opened, channel))
             elif action.kind is ActionKind.RESOLVE:
                 if current is None or not await self.store.close(current):
                     return
                 done = action.incident.model_copy(update={"n": current.n, "rev": current.rev})
                 current = None
-                await ctx.outbox.thread(done.thread_key, resolved_reply(done, now=now), channel)
-                await ctx.outbox.announce(
-                    done.thread_key, resolved_headline(done, ctx.config, now=now), channel
-                )
+                rnd.resolved.append(Told(done, channel, now))
                 await self._event(EventKind.RESOLVED, done, after_s=round(now - done.opened_at, 3))
             else:
                 if current is None:

@@ -49,7 +49,7 @@ async def test_thread_lookup_passes_oldest_and_pages_through_a_long_thread(
     fake_slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In a thread longer than one page, an ambiguous reply is found on a later page (with oldest), not resent."""
-    monkeypatch.setattr("bot.slack_outbox.PAGE", 3)
+    monkeypatch.setattr("bot.slack_send.PAGE", 3)
     fake_slack.rate_limits = False
     outbox = _outbox(fake_slack)
     await outbox.announce("run:r-1", Reply(title="headline"), ANNOUNCE)

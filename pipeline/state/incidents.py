@@ -131,6 +131,7 @@ class Incident(_Stored):
     crash_rank: int | None = None
     crash_step: int | None = None
     no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
+    story: str | None = None  #: the outbox key of the grouped post it was told in (an alert storm), if any
 
     @property
     def thread_key(self) -> str:
