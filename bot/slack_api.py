@@ -88,6 +88,18 @@ def error_of(exc: BaseException) -> tuple[str, bool]:
     return type(exc).__name__, True
 
 
+def retry_after(exc: BaseException, default: float = 1.0) -> float:
+    """Seconds Slack asked a rate-limited call to wait (HTTP 429 ``Retry-After``), else ``default``."""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    raw = next((v for k, v in dict(headers).items() if str(k).lower() == "retry-after"), None)
+    if isinstance(raw, list | tuple):
+        raw = raw[0] if raw else None
+    try:
+        return max(0.0, float(raw)) if raw is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
 class Pacer:
     """At most one post per ``interval`` seconds to one channel (Slack allows about 1/s), in the
     order they asked; what waits is the channel's queue (:meth:`backlog`, shown in ``/healthz``).

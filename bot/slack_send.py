@@ -22,7 +22,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack_api import ATTEMPTS, TRANSIENT, Budget, Pacer, Refused, detail_of, error_of
+from bot.slack_api import ATTEMPTS, TRANSIENT, Budget, Pacer, Refused, detail_of, error_of, retry_after
 
 PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
@@ -62,8 +62,9 @@ class SlackSender:
     async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
         """``chat.postMessage`` of one rendered message, at most once.
 
-        Transient errors are retried after :attr:`backoff` (doubling); when the outcome is
-        unknown the message is looked up by its metadata id before another try.
+        Transient errors are retried after :attr:`backoff` (doubling), a 429 the client's own
+        retries did not get past after its ``Retry-After``; when the outcome is unknown the
+        message is looked up by its metadata id before another try.
 
         :returns: the message ts.
         :raises Refused: if Slack refused it for good, or its outcome stayed unknown.
@@ -94,6 +95,9 @@ class SlackSender:
             except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
                 error, maybe = error_of(exc)
                 unknown = unknown or maybe
+                if error == "ratelimited":  # 429s beyond the client's own retries: wait, try again
+                    await asyncio.sleep(retry_after(exc))
+                    continue
                 if not maybe and error not in TRANSIENT and error != "connection_failed":
                     raise Refused(error, detail_of(exc)) from None
         if unknown:
@@ -165,6 +169,9 @@ class SlackSender:
                 return
             except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
                 error, maybe = error_of(exc)
+                if error == "ratelimited":
+                    await asyncio.sleep(retry_after(exc))
+                    continue
                 if not maybe and error not in TRANSIENT and error != "connection_failed":
                     raise Refused(error, detail_of(exc)) from None
         raise Refused(error, slack_gave_up(ATTEMPTS))

@@ -6,7 +6,8 @@ paused and resolved on its own (:mod:`pipeline.state.incidents`) — but they ar
 
 - the watcher (:class:`handlers.watching.Watcher`) defers the posts of the incidents it opens and
   resolves into a :class:`Round`; cycles of several hosts that start together (the scheduler's
-  ticks of one interval) join one round, and the last of them to end tells it (:func:`tell`);
+  ticks of one interval) join one round, and the last of them to end tells it (:func:`tell`,
+  through a :class:`Storyteller`, never holding the next cycle back);
 - :func:`plan` groups a round per channel (pure): from ``[slack] group_from`` jobs of one host
   unreachable, one **host story** ("host gpu-07 unreachable: 40 jobs cannot be checked: dflash,
   …"); from ``group_from`` other incidents, one **grouped post** with a line per job; from
@@ -44,6 +45,7 @@ from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 log = logging.getLogger(__name__)
 
 ROUND_JOIN_S = 1.0  #: seconds after a round began during which another host's cycle joins it
+TELL_WAIT = 5.0  #: seconds a cycle waits for its round's posts before it returns (they go on)
 NAMES_IN_TITLE = 5  #: job names a host story's title lists before "and N more"
 
 
@@ -78,6 +80,48 @@ class Round:
     def joinable(self, now: float) -> bool:
         """True while another cycle may still join (:data:`ROUND_JOIN_S` since it began)."""
         return self.members > 0 and now - self.began <= ROUND_JOIN_S
+
+
+class Storyteller:
+    """The rounds of one watcher: cycles :meth:`join` one, the last to :meth:`leave` tells it.
+
+    The telling runs in a task of its own and a cycle waits for it at most :data:`TELL_WAIT` s,
+    so a storm's posts (one per second in a channel) never hold the next watch cycle back.
+
+    :param ctx: the process context (config, outbox).
+    :param store: where a story is recorded on its members' incidents.
+    """
+
+    def __init__(self, ctx: Context, store: IncidentStore) -> None:
+        self.ctx = ctx
+        self.store = store
+        self._round: Round | None = None
+        self._telling: set[asyncio.Task[None]] = set()
+
+    def join(self) -> Round:
+        """The round a cycle starting now belongs to (a new one when none is joinable)."""
+        rnd = self._round
+        if rnd is None or not rnd.joinable(time.monotonic()):
+            rnd = self._round = Round()
+        rnd.members += 1
+        return rnd
+
+    async def leave(self, rnd: Round) -> None:
+        """A cycle of ``rnd`` ended; the last one starts the telling and waits for it (bounded)."""
+        rnd.members -= 1
+        if rnd.members > 0:
+            return
+        if self._round is rnd:
+            self._round = None
+        task = asyncio.get_running_loop().create_task(tell(self.ctx, self.store, rnd))
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+        await asyncio.wait({task}, timeout=TELL_WAIT)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until every round begun was told."""
+        if self._telling:
+            await asyncio.wait(set(self._telling), timeout=timeout)
 
 
 @dataclass(frozen=True)

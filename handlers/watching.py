@@ -47,7 +47,7 @@ from handlers.crashcheck import check_crash, refusal, with_crash
 from handlers.hangevidence import KINDS as HANG_KINDS
 from handlers.hangevidence import hang_evidence
 from handlers.reply import Reply, Status, mention
-from handlers.storm import Round, Told, tell
+from handlers.storm import Round, Storyteller, Told
 from handlers.watchstats import WatchStats
 from pipeline import fmt
 from pipeline.config import JobConfig
@@ -120,7 +120,9 @@ class Watcher:
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
         self._short: dict[str, str | None] = {}  #: job → where its engine last saw the count fall short
-        self._round: Round | None = None  #: the round cycles starting now join (:mod:`handlers.storm`)
+        self.teller = Storyteller(
+            ctx, self.store
+        )  #: rounds of cycles, told as stories (:mod:`handlers.storm`)
         self.stats = WatchStats()  #: probes and cycles measured, for ``/metrics``
 
     # --- one cycle ---------------------------------------------------------------------------
@@ -136,23 +138,16 @@ class Watcher:
         :returns: job name → the decision taken (paused and unprobeable jobs are absent).
 
         The alerts and resolutions it decides are told when the last cycle of its round ends
-        (cycles of other hosts starting with it join it): grouped from ``[slack] group_from``
-        (:func:`handlers.storm.tell`).
+        (cycles of other hosts starting with it join it), grouped from ``[slack] group_from``
+        (:mod:`handlers.storm`); it returns once they are, or after ``storm.TELL_WAIT`` s.
         """
-        rnd = self._round
-        if rnd is None or not rnd.joinable(time.monotonic()):
-            rnd = self._round = Round()
-        rnd.members += 1
+        rnd = self.teller.join()
         began = time.monotonic()
         try:
             return await self._cycle(host, jobs, now, rnd)
         finally:
             self.stats.cycled(host, time.monotonic() - began)
-            rnd.members -= 1
-            if rnd.members == 0:
-                if self._round is rnd:
-                    self._round = None
-                await tell(self.ctx, self.store, rnd)
+            await self.teller.leave(rnd)
 
     async def _cycle(
         self, host: str, jobs: Sequence[str] | None, now: float | None, rnd: Round
@@ -468,8 +463,10 @@ class Watcher:
         )
 
     async def drain(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) for automatic restarts still running in the background."""
+        """Wait (at most ``timeout`` s each) for automatic restarts and posts still running in the
+        background."""
         await self.restarts.drain(timeout)
+        await self.teller.drain(timeout)
 
 
 def _differs(a: Incident, b: Incident) -> bool:

@@ -91,3 +91,14 @@ async def test_the_tier3_budget_lets_a_burst_through_then_keeps_the_rate() -> No
     assert budget.backlog()[0] == 1
     await asyncio.wait_for(waiter, 5)
     assert time.monotonic() - began >= 0.09 and budget.backlog() == (0, 0.0)
+
+
+async def test_429s_past_the_client_s_own_retries_are_waited_out_not_lost(fake_slack: FakeSlack) -> None:
+    """Five 429s in a row (slack_sdk retries three times): the outbox waits out the rest and the post still lands, once."""
+    outbox = _outbox(fake_slack, pace=0)
+    for _ in range(5):
+        fake_slack.rate_limit_next("chat.postMessage", retry_after=0)
+    await outbox.post(Reply(title="once"), ANNOUNCE)
+    assert [m["text"] for m in fake_slack.posted_to(ANNOUNCE)] == ["once"]
+    assert [c.status for c in await fake_slack.calls("chat.postMessage")] == [429] * 5 + [200]
+    assert outbox.failures == []

@@ -228,6 +228,7 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
                 {d.condition for d in (await watcher.cycle("gpu07", now=T0 + k * 1.5)).values()}
                 for k in (1, 2, 3)
             ]
+            await watcher.teller.drain(120)  # a cycle waits for its story at most storm.TELL_WAIT s
             took = time.monotonic() - began
             assert conditions == [{"probe_failed"}, {"probe_failed"}, {"unreachable"}]
             (alert,) = _top(fake_slack, team)
@@ -253,6 +254,7 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
             posts_before = len(await fake_slack.calls("chat.postMessage", ok=True))
             await gate.open()
             back = await watcher.cycle("gpu07", now=T0 + 6)
+            await watcher.teller.drain(120)
             assert {d.condition for d in back.values()} == {"ok"}
             new_posts = (await fake_slack.calls("chat.postMessage", ok=True))[posts_before:]
             assert len(new_posts) == 1 and new_posts[0].args["thread_ts"] == alert["ts"]
@@ -302,6 +304,7 @@ async def test_60_jobs_crashing_across_6_hosts_reach_slack_grouped_and_complete(
                 jobs.kill(n)
             began = time.monotonic()
             assert await round_at(T0 + 2) == {"dead"}
+            await watcher.teller.drain(120)
             took = time.monotonic() - began
             told: list[str] = []
             for team in teams:
