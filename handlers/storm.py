@@ -11,7 +11,7 @@ paused and resolved on its own (:mod:`pipeline.state.incidents`) — but they ar
 - :func:`plan` groups a round per channel (pure): from ``[slack] group_from`` jobs of one host
   unreachable, one **host story** ("host gpu-07 unreachable: 40 jobs cannot be checked: dflash,
   …"); from ``group_from`` other incidents, one **grouped post** with a line per job; from
-  ``group_from`` resolutions, one grouped resolution.  Fewer are told one by one, as before (jobs
+  ``group_from`` resolutions, one grouped resolution (and reminders alike, :func:`plan_reminders`).  Fewer are told one by one, as before (jobs
   with channels of their own never storm one channel);
 - a story is one headline (``story:ID``, paging ``alert_mention`` and every member's owners); each
   member keeps a message of its own, a one-line reply in the story's thread
@@ -33,7 +33,15 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from handlers.alerts import alert_reply, mention_of, owners_of, resolved_headline, resolved_reply
+from handlers.alerts import (
+    alert_reply,
+    incident_reminder,
+    mention_of,
+    owners_of,
+    reminder_reply,
+    resolved_headline,
+    resolved_reply,
+)
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.reply import mention as _mention
@@ -51,7 +59,7 @@ NAMES_IN_TITLE = 5  #: job names a host story's title lists before "and N more"
 
 @dataclass(frozen=True)
 class Told:
-    """One incident opened or resolved in a round, to be told.
+    """One incident opened, resolved or reminded of in a round, to be told.
 
     :ivar channel: its job's channel (None: the announce channel).
     :ivar at: when the cycle decided it (unix s).
@@ -68,6 +76,7 @@ class Round:
 
     :ivar began: when it began (monotonic s).
     :ivar members: cycles still running in it.
+    :ivar opened: incidents it opened; ``resolved``, ``reminded``: those it resolved, reminded of.
     :ivar later: posts that follow an opened incident's headline (hang evidence), in order.
     """
 
@@ -75,6 +84,7 @@ class Round:
     members: int = 0
     opened: list[Told] = field(default_factory=list)
     resolved: list[Told] = field(default_factory=list)
+    reminded: list[Told] = field(default_factory=list)
     later: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def joinable(self, now: float) -> bool:
@@ -130,10 +140,10 @@ class Story:
 
     :ivar key: the outbox key of its headline (``story:ID``), or the story its resolved members
         were told in (a grouped resolution goes in that thread).
-    :ivar kind: ``host`` (one host unreachable), ``failures`` or ``resolved``.
+    :ivar kind: ``host`` (one host unreachable), ``failures``, ``resolved`` or ``reminder``.
     :ivar channel: where its headline goes (None: the announce channel).
     :ivar host: the host of a ``host`` story.
-    :ivar thread: a grouped resolution of one story's members: posted in its thread.
+    :ivar thread: a grouped resolution or reminder of one story's members: posted in its thread.
     """
 
     key: str
@@ -166,7 +176,6 @@ def plan(
         return [], list(opened), list(resolved)
     stories: list[Story] = []
     single_open: list[Told] = []
-    single_resolved: list[Told] = []
     for channel, told in _by_channel(opened, announce).items():
         by_host: dict[str, list[Told]] = {}
         rest: list[Told] = []
@@ -184,15 +193,40 @@ def plan(
             stories.append(Story(_new_key(), "failures", channel, tuple(rest)))
         else:
             single_open.extend(rest)
-    for channel, told in _by_channel(resolved, announce).items():
-        if len(told) < group_from:
-            single_resolved.extend(told)
+    single_resolved = _follow_ups("resolved", resolved, stories, group_from, announce)
+    return stories, single_open, single_resolved
+
+
+def _follow_ups(
+    kind: str, told: Sequence[Told], stories: list[Story], group_from: int, announce: str | None
+) -> list[Told]:
+    """Group resolutions or reminders per channel into ``stories`` (``group_from`` or more in a
+    channel; in the thread of the story they were all told in, if one); returns the rest."""
+    alone: list[Told] = []
+    for channel, same in _by_channel(told, announce).items():
+        if len(same) < group_from:
+            alone.extend(same)
             continue
-        common = {t.incident.story for t in told}
+        common = {t.incident.story for t in same}
         told_in = common.pop() if len(common) == 1 else None
         key = told_in or _new_key()
-        stories.append(Story(key, "resolved", channel, tuple(told), thread=told_in is not None))
-    return stories, single_open, single_resolved
+        stories.append(Story(key, kind, channel, tuple(same), thread=told_in is not None))
+    return alone
+
+
+def plan_reminders(
+    reminded: Sequence[Told], *, group_from: int, announce: str | None
+) -> tuple[list[Story], list[Told]]:
+    """Group one round's reminders like its resolutions (pure): ``group_from`` or more in a
+    channel are one grouped reminder.
+
+    :returns: the grouped reminders, then the reminders told one by one.
+    """
+    if group_from <= 0:
+        return [], list(reminded)
+    stories: list[Story] = []
+    alone = _follow_ups("reminder", reminded, stories, group_from, announce)
+    return stories, alone
 
 
 def _by_channel(told: Sequence[Told], announce: str | None) -> dict[str | None, list[Told]]:
@@ -211,10 +245,15 @@ async def tell(ctx: Context, store: IncidentStore, rnd: Round) -> None:
     stories, opens, resolves = plan(
         rnd.opened, rnd.resolved, group_from=config.slack.group_from, announce=config.slack.announce_channel
     )
+    reminders, reminds = plan_reminders(
+        rnd.reminded, group_from=config.slack.group_from, announce=config.slack.announce_channel
+    )
     work: list[Awaitable[None]] = [_open_story(ctx, store, s) for s in stories if s.kind != "resolved"]
     work += [_resolve_story(ctx, s) for s in stories if s.kind == "resolved"]
+    work += [_remind_story(ctx, s) for s in reminders]
     work += [_open_one(ctx, t) for t in opens]
     work += [_resolve_one(ctx, t) for t in resolves]
+    work += [_remind_one(ctx, t) for t in reminds]
     for outcome in await asyncio.gather(*work, return_exceptions=True):
         if isinstance(outcome, BaseException):
             log.error("telling a watch round failed", exc_info=outcome)
@@ -234,6 +273,19 @@ async def _resolve_one(ctx: Context, t: Told) -> None:
     inc = t.incident
     await ctx.outbox.thread(inc.thread_key, resolved_reply(inc, now=t.at), t.channel)
     await ctx.outbox.announce(inc.thread_key, resolved_headline(inc, ctx.config, now=t.at), t.channel)
+
+
+async def _remind_one(ctx: Context, t: Told) -> None:
+    inc = t.incident
+    await ctx.outbox.thread(inc.thread_key, reminder_reply(inc, ctx.config, now=t.at), t.channel)
+
+
+async def _remind_story(ctx: Context, story: Story) -> None:
+    reply = story_reminder_reply(story, ctx.config, now=story.members[0].at)
+    if story.thread:
+        await ctx.outbox.thread(story.key, reply, story.channel)
+    else:
+        await ctx.outbox.post(reply, story.channel)
 
 
 async def _join(store: IncidentStore, t: Told, key: str) -> Told:
@@ -335,7 +387,31 @@ def story_resolved_reply(story: Story, *, now: float) -> Reply:
     return Reply(title=title, status=Status.OK, lines=lines, thread_key=story.key)
 
 
+def story_reminder_reply(story: Story, config: Config, *, now: float) -> Reply:
+    """One grouped reminder: who is paged again, and a line per job still open and not acknowledged."""
+    incidents = [t.incident for t in story.members]
+    owners = tuple(dict.fromkeys(o for inc in incidents for o in owners_of(inc, config)))
+    who = " ".join(w for w in (mention_of(config), *map(_mention, owners)) if w)
+    kinds = Counter(inc.kind.value for inc in incidents)
+    title = story_reminder_title(len(incidents), kinds)
+    lines = tuple(incident_reminder(inc.job, inc.kind.value, now - inc.opened_at) for inc in incidents)
+    return Reply(
+        title=f"{who} {title}" if who else title,
+        page=config.slack.alert_mention,
+        owners=owners,
+        status=Status.WARNING,
+        lines=lines,
+        thread_key=story.key,
+    )
+
+
 # --- text ---------------------------------------------------------------------------------------
+
+
+def story_reminder_title(count: int, kinds: Counter[str]) -> str:
+    """The headline of a grouped reminder: ``still open, not acknowledged: 40 jobs (40 unreachable)``."""
+    parts = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in kinds.most_common())
+    return f"still open, not acknowledged: {count} jobs ({parts})"
 
 
 def _listed(names: Sequence[str]) -> str:

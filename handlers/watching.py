@@ -39,7 +39,6 @@ from handlers.alerts import (
     auto_restart_reply,
     changed_reply,
     give_up_reply,
-    reminder_reply,
 )
 from handlers.auth import SYSTEM_USER
 from handlers.context import Context
@@ -339,7 +338,10 @@ class Watcher:
                 if updated is None:
                     return
                 current = updated
-                await self._post(action, updated, channel, now)
+                if action.kind is ActionKind.REMIND:
+                    rnd.reminded.append(Told(updated, channel, now))  # grouped like alerts
+                else:
+                    await self._post(action, updated, channel, now)
                 if action.kind is ActionKind.CHANGE:
                     await self._hang_evidence(updated, channel)
         if decision.incident is not None and current is not None:
@@ -351,9 +353,7 @@ class Watcher:
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx
-        if action.kind is ActionKind.REMIND:
-            await ctx.outbox.thread(inc.thread_key, reminder_reply(inc, ctx.config, now=now), channel)
-        elif action.kind is ActionKind.CHANGE:
+        if action.kind is ActionKind.CHANGE:
             assert action.previous is not None
             await ctx.outbox.thread(inc.thread_key, changed_reply(inc, action.previous), channel)
             await ctx.outbox.announce(

@@ -22,7 +22,7 @@ from bot.assembly import build_context, build_watcher, close_context
 from bot.slack_api import web_client
 from bot.slack_outbox import SlackOutbox
 from handlers.context import Context
-from handlers.storm import Told, plan
+from handlers.storm import Told, plan, plan_reminders
 from handlers.watching import ack_command
 from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, SlackSettings, WatchSettings
 from pipeline.state.incidents import Incident, IncidentKind
@@ -75,6 +75,23 @@ def test_plan_tells_a_grouped_resolution_in_its_story_s_thread() -> None:
     mixed = [*members[:2], _told("other", IncidentKind.DEAD)]
     (story,), _, _ = plan([], mixed, group_from=3, announce=ANNOUNCE)
     assert story.thread is False and story.key != "story:abc"
+
+
+def test_reminders_of_one_round_are_grouped_like_alerts() -> None:
+    """group_from reminders in one channel are one grouped reminder, in their story's thread when they share one."""
+    members = [
+        Told(t.incident.model_copy(update={"story": "story:abc"}), t.channel, t.at)
+        for t in (_told(f"j{i}", IncidentKind.DEAD) for i in range(4))
+    ]
+    (story,), alone = plan_reminders(members, group_from=3, announce=ANNOUNCE)
+    assert (story.kind, story.key, story.thread, len(story.members), alone) == (
+        "reminder",
+        "story:abc",
+        True,
+        4,
+        [],
+    )
+    assert plan_reminders(members[:2], group_from=3, announce=ANNOUNCE) == ([], members[:2])
 
 
 # --- end to end -----------------------------------------------------------------------------------
@@ -219,7 +236,7 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
         for n in names:
             jobs.start(n)
         async with _pitstop(fake_slack, redis_config, hosts, cfgs) as (ctx, outbox):
-            watcher = build_watcher(ctx)
+            watcher = build_watcher(ctx, remind_every=1.0)
             seen = await watcher.cycle("gpu07", now=T0)
             assert {d.condition for d in seen.values()} == {"ok"} and len(seen) == 40
             await gate.cut()
@@ -241,6 +258,13 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
             )
             assert took < 40 * PACE + 15  # README: the story at once, then its lines at pace
             assert await _rate_limited(fake_slack) == [] and outbox.failures == []
+            # still unreachable at the next reminder: the 40 reminders are one post in the story's thread
+            posts_before = len(await fake_slack.calls("chat.postMessage", ok=True))
+            await watcher.cycle("gpu07", now=T0 + 6)
+            await watcher.teller.drain(120)
+            reminded = (await fake_slack.calls("chat.postMessage", ok=True))[posts_before:]
+            assert len(reminded) == 1 and reminded[0].args["thread_ts"] == alert["ts"]
+            assert "still open, not acknowledged: 40 jobs (40 unreachable)" in str(reminded[0].args["text"])
             # one job acknowledged on its own: its own line changes, the others stay as they were
             reply = await ack_command(ctx, "job-07", "U0ACK")
             assert reply.title.startswith("acknowledged by <@U0ACK>")
@@ -253,7 +277,7 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
             # the host comes back: one grouped resolution, each job's line updated in place
             posts_before = len(await fake_slack.calls("chat.postMessage", ok=True))
             await gate.open()
-            back = await watcher.cycle("gpu07", now=T0 + 6)
+            back = await watcher.cycle("gpu07", now=T0 + 6.5)
             await watcher.teller.drain(120)
             assert {d.condition for d in back.values()} == {"ok"}
             new_posts = (await fake_slack.calls("chat.postMessage", ok=True))[posts_before:]
