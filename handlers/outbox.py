@@ -5,7 +5,8 @@ should see (a restart's live message, its thread, alerts, resolved notes, digest
 through an :class:`Outbox`.  ``bot/`` implements it for Slack (``chat.postMessage`` /
 ``chat.update`` / threads) and for the console (rich); tests use :class:`MemoryOutbox`.
 
-Keys name a headline message: ``run:r-42`` (a restart), ``incident:dflash:7`` (an alert).
+Keys name a headline message: ``run:r-42`` (a restart), ``incident:dflash:7`` (an alert),
+``story:ID`` (a grouped post of an alert storm, :mod:`handlers.storm`).
 """
 
 from __future__ import annotations
