@@ -190,6 +190,11 @@ class ConsoleOutbox:
         """Print a thread reply under its key."""
         self.console.print(self.renderer.render(reply, key_prefix(key) + " ↳"))
 
+    async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
+        """Print a grouped post's member headline under the grouped post's key."""
+        self._shown[key] = reply
+        self.console.print(self.renderer.render(reply, key_prefix(key)))
+
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Print a standalone post (a digest)."""
         self.console.print(self.renderer.render(reply, key_prefix(reply.thread_key)))

@@ -3,7 +3,8 @@
 HTTP mode listens on ``--host``/``--port``: ``POST /slack/events`` takes events, slash
 commands and interactivity (Bolt verifies the signature: a bad, stale or missing one gets
 401), ``GET /healthz`` answers JSON with the state of Redis and Slack (200 when both are
-fine, else 503).  Socket Mode (``--socket``) needs no public URL: slack_sdk's aiohttp
+fine, else 503; ``slack.queue``: what waits for Slack's pace, and how long), ``GET /metrics``
+the Prometheus text format (:mod:`bot.metrics`).  Socket Mode (``--socket``) needs no public URL: slack_sdk's aiohttp
 ``SocketModeClient`` under Bolt's ``AsyncSocketModeHandler`` opens the connection
 (``apps.connections.open``) and reconnects when Slack asks (``disconnect``), waiting between tries
 when Slack refuses one over its 10-connection cap (:mod:`bot.socket_mode`).
@@ -34,6 +35,9 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.assembly import build_context, close_context, new_instance_id
+from bot.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from bot.metrics import read_snapshot
+from bot.metrics import render as metrics_page
 from bot.scheduler import PitstopScheduler
 from bot.slack_api import web_client
 from bot.slack_app import SlackSurface
@@ -54,6 +58,7 @@ log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
+METRICS_PATH = "/metrics"
 HEALTH_TTL = 30.0  #: seconds an ``auth.test`` result is reused by /healthz
 DRAIN_TIMEOUT = 10.0  #: seconds given to answers and restarts in flight at shutdown
 
@@ -105,6 +110,7 @@ class SlackRuntime:
             if refused is not None:
                 out["socket_mode"], out["socket_refused"] = "refused", refused
             out["ok"] = bool(out.get("ok")) and connected
+        out["queue"] = self.outbox.queue()  #: posts and updates waiting for Slack's pace, with age
         out["refused_posts"] = len(self.outbox.failures)
         out["last_delivery_failure"] = self.outbox.last_failure
         out["last_undelivered_alert"] = self.outbox.last_undelivered
@@ -127,6 +133,14 @@ class SlackRuntime:
             "last_save": fmt.clock(kept.last_save, date=True),
             "persisted": "every second (append-only file)" if kept.aof and kept.aof_ok else "at snapshots",
         }
+
+    async def metrics(self) -> bytes:
+        """The ``/metrics`` page: Prometheus's text format (:mod:`bot.metrics`).
+
+        :raises StateUnavailable: if Redis does not answer.
+        """
+        stats = self.scheduler.watcher.stats if self.scheduler is not None else None
+        return metrics_page(await read_snapshot(self.ctx, stats, self.outbox))
 
     async def health(self) -> dict[str, Any]:
         """``{"ok": bool, "redis": {...}, "slack": {...}}``."""
@@ -232,10 +246,16 @@ async def open_runtime(
 # --- HTTP ----------------------------------------------------------------------------------------
 
 
-def http_app(surface: SlackSurface, health: Callable[[], Awaitable[dict[str, Any]]]) -> web.Application:
-    """The aiohttp application: ``POST /slack/events`` through Bolt, ``GET /healthz``.
+def http_app(
+    surface: SlackSurface,
+    health: Callable[[], Awaitable[dict[str, Any]]],
+    metrics: Callable[[], Awaitable[bytes]] | None = None,
+) -> web.Application:
+    """The aiohttp application: ``POST /slack/events`` through Bolt, ``GET /healthz``, and with
+    ``metrics`` ``GET /metrics``.
 
     :param health: returns the ``/healthz`` JSON (``ok`` decides 200 or 503).
+    :param metrics: returns the ``/metrics`` page (503 while Redis does not answer).
     """
 
     async def events(request: web.Request) -> web.Response:
@@ -248,9 +268,19 @@ def http_app(surface: SlackSurface, health: Callable[[], Awaitable[dict[str, Any
         state = await health()
         return web.json_response(state, status=200 if state.get("ok") else 503)
 
+    async def prometheus(request: web.Request) -> web.Response:
+        assert metrics is not None
+        try:
+            page = await metrics()
+        except StateUnavailable as exc:
+            return web.Response(status=503, text=f"# state store unavailable: {exc.detail}\n")
+        return web.Response(body=page, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     app = web.Application()
     app.router.add_post(EVENTS_PATH, events)
     app.router.add_get(HEALTH_PATH, healthz)
+    if metrics is not None:
+        app.router.add_get(METRICS_PATH, prometheus)
     return app
 
 
@@ -308,7 +338,8 @@ async def serve_http(
     """
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
     try:
-        server = await start_http(http_app(runtime.surface, runtime.health), host=host, port=port)
+        app = http_app(runtime.surface, runtime.health, runtime.metrics)
+        server = await start_http(app, host=host, port=port)
         try:
             print(serve_listening(server.url), file=sys.stderr, flush=True)
             await asyncio.Event().wait()
@@ -380,7 +411,7 @@ def state_store_was_away(outage: Outage, timezone: str) -> Reply:
 
 def serve_listening(url: str) -> str:
     """``pitstop serve`` is up (HTTP mode)."""
-    return f"serving Slack on {url} (POST /slack/events, GET /healthz)"
+    return f"serving Slack on {url} (POST /slack/events, GET /healthz, GET /metrics)"
 
 
 def serve_socket_connected() -> str:

@@ -88,8 +88,21 @@ def error_of(exc: BaseException) -> tuple[str, bool]:
     return type(exc).__name__, True
 
 
+def retry_after(exc: BaseException, default: float = 1.0) -> float:
+    """Seconds Slack asked a rate-limited call to wait (HTTP 429 ``Retry-After``), else ``default``."""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    raw = next((v for k, v in dict(headers).items() if str(k).lower() == "retry-after"), None)
+    if isinstance(raw, list | tuple):
+        raw = raw[0] if raw else None
+    try:
+        return max(0.0, float(raw)) if raw is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
 class Pacer:
-    """At most one post per ``interval`` seconds to one channel (Slack allows about 1/s).
+    """At most one post per ``interval`` seconds to one channel (Slack allows about 1/s), in the
+    order they asked; what waits is the channel's queue (:meth:`backlog`, shown in ``/healthz``).
 
     :param interval: minimum seconds between two posts to one channel (0 disables pacing).
     """
@@ -98,19 +111,90 @@ class Pacer:
         self.interval = interval
         self._next: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, dict[int, float]] = {}  #: channel → waiter id → when it asked (monotonic s)
+        self._seq = 0
 
     async def wait(self, channel: str) -> None:
-        """Return when a post to ``channel`` may go; reserves that slot."""
+        """Return when a post to ``channel`` may go; reserves that slot.  Waiters go in the order
+        they asked (asyncio's lock is first come, first served)."""
         if self.interval <= 0:
             return
+        self._seq += 1
+        me, queue = self._seq, self._waiting.setdefault(channel, {})
+        queue[me] = time.monotonic()
         lock = self._locks.setdefault(channel, asyncio.Lock())
-        async with lock:
-            now = time.monotonic()
-            due = self._next.get(channel, 0.0)
-            if due > now:
-                await asyncio.sleep(due - now)
+        try:
+            async with lock:
                 now = time.monotonic()
-            self._next[channel] = now + self.interval
+                due = self._next.get(channel, 0.0)
+                if due > now:
+                    await asyncio.sleep(due - now)
+                    now = time.monotonic()
+                self._next[channel] = now + self.interval
+                if len(self._next) > 10_000:  # keys of messages long since updated
+                    self._next = {k: v for k, v in self._next.items() if v > now}
+                    self._locks = {k: v for k, v in self._locks.items() if k in self._next or v.locked()}
+        finally:
+            queue.pop(me, None)
+
+    def backlog(self) -> dict[str, tuple[int, float]]:
+        """Channel → (posts waiting for their slot, seconds the oldest has waited), for channels
+        with a queue."""
+        now = time.monotonic()
+        return {ch: (len(q), now - min(q.values())) for ch, q in self._waiting.items() if q}
+
+
+class Budget:
+    """A token bucket for a Web API method limited per workspace (Slack's tiers): ``burst`` calls
+    at once, then ``rate`` per second; callers wait their turn in order.
+
+    :param burst: calls allowed back to back.
+    :param rate: calls per second after that.
+    """
+
+    def __init__(self, burst: float, rate: float) -> None:
+        self.burst = burst
+        self.rate = rate
+        self._tokens = burst
+        self._at = time.monotonic()
+        self._lock = asyncio.Lock()
+        self._waiting: dict[int, float] = {}  #: waiter id → when it asked (monotonic s)
+        self._seq = 0
+
+    @classmethod
+    def tier3(cls) -> Budget:
+        """Tier 3 (``chat.update``): 50 per minute, https://api.slack.com/apis/rate-limits; kept
+        at 45 per minute (calls reach Slack in another order than they left), the burst
+        (:data:`TIER3_BURST`) below one minute's allowance."""
+        return cls(TIER3_BURST, 45 / 60)
+
+    async def wait(self) -> None:
+        """Return when one call may go; takes its token."""
+        self._seq += 1
+        me = self._seq
+        self._waiting[me] = time.monotonic()
+        try:
+            async with self._lock:
+                now = time.monotonic()
+                self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+                self._at = now
+                if self._tokens < 1:
+                    await asyncio.sleep((1 - self._tokens) / self.rate)
+                    self._tokens, self._at = 1.0, time.monotonic()
+                self._tokens -= 1
+        finally:
+            self._waiting.pop(me, None)
+
+    def backlog(self) -> tuple[int, float]:
+        """(calls waiting for a token, seconds the oldest has waited)."""
+        if not self._waiting:
+            return 0, 0.0
+        return len(self._waiting), time.monotonic() - min(self._waiting.values())
+
+
+#: Tier 3 calls made back to back before keeping to 45 per minute: below one minute's allowance
+#: (Slack allows bursts without saying how large; a 429 beyond them is waited out, ``Retry-After``)
+TIER3_BURST = 40
 
 
 def fix_for(error: str, channel: str) -> str:

@@ -5,8 +5,12 @@ edits it in place (``chat.update``); where it lives is kept in Redis
 (:class:`pipeline.state.posts.Posts`), so any replica can update it or post in its thread
 (``thread(key)``, ``thread_ts``).  ``post()`` is a standalone message; a chart is uploaded with
 ``files_upload_v2`` (after ``conversations.join`` for a public channel the bot is not in).
-Payloads come from :mod:`bot.blocks` (within Slack's limits); posts to one channel are paced
-(``[slack] pace``, :class:`bot.slack_api.Pacer`); a 429 waits ``Retry-After``.
+Payloads come from :mod:`bot.blocks` (within Slack's limits); one message is posted or updated
+by :class:`bot.slack_send.SlackSender` (posts to one channel paced by ``[slack] pace`` and queued
+in order, updates of one message folded into the newest, ``chat.update`` within Tier 3; a 429
+waits ``Retry-After``; :meth:`~bot.slack_send.SlackSender.queue` shows what waits).  A headline
+may be a member of a grouped post (:meth:`SlackOutbox.announce_in`, an alert storm): a reply in
+that post's thread, which its own thread replies go to.
 
 **Never silent, never twice.**  A post never breaks the restart that reports through it.
 Transient failures are retried with backoff (:data:`bot.slack_api.ATTEMPTS`); a post whose
@@ -26,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +41,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot import blocks
 from bot.people import People
-from bot.slack_api import ATTEMPTS, BACKOFF, TRANSIENT, Pacer, Refused, detail_of, error_of, refused_notice
+from bot.slack_api import BACKOFF, Refused, detail_of, error_of, refused_notice
+from bot.slack_send import METADATA_TYPE, PAGE, PAGES, SlackSender, slack_gave_up
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
 from pipeline.state.posts import Posts
@@ -49,11 +53,10 @@ log = logging.getLogger(__name__)
 
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
 SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
-PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
-METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
+__all__ = ["METADATA_TYPE", "PAGE", "PAGES", "SETTLE", "SlackOutbox", "slack_gave_up"]
 
 
-class SlackOutbox:
+class SlackOutbox(SlackSender):
     """:class:`~handlers.outbox.Outbox` over the Slack Web API.
 
     :param client: the Web API client (bot token), e.g. from :func:`web_client`.
@@ -85,13 +88,10 @@ class SlackOutbox:
         fallback_channel: str | None = None,
         page_by_dm: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
-        self.client = client
+        super().__init__(client, pace=pace, backoff=backoff, settle=settle)
         self.default_channel = default_channel
-        self.pacer = Pacer(pace)
         self.instance = instance or "pitstop"
         self.people = people or People(client)
-        self.backoff = backoff
-        self.settle = settle
         self.fallback_channel = fallback_channel
         self.page_by_dm = page_by_dm
         #: the newest alert refused in its channel: at, title, channel, error, told (for /healthz)
@@ -106,6 +106,7 @@ class SlackOutbox:
         self._posts: Posts | None = None
         self._runs: RunStore | None = None
         self._local: dict[str, tuple[str, str]] = {}
+        self._parents: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, tuple[Reply, str | None]] = {}
 
@@ -133,10 +134,20 @@ class SlackOutbox:
         """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""
         return self._local.get(key) if self._posts is None else await self._posts.where(key)
 
-    async def _remember(self, key: str, channel: str, ts: str) -> None:
-        self._local[key] = (channel, ts)
+    async def thread_of(self, key: str) -> tuple[str, str] | None:
+        """``(channel, thread ts)`` where replies about ``key`` go (a member of a grouped post:
+        the grouped post's thread), or None if nothing was posted."""
         if self._posts is not None:
-            await self._posts.remember(key, channel, ts)
+            return await self._posts.thread_of(key)
+        loc = self._local.get(key)
+        return None if loc is None else (loc[0], self._parents.get(key, loc[1]))
+
+    async def _remember(self, key: str, channel: str, ts: str, parent: str | None = None) -> None:
+        self._local[key] = (channel, ts)
+        if parent:
+            self._parents[key] = parent
+        if self._posts is not None:
+            await self._posts.remember(key, channel, ts, parent)
 
     async def _claim(self, key: str) -> bool:
         """True if this process may post ``key``'s headline (no other replica is posting it)."""
@@ -203,14 +214,38 @@ class SlackOutbox:
             await self.upload("", target, thread_ts=ts, title=f.title, content=f.content, filename=f.filename)
         return target, ts
 
+    async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
+        """Post ``key``'s headline as a member of the grouped post ``story``: a reply in its
+        thread when ``channel`` is the grouped post's, else a message of its own in ``channel``;
+        :meth:`announce` updates it in place later, :meth:`thread` posts in the grouped post's
+        thread (Slack threads have one level).
+
+        :param channel: channel id; None → ``default_channel``.
+        """
+        target = channel or self.default_channel
+        parent = await self.where(story)
+        if parent is None or parent[0] != target:
+            await self.announce(key, reply, channel)
+            return
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if await self.where(key) is not None or not await self._claim(key):
+                return  # already told (another replica, or an earlier call)
+            ts = await self._send(parent[0], reply, thread_ts=parent[1], follow_ups=True, key=key)
+            if ts is None:
+                if self._posts is not None:
+                    await self._posts.unclaim(key)
+                return
+            await self._remember(key, parent[0], ts, parent=parent[1])
+
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
-        """Post ``reply`` in the thread under ``key``'s headline; with no headline yet,
-        ``reply`` becomes the headline."""
-        loc = await self.where(key)
+        """Post ``reply`` in the thread under ``key``'s headline (for a member of a grouped
+        post, the grouped post's thread); with no headline yet, ``reply`` becomes the headline."""
+        loc = await self.thread_of(key)
         if loc is None:
             lock = self._locks.setdefault(key, asyncio.Lock())
             async with lock:
-                loc = await self.where(key)
+                loc = await self.thread_of(key)
                 if loc is None:
                     await self._announce(key, reply, channel)
                     return
@@ -265,112 +300,12 @@ class SlackOutbox:
             await self.upload("", channel, thread_ts=thread_ts or ts, title=reply.title, content=text)
         return ts
 
-    async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
-        """``chat.postMessage`` of one rendered message, at most once.
-
-        Transient errors are retried after :attr:`backoff` (doubling); when the outcome is
-        unknown the message is looked up by its metadata id before another try.
-
-        :returns: the message ts.
-        :raises Refused: if Slack refused it for good, or its outcome stayed unknown.
-        """
-        post_id = uuid.uuid4().hex
-        metadata = {"event_type": METADATA_TYPE, "event_payload": {"post_id": post_id}}
-        since = time.time() - 60  # Slack's clock may differ a little from ours
-        unknown = False
-        error = "unknown_error"
-        for attempt in range(ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-            if unknown:
-                found = await self._find(channel, thread_ts, post_id, since)
-                if found:
-                    return found
-            await self.pacer.wait(channel)
-            try:
-                resp = await self.client.chat_postMessage(
-                    channel=channel,
-                    thread_ts=thread_ts,
-                    unfurl_links=False,
-                    unfurl_media=False,
-                    metadata=metadata,
-                    **payload,
-                )
-                return str(resp["ts"])
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                error, maybe = error_of(exc)
-                unknown = unknown or maybe
-                if not maybe and error not in TRANSIENT and error != "connection_failed":
-                    raise Refused(error, detail_of(exc)) from None
-        if unknown:
-            found = await self._find(channel, thread_ts, post_id, since)
-            if found:
-                return found
-        raise Refused(error, slack_gave_up(ATTEMPTS))
-
-    async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
-        """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not
-        there, after looking twice :attr:`settle` s apart (Slack may list a stored message late).
-
-        :raises Refused: (``outcome_unknown``) when the lookup itself fails: sending again could
-            post twice, so the post is given up and reported instead.
-        """
-        found = await self._look(channel, thread_ts, post_id, since)
-        if not found and self.settle > 0:
-            await asyncio.sleep(self.settle)
-            found = await self._look(channel, thread_ts, post_id, since)
-        return found
-
-    async def _look(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
-        """One look-up of ``post_id`` among the messages since ``since`` (unix s), page by page."""
-        cursor = ""
-        for _ in range(PAGES):
-            args: dict[str, Any] = {
-                "channel": channel,
-                "oldest": f"{since:.6f}",
-                "include_all_metadata": True,
-                "limit": PAGE,
-            }
-            if cursor:
-                args["cursor"] = cursor
-            try:
-                if thread_ts:
-                    resp = await self.client.conversations_replies(ts=thread_ts, **args)
-                else:
-                    resp = await self.client.conversations_history(**args)
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
-            for msg in resp.get("messages") or []:
-                meta = msg.get("metadata") or {}
-                if (
-                    meta.get("event_type") == METADATA_TYPE
-                    and (meta.get("event_payload") or {}).get("post_id") == post_id
-                ):
-                    return str(msg["ts"])
-            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
-            if not cursor:
-                break
-        return ""
-
     async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
-        """``chat.update`` of a headline (safe to repeat), retried on transient errors.
+        """``chat.update`` of a headline with ``reply`` (:meth:`update_payload`).
 
         :raises Refused: with Slack's error code.
         """
-        payload = blocks.message(reply, follow_ups=False, names=await self.names(reply))
-        error = "unknown_error"
-        for attempt in range(ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-            await self.pacer.wait(loc[0])
-            try:
-                await self.client.chat_update(channel=loc[0], ts=loc[1], **payload)
-                return
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                error, maybe = error_of(exc)
-                if not maybe and error not in TRANSIENT and error != "connection_failed":
-                    raise Refused(error, detail_of(exc)) from None
-        raise Refused(error, slack_gave_up(ATTEMPTS))
+        await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=await self.names(reply)))
 
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
         """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
@@ -587,8 +522,3 @@ def slack_not_posted(where: str, error: str) -> str:
 def slack_owner_note(channel: str) -> str:
     """The line above an alert DMed to an owner who is not in the channel it was posted in."""
     return f"You own this job and are not in <#{channel}>, where this was posted; acknowledging it there stops these messages."
-
-
-def slack_gave_up(attempts: int) -> str:
-    """Why a post was given up after its retries."""
-    return f"gave up after {attempts} tries"

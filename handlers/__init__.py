@@ -16,9 +16,10 @@ concept lives:
 - what is done and shown: restart/start/stop :mod:`~handlers.sequences`; a run as people see it
   :mod:`~handlers.runview`; verdict delivery :mod:`~handlers.verdicts`; the read-only verbs
   :mod:`~handlers.views`; digests and GPUs
-  :mod:`~handlers.reports`; the watch cycle, ``ack`` and ``watch`` :mod:`~handlers.watching`, its
-  alerts :mod:`~handlers.alerts`, crash checks :mod:`~handlers.crashcheck` and hang evidence
-  :mod:`~handlers.hangevidence`; no-progress loops and ``history --attempts``
+  :mod:`~handlers.reports`; the watch cycle :mod:`~handlers.watching` (``ack`` and ``watch`` :mod:`~handlers.acks`), its
+  alerts :mod:`~handlers.alerts`, alert storms told as one story :mod:`~handlers.storm`, its
+  measurements :mod:`~handlers.watchstats`, crash checks :mod:`~handlers.crashcheck` and hang
+  evidence :mod:`~handlers.hangevidence`; no-progress loops and ``history --attempts``
   :mod:`~handlers.attempts`; the throughput follow-up after a restart :mod:`~handlers.recovery`;
 - the reply model :mod:`~handlers.reply`, where team-visible posts go :mod:`~handlers.outbox`,
   a live message delivered at the surface's pace, last state wins :mod:`~handlers.latest`, and

@@ -105,6 +105,8 @@ def alert_reply(
     :returns: a WARNING reply (ERROR for dead and crash loops) keyed ``incident:JOB:N``.
     """
     now = time.time() if now is None else now
+    if incident.story is not None:
+        return _member_reply(incident, config, now)
     lines: list[str] = []
     owners = owners_of(incident, config) if mention else ()
     who = " ".join(w for w in (mention_of(config) if mention else None, *map(_mention, owners)) if w)
@@ -140,6 +142,22 @@ def alert_reply(
     )
 
 
+def _member_reply(incident: Incident, config: Config, now: float) -> Reply:
+    """An incident told in a grouped post (:mod:`handlers.storm`): its own short message, one line
+    (and the cause found, who acknowledged it); the story's headline pages and says how to ack."""
+    lines = [alert_detected_cause(incident.cause)] if incident.cause else []
+    severe = incident.kind in (IncidentKind.DEAD, IncidentKind.CRASH_LOOP)
+    fields = ((ALERT_FIELD_LABELS["acked"], mention(incident.acked_by)),) if incident.acked_by else ()
+    return Reply(
+        title=_title(incident, config, now),
+        status=Status.ERROR if severe else Status.WARNING,
+        lines=tuple(lines),
+        fields=fields,
+        thread_key=incident.thread_key,
+        exit_code=ExitCode.FAILED,
+    )
+
+
 def _policy(incident: Incident, config: Config) -> AutoRestart | None:
     return config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
 
@@ -162,7 +180,7 @@ def resolved_headline(incident: Incident, config: Config, *, now: float | None =
         title=alert_resolved_title(incident.kind.value, incident.job, _open_for(incident, now)),
         status=Status.OK,
         lines=(_resolved_text(incident, now),),
-        fields=_fields(incident, config, now),
+        fields=_fields(incident, config, now) if incident.story is None else (),
         thread_key=incident.thread_key,
     )
 

@@ -5,7 +5,8 @@ should see (a restart's live message, its thread, alerts, resolved notes, digest
 through an :class:`Outbox`.  ``bot/`` implements it for Slack (``chat.postMessage`` /
 ``chat.update`` / threads) and for the console (rich); tests use :class:`MemoryOutbox`.
 
-Keys name a headline message: ``run:r-42`` (a restart), ``incident:dflash:7`` (an alert).
+Keys name a headline message: ``run:r-42`` (a restart), ``incident:dflash:7`` (an alert),
+``story:ID`` (a grouped post of an alert storm, :mod:`handlers.storm`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ class Outbox(Protocol):
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
         """Post ``reply`` in the thread under ``key``'s headline (posting one if none yet)."""
 
+    async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
+        """Post ``key``'s headline as one member of the grouped post ``story`` (an alert storm).
+
+        In ``story``'s channel it is a reply in ``story``'s thread (Slack threads have one level,
+        so later :meth:`thread` posts about ``key`` go in that thread too); in another channel it
+        is a message of its own there.  Later :meth:`announce` calls update it in place.
+        """
+
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Post ``reply`` as a message of its own (digests), uploading ``reply.chart`` if set."""
 
@@ -43,10 +52,11 @@ class Outbox(Protocol):
 class Posted:
     """One call recorded by :class:`MemoryOutbox`."""
 
-    kind: str  #: "announce" | "thread" | "post" | "tell"
+    kind: str  #: "announce" | "announce_in" | "thread" | "post" | "tell"
     key: str | None
     reply: Reply
     channel: str | None
+    under: str | None = None  #: "announce_in": the grouped post's key
 
 
 @dataclass
@@ -62,6 +72,10 @@ class MemoryOutbox:
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
         """Record a thread reply."""
         self.posted.append(Posted("thread", key, reply, channel))
+
+    async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
+        """Record a member headline of a grouped post."""
+        self.posted.append(Posted("announce_in", key, reply, channel, story))
 
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Record a plain post."""

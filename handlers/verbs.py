@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from handlers import approval, grammar, reports, views, watching
+from handlers import acks, approval, grammar, reports, views
 from handlers.attempts import attempts_command, no_progress_warning
 from handlers.auth import SYSTEM_USER
 from handlers.commands import Command
@@ -170,11 +170,11 @@ async def _unlock(call: Call) -> Acted:
 async def _watch(call: Call) -> Acted:
     command = call.command
     assert command.state is not None  # the format requires on|off
-    return Acted(await watching.watch_command(call.ctx, _job(call), command.state, command.for_s, call.user))
+    return Acted(await acks.watch_command(call.ctx, _job(call), command.state, command.for_s, call.user))
 
 
 async def _ack(call: Call) -> Acted:
-    return Acted(await watching.ack_command(call.ctx, _job(call), call.user))
+    return Acted(await acks.ack_command(call.ctx, _job(call), call.user))
 
 
 async def _gpus(call: Call) -> Acted:

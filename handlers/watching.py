@@ -15,10 +15,10 @@ one posts.  An unreachable host is confirmed over a fresh connection
 Posts: the alert is the headline message ``incident:JOB:N`` in the job's channel (mentioning
 ``[slack] alert_mention``); reminders (every ``remind_every`` s while open and not
 acknowledged), kind changes, automatic restarts, the crash-loop give-up and ``resolved after
-N min`` go in its thread, and the headline is updated in place.  Events: ALERT (``kind`` dead |
-degraded | stalled | unreachable | crash_loop | idle_gpus), RESOLVED, RESTART (automatic restarts).
-The GPUs of jobs with ``idle_gpu_below`` set are read once per host and cycle
-(:func:`pipeline.observe.idle.read_watched`).
+N min`` go in its thread, and the headline is updated in place; many at once are told as one
+story (:mod:`handlers.storm`).  Events: ALERT (``kind`` dead | degraded | stalled | unreachable |
+crash_loop | idle_gpus), RESOLVED, RESTART (automatic restarts).  The GPUs of jobs with
+``idle_gpu_below`` set are read once per host and cycle (:func:`pipeline.observe.idle.read_watched`).
 
 Automatic restarts (opt-in, ``[jobs.NAME.watch] auto_restart``) go through the same
 :class:`~handlers.dispatch.Dispatcher` as a person's ``restart JOB`` — locked, posted and
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import difflib
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -37,15 +37,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from handlers.alerts import (
-    acked_reply,
     alert_exit_cause,
     alert_reply,
     auto_restart_reply,
     changed_reply,
     give_up_reply,
-    reminder_reply,
-    resolved_headline,
-    resolved_reply,
 )
 from handlers.attempts import no_progress_refusal
 from handlers.auth import SYSTEM_USER
@@ -53,10 +49,12 @@ from handlers.context import Context
 from handlers.crashcheck import check_crash, refusal, with_crash
 from handlers.hangevidence import KINDS as HANG_KINDS
 from handlers.hangevidence import hang_evidence
-from handlers.reply import Reply, Status, mention
+from handlers.reply import Reply
+from handlers.storm import Round, Storyteller, Told
+from handlers.watchstats import WatchStats
 from pipeline import fmt
 from pipeline.config import JobConfig
-from pipeline.errors import ExitCode, HostKeyRejected, HostUnreachable, PitstopError
+from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.contract import EvidenceArgs
 from pipeline.host.probe import JobProbe, call_helper, log_tail, recorded_identity
 from pipeline.observe import progress
@@ -80,7 +78,6 @@ from pipeline.verdict import Verdict
 log = logging.getLogger(__name__)
 
 AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
-DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
 AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
 MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
 
@@ -129,6 +126,10 @@ class Watcher:
         self._auto_fired: dict[str, float] = {}
         self._short: dict[str, str | None] = {}  #: job → where its engine last saw the count fall short
         self._probing = asyncio.Semaphore(MAX_HOSTS_AT_ONCE)
+        self.teller = Storyteller(
+            ctx, self.store
+        )  #: rounds of cycles, told as stories (:mod:`handlers.storm`)
+        self.stats = WatchStats()  #: probes and cycles measured, for ``/metrics``
 
     # --- one cycle ---------------------------------------------------------------------------
 
@@ -141,7 +142,22 @@ class Watcher:
         :param jobs: the jobs to watch (default: every job on ``host``).
         :param now: unix s (default: the current time).
         :returns: job name → the decision taken (paused and unprobeable jobs are absent).
+
+        The alerts and resolutions it decides are told when the last cycle of its round ends
+        (cycles of other hosts starting with it join it), grouped from ``[slack] group_from``
+        (:mod:`handlers.storm`); it returns once they are, or after ``storm.TELL_WAIT`` s.
         """
+        rnd = self.teller.join()
+        began = time.monotonic()
+        try:
+            return await self._cycle(host, jobs, now, rnd)
+        finally:
+            self.stats.cycled(host, time.monotonic() - began)
+            await self.teller.leave(rnd)
+
+    async def _cycle(
+        self, host: str, jobs: Sequence[str] | None, now: float | None, rnd: Round
+    ) -> dict[str, Decision]:
         config = self.ctx.config
         names = list(jobs) if jobs is not None else [n for n, j in config.jobs.items() if j.host == host]
         now = time.time() if now is None else now
@@ -165,6 +181,7 @@ class Watcher:
                 [(v.name, v.cfg, v.current or None) for v in views], reads
             )
             probe_s = round(time.monotonic() - began, 3)
+        probing = time.monotonic() - probe_s
         if any(probe_slow(probe_s, v.cfg) for v in views):
             log.warning(probe_slow_line(host, probe_s))
         unreachable: str | None = None
@@ -178,6 +195,7 @@ class Watcher:
                         [(v.name, v.cfg, v.current or None) for v in again], reads
                     ),
                 }
+        self.stats.probed(host, time.monotonic() - probing, failed=unreachable is not None)
         decisions: dict[str, Decision] = {}
         probes = {name: s.probe for name, s in seen.items()}
         steps = await progress.judge_many(self.ctx.ssh, self.store, tracked, probes, planned, now)
@@ -192,6 +210,8 @@ class Watcher:
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
+            if not probe.error:
+                self.stats.seen[view.name] = probe.count
             obs = dataclasses.replace(
                 self._observation(probe, now, unreachable),
                 progress=judged,
@@ -218,7 +238,7 @@ class Watcher:
             (by_name[n], d) for n, d in decisions.items() if d.actions or d.incident != by_name[n].incident
         ]
         if acting:
-            await asyncio.gather(*(self._apply(v, d, now) for v, d in acting))
+            await asyncio.gather(*(self._apply(v, d, now, rnd) for v, d in acting))
         return decisions
 
     async def load(self, names: Sequence[str], now: float) -> list[JobView]:
@@ -283,15 +303,15 @@ class Watcher:
 
     # --- applying transitions -----------------------------------------------------------------
 
-    async def _apply(self, view: JobView, decision: Decision, now: float) -> None:
+    async def _apply(self, view: JobView, decision: Decision, now: float, rnd: Round) -> None:
         try:
-            await self._apply_actions(view, decision, now)
+            await self._apply_actions(view, decision, now, rnd)
         except PitstopError as exc:
             log.warning("watch %s: %s", view.name, exc.message)
         except Exception:
             log.exception("watch %s: applying %s failed", view.name, [a.kind.value for a in decision.actions])
 
-    async def _apply_actions(self, view: JobView, decision: Decision, now: float) -> None:
+    async def _apply_actions(self, view: JobView, decision: Decision, now: float, rnd: Round) -> None:
         ctx, name = self.ctx, view.name
         channel = ctx.config.channel_for(name)
         current = view.incident
@@ -305,20 +325,15 @@ class Watcher:
                 if opened is None:
                     return  # another process opened it: it posts
                 current = opened
-                await ctx.outbox.announce(
-                    opened.thread_key, alert_reply(opened, ctx.config, now=now), channel
-                )
+                rnd.opened.append(Told(opened, channel, now))  # posted when the round is told
                 await self._event(EventKind.ALERT, opened)
-                await self._hang_evidence(opened, channel)
+                rnd.later.append(functools.partial(self._hang_evidence, opened, channel))
             elif action.kind is ActionKind.RESOLVE:
                 if current is None or not await self.store.close(current):
                     return
                 done = action.incident.model_copy(update={"n": current.n, "rev": current.rev})
                 current = None
-                await ctx.outbox.thread(done.thread_key, resolved_reply(done, now=now), channel)
-                await ctx.outbox.announce(
-                    done.thread_key, resolved_headline(done, ctx.config, now=now), channel
-                )
+                rnd.resolved.append(Told(done, channel, now))
                 await self._event(EventKind.RESOLVED, done, after_s=round(now - done.opened_at, 3))
             else:
                 if current is None:
@@ -337,7 +352,10 @@ class Watcher:
                 if updated is None:
                     return
                 current = updated
-                await self._post(action, updated, channel, now)
+                if action.kind is ActionKind.REMIND:
+                    rnd.reminded.append(Told(updated, channel, now))  # grouped like alerts
+                else:
+                    await self._post(action, updated, channel, now)
                 if action.kind is ActionKind.CHANGE:
                     await self._hang_evidence(updated, channel)
         if decision.incident is not None and current is not None:
@@ -349,9 +367,7 @@ class Watcher:
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx
-        if action.kind is ActionKind.REMIND:
-            await ctx.outbox.thread(inc.thread_key, reminder_reply(inc, ctx.config, now=now), channel)
-        elif action.kind is ActionKind.CHANGE:
+        if action.kind is ActionKind.CHANGE:
             assert action.previous is not None
             await ctx.outbox.thread(inc.thread_key, changed_reply(inc, action.previous), channel)
             await ctx.outbox.announce(
@@ -463,92 +479,15 @@ class Watcher:
         )
 
     async def drain(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) for automatic restarts still running in the background."""
+        """Wait (at most ``timeout`` s each) for automatic restarts and posts still running in the
+        background."""
         await self.restarts.drain(timeout)
+        await self.teller.drain(timeout)
 
 
 def _differs(a: Incident, b: Incident) -> bool:
     skip = {"n", "rev"}
     return a.model_dump(exclude=skip) != b.model_dump(exclude=skip)
-
-
-# --- the verbs: ack, watch ------------------------------------------------------------------------
-
-
-def _job_or_error(ctx: Context, job: str) -> tuple[str | None, Reply | None]:
-    try:
-        return ctx.config.job_name(job), None
-    except KeyError:
-        close = difflib.get_close_matches(job, list(ctx.config.jobs), n=1)
-        return None, Reply(
-            title=watch_unknown_job(job, close[0] if close else None),
-            status=Status.ERROR,
-            ephemeral=True,
-            exit_code=ExitCode.USAGE,
-        )
-
-
-async def ack_command(ctx: Context, job: str, user: str) -> Reply:
-    """``ack JOB``: acknowledge the job's open incident — no more reminders until it resolves.
-
-    Notes who acknowledged in the incident's thread and on its headline.
-
-    :param job: a job name (any case).
-    :param user: the requester's id.
-    :returns: the answer (INFO when nothing is open or it was already acknowledged).
-    """
-    name, error = _job_or_error(ctx, job)
-    if name is None:
-        assert error is not None
-        return error
-    store = ctx.redis.open_store(IncidentStore)
-    for _ in range(5):
-        incident = await store.incident(name)
-        if incident is None:
-            return Reply(title=incident_none_open(name), status=Status.INFO)
-        if incident.acked_by:
-            return Reply(
-                title=incident_already_acked(name, incident.acked_by),
-                status=Status.INFO,
-                thread_key=incident.thread_key,
-            )
-        acked = await store.update(
-            incident, incident.model_copy(update={"acked_by": user, "acked_at": time.time()})
-        )
-        if acked is None:
-            continue  # changed meanwhile (a reminder, a resolve): read it again
-        channel = ctx.config.channel_for(name)
-        reply = acked_reply(acked, user)
-        await ctx.outbox.thread(acked.thread_key, reply, channel)
-        await ctx.outbox.announce(acked.thread_key, alert_reply(acked, ctx.config, mention=False), channel)
-        return reply
-    return Reply(title=incident_none_open(name), status=Status.INFO)
-
-
-async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, user: str) -> Reply:
-    """``watch JOB on|off [for DURATION]``: pause watching (expires by itself) or resume it.
-
-    ``off`` without a duration pauses for :data:`DEFAULT_OFF_S`.  ``on`` also resets the
-    watcher's stall and degradation clocks, so a pause is not mistaken for a stall.
-
-    :param state: ``on`` or ``off``.
-    :param for_s: seconds to stay off.
-    :param user: the requester's id (recorded as the pause's value).
-    :returns: the answer; USAGE error for another state or unknown job.
-    """
-    name, error = _job_or_error(ctx, job)
-    if name is None:
-        assert error is not None
-        return error
-    store = ctx.redis.open_store(IncidentStore)
-    if state == "off":
-        seconds = int(for_s or DEFAULT_OFF_S)
-        await store.pause(name, user, seconds)
-        until = fmt.clock(time.time() + seconds, ctx.config.scheduler.timezone)
-        return Reply(title=watch_paused(name, until, seconds), status=Status.OK)
-    if state == "on":
-        return Reply(title=watch_resumed(name, await store.resume(name)), status=Status.OK)
-    return Reply(title=watch_bad_state(state), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
 
 
 # --- text ---------------------------------------------------------------------------------------
@@ -558,36 +497,3 @@ def probe_slow_line(host: str, seconds: float) -> str:
     """Log line: a host's probe took longer than its jobs' watch interval."""
     took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"
     return f"probe slow: {host} took {took}"
-
-
-def incident_already_acked(job: str, user: str) -> str:
-    """``ack JOB`` on an incident someone already acknowledged."""
-    return f"the {job} incident was already acknowledged by {mention(user)}"
-
-
-def incident_none_open(job: str) -> str:
-    """``ack JOB`` when nothing is open."""
-    return f"no open incident for {job} - nothing to acknowledge"
-
-
-def watch_paused(job: str, until: str, seconds: float) -> str:
-    """Reply of ``watch JOB off [for D]``."""
-    return f"watching {job} paused for {fmt.duration(seconds)} (until {until}) - `watch {job} on` resumes it"
-
-
-def watch_resumed(job: str, was_off: bool) -> str:
-    """Reply of ``watch JOB on``."""
-    if was_off:
-        return f"watching {job} again"
-    return f"watching {job} (it was not paused)"
-
-
-def watch_bad_state(state: str) -> str:
-    """``watch JOB`` with something other than on/off."""
-    return f"watch takes `on` or `off`, not {state!r}"
-
-
-def watch_unknown_job(job: str, suggestion: str | None) -> str:
-    """A watch/ack command naming a job that is not configured."""
-    hint = f" - did you mean {suggestion}?" if suggestion else ""
-    return f"no job called {job!r}{hint}"

@@ -296,11 +296,11 @@ async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatc
     assert outcomes == ["refused", "denied"]
 
 
-async def test_watch_and_ack_go_to_the_watching_handlers(
+async def test_watch_and_ack_go_to_the_ack_handlers(
     ctx: Context, dispatcher: Dispatcher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """watch/ack are parsed, authorised and audited here, then handed to handlers.watching."""
-    import handlers.watching as watching
+    """watch/ack are parsed, authorised and audited here, then handed to handlers.acks."""
+    import handlers.acks as acks
     from handlers.reply import Reply
 
     seen: list[tuple[Any, ...]] = []
@@ -313,8 +313,8 @@ async def test_watch_and_ack_go_to_the_watching_handlers(
         seen.append(("ack", job, user))
         return Reply(title="acked")
 
-    monkeypatch.setattr(watching, "watch_command", watch_command)
-    monkeypatch.setattr(watching, "ack_command", ack_command)
+    monkeypatch.setattr(acks, "watch_command", watch_command)
+    monkeypatch.setattr(acks, "ack_command", ack_command)
     assert (await dispatcher.handle(_req("watch DFLASH off for 2h"))).title == "paused"
     assert (await dispatcher.handle(_req("ack dflash"))).title == "acked"
     assert seen == [("watch", "dflash", "off", 7200, OPERATOR), ("ack", "dflash", OPERATOR)]

@@ -17,7 +17,7 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot import blocks
 from bot.blocks import slack_continued, slack_part
-from bot.slack_api import web_client
+from bot.slack_api import ATTEMPTS, web_client
 from bot.slack_app import slack_home_no_role
 from bot.slack_outbox import SlackOutbox
 from handlers.alerts import alert_reply
@@ -191,12 +191,12 @@ async def test_3_refused_alert_goes_to_the_announce_channel(fake_slack: FakeSlac
 async def test_3_transient_errors_are_retried_and_ratelimited_exhaustion_is_reported(
     fake_slack: FakeSlack,
 ) -> None:
-    """A 503 before storing is retried once the backoff passes; 429s past the retries are a reported refusal."""
+    """A 503 before storing is retried once the backoff passes; 429s past every retry are a reported refusal."""
     outbox = _outbox(fake_slack, backoff=0.05)
     fake_slack.fail_next("chat.postMessage", status=503, store=False)
     await outbox.post(Reply(title="digest"), "C0OTHER")
     assert [m["text"] for m in fake_slack.posted_to("C0OTHER")] == ["digest"]
-    for _ in range(4):  # the first try and slack_sdk's 3 waits
+    for _ in range(4 * ATTEMPTS):  # each of the outbox's tries: the first call and slack_sdk's 3 waits
         fake_slack.rate_limit_next("chat.postMessage", retry_after=0)
     await outbox.post(Reply(title="never arrives"), "C0OTHER")
     assert outbox.last_failure is not None and outbox.last_failure["error"] == "ratelimited"

@@ -153,7 +153,8 @@ async def make_stack(
                 signing_secret=SIGNING_SECRET,
             )
             stack.push_async_callback(runtime.close, 30)
-            server = await start_http(http_app(runtime.surface, runtime.health), host="127.0.0.1", port=0)
+            app = http_app(runtime.surface, runtime.health, runtime.metrics)
+            server = await start_http(app, host="127.0.0.1", port=0)
             stack.push_async_callback(server.close)
             http = await stack.enter_async_context(aiohttp.ClientSession())
             return Stack(fake_slack, server, runtime, setup, http)

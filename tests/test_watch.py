@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from bot.assembly import build_context, build_watcher, close_context
+from handlers.acks import ack_command, watch_command
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox, Posted
-from handlers.watching import Watcher, ack_command, watch_command
+from handlers.watching import Watcher
 from pipeline.config import (
     AuthSettings,
     AutoRestart,

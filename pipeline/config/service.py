@@ -22,6 +22,9 @@ class SlackSettings(_Model):
     pace: float = Field(default=1.0, ge=0)  #: min seconds between posts to one channel
     #: channel id an alert goes to when its own channel and the announce channel refuse it
     fallback_channel: str | None = None
+    #: incidents opened (or resolved) in one watch round from which they are told as one story:
+    #: one grouped post with a line per job (0: never grouped)
+    group_from: int = Field(default=3, ge=0)
 
     @field_validator("command")
     @classmethod

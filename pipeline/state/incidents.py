@@ -148,6 +148,7 @@ class Incident(_Stored):
     crash_step: int | None = None
     no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
     idle_gpus: str | None = None  #: idle GPUs: their indices, comma-separated (``cause`` names them)
+    story: str | None = None  #: the outbox key of the grouped post it was told in (an alert storm), if any
 
     @property
     def thread_key(self) -> str:

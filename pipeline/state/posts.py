@@ -30,11 +30,21 @@ class Posts:
         got = await self.client.hmget(keys.posts(self.prefix, key), ["channel", "ts"])
         return (str(got[0]), str(got[1])) if got and got[0] and got[1] else None
 
-    async def remember(self, key: str, channel: str, ts: str) -> None:
-        """``key``'s headline is at ``(channel, ts)`` (kept :data:`POST_TTL` s)."""
+    async def thread_of(self, key: str) -> tuple[str, str] | None:
+        """``(channel, thread ts)`` where replies about ``key`` go: its headline's own thread, or,
+        for a headline that is itself a reply (an incident told in a grouped post), its parent's."""
+        got = await self.client.hmget(keys.posts(self.prefix, key), ["channel", "ts", "parent"])
+        if not got or not got[0] or not got[1]:
+            return None
+        return str(got[0]), str(got[2] or got[1])
+
+    async def remember(self, key: str, channel: str, ts: str, parent: str | None = None) -> None:
+        """``key``'s headline is at ``(channel, ts)`` (kept :data:`POST_TTL` s), a reply in the
+        thread of ``parent`` (a ts) if given."""
         name = keys.posts(self.prefix, key)
+        fields = {"channel": channel, "ts": ts, **({"parent": parent} if parent else {})}
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(name, mapping={"channel": channel, "ts": ts})
+            pipe.hset(name, mapping=fields)  # type: ignore[arg-type]
             pipe.expire(name, POST_TTL)
             await pipe.execute()
 

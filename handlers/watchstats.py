@@ -1,0 +1,51 @@
+"""What the watcher measured of its own work, for ``/metrics``: per host its probes (seconds,
+failures) and watch cycles (seconds), per job the processes its last probe saw.
+
+:class:`WatchStats` is kept in memory by :class:`handlers.watching.Watcher` (one per process: a
+replica that does not lead the scheduler watches nothing and reports nothing here); the
+surface that exposes it (``bot/metrics.py``) reads it as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class HostStats:
+    """One host's watching, since this process started.
+
+    :ivar probe_s: seconds the last probe took (every job of the host in one call).
+    :ivar probes: probes made.
+    :ivar failures: probes that could not reach the host (confirmed over a fresh connection).
+    :ivar cycle_s: seconds the last watch cycle took, probe, decisions and Redis writes included
+        (its posts are told after the round: :mod:`handlers.storm`).
+    :ivar cycles: cycles run.
+    """
+
+    probe_s: float | None = None
+    probes: int = 0
+    failures: int = 0
+    cycle_s: float | None = None
+    cycles: int = 0
+
+
+@dataclass
+class WatchStats:
+    """The watcher's measurements (see the module doc)."""
+
+    hosts: dict[str, HostStats] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)  #: job → processes its last probe saw
+
+    def probed(self, host: str, seconds: float, *, failed: bool) -> None:
+        """Record one probe of ``host`` that took ``seconds``."""
+        stats = self.hosts.setdefault(host, HostStats())
+        stats.probe_s = seconds
+        stats.probes += 1
+        stats.failures += int(failed)
+
+    def cycled(self, host: str, seconds: float) -> None:
+        """Record one watch cycle of ``host`` that took ``seconds``."""
+        stats = self.hosts.setdefault(host, HostStats())
+        stats.cycle_s = seconds
+        stats.cycles += 1

@@ -1,0 +1,351 @@
+"""Issue 23: alert storms told as one story, against the strict Slack stand-in with its rate limits
+on (chat.postMessage about 1/s per channel with a burst of 4, chat.update Tier 3) and Pitstop's
+default ``[slack] pace`` of 1 s: a host with 40 jobs gone → one host alert and 40 thread lines, each
+job acknowledged on its own, one grouped resolution when it returns; 60 jobs crashing in one round
+across 6 hosts → one grouped post per channel, every incident in Slack within the README's bound,
+no 429, nothing lost or doubled.  Real SSH hosts, real processes, real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from bot.assembly import build_context, build_watcher, close_context
+from bot.slack_api import web_client
+from bot.slack_outbox import SlackOutbox
+from handlers.acks import ack_command
+from handlers.context import Context
+from handlers.storm import Told, plan, plan_reminders
+from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, SlackSettings, WatchSettings
+from pipeline.state.incidents import Incident, IncidentKind
+from pipeline.state.posts import Posts
+from pipeline.state.undelivered import UndeliveredAlerts
+from tests.fixtures.slack import BOT_TOKEN, Channel, FakeSlack
+from tests.fixtures.ssh import InProcessHost, start_in_process
+
+PACE = 1.0  #: ``[slack] pace``'s default
+ANNOUNCE = "C0ANNOUNCE"
+T0 = 1_800_000_000.0
+
+
+# --- the grouping itself (pure) -------------------------------------------------------------------
+
+
+def _told(job: str, kind: IncidentKind, host: str = "gpu1", channel: str | None = "C0TEAM") -> Told:
+    inc = Incident(n=1, job=job, host=host, kind=kind, opened_at=T0, notified_at=T0)
+    return Told(inc, channel, T0)
+
+
+def test_plan_groups_per_channel_and_per_host_and_leaves_few_alone() -> None:
+    """From group_from incidents in one channel they are one story; a host's unreachable jobs are their own story; fewer, or spread over channels, are told one by one."""
+    down = [_told(f"j{i}", IncidentKind.DEAD, host=f"gpu{i % 2}") for i in range(4)]
+    gone = [_told(f"u{i}", IncidentKind.UNREACHABLE, host="gpu7") for i in range(3)]
+    alone = [_told("solo", IncidentKind.DEAD, channel="C0OTHER")]
+    stories, opens, resolves = plan([*down, *gone, *alone], [], group_from=3, announce=ANNOUNCE)
+    assert sorted((s.kind, s.channel, len(s.members)) for s in stories) == [
+        ("failures", "C0TEAM", 4),
+        ("host", "C0TEAM", 3),
+    ]
+    assert [t.incident.job for t in opens] == ["solo"] and resolves == []
+    assert all(s.key.startswith("story:") for s in stories)
+    # two unreachable jobs of a host are fewer than group_from: they join the channel's other failures
+    stories, opens, _ = plan([*down, *gone[:2]], [], group_from=3, announce=ANNOUNCE)
+    assert [(s.kind, len(s.members)) for s in stories] == [("failures", 6)] and opens == []
+    # off, or too few
+    assert plan(down, down, group_from=0, announce=ANNOUNCE)[0] == []
+    assert plan(down[:2], down[:2], group_from=3, announce=ANNOUNCE)[0] == []
+
+
+def test_plan_tells_a_grouped_resolution_in_its_story_s_thread() -> None:
+    """Resolutions of members of one story are told in that story's thread; mixed ones get a post of their own."""
+    members = [
+        Told(t.incident.model_copy(update={"story": "story:abc"}), t.channel, t.at)
+        for t in (_told(f"j{i}", IncidentKind.UNREACHABLE) for i in range(3))
+    ]
+    (story,), _, resolves = plan([], members, group_from=3, announce=ANNOUNCE)
+    assert (story.kind, story.key, story.thread, resolves) == ("resolved", "story:abc", True, [])
+    mixed = [*members[:2], _told("other", IncidentKind.DEAD)]
+    (story,), _, _ = plan([], mixed, group_from=3, announce=ANNOUNCE)
+    assert story.thread is False and story.key != "story:abc"
+
+
+def test_reminders_of_one_round_are_grouped_like_alerts() -> None:
+    """group_from reminders in one channel are one grouped reminder, in their story's thread when they share one."""
+    members = [
+        Told(t.incident.model_copy(update={"story": "story:abc"}), t.channel, t.at)
+        for t in (_told(f"j{i}", IncidentKind.DEAD) for i in range(4))
+    ]
+    (story,), alone = plan_reminders(members, group_from=3, announce=ANNOUNCE)
+    assert (story.kind, story.key, story.thread, len(story.members), alone) == (
+        "reminder",
+        "story:abc",
+        True,
+        4,
+        [],
+    )
+    assert plan_reminders(members[:2], group_from=3, announce=ANNOUNCE) == ([], members[:2])
+
+
+# --- end to end -----------------------------------------------------------------------------------
+
+
+class Gate:
+    """A TCP forwarder in front of a host: :meth:`cut` takes the host off the network (every
+    connection dropped, nothing listening), :meth:`open` brings it back on the same port."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.StreamWriter] = set()
+
+    async def open(self) -> None:
+        """Listen (on the port it had before, if any)."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        """Stop listening and drop every connection."""
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._conns):
+            writer.transport.abort()
+        self._conns.clear()
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._conns |= {writer, up_writer}
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        self._conns -= {writer, up_writer}
+
+
+class Jobs:
+    """Real processes standing for training jobs: one ``sleep`` per job, named for its ``match``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.token = uuid.uuid4().hex[:10]
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def match(self, job: str) -> str:
+        """The job's process name (its ``match``)."""
+        return f"storm-{self.token}-{job}-job"
+
+    def start(self, job: str) -> None:
+        """Start the job's process (in its workdir: a job's processes are those running there)."""
+        argv = ["bash", "-c", f"exec -a {self.match(job)} sleep 3600"]
+        self.procs[job] = subprocess.Popen(argv, cwd=self.workdir)
+
+    def kill(self, job: str) -> None:
+        """SIGKILL the job's process and reap it."""
+        proc = self.procs.pop(job)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def cleanup(self) -> None:
+        """Kill every job still running."""
+        for job in list(self.procs):
+            self.kill(job)
+
+
+def _job(root: Path, jobs: Jobs, name: str, host: str, channel: str) -> JobConfig:
+    log = root / f"{name}.log"
+    log.write_text("")
+    return JobConfig(
+        host=host,
+        workdir=str(root),
+        launch=["sleep", "3600"],
+        log=str(log),
+        match=jobs.match(name),
+        processes=1,
+        watch=WatchSettings(interval=1, stall_after=3600, degraded_after=3600),  # type: ignore[arg-type]
+        channel=channel,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _pitstop(
+    fake: FakeSlack, redis_config: Config, hosts: dict[str, HostConfig], jobs: dict[str, JobConfig]
+) -> AsyncIterator[tuple[Context, SlackOutbox]]:
+    """A Pitstop process posting to the Slack stand-in through its real outbox at the default pace."""
+    config = redis_config.model_copy(
+        update={
+            "hosts": hosts,
+            "jobs": jobs,
+            "slack": SlackSettings(announce_channel=ANNOUNCE, alert_mention="S0ONCALL", pace=PACE),
+            "auth": AuthSettings(operators=["*"], viewers=["*"]),
+        }
+    )
+    outbox = SlackOutbox(
+        web_client(BOT_TOKEN, base_url=fake.api_url), default_channel=ANNOUNCE, pace=PACE, settle=0.0
+    )
+    ctx = await build_context(config, outbox, instance="storm")
+    outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
+    try:
+        yield ctx, outbox
+    finally:
+        await close_context(ctx)
+
+
+def _top(fake: FakeSlack, channel: str) -> list[dict[str, Any]]:
+    return [m for m in fake.posted_to(channel) if not m.get("thread_ts")]
+
+
+async def _rate_limited(fake: FakeSlack) -> list[str]:
+    return [c.method for c in await fake.calls() if c.status == 429]
+
+
+async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_one_resolution(
+    fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
+) -> None:
+    """A host with 40 jobs cut off: one host alert listing them and one line per job in its thread, within the README's bound and with no 429; one job acknowledged on its own; one grouped resolution when the host is back."""
+    team = "C0TEAM"
+    host = await start_in_process(tmp_path / "gpu07")
+    gate = Gate(host.host.port)
+    await gate.open()
+    pinned = tmp_path / "known_hosts"
+    pinned.write_text(host.host.known_hosts.read_text().replace(f":{host.host.port} ", f":{gate.port} "))
+    jobs = Jobs(tmp_path)
+    names = [f"job-{i:02d}" for i in range(40)]
+    cfgs = {n: _job(tmp_path, jobs, n, "gpu07", team) for n in names}
+    hosts = {"gpu07": host.host_config(port=gate.port, known_hosts=pinned, connect_timeout=3)}
+    try:
+        for n in names:
+            jobs.start(n)
+        async with _pitstop(fake_slack, redis_config, hosts, cfgs) as (ctx, outbox):
+            watcher = build_watcher(ctx, remind_every=1.0)
+            seen = await watcher.cycle("gpu07", now=T0)
+            assert {d.condition for d in seen.values()} == {"ok"} and len(seen) == 40
+            await gate.cut()
+            began = time.monotonic()
+            conditions = [
+                {d.condition for d in (await watcher.cycle("gpu07", now=T0 + k * 1.5)).values()}
+                for k in (1, 2, 3)
+            ]
+            await watcher.teller.drain(120)  # a cycle waits for its story at most storm.TELL_WAIT s
+            took = time.monotonic() - began
+            assert conditions == [{"probe_failed"}, {"probe_failed"}, {"unreachable"}]
+            (alert,) = _top(fake_slack, team)
+            assert str(alert["text"]).startswith(
+                "host gpu07 unreachable: 40 jobs cannot be checked: job-00, job-01, job-02, job-03, job-04 and 35 more"
+            )
+            lines = fake_slack.thread(team, str(alert["ts"]))
+            assert sorted(str(m["text"]) for m in lines) == sorted(
+                f"host gpu07 unreachable - cannot check {n}" for n in names
+            )
+            assert took < 40 * PACE + 15  # README: the story at once, then its lines at pace
+            assert await _rate_limited(fake_slack) == [] and outbox.failures == []
+            # still unreachable at the next reminder: the 40 reminders are one post in the story's thread
+            posts_before = len(await fake_slack.calls("chat.postMessage", ok=True))
+            await watcher.cycle("gpu07", now=T0 + 6)
+            await watcher.teller.drain(120)
+            reminded = (await fake_slack.calls("chat.postMessage", ok=True))[posts_before:]
+            assert len(reminded) == 1 and reminded[0].args["thread_ts"] == alert["ts"]
+            assert "still open, not acknowledged: 40 jobs (40 unreachable)" in str(reminded[0].args["text"])
+            # one job acknowledged on its own: its own line changes, the others stay as they were
+            reply = await ack_command(ctx, "job-07", "U0ACK")
+            assert reply.title.startswith("acknowledged by <@U0ACK>")
+            where = await outbox.where("incident:job-07:1")
+            assert where is not None and where[0] == team
+            line = fake_slack.message(team, where[1])
+            assert line["updates"] == 1 and "acknowledged by" in str(line["blocks"])
+            noted = str(fake_slack.thread(team, str(alert["ts"]))[-1]["text"])
+            assert noted.startswith("acknowledged by") and "job-07" in noted
+            # the host comes back: one grouped resolution, each job's line updated in place
+            posts_before = len(await fake_slack.calls("chat.postMessage", ok=True))
+            await gate.open()
+            back = await watcher.cycle("gpu07", now=T0 + 6.5)
+            await watcher.teller.drain(120)
+            assert {d.condition for d in back.values()} == {"ok"}
+            new_posts = (await fake_slack.calls("chat.postMessage", ok=True))[posts_before:]
+            assert len(new_posts) == 1 and new_posts[0].args["thread_ts"] == alert["ts"]
+            assert str(new_posts[0].args["text"]).startswith("resolved: gpu07 reachable again (40 jobs")
+            assert str(fake_slack.message(team, str(alert["ts"]))["text"]).startswith("resolved: gpu07")
+            for n in names:
+                loc = await outbox.where(f"incident:{n}:1")
+                assert loc is not None
+                assert str(fake_slack.message(team, loc[1])["text"]).startswith(
+                    f"resolved: {n} was unreachable"
+                )
+            assert len(_top(fake_slack, team)) == 1
+            assert await _rate_limited(fake_slack) == [] and outbox.failures == []
+    finally:
+        jobs.cleanup()
+        with contextlib.suppress(Exception):
+            await gate.cut()
+        await host.host.close()
+
+
+async def test_60_jobs_crashing_across_6_hosts_reach_slack_grouped_and_complete(
+    fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
+) -> None:
+    """60 jobs on 6 hosts killed at once: each of the 3 team channels gets one grouped post listing its 20 jobs and one line per job in its thread, every incident within the README's bound, no 429, none lost or doubled."""
+    teams = ["C0TEAMA", "C0TEAMB", "C0TEAMC"]
+    for team in teams:
+        fake_slack.add_channel(Channel(team))
+    hosts: list[InProcessHost] = []
+    jobs = Jobs(tmp_path)
+    try:
+        for i in range(6):
+            hosts.append(await start_in_process(tmp_path / f"gpu{i}"))
+        names = {f"h{i}-j{k}": f"gpu{i}" for i in range(6) for k in range(10)}
+        cfgs = {n: _job(tmp_path, jobs, n, h, teams[idx % 3]) for idx, (n, h) in enumerate(names.items())}
+        host_cfgs = {f"gpu{i}": h.host_config(connect_timeout=5) for i, h in enumerate(hosts)}
+        for n in names:
+            jobs.start(n)
+        async with _pitstop(fake_slack, redis_config, host_cfgs, cfgs) as (ctx, outbox):
+            watcher = build_watcher(ctx)
+
+            async def round_at(now: float) -> set[str]:
+                decided = await asyncio.gather(*(watcher.cycle(h, now=now) for h in host_cfgs))
+                return {d.condition for one in decided for d in one.values()}
+
+            assert await round_at(T0) == {"ok"}
+            for n in names:
+                jobs.kill(n)
+            began = time.monotonic()
+            assert await round_at(T0 + 2) == {"dead"}
+            await watcher.teller.drain(120)
+            took = time.monotonic() - began
+            told: list[str] = []
+            for team in teams:
+                (post,) = _top(fake_slack, team)
+                assert str(post["text"]).startswith("20 jobs need attention on 6 hosts: 20 down")
+                lines = [str(m["text"]) for m in fake_slack.thread(team, str(post["ts"]))]
+                assert len(lines) == 20
+                told += lines
+            assert sorted(told) == sorted(
+                f"{n} is down: no processes left on {h} (expected 1)" for n, h in names.items()
+            )
+            assert took < 20 * PACE + 20  # README: per channel, the story at once, its lines at pace
+            calls = await fake_slack.calls("chat.postMessage")
+            assert len(calls) == 63 and all(c.ok for c in calls)  # none refused, none lost, none twice
+            assert outbox.failures == []
+            assert await _rate_limited(fake_slack) == []
+    finally:
+        jobs.cleanup()
+        for h in hosts:
+            await h.host.close()
