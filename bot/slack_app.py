@@ -64,11 +64,14 @@ Respond = Callable[..., Awaitable[Any]]
 
 
 def needs_groups(config: Config) -> bool:
-    """True when any role list (global or per job) names a user-group id (``S…``)."""
+    """True when any role list (global or per job) or a job's ``[approval] approvers`` names a
+    user-group id (``S…``)."""
     ids: list[str] = [*config.auth.admins, *config.auth.operators, *config.auth.viewers]
     for job in config.jobs.values():
         for ids_of in (job.auth.admins, job.auth.operators, job.auth.viewers):
             ids += ids_of or []
+        if job.approval is not None:
+            ids += job.approval.approvers
     return any(i.startswith("S") for i in ids)
 
 

@@ -212,8 +212,9 @@ class Watcher:
                 continue
             if not probe.error:
                 self.stats.seen[view.name] = probe.count
+            leader = view.latest.pid if view.latest is not None else None
             obs = dataclasses.replace(
-                self._observation(probe, now, unreachable),
+                self._observation(probe, now, unreachable, leader),
                 progress=judged,
                 gpus=gpus.get(view.name),
                 probe_s=probe_s,
@@ -270,10 +271,17 @@ class Watcher:
         return None
 
     @staticmethod
-    def _observation(probe: JobProbe, now: float, unreachable: str | None) -> Observation:
+    def _observation(
+        probe: JobProbe, now: float, unreachable: str | None, leader: int | None = None
+    ) -> Observation:
+        """The probe as the rules see it; ``pids`` starts with the launched PID (the session
+        leader recorded at launch) while it lives, else the lowest."""
         if probe.error:
             return Observation(at=now, reachable=False, error=unreachable or probe.error)
-        return Observation(at=now, count=probe.count, pids=tuple(sorted(probe.pids)), log_size=probe.log_size)
+        pids = sorted(probe.pids)
+        if leader is not None and leader in (probe.session_pids or probe.pids):
+            pids = [leader, *(p for p in pids if p != leader)]
+        return Observation(at=now, count=probe.count, pids=tuple(pids), log_size=probe.log_size)
 
     def _situation(self, view: JobView, now: float) -> Situation:
         latest = view.latest

@@ -11,6 +11,7 @@ the README lists its forms): one line, the verdict's name first, then the facts 
     RUNNING 8/8 processes pid 4242, resumed at step 12000
     RUNNING 8/8 processes pid 4242, resumed at step 471; the previous run reached drafter step 1,004 — 533 drafter steps (about 4 min of training) lost since the checkpoint of 00:32:01 UTC
     RUNNING 8/8 processes pid 4242, started from step 0 although checkpoint step 12000 exists
+    RUNNING 8/8 processes pid 4242, started from step 0; the previous run reached drafter step 45 — 45 drafter steps (about 30 s of training) lost
     RUNNING 8/8 processes job 4242 on 2 nodes                 (Slurm)
     PENDING reason Resources (job 4242 queued 2 min)           (Slurm)
     WRONG_COUNT 5/8 processes pid 4242
@@ -221,8 +222,8 @@ def format_line(v: VerdictLine) -> str:
                 return f"{line} on {v.nodes} node{'s' if v.nodes != 1 else ''}"
             if v.ignored_checkpoint is not None:
                 return f"{line}, started from step 0 although checkpoint step {v.ignored_checkpoint} exists"
-            if not v.resumed_at:
-                return line
+            if not v.resumed_at:  # from scratch: a restart still says what the previous run lost
+                return line + (", started from step 0" + _lost_clause(v) if v.lost else "")
             line = f"{line}, resumed at step {v.resumed_at}"
             return line + _lost_clause(v) if v.reached is not None and v.lost is not None else line
         if v.verdict is V.PENDING:
@@ -464,6 +465,7 @@ _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
     Verdict.RUNNING: _forms(
         rf"RUNNING (?P<seen>{_N})/(?P<expected>{_N}) processes job (?P<job>{_N}) on (?P<nodes>{_N}) nodes?",
         rf"RUNNING {_PID_COUNT}, started from step 0 although checkpoint step (?P<ckpt>{_N}) exists",
+        rf"RUNNING {_PID_COUNT}, started from step 0{_LOST}",
         rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed>{_N}){_LOST})?",
     ),
     Verdict.PENDING: _forms(rf"PENDING reason (?P<reason>.+) \(job (?P<job>{_N}) queued (?P<queued>[^)]+)\)"),

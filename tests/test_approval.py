@@ -166,8 +166,11 @@ async def test_request_waits_and_shows_what_would_change(
 
 def test_diffstat_counts_each_file() -> None:
     """diffstat gives one `path | +A -R` line per file, as git diff --stat counts them."""
-    text = "--- a/x.py\n+++ b/x.py\n@@ -1 +1,2 @@\n-a\n+b\n+c\n--- a/y\n+++ b/y\n@@\n-z\n"
+    text = "--- a/x.py\n+++ b/x.py\n@@ -1 +1,2 @@\n-a\n+b\n+c\n--- a/y\n+++ b/y\n@@ -1 +0,0 @@\n-z\n"
     assert diffstat(text) == ("x.py | +2 -1", "y | +0 -1")
+    # an added line that reads like another file's header is a line of its own file (git apply --stat)
+    sly = "--- a/train.py\n+++ b/train.py\n@@ -1,2 +1,5 @@\n a = 1\n++++ b/README.md\n+x\n+--- a/y\n b = 2\n"
+    assert diffstat(sly) == ("train.py | +3 -0",)
 
 
 # --- the rules --------------------------------------------------------------------------------------
@@ -452,3 +455,16 @@ async def test_the_requester_may_withdraw_their_own_request(dispatcher: Dispatch
     request = await dispatcher.two_person.approvals.get(rid)
     assert request.state is ApprovalState.DENIED and request.decided_by == OPERATOR
     assert await _restarter(ctx).calls() == []
+
+
+def test_a_user_group_among_approvers_makes_slack_read_user_groups() -> None:
+    """approvers = ["S…"] with no group in [auth]: Slack's surface still reads who is in which group,
+    or nobody in the group could ever approve."""
+    from bot.slack_app import needs_groups
+
+    job = {"host": "h", "workdir": "/w", "launch": ["x"], "log": "/w/l", "match": "x"}
+    base = {"hosts": {"h": {"address": "x"}}, "auth": {"admins": ["U0ADMIN0001"]}}
+    plain = parse_config({**base, "jobs": {"dflash": job}})
+    grouped = {**job, "approval": {"actions": ["restart"], "approvers": ["S0ONCALL01"]}}
+    assert not needs_groups(plain)
+    assert needs_groups(parse_config({**base, "jobs": {"dflash": grouped}}))

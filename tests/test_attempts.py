@@ -130,7 +130,23 @@ def test_reach_and_lost_work_from_the_previous_runs_lines() -> None:
     assert (lost.reached, lost.steps, lost.role, lost.seconds) == (300, 60, "drafter", pytest.approx(30.0))
     assert lost.checkpoint_at is not None and lost.checkpoint_at.endswith("UTC")
     assert lost_work(reach, 300) == Lost(300, 0, "drafter", 0.0, None)  # stopped at its checkpoint
+    # its SIGTERM checkpoint (step 304) came after its last metric line (300): it reached 304
+    assert lost_work(reach, 304) == Lost(304, 0, "drafter", 0.0, None)
+    assert lost_work(reach, 0) == Lost(300, 300, "drafter", pytest.approx(150.0), None)  # started over
     assert lost_work(Reach(), 10) is None
+
+
+def test_a_restart_from_scratch_says_what_it_lost() -> None:
+    """A restart that started from step 0 after a run that reached step 45 lost all 45, and says so."""
+    built = verdict.running(8, 8, 4242, lost=Lost(45, 45, "drafter", 30.0))
+    assert built == (
+        "RUNNING 8/8 processes pid 4242, started from step 0; the previous run reached drafter step 45 "
+        "— 45 drafter steps (about 30 s of training) lost"
+    )
+    parsed = parse_line(built)
+    assert (parsed.resumed_at, parsed.reached, parsed.lost) == (None, 45, 45)
+    assert format_line(parsed) == built
+    assert verdict.running(8, 8, 4242) == "RUNNING 8/8 processes pid 4242"
 
 
 def test_median_throughput_sums_non_target_ranks_and_skips_each_ranks_first_line() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -100,20 +101,34 @@ def patch_digest(name: str, path: Path) -> PatchDigest:
     return PatchDigest(name, hashlib.sha256(raw).hexdigest(), diffstat(patch_text(raw)), len(raw))
 
 
+_HUNK = re.compile(r"^@@ -[0-9]+(?:,(?P<old>[0-9]+))? \+[0-9]+(?:,(?P<new>[0-9]+))? @@")
+
+
 def diffstat(text: str) -> tuple[str, ...]:
-    """``git diff --stat``'s lines of a unified diff: ``path | +3 -1``, one per file, in order."""
+    """``git diff --stat``'s lines of a unified diff: ``path | +3 -1``, one per file, in order.
+
+    Lines are counted hunk by hunk, as many as each ``@@ -a,b +c,d @@`` header says (the unified
+    diff format, as ``git apply`` reads it), so an added line that itself reads ``+++ b/README.md``
+    is counted in its own file, not taken for another file's header.
+    """
     files: dict[str, list[int]] = {}
     current: list[int] | None = None
+    old = new = 0  # lines the current hunk still holds, of the old and of the new file
     for line in text.splitlines():
+        if current is not None and (old > 0 or new > 0):
+            if line.startswith("+"):
+                current[0], new = current[0] + 1, new - 1
+            elif line.startswith("-"):
+                current[1], old = current[1] + 1, old - 1
+            elif not line.startswith("\\"):  # "\ No newline at end of file" is no line
+                old, new = old - 1, new - 1
+            continue
         if line.startswith("+++ "):
             target = line[4:].split("\t")[0].strip()
             current = files.setdefault(target.removeprefix("b/"), [0, 0])
-        elif line.startswith("--- ") or current is None:
-            continue
-        elif line.startswith("+"):
-            current[0] += 1
-        elif line.startswith("-"):
-            current[1] += 1
+        elif current is not None and (m := _HUNK.match(line)):
+            old = 1 if m["old"] is None else int(m["old"])
+            new = 1 if m["new"] is None else int(m["new"])
     return tuple(f"{path} | +{add} -{rem}" for path, (add, rem) in files.items())
 
 

@@ -177,13 +177,16 @@ def lost_work(
     """
     if previous.step is None:
         return None
-    steps = max(0, previous.step - resumed_at)
+    # metric lines come every few steps; a checkpoint written at the stop (SIGTERM) can be past
+    # the last of them, and the run that wrote it reached at least that step
+    reached = max(previous.step, resumed_at)
+    steps = reached - resumed_at
     seconds = steps / previous.steps_per_s if previous.steps_per_s else None
     at = None
     if checkpoint is not None and checkpoint.step == resumed_at and sampled_at is not None:
         at = fmt.clock(sampled_at - checkpoint.age_s, timezone, now=sampled_at)
     role = previous.role if len(previous.steps) > 1 else None
-    return Lost(previous.step, steps, role, seconds, at)
+    return Lost(reached, steps, role, seconds, at)
 
 
 def over_max_lost(lost: Lost, max_lost: int | LostDuration | None) -> bool:
@@ -302,7 +305,8 @@ async def account_previous(
     are the job log's).
 
     :param run: the new, launched run.
-    :param resumed_at: the step it resumed at (0 or None: from scratch, nothing is said lost).
+    :param resumed_at: the step it resumed at (0 or None: from scratch; a restart then lost every
+        step the previous run reached, a start is not compared).
     :param checkpoint: the newest checkpoint seen by its verification; ``sampled_at`` when.
     :param timezone: how times are shown.
     :param ended: how the previous attempt ended, if known (kept when its reach already says).
@@ -326,6 +330,8 @@ async def account_previous(
     lost = None
     if resumed_at:
         lost = lost_work(reach, resumed_at, checkpoint=checkpoint, sampled_at=sampled_at, timezone=timezone)
+    elif run.action in ("restart", "auto-restart") and reach.step:
+        lost = lost_work(reach, 0, timezone=timezone)  # started over: all of the previous run's steps
     return Previous(saved, lost)
 
 

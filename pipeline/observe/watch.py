@@ -61,7 +61,8 @@ class Observation:
     :ivar at: when (unix s).
     :ivar reachable: False when the host could not be reached (confirmed over a fresh connection).
     :ivar count: matching processes.
-    :ivar pids: their PIDs, the launched (lowest) one first.
+    :ivar pids: their PIDs, the launched one first (the session leader recorded at launch while it
+        lives, else the lowest).
     :ivar log_size: bytes in the job's log (and metric log), or None if it could not be read.
     :ivar exit_cause: how the last process ended, when the host knows (``exit 1``, ``SIGKILL``).
     :ivar error: why the host could not be reached.
