@@ -53,7 +53,8 @@ async def read_attempt(
     """The metric lines the job's log holds between byte ``start`` and ``end`` (None: its end now).
 
     Only the last :data:`MAX_READ` bytes of the range are read; a line cut at the start of the
-    read is dropped.  A log shorter than ``start`` (truncated, rotated) gives no lines.
+    read is dropped.  A log now shorter than ``start`` (truncated or rotated during the attempt) is
+    read from its beginning: all it holds was written since.
 
     :param start: the attempt's launch offset (``log_size_at_launch``), bytes.
     :param end: the next attempt's launch offset, bytes.
@@ -63,8 +64,10 @@ async def read_attempt(
         return []
     if end is None:
         tail = await read_log_chunk(ssh, name, job, -MAX_READ, MAX_READ)
-        if tail.reset or tail.size < start:
+        if tail.reset:
             return []
+        if tail.size < start:
+            start = 0  # truncated or rotated since the launch (copytruncate): all it holds is this attempt's
         data, offset = tail.data, tail.offset - len(tail.data)  # a chunk's offset is where it ends
         if offset < start:
             data, offset = data[start - offset :], start
