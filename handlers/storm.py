@@ -31,7 +31,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from handlers.alerts import (
     alert_reply,
@@ -249,10 +249,10 @@ async def tell(ctx: Context, store: IncidentStore, rnd: Round) -> None:
         rnd.reminded, group_from=config.slack.group_from, announce=config.slack.announce_channel
     )
     work: list[Awaitable[None]] = [_open_story(ctx, store, s) for s in stories if s.kind != "resolved"]
-    work += [_resolve_story(ctx, s) for s in stories if s.kind == "resolved"]
+    work += [_resolve_story(ctx, store, s) for s in stories if s.kind == "resolved"]
     work += [_remind_story(ctx, s) for s in reminders]
     work += [_open_one(ctx, t) for t in opens]
-    work += [_resolve_one(ctx, t) for t in resolves]
+    work += [_resolve_one(ctx, store, t) for t in resolves]
     work += [_remind_one(ctx, t) for t in reminds]
     for outcome in await asyncio.gather(*work, return_exceptions=True):
         if isinstance(outcome, BaseException):
@@ -269,10 +269,14 @@ async def _open_one(ctx: Context, t: Told) -> None:
     await ctx.outbox.announce(inc.thread_key, alert_reply(inc, ctx.config, now=t.at), t.channel)
 
 
-async def _resolve_one(ctx: Context, t: Told) -> None:
+async def _resolve_one(ctx: Context, store: IncidentStore, t: Told) -> None:
     inc = t.incident
     await ctx.outbox.thread(inc.thread_key, resolved_reply(inc, now=t.at), t.channel)
     await ctx.outbox.announce(inc.thread_key, resolved_headline(inc, ctx.config, now=t.at), t.channel)
+    if inc.story is not None and not await _still_open(ctx, store, inc.story):
+        # the last open job of a grouped post: its headline turns resolved too
+        done = Reply(title=story_all_resolved(), status=Status.OK, thread_key=inc.story)
+        await ctx.outbox.announce(inc.story, done, t.channel)
 
 
 async def _remind_one(ctx: Context, t: Told) -> None:
@@ -325,12 +329,23 @@ async def _open_story(ctx: Context, store: IncidentStore, story: Story) -> None:
     await _in_channels(members, member)
 
 
-async def _resolve_story(ctx: Context, story: Story) -> None:
+async def _still_open(ctx: Context, store: IncidentStore, story: str) -> list[str]:
+    """The jobs whose open incident was told in the grouped post ``story``."""
+    names = sorted(ctx.config.jobs)
+    found = await asyncio.gather(*(store.incident(name) for name in names))
+    return [name for name, inc in zip(names, found, strict=True) if inc is not None and inc.story == story]
+
+
+async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> None:
     at = story.members[0].at
     reply = story_resolved_reply(story, now=at)
     if story.thread:
+        left = await _still_open(ctx, store, story.key)
+        if left:  # the headline stays an alert while any of its jobs is still down
+            reply = replace(reply, lines=(*reply.lines, story_still_open(left)))
         await ctx.outbox.thread(story.key, reply, story.channel)
-        await ctx.outbox.announce(story.key, reply, story.channel)
+        if not left:
+            await ctx.outbox.announce(story.key, reply, story.channel)
     else:
         await ctx.outbox.post(reply, story.channel)
 
@@ -448,6 +463,16 @@ def story_paging_line(who: str | None) -> str:
     """The first line of a story: who is called, and that each job is handled on its own."""
     lead = f"{who} " if who else ""
     return f"{lead}each job has its own message (in this thread or its channel): `ack JOB` acknowledges one, `watch JOB off for 2h` pauses one"
+
+
+def story_all_resolved() -> str:
+    """A grouped post's headline once the last of its jobs resolved on its own."""
+    return "resolved: every job of this alert has recovered (each job's line says when)"
+
+
+def story_still_open(jobs: Sequence[str]) -> str:
+    """The line of a partial grouped resolution: the story's jobs still open (its headline stays)."""
+    return f"still open: {len(jobs)} job{'' if len(jobs) == 1 else 's'} ({_listed(jobs)})"
 
 
 def story_resolved_title(count: int, longest: float, hosts: Sequence[str]) -> str:

@@ -23,10 +23,13 @@ from bot.slack_api import web_client
 from bot.slack_outbox import SlackOutbox
 from handlers.acks import ack_command
 from handlers.context import Context
-from handlers.storm import Told, plan, plan_reminders
+from handlers.outbox import MemoryOutbox
+from handlers.reply import Status
+from handlers.storm import Round, Told, plan, plan_reminders, tell
 from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, SlackSettings, WatchSettings
-from pipeline.state.incidents import Incident, IncidentKind
+from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 from pipeline.state.posts import Posts
+from pipeline.state.redisconn import RedisHandle
 from pipeline.state.undelivered import UndeliveredAlerts
 from tests.fixtures.slack import BOT_TOKEN, Channel, FakeSlack
 from tests.fixtures.ssh import InProcessHost, start_in_process
@@ -75,6 +78,49 @@ def test_plan_tells_a_grouped_resolution_in_its_story_s_thread() -> None:
     mixed = [*members[:2], _told("other", IncidentKind.DEAD)]
     (story,), _, _ = plan([], mixed, group_from=3, announce=ANNOUNCE)
     assert story.thread is False and story.key != "story:abc"
+
+
+async def test_a_partial_grouped_resolution_keeps_the_alert_headline(redis_handle: RedisHandle) -> None:
+    """3 of a story's 6 jobs resolve in one round: the resolution goes in its thread naming the 3 still
+    open, and the red headline stays; when the last of them resolves on its own, the headline turns
+    resolved."""
+    names = [f"j{i}" for i in range(6)]
+    job = JobConfig(host="gpu1", workdir="/w", launch=["x"], log="/w/l", match="x", channel="C0TEAM")
+    config = Config(
+        slack=SlackSettings(group_from=3, announce_channel=ANNOUNCE),
+        hosts={"gpu1": HostConfig(address="127.0.0.1")},
+        jobs={n: job for n in names},
+    )
+    store = redis_handle.open_store(IncidentStore)
+    outbox = MemoryOutbox()
+    ctx = Context.__new__(Context)  # the two parts tell() reads; no hosts, no scheduler
+    ctx.config, ctx.outbox = config, outbox
+    opened = {}
+    for n in names:
+        inc = Incident(
+            job=n, host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0, story="story:s1"
+        )
+        stored = await store.open(inc)
+        assert stored is not None
+        opened[n] = stored
+
+    async def resolve(which: list[str]) -> None:
+        rnd = Round()
+        for n in which:
+            assert await store.close(opened[n])
+            done = opened[n].model_copy(update={"resolved_at": T0 + 60, "resolution": "running again"})
+            rnd.resolved.append(Told(done, "C0TEAM", T0 + 60))
+        await tell(ctx, store, rnd)
+
+    await resolve(names[:3])
+    headline = [p for p in outbox.of("announce") if p.key == "story:s1"]
+    (note,) = [p for p in outbox.of("thread") if p.key == "story:s1"]
+    assert headline == [] and "still open: 3 jobs (j3, j4, j5)" in note.reply.lines
+    await resolve(names[3:5])  # fewer than group_from: one by one, and j5 is still down
+    assert [p for p in outbox.of("announce") if p.key == "story:s1"] == []
+    await resolve(names[5:])
+    (last,) = [p for p in outbox.of("announce") if p.key == "story:s1"]
+    assert last.reply.status is Status.OK and last.reply.title.startswith("resolved: every job")
 
 
 def test_reminders_of_one_round_are_grouped_like_alerts() -> None:
