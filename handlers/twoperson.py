@@ -182,7 +182,13 @@ class TwoPersonRule:
             request.text, request.requester, request.groups, req.delivery_id, request.channel, request.surface
         )
         flow.approval, flow.outcome = request, AuditOutcome.ACCEPTED
-        return await call_next()
+        try:
+            return await call_next()
+        except InFlight:  # another restart took the lock after the check: the approval is not spent
+            reopened = await self.approvals.reopen(request.id, user)
+            if reopened is not None:
+                await self._show(reopened, policy.request_reply(self.ctx.config, reopened))
+            raise
 
     async def _closed(self, request: ApprovalRequest, req: Request) -> None:
         """A request just decided or expired: its record in the audit trail (as the command it asked

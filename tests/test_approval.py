@@ -468,3 +468,34 @@ def test_a_user_group_among_approvers_makes_slack_read_user_groups() -> None:
     grouped = {**job, "approval": {"actions": ["restart"], "approvers": ["S0ONCALL01"]}}
     assert not needs_groups(plain)
     assert needs_groups(parse_config({**base, "jobs": {"dflash": grouped}}))
+
+
+async def test_an_approval_whose_run_finds_the_lock_taken_is_not_spent(
+    dispatcher: Dispatcher, ctx: Context
+) -> None:
+    """Another restart takes the job's lock between the approver's check and the run (an automatic
+    restart, another replica): the approval is refused as in flight and the request is pending
+    again, so approving it later runs it."""
+    rid = await _ask(dispatcher)
+    store = dispatcher.two_person.approvals
+    real = store.decide
+
+    async def racing(*args: Any, **kwargs: Any) -> Any:
+        other = await dispatcher.handle(_req("restart dflash"))  # not under the rule: takes the lock
+        assert other.exit_code is ExitCode.OK, other.title
+        return await real(*args, **kwargs)
+
+    store.decide = racing  # type: ignore[method-assign]
+    try:
+        reply = await dispatcher.handle(_req(f"approve {rid}", SECOND))
+    finally:
+        store.decide = real  # type: ignore[method-assign]
+    assert reply.exit_code is ExitCode.IN_FLIGHT, reply.title
+    assert (await store.get(rid)).state is ApprovalState.PENDING
+    await dispatcher.drain(30)
+    before = len(await _restarter(ctx).calls())
+    again = await dispatcher.handle(_req(f"approve {rid}", SECOND))
+    assert again.exit_code is ExitCode.OK, again.title
+    await dispatcher.drain(30)
+    assert len(await _restarter(ctx).calls()) == before + 1
+    assert (await store.get(rid)).state is ApprovalState.APPROVED

@@ -150,6 +150,23 @@ return {outcome, out}
 """
 
 
+# KEYS[1] record, KEYS[2] open set; ARGV: approver.  Approved → pending again, by its approver only.
+_REOPEN = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return '' end
+local r = cjson.decode(raw)
+if r.state ~= 'approved' or r.decided_by ~= ARGV[1] then return '' end
+r.state = 'pending'
+r.decided_by = ''
+r.reason = ''
+r.decided_at = nil
+local out = cjson.encode(r)
+redis.call('SET', KEYS[1], out, 'KEEPTTL')
+redis.call('ZADD', KEYS[2], r.expires_at, r.id)
+return out
+"""
+
+
 class Approvals:
     """Approval requests in Redis.
 
@@ -161,6 +178,7 @@ class Approvals:
         self.client = client
         self.prefix = prefix
         self._decide = client.register_script(_DECIDE)
+        self._reopen = client.register_script(_REOPEN)
 
     async def open(self, request: ApprovalRequest) -> ApprovalRequest:
         """Store a new pending request under a freshly reserved run id (``request.id`` is ignored).
@@ -213,6 +231,18 @@ class Approvals:
         if outcome == "missing":
             raise UnknownRun(request_id)
         return Decided(outcome), ApprovalRequest.loads(raw)
+
+    async def reopen(self, request_id: str, approver: str) -> ApprovalRequest | None:
+        """Approved → pending again: the approval could not be acted on (another restart took the
+        job's lock between the check and the run), so it is not spent.  Only the approver's own
+        approval is reopened, atomically.
+
+        :returns: the request, pending again, or None if it was not approved by ``approver``.
+        """
+        raw = await self._reopen(
+            keys=[keys.approval(self.prefix, request_id), keys.approvals_open(self.prefix)], args=[approver]
+        )
+        return ApprovalRequest.loads(raw) if raw else None
 
     async def pending(self, job: str | None = None) -> list[ApprovalRequest]:
         """Requests still pending (expired ones included until the sweep closes them), oldest first.
