@@ -37,6 +37,7 @@ from pipeline.observe.attempts import (
     over_max_lost,
     reach_of,
     recovery,
+    resumed_role,
 )
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord
@@ -115,6 +116,19 @@ def test_the_compared_role_is_the_one_that_resumed() -> None:
     assert compared_role({"target": 1, "drafter": 1}, {"target": 50, "drafter": 30}) == "drafter"
     assert compared_role({"worker": 1}, {"worker": 7}) == "worker"
     assert compared_role({}, {}) is None
+
+
+def test_a_role_counting_afresh_is_not_taken_for_the_one_that_resumed() -> None:
+    """Resumed at 471 but only the targets (counting from 1) have logged yet: the previous attempt's
+    own lines decide (drafter 1,004 reached, 533 lost), not the targets' 533."""
+    assert resumed_role({"target": 1}, {"target": 19}, 471) is None
+    assert resumed_role({"target": 1, "drafter": 472}, {"target": 9, "drafter": 480}, 471) == "drafter"
+    assert resumed_role({"drafter": 472}, {"drafter": 480}, None) is None
+    prev = [line("drafter", 5, s, 1000.0 + s) for s in range(472, 1005)]
+    prev += [line("target", 0, s - 471, 1000.0 + s) for s in range(472, 1005)]
+    reach = reach_of(prev, window_s=300.0, role=resumed_role({"target": 1}, {"target": 19}, 471))
+    lost = lost_work(reach, 471)
+    assert lost is not None and (lost.role, lost.reached, lost.steps) == ("drafter", 1004, 533)
 
 
 def test_reach_and_lost_work_from_the_previous_runs_lines() -> None:

@@ -105,6 +105,16 @@ def compared_role(first: Mapping[str, int], high: Mapping[str, int]) -> str | No
     return max(high, key=lambda role: (first.get(role, 0), role != TARGET, high[role], role))
 
 
+def resumed_role(first: Mapping[str, int], high: Mapping[str, int], resumed_at: int | None) -> str | None:
+    """The role of a new run that resumed at ``resumed_at``: :func:`compared_role` of its first
+    lines, if that role's first step follows the resume step (±1); None otherwise (only ranks that
+    count afresh have logged yet, or it started from scratch): the previous attempt's lines decide."""
+    role = compared_role(first, high) if resumed_at else None
+    if role is None or resumed_at is None or abs(first[role] - (resumed_at + 1)) > 1:
+        return None
+    return role
+
+
 def median_throughput(lines: Sequence[MetricLine], since: float | None = None) -> float | None:
     """The pipeline's throughput (tokens/s): per non-target rank the median of its reported
     ``tokens_per_s`` over its lines from ``since`` (unix s; each rank's first line left out), summed.
@@ -326,7 +336,7 @@ async def account_previous(
     lines = await read_attempt(ssh, name, job, prev.log_size_at_launch or 0, end)
     fresh = await read_attempt(ssh, name, job, end)
     first, high = _by_role(fresh)
-    role = compared_role(first, high) if resumed_at else None
+    role = resumed_role(first, high, resumed_at)
     known = prev.reach.ended if prev.reach is not None else None
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=known or ended)
     saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
