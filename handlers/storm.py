@@ -26,6 +26,7 @@ Slack is :mod:`bot.blocks`'.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -127,6 +128,17 @@ class Storyteller:
         self._telling.add(task)
         task.add_done_callback(self._telling.discard)
         await asyncio.wait({task}, timeout=TELL_WAIT)
+
+    async def told(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until the round open now, if any, has ended and every round
+        begun was told: what a cycle decided is then in the outbox (a script that waits for an
+        alert's event shows the alert before its next command)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self._round is not None and self._round.members > 0:
+                    await asyncio.sleep(0.05)  # its cycles are still probing or deciding
+                if self._telling:
+                    await asyncio.wait(set(self._telling))
 
     async def drain(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until every round begun was told."""
