@@ -76,9 +76,9 @@ def demo_config_text(
     workdir: Path,
     state_dir: Path,
     python: str,
-    start_window: float = 15,
+    start_window: float = 20,
     watch_interval: float = 1,
-    digest_every: float = 90,
+    digest_every: float = 600,
 ) -> str:
     """The demo's TOML config: job ``dflash`` (5 target + 3 drafter CPU processes, tiny sizes).
 

@@ -196,7 +196,7 @@ def _lost_clause(v: VerdictLine) -> str:
     text = (
         f"; the previous run reached {role + ' ' if role else ''}step {v.reached:,} — {_steps(v.lost, role)}"
     )
-    if v.lost and v.lost_s is not None and math.isfinite(v.lost_s):
+    if v.lost and v.lost_s is not None and math.isfinite(v.lost_s) and v.lost_s >= 1:  # never "about 0 s"
         text += f" (about {fmt.duration(_secs(v.lost_s))} of training)"
     text += " lost"
     if v.checkpoint_at:

@@ -69,6 +69,11 @@ def line(role: str, rank: int, step: int, ts: float, tps: float | None = 100.0) 
             "— 0 drafter steps lost",
         ),
         (
+            Lost(481, 10, "drafter", 0.4),  # under a second of training: no "(about 0 s …)"
+            "RUNNING 8/8 processes pid 4242, resumed at step 471; the previous run reached drafter step 481 "
+            "— 10 drafter steps lost",
+        ),
+        (
             Lost(472, 1, None, 2.0),
             "RUNNING 8/8 processes pid 4242, resumed at step 471; the previous run reached step 472 "
             "— 1 step (about 2 s of training) lost",
