@@ -379,10 +379,13 @@ async def test_sigkill_then_restart_states_the_lost_steps_and_a_slowed_restart_a
             reached - resumed,
             "drafter",
         ), second.verdict_line
-        assert f"{reached - resumed:,} drafter steps (about " in (second.verdict_line or "")
+        # the training time is said from a second up ("about 0 s" is never written)
+        took = " (about " if (second.lost_s or 0) >= 1 else " lost"
+        assert f"{reached - resumed:,} drafter steps{took}" in (second.verdict_line or "")
         assert (second.previous_run, second.lost) == (first.id, reached - resumed)
+        took = " (about " if (second.lost_s or 0) >= 1 else " at this restart"
         assert second.warning is not None and second.warning.startswith(
-            f"⚠ dflash lost {reached - resumed:,} drafter steps (about "
+            f"⚠ dflash lost {reached - resumed:,} drafter steps{took}"
         ), second.warning  # over max_lost = 1 step
         assert "more than max_lost (1 step): checkpointing every 1 step, about " in second.warning
         prev = await ctx.runs.get(first.id)

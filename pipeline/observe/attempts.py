@@ -402,7 +402,7 @@ def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s
     """The thread's warning for a restart that lost more than ``[jobs.NAME] max_lost``, with the
     checkpoint interval that would have kept it under."""
     steps = f"{lost.steps:,} {lost.role + ' ' if lost.role else ''}step{'' if lost.steps == 1 else 's'}"
-    took = f" (about {fmt.duration(lost.seconds)} of training)" if lost.seconds is not None else ""
+    took = f" (about {fmt.duration(lost.seconds)} of training)" if (lost.seconds or 0) >= 1 else ""
     limit = (
         f"{fmt.duration(max_lost.seconds)} of training"
         if isinstance(max_lost, LostDuration)
