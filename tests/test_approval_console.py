@@ -24,16 +24,8 @@ from pipeline.verdict import Verdict
 from tests.fixtures.slack import kill_matching, slack_config
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
 from tests.support_handlers import wait_until
+from tests.test_restart import TOPK_DIFF
 
-TOPK_DIFF = """\
-diff --git a/settings.txt b/settings.txt
---- a/settings.txt
-+++ b/settings.txt
-@@ -1,2 +1,2 @@
--topk = 1
-+topk = 8
- lr = 0.001
-"""
 SHA = hashlib.sha256(TOPK_DIFF.encode()).hexdigest()
 
 

@@ -36,16 +36,8 @@ from tests.fixtures.slack import (
 )
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
 from tests.support_handlers import wait_until
+from tests.test_restart import TOPK_DIFF
 
-TOPK_DIFF = """\
-diff --git a/settings.txt b/settings.txt
---- a/settings.txt
-+++ b/settings.txt
-@@ -1,2 +1,2 @@
--topk = 1
-+topk = 8
- lr = 0.001
-"""
 ADMIN, SECOND, OPERATOR, VIEWER = "U0ADMIN0001", "U0ADMIN0002", "U0OPERATOR1", "U0VIEWER001"
 SHA = hashlib.sha256(TOPK_DIFF.encode()).hexdigest()
 

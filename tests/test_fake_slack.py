@@ -18,6 +18,7 @@ from tests.fixtures.slack import (
     FakeSlack,
     envelope,
     manifest_scopes,
+    open_app_socket,
 )
 
 
@@ -157,20 +158,10 @@ async def test_held_calls_wait_untouched_until_released_in_order(fake_slack: Fak
     assert fake_slack.holding["chat.postMessage"] == 0
 
 
-async def _link(http: aiohttp.ClientSession, fake: FakeSlack) -> aiohttp.ClientWebSocketResponse:
-    async with http.post(
-        f"{fake.api_url}apps.connections.open", headers={"Authorization": f"Bearer {APP_TOKEN}"}
-    ) as r:
-        url = (await r.json())["url"]
-    ws = await http.ws_connect(url)
-    assert (await ws.receive_json(timeout=5))["type"] == "hello"
-    return ws
-
-
 async def test_unacked_event_is_redelivered_with_retry_attempt() -> None:
     """An events_api envelope not acked in time comes again with retry_attempt 1 and reason timeout; an acked one does not."""
     async with FakeSlack(ack_timeout=0.2) as fake, aiohttp.ClientSession() as http:
-        ws = await _link(http, fake)
+        ws = await open_app_socket(http, fake)
         await fake.socket_send(envelope("events_api", {"event": {"type": "app_mention"}}))
         first = await ws.receive_json(timeout=5)
         again = await ws.receive_json(timeout=5)
@@ -186,12 +177,12 @@ async def test_unacked_event_is_redelivered_with_retry_attempt() -> None:
 async def test_disconnect_warning_refresh_and_link_disabled(fake_slack: FakeSlack) -> None:
     """warning only warns; refresh_requested closes the old socket once a new one is open; link_disabled closes it for good."""
     async with aiohttp.ClientSession() as http:
-        old = await _link(http, fake_slack)
+        old = await open_app_socket(http, fake_slack)
         await fake_slack.socket_disconnect("warning")
         assert (await old.receive_json(timeout=5))["reason"] == "warning"
         await fake_slack.socket_disconnect("refresh_requested")
         assert (await old.receive_json(timeout=5))["reason"] == "refresh_requested"
-        new = await _link(http, fake_slack)
+        new = await open_app_socket(http, fake_slack)
         closing = await old.receive(timeout=5)
         assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
         await fake_slack.socket_disconnect("link_disabled")
@@ -262,7 +253,7 @@ async def test_messages_show_late_in_history_and_pages_have_cursors(fake_slack: 
 async def test_late_command_ack_is_an_operation_timeout_and_sockets_are_capped() -> None:
     """A slash command acked after the ack timeout is an operation_timeout; an 11th socket is told too_many_websockets."""
     async with FakeSlack(ack_timeout=0.2) as fake, aiohttp.ClientSession() as http:
-        ws = await _link(http, fake)
+        ws = await open_app_socket(http, fake)
         on_time = envelope("slash_commands", {"command": "/train"})
         late = envelope("slash_commands", {"command": "/train"})
         await fake.socket_send(on_time)
@@ -274,7 +265,7 @@ async def test_late_command_ack_is_an_operation_timeout_and_sockets_are_capped()
         await ws.send_json({"envelope_id": late["envelope_id"]})
         await fake.wait_ack(late["envelope_id"])
         assert fake.operation_timeouts == [late["envelope_id"]]
-        more = [await _link(http, fake) for _ in range(9)]
+        more = [await open_app_socket(http, fake) for _ in range(9)]
         async with http.post(
             f"{fake.api_url}apps.connections.open", headers={"Authorization": f"Bearer {APP_TOKEN}"}
         ) as r:

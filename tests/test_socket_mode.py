@@ -27,6 +27,7 @@ from tests.fixtures.slack import (
     envelope,
     event_callback,
     kill_matching,
+    open_app_socket,
     slack_config,
     slash_command,
     validate_blocks,
@@ -193,17 +194,6 @@ async def test_disconnect_warning_keeps_serving_and_link_disabled_shows_in_healt
     assert health["ok"] is False and health["socket_mode"] == "reconnecting"
 
 
-async def _open_socket(http: aiohttp.ClientSession, fake: FakeSlack) -> aiohttp.ClientWebSocketResponse:
-    """Another process's Socket Mode connection with the same app token (greeted with ``hello``)."""
-    async with http.post(
-        f"{fake.api_url}apps.connections.open", headers={"Authorization": f"Bearer {APP_TOKEN}"}
-    ) as r:
-        url = (await r.json())["url"]
-    ws = await http.ws_connect(url)
-    assert (await ws.receive_json(timeout=5))["type"] == "hello"
-    return ws
-
-
 async def test_too_many_websockets_backs_off_shows_in_health_and_connects_when_one_is_free(
     fake_slack: FakeSlack, redis_config: Config
 ) -> None:
@@ -213,7 +203,7 @@ async def test_too_many_websockets_backs_off_shows_in_health_and_connects_when_o
         redis_config, bot_token=BOT_TOKEN, api_url=fake_slack.api_url, scheduler=False
     )
     async with aiohttp.ClientSession() as http:
-        others = [await _open_socket(http, fake_slack) for _ in range(MAX_SOCKETS)]
+        others = [await open_app_socket(http, fake_slack) for _ in range(MAX_SOCKETS)]
         try:
             runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=APP_TOKEN)
             tries = await fake_slack.wait_for("apps.connections.open", 2 + MAX_SOCKETS, timeout=30)
