@@ -109,6 +109,8 @@ class SlackOutbox(SlackSender):
         self._parents: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, tuple[Reply, str | None]] = {}
+        self._for_thread: dict[int, tuple[str, float]] = {}  #: waiter → (channel, since): see announce_in
+        self._seq = 0
 
     def bind(self, posts: Posts, runs: RunStore, undelivered: UndeliveredAlerts | None = None) -> None:
         """Keep headline locations in Redis (``posts``) from now on; find runs' requesters in
@@ -217,13 +219,26 @@ class SlackOutbox(SlackSender):
     async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
         """Post ``key``'s headline as a member of the grouped post ``story``: a reply in its
         thread when ``channel`` is the grouped post's, else a message of its own in ``channel``;
+        nothing when ``key``'s headline is already posted.  While ``story``'s headline is on its
+        way (queued in this process, its ts unknown) it waits for it, shown in :meth:`queue`;
         :meth:`announce` updates it in place later, :meth:`thread` posts in the grouped post's
         thread (Slack threads have one level).
 
         :param channel: channel id; None → ``default_channel``.
         """
         target = channel or self.default_channel
+        if await self.where(key) is not None:
+            return  # already told (by the story, or by what happened to its job since)
         parent = await self.where(story)
+        if parent is None:
+            self._seq += 1
+            me = self._seq
+            self._for_thread[me] = (target or "", time.monotonic())
+            try:
+                async with self._locks.setdefault(story, asyncio.Lock()):  # held while it is posted
+                    parent = await self.where(story)
+            finally:
+                del self._for_thread[me]
         if parent is None or parent[0] != target:
             await self.announce(key, reply, channel)
             return
@@ -237,6 +252,16 @@ class SlackOutbox(SlackSender):
                     await self._posts.unclaim(key)
                 return
             await self._remember(key, parent[0], ts, parent=parent[1])
+
+    def backlog(self) -> dict[str, tuple[int, float]]:
+        """:meth:`SlackSender.backlog`, with the posts waiting for their grouped post's headline
+        counted in its channel's queue."""
+        waiting = super().backlog()
+        now = time.monotonic()
+        for channel, since in self._for_thread.values():
+            n, age = waiting.get(channel, (0, 0.0))
+            waiting[channel] = (n + 1, max(age, now - since))
+        return waiting
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
         """Post ``reply`` in the thread under ``key``'s headline (for a member of a grouped

@@ -49,15 +49,21 @@ class SlackSender:
         """What waits for Slack now (``/healthz`` ``slack.queue``, ``/metrics``): ``depth`` calls
         waiting for their slot, ``oldest_s`` how long the oldest has waited (seconds), and per
         channel (updates by message: ``CHANNEL/TS``) the same."""
-        waiting = {**self.pacer.backlog(), **self.edits.backlog()}
-        budget = self.updates.backlog()
-        if budget[0]:
-            waiting["chat.update"] = budget
+        waiting = self.backlog()
         return {
             "depth": sum(n for n, _ in waiting.values()),
             "oldest_s": round(max((age for _, age in waiting.values()), default=0.0), 3),
             "channels": {k: {"depth": n, "oldest_s": round(age, 3)} for k, (n, age) in waiting.items()},
         }
+
+    def backlog(self) -> dict[str, tuple[int, float]]:
+        """What waits, by channel (updates by message ``CHANNEL/TS``, the Tier 3 budget as
+        ``chat.update``): calls waiting and the oldest one's age in seconds."""
+        waiting = {**self.pacer.backlog(), **self.edits.backlog()}
+        budget = self.updates.backlog()
+        if budget[0]:
+            waiting["chat.update"] = budget
+        return waiting
 
     async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
         """``chat.postMessage`` of one rendered message, at most once.

@@ -10,6 +10,7 @@ import time
 from handlers.alerts import acked_reply, alert_reply
 from handlers.context import Context
 from handlers.reply import Reply, Status, mention
+from handlers.storm import line_first
 from pipeline import fmt
 from pipeline.errors import ExitCode
 from pipeline.state.incidents import IncidentStore
@@ -61,6 +62,7 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
             continue  # changed meanwhile (a reminder, a resolve): read it again
         channel = ctx.config.channel_for(name)
         reply = acked_reply(acked, user)
+        await line_first(ctx, acked, channel)
         await ctx.outbox.thread(acked.thread_key, reply, channel)
         await ctx.outbox.announce(acked.thread_key, alert_reply(acked, ctx.config, mention=False), channel)
         return reply

@@ -17,7 +17,9 @@ paused and resolved on its own (:mod:`pipeline.state.incidents`) — but they ar
   member keeps a message of its own, a one-line reply in the story's thread
   (:meth:`~handlers.outbox.Outbox.announce_in`), updated in place when it is acknowledged or
   resolved.  Its incident records the story (``story``), so any process renders it as a member
-  (:func:`handlers.alerts.alert_reply`).
+  (:func:`handlers.alerts.alert_reply`); what is posted about a member before the story reached
+  its line (acknowledged, resolved meanwhile) waits for the headline and posts the line first
+  (:func:`line_first`), so it goes in the story's thread.
 
 Transport-free: what each post says is built here and in :mod:`handlers.alerts`; how it looks in
 Slack is :mod:`bot.blocks`'.
@@ -276,6 +278,20 @@ async def tell(ctx: Context, store: IncidentStore, rnd: Round) -> None:
             log.exception("a post after an alert failed")
 
 
+async def line_first(ctx: Context, incident: Incident, channel: str | None) -> None:
+    """Before anything is posted about ``incident`` (an acknowledgement, a resolution, a
+    reminder, a change): if it is told in a grouped post, its own line there comes first — posted
+    now, after the grouped post's headline, if the story has not reached it yet — so what follows
+    goes in the story's thread, in order, never as a message of its own.  Nothing for an incident
+    told on its own, or whose line is already posted.
+
+    :param channel: its job's channel (None: the announce channel).
+    """
+    if incident.story is not None:
+        reply = alert_reply(incident, ctx.config, mention=False)
+        await ctx.outbox.announce_in(incident.thread_key, reply, incident.story, channel)
+
+
 async def _open_one(ctx: Context, t: Told) -> None:
     inc = t.incident
     await ctx.outbox.announce(inc.thread_key, alert_reply(inc, ctx.config, now=t.at), t.channel)
@@ -283,6 +299,7 @@ async def _open_one(ctx: Context, t: Told) -> None:
 
 async def _resolve_one(ctx: Context, store: IncidentStore, t: Told) -> None:
     inc = t.incident
+    await line_first(ctx, inc, t.channel)
     await ctx.outbox.thread(inc.thread_key, resolved_reply(inc, now=t.at), t.channel)
     await ctx.outbox.announce(inc.thread_key, resolved_headline(inc, ctx.config, now=t.at), t.channel)
     if inc.story is not None and not await _still_open(ctx, store, inc.story):
@@ -293,6 +310,7 @@ async def _resolve_one(ctx: Context, store: IncidentStore, t: Told) -> None:
 
 async def _remind_one(ctx: Context, t: Told) -> None:
     inc = t.incident
+    await line_first(ctx, inc, t.channel)
     await ctx.outbox.thread(inc.thread_key, reminder_reply(inc, ctx.config, now=t.at), t.channel)
 
 
@@ -330,9 +348,13 @@ async def _in_channels(members: Sequence[Told], post: Callable[[Told], Awaitable
 
 
 async def _open_story(ctx: Context, store: IncidentStore, story: Story) -> None:
+    at = story.members[0].at
+    reply = story_reply(story, story.members, ctx.config, now=at)
+    # the headline's post starts (its outbox key taken) before the story is recorded on any member,
+    # so a member acknowledged meanwhile waits for it (line_first) rather than posting on its own
+    headline = asyncio.ensure_future(ctx.outbox.announce(story.key, reply, story.channel))
     members = await asyncio.gather(*(_join(store, t, story.key) for t in story.members))
-    at = members[0].at
-    await ctx.outbox.announce(story.key, story_reply(story, members, ctx.config, now=at), story.channel)
+    await headline
 
     async def member(t: Told) -> None:
         reply = alert_reply(t.incident, ctx.config, now=t.at, mention=False)
@@ -362,6 +384,7 @@ async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> No
         await ctx.outbox.post(reply, story.channel)
 
     async def member(t: Told) -> None:
+        await line_first(ctx, t.incident, t.channel)
         await ctx.outbox.announce(
             t.incident.thread_key, resolved_headline(t.incident, ctx.config, now=t.at), t.channel
         )
@@ -372,7 +395,8 @@ async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> No
 def story_reply(story: Story, members: Sequence[Told], config: Config, *, now: float) -> Reply:
     """The headline of a story: who is paged, then a line per job.
 
-    :param members: the story's members as stored (with ``story`` recorded).
+    :param members: the story's members (its headline says the same with ``story`` recorded on
+        them or not).
     :returns: an ERROR reply keyed ``story.key``, paging ``alert_mention`` and every member's owners.
     """
     incidents = [t.incident for t in members]

@@ -50,7 +50,7 @@ from handlers.crashcheck import check_crash, refusal, with_crash
 from handlers.hangevidence import KINDS as HANG_KINDS
 from handlers.hangevidence import hang_evidence
 from handlers.reply import Reply
-from handlers.storm import Round, Storyteller, Told
+from handlers.storm import Round, Storyteller, Told, line_first
 from handlers.watchstats import WatchStats
 from pipeline import fmt
 from pipeline.config import JobConfig
@@ -375,6 +375,7 @@ class Watcher:
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx
+        await line_first(ctx, inc, channel)  # a member of a story still being told: its line first
         if action.kind is ActionKind.CHANGE:
             assert action.previous is not None
             await ctx.outbox.thread(inc.thread_key, changed_reply(inc, action.previous), channel)

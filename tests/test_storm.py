@@ -33,6 +33,7 @@ from pipeline.state.redisconn import RedisHandle
 from pipeline.state.undelivered import UndeliveredAlerts
 from tests.fixtures.slack import BOT_TOKEN, Channel, FakeSlack
 from tests.fixtures.ssh import InProcessHost, start_in_process
+from tests.support_handlers import wait_until
 
 PACE = 1.0  #: ``[slack] pace``'s default
 ANNOUNCE = "C0ANNOUNCE"
@@ -395,3 +396,75 @@ async def test_60_jobs_crashing_across_6_hosts_reach_slack_grouped_and_complete(
         jobs.cleanup()
         for h in hosts:
             await h.host.close()
+
+
+async def test_a_member_acknowledged_or_resolved_before_its_line_is_posted_lands_in_the_story_s_thread(
+    fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
+) -> None:
+    """Slack stalled on the grouped post (its ts unknown): one job acknowledged and one resolved meanwhile get their line, then their note, in the story's thread, in order; no top-level message but the story's, none lost or doubled."""
+    team = "C0TEAM"
+    jobs = Jobs(tmp_path)
+    names = [f"job-{i}" for i in range(4)]
+    cfgs = {n: _job(tmp_path, jobs, n, "gpu1", team) for n in names}
+    hosts = {"gpu1": HostConfig(address="127.0.0.1")}  # never reached: the incidents are opened here
+    async with _pitstop(fake_slack, redis_config, hosts, cfgs) as (ctx, outbox):
+        store = ctx.redis.open_store(IncidentStore)
+        rnd = Round()
+        for n in names:
+            inc = await store.open(
+                Incident(job=n, host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0)
+            )
+            assert inc is not None
+            rnd.opened.append(Told(inc, team, T0))
+        fake_slack.hold("chat.postMessage")
+        telling = asyncio.create_task(tell(ctx, store, rnd))
+        await fake_slack.wait_held("chat.postMessage")  # the grouped post: in flight, its ts unknown
+        acking = asyncio.create_task(ack_command(ctx, "job-1", "U0ACK"))
+        resolved = await _member_of_story(store, "job-2")
+        assert await store.close(resolved)
+        back = Round()
+        done = resolved.model_copy(update={"resolved_at": T0 + 30, "resolution": "running"})
+        back.resolved.append(Told(done, team, T0 + 30))
+        resolving = asyncio.create_task(tell(ctx, store, back))
+
+        async def both_waiting() -> bool:  # in the outbox, or at Slack (held)
+            depth = int(outbox.queue()["channels"].get(team, {}).get("depth", 0))
+            return depth + fake_slack.holding.get("chat.postMessage", 0) >= 3
+
+        await wait_until(both_waiting, timeout=60)
+        fake_slack.release()
+        await asyncio.wait_for(asyncio.gather(telling, acking, resolving), 120)
+        top = _top(fake_slack, team)
+        assert len(top) == 1, [m["text"] for m in top]  # the story only: no note, no line on its own
+        story = top[0]
+        assert str(story["text"]).startswith("4 jobs need attention on 1 host: 4 down")
+        calls = await fake_slack.calls("chat.postMessage")
+        assert all(c.ok for c in calls) and calls[0].args.get("thread_ts") is None
+        assert {c.args.get("thread_ts") for c in calls[1:]} == {story["ts"]}
+        posted = [str(c.args["text"]) for c in calls[1:]]
+        lines = [f"{n} is down: no processes left on gpu1 (expected 1)" for n in names]
+        acked = [i for i, t in enumerate(posted) if t.startswith("acknowledged by") and "job-1" in t]
+        back_note = [i for i, t in enumerate(posted) if t.startswith("resolved after 30 s: job-2")]
+        assert sorted(posted) == sorted(
+            [*lines, posted[acked[0]], posted[back_note[0]]]
+        )  # none lost, none twice
+        assert posted.index(lines[1]) < acked[0] and posted.index(lines[2]) < back_note[0]
+        for n, state in (("job-1", "acknowledged by"), ("job-2", "resolved: job-2 was down")):
+            loc = await outbox.where(f"incident:{n}:1")
+            assert loc is not None and loc[0] == team
+            message = fake_slack.message(team, loc[1])  # its line, updated in place
+            assert message["thread_ts"] == story["ts"] and state in str(message["blocks"])
+        assert outbox.failures == []
+
+
+async def _member_of_story(store: IncidentStore, job: str) -> Incident:
+    """``job``'s open incident once its story is recorded on it."""
+    found: list[Incident] = []
+
+    async def recorded() -> bool:
+        inc = await store.incident(job)
+        found[:] = [inc] if inc is not None and inc.story is not None else []
+        return bool(found)
+
+    await wait_until(recorded, timeout=30)
+    return found[0]
