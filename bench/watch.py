@@ -26,7 +26,14 @@ one helper call per host per cycle, a p95 beyond twice the interval or a CPU sha
 (bounds only a regression crosses: on this shared 2-core machine the simulated hosts' own CPU,
 about 5 s a cycle at 1,000 jobs, competes with Pitstop's for the same cores, so wall times vary
 with whatever else runs).
-``--quick``: 8 jobs on 2 hosts and 24 on 6, 3 cycles each, no speed checks.  Ends with ONE line:
+- **storm**: the 200 jobs on 4 hosts killed at once (issue 23's storm of 200 incidents), told to
+  the strict Slack stand-in (``tests/fixtures/slack.py``, its rate limits on) through the real
+  outbox at ``[slack] pace`` 1 s: first all in one channel, then spread over 4; the seconds from
+  the kill until the grouped posts list every incident, and until every incident's own line is in
+  Slack (the last ``chat.postMessage``), each incident checked there once.
+
+``--quick``: 8 jobs on 2 hosts and 24 on 6, 3 cycles each, a storm of 12 on 2; no speed checks.
+``--storm``: the storm only.  Ends with ONE line:
 ``watch: 1,000 jobs on 50 hosts X.XXX cpu-s/cycle (Y.Y% of a core at 10 s) wall p95 Z.ZZ s; …``.
 """
 
@@ -49,11 +56,27 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import Checks
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the stand-in Slack lives under tests/
+    sys.path.insert(0, str(ROOT))
 
-from bot.assembly import build_context, build_watcher, close_context
-from handlers.outbox import MemoryOutbox
-from pipeline.config import Config, HostConfig, JobConfig, RedisSettings, StateSettings, WatchSettings
+from benchlib import Checks  # noqa: E402
+
+from bot.assembly import build_context, build_watcher, close_context  # noqa: E402
+from bot.slack_api import web_client  # noqa: E402
+from bot.slack_outbox import SlackOutbox  # noqa: E402
+from handlers.outbox import MemoryOutbox  # noqa: E402
+from pipeline.config import (  # noqa: E402
+    Config,
+    HostConfig,
+    JobConfig,
+    RedisSettings,
+    SlackSettings,
+    StateSettings,
+    WatchSettings,
+)
+from pipeline.state.posts import Posts  # noqa: E402
+from tests.fixtures.slack import BOT_TOKEN, Channel, FakeSlack  # noqa: E402
 
 SIZES = ((200, 4), (1000, 50))  #: (jobs, hosts): today's size, and the scale target
 QUICK_SIZES = ((8, 2), (24, 6))
@@ -61,6 +84,9 @@ CYCLES = 30  #: measured cycles per size
 INTERVAL = 10.0  #: seconds: the watch interval the percentages are quoted at
 WRITE_EVERY = 2.0  #: seconds between the step lines a host appends to each of its jobs' logs
 FLAT_MIB = 4.0  #: memory growth over the cycles still counted as flat (MiB), or 5 % if larger
+STORM, QUICK_STORM = (200, 4), (12, 2)  #: (jobs, hosts) killed at once
+STORM_CHANNELS = (1, 4)  #: the storm told in one channel, then spread over this many
+PACE = 1.0  #: ``[slack] pace``'s default: Slack's chat.postMessage limit of about 1/s per channel
 
 
 # --- the SSH hosts, each in its own process -------------------------------------------------------
@@ -327,6 +353,78 @@ async def ssh_per_check_cpu(config: Config, cycles: int, concurrency: int) -> tu
     return cpu / cycles, (time.perf_counter() - wall0) / cycles
 
 
+class Storm:
+    """One storm's figures.
+
+    :ivar listed: seconds from the kill until the grouped posts (every incident listed) were in Slack.
+    :ivar complete: seconds from the kill until every incident's own line was (the last post).
+    :ivar told: ``N/N incidents in Slack once``, else what was found.
+    :ivar rest: other posts in the threads (a grouped post too long for one message goes on there).
+    :ivar limited: 429s answered; ``failures``: posts the outbox gave up.
+    """
+
+    def __init__(self) -> None:
+        self.listed = self.complete = 0.0
+        self.told = ""
+        self.limited = self.rest = 0
+        self.failures: list[str] = []
+
+
+async def storm(
+    root: Path, infos: list[dict[str, Any]], jobs: int, channels: int, sleepers: list[subprocess.Popen[bytes]]
+) -> Storm:
+    """Kill the first ``jobs`` sleepers at once, watched over ``infos``' hosts and told in
+    ``channels`` channels of the Slack stand-in; restart them after.  Seconds are wall time."""
+    teams = [f"C0STORM{k}" for k in range(channels)]
+    base = make_config(root, infos, jobs)
+    specs = {
+        n: spec.model_copy(update={"channel": teams[j % channels]})
+        for j, (n, spec) in enumerate(base.jobs.items())
+    }
+    config = base.model_copy(
+        update={"jobs": specs, "slack": SlackSettings(announce_channel=teams[0], pace=PACE)}
+    )
+    out = Storm()
+    async with FakeSlack() as fake:
+        for team in teams:
+            fake.add_channel(Channel(team))
+        outbox = SlackOutbox(
+            web_client(BOT_TOKEN, base_url=fake.api_url), default_channel=teams[0], pace=PACE, settle=0.0
+        )
+        ctx = await build_context(config, outbox, instance="bench")
+        outbox.bind(ctx.redis.open_store(Posts), ctx.runs)
+        try:
+            watcher = build_watcher(ctx)
+            hosts = sorted({j.host for j in config.jobs.values()})
+            for _ in range(2):  # connect, learn the jobs (seen alive)
+                await asyncio.gather(*(watcher.cycle(h) for h in hosts))
+            killed = time.monotonic()
+            for proc in sleepers[:jobs]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            await asyncio.gather(*(watcher.cycle(h) for h in hosts))
+            await watcher.teller.drain(4 * jobs * PACE + 120)
+            calls = await fake.calls("chat.postMessage")
+            posted = [c for c in calls if c.ok]
+            heads = [c for c in posted if not c.args.get("thread_ts")]
+            threads = [str(c.args["text"]) for c in posted if c.args.get("thread_ts")]
+            lines = sorted(w for w in (t.split(" ", 1)[0] for t in threads) if w in specs)
+            once = lines == sorted(specs) and len(heads) == channels
+            out.told = f"{len(set(lines))}/{jobs} incidents in Slack" + (
+                " once" if once else f" ({len(lines)} lines, {len(heads)} grouped posts)"
+            )
+            out.rest = len(threads) - len(lines)
+            out.listed = max((c.at for c in heads), default=killed) - killed
+            out.complete = max((c.at for c in posted), default=killed) - killed
+            out.limited = sum(1 for c in calls if c.status == 429)
+            out.failures = list(outbox.failures)
+        finally:
+            await close_context(ctx)
+    sleepers[:jobs] = start_sleepers(root, jobs)
+    return out
+
+
 def size_name(jobs: int, hosts: int) -> str:
     """``1,000 jobs on 50 hosts``."""
     return f"{jobs:,} jobs on {hosts} hosts"
@@ -334,13 +432,14 @@ def size_name(jobs: int, hosts: int) -> str:
 
 async def run(args: argparse.Namespace) -> int:
     """Measure every size; print one line per size, the conditions and the summary line."""
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = () if args.storm else QUICK_SIZES if args.quick else SIZES
+    storm_size = QUICK_STORM if args.quick else STORM
     checks = Checks(quick=args.quick)
     summary: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pitstop-bench-watch-") as tmp:
         root = Path(tmp)
-        procs, infos = start_hosts(root, max(h for _, h in sizes))
-        sleepers = start_sleepers(root, max(j for j, _ in sizes))
+        procs, infos = start_hosts(root, max(h for _, h in (*sizes, storm_size)))
+        sleepers = start_sleepers(root, max(j for j, _ in (*sizes, storm_size)))
         try:
             ratios = []
             for jobs, nhosts in sizes:
@@ -379,13 +478,38 @@ async def run(args: argparse.Namespace) -> int:
                     f"{name} {m.cpu:.3f} cpu-s/cycle ({share:.1f}% of a core at {INTERVAL:g} s) "
                     f"wall p95 {p95:.2f} s RSS {grew:+.1f} MiB"
                 )
+            stormed = []
+            jobs, nhosts = storm_size
+            for channels in STORM_CHANNELS:
+                st = await storm(root, infos[:nhosts], jobs, channels, sleepers)
+                where = "1 channel" if channels == 1 else f"{channels} channels"
+                print(
+                    f"storm: {jobs} jobs on {nhosts} hosts killed at once, told in {where} at pace {PACE:g} s: "
+                    f"the grouped post(s) in Slack after {st.listed:.1f} s, every incident's line after "
+                    f"{st.complete:.1f} s; {st.told} (and {st.rest} continuation(s) of a long grouped post), "
+                    f"{st.limited} 429s, {len(st.failures)} posts given up",
+                    flush=True,
+                )
+                checks.correct(
+                    f"storm in {where}: every incident in Slack once", st.told.endswith(" once"), st.told
+                )
+                checks.correct(f"storm in {where}: no post given up", not st.failures, "; ".join(st.failures))
+                per = -(-jobs // channels)
+                checks.bound(
+                    f"storm in {where}: complete within twice its lines at pace and a minute",
+                    st.complete <= 2 * per * PACE + 60,
+                    f"{st.complete:.1f} s",
+                )
+                stormed.append(f"{st.complete:.0f} s in {where}")
         finally:
             for proc in sleepers:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             stop_hosts(procs)
-    line = "watch: " + "; ".join(reversed(summary)) + f"; vs ssh-per-check ratio {ratios[-1]:.1f}x"
+    parts = [*reversed(summary), *([f"vs ssh-per-check ratio {ratios[-1]:.1f}x"] if ratios else [])]
+    parts.append(f"a storm of {storm_size[0]} incidents in Slack completely after " + ", ".join(stormed))
+    line = "watch: " + "; ".join(parts)
     print(checks.summary(line))
     return checks.status
 
@@ -396,7 +520,10 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=CYCLES, help="Pitstop cycles measured per size")
     parser.add_argument("--baseline-cycles", type=int, default=1, help="ssh-per-check cycles per size")
     parser.add_argument("--concurrency", type=int, default=8, help="ssh clients at once in the baseline")
-    parser.add_argument("--quick", action="store_true", help="8 jobs on 2 hosts, 24 on 6, 3 cycles each")
+    parser.add_argument(
+        "--quick", action="store_true", help="8 jobs on 2 hosts, 24 on 6, 3 cycles each, a storm of 12"
+    )
+    parser.add_argument("--storm", action="store_true", help="the storm only (no cycles measured)")
     parser.add_argument("--serve", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:

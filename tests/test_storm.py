@@ -3,7 +3,10 @@ on (chat.postMessage about 1/s per channel with a burst of 4, chat.update Tier 3
 default ``[slack] pace`` of 1 s: a host with 40 jobs gone → one host alert and 40 thread lines, each
 job acknowledged on its own, one grouped resolution when it returns; 60 jobs crashing in one round
 across 6 hosts → one grouped post per channel, every incident in Slack within the README's bound,
-no 429, nothing lost or doubled.  Real SSH hosts, real processes, real Redis."""
+no 429, nothing lost or doubled; 200 jobs on 8 hosts with Slack answering 429 → every incident in
+Slack once, each 429 waited out; a job acknowledged or resolved while its grouped post is still on
+its way → its line, then its note, in the story's thread.  Real SSH hosts, real processes, real
+Redis."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status
 from handlers.storm import Round, Told, plan, plan_reminders, tell
+from handlers.watching import Watcher
 from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, SlackSettings, WatchSettings
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 from pipeline.state.posts import Posts
@@ -265,6 +269,12 @@ async def _rate_limited(fake: FakeSlack) -> list[str]:
     return [c.method for c in await fake.calls() if c.status == 429]
 
 
+async def _round_at(watcher: Watcher, hosts: dict[str, HostConfig], now: float) -> set[str]:
+    """One watch round: every host's cycle at once, as the scheduler's ticks start them; the conditions decided."""
+    decided = await asyncio.gather(*(watcher.cycle(h, now=now) for h in hosts))
+    return {d.condition for one in decided for d in one.values()}
+
+
 async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_one_resolution(
     fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
 ) -> None:
@@ -357,7 +367,7 @@ async def test_60_jobs_crashing_across_6_hosts_reach_slack_grouped_and_complete(
     jobs = Jobs(tmp_path)
     try:
         for i in range(6):
-            hosts.append(await start_in_process(tmp_path / f"gpu{i}"))
+            hosts.append(await start_in_process(tmp_path / f"gpu{i}", real_python=True))
         names = {f"h{i}-j{k}": f"gpu{i}" for i in range(6) for k in range(10)}
         cfgs = {n: _job(tmp_path, jobs, n, h, teams[idx % 3]) for idx, (n, h) in enumerate(names.items())}
         host_cfgs = {f"gpu{i}": h.host_config(connect_timeout=5) for i, h in enumerate(hosts)}
@@ -365,16 +375,11 @@ async def test_60_jobs_crashing_across_6_hosts_reach_slack_grouped_and_complete(
             jobs.start(n)
         async with _pitstop(fake_slack, redis_config, host_cfgs, cfgs) as (ctx, outbox):
             watcher = build_watcher(ctx)
-
-            async def round_at(now: float) -> set[str]:
-                decided = await asyncio.gather(*(watcher.cycle(h, now=now) for h in host_cfgs))
-                return {d.condition for one in decided for d in one.values()}
-
-            assert await round_at(T0) == {"ok"}
+            assert await _round_at(watcher, host_cfgs, T0) == {"ok"}
             for n in names:
                 jobs.kill(n)
             began = time.monotonic()
-            assert await round_at(T0 + 2) == {"dead"}
+            assert await _round_at(watcher, host_cfgs, T0 + 2) == {"dead"}
             await watcher.teller.drain(120)
             took = time.monotonic() - began
             told: list[str] = []
@@ -392,6 +397,53 @@ async def test_60_jobs_crashing_across_6_hosts_reach_slack_grouped_and_complete(
             assert len(calls) == 63 and all(c.ok for c in calls)  # none refused, none lost, none twice
             assert outbox.failures == []
             assert await _rate_limited(fake_slack) == []
+    finally:
+        jobs.cleanup()
+        for h in hosts:
+            await h.host.close()
+
+
+async def test_200_incidents_in_one_round_reach_slack_completely_each_429_waited_out(
+    fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
+) -> None:
+    """200 jobs on 8 hosts killed at once, told in 10 channels with Slack answering 429 three times: every incident reaches Slack, once, in its channel's grouped post and thread; each 429 is waited out for its Retry-After."""
+    teams = [f"C0STORM{k}" for k in range(10)]
+    for team in teams:
+        fake_slack.add_channel(Channel(team))
+    hosts: list[InProcessHost] = []
+    jobs = Jobs(tmp_path)
+    try:
+        for i in range(8):
+            hosts.append(await start_in_process(tmp_path / f"gpu{i}", real_python=True))
+        names = {f"h{i}-j{k:02d}": f"gpu{i}" for i in range(8) for k in range(25)}
+        cfgs = {n: _job(tmp_path, jobs, n, h, teams[idx % 10]) for idx, (n, h) in enumerate(names.items())}
+        host_cfgs = {f"gpu{i}": h.host_config(connect_timeout=5) for i, h in enumerate(hosts)}
+        for n in names:
+            jobs.start(n)
+        async with _pitstop(fake_slack, redis_config, host_cfgs, cfgs) as (ctx, outbox):
+            watcher = build_watcher(ctx)
+            assert await _round_at(watcher, host_cfgs, T0) == {"ok"}
+            for n in names:
+                jobs.kill(n)
+            for _ in range(3):
+                fake_slack.rate_limit_next("chat.postMessage", retry_after=1)
+            assert await _round_at(watcher, host_cfgs, T0 + 2) == {"dead"}
+            await watcher.teller.drain(300)  # a hang bound only: at pace, 20 lines a channel take about 20 s
+            told: list[str] = []
+            for team in teams:
+                (post,) = _top(fake_slack, team)
+                assert str(post["text"]).startswith("20 jobs need attention on 8 hosts: 20 down")
+                told += [str(m["text"]) for m in fake_slack.thread(team, str(post["ts"]))]
+            assert sorted(told) == sorted(
+                f"{n} is down: no processes left on {h} (expected 1)" for n, h in names.items()
+            )  # every incident, none twice
+            calls = await fake_slack.calls("chat.postMessage")
+            assert [c.status for c in calls].count(429) == 3 and outbox.failures == []
+            assert len([c for c in calls if c.ok]) == 10 + 200  # none lost, none posted twice
+            for i, c in enumerate(calls):
+                if c.status == 429:  # its channel's next call came after Retry-After (1 s), not before
+                    after = next(d for d in calls[i + 1 :] if d.args["channel"] == c.args["channel"])
+                    assert after.at - c.at >= 1.0
     finally:
         jobs.cleanup()
         for h in hosts:
