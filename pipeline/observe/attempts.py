@@ -143,12 +143,14 @@ def reach_of(
 
     :param window_s: seconds before its last line over which the throughput is taken
         (``recovery_window``).
-    :param role: the compared role when known (from the attempt that followed it), else
-        :func:`compared_role` of these lines.
+    :param role: the compared role when known (from the attempt before or after it), else
+        :func:`compared_role` of these lines; a known role that logged no step here leaves the
+        step unknown (an attempt that died in its first step after a resume: its targets, which
+        count afresh, say nothing of how far it got).
     :param ended: how it ended, if known.
     """
     first, high = _by_role(lines)
-    role = role if role in high else compared_role(first, high)
+    role = role if role is not None else compared_role(first, high)
     times = [ln.ts for ln in lines if ln.ts is not None]
     last_at = max(times) if times else None
     rate = None
@@ -285,6 +287,34 @@ def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingPr
     return TrainingProgress(reach.step, total_steps, role, reach.steps_per_s)
 
 
+async def record_dead(
+    ssh: RemoteHosts, runs: RunStore, name: str, job: JobConfig, run: RunRecord, *, ended: str | None
+) -> RunRecord | None:
+    """Read how far ``run`` — the job's current attempt, now dead — got (its log since its launch)
+    and record its :class:`~pipeline.state.runs.Reach`, once.
+
+    An attempt that resumed is compared in the role the attempt before it was compared in (the
+    one whose step counts across resumes), so one that died before that role logged a step did
+    not advance, whatever its targets logged.
+
+    :param ended: how it ended (people's words, :func:`crash_words`), if known.
+    :returns: the attempt as saved (as it was when its reach is already recorded), or None when
+        its log range is unknown.
+    :raises RemoteError: if the host cannot be read.
+    """
+    if run.reach is not None:
+        return run
+    if run.log_size_at_launch is None:
+        return None
+    role = None
+    if run.resumed_at:
+        before = await runs.attempts(name, 1, before=run)
+        role = before[0].reach.role if before and before[0].reach is not None else None
+    lines = await read_attempt(ssh, name, job, run.log_size_at_launch)
+    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
+    return await runs.record_reach(run.id, reach)
+
+
 @dataclass(frozen=True)
 class Previous:
     """The attempt a newly verified run followed, and what the restart lost of it.
@@ -313,7 +343,8 @@ async def account_previous(
     """Read how far the attempt before ``run`` got (the log between the two launches), record its
     :class:`~pipeline.state.runs.Reach`, and say what resuming at ``resumed_at`` lost of it.
 
-    The compared role is the one whose first step in the new run is the largest (it resumed).
+    The compared role is the one whose first step in the new run is the largest (it resumed), else
+    the one its reach was recorded in when it died (:func:`record_dead`).
     Jobs whose metric lines are in a ``metrics_log`` of their own are not read (the launch offsets
     are the job log's).
 
@@ -336,7 +367,7 @@ async def account_previous(
     lines = await read_attempt(ssh, name, job, prev.log_size_at_launch or 0, end)
     fresh = await read_attempt(ssh, name, job, end)
     first, high = _by_role(fresh)
-    role = resumed_role(first, high, resumed_at)
+    role = resumed_role(first, high, resumed_at) or (prev.reach.role if prev.reach is not None else None)
     known = prev.reach.ended if prev.reach is not None else None
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=known or ended)
     saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
@@ -391,6 +422,7 @@ __all__ = [
     "progressed",
     "reach_of",
     "read_attempt",
+    "record_dead",
     "recovery",
 ]
 
