@@ -228,7 +228,8 @@ def test_no_progress_streak_counts_consecutive_attempts_newest_first() -> None:
 
 def test_the_slow_fault_is_planned_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """--slow-after-step +N counts from the resume step; --slow-rank is optional; a factor under 1, a
-    rank out of range or a factor without its step is refused before anything starts."""
+    rank out of range or a factor without its step is refused before anything starts; --step-time
+    holds a step to its seconds."""
     import argparse
     import importlib.util
 
@@ -261,6 +262,15 @@ def test_the_slow_fault_is_planned_and_checked(monkeypatch: pytest.MonkeyPatch) 
     assert slept == []
     faults.slow_if_due(slowed, 41, time.monotonic() - 0.05)  # a 0.05 s step now takes 3 × as long
     assert len(slept) == 1 and slept[0] >= 0.1
+    assert faults.plan(parser.parse_args(["--step-time", "0.4"]), 8)["pace"] == 0.4
+    with pytest.raises(SystemExit, match=r"--step-time 0\.0: seconds per step, more than 0"):
+        faults.plan(parser.parse_args(["--step-time", "0"]), 8)
+    slept.clear()
+    faults.pace({"faults": {"pace": 0.4}}, time.monotonic() - 0.1)  # a 0.1 s step is held to 0.4 s
+    assert len(slept) == 1 and 0.25 < slept[0] <= 0.3
+    faults.pace({"faults": {"pace": 0.4}}, time.monotonic() - 1.0)  # a longer one is not made up for
+    faults.pace({"faults": {}}, time.monotonic())
+    assert slept[1:] == [0.0]
 
 
 # --- end to end: the reference pipeline on CPU -------------------------------------------------------

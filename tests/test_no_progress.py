@@ -5,54 +5,32 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bot.scheduler import PitstopScheduler
 from handlers.attempts import attempts_command, auto_restart_no_progress, no_progress_warning
 from handlers.dispatch import Dispatcher, Request
-from pipeline.config import AutoRestart, Config, JobConfig, WatchSettings
+from pipeline.config import AutoRestart, Config, WatchSettings
 from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import crash_words, progressed, reach_of
 from pipeline.observe.crashes import Crash, CrashClass
 from pipeline.state.events import EventKind
 from pipeline.state.runs import Reach, RunRecord
+from tests.fixtures.dflash import SMALLEST, dflash_job
 from tests.test_attempts import _verified
 from tests.test_scheduler import _events
 from tests.test_watch import MENTION, open_harness
 
-DFLASH = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
 #: the reference pipeline at its smallest: the tiny profile, 1 target + 2 DDP drafters (global ranks
 #: 0, 1, 2), a checkpoint every 20 drafter steps; drafter rank 2 fails in step 41 with the pipeline's
 #: own fault (the NCCL watchdog's lines, then SIGABRT), so every attempt after the first resumes at
 #: step 40 and dies there
-CRASHING = ["--cpu", "--profile", "tiny", "--target-devices", "0", "--drafter-devices", "1,2"]
-CRASHING += ["--metric-every", "5", "--checkpoint-every", "20"]
+CRASHING = [*SMALLEST, "--metric-every", "5", "--checkpoint-every", "20"]
 CRASHING += ["--crash-rank", "2", "--crash-at-step", "41", "--crash", "nccl_timeout"]
-
-
-def dflash_job(workdir: Path, args: list[str], processes: int, **kw: Any) -> JobConfig:
-    """The reference pipeline copied into ``workdir``, launched through its run.sh with ``args``
-    (log ``workdir/train.log``, checkpoints in ``workdir/ckpt``), on the harness's host ``local``.
-
-    :param processes: its workers (``--target-devices`` + ``--drafter-devices``).
-    :param kw: further :class:`JobConfig` fields.
-    """
-    shutil.copytree(DFLASH, workdir, ignore=shutil.ignore_patterns("__pycache__"))
-    log, ckpt = workdir / "train.log", workdir / "ckpt"
-    launch = ["/usr/bin/env", f"PYTHON={sys.executable}", "./run.sh", *args]
-    launch += ["--log", str(log), "--checkpoint-dir", str(ckpt)]
-    fields: dict[str, Any] = {"start_window": 3.0, "stop_timeout": 20, **kw}
-    return JobConfig(
-        host="local", workdir=str(workdir), launch=launch, log=str(log), match="^dflash-worker ",
-        processes=processes, checkpoint_dir=str(ckpt), **fields,
-    )  # fmt: skip
 
 
 def _attempt(n: int, resumed: int, ended: str) -> RunRecord:
