@@ -25,7 +25,7 @@ from handlers.context import Context
 from handlers.reply import Reply, Status, mention
 from handlers.runview import thread_key
 from pipeline.errors import PitstopError, UnknownRun
-from pipeline.observe.attempts import Recovery, median_throughput, read_attempt, recovery
+from pipeline.observe.attempts import Recovery, attempt_start, median_throughput, read_attempt, recovery
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,9 @@ async def recovery_reply(ctx: Context, run_id: str) -> Reply | None:
         run = await ctx.runs.get(run_id)
     except UnknownRun:
         return None
-    if run.job not in ctx.config.jobs or run.previous_run is None or run.log_size_at_launch is None:
+    job = ctx.config.jobs.get(run.job)
+    start = attempt_start(run, job) if job is not None else None
+    if job is None or run.previous_run is None or start is None:
         return None
     if (await ctx.jobs.read(run.job)).run_id != run.id:
         return None  # restarted or stopped since: this run's throughput is no longer the job's
@@ -76,8 +78,7 @@ async def recovery_reply(ctx: Context, run_id: str) -> Reply | None:
         before = (await ctx.runs.get(run.previous_run)).reach
     except UnknownRun:
         return None
-    job = ctx.config.jobs[run.job]
-    lines = await read_attempt(ctx.ssh, run.job, job, run.log_size_at_launch)
+    lines = await read_attempt(ctx.ssh, run.job, job, start)
     found = recovery(
         median_throughput(lines), before.tokens_per_s if before else None, job.watch.slow_after_restart
     )

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -28,14 +29,17 @@ from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, Watc
 from pipeline.config.jobs import LostDuration
 from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import (
+    account_previous,
     checkpoint_interval,
     compared_role,
     lost_warning,
     lost_work,
     median_throughput,
+    metrics_offset,
     no_progress_streak,
     over_max_lost,
     reach_of,
+    record_dead,
     recovery,
     resumed_role,
 )
@@ -43,6 +47,7 @@ from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord
 from pipeline.verdict import Lost, Verdict, format_line, parse_line
 from tests.fixtures.ssh import BIN, GIT_ENV
+from tests.test_watch import job_config, open_harness
 
 DFLASH = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
 
@@ -271,6 +276,65 @@ def test_the_slow_fault_is_planned_and_checked(monkeypatch: pytest.MonkeyPatch) 
     faults.pace({"faults": {"pace": 0.4}}, time.monotonic() - 1.0)  # a longer one is not made up for
     faults.pace({"faults": {}}, time.monotonic())
     assert slept[1:] == [0.0]
+
+
+async def test_attempts_of_a_job_with_a_metrics_log_are_read_there(
+    tmp_path: Path, redis_config: Config
+) -> None:
+    """A job whose metric lines have a ``metrics_log`` of their own (real SSH, real processes): each
+    launch notes that file's size, and a dead attempt's reach, the previous attempt's reach and what
+    resuming lost of it are read from it, between the launches — not from the job's log, and not
+    from lines written before."""
+    root = tmp_path / "jobs"
+    metrics = root / "m" / "metrics.jsonl"
+    base = job_config(root, "m", uuid.uuid4().hex)
+    job = base.model_copy(update={"metrics_log": str(metrics)})
+    metrics.write_text(_metric_lines("drafter", range(500, 503)))  # an older run's
+    async with open_harness(tmp_path, redis_config, {"m": job}) as h:
+        ctx, sids = h.ctx, list[int]()
+        try:
+            first = await h.launch("m", verify=False)
+            sids.append(first.sid or 0)
+            assert (await ctx.runs.get(first.id)).metrics_size_at_launch == metrics.stat().st_size
+            with metrics.open("a") as f:
+                f.write(_metric_lines("drafter", range(1, 41)) + _metric_lines("target", range(1, 81)))
+            await h.kill("m")
+            dead = await record_dead(ctx.ssh, ctx.runs, "m", job, first, ended="killed")
+            assert dead is not None and dead.reach is not None
+            assert (dead.reach.role, dead.reach.step, dead.reach.ended) == ("drafter", 40, "killed")
+            await _until_gone(sids[0])
+            size = metrics.stat().st_size
+            second = await h.launch("m", verify=False)
+            sids.append(second.sid or 0)
+            second = await ctx.runs.get(second.id)
+            assert second.metrics_size_at_launch == size
+            with metrics.open("a") as f:
+                f.write(_metric_lines("drafter", range(31, 36)) + _metric_lines("target", range(1, 11)))
+            previous = await account_previous(
+                ctx.ssh, ctx.runs, "m", job, second, resumed_at=30, checkpoint=None,
+                sampled_at=time.time(), timezone="UTC",
+            )  # fmt: skip
+            assert previous is not None and previous.run.id == first.id
+            assert previous.run.reach is not None and previous.run.reach.step == 40
+            assert previous.lost is not None and (previous.lost.reached, previous.lost.steps) == (40, 10)
+            assert previous.lost.role == "drafter"
+            assert await metrics_offset(ctx.ssh, "m", base) is None  # metric lines in the log: its offset
+            gone = job.model_copy(update={"metrics_log": str(root / "m" / "not-yet.jsonl")})
+            assert await metrics_offset(ctx.ssh, "m", gone) == 0  # not written yet: all of it is new
+        finally:
+            for sid in filter(None, sids):
+                with contextlib.suppress(OSError):
+                    os.killpg(sid, signal.SIGKILL)
+
+
+def _metric_lines(role: str, steps: range) -> str:
+    """One JSON metric line per step, a second apart, as the reference pipeline writes them."""
+    rank = 0 if role == "target" else 5
+    return "".join(
+        json.dumps({"ts": 1_796_000_000.0 + s, "step": s, "role": role, "rank": rank, "tokens_per_s": 100.0})
+        + "\n"
+        for s in steps
+    )
 
 
 # --- end to end: the reference pipeline on CPU -------------------------------------------------------

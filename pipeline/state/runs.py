@@ -148,6 +148,7 @@ class RunRecord(BaseModel):
     start_time: int | None = None
     launched_at: float | None = None
     log_size_at_launch: int | None = None
+    metrics_size_at_launch: int | None = None  #: bytes of the job's ``metrics_log`` at the launch
     slurm_job: int | None = None  #: the Slurm job id launched (engine "slurm")
     old_slurm_job: int | None = None  #: the Slurm job id stopped (engine "slurm")
     steps: list[StepRecord] = []
