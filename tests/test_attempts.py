@@ -24,6 +24,7 @@ from devhost.sshhost import start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.recovery import deliver_recoveries
+from handlers.reply import Reply
 from pipeline import verdict
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration
@@ -44,7 +45,7 @@ from pipeline.observe.attempts import (
     resumed_role,
 )
 from pipeline.observe.resume import ResumePoint
-from pipeline.state.runs import Reach, RunRecord
+from pipeline.state.runs import RECOVERY_LEASE, Reach, RunRecord
 from pipeline.verdict import Lost, Verdict, format_line, parse_line
 from tests.fixtures.ssh import BIN, GIT_ENV
 from tests.test_watch import job_config, open_harness
@@ -325,6 +326,66 @@ async def test_attempts_of_a_job_with_a_metrics_log_are_read_there(
             for sid in filter(None, sids):
                 with contextlib.suppress(OSError):
                     os.killpg(sid, signal.SIGKILL)
+
+
+#: a drafter rank logging one step every 0.1 s at a steady throughput
+STEADY = """\
+import json, time
+step = 0
+while True:
+    step += 1
+    print(json.dumps({"ts": time.time(), "step": step, "role": "drafter", "rank": 5, "tokens_per_s": 900.0}), flush=True)
+    time.sleep(0.1)
+"""
+
+
+class _DiesPosting(MemoryOutbox):
+    """A replica that dies between claiming a follow-up and posting it (its thread post raises)."""
+
+    async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
+        raise RuntimeError("the process died before posting")
+
+
+async def test_a_follow_up_whose_claimant_died_is_posted_once_by_another_replica(
+    tmp_path: Path, redis_config: Config
+) -> None:
+    """A restart's throughput follow-up (real process, real SSH, real Redis): one replica claims it
+    and dies before posting → no one posts it during the lease, another replica posts it once after;
+    a claim taken and never completed likewise; a posted one is never delivered again, and two
+    replicas looking at once post it once."""
+    async with open_harness(tmp_path, redis_config, {"train": {"start_window": 1.0}}) as h:
+        ctx = h.ctx
+        other_box = MemoryOutbox()
+        dying, other = await h.context("dying", _DiesPosting()), await h.context("B", other_box)
+        (h.root / "train" / "worker.py").write_text(STEADY)
+        await h.launch("train")
+        second = await ctx.restarter.restart(await ctx.runs.create("train", "U0TEST"))
+        second = await ctx.restarter.verify(second)
+        assert second.verdict is Verdict.RUNNING, second.evidence
+        t = time.time() + h.config.jobs["train"].watch.recovery_window + 1
+        assert await ctx.runs.due_recoveries(t) == [second.id]  # queued at the verdict
+        with pytest.raises(RuntimeError, match="died before posting"):
+            await deliver_recoveries(dying, now=t)
+        assert await deliver_recoveries(other, now=t + RECOVERY_LEASE - 1) == []  # still leased
+        assert await ctx.runs.claim_recovery(second.id, now=t + RECOVERY_LEASE + 1) is not None  # never done
+        assert await deliver_recoveries(other, now=t + RECOVERY_LEASE + 2) == []
+        t += 2 * RECOVERY_LEASE + 2
+        back, none = await asyncio.gather(deliver_recoveries(other, now=t), deliver_recoveries(ctx, now=t))
+        assert [r.title for r in back + none] == [(back + none)[0].title]
+        assert (back + none)[0].title.startswith("throughput back: "), back + none
+        posts = [
+            p
+            for box in (other_box, h.outbox)
+            for p in box.of("thread")
+            if p.reply.title.startswith("throughput")
+        ]
+        assert len(posts) == 1 and posts[0].key == f"run:{second.id}"
+        for later in (t + 1, t + 10 * RECOVERY_LEASE):
+            assert (
+                await deliver_recoveries(other, now=later) == []
+                and await ctx.runs.due_recoveries(later) == []
+            )
+        assert (await ctx.runs.get(second.id)).recovery == posts[0].reply.title
 
 
 def _metric_lines(role: str, steps: range) -> str:
