@@ -23,7 +23,7 @@ from handlers.crashcheck import CrashCheck
 from handlers.reply import Reply, Status, Table
 from pipeline import fmt
 from pipeline.errors import ExitCode, PitstopError, UnknownRun
-from pipeline.observe.attempts import crash_words, no_progress_streak, reach_of, read_attempt
+from pipeline.observe.attempts import crash_words, no_progress_streak, record_dead
 from pipeline.state.runs import RunRecord
 
 log = logging.getLogger(__name__)
@@ -42,17 +42,12 @@ async def record_dead_attempt(ctx: Context, name: str, check: CrashCheck | None)
         run = await ctx.runs.get(run_id)
     except UnknownRun:
         return None
-    if run.reach is not None or run.log_size_at_launch is None:
-        return run
-    job = ctx.config.jobs[name]
+    ended = crash_words(check.crash) if check is not None else None
     try:
-        lines = await read_attempt(ctx.ssh, name, job, run.log_size_at_launch)
+        return await record_dead(ctx.ssh, ctx.runs, name, ctx.config.jobs[name], run, ended=ended)
     except PitstopError as exc:
         log.info("%s: how far %s got is unknown: %s", name, run.id, exc.message)
         return None
-    ended = crash_words(check.crash) if check is not None else None
-    reach = reach_of(lines, window_s=job.watch.recovery_window, ended=ended)
-    return await ctx.runs.record_reach(run.id, reach)
 
 
 async def stuck_attempts(ctx: Context, name: str) -> list[RunRecord]:

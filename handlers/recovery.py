@@ -3,8 +3,10 @@
 A restart that reached RUNNING after an earlier attempt whose throughput is known is queued for a
 follow-up (:meth:`pipeline.state.runs.RunStore.schedule_recovery`, by the runner's verify), due
 ``[jobs.NAME.watch] recovery_window`` s after its verdict.  The scheduler leader delivers the due
-ones (:func:`deliver_recoveries`, on its ``verify`` tick); taking one off the queue is atomic, so one
-process posts it.  The follow-up compares the pipeline's median throughput since the restart
+ones (:func:`deliver_recoveries`, on its ``verify`` tick): each is claimed with a lease
+(:meth:`~pipeline.state.runs.RunStore.claim_recovery`), posted, then done; one whose claimant died
+in between is claimed again after the lease by the next process to look — at least once, and
+exactly once when nothing dies.  The follow-up compares the pipeline's median throughput since the restart
 (:func:`pipeline.observe.attempts.median_throughput`) with the previous attempt's before it
 stopped (its :class:`~pipeline.state.runs.Reach`), and posts in the run's thread:
 
@@ -25,35 +27,43 @@ from handlers.context import Context
 from handlers.reply import Reply, Status, mention
 from handlers.runview import thread_key
 from pipeline.errors import PitstopError, UnknownRun
-from pipeline.observe.attempts import Recovery, median_throughput, read_attempt, recovery
+from pipeline.observe.attempts import Recovery, attempt_start, median_throughput, read_attempt, recovery
 
 log = logging.getLogger(__name__)
 
 
 async def deliver_recoveries(ctx: Context, *, now: float | None = None) -> list[Reply]:
-    """Post every throughput follow-up that is due (each taken off the queue by one process only).
+    """Post every throughput follow-up that is due, each under a claim only one process holds.
+
+    A follow-up whose reading fails (the host) is dropped, as one with nothing to compare is;
+    any other error leaves its claim to lapse, and it is delivered again after the lease.
 
     :param now: unix s (default: the clock).
     :returns: the replies posted.
     """
+    now = time.time() if now is None else now
     posted: list[Reply] = []
-    for run_id in await ctx.runs.due_recoveries(time.time() if now is None else now):
-        if not await ctx.runs.take_recovery(run_id):
-            continue  # another process took it
+    for run_id in await ctx.runs.due_recoveries(now):
+        claim = await ctx.runs.claim_recovery(run_id, now=now)
+        if claim is None:
+            continue  # another process holds it
         try:
             reply = await recovery_reply(ctx, run_id)
         except PitstopError as exc:
             log.warning("throughput follow-up of %s not made: %s", run_id, exc.message)
-            continue
-        if reply is None:
-            continue
-        run = await ctx.runs.get(run_id)
-        channel = ctx.config.channel_for(run.job) if run.job in ctx.config.jobs else None
-        await ctx.runs.record_recovery(run_id, reply.title)
-        await ctx.outbox.thread(thread_key(run_id), reply, channel)
-        if reply.status is Status.WARNING:
-            await ctx.outbox.post(alert_copy(reply, ctx.config.slack.alert_mention), channel)
-        posted.append(reply)
+            reply = None
+        if reply is not None:
+            run = await ctx.runs.get(run_id)
+            channel = ctx.config.channel_for(run.job) if run.job in ctx.config.jobs else None
+            await ctx.runs.record_recovery(run_id, reply.title)
+            await ctx.outbox.thread(thread_key(run_id), reply, channel)
+            if reply.status is Status.WARNING:
+                await ctx.outbox.post(alert_copy(reply, ctx.config.slack.alert_mention), channel)
+            posted.append(reply)
+        if not await ctx.runs.recovery_done(run_id, claim):
+            log.warning(
+                "throughput follow-up of %s: its claim lapsed; another process may post it too", run_id
+            )
     return posted
 
 
@@ -68,7 +78,9 @@ async def recovery_reply(ctx: Context, run_id: str) -> Reply | None:
         run = await ctx.runs.get(run_id)
     except UnknownRun:
         return None
-    if run.job not in ctx.config.jobs or run.previous_run is None or run.log_size_at_launch is None:
+    job = ctx.config.jobs.get(run.job)
+    start = attempt_start(run, job) if job is not None else None
+    if job is None or run.previous_run is None or start is None:
         return None
     if (await ctx.jobs.read(run.job)).run_id != run.id:
         return None  # restarted or stopped since: this run's throughput is no longer the job's
@@ -76,8 +88,7 @@ async def recovery_reply(ctx: Context, run_id: str) -> Reply | None:
         before = (await ctx.runs.get(run.previous_run)).reach
     except UnknownRun:
         return None
-    job = ctx.config.jobs[run.job]
-    lines = await read_attempt(ctx.ssh, run.job, job, run.log_size_at_launch)
+    lines = await read_attempt(ctx.ssh, run.job, job, start)
     found = recovery(
         median_throughput(lines), before.tokens_per_s if before else None, job.watch.slow_after_restart
     )

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,26 +24,31 @@ from devhost.sshhost import start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.recovery import deliver_recoveries
+from handlers.reply import Reply
 from pipeline import verdict
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration
 from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import (
+    account_previous,
     checkpoint_interval,
     compared_role,
     lost_warning,
     lost_work,
     median_throughput,
+    metrics_offset,
     no_progress_streak,
     over_max_lost,
     reach_of,
+    record_dead,
     recovery,
     resumed_role,
 )
 from pipeline.observe.resume import ResumePoint
-from pipeline.state.runs import Reach, RunRecord
+from pipeline.state.runs import RECOVERY_LEASE, Reach, RunRecord
 from pipeline.verdict import Lost, Verdict, format_line, parse_line
 from tests.fixtures.ssh import BIN, GIT_ENV
+from tests.test_watch import job_config, open_harness
 
 DFLASH = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
 
@@ -228,7 +234,8 @@ def test_no_progress_streak_counts_consecutive_attempts_newest_first() -> None:
 
 def test_the_slow_fault_is_planned_and_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     """--slow-after-step +N counts from the resume step; --slow-rank is optional; a factor under 1, a
-    rank out of range or a factor without its step is refused before anything starts."""
+    rank out of range or a factor without its step is refused before anything starts; --step-time
+    holds a step to its seconds."""
     import argparse
     import importlib.util
 
@@ -261,6 +268,134 @@ def test_the_slow_fault_is_planned_and_checked(monkeypatch: pytest.MonkeyPatch) 
     assert slept == []
     faults.slow_if_due(slowed, 41, time.monotonic() - 0.05)  # a 0.05 s step now takes 3 × as long
     assert len(slept) == 1 and slept[0] >= 0.1
+    assert faults.plan(parser.parse_args(["--step-time", "0.4"]), 8)["pace"] == 0.4
+    with pytest.raises(SystemExit, match=r"--step-time 0\.0: seconds per step, more than 0"):
+        faults.plan(parser.parse_args(["--step-time", "0"]), 8)
+    slept.clear()
+    faults.pace({"faults": {"pace": 0.4}}, time.monotonic() - 0.1)  # a 0.1 s step is held to 0.4 s
+    assert len(slept) == 1 and 0.25 < slept[0] <= 0.3
+    faults.pace({"faults": {"pace": 0.4}}, time.monotonic() - 1.0)  # a longer one is not made up for
+    faults.pace({"faults": {}}, time.monotonic())
+    assert slept[1:] == [0.0]
+
+
+async def test_attempts_of_a_job_with_a_metrics_log_are_read_there(
+    tmp_path: Path, redis_config: Config
+) -> None:
+    """A job whose metric lines have a ``metrics_log`` of their own (real SSH, real processes): each
+    launch notes that file's size, and a dead attempt's reach, the previous attempt's reach and what
+    resuming lost of it are read from it, between the launches — not from the job's log, and not
+    from lines written before."""
+    root = tmp_path / "jobs"
+    metrics = root / "m" / "metrics.jsonl"
+    base = job_config(root, "m", uuid.uuid4().hex)
+    job = base.model_copy(update={"metrics_log": str(metrics)})
+    metrics.write_text(_metric_lines("drafter", range(500, 503)))  # an older run's
+    async with open_harness(tmp_path, redis_config, {"m": job}) as h:
+        ctx, sids = h.ctx, list[int]()
+        try:
+            first = await h.launch("m", verify=False)
+            sids.append(first.sid or 0)
+            assert (await ctx.runs.get(first.id)).metrics_size_at_launch == metrics.stat().st_size
+            with metrics.open("a") as f:
+                f.write(_metric_lines("drafter", range(1, 41)) + _metric_lines("target", range(1, 81)))
+            await h.kill("m")
+            dead = await record_dead(ctx.ssh, ctx.runs, "m", job, first, ended="killed")
+            assert dead is not None and dead.reach is not None
+            assert (dead.reach.role, dead.reach.step, dead.reach.ended) == ("drafter", 40, "killed")
+            await _until_gone(sids[0])
+            size = metrics.stat().st_size
+            second = await h.launch("m", verify=False)
+            sids.append(second.sid or 0)
+            second = await ctx.runs.get(second.id)
+            assert second.metrics_size_at_launch == size
+            with metrics.open("a") as f:
+                f.write(_metric_lines("drafter", range(31, 36)) + _metric_lines("target", range(1, 11)))
+            previous = await account_previous(
+                ctx.ssh, ctx.runs, "m", job, second, resumed_at=30, checkpoint=None,
+                sampled_at=time.time(), timezone="UTC",
+            )  # fmt: skip
+            assert previous is not None and previous.run.id == first.id
+            assert previous.run.reach is not None and previous.run.reach.step == 40
+            assert previous.lost is not None and (previous.lost.reached, previous.lost.steps) == (40, 10)
+            assert previous.lost.role == "drafter"
+            assert await metrics_offset(ctx.ssh, "m", base) is None  # metric lines in the log: its offset
+            gone = job.model_copy(update={"metrics_log": str(root / "m" / "not-yet.jsonl")})
+            assert await metrics_offset(ctx.ssh, "m", gone) == 0  # not written yet: all of it is new
+        finally:
+            for sid in filter(None, sids):
+                with contextlib.suppress(OSError):
+                    os.killpg(sid, signal.SIGKILL)
+
+
+#: a drafter rank logging one step every 0.1 s at a steady throughput
+STEADY = """\
+import json, time
+step = 0
+while True:
+    step += 1
+    print(json.dumps({"ts": time.time(), "step": step, "role": "drafter", "rank": 5, "tokens_per_s": 900.0}), flush=True)
+    time.sleep(0.1)
+"""
+
+
+class _DiesPosting(MemoryOutbox):
+    """A replica that dies between claiming a follow-up and posting it (its thread post raises)."""
+
+    async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
+        raise RuntimeError("the process died before posting")
+
+
+async def test_a_follow_up_whose_claimant_died_is_posted_once_by_another_replica(
+    tmp_path: Path, redis_config: Config
+) -> None:
+    """A restart's throughput follow-up (real process, real SSH, real Redis): one replica claims it
+    and dies before posting → no one posts it during the lease, another replica posts it once after;
+    a claim taken and never completed likewise; a posted one is never delivered again, and two
+    replicas looking at once post it once."""
+    async with open_harness(tmp_path, redis_config, {"train": {"start_window": 1.0}}) as h:
+        ctx = h.ctx
+        other_box = MemoryOutbox()
+        dying, other = await h.context("dying", _DiesPosting()), await h.context("B", other_box)
+        (h.root / "train" / "worker.py").write_text(STEADY)
+        await h.launch("train")
+        second = await ctx.restarter.restart(await ctx.runs.create("train", "U0TEST"))
+        second = await ctx.restarter.verify(second)
+        assert second.verdict is Verdict.RUNNING, second.evidence
+        t = time.time() + h.config.jobs["train"].watch.recovery_window + 1
+        assert await ctx.runs.due_recoveries(t) == [second.id]  # queued at the verdict
+        with pytest.raises(RuntimeError, match="died before posting"):
+            await deliver_recoveries(dying, now=t)
+        assert await deliver_recoveries(other, now=t + RECOVERY_LEASE - 1) == []  # still leased
+        assert await ctx.runs.claim_recovery(second.id, now=t + RECOVERY_LEASE + 1) is not None  # never done
+        assert await deliver_recoveries(other, now=t + RECOVERY_LEASE + 2) == []
+        t += 2 * RECOVERY_LEASE + 2
+        back, none = await asyncio.gather(deliver_recoveries(other, now=t), deliver_recoveries(ctx, now=t))
+        assert [r.title for r in back + none] == [(back + none)[0].title]
+        assert (back + none)[0].title.startswith("throughput back: "), back + none
+        posts = [
+            p
+            for box in (other_box, h.outbox)
+            for p in box.of("thread")
+            if p.reply.title.startswith("throughput")
+        ]
+        assert len(posts) == 1 and posts[0].key == f"run:{second.id}"
+        for later in (t + 1, t + 10 * RECOVERY_LEASE):
+            assert (
+                await deliver_recoveries(other, now=later) == []
+                and await ctx.runs.due_recoveries(later) == []
+            )
+        assert (await ctx.runs.get(second.id)).recovery == posts[0].reply.title
+
+
+def _metric_lines(role: str, steps: range) -> str:
+    """One JSON metric line per step, a second apart, as the reference pipeline writes them."""
+    rank = 0 if role == "target" else 5
+    return "".join(
+        json.dumps({"ts": 1_796_000_000.0 + s, "step": s, "role": role, "rank": rank, "tokens_per_s": 100.0})
+        + "\n"
+        for s in steps
+    )
 
 
 # --- end to end: the reference pipeline on CPU -------------------------------------------------------

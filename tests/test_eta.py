@@ -4,40 +4,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import sys
+import os
+import signal
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from bot.assembly import build_context, close_context
-from devhost.sshhost import start_local_ssh_host
 from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
 from handlers.commands import parse
-from handlers.outbox import MemoryOutbox
 from handlers.reports import digest_command, digest_progress
 from handlers.verbs import VERBS
-from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings
+from pipeline.config import Config
 from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import TrainingProgress, progress_toward
 from pipeline.state.runs import Reach, RunRecord
-from pipeline.verdict import Verdict
-from tests.fixtures.ssh import BIN
+from tests.fixtures.dflash import SMALLEST, dflash_job
 from tests.support_handlers import handler_config
+from tests.test_attempts import _verified
+from tests.test_watch import open_harness
 
-#: a steady run: drafter rank 5 logs one step every PERIOD s, from the step in its first argument
-STEADY = """\
-import json, sys, time
-step, period = int(sys.argv[2]), float(sys.argv[3])
-began = time.time()
-while True:
-    step += 1
-    print(json.dumps({"ts": time.time(), "step": step, "role": "drafter", "rank": 5, "tokens_per_s": 64 / period}), flush=True)
-    print(json.dumps({"ts": time.time(), "step": step // 2, "role": "target", "rank": 0, "tokens_per_s": 1.0}), flush=True)
-    time.sleep(max(0.0, began + (step - int(sys.argv[2])) * period - time.time()))
-"""
+#: the reference pipeline held to a steady pace: each step of every rank takes PACE s
+PACE = 0.4
 
 
 def test_progress_is_the_pipeline_roles_step_and_rate() -> None:
@@ -73,55 +63,34 @@ def test_history_attempts_parses_and_shows_one_row_per_attempt() -> None:
 
 @pytest.mark.timeout(300)
 async def test_eta_of_a_steady_run_is_within_ten_percent(tmp_path: Path, redis_config: Config) -> None:
-    """With total_steps, a digest of a steady run (real process, real SSH) says the step, percent done
-    and an ETA within 10 % of when the run really got there (by its log's clock, from the step the digest
-    saw); its footer lists the attempt."""
-    host = await start_local_ssh_host(tmp_path / "sshhost", path_prepend=[BIN])
-    work = tmp_path / "steady"
-    work.mkdir()
-    (work / "steady.py").write_text(STEADY)
-    token, period, total = uuid.uuid4().hex, 0.05, 400
-    log = work / "train.log"
-    job = JobConfig(
-        host="local", workdir=str(work), launch=[sys.executable, str(work / "steady.py"), token, "0", str(period)],
-        log=str(log), match=f"steady.py {token}", start_window=1.0, stop_timeout=2, total_steps=total,
-    )  # fmt: skip
-    config = redis_config.model_copy(
-        update={
-            "hosts": {"local": host.host_config(connect_timeout=5)},
-            "jobs": {"steady": job},
-            "slack": SlackSettings(announce_channel="CANNOUNCE"),
-            "auth": AuthSettings(operators=["U0TEST"], viewers=["*"]),
-        }
-    )
-    ctx = await build_context(config, MemoryOutbox(), instance="A")
-    run = None
-    try:
-        run = await ctx.restarter.start(await ctx.runs.create("steady", "U0TEST", action="start"))
-        run = await ctx.restarter.verify(run)
-        assert run.verdict is Verdict.RUNNING, run.evidence
-        await _until_step(log, 100)
-        reply = await digest_command(ctx, "steady")
-        field = dict(reply.fields)["progress"]
-        assert field.startswith("drafter step ") and f" of {total} (" in field, field
-        seen, eta = _eta(field)
-        await _until_step(log, total, timeout=120)
-        took = _ts_of(log, total) - _ts_of(log, seen)  # the log's own clock: when each step was logged
-        assert abs(took - eta) <= 0.10 * took, (field, took)
-        footer = reply.tables[-1]
-        assert (
-            footer.headers == ATTEMPT_HEADERS
-            and footer.rows[0][0] == run.id
-            and footer.rows[0][5] == "running"
-        )
-    finally:
-        if run is not None and run.sid is not None:
-            import os
-            import signal
-
-            os.killpg(run.sid, signal.SIGKILL)
-        await close_context(ctx)
-        await host.close()
+    """With total_steps, a digest of the reference pipeline held to a fixed step time (``--step-time``;
+    real processes, real SSH) says the drafters' step, percent done and an ETA within 10 % of the truth
+    from the pace (steps left × step time); its footer lists the attempt."""
+    total = 60
+    args = [*SMALLEST, "--metric-every", "2", "--step-time", str(PACE), "--max-steps", str(total)]
+    job = dflash_job(tmp_path / "dflash", args, 3, total_steps=total)
+    async with open_harness(tmp_path, redis_config, {"dflash": job}) as h:
+        ctx, run = h.ctx, None
+        try:
+            run = await h.launch("dflash", verify=False)
+            run = await _verified(ctx, run)
+            await _until_step(Path(job.log), 16)
+            reply = await digest_command(ctx, "dflash")
+            field = dict(reply.fields)["progress"]
+            assert field.startswith("drafter step ") and f" of {total} (" in field, field
+            seen, eta = _eta(field)
+            truth = (total - seen) * PACE
+            assert seen < total and abs(eta - truth) <= 0.10 * truth, (field, truth)
+            footer = reply.tables[-1]
+            assert (
+                footer.headers == ATTEMPT_HEADERS
+                and footer.rows[0][0] == run.id
+                and footer.rows[0][5] == "running"
+            )
+        finally:
+            if run is not None and run.sid is not None:
+                with contextlib.suppress(OSError):
+                    os.killpg(run.sid, signal.SIGKILL)
 
 
 def _eta(field: str) -> tuple[int, float]:
@@ -131,14 +100,6 @@ def _eta(field: str) -> tuple[int, float]:
     total = int(field.split(" of ")[1].split(" ")[0].replace(",", ""))
     rate = float(field.rsplit(" at ", 1)[1].split(" ")[0])
     return step, (total - step) / rate
-
-
-def _ts_of(log: Path, step: int) -> float:
-    """When the drafter logged ``step`` (its line's ``ts``)."""
-    for raw in log.read_bytes().splitlines():
-        if raw.startswith(b"{") and b'"drafter"' in raw and (rec := json.loads(raw))["step"] == step:
-            return float(rec["ts"])
-    raise AssertionError(f"no drafter line for step {step}")
 
 
 async def _until_step(log: Path, step: int, timeout: float = 60.0) -> None:

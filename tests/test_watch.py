@@ -468,10 +468,14 @@ def job_config(
 
 @contextlib.asynccontextmanager
 async def open_harness(
-    tmp_path: Path, redis_config: Config, jobs: dict[str, dict[str, Any]], host: HostUnderTest | None = None
+    tmp_path: Path,
+    redis_config: Config,
+    jobs: dict[str, dict[str, Any] | JobConfig],
+    host: HostUnderTest | None = None,
 ) -> AsyncIterator[Harness]:
-    """A harness with the given jobs (name → job_config keyword arguments) on ``host`` (one of
-    the SSH fixtures of tests/fixtures/ssh.py), or on an in-process asyncssh host of its own."""
+    """A harness with the given jobs (name → job_config keyword arguments, or a JobConfig on host
+    ``local`` as it is) on ``host`` (one of the SSH fixtures of tests/fixtures/ssh.py), or on an
+    in-process asyncssh host of its own."""
     own = await start_in_process(tmp_path / "sshhost") if host is None else None
     host = host or own
     assert host is not None
@@ -480,7 +484,10 @@ async def open_harness(
     config = redis_config.model_copy(
         update={
             "hosts": {"local": host.host_config(connect_timeout=5)},
-            "jobs": {n: job_config(root, n, tokens[n], **kw) for n, kw in jobs.items()},
+            "jobs": {
+                n: kw if isinstance(kw, JobConfig) else job_config(root, n, tokens[n], **kw)
+                for n, kw in jobs.items()
+            },
             "slack": SlackSettings(alert_mention="S0ONCALL", announce_channel="CANNOUNCE"),
             "auth": AuthSettings(operators=["U0TEST"], viewers=["*"]),
         }

@@ -18,6 +18,11 @@ failure does, printing what the real failure prints:
 time after each step): a bad patch or a degraded GPU, as throughput shows it while every process
 is alive.  One slow drafter slows them all (they all-reduce at every step boundary).
 
+``--step-time S``: every drafter holds each of its training steps to S seconds (it sleeps out what
+the step left of them; a step that took longer is not made up for): a steady pace on a CPU shared
+with other work, so the drafters' rate and the ETA a digest shows are known in advance (1/S steps/s,
+plus the step-boundary all-reduce).  Targets are not held: they fill the bounded queue and wait.
+
 Wait reports: a rank blocked for more than :data:`WAIT_REPORT_S` seconds (in the step-boundary
 all-reduce, or putting into a full queue) appends one JSON line ``{"ts", "event": "waiting",
 "rank", "role", "step", "on", "waited_s"}``, then one every :data:`WAIT_REPEAT_S` seconds while
@@ -55,11 +60,15 @@ def add_arguments(p: Any) -> None:
         "--slow-after-step", default=None, help="the step after which it slows (+N: N after the resume)"
     )
     p.add_argument("--slow-factor", type=float, default=None, help="how many times longer each step takes")
+    p.add_argument(
+        "--step-time", type=float, default=None, help="seconds each drafter step is held to (a steady pace)"
+    )
 
 
 def plan(args: Any, world: int, resume_step: int = 0) -> dict[str, Any]:
     """The faults asked for on the command line, checked: ``{"hang": (rank, step) | None, "crash": …}``,
-    and ``"slow": (rank | None, step, factor)`` when a slowdown is asked for.
+    ``"slow": (rank | None, step, factor)`` when a slowdown is asked for and ``"pace": seconds``
+    when a step time is.
 
     A step written ``+N`` counts from the step the run resumes at (``resume_step + N``).
 
@@ -92,6 +101,11 @@ def plan(args: Any, world: int, resume_step: int = 0) -> dict[str, Any]:
         if rank is not None and not 0 <= rank < world:
             raise SystemExit(f"--slow-rank {rank}: ranks are 0..{world - 1}")
         out["slow"] = (rank, _step(slow[0], resume_step, "--slow"), slow[1])
+    pace = getattr(args, "step_time", None)
+    if pace is not None:
+        if not pace > 0:
+            raise SystemExit(f"--step-time {pace}: seconds per step, more than 0")
+        out["pace"] = pace
     return out
 
 
@@ -167,6 +181,16 @@ def slow_if_due(spec: dict[str, Any], step: int, began: float) -> None:
     if not slow or (slow[0] is not None and slow[0] != spec["rank"]) or step <= slow[1]:
         return
     time.sleep(max(0.0, (slow[2] - 1.0) * (time.monotonic() - began)))
+
+
+def pace(spec: dict[str, Any], began: float) -> None:
+    """Hold this drafter step to ``--step-time`` seconds (sleep out the rest), if one is asked for.
+
+    :param began: ``time.monotonic()`` when the step began.
+    """
+    step_s = spec.get("faults", {}).get("pace")
+    if step_s:
+        time.sleep(max(0.0, began + step_s - time.monotonic()))
 
 
 def hang_if_due(spec: dict[str, Any], step: int, orphaned: Any) -> None:

@@ -445,6 +445,7 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        faults.pace(spec, began)
         faults.slow_if_due(spec, step, began)
         meter.add(labels.numel())
         if _should_log(step, first_step, spec["metric_every"]):

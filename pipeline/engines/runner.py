@@ -29,7 +29,14 @@ from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_tex
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.probe import JobProbe, call_helper
 from pipeline.host.remote import RemoteHosts
-from pipeline.observe.attempts import Previous, account_previous, crash_words, lost_warning, over_max_lost
+from pipeline.observe.attempts import (
+    Previous,
+    account_previous,
+    crash_words,
+    lost_warning,
+    metrics_offset,
+    over_max_lost,
+)
 from pipeline.observe.crashes import from_fields
 from pipeline.observe.evidence import decide
 from pipeline.observe.resume import check_resume, resume_warning
@@ -139,6 +146,7 @@ class Runner:
             await steps.boundary(run, Step.CLEAR_CACHE, cancelled)
             await patch(self.ssh, steps, run, name, job, texts, applied, add, remove)
             await steps.boundary(run, Step.PATCH, cancelled)
+            run.metrics_size_at_launch = await metrics_offset(self.ssh, name, job)
             await engine.launch(run, name, job, current)
             await steps.await_verify(run, job.start_window)
             return run
@@ -157,6 +165,7 @@ class Runner:
             await engine.preflight(run, name, job, {}, {}, running=current)
             await self.steps.boundary(run, None, cancelled)
             run.patches = sorted(await self.steps.stored_patches(name))
+            run.metrics_size_at_launch = await metrics_offset(self.ssh, name, job)
             await engine.launch(run, name, job, current)
             await self.steps.await_verify(run, job.start_window)
             return run

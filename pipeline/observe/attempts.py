@@ -22,8 +22,10 @@ launched the log holds the whole truth of it.  From those metric lines:
 How an attempt ended is kept in people's words (:func:`crash_words`: ``CUDA out of memory on rank
 6``), so the alert that stops a no-progress loop can name the common cause.
 
-:func:`read_attempt` is the one I/O: the metric lines of a byte range of the log, its last
-:data:`MAX_READ` bytes at most (one helper ``read`` call).  The rest is pure.
+:func:`read_attempt` is the one read: the metric lines of a byte range of the job's metric file
+(``metrics_log``, else ``log``; :func:`attempt_start` says where an attempt's start), its last
+:data:`MAX_READ` bytes at most (one helper ``read`` call); :func:`metrics_offset` notes a
+``metrics_log``'s size before a launch.  The rest is pure.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pipeline.config import JobConfig
 from pipeline.config.jobs import LostDuration
 from pipeline.digest.metrics import MetricLine, parse_metric_lines
 from pipeline.digest.stats import TARGET, percentile
+from pipeline.errors import PitstopError, RemoteCommandError
 from pipeline.host.probe import read_log_chunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.crashes import Crash, CrashClass
@@ -47,10 +50,33 @@ from pipeline.verdict import Lost
 MAX_READ = 4 * 1024 * 1024  #: bytes of an attempt's log read at most (its last ones)
 
 
+async def metrics_offset(ssh: RemoteHosts, name: str, job: JobConfig) -> int | None:
+    """The size of the job's ``metrics_log`` now (bytes; read just before a launch: where the new
+    attempt's metric lines will start), 0 when it cannot be read (not written yet: all it will hold
+    is the new attempt's); None for a job whose metric lines are in its ``log`` (the engine's launch
+    offset serves) or when the host does not answer.
+    """
+    if job.metrics_log is None:
+        return None
+    try:
+        return (await read_log_chunk(ssh, name, job, 0, 0, path=job.metrics_log)).size
+    except RemoteCommandError:
+        return 0
+    except PitstopError:
+        return None
+
+
+def attempt_start(run: RunRecord, job: JobConfig) -> int | None:
+    """Where ``run``'s metric lines start in the job's metric file (``metrics_log``, else ``log``):
+    bytes, None when unknown."""
+    return run.metrics_size_at_launch if job.metrics_log is not None else run.log_size_at_launch
+
+
 async def read_attempt(
     ssh: RemoteHosts, name: str, job: JobConfig, start: int, end: int | None = None
 ) -> list[MetricLine]:
-    """The metric lines the job's log holds between byte ``start`` and ``end`` (None: its end now).
+    """The metric lines the job's metric file (``metrics_log``, else ``log``) holds between byte
+    ``start`` and ``end`` (None: its end now); offsets from :func:`attempt_start`.
 
     Only the last :data:`MAX_READ` bytes of the range are read; a line cut at the start of the
     read is dropped.  A log now shorter than ``start`` (truncated or rotated during the attempt) is
@@ -63,7 +89,7 @@ async def read_attempt(
     if end is not None and end <= start:
         return []
     if end is None:
-        tail = await read_log_chunk(ssh, name, job, -MAX_READ, MAX_READ)
+        tail = await read_log_chunk(ssh, name, job, -MAX_READ, MAX_READ, path=job.metrics_path)
         if tail.reset:
             return []
         if tail.size < start:
@@ -73,7 +99,7 @@ async def read_attempt(
             data, offset = data[start - offset :], start
     else:
         offset = max(start, end - MAX_READ)
-        chunk = await read_log_chunk(ssh, name, job, offset, end - offset)
+        chunk = await read_log_chunk(ssh, name, job, offset, end - offset, path=job.metrics_path)
         if chunk.reset:
             return []
         data = chunk.data
@@ -143,12 +169,14 @@ def reach_of(
 
     :param window_s: seconds before its last line over which the throughput is taken
         (``recovery_window``).
-    :param role: the compared role when known (from the attempt that followed it), else
-        :func:`compared_role` of these lines.
+    :param role: the compared role when known (from the attempt before or after it), else
+        :func:`compared_role` of these lines; a known role that logged no step here leaves the
+        step unknown (an attempt that died in its first step after a resume: its targets, which
+        count afresh, say nothing of how far it got).
     :param ended: how it ended, if known.
     """
     first, high = _by_role(lines)
-    role = role if role in high else compared_role(first, high)
+    role = role if role is not None else compared_role(first, high)
     times = [ln.ts for ln in lines if ln.ts is not None]
     last_at = max(times) if times else None
     rate = None
@@ -285,6 +313,35 @@ def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingPr
     return TrainingProgress(reach.step, total_steps, role, reach.steps_per_s)
 
 
+async def record_dead(
+    ssh: RemoteHosts, runs: RunStore, name: str, job: JobConfig, run: RunRecord, *, ended: str | None
+) -> RunRecord | None:
+    """Read how far ``run`` — the job's current attempt, now dead — got (its log since its launch)
+    and record its :class:`~pipeline.state.runs.Reach`, once.
+
+    An attempt that resumed is compared in the role the attempt before it was compared in (the
+    one whose step counts across resumes), so one that died before that role logged a step did
+    not advance, whatever its targets logged.
+
+    :param ended: how it ended (people's words, :func:`crash_words`), if known.
+    :returns: the attempt as saved (as it was when its reach is already recorded), or None when
+        its log range is unknown.
+    :raises RemoteError: if the host cannot be read.
+    """
+    if run.reach is not None:
+        return run
+    start = attempt_start(run, job)
+    if start is None:
+        return None
+    role = None
+    if run.resumed_at:
+        before = await runs.attempts(name, 1, before=run)
+        role = before[0].reach.role if before and before[0].reach is not None else None
+    lines = await read_attempt(ssh, name, job, start)
+    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
+    return await runs.record_reach(run.id, reach)
+
+
 @dataclass(frozen=True)
 class Previous:
     """The attempt a newly verified run followed, and what the restart lost of it.
@@ -313,9 +370,10 @@ async def account_previous(
     """Read how far the attempt before ``run`` got (the log between the two launches), record its
     :class:`~pipeline.state.runs.Reach`, and say what resuming at ``resumed_at`` lost of it.
 
-    The compared role is the one whose first step in the new run is the largest (it resumed).
-    Jobs whose metric lines are in a ``metrics_log`` of their own are not read (the launch offsets
-    are the job log's).
+    The compared role is the one whose first step in the new run is the largest (it resumed), else
+    the one its reach was recorded in when it died (:func:`record_dead`).
+    A job whose metric lines are in a ``metrics_log`` of their own is read there (from the offsets
+    of :func:`attempt_start`).
 
     :param run: the new, launched run.
     :param resumed_at: the step it resumed at (0 or None: from scratch; a restart then lost every
@@ -326,17 +384,18 @@ async def account_previous(
     :returns: None when there is no previous attempt or its log range is unknown.
     :raises RemoteError: if the host cannot be read.
     """
-    if job.metrics_log is not None or run.log_size_at_launch is None:
+    end = attempt_start(run, job)
+    if end is None:
         return None
     before = await runs.attempts(name, 1, before=run)
-    if not before or before[0].log_size_at_launch is None:
+    start = attempt_start(before[0], job) if before else None
+    if start is None:
         return None
     prev = before[0]
-    end = run.log_size_at_launch
-    lines = await read_attempt(ssh, name, job, prev.log_size_at_launch or 0, end)
+    lines = await read_attempt(ssh, name, job, start, end)
     fresh = await read_attempt(ssh, name, job, end)
     first, high = _by_role(fresh)
-    role = resumed_role(first, high, resumed_at)
+    role = resumed_role(first, high, resumed_at) or (prev.reach.role if prev.reach is not None else None)
     known = prev.reach.ended if prev.reach is not None else None
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=known or ended)
     saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
@@ -380,17 +439,20 @@ __all__ = [
     "Recovery",
     "TrainingProgress",
     "account_previous",
+    "attempt_start",
     "checkpoint_interval",
     "compared_role",
     "crash_words",
     "lost_work",
     "median_throughput",
+    "metrics_offset",
     "no_progress_streak",
     "over_max_lost",
     "progress_toward",
     "progressed",
     "reach_of",
     "read_attempt",
+    "record_dead",
     "recovery",
 ]
 

@@ -9,7 +9,9 @@ A run's state (:class:`RunState`, read from its record) changes only through
 :class:`RunStore`'s transitions, legal from the states in :data:`TRANSITIONS`: ``finish`` (the
 sequence ended it: an aborted step, a stop, an interruption) and ``decide`` (verification set
 the verdict from evidence; re-runnable).  Anything else raises
-:class:`~pipeline.errors.IllegalTransition`.  Cancel requests of a run live here too.
+:class:`~pipeline.errors.IllegalTransition`.  Cancel requests of a run live here too, and the
+throughput follow-up queue (claimed under a lease: :meth:`RunStore.claim_recovery`, then
+:meth:`~RunStore.recovery_done`; a lapsed claim is claimed again, so each is posted at least once).
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ from pipeline.verdict import Outcome, Step, Verdict
 log = logging.getLogger(__name__)
 
 OWNER_TTL = 30.0  #: seconds a run's owner heartbeat lives without renewal (the restart lock's TTL)
+RECOVERY_LEASE = 120.0  #: seconds a claimed throughput follow-up is held before another process may post it
+
+# KEYS[1] follow-up queue; ARGV[1] run id, ARGV[2] now, ARGV[3] the lease's end (unix s).  A due
+# follow-up is claimed by moving its due time to the lease's end: 1, else 0 (not due, or held).
+_CLAIM_RECOVERY = """local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not due or tonumber(due) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1]); return 1"""
+# KEYS[1] follow-up queue; ARGV[1] run id, ARGV[2] the claim's lease end.  Dequeued only under it.
+_RECOVERY_DONE = """local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not due or tonumber(due) ~= tonumber(ARGV[2]) then return 0 end
+return redis.call('ZREM', KEYS[1], ARGV[1])"""
 
 # KEYS[1] heartbeat; ARGV[1] owner; ARGV[2] ttl in ms.  1 if extended (still ours), else 0.
 _RENEW = """
@@ -148,6 +161,7 @@ class RunRecord(BaseModel):
     start_time: int | None = None
     launched_at: float | None = None
     log_size_at_launch: int | None = None
+    metrics_size_at_launch: int | None = None  #: bytes of the job's ``metrics_log`` at the launch
     slurm_job: int | None = None  #: the Slurm job id launched (engine "slurm")
     old_slurm_job: int | None = None  #: the Slurm job id stopped (engine "slurm")
     steps: list[StepRecord] = []
@@ -401,9 +415,29 @@ class RunStore:
         )
         return [str(i) for i in found]
 
-    async def take_recovery(self, run_id: str) -> bool:
-        """Take a due follow-up off the queue: True for exactly one caller (it posts it)."""
-        return bool(await self.client.zrem(keys.runs_recovery(self.prefix), run_id))
+    async def claim_recovery(
+        self, run_id: str, *, now: float | None = None, lease: float = RECOVERY_LEASE
+    ) -> float | None:
+        """Claim a due follow-up for ``lease`` s: its due time moves to the lease's end, so no other
+        process takes it meanwhile, and one whose claimant died before :meth:`recovery_done` is due
+        again — claimed by the next process to look (at least once).  ``now``: unix s (the clock).
+
+        :returns: the claim (the lease's end, unix s, for :meth:`recovery_done`), or None when it is
+            not due, held by another claim, or done.
+        """
+        now = time.time() if now is None else now
+        end = now + lease
+        key = keys.runs_recovery(self.prefix)
+        return end if await self.client.eval(_CLAIM_RECOVERY, 1, key, run_id, repr(now), repr(end)) else None
+
+    async def recovery_done(self, run_id: str, claim: float) -> bool:
+        """The claimed follow-up is posted (or had nothing to post): it leaves the queue for good.
+
+        :param claim: what :meth:`claim_recovery` returned.
+        :returns: False when the claim had lapsed and another process claimed it since (it posts too).
+        """
+        key = keys.runs_recovery(self.prefix)
+        return bool(await self.client.eval(_RECOVERY_DONE, 1, key, run_id, repr(claim)))
 
     # --- cancel requests ---------------------------------------------------------------------------
 
