@@ -356,15 +356,3 @@ class IncidentStore:
         """:meth:`save_progress` of many jobs in one round trip (job → JSON)."""
         if states:
             await self.client.mset({keys.rank_progress(self.prefix, job): raw for job, raw in states.items()})
-
-    async def watch_off_left(self, job: str) -> float | None:
-        """Seconds left of a ``watch JOB off`` (``inf`` if it has no expiry), or None if watching is on."""
-        ttl = int(await self.client.pttl(keys.watch_off(self.prefix, job)))
-        if ttl == -2:
-            return None
-        return float("inf") if ttl < 0 else ttl / 1000.0
-
-
-def with_updates(incident: Incident, **changes: Any) -> Incident:
-    """``incident`` with fields changed (validated copy)."""
-    return Incident.model_validate({**incident.model_dump(), **changes})
