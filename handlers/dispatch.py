@@ -35,9 +35,7 @@ from typing import Any
 from handlers.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.commands import Command, ParseError, parse
 from handlers.confirm import (
-    cancel_button,
     confirm_ask,
-    confirm_button,
     confirm_cancelled,
     confirm_expired,
     confirm_gone,
@@ -47,6 +45,7 @@ from handlers.context import Context
 from handlers.flow import Flow, Next, Request, Step
 from handlers.lock import DEFAULT_TTL, InFlight
 from handlers.reply import Button, Reply, Status
+from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON
 from handlers.twoperson import TwoPersonRule
 from handlers.verbs import VERBS, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
@@ -363,8 +362,8 @@ class Dispatcher:
             status=Status.WARNING,
             ephemeral=True,
             buttons=(
-                Button(confirm_button(), "confirm", pending.token, "primary"),
-                Button(cancel_button(), "cancel", pending.token, "danger"),
+                Button(CONFIRM_BUTTON, "confirm", pending.token, "primary"),
+                Button(CANCEL_BUTTON, "cancel", pending.token, "danger"),
             ),
         )
 

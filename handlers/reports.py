@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
+from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
 from pipeline import fmt
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import TARGET
@@ -209,7 +210,7 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
             )
         return await _one_digest(ctx, name, scheduled)
     if not names:
-        return Reply(title=digest_no_jobs(), status=Status.INFO)
+        return Reply(title=DIGEST_NO_JOBS, status=Status.INFO)
     if len(names) == 1:
         return await _one_digest(ctx, names[0], scheduled)
     follow = [await _one_digest(ctx, name, scheduled) for name in names]
@@ -365,7 +366,7 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     table = _gpu_table(gpus, apps, owners)
     tables = [table]
     if apps is not None and not apps:
-        lines.append(gpus_no_processes())
+        lines.append(GPUS_NO_PROCESSES)
     elif apps and "processes" not in table.headers:
         tables.append(
             Table(
@@ -521,11 +522,6 @@ def digest_all_title(jobs: int) -> str:
     return f"digest of {jobs} job(s)"
 
 
-def digest_no_jobs() -> str:
-    """``digest`` with no jobs configured."""
-    return "no jobs are configured - nothing to digest"
-
-
 def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
     """``digest NAME`` for a job that is not configured."""
     hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
@@ -551,11 +547,6 @@ def gpus_unknown_host(host: str, suggestions: Sequence[str]) -> str:
     """``gpus NAME`` for a host that is not configured."""
     hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
     return f"no host named {host}{hint}"
-
-
-def gpus_no_processes() -> str:
-    """No compute processes hold GPU memory."""
-    return "no processes hold GPU memory"
 
 
 def gpus_processes_unavailable(detail: str) -> str:
