@@ -11,11 +11,11 @@ so — never a traceback, never a silent success.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Sequence
 
 from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
+from handlers.commands import close_names
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
 from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
@@ -37,11 +37,6 @@ from pipeline.observe.gpus import (
 log = logging.getLogger(__name__)
 
 NA = "n/a"
-
-
-def _suggest(name: str, known: Sequence[str]) -> list[str]:
-    lowered = {k.lower(): k for k in known}
-    return [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=2, cutoff=0.6)]
 
 
 def _mib(used: float | None, total: float | None) -> str:
@@ -203,7 +198,7 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
             name = ctx.config.job_name(job)
         except KeyError:
             return Reply(
-                title=digest_unknown_job(job, _suggest(job, names)),
+                title=digest_unknown_job(job, close_names(job, names, 2)),
                 status=Status.ERROR,
                 ephemeral=True,
                 exit_code=ExitCode.USAGE,
@@ -346,7 +341,7 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         if job is not None and (reply := await _job_gpus(ctx, job)) is not None:
             return reply
         return Reply(
-            title=gpus_unknown_host(host, _suggest(host, list(ctx.config.hosts))),
+            title=gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)),
             status=Status.ERROR,
             ephemeral=True,
             exit_code=ExitCode.USAGE,
