@@ -9,9 +9,8 @@ import time
 
 from handlers.alerts import acked_reply, alert_reply
 from handlers.context import Context
-from handlers.reply import Reply, Status, mention
+from handlers.reply import Reply, Status, mention, refused
 from pipeline import fmt
-from pipeline.errors import ExitCode
 from pipeline.state.incidents import IncidentStore
 
 DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
@@ -22,12 +21,7 @@ def _job_or_error(ctx: Context, job: str) -> tuple[str | None, Reply | None]:
         return ctx.config.job_name(job), None
     except KeyError:
         close = difflib.get_close_matches(job, list(ctx.config.jobs), n=1)
-        return None, Reply(
-            title=watch_unknown_job(job, close[0] if close else None),
-            status=Status.ERROR,
-            ephemeral=True,
-            exit_code=ExitCode.USAGE,
-        )
+        return None, refused(watch_unknown_job(job, close[0] if close else None))
 
 
 async def ack_command(ctx: Context, job: str, user: str) -> Reply:
@@ -90,7 +84,7 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
         return Reply(title=watch_paused(name, until, seconds), status=Status.OK)
     if state == "on":
         return Reply(title=watch_resumed(name, await store.resume(name)), status=Status.OK)
-    return Reply(title=watch_bad_state(state), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
+    return refused(watch_bad_state(state))
 
 
 # --- text ---------------------------------------------------------------------------------------

@@ -20,10 +20,10 @@ import logging
 
 from handlers.context import Context
 from handlers.crashcheck import CrashCheck
-from handlers.reply import Reply, Status, Table
+from handlers.reply import Reply, Table, refused
 from handlers.text import ATTEMPTS_NEED_JOB
 from pipeline import fmt
-from pipeline.errors import ExitCode, PitstopError, UnknownRun
+from pipeline.errors import PitstopError, UnknownRun
 from pipeline.observe.attempts import crash_words, no_progress_streak, reach_of, read_attempt
 from pipeline.state.runs import RunRecord
 
@@ -131,7 +131,7 @@ async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
     :returns: the table, or an ERROR reply (usage) without a job.
     """
     if job is None:
-        return Reply(title=ATTEMPTS_NEED_JOB, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
+        return refused(ATTEMPTS_NEED_JOB)
     attempts = await ctx.runs.attempts(job, count)
     live = (await ctx.jobs.read(job)).run_id
     if not attempts:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
 from handlers.commands import close_names
 from handlers.context import Context
-from handlers.reply import Reply, Status, Table
+from handlers.reply import Reply, Status, Table, refused
 from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
 from pipeline import fmt
 from pipeline.digest.report import Digest, build_digest
@@ -197,12 +197,7 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
         try:
             name = ctx.config.job_name(job)
         except KeyError:
-            return Reply(
-                title=digest_unknown_job(job, close_names(job, names, 2)),
-                status=Status.ERROR,
-                ephemeral=True,
-                exit_code=ExitCode.USAGE,
-            )
+            return refused(digest_unknown_job(job, close_names(job, names, 2)))
         return await _one_digest(ctx, name, scheduled)
     if not names:
         return Reply(title=DIGEST_NO_JOBS, status=Status.INFO)
@@ -340,12 +335,7 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         job = next((j for j, spec in ctx.config.jobs.items() if j.lower() == host.lower()), None)
         if job is not None and (reply := await _job_gpus(ctx, job)) is not None:
             return reply
-        return Reply(
-            title=gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)),
-            status=Status.ERROR,
-            ephemeral=True,
-            exit_code=ExitCode.USAGE,
-        )
+        return refused(gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)))
     try:
         gpus = await query_gpus(ctx.ssh, name)
     except PitstopError as exc:
