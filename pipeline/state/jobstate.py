@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.incidents import Incident, WatchState
+from pipeline.state.redisconn import Store
 from pipeline.state.runs import RunRecord
 from pipeline.state.verifications import VerifyQueue
 
@@ -205,16 +206,8 @@ class JobStore:
         return out
 
 
-class JobRecords:
-    """The writer of a job's ``current`` record and of the patches in effect in its workdir.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+class JobRecords(Store):
+    """The writer of a job's ``current`` record and of the patches in effect in its workdir."""
 
     async def current(self, name: str) -> dict[str, str]:
         """The job's ``current`` record (empty when none)."""
