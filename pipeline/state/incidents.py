@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 LOG_LINES = 30  #: log lines shown in an alert
 
@@ -206,16 +207,11 @@ def _flat(fields: dict[str, str]) -> list[str]:
     return out
 
 
-class IncidentStore:
-    """Incidents and watcher memory in Redis, changed only by compare-and-set.
-
-    :param client: an asyncio Redis client with ``decode_responses=True``.
-    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
-    """
+class IncidentStore(Store):
+    """Incidents and watcher memory in Redis, changed only by compare-and-set."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self._open = client.register_script(_OPEN)
         self._update = client.register_script(_UPDATE)
         self._close = client.register_script(_CLOSE)

@@ -133,17 +133,14 @@ class JobSnapshot:
         return max(0.0, now - launched) if launched is not None else None
 
 
-class JobStore:
+class JobStore(Store):
     """Reads jobs' state (:class:`JobSnapshot`) from Redis, one pipelined round trip per call.
 
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
     :param config: the validated configuration (lock scopes, automatic-restart windows).
     """
 
     def __init__(self, client: aioredis.Redis, prefix: str, config: Config) -> None:
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self.config = config
 
     async def read(self, name: str, *, now: float | None = None) -> JobSnapshot:
