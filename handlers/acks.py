@@ -16,12 +16,13 @@ from pipeline.state.incidents import IncidentStore
 DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
 
 
-def _job_or_error(ctx: Context, job: str) -> tuple[str | None, Reply | None]:
+def _job_or_error(ctx: Context, job: str) -> str | Reply:
+    """The job's configured name, or the USAGE reply for a job that is not configured."""
     try:
-        return ctx.config.job_name(job), None
+        return ctx.config.job_name(job)
     except KeyError:
         close = difflib.get_close_matches(job, list(ctx.config.jobs), n=1)
-        return None, refused(watch_unknown_job(job, close[0] if close else None))
+        return refused(watch_unknown_job(job, close[0] if close else None))
 
 
 async def ack_command(ctx: Context, job: str, user: str) -> Reply:
@@ -33,10 +34,9 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
     :param user: the requester's id.
     :returns: the answer (INFO when nothing is open or it was already acknowledged).
     """
-    name, error = _job_or_error(ctx, job)
-    if name is None:
-        assert error is not None
-        return error
+    name = _job_or_error(ctx, job)
+    if isinstance(name, Reply):
+        return name
     store = ctx.redis.open_store(IncidentStore)
     for _ in range(5):
         incident = await store.incident(name)
@@ -72,10 +72,9 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
     :param user: the requester's id (recorded as the pause's value).
     :returns: the answer; USAGE error for another state or unknown job.
     """
-    name, error = _job_or_error(ctx, job)
-    if name is None:
-        assert error is not None
-        return error
+    name = _job_or_error(ctx, job)
+    if isinstance(name, Reply):
+        return name
     store = ctx.redis.open_store(IncidentStore)
     if state == "off":
         seconds = int(for_s or DEFAULT_OFF_S)
