@@ -39,17 +39,15 @@ async def build_context(
     outbox: Outbox,
     *,
     instance: str | None = None,
-    recover: bool = True,
     deliver_recovered: bool = False,
 ) -> Context:
     """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context.
 
     Runs this process executes are owned by it (a heartbeat in Redis, see
-    :class:`~pipeline.state.runs.RunStore`).  With ``recover`` (every CLI, console and serve process),
-    runs whose owner died are taken over at once (:func:`handlers.verdicts.recover_runs`).
+    :class:`~pipeline.state.runs.RunStore`).  Every CLI, console and serve process takes over the
+    runs whose owner died at once (:func:`handlers.verdicts.recover_runs`).
 
     :param instance: this process's id (default: :func:`new_instance_id`).
-    :param recover: take over runs of dead processes before returning.
     :param deliver_recovered: also verify, here and now, the taken-over runs that had launched
         (for processes without a scheduler, such as ``pitstop say``).
     :raises StateUnavailable: if a configured Redis does not answer.
@@ -72,11 +70,10 @@ async def build_context(
         outbox=outbox,
         instance=instance,
     )
-    if recover:
-        try:
-            await recover_runs(ctx, deliver=deliver_recovered)
-        except Exception:  # recovery must never keep a person from their command
-            log.exception("taking over the runs of a dead Pitstop process failed")
+    try:
+        await recover_runs(ctx, deliver=deliver_recovered)
+    except Exception:  # recovery must never keep a person from their command
+        log.exception("taking over the runs of a dead Pitstop process failed")
     return ctx
 
 

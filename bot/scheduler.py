@@ -151,10 +151,6 @@ class PitstopScheduler:
         """The underlying APScheduler scheduler while started (for inspection), else None."""
         return self._scheduler
 
-    def job_ids(self) -> list[str]:
-        """The ids of the scheduled jobs (``leader``, ``verify``, ``watch:…``, ``digest:…``)."""
-        return [job.id for job in self._scheduler.get_jobs()] if self._scheduler else []
-
     async def start(self) -> None:
         """Schedule every job in the running event loop and try for the lease at once.
 

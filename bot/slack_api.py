@@ -38,17 +38,15 @@ def web_client(
     *,
     base_url: str | None = None,
     session: aiohttp.ClientSession | None = None,
-    rate_limit_retries: int = 3,
 ) -> AsyncWebClient:
-    """An ``AsyncWebClient`` that waits ``Retry-After`` on HTTP 429 and retries a connection that
-    could not be made.
+    """An ``AsyncWebClient`` that waits ``Retry-After`` on up to 3 HTTP 429s in a row and retries a
+    connection that could not be made.
 
     Nothing that may have reached Slack is retried blindly (a reset or a 5xx after Slack stored
     a message would post it twice): :class:`SlackOutbox` looks such a post up first.
 
     :param base_url: the Web API base URL (``SLACK_API_URL``), default Slack's.
     :param session: a shared aiohttp session (closed by the caller), or None for one per call.
-    :param rate_limit_retries: how many 429s in a row one call waits out.
     """
     kwargs: dict[str, Any] = {"token": token, "session": session}
     if base_url:
@@ -56,7 +54,7 @@ def web_client(
     client = AsyncWebClient(**kwargs)
     client.retry_handlers = [
         AsyncConnectionErrorRetryHandler(max_retry_count=2, error_types=[aiohttp.ClientConnectorError]),
-        AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries),
+        AsyncRateLimitErrorRetryHandler(max_retry_count=3),
     ]
     return client
 

@@ -291,9 +291,6 @@ class SlackSurface:
         await self._respond(respond, reply, user=user)
         self._after_answer(reply, req.channel, user, respond)
 
-    def _cached_names(self) -> Mapping[str, str]:
-        return self.outbox.people.cached() if self.outbox is not None else {}
-
     async def _names(self, reply: Reply) -> Mapping[str, str]:
         return await self.outbox.names(reply) if self.outbox is not None else {}
 

@@ -9,26 +9,21 @@ import time
 
 from handlers.alerts import acked_reply, alert_reply
 from handlers.context import Context
-from handlers.reply import Reply, Status, mention
+from handlers.reply import Reply, Status, mention, refused
 from handlers.storm import line_first
 from pipeline import fmt
-from pipeline.errors import ExitCode
 from pipeline.state.incidents import IncidentStore
 
 DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
 
 
-def _job_or_error(ctx: Context, job: str) -> tuple[str | None, Reply | None]:
+def _job_or_error(ctx: Context, job: str) -> str | Reply:
+    """The job's configured name, or the USAGE reply for a job that is not configured."""
     try:
-        return ctx.config.job_name(job), None
+        return ctx.config.job_name(job)
     except KeyError:
         close = difflib.get_close_matches(job, list(ctx.config.jobs), n=1)
-        return None, Reply(
-            title=watch_unknown_job(job, close[0] if close else None),
-            status=Status.ERROR,
-            ephemeral=True,
-            exit_code=ExitCode.USAGE,
-        )
+        return refused(watch_unknown_job(job, close[0] if close else None))
 
 
 async def ack_command(ctx: Context, job: str, user: str) -> Reply:
@@ -40,10 +35,9 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
     :param user: the requester's id.
     :returns: the answer (INFO when nothing is open or it was already acknowledged).
     """
-    name, error = _job_or_error(ctx, job)
-    if name is None:
-        assert error is not None
-        return error
+    name = _job_or_error(ctx, job)
+    if isinstance(name, Reply):
+        return name
     store = ctx.redis.open_store(IncidentStore)
     for _ in range(5):
         incident = await store.incident(name)
@@ -80,10 +74,9 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
     :param user: the requester's id (recorded as the pause's value).
     :returns: the answer; USAGE error for another state or unknown job.
     """
-    name, error = _job_or_error(ctx, job)
-    if name is None:
-        assert error is not None
-        return error
+    name = _job_or_error(ctx, job)
+    if isinstance(name, Reply):
+        return name
     store = ctx.redis.open_store(IncidentStore)
     if state == "off":
         seconds = int(for_s or DEFAULT_OFF_S)
@@ -92,7 +85,7 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
         return Reply(title=watch_paused(name, until, seconds), status=Status.OK)
     if state == "on":
         return Reply(title=watch_resumed(name, await store.resume(name)), status=Status.OK)
-    return Reply(title=watch_bad_state(state), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
+    return refused(watch_bad_state(state))
 
 
 # --- text ---------------------------------------------------------------------------------------

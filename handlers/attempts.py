@@ -20,9 +20,10 @@ import logging
 
 from handlers.context import Context
 from handlers.crashcheck import CrashCheck
-from handlers.reply import Reply, Status, Table
+from handlers.reply import Reply, Table, refused
+from handlers.text import ATTEMPTS_NEED_JOB
 from pipeline import fmt
-from pipeline.errors import ExitCode, PitstopError, UnknownRun
+from pipeline.errors import PitstopError, UnknownRun
 from pipeline.observe.attempts import crash_words, no_progress_streak, record_dead
 from pipeline.state.runs import RunRecord
 
@@ -125,7 +126,7 @@ async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
     :returns: the table, or an ERROR reply (usage) without a job.
     """
     if job is None:
-        return Reply(title=attempts_need_job(), status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
+        return refused(ATTEMPTS_NEED_JOB)
     attempts = await ctx.runs.attempts(job, count)
     live = (await ctx.jobs.read(job)).run_id
     if not attempts:
@@ -149,11 +150,6 @@ def attempts_title(job: str, count: int) -> str:
 def attempts_none(job: str) -> str:
     """``history JOB --attempts`` before anything was launched."""
     return f"{job} has not been launched by Pitstop yet"
-
-
-def attempts_need_job() -> str:
-    """``history --attempts`` without a job."""
-    return "history --attempts needs a job: `history dflash --attempts`"
 
 
 def _where(stuck: list[RunRecord]) -> str:

@@ -205,14 +205,14 @@ class Command:
 # --- parsing -------------------------------------------------------------------------------------
 
 
-def _close(given: str, known: Iterable[str]) -> list[str]:
-    """Configured names close to ``given`` (case-insensitive), in their configured spelling."""
+def close_names(given: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """At most ``n`` configured names close to ``given`` (case-insensitive), in their configured spelling."""
     by_lower = {k.lower(): k for k in known}
-    return [by_lower[m] for m in difflib.get_close_matches(given.lower(), list(by_lower), n=3, cutoff=0.6)]
+    return [by_lower[m] for m in difflib.get_close_matches(given.lower(), list(by_lower), n=n, cutoff=0.6)]
 
 
 def _unknown(kind: str, given: str, known: Sequence[str], verb: str | None, where: str = "") -> ParseError:
-    return ParseError(parse_unknown(kind, given, _close(given, known), known, where), verb)
+    return ParseError(parse_unknown(kind, given, close_names(given, known), known, where), verb)
 
 
 def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str = "") -> str:

@@ -12,16 +12,6 @@ def confirm_ask(text: str, job: str, seconds: float) -> str:
     return f"`{text}` - {job} asks for confirmation: confirm within {seconds:g} s or it is cancelled"
 
 
-def confirm_button() -> str:
-    """The label of the confirm button."""
-    return "Confirm"
-
-
-def cancel_button() -> str:
-    """The label of the cancel button."""
-    return "Cancel"
-
-
 def confirm_expired(text: str, seconds: float) -> str:
     """No confirmation came in time."""
     return f"not confirmed within {seconds:g} s - `{text}` was cancelled, nothing was done"

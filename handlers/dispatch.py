@@ -35,9 +35,7 @@ from typing import Any
 from handlers.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.commands import Command, ParseError, parse
 from handlers.confirm import (
-    cancel_button,
     confirm_ask,
-    confirm_button,
     confirm_cancelled,
     confirm_expired,
     confirm_gone,
@@ -46,7 +44,8 @@ from handlers.confirm import (
 from handlers.context import Context
 from handlers.flow import Flow, Next, Request, Step
 from handlers.lock import DEFAULT_TTL, InFlight
-from handlers.reply import Button, Reply, Status
+from handlers.reply import Button, Reply, Status, refused
+from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON
 from handlers.twoperson import TwoPersonRule
 from handlers.verbs import VERBS, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
@@ -68,12 +67,7 @@ def _error_reply(exc: PitstopError, *, ephemeral: bool) -> Reply:
 
 
 def _internal_reply(incident: str) -> Reply:
-    return Reply(
-        title=internal_error(incident),
-        status=Status.ERROR,
-        ephemeral=True,
-        exit_code=ExitCode.FAILED,
-    )
+    return refused(internal_error(incident), ExitCode.FAILED)
 
 
 class Dispatcher:
@@ -273,12 +267,7 @@ class Dispatcher:
             flow.command = flow.run = Command(action, options={"run": value})
             return await call_next()
         await self._audit(req, AuditOutcome.INVALID, detail=unknown_action(action))
-        return Reply(
-            title=unknown_action(action),
-            status=Status.ERROR,
-            ephemeral=True,
-            exit_code=ExitCode.USAGE,
-        )
+        return refused(unknown_action(action))
 
     async def _authorise(self, flow: Flow, call_next: Next) -> Reply:
         """The requester's role must cover the verb's (:func:`handlers.auth.authorise` raises)."""
@@ -312,7 +301,7 @@ class Dispatcher:
             req.channel,
             self.audit,
             self.lock_ttl,
-            self._spawn_work,
+            lambda coro, name: self._spawn(coro, name=name),
             req.surface,
             approval=flow.approval,
             break_glass=flow.break_glass,
@@ -322,9 +311,6 @@ class Dispatcher:
             audited = AuditOutcome.FAILED
         await self._audit(req, audited or flow.outcome, command, detail=reply.title, run_id=reply.run_id)
         return reply
-
-    def _spawn_work(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
-        self._spawn(coro, name=name)
 
     async def _failed(self, req: Request, command: Command | None, exc: PitstopError) -> Reply:
         if isinstance(exc, Denied):
@@ -363,8 +349,8 @@ class Dispatcher:
             status=Status.WARNING,
             ephemeral=True,
             buttons=(
-                Button(confirm_button(), "confirm", pending.token, "primary"),
-                Button(cancel_button(), "cancel", pending.token, "danger"),
+                Button(CONFIRM_BUTTON, "confirm", pending.token, "primary"),
+                Button(CANCEL_BUTTON, "cancel", pending.token, "danger"),
             ),
         )
 
@@ -377,7 +363,7 @@ class Dispatcher:
         command = Command.from_json(_loads(found.command))
         text = confirm_expired(found.text, found.window)
         await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
-        reply = Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.CANCELLED)
+        reply = refused(text, ExitCode.CANCELLED, Status.WARNING)
         try:  # privately, replacing the prompt where the surface can: no public post, no live buttons
             await self.ctx.outbox.tell(found.user, reply, pending.token)
         except Exception:
@@ -389,12 +375,7 @@ class Dispatcher:
         taken, pending = await self.confirmations.take(token, user)
         if taken is Take.GONE or pending is None:
             await self._audit(req, AuditOutcome.CANCELLED, detail=confirm_gone())
-            return Reply(
-                title=confirm_gone(),
-                status=Status.WARNING,
-                ephemeral=True,
-                exit_code=ExitCode.CANCELLED,
-            )
+            return refused(confirm_gone(), ExitCode.CANCELLED, Status.WARNING)
         command = Command.from_json(_loads(pending.command))
         original = Request(
             pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
@@ -402,15 +383,15 @@ class Dispatcher:
         if taken is Take.NOT_YOURS:
             text = confirm_not_yours(pending.user)
             await self._audit(req, AuditOutcome.DENIED, command, detail=text)
-            return Reply(title=text, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.DENIED)
+            return refused(text, ExitCode.DENIED)
         if taken is Take.EXPIRED:
             text = confirm_expired(pending.text, pending.window)
             await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
-            return Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.CANCELLED)
+            return refused(text, ExitCode.CANCELLED, Status.WARNING)
         if action == "cancel":
             text = confirm_cancelled(pending.text, user)
             await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
-            return Reply(title=text, status=Status.INFO, ephemeral=True, exit_code=ExitCode.CANCELLED)
+            return refused(text, ExitCode.CANCELLED, Status.INFO)
         # roles may have changed since the request: authorised again, as who clicked
         flow.run, flow.on_behalf, flow.outcome = command, original, AuditOutcome.CONFIRMED
         flow.groups = req.groups or pending.groups

@@ -155,6 +155,12 @@ class Reply:
         }
 
 
+def refused(title: str, exit_code: ExitCode = ExitCode.USAGE, status: Status = Status.ERROR) -> Reply:
+    """An answer only the asker sees (an input error, a denial, a cancellation): ``title`` in the
+    ``status`` tone, and the CLI's ``exit_code``."""
+    return Reply(title=title, status=status, ephemeral=True, exit_code=exit_code)
+
+
 def format_table(table: Table) -> list[str]:
     """A table as aligned monospace lines (header, rule, rows)."""
     widths = [len(h) for h in table.headers]

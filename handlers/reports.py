@@ -11,13 +11,14 @@ so — never a traceback, never a silent success.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Sequence
 
 from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
+from handlers.commands import close_names
 from handlers.context import Context
-from handlers.reply import Reply, Status, Table
+from handlers.reply import Reply, Status, Table, refused
+from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
 from pipeline import fmt
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import TARGET
@@ -36,11 +37,6 @@ from pipeline.observe.gpus import (
 log = logging.getLogger(__name__)
 
 NA = "n/a"
-
-
-def _suggest(name: str, known: Sequence[str]) -> list[str]:
-    lowered = {k.lower(): k for k in known}
-    return [lowered[m] for m in difflib.get_close_matches(name.lower(), list(lowered), n=2, cutoff=0.6)]
 
 
 def _mib(used: float | None, total: float | None) -> str:
@@ -201,15 +197,10 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
         try:
             name = ctx.config.job_name(job)
         except KeyError:
-            return Reply(
-                title=digest_unknown_job(job, _suggest(job, names)),
-                status=Status.ERROR,
-                ephemeral=True,
-                exit_code=ExitCode.USAGE,
-            )
+            return refused(digest_unknown_job(job, close_names(job, names, 2)))
         return await _one_digest(ctx, name, scheduled)
     if not names:
-        return Reply(title=digest_no_jobs(), status=Status.INFO)
+        return Reply(title=DIGEST_NO_JOBS, status=Status.INFO)
     if len(names) == 1:
         return await _one_digest(ctx, names[0], scheduled)
     follow = [await _one_digest(ctx, name, scheduled) for name in names]
@@ -344,12 +335,7 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         job = next((j for j, spec in ctx.config.jobs.items() if j.lower() == host.lower()), None)
         if job is not None and (reply := await _job_gpus(ctx, job)) is not None:
             return reply
-        return Reply(
-            title=gpus_unknown_host(host, _suggest(host, list(ctx.config.hosts))),
-            status=Status.ERROR,
-            ephemeral=True,
-            exit_code=ExitCode.USAGE,
-        )
+        return refused(gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)))
     try:
         gpus = await query_gpus(ctx.ssh, name)
     except PitstopError as exc:
@@ -365,7 +351,7 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     table = _gpu_table(gpus, apps, owners)
     tables = [table]
     if apps is not None and not apps:
-        lines.append(gpus_no_processes())
+        lines.append(GPUS_NO_PROCESSES)
     elif apps and "processes" not in table.headers:
         tables.append(
             Table(
@@ -521,11 +507,6 @@ def digest_all_title(jobs: int) -> str:
     return f"digest of {jobs} job(s)"
 
 
-def digest_no_jobs() -> str:
-    """``digest`` with no jobs configured."""
-    return "no jobs are configured - nothing to digest"
-
-
 def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
     """``digest NAME`` for a job that is not configured."""
     hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
@@ -551,11 +532,6 @@ def gpus_unknown_host(host: str, suggestions: Sequence[str]) -> str:
     """``gpus NAME`` for a host that is not configured."""
     hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
     return f"no host named {host}{hint}"
-
-
-def gpus_no_processes() -> str:
-    """No compute processes hold GPU memory."""
-    return "no processes hold GPU memory"
 
 
 def gpus_processes_unavailable(detail: str) -> str:

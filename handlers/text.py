@@ -34,3 +34,31 @@ HANG_STACKS_TITLE = "Python stacks (py-spy dump)"
 #: the labels of an approval request's buttons (the two-person rule)
 APPROVE_BUTTON = "Approve"
 DENY_BUTTON = "Deny"
+#: ``history --attempts`` without a job
+ATTEMPTS_NEED_JOB = "history --attempts needs a job: `history dflash --attempts`"
+#: the labels of a confirmation's buttons
+CONFIRM_BUTTON = "Confirm"
+CANCEL_BUTTON = "Cancel"
+#: ``digest`` with no jobs configured
+DIGEST_NO_JOBS = "no jobs are configured - nothing to digest"
+#: ``gpus HOST`` when no compute process holds GPU memory
+GPUS_NO_PROCESSES = "no processes hold GPU memory"
+#: ``status`` with no jobs configured
+STATUS_NONE = "no jobs configured - add a [jobs.NAME] table to the config"
+#: the headings of the refused and the two-person rule's parts of ``history``
+HISTORY_REFUSALS_TITLE = "recent denied, refused and failed requests"
+HISTORY_APPROVALS_TITLE = "two-person rule: requests, approvals, denials, expiries and break glass"
+#: marks a run an admin started without approval
+HISTORY_BREAK_GLASS = "break glass"
+#: field labels of ``patches JOB`` (sha256: each patch file's first 12 hex digits now) and ``lock JOB``
+FIELD_SHA256 = "sha256"
+FIELD_AVAILABLE = "available"
+FIELD_IN_EFFECT = "in effect"
+FIELD_RUN = "run"
+FIELD_SINCE = "since"
+#: a finished run without a verdict (a stop that succeeded)
+RUN_DONE = "done"
+#: the columns of the ``status`` table, and of ``history``'s approvals and refused-requests tables
+STATUS_HEADERS = ("job", "state", "pid", "procs", "uptime", "last restart", "lock", "patches")
+HISTORY_APPROVAL_HEADERS = ("when", "run", "who", "outcome", "what")
+HISTORY_REFUSAL_HEADERS = ("when", "who", "request", "outcome", "why")

@@ -35,7 +35,7 @@ from handlers.context import Context
 from handlers.flow import Flow, Next, Request
 from handlers.grammar import Role
 from handlers.lock import InFlight
-from handlers.reply import Reply, Status
+from handlers.reply import Reply, Status, refused
 from pipeline.errors import ExitCode, PitstopError
 from pipeline.state.approvals import ApprovalRequest, Approvals, ApprovalState, Decided
 from pipeline.state.audit import AuditOutcome
@@ -141,7 +141,7 @@ class TwoPersonRule:
         if request is None:
             text = policy.approval_not_request(command.run_ref)
             await self.audit(req, AuditOutcome.INVALID, command, detail=text)
-            return Reply(title=text, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.USAGE)
+            return refused(text)
         approving = command.verb == "approve"
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
         refusal = None
@@ -155,7 +155,7 @@ class TwoPersonRule:
             refusal = policy.approval_not_approver(user, request.id, settings.approvers if settings else [])
         if refusal is not None:
             await self.audit(req, AuditOutcome.DENIED, _asked(request), detail=refusal, run_id=request.id)
-            return Reply(title=refusal, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.DENIED)
+            return refused(refusal, ExitCode.DENIED)
         asked = _asked(request)
         if approving and request.state is ApprovalState.PENDING and asked.spec.acts:
             # a restart in flight would refuse it: the request stays open for after it, not spent

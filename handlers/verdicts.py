@@ -39,7 +39,7 @@ CLAIM_TTL = 30.0  #: seconds a claim lives without renewal while its holder veri
 RETRY_AFTER = 15.0  #: seconds before a verification that failed to run is tried again
 
 
-async def deliver_verdict(ctx: Context, run_id: str, *, claim_ttl: float = CLAIM_TTL) -> RunRecord | None:
+async def deliver_verdict(ctx: Context, run_id: str) -> RunRecord | None:
     """Verify a launched run and post its verdict, unless another process claimed it.
 
     Claims the run (:meth:`~pipeline.state.verifications.VerifyQueue.claim`), runs
@@ -48,11 +48,10 @@ async def deliver_verdict(ctx: Context, run_id: str, *, claim_ttl: float = CLAIM
     the claim done (the run leaves the queue).
 
     :param run_id: the run (``r-42``).
-    :param claim_ttl: seconds the claim protects an unfinished delivery.
     :returns: the verified run, or None if someone else claimed it, the run is unknown, or
         verification could not run (it is retried after :data:`RETRY_AFTER` s).
     """
-    claim = await ctx.queue.claim(run_id, f"{ctx.instance}:{time.time():.3f}", claim_ttl)
+    claim = await ctx.queue.claim(run_id, f"{ctx.instance}:{time.time():.3f}", CLAIM_TTL)
     if claim is None:
         return None
     renewal = asyncio.get_running_loop().create_task(_renew_claim(ctx, claim))
@@ -123,17 +122,17 @@ async def _post(ctx: Context, run: RunRecord) -> None:
     await _publish_verdict(ctx, run)
 
 
-async def due_run_ids(ctx: Context, *, now: float | None = None, limit: int = 100) -> list[str]:
-    """Ids of launched runs whose verification is due, oldest first."""
-    return await ctx.queue.due(now=now, limit=limit)
+async def due_run_ids(ctx: Context) -> list[str]:
+    """Ids of launched runs whose verification is due now, oldest first (at most 100)."""
+    return await ctx.queue.due()
 
 
-async def deliver_due(ctx: Context, *, now: float | None = None) -> list[RunRecord]:
+async def deliver_due(ctx: Context) -> list[RunRecord]:
     """Deliver every verification that is due (concurrently); others' claims are skipped.
 
     :returns: the runs this process delivered.
     """
-    ids = await due_run_ids(ctx, now=now)
+    ids = await due_run_ids(ctx)
     if not ids:
         return []
     results = await asyncio.gather(*(deliver_verdict(ctx, i) for i in ids), return_exceptions=True)

@@ -18,6 +18,21 @@ from handlers.commands import Command
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table, mention, who
 from handlers.runview import thread_key
+from handlers.text import (
+    FIELD_AVAILABLE,
+    FIELD_IN_EFFECT,
+    FIELD_RUN,
+    FIELD_SHA256,
+    FIELD_SINCE,
+    HISTORY_APPROVAL_HEADERS,
+    HISTORY_APPROVALS_TITLE,
+    HISTORY_BREAK_GLASS,
+    HISTORY_REFUSAL_HEADERS,
+    HISTORY_REFUSALS_TITLE,
+    RUN_DONE,
+    STATUS_HEADERS,
+    STATUS_NONE,
+)
 from handlers.watching import probe_slow_line
 from pipeline import fmt
 from pipeline.config import Config
@@ -46,7 +61,7 @@ def _run_outcome(run: RunRecord) -> str:
     if run.verdict is not None:
         return run.verdict.value
     if run.finished_at is not None:
-        return run_done()
+        return RUN_DONE
     verify = run.step(Step.VERIFY)
     if verify is not None and verify.outcome in (Outcome.WAITING, Outcome.RUNNING):
         return awaiting_verdict()
@@ -67,7 +82,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     config = ctx.config
     names = [job] if job else list(config.jobs)
     if not names:
-        return Reply(title=status_none(), status=Status.WARNING)
+        return Reply(title=STATUS_NONE, status=Status.WARNING)
     snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
     currents = {name: dict(s.current) for name, s in snaps.items()}
     seen = await ctx.restarter.sightings([(n, config.jobs[n], currents[n] or None) for n in names])
@@ -161,7 +176,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     return Reply(
         title=status_title(len(names)),
         status=tone,
-        tables=(Table(status_headers(), tuple(rows)),),
+        tables=(Table(STATUS_HEADERS, tuple(rows)),),
         lines=tuple(lines),
     )
 
@@ -204,11 +219,11 @@ async def patches_command(ctx: Context, job: str) -> Reply:
         except (OSError, UnicodeDecodeError) as exc:
             lines.append(patches_unreadable(name, str(exc)))
     fields = [
-        (field_available(), patches_available(list(spec.patches))),
-        (field_in_effect(), patches_in_effect(in_effect)),
+        (FIELD_AVAILABLE, patches_available(list(spec.patches))),
+        (FIELD_IN_EFFECT, patches_in_effect(in_effect)),
     ]
     if hashes:
-        fields.append((field_sha256(), ", ".join(hashes)))
+        fields.append((FIELD_SHA256, ", ".join(hashes)))
     return Reply(title=patches_title(job), status=tone, fields=tuple(fields), lines=tuple(lines))
 
 
@@ -216,9 +231,9 @@ async def patches_command(ctx: Context, job: str) -> Reply:
 
 
 def _holder_reply(config: Config, holder: Holder) -> Reply:
-    fields = [(field_since(), _when(config, holder.started_at))]
+    fields = [(FIELD_SINCE, _when(config, holder.started_at))]
     if holder.run_id:
-        fields.append((field_run(), holder.run_id))
+        fields.append((FIELD_RUN, holder.run_id))
     return Reply(
         title=lock_held(
             holder.scope, holder.action, holder.job, holder.user, holder.age(), holder.step, holder.run_id
@@ -272,7 +287,7 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
                 run.id,
                 _when(config, run.created_at),
                 who(run.requested_by) + (f" + {who(run.approved_by)}" if run.approved_by else ""),
-                run.action + (f" ({history_break_glass()})" if run.break_glass else ""),
+                run.action + (f" ({HISTORY_BREAK_GLASS})" if run.break_glass else ""),
                 ", ".join(run.patches) or "-",
                 run.verdict_line or _run_outcome(run),
                 took,
@@ -288,7 +303,7 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
         lines.append(history_none(job))
     if refusals:
         refused = Table(
-            history_refusal_headers(),
+            HISTORY_REFUSAL_HEADERS,
             tuple(
                 (
                     _when(config, e.ts),
@@ -300,15 +315,15 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
                 for e in refusals
             ),
         )
-        follow_ups.append(Reply(title=history_refusals_title(), tables=(refused,)))
+        follow_ups.append(Reply(title=HISTORY_REFUSALS_TITLE, tables=(refused,)))
     decisions = await audit.recent(job=job, outcomes=APPROVALS, count=min(count, _MAX_REFUSALS))
     if decisions:
         decided = tuple(
             (_when(config, e.ts), e.run_id or "-", who(e.user), e.outcome.value, e.detail[:200])
             for e in decisions
         )
-        table = Table(history_approval_headers(), decided)
-        follow_ups.append(Reply(title=history_approvals_title(), tables=(table,)))
+        table = Table(HISTORY_APPROVAL_HEADERS, decided)
+        follow_ups.append(Reply(title=HISTORY_APPROVALS_TITLE, tables=(table,)))
     return Reply(
         title=history_title(job, len(runs)),
         tables=tuple(tables),
@@ -426,11 +441,6 @@ def status_title(count: int) -> str:
     return f"status of {count} job{'s' if count != 1 else ''}"
 
 
-def status_none() -> str:
-    """``status`` with no jobs configured."""
-    return "no jobs configured - add a [jobs.NAME] table to the config"
-
-
 def logs_title(lines: int, path: str, job: str) -> str:
     """What a ``logs`` excerpt is."""
     return f"last {lines} lines of {path} ({job})"
@@ -458,16 +468,6 @@ def history_none(job: str | None) -> str:
     return f"no restarts{of} recorded yet"
 
 
-def history_refusals_title() -> str:
-    """The heading of the denied/refused part of ``history``."""
-    return "recent denied, refused and failed requests"
-
-
-def status_headers() -> tuple[str, ...]:
-    """Columns of the ``status`` table."""
-    return ("job", "state", "pid", "procs", "uptime", "last restart", "lock", "patches")
-
-
 def status_last_run(run_id: str, action: str, when_ago: str, user: str, outcome: str) -> str:
     """A ``status`` cell: the job's last run."""
     return f"{run_id} {action} {when_ago} by {who(user)}: {outcome}"
@@ -488,34 +488,9 @@ def history_headers() -> tuple[str, ...]:
     return ("run", "when", "who", "action", "patches", "verdict", "took")
 
 
-def history_approvals_title() -> str:
-    """The heading of the two-person rule's part of ``history``."""
-    return "two-person rule: requests, approvals, denials, expiries and break glass"
-
-
-def history_approval_headers() -> tuple[str, ...]:
-    """Columns of the ``history`` approvals table (the detail names requester, approver, hashes)."""
-    return ("when", "run", "who", "outcome", "what")
-
-
-def history_break_glass() -> str:
-    """Marks a run an admin started without approval."""
-    return "break glass"
-
-
-def field_sha256() -> str:
-    """Field label: each patch file's SHA-256 now (its first 12 hex digits)."""
-    return "sha256"
-
-
 def patches_unreadable(name: str, error: str) -> str:
     """A configured patch file that cannot be read (on this machine: no hash to show)."""
     return f"patch {name} cannot be read here, so it has no hash: {error}"
-
-
-def history_refusal_headers() -> tuple[str, ...]:
-    """Columns of the ``history`` refused-requests table."""
-    return ("when", "who", "request", "outcome", "why")
 
 
 def patches_available(names: Sequence[str]) -> str:
@@ -533,26 +508,6 @@ def patches_recorded_only(error: str) -> str:
     return f"could not check the workdir ({error}) - showing the set recorded by the last restart"
 
 
-def field_available() -> str:
-    """Field label."""
-    return "available"
-
-
-def field_in_effect() -> str:
-    """Field label."""
-    return "in effect"
-
-
-def field_run() -> str:
-    """Field label."""
-    return "run"
-
-
-def field_since() -> str:
-    """Field label."""
-    return "since"
-
-
 def lock_forced_note(user: str) -> str:
     """Posted in a run's thread when ``unlock`` freed its lock."""
     return f"the lock of this run was forced free by {who(user)}"
@@ -566,11 +521,6 @@ def help_line(usage: str, summary: str, role: str) -> str:
 def help_examples(examples: Sequence[str]) -> str:
     """Examples in ``help VERB``."""
     return "examples: " + "; ".join(f"`{e}`" for e in examples)
-
-
-def run_done() -> str:
-    """A finished run without a verdict (a stop that succeeded)."""
-    return "done"
 
 
 def awaiting_verdict() -> str:

@@ -89,8 +89,6 @@ class Verdict(StrEnum):
         return self is Verdict.RUNNING
 
 
-VERDICT_ORDER: tuple[Verdict, ...] = tuple(Verdict)
-
 ERROR_LINE_LIMIT = 200  #: characters of the log's error line kept in an ERROR_IN_LOG line
 _NOT_RELAUNCHED = " - the job is stopped and was not relaunched"
 _NOTHING_CHANGED = " - nothing was changed"

@@ -200,12 +200,11 @@ def _raw_reference_problems(data: dict[str, Any]) -> list[str]:
     hosts: dict[str, Any] = data["hosts"] if isinstance(data.get("hosts"), dict) else {}
     jobs: dict[str, Any] = data["jobs"] if isinstance(data.get("jobs"), dict) else {}
     known = ", ".join(hosts) or "none"
-    out = []
-    for name, job in jobs.items():
-        host = job.get("host") if isinstance(job, dict) else None
-        if isinstance(host, str) and host not in hosts:
-            out.append(f"jobs.{name}.host: unknown host '{host}' (known: {known})")
-    return out
+    return [
+        f"jobs.{name}.host: unknown host '{host}' (known: {known})"
+        for name, job in jobs.items()
+        if isinstance(job, dict) and isinstance(host := job.get("host"), str) and host not in hosts
+    ]
 
 
 def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:

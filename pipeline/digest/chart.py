@@ -124,12 +124,9 @@ def _strip_label(key: tuple[str, int], devices: dict[tuple[str, int], str]) -> s
 
 def _stragglers(strip: RankStrip) -> list[int]:
     """The rows whose median share is outside :data:`STRAGGLER_BAND` percent of their role's median."""
-    out = []
-    for i, row in enumerate(strip.share):
-        median = percentile([v for v in row if math.isfinite(v)], 0.5)
-        if median is not None and not STRAGGLER_BAND[0] <= median <= STRAGGLER_BAND[1]:
-            out.append(i)
-    return out
+    medians = [percentile([v for v in row if math.isfinite(v)], 0.5) for row in strip.share]
+    low, high = STRAGGLER_BAND
+    return [i for i, m in enumerate(medians) if m is not None and not low <= m <= high]
 
 
 def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str, int], str]) -> None:

@@ -332,12 +332,12 @@ def _column(raw: list[Any], fine: set[type], convert: Callable[[Any], Any]) -> l
     return [v if type(v) in fine else convert(v) for v in raw]
 
 
-def _raw_columns(group: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, list[Any]]:
-    """Each key's values over the group, None where a line lacks it: one C pass per key that
-    every line has (:func:`operator.itemgetter`) or none has, a Python pass otherwise."""
+def _raw_columns(group: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Each :data:`_COLUMNS` key's values over the group, None where a line lacks it: one C pass per
+    key that every line has (:func:`operator.itemgetter`) or none has, a Python pass otherwise."""
     first = group[0]
     out: dict[str, list[Any]] = {}
-    for k in names:
+    for k in _COLUMNS:
         if k in first:
             try:
                 out[k] = list(map(itemgetter(k), group))
@@ -418,7 +418,7 @@ def _jsonl_series(data: bytes) -> list[RankSeries] | None:
             return None  # a rank written as a string, or none: normalised line by line
         last = group[-1]
         role_rank, device = last.get("role_rank"), last.get("device")
-        cols = _raw_columns(group, _COLUMNS)
+        cols = _raw_columns(group)
         out.append(
             RankSeries(
                 role,

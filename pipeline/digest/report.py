@@ -238,9 +238,9 @@ async def restart_marks(runs: RunStore, job: str, start: float | None, end: floa
     )
 
 
-def _prune_charts(directory: Path, job: str, keep: int = CHARTS_KEPT) -> None:
+def _prune_charts(directory: Path, job: str) -> None:
     charts = sorted(directory.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)
-    for old in charts[:-keep] if keep else charts:
+    for old in charts[:-CHARTS_KEPT]:
         old.unlink(missing_ok=True)
 
 

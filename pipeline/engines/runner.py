@@ -164,7 +164,7 @@ class Runner:
             current = await self.steps.current(name)
             await engine.preflight(run, name, job, {}, {}, running=current)
             await self.steps.boundary(run, None, cancelled)
-            run.patches = sorted(await self.steps.stored_patches(name))
+            run.patches = sorted(await self.steps.records.stored_patches(name))
             run.metrics_size_at_launch = await metrics_offset(self.ssh, name, job)
             await engine.launch(run, name, job, current)
             await self.steps.await_verify(run, job.start_window)
@@ -327,7 +327,7 @@ class Runner:
             timeout=CALL_TIMEOUT,
         )
         applied = sorted(n for n, on in (answer.get("applied") or {}).items() if on)
-        await self.steps.store_patches(name, applied)
+        await self.steps.records.store_patches(name, applied)
         return applied
 
 

@@ -207,14 +207,6 @@ class StepLog:
         """The job's ``current`` record says stopped (by ``run``), its process identity removed."""
         await self.records.mark_stopped(name, run.id)
 
-    async def store_patches(self, name: str, in_effect: Sequence[str]) -> None:
-        """Record the patch names in effect in the job's workdir."""
-        await self.records.store_patches(name, in_effect)
-
-    async def stored_patches(self, name: str) -> set[str]:
-        """The patch names last recorded in effect for the job."""
-        return await self.records.stored_patches(name)
-
 
 # --- text ---------------------------------------------------------------------------------------
 

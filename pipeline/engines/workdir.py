@@ -192,7 +192,7 @@ async def patch(
     to_revert = [p for p in remove if applied.get(p)]
     if not to_apply and not to_revert:
         run.patches = in_effect
-        await steps.store_patches(name, in_effect)
+        await steps.records.store_patches(name, in_effect)
         await steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect))
         return
     try:
@@ -209,7 +209,7 @@ async def patch(
         raise LaunchFailed(name, exc.message, line=verdict.launch_failed(patch_failed(exc.message))) from None
     in_effect = sorted(answer.get("in_effect") or [])
     run.patches = in_effect
-    await steps.store_patches(name, in_effect)
+    await steps.records.store_patches(name, in_effect)
     detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
     if answer.get("failed"):
         why = patch_failed("; ".join(answer["failed"]))

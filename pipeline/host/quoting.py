@@ -10,7 +10,7 @@ reach the program as they are, and nothing is expanded on either machine.
 Wrappers such as ``pct exec ID --`` (lxc-attach) and ``docker exec NAME`` pass their argv
 unchanged to ``execvp`` (no second shell), so one layer of quoting is right.  A wrapper that
 *does* run its argument through a shell (``su -c STRING``, ``lxc-attach`` without ``--``)
-needs that argument quoted once more: :func:`shell_wrap` does it for such a layer.
+needs that argument quoted once more (``command_line`` applied twice).
 
 Assumes the remote login shell is POSIX (bash, dash, zsh, ash); ``csh``/``fish`` parse
 single quotes differently.
@@ -46,13 +46,3 @@ def command_line(argv: Sequence[str]) -> str:
     if any("\0" in a for a in argv):
         raise ValueError("argv elements cannot contain NUL bytes")
     return shlex.join(argv)
-
-
-def shell_wrap(argv: Sequence[str]) -> str:
-    """One string that a wrapper's own ``sh -c`` turns back into ``argv``.
-
-    For wrappers that take a shell command string rather than an argv (``su -c``): pass
-    ``[*wrapper, shell_wrap(argv)]`` to :func:`command_line`, which quotes the result again
-    for the login shell.
-    """
-    return command_line(argv)

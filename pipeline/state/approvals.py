@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 KEEP = 7 * 86400  #: seconds a decided request is kept (``history``)
 
@@ -167,16 +168,11 @@ return out
 """
 
 
-class Approvals:
-    """Approval requests in Redis.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
+class Approvals(Store):
+    """Approval requests in Redis."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self._decide = client.register_script(_DECIDE)
         self._reopen = client.register_script(_REOPEN)
 

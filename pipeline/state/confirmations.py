@@ -15,9 +15,8 @@ import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 
-import redis.asyncio as aioredis
-
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 DEFAULT_WINDOW = 60.0  #: seconds a confirmation waits
 GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer settles first)
@@ -69,16 +68,8 @@ class Take(StrEnum):
     EXPIRED = "expired"  #: found, but its window had passed (settled as expired)
 
 
-class Confirmations:
-    """Pending confirmations in Redis.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+class Confirmations(Store):
+    """Pending confirmations in Redis."""
 
     async def add(
         self,

@@ -14,21 +14,19 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 DEFAULT_TTL = 3600  #: seconds a delivery id is remembered (Slack retries within minutes)
 
 
-class Deliveries:
+class Deliveries(Store):
     """Claim delivery ids.
 
-    :param client: an asyncio Redis client.
-    :param prefix: the key prefix.
     :param ttl: seconds a claim is kept.
     """
 
     def __init__(self, client: aioredis.Redis, prefix: str, *, ttl: int = DEFAULT_TTL) -> None:
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self.ttl = ttl
 
     async def claim(self, delivery_id: str, owner: str = "1") -> bool:

@@ -3,21 +3,12 @@ ranks seen so far, and the last digest's headline numbers (for the ±% change)."
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
-
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 
-class DigestMemory:
-    """Digest bookkeeping in Redis (stored as the digest modules write it).
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+class DigestMemory(Store):
+    """Digest bookkeeping in Redis (stored as the digest modules write it)."""
 
     async def offset(self, job: str) -> dict[str, str]:
         """The last scheduled digest's log offset fields (empty if none)."""

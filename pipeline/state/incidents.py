@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 LOG_LINES = 30  #: log lines shown in an alert
 
@@ -206,16 +207,11 @@ def _flat(fields: dict[str, str]) -> list[str]:
     return out
 
 
-class IncidentStore:
-    """Incidents and watcher memory in Redis, changed only by compare-and-set.
-
-    :param client: an asyncio Redis client with ``decode_responses=True``.
-    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
-    """
+class IncidentStore(Store):
+    """Incidents and watcher memory in Redis, changed only by compare-and-set."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self._open = client.register_script(_OPEN)
         self._update = client.register_script(_UPDATE)
         self._close = client.register_script(_CLOSE)
@@ -356,15 +352,3 @@ class IncidentStore:
         """:meth:`save_progress` of many jobs in one round trip (job → JSON)."""
         if states:
             await self.client.mset({keys.rank_progress(self.prefix, job): raw for job, raw in states.items()})
-
-    async def watch_off_left(self, job: str) -> float | None:
-        """Seconds left of a ``watch JOB off`` (``inf`` if it has no expiry), or None if watching is on."""
-        ttl = int(await self.client.pttl(keys.watch_off(self.prefix, job)))
-        if ttl == -2:
-            return None
-        return float("inf") if ttl < 0 else ttl / 1000.0
-
-
-def with_updates(incident: Incident, **changes: Any) -> Incident:
-    """``incident`` with fields changed (validated copy)."""
-    return Incident.model_validate({**incident.model_dump(), **changes})

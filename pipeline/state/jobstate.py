@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.incidents import Incident, WatchState
+from pipeline.state.redisconn import Store
 from pipeline.state.runs import RunRecord
 from pipeline.state.verifications import VerifyQueue
 
@@ -132,17 +133,14 @@ class JobSnapshot:
         return max(0.0, now - launched) if launched is not None else None
 
 
-class JobStore:
+class JobStore(Store):
     """Reads jobs' state (:class:`JobSnapshot`) from Redis, one pipelined round trip per call.
 
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
     :param config: the validated configuration (lock scopes, automatic-restart windows).
     """
 
     def __init__(self, client: aioredis.Redis, prefix: str, config: Config) -> None:
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self.config = config
 
     async def read(self, name: str, *, now: float | None = None) -> JobSnapshot:
@@ -205,16 +203,8 @@ class JobStore:
         return out
 
 
-class JobRecords:
-    """The writer of a job's ``current`` record and of the patches in effect in its workdir.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+class JobRecords(Store):
+    """The writer of a job's ``current`` record and of the patches in effect in its workdir."""
 
     async def current(self, name: str) -> dict[str, str]:
         """The job's ``current`` record (empty when none)."""

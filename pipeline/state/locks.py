@@ -37,6 +37,7 @@ from redis.exceptions import LockError, RedisError
 from pipeline.config import Config
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +97,8 @@ class LockHeld(Exception):
         self.holder = holder
 
 
-class Locks:
-    """The restart locks of every scope: who holds one, whether a job's are taken, freeing by force.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+class Locks(Store):
+    """The restart locks of every scope: who holds one, whether a job's are taken, freeing by force."""
 
     async def holder(self, scope: str) -> Holder | None:
         """The holder of ``scope``'s lock, or None when the lock is free (or its record is gone)."""

@@ -7,23 +7,14 @@ A headline is posted by one replica: it *claims* the key (``HSETNX claim``), pos
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
-
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 POST_TTL = 30 * 86400  #: seconds a headline's location is kept
 
 
-class Posts:
-    """Headline locations and the last refused post.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+class Posts(Store):
+    """Headline locations and the last refused post."""
 
     async def where(self, key: str) -> tuple[str, str] | None:
         """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""

@@ -46,6 +46,18 @@ DISCONNECT_WAIT = 5.0  #: seconds to wait for the embedded server to see this pr
 EMBEDDED_SERVER_CONFIG = {"appendonly": "yes", "appendfsync": "everysec"}
 
 
+class Store:
+    """Base of the stores of :mod:`pipeline.state` that need no more than a client and the key prefix.
+
+    :param client: an asyncio Redis client (``decode_responses=True``).
+    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
+    """
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+
 @dataclass(frozen=True)
 class Persistence:
     """Where Redis keeps its data and when it last wrote it to disk (``/healthz``, ``status``).

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 
 class UndeliveredAlert(BaseModel):
@@ -29,16 +29,8 @@ class UndeliveredAlert(BaseModel):
     told: list[str] = []
 
 
-class UndeliveredAlerts:
-    """The store of the last undelivered alert (``keys.undelivered_alert``).
-
-    :param client: a Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+class UndeliveredAlerts(Store):
+    """The store of the last undelivered alert (``keys.undelivered_alert``)."""
 
     async def record(self, title: str, channel: str, error: str, told: list[str]) -> UndeliveredAlert:
         """Keep this alert as the last undelivered one.

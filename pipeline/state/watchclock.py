@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
-
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 
-class WatchClock:
-    """The time of the last finished watch cycle, of any leader (``keys.watched_at``).
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+class WatchClock(Store):
+    """The time of the last finished watch cycle, of any leader (``keys.watched_at``)."""
 
     async def mark(self, now: float) -> float | None:
         """Record a cycle finished at ``now`` (unix s).
