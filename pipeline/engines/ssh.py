@@ -60,9 +60,10 @@ from pipeline.errors import (
     StopFailed,
 )
 from pipeline.host.contract import LaunchArgs, PreflightArgs, StopArgs
-from pipeline.host.probe import call_helper, log_tail, probe_host, recorded_identity
+from pipeline.host.probe import call_helper, log_tail, probe_args, probe_host, recorded_identity
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import gather, settle_exit
+from pipeline.state.incidents import LOG_LINES
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
@@ -122,14 +123,7 @@ class SshEngine:
             "running": None,
         }
         if running is not None:
-            args["running"] = {
-                "name": name,
-                "match": job.match,
-                "workdir": job.workdir,
-                "log": None,
-                "read": None,
-                **recorded_identity(running),
-            }
+            args["running"] = {**probe_args(name, job, running), "log": None}
         try:
             answer = await call_helper(
                 self.ssh,
@@ -249,6 +243,7 @@ class SshEngine:
             "log": job.log,
             "state": "running",
             "patches": ",".join(run.patches),
+            "log_size": str(run.log_size_at_launch),
         }
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
         await self.steps.end(run, rec, Outcome.OK, step_launched(run.pid, job.log, run.log_size_at_launch))
@@ -291,10 +286,13 @@ class SshEngine:
         )
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """One helper ``probe`` call per ``exec`` prefix for every job of one host, ``reads`` included."""
+        """One helper ``probe`` call per ``exec`` prefix for every job of one host, ``reads``
+        included, and a job short of processes with its log's last
+        :data:`~pipeline.state.incidents.LOG_LINES` lines and exit record (``probe.tail``,
+        ``probe.exit_status``)."""
         if not entries:
             return {}
-        probes = await probe_host(self.ssh, entries[0][1].host, entries, reads)
+        probes = await probe_host(self.ssh, entries[0][1].host, entries, reads, tail_lines=LOG_LINES)
         out: dict[str, Sighting] = {}
         for name, spec, current in entries:
             probe = probes[name]
