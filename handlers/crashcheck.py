@@ -23,6 +23,7 @@ from pipeline.errors import PitstopError
 from pipeline.host.contract import EvidenceArgs
 from pipeline.host.probe import CRASH_BYTES, JobProbe, call_helper, read_log_chunk, recorded_identity
 from pipeline.observe.crashes import Crash, CrashClass, classify, from_fields
+from pipeline.observe.evidence import ended
 from pipeline.state.incidents import Incident, IncidentStore
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,9 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
             log_info = answer.get("log")
             state, status = answer.get("state"), answer.get("status")
             size = int((log_info["size"] if log_info else None) or 0)
-        ended = status if status and state != "alive" else None  # the waiter's record
-        signal, code = (ended.get("signal"), ended.get("code")) if ended else (None, None)
-        exit_cause = alert_exit_cause(code, signal) if ended else None
+        how = ended(state, status)  # the waiter's record
+        signal, code = (how.signal, how.code) if how else (None, None)
+        exit_cause = alert_exit_cause(code, signal) if how else None
         stored = await store.last_crash(name)
         previous = from_fields(stored)
         if stored.get("run_id") == run_id and previous is not None:

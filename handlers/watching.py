@@ -59,6 +59,7 @@ from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
 from pipeline.observe import progress
 from pipeline.observe.crashes import detect_cause
+from pipeline.observe.evidence import ended
 from pipeline.observe.idle import read_watched
 from pipeline.observe.watch import (
     DEFAULT_REMIND_EVERY,
@@ -441,8 +442,8 @@ class Watcher:
         sight = self._seen.get(name)
         probe = sight.probe if sight is not None else None
         exit_cause, tail = inc.exit_cause, probe.tail if probe is not None else None
-        if probe is not None and (status := probe.exit_status) and probe.state != "alive":
-            exit_cause = alert_exit_cause(status.get("code"), status.get("signal"))
+        if probe is not None and (how := ended(probe.state, probe.exit_status)):
+            exit_cause = alert_exit_cause(how.code, how.signal)
         if tail is None:
             try:
                 tail = await self.ctx.restarter.log_tail(name, LOG_LINES)
