@@ -3,7 +3,8 @@
 :class:`Watcher` runs one cycle for the jobs of one host: it reads every job's Redis view in
 one pipelined round trip (:class:`~pipeline.state.jobstate.JobStore`: watcher memory, open incident,
 pause, lock, newest run, automatic restarts; then their per-rank progress), probes the host once —
-one helper call returning every job's processes, log size and new metric-log bytes
+one helper call returning every job's processes, log size and new metric-log bytes, and of a job
+short of processes how it ended — the evidence an incident opens with
 (:func:`pipeline.host.probe.probe_host`, :func:`pipeline.observe.progress.plan_many`), at most
 :data:`MAX_HOSTS_AT_ONCE` hosts at a time, a probe slower than the watch interval logged
 (``probe slow: gpu-07 took 14 s``) and kept for ``status`` — decides each job with

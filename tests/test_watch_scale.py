@@ -5,6 +5,7 @@ sizes and per-rank progress together), and a slow host neither delays the others
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -299,6 +301,28 @@ def test_the_probe_brings_the_ending_of_a_job_short_of_processes_only(tmp_path: 
     assert short["count"] == 1 and short["tail"] == "line 47\nline 48\nline 49"
     assert dead["count"] == 0 and dead["tail"] == short["tail"] and dead["status"] is None
     assert "crash" not in dead  # no recorded pid, no exit record: nothing to classify
+
+
+@pytest.mark.parametrize("ago", [1.0, 3600.0])
+def test_a_recent_death_brings_its_log_since_launch(tmp_path: Path, ago: float) -> None:
+    """A dead job whose waiter recorded its end ``crash_within`` s ago or less comes back with its
+    log since ``crash_from`` (what the crash check classifies); an older death only with its tail."""
+    log = tmp_path / "train.log"
+    log.write_bytes(b"before launch\n" + b"step 1\nRuntimeError: boom\n")
+    gone = 2**22 + 4321  # no such process
+    record = {"pid": gone, "start_time": None, "started_at": 0.0, "ended_at": time.time() - ago}
+    (tmp_path / ".train.log.pitstop-exit").write_text(json.dumps({**record, "code": 1, "signal": None}))
+    ask = {"tail_lines": 2, "processes": 1, "crash_from": 14, "crash_bytes": 1 << 20, "crash_within": 60.0}
+    job = {"name": "j", "match": "^never$", "workdir": str(tmp_path), "log": str(log), **ask}
+    answer = op_probe({"jobs": [{**job, "pid": gone, "start_time": None, "sid": None}]})["jobs"]["j"]
+    assert answer["state"] == "gone" and answer["status"] is not None and answer["status"]["code"] == 1
+    assert answer["tail"] == "step 1\nRuntimeError: boom"
+    if ago < 60:
+        crash = answer["crash"]
+        assert "error" not in crash
+        assert zlib.decompress(base64.b64decode(crash["data"])) == b"step 1\nRuntimeError: boom\n"
+    else:
+        assert "crash" not in answer
 
 
 def test_each_operation_ships_only_what_it_runs() -> None:

@@ -90,6 +90,7 @@ class ProbeJob(JobArgs, total=False):
     crash_from: Optional[int]  #: with ``tail_lines``: the log's size at launch; a job found dead
     #: whose waiter recorded its end brings back its log since then too (``crash``, the last ``crash_bytes``)
     crash_bytes: int
+    crash_within: float  #: … only while that end is at most this many seconds old (host clock)
 
 
 class FileInfo(TypedDict):

@@ -891,13 +891,13 @@ def ending(out: JobState, j: JobArgs, log: str, offset: int, lines: int) -> None
 
 def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
     """:func:`ending` of a job a probe found short of processes (from byte 0) and, when none is
-    left and its waiter recorded the end, the last ``crash_bytes`` of its log since ``crash_from``
-    (``crash``, zlib-compressed)."""
+    left and its waiter recorded the end at most ``crash_within`` s ago, the last ``crash_bytes``
+    of its log since ``crash_from`` (``crash``, zlib-compressed)."""
     ending(state, j, log, 0, lines)
-    since, most = j.get("crash_from"), j.get("crash_bytes", 0)
-    if state["count"] == 0 and state["status"] and since is not None:
-        size = state["log"]["size"] or 0
-        state["crash"] = read_file(log, max(since, size - most) if size >= since else 0, most, None, True)
+    st, since = state["status"], j.get("crash_from")
+    if state["count"] == 0 and st and since is not None and time.time() - st["ended_at"] <= j["crash_within"]:
+        size, most = state["log"]["size"] or 0, j["crash_bytes"]
+        state["crash"] = read_file(log, max(since, size - most), most, None, True)  # truncated: from 0
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:

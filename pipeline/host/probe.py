@@ -68,6 +68,7 @@ CONTRACT_MODULE = "pipeline.host.contract"  #: the helper's one Pitstop import, 
 PROBE_TIMEOUT = 20.0  #: seconds for one probe / read / tail call
 TAIL_MAX_BYTES = 65536  #: a tail reads at most this many bytes from the end of the log
 CRASH_BYTES = 2 * 1024 * 1024  #: log bytes since the launch a crash is classified from (the last ones)
+CRASH_FRESH = 60.0  #: seconds (at least 3 watch intervals) a death's log comes with the probe
 
 
 @cache
@@ -358,7 +359,8 @@ class JobProbe:
     :ivar exit_status: with ``tail``: the launch waiter's record of how the recorded pid ended
         (``code``, ``signal``, ``started_at``, ``ended_at``), None while it runs or unrecorded.
     :ivar crash: with ``exit_status``, for a job with no process left whose launch recorded its
-        log's size: the last :data:`CRASH_BYTES` it wrote since (None otherwise, or unreadable).
+        log's size and that died recently (:func:`probe_args`): the last :data:`CRASH_BYTES` it
+        wrote since (None otherwise, or unreadable).
     """
 
     job: str
@@ -407,7 +409,8 @@ def probe_args(
 ) -> ProbeJob:
     """The helper's per-job probe arguments (``read``: a file's bytes to read in the same call;
     ``tail_lines``: the log lines to bring back if the job is short of processes, with its log
-    since the launch — ``log_size`` in ``current`` — if it died)."""
+    since the launch — ``log_size`` in ``current`` — if it died within :data:`CRASH_FRESH` s or
+    3 watch intervals: later, the crash check reads it itself, once)."""
     return {
         "name": name,
         "match": job.match,
@@ -418,6 +421,7 @@ def probe_args(
         "tail_lines": tail_lines,
         "crash_from": _int((current or {}).get("log_size")),
         "crash_bytes": CRASH_BYTES,
+        "crash_within": max(CRASH_FRESH, 3 * job.watch.interval),
         **recorded_identity(current),
     }
 
