@@ -127,7 +127,9 @@ class Engine(Protocol):
         """Every job of ``entries`` (all on one host or cluster) in one look; never raises:
         a job that could not be seen has ``probe.error`` set.  An engine that reads ``reads`` in
         that look puts the bytes in ``probe.read`` (``probe.read_error``); one that does not
-        leaves them None, and the watcher reads them itself."""
+        leaves them None, and the watcher reads them itself.  Likewise a job short of processes:
+        its output's last lines and exit record in ``probe.tail``/``probe.exit_status``, else
+        None and the watcher asks :meth:`log_tail`."""
         ...
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
