@@ -1,7 +1,7 @@
 """Why did the job die, and may it be restarted automatically? (the watcher's crash classes)
 
 :func:`check_crash` reads everything the job's current run wrote since its launch (at most
-:data:`MAX_CRASH_BYTES`, the end of it), with its launcher's exit status, and classifies it
+:data:`~pipeline.host.probe.CRASH_BYTES`, the end of it), with its launcher's exit status, and classifies it
 (:func:`pipeline.observe.crashes.classify`).  It remembers the last classified crash per job in Redis
 (:meth:`~pipeline.state.incidents.IncidentStore.last_crash`, with the run it came from), so a Python exception that comes back with the same
 type at the same step in the *next* run is recognised as a repeat.
@@ -21,13 +21,12 @@ from handlers.context import Context
 from pipeline.config import AutoRestart
 from pipeline.errors import PitstopError
 from pipeline.host.contract import EvidenceArgs
-from pipeline.host.probe import call_helper, read_log_chunk, recorded_identity
+from pipeline.host.probe import CRASH_BYTES, JobProbe, call_helper, read_log_chunk, recorded_identity
 from pipeline.observe.crashes import Crash, CrashClass, classify, from_fields
+from pipeline.observe.evidence import ended
 from pipeline.state.incidents import Incident, IncidentStore
 
 log = logging.getLogger(__name__)
-
-MAX_CRASH_BYTES = 2 * 1024 * 1024  #: log bytes since the launch read for a classification (the last ones)
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,14 @@ class CrashCheck:
     exit_cause: str | None
 
 
-async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
+async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> CrashCheck | None:
     """Classify how the job's current run failed, from all ranks' log bytes since its launch.
 
     :param ctx: the process context.
     :param name: the job's configured name.
+    :param seen: the watch cycle's probe of the job: when it brought the job's ending
+        (:attr:`~pipeline.host.probe.JobProbe.tail`), its state, log size, exit record and log
+        since launch (``crash``) are used instead of asking the host again.
     :returns: the check, or None when the job has no recorded run or the host cannot be read.
     """
     cfg = ctx.config.jobs[name]
@@ -60,34 +62,39 @@ async def check_crash(ctx: Context, name: str) -> CrashCheck | None:
             return None
         run = await ctx.runs.get(run_id)
         offset = run.log_size_at_launch or 0
-        ident = recorded_identity(current)
-        args: EvidenceArgs = {
-            "name": name,
-            "match": cfg.match,
-            "log": cfg.log,
-            "offset": offset,
-            "tail_lines": 0,
-            "pid": ident["pid"],
-            "start_time": ident["start_time"],
-            "sid": ident["sid"],
-        }
-        answer = await call_helper(ctx.ssh, "evidence", args, job=name)
-        status = answer.get("status")
-        log_info = answer.get("log")
-        size = int((log_info["size"] if log_info else None) or 0)
-        start = max(offset, size - MAX_CRASH_BYTES) if size >= offset else 0
-        chunk = await read_log_chunk(ctx.ssh, name, cfg, start, MAX_CRASH_BYTES)
+        if seen is not None and seen.tail is not None:
+            state, status, size = seen.state, seen.exit_status, seen.log_size or 0
+        else:
+            ident = recorded_identity(current)
+            args: EvidenceArgs = {
+                "name": name,
+                "match": cfg.match,
+                "log": cfg.log,
+                "offset": offset,
+                "tail_lines": 0,
+                "pid": ident["pid"],
+                "start_time": ident["start_time"],
+                "sid": ident["sid"],
+            }
+            answer = await call_helper(ctx.ssh, "evidence", args, job=name)
+            log_info = answer.get("log")
+            state, status = answer.get("state"), answer.get("status")
+            size = int((log_info["size"] if log_info else None) or 0)
+        how = ended(state, status)  # the waiter's record
+        signal, code = (how.signal, how.code) if how else (None, None)
+        exit_cause = alert_exit_cause(code, signal) if how else None
+        stored = await store.last_crash(name)
+        previous = from_fields(stored)
+        if stored.get("run_id") == run_id and previous is not None:
+            return CrashCheck(previous, stored.get("repeat") == "1", exit_cause)  # this run, seen before
+        chunk = seen.crash if seen is not None else None
+        if chunk is None:
+            start = max(offset, size - CRASH_BYTES) if size >= offset else 0
+            chunk = await read_log_chunk(ctx.ssh, name, cfg, start, CRASH_BYTES)
     except PitstopError as exc:
         log.info("crash check %s: %s", name, exc.message)
         return None
-    ended = status if status and answer.get("state") != "alive" else None  # the waiter's record
-    signal, code = (ended.get("signal"), ended.get("code")) if ended else (None, None)
     crash = classify(chunk.data, exit_signal=signal, exit_code=code)
-    exit_cause = alert_exit_cause(code, signal) if ended else None
-    stored = await store.last_crash(name)
-    previous = from_fields(stored)
-    if stored.get("run_id") == run_id and previous is not None:
-        return CrashCheck(previous, stored.get("repeat") == "1", exit_cause)  # this run, seen before
     repeat = previous is not None and previous.same_failure(crash)
     fields = {**crash.to_fields(), "run_id": run_id, "repeat": "1" if repeat else "0"}
     await store.remember_crash(name, fields)
@@ -128,7 +135,7 @@ def with_crash(inc: Incident, check: CrashCheck) -> Incident:
     )
 
 
-__all__ = ["MAX_CRASH_BYTES", "CrashCheck", "check_crash", "refusal", "with_crash"]
+__all__ = ["CrashCheck", "check_crash", "refusal", "with_crash"]
 
 
 # --- text ---------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 :class:`Watcher` runs one cycle for the jobs of one host: it reads every job's Redis view in
 one pipelined round trip (:class:`~pipeline.state.jobstate.JobStore`: watcher memory, open incident,
 pause, lock, newest run, automatic restarts; then their per-rank progress), probes the host once —
-one helper call returning every job's processes, log size and new metric-log bytes
+one helper call returning every job's processes, log size and new metric-log bytes, and of a job
+short of processes how it ended — the evidence an incident opens with
 (:func:`pipeline.host.probe.probe_host`, :func:`pipeline.observe.progress.plan_many`), at most
 :data:`MAX_HOSTS_AT_ONCE` hosts at a time, a probe slower than the watch interval logged
 (``probe slow: gpu-07 took 14 s``) and kept for ``status`` — decides each job with
@@ -54,11 +55,12 @@ from handlers.storm import Round, Storyteller, Told, line_first
 from handlers.watchstats import WatchStats
 from pipeline import fmt
 from pipeline.config import JobConfig
+from pipeline.engines.base import Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
-from pipeline.host.contract import EvidenceArgs
-from pipeline.host.probe import JobProbe, call_helper, log_tail, recorded_identity
+from pipeline.host.probe import JobProbe
 from pipeline.observe import progress
 from pipeline.observe.crashes import detect_cause
+from pipeline.observe.evidence import ended
 from pipeline.observe.idle import read_watched
 from pipeline.observe.watch import (
     DEFAULT_REMIND_EVERY,
@@ -124,7 +126,7 @@ class Watcher:
         self.remind_every = remind_every
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
-        self._short: dict[str, str | None] = {}  #: job → where its engine last saw the count fall short
+        self._seen: dict[str, Sighting | None] = {}  #: job → what its engine saw in its last cycle
         self._probing = asyncio.Semaphore(MAX_HOSTS_AT_ONCE)
         self.teller = Storyteller(
             ctx, self.store
@@ -206,7 +208,7 @@ class Watcher:
         for view, judged in zip(views, steps, strict=True):
             sight = seen.get(view.name)
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
-            self._short[view.name] = sight.detail if sight else None
+            self._seen[view.name] = sight
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
@@ -367,9 +369,8 @@ class Watcher:
                 if action.kind is ActionKind.CHANGE:
                     await self._hang_evidence(updated, channel)
         if decision.incident is not None and current is not None:
-            wanted = decision.incident.model_copy(
-                update={"log": current.log, "cause": current.cause, "last_actor": current.last_actor}
-            )
+            kept = {k: getattr(current, k) for k in _TOLD}  # what its alert told stays with it
+            wanted = decision.incident.model_copy(update={**kept, "last_actor": current.last_actor})
             if _differs(wanted, current):
                 await self.store.update(current, wanted)
 
@@ -416,7 +417,8 @@ class Watcher:
         last ``no_progress_after`` attempts died without progress (:mod:`handlers.attempts`): then
         the give-up (no more automatic restarts, and why)."""
         inc = action.incident
-        check = await check_crash(self.ctx, inc.job)
+        sight = self._seen.get(inc.job)
+        check = await check_crash(self.ctx, inc.job, sight.probe if sight is not None else None)
         why = refusal(inc.job, check, self.ctx.config.jobs[inc.job].watch.auto_restart) if check else None
         if why is None:
             why = await no_progress_refusal(self.ctx, inc.job, check)
@@ -434,40 +436,28 @@ class Watcher:
 
     async def _with_log(self, inc: Incident) -> Incident:
         """The incident with the job's log tail, the cause found in it and, for a job launched by
-        Pitstop, how its process ended (the launch waiter's exit record) — one helper call."""
+        Pitstop, how its process ended (the launch waiter's exit record): what the cycle's sighting
+        brought of a job short of processes, else the tail asked of its engine."""
         if inc.kind is IncidentKind.UNREACHABLE:
             return inc
         name, cfg = inc.job, self.ctx.config.jobs[inc.job]
-        exit_cause = inc.exit_cause
-        try:
-            current = recorded_identity((await self.ctx.jobs.read(name)).current)
-            if current["pid"] is not None:
-                args: EvidenceArgs = {
-                    "name": name,
-                    "match": cfg.match,
-                    "log": cfg.log,
-                    "offset": 0,
-                    "tail_lines": LOG_LINES,
-                    "pid": current["pid"],
-                    "start_time": current["start_time"],
-                    "sid": current["sid"],
-                }
-                answer = await call_helper(self.ctx.ssh, "evidence", args, job=name)
-                tail = str(answer.get("tail") or "")
-                status = answer.get("status")
-                if status and answer.get("state") != "alive":
-                    exit_cause = alert_exit_cause(status.get("code"), status.get("signal"))
-            else:
-                tail = await log_tail(self.ctx.ssh, name, cfg, LOG_LINES)
-        except PitstopError as exc:
-            log.info("watch %s: no log tail: %s", name, exc.message)
-            return inc
+        sight = self._seen.get(name)
+        probe = sight.probe if sight is not None else None
+        exit_cause, tail = inc.exit_cause, probe.tail if probe is not None else None
+        if probe is not None and (how := ended(probe.state, probe.exit_status)):
+            exit_cause = alert_exit_cause(how.code, how.signal)
+        if tail is None:
+            try:
+                tail = await self.ctx.restarter.log_tail(name, LOG_LINES)
+            except PitstopError as exc:
+                log.info("watch %s: no log tail: %s", name, exc.message)
+                return inc
         kept = inc.kind in (IncidentKind.STUCK_RANK, IncidentKind.IDLE_GPUS)  # the watcher's own cause line
         cause = inc.cause if kept else detect_cause(tail)
-        if inc.kind is IncidentKind.DEGRADED and (short := self._short.get(name)):
-            cause = short  # where the engine saw the count fall short (a node short of tasks)
+        if inc.kind is IncidentKind.DEGRADED and sight is not None and sight.detail:
+            cause = sight.detail  # where the engine saw the count fall short (a node short of tasks)
         inc = inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
-        if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name)) is not None:
+        if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name, probe)) is not None:
             inc = with_crash(inc, check)
             why = refusal(name, check, cfg.watch.auto_restart)
             if why is not None:
@@ -492,6 +482,20 @@ class Watcher:
         background."""
         await self.restarts.drain(timeout)
         await self.teller.drain(timeout)
+
+
+_TOLD = (
+    "log",
+    "cause",
+    "exit_cause",
+    "crash_class",
+    "crash_evidence",
+    "crash_exc_type",
+    "crash_message",
+    "crash_rank",
+    "crash_step",
+)
+"""The incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`), kept after."""
 
 
 def _differs(a: Incident, b: Incident) -> bool:

@@ -5,6 +5,7 @@ sizes and per-rank progress together), and a slow host neither delays the others
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -27,7 +29,9 @@ from pipeline.host.helper import op_probe
 from pipeline.host.probe import helper_source
 from pipeline.observe.progress import ProgressState
 from pipeline.state.incidents import IncidentStore
+from pipeline.verdict import Verdict
 from tests.fixtures.ssh import InProcessHost, start_in_process
+from tests.test_watch import open_harness, until
 
 TOKEN = 91_000  #: the jobs' sleepers run ``sleep 91NNN`` (one number per job)
 
@@ -201,6 +205,36 @@ async def test_a_slow_host_does_not_delay_the_others_and_is_reported(
             assert slow_lines[0].endswith(f"(interval {interval:g} s)")
 
 
+async def test_a_crash_is_told_with_its_evidence_from_the_cycles_one_helper_call(
+    tmp_path: Path, redis_config: Config
+) -> None:
+    """A running job killed (SIGKILL): the cycle that finds it dead runs one command on its host,
+    and the DEAD incident it opens carries the log's last lines, how the process ended (the
+    launch waiter's record) and the crash class from the log since launch — all from that probe."""
+    async with open_harness(tmp_path, redis_config, {"train": {}}) as h:
+        watcher = build_watcher(h.ctx)
+        run = await h.launch("train")
+        assert run.verdict is Verdict.RUNNING, run.verdict_line
+        assert (await watcher.cycle("local", ["train"]))["train"].condition == "ok"
+        await h.kill("train")
+        ended = Path(h.config.jobs["train"].log).with_name(".train.log.pitstop-exit")
+
+        async def recorded() -> bool:  # the waiter writes the exit record once the process is reaped
+            return ended.exists() and json.loads(ended.read_text() or "{}").get("pid") == run.pid
+
+        assert await until(recorded, 20)
+        assert isinstance(h.host, InProcessHost)
+        before = h.host.host.commands
+        decision = (await watcher.cycle("local", ["train"]))["train"]
+        assert h.host.host.commands - before == 1
+        assert decision.condition == "dead"
+        incident = await h.ctx.redis.open_store(IncidentStore).incident("train")
+        assert incident is not None and incident.kind.value == "dead"
+        assert incident.exit_cause is not None and incident.exit_cause.startswith("killed by SIGKILL")
+        assert incident.log is not None and '"step"' in incident.log.splitlines()[-1]
+        assert incident.crash_class == "host_oom" and incident.crash_evidence
+
+
 def _open_gate(gate: Path) -> None:
     with open(gate, "w") as f:
         f.write("go\n")
@@ -238,6 +272,57 @@ def test_the_probe_reads_a_jobs_bytes_only_while_it_runs(tmp_path: Path) -> None
     assert (up["read"]["offset"], up["read"]["size"], up["read"]["zlib"]) == (7, 10, True)
     assert down["count"] == 0 and "read" not in down
     assert lost["count"] == 1 and "No such file" in str(lost["read"]["error"])
+
+
+def test_the_probe_brings_the_ending_of_a_job_short_of_processes_only(tmp_path: Path) -> None:
+    """Asked for ``tail_lines``, the probe brings the log's last lines of a job with fewer than its
+    ``processes`` (none: dead; one of two: short), and nothing more of a job with all of them."""
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"line {i}\n" for i in range(50)))
+    proc = subprocess.Popen(["sleep", "91997"], cwd=tmp_path, start_new_session=True)
+    try:
+        exec_done(proc)
+        base = {"workdir": str(tmp_path), "pid": None, "start_time": None, "sid": None, "log": str(log)}
+        ask = {"tail_lines": 3, "crash_from": 0, "crash_bytes": 1 << 20, **base}
+        answer = op_probe(
+            {
+                "jobs": [
+                    {"name": "up", "match": "^sleep 91997$", "processes": 1, **ask},
+                    {"name": "short", "match": "^sleep 91997$", "processes": 2, **ask},
+                    {"name": "dead", "match": "^sleep 91996$", "processes": 1, **ask},
+                ]
+            }
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    up, short, dead = (answer["jobs"][n] for n in ("up", "short", "dead"))
+    assert up["count"] == 1 and "tail" not in up and "status" not in up
+    assert short["count"] == 1 and short["tail"] == "line 47\nline 48\nline 49"
+    assert dead["count"] == 0 and dead["tail"] == short["tail"] and dead["status"] is None
+    assert "crash" not in dead  # no recorded pid, no exit record: nothing to classify
+
+
+@pytest.mark.parametrize("ago", [1.0, 3600.0])
+def test_a_recent_death_brings_its_log_since_launch(tmp_path: Path, ago: float) -> None:
+    """A dead job whose waiter recorded its end ``crash_within`` s ago or less comes back with its
+    log since ``crash_from`` (what the crash check classifies); an older death only with its tail."""
+    log = tmp_path / "train.log"
+    log.write_bytes(b"before launch\n" + b"step 1\nRuntimeError: boom\n")
+    gone = 2**22 + 4321  # no such process
+    record = {"pid": gone, "start_time": None, "started_at": 0.0, "ended_at": time.time() - ago}
+    (tmp_path / ".train.log.pitstop-exit").write_text(json.dumps({**record, "code": 1, "signal": None}))
+    ask = {"tail_lines": 2, "processes": 1, "crash_from": 14, "crash_bytes": 1 << 20, "crash_within": 60.0}
+    job = {"name": "j", "match": "^never$", "workdir": str(tmp_path), "log": str(log), **ask}
+    answer = op_probe({"jobs": [{**job, "pid": gone, "start_time": None, "sid": None}]})["jobs"]["j"]
+    assert answer["state"] == "gone" and answer["status"] is not None and answer["status"]["code"] == 1
+    assert answer["tail"] == "step 1\nRuntimeError: boom"
+    if ago < 60:
+        crash = answer["crash"]
+        assert "error" not in crash
+        assert zlib.decompress(base64.b64decode(crash["data"])) == b"step 1\nRuntimeError: boom\n"
+    else:
+        assert "crash" not in answer
 
 
 def test_each_operation_ships_only_what_it_runs() -> None:

@@ -22,7 +22,7 @@ from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.host.contract import LogRead
 from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts
-from pipeline.observe.evidence import Observation
+from pipeline.observe.evidence import Observation, count_right
 from pipeline.state.runs import RunRecord, RunStore
 
 __all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener", "register"]
@@ -66,10 +66,11 @@ class Sighting:
 
     @property
     def healthy(self) -> bool:
-        """The engine's ``ok`` when it says, else: seen, with the expected processes, nothing short."""
+        """The engine's ``ok`` when it says, else: seen, with the expected processes, nothing short
+        (:func:`~pipeline.observe.evidence.count_right`, verify's rule)."""
         if self.ok is not None:
             return self.ok
-        return self.probe.error is None and self.probe.count == self.expected and not self.detail
+        return self.probe.error is None and count_right(self.probe.count, self.expected, self.detail)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,9 @@ class Engine(Protocol):
         """Every job of ``entries`` (all on one host or cluster) in one look; never raises:
         a job that could not be seen has ``probe.error`` set.  An engine that reads ``reads`` in
         that look puts the bytes in ``probe.read`` (``probe.read_error``); one that does not
-        leaves them None, and the watcher reads them itself."""
+        leaves them None, and the watcher reads them itself.  Likewise a job short of processes:
+        its output's last lines and exit record in ``probe.tail``/``probe.exit_status``, else
+        None and the watcher asks :meth:`log_tail`."""
         ...
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:

@@ -60,9 +60,10 @@ from pipeline.errors import (
     StopFailed,
 )
 from pipeline.host.contract import LaunchArgs, PreflightArgs, StopArgs
-from pipeline.host.probe import call_helper, log_tail, probe_host, recorded_identity
+from pipeline.host.probe import call_helper, log_tail, probe_args, probe_host, recorded_identity
 from pipeline.host.remote import RemoteHosts
-from pipeline.observe.evidence import gather, settle_exit
+from pipeline.observe.evidence import gather
+from pipeline.state.incidents import LOG_LINES
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
@@ -122,14 +123,7 @@ class SshEngine:
             "running": None,
         }
         if running is not None:
-            args["running"] = {
-                "name": name,
-                "match": job.match,
-                "workdir": job.workdir,
-                "log": None,
-                "read": None,
-                **recorded_identity(running),
-            }
+            args["running"] = {**probe_args(name, job, running), "log": None}
         try:
             answer = await call_helper(
                 self.ssh,
@@ -249,52 +243,27 @@ class SshEngine:
             "log": job.log,
             "state": "running",
             "patches": ",".join(run.patches),
+            "log_size": str(run.log_size_at_launch),
         }
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
         await self.steps.end(run, rec, Outcome.OK, step_launched(run.pid, job.log, run.log_size_at_launch))
 
     async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
         """One helper ``evidence`` sample of the run's session, log since launch and exit record
-        (always complete); a run that is gone is given a moment for its exit status.
+        (always complete; :func:`~pipeline.observe.evidence.gather`).
 
         :raises RemoteError: if the host cannot be asked.
         """
-        ev = await gather(self.ssh, run, job)
-        if ev.state != "alive":
-            ev = await settle_exit(self.ssh, run, job, ev)
-        st = ev.status or {}
-        ran_for = None
-        if st.get("started_at") is not None and st.get("ended_at") is not None:
-            ran_for = float(st["ended_at"]) - float(st["started_at"])
-        pids = f" (pids {', '.join(str(p) for p in ev.pids[:20])})" if ev.pids else ""
-        grew = f"+{ev.new_bytes} bytes since launch" if ev.new_bytes is not None else f"{ev.log_error}"
-        return Observation(
-            ev.state,
-            ev.count,
-            job.processes,
-            pid=run.pid or 0,
-            sampled_at=ev.sampled_at,
-            started_at=run.launched_at,
-            new_bytes=ev.new_bytes,
-            error_line=ev.error_line,
-            exit_code=st.get("code"),
-            signal=st.get("signal"),
-            ran_for=ran_for,
-            tail=ev.tail,
-            facts=(
-                f"pid {run.pid or 0}: {ev.state}",
-                f"processes matching {job.match!r} in session {run.sid}: {ev.count}/{job.processes}{pids}",
-                f"log {job.log}: {grew}",
-            ),
-            start_step=ev.start_step,
-            checkpoint=ev.checkpoint,
-        )
+        return await gather(self.ssh, run, job)
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """One helper ``probe`` call per ``exec`` prefix for every job of one host, ``reads`` included."""
+        """One helper ``probe`` call per ``exec`` prefix for every job of one host, ``reads``
+        included, and a job short of processes with its log's last
+        :data:`~pipeline.state.incidents.LOG_LINES` lines and exit record (``probe.tail``,
+        ``probe.exit_status``)."""
         if not entries:
             return {}
-        probes = await probe_host(self.ssh, entries[0][1].host, entries, reads)
+        probes = await probe_host(self.ssh, entries[0][1].host, entries, reads, tail_lines=LOG_LINES)
         out: dict[str, Sighting] = {}
         for name, spec, current in entries:
             probe = probes[name]

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Optional, Tuple, TypedDict, Union
 
-HELPER_VERSION = 2  #: the helper protocol's version, on the first line of the shipped source
+HELPER_VERSION = 3  #: the helper protocol's version, on the first line of the shipped source (3: a
+#: probe brings the log's tail and exit record of a job short of processes; v2 arguments still hold)
 MARKER = "# pitstop-host-helper"  #: starts the shipped source: the helper's processes carry it
 
 
@@ -84,6 +85,12 @@ class ProbeJob(JobArgs, total=False):
 
     log: Optional[str]  #: report this file's size, mtime and inode too
     read: Optional[LogRead]  #: read these bytes too (zlib-compressed, as ``read`` with ``zlib``)
+    processes: int  #: with ``tail_lines``: fewer processes than this bring back ``tail`` and ``status``
+    tail_lines: int  #: the last lines of ``log`` to bring back for a job short of processes
+    crash_from: Optional[int]  #: with ``tail_lines``: the log's size at launch; a job found dead
+    #: whose waiter recorded its end brings back its log since then too (``crash``, the last ``crash_bytes``)
+    crash_bytes: int
+    crash_within: float  #: … only while that end is at most this many seconds old (host clock)
 
 
 class FileInfo(TypedDict):
@@ -107,6 +114,9 @@ class JobState(TypedDict, total=False):
     alive: Optional[bool]
     log: FileInfo  #: present when ``log`` was asked
     read: ReadResult  #: present when ``read`` was asked and done (``if_running``: the job had processes)
+    tail: str  #: the log's last lines: evidence (``evidence``) or, from a probe, of a job short of processes
+    status: Optional[ExitRecord]  #: with ``tail``: the waiter's record of how the recorded pid ended
+    crash: ReadResult  #: a probe's dead job with ``crash_from`` and ``status``: its log since launch (zlib)
 
 
 class ExitRecord(TypedDict):
@@ -301,8 +311,6 @@ class EvidenceArgs(_EvidenceArgs, total=False):
 class EvidenceAnswer(JobState, total=False):
     new_bytes: Optional[int]
     error_line: Optional[str]
-    tail: str
-    status: Optional[ExitRecord]
     start_step: StartStep
     checkpoint: Optional[Checkpoint]
     time: float

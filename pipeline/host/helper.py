@@ -881,9 +881,30 @@ def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
     return out
 
 
+def ending(out: JobState, j: JobArgs, log: str, offset: int, lines: int) -> None:
+    """Put in ``out`` how the job's run ended: the last ``lines`` lines of ``log`` written after
+    byte ``offset`` (``tail``) and the waiter's exit record of the recorded pid (``status``)."""
+    out["tail"] = tail_bytes(log, offset, lines).decode("utf-8", "replace")
+    pid = j.get("pid")
+    out["status"] = read_status(log, pid, j.get("start_time")) if pid else None
+
+
+def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
+    """:func:`ending` of a job a probe found short of processes (from byte 0) and, when none is
+    left and its waiter recorded the end at most ``crash_within`` s ago, the last ``crash_bytes``
+    of its log since ``crash_from`` (``crash``, zlib-compressed)."""
+    ending(state, j, log, 0, lines)
+    st, since = state["status"], j.get("crash_from")
+    if state["count"] == 0 and st and since is not None and time.time() - st["ended_at"] <= j["crash_within"]:
+        size, most = state["log"]["size"] or 0, j["crash_bytes"]
+        state["crash"] = read_file(log, max(since, size - most), most, None, True)  # truncated: from 0
+
+
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
     """:func:`probe_one` for several jobs of one host in one call, with each job's ``read`` (its
-    metric log's new bytes, zlib-compressed; with ``if_running`` only when it has processes)."""
+    metric log's new bytes, zlib-compressed; with ``if_running`` only when it has processes) and,
+    for a job with fewer than ``processes`` processes, its ending (:func:`ending`, from byte 0),
+    with, when none is left and its waiter recorded the end, the log since ``crash_from``."""
     procs = probe_scan(a["jobs"])
     out: dict[str, JobState] = {}
     for j in a["jobs"]:
@@ -893,6 +914,12 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
         except Exception as exc:  # one bad job (regex, permissions) must not hide the others
             out[name] = {"name": j.get("name"), "error": f"{type(exc).__name__}: {exc}"}
             continue
+        log, lines = j.get("log"), j.get("tail_lines")
+        if log and lines and state["count"] < j.get("processes", 1):  # dead or short: how it ended too
+            try:
+                probe_ending(state, j, log, lines)
+            except OSError:
+                pass  # the log went away meanwhile: no ending
         want = j.get("read")
         if want and (state["count"] > 0 or not want["if_running"]):
             try:
@@ -913,12 +940,9 @@ def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
     if size is not None:
         res["new_bytes"] = size - offset if size >= offset else size
         res["error_line"] = first_error(log, offset)
-        res["tail"] = tail_bytes(log, offset, a.get("tail_lines", 30)).decode("utf-8", "replace")
     else:
         res["error_line"] = None
-        res["tail"] = ""
-    pid = a["pid"]
-    res["status"] = read_status(log, pid, a.get("start_time")) if pid else None
+    ending(res, a, log, offset, a.get("tail_lines", 30))
     progress_log, checkpoint_dir = a.get("progress_log"), a.get("checkpoint_dir")
     if progress_log:
         res["start_step"] = start_step(progress_log, a.get("progress_offset") or 0)

@@ -34,6 +34,7 @@ from pipeline.host.contract import (
     ClearArgs,
     EvidenceAnswer,
     EvidenceArgs,
+    ExitRecord,
     GpuWaitAnswer,
     GpuWaitArgs,
     HangAnswer,
@@ -66,6 +67,8 @@ HELPER_PYTHON = "python3"  #: interpreter for the helper on the job's side (Pyth
 CONTRACT_MODULE = "pipeline.host.contract"  #: the helper's one Pitstop import, shipped inside it
 PROBE_TIMEOUT = 20.0  #: seconds for one probe / read / tail call
 TAIL_MAX_BYTES = 65536  #: a tail reads at most this many bytes from the end of the log
+CRASH_BYTES = 2 * 1024 * 1024  #: log bytes since the launch a crash is classified from (the last ones)
+CRASH_FRESH = 60.0  #: seconds (at least 3 watch intervals) a death's log comes with the probe
 
 
 @cache
@@ -351,6 +354,13 @@ class JobProbe:
     :ivar read: the bytes of the ``read`` asked for with the probe (:class:`LogChunk`); None when
         none was asked, or it was asked ``if_running`` and the job had no process.
     :ivar read_error: why that read failed (the file is missing…), else None.
+    :ivar tail: the log's last lines, brought back for a job found short of processes (dead
+        included) when the probe asked (:func:`probe_host` ``tail_lines``); else None.
+    :ivar exit_status: with ``tail``: the launch waiter's record of how the recorded pid ended
+        (``code``, ``signal``, ``started_at``, ``ended_at``), None while it runs or unrecorded.
+    :ivar crash: with ``exit_status``, for a job with no process left whose launch recorded its
+        log's size and that died recently (:func:`probe_args`): the last :data:`CRASH_BYTES` it
+        wrote since (None otherwise, or unreadable).
     """
 
     job: str
@@ -366,6 +376,9 @@ class JobProbe:
     error: str | None = None
     read: LogChunk | None = None
     read_error: str | None = None
+    tail: str | None = None
+    exit_status: ExitRecord | None = None
+    crash: LogChunk | None = None
 
 
 def _int(value: str | None) -> int | None:
@@ -388,15 +401,27 @@ def recorded_identity(current: Mapping[str, str] | None) -> Identity:
 
 
 def probe_args(
-    name: str, job: JobConfig, current: Mapping[str, str] | None, read: LogRead | None = None
+    name: str,
+    job: JobConfig,
+    current: Mapping[str, str] | None,
+    read: LogRead | None = None,
+    tail_lines: int = 0,
 ) -> ProbeJob:
-    """The helper's per-job probe arguments (``read``: a file's bytes to read in the same call)."""
+    """The helper's per-job probe arguments (``read``: a file's bytes to read in the same call;
+    ``tail_lines``: the log lines to bring back if the job is short of processes, with its log
+    since the launch — ``log_size`` in ``current`` — if it died within :data:`CRASH_FRESH` s or
+    3 watch intervals: later, the crash check reads it itself, once)."""
     return {
         "name": name,
         "match": job.match,
         "workdir": job.workdir,
         "log": job.log,
         "read": read,
+        "processes": job.processes,
+        "tail_lines": tail_lines,
+        "crash_from": _int((current or {}).get("log_size")),
+        "crash_bytes": CRASH_BYTES,
+        "crash_within": max(CRASH_FRESH, 3 * job.watch.interval),
         **recorded_identity(current),
     }
 
@@ -412,6 +437,7 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
             read_error = str(got["error"])
         else:
             chunk = _chunk(cast(ReadAnswer, got))
+    crash: Mapping[str, Any] | None = raw.get("crash")
     return JobProbe(
         job=name,
         pids=tuple(raw.get("pids") or ()),
@@ -426,6 +452,9 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
         error=None,
         read=chunk,
         read_error=read_error,
+        tail=raw.get("tail"),
+        exit_status=raw.get("status"),
+        crash=_chunk(cast(ReadAnswer, crash)) if crash and "error" not in crash else None,
     )
 
 
@@ -434,12 +463,17 @@ async def probe_host(
     host: str,
     jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]],
     reads: Mapping[str, LogRead] | None = None,
+    *,
+    tail_lines: int = 0,
 ) -> dict[str, JobProbe]:
     """Probe several jobs of one host: one SSH call per distinct ``exec`` prefix, run concurrently.
 
     Everything a watch cycle needs of a job comes back in that call: its processes, its log's
-    size, and, for a job named in ``reads``, those bytes (its metric log's new lines, in
-    :attr:`JobProbe.read`) — so a cycle makes one helper call per host however many jobs it has.
+    size, for a job named in ``reads`` those bytes (its metric log's new lines, in
+    :attr:`JobProbe.read`), and, given ``tail_lines``, for a job found with fewer than its
+    ``processes`` (dead or short) how it ended (:attr:`JobProbe.tail`, at most
+    :data:`TAIL_MAX_BYTES`, and :attr:`JobProbe.exit_status`) — so a cycle makes one helper call
+    per host however many jobs it has, and only the jobs in trouble add their tails to it.
 
     :param host: the configured host name the jobs run on.
     :param jobs: ``(job name, job config, keys.job_current hash or None)`` for each job.
@@ -456,7 +490,7 @@ async def probe_host(
     async def one(
         prefix: tuple[str, ...], members: list[tuple[str, JobConfig, Mapping[str, str] | None]]
     ) -> dict[str, JobProbe]:
-        args: ProbeArgs = {"jobs": [probe_args(n, j, c, reads.get(n)) for n, j, c in members]}
+        args: ProbeArgs = {"jobs": [probe_args(n, j, c, reads.get(n), tail_lines) for n, j, c in members]}
         try:
             answer = await call_helper(ssh, "probe", args, host=host, exec_prefix=prefix)
         except Exception as exc:  # the watcher turns errors into "host unreachable", never raises

@@ -2,9 +2,11 @@
 
 :func:`decide` turns any engine's :class:`Observation` into the verdict,
 its one-line verdict line and the evidence text posted with it (the runner's verify uses it
-for every engine).  :func:`gather` asks the host helper for one :class:`Evidence` sample of an
-ssh run (its session and processes, the log since launch, the waiter's exit record, where the
-run started, the newest checkpoint).
+for every engine); :func:`ended` (how a run's process ended, from its waiter's record) and
+:func:`count_right` (the expected processes) are its judgements the watcher, the crash check and
+``status`` share.  :func:`gather` asks the host helper for one :class:`Observation` of an ssh
+run (its session and processes, the log since launch, the waiter's exit record, where the run
+started, the newest checkpoint).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline import verdict
 from pipeline.config import JobConfig
@@ -27,35 +29,6 @@ from pipeline.verdict import Lost, Step, Verdict, VerdictLine
 
 RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
 TAIL_LINES = 30  #: log lines kept as evidence
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One sample of a launched run, as the helper saw it.
-
-    :ivar state: ``alive``, ``gone`` or ``stale`` (pid reused).
-    :ivar count: matching processes in the run's session; ``pids`` lists them.
-    :ivar new_bytes: log bytes written since launch (None if the log cannot be read).
-    :ivar error_line: the first traceback / ``…Error`` / ``Killed`` line since launch.
-    :ivar status: the waiter's record of how the process ended (code/signal/started_at/ended_at).
-    :ivar tail: the last lines written since launch.
-    :ivar sampled_at: Pitstop's clock when the answer came.
-    :ivar start_step: the step the run started from (its ``resume_step=`` line or first metric
-        steps; :func:`pipeline.host.helper.start_step`), None when not seen yet.
-    :ivar checkpoint: the newest checkpoint in ``checkpoint_dir`` (when configured and present).
-    """
-
-    state: str
-    count: int
-    pids: tuple[int, ...]
-    new_bytes: int | None
-    error_line: str | None
-    status: Mapping[str, Any] | None
-    tail: str
-    log_error: str | None
-    sampled_at: float
-    start_step: int | None = None
-    checkpoint: ResumePoint | None = None
 
 
 @dataclass(frozen=True)
@@ -105,9 +78,10 @@ class Observation:
     checkpoint: ResumePoint | None = None
 
 
-async def gather(ssh: RemoteHosts, run: RunRecord, job: JobConfig) -> Evidence:
-    """One sample of the launched ``run`` (host helper ``evidence``: its session, log since launch,
-    exit status, start step, newest checkpoint).
+async def gather(ssh: RemoteHosts, run: RunRecord, job: JobConfig) -> Observation:
+    """One complete sample of the launched ssh ``run`` (host helper ``evidence``: its session, log
+    since launch, the waiter's exit record, where it started, the newest checkpoint); a run that is
+    gone is asked again for up to about 1 s, until its waiter has recorded the exit.
 
     :raises RemoteError: if the host cannot be asked.
     """
@@ -125,18 +99,37 @@ async def gather(ssh: RemoteHosts, run: RunRecord, job: JobConfig) -> Evidence:
         "checkpoint_dir": job.checkpoint_dir,
     }
     raw = await call_helper(ssh, "evidence", args, job=run.job)
-    info = raw.get("log")
-    started = raw.get("start_step")
-    return Evidence(
-        state=str(raw.get("state") or "gone"),
-        count=int(raw.get("count") or 0),
-        pids=tuple(raw.get("pids") or ()),
-        new_bytes=raw.get("new_bytes"),
-        error_line=raw.get("error_line"),
-        status=raw.get("status"),
-        tail=str(raw.get("tail") or ""),
-        log_error=info["error"] if info else None,
+    for _ in range(10):
+        if raw.get("state") == "alive" or raw.get("status") is not None:
+            break
+        await asyncio.sleep(0.1)
+        try:
+            raw = await call_helper(ssh, "evidence", args, job=run.job)
+        except RemoteError:
+            break
+    state, count, pids = str(raw.get("state") or "gone"), int(raw.get("count") or 0), raw.get("pids") or []
+    how = ended(state, raw.get("status")) or Exit(None, None, None)
+    info, grew, started = raw.get("log"), raw.get("new_bytes"), raw.get("start_step")
+    listed = f" (pids {', '.join(str(p) for p in pids[:20])})" if pids else ""
+    return Observation(
+        state,
+        count,
+        job.processes,
+        pid=run.pid or 0,
         sampled_at=time.time(),
+        started_at=run.launched_at,
+        new_bytes=grew,
+        error_line=raw.get("error_line"),
+        exit_code=how.code,
+        signal=how.signal,
+        ran_for=how.ran_for,
+        tail=str(raw.get("tail") or ""),
+        facts=(
+            f"pid {run.pid or 0}: {state}",
+            f"processes matching {job.match!r} in session {run.sid}: {count}/{job.processes}{listed}",
+            f"log {job.log}: "
+            + (f"+{grew} bytes since launch" if grew is not None else f"{info and info['error']}"),
+        ),
         start_step=(started["said"] if started["said"] is not None else started["first"])
         if started
         else None,
@@ -144,17 +137,33 @@ async def gather(ssh: RemoteHosts, run: RunRecord, job: JobConfig) -> Evidence:
     )
 
 
-async def settle_exit(ssh: RemoteHosts, run: RunRecord, job: JobConfig, ev: Evidence) -> Evidence:
-    """The process is gone: give its waiter a moment to record the exit status."""
-    for _ in range(10):
-        if ev.status is not None:
-            break
-        await asyncio.sleep(0.1)
-        try:
-            ev = await gather(ssh, run, job)
-        except RemoteError:
-            break
-    return ev
+class Exit(NamedTuple):
+    """How a run's recorded process ended: its exit ``code`` (None when a signal ended it), the
+    ``signal`` (``SIGKILL``) and ``ran_for``, seconds from its start to its end (None: unknown)."""
+
+    code: int | None
+    signal: str | None
+    ran_for: float | None
+
+
+def ended(state: str | None, status: Mapping[str, Any] | None) -> Exit | None:
+    """How the run ended, read from its launch waiter's record (``code``, ``signal``,
+    ``started_at``, ``ended_at``): the one reading verify, the watcher and the crash check share.
+
+    :param state: the recorded process's state (``alive``, ``gone``, ``stale``; None: no record).
+    :returns: None while that process is ``alive`` or when the waiter recorded nothing.
+    """
+    if not status or state == "alive":
+        return None
+    began, end = status.get("started_at"), status.get("ended_at")
+    ran_for = float(end) - float(began) if began is not None and end is not None else None
+    return Exit(status.get("code"), status.get("signal"), ran_for)
+
+
+def count_right(count: int, expected: int, short: object = None) -> bool:
+    """Whether a run has the processes it should — exactly ``expected``, short nowhere (``short``:
+    where the engine saw a node short of them) — for verify (else ``WRONG_COUNT``) and ``status``."""
+    return count == expected and not short
 
 
 def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tuple[Verdict, str, str]:
@@ -185,7 +194,7 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
         decided, line = Verdict.EXITED, verdict.exited(obs.exit_code, obs.signal, after)
     elif obs.error_line:
         decided, line = Verdict.ERROR_IN_LOG, verdict.error_in_log(obs.error_line, pid=pid, job_id=job_id)
-    elif obs.count != obs.expected or obs.short:
+    elif not count_right(obs.count, obs.expected, obs.short):
         line = verdict.wrong_count(obs.count, obs.expected, pid=pid, job_id=job_id, short=obs.short)
         decided = Verdict.WRONG_COUNT
     elif not obs.new_bytes or obs.new_bytes <= 0:
