@@ -350,9 +350,10 @@ class SlurmEngine:
         return {**raw, "path": path}
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """One query (``squeue``/``scontrol``/``sacct``, output sizes, the ``reads``: the jobs'
-        metric-log bytes) for every job on this login node's cluster, then the tasks on every node
-        of each RUNNING job (one ``srun`` each)."""
+        """One call on this login node for every job of its cluster: the query (``squeue``/
+        ``scontrol``/``sacct``, output sizes, the ``reads``: the jobs' metric-log bytes) and the
+        tasks on every node of each RUNNING job (one ``srun`` each, all at once, in the same command).
+        A job whose srun fails has that error in its sighting; an unreachable login node, every job."""
         ids = {name: _int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
         wants = {
@@ -364,15 +365,16 @@ class SlurmEngine:
         wants = {name: w for name, w in wants.items() if w.path not in shared}  # those read alone
         try:
             known = [i for i in ids.values() if i is not None]
-            jobs, sizes, got = await self.client.query_with_reads(
-                entries[0][0], known, sorted(set(paths.values())), list(wants.values())
+            matches = {i: c.match for n, c, _ in entries if (i := ids[n]) is not None}
+            jobs, sizes, got, listed = await self.client.query_with_reads(
+                entries[0][0], known, sorted(set(paths.values())), list(wants.values()), matches
             )
         except RemoteError as exc:
             return {
                 n: Sighting(JobProbe(job=n, error=exc.message), c.expected_processes) for n, c, _ in entries
             }
 
-        async def one(name: str, cfg: JobConfig) -> Sighting:
+        def one(name: str, cfg: JobConfig) -> Sighting:
             expected, job_id, size = cfg.expected_processes, ids[name], sizes.get(paths[name])
             j = jobs.get(job_id) if job_id is not None else None
             if j is None:
@@ -387,10 +389,10 @@ class SlurmEngine:
             if j.state != "RUNNING":
                 cause = slurm.state_cause(j)
             else:
-                try:
-                    tasks = await self.client.node_tasks(name, j.id, j.nodes, cfg.match)
-                except RemoteError as exc:
-                    tasks, error = [], exc.message
+                found = listed.get(j.id)
+                tasks = found if isinstance(found, list) else []
+                if not isinstance(found, list):
+                    error = found.message if found else f"no task listing of Slurm job {j.id} came back"
                 want = (cfg.slurm.tasks_per_node if cfg.slurm else None) or max(
                     1, expected // max(1, j.nodes)
                 )
@@ -429,8 +431,7 @@ class SlurmEngine:
                 ok=j.state == "RUNNING" and len(pids) == expected and not detail,
             )
 
-        found = await asyncio.gather(*(one(name, cfg) for name, cfg, _ in entries))
-        return {s.probe.job: s for s in found}
+        return {name: one(name, cfg) for name, cfg, _ in entries}
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
         """The last ``lines`` lines of the job's output (recorded ``StdOut``, else ``log``).
