@@ -105,22 +105,28 @@ class Observation:
     checkpoint: ResumePoint | None = None
 
 
-async def gather(ssh: RemoteHosts, run: RunRecord, job: JobConfig) -> Evidence:
+async def gather(
+    ssh: RemoteHosts, run: RunRecord, job: JobConfig, *, log: str | None = None, processes: bool = True
+) -> Evidence:
     """One sample of the launched ``run`` (host helper ``evidence``: its session, log since launch,
     exit status, start step, newest checkpoint).
 
+    :param log: the run's output file, if not ``job.log`` (a Slurm job's ``StdOut``).
+    :param processes: count the processes matching ``job.match`` too (not where they run
+        elsewhere: a Slurm job's nodes).
     :raises RemoteError: if the host cannot be asked.
     """
+    path = log or job.log
     args: EvidenceArgs = {
         "name": run.job,
-        "match": job.match,
+        "match": job.match if processes else "(?!x)x",
         "pid": run.pid,
         "start_time": run.start_time,
         "sid": run.sid,
-        "log": job.log,
+        "log": path,
         "offset": run.log_size_at_launch or 0,
         "tail_lines": TAIL_LINES,
-        "progress_log": job.log,
+        "progress_log": path,
         "progress_offset": run.log_size_at_launch or 0,
         "checkpoint_dir": job.checkpoint_dir,
     }
