@@ -102,8 +102,10 @@ async def test_dflash_restarts_through_slurm_with_eight_tasks_on_two_nodes(
     assert len(pids) == 8, tasks
     for pid in pids:  # mid-run: the kernel's OOM killer, a kill -9 on every task
         os.kill(pid, signal.SIGKILL)
-    while any(_alive(pid) for pid in pids):  # until every line they wrote is written (test timeout bounds it)
-        await asyncio.sleep(0.1)
+    # until every line they wrote is written and the job has left (the test's timeout bounds it): a
+    # restart's stop then finds it ended, as after an OOM kill
+    while any(_alive(pid) for pid in pids) or await _active(engine, first.slurm_job or 0):
+        await asyncio.sleep(0.2)
     reached = max(_drafter_steps(log))
     resumed = json.loads((ckpt / "latest.json").read_text())["step"]
     assert resumed % 10 == 0 and reached >= resumed  # equal only if killed right after a checkpoint
@@ -128,6 +130,12 @@ async def test_dflash_restarts_through_slurm_with_eight_tasks_on_two_nodes(
     window = await read_window(remote_reader(ssh, "dflash", job), None, scheduled=False)
     summary = summarise(parse_metric_lines(window.data, job.metrics))
     assert {r.role for r in summary.ranks} == {"target", "drafter"}, summary
+
+
+async def _active(engine: SlurmEngine, job_id: int) -> bool:
+    """Whether the cluster still lists Slurm job ``job_id`` as active."""
+    j = await engine.client.one("dflash", job_id)
+    return j is not None and j.active
 
 
 def _alive(pid: int) -> bool:
