@@ -55,7 +55,11 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", parents=[common], help="serve Slack (HTTP, or Socket Mode with --socket)")
     serve.add_argument("--socket", action="store_true", help="use Socket Mode (needs SLACK_APP_TOKEN)")
-    serve.add_argument("--host", default="0.0.0.0", help="HTTP listen address (default 0.0.0.0)")
+    serve.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="HTTP listen address (default 0.0.0.0; with --socket: /healthz, /metrics)",
+    )
     serve.add_argument("--port", type=int, default=3000, help="HTTP listen port (default 3000)")
 
     say = sub.add_parser("say", parents=[common], help="run one request as Slack would and print the reply")
@@ -178,7 +182,14 @@ def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config)
         app_token = env.app_token
 
         async def socket_mode() -> int:
-            await serve.serve_socket(config, bot_token=bot_token, app_token=app_token, api_url=env.api_url)
+            await serve.serve_socket(
+                config,
+                bot_token=bot_token,
+                app_token=app_token,
+                api_url=env.api_url,
+                host=args.host,
+                port=args.port,
+            )
             return 0
 
         return run_async(socket_mode, on_signal=ExitCode.OK)

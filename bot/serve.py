@@ -7,7 +7,9 @@ fine, else 503; ``slack.queue``: what waits for Slack's pace, and how long), ``G
 the Prometheus text format (:mod:`bot.metrics`).  Socket Mode (``--socket``) needs no public URL: slack_sdk's aiohttp
 ``SocketModeClient`` under Bolt's ``AsyncSocketModeHandler`` opens the connection
 (``apps.connections.open``) and reconnects when Slack asks (``disconnect``), waiting between tries
-when Slack refuses one over its 10-connection cap (:mod:`bot.socket_mode`).
+when Slack refuses one over its 10-connection cap (:mod:`bot.socket_mode`); it still listens on
+``--host``/``--port`` for ``GET /healthz`` and ``GET /metrics`` (no ``/slack/events``: Slack's
+requests come over the socket, and nothing signs them here).
 
 Both modes share :class:`SlackRuntime`: one Web API client (``SLACK_API_URL`` as its base
 URL, 429s waited out), the :class:`~bot.slack_outbox.SlackOutbox`, the Context from
@@ -247,18 +249,20 @@ async def open_runtime(
 
 
 def http_app(
-    surface: SlackSurface,
+    surface: SlackSurface | None,
     health: Callable[[], Awaitable[dict[str, Any]]],
     metrics: Callable[[], Awaitable[bytes]] | None = None,
 ) -> web.Application:
     """The aiohttp application: ``POST /slack/events`` through Bolt, ``GET /healthz``, and with
     ``metrics`` ``GET /metrics``.
 
+    :param surface: the Bolt app's surface; None (Socket Mode): no ``/slack/events`` route (404).
     :param health: returns the ``/healthz`` JSON (``ok`` decides 200 or 503).
     :param metrics: returns the ``/metrics`` page (503 while Redis does not answer).
     """
 
     async def events(request: web.Request) -> web.Response:
+        assert surface is not None
         with surface.acks.acking():  # work after an ack waits for these (bot.ackgate)
             bolt_req = await to_bolt_request(request)
             bolt_resp = await surface.app.async_dispatch(bolt_req)
@@ -277,7 +281,8 @@ def http_app(
         return web.Response(body=page, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     app = web.Application()
-    app.router.add_post(EVENTS_PATH, events)
+    if surface is not None:
+        app.router.add_post(EVENTS_PATH, events)
     app.router.add_get(HEALTH_PATH, healthz)
     if metrics is not None:
         app.router.add_get(METRICS_PATH, prometheus)
@@ -374,20 +379,36 @@ async def connect_socket(
     return handler
 
 
-async def serve_socket(config: Config, *, bot_token: str, app_token: str, api_url: str | None) -> None:
+async def serve_socket(
+    config: Config,
+    *,
+    bot_token: str,
+    app_token: str,
+    api_url: str | None,
+    host: str | None = None,
+    port: int = 0,
+) -> None:
     """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM); no public URL needed.
 
     :param bot_token: ``SLACK_BOT_TOKEN``.
     :param app_token: ``SLACK_APP_TOKEN`` (``xapp-…``, scope ``connections:write``).
     :param api_url: ``SLACK_API_URL``, or None for Slack's.
+    :param host: listen address for ``GET /healthz`` and ``GET /metrics``; None: no listener.
+    :param port: their listen port (0: a free one, printed).
     :raises SlackUnavailable: if a token is refused.
+    :raises OSError: if the address cannot be bound.
     """
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
+    server: HttpServer | None = None
     try:
         runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
-        print(serve_socket_connected(), file=sys.stderr, flush=True)
+        if host is not None:
+            server = await start_http(http_app(None, runtime.health, runtime.metrics), host=host, port=port)
+        print(serve_socket_connected(server.url if server else None), file=sys.stderr, flush=True)
         await asyncio.Event().wait()
     finally:
+        if server is not None:
+            await server.close()
         await runtime.close()
 
 
@@ -414,6 +435,7 @@ def serve_listening(url: str) -> str:
     return f"serving Slack on {url} (POST /slack/events, GET /healthz, GET /metrics)"
 
 
-def serve_socket_connected() -> str:
-    """``pitstop serve --socket`` is up."""
-    return "connected to Slack over Socket Mode"
+def serve_socket_connected(url: str | None) -> str:
+    """``pitstop serve --socket`` is up (listening on ``url`` for /healthz and /metrics, if any)."""
+    listening = f"; serving GET /healthz, GET /metrics on {url}" if url else ""
+    return f"connected to Slack over Socket Mode{listening}"

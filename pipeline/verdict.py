@@ -12,7 +12,7 @@ the README lists its forms): one line, the verdict's name first, then the facts 
     RUNNING 8/8 processes pid 4242, resumed at step 471; the previous run reached drafter step 1,004 — 533 drafter steps (about 4 min of training) lost since the checkpoint of 00:32:01 UTC
     RUNNING 8/8 processes pid 4242, started from step 0 although checkpoint step 12000 exists
     RUNNING 8/8 processes pid 4242, started from step 0; the previous run reached drafter step 45 — 45 drafter steps (about 30 s of training) lost
-    RUNNING 8/8 processes job 4242 on 2 nodes                 (Slurm)
+    RUNNING 8/8 processes job 4242 on 2 nodes                 (Slurm; then the same clauses as a pid's)
     PENDING reason Resources (job 4242 queued 2 min)           (Slurm)
     WRONG_COUNT 5/8 processes pid 4242
     WRONG_COUNT 7/8 processes job 4242 (n2: 3/4)
@@ -215,9 +215,9 @@ def format_line(v: VerdictLine) -> str:
     try:
         if v.verdict is V.RUNNING:
             line = f"RUNNING {_count(v)}"
-            if v.job_id is not None:
+            if v.job_id is not None:  # Slurm: the same clauses follow the nodes
                 assert v.nodes is not None
-                return f"{line} on {v.nodes} node{'s' if v.nodes != 1 else ''}"
+                line += f" on {v.nodes} node{'s' if v.nodes != 1 else ''}"
             if v.ignored_checkpoint is not None:
                 return f"{line}, started from step 0 although checkpoint step {v.ignored_checkpoint} exists"
             if not v.resumed_at:  # from scratch: a restart still says what the previous run lost
@@ -445,7 +445,9 @@ def interrupted_after_launch(
 _N = r"[0-9]+"
 _WHO = rf"(?:pid (?P<pid>{_N})|job (?P<job>{_N}))"
 _COUNT = rf"(?P<seen>{_N})/(?P<expected>{_N}) processes {_WHO}"
-_PID_COUNT = rf"(?P<seen>{_N})/(?P<expected>{_N}) processes pid (?P<pid>{_N})"
+_PID_COUNT = (  # a RUNNING line's count and who: a pid, or a Slurm job and its nodes
+    rf"(?P<seen>{_N})/(?P<expected>{_N}) processes (?:pid (?P<pid>{_N})|job (?P<job>{_N}) on (?P<nodes>{_N}) nodes?)"
+)
 _SECS = r"[0-9]+(?:\.[0-9])?"
 _GROUPED = r"[0-9]{1,3}(?:,[0-9]{3})*"
 _LOST = (
@@ -461,7 +463,6 @@ def _forms(*patterns: str) -> tuple[re.Pattern[str], ...]:
 
 _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
     Verdict.RUNNING: _forms(
-        rf"RUNNING (?P<seen>{_N})/(?P<expected>{_N}) processes job (?P<job>{_N}) on (?P<nodes>{_N}) nodes?",
         rf"RUNNING {_PID_COUNT}, started from step 0 although checkpoint step (?P<ckpt>{_N}) exists",
         rf"RUNNING {_PID_COUNT}, started from step 0{_LOST}",
         rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed>{_N}){_LOST})?",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import os
@@ -27,7 +28,7 @@ from pipeline import verdict
 from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
 from pipeline.engines.runner import Runner
 from pipeline.engines.slurm import SlurmEngine
-from pipeline.errors import ExitCode
+from pipeline.errors import ExitCode, RemoteCommandError
 from pipeline.host import slurm
 from pipeline.host.remote import SSHPool
 from pipeline.state import keys
@@ -133,6 +134,7 @@ async def make_slurm(
         start_window: float = 3.0,
         host: HostUnderTest | None = None,
         watch: WatchSettings | None = None,
+        name: str = "trainer",
         **slurm_fields: Any,
     ) -> SlurmStack:
         token = f"pitstop-slurm-{uuid.uuid4().hex[:12]}"
@@ -161,7 +163,7 @@ async def make_slurm(
             stop_timeout=5.0,
             watch=watch or WatchSettings(),
         )
-        config = Config(hosts={"login": (host or ssh_server).host_config()}, jobs={"trainer": job})
+        config = Config(hosts={"login": (host or ssh_server).host_config()}, jobs={name: job})
         ssh = SSHPool(config)
         pools.append(ssh)
         runs = RunStore(redis_handle.client, redis_handle.prefix)
@@ -175,9 +177,7 @@ async def make_slurm(
         )
         engine = restarter.engines["slurm"]
         assert isinstance(engine, SlurmEngine)
-        return SlurmStack(
-            config, "trainer", token, workdir, slurm, ssh, runs, restarter, engine, redis_handle
-        )
+        return SlurmStack(config, name, token, workdir, slurm, ssh, runs, restarter, engine, redis_handle)
 
     yield make
     for pool in pools:
@@ -440,9 +440,9 @@ METRICS_BODY = (
 async def test_a_watch_cycle_reads_the_metric_lines_with_the_cluster_query(
     make_slurm: MakeSlurm, ssh_server: InProcessHost
 ) -> None:
-    """A running Slurm job's per-rank progress comes with the one cluster query: a cycle runs that
-    query and the one srun of the tasks on its nodes on the login node, no read of its own, and
-    the stored step advances from cycle to cycle."""
+    """A running Slurm job's per-rank progress comes with the one cluster query: a cycle runs one
+    command on the login node (the query and the srun of the tasks on its nodes), no read of its
+    own, and the stored step advances from cycle to cycle."""
     stack = await make_slurm(body=METRICS_BODY, watch=WatchSettings(stall_after=600))
     await stack.start()
     watcher = build_watcher(context(stack, MemoryOutbox()))
@@ -452,8 +452,63 @@ async def test_a_watch_cycle_reads_the_metric_lines_with_the_cluster_query(
         before = ssh_server.host.commands
         decisions = await watcher.cycle("login")
         assert decisions["trainer"].condition == "ok", decisions
-        assert ssh_server.host.commands - before == 2  # the query (with the reads), the srun
+        assert ssh_server.host.commands - before == 1  # the query, the reads and the srun
         raw = await stack.redis.client.get(keys.rank_progress(stack.redis.prefix, "trainer"))
         if raw:
             steps.append(json.loads(raw)["ranks"]["0"]["step"])
     assert len(set(steps)) >= 3 and steps == sorted(steps), steps
+
+
+async def test_a_watch_cycle_of_two_running_jobs_is_one_call_on_the_login_node(
+    make_slurm: MakeSlurm, ssh_server: InProcessHost, redis_handle: RedisHandle
+) -> None:
+    """Two RUNNING jobs on one cluster: a watch cycle is one command on the login node, and each
+    job's sighting has its own tasks per node (one task killed on n2 of the second job is its
+    shortfall alone)."""
+    a = await make_slurm(name="alpha", tasks_per_node=2, watch=WatchSettings(degraded_after=600))
+    b = await make_slurm(name="beta", tasks_per_node=3, watch=WatchSettings(degraded_after=600))
+    run_a, run_b = await a.start(), await b.start()
+    config = Config(hosts=a.config.hosts, jobs={**a.config.jobs, **b.config.jobs})
+    ssh = SSHPool(config)
+    try:
+        events = Events(redis_handle.client, redis_handle.prefix)
+        restarter = Runner(config, ssh, a.runs, events)
+        ctx = dataclasses.replace(make_context(config, redis_handle, restarter=restarter), ssh=ssh)
+        watcher = build_watcher(ctx)
+        before = ssh_server.host.commands
+        decisions = await watcher.cycle("login")
+        assert ssh_server.host.commands - before == 1
+        assert (decisions["alpha"].condition, decisions["beta"].condition) == ("ok", "ok"), decisions
+        tasks = await b.engine.client.node_tasks(b.name, run_b.slurm_job or 0, 2, b.token)
+        os.kill(next(t for t in tasks if t.node == "n2").pids[0], signal.SIGKILL)
+        engine = restarter.engines["slurm"]
+        entries = [(n, config.jobs[n], await s.current()) for n, s in (("alpha", a), ("beta", b))]
+        before = ssh_server.host.commands
+        seen = await engine.observe_many(entries)
+        assert ssh_server.host.commands - before == 1
+        assert (seen["alpha"].probe.count, seen["alpha"].detail, seen["alpha"].ok) == (4, None, True)
+        assert seen["alpha"].job_id == run_a.slurm_job and seen["beta"].job_id == run_b.slurm_job
+        assert (seen["beta"].probe.count, seen["beta"].ok) == (5, False), seen["beta"]
+        assert seen["beta"].detail == f"n2 has 2/3 processes (Slurm job {run_b.slurm_job})"
+        assert seen["alpha"].probe.error is None and seen["beta"].probe.error is None
+    finally:
+        await ssh.close()
+
+
+def test_the_tasks_of_each_job_come_apart_in_the_query_answer() -> None:
+    """One job's srun that failed is that job's error; the other job's nodes are read as usual."""
+    ok = (
+        "0: "
+        + json.dumps({"node": "n1", "pids": [11, 12]})
+        + "\n1: "
+        + json.dumps({"node": "n2", "pids": [13]})
+    )
+    lines = [
+        "@@tasks|7|0|" + base64.b64encode(ok.encode()).decode() + "|",
+        "@@tasks|8|1||" + base64.b64encode(b"srun: error: Unable to create step for job 8").decode(),
+    ]
+    found = slurm.parse_tasks("login", "12|RUNNING|2|n[1-2]|None|0:05\n" + "\n".join(lines))
+    assert found[7] == [slurm.NodeTasks("n1", (11, 12)), slurm.NodeTasks("n2", (13,))]
+    error = found[8]
+    assert isinstance(error, RemoteCommandError)
+    assert error.message == "on login: srun into job 8 failed: srun: error: Unable to create step for job 8"

@@ -1,5 +1,5 @@
 """Pitstop over Socket Mode against the fake Slack's websocket, on real parts: envelopes in, acks out,
-a `disconnect` answered by reconnecting."""
+a `disconnect` answered by reconnecting; /healthz and /metrics still served on the listen port."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bot import blocks
-from bot.serve import SlackRuntime, connect_socket, open_runtime
+from bot.metrics import CONTENT_TYPE
+from bot.serve import SlackRuntime, connect_socket, open_runtime, serve_socket
 from bot.socket_mode import wait_after
 from handlers.views import help_title
 from pipeline.config import Config
@@ -33,6 +35,7 @@ from tests.fixtures.slack import (
     validate_blocks,
 )
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
+from tests.test_prometheus import NAMES
 
 
 @dataclass
@@ -221,3 +224,54 @@ async def test_too_many_websockets_backs_off_shows_in_health_and_connects_when_o
             for sock in others:
                 await sock.close()
             await runtime.close(10)
+
+
+async def test_socket_mode_serves_healthz_and_metrics_on_the_listen_port(
+    fake_slack: FakeSlack,
+    redis_config: Config,
+    ssh_server: InProcessHost,
+    job_factory: JobFactory,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`pitstop serve --socket` connected over Socket Mode also listens on its port: GET /metrics
+    answers the Prometheus page, GET /healthz the JSON with the socket's state; no /slack/events."""
+    setup = job_factory(ssh_server)
+    config = slack_config(setup.config, redis_config)
+    serving = asyncio.create_task(
+        serve_socket(
+            config,
+            bot_token=BOT_TOKEN,
+            app_token=APP_TOKEN,
+            api_url=fake_slack.api_url,
+            host="127.0.0.1",
+            port=0,
+        )
+    )
+    said = ""
+    try:
+        async with asyncio.timeout(60):  # until it says where it listens
+            while " on http://" not in said:
+                assert not serving.done(), serving
+                await asyncio.sleep(0.05)
+                said += capsys.readouterr().err
+        url = said.split(" on ", 1)[1].split()[0]
+        assert said.startswith(
+            "connected to Slack over Socket Mode; serving GET /healthz, GET /metrics on "
+        ), said
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{url}/metrics") as resp:
+                assert resp.status == 200 and resp.headers["Content-Type"] == CONTENT_TYPE
+                families = list(text_string_to_metric_families(await resp.text()))
+            assert {f.name for f in families} == NAMES
+            seen = {s.labels.get("job") for f in families if f.name == "pitstop_job_state" for s in f.samples}
+            assert seen == {setup.name}, seen
+            async with http.get(f"{url}/healthz") as resp:
+                health = await resp.json()
+            assert health["slack"]["socket_mode"] == "connected", health
+            async with http.post(f"{url}/slack/events", data=b"{}") as resp:
+                assert resp.status == 404
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        kill_matching(setup.token)

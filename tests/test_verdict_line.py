@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline import verdict
-from pipeline.verdict import Verdict, VerdictLine, format_line, parse_line
+from pipeline.verdict import Lost, Verdict, VerdictLine, format_line, parse_line
 
 #: every form the engines write, built by the builders they call
 LINES = [
@@ -21,6 +21,19 @@ LINES = [
     ),
     (verdict.running_job(8, 8, 4242, 2), "RUNNING 8/8 processes job 4242 on 2 nodes"),
     (verdict.running_job(4, 4, 7, 1), "RUNNING 4/4 processes job 7 on 1 node"),
+    (
+        format_line(
+            Lost(1004, 533, "drafter", 250.0, "00:32:01 UTC").on(
+                VerdictLine(Verdict.RUNNING, 8, 8, job_id=4242, nodes=2, resumed_at=471)
+            )
+        ),
+        "RUNNING 8/8 processes job 4242 on 2 nodes, resumed at step 471; the previous run reached drafter "
+        "step 1,004 — 533 drafter steps (about 4 min of training) lost since the checkpoint of 00:32:01 UTC",
+    ),
+    (
+        format_line(VerdictLine(Verdict.RUNNING, 8, 8, job_id=7, nodes=2, ignored_checkpoint=30)),
+        "RUNNING 8/8 processes job 7 on 2 nodes, started from step 0 although checkpoint step 30 exists",
+    ),
     (verdict.pending("Resources", 4242, 125), "PENDING reason Resources (job 4242 queued 2 min)"),
     (verdict.pending("", 7, 12), "PENDING reason None (job 7 queued 12 s)"),
     (verdict.pending("Priority", 7, 3900), "PENDING reason Priority (job 7 queued 1 h 5 min)"),
@@ -106,6 +119,9 @@ def test_parsed_facts_are_the_ones_written() -> None:
         Verdict.RUNNING, seen=8, expected=8, pid=4242, resumed_at=12000
     )
     assert parse_line("RUNNING 8/8 processes job 42 on 2 nodes").nodes == 2
+    slurm = parse_line("RUNNING 8/8 processes job 42 on 2 nodes, resumed at step 30; the previous run "
+                       "reached drafter step 37 — 7 drafter steps lost")  # fmt: skip
+    assert (slurm.job_id, slurm.nodes, slurm.resumed_at, slurm.reached, slurm.lost) == (42, 2, 30, 37, 7)
     assert parse_line("EXITED code 3 after 1.2 s").code == 3
     assert parse_line("PENDING reason Resources (job 4242 queued 2 min)").queued_s == 120.0
     assert parse_line("STOP_FAILED survivors pid 1, 2: x").survivors == (1, 2)

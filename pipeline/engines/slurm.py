@@ -13,10 +13,11 @@ Same steps, same meaning as the ssh engine (:mod:`pipeline.engines.base`):
   file measured, then ``scontrol release ID`` — returns the
   job id at once; the job's ``StdOut`` and its size are recorded.
 - ``observe`` (what ``verify`` at ``start_window`` decides from): the job's state, node count,
-  task processes on every node (the host helper under ``srun --overlap``), ``StdOut``'s growth
-  and first error since launch.  A job still queued is ``pending`` — ``PENDING`` is not a
-  failure, and the runner verifies it again until it runs or ends; the window then counts
-  from its start.
+  task processes on every node (the host helper under ``srun --overlap``), ``StdOut``'s growth,
+  first error, start step and newest checkpoint since launch (the ssh engine's evidence, so a
+  restart's verdict says what it resumed at and lost, as on ssh).  A job still queued is
+  ``pending`` — ``PENDING`` is not a failure, and the runner verifies it again until it runs or
+  ends; the window then counts from its start.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from pipeline import verdict
 from pipeline.config import JobConfig
@@ -37,11 +37,10 @@ from pipeline.engines.steplog import StepLog, failed_checks, step_preflight_ok, 
 from pipeline.engines.workdir import CALL_TIMEOUT
 from pipeline.errors import LaunchFailed, PitstopError, PreflightFailed, RemoteError, StopFailed
 from pipeline.host import slurm
-from pipeline.host.contract import EvidenceArgs
 from pipeline.host.probe import JobProbe, LogChunk, call_helper, log_tail
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
-from pipeline.observe.evidence import TAIL_LINES
+from pipeline.observe.evidence import gather
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
@@ -288,7 +287,8 @@ class SlurmEngine:
         state = "alive" if j.active else "gone"
         if not complete:
             return Observation(state, job_id=job_id, sampled_at=now, started_at=started, complete=False)
-        out = await self._output(run, name, job, j)
+        path = j.stdout or job.log
+        out = await gather(self.ssh, run, job, log=path, processes=False)
         facts = [f"Slurm job {job_id}: {j.state} on {j.nodes} node(s) {','.join(j.nodelist)}".rstrip()]
         base = Observation(
             state,
@@ -296,8 +296,10 @@ class SlurmEngine:
             nodes=j.nodes,
             sampled_at=now,
             started_at=started,
-            tail=str(out.get("tail") or ""),
+            tail=out.tail,
             output="output",
+            start_step=out.start_step,
+            checkpoint=out.checkpoint,
         )
         if not j.active:
             facts.append(slurm.job_ended(j))
@@ -320,39 +322,24 @@ class SlurmEngine:
             f"{t.node} {t.count}/{per_node}" + (f" ({t.error})" if t.error else "") for t in tasks
         )
         facts.append(f"tasks matching {job.match!r}: {cells}")
-        new_bytes = out.get("new_bytes")
+        new_bytes = out.new_bytes
         grew = f"+{new_bytes} bytes since launch" if new_bytes is not None else "unreadable"
-        facts.append(f"output {out.get('path')}: {grew}")
+        facts.append(f"output {path}: {grew}")
         return replace(
             base,
             count=sum(t.count for t in tasks),
             expected=job.expected_processes,
             short=tuple(short),
             new_bytes=new_bytes,
-            error_line=out.get("error_line") or None,
+            error_line=out.error_line or None,
             facts=tuple(facts),
         )
 
-    async def _output(self, run: RunRecord, name: str, job: JobConfig, j: SlurmJob) -> dict[str, Any]:
-        """Growth, first error and tail of the job's output since launch (host helper on the login node)."""
-        path = j.stdout or job.log
-        args: EvidenceArgs = {
-            "name": name,
-            "match": "(?!x)x",
-            "pid": None,
-            "start_time": None,
-            "sid": None,
-            "log": path,
-            "offset": run.log_size_at_launch or 0,
-            "tail_lines": TAIL_LINES,
-        }
-        raw = await call_helper(self.ssh, "evidence", args, job=name)
-        return {**raw, "path": path}
-
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """One query (``squeue``/``scontrol``/``sacct``, output sizes, the ``reads``: the jobs'
-        metric-log bytes) for every job on this login node's cluster, then the tasks on every node
-        of each RUNNING job (one ``srun`` each)."""
+        """One call on this login node for every job of its cluster: the query (``squeue``/
+        ``scontrol``/``sacct``, output sizes, the ``reads``: the jobs' metric-log bytes) and the
+        tasks on every node of each RUNNING job (one ``srun`` each, all at once, in the same command).
+        A job whose srun fails has that error in its sighting; an unreachable login node, every job."""
         ids = {name: _int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
         wants = {
@@ -364,15 +351,16 @@ class SlurmEngine:
         wants = {name: w for name, w in wants.items() if w.path not in shared}  # those read alone
         try:
             known = [i for i in ids.values() if i is not None]
-            jobs, sizes, got = await self.client.query_with_reads(
-                entries[0][0], known, sorted(set(paths.values())), list(wants.values())
+            matches = {i: c.match for n, c, _ in entries if (i := ids[n]) is not None}
+            jobs, sizes, got, listed = await self.client.query_with_reads(
+                entries[0][0], known, sorted(set(paths.values())), list(wants.values()), matches
             )
         except RemoteError as exc:
             return {
                 n: Sighting(JobProbe(job=n, error=exc.message), c.expected_processes) for n, c, _ in entries
             }
 
-        async def one(name: str, cfg: JobConfig) -> Sighting:
+        def one(name: str, cfg: JobConfig) -> Sighting:
             expected, job_id, size = cfg.expected_processes, ids[name], sizes.get(paths[name])
             j = jobs.get(job_id) if job_id is not None else None
             if j is None:
@@ -387,10 +375,10 @@ class SlurmEngine:
             if j.state != "RUNNING":
                 cause = slurm.state_cause(j)
             else:
-                try:
-                    tasks = await self.client.node_tasks(name, j.id, j.nodes, cfg.match)
-                except RemoteError as exc:
-                    tasks, error = [], exc.message
+                found = listed.get(j.id)
+                tasks = found if isinstance(found, list) else []
+                if not isinstance(found, list):
+                    error = found.message if found else f"no task listing of Slurm job {j.id} came back"
                 want = (cfg.slurm.tasks_per_node if cfg.slurm else None) or max(
                     1, expected // max(1, j.nodes)
                 )
@@ -429,8 +417,7 @@ class SlurmEngine:
                 ok=j.state == "RUNNING" and len(pids) == expected and not detail,
             )
 
-        found = await asyncio.gather(*(one(name, cfg) for name, cfg, _ in entries))
-        return {s.probe.job: s for s in found}
+        return {name: one(name, cfg) for name, cfg, _ in entries}
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
         """The last ``lines`` lines of the job's output (recorded ``StdOut``, else ``log``).

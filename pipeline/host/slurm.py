@@ -7,7 +7,8 @@ Slurm's own clients: ``squeue`` (live state, node count and list, pending reason
 ``MinJobAge``) and ``sacct`` (a finished job's ``State``/``ExitCode``/``Reason`` where accounting
 is on).  Per-node processes come from the host helper (:func:`pipeline.host.helper.op_slurm_tasks`)
 run once on each node inside the job's allocation: ``srun --jobid=ID --overlap -N<n>
---ntasks-per-node=1 --label``.
+--ntasks-per-node=1 --label`` — in a watch cycle, inside the same command as the query, one srun
+per RUNNING job, all at once (:meth:`SlurmClient.query_with_reads`).
 
 This module also owns the Slurm engine's texts (verdict lines, step details, incidents).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipeline import fmt
@@ -52,8 +53,20 @@ FAILURES = frozenset(
 )
 
 _QUERY = r"""
-ids="$1"; shift
-squeue -h -t all -j "$ids" -o '%i|%T|%D|%N|%r|%M' 2>/dev/null
+ids="$1"; limit="$2"; n="$3"; shift 3
+helper=("${@:1:$n}"); shift "$n"
+declare -A tasks
+while [ $# -gt 0 ] && [ "$1" != "@@paths" ]; do tasks[$1]="$2"; shift 2; done
+[ $# -gt 0 ] && shift
+q=$(squeue -h -t all -j "$ids" -o '%i|%T|%D|%N|%r|%M' 2>/dev/null)
+[ -n "$q" ] && printf '%s\n' "$q"
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT; running=()
+while IFS='|' read -r id st nodes _; do
+  [ "$st" = RUNNING ] && [ -n "${tasks[$id]:-}" ] || continue
+  timeout -k 5 "$limit" srun --jobid="$id" --overlap -N"$nodes" --ntasks-per-node=1 --label \
+    --quiet "${helper[@]}" "${tasks[$id]}" </dev/null >"$dir/$id.out" 2>"$dir/$id.err" &
+  running+=("$id:$!")
+done <<< "$q"
 echo '@@scontrol'
 for id in ${ids//,/ }; do scontrol show job -o "$id" 2>/dev/null; done
 echo '@@sacct'
@@ -71,6 +84,10 @@ while [ $# -ge 4 ]; do
   if [ "$off" -gt "$size" ] || { [ -n "$want" ] && [ "$want" != "$ino" ]; }; then off=0; reset=1; fi
   echo "R|$off|$size|$ino|$reset|$p"
   tail -c "+$((off + 1))" "$p" 2>/dev/null | head -c "$max" | base64 -w0; echo
+done
+for r in "${running[@]}"; do
+  id="${r%%:*}"; wait "${r#*:}"; rc=$?
+  echo "@@tasks|$id|$rc|$(base64 -w0 <"$dir/$id.out")|$(base64 -w0 <"$dir/$id.err")"
 done
 true
 """
@@ -129,6 +146,10 @@ class Launched:
     job_id: int
     stdout: str | None
     stdout_size: int = 0
+
+
+TasksOrError = list[NodeTasks] | RemoteCommandError
+"""One RUNNING job's tasks per node, or why its srun gave none."""
 
 
 @dataclass
@@ -316,6 +337,53 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
     return {jid: SlurmJob(id=jid, **v) for jid, v in jobs.items()}  # type: ignore[arg-type]
 
 
+def _node_tasks(host: str, job_id: int, status: int | None, stdout: str, stderr: str) -> list[NodeTasks]:
+    """The per-node answers of the helper under ``srun --label`` (one JSON object per node).
+
+    :raises RemoteCommandError: if none came back and srun exited non-zero (its stderr in the message).
+    """
+    out: list[NodeTasks] = []
+    for line in stdout.splitlines():
+        label, _, body = line.partition(": ")
+        if not label.strip().isdigit():
+            continue
+        for chunk in re.findall(r"\{.*?\}(?=\{|$)", body.strip()):
+            try:
+                answer = json.loads(chunk)
+            except ValueError:
+                continue
+            if answer.get("error"):
+                out.append(NodeTasks(str(answer.get("node") or "?"), (), str(answer["error"])))
+            else:
+                out.append(NodeTasks(str(answer["node"]), tuple(int(p) for p in answer["pids"])))
+    if not out and status != 0:
+        why = "timed out" if status in (124, 137) else "failed"
+        raise RemoteCommandError(
+            host,
+            ["srun", f"--jobid={job_id}", "--overlap", "<pitstop host helper>", "slurm_tasks"],
+            f"on {host}: srun into job {job_id} {why}: {stderr.strip()[-300:]}",
+            exit_status=status,
+            stderr=stderr,
+        )
+    return sorted(out, key=lambda n: n.node)
+
+
+def parse_tasks(host: str, text: str) -> dict[int, TasksOrError]:
+    """The ``@@tasks|ID|STATUS|STDOUT|STDERR`` lines of a ``_QUERY`` answer (output base64): by job
+    id, its tasks per node, or the :class:`RemoteCommandError` of its srun on ``host``."""
+    found: dict[int, TasksOrError] = {}
+    for line in text.splitlines():
+        if line.startswith("@@tasks|") and len(f := line.split("|")) == 5 and f[1].isdigit():
+            try:
+                out, err = (base64.b64decode(x).decode(errors="replace") for x in f[3:5])
+                found[int(f[1])] = _node_tasks(host, int(f[1]), _int_or_none(f[2]), out, err)
+            except ValueError:
+                continue
+            except RemoteCommandError as exc:
+                found[int(f[1])] = exc
+    return found
+
+
 class SlurmClient:
     """Slurm's clients on a job's login node.
 
@@ -346,16 +414,24 @@ class SlurmClient:
         :returns: the jobs by id, and sizes in bytes by path (a missing file is absent).
         :raises RemoteError: if the login node cannot be reached.
         """
-        jobs, sizes, _ = await self.query_with_reads(job, ids, paths, ())
+        jobs, sizes, _, _ = await self.query_with_reads(job, ids, paths, ())
         return jobs, sizes
 
     async def query_with_reads(
-        self, job: str, ids: Sequence[int], paths: Sequence[str], reads: Sequence[FileRange]
-    ) -> tuple[dict[int, SlurmJob], dict[str, int], dict[str, FileBytes | None]]:
-        """:meth:`query_with_sizes` and the byte ranges ``reads`` (the jobs' metric lines), all in
-        one call: what a watch cycle needs of the cluster but the tasks on its nodes.
+        self,
+        job: str,
+        ids: Sequence[int],
+        paths: Sequence[str],
+        reads: Sequence[FileRange],
+        tasks: Mapping[int, str] | None = None,
+    ) -> tuple[dict[int, SlurmJob], dict[str, int], dict[str, FileBytes | None], dict[int, TasksOrError]]:
+        """:meth:`query_with_sizes`, the byte ranges ``reads`` (the jobs' metric lines) and, for
+        each job of ``tasks`` (id → ``match``) that squeue reports RUNNING, its task processes on
+        every node (:meth:`node_tasks`' srun, all of them at once), in one call on the login node:
+        what a watch cycle needs of the cluster.
 
-        :returns: the jobs by id, sizes by path, and each read's bytes by path (None: unreadable).
+        :returns: the jobs by id, sizes by path, each read's bytes by path (None: unreadable), and
+            by RUNNING job id its tasks per node, or the :class:`RemoteCommandError` of its srun.
         :raises RemoteError: if the login node cannot be reached.
         """
         joined = ",".join(str(i) for i in ids) or "0"
@@ -367,14 +443,21 @@ class SlurmClient:
                 str(max(0, r.max_bytes)),
                 "" if r.inode is None else str(r.inode),
             ]
-        argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", joined, *paths, "@@reads", *extra]
-        result = await self._run(job, argv)
+        helper = helper_argv("slurm_tasks", {"job": 0, "match": ""})[:-1] if tasks else []
+        wanted_tasks: list[str] = []
+        for job_id, match in (tasks or {}).items():
+            args: SlurmTasksArgs = {"job": job_id, "match": match}
+            wanted_tasks += [str(job_id), json.dumps(args, separators=(",", ":"))]
+        head = [joined, f"{TASKS_TIMEOUT:.0f}", str(len(helper)), *helper, *wanted_tasks, "@@paths"]
+        argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", *head, *paths, "@@reads", *extra]
+        result = await self._run(job, argv, QUERY_TIMEOUT + (TASKS_TIMEOUT + 5 if tasks else 0))
         jobs = parse_query(result.stdout)
         wanted = set(ids)
         return (
             {i: j for i, j in jobs.items() if i in wanted},
             parse_sizes(result.stdout),
             parse_reads(result.stdout),
+            parse_tasks(result.host, result.stdout),
         )
 
     async def one(self, job: str, job_id: int) -> SlurmJob | None:
@@ -442,29 +525,7 @@ class SlurmClient:
             *helper_argv("slurm_tasks", tasks),
         ]
         result = await self._run(job, argv, TASKS_TIMEOUT)
-        out: list[NodeTasks] = []
-        for line in result.stdout.splitlines():
-            label, _, body = line.partition(": ")
-            if not label.strip().isdigit():
-                continue
-            for chunk in re.findall(r"\{.*?\}(?=\{|$)", body.strip()):
-                try:
-                    answer = json.loads(chunk)
-                except ValueError:
-                    continue
-                if answer.get("error"):
-                    out.append(NodeTasks(str(answer.get("node") or "?"), (), str(answer["error"])))
-                else:
-                    out.append(NodeTasks(str(answer["node"]), tuple(int(p) for p in answer["pids"])))
-        if not out and result.exit_status != 0:
-            raise RemoteCommandError(
-                result.host,
-                ["srun", f"--jobid={job_id}", "--overlap", "<pitstop host helper>", "slurm_tasks"],
-                f"on {result.host}: srun into job {job_id} failed: {result.stderr.strip()[-300:]}",
-                exit_status=result.exit_status,
-                stderr=result.stderr,
-            )
-        return sorted(out, key=lambda n: n.node)
+        return _node_tasks(result.host, job_id, result.exit_status, result.stdout, result.stderr)
 
     async def node_gpus(self, job: str, job_id: int, nodes: int, argv: Sequence[str]) -> dict[str, str]:
         """``argv`` (an ``nvidia-smi`` query) run once on each of the job's nodes inside its

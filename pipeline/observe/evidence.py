@@ -78,28 +78,34 @@ class Observation:
     checkpoint: ResumePoint | None = None
 
 
-async def gather(ssh: RemoteHosts, run: RunRecord, job: JobConfig) -> Observation:
-    """One complete sample of the launched ssh ``run`` (host helper ``evidence``: its session, log
-    since launch, the waiter's exit record, where it started, the newest checkpoint); a run that is
-    gone is asked again for up to about 1 s, until its waiter has recorded the exit.
+async def gather(
+    ssh: RemoteHosts, run: RunRecord, job: JobConfig, *, log: str | None = None, processes: bool = True
+) -> Observation:
+    """One complete sample of the launched ``run`` (host helper ``evidence``: its session, log
+    since launch, the waiter's exit record, where it started, the newest checkpoint); a run of
+    this host that is gone is asked again for up to about 1 s, until its waiter has recorded the exit.
 
+    :param log: the run's output file, if not ``job.log`` (a Slurm job's ``StdOut``).
+    :param processes: count the processes matching ``job.match`` too (not where they run
+        elsewhere: a Slurm job's nodes).
     :raises RemoteError: if the host cannot be asked.
     """
+    path = log or job.log
     args: EvidenceArgs = {
         "name": run.job,
-        "match": job.match,
+        "match": job.match if processes else "(?!x)x",
         "pid": run.pid,
         "start_time": run.start_time,
         "sid": run.sid,
-        "log": job.log,
+        "log": path,
         "offset": run.log_size_at_launch or 0,
         "tail_lines": TAIL_LINES,
-        "progress_log": job.log,
+        "progress_log": path,
         "progress_offset": run.log_size_at_launch or 0,
         "checkpoint_dir": job.checkpoint_dir,
     }
     raw = await call_helper(ssh, "evidence", args, job=run.job)
-    for _ in range(10):
+    for _ in range(10 if processes else 0):
         if raw.get("state") == "alive" or raw.get("status") is not None:
             break
         await asyncio.sleep(0.1)
@@ -127,7 +133,7 @@ async def gather(ssh: RemoteHosts, run: RunRecord, job: JobConfig) -> Observatio
         facts=(
             f"pid {run.pid or 0}: {state}",
             f"processes matching {job.match!r} in session {run.sid}: {count}/{job.processes}{listed}",
-            f"log {job.log}: "
+            f"log {path}: "
             + (f"+{grew} bytes since launch" if grew is not None else f"{info and info['error']}"),
         ),
         start_step=(started["said"] if started["said"] is not None else started["first"])
