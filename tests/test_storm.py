@@ -5,8 +5,9 @@ job acknowledged on its own, one grouped resolution when it returns; 60 jobs cra
 across 6 hosts → one grouped post per channel, every incident in Slack within the README's bound,
 no 429, nothing lost or doubled; 200 jobs on 8 hosts with Slack answering 429 → every incident in
 Slack once, each 429 waited out; a job acknowledged or resolved while its grouped post is still on
-its way → its line, then its note, in the story's thread.  Real SSH hosts, real processes, real
-Redis."""
+its way → its line, then its note, in the story's thread, also when it is acknowledged on another
+replica (which waits while the grouped post's claim is live, and posts the job on its own once a dead
+replica's lease lapsed).  Real SSH hosts, real processes, real Redis."""
 
 from __future__ import annotations
 
