@@ -10,7 +10,9 @@ by :class:`bot.slack_send.SlackSender` (posts to one channel paced by ``[slack] 
 in order, updates of one message folded into the newest, ``chat.update`` within Tier 3; a 429
 waits ``Retry-After``; :meth:`~bot.slack_send.SlackSender.queue` shows what waits).  A headline
 may be a member of a grouped post (:meth:`SlackOutbox.announce_in`, an alert storm): a reply in
-that post's thread, which its own thread replies go to.
+that post's thread, which its own thread replies go to.  One replica posts a headline: it claims
+it in :class:`~pipeline.state.posts.Posts` for a lease it renews while the post is on its way; a
+member told on another replica meanwhile waits for that post's ts while the claim is live.
 
 **Never silent, never twice.**  A post never breaks the restart that reports through it.
 Transient failures are retried with backoff (:data:`bot.slack_api.ATTEMPTS`); a post whose
@@ -30,10 +32,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
@@ -45,14 +47,16 @@ from bot.slack_api import BACKOFF, Refused, detail_of, error_of, refused_notice
 from bot.slack_send import METADATA_TYPE, PAGE, PAGES, SlackSender, slack_gave_up
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
-from pipeline.state.posts import Posts
+from pipeline.state.posts import CLAIM_LEASE, Posts
 from pipeline.state.runs import RunStore
 from pipeline.state.undelivered import UndeliveredAlerts
 
 log = logging.getLogger(__name__)
 
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
+STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another replica has on its way
 SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
+T = TypeVar("T")
 __all__ = ["METADATA_TYPE", "PAGE", "PAGES", "SETTLE", "SlackOutbox", "slack_gave_up"]
 
 
@@ -155,14 +159,44 @@ class SlackOutbox(SlackSender):
         """True if this process may post ``key``'s headline (no other replica is posting it)."""
         return self._posts is None or await self._posts.claim(key, self.instance)
 
-    async def _wait_elsewhere(self, key: str) -> tuple[str, str] | None:
-        deadline = time.monotonic() + CLAIM_WAIT
-        while time.monotonic() < deadline:
+    async def _wait_elsewhere(self, key: str, live_claim: bool = False) -> tuple[str, str] | None:
+        """``key``'s headline once another replica posted it: waited for :data:`CLAIM_WAIT` s
+        (a claim may land just after what refers to it), or, with ``live_claim``, also while its
+        claim's lease is live (at most :data:`STORY_WAIT` s).
+
+        :returns: ``(channel, ts)``, or None if it did not come.
+        """
+        start = time.monotonic()
+        while (waited := time.monotonic() - start) < STORY_WAIT:
             loc = await self.where(key)
             if loc is not None:
                 return loc
+            if waited >= CLAIM_WAIT and not (live_claim and self._posts and await self._posts.pending(key)):
+                return None
             await asyncio.sleep(0.1)
         return None
+
+    async def _renewing(self, key: str, sending: Awaitable[T]) -> T:
+        """Await ``sending`` (the post of ``key``'s headline) while renewing this process's claim
+        on it every third of :data:`~pipeline.state.posts.CLAIM_LEASE`: replicas waiting for it
+        see it on its way until it is posted, and take over within the lease if this process dies."""
+        posts = self._posts
+        if posts is None:
+            return await sending
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(CLAIM_LEASE / 3)
+                try:
+                    await posts.claim(key, self.instance)
+                except Exception as exc:  # Redis trouble: the post goes on, the lease may lapse
+                    log.warning("could not renew the claim on %s: %s", key, exc)
+
+        renewal = asyncio.ensure_future(renew())
+        try:
+            return await sending
+        finally:
+            renewal.cancel()
 
     # --- the Outbox protocol ------------------------------------------------------------------
 
@@ -196,7 +230,7 @@ class SlackOutbox(SlackSender):
         if target is None:
             await self._failed(key, "no channel: set [slack] announce_channel")
             return None
-        ts = await self._send(target, reply, thread_ts=None, follow_ups=False, key=key)
+        ts = await self._renewing(key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key))
         if ts is None:
             rescued = self._rescued.pop(key, None)
             if rescued is not None:  # the alert went to another channel: it lives there from now on
@@ -220,9 +254,11 @@ class SlackOutbox(SlackSender):
         """Post ``key``'s headline as a member of the grouped post ``story``: a reply in its
         thread when ``channel`` is the grouped post's, else a message of its own in ``channel``;
         nothing when ``key``'s headline is already posted.  While ``story``'s headline is on its
-        way (queued in this process, its ts unknown) it waits for it, shown in :meth:`queue`;
-        :meth:`announce` updates it in place later, :meth:`thread` posts in the grouped post's
-        thread (Slack threads have one level).
+        way (queued in this process, or claimed by another replica whose lease is live: at most
+        :data:`STORY_WAIT` s) it waits for it, shown in :meth:`queue`; when it never comes (its
+        post failed, its replica died) ``key``'s headline is a message of its own.  :meth:`announce`
+        updates it in place later, :meth:`thread` posts in the grouped post's thread (Slack
+        threads have one level).
 
         :param channel: channel id; None → ``default_channel``.
         """
@@ -237,6 +273,8 @@ class SlackOutbox(SlackSender):
             try:
                 async with self._locks.setdefault(story, asyncio.Lock()):  # held while it is posted
                     parent = await self.where(story)
+                if parent is None and self._posts is not None:  # on its way from another replica?
+                    parent = await self._wait_elsewhere(story, live_claim=True)
             finally:
                 del self._for_thread[me]
         if parent is None or parent[0] != target:
@@ -244,8 +282,11 @@ class SlackOutbox(SlackSender):
             return
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            if await self.where(key) is not None or not await self._claim(key):
-                return  # already told (another replica, or an earlier call)
+            if await self.where(key) is not None:
+                return  # already told (an earlier call)
+            if not await self._claim(key):
+                await self._wait_elsewhere(key)  # another replica posts it: what follows goes in its thread
+                return
             ts = await self._send(parent[0], reply, thread_ts=parent[1], follow_ups=True, key=key)
             if ts is None:
                 if self._posts is not None:

@@ -36,7 +36,7 @@ class Outbox(Protocol):
         so later :meth:`thread` posts about ``key`` go in that thread too); in another channel it
         is a message of its own there.  Later :meth:`announce` calls update it in place.  Nothing
         when ``key``'s headline is already posted; while ``story``'s headline is still on its way
-        it waits for it.
+        (from any replica) it waits for it.
         """
 
     async def post(self, reply: Reply, channel: str | None) -> None:

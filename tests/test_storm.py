@@ -5,8 +5,9 @@ job acknowledged on its own, one grouped resolution when it returns; 60 jobs cra
 across 6 hosts → one grouped post per channel, every incident in Slack within the README's bound,
 no 429, nothing lost or doubled; 200 jobs on 8 hosts with Slack answering 429 → every incident in
 Slack once, each 429 waited out; a job acknowledged or resolved while its grouped post is still on
-its way → its line, then its note, in the story's thread.  Real SSH hosts, real processes, real
-Redis."""
+its way → its line, then its note, in the story's thread, also when it is acknowledged on another
+replica (which waits while the grouped post's claim is live, and posts the job on its own once a dead
+replica's lease lapsed).  Real SSH hosts, real processes, real Redis."""
 
 from __future__ import annotations
 
@@ -239,9 +240,13 @@ def _job(root: Path, jobs: Jobs, name: str, host: str, channel: str) -> JobConfi
 
 @contextlib.asynccontextmanager
 async def _pitstop(
-    fake: FakeSlack, redis_config: Config, hosts: dict[str, HostConfig], jobs: dict[str, JobConfig]
+    fake: FakeSlack,
+    redis_config: Config,
+    hosts: dict[str, HostConfig],
+    jobs: dict[str, JobConfig],
+    instance: str = "storm",
 ) -> AsyncIterator[tuple[Context, SlackOutbox]]:
-    """A Pitstop process posting to the Slack stand-in through its real outbox at the default pace."""
+    """A Pitstop process (replica ``instance``) posting to the Slack stand-in through its real outbox at the default pace."""
     config = redis_config.model_copy(
         update={
             "hosts": hosts,
@@ -251,9 +256,13 @@ async def _pitstop(
         }
     )
     outbox = SlackOutbox(
-        web_client(BOT_TOKEN, base_url=fake.api_url), default_channel=ANNOUNCE, pace=PACE, settle=0.0
+        web_client(BOT_TOKEN, base_url=fake.api_url),
+        default_channel=ANNOUNCE,
+        pace=PACE,
+        settle=0.0,
+        instance=instance,
     )
-    ctx = await build_context(config, outbox, instance="storm")
+    ctx = await build_context(config, outbox, instance=instance)
     outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
     try:
         yield ctx, outbox
@@ -507,6 +516,89 @@ async def test_a_member_acknowledged_or_resolved_before_its_line_is_posted_lands
             message = fake_slack.message(team, loc[1])  # its line, updated in place
             assert message["thread_ts"] == story["ts"] and state in str(message["blocks"])
         assert outbox.failures == []
+
+
+async def test_a_member_acknowledged_on_another_replica_while_its_grouped_post_is_on_its_way_lands_in_its_thread(
+    fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
+) -> None:
+    """Two replicas on one Redis: while replica A's grouped post is held at Slack, a job acknowledged on replica B waits for it (A's claim is live) and its line, then its note, go in the story's thread; one top-level message, none lost or doubled."""
+    team = "C0TEAM"
+    jobs = Jobs(tmp_path)
+    names = [f"job-{i}" for i in range(4)]
+    cfgs = {n: _job(tmp_path, jobs, n, "gpu1", team) for n in names}
+    hosts = {"gpu1": HostConfig(address="127.0.0.1")}  # never reached: the incidents are opened here
+    async with (
+        _pitstop(fake_slack, redis_config, hosts, cfgs, instance="replica-a") as (ctx_a, outbox_a),
+        _pitstop(fake_slack, redis_config, hosts, cfgs, instance="replica-b") as (ctx_b, outbox_b),
+    ):
+        store = ctx_a.redis.open_store(IncidentStore)
+        rnd = Round()
+        for n in names:
+            inc = await store.open(
+                Incident(job=n, host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0)
+            )
+            assert inc is not None
+            rnd.opened.append(Told(inc, team, T0))
+        fake_slack.hold("chat.postMessage")
+        telling = asyncio.create_task(tell(ctx_a, store, rnd))
+        await fake_slack.wait_held("chat.postMessage")  # A's grouped post: in flight, its ts unknown
+        await _member_of_story(store, "job-1")
+        acking = asyncio.create_task(ack_command(ctx_b, "job-1", "U0ACK"))
+
+        async def b_waits() -> bool:  # B has nothing of the story in this process: it waits on A's claim
+            return int(outbox_b.queue()["channels"].get(team, {}).get("depth", 0)) >= 1
+
+        await wait_until(b_waits, timeout=60)
+        assert fake_slack.holding.get("chat.postMessage", 0) == 1  # B posted nothing meanwhile
+        fake_slack.release()
+        await asyncio.wait_for(asyncio.gather(telling, acking), 120)
+        top = _top(fake_slack, team)
+        assert len(top) == 1, [m["text"] for m in top]  # the story only
+        story = top[0]
+        assert str(story["text"]).startswith("4 jobs need attention on 1 host: 4 down")
+        calls = await fake_slack.calls("chat.postMessage")
+        assert all(c.ok for c in calls) and calls[0].args.get("thread_ts") is None
+        assert {c.args.get("thread_ts") for c in calls[1:]} == {story["ts"]}
+        posted = [str(c.args["text"]) for c in calls[1:]]
+        lines = [f"{n} is down: no processes left on gpu1 (expected 1)" for n in names]
+        acked = [i for i, t in enumerate(posted) if t.startswith("acknowledged by") and "job-1" in t]
+        assert len(acked) == 1 and sorted(posted) == sorted(
+            [*lines, posted[acked[0]]]
+        )  # none lost, none twice
+        assert posted.index(lines[1]) < acked[0]
+        loc = await outbox_b.where("incident:job-1:1")
+        assert loc is not None and loc[0] == team
+        message = fake_slack.message(team, loc[1])  # its line, updated in place
+        assert message["thread_ts"] == story["ts"] and "acknowledged by" in str(message["blocks"])
+        assert outbox_a.failures == [] and outbox_b.failures == []
+
+
+async def test_a_member_waits_for_a_claimed_grouped_post_only_while_its_replica_s_lease_is_live(
+    fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
+) -> None:
+    """A replica claimed a grouped post and died before posting it: a job acknowledged on another replica waits until the claim's lease lapses, then posts its alert on its own, with the acknowledgement in its thread; nothing else, nothing twice."""
+    team = "C0TEAM"
+    jobs = Jobs(tmp_path)
+    names = [f"job-{i}" for i in range(3)]
+    cfgs = {n: _job(tmp_path, jobs, n, "gpu1", team) for n in names}
+    hosts = {"gpu1": HostConfig(address="127.0.0.1")}
+    async with _pitstop(fake_slack, redis_config, hosts, cfgs, instance="replica-b") as (ctx, outbox):
+        store = ctx.redis.open_store(IncidentStore)
+        for n in names:
+            inc = Incident(
+                job=n, host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0, story="story:gone"
+            )
+            assert await store.open(inc) is not None
+        lease = 6.0
+        assert await ctx.redis.open_store(Posts).claim("story:gone", "replica-a", lease=lease)  # then A died
+        lapses = time.time() + lease
+        await asyncio.wait_for(ack_command(ctx, "job-1", "U0ACK"), 120)
+        assert time.time() >= lapses  # B waited for A's post while A's claim was live
+        (own,) = _top(fake_slack, team)  # the story never came: job-1's alert is a message of its own
+        assert "job-1" in str(own["text"]) and "acknowledged by" in str(own["blocks"])
+        (note,) = fake_slack.thread(team, own["ts"])
+        assert str(note["text"]).startswith("acknowledged by")
+        assert len(await fake_slack.calls("chat.postMessage")) == 2 and outbox.failures == []
 
 
 async def _member_of_story(store: IncidentStore, job: str) -> Incident:

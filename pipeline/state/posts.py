@@ -1,16 +1,35 @@
 """Where each run's or incident's headline lives in Slack, so any replica can update it, and the
 last post Slack refused (for ``status`` and ``/healthz``).
 
-A headline is posted by one replica: it *claims* the key (``HSETNX claim``), posts, and
-*remembers* ``(channel, ts)``; a replica that lost the claim waits for the location instead.
+A headline is posted by one replica: it *claims* the key for a lease (``claim`` and ``lease``,
+unix s, in its hash), renews the lease while its post is on its way, and *remembers*
+``(channel, ts)``; a replica that lost the claim waits for the location instead
+(:meth:`Posts.pending` says whether one is on its way), and a claim whose lease lapsed (its holder
+died) may be taken over.  Leases are in unix seconds of each replica's clock (NTP-close next to
+:data:`CLAIM_LEASE`).
 """
 
 from __future__ import annotations
+
+import time
 
 from pipeline.state import keys
 from pipeline.state.redisconn import Store
 
 POST_TTL = 30 * 86400  #: seconds a headline's location is kept
+CLAIM_LEASE = 30.0  #: seconds a claim holds without renewal (its holder renews it every third of it)
+
+# KEYS[1] the posts hash; ARGV[1] instance; ARGV[2] now (unix s); ARGV[3] lease s; ARGV[4] POST_TTL.
+# 1 if ARGV[1] holds the claim afterwards: it was free, ARGV[1]'s already, or its lease lapsed.
+_CLAIM = """
+local holder = redis.call('HGET', KEYS[1], 'claim')
+if holder and holder ~= ARGV[1] and tonumber(redis.call('HGET', KEYS[1], 'lease') or '0') > tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'claim', ARGV[1], 'lease', tostring(tonumber(ARGV[2]) + tonumber(ARGV[3])))
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
 
 
 class Posts(Store):
@@ -39,13 +58,20 @@ class Posts(Store):
             pipe.expire(name, POST_TTL)
             await pipe.execute()
 
-    async def claim(self, key: str, instance: str) -> bool:
-        """True if ``instance`` may post ``key``'s headline (no other replica is posting it)."""
+    async def claim(self, key: str, instance: str, lease: float = CLAIM_LEASE) -> bool:
+        """True if ``instance`` may post ``key``'s headline: no other replica's live claim on it.
+        Taken, renewed (called again by its holder) or taken over (another's lease lapsed) for
+        ``lease`` seconds.
+
+        :param lease: seconds the claim holds without renewal.
+        """
         name = keys.posts(self.prefix, key)
-        if await self.client.hsetnx(name, "claim", instance):
-            await self.client.expire(name, POST_TTL)
-            return True
-        return bool(await self.client.hget(name, "claim") == instance)
+        return bool(await self.client.eval(_CLAIM, 1, name, instance, time.time(), lease, POST_TTL))
+
+    async def pending(self, key: str) -> bool:
+        """True while ``key``'s headline is on its way: claimed, its lease live, not posted yet."""
+        got = await self.client.hmget(keys.posts(self.prefix, key), ["ts", "claim", "lease"])
+        return not got[0] and bool(got[1]) and float(got[2] or 0) > time.time()
 
     async def unclaim(self, key: str) -> None:
         """Give the claim on ``key``'s headline up (the post failed)."""
