@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -51,7 +52,7 @@ from handlers.dispatch import Dispatcher
 from handlers.reply import Reply, Status
 from pipeline import fmt
 from pipeline.config import Config, WatchSettings
-from pipeline.errors import SlackUnavailable, StateUnavailable
+from pipeline.errors import SlackUnavailable, StateUnavailable, UsageError
 from pipeline.state.outage import Outage, StoreWatch
 from pipeline.state.posts import Posts
 from pipeline.state.undelivered import UndeliveredAlerts
@@ -311,11 +312,16 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
     """Listen on ``host:port`` (0 → a free port) with ``app`` (from :func:`http_app`).
 
     :returns: the server; close it before the runtime.
+    :raises UsageError: if ``host:port`` cannot be bound (taken, say), naming it and ``--port``.
     """
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise UsageError(listen_failed(host, port, exc)) from exc
     bound = port
     sockets = getattr(site._server, "sockets", None)
     if sockets:
@@ -396,14 +402,14 @@ async def serve_socket(
     :param host: listen address for ``GET /healthz`` and ``GET /metrics``; None: no listener.
     :param port: their listen port (0: a free one, printed).
     :raises SlackUnavailable: if a token is refused.
-    :raises OSError: if the address cannot be bound.
+    :raises UsageError: if the address cannot be bound.
     """
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
     server: HttpServer | None = None
     try:
-        runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
-        if host is not None:
+        if host is not None:  # first: a port taken opens no Socket Mode connection (an app has 10)
             server = await start_http(http_app(None, runtime.health, runtime.metrics), host=host, port=port)
+        runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
         print(serve_socket_connected(server.url if server else None), file=sys.stderr, flush=True)
         await asyncio.Event().wait()
     finally:
@@ -433,6 +439,12 @@ def state_store_was_away(outage: Outage, timezone: str) -> Reply:
 def serve_listening(url: str) -> str:
     """``pitstop serve`` is up (HTTP mode)."""
     return f"serving Slack on {url} (POST /slack/events, GET /healthz, GET /metrics)"
+
+
+def listen_failed(host: str, port: int, exc: OSError) -> str:
+    """``host:port`` cannot be listened on (the OS's reason: address already in use…)."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return f"cannot listen on {host}:{port} ({reason}) - pass another --host/--port (--port 0: any free port)"
 
 
 def serve_socket_connected(url: str | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from bot.serve import SlackRuntime, connect_socket, open_runtime, serve_socket
 from bot.socket_mode import wait_after
 from handlers.views import help_title
 from pipeline.config import Config
-from pipeline.errors import SlackUnavailable
+from pipeline.errors import ExitCode, SlackUnavailable, UsageError
 from pipeline.state import keys
 from tests.fixtures.slack import (
     APP_TOKEN,
@@ -275,3 +276,23 @@ async def test_socket_mode_serves_healthz_and_metrics_on_the_listen_port(
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         kill_matching(setup.token)
+
+
+async def test_socket_mode_on_a_port_taken_says_so_and_opens_no_connection(
+    fake_slack: FakeSlack, redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
+) -> None:
+    """`pitstop serve --socket` whose listen port is taken (another replica on the host, say) fails
+    as a usage error naming the address and ``--port``, before it opens a Socket Mode connection
+    (an app has 10 of them), not as an internal error after."""
+    setup = job_factory(ssh_server)
+    config = slack_config(setup.config, redis_config)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        kwargs = {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": fake_slack.api_url}
+        with pytest.raises(UsageError, match=rf"cannot listen on 127\.0\.0\.1:{port} .*--port") as err:
+            async with asyncio.timeout(60):
+                await serve_socket(config, **kwargs, host="127.0.0.1", port=port)
+    assert err.value.exit_code is ExitCode.USAGE
+    assert fake_slack.connections_opened == 0

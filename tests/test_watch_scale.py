@@ -325,6 +325,22 @@ def test_a_recent_death_brings_its_log_since_launch(tmp_path: Path, ago: float) 
         assert "crash" not in answer
 
 
+def test_a_death_in_a_log_truncated_since_launch_brings_the_logs_end(tmp_path: Path) -> None:
+    """A log now shorter than its size at launch (rotated by copytruncate, say) and longer than
+    ``crash_bytes`` comes back as its last ``crash_bytes`` (where the traceback is), not its first."""
+    log = tmp_path / "train.log"
+    log.write_bytes(b"".join(b"step %d\n" % i for i in range(40)) + b"RuntimeError: boom\n")
+    gone = 2**22 + 4322  # no such process
+    record = {"pid": gone, "start_time": None, "started_at": 0.0, "ended_at": time.time(), "code": 1}
+    (tmp_path / ".train.log.pitstop-exit").write_text(json.dumps({**record, "signal": None}))
+    ask = {"tail_lines": 2, "processes": 1, "crash_from": 10**6, "crash_bytes": 35, "crash_within": 60.0}
+    job = {"name": "j", "match": "^never$", "workdir": str(tmp_path), "log": str(log), **ask}
+    answer = op_probe({"jobs": [{**job, "pid": gone, "start_time": None, "sid": None}]})["jobs"]["j"]
+    crash = answer["crash"]
+    assert "error" not in crash
+    assert zlib.decompress(base64.b64decode(crash["data"])) == b"step 38\nstep 39\nRuntimeError: boom\n"
+
+
 def test_each_operation_ships_only_what_it_runs() -> None:
     """The probe's source (sent and compiled on every call) is a fraction of the whole helper,
     with its marker line, and holds none of the other operations."""

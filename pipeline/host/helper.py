@@ -897,7 +897,8 @@ def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
     st, since = state["status"], j.get("crash_from")
     if state["count"] == 0 and st and since is not None and time.time() - st["ended_at"] <= j["crash_within"]:
         size, most = state["log"]["size"] or 0, j["crash_bytes"]
-        state["crash"] = read_file(log, max(since, size - most), most, None, True)  # truncated: from 0
+        # from the launch on; a log truncated since (copytruncate) holds this run's only: its end
+        state["crash"] = read_file(log, max(since * (since <= size), size - most), most, None, True)
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:

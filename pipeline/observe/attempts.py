@@ -80,7 +80,8 @@ async def read_attempt(
 
     Only the last :data:`MAX_READ` bytes of the range are read; a line cut at the start of the
     read is dropped.  A log now shorter than ``start`` (truncated or rotated during the attempt) is
-    read from its beginning: all it holds was written since.
+    read from its beginning: all it holds was written since; one now shorter than ``end`` no
+    longer holds the range (no lines).
 
     :param start: the attempt's launch offset (``log_size_at_launch``), bytes.
     :param end: the next attempt's launch offset, bytes.
@@ -100,7 +101,7 @@ async def read_attempt(
     else:
         offset = max(start, end - MAX_READ)
         chunk = await read_log_chunk(ssh, name, job, offset, end - offset, path=job.metrics_path)
-        if chunk.reset:
+        if chunk.reset or chunk.size < end:  # truncated since: what the range held is gone
             return []
         data = chunk.data
     if offset > start and (cut := data.find(b"\n")) >= 0:

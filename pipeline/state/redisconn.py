@@ -47,7 +47,8 @@ EMBEDDED_SERVER_CONFIG = {"appendonly": "yes", "appendfsync": "everysec"}
 
 
 class Store:
-    """Base of the stores of :mod:`pipeline.state` that need no more than a client and the key prefix.
+    """Base of the stores of :mod:`pipeline.state`: the client and the key prefix every one takes (a
+    store with more state, registered scripts or the config, sets it in its own ``__init__``).
 
     :param client: an asyncio Redis client (``decode_responses=True``).
     :param prefix: the key prefix (:mod:`pipeline.state.keys`).
