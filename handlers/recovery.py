@@ -42,9 +42,12 @@ async def deliver_recoveries(ctx: Context, *, now: float | None = None) -> list[
     :returns: the replies posted.
     """
     now = time.time() if now is None else now
+    began = time.time()
     posted: list[Reply] = []
     for run_id in await ctx.runs.due_recoveries(now):
-        claim = await ctx.runs.claim_recovery(run_id, now=now)
+        # the pass's clock moves on while earlier posts wait for Slack's pace: a lease taken
+        # minutes into the pass must not start already expired
+        claim = await ctx.runs.claim_recovery(run_id, now=now + (time.time() - began))
         if claim is None:
             continue  # another process holds it
         try:
