@@ -35,11 +35,19 @@ from pipeline.config import JobConfig
 from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import StepLog, failed_checks, step_preflight_ok, step_stop_nothing
 from pipeline.engines.workdir import CALL_TIMEOUT
-from pipeline.errors import LaunchFailed, PitstopError, PreflightFailed, RemoteError, StopFailed
+from pipeline.errors import (
+    LaunchFailed,
+    PitstopError,
+    PreflightFailed,
+    RemoteError,
+    StopFailed,
+)
 from pipeline.host import slurm
+from pipeline.host.contract import HangAnswer
 from pipeline.host.probe import JobProbe, LogChunk, call_helper, log_tail
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
+from pipeline.observe import evidence
 from pipeline.observe.evidence import gather
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
@@ -440,6 +448,23 @@ class SlurmEngine:
             why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"
             raise PitstopError(slurm.gpus_not_running(name, why))
         return NodeOutputs(f"Slurm job {j.id}", await self.client.node_gpus(name, j.id, j.nodes, argv))
+
+    async def crash_evidence(
+        self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
+    ) -> JobProbe:
+        """The job's output (recorded ``StdOut``, else ``log``) on the login node since ``offset``; no
+        exit record (the batch job has no launch waiter).  :raises RemoteError: if unreadable."""
+        path = current.get("log") or job.log
+        return await evidence.crash_evidence(
+            self.ssh, name, job.model_copy(update={"log": path}), current, offset, seen
+        )
+
+    async def hang_evidence(
+        self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
+    ) -> HangAnswer:
+        """The helper's ``hang`` on the login node (not inside the allocation: the job's processes
+        there are not looked at).  :raises RemoteError: if it cannot be asked."""
+        return await evidence.hang_evidence(self.ssh, name, job, current, pids)
 
 
 register("slurm", SlurmEngine)
