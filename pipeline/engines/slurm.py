@@ -39,6 +39,7 @@ from pipeline.errors import (
     LaunchFailed,
     PitstopError,
     PreflightFailed,
+    RemoteCommandError,
     RemoteError,
     StopFailed,
 )
@@ -191,29 +192,44 @@ class SlurmEngine:
                 return j
             await asyncio.sleep(STOP_POLL)
 
+    async def _scancel(self, name: str, job_id: int, *args: str) -> tuple[bool, SlurmJob | None]:
+        """``scancel ARGS JOB_ID``: ``(True, None)`` once sent; ``(False, its state)`` when scancel
+        refused a job that is no longer active (it ended since it was last looked at).
+
+        :raises RemoteError: if scancel failed and the job is still active (or cannot be asked).
+        """
+        try:
+            await self.client.checked(name, ["scancel", *args, str(job_id)])
+            return True, None
+        except RemoteCommandError:
+            j = await self.client.one(name, job_id)
+            if j is not None and j.active:
+                raise
+            return False, j
+
     async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
-        """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has left."""
+        """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has
+        left; a job that ended before its first scancel (scancel refuses it) had nothing to stop."""
         old = run.old_slurm_job = _int(current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.STOP)
         try:
             j = await self.client.one(name, old) if old is not None else None
-            if old is None or j is None or not j.active:
+            sent = False
+            if old is not None and j is not None and j.active:
+                began, pending = time.monotonic(), j.state == "PENDING"
+                how = "scancel (pending)" if pending else "SIGTERM"
+                sent, j = await self._scancel(name, old, *([] if pending else ["--signal=TERM", "--full"]))
+            if old is None or not sent:
                 detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else step_stop_nothing()
                 await self.steps.mark_stopped(name, run)
                 await self.steps.end(run, rec, Outcome.OK, detail)
                 return
-            began = time.monotonic()
-            how = "SIGTERM"
-            if j.state == "PENDING":
-                await self.client.checked(name, ["scancel", str(old)])
-                how = "scancel (pending)"
-            else:
-                await self.client.checked(name, ["scancel", "--signal=TERM", "--full", str(old)])
             j = await self._wait_gone(name, old, job.stop_timeout)
             if j is not None and j.active:
                 how = f"scancel after {job.stop_timeout:.0f} s"
-                await self.client.checked(name, ["scancel", str(old)])
-                j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
+                sent, j = await self._scancel(name, old)
+                if sent:
+                    j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
         except RemoteError as exc:
             await self.steps.fail(run, rec, exc.message)
             raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
