@@ -20,8 +20,7 @@ from handlers.alerts import alert_exit_cause
 from handlers.context import Context
 from pipeline.config import AutoRestart
 from pipeline.errors import PitstopError
-from pipeline.host.contract import EvidenceArgs
-from pipeline.host.probe import CRASH_BYTES, JobProbe, call_helper, read_log_chunk, recorded_identity
+from pipeline.host.probe import JobProbe
 from pipeline.observe.crashes import Crash, CrashClass, classify, from_fields
 from pipeline.observe.evidence import ended
 from pipeline.state.incidents import Incident, IncidentStore
@@ -50,10 +49,10 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
     :param name: the job's configured name.
     :param seen: the watch cycle's probe of the job: when it brought the job's ending
         (:attr:`~pipeline.host.probe.JobProbe.tail`), its state, log size, exit record and log
-        since launch (``crash``) are used instead of asking the host again.
+        since launch (``crash``) are used instead of asking the job's engine again
+        (:meth:`~pipeline.engines.base.RestartService.crash_evidence`).
     :returns: the check, or None when the job has no recorded run or the host cannot be read.
     """
-    cfg = ctx.config.jobs[name]
     store = ctx.redis.open_store(IncidentStore)
     try:
         current = (await ctx.jobs.read(name)).current
@@ -62,39 +61,19 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
             return None
         run = await ctx.runs.get(run_id)
         offset = run.log_size_at_launch or 0
-        if seen is not None and seen.tail is not None:
-            state, status, size = seen.state, seen.exit_status, seen.log_size or 0
-        else:
-            ident = recorded_identity(current)
-            args: EvidenceArgs = {
-                "name": name,
-                "match": cfg.match,
-                "log": cfg.log,
-                "offset": offset,
-                "tail_lines": 0,
-                "pid": ident["pid"],
-                "start_time": ident["start_time"],
-                "sid": ident["sid"],
-            }
-            answer = await call_helper(ctx.ssh, "evidence", args, job=name)
-            log_info = answer.get("log")
-            state, status = answer.get("state"), answer.get("status")
-            size = int((log_info["size"] if log_info else None) or 0)
-        how = ended(state, status)  # the waiter's record
+        seen = await ctx.restarter.crash_evidence(name, offset, seen)
+        how = ended(seen.state, seen.exit_status)  # the waiter's record
         signal, code = (how.signal, how.code) if how else (None, None)
         exit_cause = alert_exit_cause(code, signal) if how else None
         stored = await store.last_crash(name)
         previous = from_fields(stored)
         if stored.get("run_id") == run_id and previous is not None:
             return CrashCheck(previous, stored.get("repeat") == "1", exit_cause)  # this run, seen before
-        chunk = seen.crash if seen is not None else None
-        if chunk is None:
-            start = max(offset, size - CRASH_BYTES) if size >= offset else 0
-            chunk = await read_log_chunk(ctx.ssh, name, cfg, start, CRASH_BYTES)
+        data = seen.crash.data if seen.crash is not None else b""  # (an engine always reads it)
     except PitstopError as exc:
         log.info("crash check %s: %s", name, exc.message)
         return None
-    crash = classify(chunk.data, exit_signal=signal, exit_code=code)
+    crash = classify(data, exit_signal=signal, exit_code=code)
     repeat = previous is not None and previous.same_failure(crash)
     fields = {**crash.to_fields(), "run_id": run_id, "repeat": "1" if repeat else "0"}
     await store.remember_crash(name, fields)

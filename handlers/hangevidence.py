@@ -1,7 +1,7 @@
 """Evidence for a hang, attached to a stuck-rank or stalled incident's thread.
 
-What a person would run by hand on the host, done once when the incident opens (one helper call,
-``hang``): each stuck process's state and ``wchan`` from ``/proc``, and its Python stacks from
+What a person would run by hand on the host, done once when the incident opens (one look by the
+job's engine, :meth:`~pipeline.engines.base.RestartService.hang_evidence`): each stuck process's state and ``wchan`` from ``/proc``, and its Python stacks from
 ``py-spy dump --pid PID`` when py-spy is installed there (when it is not, the post says so, with the
 install line).  A process in uninterruptible sleep (``D``) cannot be killed, so the post says a
 restart will not free it and the host may need recycling.
@@ -15,13 +15,11 @@ from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.text import HANG_STACKS_TITLE
 from pipeline.errors import PitstopError
-from pipeline.host.contract import HangAnswer, HangArgs
-from pipeline.host.probe import call_helper, recorded_identity
+from pipeline.host.contract import HangAnswer
 from pipeline.state.incidents import Incident, IncidentKind
 
 log = logging.getLogger(__name__)
 
-HANG_TIMEOUT = 120.0  #: seconds for the helper call (py-spy dumps of up to 16 processes)
 KINDS = (IncidentKind.STUCK_RANK, IncidentKind.STALLED)  #: incidents that get hang evidence
 
 
@@ -32,20 +30,9 @@ async def hang_evidence(ctx: Context, inc: Incident) -> Reply | None:
     :param inc: a stuck-rank or stalled incident (numbered).
     :returns: the reply, or None if the host could not be asked (logged).
     """
-    cfg = ctx.config.jobs[inc.job]
-    current = recorded_identity((await ctx.jobs.read(inc.job)).current)
-    args: HangArgs = {
-        "name": inc.job,
-        "match": cfg.match,
-        "workdir": cfg.workdir,
-        "pid": current["pid"],
-        "start_time": current["start_time"],
-        "sid": current["sid"],
-    }
-    if inc.kind is IncidentKind.STUCK_RANK and inc.rank_pid is not None:
-        args["pids"] = [inc.rank_pid]
+    pids = [inc.rank_pid] if inc.kind is IncidentKind.STUCK_RANK and inc.rank_pid is not None else []
     try:
-        answer = await call_helper(ctx.ssh, "hang", args, job=inc.job, timeout=HANG_TIMEOUT)
+        answer = await ctx.restarter.hang_evidence(inc.job, pids)
     except PitstopError as exc:
         log.warning("hang evidence for %s: %s", inc.job, exc.message)
         return None
@@ -117,4 +104,4 @@ def _unkillable(who: str) -> str:
     return f"a process in uninterruptible sleep (D) cannot be killed: a restart will not free {who}; the host may need recycling"
 
 
-__all__ = ["HANG_TIMEOUT", "KINDS", "hang_evidence", "hang_reply"]
+__all__ = ["KINDS", "hang_evidence", "hang_reply"]

@@ -23,7 +23,6 @@ from pipeline import fmt
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import TARGET
 from pipeline.errors import ExitCode, PitstopError, RemoteError
-from pipeline.host.probe import probe_host
 from pipeline.observe.attempts import TrainingProgress
 from pipeline.observe.gpus import (
     QUERY_GPU_ARGV,
@@ -235,11 +234,8 @@ async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
             value = current.get(field)
             if value and value.isdigit() and not snap.stopped:
                 owners[int(value)] = name
-    try:
-        probes = await probe_host(ctx.ssh, host, entries)
-    except PitstopError:
-        return owners
-    for name, probe in probes.items():
+    for name, sight in (await ctx.restarter.sightings(entries)).items():
+        probe = sight.probe
         for pid in (*probe.session_pids, *probe.pids):
             owners[pid] = name
     return owners

@@ -16,10 +16,14 @@ from pathlib import Path
 from pipeline.config import JobConfig
 from pipeline.engines.base import Entry, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import StepLog
-from pipeline.host.probe import JobProbe
+from pipeline.errors import PitstopError
+from pipeline.host.contract import HangAnswer
+from pipeline.host.probe import CRASH_BYTES, JobProbe, LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
+
+Cur = Mapping[str, str]  #: a job's current record
 
 
 def _alive(pid: int | None) -> bool:
@@ -103,17 +107,11 @@ class LocalEngine:
         alive = _alive(run.pid)
         text = Path(job.log).read_bytes()[run.log_size_at_launch or 0 :].decode(errors="replace")
         return Observation(
-            "alive" if alive else "gone",
-            int(alive),
-            job.processes,
-            pid=run.pid,
-            sampled_at=time.time(),
-            started_at=run.launched_at,
-            new_bytes=len(text.encode()),
+            "alive" if alive else "gone", int(alive), job.processes, pid=run.pid, sampled_at=time.time(),
+            started_at=run.launched_at, new_bytes=len(text.encode()), tail="\n".join(text.splitlines()[-30:]),
             error_line=next((ln for ln in text.splitlines() if "Error" in ln), None),
-            tail="\n".join(text.splitlines()[-30:]),
             facts=(f"pid {run.pid}: {'alive' if alive else 'gone'}",),
-        )
+        )  # fmt: skip
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Each job's recorded pid and its log's size (``reads`` left to the watcher)."""
@@ -131,10 +129,19 @@ class LocalEngine:
         """The log's last ``lines`` lines."""
         return "\n".join(Path(job.log).read_text().splitlines()[-lines:])
 
-    async def node_outputs(
-        self, name: str, job: JobConfig, cur: Mapping[str, str], argv: Sequence[str]
-    ) -> None:
+    async def node_outputs(self, name: str, job: JobConfig, cur: Cur, argv: Sequence[str]) -> None:
         """None: the job holds no nodes of its own."""
+
+    async def crash_evidence(
+        self, name: str, job: JobConfig, cur: Cur, offset: int, seen: JobProbe | None
+    ) -> JobProbe:
+        """The log's last CRASH_BYTES since ``offset``; no exit record."""
+        data, size = Path(job.log).read_bytes()[offset:][-CRASH_BYTES:], _size(job.log)
+        return JobProbe(name, log_size=size, crash=LogChunk(data, size, size, None, False))
+
+    async def hang_evidence(self, name: str, job: JobConfig, cur: Cur, pids: Sequence[int]) -> HangAnswer:
+        """Not looked at for a local job."""
+        raise PitstopError(f"no hang evidence for {name}: the local engine does not look")
 
 
 register("local", LocalEngine)

@@ -19,6 +19,8 @@ from pipeline.engines.base import ENGINES, Entry, NodeOutputs, Reads, RestartSer
 from pipeline.engines.runner import look
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostUnreachable
+from pipeline.host.contract import HangAnswer
+from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts, RemoteResult
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
@@ -261,8 +263,24 @@ class StandInRestarter:
 
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """What the registered engines see over this stand-in's SSH (a FakeSSH answers probes)."""
-        steps = StepLog(self.runs, Events(self.runs.client, self.runs.prefix))
-        return await look({n: make(self.ssh, steps) for n, make in ENGINES.items()}, entries, reads)
+        return await look({n: make(self.ssh, self._steps()) for n, make in ENGINES.items()}, entries, reads)
+
+    async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
+        """What the job's engine finds over this stand-in's SSH."""
+        name, steps = self.config.job_name(job), self._steps()
+        spec = self.config.jobs[name]
+        engine = ENGINES[spec.engine](self.ssh, steps)
+        return await engine.crash_evidence(name, spec, await steps.current(name), offset, seen)
+
+    async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
+        """What the job's engine finds over this stand-in's SSH."""
+        name, steps = self.config.job_name(job), self._steps()
+        spec = self.config.jobs[name]
+        engine = ENGINES[spec.engine](self.ssh, steps)
+        return await engine.hang_evidence(name, spec, await steps.current(name), pids)
+
+    def _steps(self) -> StepLog:
+        return StepLog(self.runs, Events(self.runs.client, self.runs.prefix))
 
 
 def make_context(

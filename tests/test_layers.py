@@ -4,11 +4,13 @@ Every ``import`` statement of every module under ``bot/``, ``handlers/`` and ``p
 read with :mod:`ast` — at module level, inside functions and under ``TYPE_CHECKING`` alike —
 so a cycle cannot hide behind a lazy import.  Run state has one owner: only ``pipeline/state/``
 names Redis keys, and ``bot/`` and ``handlers/`` neither import ``redis`` nor issue a command.
+Hosts are reached through the engines: ``bot/`` and ``handlers/`` import types of ``pipeline/host``, no function.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -259,3 +261,44 @@ def test_redis_use_finder_reports_each_kind() -> None:
         "await self.client.chat_postMessage(channel='C')\n"  # a Slack client: not Redis
     )
     assert sorted(line for line, _ in redis_uses(source)) == [1, 2, 3, 3, 4, 5, 6]
+
+
+def host_calls(source: str) -> Iterator[tuple[int, str]]:
+    """Where ``source`` reaches ``pipeline.host`` other than for a type: imports one of its modules
+    (``import pipeline.host.probe``, ``from pipeline.host import probe``) or a name that is not a
+    class (``from pipeline.host.probe import call_helper``); classes and typed dicts (``JobProbe``,
+    ``HangAnswer``, the ``SSHPool`` the assembly builds) may stay."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("pipeline.host"):
+                    yield node.lineno, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline.host"):
+            module = importlib.import_module(node.module or "")
+            for alias in node.names:
+                if not isinstance(getattr(module, alias.name, None), type):
+                    yield node.lineno, f"from {node.module} import {alias.name}"
+
+
+def test_surfaces_reach_hosts_only_through_the_engines() -> None:
+    """bot/ and handlers/ import only types of pipeline/host, no function, constant or module
+    (call_helper, read_log_chunk, probe_host…): they reach hosts through the engine seam (``ctx.restarter``)."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for package in SURFACES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, what in host_calls(path.read_text(encoding="utf-8"))
+    ]
+    assert not wrong, "host access outside the engine seam:\n" + "\n".join(wrong)
+
+
+def test_host_call_finder_reports_each_kind() -> None:
+    """The finder flags a host function, a host module and a plain import, and lets types pass."""
+    source = (
+        "from pipeline.host.probe import JobProbe, call_helper\n"
+        "from pipeline.host import probe\n"
+        "import pipeline.host.remote\n"
+        "from pipeline.host.remote import RemoteHosts, SSHPool\n"
+        "from pipeline.host.contract import HangAnswer\n"
+    )
+    assert [line for line, _ in host_calls(source)] == [1, 2, 3]

@@ -512,3 +512,40 @@ def test_the_tasks_of_each_job_come_apart_in_the_query_answer() -> None:
     error = found[8]
     assert isinstance(error, RemoteCommandError)
     assert error.message == "on login: srun into job 8 failed: srun: error: Unable to create step for job 8"
+
+
+class EndsAfterTheCheck(slurm.SlurmClient):
+    """The real client, except that the stop's state check is answered and then (before the
+    answer reaches the stop) the job is cancelled from outside and awaited until it has ended."""
+
+    def __init__(self, stack: SlurmStack) -> None:
+        super().__init__(stack.ssh)
+        self.stack = stack
+        self.armed = True
+
+    async def one(self, job: str, job_id: int) -> slurm.SlurmJob | None:
+        """:meth:`SlurmClient.one`; the first call also ends the job before it returns."""
+        seen = await super().one(job, job_id)
+        if self.armed:
+            self.armed = False
+            self.stack.cluster.run("scancel", str(job_id))
+            deadline = time.monotonic() + 60.0
+            while (j := await super().one(job, job_id)) is not None and j.active:
+                assert time.monotonic() < deadline, f"Slurm job {job_id} still {j.state}"
+                await asyncio.sleep(0.2)
+        return seen
+
+
+async def test_a_job_that_ends_between_the_stop_check_and_scancel_is_already_ended(
+    make_slurm: MakeSlurm,
+) -> None:
+    """scancel refusing a job that ended after the stop's state check is "already ended", not STOP_FAILED."""
+    stack = await make_slurm()
+    run = await stack.start()
+    stack.engine.client = EndsAfterTheCheck(stack)
+    stopped = await stack.restarter.stop(await stack.run("stop"))
+    assert stopped.verdict is None, stopped.verdict_line
+    stop = stopped.step(Step.STOP)
+    assert stop is not None and stop.detail.startswith(f"job {run.slurm_job} ended "), stop.detail
+    assert stop.detail.endswith("; nothing to stop"), stop.detail
+    assert (await stack.current())["state"] == "stopped"

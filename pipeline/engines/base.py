@@ -19,7 +19,7 @@ from typing import Protocol
 from pipeline import config as _config
 from pipeline.config import Config, JobConfig
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
-from pipeline.host.contract import LogRead
+from pipeline.host.contract import HangAnswer, LogRead
 from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation, count_right
@@ -146,6 +146,26 @@ class Engine(Protocol):
         """
         ...
 
+    async def crash_evidence(
+        self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
+    ) -> JobProbe:
+        """What the dead run left (the crash check): ``state``, ``exit_status``, ``log_size`` and
+        ``crash``, the last :data:`~pipeline.host.probe.CRASH_BYTES` of its output since byte
+        ``offset``; what ``seen`` (the watch cycle's sighting) already brought is kept.
+
+        :raises PitstopError: if the output cannot be read.
+        """
+        ...
+
+    async def hang_evidence(
+        self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
+    ) -> HangAnswer:
+        """State, ``wchan`` and Python stacks of the run's processes (only ``pids`` when given).
+
+        :raises PitstopError: if they cannot be looked at (the message says why).
+        """
+        ...
+
 
 EngineFactory = Callable[[RemoteHosts, StepLog], Engine]
 """Builds an engine over the SSH pool and the step log every engine records through."""
@@ -211,6 +231,14 @@ class RestartService(Protocol):
 
     async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
         """:meth:`Engine.node_outputs` for the job.  :raises PitstopError: if it holds no nodes now."""
+        ...
+
+    async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
+        """:meth:`Engine.crash_evidence` for the job.  :raises PitstopError: if unreadable."""
+        ...
+
+    async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
+        """:meth:`Engine.hang_evidence` for the job.  :raises PitstopError: if not available."""
         ...
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:

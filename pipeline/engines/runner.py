@@ -27,6 +27,7 @@ from pipeline.engines.base import ENGINES, Engine, Entry, NodeOutputs, Observati
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
+from pipeline.host.contract import HangAnswer
 from pipeline.host.probe import JobProbe, call_helper
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import (
@@ -298,6 +299,22 @@ class Runner:
         """
         name, spec, engine = self._job(job)
         return await engine.node_outputs(name, spec, await self.steps.current(name), argv)
+
+    async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
+        """What the job's dead run left (:meth:`~pipeline.engines.base.Engine.crash_evidence`).
+
+        :raises PitstopError: if its output cannot be read.
+        """
+        name, spec, engine = self._job(job)
+        return await engine.crash_evidence(name, spec, await self.steps.current(name), offset, seen)
+
+    async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
+        """The job's processes' state and stacks (:meth:`~pipeline.engines.base.Engine.hang_evidence`).
+
+        :raises PitstopError: if they cannot be looked at.
+        """
+        name, spec, engine = self._job(job)
+        return await engine.hang_evidence(name, spec, await self.steps.current(name), pids)
 
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries``: one look per engine and host (or cluster), concurrently.

@@ -35,11 +35,20 @@ from pipeline.config import JobConfig
 from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import StepLog, failed_checks, step_preflight_ok, step_stop_nothing
 from pipeline.engines.workdir import CALL_TIMEOUT
-from pipeline.errors import LaunchFailed, PitstopError, PreflightFailed, RemoteError, StopFailed
+from pipeline.errors import (
+    LaunchFailed,
+    PitstopError,
+    PreflightFailed,
+    RemoteCommandError,
+    RemoteError,
+    StopFailed,
+)
 from pipeline.host import slurm
+from pipeline.host.contract import HangAnswer
 from pipeline.host.probe import JobProbe, LogChunk, call_helper, log_tail
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
+from pipeline.observe import evidence
 from pipeline.observe.evidence import gather
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
@@ -183,29 +192,44 @@ class SlurmEngine:
                 return j
             await asyncio.sleep(STOP_POLL)
 
+    async def _scancel(self, name: str, job_id: int, *args: str) -> tuple[bool, SlurmJob | None]:
+        """``scancel ARGS JOB_ID``: ``(True, None)`` once sent; ``(False, its state)`` when scancel
+        refused a job that is no longer active (it ended since it was last looked at).
+
+        :raises RemoteError: if scancel failed and the job is still active (or cannot be asked).
+        """
+        try:
+            await self.client.checked(name, ["scancel", *args, str(job_id)])
+            return True, None
+        except RemoteCommandError:
+            j = await self.client.one(name, job_id)
+            if j is not None and j.active:
+                raise
+            return False, j
+
     async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
-        """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has left."""
+        """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has
+        left; a job that ended before its first scancel (scancel refuses it) had nothing to stop."""
         old = run.old_slurm_job = _int(current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.STOP)
         try:
             j = await self.client.one(name, old) if old is not None else None
-            if old is None or j is None or not j.active:
+            sent = False
+            if old is not None and j is not None and j.active:
+                began, pending = time.monotonic(), j.state == "PENDING"
+                how = "scancel (pending)" if pending else "SIGTERM"
+                sent, j = await self._scancel(name, old, *([] if pending else ["--signal=TERM", "--full"]))
+            if old is None or not sent:
                 detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else step_stop_nothing()
                 await self.steps.mark_stopped(name, run)
                 await self.steps.end(run, rec, Outcome.OK, detail)
                 return
-            began = time.monotonic()
-            how = "SIGTERM"
-            if j.state == "PENDING":
-                await self.client.checked(name, ["scancel", str(old)])
-                how = "scancel (pending)"
-            else:
-                await self.client.checked(name, ["scancel", "--signal=TERM", "--full", str(old)])
             j = await self._wait_gone(name, old, job.stop_timeout)
             if j is not None and j.active:
                 how = f"scancel after {job.stop_timeout:.0f} s"
-                await self.client.checked(name, ["scancel", str(old)])
-                j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
+                sent, j = await self._scancel(name, old)
+                if sent:
+                    j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
         except RemoteError as exc:
             await self.steps.fail(run, rec, exc.message)
             raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
@@ -440,6 +464,23 @@ class SlurmEngine:
             why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"
             raise PitstopError(slurm.gpus_not_running(name, why))
         return NodeOutputs(f"Slurm job {j.id}", await self.client.node_gpus(name, j.id, j.nodes, argv))
+
+    async def crash_evidence(
+        self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
+    ) -> JobProbe:
+        """The job's output (recorded ``StdOut``, else ``log``) on the login node since ``offset``; no
+        exit record (the batch job has no launch waiter).  :raises RemoteError: if unreadable."""
+        path = current.get("log") or job.log
+        return await evidence.crash_evidence(
+            self.ssh, name, job.model_copy(update={"log": path}), current, offset, seen
+        )
+
+    async def hang_evidence(
+        self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
+    ) -> HangAnswer:
+        """The helper's ``hang`` on the login node (not inside the allocation: the job's processes
+        there are not looked at).  :raises RemoteError: if it cannot be asked."""
+        return await evidence.hang_evidence(self.ssh, name, job, current, pids)
 
 
 register("slurm", SlurmEngine)

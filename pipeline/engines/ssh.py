@@ -59,9 +59,10 @@ from pipeline.errors import (
     RemoteTimeout,
     StopFailed,
 )
-from pipeline.host.contract import LaunchArgs, PreflightArgs, StopArgs
-from pipeline.host.probe import call_helper, log_tail, probe_args, probe_host, recorded_identity
+from pipeline.host.contract import HangAnswer, LaunchArgs, PreflightArgs, StopArgs
+from pipeline.host.probe import JobProbe, call_helper, log_tail, probe_args, probe_host, recorded_identity
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe import evidence
 from pipeline.observe.evidence import gather
 from pipeline.state.incidents import LOG_LINES
 from pipeline.state.runs import RunRecord
@@ -284,6 +285,22 @@ class SshEngine:
     ) -> NodeOutputs | None:
         """None: the job runs on its host, which ``gpus HOST`` asks."""
         return None
+
+    async def crash_evidence(
+        self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
+    ) -> JobProbe:
+        """The helper's ``evidence`` of the recorded session (unless ``seen`` brought it) and the log
+        since ``offset`` (:func:`pipeline.observe.evidence.crash_evidence`).
+
+        :raises RemoteError: if the host or the log cannot be read.
+        """
+        return await evidence.crash_evidence(self.ssh, name, job, current, offset, seen)
+
+    async def hang_evidence(
+        self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
+    ) -> HangAnswer:
+        """One helper ``hang`` call on the job's host.  :raises RemoteError: if it cannot be asked."""
+        return await evidence.hang_evidence(self.ssh, name, job, current, pids)
 
     async def _state_text(self, name: str, job: JobConfig) -> str:
         """What runs for the job now, in words (for a launch that hung or lost its channel)."""

@@ -6,22 +6,23 @@ for every engine); :func:`ended` (how a run's process ended, from its waiter's r
 :func:`count_right` (the expected processes) are its judgements the watcher, the crash check and
 ``status`` share.  :func:`gather` asks the host helper for one :class:`Observation` of an ssh
 run (its session and processes, the log since launch, the waiter's exit record, where the run
-started, the newest checkpoint).
+started, the newest checkpoint); :func:`crash_evidence` and :func:`hang_evidence` what a dead or
+hung run leaves there (the engines' looks for the crash check and the hang post).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteError
-from pipeline.host.contract import EvidenceArgs
-from pipeline.host.probe import call_helper
+from pipeline.host.contract import EvidenceArgs, HangAnswer, HangArgs
+from pipeline.host.probe import CRASH_BYTES, JobProbe, call_helper, read_log_chunk, recorded_identity
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.resume import ResumePoint, check_resume, checkpoint_fact
 from pipeline.state.runs import RunRecord
@@ -29,6 +30,7 @@ from pipeline.verdict import Lost, Step, Verdict, VerdictLine
 
 RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
 TAIL_LINES = 30  #: log lines kept as evidence
+HANG_TIMEOUT = 120.0  #: seconds for a ``hang`` call (py-spy dumps of up to 16 processes)
 
 
 @dataclass(frozen=True)
@@ -236,6 +238,64 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
         last = tail.rstrip("\n").splitlines()[-RUNNING_TAIL_LINES:]
         evidence += f"\n--- last {len(last)} {obs.output} lines ---\n" + "\n".join(last)
     return decided, line, evidence
+
+
+async def crash_evidence(
+    ssh: RemoteHosts,
+    name: str,
+    job: JobConfig,
+    current: Mapping[str, str],
+    offset: int,
+    seen: JobProbe | None,
+) -> JobProbe:
+    """What the job's dead run left, for the crash check: ``state``, ``exit_status`` and ``log_size``
+    (``seen``'s when it brought ``tail``, else one helper ``evidence`` call) and ``crash``: the last
+    :data:`CRASH_BYTES` of its log since byte ``offset`` (``seen``'s, else read).
+
+    :raises RemoteCommandError: if the log cannot be read; connection errors as ``SSHPool.run``.
+    """
+    if seen is None or seen.tail is None:
+        ident = recorded_identity(current)
+        args: EvidenceArgs = {
+            "name": name,
+            "match": job.match,
+            "log": job.log,
+            "offset": offset,
+            "tail_lines": 0,
+            "pid": ident["pid"],
+            "start_time": ident["start_time"],
+            "sid": ident["sid"],
+        }
+        answer = await call_helper(ssh, "evidence", args, job=name)
+        info = answer.get("log")
+        size = int((info["size"] if info else None) or 0)
+        seen = JobProbe(name, state=answer.get("state"), log_size=size, exit_status=answer.get("status"))
+    if seen.crash is not None:
+        return seen
+    size = seen.log_size or 0
+    start = max(offset, size - CRASH_BYTES) if size >= offset else 0
+    return replace(seen, crash=await read_log_chunk(ssh, name, job, start, CRASH_BYTES))
+
+
+async def hang_evidence(
+    ssh: RemoteHosts, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
+) -> HangAnswer:
+    """One helper ``hang`` call: state, ``wchan`` and ``py-spy`` stacks of the job's processes (or ``pids``).
+
+    :raises RemoteError: if the host cannot be asked (within :data:`HANG_TIMEOUT` s).
+    """
+    ident = recorded_identity(current)
+    args: HangArgs = {
+        "name": name,
+        "match": job.match,
+        "workdir": job.workdir,
+        "pid": ident["pid"],
+        "start_time": ident["start_time"],
+        "sid": ident["sid"],
+    }
+    if pids:
+        args["pids"] = list(pids)
+    return await call_helper(ssh, "hang", args, job=name, timeout=HANG_TIMEOUT)
 
 
 # --- text ---------------------------------------------------------------------------------------
