@@ -7,7 +7,9 @@ import uuid
 from pathlib import Path
 
 from pipeline.config import Config
+from pipeline.host.probe import CRASH_BYTES, JobProbe
 from pipeline.observe.attempts import read_attempt
+from pipeline.observe.evidence import crash_evidence
 from tests.test_watch import job_config, open_harness
 
 
@@ -36,3 +38,23 @@ async def test_a_range_truncated_since_is_not_read_as_the_attempts(
         assert metrics.stat().st_size < end
         assert await read_attempt(h.ctx.ssh, "m", job, 0, end) == []
         assert [ln.step for ln in await read_attempt(h.ctx.ssh, "m", job, end)] == list(range(31, 36))
+
+
+async def test_a_crash_read_of_a_log_truncated_since_launch_is_its_end(
+    tmp_path: Path, redis_config: Config
+) -> None:
+    """The crash check's own read (the probe brought none: an older death) of a log now shorter
+    than its size at launch and longer than ``CRASH_BYTES`` is its last ``CRASH_BYTES``, where
+    the traceback is, not its first."""
+    root = tmp_path / "jobs"
+    job = job_config(root, "c", uuid.uuid4().hex)
+    log = Path(job.log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"x" * CRASH_BYTES + b"step 9\nRuntimeError: boom\n")
+    size = log.stat().st_size
+    async with open_harness(tmp_path, redis_config, {"c": job}) as h:
+        seen = JobProbe("c", state="gone", log_size=size, tail="")  # the probe's look, no crash bytes
+        got = await crash_evidence(h.ctx.ssh, "c", job, {}, size + 10**6, seen)
+        assert got.crash is not None
+        assert got.crash.data.endswith(b"RuntimeError: boom\n")
+        assert len(got.crash.data) == CRASH_BYTES

@@ -273,7 +273,7 @@ async def crash_evidence(
     if seen.crash is not None:
         return seen
     size = seen.log_size or 0
-    start = max(offset, size - CRASH_BYTES) if size >= offset else 0
+    start = max(offset if size >= offset else 0, size - CRASH_BYTES)  # truncated since launch: its end
     return replace(seen, crash=await read_log_chunk(ssh, name, job, start, CRASH_BYTES))
 
 
