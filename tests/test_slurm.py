@@ -6,8 +6,11 @@ import asyncio
 import base64
 import dataclasses
 import json
+import logging
 import os
+import re
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -549,3 +552,31 @@ async def test_a_job_that_ends_between_the_stop_check_and_scancel_is_already_end
     assert stop is not None and stop.detail.startswith(f"job {run.slurm_job} ended "), stop.detail
     assert stop.detail.endswith("; nothing to stop"), stop.detail
     assert (await stack.current())["state"] == "stopped"
+
+
+async def test_a_controller_that_does_not_answer_is_a_probe_error_not_a_dead_job(
+    make_slurm: MakeSlurm, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The login node's clients pointed at a controller port nobody listens on (slurmctld down, as
+    the real squeue sees it: exit 1, "Unable to contact slurm controller"): the watch cycle logs
+    the query's error and decides nothing, where it used to take the job for gone (a dead incident)."""
+    stack = await make_slurm(nodes=1, tasks_per_node=1)
+    await stack.start()
+    outbox = MemoryOutbox()
+    watcher = build_watcher(context(stack, outbox))
+    assert (await watcher.cycle("login"))["trainer"].condition == "ok"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # free once the socket closes: nothing listens there
+    conf = re.sub(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={closed}", stack.cluster.conf.read_text())
+    dead = tmp_path / "slurm-no-controller.conf"
+    dead.write_text(conf + "MessageTimeout=2\n")
+    job = stack.config.jobs[stack.name]
+    stack.config.jobs[stack.name] = job.model_copy(update={"exec": ["env", f"SLURM_CONF={dead}"]})
+    caplog.set_level(logging.WARNING, logger="handlers.watching")
+    for _ in range(2):
+        decisions = await watcher.cycle("login")
+        assert "trainer" not in decisions, decisions  # no verdict from a query that failed
+    warned = [r.getMessage() for r in caplog.records if "squeue failed" in r.getMessage()]
+    assert len(warned) == 2 and "Unable to contact slurm controller" in warned[0], warned
+    assert not outbox.of("announce"), [a.reply.title for a in outbox.of("announce")]

@@ -58,9 +58,10 @@ helper=("${@:1:$n}"); shift "$n"
 declare -A tasks
 while [ $# -gt 0 ] && [ "$1" != "@@paths" ]; do tasks[$1]="$2"; shift 2; done
 [ $# -gt 0 ] && shift
-q=$(squeue -h -t all -j "$ids" -o '%i|%T|%D|%N|%r|%M' 2>/dev/null)
-[ -n "$q" ] && printf '%s\n' "$q"
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT; running=()
+q=$(squeue -h -t all -j "$ids" -o '%i|%T|%D|%N|%r|%M' 2>"$dir/squeue.err") \
+  || grep -q 'Invalid job id' "$dir/squeue.err" || { tail -c 300 "$dir/squeue.err" >&2; exit 3; }
+[ -n "$q" ] && printf '%s\n' "$q"
 while IFS='|' read -r id st nodes _; do
   [ "$st" = RUNNING ] && [ -n "${tasks[$id]:-}" ] || continue
   timeout -k 5 "$limit" srun --jobid="$id" --overlap -N"$nodes" --ntasks-per-node=1 --label \
@@ -432,7 +433,8 @@ class SlurmClient:
 
         :returns: the jobs by id, sizes by path, each read's bytes by path (None: unreadable), and
             by RUNNING job id its tasks per node, or the :class:`RemoteCommandError` of its srun.
-        :raises RemoteError: if the login node cannot be reached.
+        :raises RemoteError: if the login node cannot be reached, or squeue fails but for an id
+            the cluster no longer knows (no controller answers: no job is taken for gone).
         """
         joined = ",".join(str(i) for i in ids) or "0"
         extra: list[str] = []
@@ -451,6 +453,11 @@ class SlurmClient:
         head = [joined, f"{TASKS_TIMEOUT:.0f}", str(len(helper)), *helper, *wanted_tasks, "@@paths"]
         argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", *head, *paths, "@@reads", *extra]
         result = await self._run(job, argv, QUERY_TIMEOUT + (TASKS_TIMEOUT + 5 if tasks else 0))
+        if result.exit_status != 0:  # squeue failed, and not only for an id no longer known
+            why = f"on {result.host}: squeue failed: {result.stderr.strip()[-300:] or 'no output'}"
+            raise RemoteCommandError(
+                result.host, ["squeue", "-j", joined], why, exit_status=result.exit_status
+            )
         jobs = parse_query(result.stdout)
         wanted = set(ids)
         return (
