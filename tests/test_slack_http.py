@@ -470,7 +470,10 @@ async def test_outbox_paces_posts_to_one_channel(fake_slack: FakeSlack) -> None:
     calls = await fake_slack.calls("chat.postMessage")
     assert [c.args["channel"] for c in calls] == [CHANNEL, "C0OTHER", CHANNEL, CHANNEL]
     same = [c.at for c in calls if c.args["channel"] == CHANNEL]
-    assert all(b - a >= 1.99 for a, b in itertools.pairwise(same))
+    # the outbox paces when each post starts; the stand-in sees it arrive after the client's own
+    # latency, which a loaded machine stretches for one post and not the next: half the pace is
+    # the bound (unpaced, the three arrive within milliseconds)
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(same)), same
 
 
 async def test_outbox_without_channel_logs_and_does_not_raise(fake_slack: FakeSlack) -> None:
