@@ -284,6 +284,37 @@ async def _round_at(watcher: Watcher, hosts: dict[str, HostConfig], now: float) 
     return {d.condition for one in decided for d in one.values()}
 
 
+@contextlib.asynccontextmanager
+async def _storm(
+    fake_slack: FakeSlack, tmp_path: Path, redis_config: Config, teams: list[str], hosts: int, per_host: int
+) -> AsyncIterator[tuple[dict[str, str], Jobs, Watcher, dict[str, HostConfig], SlackOutbox]]:
+    """``hosts`` in-process hosts with ``per_host`` running jobs each (``h{i}-j{k:02d}``, told in
+    ``teams`` in turn), watched by Pitstop after one all-ok round: yields the job → host names,
+    the jobs, the watcher, the host configs and the outbox."""
+    for team in teams:
+        fake_slack.add_channel(Channel(team))
+    started: list[InProcessHost] = []
+    jobs = Jobs(tmp_path)
+    try:
+        for i in range(hosts):
+            started.append(await start_in_process(tmp_path / f"gpu{i}", real_python=True))
+        names = {f"h{i}-j{k:02d}": f"gpu{i}" for i in range(hosts) for k in range(per_host)}
+        cfgs = {
+            n: _job(tmp_path, jobs, n, h, teams[i % len(teams)]) for i, (n, h) in enumerate(names.items())
+        }
+        host_cfgs = {f"gpu{i}": h.host_config(connect_timeout=5) for i, h in enumerate(started)}
+        for n in names:
+            jobs.start(n)
+        async with _pitstop(fake_slack, redis_config, host_cfgs, cfgs) as (ctx, outbox):
+            watcher = build_watcher(ctx)
+            assert await _round_at(watcher, host_cfgs, T0) == {"ok"}
+            yield names, jobs, watcher, host_cfgs, outbox
+    finally:
+        jobs.cleanup()
+        for h in started:
+            await h.host.close()
+
+
 async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_one_resolution(
     fake_slack: FakeSlack, tmp_path: Path, redis_config: Config
 ) -> None:
@@ -370,46 +401,34 @@ async def test_60_jobs_crashing_across_6_hosts_reach_slack_grouped_and_complete(
 ) -> None:
     """60 jobs on 6 hosts killed at once: each of the 3 team channels gets one grouped post listing its 20 jobs and one line per job in its thread, every incident within the README's bound, no 429, none lost or doubled."""
     teams = ["C0TEAMA", "C0TEAMB", "C0TEAMC"]
-    for team in teams:
-        fake_slack.add_channel(Channel(team))
-    hosts: list[InProcessHost] = []
-    jobs = Jobs(tmp_path)
-    try:
-        for i in range(6):
-            hosts.append(await start_in_process(tmp_path / f"gpu{i}", real_python=True))
-        names = {f"h{i}-j{k}": f"gpu{i}" for i in range(6) for k in range(10)}
-        cfgs = {n: _job(tmp_path, jobs, n, h, teams[idx % 3]) for idx, (n, h) in enumerate(names.items())}
-        host_cfgs = {f"gpu{i}": h.host_config(connect_timeout=5) for i, h in enumerate(hosts)}
+    async with _storm(fake_slack, tmp_path, redis_config, teams, 6, 10) as (
+        names,
+        jobs,
+        watcher,
+        hosts,
+        outbox,
+    ):
         for n in names:
-            jobs.start(n)
-        async with _pitstop(fake_slack, redis_config, host_cfgs, cfgs) as (ctx, outbox):
-            watcher = build_watcher(ctx)
-            assert await _round_at(watcher, host_cfgs, T0) == {"ok"}
-            for n in names:
-                jobs.kill(n)
-            began = time.monotonic()
-            assert await _round_at(watcher, host_cfgs, T0 + 2) == {"dead"}
-            await watcher.teller.drain(120)
-            took = time.monotonic() - began
-            told: list[str] = []
-            for team in teams:
-                (post,) = _top(fake_slack, team)
-                assert str(post["text"]).startswith("20 jobs need attention on 6 hosts: 20 down")
-                lines = [str(m["text"]) for m in fake_slack.thread(team, str(post["ts"]))]
-                assert len(lines) == 20
-                told += lines
-            assert sorted(told) == sorted(
-                f"{n} is down: no processes left on {h} (expected 1)" for n, h in names.items()
-            )
-            assert took < 20 * PACE + 20  # README: per channel, the story at once, its lines at pace
-            calls = await fake_slack.calls("chat.postMessage")
-            assert len(calls) == 63 and all(c.ok for c in calls)  # none refused, none lost, none twice
-            assert outbox.failures == []
-            assert await _rate_limited(fake_slack) == []
-    finally:
-        jobs.cleanup()
-        for h in hosts:
-            await h.host.close()
+            jobs.kill(n)
+        began = time.monotonic()
+        assert await _round_at(watcher, hosts, T0 + 2) == {"dead"}
+        await watcher.teller.drain(120)
+        took = time.monotonic() - began
+        told: list[str] = []
+        for team in teams:
+            (post,) = _top(fake_slack, team)
+            assert str(post["text"]).startswith("20 jobs need attention on 6 hosts: 20 down")
+            lines = [str(m["text"]) for m in fake_slack.thread(team, str(post["ts"]))]
+            assert len(lines) == 20
+            told += lines
+        assert sorted(told) == sorted(
+            f"{n} is down: no processes left on {h} (expected 1)" for n, h in names.items()
+        )
+        assert took < 20 * PACE + 20  # README: per channel, the story at once, its lines at pace
+        calls = await fake_slack.calls("chat.postMessage")
+        assert len(calls) == 63 and all(c.ok for c in calls)  # none refused, none lost, none twice
+        assert outbox.failures == []
+        assert await _rate_limited(fake_slack) == []
 
 
 async def test_200_incidents_in_one_round_reach_slack_completely_each_429_waited_out(
@@ -417,46 +436,34 @@ async def test_200_incidents_in_one_round_reach_slack_completely_each_429_waited
 ) -> None:
     """200 jobs on 8 hosts killed at once, told in 10 channels with Slack answering 429 three times: every incident reaches Slack, once, in its channel's grouped post and thread; each 429 is waited out for its Retry-After."""
     teams = [f"C0STORM{k}" for k in range(10)]
-    for team in teams:
-        fake_slack.add_channel(Channel(team))
-    hosts: list[InProcessHost] = []
-    jobs = Jobs(tmp_path)
-    try:
-        for i in range(8):
-            hosts.append(await start_in_process(tmp_path / f"gpu{i}", real_python=True))
-        names = {f"h{i}-j{k:02d}": f"gpu{i}" for i in range(8) for k in range(25)}
-        cfgs = {n: _job(tmp_path, jobs, n, h, teams[idx % 10]) for idx, (n, h) in enumerate(names.items())}
-        host_cfgs = {f"gpu{i}": h.host_config(connect_timeout=5) for i, h in enumerate(hosts)}
+    async with _storm(fake_slack, tmp_path, redis_config, teams, 8, 25) as (
+        names,
+        jobs,
+        watcher,
+        hosts,
+        outbox,
+    ):
         for n in names:
-            jobs.start(n)
-        async with _pitstop(fake_slack, redis_config, host_cfgs, cfgs) as (ctx, outbox):
-            watcher = build_watcher(ctx)
-            assert await _round_at(watcher, host_cfgs, T0) == {"ok"}
-            for n in names:
-                jobs.kill(n)
-            for _ in range(3):
-                fake_slack.rate_limit_next("chat.postMessage", retry_after=1)
-            assert await _round_at(watcher, host_cfgs, T0 + 2) == {"dead"}
-            await watcher.teller.drain(300)  # a hang bound only: at pace, 20 lines a channel take about 20 s
-            told: list[str] = []
-            for team in teams:
-                (post,) = _top(fake_slack, team)
-                assert str(post["text"]).startswith("20 jobs need attention on 8 hosts: 20 down")
-                told += [str(m["text"]) for m in fake_slack.thread(team, str(post["ts"]))]
-            assert sorted(told) == sorted(
-                f"{n} is down: no processes left on {h} (expected 1)" for n, h in names.items()
-            )  # every incident, none twice
-            calls = await fake_slack.calls("chat.postMessage")
-            assert [c.status for c in calls].count(429) == 3 and outbox.failures == []
-            assert len([c for c in calls if c.ok]) == 10 + 200  # none lost, none posted twice
-            for i, c in enumerate(calls):
-                if c.status == 429:  # its channel's next call came after Retry-After (1 s), not before
-                    after = next(d for d in calls[i + 1 :] if d.args["channel"] == c.args["channel"])
-                    assert after.at - c.at >= 1.0
-    finally:
-        jobs.cleanup()
-        for h in hosts:
-            await h.host.close()
+            jobs.kill(n)
+        for _ in range(3):
+            fake_slack.rate_limit_next("chat.postMessage", retry_after=1)
+        assert await _round_at(watcher, hosts, T0 + 2) == {"dead"}
+        await watcher.teller.drain(300)  # a hang bound only: at pace, 20 lines a channel take about 20 s
+        told: list[str] = []
+        for team in teams:
+            (post,) = _top(fake_slack, team)
+            assert str(post["text"]).startswith("20 jobs need attention on 8 hosts: 20 down")
+            told += [str(m["text"]) for m in fake_slack.thread(team, str(post["ts"]))]
+        assert sorted(told) == sorted(
+            f"{n} is down: no processes left on {h} (expected 1)" for n, h in names.items()
+        )  # every incident, none twice
+        calls = await fake_slack.calls("chat.postMessage")
+        assert [c.status for c in calls].count(429) == 3 and outbox.failures == []
+        assert len([c for c in calls if c.ok]) == 10 + 200  # none lost, none posted twice
+        for i, c in enumerate(calls):
+            if c.status == 429:  # its channel's next call came after Retry-After (1 s), not before
+                after = next(d for d in calls[i + 1 :] if d.args["channel"] == c.args["channel"])
+                assert after.at - c.at >= 1.0
 
 
 async def test_a_member_acknowledged_or_resolved_before_its_line_is_posted_lands_in_the_story_s_thread(
