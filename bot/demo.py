@@ -39,6 +39,9 @@ from pipeline.errors import ExitCode, PitstopError, UsageError
 from pipeline.state.events import EventKind
 
 DEMO_USER = "demo-admin"
+#: where the demo's digest charts are kept, under the working directory: the printed chart paths
+#: stay valid after the demo, whose temp dir (state, Redis, checkpoints) is deleted unless --keep
+DEMO_CHARTS = "pitstop-demo-charts"
 DEFAULT_SCRIPT = Path(__file__).resolve().parent.parent / "demo" / "script.txt"
 
 
@@ -76,14 +79,16 @@ def demo_config_text(
     workdir: Path,
     state_dir: Path,
     python: str,
-    start_window: float = 20,
+    start_window: float = 10,
     watch_interval: float = 1,
     digest_every: float = 600,
 ) -> str:
     """The demo's TOML config: job ``dflash`` (5 target + 3 drafter CPU processes, tiny sizes).
 
-    :param start_window: seconds a launch must stay up to be ``RUNNING`` (the tiny CPU profile's
-        processes are all up within a few seconds).
+    :param start_window: seconds a launch must stay up to be ``RUNNING`` (on CPU the launcher
+        spawns its 8 workers before any torch import, so they are all up within a few seconds even
+        on a loaded 2-core machine; their torch imports, which took over 15 s on a cold first
+        start, no longer decide the verdict).
     :param watch_interval: seconds between watch cycles (one probe each).
     :param digest_every: seconds between scheduled digests.
     """
@@ -135,7 +140,7 @@ log = "{log}"
 match = '^dflash-worker '
 processes = 8
 start_window = {start_window}
-stop_timeout = 15
+stop_timeout = 8  # a stop of running ranks takes about 1 s; the hung run waits all 8 before its SIGKILL
 clear_cache = ["{workdir / "cache"}"]
 checkpoint_dir = "{workdir / "checkpoints"}"
 
@@ -210,7 +215,11 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
     ctx: Context | None = None
     scheduler: PitstopScheduler | None = None
     try:
-        console.print(f"demo dir {tmp}", style="dim", markup=False)
+        charts = Path.cwd() / DEMO_CHARTS
+        charts.mkdir(exist_ok=True)
+        (tmp / "state").mkdir()
+        (tmp / "state" / "charts").symlink_to(charts, target_is_directory=True)  # digests resolve it
+        console.print(demo_dirs(tmp, charts), style="dim", markup=False)
         # the interpreter's bin dir on the host's PATH: py-spy (installed with Pitstop) dumps the hung rank
         host = await start_local_ssh_host(tmp / "ssh", path_prepend=[Path(sys.executable).parent])
         workdir = tmp / "dflash"
@@ -373,12 +382,16 @@ async def _cleanup(
         with contextlib.suppress(Exception):
             current = (await ctx.jobs.read("dflash")).current
             sid = int(current["sid"]) if current.get("sid") else None
-        with contextlib.suppress(Exception):
-            # a graceful stop first (SIGTERM to the process group: checkpoint, exit 0) ...
-            run = await ctx.runs.create("dflash", DEMO_USER, action="stop")
-            await asyncio.wait_for(ctx.restarter.stop(run), timeout=90)
+        if keep:
+            with contextlib.suppress(Exception):
+                # a graceful stop first (SIGTERM to the process group: the kept dir gets a last
+                # checkpoint) ...
+                run = await ctx.runs.create("dflash", DEMO_USER, action="stop")
+                await asyncio.wait_for(ctx.restarter.stop(run), timeout=90)
         if sid is not None:
-            kill_session(sid)  # ... and whatever is left of the session, the hard way
+            # ... and whatever is left of the session, the hard way: without --keep the temp dir,
+            # checkpoints included, is deleted next, so nothing waits for a checkpoint no one reads
+            kill_session(sid)
         with contextlib.suppress(Exception):
             await close_context(ctx)
     if host is not None:
@@ -389,6 +402,11 @@ async def _cleanup(
 
 
 # --- text ---------------------------------------------------------------------------------------
+
+
+def demo_dirs(tmp: Path, charts: Path) -> str:
+    """The demo's first line: its temp dir and where its charts are kept."""
+    return f"demo dir {tmp} (deleted at the end unless --keep); digest charts kept in {charts}"
 
 
 def demo_unexpected(lineno: int, what: str) -> str:

@@ -35,7 +35,7 @@ from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
 from pipeline.digest.chart import rank_rates, tokens_chart
 from pipeline.digest.metrics import MetricLine, parse_metric_lines
 from pipeline.digest.report import Digest, build_digest
-from pipeline.digest.stats import compare, counter_increase, percentile, summarise
+from pipeline.digest.stats import MIN_TREND_S, compare, counter_increase, percentile, summarise
 from pipeline.digest.window import (
     LogRead,
     LogWindow,
@@ -147,14 +147,53 @@ def test_empty_window_has_no_numbers() -> None:
 
 def test_compare_gives_signed_percent() -> None:
     """compare() is (cur - prev) / |prev| in percent for the headline numbers present in both."""
-    cur = summarise(parse_metric_lines(DFLASH_LOG, "jsonl"))
-    prev = {**cur.headline(), "pipeline_tokens_per_s": 400.0, "top1": 0.5, "step_p50": None, "top8": 0.0}
+    cur = {**summarise(parse_metric_lines(DFLASH_LOG, "jsonl")).headline(), "resets": 0}  # a steady window
+    prev = {**cur, "pipeline_tokens_per_s": 400.0, "top1": 0.5, "step_p50": None, "top8": 0.0}
     change = compare(prev, cur)
     assert change["pipeline_tokens_per_s"] == pytest.approx(25.0)
     assert change["top1"] == pytest.approx(-25.0)
     assert "step_p50" not in change and "top8" not in change
     assert compare(None, cur) == {}
     assert compare(cur, cur)["pipeline_tokens_per_s"] == 0.0
+
+
+def _steady_drafters(start: float, seconds: float, rate: float, *, from_tokens: int = 0) -> list[MetricLine]:
+    """Ranks 5-7 writing a line every 5 s from ``start`` for ``seconds``, each at ``rate`` tokens/s."""
+    lines = []
+    for i in range(int(seconds // 5) + 1):
+        for rank in (5, 6, 7):
+            tokens = from_tokens + int(rate * 5 * i)
+            lines.append(MetricLine(ts=start + 5 * i, role="drafter", rank=rank, tokens=tokens, step=i))
+    return lines
+
+
+def test_no_trend_across_a_relaunch_or_from_a_short_window() -> None:
+    """A trend compares steady windows only: one spanning a relaunch (its counters reset) or one
+    shorter than MIN_TREND_S has no change against a steady one, either way round."""
+    steady = summarise(_steady_drafters(T, 600, 100.0))
+    assert steady.pipeline_tokens_per_s == pytest.approx(300.0) and steady.resets == 0
+    later = summarise(_steady_drafters(T + 600, 600, 110.0, from_tokens=60_000))
+    assert compare(steady, later)["pipeline_tokens_per_s"] == pytest.approx(10.0)  # like with like
+
+    # the job was killed at T+300 and relaunched at T+550: the counters start again from zero
+    relaunched = summarise(_steady_drafters(T, 300, 100.0) + _steady_drafters(T + 550, 50, 100.0))
+    assert relaunched.resets == 3 and relaunched.pipeline_tokens_per_s is not None
+    assert compare(steady, relaunched) == {} and compare(relaunched, later) == {}
+
+    # right after a relaunch: one line per rank, a 0 s window whose rates are the ranks' own
+    short = summarise(
+        [
+            MetricLine(ts=T + 900, role="drafter", rank=r, tokens=640, tokens_per_s=5000.0, step=1)
+            for r in (5, 6, 7)
+        ]
+    )
+    assert short.seconds == 0 and short.pipeline_tokens_per_s == pytest.approx(15_000.0)
+    assert compare(steady, short) == {} and compare(short.headline(), later) == {}
+    assert MIN_TREND_S > 0 and compare(steady, summarise(_steady_drafters(T, MIN_TREND_S, 100.0))) != {}
+
+    # a headline stored before window_s and resets were kept is compared as before
+    old = {k: v for k, v in steady.headline().items() if k not in ("window_s", "resets")}
+    assert compare(old, later)["pipeline_tokens_per_s"] == pytest.approx(10.0)
 
 
 # --- windows over a local file --------------------------------------------------------------
@@ -269,7 +308,7 @@ def _drafter(ts: float, rank: int, tokens: int, **extra: object) -> bytes:
         "device": f"cuda:{rank}",
     }
     rec.update(tokens=tokens, tokens_per_s=1.0, step_time_s=0.1, queue_depth=3, loss=2.0)
-    rec.update(top1=0.5, top4=0.75, top8=0.875, **extra)
+    rec.update({"top1": 0.5, "top4": 0.75, "top8": 0.875, **extra})
     return (json.dumps(rec) + "\n").encode()
 
 
@@ -370,24 +409,34 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
     d2 = await _digest(ctx, "dflash", scheduled=True)
     assert d2.window.kind is WindowKind.SINCE_LAST and d2.window.start == len(COMPLETE)
     assert d2.summary.bytes_read == len(DFLASH_LOG) - len(COMPLETE) + len(more)
-    # 2000/10 + 2000/10 + 1500/10 = 550 tokens/s: +10% against 500
+    # 2000/10 + 2000/10 + 1500/10 = 550 tokens/s; no trend: d1's window spans rank 6's relaunch
     assert d2.summary.pipeline_tokens_per_s == pytest.approx(550.0)
-    assert d2.change["pipeline_tokens_per_s"] == pytest.approx(10.0)
-    reply2 = digest_reply(d2)
-    assert reply2.title == "digest dflash: 550 tokens/s (+10.0%)"
-    # top-1/4/8 unchanged over the drafters' last lines (0.5 / 0.75 / 0.875 against 0.375 / 0.625 / 0.875)
-    assert dict(reply2.fields)["top-1/4/8"].endswith("(+33.3% / +20.0% / +0.0%)")
-    end = len(DFLASH_LOG) + len(more)
+    assert d2.change == {} and digest_reply(d2).title == "digest dflash: 550 tokens/s"
+
+    # the next steady window against d2's: 2000/10 + 2000/10 + 2050/10 = 605 tokens/s, +10%
+    steady = _drafter(T + 60, 5, 100_001_999) + _drafter(T + 60, 6, 5000) + _drafter(T + 60, 7, 7500)
+    steady += _drafter(T + 70, 5, 100_003_999, top1=0.25) + _drafter(T + 70, 6, 7000, top1=0.25)
+    steady += _drafter(T + 70, 7, 9550, top1=0.25)
+    with log.open("ab") as f:
+        f.write(steady)
+    d2b = await _digest(ctx, "dflash", scheduled=True)
+    assert d2b.summary.pipeline_tokens_per_s == pytest.approx(605.0)
+    assert d2b.change["pipeline_tokens_per_s"] == pytest.approx(10.0)
+    reply2 = digest_reply(d2b)
+    assert reply2.title == "digest dflash: 605 tokens/s (+10.0%)"
+    # top-1 of the drafters' last lines 0.25 against 0.5; top-4/8 unchanged
+    assert dict(reply2.fields)["top-1/4/8"].endswith("(-50.0% / +0.0% / +0.0%)")
+    end = len(DFLASH_LOG) + len(more) + len(steady)
     assert (await load_offset(ctx.redis.open_store(DigestMemory), "dflash")).offset == end  # type: ignore[union-attr]
 
     with log.open("ab") as f:
-        f.write(_drafter(T + 60, 5, 100_003_999))
+        f.write(_drafter(T + 80, 5, 100_005_999))
     d3 = await _digest(ctx, "dflash", scheduled=False)
     assert d3.window.kind is WindowKind.SINCE_LAST and d3.summary.metric_lines == 1
     state3 = await load_offset(ctx.redis.open_store(DigestMemory), "dflash")
     assert state3 is not None and state3.offset == end  # on demand left the offset alone
     last = json.loads(await ctx.redis.client.get(keys.digest_last(ctx.prefix, "dflash")))
-    assert last["pipeline_tokens_per_s"] == pytest.approx(550.0)
+    assert last["pipeline_tokens_per_s"] == pytest.approx(605.0)
 
     log.write_bytes(_drafter(T + 100, 5, 10) + _drafter(T + 110, 5, 1010))
     d4 = await _digest(ctx, "dflash", scheduled=True)

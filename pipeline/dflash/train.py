@@ -12,6 +12,7 @@ import argparse
 import ctypes
 import io
 import json
+import multiprocessing
 import os
 import queue as queue_mod
 import signal
@@ -560,16 +561,19 @@ def main(argv: list[str] | None = None) -> int:
     if not log.same_file_as(1):
         log.line(banner)
 
-    import torch  # lazy: torch after the process title is set (module docstring)
-    import torch.multiprocessing as tmp
+    if not args.cpu:
+        import torch  # lazy: torch after the process title is set (module docstring)
 
-    if not args.cpu and not torch.cuda.is_available():
-        log.line("dflash-main: CUDA is not available; pass --cpu to run on CPU")
-        return 2
+        if not torch.cuda.is_available():
+            log.line("dflash-main: CUDA is not available; pass --cpu to run on CPU")
+            return 2
+    # On CPU the launcher never imports torch: the workers are spawned at once (their titles count
+    # within a second or two), not after seconds of importing torch, which the launcher never uses.
+    # (torch.multiprocessing's spawn context is the standard library's; queue items are bytes.)
     if _signalled:
         log.line("dflash-main: stop requested before start; exit 0")
         return 0
-    ctx = tmp.get_context("spawn")
+    ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue(maxsize=cfg["queue_size"])
     stop_event, targets_stop = ctx.Event(), ctx.Event()
     procs: list[tuple[str, int, Any]] = []

@@ -252,10 +252,15 @@ def _draw(
     marks: Sequence[RestartMark] = (),
     last_digest: float | None = None,
 ) -> Path:
-    """Parse the window's lines and draw them (in a worker thread: parsing and drawing are slow)."""
+    """Parse the window's lines and draw them (in a worker thread: parsing and drawing are slow).
+
+    :returns: the PNG's path, links resolved (a state dir's ``charts`` may link to a lasting place,
+        as the demo's does, and the path shown is the one that stays).
+    """
     # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
     from pipeline.digest.chart import chart_title, tokens_chart
 
+    path = path.parent.resolve() / path.name
     lines = parse_metric_lines(data, spec.metrics)
     out = tokens_chart(lines, path, title=chart_title(job), restarts=marks, last_digest=last_digest)
     _prune_charts(path.parent, job)

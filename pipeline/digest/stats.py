@@ -27,6 +27,7 @@ STARVED_BELOW = 0.5  #: mean drafter queue depth under which drafters are starve
 TARGET = "target"
 DRAFTER = "drafter"
 COMPARED = ("pipeline_tokens_per_s", "step_p50", "step_p95", "top1", "top4", "top8")
+MIN_TREND_S = 10.0  #: seconds: a window shorter than this (a rank's single line, its own rate) has no trend
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -180,6 +181,8 @@ class DigestSummary:
             "top8": self.top8,
             "loss_last": self.loss_last,
             "window_end": self.window_end,
+            "window_s": self.seconds,
+            "resets": self.resets,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -367,21 +370,40 @@ def summarise_series(
 def compare(
     prev: DigestSummary | Mapping[str, float | None] | None, cur: DigestSummary | Mapping[str, float | None]
 ) -> dict[str, float]:
-    """The change of each headline number against a previous digest, in percent.
+    """The change of each headline number against a previous digest, in percent: like with like.
 
-    Only numbers present in both with a non-zero previous value are compared.
+    Only steady windows are compared (:func:`steady`): a window that spans a relaunch mixes the
+    dead time and the restart's first steps into its rates, and one shorter than
+    :data:`MIN_TREND_S` holds a line or two per rank — either one against a steady window would
+    be a made-up trend (a 0 s window after a relaunch read ``+2119%``).  Then only numbers present
+    in both with a non-zero previous value are compared.
 
     :param prev: the previous summary or its :meth:`DigestSummary.headline` (None: no change known).
     :param cur: the current summary or its headline.
-    :returns: key → ``(cur - prev) / |prev| * 100`` for keys in :data:`COMPARED`.
+    :returns: key → ``(cur - prev) / |prev| * 100`` for keys in :data:`COMPARED`; empty when
+        either window is not steady.
     """
     if prev is None:
         return {}
     before = prev.headline() if isinstance(prev, DigestSummary) else prev
     now = cur.headline() if isinstance(cur, DigestSummary) else cur
+    if not (steady(before) and steady(now)):
+        return {}
     out: dict[str, float] = {}
     for key in COMPARED:
         a, b = before.get(key), now.get(key)
         if isinstance(a, int | float) and isinstance(b, int | float) and a != 0:
             out[key] = (b - a) / abs(a) * 100.0
     return out
+
+
+def steady(headline: Mapping[str, float | None]) -> bool:
+    """Whether a window's headline can anchor a trend: no counter reset (relaunch) in it and at
+    least :data:`MIN_TREND_S` s between its first and last metric line.
+
+    A headline stored before these fields were kept (no ``window_s``) counts as steady.
+    """
+    if "window_s" not in headline:
+        return True
+    seconds = headline.get("window_s")
+    return not headline.get("resets") and seconds is not None and seconds >= MIN_TREND_S
