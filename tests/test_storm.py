@@ -477,13 +477,7 @@ async def test_a_member_acknowledged_or_resolved_before_its_line_is_posted_lands
     hosts = {"gpu1": HostConfig(address="127.0.0.1")}  # never reached: the incidents are opened here
     async with _pitstop(fake_slack, redis_config, hosts, cfgs) as (ctx, outbox):
         store = ctx.redis.open_store(IncidentStore)
-        rnd = Round()
-        for n in names:
-            inc = await store.open(
-                Incident(job=n, host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0)
-            )
-            assert inc is not None
-            rnd.opened.append(Told(inc, team, T0))
+        rnd = await _opened_dead(store, names, team)
         fake_slack.hold("chat.postMessage")
         telling = asyncio.create_task(tell(ctx, store, rnd))
         await fake_slack.wait_held("chat.postMessage")  # the grouped post: in flight, its ts unknown
@@ -539,13 +533,7 @@ async def test_a_member_acknowledged_on_another_replica_while_its_grouped_post_i
         _pitstop(fake_slack, redis_config, hosts, cfgs, instance="replica-b") as (ctx_b, outbox_b),
     ):
         store = ctx_a.redis.open_store(IncidentStore)
-        rnd = Round()
-        for n in names:
-            inc = await store.open(
-                Incident(job=n, host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0)
-            )
-            assert inc is not None
-            rnd.opened.append(Told(inc, team, T0))
+        rnd = await _opened_dead(store, names, team)
         fake_slack.hold("chat.postMessage")
         telling = asyncio.create_task(tell(ctx_a, store, rnd))
         await fake_slack.wait_held("chat.postMessage")  # A's grouped post: in flight, its ts unknown
@@ -606,6 +594,19 @@ async def test_a_member_waits_for_a_claimed_grouped_post_only_while_its_replica_
         (note,) = fake_slack.thread(team, own["ts"])
         assert str(note["text"]).startswith("acknowledged by")
         assert len(await fake_slack.calls("chat.postMessage")) == 2 and outbox.failures == []
+
+
+async def _opened_dead(store: IncidentStore, names: list[str], channel: str) -> Round:
+    """A round opening a DEAD incident on ``gpu1`` for each of ``names`` (opened in ``store`` at
+    ``T0``), told in ``channel``."""
+    rnd = Round()
+    for n in names:
+        inc = await store.open(
+            Incident(job=n, host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0)
+        )
+        assert inc is not None
+        rnd.opened.append(Told(inc, channel, T0))
+    return rnd
 
 
 async def _member_of_story(store: IncidentStore, job: str) -> Incident:

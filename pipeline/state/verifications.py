@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 DONE_TTL = 7 * 86400.0  #: seconds a delivered claim is remembered
 
@@ -71,16 +72,11 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-class VerifyQueue:
-    """Launched runs awaiting verification, and the claims that deliver them.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
+class VerifyQueue(Store):
+    """Launched runs awaiting verification, and the claims that deliver them."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self.key = keys.runs_unverified(prefix)
 
     def enqueue_in(self, pipe: Any, run_id: str, due: float) -> None:
