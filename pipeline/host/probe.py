@@ -1,15 +1,10 @@
 """Calling Pitstop's host helper (:mod:`pipeline.host.helper`) over SSH, and the probes built on it.
 
-The helper's source travels with every call (``python3 -c SOURCE OP JSON``), so nothing is
-installed on the host; it runs on the job's side of the ``exec`` wrapper unless the work is
-the host's own (``nvidia-smi``).  One call answers one question in full — the watcher's
-:func:`probe_host` covers every job of a host that shares an ``exec`` prefix in one SSH call.
-
-Process counts follow one rule everywhere (status, watcher, verification): the job's
+The helper's source travels with every call, so nothing is installed on the host; it runs on
+the job's side of the ``exec`` wrapper.  Process counts follow one rule everywhere: the job's
 processes are the members of its recorded session (``sid``, from ``keys.job_current``) whose
-``/proc/PID/cmdline`` — NULs read as spaces, trailing space stripped — matches the job's
-``match`` regex (``re.search``).  Without a recorded session, the user's processes that match
-count, minus the helper's own ancestry and other helper processes.
+``/proc/PID/cmdline`` (NULs read as spaces) matches the job's ``match`` regex (``re.search``);
+without a recorded session, the user's matching processes, minus the helper's own ancestry.
 """
 
 from __future__ import annotations
@@ -212,17 +207,9 @@ def _unannotated(node: ast.stmt) -> ast.stmt:
 
 
 def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:
-    """``[python3, -E, -S, -c, SOURCE, OP, JSON]``: the helper invocation for one operation.
-
-    ``-E -S``: no ``PYTHON*`` variables, no site-packages — the helper needs only the
-    standard library, and starts twice as fast without them.
-    """
+    """``[python3, -E, -S, -c, SOURCE, OP, JSON]``: the helper invocation for one operation
+    (``-E -S``: no ``PYTHON*`` variables, no site-packages; it starts twice as fast without)."""
     return [HELPER_PYTHON, "-E", "-S", "-c", helper_source(op), op, json.dumps(args, separators=(",", ":"))]
-
-
-def _shown(op: str) -> list[str]:
-    """How a helper call is named in errors (the source is not worth showing)."""
-    return [HELPER_PYTHON, "-c", "<pitstop host helper>", op]
 
 
 class HelperCall(TypedDict, total=False):
@@ -295,23 +282,17 @@ async def call_helper(
     stdin: str | None = None,
     timeout: float = PROBE_TIMEOUT,
 ) -> Mapping[str, object]:
-    """Run one helper operation and return its JSON answer.
+    """Run one helper operation and return its JSON answer as it came (typed by the overloads).
 
-    The overloads above type each operation's arguments and answer
-    (:data:`pipeline.host.contract.OPERATIONS`); the answer is the helper's JSON as it came.
+    Exactly one of ``job`` (the job's host behind its ``exec`` prefix) or ``host`` (the host
+    itself, or behind ``exec_prefix`` when given) says where; ``timeout`` is in seconds.
 
-    Exactly one of ``job`` (job side: the job's host behind its ``exec`` prefix) or ``host``
-    (the host itself, or behind ``exec_prefix`` when given) says where.
-
-    :param timeout: seconds.
-    :returns: the helper's JSON object (without ``error``).
     :raises RemoteCommandError: the helper failed (its ``error``), gave no answer, or its
         control shell was killed by a signal — named as such, never as empty output.
-    :raises RemoteTimeout: if the call outlived ``timeout`` (named without the helper source).
-    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    :raises: as :meth:`pipeline.host.remote.SSHPool.run` (errors name the call without the source).
     """
     argv = helper_argv(op, args)
-    shown = _shown(op)
+    shown = [HELPER_PYTHON, "-c", "<pitstop host helper>", op]  # the source is not worth showing
     if job is not None:
         result = await ssh.run_job(job, argv, timeout=timeout, stdin=stdin, display=shown)
     else:
@@ -338,35 +319,26 @@ async def call_helper(
             stderr=result.stderr,
         )
     answer: Any = None
-    lines = result.stdout.strip().splitlines()
-    if lines:
-        try:
-            answer = json.loads(lines[-1])
-        except ValueError:
-            answer = None
+    try:
+        answer = json.loads((result.stdout.strip().splitlines() or ["null"])[-1])
+    except ValueError:
+        pass
     if not isinstance(answer, dict):
         err = (result.stderr.strip().splitlines() or ["no output"])[-1]
         detail = f"exit status {result.exit_status}, no answer: {err[:300]}"
-        raise RemoteCommandError.helper_failed(
-            result.host,
-            shown,
-            op,
-            detail,
-            exit_status=result.exit_status,
-            stdout=result.stdout,
-            stderr=result.stderr,
-        )
-    if answer.get("error"):
-        raise RemoteCommandError.helper_failed(
-            result.host,
-            shown,
-            op,
-            str(answer["error"]),
-            exit_status=result.exit_status,
-            stdout=result.stdout,
-            stderr=result.stderr,
-        )
-    return answer
+    elif answer.get("error"):
+        detail = str(answer["error"])
+    else:
+        return answer
+    raise RemoteCommandError.helper_failed(
+        result.host,
+        shown,
+        op,
+        detail,
+        exit_status=result.exit_status,
+        stdout=result.stdout,
+        stderr=result.stderr,
+    )
 
 
 # --- the watcher's probe ------------------------------------------------------------------------
@@ -374,47 +346,28 @@ async def call_helper(
 
 @dataclass(frozen=True)
 class JobProbe:
-    """One job as seen on its host at one moment.
-
-    :ivar job: the job name.
-    :ivar pids: the job's processes (session members matching ``match``).
-    :ivar count: ``len(pids)``.
-    :ivar session_pids: every member of the recorded session (matching or not); without a
-        recorded session, same as ``pids``.
-    :ivar alive: the recorded pid is alive with its recorded start time; None without a record.
-    :ivar state: ``alive`` / ``gone`` / ``stale`` (pid reused by another process) / None.
-    :ivar log_size: the log's size in bytes (None if it cannot be read).
-    :ivar log_mtime: the log's modification time (unix s, host clock).
-    :ivar log_inode: the log's inode (a change means it was replaced).
-    :ivar sampled_at: when the helper looked (unix s, host clock).
-    :ivar error: why this job could not be probed (host unreachable, bad regex…), else None.
-    :ivar read: the bytes of the ``read`` asked for with the probe (:class:`LogChunk`); None when
-        none was asked, or it was asked ``if_running`` and the job had no process.
-    :ivar read_error: why that read failed (the file is missing…), else None.
-    :ivar tail: the log's last lines, brought back for a job found short of processes (dead
-        included) when the probe asked (:func:`probe_host` ``tail_lines``); else None.
-    :ivar exit_status: with ``tail``: the launch waiter's record of how the recorded pid ended
-        (``code``, ``signal``, ``started_at``, ``ended_at``), None while it runs or unrecorded.
-    :ivar crash: with ``exit_status``, for a job with no process left whose launch recorded its
-        log's size and that died recently (:func:`probe_args`): the last :data:`CRASH_BYTES` it
-        wrote since (None otherwise, or unreadable).
-    """
+    """One job as seen on its host at one moment (times: unix s, host clock)."""
 
     job: str
-    pids: tuple[int, ...] = ()
+    pids: tuple[int, ...] = ()  #: the job's processes (session members matching ``match``)
     count: int = 0
-    session_pids: tuple[int, ...] = ()
-    alive: bool | None = None
-    state: str | None = None
-    log_size: int | None = None
+    session_pids: tuple[int, ...] = ()  #: every member of the recorded session (else ``pids``)
+    alive: bool | None = None  #: the recorded pid is alive with its start time; None without a record
+    state: str | None = None  #: ``alive`` / ``gone`` / ``stale`` (pid reused by another process) / None
+    log_size: int | None = None  #: bytes (None if the log cannot be read)
     log_mtime: float | None = None
-    log_inode: int | None = None
+    log_inode: int | None = None  #: a change means the log was replaced
     sampled_at: float | None = None
-    error: str | None = None
+    error: str | None = None  #: why this job could not be probed (host unreachable, bad regex…)
+    #: the bytes of the ``read`` asked for with the probe; None when none was asked, or it was
+    #: asked ``if_running`` and the job had no process
     read: LogChunk | None = None
-    read_error: str | None = None
+    read_error: str | None = None  #: why that read failed (the file is missing…)
+    #: the log's last lines, for a job found short of processes when :func:`probe_host` asked
     tail: str | None = None
-    exit_status: ExitRecord | None = None
+    exit_status: ExitRecord | None = None  #: with ``tail``: the waiter's record of how the pid ended
+    #: with ``exit_status``, for a job with no process left that died recently and whose launch
+    #: recorded its log's size (:func:`probe_args`): the last :data:`CRASH_BYTES` it wrote since
     crash: LogChunk | None = None
 
 
@@ -429,7 +382,7 @@ def recorded_identity(current: Mapping[str, str] | None) -> Identity:
     """``pid``, ``start_time``, ``sid`` from a ``keys.job_current`` hash (None each when absent
     or when the job is recorded as stopped)."""
     if not current or current.get("state") == "stopped":
-        return {"pid": None, "start_time": None, "sid": None}
+        current = {}
     return {
         "pid": _int(current.get("pid")),
         "start_time": _int(current.get("start_time")),
@@ -468,12 +421,6 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
         return JobProbe(job=name, error=str(raw.get("error")), sampled_at=sampled_at)
     log = raw.get("log")
     got: Mapping[str, Any] | None = raw.get("read")
-    chunk, read_error = None, None
-    if got is not None:
-        if "error" in got:
-            read_error = str(got["error"])
-        else:
-            chunk = _chunk(cast(ReadAnswer, got))
     crash: Mapping[str, Any] | None = raw.get("crash")
     return JobProbe(
         job=name,
@@ -487,8 +434,8 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
         log_inode=log["inode"] if log else None,
         sampled_at=sampled_at,
         error=None,
-        read=chunk,
-        read_error=read_error,
+        read=_chunk(cast(ReadAnswer, got)) if got and "error" not in got else None,
+        read_error=str(got["error"]) if got and "error" in got else None,
         tail=raw.get("tail"),
         exit_status=raw.get("status"),
         crash=_chunk(cast(ReadAnswer, crash)) if crash and "error" not in crash else None,
@@ -506,16 +453,12 @@ async def probe_host(
     """Probe several jobs of one host: one SSH call per distinct ``exec`` prefix, run concurrently.
 
     Everything a watch cycle needs of a job comes back in that call: its processes, its log's
-    size, for a job named in ``reads`` those bytes (its metric log's new lines, in
-    :attr:`JobProbe.read`), and, given ``tail_lines``, for a job found with fewer than its
-    ``processes`` (dead or short) how it ended (:attr:`JobProbe.tail`, at most
-    :data:`TAIL_MAX_BYTES`, and :attr:`JobProbe.exit_status`) — so a cycle makes one helper call
-    per host however many jobs it has, and only the jobs in trouble add their tails to it.
+    size, for a job named in ``reads`` those bytes (its metric log's new lines), and, given
+    ``tail_lines``, for a job found with fewer than its ``processes`` how it ended
+    (:attr:`JobProbe.tail`, :attr:`JobProbe.exit_status`, :attr:`JobProbe.crash`).
 
-    :param host: the configured host name the jobs run on.
     :param jobs: ``(job name, job config, keys.job_current hash or None)`` for each job.
-    :param reads: job name → a file range to read in the same call (at most
-        :data:`pipeline.observe.progress.MAX_READ` bytes each is what the watcher asks).
+    :param reads: job name → a file range to read in the same call.
     :returns: job name → :class:`JobProbe`; a job whose call failed carries ``error`` (the
         failure's message) instead of raising.
     """
@@ -548,20 +491,13 @@ async def probe_host(
 
 @dataclass(frozen=True)
 class LogChunk:
-    """Bytes read from a log.
-
-    :ivar data: the bytes.
-    :ivar offset: where the next read starts.
-    :ivar size: the file's size when read.
-    :ivar inode: the file's inode.
-    :ivar reset: True if reading started over at 0 (truncated, or a new file at the path).
-    """
+    """Bytes read from a log; the file's size and inode when read."""
 
     data: bytes
-    offset: int
+    offset: int  #: where the next read starts
     size: int
     inode: int | None
-    reset: bool
+    reset: bool  #: reading started over at 0 (truncated, or a new file at the path)
 
 
 async def read_log_chunk(
@@ -581,8 +517,7 @@ async def read_log_chunk(
     (truncated) or, given ``inode``, when the path now holds another file (rotated).  The bytes
     travel zlib-compressed (level 1: a metric log shrinks over tenfold for a few ms per MiB).
 
-    :raises RemoteCommandError: if the file cannot be read (the helper's message).
-    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    :raises RemoteCommandError: if the file cannot be read; else as :func:`call_helper`.
     """
     args: ReadArgs = {
         "path": path or job.log,
@@ -624,8 +559,7 @@ async def log_tail(
     """The last ``lines`` lines of the job's log (at most :data:`TAIL_MAX_BYTES` read).
 
     :param since: only bytes written at or after this offset count.
-    :raises RemoteCommandError: if the log cannot be read.
-    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    :raises RemoteCommandError: if the log cannot be read; else as :func:`call_helper`.
     """
     args: TailArgs = {
         "path": path or job.log,
