@@ -671,14 +671,10 @@ def op_patches(a: PatchesArgs) -> PatchesAnswer | ErrorAnswer:
 
 
 def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
-    """Start the job detached and report its identity at once.
-
-    An intermediate child leaves the helper's session (``setsid``), forks the waiter
-    (:data:`WAITER`) and exits, so the waiter is nobody's child and holds none of the SSH
-    channel's descriptors.  The waiter starts the job in a session of its own (pid = pgid = sid),
-    stdin ``/dev/null``, output appended to the log, sends its pid and start time back through a
-    pipe, then waits for it and writes its exit status next to the log (:func:`status_path`).
-    """
+    """Start the job detached and report its identity at once: an intermediate child leaves the
+    helper's session, forks the waiter (:data:`WAITER`; nobody's child, none of the SSH channel's
+    descriptors) and exits.  The job runs in a session of its own (pid = pgid = sid), stdin
+    ``/dev/null``, output appended to the log; its exit status lands in :func:`status_path`."""
     workdir, argv, log = a["workdir"], a["argv"], a["log"]
     logfd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     log_size = os.fstat(logfd).st_size
@@ -782,10 +778,8 @@ def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
-    """:func:`probe_one` for several jobs of one host in one call, with each job's ``read`` (its
-    metric log's new bytes, zlib-compressed; with ``if_running`` only when it has processes) and,
-    for a job with fewer than ``processes`` processes, its ending (:func:`ending`, from byte 0),
-    with, when none is left and its waiter recorded the end, the log since ``crash_from``."""
+    """:func:`probe_one` for several jobs of one host in one call, with each job's ``read`` (with
+    ``if_running`` only when it has processes) and, with fewer than ``processes``, :func:`probe_ending`."""
     procs = probe_scan(a["jobs"])
     out: dict[str, JobState] = {}
     for j in a["jobs"]:
@@ -873,12 +867,9 @@ def proc_environ(pid: int) -> dict[bytes, bytes]:
 
 
 def op_slurm_tasks(a: SlurmTasksArgs) -> SlurmTasksAnswer:
-    """Run on one node of a Slurm job (``srun --jobid=ID --overlap``): the job's task processes here.
-
-    A task process matches ``match`` and its environment holds ``SLURM_JOB_ID=job``, a
-    ``SLURM_STEP_ID`` (set for tasks of a step, not for the batch script or its ``srun`` client)
-    and this node's ``SLURMD_NODENAME``.
-    """
+    """Run on one node of a Slurm job (``srun --overlap``): its task processes here, those matching
+    ``match`` whose environment holds ``SLURM_JOB_ID=job``, a ``SLURM_STEP_ID`` (not the batch
+    script nor its ``srun``) and this node's ``SLURMD_NODENAME``."""
     rx = re.compile(a["match"])
     job = str(a["job"]).encode()
     node = os.environ.get("SLURMD_NODENAME", "")

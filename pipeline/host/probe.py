@@ -68,14 +68,11 @@ CRASH_FRESH = 60.0  #: seconds (at least 3 watch intervals) a death's log comes 
 
 @cache
 def helper_source(op: str | None = None) -> str:
-    """The helper program as sent to hosts: :mod:`pipeline.host.helper` with its contract
-    (:mod:`pipeline.host.contract`) in place of the import of it, without docstrings, comments
-    and the annotations of its functions (well over a third of the size), behind the marker line
-    ``# pitstop-host-helper vHELPER_VERSION``.
-
-    Given ``op``, only what that operation runs is kept (:func:`_only_op`): a host compiles the
-    source on every call, and for ``probe`` — every host, every watch cycle — that is a fifth of
-    the whole (about 40 ms less CPU per call on the host, and fewer bytes over SSH).
+    """The helper program as sent to hosts: :mod:`pipeline.host.helper` with its contract in place
+    of the import of it, as :func:`_module_tree` reads them, behind the marker line
+    ``# pitstop-host-helper vHELPER_VERSION``.  Given ``op``, only what that operation runs
+    (:func:`_only_op`): a host compiles the source on every call, and for ``probe`` — every host,
+    every watch cycle — that is under a quarter of the whole (about 40 ms less CPU per call).
     """
     helper = _module_tree("helper.py")
     contract = [node for node in _module_tree("contract.py").body if not _is_future(node)]
@@ -90,12 +87,9 @@ def helper_source(op: str | None = None) -> str:
 
 
 def _only_op(body: list[ast.stmt], op: str) -> list[ast.stmt]:
-    """The helper's top-level statements that operation ``op`` needs, in their order.
-
-    ``from __future__`` and ``if`` blocks stay (but ``if TYPE_CHECKING``); ``OPS`` keeps the one
-    entry; a definition (function, class, assignment, imported name) stays when a kept statement
-    names it — annotations aside, which the helper never evaluates.
-    """
+    """The helper's top-level statements that operation ``op`` needs, in their order: ``from
+    __future__``, ``if`` blocks but ``if TYPE_CHECKING``, ``OPS`` with the one entry, and each
+    definition (function, class, assignment, imported name) a kept statement names when it runs."""
     defs: dict[str, list[ast.stmt]] = {}
     for node in body:
         for name in _defined(node):
@@ -452,15 +446,10 @@ async def probe_host(
 ) -> dict[str, JobProbe]:
     """Probe several jobs of one host: one SSH call per distinct ``exec`` prefix, run concurrently.
 
-    Everything a watch cycle needs of a job comes back in that call: its processes, its log's
-    size, for a job named in ``reads`` those bytes (its metric log's new lines), and, given
-    ``tail_lines``, for a job found with fewer than its ``processes`` how it ended
-    (:attr:`JobProbe.tail`, :attr:`JobProbe.exit_status`, :attr:`JobProbe.crash`).
-
-    :param jobs: ``(job name, job config, keys.job_current hash or None)`` for each job.
-    :param reads: job name → a file range to read in the same call.
-    :returns: job name → :class:`JobProbe`; a job whose call failed carries ``error`` (the
-        failure's message) instead of raising.
+    Everything a watch cycle needs of a job comes back in that call (:class:`JobProbe`), with
+    the bytes of its file range in ``reads`` and, given ``tail_lines``, how a job short of
+    processes ended.  ``jobs``: ``(job name, job config, keys.job_current hash or None)`` each.
+    A job whose call failed carries ``error`` (the failure's message) instead of raising.
     """
     reads = reads or {}
     groups: dict[tuple[str, ...], list[tuple[str, JobConfig, Mapping[str, str] | None]]] = {}
@@ -544,11 +533,8 @@ def _chunk(answer: ReadAnswer) -> LogChunk:
 async def read_log(
     ssh: RemoteHosts, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
 ) -> tuple[bytes, int, int]:
-    """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest.
-
-    A returned offset smaller than ``offset + len(data)`` means the log was truncated or
-    replaced and reading started over at 0.
-    """
+    """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest (a new offset
+    below ``offset + len(data)``: reading started over at 0)."""
     chunk = await read_log_chunk(ssh, job_name, job, offset, max_bytes, inode=inode)
     return chunk.data, chunk.offset, chunk.size
 
@@ -556,11 +542,8 @@ async def read_log(
 async def log_tail(
     ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
 ) -> str:
-    """The last ``lines`` lines of the job's log (at most :data:`TAIL_MAX_BYTES` read).
-
-    :param since: only bytes written at or after this offset count.
-    :raises RemoteCommandError: if the log cannot be read; else as :func:`call_helper`.
-    """
+    """The last ``lines`` lines of the job's log written at or after byte ``since`` (at most
+    :data:`TAIL_MAX_BYTES` read); raises as :func:`read_log_chunk`."""
     args: TailArgs = {
         "path": path or job.log,
         "lines": max(0, lines),

@@ -278,9 +278,7 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
 
 def _node_tasks(host: str, job_id: int, status: int | None, stdout: str, stderr: str) -> list[NodeTasks]:
     """The per-node answers of the helper under ``srun --label`` (one JSON object per node).
-
-    :raises RemoteCommandError: if none came back and srun exited non-zero (its stderr in the message).
-    """
+    :raises RemoteCommandError: if none came back and srun exited non-zero."""
     out: list[NodeTasks] = []
     for line in stdout.splitlines():
         label, _, body = line.partition(": ")
@@ -347,10 +345,7 @@ class SlurmClient:
 
     async def query(self, job: str, ids: Sequence[int]) -> dict[int, SlurmJob]:
         """State of jobs ``ids`` in one call (squeue, scontrol, sacct); an id the cluster no
-        longer knows is absent.
-
-        :raises RemoteError: if the login node cannot be reached.
-        """
+        longer knows is absent.  :raises RemoteError: as :meth:`query_with_reads`."""
         return (await self.query_with_reads(job, ids, (), ()))[0] if ids else {}
 
     async def query_with_reads(
@@ -421,13 +416,8 @@ class SlurmClient:
     async def submit(
         self, job: str, workdir: str, script: str, args: Sequence[str], *, hold: bool = False
     ) -> int:
-        """``sbatch --parsable [--hold] -D WORKDIR ARGS SCRIPT``: the new job id (returned at once).
-
-        With ``hold`` the job is queued held (``JobHeldUser``) until ``scontrol release ID``, so
-        its output file can be measured before the job writes a byte.
-
-        :raises RemoteCommandError: if sbatch refuses the job.
-        """
+        """``sbatch --parsable [--hold] -D WORKDIR ARGS SCRIPT``: the new job id (returned at once;
+        held, it waits for ``scontrol release ID``).  :raises RemoteCommandError: if sbatch refuses."""
         held = ["--hold"] if hold else []
         result = await self.checked(job, ["sbatch", "--parsable", *held, "-D", workdir, *args, script])
         head = result.stdout.strip().split(";")[0]
@@ -444,11 +434,8 @@ class SlurmClient:
         return int(text) if result.exit_status == 0 and text.isdigit() else 0
 
     async def node_tasks(self, job: str, job_id: int, nodes: int, match: str) -> list[NodeTasks]:
-        """The job's task processes on each of its ``nodes`` nodes: the host helper, once per node,
-        inside the allocation (``srun --jobid=ID --overlap -N<nodes> --ntasks-per-node=1``).
-
-        :raises RemoteCommandError: if srun fails (its stderr in the message).
-        """
+        """The job's task processes on each of its ``nodes`` nodes (the host helper under
+        :func:`_srun`).  :raises RemoteCommandError: if srun fails (its stderr in the message)."""
         tasks: SlurmTasksArgs = {"job": job_id, "match": match}
         result = await self._run(
             job, [*_srun(job_id, nodes), *helper_argv("slurm_tasks", tasks)], TASKS_TIMEOUT
@@ -456,11 +443,8 @@ class SlurmClient:
         return _node_tasks(result.host, job_id, result.exit_status, result.stdout, result.stderr)
 
     async def node_gpus(self, job: str, job_id: int, nodes: int, argv: Sequence[str]) -> dict[str, str]:
-        """``argv`` (an ``nvidia-smi`` query) run once on each of the job's nodes inside its
-        allocation; its output by node name.
-
-        :raises RemoteCommandError: if srun fails on every node (its stderr in the message).
-        """
+        """``argv`` (an ``nvidia-smi`` query) run under :func:`_srun`: its output by node name.
+        :raises RemoteCommandError: if srun fails on every node (its stderr in the message)."""
         script = 'echo "@@node $SLURMD_NODENAME"; exec "$@"'
         result = await self._run(
             job, [*_srun(job_id, nodes), "bash", "-c", script, "pitstop-gpus", *argv], TASKS_TIMEOUT
