@@ -599,45 +599,39 @@ def op_gpu_wait(a: GpuWaitArgs) -> GpuWaitAnswer | ErrorAnswer:
         time.sleep(0.5)
 
 
-def remove(path: str, kind: str, counts: dict[str, int], errors: list[str]) -> None:
-    """Remove a file (``kind`` ``files``, its size counted in ``bytes``) or an emptied directory
-    (``dirs``; a link to one is unlinked) and count it; an error goes to ``errors``."""
+def remove(path: str, entry: ClearedPath, directory: bool = False) -> None:
+    """Remove a file (counted in ``files`` and ``bytes``) or an emptied directory (``dirs``; a link
+    to one is unlinked); an error goes to ``errors``."""
     try:
-        if kind == "files":
-            counts["bytes"] += os.lstat(path).st_size
-        (os.unlink if kind == "files" or os.path.islink(path) else os.rmdir)(path)
-        counts[kind] += 1
+        if directory:
+            (os.unlink if os.path.islink(path) else os.rmdir)(path)
+            entry["dirs"] += 1
+        else:
+            entry["bytes"] += os.lstat(path).st_size
+            os.unlink(path)
+            entry["files"] += 1
     except OSError as exc:
-        errors.append(f"{path}: {exc.strerror}")
+        entry["errors"].append(f"{path}: {exc.strerror}")
 
 
 def op_clear(a: ClearArgs) -> ClearAnswer:
     """Remove the contents of each cache path (the path itself stays); count files and bytes."""
     out: list[ClearedPath] = []
     for path in a["paths"]:
-        if not os.path.lexists(path):
-            out.append({"path": path, "missing": True, "files": 0, "bytes": 0, "errors": []})
+        missing = not os.path.lexists(path)
+        entry: ClearedPath = {"path": path, "missing": missing, "files": 0, "bytes": 0, "errors": []}
+        out.append(entry)
+        if missing:
             continue
-        n = {"files": 0, "dirs": 0, "bytes": 0}
-        errors: list[str] = []
+        entry["dirs"] = 0
         if os.path.isdir(path) and not os.path.islink(path):
             for root, dnames, fnames in os.walk(path, topdown=False):
                 for name in fnames:
-                    remove(os.path.join(root, name), "files", n, errors)
+                    remove(os.path.join(root, name), entry)
                 for name in dnames:
-                    remove(os.path.join(root, name), "dirs", n, errors)
+                    remove(os.path.join(root, name), entry, directory=True)
         else:
-            remove(path, "files", n, errors)
-        out.append(
-            {
-                "path": path,
-                "missing": False,
-                "files": n["files"],
-                "dirs": n["dirs"],
-                "bytes": n["bytes"],
-                "errors": errors,
-            }
-        )
+            remove(path, entry)
     return {"cleared": out}
 
 
@@ -954,20 +948,18 @@ OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
 
 
 def main(argv: list[str]) -> int:
-    """Run ``OP`` with its JSON arguments; print one JSON object."""
-    if len(argv) != 3 or argv[1] not in OPS:
-        sys.stdout.write(
-            json.dumps({"error": "usage: helper OP JSON (ops: {})".format(", ".join(sorted(OPS)))})
-        )
-        return 3
+    """Run ``OP`` with its JSON arguments; print one JSON object (exit status 3 with ``error``)."""
+    result: Mapping[str, object]
     try:
-        result = OPS[argv[1]](json.loads(argv[2]))
+        if len(argv) != 3 or argv[1] not in OPS:
+            result = {"error": "usage: helper OP JSON (ops: {})".format(", ".join(sorted(OPS)))}
+        else:
+            result = OPS[argv[1]](json.loads(argv[2]))
     except Exception as exc:
-        sys.stdout.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
-        return 3
+        result = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(result))
     sys.stdout.flush()
-    return 3 if isinstance(result, dict) and result.get("error") else 0
+    return 3 if result.get("error") else 0
 
 
 if __name__ == "__main__":

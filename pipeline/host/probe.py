@@ -174,7 +174,7 @@ def _module_tree(filename: str) -> ast.Module:
         body = getattr(node, "body", None)
         if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef) and body and _is_doc(body[0]):
             node.body = body[1:] or [ast.Pass()]
-    tree.body = [_unannotated(s) for s in tree.body]
+    tree.body = _unannotated(tree.body)
     for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
         fn.returns = None
         for arg in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs):
@@ -182,7 +182,7 @@ def _module_tree(filename: str) -> ast.Module:
         for node in ast.walk(fn):
             for field in ("body", "orelse", "finalbody"):
                 if isinstance(stmts := getattr(node, field, None), list):
-                    setattr(node, field, [_unannotated(s) for s in stmts])
+                    setattr(node, field, _unannotated(stmts))
     return tree
 
 
@@ -194,10 +194,14 @@ def _is_doc(node: ast.stmt) -> bool:
     )
 
 
-def _unannotated(node: ast.stmt) -> ast.stmt:
-    if not isinstance(node, ast.AnnAssign):
-        return node
-    return ast.Assign([node.target], node.value, lineno=node.lineno) if node.value else ast.Pass()
+def _unannotated(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    """``x: T = v`` as ``x = v``, ``x: T`` left out (a body left empty: ``pass``)."""
+    out = [
+        ast.Assign([s.target], s.value, lineno=s.lineno) if isinstance(s, ast.AnnAssign) and s.value else s
+        for s in stmts
+        if not (isinstance(s, ast.AnnAssign) and s.value is None)
+    ]
+    return out if out or not stmts else [ast.Pass()]
 
 
 def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:

@@ -323,7 +323,7 @@ class SSHPool:
     ) -> asyncssh.SSHClientConnection:
         known_path = (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
         found = await asyncio.to_thread(known_path.is_file)
-        known_label = str(known_path) if found else host_key_missing_file(str(known_path))
+        known_label = str(known_path) if found else f"{known_path} (file not found)"
         options: dict[str, Any] = {
             "port": hc.port,
             "known_hosts": str(known_path) if found else asyncssh.import_known_hosts(""),  # trusts nothing
@@ -388,11 +388,3 @@ def _reason(exc: BaseException) -> str:
             return f"{exc.strerror}: {exc.filename} (check client_keys in the host's config)"
         return exc.strerror
     return str(exc) or type(exc).__name__
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def host_key_missing_file(known_hosts: str) -> str:
-    """Suffix for a rejected key when the known_hosts file does not exist."""
-    return f"{known_hosts} (file not found)"

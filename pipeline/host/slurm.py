@@ -195,22 +195,18 @@ class FileBytes:
 def parse_reads(text: str) -> dict[str, FileBytes | None]:
     """The ``@@reads`` section of a ``_QUERY`` answer: path → its bytes (None: unreadable)."""
     out: dict[str, FileBytes | None] = {}
-    lines = text.split("\n")
-    i = next((k + 1 for k, ln in enumerate(lines) if ln.strip() == "@@reads"), len(lines))
-    while i < len(lines):
-        head = lines[i]
-        i += 1
+    lines = iter(text.split("\n"))
+    for line in lines:
+        if line.strip() == "@@reads":
+            break
+    for head in lines:
         if head.startswith("E|"):
             out[head[2:]] = None
-        elif head.startswith("R|") and i < len(lines):
-            parts = head.split("|", 5)
-            body = lines[i]
-            i += 1
+        elif head.startswith("R|") and (body := next(lines, None)) is not None:
+            f = head.split("|", 5)
             try:
                 data = base64.b64decode(body.strip())
-                out[parts[5]] = FileBytes(
-                    data, int(parts[1]), int(parts[2]), _int_or_none(parts[3]), parts[4] == "1"
-                )
+                out[f[5]] = FileBytes(data, int(f[1]), int(f[2]), _int_or_none(f[3]), f[4] == "1")
             except (ValueError, IndexError):
                 continue
     return out
