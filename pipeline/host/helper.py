@@ -171,9 +171,7 @@ def ancestry() -> set[int]:
     while pid > 0 and pid not in out:
         out.add(pid)
         st = proc_stat(pid)
-        if st is None:
-            break
-        pid = st.ppid
+        pid = st.ppid if st else 0
     return out
 
 

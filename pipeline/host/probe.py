@@ -310,11 +310,7 @@ async def call_helper(
         )
     if result.exit_status == 127 and not result.stdout.strip():
         raise RemoteCommandError.python_missing(
-            result.host,
-            shown,
-            HELPER_PYTHON,
-            exit_status=127,
-            stderr=result.stderr,
+            result.host, shown, HELPER_PYTHON, exit_status=127, stderr=result.stderr
         )
     answer: Any = None
     try:

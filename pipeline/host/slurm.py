@@ -129,11 +129,8 @@ def expand_nodelist(text: str) -> tuple[str, ...]:
         return ()
     out: list[str] = []
     for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", text):
-        head, ranges, tail = m.group(1), m.group(2), m.group(3)
-        if ranges is None:
-            out.append(head + tail)
-            continue
-        for part in ranges.split(","):
+        head, ranges, tail = m.groups()
+        for part in (ranges or "").split(","):  # no brackets: one part, ""
             lo, _, hi = part.partition("-")
             nums = [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)] if hi else [lo]
             out.extend(f"{head}{n}{tail}" for n in nums)
