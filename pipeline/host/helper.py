@@ -77,10 +77,8 @@ if TYPE_CHECKING:
 
 MARK = MARKER.encode()
 
-#: The waiter (see :func:`op_launch`): starts the job, reports its identity through the pipe
-#: ``wfd``, waits for it and writes how it ended to ``status``.  Its spec arrives in an unlinked
-#: file on descriptor ``argv[1]`` and it retitles itself ``pitstop-waiter JOB RUN_ID``, so a
-#: person matching the job's own pattern on the host sees trainers only.
+#: The waiter (:func:`op_launch`): its spec comes in an unlinked file on descriptor ``argv[1]`` and it
+#: retitles itself ``pitstop-waiter JOB RUN_ID``: one matching the job's pattern sees trainers only.
 WAITER = """# pitstop-host-helper waiter: runs one job detached, records how it ended
 import json, os, signal, subprocess, sys, time
 with os.fdopen(int(sys.argv[1]), "rb") as f:
@@ -435,9 +433,8 @@ def op_preflight(a: PreflightArgs) -> PreflightAnswer:
             path = prog if prog.startswith("/") else os.path.normpath(os.path.join(workdir, prog))
             check("launch", executable(path), f"{path}: not an executable file")
         else:
-            found = [
-                d for d in os.environ.get("PATH", "").split(os.pathsep) if executable(os.path.join(d, prog))
-            ]
+            paths = os.environ.get("PATH", "").split(os.pathsep)
+            found = [d for d in paths if executable(os.path.join(d, prog))]
             check("launch", bool(found), f"{prog}: not found on PATH")
     logdir = os.path.dirname(log) or "/"
     if not os.path.isdir(logdir):
@@ -463,11 +460,8 @@ def op_preflight(a: PreflightArgs) -> PreflightAnswer:
             if state == "conflict" and how:
                 check("patch", False, f"{name} {how}: {msg}")
     r = a.get("running")
-    return {
-        "checks": checks,
-        "applied": applied,
-        "running": probe_one(scan(), r, r.get("log")) if r else None,
-    }
+    running = probe_one(scan(), r, r.get("log")) if r else None
+    return {"checks": checks, "applied": applied, "running": running}
 
 
 def op_stop(a: StopArgs) -> StopAnswer:
@@ -799,8 +793,7 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
 
 def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
     """What verification decides from: liveness, count, log growth, errors, exit status, tail."""
-    procs = scan()
-    res = cast("EvidenceAnswer", probe_one(procs, a, a["log"]))  # the same keys and more, all optional
+    res = cast("EvidenceAnswer", probe_one(scan(), a, a["log"]))  # the same keys and more, all optional
     log, offset = a["log"], a.get("offset") or 0
     size = res["log"]["size"] if "log" in res else None
     res["new_bytes"] = None if size is None else size - offset if size >= offset else size

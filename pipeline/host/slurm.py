@@ -78,7 +78,7 @@ class SlurmJob:
     """One job as the cluster reports it (None: unknown)."""
 
     id: int
-    state: str  #: ``PENDING``, ``RUNNING``, ``FAILED``… (``squeue %T``; sacct's ``CANCELLED by 0``: ``CANCELLED``)
+    state: str  #: ``PENDING``, ``RUNNING``, ``FAILED``… (``squeue %T``; sacct's ``CANCELLED by 0`` cut)
     nodes: int = 0  #: allocated node count (``%D``); requested count while pending
     nodelist: tuple[str, ...] = ()  #: allocated nodes, expanded (``n[1-2]`` → ``n1``, ``n2``)
     reason: str = ""  #: the pending reason or why it ended (``Resources``, ``NonZeroExitCode``…)
