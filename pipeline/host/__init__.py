@@ -1,12 +1,8 @@
 """``pipeline.host`` — reaching the hosts: SSH, the helper that runs there, and Slurm's login node.
 
-- remote execution over SSH, one pooled connection per host :mod:`~pipeline.host.remote`, and
-  argv quoted for it :mod:`~pipeline.host.quoting`;
-- the helper program sent to hosts :mod:`~pipeline.host.helper` (standard library only), its typed
-  contract :mod:`~pipeline.host.contract`, and the calls and probes built on it
-  :mod:`~pipeline.host.probe`;
-- a Slurm cluster through its login node (``sbatch``, ``squeue``, ``scancel``)
-  :mod:`~pipeline.host.slurm`.
-
+:mod:`~pipeline.host.remote` (pooled SSH, argv quoted by :mod:`~pipeline.host.quoting`),
+:mod:`~pipeline.host.helper` (sent to hosts, standard library only) with its typed contract
+:mod:`~pipeline.host.contract` and the calls built on it :mod:`~pipeline.host.probe`, and
+:mod:`~pipeline.host.slurm` (``sbatch``, ``squeue``, ``scancel``).
 May import the loose modules of :mod:`pipeline` (config, errors, fmt) only.
 """

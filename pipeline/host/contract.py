@@ -1,27 +1,19 @@
 """The host helper's contract: each operation's arguments and answer, typed, for both sides.
 
-:mod:`pipeline.host.helper` (on the GPU host) and :func:`pipeline.host.probe.call_helper` (in
-Pitstop) import these types, so mypy checks what a caller sends and how it reads the answer.
-The helper ships this module *inside* its source (:func:`pipeline.host.probe.helper_source`
-puts it where the helper imports it), so it stays standard library only and Python 3.8: typing's
-``TypedDict``/``NamedTuple``, ``Optional``/``List``/``Dict``, no ``X | Y`` in class bodies
-(3.8 checks their annotations when it builds the class).
-
-Every operation is ``OP`` + a JSON object of :class:`…Args`; the helper prints one JSON object,
-the :class:`…Answer`, or ``{"error": "..."}`` (which :func:`~pipeline.host.probe.call_helper`
-raises instead of returning).  :data:`OPERATIONS` lists them.  A key marked optional below
-(``total=False`` part) may be left out; ``Optional[...]`` means it may be ``null``.
-
-Units: times are unix seconds on the host's clock, durations seconds, sizes bytes,
-``start_time`` is field 22 of ``/proc/PID/stat`` (clock ticks since boot).
+:mod:`pipeline.host.helper` and :func:`pipeline.host.probe.call_helper` import these types, and
+the helper ships this module inside its source, so it stays standard library only and Python 3.8
+(``Optional``/``List``/``Dict``; 3.8 evaluates class-body annotations).  An operation takes
+``OP`` + a JSON object of its :class:`…Args` and prints its :class:`…Answer` or
+``{"error": "..."}`` (:data:`OPERATIONS`).  A key of a ``total=False`` part may be left out;
+``Optional[...]`` may be ``null``.  Units: times are unix seconds on the host's clock, durations
+seconds, sizes bytes, ``start_time`` field 22 of ``/proc/PID/stat`` (clock ticks since boot).
 """
 
 from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Optional, Tuple, TypedDict, Union
 
-HELPER_VERSION = 3  #: the helper protocol's version, on the first line of the shipped source (3: a
-#: probe brings the log's tail and exit record of a job short of processes; v2 arguments still hold)
+HELPER_VERSION = 3  #: the helper protocol's version, on the first line of the shipped source
 MARKER = "# pitstop-host-helper"  #: starts the shipped source: the helper's processes carry it
 
 
@@ -35,7 +27,7 @@ class ProcStat(NamedTuple):
     ppid: int
     pgrp: int
     session: int
-    start_time: int  #: clock ticks since boot
+    start_time: int
 
 
 class ProcInfo(NamedTuple):
@@ -87,10 +79,11 @@ class ProbeJob(JobArgs, total=False):
     read: Optional[LogRead]  #: read these bytes too (zlib-compressed, as ``read`` with ``zlib``)
     processes: int  #: with ``tail_lines``: fewer processes than this bring back ``tail`` and ``status``
     tail_lines: int  #: the last lines of ``log`` to bring back for a job short of processes
-    crash_from: Optional[int]  #: with ``tail_lines``: the log's size at launch; a job found dead
-    #: whose waiter recorded its end brings back its log since then too (``crash``, the last ``crash_bytes``)
+    #: with ``tail_lines``: the log's size at launch; a job found dead whose waiter recorded its
+    #: end at most ``crash_within`` s ago brings back the last ``crash_bytes`` since (``crash``)
+    crash_from: Optional[int]
     crash_bytes: int
-    crash_within: float  #: … only while that end is at most this many seconds old (host clock)
+    crash_within: float
 
 
 class FileInfo(TypedDict):

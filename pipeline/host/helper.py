@@ -1,35 +1,13 @@
 # pitstop-host-helper (the protocol and its version: pipeline/host/contract.py)
-"""Pitstop's helper on the GPU host: one small program, standard library only (Python 3.8+).
+"""Pitstop's helper on the GPU host: one program, standard library only (Python 3.8+).
 
-Pitstop sends this file's source over SSH and runs it as ``python3 -c SOURCE OP JSON``
-(through the job's ``exec`` wrapper when the work is inside a container).  It reads
-``/proc`` itself instead of calling ``ps``/``kill`` by pattern from a shell, so it never
-matches, counts or signals the shell that runs it: every operation excludes the helper's own
-ancestry (its pid and all its parents) and any other copy of the helper (recognised by the
-marker on the first line of this file), and looks only at processes of the helper's own
-user.  It prints one JSON object on stdout and exits 0; a failure is reported as
-``{"error": "..."}`` with exit status 3.
-
-Operations (``OP``; ``JSON`` holds the arguments, larger inputs such as diffs come on stdin):
-
-- ``preflight``: workdir, launch program, log directory, free space, patches apply — all at once.
-- ``stop``: SIGTERM to the recorded session's process groups, poll, SIGKILL after a deadline,
-  confirm nothing is left; refuses to signal a recorded pid whose start time differs.
-- ``gpu_wait``: poll ``nvidia-smi`` until none of the given processes holds GPU memory
-  (host PIDs mapped through ``NSpid`` for containers).
-- ``clear``, ``patch``: clear cache paths, ``git apply`` / ``git apply -R`` named diffs.
-- ``launch``: start the job detached in a new session, stdin ``/dev/null``, output appended to
-  the log; returns pid, start time and log size at once.  A waiter process outside the job's
-  session records the job's exit status in a file next to the log.
-- ``probe``, ``evidence``, ``read``, ``tail``: process counts, liveness, log size, log bytes
-  (``probe`` covers every job of a host in one call, each job's metric-log bytes included).
-- ``hang``: what a person would look at for a hung job: each process's state and ``wchan`` from
-  ``/proc``, and its Python stacks from ``py-spy dump`` when py-spy is installed.
-
-Each operation's arguments and answer are typed in :mod:`pipeline.host.contract`, the one
-Pitstop module this one imports: :func:`pipeline.host.probe.helper_source` ships the contract
-inside the helper's source, in place of that import.  This module is also importable (tests
-exercise its functions locally); it must import nothing else from Pitstop.
+Run as ``python3 -c SOURCE OP JSON`` (behind the job's ``exec`` wrapper; larger inputs such as
+diffs on stdin), it prints one JSON object and exits 0, or ``{"error": "..."}`` with status 3.
+It reads ``/proc`` itself and looks only at its user's processes, minus its own ancestry and
+any copy of the helper (the marker on its first line), so it never counts or signals itself.
+The operations (``OPS``) and their arguments and answers are typed in
+:mod:`pipeline.host.contract`, its one Pitstop import, which
+:func:`pipeline.host.probe.helper_source` ships inside the helper's source instead.
 """
 
 from __future__ import annotations
@@ -99,12 +77,8 @@ if TYPE_CHECKING:
 
 MARK = MARKER.encode()
 
-#: The waiter (see :func:`op_launch`): outside the job's session, it starts the job, reports
-#: its identity through the pipe ``wfd``, waits for it and writes how it ended to ``status``.
-#: Its command line carries no part of the job's: the spec (argv, workdir, log) arrives in an
-#: unlinked file on descriptor ``argv[1]``, and the waiter retitles itself
-#: ``pitstop-waiter JOB RUN_ID`` (comm ``pitstop-waiter``), so a person counting or killing
-#: processes by the job's own pattern on the host sees trainers only and keeps the exit record.
+#: The waiter (:func:`op_launch`): its spec comes in an unlinked file on descriptor ``argv[1]`` and it
+#: retitles itself ``pitstop-waiter JOB RUN_ID``: one matching the job's pattern sees trainers only.
 WAITER = """# pitstop-host-helper waiter: runs one job detached, records how it ended
 import json, os, signal, subprocess, sys, time
 with os.fdopen(int(sys.argv[1]), "rb") as f:
@@ -158,15 +132,10 @@ POLL = 0.1
 
 
 def proc_stat(pid: int) -> ProcStat | None:
-    """:class:`~pipeline.host.contract.ProcStat` of ``pid``, or None if it is gone.
-
-    The comm field may hold spaces and parentheses: fields are split after the last ``)``.
-    ``start_time`` is field 22 (clock ticks since boot).
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+    """:class:`~pipeline.host.contract.ProcStat` of ``pid``, or None if it is gone (fields are
+    split after the last ``)``: the comm field may hold spaces and parentheses)."""
+    data = proc_file(pid, "stat")
+    if not data:
         return None
     rest = data[data.rindex(b")") + 2 :].split()
     return ProcStat(rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[3]), int(rest[19]))
@@ -174,12 +143,16 @@ def proc_stat(pid: int) -> ProcStat | None:
 
 def proc_cmdline(pid: int) -> bytes:
     """``/proc/PID/cmdline`` with NULs read as spaces, trailing space stripped ('' if gone)."""
+    return proc_file(pid, "cmdline").replace(b"\0", b" ").rstrip(b" ")
+
+
+def proc_file(pid: int, name: str) -> bytes:
+    """``/proc/PID/NAME`` ('' if it cannot be read)."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
     except OSError:
         return b""
-    return raw.replace(b"\0", b" ").rstrip(b" ")
 
 
 def proc_uid(pid: int) -> int | None:
@@ -196,37 +169,25 @@ def ancestry() -> set[int]:
     while pid > 0 and pid not in out:
         out.add(pid)
         st = proc_stat(pid)
-        if st is None:
-            break
-        pid = st.ppid
+        pid = st.ppid if st else 0
     return out
 
 
 def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
-    """Live processes of the helper's user, minus its ancestry and other helpers.
-
-    A probe that needs only some processes says which, and the rest cost one ``stat`` each
-    instead of two reads: ``sessions``, only members of these sessions (their command lines are
-    read after ``/proc/PID/stat``); ``keep``, only processes whose command line it accepts (their
-    ``/proc/PID/stat`` is read after).
-
-    :returns: dict pid → :class:`~pipeline.host.contract.ProcInfo`.
+    """Live processes of the helper's user, minus its ancestry and other helpers: pid →
+    :class:`~pipeline.host.contract.ProcInfo`.  Only members of ``sessions`` / only command lines
+    ``keep`` accepts, when given: the others cost one ``stat`` each instead of two reads.
     """
     me = os.getuid()
     skip = ancestry()
     out: Procs = {}
     waiter = WAITER_TITLE.encode() + b" "
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
+    for pid in [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]:
         if pid in skip or proc_uid(pid) != me:
             continue
-        cmd = b""
-        if keep is not None:
-            cmd = proc_cmdline(pid)
-            if not keep(cmd):
-                continue
+        cmd = b"" if keep is None else proc_cmdline(pid)
+        if keep is not None and not keep(cmd):
+            continue
         st = proc_stat(pid)
         if st is None or st.state in ("Z", "X") or (sessions is not None and st.session not in sessions):
             continue
@@ -251,21 +212,13 @@ def probe_scan(jobs: list[ProbeJob]) -> Procs:
                 rxs.append(re.compile(j["match"]))
             except re.error:
                 pass  # reported by probe_one for that job alone
-        return scan(keep=lambda cmd: any(rx.search(cmd.decode("utf-8", "replace")) for rx in rxs))
+        return scan(keep=lambda cmd: any(matches(rx, cmd) for rx in rxs))
     return scan()
 
 
 def matches(rx: re.Pattern[str], cmd: bytes) -> bool:
     """True if ``rx`` is found in the command line (read as UTF-8)."""
     return rx.search(cmd.decode("utf-8", "replace")) is not None
-
-
-def alive(pid: int, start_time: int | None) -> bool:
-    """True if ``pid`` exists (not a zombie) with this start time."""
-    st = proc_stat(pid)
-    return (
-        st is not None and st.state not in ("Z", "X") and (start_time is None or st.start_time == start_time)
-    )
 
 
 def identity(pid: int, start_time: int | None) -> tuple[str, int | None]:
@@ -276,13 +229,6 @@ def identity(pid: int, start_time: int | None) -> tuple[str, int | None]:
     if start_time is not None and st.start_time != start_time:
         return "stale", st.start_time
     return "alive", st.start_time
-
-
-def session_view(procs: Procs, sid: int, rx: re.Pattern[str]) -> tuple[list[int], list[int]]:
-    """Members of session ``sid``: all pids, and those whose cmdline matches ``rx``."""
-    members = sorted(p for p, v in procs.items() if v.session == sid)
-    matching = [p for p in members if matches(rx, procs[p].cmdline)]
-    return members, matching
 
 
 def in_workdir(pid: int, workdir: str | None) -> bool:
@@ -298,24 +244,16 @@ def in_workdir(pid: int, workdir: str | None) -> bool:
 
 
 def user_matching(procs: Procs, rx: re.Pattern[str], workdir: str | None = None) -> list[int]:
-    """The user's processes whose command line matches ``rx`` and that run inside ``workdir``.
-
-    Without a recorded session this is how a job's processes are recognised; the working
-    directory keeps another copy of the same program (another job, another checkout) out.
-    """
+    """The user's processes whose command line matches ``rx`` and that run inside ``workdir`` (a
+    job's processes without a recorded session; ``workdir`` keeps another checkout's copies out)."""
     return sorted(p for p, v in procs.items() if matches(rx, v.cmdline) and in_workdir(p, workdir))
 
 
 def descendants(procs: Procs, roots: list[int]) -> set[int]:
     """``roots`` and every process below them (by parent pid)."""
     out = set(roots)
-    changed = True
-    while changed:
-        changed = False
-        for pid, v in procs.items():
-            if pid not in out and v.ppid in out:
-                out.add(pid)
-                changed = True
+    while more := {p for p, v in procs.items() if v.ppid in out} - out:
+        out |= more
     return out
 
 
@@ -338,38 +276,38 @@ def read_range(path: str, start: int, max_bytes: int) -> bytes:
         return f.read(max_bytes)
 
 
-def tail_bytes(path: str, start: int, lines: int, max_bytes: int = 65536) -> bytes:
-    """The last ``lines`` lines of ``path`` written at or after byte ``start``."""
+def read_since(path: str, start: int, max_bytes: int, last: bool = True) -> tuple[bytes, bool] | None:
+    """The ``last`` (else first) ``max_bytes`` of what ``path`` holds from byte ``start`` (from 0
+    when it is shorter now: truncated), and whether bytes after ``start`` were left before them;
+    None if it cannot be read."""
     try:
         size = os.stat(path).st_size
     except OSError:
+        return None
+    start = start if size >= start else 0
+    begin = max(start, size - max_bytes) if last else start
+    return read_range(path, begin, min(max_bytes, size - begin)), begin > start
+
+
+def tail_bytes(path: str, start: int, lines: int, max_bytes: int = 65536) -> bytes:
+    """The last ``lines`` lines of ``path`` written at or after byte ``start``."""
+    got = read_since(path, start, max_bytes)
+    if got is None:
         return b""
-    if size < start:  # truncated since: everything is new
-        start = 0
-    begin = max(start, size - max_bytes)
-    data = read_range(path, begin, size - begin)
-    if begin > start and b"\n" in data:
+    data, cut = got
+    if cut and b"\n" in data:
         data = data[data.index(b"\n") + 1 :]
-    parts = data.splitlines()
-    return b"\n".join(parts[-lines:]) if lines > 0 else b""
+    return b"\n".join(data.splitlines()[-lines:]) if lines > 0 else b""
 
 
 def first_error(path: str, start: int, max_bytes: int = 1 << 20) -> str | None:
     """The first line holding a traceback / ``…Error`` / ``Killed`` written after ``start``."""
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        return None
-    if size < start:
-        start = 0
-    begin = max(start, size - max_bytes)
-    data = read_range(path, begin, size - begin)
+    data = (read_since(path, start, max_bytes) or (b"", False))[0]
     m = ERROR_RX.search(data)
     if m is None:
         return None
-    line_start = data.rfind(b"\n", 0, m.start()) + 1
-    line_end = data.find(b"\n", m.end())
-    line = data[line_start : line_end if line_end >= 0 else len(data)]
+    end = data.find(b"\n", m.end())
+    line = data[data.rfind(b"\n", 0, m.start()) + 1 : end if end >= 0 else len(data)]
     return line.decode("utf-8", "replace").strip()[:300]
 
 
@@ -383,17 +321,12 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
     largest first ``step`` among the ranks' JSON metric lines, minus one (a rank that resumed
     from N logs N+1 first; one that started afresh logs 1).  None each when not found.
     """
-    try:
-        size = os.stat(path).st_size
-    except OSError:
+    got = read_since(path, start, max_bytes, last=False)
+    if got is None:
         return {"said": None, "first": None}
-    if size < start:
-        start = 0
-    data = read_range(path, start, min(max_bytes, size - start))
-    m = RESUME_RX.search(data)
-    said = int(m.group(1) or m.group(2)) if m else None
+    m = RESUME_RX.search(got[0])
     firsts = {}  # type: dict[object, int]
-    for line in data.splitlines():
+    for line in got[0].splitlines():
         if not line.startswith(b"{") or b'"step"' not in line:
             continue
         try:
@@ -407,12 +340,12 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
             and isinstance(rec.get("step"), int)
         ):
             firsts.setdefault(rec.get("rank"), rec["step"])
-    first = max(firsts.values()) - 1 if firsts else None
-    return {"said": said, "first": max(first, 0) if first is not None else None}
+    first = max(max(firsts.values()) - 1, 0) if firsts else None
+    return {"said": int(m.group(1) or m.group(2)) if m else None, "first": first}
 
 
 def checkpoint_info(directory: str) -> Checkpoint | None:
-    """The newest checkpoint in ``directory``: ``{"step", "mtime", "file"}``, or None if there is none.
+    """The newest checkpoint in ``directory``, or None if there is none.
 
     ``latest.json`` (``{"step": N}``, the reference pipeline's) decides when present; otherwise the
     newest file, its step the last number in its name (``step_12000.pt``; None without one).
@@ -456,24 +389,18 @@ def read_status(log: str, pid: int, start_time: int | None) -> ExitRecord | None
 
 # --- operations -------------------------------------------------------------------------------
 
+NO_STDIN = "no patch text arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)"
+
 
 def git(workdir: str, args: list[str], text: str) -> tuple[bool, str]:
     """Run ``git ARGS`` in ``workdir`` with ``text`` on stdin: (succeeded, first output)."""
-    proc = subprocess.run(
-        ["git", *args],
-        cwd=workdir,
-        input=text.encode(),
-        capture_output=True,
-        check=False,
-    )
-    out = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()
-    return proc.returncode == 0, out
+    proc = subprocess.run(["git", *args], cwd=workdir, input=text.encode(), capture_output=True, check=False)
+    return proc.returncode == 0, (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()
 
 
 def patch_state(workdir: str, text: str) -> tuple[str, str]:
     """'applied', 'applicable' or 'conflict' (with git's message)."""
-    ok, _ = git(workdir, ["apply", "--reverse", "--check", "-"], text)
-    if ok:
+    if git(workdir, ["apply", "--reverse", "--check", "-"], text)[0]:
         return "applied", ""
     ok, msg = git(workdir, ["apply", "--check", "-"], text)
     if ok:
@@ -484,81 +411,64 @@ def patch_state(workdir: str, text: str) -> tuple[str, str]:
 def read_stdin_json() -> Any:
     """The JSON document on stdin, or None if stdin is empty."""
     data = sys.stdin.read()
-    if not data.strip():
-        return None
-    return json.loads(data)
+    return json.loads(data) if data.strip() else None
+
+
+def executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def op_preflight(a: PreflightArgs) -> PreflightAnswer:
     """All pre-flight checks in one go; nothing is changed."""
     checks: list[PreflightCheck] = []
 
-    def check(name: str, ok: bool, detail: str = "") -> bool:
-        checks.append({"check": name, "ok": bool(ok), "detail": detail})
+    def check(name: str, ok: bool, why: str = "") -> bool:
+        checks.append({"check": name, "ok": bool(ok), "detail": "" if ok else why})
         return ok
 
-    workdir = a["workdir"]
-    if check(
-        "workdir", os.path.isdir(workdir), "" if os.path.isdir(workdir) else f"{workdir}: no such directory"
-    ):
+    workdir, log = a["workdir"], a["log"]
+    if check("workdir", os.path.isdir(workdir), f"{workdir}: no such directory"):
         prog = a["program"]
         if "/" in prog:
             path = prog if prog.startswith("/") else os.path.normpath(os.path.join(workdir, prog))
-            ok = os.path.isfile(path) and os.access(path, os.X_OK)
-            check("launch", ok, "" if ok else f"{path}: not an executable file")
+            check("launch", executable(path), f"{path}: not an executable file")
         else:
-            found = None
-            for d in os.environ.get("PATH", "").split(os.pathsep):
-                cand = os.path.join(d, prog)
-                if os.path.isfile(cand) and os.access(cand, os.X_OK):
-                    found = cand
-                    break
-            check("launch", found is not None, "" if found else f"{prog}: not found on PATH")
-    logdir = os.path.dirname(a["log"]) or "/"
+            paths = os.environ.get("PATH", "").split(os.pathsep)
+            found = [d for d in paths if executable(os.path.join(d, prog))]
+            check("launch", bool(found), f"{prog}: not found on PATH")
+    logdir = os.path.dirname(log) or "/"
     if not os.path.isdir(logdir):
         check("log_dir", False, f"{logdir}: no such directory")
-    elif not os.access(logdir, os.W_OK | os.X_OK) or (
-        os.path.exists(a["log"]) and not os.access(a["log"], os.W_OK)
-    ):
-        check("log_dir", False, f"{a['log'] if os.path.exists(a['log']) else logdir}: not writable")
+    elif not os.access(logdir, os.W_OK | os.X_OK) or (os.path.exists(log) and not os.access(log, os.W_OK)):
+        check("log_dir", False, f"{log if os.path.exists(log) else logdir}: not writable")
     else:
         check("log_dir", True)
         st = os.statvfs(logdir)
         free = st.f_bavail * st.f_frsize
-        ok = free >= a["min_free"]
-        check(
-            "disk",
-            ok,
-            f"{free // 10**6} MB free in {logdir} (need {a['min_free'] // 10**6} MB)",
-        )
+        need = f"{free // 10**6} MB free in {logdir} (need {a['min_free'] // 10**6} MB)"
+        checks.append({"check": "disk", "ok": free >= a["min_free"], "detail": need})
     applied: dict[str, bool] = {}
     wants = a.get("patches") or {}
-    if wants:
-        texts = read_stdin_json()
-        if texts is None:
-            check(
-                "patch",
-                False,
-                "no patch text arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)",
-            )
-        elif os.path.isdir(workdir):
-            for name in sorted(wants):
-                state, msg = patch_state(workdir, texts[name])
-                applied[name] = state == "applied"
-                want = wants[name]
-                if want == "apply" and state == "conflict":
-                    check("patch", False, f"{name} does not apply: {msg}")
-                elif want == "revert" and state == "conflict":
-                    check("patch", False, f"{name} cannot be reverted: {msg}")
-    running = None
+    texts = read_stdin_json() if wants else {}
+    if texts is None:
+        check("patch", False, NO_STDIN)
+    elif os.path.isdir(workdir):
+        for name in sorted(wants):
+            state, msg = patch_state(workdir, texts[name])
+            applied[name] = state == "applied"
+            how = {"apply": "does not apply", "revert": "cannot be reverted"}.get(wants[name])
+            if state == "conflict" and how:
+                check("patch", False, f"{name} {how}: {msg}")
     r = a.get("running")
-    if r:
-        running = probe_one(scan(), r, r.get("log"))
+    running = probe_one(scan(), r, r.get("log")) if r else None
     return {"checks": checks, "applied": applied, "running": running}
 
 
 def op_stop(a: StopArgs) -> StopAnswer:
-    """SIGTERM, poll, SIGKILL after ``term_timeout``, confirm: see the module docstring."""
+    """Stop the job: SIGTERM to its recorded session's process groups (else to the processes
+    ``match`` finds inside ``workdir``, and theirs), SIGKILL to what is left after
+    ``term_timeout`` s and to what joined the session meanwhile, then confirm nothing is left.
+    Never signals a recorded pid whose start time differs (``stale``), nor its session."""
     rx = re.compile(a["match"])
     pid, start, sid = a.get("pid"), a.get("start_time"), a.get("sid")
     began = time.time()
@@ -574,7 +484,7 @@ def op_stop(a: StopArgs) -> StopAnswer:
         scope = "session"
     else:
         roots = user_matching(procs, rx, a.get("workdir"))
-        if stale is not None:  # never the pid that now belongs to someone else, nor its session
+        if stale is not None:
             roots = [p for p in roots if p != pid and procs[p].session != pid]
         targets = {p: procs[p] for p in descendants(procs, roots)}
         scope = "match"
@@ -585,9 +495,12 @@ def op_stop(a: StopArgs) -> StopAnswer:
     ]
 
     def left() -> list[int]:
-        return sorted(p for p, st in ident.items() if alive(p, st))
+        return sorted(p for p, st in ident.items() if identity(p, st)[0] == "alive")
 
-    def send(sig: int, pids: list[int]) -> None:
+    def send(sig: int, pids: list[int], timeout: float) -> None:
+        """``sig`` to ``pids`` still of the same start time (to their process groups in the session
+        scope), then wait up to ``timeout`` s for them to end."""
+        kills: list[tuple[Callable[[int, int], None], int]] = []
         groups: set[int] = set()
         for p in pids:
             st = proc_stat(p)
@@ -596,36 +509,27 @@ def op_stop(a: StopArgs) -> StopAnswer:
             if scope == "session" and st.session == sid:
                 groups.add(st.pgrp)
             else:
-                try:
-                    os.kill(p, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for g in groups:
+                kills.append((os.kill, p))
+        for kill, target in [*kills, *((os.killpg, g) for g in groups)]:
             try:
-                os.killpg(g, sig)
+                kill(target, sig)
             except (ProcessLookupError, PermissionError):
                 pass
+        deadline = time.monotonic() + timeout
+        while left() and time.monotonic() < deadline:
+            time.sleep(POLL)
 
     killed: list[int] = []
     if targets:
-        send(signal.SIGTERM, list(targets))
-        deadline = time.monotonic() + a["term_timeout"]
-        while left() and time.monotonic() < deadline:
-            time.sleep(POLL)
+        send(signal.SIGTERM, list(targets), a["term_timeout"])
         killed = left()
         if killed:
-            send(signal.SIGKILL, killed)
-            deadline = time.monotonic() + a["kill_timeout"]
-            while left() and time.monotonic() < deadline:
-                time.sleep(POLL)
+            send(signal.SIGKILL, killed, a["kill_timeout"])
         if scope == "session":  # anything that joined the session meanwhile
             late = {p: v.start_time for p, v in scan().items() if v.session == sid and p not in ident}
             ident.update(late)
             if late:
-                send(signal.SIGKILL, list(late))
-                deadline = time.monotonic() + a["kill_timeout"]
-                while left() and time.monotonic() < deadline:
-                    time.sleep(POLL)
+                send(signal.SIGKILL, list(late), a["kill_timeout"])
     return {
         "scope": scope,
         "state": state,
@@ -647,34 +551,28 @@ def nvidia_apps(nvidia_smi: str) -> list[tuple[int, int | None]]:
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()
         raise RuntimeError(f"nvidia-smi exit {proc.returncode}: {msg[:200]}")
-    out = []
-    for line in proc.stdout.decode("utf-8", "replace").splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 2 or not parts[0].isdigit():
-            continue
-        mem = int(parts[1]) if parts[1].isdigit() else None
-        out.append((int(parts[0]), mem))
-    return out
+    rows = [
+        [p.strip() for p in line.split(",")] for line in proc.stdout.decode("utf-8", "replace").splitlines()
+    ]
+    return [
+        (int(r[0]), int(r[1]) if r[1].isdigit() else None) for r in rows if len(r) >= 2 and r[0].isdigit()
+    ]
 
 
 def ns_identity(host_pid: int) -> tuple[int, int | None]:
     """(innermost-namespace pid, start time) of a host pid; (host_pid, None) if it is gone."""
     try:
         with open(f"/proc/{host_pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    inner = int(line.split()[-1])
-                    break
-            else:
-                inner = host_pid
+            nspid = [line.split() for line in f if line.startswith("NSpid:")]
     except OSError:
         return host_pid, None
     st = proc_stat(host_pid)
-    return inner, (st.start_time if st else None)
+    return (int(nspid[0][-1]) if nspid else host_pid), (st.start_time if st else None)
 
 
 def op_gpu_wait(a: GpuWaitArgs) -> GpuWaitAnswer | ErrorAnswer:
-    """Poll ``nvidia-smi`` until none of ``targets`` holds GPU memory, or ``timeout`` passes."""
+    """Poll ``nvidia-smi`` until none of ``targets`` holds GPU memory, or ``timeout`` passes
+    (host pids mapped through ``NSpid`` for containers)."""
     targets = {int(p): s for p, s in a["targets"]}
     deadline = time.monotonic() + a["timeout"]
     began = time.time()
@@ -693,45 +591,39 @@ def op_gpu_wait(a: GpuWaitArgs) -> GpuWaitAnswer | ErrorAnswer:
         time.sleep(0.5)
 
 
+def remove(path: str, entry: ClearedPath, directory: bool = False) -> None:
+    """Remove a file (counted in ``files`` and ``bytes``) or an emptied directory (``dirs``; a link
+    to one is unlinked); an error goes to ``errors``."""
+    try:
+        if directory:
+            (os.unlink if os.path.islink(path) else os.rmdir)(path)
+            entry["dirs"] += 1
+        else:
+            entry["bytes"] += os.lstat(path).st_size
+            os.unlink(path)
+            entry["files"] += 1
+    except OSError as exc:
+        entry["errors"].append(f"{path}: {exc.strerror}")
+
+
 def op_clear(a: ClearArgs) -> ClearAnswer:
     """Remove the contents of each cache path (the path itself stays); count files and bytes."""
     out: list[ClearedPath] = []
     for path in a["paths"]:
-        files = dirs = size = 0
-        errors: list[str] = []
-        if not os.path.lexists(path):
-            out.append({"path": path, "missing": True, "files": 0, "bytes": 0, "errors": []})
+        missing = not os.path.lexists(path)
+        entry: ClearedPath = {"path": path, "missing": missing, "files": 0, "bytes": 0, "errors": []}
+        out.append(entry)
+        if missing:
             continue
+        entry["dirs"] = 0
         if os.path.isdir(path) and not os.path.islink(path):
             for root, dnames, fnames in os.walk(path, topdown=False):
-                for n in fnames:
-                    p = os.path.join(root, n)
-                    try:
-                        size += os.lstat(p).st_size
-                        os.unlink(p)
-                        files += 1
-                    except OSError as exc:
-                        errors.append(f"{p}: {exc.strerror}")
-                for n in dnames:
-                    p = os.path.join(root, n)
-                    try:
-                        if os.path.islink(p):
-                            os.unlink(p)
-                        else:
-                            os.rmdir(p)
-                        dirs += 1
-                    except OSError as exc:
-                        errors.append(f"{p}: {exc.strerror}")
+                for name in fnames:
+                    remove(os.path.join(root, name), entry)
+                for name in dnames:
+                    remove(os.path.join(root, name), entry, directory=True)
         else:
-            try:
-                size += os.lstat(path).st_size
-                os.unlink(path)
-                files += 1
-            except OSError as exc:
-                errors.append(f"{path}: {exc.strerror}")
-        out.append(
-            {"path": path, "missing": False, "files": files, "dirs": dirs, "bytes": size, "errors": errors}
-        )
+            remove(path, entry)
     return {"cleared": out}
 
 
@@ -739,25 +631,20 @@ def op_patch(a: PatchArgs) -> PatchAnswer | ErrorAnswer:
     """Revert then apply named diffs (texts on stdin); report the patches in effect after."""
     texts = read_stdin_json()
     if texts is None:
-        return {
-            "error": "no patch text arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)"
-        }
+        return {"error": NO_STDIN}
     workdir = a["workdir"]
     done: PatchAnswer = {"applied": [], "reverted": [], "kept": [], "failed": [], "in_effect": []}
     for name in a.get("revert", []):
-        state, msg = patch_state(workdir, texts[name])
-        if state == "applied":
+        if patch_state(workdir, texts[name])[0] == "applied":
             ok, msg = git(workdir, ["apply", "--reverse", "-"], texts[name])
             (done["reverted"] if ok else done["failed"]).append(name if ok else f"{name}: {msg}")
     for name in a.get("apply", []):
-        state, msg = patch_state(workdir, texts[name])
-        if state == "applied":
+        if patch_state(workdir, texts[name])[0] == "applied":
             done["kept"].append(name)
             continue
         ok, msg = git(workdir, ["apply", "-"], texts[name])
         (done["applied"] if ok else done["failed"]).append(name if ok else f"{name}: {msg}")
-    in_effect = sorted(n for n in texts if patch_state(workdir, texts[n])[0] == "applied")
-    done["in_effect"] = in_effect
+    done["in_effect"] = sorted(n for n in texts if patch_state(workdir, texts[n])[0] == "applied")
     return done
 
 
@@ -765,26 +652,15 @@ def op_patches(a: PatchesArgs) -> PatchesAnswer | ErrorAnswer:
     """Which of the named diffs (texts on stdin) are applied in ``workdir`` now."""
     texts = read_stdin_json()
     if texts is None:
-        return {
-            "error": "no patch text arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)"
-        }
+        return {"error": NO_STDIN}
     return {"applied": {n: patch_state(a["workdir"], t)[0] == "applied" for n, t in texts.items()}}
 
 
 def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
-    """Start the job detached and report its identity at once.
-
-    The helper forks an intermediate process that leaves the helper's session (``setsid``) and
-    forks the *waiter* (:data:`WAITER`, a small program of its own, titled
-    ``pitstop-waiter NAME RUN_ID``; it reads ``argv`` from an unlinked file, never from its
-    command line); the intermediate exits at
-    once, so the waiter is nobody's child.  The waiter holds none of the SSH channel's
-    descriptors (its stdin/stdout/stderr are ``/dev/null``), starts the job with
-    ``Popen(start_new_session=True)`` — pid = pgid = sid — with stdin ``/dev/null`` and
-    stdout/stderr appended to the log, sends the job's pid and start time back through a pipe,
-    then waits for the job and writes its exit status next to the log.  The helper prints
-    what it received and exits: the channel closes at once.
-    """
+    """Start the job detached and report its identity at once: an intermediate child leaves the
+    helper's session, forks the waiter (:data:`WAITER`; nobody's child, none of the SSH channel's
+    descriptors) and exits.  The job runs in a session of its own (pid = pgid = sid), stdin
+    ``/dev/null``, output appended to the log; its exit status lands in :func:`status_path`."""
     workdir, argv, log = a["workdir"], a["argv"], a["log"]
     logfd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     log_size = os.fstat(logfd).st_size
@@ -813,9 +689,8 @@ def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
                     "status": status_path(log),
                     "wfd": wfd,
                     "logfd": logfd,
-                    "name": a.get("name") or "job",
-                    "run_id": a.get("run_id") or "-",
                 }
+                spec.update(name=a.get("name") or "job", run_id=a.get("run_id") or "-")
                 specfile = tempfile.TemporaryFile()  # unlinked: the job's argv stays off the command line
                 specfile.write(json.dumps(spec).encode())
                 specfile.flush()
@@ -829,53 +704,40 @@ def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
             os._exit(code)
     os.close(wfd)
     os.close(logfd)
-    chunks = []
-    while True:
-        data = os.read(rfd, 65536)
-        if not data:
-            break
-        chunks.append(data)
-    os.close(rfd)
+    with os.fdopen(rfd, "rb") as pipe:
+        raw = pipe.read()
     try:
         os.waitpid(child, 0)
     except ChildProcessError:
         pass
     try:
-        info: dict[str, Any] = json.loads(b"".join(chunks).decode() or "{}")
+        info: dict[str, Any] = json.loads(raw.decode() or "{}")
     except ValueError:
         info = {}
     if "pid" not in info:
         return {"error": info.get("error") or "the launcher vanished before reporting a pid"}
-    return {
-        "pid": info["pid"],
-        "pgid": info["pgid"],
-        "sid": info["sid"],
-        "start_time": info["start_time"],
-        "launched_at": info["launched_at"],
-        "log_size": log_size,
-    }
+    return cast("LaunchAnswer", {**info, "log_size": log_size})  # pid, pgid, sid, start_time, launched_at
 
 
 def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
     """Processes, liveness and (given ``log``) log state of one job."""
     rx = re.compile(j["match"])
-    out: JobState = {"name": j.get("name"), "error": None}
-    sid, pid, start = j.get("sid"), j.get("pid"), j.get("start_time")
+    sid, pid = j.get("sid"), j.get("pid")
     if sid is not None:
-        members, matching = session_view(procs, sid, rx)
+        members = sorted(p for p, v in procs.items() if v.session == sid)
+        matching = [p for p in members if matches(rx, procs[p].cmdline)]
     else:
-        matching = user_matching(procs, rx, j.get("workdir"))
-        members = matching
-    out["session_pids"] = members
-    out["pids"] = matching
-    out["count"] = len(matching)
-    if pid is not None:
-        state, _now_start = identity(pid, start)
-        out["state"] = state
-        out["alive"] = state == "alive"
-    else:
-        out["state"] = None
-        out["alive"] = None
+        members = matching = user_matching(procs, rx, j.get("workdir"))
+    state = identity(pid, j.get("start_time"))[0] if pid is not None else None
+    out: JobState = {
+        "name": j.get("name"),
+        "error": None,
+        "session_pids": members,
+        "pids": matching,
+        "count": len(matching),
+        "state": state,
+        "alive": None if state is None else state == "alive",
+    }
     if log:
         out["log"] = file_info(log)
     return out
@@ -902,10 +764,8 @@ def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
-    """:func:`probe_one` for several jobs of one host in one call, with each job's ``read`` (its
-    metric log's new bytes, zlib-compressed; with ``if_running`` only when it has processes) and,
-    for a job with fewer than ``processes`` processes, its ending (:func:`ending`, from byte 0),
-    with, when none is left and its waiter recorded the end, the log since ``crash_from``."""
+    """:func:`probe_one` for several jobs of one host in one call, with each job's ``read`` (with
+    ``if_running`` only when it has processes) and, with fewer than ``processes``, :func:`probe_ending`."""
     procs = probe_scan(a["jobs"])
     out: dict[str, JobState] = {}
     for j in a["jobs"]:
@@ -933,16 +793,11 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
 
 def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
     """What verification decides from: liveness, count, log growth, errors, exit status, tail."""
-    procs = scan()
-    res = cast("EvidenceAnswer", probe_one(procs, a, a["log"]))  # the same keys and more, all optional
+    res = cast("EvidenceAnswer", probe_one(scan(), a, a["log"]))  # the same keys and more, all optional
     log, offset = a["log"], a.get("offset") or 0
-    res["new_bytes"] = None
     size = res["log"]["size"] if "log" in res else None
-    if size is not None:
-        res["new_bytes"] = size - offset if size >= offset else size
-        res["error_line"] = first_error(log, offset)
-    else:
-        res["error_line"] = None
+    res["new_bytes"] = None if size is None else size - offset if size >= offset else size
+    res["error_line"] = None if size is None else first_error(log, offset)
     ending(res, a, log, offset, a.get("tail_lines", 30))
     progress_log, checkpoint_dir = a.get("progress_log"), a.get("checkpoint_dir")
     if progress_log:
@@ -967,8 +822,7 @@ def read_file(
     size = info["size"]
     if size is None:
         return {"error": str(info["error"])}
-    if offset < 0:
-        offset = max(0, size + offset)
+    offset = max(0, size + offset) if offset < 0 else offset
     reset = offset > size or (inode is not None and inode != info["inode"])
     if reset:
         offset = 0
@@ -986,46 +840,30 @@ def read_file(
 def op_tail(a: TailArgs) -> TailAnswer | ErrorAnswer:
     """The last lines of a file."""
     info = file_info(a["path"])
-    size = info["size"]
-    if size is None:
+    if info["size"] is None:
         return {"error": str(info["error"])}
-    return {
-        "text": tail_bytes(a["path"], a.get("start", 0), a["lines"], a.get("max_bytes", 65536)).decode(
-            "utf-8", "replace"
-        ),
-        "size": size,
-    }
+    text = tail_bytes(a["path"], a.get("start", 0), a["lines"], a.get("max_bytes", 65536))
+    return {"text": text.decode("utf-8", "replace"), "size": info["size"]}
 
 
 def proc_environ(pid: int) -> dict[bytes, bytes]:
     """``/proc/PID/environ`` as a dict (empty if it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    return dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
+    return dict(kv.split(b"=", 1) for kv in proc_file(pid, "environ").split(b"\0") if b"=" in kv)
 
 
 def op_slurm_tasks(a: SlurmTasksArgs) -> SlurmTasksAnswer:
-    """Run on one node of a Slurm job (``srun --jobid=ID --overlap``): the job's task processes here.
-
-    A task process matches ``match`` and its environment holds ``SLURM_JOB_ID=job``, a
-    ``SLURM_STEP_ID`` (set for tasks of a step, not for the batch script or its ``srun`` client)
-    and this node's ``SLURMD_NODENAME``.
-    """
+    """Run on one node of a Slurm job (``srun --overlap``): its task processes here, those matching
+    ``match`` whose environment holds ``SLURM_JOB_ID=job``, a ``SLURM_STEP_ID`` (not the batch
+    script nor its ``srun``) and this node's ``SLURMD_NODENAME``."""
     rx = re.compile(a["match"])
     job = str(a["job"]).encode()
     node = os.environ.get("SLURMD_NODENAME", "")
     pids: list[int] = []
     for pid, proc in scan().items():
-        if not matches(rx, proc.cmdline):
-            continue
-        env = proc_environ(pid)
-        if env.get(b"SLURM_JOB_ID") != job or b"SLURM_STEP_ID" not in env:
-            continue
-        if env.get(b"SLURMD_NODENAME", b"").decode() == node:
-            pids.append(pid)
+        env = proc_environ(pid) if matches(rx, proc.cmdline) else {}
+        if env.get(b"SLURM_JOB_ID") == job and b"SLURM_STEP_ID" in env:
+            if env.get(b"SLURMD_NODENAME", b"").decode() == node:
+                pids.append(pid)
     return {"node": node, "pids": sorted(pids), "count": len(pids), "time": time.time()}
 
 
@@ -1041,7 +879,7 @@ def find_py_spy() -> str | None:
         os.path.join(os.path.dirname(sys.executable), "py-spy"),
         os.path.expanduser("~/.local/bin/py-spy"),
     ):
-        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+        if cand and executable(cand):
             return cand
     return None
 
@@ -1054,11 +892,7 @@ def op_hang(a: HangArgs) -> HangAnswer:
     out: list[HangProcess] = []
     for pid in pids:
         st = proc_stat(pid)
-        try:
-            with open(f"/proc/{pid}/wchan", "rb") as f:
-                wchan = f.read().decode("utf-8", "replace").strip() or None
-        except OSError:
-            wchan = None
+        wchan = proc_file(pid, "wchan").decode("utf-8", "replace").strip() or None
         item: HangProcess = {
             "pid": pid,
             "state": st.state if st else None,
@@ -1105,20 +939,18 @@ OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
 
 
 def main(argv: list[str]) -> int:
-    """Run ``OP`` with its JSON arguments; print one JSON object."""
-    if len(argv) != 3 or argv[1] not in OPS:
-        sys.stdout.write(
-            json.dumps({"error": "usage: helper OP JSON (ops: {})".format(", ".join(sorted(OPS)))})
-        )
-        return 3
+    """Run ``OP`` with its JSON arguments; print one JSON object (exit status 3 with ``error``)."""
+    result: Mapping[str, object]
     try:
-        result = OPS[argv[1]](json.loads(argv[2]))
+        if len(argv) != 3 or argv[1] not in OPS:
+            result = {"error": "usage: helper OP JSON (ops: {})".format(", ".join(sorted(OPS)))}
+        else:
+            result = OPS[argv[1]](json.loads(argv[2]))
     except Exception as exc:
-        sys.stdout.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
-        return 3
+        result = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(result))
     sys.stdout.flush()
-    return 3 if isinstance(result, dict) and result.get("error") else 0
+    return 3 if result.get("error") else 0
 
 
 if __name__ == "__main__":

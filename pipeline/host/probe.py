@@ -1,15 +1,10 @@
 """Calling Pitstop's host helper (:mod:`pipeline.host.helper`) over SSH, and the probes built on it.
 
-The helper's source travels with every call (``python3 -c SOURCE OP JSON``), so nothing is
-installed on the host; it runs on the job's side of the ``exec`` wrapper unless the work is
-the host's own (``nvidia-smi``).  One call answers one question in full — the watcher's
-:func:`probe_host` covers every job of a host that shares an ``exec`` prefix in one SSH call.
-
-Process counts follow one rule everywhere (status, watcher, verification): the job's
+The helper's source travels with every call, so nothing is installed on the host; it runs on
+the job's side of the ``exec`` wrapper.  Process counts follow one rule everywhere: the job's
 processes are the members of its recorded session (``sid``, from ``keys.job_current``) whose
-``/proc/PID/cmdline`` — NULs read as spaces, trailing space stripped — matches the job's
-``match`` regex (``re.search``).  Without a recorded session, the user's processes that match
-count, minus the helper's own ancestry and other helper processes.
+``/proc/PID/cmdline`` (NULs read as spaces) matches the job's ``match`` regex (``re.search``);
+without a recorded session, the user's matching processes, minus the helper's own ancestry.
 """
 
 from __future__ import annotations
@@ -73,20 +68,14 @@ CRASH_FRESH = 60.0  #: seconds (at least 3 watch intervals) a death's log comes 
 
 @cache
 def helper_source(op: str | None = None) -> str:
-    """The helper program as sent to hosts: :mod:`pipeline.host.helper` with its contract
-    (:mod:`pipeline.host.contract`) in place of the import of it, without docstrings and comments
-    (a third of the size), behind the marker line ``# pitstop-host-helper vHELPER_VERSION``.
-
-    Given ``op``, only what that operation runs is kept (:func:`_only_op`): a host compiles the
-    source on every call, and for ``probe`` — every host, every watch cycle — that is a fifth of
-    the whole (about 40 ms less CPU per call on the host, and fewer bytes over SSH).
+    """The helper program as sent to hosts: :mod:`pipeline.host.helper` with its contract in place
+    of the import of it, as :func:`_module_tree` reads them, behind the marker line
+    ``# pitstop-host-helper vHELPER_VERSION``.  Given ``op``, only what that operation runs
+    (:func:`_only_op`): a host compiles the source on every call, and for ``probe`` — every host,
+    every watch cycle — that is under a quarter of the whole (about 40 ms less CPU per call).
     """
     helper = _module_tree("helper.py")
-    contract = [
-        node
-        for node in _module_tree("contract.py").body
-        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
-    ]
+    contract = [node for node in _module_tree("contract.py").body if not _is_future(node)]
     body: list[ast.stmt] = []
     for node in helper.body:
         if isinstance(node, ast.ImportFrom) and node.module == CONTRACT_MODULE:
@@ -98,12 +87,9 @@ def helper_source(op: str | None = None) -> str:
 
 
 def _only_op(body: list[ast.stmt], op: str) -> list[ast.stmt]:
-    """The helper's top-level statements that operation ``op`` needs, in their order.
-
-    Imports and ``if`` blocks stay; ``OPS`` keeps the one entry; a definition (function, class,
-    assignment) stays when a kept statement names it — annotations aside, which the helper never
-    evaluates (``from __future__ import annotations``).
-    """
+    """The helper's top-level statements that operation ``op`` needs, in their order: ``from
+    __future__``, ``if`` blocks but ``if TYPE_CHECKING``, ``OPS`` with the one entry, and each
+    definition (function, class, assignment, imported name) a kept statement names when it runs."""
     defs: dict[str, list[ast.stmt]] = {}
     for node in body:
         for name in _defined(node):
@@ -116,17 +102,32 @@ def _only_op(body: list[ast.stmt], op: str) -> list[ast.stmt]:
             pairs = [(k, v) for k, v in zip(value.keys, value.values, strict=True) if _is_str(k, op)]
             node.value = ast.Dict(keys=[k for k, _ in pairs], values=[v for _, v in pairs])
             kept.append(node)
-        elif isinstance(node, ast.Import | ast.ImportFrom | ast.If):
+        elif _is_future(node) or (
+            isinstance(node, ast.If) and not _names_used(node.test) & {"TYPE_CHECKING"}
+        ):
             kept.append(node)
     wanted: set[int] = {id(n) for n in kept}
+    used: set[str] = set()
     todo = list(kept)
     while todo:
-        for name in _names_used(todo.pop()):
+        for name in _names_used(todo.pop()) - used:
+            used.add(name)
             for node in defs.get(name, ()):
                 if id(node) not in wanted:
                     wanted.add(id(node))
                     todo.append(node)
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom) and not _is_future(node):
+            node.names = [a for a in node.names if _bound(a) in used]
     return [node for node in body if id(node) in wanted]
+
+
+def _is_future(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module == "__future__"
+
+
+def _bound(alias: ast.alias) -> str:
+    return alias.asname or alias.name.split(".")[0]
 
 
 def _defined(node: ast.stmt) -> list[str]:
@@ -137,6 +138,8 @@ def _defined(node: ast.stmt) -> list[str]:
         return [t.id for t in node.targets if isinstance(t, ast.Name)]
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
         return [node.target.id]
+    if isinstance(node, ast.Import | ast.ImportFrom) and not _is_future(node):
+        return [_bound(a) for a in node.names]
     return []
 
 
@@ -163,29 +166,48 @@ def _is_str(node: ast.expr | None, text: str) -> bool:
 
 
 def _module_tree(filename: str) -> ast.Module:
-    """A module of ``pipeline.host`` parsed, its docstrings dropped."""
+    """A module of ``pipeline.host`` parsed, without what the helper never runs: docstrings, and
+    annotations (``from __future__ import annotations``) but of class fields (TypedDict and
+    NamedTuple read those)."""
     tree = ast.parse((resources.files("pipeline.host") / filename).read_text(encoding="utf-8"))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                if isinstance(body[0].value.value, str):
-                    node.body = body[1:] or [ast.Pass()]
+        body = getattr(node, "body", None)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef) and body and _is_doc(body[0]):
+            node.body = body[1:] or [ast.Pass()]
+    tree.body = _unannotated(tree.body)
+    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+        fn.returns = None
+        for arg in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs):
+            arg.annotation = None
+        for node in ast.walk(fn):
+            for field in ("body", "orelse", "finalbody"):
+                if isinstance(stmts := getattr(node, field, None), list):
+                    setattr(node, field, _unannotated(stmts))
     return tree
 
 
+def _is_doc(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
+
+
+def _unannotated(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    """``x: T = v`` as ``x = v``, ``x: T`` left out (a body left empty: ``pass``)."""
+    out = [
+        ast.Assign([s.target], s.value, lineno=s.lineno) if isinstance(s, ast.AnnAssign) and s.value else s
+        for s in stmts
+        if not (isinstance(s, ast.AnnAssign) and s.value is None)
+    ]
+    return out if out or not stmts else [ast.Pass()]
+
+
 def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:
-    """``[python3, -E, -S, -c, SOURCE, OP, JSON]``: the helper invocation for one operation.
-
-    ``-E -S``: no ``PYTHON*`` variables, no site-packages — the helper needs only the
-    standard library, and starts twice as fast without them.
-    """
+    """``[python3, -E, -S, -c, SOURCE, OP, JSON]``: the helper invocation for one operation
+    (``-E -S``: no ``PYTHON*`` variables, no site-packages; it starts twice as fast without)."""
     return [HELPER_PYTHON, "-E", "-S", "-c", helper_source(op), op, json.dumps(args, separators=(",", ":"))]
-
-
-def _shown(op: str) -> list[str]:
-    """How a helper call is named in errors (the source is not worth showing)."""
-    return [HELPER_PYTHON, "-c", "<pitstop host helper>", op]
 
 
 class HelperCall(TypedDict, total=False):
@@ -258,23 +280,17 @@ async def call_helper(
     stdin: str | None = None,
     timeout: float = PROBE_TIMEOUT,
 ) -> Mapping[str, object]:
-    """Run one helper operation and return its JSON answer.
+    """Run one helper operation and return its JSON answer as it came (typed by the overloads).
 
-    The overloads above type each operation's arguments and answer
-    (:data:`pipeline.host.contract.OPERATIONS`); the answer is the helper's JSON as it came.
+    Exactly one of ``job`` (the job's host behind its ``exec`` prefix) or ``host`` (the host
+    itself, or behind ``exec_prefix`` when given) says where; ``timeout`` is in seconds.
 
-    Exactly one of ``job`` (job side: the job's host behind its ``exec`` prefix) or ``host``
-    (the host itself, or behind ``exec_prefix`` when given) says where.
-
-    :param timeout: seconds.
-    :returns: the helper's JSON object (without ``error``).
     :raises RemoteCommandError: the helper failed (its ``error``), gave no answer, or its
         control shell was killed by a signal — named as such, never as empty output.
-    :raises RemoteTimeout: if the call outlived ``timeout`` (named without the helper source).
-    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    :raises: as :meth:`pipeline.host.remote.SSHPool.run` (errors name the call without the source).
     """
     argv = helper_argv(op, args)
-    shown = _shown(op)
+    shown = [HELPER_PYTHON, "-c", "<pitstop host helper>", op]  # the source is not worth showing
     if job is not None:
         result = await ssh.run_job(job, argv, timeout=timeout, stdin=stdin, display=shown)
     else:
@@ -294,42 +310,29 @@ async def call_helper(
         )
     if result.exit_status == 127 and not result.stdout.strip():
         raise RemoteCommandError.python_missing(
-            result.host,
-            shown,
-            HELPER_PYTHON,
-            exit_status=127,
-            stderr=result.stderr,
+            result.host, shown, HELPER_PYTHON, exit_status=127, stderr=result.stderr
         )
     answer: Any = None
-    lines = result.stdout.strip().splitlines()
-    if lines:
-        try:
-            answer = json.loads(lines[-1])
-        except ValueError:
-            answer = None
+    try:
+        answer = json.loads((result.stdout.strip().splitlines() or ["null"])[-1])
+    except ValueError:
+        pass
     if not isinstance(answer, dict):
         err = (result.stderr.strip().splitlines() or ["no output"])[-1]
         detail = f"exit status {result.exit_status}, no answer: {err[:300]}"
-        raise RemoteCommandError.helper_failed(
-            result.host,
-            shown,
-            op,
-            detail,
-            exit_status=result.exit_status,
-            stdout=result.stdout,
-            stderr=result.stderr,
-        )
-    if answer.get("error"):
-        raise RemoteCommandError.helper_failed(
-            result.host,
-            shown,
-            op,
-            str(answer["error"]),
-            exit_status=result.exit_status,
-            stdout=result.stdout,
-            stderr=result.stderr,
-        )
-    return answer
+    elif answer.get("error"):
+        detail = str(answer["error"])
+    else:
+        return answer
+    raise RemoteCommandError.helper_failed(
+        result.host,
+        shown,
+        op,
+        detail,
+        exit_status=result.exit_status,
+        stdout=result.stdout,
+        stderr=result.stderr,
+    )
 
 
 # --- the watcher's probe ------------------------------------------------------------------------
@@ -337,47 +340,28 @@ async def call_helper(
 
 @dataclass(frozen=True)
 class JobProbe:
-    """One job as seen on its host at one moment.
-
-    :ivar job: the job name.
-    :ivar pids: the job's processes (session members matching ``match``).
-    :ivar count: ``len(pids)``.
-    :ivar session_pids: every member of the recorded session (matching or not); without a
-        recorded session, same as ``pids``.
-    :ivar alive: the recorded pid is alive with its recorded start time; None without a record.
-    :ivar state: ``alive`` / ``gone`` / ``stale`` (pid reused by another process) / None.
-    :ivar log_size: the log's size in bytes (None if it cannot be read).
-    :ivar log_mtime: the log's modification time (unix s, host clock).
-    :ivar log_inode: the log's inode (a change means it was replaced).
-    :ivar sampled_at: when the helper looked (unix s, host clock).
-    :ivar error: why this job could not be probed (host unreachable, bad regex…), else None.
-    :ivar read: the bytes of the ``read`` asked for with the probe (:class:`LogChunk`); None when
-        none was asked, or it was asked ``if_running`` and the job had no process.
-    :ivar read_error: why that read failed (the file is missing…), else None.
-    :ivar tail: the log's last lines, brought back for a job found short of processes (dead
-        included) when the probe asked (:func:`probe_host` ``tail_lines``); else None.
-    :ivar exit_status: with ``tail``: the launch waiter's record of how the recorded pid ended
-        (``code``, ``signal``, ``started_at``, ``ended_at``), None while it runs or unrecorded.
-    :ivar crash: with ``exit_status``, for a job with no process left whose launch recorded its
-        log's size and that died recently (:func:`probe_args`): the last :data:`CRASH_BYTES` it
-        wrote since (None otherwise, or unreadable).
-    """
+    """One job as seen on its host at one moment (times: unix s, host clock)."""
 
     job: str
-    pids: tuple[int, ...] = ()
+    pids: tuple[int, ...] = ()  #: the job's processes (session members matching ``match``)
     count: int = 0
-    session_pids: tuple[int, ...] = ()
-    alive: bool | None = None
-    state: str | None = None
-    log_size: int | None = None
+    session_pids: tuple[int, ...] = ()  #: every member of the recorded session (else ``pids``)
+    alive: bool | None = None  #: the recorded pid is alive with its start time; None without a record
+    state: str | None = None  #: ``alive`` / ``gone`` / ``stale`` (pid reused by another process) / None
+    log_size: int | None = None  #: bytes (None if the log cannot be read)
     log_mtime: float | None = None
-    log_inode: int | None = None
+    log_inode: int | None = None  #: a change means the log was replaced
     sampled_at: float | None = None
-    error: str | None = None
+    error: str | None = None  #: why this job could not be probed (host unreachable, bad regex…)
+    #: the bytes of the ``read`` asked for with the probe; None when none was asked, or it was
+    #: asked ``if_running`` and the job had no process
     read: LogChunk | None = None
-    read_error: str | None = None
+    read_error: str | None = None  #: why that read failed (the file is missing…)
+    #: the log's last lines, for a job found short of processes when :func:`probe_host` asked
     tail: str | None = None
-    exit_status: ExitRecord | None = None
+    exit_status: ExitRecord | None = None  #: with ``tail``: the waiter's record of how the pid ended
+    #: with ``exit_status``, for a job with no process left that died recently and whose launch
+    #: recorded its log's size (:func:`probe_args`): the last :data:`CRASH_BYTES` it wrote since
     crash: LogChunk | None = None
 
 
@@ -392,7 +376,7 @@ def recorded_identity(current: Mapping[str, str] | None) -> Identity:
     """``pid``, ``start_time``, ``sid`` from a ``keys.job_current`` hash (None each when absent
     or when the job is recorded as stopped)."""
     if not current or current.get("state") == "stopped":
-        return {"pid": None, "start_time": None, "sid": None}
+        current = {}
     return {
         "pid": _int(current.get("pid")),
         "start_time": _int(current.get("start_time")),
@@ -431,12 +415,6 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
         return JobProbe(job=name, error=str(raw.get("error")), sampled_at=sampled_at)
     log = raw.get("log")
     got: Mapping[str, Any] | None = raw.get("read")
-    chunk, read_error = None, None
-    if got is not None:
-        if "error" in got:
-            read_error = str(got["error"])
-        else:
-            chunk = _chunk(cast(ReadAnswer, got))
     crash: Mapping[str, Any] | None = raw.get("crash")
     return JobProbe(
         job=name,
@@ -450,8 +428,8 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
         log_inode=log["inode"] if log else None,
         sampled_at=sampled_at,
         error=None,
-        read=chunk,
-        read_error=read_error,
+        read=_chunk(cast(ReadAnswer, got)) if got and "error" not in got else None,
+        read_error=str(got["error"]) if got and "error" in got else None,
         tail=raw.get("tail"),
         exit_status=raw.get("status"),
         crash=_chunk(cast(ReadAnswer, crash)) if crash and "error" not in crash else None,
@@ -468,19 +446,10 @@ async def probe_host(
 ) -> dict[str, JobProbe]:
     """Probe several jobs of one host: one SSH call per distinct ``exec`` prefix, run concurrently.
 
-    Everything a watch cycle needs of a job comes back in that call: its processes, its log's
-    size, for a job named in ``reads`` those bytes (its metric log's new lines, in
-    :attr:`JobProbe.read`), and, given ``tail_lines``, for a job found with fewer than its
-    ``processes`` (dead or short) how it ended (:attr:`JobProbe.tail`, at most
-    :data:`TAIL_MAX_BYTES`, and :attr:`JobProbe.exit_status`) — so a cycle makes one helper call
-    per host however many jobs it has, and only the jobs in trouble add their tails to it.
-
-    :param host: the configured host name the jobs run on.
-    :param jobs: ``(job name, job config, keys.job_current hash or None)`` for each job.
-    :param reads: job name → a file range to read in the same call (at most
-        :data:`pipeline.observe.progress.MAX_READ` bytes each is what the watcher asks).
-    :returns: job name → :class:`JobProbe`; a job whose call failed carries ``error`` (the
-        failure's message) instead of raising.
+    Everything a watch cycle needs of a job comes back in that call (:class:`JobProbe`), with
+    the bytes of its file range in ``reads`` and, given ``tail_lines``, how a job short of
+    processes ended.  ``jobs``: ``(job name, job config, keys.job_current hash or None)`` each.
+    A job whose call failed carries ``error`` (the failure's message) instead of raising.
     """
     reads = reads or {}
     groups: dict[tuple[str, ...], list[tuple[str, JobConfig, Mapping[str, str] | None]]] = {}
@@ -511,20 +480,13 @@ async def probe_host(
 
 @dataclass(frozen=True)
 class LogChunk:
-    """Bytes read from a log.
-
-    :ivar data: the bytes.
-    :ivar offset: where the next read starts.
-    :ivar size: the file's size when read.
-    :ivar inode: the file's inode.
-    :ivar reset: True if reading started over at 0 (truncated, or a new file at the path).
-    """
+    """Bytes read from a log; the file's size and inode when read."""
 
     data: bytes
-    offset: int
+    offset: int  #: where the next read starts
     size: int
     inode: int | None
-    reset: bool
+    reset: bool  #: reading started over at 0 (truncated, or a new file at the path)
 
 
 async def read_log_chunk(
@@ -544,8 +506,7 @@ async def read_log_chunk(
     (truncated) or, given ``inode``, when the path now holds another file (rotated).  The bytes
     travel zlib-compressed (level 1: a metric log shrinks over tenfold for a few ms per MiB).
 
-    :raises RemoteCommandError: if the file cannot be read (the helper's message).
-    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    :raises RemoteCommandError: if the file cannot be read; else as :func:`call_helper`.
     """
     args: ReadArgs = {
         "path": path or job.log,
@@ -572,11 +533,8 @@ def _chunk(answer: ReadAnswer) -> LogChunk:
 async def read_log(
     ssh: RemoteHosts, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
 ) -> tuple[bytes, int, int]:
-    """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest.
-
-    A returned offset smaller than ``offset + len(data)`` means the log was truncated or
-    replaced and reading started over at 0.
-    """
+    """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest (a new offset
+    below ``offset + len(data)``: reading started over at 0)."""
     chunk = await read_log_chunk(ssh, job_name, job, offset, max_bytes, inode=inode)
     return chunk.data, chunk.offset, chunk.size
 
@@ -584,12 +542,8 @@ async def read_log(
 async def log_tail(
     ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
 ) -> str:
-    """The last ``lines`` lines of the job's log (at most :data:`TAIL_MAX_BYTES` read).
-
-    :param since: only bytes written at or after this offset count.
-    :raises RemoteCommandError: if the log cannot be read.
-    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
-    """
+    """The last ``lines`` lines of the job's log written at or after byte ``since`` (at most
+    :data:`TAIL_MAX_BYTES` read); raises as :func:`read_log_chunk`."""
     args: TailArgs = {
         "path": path or job.log,
         "lines": max(0, lines),

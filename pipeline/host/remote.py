@@ -1,32 +1,18 @@
 """Remote execution over SSH: one pooled asyncssh connection per host, commands as argv.
 
-Shaped like asyncssh's ``conn.run(check=False)``: :meth:`SSHPool.run` returns a frozen
-:class:`RemoteResult` (a non-zero exit status, or a signal, is *returned*) and raises typed
-errors that keep the command and any partial output:
+:meth:`SSHPool.run` returns a :class:`RemoteResult` (a non-zero exit or a signal is returned)
+and raises :class:`~pipeline.errors.HostUnreachable` (refused, DNS, no answer within
+``connect_timeout``; :class:`~pipeline.errors.HostAuthRejected`: login refused),
+:class:`~pipeline.errors.HostKeyRejected` (the key is not the one pinned in ``known_hosts``),
+:class:`~pipeline.errors.RemoteTimeout` (partial output kept) or
+:class:`~pipeline.errors.RemoteCommandError` (connection lost, or no exit status).
 
-- :class:`~pipeline.errors.HostUnreachable` — refused, DNS, no answer within
-  ``connect_timeout``, login refused (:class:`~pipeline.errors.HostAuthRejected`);
-- :class:`~pipeline.errors.HostKeyRejected` — the host's key is not the one pinned in
-  ``known_hosts`` (unknown or changed), naming the host and the key's SHA256 fingerprint;
-- :class:`~pipeline.errors.RemoteTimeout` — the command did not finish in time (partial output kept);
-- :class:`~pipeline.errors.RemoteCommandError` — the connection was lost while the command
-  ran, or its channel closed without an exit status.
-
-Host keys are always verified: ``known_hosts`` from the host's config, else
-``~/.ssh/known_hosts``; a missing file trusts nothing.  ``~/.ssh/config`` is not read, so a
-host behaves exactly as configured.  A host with ``jump = "bastion"`` is reached through the
-bastion's pooled connection (asyncssh ``tunnel=``).  Connections send keepalives and are
-re-opened when they drop; at most :data:`MAX_CHANNELS` commands run at once per host (OpenSSH
-allows 10 sessions per connection).
-
-Every command is an argv, quoted once with :func:`~pipeline.host.quoting.command_line` for the
-remote login shell; :meth:`SSHPool.run_job` puts the job's ``exec`` prefix in front
-(see :mod:`pipeline.host.quoting`).
-
-Files reach a job's workdir on the job's side of its ``exec`` wrapper as *stdin* of a
-job-side command (patches are sent to ``git apply`` that way, for every job, so a container
-wrapper needs no shared filesystem).  :meth:`SSHPool.put_file` (SFTP) writes on the host
-itself and is only for targets outside any container.
+Host keys are always verified (``known_hosts`` from the host's config, else
+``~/.ssh/known_hosts``; a missing file trusts nothing); ``~/.ssh/config`` is not read.  A host
+with ``jump = "bastion"`` is reached through the bastion's pooled connection.  An argv is quoted
+once for the remote login shell (:mod:`pipeline.host.quoting`).  Files reach a job's side of its
+``exec`` wrapper as stdin of a job-side command; :meth:`SSHPool.put_file` (SFTP) writes on the
+host itself.
 """
 
 from __future__ import annotations
@@ -64,24 +50,15 @@ CLOSE_WAIT = 1.0  #: seconds to wait for the host to confirm a channel closed
 
 @dataclass(frozen=True)
 class RemoteResult:
-    """A finished remote command (the analogue of asyncssh's ``SSHCompletedProcess``).
+    """A finished remote command (the analogue of asyncssh's ``SSHCompletedProcess``)."""
 
-    :ivar host: the configured host name.
-    :ivar argv: the argv that ran on the host (with any ``exec`` prefix).
-    :ivar exit_status: the exit status, or None if a signal ended the command.
-    :ivar exit_signal: the signal's name (``"SIGKILL"``) if one ended the command.
-    :ivar stdout: standard output (UTF-8, undecodable bytes replaced).
-    :ivar stderr: standard error.
-    :ivar duration: seconds from sending the command to its end.
-    """
-
-    host: str
-    argv: tuple[str, ...]
-    exit_status: int | None
-    exit_signal: str | None
-    stdout: str
+    host: str  #: the configured host name
+    argv: tuple[str, ...]  #: the argv that ran on the host (with any ``exec`` prefix)
+    exit_status: int | None  #: None if a signal ended the command
+    exit_signal: str | None  #: the signal's name (``"SIGKILL"``) if one ended the command
+    stdout: str  #: UTF-8, undecodable bytes replaced
     stderr: str
-    duration: float
+    duration: float  #: seconds from sending the command to its end
 
     @property
     def ok(self) -> bool:
@@ -101,10 +78,8 @@ class RemoteResult:
 
 class RemoteHosts(Protocol):
     """What Pitstop needs from its connections to the hosts: :class:`SSHPool` in production,
-    a stand-in in tests that never reach a host.
-
-    Every method raises the errors :class:`SSHPool`'s does (see the module docstring).
-    """
+    a stand-in in tests that never reach a host; every method raises the errors
+    :class:`SSHPool`'s does."""
 
     async def run(
         self,
@@ -116,7 +91,6 @@ class RemoteHosts(Protocol):
         display: Sequence[str] | None = None,
     ) -> RemoteResult:
         """Run ``argv`` on ``host`` (``timeout`` in seconds); a non-zero exit is returned, not raised."""
-        ...
 
     async def run_job(
         self,
@@ -128,19 +102,15 @@ class RemoteHosts(Protocol):
         display: Sequence[str] | None = None,
     ) -> RemoteResult:
         """Run ``argv`` on the job's side: its host, behind its ``exec`` prefix."""
-        ...
 
     async def check(self, host: str) -> None:
         """Return if ``host`` can be reached now (a fresh connection); raise if not."""
-        ...
 
     async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
         """Copy a local file to ``remote_path`` on the host itself."""
-        ...
 
     async def close(self) -> None:
         """Close every connection; idempotent."""
-        ...
 
 
 class _Client(asyncssh.SSHClient):
@@ -165,10 +135,7 @@ class _Client(asyncssh.SSHClient):
 
 
 class SSHPool:
-    """One reused SSH connection per configured host (implements :class:`RemoteHosts`).
-
-    :param config: the validated configuration (its ``[hosts]``).
-    """
+    """One reused SSH connection per configured host of ``config`` (implements :class:`RemoteHosts`)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -176,8 +143,6 @@ class SSHPool:
         self._locks: dict[str, asyncio.Lock] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._closed = False
-
-    # --- public API ------------------------------------------------------------------------
 
     async def run(
         self,
@@ -188,21 +153,14 @@ class SSHPool:
         stdin: str | None = None,
         display: Sequence[str] | None = None,
     ) -> RemoteResult:
-        """Run ``argv`` on ``host`` and collect its output.
+        """Run ``argv`` (exactly as the program must receive it) on ``host`` (a configured host
+        name, case-insensitive) and collect its output.
 
-        :param host: a configured host name (case-insensitive).
-        :param argv: the program and its arguments, exactly as the program must receive them.
-        :param timeout: seconds the command may take (the connection is opened first, within
-            the host's ``connect_timeout``).
+        :param timeout: seconds the command may take (after the connection is opened, within the
+            host's ``connect_timeout``).
         :param stdin: text sent to the command's stdin, then EOF (default: EOF at once).
         :param display: how errors name the command (default ``argv``; for long generated argv).
-        :returns: the result; a non-zero exit status or a signal is returned, not raised.
-        :raises UnknownHost: if ``host`` is not configured.
-        :raises HostUnreachable: if the host cannot be reached or refuses the login.
-        :raises HostKeyRejected: if the host's key is not the pinned one.
-        :raises RemoteTimeout: if the command outlives ``timeout`` (partial output kept).
-        :raises RemoteCommandError: if the connection is lost while the command runs, or the
-            channel closes without an exit status.
+        :raises UnknownHost: if ``host`` is not configured; else as the module docstring says.
         """
         name = self._host_name(host)
         command = command_line(argv)
@@ -238,8 +196,7 @@ class SSHPool:
         status = done.exit_status if signal_name is None else None
         stdout, stderr = _text(done.stdout), _text(done.stderr)
         if status is None and signal_name is None:
-            lost = self._drop_if_closed(name)
-            if lost:
+            if self._drop_if_closed(name):
                 raise RemoteCommandError.connection_lost(
                     name, args, "the connection closed", stdout=stdout, stderr=stderr
                 )
@@ -256,12 +213,8 @@ class SSHPool:
         stdin: str | None = None,
         display: Sequence[str] | None = None,
     ) -> RemoteResult:
-        """Run ``argv`` on the job's side: on the job's host, behind its ``exec`` prefix.
-
-        :param job: a configured job name (case-insensitive).
-        :raises KeyError: if ``job`` is not configured.
-        :raises: as :meth:`run`.
-        """
+        """:meth:`run` on the job's side (``job``: a configured job name, case-insensitive): on its
+        host, behind its ``exec`` prefix.  :raises KeyError: if ``job`` is not configured."""
         spec = self.config.job(job)
         shown = job_argv(spec.exec, display) if display is not None else None
         return await self.run(
@@ -270,10 +223,7 @@ class SSHPool:
 
     async def check(self, host: str) -> None:
         """Open and close a *fresh* connection (never the pooled one): is the host reachable now?
-
-        :raises HostUnreachable: if it is not (or refuses the login).
-        :raises HostKeyRejected: if its key is not the pinned one.
-        """
+        Raises :class:`HostUnreachable` or :class:`HostKeyRejected` if not."""
         name = self._host_name(host)
         chain: list[asyncssh.SSHClientConnection] = []
         try:
@@ -285,14 +235,8 @@ class SSHPool:
                     await conn.wait_closed()
 
     async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
-        """Copy a local file to ``remote_path`` on the host itself (SFTP).
-
-        Not for paths inside a job's container: send file contents on stdin of a job-side
-        command instead (see the module docstring).
-
-        :raises RemoteCommandError: if the upload fails.
-        :raises: connection errors as :meth:`run`.
-        """
+        """Copy a local file to ``remote_path`` on the host itself (SFTP; not for paths inside a
+        job's container).  :raises RemoteCommandError: if the upload fails."""
         name = self._host_name(host)
         async with self._slot(name):
             conn = await self._connection(name)
@@ -319,8 +263,6 @@ class SSHPool:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(conn.wait_closed(), 5)
 
-    # --- connections -----------------------------------------------------------------------
-
     def _host_name(self, host: str) -> str:
         try:
             return self.config.host_name(host)
@@ -328,9 +270,7 @@ class SSHPool:
             raise UnknownHost(host, list(self.config.hosts)) from None
 
     def _slot(self, name: str) -> asyncio.Semaphore:
-        if name not in self._slots:
-            self._slots[name] = asyncio.Semaphore(MAX_CHANNELS)
-        return self._slots[name]
+        return self._slots.setdefault(name, asyncio.Semaphore(MAX_CHANNELS))
 
     def _forget(self, name: str, conn: asyncssh.SSHClientConnection) -> None:
         if self._conns.get(name) is conn:
@@ -349,8 +289,7 @@ class SSHPool:
         """The pooled connection to ``name``, opened (again) if needed."""
         if self._closed:
             raise HostUnreachable(name, "the SSH pool is closed")
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
+        async with self._locks.setdefault(name, asyncio.Lock()):
             conn = self._conns.get(name)
             if conn is not None and not conn.is_closed():
                 return conn
@@ -384,7 +323,7 @@ class SSHPool:
     ) -> asyncssh.SSHClientConnection:
         known_path = (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
         found = await asyncio.to_thread(known_path.is_file)
-        known_label = str(known_path) if found else host_key_missing_file(str(known_path))
+        known_label = str(known_path) if found else f"{known_path} (file not found)"
         options: dict[str, Any] = {
             "port": hc.port,
             "known_hosts": str(known_path) if found else asyncssh.import_known_hosts(""),  # trusts nothing
@@ -437,11 +376,7 @@ class SSHPool:
 
 
 def _text(data: Any) -> str:
-    if data is None:
-        return ""
-    if isinstance(data, bytes):
-        return data.decode("utf-8", "replace")
-    return str(data)
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else "" if data is None else str(data)
 
 
 def _reason(exc: BaseException) -> str:
@@ -453,11 +388,3 @@ def _reason(exc: BaseException) -> str:
             return f"{exc.strerror}: {exc.filename} (check client_keys in the host's config)"
         return exc.strerror
     return str(exc) or type(exc).__name__
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def host_key_missing_file(known_hosts: str) -> str:
-    """Suffix for a rejected key when the known_hosts file does not exist."""
-    return f"{known_hosts} (file not found)"

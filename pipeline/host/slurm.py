@@ -1,15 +1,10 @@
 """Talking to a Slurm cluster through its login node: job state, submit, cancel, requeue, per-node tasks.
 
-Every command runs on the job's ``host`` (the login node) behind its ``exec`` prefix, over the
-same pinned-key SSH as any job (:meth:`pipeline.host.remote.SSHPool.run_job`).  Numbers come from
-Slurm's own clients: ``squeue`` (live state, node count and list, pending reason, elapsed time),
-``scontrol show job -o`` (``StdOut``, ``ExitCode``, a finished job while the controller keeps it:
-``MinJobAge``) and ``sacct`` (a finished job's ``State``/``ExitCode``/``Reason`` where accounting
-is on).  Per-node processes come from the host helper (:func:`pipeline.host.helper.op_slurm_tasks`)
-run once on each node inside the job's allocation: ``srun --jobid=ID --overlap -N<n>
---ntasks-per-node=1 --label`` — in a watch cycle, inside the same command as the query, one srun
-per RUNNING job, all at once (:meth:`SlurmClient.query_with_reads`).
-
+Every command runs on the job's ``host`` (the login node) behind its ``exec`` prefix
+(:meth:`pipeline.host.remote.SSHPool.run_job`).  State comes from ``squeue`` (live jobs),
+``scontrol show job -o`` (``StdOut``, ``ExitCode``; a finished job while the controller keeps
+it) and ``sacct`` (where accounting is on); per-node processes from the host helper
+(:func:`pipeline.host.helper.op_slurm_tasks`) run once on each node under ``srun --overlap``.
 This module also owns the Slurm engine's texts (verdict lines, step details, incidents).
 """
 
@@ -19,7 +14,7 @@ import base64
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pipeline import fmt
 from pipeline.errors import RemoteCommandError
@@ -32,24 +27,8 @@ TASKS_TIMEOUT = 60.0  #: seconds for the per-node helper under srun
 
 #: states in which a job still holds (or waits for) its allocation
 ACTIVE = frozenset(
-    {
-        "PENDING",
-        "RUNNING",
-        "SUSPENDED",
-        "COMPLETING",
-        "CONFIGURING",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "RESIZING",
-        "SIGNALING",
-        "STAGE_OUT",
-        "STOPPED",
-    }
-)
-#: states that end a job abnormally (an incident when the job leaves RUNNING for one of them)
-FAILURES = frozenset(
-    {"FAILED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED", "CANCELLED", "BOOT_FAIL"}
+    "PENDING RUNNING SUSPENDED COMPLETING CONFIGURING REQUEUED REQUEUE_HOLD REQUEUE_FED RESIZING"
+    " SIGNALING STAGE_OUT STOPPED".split()
 )
 
 _QUERY = r"""
@@ -96,29 +75,17 @@ true
 
 @dataclass(frozen=True)
 class SlurmJob:
-    """One job as the cluster reports it.
-
-    :ivar id: the job id.
-    :ivar state: ``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``… (``squeue %T``;
-        sacct's ``CANCELLED by 0`` is cut to ``CANCELLED``).
-    :ivar nodes: allocated node count (``%D``); requested count while pending.
-    :ivar nodelist: allocated nodes, expanded (``n[1-2]`` → ``n1``, ``n2``).
-    :ivar reason: the pending reason or why it ended (``Resources``, ``NonZeroExitCode``…), or "".
-    :ivar elapsed: seconds it has run (``%M``/``RunTime``), None if unknown.
-    :ivar exit_code: the batch script's exit code (``ExitCode`` ``3:0`` → 3), None if unknown.
-    :ivar signal: the signal that ended it (``0:15`` → 15), None if none.
-    :ivar stdout: its output file (``StdOut``), None if unknown.
-    """
+    """One job as the cluster reports it (None: unknown)."""
 
     id: int
-    state: str
-    nodes: int = 0
-    nodelist: tuple[str, ...] = ()
-    reason: str = ""
-    elapsed: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    stdout: str | None = None
+    state: str  #: ``PENDING``, ``RUNNING``, ``FAILED``… (``squeue %T``; sacct's ``CANCELLED by 0`` cut)
+    nodes: int = 0  #: allocated node count (``%D``); requested count while pending
+    nodelist: tuple[str, ...] = ()  #: allocated nodes, expanded (``n[1-2]`` → ``n1``, ``n2``)
+    reason: str = ""  #: the pending reason or why it ended (``Resources``, ``NonZeroExitCode``…)
+    elapsed: float | None = None  #: seconds it has run (``%M``/``RunTime``)
+    exit_code: int | None = None  #: the batch script's exit code (``ExitCode`` ``3:0`` → 3)
+    signal: int | None = None  #: the signal that ended it (``0:15`` → 15), None if none
+    stdout: str | None = None  #: its output file (``StdOut``)
 
     @property
     def active(self) -> bool:
@@ -140,32 +107,13 @@ class NodeTasks:
         return len(self.pids)
 
 
-@dataclass(frozen=True)
-class Launched:
-    """What ``sbatch --parsable`` (or ``scontrol requeue``) returned, and where output goes."""
-
-    job_id: int
-    stdout: str | None
-    stdout_size: int = 0
-
-
 TasksOrError = list[NodeTasks] | RemoteCommandError
 """One RUNNING job's tasks per node, or why its srun gave none."""
 
 
-@dataclass
-class _Parts:
-    squeue: list[str] = field(default_factory=list)
-    scontrol: list[str] = field(default_factory=list)
-    sacct: list[str] = field(default_factory=list)
-    stat: list[str] = field(default_factory=list)
-
-
 def parse_elapsed(text: str) -> float | None:
-    """Seconds from Slurm's ``[days-][hours:]minutes:seconds`` (``1-02:03:04``, ``2:03``).
-
-    :returns: seconds, or None for ``INVALID``/``UNLIMITED``/anything else.
-    """
+    """Seconds from Slurm's ``[days-][hours:]minutes:seconds`` (``1-02:03:04``, ``2:03``); None
+    for ``INVALID``/``UNLIMITED``/anything else."""
     m = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
     if not m:
         return None
@@ -181,17 +129,11 @@ def expand_nodelist(text: str) -> tuple[str, ...]:
         return ()
     out: list[str] = []
     for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?([^,]*)", text):
-        head, ranges, tail = m.group(1), m.group(2), m.group(3)
-        if ranges is None:
-            out.append(head + tail)
-            continue
-        for part in ranges.split(","):
+        head, ranges, tail = m.groups()
+        for part in (ranges or "").split(","):  # no brackets: one part, ""
             lo, _, hi = part.partition("-")
-            if hi:
-                width = len(lo)
-                out.extend(f"{head}{i:0{width}d}{tail}" for i in range(int(lo), int(hi) + 1))
-            else:
-                out.append(f"{head}{lo}{tail}")
+            nums = [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)] if hi else [lo]
+            out.extend(f"{head}{n}{tail}" for n in nums)
     return tuple(out)
 
 
@@ -207,10 +149,8 @@ def _exit(text: str | None) -> tuple[int | None, int | None]:
 
 def parse_scontrol(line: str) -> dict[str, str]:
     """``scontrol show job -o`` (one line of ``Key=Value``) as a dict; a value runs to the next key."""
-    out: dict[str, str] = {}
-    for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|$)", line):
-        out[m.group(1)] = m.group(2)
-    return out
+    key = r"[A-Za-z][A-Za-z0-9_:/]*"
+    return {m.group(1): m.group(2) for m in re.finditer(rf"(?:^|\s)({key})=(.*?)(?=\s+{key}=|$)", line)}
 
 
 def parse_sizes(text: str) -> dict[str, int]:
@@ -229,52 +169,41 @@ def parse_sizes(text: str) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class FileRange:
-    """Bytes of a file on the login node to read with the cluster query (a job's metric lines).
-
-    :ivar path: the file; ``offset`` the first byte; ``max_bytes`` at most this many.
-    :ivar inode: read from 0 when the path now holds another file (None: not checked).
-    """
+    """Bytes of a file on the login node to read with the cluster query (a job's metric lines):
+    at most ``max_bytes`` from byte ``offset``."""
 
     path: str
     offset: int
     max_bytes: int
-    inode: int | None = None
+    inode: int | None = None  #: read from 0 when the path now holds another file (None: not checked)
 
 
 @dataclass(frozen=True)
 class FileBytes:
-    """What a :class:`FileRange` read returned.
-
-    :ivar data: the bytes; ``offset`` where they start; ``size`` the file's size; ``inode`` its inode.
-    :ivar reset: reading started over at 0 (truncated, or another file at the path).
-    """
+    """What a :class:`FileRange` read returned: the bytes from ``offset``, the file's size and inode."""
 
     data: bytes
     offset: int
     size: int
     inode: int | None
-    reset: bool
+    reset: bool  #: reading started over at 0 (truncated, or another file at the path)
 
 
 def parse_reads(text: str) -> dict[str, FileBytes | None]:
     """The ``@@reads`` section of a ``_QUERY`` answer: path → its bytes (None: unreadable)."""
     out: dict[str, FileBytes | None] = {}
-    lines = text.split("\n")
-    i = next((k + 1 for k, ln in enumerate(lines) if ln.strip() == "@@reads"), len(lines))
-    while i < len(lines):
-        head = lines[i]
-        i += 1
+    lines = iter(text.split("\n"))
+    for line in lines:
+        if line.strip() == "@@reads":
+            break
+    for head in lines:
         if head.startswith("E|"):
             out[head[2:]] = None
-        elif head.startswith("R|") and i < len(lines):
-            parts = head.split("|", 5)
-            body = lines[i]
-            i += 1
+        elif head.startswith("R|") and (body := next(lines, None)) is not None:
+            f = head.split("|", 5)
             try:
                 data = base64.b64decode(body.strip())
-                out[parts[5]] = FileBytes(
-                    data, int(parts[1]), int(parts[2]), _int_or_none(parts[3]), parts[4] == "1"
-                )
+                out[f[5]] = FileBytes(data, int(f[1]), int(f[2]), _int_or_none(f[3]), f[4] == "1")
             except (ValueError, IndexError):
                 continue
     return out
@@ -284,65 +213,65 @@ def _int_or_none(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _count(text: str) -> int:
+    return int(text) if text.isdigit() else 0
+
+
+def _none(text: str | None) -> str:
+    return "" if text in (None, "None") else str(text)
+
+
 def parse_query(text: str) -> dict[int, SlurmJob]:
     """The jobs in one ``_QUERY`` answer: squeue rows first, completed by scontrol, then sacct."""
-    parts = _Parts()
-    target = parts.squeue
-    for line in text.splitlines():
-        if line.strip() == "@@scontrol":
-            target = parts.scontrol
-        elif line.strip() == "@@sacct":
-            target = parts.sacct
-        elif line.strip() == "@@stat":
-            target = parts.stat
-        elif line.strip():
-            target.append(line.strip())
+    parts: dict[str, list[str]] = {"@@squeue": []}
+    target = parts["@@squeue"]
+    for line in map(str.strip, text.splitlines()):
+        if line in ("@@scontrol", "@@sacct", "@@stat"):
+            target = parts.setdefault(line, [])
+        elif line:
+            target.append(line)
     jobs: dict[int, dict[str, object]] = {}
-    for row in parts.squeue:
-        f = row.split("|")
-        if len(f) < 6 or not f[0].isdigit():
-            continue
-        jobs[int(f[0])] = {
-            "state": f[1],
-            "nodes": int(f[2]) if f[2].isdigit() else 0,
-            "nodelist": expand_nodelist(f[3]),
-            "reason": "" if f[4] == "None" else f[4],
-            "elapsed": parse_elapsed(f[5]),
-        }
-    for row in parts.scontrol:
-        d = parse_scontrol(row)
-        if not d.get("JobId", "").isdigit():
-            continue
-        jid = int(d["JobId"])
-        known = jobs.setdefault(jid, {})
-        code, sig = _exit(d.get("ExitCode"))
-        known.setdefault("state", d.get("JobState", "UNKNOWN"))
-        known.setdefault("nodes", int(d["NumNodes"]) if d.get("NumNodes", "").isdigit() else 0)
-        known.setdefault("nodelist", expand_nodelist(d.get("NodeList", "")))
-        known.setdefault("reason", "" if d.get("Reason") in (None, "None") else d["Reason"])
-        known.setdefault("elapsed", parse_elapsed(d.get("RunTime", "")))
-        known["exit_code"], known["signal"] = code, sig
-        known["stdout"] = d.get("StdOut")
-    for row in parts.sacct:
-        f = row.split("|")
-        if len(f) < 6 or not f[0].isdigit():
-            continue
-        known = jobs.setdefault(int(f[0]), {})
-        known.setdefault("state", f[1].split()[0] if f[1] else "UNKNOWN")
-        code, sig = _exit(f[2])
-        known.setdefault("exit_code", code)
-        known.setdefault("signal", sig)
-        known.setdefault("reason", "" if f[3] == "None" else f[3])
-        known.setdefault("nodes", int(f[4]) if f[4].isdigit() else 0)
-        known.setdefault("nodelist", expand_nodelist(f[5]))
+    for f in (row.split("|") for row in parts["@@squeue"]):
+        if len(f) >= 6 and f[0].isdigit():
+            jobs[int(f[0])] = {
+                "state": f[1],
+                "nodes": _count(f[2]),
+                "nodelist": expand_nodelist(f[3]),
+                "reason": _none(f[4]),
+                "elapsed": parse_elapsed(f[5]),
+            }
+    for d in map(parse_scontrol, parts.get("@@scontrol", [])):  # fills in what squeue left out
+        if d.get("JobId", "").isdigit():
+            code, sig = _exit(d.get("ExitCode"))
+            jobs[int(d["JobId"])] = {
+                "state": d.get("JobState", "UNKNOWN"),
+                "nodes": _count(d.get("NumNodes", "")),
+                "nodelist": expand_nodelist(d.get("NodeList", "")),
+                "reason": _none(d.get("Reason")),
+                "elapsed": parse_elapsed(d.get("RunTime", "")),
+                **jobs.get(int(d["JobId"]), {}),
+                "exit_code": code,
+                "signal": sig,
+                "stdout": d.get("StdOut"),
+            }
+    for f in (row.split("|") for row in parts.get("@@sacct", [])):  # then sacct
+        if len(f) >= 6 and f[0].isdigit():
+            code, sig = _exit(f[2])
+            jobs[int(f[0])] = {
+                "state": f[1].split()[0] if f[1] else "UNKNOWN",
+                "exit_code": code,
+                "signal": sig,
+                "reason": _none(f[3]),
+                "nodes": _count(f[4]),
+                "nodelist": expand_nodelist(f[5]),
+                **jobs.get(int(f[0]), {}),
+            }
     return {jid: SlurmJob(id=jid, **v) for jid, v in jobs.items()}  # type: ignore[arg-type]
 
 
 def _node_tasks(host: str, job_id: int, status: int | None, stdout: str, stderr: str) -> list[NodeTasks]:
     """The per-node answers of the helper under ``srun --label`` (one JSON object per node).
-
-    :raises RemoteCommandError: if none came back and srun exited non-zero (its stderr in the message).
-    """
+    :raises RemoteCommandError: if none came back and srun exited non-zero."""
     out: list[NodeTasks] = []
     for line in stdout.splitlines():
         label, _, body = line.partition(": ")
@@ -385,11 +314,21 @@ def parse_tasks(host: str, text: str) -> dict[int, TasksOrError]:
     return found
 
 
-class SlurmClient:
-    """Slurm's clients on a job's login node.
+def _srun(job_id: int, nodes: int) -> list[str]:
+    """Run once on each of the job's ``nodes`` nodes, inside its allocation, output lines labelled."""
+    return [
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        f"-N{nodes}",
+        "--ntasks-per-node=1",
+        "--label",
+        "--quiet",
+    ]
 
-    :param ssh: the SSH pool; every call is :meth:`SSHPool.run_job` for ``job``.
-    """
+
+class SlurmClient:
+    """Slurm's clients on a job's login node: every call is :meth:`SSHPool.run_job` for ``job``."""
 
     def __init__(self, ssh: RemoteHosts) -> None:
         self.ssh = ssh
@@ -399,24 +338,8 @@ class SlurmClient:
 
     async def query(self, job: str, ids: Sequence[int]) -> dict[int, SlurmJob]:
         """State of jobs ``ids`` in one call (squeue, scontrol, sacct); an id the cluster no
-        longer knows is absent.
-
-        :raises RemoteError: if the login node cannot be reached.
-        """
-        if not ids:
-            return {}
-        return (await self.query_with_sizes(job, ids, ()))[0]
-
-    async def query_with_sizes(
-        self, job: str, ids: Sequence[int], paths: Sequence[str]
-    ) -> tuple[dict[int, SlurmJob], dict[str, int]]:
-        """:meth:`query` plus the sizes of ``paths`` on the login node, in the same call.
-
-        :returns: the jobs by id, and sizes in bytes by path (a missing file is absent).
-        :raises RemoteError: if the login node cannot be reached.
-        """
-        jobs, sizes, _, _ = await self.query_with_reads(job, ids, paths, ())
-        return jobs, sizes
+        longer knows is absent.  :raises RemoteError: as :meth:`query_with_reads`."""
+        return (await self.query_with_reads(job, ids, (), ()))[0] if ids else {}
 
     async def query_with_reads(
         self,
@@ -426,25 +349,22 @@ class SlurmClient:
         reads: Sequence[FileRange],
         tasks: Mapping[int, str] | None = None,
     ) -> tuple[dict[int, SlurmJob], dict[str, int], dict[str, FileBytes | None], dict[int, TasksOrError]]:
-        """:meth:`query_with_sizes`, the byte ranges ``reads`` (the jobs' metric lines) and, for
-        each job of ``tasks`` (id → ``match``) that squeue reports RUNNING, its task processes on
-        every node (:meth:`node_tasks`' srun, all of them at once), in one call on the login node:
-        what a watch cycle needs of the cluster.
+        """:meth:`query`, the sizes of ``paths``, the byte ranges ``reads`` (the jobs' metric lines)
+        and, for each job of ``tasks`` (id → ``match``) that squeue reports RUNNING, its task
+        processes on every node (:meth:`node_tasks`' srun, all at once), in one call on the login
+        node: what a watch cycle needs of the cluster.
 
-        :returns: the jobs by id, sizes by path, each read's bytes by path (None: unreadable), and
-            by RUNNING job id its tasks per node, or the :class:`RemoteCommandError` of its srun.
+        :returns: the jobs by id, sizes in bytes by path (a missing file is absent), each read's
+            bytes by path (None: unreadable), and by RUNNING job id its tasks per node, or the
+            :class:`RemoteCommandError` of its srun.
         :raises RemoteError: if the login node cannot be reached, or squeue fails but for an id
             the cluster no longer knows (no controller answers: no job is taken for gone).
         """
         joined = ",".join(str(i) for i in ids) or "0"
         extra: list[str] = []
         for r in reads:
-            extra += [
-                r.path,
-                str(max(0, r.offset)),
-                str(max(0, r.max_bytes)),
-                "" if r.inode is None else str(r.inode),
-            ]
+            inode = "" if r.inode is None else str(r.inode)
+            extra += [r.path, str(max(0, r.offset)), str(max(0, r.max_bytes)), inode]
         helper = helper_argv("slurm_tasks", {"job": 0, "match": ""})[:-1] if tasks else []
         wanted_tasks: list[str] = []
         for job_id, match in (tasks or {}).items():
@@ -472,10 +392,7 @@ class SlurmClient:
         return (await self.query(job, [job_id])).get(job_id)
 
     async def checked(self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> RemoteResult:
-        """Run ``argv``; a non-zero exit raises.
-
-        :raises RemoteCommandError: with the command's stderr when it exits non-zero.
-        """
+        """Run ``argv``; a non-zero exit raises :class:`RemoteCommandError` (with its stderr)."""
         result = await self._run(job, argv, timeout)
         if result.exit_status != 0:
             err = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()
@@ -492,13 +409,8 @@ class SlurmClient:
     async def submit(
         self, job: str, workdir: str, script: str, args: Sequence[str], *, hold: bool = False
     ) -> int:
-        """``sbatch --parsable [--hold] -D WORKDIR ARGS SCRIPT``: the new job id (returned at once).
-
-        With ``hold`` the job is queued held (``JobHeldUser``) until ``scontrol release ID``, so
-        its output file can be measured before the job writes a byte.
-
-        :raises RemoteCommandError: if sbatch refuses the job.
-        """
+        """``sbatch --parsable [--hold] -D WORKDIR ARGS SCRIPT``: the new job id (returned at once;
+        held, it waits for ``scontrol release ID``).  :raises RemoteCommandError: if sbatch refuses."""
         held = ["--hold"] if hold else []
         result = await self.checked(job, ["sbatch", "--parsable", *held, "-D", workdir, *args, script])
         head = result.stdout.strip().split(";")[0]
@@ -515,35 +427,20 @@ class SlurmClient:
         return int(text) if result.exit_status == 0 and text.isdigit() else 0
 
     async def node_tasks(self, job: str, job_id: int, nodes: int, match: str) -> list[NodeTasks]:
-        """The job's task processes on each of its ``nodes`` nodes: the host helper, once per node,
-        inside the allocation (``srun --jobid=ID --overlap -N<nodes> --ntasks-per-node=1``).
-
-        :raises RemoteCommandError: if srun fails (its stderr in the message).
-        """
+        """The job's task processes on each of its ``nodes`` nodes (the host helper under
+        :func:`_srun`).  :raises RemoteCommandError: if srun fails (its stderr in the message)."""
         tasks: SlurmTasksArgs = {"job": job_id, "match": match}
-        argv = [
-            "srun",
-            f"--jobid={job_id}",
-            "--overlap",
-            f"-N{nodes}",
-            "--ntasks-per-node=1",
-            "--label",
-            "--quiet",
-            *helper_argv("slurm_tasks", tasks),
-        ]
-        result = await self._run(job, argv, TASKS_TIMEOUT)
+        result = await self._run(
+            job, [*_srun(job_id, nodes), *helper_argv("slurm_tasks", tasks)], TASKS_TIMEOUT
+        )
         return _node_tasks(result.host, job_id, result.exit_status, result.stdout, result.stderr)
 
     async def node_gpus(self, job: str, job_id: int, nodes: int, argv: Sequence[str]) -> dict[str, str]:
-        """``argv`` (an ``nvidia-smi`` query) run once on each of the job's nodes inside its
-        allocation; its output by node name.
-
-        :raises RemoteCommandError: if srun fails on every node (its stderr in the message).
-        """
+        """``argv`` (an ``nvidia-smi`` query) run under :func:`_srun`: its output by node name.
+        :raises RemoteCommandError: if srun fails on every node (its stderr in the message)."""
         script = 'echo "@@node $SLURMD_NODENAME"; exec "$@"'
-        srun = ["srun", f"--jobid={job_id}", "--overlap", f"-N{nodes}", "--ntasks-per-node=1", "--label"]
         result = await self._run(
-            job, [*srun, "--quiet", "bash", "-c", script, "pitstop-gpus", *argv], TASKS_TIMEOUT
+            job, [*_srun(job_id, nodes), "bash", "-c", script, "pitstop-gpus", *argv], TASKS_TIMEOUT
         )
         by_task: dict[str, list[str]] = {}
         for line in result.stdout.splitlines():
