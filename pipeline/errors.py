@@ -102,14 +102,11 @@ class ConfigError(PitstopError):
     def __init__(self, problems: Sequence[str], source: str = "") -> None:
         self.problems = list(problems)
         self.source = source
-        super().__init__(_config_invalid(source, self.problems))
-
-
-def _config_invalid(source: str, problems: Sequence[str]) -> str:
-    if len(problems) == 1 and (not source or problems[0].startswith(source)):
-        return problems[0]
-    head = f"{source}: invalid configuration" if source else "invalid configuration"
-    return "\n".join([head, *problems])
+        if len(self.problems) == 1 and (not source or self.problems[0].startswith(source)):
+            super().__init__(self.problems[0])
+        else:
+            head = f"{source}: invalid configuration" if source else "invalid configuration"
+            super().__init__("\n".join([head, *self.problems]))
 
 
 class UsageError(PitstopError):
@@ -244,13 +241,8 @@ class RemoteTimeout(RemoteCommandError):
     def __init__(
         self, host: str, argv: Sequence[str], timeout: float, *, stdout: str = "", stderr: str = ""
     ) -> None:
-        super().__init__(
-            host,
-            argv,
-            f"on {host}: `{shlex.join(argv)}` did not finish within {timeout:g} s",
-            stdout=stdout,
-            stderr=stderr,
-        )
+        text = f"on {host}: `{shlex.join(argv)}` did not finish within {timeout:g} s"
+        super().__init__(host, argv, text, stdout=stdout, stderr=stderr)
         self.timeout = timeout
 
 
@@ -428,11 +420,8 @@ class HostAuthRejected(HostUnreachable):
 
     def __init__(self, host: str, user: str, reason: str) -> None:
         self.user = user
-        RemoteError.__init__(
-            self,
-            host,
-            f"host {host} refused login as {user}: {reason} - check client_keys and the host's authorized_keys",
-        )
+        text = f"host {host} refused login as {user}: {reason} - check client_keys and the host's authorized_keys"
+        RemoteError.__init__(self, host, text)
         self.reason = reason
 
 
