@@ -74,7 +74,6 @@ class Engine(Protocol):
 
     def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
         """Record on ``run`` which old run it replaces (pid, job id) from the job's ``current``."""
-        ...
 
     async def preflight(
         self,
@@ -88,30 +87,24 @@ class Engine(Protocol):
     ) -> Mapping[str, bool]:
         """Check everything before anything is touched; refuse if ``running`` (a ``current``
         record) still runs.  :returns: which configured patches are applied now."""
-        ...
 
     async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """Stop the old run recorded in ``current`` (by its identity, never by pattern)."""
-        ...
 
     async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """Launch the new run; returns at once, its identity recorded (``StepLog.record_launch``)."""
-        ...
 
     async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
         """One sample of the launched ``run``; ``complete=False`` may return the state alone."""
-        ...
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries`` (all on one host or cluster) in one look; never raises: a job
         that could not be seen has ``probe.error`` set.  Optional for an engine (None: the watcher
         does it): ``reads`` in ``probe.read``/``probe.read_error``, and for a job short of
         processes its output's last lines and exit record in ``probe.tail``/``probe.exit_status``."""
-        ...
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
         """The last ``lines`` lines of the job's output (``logs``)."""
-        ...
 
     async def node_outputs(
         self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
@@ -121,7 +114,6 @@ class Engine(Protocol):
 
         :raises PitstopError: if the run holds no nodes now (the message says why).
         """
-        ...
 
     async def crash_evidence(
         self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
@@ -132,7 +124,6 @@ class Engine(Protocol):
 
         :raises PitstopError: if the output cannot be read.
         """
-        ...
 
     async def hang_evidence(
         self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
@@ -141,7 +132,6 @@ class Engine(Protocol):
 
         :raises PitstopError: if they cannot be looked at (the message says why).
         """
-        ...
 
 
 EngineFactory = Callable[[RemoteHosts, StepLog], Engine]
@@ -176,45 +166,34 @@ class RestartService(Protocol):
         cancelled: CancelCheck | None = None,
     ) -> RunRecord:
         """preflight → stop → clear_cache → patch → launch; leaves ``verify`` WAITING."""
-        ...
 
     async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
         """preflight (refusing a job that runs) → launch; leaves ``verify`` WAITING."""
-        ...
 
     async def stop(self, run: RunRecord) -> RunRecord:
         """The ``stop`` step alone; verdict None on success, ``STOP_FAILED`` otherwise."""
-        ...
 
     async def verify(self, run: RunRecord) -> RunRecord:
         """Decide the verdict from observations up to launch + ``start_window``.  :raises RemoteError:"""
-        ...
 
     async def log_tail(self, job: str, lines: int) -> str:
         """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
-        ...
 
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries`` in one look per host or cluster (watch, status), with ``reads``
         (:meth:`Engine.observe_many`); never raises."""
-        ...
 
     async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
         """:meth:`Engine.node_outputs` for the job.  :raises PitstopError: if it holds no nodes now."""
-        ...
 
     async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
         """:meth:`Engine.crash_evidence` for the job.  :raises PitstopError: if unreadable."""
-        ...
 
     async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
         """:meth:`Engine.hang_evidence` for the job.  :raises PitstopError: if not available."""
-        ...
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
         """Tell ``listener`` of every step change of every run.  :returns: its unsubscriber."""
-        ...
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now.  :raises RemoteError: if unreadable."""
-        ...

@@ -50,9 +50,11 @@ class StepLog:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    async def begin(self, run: RunRecord, step: Step) -> StepRecord:
+    async def begin(
+        self, run: RunRecord, step: Step, outcome: Outcome = Outcome.RUNNING, detail: str = ""
+    ) -> StepRecord:
         """Start ``step``: appended to the run, saved, published and reported."""
-        rec = StepRecord(step=step, started_at=time.time())
+        rec = StepRecord(step=step, started_at=time.time(), outcome=outcome, detail=detail)
         run.steps.append(rec)
         await self.runs.save(run)
         await self.emit(run, rec)
@@ -102,15 +104,7 @@ class StepLog:
 
     async def await_verify(self, run: RunRecord, start_window: float) -> None:
         """Add the ``verify`` step, WAITING for ``start_window`` seconds after the launch."""
-        rec = StepRecord(
-            step=Step.VERIFY,
-            started_at=time.time(),
-            outcome=Outcome.WAITING,
-            detail=f"checking for {start_window:g} s after launch",
-        )
-        run.steps.append(rec)
-        await self.runs.save(run)
-        await self.emit(run, rec)
+        await self.begin(run, Step.VERIFY, Outcome.WAITING, f"checking for {start_window:g} s after launch")
 
     def verify_step(self, run: RunRecord) -> StepRecord:
         """The run's ``verify`` step, set RUNNING (added if the run has none)."""
@@ -142,10 +136,9 @@ class StepLog:
         """
         verdict, line, _ = decided
         rec.ended_at, rec.detail = time.time(), line
+        rec.outcome = Outcome.OK if verdict is Verdict.RUNNING else Outcome.FAILED
         if recheck_at is not None:
             rec.outcome = Outcome.WAITING
-        else:
-            rec.outcome = Outcome.OK if verdict is Verdict.RUNNING else Outcome.FAILED
         await self.runs.decide(run, *decided)
         if recheck_at is not None:
             await self.queue.enqueue(run.id, recheck_at)
