@@ -82,7 +82,7 @@ class PitstopError(Exception):
 
 
 def error_class(code: str) -> type[PitstopError]:
-    """The error class with this ``code`` (among the classes defined so far).  :raises KeyError:"""
+    """The error class with this ``code`` (among the classes defined so far).  :raises KeyError: if none."""
     pending: list[type[PitstopError]] = [PitstopError]
     while pending:
         cls = pending.pop()

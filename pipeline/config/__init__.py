@@ -106,11 +106,11 @@ class Config(_Model):
         return self.jobs[self.job_name(name)]
 
     def job_name(self, name: str) -> str:
-        """The configured spelling of a job name (case-insensitive).  :raises KeyError:"""
+        """The configured spelling of a job name (case-insensitive).  :raises KeyError: if none."""
         return _spelling(self.jobs, name)
 
     def host_name(self, name: str) -> str:
-        """The configured spelling of a host name (case-insensitive).  :raises KeyError:"""
+        """The configured spelling of a host name (case-insensitive).  :raises KeyError: if none."""
         return _spelling(self.hosts, name)
 
     def channel_for(self, job: str) -> str | None:

@@ -81,7 +81,7 @@ class Runner:
         return self.steps.subscribe(listener)
 
     def _job(self, job: str) -> tuple[str, JobConfig, Engine]:
-        """The job's configured name, config and engine.  :raises KeyError: :raises PitstopError:"""
+        """The job's configured name, config and engine.  :raises KeyError: if not configured."""
         name = self.config.job_name(job)
         spec = self.config.jobs[name]
         engine = self.engines.get(spec.engine)
@@ -248,7 +248,7 @@ class Runner:
             run.warning = lost_warning(name, lost, job.max_lost, rate)
 
     async def log_tail(self, job: str, lines: int) -> str:
-        """The last ``lines`` lines of the job's output.  :raises RemoteError:"""
+        """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
         name, spec, engine = self._job(job)
         return await engine.log_tail(name, spec, await self.steps.current(name), lines)
 

@@ -266,8 +266,6 @@ class SlurmEngine:
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
         await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}")
 
-    # --- looks ------------------------------------------------------------------------------------
-
     async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
         """The run's Slurm job: its state alone, or (``complete``) with its tasks and output since launch."""
         job_id = run.slurm_job or 0
