@@ -138,9 +138,11 @@ async def clear_cache(
         await steps.fail(run, rec, exc.message)
         raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
     cleared = answer.get("cleared") or []
-    detail = step_cache_cleared(
-        [(c["path"], int(c.get("files", 0)), int(c.get("bytes", 0)), bool(c.get("missing"))) for c in cleared]
-    )
+    parts = []  # per path: "/srv/cache: 120 files, 3.4 GiB removed" or "/srv/cache: not present"
+    for c in cleared:
+        removed = f"{int(c.get('files', 0))} files, {fmt.size(int(c.get('bytes', 0)))} removed"
+        parts.append(f"{c['path']}: {'not present' if c.get('missing') else removed}")
+    detail = "; ".join(parts)
     errors = [e for c in cleared for e in c.get("errors", [])]
     if errors:
         why = f"cannot clear cache: {'; '.join(errors[:3])}"
@@ -195,14 +197,6 @@ async def patch(
         await steps.fail(run, rec, f"{detail}; {why}")
         raise LaunchFailed(name, why, line=verdict.launch_failed(why))
     await steps.end(run, rec, Outcome.OK, detail)
-
-
-def step_cache_cleared(cleared: Sequence[tuple[str, int, int, bool]]) -> str:
-    """``/srv/cache: 120 files, 3.4 GB removed`` per path (path, files, bytes, missing)."""
-    return "; ".join(
-        f"{path}: not present" if missing else f"{path}: {files} files, {fmt.size(size)} removed"
-        for path, files, size, missing in cleared
-    )
 
 
 def step_patches(applied: Sequence[str], reverted: Sequence[str], in_effect: Sequence[str]) -> str:
