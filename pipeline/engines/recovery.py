@@ -88,9 +88,7 @@ async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
         found = f"the job's state on its host is unknown ({seen.probe.error})"
     for rec in run.steps:
         if rec.ended_at is None or rec.outcome is Outcome.RUNNING:
-            rec.ended_at = now
-            rec.outcome = Outcome.FAILED
-            rec.detail = "Pitstop stopped during this step"
+            rec.ended_at, rec.outcome, rec.detail = now, Outcome.FAILED, "Pitstop stopped during this step"
     line = verdict.interrupted(step.value if step else None, found)
     await restarter.runs.finish(run, Verdict.INTERRUPTED, line, run.evidence or line)
     return Interruption(run, line, False)

@@ -62,9 +62,7 @@ class StepLog:
 
     async def end(self, run: RunRecord, rec: StepRecord, outcome: Outcome, detail: str) -> None:
         """End ``rec`` with ``outcome`` and ``detail`` (one line a person reads); saved and reported."""
-        rec.ended_at = time.time()
-        rec.outcome = outcome
-        rec.detail = detail
+        rec.ended_at, rec.outcome, rec.detail = time.time(), outcome, detail
         await self.runs.save(run)
         await self.emit(run, rec)
 
