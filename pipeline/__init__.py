@@ -13,15 +13,10 @@ and ``bot`` import it, never the other way round.  Its packages, one concept eac
 - :mod:`pipeline.observe` — probes, evidence and verdicts: verification, the watcher's rules,
   progress, crash classes, GPUs;
 - :mod:`pipeline.digest` — throughput digests: metric lines, the log window, statistics, the chart;
-- :mod:`pipeline.dflash` — the reference eight-GPU training workload (hosts run a copy of it).
-
+- :mod:`pipeline.dflash` — the reference eight-GPU training workload (hosts run a copy of it);
 - :mod:`pipeline.config` — the TOML file, validated once, its models by table.
 
-Loose at the top, imported by all of them: :mod:`~pipeline.errors` (every error with its code), :mod:`~pipeline.fmt` (duration, bytes,
-clock for people) and :mod:`~pipeline.verdict` (the steps, the verdict set and the verdict line,
-formatted and parsed).
-
-Text a person reads lives beside the code that produces it: step details in
-:mod:`~pipeline.engines.steplog` and :mod:`~pipeline.engines.workdir`, verdict lines in
-:mod:`~pipeline.verdict`, error text inside each error class.
+Loose at the top, imported by all of them: :mod:`~pipeline.errors` (every error with its code),
+:mod:`~pipeline.fmt` (formatting for people) and :mod:`~pipeline.verdict` (the steps, the verdict
+set and the verdict line).  Text a person reads lives beside the code that produces it.
 """

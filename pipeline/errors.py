@@ -1,15 +1,10 @@
 """Every error a person can see: its code, the fields it was built from, and its text.
 
-Two kinds of failure reach a person (the errbot/Bolt pattern): a :class:`PitstopError`
-carries a message written for the user and is shown as it is; anything else is logged
-with its traceback under an incident id (:func:`new_incident_id`) and the user gets one
-line naming it (:func:`internal_error`).
-
-As asyncssh's errors do, each error class has a stable string ``code`` (for scripts, logs
-and tests; it never changes once released), keeps the fields it was built from as
-attributes, and builds its own text from them.  Each also carries the CLI exit code it maps
-to (:class:`ExitCode`, listed in the README), so every surface agrees on what a failure
-means.  :func:`error_class` turns a code back into its class.
+A :class:`PitstopError` carries a message written for the user and is shown as it is; anything
+else is logged with its traceback under an incident id (:func:`new_incident_id`) and the user
+gets one line naming it (:func:`internal_error`).  Each class has a stable string ``code`` (it
+never changes once released), keeps its fields as attributes, builds its own text from them,
+and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its class.
 
 ============================  =====================  ====  ===========================================
 class                         code                   exit  fields
@@ -41,10 +36,6 @@ class                         code                   exit  fields
 ``handlers.lock.InFlight``    ``in_flight``          4     job, holder
 ``bot.demo.DemoFailed``       ``demo_failed``        any   message, exit_code
 ============================  =====================  ====  ===========================================
-
-The :class:`SequenceAborted` family ends a restart sequence (:mod:`pipeline.engines.ssh`,
-:mod:`pipeline.engines.slurm`): a step raises it with the verdict line it leads to, and the
-sequence catches it and records that verdict on the run; it does not reach a person as such.
 """
 
 from __future__ import annotations
@@ -69,36 +60,18 @@ class ExitCode(IntEnum):
     AWAITING_APPROVAL = 7  #: the action waits for a second person's approval (``approve r-N``)
 
 
-# --- unexpected failures ------------------------------------------------------------------------
-
-
 def new_incident_id() -> str:
-    """A fresh incident id for an unexpected failure: 8 hex digits.
-
-    Log it with the traceback and show it to the person (:func:`internal_error`), so the
-    one can be found from the other.
-    """
+    """A fresh incident id for an unexpected failure (8 hex digits), logged and shown."""
     return uuid.uuid4().hex[:8]
 
 
 def internal_error(incident: str) -> str:
-    """What a person sees for an unexpected failure; the traceback is in the log.
-
-    :param incident: the id from :func:`new_incident_id`.
-    """
+    """What a person sees for an unexpected failure; ``incident`` is from :func:`new_incident_id`."""
     return f"something went wrong inside Pitstop (incident {incident}); the details are in its log"
 
 
-# --- the base and its code map ------------------------------------------------------------------
-
-
 class PitstopError(Exception):
-    """An expected failure whose message is written for the person who asked.
-
-    :param message: one line (or a few) a person can act on; shown as it is.
-    :cvar code: the stable string code of the class (the table in :mod:`pipeline.errors`).
-    :cvar exit_code: the CLI exit code it maps to.
-    """
+    """An expected failure whose ``message`` (a line or a few a person can act on) is shown as it is."""
 
     code: ClassVar[str] = "error"
     exit_code: ExitCode = ExitCode.FAILED
@@ -109,10 +82,7 @@ class PitstopError(Exception):
 
 
 def error_class(code: str) -> type[PitstopError]:
-    """The error class with this ``code`` (among the classes defined so far).
-
-    :raises KeyError: if no class has that code.
-    """
+    """The error class with this ``code`` (among the classes defined so far).  :raises KeyError: if none."""
     pending: list[type[PitstopError]] = [PitstopError]
     while pending:
         cls = pending.pop()
@@ -123,11 +93,8 @@ def error_class(code: str) -> type[PitstopError]:
 
 
 class ConfigError(PitstopError):
-    """The configuration file is missing or invalid.
-
-    :param problems: one line per problem, each naming its TOML path or line.
-    :param source: the file (or other source) the problems are in; "" if unknown.
-    """
+    """The configuration file is missing or invalid: ``problems``, one line each naming its TOML
+    path or line, in ``source`` (the file; "" if unknown)."""
 
     code = "config_invalid"
     exit_code = ExitCode.USAGE
@@ -135,35 +102,22 @@ class ConfigError(PitstopError):
     def __init__(self, problems: Sequence[str], source: str = "") -> None:
         self.problems = list(problems)
         self.source = source
-        super().__init__(_config_invalid(source, self.problems))
-
-
-def _config_invalid(source: str, problems: Sequence[str]) -> str:
-    if len(problems) == 1 and (not source or problems[0].startswith(source)):
-        return problems[0]
-    head = f"{source}: invalid configuration" if source else "invalid configuration"
-    return "\n".join([head, *problems])
+        if len(self.problems) == 1 and (not source or self.problems[0].startswith(source)):
+            super().__init__(self.problems[0])
+        else:
+            head = f"{source}: invalid configuration" if source else "invalid configuration"
+            super().__init__("\n".join([head, *self.problems]))
 
 
 class UsageError(PitstopError):
-    """A CLI invocation that cannot be carried out as given.
-
-    :param message: what is wrong and how to call it instead.
-    """
+    """A CLI invocation that cannot be carried out as given: what is wrong, how to call it instead."""
 
     code = "usage"
     exit_code = ExitCode.USAGE
 
 
-# --- remote execution -------------------------------------------------------------------------
-
-
 class RemoteError(PitstopError):
-    """Base of every failure talking to a host.
-
-    :param host: the configured host name.
-    :param message: the text shown.
-    """
+    """Base of every failure talking to a host (``host``: its configured name)."""
 
     code = "remote_error"
 
@@ -173,11 +127,7 @@ class RemoteError(PitstopError):
 
 
 class HostUnreachable(RemoteError):
-    """The host could not be reached (refused, timed out, DNS, lost connection).
-
-    :param host: the configured host name.
-    :param reason: why, in a few words.
-    """
+    """The host could not be reached (refused, timed out, DNS, lost connection); ``reason`` in a few words."""
 
     code = "host_unreachable"
 
@@ -187,12 +137,7 @@ class HostUnreachable(RemoteError):
 
 
 class HostKeyRejected(RemoteError):
-    """The host's key is unknown or differs from the one pinned in ``known_hosts``.
-
-    :param host: the configured host name.
-    :param fingerprint: the fingerprint of the key the host presented.
-    :param known_hosts: the known_hosts file it was checked against.
-    """
+    """The host's key (``fingerprint``) is unknown or differs from the one pinned in ``known_hosts``."""
 
     code = "host_key_rejected"
 
@@ -207,15 +152,8 @@ class HostKeyRejected(RemoteError):
 
 
 class RemoteCommandError(RemoteError):
-    """A remote command failed in a way its caller did not expect.
-
-    Keeps what asyncssh's ``ProcessError`` keeps: the command, the exit status or
-    signal, and the (partial) output.
-
-    :param host: the configured host name.
-    :param argv: the command.
-    :param message: the text shown.
-    """
+    """A remote command failed in a way its caller did not expect; keeps what asyncssh's
+    ``ProcessError`` keeps: the command, the exit status or signal, and the (partial) output."""
 
     code = "remote_command"
 
@@ -237,8 +175,6 @@ class RemoteCommandError(RemoteError):
         self.stderr = stderr
         super().__init__(host, message)
 
-    # The named ways a remote command fails; each builds its text from what it was given.
-
     @classmethod
     def connection_lost(
         cls, host: str, argv: Sequence[str], reason: str, **output: Unpack[CommandOutput]
@@ -258,12 +194,8 @@ class RemoteCommandError(RemoteError):
         cls, host: str, argv: Sequence[str], signal: str, **output: Unpack[CommandOutput]
     ) -> Self:
         """The shell running the command was killed by ``signal`` (e.g. ``SIGKILL``)."""
-        return cls(
-            host,
-            argv,
-            f"on {host}: the control shell running `{_short(argv)}` was killed by {signal}",
-            **output,
-        )
+        text = f"on {host}: the control shell running `{_short(argv)}` was killed by {signal}"
+        return cls(host, argv, text, **output)
 
     @classmethod
     def upload_failed(cls, host: str, local: str, remote: str, reason: str) -> Self:
@@ -296,16 +228,12 @@ class CommandOutput(TypedDict, total=False):
 
 
 def _short(argv: Sequence[str], limit: int = 120) -> str:
-    """``argv`` as a shell line, cut to ``limit`` characters."""
     text = shlex.join(argv)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class RemoteTimeout(RemoteCommandError):
-    """A remote command did not finish within its timeout; keeps the partial output.
-
-    :param timeout: the timeout it outlived, in seconds.
-    """
+    """A remote command did not finish within ``timeout`` seconds; keeps the partial output."""
 
     code = "remote_timeout"
     exit_code = ExitCode.CANCELLED
@@ -313,29 +241,18 @@ class RemoteTimeout(RemoteCommandError):
     def __init__(
         self, host: str, argv: Sequence[str], timeout: float, *, stdout: str = "", stderr: str = ""
     ) -> None:
-        super().__init__(
-            host,
-            argv,
-            f"on {host}: `{shlex.join(argv)}` did not finish within {timeout:g} s",
-            stdout=stdout,
-            stderr=stderr,
-        )
+        text = f"on {host}: `{shlex.join(argv)}` did not finish within {timeout:g} s"
+        super().__init__(host, argv, text, stdout=stdout, stderr=stderr)
         self.timeout = timeout
-
-
-# --- the restart sequence ---------------------------------------------------------------------
 
 
 class SequenceAborted(PitstopError):
     """A restart sequence ends here, with a verdict; base of the errors its steps raise.
 
-    The step that fails records its own detail, then raises; the sequence catches this class
-    and finishes the run with ``verdict``, ``line`` and ``evidence``.
-
-    :param message: the text of the failure.
-    :param line: the verdict line the run gets (formatted by the verdict's owner).
-    :cvar verdict: the run's verdict, a :class:`pipeline.verdict.Verdict` value.
-    :ivar evidence: the run's evidence: the verdict line, unless a subclass says more.
+    The failing step records its detail and raises; the sequence catches this class and finishes
+    the run with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the verdict
+    line, formatted by :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says
+    more); it does not reach a person as such.
     """
 
     code = "sequence_aborted"
@@ -350,11 +267,8 @@ class SequenceAborted(PitstopError):
 class PreflightFailed(SequenceAborted):
     """A pre-flight check failed; nothing was stopped (verdict ``PREFLIGHT_FAILED``).
 
-    :param job: the job.
-    :param check: the check's name (``host``, ``host_key``, ``workdir``, ``launch``, ``patch``,
-        ``log_dir``, ``disk``, ``running``; on Slurm also ``partition``, ``script``, ``sbatch``).
-    :param detail: what the check found.
-    :param line: the verdict line.
+    :param check: ``host``, ``host_key``, ``workdir``, ``launch``, ``patch``, ``log_dir``, ``disk``,
+        ``running``; on Slurm also ``partition``, ``script``, ``sbatch``.
     """
 
     code = "preflight_failed"
@@ -370,13 +284,8 @@ class PreflightFailed(SequenceAborted):
 
 
 class StopFailed(SequenceAborted):
-    """The old run could not be stopped; the listed PIDs survive (verdict ``STOP_FAILED``).
-
-    :param job: the job.
-    :param survivors: the pids still alive (empty when unknown).
-    :param detail: why, when more is known.
-    :param line: the verdict line.
-    """
+    """The old run could not be stopped (verdict ``STOP_FAILED``); ``survivors``: pids still alive
+    (empty when unknown)."""
 
     code = "stop_failed"
     verdict = "STOP_FAILED"
@@ -391,12 +300,7 @@ class StopFailed(SequenceAborted):
 
 
 class LaunchFailed(SequenceAborted):
-    """The launch (or the cache clearing or patching before it) failed (verdict ``LAUNCH_FAILED``).
-
-    :param job: the job.
-    :param detail: what failed.
-    :param line: the verdict line.
-    """
+    """The launch (or the cache clearing or patching before it) failed (verdict ``LAUNCH_FAILED``)."""
 
     code = "launch_failed"
     verdict = "LAUNCH_FAILED"
@@ -409,13 +313,8 @@ class LaunchFailed(SequenceAborted):
 
 class PatchChanged(PreflightFailed):
     """A patch file no longer has the SHA-256 that was approved (the two-person rule): the run
-    stops at pre-flight, before anything is touched (verdict ``PREFLIGHT_FAILED``, check ``approval``).
-
-    :param job: the job.
-    :param patch: the patch's name.
-    :param approved: the SHA-256 approved (64 hex digits).
-    :param found: the SHA-256 of the file's bytes now (empty when it cannot be read).
-    :param line: the verdict line.
+    stops at pre-flight (verdict ``PREFLIGHT_FAILED``, check ``approval``).  ``approved`` and
+    ``found`` are 64 hex digits; ``found`` is empty when the file cannot be read.
     """
 
     code = "patch_changed"
@@ -435,12 +334,7 @@ def patch_changed(patch: str, approved: str, found: str) -> str:
 
 class RunCancelled(SequenceAborted):
     """A run was cancelled at a step boundary (verdict ``CANCELLED``); its evidence is its text.
-
-    :param job: the job.
-    :param run_id: the run.
-    :param after_step: the last step done (a :class:`pipeline.verdict.Step` value), None if none.
-    :param line: the verdict line.
-    """
+    ``after_step``: the last step done (a :class:`pipeline.verdict.Step` value), None if none."""
 
     code = "run_cancelled"
     verdict = "CANCELLED"
@@ -459,10 +353,7 @@ class RunCancelled(SequenceAborted):
 
 
 class UnknownRun(PitstopError):
-    """No run record with that id.
-
-    :param run_id: the id asked for.
-    """
+    """No run record with that id."""
 
     code = "unknown_run"
     exit_code = ExitCode.USAGE
@@ -472,16 +363,9 @@ class UnknownRun(PitstopError):
         super().__init__(f"no run {run_id}")
 
 
-# --- run state (pipeline/state/) ----------------------------------------------------------------
-
-
 class IllegalTransition(PitstopError):
-    """A state change its store refuses (supervisor's ``_assertInState``): ``what`` is ``current``.
-
-    :param what: the thing, by id (``run r-42``, ``lock job:dflash``, ``verification of r-42``).
-    :param current: its state now (``finished``, ``free``, ``not queued``).
-    :param wanted: the transition asked for (``finish``, ``release``, ``done``).
-    """
+    """A state change its store refuses: ``what`` (``run r-42``, ``lock job:dflash``) is ``current``
+    (``finished``, ``free``), so it cannot do ``wanted`` (``finish``, ``release``)."""
 
     code = "illegal_transition"
 
@@ -493,10 +377,7 @@ class IllegalTransition(PitstopError):
 
 
 class StateUnavailable(PitstopError):
-    """Redis did not answer or refused a command.
-
-    :param detail: the Redis client's error.
-    """
+    """Redis did not answer or refused a command (``detail``: the Redis client's error)."""
 
     code = "state_unavailable"
 
@@ -505,15 +386,9 @@ class StateUnavailable(PitstopError):
         super().__init__(f"run state unavailable (Redis): {detail} - check that [redis] url answers")
 
 
-# --- Slack surface (bot/serve.py) ---------------------------------------------------------------
-
-
 class SlackUnavailable(PitstopError):
-    """Slack refused the tokens or could not be reached at start-up (``pitstop serve``).
-
-    :param method: the Web API method that failed.
-    :param error: Slack's error code, or the connection error.
-    """
+    """Slack refused the tokens or could not be reached at start-up (``pitstop serve``): the Web
+    API ``method`` that failed, Slack's ``error`` code or the connection error."""
 
     code = "slack_unavailable"
     exit_code = ExitCode.USAGE
@@ -526,15 +401,8 @@ class SlackUnavailable(PitstopError):
         )
 
 
-# --- remote execution and probes (pipeline/host/remote.py, host/probe.py, observe/gpus.py) -------------------
-
-
 class UnknownHost(PitstopError):
-    """A host name that is not configured.
-
-    :param name: the name asked for.
-    :param known: the configured host names.
-    """
+    """A host ``name`` that is not configured (``known``: the configured names)."""
 
     code = "unknown_host"
     exit_code = ExitCode.USAGE
@@ -546,31 +414,19 @@ class UnknownHost(PitstopError):
 
 
 class HostAuthRejected(HostUnreachable):
-    """The host answered but refused the login (keys, user); a kind of unreachable.
-
-    :param host: the configured host name.
-    :param user: the login user.
-    :param reason: what the host said.
-    """
+    """The host answered but refused the login as ``user`` (keys, user); a kind of unreachable."""
 
     code = "host_auth_rejected"
 
     def __init__(self, host: str, user: str, reason: str) -> None:
         self.user = user
-        RemoteError.__init__(
-            self,
-            host,
-            f"host {host} refused login as {user}: {reason} - check client_keys and the host's authorized_keys",
-        )
+        text = f"host {host} refused login as {user}: {reason} - check client_keys and the host's authorized_keys"
+        RemoteError.__init__(self, host, text)
         self.reason = reason
 
 
 class GpuQueryFailed(RemoteError):
-    """``nvidia-smi`` could not be run or its output read.
-
-    :param host: the configured host name.
-    :param detail: what went wrong.
-    """
+    """``nvidia-smi`` could not be run or its output read."""
 
     code = "gpu_query_failed"
 

@@ -1,17 +1,7 @@
-"""Formatting for people: exactly one function per kind of quantity, used by every layer.
+"""Formatting for people: exactly one function per kind of quantity (:func:`duration`,
+:func:`size`, :func:`clock`, :func:`number`, :func:`signed_pct`), used by every layer.
 
-- :func:`duration` — a length of time: ``45 s``, ``12 min``, ``3 h 5 min``, ``2 d 4 h``;
-  :func:`parse_duration` reads it back, and also reads the short forms people type and configs
-  hold (``90``, ``90s``, ``30m``, ``2h``, ``1d``, ``2.5s``, ``500ms``).
-- :func:`size` — a number of bytes in binary units (``512 B``, ``1.5 KiB``, ``8.0 MiB``,
-  ``1.00 GiB``), as ``du -h`` and ``ls -lh`` count.
-- :func:`clock` — a moment as wall-clock time in a timezone (``14:02:11 UTC``, with the date
-  when it is not today).
-- :func:`number` and :func:`signed_pct` — a value that may be unknown (``n/a``, never 0) and a
-  change in percent.
-
-A leaf module: standard library only, importing nothing of Pitstop, so ``pipeline``,
-``handlers`` and ``bot`` all format the same way.
+A leaf module: standard library only, so ``pipeline``, ``handlers`` and ``bot`` format alike.
 """
 
 from __future__ import annotations
@@ -28,14 +18,8 @@ _UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
 
 
 def duration(seconds: float | None) -> str:
-    """A length of time for people, in at most two units.
-
-    ``45 s``, ``12 min``, ``3 h 5 min``, ``3 h``, ``2 d 4 h``; rounded down to the smaller unit
-    shown (whole seconds, minutes or hours).
-
-    :param seconds: the length in seconds; None, a negative value, NaN or infinity is unknown.
-    :returns: the text, or ``n/a`` when unknown.
-    """
+    """A length of time in at most two units: ``45 s``, ``12 min``, ``3 h 5 min``, ``2 d 4 h``;
+    rounded down to the smaller unit shown.  None, negative, NaN or infinite seconds: ``n/a``."""
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return UNKNOWN
     s = round(seconds)
@@ -61,16 +45,12 @@ _LONG_UNITS = dict(_UNITS)
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from a duration as people type it or as :func:`duration` shows it.
+    """Seconds (float, finite, may be 0) from a duration as people type it or :func:`duration` shows it.
 
-    Reads a bare number of seconds (``90``, ``2.5``), a number with one unit (``500ms``,
-    ``90s``, ``30m``, ``2h``, ``1d``, ``30mins``, ``2hours``, ``1day``; any case) and :func:`duration`'s own output (``3 h 5 min``),
-    so ``parse_duration(duration(x))`` is ``x`` rounded down to the units shown.
+    Reads a bare number of seconds (``90``, ``2.5``), a number with one unit (``500ms``, ``90s``,
+    ``30m``, ``2h``, ``1d``, ``30mins``, ``2hours``, ``1day``; any case) and :func:`duration`'s
+    output (``3 h 5 min``).  Digits are ASCII, at most 15 before the point.
 
-    Digits are ASCII, at most 15 before the point, so the result is always finite.
-
-    :param text: the duration.
-    :returns: seconds (float, may be 0).
     :raises ValueError: if ``text`` is not a duration.
     """
     if m := _SHORT.match(text.lower()):
@@ -85,10 +65,8 @@ def parse_duration(text: str) -> float:
 
 
 def size(n: float) -> str:
-    """A number of bytes in binary units: ``512 B``, ``1.5 KiB``, ``8.0 MiB``, ``1.00 GiB``, ``2.00 TiB``.
-
-    :param n: bytes; NaN or infinity is unknown (``n/a``).
-    """
+    """Bytes in binary units (as ``du -h`` counts): ``512 B``, ``1.5 KiB``, ``8.0 MiB``, ``1.00 GiB``,
+    ``2.00 TiB``; NaN or infinity: ``n/a``."""
     if not math.isfinite(n):
         return UNKNOWN
     if round(n) < 1024:
@@ -108,14 +86,11 @@ def timezone_of(name: str) -> ZoneInfo:
 
 
 def clock(ts: float, timezone: str = "UTC", *, date: bool | None = None, now: float | None = None) -> str:
-    """A moment as wall-clock time: ``14:02:11 UTC``, or ``2026-12-01 14:02:11 UTC``.
+    """A moment (``ts``, unix seconds) as wall-clock time in ``timezone`` (an unknown name shows
+    UTC): ``14:02:11 UTC``, or ``2026-12-01 14:02:11 UTC``.
 
-    :param ts: the moment, unix seconds.
-    :param timezone: the IANA timezone to show it in (``[scheduler] timezone``); an unknown
-        name shows UTC.
-    :param date: True always shows the date, False never; None (the default) shows it when the
-        moment is not today (in that timezone).
-    :param now: unix seconds taken as now, for ``date=None`` (default: the clock).
+    :param date: True always shows the date, False never; None shows it when the moment is not
+        today (``now``, unix seconds, default the clock).
     """
     tz = timezone_of(timezone)
     at = datetime.fromtimestamp(ts, tz)

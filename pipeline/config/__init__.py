@@ -1,13 +1,9 @@
 """The configuration file: one TOML file, read once, validated with pydantic, passed in.
 
-Found by ``--config FILE``, else ``$PITSTOP_CONFIG``, else ``./pitstop.toml`` (:func:`resolve_path`).
 Every key is documented in ``pitstop.example.toml``; its names are Pitstop's interface.  Errors
 come one line per problem, naming its TOML path (``jobs.dflash.host: unknown host 'gpu2' (known:
-gpu1)``), never as a traceback (:func:`load_config` raises :class:`~pipeline.errors.ConfigError`).
-
-The tables' models live by table: :mod:`~pipeline.config.service` (the service's own tables),
-:mod:`~pipeline.config.jobs` (``[jobs.NAME]``), :mod:`~pipeline.config.watch` (its ``watch`` and
-``digest``), :mod:`~pipeline.config.approval` (its ``approval``); all are importable from here.
+gpu1)``), never as a traceback.  The models live by table (``service``, ``jobs``, ``watch``,
+``approval``); all are importable from here.
 """
 
 from __future__ import annotations
@@ -22,14 +18,7 @@ from pydantic import ValidationError, model_validator
 
 from pipeline.config.approval import ApprovalSettings
 from pipeline.config.base import Seconds, _Model, seconds_setting
-from pipeline.config.jobs import (
-    ENGINE_NAMES,
-    GpuRoles,
-    JobAuth,
-    JobConfig,
-    MetricsPattern,
-    SlurmSettings,
-)
+from pipeline.config.jobs import ENGINE_NAMES, GpuRoles, JobAuth, JobConfig, MetricsPattern, SlurmSettings
 from pipeline.config.service import (
     AuthSettings,
     HealthSettings,
@@ -74,10 +63,7 @@ DEFAULT_CONFIG = "pitstop.toml"
 
 
 class Config(_Model):
-    """The whole validated configuration.
-
-    :ivar source: the file it was read from (resolved), or ``""`` when built in code.
-    """
+    """The whole validated configuration."""
 
     slack: SlackSettings = SlackSettings()
     auth: AuthSettings = AuthSettings()
@@ -87,7 +73,7 @@ class Config(_Model):
     scheduler: SchedulerSettings = SchedulerSettings()
     hosts: dict[str, HostConfig] = {}
     jobs: dict[str, JobConfig] = {}
-    source: str = ""
+    source: str = ""  #: the file it was read from (resolved), or ``""`` when built in code
 
     @model_validator(mode="after")
     def _references(self) -> Config:
@@ -116,24 +102,15 @@ class Config(_Model):
         return self
 
     def job(self, name: str) -> JobConfig:
-        """The job called ``name`` (case-insensitive).
-
-        :raises KeyError: if there is none.
-        """
+        """The job called ``name`` (case-insensitive).  :raises KeyError: if there is none."""
         return self.jobs[self.job_name(name)]
 
     def job_name(self, name: str) -> str:
-        """The configured spelling of a job name (case-insensitive).
-
-        :raises KeyError: if there is none.
-        """
+        """The configured spelling of a job name (case-insensitive).  :raises KeyError: if none."""
         return _spelling(self.jobs, name)
 
     def host_name(self, name: str) -> str:
-        """The configured spelling of a host name (case-insensitive).
-
-        :raises KeyError: if there is none.
-        """
+        """The configured spelling of a host name (case-insensitive).  :raises KeyError: if none."""
         return _spelling(self.hosts, name)
 
     def channel_for(self, job: str) -> str | None:
@@ -142,26 +119,18 @@ class Config(_Model):
 
 
 def _spelling(known: Iterable[str], name: str) -> str:
-    lower = name.lower()
     for key in known:
-        if key.lower() == lower:
+        if key.lower() == name.lower():
             return key
     raise KeyError(name)
 
 
 def resolve_path(explicit: str | Path | None, env_value: str | None) -> Path:
     """Where the config file is: ``--config``, else ``$PITSTOP_CONFIG``, else ``./pitstop.toml``."""
-    if explicit:
-        return Path(explicit)
-    if env_value:
-        return Path(env_value)
-    return Path(DEFAULT_CONFIG)
+    return Path(explicit or env_value or DEFAULT_CONFIG)
 
 
-_BRANCH_TAGS = {
-    "MetricsPattern",
-    "LostDuration",
-}  # pydantic names a union branch by its class in error locations
+_BRANCH_TAGS = {"MetricsPattern", "LostDuration"}  # pydantic names a union branch by its class
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -208,9 +177,8 @@ def _raw_reference_problems(data: dict[str, Any]) -> list[str]:
 
 
 def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:
-    """Validate a TOML document already parsed into a dict.
-
-    Patch paths are resolved relative to ``base_dir`` (the config file's directory).
+    """Validate a TOML document already parsed into a dict; patch paths, ``known_hosts`` and
+    ``client_keys`` are resolved relative to ``base_dir`` (the config file's directory).
 
     :raises ConfigError: one problem per invalid key.
     """
@@ -221,13 +189,12 @@ def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None =
         problems += [p for p in _raw_reference_problems(data) if p not in problems]
         raise ConfigError(problems, source) from None
     if base_dir is not None:
-        missing = [
+        if missing := [
             f"jobs.{name}.patches.{patch}: file not found: {base_dir / path}"
             for name, job in config.jobs.items()
             for patch, path in job.patches.items()
             if not (base_dir / path).is_file()
-        ]
-        if missing:
+        ]:
             raise ConfigError(missing, source)
         jobs = {
             name: job.model_copy(
@@ -270,9 +237,6 @@ def load_config(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: TOML syntax error: {exc}"], source) from None
     return parse_config(data, source, p.resolve().parent)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def config_missing(path: str) -> str:

@@ -1,10 +1,5 @@
-"""``[jobs.NAME.approval]``: the two-person rule — which actions on a job wait for a second person.
-
-A job without the table behaves as before: its actions run on one person's word.  With it, an
-action listed in ``actions`` becomes a request that waits until someone in ``approvers`` other
-than the requester approves it (or denies it, or ``expires`` passes); see
-:mod:`handlers.approval` for the rules and :mod:`pipeline.state.approvals` for the record.
-"""
+"""``[jobs.NAME.approval]``: the two-person rule — which actions on a job wait for a second person
+(the rules: :mod:`handlers.approval`; the record: :mod:`pipeline.state.approvals`)."""
 
 from __future__ import annotations
 
@@ -26,8 +21,8 @@ DEFAULT_EXPIRES = 900.0  #: seconds a request stays open (15 min)
 
 
 class ApprovalSettings(_Model):
-    """``[jobs.NAME.approval]``: ``actions`` that need a second person, ``approvers`` who may give it,
-    and ``expires`` (seconds, or a duration such as ``"15m"``) a request stays open."""
+    """An action in ``actions`` becomes a request that waits until someone in ``approvers`` other than
+    the requester approves it (or denies it, or ``expires`` seconds pass)."""
 
     actions: list[ApprovalAction] = Field(min_length=1)
     #: role names (``admin``, ``operator``, ``viewer``), user ids (``U…``) or user-group ids (``S…``)

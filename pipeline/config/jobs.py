@@ -20,14 +20,6 @@ class LostDuration(_Model):
     seconds: float
 
 
-def _lost(value: object) -> object:
-    if isinstance(value, str):
-        return LostDuration(seconds=seconds_setting(value))
-    if isinstance(value, bool) or (isinstance(value, int) and value < 0):
-        raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
-    return value
-
-
 class GpuRoles(_Model):
     """``gpus = {target=[...], drafter=[...]}``: GPU indices per pipeline role."""
 
@@ -142,7 +134,11 @@ class JobConfig(_Model):
     @field_validator("max_lost", mode="before")
     @classmethod
     def _max_lost(cls, v: object) -> object:
-        return _lost(v)
+        if isinstance(v, str):
+            return LostDuration(seconds=seconds_setting(v))
+        if isinstance(v, bool) or (isinstance(v, int) and v < 0):
+            raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
+        return v
 
     @field_validator("workdir", "log", "checkpoint_dir")
     @classmethod
@@ -197,8 +193,7 @@ class JobConfig(_Model):
 
     @property
     def expected_processes(self) -> int:
-        """Processes the job should have: ``nodes`` × ``tasks_per_node`` on Slurm when set, else
-        ``processes``."""
+        """Processes the job should have: Slurm's ``nodes`` × ``tasks_per_node``, else ``processes``."""
         if self.slurm is not None and self.slurm.tasks_per_node is not None:
             return self.slurm.nodes * self.slurm.tasks_per_node
         return self.processes

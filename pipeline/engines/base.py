@@ -1,12 +1,8 @@
-"""What runs a job: the one interface every engine implements, and the registry of engines.
+"""The one interface every engine implements (:class:`Engine`), and the registry of engines.
 
-A job's ``engine`` (``[jobs.NAME] engine``) names the :class:`Engine` that starts, stops and
-sees its processes: ``"ssh"`` (the default: one process group on one host,
-:mod:`pipeline.engines.ssh`), ``"slurm"`` (a batch job on a Slurm cluster,
-:mod:`pipeline.engines.slurm`), or any engine added with :func:`register`.  The runner
-(:class:`pipeline.engines.runner.Runner`) is written once against this interface: it runs the
-named steps (:class:`pipeline.verdict.Step`) in order, and the verdict is decided from an
-engine's :class:`Observation` by one function (:func:`pipeline.observe.evidence.decide`).
+A job's ``[jobs.NAME] engine`` names the engine that starts, stops and sees its processes:
+``"ssh"`` (the default), ``"slurm"``, or any engine added with :func:`register`.  The runner
+(:class:`pipeline.engines.runner.Runner`) is written once against this interface.
 ``docs/engines.md`` maps the steps and states onto Slurm and, on paper, onto Kubernetes.
 """
 
@@ -36,33 +32,20 @@ Reads = Mapping[str, LogRead]
 
 @dataclass(frozen=True)
 class Sighting:
-    """One job as its engine sees it in a look at many jobs at once (watch, status, recovery).
+    """One job as its engine sees it in a look at many jobs at once (watch, status, recovery)."""
 
-    :ivar probe: processes, output size and clock; ``error`` set when the job could not be seen.
-    :ivar expected: processes the job should have.
-    :ivar state: ``alive``, ``pending``, ``gone``, ``stale`` or ``none`` (nothing recorded).
-    :ivar pid, job_id: the recorded run's identity.
-    :ivar word: the job's state in the status table (``running``, ``pending``…); None: from the count.
-    :ivar who: the identity cell in the status table (``job 12``); None: the recorded pid.
-    :ivar uptime_s: seconds the run has run, when the engine knows (else from the launch time).
-    :ivar line: a line shown under the status table (nodes, pending reason).
-    :ivar exit_cause: how the run ended, when it no longer runs.
-    :ivar detail: where the count falls short (kept as an incident's cause).
-    :ivar ok: whether the job is as it should be, when the engine judges it itself.
-    """
-
-    probe: JobProbe
-    expected: int
-    state: str = "none"
+    probe: JobProbe  #: processes, output size and clock; ``error`` set when the job could not be seen
+    expected: int  #: processes the job should have
+    state: str = "none"  #: ``alive``, ``pending``, ``gone``, ``stale`` or ``none`` (nothing recorded)
     pid: int | None = None
     job_id: int | None = None
-    word: str | None = None
-    who: str | None = None
-    uptime_s: float | None = None
-    line: str | None = None
-    exit_cause: str | None = None
-    detail: str | None = None
-    ok: bool | None = None
+    word: str | None = None  #: the state in the status table (``running``…); None: from the count
+    who: str | None = None  #: the identity cell in the status table (``job 12``); None: the pid
+    uptime_s: float | None = None  #: seconds run, when the engine knows (else from the launch time)
+    line: str | None = None  #: a line shown under the status table (nodes, pending reason)
+    exit_cause: str | None = None  #: how the run ended, when it no longer runs
+    detail: str | None = None  #: where the count falls short (kept as an incident's cause)
+    ok: bool | None = None  #: whether the job is as it should be, when the engine judges it itself
 
     @property
     def healthy(self) -> bool:
@@ -75,14 +58,10 @@ class Sighting:
 
 @dataclass(frozen=True)
 class NodeOutputs:
-    """A command's output on every node of a job's run.
+    """A command's output on every node of a job's run."""
 
-    :ivar who: how the engine names the run (``Slurm job 12``).
-    :ivar outputs: node name → the command's standard output there.
-    """
-
-    who: str
-    outputs: Mapping[str, str]
+    who: str  #: how the engine names the run (``Slurm job 12``)
+    outputs: Mapping[str, str]  #: node name → the command's standard output there
 
 
 class Engine(Protocol):
@@ -95,7 +74,6 @@ class Engine(Protocol):
 
     def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
         """Record on ``run`` which old run it replaces (pid, job id) from the job's ``current``."""
-        ...
 
     async def preflight(
         self,
@@ -109,32 +87,24 @@ class Engine(Protocol):
     ) -> Mapping[str, bool]:
         """Check everything before anything is touched; refuse if ``running`` (a ``current``
         record) still runs.  :returns: which configured patches are applied now."""
-        ...
 
     async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """Stop the old run recorded in ``current`` (by its identity, never by pattern)."""
-        ...
 
     async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """Launch the new run; returns at once, its identity recorded (``StepLog.record_launch``)."""
-        ...
 
     async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
         """One sample of the launched ``run``; ``complete=False`` may return the state alone."""
-        ...
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """Every job of ``entries`` (all on one host or cluster) in one look; never raises:
-        a job that could not be seen has ``probe.error`` set.  An engine that reads ``reads`` in
-        that look puts the bytes in ``probe.read`` (``probe.read_error``); one that does not
-        leaves them None, and the watcher reads them itself.  Likewise a job short of processes:
-        its output's last lines and exit record in ``probe.tail``/``probe.exit_status``, else
-        None and the watcher asks :meth:`log_tail`."""
-        ...
+        """Every job of ``entries`` (all on one host or cluster) in one look; never raises: a job
+        that could not be seen has ``probe.error`` set.  Optional for an engine (None: the watcher
+        does it): ``reads`` in ``probe.read``/``probe.read_error``, and for a job short of
+        processes its output's last lines and exit record in ``probe.tail``/``probe.exit_status``."""
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
         """The last ``lines`` lines of the job's output (``logs``)."""
-        ...
 
     async def node_outputs(
         self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
@@ -144,7 +114,6 @@ class Engine(Protocol):
 
         :raises PitstopError: if the run holds no nodes now (the message says why).
         """
-        ...
 
     async def crash_evidence(
         self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
@@ -155,7 +124,6 @@ class Engine(Protocol):
 
         :raises PitstopError: if the output cannot be read.
         """
-        ...
 
     async def hang_evidence(
         self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
@@ -164,7 +132,6 @@ class Engine(Protocol):
 
         :raises PitstopError: if they cannot be looked at (the message says why).
         """
-        ...
 
 
 EngineFactory = Callable[[RemoteHosts, StepLog], Engine]
@@ -175,19 +142,15 @@ ENGINES: dict[str, EngineFactory] = {}
 
 
 def register(name: str, factory: EngineFactory) -> None:
-    """Make ``name`` a valid ``[jobs.NAME] engine``, built by ``factory`` for every runner made after.
-
-    Usage: ``register("local", LocalEngine)`` in the engine's own module.
-    """
+    """Make ``name`` a valid ``[jobs.NAME] engine``, built by ``factory`` for every runner made after
+    (``register("local", LocalEngine)`` in the engine's own module)."""
     ENGINES[name] = factory
     _config.ENGINE_NAMES.add(name)
 
 
 class RestartService(Protocol):
-    """What the handlers and :mod:`pipeline.engines.recovery` need from the runner: every
-    operation for any job, whatever its engine, and the configuration, SSH pool and run store
-    it works with.  Tests' stand-ins implement it.
-    """
+    """What the handlers and :mod:`pipeline.engines.recovery` need from the runner (every operation
+    for any job, whatever its engine); tests' stand-ins implement it."""
 
     config: Config
     ssh: RemoteHosts
@@ -203,48 +166,34 @@ class RestartService(Protocol):
         cancelled: CancelCheck | None = None,
     ) -> RunRecord:
         """preflight → stop → clear_cache → patch → launch; leaves ``verify`` WAITING."""
-        ...
 
     async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
         """preflight (refusing a job that runs) → launch; leaves ``verify`` WAITING."""
-        ...
 
     async def stop(self, run: RunRecord) -> RunRecord:
         """The ``stop`` step alone; verdict None on success, ``STOP_FAILED`` otherwise."""
-        ...
 
     async def verify(self, run: RunRecord) -> RunRecord:
-        """Decide the verdict from observations up to launch + ``start_window``.
-
-        :raises RemoteError: if the job cannot be observed until well past the deadline.
-        """
-        ...
+        """Decide the verdict from observations up to launch + ``start_window``.  :raises RemoteError:"""
 
     async def log_tail(self, job: str, lines: int) -> str:
         """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
-        ...
 
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries`` in one look per host or cluster (watch, status), with ``reads``
         (:meth:`Engine.observe_many`); never raises."""
-        ...
 
     async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
         """:meth:`Engine.node_outputs` for the job.  :raises PitstopError: if it holds no nodes now."""
-        ...
 
     async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
         """:meth:`Engine.crash_evidence` for the job.  :raises PitstopError: if unreadable."""
-        ...
 
     async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
         """:meth:`Engine.hang_evidence` for the job.  :raises PitstopError: if not available."""
-        ...
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
         """Tell ``listener`` of every step change of every run.  :returns: its unsubscriber."""
-        ...
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now.  :raises RemoteError: if unreadable."""
-        ...

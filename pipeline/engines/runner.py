@@ -1,13 +1,10 @@
 """The runner: restart, start, stop and verify written once, for every engine.
 
-:class:`Runner` owns the order of the steps — pre-flight → stop → clear cache → patch → launch
-→ (at ``start_window``) verify — the cancellation checks between them
-(:meth:`~pipeline.engines.steplog.StepLog.boundary`), the workdir steps every engine shares
-(:mod:`pipeline.engines.workdir`), the verification loop and the handling of a step that aborts
-the run (:class:`~pipeline.errors.SequenceAborted` → verdict).  Nothing is stopped before
-pre-flight passed.  What differs between engines is behind :class:`~pipeline.engines.base.Engine`,
-picked by the job's ``engine`` from the registry (:data:`~pipeline.engines.base.ENGINES`); the
-verdict is decided from the engine's observation by :func:`pipeline.observe.evidence.decide`.
+:class:`Runner` owns the order of the steps (pre-flight → stop → clear cache → patch → launch →
+at ``start_window`` verify; nothing is stopped before pre-flight passed), the cancellation checks
+between them, the verification loop and a step that aborts the run
+(:class:`~pipeline.errors.SequenceAborted` → verdict).  What differs between engines is behind
+:class:`~pipeline.engines.base.Engine`; the verdict is :func:`pipeline.observe.evidence.decide`'s.
 """
 
 from __future__ import annotations
@@ -56,10 +53,6 @@ PENDING_RECHECK = 15.0  #: seconds between checks of a run still PENDING after i
 class Runner:
     """The restart / start / stop sequences and verification for configured jobs, any engine.
 
-    :param config: the validated configuration.
-    :param ssh: the SSH pool.
-    :param runs: run records.
-    :param events: the event stream (``step`` events are published as steps change).
     :param verify_poll: seconds between observations in :meth:`verify`.
     :param pending_recheck: seconds between verifications of a run posted as PENDING.
     """
@@ -84,26 +77,17 @@ class Runner:
         self.engines: dict[str, Engine] = {name: make(ssh, self.steps) for name, make in ENGINES.items()}
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
-        """Tell ``listener`` of every step change of every run, whatever its engine.
-
-        :returns: a function that unsubscribes it.
-        """
+        """:meth:`StepLog.subscribe <pipeline.engines.steplog.StepLog.subscribe>`."""
         return self.steps.subscribe(listener)
 
     def _job(self, job: str) -> tuple[str, JobConfig, Engine]:
-        """The job's configured name, its config and its engine.
-
-        :raises KeyError: if the job is not configured.
-        :raises PitstopError: if its engine is not registered.
-        """
+        """The job's configured name, config and engine.  :raises KeyError: if not configured."""
         name = self.config.job_name(job)
         spec = self.config.jobs[name]
         engine = self.engines.get(spec.engine)
         if engine is None:
             raise PitstopError(engine_missing(spec.engine))
         return name, spec, engine
-
-    # --- the sequences ------------------------------------------------------------------------
 
     async def restart(
         self,
@@ -116,18 +100,14 @@ class Runner:
     ) -> RunRecord:
         """Pre-flight, stop, clear cache, patch, launch; leave ``verify`` WAITING.
 
-        The launched run is saved and put in ``keys.runs_unverified`` (due at launch +
-        ``start_window``) for :meth:`verify`.  A failed step (or a cancel between two steps)
-        sets the verdict, ``finished_at`` and the failing step's detail, saves the run and
-        returns it: the failure is not raised.
+        The launched run is queued in ``keys.runs_unverified`` (due at launch + ``start_window``).
+        A failed step (or a cancel between two steps) sets the verdict, ``finished_at`` and the
+        step's detail, and the run is returned: the failure is not raised.
 
         :param run: a fresh run from :meth:`RunStore.create` for a configured job.
-        :param add: patch names to apply (kept applied by later restarts); ``remove``: to revert
-            (unknown names fail pre-flight).
-        :param fresh_cache: clear the job's ``clear_cache`` paths before the launch.
-        :param cancelled: awaited at each step boundary; True cancels the run (so does the
-            ``keys.cancel_request`` key).
-        :returns: the run as saved.
+        :param add: patch names to apply (kept applied by later restarts); ``remove``: to revert.
+        :param cancelled: awaited at each step boundary; True cancels the run (as does
+            ``keys.cancel_request``).
         """
         name, job, engine = self._job(run.job)
         steps = self.steps
@@ -136,9 +116,8 @@ class Runner:
             current = await steps.current(name)
             engine.remember_old(run, current)
             texts = await patch_texts(steps, run, name, job, [*add, *remove])
-            wants = {p: "state" for p in job.patches}
-            wants.update({p: "revert" for p in remove})
-            wants.update({p: "apply" for p in add})
+            wants = dict.fromkeys(job.patches, "state") | dict.fromkeys(remove, "revert")
+            wants |= dict.fromkeys(add, "apply")
             applied = await engine.preflight(run, name, job, wants, texts)
             await steps.boundary(run, None, cancelled)
             await engine.stop(run, name, job, current)
@@ -155,11 +134,7 @@ class Runner:
             return await steps.finish(run, stop)
 
     async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
-        """Pre-flight (refusing if the job already runs), launch; leave ``verify`` WAITING.
-
-        :returns: the run as saved (verdict ``PREFLIGHT_FAILED`` with check ``running`` if the
-            job's processes are already there).
-        """
+        """Pre-flight (check ``running`` refuses a job that runs), launch; leave ``verify`` WAITING."""
         name, job, engine = self._job(run.job)
         try:
             current = await self.steps.current(name)
@@ -174,11 +149,8 @@ class Runner:
             return await self.steps.finish(run, stop)
 
     async def stop(self, run: RunRecord) -> RunRecord:
-        """Stop the job (by its recorded identity) and nothing else.
-
-        :returns: the run, finished; verdict None when the stop succeeded (the detail is in the
-            ``stop`` step), ``STOP_FAILED`` when something survived.
-        """
+        """Stop the job (by its recorded identity) and nothing else; the run finishes with verdict
+        None on success, ``STOP_FAILED`` when something survived."""
         name, job, engine = self._job(run.job)
         try:
             current = await self.steps.current(name)
@@ -188,39 +160,33 @@ class Runner:
             return await self.steps.finish(run, stop)
         return await self.runs.finish(run)
 
-    # --- verification ---------------------------------------------------------------------------
-
     async def verify(self, run: RunRecord) -> RunRecord:
         """Decide the verdict of a launched run from observations up to launch + ``start_window``.
 
         Observes the job every ``verify_poll`` s; ends early when the run has ended.  A run that
         runs is judged ``start_window`` s after it started; one still queued at the deadline is
-        ``PENDING`` and stays in ``keys.runs_unverified``, due again in ``pending_recheck`` s.
-        The verdict is :func:`~pipeline.observe.evidence.decide`'s.  Re-runnable: a second call
-        observes again.  Sets ``verdict``, ``verdict_line``, ``evidence``, ``finished_at``; saves.
+        ``PENDING``, due again in ``pending_recheck`` s.  Re-runnable.  A run that launched
+        nothing is returned unchanged.
 
-        :returns: the run as saved; unchanged if it launched nothing.
-        :raises RemoteError: if the job cannot be observed until well past the deadline (the
-            verify step records the failure; the run stays unverified for a later attempt).
+        :raises RemoteError: if the job cannot be observed until well past the deadline (the run
+            stays unverified for a later attempt).
         """
         if run.launched_as is None or run.launched_at is None:
             return run
         name, job, engine = self._job(run.job)
         rec = self.steps.verify_step(run)
         deadline = run.launched_at + job.start_window
-        obs: Observation | None = None
         while True:
             try:
                 obs = await engine.observe(run, name, job, complete=False)
-                failure: RemoteError | None = None
             except RemoteError as exc:
-                failure = exc
+                if time.time() >= deadline + VERIFY_GRACE:
+                    await self.steps.verify_unreachable(run, rec, exc.message)
+                    raise
+            else:
+                if _decided(obs, time.time(), deadline, job.start_window):
+                    break
             now = time.time()
-            if failure is None and obs is not None and _decided(obs, now, deadline, job.start_window):
-                break
-            if failure is not None and now >= deadline + VERIFY_GRACE:
-                await self.steps.verify_unreachable(run, rec, failure.message)
-                raise failure
             delay = self.verify_poll if now >= deadline else min(self.verify_poll, deadline - now)
             await asyncio.sleep(max(0.05, delay))
         if not obs.complete:
@@ -236,14 +202,13 @@ class Runner:
             self._note_lost(name, job, run, previous)
         recheck = time.time() + self.pending_recheck if decided[0] is Verdict.PENDING else None
         await self.steps.verified(run, rec, decided, recheck_at=recheck)
-        if decided[0] is Verdict.RUNNING and previous is not None and previous.run.reach is not None:
-            if previous.run.reach.tokens_per_s is not None:
-                await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
+        reach = previous.run.reach if previous is not None else None
+        if decided[0] is Verdict.RUNNING and reach is not None and reach.tokens_per_s is not None:
+            await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
         return run
 
     async def _previous(self, name: str, job: JobConfig, run: RunRecord, obs: Observation) -> Previous | None:
-        """The attempt before ``run``, its reach recorded, and what resuming lost of it
-        (:func:`~pipeline.observe.attempts.account_previous`); None when unknown or unreadable."""
+        """The attempt before ``run`` (its reach recorded) and what resuming lost of it; None when unknown."""
         if obs.state != "alive":
             return None
         try:
@@ -282,54 +247,33 @@ class Runner:
             rate = previous.run.reach.steps_per_s if previous.run.reach is not None else None
             run.warning = lost_warning(name, lost, job.max_lost, rate)
 
-    # --- queries ---------------------------------------------------------------------------------
-
     async def log_tail(self, job: str, lines: int) -> str:
-        """The last ``lines`` lines of the job's output.
-
-        :raises RemoteError: if it cannot be read.
-        """
+        """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
         name, spec, engine = self._job(job)
         return await engine.log_tail(name, spec, await self.steps.current(name), lines)
 
     async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
-        """``argv`` on every node of the job's run (:meth:`~pipeline.engines.base.Engine.node_outputs`).
-
-        :raises PitstopError: if the run holds no nodes now; :raises RemoteError: if unreachable.
-        """
+        """:meth:`~pipeline.engines.base.Engine.node_outputs` for the job."""
         name, spec, engine = self._job(job)
         return await engine.node_outputs(name, spec, await self.steps.current(name), argv)
 
     async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
-        """What the job's dead run left (:meth:`~pipeline.engines.base.Engine.crash_evidence`).
-
-        :raises PitstopError: if its output cannot be read.
-        """
+        """:meth:`~pipeline.engines.base.Engine.crash_evidence` for the job."""
         name, spec, engine = self._job(job)
         return await engine.crash_evidence(name, spec, await self.steps.current(name), offset, seen)
 
     async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
-        """The job's processes' state and stacks (:meth:`~pipeline.engines.base.Engine.hang_evidence`).
-
-        :raises PitstopError: if they cannot be looked at.
-        """
+        """:meth:`~pipeline.engines.base.Engine.hang_evidence` for the job."""
         name, spec, engine = self._job(job)
         return await engine.hang_evidence(name, spec, await self.steps.current(name), pids)
 
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """Every job of ``entries``: one look per engine and host (or cluster), concurrently.
-
-        :param reads: job name → a file range read in the same look (:meth:`Engine.observe_many`).
-        :returns: job name → sighting; a job that could not be seen has ``probe.error`` set.
-        """
+        """Every job of ``entries``, by name (:func:`look`)."""
         return await look(self.engines, entries, reads)
 
     async def patches_in_effect(self, job: str) -> list[str]:
-        """Patch names applied in the job's workdir now (``git apply --reverse --check``);
-        ``keys.job_patches`` is brought in step.
-
-        :raises RemoteError: if the host cannot be reached or git fails.
-        """
+        """Patch names applied in the job's workdir now (``git apply --reverse --check``), stored in
+        ``keys.job_patches``.  :raises RemoteError: if the host cannot be reached or git fails."""
         name = self.config.job_name(job)
         spec = self.config.jobs[name]
         if not spec.patches:
@@ -367,23 +311,17 @@ async def look(
     for entry in entries:
         groups.setdefault((entry[1].engine, entry[1].host), []).append(entry)
     out: dict[str, Sighting] = {}
+    looks = []
     for (engine, _), members in groups.items():
-        if engine not in engines:
-            for name, spec, _ in members:
-                probe = JobProbe(job=name, error=engine_missing(engine))
-                out[name] = Sighting(probe, spec.expected_processes)
-    found = [(engines[e], m) for (e, _), m in groups.items() if e in engines]
-    reads = reads or {}
-
-    def mine(members: list[Entry]) -> Reads:
-        return {n: reads[n] for n, _, _ in members if n in reads}
-
-    for part in await asyncio.gather(*(engine.observe_many(m, mine(m)) for engine, m in found)):
+        if engine in engines:
+            mine = {n: reads[n] for n, _, _ in members if reads and n in reads}
+            looks.append(engines[engine].observe_many(members, mine))
+            continue
+        for name, spec, _ in members:
+            out[name] = Sighting(JobProbe(job=name, error=engine_missing(engine)), spec.expected_processes)
+    for part in await asyncio.gather(*looks):
         out.update(part)
     return out
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def ended_by(run: RunRecord) -> str:

@@ -1,23 +1,14 @@
 """The Slurm engine: the restart sequence's steps on a Slurm cluster, through its login node.
 
-Same steps, same meaning as the ssh engine (:mod:`pipeline.engines.base`):
-
 - ``preflight``: the partition is up (``sinfo``), the batch script exists, ``sbatch --test-only``
-  accepts it, and the workdir, log directory, free space and patches pass the host helper's
-  checks on the login node (the workdir is on the shared filesystem); nothing is touched before.
-- ``stop``: ``scancel --signal=TERM --full ID``, up to ``stop_timeout`` for the job to end, then
-  ``scancel ID``; done once the old job id no longer holds an allocation; its final state and
-  exit code are recorded in the step's detail.
-- ``clear_cache`` and ``patch``: as on ssh, on the shared workdir.
-- ``launch``: ``sbatch --parsable --hold`` (or, with ``requeue``, ``scontrol requeuehold ID``), the output
-  file measured, then ``scontrol release ID`` — returns the
-  job id at once; the job's ``StdOut`` and its size are recorded.
-- ``observe`` (what ``verify`` at ``start_window`` decides from): the job's state, node count,
-  task processes on every node (the host helper under ``srun --overlap``), ``StdOut``'s growth,
-  first error, start step and newest checkpoint since launch (the ssh engine's evidence, so a
-  restart's verdict says what it resumed at and lost, as on ssh).  A job still queued is
-  ``pending`` — ``PENDING`` is not a failure, and the runner verifies it again until it runs or
-  ends; the window then counts from its start.
+  accepts it, and the host helper's checks pass on the login node (the workdir is shared).
+- ``stop``: ``scancel --signal=TERM --full ID``, up to ``stop_timeout``, then ``scancel ID``;
+  done once the old job id holds no allocation (its final state goes in the step's detail).
+- ``launch``: ``sbatch --parsable --hold`` (or, with ``requeue``, ``scontrol requeuehold ID``),
+  the output file measured, then ``scontrol release ID``.
+- ``observe``: the job's state, task processes on every node (the helper under ``srun
+  --overlap``) and the ssh engine's output evidence.  A job still queued is ``pending``, not a
+  failure: the runner verifies it again until it runs or ends.
 """
 
 from __future__ import annotations
@@ -33,8 +24,8 @@ from dataclasses import replace
 from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
-from pipeline.engines.steplog import StepLog, failed_checks, step_preflight_ok, step_stop_nothing
-from pipeline.engines.workdir import CALL_TIMEOUT
+from pipeline.engines.steplog import STOP_NOTHING, StepLog, failed_checks, step_preflight_ok
+from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES
 from pipeline.errors import (
     LaunchFailed,
     PitstopError,
@@ -54,7 +45,6 @@ from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
 KILL_TIMEOUT = 10.0  #: seconds for a job to leave after a second scancel, beyond ``KILL_WAIT``
-MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the output is written
 STOP_POLL = 0.5  #: seconds between state checks while a job stops
 KILL_WAIT = 60.0  #: seconds a job may take to leave after a plain scancel (covers Slurm's KillWait)
 
@@ -92,11 +82,7 @@ def _int(value: str | None) -> int | None:
 
 class SlurmEngine:
     """:class:`pipeline.engines.base.Engine` for ``engine = "slurm"`` jobs: a batch job on a cluster,
-    driven through its login node.
-
-    :param ssh: the SSH pool (the login node is the job's ``host``).
-    :param steps: the step log every step is recorded through.
-    """
+    driven through its login node (the job's ``host``)."""
 
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         self.ssh = ssh
@@ -117,8 +103,8 @@ class SlurmEngine:
         *,
         running: Mapping[str, str] | None = None,
     ) -> Mapping[str, bool]:
-        """Partition up, script present, ``sbatch --test-only``, the helper's checks on the login
-        node, and (``running``) the recorded job no longer active."""
+        """Partition, script, ``sbatch --test-only``, the helper's checks, and (``running``) the
+        recorded job no longer active."""
         old = _int(running.get("slurm_job")) if running is not None else None
         sl = job.slurm
         assert sl is not None
@@ -127,11 +113,9 @@ class SlurmEngine:
         async def fail(check: str, detail: str) -> PreflightFailed:
             return await self.steps.refuse(run, rec, name, check, detail)
 
-        test_args = ["-D", job.workdir, *sl.sbatch_args]
+        script = ["bash", "-c", _PREFLIGHT, "pitstop-slurm-preflight", sl.script, "-D", job.workdir]
         try:
-            result = await self.client.checked(
-                name, ["bash", "-c", _PREFLIGHT, "pitstop-slurm-preflight", sl.script, *test_args]
-            )
+            result = await self.client.checked(name, [*script, *sl.sbatch_args])
             answer = await call_helper(
                 self.ssh,
                 "preflight",
@@ -169,7 +153,8 @@ class SlurmEngine:
         test = [ln for ln in sections.get("test", []) if not ln.startswith("@@rc=")]
         if "@@rc=0" != (sections.get("test", ["@@rc=?"])[-1] if sections.get("test") else ""):
             raise await fail("sbatch", "sbatch --test-only refused the job: " + " ".join(test)[-300:])
-        if failed := failed_checks([c for c in answer.get("checks", []) if c.get("check") != "launch"]):
+        helper = [c for c in answer.get("checks", []) if c.get("check") != "launch"]
+        if failed := failed_checks(helper):
             raise await self.steps.refuse(run, rec, name, *failed)
         if old is not None:
             try:
@@ -178,8 +163,7 @@ class SlurmEngine:
                 raise await fail("host", exc.message) from None
             if j is not None and j.active:
                 raise await fail("running", f"{name} is already {j.state} as Slurm job {j.id}")
-        checks = ["partition", "script", "sbatch", *(c["check"] for c in answer.get("checks", []))]
-        names = [c for c in dict.fromkeys(checks) if c != "launch"]
+        names = ["partition", "script", "sbatch", *(c["check"] for c in helper)]
         await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names))
         return answer.get("applied") or {}
 
@@ -220,7 +204,7 @@ class SlurmEngine:
                 how = "scancel (pending)" if pending else "SIGTERM"
                 sent, j = await self._scancel(name, old, *([] if pending else ["--signal=TERM", "--full"]))
             if old is None or not sent:
-                detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else step_stop_nothing()
+                detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else STOP_NOTHING
                 await self.steps.mark_stopped(name, run)
                 await self.steps.end(run, rec, Outcome.OK, detail)
                 return
@@ -251,8 +235,7 @@ class SlurmEngine:
         assert sl is not None
         rec = await self.steps.begin(run, Step.LAUNCH)
         try:
-            # Queued held, measured, then released: a job that starts at once cannot write its
-            # first lines before the offset that verification reads from is taken.
+            # held until measured: it cannot write before verification's offset is taken
             if sl.requeue and old is not None:
                 await self.client.checked(name, ["scontrol", "requeuehold", str(old)])
                 job_id, how = old, f"requeued Slurm job {old}"
@@ -283,14 +266,8 @@ class SlurmEngine:
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
         await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}")
 
-    # --- looks ------------------------------------------------------------------------------------
-
     async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
-        """The run's Slurm job: its state alone, or (``complete``) with its tasks on every node
-        and its output since launch.
-
-        :raises RemoteError: if the cluster cannot be asked.
-        """
+        """The run's Slurm job: its state alone, or (``complete``) with its tasks and output since launch."""
         job_id = run.slurm_job or 0
         j = await self.client.one(name, job_id)
         now = time.time()
@@ -360,10 +337,9 @@ class SlurmEngine:
         )
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """One call on this login node for every job of its cluster: the query (``squeue``/
-        ``scontrol``/``sacct``, output sizes, the ``reads``: the jobs' metric-log bytes) and the
-        tasks on every node of each RUNNING job (one ``srun`` each, all at once, in the same command).
-        A job whose srun fails has that error in its sighting; an unreachable login node, every job."""
+        """One call on the login node for every job of its cluster: ``squeue``/``scontrol``/``sacct``,
+        output sizes, ``reads`` and one ``srun`` per RUNNING job for its tasks (its error, if any,
+        in its sighting)."""
         ids = {name: _int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
         wants = {
@@ -444,10 +420,7 @@ class SlurmEngine:
         return {name: one(name, cfg) for name, cfg, _ in entries}
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
-        """The last ``lines`` lines of the job's output (recorded ``StdOut``, else ``log``).
-
-        :raises RemoteError: if it cannot be read.
-        """
+        """The last ``lines`` lines of the job's output (recorded ``StdOut``, else ``log``)."""
         path = current.get("log") or job.log
         return await log_tail(self.ssh, name, job.model_copy(update={"log": path}), lines)
 
@@ -455,9 +428,7 @@ class SlurmEngine:
         self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
     ) -> NodeOutputs | None:
         """``argv`` on every node of the recorded job, inside its allocation (``srun --overlap``).
-
-        :raises PitstopError: if the job is not RUNNING; :raises RemoteError: if unreachable.
-        """
+        :raises PitstopError: if the job is not RUNNING."""
         job_id = _int(current.get("slurm_job"))
         j = await self.client.one(name, job_id) if job_id is not None else None
         if j is None or j.state != "RUNNING":
@@ -468,8 +439,7 @@ class SlurmEngine:
     async def crash_evidence(
         self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
     ) -> JobProbe:
-        """The job's output (recorded ``StdOut``, else ``log``) on the login node since ``offset``; no
-        exit record (the batch job has no launch waiter).  :raises RemoteError: if unreadable."""
+        """The job's output (recorded ``StdOut``, else ``log``) since ``offset``; no exit record."""
         path = current.get("log") or job.log
         return await evidence.crash_evidence(
             self.ssh, name, job.model_copy(update={"log": path}), current, offset, seen
@@ -478,8 +448,7 @@ class SlurmEngine:
     async def hang_evidence(
         self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
     ) -> HangAnswer:
-        """The helper's ``hang`` on the login node (not inside the allocation: the job's processes
-        there are not looked at).  :raises RemoteError: if it cannot be asked."""
+        """The helper's ``hang`` on the login node (not inside the allocation)."""
         return await evidence.hang_evidence(self.ssh, name, job, current, pids)
 
 

@@ -1,31 +1,12 @@
-"""The ssh engine (:class:`SshEngine`): a job's steps and looks on one host over SSH.
+"""The ssh engine (:class:`SshEngine`): a job's steps and looks on one host, through the host helper.
 
-The order of the steps is the runner's (:mod:`pipeline.engines.runner`: pre-flight → stop →
-clear cache → patch → launch → (later) verify); this module does each of them on one host,
-through the host helper, and observes the launched run for verification.
-
-Every restart ends in one of two honest outcomes: *verified running* (pid, process count,
-log growth) or *a named failure with evidence* (which step, exit status or signal, log tail).
-The sequence is built so the two classic failures cannot happen:
-
-- stopping never uses a pattern a shell can match in its own command line: the old run is
-  stopped by its recorded identity — pid + start time (field 22 of ``/proc/PID/stat``) and its
-  session (launched with ``setsid``: pid = pgid = sid) — by a helper that reads ``/proc``
-  and excludes its own ancestry (:mod:`pipeline.host.helper`);
-- the launch is fully detached (new session, stdin ``/dev/null``, output appended to the
-  log, no descriptor of the SSH channel kept), so the SSH call returns at once, also through
-  wrappers such as ``pct exec`` that wait for every holder of their output.
-
-Nothing is stopped before pre-flight passed (host, workdir, launch program, patches, log
-directory, free space — one SSH call).  Each step is recorded in the run (:mod:`pipeline.state.runs`)
-with start, end, outcome and detail, published as a ``step`` event and told to the step log's
-listeners as it happens; a failed step raises one of the :class:`~pipeline.errors.SequenceAborted`
-errors (``PreflightFailed``, ``StopFailed``, ``LaunchFailed``, ``RunCancelled``), each carrying
-its verdict and verdict line, which the sequence catches: it sets the verdict and returns the
-run (the failure is not raised to the caller).  A stop that found the recorded pid reused marks
-its step ``stale`` (:class:`~pipeline.state.runs.StepRecord`), which makes the verdict
-``STALE_RECORD``.  The verdict is decided by the runner from this engine's observations
-(:meth:`SshEngine.observe`) gathered from the launch until ``launch + start_window``.
+The two classic failures cannot happen: the old run is stopped by its recorded identity (pid +
+start time, field 22 of ``/proc/PID/stat``, and its ``setsid`` session: pid = pgid = sid) by a
+helper that reads ``/proc`` and excludes its own ancestry (:mod:`pipeline.host.helper`), never by
+a pattern a shell could match in its own command line; and the launch is fully detached (new
+session, stdin ``/dev/null``, output appended to the log, no descriptor of the SSH channel kept),
+so the SSH call returns at once, also through wrappers such as ``pct exec``.  A stop that found
+the recorded pid reused marks its step ``stale``, which makes the verdict ``STALE_RECORD``.
 """
 
 from __future__ import annotations
@@ -39,26 +20,15 @@ from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import (
+    STOP_NOTHING,
     StepLog,
-    already_running,
     failed_checks,
-    gpu_memory_freed,
-    gpu_memory_held,
-    launch_hung,
     stale_record,
-    step_launched,
     step_preflight_ok,
-    step_stop_nothing,
     step_stopped,
 )
-from pipeline.engines.workdir import CALL_TIMEOUT
-from pipeline.errors import (
-    HostKeyRejected,
-    LaunchFailed,
-    RemoteError,
-    RemoteTimeout,
-    StopFailed,
-)
+from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES
+from pipeline.errors import HostKeyRejected, LaunchFailed, RemoteError, RemoteTimeout, StopFailed
 from pipeline.host.contract import HangAnswer, LaunchArgs, PreflightArgs, StopArgs
 from pipeline.host.probe import JobProbe, call_helper, log_tail, probe_args, probe_host, recorded_identity
 from pipeline.host.remote import RemoteHosts
@@ -70,7 +40,6 @@ from pipeline.verdict import Outcome, Step
 
 log = logging.getLogger(__name__)
 
-MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the log is written
 GPU_WAIT_TIMEOUT = 60.0  #: seconds to wait for old processes to release GPU memory
 KILL_TIMEOUT = 10.0  #: seconds to wait for processes to vanish after SIGKILL
 LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under one)
@@ -79,8 +48,6 @@ LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under 
 class SshEngine:
     """:class:`pipeline.engines.base.Engine` for ``engine = "ssh"`` jobs: one process group on one host.
 
-    :param ssh: the SSH pool.
-    :param steps: the step log every step is recorded through.
     :param gpu_wait_timeout: seconds to wait for GPU memory of a stopped run to be released.
     :param min_free_bytes: pre-flight free-space threshold for the log's filesystem.
     """
@@ -142,9 +109,10 @@ class SshEngine:
         seen = answer.get("running")
         if seen and (seen.get("alive") or seen.get("count")):
             pids = list(seen.get("pids") or []) or [int(recorded_identity(running)["pid"] or 0)]
-            raise await self.steps.refuse(run, rec, name, "running", already_running(name, pids))
+            detail = f"{name} is already running (pid {', '.join(str(p) for p in pids[:10])}) - use restart"
+            raise await self.steps.refuse(run, rec, name, "running", detail)
         names = [c["check"] for c in answer.get("checks", [])]
-        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(list(dict.fromkeys(names))))
+        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names))
         return answer.get("applied") or {}
 
     async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
@@ -175,7 +143,7 @@ class SshEngine:
                 len(targets), float(answer.get("seconds") or 0), answer.get("killed") or [], job.stop_timeout
             )
         else:
-            detail = step_stop_nothing()
+            detail = STOP_NOTHING
         if note:
             detail = f"{note}; {detail}"
         if survivors:
@@ -197,10 +165,12 @@ class SshEngine:
                 raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
             holders = sorted({int(h["pid"]) for h in gpu.get("holders") or []})
             if holders:
-                held = gpu_memory_held(holders, float(gpu.get("seconds") or self.gpu_wait_timeout))
+                took = float(gpu.get("seconds") or self.gpu_wait_timeout)
+                pids = ", ".join(str(p) for p in holders)
+                held = f"GPU memory still held by old pid {pids} after {took:.0f} s - not relaunching"
                 await self.steps.fail(run, rec, f"{detail}; {held}")
                 raise StopFailed(name, holders, held, line=verdict.stop_failed(holders, held))
-            detail += "; " + gpu_memory_freed(float(gpu.get("seconds") or 0))
+            detail += f"; GPU memory released ({float(gpu.get('seconds') or 0):.1f} s)"
         await self.steps.mark_stopped(name, run)
         await self.steps.end(run, rec, Outcome.OK, detail)
         if note:
@@ -218,14 +188,14 @@ class SshEngine:
         }
         try:
             answer = await call_helper(self.ssh, "launch", args, job=name, timeout=LAUNCH_TIMEOUT)
-        except RemoteTimeout as exc:
-            detail = launch_hung(exc.timeout, await self._state_text(name, job))
-            await self.steps.fail(run, rec, detail)
-            raise LaunchFailed(name, detail, line=verdict.launch_failed(detail)) from None
         except RemoteError as exc:
-            detail = exc.message
-            if not isinstance(exc, HostKeyRejected):
-                detail += f"; process state: {await self._state_text(name, job)}"
+            if isinstance(exc, RemoteTimeout):
+                state = await self._state_text(name, job)
+                detail = f"launch channel hung for {exc.timeout:g} s; process state: {state}"
+            else:
+                detail = exc.message
+                if not isinstance(exc, HostKeyRejected):
+                    detail += f"; process state: {await self._state_text(name, job)}"
             await self.steps.fail(run, rec, detail)
             raise LaunchFailed(name, detail, line=verdict.launch_failed(detail)) from None
         run.pid = int(answer["pid"])
@@ -247,14 +217,11 @@ class SshEngine:
             "log_size": str(run.log_size_at_launch),
         }
         await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
-        await self.steps.end(run, rec, Outcome.OK, step_launched(run.pid, job.log, run.log_size_at_launch))
+        detail = f"pid {run.pid} (new session), log {job.log} from byte {run.log_size_at_launch}"
+        await self.steps.end(run, rec, Outcome.OK, detail)
 
     async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
-        """One helper ``evidence`` sample of the run's session, log since launch and exit record
-        (always complete; :func:`~pipeline.observe.evidence.gather`).
-
-        :raises RemoteError: if the host cannot be asked.
-        """
+        """One helper ``evidence`` sample, always complete (:func:`~pipeline.observe.evidence.gather`)."""
         return await gather(self.ssh, run, job)
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
@@ -274,10 +241,7 @@ class SshEngine:
         return out
 
     async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
-        """The last ``lines`` lines of the job's log.
-
-        :raises RemoteError: if the log cannot be read.
-        """
+        """The last ``lines`` lines of the job's log."""
         return await log_tail(self.ssh, name, job, lines)
 
     async def node_outputs(
@@ -289,17 +253,13 @@ class SshEngine:
     async def crash_evidence(
         self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
     ) -> JobProbe:
-        """The helper's ``evidence`` of the recorded session (unless ``seen`` brought it) and the log
-        since ``offset`` (:func:`pipeline.observe.evidence.crash_evidence`).
-
-        :raises RemoteError: if the host or the log cannot be read.
-        """
+        """:func:`pipeline.observe.evidence.crash_evidence` of the recorded session."""
         return await evidence.crash_evidence(self.ssh, name, job, current, offset, seen)
 
     async def hang_evidence(
         self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
     ) -> HangAnswer:
-        """One helper ``hang`` call on the job's host.  :raises RemoteError: if it cannot be asked."""
+        """One helper ``hang`` call on the job's host."""
         return await evidence.hang_evidence(self.ssh, name, job, current, pids)
 
     async def _state_text(self, name: str, job: JobConfig) -> str:

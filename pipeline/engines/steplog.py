@@ -1,16 +1,9 @@
-"""The record of a run's steps, shared by every engine: each step's start, end, outcome and detail.
+"""The record of a run's steps, shared by every engine, and the step details a person reads.
 
-A restart is a list of named steps (:class:`pipeline.verdict.Step`).  Every engine records them the
-same way through one :class:`StepLog`: a step is *begun* (saved, published as a ``step`` event on
-the stream and handed to every in-process listener, :meth:`StepLog.subscribe`), then *ended* with
-an outcome and a detail a person reads.  A surface's listener only queues the change and renders
-at its own pace, so the sequence never waits for Slack.
-A step that fails raises one of the :class:`~pipeline.errors.SequenceAborted` errors, and the
-engine hands it to :meth:`StepLog.finish`, which sets the run's verdict from it.
-
-The job's ``current`` record (what runs now, by pid/session or Slurm job id) and its patches in
-effect are written through here too (:class:`~pipeline.state.jobstate.JobRecords`), so that every
-engine leaves the same trace behind.
+Every engine records a step the same way through one :class:`StepLog`: *begun* (saved, published as
+a ``step`` event and handed to every in-process listener), then *ended* with an outcome and a
+detail.  The job's ``current`` record and its patches in effect are written through here too, so
+every engine leaves the same trace behind.
 """
 
 from __future__ import annotations
@@ -38,12 +31,8 @@ CancelCheck = Callable[[], Awaitable[bool]]
 
 
 class StepLog:
-    """Records, saves and publishes the steps of runs.
-
-    :param runs: where run records are saved (its Redis client and key prefix serve the job's
-        ``current`` record, patches and the verification queue too).
-    :param events: the event stream; each step change is published as a ``step`` event.
-    """
+    """Records, saves and publishes the steps of runs (``runs``' Redis client and key prefix serve
+    the job's ``current`` record, patches and the verification queue too)."""
 
     def __init__(self, runs: RunStore, events: Events) -> None:
         self.runs = runs
@@ -53,22 +42,19 @@ class StepLog:
         self.records = JobRecords(runs.client, runs.prefix)
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
-        """Tell ``listener`` of every step change of every run from now on.
-
-        The listener is called in the sequence's task, right after the change was saved and
-        published (see :data:`StepListener` for what it may await).  An exception it raises is
-        logged and does not reach the sequence.
+        """Tell ``listener`` of every step change of every run from now on, in the sequence's task
+        right after the change was saved and published; an exception it raises is logged only.
 
         :returns: a function that unsubscribes it.
         """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
-    # --- steps ------------------------------------------------------------------------------------
-
-    async def begin(self, run: RunRecord, step: Step) -> StepRecord:
+    async def begin(
+        self, run: RunRecord, step: Step, outcome: Outcome = Outcome.RUNNING, detail: str = ""
+    ) -> StepRecord:
         """Start ``step``: appended to the run, saved, published and reported."""
-        rec = StepRecord(step=step, started_at=time.time())
+        rec = StepRecord(step=step, started_at=time.time(), outcome=outcome, detail=detail)
         run.steps.append(rec)
         await self.runs.save(run)
         await self.emit(run, rec)
@@ -76,9 +62,7 @@ class StepLog:
 
     async def end(self, run: RunRecord, rec: StepRecord, outcome: Outcome, detail: str) -> None:
         """End ``rec`` with ``outcome`` and ``detail`` (one line a person reads); saved and reported."""
-        rec.ended_at = time.time()
-        rec.outcome = outcome
-        rec.detail = detail
+        rec.ended_at, rec.outcome, rec.detail = time.time(), outcome, detail
         await self.runs.save(run)
         await self.emit(run, rec)
 
@@ -89,11 +73,8 @@ class StepLog:
     async def refuse(
         self, run: RunRecord, rec: StepRecord, name: str, check: str, detail: str, shown: str | None = None
     ) -> PreflightFailed:
-        """End the pre-flight ``rec`` FAILED with ``detail``.
-
-        :param shown: what the verdict line says of the check (default ``detail``).
-        :returns: the error for the engine to raise (verdict ``PREFLIGHT_FAILED`` naming ``check``).
-        """
+        """End the pre-flight ``rec`` FAILED with ``detail``; the verdict line says ``shown`` (default
+        ``detail``).  :returns: the :class:`PreflightFailed` for the engine to raise."""
         await self.fail(run, rec, detail)
         line = verdict.preflight_failed(check, detail if shown is None else shown)
         return PreflightFailed(name, check, detail, line=line)
@@ -121,15 +102,7 @@ class StepLog:
 
     async def await_verify(self, run: RunRecord, start_window: float) -> None:
         """Add the ``verify`` step, WAITING for ``start_window`` seconds after the launch."""
-        rec = StepRecord(
-            step=Step.VERIFY,
-            started_at=time.time(),
-            outcome=Outcome.WAITING,
-            detail=step_verify_waiting(start_window),
-        )
-        run.steps.append(rec)
-        await self.runs.save(run)
-        await self.emit(run, rec)
+        await self.begin(run, Step.VERIFY, Outcome.WAITING, f"checking for {start_window:g} s after launch")
 
     def verify_step(self, run: RunRecord) -> StepRecord:
         """The run's ``verify`` step, set RUNNING (added if the run has none)."""
@@ -154,18 +127,16 @@ class StepLog:
         *,
         recheck_at: float | None = None,
     ) -> None:
-        """Save a decided verdict (``decided``: verdict, line, evidence): ``rec`` ends with the
-        line; the run leaves the verification queue (:meth:`~pipeline.state.verifications.VerifyQueue.settle`),
-        or stays in it due at ``recheck_at`` (epoch seconds; a PENDING job).
+        """Save a decided verdict (``decided``: verdict, line, evidence): ``rec`` ends with the line;
+        the run leaves the verification queue, or stays due at ``recheck_at`` (epoch s; PENDING).
 
         :raises IllegalTransition: if the run was ended by its sequence.
         """
         verdict, line, _ = decided
         rec.ended_at, rec.detail = time.time(), line
+        rec.outcome = Outcome.OK if verdict is Verdict.RUNNING else Outcome.FAILED
         if recheck_at is not None:
             rec.outcome = Outcome.WAITING
-        else:
-            rec.outcome = Outcome.OK if verdict is Verdict.RUNNING else Outcome.FAILED
         await self.runs.decide(run, *decided)
         if recheck_at is not None:
             await self.queue.enqueue(run.id, recheck_at)
@@ -174,11 +145,8 @@ class StepLog:
         await self.publish(run, rec)
 
     async def boundary(self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None) -> None:
-        """Between two steps: cancel the run if someone asked (:meth:`RunStore.cancel_requested`, one
-        read) or ``cancelled()`` says so.
-
-        :raises RunCancelled: if the run is cancelled.
-        """
+        """Between two steps: :raises RunCancelled: if someone asked (:meth:`RunStore.cancel_requested`)
+        or ``cancelled()`` says so."""
         asked = await self.runs.cancel_requested(run.id)
         if not asked and cancelled is not None:
             asked = await cancelled()
@@ -191,8 +159,6 @@ class StepLog:
         return await self.runs.finish(
             run, Verdict(aborted.verdict), aborted.line, aborted.evidence or aborted.line
         )
-
-    # --- the job's current record and patches ------------------------------------------------------
 
     async def current(self, name: str) -> dict[str, str]:
         """The job's ``current`` record (empty when none)."""
@@ -208,9 +174,6 @@ class StepLog:
         await self.records.mark_stopped(name, run.id)
 
 
-# --- text ---------------------------------------------------------------------------------------
-
-
 def failed_checks(checks: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] | None:
     """The host helper's failed pre-flight checks: the first's name, every failure in one
     detail, and the first's own detail (for the verdict line); None when all passed."""
@@ -221,13 +184,11 @@ def failed_checks(checks: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] |
 
 
 def step_preflight_ok(checks: Sequence[str]) -> str:
-    """All pre-flight checks passed."""
-    return "ok: " + ", ".join(checks)
+    """All pre-flight checks passed (each named once)."""
+    return "ok: " + ", ".join(dict.fromkeys(checks))
 
 
-def step_stop_nothing() -> str:
-    """Nothing of the job was running."""
-    return "nothing was running"
+STOP_NOTHING = "nothing was running"  #: the stop step's detail when nothing of the job ran
 
 
 def step_stopped(count: int, seconds: float, killed: Sequence[int], stop_timeout: float) -> str:
@@ -247,35 +208,3 @@ def stale_record(pid: int, recorded: int | None, found: int | None) -> str:
         f"stale record: pid {pid} now belongs to another process (start time {found}, recorded {recorded}) "
         "- not signalled"
     )
-
-
-def gpu_memory_held(pids: Sequence[int], seconds: float) -> str:
-    """Old processes still hold GPU memory after the stop."""
-    listed = ", ".join(str(p) for p in pids)
-    return f"GPU memory still held by old pid {listed} after {seconds:.0f} s - not relaunching"
-
-
-def gpu_memory_freed(seconds: float) -> str:
-    """GPU memory of the old run was released."""
-    return f"GPU memory released ({seconds:.1f} s)"
-
-
-def step_launched(pid: int, log: str, log_size: int) -> str:
-    """The launch returned the new process."""
-    return f"pid {pid} (new session), log {log} from byte {log_size}"
-
-
-def step_verify_waiting(start_window: float) -> str:
-    """Verification is scheduled."""
-    return f"checking for {start_window:g} s after launch"
-
-
-def launch_hung(timeout: float, state: str) -> str:
-    """The launch channel did not return."""
-    return f"launch channel hung for {timeout:g} s; process state: {state}"
-
-
-def already_running(job: str, pids: Sequence[int]) -> str:
-    """``start`` refused because the job runs."""
-    listed = ", ".join(str(p) for p in pids[:10])
-    return f"{job} is already running (pid {listed}) - use restart"

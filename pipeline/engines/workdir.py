@@ -1,8 +1,6 @@
-"""The steps every engine runs on the job's workdir through the host helper: patches and caches.
-
-The workdir is on the job's host (ssh) or on the cluster's shared filesystem, reached through
-its login node (Slurm); either way the host helper (:mod:`pipeline.host.helper`) does the work:
-patch texts are read here and sent on stdin, never on a command line.
+"""The steps every engine runs on the job's workdir (its host's, or the cluster's shared one)
+through the host helper: patches and caches.  Patch texts are read here and sent on stdin, never
+on a command line.
 """
 
 from __future__ import annotations
@@ -13,11 +11,12 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from pipeline import fmt, verdict
 from pipeline.config import JobConfig
 from pipeline.engines.steplog import StepLog
-from pipeline.errors import LaunchFailed, PatchChanged, PreflightFailed, RemoteError, patch_changed
+from pipeline.errors import LaunchFailed, PatchChanged, RemoteError, patch_changed
 from pipeline.host.probe import call_helper
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.approvals import PatchDigest
@@ -25,30 +24,22 @@ from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
 CALL_TIMEOUT = 30.0  #: seconds for a pre-flight, cache or patch call
+MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the log (or output) is written
 
 
 async def patch_texts(
-    steps: StepLog,
-    run: RunRecord,
-    name: str,
-    job: JobConfig,
-    asked: Sequence[str],
+    steps: StepLog, run: RunRecord, name: str, job: JobConfig, asked: Sequence[str]
 ) -> dict[str, str]:
-    """Every configured patch's text by name (read on the controller); ``asked`` must be known and readable.
-
-    A patch whose SHA-256 was approved (``run.approved_patches``, the two-person rule) must still
-    have it: the hash is taken of the very bytes whose text is returned (and given to ``git apply``).
+    """Every configured patch's text by name (read on the controller); ``asked`` must be known and
+    readable.  An approved patch (``run.approved_patches``) must still have its SHA-256, taken of
+    the very bytes whose text is returned.
 
     :raises PatchChanged: (check ``approval``) if an approved patch's bytes no longer match.
     :raises PreflightFailed: (check ``patch``) for an unknown patch or an unreadable asked one.
     """
-    unknown = [p for p in asked if p not in job.patches]
-    if unknown:
-        rec = await steps.begin(run, Step.PREFLIGHT)
+    if unknown := [p for p in asked if p not in job.patches]:
         known = ", ".join(job.patches) or "none"
-        detail = f"unknown patch {', '.join(unknown)} for {name} (known: {known})"
-        await steps.fail(run, rec, detail)
-        raise PreflightFailed(name, "patch", detail, line=verdict.preflight_failed("patch", detail))
+        await _refuse(steps, run, name, f"unknown patch {', '.join(unknown)} for {name} (known: {known})")
     texts: dict[str, str] = {}
     for patch, path in job.patches.items():
         try:
@@ -58,20 +49,20 @@ async def patch_texts(
                 await _changed(steps, run, name, patch, "")
             if patch not in asked:
                 continue
-            rec = await steps.begin(run, Step.PREFLIGHT)
-            detail = f"{patch}: cannot read {path}: {exc.strerror}"
-            await steps.fail(run, rec, detail)
-            raise PreflightFailed(
-                name, "patch", detail, line=verdict.preflight_failed("patch", detail)
-            ) from None
+            await _refuse(steps, run, name, f"{patch}: cannot read {path}: {exc.strerror}")
         approved = run.approved_patches.get(patch)
         if approved is not None and hashlib.sha256(raw).hexdigest() != approved:
             await _changed(steps, run, name, patch, hashlib.sha256(raw).hexdigest())
         texts[patch] = patch_text(raw)
-    missing = [p for p in run.approved_patches if p not in job.patches]
-    if missing:
+    if missing := [p for p in run.approved_patches if p not in job.patches]:
         await _changed(steps, run, name, missing[0], "")
     return texts
+
+
+async def _refuse(steps: StepLog, run: RunRecord, name: str, detail: str) -> NoReturn:
+    """Fail pre-flight with check ``patch``.  :raises PreflightFailed:"""
+    rec = await steps.begin(run, Step.PREFLIGHT)
+    raise await steps.refuse(run, rec, name, "patch", detail) from None
 
 
 async def _changed(steps: StepLog, run: RunRecord, name: str, patch: str, found: str) -> None:
@@ -85,18 +76,13 @@ async def _changed(steps: StepLog, run: RunRecord, name: str, patch: str, found:
 
 def patch_text(raw: bytes) -> str:
     """A patch file's bytes as the text sent to ``git apply``: UTF-8, universal newlines (as
-    :meth:`pathlib.Path.read_text` reads it).
-
-    :raises UnicodeDecodeError: if the bytes are not UTF-8.
-    """
+    :meth:`pathlib.Path.read_text` reads it).  :raises UnicodeDecodeError:"""
     return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def patch_digest(name: str, path: Path) -> PatchDigest:
-    """A patch file as shown for approval: its SHA-256, diffstat and size (blocking: read it in a thread).
-
-    :raises OSError: if the file cannot be read.
-    """
+    """A patch file as shown for approval: its SHA-256, diffstat and size (blocking: read it in a
+    thread).  :raises OSError: if the file cannot be read."""
     raw = path.read_bytes()
     return PatchDigest(name, hashlib.sha256(raw).hexdigest(), diffstat(patch_text(raw)), len(raw))
 
@@ -133,23 +119,16 @@ def diffstat(text: str) -> tuple[str, ...]:
 
 
 async def clear_cache(
-    ssh: RemoteHosts,
-    steps: StepLog,
-    run: RunRecord,
-    name: str,
-    job: JobConfig,
-    fresh: bool,
+    ssh: RemoteHosts, steps: StepLog, run: RunRecord, name: str, job: JobConfig, fresh: bool
 ) -> None:
     """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh`` (else SKIPPED).
 
     :raises LaunchFailed: if the host cannot be reached or a path cannot be cleared.
     """
     rec = await steps.begin(run, Step.CLEAR_CACHE)
-    if not fresh:
-        await steps.end(run, rec, Outcome.SKIPPED, step_cache_skipped())
-        return
-    if not job.clear_cache:
-        await steps.end(run, rec, Outcome.SKIPPED, step_cache_none())
+    if not fresh or not job.clear_cache:
+        why = "asked for, but the job has no clear_cache paths" if fresh else "not asked for"
+        await steps.end(run, rec, Outcome.SKIPPED, why)
         return
     try:
         answer = await call_helper(
@@ -159,9 +138,11 @@ async def clear_cache(
         await steps.fail(run, rec, exc.message)
         raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
     cleared = answer.get("cleared") or []
-    detail = step_cache_cleared(
-        [(c["path"], int(c.get("files", 0)), int(c.get("bytes", 0)), bool(c.get("missing"))) for c in cleared]
-    )
+    parts = []  # per path: "/srv/cache: 120 files, 3.4 GiB removed" or "/srv/cache: not present"
+    for c in cleared:
+        removed = f"{int(c.get('files', 0))} files, {fmt.size(int(c.get('bytes', 0)))} removed"
+        parts.append(f"{c['path']}: {'not present' if c.get('missing') else removed}")
+    detail = "; ".join(parts)
     errors = [e for c in cleared for e in c.get("errors", [])]
     if errors:
         why = f"cannot clear cache: {'; '.join(errors[:3])}"
@@ -216,29 +197,6 @@ async def patch(
         await steps.fail(run, rec, f"{detail}; {why}")
         raise LaunchFailed(name, why, line=verdict.launch_failed(why))
     await steps.end(run, rec, Outcome.OK, detail)
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def step_cache_skipped() -> str:
-    """No fresh cache was asked for."""
-    return "not asked for"
-
-
-def step_cache_none() -> str:
-    """A fresh cache was asked for but the job has no clear_cache paths."""
-    return "asked for, but the job has no clear_cache paths"
-
-
-def step_cache_cleared(cleared: Sequence[tuple[str, int, int, bool]]) -> str:
-    """``/srv/cache: 120 files, 3.4 GB removed`` per path (path, files, bytes, missing)."""
-    parts = []
-    for path, files, size, missing in cleared:
-        parts.append(
-            f"{path}: not present" if missing else f"{path}: {files} files, {fmt.size(size)} removed"
-        )
-    return "; ".join(parts)
 
 
 def step_patches(applied: Sequence[str], reverted: Sequence[str], in_effect: Sequence[str]) -> str:
