@@ -27,13 +27,9 @@ def _job_or_error(ctx: Context, job: str) -> str | Reply:
 
 
 async def ack_command(ctx: Context, job: str, user: str) -> Reply:
-    """``ack JOB``: acknowledge the job's open incident — no more reminders until it resolves.
-
-    Notes who acknowledged in the incident's thread and on its headline.
-
-    :param job: a job name (any case).
-    :returns: the answer (INFO when nothing is open or it was already acknowledged).
-    """
+    """``ack JOB`` (any case): acknowledge the job's open incident — no more reminders until it
+    resolves — noting who in its thread and on its headline.  INFO when nothing is open or it
+    was already acknowledged."""
     name = _job_or_error(ctx, job)
     if isinstance(name, Reply):
         return name
@@ -68,7 +64,6 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
     ``off`` without a duration pauses for :data:`DEFAULT_OFF_S`.  ``on`` also resets the
     watcher's stall and degradation clocks, so a pause is not mistaken for a stall.
 
-    :param for_s: seconds to stay off.
     :param user: the requester's id (recorded as the pause's value).
     :returns: the answer; USAGE error for another state or unknown job.
     """

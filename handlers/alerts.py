@@ -41,11 +41,8 @@ def paged(config: Config, incidents: Iterable[Incident]) -> tuple[tuple[str, ...
 
 
 def page_by_dm(config: Config, key: str) -> list[str]:
-    """Who gets an alert by DM when no channel takes it: its job's owners, then the admins.
-
-    :param key: the alert's key, ``incident:JOB:N``.
-    :returns: user and user-group ids, in that order, without ``"*"``.
-    """
+    """Who gets an alert (key ``incident:JOB:N``) by DM when no channel takes it: its job's owners,
+    then the admins (user and user-group ids, without ``"*"``)."""
     job = key.removeprefix("incident:").rpartition(":")[0]
     owners = config.jobs[job].owners if job in config.jobs else []
     return [who for who in dict.fromkeys([*owners, *config.auth.admins]) if who != "*"]
@@ -122,7 +119,7 @@ def alert_reply(
     if incident.cause:
         lines.append(alert_detected_cause(incident.cause))
     if incident.kind is IncidentKind.CRASH_LOOP:
-        lines.append(crash_loop_gave_up(job, incident.auto_restarts, policy.within if policy else 0.0))
+        lines.append(crash_loop_gave_up(incident, config))
     if incident.next_auto_at is not None:  # an automatic restart will follow
         delay = fmt.duration(incident.next_auto_at - now)
         limit = policy.max if policy else 0
@@ -223,10 +220,7 @@ def acked_reply(incident: Incident, user: str) -> Reply:
 
 def give_up_reply(incident: Incident, config: Config) -> Reply:
     """The single crash-loop alert, in the incident's thread (mentions ``alert_mention``)."""
-    policy = _policy(incident, config)
-    text = incident.no_auto or crash_loop_gave_up(
-        incident.job, incident.auto_restarts, policy.within if policy else 0.0
-    )
+    text = incident.no_auto or crash_loop_gave_up(incident, config)
     if incident.no_auto is None and incident.cause:
         text += f" ({alert_detected_cause(incident.cause)})"
     who = mention_of(config)
@@ -301,9 +295,11 @@ def incident_reminder(job: str, kind: str, open_for: float) -> str:
     )
 
 
-def crash_loop_gave_up(job: str, restarts: int, within: float) -> str:
+def crash_loop_gave_up(incident: Incident, config: Config) -> str:
     """The single give-up alert of a crash loop."""
+    policy = _policy(incident, config)
+    within = fmt.duration(policy.within if policy else 0.0)
     return (
-        f"{job} crashed again after {restarts} automatic restarts within {fmt.duration(within)} - "
+        f"{incident.job} crashed again after {incident.auto_restarts} automatic restarts within {within} - "
         "crash loop, giving up; restart it by hand once the cause is fixed"
     )

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
+from handlers.attempts import ATTEMPT_HEADERS, NA, attempt_rows
 from handlers.commands import close_names
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table, refused
 from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
 from pipeline import fmt
 from pipeline.digest.report import Digest, GpuRow, build_digest
-from pipeline.digest.stats import TARGET
+from pipeline.digest.stats import TARGET, DigestSummary
 from pipeline.errors import ExitCode, PitstopError, RemoteError
 from pipeline.observe.attempts import TrainingProgress
 from pipeline.observe.gpus import (
@@ -27,8 +27,6 @@ from pipeline.observe.gpus import (
     parse_query_gpu,
     query_gpus,
 )
-
-NA = "n/a"
 
 
 def _mib(used: float | None, total: float | None) -> str:
@@ -52,10 +50,12 @@ def _step_time(digest: Digest) -> str:
     return text
 
 
-def _topk_change(change: dict[str, float]) -> str:
-    if not any(k in change for k in ("top1", "top4", "top8")):
-        return ""
-    return " / ".join(fmt.signed_pct(change[k]) if k in change else NA for k in ("top1", "top4", "top8"))
+def _topk(s: DigestSummary, change: dict[str, float]) -> str:
+    """Top-1/4/8 accuracy in percent (the mean of each drafter rank's last line), with their changes."""
+    keys = ("top1", "top4", "top8")
+    shown = " / ".join(fmt.number(v, "{:.1%}") for v in (s.top1, s.top4, s.top8))
+    moved = " / ".join(fmt.signed_pct(change[k]) if k in change else NA for k in keys)
+    return f"{shown} (each drafter's last line)" + (f" ({moved})" if any(k in change for k in keys) else "")
 
 
 def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
@@ -86,7 +86,10 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         lines.append(digest_starved(s.queue_mean))
         warn = True
     if digest.silent:
-        lines.append(digest_silent([(r.rank, r.role, r.last_seen) for r in digest.silent]))
+        named = "; ".join(
+            f"rank {q.rank} ({q.role}) {digest_silent_cell(q.last_seen)}" for q in digest.silent
+        )
+        lines.append(f"{named}: no metric line in this window")
         warn = True
     if s.resets:
         lines.append(digest_resets(s.resets))
@@ -105,7 +108,7 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         ("step time p50/p95", _step_time(digest)),
         ("queue depth", f"mean {fmt.number(s.queue_mean, '{:.1f}')}, max {fmt.number(s.queue_max)}"),
         ("loss", f"{fmt.number(s.loss_last, '{:.3f}')} last, {fmt.number(s.loss_mean, '{:.3f}')} mean"),
-        ("top-1/4/8", digest_topk(s.top1, s.top4, s.top8, _topk_change(digest.change))),
+        ("top-1/4/8", _topk(s, digest.change)),
     ]
     if digest.progress is not None:
         fields.append(("progress", digest_progress(digest.progress)))
@@ -126,8 +129,13 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     if digest.attempts:  # the footer: one row per attempt
         footer = attempt_rows(list(digest.attempts), timezone, live=digest.live_run)
         tables.append(Table(ATTEMPT_HEADERS, footer))
+    tps = s.pipeline_tokens_per_s
+    if tps is None:
+        title = f"digest {digest.job}: no throughput in this window"
+    else:  # digest dflash: 1,234 tokens/s (+5.2%)
+        title = f"digest {digest.job}: {tps:,.0f} tokens/s{_change(digest.change, 'pipeline_tokens_per_s')}"
     return Reply(
-        title=digest_title(digest.job, s.pipeline_tokens_per_s, digest.change.get("pipeline_tokens_per_s")),
+        title=title,
         status=Status.WARNING if warn else Status.OK,
         lines=tuple(lines),
         fields=tuple(fields),
@@ -157,13 +165,9 @@ async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
 
 
 async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = False) -> Reply:
-    """``digest [JOB]``: a throughput digest of one job, or of every configured job.
+    """``digest [JOB]``: a throughput digest of one job (any case), or of every configured job: a
+    short heading with one follow-up digest per job, each posted in its thread with its chart.
 
-    With one job (or only one configured), the reply is that job's digest.  Without a job and
-    several configured, the reply is a short heading with one follow-up digest per job (each
-    posted in its thread, each with its own chart); one job's failure is that job's follow-up.
-
-    :param job: a job name (case-insensitive) or None for every job.
     :param scheduled: the scheduler's digest: moves the job's offset and stores the numbers the
         next digest compares against.  A person's digest is on demand (False).
     :returns: the reply; an unknown job is an ephemeral usage error with a did-you-mean.
@@ -328,14 +332,6 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
 # --- text ---------------------------------------------------------------------------------------
 
 
-def digest_title(job: str, tokens_per_s: float | None, change_pct: float | None) -> str:
-    """``digest dflash: 1,234 tokens/s (+5.2%)``."""
-    if tokens_per_s is None:
-        return f"digest {job}: no throughput in this window"
-    change = f" ({fmt.signed_pct(change_pct)})" if change_pct is not None else ""
-    return f"digest {job}: {tokens_per_s:,.0f} tokens/s{change}"
-
-
 def digest_progress(p: TrainingProgress) -> str:
     """``drafter step 12,000 of 100,000 (12.0 %), ETA 3 h 5 min at 7.93 steps/s`` (the current rate)."""
     role = f"{p.role} " if p.role else ""
@@ -360,12 +356,6 @@ def digest_silent_cell(last_seen: float | None) -> str:
     if last_seen is None:
         return "silent (no metric line seen yet)"
     return f"silent since {fmt.clock(last_seen, date=False)}"
-
-
-def digest_silent(ranks: Sequence[tuple[int, str, float | None]]) -> str:
-    """The warning line naming the expected ranks without a metric line in the window."""
-    named = "; ".join(f"rank {rank} ({role}) {digest_silent_cell(last)}" for rank, role, last in ranks)
-    return f"{named}: no metric line in this window"
 
 
 def digest_window(start: float | None, end: float | None, read: int, skipped: int) -> str:
@@ -412,17 +402,10 @@ def _secs(value: float | None) -> str:
     return fmt.number(value, "{:.3f}", " s")
 
 
-def digest_topk(top1: float | None, top4: float | None, top8: float | None, change: str = "") -> str:
-    """Top-1/4/8 accuracy in percent: the mean of each drafter rank's last line."""
-    pct = "{:.1%}"
-    tail = f" ({change})" if change else ""
-    return f"{fmt.number(top1, pct)} / {fmt.number(top4, pct)} / {fmt.number(top8, pct)} (each drafter's last line){tail}"
-
-
 def digest_restarts(ids: Sequence[str] | None) -> str:
     """Restarts during the window (None: unknown)."""
     if ids is None:
-        return "n/a"
+        return NA
     if not ids:
         return "none"
     return f"{len(ids)} ({', '.join(ids[:5])}{', …' if len(ids) > 5 else ''})"

@@ -73,14 +73,9 @@ class Round:
 
 
 class Storyteller:
-    """The rounds of one watcher: cycles :meth:`join` one, the last to :meth:`leave` tells it.
-
-    The telling runs in a task of its own and a cycle waits for it at most :data:`TELL_WAIT` s,
-    so a storm's posts (one per second in a channel) never hold the next watch cycle back.
-
-    :param ctx: the process context (config, outbox).
-    :param store: where a story is recorded on its members' incidents.
-    """
+    """The rounds of one watcher: cycles :meth:`join` one, the last to :meth:`leave` tells it, in a
+    task of its own that a cycle waits for at most :data:`TELL_WAIT` s (a storm's posts, one per
+    second in a channel, never hold the next watch cycle back)."""
 
     def __init__(self, ctx: Context, store: IncidentStore) -> None:
         self.ctx = ctx
@@ -160,13 +155,11 @@ def plan(
     stories: list[Story] = []
     single_open: list[Told] = []
     for channel, told in _by_channel(opened, announce).items():
+        rest = [t for t in told if t.incident.kind is not IncidentKind.UNREACHABLE]
         by_host: dict[str, list[Told]] = {}
-        rest: list[Told] = []
         for t in told:
             if t.incident.kind is IncidentKind.UNREACHABLE:
                 by_host.setdefault(t.incident.host, []).append(t)
-            else:
-                rest.append(t)
         for host, same in by_host.items():
             if len(same) >= group_from:
                 stories.append(Story(_new_key(), "host", channel, tuple(same), host=host))
@@ -294,20 +287,17 @@ async def _join(store: IncidentStore, t: Told, key: str) -> Told:
 
 async def _in_channels(members: Sequence[Told], post: Callable[[Told], Awaitable[None]]) -> None:
     """``post`` every member, in order within one channel, channels in parallel."""
-    by_channel: dict[str | None, list[Told]] = {}
-    for t in members:
-        by_channel.setdefault(t.channel, []).append(t)
 
-    async def one_channel(told: list[Told]) -> None:
-        for t in told:
-            await post(t)
+    async def one_channel(channel: str | None) -> None:
+        for t in members:
+            if t.channel == channel:
+                await post(t)
 
-    await asyncio.gather(*(one_channel(told) for told in by_channel.values()))
+    await asyncio.gather(*(one_channel(c) for c in dict.fromkeys(t.channel for t in members)))
 
 
 async def _open_story(ctx: Context, store: IncidentStore, story: Story) -> None:
-    at = story.members[0].at
-    reply = story_reply(story, story.members, ctx.config, now=at)
+    reply = story_reply(story, story.members, ctx.config, now=story.members[0].at)
     # the headline's post starts (its outbox key taken) before the story is recorded on any member,
     # so a member acknowledged meanwhile waits for it (line_first) rather than posting on its own
     headline = asyncio.ensure_future(ctx.outbox.announce(story.key, reply, story.channel))
@@ -329,8 +319,7 @@ async def _still_open(ctx: Context, store: IncidentStore, story: str) -> list[st
 
 
 async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> None:
-    at = story.members[0].at
-    reply = story_resolved_reply(story, now=at)
+    reply = story_resolved_reply(story, now=story.members[0].at)
     if story.thread:
         left = await _still_open(ctx, store, story.key)
         if left:  # the headline stays an alert while any of its jobs is still down

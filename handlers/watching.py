@@ -377,17 +377,8 @@ class Watcher:
         return inc
 
     async def _event(self, kind: EventKind, inc: Incident, **extra: Any) -> None:
-        await self.ctx.events.publish(
-            kind,
-            inc.job,
-            alert=inc.kind.value,
-            n=inc.n,
-            host=inc.host,
-            count=inc.count,
-            cause=inc.cause,
-            instance=self.ctx.instance,
-            **extra,
-        )
+        about = dict(alert=inc.kind.value, n=inc.n, host=inc.host, count=inc.count, cause=inc.cause)
+        await self.ctx.events.publish(kind, inc.job, **about, instance=self.ctx.instance, **extra)
 
     async def drain(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s each) for automatic restarts and posts still running in the
