@@ -39,11 +39,8 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
         if incident is None:
             break
         if incident.acked_by:
-            return Reply(
-                title=f"the {name} incident was already acknowledged by {mention(incident.acked_by)}",
-                status=Status.INFO,
-                thread_key=incident.thread_key,
-            )
+            text = f"the {name} incident was already acknowledged by {mention(incident.acked_by)}"
+            return Reply(title=text, status=Status.INFO, thread_key=incident.thread_key)
         acked = await store.update(
             incident, incident.model_copy(update={"acked_by": user, "acked_at": time.time()})
         )
@@ -75,14 +72,9 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
         seconds = int(for_s or DEFAULT_OFF_S)
         await store.pause(name, user, seconds)
         until = fmt.clock(time.time() + seconds, ctx.config.scheduler.timezone)
-        return Reply(
-            title=f"watching {name} paused for {fmt.duration(seconds)} (until {until}) - `watch {name} on` resumes it",
-            status=Status.OK,
-        )
+        paused = f"paused for {fmt.duration(seconds)} (until {until}) - `watch {name} on` resumes it"
+        return Reply(title=f"watching {name} {paused}", status=Status.OK)
     if state == "on":
-        was_off = await store.resume(name)
-        return Reply(
-            title=f"watching {name} again" if was_off else f"watching {name} (it was not paused)",
-            status=Status.OK,
-        )
+        again = "again" if await store.resume(name) else "(it was not paused)"
+        return Reply(title=f"watching {name} {again}", status=Status.OK)
     return refused(f"watch takes `on` or `off`, not {state!r}")

@@ -248,13 +248,10 @@ def auto_restart_reply(incident: Incident, config: Config, answer: Reply) -> Rep
 # --- text ---------------------------------------------------------------------------------------
 
 
-#: how a resolved incident's headline says what the job was, by incident kind
+#: how a resolved incident's headline says what the job was, by incident kind (else "was KIND")
 _WAS = {
     "dead": "was down",
-    "degraded": "was degraded",
-    "stalled": "was stalled",
     "stuck_rank": "had a stuck rank",
-    "unreachable": "was unreachable",
     "crash_loop": "was crash-looping",
     "idle_gpus": "had idle GPUs",
 }

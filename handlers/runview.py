@@ -109,9 +109,7 @@ def run_headline(
     run_id: str, action: str, job: str, user: str, patches: Sequence[str], fresh_cache: bool
 ) -> str:
     """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch``."""
-    extra = []
-    if patches:
-        extra.append(f"with {patch_phrase(patches)}")
+    extra = [f"with {patch_phrase(patches)}"] if patches else []
     if fresh_cache:
         extra.append("fresh cache")
     tail = (" " + ", ".join(extra)) if extra else ""

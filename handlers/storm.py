@@ -333,9 +333,8 @@ async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> No
 
     async def member(t: Told) -> None:
         await line_first(ctx, t.incident, t.channel)
-        await ctx.outbox.announce(
-            t.incident.thread_key, resolved_headline(t.incident, ctx.config, now=t.at), t.channel
-        )
+        headline = resolved_headline(t.incident, ctx.config, now=t.at)
+        await ctx.outbox.announce(t.incident.thread_key, headline, t.channel)
 
     await _in_channels(story.members, member)
 
@@ -383,12 +382,11 @@ def story_reply(story: Story, members: Sequence[Told], config: Config, *, now: f
 def story_resolved_reply(story: Story, *, now: float) -> Reply:
     """One grouped resolution: how many resolved, and a line per job (its own "resolved after")."""
     incidents = [t.incident for t in story.members]
-    hosts = {inc.host for inc in incidents if inc.kind is IncidentKind.UNREACHABLE}
     longest = max((inc.resolved_at or now) - inc.opened_at for inc in incidents)
     lines = tuple(resolved_reply(inc, now=now).title for inc in incidents)
     if all(inc.kind is IncidentKind.UNREACHABLE for inc in incidents):
         after = f"{len(incidents)} jobs, after up to {fmt.duration(longest)}"
-        title = f"resolved: {', '.join(sorted(hosts))} reachable again ({after})"
+        title = f"resolved: {', '.join(sorted({inc.host for inc in incidents}))} reachable again ({after})"
     else:
         title = f"resolved: {len(incidents)} incidents (open up to {fmt.duration(longest)})"
     return Reply(title=title, status=Status.OK, lines=lines, thread_key=story.key)

@@ -1,13 +1,14 @@
 """Watching jobs: the watch cycle (one probe per host) and the incidents it opens and posts.
 
 :class:`Watcher` runs one cycle per host: every job's Redis view in one round trip, one probe of
-the host (processes, log size, new metric bytes, how a job short of processes ended), the pure
-:func:`pipeline.observe.watch.assess` per job, then its transitions, each a compare-and-set in
-Redis *before* its post, so of two processes deciding the same thing only one posts.  An
-unreachable host is confirmed over a fresh connection before it is reported.  Alerts are
-``incident:JOB:N`` headlines; reminders, changes, automatic restarts and resolutions go in their
-thread, many at once told as one story (:mod:`handlers.storm`).  Automatic restarts go through the
-dispatcher as :data:`AUTO_USER` (:class:`Restarts`, injected by the assembly).
+the host (processes, log size, new metric bytes, how a job short of processes ended; at most
+:data:`MAX_HOSTS_AT_ONCE` at a time), the pure :func:`pipeline.observe.watch.assess` per job, then
+its transitions, each a compare-and-set in Redis *before* its post, so of two processes deciding
+the same thing only one posts.  An unreachable host is confirmed over a fresh connection before it
+is reported.  Alerts are ``incident:JOB:N`` headlines; reminders, changes, automatic restarts and
+resolutions go in their thread, many at once told as one story (:mod:`handlers.storm`).  Events:
+ALERT, RESOLVED, RESTART.  Automatic restarts go through the dispatcher (locked, posted, audited)
+as :data:`AUTO_USER` (:class:`Restarts`, injected by the assembly).
 """
 
 from __future__ import annotations
@@ -207,18 +208,15 @@ class Watcher:
         return Observation(at=now, count=probe.count, pids=tuple(pids), log_size=probe.log_size)
 
     def _situation(self, view: JobSnapshot, now: float) -> Situation:
-        latest = view.latest
-        in_flight = view.unverified
-        if latest is not None and latest.finished_at is None and latest.verdict is None:
-            in_flight = True
+        latest, holder = view.latest, view.lock_holder
+        running = latest is not None and latest.finished_at is None and latest.verdict is None
+        in_flight = view.unverified or running
         if view.lock_held:
-            holder_job = view.lock_holder.get("job")
-            holder_run = view.lock_holder.get("run_id") or view.lock_holder.get("run")
+            holder_job = holder.get("job")
             same_job = holder_job is None or holder_job.lower() == view.name.lower()
-            if self.ctx.config.jobs[view.name].lock_scope == "job" or same_job:
-                in_flight = True
-            elif latest is not None and holder_run == latest.id:
-                in_flight = True
+            same_run = latest is not None and (holder.get("run_id") or holder.get("run")) == latest.id
+            job_scope = self.ctx.config.jobs[view.name].lock_scope == "job"
+            in_flight = in_flight or job_scope or same_job or same_run
         fired = self._auto_fired.get(view.name)
         if fired is not None and now - fired < AUTO_GRACE and (latest is None or latest.created_at < fired):
             in_flight = True
