@@ -223,22 +223,18 @@ async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
 
 def _gpu_table(gpus: Sequence[GpuStat], apps: Sequence[ComputeApp] | None, owners: dict[int, str]) -> Table:
     per_gpu: dict[int, list[str]] = {}
-    placed = False
     for app in apps or ():
         index = getattr(app, "gpu_index", None)
         if isinstance(index, int):
-            placed = True
             job = owners.get(app.pid)
             mem = f" {fmt.number(app.used_memory_mib)} MiB" if app.used_memory_mib is not None else ""
             per_gpu.setdefault(index, []).append(f"{app.pid}{f' ({job})' if job else ''}{mem}")
-    headers: tuple[str, ...] = ("gpu", "name", "util", "memory used/total", "power")
-    rows = []
-    for g in gpus:
-        row = (str(g.index), g.name or NA, *_gpu_use(g))
-        rows.append((*row, ", ".join(per_gpu.get(g.index, [])) or "-") if placed else row)
-    if placed:
-        headers = (*headers, "processes")
-    return Table(headers, tuple(rows))
+    rows = [(str(g.index), g.name or NA, *_gpu_use(g)) for g in gpus]
+    headers = ("gpu", "name", "util", "memory used/total", "power")
+    if not per_gpu:  # where each process runs is not known: no column for it
+        return Table(headers, tuple(rows))
+    placed = tuple((*r, ", ".join(per_gpu.get(g.index, [])) or "-") for g, r in zip(gpus, rows, strict=True))
+    return Table((*headers, "processes"), placed)
 
 
 async def _job_gpus(ctx: Context, name: str) -> Reply | None:
