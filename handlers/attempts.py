@@ -1,17 +1,11 @@
 """No-progress loops: attempts that keep dying where they resumed stop the automatic restarts.
 
-An automatic restart about to fire (:meth:`handlers.watching.Watcher._gate`) first records how far
-the attempt that just died got (:func:`record_dead_attempt`: its log since its launch, read once,
-kept as its :class:`~pipeline.state.runs.Reach` with how it ended), then asks
-:func:`no_progress_refusal`: when the last ``[jobs.NAME.watch] no_progress_after`` attempts in a row
-died before advancing ``min_progress`` steps past where they resumed
-(:func:`pipeline.observe.attempts.no_progress_streak`), no more automatic restarts — the give-up
-alert names the step and the common cause: ``every attempt died at step 1,210: CUDA out of memory
-on rank 6``.  A person's restart is never blocked: :func:`no_progress_warning` is the warning its
-answer carries.
-
-``history JOB --attempts`` (:func:`attempts_command`) shows one row per attempt: started, resumed
-at, reached, steps/s, how it ended, steps lost.
+Before an automatic restart fires, :func:`no_progress_refusal` records how far the attempt that
+just died got (its :class:`~pipeline.state.runs.Reach`, read once from its log) and refuses when
+the last ``[jobs.NAME.watch] no_progress_after`` attempts in a row died before advancing
+``min_progress`` steps past where they resumed
+(:func:`pipeline.observe.attempts.no_progress_streak`).  A person's restart is never blocked, only
+warned (:func:`no_progress_warning`).  ``history JOB --attempts`` is :func:`attempts_command`.
 """
 
 from __future__ import annotations
@@ -61,15 +55,11 @@ async def stuck_attempts(ctx: Context, name: str) -> list[RunRecord]:
 
 
 async def no_progress_refusal(ctx: Context, name: str, check: CrashCheck | None) -> str | None:
-    """Why automatic restarts must stop: the last ``no_progress_after`` attempts made no progress.
-
-    :returns: the give-up text, or None when they may go on.
-    """
+    """Why automatic restarts must stop (the give-up text), or None when they may go on; records
+    the dead attempt first (:func:`record_dead_attempt`)."""
     await record_dead_attempt(ctx, name, check)
     stuck = await stuck_attempts(ctx, name)
-    if not stuck:
-        return None
-    return auto_restart_no_progress(name, stuck, ctx.config.jobs[name].watch.min_progress)
+    return auto_restart_no_progress(name, stuck, ctx.config.jobs[name].watch.min_progress) if stuck else None
 
 
 async def no_progress_warning(ctx: Context, name: str) -> str | None:
@@ -80,7 +70,10 @@ async def no_progress_warning(ctx: Context, name: str) -> str | None:
         return None
     if not stuck:
         return None
-    return restart_no_progress(name, stuck)
+    return (
+        f"⚠ the last {len(stuck)} attempts of {name} made no progress ({_where(stuck)}); "
+        "restarting as asked - unless something changed, this one will die the same way"
+    )
 
 
 # --- history JOB --attempts ---------------------------------------------------------------------
@@ -100,20 +93,18 @@ def attempt_rows(
         reach = run.reach
         newer = attempts[i - 1] if i > 0 else None
         lost = newer.lost if newer is not None and newer.previous_run == run.id else None
-        started = fmt.clock(run.launched_at, timezone) if run.launched_at is not None else NA
-        reached = f"{reach.step:,}" if reach is not None and reach.step is not None else NA
         ended = (
             "running" if run.id == live and reach is None else (reach.ended if reach and reach.ended else NA)
         )
         rows.append(
             (
                 run.id,
-                started,
-                f"{run.resumed_at:,}" if run.resumed_at is not None else NA,
-                reached,
+                fmt.clock(run.launched_at, timezone) if run.launched_at is not None else NA,
+                fmt.number(run.resumed_at, "{:,}"),
+                fmt.number(reach.step if reach else None, "{:,}"),
                 fmt.number(reach.steps_per_s if reach else None, "{:.2f}"),
                 ended,
-                f"{lost:,}" if lost is not None else NA,
+                fmt.number(lost, "{:,}"),
             )
         )
     return tuple(rows)
@@ -129,10 +120,11 @@ async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
         return refused(ATTEMPTS_NEED_JOB)
     attempts = await ctx.runs.attempts(job, count)
     live = (await ctx.jobs.read(job)).run_id
+    title = f"history of {job}: last {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
     if not attempts:
-        return Reply(title=attempts_title(job, 0), lines=(attempts_none(job),))
+        return Reply(title=title, lines=(f"{job} has not been launched by Pitstop yet",))
     rows = attempt_rows(attempts, ctx.config.scheduler.timezone, live=live)
-    return Reply(title=attempts_title(job, len(attempts)), tables=(Table(ATTEMPT_HEADERS, rows),))
+    return Reply(title=title, tables=(Table(ATTEMPT_HEADERS, rows),))
 
 
 # --- text ---------------------------------------------------------------------------------------
@@ -140,16 +132,6 @@ async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
 NA = fmt.UNKNOWN
 #: the columns of ``history JOB --attempts``
 ATTEMPT_HEADERS = ("run", "started", "resumed at", "reached", "steps/s", "ended", "steps lost")
-
-
-def attempts_title(job: str, count: int) -> str:
-    """The heading of ``history JOB --attempts``."""
-    return f"history of {job}: last {count} attempt{'s' if count != 1 else ''}"
-
-
-def attempts_none(job: str) -> str:
-    """``history JOB --attempts`` before anything was launched."""
-    return f"{job} has not been launched by Pitstop yet"
 
 
 def _where(stuck: list[RunRecord]) -> str:
@@ -171,12 +153,4 @@ def auto_restart_no_progress(job: str, stuck: list[RunRecord], min_progress: int
         f"{job}: automatic restarts stopped - the last {len(stuck)} attempts ({ids}) died before advancing "
         f"{min_progress} step{'' if min_progress == 1 else 's'} past where they resumed; {_where(stuck)}. "
         "Another restart will die the same way: fix the cause, then restart by hand"
-    )
-
-
-def restart_no_progress(job: str, stuck: list[RunRecord]) -> str:
-    """A person's restart goes ahead, warned that the last attempts made no progress."""
-    return (
-        f"⚠ the last {len(stuck)} attempts of {job} made no progress ({_where(stuck)}); "
-        "restarting as asked - unless something changed, this one will die the same way"
     )

@@ -1,14 +1,10 @@
 """Why did the job die, and may it be restarted automatically? (the watcher's crash classes)
 
-:func:`check_crash` reads everything the job's current run wrote since its launch (at most
-:data:`~pipeline.host.probe.CRASH_BYTES`, the end of it), with its launcher's exit status, and classifies it
-(:func:`pipeline.observe.crashes.classify`).  It remembers the last classified crash per job in Redis
-(:meth:`~pipeline.state.incidents.IncidentStore.last_crash`, with the run it came from), so a Python exception that comes back with the same
-type at the same step in the *next* run is recognised as a repeat.
-
-:func:`refusal` applies ``[jobs.NAME.watch] auto_restart``: no automatic restart for a class not
-in ``on`` (default: the transient classes), nor for a repeating Python exception — the give-up
-alert says which and why.
+:func:`check_crash` classifies what the job's current run wrote since its launch, with its
+launcher's exit status (:func:`pipeline.observe.crashes.classify`), and remembers the last crash
+per job in Redis, so a Python exception that comes back with the same type at the same step in
+the *next* run is recognised as a repeat.  :func:`refusal` applies ``[jobs.NAME.watch]
+auto_restart``: no automatic restart for a class not in ``on``, nor for a repeating exception.
 """
 
 from __future__ import annotations
@@ -30,26 +26,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CrashCheck:
-    """A classified failure of the job's current run.
-
-    :ivar crash: the class and its evidence.
-    :ivar repeat: the previous run failed with the same Python exception type at the same step.
-    :ivar exit_cause: how the launched process ended, when its waiter recorded it.
-    """
+    """A classified failure of the job's current run."""
 
     crash: Crash
-    repeat: bool
-    exit_cause: str | None
+    repeat: bool  #: the previous run failed with the same Python exception type at the same step
+    exit_cause: str | None  #: how the launched process ended, when its waiter recorded it
 
 
 async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> CrashCheck | None:
     """Classify how the job's current run failed, from all ranks' log bytes since its launch.
 
-    :param ctx: the process context.
-    :param name: the job's configured name.
-    :param seen: the watch cycle's probe of the job: when it brought the job's ending
-        (:attr:`~pipeline.host.probe.JobProbe.tail`), its state, log size, exit record and log
-        since launch (``crash``) are used instead of asking the job's engine again
+    :param seen: the watch cycle's probe of the job: when it brought the job's ending, it is used
+        instead of asking the job's engine again
         (:meth:`~pipeline.engines.base.RestartService.crash_evidence`).
     :returns: the check, or None when the job has no recorded run or the host cannot be read.
     """
@@ -83,17 +71,22 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
 def refusal(job: str, check: CrashCheck, policy: AutoRestart | None) -> str | None:
     """Why the job must not be restarted automatically after this crash, or None if it may.
 
-    :param job: the job's name (for the message).
-    :param check: the classified crash.
     :param policy: the job's ``auto_restart`` (None: no automatic restarts at all — nothing to refuse).
     """
     if policy is None:
         return None
     crash = check.crash
     if check.repeat and crash.kind is CrashClass.PYTHON_EXCEPTION:
-        return auto_restart_repeat(job, crash.exc_type or "?", crash.step, crash.summary)
+        return (
+            f"{job} failed again with {crash.exc_type or '?'} at step {crash.step} - the same exception at "
+            "the same step is a bug a restart will not fix, so no more automatic restarts; fix it and "
+            f"restart by hand. Cause: {crash.summary}"
+        )
     if crash.kind not in policy.on:
-        return auto_restart_not_on(job, crash.kind.value, crash.summary)
+        return (
+            f"{job} failed with {crash.kind.value} - not restarted automatically ({crash.kind.value} is not "
+            f"in auto_restart.on); restart it by hand once the cause is fixed. Cause: {crash.summary}"
+        )
     return None
 
 
@@ -111,26 +104,4 @@ def with_crash(inc: Incident, check: CrashCheck) -> Incident:
             "cause": c.summary,
             "exit_cause": check.exit_cause or inc.exit_cause,
         }
-    )
-
-
-__all__ = ["CrashCheck", "check_crash", "refusal", "with_crash"]
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def auto_restart_not_on(job: str, crash_class: str, summary: str) -> str:
-    """The give-up alert when the crash's class is not restarted automatically."""
-    return (
-        f"{job} failed with {crash_class} - not restarted automatically ({crash_class} is not in "
-        f"auto_restart.on); restart it by hand once the cause is fixed. Cause: {summary}"
-    )
-
-
-def auto_restart_repeat(job: str, exc_type: str, step: int | None, summary: str) -> str:
-    """The give-up alert when the same Python exception came back at the same step."""
-    return (
-        f"{job} failed again with {exc_type} at step {step} - the same exception at the same step is a "
-        f"bug a restart will not fix, so no more automatic restarts; fix it and restart by hand. Cause: {summary}"
     )

@@ -1,9 +1,9 @@
-"""Evidence for a hang, attached to a stuck-rank or stalled incident's thread.
+"""Evidence for a hang, posted in a stuck-rank or stalled incident's thread once it opens.
 
-What a person would run by hand on the host, done once when the incident opens (one look by the
-job's engine, :meth:`~pipeline.engines.base.RestartService.hang_evidence`): each stuck process's state and ``wchan`` from ``/proc``, and its Python stacks from
-``py-spy dump --pid PID`` when py-spy is installed there (when it is not, the post says so, with the
-install line).  A process in uninterruptible sleep (``D``) cannot be killed, so the post says a
+What a person would run by hand on the host, in one look by the job's engine
+(:meth:`~pipeline.engines.base.RestartService.hang_evidence`): each stuck process's state and
+``wchan`` from ``/proc``, and its Python stacks from ``py-spy dump --pid PID`` when py-spy is
+installed there.  A process in uninterruptible sleep (``D``) cannot be killed, so the post says a
 restart will not free it and the host may need recycling.
 """
 
@@ -21,12 +21,12 @@ from pipeline.state.incidents import Incident, IncidentKind
 log = logging.getLogger(__name__)
 
 KINDS = (IncidentKind.STUCK_RANK, IncidentKind.STALLED)  #: incidents that get hang evidence
+_STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible sleep", "T": "stopped", "Z": "zombie"}
 
 
 async def hang_evidence(ctx: Context, inc: Incident) -> Reply | None:
     """The thread post with the hang evidence of ``inc``'s job (the stuck rank's process, or all).
 
-    :param ctx: the process context.
     :param inc: a stuck-rank or stalled incident (numbered).
     :returns: the reply, or None if the host could not be asked (logged).
     """
@@ -47,61 +47,30 @@ def hang_reply(inc: Incident, answer: HangAnswer) -> Reply:
     stacks: list[str] = []
     unkillable = False
     for p in procs:
-        lines.append(_process(p["pid"], p.get("cmdline") or "", p.get("state"), p.get("wchan")))
-        unkillable |= p.get("state") == "D"
-        stack, stack_error = p.get("stack"), p.get("stack_error")
+        pid, state, stack, stack_error = p["pid"], p.get("state"), p.get("stack"), p.get("stack_error")
+        what = f"{state} ({_STATES.get(state, '?')})" if state else "gone"
+        lines.append(f"pid {pid} `{p.get('cmdline') or ''}`: state {what}, wchan {p.get('wchan') or '-'}")
+        unkillable |= state == "D"
         if stack:
-            stacks.append(_stack_title(p["pid"]) + "\n" + stack)
+            stacks.append(f"py-spy dump --pid {pid}\n{stack}")
         elif stack_error:
-            lines.append(_py_spy_failed(p["pid"], stack_error))
+            lines.append(f"py-spy dump --pid {pid} failed: {stack_error}")
     if not procs:
-        lines.append(_no_process(inc.job))
+        lines.append(f"no process of {inc.job} found on the host")
     if answer.get("py_spy") is None:
-        lines.append(_py_spy_missing(inc.host))
+        lines.append(
+            f"py-spy is not installed on {inc.host}, so no Python stacks: `pip install py-spy` there"
+        )
     if unkillable:
-        lines.append(_unkillable(who))
+        lines.append(
+            f"a process in uninterruptible sleep (D) cannot be killed: a restart will not free {who}; "
+            "the host may need recycling"
+        )
     return Reply(
-        title=_title(who, len(procs)),
+        title=f"hang evidence for {who}: {len(procs)} process{'es' if len(procs) != 1 else ''} on the host",
         status=Status.ERROR if unkillable else Status.WARNING,
         lines=tuple(lines),
         log="\n\n".join(stacks) or None,
         log_title=HANG_STACKS_TITLE if stacks else "",
         thread_key=inc.thread_key,
     )
-
-
-# --- the words of this post (they belong to this reply alone) ---------------------------------------
-
-_STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible sleep", "T": "stopped", "Z": "zombie"}
-
-
-def _title(who: str, count: int) -> str:
-    return f"hang evidence for {who}: {count} process{'es' if count != 1 else ''} on the host"
-
-
-def _process(pid: int, cmdline: str, state: str | None, wchan: str | None) -> str:
-    what = f"{state} ({_STATES.get(state, '?')})" if state else "gone"
-    return f"pid {pid} `{cmdline}`: state {what}, wchan {wchan or '-'}"
-
-
-def _stack_title(pid: int) -> str:
-    return f"py-spy dump --pid {pid}"
-
-
-def _py_spy_failed(pid: int, error: str) -> str:
-    return f"py-spy dump --pid {pid} failed: {error}"
-
-
-def _py_spy_missing(host: str) -> str:
-    return f"py-spy is not installed on {host}, so no Python stacks: `pip install py-spy` there"
-
-
-def _no_process(job: str) -> str:
-    return f"no process of {job} found on the host"
-
-
-def _unkillable(who: str) -> str:
-    return f"a process in uninterruptible sleep (D) cannot be killed: a restart will not free {who}; the host may need recycling"
-
-
-__all__ = ["KINDS", "hang_evidence", "hang_reply"]

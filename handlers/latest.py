@@ -1,11 +1,6 @@
-"""Last state wins: a value delivered at the consumer's pace, never at the producer's.
-
-A restart's steps change faster than Slack takes updates of one message (``chat.update`` is paced
-per channel).  The sequence hands each new state to a :class:`Latest` with :meth:`Latest.put`,
-which returns at once; one task delivers the newest state whenever the previous delivery ended,
-so states that arrived meanwhile are coalesced into one delivery of the last of them, and a slow
-or rate-limited surface delays the message, never the sequence.
-"""
+"""Last state wins: a value delivered at the consumer's pace, never at the producer's (a restart's
+steps change faster than Slack takes updates of one message; states that arrive meanwhile are
+coalesced into one delivery of the last of them)."""
 
 from __future__ import annotations
 

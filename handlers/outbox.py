@@ -1,10 +1,6 @@
 """Where replies that are not answers go: the team-visible posts of restarts, alerts, digests.
 
-A handler answers the requester with a :class:`~handlers.reply.Reply`; everything the team
-should see (a restart's live message, its thread, alerts, resolved notes, digests) goes
-through an :class:`Outbox`.  ``bot/`` implements it for Slack (``chat.postMessage`` /
-``chat.update`` / threads) and for the console (rich); tests use :class:`MemoryOutbox`.
-
+``bot/`` implements :class:`Outbox` for Slack and the console; tests use :class:`MemoryOutbox`.
 Keys name a headline message: ``run:r-42`` (a restart), ``incident:dflash:7`` (an alert),
 ``story:ID`` (a grouped post of an alert storm, :mod:`handlers.storm`).
 """
@@ -68,19 +64,15 @@ class MemoryOutbox:
     posted: list[Posted] = field(default_factory=list)
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
-        """Record a headline post/update."""
         self.posted.append(Posted("announce", key, reply, channel))
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
-        """Record a thread reply."""
         self.posted.append(Posted("thread", key, reply, channel))
 
     async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
-        """Record a member headline of a grouped post."""
         self.posted.append(Posted("announce_in", key, reply, channel, story))
 
     async def post(self, reply: Reply, channel: str | None) -> None:
-        """Record a plain post."""
         self.posted.append(Posted("post", None, reply, channel))
 
     async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:

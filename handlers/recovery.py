@@ -1,21 +1,13 @@
-"""Throughput recovered (or not): the follow-up ``recovery_window`` after a RUNNING verdict.
+"""Throughput recovered (or not): the follow-up ``[jobs.NAME.watch] recovery_window`` s after a
+restart's RUNNING verdict, when its previous attempt's throughput is known.
 
-A restart that reached RUNNING after an earlier attempt whose throughput is known is queued for a
-follow-up (:meth:`pipeline.state.runs.RunStore.schedule_recovery`, by the runner's verify), due
-``[jobs.NAME.watch] recovery_window`` s after its verdict.  The scheduler leader delivers the due
-ones (:func:`deliver_recoveries`, on its ``verify`` tick): each is claimed with a lease
-(:meth:`~pipeline.state.runs.RunStore.claim_recovery`), posted, then done; one whose claimant died
-in between is claimed again after the lease by the next process to look — at least once, and
-exactly once when nothing dies.  The follow-up compares the pipeline's median throughput since the restart
-(:func:`pipeline.observe.attempts.median_throughput`) with the previous attempt's before it
-stopped (its :class:`~pipeline.state.runs.Reach`), and posts in the run's thread:
-
-- ``throughput back: 5,905 tokens/s, 99 % of before``; or, under ``slow_after_restart`` of before,
-- an alert, also posted in the job's channel paging ``[slack] alert_mention``:
-  ``dflash is slower since r-7: 2,516 tokens/s, 43 % of the 5,905 before (patches now: topk)`` —
-  what a bad patch or a degraded GPU looks like while every process count says healthy.
-
-A run the job has moved on from (another restart, a stop) gets no follow-up.
+The scheduler leader delivers the due ones (:func:`deliver_recoveries`), each under a lease
+(:meth:`~pipeline.state.runs.RunStore.claim_recovery`): at least once, exactly once when nothing
+dies.  It compares the median throughput since the restart with the previous attempt's
+(:class:`~pipeline.state.runs.Reach`) and posts in the run's thread either
+``throughput back: 5,905 tokens/s, 99 % of before`` or, under ``slow_after_restart`` of before,
+an alert also posted in the job's channel paging ``[slack] alert_mention``.  A run the job has
+moved on from (another restart, a stop) gets no follow-up.
 """
 
 from __future__ import annotations
@@ -27,7 +19,7 @@ from handlers.context import Context
 from handlers.reply import Reply, Status, mention
 from handlers.runview import thread_key
 from pipeline.errors import PitstopError, UnknownRun
-from pipeline.observe.attempts import Recovery, attempt_start, median_throughput, read_attempt, recovery
+from pipeline.observe.attempts import attempt_start, median_throughput, read_attempt, recovery
 
 log = logging.getLogger(__name__)
 
@@ -97,44 +89,21 @@ async def recovery_reply(ctx: Context, run_id: str) -> Reply | None:
     )
     if found is None:
         return None
-    key = thread_key(run.id)
-    if found.slow:
-        return Reply(
-            title=slower_since(run.job, run.id, found, run.patches),
-            status=Status.WARNING,
-            thread_key=key,
-            run_id=run.id,
+    pct = f"{found.ratio * 100:.0f} %"
+    if found.slow:  # dflash is slower since r-7: 2,516 tokens/s, 43 % of the 5,905 before (patches now: topk)
+        patches = ", ".join(run.patches) if run.patches else "none"
+        title = (
+            f"{run.job} is slower since {run.id}: {found.now:,.0f} tokens/s, {pct} of the "
+            f"{found.before:,.0f} before (patches now: {patches})"
         )
-    return Reply(title=throughput_back(found), status=Status.OK, thread_key=key, run_id=run.id)
+    else:
+        title = f"throughput back: {found.now:,.0f} tokens/s, {pct} of before"
+    status = Status.WARNING if found.slow else Status.OK
+    return Reply(title=title, status=status, thread_key=thread_key(run.id), run_id=run.id)
 
 
 def alert_copy(reply: Reply, page: str | None) -> Reply:
     """The slower-since alert as a channel post of its own, paging ``page`` (``[slack] alert_mention``)."""
-    lines = (slower_see_thread(mention(page), reply.run_id or "?"),) if page else ()
+    see = f"the restart's thread ({reply.run_id or '?'}) has its verdict and patches"
+    lines = (f"{mention(page)} {see}",) if page else ()
     return Reply(title=reply.title, status=reply.status, run_id=reply.run_id, page=page, lines=lines)
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def _pct(found: Recovery) -> str:
-    return f"{found.ratio * 100:.0f} %"
-
-
-def slower_see_thread(who: str, run_id: str) -> str:
-    """The alert's line naming who it pages and where the details are."""
-    return f"{who} the restart's thread ({run_id}) has its verdict and patches"
-
-
-def throughput_back(found: Recovery) -> str:
-    """``throughput back: 5,905 tokens/s, 99 % of before``."""
-    return f"throughput back: {found.now:,.0f} tokens/s, {_pct(found)} of before"
-
-
-def slower_since(job: str, run_id: str, found: Recovery, patches: list[str]) -> str:
-    """``dflash is slower since r-7: 2,516 tokens/s, 43 % of the 5,905 before (patches now: topk)``."""
-    now = ", ".join(patches) if patches else "none"
-    return (
-        f"{job} is slower since {run_id}: {found.now:,.0f} tokens/s, {_pct(found)} of the "
-        f"{found.before:,.0f} before (patches now: {now})"
-    )

@@ -1,27 +1,22 @@
 """Reports: throughput digests (``digest [JOB]``) and a host's GPUs (``gpus HOST``).
 
-Transport-free: each function returns a :class:`~handlers.reply.Reply`; the surface renders it
-and uploads ``reply.chart``.  The scheduler calls :func:`digest_command` with
-``scheduled=True`` and posts the reply to the job's channel; a person's ``digest`` is on
-demand and moves no offset (see :mod:`pipeline.digest.report`).
-
-Expected failures (host unreachable, log missing, nvidia-smi absent) become a reply saying
-so — never a traceback, never a silent success.
+The scheduler calls :func:`digest_command` with ``scheduled=True`` and posts the reply to the job's
+channel; a person's ``digest`` moves no offset (:mod:`pipeline.digest.report`).  Expected failures
+(host unreachable, log missing, nvidia-smi absent) become a reply saying so, never a traceback.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
-from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
+from handlers.attempts import ATTEMPT_HEADERS, NA, attempt_rows
 from handlers.commands import close_names
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table, refused
 from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
 from pipeline import fmt
-from pipeline.digest.report import Digest, build_digest
-from pipeline.digest.stats import TARGET
+from pipeline.digest.report import Digest, GpuRow, build_digest
+from pipeline.digest.stats import TARGET, DigestSummary
 from pipeline.errors import ExitCode, PitstopError, RemoteError
 from pipeline.observe.attempts import TrainingProgress
 from pipeline.observe.gpus import (
@@ -32,10 +27,6 @@ from pipeline.observe.gpus import (
     parse_query_gpu,
     query_gpus,
 )
-
-log = logging.getLogger(__name__)
-
-NA = "n/a"
 
 
 def _mib(used: float | None, total: float | None) -> str:
@@ -50,19 +41,21 @@ def _change(change: dict[str, float], key: str) -> str:
 
 
 def _step_time(digest: Digest) -> str:
-    """Pipeline (drafter) step time with its change, then the targets' own."""
+    """Pipeline (drafter) step time with its change, then the targets' own (they include queue waits)."""
     s = digest.summary
     text = digest_step_time(s.step_p50, s.step_p95) + _change(digest.change, "step_p50")
     targets = s.role(TARGET)
     if targets is not None:
-        text += digest_step_time_targets(targets.step_p50, targets.step_p95)
+        text += f"; targets {digest_step_time(targets.step_p50, targets.step_p95)}"
     return text
 
 
-def _topk_change(change: dict[str, float]) -> str:
-    if not any(k in change for k in ("top1", "top4", "top8")):
-        return ""
-    return " / ".join(fmt.signed_pct(change[k]) if k in change else NA for k in ("top1", "top4", "top8"))
+def _topk(s: DigestSummary, change: dict[str, float]) -> str:
+    """Top-1/4/8 accuracy in percent (the mean of each drafter rank's last line), with their changes."""
+    keys = ("top1", "top4", "top8")
+    shown = " / ".join(fmt.number(v, "{:.1%}") for v in (s.top1, s.top4, s.top8))
+    moved = " / ".join(fmt.signed_pct(change[k]) if k in change else NA for k in keys)
+    return f"{shown} (each drafter's last line)" + (f" ({moved})" if any(k in change for k in keys) else "")
 
 
 def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
@@ -80,15 +73,23 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     if (note := digest_window_note(w.kind.value, digest.path, digest.max_bytes)) is not None:
         lines.append(note)
     if w.skipped and w.kind.value == "since_last":
-        lines.append(digest_skipped(w.skipped, digest.max_bytes))
+        lines.append(
+            f"{fmt.size(w.skipped)} of metric log written since the last digest were not read "
+            f"(a digest reads the last {fmt.size(digest.max_bytes)} at most)"
+        )
     if not s.metric_lines:
-        lines.append(digest_no_lines(digest.job, digest.path, s.bytes_read))
+        lines.append(
+            f"no metric lines for {digest.job} in the {fmt.size(s.bytes_read)} read from {digest.path}"
+        )
         warn = True
     if s.starved and s.queue_mean is not None:
         lines.append(digest_starved(s.queue_mean))
         warn = True
     if digest.silent:
-        lines.append(digest_silent([(r.rank, r.role, r.last_seen) for r in digest.silent]))
+        named = "; ".join(
+            f"rank {q.rank} ({q.role}) {digest_silent_cell(q.last_seen)}" for q in digest.silent
+        )
+        lines.append(f"{named}: no metric line in this window")
         warn = True
     if s.resets:
         lines.append(digest_resets(s.resets))
@@ -98,64 +99,43 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     targets = s.role(TARGET)
     fields: list[tuple[str, str]] = [
         ("uptime", fmt.duration(digest.uptime_s)),
-        (
-            "restarts",
-            digest_restarts(None if digest.restarts is None else len(digest.restarts), digest.restarts or ()),
-        ),
+        ("restarts", digest_restarts(digest.restarts)),
         ("window", digest_window(s.window_start, s.window_end, s.bytes_read, w.skipped)),
     ]
     if targets is not None:
         fields.append(("targets", digest_targets(s.target_tokens_per_s, targets.ranks)))
     fields += [
         ("step time p50/p95", _step_time(digest)),
-        ("queue depth", digest_queue(s.queue_mean, s.queue_max)),
-        ("loss", digest_loss(s.loss_last, s.loss_mean)),
-        ("top-1/4/8", digest_topk(s.top1, s.top4, s.top8, _topk_change(digest.change))),
+        ("queue depth", f"mean {fmt.number(s.queue_mean, '{:.1f}')}, max {fmt.number(s.queue_max)}"),
+        ("loss", f"{fmt.number(s.loss_last, '{:.3f}')} last, {fmt.number(s.loss_mean, '{:.3f}')} mean"),
+        ("top-1/4/8", _topk(s, digest.change)),
     ]
     if digest.progress is not None:
         fields.append(("progress", digest_progress(digest.progress)))
     tables = []
     if s.ranks or digest.silent:
         rows = [
-            (
-                r.rank,
-                (
-                    str(r.rank),
-                    r.role,
-                    r.device or NA,
-                    fmt.number(r.tokens_per_s),
-                    fmt.number(r.step_p50, "{:.3f}", " s"),
-                ),
-            )
+            (r.rank, str(r.rank), r.role, r.device or NA, fmt.number(r.tokens_per_s), _secs(r.step_p50))
             for r in s.ranks
         ]
         rows += [
-            (q.rank, (str(q.rank), q.role, NA, digest_silent_cell(q.last_seen), NA)) for q in digest.silent
+            (q.rank, str(q.rank), q.role, NA, digest_silent_cell(q.last_seen), NA) for q in digest.silent
         ]
-        tables.append(
-            Table(("rank", "role", "device", "tokens/s", "step p50"), tuple(row for _, row in sorted(rows)))
-        )
+        rank_rows = tuple(row[1:] for row in sorted(rows))
+        tables.append(Table(("rank", "role", "device", "tokens/s", "step p50"), rank_rows))
     if digest.gpus:
-        tables.append(
-            Table(
-                ("gpu", "role", "util", "memory used/total", "power"),
-                tuple(
-                    (
-                        str(g.index),
-                        g.role,
-                        fmt.number(g.utilization_pct, "{:.0f}", "%"),
-                        _mib(g.memory_used_mib, g.memory_total_mib),
-                        fmt.number(g.power_w, "{:.0f}", " W"),
-                    )
-                    for g in digest.gpus
-                ),
-            )
-        )
+        gpu_rows = tuple((str(g.index), g.role, *_gpu_use(g)) for g in digest.gpus)
+        tables.append(Table(("gpu", "role", "util", "memory used/total", "power"), gpu_rows))
     if digest.attempts:  # the footer: one row per attempt
         footer = attempt_rows(list(digest.attempts), timezone, live=digest.live_run)
         tables.append(Table(ATTEMPT_HEADERS, footer))
+    tps = s.pipeline_tokens_per_s
+    if tps is None:
+        title = f"digest {digest.job}: no throughput in this window"
+    else:  # digest dflash: 1,234 tokens/s (+5.2%)
+        title = f"digest {digest.job}: {tps:,.0f} tokens/s{_change(digest.change, 'pipeline_tokens_per_s')}"
     return Reply(
-        title=digest_title(digest.job, s.pipeline_tokens_per_s, digest.change.get("pipeline_tokens_per_s")),
+        title=title,
         status=Status.WARNING if warn else Status.OK,
         lines=tuple(lines),
         fields=tuple(fields),
@@ -164,29 +144,30 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     )
 
 
+def _gpu_use(g: GpuStat | GpuRow) -> tuple[str, str, str]:
+    """A GPU's util, memory used/total and power cells."""
+    return (
+        fmt.number(g.utilization_pct, "{:.0f}", "%"),
+        _mib(g.memory_used_mib, g.memory_total_mib),
+        fmt.number(g.power_w, "{:.0f}", " W"),
+    )
+
+
 async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
     try:
         digest = await build_digest(
-            job,
-            config=ctx.config,
-            redis=ctx.redis,
-            ssh=ctx.ssh,
-            events=ctx.events,
-            scheduled=scheduled,
+            job, config=ctx.config, redis=ctx.redis, ssh=ctx.ssh, events=ctx.events, scheduled=scheduled
         )
     except PitstopError as exc:
-        return Reply(title=digest_failed(job, exc.message), status=Status.ERROR, exit_code=exc.exit_code)
+        title = f"digest {job}: could not be built - {exc.message}"
+        return Reply(title=title, status=Status.ERROR, exit_code=exc.exit_code)
     return digest_reply(digest, ctx.config.scheduler.timezone)
 
 
 async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = False) -> Reply:
-    """``digest [JOB]``: a throughput digest of one job, or of every configured job.
+    """``digest [JOB]``: a throughput digest of one job (any case), or of every configured job: a
+    short heading with one follow-up digest per job, each posted in its thread with its chart.
 
-    With one job (or only one configured), the reply is that job's digest.  Without a job and
-    several configured, the reply is a short heading with one follow-up digest per job (each
-    posted in its thread, each with its own chart); one job's failure is that job's follow-up.
-
-    :param job: a job name (case-insensitive) or None for every job.
     :param scheduled: the scheduler's digest: moves the job's offset and stores the numbers the
         next digest compares against.  A person's digest is on demand (False).
     :returns: the reply; an unknown job is an ephemeral usage error with a did-you-mean.
@@ -235,40 +216,25 @@ async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
             if value and value.isdigit() and not snap.stopped:
                 owners[int(value)] = name
     for name, sight in (await ctx.restarter.sightings(entries)).items():
-        probe = sight.probe
-        for pid in (*probe.session_pids, *probe.pids):
+        for pid in (*sight.probe.session_pids, *sight.probe.pids):
             owners[pid] = name
     return owners
 
 
 def _gpu_table(gpus: Sequence[GpuStat], apps: Sequence[ComputeApp] | None, owners: dict[int, str]) -> Table:
     per_gpu: dict[int, list[str]] = {}
-    placed = False
     for app in apps or ():
         index = getattr(app, "gpu_index", None)
         if isinstance(index, int):
-            placed = True
-            per_gpu.setdefault(index, []).append(_app_text(app, owners))
-    headers: tuple[str, ...] = ("gpu", "name", "util", "memory used/total", "power")
-    rows = []
-    for g in gpus:
-        row = (
-            str(g.index),
-            g.name or NA,
-            fmt.number(g.utilization_pct, "{:.0f}", "%"),
-            _mib(g.memory_used_mib, g.memory_total_mib),
-            fmt.number(g.power_w, "{:.0f}", " W"),
-        )
-        rows.append((*row, ", ".join(per_gpu.get(g.index, [])) or "-") if placed else row)
-    if placed:
-        headers = (*headers, "processes")
-    return Table(headers, tuple(rows))
-
-
-def _app_text(app: ComputeApp, owners: dict[int, str]) -> str:
-    job = owners.get(app.pid)
-    mem = f" {fmt.number(app.used_memory_mib)} MiB" if app.used_memory_mib is not None else ""
-    return f"{app.pid}{f' ({job})' if job else ''}{mem}"
+            job = owners.get(app.pid)
+            mem = f" {fmt.number(app.used_memory_mib)} MiB" if app.used_memory_mib is not None else ""
+            per_gpu.setdefault(index, []).append(f"{app.pid}{f' ({job})' if job else ''}{mem}")
+    rows = [(str(g.index), g.name or NA, *_gpu_use(g)) for g in gpus]
+    headers = ("gpu", "name", "util", "memory used/total", "power")
+    if not per_gpu:  # where each process runs is not known: no column for it
+        return Table(headers, tuple(rows))
+    placed = tuple((*r, ", ".join(per_gpu.get(g.index, [])) or "-") for g, r in zip(gpus, rows, strict=True))
+    return Table((*headers, "processes"), placed)
 
 
 async def _job_gpus(ctx: Context, name: str) -> Reply | None:
@@ -305,9 +271,9 @@ async def _job_gpus(ctx: Context, name: str) -> Reply | None:
             for g in gpus
         )
         tables.append(Table(("node", "gpu", "name", "util", "memory", "power"), rows))
-    count = sum(len(t.rows) for t in tables)
+    count, nodes = sum(len(t.rows) for t in tables), len(answer.outputs)
     return Reply(
-        title=job_gpus_title(name, answer.who, len(answer.outputs), count),
+        title=f"GPUs of {name} ({answer.who}): {count} on {nodes} node{'s' if nodes != 1 else ''}",
         status=Status.OK if not lines else Status.WARNING,
         lines=tuple(lines),
         tables=tuple(tables),
@@ -321,14 +287,14 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     holding GPU memory are mapped to jobs by the jobs' recorded pid/session and their current
     process lists (host PIDs: processes inside a container show without a job).
 
-    :param host: a configured host name (case-insensitive).
+    :param host: a configured host name (case-insensitive), or a job whose run holds nodes.
     :returns: the reply: one GPU table, and a process table when the per-GPU placement of
         processes is not known; an error reply when the host gave no GPU data.
     """
     try:
         name = ctx.config.host_name(host)
     except KeyError:
-        job = next((j for j, spec in ctx.config.jobs.items() if j.lower() == host.lower()), None)
+        job = next((j for j in ctx.config.jobs if j.lower() == host.lower()), None)
         if job is not None and (reply := await _job_gpus(ctx, job)) is not None:
             return reply
         return refused(gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)))
@@ -342,39 +308,24 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         apps = await compute_apps(ctx.ssh, name)
     except PitstopError as exc:
         apps = None
-        lines.append(gpus_processes_unavailable(exc.message))
+        lines.append(f"processes on the GPUs unknown: {exc.message}")
     owners = await _pid_jobs(ctx, name) if apps else {}
     table = _gpu_table(gpus, apps, owners)
     tables = [table]
     if apps is not None and not apps:
         lines.append(GPUS_NO_PROCESSES)
     elif apps and "processes" not in table.headers:
-        tables.append(
-            Table(
-                ("pid", "job", "gpu memory"),
-                tuple(
-                    (str(a.pid), owners.get(a.pid, "-"), fmt.number(a.used_memory_mib, "{:,.0f}", " MiB"))
-                    for a in apps
-                ),
-            )
+        rows = tuple(
+            (str(a.pid), owners.get(a.pid, "-"), fmt.number(a.used_memory_mib, "{:,.0f}", " MiB"))
+            for a in apps
         )
+        tables.append(Table(("pid", "job", "gpu memory"), rows))
     return Reply(
-        title=gpus_title(name, len(gpus)),
-        status=Status.OK,
-        lines=tuple(lines),
-        tables=tuple(tables),
+        title=gpus_title(name, len(gpus)), status=Status.OK, lines=tuple(lines), tables=tuple(tables)
     )
 
 
 # --- text ---------------------------------------------------------------------------------------
-
-
-def digest_title(job: str, tokens_per_s: float | None, change_pct: float | None) -> str:
-    """``digest dflash: 1,234 tokens/s (+5.2%)``."""
-    if tokens_per_s is None:
-        return f"digest {job}: no throughput in this window"
-    change = f" ({fmt.signed_pct(change_pct)})" if change_pct is not None else ""
-    return f"digest {job}: {tokens_per_s:,.0f} tokens/s{change}"
 
 
 def digest_progress(p: TrainingProgress) -> str:
@@ -403,12 +354,6 @@ def digest_silent_cell(last_seen: float | None) -> str:
     return f"silent since {fmt.clock(last_seen, date=False)}"
 
 
-def digest_silent(ranks: Sequence[tuple[int, str, float | None]]) -> str:
-    """The warning line naming the expected ranks without a metric line in the window."""
-    named = "; ".join(f"rank {rank} ({role}) {digest_silent_cell(last)}" for rank, role, last in ranks)
-    return f"{named}: no metric line in this window"
-
-
 def digest_window(start: float | None, end: float | None, read: int, skipped: int) -> str:
     """The window a digest covers: time span of its metric lines and bytes read."""
     span = (
@@ -431,19 +376,6 @@ def digest_window_note(kind: str, path: str, max_bytes: int) -> str | None:
     return notes.get(kind)
 
 
-def digest_skipped(skipped: int, max_bytes: int) -> str:
-    """More was written than one digest reads."""
-    return (
-        f"{fmt.size(skipped)} of metric log written since the last digest were not read "
-        f"(a digest reads the last {fmt.size(max_bytes)} at most)"
-    )
-
-
-def digest_no_lines(job: str, path: str, read: int) -> str:
-    """The window held no metric lines."""
-    return f"no metric lines for {job} in the {fmt.size(read)} read from {path}"
-
-
 def digest_starved(queue_mean: float) -> str:
     """The drafters' hidden-state queue is ~empty: the targets cannot keep up."""
     return (
@@ -459,43 +391,20 @@ def digest_resets(count: int) -> str:
 
 def digest_step_time(p50: float | None, p95: float | None) -> str:
     """``0.120 s / 0.245 s``."""
-    return f"{fmt.number(p50, '{:.3f}', ' s')} / {fmt.number(p95, '{:.3f}', ' s')}"
+    return f"{_secs(p50)} / {_secs(p95)}"
 
 
-def digest_step_time_targets(p50: float | None, p95: float | None) -> str:
-    """The target ranks' step time, appended to the pipeline's (targets include queue waits)."""
-    return f"; targets {digest_step_time(p50, p95)}"
+def _secs(value: float | None) -> str:
+    return fmt.number(value, "{:.3f}", " s")
 
 
-def digest_queue(mean: float | None, peak: float | None) -> str:
-    """Mean and max hidden-state queue depth."""
-    return f"mean {fmt.number(mean, '{:.1f}')}, max {fmt.number(peak)}"
-
-
-def digest_loss(last: float | None, mean: float | None) -> str:
-    """Loss: last (mean over drafter ranks of each one's last line) and window mean."""
-    return f"{fmt.number(last, '{:.3f}')} last, {fmt.number(mean, '{:.3f}')} mean"
-
-
-def digest_topk(top1: float | None, top4: float | None, top8: float | None, change: str = "") -> str:
-    """Top-1/4/8 accuracy in percent: the mean of each drafter rank's last line."""
-    pct = "{:.1%}"
-    tail = f" ({change})" if change else ""
-    return f"{fmt.number(top1, pct)} / {fmt.number(top4, pct)} / {fmt.number(top8, pct)} (each drafter's last line){tail}"
-
-
-def digest_restarts(count: int | None, ids: Sequence[str]) -> str:
-    """Restarts during the window."""
-    if count is None:
-        return "n/a"
-    if not count:
+def digest_restarts(ids: Sequence[str] | None) -> str:
+    """Restarts during the window (None: unknown)."""
+    if ids is None:
+        return NA
+    if not ids:
         return "none"
-    return f"{count} ({', '.join(ids[:5])}{', …' if len(ids) > 5 else ''})"
-
-
-def digest_failed(job: str, detail: str) -> str:
-    """A digest could not be built."""
-    return f"digest {job}: could not be built - {detail}"
+    return f"{len(ids)} ({', '.join(ids[:5])}{', …' if len(ids) > 5 else ''})"
 
 
 def digest_all_title(jobs: int) -> str:
@@ -507,11 +416,6 @@ def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
     """``digest NAME`` for a job that is not configured."""
     hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
     return f"no job named {job}{hint}"
-
-
-def job_gpus_title(job: str, who: str, nodes: int, gpus: int) -> str:
-    """``GPUs of dflash (Slurm job 4242): 16 on 2 nodes``."""
-    return f"GPUs of {job} ({who}): {gpus} on {nodes} node{'s' if nodes != 1 else ''}"
 
 
 def gpus_unavailable(host: str, detail: str) -> str:
@@ -528,8 +432,3 @@ def gpus_unknown_host(host: str, suggestions: Sequence[str]) -> str:
     """``gpus NAME`` for a host that is not configured."""
     hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
     return f"no host named {host}{hint}"
-
-
-def gpus_processes_unavailable(detail: str) -> str:
-    """The GPU list came back but the process list did not."""
-    return f"processes on the GPUs unknown: {detail}"

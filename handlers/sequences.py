@@ -1,14 +1,10 @@
 """Restart, start and stop as people see them: lock, run record, live message, background sequence.
 
-:func:`begin_sequence` does the fast part before the requester gets an answer: take the
-job's lock (or raise :class:`~handlers.lock.InFlight`), create the run and start renewing the
-lock.  :func:`run_sequence` is the slow part, run as a background task: it calls the Restarter
-and hears of every step through one subscription (:meth:`RestartService.subscribe`); the run's
-live message follows at the surface's own pace (:class:`~handlers.latest.Latest`: last state
-wins), so a slow Slack delays the message, never the restart.  It releases the lock
-as soon as the launch step ends (verification must not hold it), and posts the
-launch summary — or, for a run that ended before verification, its verdict — in the run's
-thread.  The verdict of a launched run is posted later by :func:`handlers.verdicts.deliver_verdict`.
+:func:`begin_sequence` is the fast part before the requester's answer (take the job's lock or
+raise :class:`~handlers.lock.InFlight`, create the run); :func:`run_sequence` the slow part, in a
+background task: the Restarter's steps update the run's live message at the surface's own pace
+(:class:`~handlers.latest.Latest`), the lock is released as soon as the launch step ends, and the
+launch summary (or the verdict of a run that ended before verification) goes in its thread.
 """
 
 from __future__ import annotations
@@ -24,9 +20,9 @@ from handlers.latest import Latest
 from handlers.lock import JobLock
 from handlers.reply import Reply, Status
 from handlers.runview import run_reply, thread_key, verdict_reply
+from handlers.verdicts import publish_verdict
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.state.approvals import ApprovalRequest
-from pipeline.state.events import EventKind
 from pipeline.state.jobstate import scope_of
 from pipeline.state.runs import RunRecord, StepRecord
 from pipeline.verdict import Outcome, Step, Verdict
@@ -56,11 +52,9 @@ async def begin_sequence(
     approval: ApprovalRequest | None = None,
     break_glass: str | None = None,
 ) -> tuple[RunRecord, JobLock, str | None]:
-    """Take the lock and create the run.  No remote command runs here, and no surface is waited for
-    (the run's live message is posted by :func:`run_sequence`).
+    """Take the lock and create the run (no remote command, no surface waited for).
 
     :param command: a validated restart/start/stop command.
-    :param user: who asked.
     :param channel: where the request came from (used when the job has no channel).
     :param lock_ttl: seconds the lock lives without renewal.
     :param approval: the approved request (the two-person rule): the run takes its id, approver
@@ -96,10 +90,7 @@ async def begin_sequence(
 async def run_sequence(
     ctx: Context, run: RunRecord, command: Command, lock: JobLock, channel: str | None
 ) -> RunRecord:
-    """The background part of a restart/start/stop.
-
-    :returns: the run as the sequence left it.
-    """
+    """The background part of a restart/start/stop; returns the run as the sequence left it."""
     config = ctx.config
     key = thread_key(run.id)
 
@@ -129,10 +120,7 @@ async def run_sequence(
     try:
         if command.verb == "restart":
             final = await ctx.restarter.restart(
-                run,
-                add=command.patches,
-                remove=command.without,
-                fresh_cache=command.fresh_cache,
+                run, add=command.patches, remove=command.without, fresh_cache=command.fresh_cache
             )
         elif command.verb == "start":
             final = await ctx.restarter.start(run)
@@ -155,39 +143,20 @@ async def run_sequence(
         final = await _record_failure(ctx, run, error)
     message.put(final)
     if final.verdict is not None:  # ended before verification: published now, not once Slack took it
-        await _safe(
-            "verdict event",
-            ctx.events.publish(
-                EventKind.VERDICT,
-                final.job,
-                run_id=final.id,
-                verdict=final.verdict.value,
-                line=final.verdict_line,
-                instance=ctx.instance,
-            ),
-        )
+        await _safe("verdict event", publish_verdict(ctx, final))
     await message.flush()  # the headline exists before anything is posted in its thread
     if final.verdict is not None:  # nobody else will post its verdict
         await _safe(f"verdict of {run.id}", ctx.outbox.thread(key, verdict_reply(final), channel))
     elif final.launched:
         window = config.jobs[final.job].start_window if final.job in config.jobs else 0.0
-        summary = Reply(
-            title=launch_summary(final.id, final.job, final.launched_as, window),
-            status=Status.INFO,
-            lines=notes(),
-            thread_key=key,
-            run_id=final.id,
-        )
+        title = launch_summary(final.id, final.job, final.launched_as, window)
+        summary = Reply(title=title, status=Status.INFO, lines=notes(), thread_key=key, run_id=final.id)
         await _safe(f"launch summary of {run.id}", ctx.outbox.thread(key, summary, channel))
     elif command.verb == "stop":
         stop = final.step(Step.STOP)
-        summary = Reply(
-            title=stop_summary(final.id, final.job),
-            status=Status.OK,
-            lines=(stop.detail,) if stop is not None and stop.detail else (),
-            thread_key=key,
-            run_id=final.id,
-        )
+        lines = (stop.detail,) if stop is not None and stop.detail else ()
+        title = stop_summary(final.id, final.job)
+        summary = Reply(title=title, status=Status.OK, lines=lines, thread_key=key, run_id=final.id)
         await _safe(f"stop summary of {run.id}", ctx.outbox.thread(key, summary, channel))
     return final
 
@@ -203,7 +172,8 @@ async def _record_failure(ctx: Context, run: RunRecord, error: str) -> RunRecord
             if rec.outcome is Outcome.RUNNING:
                 rec.outcome, rec.ended_at, rec.detail = Outcome.FAILED, time.time(), rec.detail or error
         try:
-            await ctx.runs.finish(final, Verdict.INTERRUPTED, run_failed(final.id, final.job, error), error)
+            line = f"{final.id}: {final.job} failed - {error}"
+            await ctx.runs.finish(final, Verdict.INTERRUPTED, line, error)
         except Exception:
             log.warning("could not record the failure of %s", run.id, exc_info=True)
     return final
@@ -266,8 +236,3 @@ def launch_summary(run_id: str, job: str, launched_as: str | None, window: float
 def stop_summary(run_id: str, job: str) -> str:
     """Posted in the run's thread when a stop finished."""
     return f"{run_id}: {job} stopped"
-
-
-def run_failed(run_id: str, job: str, detail: str) -> str:
-    """A run's sequence ended with an error before (or at) launch."""
-    return f"{run_id}: {job} failed - {detail}"

@@ -1,28 +1,14 @@
-"""Alert storms told as one story: what one watch round opened and resolved, grouped per channel.
+"""Alert storms told as one story: what one watch round opened, resolved and reminded of, per channel.
 
-A host that dies takes its jobs with it, and a bad driver crashes dozens at once; into a channel
-Slack lets a bot post to about once a second.  The incidents stay one each — opened, acknowledged,
-paused and resolved on its own (:mod:`pipeline.state.incidents`) — but they are told together:
-
-- the watcher (:class:`handlers.watching.Watcher`) defers the posts of the incidents it opens and
-  resolves into a :class:`Round`; cycles of several hosts that start together (the scheduler's
-  ticks of one interval) join one round, and the last of them to end tells it (:func:`tell`,
-  through a :class:`Storyteller`, never holding the next cycle back);
-- :func:`plan` groups a round per channel (pure): from ``[slack] group_from`` jobs of one host
-  unreachable, one **host story** ("host gpu-07 unreachable: 40 jobs cannot be checked: dflash,
-  …"); from ``group_from`` other incidents, one **grouped post** with a line per job; from
-  ``group_from`` resolutions, one grouped resolution (and reminders alike, :func:`plan_reminders`).  Fewer are told one by one, as before (jobs
-  with channels of their own never storm one channel);
-- a story is one headline (``story:ID``, paging ``alert_mention`` and every member's owners); each
-  member keeps a message of its own, a one-line reply in the story's thread
-  (:meth:`~handlers.outbox.Outbox.announce_in`), updated in place when it is acknowledged or
-  resolved.  Its incident records the story (``story``), so any process renders it as a member
-  (:func:`handlers.alerts.alert_reply`); what is posted about a member before the story reached
-  its line (acknowledged, resolved meanwhile) waits for the headline and posts the line first
-  (:func:`line_first`), so it goes in the story's thread.
-
-Transport-free: what each post says is built here and in :mod:`handlers.alerts`; how it looks in
-Slack is :mod:`bot.blocks`'.
+Each incident stays one (opened, acknowledged, paused and resolved on its own), but a round's are
+told together: cycles of hosts that start together join one :class:`Round`, and the last to end
+tells it (:func:`tell`, through a :class:`Storyteller`, never holding the next cycle back).
+:func:`plan` groups it per channel (pure), from ``[slack] group_from``: a host's unreachable jobs
+are one **host story**, other incidents one **grouped post**, resolutions and reminders one each;
+fewer are told one by one.  A story is one headline (``story:ID``, paging ``alert_mention`` and
+every member's owners); each member keeps a one-line message of its own in its thread
+(:meth:`~handlers.outbox.Outbox.announce_in`), recorded on its incident (``story``) so any
+process renders it as a member, and what is posted about it later goes there (:func:`line_first`).
 """
 
 from __future__ import annotations
@@ -39,15 +25,13 @@ from dataclasses import dataclass, field, replace
 from handlers.alerts import (
     alert_reply,
     incident_reminder,
-    mention_of,
-    owners_of,
+    paged,
     reminder_reply,
     resolved_headline,
     resolved_reply,
 )
 from handlers.context import Context
 from handlers.reply import Reply, Status
-from handlers.reply import mention as _mention
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import ExitCode
@@ -58,36 +42,29 @@ log = logging.getLogger(__name__)
 ROUND_JOIN_S = 1.0  #: seconds after a round began during which another host's cycle joins it
 TELL_WAIT = 5.0  #: seconds a cycle waits for its round's posts before it returns (they go on)
 NAMES_IN_TITLE = 5  #: job names a host story's title lists before "and N more"
+#: a grouped post's headline once the last of its jobs resolved on its own
+STORY_ALL_RESOLVED = "resolved: every job of this alert has recovered (each job's line says when)"
 
 
 @dataclass(frozen=True)
 class Told:
-    """One incident opened, resolved or reminded of in a round, to be told.
-
-    :ivar channel: its job's channel (None: the announce channel).
-    :ivar at: when the cycle decided it (unix s).
-    """
+    """One incident opened, resolved or reminded of in a round, to be told."""
 
     incident: Incident
-    channel: str | None
-    at: float
+    channel: str | None  #: its job's channel (None: the announce channel)
+    at: float  #: when the cycle decided it (unix s)
 
 
 @dataclass
 class Round:
-    """The posts of one watch round, deferred until its last cycle ends.
+    """The posts of one watch round, deferred until its last cycle ends."""
 
-    :ivar began: when it began (monotonic s).
-    :ivar members: cycles still running in it.
-    :ivar opened: incidents it opened; ``resolved``, ``reminded``: those it resolved, reminded of.
-    :ivar later: posts that follow an opened incident's headline (hang evidence), in order.
-    """
-
-    began: float = field(default_factory=time.monotonic)
-    members: int = 0
+    began: float = field(default_factory=time.monotonic)  #: monotonic s
+    members: int = 0  #: cycles still running in it
     opened: list[Told] = field(default_factory=list)
     resolved: list[Told] = field(default_factory=list)
     reminded: list[Told] = field(default_factory=list)
+    #: posts that follow an opened incident's headline (hang evidence), in order
     later: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def joinable(self, now: float) -> bool:
@@ -96,14 +73,9 @@ class Round:
 
 
 class Storyteller:
-    """The rounds of one watcher: cycles :meth:`join` one, the last to :meth:`leave` tells it.
-
-    The telling runs in a task of its own and a cycle waits for it at most :data:`TELL_WAIT` s,
-    so a storm's posts (one per second in a channel) never hold the next watch cycle back.
-
-    :param ctx: the process context (config, outbox).
-    :param store: where a story is recorded on its members' incidents.
-    """
+    """The rounds of one watcher: cycles :meth:`join` one, the last to :meth:`leave` tells it, in a
+    task of its own that a cycle waits for at most :data:`TELL_WAIT` s (a storm's posts, one per
+    second in a channel, never hold the next watch cycle back)."""
 
     def __init__(self, ctx: Context, store: IncidentStore) -> None:
         self.ctx = ctx
@@ -150,22 +122,15 @@ class Storyteller:
 
 @dataclass(frozen=True)
 class Story:
-    """Incidents of one round told as one post.
+    """Incidents of one round told as one post."""
 
-    :ivar key: the outbox key of its headline (``story:ID``), or the story its resolved members
-        were told in (a grouped resolution goes in that thread).
-    :ivar kind: ``host`` (one host unreachable), ``failures``, ``resolved`` or ``reminder``.
-    :ivar channel: where its headline goes (None: the announce channel).
-    :ivar host: the host of a ``host`` story.
-    :ivar thread: a grouped resolution or reminder of one story's members: posted in its thread.
-    """
-
+    #: the outbox key of its headline (``story:ID``), or the story its members were told in
     key: str
-    kind: str
-    channel: str | None
+    kind: str  #: ``host`` (one host unreachable), ``failures``, ``resolved`` or ``reminder``
+    channel: str | None  #: where its headline goes (None: the announce channel)
     members: tuple[Told, ...]
-    host: str | None = None
-    thread: bool = False
+    host: str | None = None  #: the host of a ``host`` story
+    thread: bool = False  #: a grouped resolution or reminder posted in the thread of ``key``
 
 
 def _new_key() -> str:
@@ -177,12 +142,11 @@ def plan(
 ) -> tuple[list[Story], list[Told], list[Told]]:
     """Group one round's incidents into stories, per channel (pure).
 
-    In each channel: the unreachable incidents of one host, ``group_from`` or more, are one host
-    story; the other opened incidents, ``group_from`` or more, one grouped post; the resolved
-    ones, ``group_from`` or more, one grouped resolution (in the thread of the story they were
-    told in, when they all were told in one).
+    In each channel, ``group_from`` or more of each are one story: the unreachable incidents of one
+    host (a host story), the other opened incidents (a grouped post), the resolved ones (a grouped
+    resolution, in the thread of the story they were all told in, if one).
 
-    :param group_from: ``[slack] group_from``: incidents from which they are told as one (0: never).
+    :param group_from: ``[slack] group_from`` (0: never group).
     :param announce: the announce channel (where a job without a channel of its own posts).
     :returns: the stories, then the opened and the resolved incidents told one by one.
     """
@@ -191,13 +155,11 @@ def plan(
     stories: list[Story] = []
     single_open: list[Told] = []
     for channel, told in _by_channel(opened, announce).items():
+        rest = [t for t in told if t.incident.kind is not IncidentKind.UNREACHABLE]
         by_host: dict[str, list[Told]] = {}
-        rest: list[Told] = []
         for t in told:
             if t.incident.kind is IncidentKind.UNREACHABLE:
                 by_host.setdefault(t.incident.host, []).append(t)
-            else:
-                rest.append(t)
         for host, same in by_host.items():
             if len(same) >= group_from:
                 stories.append(Story(_new_key(), "host", channel, tuple(same), host=host))
@@ -214,8 +176,7 @@ def plan(
 def _follow_ups(
     kind: str, told: Sequence[Told], stories: list[Story], group_from: int, announce: str | None
 ) -> list[Told]:
-    """Group resolutions or reminders per channel into ``stories`` (``group_from`` or more in a
-    channel; in the thread of the story they were all told in, if one); returns the rest."""
+    """Group resolutions or reminders into ``stories`` as :func:`plan` does; returns the rest."""
     alone: list[Told] = []
     for channel, same in _by_channel(told, announce).items():
         if len(same) < group_from:
@@ -223,24 +184,21 @@ def _follow_ups(
             continue
         common = {t.incident.story for t in same}
         told_in = common.pop() if len(common) == 1 else None
-        key = told_in or _new_key()
-        stories.append(Story(key, kind, channel, tuple(same), thread=told_in is not None))
+        stories.append(Story(told_in or _new_key(), kind, channel, tuple(same), thread=told_in is not None))
     return alone
 
 
 def plan_reminders(
     reminded: Sequence[Told], *, group_from: int, announce: str | None
 ) -> tuple[list[Story], list[Told]]:
-    """Group one round's reminders like its resolutions (pure): ``group_from`` or more in a
-    channel are one grouped reminder.
+    """Group one round's reminders like its resolutions (pure).
 
     :returns: the grouped reminders, then the reminders told one by one.
     """
     if group_from <= 0:
         return [], list(reminded)
     stories: list[Story] = []
-    alone = _follow_ups("reminder", reminded, stories, group_from, announce)
-    return stories, alone
+    return stories, _follow_ups("reminder", reminded, stories, group_from, announce)
 
 
 def _by_channel(told: Sequence[Told], announce: str | None) -> dict[str | None, list[Told]]:
@@ -252,16 +210,11 @@ def _by_channel(told: Sequence[Told], announce: str | None) -> dict[str | None, 
 
 
 async def tell(ctx: Context, store: IncidentStore, rnd: Round) -> None:
-    """Post what ``rnd`` opened and resolved: grouped (:func:`plan`) or one by one, channels in
-    parallel, then the posts that follow a headline (:attr:`Round.later`).  Never raises: a post
-    that fails is logged (the outbox tells people what Slack refused)."""
-    config = ctx.config
-    stories, opens, resolves = plan(
-        rnd.opened, rnd.resolved, group_from=config.slack.group_from, announce=config.slack.announce_channel
-    )
-    reminders, reminds = plan_reminders(
-        rnd.reminded, group_from=config.slack.group_from, announce=config.slack.announce_channel
-    )
+    """Post what ``rnd`` opened, resolved and reminded of: grouped (:func:`plan`) or one by one,
+    channels in parallel, then :attr:`Round.later`.  Never raises: a post that fails is logged."""
+    group_from, announce = ctx.config.slack.group_from, ctx.config.slack.announce_channel
+    stories, opens, resolves = plan(rnd.opened, rnd.resolved, group_from=group_from, announce=announce)
+    reminders, reminds = plan_reminders(rnd.reminded, group_from=group_from, announce=announce)
     work: list[Awaitable[None]] = [_open_story(ctx, store, s) for s in stories if s.kind != "resolved"]
     work += [_resolve_story(ctx, store, s) for s in stories if s.kind == "resolved"]
     work += [_remind_story(ctx, s) for s in reminders]
@@ -279,11 +232,9 @@ async def tell(ctx: Context, store: IncidentStore, rnd: Round) -> None:
 
 
 async def line_first(ctx: Context, incident: Incident, channel: str | None) -> None:
-    """Before anything is posted about ``incident`` (an acknowledgement, a resolution, a
-    reminder, a change): if it is told in a grouped post, its own line there comes first — posted
-    now, after the grouped post's headline, if the story has not reached it yet — so what follows
-    goes in the story's thread, in order, never as a message of its own.  Nothing for an incident
-    told on its own, or whose line is already posted.
+    """Before anything is posted about ``incident`` (an acknowledgement, a resolution, a reminder,
+    a change): if it is told in a grouped post, its own line there comes first (posted now if the
+    story has not reached it yet), so what follows goes in the story's thread, in order.
 
     :param channel: its job's channel (None: the announce channel).
     """
@@ -304,7 +255,7 @@ async def _resolve_one(ctx: Context, store: IncidentStore, t: Told) -> None:
     await ctx.outbox.announce(inc.thread_key, resolved_headline(inc, ctx.config, now=t.at), t.channel)
     if inc.story is not None and not await _still_open(ctx, store, inc.story):
         # the last open job of a grouped post: its headline turns resolved too
-        done = Reply(title=story_all_resolved(), status=Status.OK, thread_key=inc.story)
+        done = Reply(title=STORY_ALL_RESOLVED, status=Status.OK, thread_key=inc.story)
         await ctx.outbox.announce(inc.story, done, t.channel)
 
 
@@ -336,20 +287,17 @@ async def _join(store: IncidentStore, t: Told, key: str) -> Told:
 
 async def _in_channels(members: Sequence[Told], post: Callable[[Told], Awaitable[None]]) -> None:
     """``post`` every member, in order within one channel, channels in parallel."""
-    by_channel: dict[str | None, list[Told]] = {}
-    for t in members:
-        by_channel.setdefault(t.channel, []).append(t)
 
-    async def one_channel(told: list[Told]) -> None:
-        for t in told:
-            await post(t)
+    async def one_channel(channel: str | None) -> None:
+        for t in members:
+            if t.channel == channel:
+                await post(t)
 
-    await asyncio.gather(*(one_channel(told) for told in by_channel.values()))
+    await asyncio.gather(*(one_channel(c) for c in dict.fromkeys(t.channel for t in members)))
 
 
 async def _open_story(ctx: Context, store: IncidentStore, story: Story) -> None:
-    at = story.members[0].at
-    reply = story_reply(story, story.members, ctx.config, now=at)
+    reply = story_reply(story, story.members, ctx.config, now=story.members[0].at)
     # the headline's post starts (its outbox key taken) before the story is recorded on any member,
     # so a member acknowledged meanwhile waits for it (line_first) rather than posting on its own
     headline = asyncio.ensure_future(ctx.outbox.announce(story.key, reply, story.channel))
@@ -371,12 +319,12 @@ async def _still_open(ctx: Context, store: IncidentStore, story: str) -> list[st
 
 
 async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> None:
-    at = story.members[0].at
-    reply = story_resolved_reply(story, now=at)
+    reply = story_resolved_reply(story, now=story.members[0].at)
     if story.thread:
         left = await _still_open(ctx, store, story.key)
         if left:  # the headline stays an alert while any of its jobs is still down
-            reply = replace(reply, lines=(*reply.lines, story_still_open(left)))
+            more = f"still open: {len(left)} job{'' if len(left) == 1 else 's'} ({_listed(left)})"
+            reply = replace(reply, lines=(*reply.lines, more))
         await ctx.outbox.thread(story.key, reply, story.channel)
         if not left:
             await ctx.outbox.announce(story.key, reply, story.channel)
@@ -385,9 +333,8 @@ async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> No
 
     async def member(t: Told) -> None:
         await line_first(ctx, t.incident, t.channel)
-        await ctx.outbox.announce(
-            t.incident.thread_key, resolved_headline(t.incident, ctx.config, now=t.at), t.channel
-        )
+        headline = resolved_headline(t.incident, ctx.config, now=t.at)
+        await ctx.outbox.announce(t.incident.thread_key, headline, t.channel)
 
     await _in_channels(story.members, member)
 
@@ -395,26 +342,31 @@ async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> No
 def story_reply(story: Story, members: Sequence[Told], config: Config, *, now: float) -> Reply:
     """The headline of a story: who is paged, then a line per job.
 
-    :param members: the story's members (its headline says the same with ``story`` recorded on
-        them or not).
+    :param members: the story's members (with ``story`` recorded on them or not: the same words).
     :returns: an ERROR reply keyed ``story.key``, paging ``alert_mention`` and every member's owners.
     """
     incidents = [t.incident for t in members]
-    owners = tuple(dict.fromkeys(o for inc in incidents for o in owners_of(inc, config)))
-    who = " ".join(w for w in (mention_of(config), *map(_mention, owners)) if w)
-    names = [inc.job for inc in incidents]
+    owners, who = paged(config, incidents)
+    lead = f"{who} " if who else ""
+    lines = [
+        f"{lead}each job has its own message (in this thread or its channel): "
+        "`ack JOB` acknowledges one, `watch JOB off for 2h` pauses one"
+    ]
     if story.kind == "host":
-        assert story.host is not None
-        title = story_host_title(story.host, names)
-        error = next((inc.error for inc in incidents if inc.error), None)
-        lines = [story_paging_line(who or None), *([story_host_error(error)] if error else [])]
-        lines += [
-            story_host_job(inc.job, inc.count, inc.expected, inc.last_alive_at, now) for inc in incidents
-        ]
-    else:
-        kinds = Counter(inc.kind.value for inc in incidents)
-        title = story_failures_title(len(incidents), len({inc.host for inc in incidents}), kinds)
-        lines = [story_paging_line(who or None)]
+        names = [inc.job for inc in incidents]
+        title = f"host {story.host} unreachable: {len(names)} jobs cannot be checked: {_listed(names)}"
+        if error := next((inc.error for inc in incidents if inc.error), None):
+            lines.append(f"error: {error}")
+        for inc in incidents:
+            seen = inc.last_alive_at
+            ago = f"last seen {fmt.duration(now - seen)} ago" if seen is not None else "never seen"
+            lines.append(f"{inc.job}: {inc.count}/{inc.expected} processes, {ago}")
+    else:  # 60 jobs need attention on 6 hosts: 58 down, 2 degraded
+        said = {"dead": "down", "stuck_rank": "with a stuck rank", "crash_loop": "crash-looping"}
+        parts = ", ".join(f"{n} {said.get(kind, kind)}" for kind, n in _kinds(incidents).most_common())
+        hosts = len({inc.host for inc in incidents})
+        where = f"{hosts} hosts" if hosts != 1 else "1 host"
+        title = f"{len(incidents)} jobs need attention on {where}: {parts}"
         lines += [alert_reply(inc, config, now=now, mention=False).title for inc in incidents]
     return Reply(
         title=title,
@@ -430,89 +382,37 @@ def story_reply(story: Story, members: Sequence[Told], config: Config, *, now: f
 def story_resolved_reply(story: Story, *, now: float) -> Reply:
     """One grouped resolution: how many resolved, and a line per job (its own "resolved after")."""
     incidents = [t.incident for t in story.members]
-    hosts = {inc.host for inc in incidents if inc.kind is IncidentKind.UNREACHABLE}
     longest = max((inc.resolved_at or now) - inc.opened_at for inc in incidents)
     lines = tuple(resolved_reply(inc, now=now).title for inc in incidents)
-    every_host = all(inc.kind is IncidentKind.UNREACHABLE for inc in incidents)
-    title = story_resolved_title(len(incidents), longest, sorted(hosts) if every_host else [])
+    if all(inc.kind is IncidentKind.UNREACHABLE for inc in incidents):
+        after = f"{len(incidents)} jobs, after up to {fmt.duration(longest)}"
+        title = f"resolved: {', '.join(sorted({inc.host for inc in incidents}))} reachable again ({after})"
+    else:
+        title = f"resolved: {len(incidents)} incidents (open up to {fmt.duration(longest)})"
     return Reply(title=title, status=Status.OK, lines=lines, thread_key=story.key)
 
 
 def story_reminder_reply(story: Story, config: Config, *, now: float) -> Reply:
     """One grouped reminder: who is paged again, and a line per job still open and not acknowledged."""
     incidents = [t.incident for t in story.members]
-    owners = tuple(dict.fromkeys(o for inc in incidents for o in owners_of(inc, config)))
-    who = " ".join(w for w in (mention_of(config), *map(_mention, owners)) if w)
-    kinds = Counter(inc.kind.value for inc in incidents)
-    title = story_reminder_title(len(incidents), kinds)
-    lines = tuple(incident_reminder(inc.job, inc.kind.value, now - inc.opened_at) for inc in incidents)
+    owners, who = paged(config, incidents)
+    parts = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in _kinds(incidents).most_common())
+    title = f"still open, not acknowledged: {len(incidents)} jobs ({parts})"
     return Reply(
         title=f"{who} {title}" if who else title,
         page=config.slack.alert_mention,
         owners=owners,
         status=Status.WARNING,
-        lines=lines,
+        lines=tuple(incident_reminder(inc.job, inc.kind.value, now - inc.opened_at) for inc in incidents),
         thread_key=story.key,
     )
 
 
-# --- text ---------------------------------------------------------------------------------------
-
-
-def story_reminder_title(count: int, kinds: Counter[str]) -> str:
-    """The headline of a grouped reminder: ``still open, not acknowledged: 40 jobs (40 unreachable)``."""
-    parts = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in kinds.most_common())
-    return f"still open, not acknowledged: {count} jobs ({parts})"
+def _kinds(incidents: Sequence[Incident]) -> Counter[str]:
+    return Counter(inc.kind.value for inc in incidents)
 
 
 def _listed(names: Sequence[str]) -> str:
     shown = ", ".join(names[:NAMES_IN_TITLE])
     more = len(names) - NAMES_IN_TITLE
     return f"{shown} and {more} more" if more > 0 else shown
-
-
-def story_host_title(host: str, jobs: Sequence[str]) -> str:
-    """The headline of a host story: ``host gpu-07 unreachable: 40 jobs cannot be checked: dflash, …``."""
-    return f"host {host} unreachable: {len(jobs)} jobs cannot be checked: {_listed(jobs)}"
-
-
-def story_host_error(error: str) -> str:
-    """Why the host could not be reached."""
-    return f"error: {error}"
-
-
-def story_host_job(job: str, count: int, expected: int, last_alive_at: float | None, now: float) -> str:
-    """A host story's line for one of its jobs."""
-    seen = f"last seen {fmt.duration(now - last_alive_at)} ago" if last_alive_at is not None else "never seen"
-    return f"{job}: {count}/{expected} processes, {seen}"
-
-
-def story_failures_title(count: int, hosts: int, kinds: Counter[str]) -> str:
-    """The headline of a grouped post: ``60 jobs need attention on 6 hosts: 58 down, 2 degraded``."""
-    said = {"dead": "down", "stuck_rank": "with a stuck rank", "crash_loop": "crash-looping"}
-    parts = ", ".join(f"{n} {said.get(kind, kind)}" for kind, n in kinds.most_common())
-    where = f"{hosts} hosts" if hosts != 1 else "1 host"
-    return f"{count} jobs need attention on {where}: {parts}"
-
-
-def story_paging_line(who: str | None) -> str:
-    """The first line of a story: who is called, and that each job is handled on its own."""
-    lead = f"{who} " if who else ""
-    return f"{lead}each job has its own message (in this thread or its channel): `ack JOB` acknowledges one, `watch JOB off for 2h` pauses one"
-
-
-def story_all_resolved() -> str:
-    """A grouped post's headline once the last of its jobs resolved on its own."""
-    return "resolved: every job of this alert has recovered (each job's line says when)"
-
-
-def story_still_open(jobs: Sequence[str]) -> str:
-    """The line of a partial grouped resolution: the story's jobs still open (its headline stays)."""
-    return f"still open: {len(jobs)} job{'' if len(jobs) == 1 else 's'} ({_listed(jobs)})"
-
-
-def story_resolved_title(count: int, longest: float, hosts: Sequence[str]) -> str:
-    """The headline of a grouped resolution."""
-    if hosts:
-        return f"resolved: {', '.join(hosts)} reachable again ({count} jobs, after up to {fmt.duration(longest)})"
-    return f"resolved: {count} incidents (open up to {fmt.duration(longest)})"

@@ -1,19 +1,12 @@
 """Delivering a run's verdict: verify once, post once, whichever process gets there first.
 
-After a launch the Restarter leaves the run's verify step WAITING and queues the run
-(:mod:`pipeline.state.verifications`) due at launch + ``start_window``.  Whoever comes
-first — the scheduler leader polling the queue, or ``pitstop say --wait`` — calls
-:func:`deliver_verdict`; the queue's claim makes exactly one of them verify and post.  The claim is taken with a short TTL that its holder renews while it
-works, and made permanent only once the posts are out, so a process that dies half-way leaves
-the run to be delivered again within the TTL (never zero times); a run whose verdict is
-already recorded is posted without verifying again.
-
-A verification that came due while Pitstop was down is simply overdue in the sorted set: the
-first poll after start delivers it, once.
-
-A run verified as ``PENDING`` (a Slurm job still queued at its deadline) is posted once and
-stays queued (the engine sets the next due time); later deliveries verify
-it again and post only the real verdict, in the same thread.
+A launched run waits in the verification queue (:mod:`pipeline.state.verifications`), due at
+launch + ``start_window`` (overdue after a restart of Pitstop: the first poll delivers it).  The
+scheduler leader or ``pitstop say --wait`` calls :func:`deliver_verdict`; the queue's claim makes
+one of them verify and post.  The claim lives ``CLAIM_TTL`` s unless renewed and is made
+permanent only once the posts are out, so a process that dies half-way leaves the run to be
+delivered again (never zero times).  A ``PENDING`` run (a Slurm job still queued at its deadline)
+is posted once and stays queued; later deliveries post only the real verdict, in the same thread.
 """
 
 from __future__ import annotations
@@ -40,14 +33,9 @@ RETRY_AFTER = 15.0  #: seconds before a verification that failed to run is tried
 
 
 async def deliver_verdict(ctx: Context, run_id: str) -> RunRecord | None:
-    """Verify a launched run and post its verdict, unless another process claimed it.
+    """Verify a launched run (not again if it has a verdict) and post its verdict in its thread,
+    update its headline and publish a VERDICT event, unless another process claimed it.
 
-    Claims the run (:meth:`~pipeline.state.verifications.VerifyQueue.claim`), runs
-    ``ctx.restarter.verify`` (not again if the record already has a verdict), posts the verdict
-    line in the run's thread, updates the run's headline, publishes a VERDICT event and marks
-    the claim done (the run leaves the queue).
-
-    :param run_id: the run (``r-42``).
     :returns: the verified run, or None if someone else claimed it, the run is unknown, or
         verification could not run (it is retried after :data:`RETRY_AFTER` s).
     """
@@ -94,16 +82,12 @@ async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
         await ctx.queue.requeue(run_id, time.time() + RETRY_AFTER)
         await ctx.queue.release(claim)
         return None
-    if run.verdict is Verdict.PENDING:
-        # still queued (Slurm): the engine re-queued the check; post PENDING once, then only
-        # the real verdict, in the same thread
+    if run.verdict is Verdict.PENDING:  # still queued (Slurm): the engine re-queued the check
         if before is not Verdict.PENDING:
             await _post(ctx, run)
         await ctx.queue.release(claim)
         return run
-    # the run stays queued while the claim is held, so a process that dies while posting leaves
-    # it to be delivered again when its claim expires
-    await _post(ctx, run)
+    await _post(ctx, run)  # still queued while the claim is held: delivered again if we die
     try:
         await ctx.queue.done(claim)
     except IllegalTransition as exc:  # the claim expired mid-post: its new holder finishes it
@@ -113,13 +97,17 @@ async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
 
 async def _post(ctx: Context, run: RunRecord) -> None:
     """The verdict in the run's thread, the run's headline updated, a VERDICT event."""
-    channel = ctx.config.channel_for(run.job) if run.job in ctx.config.jobs else None
-    await ctx.outbox.thread(thread_key(run.id), verdict_reply(run), channel)
+    channel, key = _channel(ctx, run.job), thread_key(run.id)
+    await ctx.outbox.thread(key, verdict_reply(run), channel)
     if run.warning:  # flagged beside the verdict, which stays as it is
-        flag = Reply(title=run.warning, status=Status.WARNING, thread_key=thread_key(run.id), run_id=run.id)
-        await ctx.outbox.thread(thread_key(run.id), flag, channel)
-    await ctx.outbox.announce(thread_key(run.id), run_reply(run, ctx.config), channel)
-    await _publish_verdict(ctx, run)
+        flag = Reply(title=run.warning, status=Status.WARNING, thread_key=key, run_id=run.id)
+        await ctx.outbox.thread(key, flag, channel)
+    await ctx.outbox.announce(key, run_reply(run, ctx.config), channel)
+    await publish_verdict(ctx, run)
+
+
+def _channel(ctx: Context, job: str) -> str | None:
+    return ctx.config.channel_for(job) if job in ctx.config.jobs else None
 
 
 async def due_run_ids(ctx: Context) -> list[str]:
@@ -133,8 +121,6 @@ async def deliver_due(ctx: Context) -> list[RunRecord]:
     :returns: the runs this process delivered.
     """
     ids = await due_run_ids(ctx)
-    if not ids:
-        return []
     results = await asyncio.gather(*(deliver_verdict(ctx, i) for i in ids), return_exceptions=True)
     delivered: list[RunRecord] = []
     for run_id, result in zip(ids, results, strict=True):
@@ -150,10 +136,9 @@ async def deliver_due(ctx: Context) -> list[RunRecord]:
 async def recover_runs(ctx: Context, *, deliver: bool = False) -> list[Interruption]:
     """Take over runs whose owner died (:func:`pipeline.engines.recovery.reconcile`) and tell their threads.
 
-    Each taken-over run gets its line in its thread (``INTERRUPTED during stop: the old run
-    (pid 4242) is still alive, 8/8 processes``) and its headline updated; one that ended before
-    its launch also publishes its VERDICT event.  One that had launched is queued for
-    verification, which the scheduler leader delivers — or this process at once with ``deliver``.
+    Each gets its line in its thread (``INTERRUPTED during stop: the old run (pid 4242) is still
+    alive, 8/8 processes``) and its headline updated; one that ended before its launch also
+    publishes its VERDICT event; one that launched is queued for verification.
 
     :param deliver: verify and post the launched ones here (a process without a scheduler).
     :returns: the runs taken over.
@@ -161,7 +146,7 @@ async def recover_runs(ctx: Context, *, deliver: bool = False) -> list[Interrupt
     found = await reconcile(ctx.restarter, instance=ctx.instance)
     for item in found:
         run, key = item.run, thread_key(item.run.id)
-        channel = ctx.config.channel_for(run.job) if run.job in ctx.config.jobs else None
+        channel = _channel(ctx, run.job)
         line = Reply(title=item.line, status=Status.WARNING, thread_key=key, run_id=run.id)
         try:
             await ctx.outbox.thread(key, line, channel)
@@ -170,13 +155,13 @@ async def recover_runs(ctx: Context, *, deliver: bool = False) -> list[Interrupt
             log.warning("could not post the take-over of %s", run.id, exc_info=True)
         log.warning("%s: %s", run.id, item.line)
         if not item.launched:
-            await _publish_verdict(ctx, run)
+            await publish_verdict(ctx, run)
         elif deliver:
             await deliver_verdict(ctx, run.id)
     return found
 
 
-async def _publish_verdict(ctx: Context, run: RunRecord) -> None:
+async def publish_verdict(ctx: Context, run: RunRecord) -> None:
     """The ``verdict`` event of ``run``, for ``pitstop say --wait`` and any other waiter."""
     await ctx.events.publish(
         EventKind.VERDICT,

@@ -1,29 +1,14 @@
-"""Watching jobs: the watch cycle (one probe per host), incident posts, ``ack`` and ``watch``.
+"""Watching jobs: the watch cycle (one probe per host) and the incidents it opens and posts.
 
-:class:`Watcher` runs one cycle for the jobs of one host: it reads every job's Redis view in
-one pipelined round trip (:class:`~pipeline.state.jobstate.JobStore`: watcher memory, open incident,
-pause, lock, newest run, automatic restarts; then their per-rank progress), probes the host once —
-one helper call returning every job's processes, log size and new metric-log bytes, and of a job
-short of processes how it ended — the evidence an incident opens with
-(:func:`pipeline.host.probe.probe_host`, :func:`pipeline.observe.progress.plan_many`), at most
-:data:`MAX_HOSTS_AT_ONCE` hosts at a time, a probe slower than the watch interval logged
-(``probe slow: gpu-07 took 14 s``) and kept for ``status`` — decides each job with
-the pure :func:`pipeline.observe.watch.assess`, and applies the transitions — each one a
-compare-and-set in Redis *before* its post, so of two processes deciding the same thing only
-one posts.  An unreachable host is confirmed over a fresh connection
-(:meth:`~pipeline.host.remote.SSHPool.check`) before it is reported, as its own incident.
-
-Posts: the alert is the headline message ``incident:JOB:N`` in the job's channel (mentioning
-``[slack] alert_mention``); reminders (every ``remind_every`` s while open and not
-acknowledged), kind changes, automatic restarts, the crash-loop give-up and ``resolved after
-N min`` go in its thread, and the headline is updated in place; many at once are told as one
-story (:mod:`handlers.storm`).  Events: ALERT (``kind`` dead | degraded | stalled | unreachable |
-crash_loop | idle_gpus), RESOLVED, RESTART (automatic restarts).  The GPUs of jobs with
-``idle_gpu_below`` set are read once per host and cycle (:func:`pipeline.observe.idle.read_watched`).
-
-Automatic restarts (opt-in, ``[jobs.NAME.watch] auto_restart``) go through the same
-:class:`~handlers.dispatch.Dispatcher` as a person's ``restart JOB`` — locked, posted and
-audited — as the system principal :data:`AUTO_USER`, injected by the assembly (:class:`Restarts`).
+:class:`Watcher` runs one cycle per host: every job's Redis view in one round trip, one probe of
+the host (processes, log size, new metric bytes, how a job short of processes ended; at most
+:data:`MAX_HOSTS_AT_ONCE` at a time), the pure :func:`pipeline.observe.watch.assess` per job, then
+its transitions, each a compare-and-set in Redis *before* its post, so of two processes deciding
+the same thing only one posts.  An unreachable host is confirmed over a fresh connection before it
+is reported.  Alerts are ``incident:JOB:N`` headlines; reminders, changes, automatic restarts and
+resolutions go in their thread, many at once told as one story (:mod:`handlers.storm`).  Events:
+ALERT, RESOLVED, RESTART.  Automatic restarts go through the dispatcher (locked, posted, audited)
+as :data:`AUTO_USER` (:class:`Restarts`, injected by the assembly).
 """
 
 from __future__ import annotations
@@ -34,16 +19,9 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from handlers.alerts import (
-    alert_exit_cause,
-    alert_reply,
-    auto_restart_reply,
-    changed_reply,
-    give_up_reply,
-)
+from handlers.alerts import alert_exit_cause, alert_reply, auto_restart_reply, changed_reply, give_up_reply
 from handlers.attempts import no_progress_refusal
 from handlers.auth import SYSTEM_USER
 from handlers.context import Context
@@ -54,8 +32,7 @@ from handlers.reply import Reply
 from handlers.storm import Round, Storyteller, Told, line_first
 from handlers.watchstats import WatchStats
 from pipeline import fmt
-from pipeline.config import JobConfig
-from pipeline.engines.base import Sighting
+from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
 from pipeline.observe import progress
@@ -73,8 +50,8 @@ from pipeline.observe.watch import (
     probe_slow,
 )
 from pipeline.state.events import EventKind
-from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore, WatchState
-from pipeline.state.runs import RunRecord
+from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore
+from pipeline.state.jobstate import JobSnapshot
 from pipeline.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -85,36 +62,17 @@ MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others
 
 
 class Restarts(Protocol):
-    """Requests ``restart JOB`` as :data:`AUTO_USER` and answers as a person would be answered
-    (the dispatcher's, injected by the assembly); ``drain`` waits at most ``timeout`` s for them."""
+    """Requests ``restart JOB`` as :data:`AUTO_USER` (the dispatcher's); ``drain`` waits at most
+    ``timeout`` s for them."""
 
     async def restart(self, job: str, channel: str | None) -> Reply: ...
 
     async def drain(self, timeout: float) -> None: ...
 
 
-@dataclass
-class JobView:
-    """One job's state in Redis at the start of a cycle."""
-
-    name: str
-    cfg: JobConfig
-    current: dict[str, str]
-    state: WatchState
-    incident: Incident | None
-    paused: bool
-    lock_held: bool
-    lock_holder: dict[str, str]
-    latest: RunRecord | None
-    unverified: bool
-    auto_restarts: int
-
-
 class Watcher:
     """Watch cycles and their posts for one Pitstop process.
 
-    :param ctx: the process context (config, Redis, SSH pool, outbox, events).
-    :param restarts: requests the automatic restarts (the assembly passes the dispatcher's).
     :param remind_every: seconds between reminders of an open, unacknowledged incident.
     """
 
@@ -128,26 +86,19 @@ class Watcher:
         self._auto_fired: dict[str, float] = {}
         self._seen: dict[str, Sighting | None] = {}  #: job → what its engine saw in its last cycle
         self._probing = asyncio.Semaphore(MAX_HOSTS_AT_ONCE)
-        self.teller = Storyteller(
-            ctx, self.store
-        )  #: rounds of cycles, told as stories (:mod:`handlers.storm`)
+        self.teller = Storyteller(ctx, self.store)
         self.stats = WatchStats()  #: probes and cycles measured, for ``/metrics``
-
-    # --- one cycle ---------------------------------------------------------------------------
 
     async def cycle(
         self, host: str, jobs: Sequence[str] | None = None, *, now: float | None = None
     ) -> dict[str, Decision]:
-        """Probe ``host`` once and decide every watched job on it.
+        """Probe ``host`` once and decide every watched job on it (default: every job on it).
 
-        :param host: a configured host name.
-        :param jobs: the jobs to watch (default: every job on ``host``).
         :param now: unix s (default: the current time).
         :returns: job name → the decision taken (paused and unprobeable jobs are absent).
 
-        The alerts and resolutions it decides are told when the last cycle of its round ends
-        (cycles of other hosts starting with it join it), grouped from ``[slack] group_from``
-        (:mod:`handlers.storm`); it returns once they are, or after ``storm.TELL_WAIT`` s.
+        Its posts are told when the last cycle of its round ends (:mod:`handlers.storm`); it
+        returns once they are, or after ``storm.TELL_WAIT`` s.
         """
         rnd = self.teller.join()
         began = time.monotonic()
@@ -160,16 +111,16 @@ class Watcher:
     async def _cycle(
         self, host: str, jobs: Sequence[str] | None, now: float | None, rnd: Round
     ) -> dict[str, Decision]:
-        config = self.ctx.config
-        names = list(jobs) if jobs is not None else [n for n, j in config.jobs.items() if j.host == host]
+        cfgs = self.ctx.config.jobs
+        names = list(jobs) if jobs is not None else [n for n, j in cfgs.items() if j.host == host]
         now = time.time() if now is None else now
-        views = [v for v in await self.load(names, now) if not v.paused]
+        views = [v for v in await self.ctx.jobs.read_many(names, now=now) if not v.paused]
         if not views:
             return {}
         tracked = [
             progress.Tracked(
                 v.name,
-                v.cfg,
+                cfgs[v.name],
                 v.latest.pid if v.latest is not None else None,
                 v.latest.log_size_at_launch if v.latest is not None else None,
             )
@@ -177,33 +128,29 @@ class Watcher:
         ]
         planned = await progress.plan_many(self.store, tracked)
         reads = {name: read for name, (_, read) in planned.items()}
-        async with self._probing:  # at most MAX_HOSTS_AT_ONCE hosts at a time; a slow one holds one slot
+
+        def entries(of: list[JobSnapshot]) -> list[Entry]:
+            return [(v.name, cfgs[v.name], v.current or None) for v in of]
+
+        async with self._probing:  # a slow host holds one slot
             began = time.monotonic()
-            seen = await self.ctx.restarter.sightings(
-                [(v.name, v.cfg, v.current or None) for v in views], reads
-            )
+            seen = await self.ctx.restarter.sightings(entries(views), reads)
             probe_s = round(time.monotonic() - began, 3)
         probing = time.monotonic() - probe_s
-        if any(probe_slow(probe_s, v.cfg) for v in views):
+        if any(probe_slow(probe_s, cfgs[v.name]) for v in views):
             log.warning(probe_slow_line(host, probe_s))
         unreachable: str | None = None
         if any(s.probe.error for s in seen.values()):
             unreachable = await self._confirm_unreachable(host)
             if unreachable is None:  # the host answers a fresh connection: look at those jobs again
                 again = [v for v in views if (s := seen.get(v.name)) is None or s.probe.error]
-                seen = {
-                    **seen,
-                    **await self.ctx.restarter.sightings(
-                        [(v.name, v.cfg, v.current or None) for v in again], reads
-                    ),
-                }
+                seen = {**seen, **await self.ctx.restarter.sightings(entries(again), reads)}
         self.stats.probed(host, time.monotonic() - probing, failed=unreachable is not None)
         decisions: dict[str, Decision] = {}
         probes = {name: s.probe for name, s in seen.items()}
         steps = await progress.judge_many(self.ctx.ssh, self.store, tracked, probes, planned, now)
-        # the GPUs of jobs with idle_gpu_below set: one set of nvidia-smi calls for the host
-        gpus = await read_watched(
-            self.ctx.ssh, host, [(v.name, v.cfg, s.probe) for v in views if (s := seen.get(v.name))]
+        gpus = await read_watched(  # one set of nvidia-smi calls for the host
+            self.ctx.ssh, host, [(v.name, cfgs[v.name], s.probe) for v in views if (s := seen.get(v.name))]
         )
         for view, judged in zip(views, steps, strict=True):
             sight = seen.get(view.name)
@@ -221,19 +168,14 @@ class Watcher:
                 gpus=gpus.get(view.name),
                 probe_s=probe_s,
             )
-            cfg = view.cfg
+            cfg = cfgs[view.name]
             if sight is not None and (sight.exit_cause or sight.detail):
                 obs = dataclasses.replace(obs, exit_cause=sight.exit_cause, detail=sight.detail)
             if sight is not None and sight.expected != cfg.processes:
                 cfg = cfg.model_copy(update={"processes": sight.expected})
+            situation = self._situation(view, now)
             decisions[view.name] = assess(
-                view.name,
-                cfg,
-                obs,
-                view.state,
-                view.incident,
-                self._situation(view, now),
-                remind_every=self.remind_every,
+                view.name, cfg, obs, view.watch, view.incident, situation, remind_every=self.remind_every
             )
         await self.store.save_states({name: d.state for name, d in decisions.items()})
         by_name = {v.name: v for v in views}
@@ -243,26 +185,6 @@ class Watcher:
         if acting:
             await asyncio.gather(*(self._apply(v, d, now, rnd) for v, d in acting))
         return decisions
-
-    async def load(self, names: Sequence[str], now: float) -> list[JobView]:
-        """Every named job's Redis view, in one pipelined round trip (:class:`~pipeline.state.jobstate.JobStore`)."""
-        snaps = await self.ctx.jobs.read_many(names, now=now)
-        return [
-            JobView(
-                name=s.name,
-                cfg=self.ctx.config.jobs[s.name],
-                current=dict(s.current),
-                paused=s.paused,
-                lock_held=s.lock_held,
-                lock_holder=dict(s.lock_holder),
-                auto_restarts=s.auto_restarts,
-                state=s.watch,
-                incident=s.incident,
-                latest=s.latest,
-                unverified=s.unverified,
-            )
-            for s in snaps
-        ]
 
     async def _confirm_unreachable(self, host: str) -> str | None:
         """None if a fresh connection to ``host`` works, else why it does not."""
@@ -285,35 +207,29 @@ class Watcher:
             pids = [leader, *(p for p in pids if p != leader)]
         return Observation(at=now, count=probe.count, pids=tuple(pids), log_size=probe.log_size)
 
-    def _situation(self, view: JobView, now: float) -> Situation:
-        latest = view.latest
-        in_flight = view.unverified
-        if latest is not None and latest.finished_at is None and latest.verdict is None:
-            in_flight = True
+    def _situation(self, view: JobSnapshot, now: float) -> Situation:
+        latest, holder = view.latest, view.lock_holder
+        running = latest is not None and latest.finished_at is None and latest.verdict is None
+        in_flight = view.unverified or running
         if view.lock_held:
-            holder_job = view.lock_holder.get("job")
-            holder_run = view.lock_holder.get("run_id") or view.lock_holder.get("run")
-            if view.cfg.lock_scope == "job" or holder_job is None or holder_job.lower() == view.name.lower():
-                in_flight = True
-            elif latest is not None and holder_run == latest.id:
-                in_flight = True
+            holder_job = holder.get("job")
+            same_job = holder_job is None or holder_job.lower() == view.name.lower()
+            same_run = latest is not None and (holder.get("run_id") or holder.get("run")) == latest.id
+            job_scope = self.ctx.config.jobs[view.name].lock_scope == "job"
+            in_flight = in_flight or job_scope or same_job or same_run
         fired = self._auto_fired.get(view.name)
         if fired is not None and now - fired < AUTO_GRACE and (latest is None or latest.created_at < fired):
             in_flight = True
-        stopped_at = None
-        if latest is not None and latest.action == "stop":
-            stopped_at = latest.finished_at or latest.created_at
+        stopping = latest is not None and latest.action == "stop"
         return Situation(
             in_flight=in_flight,
-            stopped_at=stopped_at,
+            stopped_at=(latest.finished_at or latest.created_at) if latest is not None and stopping else None,
             running_verdict=latest is not None and latest.verdict is Verdict.RUNNING,
             auto_restarts=view.auto_restarts,
             launched_at=latest.launched_at if latest is not None else None,
         )
 
-    # --- applying transitions -----------------------------------------------------------------
-
-    async def _apply(self, view: JobView, decision: Decision, now: float, rnd: Round) -> None:
+    async def _apply(self, view: JobSnapshot, decision: Decision, now: float, rnd: Round) -> None:
         try:
             await self._apply_actions(view, decision, now, rnd)
         except PitstopError as exc:
@@ -321,7 +237,7 @@ class Watcher:
         except Exception:
             log.exception("watch %s: applying %s failed", view.name, [a.kind.value for a in decision.actions])
 
-    async def _apply_actions(self, view: JobView, decision: Decision, now: float, rnd: Round) -> None:
+    async def _apply_actions(self, view: JobSnapshot, decision: Decision, now: float, rnd: Round) -> None:
         ctx, name = self.ctx, view.name
         channel = ctx.config.channel_for(name)
         current = view.incident
@@ -369,27 +285,22 @@ class Watcher:
                 if action.kind is ActionKind.CHANGE:
                     await self._hang_evidence(updated, channel)
         if decision.incident is not None and current is not None:
-            kept = {k: getattr(current, k) for k in _TOLD}  # what its alert told stays with it
+            kept = {k: getattr(current, k) for k in _TOLD}
             wanted = decision.incident.model_copy(update={**kept, "last_actor": current.last_actor})
-            if _differs(wanted, current):
+            skip = {"n", "rev"}
+            if wanted.model_dump(exclude=skip) != current.model_dump(exclude=skip):
                 await self.store.update(current, wanted)
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx
         await line_first(ctx, inc, channel)  # a member of a story still being told: its line first
-        if action.kind is ActionKind.CHANGE:
-            assert action.previous is not None
-            await ctx.outbox.thread(inc.thread_key, changed_reply(inc, action.previous), channel)
-            await ctx.outbox.announce(
-                inc.thread_key, alert_reply(inc, ctx.config, now=now, mention=False), channel
-            )
-            await self._event(EventKind.ALERT, inc, change_from=action.previous.value)
-        elif action.kind is ActionKind.GIVE_UP:
-            await ctx.outbox.thread(inc.thread_key, give_up_reply(inc, ctx.config), channel)
-            await ctx.outbox.announce(
-                inc.thread_key, alert_reply(inc, ctx.config, now=now, mention=False), channel
-            )
-            await self._event(EventKind.ALERT, inc)
+        if action.kind in (ActionKind.CHANGE, ActionKind.GIVE_UP):
+            prev = action.previous
+            note = changed_reply(inc, prev) if prev is not None else give_up_reply(inc, ctx.config)
+            await ctx.outbox.thread(inc.thread_key, note, channel)
+            headline = alert_reply(inc, ctx.config, now=now, mention=False)
+            await ctx.outbox.announce(inc.thread_key, headline, channel)
+            await self._event(EventKind.ALERT, inc, **({"change_from": prev.value} if prev else {}))
         elif action.kind is ActionKind.AUTO_RESTART:
             policy = ctx.config.jobs[inc.job].watch.auto_restart
             await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
@@ -424,14 +335,13 @@ class Watcher:
             why = await no_progress_refusal(self.ctx, inc.job, check)
         if why is None:
             return action
-        stopped = inc.model_copy(
-            update={
-                "gave_up": True,
-                "no_auto": why,
-                "next_auto_at": None,
-                "auto_restarts": inc.auto_restarts - 1,
-            }
-        )
+        give_up = {
+            "gave_up": True,
+            "no_auto": why,
+            "next_auto_at": None,
+            "auto_restarts": inc.auto_restarts - 1,
+        }
+        stopped = inc.model_copy(update=give_up)
         return Action(ActionKind.GIVE_UP, with_crash(stopped, check) if check is not None else stopped)
 
     async def _with_log(self, inc: Incident) -> Incident:
@@ -465,17 +375,8 @@ class Watcher:
         return inc
 
     async def _event(self, kind: EventKind, inc: Incident, **extra: Any) -> None:
-        await self.ctx.events.publish(
-            kind,
-            inc.job,
-            alert=inc.kind.value,
-            n=inc.n,
-            host=inc.host,
-            count=inc.count,
-            cause=inc.cause,
-            instance=self.ctx.instance,
-            **extra,
-        )
+        about = dict(alert=inc.kind.value, n=inc.n, host=inc.host, count=inc.count, cause=inc.cause)
+        await self.ctx.events.publish(kind, inc.job, **about, instance=self.ctx.instance, **extra)
 
     async def drain(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s each) for automatic restarts and posts still running in the
@@ -484,6 +385,8 @@ class Watcher:
         await self.teller.drain(timeout)
 
 
+#: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what
+#: its alert told stays with it
 _TOLD = (
     "log",
     "cause",
@@ -495,12 +398,6 @@ _TOLD = (
     "crash_rank",
     "crash_step",
 )
-"""The incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`), kept after."""
-
-
-def _differs(a: Incident, b: Incident) -> bool:
-    skip = {"n", "rev"}
-    return a.model_dump(exclude=skip) != b.model_dump(exclude=skip)
 
 
 # --- text ---------------------------------------------------------------------------------------

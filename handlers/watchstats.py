@@ -1,10 +1,6 @@
-"""What the watcher measured of its own work, for ``/metrics``: per host its probes (seconds,
-failures) and watch cycles (seconds), per job the processes its last probe saw.
-
-:class:`WatchStats` is kept in memory by :class:`handlers.watching.Watcher` (one per process: a
-replica that does not lead the scheduler watches nothing and reports nothing here); the
-surface that exposes it (``bot/metrics.py``) reads it as it is.
-"""
+"""What the watcher measured of its own work, for ``/metrics`` (``bot/metrics.py``): per host its
+probes and watch cycles, per job the processes its last probe saw.  Kept in memory by
+:class:`handlers.watching.Watcher`: a replica that does not lead the scheduler reports nothing."""
 
 from __future__ import annotations
 
@@ -13,19 +9,12 @@ from dataclasses import dataclass, field
 
 @dataclass
 class HostStats:
-    """One host's watching, since this process started.
+    """One host's watching, since this process started."""
 
-    :ivar probe_s: seconds the last probe took (every job of the host in one call).
-    :ivar probes: probes made.
-    :ivar failures: probes that could not reach the host (confirmed over a fresh connection).
-    :ivar cycle_s: seconds the last watch cycle took, probe, decisions and Redis writes included
-        (its posts are told after the round: :mod:`handlers.storm`).
-    :ivar cycles: cycles run.
-    """
-
-    probe_s: float | None = None
+    probe_s: float | None = None  #: seconds the last probe took (every job of the host in one call)
     probes: int = 0
-    failures: int = 0
+    failures: int = 0  #: probes that could not reach the host (confirmed over a fresh connection)
+    #: seconds the last watch cycle took, probe, decisions and Redis writes included (not its posts)
     cycle_s: float | None = None
     cycles: int = 0
 
