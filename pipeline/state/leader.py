@@ -18,7 +18,7 @@ import time
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
-from pipeline.state.redisconn import unavailable
+from pipeline.state.redisconn import DELETE_IF_HELD, unavailable
 
 SAFETY = 0.8  #: fraction of the TTL a holder trusts its lease after a successful renewal
 
@@ -32,14 +32,6 @@ end
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
-end
-return 0
-"""
-
-# KEYS[1] lease key; ARGV[1] holder id.  1 if it was held by ARGV[1] and is now released.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
 end
 return 0
 """
@@ -64,7 +56,7 @@ class LeaderLease:
         self.ttl = ttl
         self._valid_until = 0.0
         self._acquire = client.register_script(_ACQUIRE_OR_EXTEND)
-        self._release = client.register_script(_RELEASE)
+        self._release = client.register_script(DELETE_IF_HELD)
 
     @property
     def renew_every(self) -> float:

@@ -45,6 +45,13 @@ DISCONNECT_WAIT = 5.0  #: seconds to wait for the embedded server to see this pr
 #: the embedded server's persistence, in ``[state] dir``/redis beside its snapshot
 EMBEDDED_SERVER_CONFIG = {"appendonly": "yes", "appendfsync": "everysec"}
 
+# Scripts for a key holding its holder's id. KEYS[1] key; ARGV[1] holder; ARGV[2] ttl in ms.
+# 1 if the key still held ARGV[1] and was extended (deleted), else 0.
+EXTEND_IF_HELD = """if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0"""
+DELETE_IF_HELD = """if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0"""
+
 
 class Store:
     """Base of the stores of :mod:`pipeline.state`: the client and the key prefix every one takes (a

@@ -24,21 +24,9 @@ import redis.asyncio as aioredis
 
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import DELETE_IF_HELD, EXTEND_IF_HELD, Store
 
 DONE_TTL = 7 * 86400.0  #: seconds a delivered claim is remembered
-
-# KEYS[1] claim; ARGV[1] holder; ARGV[2] ttl in ms.  Extends the claim only if this holder owns it.
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-# KEYS[1] claim; ARGV[1] holder.  Deletes the claim only if this holder still owns it.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 # KEYS[1] claim, KEYS[2] queue; ARGV[1] holder, ARGV[2] done ttl in ms, ARGV[3] run id.
 _DONE = """
@@ -117,11 +105,11 @@ class VerifyQueue(Store):
     async def extend(self, claim: Claim) -> bool:
         """Extend a held claim by its TTL; False if it was lost (expired, taken by another)."""
         name = keys.verify_claim(self.prefix, claim.run_id)
-        return bool(await self.client.eval(_EXTEND, 1, name, claim.holder, _ms(claim.ttl)))
+        return bool(await self.client.eval(EXTEND_IF_HELD, 1, name, claim.holder, _ms(claim.ttl)))
 
     async def release(self, claim: Claim) -> None:
         """Give a claim up, leaving the run as it is in the queue (delivered again when due)."""
-        await self.client.eval(_RELEASE, 1, keys.verify_claim(self.prefix, claim.run_id), claim.holder)
+        await self.client.eval(DELETE_IF_HELD, 1, keys.verify_claim(self.prefix, claim.run_id), claim.holder)
 
     async def done(self, claim: Claim) -> None:
         """The verdict is delivered: the run leaves the queue and its claim is kept as done.
