@@ -1,24 +1,13 @@
 """One restart in flight per scope (a job, or a host): a redis-py asyncio ``Lock`` with its holder beside it.
 
-:class:`JobLock` takes the lock without blocking (``client.lock(name, timeout=ttl,
-blocking=False)``), writes who holds it (user, action, run id, current step, started at) in a
-hash beside it (:func:`pipeline.state.keys.lock_holder`), and while a sequence runs a renewal task
-extends both every ``ttl / 3`` seconds, so a long stop or launch never outlives the TTL.  If
-the process dies, renewal stops and the lock frees itself within ``ttl``.  A refused acquire
-raises :class:`LockHeld` naming the holder (``handlers.lock`` words it for people).
-:class:`Locks` reads and frees the locks of any scope (``status``, ``unlock``, recovery).
+:class:`JobLock` takes the lock without blocking, writes who holds it in a hash beside it
+(:func:`pipeline.state.keys.lock_holder`), and renews both every ``ttl / 3`` s while a sequence
+runs; if the process dies the lock frees itself within ``ttl``.  A refused acquire raises
+:class:`LockHeld` naming the holder.  :class:`Locks` reads and frees the locks of any scope.
 
-Transitions: free → held (:meth:`JobLock.acquire`, once per object) → free
-(:meth:`JobLock.release`, or the TTL, or :meth:`Locks.force_release`); releasing a lock this
-object never took raises :class:`~pipeline.errors.IllegalTransition`.
-
-Usage::
-
-    lock = JobLock(client, prefix, scope_of(config, "dflash"), ttl=30)
-    await lock.acquire(job="dflash", action="restart", user="U012AB")  # raises LockHeld
-    lock.start_renewal()
-    await lock.update(step="stop")
-    await lock.release()
+Transitions: free → held (:meth:`JobLock.acquire`, once per object) → free (:meth:`JobLock.release`,
+the TTL, or :meth:`Locks.force_release`); releasing a lock never taken raises
+:class:`~pipeline.errors.IllegalTransition`.
 """
 
 from __future__ import annotations
@@ -28,7 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import redis.asyncio as aioredis
 from redis.asyncio.lock import Lock
@@ -48,19 +37,15 @@ RENEWAL_STOP_TIMEOUT = 5.0  #: seconds release waits for the renewal task to end
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a lock: the record beside it.
+    """Who holds a lock: the record beside it."""
 
-    :ivar scope: ``job:dflash`` or ``host:gpu1``.
-    :ivar started_at: unix seconds when the lock was taken.
-    """
-
-    scope: str
+    scope: str  #: ``job:dflash`` or ``host:gpu1``
     job: str
     action: str
     user: str
     run_id: str
     step: str
-    started_at: float
+    started_at: float  #: unix s when the lock was taken
 
     @classmethod
     def from_hash(cls, scope: str, data: Mapping[str, str]) -> Holder:
@@ -85,11 +70,8 @@ class Holder:
 
 
 class LockHeld(Exception):
-    """An acquire refused: someone else holds the scope's lock.
-
-    :param scope: the scope asked for.
-    :param holder: who holds it (None if its record could not be read in time).
-    """
+    """An acquire refused: someone else holds the ``scope``'s lock (``holder``: None if its record
+    could not be read in time)."""
 
     def __init__(self, scope: str, holder: Holder | None) -> None:
         super().__init__(scope)
@@ -133,14 +115,8 @@ class Locks(Store):
 
 
 class JobLock:
-    """The restart lock of one scope, with holder metadata and renewal.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    :param scope: ``job:NAME`` or ``host:NAME`` (:func:`pipeline.state.jobstate.scope_of`).
-    :param ttl: seconds the lock lives without renewal (a crashed holder frees it this fast).
-    :param renew_every: seconds between renewals (default ``ttl / 3``).
-    """
+    """The restart lock of one scope (:func:`pipeline.state.jobstate.scope_of`), with holder metadata and
+    renewal every ``renew_every`` s (default ``ttl / 3``); ``ttl``: seconds it lives without renewal."""
 
     def __init__(
         self,
@@ -163,8 +139,7 @@ class JobLock:
         self._lock: Lock = client.lock(
             self.name, timeout=ttl, blocking=False, thread_local=False, lock_class=Lock
         )
-        self._held = self._taken = False
-        self._lost = False
+        self._held = self._taken = self._lost = False
         self._renewal: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.holder: Holder | None = None
@@ -187,9 +162,7 @@ class JobLock:
     ) -> Holder:
         """Take the lock now or refuse; never waits for it.
 
-        :param job: the job the sequence acts on.
         :param action: ``restart`` | ``start`` | ``stop``.
-        :param user: who asked.
         :param run_id: the run, when already known (set later with :meth:`update`).
         :param step: the step shown to refused requests.
         :returns: the holder record written beside the lock.
@@ -212,17 +185,8 @@ class JobLock:
         holder = Holder(self.scope, job, action, user, run_id, step, time.time())
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(self.holder_key)
-            pipe.hset(
-                self.holder_key,
-                mapping={
-                    "job": holder.job,
-                    "action": holder.action,
-                    "user": holder.user,
-                    "run_id": holder.run_id,
-                    "step": holder.step,
-                    "started_at": repr(holder.started_at),
-                },
-            )
+            # str of a float is its repr: ``started_at`` reads back exactly
+            pipe.hset(self.holder_key, mapping={k: str(v) for k, v in asdict(holder).items() if k != "scope"})
             pipe.pexpire(self.holder_key, self._ms())
             await pipe.execute()
         self.holder = holder
@@ -232,28 +196,13 @@ class JobLock:
         """Change the holder record (the run id once created, the step as the sequence moves)."""
         if not self.held or self.holder is None:
             return
-        fields: dict[str, str] = {}
-        if run_id is not None:
-            fields["run_id"] = run_id
-        if step is not None:
-            fields["step"] = step
+        fields = {k: v for k, v in (("run_id", run_id), ("step", step)) if v is not None}
         if not fields:
             return
-        self.holder = Holder(
-            self.holder.scope,
-            self.holder.job,
-            self.holder.action,
-            self.holder.user,
-            run_id if run_id is not None else self.holder.run_id,
-            step if step is not None else self.holder.step,
-            self.holder.started_at,
-        )
+        self.holder = replace(self.holder, **fields)  # type: ignore[arg-type]
         try:
             if await self._lock.owned():
-                async with self.client.pipeline(transaction=True) as pipe:
-                    for name, value in fields.items():
-                        pipe.hset(self.holder_key, name, value)
-                    await pipe.execute()
+                await self.client.hset(self.holder_key, mapping=fields)  # type: ignore[arg-type]
             else:
                 self._lost = True
         except RedisError:
