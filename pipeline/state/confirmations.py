@@ -24,23 +24,17 @@ GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer se
 
 @dataclass(frozen=True)
 class Pending:
-    """A request waiting for confirmation.
+    """A request waiting for confirmation."""
 
-    :ivar token: the id the buttons carry.
-    :ivar command: the parsed command as JSON text.
-    :ivar created_at: unix seconds.
-    :ivar window: seconds it may wait.
-    """
-
-    token: str
+    token: str  #: the id the buttons carry
     user: str
     groups: tuple[str, ...]
     text: str
-    command: str
+    command: str  #: the parsed command as JSON text
     channel: str | None
     surface: str
-    created_at: float
-    window: float
+    created_at: float  #: unix s
+    window: float  #: seconds it may wait
 
     @property
     def expired(self) -> bool:
@@ -82,11 +76,8 @@ class Confirmations(Store):
         surface: str,
         window: float = DEFAULT_WINDOW,
     ) -> Pending:
-        """Store a request waiting for ``user``'s confirmation.
-
-        :param window: seconds it may wait.
-        :returns: the pending record (its token goes on the buttons).
-        """
+        """Store a request waiting ``window`` s for ``user``'s confirmation; returns it (its token goes on
+        the buttons)."""
         pending = Pending(
             token=secrets.token_urlsafe(12),
             user=user,
@@ -103,11 +94,8 @@ class Confirmations(Store):
         return pending
 
     async def take(self, token: str, user: str | None) -> tuple[Take, Pending | None]:
-        """Settle a confirmation.
-
-        :param user: who clicked; None for the expiry timer (always allowed).
-        :returns: the outcome and the pending request (None when gone).
-        """
+        """Settle a confirmation clicked by ``user`` (None: the expiry timer, always allowed); returns the
+        outcome and the pending request (None when gone)."""
         key = keys.confirmation(self.prefix, token)
         raw = await self.client.get(key)
         if raw is None:

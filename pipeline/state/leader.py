@@ -1,14 +1,10 @@
 """The scheduler leader lease: one Pitstop process among replicas runs scheduled jobs.
 
-Several Pitstop processes may share one Redis for availability; only the holder of the
-lease (``keys.leader``: a string holding the holder's id, with a TTL) runs verifications,
-watch cycles and digests.  The holder renews it every ``ttl / 3`` with a compare-and-extend
-script; if it dies, the key expires and another process takes over within ``ttl``.
-
-A holder trusts its lease locally only until ``renewed_at + ttl * SAFETY`` (monotonic clock,
-measured from *before* the renewing command was sent), so a process whose renewals stall
-(a paused VM, a slow Redis) stops acting as leader before the key can expire under it.
-Claims in Redis (verify claims, incident revisions, digest offsets) remain the backstop.
+Only the holder of the lease (``keys.leader``: the holder's id, with a TTL) runs verifications,
+watch cycles and digests; it renews it every ``ttl / 3``, and if it dies another process takes
+over within ``ttl``.  A holder trusts its lease locally only until ``renewed_at + ttl * SAFETY``
+(monotonic, measured from *before* the renewing command), so one whose renewals stall stops
+acting as leader before the key can expire under it.  Claims in Redis remain the backstop.
 """
 
 from __future__ import annotations
@@ -23,25 +19,15 @@ from pipeline.state.redisconn import DELETE_IF_HELD, unavailable
 SAFETY = 0.8  #: fraction of the TTL a holder trusts its lease after a successful renewal
 
 # KEYS[1] lease key; ARGV[1] holder id; ARGV[2] ttl in ms.  1 if held by ARGV[1] afterwards.
-_ACQUIRE_OR_EXTEND = """
-local v = redis.call('GET', KEYS[1])
-if v == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
+_ACQUIRE_OR_EXTEND = """local v = redis.call('GET', KEYS[1])
+if v == false then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+return 0"""
 
 
 class LeaderLease:
     """A Redis lease naming the one process that runs scheduled jobs.
 
-    :param client: an asyncio Redis client with ``decode_responses=True``.
-    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
     :param holder: this process's id (``Context.instance``); stored as the lease's value.
     :param ttl: seconds the lease lives without renewal; renew every ``ttl / 3``.
     :raises ValueError: if ``ttl`` is not positive.
@@ -89,19 +75,13 @@ class LeaderLease:
         return False
 
     async def renew(self) -> bool:
-        """Extend the lease if this process still holds it (compare-and-extend).
-
-        A lease that expired and was not taken by anyone else is taken back.
-
-        :returns: whether this process holds the lease now.
-        :raises StateUnavailable: if Redis cannot be reached.
-        """
+        """:meth:`acquire`: extend the lease if this process still holds it, or take it back if it
+        expired and nobody else took it."""
         return await self.acquire()
 
     async def release(self) -> bool:
-        """Give the lease up if this process holds it, so another can take over at once.
+        """Give the lease up if this process holds it (True), so another can take over at once.
 
-        :returns: True if this process held it and released it.
         :raises StateUnavailable: if Redis cannot be reached.
         """
         self._valid_until = 0.0

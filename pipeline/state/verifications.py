@@ -1,17 +1,10 @@
 """The verification queue: launched runs awaiting their verdict, and the one claim that delivers each.
 
-A launched run is *queued* in ``keys.runs_unverified``, scored by the time its verification is
-due (unix s).  Whoever comes first (the scheduler leader, ``pitstop say --wait``) *claims* it
-(``SET NX`` on ``keys.verify_claim`` with a short TTL its holder renews), verifies, posts, and
-marks it *done*: dequeued, the claim kept as ``done:…`` for :data:`DONE_TTL` s so it is never
-delivered twice.  A claim that is *released* (the check failed, or the run is PENDING) leaves
-the run queued.
-
-Transitions: :meth:`VerifyQueue.enqueue` (a launch, recovery), :meth:`~VerifyQueue.requeue` (a
-failed attempt, a PENDING recheck), :meth:`~VerifyQueue.claim`, :meth:`~VerifyQueue.release`,
-:meth:`~VerifyQueue.done` (only by the claim's holder: anything else raises
-:class:`~pipeline.errors.IllegalTransition`), and :meth:`~VerifyQueue.settle` (a verdict decided
-outside a delivery leaves the queue, one inside a delivery leaves it when the claim is done).
+A launched run is *queued* in ``keys.runs_unverified``, scored by its due time (unix s).  Whoever
+comes first (the scheduler leader, ``pitstop say --wait``) *claims* it (``SET NX`` with a short
+TTL its holder renews), verifies, posts, and marks it *done* (only the claim's holder may, else
+:class:`~pipeline.errors.IllegalTransition`): dequeued, the claim kept as ``done:…`` for
+:data:`DONE_TTL` s so it is never delivered twice.  A *released* claim leaves the run queued.
 """
 
 from __future__ import annotations
@@ -45,15 +38,11 @@ return redis.call('ZREM', KEYS[2], ARGV[1])
 
 @dataclass(frozen=True)
 class Claim:
-    """A held claim on delivering one run's verdict.
-
-    :ivar holder: the value stored in the claim (instance id and time).
-    :ivar ttl: seconds the claim lives without :meth:`VerifyQueue.extend`.
-    """
+    """A held claim on delivering one run's verdict."""
 
     run_id: str
-    holder: str
-    ttl: float
+    holder: str  #: the value stored in the claim (instance id and time)
+    ttl: float  #: seconds the claim lives without :meth:`VerifyQueue.extend`
 
 
 def _ms(seconds: float) -> int:
@@ -72,10 +61,7 @@ class VerifyQueue(Store):
         pipe.zadd(self.key, {run_id: due})
 
     async def enqueue(self, run_id: str, due: float, *, keep: bool = False) -> None:
-        """Queue ``run_id``, due at ``due`` (unix s).
-
-        :param keep: a run already queued keeps its due time (recovery).
-        """
+        """Queue ``run_id``, due at ``due`` (unix s); with ``keep`` one already queued keeps its due time."""
         await self.client.zadd(self.key, {run_id: due}, nx=keep)
 
     async def requeue(self, run_id: str, due: float) -> None:
@@ -93,14 +79,11 @@ class VerifyQueue(Store):
         return [str(i) for i in await self.client.zrangebyscore(self.key, "-inf", now, start=0, num=limit)]
 
     async def claim(self, run_id: str, holder: str, ttl: float) -> Claim | None:
-        """Claim delivering ``run_id``'s verdict for ``ttl`` s.
-
-        :returns: the claim, or None if another delivery holds it (or did it).
-        """
+        """Claim delivering ``run_id``'s verdict for ``ttl`` s; None if another delivery holds it (or did it)."""
         name = keys.verify_claim(self.prefix, run_id)
-        if not await self.client.set(name, holder, nx=True, px=_ms(ttl)):
-            return None
-        return Claim(run_id, holder, ttl)
+        return (
+            Claim(run_id, holder, ttl) if await self.client.set(name, holder, nx=True, px=_ms(ttl)) else None
+        )
 
     async def extend(self, claim: Claim) -> bool:
         """Extend a held claim by its TTL; False if it was lost (expired, taken by another)."""
