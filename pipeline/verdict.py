@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from pipeline import fmt
 
@@ -390,17 +391,17 @@ def interrupted_after_launch(
 # --- reading --------------------------------------------------------------------------------------
 
 _N = r"[0-9]+"
-_WHO = rf"(?:pid (?P<pid>{_N})|job (?P<job>{_N}))"
+_WHO = rf"(?:pid (?P<pid>{_N})|job (?P<job_id>{_N}))"
 _COUNT = rf"(?P<seen>{_N})/(?P<expected>{_N}) processes {_WHO}"
 _PID_COUNT = (  # a RUNNING line's count and who: a pid, or a Slurm job and its nodes
-    rf"(?P<seen>{_N})/(?P<expected>{_N}) processes (?:pid (?P<pid>{_N})|job (?P<job>{_N}) on (?P<nodes>{_N}) nodes?)"
+    rf"(?P<seen>{_N})/(?P<expected>{_N}) processes (?:pid (?P<pid>{_N})|job (?P<job_id>{_N}) on (?P<nodes>{_N}) nodes?)"
 )
 _SECS = r"[0-9]+(?:\.[0-9])?"
 _GROUPED = r"[0-9]{1,3}(?:,[0-9]{3})*"
 _LOST = (
-    rf"(?:; the previous run reached (?:(?P<role>[A-Za-z0-9_.-]+) )?step (?P<reached>{_GROUPED})"
+    rf"(?:; the previous run reached (?:(?P<lost_role>[A-Za-z0-9_.-]+) )?step (?P<reached>{_GROUPED})"
     rf" — (?P<lost>{_GROUPED}) (?:[A-Za-z0-9_.-]+ )?steps?(?: \(about (?P<lost_s>[^)]+) of training\))? lost"
-    r"(?: since the checkpoint of (?P<ckpt_at>.+))?)?"
+    r"(?: since the checkpoint of (?P<checkpoint_at>.+))?)?"
 )
 
 
@@ -410,17 +411,19 @@ def _forms(*patterns: str) -> tuple[re.Pattern[str], ...]:
 
 _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
     Verdict.RUNNING: _forms(
-        rf"RUNNING {_PID_COUNT}, started from step 0 although checkpoint step (?P<ckpt>{_N}) exists",
+        rf"RUNNING {_PID_COUNT}, started from step 0 although checkpoint step (?P<ignored_checkpoint>{_N}) exists",
         rf"RUNNING {_PID_COUNT}, started from step 0{_LOST}",
-        rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed>{_N}){_LOST})?",
+        rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed_at>{_N}){_LOST})?",
     ),
-    Verdict.PENDING: _forms(rf"PENDING reason (?P<reason>.+) \(job (?P<job>{_N}) queued (?P<queued>[^)]+)\)"),
+    Verdict.PENDING: _forms(
+        rf"PENDING reason (?P<reason>.+) \(job (?P<job_id>{_N}) queued (?P<queued_s>[^)]+)\)"
+    ),
     Verdict.WRONG_COUNT: _forms(rf"WRONG_COUNT {_COUNT}(?: \((?P<detail>.+)\))?"),
-    Verdict.NO_PROGRESS: _forms(rf"NO_PROGRESS {_COUNT} log silent (?P<silent>{_N}) s"),
+    Verdict.NO_PROGRESS: _forms(rf"NO_PROGRESS {_COUNT} log silent (?P<silent_s>{_N}) s"),
     Verdict.EXITED: _forms(
-        rf"EXITED signal (?P<signal>\S+) after (?P<after>{_SECS}) s",
-        rf"EXITED code (?P<code>-?{_N}) after (?P<after>{_SECS}) s",
-        rf"EXITED after (?P<after>{_SECS}) s \(exit code unknown\)",
+        rf"EXITED signal (?P<signal>\S+) after (?P<after_s>{_SECS}) s",
+        rf"EXITED code (?P<code>-?{_N}) after (?P<after_s>{_SECS}) s",
+        rf"EXITED after (?P<after_s>{_SECS}) s \(exit code unknown\)",
     ),
     Verdict.ERROR_IN_LOG: _forms(rf"ERROR_IN_LOG {_WHO}:(?: (?P<detail>.+))?"),
     Verdict.PREFLIGHT_FAILED: _forms(r"PREFLIGHT_FAILED (?P<check>[^:]*):(?: (?P<detail>.+))?"),
@@ -446,8 +449,21 @@ _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
 }
 
 
-def _int(value: str | None) -> int | None:
-    return None if value is None else int(value)
+def _steps_read(value: str) -> int:
+    return int(value.replace(",", ""))
+
+
+#: regex group (named as its VerdictLine field) → how its text reads; the others are text
+_READ: dict[str, Callable[[str], Any]] = {
+    **dict.fromkeys(
+        ("seen", "expected", "pid", "job_id", "nodes", "resumed_at", "ignored_checkpoint", "code"), int
+    ),
+    **dict.fromkeys(("reached", "lost"), _steps_read),
+    **dict.fromkeys(("lost_s", "queued_s"), fmt.parse_duration),
+    **dict.fromkeys(("after_s", "silent_s"), float),
+    "survivors": lambda pids: tuple(int(p) for p in pids.split(", ")),
+    "then": lambda line: parse_line(line),
+}
 
 
 def parse_line(text: str) -> VerdictLine:
@@ -465,34 +481,10 @@ def parse_line(text: str) -> VerdictLine:
         raise ValueError(f"not a verdict line (no verdict first): {text[:80]!r}") from None
     for form in _FORMS[verdict]:
         if m := form.match(text):
-            g = {k: v for k, v in m.groupdict().items() if v is not None}
-            state = g.get("state")
-            return VerdictLine(
-                verdict,
-                seen=_int(g.get("seen")),
-                expected=_int(g.get("expected")),
-                pid=_int(g.get("pid")),
-                job_id=_int(g.get("job")),
-                nodes=_int(g.get("nodes")),
-                resumed_at=_int(g.get("resumed")),
-                ignored_checkpoint=_int(g.get("ckpt")),
-                reached=_int(g["reached"].replace(",", "")) if "reached" in g else None,
-                lost=_int(g["lost"].replace(",", "")) if "lost" in g else None,
-                lost_role=g.get("role"),
-                lost_s=fmt.parse_duration(g["lost_s"]) if "lost_s" in g else None,
-                checkpoint_at=g.get("ckpt_at"),
-                code=_int(g.get("code")),
-                signal=g.get("signal"),
-                after_s=float(g["after"]) if "after" in g else None,
-                silent_s=float(g["silent"]) if "silent" in g else None,
-                queued_s=fmt.parse_duration(g["queued"]) if "queued" in g else None,
-                reason=None if g.get("reason") in (None, "None") else g["reason"],
-                check=g.get("check"),
-                survivors=tuple(int(p) for p in g.get("survivors", "").split(", ") if p),
-                step=g.get("step", "launch" if state else None),
-                after_launch=state is not None,
-                state="alive" if state == "running" else state,
-                detail=g.get("detail", ""),
-                then=parse_line(g["then"]) if "then" in g else None,
-            )
+            facts = {k: _READ.get(k, str)(v) for k, v in m.groupdict().items() if v is not None}
+            if (state := facts.pop("state", None)) is not None:  # after launch: no step group
+                facts.update(step="launch", after_launch=True, state="alive" if state == "running" else state)
+            if facts.get("reason") == "None":
+                del facts["reason"]
+            return VerdictLine(verdict, **facts)
     raise ValueError(f"not a {verdict} verdict line: {text[:120]!r}")
