@@ -281,12 +281,11 @@ class IncidentStore(Store):
 
     async def progress(self, job: str) -> str | None:
         """The job's per-rank progress as stored (JSON :class:`pipeline.observe.progress.ProgressState`)."""
-        raw = await self.client.get(keys.rank_progress(self.prefix, job))
-        return None if raw is None else str(raw)
+        return (await self.progress_many([job]))[job]
 
     async def save_progress(self, job: str, state_json: str) -> None:
         """Store the job's per-rank progress (JSON)."""
-        await self.client.set(keys.rank_progress(self.prefix, job), state_json)
+        await self.save_progress_many({job: state_json})
 
     async def progress_many(self, jobs: Sequence[str]) -> dict[str, str | None]:
         """:meth:`progress` of many jobs in one round trip (job → JSON, None when none is stored)."""

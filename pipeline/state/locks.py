@@ -108,13 +108,10 @@ class Locks(Store):
         """True when a restart of ``job`` could be in flight: its job lock or its host's lock is taken."""
         spec = config.jobs.get(job)
         scopes = [f"job:{job}"] + ([f"host:{spec.host}"] if spec is not None else [])
-        async with self.client.pipeline(transaction=False) as pipe:
-            for scope in scopes:
-                pipe.exists(keys.lock(self.prefix, scope))
-            return any(await pipe.execute())
+        return bool(await self.client.exists(*(keys.lock(self.prefix, scope) for scope in scopes)))
 
 
-class JobLock:
+class JobLock(Store):
     """The restart lock of one scope (:func:`pipeline.state.jobstate.scope_of`), with holder metadata and
     renewal every ``renew_every`` s (default ``ttl / 3``); ``ttl``: seconds it lives without renewal."""
 
@@ -129,8 +126,7 @@ class JobLock:
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self.scope = scope
         self.ttl = ttl
         self.renew_every = renew_every if renew_every is not None else ttl / 3
