@@ -37,11 +37,9 @@ class ApprovalState(StrEnum):
 
 
 #: each decision → the states it is legal from (only a pending request is decided)
-TRANSITIONS: dict[ApprovalState, frozenset[ApprovalState]] = {
-    ApprovalState.APPROVED: frozenset({ApprovalState.PENDING}),
-    ApprovalState.DENIED: frozenset({ApprovalState.PENDING}),
-    ApprovalState.EXPIRED: frozenset({ApprovalState.PENDING}),
-}
+TRANSITIONS: dict[ApprovalState, frozenset[ApprovalState]] = dict.fromkeys(
+    (ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED), frozenset({ApprovalState.PENDING})
+)
 
 
 @dataclass(frozen=True)
@@ -171,10 +169,7 @@ class Approvals(Store):
         return stored
 
     async def get(self, request_id: str) -> ApprovalRequest:
-        """The request ``request_id``.
-
-        :raises UnknownRun: if there is none (never made, or older than :data:`KEEP`).
-        """
+        """The request ``request_id`` (UnknownRun if there is none: never made, or older than :data:`KEEP`)."""
         if (request := await self.find(request_id)) is None:
             raise UnknownRun(request_id)
         return request

@@ -202,10 +202,7 @@ class IncidentStore(Store):
             pipe.hdel(key, *gone)
 
     async def open(self, incident: Incident) -> Incident | None:
-        """Open ``incident`` if the job has none open.
-
-        :returns: the stored incident (numbered, rev 1), or None if one was already open.
-        """
+        """Open ``incident`` if the job has none open: returns it numbered at rev 1, or None if one was."""
         n = await self._open(
             keys=[keys.incident(self.prefix, incident.job), keys.watch_state(self.prefix, incident.job)],
             args=_flat(incident.to_hash()),
@@ -213,11 +210,8 @@ class IncidentStore(Store):
         return incident.model_copy(update={"n": int(n), "rev": 1}) if n else None
 
     async def update(self, expected: Incident, new: Incident) -> Incident | None:
-        """Replace the open incident ``expected`` (same ``n`` and ``rev``) by ``new``.
-
-        :returns: ``new`` with its revision bumped, or None if the incident changed meanwhile.
-        :raises IllegalTransition: if ``expected`` was never opened.
-        """
+        """Replace the open incident ``expected`` (same ``n`` and ``rev``) by ``new``: returns ``new`` with its
+        revision bumped, None if it changed meanwhile; IllegalTransition if ``expected`` was never opened."""
         _opened(expected, "change")
         rev = await self._update(
             keys=[keys.incident(self.prefix, expected.job)],
@@ -226,11 +220,8 @@ class IncidentStore(Store):
         return new.model_copy(update={"n": expected.n, "rev": int(rev)}) if rev else None
 
     async def close(self, expected: Incident) -> bool:
-        """Delete the open incident ``expected`` (same ``n`` and ``rev``).
-
-        :returns: False if it changed or closed meanwhile.
-        :raises IllegalTransition: if ``expected`` was never opened.
-        """
+        """Delete the open incident ``expected`` (same ``n`` and ``rev``): False if it changed or closed
+        meanwhile; IllegalTransition if ``expected`` was never opened."""
         _opened(expected, "resolve")
         args = [str(expected.n), str(expected.rev)]
         return bool(await self._close(keys=[keys.incident(self.prefix, expected.job)], args=args))
@@ -248,10 +239,8 @@ class IncidentStore(Store):
         await self.client.set(keys.watch_off(self.prefix, job), user, ex=max(1, seconds))
 
     async def resume(self, job: str) -> bool:
-        """``watch JOB on``: watch again, forgetting the progress memory of before the pause.
-
-        :returns: whether watching was paused.
-        """
+        """``watch JOB on``: watch again, forgetting the progress memory of before the pause; returns
+        whether watching was paused."""
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(keys.watch_off(self.prefix, job))
             pipe.hdel(keys.watch_state(self.prefix, job), "progress_at", "degraded_since", "log_size")

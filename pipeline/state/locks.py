@@ -93,10 +93,8 @@ class Locks(Store):
         return Holder.from_hash(scope, data)
 
     async def force_release(self, scope: str) -> Holder | None:
-        """Free ``scope``'s lock whoever holds it (``unlock``); the holder's renewal then finds it lost.
-
-        :returns: who held it, or None if it was free.
-        """
+        """Free ``scope``'s lock whoever holds it (``unlock``; the holder's renewal then finds it lost):
+        returns who held it, or None if it was free."""
         holder = await self.holder(scope)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(keys.lock(self.prefix, scope))
@@ -229,10 +227,8 @@ class JobLock(Store):
                 log.warning("could not renew the lock %s; retrying", self.scope, exc_info=True)
 
     async def release(self) -> None:
-        """Stop renewing and free the lock if this object still holds it.  Safe to call twice.
-
-        :raises IllegalTransition: if this object never took the lock.
-        """
+        """Stop renewing and free the lock if this object still holds it.  Safe to call twice;
+        IllegalTransition if this object never took the lock."""
         if not self._taken:
             raise IllegalTransition(f"lock {self.scope}", "not held by this object", "release")
         if self._renewal is not None:

@@ -71,8 +71,7 @@ class StoreWatch:
         self.down_since: float | None = None  #: Unix time (s) the current outage began, else None
         #: the last outage seen to end, once told (here or by a replica) or found too short to tell
         self.last_outage: Outage | None = None
-        self._logged = False
-        self._revived = False
+        self._logged = self._revived = False
         self._stopped = asyncio.Event()
 
     def stop(self) -> None:

@@ -114,11 +114,8 @@ class Reach(BaseModel):
 
 
 class RunRecord(BaseModel):
-    """A restart (or start/stop) of a job, as stored in Redis.
-
-    Times are unix seconds.  ``pid``/``start_time``/``pgid``/``sid`` identify the launched
-    process (start time in clock ticks since boot, field 22 of ``/proc/PID/stat``).
-    """
+    """A restart (or start/stop) of a job, as stored in Redis; times in unix s.  ``pid``/``start_time``/
+    ``pgid``/``sid`` identify the launched process (start time in clock ticks since boot, ``/proc/PID/stat`` field 22)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -297,10 +294,8 @@ class RunStore(Store):
         return run
 
     async def decide(self, run: RunRecord, verdict: Verdict, line: str, evidence: str) -> RunRecord:
-        """Record the verdict verification decided (``finished_at`` now); saved.
-
-        :raises IllegalTransition: if the run was ended by its sequence (nothing to verify).
-        """
+        """Record the verdict verification decided (``finished_at`` now); saved.  IllegalTransition if the
+        run was ended by its sequence (nothing to verify)."""
         self.check(run, "decide")
         run.verdict, run.verdict_line, run.evidence = verdict, line, evidence
         run.finished_at = time.time()

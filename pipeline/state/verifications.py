@@ -95,10 +95,8 @@ class VerifyQueue(Store):
         await self.client.eval(DELETE_IF_HELD, 1, keys.verify_claim(self.prefix, claim.run_id), claim.holder)
 
     async def done(self, claim: Claim) -> None:
-        """The verdict is delivered: the run leaves the queue and its claim is kept as done.
-
-        :raises IllegalTransition: if this holder no longer holds the claim.
-        """
+        """The verdict is delivered: the run leaves the queue and its claim is kept as done
+        (IllegalTransition if this holder no longer holds the claim)."""
         name = keys.verify_claim(self.prefix, claim.run_id)
         if not await self.client.eval(_DONE, 2, name, self.key, claim.holder, _ms(DONE_TTL), claim.run_id):
             raise IllegalTransition(
