@@ -467,12 +467,8 @@ _READ: dict[str, Callable[[str], Any]] = {
 
 
 def parse_line(text: str) -> VerdictLine:
-    """The facts of a verdict line written by :func:`format_line`.
-
-    :param text: one verdict line (surrounding whitespace is ignored).
-    :returns: its :class:`VerdictLine`; :func:`format_line` of it gives ``text`` back.
-    :raises ValueError: if ``text`` is not a verdict line.
-    """
+    """The facts of a verdict line written by :func:`format_line` (which gives ``text`` back from them;
+    surrounding whitespace is ignored).  ValueError if ``text`` is not a verdict line."""
     text = text.strip()
     head = text.split(" ", 1)[0].rstrip(":")
     try:

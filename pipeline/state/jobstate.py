@@ -114,11 +114,8 @@ class JobStore(Store):
         return (await self.read_many([name], now=now))[0]
 
     async def read_many(self, names: Sequence[str], *, now: float | None = None) -> list[JobSnapshot]:
-        """Several jobs' snapshots, in the order of ``names``, in one round trip.
-
-        :param now: the time automatic restarts are counted back from (unix s; default now).
-        :raises KeyError: if a name is not configured.
-        """
+        """Several jobs' snapshots, in the order of ``names``, in one round trip; automatic restarts are
+        counted back from ``now`` (unix s).  KeyError if a name is not configured."""
         if not names:
             return []
         when = time.time() if now is None else now

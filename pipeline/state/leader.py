@@ -80,10 +80,8 @@ class LeaderLease:
         return await self.acquire()
 
     async def release(self) -> bool:
-        """Give the lease up if this process holds it (True), so another can take over at once.
-
-        :raises StateUnavailable: if Redis cannot be reached.
-        """
+        """Give the lease up if this process holds it (True), so another can take over at once
+        (StateUnavailable if Redis cannot be reached)."""
         self._valid_until = 0.0
         with unavailable():
             return bool(await self._release(keys=[self.key], args=[self.holder]))

@@ -216,12 +216,8 @@ class RunStore(Store):
         approved_patches: dict[str, str] | None = None,
         break_glass: str | None = None,
     ) -> RunRecord:
-        """A new run ``r-<n>``, saved and marked open (the two-person rule's fields as on :class:`RunRecord`).
-
-        :param run_id: an id already reserved from ``keys.run_seq`` (an approval request's);
-            None takes the next.
-        :raises IllegalTransition: if ``run_id`` already names a run.
-        """
+        """A new run, saved and marked open (the two-person rule's fields as on :class:`RunRecord`), as
+        ``run_id`` (one reserved by an approval request: IllegalTransition if it names a run) or ``r-<n>``."""
         if run_id is None:
             run_id = f"r-{await self.client.incr(keys.run_seq(self.prefix))}"
         elif await self.client.exists(keys.run(self.prefix, run_id)):
@@ -282,10 +278,7 @@ class RunStore(Store):
         evidence: str | None = None,
     ) -> RunRecord:
         """End ``run``'s sequence now, with ``verdict`` (None: a stop that succeeded) and ``evidence``
-        (None: kept); saved and returned.
-
-        :raises IllegalTransition: if the run already ended or was verified.
-        """
+        (None: kept); saved and returned.  IllegalTransition if the run already ended or was verified."""
         self.check(run, "finish")
         run.verdict, run.verdict_line = verdict, line
         run.evidence = run.evidence if evidence is None else evidence
@@ -373,10 +366,8 @@ class RunStore(Store):
         return end if await self.client.eval(_CLAIM_RECOVERY, 1, key, run_id, repr(now), repr(end)) else None
 
     async def recovery_done(self, run_id: str, claim: float) -> bool:
-        """The claimed follow-up is posted (or had nothing to post): it leaves the queue for good.
-
-        :returns: False when the ``claim`` had lapsed and another process claimed it since (it posts too).
-        """
+        """The claimed follow-up is posted (or had nothing to post): it leaves the queue for good.  False
+        when the ``claim`` had lapsed and another process claimed it since (it posts too)."""
         key = keys.runs_recovery(self.prefix)
         return bool(await self.client.eval(_RECOVERY_DONE, 1, key, run_id, repr(claim)))
 
