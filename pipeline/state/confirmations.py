@@ -1,10 +1,9 @@
 """Confirmations: a job with ``confirm = true`` acts only when the same person confirms in time.
 
-The request waits in Redis (:func:`pipeline.state.keys.confirmation`, JSON, with a TTL slightly
-longer than the window) under a random token carried by the Confirm/Cancel buttons, so any
-replica can take the click.  :meth:`Confirmations.take` settles it atomically (``GETDEL``):
-exactly one of the requester's click, a double click, and the expiry timer wins.  Someone
-else's click is refused and leaves the confirmation waiting.
+The request waits in Redis under a random token carried by the Confirm/Cancel buttons, so any
+replica can take the click.  :meth:`Confirmations.take` settles it atomically (``GETDEL``): one
+of the requester's click, a double click and the expiry timer wins; someone else's click is
+refused and leaves it waiting.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from pipeline.state import keys
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import Store, ms
 
 DEFAULT_WINDOW = 60.0  #: seconds a confirmation waits
 GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer settles first)
@@ -89,8 +88,9 @@ class Confirmations(Store):
             created_at=time.time(),
             window=window,
         )
-        ttl_ms = max(1, int((window + GRACE) * 1000))
-        await self.client.set(keys.confirmation(self.prefix, pending.token), pending.dumps(), px=ttl_ms)
+        await self.client.set(
+            keys.confirmation(self.prefix, pending.token), pending.dumps(), px=ms(window + GRACE)
+        )
         return pending
 
     async def take(self, token: str, user: str | None) -> tuple[Take, Pending | None]:

@@ -14,7 +14,7 @@ import time
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
-from pipeline.state.redisconn import DELETE_IF_HELD, unavailable
+from pipeline.state.redisconn import DELETE_IF_HELD, ms, unavailable
 
 SAFETY = 0.8  #: fraction of the TTL a holder trusts its lease after a successful renewal
 
@@ -64,7 +64,7 @@ class LeaderLease:
         started = time.monotonic()
         try:
             with unavailable():
-                held = await self._acquire(keys=[self.key], args=[self.holder, max(1, int(self.ttl * 1000))])
+                held = await self._acquire(keys=[self.key], args=[self.holder, ms(self.ttl)])
         except BaseException:
             self._valid_until = 0.0
             raise

@@ -26,7 +26,7 @@ from redis.exceptions import LockError, RedisError
 from pipeline.config import Config
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import Store, ms
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,6 @@ class JobLock(Store):
         """True when the lock expired or was forced free while this object held it."""
         return self._lost
 
-    def _ms(self) -> int:
-        return max(1, int(self.ttl * 1000))
-
     async def acquire(
         self, *, job: str, action: str, user: str, run_id: str = "", step: str = "queued"
     ) -> Holder:
@@ -181,7 +178,7 @@ class JobLock(Store):
             pipe.delete(self.holder_key)
             # str of a float is its repr: ``started_at`` reads back exactly
             pipe.hset(self.holder_key, mapping={k: str(v) for k, v in asdict(holder).items() if k != "scope"})
-            pipe.pexpire(self.holder_key, self._ms())
+            pipe.pexpire(self.holder_key, ms(self.ttl))
             await pipe.execute()
         self.holder = holder
         return holder
@@ -218,7 +215,7 @@ class JobLock(Store):
                 pass
             try:
                 await self._lock.extend(self.ttl, replace_ttl=True)
-                await self.client.pexpire(self.holder_key, self._ms())
+                await self.client.pexpire(self.holder_key, ms(self.ttl))
             except LockError:
                 self._lost = True
                 log.warning("lost the lock %s (expired or forced free)", self.scope)

@@ -47,6 +47,11 @@ DELETE_IF_HELD = """if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.c
 return 0"""
 
 
+def ms(seconds: float) -> int:
+    """``seconds`` as a ``PX``/``PEXPIRE`` argument: whole milliseconds, at least 1."""
+    return max(1, int(seconds * 1000))
+
+
 class Store:
     """Base of the stores of :mod:`pipeline.state`: an asyncio Redis client (``decode_responses=True``)
     and the key prefix (:mod:`pipeline.state.keys`)."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
-from pipeline.state.redisconn import EXTEND_IF_HELD, Store
+from pipeline.state.redisconn import EXTEND_IF_HELD, Store, ms
 from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ class RunStore(Store):
             pipe.zadd(keys.runs_all(self.prefix), {run.id: now})
             pipe.sadd(keys.runs_open(self.prefix), run.id)
             if self.owner is not None:
-                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=self._ttl_ms())
+                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=ms(self.heartbeat_ttl))
             await pipe.execute()
         if self.owner is not None:
             self._owned.add(run.id)
@@ -387,9 +387,6 @@ class RunStore(Store):
 
     # --- ownership ------------------------------------------------------------------------------
 
-    def _ttl_ms(self) -> int:
-        return max(1, int(self.heartbeat_ttl * 1000))
-
     async def _beat(self) -> None:
         while self._owned:
             await asyncio.sleep(self.heartbeat_ttl / 3)
@@ -405,7 +402,9 @@ class RunStore(Store):
             return set()
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
-                pipe.eval(EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, self._ttl_ms())
+                pipe.eval(
+                    EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(self.heartbeat_ttl)
+                )
             for run_id in ids:
                 pipe.sismember(keys.runs_open(self.prefix), run_id)
             answers = await pipe.execute()
@@ -420,7 +419,7 @@ class RunStore(Store):
         """Claim an open run whose owner is gone, for ``heartbeat_ttl`` s (``SET NX`` on its lapsed
         heartbeat, ``recovering:INSTANCE``); False if its owner came back or another claimed it first."""
         key = keys.run_owner(self.prefix, run_id)
-        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=self._ttl_ms()))
+        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=ms(self.heartbeat_ttl)))
 
     async def unclaim(self, run_id: str) -> None:
         """Drop the claim of :meth:`claim_orphan` (the take-over is recorded)."""

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
-from pipeline.state.redisconn import DELETE_IF_HELD, EXTEND_IF_HELD, Store
+from pipeline.state.redisconn import DELETE_IF_HELD, EXTEND_IF_HELD, Store, ms
 
 DONE_TTL = 7 * 86400.0  #: seconds a delivered claim is remembered
 
@@ -43,10 +43,6 @@ class Claim:
     run_id: str
     holder: str  #: the value stored in the claim (instance id and time)
     ttl: float  #: seconds the claim lives without :meth:`VerifyQueue.extend`
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 class VerifyQueue(Store):
@@ -82,13 +78,13 @@ class VerifyQueue(Store):
         """Claim delivering ``run_id``'s verdict for ``ttl`` s; None if another delivery holds it (or did it)."""
         name = keys.verify_claim(self.prefix, run_id)
         return (
-            Claim(run_id, holder, ttl) if await self.client.set(name, holder, nx=True, px=_ms(ttl)) else None
+            Claim(run_id, holder, ttl) if await self.client.set(name, holder, nx=True, px=ms(ttl)) else None
         )
 
     async def extend(self, claim: Claim) -> bool:
         """Extend a held claim by its TTL; False if it was lost (expired, taken by another)."""
         name = keys.verify_claim(self.prefix, claim.run_id)
-        return bool(await self.client.eval(EXTEND_IF_HELD, 1, name, claim.holder, _ms(claim.ttl)))
+        return bool(await self.client.eval(EXTEND_IF_HELD, 1, name, claim.holder, ms(claim.ttl)))
 
     async def release(self, claim: Claim) -> None:
         """Give a claim up, leaving the run as it is in the queue (delivered again when due)."""
@@ -98,7 +94,7 @@ class VerifyQueue(Store):
         """The verdict is delivered: the run leaves the queue and its claim is kept as done
         (IllegalTransition if this holder no longer holds the claim)."""
         name = keys.verify_claim(self.prefix, claim.run_id)
-        if not await self.client.eval(_DONE, 2, name, self.key, claim.holder, _ms(DONE_TTL), claim.run_id):
+        if not await self.client.eval(_DONE, 2, name, self.key, claim.holder, ms(DONE_TTL), claim.run_id):
             raise IllegalTransition(
                 f"verification of {claim.run_id}", "not claimed by this holder", "be done"
             )
