@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import Store, as_float
 
 STREAM_MAXLEN = 10_000
 _SCAN_BATCH = 200
@@ -78,12 +78,8 @@ class AuditEntry:
             outcome = AuditOutcome(fields.get("outcome", "error"))
         except ValueError:
             outcome = AuditOutcome.ERROR
-        try:
-            ts = float(fields.get("ts", "0"))
-        except ValueError:
-            ts = 0.0
         text = {name: str(fields.get(name, "")) for name in _TEXT_FIELDS}
-        return cls(id=entry_id, ts=ts, outcome=outcome, **text)
+        return cls(id=entry_id, ts=as_float(fields.get("ts")) or 0.0, outcome=outcome, **text)
 
 
 _TEXT_FIELDS = ("user", "surface", "channel", "text", "verb", "job", "command", "detail", "run_id")

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.incidents import Incident, WatchState
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import Store, as_float
 from pipeline.state.runs import RunRecord
 from pipeline.state.verifications import VerifyQueue
 
@@ -40,13 +40,6 @@ def scope_of(config: Config, job: str) -> str:
     (as :func:`pipeline.state.keys.lock` takes it); KeyError if ``job`` is not configured."""
     spec = config.jobs[job]
     return f"host:{spec.host}" if spec.lock_scope == "host" else f"job:{job}"
-
-
-def _float(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -87,7 +80,7 @@ class JobSnapshot:
     @property
     def launched_at(self) -> float | None:
         """When the current run was launched (unix s), None if unknown or unreadable."""
-        return _float(self.current.get("launched_at"))
+        return as_float(self.current.get("launched_at"))
 
     def uptime(self, now: float) -> float | None:
         """Seconds the job has run at ``now``: from the current record's ``launched_at``, else (no

@@ -26,7 +26,7 @@ from redis.exceptions import LockError, RedisError
 from pipeline.config import Config
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
-from pipeline.state.redisconn import Store, ms
+from pipeline.state.redisconn import Store, as_float, ms
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +50,9 @@ class Holder:
     @classmethod
     def from_hash(cls, scope: str, data: Mapping[str, str]) -> Holder:
         """A holder from its Redis hash (missing fields read as empty)."""
-        try:
-            started = float(data.get("started_at", "0"))
-        except ValueError:
-            started = 0.0
-        return cls(
-            scope=scope,
-            job=data.get("job", ""),
-            action=data.get("action", "restart"),
-            user=data.get("user", ""),
-            run_id=data.get("run_id", ""),
-            step=data.get("step", ""),
-            started_at=started,
-        )
+        text = {name: data.get(name, "") for name in ("job", "user", "run_id", "step")}
+        started_at = as_float(data.get("started_at")) or 0.0
+        return cls(scope=scope, action=data.get("action", "restart"), started_at=started_at, **text)
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the lock was taken."""

@@ -52,6 +52,14 @@ def ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
+def as_float(value: str | None) -> float | None:
+    """A number as stored in a Redis string; None if absent, empty or unreadable."""
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
 class Store:
     """Base of the stores of :mod:`pipeline.state`: an asyncio Redis client (``decode_responses=True``)
     and the key prefix (:mod:`pipeline.state.keys`)."""
