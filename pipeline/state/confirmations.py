@@ -107,6 +107,4 @@ class Confirmations(Store):
         if raw is None:
             return Take.GONE, None
         pending = Pending.loads(raw)
-        if user is not None and pending.expired:
-            return Take.EXPIRED, pending
-        return Take.TAKEN, pending
+        return (Take.EXPIRED if user is not None and pending.expired else Take.TAKEN), pending

@@ -42,9 +42,7 @@ class Posts(Store):
         """``(channel, thread ts)`` where replies about ``key`` go: its headline's own thread, or,
         for a headline that is itself a reply (an incident told in a grouped post), its parent's."""
         got = await self.client.hmget(keys.posts(self.prefix, key), ["channel", "ts", "parent"])
-        if not got or not got[0] or not got[1]:
-            return None
-        return str(got[0]), str(got[2] or got[1])
+        return (str(got[0]), str(got[2] or got[1])) if got and got[0] and got[1] else None
 
     async def remember(self, key: str, channel: str, ts: str, parent: str | None = None) -> None:
         """``key``'s headline is at ``(channel, ts)`` (kept :data:`POST_TTL` s), a reply in the

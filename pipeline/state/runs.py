@@ -329,14 +329,13 @@ class RunStore(Store):
         """Up to ``count`` of the job's attempts (runs that launched something, created ``before`` a
         run if given), newest first."""
         runs = await self.recent(job, max(count, 1) * 3 + 10)
-        out = [
+        return [
             r
             for r in runs
             if r.launched_at is not None
             and r.launched_as is not None
             and (before is None or (r.created_at < before.created_at and r.id != before.id))
-        ]
-        return out[:count]
+        ][:count]
 
     # --- the throughput follow-up: claimed under a lease, then done; a lapsed claim is claimed again
 
