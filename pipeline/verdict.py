@@ -1,8 +1,5 @@
-"""The restart's steps, its verdict and the verdict line: one owner that formats it and parses it.
-
-A run's steps are one closed enum (:class:`Step`, values are the labels people see) and each
-step ends with an :class:`Outcome`.  The verdict is one closed set (:class:`Verdict`), listed in
-precedence order: when several apply, the first wins.
+"""The restart's steps (:class:`Step`, each ending with an :class:`Outcome`), its verdict (:class:`Verdict`)
+and the verdict line: one owner that formats it and parses it.
 
 The verdict line is a contract for people and scripts alike (``pitstop say --wait`` prints it,
 the README lists its forms): one line, the verdict's name first, then the facts behind it::
@@ -28,20 +25,19 @@ the README lists its forms): one line, the verdict's name first, then the facts 
     INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8 processes
     INTERRUPTED after launch: pid 5151 running 8/8 (unverified)
 
-:class:`VerdictLine` holds the facts; :func:`format_line` writes the line and :func:`parse_line`
-reads it back (``format_line(parse_line(s)) == s`` for every line Pitstop writes, tested round
-trip).  The builders (:func:`running`, :func:`exited`, …) are what the engines call.
-
-A leaf module beside :mod:`pipeline.fmt`: standard library only.
+:class:`VerdictLine` holds the facts; :func:`format_line` writes the line, :func:`parse_line` reads
+it back (``format_line(parse_line(s)) == s``); the engines call the builders (:func:`running`, …).
+Imports :mod:`pipeline.fmt` and the standard library only.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from pipeline import fmt
 
@@ -97,64 +93,40 @@ _OWNER_STOPPED = " - Pitstop stopped before the sequence finished"
 
 @dataclass(frozen=True)
 class VerdictLine:
-    """The facts a verdict line carries; which fields are set depends on the verdict.
+    """The facts a verdict line carries; which fields are set depends on the verdict (in brackets)."""
 
-    :ivar verdict: the verdict, the line's first word.
-    :ivar seen: processes found (RUNNING, WRONG_COUNT, NO_PROGRESS; INTERRUPTED after launch).
-    :ivar expected: processes expected.
-    :ivar pid: the launched (or recorded) process's pid, on the SSH engine.
-    :ivar job_id: the Slurm job id, on the Slurm engine.
-    :ivar nodes: the node count a Slurm job runs on (RUNNING).
-    :ivar resumed_at: the step the run resumed at (RUNNING), when it did not start at 0.
-    :ivar ignored_checkpoint: the checkpoint's step a run started from 0 in spite of (RUNNING).
-    :ivar reached: the step the previous run reached (RUNNING, resumed; :class:`Lost`).
-    :ivar lost: the steps lost since the checkpoint resumed from (RUNNING, resumed).
-    :ivar lost_role: the role whose step is compared (``drafter``), None when the job has one role.
-    :ivar lost_s: the training time those steps took, seconds (shown as :func:`pipeline.fmt.duration`).
-    :ivar checkpoint_at: when that checkpoint was written, as :func:`pipeline.fmt.clock` shows it.
-    :ivar code: the exit code (EXITED).
-    :ivar signal: the signal name that ended it (EXITED), e.g. ``SIGKILL``.
-    :ivar after_s: seconds from launch to the exit (EXITED), shown to 0.1 s.
-    :ivar silent_s: seconds the log was silent (NO_PROGRESS), shown whole.
-    :ivar queued_s: seconds queued (PENDING), shown as :func:`pipeline.fmt.duration` shows it.
-    :ivar reason: the scheduler's pending reason (PENDING), e.g. ``Resources``.
-    :ivar check: the pre-flight check that failed (PREFLIGHT_FAILED).
-    :ivar survivors: pids that outlived the stop (STOP_FAILED).
-    :ivar step: the step a run was cancelled after, or interrupted during (None: before stop,
-        or ``start`` when interrupted before any step); ``launch`` with ``after_launch``.
-    :ivar after_launch: INTERRUPTED after the launch (its pid's state is ``state``).
-    :ivar state: INTERRUPTED after launch: ``alive``, ``gone``, ``unknown`` or ``pending`` (Slurm).
-    :ivar detail: free text: the log's error line, a failure's detail, what a probe found, a
-        Slurm job's short nodes.
-    :ivar then: STALE_RECORD: the verdict the run had apart from the stale record.
-    """
-
-    verdict: Verdict
-    seen: int | None = None
-    expected: int | None = None
-    pid: int | None = None
-    job_id: int | None = None
-    nodes: int | None = None
-    resumed_at: int | None = None
-    ignored_checkpoint: int | None = None
+    verdict: Verdict  #: the line's first word
+    seen: int | None = None  #: processes found (RUNNING, WRONG_COUNT, NO_PROGRESS, INTERRUPTED after launch)
+    expected: int | None = None  #: processes expected
+    pid: int | None = None  #: the launched (or recorded) pid, on the SSH engine
+    job_id: int | None = None  #: the Slurm job id, on the Slurm engine
+    nodes: int | None = None  #: the node count a Slurm job runs on (RUNNING)
+    resumed_at: int | None = None  #: the step resumed at (RUNNING), when not 0
+    ignored_checkpoint: int | None = None  #: the checkpoint's step a run started from 0 in spite of
+    #: the resumed RUNNING line's :class:`Lost` clause: the step the previous run reached, the steps
+    #: lost, the role compared (None: one role), their training time (s) and the checkpoint's time
+    #: (as :func:`pipeline.fmt.clock` shows it)
     reached: int | None = None
     lost: int | None = None
     lost_role: str | None = None
     lost_s: float | None = None
     checkpoint_at: str | None = None
-    code: int | None = None
-    signal: str | None = None
-    after_s: float | None = None
-    silent_s: float | None = None
-    queued_s: float | None = None
-    reason: str | None = None
-    check: str | None = None
-    survivors: tuple[int, ...] = ()
+    code: int | None = None  #: the exit code (EXITED)
+    signal: str | None = None  #: the signal that ended it (EXITED), e.g. ``SIGKILL``
+    after_s: float | None = None  #: seconds from launch to the exit (EXITED), shown to 0.1 s
+    silent_s: float | None = None  #: seconds the log was silent (NO_PROGRESS), shown whole
+    queued_s: float | None = None  #: seconds queued (PENDING), shown as :func:`pipeline.fmt.duration`
+    reason: str | None = None  #: the scheduler's pending reason (PENDING), e.g. ``Resources``
+    check: str | None = None  #: the pre-flight check that failed (PREFLIGHT_FAILED)
+    survivors: tuple[int, ...] = ()  #: pids that outlived the stop (STOP_FAILED)
+    #: the step a run was cancelled after or interrupted during (None: before stop; ``start``:
+    #: interrupted before any step; ``launch`` with ``after_launch``)
     step: str | None = None
-    after_launch: bool = False
-    state: str | None = None
+    after_launch: bool = False  #: INTERRUPTED after the launch
+    state: str | None = None  #: INTERRUPTED after launch: ``alive``, ``gone``, ``unknown`` or ``pending``
+    #: free text: the log's error line, a failure's detail, what a probe found, a Slurm job's short nodes
     detail: str = ""
-    then: VerdictLine | None = None
+    then: VerdictLine | None = None  #: STALE_RECORD: the verdict the run had apart from the stale record
 
     def __str__(self) -> str:
         return format_line(self)
@@ -280,21 +252,13 @@ def format_line(v: VerdictLine) -> str:
 
 @dataclass(frozen=True)
 class Lost:
-    """What a restart that resumed from a checkpoint lost: the verdict line's last clause.
+    """What a restart that resumed from a checkpoint lost: the verdict line's last clause."""
 
-    :ivar reached: the step the previous run reached (its highest logged step of ``role``).
-    :ivar steps: steps lost: ``reached`` minus the step resumed at (never negative).
-    :ivar role: the role whose step is compared (``drafter``), None when the job has one role.
-    :ivar seconds: training time those steps took at the previous run's rate (seconds), if known.
-    :ivar checkpoint_at: when the checkpoint resumed from was written, as people read it
-        (:func:`pipeline.fmt.clock`), if known.
-    """
-
-    reached: int
-    steps: int
-    role: str | None = None
-    seconds: float | None = None
-    checkpoint_at: str | None = None
+    reached: int  #: the previous run's highest logged step of ``role``
+    steps: int  #: ``reached`` minus the step resumed at (never negative)
+    role: str | None = None  #: the role whose step is compared (``drafter``); None: the job has one
+    seconds: float | None = None  #: training time those steps took at the previous run's rate, if known
+    checkpoint_at: str | None = None  #: when the checkpoint was written (:func:`pipeline.fmt.clock`)
 
     def on(self, line: VerdictLine) -> VerdictLine:
         """``line`` (a resumed RUNNING line's facts) carrying this clause."""
@@ -355,20 +319,14 @@ def wrong_count(
 def no_progress(
     seen: int, expected: int, silent_s: float, *, pid: int | None = None, job_id: int | None = None
 ) -> str:
-    """``NO_PROGRESS 8/8 processes pid 4242 log silent 60 s``.
-
-    :param silent_s: seconds the log has been silent.
-    """
+    """``NO_PROGRESS 8/8 processes pid 4242 log silent 60 s`` (``silent_s``: seconds)."""
     return format_line(
         VerdictLine(Verdict.NO_PROGRESS, seen, expected, pid=pid, job_id=job_id, silent_s=silent_s)
     )
 
 
 def exited(code: int | None, signal: str | None, after_s: float) -> str:
-    """``EXITED code 3 after 1.2 s``, ``EXITED signal SIGKILL after 1.2 s`` or ``EXITED after 1.2 s (exit code unknown)``.
-
-    :param after_s: seconds from the launch to the exit.
-    """
+    """``EXITED code 3 after 1.2 s`` (or ``signal SIGKILL``, or ``(exit code unknown)``); ``after_s``: seconds."""
     return format_line(VerdictLine(Verdict.EXITED, code=code, signal=signal or None, after_s=after_s))
 
 
@@ -395,10 +353,7 @@ def launch_failed(detail: str) -> str:
 
 
 def stale_record(pid: int, then: str) -> str:
-    """``STALE_RECORD pid 4242 not signalled (start time differs); then: RUNNING 8/8 processes pid 5000``.
-
-    :param then: the verdict line the run had apart from the stale record.
-    """
+    """``STALE_RECORD pid 4242 not signalled (start time differs); then: <the line it had apart from that>``."""
     return format_line(VerdictLine(Verdict.STALE_RECORD, pid=pid, then=parse_line(then)))
 
 
@@ -408,12 +363,9 @@ def cancelled(after_step: str | None) -> str:
 
 
 def interrupted(step: str | None, found: str | None = None) -> str:
-    """``INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8 processes``.
-
-    :param step: the step the run was in when its owner died (None: before any step).
-    :param found: what a probe of the host found; None when no probe was made (the sequence
-        was cancelled by its own process).
-    """
+    """``INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8 processes``: the step the
+    owner died in (None: before any step) and what a probe of the host ``found`` (None: no probe, the
+    sequence was cancelled by its own process)."""
     return format_line(VerdictLine(Verdict.INTERRUPTED, step=step or "start", detail=found or ""))
 
 
@@ -421,11 +373,7 @@ def interrupted_after_launch(
     state: str, seen: int, expected: int, *, pid: int | None = None, job_id: int | None = None
 ) -> str:
     """``INTERRUPTED after launch: pid 5151 running 8/8 (unverified)`` (or ``job 42 pending``): the
-    owner died after the launch.
-
-    :param state: the launched run's state: ``alive``, ``gone``, ``unknown`` or ``pending`` (a
-        Slurm job still queued).
-    """
+    owner died after the launch; ``state``: ``alive``, ``gone``, ``unknown`` or ``pending`` (Slurm)."""
     return format_line(
         VerdictLine(
             Verdict.INTERRUPTED,
@@ -443,17 +391,17 @@ def interrupted_after_launch(
 # --- reading --------------------------------------------------------------------------------------
 
 _N = r"[0-9]+"
-_WHO = rf"(?:pid (?P<pid>{_N})|job (?P<job>{_N}))"
+_WHO = rf"(?:pid (?P<pid>{_N})|job (?P<job_id>{_N}))"
 _COUNT = rf"(?P<seen>{_N})/(?P<expected>{_N}) processes {_WHO}"
 _PID_COUNT = (  # a RUNNING line's count and who: a pid, or a Slurm job and its nodes
-    rf"(?P<seen>{_N})/(?P<expected>{_N}) processes (?:pid (?P<pid>{_N})|job (?P<job>{_N}) on (?P<nodes>{_N}) nodes?)"
+    rf"(?P<seen>{_N})/(?P<expected>{_N}) processes (?:pid (?P<pid>{_N})|job (?P<job_id>{_N}) on (?P<nodes>{_N}) nodes?)"
 )
 _SECS = r"[0-9]+(?:\.[0-9])?"
 _GROUPED = r"[0-9]{1,3}(?:,[0-9]{3})*"
 _LOST = (
-    rf"(?:; the previous run reached (?:(?P<role>[A-Za-z0-9_.-]+) )?step (?P<reached>{_GROUPED})"
+    rf"(?:; the previous run reached (?:(?P<lost_role>[A-Za-z0-9_.-]+) )?step (?P<reached>{_GROUPED})"
     rf" — (?P<lost>{_GROUPED}) (?:[A-Za-z0-9_.-]+ )?steps?(?: \(about (?P<lost_s>[^)]+) of training\))? lost"
-    r"(?: since the checkpoint of (?P<ckpt_at>.+))?)?"
+    r"(?: since the checkpoint of (?P<checkpoint_at>.+))?)?"
 )
 
 
@@ -463,17 +411,19 @@ def _forms(*patterns: str) -> tuple[re.Pattern[str], ...]:
 
 _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
     Verdict.RUNNING: _forms(
-        rf"RUNNING {_PID_COUNT}, started from step 0 although checkpoint step (?P<ckpt>{_N}) exists",
+        rf"RUNNING {_PID_COUNT}, started from step 0 although checkpoint step (?P<ignored_checkpoint>{_N}) exists",
         rf"RUNNING {_PID_COUNT}, started from step 0{_LOST}",
-        rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed>{_N}){_LOST})?",
+        rf"RUNNING {_PID_COUNT}(?:, resumed at step (?P<resumed_at>{_N}){_LOST})?",
     ),
-    Verdict.PENDING: _forms(rf"PENDING reason (?P<reason>.+) \(job (?P<job>{_N}) queued (?P<queued>[^)]+)\)"),
+    Verdict.PENDING: _forms(
+        rf"PENDING reason (?P<reason>.+) \(job (?P<job_id>{_N}) queued (?P<queued_s>[^)]+)\)"
+    ),
     Verdict.WRONG_COUNT: _forms(rf"WRONG_COUNT {_COUNT}(?: \((?P<detail>.+)\))?"),
-    Verdict.NO_PROGRESS: _forms(rf"NO_PROGRESS {_COUNT} log silent (?P<silent>{_N}) s"),
+    Verdict.NO_PROGRESS: _forms(rf"NO_PROGRESS {_COUNT} log silent (?P<silent_s>{_N}) s"),
     Verdict.EXITED: _forms(
-        rf"EXITED signal (?P<signal>\S+) after (?P<after>{_SECS}) s",
-        rf"EXITED code (?P<code>-?{_N}) after (?P<after>{_SECS}) s",
-        rf"EXITED after (?P<after>{_SECS}) s \(exit code unknown\)",
+        rf"EXITED signal (?P<signal>\S+) after (?P<after_s>{_SECS}) s",
+        rf"EXITED code (?P<code>-?{_N}) after (?P<after_s>{_SECS}) s",
+        rf"EXITED after (?P<after_s>{_SECS}) s \(exit code unknown\)",
     ),
     Verdict.ERROR_IN_LOG: _forms(rf"ERROR_IN_LOG {_WHO}:(?: (?P<detail>.+))?"),
     Verdict.PREFLIGHT_FAILED: _forms(r"PREFLIGHT_FAILED (?P<check>[^:]*):(?: (?P<detail>.+))?"),
@@ -499,17 +449,26 @@ _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
 }
 
 
-def _int(value: str | None) -> int | None:
-    return None if value is None else int(value)
+def _steps_read(value: str) -> int:
+    return int(value.replace(",", ""))
+
+
+#: regex group (named as its VerdictLine field) → how its text reads; the others are text
+_READ: dict[str, Callable[[str], Any]] = {
+    **dict.fromkeys(
+        ("seen", "expected", "pid", "job_id", "nodes", "resumed_at", "ignored_checkpoint", "code"), int
+    ),
+    **dict.fromkeys(("reached", "lost"), _steps_read),
+    **dict.fromkeys(("lost_s", "queued_s"), fmt.parse_duration),
+    **dict.fromkeys(("after_s", "silent_s"), float),
+    "survivors": lambda pids: tuple(int(p) for p in pids.split(", ")),
+    "then": lambda line: parse_line(line),
+}
 
 
 def parse_line(text: str) -> VerdictLine:
-    """The facts of a verdict line written by :func:`format_line`.
-
-    :param text: one verdict line (surrounding whitespace is ignored).
-    :returns: its :class:`VerdictLine`; :func:`format_line` of it gives ``text`` back.
-    :raises ValueError: if ``text`` is not a verdict line.
-    """
+    """The facts of a verdict line written by :func:`format_line` (which gives ``text`` back from them;
+    surrounding whitespace is ignored).  ValueError if ``text`` is not a verdict line."""
     text = text.strip()
     head = text.split(" ", 1)[0].rstrip(":")
     try:
@@ -518,34 +477,10 @@ def parse_line(text: str) -> VerdictLine:
         raise ValueError(f"not a verdict line (no verdict first): {text[:80]!r}") from None
     for form in _FORMS[verdict]:
         if m := form.match(text):
-            g = {k: v for k, v in m.groupdict().items() if v is not None}
-            state = g.get("state")
-            return VerdictLine(
-                verdict,
-                seen=_int(g.get("seen")),
-                expected=_int(g.get("expected")),
-                pid=_int(g.get("pid")),
-                job_id=_int(g.get("job")),
-                nodes=_int(g.get("nodes")),
-                resumed_at=_int(g.get("resumed")),
-                ignored_checkpoint=_int(g.get("ckpt")),
-                reached=_int(g["reached"].replace(",", "")) if "reached" in g else None,
-                lost=_int(g["lost"].replace(",", "")) if "lost" in g else None,
-                lost_role=g.get("role"),
-                lost_s=fmt.parse_duration(g["lost_s"]) if "lost_s" in g else None,
-                checkpoint_at=g.get("ckpt_at"),
-                code=_int(g.get("code")),
-                signal=g.get("signal"),
-                after_s=float(g["after"]) if "after" in g else None,
-                silent_s=float(g["silent"]) if "silent" in g else None,
-                queued_s=fmt.parse_duration(g["queued"]) if "queued" in g else None,
-                reason=None if g.get("reason") in (None, "None") else g["reason"],
-                check=g.get("check"),
-                survivors=tuple(int(p) for p in g.get("survivors", "").split(", ") if p),
-                step=g.get("step", "launch" if state else None),
-                after_launch=state is not None,
-                state="alive" if state == "running" else state,
-                detail=g.get("detail", ""),
-                then=parse_line(g["then"]) if "then" in g else None,
-            )
+            facts = {k: _READ.get(k, str)(v) for k, v in m.groupdict().items() if v is not None}
+            if (state := facts.pop("state", None)) is not None:  # after launch: no step group
+                facts.update(step="launch", after_launch=True, state="alive" if state == "running" else state)
+            if facts.get("reason") == "None":
+                del facts["reason"]
+            return VerdictLine(verdict, **facts)
     raise ValueError(f"not a {verdict} verdict line: {text[:120]!r}")

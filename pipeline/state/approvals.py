@@ -1,16 +1,13 @@
 """Approval requests: an action under the two-person rule waits here until a second person decides.
 
-A request takes the id its run will have (``r-<n>``, reserved from the run counter
-:func:`pipeline.state.keys.run_seq`), so ``approve r-7`` names the run it starts.  It is run
-state, not a run: it has no owner and no heartbeat, so it outlives the process that made it and
-is never taken for an orphaned run (:mod:`pipeline.engines.recovery` reads runs only).
+A request takes the id its run will have (``r-<n>``, reserved from the run counter), so
+``approve r-7`` names the run it starts.  It is not a run: no owner, no heartbeat, so it outlives
+the process that made it and is never taken for an orphaned run.
 
 Its state (:class:`ApprovalState`) changes only through :meth:`Approvals.decide`, one Lua script,
-so across replicas the first decision wins: ``pending`` → ``approved`` | ``denied`` |
-``expired``; a decided request never changes again.  The script refuses an approval by the
-requester, and turns a decision that comes after ``expires_at`` into ``expired``.  The record
-(``keys.approval``, JSON) is kept :data:`KEEP` s after its decision for ``history``; the open
-ones are listed in ``keys.approvals_open`` by expiry time.
+so across replicas the first decision wins (``pending`` → ``approved`` | ``denied`` | ``expired``,
+then never again); :meth:`Approvals.reopen` is the one way back.  Decided records are kept
+:data:`KEEP` s for ``history``.
 """
 
 from __future__ import annotations
@@ -40,56 +37,39 @@ class ApprovalState(StrEnum):
 
 
 #: each decision → the states it is legal from (only a pending request is decided)
-TRANSITIONS: dict[ApprovalState, frozenset[ApprovalState]] = {
-    ApprovalState.APPROVED: frozenset({ApprovalState.PENDING}),
-    ApprovalState.DENIED: frozenset({ApprovalState.PENDING}),
-    ApprovalState.EXPIRED: frozenset({ApprovalState.PENDING}),
-}
+TRANSITIONS: dict[ApprovalState, frozenset[ApprovalState]] = dict.fromkeys(
+    (ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED), frozenset({ApprovalState.PENDING})
+)
 
 
 @dataclass(frozen=True)
 class PatchDigest:
-    """One patch file as it was shown for approval.
+    """One patch file as it was shown for approval."""
 
-    :ivar name: the patch's configured name.
-    :ivar sha256: SHA-256 of the file's bytes, 64 hex digits (``sha256sum`` of the file).
-    :ivar diffstat: ``path | +3 -1`` lines, one per file the patch changes.
-    :ivar size: the file's size in bytes.
-    """
-
-    name: str
-    sha256: str
-    diffstat: tuple[str, ...] = ()
-    size: int = 0
+    name: str  #: the patch's configured name
+    sha256: str  #: SHA-256 of the file's bytes, 64 hex digits (``sha256sum`` of the file)
+    diffstat: tuple[str, ...] = ()  #: ``path | +3 -1`` lines, one per file the patch changes
+    size: int = 0  #: bytes
 
 
 @dataclass(frozen=True)
 class ApprovalRequest:
-    """A request waiting for (or past) a second person's decision.  Times are unix seconds.
+    """A request waiting for (or past) a second person's decision.  Times are unix seconds."""
 
-    :ivar id: the reserved run id (``r-7``).
-    :ivar action: the policy's name for it (``restart_with_patch``, ``restart``, ``stop`` …).
-    :ivar command: the parsed command as JSON text (``handlers.commands.Command.dumps``).
-    :ivar text: the command written out (``restart dflash with topk patch``).
-    :ivar requester: who asked; ``groups`` their user groups.
-    :ivar patches: the patches it applies or reverts, as shown (their hashes are what is approved).
-    :ivar decided_by: who approved or denied (empty until decided, and for an expiry).
-    """
-
-    id: str
+    id: str  #: the reserved run id (``r-7``)
     job: str
-    action: str
-    command: str
-    text: str
+    action: str  #: the policy's name for it (``restart_with_patch``, ``restart``, ``stop`` …)
+    command: str  #: the parsed command as JSON text (``handlers.commands.Command.dumps``)
+    text: str  #: the command written out (``restart dflash with topk patch``)
     requester: str
-    groups: tuple[str, ...]
+    groups: tuple[str, ...]  #: the requester's user groups
     channel: str | None
     surface: str
     created_at: float
     expires_at: float
-    patches: tuple[PatchDigest, ...] = ()
+    patches: tuple[PatchDigest, ...] = ()  #: applied or reverted, as shown (their hashes are approved)
     state: ApprovalState = ApprovalState.PENDING
-    decided_by: str = ""
+    decided_by: str = ""  #: who approved or denied (empty until decided, and for an expiry)
     decided_at: float | None = None
     reason: str = ""
 
@@ -177,10 +157,8 @@ class Approvals(Store):
         self._reopen = client.register_script(_REOPEN)
 
     async def open(self, request: ApprovalRequest) -> ApprovalRequest:
-        """Store a new pending request under a freshly reserved run id (``request.id`` is ignored).
-
-        :returns: the request as stored, with its id.
-        """
+        """Store a new pending request under a freshly reserved run id (``request.id`` is ignored);
+        returns it as stored."""
         n = await self.client.incr(keys.run_seq(self.prefix))
         stored = replace(request, id=f"r-{n}", state=ApprovalState.PENDING)
         ttl = max(1, int(stored.expires_at - time.time() + KEEP))
@@ -191,14 +169,10 @@ class Approvals(Store):
         return stored
 
     async def get(self, request_id: str) -> ApprovalRequest:
-        """The request ``request_id``.
-
-        :raises UnknownRun: if there is none (never made, or older than :data:`KEEP`).
-        """
-        raw = await self.client.get(keys.approval(self.prefix, request_id))
-        if raw is None:
+        """The request ``request_id`` (UnknownRun if there is none: never made, or older than :data:`KEEP`)."""
+        if (request := await self.find(request_id)) is None:
             raise UnknownRun(request_id)
-        return ApprovalRequest.loads(raw)
+        return request
 
     async def find(self, request_id: str) -> ApprovalRequest | None:
         """The request ``request_id``, or None (a run id that was never a request)."""
@@ -211,7 +185,6 @@ class Approvals(Store):
         """Decide a pending request, atomically: the first decision wins across replicas.
 
         :param state: ``approved``, ``denied`` or ``expired`` (by the expiry sweep: ``user`` empty).
-        :param user: who decided.
         :param reason: why (a denial's reason), at most 500 characters kept.
         :returns: the outcome and the request as it stands after the call.
         :raises UnknownRun: if there is no such request.
@@ -229,22 +202,16 @@ class Approvals(Store):
         return Decided(outcome), ApprovalRequest.loads(raw)
 
     async def reopen(self, request_id: str, approver: str) -> ApprovalRequest | None:
-        """Approved → pending again: the approval could not be acted on (another restart took the
-        job's lock between the check and the run), so it is not spent.  Only the approver's own
-        approval is reopened, atomically.
-
-        :returns: the request, pending again, or None if it was not approved by ``approver``.
-        """
+        """Approved → pending again, atomically, when the approval could not be acted on (another
+        restart took the job's lock meanwhile): returns it, or None if not approved by ``approver``."""
         raw = await self._reopen(
             keys=[keys.approval(self.prefix, request_id), keys.approvals_open(self.prefix)], args=[approver]
         )
         return ApprovalRequest.loads(raw) if raw else None
 
     async def pending(self, job: str | None = None) -> list[ApprovalRequest]:
-        """Requests still pending (expired ones included until the sweep closes them), oldest first.
-
-        :param job: only this job's (case-insensitive).
-        """
+        """Requests still pending (expired ones included until the sweep closes them), oldest first,
+        of one ``job`` (case-insensitive) or all."""
         ids = await self.client.zrange(keys.approvals_open(self.prefix), 0, -1)
         if not ids:
             return []

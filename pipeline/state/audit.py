@@ -16,6 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
+from pipeline.state.redisconn import Store, as_float
 
 STREAM_MAXLEN = 10_000
 _SCAN_BATCH = 200
@@ -55,22 +56,17 @@ REFUSALS = frozenset({AuditOutcome.DENIED, AuditOutcome.REFUSED, AuditOutcome.FA
 
 @dataclass(frozen=True)
 class AuditEntry:
-    """One audit record.
+    """One audit record."""
 
-    :ivar id: the stream id (time-ordered).
-    :ivar ts: unix seconds.
-    :ivar command: the parsed command as JSON text, or empty when it did not parse.
-    """
-
-    id: str
-    ts: float
+    id: str  #: the stream id (time-ordered)
+    ts: float  #: unix s
     user: str
     surface: str
     channel: str
     text: str
     verb: str
     job: str
-    command: str
+    command: str  #: the parsed command as JSON text, or empty when it did not parse
     outcome: AuditOutcome
     detail: str
     run_id: str
@@ -82,35 +78,18 @@ class AuditEntry:
             outcome = AuditOutcome(fields.get("outcome", "error"))
         except ValueError:
             outcome = AuditOutcome.ERROR
-        try:
-            ts = float(fields.get("ts", "0"))
-        except ValueError:
-            ts = 0.0
-        return cls(
-            id=entry_id,
-            ts=ts,
-            user=str(fields.get("user", "")),
-            surface=str(fields.get("surface", "")),
-            channel=str(fields.get("channel", "")),
-            text=str(fields.get("text", "")),
-            verb=str(fields.get("verb", "")),
-            job=str(fields.get("job", "")),
-            command=str(fields.get("command", "")),
-            outcome=outcome,
-            detail=str(fields.get("detail", "")),
-            run_id=str(fields.get("run_id", "")),
-        )
+        text = {name: str(fields.get(name, "")) for name in _TEXT_FIELDS}
+        return cls(id=entry_id, ts=as_float(fields.get("ts")) or 0.0, outcome=outcome, **text)
 
 
-class Audit:
-    """Write and read the audit stream.
+_TEXT_FIELDS = ("user", "surface", "channel", "text", "verb", "job", "command", "detail", "run_id")
 
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    """
+
+class Audit(Store):
+    """Write and read the audit stream."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
+        super().__init__(client, prefix)
         self.key = keys.audit(prefix)
 
     async def record(
@@ -127,11 +106,7 @@ class Audit:
         detail: str = "",
         run_id: str | None = None,
     ) -> str:
-        """Append one record.
-
-        :param command: the parsed command as JSON text (:meth:`handlers.commands.Command.dumps`).
-        :returns: the stream id.
-        """
+        """Append one record (``command``: :meth:`handlers.commands.Command.dumps`); returns its stream id."""
         fields = {
             "ts": repr(time.time()),
             "user": user,
@@ -155,12 +130,8 @@ class Audit:
         count: int = 10,
         scan: int = 2000,
     ) -> list[AuditEntry]:
-        """Up to ``count`` records, newest first, optionally of one job and some outcomes.
-
-        :param job: only records about this job (case-insensitive).
-        :param outcomes: only these outcomes.
-        :param scan: read at most this many records looking for matches.
-        """
+        """Up to ``count`` records, newest first, optionally of one ``job`` (case-insensitive) and some
+        ``outcomes``, reading at most ``scan`` records looking for matches."""
         out: list[AuditEntry] = []
         upper = "+"
         read = 0
@@ -173,13 +144,12 @@ class Audit:
                     continue
                 read += 1
                 entry = AuditEntry.from_fields(str(entry_id), fields)
-                if job is not None and entry.job.lower() != job.lower():
-                    continue
-                if outcomes is not None and entry.outcome not in outcomes:
-                    continue
-                out.append(entry)
-                if len(out) >= count:
-                    break
+                if (job is None or entry.job.lower() == job.lower()) and (
+                    outcomes is None or entry.outcome in outcomes
+                ):
+                    out.append(entry)
+                    if len(out) >= count:
+                        break
             last = str(batch[-1][0])
             if last == upper:
                 break

@@ -1,10 +1,9 @@
 """Confirmations: a job with ``confirm = true`` acts only when the same person confirms in time.
 
-The request waits in Redis (:func:`pipeline.state.keys.confirmation`, JSON, with a TTL slightly
-longer than the window) under a random token carried by the Confirm/Cancel buttons, so any
-replica can take the click.  :meth:`Confirmations.take` settles it atomically (``GETDEL``):
-exactly one of the requester's click, a double click, and the expiry timer wins.  Someone
-else's click is refused and leaves the confirmation waiting.
+The request waits in Redis under a random token carried by the Confirm/Cancel buttons, so any
+replica can take the click.  :meth:`Confirmations.take` settles it atomically (``GETDEL``): one
+of the requester's click, a double click and the expiry timer wins; someone else's click is
+refused and leaves it waiting.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from pipeline.state import keys
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import Store, ms
 
 DEFAULT_WINDOW = 60.0  #: seconds a confirmation waits
 GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer settles first)
@@ -24,23 +23,17 @@ GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer se
 
 @dataclass(frozen=True)
 class Pending:
-    """A request waiting for confirmation.
+    """A request waiting for confirmation."""
 
-    :ivar token: the id the buttons carry.
-    :ivar command: the parsed command as JSON text.
-    :ivar created_at: unix seconds.
-    :ivar window: seconds it may wait.
-    """
-
-    token: str
+    token: str  #: the id the buttons carry
     user: str
     groups: tuple[str, ...]
     text: str
-    command: str
+    command: str  #: the parsed command as JSON text
     channel: str | None
     surface: str
-    created_at: float
-    window: float
+    created_at: float  #: unix s
+    window: float  #: seconds it may wait
 
     @property
     def expired(self) -> bool:
@@ -82,11 +75,8 @@ class Confirmations(Store):
         surface: str,
         window: float = DEFAULT_WINDOW,
     ) -> Pending:
-        """Store a request waiting for ``user``'s confirmation.
-
-        :param window: seconds it may wait.
-        :returns: the pending record (its token goes on the buttons).
-        """
+        """Store a request waiting ``window`` s for ``user``'s confirmation; returns it (its token goes on
+        the buttons)."""
         pending = Pending(
             token=secrets.token_urlsafe(12),
             user=user,
@@ -98,16 +88,14 @@ class Confirmations(Store):
             created_at=time.time(),
             window=window,
         )
-        ttl_ms = max(1, int((window + GRACE) * 1000))
-        await self.client.set(keys.confirmation(self.prefix, pending.token), pending.dumps(), px=ttl_ms)
+        await self.client.set(
+            keys.confirmation(self.prefix, pending.token), pending.dumps(), px=ms(window + GRACE)
+        )
         return pending
 
     async def take(self, token: str, user: str | None) -> tuple[Take, Pending | None]:
-        """Settle a confirmation.
-
-        :param user: who clicked; None for the expiry timer (always allowed).
-        :returns: the outcome and the pending request (None when gone).
-        """
+        """Settle a confirmation clicked by ``user`` (None: the expiry timer, always allowed); returns the
+        outcome and the pending request (None when gone)."""
         key = keys.confirmation(self.prefix, token)
         raw = await self.client.get(key)
         if raw is None:
@@ -119,6 +107,4 @@ class Confirmations(Store):
         if raw is None:
             return Take.GONE, None
         pending = Pending.loads(raw)
-        if user is not None and pending.expired:
-            return Take.EXPIRED, pending
-        return Take.TAKEN, pending
+        return (Take.EXPIRED if user is not None and pending.expired else Take.TAKEN), pending

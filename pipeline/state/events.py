@@ -1,7 +1,5 @@
-"""Events in a Redis stream: what happened (a verdict, an alert, a digest), for any process
-to await with a bound — ``pitstop say --wait``, the demo's ``wait verdict dflash within 90``,
-and tests — instead of sleeping and hoping.
-"""
+"""Events in a Redis stream: what happened (a verdict, an alert, a digest), for any process to await
+with a bound (``pitstop say --wait``, the demo's ``wait verdict dflash within 90``, tests)."""
 
 from __future__ import annotations
 
@@ -14,6 +12,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
+from pipeline.state.redisconn import Store
 
 STREAM_MAXLEN = 10_000
 BLOCK_S = 4.0  #: longest single XREAD block, under redis-py 8's 5 s default socket timeout
@@ -41,14 +40,11 @@ class Event:
     data: dict[str, Any]
 
 
-class Events:
-    """Publish and await events on the ``events`` stream.
-
-    :param client: an asyncio Redis client with ``decode_responses=True``.
-    """
+class Events(Store):
+    """Publish and await events on the ``events`` stream."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self.client = client
+        super().__init__(client, prefix)
         self.key = keys.events(prefix)
 
     async def publish(self, kind: EventKind, job: str, /, **data: Any) -> str:
@@ -62,11 +58,8 @@ class Events:
         return str(newest[0][0]) if newest else "0-0"
 
     async def wait_for(self, kind: EventKind, job: str | None, *, after: str, timeout: float) -> Event | None:
-        """The first event of ``kind`` (for ``job``, any job if None) after stream id ``after``.
-
-        :param timeout: seconds to wait at most.
-        :returns: the event, or None if none came within ``timeout``.
-        """
+        """The first event of ``kind`` (for ``job``, any job if None) after stream id ``after``, or None
+        if none came within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         cursor = after
         while (left := deadline - time.monotonic()) > 0:
@@ -79,11 +72,6 @@ class Events:
                     if fields.get("kind") == kind.value and (
                         job is None or fields.get("job", "").lower() == job.lower()
                     ):
-                        return Event(
-                            str(entry_id),
-                            kind,
-                            fields["job"],
-                            float(fields["ts"]),
-                            json.loads(fields["data"]),
-                        )
+                        data = json.loads(fields["data"])
+                        return Event(str(entry_id), kind, fields["job"], float(fields["ts"]), data)
         return None

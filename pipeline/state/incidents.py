@@ -1,19 +1,14 @@
 """Incidents, once each: what is wrong with a job, kept in Redis and changed only by compare-and-set.
 
-This is where an alert is de-duplicated.  A job has at most one open :class:`Incident`
-(``keys.incident``): :meth:`IncidentStore.open` creates it only if none is open and numbers it
-(``incident:JOB:N``, its alert's thread), and every later change — a new kind, a reminder, an
-acknowledgement, an automatic restart, the resolution — is a compare-and-set on its revision
-(``rev``, :meth:`IncidentStore.update` and :meth:`IncidentStore.close`); changing or resolving an
-incident that was never opened raises :class:`~pipeline.errors.IllegalTransition`.  Of two Pitstop
-processes that decide the same transition, one applies it and posts; the other's write fails
-and it posts nothing, so each incident alerts once and resolves once, across restarts of Pitstop
-and changes of scheduler leader.  Slack's own redeliveries of a request are a different thing
-(:mod:`pipeline.state.deliveries`).
+This is where an alert is de-duplicated.  A job has at most one open :class:`Incident`:
+:meth:`IncidentStore.open` creates and numbers it only if none is open, and every later change
+(a new kind, a reminder, an acknowledgement, an automatic restart, the resolution) is a
+compare-and-set on its revision ``rev``; changing an incident never opened raises
+:class:`~pipeline.errors.IllegalTransition`.  Of two processes deciding the same transition one
+applies it and posts, so each incident alerts once and resolves once, across restarts and leaders.
 
-Beside each incident the store keeps the watcher's memory of the job between cycles
-(:class:`WatchState`, ``keys.watch_state``).  Which transition a cycle makes is decided by
-:func:`pipeline.observe.watch.assess`.
+Beside each incident the store keeps the watcher's memory of the job (:class:`WatchState`); which
+transition a cycle makes is decided by :func:`pipeline.observe.watch.assess`.
 """
 
 from __future__ import annotations
@@ -51,51 +46,29 @@ class _Stored(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     def to_hash(self) -> dict[str, str]:
-        """Field → string, leaving out None (bools as ``1``/``0``)."""
-        out: dict[str, str] = {}
-        for name, value in self.model_dump(mode="json").items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                out[name] = "1" if value else "0"
-            elif isinstance(value, dict):
-                out[name] = json.dumps(value)
-            elif isinstance(value, float):
-                out[name] = repr(value)
-            else:
-                out[name] = str(value)
-        return out
+        """Field → string, leaving out None (bools as ``1``/``0``, dicts as JSON)."""
+        dumped = self.model_dump(mode="json", exclude_none=True).items()
+        return {
+            k: str(int(v)) if isinstance(v, bool) else json.dumps(v) if isinstance(v, dict) else str(v)
+            for k, v in dumped
+        }
 
 
 class WatchState(_Stored):
-    """The watcher's memory of a job between cycles (``keys.watch_state``).
+    """The watcher's memory of a job between cycles (``keys.watch_state``); times in unix s."""
 
-    :ivar last_alive_at: when a process of the job was last seen (unix s).
-    :ivar last_pid: the launched PID seen then.
-    :ivar last_count: how many processes were seen then.
-    :ivar log_size: the log size at the last cycle (bytes).
-    :ivar progress_at: when the log last grew (unix s).
-    :ivar degraded_since: since when fewer than ``processes`` but more than zero run.
-    :ivar exit_cause: the last exit cause the host reported.
-    :ivar probe_failures: consecutive cycles the host could not be reached; ``unreachable_since``
-        when the first of them was.
-    :ivar idle_gpus_since: GPU index → since when it has been under ``idle_gpu_below`` (unix s;
-        :func:`pipeline.observe.idle.idle_since`), stored as JSON.
-    :ivar probe_s: seconds the last probe of the job's host took (status names a host slower
-        than the watch interval).
-    """
-
-    last_alive_at: float | None = None
-    last_pid: int | None = None
-    last_count: int | None = None
-    log_size: int | None = None
-    progress_at: float | None = None
-    degraded_since: float | None = None
-    exit_cause: str | None = None
-    probe_failures: int | None = None
-    unreachable_since: float | None = None
+    last_alive_at: float | None = None  #: when a process of the job was last seen
+    last_pid: int | None = None  #: the launched PID seen then
+    last_count: int | None = None  #: how many processes were seen then
+    log_size: int | None = None  #: the log size at the last cycle (bytes)
+    progress_at: float | None = None  #: when the log last grew
+    degraded_since: float | None = None  #: since when fewer than ``processes`` but more than zero run
+    exit_cause: str | None = None  #: the last exit cause the host reported
+    probe_failures: int | None = None  #: consecutive cycles the host could not be reached
+    unreachable_since: float | None = None  #: when the first of them was
+    #: GPU index → since when it has been under ``idle_gpu_below`` (:func:`pipeline.observe.idle.idle_since`)
     idle_gpus_since: dict[int, float] | None = None
-    probe_s: float | None = None
+    probe_s: float | None = None  #: seconds the last probe of the host took (status names slow hosts)
 
     @field_validator("idle_gpus_since", mode="before")
     @classmethod
@@ -104,23 +77,16 @@ class WatchState(_Stored):
 
 
 class Incident(_Stored):
-    """A job's open incident (``keys.incident``); deleted when it resolves.
+    """A job's open incident (``keys.incident``); deleted when it resolves.  Times in unix s."""
 
-    :ivar n: the job's incident number (thread key ``incident:JOB:N``).
-    :ivar rev: revision, bumped by every change (compare-and-set).
-    :ivar notified_at: when the alert or the last reminder was posted.
-    :ivar next_auto_at: when the next automatic restart is due (unix s), if one is.
-    :ivar auto_restarts: automatic restarts made during this incident.
-    """
-
-    n: int = 0
-    rev: int = 0
+    n: int = 0  #: the job's incident number (thread key ``incident:JOB:N``)
+    rev: int = 0  #: revision, bumped by every change (compare-and-set)
     job: str
     host: str
     kind: IncidentKind
     opened_at: float
     changed_at: float | None = None
-    notified_at: float
+    notified_at: float  #: when the alert or the last reminder was posted
     count: int = 0
     expected: int = 1
     last_pid: int | None = None
@@ -131,8 +97,8 @@ class Incident(_Stored):
     error: str | None = None
     acked_by: str | None = None
     acked_at: float | None = None
-    next_auto_at: float | None = None
-    auto_restarts: int = 0
+    next_auto_at: float | None = None  #: when the next automatic restart is due, if one is
+    auto_restarts: int = 0  #: automatic restarts made during this incident
     gave_up: bool = False
     resolved_at: float | None = None
     resolution: str | None = None  #: why it resolved: running | stopped | reachable
@@ -154,12 +120,7 @@ class Incident(_Stored):
     @property
     def thread_key(self) -> str:
         """The outbox key of the incident's alert message: ``incident:JOB:N``."""
-        return incident_key(self.job, self.n)
-
-
-def incident_key(job: str, n: int) -> str:
-    """The outbox key of a job's ``n``-th incident."""
-    return f"incident:{job}:{n}"
+        return f"incident:{self.job}:{self.n}"
 
 
 # --- Redis storage -------------------------------------------------------------------------------
@@ -200,11 +161,7 @@ def _opened(incident: Incident, wanted: str) -> None:
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
-    out: list[str] = []
-    for k, v in fields.items():
-        if k not in ("n", "rev"):
-            out += [k, v]
-    return out
+    return [x for k, v in fields.items() if k not in ("n", "rev") for x in (k, v)]
 
 
 class IncidentStore(Store):
@@ -233,67 +190,48 @@ class IncidentStore(Store):
 
     async def save_state(self, job: str, state: WatchState) -> None:
         """Write the watcher memory (fields that became None are removed)."""
-        key = keys.watch_state(self.prefix, job)
-        fields = state.to_hash()
-        gone = [name for name in WatchState.model_fields if name not in fields]
         async with self.client.pipeline(transaction=True) as pipe:
-            if fields:
-                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-            if gone:
-                pipe.hdel(key, *gone)
+            self._write_state(pipe, job, state)
             await pipe.execute()
 
-    async def open(self, incident: Incident) -> Incident | None:
-        """Open ``incident`` if the job has none open.
+    def _write_state(self, pipe: Any, job: str, state: WatchState) -> None:
+        key, fields = keys.watch_state(self.prefix, job), state.to_hash()
+        if fields:
+            pipe.hset(key, mapping=fields)
+        if gone := [name for name in WatchState.model_fields if name not in fields]:
+            pipe.hdel(key, *gone)
 
-        :returns: the stored incident (numbered, rev 1), or None if one was already open.
-        """
+    async def open(self, incident: Incident) -> Incident | None:
+        """Open ``incident`` if the job has none open: returns it numbered at rev 1, or None if one was."""
         n = await self._open(
             keys=[keys.incident(self.prefix, incident.job), keys.watch_state(self.prefix, incident.job)],
             args=_flat(incident.to_hash()),
         )
-        if not n:
-            return None
-        return incident.model_copy(update={"n": int(n), "rev": 1})
+        return incident.model_copy(update={"n": int(n), "rev": 1}) if n else None
 
     async def update(self, expected: Incident, new: Incident) -> Incident | None:
-        """Replace the open incident ``expected`` (same ``n`` and ``rev``) by ``new``.
-
-        :returns: ``new`` with its revision bumped, or None if the incident changed meanwhile.
-        :raises IllegalTransition: if ``expected`` was never opened.
-        """
+        """Replace the open incident ``expected`` (same ``n`` and ``rev``) by ``new``: returns ``new`` with its
+        revision bumped, None if it changed meanwhile; IllegalTransition if ``expected`` was never opened."""
         _opened(expected, "change")
         rev = await self._update(
             keys=[keys.incident(self.prefix, expected.job)],
             args=[str(expected.n), str(expected.rev), *_flat(new.to_hash())],
         )
-        if not rev:
-            return None
-        return new.model_copy(update={"n": expected.n, "rev": int(rev)})
+        return new.model_copy(update={"n": expected.n, "rev": int(rev)}) if rev else None
 
     async def close(self, expected: Incident) -> bool:
-        """Delete the open incident ``expected`` (same ``n`` and ``rev``).
-
-        :returns: False if it changed or closed meanwhile.
-        :raises IllegalTransition: if ``expected`` was never opened.
-        """
+        """Delete the open incident ``expected`` (same ``n`` and ``rev``): False if it changed or closed
+        meanwhile; IllegalTransition if ``expected`` was never opened."""
         _opened(expected, "resolve")
-        done = await self._close(
-            keys=[keys.incident(self.prefix, expected.job)], args=[str(expected.n), str(expected.rev)]
-        )
-        return bool(done)
+        args = [str(expected.n), str(expected.rev)]
+        return bool(await self._close(keys=[keys.incident(self.prefix, expected.job)], args=args))
 
     async def save_states(self, states: dict[str, WatchState]) -> None:
         """Write the watcher memory of many jobs in one round trip (fields that became None are
         removed; a job with nothing to store yet is left alone)."""
         async with self.client.pipeline(transaction=False) as pipe:
             for job, state in states.items():
-                fields = state.to_hash()
-                if fields:
-                    pipe.hset(keys.watch_state(self.prefix, job), mapping=fields)  # type: ignore[arg-type]
-                gone = [f for f in WatchState.model_fields if f not in fields]
-                if gone:
-                    pipe.hdel(keys.watch_state(self.prefix, job), *gone)
+                self._write_state(pipe, job, state)
             await pipe.execute()
 
     async def pause(self, job: str, user: str, seconds: int) -> None:
@@ -301,10 +239,8 @@ class IncidentStore(Store):
         await self.client.set(keys.watch_off(self.prefix, job), user, ex=max(1, seconds))
 
     async def resume(self, job: str) -> bool:
-        """``watch JOB on``: watch again, forgetting the progress memory of before the pause.
-
-        :returns: whether watching was paused.
-        """
+        """``watch JOB on``: watch again, forgetting the progress memory of before the pause; returns
+        whether watching was paused."""
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(keys.watch_off(self.prefix, job))
             pipe.hdel(keys.watch_state(self.prefix, job), "progress_at", "degraded_since", "log_size")
@@ -334,12 +270,11 @@ class IncidentStore(Store):
 
     async def progress(self, job: str) -> str | None:
         """The job's per-rank progress as stored (JSON :class:`pipeline.observe.progress.ProgressState`)."""
-        raw = await self.client.get(keys.rank_progress(self.prefix, job))
-        return None if raw is None else str(raw)
+        return (await self.progress_many([job]))[job]
 
     async def save_progress(self, job: str, state_json: str) -> None:
         """Store the job's per-rank progress (JSON)."""
-        await self.client.set(keys.rank_progress(self.prefix, job), state_json)
+        await self.save_progress_many({job: state_json})
 
     async def progress_many(self, jobs: Sequence[str]) -> dict[str, str | None]:
         """:meth:`progress` of many jobs in one round trip (job → JSON, None when none is stored)."""

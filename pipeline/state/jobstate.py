@@ -1,24 +1,11 @@
 """One job's state in Redis, read in one round trip: the owner of the ``job_current`` record.
 
-A job's state is spread over several keys (:mod:`pipeline.state.keys`): what runs now
-(``job_current``, written by the restart sequence), the patches in effect, the restart lock and
-its holder, the open incident, the watcher's memory, the watch pause, the newest run and whether
-it awaits its verification, and the automatic restarts made recently.  :class:`JobStore` reads
+A job's state is spread over several keys (:mod:`pipeline.state.keys`); :class:`JobStore` reads
 all of them for one or many jobs in **one** pipelined round trip into a frozen
-:class:`JobSnapshot`; the watcher, ``status``, ``gpus``, the crash check and digests read a
-job's state through it and nowhere else.
-
-:class:`JobRecords` writes the ``job_current`` record and the patches in effect (for the engines,
-through :class:`pipeline.engines.steplog.StepLog`); the lock writes its holder
-(:mod:`pipeline.state.locks`), the watcher its memory and incidents (:mod:`pipeline.state.incidents`).
-
-:func:`scope_of` is the one definition of a job's lock scope.
-
-Usage::
-
-    snap = await JobStore(client, prefix, config).read("dflash")
-    if snap.running:
-        print(snap.pid, snap.launched_at, snap.patches)
+:class:`JobSnapshot`, and the watcher, ``status``, ``gpus``, the crash check and digests read a
+job's state through it and nowhere else.  :class:`JobRecords` writes the ``job_current`` record
+and the patches in effect (for the engines).  :func:`scope_of` is the one definition of a job's
+lock scope.
 """
 
 from __future__ import annotations
@@ -32,7 +19,7 @@ import redis.asyncio as aioredis
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.incidents import Incident, WatchState
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import Store, as_float
 from pipeline.state.runs import RunRecord
 from pipeline.state.verifications import VerifyQueue
 
@@ -49,57 +36,31 @@ return {id, redis.call('GET', ARGV[1] .. id), redis.call('ZSCORE', KEYS[2], id)}
 
 
 def scope_of(config: Config, job: str) -> str:
-    """The lock scope of a job's restarts: ``job:NAME``, or ``host:HOST`` with ``lock_scope = "host"``.
-
-    :param config: the validated configuration.
-    :param job: a configured job name.
-    :returns: the scope, as :func:`pipeline.state.keys.lock` and :func:`pipeline.state.keys.lock_holder` take it.
-    :raises KeyError: if ``job`` is not configured.
-    """
+    """The lock scope of a job's restarts: ``job:NAME``, or ``host:HOST`` with ``lock_scope = "host"``
+    (as :func:`pipeline.state.keys.lock` takes it); KeyError if ``job`` is not configured."""
     spec = config.jobs[job]
     return f"host:{spec.host}" if spec.lock_scope == "host" else f"job:{job}"
 
 
-def _float(value: str | None) -> float | None:
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
-
-
 @dataclass(frozen=True)
 class JobSnapshot:
-    """One job's state in Redis at one moment (read by :class:`JobStore`).
-
-    :ivar name: the job's configured name.
-    :ivar scope: its lock scope (:func:`scope_of`).
-    :ivar current: the ``keys.job_current`` record as stored (``run_id``, ``pid``,
-        ``start_time``, ``sid``, ``pgid``, ``launched_at``, ``log``, ``state``, ``patches``;
-        Slurm jobs ``engine``, ``slurm_job``); empty when nothing was ever launched.
-    :ivar patches: the patch names in effect in the workdir (``keys.job_patches``), sorted.
-    :ivar lock_held: the restart lock of :attr:`scope` is taken.
-    :ivar lock_holder: the hash beside the lock (user, job, action, run id, step, started at).
-    :ivar incident: the job's open incident, or None.
-    :ivar watch: the watcher's memory of the job.
-    :ivar paused: watching is paused (``watch JOB off``).
-    :ivar auto_restarts: automatic restarts within the job's ``auto_restart.within`` seconds
-        before the read (0 without automatic restarts).
-    :ivar latest: the job's newest run, or None.
-    :ivar unverified: the newest run is launched and awaits its verification.
-    """
+    """One job's state in Redis at one moment (read by :class:`JobStore`)."""
 
     name: str
-    scope: str
+    scope: str  #: its lock scope (:func:`scope_of`)
+    #: the ``keys.job_current`` record as stored (``run_id``, ``pid``, ``start_time``, ``sid``, ``pgid``,
+    #: ``launched_at``, ``log``, ``state``, ``patches``; Slurm jobs ``engine``, ``slurm_job``); empty
+    #: when nothing was ever launched
     current: Mapping[str, str] = field(default_factory=dict)
-    patches: tuple[str, ...] = ()
+    patches: tuple[str, ...] = ()  #: the patch names in effect in the workdir, sorted
     lock_held: bool = False
-    lock_holder: Mapping[str, str] = field(default_factory=dict)
+    lock_holder: Mapping[str, str] = field(default_factory=dict)  #: the hash beside the lock
     incident: Incident | None = None
     watch: WatchState = field(default_factory=WatchState)
-    paused: bool = False
-    auto_restarts: int = 0
-    latest: RunRecord | None = None
-    unverified: bool = False
+    paused: bool = False  #: ``watch JOB off``
+    auto_restarts: int = 0  #: automatic restarts within the job's ``auto_restart.within`` s before the read
+    latest: RunRecord | None = None  #: the job's newest run
+    unverified: bool = False  #: the newest run is launched and awaits its verification
 
     @property
     def stopped(self) -> bool:
@@ -119,7 +80,7 @@ class JobSnapshot:
     @property
     def launched_at(self) -> float | None:
         """When the current run was launched (unix s), None if unknown or unreadable."""
-        return _float(self.current.get("launched_at"))
+        return as_float(self.current.get("launched_at"))
 
     def uptime(self, now: float) -> float | None:
         """Seconds the job has run at ``now``: from the current record's ``launched_at``, else (no
@@ -134,31 +95,20 @@ class JobSnapshot:
 
 
 class JobStore(Store):
-    """Reads jobs' state (:class:`JobSnapshot`) from Redis, one pipelined round trip per call.
-
-    :param config: the validated configuration (lock scopes, automatic-restart windows).
-    """
+    """Reads jobs' state (:class:`JobSnapshot`) from Redis, one pipelined round trip per call (``config``:
+    lock scopes, automatic-restart windows)."""
 
     def __init__(self, client: aioredis.Redis, prefix: str, config: Config) -> None:
         super().__init__(client, prefix)
         self.config = config
 
     async def read(self, name: str, *, now: float | None = None) -> JobSnapshot:
-        """One job's snapshot.
-
-        :param name: a configured job name.
-        :param now: the time automatic restarts are counted back from (unix s; default now).
-        :raises KeyError: if ``name`` is not configured.
-        """
+        """One job's snapshot (:meth:`read_many`)."""
         return (await self.read_many([name], now=now))[0]
 
     async def read_many(self, names: Sequence[str], *, now: float | None = None) -> list[JobSnapshot]:
-        """Several jobs' snapshots, in the order of ``names``, in one round trip.
-
-        :param names: configured job names.
-        :param now: the time automatic restarts are counted back from (unix s; default now).
-        :raises KeyError: if a name is not configured.
-        """
+        """Several jobs' snapshots, in the order of ``names``, in one round trip; automatic restarts are
+        counted back from ``now`` (unix s).  KeyError if a name is not configured."""
         if not names:
             return []
         when = time.time() if now is None else now

@@ -1,8 +1,5 @@
-"""Every Redis key name Pitstop uses, in one place (as arq's ``constants.py``).
-
-Each function takes the configured prefix (``[redis] prefix``, default ``pitstop:``) first,
-so a test can give every case a fresh prefix on a shared server.
-"""
+"""Every Redis key name Pitstop uses, in one place.  Each function takes the configured prefix
+(``[redis] prefix``, default ``pitstop:``) first, so a test can give every case a fresh one."""
 
 from __future__ import annotations
 
@@ -43,11 +40,7 @@ def runs_recovery(prefix: str) -> str:
 
 
 def run_owner(prefix: str, run_id: str) -> str:
-    """String with TTL: the heartbeat of the process executing a run (its instance id).
-
-    Renewed every ``ttl / 3`` while that process holds the run; a run that is open without it
-    lost its owner (the process died) and is reconciled by the next Pitstop process.
-    """
+    """String with TTL: the heartbeat of the process executing a run (its instance id; :class:`~pipeline.state.runs.RunStore`)."""
     return f"{prefix}run-owner:{run_id}"
 
 
@@ -152,8 +145,7 @@ def delivery_failure(prefix: str) -> str:
 
 
 def undelivered_alert(prefix: str) -> str:
-    """String: JSON of the last alert refused in its channel
-    (:class:`pipeline.state.undelivered.UndeliveredAlert`), for ``status``."""
+    """String: JSON of the last alert refused in its channel (:mod:`pipeline.state.undelivered`)."""
     return f"{prefix}slack:undelivered_alert"
 
 
@@ -162,17 +154,13 @@ def events(prefix: str) -> str:
     return f"{prefix}events"
 
 
-# --- confirmations (pipeline/state/confirmations.py) --------------------------------------------
-
-
 def confirmation(prefix: str, token: str) -> str:
     """String with TTL: a request waiting for its requester's confirmation (JSON)."""
     return f"{prefix}confirm:{token}"
 
 
 def approval(prefix: str, request_id: str) -> str:
-    """String: a request under the two-person rule, by its reserved run id (JSON,
-    :class:`pipeline.state.approvals.ApprovalRequest`); kept a week after it is decided."""
+    """String: a request under the two-person rule, by its reserved run id (JSON, :mod:`pipeline.state.approvals`)."""
     return f"{prefix}approval:{request_id}"
 
 
@@ -187,6 +175,5 @@ def watched_at(prefix: str) -> str:
 
 
 def outage_told(prefix: str) -> str:
-    """String: unix s at which the last state-store outage that was posted ended (one post per outage
-    among replicas)."""
+    """String: unix s at which the last state-store outage that was posted ended (:mod:`pipeline.state.outage`)."""
     return f"{prefix}store:outage_told"

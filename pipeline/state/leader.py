@@ -1,14 +1,10 @@
 """The scheduler leader lease: one Pitstop process among replicas runs scheduled jobs.
 
-Several Pitstop processes may share one Redis for availability; only the holder of the
-lease (``keys.leader``: a string holding the holder's id, with a TTL) runs verifications,
-watch cycles and digests.  The holder renews it every ``ttl / 3`` with a compare-and-extend
-script; if it dies, the key expires and another process takes over within ``ttl``.
-
-A holder trusts its lease locally only until ``renewed_at + ttl * SAFETY`` (monotonic clock,
-measured from *before* the renewing command was sent), so a process whose renewals stall
-(a paused VM, a slow Redis) stops acting as leader before the key can expire under it.
-Claims in Redis (verify claims, incident revisions, digest offsets) remain the backstop.
+Only the holder of the lease (``keys.leader``: the holder's id, with a TTL) runs verifications,
+watch cycles and digests; it renews it every ``ttl / 3``, and if it dies another process takes
+over within ``ttl``.  A holder trusts its lease locally only until ``renewed_at + ttl * SAFETY``
+(monotonic, measured from *before* the renewing command), so one whose renewals stall stops
+acting as leader before the key can expire under it.  Claims in Redis remain the backstop.
 """
 
 from __future__ import annotations
@@ -18,38 +14,20 @@ import time
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
-from pipeline.state.redisconn import unavailable
+from pipeline.state.redisconn import DELETE_IF_HELD, ms, unavailable
 
 SAFETY = 0.8  #: fraction of the TTL a holder trusts its lease after a successful renewal
 
 # KEYS[1] lease key; ARGV[1] holder id; ARGV[2] ttl in ms.  1 if held by ARGV[1] afterwards.
-_ACQUIRE_OR_EXTEND = """
-local v = redis.call('GET', KEYS[1])
-if v == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# KEYS[1] lease key; ARGV[1] holder id.  1 if it was held by ARGV[1] and is now released.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+_ACQUIRE_OR_EXTEND = """local v = redis.call('GET', KEYS[1])
+if v == false then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+return 0"""
 
 
 class LeaderLease:
     """A Redis lease naming the one process that runs scheduled jobs.
 
-    :param client: an asyncio Redis client with ``decode_responses=True``.
-    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
     :param holder: this process's id (``Context.instance``); stored as the lease's value.
     :param ttl: seconds the lease lives without renewal; renew every ``ttl / 3``.
     :raises ValueError: if ``ttl`` is not positive.
@@ -64,7 +42,7 @@ class LeaderLease:
         self.ttl = ttl
         self._valid_until = 0.0
         self._acquire = client.register_script(_ACQUIRE_OR_EXTEND)
-        self._release = client.register_script(_RELEASE)
+        self._release = client.register_script(DELETE_IF_HELD)
 
     @property
     def renew_every(self) -> float:
@@ -86,7 +64,7 @@ class LeaderLease:
         started = time.monotonic()
         try:
             with unavailable():
-                held = await self._acquire(keys=[self.key], args=[self.holder, max(1, int(self.ttl * 1000))])
+                held = await self._acquire(keys=[self.key], args=[self.holder, ms(self.ttl)])
         except BaseException:
             self._valid_until = 0.0
             raise
@@ -97,21 +75,13 @@ class LeaderLease:
         return False
 
     async def renew(self) -> bool:
-        """Extend the lease if this process still holds it (compare-and-extend).
-
-        A lease that expired and was not taken by anyone else is taken back.
-
-        :returns: whether this process holds the lease now.
-        :raises StateUnavailable: if Redis cannot be reached.
-        """
+        """:meth:`acquire`: extend the lease if this process still holds it, or take it back if it
+        expired and nobody else took it."""
         return await self.acquire()
 
     async def release(self) -> bool:
-        """Give the lease up if this process holds it, so another can take over at once.
-
-        :returns: True if this process held it and released it.
-        :raises StateUnavailable: if Redis cannot be reached.
-        """
+        """Give the lease up if this process holds it (True), so another can take over at once
+        (StateUnavailable if Redis cannot be reached)."""
         self._valid_until = 0.0
         with unavailable():
             return bool(await self._release(keys=[self.key], args=[self.holder]))

@@ -1,24 +1,13 @@
 """One restart in flight per scope (a job, or a host): a redis-py asyncio ``Lock`` with its holder beside it.
 
-:class:`JobLock` takes the lock without blocking (``client.lock(name, timeout=ttl,
-blocking=False)``), writes who holds it (user, action, run id, current step, started at) in a
-hash beside it (:func:`pipeline.state.keys.lock_holder`), and while a sequence runs a renewal task
-extends both every ``ttl / 3`` seconds, so a long stop or launch never outlives the TTL.  If
-the process dies, renewal stops and the lock frees itself within ``ttl``.  A refused acquire
-raises :class:`LockHeld` naming the holder (``handlers.lock`` words it for people).
-:class:`Locks` reads and frees the locks of any scope (``status``, ``unlock``, recovery).
+:class:`JobLock` takes the lock without blocking, writes who holds it in a hash beside it
+(:func:`pipeline.state.keys.lock_holder`), and renews both every ``ttl / 3`` s while a sequence
+runs; if the process dies the lock frees itself within ``ttl``.  A refused acquire raises
+:class:`LockHeld` naming the holder.  :class:`Locks` reads and frees the locks of any scope.
 
-Transitions: free → held (:meth:`JobLock.acquire`, once per object) → free
-(:meth:`JobLock.release`, or the TTL, or :meth:`Locks.force_release`); releasing a lock this
-object never took raises :class:`~pipeline.errors.IllegalTransition`.
-
-Usage::
-
-    lock = JobLock(client, prefix, scope_of(config, "dflash"), ttl=30)
-    await lock.acquire(job="dflash", action="restart", user="U012AB")  # raises LockHeld
-    lock.start_renewal()
-    await lock.update(step="stop")
-    await lock.release()
+Transitions: free → held (:meth:`JobLock.acquire`, once per object) → free (:meth:`JobLock.release`,
+the TTL, or :meth:`Locks.force_release`); releasing a lock never taken raises
+:class:`~pipeline.errors.IllegalTransition`.
 """
 
 from __future__ import annotations
@@ -28,7 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import redis.asyncio as aioredis
 from redis.asyncio.lock import Lock
@@ -37,7 +26,7 @@ from redis.exceptions import LockError, RedisError
 from pipeline.config import Config
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import Store, as_float, ms
 
 log = logging.getLogger(__name__)
 
@@ -48,36 +37,22 @@ RENEWAL_STOP_TIMEOUT = 5.0  #: seconds release waits for the renewal task to end
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a lock: the record beside it.
+    """Who holds a lock: the record beside it."""
 
-    :ivar scope: ``job:dflash`` or ``host:gpu1``.
-    :ivar started_at: unix seconds when the lock was taken.
-    """
-
-    scope: str
+    scope: str  #: ``job:dflash`` or ``host:gpu1``
     job: str
     action: str
     user: str
     run_id: str
     step: str
-    started_at: float
+    started_at: float  #: unix s when the lock was taken
 
     @classmethod
     def from_hash(cls, scope: str, data: Mapping[str, str]) -> Holder:
         """A holder from its Redis hash (missing fields read as empty)."""
-        try:
-            started = float(data.get("started_at", "0"))
-        except ValueError:
-            started = 0.0
-        return cls(
-            scope=scope,
-            job=data.get("job", ""),
-            action=data.get("action", "restart"),
-            user=data.get("user", ""),
-            run_id=data.get("run_id", ""),
-            step=data.get("step", ""),
-            started_at=started,
-        )
+        text = {name: data.get(name, "") for name in ("job", "user", "run_id", "step")}
+        started_at = as_float(data.get("started_at")) or 0.0
+        return cls(scope=scope, action=data.get("action", "restart"), started_at=started_at, **text)
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the lock was taken."""
@@ -85,11 +60,8 @@ class Holder:
 
 
 class LockHeld(Exception):
-    """An acquire refused: someone else holds the scope's lock.
-
-    :param scope: the scope asked for.
-    :param holder: who holds it (None if its record could not be read in time).
-    """
+    """An acquire refused: someone else holds the ``scope``'s lock (``holder``: None if its record
+    could not be read in time)."""
 
     def __init__(self, scope: str, holder: Holder | None) -> None:
         super().__init__(scope)
@@ -111,10 +83,8 @@ class Locks(Store):
         return Holder.from_hash(scope, data)
 
     async def force_release(self, scope: str) -> Holder | None:
-        """Free ``scope``'s lock whoever holds it (``unlock``); the holder's renewal then finds it lost.
-
-        :returns: who held it, or None if it was free.
-        """
+        """Free ``scope``'s lock whoever holds it (``unlock``; the holder's renewal then finds it lost):
+        returns who held it, or None if it was free."""
         holder = await self.holder(scope)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(keys.lock(self.prefix, scope))
@@ -126,21 +96,12 @@ class Locks(Store):
         """True when a restart of ``job`` could be in flight: its job lock or its host's lock is taken."""
         spec = config.jobs.get(job)
         scopes = [f"job:{job}"] + ([f"host:{spec.host}"] if spec is not None else [])
-        async with self.client.pipeline(transaction=False) as pipe:
-            for scope in scopes:
-                pipe.exists(keys.lock(self.prefix, scope))
-            return any(await pipe.execute())
+        return bool(await self.client.exists(*(keys.lock(self.prefix, scope) for scope in scopes)))
 
 
-class JobLock:
-    """The restart lock of one scope, with holder metadata and renewal.
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix.
-    :param scope: ``job:NAME`` or ``host:NAME`` (:func:`pipeline.state.jobstate.scope_of`).
-    :param ttl: seconds the lock lives without renewal (a crashed holder frees it this fast).
-    :param renew_every: seconds between renewals (default ``ttl / 3``).
-    """
+class JobLock(Store):
+    """The restart lock of one scope (:func:`pipeline.state.jobstate.scope_of`), with holder metadata and
+    renewal every ``renew_every`` s (default ``ttl / 3``); ``ttl``: seconds it lives without renewal."""
 
     def __init__(
         self,
@@ -153,8 +114,7 @@ class JobLock:
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self.scope = scope
         self.ttl = ttl
         self.renew_every = renew_every if renew_every is not None else ttl / 3
@@ -163,8 +123,7 @@ class JobLock:
         self._lock: Lock = client.lock(
             self.name, timeout=ttl, blocking=False, thread_local=False, lock_class=Lock
         )
-        self._held = self._taken = False
-        self._lost = False
+        self._held = self._taken = self._lost = False
         self._renewal: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.holder: Holder | None = None
@@ -179,17 +138,12 @@ class JobLock:
         """True when the lock expired or was forced free while this object held it."""
         return self._lost
 
-    def _ms(self) -> int:
-        return max(1, int(self.ttl * 1000))
-
     async def acquire(
         self, *, job: str, action: str, user: str, run_id: str = "", step: str = "queued"
     ) -> Holder:
         """Take the lock now or refuse; never waits for it.
 
-        :param job: the job the sequence acts on.
         :param action: ``restart`` | ``start`` | ``stop``.
-        :param user: who asked.
         :param run_id: the run, when already known (set later with :meth:`update`).
         :param step: the step shown to refused requests.
         :returns: the holder record written beside the lock.
@@ -212,18 +166,9 @@ class JobLock:
         holder = Holder(self.scope, job, action, user, run_id, step, time.time())
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(self.holder_key)
-            pipe.hset(
-                self.holder_key,
-                mapping={
-                    "job": holder.job,
-                    "action": holder.action,
-                    "user": holder.user,
-                    "run_id": holder.run_id,
-                    "step": holder.step,
-                    "started_at": repr(holder.started_at),
-                },
-            )
-            pipe.pexpire(self.holder_key, self._ms())
+            # str of a float is its repr: ``started_at`` reads back exactly
+            pipe.hset(self.holder_key, mapping={k: str(v) for k, v in asdict(holder).items() if k != "scope"})
+            pipe.pexpire(self.holder_key, ms(self.ttl))
             await pipe.execute()
         self.holder = holder
         return holder
@@ -232,28 +177,13 @@ class JobLock:
         """Change the holder record (the run id once created, the step as the sequence moves)."""
         if not self.held or self.holder is None:
             return
-        fields: dict[str, str] = {}
-        if run_id is not None:
-            fields["run_id"] = run_id
-        if step is not None:
-            fields["step"] = step
+        fields = {k: v for k, v in (("run_id", run_id), ("step", step)) if v is not None}
         if not fields:
             return
-        self.holder = Holder(
-            self.holder.scope,
-            self.holder.job,
-            self.holder.action,
-            self.holder.user,
-            run_id if run_id is not None else self.holder.run_id,
-            step if step is not None else self.holder.step,
-            self.holder.started_at,
-        )
+        self.holder = replace(self.holder, **fields)  # type: ignore[arg-type]
         try:
             if await self._lock.owned():
-                async with self.client.pipeline(transaction=True) as pipe:
-                    for name, value in fields.items():
-                        pipe.hset(self.holder_key, name, value)
-                    await pipe.execute()
+                await self.client.hset(self.holder_key, mapping=fields)  # type: ignore[arg-type]
             else:
                 self._lost = True
         except RedisError:
@@ -275,7 +205,7 @@ class JobLock:
                 pass
             try:
                 await self._lock.extend(self.ttl, replace_ttl=True)
-                await self.client.pexpire(self.holder_key, self._ms())
+                await self.client.pexpire(self.holder_key, ms(self.ttl))
             except LockError:
                 self._lost = True
                 log.warning("lost the lock %s (expired or forced free)", self.scope)
@@ -284,10 +214,8 @@ class JobLock:
                 log.warning("could not renew the lock %s; retrying", self.scope, exc_info=True)
 
     async def release(self) -> None:
-        """Stop renewing and free the lock if this object still holds it.  Safe to call twice.
-
-        :raises IllegalTransition: if this object never took the lock.
-        """
+        """Stop renewing and free the lock if this object still holds it.  Safe to call twice;
+        IllegalTransition if this object never took the lock."""
         if not self._taken:
             raise IllegalTransition(f"lock {self.scope}", "not held by this object", "release")
         if self._renewal is not None:

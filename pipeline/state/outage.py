@@ -1,12 +1,9 @@
 """The state store's outages: noticed, the embedded server restarted, told once it is back.
 
-:class:`StoreWatch` pings Redis every ``every`` s.  While it does not answer, it restarts a dead
-embedded server (:meth:`~pipeline.state.redisconn.RedisHandle.revive`) with redis-py's
-exponential backoff between tries, logs an error once the outage is longer than ``grace`` s, and
-when Redis answers again after such an outage — or after any that needed the embedded server
-started again, whose last second of writes may be lost — hands the :class:`Outage` to ``on_back``
-(once, and once among replicas: the first to claim an outage in ``keys.outage_told`` tells it; a
-replica whose outage overlaps one already told stays quiet).
+:class:`StoreWatch` pings Redis; while it does not answer, it revives a dead embedded server with
+backoff and logs an error once the outage outlasts ``grace``.  When Redis answers again after such
+an outage, or after a revival (whose last second of writes may be lost), the :class:`Outage` is
+told once among replicas: the first to claim it in ``keys.outage_told`` tells it.
 """
 
 from __future__ import annotations
@@ -54,7 +51,6 @@ class Outage:
 class StoreWatch:
     """Watches one :class:`RedisHandle`; run :meth:`run` as a task, end it with :meth:`stop`.
 
-    :param handle: the process's Redis handle.
     :param grace: seconds of outage after which it is reported (two watch intervals).
     :param on_back: awaited once Redis is back after an outage longer than ``grace`` or a revival.
     :param every: seconds between pings while Redis answers.
@@ -75,8 +71,7 @@ class StoreWatch:
         self.down_since: float | None = None  #: Unix time (s) the current outage began, else None
         #: the last outage seen to end, once told (here or by a replica) or found too short to tell
         self.last_outage: Outage | None = None
-        self._logged = False
-        self._revived = False
+        self._logged = self._revived = False
         self._stopped = asyncio.Event()
 
     def stop(self) -> None:
@@ -84,7 +79,6 @@ class StoreWatch:
         self._stopped.set()
 
     async def _pause(self, seconds: float) -> None:
-        """Wait ``seconds``, or less if :meth:`stop` is called."""
         with suppress(TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), seconds)
 
@@ -114,10 +108,8 @@ class StoreWatch:
 
     async def _claim(self, outage: Outage) -> bool:
         """True if no replica has told of an outage overlapping this one yet (then this one tells)."""
-        told = await self.handle.client.eval(
-            _CLAIM, 1, keys.outage_told(self.handle.prefix), repr(outage.start), repr(outage.end)
-        )
-        return bool(told)
+        key = keys.outage_told(self.handle.prefix)
+        return bool(await self.handle.client.eval(_CLAIM, 1, key, repr(outage.start), repr(outage.end)))
 
     async def _down(self, exc: StateUnavailable) -> None:
         """Note the outage, log it once it outlasts :attr:`grace`, and try to revive the server."""

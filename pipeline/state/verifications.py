@@ -1,17 +1,10 @@
 """The verification queue: launched runs awaiting their verdict, and the one claim that delivers each.
 
-A launched run is *queued* in ``keys.runs_unverified``, scored by the time its verification is
-due (unix s).  Whoever comes first (the scheduler leader, ``pitstop say --wait``) *claims* it
-(``SET NX`` on ``keys.verify_claim`` with a short TTL its holder renews), verifies, posts, and
-marks it *done*: dequeued, the claim kept as ``done:…`` for :data:`DONE_TTL` s so it is never
-delivered twice.  A claim that is *released* (the check failed, or the run is PENDING) leaves
-the run queued.
-
-Transitions: :meth:`VerifyQueue.enqueue` (a launch, recovery), :meth:`~VerifyQueue.requeue` (a
-failed attempt, a PENDING recheck), :meth:`~VerifyQueue.claim`, :meth:`~VerifyQueue.release`,
-:meth:`~VerifyQueue.done` (only by the claim's holder: anything else raises
-:class:`~pipeline.errors.IllegalTransition`), and :meth:`~VerifyQueue.settle` (a verdict decided
-outside a delivery leaves the queue, one inside a delivery leaves it when the claim is done).
+A launched run is *queued* in ``keys.runs_unverified``, scored by its due time (unix s).  Whoever
+comes first (the scheduler leader, ``pitstop say --wait``) *claims* it (``SET NX`` with a short
+TTL its holder renews), verifies, posts, and marks it *done* (only the claim's holder may, else
+:class:`~pipeline.errors.IllegalTransition`): dequeued, the claim kept as ``done:…`` for
+:data:`DONE_TTL` s so it is never delivered twice.  A *released* claim leaves the run queued.
 """
 
 from __future__ import annotations
@@ -24,21 +17,9 @@ import redis.asyncio as aioredis
 
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import DELETE_IF_HELD, EXTEND_IF_HELD, Store, ms
 
 DONE_TTL = 7 * 86400.0  #: seconds a delivered claim is remembered
-
-# KEYS[1] claim; ARGV[1] holder; ARGV[2] ttl in ms.  Extends the claim only if this holder owns it.
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-
-# KEYS[1] claim; ARGV[1] holder.  Deletes the claim only if this holder still owns it.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 # KEYS[1] claim, KEYS[2] queue; ARGV[1] holder, ARGV[2] done ttl in ms, ARGV[3] run id.
 _DONE = """
@@ -57,19 +38,11 @@ return redis.call('ZREM', KEYS[2], ARGV[1])
 
 @dataclass(frozen=True)
 class Claim:
-    """A held claim on delivering one run's verdict.
-
-    :ivar holder: the value stored in the claim (instance id and time).
-    :ivar ttl: seconds the claim lives without :meth:`VerifyQueue.extend`.
-    """
+    """A held claim on delivering one run's verdict."""
 
     run_id: str
-    holder: str
-    ttl: float
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
+    holder: str  #: the value stored in the claim (instance id and time)
+    ttl: float  #: seconds the claim lives without :meth:`VerifyQueue.extend`
 
 
 class VerifyQueue(Store):
@@ -84,10 +57,7 @@ class VerifyQueue(Store):
         pipe.zadd(self.key, {run_id: due})
 
     async def enqueue(self, run_id: str, due: float, *, keep: bool = False) -> None:
-        """Queue ``run_id``, due at ``due`` (unix s).
-
-        :param keep: a run already queued keeps its due time (recovery).
-        """
+        """Queue ``run_id``, due at ``due`` (unix s); with ``keep`` one already queued keeps its due time."""
         await self.client.zadd(self.key, {run_id: due}, nx=keep)
 
     async def requeue(self, run_id: str, due: float) -> None:
@@ -105,31 +75,26 @@ class VerifyQueue(Store):
         return [str(i) for i in await self.client.zrangebyscore(self.key, "-inf", now, start=0, num=limit)]
 
     async def claim(self, run_id: str, holder: str, ttl: float) -> Claim | None:
-        """Claim delivering ``run_id``'s verdict for ``ttl`` s.
-
-        :returns: the claim, or None if another delivery holds it (or did it).
-        """
+        """Claim delivering ``run_id``'s verdict for ``ttl`` s; None if another delivery holds it (or did it)."""
         name = keys.verify_claim(self.prefix, run_id)
-        if not await self.client.set(name, holder, nx=True, px=_ms(ttl)):
-            return None
-        return Claim(run_id, holder, ttl)
+        return (
+            Claim(run_id, holder, ttl) if await self.client.set(name, holder, nx=True, px=ms(ttl)) else None
+        )
 
     async def extend(self, claim: Claim) -> bool:
         """Extend a held claim by its TTL; False if it was lost (expired, taken by another)."""
         name = keys.verify_claim(self.prefix, claim.run_id)
-        return bool(await self.client.eval(_EXTEND, 1, name, claim.holder, _ms(claim.ttl)))
+        return bool(await self.client.eval(EXTEND_IF_HELD, 1, name, claim.holder, ms(claim.ttl)))
 
     async def release(self, claim: Claim) -> None:
         """Give a claim up, leaving the run as it is in the queue (delivered again when due)."""
-        await self.client.eval(_RELEASE, 1, keys.verify_claim(self.prefix, claim.run_id), claim.holder)
+        await self.client.eval(DELETE_IF_HELD, 1, keys.verify_claim(self.prefix, claim.run_id), claim.holder)
 
     async def done(self, claim: Claim) -> None:
-        """The verdict is delivered: the run leaves the queue and its claim is kept as done.
-
-        :raises IllegalTransition: if this holder no longer holds the claim.
-        """
+        """The verdict is delivered: the run leaves the queue and its claim is kept as done
+        (IllegalTransition if this holder no longer holds the claim)."""
         name = keys.verify_claim(self.prefix, claim.run_id)
-        if not await self.client.eval(_DONE, 2, name, self.key, claim.holder, _ms(DONE_TTL), claim.run_id):
+        if not await self.client.eval(_DONE, 2, name, self.key, claim.holder, ms(DONE_TTL), claim.run_id):
             raise IllegalTransition(
                 f"verification of {claim.run_id}", "not claimed by this holder", "be done"
             )
