@@ -1,9 +1,6 @@
-"""``pipeline.digest`` — throughput digests: what a training job did since the last one.
-
-- metric lines parsed from bytes :mod:`~pipeline.digest.metrics`; the window of the log a digest
-  reads :mod:`~pipeline.digest.window`; statistics (pure) :mod:`~pipeline.digest.stats`; the
-  digest itself :mod:`~pipeline.digest.report`; its chart :mod:`~pipeline.digest.chart`, drawn
-  from its data (throughput broken at gaps, restarts, stragglers; pure) :mod:`~pipeline.digest.series`.
+"""``pipeline.digest`` — throughput digests: what a training job did since the last one: metric
+lines (``metrics``), the log window read (``window``), statistics (``stats``), the digest
+(``report``), its chart (``chart``) and the chart's data (``series``).
 
 May import :mod:`pipeline.host`, :mod:`pipeline.observe`, :mod:`pipeline.state` and the loose
 modules of :mod:`pipeline`.

@@ -1,21 +1,14 @@
-"""The digest chart: the pipeline's throughput over the digest's window, with its restarts marked
-and its stragglers beside it, as a PNG a person reads at a glance.
+"""The digest chart (PNG): two panels on one time axis (UTC), from :mod:`pipeline.digest.series`.
 
-Two panels on one time axis (UTC), from the data of :mod:`pipeline.digest.series`:
-
-- **the pipeline's tokens/s** (the drafters' sum, the digest's headline number): smoothed in a
-  solid line, the raw bins faint behind it, broken at every gap (a pause, a relaunch) rather than
-  joined across it; each restart in the window is a labelled vertical line (``r-2 topk``); the
-  previous attempt's median (before the last restart in the window, else the last scheduled
-  digest's number) is a dashed reference;
+- **the pipeline's tokens/s**: smoothed in a solid line, the raw bins faint behind it, broken at
+  every gap; each restart in the window a labelled vertical line (``r-2 topk``); the previous
+  attempt's median (:func:`reference`) a dashed line;
 - **the straggler strip**: one row per rank, each bin coloured by the rank's tokens/s as a
-  percentage of its role's median then (red below 100%, blue above, grey without data), so one
-  slow GPU is one red row instead of a line lost among eight.
+  percentage of its role's median then (red below 100%, blue above, grey without data).
 
-Drawn with matplotlib's object API on the Agg canvas (no pyplot, no GUI, no global figure
-state), so it is safe in a server process and in a worker thread.  :func:`draw_chart` returns
-the :class:`~matplotlib.figure.Figure` (its artists carry ``gid``\\ s: ``pipeline``,
-``pipeline-raw``, ``reference``, ``restart:r-2``, ``strip``), :func:`tokens_chart` writes it.
+Drawn with matplotlib's object API on the Agg canvas (no pyplot, no global state: safe in a
+worker thread).  The artists carry ``gid``\\ s: ``pipeline``, ``pipeline-raw``, ``reference``,
+``restart:r-2``, ``strip``.
 """
 
 from __future__ import annotations
@@ -44,48 +37,30 @@ from pipeline.digest.series import (
 from pipeline.digest.stats import percentile
 
 STRIP_LABELS = 24  #: most ranks named on the strip (more: every n-th)
-STRIP_RANGE = (50.0, 150.0)
-STRAGGLER_BAND = (
-    90.0,
-    110.0,
-)  #: a rank whose median share is outside it is always named on the strip  #: the strip's colour scale, percent of the role's median
+STRIP_RANGE = (50.0, 150.0)  #: the strip's colour scale, percent of the role's median
+STRAGGLER_BAND = (90.0, 110.0)  #: a rank whose median share is outside it is always named on the strip
 DAY_S = 86_400.0
 
 
 def rank_rates(lines: Sequence[MetricLine]) -> dict[tuple[str, int], list[tuple[float, float]]]:
-    """Each rank's tokens/s over time, from consecutive lines of its cumulative counter.
-
-    Between two lines the rate is Δtokens/Δts; a counter that went down restarted from zero,
-    so the later value is the increase.  A line without a usable pair (the first one, no
-    timestamps) contributes its reported ``tokens_per_s`` instead, when it has one; a line
-    without a counter value is skipped over when pairing.  (The chart itself reads
-    :func:`pipeline.digest.series.rank_intervals`, which leaves gaps and relaunches out.)
-
-    :param lines: metric records in file order.
-    :returns: (role, rank) → [(ts unix s, tokens/s), …] in time order; lines without ``ts``
-        are left out.
+    """(role, rank) → [(ts unix s, tokens/s), …]: Δtokens/Δts between consecutive lines of each
+    rank's counter (a counter that went down restarted from zero: the later value is the
+    increase); a line without a usable pair gives its reported ``tokens_per_s``; lines without
+    ``ts`` are left out.  (The chart reads :func:`pipeline.digest.series.rank_intervals`.)
     """
     out: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    prev: dict[tuple[str, int], MetricLine] = {}
+    prev: dict[tuple[str, int], tuple[float, float]] = {}  # the counter's last (ts, tokens)
     for ln in lines:
-        key = (ln.role, ln.rank)
         if ln.ts is None:
             continue
+        key = (ln.role, ln.rank)
         before = prev.get(key)
-        if ln.tokens is not None:
-            prev[key] = ln  # the counter's last sample: lines without one do not break the pair
-        rate: float | None = None
-        if (
-            before is not None
-            and before.ts is not None
-            and before.tokens is not None
-            and ln.tokens is not None
-            and ln.ts > before.ts
-        ):
-            delta = ln.tokens - before.tokens if ln.tokens >= before.tokens else ln.tokens
-            rate = delta / (ln.ts - before.ts)
-        elif ln.tokens_per_s is not None:
-            rate = ln.tokens_per_s
+        rate = ln.tokens_per_s
+        if ln.tokens is not None:  # lines without a counter value do not break the pair
+            if before is not None and ln.ts > before[0]:
+                delta = ln.tokens - before[1] if ln.tokens >= before[1] else ln.tokens
+                rate = delta / (ln.ts - before[0])
+            prev[key] = (ln.ts, ln.tokens)
         if rate is not None:
             out.setdefault(key, []).append((ln.ts, rate))
     return out
@@ -99,12 +74,9 @@ def _days(ts: float) -> float:
 def reference(
     series: Throughput, marks: Sequence[RestartMark], last_digest: float | None
 ) -> tuple[float, float | None, str] | None:
-    """The dashed reference: (tokens/s, from when (unix s; None: the whole window), its label).
-
-    The previous attempt's median — the bins between the restart before the last one in the
-    window (or the window's start) and the last one — when there are bins there; else the last
-    scheduled digest's pipeline tokens/s (``last_digest``); else None.
-    """
+    """The dashed reference: (tokens/s, from when (unix s; None: the whole window), its label):
+    the median of the bins between the last two restarts in the window (or its start and the
+    last one), else the last scheduled digest's pipeline tokens/s (``last_digest``), else None."""
     ordered = sorted(marks, key=lambda m: m.at)
     if ordered and series.segments:
         last = ordered[-1]
@@ -175,16 +147,11 @@ def draw_chart(
     restarts: Sequence[RestartMark] = (),
     last_digest: float | None = None,
 ) -> Figure:
-    """The digest chart as a figure (see the module docstring).
+    """The digest chart as a figure on an Agg canvas: its first axes the throughput panel, the
+    second (absent without any rank's rate) the straggler strip.
 
-    :param lines: the window's metric records.
-    :param title: the chart's title.
-    :param restarts: the restarts launched within the window (a vertical line each; a rank's
-        interval holding one is a gap).
-    :param last_digest: the last scheduled digest's pipeline tokens/s, the reference when no
-        restart in the window has an attempt before it.
-    :returns: the figure on an Agg canvas; its first axes is the throughput panel, the second
-        (absent without any rank's rate) the straggler strip.
+    :param restarts: the restarts launched within the window (a rank's interval holding one is a gap).
+    :param last_digest: the last scheduled digest's pipeline tokens/s (:func:`reference`).
     """
     intervals = rank_intervals(lines, restarts)
     series = throughput(lines, restarts, intervals)
@@ -202,10 +169,9 @@ def draw_chart(
         top.plot(
             days, series.smooth, color="C0", linewidth=2.0, zorder=3, gid="pipeline", label=CHART_PIPELINE
         )
-    elif lines:
-        top.text(0.5, 0.5, CHART_TOO_FEW, ha="center", va="center", transform=top.transAxes)
     else:
-        top.text(0.5, 0.5, CHART_NO_LINES, ha="center", va="center", transform=top.transAxes)
+        note = CHART_TOO_FEW if lines else CHART_NO_LINES
+        top.text(0.5, 0.5, note, ha="center", va="center", transform=top.transAxes)
     on_top = blended_transform_factory(top.transData, top.transAxes)
     for mark in sorted(restarts, key=lambda m: m.at):
         x = _days(mark.at)
@@ -253,14 +219,8 @@ def tokens_chart(
     restarts: Sequence[RestartMark] = (),
     last_digest: float | None = None,
 ) -> Path:
-    """Write the digest chart (:func:`draw_chart`) as a PNG.
+    """Write :func:`draw_chart`'s figure as a PNG to ``path`` (its directory created if missing).
 
-    :param lines: the window's metric records.
-    :param path: the PNG file to write (its directory is created if missing).
-    :param title: the chart's title.
-    :param restarts: the restarts launched within the window.
-    :param last_digest: the last scheduled digest's pipeline tokens/s (the fallback reference).
-    :returns: ``path``.
     :raises OSError: if the file cannot be written.
     """
     fig = draw_chart(lines, title=title, restarts=restarts, last_digest=last_digest)

@@ -1,28 +1,14 @@
-"""Metric lines: the training log's throughput records, parsed from bytes.
+"""Metric lines: the training log's throughput records, parsed from bytes, in the job's
+``metrics`` format:
 
-Two formats, chosen per job by ``metrics`` in the config (:class:`~pipeline.config.JobConfig`):
+- ``"jsonl"`` (the default): JSON objects with a string ``role`` and no ``event`` key, keyed as
+  :class:`MetricLine` (``pipeline/dflash/README.md``); other lines are skipped;
+- ``{pattern = '...'}``: a regular expression whose named groups are those keys (role ``worker``
+  and rank 0 when absent; ``"1,234"``, ``"2.5e3"``, and for ``ts`` ISO 8601 times, UTC when naive).
 
-- ``"jsonl"`` (the default): one JSON object per line, written by the reference pipeline
-  ``pipeline/dflash/`` (its README documents the keys: ``ts``, ``step``, ``role``, ``rank``,
-  ``role_rank``, ``device``, ``tokens``, ``tokens_per_s``, ``step_time_s``, ``queue_depth`` and,
-  for drafters, ``loss``, ``top1``, ``top4``, ``top8``, ``gpu_mem_bytes``).  A line counts when it
-  is a JSON object with a string ``role`` and no ``event`` key (``{"event": "waiting", "role": …}``
-  is an event, not a metric record); anything else in the same file — the start-up line, status
-  lines, tracebacks, a partial last line — is skipped.
-- ``{pattern = '...'}`` (:class:`~pipeline.config.MetricsPattern`): a regular expression searched
-  in each line of a plain-text log; its named groups are the keys above.  Numbers are converted
-  (``"1,234"`` and ``"2.5e3"`` too); ``ts`` may be unix seconds or an ISO 8601 time (read as UTC
-  when it has no offset).  Without a ``role`` group a line's role is ``worker``; without ``rank``
-  its rank is 0.
-
-Parsing never raises on log content: a value of the wrong type (a string where a number belongs,
-``NaN``, ``true``) is read as absent (``None``), never as 0.
-
-Speed (a first digest parses the last 8 MiB, ~37,000 lines): JSON lines are decoded with orjson (a
-line it refuses, such as one holding ``NaN``, again by the standard library, so it reads the same),
-and :func:`parse_series` reads only the keys the statistics use straight into one
-:class:`RankSeries` of columns per rank, the values :func:`parse_metric_lines` would give;
-``bench/digest.py`` measures both paths.
+Parsing never raises on log content: a value of the wrong type (``NaN``, ``true``, a string where
+a number belongs) is read as ``None``, never 0.  JSON is decoded with orjson (a line it refuses by
+the standard library, which reads the same); ``bench/digest.py`` measures both paths.
 """
 
 from __future__ import annotations
@@ -43,42 +29,31 @@ import orjson
 from pipeline.config import MetricsPattern
 
 DEFAULT_ROLE = "worker"  #: role of a plain-text metric line without a ``role`` group
+_FLOAT_KEYS = ("tokens", "tokens_per_s", "step_time_s", "queue_depth", "loss", "top1", "top4", "top8")
 _NUMBER = re.compile(r"^[+-]?(\d[\d,_]*)?(\.\d*)?([eE][+-]?\d+)?$")
 
 
 class MetricLine(NamedTuple):
-    """One metric record of one rank (immutable).
+    """One metric record of one rank (immutable)."""
 
-    :ivar ts: unix time in seconds, or None when the log has no timestamps.
-    :ivar role: ``target``, ``drafter`` (the reference pipeline) or another role name.
-    :ivar rank: global rank (0-7 in the eight-GPU pipeline).
-    :ivar step: the rank's step counter.
-    :ivar role_rank: rank within the role.
-    :ivar device: ``cpu``, ``cuda:5``, …
-    :ivar tokens: cumulative tokens this rank has processed since its launch.
-    :ivar tokens_per_s: the rank's own rate since its previous line (tokens/s).
-    :ivar step_time_s: mean seconds per step since the previous line.
-    :ivar queue_depth: items waiting in the target→drafter queue (hidden states).
-    :ivar loss: drafter loss (nats/token).
-    :ivar top1: drafter top-1 accuracy, fraction in [0, 1] (likewise ``top4``, ``top8``).
-    :ivar gpu_mem_bytes: peak GPU memory allocated by the rank, bytes.
-    """
-
-    ts: float | None
-    role: str
-    rank: int
+    ts: float | None  #: unix s; None when the log has no timestamps
+    role: str  #: ``target``, ``drafter`` (the reference pipeline) or another role name
+    rank: int  #: global rank
     step: int | None = None
-    role_rank: int | None = None
-    device: str | None = None
-    tokens: float | None = None
-    tokens_per_s: float | None = None
-    step_time_s: float | None = None
-    queue_depth: float | None = None
-    loss: float | None = None
-    top1: float | None = None
+    role_rank: int | None = None  #: rank within the role
+    device: str | None = None  #: ``cpu``, ``cuda:5``, …
+    tokens: float | None = None  #: cumulative tokens this rank processed since its launch
+    tokens_per_s: float | None = None  #: the rank's own rate since its previous line
+    step_time_s: float | None = None  #: mean seconds per step since the previous line
+    queue_depth: float | None = None  #: hidden states waiting in the target→drafter queue
+    loss: float | None = None  #: drafter loss (nats/token)
+    top1: float | None = None  #: drafter top-1 accuracy in [0, 1] (likewise ``top4``, ``top8``)
     top4: float | None = None
     top8: float | None = None
-    gpu_mem_bytes: int | None = None
+    gpu_mem_bytes: int | None = None  #: peak GPU memory allocated by the rank
+
+
+_new_line = MetricLine._make
 
 
 def _num(value: Any) -> float | None:
@@ -128,36 +103,25 @@ def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
         if default_role is None:
             return None
         role = default_role
-    rank = _int(raw.get("rank"))
     get = raw.get
-    device = get("device")
-    return MetricLine(
-        _ts(get("ts")),
-        role,
-        rank if rank is not None else 0,
-        _int(get("step")),
-        _int(get("role_rank")),
-        device if type(device) is str and device else None,
-        _num(get("tokens")),
-        _num(get("tokens_per_s")),
-        _num(get("step_time_s")),
-        _num(get("queue_depth")),
-        _num(get("loss")),
-        _num(get("top1")),
-        _num(get("top4")),
-        _num(get("top8")),
-        _int(get("gpu_mem_bytes")),
+    rank, device = _int(get("rank")), get("device")
+    return _new_line(
+        [
+            _ts(get("ts")),
+            role,
+            rank if rank is not None else 0,
+            _int(get("step")),
+            _int(get("role_rank")),
+            device if type(device) is str and device else None,
+            *(_num(get(key)) for key in _FLOAT_KEYS),
+            _int(get("gpu_mem_bytes")),
+        ]
     )
 
 
-_FLOAT_KEYS = ("tokens", "tokens_per_s", "step_time_s", "queue_depth", "loss", "top1", "top4", "top8")
-_new_line = MetricLine._make
-
-
 def _json_record(raw: dict[str, Any]) -> MetricLine | None:
-    """:func:`_record` for a decoded JSON object: the same result, values of the right type taken
-    as they are (a JSON float is finite here: orjson refuses ``NaN``, ``Infinity`` and overflow).
-    Integers beyond 64 bits arrive from orjson as floats and keep only a float's precision."""
+    """:func:`_record` for a decoded JSON object, values of the right type taken as they are (orjson
+    refuses ``NaN``, ``Infinity`` and overflow; integers beyond 64 bits arrive as floats)."""
     get = raw.get
     role = get("role")
     if type(role) is not str or not role or "event" in raw:
@@ -188,11 +152,7 @@ def _complete_lines(data: bytes) -> list[bytes]:
 
 
 def parse_jsonl(data: bytes) -> list[MetricLine]:
-    """Metric lines from JSON-lines bytes, skipping every line that is not a metric record.
-
-    :param data: raw log bytes; only complete (newline-terminated) lines are read.
-    :returns: the records in file order.
-    """
+    """Metric lines from JSON-lines bytes (complete lines only), in file order."""
     out: list[MetricLine] = []
     loads = orjson.loads
     for line in _complete_lines(data):
@@ -223,21 +183,13 @@ def _stdlib_record(line: bytes) -> MetricLine | None:
 def parse_jsonl_stdlib(data: bytes) -> list[MetricLine]:
     """:func:`parse_jsonl` with the standard library's ``json`` only: the reference the fast
     parser is tested and benchmarked against (same records, same order)."""
-    out: list[MetricLine] = []
-    for line in _complete_lines(data):
-        line = line.strip()
-        if line.startswith(b"{") and (rec := _stdlib_record(line)) is not None:
-            out.append(rec)
-    return out
+    records = (_stdlib_record(ln) for ln in map(bytes.strip, _complete_lines(data)) if ln.startswith(b"{"))
+    return [rec for rec in records if rec is not None]
 
 
 def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> list[MetricLine]:
-    """Metric lines from a plain-text log: ``pattern`` searched in each complete line.
-
-    :param data: raw log bytes (decoded as UTF-8, undecodable bytes replaced).
-    :param pattern: the configured mapping; its named groups are the metric keys.
-    :returns: one record per matching line, in file order.
-    """
+    """Metric lines from a plain-text log (UTF-8, undecodable bytes replaced): ``pattern``, whose
+    named groups are the metric keys, searched in each complete line; in file order."""
     rx = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern.pattern)
     out: list[MetricLine] = []
     for line in _complete_lines(data):
@@ -254,12 +206,8 @@ def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> lis
 
 
 def parse_metric_lines(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> list[MetricLine]:
-    """Metric lines from log bytes in the job's configured format; other lines are skipped.
-
-    :param data: raw log bytes; a partial last line (no newline yet) is not read.
-    :param mapping: ``"jsonl"`` or a :class:`~pipeline.config.MetricsPattern`.
-    :returns: the records in file order.
-    """
+    """Metric lines from log bytes (a partial last line is not read) in the job's configured
+    format (``"jsonl"`` or a :class:`~pipeline.config.MetricsPattern`), in file order."""
     if mapping == "jsonl":
         return parse_jsonl(data)
     assert isinstance(mapping, MetricsPattern)
@@ -271,14 +219,8 @@ def parse_metric_lines(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) 
 
 @dataclass
 class RankSeries:
-    """One rank's metric values over a window, one list per key, in file order.
-
-    Every list has one entry per metric line of the rank (None where the line lacks the value),
-    so positions line up across keys; the values read as :class:`MetricLine` reads them.
-
-    :ivar role: the lines' role; :ivar rank: their global rank.
-    :ivar role_rank: the last line's rank within its role; :ivar device: the last line's device.
-    """
+    """One rank's metric values over a window, one list per key with one entry per line (None
+    where it lacks the value), in file order; ``role_rank`` and ``device`` are the last line's."""
 
     role: str
     rank: int
@@ -314,9 +256,7 @@ def series_of(lines: Sequence[MetricLine]) -> list[RankSeries]:
     return list(groups.values())
 
 
-_COLUMNS = (
-    "ts", "tokens", "tokens_per_s", "step_time_s", "queue_depth", "loss", "top1", "top4", "top8", "gpu_mem_bytes"
-)  # fmt: skip
+_COLUMNS = ("ts", *_FLOAT_KEYS, "gpu_mem_bytes")
 _MAX_GROUPS = 64  #: more distinct (role, rank) pairs than this are grouped line by line
 _NONE = type(None)
 
@@ -378,8 +318,7 @@ def _groups(objs: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, 
 
 def _objects(candidates: list[bytes]) -> list[Any]:
     """The candidate lines' JSON objects: one orjson call over them all as one array (a third of
-    the time of a call per line), else — when that fails, or finds another number of values (a
-    line holding two objects) — a call per line, which raises on the line it refuses.
+    the time), else a call per line.
 
     :raises orjson.JSONDecodeError: for a line that is not one JSON value.
     """
@@ -434,15 +373,8 @@ def _jsonl_series(data: bytes) -> list[RankSeries] | None:
 
 
 def parse_series(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> list[RankSeries]:
-    """The metric lines of log bytes as columns per rank (:func:`series_of` of
-    :func:`parse_metric_lines`, without building a :class:`MetricLine` per line for JSON lines).
-
-    :param data: raw log bytes; a partial last line (no newline yet) is not read.
-    :param mapping: ``"jsonl"`` or a :class:`~pipeline.config.MetricsPattern`.
-    :returns: one series per ``(role, rank)``, in order of each one's first line.
-    """
-    if mapping == "jsonl":
-        fast = _jsonl_series(data)
-        if fast is not None:
-            return fast
+    """:func:`series_of` of :func:`parse_metric_lines`, without building a :class:`MetricLine`
+    per JSON line: one series per ``(role, rank)``, in order of each one's first line."""
+    if mapping == "jsonl" and (fast := _jsonl_series(data)) is not None:
+        return fast
     return series_of(parse_metric_lines(data, mapping))

@@ -1,25 +1,12 @@
 """Throughput digests: what a training job did since the last digest, from its metric log.
 
-A digest reads only the metric-log bytes written since the last scheduled digest — never the
-whole log — and aggregates them.  The concepts live in three modules beside this one:
-
-- **the window** (:mod:`pipeline.digest.window`): the byte offset where the last scheduled digest
-  stopped, kept in Redis with a fingerprint of the file; at most ``max_bytes`` (8 MiB; a first
-  digest 1 MiB, the recent past) read,
-  complete lines only.  A scheduled digest moves the offset and stores its headline numbers
-  (``keys.digest_last``) for the next one's ±% change; an on-demand digest moves nothing.
-- **parsing** (:mod:`pipeline.digest.metrics`): the window's metric lines, read straight into columns
-  per rank (:func:`pipeline.digest.metrics.parse_series`).
-- **statistics** (:mod:`pipeline.digest.stats`, pure): per rank, per role and overall — tokens/s
-  from the cumulative counters, step-time percentiles, queue depth, loss and accuracy.
-
-This module assembles a :class:`Digest` (:func:`build_digest`): one bounded read through a
-:data:`~pipeline.digest.window.LogReader` (the job's host over SSH, or a local file), the
-statistics, the ranks expected but silent, GPU statistics from ``nvidia-smi`` when the job has
-``gpus``, uptime and restarts from the job's state (:class:`~pipeline.state.jobstate.JobStore`), a
-PNG chart (:mod:`pipeline.digest.chart`: each run launched in the window is a restart line, read
-from the run records, :func:`restart_marks`), and the Redis bookkeeping.  Its dependencies are passed in (the Redis client and
-prefix, the SSH pool, the event stream, the configuration); it knows nothing of the handlers.
+:func:`build_digest` assembles a :class:`Digest`: one bounded read of the metric log
+(:mod:`~pipeline.digest.window`), parsed (:mod:`~pipeline.digest.metrics`) and aggregated
+(:mod:`~pipeline.digest.stats`); the ranks expected but silent; GPU statistics when the job has
+``gpus``; uptime and restarts from the job's state; a PNG chart (:mod:`~pipeline.digest.chart`);
+and the Redis bookkeeping (a scheduled digest moves the offset and stores its headline numbers
+in ``keys.digest_last`` for the next one's ±% change; an on-demand one moves nothing).  Its
+dependencies are passed in; it knows nothing of the handlers.
 """
 
 from __future__ import annotations
@@ -74,31 +61,20 @@ class GpuRow:
 
 @dataclass(frozen=True)
 class SilentRank:
-    """A rank that was expected in the window and wrote no metric line in it.
-
-    :ivar rank: global rank.
-    :ivar role: its role (``target``/``drafter``), from ``gpus`` or from the digest that last saw it.
-    :ivar last_seen: ``ts`` of its last metric line in an earlier digest (unix s), None if never seen.
-    """
+    """A rank that was expected in the window and wrote no metric line in it."""
 
     rank: int
-    role: str
-    last_seen: float | None
+    role: str  #: from ``gpus`` or from the digest that last saw it
+    last_seen: float | None  #: ``ts`` of its last metric line in an earlier digest (unix s)
 
 
 def expected_ranks(spec: JobConfig, seen: Mapping[int, tuple[str, float | None]]) -> dict[int, str]:
-    """Every rank a digest of the job should list: rank → role.
-
-    From the job's ``gpus`` (targets first: ranks ``0..T-1`` are targets, ``T..T+D-1`` drafters —
-    the reference pipeline's layout, ``pipeline/dflash/README.md``) and from every rank an earlier
-    digest saw (``keys.digest_ranks``), whose recorded role wins.
-    """
-    out: dict[int, str] = {}
-    if spec.gpus is not None:
-        roles = [TARGET] * len(spec.gpus.target) + [DRAFTER] * len(spec.gpus.drafter)
-        out.update(enumerate(roles))
-    out.update({rank: role for rank, (role, _) in seen.items()})
-    return out
+    """Every rank a digest of the job should list, rank → role: from its ``gpus`` (ranks ``0..T-1``
+    targets, then drafters: ``pipeline/dflash/README.md``), and every rank an earlier digest saw,
+    whose recorded role wins."""
+    gpus = spec.gpus
+    roles = [TARGET] * len(gpus.target) + [DRAFTER] * len(gpus.drafter) if gpus is not None else []
+    return dict(enumerate(roles)) | {rank: role for rank, (role, _) in seen.items()}
 
 
 def silent_ranks(
@@ -140,48 +116,27 @@ def seen_update(summary: DigestSummary, seen: Mapping[int, tuple[str, float | No
 
 @dataclass(frozen=True)
 class Digest:
-    """A built digest: the summary plus everything around it a reply shows.
-
-    :ivar job: the job's configured name.
-    :ivar scheduled: built by the scheduler (moved the offset) or on demand.
-    :ivar summary: the aggregated window.
-    :ivar window: the window read, without its bytes (``data`` is empty).
-    :ivar path: the metric log on the host.
-    :ivar max_bytes: the read bound used.
-    :ivar change: ±% against the last scheduled digest (:func:`compare`).
-    :ivar previous: the last scheduled digest's headline numbers, if any.
-    :ivar gpus: the job's GPUs, or None when the job has no ``gpus`` or no data came back.
-    :ivar gpu_note: why there is no (or partial) GPU data, else None.
-    :ivar chart: the PNG written, or None when the window had no metric lines.
-    :ivar uptime_s: seconds since the current run was launched, None if unknown or stopped.
-    :ivar restarts: run ids created since the window began, newest first (None: unknown).
-    :ivar built_at: unix s.
-    :ivar silent: expected ranks (:func:`expected_ranks`) that wrote no metric line in the window.
-    :ivar marks: the restarts drawn on the chart (:func:`restart_marks`), oldest first.
-    :ivar progress: step, share done and rate against ``total_steps`` (when set): the ETA.
-    :ivar attempts: the job's last :data:`ATTEMPTS_SHOWN` attempts, newest first (the footer);
-        ``live_run`` the one running now.
-    """
+    """A built digest: the summary plus everything around it a reply shows."""
 
     job: str
-    scheduled: bool
+    scheduled: bool  #: built by the scheduler (moved the offset), else on demand
     summary: DigestSummary
-    window: LogWindow
-    path: str
-    max_bytes: int
-    change: dict[str, float] = field(default_factory=dict)
-    previous: dict[str, float | None] | None = None
-    gpus: tuple[GpuRow, ...] | None = None
-    gpu_note: str | None = None
-    chart: Path | None = None
-    uptime_s: float | None = None
-    restarts: tuple[str, ...] | None = None
+    window: LogWindow  #: without its bytes (``data`` is empty)
+    path: str  #: the metric log on the host
+    max_bytes: int  #: the read bound used
+    change: dict[str, float] = field(default_factory=dict)  #: ±% against the last scheduled digest
+    previous: dict[str, float | None] | None = None  #: the last scheduled digest's headline numbers
+    gpus: tuple[GpuRow, ...] | None = None  #: None when the job has no ``gpus`` or no data came back
+    gpu_note: str | None = None  #: why there is no (or partial) GPU data
+    chart: Path | None = None  #: the PNG written; None when the window had no metric lines
+    uptime_s: float | None = None  #: seconds since the current run was launched; None if unknown or stopped
+    restarts: tuple[str, ...] | None = None  #: run ids created since the window began, newest first
     built_at: float = 0.0
-    silent: tuple[SilentRank, ...] = ()
-    marks: tuple[RestartMark, ...] = ()
-    progress: TrainingProgress | None = None
-    attempts: tuple[RunRecord, ...] = ()
-    live_run: str | None = None
+    silent: tuple[SilentRank, ...] = ()  #: expected ranks (:func:`expected_ranks`) without a line
+    marks: tuple[RestartMark, ...] = ()  #: the restarts drawn on the chart, oldest first
+    progress: TrainingProgress | None = None  #: against ``total_steps`` (when set): the ETA
+    attempts: tuple[RunRecord, ...] = ()  #: the last :data:`ATTEMPTS_SHOWN`, newest first (the footer)
+    live_run: str | None = None  #: the attempt running now
 
 
 async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
@@ -223,12 +178,9 @@ async def _restarts_since(runs: RunStore, job: str, since: float | None) -> tupl
 
 
 async def restart_marks(runs: RunStore, job: str, start: float | None, end: float) -> tuple[RestartMark, ...]:
-    """The job's runs launched within ``[start, end]`` (unix s) as the chart's restart lines.
-
-    From the run records (:class:`~pipeline.state.runs.RunRecord`'s ``launched_at``, ``action``
-    and ``patches``), oldest first; a ``stop`` launches nothing and a failed launch has no
-    ``launched_at``, so neither is marked.  None for ``start`` (no timestamps) marks nothing.
-    """
+    """The job's runs launched within ``[start, end]`` (unix s) as the chart's restart lines,
+    oldest first (a ``stop`` launches nothing; a failed launch has no ``launched_at``).  None for
+    ``start`` (no timestamps) marks nothing."""
     if start is None:
         return ()
     return tuple(
@@ -252,11 +204,8 @@ def _draw(
     marks: Sequence[RestartMark] = (),
     last_digest: float | None = None,
 ) -> Path:
-    """Parse the window's lines and draw them (in a worker thread: parsing and drawing are slow).
-
-    :returns: the PNG's path, links resolved (a state dir's ``charts`` may link to a lasting place,
-        as the demo's does, and the path shown is the one that stays).
-    """
+    """Parse the window's lines and draw them (in a worker thread: both are slow); the PNG's path
+    with links resolved (the demo's ``charts`` links to a lasting place)."""
     # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
     from pipeline.digest.chart import chart_title, tokens_chart
 
@@ -280,24 +229,12 @@ async def build_digest(
     reader: LogReader | None = None,
     chart: bool = True,
 ) -> Digest:
-    """Read the job's new metric lines, aggregate them, add GPU stats, uptime and a chart.
+    """Read the job's new metric lines (``reader``: default the job's host over SSH), aggregate
+    them, add GPU stats, uptime and a ``chart``; a scheduled digest stores the new offset and its
+    headline numbers, an on-demand one nothing but the chart; a ``digest`` event either way.
 
-    A scheduled digest stores the new offset (``keys.digest_offset``) and its headline numbers
-    (``keys.digest_last``); an on-demand one writes nothing but the chart.  Publishes a
-    ``digest`` event either way.
-
-    :param job: a configured job name (case-insensitive).
-    :param config: the validated configuration (the job, ``[state] dir`` for charts).
-    :param redis: the open Redis handle.
-    :param ssh: the SSH pool (the log over SSH, ``nvidia-smi``).
-    :param events: where the ``digest`` event is published.
-    :param scheduled: True for the scheduler's digests (moves the offset).
-    :param max_bytes: the most bytes of metric log read.
     :param first_bytes: the most read by a first digest (no stored offset: the log's last bytes).
-    :param reader: where the log is read from (default: the job's host over SSH).
-    :param chart: draw the PNG (when the window has metric lines).
-    :returns: the digest.
-    :raises KeyError: if ``job`` is not configured.
+    :raises KeyError: if ``job`` (case-insensitive) is not configured.
     :raises RemoteCommandError: if the metric log cannot be read (missing file…).
     :raises HostUnreachable: if the host cannot be reached.
     """

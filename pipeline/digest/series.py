@@ -1,23 +1,11 @@
 """The digest chart's data (pure): throughput over time broken at gaps, restarts, stragglers.
 
-A rank's throughput is read from consecutive samples of its cumulative ``tokens`` counter
-(Δtokens/Δts over the interval between them), or, for a rank with no counter, from its reported
-``tokens_per_s`` over the interval since its previous line.  An interval is **not** data — a gap —
-when it is longer than :data:`GAP_FACTOR` times the rank's median sampling interval, when the
-counter went down (a relaunch: the new process counts from zero), or when a restart
-(:class:`RestartMark`) falls inside it.  So a line is never drawn across a pause, and a rank's
-last point before a restart is never joined to the next launch's first one.
-
-The pipeline's throughput (the sum over the ranks that are not ``target`` — the drafters, as in
-:mod:`pipeline.digest.stats`) is binned within each *segment* (a stretch of time some pipeline
-rank covers without a gap): a bin's value is, per rank, the tokens it processed in the bin divided
-by the part of the bin it covered, summed over the ranks.  Bins are at least the ranks' median
-sampling interval wide and at most :data:`MAX_BINS` span the window.  The smoothed series is a
-centred moving mean over about :data:`SMOOTH_FRACTION` of the bins, never across a gap.
-
-The straggler strip (:class:`RankStrip`) puts every rank on one grid of the same bin width,
-smoothed the same way, each bin as a percentage of the median of its role's ranks in that bin: a
-slow rank reads as a row below 100%.
+A rank's rate is Δtokens/Δts between samples of its ``tokens`` counter (else its reported
+``tokens_per_s``).  An interval is a **gap**, not data, when longer than :data:`GAP_FACTOR` median
+sampling intervals, when the counter went down (a relaunch), or when a restart falls inside it.
+The pipeline's rate (non-``target`` ranks, summed) is binned within each *segment* (a stretch
+without a gap): per rank the tokens in the bin over the part of it covered.  The smoothed series
+is a centred moving mean (:data:`SMOOTH_FRACTION` of the bins), never across a gap.
 """
 
 from __future__ import annotations
@@ -41,16 +29,11 @@ Key = tuple[str, int]  #: (role, rank)
 
 @dataclass(frozen=True)
 class RestartMark:
-    """A restart inside the chart's window.
+    """A restart inside the chart's window."""
 
-    :ivar at: when the new run was launched (the run record's ``launched_at``), unix s.
-    :ivar run: the run id (``r-2``).
-    :ivar label: what the chart writes beside its line (``r-2 topk``, :func:`restart_label`).
-    """
-
-    at: float
-    run: str
-    label: str
+    at: float  #: when the new run was launched (its ``launched_at``), unix s
+    run: str  #: the run id (``r-2``)
+    label: str  #: what the chart writes beside its line (:func:`restart_label`)
 
 
 @dataclass(frozen=True)
@@ -64,23 +47,14 @@ class Interval:
 
 @dataclass(frozen=True)
 class Throughput:
-    """The pipeline's throughput over the window, as drawn: bins within segments.
+    """The pipeline's throughput over the window, as drawn: bins within segments, separated by
+    one NaN point in every list so that a line drawn from them breaks at each gap."""
 
-    Segments are separated by one NaN point in every list, so a line drawn from them is broken
-    at each gap.
-
-    :ivar x: bin centres, unix s (NaN between segments).
-    :ivar raw: tokens/s per bin (NaN between segments).
-    :ivar smooth: the moving mean of ``raw`` within each segment.
-    :ivar width: the nominal bin width, seconds.
-    :ivar segments: ``(start, end)`` of each stretch with data, unix s, in time order.
-    """
-
-    x: list[float]
-    raw: list[float]
-    smooth: list[float]
-    width: float
-    segments: list[tuple[float, float]]
+    x: list[float]  #: bin centres, unix s
+    raw: list[float]  #: tokens/s per bin
+    smooth: list[float]  #: the moving mean of ``raw`` within each segment
+    width: float  #: the nominal bin width, seconds
+    segments: list[tuple[float, float]]  #: ``(start, end)`` of each stretch with data, unix s
 
     def median(self, start: float = -math.inf, end: float = math.inf) -> float | None:
         """The median of the bins whose centre is in ``[start, end)``, tokens/s; None if none."""
@@ -90,24 +64,16 @@ class Throughput:
 
 @dataclass(frozen=True)
 class RankStrip:
-    """Every rank on one grid, each bin as a percentage of its role's median in that bin.
+    """Every rank on one grid, each bin as a percentage of its role's median in that bin."""
 
-    :ivar edges: bin edges, unix s (``len(edges) == bins + 1``).
-    :ivar rows: (role, rank) of each row: targets first, then the other roles, by rank.
-    :ivar share: per row, per bin: the rank's smoothed tokens/s in percent of its role's median
-        (NaN: no data).
-    """
-
-    edges: list[float]
-    rows: list[Key]
-    share: list[list[float]]
+    edges: list[float]  #: bin edges, unix s (``len(edges) == bins + 1``)
+    rows: list[Key]  #: targets first, then the other roles, by rank
+    share: list[list[float]]  #: per row, per bin: smoothed tokens/s in % of the role's median (NaN: no data)
 
 
 def restart_label(run: str, action: str, patches: Sequence[str]) -> str:
-    """The label of a restart's line: the run id, its action unless a restart, its patches.
-
-    ``r-2 topk``, ``r-3``, ``r-4 auto-restart``, ``r-5 start topk, hang``.
-    """
+    """The label of a restart's line: the run id, its action unless a restart, its patches
+    (``r-2 topk``, ``r-3``, ``r-4 auto-restart``, ``r-5 start topk, hang``)."""
     parts = [run] + ([action] if action != "restart" else [])
     return " ".join(parts) + (" " + ", ".join(patches) if patches else "")
 
@@ -148,25 +114,10 @@ def _rank_intervals(samples: list[tuple[float, MetricLine]], marks: Sequence[flo
 def rank_intervals(
     lines: Sequence[MetricLine], marks: Sequence[RestartMark] = ()
 ) -> dict[Key, list[Interval]]:
-    """Each rank's stretches with a known rate, gaps left out (see the module docstring).
-
-    :param lines: the window's metric records in file order (lines without ``ts`` are ignored).
-    :param marks: restarts in the window; an interval holding one is a gap.
-    :returns: (role, rank) → intervals in time order; a rank with fewer than two usable samples
-        has none.
-    """
+    """Each rank's stretches with a known rate, in time order, gaps left out (module docstring);
+    lines without ``ts`` are ignored."""
     at = sorted(m.at for m in marks)
     return {key: _rank_intervals(samples, at) for key, samples in _samples(lines).items()}
-
-
-def _typical_step(lines: Sequence[MetricLine]) -> float | None:
-    steps = [
-        b[0] - a[0]
-        for samples in _samples(lines).values()
-        for a, b in itertools.pairwise(samples)
-        if b[0] > a[0]
-    ]
-    return percentile(steps, 0.5)
 
 
 def _union(intervals: Iterable[Interval]) -> list[tuple[float, float]]:
@@ -210,9 +161,13 @@ def _moving_mean(values: Sequence[float], k: int) -> list[float]:
     return out
 
 
-def _width(span: float, lines: Sequence[MetricLine]) -> float:
-    typical = _typical_step(lines) or span / MAX_BINS
-    return max(typical, span / MAX_BINS, 1e-6)
+def _bins(span: float, lines: Sequence[MetricLine]) -> tuple[float, int]:
+    """The bin width over ``span`` seconds (at least the ranks' median sampling interval), and the
+    moving mean's width in bins (odd)."""
+    pairs = (pair for samples in _samples(lines).values() for pair in itertools.pairwise(samples))
+    typical = percentile([b[0] - a[0] for a, b in pairs if b[0] > a[0]], 0.5) or span / MAX_BINS
+    width = max(typical, span / MAX_BINS, 1e-6)
+    return width, max(1, round(span / width * SMOOTH_FRACTION)) | 1
 
 
 def throughput(
@@ -220,28 +175,21 @@ def throughput(
     marks: Sequence[RestartMark] = (),
     intervals: dict[Key, list[Interval]] | None = None,
 ) -> Throughput:
-    """The pipeline's tokens/s over the window, binned within segments (module docstring).
-
-    :param lines: the window's metric records.
-    :param marks: restarts in the window.
-    :param intervals: :func:`rank_intervals` of the same lines and marks, if already computed.
-    :returns: the series; empty lists when no pipeline rank has two usable samples.
-    """
+    """The pipeline's tokens/s over the window, binned within segments (module docstring); empty
+    when no pipeline rank has two usable samples.  ``intervals``: :func:`rank_intervals`, if known."""
     per_rank = intervals if intervals is not None else rank_intervals(lines, marks)
     pipe = {k: v for k, v in per_rank.items() if k[0] != TARGET and v}
     segments = _union(iv for ivs in pipe.values() for iv in ivs)
     if not segments:
         return Throughput([], [], [], 0.0, [])
-    width = _width(segments[-1][1] - segments[0][0], lines)
-    k = max(1, round((segments[-1][1] - segments[0][0]) / width * SMOOTH_FRACTION)) | 1
+    width, k = _bins(segments[-1][1] - segments[0][0], lines)
     x: list[float] = []
     raw: list[float] = []
     smooth: list[float] = []
     for start, end in segments:
-        if x:
-            x.append(NAN)
-            raw.append(NAN)
-            smooth.append(NAN)
+        if x:  # one NaN point between segments
+            for column in (x, raw, smooth):
+                column.append(NAN)
         edges = _grid(start, end, width)
         columns = [_binned(ivs, edges) for ivs in pipe.values()]
         values = [sum(v for v in col if math.isfinite(v)) for col in zip(*columns, strict=True)]
@@ -256,22 +204,16 @@ def rank_strip(
     marks: Sequence[RestartMark] = (),
     intervals: dict[Key, list[Interval]] | None = None,
 ) -> RankStrip:
-    """Every rank's tokens/s per bin as a percentage of its role's median (module docstring).
-
-    :param lines: the window's metric records.
-    :param marks: restarts in the window.
-    :param intervals: :func:`rank_intervals` of the same lines and marks, if already computed.
-    :returns: the strip; no rows when no rank has two usable samples.
-    """
+    """Every rank's tokens/s per bin as a percentage of its role's median; no rows when no rank
+    has two usable samples.  ``intervals`` as for :func:`throughput`."""
     per_rank = intervals if intervals is not None else rank_intervals(lines, marks)
     rows = sorted((k for k, v in per_rank.items() if v), key=lambda k: (k[0] != TARGET, k[0], k[1]))
     if not rows:
         return RankStrip([], [], [])
     start = min(per_rank[k][0].start for k in rows)
     end = max(per_rank[k][-1].end for k in rows)
-    width = _width(end - start, lines)
+    width, k_smooth = _bins(end - start, lines)
     edges = _grid(start, end, width)
-    k_smooth = max(1, round((end - start) / width * SMOOTH_FRACTION)) | 1
     values = {k: _moving_mean(_binned(per_rank[k], edges), k_smooth) for k in rows}
     share: dict[Key, list[float]] = {k: [] for k in rows}
     for role in {k[0] for k in rows}:

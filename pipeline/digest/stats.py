@@ -1,16 +1,11 @@
 """Digest statistics (pure): a window's metric lines aggregated per rank, per role and overall.
 
 Per rank, tokens/s is Δtokens/Δtime between its first and last line in the window from the
-cumulative ``tokens`` counter (not an average of rates).  A counter that goes down was restarted
-from zero (a relaunch): the value after the reset counts as that step's increase (as
-Prometheus' ``increase()`` treats counter resets).  The pipeline's tokens/s is the sum over the
-ranks that are not ``target`` (the drafters, which consume what targets produce); targets are
-summed separately and never added in.
-
-The work is done on columns (:class:`~pipeline.digest.metrics.RankSeries`, one list per key and rank):
-each number is one pass of a builtin (``sorted``, ``sum``, ``min``, ``max``) over a column, so a
-window of ~37,000 lines costs milliseconds.  :func:`summarise` takes :class:`MetricLine` records,
-:func:`summarise_series` the columns :func:`pipeline.digest.metrics.parse_series` reads.
+cumulative ``tokens`` counter (not an average of rates); a counter reset counts as
+Prometheus' ``increase()`` counts it (:func:`counter_increase`).  The pipeline's tokens/s is the
+sum over the ranks that are not ``target`` (the drafters, which consume what targets produce);
+targets are summed separately and never added in.  The work is done on columns
+(:class:`~pipeline.digest.metrics.RankSeries`), one builtin pass per number.
 """
 
 from __future__ import annotations
@@ -31,13 +26,8 @@ MIN_TREND_S = 10.0  #: seconds: a window shorter than this (a rank's single line
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-quantile of ``values`` by linear interpolation between closest ranks.
-
-    The same definition as numpy's default: position ``(n - 1) * q`` in the sorted values.
-
-    :param q: in [0, 1] (0.5 is the median, 0.95 the 95th percentile).
-    :returns: the quantile, or None for no values.
-    """
+    """The ``q``-quantile (``q`` in [0, 1]) of ``values``, None for none: numpy's default, linear
+    interpolation at position ``(n - 1) * q`` of the sorted values."""
     if not values:
         return None
     xs = sorted(values)
@@ -57,16 +47,10 @@ def _present(values: Iterable[float | None]) -> list[float]:
 
 @dataclass(frozen=True)
 class RankStats:
-    """One rank's numbers over the window.
-
-    :ivar tokens: tokens processed between its first and last line (resets handled).
-    :ivar seconds: time between its first and last line.
-    :ivar tokens_per_s: ``tokens / seconds``; when the rank has fewer than two timed lines, the
-        mean of its reported ``tokens_per_s`` (``rate_from`` says which: ``counter``,
-        ``reported`` or ``none``).
-    :ivar step_p50: median ``step_time_s`` of its lines, seconds (``step_p95``: 95th percentile).
-    :ivar loss: its last line's loss (``top1``/``top4``/``top8`` likewise).
-    """
+    """One rank's numbers over the window: ``tokens`` between its first and last line (resets
+    handled) over their ``seconds``, else the mean of its reported ``tokens_per_s`` (``rate_from``:
+    ``counter``, ``reported`` or ``none``); ``step_p50``/``step_p95`` of its ``step_time_s``
+    (seconds); ``loss`` and ``top1``… from its last line."""
 
     rank: int
     role: str
@@ -93,12 +77,8 @@ class RankStats:
 
 @dataclass(frozen=True)
 class RoleStats:
-    """One role's numbers over the window.
-
-    :ivar tokens_per_s: the sum of its ranks' tokens/s (None when no rank has a rate).
-    :ivar step_p50: median ``step_time_s`` over all its lines, seconds (``step_p95`` likewise).
-    :ivar queue_mean: mean ``queue_depth`` over its lines (``queue_max``: the largest).
-    """
+    """One role's numbers over the window: the sum of its ranks' tokens/s, ``step_time_s`` and
+    ``queue_depth`` over all its lines."""
 
     role: str
     ranks: int
@@ -112,39 +92,21 @@ class RoleStats:
 
 @dataclass(frozen=True)
 class DigestSummary:
-    """A window of metric lines, aggregated (see the module docstring for the definitions).
+    """A window of metric lines, aggregated (module docstring).  The step and queue numbers are
+    the pipeline (non-target) lines'; ``loss_last``, ``top1``… the mean over drafter ranks of
+    each one's last value, ``loss_mean``, ``top1_mean``… over every drafter line."""
 
-    :ivar window_start: ``ts`` of the first metric line (unix s), None without timestamps.
-    :ivar window_end: ``ts`` of the last metric line.
-    :ivar ranks: per-rank stats, by rank.
-    :ivar roles: per-role stats, targets first.
-    :ivar pipeline_tokens_per_s: the sum over every non-target rank (the drafters).
-    :ivar target_tokens_per_s: the sum over target ranks, shown apart, never added in.
-    :ivar step_p50: median step time of the pipeline (non-target) lines, seconds (``step_p95``).
-    :ivar queue_mean: mean hidden-state queue depth seen by the pipeline lines (``queue_max``).
-    :ivar starved: the drafters' mean queue depth is ~0 (below :data:`STARVED_BELOW`): targets
-        cannot keep up.
-    :ivar loss_last: mean over drafter ranks of each one's last loss; ``loss_mean``: mean of
-        every drafter line's loss in the window.
-    :ivar top1: mean over drafter ranks of each one's last top-1 accuracy (``top4``, ``top8``);
-        ``top1_mean``…: mean over every drafter line in the window.
-    :ivar resets: counter resets (relaunches) seen across ranks.
-    :ivar metric_lines: metric records aggregated.
-    :ivar lines_read: complete log lines read (metric or not).
-    :ivar bytes_read: log bytes read.
-    """
-
-    window_start: float | None
+    window_start: float | None  #: ``ts`` of the first metric line (unix s), None without timestamps
     window_end: float | None
-    ranks: tuple[RankStats, ...]
-    roles: tuple[RoleStats, ...]
-    pipeline_tokens_per_s: float | None
-    target_tokens_per_s: float | None
+    ranks: tuple[RankStats, ...]  #: by rank
+    roles: tuple[RoleStats, ...]  #: targets first
+    pipeline_tokens_per_s: float | None  #: the sum over every non-target rank (the drafters)
+    target_tokens_per_s: float | None  #: shown apart, never added in
     step_p50: float | None
     step_p95: float | None
     queue_mean: float | None
     queue_max: float | None
-    starved: bool
+    starved: bool  #: the drafters' mean queue depth is under :data:`STARVED_BELOW`: targets lag
     loss_last: float | None
     loss_mean: float | None
     top1: float | None
@@ -153,9 +115,9 @@ class DigestSummary:
     top1_mean: float | None
     top4_mean: float | None
     top8_mean: float | None
-    resets: int
+    resets: int  #: counter resets (relaunches) across ranks
     metric_lines: int
-    lines_read: int
+    lines_read: int  #: complete log lines read, metric or not
     bytes_read: int
 
     @property
@@ -191,27 +153,15 @@ class DigestSummary:
 
 
 def counter_increase(values: Sequence[float]) -> tuple[float, int]:
-    """The increase of a cumulative counter over consecutive samples, and the resets seen.
-
-    A sample lower than the one before means the counter restarted from zero, so that sample's
-    whole value is the increase for that step.
-
-    :param values: the counter's samples in time order.
-    :returns: (total increase, number of resets).
-    """
+    """(total increase, resets) of a cumulative counter's samples in time order: a sample lower
+    than the one before means it restarted from zero, so its whole value is that step's increase."""
     if len(values) < 2:
         return 0.0, 0
     if values[0] <= values[-1] and list(values) == sorted(values):  # no reset: one C pass
         return float(values[-1] - values[0]), 0
-    total = 0.0
-    resets = 0
-    for prev, cur in itertools.pairwise(values):
-        if cur < prev:
-            resets += 1
-            total += cur
-        else:
-            total += cur - prev
-    return total, resets
+    pairs = list(itertools.pairwise(values))
+    increase = sum((cur if cur < prev else cur - prev for prev, cur in pairs), 0.0)
+    return increase, sum(cur < prev for prev, cur in pairs)
 
 
 def _last(values: Sequence[float | None]) -> float | None:
@@ -303,26 +253,15 @@ def _role_stats(role: str, ranks: Sequence[RankStats], series: Sequence[RankSeri
 def summarise(
     lines: Sequence[MetricLine], *, lines_read: int | None = None, bytes_read: int = 0
 ) -> DigestSummary:
-    """Aggregate the metric lines of one window (see the module docstring for definitions).
-
-    :param lines: the window's metric records in file order.
-    :param lines_read: complete log lines read, metric or not (default: ``len(lines)``).
-    :param bytes_read: log bytes read for this window.
-    :returns: the summary; numbers without data are None, never 0.
-    """
+    """Aggregate the metric lines of one window (``lines_read``: complete log lines read, metric
+    or not; default the metric lines); numbers without data are None, never 0."""
     return summarise_series(series_of(lines), lines_read=lines_read, bytes_read=bytes_read)
 
 
 def summarise_series(
     series: Sequence[RankSeries], *, lines_read: int | None = None, bytes_read: int = 0
 ) -> DigestSummary:
-    """:func:`summarise` from columns per rank (:func:`pipeline.digest.metrics.parse_series`).
-
-    :param series: one per ``(role, rank)``.
-    :param lines_read: complete log lines read, metric or not (default: the metric lines).
-    :param bytes_read: log bytes read for this window.
-    :returns: the summary; numbers without data are None, never 0.
-    """
+    """:func:`summarise` from columns per rank (:func:`pipeline.digest.metrics.parse_series`)."""
     pairs = sorted(((_rank_stats(s), s) for s in series), key=lambda p: (p[0].rank, p[0].role))
     ranks = [r for r, _ in pairs]
     role_names = sorted({r.role for r in ranks}, key=lambda name: (name != TARGET, name))
@@ -370,19 +309,9 @@ def summarise_series(
 def compare(
     prev: DigestSummary | Mapping[str, float | None] | None, cur: DigestSummary | Mapping[str, float | None]
 ) -> dict[str, float]:
-    """The change of each headline number against a previous digest, in percent: like with like.
-
-    Only steady windows are compared (:func:`steady`): a window that spans a relaunch mixes the
-    dead time and the restart's first steps into its rates, and one shorter than
-    :data:`MIN_TREND_S` holds a line or two per rank — either one against a steady window would
-    be a made-up trend (a 0 s window after a relaunch read ``+2119%``).  Then only numbers present
-    in both with a non-zero previous value are compared.
-
-    :param prev: the previous summary or its :meth:`DigestSummary.headline` (None: no change known).
-    :param cur: the current summary or its headline.
-    :returns: key → ``(cur - prev) / |prev| * 100`` for keys in :data:`COMPARED`; empty when
-        either window is not steady.
-    """
+    """The change of each :data:`COMPARED` number against a previous digest (a summary or its
+    :meth:`DigestSummary.headline`), ``(cur - prev) / |prev| * 100``, for numbers in both with a
+    non-zero previous value; empty unless both windows are :func:`steady` (a made-up trend else)."""
     if prev is None:
         return {}
     before = prev.headline() if isinstance(prev, DigestSummary) else prev
@@ -398,11 +327,8 @@ def compare(
 
 
 def steady(headline: Mapping[str, float | None]) -> bool:
-    """Whether a window's headline can anchor a trend: no counter reset (relaunch) in it and at
-    least :data:`MIN_TREND_S` s between its first and last metric line.
-
-    A headline stored before these fields were kept (no ``window_s``) counts as steady.
-    """
+    """Whether a window's headline can anchor a trend: no counter reset in it and at least
+    :data:`MIN_TREND_S` s between its first and last metric line (without ``window_s``: steady)."""
     if "window_s" not in headline:
         return True
     seconds = headline.get("window_s")

@@ -1,19 +1,9 @@
 """The metric log window a digest reads: bounded reads from a byte offset, complete lines only.
 
-The byte offset where the last scheduled digest stopped is kept in Redis (``keys.digest_offset``,
-:class:`OffsetState`) with the file's inode, size and the last bytes before the offset (a
-fingerprint).  A file now shorter than the offset was truncated; another inode, or other bytes
-before the offset, means it was rotated or rewritten: either way the window starts again from the
-beginning of the current file.  At most ``max_bytes`` (:data:`MAX_WINDOW_BYTES`, 8 MiB; a first
-digest, with no offset yet, :data:`FIRST_WINDOW_BYTES`, 1 MiB: the recent past) are read:
-when more was written, only the **last** ``max_bytes``, aligned to a line start, are read.  Only
-complete lines count; a partial last line is read by the next digest.
-
-A scheduled digest reads from the offset; an on-demand one (which moves nothing) reads what was
-written since the offset, or — when nothing complete was written since — the last scheduled
-window again, or the last ``max_bytes`` when there is no offset.  :func:`read_window` chooses the
-window (:class:`WindowKind`) with at most two bounded reads through a :data:`LogReader`: the job's
-host over SSH (:func:`remote_reader`) or a local file (:func:`local_reader`).
+The last scheduled digest's offset is kept (:class:`OffsetState`) with the file's inode, size and
+the bytes before it: a file now shorter was truncated, another inode or other bytes rotated —
+either way the window starts again at 0.  Only the **last** ``max_bytes``, from a line start, are
+read; an on-demand digest with nothing new reads the last scheduled window again.
 """
 
 from __future__ import annotations
@@ -39,17 +29,11 @@ FINGERPRINT_BYTES = 64  #: bytes before the stored offset kept to recognise the 
 
 @dataclass(frozen=True)
 class LogRead:
-    """What one bounded read of the metric log returned.
-
-    :ivar data: the bytes read.
-    :ivar offset: the file offset of ``data[0]`` (0 when the reader restarted a truncated file).
-    :ivar size: the file's size when it was read, bytes.
-    :ivar inode: the file's inode, when the reader knows it.
-    """
+    """What one bounded read of the metric log returned."""
 
     data: bytes
-    offset: int
-    size: int
+    offset: int  #: the file offset of ``data[0]`` (0 when the reader restarted a truncated file)
+    size: int  #: the file's size when it was read, bytes
     inode: int | None = None
 
 
@@ -70,23 +54,14 @@ class WindowKind(StrEnum):
 
 @dataclass(frozen=True)
 class OffsetState:
-    """What a scheduled digest remembers in ``keys.digest_offset`` about the log.
+    """What a scheduled digest remembers in ``keys.digest_offset`` about the log."""
 
-    :ivar offset: byte offset after the last complete line read.
-    :ivar start: where that digest's window began (an on-demand digest re-reads it when nothing
-        is new).
-    :ivar size: the file's size then.
-    :ivar inode: the file's inode then, if known.
-    :ivar fingerprint: the bytes just before ``offset`` (up to :data:`FINGERPRINT_BYTES`).
-    :ivar at: when it was stored (unix s).
-    """
-
-    offset: int
-    start: int
+    offset: int  #: byte offset after the last complete line read
+    start: int  #: where that digest's window began (re-read on demand when nothing is new)
     size: int
     inode: int | None
-    fingerprint: bytes
-    at: float
+    fingerprint: bytes  #: the bytes just before ``offset`` (up to :data:`FINGERPRINT_BYTES`)
+    at: float  #: when it was stored (unix s)
 
     def to_hash(self) -> dict[str, str]:
         """The Redis hash fields."""
@@ -117,38 +92,26 @@ class OffsetState:
 
 @dataclass(frozen=True)
 class LogWindow:
-    """The bytes a digest aggregates: complete lines only.
-
-    :ivar data: complete lines (ends with a newline, or is empty).
-    :ivar start: file offset of ``data[0]``.
-    :ivar end: file offset after the last complete line (the next scheduled offset).
-    :ivar size: file size seen, bytes.
-    :ivar inode: the file's inode, if known.
-    :ivar kind: how the window was chosen.
-    :ivar skipped: bytes written since the offset that were not read (more than ``max_bytes``).
-    :ivar fingerprint: the last bytes before ``end``.
-    """
+    """The bytes a digest aggregates: complete lines only (``data`` ends with a newline or is empty)."""
 
     data: bytes
-    start: int
-    end: int
+    start: int  #: file offset of ``data[0]``
+    end: int  #: file offset after the last complete line (the next scheduled offset)
     size: int
     inode: int | None
     kind: WindowKind
-    skipped: int = 0
-    fingerprint: bytes = b""
+    skipped: int = 0  #: bytes written since the offset that were not read (over ``max_bytes``)
+    fingerprint: bytes = b""  #: the last bytes before ``end``
 
     def state(self, at: float) -> OffsetState:
         """The offset state a scheduled digest stores after reading this window."""
         return OffsetState(self.end, self.start, self.size, self.inode, self.fingerprint, at)
 
 
-async def _read_from(
-    reader: LogReader, start: int, size: int, max_bytes: int, kind: WindowKind, skipped: int = 0
-) -> LogWindow:
+async def _read_from(reader: LogReader, start: int, size: int, max_bytes: int, kind: WindowKind) -> LogWindow:
     """Read ``[max(start, size - max_bytes), size)`` aligned to a line start; keep complete lines."""
     begin = max(start, size - max_bytes)
-    skipped += begin - start
+    skipped = begin - start
     if begin > 0 and begin > start:
         # read one byte before: if it is a newline, ``begin`` already starts a line
         got = await reader(begin - 1, size - begin + 1)
@@ -166,32 +129,17 @@ def _after_first_newline(got: LogRead) -> tuple[bytes, int]:
 
 
 def _complete(data: bytes, first: int, got: LogRead, kind: WindowKind, skipped: int) -> LogWindow:
-    cut = data.rfind(b"\n") + 1
-    whole = data[:cut]
-    return LogWindow(
-        data=whole,
-        start=first,
-        end=first + cut,
-        size=got.size,
-        inode=got.inode,
-        kind=kind,
-        skipped=skipped,
-        fingerprint=whole[-FINGERPRINT_BYTES:],
-    )
+    whole = data[: data.rfind(b"\n") + 1]
+    end = first + len(whole)
+    return LogWindow(whole, first, end, got.size, got.inode, kind, skipped, whole[-FINGERPRINT_BYTES:])
 
 
 async def read_window(
     reader: LogReader, state: OffsetState | None, *, scheduled: bool, max_bytes: int = MAX_WINDOW_BYTES
 ) -> LogWindow:
-    """The bytes a digest aggregates, read with at most two bounded reads.
-
-    :param reader: reads the job's metric log (:data:`LogReader`).
-    :param state: what the last scheduled digest stored, or None.
-    :param scheduled: a scheduled digest (reads from the offset); on demand, when nothing
-        complete was written since the offset, the last scheduled window is read again.
-    :param max_bytes: the most bytes aggregated; when more was written, the last ``max_bytes``.
-    :returns: the window; the caller stores ``window.state(now)`` when scheduled.
-    """
+    """The bytes a digest aggregates (module docstring), read with at most two bounded reads;
+    ``state`` is what the last scheduled digest stored, and a scheduled caller stores
+    ``window.state(now)``."""
     if state is None:  # the last max_bytes and the byte before them, in one read
         got = await reader(-(max_bytes + 1), max_bytes + 1)
         if got.offset == 0 and len(got.data) <= max_bytes:
@@ -221,11 +169,8 @@ async def read_window(
 
 
 def local_reader(path: str | os.PathLike[str]) -> LogReader:
-    """A :data:`LogReader` over a file on this machine (benchmarks, tests).
+    """A :data:`LogReader` over a file on this machine (benchmarks, tests), read in a worker thread.
 
-    Reads happen in a worker thread so the event loop is never blocked.
-
-    :param path: the log file.
     :raises FileNotFoundError: (from the returned reader) if the file does not exist.
     """
 
@@ -247,13 +192,9 @@ def local_reader(path: str | os.PathLike[str]) -> LogReader:
 
 
 def remote_reader(ssh: RemoteHosts, job_name: str, job: JobConfig) -> LogReader:
-    """A :data:`LogReader` over the job's metric log (``metrics_log``, else ``log``) on its host.
+    """A :data:`LogReader` over the job's metric log on its host, one helper call per read.
 
-    Each read is one SSH call to the host helper, on the job's side of its ``exec`` wrapper
-    (:func:`pipeline.host.probe.read_log_chunk`).
-
-    :raises RemoteCommandError: (from the returned reader) if the log cannot be read.
-    :raises HostUnreachable: (likewise) if the host cannot be reached.
+    :raises RemoteCommandError, HostUnreachable: (from the returned reader).
     """
 
     async def reader(offset: int, max_bytes: int) -> LogRead:

@@ -1,35 +1,16 @@
 """Attempts: how far each launched run got, what a restart lost, and whether throughput came back.
 
-An *attempt* is one launched run of a job.  What it wrote lies in the job's log between its
-launch offset (``log_size_at_launch``) and the next attempt's, so once the next one has
-launched the log holds the whole truth of it.  From those metric lines:
-
-- :func:`reach_of` — how far it got (:class:`~pipeline.state.runs.Reach`): the highest step per
-  role, the *compared* role (the one whose step counts across resumes, :func:`compared_role`),
-  its steps/s, and the pipeline's median throughput over its last ``recovery_window``;
-- :func:`lost_work` — what a restart that resumed from a checkpoint lost: the previous attempt's
-  reached step minus the step resumed at, and the training time that took at its rate
-  (:class:`~pipeline.verdict.Lost`, the verdict line's last clause);
-- :func:`median_throughput` — the pipeline's throughput, robust to a slow first step: per
-  non-target rank the median of its reported ``tokens_per_s`` (each rank's first line, which
-  carries the start-up, left out), summed over ranks (tokens/s; the digest's definition of the
-  pipeline: drafters, not targets);
-- :func:`progress_toward` — step, percent done and rate against ``[jobs.NAME] total_steps`` (the
-  digest's ETA);
-- :func:`no_progress_streak` — the consecutive attempts, newest first, that died before
-  advancing ``min_progress`` steps past where they resumed (automatic restarts stop there).
-
-How an attempt ended is kept in people's words (:func:`crash_words`: ``CUDA out of memory on rank
-6``), so the alert that stops a no-progress loop can name the common cause.
-
-:func:`read_attempt` is the one read: the metric lines of a byte range of the job's metric file
-(``metrics_log``, else ``log``; :func:`attempt_start` says where an attempt's start), its last
-:data:`MAX_READ` bytes at most (one helper ``read`` call); :func:`metrics_offset` notes a
-``metrics_log``'s size before a launch.  The rest is pure.
+An *attempt* is one launched run of a job; what it wrote lies in the job's metric file between its
+launch offset and the next attempt's.  :func:`read_attempt` is the one read (one helper ``read``
+call, at most :data:`MAX_READ` bytes); the rest is pure: :func:`reach_of` (how far it got),
+:func:`lost_work` (what a restart lost), :func:`median_throughput`, :func:`progress_toward` (the
+digest's ETA), :func:`no_progress_streak` (where automatic restarts stop), :func:`crash_words`
+(how an attempt ended, in people's words: ``CUDA out of memory on rank 6``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,11 +32,9 @@ MAX_READ = 4 * 1024 * 1024  #: bytes of an attempt's log read at most (its last 
 
 
 async def metrics_offset(ssh: RemoteHosts, name: str, job: JobConfig) -> int | None:
-    """The size of the job's ``metrics_log`` now (bytes; read just before a launch: where the new
-    attempt's metric lines will start), 0 when it cannot be read (not written yet: all it will hold
-    is the new attempt's); None for a job whose metric lines are in its ``log`` (the engine's launch
-    offset serves) or when the host does not answer.
-    """
+    """The size of the job's ``metrics_log`` now (bytes; read just before a launch), 0 when it
+    cannot be read (not written yet); None without a ``metrics_log`` (the engine's launch offset
+    serves) or when the host does not answer."""
     if job.metrics_log is None:
         return None
     try:
@@ -75,16 +54,10 @@ def attempt_start(run: RunRecord, job: JobConfig) -> int | None:
 async def read_attempt(
     ssh: RemoteHosts, name: str, job: JobConfig, start: int, end: int | None = None
 ) -> list[MetricLine]:
-    """The metric lines the job's metric file (``metrics_log``, else ``log``) holds between byte
-    ``start`` and ``end`` (None: its end now); offsets from :func:`attempt_start`.
+    """The metric lines of the job's metric file between bytes ``start`` and ``end`` (None: its
+    end now; :func:`attempt_start`), of its last :data:`MAX_READ` bytes at most.  A log now shorter
+    than ``start`` (truncated or rotated) is read from 0; one shorter than ``end``: no lines.
 
-    Only the last :data:`MAX_READ` bytes of the range are read; a line cut at the start of the
-    read is dropped.  A log now shorter than ``start`` (truncated or rotated during the attempt) is
-    read from its beginning: all it holds was written since; one now shorter than ``end`` no
-    longer holds the range (no lines).
-
-    :param start: the attempt's launch offset (``log_size_at_launch``), bytes.
-    :param end: the next attempt's launch offset, bytes.
     :raises RemoteError: if the host cannot be read.
     """
     if end is not None and end <= start:
@@ -114,28 +87,23 @@ def _by_role(lines: Sequence[MetricLine]) -> tuple[dict[str, int], dict[str, int
     first: dict[str, int] = {}
     high: dict[str, int] = {}
     for line in lines:
-        if line.step is None:
-            continue
-        first.setdefault(line.role, line.step)
-        high[line.role] = max(high.get(line.role, line.step), line.step)
+        if line.step is not None:
+            first.setdefault(line.role, line.step)
+            high[line.role] = max(high.get(line.role, line.step), line.step)
     return first, high
 
 
 def compared_role(first: Mapping[str, int], high: Mapping[str, int]) -> str | None:
     """The role whose step counts across resumes: the one whose first logged step is the largest (a
-    rank that resumed from N logs N+1 first, one that counts afresh logs 1); on a tie (a run from
-    scratch, or a new run whose ranks have not logged yet) a role other than ``target`` (the
-    digest's pipeline: targets feed it, and the reference pipeline's count from 1 in every run),
-    then the one that got furthest.  None without steps."""
-    if not high:
-        return None
-    return max(high, key=lambda role: (first.get(role, 0), role != TARGET, high[role], role))
+    rank that resumed from N logs N+1 first, one that counts afresh logs 1); on a tie a role other
+    than ``target`` (the reference pipeline's count from 1 in every run), then the one that got
+    furthest.  None without steps."""
+    return max(high, key=lambda role: (first.get(role, 0), role != TARGET, high[role], role), default=None)
 
 
 def resumed_role(first: Mapping[str, int], high: Mapping[str, int], resumed_at: int | None) -> str | None:
-    """The role of a new run that resumed at ``resumed_at``: :func:`compared_role` of its first
-    lines, if that role's first step follows the resume step (±1); None otherwise (only ranks that
-    count afresh have logged yet, or it started from scratch): the previous attempt's lines decide."""
+    """:func:`compared_role` of a new run's first lines if that role's first step follows
+    ``resumed_at`` (±1); None otherwise (then the previous attempt's lines decide)."""
     role = compared_role(first, high) if resumed_at else None
     if role is None or resumed_at is None or abs(first[role] - (resumed_at + 1)) > 1:
         return None
@@ -143,22 +111,18 @@ def resumed_role(first: Mapping[str, int], high: Mapping[str, int], resumed_at: 
 
 
 def median_throughput(lines: Sequence[MetricLine], since: float | None = None) -> float | None:
-    """The pipeline's throughput (tokens/s): per non-target rank the median of its reported
-    ``tokens_per_s`` over its lines from ``since`` (unix s; each rank's first line left out), summed.
-
-    A job without a ``target`` role counts every rank.  None when no line reports a rate.
+    """The pipeline's throughput (tokens/s): per non-target rank (every rank without targets) the
+    median of its reported ``tokens_per_s`` over its lines from ``since`` (unix s), summed; each
+    rank's first line, which carries the start-up, is left out.  None when no line reports a rate.
     """
     pipe = [ln for ln in lines if ln.role != TARGET] or list(lines)
     per_rank: dict[tuple[str, int], list[float]] = {}
-    seen: set[tuple[str, int]] = set()
     for line in pipe:
         key = (line.role, line.rank)
-        if key not in seen:
-            seen.add(key)
-            continue
-        if line.tokens_per_s is None or (since is not None and (line.ts is None or line.ts < since)):
-            continue
-        per_rank.setdefault(key, []).append(line.tokens_per_s)
+        if key not in per_rank:
+            per_rank[key] = []  # its first line is left out
+        elif line.tokens_per_s is not None and (since is None or (line.ts is not None and line.ts >= since)):
+            per_rank[key].append(line.tokens_per_s)
     medians = [m for values in per_rank.values() if (m := percentile(values, 0.5)) is not None]
     return sum(medians) if medians else None
 
@@ -166,16 +130,10 @@ def median_throughput(lines: Sequence[MetricLine], since: float | None = None) -
 def reach_of(
     lines: Sequence[MetricLine], *, window_s: float, role: str | None = None, ended: str | None = None
 ) -> Reach:
-    """How far an attempt got, from its metric lines in file order.
-
-    :param window_s: seconds before its last line over which the throughput is taken
-        (``recovery_window``).
-    :param role: the compared role when known (from the attempt before or after it), else
-        :func:`compared_role` of these lines; a known role that logged no step here leaves the
-        step unknown (an attempt that died in its first step after a resume: its targets, which
-        count afresh, say nothing of how far it got).
-    :param ended: how it ended, if known.
-    """
+    """How far an attempt got, from its metric lines in file order; its throughput over the last
+    ``window_s`` seconds (``recovery_window``).  ``role`` is the compared role when known (from
+    the attempt before or after it; if it logged no step here the step is unknown), else
+    :func:`compared_role` of these lines."""
     first, high = _by_role(lines)
     role = role if role is not None else compared_role(first, high)
     times = [ln.ts for ln in lines if ln.ts is not None]
@@ -207,16 +165,10 @@ def lost_work(
     sampled_at: float | None = None,
     timezone: str = "UTC",
 ) -> Lost | None:
-    """What a restart that resumed at ``resumed_at`` lost of ``previous``'s work.
-
-    :param previous: how far the previous attempt got.
-    :param resumed_at: the step the new run resumed at (of the compared role).
-    :param checkpoint: the newest checkpoint at the verification: its time is said when its step
-        is the one resumed from.
-    :param sampled_at: Pitstop's clock when ``checkpoint`` was seen (unix s).
-    :param timezone: how the checkpoint's time is shown (``[scheduler] timezone``).
-    :returns: None when the previous attempt's reach is unknown.
-    """
+    """What a restart that resumed at ``resumed_at`` (a step of the compared role) lost of
+    ``previous``'s work: its reached step minus that, and the training time it took at its rate;
+    None when its reach is unknown.  The time of ``checkpoint`` (seen at ``sampled_at``, unix s;
+    shown in ``timezone``) is said when its step is the one resumed from."""
     if previous.step is None:
         return None
     # metric lines come every few steps; a checkpoint written at the stop (SIGTERM) can be past
@@ -243,50 +195,36 @@ def over_max_lost(lost: Lost, max_lost: int | LostDuration | None) -> bool:
 def checkpoint_interval(max_lost: int | LostDuration, steps_per_s: float | None) -> int | None:
     """The checkpoint interval (steps) that keeps a loss within ``max_lost``: ``max_lost`` steps, or
     the steps trained in ``max_lost`` seconds at ``steps_per_s`` (None when the rate is unknown)."""
-    if isinstance(max_lost, LostDuration):
-        if not steps_per_s:
-            return None
-        return max(1, math.floor(max_lost.seconds * steps_per_s))
-    return max(1, max_lost)
+    if not isinstance(max_lost, LostDuration):
+        return max(1, max_lost)
+    return max(1, math.floor(max_lost.seconds * steps_per_s)) if steps_per_s else None
 
 
 def progressed(run: RunRecord, min_progress: int) -> bool | None:
     """Whether an attempt advanced ``min_progress`` steps past where it resumed (None: unknown — its
-    reach is not recorded yet, or it logged no step and did not say where it started).  One that
-    resumed at a known step and logged none past it did not advance."""
+    reach is not recorded yet, or it logged no step and did not say where it started)."""
     reach = run.reach
     if reach is None:
         return None
-    if reach.step is None:  # no step logged: a run that said where it resumed never advanced past it
+    if reach.step is None:  # a run that said where it resumed and logged no step did not advance
         return False if run.resumed_at else None
     return reach.step - (run.resumed_at or 0) >= min_progress
 
 
 def no_progress_streak(attempts: Sequence[RunRecord], min_progress: int) -> list[RunRecord]:
     """The newest attempts, newest first, that in a row made no progress (an unknown ends the row)."""
-    out: list[RunRecord] = []
-    for run in attempts:
-        if progressed(run, min_progress) is not False:
-            break
-        out.append(run)
-    return out
+    return list(itertools.takewhile(lambda run: progressed(run, min_progress) is False, attempts))
 
 
 @dataclass(frozen=True)
 class TrainingProgress:
-    """Where a run stands against ``[jobs.NAME] total_steps``, and when it will get there.
-
-    :ivar step: the highest step of the progress role (a role other than ``target`` when there is
-        one: the reference pipeline's drafters, whose step ``--max-steps`` counts).
-    :ivar total: ``total_steps``.
-    :ivar role: that role.
-    :ivar steps_per_s: its rate over the lines read (the current rate), None when unknown.
-    """
+    """Where a run stands against ``[jobs.NAME] total_steps`` (``total``): the highest ``step`` of
+    the progress ``role`` (not ``target`` when there is another: the drafters count ``--max-steps``)."""
 
     step: int
     total: int
     role: str | None
-    steps_per_s: float | None
+    steps_per_s: float | None  #: the rate over the lines read, None when unknown
 
     @property
     def fraction(self) -> float:
@@ -317,16 +255,10 @@ def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingPr
 async def record_dead(
     ssh: RemoteHosts, runs: RunStore, name: str, job: JobConfig, run: RunRecord, *, ended: str | None
 ) -> RunRecord | None:
-    """Read how far ``run`` — the job's current attempt, now dead — got (its log since its launch)
-    and record its :class:`~pipeline.state.runs.Reach`, once.
+    """Record, once, how far ``run`` — the job's current attempt, now dead, ``ended`` as
+    :func:`crash_words` says — got: in the role the attempt before it was compared in, when it
+    resumed.  None when its log range is unknown.
 
-    An attempt that resumed is compared in the role the attempt before it was compared in (the
-    one whose step counts across resumes), so one that died before that role logged a step did
-    not advance, whatever its targets logged.
-
-    :param ended: how it ended (people's words, :func:`crash_words`), if known.
-    :returns: the attempt as saved (as it was when its reach is already recorded), or None when
-        its log range is unknown.
     :raises RemoteError: if the host cannot be read.
     """
     if run.reach is not None:
@@ -345,11 +277,7 @@ async def record_dead(
 
 @dataclass(frozen=True)
 class Previous:
-    """The attempt a newly verified run followed, and what the restart lost of it.
-
-    :ivar run: the previous attempt, with its :class:`~pipeline.state.runs.Reach` recorded.
-    :ivar lost: what was lost, when the new run resumed from a checkpoint (else None).
-    """
+    """The attempt a newly verified run followed (its reach recorded), and what the restart lost."""
 
     run: RunRecord
     lost: Lost | None
@@ -368,21 +296,13 @@ async def account_previous(
     timezone: str,
     ended: str | None = None,
 ) -> Previous | None:
-    """Read how far the attempt before ``run`` got (the log between the two launches), record its
-    :class:`~pipeline.state.runs.Reach`, and say what resuming at ``resumed_at`` lost of it.
+    """Record how far the attempt before ``run`` (the new, launched run) got — in the role of
+    :func:`resumed_role`, else the one recorded when it died — and what resuming at
+    ``resumed_at`` lost of it (0 or None: from scratch, so a restart lost every step; a start is
+    not compared).  ``checkpoint`` is the newest one its verification saw, at ``sampled_at``;
+    ``ended`` how the previous attempt ended (its recorded word wins).  None when there is no
+    previous attempt or its log range is unknown.
 
-    The compared role is the one whose first step in the new run is the largest (it resumed), else
-    the one its reach was recorded in when it died (:func:`record_dead`).
-    A job whose metric lines are in a ``metrics_log`` of their own is read there (from the offsets
-    of :func:`attempt_start`).
-
-    :param run: the new, launched run.
-    :param resumed_at: the step it resumed at (0 or None: from scratch; a restart then lost every
-        step the previous run reached, a start is not compared).
-    :param checkpoint: the newest checkpoint seen by its verification; ``sampled_at`` when.
-    :param timezone: how times are shown.
-    :param ended: how the previous attempt ended, if known (kept when its reach already says).
-    :returns: None when there is no previous attempt or its log range is unknown.
     :raises RemoteError: if the host cannot be read.
     """
     end = attempt_start(run, job)
@@ -410,16 +330,11 @@ async def account_previous(
 
 @dataclass(frozen=True)
 class Recovery:
-    """Throughput since a restart against before it.
-
-    :ivar now: the median throughput since the restart (tokens/s).
-    :ivar before: the previous attempt's, before it stopped (tokens/s).
-    :ivar slow: ``now`` is under ``slow_after_restart`` × ``before``.
-    """
+    """The median throughput since a restart against the previous attempt's (tokens/s)."""
 
     now: float
     before: float
-    slow: bool
+    slow: bool  #: ``now`` is under ``slow_after_restart`` × ``before``
 
     @property
     def ratio(self) -> float:

@@ -1,9 +1,8 @@
 """Crash classes: why a training job failed, read from the new log bytes of all its ranks.
 
-:func:`classify` reads every line a job wrote since a point (its launch, or the last read), not
-just the tail: with eight ranks writing into one log, the last lines are usually the collateral
-damage (the launcher's teardown, other ranks' "launcher is gone"), while the cause is the first
-failure line of one rank.  The rules, in order:
+:func:`classify` reads every line since the launch (or the last read), not just the tail: with
+eight ranks in one log the last lines are collateral damage; the cause is one rank's first
+failure line.  The rules, in order:
 
 1. an ``Xid`` / ECC / "fallen off the bus" line anywhere → ``xid`` (the hardware explains the rest);
 2. else the *earliest* failure line: a CUDA out-of-memory line → ``cuda_oom``; the NCCL watchdog's
@@ -17,8 +16,7 @@ failure line of one rank.  The rules, in order:
 
 The failing rank comes from the lines just before the traceback (``dflash-worker drafter rank 6
 failed:``), the evidence line, or the launcher's ``ROLE rank R (pid P) exited with code C``; the
-step is the last ``step`` that rank logged (JSON metric lines) before the failure line.  Pure
-functions, no I/O: tests feed them the bytes real crashes of the reference pipeline wrote.
+step is the last ``step`` that rank logged (JSON metric lines) before the failure line.  Pure.
 """
 
 from __future__ import annotations
@@ -57,22 +55,14 @@ TRANSIENT: tuple[CrashClass, ...] = (
 
 @dataclass(frozen=True)
 class Crash:
-    """One classified failure.
-
-    :ivar kind: the class.
-    :ivar evidence: the line that decided it (stripped, at most :data:`MAX_EVIDENCE` chars), if any.
-    :ivar exc_type: for a Python exception, its type as printed (``RuntimeError``, ``torch.OutOfMemoryError``).
-    :ivar message: the exception's message.
-    :ivar rank: the failing global rank, when the log names it.
-    :ivar step: the last step that rank (or, without a rank, any rank) logged before the failure.
-    """
+    """One classified failure."""
 
     kind: CrashClass
-    evidence: str | None = None
-    exc_type: str | None = None
+    evidence: str | None = None  #: the deciding line (stripped, at most :data:`MAX_EVIDENCE` chars)
+    exc_type: str | None = None  #: a Python exception's type as printed (``torch.OutOfMemoryError``)
     message: str | None = None
-    rank: int | None = None
-    step: int | None = None
+    rank: int | None = None  #: the failing global rank, when the log names it
+    step: int | None = None  #: the last step that rank (without a rank: any rank) logged before it
 
     @property
     def summary(self) -> str:
@@ -119,8 +109,12 @@ def from_fields(fields: Mapping[str, str]) -> Crash | None:
     )
 
 
+# _CUDA_OOM and _KILLED serve both classify() and detect_cause()
+_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError", re.IGNORECASE)
+_KILLED = re.compile(
+    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill", re.MULTILINE
+)
 _XID = re.compile(r"NVRM: Xid|\bXid\b.*\d|uncorrectable ECC|ECC error|fallen off the bus", re.IGNORECASE)
-_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED")
 _NCCL_TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout|NCCL.{0,80}(?:timed out|timeout)|Timeout at NCCL work",
     re.IGNORECASE,
@@ -133,7 +127,6 @@ _CHAINED = ("During handling of the above exception", "The above exception was t
 _EXC = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _RANK = re.compile(r"\brank[ _]?(\d+)\b", re.IGNORECASE)
 _LAUNCHER_EXIT = re.compile(r"\b(\w+) rank (\d+) \(pid \d+\) exited with code (-?\d+)")
-_KILLED = re.compile(r"^\s*Killed\s*$|Out of memory: Killed process|oom-kill|oom_reaper")
 _SIGNAL_LINE = re.compile(r"Segmentation fault|Fatal Python error|Aborted \(core dumped\)|Bus error")
 
 
@@ -148,38 +141,29 @@ def _short(line: str) -> str:
 
 def _exception_at(lines: list[str], start: int) -> tuple[int, str, str | None] | None:
     """(index, type, message) of the exception line closing the traceback that starts at ``start``."""
-    for i in range(start + 1, len(lines)):
-        ln = lines[i]
+    for i, ln in enumerate(lines[start + 1 :], start + 1):
         if not ln.strip() or ln.startswith((" ", "\t")) or ln.startswith(_TRACEBACK):
             continue
         if ln.startswith(_CHAINED):
             return None  # the traceback that follows holds the exception that ended the process
         m = _EXC.match(ln.strip())
-        if m:
-            return i, m.group(1), m.group(2)
-        return None
+        return (i, m.group(1), m.group(2)) if m else None
     return None
 
 
 def _rank_near(lines: list[str], i: int) -> int | None:
-    for ln in reversed(lines[max(0, i - 3) : i + 1]):
-        m = _RANK.search(ln)
-        if m:
-            return int(m.group(1))
-    return None
+    found = (m for ln in reversed(lines[max(0, i - 3) : i + 1]) if (m := _RANK.search(ln)))
+    return next((int(m.group(1)) for m in found), None)
 
 
 def _launcher_rank(lines: list[str]) -> int | None:
-    for ln in lines:
-        m = _LAUNCHER_EXIT.search(ln)
-        if m and m.group(3) != "0":
-            return int(m.group(2))
-    return None
+    found = (m for ln in lines if (m := _LAUNCHER_EXIT.search(ln)) and m.group(3) != "0")
+    return next((int(m.group(2)) for m in found), None)
 
 
 def _last_step(lines: list[str], before: int, rank: int | None) -> int | None:
-    """The last ``step`` in JSON metric lines before line ``before`` (of ``rank`` when given)."""
-    best: int | None = None
+    """The last ``step`` of ``rank`` in JSON metric lines before line ``before`` (no rank: the highest)."""
+    steps: list[int] = []
     for ln in lines[:before]:
         if not ln.startswith("{") or '"step"' not in ln:
             continue
@@ -187,19 +171,10 @@ def _last_step(lines: list[str], before: int, rank: int | None) -> int | None:
             rec = json.loads(ln)
         except ValueError:
             continue
-        if (
-            not isinstance(rec, dict)
-            or "role" not in rec
-            or "event" in rec
-            or not isinstance(rec.get("step"), int)
-        ):
-            continue
-        if rank is not None:
-            if rec.get("rank") == rank:
-                best = rec["step"]
-        elif best is None or rec["step"] > best:
-            best = rec["step"]
-    return best
+        metric = isinstance(rec, dict) and "role" in rec and "event" not in rec
+        if metric and isinstance(rec.get("step"), int) and (rank is None or rec.get("rank") == rank):
+            steps.append(rec["step"])
+    return max(steps, default=None) if rank is None else (steps[-1] if steps else None)
 
 
 def _named_class(text: str) -> CrashClass | None:
@@ -226,13 +201,8 @@ def _first_failure(lines: list[str]) -> tuple[int, CrashClass, str | None, str |
 
 
 def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | None = None) -> Crash:
-    """Classify a failure from the log bytes the job's ranks wrote (see the module docstring).
-
-    :param data: the new log bytes of all ranks (since the launch, or since the last read).
-    :param exit_signal: the signal that ended the job's launched process, when known (``SIGKILL``).
-    :param exit_code: its exit code, when known.
-    :returns: the class, the evidence line, and the exception type/message, rank and step when found.
-    """
+    """Classify a failure from the new log bytes of all ranks (the rules: module docstring), and
+    the signal (``SIGKILL``) or exit code that ended the launched process, when known."""
     lines = _lines(data)
     for i, ln in enumerate(lines):
         if _XID.search(ln):
@@ -275,24 +245,15 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
 _EXC_LINE = re.compile(
     r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Warning|Failure)\b.*$|^[A-Za-z_][\w.]*: .+$"
 )
-_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError", re.IGNORECASE)
 _NCCL = re.compile(
     r"NCCL.*(?:timeout|timed out|watchdog)|(?:Watchdog|watchdog).*NCCL|ProcessGroupNCCL", re.IGNORECASE
-)
-_KILLED = re.compile(
-    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill", re.MULTILINE
 )
 
 
 def detect_cause(log_tail: str) -> str | None:
-    """A one-line cause found in a log tail, or None.
-
-    Recognised, most specific first: CUDA out of memory, an NCCL timeout or watchdog, a
-    Python traceback (its last exception line), ``Killed`` (the kernel's OOM killer).
-
-    :param log_tail: the last lines of the job's log.
-    :returns: e.g. ``CUDA out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried…``.
-    """
+    """A one-line cause found in the last lines of a log, or None: most specific first, CUDA out
+    of memory (``CUDA out of memory: torch.OutOfMemoryError: …``), an NCCL timeout or watchdog, a
+    Python traceback (its last exception line), ``Killed`` (the kernel's OOM killer)."""
     lines = [ln.rstrip() for ln in log_tail.splitlines() if ln.strip()]
     exception = _last_exception(lines)
     for ln in reversed(lines):

@@ -1,13 +1,9 @@
 """What verification reads, and the one decision of a verdict from an observation.
 
-:func:`decide` turns any engine's :class:`Observation` into the verdict,
-its one-line verdict line and the evidence text posted with it (the runner's verify uses it
-for every engine); :func:`ended` (how a run's process ended, from its waiter's record) and
-:func:`count_right` (the expected processes) are its judgements the watcher, the crash check and
-``status`` share.  :func:`gather` asks the host helper for one :class:`Observation` of an ssh
-run (its session and processes, the log since launch, the waiter's exit record, where the run
-started, the newest checkpoint); :func:`crash_evidence` and :func:`hang_evidence` what a dead or
-hung run leaves there (the engines' looks for the crash check and the hang post).
+:func:`decide` turns any engine's :class:`Observation` into the verdict, its line and evidence;
+:func:`ended` and :func:`count_right` are the judgements the watcher, the crash check and
+``status`` share.  :func:`gather` asks the host helper for one :class:`Observation` of an ssh run;
+:func:`crash_evidence` and :func:`hang_evidence` read what a dead or hung run leaves there.
 """
 
 from __future__ import annotations
@@ -37,45 +33,31 @@ HANG_TIMEOUT = 120.0  #: seconds for a ``hang`` call (py-spy dumps of up to 16 p
 class Observation:
     """One sample of a launched run, normalised across engines (what the verdict is decided from).
 
-    :ivar state: ``alive``, ``pending`` (queued, not started), ``gone`` or ``stale`` (pid reused).
-    :ivar count: the run's processes seen (on every node); ``expected``: how many it should have.
-    :ivar pid: the run's pid (one-host engines) and ``job_id`` its scheduler job id: the run's
-        identity in the verdict line (``pid 4242`` / ``job 12``); ``nodes`` its node count.
-    :ivar sampled_at: Pitstop's clock when the answer came (unix s); ``started_at``: when the run
-        started running (unix s; None while pending).
-    :ivar complete: False for a cheap look (state only) the runner polls with until it decides.
-    :ivar settling: a pending run between states (Slurm's ``COMPLETING``): awaited a while longer.
-    :ivar short: where the count falls short (``n2: 3/4``, ``1/2 nodes``): a wrong count too.
-    :ivar new_bytes: output bytes written since launch (None: unreadable, see ``output_error``).
-    :ivar error_line: the first traceback / ``…Error`` line since launch.
-    :ivar exit_code, signal, ran_for: how an ended run ended and after how many seconds.
-    :ivar pending_reason: why a pending run waits (``Resources``).
-    :ivar tail: the last output lines since launch; ``facts``: evidence lines, engine's words.
-    :ivar output: what the engine calls the run's output in evidence (``log``, ``output``).
-    :ivar start_step, checkpoint: where the run started from, the newest checkpoint (resume check).
-    :ivar stale: the stop step's note when the recorded pid was reused.
+    ``pid`` (one-host engines) or ``job_id`` (a scheduler's) is the run's identity in the verdict
+    line (``pid 4242`` / ``job 12``); ``exit_code``, ``signal`` and ``ran_for`` (s) say how an
+    ended run ended; ``start_step`` and ``checkpoint`` feed the resume check.
     """
 
-    state: str
-    count: int = 0
+    state: str  #: ``alive``, ``pending`` (queued, not started), ``gone`` or ``stale`` (pid reused)
+    count: int = 0  #: the run's processes seen, on every node
     expected: int = 0
     pid: int | None = None
     job_id: int | None = None
     nodes: int | None = None
-    sampled_at: float = 0.0
-    started_at: float | None = None
-    complete: bool = True
-    settling: bool = False
-    short: tuple[str, ...] = ()
-    new_bytes: int | None = None
-    error_line: str | None = None
+    sampled_at: float = 0.0  #: Pitstop's clock when the answer came (unix s)
+    started_at: float | None = None  #: when the run started running (unix s; None while pending)
+    complete: bool = True  #: False for a cheap look (state only) the runner polls with until it decides
+    settling: bool = False  #: a pending run between states (Slurm's ``COMPLETING``): awaited longer
+    short: tuple[str, ...] = ()  #: where the count falls short (``n2: 3/4``, ``1/2 nodes``): wrong too
+    new_bytes: int | None = None  #: output bytes written since launch (None: unreadable)
+    error_line: str | None = None  #: the first traceback / ``…Error`` line since launch
     exit_code: int | None = None
     signal: str | None = None
     ran_for: float | None = None
-    pending_reason: str | None = None
-    tail: str = ""
-    facts: tuple[str, ...] = ()
-    output: str = "log"
+    pending_reason: str | None = None  #: why a pending run waits (``Resources``)
+    tail: str = ""  #: the last output lines since launch
+    facts: tuple[str, ...] = ()  #: evidence lines, in the engine's words
+    output: str = "log"  #: what the engine calls the run's output in evidence (``log``, ``output``)
     start_step: int | None = None
     checkpoint: ResumePoint | None = None
 
@@ -83,13 +65,11 @@ class Observation:
 async def gather(
     ssh: RemoteHosts, run: RunRecord, job: JobConfig, *, log: str | None = None, processes: bool = True
 ) -> Observation:
-    """One complete sample of the launched ``run`` (host helper ``evidence``: its session, log
-    since launch, the waiter's exit record, where it started, the newest checkpoint); a run of
-    this host that is gone is asked again for up to about 1 s, until its waiter has recorded the exit.
+    """One complete sample of the launched ``run`` (host helper ``evidence``); a gone run is asked
+    again for up to about 1 s, until its waiter has recorded the exit.
 
     :param log: the run's output file, if not ``job.log`` (a Slurm job's ``StdOut``).
-    :param processes: count the processes matching ``job.match`` too (not where they run
-        elsewhere: a Slurm job's nodes).
+    :param processes: count the processes matching ``job.match`` too (not for a Slurm job's nodes).
     :raises RemoteError: if the host cannot be asked.
     """
     path = log or job.log
@@ -155,12 +135,8 @@ class Exit(NamedTuple):
 
 
 def ended(state: str | None, status: Mapping[str, Any] | None) -> Exit | None:
-    """How the run ended, read from its launch waiter's record (``code``, ``signal``,
-    ``started_at``, ``ended_at``): the one reading verify, the watcher and the crash check share.
-
-    :param state: the recorded process's state (``alive``, ``gone``, ``stale``; None: no record).
-    :returns: None while that process is ``alive`` or when the waiter recorded nothing.
-    """
+    """How the run ended, from its launch waiter's record (``code``, ``signal``, ``started_at``,
+    ``ended_at``); None while the recorded process's ``state`` is ``alive`` or without a record."""
     if not status or state == "alive":
         return None
     began, end = status.get("started_at"), status.get("ended_at")
@@ -175,24 +151,16 @@ def count_right(count: int, expected: int, short: object = None) -> bool:
 
 
 def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tuple[Verdict, str, str]:
-    """The verdict, verdict line and evidence text of a launched run from one observation, for
-    every engine.
-
-    Precedence (:class:`~pipeline.verdict.Verdict`): ``PENDING`` (queued, not started),
-    ``EXITED`` (exit code or signal, last output lines), ``ERROR_IN_LOG``, ``WRONG_COUNT``
-    (expected vs seen, or ``short`` somewhere), ``NO_PROGRESS`` (output silent), else
-    ``RUNNING`` (with where it resumed); a run whose stop found a stale record is ``STALE_RECORD``.
-
-    :param run: the launched run (its launch time and stop step are read).
-    :param obs: a complete :class:`Observation` of it.
-    :param lost: what the restart lost of the previous run (:func:`pipeline.observe.attempts.lost_work`):
-        the clause a RUNNING line that resumed from a checkpoint ends with.
-    """
+    """The verdict, verdict line and evidence text of a launched run from one complete
+    observation, for every engine.  Precedence: ``PENDING``, ``EXITED``, ``ERROR_IN_LOG``,
+    ``WRONG_COUNT``, ``NO_PROGRESS`` (output silent), else ``RUNNING`` (with where it resumed, and
+    what the restart ``lost``: :func:`pipeline.observe.attempts.lost_work`); a run whose stop found
+    a stale record is ``STALE_RECORD``."""
     now = obs.sampled_at
     since = now - (run.launched_at or now)
     ran = now - (obs.started_at or run.launched_at or now)
     pid, job_id = obs.pid, obs.job_id
-    tail = obs.tail.strip() or log_since_launch_empty()
+    tail = obs.tail.strip() or NO_LOG_SINCE_LAUNCH
     facts = list(obs.facts)
     if obs.state == "pending":
         line = verdict.pending(obs.pending_reason or "", obs.job_id or 0, since)
@@ -206,10 +174,8 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
         line = verdict.wrong_count(obs.count, obs.expected, pid=pid, job_id=job_id, short=obs.short)
         decided = Verdict.WRONG_COUNT
     elif not obs.new_bytes or obs.new_bytes <= 0:
-        decided, line = (
-            Verdict.NO_PROGRESS,
-            verdict.no_progress(obs.count, obs.expected, ran, pid=pid, job_id=job_id),
-        )
+        line = verdict.no_progress(obs.count, obs.expected, ran, pid=pid, job_id=job_id)
+        decided = Verdict.NO_PROGRESS
     else:
         resume = check_resume(obs.start_step, obs.checkpoint, since)
         running = VerdictLine(
@@ -248,7 +214,7 @@ async def crash_evidence(
     offset: int,
     seen: JobProbe | None,
 ) -> JobProbe:
-    """What the job's dead run left, for the crash check: ``state``, ``exit_status`` and ``log_size``
+    """What the job's dead run left, for the crash check: ``state``, ``exit_status``, ``log_size``
     (``seen``'s when it brought ``tail``, else one helper ``evidence`` call) and ``crash``: the last
     :data:`CRASH_BYTES` of its log since byte ``offset`` (``seen``'s, else read).
 
@@ -300,7 +266,4 @@ async def hang_evidence(
 
 # --- text ---------------------------------------------------------------------------------------
 
-
-def log_since_launch_empty() -> str:
-    """Evidence when the job wrote nothing since its launch."""
-    return "(no log output since launch)"
+NO_LOG_SINCE_LAUNCH = "(no log output since launch)"  #: evidence when the job wrote nothing since its launch

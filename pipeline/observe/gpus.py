@@ -1,14 +1,9 @@
-"""GPU state from ``nvidia-smi``: per-GPU utilisation, memory and power; compute processes.
+"""GPU state from ``nvidia-smi``'s CSV interface (``--format=csv,noheader,nounits``): per-GPU
+utilisation, memory and power; compute processes.
 
-Queries use nvidia-smi's stable CSV interface (``--format=csv,noheader,nounits``), one line
-per GPU or process, e.g. ``0, NVIDIA H200, 97, 81234, 143771, 612.45``.  A field nvidia-smi
-cannot report reads ``[N/A]``, ``[Not Supported]``, ``[Unknown Error]`` … (bracketed) or
-``N/A``: it becomes ``None`` — never 0, never an exception — so a digest can say "n/a"
-instead of inventing a number.
-
-``nvidia-smi`` runs on the host itself (not behind a job's container wrapper): it reports
-host PIDs; :mod:`pipeline.host.helper` maps them into a container through ``NSpid`` where
-needed.
+A field nvidia-smi cannot report (``[N/A]``, ``[Not Supported]``, ``N/A`` …) becomes ``None`` —
+never 0, never an exception — so a digest can say "n/a".  ``nvidia-smi`` runs on the host itself
+(not behind a job's container wrapper), so it reports host PIDs.
 """
 
 from __future__ import annotations
@@ -33,19 +28,11 @@ QUERY_TIMEOUT = 20.0  #: seconds (nvidia-smi can be slow on a busy 8-GPU host)
 
 @dataclass(frozen=True)
 class GpuStat:
-    """One GPU as nvidia-smi reports it; ``None`` where it reports ``[N/A]`` or similar.
+    """One GPU as nvidia-smi reports it; ``None`` where it reports ``[N/A]`` or similar."""
 
-    :ivar index: the GPU's index (``CUDA_VISIBLE_DEVICES`` numbering by PCI bus order).
-    :ivar name: the product name (``NVIDIA H200``).
-    :ivar utilization_pct: GPU utilisation in percent over the last sample period.
-    :ivar memory_used_mib: memory in use, MiB.
-    :ivar memory_total_mib: memory in total, MiB.
-    :ivar power_w: power draw, watts.
-    """
-
-    index: int
-    name: str
-    utilization_pct: float | None
+    index: int  #: ``CUDA_VISIBLE_DEVICES`` numbering (PCI bus order)
+    name: str  #: the product name (``NVIDIA H200``)
+    utilization_pct: float | None  #: percent over nvidia-smi's last sample period
     memory_used_mib: float | None
     memory_total_mib: float | None
     power_w: float | None
@@ -78,10 +65,8 @@ def parse_number(field: str) -> float | None:
 
 
 def csv_rows(text: str, count: int) -> Iterator[list[str]]:
-    """The CSV rows of ``text`` with ``count`` fields whose first is a number (an index, a PID).
-
-    A comma inside the name (field 2) is rejoined; other lines are skipped.
-    """
+    """The CSV rows of ``text`` with ``count`` fields whose first is a number (an index, a PID); a
+    comma inside the name (field 2) is rejoined."""
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < count or not parts[0].isdigit():
@@ -91,26 +76,19 @@ def csv_rows(text: str, count: int) -> Iterator[list[str]]:
 
 
 def parse_query_gpu(text: str) -> list[GpuStat]:
-    """GPUs from ``nvidia-smi --query-gpu=index,name,utilization.gpu,memory.used,memory.total,power.draw
-    --format=csv,noheader,nounits``; lines that are not GPU rows are skipped.
-
-    :returns: one :class:`GpuStat` per GPU, in output order.
-    """
+    """One :class:`GpuStat` per GPU row of :data:`QUERY_GPU_ARGV`'s output, in order (e.g.
+    ``0, NVIDIA H200, 97, 81234, 143771, 612.45``); other lines are skipped."""
     return [GpuStat(int(p[0]), p[1], *map(parse_number, p[2:6])) for p in csv_rows(text, len(GPU_FIELDS))]
 
 
 def parse_compute_apps(text: str) -> list[ComputeApp]:
-    """Processes from ``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits``.
-
-    Empty output, or a line such as ``No running processes found``, means none.
-    """
+    """Processes from :data:`QUERY_APPS_ARGV`'s output (``No running processes found``: none)."""
     return [ComputeApp(int(p[0]), parse_number(p[1])) for p in csv_rows(text, len(APP_FIELDS))]
 
 
 async def query_csv(ssh: RemoteHosts, host: str, argv: tuple[str, ...], timeout: float) -> str:
-    """The stdout of one ``nvidia-smi`` query (``argv``) on ``host``.
+    """The stdout of one ``nvidia-smi`` query (``argv``) on ``host``, within ``timeout`` seconds.
 
-    :param timeout: seconds.
     :raises GpuQueryFailed: if nvidia-smi is missing (exit status 127) or fails.
     """
     result = await ssh.run(host, argv, timeout=timeout)
@@ -124,20 +102,13 @@ async def query_csv(ssh: RemoteHosts, host: str, argv: tuple[str, ...], timeout:
 
 
 async def query_gpus(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[GpuStat]:
-    """Every GPU of ``host`` (one SSH call).
+    """Every GPU of ``host`` (one SSH call, ``timeout`` seconds).
 
-    :param host: a configured host name.
-    :param timeout: seconds.
-    :raises GpuQueryFailed: if nvidia-smi is missing or fails.
-    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
+    :raises GpuQueryFailed: if nvidia-smi is missing or fails; connection errors as ``SSHPool.run``.
     """
     return parse_query_gpu(await query_csv(ssh, host, QUERY_GPU_ARGV, timeout))
 
 
 async def compute_apps(ssh: RemoteHosts, host: str, *, timeout: float = QUERY_TIMEOUT) -> list[ComputeApp]:
-    """Processes holding GPU memory on ``host`` (host PIDs).
-
-    :raises GpuQueryFailed: if nvidia-smi is missing or fails.
-    :raises: connection errors as :meth:`pipeline.host.remote.SSHPool.run`.
-    """
+    """Processes holding GPU memory on ``host`` (host PIDs); raises as :func:`query_gpus`."""
     return parse_compute_apps(await query_csv(ssh, host, QUERY_APPS_ARGV, timeout))

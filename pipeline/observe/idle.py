@@ -1,17 +1,10 @@
 """Idle GPUs: a running job's GPUs under ``idle_gpu_below`` percent for ``idle_gpu_for`` seconds.
 
-Which GPUs are watched: the job's ``gpus`` roles (targets and drafters, by index); a job that
-names none watches the GPUs its processes hold — ``nvidia-smi``'s compute processes whose PID is
-one of the job's, placed on a GPU by its UUID (``--query-compute-apps=pid,gpu_uuid`` against
-``--query-gpu=index,uuid``).  Utilisation is ``utilization.gpu``, percent over nvidia-smi's last
-sample period (:mod:`pipeline.observe.gpus`).  A reading of ``[N/A]`` — a MIG-enabled GPU, a
-board that does not report it — is no reading: it never counts as idle, and it ends an idle
-stretch.
-
-The rules are pure (time passed in): :func:`idle_since` carries each GPU's idle start from cycle to
-cycle (kept in :class:`~pipeline.state.incidents.WatchState`), :func:`idle_now` lists those idle
-long enough, :func:`idle_facts` the incident fields naming them.  :func:`read_watched` reads one
-host's GPUs for every watched job in at most three ``nvidia-smi`` calls.
+Watched are the job's ``gpus`` roles; a job that names none watches the GPUs its processes hold
+(``nvidia-smi``'s compute processes whose PID is one of the job's, placed by GPU UUID).  A reading
+of ``[N/A]`` (a MIG-enabled GPU…) is no reading: it never counts as idle and ends an idle stretch.
+The rules are pure (time passed in); :func:`read_watched` reads one host's GPUs for every watched
+job in at most three ``nvidia-smi`` calls.
 """
 
 from __future__ import annotations
@@ -35,27 +28,16 @@ QUERY_HELD_ARGV: tuple[str, ...] = (NVIDIA_SMI, "--query-compute-apps=pid,gpu_uu
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One watched GPU of a job in one cycle.
-
-    :ivar index: the GPU's index (nvidia-smi's ``index``).
-    :ivar role: ``target``/``drafter`` from the job's ``gpus``; None for a GPU found by its processes.
-    :ivar utilization_pct: percent, or None where nvidia-smi reports ``[N/A]`` (or the GPU is missing).
-    """
+    """One watched GPU of a job in one cycle."""
 
     index: int
-    role: str | None
-    utilization_pct: float | None
+    role: str | None  #: ``target``/``drafter`` from the job's ``gpus``; None: found by its processes
+    utilization_pct: float | None  #: percent; None for ``[N/A]`` or a GPU nvidia-smi does not list
 
 
 def watched(cfg: JobConfig, stats: Sequence[GpuStat], held: Collection[int] = ()) -> tuple[GpuReading, ...]:
-    """The GPUs the idle rule watches for ``cfg``, with their utilisation.
-
-    :param cfg: the job (its ``gpus`` roles, if any).
-    :param stats: the host's GPUs (:func:`pipeline.observe.gpus.query_gpus`).
-    :param held: indices of the GPUs the job's processes hold (used when it names no ``gpus``).
-    :returns: one reading per watched GPU, by role then index (a configured GPU nvidia-smi does
-        not list reads None: not idle).
-    """
+    """The GPUs the idle rule watches for ``cfg`` (its ``gpus`` roles, else ``held``: the indices
+    its processes hold), read from ``stats``: by role then index."""
     util = {g.index: g.utilization_pct for g in stats}
     if cfg.gpus is not None and cfg.gpus.all:
         roles = [(i, "target") for i in cfg.gpus.target] + [(i, "drafter") for i in cfg.gpus.drafter]
@@ -66,14 +48,8 @@ def watched(cfg: JobConfig, stats: Sequence[GpuStat], held: Collection[int] = ()
 def idle_since(
     readings: Sequence[GpuReading], below: float, before: Mapping[int, float], now: float
 ) -> dict[int, float]:
-    """Each idle GPU's idle start: kept from ``before`` while it stays idle, ``now`` when it became so.
-
-    :param readings: this cycle's watched GPUs.
-    :param below: ``idle_gpu_below``, percent.
-    :param before: the previous cycle's map (index → unix s).
-    :param now: unix s.
-    :returns: index → unix s, for the GPUs under ``below`` now (``[N/A]`` readings never are).
-    """
+    """Index → idle start (unix s) of the GPUs under ``below`` percent now: kept from ``before``
+    (the previous cycle's map) while one stays idle, ``now`` when it became so."""
     return {
         r.index: before.get(r.index, now)
         for r in readings
@@ -91,10 +67,8 @@ def idle_now(
 def idle_facts(
     idle: Sequence[GpuReading], watched_count: int, since: Mapping[int, float], below: float, now: float
 ) -> dict[str, Any]:
-    """The incident fields naming the idle GPUs: ``idle_gpus`` (indices, comma-separated) and ``cause``.
-
-    ``GPU 1 (target) 0%, GPU 6 (drafter) 3% (2 of 8 watched) under 5% for 10 min``.
-    """
+    """The incident fields ``idle_gpus`` (indices, comma-separated) and ``cause``
+    (``GPU 1 (target) 0%, GPU 6 (drafter) 3% (2 of 8 watched) under 5% for 10 min``)."""
     names = ", ".join(
         f"GPU {r.index}" + (f" ({r.role})" if r.role else "") + f" {fmt.number(r.utilization_pct)}%"
         for r in idle
@@ -119,16 +93,9 @@ async def read_watched(
     *,
     timeout: float = QUERY_TIMEOUT,
 ) -> dict[str, tuple[GpuReading, ...] | None]:
-    """The watched GPUs of the jobs on ``host`` that watch them: one ``--query-gpu``, and for jobs
-    without ``gpus`` roles one ``--query-gpu=index,uuid`` and one ``--query-compute-apps=pid,gpu_uuid``.
-
-    A job is read when it sets ``idle_gpu_below``, its probe saw processes, and it is not a Slurm
-    job (whose host is the login node: its GPUs are not the job's); no call is made when none is.
-
-    :param jobs: (name, config, this cycle's probe of it: its PIDs and session members).
-    :returns: name → readings for the jobs read; None for each of them when nvidia-smi fails or
-        the host cannot be reached (no reading is no verdict: the idle memory is kept as it is).
-    """
+    """The watched GPUs of the jobs on ``host`` (``jobs``: name, config, this cycle's probe) that
+    set ``idle_gpu_below``, have processes and are not Slurm jobs (their host is the login node):
+    name → readings, or None for each when nvidia-smi fails or the host cannot be reached."""
     wanted = [
         (name, cfg, {*probe.pids, *probe.session_pids})
         for name, cfg, probe in jobs

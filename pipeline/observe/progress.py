@@ -1,24 +1,18 @@
 """Per-rank progress from the metric stream: which rank stopped advancing, and for how long.
 
-Each watch cycle reads the job's metric log from where the last cycle stopped (:func:`plan`: the
-read rides on the host's probe, so it costs no helper call of its own) and folds the new lines into a
-:class:`ProgressState` kept in Redis (``keys.rank_progress``): per rank its last ``step``, when
-that step last went up (Pitstop's clock, so the precision is one watch interval), its pid (the
-metric line's ``pid``, when it has one), and whether it reported waiting (a JSON line
+Each watch cycle reads the job's metric log from where the last one stopped (:func:`plan`: the read
+rides on the host's probe) and folds the new lines into a :class:`ProgressState` kept in Redis
+(``keys.rank_progress``): per rank its last ``step``, when it last went up (Pitstop's clock: one
+watch interval's precision), its pid, and whether it reported waiting since (a JSON line
 ``{"event": "waiting", "rank", "role", "step", "on"}``, as the reference pipeline writes when
-blocked in a collective or on a full queue; logs of earlier versions name the role ``rank_role``)
-since its last advance.
+blocked in a collective or on a full queue; older logs name the role ``rank_role``).
 
 :func:`judge` decides, purely:
 
 - a rank whose step has not gone up for ``rank_stall_after`` s, that has not reported waiting
-  since, while another rank advanced within that time or waits → **stuck** (named in a
-  ``stuck_rank`` incident);
-- no rank advanced for ``stall_after`` s and none is stuck → the job is **frozen** (``stalled``,
-  decided on step progress: a log that keeps growing with warnings or wait reports is not progress).
-
-``rank_stall_after`` defaults to the larger of 60 s and 20 × the observed p95 time between a rank's
-step advances (:func:`rank_stall_threshold`).
+  since, while another rank advanced within that time or waits → **stuck** (``stuck_rank``);
+- no rank advanced for ``stall_after`` s and none is stuck → the job is **frozen** (``stalled``:
+  a log that keeps growing with warnings or wait reports is not progress).
 """
 
 from __future__ import annotations
@@ -50,51 +44,32 @@ MAX_READ = 4 * 1024 * 1024  #: bytes read per cycle at most; further behind, old
 
 
 class RankState(BaseModel):
-    """One rank's progress.
-
-    :ivar role: its role (``drafter``, ``target``, ``worker``).
-    :ivar step: the highest step it logged.
-    :ivar advanced_at: when (Pitstop's clock, unix s) its step last went up.
-    :ivar pid: its process id, when its lines carry one.
-    :ivar waiting_on: what it reported waiting on since its last advance (``all_reduce``), else None.
-    :ivar waiting_at: when that report was read.
-    """
+    """One rank's progress."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: str = "worker"
-    step: int = 0
-    advanced_at: float
+    step: int = 0  #: the highest step it logged
+    advanced_at: float  #: when (Pitstop's clock, unix s) its step last went up
     pid: int | None = None
-    waiting_on: str | None = None
+    waiting_on: str | None = None  #: what it reported waiting on since its last advance (``all_reduce``)
     waiting_at: float | None = None
 
 
 class ProgressState(BaseModel):
-    """A job's per-rank progress between cycles (``keys.rank_progress``, JSON).
-
-    :ivar run_pid: the launched pid these ranks belong to (a new run starts afresh).
-    :ivar offset: the metric log byte read up to; ``inode`` the file it was read from.
-    :ivar ranks: rank (as a string) → its :class:`RankState`.
-    :ivar gaps: recent seconds between a rank's advances (for the default threshold).
-    """
+    """A job's per-rank progress between cycles (``keys.rank_progress``, JSON)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    run_pid: int | None = None
-    offset: int = 0
+    run_pid: int | None = None  #: the launched pid these ranks belong to (a new run starts afresh)
+    offset: int = 0  #: the metric log byte read up to
     inode: int | None = None
-    ranks: dict[str, RankState] = {}
-    gaps: list[float] = []
+    ranks: dict[str, RankState] = {}  #: keyed by rank as a string
+    gaps: list[float] = []  #: recent seconds between a rank's advances (for the default threshold)
 
     def ingest(self, data: bytes, job: JobConfig, now: float) -> ProgressState:
-        """Fold new metric-log bytes in (complete lines only; the caller keeps the offset).
-
-        :param data: bytes read from the metric log since the last cycle.
-        :param job: the job (its ``metrics`` format).
-        :param now: Pitstop's clock (unix s): when these lines were read.
-        :returns: the updated copy.
-        """
+        """The copy with the metric log's new bytes folded in (complete lines only; the caller
+        keeps the offset), read at ``now`` (Pitstop's clock, unix s)."""
         ranks = {k: v.model_copy() for k, v in self.ranks.items()}
         gaps = list(self.gaps)
         for line in parse_metric_lines(data, job.metrics):
@@ -129,9 +104,8 @@ class ProgressState(BaseModel):
 
 def _json_records(data: bytes) -> list[dict[str, Any]]:
     """JSON objects of the complete lines holding a ``pid`` or an ``event`` (cheap pre-filter)."""
-    end = data.rfind(b"\n")
     out = []
-    for line in data[: end + 1].splitlines():
+    for line in data[: data.rfind(b"\n") + 1].splitlines():
         if not line.startswith(b"{") or (b'"event"' not in line and b'"pid"' not in line):
             continue
         try:
@@ -145,34 +119,23 @@ def _json_records(data: bytes) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class StuckRank:
-    """A rank that stopped advancing while others advanced or wait on it.
-
-    :ivar rank: global rank; ``role`` its role; ``step`` its last step.
-    :ivar stuck_for: seconds since its step last went up.
-    :ivar pid: its process id, when known.
-    """
+    """A rank that stopped advancing while others advanced or wait on it."""
 
     rank: int
     role: str
     step: int
-    stuck_for: float
+    stuck_for: float  #: seconds since its step last went up
     pid: int | None
 
 
 @dataclass(frozen=True)
 class Judgement:
-    """What the ranks' progress says now.
+    """What the ranks' progress says now."""
 
-    :ivar known: at least one rank logged a step (otherwise the log-bytes rule applies).
-    :ivar stuck: the stuck ranks, lowest first.
-    :ivar waiting: ranks that report waiting.
-    :ivar frozen_for: seconds since any rank last advanced (None when none is known).
-    """
-
-    known: bool
-    stuck: tuple[StuckRank, ...] = ()
-    waiting: tuple[int, ...] = ()
-    frozen_for: float | None = None
+    known: bool  #: at least one rank logged a step (otherwise the log-bytes rule applies)
+    stuck: tuple[StuckRank, ...] = ()  #: lowest rank first
+    waiting: tuple[int, ...] = ()  #: ranks that report waiting
+    frozen_for: float | None = None  #: seconds since any rank last advanced
 
 
 def rank_stall_threshold(job: JobConfig, gaps: Sequence[float]) -> float:
@@ -184,12 +147,7 @@ def rank_stall_threshold(job: JobConfig, gaps: Sequence[float]) -> float:
 
 
 def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
-    """Decide which ranks are stuck (module docstring), purely.
-
-    :param state: the progress after this cycle's lines.
-    :param now: unix s.
-    :param threshold: ``rank_stall_after`` in seconds.
-    """
+    """Decide which ranks are stuck (module docstring); ``threshold``: ``rank_stall_after``, s."""
     if not state.ranks:
         return Judgement(known=False)
     ages = {int(k): now - r.advanced_at for k, r in state.ranks.items()}
@@ -208,12 +166,8 @@ def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
 
 
 def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
-    """The incident fields naming the first stuck rank, and the ``cause`` line naming all of them.
-
-    :param steps: a judgement with at least one stuck rank.
-    :param host: the job's host (named in the cause line).
-    :returns: ``rank``, ``rank_role``, ``rank_step``, ``rank_pid`` and ``cause``.
-    """
+    """The incident fields ``rank``, ``rank_role``, ``rank_step``, ``rank_pid`` naming the first
+    stuck rank of ``steps`` (at least one), and the ``cause`` line naming all of them on ``host``."""
     first = steps.stuck[0]
     others = [s.rank for s in steps.stuck[1:]]
     cause = (
@@ -231,11 +185,6 @@ def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
     }
 
 
-async def load(store: IncidentStore, job: str) -> ProgressState:
-    """The job's stored progress (empty when none)."""
-    return parse(await store.progress(job))
-
-
 def parse(raw: str | None) -> ProgressState:
     """A stored progress (JSON, as :meth:`~pipeline.state.incidents.IncidentStore.progress` returns
     it) as a :class:`ProgressState`; empty when None."""
@@ -245,15 +194,9 @@ def parse(raw: str | None) -> ProgressState:
 def plan(
     state: ProgressState, job: JobConfig, *, run_pid: int | None, launch_offset: int | None
 ) -> tuple[ProgressState, LogRead]:
-    """What this cycle reads of the metric log, and the state its bytes fold into.
-
-    A new run (``run_pid`` differs from the stored one) starts with no ranks, reading from
-    ``launch_offset`` (the log size at its launch) when the metric lines are in the job's log.
-    The read (at most :data:`MAX_READ` bytes, only while the job has processes) goes with the
-    watcher's probe of the host (:func:`pipeline.host.probe.probe_host`), so it costs no call.
-
-    :returns: the state to pass to :func:`fold` with the bytes read, and the read.
-    """
+    """The state to pass to :func:`fold`, and this cycle's read of the metric log (it goes with
+    the host's probe).  A new ``run_pid`` starts with no ranks, from ``launch_offset`` (the log's
+    size at its launch) when the metric lines are in the job's log."""
     if run_pid is not None and run_pid != state.run_pid:
         offset = launch_offset if launch_offset is not None and job.metrics_log is None else state.offset
         state = ProgressState(run_pid=run_pid, offset=offset, inode=state.inode)
@@ -268,13 +211,9 @@ def plan(
 
 
 def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> ProgressState:
-    """The progress after the bytes :func:`plan`'s read returned (complete lines only: a partial
-    last line is read again next cycle; a log far behind skips to its last :data:`MAX_READ` bytes).
-
-    :param state: the state :func:`plan` returned.
-    :param chunk: the bytes read.
-    :param now: Pitstop's clock (unix s).
-    """
+    """The progress after the bytes :func:`plan`'s read returned, at ``now`` (unix s): complete
+    lines only (a partial last line is read again); a log far behind skips to its last
+    :data:`MAX_READ` bytes."""
     end = chunk.data.rfind(b"\n") + 1
     base = ProgressState(run_pid=state.run_pid, gaps=state.gaps) if chunk.reset else state
     new = base.ingest(chunk.data[:end], job, now)
@@ -286,17 +225,12 @@ def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> P
 
 @dataclass(frozen=True)
 class Tracked:
-    """A job whose progress a watch cycle follows.
-
-    :ivar name: the job's name; ``job`` its config.
-    :ivar run_pid: its newest run's launched pid (a new one starts the ranks afresh), if any.
-    :ivar launch_offset: the log's size at that launch (bytes), if known.
-    """
+    """A job whose progress a watch cycle follows."""
 
     name: str
     job: JobConfig
-    run_pid: int | None = None
-    launch_offset: int | None = None
+    run_pid: int | None = None  #: its newest run's launched pid (a new one starts the ranks afresh)
+    launch_offset: int | None = None  #: the log's size at that launch, bytes
 
 
 Planned = dict[str, tuple[ProgressState, LogRead]]
@@ -320,17 +254,10 @@ async def judge_many(
     planned: Planned,
     now: float,
 ) -> list[Judgement | None]:
-    """Each job's :class:`Judgement` after its probe, in ``tracked``'s order.
-
-    The bytes the probe read (:attr:`~pipeline.host.probe.JobProbe.read`) are folded in and every
-    new state is stored in one round trip; a job whose engine did not read them is read in a call
-    of its own (:func:`refresh`).  None for a job with no process, not seen, or whose metric log
-    could not be read (the log-bytes rule applies then; the reason is logged).
-
-    :param probes: job name → its probe this cycle.
-    :param planned: :func:`plan_many`'s answer for the same jobs.
-    :param now: Pitstop's clock (unix s).
-    """
+    """Each job's :class:`Judgement` after its probe (``probes``: by job name), in ``tracked``'s
+    order: the bytes the probe read folded into ``planned`` (:func:`plan_many`), every new state
+    stored in one round trip (a job whose engine did not read them: :func:`refresh`).  None for a
+    job with no process, not seen, or whose metric log could not be read (logged)."""
     out: list[Judgement | None] = [None] * len(tracked)
     folded: dict[str, str] = {}
     alone: dict[int, Awaitable[Judgement | None]] = {}
@@ -374,11 +301,8 @@ async def refresh(
     now: float,
 ) -> ProgressState:
     """Read the metric log's new bytes in a call of its own, fold them in, store and return the
-    progress (:func:`plan` and :func:`fold`; for an engine whose look does not read them).
-
-    :raises RemoteError: if the host cannot be read (the stored state is left as it was).
-    """
-    state, read = plan(await load(store, name), job, run_pid=run_pid, launch_offset=launch_offset)
+    progress.  :raises RemoteError: if the host cannot be read (the stored state is kept)."""
+    state, read = plan(parse(await store.progress(name)), job, run_pid=run_pid, launch_offset=launch_offset)
     chunk = await read_log_chunk(
         ssh, name, job, read["offset"], read["max_bytes"], inode=read["inode"], path=read["path"]
     )
@@ -396,7 +320,6 @@ __all__ = [
     "fold",
     "judge",
     "judge_many",
-    "load",
     "parse",
     "plan",
     "plan_many",

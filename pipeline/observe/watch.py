@@ -1,31 +1,22 @@
 """The watcher's rules: what one probe saw of a job in, the incident transitions to make out.
 
-Each watch cycle turns what one probe saw of a job (:class:`Observation`) plus what Pitstop
-knows about it (:class:`Situation`: a restart in flight, a deliberate stop, the last verdict)
-into a :class:`Decision`: the job's new :class:`~pipeline.state.incidents.WatchState` and the incident transitions to
-make (:class:`Action`): open an incident, change its kind, remind, resolve, restart
-automatically, give up on a crash loop.  :func:`assess` is pure (no I/O, time passed in), so
-every rule is tested without hosts or clocks.
+:func:`assess` (pure, time passed in) turns an :class:`Observation` plus a :class:`Situation` into
+a :class:`Decision`; :class:`pipeline.state.incidents.IncidentStore` applies it once (a
+compare-and-set: where an alert is de-duplicated) and :mod:`handlers.watching` posts it.
 
-The decisions are applied, once each, by :class:`pipeline.state.incidents.IncidentStore` (a
-compare-and-set on the incident's revision: that is where an alert is de-duplicated) and posted
-by :mod:`handlers.watching`.
+Conditions, in precedence order (``stuck_rank``, ``stalled`` and ``idle_gpus`` not during
+``warmup`` s after a launch):
 
-Conditions, in precedence order, for a job with an expected process count ``processes``:
-
-- ``unreachable``: the probe could not reach the host, and a fresh connection failed too, in
-  ``unreachable_after`` consecutive cycles spanning at least 2 intervals (fewer: ``probe_failed``,
-  no incident); an unreachable host never leads to an automatic restart;
-- ``dead``: no process, while the job should be running (a RUNNING verdict, or seen alive,
-  and not stopped on purpose since);
-- ``degraded``: more than zero but fewer than ``processes`` for ``degraded_after`` s;
-- ``stuck_rank``: one rank's step has not advanced for ``rank_stall_after`` s while other ranks
-  advanced or wait on it (:mod:`pipeline.observe.progress`); not during ``warmup`` s after a launch;
-- ``stalled``: alive, but no rank's step advanced for ``stall_after`` s, not during ``warmup`` s
-  after a launch; for a job whose log has no steps: no new log bytes for ``stall_after`` s;
-- ``idle_gpus`` (opt-in, ``idle_gpu_below`` and ``idle_gpu_for``): alive and advancing, but some
-  of its GPUs under ``idle_gpu_below`` percent utilisation for ``idle_gpu_for`` s
-  (:mod:`pipeline.observe.idle`; ``[N/A]`` never counts); not during ``warmup`` s after a launch;
+- ``unreachable``: the host could not be reached, over a fresh connection too, in
+  ``unreachable_after`` cycles spanning at least 2 intervals (fewer: ``probe_failed``); it never
+  leads to an automatic restart;
+- ``dead``: no process while the job should run (a RUNNING verdict or seen alive, and not
+  stopped on purpose since);
+- ``degraded``: fewer than ``processes`` (but some) for ``degraded_after`` s;
+- ``stuck_rank``: :mod:`pipeline.observe.progress`'s stuck rank;
+- ``stalled``: no rank's step advanced for ``stall_after`` s (a log without steps: no new bytes);
+- ``idle_gpus`` (opt-in): some GPUs under ``idle_gpu_below`` percent for ``idle_gpu_for`` s
+  (:mod:`pipeline.observe.idle`);
 - ``crash_loop``: dead again after ``auto_restart.max`` automatic restarts within ``within``.
 """
 
@@ -56,36 +47,19 @@ class ActionKind(StrEnum):
 
 @dataclass(frozen=True)
 class Observation:
-    """What one probe cycle saw of one job.
-
-    :ivar at: when (unix s).
-    :ivar reachable: False when the host could not be reached (confirmed over a fresh connection).
-    :ivar count: matching processes.
-    :ivar pids: their PIDs, the launched one first (the session leader recorded at launch while it
-        lives, else the lowest).
-    :ivar log_size: bytes in the job's log (and metric log), or None if it could not be read.
-    :ivar exit_cause: how the last process ended, when the host knows (``exit 1``, ``SIGKILL``).
-    :ivar error: why the host could not be reached.
-    :ivar detail: what the engine says beside the count (Slurm: the nodes short of tasks), kept
-        as the incident's ``cause``.
-    :ivar progress: the ranks' step progress (:func:`pipeline.observe.progress.judge`), None if not read.
-    :ivar gpus: the GPUs the idle rule watches, read this cycle (:func:`pipeline.observe.idle.read_watched`);
-        None when not watched or not read.
-    :ivar probe_s: seconds the probe of the job's host took (kept in the watcher memory; slower
-        than ``watch.interval``: :func:`probe_slow`).
-    """
+    """What one probe cycle saw of one job, ``at`` (unix s)."""
 
     at: float
-    reachable: bool = True
-    count: int = 0
-    pids: tuple[int, ...] = ()
-    log_size: int | None = None
-    exit_cause: str | None = None
-    error: str | None = None
-    detail: str | None = None
-    progress: Judgement | None = None
-    gpus: tuple[GpuReading, ...] | None = None
-    probe_s: float | None = None
+    reachable: bool = True  #: False when the host could not be reached, over a fresh connection too
+    count: int = 0  #: matching processes
+    pids: tuple[int, ...] = ()  #: the launched one first (the recorded session leader, else the lowest)
+    log_size: int | None = None  #: bytes in the job's log (and metric log); None: unreadable
+    exit_cause: str | None = None  #: how the last process ended, when the host knows (``SIGKILL``)
+    error: str | None = None  #: why the host could not be reached
+    detail: str | None = None  #: the engine's words beside the count (Slurm: nodes short), the ``cause``
+    progress: Judgement | None = None  #: the ranks' step progress; None if not read
+    gpus: tuple[GpuReading, ...] | None = None  #: the idle rule's GPUs; None when not watched or read
+    probe_s: float | None = None  #: seconds the probe of the job's host took (:func:`probe_slow`)
 
 
 def probe_slow(probe_s: float | None, cfg: JobConfig) -> bool:
@@ -96,22 +70,13 @@ def probe_slow(probe_s: float | None, cfg: JobConfig) -> bool:
 
 @dataclass(frozen=True)
 class Situation:
-    """What Pitstop knows about a job beyond the probe.
+    """What Pitstop knows about a job beyond the probe."""
 
-    :ivar in_flight: a restart/start/stop is running or awaiting its verification (lock held,
-        or the job's newest run unfinished).
-    :ivar stopped_at: when the job was last stopped on purpose (``stop JOB``), if that is its
-        newest run; None otherwise.
-    :ivar running_verdict: the newest run's verdict is RUNNING.
-    :ivar auto_restarts: automatic restarts within ``auto_restart.within`` so far.
-    :ivar launched_at: when the job's newest run was launched (for ``watch.warmup``), if known.
-    """
-
-    in_flight: bool = False
-    stopped_at: float | None = None
-    running_verdict: bool = False
-    auto_restarts: int = 0
-    launched_at: float | None = None
+    in_flight: bool = False  #: a restart/start/stop runs or awaits its verification
+    stopped_at: float | None = None  #: when the job was stopped on purpose, if that is its newest run
+    running_verdict: bool = False  #: the newest run's verdict is RUNNING
+    auto_restarts: int = 0  #: automatic restarts within ``auto_restart.within`` so far
+    launched_at: float | None = None  #: when the newest run was launched (for ``watch.warmup``)
 
 
 @dataclass(frozen=True)
@@ -125,29 +90,12 @@ class Action:
 
 @dataclass(frozen=True)
 class Decision:
-    """The outcome of one cycle for one job.
+    """The outcome of one cycle for one job."""
 
-    :ivar state: the watcher memory to save.
-    :ivar incident: the open incident after the actions (None if none or resolved).
-    :ivar actions: the transitions to apply, in order.
-    :ivar condition: what the cycle found (``ok``, ``pending``, ``idle``, ``in_flight`` or
-        an :class:`IncidentKind` value).
-    """
-
-    state: WatchState
-    incident: Incident | None
-    actions: tuple[Action, ...]
-    condition: str
-
-
-_BAD = {
-    IncidentKind.DEAD,
-    IncidentKind.DEGRADED,
-    IncidentKind.STALLED,
-    IncidentKind.STUCK_RANK,
-    IncidentKind.UNREACHABLE,
-    IncidentKind.IDLE_GPUS,
-}
+    state: WatchState  #: the watcher memory to save
+    incident: Incident | None  #: the open incident after the actions (None if none or resolved)
+    actions: tuple[Action, ...]  #: the transitions to apply, in order
+    condition: str  #: ``ok``, ``pending``, ``idle``, ``in_flight`` or an :class:`IncidentKind` value
 
 
 def _expected(state: WatchState, situation: Situation) -> bool:
@@ -167,17 +115,8 @@ def assess(
     *,
     remind_every: float = DEFAULT_REMIND_EVERY,
 ) -> Decision:
-    """Decide one watch cycle for one job.
-
-    :param job: the job's configured name.
-    :param cfg: its configuration (``processes``, ``watch``).
-    :param obs: what the probe saw (``obs.at`` is "now").
-    :param state: the watcher memory from the previous cycle.
-    :param incident: the job's open incident, if any.
-    :param situation: restarts in flight, deliberate stops, verdicts, auto-restart count.
-    :param remind_every: seconds between reminders of an unacknowledged open incident.
-    :returns: the new state, the incident after the cycle and the transitions to make.
-    """
+    """Decide one watch cycle for one job (the conditions: module docstring); ``obs.at`` is "now",
+    ``state`` the watcher memory from the previous cycle, ``incident`` the job's open one."""
     now = obs.at
     w = cfg.watch
     if not obs.reachable:
@@ -290,7 +229,7 @@ def assess(
     current = incident.kind
     if current is IncidentKind.CRASH_LOOP and condition is IncidentKind.DEAD:
         return _remind(st, incident, now, remind_every, condition.value, actions)
-    if condition is not current and condition in _BAD:
+    if condition is not current:
         changed = incident.model_copy(update={"kind": condition, "changed_at": now, **facts})
         changed = _plan_auto_restart(changed, cfg, situation, now)
         actions.append(Action(ActionKind.CHANGE, changed, previous=current))
@@ -318,11 +257,8 @@ def assess(
 def _idle_gpus(
     st: WatchState, below: float | None, idle_for: float | None, obs: Observation, warming: bool
 ) -> list[GpuReading]:
-    """Carry each watched GPU's idle start in ``st`` and return those idle for ``idle_for`` s.
-
-    Nothing running, or warming up after a launch, forgets every idle start; a cycle whose GPUs
-    could not be read keeps them as they are (no reading is no verdict).
-    """
+    """Carry each watched GPU's idle start in ``st`` and return those idle for ``idle_for`` s;
+    nothing running or warming up forgets them, GPUs not read keep them."""
     if below is None or idle_for is None or obs.count == 0 or warming:
         st.idle_gpus_since = None
         return []
