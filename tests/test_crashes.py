@@ -11,7 +11,7 @@ from bot.scheduler import PitstopScheduler
 from handlers.crashcheck import CrashCheck, refusal
 from pipeline.config import AutoRestart, Config, parse_config
 from pipeline.errors import ConfigError
-from pipeline.observe.crashes import TRANSIENT, Crash, CrashClass, classify, from_fields
+from pipeline.observe.crashes import TRANSIENT, Crash, CrashClass, classify, detect_cause, from_fields
 from pipeline.state.events import EventKind
 from pipeline.verdict import Verdict
 from tests.test_scheduler import _events
@@ -42,6 +42,17 @@ def test_each_class_from_what_the_failure_prints() -> None:
     assert (
         unknown.kind is CrashClass.UNKNOWN and unknown.evidence == "exit code 3, no failure line in the log"
     )
+
+
+def test_cublas_allocation_failure_and_the_oom_reaper_are_out_of_memory() -> None:
+    """cuBLAS failing to allocate is a CUDA OOM, and the kernel's ``oom_reaper`` line a host OOM, in
+    the classification and in the cause a log tail gives (each pattern was once defined twice, the
+    second without them)."""
+    cublas = b"RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`\n"
+    assert classify(cublas).kind is CrashClass.CUDA_OOM
+    assert detect_cause(cublas.decode()) == f"CUDA out of memory: {cublas.decode().strip()}"
+    reaper = "step 3\noom_reaper: reaped process 4242 (python3), now anon-rss:0kB\n"
+    assert detect_cause(reaper) == "killed (likely the kernel's OOM killer: `Killed`)"
 
 
 def test_the_earliest_failure_of_any_rank_wins_over_the_collateral() -> None:

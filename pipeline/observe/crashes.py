@@ -110,9 +110,9 @@ def from_fields(fields: Mapping[str, str]) -> Crash | None:
 
 
 # _CUDA_OOM and _KILLED serve both classify() and detect_cause()
-_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError", re.IGNORECASE)
+_CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
 _KILLED = re.compile(
-    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill", re.MULTILINE
+    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill|oom_reaper", re.MULTILINE
 )
 _XID = re.compile(r"NVRM: Xid|\bXid\b.*\d|uncorrectable ECC|ECC error|fallen off the bus", re.IGNORECASE)
 _NCCL_TIMEOUT = re.compile(
