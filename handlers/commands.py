@@ -1,15 +1,11 @@
 """Typed commands: what a person asked for, checked against the config, or one clear error.
 
-:func:`parse` turns text into a frozen :class:`Command` or raises :class:`ParseError` — never
-anything else.  Jobs, hosts and patches come back in their configured spelling (the person's
-text is only used to look them up), numbers and durations are bounded integers, ``on|off`` is
-a choice; nothing a person typed ever reaches a command line.
+:func:`parse` turns text into a frozen :class:`Command` or raises :class:`ParseError`, never
+anything else.  Jobs, hosts and patches come back in their configured spelling, numbers and
+durations are bounded integers, ``on|off`` is a choice: nothing typed ever reaches a command line::
 
-Usage::
-
-    cmd = parse("restart DFlash with topk patch", config)
-    assert cmd == Command("restart", job="dflash", patches=("topk",),
-                          options={"without": (), "fresh_cache": False})
+    parse("restart DFlash with topk patch", config) == Command("restart", job="dflash",
+        patches=("topk",), options={"without": (), "fresh_cache": False})
 """
 
 from __future__ import annotations
@@ -36,11 +32,8 @@ OptionValue = bool | int | str | tuple[str, ...] | None
 
 
 class ParseError(PitstopError):
-    """Text that is not a command, with a message a person can act on (did-you-mean, usage).
-
-    :param message: the explanation (built in :mod:`handlers.commands`).
-    :param verb: the verb, when the text got that far.
-    """
+    """Text that is not a command, with a message a person can act on (did-you-mean, usage);
+    ``verb`` when the text got that far."""
 
     code = "parse_error"
     exit_code = ExitCode.USAGE
@@ -52,21 +45,15 @@ class ParseError(PitstopError):
 
 @dataclass(frozen=True)
 class Command:
-    """A parsed, validated request.
+    """A parsed, validated request; names in their configured spelling."""
 
-    :ivar verb: the canonical verb (``restart``, ``status`` …).
-    :ivar job: the job's configured name, or None.
-    :ivar host: the host's configured name (``gpus``), or None.
-    :ivar patches: patch names to add (``restart … with P patch``), configured spelling.
-    :ivar options: per verb — ``without`` (tuple of patch names) and ``fresh_cache`` (bool)
-        for restart; ``lines`` for logs; ``count`` and ``attempts`` (bool) for history; ``state`` (``on``/``off``) and
-        ``for_s`` (seconds) for watch; ``topic`` for help.  Read-only.
-    """
-
-    verb: str
+    verb: str  #: canonical (``restart``, ``status`` …)
     job: str | None = None
-    host: str | None = None
-    patches: tuple[str, ...] = ()
+    host: str | None = None  #: ``gpus``
+    patches: tuple[str, ...] = ()  #: patch names to add (``restart … with P patch``)
+    #: read-only, read through the properties below: ``without``, ``fresh_cache``, ``break_glass``
+    #: (restart), ``lines`` (logs), ``count``, ``attempts`` (history), ``state``, ``for_s`` (watch),
+    #: ``run``, ``reason`` (approve, deny), ``topic`` (help)
     options: Mapping[str, OptionValue] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -249,12 +236,7 @@ def parse_duration_seconds(raw: str, verb: str | None = None) -> int:
 
 def _patches(raw: Sequence[str], job: str, config: Config, verb: str) -> tuple[str, ...]:
     known = list(config.jobs[job].patches)
-    out: list[str] = []
-    for name in raw:
-        found = _lookup("patch", name, known, verb, f"for {job}")
-        if found not in out:
-            out.append(found)
-    return tuple(out)
+    return tuple(dict.fromkeys(_lookup("patch", name, known, verb, f"for {job}") for name in raw))
 
 
 def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:

@@ -12,9 +12,7 @@ Format language:
 - ``[ … ]`` is optional; consecutive optional groups may come in any order, each at most once
   (``[ … ]...`` may repeat, as ``--patch a --patch b``), optionally joined by ``,``/``and``.
 
-This module only matches shapes; :mod:`handlers.commands` turns a match into a typed
-:class:`~handlers.commands.Command`, checking names against the config, and
-:data:`handlers.verbs.VERBS` pairs each entry with the handler that answers it.
+This module only matches shapes; :mod:`handlers.commands` turns a match into a typed command.
 """
 
 from __future__ import annotations
@@ -46,21 +44,15 @@ class Role(IntEnum):
 
 @dataclass(frozen=True)
 class SlotType:
-    """What one ``{slot}`` accepts.
+    """What one ``{slot}`` accepts."""
 
-    :ivar kind: ``name`` (one name), ``names`` (a list of names), ``int``, ``duration``, ``choice``,
-        ``text`` (one or more words of free text, a reason: never looked up, never run).
-    :ivar metavar: how usage lines show it.
-    :ivar low: smallest accepted value (ints: the value; durations: seconds).
-    :ivar high: largest accepted value.
-    :ivar choices: the accepted words of a ``choice``.
-    """
-
+    #: ``name`` (one name), ``names`` (a list of names), ``int``, ``duration``, ``choice``,
+    #: ``text`` (one or more words of free text, a reason: never looked up, never run)
     kind: str
-    metavar: str
-    low: int = 0
+    metavar: str  #: how usage lines show it
+    low: int = 0  #: smallest accepted value (ints: the value; durations: seconds)
     high: int = 0
-    choices: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()  #: the accepted words of a ``choice``
 
 
 SLOTS: dict[str, SlotType] = {
@@ -88,16 +80,7 @@ DEFAULT_COUNT = 10  #: ``history`` without N
 
 @dataclass(frozen=True)
 class VerbSpec:
-    """One verb: its formats, the role it needs, what it does, examples.
-
-    :ivar name: the verb (lower case).
-    :ivar role: the least role that may use it.
-    :ivar formats: format strings, tried in order.
-    :ivar summary: one line for ``help``.
-    :ivar examples: example texts for ``help VERB``.
-    :ivar aliases: other words for the verb.
-    :ivar acts: True for verbs that change a job (they may need confirmation and take the lock).
-    """
+    """One verb: its formats (tried in order), the least role it needs, a line for ``help``, examples."""
 
     name: str
     role: Role
@@ -105,7 +88,7 @@ class VerbSpec:
     summary: str
     examples: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
-    acts: bool = False
+    acts: bool = False  #: changes a job (it may need confirmation and takes the lock)
 
     @cached_property
     def patterns(self) -> tuple[Seq, ...]:
@@ -359,13 +342,9 @@ def render_usage(pattern: Seq) -> str:
     out: list[str] = []
     for item in pattern.items:
         if isinstance(item, Lit):
-            words = item.words
-            if len(words) == 2 and words[1] == words[0] + "es":
-                out.append(f"{words[0]}(es)")
-            elif len(words) == 2 and words[1] == words[0] + "s":
-                out.append(f"{words[0]}(s)")
-            else:
-                out.append("|".join(words))
+            w = item.words
+            plural = w[1].removeprefix(w[0]) if len(w) == 2 else ""
+            out.append(f"{w[0]}({plural})" if plural in ("s", "es") else "|".join(w))
         elif isinstance(item, Slot):
             out.append(SLOTS[item.name].metavar)
         else:
@@ -399,24 +378,19 @@ def _names(tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, tuple[str, ..
 def _slot(slot: Slot, tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, str | tuple[str, ...]]]:
     if i >= len(tokens):
         return
-    kind = SLOTS[slot.name]
-    tok = tokens[i]
+    kind, tok = SLOTS[slot.name], tokens[i]
     if kind.kind == "names":
         yield from _names(tokens, i)
-    elif kind.kind == "name":
-        if NAME.match(tok):
-            yield i + 1, tok
-    elif kind.kind == "int":
-        if NUMBER.match(tok):
-            yield i + 1, tok
-    elif kind.kind == "duration":
-        if NAME.match(tok) and tok[0].isdigit():
-            yield i + 1, tok
     elif kind.kind == "text":
         for j in range(i + 1, len(tokens) + 1):  # shortest first: later options keep their words
             yield j, tokens[i:j]
-    elif tok.lower() in kind.choices:
-        yield i + 1, tok.lower()
+    elif kind.kind == "choice":
+        if tok.lower() in kind.choices:
+            yield i + 1, tok.lower()
+    elif (NUMBER if kind.kind == "int" else NAME).match(tok) and (
+        kind.kind != "duration" or tok[0].isdigit()
+    ):
+        yield i + 1, tok
 
 
 def _seq(

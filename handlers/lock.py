@@ -1,10 +1,5 @@
-"""One restart in flight per job (or per host): the rule and its words.
-
-The lock itself is :mod:`pipeline.state.locks`; here a refused acquire becomes :class:`InFlight`,
-whose message names the holder::
-
-    restart of dflash already in flight - started by <@U012AB> 40 s ago, now at: launch
-"""
+"""One restart in flight per job (or per host): a refused acquire of :mod:`pipeline.state.locks`
+becomes :class:`InFlight`, whose message names the holder."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ __all__ = ["DEFAULT_TTL", "Holder", "InFlight", "JobLock", "in_flight"]
 class InFlight(PitstopError):
     """Refused: another restart of the job (or on its host) holds the lock.
 
-    :param job: the job that was asked for.
     :param holder: who holds the lock (None if its record could not be read in time).
     """
 
@@ -49,7 +43,7 @@ class JobLock(locks.JobLock):
     async def acquire(
         self, *, job: str, action: str, user: str, run_id: str = "", step: str = "queued"
     ) -> Holder:
-        """Take the lock now or refuse (:meth:`pipeline.state.locks.JobLock.acquire`).
+        """Take the lock now (:meth:`pipeline.state.locks.JobLock.acquire`).
 
         :raises InFlight: if someone else holds it (naming them).
         """
