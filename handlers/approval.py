@@ -1,15 +1,10 @@
 """The two-person rule as people meet it: which requests wait, who may decide them, what they are shown.
 
-A job with ``[jobs.NAME.approval]`` (:class:`~pipeline.config.ApprovalSettings`) lists the
-actions that wait for a second person: :func:`policy_action` names a command's action in the
-policy's words and :func:`approval_for` says whether it waits.  :func:`may_approve` is the right
-to decide (a role, a user id or a user-group id in ``approvers``); the requester never approves
-their own request, even as an approver (checked here and again by the store's script).  The
-request's message (:func:`request_reply`) shows what would change: each patch's diffstat, its
-SHA-256, the whole diff attached as a file, the Approve and Deny buttons and who may click them;
-:func:`closed_reply` is the same message once decided or expired, its buttons gone.  The state
-lives in :mod:`pipeline.state.approvals`; the steps that use these rules are in
-:mod:`handlers.dispatch`.
+A job's ``[jobs.NAME.approval]`` (:class:`~pipeline.config.ApprovalSettings`) lists the actions
+that wait for a second person (:func:`approval_for`); :func:`may_approve` is the right to decide.
+The requester never approves their own request (checked here and again by the store's script).
+The state lives in :mod:`pipeline.state.approvals`; the step that uses these rules is
+:mod:`handlers.twoperson`.
 """
 
 from __future__ import annotations
@@ -52,14 +47,11 @@ def approval_for(config: Config, command: Command) -> ApprovalSettings | None:
     """
     if command.job is None or command.job not in config.jobs:
         return None
-    settings = config.jobs[command.job].approval
-    action = policy_action(command)
+    settings, action = config.jobs[command.job].approval, policy_action(command)
     if settings is None or action is None:
         return None
     held = set(settings.actions)
-    if action in held or (action == "restart_with_patch" and "restart" in held):
-        return settings
-    return None
+    return settings if action in held or (action == "restart_with_patch" and "restart" in held) else None
 
 
 def may_approve(config: Config, request: ApprovalRequest, user: str, groups: Sequence[str]) -> bool:
@@ -68,8 +60,7 @@ def may_approve(config: Config, request: ApprovalRequest, user: str, groups: Seq
     settings = config.jobs[request.job].approval if request.job in config.jobs else None
     if settings is None:
         return False
-    ids = {user, *groups}
-    if ids & set(settings.approvers):
+    if {user, *groups} & set(settings.approvers):
         return True
     held = role_of(config, user, groups, request.job)
     wanted = [Role[r.upper()] for r in settings.approvers if r in APPROVER_ROLES]
@@ -113,18 +104,12 @@ async def attachments(config: Config, request: ApprovalRequest) -> tuple[Attachm
 
 
 def request_reply(config: Config, request: ApprovalRequest, files: tuple[Attachment, ...] = ()) -> Reply:
-    """The run's message while its request waits: what would change, Approve/Deny, who may click."""
-    settings = config.jobs[request.job].approval
-    approvers = settings.approvers if settings is not None else []
-    lines = [
-        *_patch_lines(request),
-        approval_who(approvers),
-        approval_expires(_when(config, request.expires_at)),
-    ]
+    """The run's message while its request waits: what would change (each patch's diffstat and
+    SHA-256, the whole diff attached as ``files``), Approve/Deny, who may click."""
     return Reply(
         title=approval_waiting_title(request.id, request.text, request.requester),
         status=Status.WARNING,
-        lines=tuple(lines),
+        lines=_waiting_lines(config, request),
         buttons=(
             Button(APPROVE_BUTTON, "approve", request.id, "primary"),
             Button(DENY_BUTTON, "deny", request.id, "danger"),
@@ -152,16 +137,10 @@ def closed_reply(config: Config, request: ApprovalRequest) -> Reply:
 
 def waiting_reply(config: Config, request: ApprovalRequest) -> Reply:
     """The requester's answer: it waits (exit code :attr:`ExitCode.AWAITING_APPROVAL`)."""
-    settings = config.jobs[request.job].approval
-    approvers = settings.approvers if settings is not None else []
     return Reply(
         title=approval_asked(request.id, request.text),
         status=Status.WARNING,
-        lines=(
-            *_patch_lines(request),
-            approval_who(approvers),
-            approval_expires(_when(config, request.expires_at)),
-        ),
+        lines=_waiting_lines(config, request),
         ephemeral=True,
         thread_key=f"run:{request.id}",
         exit_code=ExitCode.AWAITING_APPROVAL,
@@ -186,15 +165,18 @@ def hashes_text(request: ApprovalRequest) -> str:
 
 
 def _patch_lines(request: ApprovalRequest) -> list[str]:
-    out = []
-    for p in request.patches:
-        out.append(approval_patch(p.name, p.sha256, p.size))
-        out += [f"    {line}" for line in p.diffstat]
-    return out
+    return [
+        line
+        for p in request.patches
+        for line in (approval_patch(p.name, p.sha256, p.size), *(f"    {d}" for d in p.diffstat))
+    ]
 
 
-def _when(config: Config, ts: float) -> str:
-    return fmt.clock(ts, config.scheduler.timezone)
+def _waiting_lines(config: Config, request: ApprovalRequest) -> tuple[str, ...]:
+    settings = config.jobs[request.job].approval
+    approvers = settings.approvers if settings is not None else []
+    expires = fmt.clock(request.expires_at, config.scheduler.timezone)
+    return (*_patch_lines(request), approval_who(approvers), approval_expires(expires))
 
 
 def approver_names(approvers: Sequence[str]) -> str:
