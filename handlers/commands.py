@@ -152,11 +152,7 @@ class Command:
             k: tuple(v) if isinstance(v, list) else v for k, v in dict(data.get("options", {})).items()
         }
         return cls(
-            verb=str(data["verb"]),
-            job=data.get("job"),
-            host=data.get("host"),
-            patches=tuple(data.get("patches", ())),
-            options=options,
+            str(data["verb"]), data.get("job"), data.get("host"), tuple(data.get("patches", ())), options
         )
 
     def text(self) -> str:
@@ -210,11 +206,11 @@ def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str =
 
 
 def _int(slot: str, raw: str, verb: str) -> int:
-    kind = SLOTS[slot]
-    value = int(raw)
+    kind, value = SLOTS[slot], int(raw)
     if not kind.low <= value <= kind.high:
-        what = "lines" if slot == "lines" else "N"
-        raise ParseError(parse_out_of_range(what, value, kind.low, kind.high), verb)
+        raise ParseError(
+            parse_out_of_range("lines" if slot == "lines" else "N", value, kind.low, kind.high), verb
+        )
     return value
 
 
@@ -272,12 +268,12 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         options["run"] = ref.lower()
         if "reason" in raw:
             options["reason"] = _reason(raw["reason"])
-    elif verb == "logs":
-        lines = one("lines")
-        options["lines"] = _int("lines", lines, verb) if lines is not None else grammar.DEFAULT_LINES
-    elif verb == "history":
-        count = one("count")
-        options["count"] = _int("count", count, verb) if count is not None else grammar.DEFAULT_COUNT
+    elif verb in ("logs", "history"):
+        slot, default = (
+            ("lines", grammar.DEFAULT_LINES) if verb == "logs" else ("count", grammar.DEFAULT_COUNT)
+        )
+        n = one(slot)
+        options[slot] = _int(slot, n, verb) if n is not None else default
         if "attempts" in raw:
             options["attempts"] = True
     elif verb == "watch":
@@ -309,22 +305,15 @@ def _reason(words: Sequence[str]) -> str:
 
 def _numbers_as_names(binding: Binding) -> int:
     """How many name slots of ``binding`` hold a bare number (less likely what was meant)."""
-    return sum(
-        1
-        for name, value in binding
-        if name in SLOTS and SLOTS[name].kind == "name" and isinstance(value, str) and value.isdigit()
-    )
+    names = (value for name, value in binding if name in SLOTS and SLOTS[name].kind == "name")
+    return sum(1 for value in names if isinstance(value, str) and value.isdigit())
 
 
 def parse(text: str, config: Config) -> Command:
-    """The command ``text`` asks for.
+    """The command ``text`` (slash command text, a mention, a console line) asks for, its names
+    checked against ``config``.  Slack markup is normalised first; verbs and names ignore case;
+    empty text is ``help``.
 
-    Normalises Slack markup first (:func:`handlers.normalise.normalise`); verbs and names
-    ignore case; empty text is ``help``.
-
-    :param text: what the person typed (slash command text, a mention, a console line).
-    :param config: the configuration whose jobs, hosts and patches names are checked against.
-    :returns: the validated command.
     :raises ParseError: unknown verb/job/host/patch (with did-you-mean and the known names),
         arguments that fit no form of the verb (its usage line), numbers or durations out of
         bounds, or text too long to be a command.

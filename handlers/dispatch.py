@@ -21,18 +21,12 @@ from typing import Any
 
 from handlers.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.commands import Command, ParseError, parse
-from handlers.confirm import (
-    confirm_ask,
-    confirm_cancelled,
-    confirm_expired,
-    confirm_gone,
-    confirm_not_yours,
-)
+from handlers.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
 from handlers.context import Context
 from handlers.flow import Flow, Next, Request, Step
 from handlers.lock import DEFAULT_TTL, InFlight
 from handlers.reply import Button, Reply, Status, refused
-from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON
+from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON, CONFIRM_GONE
 from handlers.twoperson import TwoPersonRule
 from handlers.verbs import VERBS, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
@@ -167,12 +161,7 @@ class Dispatcher:
         return await self._run(Flow(req, user=req.user, groups=req.groups, system=system))
 
     async def handle_action(
-        self,
-        action: str,
-        value: str,
-        user: str,
-        delivery_id: str | None = None,
-        groups: tuple[str, ...] = (),
+        self, action: str, value: str, user: str, delivery_id: str | None = None, groups: tuple[str, ...] = ()
     ) -> Reply:
         """Answer a button: ``confirm``/``cancel`` (value: a confirmation token, or a run id to
         cancel that run), ``show_log`` (value: a job).  Never raises (except cancellation).
@@ -228,22 +217,18 @@ class Dispatcher:
     async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
         """A button → the command it stands for (typed commands pass as they are)."""
         action, value = flow.action, flow.value
-        if action is None:
-            return await call_next()
         if action == "show_log":
             flow.command = flow.run = parse(f"logs {value}", self.ctx.config)
-            return await call_next()
-        if action == "cancel" and _RUN_ID.match(value):
-            run = await self.ctx.runs.get(value)
-            flow.command = flow.run = Command("cancel", job=run.job)
-            return await call_next()
-        if action in ("confirm", "cancel"):
+        elif action == "cancel" and _RUN_ID.match(value):
+            flow.command = flow.run = Command("cancel", job=(await self.ctx.runs.get(value)).job)
+        elif action in ("confirm", "cancel"):
             return await self._settle(flow, call_next)
-        if action in ("approve", "deny") and _RUN_ID.match(value):
+        elif action in ("approve", "deny") and _RUN_ID.match(value):
             flow.command = flow.run = Command(action, options={"run": value})
-            return await call_next()
-        await self._audit(flow.req, AuditOutcome.INVALID, detail=unknown_action(action))
-        return refused(unknown_action(action))
+        elif action is not None:
+            await self._audit(flow.req, AuditOutcome.INVALID, detail=unknown_action(action))
+            return refused(unknown_action(action))
+        return await call_next()
 
     async def _authorise(self, flow: Flow, call_next: Next) -> Reply:
         """The requester's role must cover the verb's (:func:`handlers.auth.authorise` raises)."""
@@ -346,8 +331,8 @@ class Dispatcher:
         req, action, token, user = flow.req, flow.action, flow.value, flow.user
         taken, pending = await self.confirmations.take(token, user)
         if taken is Take.GONE or pending is None:
-            await self._audit(req, AuditOutcome.CANCELLED, detail=confirm_gone())
-            return refused(confirm_gone(), ExitCode.CANCELLED, Status.WARNING)
+            await self._audit(req, AuditOutcome.CANCELLED, detail=CONFIRM_GONE)
+            return refused(CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
         command = Command.from_json(_loads(pending.command))
         original = Request(
             pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface

@@ -6,7 +6,7 @@ Surfaces render a :class:`Reply` and nothing else (``bot/blocks.py`` into Block 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from pipeline.errors import ExitCode
@@ -108,10 +108,7 @@ class Reply:
             "lines": list(self.lines),
             "fields": dict(self.fields),
             "tables": [{"headers": list(t.headers), "rows": [list(r) for r in t.rows]} for t in self.tables],
-            "steps": [
-                {"label": s.label, "outcome": s.outcome, "seconds": s.seconds, "detail": s.detail}
-                for s in self.steps
-            ],
+            "steps": [asdict(s) for s in self.steps],
             "log": self.log,
             "log_title": self.log_title,
             "ephemeral": self.ephemeral,
@@ -172,12 +169,8 @@ def render_text(reply: Reply) -> str:
 
 
 def mention(target: str) -> str:
-    """A person, a user group or a broadcast in the reply's markup (Slack's, which every surface reads).
-
-    ``U…``/``W…`` → ``<@U…>``, ``S…`` → ``<!subteam^S…>``, ``here``/``channel``/``everyone`` →
-    ``<!here>`` …; anything else is returned as it is.  ``bot.blocks`` shows each as a name
-    (``@maya``) and pages only for :attr:`Reply.page`.
-    """
+    """A person (``U…``/``W…`` → ``<@U…>``), a user group (``S…`` → ``<!subteam^S…>``) or a broadcast
+    (``here`` → ``<!here>`` …) in Slack's markup, which every surface reads; anything else as it is."""
     t = target.strip().lstrip("@")
     if t in ("here", "channel", "everyone"):
         return f"<!{t}>"

@@ -24,8 +24,10 @@ from handlers.text import (
     HISTORY_APPROVAL_HEADERS,
     HISTORY_APPROVALS_TITLE,
     HISTORY_BREAK_GLASS,
+    HISTORY_HEADERS,
     HISTORY_REFUSAL_HEADERS,
     HISTORY_REFUSALS_TITLE,
+    RUN_AWAITING_VERDICT,
     RUN_DONE,
     STATUS_HEADERS,
     STATUS_NONE,
@@ -61,7 +63,7 @@ def _run_outcome(run: RunRecord) -> str:
         return RUN_DONE
     verify = run.step(Step.VERIFY)
     if verify is not None and verify.outcome in (Outcome.WAITING, Outcome.RUNNING):
-        return awaiting_verdict()
+        return RUN_AWAITING_VERDICT
     step = run.current_step
     return in_progress(step.value if step else None)
 
@@ -269,7 +271,7 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
         )
     return Reply(
         title=history_title(job, len(runs)),
-        tables=(Table(history_headers(), tuple(rows)),) if rows else (),
+        tables=(Table(HISTORY_HEADERS, tuple(rows)),) if rows else (),
         lines=() if rows else (history_none(job),),
         follow_ups=tuple(follow_ups),
     )
@@ -426,11 +428,6 @@ def in_progress(step: str | None) -> str:
     return f"in flight ({step})" if step else "in flight"
 
 
-def history_headers() -> tuple[str, ...]:
-    """Columns of the ``history`` runs table."""
-    return ("run", "when", "who", "action", "patches", "verdict", "took")
-
-
 def patches_unreadable(name: str, error: str) -> str:
     """A configured patch file that cannot be read (on this machine: no hash to show)."""
     return f"patch {name} cannot be read here, so it has no hash: {error}"
@@ -464,8 +461,3 @@ def help_line(usage: str, summary: str, role: str) -> str:
 def help_examples(examples: Sequence[str]) -> str:
     """Examples in ``help VERB``."""
     return "examples: " + "; ".join(f"`{e}`" for e in examples)
-
-
-def awaiting_verdict() -> str:
-    """A launched run whose verification is not due yet."""
-    return "launched, awaiting verdict"
