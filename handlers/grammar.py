@@ -411,34 +411,26 @@ def _seq(
         while end < len(items) and isinstance(items[end], Opt):
             end += 1
         group = tuple(o for o in items[pos:end] if isinstance(o, Opt))
-        yield from _unordered(group, frozenset(range(len(group))), items, end, tokens, i, bound, first=True)
 
+        def unordered(
+            remaining: frozenset[int], i: int, bound: Binding, first: bool
+        ) -> Iterator[tuple[int, Binding]]:
+            """The groups not yet used, in any order, then the items after them."""
+            starts = [i]
+            if not first and i < len(tokens) and tokens[i].lower() in CONNECTORS:
+                starts.append(i + 1)  # "… with topk patch and fresh cache"
+            for k in sorted(remaining):
+                opt = group[k]
+                for start in starts:
+                    for j, inner in _seq(opt.body.items, 0, tokens, start, bound):
+                        if j == start:
+                            continue  # consumed nothing: never loop
+                        if opt.flag is not None:
+                            inner = (*inner, (opt.flag, "on"))
+                        yield from unordered(remaining if opt.repeat else remaining - {k}, j, inner, False)
+            yield from _seq(items, end, tokens, i, bound)
 
-def _unordered(
-    group: tuple[Opt, ...],
-    remaining: frozenset[int],
-    items: tuple[Lit | Slot | Opt, ...],
-    end: int,
-    tokens: tuple[str, ...],
-    i: int,
-    bound: Binding,
-    *,
-    first: bool,
-) -> Iterator[tuple[int, Binding]]:
-    starts = [i]
-    if not first and i < len(tokens) and tokens[i].lower() in CONNECTORS:
-        starts.append(i + 1)  # "… with topk patch and fresh cache"
-    for k in sorted(remaining):
-        opt = group[k]
-        for start in starts:
-            for j, inner in _seq(opt.body.items, 0, tokens, start, bound):
-                if j == start:
-                    continue  # consumed nothing: never loop
-                rest = remaining if opt.repeat else remaining - {k}
-                if opt.flag is not None:
-                    inner = (*inner, (opt.flag, "on"))
-                yield from _unordered(group, rest, items, end, tokens, j, inner, first=False)
-    yield from _seq(items, end, tokens, i, bound)
+        yield from unordered(frozenset(range(len(group))), i, bound, True)
 
 
 def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:

@@ -112,10 +112,8 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         if latest:
             ago = f"{fmt.duration(now - latest.created_at)} ago"
             last = status_last_run(latest.id, latest.action, ago, latest.requested_by, _run_outcome(latest))
-        holder = (
-            Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
-        )
-        lock = status_lock(holder.action, holder.user, holder.step) if holder else ""
+        held = Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
+        lock = status_lock(held.action, held.user, held.step) if held else ""
         actor = latest.requested_by if latest is not None and latest.action in ("start", "restart") else None
         owners = job_owners(config, name, actor)
         if owners:
