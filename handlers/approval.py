@@ -30,21 +30,16 @@ HASH_SHOWN = 12  #: hex digits of a SHA-256 shown in text (the whole hash is in 
 
 
 def policy_action(command: Command) -> str | None:
-    """The command's action in ``[jobs.NAME.approval] actions`` words, or None for a verb no
-    policy can hold (reads, ``approve`` itself).
-
-    A restart that applies or reverts a patch is ``restart_with_patch``; any other is ``restart``.
-    """
+    """The command's action in ``[jobs.NAME.approval] actions`` words (a restart that applies or
+    reverts a patch is ``restart_with_patch``), or None for a verb no policy can hold (reads, ``approve``)."""
     if command.verb == "restart":
         return "restart_with_patch" if command.patches or command.without else "restart"
     return command.verb if command.verb in ("start", "stop", "unlock") else None
 
 
 def approval_for(config: Config, command: Command) -> ApprovalSettings | None:
-    """The job's approval policy when ``command`` must wait for it, else None.
-
-    ``restart`` in ``actions`` holds every restart, patched or not.
-    """
+    """The job's approval policy when ``command`` must wait for it, else None (``restart`` in
+    ``actions`` holds every restart, patched or not)."""
     if command.job is None or command.job not in config.jobs:
         return None
     settings, action = config.jobs[command.job].approval, policy_action(command)
@@ -69,9 +64,7 @@ def may_approve(config: Config, request: ApprovalRequest, user: str, groups: Seq
 
 async def digests(config: Config, command: Command) -> tuple[PatchDigest, ...]:
     """The patches ``command`` applies or reverts, as they are now: SHA-256, diffstat, size.
-
-    :raises PitstopError: if a patch file cannot be read (nothing is asked for then).
-    """
+    :class:`PitstopError` if a patch file cannot be read (nothing is asked for then)."""
     assert command.job is not None
     paths = config.jobs[command.job].patches
     out = []

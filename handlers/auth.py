@@ -54,11 +54,10 @@ def role_of(config: Config, user: str, groups: Sequence[str] = (), job: str | No
 def authorise(
     config: Config, command: Command, user: str, groups: Sequence[str] = (), *, system: bool = False
 ) -> Role:
-    """Check that ``user`` may run ``command``.
+    """The role ``user`` holds, checked to cover what ``command`` needs.
 
-    :param system: the request is Pitstop's own (an automatic restart from the scheduler,
-        as :data:`SYSTEM_USER`): it holds :data:`SYSTEM_ROLE` whatever the config says.
-    :returns: the role they hold (at least the one needed).
+    :param system: the request is Pitstop's own (as :data:`SYSTEM_USER`): it holds
+        :data:`SYSTEM_ROLE` whatever the config says.
     :raises Denied: if they hold no role, or a lesser one than the verb needs.
     """
     needed = command.spec.role

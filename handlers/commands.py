@@ -144,10 +144,7 @@ class Command:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Command:
-        """The inverse of :meth:`to_json` (for records Pitstop itself wrote).
-
-        :raises KeyError: if ``data`` has no verb.
-        """
+        """The inverse of :meth:`to_json` (for records Pitstop itself wrote); KeyError without a verb."""
         options = {
             k: tuple(v) if isinstance(v, list) else v for k, v in dict(data.get("options", {})).items()
         }
@@ -215,10 +212,8 @@ def _int(slot: str, raw: str, verb: str) -> int:
 
 
 def parse_duration_seconds(raw: str, verb: str | None = None) -> int:
-    """Whole seconds from ``90s``, ``30m``, ``2h``, ``1d`` (or a bare number of seconds).
-
-    :raises ParseError: if it is not a duration or lies outside 1 s … 7 d.
-    """
+    """Whole seconds from ``90s``, ``30m``, ``2h``, ``1d`` (or a bare number of seconds);
+    :class:`ParseError` if it is not a duration or lies outside 1 s … 7 d."""
     kind = SLOTS["for_s"]
     longest = fmt.duration(kind.high)
     try:
@@ -360,11 +355,8 @@ def patch_phrase(patches: Sequence[str]) -> str:
 def parse_unknown(
     kind: str, given: str, suggestions: Sequence[str], known: Sequence[str], where: str = ""
 ) -> str:
-    """An unknown name: ``unknown job 'dflsh' — did you mean 'dflash'? (known: dflash, eagle)``.
-
-    :param kind: what was looked up (``job``, ``host``, ``command``, ``patch``).
-    :param where: what it was looked up in (``for dflash``), or empty.
-    """
+    """An unknown ``kind`` (``job``, ``host``, ``command``, ``patch``) looked up ``where`` (``for
+    dflash``, or empty): ``unknown job 'dflsh' — did you mean 'dflash'? (known: dflash, eagle)``."""
     hint = f" — did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     listing = f"(known: {', '.join(known)})" if known else "(none configured)"
     at = f" {where}" if where else ""

@@ -51,7 +51,6 @@ def _error_reply(exc: PitstopError) -> Reply:
 class Dispatcher:
     """Parse, deduplicate, authorise, confirm, act and audit — for every surface, as one list of steps.
 
-    :param ctx: the process's shared parts.
     :param lock_ttl: seconds a restart lock lives without renewal (renewed every ``ttl / 3``).
     :param confirm_window: seconds a confirmation waits for its requester.
     """
@@ -152,11 +151,8 @@ class Dispatcher:
     # --- requests: every one runs the same steps ---------------------------------------------------
 
     async def handle(self, req: Request) -> Reply:
-        """Answer one typed request; never raises (except cancellation).
-
-        :returns: the reply for the requester; ``exit_code`` 0 ok, 1 failed, 2 bad input,
-            3 denied, 4 in flight, 5 cancelled.
-        """
+        """Answer one typed request; never raises (except cancellation).  The reply's ``exit_code``:
+        0 ok, 1 failed, 2 bad input, 3 denied, 4 in flight, 5 cancelled."""
         system = req.surface == SYSTEM_SURFACE and req.user == SYSTEM_USER
         return await self._run(Flow(req, user=req.user, groups=req.groups, system=system))
 
@@ -166,7 +162,6 @@ class Dispatcher:
         """Answer a button: ``confirm``/``cancel`` (value: a confirmation token, or a run id to
         cancel that run), ``show_log`` (value: a job).  Never raises (except cancellation).
 
-        :param user: who clicked.
         :param delivery_id: the click's id (a double click arrives twice with the same id).
         :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
         """

@@ -301,10 +301,7 @@ def _flag_of(body: Seq) -> str | None:
 
 
 def compile_format(fmt: str) -> Seq:
-    """Compile one format string.
-
-    :raises ValueError: if the format is malformed or names an unknown slot.
-    """
+    """Compile one format string; ValueError if it is malformed or names an unknown slot."""
     tokens = _FORMAT_TOKEN.findall(fmt)
     if "".join(tokens) != "".join(fmt.split()):
         raise ValueError(f"bad format {fmt!r}")
@@ -435,10 +432,7 @@ def _seq(
 
 def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:
     """Every way (up to :data:`MAX_MATCHES`) ``tokens`` (the verb included) fit one of the verb's
-    formats, each as the slot values it binds, in the order the formats and slots prefer.
-
-    :returns: an empty list when the words do not fit the verb.
-    """
+    formats, each as the slot values it binds, in the order the formats and slots prefer (none: [])."""
     found: list[Binding] = []
     for pattern in spec.patterns:
         head = pattern.items[0]

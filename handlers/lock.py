@@ -14,10 +14,8 @@ __all__ = ["DEFAULT_TTL", "Holder", "InFlight", "JobLock", "in_flight"]
 
 
 class InFlight(PitstopError):
-    """Refused: another restart of the job (or on its host) holds the lock.
-
-    :param holder: who holds the lock (None if its record could not be read in time).
-    """
+    """Refused: another restart of the job (or on its host) holds the lock; ``holder`` None if its
+    record could not be read in time."""
 
     code = "in_flight"
     exit_code = ExitCode.IN_FLIGHT
@@ -43,10 +41,8 @@ class JobLock(locks.JobLock):
     async def acquire(
         self, *, job: str, action: str, user: str, run_id: str = "", step: str = "queued"
     ) -> Holder:
-        """Take the lock now (:meth:`pipeline.state.locks.JobLock.acquire`).
-
-        :raises InFlight: if someone else holds it (naming them).
-        """
+        """Take the lock now (:meth:`pipeline.state.locks.JobLock.acquire`); :class:`InFlight`
+        if someone else holds it (naming them)."""
         try:
             return await super().acquire(job=job, action=action, user=user, run_id=run_id, step=step)
         except locks.LockHeld as refused:

@@ -146,10 +146,8 @@ async def _help(call: Call) -> Acted:
 
 
 def _table(*rows: tuple[str, Handler]) -> Mapping[str, Verb]:
-    """The rows in :data:`handlers.grammar.GRAMMAR` order.
-
-    :raises ValueError: if a row names no verb of the grammar, or a verb of the grammar has no row.
-    """
+    """The rows in :data:`handlers.grammar.GRAMMAR` order; ValueError if a row names no verb of the
+    grammar, or a verb of the grammar has no row."""
     handlers = dict(rows)
     missing = [spec.name for spec in grammar.GRAMMAR if spec.name not in handlers]
     unknown = [name for name in handlers if name not in grammar.VERBS]

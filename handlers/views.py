@@ -73,11 +73,8 @@ def _run_outcome(run: RunRecord) -> str:
 
 async def status_command(ctx: Context, job: str | None) -> Reply:
     """``status [JOB]``: per job its state (running/stopped/unknown), PID, processes n/expected,
-    uptime, last restart and who, lock holder, patches in effect.
-
-    Probes each host once for all its jobs; a host that cannot be reached makes its jobs'
-    state ``unknown`` (with the reason) rather than failing the whole answer.
-    """
+    uptime, last restart and who, lock holder, patches in effect.  Probes each host once; one that
+    cannot be reached makes its jobs' state ``unknown`` (with the reason), not a failed answer."""
     config, now = ctx.config, time.time()
     names = [job] if job else list(config.jobs)
     if not names:
@@ -147,10 +144,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
 
 
 async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
-    """``logs JOB [N]``: the last N lines of the job's log.
-
-    :raises RemoteError: if the log cannot be read.
-    """
+    """``logs JOB [N]``: the last N lines of the job's log; :class:`RemoteError` if it cannot be read."""
     text = await ctx.restarter.log_tail(job, lines)
     title = logs_title(lines, ctx.config.jobs[job].log, job)
     if not text.strip():
@@ -159,11 +153,8 @@ async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
 
 
 async def patches_command(ctx: Context, job: str) -> Reply:
-    """``patches JOB``: the configured patches and those in effect in the workdir now.
-
-    Asks the host (``git apply --reverse --check``); if it cannot be reached, shows the set
-    the last restart recorded, saying so.
-    """
+    """``patches JOB``: the configured patches and those in effect in the workdir now (``git apply
+    --reverse --check`` on the host; if it cannot be reached, the set the last restart recorded)."""
     spec = ctx.config.jobs[job]
     lines: list[str] = []
     tone = Status.INFO
@@ -206,9 +197,7 @@ async def lock_command(ctx: Context, job: str) -> Reply:
 
 async def unlock_command(ctx: Context, job: str, user: str) -> tuple[Reply, Holder | None]:
     """``unlock JOB`` (admin): force the lock free; the holder's run learns it lost the lock.
-
-    :returns: the reply and who held the lock (None if it was free).
-    """
+    Returns the reply and who held the lock (None if it was free)."""
     scope = scope_of(ctx.config, job)
     holder = await ctx.locks.force_release(scope)
     if holder is None:
@@ -282,8 +271,7 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
     """``help [VERB]``: every verb's usage, what it does and the role it needs; or one verb's
     usage lines and examples.  Derived from the command table (:data:`handlers.grammar.GRAMMAR`).
 
-    :param typed: what a person types before a verb on their surface (``/train `` in Slack,
-        nothing in the console).
+    :param typed: what comes before a verb on the surface (``/train `` in Slack, nothing in the console).
     """
     topic = command.topic
     if topic is not None:
