@@ -154,8 +154,7 @@ class Command:
 
     def text(self) -> str:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
-        words = [self.verb]
-        words += [n for n in (self.job, self.host) if n]
+        words = [self.verb, self.job or "", self.host or ""]
         if self.verb == "restart":
             if self.patches:
                 words.append("with " + patch_phrase(self.patches))
