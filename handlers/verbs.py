@@ -61,9 +61,6 @@ class Verb(NamedTuple):
     handler: Handler
 
 
-# --- the handlers, one per verb ------------------------------------------------------------------
-
-
 async def _sequence(call: Call) -> Acted:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
     ctx, command = call.ctx, call.command
@@ -140,9 +137,6 @@ async def _help(call: Call) -> Acted:
     # in Slack a verb is typed after the slash command; in the console and `pitstop say` alone
     typed = f"{call.ctx.config.slack.command} " if call.surface in ("slack", "home") else ""
     return Acted(views.help_command(call.command, typed=typed))
-
-
-# --- the table -----------------------------------------------------------------------------------
 
 
 def _table(*rows: tuple[str, Handler]) -> Mapping[str, Verb]:

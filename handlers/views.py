@@ -68,9 +68,6 @@ def _run_outcome(run: RunRecord) -> str:
     return in_progress(step.value if step else None)
 
 
-# --- status ---------------------------------------------------------------------------------------
-
-
 async def status_command(ctx: Context, job: str | None) -> Reply:
     """``status [JOB]``: per job its state (running/stopped/unknown), PID, processes n/expected,
     uptime, last restart and who, lock holder, patches in effect.  Probes each host once; one that
@@ -140,9 +137,6 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     )
 
 
-# --- logs, patches ----------------------------------------------------------------------------------
-
-
 async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
     """``logs JOB [N]``: the last N lines of the job's log; :class:`RemoteError` if it cannot be read."""
     text = await ctx.restarter.log_tail(job, lines)
@@ -178,9 +172,6 @@ async def patches_command(ctx: Context, job: str) -> Reply:
     return Reply(title=patches_title(job), status=tone, fields=tuple(fields), lines=tuple(lines))
 
 
-# --- lock, unlock -----------------------------------------------------------------------------------
-
-
 async def lock_command(ctx: Context, job: str) -> Reply:
     """``lock JOB``: who holds the job's restart lock, since when, which step."""
     h = await ctx.locks.holder(scope_of(ctx.config, job))
@@ -209,9 +200,6 @@ async def unlock_command(ctx: Context, job: str, user: str) -> tuple[Reply, Hold
             key, Reply(title=lock_forced_note(user), status=Status.WARNING, thread_key=key), channel
         )
     return Reply(title=unlocked(scope, user, holder.user), status=Status.WARNING), holder
-
-
-# --- history ------------------------------------------------------------------------------------------
 
 
 async def history_command(ctx: Context, audit: Audit, job: str | None, count: int) -> Reply:
@@ -262,9 +250,6 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
         lines=() if rows else (history_none(job),),
         follow_ups=tuple(follow_ups),
     )
-
-
-# --- help ------------------------------------------------------------------------------------------------
 
 
 def help_command(command: Command, *, typed: str = "") -> Reply:
