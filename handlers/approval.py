@@ -91,8 +91,7 @@ async def attachments(config: Config, request: ApprovalRequest) -> tuple[Attachm
         except (OSError, UnicodeDecodeError):
             continue
         if hashlib.sha256(raw).hexdigest() == digest.sha256:
-            title = f"{path.name} · sha256 {digest.sha256}"
-            files.append(Attachment(path.name, text, title, str(path)))
+            files.append(Attachment(path.name, text, f"{path.name} · sha256 {digest.sha256}", str(path)))
     return tuple(files)
 
 

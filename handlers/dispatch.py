@@ -121,8 +121,6 @@ class Dispatcher:
         """True when ``delivery_id`` was already acted on (for surfaces deciding whether to answer a retry)."""
         return bool(delivery_id) and await self.deliveries.seen(str(delivery_id))
 
-    # --- the audit step -------------------------------------------------------------------------
-
     async def _audit(
         self,
         req: Request,

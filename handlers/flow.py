@@ -1,10 +1,11 @@
-"""One request on its way through the dispatcher's steps (:class:`Request`, :class:`Flow`): a leaf
-:mod:`handlers.dispatch` and :mod:`handlers.twoperson` share; :mod:`handlers.dispatch` re-exports both."""
+"""One request on its way through the dispatcher's steps (:class:`Request`, :class:`Flow`) and the
+callables they share: a leaf of :mod:`handlers.dispatch`, :mod:`handlers.twoperson` and :mod:`handlers.verbs`."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from handlers.commands import Command
 from handlers.reply import Reply
@@ -47,3 +48,6 @@ Next = Callable[[], Awaitable[Reply]]
 
 Step = Callable[[Flow, Next], Awaitable[Reply]]
 """A cross-cutting step: answers by itself or returns ``await call_next()``."""
+
+Spawn = Callable[[Coroutine[Any, Any, Any], str], object]
+"""Starts a task the dispatcher tracks (and cancels at drain): ``spawn(coroutine, task_name)``."""

@@ -18,14 +18,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Protocol
 
 from handlers import approval as policy
 from handlers.auth import Denied, role_of
 from handlers.commands import Command
 from handlers.context import Context
-from handlers.flow import Flow, Next, Request
+from handlers.flow import Flow, Next, Request, Spawn
 from handlers.grammar import Role
 from handlers.lock import InFlight
 from handlers.reply import Reply, Status, refused
@@ -53,14 +53,10 @@ class AuditFn(Protocol):
         ...
 
 
-SpawnTimer = Callable[[Coroutine[Any, Any, Any], str], object]
-"""Starts a timer task the dispatcher tracks (and cancels at drain): ``spawn(coroutine, name)``."""
-
-
 class TwoPersonRule:
     """The step, and the expiry of requests."""
 
-    def __init__(self, ctx: Context, audit: AuditFn, spawn: SpawnTimer) -> None:
+    def __init__(self, ctx: Context, audit: AuditFn, spawn: Spawn) -> None:
         self.ctx = ctx
         self.audit = audit
         self.spawn = spawn

@@ -8,24 +8,22 @@ without the handlers' remote machinery (``pitstop parse`` stays quick).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from handlers import acks, approval, grammar, reports, views
 from handlers.attempts import attempts_command, no_progress_warning
 from handlers.auth import SYSTEM_USER
 from handlers.commands import Command
 from handlers.context import Context
+from handlers.flow import Spawn
 from handlers.grammar import VerbSpec
 from handlers.reply import Reply, Status
 from handlers.sequences import begin_sequence, cancel_command, run_sequence
 from pipeline.state.approvals import ApprovalRequest, Approvals
 from pipeline.state.audit import Audit, AuditOutcome
-
-Spawn = Callable[[Coroutine[Any, Any, Any], str], object]
-"""Starts background work tracked by the dispatcher: ``spawn(coroutine, task_name)``."""
 
 
 @dataclass(frozen=True)
