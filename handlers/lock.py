@@ -23,15 +23,9 @@ class InFlight(PitstopError):
     def __init__(self, job: str, holder: Holder | None) -> None:
         self.job = job
         self.holder = holder
-        held = holder or Holder("", job, "restart", "someone", "", "unknown", time.time())
+        h = holder or Holder("", job, "restart", "someone", "", "unknown", time.time())
         super().__init__(
-            in_flight(
-                held.action or "restart",
-                held.job or job,
-                held.user or "someone",
-                held.age(),
-                held.step or "unknown",
-            )
+            in_flight(h.action or "restart", h.job or job, h.user or "someone", h.age(), h.step or "unknown")
         )
 
 

@@ -61,26 +61,19 @@ class Verb(NamedTuple):
 
 async def _sequence(call: Call) -> Acted:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
-    ctx, command = call.ctx, call.command
+    ctx, command, user, glass = call.ctx, call.command, call.user, call.break_glass
     run, lock, channel = await begin_sequence(
-        ctx,
-        command,
-        call.user,
-        call.channel,
-        lock_ttl=call.lock_ttl,
-        approval=call.approval,
-        break_glass=call.break_glass,
+        ctx, command, user, call.channel, lock_ttl=call.lock_ttl, approval=call.approval, break_glass=glass
     )
-    if call.break_glass is not None:  # said in the channel before anything is touched
-        text = approval.break_glass_announce(call.user, command.text(), call.break_glass)
+    if glass is not None:  # said in the channel before anything is touched
+        text = approval.break_glass_announce(user, command.text(), glass)
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
     call.spawn(run_sequence(ctx, run, command, lock, channel), f"pitstop-{command.verb}:{run.id}")
     warned = None
-    if command.verb in ("restart", "start") and call.user != SYSTEM_USER:
+    if command.verb in ("restart", "start") and user != SYSTEM_USER:
         warned = await no_progress_warning(ctx, run.job)  # a person's restart is warned, never blocked
     reply = Reply(
-        title=queued(run.id, run.job)
-        + (approval.break_glass_note(call.break_glass) if call.break_glass else ""),
+        title=queued(run.id, run.job) + (approval.break_glass_note(glass) if glass else ""),
         lines=(queued_detail(command.verb, channel), *((warned,) if warned else ())),
         status=Status.INFO,
         run_id=run.id,
