@@ -312,9 +312,7 @@ def parse(text: str, config: Config) -> Command:
         arguments that fit no form of the verb (its usage line), numbers or durations out of
         bounds, or text too long to be a command.
     """
-    if len(text) > MAX_TEXT * 4:
-        raise ParseError(parse_too_long(MAX_TEXT))
-    clean = normalise(text, command=config.slack.command)
+    clean = normalise(text, command=config.slack.command) if len(text) <= MAX_TEXT * 4 else text
     if len(clean) > MAX_TEXT:
         raise ParseError(parse_too_long(MAX_TEXT))
     tokens = tokenise(clean)
@@ -323,12 +321,9 @@ def parse(text: str, config: Config) -> Command:
     spec = grammar.verb_spec(tokens[0])
     if spec is None:
         raise _unknown("command", tokens[0], list(grammar.VERBS), None)
-    usage = ParseError(parse_usage(spec.name, spec.usages), spec.name)
-    if len(tokens) > MAX_TOKENS:
-        raise usage
-    matches = grammar.match(spec, tokens)
+    matches = grammar.match(spec, tokens) if len(tokens) <= MAX_TOKENS else []
     if not matches:
-        raise usage
+        raise ParseError(parse_usage(spec.name, spec.usages), spec.name)
     first: ParseError | None = None
     matches.sort(key=_numbers_as_names)  # "history 1000" means N, so its error is the one to show
     for binding in matches:

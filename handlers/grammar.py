@@ -435,8 +435,7 @@ def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:
     formats, each as the slot values it binds, in the order the formats and slots prefer (none: [])."""
     found: list[Binding] = []
     for pattern in spec.patterns:
-        head = pattern.items[0]
-        if not isinstance(head, Lit) or not tokens:
+        if not tokens or not isinstance(pattern.items[0], Lit):
             continue
         for j, bound in _seq(pattern.items, 1, tokens, 1, ()):
             if j == len(tokens):
