@@ -1,15 +1,10 @@
 """The two-person rule as people meet it: which requests wait, who may decide them, what they are shown.
 
-A job with ``[jobs.NAME.approval]`` (:class:`~pipeline.config.ApprovalSettings`) lists the
-actions that wait for a second person: :func:`policy_action` names a command's action in the
-policy's words and :func:`approval_for` says whether it waits.  :func:`may_approve` is the right
-to decide (a role, a user id or a user-group id in ``approvers``); the requester never approves
-their own request, even as an approver (checked here and again by the store's script).  The
-request's message (:func:`request_reply`) shows what would change: each patch's diffstat, its
-SHA-256, the whole diff attached as a file, the Approve and Deny buttons and who may click them;
-:func:`closed_reply` is the same message once decided or expired, its buttons gone.  The state
-lives in :mod:`pipeline.state.approvals`; the steps that use these rules are in
-:mod:`handlers.dispatch`.
+A job's ``[jobs.NAME.approval]`` (:class:`~pipeline.config.ApprovalSettings`) lists the actions
+that wait for a second person (:func:`approval_for`); :func:`may_approve` is the right to decide.
+The requester never approves their own request (checked here and again by the store's script).
+The state lives in :mod:`pipeline.state.approvals`; the step that uses these rules is
+:mod:`handlers.twoperson`.
 """
 
 from __future__ import annotations
@@ -35,31 +30,23 @@ HASH_SHOWN = 12  #: hex digits of a SHA-256 shown in text (the whole hash is in 
 
 
 def policy_action(command: Command) -> str | None:
-    """The command's action in ``[jobs.NAME.approval] actions`` words, or None for a verb no
-    policy can hold (reads, ``approve`` itself).
-
-    A restart that applies or reverts a patch is ``restart_with_patch``; any other is ``restart``.
-    """
+    """The command's action in ``[jobs.NAME.approval] actions`` words (a restart that applies or
+    reverts a patch is ``restart_with_patch``), or None for a verb no policy can hold (reads, ``approve``)."""
     if command.verb == "restart":
         return "restart_with_patch" if command.patches or command.without else "restart"
     return command.verb if command.verb in ("start", "stop", "unlock") else None
 
 
 def approval_for(config: Config, command: Command) -> ApprovalSettings | None:
-    """The job's approval policy when ``command`` must wait for it, else None.
-
-    ``restart`` in ``actions`` holds every restart, patched or not.
-    """
+    """The job's approval policy when ``command`` must wait for it, else None (``restart`` in
+    ``actions`` holds every restart, patched or not)."""
     if command.job is None or command.job not in config.jobs:
         return None
-    settings = config.jobs[command.job].approval
-    action = policy_action(command)
+    settings, action = config.jobs[command.job].approval, policy_action(command)
     if settings is None or action is None:
         return None
     held = set(settings.actions)
-    if action in held or (action == "restart_with_patch" and "restart" in held):
-        return settings
-    return None
+    return settings if action in held or (action == "restart_with_patch" and "restart" in held) else None
 
 
 def may_approve(config: Config, request: ApprovalRequest, user: str, groups: Sequence[str]) -> bool:
@@ -68,8 +55,7 @@ def may_approve(config: Config, request: ApprovalRequest, user: str, groups: Seq
     settings = config.jobs[request.job].approval if request.job in config.jobs else None
     if settings is None:
         return False
-    ids = {user, *groups}
-    if ids & set(settings.approvers):
+    if {user, *groups} & set(settings.approvers):
         return True
     held = role_of(config, user, groups, request.job)
     wanted = [Role[r.upper()] for r in settings.approvers if r in APPROVER_ROLES]
@@ -78,9 +64,7 @@ def may_approve(config: Config, request: ApprovalRequest, user: str, groups: Seq
 
 async def digests(config: Config, command: Command) -> tuple[PatchDigest, ...]:
     """The patches ``command`` applies or reverts, as they are now: SHA-256, diffstat, size.
-
-    :raises PitstopError: if a patch file cannot be read (nothing is asked for then).
-    """
+    :class:`PitstopError` if a patch file cannot be read (nothing is asked for then)."""
     assert command.job is not None
     paths = config.jobs[command.job].patches
     out = []
@@ -107,24 +91,17 @@ async def attachments(config: Config, request: ApprovalRequest) -> tuple[Attachm
         except (OSError, UnicodeDecodeError):
             continue
         if hashlib.sha256(raw).hexdigest() == digest.sha256:
-            title = f"{path.name} · sha256 {digest.sha256}"
-            files.append(Attachment(path.name, text, title, str(path)))
+            files.append(Attachment(path.name, text, f"{path.name} · sha256 {digest.sha256}", str(path)))
     return tuple(files)
 
 
 def request_reply(config: Config, request: ApprovalRequest, files: tuple[Attachment, ...] = ()) -> Reply:
-    """The run's message while its request waits: what would change, Approve/Deny, who may click."""
-    settings = config.jobs[request.job].approval
-    approvers = settings.approvers if settings is not None else []
-    lines = [
-        *_patch_lines(request),
-        approval_who(approvers),
-        approval_expires(_when(config, request.expires_at)),
-    ]
+    """The run's message while its request waits: what would change (each patch's diffstat and
+    SHA-256, the whole diff attached as ``files``), Approve/Deny, who may click."""
     return Reply(
         title=approval_waiting_title(request.id, request.text, request.requester),
         status=Status.WARNING,
-        lines=tuple(lines),
+        lines=_waiting_lines(config, request),
         buttons=(
             Button(APPROVE_BUTTON, "approve", request.id, "primary"),
             Button(DENY_BUTTON, "deny", request.id, "danger"),
@@ -152,16 +129,10 @@ def closed_reply(config: Config, request: ApprovalRequest) -> Reply:
 
 def waiting_reply(config: Config, request: ApprovalRequest) -> Reply:
     """The requester's answer: it waits (exit code :attr:`ExitCode.AWAITING_APPROVAL`)."""
-    settings = config.jobs[request.job].approval
-    approvers = settings.approvers if settings is not None else []
     return Reply(
         title=approval_asked(request.id, request.text),
         status=Status.WARNING,
-        lines=(
-            *_patch_lines(request),
-            approval_who(approvers),
-            approval_expires(_when(config, request.expires_at)),
-        ),
+        lines=_waiting_lines(config, request),
         ephemeral=True,
         thread_key=f"run:{request.id}",
         exit_code=ExitCode.AWAITING_APPROVAL,
@@ -186,15 +157,18 @@ def hashes_text(request: ApprovalRequest) -> str:
 
 
 def _patch_lines(request: ApprovalRequest) -> list[str]:
-    out = []
-    for p in request.patches:
-        out.append(approval_patch(p.name, p.sha256, p.size))
-        out += [f"    {line}" for line in p.diffstat]
-    return out
+    return [
+        line
+        for p in request.patches
+        for line in (approval_patch(p.name, p.sha256, p.size), *(f"    {d}" for d in p.diffstat))
+    ]
 
 
-def _when(config: Config, ts: float) -> str:
-    return fmt.clock(ts, config.scheduler.timezone)
+def _waiting_lines(config: Config, request: ApprovalRequest) -> tuple[str, ...]:
+    settings = config.jobs[request.job].approval
+    approvers = settings.approvers if settings is not None else []
+    expires = fmt.clock(request.expires_at, config.scheduler.timezone)
+    return (*_patch_lines(request), approval_who(approvers), approval_expires(expires))
 
 
 def approver_names(approvers: Sequence[str]) -> str:

@@ -1,15 +1,11 @@
 """Typed commands: what a person asked for, checked against the config, or one clear error.
 
-:func:`parse` turns text into a frozen :class:`Command` or raises :class:`ParseError` — never
-anything else.  Jobs, hosts and patches come back in their configured spelling (the person's
-text is only used to look them up), numbers and durations are bounded integers, ``on|off`` is
-a choice; nothing a person typed ever reaches a command line.
+:func:`parse` turns text into a frozen :class:`Command` or raises :class:`ParseError`, never
+anything else.  Jobs, hosts and patches come back in their configured spelling, numbers and
+durations are bounded integers, ``on|off`` is a choice: nothing typed ever reaches a command line::
 
-Usage::
-
-    cmd = parse("restart DFlash with topk patch", config)
-    assert cmd == Command("restart", job="dflash", patches=("topk",),
-                          options={"without": (), "fresh_cache": False})
+    parse("restart DFlash with topk patch", config) == Command("restart", job="dflash",
+        patches=("topk",), options={"without": (), "fresh_cache": False})
 """
 
 from __future__ import annotations
@@ -36,11 +32,8 @@ OptionValue = bool | int | str | tuple[str, ...] | None
 
 
 class ParseError(PitstopError):
-    """Text that is not a command, with a message a person can act on (did-you-mean, usage).
-
-    :param message: the explanation (built in :mod:`handlers.commands`).
-    :param verb: the verb, when the text got that far.
-    """
+    """Text that is not a command, with a message a person can act on (did-you-mean, usage);
+    ``verb`` when the text got that far."""
 
     code = "parse_error"
     exit_code = ExitCode.USAGE
@@ -52,21 +45,15 @@ class ParseError(PitstopError):
 
 @dataclass(frozen=True)
 class Command:
-    """A parsed, validated request.
+    """A parsed, validated request; names in their configured spelling."""
 
-    :ivar verb: the canonical verb (``restart``, ``status`` …).
-    :ivar job: the job's configured name, or None.
-    :ivar host: the host's configured name (``gpus``), or None.
-    :ivar patches: patch names to add (``restart … with P patch``), configured spelling.
-    :ivar options: per verb — ``without`` (tuple of patch names) and ``fresh_cache`` (bool)
-        for restart; ``lines`` for logs; ``count`` and ``attempts`` (bool) for history; ``state`` (``on``/``off``) and
-        ``for_s`` (seconds) for watch; ``topic`` for help.  Read-only.
-    """
-
-    verb: str
+    verb: str  #: canonical (``restart``, ``status`` …)
     job: str | None = None
-    host: str | None = None
-    patches: tuple[str, ...] = ()
+    host: str | None = None  #: ``gpus``
+    patches: tuple[str, ...] = ()  #: patch names to add (``restart … with P patch``)
+    #: read-only, read through the properties below: ``without``, ``fresh_cache``, ``break_glass``
+    #: (restart), ``lines`` (logs), ``count``, ``attempts`` (history), ``state``, ``for_s`` (watch),
+    #: ``run``, ``reason`` (approve, deny), ``topic`` (help)
     options: Mapping[str, OptionValue] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -157,25 +144,17 @@ class Command:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Command:
-        """The inverse of :meth:`to_json` (for records Pitstop itself wrote).
-
-        :raises KeyError: if ``data`` has no verb.
-        """
+        """The inverse of :meth:`to_json` (for records Pitstop itself wrote); KeyError without a verb."""
         options = {
             k: tuple(v) if isinstance(v, list) else v for k, v in dict(data.get("options", {})).items()
         }
         return cls(
-            verb=str(data["verb"]),
-            job=data.get("job"),
-            host=data.get("host"),
-            patches=tuple(data.get("patches", ())),
-            options=options,
+            str(data["verb"]), data.get("job"), data.get("host"), tuple(data.get("patches", ())), options
         )
 
     def text(self) -> str:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
-        words = [self.verb]
-        words += [n for n in (self.job, self.host) if n]
+        words = [self.verb, self.job or "", self.host or ""]
         if self.verb == "restart":
             if self.patches:
                 words.append("with " + patch_phrase(self.patches))
@@ -223,19 +202,17 @@ def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str =
 
 
 def _int(slot: str, raw: str, verb: str) -> int:
-    kind = SLOTS[slot]
-    value = int(raw)
+    kind, value = SLOTS[slot], int(raw)
     if not kind.low <= value <= kind.high:
-        what = "lines" if slot == "lines" else "N"
-        raise ParseError(parse_out_of_range(what, value, kind.low, kind.high), verb)
+        raise ParseError(
+            parse_out_of_range("lines" if slot == "lines" else "N", value, kind.low, kind.high), verb
+        )
     return value
 
 
 def parse_duration_seconds(raw: str, verb: str | None = None) -> int:
-    """Whole seconds from ``90s``, ``30m``, ``2h``, ``1d`` (or a bare number of seconds).
-
-    :raises ParseError: if it is not a duration or lies outside 1 s … 7 d.
-    """
+    """Whole seconds from ``90s``, ``30m``, ``2h``, ``1d`` (or a bare number of seconds);
+    :class:`ParseError` if it is not a duration or lies outside 1 s … 7 d."""
     kind = SLOTS["for_s"]
     longest = fmt.duration(kind.high)
     try:
@@ -249,12 +226,7 @@ def parse_duration_seconds(raw: str, verb: str | None = None) -> int:
 
 def _patches(raw: Sequence[str], job: str, config: Config, verb: str) -> tuple[str, ...]:
     known = list(config.jobs[job].patches)
-    out: list[str] = []
-    for name in raw:
-        found = _lookup("patch", name, known, verb, f"for {job}")
-        if found not in out:
-            out.append(found)
-    return tuple(out)
+    return tuple(dict.fromkeys(_lookup("patch", name, known, verb, f"for {job}") for name in raw))
 
 
 def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
@@ -290,12 +262,12 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         options["run"] = ref.lower()
         if "reason" in raw:
             options["reason"] = _reason(raw["reason"])
-    elif verb == "logs":
-        lines = one("lines")
-        options["lines"] = _int("lines", lines, verb) if lines is not None else grammar.DEFAULT_LINES
-    elif verb == "history":
-        count = one("count")
-        options["count"] = _int("count", count, verb) if count is not None else grammar.DEFAULT_COUNT
+    elif verb in ("logs", "history"):
+        slot, default = (
+            ("lines", grammar.DEFAULT_LINES) if verb == "logs" else ("count", grammar.DEFAULT_COUNT)
+        )
+        n = one(slot)
+        options[slot] = _int(slot, n, verb) if n is not None else default
         if "attempts" in raw:
             options["attempts"] = True
     elif verb == "watch":
@@ -327,29 +299,20 @@ def _reason(words: Sequence[str]) -> str:
 
 def _numbers_as_names(binding: Binding) -> int:
     """How many name slots of ``binding`` hold a bare number (less likely what was meant)."""
-    return sum(
-        1
-        for name, value in binding
-        if name in SLOTS and SLOTS[name].kind == "name" and isinstance(value, str) and value.isdigit()
-    )
+    names = (value for name, value in binding if name in SLOTS and SLOTS[name].kind == "name")
+    return sum(1 for value in names if isinstance(value, str) and value.isdigit())
 
 
 def parse(text: str, config: Config) -> Command:
-    """The command ``text`` asks for.
+    """The command ``text`` (slash command text, a mention, a console line) asks for, its names
+    checked against ``config``.  Slack markup is normalised first; verbs and names ignore case;
+    empty text is ``help``.
 
-    Normalises Slack markup first (:func:`handlers.normalise.normalise`); verbs and names
-    ignore case; empty text is ``help``.
-
-    :param text: what the person typed (slash command text, a mention, a console line).
-    :param config: the configuration whose jobs, hosts and patches names are checked against.
-    :returns: the validated command.
     :raises ParseError: unknown verb/job/host/patch (with did-you-mean and the known names),
         arguments that fit no form of the verb (its usage line), numbers or durations out of
         bounds, or text too long to be a command.
     """
-    if len(text) > MAX_TEXT * 4:
-        raise ParseError(parse_too_long(MAX_TEXT))
-    clean = normalise(text, command=config.slack.command)
+    clean = normalise(text, command=config.slack.command) if len(text) <= MAX_TEXT * 4 else text
     if len(clean) > MAX_TEXT:
         raise ParseError(parse_too_long(MAX_TEXT))
     tokens = tokenise(clean)
@@ -358,12 +321,9 @@ def parse(text: str, config: Config) -> Command:
     spec = grammar.verb_spec(tokens[0])
     if spec is None:
         raise _unknown("command", tokens[0], list(grammar.VERBS), None)
-    usage = ParseError(parse_usage(spec.name, spec.usages), spec.name)
-    if len(tokens) > MAX_TOKENS:
-        raise usage
-    matches = grammar.match(spec, tokens)
+    matches = grammar.match(spec, tokens) if len(tokens) <= MAX_TOKENS else []
     if not matches:
-        raise usage
+        raise ParseError(parse_usage(spec.name, spec.usages), spec.name)
     first: ParseError | None = None
     matches.sort(key=_numbers_as_names)  # "history 1000" means N, so its error is the one to show
     for binding in matches:
@@ -389,11 +349,8 @@ def patch_phrase(patches: Sequence[str]) -> str:
 def parse_unknown(
     kind: str, given: str, suggestions: Sequence[str], known: Sequence[str], where: str = ""
 ) -> str:
-    """An unknown name: ``unknown job 'dflsh' — did you mean 'dflash'? (known: dflash, eagle)``.
-
-    :param kind: what was looked up (``job``, ``host``, ``command``, ``patch``).
-    :param where: what it was looked up in (``for dflash``), or empty.
-    """
+    """An unknown ``kind`` (``job``, ``host``, ``command``, ``patch``) looked up ``where`` (``for
+    dflash``, or empty): ``unknown job 'dflsh' — did you mean 'dflash'? (known: dflash, eagle)``."""
     hint = f" — did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     listing = f"(known: {', '.join(known)})" if known else "(none configured)"
     at = f" {where}" if where else ""

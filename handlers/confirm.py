@@ -17,11 +17,6 @@ def confirm_expired(text: str, seconds: float) -> str:
     return f"not confirmed within {seconds:g} s - `{text}` was cancelled, nothing was done"
 
 
-def confirm_gone() -> str:
-    """A click on a confirmation that no longer exists."""
-    return "this confirmation has expired or was already answered - nothing was done"
-
-
 def confirm_not_yours(owner: str) -> str:
     """Someone else clicked another person's confirmation."""
     return f"only {who(owner)}, who asked, can answer this confirmation"

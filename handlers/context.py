@@ -1,10 +1,6 @@
-"""Everything a handler needs, assembled once by ``bot/`` and passed in (arq's ctx pattern).
-
-``handlers/`` never builds its own connections: the surface (Slack app, console, CLI, demo)
-opens Redis and the SSH pool from the validated config, builds one :class:`Context`, and
-passes it to every handler and scheduled job.  Handlers reach Redis only through the stores of
-:mod:`pipeline.state` (:meth:`~pipeline.state.redisconn.RedisHandle.open_store`), never directly.
-"""
+"""Everything a handler needs, assembled once by ``bot/`` from the validated config and passed in
+(arq's ctx pattern): ``handlers/`` never opens connections, and reaches Redis only through the
+stores of :mod:`pipeline.state`."""
 
 from __future__ import annotations
 
@@ -25,26 +21,16 @@ from pipeline.state.verifications import VerifyQueue
 
 @dataclass
 class Context:
-    """The shared, long-lived parts of one Pitstop process.
-
-    :ivar config: the validated configuration.
-    :ivar redis: the open Redis handle (client + key prefix).
-    :ivar ssh: the SSH connection pool (one connection per host).
-    :ivar runs: run records in Redis.
-    :ivar restarter: the restart sequence and ``verify``.
-    :ivar events: the awaitable event stream.
-    :ivar outbox: where team-visible posts go (Slack, console, memory).
-    :ivar instance: an id for this process (leader lease, claims, logs).
-    """
+    """The shared, long-lived parts of one Pitstop process."""
 
     config: Config
-    redis: RedisHandle
-    ssh: RemoteHosts
+    redis: RedisHandle  #: client + key prefix
+    ssh: RemoteHosts  #: one connection per host
     runs: RunStore
-    restarter: RestartService
+    restarter: RestartService  #: the restart sequence and ``verify``
     events: Events
-    outbox: Outbox
-    instance: str
+    outbox: Outbox  #: where team-visible posts go (Slack, console, memory)
+    instance: str  #: an id for this process (leader lease, claims, logs)
 
     @property
     def prefix(self) -> str:

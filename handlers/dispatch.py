@@ -1,26 +1,13 @@
 """The one path every request takes, from any surface: parse → dedupe → authorise → confirm → approval → act.
 
-:class:`Dispatcher` runs every request — a typed command (:meth:`Dispatcher.handle`) or a
-button (:meth:`Dispatcher.handle_action`) — through one list of middleware-like steps
-(:attr:`Dispatcher.steps`, as Bolt's ``async_process(req, resp, next)``): guard (errors →
-reply and audit), parse, dedupe (exactly-once delivery), resolve (a button → its command, a
-confirmation click settled), authorise (roles), confirm, approval (the two-person rule,
-:mod:`handlers.approval`: a request waits, a decision runs it, break glass); then the verb's handler from the
-table :data:`handlers.verbs.VERBS`.  A step answers by itself or calls the next; adding a
-cross-cutting rule adds a step, not an ``if`` in each path.  Every request ends in one audit
-record (accepted, denied, refused, invalid, failed, error, duplicate, pending, confirmed,
-cancelled, forced, awaiting_approval, approved, rejected, expired, break_glass) and one :class:`~handlers.reply.Reply` whose ``exit_code`` the CLI uses.
-
-It answers fast: restart/start/stop take the lock, create and announce the run, and continue
-in a tracked background task (:func:`handlers.sequences.run_sequence`); reads do their remote
-work inline.  An expected failure (:class:`~pipeline.errors.PitstopError`) is shown as its
-message; anything else is logged with its traceback and answered with an incident id.
-
-Usage::
-
-    dispatcher = Dispatcher(ctx)
-    reply = await dispatcher.handle(Request("restart dflash with topk patch", user="U012AB"))
-    await dispatcher.drain(60)
+:class:`Dispatcher` runs a typed command (:meth:`Dispatcher.handle`) or a button
+(:meth:`Dispatcher.handle_action`) through one list of middleware-like steps
+(:attr:`Dispatcher.steps`, as Bolt's ``async_process(req, resp, next)``), then the verb's handler
+(:data:`handlers.verbs.VERBS`); a cross-cutting rule is a step, not an ``if`` in each path.  Every
+request ends in one audit record and one :class:`~handlers.reply.Reply` whose ``exit_code`` the CLI
+uses.  restart/start/stop continue in a tracked background task; reads work inline.  An expected
+failure (:class:`~pipeline.errors.PitstopError`) is shown as its message; anything else is logged
+with its traceback and answered with an incident id.
 """
 
 from __future__ import annotations
@@ -34,18 +21,12 @@ from typing import Any
 
 from handlers.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.commands import Command, ParseError, parse
-from handlers.confirm import (
-    confirm_ask,
-    confirm_cancelled,
-    confirm_expired,
-    confirm_gone,
-    confirm_not_yours,
-)
+from handlers.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
 from handlers.context import Context
 from handlers.flow import Flow, Next, Request, Step
 from handlers.lock import DEFAULT_TTL, InFlight
 from handlers.reply import Button, Reply, Status, refused
-from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON
+from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON, CONFIRM_GONE
 from handlers.twoperson import TwoPersonRule
 from handlers.verbs import VERBS, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
@@ -60,20 +41,16 @@ log = logging.getLogger(__name__)
 _RUN_ID = re.compile(r"r-[0-9]+\Z")
 
 
-def _error_reply(exc: PitstopError, *, ephemeral: bool) -> Reply:
+def _error_reply(exc: PitstopError) -> Reply:
     head, *rest = exc.message.splitlines() or [""]
     tone = Status.WARNING if isinstance(exc, InFlight) else Status.ERROR
+    ephemeral = isinstance(exc, Denied | InFlight | ParseError)
     return Reply(title=head, lines=tuple(rest), status=tone, ephemeral=ephemeral, exit_code=exc.exit_code)
-
-
-def _internal_reply(incident: str) -> Reply:
-    return refused(internal_error(incident), ExitCode.FAILED)
 
 
 class Dispatcher:
     """Parse, deduplicate, authorise, confirm, act and audit — for every surface, as one list of steps.
 
-    :param ctx: the process's shared parts.
     :param lock_ttl: seconds a restart lock lives without renewal (renewed every ``ttl / 3``).
     :param confirm_window: seconds a confirmation waits for its requester.
     """
@@ -108,8 +85,7 @@ class Dispatcher:
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], *, name: str, timer: bool = False) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
-        bucket = self._timers if timer else self._tasks
-        bucket.add(task)
+        (self._timers if timer else self._tasks).add(task)
         task.add_done_callback(self._done)
         return task
 
@@ -127,30 +103,23 @@ class Dispatcher:
     async def drain(self, timeout: float) -> None:
         """Wait for background sequences (at most ``timeout`` s), then cancel what is left,
         including pending confirmation timers (their Redis records expire by themselves)."""
-        if self._tasks:
-            _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
-            for task in pending:
+        pending = set(self._tasks)
+        if pending:
+            _done, pending = await asyncio.wait(pending, timeout=timeout)
+        for left in (pending, set(self._timers)):
+            for task in left:
                 task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=5.0)
-        timers = set(self._timers)
-        for task in timers:
-            task.cancel()
-        if timers:
-            await asyncio.wait(timers, timeout=5.0)
+            if left:
+                await asyncio.wait(left, timeout=5.0)
 
     async def expire_due(self) -> int:
-        """Close every approval request past its expiry (:meth:`TwoPersonRule.expire_due`).
-
-        :returns: how many this call closed.
-        """
+        """Close every approval request past its expiry; how many this call closed
+        (:meth:`TwoPersonRule.expire_due`)."""
         return await self.two_person.expire_due()
 
     async def seen(self, delivery_id: str | None) -> bool:
         """True when ``delivery_id`` was already acted on (for surfaces deciding whether to answer a retry)."""
         return bool(delivery_id) and await self.deliveries.seen(str(delivery_id))
-
-    # --- the audit step -------------------------------------------------------------------------
 
     async def _audit(
         self,
@@ -180,32 +149,21 @@ class Dispatcher:
     # --- requests: every one runs the same steps ---------------------------------------------------
 
     async def handle(self, req: Request) -> Reply:
-        """Answer one typed request; never raises (except cancellation).
-
-        :returns: the reply for the requester; ``exit_code`` 0 ok, 1 failed, 2 bad input,
-            3 denied, 4 in flight, 5 cancelled.
-        """
+        """Answer one typed request; never raises (except cancellation).  The reply's ``exit_code``:
+        0 ok, 1 failed, 2 bad input, 3 denied, 4 in flight, 5 cancelled."""
         system = req.surface == SYSTEM_SURFACE and req.user == SYSTEM_USER
         return await self._run(Flow(req, user=req.user, groups=req.groups, system=system))
 
     async def handle_action(
-        self,
-        action: str,
-        value: str,
-        user: str,
-        delivery_id: str | None = None,
-        groups: tuple[str, ...] = (),
+        self, action: str, value: str, user: str, delivery_id: str | None = None, groups: tuple[str, ...] = ()
     ) -> Reply:
         """Answer a button: ``confirm``/``cancel`` (value: a confirmation token, or a run id to
         cancel that run), ``show_log`` (value: a job).  Never raises (except cancellation).
 
-        :param user: who clicked.
         :param delivery_id: the click's id (a double click arrives twice with the same id).
         :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
         """
-        req = Request(
-            text=f"[{action}] {value}", user=user, groups=groups, delivery_id=delivery_id, surface="action"
-        )
+        req = Request(f"[{action}] {value}", user, groups, delivery_id, surface="action")
         return await self._run(Flow(req, action=action, value=value, user=user, groups=groups))
 
     async def _run(self, flow: Flow) -> Reply:
@@ -238,7 +196,7 @@ class Dispatcher:
                 flow.command = flow.run = parse(flow.req.text, self.ctx.config)
             except ParseError as exc:
                 await self._audit(flow.req, AuditOutcome.INVALID, detail=exc.message)
-                return _error_reply(exc, ephemeral=True)
+                return _error_reply(exc)
         return await call_next()
 
     async def _dedupe(self, flow: Flow, call_next: Next) -> Reply:
@@ -251,23 +209,19 @@ class Dispatcher:
 
     async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
         """A button → the command it stands for (typed commands pass as they are)."""
-        action, value, req = flow.action, flow.value, flow.req
-        if action is None:
-            return await call_next()
+        action, value = flow.action, flow.value
         if action == "show_log":
             flow.command = flow.run = parse(f"logs {value}", self.ctx.config)
-            return await call_next()
-        if action == "cancel" and _RUN_ID.match(value):
-            run = await self.ctx.runs.get(value)
-            flow.command = flow.run = Command("cancel", job=run.job)
-            return await call_next()
-        if action in ("confirm", "cancel"):
+        elif action == "cancel" and _RUN_ID.match(value):
+            flow.command = flow.run = Command("cancel", job=(await self.ctx.runs.get(value)).job)
+        elif action in ("confirm", "cancel"):
             return await self._settle(flow, call_next)
-        if action in ("approve", "deny") and _RUN_ID.match(value):
+        elif action in ("approve", "deny") and _RUN_ID.match(value):
             flow.command = flow.run = Command(action, options={"run": value})
-            return await call_next()
-        await self._audit(req, AuditOutcome.INVALID, detail=unknown_action(action))
-        return refused(unknown_action(action))
+        elif action is not None:
+            await self._audit(flow.req, AuditOutcome.INVALID, detail=unknown_action(action))
+            return refused(unknown_action(action))
+        return await call_next()
 
     async def _authorise(self, flow: Flow, call_next: Next) -> Reply:
         """The requester's role must cover the verb's (:func:`handlers.auth.authorise` raises)."""
@@ -313,21 +267,17 @@ class Dispatcher:
         return reply
 
     async def _failed(self, req: Request, command: Command | None, exc: PitstopError) -> Reply:
-        if isinstance(exc, Denied):
-            outcome = AuditOutcome.DENIED
-        elif isinstance(exc, InFlight):
-            outcome = AuditOutcome.REFUSED
-        else:
-            outcome = AuditOutcome.FAILED
+        outcome = {Denied: AuditOutcome.DENIED, InFlight: AuditOutcome.REFUSED}.get(
+            type(exc), AuditOutcome.FAILED
+        )
         await self._audit(req, outcome, command, detail=exc.message)
-        ephemeral = isinstance(exc, Denied | InFlight | ParseError)
-        return _error_reply(exc, ephemeral=ephemeral)
+        return _error_reply(exc)
 
     async def _internal(self, req: Request, command: Command | None) -> Reply:
         incident = new_incident_id()
         log.exception("incident %s: request %r from %s", incident, req.text, req.user)
         await self._audit(req, AuditOutcome.ERROR, command, detail=f"incident {incident}")
-        return _internal_reply(incident)
+        return refused(internal_error(incident), ExitCode.FAILED)
 
     # --- confirmation --------------------------------------------------------------------------
 
@@ -374,8 +324,8 @@ class Dispatcher:
         req, action, token, user = flow.req, flow.action, flow.value, flow.user
         taken, pending = await self.confirmations.take(token, user)
         if taken is Take.GONE or pending is None:
-            await self._audit(req, AuditOutcome.CANCELLED, detail=confirm_gone())
-            return refused(confirm_gone(), ExitCode.CANCELLED, Status.WARNING)
+            await self._audit(req, AuditOutcome.CANCELLED, detail=CONFIRM_GONE)
+            return refused(CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
         command = Command.from_json(_loads(pending.command))
         original = Request(
             pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
@@ -384,14 +334,15 @@ class Dispatcher:
             text = confirm_not_yours(pending.user)
             await self._audit(req, AuditOutcome.DENIED, command, detail=text)
             return refused(text, ExitCode.DENIED)
-        if taken is Take.EXPIRED:
-            text = confirm_expired(pending.text, pending.window)
+        if taken is Take.EXPIRED or action == "cancel":
+            expired = taken is Take.EXPIRED
+            text = (
+                confirm_expired(pending.text, pending.window)
+                if expired
+                else confirm_cancelled(pending.text, user)
+            )
             await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
-            return refused(text, ExitCode.CANCELLED, Status.WARNING)
-        if action == "cancel":
-            text = confirm_cancelled(pending.text, user)
-            await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
-            return refused(text, ExitCode.CANCELLED, Status.INFO)
+            return refused(text, ExitCode.CANCELLED, Status.WARNING if expired else Status.INFO)
         # roles may have changed since the request: authorised again, as who clicked
         flow.run, flow.on_behalf, flow.outcome = command, original, AuditOutcome.CONFIRMED
         flow.groups = req.groups or pending.groups

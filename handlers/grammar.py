@@ -12,9 +12,7 @@ Format language:
 - ``[ … ]`` is optional; consecutive optional groups may come in any order, each at most once
   (``[ … ]...`` may repeat, as ``--patch a --patch b``), optionally joined by ``,``/``and``.
 
-This module only matches shapes; :mod:`handlers.commands` turns a match into a typed
-:class:`~handlers.commands.Command`, checking names against the config, and
-:data:`handlers.verbs.VERBS` pairs each entry with the handler that answers it.
+This module only matches shapes; :mod:`handlers.commands` turns a match into a typed command.
 """
 
 from __future__ import annotations
@@ -46,21 +44,15 @@ class Role(IntEnum):
 
 @dataclass(frozen=True)
 class SlotType:
-    """What one ``{slot}`` accepts.
+    """What one ``{slot}`` accepts."""
 
-    :ivar kind: ``name`` (one name), ``names`` (a list of names), ``int``, ``duration``, ``choice``,
-        ``text`` (one or more words of free text, a reason: never looked up, never run).
-    :ivar metavar: how usage lines show it.
-    :ivar low: smallest accepted value (ints: the value; durations: seconds).
-    :ivar high: largest accepted value.
-    :ivar choices: the accepted words of a ``choice``.
-    """
-
+    #: ``name`` (one name), ``names`` (a list of names), ``int``, ``duration``, ``choice``,
+    #: ``text`` (one or more words of free text, a reason: never looked up, never run)
     kind: str
-    metavar: str
-    low: int = 0
+    metavar: str  #: how usage lines show it
+    low: int = 0  #: smallest accepted value (ints: the value; durations: seconds)
     high: int = 0
-    choices: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()  #: the accepted words of a ``choice``
 
 
 SLOTS: dict[str, SlotType] = {
@@ -88,16 +80,7 @@ DEFAULT_COUNT = 10  #: ``history`` without N
 
 @dataclass(frozen=True)
 class VerbSpec:
-    """One verb: its formats, the role it needs, what it does, examples.
-
-    :ivar name: the verb (lower case).
-    :ivar role: the least role that may use it.
-    :ivar formats: format strings, tried in order.
-    :ivar summary: one line for ``help``.
-    :ivar examples: example texts for ``help VERB``.
-    :ivar aliases: other words for the verb.
-    :ivar acts: True for verbs that change a job (they may need confirmation and take the lock).
-    """
+    """One verb: its formats (tried in order), the least role it needs, a line for ``help``, examples."""
 
     name: str
     role: Role
@@ -105,7 +88,7 @@ class VerbSpec:
     summary: str
     examples: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
-    acts: bool = False
+    acts: bool = False  #: changes a job (it may need confirmation and takes the lock)
 
     @cached_property
     def patterns(self) -> tuple[Seq, ...]:
@@ -318,10 +301,7 @@ def _flag_of(body: Seq) -> str | None:
 
 
 def compile_format(fmt: str) -> Seq:
-    """Compile one format string.
-
-    :raises ValueError: if the format is malformed or names an unknown slot.
-    """
+    """Compile one format string; ValueError if it is malformed or names an unknown slot."""
     tokens = _FORMAT_TOKEN.findall(fmt)
     if "".join(tokens) != "".join(fmt.split()):
         raise ValueError(f"bad format {fmt!r}")
@@ -359,13 +339,9 @@ def render_usage(pattern: Seq) -> str:
     out: list[str] = []
     for item in pattern.items:
         if isinstance(item, Lit):
-            words = item.words
-            if len(words) == 2 and words[1] == words[0] + "es":
-                out.append(f"{words[0]}(es)")
-            elif len(words) == 2 and words[1] == words[0] + "s":
-                out.append(f"{words[0]}(s)")
-            else:
-                out.append("|".join(words))
+            w = item.words
+            plural = w[1].removeprefix(w[0]) if len(w) == 2 else ""
+            out.append(f"{w[0]}({plural})" if plural in ("s", "es") else "|".join(w))
         elif isinstance(item, Slot):
             out.append(SLOTS[item.name].metavar)
         else:
@@ -399,24 +375,19 @@ def _names(tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, tuple[str, ..
 def _slot(slot: Slot, tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, str | tuple[str, ...]]]:
     if i >= len(tokens):
         return
-    kind = SLOTS[slot.name]
-    tok = tokens[i]
+    kind, tok = SLOTS[slot.name], tokens[i]
     if kind.kind == "names":
         yield from _names(tokens, i)
-    elif kind.kind == "name":
-        if NAME.match(tok):
-            yield i + 1, tok
-    elif kind.kind == "int":
-        if NUMBER.match(tok):
-            yield i + 1, tok
-    elif kind.kind == "duration":
-        if NAME.match(tok) and tok[0].isdigit():
-            yield i + 1, tok
     elif kind.kind == "text":
         for j in range(i + 1, len(tokens) + 1):  # shortest first: later options keep their words
             yield j, tokens[i:j]
-    elif tok.lower() in kind.choices:
-        yield i + 1, tok.lower()
+    elif kind.kind == "choice":
+        if tok.lower() in kind.choices:
+            yield i + 1, tok.lower()
+    elif (NUMBER if kind.kind == "int" else NAME).match(tok) and (
+        kind.kind != "duration" or tok[0].isdigit()
+    ):
+        yield i + 1, tok
 
 
 def _seq(
@@ -437,46 +408,34 @@ def _seq(
         while end < len(items) and isinstance(items[end], Opt):
             end += 1
         group = tuple(o for o in items[pos:end] if isinstance(o, Opt))
-        yield from _unordered(group, frozenset(range(len(group))), items, end, tokens, i, bound, first=True)
 
+        def unordered(
+            remaining: frozenset[int], i: int, bound: Binding, first: bool
+        ) -> Iterator[tuple[int, Binding]]:
+            """The groups not yet used, in any order, then the items after them."""
+            starts = [i]
+            if not first and i < len(tokens) and tokens[i].lower() in CONNECTORS:
+                starts.append(i + 1)  # "… with topk patch and fresh cache"
+            for k in sorted(remaining):
+                opt = group[k]
+                for start in starts:
+                    for j, inner in _seq(opt.body.items, 0, tokens, start, bound):
+                        if j == start:
+                            continue  # consumed nothing: never loop
+                        if opt.flag is not None:
+                            inner = (*inner, (opt.flag, "on"))
+                        yield from unordered(remaining if opt.repeat else remaining - {k}, j, inner, False)
+            yield from _seq(items, end, tokens, i, bound)
 
-def _unordered(
-    group: tuple[Opt, ...],
-    remaining: frozenset[int],
-    items: tuple[Lit | Slot | Opt, ...],
-    end: int,
-    tokens: tuple[str, ...],
-    i: int,
-    bound: Binding,
-    *,
-    first: bool,
-) -> Iterator[tuple[int, Binding]]:
-    starts = [i]
-    if not first and i < len(tokens) and tokens[i].lower() in CONNECTORS:
-        starts.append(i + 1)  # "… with topk patch and fresh cache"
-    for k in sorted(remaining):
-        opt = group[k]
-        for start in starts:
-            for j, inner in _seq(opt.body.items, 0, tokens, start, bound):
-                if j == start:
-                    continue  # consumed nothing: never loop
-                rest = remaining if opt.repeat else remaining - {k}
-                if opt.flag is not None:
-                    inner = (*inner, (opt.flag, "on"))
-                yield from _unordered(group, rest, items, end, tokens, j, inner, first=False)
-    yield from _seq(items, end, tokens, i, bound)
+        yield from unordered(frozenset(range(len(group))), i, bound, True)
 
 
 def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:
     """Every way (up to :data:`MAX_MATCHES`) ``tokens`` (the verb included) fit one of the verb's
-    formats, each as the slot values it binds, in the order the formats and slots prefer.
-
-    :returns: an empty list when the words do not fit the verb.
-    """
+    formats, each as the slot values it binds, in the order the formats and slots prefer (none: [])."""
     found: list[Binding] = []
     for pattern in spec.patterns:
-        head = pattern.items[0]
-        if not isinstance(head, Lit) or not tokens:
+        if not tokens or not isinstance(pattern.items[0], Lit):
             continue
         for j, bound in _seq(pattern.items, 1, tokens, 1, ()):
             if j == len(tokens):

@@ -1,10 +1,5 @@
-"""One restart in flight per job (or per host): the rule and its words.
-
-The lock itself is :mod:`pipeline.state.locks`; here a refused acquire becomes :class:`InFlight`,
-whose message names the holder::
-
-    restart of dflash already in flight - started by <@U012AB> 40 s ago, now at: launch
-"""
+"""One restart in flight per job (or per host): a refused acquire of :mod:`pipeline.state.locks`
+becomes :class:`InFlight`, whose message names the holder."""
 
 from __future__ import annotations
 
@@ -19,11 +14,8 @@ __all__ = ["DEFAULT_TTL", "Holder", "InFlight", "JobLock", "in_flight"]
 
 
 class InFlight(PitstopError):
-    """Refused: another restart of the job (or on its host) holds the lock.
-
-    :param job: the job that was asked for.
-    :param holder: who holds the lock (None if its record could not be read in time).
-    """
+    """Refused: another restart of the job (or on its host) holds the lock; ``holder`` None if its
+    record could not be read in time."""
 
     code = "in_flight"
     exit_code = ExitCode.IN_FLIGHT
@@ -31,15 +23,9 @@ class InFlight(PitstopError):
     def __init__(self, job: str, holder: Holder | None) -> None:
         self.job = job
         self.holder = holder
-        held = holder or Holder("", job, "restart", "someone", "", "unknown", time.time())
+        h = holder or Holder("", job, "restart", "someone", "", "unknown", time.time())
         super().__init__(
-            in_flight(
-                held.action or "restart",
-                held.job or job,
-                held.user or "someone",
-                held.age(),
-                held.step or "unknown",
-            )
+            in_flight(h.action or "restart", h.job or job, h.user or "someone", h.age(), h.step or "unknown")
         )
 
 
@@ -49,10 +35,8 @@ class JobLock(locks.JobLock):
     async def acquire(
         self, *, job: str, action: str, user: str, run_id: str = "", step: str = "queued"
     ) -> Holder:
-        """Take the lock now or refuse (:meth:`pipeline.state.locks.JobLock.acquire`).
-
-        :raises InFlight: if someone else holds it (naming them).
-        """
+        """Take the lock now (:meth:`pipeline.state.locks.JobLock.acquire`); :class:`InFlight`
+        if someone else holds it (naming them)."""
         try:
             return await super().acquire(job=job, action=action, user=user, run_id=run_id, step=step)
         except locks.LockHeld as refused:

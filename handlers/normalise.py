@@ -1,11 +1,5 @@
-"""What a person typed, as the grammar reads it: Slack's markup and typography undone.
-
-Slack rewrites what people type: ``--`` becomes an em dash, quotes become smart quotes,
-mentions arrive as ``<@U012AB|name>``, channels as ``<#C012AB|general>``, user groups as
-``<!subteam^S012AB|@oncall>``, links as ``<https://…|label>``, and ``&``, ``<``, ``>`` are
-escaped.  :func:`normalise` undoes all of that (and drops a leading bot mention or slash
-command) so the grammar sees plain words; :func:`tokenise` splits them.
-"""
+"""What a person typed, as the grammar reads it: Slack's markup and typography undone
+(:func:`normalise`), then split into words (:func:`tokenise`)."""
 
 from __future__ import annotations
 
@@ -28,8 +22,7 @@ _TOKEN = re.compile(r",|[^\s,]+")
 
 
 def _markup(m: re.Match[str]) -> str:
-    inner = m.group(1)
-    target, _, label = inner.partition("|")
+    target, _, label = m.group(1).partition("|")
     if target.startswith("@"):  # <@U012AB> or <@U012AB|name>
         return target
     if target.startswith("#"):  # <#C012AB|general>
@@ -42,16 +35,13 @@ def _markup(m: re.Match[str]) -> str:
 
 
 def normalise(text: str, *, command: str | None = None) -> str:
-    """Plain words from Slack text.
+    """Plain words from Slack text, stripped.
 
     Applies, in order: drop a leading bot mention (``<@U…>``) and a leading ``command``
     (``/train``); mentions → ``@U…``, channels → ``#name``, user groups → ``@handle``, links
     → their label (else the URL); unescape ``&amp; &lt; &gt;``; Unicode NFKC; smart quotes →
     straight; em/en dashes → ``--``; invisible characters dropped; control characters and
     runs of whitespace → one space; ``--flag=value`` → ``--flag value``.
-
-    :param command: the slash command (``/train``), dropped when the text starts with it.
-    :returns: the normalised text, stripped.
     """
     text = _LEADING_MENTION.sub("", text, count=1)
     text = _MARKUP.sub(_markup, text)

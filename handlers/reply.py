@@ -1,13 +1,12 @@
 """The transport-free reply model every handler returns, and its plain-text renderer.
 
-Surfaces render a :class:`Reply` and nothing else: ``bot/blocks.py`` into Block Kit,
-``bot/console.py`` with rich, and :func:`render_text` for ``pitstop say`` and logs.  The
-same handler output therefore reads the same everywhere.
+Surfaces render a :class:`Reply` and nothing else (``bot/blocks.py`` into Block Kit,
+``bot/console.py`` with rich, :func:`render_text` for ``pitstop say`` and logs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from pipeline.errors import ExitCode
@@ -40,7 +39,7 @@ class StepLine:
         """``✓ stop 2.1 s - 8 processes stopped``; a step not yet due reads ``… verify: waiting``."""
         took = f" {self.seconds:.1f} s" if self.seconds is not None else ""
         detail = f" - {self.detail}" if self.detail else ""
-        if self.outcome == "waiting":  # a step not yet due reads ``… verify: waiting``
+        if self.outcome == "waiting":
             return f"{self.mark} {self.label}: waiting{detail}"
         return f"{self.mark} {self.label}{took}{detail}"
 
@@ -66,64 +65,39 @@ class Button:
 @dataclass(frozen=True)
 class Attachment:
     """A file that goes with a reply (a patch under review): shown as a file snippet where the
-    surface can, as its path elsewhere.
+    surface can, as its path elsewhere."""
 
-    :ivar filename: the file's name as shown (``topk.diff``).
-    :ivar content: its text, exactly as it is sent on (a patch: what ``git apply`` is given).
-    :ivar title: a caption (``topk.diff · sha256 1a2b3c4d5e6f``).
-    :ivar path: where it lies on this machine, or empty.
-    """
-
-    filename: str
-    content: str
-    title: str = ""
-    path: str = ""
+    filename: str  #: as shown (``topk.diff``)
+    content: str  #: exactly as it is sent on (a patch: what ``git apply`` is given)
+    title: str = ""  #: a caption (``topk.diff · sha256 1a2b3c4d5e6f``)
+    path: str = ""  #: where it lies on this machine, or empty
 
 
 @dataclass(frozen=True)
 class Reply:
-    """What a handler answers, for any surface.
+    """What a handler answers, for any surface."""
 
-    :ivar title: one line, the headline (``restart of dflash: RUNNING 8/8 processes pid 4242``).
-    :ivar status: tone of the reply.
-    :ivar lines: body text lines (already worded by the handler).
-    :ivar fields: label → value pairs shown side by side.
-    :ivar tables: tables (jobs listing, GPUs, digest per rank).
-    :ivar steps: a run's live step list.
-    :ivar log: a log excerpt (shown as preformatted text; surfaces truncate visibly).
-    :ivar log_title: what the excerpt is (``last 30 lines of /w/train.log``).
-    :ivar ephemeral: only the requester should see it (input errors, denials).
-    :ivar thread_key: groups posts into one thread (``run:r-42``, ``incident:dflash:3``).
-    :ivar run_id: the run this reply is about, if any.
-    :ivar chart: path of a PNG to upload with the reply (digests).
-    :ivar buttons: interactive choices (confirm/cancel, approve/deny, show log).
-    :ivar attachments: files posted with it (a patch's whole diff under review).
-    :ivar follow_ups: replies that belong in the thread under this one.
-    :ivar exit_code: what the CLI exits with for this reply.
-    :ivar page: who this reply pages (``[slack] alert_mention``: ``here``, ``channel``, ``S…``,
-        ``U…``); the one reference in its text a surface lets notify — every other one is shown
-        as a name.
-    :ivar owners: whom else it pages: the job's owners (``U…``, ``S…``), each reference kept
-        live like ``page``; a surface also tells each owning user who cannot see the post.
-    """
-
-    title: str
+    title: str  #: one line, the headline (``restart of dflash: RUNNING 8/8 processes pid 4242``)
     status: Status = Status.INFO
-    lines: tuple[str, ...] = ()
-    fields: tuple[tuple[str, str], ...] = ()
+    lines: tuple[str, ...] = ()  #: body text lines (already worded by the handler)
+    fields: tuple[tuple[str, str], ...] = ()  #: label → value pairs shown side by side
     tables: tuple[Table, ...] = ()
-    steps: tuple[StepLine, ...] = ()
-    log: str | None = None
-    log_title: str = ""
-    ephemeral: bool = False
-    thread_key: str | None = None
+    steps: tuple[StepLine, ...] = ()  #: a run's live step list
+    log: str | None = None  #: a log excerpt (preformatted; surfaces truncate visibly)
+    log_title: str = ""  #: what the excerpt is (``last 30 lines of /w/train.log``)
+    ephemeral: bool = False  #: only the requester should see it (input errors, denials)
+    thread_key: str | None = None  #: groups posts into one thread (``run:r-42``, ``incident:dflash:3``)
     run_id: str | None = None
-    chart: str | None = None
+    chart: str | None = None  #: path of a PNG to upload with the reply (digests)
     buttons: tuple[Button, ...] = ()
-    attachments: tuple[Attachment, ...] = ()
-    follow_ups: tuple[Reply, ...] = field(default=())
-    exit_code: ExitCode = ExitCode.OK
+    attachments: tuple[Attachment, ...] = ()  #: files posted with it (a patch's whole diff)
+    follow_ups: tuple[Reply, ...] = ()  #: replies that belong in the thread under this one
+    exit_code: ExitCode = ExitCode.OK  #: what the CLI exits with
+    #: who this reply pages (``[slack] alert_mention``: ``here``, ``channel``, ``S…``, ``U…``): the
+    #: one reference in its text a surface lets notify; every other one is shown as a name
     page: str | None = None
+    #: whom else it pages: the job's owners (``U…``, ``S…``), kept live like ``page``; a surface
+    #: also tells each owning user who cannot see the post
     owners: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
@@ -134,10 +108,7 @@ class Reply:
             "lines": list(self.lines),
             "fields": dict(self.fields),
             "tables": [{"headers": list(t.headers), "rows": [list(r) for r in t.rows]} for t in self.tables],
-            "steps": [
-                {"label": s.label, "outcome": s.outcome, "seconds": s.seconds, "detail": s.detail}
-                for s in self.steps
-            ],
+            "steps": [asdict(s) for s in self.steps],
             "log": self.log,
             "log_title": self.log_title,
             "ephemeral": self.ephemeral,
@@ -190,8 +161,7 @@ def render_text(reply: Reply) -> str:
         f"attached: {a.title or a.filename}" + (f" ({a.path})" if a.path else "") for a in reply.attachments
     ]
     for follow in reply.follow_ups:
-        out.append("")
-        out.append(render_text(follow))
+        out += ["", render_text(follow)]
     return "\n".join(out)
 
 
@@ -199,12 +169,8 @@ def render_text(reply: Reply) -> str:
 
 
 def mention(target: str) -> str:
-    """A person, a user group or a broadcast in the reply's markup (Slack's, which every surface reads).
-
-    ``U…``/``W…`` → ``<@U…>``, ``S…`` → ``<!subteam^S…>``, ``here``/``channel``/``everyone`` →
-    ``<!here>`` …; anything else is returned as it is.  ``bot.blocks`` shows each as a name
-    (``@maya``) and pages only for :attr:`Reply.page`.
-    """
+    """A person (``U…``/``W…`` → ``<@U…>``), a user group (``S…`` → ``<!subteam^S…>``) or a broadcast
+    (``here`` → ``<!here>`` …) in Slack's markup, which every surface reads; anything else as it is."""
     t = target.strip().lstrip("@")
     if t in ("here", "channel", "everyone"):
         return f"<!{t}>"

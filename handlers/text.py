@@ -39,6 +39,8 @@ ATTEMPTS_NEED_JOB = "history --attempts needs a job: `history dflash --attempts`
 #: the labels of a confirmation's buttons
 CONFIRM_BUTTON = "Confirm"
 CANCEL_BUTTON = "Cancel"
+#: a click on a confirmation that no longer exists
+CONFIRM_GONE = "this confirmation has expired or was already answered - nothing was done"
 #: ``digest`` with no jobs configured
 DIGEST_NO_JOBS = "no jobs are configured - nothing to digest"
 #: ``gpus HOST`` when no compute process holds GPU memory
@@ -56,9 +58,11 @@ FIELD_AVAILABLE = "available"
 FIELD_IN_EFFECT = "in effect"
 FIELD_RUN = "run"
 FIELD_SINCE = "since"
-#: a finished run without a verdict (a stop that succeeded)
+#: a finished run without a verdict (a stop that succeeded), a launched one whose verification is not due yet
 RUN_DONE = "done"
-#: the columns of the ``status`` table, and of ``history``'s approvals and refused-requests tables
+RUN_AWAITING_VERDICT = "launched, awaiting verdict"
+#: the columns of the ``status`` table, and of ``history``'s runs, approvals and refused-requests tables
 STATUS_HEADERS = ("job", "state", "pid", "procs", "uptime", "last restart", "lock", "patches")
+HISTORY_HEADERS = ("run", "when", "who", "action", "patches", "verdict", "took")
 HISTORY_APPROVAL_HEADERS = ("when", "run", "who", "outcome", "what")
 HISTORY_REFUSAL_HEADERS = ("when", "who", "request", "outcome", "why")

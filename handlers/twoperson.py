@@ -1,21 +1,14 @@
-"""The two-person rule's step in the dispatcher: requests wait, a second person decides, break glass.
+"""The two-person rule's step in the dispatcher (:class:`TwoPersonRule`, after confirmation).
 
-:class:`TwoPersonRule` is one of :attr:`handlers.dispatch.Dispatcher.steps`, after confirmation:
-
-- an action the job's ``[jobs.NAME.approval]`` holds (:func:`handlers.approval.approval_for`)
-  becomes a request (:class:`~pipeline.state.approvals.ApprovalRequest`, id ``r-N``, the run
-  it will be): its message shows what would change and who may approve, the requester gets
-  exit code 7, and nothing else happens;
-- ``approve r-N`` / ``deny r-N [reason]`` (typed, or the message's buttons): the requester never
-  approves their own request (exit code 3) but may deny (withdraw) it, someone who is not an
-  approver is refused privately,
-  and the first decision wins across replicas (the store's script); an approval while another
-  restart of the job holds its lock is refused (exit 4) and the request stays open; an approval
-  runs the stored command here, in the approver's process, on behalf of the requester, with the
-  approved patch hashes on the run (re-checked at pre-flight);
-- ``restart JOB --break-glass "reason"``: admins only; it runs without approval, announced in
-  the channel and marked on the run and in the audit trail;
-- a request nobody decides closes at its expiry (a timer here, and :meth:`TwoPersonRule.expire_due`
+- an action the job's ``[jobs.NAME.approval]`` holds becomes a request (id ``r-N``, the run it will
+  be): its message shows what would change and who may approve; the requester gets exit code 7;
+- ``approve r-N`` / ``deny r-N [reason]`` (typed or clicked): the requester never approves their own
+  (exit 3) but may withdraw it; the first decision wins across replicas (the store's script); an
+  approval while another restart holds the job's lock is refused (exit 4) and the request stays
+  open; an approval runs the stored command here, on behalf of the requester, with the approved
+  patch hashes on the run (re-checked at pre-flight);
+- ``restart JOB --break-glass "reason"``: admins only, runs without approval, announced and marked;
+- a request nobody decides closes at its expiry (a timer here, :meth:`TwoPersonRule.expire_due`
   from any replica), its buttons removed.
 """
 
@@ -25,14 +18,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Protocol
 
 from handlers import approval as policy
 from handlers.auth import Denied, role_of
 from handlers.commands import Command
 from handlers.context import Context
-from handlers.flow import Flow, Next, Request
+from handlers.flow import Flow, Next, Request, Spawn
 from handlers.grammar import Role
 from handlers.lock import InFlight
 from handlers.reply import Reply, Status, refused
@@ -60,19 +53,10 @@ class AuditFn(Protocol):
         ...
 
 
-SpawnTimer = Callable[[Coroutine[Any, Any, Any], str], object]
-"""Starts a timer task the dispatcher tracks (and cancels at drain): ``spawn(coroutine, name)``."""
-
-
 class TwoPersonRule:
-    """The step, and the expiry of requests.
+    """The step, and the expiry of requests."""
 
-    :param ctx: the process's shared parts.
-    :param audit: the dispatcher's audit step.
-    :param spawn: starts a tracked timer task.
-    """
-
-    def __init__(self, ctx: Context, audit: AuditFn, spawn: SpawnTimer) -> None:
+    def __init__(self, ctx: Context, audit: AuditFn, spawn: Spawn) -> None:
         self.ctx = ctx
         self.audit = audit
         self.spawn = spawn
@@ -142,7 +126,7 @@ class TwoPersonRule:
             text = policy.approval_not_request(command.run_ref)
             await self.audit(req, AuditOutcome.INVALID, command, detail=text)
             return refused(text)
-        approving = command.verb == "approve"
+        approving, asked = command.verb == "approve", _asked(request)
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
         refusal = None
         if request.state is ApprovalState.PENDING and approving and user == request.requester:
@@ -154,9 +138,8 @@ class TwoPersonRule:
         ):
             refusal = policy.approval_not_approver(user, request.id, settings.approvers if settings else [])
         if refusal is not None:
-            await self.audit(req, AuditOutcome.DENIED, _asked(request), detail=refusal, run_id=request.id)
+            await self.audit(req, AuditOutcome.DENIED, asked, detail=refusal, run_id=request.id)
             return refused(refusal, ExitCode.DENIED)
-        asked = _asked(request)
         if approving and request.state is ApprovalState.PENDING and asked.spec.acts:
             # a restart in flight would refuse it: the request stays open for after it, not spent
             holder = await self.ctx.locks.holder(scope_of(self.ctx.config, request.job))
@@ -166,15 +149,15 @@ class TwoPersonRule:
         decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
         if decided is Decided.SELF:
             text = policy.approval_self(request.id)
-            await self.audit(req, AuditOutcome.DENIED, _asked(request), detail=text, run_id=request.id)
-            return Reply(title=text, status=Status.ERROR, ephemeral=True, exit_code=ExitCode.DENIED)
+            await self.audit(req, AuditOutcome.DENIED, asked, detail=text, run_id=request.id)
+            return refused(text, ExitCode.DENIED)
         if decided is Decided.LOST:
             text = policy.approval_already(request.id, request.state.value, request.decided_by)
-            return Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.FAILED)
+            return refused(text, ExitCode.FAILED, Status.WARNING)
         await self._closed(request, req)
         if decided is Decided.EXPIRED:
             text = policy.approval_expired(request.id, request.expires_at - request.created_at)
-            return Reply(title=text, status=Status.WARNING, ephemeral=True, exit_code=ExitCode.CANCELLED)
+            return refused(text, ExitCode.CANCELLED, Status.WARNING)
         if not approving:
             return Reply(title=policy.approval_denied_ack(request.id), status=Status.INFO, ephemeral=True)
         flow.run = asked
@@ -207,10 +190,8 @@ class TwoPersonRule:
         await self.expire(request.id)
 
     async def expire(self, request_id: str) -> bool:
-        """Close ``request_id`` as expired if it is still pending (its message loses its buttons).
-
-        :returns: True if this call closed it.
-        """
+        """Close ``request_id`` as expired if it is still pending (its message loses its buttons);
+        True if this call closed it."""
         decided, request = await self.approvals.decide(request_id, ApprovalState.EXPIRED)
         if decided is not Decided.WON:
             return False
@@ -219,11 +200,9 @@ class TwoPersonRule:
         return True
 
     async def expire_due(self) -> int:
-        """Close every pending request past its expiry (those whose process died included);
-        any replica may call it (the scheduler's tick, ``pending``): each closes once.
-
-        :returns: how many this call closed.
-        """
+        """Close every pending request past its expiry (those whose process died included); any
+        replica may call it (the scheduler's tick, ``pending``): each closes once.  Returns how many
+        this call closed."""
         closed = 0
         for request_id in await self.approvals.due():
             try:

@@ -1,9 +1,6 @@
 """The read-only verbs: status, logs, patches, lock, history, help — and ``unlock``.
 
-Each takes the :class:`~handlers.context.Context` and a validated
-:class:`~handlers.commands.Command` and returns a :class:`~handlers.reply.Reply`.  They may
-do their remote work inline (the Slack surface acks first): ``status`` looks at each host (or
-cluster) once through the jobs' engines, ``logs`` and ``patches`` ask the runner.
+They do their remote work inline (the Slack surface acks first) and return a :class:`~handlers.reply.Reply`.
 """
 
 from __future__ import annotations
@@ -27,8 +24,10 @@ from handlers.text import (
     HISTORY_APPROVAL_HEADERS,
     HISTORY_APPROVALS_TITLE,
     HISTORY_BREAK_GLASS,
+    HISTORY_HEADERS,
     HISTORY_REFUSAL_HEADERS,
     HISTORY_REFUSALS_TITLE,
+    RUN_AWAITING_VERDICT,
     RUN_DONE,
     STATUS_HEADERS,
     STATUS_NONE,
@@ -64,37 +63,28 @@ def _run_outcome(run: RunRecord) -> str:
         return RUN_DONE
     verify = run.step(Step.VERIFY)
     if verify is not None and verify.outcome in (Outcome.WAITING, Outcome.RUNNING):
-        return awaiting_verdict()
+        return RUN_AWAITING_VERDICT
     step = run.current_step
     return in_progress(step.value if step else None)
 
 
-# --- status ---------------------------------------------------------------------------------------
-
-
 async def status_command(ctx: Context, job: str | None) -> Reply:
     """``status [JOB]``: per job its state (running/stopped/unknown), PID, processes n/expected,
-    uptime, last restart and who, lock holder, patches in effect.
-
-    Probes each host once for all its jobs; a host that cannot be reached makes its jobs'
-    state ``unknown`` (with the reason) rather than failing the whole answer.
-    """
-    config = ctx.config
+    uptime, last restart and who, lock holder, patches in effect.  Probes each host once; one that
+    cannot be reached makes its jobs' state ``unknown`` (with the reason), not a failed answer."""
+    config, now = ctx.config, time.time()
     names = [job] if job else list(config.jobs)
     if not names:
         return Reply(title=STATUS_NONE, status=Status.WARNING)
     snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
-    currents = {name: dict(s.current) for name, s in snaps.items()}
-    seen = await ctx.restarter.sightings([(n, config.jobs[n], currents[n] or None) for n in names])
+    seen = await ctx.restarter.sightings([(n, config.jobs[n], dict(snaps[n].current) or None) for n in names])
     rows: list[tuple[str, ...]] = []
     lines: list[str] = []
     tone = Status.OK
-    now = time.time()
     slow_hosts: set[str] = set()
     for name in names:
-        spec = config.jobs[name]
+        spec, snap = config.jobs[name], snaps[name]
         sight = seen.get(name) or Sighting(JobProbe(job=name, error="no answer"), spec.expected_processes)
-        snap = snaps[name]
         if probe_slow(snap.watch.probe_s, spec) and spec.host not in slow_hosts:
             slow_hosts.add(spec.host)
             lines.append(status_probe_slow(spec.host, snap.watch.probe_s or 0.0, spec.watch.interval))
@@ -109,44 +99,21 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
                 lines.append(sight.line)
             if not sight.healthy and tone is Status.OK:
                 tone = Status.WARNING
-        pid = sight.who or snap.pid
-        uptime = ""
-        if sight.uptime_s is not None:
-            uptime = fmt.duration(sight.uptime_s) if sight.uptime_s else ""
-        elif state == "running" and snap.launched_at is not None:
+        uptime = fmt.duration(sight.uptime_s) if sight.uptime_s else ""
+        if sight.uptime_s is None and state == "running" and snap.launched_at is not None:
             uptime = fmt.duration(now - snap.launched_at)
-        latest = snap.latest
-        last = (
-            status_last_run(
-                latest.id,
-                latest.action,
-                f"{fmt.duration(now - latest.created_at)} ago",
-                latest.requested_by,
-                _run_outcome(latest),
-            )
-            if latest
-            else ""
-        )
-        holder = (
-            Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
-        )
-        lock = status_lock(holder.action, holder.user, holder.step) if holder else ""
+        latest, last = snap.latest, ""
+        if latest:
+            ago = f"{fmt.duration(now - latest.created_at)} ago"
+            last = status_last_run(latest.id, latest.action, ago, latest.requested_by, _run_outcome(latest))
+        held = Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
+        lock = status_lock(held.action, held.user, held.step) if held else ""
         actor = latest.requested_by if latest is not None and latest.action in ("start", "restart") else None
         owners = job_owners(config, name, actor)
         if owners:
             lines.append(status_owners(name, owners))
-        rows.append(
-            (
-                name,
-                state,
-                pid or "-",
-                procs,
-                uptime or "-",
-                last or "-",
-                lock or "-",
-                ", ".join(snap.patches) or "-",
-            )
-        )
+        cells = (name, state, sight.who or snap.pid, procs, uptime, last, lock, ", ".join(snap.patches))
+        rows.append(tuple(cell or "-" for cell in cells))
     failure = await ctx.redis.open_store(Posts).last_failure()  # written by the Slack outbox
     if failure.get("line"):
         try:
@@ -154,24 +121,13 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         except ValueError:
             ago = "?"
         lines.append(status_delivery_failure(str(failure["line"]), ago))
-    undelivered = await ctx.redis.open_store(UndeliveredAlerts).last()
-    if undelivered is not None:
-        lines.append(
-            status_undelivered_alert(
-                undelivered.title,
-                undelivered.channel,
-                undelivered.error,
-                undelivered.told,
-                f"{fmt.duration(now - undelivered.at)} ago",
-            )
-        )
+    lost = await ctx.redis.open_store(UndeliveredAlerts).last()
+    if lost is not None:
+        ago = f"{fmt.duration(now - lost.at)} ago"
+        lines.append(status_undelivered_alert(lost.title, lost.channel, lost.error, lost.told, ago))
     kept = await ctx.redis.persistence()
     lines.append(
-        status_state_store(
-            kept.where or ctx.redis.description,
-            kept.aof,
-            fmt.clock(kept.last_save, config.scheduler.timezone),
-        )
+        status_state_store(kept.where or ctx.redis.description, kept.aof, _when(config, kept.last_save))
     )
     return Reply(
         title=status_title(len(names)),
@@ -181,28 +137,18 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     )
 
 
-# --- logs, patches ----------------------------------------------------------------------------------
-
-
 async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
-    """``logs JOB [N]``: the last N lines of the job's log.
-
-    :raises RemoteError: if the log cannot be read.
-    """
-    spec = ctx.config.jobs[job]
+    """``logs JOB [N]``: the last N lines of the job's log; :class:`RemoteError` if it cannot be read."""
     text = await ctx.restarter.log_tail(job, lines)
-    title = logs_title(lines, spec.log, job)
+    title = logs_title(lines, ctx.config.jobs[job].log, job)
     if not text.strip():
         return Reply(title=title, lines=(logs_empty(job),))
     return Reply(title=title, log=text)
 
 
 async def patches_command(ctx: Context, job: str) -> Reply:
-    """``patches JOB``: the configured patches and those in effect in the workdir now.
-
-    Asks the host (``git apply --reverse --check``); if it cannot be reached, shows the set
-    the last restart recorded, saying so.
-    """
+    """``patches JOB``: the configured patches and those in effect in the workdir now (``git apply
+    --reverse --check`` on the host; if it cannot be reached, the set the last restart recorded)."""
     spec = ctx.config.jobs[job]
     lines: list[str] = []
     tone = Status.INFO
@@ -222,66 +168,48 @@ async def patches_command(ctx: Context, job: str) -> Reply:
         (FIELD_AVAILABLE, patches_available(list(spec.patches))),
         (FIELD_IN_EFFECT, patches_in_effect(in_effect)),
     ]
-    if hashes:
-        fields.append((FIELD_SHA256, ", ".join(hashes)))
+    fields += [(FIELD_SHA256, ", ".join(hashes))] if hashes else []
     return Reply(title=patches_title(job), status=tone, fields=tuple(fields), lines=tuple(lines))
-
-
-# --- lock, unlock -----------------------------------------------------------------------------------
-
-
-def _holder_reply(config: Config, holder: Holder) -> Reply:
-    fields = [(FIELD_SINCE, _when(config, holder.started_at))]
-    if holder.run_id:
-        fields.append((FIELD_RUN, holder.run_id))
-    return Reply(
-        title=lock_held(
-            holder.scope, holder.action, holder.job, holder.user, holder.age(), holder.step, holder.run_id
-        ),
-        status=Status.WARNING,
-        fields=tuple(fields),
-        run_id=holder.run_id or None,
-    )
 
 
 async def lock_command(ctx: Context, job: str) -> Reply:
     """``lock JOB``: who holds the job's restart lock, since when, which step."""
-    holder = await ctx.locks.holder(scope_of(ctx.config, job))
-    if holder is None:
+    h = await ctx.locks.holder(scope_of(ctx.config, job))
+    if h is None:
         return Reply(title=lock_free(job), status=Status.OK)
-    return _holder_reply(ctx.config, holder)
+    fields = ((FIELD_SINCE, _when(ctx.config, h.started_at)), *(((FIELD_RUN, h.run_id),) if h.run_id else ()))
+    return Reply(
+        title=lock_held(h.scope, h.action, h.job, h.user, h.age(), h.step, h.run_id),
+        status=Status.WARNING,
+        fields=fields,
+        run_id=h.run_id or None,
+    )
 
 
 async def unlock_command(ctx: Context, job: str, user: str) -> tuple[Reply, Holder | None]:
     """``unlock JOB`` (admin): force the lock free; the holder's run learns it lost the lock.
-
-    :returns: the reply and who held the lock (None if it was free).
-    """
+    Returns the reply and who held the lock (None if it was free)."""
     scope = scope_of(ctx.config, job)
     holder = await ctx.locks.force_release(scope)
     if holder is None:
         return Reply(title=unlock_not_held(scope), status=Status.INFO), None
     if holder.run_id:
         channel = ctx.config.channel_for(holder.job) if holder.job in ctx.config.jobs else None
-        note = Reply(
-            title=lock_forced_note(user), status=Status.WARNING, thread_key=thread_key(holder.run_id)
+        key = thread_key(holder.run_id)
+        await ctx.outbox.thread(
+            key, Reply(title=lock_forced_note(user), status=Status.WARNING, thread_key=key), channel
         )
-        await ctx.outbox.thread(thread_key(holder.run_id), note, channel)
     return Reply(title=unlocked(scope, user, holder.user), status=Status.WARNING), holder
-
-
-# --- history ------------------------------------------------------------------------------------------
 
 
 async def history_command(ctx: Context, audit: Audit, job: str | None, count: int) -> Reply:
     """``history [JOB] [N]``: the last N runs (run id, when, who, action, patches, verdict,
     duration), newest first, and the recent denied/refused/failed requests from the audit trail."""
-    config = ctx.config
+    config, recent = ctx.config, min(count, _MAX_REFUSALS)
     runs = await ctx.runs.recent(job, count)
     rows = []
     for run in runs:
         end = run.finished_at or run.launched_at
-        took = fmt.duration(end - run.created_at) if end else "-"
         rows.append(
             (
                 run.id,
@@ -290,57 +218,45 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
                 run.action + (f" ({HISTORY_BREAK_GLASS})" if run.break_glass else ""),
                 ", ".join(run.patches) or "-",
                 run.verdict_line or _run_outcome(run),
-                took,
+                fmt.duration(end - run.created_at) if end else "-",
             )
         )
-    refusals = await audit.recent(job=job, outcomes=REFUSALS, count=min(count, _MAX_REFUSALS))
-    tables = []
-    lines: list[str] = []
-    follow_ups: list[Reply] = []
-    if rows:
-        tables.append(Table(history_headers(), tuple(rows)))
-    else:
-        lines.append(history_none(job))
-    if refusals:
-        refused = Table(
-            HISTORY_REFUSAL_HEADERS,
-            tuple(
-                (
-                    _when(config, e.ts),
-                    who(e.user),
-                    e.text[:80],
-                    e.outcome.value,
-                    e.detail.splitlines()[0][:120] if e.detail else "",
-                )
-                for e in refusals
-            ),
+    follow_ups = []
+    if refusals := await audit.recent(job=job, outcomes=REFUSALS, count=recent):
+        refused = tuple(
+            (
+                _when(config, e.ts),
+                who(e.user),
+                e.text[:80],
+                e.outcome.value,
+                e.detail.splitlines()[0][:120] if e.detail else "",
+            )
+            for e in refusals
         )
-        follow_ups.append(Reply(title=HISTORY_REFUSALS_TITLE, tables=(refused,)))
-    decisions = await audit.recent(job=job, outcomes=APPROVALS, count=min(count, _MAX_REFUSALS))
-    if decisions:
+        follow_ups.append(
+            Reply(title=HISTORY_REFUSALS_TITLE, tables=(Table(HISTORY_REFUSAL_HEADERS, refused),))
+        )
+    if decisions := await audit.recent(job=job, outcomes=APPROVALS, count=recent):
         decided = tuple(
             (_when(config, e.ts), e.run_id or "-", who(e.user), e.outcome.value, e.detail[:200])
             for e in decisions
         )
-        table = Table(HISTORY_APPROVAL_HEADERS, decided)
-        follow_ups.append(Reply(title=HISTORY_APPROVALS_TITLE, tables=(table,)))
+        follow_ups.append(
+            Reply(title=HISTORY_APPROVALS_TITLE, tables=(Table(HISTORY_APPROVAL_HEADERS, decided),))
+        )
     return Reply(
         title=history_title(job, len(runs)),
-        tables=tuple(tables),
-        lines=tuple(lines),
+        tables=(Table(HISTORY_HEADERS, tuple(rows)),) if rows else (),
+        lines=() if rows else (history_none(job),),
         follow_ups=tuple(follow_ups),
     )
-
-
-# --- help ------------------------------------------------------------------------------------------------
 
 
 def help_command(command: Command, *, typed: str = "") -> Reply:
     """``help [VERB]``: every verb's usage, what it does and the role it needs; or one verb's
     usage lines and examples.  Derived from the command table (:data:`handlers.grammar.GRAMMAR`).
 
-    :param typed: what a person types before a verb on their surface (``/train `` in Slack,
-        nothing in the console).
+    :param typed: what comes before a verb on the surface (``/train `` in Slack, nothing in the console).
     """
     topic = command.topic
     if topic is not None:
@@ -483,11 +399,6 @@ def in_progress(step: str | None) -> str:
     return f"in flight ({step})" if step else "in flight"
 
 
-def history_headers() -> tuple[str, ...]:
-    """Columns of the ``history`` runs table."""
-    return ("run", "when", "who", "action", "patches", "verdict", "took")
-
-
 def patches_unreadable(name: str, error: str) -> str:
     """A configured patch file that cannot be read (on this machine: no hash to show)."""
     return f"patch {name} cannot be read here, so it has no hash: {error}"
@@ -521,8 +432,3 @@ def help_line(usage: str, summary: str, role: str) -> str:
 def help_examples(examples: Sequence[str]) -> str:
     """Examples in ``help VERB``."""
     return "examples: " + "; ".join(f"`{e}`" for e in examples)
-
-
-def awaiting_verdict() -> str:
-    """A launched run whose verification is not due yet."""
-    return "launched, awaiting verdict"

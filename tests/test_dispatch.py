@@ -13,15 +13,16 @@ from typing import Any
 
 import pytest
 
-from handlers.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_gone, confirm_not_yours
+from handlers.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
 from handlers.context import Context
 from handlers.dispatch import Dispatcher, Request, duplicate_delivery, unknown_action
 from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
 from handlers.sequences import cancel_nothing, cancel_requested, launch_summary, stop_summary
+from handlers.text import CONFIRM_GONE, HISTORY_HEADERS, RUN_AWAITING_VERDICT
 from handlers.verbs import queued
 from handlers.verdicts import deliver_verdict
-from handlers.views import awaiting_verdict, history_headers, history_title, lock_free, logs_title
+from handlers.views import history_title, lock_free, logs_title
 from pipeline.config import Config
 from pipeline.engines.runner import Runner
 from pipeline.errors import HostUnreachable, internal_error
@@ -184,7 +185,7 @@ async def test_unconfirmed_request_is_cancelled_and_says_so(ctx: Context, dispat
     cancelled = await dispatcher.audit.recent(outcomes={AuditOutcome.CANCELLED}, count=5)
     assert [e.detail for e in cancelled] == [expired]
     late = await dispatcher.handle_action("confirm", token, OPERATOR, "act:late")
-    assert late.title == confirm_gone() and late.exit_code == 5
+    assert late.title == CONFIRM_GONE and late.exit_code == 5
     assert await _restarter(ctx).calls() == []
 
 
@@ -287,10 +288,10 @@ async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatc
     reply = await dispatcher.handle(_req("history dflash 5", user=VIEWER))
     assert reply.title == history_title("dflash", 1)
     (runs,) = reply.tables
-    assert runs.headers == history_headers()
+    assert runs.headers == HISTORY_HEADERS
     row = runs.rows[0]
     assert row[0] == "r-1" and row[2] == "<@U0OPERATOR1>" and row[3] == "restart" and row[4] == "topk"
-    assert row[5] == awaiting_verdict()
+    assert row[5] == RUN_AWAITING_VERDICT
     (refusals,) = reply.follow_ups
     outcomes = [r[3] for r in refusals.tables[0].rows]
     assert outcomes == ["refused", "denied"]
