@@ -267,9 +267,9 @@ class Dispatcher:
         return reply
 
     async def _failed(self, req: Request, command: Command | None, exc: PitstopError) -> Reply:
-        outcome = {Denied: AuditOutcome.DENIED, InFlight: AuditOutcome.REFUSED}.get(
-            type(exc), AuditOutcome.FAILED
-        )
+        outcome = AuditOutcome.FAILED
+        if isinstance(exc, Denied | InFlight):
+            outcome = AuditOutcome.DENIED if isinstance(exc, Denied) else AuditOutcome.REFUSED
         await self._audit(req, outcome, command, detail=exc.message)
         return _error_reply(exc)
 
