@@ -64,15 +64,19 @@ class MemoryOutbox:
     posted: list[Posted] = field(default_factory=list)
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Record a headline post/update."""
         self.posted.append(Posted("announce", key, reply, channel))
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Record a thread reply."""
         self.posted.append(Posted("thread", key, reply, channel))
 
     async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
+        """Record a member headline of a grouped post."""
         self.posted.append(Posted("announce_in", key, reply, channel, story))
 
     async def post(self, reply: Reply, channel: str | None) -> None:
+        """Record a plain post."""
         self.posted.append(Posted("post", None, reply, channel))
 
     async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:

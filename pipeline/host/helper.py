@@ -415,6 +415,7 @@ def read_stdin_json() -> Any:
 
 
 def executable(path: str) -> bool:
+    """Whether ``path`` is a file this user may execute."""
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
