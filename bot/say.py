@@ -1,20 +1,10 @@
 """``pitstop parse TEXT`` and ``pitstop say TEXT``: the grammar and the whole request path from a shell.
 
-``pitstop parse`` prints the command TEXT parses to as one JSON object (names checked against
-the config) and exits 0, or prints the error and exits 2::
-
-    $ pitstop parse "restart DFlash with topk patch —fresh-cache"
-    {"verb": "restart", "job": "dflash", "host": null, "patches": ["topk"], "options": {"without": [], "fresh_cache": true}}
-
-``pitstop say`` runs one request through the same :class:`~handlers.dispatch.Dispatcher` as
-Slack, against the configured hosts, and prints the reply; a restart's sequence runs to the
-end of its launch before the command returns (its thread posts are printed too).  With
-``--wait`` it also waits for the verified verdict and prints it; with ``--json`` it prints the
-reply model (the verdict, with ``--wait``, as a follow-up).  A job with ``confirm = true``
-asks ``confirm? [y/N]`` on stderr and reads the answer from stdin.
-
-Exit codes: 0 ok; 1 failed, or the verdict is not RUNNING; 2 bad input; 3 denied; 4 another
-restart in flight; 5 cancelled, or timed out waiting.
+``parse`` prints the command TEXT parses to as one JSON object (exit 0), or the error (exit 2).
+``say`` runs one request through the same :class:`~handlers.dispatch.Dispatcher` as Slack and
+prints the reply, a restart's thread posts once its launch ends, and with ``--wait`` the verified
+verdict (``--json``: the reply model, those as follow-ups).  A confirmation is asked on stderr.
+Exit codes as :mod:`bot.cli`'s.
 """
 
 from __future__ import annotations
@@ -48,18 +38,14 @@ VERDICT_SLACK = 120.0  #: seconds allowed for a verdict beyond the job's start w
 
 
 def parse_main(config: Config, text: str, *, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """``pitstop parse TEXT``: print the parsed command as JSON (exit 0) or the error (exit 2).
-
-    :param out: where the JSON goes (default stdout).
-    :param err: where the error goes (default stderr).
-    """
-    out = out or sys.stdout
+    """``pitstop parse TEXT``: print the parsed command as JSON to ``out`` (exit 0) or the error to
+    ``err`` (exit 2); default stdout and stderr."""
     try:
         command = parse(text, config)
     except ParseError as exc:
         print(exc.message, file=err or sys.stderr)
         return int(exc.exit_code)
-    print(json.dumps(command.to_json()), file=out)
+    print(json.dumps(command.to_json()), file=out or sys.stdout)
     return 0
 
 
@@ -94,8 +80,8 @@ async def _settle_confirmation(dispatcher: Dispatcher, reply: Reply, user: str, 
 
 
 async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: float) -> RunRecord | None:
-    """The run once its verdict is recorded: deliver it here when due, unless another process
-    (the scheduler of a running ``pitstop serve``) claimed it first — then await its VERDICT event."""
+    """The run once its verdict is recorded: delivered here when due, unless another process (a
+    ``pitstop serve``'s scheduler) claimed it first: then its VERDICT event is awaited."""
     from handlers.verdicts import deliver_verdict  # lazy: the request path, see TYPE_CHECKING above
 
     deadline = time.monotonic() + timeout
@@ -137,11 +123,10 @@ async def say_main(
     :param user: who the request acts as (``--as``, else ``PITSTOP_USER``, else ``console``).
     :param wait: also wait for the verified verdict of a restart/start and print it.
     :param as_json: print :meth:`Reply.to_dict` instead of text.
-    :param groups: the user's user-group ids.
-    :returns: the exit code (see the module docstring).
+    :returns: the exit code.
     """
     from bot.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
-    from handlers.dispatch import Dispatcher, Request  # lazy: the request path (SSH, Redis)
+    from handlers.dispatch import Dispatcher, Request  # lazy: as above
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -157,7 +142,7 @@ async def say_main(
             text=text, user=user, groups=groups, delivery_id=f"say:{uuid.uuid4().hex}", surface="say"
         )
         reply = await dispatcher.handle(request)
-        if reply.buttons and any(b.action == "confirm" for b in reply.buttons):
+        if any(b.action == "confirm" for b in reply.buttons):
             if not as_json:
                 print(render_text(reply), file=out, flush=True)
             reply = await _settle_confirmation(dispatcher, reply, user, err)
@@ -208,6 +193,4 @@ def _sequence_code(run: RunRecord) -> ExitCode:
     """Exit code of a run whose sequence has ended (before any verification)."""
     if run.verdict is None:
         return ExitCode.OK
-    if run.verdict.value == "CANCELLED":
-        return ExitCode.CANCELLED
-    return ExitCode.FAILED
+    return ExitCode.CANCELLED if run.verdict.value == "CANCELLED" else ExitCode.FAILED
