@@ -1,14 +1,10 @@
 """Acks before follow-ups: work after a Slack ack waits for a lull in the acks still being made.
 
-Slack gives an ack 3 s; the answer that follows on ``response_url`` has 30 minutes.  Under a
-burst of requests (or a machine busy with other work) the follow-ups — parsing, Redis round
-trips, audit, the answer's HTTP post — would otherwise take CPU from the acks queued behind
-them.  :class:`AckGate` counts the requests being acked; a follow-up first waits for a lull —
-none being acked for ``quiet`` seconds (clients under load send the next request as soon as
-an ack returns, so "none right now" comes and goes within a burst) — or at most ``patience``
-seconds, so it is delayed, never starved.  At most
-``concurrency`` follow-ups run at once, so a burst released together queues rather than
-opening a Redis connection each (redis-py's pool refuses the 101st).
+Slack gives an ack 3 s, the answer on ``response_url`` 30 minutes.  Under a burst the follow-ups
+(parsing, Redis, audit, the answer's post) would take CPU from the acks queued behind them, so a
+follow-up first waits for a lull (none acked for ``quiet`` s: under load the next request comes as
+soon as an ack returns) or at most ``patience`` s, and at most ``concurrency`` run at once (a
+burst must not open a Redis connection each: redis-py's pool refuses the 101st).
 
 Usage::
 
@@ -34,12 +30,8 @@ CONCURRENCY = 16  #: follow-ups running at once
 
 
 class AckGate:
-    """The number of requests being acked, a wait for none, and slots for the work after them.
-
-    :param patience: seconds :meth:`lull` waits at most.
-    :param quiet: seconds with no request being acked that count as a lull.
-    :param concurrency: follow-ups :meth:`follow_up` lets run at once.
-    """
+    """The number of requests being acked, a wait for none, and slots for the work after them
+    (parameters: as the module's defaults)."""
 
     def __init__(
         self, patience: float = PATIENCE, concurrency: int = CONCURRENCY, *, quiet: float = QUIET

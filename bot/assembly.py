@@ -1,8 +1,6 @@
-"""Assembly: open Redis and the SSH pool from the validated config and build the one
-:class:`~handlers.context.Context` a process shares; close it all again in reverse order.
-
-It also wires the parts that must not import each other: the watcher's automatic restarts go
-through a :class:`~handlers.dispatch.Dispatcher` (:func:`build_watcher`).
+"""Assembly: open Redis and the SSH pool and build the one :class:`~handlers.context.Context` a
+process shares, close it all in reverse order; wire the watcher's automatic restarts through a
+:class:`~handlers.dispatch.Dispatcher` (:func:`build_watcher`).
 """
 
 from __future__ import annotations
@@ -41,11 +39,8 @@ async def build_context(
     instance: str | None = None,
     deliver_recovered: bool = False,
 ) -> Context:
-    """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context.
-
-    Runs this process executes are owned by it (a heartbeat in Redis, see
-    :class:`~pipeline.state.runs.RunStore`).  Every CLI, console and serve process takes over the
-    runs whose owner died at once (:func:`handlers.verdicts.recover_runs`).
+    """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context, and
+    take over the runs whose owner died (:func:`handlers.verdicts.recover_runs`).
 
     :param instance: this process's id (default: :func:`new_instance_id`).
     :param deliver_recovered: also verify, here and now, the taken-over runs that had launched
@@ -89,11 +84,7 @@ async def close_context(ctx: Context) -> None:
 
 class DispatchedRestarts:
     """The watcher's automatic restarts (:class:`handlers.watching.Restarts`): ``restart JOB``
-    through a dispatcher of its own, as :data:`handlers.watching.AUTO_USER` from the scheduler
-    surface — locked, posted and audited as a person's.
-
-    :param ctx: the process context.
-    """
+    through a dispatcher of its own, as :data:`handlers.watching.AUTO_USER`, audited as a person's."""
 
     def __init__(self, ctx: Context) -> None:
         self.dispatcher = Dispatcher(ctx)
@@ -110,14 +101,9 @@ class DispatchedRestarts:
 
 
 def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> Watcher:
-    """The process's :class:`~handlers.watching.Watcher`, its automatic restarts dispatched.
-
-    :param remind_every: seconds between reminders of an open, unacknowledged incident.
-    """
+    """The process's :class:`~handlers.watching.Watcher` (``remind_every``: seconds between reminders
+    of an open incident), its automatic restarts dispatched."""
     return Watcher(ctx, DispatchedRestarts(ctx), remind_every=remind_every)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def embedded_redis_started(path: str) -> str:

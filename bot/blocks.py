@@ -44,6 +44,7 @@ STATUS_EMOJI = {
 }
 
 _FENCE = "```"
+_FENCED = (_FENCE + "\n", "\n" + _FENCE)  #: a code block's opening and closing
 _REFS = re.compile(r"<(?:@[UW][A-Z0-9]+|#C[A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel)(?:\|[^<>&|]*)?>")
 _PEOPLE = re.compile(r"<(@[UW][A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel|!everyone)(?:\|([^<>|]*))?>")
 _TICKS = re.compile(r"`{3,}")
@@ -178,7 +179,7 @@ def _context(text: str) -> Block:
 
 
 def _line_sections(lines: list[str], *, fence: bool = False) -> list[Block]:
-    wrap = (_FENCE + "\n", "\n" + _FENCE) if fence else ("", "")
+    wrap = _FENCED if fence else ("", "")
     room = MAX_SECTION_TEXT - len(wrap[0]) - len(wrap[1])
     out: list[Block] = []
     chunk: list[str] = []
@@ -240,14 +241,8 @@ def title_text(reply: Reply) -> str:
     return f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*"
 
 
-def _with_follow_ups(reply: Reply, table_sections: int, follow_ups: bool) -> list[Block]:
-    blocks = _body(reply, table_sections)
-    for follow in reply.follow_ups if follow_ups else ():
-        blocks += [{"type": "divider"}, *_body(follow, table_sections)]
-    return blocks
-
-
-def _body(reply: Reply, table_sections: int) -> list[Block]:
+def _body(reply: Reply, table_sections: int, follow_ups: bool = False) -> list[Block]:
+    """``reply``'s blocks, then each follow-up's below a divider when ``follow_ups``."""
     blocks: list[Block] = [_section(title_text(reply))]
     if reply.steps:
         blocks += _line_sections([s.text() for s in reply.steps])
@@ -260,12 +255,12 @@ def _body(reply: Reply, table_sections: int) -> list[Block]:
     if reply.log:
         if reply.log_title:
             blocks.append(_context(keep_head(reply.log_title, MAX_SECTION_TEXT)))
-        wrap = (_FENCE + "\n", "\n" + _FENCE)
-        blocks.append(
-            _section(wrap[0] + keep_tail(reply.log.rstrip("\n"), MAX_SECTION_TEXT, wrap=wrap) + wrap[1])
-        )
+        log = keep_tail(reply.log.rstrip("\n"), MAX_SECTION_TEXT, wrap=_FENCED)
+        blocks.append(_section(_FENCED[0] + log + _FENCED[1]))
     if reply.chart:
         blocks.append(_context(escape(f"chart: {reply.chart.rsplit('/', 1)[-1]}")))
+    for follow in reply.follow_ups if follow_ups else ():
+        blocks += [{"type": "divider"}, *_body(follow, table_sections)]
     return blocks
 
 
@@ -322,7 +317,7 @@ def parts(
     :returns: at least one message payload.
     """
     reply = humanise(reply, names)
-    body = _with_follow_ups(reply, 10_000, follow_ups)
+    body = _body(reply, 10_000, follow_ups)
     actions = _actions(reply, follow_ups)
     tail = [actions] if actions else []
     reserve = block_chars(tail) + 200  # markers
@@ -378,7 +373,7 @@ def reply_blocks(
     reply = humanise(reply, names)
     messages_cap = MAX_MESSAGE_CHARS // MAX_SECTION_TEXT if limit <= MAX_BLOCKS else limit
     table_sections = max(2, min(limit // 5, messages_cap))
-    blocks = _with_follow_ups(reply, table_sections, follow_ups)
+    blocks = _body(reply, table_sections, follow_ups)
     actions = _actions(reply, follow_ups)
     if actions:
         blocks.append(actions)
@@ -431,9 +426,6 @@ def block_texts(blocks: list[Block]) -> list[str]:
             elif isinstance(el.get("text"), str):
                 out.append(el["text"])
     return out
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def slack_earlier_omitted(chars: int) -> str:

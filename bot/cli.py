@@ -196,9 +196,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(internal_error(incident), ExitCode.FAILED)
 
 
-# --- text ---------------------------------------------------------------------------------------
-
-
 def config_summary(source: str, hosts: int, jobs: int, redis: str) -> str:
     """The one-line summary ``pitstop check-config`` prints for a valid file."""
     return f"{source}: ok - {hosts} host(s), {jobs} job(s), redis: {redis}"

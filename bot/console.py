@@ -350,9 +350,6 @@ async def run_console(
         await close_context(ctx)
 
 
-# --- text ---------------------------------------------------------------------------------------
-
-
 def console_button(label: str, action: str) -> str:
     """A button the console cannot click, shown as a hint."""
     return f"[{label}] ({action})"

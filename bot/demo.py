@@ -267,7 +267,6 @@ async def _wait_ranks(ctx: Context, step: WaitRanks) -> None:
     read = remote_reader(ctx.ssh, name, spec)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + step.within
-    seen: set[int] = set()
     while True:
         run = next((r for r in await ctx.runs.recent(name, 5) if r.log_size_at_launch is not None), None)
         offset = (run.log_size_at_launch or 0) if run is not None else 0
@@ -355,9 +354,6 @@ async def _cleanup(
             await host.close()
     if not keep:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def demo_dirs(tmp: Path, charts: Path) -> str:

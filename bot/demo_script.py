@@ -8,8 +8,7 @@ Directives::
     kill JOB                                            SIGKILL the job's whole session from outside
     # comment                                           ignored, as are blank lines
 
-Parsing is strict: a malformed directive is an error naming the line, so a broken script
-stops the demo before anything runs.
+A malformed directive is an error naming the line, before anything runs.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ Step = Say | Wait | WaitRanks | Kill
 def parse_line(line: str, lineno: int) -> Step | None:
     """One script line → a step, or None for a blank line or comment.
 
-    :raises UsageError: for a malformed ``wait``/``kill`` directive (names the line).
+    :raises UsageError: for a malformed ``wait``/``kill`` directive.
     """
     text = line.strip()
     if not text or text.startswith("#"):
@@ -102,14 +101,8 @@ def parse_line(line: str, lineno: int) -> Step | None:
 
 
 def parse_script(text: str) -> list[Step]:
-    """A whole script → its steps, in order.
-
-    :raises UsageError: at the first malformed directive.
-    """
+    """A whole script → its steps; :raises UsageError: at the first malformed directive."""
     return [step for n, line in enumerate(text.splitlines(), 1) if (step := parse_line(line, n)) is not None]
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def demo_bad_line(lineno: int, line: str, expected: str) -> str:

@@ -319,9 +319,6 @@ class PitstopScheduler:
         task.add_done_callback(self._tasks.discard)
 
 
-# --- text ---------------------------------------------------------------------------------------
-
-
 def scheduler_leader(instance: str, acquired: bool) -> str:
     """Log line: this process became, or stopped being, the scheduler leader."""
     return f"{instance} {'is now' if acquired else 'is no longer'} the scheduler leader"

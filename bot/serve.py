@@ -379,9 +379,6 @@ def watch_interval(config: Config) -> float:
     return min((job.watch.interval for job in config.jobs.values()), default=WatchSettings().interval)
 
 
-# --- text ---------------------------------------------------------------------------------------
-
-
 def state_store_was_away(outage: Outage, timezone: str) -> Reply:
     """The announce post once Redis is back after an outage longer than two watch intervals."""
     return Reply(

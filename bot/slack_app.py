@@ -447,9 +447,6 @@ class SlackSurface:
         log.error("incident %s: %s", incident, error, exc_info=error)
 
 
-# --- text ---------------------------------------------------------------------------------------
-
-
 def slack_home_no_role() -> str:
     """The App Home of someone who holds no role."""
     return "you hold no Pitstop role yet - ask an admin to add you to [auth] viewers"

@@ -1,19 +1,9 @@
 """``pitstop check-slack``: what Slack will refuse, found before a post is refused.
 
-Checks, each printed as one line (``ok``, ``warn`` or ``FAIL``):
-
-1. the bot token (``auth.test``): valid, which workspace and bot user;
-2. the scopes Slack granted (the ``X-OAuth-Scopes`` header) against what this configuration
-   needs (:func:`needed_scopes`);
-3. the announce channel and every job's channel (``conversations.info``): known, not archived,
-   the bot a member (a public channel it has not joined takes posts with ``chat:write.public``
-   and charts after ``conversations.join``; a private one needs ``/invite @pitstop``);
-4. the slash command: Slack has no API to list an app's commands, so ``[slack] command`` is
-   compared with ``slack-manifest.yml`` when the manifest is found;
-5. with ``--post``: a test message posted to each channel and deleted again.
-
-Exit codes as elsewhere: 0 when nothing failed (warnings allowed), 1 when a check failed,
-2 when ``SLACK_BOT_TOKEN`` is missing.
+Each check prints one line (``ok``, ``warn`` or ``FAIL``): the bot token (``auth.test``), its
+scopes against :func:`needed_scopes`, each channel (``conversations.info``), the slash command
+against ``slack-manifest.yml`` (Slack has no API listing an app's commands), and with ``--post``
+a test message posted to each channel and deleted.  Exit 0 when nothing failed, else 1.
 """
 
 from __future__ import annotations
@@ -57,14 +47,11 @@ def needed_scopes(config: Config) -> list[str]:
 def channels_of(config: Config) -> dict[str, list[str]]:
     """Channel id → what posts there (``announce``, job names and/or ``fallback``)."""
     out: dict[str, list[str]] = {}
-    if config.slack.announce_channel:
-        out.setdefault(config.slack.announce_channel, []).append("announce")
-    for job in config.jobs:
-        channel = config.channel_for(job)
+    slack = config.slack
+    pairs = [(slack.announce_channel, "announce"), *((config.channel_for(j), j) for j in config.jobs)]
+    for channel, user in [*pairs, (slack.fallback_channel, "fallback")]:
         if channel:
-            out.setdefault(channel, []).append(job)
-    if config.slack.fallback_channel:
-        out.setdefault(config.slack.fallback_channel, []).append("fallback")
+            out.setdefault(channel, []).append(user)
     return out
 
 
@@ -86,12 +73,7 @@ def manifest_command(path: Path = MANIFEST) -> str | None:
 
 
 class Doctor:
-    """Runs the checks and prints them.
-
-    :param config: the validated configuration.
-    :param client: a Web API client with the bot token.
-    :param out: where the lines go.
-    """
+    """Runs the checks and prints them to ``out``."""
 
     def __init__(self, config: Config, client: AsyncWebClient, out: TextIO) -> None:
         self.config = config
@@ -109,11 +91,7 @@ class Doctor:
         print(f"{mark:<4} {text}", file=self.out, flush=True)
 
     async def run(self, *, post: bool) -> int:
-        """All the checks.
-
-        :param post: also post a test message to each channel and delete it.
-        :returns: the exit code (0 or 1).
-        """
+        """All the checks (``post``: also a test message to each channel); return the exit code."""
         try:
             auth = await self.client.auth_test()
         except _ERRORS as exc:
@@ -148,9 +126,8 @@ class Doctor:
 
     async def check_channel(self, channel: str, used_by: str, *, public: bool, joins: bool) -> None:
         """``conversations.info``: the channel exists, is not archived, read-only, threads-only or
-        restricted to some posters (``properties.posting_restricted_to``, ``{"type": ["admin"]}``: the
-        conversation object's shape, as in @slack/web-api's generated response types), and the bot can post
-        there — found without posting."""
+        restricted to some posters (``properties.posting_restricted_to``), and the bot can post
+        there, found without posting."""
         try:
             info = (await self.client.conversations_info(channel=channel))["channel"]
         except _ERRORS as exc:
@@ -165,13 +142,7 @@ class Doctor:
         if info.get("is_archived"):
             self.line("FAIL", f"channel {name}: archived - unarchive it or configure another channel")
         elif info.get("is_read_only") or info.get("is_thread_only") or restricted:
-            how = (
-                "read-only"
-                if info.get("is_read_only")
-                else "threads only"
-                if not restricted
-                else "admins only"
-            )
+            how = "read-only" if info.get("is_read_only") else "admins only" if restricted else "threads only"
             self.line(
                 "FAIL",
                 f"channel {name}: posting is restricted ({how}), Slack answers restricted_action - "
@@ -220,14 +191,7 @@ class Doctor:
 async def check_slack(
     config: Config, *, bot_token: str, api_url: str | None, post: bool = False, out: TextIO | None = None
 ) -> int:
-    """Run ``pitstop check-slack``.
-
-    :param bot_token: ``SLACK_BOT_TOKEN``.
-    :param api_url: ``SLACK_API_URL`` or None.
-    :param post: also post (and delete) a test message in each channel.
-    :param out: where the lines go (stdout).
-    :returns: the exit code: 0 nothing failed, 1 a check failed.
-    """
+    """Run ``pitstop check-slack`` (lines to ``out``, default stdout); return the exit code."""
     client = web_client(bot_token, base_url=api_url, session=aiohttp.ClientSession())
     try:
         return await Doctor(config, client, out or sys.stdout).run(post=post)

@@ -277,8 +277,7 @@ class SlackOutbox(SlackSender):
     async def _follow_ups(
         self, target: str, ts: str, reply: Reply, key: str | None, chart_ts: str | None
     ) -> None:
-        """Post ``reply``'s follow-ups with their charts in the thread ``ts``; upload its chart to
-        ``chart_ts`` (None: the channel)."""
+        """Follow-ups with their charts in the thread ``ts``; ``reply``'s chart to ``chart_ts``."""
         for follow in reply.follow_ups:  # an all-jobs digest: each job's digest and chart in the thread
             await self._send(target, follow, thread_ts=ts, follow_ups=True, key=key)
             if follow.chart:
@@ -293,10 +292,7 @@ class SlackOutbox(SlackSender):
     async def _send(
         self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool, key: str | None = None
     ) -> str | None:
-        """Post ``reply``, split over several messages if long (the rest in the thread).
-
-        :returns: the first message's ts, or None if Slack refused it (told to a person).
-        """
+        """Post ``reply`` (if long, the rest in the thread); the first ts, or None if refused."""
         names = await self.names(reply)
         whole = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
         too_long = len(whole) > blocks.MAX_PARTS
@@ -322,8 +318,7 @@ class SlackOutbox(SlackSender):
         await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=await self.names(reply)))
 
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
-        """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
-        alerts and digests, to the announce channel when their own channel refused them."""
+        """Record a refused post; tell the run's requester (DM), else another channel."""
         what = reply.title.splitlines()[0] if reply.title else (key or "post")
         await self.record_failure(channel, exc)
         notice = refused_notice(what, channel, exc.error)
@@ -347,12 +342,8 @@ class SlackOutbox(SlackSender):
             log.error("not told to anyone: %s", notice)
 
     async def _elsewhere(self, alert: str | None, reply: Reply, channel: str, notes: list[str]) -> list[str]:
-        """Tell a refusal in the announce channel, else ``fallback_channel``; for an alert (key
-        ``alert``) the alert itself goes there after ``notes``, or when no channel takes it, by DM
-        to its owners and the admins.
-
-        :returns: where it went (a channel id, or the user ids DMed); empty when nowhere.
-        """
+        """Tell a refusal in the announce, else fallback channel; an alert (key ``alert``) itself goes
+        there after ``notes``, else by DM to its owners and admins.  Returns where it went."""
         what = reply.title.splitlines()[0] if reply.title else "post"
         for target in dict.fromkeys(c for c in (self.default_channel, self.fallback_channel) if c):
             if target == channel:
@@ -505,9 +496,6 @@ class SlackOutbox(SlackSender):
             except Exception as exc:  # Redis trouble must not hide the refusal itself
                 log.warning("could not store the last delivery failure: %s", exc)
         return line
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def slack_not_posted(where: str, error: str) -> str:

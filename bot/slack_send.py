@@ -27,11 +27,7 @@ _ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 
 
 async def _failed_try(exc: BaseException) -> tuple[str, bool]:
-    """:func:`~bot.slack_api.error_of` a failed try worth another (after a 429's ``Retry-After``,
-    beyond the client's own retries).
-
-    :raises Refused: if Slack refused it for good.
-    """
+    """:func:`~bot.slack_api.error_of` a try worth another (a 429 waited out); else raise Refused."""
     error, maybe = error_of(exc)
     if error == "ratelimited":
         await asyncio.sleep(retry_after(exc))
@@ -115,12 +111,8 @@ class SlackSender:
         raise Refused(error, slack_gave_up(ATTEMPTS))
 
     async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
-        """The ts of the message carrying ``post_id`` in its metadata, or ``""``, after looking twice
-        :attr:`settle` s apart.
-
-        :raises Refused: (``outcome_unknown``) when the lookup itself fails: sending again could
-            post twice, so the post is given up and reported instead.
-        """
+        """The ts of the message carrying ``post_id``, or ``""``, after looking twice :attr:`settle` s
+        apart; a failed look-up raises Refused (``outcome_unknown``): sending again could post twice."""
         found = await self._look(channel, thread_ts, post_id, since)
         if not found and self.settle > 0:
             await asyncio.sleep(self.settle)
