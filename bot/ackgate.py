@@ -1,19 +1,7 @@
-"""Acks before follow-ups: work after a Slack ack waits for a lull in the acks still being made.
-
-Slack gives an ack 3 s, the answer on ``response_url`` 30 minutes.  Under a burst the follow-ups
-(parsing, Redis, audit, the answer's post) would take CPU from the acks queued behind them, so a
-follow-up first waits for a lull (none acked for ``quiet`` s: under load the next request comes as
-soon as an ack returns) or at most ``patience`` s, and at most ``concurrency`` run at once (a
-burst must not open a Redis connection each: redis-py's pool refuses the 101st).
-
-Usage::
-
-    gate = AckGate()
-    with gate.acking():                  # around dispatching one request to Bolt
-        response = await app.async_dispatch(request)
-    ...
-    async with gate.follow_up():         # around the work after the ack
-        ...
+"""Acks before follow-ups: work after a Slack ack (3 s) waits for a lull in the acks still being
+made (none for ``quiet`` s) or at most ``patience`` s, and at most ``concurrency`` follow-ups run
+at once (redis-py's pool refuses the 101st connection).  Wrap Bolt's dispatch in
+:meth:`AckGate.acking` and the work after the ack in :meth:`AckGate.follow_up`.
 """
 
 from __future__ import annotations

@@ -42,9 +42,7 @@ async def build_context(
     """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context, and
     take over the runs whose owner died (:func:`handlers.verdicts.recover_runs`).
 
-    :param instance: this process's id (default: :func:`new_instance_id`).
-    :param deliver_recovered: also verify, here and now, the taken-over runs that had launched
-        (for processes without a scheduler, such as ``pitstop say``).
+    :param deliver_recovered: also verify the taken-over runs now (no scheduler: ``pitstop say``).
     :raises StateUnavailable: if a configured Redis does not answer.
     """
     handle = await open_redis(config)

@@ -1,12 +1,7 @@
-"""Block Kit rendering of a :class:`~handlers.reply.Reply`, always within Slack's limits.
-
-Slack refuses more than 50 blocks, a section over 3,000 characters, a ``text`` over 40,000 and
-block text past about 12,000 characters in all: long logs keep their tail behind a visible
-marker, long tables and texts are split over sections, :func:`fit` cuts the middle and
-:func:`parts` splits an answer over several messages.  No section or fallback ``text`` is empty.
-Nothing a job prints or a user types can ping anyone: text is escaped for mrkdwn, backticks cannot
-close a code fence, and references are shown as names (:func:`humanise`) except the one the reply
-pages (:attr:`handlers.reply.Reply.page`).
+"""Block Kit rendering of a :class:`~handlers.reply.Reply`, always within Slack's limits (50 blocks,
+3,000 characters a section, about 12,000 of block text a message): logs keep their tail behind a
+marker, :func:`fit` cuts, :func:`parts` splits over messages.  Nothing a job prints or a user types
+can ping anyone (:func:`escape`, :func:`humanise`) but the reply's own page.
 """
 
 from __future__ import annotations
@@ -101,11 +96,8 @@ def unfence(text: str) -> str:
 
 
 def escape(text: str, *, refs: bool = False) -> str:
-    """``text`` with mrkdwn's control characters escaped (``&`` ``<`` ``>``).
-
-    :param refs: keep the well-formed user, channel and user-group references Pitstop's own
-        wording uses; everything else (``<!channel>``, links, a log's text) is shown literally.
-    """
+    """``text`` with mrkdwn's ``&`` ``<`` ``>`` escaped; with ``refs``, the well-formed user, channel
+    and group references of Pitstop's own wording kept (never ``<!channel>``, links, a log's)."""
     if not refs:
         return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     out: list[str] = []
@@ -312,9 +304,7 @@ def parts(
     the title, the buttons and :func:`slack_continued`, each later one starts with
     :func:`slack_part`.  Past that the last one says how many sections were left out, or with
     ``attached`` (the caller attaches the whole answer as a file) that they are in the file.
-    ``follow_ups`` and ``names``: as for :func:`reply_blocks`.
-
-    :returns: at least one message payload.
+    ``follow_ups`` and ``names``: as for :func:`reply_blocks`.  At least one payload.
     """
     reply = humanise(reply, names)
     body = _body(reply, 10_000, follow_ups)
@@ -366,8 +356,7 @@ def reply_blocks(
     """The Block Kit blocks of ``reply`` for one message, cut to ``limit`` blocks (50 for messages,
     100 for the App Home view) and :data:`MAX_MESSAGE_CHARS` characters (:func:`parts` splits).
 
-    :param follow_ups: also render ``reply.follow_ups`` below a divider (for surfaces with no
-        thread); the outbox posts them in the thread instead.
+    :param follow_ups: also render ``reply.follow_ups`` below a divider (no thread to put them in).
     :param names: user/group id → name for :func:`humanise`.
     """
     reply = humanise(reply, names)

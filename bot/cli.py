@@ -1,8 +1,6 @@
 """The ``pitstop`` command: ``demo | console | serve | say | parse | check-config | check-slack``.
 
-Exit codes (:class:`pipeline.errors.ExitCode`, listed in the README): 0 ok; 1 the action failed
-or the verdict is not RUNNING; 2 usage, parse or config error; 3 denied; 4 another restart in
-flight; 5 cancelled or timed out.  Errors are one clear line on stderr, never a traceback.
+Exit codes are :class:`pipeline.errors.ExitCode`'s (README); errors are one line on stderr.
 """
 
 from __future__ import annotations

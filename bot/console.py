@@ -1,10 +1,7 @@
 """``pitstop console``: chat with Pitstop in a terminal, over the same handlers as Slack.
 
-A :class:`ConsoleSession` sends each line to the :class:`~handlers.dispatch.Dispatcher` and
-prints the reply with :class:`Renderer` (rich); what the team would see in the channel comes
-through :class:`ConsoleOutbox`, prefixed by its thread key (``[run r-3]``).  A reply with a
-``confirm`` button asks ``confirm? [y/N]``.  The session also reads lines from any iterable,
-which is how the demo drives it.
+:class:`ConsoleSession` sends lines (typed, or from an iterable: the demo) to the dispatcher and
+prints replies with :class:`Renderer`; the team's posts come through :class:`ConsoleOutbox`.
 """
 
 from __future__ import annotations
@@ -47,11 +44,8 @@ Ask = Callable[[str], Awaitable[str | None]]
 
 
 def make_console(*, file: IO[str] | None = None, record: bool = False, width: int | None = None) -> Console:
-    """The rich Console the console chat prints to (``file``: default stdout).
-
-    :param record: keep what was printed (``console.export_text()``).
-    :param width: columns (default: the terminal's; 120 for a given file or piped output).
-    """
+    """The rich Console the console chat prints to (``file``: default stdout; ``record``: keep what
+    was printed; ``width``: default the terminal's, 120 for a given file or piped output)."""
     if file is not None and width is None:
         width = 120
     console = Console(file=file, record=record, width=width, highlight=False)

@@ -1,9 +1,6 @@
-"""``pitstop demo``: the whole product on this machine, on real parts.
-
-Embedded Redis in a fresh state dir, an in-process SSH host on 127.0.0.1 reached through the
-same SSH code path as a GPU host, the reference DFlash pipeline in a temporary git workdir, the
-scheduler, and the console chat (or Slack over Socket Mode when ``SLACK_BOT_TOKEN`` and
-``SLACK_APP_TOKEN`` are set).  On exit nothing is left running.
+"""``pitstop demo``: the whole product on this machine, on real parts: embedded Redis, an
+in-process SSH host, the reference DFlash pipeline in a temporary git workdir, the scheduler, and
+the console chat (or Slack over Socket Mode when both Slack tokens are set).  Nothing is left running.
 """
 
 from __future__ import annotations
@@ -49,10 +46,8 @@ def dflash_source() -> Path:
 
 
 def deploy_dflash(workdir: Path) -> None:
-    """Copy ``pipeline/dflash`` into ``workdir`` as its own git repository (one commit).
-
-    :raises subprocess.CalledProcessError: if git fails.
-    """
+    """Copy ``pipeline/dflash`` into ``workdir`` as its own git repository (one commit); raises
+    :class:`subprocess.CalledProcessError` if git fails."""
     shutil.copytree(
         dflash_source(), workdir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "patches")
     )
@@ -76,10 +71,8 @@ def demo_config_text(
     """The demo's TOML config: host ``local`` (``hc``), job ``dflash`` (5 target + 3 drafter CPU
     processes, tiny sizes).
 
-    :param start_window: seconds a launch must stay up to be ``RUNNING`` (the launcher spawns its
-        8 workers before any torch import, so they are up within seconds even on a loaded machine).
-    :param watch_interval: seconds between watch cycles.
-    :param digest_every: seconds between scheduled digests.
+    ``start_window`` (the launcher spawns its 8 workers before any torch import, so they are up
+    within seconds even on a loaded machine), ``watch_interval`` and ``digest_every`` are seconds.
     """
     log = workdir / "train.log"
     patch = dflash_source() / "patches" / "topk.diff"

@@ -1,14 +1,9 @@
-"""The demo's script language: a line is a command as a person would type it, or a directive.
+"""The demo's script language: a line is a command as a person would type it, or a directive::
 
-Directives::
-
-    wait verdict|alert|resolved|digest JOB [within N]   wait (at most N s, default 120) for that event
-    wait ranks JOB [within N]                           wait until each of the job's ``processes`` ranks
-                                                        wrote a metric line since its last launch
-    kill JOB                                            SIGKILL the job's whole session from outside
-    # comment                                           ignored, as are blank lines
-
-A malformed directive is an error naming the line, before anything runs.
+wait verdict|alert|resolved|digest JOB [within N]   that event (at most N s, default 120)
+wait ranks JOB [within N]                           every rank wrote a metric line since launch
+kill JOB                                            SIGKILL the job's whole session from outside
+# comment                                           ignored, as are blank lines
 """
 
 from __future__ import annotations
@@ -66,10 +61,8 @@ Step = Say | Wait | WaitRanks | Kill
 
 
 def parse_line(line: str, lineno: int) -> Step | None:
-    """One script line → a step, or None for a blank line or comment.
-
-    :raises UsageError: for a malformed ``wait``/``kill`` directive.
-    """
+    """One script line → a step, or None for a blank line or comment; :raises UsageError: for a
+    malformed ``wait``/``kill`` directive, naming the line."""
     text = line.strip()
     if not text or text.startswith("#"):
         return None

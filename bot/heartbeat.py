@@ -1,9 +1,5 @@
-"""A watcher for the watcher: ``[health] heartbeat_url`` pinged after each watch round.
-
-As Healthchecks.io, Cronitor and Dead Man's Snitch expect: a GET of the URL per round, of
-``URL/fail`` for a round where a cycle raised or found its host unreachable.  A round is done once
-every watch group has had a cycle; a failed ping is logged, never raised.
-"""
+"""``[health] heartbeat_url``: a GET of the URL once every watch group had a cycle (``URL/fail``
+if one raised or found its host unreachable), as Healthchecks.io and Cronitor expect."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""``GET /metrics``: Pitstop in the Prometheus text format.
-
-Each scrape reads the jobs' state from Redis in one pipelined round trip, their recent runs and
-last digests, and this process's own measurements (the watcher's
-:class:`~handlers.watchstats.WatchStats`, the outbox's queue), rendered with ``prometheus_client``.
-Names follow Prometheus's conventions; the list is in the README ("Metrics").
-"""
+"""``GET /metrics``: the jobs' shared state from Redis and this process's own measurements in the
+Prometheus text format (names and list: the README's "Metrics")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""``pitstop parse TEXT`` and ``pitstop say TEXT``: the grammar and the whole request path from a shell.
-
-``parse`` prints the command TEXT parses to as one JSON object (exit 0), or the error (exit 2).
-``say`` runs one request through the same :class:`~handlers.dispatch.Dispatcher` as Slack and
-prints the reply, a restart's thread posts once its launch ends, and with ``--wait`` the verified
-verdict (``--json``: the reply model, those as follow-ups).  A confirmation is asked on stderr.
-Exit codes as :mod:`bot.cli`'s.
+"""``pitstop parse TEXT`` (the command as JSON, exit 0, or the error, exit 2) and ``pitstop say
+TEXT``: one request through the dispatcher as Slack sends it, with its thread posts and, with
+``--wait``, its verified verdict (``--json``: the reply model, those as follow-ups).
 """
 
 from __future__ import annotations
@@ -120,10 +116,8 @@ async def say_main(
 ) -> int:
     """``pitstop say TEXT``: one request through the Slack path; print the reply (and verdict).
 
-    :param user: who the request acts as (``--as``, else ``PITSTOP_USER``, else ``console``).
     :param wait: also wait for the verified verdict of a restart/start and print it.
     :param as_json: print :meth:`Reply.to_dict` instead of text.
-    :returns: the exit code.
     """
     from bot.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
     from handlers.dispatch import Dispatcher, Request  # lazy: as above

@@ -1,22 +1,8 @@
-"""The scheduler: verification posts, watch cycles and digests, run by one process among replicas.
-
-APScheduler 3's ``AsyncIOScheduler`` in the process's event loop; every job sets
-``misfire_grace_time``, ``coalesce`` and ``max_instances=1`` (the 1 s default grace drops late
-runs on a busy loop; an interval tick overlapping the next skips it, its warning dropped by
-:class:`_QuietOverlap`).  Jobs:
-
-- ``leader`` (every ``leader_ttl / 3`` s, every replica): take or renew the lease
-  (:class:`~pipeline.state.leader.LeaderLease`); while leader take over runs of dead owners
-  (:func:`handlers.verdicts.recover_runs`), and on becoming leader deliver overdue verifications.
-- ``verify`` (every ``poll_interval`` s): due verifications, expired approval requests, due
-  throughput follow-ups (:func:`handlers.recovery.deliver_recoveries`).
-- ``watch:HOST:INTERVAL``: one watch cycle for the jobs on HOST sharing that interval; a full
-  round pings ``[health] heartbeat_url`` (:class:`bot.heartbeat.Heartbeat`); a cycle more than
-  :data:`GAP_INTERVALS` intervals after the last one posts once that nobody was watching.
-- ``digest:JOB`` (``digest.every`` or ``digest.cron`` in ``[scheduler] timezone``).
-
-Only the lease holder does the work; another replica takes the lease within ``leader_ttl`` s.
-Claims in Redis keep a post from happening twice if two processes briefly both think they lead.
+"""The scheduler (APScheduler 3 in the event loop): ``leader`` (the lease; take over runs of dead
+owners), ``verify`` (due verifications, expired approvals, recovery follow-ups), ``watch:HOST:INTERVAL``
+(one watch cycle; the heartbeat; a post after a gap of :data:`GAP_INTERVALS` intervals) and
+``digest:JOB``.  Only the lease holder does the work; claims in Redis keep a post from happening
+twice.  Every job sets ``misfire_grace_time``, ``coalesce`` and ``max_instances=1``.
 """
 
 from __future__ import annotations
@@ -131,10 +117,8 @@ class PitstopScheduler:
         return self._scheduler
 
     async def start(self) -> None:
-        """Schedule every job in the running event loop and try for the lease at once.
-
-        :raises RuntimeError: if already started.
-        """
+        """Schedule every job in the running event loop and try for the lease at once (RuntimeError
+        if already started)."""
         if self._scheduler is not None:
             raise RuntimeError("scheduler already started")
         self._stopping = False
@@ -184,8 +168,7 @@ class PitstopScheduler:
     async def stop(self, *, release: bool = True, drain_timeout: float = DRAIN_TIMEOUT) -> None:
         """Stop scheduling, cancel running jobs, wait for automatic restarts, give the lease up.
 
-        :param release: release the lease so another replica takes over at once; False
-            leaves it to expire (as if this process had died).
+        :param release: release the lease (another replica takes over at once), else let it expire.
         :param drain_timeout: seconds to wait for automatic restarts still running.
         """
         self._stopping = True

@@ -1,10 +1,6 @@
-"""``pitstop serve``: the Slack surface over HTTP (aiohttp) or Socket Mode.
-
-HTTP mode serves ``POST /slack/events`` (Bolt checks the signature: 401 otherwise), ``GET
-/healthz`` (JSON on Redis and Slack, 200 or 503) and ``GET /metrics`` (:mod:`bot.metrics`).
-Socket Mode (``--socket``, :mod:`bot.socket_mode`) needs no public URL and serves only the last
-two.  Both share :class:`SlackRuntime`; on shutdown answers in flight are delivered (bounded),
-then everything is closed in reverse order.
+"""``pitstop serve``: the Slack surface over HTTP (``POST /slack/events``, ``GET /healthz``, ``GET
+/metrics``) or Socket Mode (the last two only), sharing :class:`SlackRuntime`; on shutdown answers
+in flight are delivered (bounded), then everything is closed in reverse order.
 """
 
 from __future__ import annotations
@@ -282,10 +278,8 @@ class HttpServer:
 
 
 async def start_http(app: web.Application, *, host: str, port: int) -> HttpServer:
-    """Listen on ``host:port`` (0 → a free port); close the server before the runtime.
-
-    :raises UsageError: if ``host:port`` cannot be bound, naming it and ``--port``.
-    """
+    """Listen on ``host:port`` (0 → a free port); close the server before the runtime.  Raises
+    :class:`UsageError` if ``host:port`` cannot be bound, naming it and ``--port``."""
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -307,11 +301,8 @@ async def serve_http(
     signing_secret: str,
     api_url: str | None,
 ) -> None:
-    """Serve Slack over HTTP on ``host:port`` until cancelled (SIGINT/SIGTERM); the tokens and
-    ``api_url`` come from the environment (:mod:`bot.settings`).
-
-    :raises SlackUnavailable: if the bot token is refused.
-    """
+    """Serve Slack over HTTP on ``host:port`` until cancelled (SIGINT/SIGTERM); raises
+    :class:`SlackUnavailable` if the bot token is refused."""
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
     try:
         app = http_app(runtime.surface, runtime.health, runtime.metrics)
@@ -328,10 +319,8 @@ async def serve_http(
 async def connect_socket(
     surface: SlackSurface, client: AsyncWebClient, *, app_token: str, ping_interval: float = 10.0
 ) -> CappedSocketModeHandler:
-    """Connect ``surface``'s Bolt app over Socket Mode; close the handler with ``close_async()``.
-
-    :raises SlackUnavailable: if Slack refuses the app token.
-    """
+    """Connect ``surface``'s Bolt app over Socket Mode (close the handler with ``close_async()``);
+    raises :class:`SlackUnavailable` if Slack refuses the app token."""
     handler = CappedSocketModeHandler(surface.app, app_token, web_client=client, ping_interval=ping_interval)
     try:
         # here, so a refused app token fails at once (the client itself would retry forever)
@@ -355,10 +344,8 @@ async def serve_socket(
 ) -> None:
     """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM).
 
-    :param app_token: ``SLACK_APP_TOKEN`` (``xapp-…``, scope ``connections:write``).
     :param host: listen address for ``GET /healthz`` and ``GET /metrics``; None: no listener.
-    :raises SlackUnavailable: if a token is refused.
-    :raises UsageError: if the address cannot be bound.
+    :raises SlackUnavailable: if a token is refused (:class:`UsageError`: the address cannot be bound).
     """
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
     server: HttpServer | None = None

@@ -1,9 +1,6 @@
-"""One call to Slack's Web API, as Pitstop makes it: the client, its retries, pacing and refusals.
-
-:func:`web_client` waits out HTTP 429s; :class:`Pacer` keeps posts to one channel about 1/s apart
-(Slack's ``chat.postMessage`` limit per channel) and :class:`Budget` a method's Tier;
-:func:`error_of` names a failed call and says whether Slack may have stored the message anyway;
-a post refused for good is a :class:`Refused`, and :func:`refused_notice` says what to do about it.
+"""One call to Slack's Web API: the client (:func:`web_client`), pacing per channel
+(:class:`Pacer`) and per method (:class:`Budget`), failed calls named (:func:`error_of`), refusals
+(:class:`Refused`) and their fixes (:func:`refused_notice`).
 """
 
 from __future__ import annotations
@@ -37,11 +34,8 @@ def web_client(
     session: aiohttp.ClientSession | None = None,
 ) -> AsyncWebClient:
     """An ``AsyncWebClient`` that waits ``Retry-After`` on up to 3 HTTP 429s in a row and retries a
-    connection that could not be made (nothing that may have reached Slack is retried here).
-
-    :param base_url: the Web API base URL (``SLACK_API_URL``), default Slack's.
-    :param session: a shared aiohttp session (closed by the caller), or None for one per call.
-    """
+    connection that could not be made (nothing that may have reached Slack is retried here);
+    ``session``: shared (closed by the caller), or None for one per call."""
     kwargs: dict[str, Any] = {"token": token, "session": session}
     if base_url:
         kwargs["base_url"] = base_url if base_url.endswith("/") else base_url + "/"

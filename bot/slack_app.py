@@ -1,12 +1,7 @@
-"""The Slack surface: a Bolt ``AsyncApp`` over the transport-free :class:`handlers.dispatch.Dispatcher`.
-
-It takes the ``[slack] command`` slash command, app mentions, direct messages, a reply's buttons
-and the App Home tab, over HTTP (:mod:`bot.serve`) or Socket Mode.  **Ack first**: with
-``process_before_response=True`` each listener calls ``ack()`` before anything else (no parsing,
-no Redis round trip); the work runs after it in a tracked task and answers through
-``response_url``, ``chat.postMessage``/``chat.postEphemeral`` or ``respond``.  **Retries are not
-repeats**: each request carries a stable delivery id (``trigger_id``, ``event_id``) that the
-dispatcher's dedupe acts on once.  User groups come from :class:`GroupCache`.
+"""The Slack surface: a Bolt ``AsyncApp`` (slash command, mentions, DMs, buttons, App Home) over
+:class:`handlers.dispatch.Dispatcher`.  Every listener acks first and works after the ack in a
+tracked task; a stable delivery id per request (``trigger_id``, ``event_id``) makes Slack's
+retries no repeats.
 """
 
 from __future__ import annotations

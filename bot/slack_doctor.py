@@ -1,9 +1,6 @@
-"""``pitstop check-slack``: what Slack will refuse, found before a post is refused.
-
-Each check prints one line (``ok``, ``warn`` or ``FAIL``): the bot token (``auth.test``), its
-scopes against :func:`needed_scopes`, each channel (``conversations.info``), the slash command
-against ``slack-manifest.yml`` (Slack has no API listing an app's commands), and with ``--post``
-a test message posted to each channel and deleted.  Exit 0 when nothing failed, else 1.
+"""``pitstop check-slack``: what Slack will refuse, found before a post is: the token, its scopes,
+each channel, the slash command against ``slack-manifest.yml`` and with ``--post`` a test message;
+one ``ok``/``warn``/``FAIL`` line each, exit 1 if any failed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The Slack :class:`~handlers.outbox.Outbox`: one message per restart, updated in place.
-
-A headline is posted once (claimed among replicas in :class:`~pipeline.state.posts.Posts`, which
-also keeps where it lives) and later edited in place; a member of a grouped post (an alert storm)
-is a reply in that post's thread.  One message is sent at most once by
-:class:`bot.slack_send.SlackSender`.  A post never breaks the restart that reports through it;
-one Slack refused for good reaches a person with its fix (:func:`bot.slack_api.fix_for`): the
-run's requester by DM, else the announce or ``[slack] fallback_channel``; an alert no channel
-takes goes by DM to its job's owners and the admins.  The last refusal is kept for ``/healthz``.
+"""The Slack :class:`~handlers.outbox.Outbox`: one headline per restart, claimed among replicas in
+:class:`~pipeline.state.posts.Posts` and updated in place, its thread, grouped posts (alert
+storms), and refusals told to a person with their fix, never silently dropped.
 """
 
 from __future__ import annotations
@@ -439,10 +433,7 @@ class SlackOutbox(SlackSender):
         filename: str = "pitstop-answer.txt",
     ) -> bool:
         """Upload the file at ``path`` (or ``content`` as the text file ``filename``) with
-        files_upload_v2, joining a public channel the bot is not in.
-
-        :returns: True if Slack took it; False (told to a person) otherwise.
-        """
+        files_upload_v2, joining a public channel the bot is not in; False if refused (told to a person)."""
         file = Path(path)
         if content is not None:
             source: dict[str, Any] = {"content": content, "filename": filename}

@@ -1,11 +1,6 @@
-"""One message to Slack at most once: ``chat.postMessage`` with a look-up before any resend, and
-``chat.update``, both within Slack's rate limits (:class:`bot.slack_api.Pacer`,
-:class:`bot.slack_api.Budget`; a 429 waits ``Retry-After``).
-
-A post carries message metadata with its own id; when its outcome is unknown (timeout, reset,
-5xx, Slack's HTTP 200 ``fatal_error``/``internal_error``) it is looked up
-(``conversations.history`` / ``conversations.replies``, page by page, and again after ``settle``
-s, since Slack may list a message late) before it is sent again.
+"""One message to Slack at most once, at Slack's pace: a post whose outcome is unknown (timeout,
+reset, 5xx, ``fatal_error``/``internal_error``) is looked up by its metadata id, twice ``settle``
+s apart, before it is sent again.
 """
 
 from __future__ import annotations
@@ -72,10 +67,9 @@ class SlackSender:
         return waiting
 
     async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
-        """``chat.postMessage`` of one rendered message, at most once; transient errors retried after
-        :attr:`backoff` s (doubling), an unknown outcome looked up before another try.
+        """``chat.postMessage`` of one rendered message at most once; its ts.  Transient errors are
+        retried after :attr:`backoff` s (doubling), an unknown outcome looked up before another try.
 
-        :returns: the message ts.
         :raises Refused: if Slack refused it for good, or its outcome stayed unknown.
         """
         post_id = uuid.uuid4().hex
@@ -151,12 +145,8 @@ class SlackSender:
         return ""
 
     async def update_payload(self, loc: tuple[str, str], payload: dict[str, Any]) -> None:
-        """``chat.update`` of one rendered message at ``loc`` (``(channel, ts)``; safe to repeat), at
-        most once per ``pace`` s per message and within the per-workspace Tier 3 budget, retried
-        on transient errors.
-
-        :raises Refused: with Slack's error code.
-        """
+        """``chat.update`` of the message at ``loc`` (``(channel, ts)``; safe to repeat), at most once
+        per ``pace`` s per message and within the Tier 3 budget; :raises Refused: with Slack's code."""
         error = "unknown_error"
         for attempt in range(ATTEMPTS):
             if attempt:

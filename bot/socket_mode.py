@@ -1,10 +1,6 @@
-"""Socket Mode's connection cap, kept: Slack allows an app 10 open Socket Mode connections and
-answers one more with ``disconnect`` (``too_many_websockets``).
-
-slack_sdk's client reconnects at once after every ``disconnect``, so an eleventh replica would loop
-unseen; :class:`CappedSocketModeClient` backs off instead (:func:`wait_after`), logs the cause once,
-and keeps the refusal for ``/healthz`` until a connection is accepted (``hello``).
-"""
+"""Socket Mode's 10-connection cap, kept: a connection Slack refuses (``too_many_websockets``)
+is retried with a backoff (:func:`wait_after`) instead of at once, logged once and shown in
+``/healthz`` until one is accepted."""
 
 from __future__ import annotations
 
