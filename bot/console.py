@@ -184,9 +184,8 @@ class _StdinReader:
     """Reads stdin in a daemon thread (so Ctrl-C and exit never wait for a pending ``input()``)."""
 
     def __init__(self) -> None:
-        self._requests: queue.Queue[tuple[str, asyncio.Future[str | None], asyncio.AbstractEventLoop]] = (
-            queue.Queue()
-        )
+        self._requests: queue.Queue[tuple[str, asyncio.Future[str | None], asyncio.AbstractEventLoop]]
+        self._requests = queue.Queue()
         self._thread: threading.Thread | None = None
         self.tty = sys.stdin.isatty()
 
@@ -250,13 +249,8 @@ class ConsoleSession:
     async def run_line(self, text: str) -> Reply:
         """Send one line to Pitstop, print the reply, and settle a confirmation if it asks for one;
         return the final reply."""
-        req = Request(
-            text=text,
-            user=self.user,
-            groups=self.groups,
-            delivery_id=f"console:{uuid.uuid4().hex}",
-            surface="console",
-        )
+        delivery = f"console:{uuid.uuid4().hex}"
+        req = Request(text=text, user=self.user, groups=self.groups, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)
         self.console.print(self.renderer.render(reply))
         confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
