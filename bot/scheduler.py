@@ -107,11 +107,6 @@ class PitstopScheduler:
         return not self._stopping and self.lease.is_leader
 
     @property
-    def running(self) -> bool:
-        """True between :meth:`start` and :meth:`stop`."""
-        return self._scheduler is not None
-
-    @property
     def apscheduler(self) -> AsyncIOScheduler | None:
         """The underlying APScheduler scheduler while started (for inspection), else None."""
         return self._scheduler

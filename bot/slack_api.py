@@ -138,12 +138,6 @@ class Budget:
         self._waiting: dict[int, float] = {}  #: waiter id → when it asked (monotonic s)
         self._seq = 0
 
-    @classmethod
-    def tier3(cls) -> Budget:
-        """Tier 3 (``chat.update``): 50 per minute, https://api.slack.com/apis/rate-limits; kept
-        at 45 (calls reach Slack in another order than they left), :data:`TIER3_BURST` at once."""
-        return cls(TIER3_BURST, 45 / 60)
-
     async def wait(self) -> None:
         """Return when one call may go; takes its token."""
         self._seq += 1
@@ -168,9 +162,10 @@ class Budget:
         return len(self._waiting), time.monotonic() - min(self._waiting.values())
 
 
-#: Tier 3 calls made back to back before keeping to 45 per minute: below one minute's allowance
-#: (Slack allows bursts without saying how large; a 429 beyond them is waited out, ``Retry-After``)
-TIER3_BURST = 40
+#: :class:`Budget` ``(burst, rate)`` of Tier 3 (``chat.update``): Slack allows 50 calls per minute
+#: (https://api.slack.com/apis/rate-limits), kept at 45 (calls reach Slack in another order than they
+#: left) after a burst of 40, below one minute's allowance (a 429 beyond it is waited out)
+TIER3 = (40, 45 / 60)
 
 
 def fix_for(error: str, channel: str) -> str:

@@ -14,7 +14,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack_api import ATTEMPTS, TRANSIENT, Budget, Pacer, Refused, detail_of, error_of, retry_after
+from bot.slack_api import ATTEMPTS, TIER3, TRANSIENT, Budget, Pacer, Refused, detail_of, error_of, retry_after
 
 PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
@@ -43,7 +43,7 @@ class SlackSender:
         self.client = client
         self.pacer = Pacer(pace)  #: posts, per channel (chat.postMessage: about 1/s per channel)
         self.edits = Pacer(pace)  #: updates, per message: successive states fold into the newest
-        self.updates = Budget.tier3()  #: ``chat.update``: Tier 3, per workspace
+        self.updates = Budget(*TIER3)  #: ``chat.update``: Tier 3, per workspace
         self.backoff = backoff
         self.settle = settle
 
