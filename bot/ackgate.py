@@ -18,8 +18,7 @@ CONCURRENCY = 16  #: follow-ups running at once
 
 
 class AckGate:
-    """The number of requests being acked, a wait for none, and slots for the work after them
-    (parameters: as the module's defaults)."""
+    """The number of requests being acked, a wait for none, and slots for the work after them."""
 
     def __init__(
         self, patience: float = PATIENCE, concurrency: int = CONCURRENCY, *, quiet: float = QUIET
@@ -46,8 +45,7 @@ class AckGate:
                 self._idle.set()
 
     async def lull(self) -> None:
-        """Return once no request was being acked for :attr:`quiet` seconds, or after
-        :attr:`patience` seconds."""
+        """Return once none was being acked for :attr:`quiet` s, or after :attr:`patience` s."""
         deadline = time.monotonic() + self.patience
         while (now := time.monotonic()) < deadline:
             if self.in_flight:

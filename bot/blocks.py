@@ -148,8 +148,7 @@ def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str
 
 
 def keep_head(text: str, limit: int, *, refs: bool = True) -> str:
-    """The start of ``text``, escaped (``refs``: see :func:`escape`), at most ``limit`` characters,
-    with a marker when cut."""
+    """The start of ``text``, escaped (``refs``: see :func:`escape`), cut to ``limit`` behind a marker."""
     whole = escape(text, refs=refs)
     if len(whole) <= limit:
         return whole

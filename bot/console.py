@@ -247,8 +247,7 @@ class ConsoleSession:
         self._stdin: _StdinReader | None = None
 
     async def run_line(self, text: str) -> Reply:
-        """Send one line to Pitstop, print the reply, and settle a confirmation if it asks for one;
-        return the final reply."""
+        """Send one line, print the reply, settle a confirmation it asks for; return the final reply."""
         delivery = f"console:{uuid.uuid4().hex}"
         req = Request(text=text, user=self.user, groups=self.groups, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)

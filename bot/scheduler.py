@@ -112,8 +112,7 @@ class PitstopScheduler:
         return self._scheduler
 
     async def start(self) -> None:
-        """Schedule every job in the running event loop and try for the lease at once (RuntimeError
-        if already started)."""
+        """Schedule every job in the running loop, try for the lease (RuntimeError if started)."""
         if self._scheduler is not None:
             raise RuntimeError("scheduler already started")
         self._stopping = False

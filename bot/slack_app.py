@@ -43,8 +43,7 @@ Respond = Callable[..., Awaitable[Any]]
 
 
 def needs_groups(config: Config) -> bool:
-    """True when any role list (global or per job) or a job's ``[approval] approvers`` names a
-    user-group id (``S…``)."""
+    """True when a role list (global or per job) or ``[approval] approvers`` names a group (``S…``)."""
     ids: list[str] = [*config.auth.admins, *config.auth.operators, *config.auth.viewers]
     for job in config.jobs.values():
         for ids_of in (job.auth.admins, job.auth.operators, job.auth.viewers):
@@ -70,8 +69,7 @@ class GroupCache:
         self._refreshing: asyncio.Task[None] | None = None
 
     def cached(self, user: str) -> tuple[str, ...] | None:
-        """The user's groups from the cache (a stale one starts a refresh in the background), or
-        None if nothing was loaded yet."""
+        """The user's groups from the cache (stale: refreshed in the background); None if none yet."""
         if not self.enabled:
             return ()
         if self._members is None:
@@ -266,8 +264,7 @@ class SlackSurface:
         replace: bool = False,
         thread_ts: str | None = None,
     ) -> None:
-        """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages); if Slack
-        refuses, the requester gets the answer by direct message instead."""
+        """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages), else by DM."""
         payloads = blocks.parts(reply, names=await self._names(reply), max_parts=RESPONSE_PARTS)
         extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
         for i, payload in enumerate(payloads):

@@ -36,8 +36,7 @@ _ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 
 
 def needed_scopes(config: Config) -> list[str]:
-    """The bot scopes ``config`` needs: :data:`BASE_SCOPES`, plus ``usergroups:read`` when a role
-    names a user group."""
+    """:data:`BASE_SCOPES`, plus ``usergroups:read`` when ``config`` names a user group."""
     return [*BASE_SCOPES, *(["usergroups:read"] if needs_groups(config) else [])]
 
 

@@ -160,8 +160,7 @@ class SlackOutbox(SlackSender):
             renewal.cancel()
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
-        """Post ``key``'s headline in ``channel`` (None: ``default_channel``), or update it in
-        place; the newest call's reply wins."""
+        """Post ``key``'s headline (``channel`` None: the default), or update it; the newest wins."""
         self._pending[key] = (reply, channel)
         async with self._locks.setdefault(key, asyncio.Lock()):
             pending = self._pending.pop(key, None)
@@ -388,8 +387,7 @@ class SlackOutbox(SlackSender):
         return user if user.startswith(("U", "W")) else None
 
     async def dm(self, user: str, reply: Reply) -> bool:
-        """A direct message to ``user`` (``conversations.open``, needs ``im:write``), split if long;
-        True if it was posted."""
+        """A direct message to ``user`` (needs ``im:write``), split if long; True if it was posted."""
         try:
             opened = await self.client.conversations_open(users=user)
             dm = str(opened["channel"]["id"])
@@ -402,8 +400,7 @@ class SlackOutbox(SlackSender):
         return True
 
     async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
-        """Tell ``user`` privately: replace the prompt ``prompt`` (see :meth:`prompted`) when it
-        can, else a direct message."""
+        """Tell ``user`` privately: replace the prompt ``prompt`` (:meth:`prompted`), else by DM."""
         respond = self._prompts.pop(prompt, None) if prompt else None
         if respond is not None:
             payload = blocks.message(reply, names=await self.names(reply))

@@ -24,8 +24,7 @@ REFUSED = "too_many_websockets"  #: the ``disconnect`` reason of a connection ov
 
 
 def wait_after(refusals: int) -> float:
-    """Seconds before the next connection try after ``refusals`` refused ones: 2, 4, 8, … up to
-    :data:`MAX_WAIT`."""
+    """Seconds before the next try after ``refusals`` refused ones: 2, 4, 8, … up to :data:`MAX_WAIT`."""
     return min(MAX_WAIT, 2.0 ** min(refusals, 16))
 
 
