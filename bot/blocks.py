@@ -336,12 +336,8 @@ def parts(
     out: list[dict[str, Any]] = [{"text": fallback_text(reply), "blocks": chunks[0] + more + tail}]
     for i, chunk in enumerate(chunks[1:], 2):
         label = slack_part(i, total, reply.title)
-        out.append(
-            {
-                "text": keep_head(label, MAX_FALLBACK),
-                "blocks": [_context(keep_head(label, MAX_SECTION_TEXT)), *chunk],
-            }
-        )
+        head = _context(keep_head(label, MAX_SECTION_TEXT))
+        out.append({"text": keep_head(label, MAX_FALLBACK), "blocks": [head, *chunk]})
     return out
 
 

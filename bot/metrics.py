@@ -22,11 +22,8 @@ from pipeline.state.incidents import IncidentKind
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  #: the Prometheus text format's media type
 RECENT_RUNS = 500  #: runs (all jobs, newest first) counted by ``pitstop_runs_recent``
-JOB_STATES = (
-    "ok",
-    "paused",
-    *(k.value for k in IncidentKind),
-)  #: values of ``pitstop_job_state``'s ``state``
+#: values of ``pitstop_job_state``'s ``state``
+JOB_STATES = ("ok", "paused", *(k.value for k in IncidentKind))
 
 
 @dataclass

@@ -342,14 +342,10 @@ class SlackSurface:
         user = str(event.get("user", ""))
         channel = str(event.get("channel", ""))
         event_id = body.get("event_id") or f"{channel}:{event.get('ts')}"
+        delivery = f"ev:{event_id}"
         groups = await self.groups.get(user)
         req = Request(
-            text=text,
-            user=user,
-            groups=groups,
-            delivery_id=f"ev:{event_id}",
-            channel=channel,
-            surface="slack",
+            text=text, user=user, groups=groups, delivery_id=delivery, channel=channel, surface="slack"
         )
         if retry and await self.dispatcher.seen(req.delivery_id):
             return  # Slack's retry of an event already acted on: the first delivery answers it

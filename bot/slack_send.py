@@ -115,16 +115,10 @@ class SlackSender:
 
     async def _look(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
         """One look-up of ``post_id`` among the messages since ``since`` (unix s), page by page."""
-        cursor = ""
+        args: dict[str, Any] = dict(
+            channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=PAGE
+        )
         for _ in range(PAGES):
-            args: dict[str, Any] = {
-                "channel": channel,
-                "oldest": f"{since:.6f}",
-                "include_all_metadata": True,
-                "limit": PAGE,
-            }
-            if cursor:
-                args["cursor"] = cursor
             try:
                 if thread_ts:
                     resp = await self.client.conversations_replies(ts=thread_ts, **args)
@@ -134,13 +128,11 @@ class SlackSender:
                 raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
             for msg in resp.get("messages") or []:
                 meta = msg.get("metadata") or {}
-                if (
-                    meta.get("event_type") == METADATA_TYPE
-                    and (meta.get("event_payload") or {}).get("post_id") == post_id
-                ):
+                ours = (meta.get("event_payload") or {}).get("post_id") == post_id
+                if ours and meta.get("event_type") == METADATA_TYPE:
                     return str(msg["ts"])
-            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
-            if not cursor:
+            args["cursor"] = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
+            if not args["cursor"]:
                 break
         return ""
 
