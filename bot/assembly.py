@@ -80,22 +80,15 @@ async def close_context(ctx: Context) -> None:
         await ctx.redis.aclose()
 
 
-class DispatchedRestarts:
+class DispatchedRestarts(Dispatcher):
     """The watcher's automatic restarts (:class:`handlers.watching.Restarts`): ``restart JOB``
     through a dispatcher of its own, as :data:`handlers.watching.AUTO_USER`, audited as a person's."""
 
-    def __init__(self, ctx: Context) -> None:
-        self.dispatcher = Dispatcher(ctx)
-
     async def restart(self, job: str, channel: str | None) -> Reply:
         """Request ``restart JOB``; the dispatcher's answer (it never raises)."""
-        return await self.dispatcher.handle(
+        return await self.handle(
             Request(text=f"restart {job}", user=AUTO_USER, channel=channel, surface="scheduler")
         )
-
-    async def drain(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) for the restarts still running, then cancel them."""
-        await self.dispatcher.drain(timeout)
 
 
 def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> Watcher:

@@ -138,12 +138,10 @@ class ConsoleOutbox:
 
     def _print(self, prefix: str, renderable: RenderableType) -> None:
         if isinstance(renderable, Text):
-            self.console.print(prefixed(prefix, renderable))
+            renderable = prefixed(prefix, renderable)
         elif prefix:
             self.console.print(Text(prefix, style=PREFIX_STYLE))
-            self.console.print(renderable)
-        else:
-            self.console.print(renderable)
+        self.console.print(renderable)
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a headline, or the steps and title that changed since the last one for ``key``."""

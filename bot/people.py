@@ -87,7 +87,5 @@ class People:
                 groups = {str(g.get("id")): list(g.get("users") or []) for g in resp.get("usergroups") or []}
             except _ASKED as exc:
                 log.warning("usergroups.list: %s", error_of(exc)[0])
-        users: list[str] = []
-        for who in wanted:
-            users.extend(groups.get(who, []) if who.startswith("S") else [who])
+        users = [u for who in wanted for u in (groups.get(who, []) if who.startswith("S") else [who])]
         return [u for u in dict.fromkeys(users) if u.startswith(("U", "W"))]

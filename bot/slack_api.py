@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -219,11 +218,3 @@ def detail_of(error: object) -> str:
             detail += f" {extra}"
         return detail
     return str(error) or type(error).__name__
-
-
-async def close_client(client: AsyncWebClient) -> None:
-    """Close a client's shared aiohttp session, if it has one."""
-    session = getattr(client, "session", None)
-    if isinstance(session, aiohttp.ClientSession):
-        with contextlib.suppress(Exception):
-            await session.close()

@@ -13,7 +13,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack_api import close_client, web_client
+from bot.slack_api import web_client
 from bot.slack_app import needs_groups
 from pipeline.config import Config
 from pipeline.errors import ExitCode
@@ -116,8 +116,7 @@ class Doctor:
         if post:
             for channel in channels:
                 await self.try_post(channel)
-        summary = "ok" if not self.failed else "FAIL"
-        self.line(summary, f"{self.failed} failed, {self.warned} warning(s)")
+        self.line("FAIL" if self.failed else "ok", f"{self.failed} failed, {self.warned} warning(s)")
         return int(ExitCode.FAILED) if self.failed else 0
 
     async def check_channel(self, channel: str, used_by: str, *, public: bool, joins: bool) -> None:
@@ -188,8 +187,6 @@ async def check_slack(
     config: Config, *, bot_token: str, api_url: str | None, post: bool = False, out: TextIO | None = None
 ) -> int:
     """Run ``pitstop check-slack`` (lines to ``out``, default stdout); return the exit code."""
-    client = web_client(bot_token, base_url=api_url, session=aiohttp.ClientSession())
-    try:
+    async with aiohttp.ClientSession() as session:
+        client = web_client(bot_token, base_url=api_url, session=session)
         return await Doctor(config, client, out or sys.stdout).run(post=post)
-    finally:
-        await close_client(client)
