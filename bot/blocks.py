@@ -226,15 +226,12 @@ def action_of(action_id: str) -> str:
     return body.rsplit(":", 1)[0] if re.search(r":\d+$", body) else body
 
 
-def title_text(reply: Reply) -> str:
-    """The title as the first section shows it (status emoji, bold, escaped; blank: ``(no text)``)."""
-    title = " ".join(reply.title.split()) or SLACK_UNTITLED
-    return f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*"
-
-
 def _body(reply: Reply, table_sections: int, follow_ups: bool = False) -> list[Block]:
     """``reply``'s blocks, then each follow-up's below a divider when ``follow_ups``."""
-    blocks: list[Block] = [_section(title_text(reply))]
+    title = " ".join(reply.title.split()) or SLACK_UNTITLED  # Slack refuses an empty text
+    blocks: list[Block] = [
+        _section(f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*")
+    ]
     if reply.steps:
         blocks += _line_sections([s.text() for s in reply.steps])
     if reply.lines:

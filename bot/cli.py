@@ -109,18 +109,14 @@ def run_async(
     return asyncio.run(main())
 
 
-def _check_config(args: argparse.Namespace, env: settings_mod.Settings) -> int:
-    path = resolve_path(args.file or args.config, env.config_path)
-    config = load_config(path)
-    redis = config.redis.url or f"embedded under {config.state.dir}"
-    print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
-    return 0
-
-
 def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     verb: str = args.verb
     if verb == "check-config":
-        return _check_config(args, env)
+        path = resolve_path(args.file or args.config, env.config_path)
+        config = load_config(path)
+        redis = config.redis.url or f"embedded under {config.state.dir}"
+        print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
+        return 0
     if verb == "demo":
         from bot.demo import demo_main  # lazy: each verb loads only its own stack (SSH, Redis, Slack)
 

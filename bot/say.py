@@ -154,7 +154,9 @@ async def say_main(
         if not as_json:
             for post in posts:
                 print(render_text(post), file=out, flush=True)
-        code = _sequence_code(run)
+        code = ExitCode.OK  # the sequence ended; a verdict already recorded is a failure or a cancel
+        if run.verdict is not None:
+            code = ExitCode.CANCELLED if run.verdict.value == "CANCELLED" else ExitCode.FAILED
         verdict: Reply | None = None
         if wait and code is ExitCode.OK and run.verdict is None and run.launched:
             window = spec.start_window if spec else 0.0
@@ -181,10 +183,3 @@ async def say_main(
     finally:
         await dispatcher.drain(5.0)
         await close_context(ctx)
-
-
-def _sequence_code(run: RunRecord) -> ExitCode:
-    """Exit code of a run whose sequence has ended (before any verification)."""
-    if run.verdict is None:
-        return ExitCode.OK
-    return ExitCode.CANCELLED if run.verdict.value == "CANCELLED" else ExitCode.FAILED

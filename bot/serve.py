@@ -72,9 +72,10 @@ class SlackRuntime:
     def watch_store(self) -> None:
         """Start watching Redis: a dead embedded server is restarted, an outage longer than two
         watch intervals posted to the announce channel once Redis is back."""
-        self.store_watch = StoreWatch(
-            self.ctx.redis, grace=2 * watch_interval(self.config), on_back=self._store_back
+        shortest = min(
+            (job.watch.interval for job in self.config.jobs.values()), default=WatchSettings().interval
         )
+        self.store_watch = StoreWatch(self.ctx.redis, grace=2 * shortest, on_back=self._store_back)
         self._watching = asyncio.get_running_loop().create_task(self.store_watch.run())
 
     async def _store_back(self, outage: Outage) -> None:
@@ -359,11 +360,6 @@ async def serve_socket(
         if server is not None:
             await server.close()
         await runtime.close()
-
-
-def watch_interval(config: Config) -> float:
-    """The shortest watch interval of the jobs in seconds (the default one without jobs)."""
-    return min((job.watch.interval for job in config.jobs.values()), default=WatchSettings().interval)
 
 
 def state_store_was_away(outage: Outage, timezone: str) -> Reply:
