@@ -27,7 +27,6 @@ from pipeline.state.runs import RunRecord
 
 if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick
     from handlers.context import Context
-    from handlers.dispatch import Dispatcher
 
 SEQUENCE_SLACK = 300.0  #: seconds allowed for a sequence beyond the job's stop timeout
 VERDICT_SLACK = 120.0  #: seconds allowed for a verdict beyond the job's start window
@@ -64,15 +63,6 @@ def _read_line(prompt: str, timeout: float, err: IO[str]) -> str | None:
     if not box:
         print("", file=err)
     return box[0] if box else None
-
-
-async def _settle_confirmation(dispatcher: Dispatcher, reply: Reply, user: str, err: IO[str]) -> Reply:
-    confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
-    if confirm is None:
-        return reply
-    answer = await asyncio.to_thread(_read_line, CONSOLE_CONFIRM, dispatcher.confirm_window, err)
-    action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
-    return await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
 
 
 async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: float) -> RunRecord | None:
@@ -136,10 +126,13 @@ async def say_main(
             text=text, user=user, groups=groups, delivery_id=f"say:{uuid.uuid4().hex}", surface="say"
         )
         reply = await dispatcher.handle(request)
-        if any(b.action == "confirm" for b in reply.buttons):
+        confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
+        if confirm is not None:
             if not as_json:
                 print(render_text(reply), file=out, flush=True)
-            reply = await _settle_confirmation(dispatcher, reply, user, err)
+            answer = await asyncio.to_thread(_read_line, CONSOLE_CONFIRM, dispatcher.confirm_window, err)
+            action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
+            reply = await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
         if not as_json:
             print(render_text(reply), file=out, flush=True)
         if reply.run_id is None or reply.exit_code is not ExitCode.OK or not dispatcher.in_flight:

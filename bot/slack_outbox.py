@@ -359,12 +359,9 @@ class SlackOutbox(SlackSender):
             return [target]
         if alert is None:
             return []
-        told = []
         dm = replace(reply, lines=(*notes, *reply.lines), follow_ups=(), page=None)
-        for user in await self.people.expand(list(self.page_by_dm(alert)) if self.page_by_dm else []):
-            if await self.dm(user, dm):
-                told.append(user)
-        return told
+        owners = await self.people.expand(list(self.page_by_dm(alert)) if self.page_by_dm else [])
+        return [user for user in owners if await self.dm(user, dm)]
 
     async def _tell_owners(self, channel: str, reply: Reply) -> None:
         """DM ``reply`` to each owning user not a member of ``channel`` (all of them if unknown)."""
