@@ -278,11 +278,9 @@ def fit(blocks: list[Block], limit: int = MAX_BLOCKS, chars: int = MAX_MESSAGE_C
 
 
 def _actions(reply: Reply, follow_ups: bool) -> Block | None:
-    elements = [_button(b, i) for i, b in enumerate(reply.buttons)][:MAX_ACTIONS]
-    if follow_ups:
-        for follow in reply.follow_ups:
-            start = len(elements)
-            elements += [_button(b, start + i) for i, b in enumerate(follow.buttons)][: MAX_ACTIONS - start]
+    below = reply.follow_ups if follow_ups else ()
+    buttons = [*reply.buttons, *(b for follow in below for b in follow.buttons)]
+    elements = [_button(b, i) for i, b in enumerate(buttons[:MAX_ACTIONS])]
     return {"type": "actions", "elements": elements} if elements else None
 
 
