@@ -160,11 +160,11 @@ def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config)
         return _fail(missing_env("SLACK_SIGNING_SECRET"), ExitCode.USAGE)
 
     async def serving() -> int:
-        where = {"host": args.host, "port": args.port, "bot_token": bot_token, "api_url": env.api_url}
-        if app_token and args.socket:
-            await serve.serve_socket(config, app_token=app_token, **where)
+        common = {"host": args.host, "port": args.port, "bot_token": bot_token, "api_url": env.api_url}
+        if args.socket and app_token:
+            await serve.serve_socket(config, app_token=app_token, **common)
         elif secret:
-            await serve.serve_http(config, signing_secret=secret, **where)
+            await serve.serve_http(config, signing_secret=secret, **common)
         return 0
 
     return run_async(serving, on_signal=ExitCode.OK)
