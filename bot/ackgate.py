@@ -1,23 +1,7 @@
-"""Acks before follow-ups: work after a Slack ack waits for a lull in the acks still being made.
-
-Slack gives an ack 3 s; the answer that follows on ``response_url`` has 30 minutes.  Under a
-burst of requests (or a machine busy with other work) the follow-ups — parsing, Redis round
-trips, audit, the answer's HTTP post — would otherwise take CPU from the acks queued behind
-them.  :class:`AckGate` counts the requests being acked; a follow-up first waits for a lull —
-none being acked for ``quiet`` seconds (clients under load send the next request as soon as
-an ack returns, so "none right now" comes and goes within a burst) — or at most ``patience``
-seconds, so it is delayed, never starved.  At most
-``concurrency`` follow-ups run at once, so a burst released together queues rather than
-opening a Redis connection each (redis-py's pool refuses the 101st).
-
-Usage::
-
-    gate = AckGate()
-    with gate.acking():                  # around dispatching one request to Bolt
-        response = await app.async_dispatch(request)
-    ...
-    async with gate.follow_up():         # around the work after the ack
-        ...
+"""Acks before follow-ups: work after a Slack ack (3 s) waits for a lull in the acks still being
+made (none for ``quiet`` s) or at most ``patience`` s, and at most ``concurrency`` follow-ups run
+at once (redis-py's pool refuses the 101st connection).  Wrap Bolt's dispatch in
+:meth:`AckGate.acking` and the work after the ack in :meth:`AckGate.follow_up`.
 """
 
 from __future__ import annotations
@@ -34,12 +18,7 @@ CONCURRENCY = 16  #: follow-ups running at once
 
 
 class AckGate:
-    """The number of requests being acked, a wait for none, and slots for the work after them.
-
-    :param patience: seconds :meth:`lull` waits at most.
-    :param quiet: seconds with no request being acked that count as a lull.
-    :param concurrency: follow-ups :meth:`follow_up` lets run at once.
-    """
+    """The number of requests being acked, a wait for none, and slots for the work after them."""
 
     def __init__(
         self, patience: float = PATIENCE, concurrency: int = CONCURRENCY, *, quiet: float = QUIET
@@ -66,8 +45,7 @@ class AckGate:
                 self._idle.set()
 
     async def lull(self) -> None:
-        """Return once no request was being acked for :attr:`quiet` seconds, or after
-        :attr:`patience` seconds."""
+        """Return once none was being acked for :attr:`quiet` s, or after :attr:`patience` s."""
         deadline = time.monotonic() + self.patience
         while (now := time.monotonic()) < deadline:
             if self.in_flight:

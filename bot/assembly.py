@@ -1,8 +1,6 @@
-"""Assembly: open Redis and the SSH pool from the validated config and build the one
-:class:`~handlers.context.Context` a process shares; close it all again in reverse order.
-
-It also wires the parts that must not import each other: the watcher's automatic restarts go
-through a :class:`~handlers.dispatch.Dispatcher` (:func:`build_watcher`).
+"""Assembly: open Redis and the SSH pool and build the one :class:`~handlers.context.Context` a
+process shares, close it all in reverse order; wire the watcher's automatic restarts through a
+:class:`~handlers.dispatch.Dispatcher` (:func:`build_watcher`).
 """
 
 from __future__ import annotations
@@ -41,15 +39,10 @@ async def build_context(
     instance: str | None = None,
     deliver_recovered: bool = False,
 ) -> Context:
-    """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context.
+    """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context, and
+    take over the runs whose owner died (:func:`handlers.verdicts.recover_runs`).
 
-    Runs this process executes are owned by it (a heartbeat in Redis, see
-    :class:`~pipeline.state.runs.RunStore`).  Every CLI, console and serve process takes over the
-    runs whose owner died at once (:func:`handlers.verdicts.recover_runs`).
-
-    :param instance: this process's id (default: :func:`new_instance_id`).
-    :param deliver_recovered: also verify, here and now, the taken-over runs that had launched
-        (for processes without a scheduler, such as ``pitstop say``).
+    :param deliver_recovered: also verify the taken-over runs now (no scheduler: ``pitstop say``).
     :raises StateUnavailable: if a configured Redis does not answer.
     """
     handle = await open_redis(config)
@@ -87,37 +80,21 @@ async def close_context(ctx: Context) -> None:
         await ctx.redis.aclose()
 
 
-class DispatchedRestarts:
+class DispatchedRestarts(Dispatcher):
     """The watcher's automatic restarts (:class:`handlers.watching.Restarts`): ``restart JOB``
-    through a dispatcher of its own, as :data:`handlers.watching.AUTO_USER` from the scheduler
-    surface — locked, posted and audited as a person's.
-
-    :param ctx: the process context.
-    """
-
-    def __init__(self, ctx: Context) -> None:
-        self.dispatcher = Dispatcher(ctx)
+    through a dispatcher of its own, as :data:`handlers.watching.AUTO_USER`, audited as a person's."""
 
     async def restart(self, job: str, channel: str | None) -> Reply:
         """Request ``restart JOB``; the dispatcher's answer (it never raises)."""
-        return await self.dispatcher.handle(
+        return await self.handle(
             Request(text=f"restart {job}", user=AUTO_USER, channel=channel, surface="scheduler")
         )
 
-    async def drain(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) for the restarts still running, then cancel them."""
-        await self.dispatcher.drain(timeout)
-
 
 def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> Watcher:
-    """The process's :class:`~handlers.watching.Watcher`, its automatic restarts dispatched.
-
-    :param remind_every: seconds between reminders of an open, unacknowledged incident.
-    """
+    """The process's :class:`~handlers.watching.Watcher` (``remind_every``: seconds between reminders
+    of an open incident), its automatic restarts dispatched."""
     return Watcher(ctx, DispatchedRestarts(ctx), remind_every=remind_every)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def embedded_redis_started(path: str) -> str:

@@ -1,23 +1,7 @@
-"""Block Kit rendering of a :class:`~handlers.reply.Reply`, always within Slack's limits.
-
-Slack refuses (``invalid_blocks``) a message with more than 50 blocks or a section text over
-3,000 characters, and a ``text`` over 40,000 (``msg_too_long``).  Every payload built here
-fits: long logs keep their *tail* behind a visible marker (``… (2,345 earlier characters
-omitted)``), long tables and texts are split over several sections, and when a reply still
-needs more than 50 blocks the middle is cut with a marker, keeping the title and the buttons.
-Every message carries a plain-text fallback ``text`` (notifications, screen readers).
-
-Slack also refuses a message whose block text adds up past about 12,000 characters
-(``msg_blocks_too_long``): one message keeps within :data:`MAX_MESSAGE_CHARS`, and
-:func:`parts` splits a long answer into several messages (the first saying how many follow,
-each later one naming its place) for the thread or the ``response_url``.
-
-Nothing a job prints or a user types can ping anyone: text is escaped for mrkdwn (``&``,
-``<``, ``>``), a run of backticks cannot close a code fence, and every reference in the
-reply's text (``<@U…>``, ``<!subteam^S…>``, ``<!here>``) is shown as a name (``@maya``,
-resolved by :class:`bot.people.People` where known) — except the one the reply pages
-(:attr:`handlers.reply.Reply.page`, the configured ``alert_mention``), which
-:func:`handlers.reply.mention` writes in Slack's syntax.  No section or fallback ``text`` is ever empty.
+"""Block Kit rendering of a :class:`~handlers.reply.Reply`, always within Slack's limits (50 blocks,
+3,000 characters a section, about 12,000 of block text a message): logs keep their tail behind a
+marker, :func:`fit` cuts, :func:`parts` splits over messages.  Nothing a job prints or a user types
+can ping anyone (:func:`escape`, :func:`humanise`) but the reply's own page.
 """
 
 from __future__ import annotations
@@ -55,8 +39,7 @@ STATUS_EMOJI = {
 }
 
 _FENCE = "```"
-
-
+_FENCED = (_FENCE + "\n", "\n" + _FENCE)  #: a code block's opening and closing
 _REFS = re.compile(r"<(?:@[UW][A-Z0-9]+|#C[A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel)(?:\|[^<>&|]*)?>")
 _PEOPLE = re.compile(r"<(@[UW][A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel|!everyone)(?:\|([^<>|]*))?>")
 _TICKS = re.compile(r"`{3,}")
@@ -66,8 +49,7 @@ def humanise_text(
     text: str, names: Mapping[str, str] | None = None, keep: str | Collection[str] | None = None
 ) -> str:
     """``text`` with every person, group or broadcast reference made plain (``<@U1>`` → ``@maya``
-    when ``names`` knows U1, else ``@U1``; ``<!subteam^S1|@oncall>`` → ``@oncall``; ``<!here>`` →
-    ``@here``), except ``keep`` (the references the reply pages)."""
+    or ``@U1``; ``<!subteam^S1|@oncall>`` → ``@oncall``; ``<!here>`` → ``@here``), except ``keep``."""
     names = names or {}
     kept = {keep} if isinstance(keep, str) else set(keep or ())
 
@@ -86,8 +68,8 @@ def humanise_text(
 
 
 def humanise(reply: Reply, names: Mapping[str, str] | None = None) -> Reply:
-    """``reply`` with :func:`humanise_text` applied to all its text but the log (shown literally in
-    a code block); only ``reply.page``'s and ``reply.owners``' references stay live."""
+    """``reply`` with :func:`humanise_text` applied to all its text but the log; only
+    ``reply.page``'s and ``reply.owners``' references stay live."""
     keep = {mention(who) for who in (*([reply.page] if reply.page else []), *reply.owners)}
 
     def h(text: str) -> str:
@@ -109,33 +91,26 @@ def humanise(reply: Reply, names: Mapping[str, str] | None = None) -> Reply:
 
 
 def unfence(text: str) -> str:
-    """``text`` for inside a code block: a run of three or more backticks is broken with zero-width
-    spaces so that it cannot close the block."""
+    """``text`` for a code block: runs of 3+ backticks broken with zero-width spaces."""
     return _TICKS.sub(lambda m: "\u200b".join(m.group(0)), text)
 
 
 def escape(text: str, *, refs: bool = False) -> str:
-    """``text`` with mrkdwn's control characters escaped (``&`` ``<`` ``>``).
-
-    :param refs: keep well-formed user, channel and user-group references (``<@U…>``,
-        ``<#C…>``, ``<!subteam^S…>``) that Pitstop's own wording uses; everything else —
-        ``<!channel>``, links, whatever a log or a user typed — is shown literally.
-    """
+    """``text`` with mrkdwn's ``&`` ``<`` ``>`` escaped; with ``refs``, the well-formed user, channel
+    and group references of Pitstop's own wording kept (never ``<!channel>``, links, a log's)."""
     if not refs:
         return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     out: list[str] = []
     last = 0
     for m in _REFS.finditer(text):
-        out.append(escape(text[last : m.start()]))
-        out.append(m.group(0))
+        out += [escape(text[last : m.start()]), m.group(0)]
         last = m.end()
-    out.append(escape(text[last:]))
-    return "".join(out)
+    return "".join(out) + escape(text[last:])
 
 
 def plain(text: str) -> str:
-    """Pitstop's Slack references made readable outside Slack: ``<@U1>`` → ``@U1``,
-    ``<#C1>`` → ``#C1``, ``<!subteam^S1>`` → ``@S1``, ``<!here>`` → ``@here`` (the console)."""
+    """Pitstop's Slack references made readable in the console: ``<@U1>`` → ``@U1``, ``<#C1>`` →
+    ``#C1``, ``<!subteam^S1>`` → ``@S1``, ``<!here>`` → ``@here``."""
 
     def name(m: re.Match[str]) -> str:
         body = m.group(0)[1:-1]
@@ -152,15 +127,8 @@ def plain(text: str) -> str:
 
 
 def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str:
-    """The end of ``text``, escaped, so that ``wrap[0] + result + wrap[1]`` fits ``limit`` characters.
-
-    When text is cut, the result starts with the marker of
-    :func:`slack_earlier_omitted` (counted in characters of ``text``) and,
-    where a line break is near, at the start of a whole line.
-
-    :param limit: characters available, wrapper included.
-    :returns: the escaped (possibly cut) text, without the wrapper.
-    """
+    """The end of ``text``, escaped, so that ``wrap[0] + result + wrap[1]`` fits ``limit`` characters;
+    when cut, behind :func:`slack_earlier_omitted` and from a line start where one is near."""
     room = limit - len(wrap[0]) - len(wrap[1])
     text = unfence(text) if wrap[0].startswith(_FENCE) else text
     whole = escape(text)
@@ -180,10 +148,7 @@ def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str
 
 
 def keep_head(text: str, limit: int, *, refs: bool = True) -> str:
-    """The start of ``text``, escaped, at most ``limit`` characters, with a marker when cut.
-
-    :param refs: keep Pitstop's user/channel/group references (see :func:`escape`).
-    """
+    """The start of ``text``, escaped (``refs``: see :func:`escape`), cut to ``limit`` behind a marker."""
     whole = escape(text, refs=refs)
     if len(whole) <= limit:
         return whole
@@ -205,8 +170,7 @@ def _context(text: str) -> Block:
 
 
 def _line_sections(lines: list[str], *, fence: bool = False) -> list[Block]:
-    """Sections holding ``lines`` (raw text), split at line boundaries to fit the section limit."""
-    wrap = (_FENCE + "\n", "\n" + _FENCE) if fence else ("", "")
+    wrap = _FENCED if fence else ("", "")
     room = MAX_SECTION_TEXT - len(wrap[0]) - len(wrap[1])
     out: list[Block] = []
     chunk: list[str] = []
@@ -234,15 +198,13 @@ def _fields(fields: tuple[tuple[str, str], ...]) -> list[Block]:
 
 
 def _table(table: Table, max_sections: int) -> list[Block]:
-    lines = format_table(table)
-    sections = _line_sections(lines, fence=True)
+    sections = _line_sections(format_table(table), fence=True)
     if len(sections) <= max_sections:
         return sections
     # keep as many rows as fit in max_sections - 1 sections, then say how many were left out
     kept = sections[: max(max_sections - 1, 1)]
     shown = sum(b["text"]["text"].count("\n") - 1 for b in kept)  # rows + header + rule
-    rows_shown = max(shown - 2, 0)
-    kept.append(_context(escape(slack_rows_omitted(len(table.rows) - rows_shown))))
+    kept.append(_context(escape(slack_rows_omitted(len(table.rows) - max(shown - 2, 0)))))
     return kept
 
 
@@ -264,23 +226,12 @@ def action_of(action_id: str) -> str:
     return body.rsplit(":", 1)[0] if re.search(r":\d+$", body) else body
 
 
-def title_text(reply: Reply) -> str:
-    """The title as the first section shows it (status emoji, bold, escaped); a blank title reads
-    as :data:`bot.text.SLACK_UNTITLED`."""
-    title = " ".join(reply.title.split()) or SLACK_UNTITLED
-    return f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*"
-
-
-def _with_follow_ups(reply: Reply, table_sections: int, follow_ups: bool) -> list[Block]:
-    """:func:`_body` of ``reply``, then of each follow-up below a divider when ``follow_ups``."""
-    blocks = _body(reply, table_sections)
-    for follow in reply.follow_ups if follow_ups else ():
-        blocks += [{"type": "divider"}, *_body(follow, table_sections)]
-    return blocks
-
-
-def _body(reply: Reply, table_sections: int) -> list[Block]:
-    blocks: list[Block] = [_section(title_text(reply))]
+def _body(reply: Reply, table_sections: int, follow_ups: bool = False) -> list[Block]:
+    """``reply``'s blocks, then each follow-up's below a divider when ``follow_ups``."""
+    title = " ".join(reply.title.split()) or SLACK_UNTITLED  # Slack refuses an empty text
+    blocks: list[Block] = [
+        _section(f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*")
+    ]
     if reply.steps:
         blocks += _line_sections([s.text() for s in reply.steps])
     if reply.lines:
@@ -292,17 +243,17 @@ def _body(reply: Reply, table_sections: int) -> list[Block]:
     if reply.log:
         if reply.log_title:
             blocks.append(_context(keep_head(reply.log_title, MAX_SECTION_TEXT)))
-        wrap = (_FENCE + "\n", "\n" + _FENCE)
-        blocks.append(
-            _section(wrap[0] + keep_tail(reply.log.rstrip("\n"), MAX_SECTION_TEXT, wrap=wrap) + wrap[1])
-        )
+        log = keep_tail(reply.log.rstrip("\n"), MAX_SECTION_TEXT, wrap=_FENCED)
+        blocks.append(_section(_FENCED[0] + log + _FENCED[1]))
     if reply.chart:
         blocks.append(_context(escape(f"chart: {reply.chart.rsplit('/', 1)[-1]}")))
+    for follow in reply.follow_ups if follow_ups else ():
+        blocks += [{"type": "divider"}, *_body(follow, table_sections)]
     return blocks
 
 
 def block_chars(blocks: list[Block]) -> int:
-    """Characters of text in ``blocks`` all together (what Slack's ``msg_blocks_too_long`` counts)."""
+    """Characters of text in ``blocks`` (what Slack's ``msg_blocks_too_long`` counts)."""
     return sum(len(t) for t in block_texts(blocks))
 
 
@@ -327,11 +278,9 @@ def fit(blocks: list[Block], limit: int = MAX_BLOCKS, chars: int = MAX_MESSAGE_C
 
 
 def _actions(reply: Reply, follow_ups: bool) -> Block | None:
-    elements = [_button(b, i) for i, b in enumerate(reply.buttons)][:MAX_ACTIONS]
-    if follow_ups:
-        for follow in reply.follow_ups:
-            start = len(elements)
-            elements += [_button(b, start + i) for i, b in enumerate(follow.buttons)][: MAX_ACTIONS - start]
+    below = reply.follow_ups if follow_ups else ()
+    buttons = [*reply.buttons, *(b for follow in below for b in follow.buttons)]
+    elements = [_button(b, i) for i, b in enumerate(buttons[:MAX_ACTIONS])]
     return {"type": "actions", "elements": elements} if elements else None
 
 
@@ -345,20 +294,14 @@ def parts(
 ) -> list[dict[str, Any]]:
     """``reply`` as one or more messages (``{"text", "blocks"}``), each within Slack's limits.
 
-    Nothing is cut while ``max_parts`` messages suffice: the first message holds the title,
-    as much as fits, the buttons and a marker saying how many messages follow
-    (:func:`slack_continued`); each later one starts with its place
-    (:func:`slack_part`).  Past ``max_parts`` the last one says how many
-    sections were left out — or, with ``attached``, that they are in the attached text file.
-
-    :param follow_ups: render ``reply.follow_ups`` below a divider (see :func:`reply_blocks`).
-    :param names: user/group id → name for :func:`humanise`.
-    :param max_parts: most messages to produce (5 for a ``response_url``).
-    :param attached: the caller attaches the whole answer as a file when it is cut.
-    :returns: at least one message payload.
+    Nothing is cut while ``max_parts`` messages suffice (5 for a ``response_url``): the first holds
+    the title, the buttons and :func:`slack_continued`, each later one starts with
+    :func:`slack_part`.  Past that the last one says how many sections were left out, or with
+    ``attached`` (the caller attaches the whole answer as a file) that they are in the file.
+    ``follow_ups`` and ``names``: as for :func:`reply_blocks`.  At least one payload.
     """
     reply = humanise(reply, names)
-    body = _with_follow_ups(reply, 10_000, follow_ups)
+    body = _body(reply, 10_000, follow_ups)
     actions = _actions(reply, follow_ups)
     tail = [actions] if actions else []
     reserve = block_chars(tail) + 200  # markers
@@ -384,21 +327,12 @@ def parts(
         cut = slack_attached(dropped) if attached else slack_blocks_omitted(dropped)
         chunks[-1].append(_context(escape(cut)))
     total = len(chunks)
-    out: list[dict[str, Any]] = []
-    for i, chunk in enumerate(chunks):
-        if i == 0:
-            first = list(chunk)
-            if total > 1:
-                first.append(_context(escape(slack_continued(total - 1))))
-            out.append({"text": fallback_text(reply), "blocks": first + tail})
-        else:
-            label = slack_part(i + 1, total, reply.title)
-            out.append(
-                {
-                    "text": keep_head(label, MAX_FALLBACK),
-                    "blocks": [_context(keep_head(label, MAX_SECTION_TEXT)), *chunk],
-                }
-            )
+    more = [_context(escape(slack_continued(total - 1)))] if total > 1 else []
+    out: list[dict[str, Any]] = [{"text": fallback_text(reply), "blocks": chunks[0] + more + tail}]
+    for i, chunk in enumerate(chunks[1:], 2):
+        label = slack_part(i, total, reply.title)
+        head = _context(keep_head(label, MAX_SECTION_TEXT))
+        out.append({"text": keep_head(label, MAX_FALLBACK), "blocks": [head, *chunk]})
     return out
 
 
@@ -409,20 +343,16 @@ def reply_blocks(
     limit: int = MAX_BLOCKS,
     names: Mapping[str, str] | None = None,
 ) -> list[Block]:
-    """The Block Kit blocks of ``reply`` for one message, at most ``limit`` of them and
-    :data:`MAX_MESSAGE_CHARS` characters, every text within Slack's limits (see :func:`parts` to
-    split instead of cut).
+    """The Block Kit blocks of ``reply`` for one message, cut to ``limit`` blocks (50 for messages,
+    100 for the App Home view) and :data:`MAX_MESSAGE_CHARS` characters (:func:`parts` splits).
 
-    :param follow_ups: also render ``reply.follow_ups`` below a divider (for surfaces with no
-        thread, such as a slash command's response); the outbox posts them in the thread instead.
-    :param limit: the block budget (50 for messages, 100 for the App Home view).
+    :param follow_ups: also render ``reply.follow_ups`` below a divider (no thread to put them in).
     :param names: user/group id → name for :func:`humanise`.
-    :returns: blocks ready for ``chat.postMessage`` / ``chat.update`` / ``respond``.
     """
     reply = humanise(reply, names)
     messages_cap = MAX_MESSAGE_CHARS // MAX_SECTION_TEXT if limit <= MAX_BLOCKS else limit
     table_sections = max(2, min(limit // 5, messages_cap))
-    blocks = _with_follow_ups(reply, table_sections, follow_ups)
+    blocks = _body(reply, table_sections, follow_ups)
     actions = _actions(reply, follow_ups)
     if actions:
         blocks.append(actions)
@@ -439,26 +369,20 @@ def fallback_text(reply: Reply) -> str:
 def message(
     reply: Reply, *, follow_ups: bool = True, names: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """``{"text": …, "blocks": […]}`` for ``reply`` as one message (cut visibly if it is too long;
-    :func:`parts` splits instead): the keyword arguments of a message call."""
+    """``{"text": …, "blocks": […]}`` for ``reply`` as one message, cut visibly if too long."""
     reply = humanise(reply, names)
     return {"text": fallback_text(reply), "blocks": reply_blocks(reply, follow_ups=follow_ups)}
 
 
 def text_message(text: str) -> dict[str, Any]:
-    """A one-section message (the "working…" ack), within the limits; references in ``text`` are
-    shown as text, never as pings."""
+    """A one-section message, within the limits; references in ``text`` never ping."""
     text = humanise_text(text) if text.strip() else SLACK_UNTITLED
     body = keep_head(text, MAX_SECTION_TEXT)
     return {"text": keep_head(text, MAX_FALLBACK), "blocks": [_section(body)]}
 
 
 def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The App Home view (``views.publish``): a header, ``reply`` rendered, and a footer line.
-
-    :param reply: the job listing (state, PID, uptime, last restart and by whom).
-    :param footer: a context line (when it was updated).
-    """
+    """The App Home view (``views.publish``): a header, ``reply`` (the job listing), a footer line."""
     header: Block = {
         "type": "header",
         "text": {"type": "plain_text", "text": SLACK_HOME_TITLE[:150], "emoji": True},
@@ -468,8 +392,7 @@ def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None)
 
 
 def block_texts(blocks: list[Block]) -> list[str]:
-    """Every text in ``blocks`` (sections, fields, context elements, header, buttons), for tests
-    and logs."""
+    """Every text in ``blocks`` (sections, fields, context elements, header, buttons)."""
     out: list[str] = []
     for block in blocks:
         if isinstance(block.get("text"), dict):
@@ -482,9 +405,6 @@ def block_texts(blocks: list[Block]) -> list[str]:
             elif isinstance(el.get("text"), str):
                 out.append(el["text"])
     return out
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def slack_earlier_omitted(chars: int) -> str:

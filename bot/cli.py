@@ -1,16 +1,6 @@
 """The ``pitstop`` command: ``demo | console | serve | say | parse | check-config | check-slack``.
 
-Every verb exits with the codes listed in the README (:class:`pipeline.errors.ExitCode`):
-0 ok; 1 the action failed or the verdict is not RUNNING; 2 usage, parse or config error;
-3 denied; 4 refused because another restart is in flight; 5 cancelled or timed out.
-Errors are one clear line on stderr, never a traceback.
-
-Usage::
-
-    pitstop check-config pitstop.toml
-    pitstop check-slack --post
-    pitstop parse "restart dflash with topk patch"
-    pitstop say "restart dflash with topk patch" --as U012ABCDEF --wait
+Exit codes are :class:`pipeline.errors.ExitCode`'s (README); errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -91,11 +81,8 @@ def _fail(message: str, code: ExitCode) -> int:
 def run_async(
     make: Callable[[], Coroutine[Any, Any, int]], *, on_signal: ExitCode = ExitCode.CANCELLED
 ) -> int:
-    """Run ``make()`` in a fresh event loop; SIGINT/SIGTERM cancel it so cleanup runs.
-
-    :param on_signal: the exit code after a signal (5, cancelled; ``serve`` uses 0: a normal stop).
-    :returns: the coroutine's exit code, or ``on_signal`` after a signal.
-    """
+    """Run ``make()`` in a fresh event loop and return its exit code; SIGINT/SIGTERM cancel it so
+    cleanup runs, and return ``on_signal`` (``serve`` uses 0: a normal stop)."""
 
     async def main() -> int:
         task = asyncio.current_task()
@@ -122,30 +109,21 @@ def run_async(
     return asyncio.run(main())
 
 
-def _load(args: argparse.Namespace, env: settings_mod.Settings) -> Config:
-    return load_config(resolve_path(args.config, env.config_path))
-
-
-def _check_config(args: argparse.Namespace, env: settings_mod.Settings) -> int:
-    path = resolve_path(args.file or args.config, env.config_path)
-    config = load_config(path)
-    redis = config.redis.url or f"embedded under {config.state.dir}"
-
-    print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
-    return 0
-
-
 def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     verb: str = args.verb
     if verb == "check-config":
-        return _check_config(args, env)
+        path = resolve_path(args.file or args.config, env.config_path)
+        config = load_config(path)
+        redis = config.redis.url or f"embedded under {config.state.dir}"
+        print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
+        return 0
     if verb == "demo":
         from bot.demo import demo_main  # lazy: each verb loads only its own stack (SSH, Redis, Slack)
 
         return run_async(lambda: demo_main(args, env))
-    config = _load(args, env)
+    config = load_config(resolve_path(args.config, env.config_path))
     if verb == "parse":
-        from bot.say import parse_main  # lazy: as above, ``parse`` stays quick
+        from bot.say import parse_main  # lazy: as above
 
         return parse_main(config, args.text)
     if verb == "say":
@@ -175,47 +153,25 @@ def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config)
 
     if not env.bot_token:
         return _fail(missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
-    bot_token = env.bot_token
-    if args.socket:
-        if not env.app_token:
-            return _fail(missing_env("SLACK_APP_TOKEN"), ExitCode.USAGE)
-        app_token = env.app_token
-
-        async def socket_mode() -> int:
-            await serve.serve_socket(
-                config,
-                bot_token=bot_token,
-                app_token=app_token,
-                api_url=env.api_url,
-                host=args.host,
-                port=args.port,
-            )
-            return 0
-
-        return run_async(socket_mode, on_signal=ExitCode.OK)
-    if not env.signing_secret:
+    bot_token, app_token, secret = env.bot_token, env.app_token, env.signing_secret
+    if args.socket and not app_token:
+        return _fail(missing_env("SLACK_APP_TOKEN"), ExitCode.USAGE)
+    if not args.socket and not secret:
         return _fail(missing_env("SLACK_SIGNING_SECRET"), ExitCode.USAGE)
-    secret = env.signing_secret
 
-    async def http() -> int:
-        await serve.serve_http(
-            config,
-            host=args.host,
-            port=args.port,
-            bot_token=bot_token,
-            signing_secret=secret,
-            api_url=env.api_url,
-        )
+    async def serving() -> int:
+        common = {"host": args.host, "port": args.port, "bot_token": bot_token, "api_url": env.api_url}
+        if args.socket and app_token:
+            await serve.serve_socket(config, app_token=app_token, **common)
+        elif secret:
+            await serve.serve_http(config, signing_secret=secret, **common)
         return 0
 
-    return run_async(http, on_signal=ExitCode.OK)
+    return run_async(serving, on_signal=ExitCode.OK)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``pitstop`` console script.
-
-    :returns: the exit code (see the module docstring).
-    """
+    """Entry point of the ``pitstop`` console script; returns the exit code."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
@@ -232,9 +188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         incident = new_incident_id()
         log.exception("incident %s", incident)
         return _fail(internal_error(incident), ExitCode.FAILED)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def config_summary(source: str, hosts: int, jobs: int, redis: str) -> str:

@@ -1,16 +1,7 @@
 """``pitstop console``: chat with Pitstop in a terminal, over the same handlers as Slack.
 
-A :class:`ConsoleSession` sends each line to the :class:`~handlers.dispatch.Dispatcher` as a
-Slack message would be sent, and prints the :class:`~handlers.reply.Reply` with
-:class:`Renderer` (rich): the title in its status colour, the step list with ✓/✗ and
-durations, fields, tables, the log in a panel, the chart's path.  What the team would see in
-the channel — a restart's message updated step by step, its thread, alerts, digests — comes
-through :class:`ConsoleOutbox`, prefixed by its thread key (``[run r-3]``), as it happens.
-
-A reply with a ``confirm`` button asks ``confirm? [y/N]`` and answers through
-``handle_action("confirm", …)`` (or ``cancel``).  The session also runs without a terminal:
-:meth:`ConsoleSession.repl` reads lines from any iterable (or stdin when it is not a tty), and
-:meth:`ConsoleSession.run_line` runs one line — the demo drives the session that way.
+:class:`ConsoleSession` sends lines (typed, or from an iterable: the demo) to the dispatcher and
+prints replies with :class:`Renderer`; the team's posts come through :class:`ConsoleOutbox`.
 """
 
 from __future__ import annotations
@@ -53,12 +44,8 @@ Ask = Callable[[str], Awaitable[str | None]]
 
 
 def make_console(*, file: IO[str] | None = None, record: bool = False, width: int | None = None) -> Console:
-    """The rich Console the console chat prints to.
-
-    :param file: where to write (default stdout); tests pass a StringIO.
-    :param record: keep what was printed (``console.export_text()``).
-    :param width: columns (default: the terminal's; 120 for a given file or piped output).
-    """
+    """The rich Console the console chat prints to (``file``: default stdout; ``record``: keep what
+    was printed; ``width``: default the terminal's, 120 for a given file or piped output)."""
     if file is not None and width is None:
         width = 120
     console = Console(file=file, record=record, width=width, highlight=False)
@@ -96,23 +83,18 @@ class Renderer:
         return Text(plain(step.text()), style=STEP_STYLE.get(step.outcome, ""))
 
     def log(self, reply: Reply) -> Group:
-        """The log excerpt (its last :data:`MAX_LOG_LINES` lines) between rules, the first titled ``log_title``."""
+        """The log's last :data:`MAX_LOG_LINES` lines between rules (not a box: piped output would
+        crop long lines), the first titled ``log_title``."""
         lines = (reply.log or "").rstrip("\n").splitlines()
         body = "\n".join(lines[-MAX_LOG_LINES:])
         if len(lines) > MAX_LOG_LINES:
             omitted = sum(len(line) + 1 for line in lines[:-MAX_LOG_LINES])
             body = slack_earlier_omitted(omitted) + "\n" + body
-        # between two rules, not in a box: a box crops a long line when the output is piped (soft
-        # wrap), and the end of a line (a pid list, a checkpoint's step) is often what matters
         title = Text(reply.log_title) if reply.log_title else ""
         return Group(Rule(title, align="left", style="dim"), Text(body), Rule(style="dim"))
 
     def render(self, reply: Reply, prefix: str = "") -> RenderableType:
-        """Everything in ``reply``: title, steps, lines, fields, tables, log, chart, attachments, buttons,
-        follow-ups.
-
-        :param prefix: shown before the title (the thread key, ``[run r-3]``).
-        """
+        """Everything in ``reply``, ``prefix`` (the thread key, ``[run r-3]``) before the title."""
         parts: list[RenderableType] = [prefixed(prefix, self.title(reply))]
         parts += [self.step(s) for s in reply.steps]
         parts += [Text(plain(line)) for line in reply.lines]
@@ -141,19 +123,13 @@ class Renderer:
                 Text("  ".join(console_button(b.label, b.action) for b in reply.buttons), style="dim")
             )
         for follow in reply.follow_ups:
-            parts.append(Text(""))
-            parts.append(self.render(follow))
+            parts += [Text(""), self.render(follow)]
         return Group(*parts)
 
 
 class ConsoleOutbox:
-    """:class:`~handlers.outbox.Outbox` for the terminal: team-visible posts printed as they come.
-
-    The first ``announce`` of a key prints the whole reply; later ones print only what changed
-    (the title, and each step that started or finished) — the live step list.
-
-    :param console: where to print.
-    """
+    """:class:`~handlers.outbox.Outbox` for the terminal: team-visible posts printed as they come;
+    a later ``announce`` of a key prints only what changed (the live step list)."""
 
     def __init__(self, console: Console, renderer: Renderer | None = None) -> None:
         self.console = console
@@ -162,12 +138,10 @@ class ConsoleOutbox:
 
     def _print(self, prefix: str, renderable: RenderableType) -> None:
         if isinstance(renderable, Text):
-            self.console.print(prefixed(prefix, renderable))
+            renderable = prefixed(prefix, renderable)
         elif prefix:
             self.console.print(Text(prefix, style=PREFIX_STYLE))
-            self.console.print(renderable)
-        else:
-            self.console.print(renderable)
+        self.console.print(renderable)
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a headline, or the steps and title that changed since the last one for ``key``."""
@@ -208,9 +182,8 @@ class _StdinReader:
     """Reads stdin in a daemon thread (so Ctrl-C and exit never wait for a pending ``input()``)."""
 
     def __init__(self) -> None:
-        self._requests: queue.Queue[tuple[str, asyncio.Future[str | None], asyncio.AbstractEventLoop]] = (
-            queue.Queue()
-        )
+        self._requests: queue.Queue[tuple[str, asyncio.Future[str | None], asyncio.AbstractEventLoop]]
+        self._requests = queue.Queue()
         self._thread: threading.Thread | None = None
         self.tty = sys.stdin.isatty()
 
@@ -247,10 +220,7 @@ def _resolve(fut: asyncio.Future[str | None], line: str | None) -> None:
 class ConsoleSession:
     """One person chatting with Pitstop in a terminal (or a script driving it).
 
-    :param dispatcher: the handlers, as Slack uses them.
     :param user: who the requests act as (a Slack user id, ``--as``/``PITSTOP_USER``).
-    :param console: where replies are printed (default: a new one on stdout).
-    :param groups: the user's user-group ids.
     :param ask: how to ask ``confirm? [y/N]`` (returns the answer, None for no answer);
         default: the next input line in :meth:`repl`, the terminal otherwise, else "no".
     """
@@ -274,17 +244,10 @@ class ConsoleSession:
         self._lines: Iterator[str] | None = None
         self._stdin: _StdinReader | None = None
 
-    def _delivery(self) -> str:
-        return f"console:{uuid.uuid4().hex}"
-
     async def run_line(self, text: str) -> Reply:
-        """Send one line to Pitstop, print the reply, and settle a confirmation if it asks for one.
-
-        :returns: the final reply (the confirmed/cancelled outcome when one was asked for).
-        """
-        req = Request(
-            text=text, user=self.user, groups=self.groups, delivery_id=self._delivery(), surface="console"
-        )
+        """Send one line, print the reply, settle a confirmation it asks for; return the final reply."""
+        delivery = f"console:{uuid.uuid4().hex}"
+        req = Request(text=text, user=self.user, groups=self.groups, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)
         self.console.print(self.renderer.render(reply))
         confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
@@ -296,7 +259,7 @@ class ConsoleSession:
         else:
             cancel = next((b for b in reply.buttons if b.action == "cancel"), None)
             action, value = "cancel", (cancel.value if cancel is not None else confirm.value)
-        outcome = await self.dispatcher.handle_action(action, value, self.user, self._delivery())
+        outcome = await self.dispatcher.handle_action(action, value, self.user, f"console:{uuid.uuid4().hex}")
         self.console.print(self.renderer.render(outcome))
         return outcome
 
@@ -322,11 +285,7 @@ class ConsoleSession:
         return line
 
     async def repl(self, lines: Iterable[str] | None = None) -> int:
-        """Read lines and answer each until ``quit`` or end of input.
-
-        :param lines: the input lines; None → stdin (a prompt when it is a terminal, else its lines).
-        :returns: 0.
-        """
+        """Answer ``lines`` (None: stdin) until ``quit`` or end of input; return 0."""
         self._lines = iter(lines) if lines is not None else None
         while True:
             if self._lines is not None:
@@ -356,14 +315,7 @@ async def run_console(
     scheduler: bool = True,
 ) -> int:
     """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
-    chat until ``quit``/end of input, wait for restarts in flight, close everything.
-
-    :param user: who the requests act as.
-    :param lines: input lines (None → stdin).
-    :param console: where to print (default stdout).
-    :param scheduler: start the scheduler (verdicts, watching, digests arrive as posts).
-    :returns: the exit code (0).
-    """
+    chat (:meth:`ConsoleSession.repl`), wait for restarts in flight, close everything; return 0."""
     console = console or make_console()
     ctx = await build_context(config, ConsoleOutbox(console))
     sched: PitstopScheduler | None = None
@@ -381,9 +333,6 @@ async def run_console(
             with contextlib.suppress(Exception):
                 await sched.stop()
         await close_context(ctx)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def console_button(label: str, action: str) -> str:

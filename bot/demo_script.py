@@ -1,15 +1,9 @@
-"""The demo's script language: a line is a command as a person would type it, or a directive.
+"""The demo's script language: a line is a command as a person would type it, or a directive::
 
-Directives::
-
-    wait verdict|alert|resolved|digest JOB [within N]   wait (at most N s, default 120) for that event
-    wait ranks JOB [within N]                           wait until each of the job's ``processes`` ranks
-                                                        wrote a metric line since its last launch
-    kill JOB                                            SIGKILL the job's whole session from outside
-    # comment                                           ignored, as are blank lines
-
-Parsing is strict: a malformed directive is an error naming the line, so a broken script
-stops the demo before anything runs.
+wait verdict|alert|resolved|digest JOB [within N]   that event (at most N s, default 120)
+wait ranks JOB [within N]                           every rank wrote a metric line since launch
+kill JOB                                            SIGKILL the job's whole session from outside
+# comment                                           ignored, as are blank lines
 """
 
 from __future__ import annotations
@@ -67,10 +61,8 @@ Step = Say | Wait | WaitRanks | Kill
 
 
 def parse_line(line: str, lineno: int) -> Step | None:
-    """One script line → a step, or None for a blank line or comment.
-
-    :raises UsageError: for a malformed ``wait``/``kill`` directive (names the line).
-    """
+    """One script line → a step, or None for a blank line or comment; :raises UsageError: for a
+    malformed ``wait``/``kill`` directive, naming the line."""
     text = line.strip()
     if not text or text.startswith("#"):
         return None
@@ -102,14 +94,8 @@ def parse_line(line: str, lineno: int) -> Step | None:
 
 
 def parse_script(text: str) -> list[Step]:
-    """A whole script → its steps, in order.
-
-    :raises UsageError: at the first malformed directive.
-    """
+    """A whole script → its steps; :raises UsageError: at the first malformed directive."""
     return [step for n, line in enumerate(text.splitlines(), 1) if (step := parse_line(line, n)) is not None]
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def demo_bad_line(lineno: int, line: str, expected: str) -> str:

@@ -1,11 +1,5 @@
-"""A watcher for the watcher: ``[health] heartbeat_url`` pinged after each watch round.
-
-The convention Healthchecks.io, Cronitor and Dead Man's Snitch share: an HTTP GET of the URL per
-successful round, of ``URL/fail`` for a failed one; the service pages the team when the pings
-stop.  A round is done once every watch group (host and interval) has had a cycle since the last
-ping; it failed if any of those cycles raised or found its host unreachable.  A ping that fails
-is logged, never raised: the watch goes on.
-"""
+"""``[health] heartbeat_url``: a GET of the URL once every watch group had a cycle (``URL/fail``
+if one raised or found its host unreachable), as Healthchecks.io and Cronitor expect."""
 
 from __future__ import annotations
 
@@ -20,12 +14,8 @@ PING_TIMEOUT = 10.0  #: seconds one ping may take
 
 
 class Heartbeat:
-    """Pings ``url`` once every group in ``groups`` has reported a cycle.
-
-    :param url: the heartbeat URL (http or https).
-    :param groups: the watch groups that make up a round (the scheduler's ``watch:…`` job ids).
-    :param timeout: seconds one ping may take.
-    """
+    """Pings ``url`` once every group in ``groups`` (the scheduler's ``watch:…`` job ids) has
+    reported a cycle; ``timeout``: seconds one ping may take."""
 
     def __init__(self, url: str, groups: Iterable[str], *, timeout: float = PING_TIMEOUT) -> None:
         self.url = url
@@ -35,11 +25,8 @@ class Heartbeat:
         self._session: aiohttp.ClientSession | None = None
 
     async def cycle_done(self, group: str, ok: bool) -> None:
-        """Note one group's cycle; ping when the round is complete.
-
-        :param group: the group's id.
-        :param ok: False if the cycle raised or could not probe its host.
-        """
+        """Note one group's cycle (``ok``: False if it raised or could not probe its host); ping
+        when the round is complete."""
         self._round[group] = self._round.get(group, True) and ok
         if self.groups <= set(self._round):
             fine = all(self._round.values())

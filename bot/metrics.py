@@ -1,13 +1,5 @@
-"""``GET /metrics``: Pitstop in the Prometheus text format, the way ops teams already look.
-
-Built with ``prometheus_client`` (https://prometheus.github.io/client_python/): each scrape reads
-the jobs' state from Redis in one pipelined round trip (:class:`~pipeline.state.jobstate.JobStore`),
-their recent runs and last digests, and what this process measured itself (the watcher's
-:class:`~handlers.watchstats.WatchStats`, the outbox's queue), and renders them through a
-collector of its own (:class:`_Snapshot`), so every replica answers with the shared state and
-its own measurements.  Names follow Prometheus's conventions (``pitstop_`` prefix, base units:
-seconds, ``_total`` for counters); the list is in the README ("Metrics").
-"""
+"""``GET /metrics``: the jobs' shared state from Redis and this process's own measurements in the
+Prometheus text format (names and list: the README's "Metrics")."""
 
 from __future__ import annotations
 
@@ -30,11 +22,8 @@ from pipeline.state.incidents import IncidentKind
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  #: the Prometheus text format's media type
 RECENT_RUNS = 500  #: runs (all jobs, newest first) counted by ``pitstop_runs_recent``
-JOB_STATES = (
-    "ok",
-    "paused",
-    *(k.value for k in IncidentKind),
-)  #: values of ``pitstop_job_state``'s ``state``
+#: values of ``pitstop_job_state``'s ``state``
+JOB_STATES = ("ok", "paused", *(k.value for k in IncidentKind))
 
 
 @dataclass
@@ -55,10 +44,9 @@ class Snapshot:
 
 
 async def read_snapshot(ctx: Context, stats: WatchStats | None, outbox: object) -> Snapshot:
-    """Read one scrape's numbers.
+    """Read one scrape's numbers (``stats``: None when this process runs no watcher; a
+    :class:`~bot.slack_send.SlackSender` ``outbox`` reports its queue).
 
-    :param stats: the watcher's measurements (None: this process runs no watcher).
-    :param outbox: the outbox; a :class:`~bot.slack_send.SlackSender` reports its queue.
     :raises StateUnavailable: if Redis does not answer.
     """
     config = ctx.config
@@ -93,6 +81,13 @@ async def read_snapshot(ctx: Context, stats: WatchStats | None, outbox: object) 
     return out
 
 
+def _by(
+    label: str, name: str, doc: str, kind: type[GaugeMetricFamily | CounterMetricFamily] = GaugeMetricFamily
+) -> GaugeMetricFamily | CounterMetricFamily:
+    """A metric family with one label."""
+    return kind(name, doc, labels=[label])
+
+
 class _Snapshot(Collector):
     """Renders one :class:`Snapshot` as metric families."""
 
@@ -103,16 +98,10 @@ class _Snapshot(Collector):
         """Every metric of the README's list."""
         s = self.snap
         state = GaugeMetricFamily("pitstop_job_state", "1 for the job's state now", labels=["job", "state"])
-        expected = GaugeMetricFamily(
-            "pitstop_job_processes_expected", "processes the job should run", labels=["job"]
-        )
-        seen = GaugeMetricFamily("pitstop_job_processes_seen", "processes the last probe saw", labels=["job"])
-        auto = GaugeMetricFamily(
-            "pitstop_job_auto_restarts", "automatic restarts within auto_restart.within", labels=["job"]
-        )
-        rate = GaugeMetricFamily(
-            "pitstop_job_tokens_per_second", "the last scheduled digest's pipeline tokens/s", labels=["job"]
-        )
+        expected = _by("job", "pitstop_job_processes_expected", "processes the job should run")
+        seen = _by("job", "pitstop_job_processes_seen", "processes the last probe saw")
+        auto = _by("job", "pitstop_job_auto_restarts", "automatic restarts within auto_restart.within")
+        rate = _by("job", "pitstop_job_tokens_per_second", "the last scheduled digest's pipeline tokens/s")
         for job, value in s.state.items():
             for name in JOB_STATES:
                 state.add_metric([job, name], 1.0 if name == value else 0.0)
@@ -135,17 +124,13 @@ class _Snapshot(Collector):
         for (job, action, verdict), count in sorted(s.runs.items()):
             runs.add_metric([job, action, verdict], count)
         yield runs
-        probe = GaugeMetricFamily(
-            "pitstop_host_probe_seconds", "duration of the host's last probe", labels=["host"]
+        probe = _by("host", "pitstop_host_probe_seconds", "duration of the host's last probe")
+        probes = _by("host", "pitstop_host_probes", "probes of the host", CounterMetricFamily)
+        failures = _by(
+            "host", "pitstop_host_probe_failures", "probes that could not reach the host", CounterMetricFamily
         )
-        probes = CounterMetricFamily("pitstop_host_probes", "probes of the host", labels=["host"])
-        failures = CounterMetricFamily(
-            "pitstop_host_probe_failures", "probes that could not reach the host", labels=["host"]
-        )
-        cycle = GaugeMetricFamily(
-            "pitstop_watch_cycle_seconds", "duration of the host's last watch cycle", labels=["host"]
-        )
-        cycles = CounterMetricFamily("pitstop_watch_cycles", "watch cycles of the host", labels=["host"])
+        cycle = _by("host", "pitstop_watch_cycle_seconds", "duration of the host's last watch cycle")
+        cycles = _by("host", "pitstop_watch_cycles", "watch cycles of the host", CounterMetricFamily)
         for host, h in sorted(s.watch.hosts.items()):
             if h.probe_s is not None:
                 probe.add_metric([host], h.probe_s)

@@ -1,11 +1,6 @@
-"""Who is who on Slack: people's names (``users.info``, ``users:read``, cached), a channel's
-members (``conversations.members``) and user groups expanded (``usergroups.list``).
-
-Replies name people by id (``<@U012AB>``); :func:`bot.blocks.humanise` shows each as ``@name``
-so that a table or a log line never pings anyone.  :class:`People` resolves the ids a reply
-mentions, at most :data:`LOOKUPS` at a time, and remembers each answer for :data:`TTL`
-seconds (a failed lookup for :data:`MISS_TTL` seconds, showing the id meanwhile).
-"""
+"""Who is who on Slack: people's names (``users.info``, cached), a channel's members
+(``conversations.members``) and user groups expanded (``usergroups.list``); names let
+:func:`bot.blocks.humanise` show ``@name`` instead of a ping."""
 
 from __future__ import annotations
 
@@ -32,10 +27,8 @@ _USER = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 
 
 class People:
-    """User id → display name, from ``users.info``.
-
-    :param client: the Web API client (needs ``users:read``).
-    """
+    """User id → display name, from ``users.info`` (``users:read``), at most :data:`LOOKUPS` per
+    reply, each kept :data:`TTL` s (a failed one :data:`MISS_TTL` s, showing the id meanwhile)."""
 
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client
@@ -94,7 +87,5 @@ class People:
                 groups = {str(g.get("id")): list(g.get("users") or []) for g in resp.get("usergroups") or []}
             except _ASKED as exc:
                 log.warning("usergroups.list: %s", error_of(exc)[0])
-        users: list[str] = []
-        for who in wanted:
-            users.extend(groups.get(who, []) if who.startswith("S") else [who])
+        users = [u for who in wanted for u in (groups.get(who, []) if who.startswith("S") else [who])]
         return [u for u in dict.fromkeys(users) if u.startswith(("U", "W"))]

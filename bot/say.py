@@ -1,20 +1,6 @@
-"""``pitstop parse TEXT`` and ``pitstop say TEXT``: the grammar and the whole request path from a shell.
-
-``pitstop parse`` prints the command TEXT parses to as one JSON object (names checked against
-the config) and exits 0, or prints the error and exits 2::
-
-    $ pitstop parse "restart DFlash with topk patch —fresh-cache"
-    {"verb": "restart", "job": "dflash", "host": null, "patches": ["topk"], "options": {"without": [], "fresh_cache": true}}
-
-``pitstop say`` runs one request through the same :class:`~handlers.dispatch.Dispatcher` as
-Slack, against the configured hosts, and prints the reply; a restart's sequence runs to the
-end of its launch before the command returns (its thread posts are printed too).  With
-``--wait`` it also waits for the verified verdict and prints it; with ``--json`` it prints the
-reply model (the verdict, with ``--wait``, as a follow-up).  A job with ``confirm = true``
-asks ``confirm? [y/N]`` on stderr and reads the answer from stdin.
-
-Exit codes: 0 ok; 1 failed, or the verdict is not RUNNING; 2 bad input; 3 denied; 4 another
-restart in flight; 5 cancelled, or timed out waiting.
+"""``pitstop parse TEXT`` (the command as JSON, exit 0, or the error, exit 2) and ``pitstop say
+TEXT``: one request through the dispatcher as Slack sends it, with its thread posts and, with
+``--wait``, its verified verdict (``--json``: the reply model, those as follow-ups).
 """
 
 from __future__ import annotations
@@ -41,25 +27,20 @@ from pipeline.state.runs import RunRecord
 
 if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick
     from handlers.context import Context
-    from handlers.dispatch import Dispatcher
 
 SEQUENCE_SLACK = 300.0  #: seconds allowed for a sequence beyond the job's stop timeout
 VERDICT_SLACK = 120.0  #: seconds allowed for a verdict beyond the job's start window
 
 
 def parse_main(config: Config, text: str, *, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """``pitstop parse TEXT``: print the parsed command as JSON (exit 0) or the error (exit 2).
-
-    :param out: where the JSON goes (default stdout).
-    :param err: where the error goes (default stderr).
-    """
-    out = out or sys.stdout
+    """``pitstop parse TEXT``: print the parsed command as JSON to ``out`` (exit 0) or the error to
+    ``err`` (exit 2); default stdout and stderr."""
     try:
         command = parse(text, config)
     except ParseError as exc:
         print(exc.message, file=err or sys.stderr)
         return int(exc.exit_code)
-    print(json.dumps(command.to_json()), file=out)
+    print(json.dumps(command.to_json()), file=out or sys.stdout)
     return 0
 
 
@@ -84,18 +65,9 @@ def _read_line(prompt: str, timeout: float, err: IO[str]) -> str | None:
     return box[0] if box else None
 
 
-async def _settle_confirmation(dispatcher: Dispatcher, reply: Reply, user: str, err: IO[str]) -> Reply:
-    confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
-    if confirm is None:
-        return reply
-    answer = await asyncio.to_thread(_read_line, CONSOLE_CONFIRM, dispatcher.confirm_window, err)
-    action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
-    return await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
-
-
 async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: float) -> RunRecord | None:
-    """The run once its verdict is recorded: deliver it here when due, unless another process
-    (the scheduler of a running ``pitstop serve``) claimed it first — then await its VERDICT event."""
+    """The run once its verdict is recorded: delivered here when due, unless another process (a
+    ``pitstop serve``'s scheduler) claimed it first: then its VERDICT event is awaited."""
     from handlers.verdicts import deliver_verdict  # lazy: the request path, see TYPE_CHECKING above
 
     deadline = time.monotonic() + timeout
@@ -134,14 +106,11 @@ async def say_main(
 ) -> int:
     """``pitstop say TEXT``: one request through the Slack path; print the reply (and verdict).
 
-    :param user: who the request acts as (``--as``, else ``PITSTOP_USER``, else ``console``).
     :param wait: also wait for the verified verdict of a restart/start and print it.
     :param as_json: print :meth:`Reply.to_dict` instead of text.
-    :param groups: the user's user-group ids.
-    :returns: the exit code (see the module docstring).
     """
     from bot.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
-    from handlers.dispatch import Dispatcher, Request  # lazy: the request path (SSH, Redis)
+    from handlers.dispatch import Dispatcher, Request  # lazy: as above
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -157,10 +126,13 @@ async def say_main(
             text=text, user=user, groups=groups, delivery_id=f"say:{uuid.uuid4().hex}", surface="say"
         )
         reply = await dispatcher.handle(request)
-        if reply.buttons and any(b.action == "confirm" for b in reply.buttons):
+        confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
+        if confirm is not None:
             if not as_json:
                 print(render_text(reply), file=out, flush=True)
-            reply = await _settle_confirmation(dispatcher, reply, user, err)
+            answer = await asyncio.to_thread(_read_line, CONSOLE_CONFIRM, dispatcher.confirm_window, err)
+            action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
+            reply = await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
         if not as_json:
             print(render_text(reply), file=out, flush=True)
         if reply.run_id is None or reply.exit_code is not ExitCode.OK or not dispatcher.in_flight:
@@ -175,7 +147,9 @@ async def say_main(
         if not as_json:
             for post in posts:
                 print(render_text(post), file=out, flush=True)
-        code = _sequence_code(run)
+        code = ExitCode.OK  # the sequence ended; a verdict already recorded is a failure or a cancel
+        if run.verdict is not None:
+            code = ExitCode.CANCELLED if run.verdict.value == "CANCELLED" else ExitCode.FAILED
         verdict: Reply | None = None
         if wait and code is ExitCode.OK and run.verdict is None and run.launched:
             window = spec.start_window if spec else 0.0
@@ -202,12 +176,3 @@ async def say_main(
     finally:
         await dispatcher.drain(5.0)
         await close_context(ctx)
-
-
-def _sequence_code(run: RunRecord) -> ExitCode:
-    """Exit code of a run whose sequence has ended (before any verification)."""
-    if run.verdict is None:
-        return ExitCode.OK
-    if run.verdict.value == "CANCELLED":
-        return ExitCode.CANCELLED
-    return ExitCode.FAILED

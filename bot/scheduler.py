@@ -1,37 +1,8 @@
-"""The scheduler: verification posts, watch cycles and digests, run by one process among replicas.
-
-APScheduler 3's :class:`~apscheduler.schedulers.asyncio.AsyncIOScheduler` runs inside the
-process's event loop; every job is an ``async`` function and every job sets
-``misfire_grace_time``, ``coalesce`` and ``max_instances=1`` explicitly (the 1 s default grace
-silently drops runs that start late on a busy loop).  An interval tick still running when the next
-one is due makes that one skipped, which is the design: APScheduler's warning for it ("skipped:
-maximum number of running instances reached", every interval while a verify tick runs long) is
-dropped from this scheduler's logger (:class:`_QuietOverlap`); other jobs' skips still warn.
-
-Jobs:
-
-- ``leader``, every ``leader_ttl / 3`` s, on every replica: take or renew the Redis leader
-  lease (:class:`~pipeline.state.leader.LeaderLease`).  While leader, on every tick: take over runs
-  whose owner's heartbeat lapsed (:func:`handlers.verdicts.recover_runs`); on becoming leader,
-  then deliver overdue verifications.
-- ``verify``, every ``poll_interval`` s: deliver the verifications that are due
-  (the verification queue, :func:`handlers.verdicts.deliver_due`), close the approval
-  requests past their expiry, those of a process that died included
-  (:meth:`handlers.dispatch.Dispatcher.expire_due`), then the throughput follow-ups due
-  ``recovery_window`` after a RUNNING verdict (:func:`handlers.recovery.deliver_recoveries`).
-- ``watch:HOST:INTERVAL``, every ``watch.interval`` s: one watch cycle — one probe — for all
-  jobs on HOST that share that interval (:class:`handlers.watching.Watcher`); once every group
-  has had one, ``[health] heartbeat_url`` is pinged (:class:`bot.heartbeat.Heartbeat`).  A cycle
-  starting more than :data:`GAP_INTERVALS` intervals after the previous one (of any leader)
-  ended posts once in the announce channel that Pitstop was not watching, and what it found.
-- ``digest:JOB``, per ``digest.every`` (interval) or ``digest.cron`` (crontab in
-  ``[scheduler] timezone``): :func:`handlers.reports.digest_command` posted with
-  ``ctx.outbox.post``.
-
-Only the lease holder does the work of ``verify``, ``watch`` and ``digest`` jobs; the others
-wake, see they are not leader, and return.  If the leader dies, another replica takes the
-lease within ``leader_ttl`` s.  Claims in Redis (verify claims, incident revisions, digest
-offsets) keep a post from happening twice even if two processes briefly both think they lead.
+"""The scheduler (APScheduler 3 in the event loop): ``leader`` (the lease; take over runs of dead
+owners), ``verify`` (due verifications, expired approvals, recovery follow-ups), ``watch:HOST:INTERVAL``
+(one watch cycle; the heartbeat; a post after a gap of :data:`GAP_INTERVALS` intervals) and
+``digest:JOB``.  Only the lease holder does the work; claims in Redis keep a post from happening
+twice.  Every job sets ``misfire_grace_time``, ``coalesce`` and ``max_instances=1``.
 """
 
 from __future__ import annotations
@@ -74,7 +45,7 @@ class _QuietOverlap(logging.Filter):
     """Drops APScheduler's "maximum number of running instances reached" warning for interval jobs."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for that warning about a job with an :class:`IntervalTrigger`, True otherwise."""
+        """False for that warning about an interval job."""
         job = record.args[0] if isinstance(record.args, tuple) and record.args else None
         return not (
             "maximum number of running instances" in str(record.msg)
@@ -89,23 +60,17 @@ APS_LOG.addFilter(_QuietOverlap())
 
 @dataclass
 class _Gap:
-    """A time nobody watched, found by one group's cycle; the others' first cycles add what they find.
+    """A time nobody watched, found by one group's cycle; the others' first cycles add what they find."""
 
-    :ivar start: unix s of the last cycle before it; :ivar end: of the first cycle after it.
-    :ivar waiting: the watch groups whose first cycle after it has not finished yet.
-    :ivar found: job → the condition its first cycle found.
-    """
-
-    start: float
-    end: float
-    waiting: set[str]
-    found: dict[str, str] = field(default_factory=dict)
+    start: float  #: unix s of the last cycle before it
+    end: float  #: unix s of the first cycle after it
+    waiting: set[str]  #: the watch groups whose first cycle after it has not finished yet
+    found: dict[str, str] = field(default_factory=dict)  #: job → the condition its first cycle found
 
 
 class PitstopScheduler:
     """Scheduled work of one Pitstop process, done only while it holds the leader lease.
 
-    :param ctx: the process context.
     :param leader_ttl: seconds the leader lease lives without renewal (renewed every third).
     :param poll_interval: seconds between polls of due verifications.
     :param remind_every: seconds between reminders of an open, unacknowledged incident.
@@ -142,20 +107,12 @@ class PitstopScheduler:
         return not self._stopping and self.lease.is_leader
 
     @property
-    def running(self) -> bool:
-        """True between :meth:`start` and :meth:`stop`."""
-        return self._scheduler is not None
-
-    @property
     def apscheduler(self) -> AsyncIOScheduler | None:
         """The underlying APScheduler scheduler while started (for inspection), else None."""
         return self._scheduler
 
     async def start(self) -> None:
-        """Schedule every job in the running event loop and try for the lease at once.
-
-        :raises RuntimeError: if already started.
-        """
+        """Schedule every job in the running loop, try for the lease (RuntimeError if started)."""
         if self._scheduler is not None:
             raise RuntimeError("scheduler already started")
         self._stopping = False
@@ -178,37 +135,26 @@ class PitstopScheduler:
                 replace_existing=True,
             )
 
+        def every(seconds: float) -> IntervalTrigger:
+            return IntervalTrigger(seconds=seconds, timezone=tz)
+
         renew = self.lease.renew_every
-        add(self._lease_tick, IntervalTrigger(seconds=renew, timezone=tz), "leader", renew)
-        add(
-            self._verify_tick,
-            IntervalTrigger(seconds=self.poll_interval, timezone=tz),
-            "verify",
-            max(5.0, self.poll_interval * 5),
-        )
+        add(self._lease_tick, every(renew), "leader", renew)
+        add(self._verify_tick, every(self.poll_interval), "verify", max(5.0, self.poll_interval * 5))
         groups: dict[tuple[str, float], list[str]] = {}
         for name, job in config.jobs.items():
             groups.setdefault((job.host, job.watch.interval), []).append(name)
         self._groups = [f"watch:{h}:{i:g}" for h, i in groups]
-        for (host, interval), names in groups.items():
-            add(
-                self._watch_tick,
-                IntervalTrigger(seconds=interval, timezone=tz),
-                f"watch:{host}:{interval:g}",
-                interval,
-                host,
-                names,
-                f"watch:{host}:{interval:g}",
-            )
+        for ((host, interval), names), group in zip(groups.items(), self._groups, strict=True):
+            add(self._watch_tick, every(interval), group, interval, host, names, group)
         if config.health.heartbeat_url and groups:
-            self.heartbeat = Heartbeat(config.health.heartbeat_url, (f"watch:{h}:{i:g}" for h, i in groups))
+            self.heartbeat = Heartbeat(config.health.heartbeat_url, self._groups)
         for name, job in config.jobs.items():
             if job.digest.every is not None:
-                trigger: Any = IntervalTrigger(seconds=job.digest.every, timezone=tz)
-                add(self._digest_tick, trigger, f"digest:{name}", job.digest.every, name)
+                add(self._digest_tick, every(job.digest.every), f"digest:{name}", job.digest.every, name)
             elif job.digest.cron is not None:
-                trigger = CronTrigger.from_crontab(job.digest.cron, timezone=tz)
-                add(self._digest_tick, trigger, f"digest:{name}", DIGEST_CRON_GRACE, name)
+                cron = CronTrigger.from_crontab(job.digest.cron, timezone=tz)
+                add(self._digest_tick, cron, f"digest:{name}", DIGEST_CRON_GRACE, name)
         self._scheduler = sched
         sched.start()
         await self._lease_tick()
@@ -216,8 +162,7 @@ class PitstopScheduler:
     async def stop(self, *, release: bool = True, drain_timeout: float = DRAIN_TIMEOUT) -> None:
         """Stop scheduling, cancel running jobs, wait for automatic restarts, give the lease up.
 
-        :param release: release the lease so another replica takes over at once; False
-            leaves it to expire (as if this process had died).
+        :param release: release the lease (another replica takes over at once), else let it expire.
         :param drain_timeout: seconds to wait for automatic restarts still running.
         """
         self._stopping = True
@@ -242,8 +187,6 @@ class PitstopScheduler:
                 log.warning("could not release the scheduler lease; it expires by itself")
         else:
             self.lease.forget()
-
-    # --- jobs ---------------------------------------------------------------------------------
 
     async def _guarded(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run one job tracked (so :meth:`stop` can cancel it), logging instead of raising."""
@@ -299,7 +242,7 @@ class PitstopScheduler:
         if self.is_leader:
             await deliver_due(self.ctx)
             await self.requests.expire_due()
-        if self.is_leader:
+        if self.is_leader:  # still, after the deliveries
             await deliver_recoveries(self.ctx)
 
     async def _watch_tick(self, host: str, names: list[str], group: str) -> None:
@@ -353,21 +296,14 @@ class PitstopScheduler:
         task.add_done_callback(self._tasks.discard)
 
 
-# --- text ---------------------------------------------------------------------------------------
-
-
 def scheduler_leader(instance: str, acquired: bool) -> str:
     """Log line: this process became, or stopped being, the scheduler leader."""
     return f"{instance} {'is now' if acquired else 'is no longer'} the scheduler leader"
 
 
 def not_watching(start: float, end: float, found: dict[str, str], timezone: str) -> Reply:
-    """The announce post of a leader back after a gap: when nobody watched, and what it found.
-
-    :param start: unix s of the last cycle before the gap.
-    :param end: unix s of the first cycle after it.
-    :param found: job → the condition its first cycle found (``ok`` shows as RUNNING).
-    """
+    """The announce post of a leader back after a gap (``start``/``end``: unix s, as in
+    :class:`_Gap`): when nobody watched, and what it found (``ok`` shows as RUNNING)."""
     jobs = ", ".join(f"{name} {'RUNNING' if c == 'ok' else c.upper()}" for name, c in found.items())
     return Reply(
         f"Pitstop was not watching from {fmt.clock(start, timezone)} to {fmt.clock(end, timezone)} "

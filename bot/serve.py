@@ -1,21 +1,6 @@
-"""``pitstop serve``: the Slack surface over HTTP (aiohttp) or Socket Mode.
-
-HTTP mode listens on ``--host``/``--port``: ``POST /slack/events`` takes events, slash
-commands and interactivity (Bolt verifies the signature: a bad, stale or missing one gets
-401), ``GET /healthz`` answers JSON with the state of Redis and Slack (200 when both are
-fine, else 503; ``slack.queue``: what waits for Slack's pace, and how long), ``GET /metrics``
-the Prometheus text format (:mod:`bot.metrics`).  Socket Mode (``--socket``) needs no public URL: slack_sdk's aiohttp
-``SocketModeClient`` under Bolt's ``AsyncSocketModeHandler`` opens the connection
-(``apps.connections.open``) and reconnects when Slack asks (``disconnect``), waiting between tries
-when Slack refuses one over its 10-connection cap (:mod:`bot.socket_mode`); it still listens on
-``--host``/``--port`` for ``GET /healthz`` and ``GET /metrics`` (no ``/slack/events``: Slack's
-requests come over the socket, and nothing signs them here).
-
-Both modes share :class:`SlackRuntime`: one Web API client (``SLACK_API_URL`` as its base
-URL, 429s waited out), the :class:`~bot.slack_outbox.SlackOutbox`, the Context from
-:func:`bot.assembly.build_context`, the dispatcher, the scheduler and the Bolt app.  On
-shutdown (SIGINT/SIGTERM cancel the task) answers in flight are delivered (bounded), then
-everything is closed in reverse order.
+"""``pitstop serve``: the Slack surface over HTTP (``POST /slack/events``, ``GET /healthz``, ``GET
+/metrics``) or Socket Mode (the last two only), sharing :class:`SlackRuntime`; on shutdown answers
+in flight are delivered (bounded), then everything is closed in reverse order.
 """
 
 from __future__ import annotations
@@ -85,11 +70,12 @@ class SlackRuntime:
     _watching: asyncio.Task[None] | None = None
 
     def watch_store(self) -> None:
-        """Start watching Redis: a dead embedded server is started again, and an outage longer
-        than two watch intervals is logged and, once Redis is back, posted to the announce channel."""
-        self.store_watch = StoreWatch(
-            self.ctx.redis, grace=2 * watch_interval(self.config), on_back=self._store_back
+        """Start watching Redis: a dead embedded server is restarted, an outage longer than two
+        watch intervals posted to the announce channel once Redis is back."""
+        shortest = min(
+            (job.watch.interval for job in self.config.jobs.values()), default=WatchSettings().interval
         )
+        self.store_watch = StoreWatch(self.ctx.redis, grace=2 * shortest, on_back=self._store_back)
         self._watching = asyncio.get_running_loop().create_task(self.store_watch.run())
 
     async def _store_back(self, outage: Outage) -> None:
@@ -138,10 +124,7 @@ class SlackRuntime:
         }
 
     async def metrics(self) -> bytes:
-        """The ``/metrics`` page: Prometheus's text format (:mod:`bot.metrics`).
-
-        :raises StateUnavailable: if Redis does not answer.
-        """
+        """The ``/metrics`` page (:mod:`bot.metrics`); :raises StateUnavailable: if Redis does not answer."""
         stats = self.scheduler.watcher.stats if self.scheduler is not None else None
         return metrics_page(await read_snapshot(self.ctx, stats, self.outbox))
 
@@ -184,7 +167,6 @@ async def open_runtime(
     """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler.
 
     :param signing_secret: HTTP mode's secret; None for Socket Mode.
-    :param scheduler: start the scheduler (verifications, watching, digests).
     :param check_auth: call ``auth.test`` first so a wrong token fails at once.
     :raises SlackUnavailable: if ``auth.test`` fails.
     """
@@ -214,11 +196,7 @@ async def open_runtime(
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
         surface = SlackSurface(
-            config,
-            dispatcher,
-            client=client,
-            signing_secret=signing_secret,
-            outbox=outbox,
+            config, dispatcher, client=client, signing_secret=signing_secret, outbox=outbox
         )
         runtime = SlackRuntime(
             config=config,
@@ -246,21 +224,13 @@ async def open_runtime(
         raise
 
 
-# --- HTTP ----------------------------------------------------------------------------------------
-
-
 def http_app(
     surface: SlackSurface | None,
     health: Callable[[], Awaitable[dict[str, Any]]],
     metrics: Callable[[], Awaitable[bytes]] | None = None,
 ) -> web.Application:
-    """The aiohttp application: ``POST /slack/events`` through Bolt, ``GET /healthz``, and with
-    ``metrics`` ``GET /metrics``.
-
-    :param surface: the Bolt app's surface; None (Socket Mode): no ``/slack/events`` route (404).
-    :param health: returns the ``/healthz`` JSON (``ok`` decides 200 or 503).
-    :param metrics: returns the ``/metrics`` page (503 while Redis does not answer).
-    """
+    """The aiohttp application: ``POST /slack/events`` through Bolt (none when ``surface`` is None,
+    Socket Mode), ``GET /healthz`` (``ok`` decides 200 or 503), with ``metrics`` ``GET /metrics``."""
 
     async def events(request: web.Request) -> web.Response:
         assert surface is not None
@@ -309,11 +279,8 @@ class HttpServer:
 
 
 async def start_http(app: web.Application, *, host: str, port: int) -> HttpServer:
-    """Listen on ``host:port`` (0 → a free port) with ``app`` (from :func:`http_app`).
-
-    :returns: the server; close it before the runtime.
-    :raises UsageError: if ``host:port`` cannot be bound (taken, say), naming it and ``--port``.
-    """
+    """Listen on ``host:port`` (0 → a free port); close the server before the runtime.  Raises
+    :class:`UsageError` if ``host:port`` cannot be bound, naming it and ``--port``."""
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -322,11 +289,8 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
     except OSError as exc:
         await runner.cleanup()
         raise UsageError(listen_failed(host, port, exc)) from exc
-    bound = port
     sockets = getattr(site._server, "sockets", None)
-    if sockets:
-        bound = int(sockets[0].getsockname()[1])
-    return HttpServer(runner, host, bound)
+    return HttpServer(runner, host, int(sockets[0].getsockname()[1]) if sockets else port)
 
 
 async def serve_http(
@@ -338,15 +302,8 @@ async def serve_http(
     signing_secret: str,
     api_url: str | None,
 ) -> None:
-    """Serve Slack over HTTP until cancelled (SIGINT/SIGTERM).
-
-    :param host: listen address.
-    :param port: listen port.
-    :param bot_token: ``SLACK_BOT_TOKEN``.
-    :param signing_secret: ``SLACK_SIGNING_SECRET`` (requests with a bad signature get 401).
-    :param api_url: ``SLACK_API_URL``, or None for Slack's.
-    :raises SlackUnavailable: if the bot token is refused.
-    """
+    """Serve Slack over HTTP on ``host:port`` until cancelled (SIGINT/SIGTERM); raises
+    :class:`SlackUnavailable` if the bot token is refused."""
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
     try:
         app = http_app(runtime.surface, runtime.health, runtime.metrics)
@@ -360,22 +317,14 @@ async def serve_http(
         await runtime.close()
 
 
-# --- Socket Mode ---------------------------------------------------------------------------------
-
-
 async def connect_socket(
     surface: SlackSurface, client: AsyncWebClient, *, app_token: str, ping_interval: float = 10.0
 ) -> CappedSocketModeHandler:
-    """Connect ``surface``'s Bolt app to Slack over Socket Mode (``apps.connections.open`` with
-    the app token, on ``client``'s Web API base URL).
-
-    :returns: the connected handler; close it with ``await handler.close_async()``.
-    :raises SlackUnavailable: if Slack refuses the app token.
-    """
+    """Connect ``surface``'s Bolt app over Socket Mode (close the handler with ``close_async()``);
+    raises :class:`SlackUnavailable` if Slack refuses the app token."""
     handler = CappedSocketModeHandler(surface.app, app_token, web_client=client, ping_interval=ping_interval)
     try:
-        # the first URL is fetched here so a refused app token fails at once (the client itself
-        # would retry forever); reconnections fetch new ones inside the client
+        # here, so a refused app token fails at once (the client itself would retry forever)
         handler.client.wss_uri = await handler.client.issue_new_wss_url()
     except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
         await handler.close_async()  # type: ignore[no-untyped-call]
@@ -394,15 +343,10 @@ async def serve_socket(
     host: str | None = None,
     port: int = 0,
 ) -> None:
-    """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM); no public URL needed.
+    """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM).
 
-    :param bot_token: ``SLACK_BOT_TOKEN``.
-    :param app_token: ``SLACK_APP_TOKEN`` (``xapp-…``, scope ``connections:write``).
-    :param api_url: ``SLACK_API_URL``, or None for Slack's.
     :param host: listen address for ``GET /healthz`` and ``GET /metrics``; None: no listener.
-    :param port: their listen port (0: a free one, printed).
-    :raises SlackUnavailable: if a token is refused.
-    :raises UsageError: if the address cannot be bound.
+    :raises SlackUnavailable: if a token is refused (:class:`UsageError`: the address cannot be bound).
     """
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
     server: HttpServer | None = None
@@ -416,14 +360,6 @@ async def serve_socket(
         if server is not None:
             await server.close()
         await runtime.close()
-
-
-def watch_interval(config: Config) -> float:
-    """The shortest watch interval of the configured jobs, in seconds (the default one without jobs)."""
-    return min((job.watch.interval for job in config.jobs.values()), default=WatchSettings().interval)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def state_store_was_away(outage: Outage, timezone: str) -> Reply:

@@ -1,8 +1,5 @@
-"""The one module that reads the environment.
-
-Secrets (Slack tokens) come only from here, are never logged and never echoed; the rest
-of Pitstop receives values as arguments.
-"""
+"""The one module that reads the environment; secrets (Slack tokens) come only from here and
+are never logged or echoed."""
 
 from __future__ import annotations
 
@@ -14,22 +11,14 @@ DEFAULT_USER = "console"
 
 @dataclass(frozen=True)
 class Settings:
-    """Values taken from the environment at start-up.
+    """Values taken from the environment at start-up (None when unset)."""
 
-    :ivar bot_token: ``SLACK_BOT_TOKEN`` (``xoxb-…``), or None.
-    :ivar signing_secret: ``SLACK_SIGNING_SECRET`` (HTTP mode), or None.
-    :ivar app_token: ``SLACK_APP_TOKEN`` (``xapp-…``, Socket Mode), or None.
-    :ivar api_url: ``SLACK_API_URL``: the Web API base URL (proxies, tests), or None.
-    :ivar config_path: ``PITSTOP_CONFIG``, or None.
-    :ivar user: ``PITSTOP_USER``: who the console and ``pitstop say`` act as, or None.
-    """
-
-    bot_token: str | None = field(default=None, repr=False)
-    signing_secret: str | None = field(default=None, repr=False)
-    app_token: str | None = field(default=None, repr=False)
-    api_url: str | None = None
-    config_path: str | None = None
-    user: str | None = None
+    bot_token: str | None = field(default=None, repr=False)  #: ``SLACK_BOT_TOKEN`` (``xoxb-…``)
+    signing_secret: str | None = field(default=None, repr=False)  #: ``SLACK_SIGNING_SECRET`` (HTTP mode)
+    app_token: str | None = field(default=None, repr=False)  #: ``SLACK_APP_TOKEN`` (``xapp-…``, Socket Mode)
+    api_url: str | None = None  #: ``SLACK_API_URL``: the Web API base URL (proxies, tests)
+    config_path: str | None = None  #: ``PITSTOP_CONFIG``
+    user: str | None = None  #: ``PITSTOP_USER``: who the console and ``pitstop say`` act as
 
     def acting_user(self, explicit: str | None) -> str:
         """Who a console/CLI request acts as: ``--as``, else ``PITSTOP_USER``, else ``console``."""

@@ -1,18 +1,11 @@
-"""One call to Slack's Web API, as Pitstop makes it: the client, its retries, pacing and refusals.
-
-:func:`web_client` builds slack_sdk's ``AsyncWebClient`` with its rate-limit (HTTP 429,
-``Retry-After``) and connection retry handlers; :class:`Pacer` keeps posts to one channel about
-1/s apart (Slack's ``chat.postMessage`` limit per channel, https://api.slack.com/methods/chat.postMessage#rate_limiting);
-:func:`error_of` names a failed call by Slack's error code and says whether Slack may have
-stored the message anyway; a post refused for good is a :class:`Refused`, and
-:func:`fix_for` / :func:`refused_notice` say what a person does about it.  The outbox
-(:mod:`bot.slack_outbox`) decides what to post and what to do on refusal.
+"""One call to Slack's Web API: the client (:func:`web_client`), pacing per channel
+(:class:`Pacer`) and per method (:class:`Budget`), failed calls named (:func:`error_of`), refusals
+(:class:`Refused`) and their fixes (:func:`refused_notice`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -40,14 +33,8 @@ def web_client(
     session: aiohttp.ClientSession | None = None,
 ) -> AsyncWebClient:
     """An ``AsyncWebClient`` that waits ``Retry-After`` on up to 3 HTTP 429s in a row and retries a
-    connection that could not be made.
-
-    Nothing that may have reached Slack is retried blindly (a reset or a 5xx after Slack stored
-    a message would post it twice): :class:`SlackOutbox` looks such a post up first.
-
-    :param base_url: the Web API base URL (``SLACK_API_URL``), default Slack's.
-    :param session: a shared aiohttp session (closed by the caller), or None for one per call.
-    """
+    connection that could not be made (nothing that may have reached Slack is retried here);
+    ``session``: shared (closed by the caller), or None for one per call."""
     kwargs: dict[str, Any] = {"token": token, "session": session}
     if base_url:
         kwargs["base_url"] = base_url if base_url.endswith("/") else base_url + "/"
@@ -99,11 +86,8 @@ def retry_after(exc: BaseException, default: float = 1.0) -> float:
 
 
 class Pacer:
-    """At most one post per ``interval`` seconds to one channel (Slack allows about 1/s), in the
-    order they asked; what waits is the channel's queue (:meth:`backlog`, shown in ``/healthz``).
-
-    :param interval: minimum seconds between two posts to one channel (0 disables pacing).
-    """
+    """At most one post per ``interval`` seconds (0: no pacing) to one channel, in the order they
+    asked; what waits is the channel's queue (:meth:`backlog`, shown in ``/healthz``)."""
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
@@ -113,8 +97,7 @@ class Pacer:
         self._seq = 0
 
     async def wait(self, channel: str) -> None:
-        """Return when a post to ``channel`` may go; reserves that slot.  Waiters go in the order
-        they asked (asyncio's lock is first come, first served)."""
+        """Return when a post to ``channel`` may go, reserving that slot (first come, first served)."""
         if self.interval <= 0:
             return
         self._seq += 1
@@ -136,19 +119,14 @@ class Pacer:
             queue.pop(me, None)
 
     def backlog(self) -> dict[str, tuple[int, float]]:
-        """Channel → (posts waiting for their slot, seconds the oldest has waited), for channels
-        with a queue."""
+        """Channel → (posts waiting for their slot, seconds the oldest has waited)."""
         now = time.monotonic()
         return {ch: (len(q), now - min(q.values())) for ch, q in self._waiting.items() if q}
 
 
 class Budget:
     """A token bucket for a Web API method limited per workspace (Slack's tiers): ``burst`` calls
-    at once, then ``rate`` per second; callers wait their turn in order.
-
-    :param burst: calls allowed back to back.
-    :param rate: calls per second after that.
-    """
+    back to back, then ``rate`` per second; callers wait their turn in order."""
 
     def __init__(self, burst: float, rate: float) -> None:
         self.burst = burst
@@ -158,13 +136,6 @@ class Budget:
         self._lock = asyncio.Lock()
         self._waiting: dict[int, float] = {}  #: waiter id → when it asked (monotonic s)
         self._seq = 0
-
-    @classmethod
-    def tier3(cls) -> Budget:
-        """Tier 3 (``chat.update``): 50 per minute, https://api.slack.com/apis/rate-limits; kept
-        at 45 per minute (calls reach Slack in another order than they left), the burst
-        (:data:`TIER3_BURST`) below one minute's allowance."""
-        return cls(TIER3_BURST, 45 / 60)
 
     async def wait(self) -> None:
         """Return when one call may go; takes its token."""
@@ -190,14 +161,14 @@ class Budget:
         return len(self._waiting), time.monotonic() - min(self._waiting.values())
 
 
-#: Tier 3 calls made back to back before keeping to 45 per minute: below one minute's allowance
-#: (Slack allows bursts without saying how large; a 429 beyond them is waited out, ``Retry-After``)
-TIER3_BURST = 40
+#: :class:`Budget` ``(burst, rate)`` of Tier 3 (``chat.update``): Slack allows 50 calls per minute
+#: (https://api.slack.com/apis/rate-limits), kept at 45 (calls reach Slack in another order than they
+#: left) after a burst of 40, below one minute's allowance (a 429 beyond it is waited out)
+TIER3 = (40, 45 / 60)
 
 
 def fix_for(error: str, channel: str) -> str:
-    """What to do about a post Slack refused, by Slack's error code (Slack's own wording: ``<#C…>``
-    links the channel, ``/invite @pitstop`` is what a person types)."""
+    """What to do about a post Slack refused, by Slack's error code."""
     where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
     fixes = {
         "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
@@ -247,11 +218,3 @@ def detail_of(error: object) -> str:
             detail += f" {extra}"
         return detail
     return str(error) or type(error).__name__
-
-
-async def close_client(client: AsyncWebClient) -> None:
-    """Close a client's shared aiohttp session, if it has one."""
-    session = getattr(client, "session", None)
-    if isinstance(session, aiohttp.ClientSession):
-        with contextlib.suppress(Exception):
-            await session.close()

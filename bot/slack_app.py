@@ -1,28 +1,7 @@
-"""The Slack surface: a Bolt ``AsyncApp`` over the transport-free :class:`handlers.dispatch.Dispatcher`.
-
-It listens for the slash command from ``[slack] command`` (``/train``), app mentions
-(``@pitstop restart dflash with topk patch``), direct messages, the buttons of a reply
-(confirm / cancel / show log) and the App Home tab (a listing of every job, published with
-``views.publish``).  The same app serves HTTP (:mod:`bot.serve`, Bolt's signature check) and
-Socket Mode.
-
-**Ack first.**  The app runs with ``process_before_response=True``: a listener runs before the
-HTTP response (or the Socket Mode ack) and calls ``ack()`` itself, so the ack goes out as soon
-as it is called — Bolt's other path polls for the ack every 10 ms.  A slash command is acked
-empty before anything else happens: no parsing, no Redis round trip (dedupe, roles from user
-groups, audit), no answer built.  All of that runs after the ack in a tracked task, and the
-answer (help, a parse error, "queued run r-42 for dflash") follows through ``response_url``,
-so the time to the ack is Bolt's own.  Events and buttons are acked the same way and answered
-with ``chat.postMessage`` / ``chat.postEphemeral`` / ``respond``.
-
-**Retries are not repeats.**  Bolt does not drop Slack's retries (``X-Slack-Retry-Num``); each
-request carries a stable delivery id — the slash command's ``trigger_id``, the event's
-``event_id``, the button click's ``trigger_id`` — and the dispatcher's dedupe acts on it once.
-A retried *event* is not answered a second time in Slack.
-
-User groups (``usergroups.list`` with members) are resolved through :class:`GroupCache`: read
-from a short-lived cache, refreshed in the background, and only fetched at all when the
-configuration names a user-group id (``S…``).
+"""The Slack surface: a Bolt ``AsyncApp`` (slash command, mentions, DMs, buttons, App Home) over
+:class:`handlers.dispatch.Dispatcher`.  Every listener acks first and works after the ack in a
+tracked task; a stable delivery id per request (``trigger_id``, ``event_id``) makes Slack's
+retries no repeats.
 """
 
 from __future__ import annotations
@@ -64,8 +43,7 @@ Respond = Callable[..., Awaitable[Any]]
 
 
 def needs_groups(config: Config) -> bool:
-    """True when any role list (global or per job) or a job's ``[approval] approvers`` names a
-    user-group id (``S…``)."""
+    """True when a role list (global or per job) or ``[approval] approvers`` names a group (``S…``)."""
     ids: list[str] = [*config.auth.admins, *config.auth.operators, *config.auth.viewers]
     for job in config.jobs.values():
         for ids_of in (job.auth.admins, job.auth.operators, job.auth.viewers):
@@ -76,9 +54,8 @@ def needs_groups(config: Config) -> bool:
 
 
 class GroupCache:
-    """Which user groups each user is in, from ``usergroups.list`` (include_users), cached briefly.
+    """Which user groups each user is in, from ``usergroups.list`` (``usergroups:read``).
 
-    :param client: the Web API client (needs ``usergroups:read``).
     :param ttl: seconds a listing is trusted; an older one is still served while a refresh runs.
     :param enabled: False → every user is in no group and Slack is never asked.
     """
@@ -92,10 +69,7 @@ class GroupCache:
         self._refreshing: asyncio.Task[None] | None = None
 
     def cached(self, user: str) -> tuple[str, ...] | None:
-        """The user's groups from the cache without waiting, or None if nothing was loaded yet.
-
-        A stale listing is returned as is and a refresh starts in the background.
-        """
+        """The user's groups from the cache (stale: refreshed in the background); None if none yet."""
         if not self.enabled:
             return ()
         if self._members is None:
@@ -129,13 +103,12 @@ class GroupCache:
             log.warning("usergroups.list failed: %s", exc)
             if self._members is None:
                 self._members = {}
-            self._loaded_at = time.monotonic()
-            return
-        members: dict[str, list[str]] = {}
-        for group in resp.get("usergroups") or []:
-            for user in group.get("users") or []:
-                members.setdefault(str(user), []).append(str(group["id"]))
-        self._members = {u: tuple(g) for u, g in members.items()}
+        else:
+            members: dict[str, list[str]] = {}
+            for group in resp.get("usergroups") or []:
+                for user in group.get("users") or []:
+                    members.setdefault(str(user), []).append(str(group["id"]))
+            self._members = {u: tuple(g) for u, g in members.items()}
         self._loaded_at = time.monotonic()
 
     async def close(self) -> None:
@@ -173,21 +146,16 @@ def mention_text(text: str, bot_user: str | None) -> str:
 
 
 def _quiet_token_warning(record: logging.LogRecord) -> bool:
-    """Drop Bolt's notice that ``SLACK_BOT_TOKEN`` (which it reads itself) is unused beside our
-    client: Pitstop gives Bolt the client deliberately (base URL, 429 handling)."""
+    """Drop Bolt's notice that ``SLACK_BOT_TOKEN`` is unused beside our client (given deliberately)."""
     return not str(record.msg).startswith("As you gave `client` as well")
 
 
 class SlackSurface:
     """The Bolt app plus the state its listeners share (tasks after the ack, group cache).
 
-    :param config: the validated configuration (slash command name).
-    :param dispatcher: the transport-free handlers.
-    :param client: the Web API client (bot token).
     :param signing_secret: HTTP mode's signing secret; None for Socket Mode (no signature check).
     :param outbox: the Slack outbox, for uploading a chart that comes with an answer.
-    :param groups: the user-group cache (default: one over ``client``, enabled when the config
-        names a group).
+    :param groups: default: one over ``client``, enabled when the config names a group.
     """
 
     def __init__(
@@ -226,8 +194,6 @@ class SlackSurface:
         self.app.action(re.compile("^" + re.escape(blocks.ACTION_PREFIX)))(self._on_action)
         self.app.error(self._on_error)
 
-    # --- background work after the ack --------------------------------------------------------
-
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` after the ack, tracked so :meth:`drain` can wait for it."""
         task = asyncio.get_running_loop().create_task(coro)
@@ -256,8 +222,6 @@ class SlackSurface:
         except Exception:
             return internal_error_reply()
 
-    # --- slash command ------------------------------------------------------------------------
-
     async def _on_command(
         self, ack: Respond, body: dict[str, Any], respond: Respond, request: AsyncBoltRequest
     ) -> None:
@@ -265,12 +229,9 @@ class SlackSurface:
         self.spawn(self._command(body, respond, retry=self._is_retry(request)))
 
     async def _command(self, body: dict[str, Any], respond: Respond, *, retry: bool = False) -> None:
-        """Act on an acked slash command once the acks queued behind it went out
-        (:class:`~bot.ackgate.AckGate`), then answer through its ``response_url`` — outside the
-        follow-up slot, so a slow Slack never holds another command back.  A command is known by
-        its ``trigger_id``, so a second delivery of one is Slack's redelivery, never a person
-        typing it again: whichever of the two arrives second is acted on by nobody and answered
-        by nobody (the first answers); a retry of one already acted on is not even audited."""
+        """Act on an acked slash command after a lull in the acks (:class:`~bot.ackgate.AckGate`),
+        then answer through its ``response_url`` outside the follow-up slot.  A second delivery of
+        one ``trigger_id`` is Slack's redelivery: nobody acts on or answers it (nor audits a retry)."""
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
         trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"
@@ -303,22 +264,8 @@ class SlackSurface:
         replace: bool = False,
         thread_ts: str | None = None,
     ) -> None:
-        """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages)."""
+        """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages), else by DM."""
         payloads = blocks.parts(reply, names=await self._names(reply), max_parts=RESPONSE_PARTS)
-        await self._respond_parts(respond, payloads, reply, user, replace=replace, thread_ts=thread_ts)
-
-    async def _respond_parts(
-        self,
-        respond: Respond,
-        payloads: list[dict[str, Any]],
-        reply: Reply,
-        user: str,
-        *,
-        replace: bool = False,
-        thread_ts: str | None = None,
-    ) -> None:
-        """Post rendered messages through the response_url; if Slack refuses, the requester gets
-        the answer by direct message instead (never only a log line)."""
         extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
         for i, payload in enumerate(payloads):
             try:
@@ -363,12 +310,9 @@ class SlackSurface:
                 if button.action == "confirm":
                     self.outbox.prompted(button.value, respond)
 
-    # --- mentions and direct messages --------------------------------------------------------
-
     @staticmethod
     def _is_retry(request: AsyncBoltRequest) -> bool:
-        """True for Slack's redelivery of an event (``X-Slack-Retry-Num`` ≥ 1; Socket Mode's
-        ``retry_attempt`` arrives as the same header, ``0`` on a first delivery)."""
+        """True for Slack's redelivery (``X-Slack-Retry-Num`` ≥ 1, also in Socket Mode)."""
         raw = request.headers.get("x-slack-retry-num")
         value = raw[0] if isinstance(raw, list | tuple) and raw else raw
         try:
@@ -397,15 +341,11 @@ class SlackSurface:
     ) -> None:
         user = str(event.get("user", ""))
         channel = str(event.get("channel", ""))
-        groups = await self.groups.get(user)
         event_id = body.get("event_id") or f"{channel}:{event.get('ts')}"
+        delivery = f"ev:{event_id}"
+        groups = await self.groups.get(user)
         req = Request(
-            text=text,
-            user=user,
-            groups=groups,
-            delivery_id=f"ev:{event_id}",
-            channel=channel,
-            surface="slack",
+            text=text, user=user, groups=groups, delivery_id=delivery, channel=channel, surface="slack"
         )
         if retry and await self.dispatcher.seen(req.delivery_id):
             return  # Slack's retry of an event already acted on: the first delivery answers it
@@ -430,8 +370,6 @@ class SlackSurface:
             await self._undelivered(user, reply, channel, error)
             return
         self._after_answer(reply, channel, user)
-
-    # --- buttons ------------------------------------------------------------------------------
 
     async def _on_action(
         self, ack: Respond, body: dict[str, Any], action: dict[str, Any], respond: Respond
@@ -458,8 +396,6 @@ class SlackSurface:
         await self._respond(respond, reply, user=user, replace=name in _CONFIRMING, thread_ts=thread_ts)
         self._after_answer(reply, (body.get("channel") or {}).get("id"), user)
 
-    # --- App Home -----------------------------------------------------------------------------
-
     async def _on_home(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         if event.get("tab", "home") != "home":
             return
@@ -468,13 +404,8 @@ class SlackSurface:
         )
 
     async def publish_home(self, user: str, delivery: str) -> None:
-        """Publish the App Home tab for ``user``: every job with its state, PID, uptime, last
-        restart and who did it (the ``status`` listing).
-
-        The listing is shared by everyone who may see it and reused for :data:`HOME_TTL` s, so
-        opening the tab does not probe the hosts each time; a user without the viewer role sees
-        a line saying so (and no audit row is written per open).
-        """
+        """Publish the App Home tab for ``user``: the ``status`` listing, shared by everyone who may
+        see it and reused for :data:`HOME_TTL` s; a user without a role sees a line saying so."""
         groups = await self.groups.get(user)
         if role_of(self.config, user, groups) is None:
             reply = Reply(title=slack_home_no_role(), status=Status.INFO)
@@ -482,15 +413,14 @@ class SlackSurface:
         else:
             async with self._home_lock:
                 if self._home is None or time.time() - self._home[0] > HOME_TTL:
-                    listing = await self._handle(
-                        Request(
-                            text="status",
-                            user=user,
-                            groups=groups,
-                            delivery_id=f"home:{delivery}",
-                            surface="home",
-                        )
+                    req = Request(
+                        text="status",
+                        user=user,
+                        groups=groups,
+                        delivery_id=f"home:{delivery}",
+                        surface="home",
                     )
+                    listing = await self._handle(req)
                     self._home = (time.time(), listing)
                 at, reply = self._home
         footer = slack_home_updated(fmt.clock(at, self.config.scheduler.timezone))
@@ -503,9 +433,6 @@ class SlackSurface:
     async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
         incident = new_incident_id()
         log.error("incident %s: %s", incident, error, exc_info=error)
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def slack_home_no_role() -> str:

@@ -1,19 +1,6 @@
-"""``pitstop check-slack``: what Slack will refuse, found before a post is refused.
-
-Checks, each printed as one line (``ok``, ``warn`` or ``FAIL``):
-
-1. the bot token (``auth.test``): valid, which workspace and bot user;
-2. the scopes Slack granted (the ``X-OAuth-Scopes`` header) against what this configuration
-   needs (:func:`needed_scopes`);
-3. the announce channel and every job's channel (``conversations.info``): known, not archived,
-   the bot a member (a public channel it has not joined takes posts with ``chat:write.public``
-   and charts after ``conversations.join``; a private one needs ``/invite @pitstop``);
-4. the slash command: Slack has no API to list an app's commands, so ``[slack] command`` is
-   compared with ``slack-manifest.yml`` when the manifest is found;
-5. with ``--post``: a test message posted to each channel and deleted again.
-
-Exit codes as elsewhere: 0 when nothing failed (warnings allowed), 1 when a check failed,
-2 when ``SLACK_BOT_TOKEN`` is missing.
+"""``pitstop check-slack``: what Slack will refuse, found before a post is: the token, its scopes,
+each channel, the slash command against ``slack-manifest.yml`` and with ``--post`` a test message;
+one ``ok``/``warn``/``FAIL`` line each, exit 1 if any failed.
 """
 
 from __future__ import annotations
@@ -26,7 +13,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack_api import close_client, web_client
+from bot.slack_api import web_client
 from bot.slack_app import needs_groups
 from pipeline.config import Config
 from pipeline.errors import ExitCode
@@ -49,22 +36,18 @@ _ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 
 
 def needed_scopes(config: Config) -> list[str]:
-    """The bot scopes ``config`` needs: :data:`BASE_SCOPES`, plus ``usergroups:read`` when a role
-    names a user group."""
+    """:data:`BASE_SCOPES`, plus ``usergroups:read`` when ``config`` names a user group."""
     return [*BASE_SCOPES, *(["usergroups:read"] if needs_groups(config) else [])]
 
 
 def channels_of(config: Config) -> dict[str, list[str]]:
     """Channel id → what posts there (``announce``, job names and/or ``fallback``)."""
     out: dict[str, list[str]] = {}
-    if config.slack.announce_channel:
-        out.setdefault(config.slack.announce_channel, []).append("announce")
-    for job in config.jobs:
-        channel = config.channel_for(job)
+    slack = config.slack
+    pairs = [(slack.announce_channel, "announce"), *((config.channel_for(j), j) for j in config.jobs)]
+    for channel, user in [*pairs, (slack.fallback_channel, "fallback")]:
         if channel:
-            out.setdefault(channel, []).append(job)
-    if config.slack.fallback_channel:
-        out.setdefault(config.slack.fallback_channel, []).append("fallback")
+            out.setdefault(channel, []).append(user)
     return out
 
 
@@ -86,12 +69,7 @@ def manifest_command(path: Path = MANIFEST) -> str | None:
 
 
 class Doctor:
-    """Runs the checks and prints them.
-
-    :param config: the validated configuration.
-    :param client: a Web API client with the bot token.
-    :param out: where the lines go.
-    """
+    """Runs the checks and prints them to ``out``."""
 
     def __init__(self, config: Config, client: AsyncWebClient, out: TextIO) -> None:
         self.config = config
@@ -109,11 +87,7 @@ class Doctor:
         print(f"{mark:<4} {text}", file=self.out, flush=True)
 
     async def run(self, *, post: bool) -> int:
-        """All the checks.
-
-        :param post: also post a test message to each channel and delete it.
-        :returns: the exit code (0 or 1).
-        """
+        """All the checks (``post``: also a test message to each channel); return the exit code."""
         try:
             auth = await self.client.auth_test()
         except _ERRORS as exc:
@@ -142,15 +116,13 @@ class Doctor:
         if post:
             for channel in channels:
                 await self.try_post(channel)
-        summary = "ok" if not self.failed else "FAIL"
-        self.line(summary, f"{self.failed} failed, {self.warned} warning(s)")
+        self.line("FAIL" if self.failed else "ok", f"{self.failed} failed, {self.warned} warning(s)")
         return int(ExitCode.FAILED) if self.failed else 0
 
     async def check_channel(self, channel: str, used_by: str, *, public: bool, joins: bool) -> None:
         """``conversations.info``: the channel exists, is not archived, read-only, threads-only or
-        restricted to some posters (``properties.posting_restricted_to``, ``{"type": ["admin"]}``: the
-        conversation object's shape, as in @slack/web-api's generated response types), and the bot can post
-        there — found without posting."""
+        restricted to some posters (``properties.posting_restricted_to``), and the bot can post
+        there, found without posting."""
         try:
             info = (await self.client.conversations_info(channel=channel))["channel"]
         except _ERRORS as exc:
@@ -165,13 +137,7 @@ class Doctor:
         if info.get("is_archived"):
             self.line("FAIL", f"channel {name}: archived - unarchive it or configure another channel")
         elif info.get("is_read_only") or info.get("is_thread_only") or restricted:
-            how = (
-                "read-only"
-                if info.get("is_read_only")
-                else "threads only"
-                if not restricted
-                else "admins only"
-            )
+            how = "read-only" if info.get("is_read_only") else "admins only" if restricted else "threads only"
             self.line(
                 "FAIL",
                 f"channel {name}: posting is restricted ({how}), Slack answers restricted_action - "
@@ -220,16 +186,7 @@ class Doctor:
 async def check_slack(
     config: Config, *, bot_token: str, api_url: str | None, post: bool = False, out: TextIO | None = None
 ) -> int:
-    """Run ``pitstop check-slack``.
-
-    :param bot_token: ``SLACK_BOT_TOKEN``.
-    :param api_url: ``SLACK_API_URL`` or None.
-    :param post: also post (and delete) a test message in each channel.
-    :param out: where the lines go (stdout).
-    :returns: the exit code: 0 nothing failed, 1 a check failed.
-    """
-    client = web_client(bot_token, base_url=api_url, session=aiohttp.ClientSession())
-    try:
+    """Run ``pitstop check-slack`` (lines to ``out``, default stdout); return the exit code."""
+    async with aiohttp.ClientSession() as session:
+        client = web_client(bot_token, base_url=api_url, session=session)
         return await Doctor(config, client, out or sys.stdout).run(post=post)
-    finally:
-        await close_client(client)

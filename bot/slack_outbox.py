@@ -1,30 +1,6 @@
-"""The Slack :class:`~handlers.outbox.Outbox`: one message per restart, updated in place.
-
-``announce(key)`` posts the headline of a restart or incident (``chat.postMessage``) and later
-edits it in place (``chat.update``); where it lives is kept in Redis
-(:class:`pipeline.state.posts.Posts`), so any replica can update it or post in its thread
-(``thread(key)``, ``thread_ts``).  ``post()`` is a standalone message; a chart is uploaded with
-``files_upload_v2`` (after ``conversations.join`` for a public channel the bot is not in).
-Payloads come from :mod:`bot.blocks` (within Slack's limits); one message is posted or updated
-by :class:`bot.slack_send.SlackSender` (posts to one channel paced by ``[slack] pace`` and queued
-in order, updates of one message folded into the newest, ``chat.update`` within Tier 3; a 429
-waits ``Retry-After``; :meth:`~bot.slack_send.SlackSender.queue` shows what waits).  A headline
-may be a member of a grouped post (:meth:`SlackOutbox.announce_in`, an alert storm): a reply in
-that post's thread, which its own thread replies go to.  One replica posts a headline: it claims
-it in :class:`~pipeline.state.posts.Posts` for a lease it renews while the post is on its way; a
-member told on another replica meanwhile waits for that post's ts while the claim is live.
-
-**Never silent, never twice.**  A post never breaks the restart that reports through it.
-Transient failures are retried with backoff (:data:`bot.slack_api.ATTEMPTS`); a post whose
-outcome is unknown (timeout, reset, 5xx, Slack's HTTP 200 ``fatal_error``/``internal_error``)
-carries message metadata with its own id and is looked up (``conversations.history`` /
-``conversations.replies`` from ``oldest``, page by page, and again after :data:`SETTLE` s, since
-Slack may list a message late) before it is sent again.  A permanent refusal
-(``restricted_action``, ``not_in_channel``, ``token_revoked`` …) reaches a person with its fix
-(:func:`bot.slack_api.fix_for`): the run's requester by DM, or, for alerts and digests, the
-announce channel, else ``[slack] fallback_channel``; an alert no channel takes goes by DM to its
-job's owners and the admins, after lines saying where it should have gone and why not
-(:mod:`pipeline.state.undelivered`).  The last refusal is kept for ``/healthz`` and ``status``.
+"""The Slack :class:`~handlers.outbox.Outbox`: one headline per restart, claimed among replicas in
+:class:`~pipeline.state.posts.Posts` and updated in place, its thread, grouped posts (alert
+storms), and refusals told to a person with their fix, never silently dropped.
 """
 
 from __future__ import annotations
@@ -57,26 +33,21 @@ CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posti
 STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another replica has on its way
 SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
 T = TypeVar("T")
+_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 __all__ = ["METADATA_TYPE", "PAGE", "PAGES", "SETTLE", "SlackOutbox", "slack_gave_up"]
 
 
 class SlackOutbox(SlackSender):
-    """:class:`~handlers.outbox.Outbox` over the Slack Web API.
+    """:class:`~handlers.outbox.Outbox` over the Slack Web API (``pace``, ``backoff``, ``settle``:
+    :class:`~bot.slack_send.SlackSender`'s, in seconds).
 
-    :param client: the Web API client (bot token), e.g. from :func:`web_client`.
     :param default_channel: where posts go when the caller passes no channel (``announce_channel``).
-    :param pace: minimum seconds between posts to one channel.
     :param instance: this process's id, used to claim a headline across replicas.
-    :param people: names for the people replies mention (default: one over ``client``).
-    :param backoff: seconds before a post's second try (doubled each time).
-    :param settle: seconds to wait before looking a post up a second time (Slack lists a stored
-        message late), before sending it again.
     :param fallback_channel: where an alert goes when its channel and ``default_channel`` refuse it.
     :param page_by_dm: an alert's key → the user and user-group ids it goes to by DM when no
         channel takes it (its job's owners, then the admins).
 
-    Call :meth:`bind` once Redis is open so headline locations are shared; until then they
-    are kept in this process only.
+    Until :meth:`bind` (once Redis is open) headline locations are kept in this process only.
     """
 
     def __init__(
@@ -117,8 +88,7 @@ class SlackOutbox(SlackSender):
         self._seq = 0
 
     def bind(self, posts: Posts, runs: RunStore, undelivered: UndeliveredAlerts | None = None) -> None:
-        """Keep headline locations in Redis (``posts``) from now on; find runs' requesters in
-        ``runs``; keep the last undelivered alert in ``undelivered``."""
+        """Keep headline locations, runs' requesters and the last undelivered alert in Redis."""
         self._posts, self._runs, self._undelivered = posts, runs, undelivered
 
     def requested_by(self, key: str, user: str) -> None:
@@ -134,15 +104,12 @@ class SlackOutbox(SlackSender):
         except Exception:  # names are a nicety
             return self.people.cached()
 
-    # --- where a headline lives ---------------------------------------------------------------
-
     async def where(self, key: str) -> tuple[str, str] | None:
         """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""
         return self._local.get(key) if self._posts is None else await self._posts.where(key)
 
     async def thread_of(self, key: str) -> tuple[str, str] | None:
-        """``(channel, thread ts)`` where replies about ``key`` go (a member of a grouped post:
-        the grouped post's thread), or None if nothing was posted."""
+        """``(channel, thread ts)`` where replies about ``key`` go, or None if nothing was posted."""
         if self._posts is not None:
             return await self._posts.thread_of(key)
         loc = self._local.get(key)
@@ -156,16 +123,11 @@ class SlackOutbox(SlackSender):
             await self._posts.remember(key, channel, ts, parent)
 
     async def _claim(self, key: str) -> bool:
-        """True if this process may post ``key``'s headline (no other replica is posting it)."""
         return self._posts is None or await self._posts.claim(key, self.instance)
 
     async def _wait_elsewhere(self, key: str, live_claim: bool = False) -> tuple[str, str] | None:
-        """``key``'s headline once another replica posted it: waited for :data:`CLAIM_WAIT` s
-        (a claim may land just after what refers to it), or, with ``live_claim``, also while its
-        claim's lease is live (at most :data:`STORY_WAIT` s).
-
-        :returns: ``(channel, ts)``, or None if it did not come.
-        """
+        """``key``'s headline once another replica posted it, waited for :data:`CLAIM_WAIT` s or,
+        with ``live_claim``, while its claim's lease is live (at most :data:`STORY_WAIT` s)."""
         start = time.monotonic()
         while (waited := time.monotonic() - start) < STORY_WAIT:
             loc = await self.where(key)
@@ -177,9 +139,8 @@ class SlackOutbox(SlackSender):
         return None
 
     async def _renewing(self, key: str, sending: Awaitable[T]) -> T:
-        """Await ``sending`` (the post of ``key``'s headline) while renewing this process's claim
-        on it every third of :data:`~pipeline.state.posts.CLAIM_LEASE`: replicas waiting for it
-        see it on its way until it is posted, and take over within the lease if this process dies."""
+        """Await ``sending`` (``key``'s headline) while renewing our claim on it every third of
+        :data:`~pipeline.state.posts.CLAIM_LEASE`, so waiting replicas see it on its way."""
         posts = self._posts
         if posts is None:
             return await sending
@@ -198,16 +159,10 @@ class SlackOutbox(SlackSender):
         finally:
             renewal.cancel()
 
-    # --- the Outbox protocol ------------------------------------------------------------------
-
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
-        """Post ``key``'s headline, or update it in place; the newest call's reply wins.
-
-        :param channel: channel id; None → ``default_channel``.
-        """
+        """Post ``key``'s headline (``channel`` None: the default), or update it; the newest wins."""
         self._pending[key] = (reply, channel)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with self._locks.setdefault(key, asyncio.Lock()):
             pending = self._pending.pop(key, None)
             if pending is None:
                 return  # a later call already sent a newer version
@@ -228,7 +183,7 @@ class SlackOutbox(SlackSender):
                     return loc
         target = channel or self.default_channel
         if target is None:
-            await self._failed(key, "no channel: set [slack] announce_channel")
+            await self.record_failure(key, "no channel: set [slack] announce_channel")
             return None
         ts = await self._renewing(key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key))
         if ts is None:
@@ -236,32 +191,19 @@ class SlackOutbox(SlackSender):
             if rescued is not None:  # the alert went to another channel: it lives there from now on
                 await self._remember(key, *rescued)
                 return rescued
-            if self._posts is not None:
-                await self._posts.unclaim(key)
+            await self._unclaim(key)
             return None
         await self._remember(key, target, ts)
-        for follow in reply.follow_ups:
-            await self._send(target, follow, thread_ts=ts, follow_ups=True, key=key)
-            if follow.chart:
-                await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
-        if reply.chart:
-            await self.upload(reply.chart, target, thread_ts=ts, title=reply.title)
+        await self._follow_ups(target, ts, reply, key, chart_ts=ts)
         for f in reply.attachments:  # a patch under review: its exact text, as a snippet in the thread
             await self.upload("", target, thread_ts=ts, title=f.title, content=f.content, filename=f.filename)
         return target, ts
 
     async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
-        """Post ``key``'s headline as a member of the grouped post ``story``: a reply in its
-        thread when ``channel`` is the grouped post's, else a message of its own in ``channel``;
-        nothing when ``key``'s headline is already posted.  While ``story``'s headline is on its
-        way (queued in this process, or claimed by another replica whose lease is live: at most
-        :data:`STORY_WAIT` s) it waits for it, shown in :meth:`queue`; when it never comes (its
-        post failed, its replica died) ``key``'s headline is a message of its own.  :meth:`announce`
-        updates it in place later, :meth:`thread` posts in the grouped post's thread (Slack
-        threads have one level).
-
-        :param channel: channel id; None → ``default_channel``.
-        """
+        """Post ``key``'s headline as a reply in the thread of the grouped post ``story`` when
+        ``channel`` (None: ``default_channel``) is the grouped post's, else as a message of its own;
+        nothing when already posted.  While ``story``'s headline is on its way (here, or claimed by
+        a live replica: at most :data:`STORY_WAIT` s) it waits, counted in :meth:`queue`."""
         target = channel or self.default_channel
         if await self.where(key) is not None:
             return  # already told (by the story, or by what happened to its job since)
@@ -280,8 +222,7 @@ class SlackOutbox(SlackSender):
         if parent is None or parent[0] != target:
             await self.announce(key, reply, channel)
             return
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with self._locks.setdefault(key, asyncio.Lock()):
             if await self.where(key) is not None:
                 return  # already told (an earlier call)
             if not await self._claim(key):
@@ -289,14 +230,12 @@ class SlackOutbox(SlackSender):
                 return
             ts = await self._send(parent[0], reply, thread_ts=parent[1], follow_ups=True, key=key)
             if ts is None:
-                if self._posts is not None:
-                    await self._posts.unclaim(key)
+                await self._unclaim(key)
                 return
             await self._remember(key, parent[0], ts, parent=parent[1])
 
     def backlog(self) -> dict[str, tuple[int, float]]:
-        """:meth:`SlackSender.backlog`, with the posts waiting for their grouped post's headline
-        counted in its channel's queue."""
+        """:meth:`SlackSender.backlog`, counting posts waiting for their grouped post's headline."""
         waiting = super().backlog()
         now = time.monotonic()
         for channel, since in self._for_thread.values():
@@ -305,12 +244,10 @@ class SlackOutbox(SlackSender):
         return waiting
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
-        """Post ``reply`` in the thread under ``key``'s headline (for a member of a grouped
-        post, the grouped post's thread); with no headline yet, ``reply`` becomes the headline."""
+        """Post ``reply`` in the thread of ``key``'s headline; with none yet, as the headline."""
         loc = await self.thread_of(key)
         if loc is None:
-            lock = self._locks.setdefault(key, asyncio.Lock())
-            async with lock:
+            async with self._locks.setdefault(key, asyncio.Lock()):
                 loc = await self.thread_of(key)
                 if loc is None:
                     await self._announce(key, reply, channel)
@@ -324,28 +261,31 @@ class SlackOutbox(SlackSender):
         reply's own chart is uploaded to the channel."""
         target = channel or self.default_channel
         if target is None:
-            await self._failed("post", "no channel: set [slack] announce_channel")
+            await self.record_failure("post", "no channel: set [slack] announce_channel")
             return
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False)
-        if ts is None:
-            return
+        if ts is not None:
+            await self._follow_ups(target, ts, reply, None, chart_ts=None)
+
+    async def _follow_ups(
+        self, target: str, ts: str, reply: Reply, key: str | None, chart_ts: str | None
+    ) -> None:
+        """Follow-ups with their charts in the thread ``ts``; ``reply``'s chart to ``chart_ts``."""
         for follow in reply.follow_ups:  # an all-jobs digest: each job's digest and chart in the thread
-            await self._send(target, follow, thread_ts=ts, follow_ups=True)
+            await self._send(target, follow, thread_ts=ts, follow_ups=True, key=key)
             if follow.chart:
                 await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
         if reply.chart:
-            await self.upload(reply.chart, target, thread_ts=None, title=reply.title)
+            await self.upload(reply.chart, target, thread_ts=chart_ts, title=reply.title)
 
-    # --- Web API calls ----------------------------------------------------------------------
+    async def _unclaim(self, key: str) -> None:
+        if self._posts is not None:
+            await self._posts.unclaim(key)
 
     async def _send(
         self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool, key: str | None = None
     ) -> str | None:
-        """Post ``reply`` (split over several messages if long: the rest in the thread).
-
-        :returns: the first message's ts, or None if Slack refused it (told to a person, see
-            the module doc).
-        """
+        """Post ``reply`` (if long, the rest in the thread); the first ts, or None if refused."""
         names = await self.names(reply)
         whole = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
         too_long = len(whole) > blocks.MAX_PARTS
@@ -367,17 +307,13 @@ class SlackOutbox(SlackSender):
         return ts
 
     async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
-        """``chat.update`` of a headline with ``reply`` (:meth:`update_payload`).
-
-        :raises Refused: with Slack's error code.
-        """
+        """``chat.update`` of a headline; :raises Refused: with Slack's error code."""
         await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=await self.names(reply)))
 
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
-        """A post Slack refused for good: recorded, and told to the run's requester (DM) or, for
-        alerts and digests, to the announce channel when their own channel refused them."""
+        """Record a refused post; tell the run's requester (DM), else another channel."""
         what = reply.title.splitlines()[0] if reply.title else (key or "post")
-        await self._failed(channel, exc)
+        await self.record_failure(channel, exc)
         notice = refused_notice(what, channel, exc.error)
         user = self._requesters.get(key or "")
         if user is None and key and key.startswith("run:"):
@@ -399,12 +335,8 @@ class SlackOutbox(SlackSender):
             log.error("not told to anyone: %s", notice)
 
     async def _elsewhere(self, alert: str | None, reply: Reply, channel: str, notes: list[str]) -> list[str]:
-        """Tell a refusal where it can be seen: the announce channel, else ``fallback_channel``;
-        for an alert (``alert`` is its key) the alert itself goes, after ``notes`` (where it should
-        have gone and why not), and when no channel takes it, to its owners and the admins by DM.
-
-        :returns: where it went (a channel id, or the user ids DMed); empty when nowhere.
-        """
+        """Tell a refusal in the announce, else fallback channel; an alert (key ``alert``) itself goes
+        there after ``notes``, else by DM to its owners and admins.  Returns where it went."""
         what = reply.title.splitlines()[0] if reply.title else "post"
         for target in dict.fromkeys(c for c in (self.default_channel, self.fallback_channel) if c):
             if target == channel:
@@ -420,23 +352,19 @@ class SlackOutbox(SlackSender):
                         await self.post_payload(target, more, thread_ts=ts)
                     self._rescued[alert] = (target, ts)
             except Refused as again:
-                await self._failed(target, again)
+                await self.record_failure(target, again)
                 notes.append(refused_notice(what, target, again.error))
                 continue
             self.notices.append((target, notes[0]))
             return [target]
         if alert is None:
             return []
-        told = []
         dm = replace(reply, lines=(*notes, *reply.lines), follow_ups=(), page=None)
-        for user in await self.people.expand(list(self.page_by_dm(alert)) if self.page_by_dm else []):
-            if await self.dm(user, dm):
-                told.append(user)
-        return told
+        owners = await self.people.expand(list(self.page_by_dm(alert)) if self.page_by_dm else [])
+        return [user for user in owners if await self.dm(user, dm)]
 
     async def _tell_owners(self, channel: str, reply: Reply) -> None:
-        """DM ``reply`` to each owning user (``reply.owners``) who is not a member of ``channel``
-        (``conversations.members``; when that fails, to every owning user)."""
+        """DM ``reply`` to each owning user not a member of ``channel`` (all of them if unknown)."""
         users = [u for u in reply.owners if u.startswith(("U", "W"))]
         if not users:
             return
@@ -456,31 +384,20 @@ class SlackOutbox(SlackSender):
         return user if user.startswith(("U", "W")) else None
 
     async def dm(self, user: str, reply: Reply) -> bool:
-        """A direct message to ``user`` (``conversations.open``, needs ``im:write``), split if long.
-
-        :returns: True if it was posted.
-        """
+        """A direct message to ``user`` (needs ``im:write``), split if long; True if it was posted."""
         try:
             opened = await self.client.conversations_open(users=user)
             dm = str(opened["channel"]["id"])
             for payload in blocks.parts(reply, names=await self.names(reply)):
                 await self.post_payload(dm, payload, thread_ts=None)
-        except (
-            SlackApiError,
-            SlackRequestError,
-            aiohttp.ClientError,
-            TimeoutError,
-            Refused,
-            KeyError,
-        ) as exc:
+        except (*_ERRORS, Refused, KeyError) as exc:
             log.warning(slack_not_posted(f"a direct message to {user}", str(exc)))
             return False
         self.notices.append((user, reply.title))
         return True
 
     async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
-        """Tell ``user`` privately: replace the prompt ``prompt`` (its response_url, registered
-        with :meth:`prompted`) when it can, else a direct message."""
+        """Tell ``user`` privately: replace the prompt ``prompt`` (:meth:`prompted`), else by DM."""
         respond = self._prompts.pop(prompt, None) if prompt else None
         if respond is not None:
             payload = blocks.message(reply, names=await self.names(reply))
@@ -509,18 +426,15 @@ class SlackOutbox(SlackSender):
         content: str | None = None,
         filename: str = "pitstop-answer.txt",
     ) -> bool:
-        """Upload the file at ``path`` (or ``content`` as the text file ``filename``) to ``channel``
-        (in a thread if ``thread_ts``) with files_upload_v2, joining a public channel the bot is not in.
-
-        :returns: True if Slack took it; False (told to a person, see the module doc) otherwise.
-        """
+        """Upload the file at ``path`` (or ``content`` as the text file ``filename``) with
+        files_upload_v2, joining a public channel the bot is not in; False if refused (told to a person)."""
         file = Path(path)
         if content is not None:
             source: dict[str, Any] = {"content": content, "filename": filename}
         elif await asyncio.to_thread(file.is_file):
             source = {"file": str(file), "filename": file.name}
         else:
-            await self._failed(channel, f"chart {path} does not exist")
+            await self.record_failure(channel, f"chart {path} does not exist")
             return False
         joined = False
         while True:
@@ -533,7 +447,7 @@ class SlackOutbox(SlackSender):
                     **source,
                 )
                 return True
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except (*_ERRORS, OSError) as exc:
                 error = error_of(exc)[0] if not isinstance(exc, OSError) else "file_unreadable"
                 if error == "not_in_channel" and not joined and await self._join(channel):
                     joined = True
@@ -544,24 +458,16 @@ class SlackOutbox(SlackSender):
                 return False
 
     async def _join(self, channel: str) -> bool:
-        """Join a public channel (``channels:join``) so a file can be shared there."""
         try:
             await self.client.conversations_join(channel=channel)
-        except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+        except _ERRORS as exc:
             log.info("conversations.join %s: %s", channel, error_of(exc)[0])
             return False
         return True
 
-    async def record_failure(self, where: str, error: str) -> str:
-        """Record a refused post made elsewhere (an answer through the response_url): for
-        ``/healthz`` and ``status``.
-
-        :returns: the logged line.
-        """
-        return await self._failed(where, error)
-
-    async def _failed(self, where: str, error: object) -> str:
-        """Log a refused post and keep it as the last delivery failure (here and in Redis)."""
+    async def record_failure(self, where: str, error: object) -> str:
+        """Log a refused post and keep it as the last delivery failure (here and in Redis, for
+        ``/healthz`` and ``status``); return the logged line."""
         detail = detail_of(error)
         line = slack_not_posted(where, detail)
         self.failures.append(line)
@@ -575,9 +481,6 @@ class SlackOutbox(SlackSender):
             except Exception as exc:  # Redis trouble must not hide the refusal itself
                 log.warning("could not store the last delivery failure: %s", exc)
         return line
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def slack_not_posted(where: str, error: str) -> str:

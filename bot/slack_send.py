@@ -1,14 +1,6 @@
-"""One message to Slack at most once: ``chat.postMessage`` with a look-up before any resend, and
-``chat.update``, both within Slack's rate limits.
-
-:class:`SlackSender` is the part of :class:`bot.slack_outbox.SlackOutbox` that talks to the Web
-API for one message.  A post carries message metadata with its own id; when its outcome is
-unknown (timeout, reset, 5xx, Slack's HTTP 200 ``fatal_error``/``internal_error``) it is looked
-up (``conversations.history`` / ``conversations.replies`` from ``oldest``, page by page, and again
-after ``settle`` s) before it is sent again.  Posts to one channel keep ``[slack] pace``
-(:class:`bot.slack_api.Pacer`, in order); updates of one message keep it too, and all updates
-keep the method's Tier 3 budget (:class:`bot.slack_api.Budget`); a 429 waits ``Retry-After``
-(slack_sdk's handler, :func:`bot.slack_api.web_client`).
+"""One message to Slack at most once, at Slack's pace: a post whose outcome is unknown (timeout,
+reset, 5xx, ``fatal_error``/``internal_error``) is looked up by its metadata id, twice ``settle``
+s apart, before it is sent again.
 """
 
 from __future__ import annotations
@@ -22,16 +14,26 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack_api import ATTEMPTS, TRANSIENT, Budget, Pacer, Refused, detail_of, error_of, retry_after
+from bot.slack_api import ATTEMPTS, TIER3, TRANSIENT, Budget, Pacer, Refused, detail_of, error_of, retry_after
 
 PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
+_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
+
+
+async def _failed_try(exc: BaseException) -> tuple[str, bool]:
+    """:func:`~bot.slack_api.error_of` a try worth another (a 429 waited out); else raise Refused."""
+    error, maybe = error_of(exc)
+    if error == "ratelimited":
+        await asyncio.sleep(retry_after(exc))
+    elif not maybe and error not in TRANSIENT and error != "connection_failed":
+        raise Refused(error, detail_of(exc)) from None
+    return error, maybe
 
 
 class SlackSender:
     """Posts and updates of single messages, at most once each, at Slack's pace.
 
-    :param client: the Web API client.
     :param pace: minimum seconds between posts to one channel, and between updates of one message.
     :param backoff: seconds before a call's second try (doubled each time).
     :param settle: seconds to wait before looking a post up a second time.
@@ -41,14 +43,13 @@ class SlackSender:
         self.client = client
         self.pacer = Pacer(pace)  #: posts, per channel (chat.postMessage: about 1/s per channel)
         self.edits = Pacer(pace)  #: updates, per message: successive states fold into the newest
-        self.updates = Budget.tier3()  #: ``chat.update``: Tier 3, per workspace
+        self.updates = Budget(*TIER3)  #: ``chat.update``: Tier 3, per workspace
         self.backoff = backoff
         self.settle = settle
 
     def queue(self) -> dict[str, Any]:
         """What waits for Slack now (``/healthz`` ``slack.queue``, ``/metrics``): ``depth`` calls
-        waiting for their slot, ``oldest_s`` how long the oldest has waited (seconds), and per
-        channel (updates by message: ``CHANNEL/TS``) the same."""
+        waiting, ``oldest_s`` seconds the oldest has waited, and the same per :meth:`backlog` key."""
         waiting = self.backlog()
         return {
             "depth": sum(n for n, _ in waiting.values()),
@@ -57,8 +58,8 @@ class SlackSender:
         }
 
     def backlog(self) -> dict[str, tuple[int, float]]:
-        """What waits, by channel (updates by message ``CHANNEL/TS``, the Tier 3 budget as
-        ``chat.update``): calls waiting and the oldest one's age in seconds."""
+        """Channel (updates by message ``CHANNEL/TS``, the Tier 3 budget as ``chat.update``) →
+        (calls waiting, seconds the oldest has waited)."""
         waiting = {**self.pacer.backlog(), **self.edits.backlog()}
         budget = self.updates.backlog()
         if budget[0]:
@@ -66,13 +67,9 @@ class SlackSender:
         return waiting
 
     async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
-        """``chat.postMessage`` of one rendered message, at most once.
+        """``chat.postMessage`` of one rendered message at most once; its ts.  Transient errors are
+        retried after :attr:`backoff` s (doubling), an unknown outcome looked up before another try.
 
-        Transient errors are retried after :attr:`backoff` (doubling), a 429 the client's own
-        retries did not get past after its ``Retry-After``; when the outcome is unknown the
-        message is looked up by its metadata id before another try.
-
-        :returns: the message ts.
         :raises Refused: if Slack refused it for good, or its outcome stayed unknown.
         """
         post_id = uuid.uuid4().hex
@@ -98,14 +95,9 @@ class SlackSender:
                     **payload,
                 )
                 return str(resp["ts"])
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                error, maybe = error_of(exc)
+            except _ERRORS as exc:
+                error, maybe = await _failed_try(exc)
                 unknown = unknown or maybe
-                if error == "ratelimited":  # 429s beyond the client's own retries: wait, try again
-                    await asyncio.sleep(retry_after(exc))
-                    continue
-                if not maybe and error not in TRANSIENT and error != "connection_failed":
-                    raise Refused(error, detail_of(exc)) from None
         if unknown:
             found = await self._find(channel, thread_ts, post_id, since)
             if found:
@@ -113,12 +105,8 @@ class SlackSender:
         raise Refused(error, slack_gave_up(ATTEMPTS))
 
     async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
-        """The ts of the message carrying ``post_id`` in its metadata, or ``""`` when it is not
-        there, after looking twice :attr:`settle` s apart (Slack may list a stored message late).
-
-        :raises Refused: (``outcome_unknown``) when the lookup itself fails: sending again could
-            post twice, so the post is given up and reported instead.
-        """
+        """The ts of the message carrying ``post_id``, or ``""``, after looking twice :attr:`settle` s
+        apart; a failed look-up raises Refused (``outcome_unknown``): sending again could post twice."""
         found = await self._look(channel, thread_ts, post_id, since)
         if not found and self.settle > 0:
             await asyncio.sleep(self.settle)
@@ -127,43 +115,30 @@ class SlackSender:
 
     async def _look(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
         """One look-up of ``post_id`` among the messages since ``since`` (unix s), page by page."""
-        cursor = ""
+        args: dict[str, Any] = dict(
+            channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=PAGE
+        )
         for _ in range(PAGES):
-            args: dict[str, Any] = {
-                "channel": channel,
-                "oldest": f"{since:.6f}",
-                "include_all_metadata": True,
-                "limit": PAGE,
-            }
-            if cursor:
-                args["cursor"] = cursor
             try:
                 if thread_ts:
                     resp = await self.client.conversations_replies(ts=thread_ts, **args)
                 else:
                     resp = await self.client.conversations_history(**args)
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
+            except _ERRORS as exc:
                 raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
             for msg in resp.get("messages") or []:
                 meta = msg.get("metadata") or {}
-                if (
-                    meta.get("event_type") == METADATA_TYPE
-                    and (meta.get("event_payload") or {}).get("post_id") == post_id
-                ):
+                ours = (meta.get("event_payload") or {}).get("post_id") == post_id
+                if ours and meta.get("event_type") == METADATA_TYPE:
                     return str(msg["ts"])
-            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
-            if not cursor:
+            args["cursor"] = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
+            if not args["cursor"]:
                 break
         return ""
 
     async def update_payload(self, loc: tuple[str, str], payload: dict[str, Any]) -> None:
-        """``chat.update`` of one rendered message at ``loc`` (``(channel, ts)``; safe to repeat),
-        at most once per ``pace`` s per message (:attr:`edits`) and within Slack's Tier 3 budget
-        for the method (:attr:`updates`; it is limited per workspace, not per channel), retried
-        on transient errors.
-
-        :raises Refused: with Slack's error code.
-        """
+        """``chat.update`` of the message at ``loc`` (``(channel, ts)``; safe to repeat), at most once
+        per ``pace`` s per message and within the Tier 3 budget; :raises Refused: with Slack's code."""
         error = "unknown_error"
         for attempt in range(ATTEMPTS):
             if attempt:
@@ -173,13 +148,8 @@ class SlackSender:
             try:
                 await self.client.chat_update(channel=loc[0], ts=loc[1], **payload)
                 return
-            except (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError) as exc:
-                error, maybe = error_of(exc)
-                if error == "ratelimited":
-                    await asyncio.sleep(retry_after(exc))
-                    continue
-                if not maybe and error not in TRANSIENT and error != "connection_failed":
-                    raise Refused(error, detail_of(exc)) from None
+            except _ERRORS as exc:
+                error, _ = await _failed_try(exc)
         raise Refused(error, slack_gave_up(ATTEMPTS))
 
 

@@ -1,12 +1,6 @@
-"""Socket Mode's connection cap, kept: Slack allows an app 10 open Socket Mode connections; one more is
-sent ``{"type": "disconnect", "reason": "too_many_websockets"}`` and closed (Slack's Socket Mode docs,
-"Using Socket Mode": *you can have up to 10 open connections at a time*).
-
-slack_sdk's client answers every ``disconnect`` by reconnecting at once, so an eleventh replica would
-open and lose a connection in a tight loop, unseen.  :class:`CappedSocketModeClient` waits between
-tries instead (doubling, up to :data:`MAX_WAIT` s: :func:`wait_after`), logs the cause and its fix
-once per episode, and keeps the refusal for ``/healthz`` until a connection is accepted (``hello``).
-"""
+"""Socket Mode's 10-connection cap, kept: a connection Slack refuses (``too_many_websockets``)
+is retried with a backoff (:func:`wait_after`) instead of at once, logged once and shown in
+``/healthz`` until one is accepted."""
 
 from __future__ import annotations
 
@@ -30,33 +24,24 @@ REFUSED = "too_many_websockets"  #: the ``disconnect`` reason of a connection ov
 
 
 def wait_after(refusals: int) -> float:
-    """Seconds before the next connection try after ``refusals`` refused ones: 2, 4, 8, … up to
-    :data:`MAX_WAIT`."""
+    """Seconds before the next try after ``refusals`` refused ones: 2, 4, 8, … up to :data:`MAX_WAIT`."""
     return min(MAX_WAIT, 2.0 ** min(refusals, 16))
 
 
 class CappedSocketModeClient(SocketModeClient):
     """slack_sdk's aiohttp :class:`SocketModeClient` that backs off when Slack refuses a connection
-    for having too many (same arguments).
-
-    A refusal is noted as its ``disconnect`` message is read (before the close that follows it), and
-    every reconnection — the one the ``disconnect`` asks for and the one the close triggers — waits
-    for the backoff and goes one at a time.
-
-    :ivar refusals: refused connections since the last accepted one.
-    :ivar refused_at: unix s of the last refusal, or None once a connection is accepted.
-    """
+    for having too many: every reconnection (the ``disconnect``'s and the close's) waits for the
+    backoff and goes one at a time."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.refusals = 0
-        self.refused_at: float | None = None
+        self.refusals = 0  #: refused connections since the last accepted one
+        self.refused_at: float | None = None  #: unix s of the last refusal; None once one is accepted
         self._next_try = 0.0  # time.monotonic() before which no new connection is tried
         self._one_at_a_time = asyncio.Lock()
         self.on_message_listeners.append(self._note)
 
     async def _note(self, message: WSMessage) -> None:
-        """A raw websocket message: a ``too_many_websockets`` refusal, or the ``hello`` of a connection."""
         if message.type != WSMsgType.TEXT or not isinstance(message.data, str):
             return
         if REFUSED in message.data:
@@ -72,8 +57,7 @@ class CappedSocketModeClient(SocketModeClient):
             self.refusals, self.refused_at, self._next_try = 0, None, 0.0
 
     async def connect_to_new_endpoint(self, force: bool = False) -> None:
-        """Reconnect as slack_sdk does, after the backoff of a refusal and one caller at a time (a
-        caller that finds a connection made meanwhile leaves it be)."""
+        """Reconnect as slack_sdk does, after a refusal's backoff and one caller at a time."""
         async with self._one_at_a_time:
             wait = self._next_try - time.monotonic()
             if wait > 0:
@@ -90,8 +74,7 @@ class CappedSocketModeClient(SocketModeClient):
 
 
 class CappedSocketModeHandler(AsyncSocketModeHandler):
-    """Bolt's :class:`AsyncSocketModeHandler` on a :class:`CappedSocketModeClient` (its ``__init__``
-    as Bolt's, with that client)."""
+    """Bolt's :class:`AsyncSocketModeHandler` on a :class:`CappedSocketModeClient`."""
 
     client: CappedSocketModeClient
 
@@ -104,9 +87,6 @@ class CappedSocketModeHandler(AsyncSocketModeHandler):
             app_token=app_token, logger=app.logger, web_client=web_client, ping_interval=ping_interval
         )
         self.client.socket_mode_request_listeners.append(self.handle)  # type: ignore[arg-type]
-
-
-# --- text ---------------------------------------------------------------------------------------
 
 
 def too_many_websockets() -> str:

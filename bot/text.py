@@ -1,7 +1,5 @@
-"""The constant words of the surfaces in ``bot/``: prompts, placeholders and headings.
-
-Words computed from values (counts, labels) stay functions beside the surface that shows them.
-"""
+"""The constant words of the surfaces in ``bot/`` (words computed from values are functions
+beside their surface)."""
 
 from __future__ import annotations
 
