@@ -132,8 +132,12 @@ every = {digest_every}
 
 
 def kill_session(sid: int) -> int:
-    """SIGKILL every process of session ``sid`` (from outside, as an OOM kill would); return how many."""
-    killed = 0
+    """SIGKILL every process of session ``sid`` (from outside, as an OOM kill would); return how many.
+
+    Its process group (the session leader's) is killed in one ``killpg``, so no worker outlives its
+    launcher long enough to see it gone and log a traceback; then any other member of the session.
+    """
+    members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -143,10 +147,13 @@ def kill_session(sid: int) -> int:
         except OSError:
             continue
         if int(stat[3]) == sid:  # fields after comm: state ppid pgrp session …
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry), signal.SIGKILL)
-                killed += 1
-    return killed
+            members.append(int(entry))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, signal.SIGKILL)
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(members)
 
 
 class DemoFailed(PitstopError):
