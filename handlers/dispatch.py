@@ -106,7 +106,8 @@ class Dispatcher:
         pending = set(self._tasks)
         if pending:
             _done, pending = await asyncio.wait(pending, timeout=timeout)
-        for left in (pending, set(self._timers)):
+        for left in (pending, self._timers):  # the timers as they are once the tasks are cancelled
+            left = set(left)
             for task in left:
                 task.cancel()
             if left:
