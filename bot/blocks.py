@@ -232,12 +232,8 @@ def _body(reply: Reply, table_sections: int, follow_ups: bool = False) -> list[B
     blocks: list[Block] = [
         _section(f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*")
     ]
-    if reply.steps:
-        blocks += _line_sections([s.text() for s in reply.steps])
-    if reply.lines:
-        blocks += _line_sections(list(reply.lines))
-    if reply.fields:
-        blocks += _fields(reply.fields)
+    blocks += _line_sections([s.text() for s in reply.steps]) + _line_sections(list(reply.lines))
+    blocks += _fields(reply.fields)
     for table in reply.tables:
         blocks += _table(table, table_sections)
     if reply.log:
@@ -337,11 +333,7 @@ def parts(
 
 
 def reply_blocks(
-    reply: Reply,
-    *,
-    follow_ups: bool = True,
-    limit: int = MAX_BLOCKS,
-    names: Mapping[str, str] | None = None,
+    reply: Reply, *, follow_ups: bool = True, limit: int = MAX_BLOCKS, names: Mapping[str, str] | None = None
 ) -> list[Block]:
     """The Block Kit blocks of ``reply`` for one message, cut to ``limit`` blocks (50 for messages,
     100 for the App Home view) and :data:`MAX_MESSAGE_CHARS` characters (:func:`parts` splits).
@@ -383,10 +375,7 @@ def text_message(text: str) -> dict[str, Any]:
 
 def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The App Home view (``views.publish``): a header, ``reply`` (the job listing), a footer line."""
-    header: Block = {
-        "type": "header",
-        "text": {"type": "plain_text", "text": SLACK_HOME_TITLE[:150], "emoji": True},
-    }
+    header = {"type": "header", "text": {"type": "plain_text", "text": SLACK_HOME_TITLE[:150], "emoji": True}}
     body = reply_blocks(reply, follow_ups=True, limit=MAX_HOME_BLOCKS - 2, names=names)
     return {"type": "home", "blocks": [header, *body, _context(keep_head(footer, MAX_SECTION_TEXT))]}
 

@@ -66,9 +66,7 @@ def key_prefix(key: str | None) -> str:
 
 def prefixed(prefix: str, text: Text) -> Text:
     """``text`` behind a thread-key prefix (``[run r-3] ✓ stop 2.1 s``); ``text`` if no prefix."""
-    if not prefix:
-        return text
-    return Text.assemble((prefix, PREFIX_STYLE), " ", text)
+    return Text.assemble((prefix, PREFIX_STYLE), " ", text) if prefix else text
 
 
 class Renderer:
@@ -114,14 +112,13 @@ class Renderer:
             parts.append(self.log(reply))
         if reply.chart:
             parts.append(Text(f"chart: {reply.chart}", style="dim"))
-        for attached in reply.attachments:  # a patch under review: its path here, its hash in the title
-            parts.append(
-                Text(f"attached: {attached.title or attached.filename} ({attached.path})", style="dim")
-            )
+        # a patch under review: its path here, its hash in the title
+        parts += [
+            Text(f"attached: {a.title or a.filename} ({a.path})", style="dim") for a in reply.attachments
+        ]
         if reply.buttons:
-            parts.append(
-                Text("  ".join(console_button(b.label, b.action) for b in reply.buttons), style="dim")
-            )
+            hints = "  ".join(console_button(b.label, b.action) for b in reply.buttons)
+            parts.append(Text(hints, style="dim"))
         for follow in reply.follow_ups:
             parts += [Text(""), self.render(follow)]
         return Group(*parts)

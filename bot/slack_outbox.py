@@ -452,9 +452,8 @@ class SlackOutbox(SlackSender):
                 if error == "not_in_channel" and not joined and await self._join(channel):
                     joined = True
                     continue
-                await self._refused(
-                    None, Reply(title=title or source["filename"]), channel, Refused(error, detail_of(exc))
-                )
+                refusal = Refused(error, detail_of(exc))
+                await self._refused(None, Reply(title=title or source["filename"]), channel, refusal)
                 return False
 
     async def _join(self, channel: str) -> bool:
