@@ -1,5 +1,4 @@
 """``pitstop console``: chat with Pitstop in a terminal, over the same handlers as Slack.
-
 :class:`ConsoleSession` sends lines (typed, or from an iterable: the demo) to the dispatcher and
 prints replies with :class:`Renderer`; the team's posts come through :class:`ConsoleOutbox`.
 """

@@ -157,11 +157,8 @@ class PitstopScheduler:
         await self._lease_tick()
 
     async def stop(self, *, release: bool = True, drain_timeout: float = DRAIN_TIMEOUT) -> None:
-        """Stop scheduling, cancel running jobs, wait for automatic restarts, give the lease up.
-
-        :param release: release the lease (another replica takes over at once), else let it expire.
-        :param drain_timeout: seconds to wait for automatic restarts still running.
-        """
+        """Stop scheduling, cancel running jobs, wait ``drain_timeout`` s for automatic restarts, then
+        ``release`` the lease (another replica takes over at once), else let it expire."""
         self._stopping = True
         sched, self._scheduler = self._scheduler, None
         if sched is not None and sched.running:

@@ -294,13 +294,7 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
 
 
 async def serve_http(
-    config: Config,
-    *,
-    host: str,
-    port: int,
-    bot_token: str,
-    signing_secret: str,
-    api_url: str | None,
+    config: Config, *, host: str, port: int, bot_token: str, signing_secret: str, api_url: str | None
 ) -> None:
     """Serve Slack over HTTP on ``host:port`` until cancelled (SIGINT/SIGTERM); raises
     :class:`SlackUnavailable` if the bot token is refused."""
@@ -343,11 +337,9 @@ async def serve_socket(
     host: str | None = None,
     port: int = 0,
 ) -> None:
-    """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM).
-
-    :param host: listen address for ``GET /healthz`` and ``GET /metrics``; None: no listener.
-    :raises SlackUnavailable: if a token is refused (:class:`UsageError`: the address cannot be bound).
-    """
+    """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM), ``GET /healthz`` and ``GET /metrics``
+    on ``host`` unless None.  :raises SlackUnavailable: if a token is refused (:class:`UsageError`: if
+    the address cannot be bound)."""
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
     server: HttpServer | None = None
     try:

@@ -6,6 +6,7 @@ storms), and refusals told to a person with their fix, never silently dropped.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,7 +21,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import blocks
 from bot.people import People
 from bot.slack_api import BACKOFF, Refused, detail_of, error_of, refused_notice
-from bot.slack_send import METADATA_TYPE, PAGE, PAGES, SlackSender, slack_gave_up
+from bot.slack_send import SlackSender
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
 from pipeline.state.posts import CLAIM_LEASE, Posts
@@ -34,7 +35,6 @@ STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another re
 SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
 T = TypeVar("T")
 _ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
-__all__ = ["METADATA_TYPE", "PAGE", "PAGES", "SETTLE", "SlackOutbox", "slack_gave_up"]
 
 
 class SlackOutbox(SlackSender):
@@ -85,7 +85,7 @@ class SlackOutbox(SlackSender):
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, tuple[Reply, str | None]] = {}
         self._for_thread: dict[int, tuple[str, float]] = {}  #: waiter → (channel, since): see announce_in
-        self._seq = 0
+        self._seq = itertools.count(1)
 
     def bind(self, posts: Posts, runs: RunStore, undelivered: UndeliveredAlerts | None = None) -> None:
         """Keep headline locations, runs' requesters and the last undelivered alert in Redis."""
@@ -209,8 +209,7 @@ class SlackOutbox(SlackSender):
             return  # already told (by the story, or by what happened to its job since)
         parent = await self.where(story)
         if parent is None:
-            self._seq += 1
-            me = self._seq
+            me = next(self._seq)
             self._for_thread[me] = (target or "", time.monotonic())
             try:
                 async with self._locks.setdefault(story, asyncio.Lock()):  # held while it is posted
