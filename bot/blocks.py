@@ -110,8 +110,7 @@ def plain(text: str) -> str:
     ``#C1``, ``<!subteam^S1>`` → ``@S1``, ``<!here>`` → ``@here``."""
 
     def name(m: re.Match[str]) -> str:
-        body = m.group(0)[1:-1]
-        ref, _, label = body.partition("|")
+        ref, _, label = m.group(0)[1:-1].partition("|")
         if label:
             return ("#" if ref.startswith("#") else "@") + label
         if ref.startswith("!subteam^"):
@@ -264,8 +263,7 @@ def fit(blocks: list[Block], limit: int = MAX_BLOCKS, chars: int = MAX_MESSAGE_C
             break
         kept.append(block)
         budget -= size
-    dropped = len(others) - len(kept)
-    return [*kept, _context(escape(slack_blocks_omitted(dropped))), *actions]
+    return [*kept, _context(escape(slack_blocks_omitted(len(others) - len(kept)))), *actions]
 
 
 def _actions(reply: Reply, follow_ups: bool) -> Block | None:
@@ -361,8 +359,7 @@ def message(
 def text_message(text: str) -> dict[str, Any]:
     """A one-section message, within the limits; references in ``text`` never ping."""
     text = humanise_text(text) if text.strip() else SLACK_UNTITLED
-    body = keep_head(text, MAX_SECTION_TEXT)
-    return {"text": keep_head(text, MAX_FALLBACK), "blocks": [_section(body)]}
+    return {"text": keep_head(text, MAX_FALLBACK), "blocks": [_section(keep_head(text, MAX_SECTION_TEXT))]}
 
 
 def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -132,13 +132,6 @@ class ConsoleOutbox:
         self.renderer = renderer or Renderer()
         self._shown: dict[str, Reply] = {}
 
-    def _print(self, prefix: str, renderable: RenderableType) -> None:
-        if isinstance(renderable, Text):
-            renderable = prefixed(prefix, renderable)
-        elif prefix:
-            self.console.print(Text(prefix, style=PREFIX_STYLE))
-        self.console.print(renderable)
-
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a headline, or the steps and title that changed since the last one for ``key``."""
         prefix = key_prefix(key)
@@ -153,8 +146,10 @@ class ConsoleOutbox:
             changed.append(self.renderer.title(reply))
         if reply.log and reply.log != before.log:
             changed.append(self.renderer.log(reply))
-        for part in changed:
-            self._print(prefix, part)
+        for part in changed:  # a Text behind the prefix, anything else below it
+            if prefix and not isinstance(part, Text):
+                self.console.print(Text(prefix, style=PREFIX_STYLE))
+            self.console.print(prefixed(prefix, part) if isinstance(part, Text) else part)
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a thread reply under its key."""
@@ -246,8 +241,7 @@ class ConsoleSession:
         req = Request(text=text, user=self.user, groups=self.groups, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)
         self.console.print(self.renderer.render(reply))
-        confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
-        if confirm is None:
+        if (confirm := next((b for b in reply.buttons if b.action == "confirm"), None)) is None:
             return reply
         answer = await self.ask(CONSOLE_CONFIRM)
         if answer is not None and answer.strip().lower() in ("y", "yes"):

@@ -95,8 +95,7 @@ class SlackRuntime:
         if self.socket is not None:
             connected = await self.socket.client.is_connected()
             out["socket_mode"] = "connected" if connected else "reconnecting"
-            refused = self.socket.client.health()
-            if refused is not None:
+            if (refused := self.socket.client.health()) is not None:
                 out["socket_mode"], out["socket_refused"] = "refused", refused
             out["ok"] = bool(out.get("ok")) and connected
         out["queue"] = self.outbox.queue()  #: posts and updates waiting for Slack's pace, with age
@@ -164,12 +163,9 @@ async def open_runtime(
     check_auth: bool = True,
     instance: str | None = None,
 ) -> SlackRuntime:
-    """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler.
-
-    :param signing_secret: HTTP mode's secret; None for Socket Mode.
-    :param check_auth: call ``auth.test`` first so a wrong token fails at once.
-    :raises SlackUnavailable: if ``auth.test`` fails.
-    """
+    """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler
+    (``signing_secret``: None for Socket Mode; ``check_auth``: ``auth.test`` first, so a wrong token
+    fails at once).  :raises SlackUnavailable: if ``auth.test`` fails."""
     session = aiohttp.ClientSession()
     ctx: Context | None = None
     try:

@@ -78,8 +78,7 @@ class GroupCache:
 
     async def get(self, user: str) -> tuple[str, ...]:
         """The user's groups, loading the listing first if there is none yet."""
-        got = self.cached(user)
-        if got is not None:
+        if (got := self.cached(user)) is not None:
             return got
         await self.refresh()
         return (self._members or {}).get(user, ())
@@ -323,8 +322,7 @@ class SlackSurface:
     async def _on_mention(
         self, body: dict[str, Any], event: dict[str, Any], request: AsyncBoltRequest, context: Any
     ) -> None:
-        bot_user = getattr(context, "bot_user_id", None)
-        text = mention_text(str(event.get("text", "")), bot_user)
+        text = mention_text(str(event.get("text", "")), getattr(context, "bot_user_id", None))
         self.spawn(self._converse(body, event, text, in_thread=True, retry=self._is_retry(request)))
 
     async def _on_message(
