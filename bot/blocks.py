@@ -41,6 +41,7 @@ STATUS_EMOJI = {
 _FENCE = "```"
 _FENCED = (_FENCE + "\n", "\n" + _FENCE)  #: a code block's opening and closing
 _REFS = re.compile(r"<(?:@[UW][A-Z0-9]+|#C[A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel)(?:\|[^<>&|]*)?>")
+_REFS_SPLIT = re.compile(f"({_REFS.pattern})")
 _PEOPLE = re.compile(r"<(@[UW][A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel|!everyone)(?:\|([^<>|]*))?>")
 _TICKS = re.compile(r"`{3,}")
 
@@ -100,12 +101,8 @@ def escape(text: str, *, refs: bool = False) -> str:
     and group references of Pitstop's own wording kept (never ``<!channel>``, links, a log's)."""
     if not refs:
         return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    out: list[str] = []
-    last = 0
-    for m in _REFS.finditer(text):
-        out += [escape(text[last : m.start()]), m.group(0)]
-        last = m.end()
-    return "".join(out) + escape(text[last:])
+    # split on the references, kept as every odd piece
+    return "".join(p if i % 2 else escape(p) for i, p in enumerate(_REFS_SPLIT.split(text)))
 
 
 def plain(text: str) -> str:
@@ -113,8 +110,7 @@ def plain(text: str) -> str:
     ``#C1``, ``<!subteam^S1>`` → ``@S1``, ``<!here>`` → ``@here``."""
 
     def name(m: re.Match[str]) -> str:
-        body = m.group(0)[1:-1]
-        ref, _, label = body.partition("|")
+        ref, _, label = m.group(0)[1:-1].partition("|")
         if label:
             return ("#" if ref.startswith("#") else "@") + label
         if ref.startswith("!subteam^"):
@@ -172,18 +168,16 @@ def _context(text: str) -> Block:
 def _line_sections(lines: list[str], *, fence: bool = False) -> list[Block]:
     wrap = _FENCED if fence else ("", "")
     room = MAX_SECTION_TEXT - len(wrap[0]) - len(wrap[1])
-    out: list[Block] = []
-    chunk: list[str] = []
-    size = 0
+    chunks: list[list[str]] = []
+    size = 0  # of chunks[-1], its newlines included
     for raw in lines:
         line = keep_head(unfence(raw) if fence else raw, room, refs=not fence)
-        if chunk and size + 1 + len(line) > room:
-            out.append(_section(wrap[0] + "\n".join(chunk) + wrap[1]))
-            chunk, size = [], 0
-        chunk.append(line)
-        size += len(line) + (1 if len(chunk) > 1 else 0)
-    if chunk:
-        out.append(_section(wrap[0] + "\n".join(chunk) + wrap[1]))
+        if not chunks or size + 1 + len(line) > room:
+            chunks.append([])
+            size = -1
+        chunks[-1].append(line)
+        size += 1 + len(line)
+    out = [_section(wrap[0] + "\n".join(chunk) + wrap[1]) for chunk in chunks]
     return [b for b in out if b["text"]["text"].strip()]  # Slack refuses an empty section
 
 
@@ -232,12 +226,8 @@ def _body(reply: Reply, table_sections: int, follow_ups: bool = False) -> list[B
     blocks: list[Block] = [
         _section(f"{STATUS_EMOJI[reply.status]} *{keep_head(title, MAX_SECTION_TEXT - 40)}*")
     ]
-    if reply.steps:
-        blocks += _line_sections([s.text() for s in reply.steps])
-    if reply.lines:
-        blocks += _line_sections(list(reply.lines))
-    if reply.fields:
-        blocks += _fields(reply.fields)
+    blocks += _line_sections([s.text() for s in reply.steps]) + _line_sections(list(reply.lines))
+    blocks += _fields(reply.fields)
     for table in reply.tables:
         blocks += _table(table, table_sections)
     if reply.log:
@@ -273,8 +263,7 @@ def fit(blocks: list[Block], limit: int = MAX_BLOCKS, chars: int = MAX_MESSAGE_C
             break
         kept.append(block)
         budget -= size
-    dropped = len(others) - len(kept)
-    return [*kept, _context(escape(slack_blocks_omitted(dropped))), *actions]
+    return [*kept, _context(escape(slack_blocks_omitted(len(others) - len(kept)))), *actions]
 
 
 def _actions(reply: Reply, follow_ups: bool) -> Block | None:
@@ -337,18 +326,11 @@ def parts(
 
 
 def reply_blocks(
-    reply: Reply,
-    *,
-    follow_ups: bool = True,
-    limit: int = MAX_BLOCKS,
-    names: Mapping[str, str] | None = None,
+    reply: Reply, *, follow_ups: bool = True, limit: int = MAX_BLOCKS, names: Mapping[str, str] | None = None
 ) -> list[Block]:
     """The Block Kit blocks of ``reply`` for one message, cut to ``limit`` blocks (50 for messages,
-    100 for the App Home view) and :data:`MAX_MESSAGE_CHARS` characters (:func:`parts` splits).
-
-    :param follow_ups: also render ``reply.follow_ups`` below a divider (no thread to put them in).
-    :param names: user/group id → name for :func:`humanise`.
-    """
+    100 for the App Home view) and :data:`MAX_MESSAGE_CHARS` characters (:func:`parts` splits);
+    ``follow_ups``: also ``reply.follow_ups`` below a divider; ``names``: id → name for :func:`humanise`."""
     reply = humanise(reply, names)
     messages_cap = MAX_MESSAGE_CHARS // MAX_SECTION_TEXT if limit <= MAX_BLOCKS else limit
     table_sections = max(2, min(limit // 5, messages_cap))
@@ -377,16 +359,12 @@ def message(
 def text_message(text: str) -> dict[str, Any]:
     """A one-section message, within the limits; references in ``text`` never ping."""
     text = humanise_text(text) if text.strip() else SLACK_UNTITLED
-    body = keep_head(text, MAX_SECTION_TEXT)
-    return {"text": keep_head(text, MAX_FALLBACK), "blocks": [_section(body)]}
+    return {"text": keep_head(text, MAX_FALLBACK), "blocks": [_section(keep_head(text, MAX_SECTION_TEXT))]}
 
 
 def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The App Home view (``views.publish``): a header, ``reply`` (the job listing), a footer line."""
-    header: Block = {
-        "type": "header",
-        "text": {"type": "plain_text", "text": SLACK_HOME_TITLE[:150], "emoji": True},
-    }
+    header = {"type": "header", "text": {"type": "plain_text", "text": SLACK_HOME_TITLE[:150], "emoji": True}}
     body = reply_blocks(reply, follow_ups=True, limit=MAX_HOME_BLOCKS - 2, names=names)
     return {"type": "home", "blocks": [header, *body, _context(keep_head(footer, MAX_SECTION_TEXT))]}
 
@@ -397,8 +375,7 @@ def block_texts(blocks: list[Block]) -> list[str]:
     for block in blocks:
         if isinstance(block.get("text"), dict):
             out.append(str(block["text"].get("text", "")))
-        for item in block.get("fields", []) or []:
-            out.append(str(item.get("text", "")))
+        out += [str(item.get("text", "")) for item in block.get("fields", []) or []]
         for el in block.get("elements", []) or []:
             if isinstance(el.get("text"), dict):
                 out.append(str(el["text"].get("text", "")))

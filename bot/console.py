@@ -1,5 +1,4 @@
 """``pitstop console``: chat with Pitstop in a terminal, over the same handlers as Slack.
-
 :class:`ConsoleSession` sends lines (typed, or from an iterable: the demo) to the dispatcher and
 prints replies with :class:`Renderer`; the team's posts come through :class:`ConsoleOutbox`.
 """
@@ -66,9 +65,7 @@ def key_prefix(key: str | None) -> str:
 
 def prefixed(prefix: str, text: Text) -> Text:
     """``text`` behind a thread-key prefix (``[run r-3] ✓ stop 2.1 s``); ``text`` if no prefix."""
-    if not prefix:
-        return text
-    return Text.assemble((prefix, PREFIX_STYLE), " ", text)
+    return Text.assemble((prefix, PREFIX_STYLE), " ", text) if prefix else text
 
 
 class Renderer:
@@ -114,14 +111,13 @@ class Renderer:
             parts.append(self.log(reply))
         if reply.chart:
             parts.append(Text(f"chart: {reply.chart}", style="dim"))
-        for attached in reply.attachments:  # a patch under review: its path here, its hash in the title
-            parts.append(
-                Text(f"attached: {attached.title or attached.filename} ({attached.path})", style="dim")
-            )
+        # a patch under review: its path here, its hash in the title
+        parts += [
+            Text(f"attached: {a.title or a.filename} ({a.path})", style="dim") for a in reply.attachments
+        ]
         if reply.buttons:
-            parts.append(
-                Text("  ".join(console_button(b.label, b.action) for b in reply.buttons), style="dim")
-            )
+            hints = "  ".join(console_button(b.label, b.action) for b in reply.buttons)
+            parts.append(Text(hints, style="dim"))
         for follow in reply.follow_ups:
             parts += [Text(""), self.render(follow)]
         return Group(*parts)
@@ -135,13 +131,6 @@ class ConsoleOutbox:
         self.console = console
         self.renderer = renderer or Renderer()
         self._shown: dict[str, Reply] = {}
-
-    def _print(self, prefix: str, renderable: RenderableType) -> None:
-        if isinstance(renderable, Text):
-            renderable = prefixed(prefix, renderable)
-        elif prefix:
-            self.console.print(Text(prefix, style=PREFIX_STYLE))
-        self.console.print(renderable)
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a headline, or the steps and title that changed since the last one for ``key``."""
@@ -157,8 +146,10 @@ class ConsoleOutbox:
             changed.append(self.renderer.title(reply))
         if reply.log and reply.log != before.log:
             changed.append(self.renderer.log(reply))
-        for part in changed:
-            self._print(prefix, part)
+        for part in changed:  # a Text behind the prefix, anything else below it
+            if prefix and not isinstance(part, Text):
+                self.console.print(Text(prefix, style=PREFIX_STYLE))
+            self.console.print(prefixed(prefix, part) if isinstance(part, Text) else part)
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a thread reply under its key."""
@@ -250,8 +241,7 @@ class ConsoleSession:
         req = Request(text=text, user=self.user, groups=self.groups, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)
         self.console.print(self.renderer.render(reply))
-        confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
-        if confirm is None:
+        if (confirm := next((b for b in reply.buttons if b.action == "confirm"), None)) is None:
             return reply
         answer = await self.ask(CONSOLE_CONFIRM)
         if answer is not None and answer.strip().lower() in ("y", "yes"):

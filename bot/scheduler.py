@@ -41,21 +41,18 @@ DRAIN_TIMEOUT = 30.0  #: seconds :meth:`PitstopScheduler.stop` waits for automat
 GAP_INTERVALS = 3  #: watch intervals without a cycle after which the returning leader says it was away
 
 
-class _QuietOverlap(logging.Filter):
+def _quiet_overlap(record: logging.LogRecord) -> bool:
     """Drops APScheduler's "maximum number of running instances reached" warning for interval jobs."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """False for that warning about an interval job."""
-        job = record.args[0] if isinstance(record.args, tuple) and record.args else None
-        return not (
-            "maximum number of running instances" in str(record.msg)
-            and isinstance(getattr(job, "trigger", None), IntervalTrigger)
-        )
+    job = record.args[0] if isinstance(record.args, tuple) and record.args else None
+    return not (
+        "maximum number of running instances" in str(record.msg)
+        and isinstance(getattr(job, "trigger", None), IntervalTrigger)
+    )
 
 
 #: this module's schedulers log here (a child of ``apscheduler.scheduler``: same levels and handlers)
 APS_LOG = logging.getLogger("apscheduler.scheduler.pitstop")
-APS_LOG.addFilter(_QuietOverlap())
+APS_LOG.addFilter(_quiet_overlap)
 
 
 @dataclass
@@ -160,11 +157,8 @@ class PitstopScheduler:
         await self._lease_tick()
 
     async def stop(self, *, release: bool = True, drain_timeout: float = DRAIN_TIMEOUT) -> None:
-        """Stop scheduling, cancel running jobs, wait for automatic restarts, give the lease up.
-
-        :param release: release the lease (another replica takes over at once), else let it expire.
-        :param drain_timeout: seconds to wait for automatic restarts still running.
-        """
+        """Stop scheduling, cancel running jobs, wait ``drain_timeout`` s for automatic restarts, then
+        ``release`` the lease (another replica takes over at once), else let it expire."""
         self._stopping = True
         sched, self._scheduler = self._scheduler, None
         if sched is not None and sched.running:
@@ -216,7 +210,7 @@ class PitstopScheduler:
             self._spawn(self._became_leader)
         elif held:
             self._spawn(self._recover)
-        elif not held and self._was_leader:
+        elif self._was_leader:
             log.warning(scheduler_leader(self.ctx.instance, False))
         self._was_leader = held
 

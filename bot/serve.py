@@ -95,8 +95,7 @@ class SlackRuntime:
         if self.socket is not None:
             connected = await self.socket.client.is_connected()
             out["socket_mode"] = "connected" if connected else "reconnecting"
-            refused = self.socket.client.health()
-            if refused is not None:
+            if (refused := self.socket.client.health()) is not None:
                 out["socket_mode"], out["socket_refused"] = "refused", refused
             out["ok"] = bool(out.get("ok")) and connected
         out["queue"] = self.outbox.queue()  #: posts and updates waiting for Slack's pace, with age
@@ -164,12 +163,9 @@ async def open_runtime(
     check_auth: bool = True,
     instance: str | None = None,
 ) -> SlackRuntime:
-    """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler.
-
-    :param signing_secret: HTTP mode's secret; None for Socket Mode.
-    :param check_auth: call ``auth.test`` first so a wrong token fails at once.
-    :raises SlackUnavailable: if ``auth.test`` fails.
-    """
+    """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler
+    (``signing_secret``: None for Socket Mode; ``check_auth``: ``auth.test`` first, so a wrong token
+    fails at once).  :raises SlackUnavailable: if ``auth.test`` fails."""
     session = aiohttp.ClientSession()
     ctx: Context | None = None
     try:
@@ -294,13 +290,7 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
 
 
 async def serve_http(
-    config: Config,
-    *,
-    host: str,
-    port: int,
-    bot_token: str,
-    signing_secret: str,
-    api_url: str | None,
+    config: Config, *, host: str, port: int, bot_token: str, signing_secret: str, api_url: str | None
 ) -> None:
     """Serve Slack over HTTP on ``host:port`` until cancelled (SIGINT/SIGTERM); raises
     :class:`SlackUnavailable` if the bot token is refused."""
@@ -343,11 +333,9 @@ async def serve_socket(
     host: str | None = None,
     port: int = 0,
 ) -> None:
-    """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM).
-
-    :param host: listen address for ``GET /healthz`` and ``GET /metrics``; None: no listener.
-    :raises SlackUnavailable: if a token is refused (:class:`UsageError`: the address cannot be bound).
-    """
+    """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM), ``GET /healthz`` and ``GET /metrics``
+    on ``host`` unless None.  :raises SlackUnavailable: if a token is refused (:class:`UsageError`: if
+    the address cannot be bound)."""
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
     server: HttpServer | None = None
     try:

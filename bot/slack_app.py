@@ -46,10 +46,8 @@ def needs_groups(config: Config) -> bool:
     """True when a role list (global or per job) or ``[approval] approvers`` names a group (``S…``)."""
     ids: list[str] = [*config.auth.admins, *config.auth.operators, *config.auth.viewers]
     for job in config.jobs.values():
-        for ids_of in (job.auth.admins, job.auth.operators, job.auth.viewers):
-            ids += ids_of or []
-        if job.approval is not None:
-            ids += job.approval.approvers
+        ids += [*(job.auth.admins or []), *(job.auth.operators or []), *(job.auth.viewers or [])]
+        ids += job.approval.approvers if job.approval is not None else []
     return any(i.startswith("S") for i in ids)
 
 
@@ -80,8 +78,7 @@ class GroupCache:
 
     async def get(self, user: str) -> tuple[str, ...]:
         """The user's groups, loading the listing first if there is none yet."""
-        got = self.cached(user)
-        if got is not None:
+        if (got := self.cached(user)) is not None:
             return got
         await self.refresh()
         return (self._members or {}).get(user, ())
@@ -122,10 +119,9 @@ class GroupCache:
 def response_type(reply: Reply) -> str:
     """``ephemeral`` for input errors, denials, confirmations and run acks (the team sees the
     run's own message); ``in_channel`` for the rest."""
-    private = (
-        reply.ephemeral or reply.run_id is not None or any(b.action in _CONFIRMING for b in reply.buttons)
-    )
-    return "ephemeral" if private else "in_channel"
+    if reply.ephemeral or reply.run_id is not None or any(b.action in _CONFIRMING for b in reply.buttons):
+        return "ephemeral"
+    return "in_channel"
 
 
 def internal_error_reply() -> Reply:
@@ -234,23 +230,26 @@ class SlackSurface:
         one ``trigger_id`` is Slack's redelivery: nobody acts on or answers it (nor audits a retry)."""
         user = str(body.get("user_id", ""))
         text = str(body.get("text", ""))
-        trigger = body.get("trigger_id") or f"{user}:{body.get('channel_id')}:{text}"
+        channel = body.get("channel_id")
+        trigger = body.get("trigger_id") or f"{user}:{channel}:{text}"
         async with self.acks.follow_up():
-            req = Request(
-                text=text,
-                user=user,
-                groups=await self.groups.get(user),
-                delivery_id=f"cmd:{trigger}",
-                channel=body.get("channel_id"),
-                surface="slack",
-            )
-            if retry and await self.dispatcher.seen(req.delivery_id):
-                return
-            reply = await self._handle(req)
-        if reply.title == duplicate_delivery():
+            reply = await self._first(text, user, f"cmd:{trigger}", channel, retry)
+        if reply is None or reply.title == duplicate_delivery():
             return  # Slack's redelivery: the first delivery acted and answers
         await self._respond(respond, reply, user=user)
-        self._after_answer(reply, req.channel, user, respond)
+        self._after_answer(reply, channel, user, respond)
+
+    async def _first(
+        self, text: str, user: str, delivery: str, channel: str | None, retry: bool
+    ) -> Reply | None:
+        """The answer to ``text``; None for Slack's retry of a delivery already acted on."""
+        groups = await self.groups.get(user)
+        req = Request(
+            text=text, user=user, groups=groups, delivery_id=delivery, channel=channel, surface="slack"
+        )
+        if retry and await self.dispatcher.seen(delivery):
+            return None
+        return await self._handle(req)
 
     async def _names(self, reply: Reply) -> Mapping[str, str]:
         return await self.outbox.names(reply) if self.outbox is not None else {}
@@ -323,8 +322,7 @@ class SlackSurface:
     async def _on_mention(
         self, body: dict[str, Any], event: dict[str, Any], request: AsyncBoltRequest, context: Any
     ) -> None:
-        bot_user = getattr(context, "bot_user_id", None)
-        text = mention_text(str(event.get("text", "")), bot_user)
+        text = mention_text(str(event.get("text", "")), getattr(context, "bot_user_id", None))
         self.spawn(self._converse(body, event, text, in_thread=True, retry=self._is_retry(request)))
 
     async def _on_message(
@@ -342,14 +340,9 @@ class SlackSurface:
         user = str(event.get("user", ""))
         channel = str(event.get("channel", ""))
         event_id = body.get("event_id") or f"{channel}:{event.get('ts')}"
-        delivery = f"ev:{event_id}"
-        groups = await self.groups.get(user)
-        req = Request(
-            text=text, user=user, groups=groups, delivery_id=delivery, channel=channel, surface="slack"
-        )
-        if retry and await self.dispatcher.seen(req.delivery_id):
+        reply = await self._first(text, user, f"ev:{event_id}", channel, retry)
+        if reply is None:
             return  # Slack's retry of an event already acted on: the first delivery answers it
-        reply = await self._handle(req)
         thread_ts = event.get("thread_ts") or (event.get("ts") if in_thread else None)
         payloads = blocks.parts(reply, names=await self._names(reply))
         try:
@@ -399,9 +392,8 @@ class SlackSurface:
     async def _on_home(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         if event.get("tab", "home") != "home":
             return
-        self.spawn(
-            self.publish_home(str(event.get("user", "")), str(body.get("event_id") or uuid.uuid4().hex))
-        )
+        delivery = str(body.get("event_id") or uuid.uuid4().hex)
+        self.spawn(self.publish_home(str(event.get("user", "")), delivery))
 
     async def publish_home(self, user: str, delivery: str) -> None:
         """Publish the App Home tab for ``user``: the ``status`` listing, shared by everyone who may
@@ -431,8 +423,7 @@ class SlackSurface:
             log.warning(slack_not_posted(f"App Home of {user}", str(exc.response.get("error"))))
 
     async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
-        incident = new_incident_id()
-        log.error("incident %s: %s", incident, error, exc_info=error)
+        log.error("incident %s: %s", new_incident_id(), error, exc_info=error)
 
 
 def slack_home_no_role() -> str:

@@ -20,7 +20,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot import blocks
 from bot.people import People
 from bot.slack_api import BACKOFF, Refused, detail_of, error_of, refused_notice
-from bot.slack_send import METADATA_TYPE, PAGE, PAGES, SlackSender, slack_gave_up
+from bot.slack_send import SlackSender
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
 from pipeline.state.posts import CLAIM_LEASE, Posts
@@ -34,7 +34,6 @@ STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another re
 SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
 T = TypeVar("T")
 _ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
-__all__ = ["METADATA_TYPE", "PAGE", "PAGES", "SETTLE", "SlackOutbox", "slack_gave_up"]
 
 
 class SlackOutbox(SlackSender):
@@ -84,8 +83,7 @@ class SlackOutbox(SlackSender):
         self._parents: dict[str, str] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, tuple[Reply, str | None]] = {}
-        self._for_thread: dict[int, tuple[str, float]] = {}  #: waiter → (channel, since): see announce_in
-        self._seq = 0
+        self._for_thread: dict[object, tuple[str, float]] = {}  #: waiter → (channel, since): see announce_in
 
     def bind(self, posts: Posts, runs: RunStore, undelivered: UndeliveredAlerts | None = None) -> None:
         """Keep headline locations, runs' requesters and the last undelivered alert in Redis."""
@@ -130,8 +128,7 @@ class SlackOutbox(SlackSender):
         with ``live_claim``, while its claim's lease is live (at most :data:`STORY_WAIT` s)."""
         start = time.monotonic()
         while (waited := time.monotonic() - start) < STORY_WAIT:
-            loc = await self.where(key)
-            if loc is not None:
+            if (loc := await self.where(key)) is not None:
                 return loc
             if waited >= CLAIM_WAIT and not (live_claim and self._posts and await self._posts.pending(key)):
                 return None
@@ -187,8 +184,9 @@ class SlackOutbox(SlackSender):
             return None
         ts = await self._renewing(key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key))
         if ts is None:
-            rescued = self._rescued.pop(key, None)
-            if rescued is not None:  # the alert went to another channel: it lives there from now on
+            if (
+                rescued := self._rescued.pop(key, None)
+            ) is not None:  # the alert went to another channel: it lives there from now on
                 await self._remember(key, *rescued)
                 return rescued
             await self._unclaim(key)
@@ -209,8 +207,7 @@ class SlackOutbox(SlackSender):
             return  # already told (by the story, or by what happened to its job since)
         parent = await self.where(story)
         if parent is None:
-            self._seq += 1
-            me = self._seq
+            me = object()
             self._for_thread[me] = (target or "", time.monotonic())
             try:
                 async with self._locks.setdefault(story, asyncio.Lock()):  # held while it is posted
@@ -287,11 +284,9 @@ class SlackOutbox(SlackSender):
     ) -> str | None:
         """Post ``reply`` (if long, the rest in the thread); the first ts, or None if refused."""
         names = await self.names(reply)
-        whole = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
-        too_long = len(whole) > blocks.MAX_PARTS
-        payloads = (
-            blocks.parts(reply, follow_ups=follow_ups, names=names, attached=True) if too_long else whole
-        )
+        payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
+        if too_long := len(payloads) > blocks.MAX_PARTS:  # cut, the whole answer attached below
+            payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, attached=True)
         try:
             ts = await self.post_payload(channel, payloads[0], thread_ts=thread_ts)
             for more in payloads[1:]:
@@ -452,9 +447,8 @@ class SlackOutbox(SlackSender):
                 if error == "not_in_channel" and not joined and await self._join(channel):
                     joined = True
                     continue
-                await self._refused(
-                    None, Reply(title=title or source["filename"]), channel, Refused(error, detail_of(exc))
-                )
+                refusal = Refused(error, detail_of(exc))
+                await self._refused(None, Reply(title=title or source["filename"]), channel, refusal)
                 return False
 
     async def _join(self, channel: str) -> bool:
