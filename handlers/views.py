@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 
 from handlers import grammar
 from handlers.alerts import job_owners
@@ -124,8 +123,12 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         lines.append(f"last Slack delivery failure {ago}: {failure['line']}")
     lost = await ctx.redis.open_store(UndeliveredAlerts).last()
     if lost is not None:
-        ago = f"{fmt.duration(now - lost.at)} ago"
-        lines.append(status_undelivered_alert(lost.title, lost.channel, lost.error, lost.told, ago))
+        ago = f"{fmt.duration(now - lost.at)} ago"  # and who got the alert instead
+        shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in lost.told]
+        instead = f"went to {', '.join(shown)} instead" if lost.told else "reached no one"
+        lines.append(
+            f"last undelivered alert {ago}: {lost.title} - {lost.error} in <#{lost.channel}>, {instead}"
+        )
     kept = await ctx.redis.persistence()
     how = "every write, fsynced each second (append-only file)" if kept.aof else "at snapshots only"
     where, saved = kept.where or ctx.redis.description, _when(config, kept.last_save)
@@ -277,13 +280,6 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
 
 
 # --- text ---------------------------------------------------------------------------------------
-
-
-def status_undelivered_alert(title: str, channel: str, error: str, told: Sequence[str], ago: str) -> str:
-    """``status``'s line about the last alert Slack refused in its channel, and who got it instead."""
-    shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in told]
-    instead = f"went to {', '.join(shown)} instead" if told else "reached no one"
-    return f"last undelivered alert {ago}: {title} - {error} in <#{channel}>, {instead}"
 
 
 def help_title() -> str:
