@@ -182,12 +182,10 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
         return await _one_digest(ctx, names[0], scheduled)
     follow = [await _one_digest(ctx, name, scheduled) for name in names]
     worst = max((f.exit_code for f in follow), default=ExitCode.OK)
-    status = Status.ERROR if worst else Status.OK
-    if not worst and any(f.status is Status.WARNING for f in follow):
-        status = Status.WARNING
+    warned = any(f.status is Status.WARNING for f in follow)
     return Reply(
         title=digest_all_title(len(names)),
-        status=status,
+        status=Status.ERROR if worst else Status.WARNING if warned else Status.OK,
         lines=tuple(f.title for f in follow),
         follow_ups=tuple(follow),
         exit_code=worst,
