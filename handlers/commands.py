@@ -191,7 +191,13 @@ def close_names(given: str, known: Iterable[str], n: int = 3) -> list[str]:
 
 
 def _unknown(kind: str, given: str, known: Sequence[str], verb: str | None, where: str = "") -> ParseError:
-    return ParseError(parse_unknown(kind, given, close_names(given, known), known, where), verb)
+    """An unknown ``kind`` (``job``, ``host``, ``command``, ``patch``) looked up ``where`` (``for
+    dflash``, or empty): ``unknown job 'dflsh' — did you mean 'dflash'? (known: dflash, eagle)``."""
+    suggestions = close_names(given, known)
+    hint = f" — did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+    listing = f"(known: {', '.join(known)})" if known else "(none configured)"
+    at = f" {where}" if where else ""
+    return ParseError(f"unknown {kind} {given!r}{at}{hint} {listing}", verb)
 
 
 def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str = "") -> str:
@@ -204,9 +210,8 @@ def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str =
 def _int(slot: str, raw: str, verb: str) -> int:
     kind, value = SLOTS[slot], int(raw)
     if not kind.low <= value <= kind.high:
-        raise ParseError(
-            parse_out_of_range("lines" if slot == "lines" else "N", value, kind.low, kind.high), verb
-        )
+        what = "lines" if slot == "lines" else "N"
+        raise ParseError(f"{what} must be between {kind.low} and {kind.high}, got {value}", verb)
     return value
 
 
@@ -218,9 +223,11 @@ def parse_duration_seconds(raw: str, verb: str | None = None) -> int:
     try:
         seconds = round(fmt.parse_duration(raw))
     except ValueError:
-        raise ParseError(parse_bad_duration(raw, longest), verb) from None
+        raise ParseError(
+            f"{raw!r} is not a duration - use e.g. 90s, 30m, 2h or 1d (at most {longest})", verb
+        ) from None
     if not kind.low <= seconds <= kind.high:
-        raise ParseError(parse_duration_out_of_range(raw, longest), verb)
+        raise ParseError(f"duration {raw!r} is out of range - give at least 1 s and at most {longest}", verb)
     return seconds
 
 
@@ -250,7 +257,8 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         without = _patches(raw.get("without", []), job, config, verb)
         both = [p for p in patches if p in without]
         if both:
-            raise ParseError(parse_added_and_removed(both), verb)
+            named = ", ".join(repr(p) for p in both)
+            raise ParseError(f"patch {named} cannot be both added and removed", verb)
         options["without"] = without
         options["fresh_cache"] = "fresh_cache" in raw
         if "reason" in raw:
@@ -258,7 +266,10 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
     elif verb in ("approve", "deny"):
         ref = one("run") or ""
         if not _RUN_REF.fullmatch(ref.lower()):
-            raise ParseError(parse_bad_run(ref), verb)
+            raise ParseError(
+                f"{ref!r} is not a run id - give it as Pitstop wrote it, e.g. `approve r-7` (see `pending`)",
+                verb,
+            )
         options["run"] = ref.lower()
         if "reason" in raw:
             options["reason"] = _reason(raw["reason"])
@@ -276,8 +287,10 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         options["state"] = state
         duration = one("for_s")
         if duration is not None:
-            if state != "off":
-                raise ParseError(parse_for_needs_off(job), verb)
+            if state != "off":  # a duration only makes sense when pausing
+                raise ParseError(
+                    f"`for DURATION` pauses watching for a while: say `watch {job} off for 2h`", verb
+                )
             options["for_s"] = parse_duration_seconds(duration, verb)
     elif verb == "help":
         topic = one("topic")
@@ -322,8 +335,9 @@ def parse(text: str, config: Config) -> Command:
     if spec is None:
         raise _unknown("command", tokens[0], list(grammar.VERBS), None)
     matches = grammar.match(spec, tokens) if len(tokens) <= MAX_TOKENS else []
-    if not matches:
-        raise ParseError(parse_usage(spec.name, spec.usages), spec.name)
+    if not matches:  # its usage line(s), aligned under the first
+        usage = "\n       ".join(spec.usages)
+        raise ParseError(f"usage: {usage}\n(type `help {spec.name}` for examples)", spec.name)
     first: ParseError | None = None
     matches.sort(key=_numbers_as_names)  # "history 1000" means N, so its error is the one to show
     for binding in matches:
@@ -344,54 +358,6 @@ def patch_phrase(patches: Sequence[str]) -> str:
     if len(names) == 1:
         return f"{names[0]} patch"
     return f"{', '.join(names[:-1])} and {names[-1]} patches"
-
-
-def parse_unknown(
-    kind: str, given: str, suggestions: Sequence[str], known: Sequence[str], where: str = ""
-) -> str:
-    """An unknown ``kind`` (``job``, ``host``, ``command``, ``patch``) looked up ``where`` (``for
-    dflash``, or empty): ``unknown job 'dflsh' — did you mean 'dflash'? (known: dflash, eagle)``."""
-    hint = f" — did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
-    listing = f"(known: {', '.join(known)})" if known else "(none configured)"
-    at = f" {where}" if where else ""
-    return f"unknown {kind} {given!r}{at}{hint} {listing}"
-
-
-def parse_usage(verb: str, usages: Sequence[str]) -> str:
-    """Wrong arguments for a verb: its usage line(s)."""
-    head = "usage: "
-    pad = "\n" + " " * len(head)
-    return head + pad.join(usages) + f"\n(type `help {verb}` for examples)"
-
-
-def parse_out_of_range(what: str, value: int, low: int, high: int) -> str:
-    """A number outside its bounds."""
-    return f"{what} must be between {low} and {high}, got {value}"
-
-
-def parse_bad_duration(given: str, longest: str) -> str:
-    """A duration that is not one."""
-    return f"{given!r} is not a duration - use e.g. 90s, 30m, 2h or 1d (at most {longest})"
-
-
-def parse_duration_out_of_range(given: str, longest: str) -> str:
-    """A duration outside its bounds."""
-    return f"duration {given!r} is out of range - give at least 1 s and at most {longest}"
-
-
-def parse_added_and_removed(patches: Sequence[str]) -> str:
-    """The same patch asked both with and without."""
-    return f"patch {', '.join(repr(p) for p in patches)} cannot be both added and removed"
-
-
-def parse_for_needs_off(job: str) -> str:
-    """``watch JOB on for 2h``: a duration only makes sense when pausing."""
-    return f"`for DURATION` pauses watching for a while: say `watch {job} off for 2h`"
-
-
-def parse_bad_run(given: str) -> str:
-    """``approve X`` where X is not a run id."""
-    return f"{given!r} is not a run id - give it as Pitstop wrote it, e.g. `approve r-7` (see `pending`)"
 
 
 def parse_too_long(limit: int) -> str:

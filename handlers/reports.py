@@ -29,12 +29,6 @@ from pipeline.observe.gpus import (
 )
 
 
-def _mib(used: float | None, total: float | None) -> str:
-    if used is None and total is None:
-        return NA
-    return f"{fmt.number(used)} / {fmt.number(total)} MiB"
-
-
 def _change(change: dict[str, float], key: str) -> str:
     pct = change.get(key)
     return f" ({fmt.signed_pct(pct)})" if pct is not None else ""
@@ -43,10 +37,10 @@ def _change(change: dict[str, float], key: str) -> str:
 def _step_time(digest: Digest) -> str:
     """Pipeline (drafter) step time with its change, then the targets' own (they include queue waits)."""
     s = digest.summary
-    text = digest_step_time(s.step_p50, s.step_p95) + _change(digest.change, "step_p50")
+    text = f"{_secs(s.step_p50)} / {_secs(s.step_p95)}" + _change(digest.change, "step_p50")
     targets = s.role(TARGET)
     if targets is not None:
-        text += f"; targets {digest_step_time(targets.step_p50, targets.step_p95)}"
+        text += f"; targets {_secs(targets.step_p50)} / {_secs(targets.step_p95)}"
     return text
 
 
@@ -99,8 +93,8 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     targets = s.role(TARGET)
     fields: list[tuple[str, str]] = [
         ("uptime", fmt.duration(digest.uptime_s)),
-        ("restarts", digest_restarts(digest.restarts)),
-        ("window", digest_window(s.window_start, s.window_end, s.bytes_read, w.skipped)),
+        ("restarts", _restarts(digest.restarts)),
+        ("window", _window(s.window_start, s.window_end, s.bytes_read, w.skipped)),
     ]
     if targets is not None:
         fields.append(("targets", digest_targets(s.target_tokens_per_s, targets.ranks)))
@@ -127,8 +121,9 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         gpu_rows = tuple((str(g.index), g.role, *_gpu_use(g)) for g in digest.gpus)
         tables.append(Table(("gpu", "role", "util", "memory used/total", "power"), gpu_rows))
     if digest.attempts:  # the footer: one row per attempt
-        footer = attempt_rows(list(digest.attempts), timezone, live=digest.live_run)
-        tables.append(Table(ATTEMPT_HEADERS, footer))
+        tables.append(
+            Table(ATTEMPT_HEADERS, attempt_rows(list(digest.attempts), timezone, live=digest.live_run))
+        )
     tps = s.pipeline_tokens_per_s
     if tps is None:
         title = f"digest {digest.job}: no throughput in this window"
@@ -144,13 +139,15 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     )
 
 
-def _gpu_use(g: GpuStat | GpuRow) -> tuple[str, str, str]:
-    """A GPU's util, memory used/total and power cells."""
-    return (
-        fmt.number(g.utilization_pct, "{:.0f}", "%"),
-        _mib(g.memory_used_mib, g.memory_total_mib),
-        fmt.number(g.power_w, "{:.0f}", " W"),
-    )
+def _gpu_use(g: GpuStat | GpuRow, used: str | None = None) -> tuple[str, str, str]:
+    """A GPU's util, memory used/total (or, given a format, used only) and power cells."""
+    if used is not None:
+        memory = fmt.number(g.memory_used_mib, used, " MiB")
+    elif g.memory_used_mib is None and g.memory_total_mib is None:
+        memory = NA
+    else:
+        memory = f"{fmt.number(g.memory_used_mib)} / {fmt.number(g.memory_total_mib)} MiB"
+    return fmt.number(g.utilization_pct, "{:.0f}", "%"), memory, fmt.number(g.power_w, "{:.0f}", " W")
 
 
 async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
@@ -185,12 +182,10 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
         return await _one_digest(ctx, names[0], scheduled)
     follow = [await _one_digest(ctx, name, scheduled) for name in names]
     worst = max((f.exit_code for f in follow), default=ExitCode.OK)
-    status = Status.ERROR if worst else Status.OK
-    if not worst and any(f.status is Status.WARNING for f in follow):
-        status = Status.WARNING
+    warned = any(f.status is Status.WARNING for f in follow)
     return Reply(
         title=digest_all_title(len(names)),
-        status=status,
+        status=Status.ERROR if worst else Status.WARNING if warned else Status.OK,
         lines=tuple(f.title for f in follow),
         follow_ups=tuple(follow),
         exit_code=worst,
@@ -209,10 +204,9 @@ async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
     entries = []
     snaps = await ctx.jobs.read_many([n for n, _ in jobs])
     for (name, spec), snap in zip(jobs, snaps, strict=True):
-        current = snap.current
-        entries.append((name, spec, current or None))
+        entries.append((name, spec, snap.current or None))
         for field in ("pid", "sid"):
-            value = current.get(field)
+            value = snap.current.get(field)
             if value and value.isdigit() and not snap.stopped:
                 owners[int(value)] = name
     for name, sight in (await ctx.restarter.sightings(entries)).items():
@@ -259,17 +253,7 @@ async def _job_gpus(ctx: Context, name: str) -> Reply | None:
         except PitstopError as exc:
             lines.append(f"{node}: {exc.message}")
             continue
-        rows = tuple(
-            (
-                node,
-                str(g.index),
-                g.name,
-                fmt.number(g.utilization_pct, "{:.0f}", "%"),
-                fmt.number(g.memory_used_mib, "{:,.0f}", " MiB"),
-                fmt.number(g.power_w, "{:.0f}", " W"),
-            )
-            for g in gpus
-        )
+        rows = tuple((node, str(g.index), g.name, *_gpu_use(g, "{:,.0f}")) for g in gpus)
         tables.append(Table(("node", "gpu", "name", "util", "memory", "power"), rows))
     count, nodes = sum(len(t.rows) for t in tables), len(answer.outputs)
     return Reply(
@@ -310,11 +294,10 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         apps = None
         lines.append(f"processes on the GPUs unknown: {exc.message}")
     owners = await _pid_jobs(ctx, name) if apps else {}
-    table = _gpu_table(gpus, apps, owners)
-    tables = [table]
+    tables = [_gpu_table(gpus, apps, owners)]
     if apps is not None and not apps:
         lines.append(GPUS_NO_PROCESSES)
-    elif apps and "processes" not in table.headers:
+    elif apps and "processes" not in tables[0].headers:
         rows = tuple(
             (str(a.pid), owners.get(a.pid, "-"), fmt.number(a.used_memory_mib, "{:,.0f}", " MiB"))
             for a in apps
@@ -354,7 +337,7 @@ def digest_silent_cell(last_seen: float | None) -> str:
     return f"silent since {fmt.clock(last_seen, date=False)}"
 
 
-def digest_window(start: float | None, end: float | None, read: int, skipped: int) -> str:
+def _window(start: float | None, end: float | None, read: int, skipped: int) -> str:
     """The window a digest covers: time span of its metric lines and bytes read."""
     span = (
         f"{fmt.duration(end - start)} ({fmt.clock(start, date=False)} to {fmt.clock(end, date=False)})"
@@ -389,16 +372,11 @@ def digest_resets(count: int) -> str:
     return f"{count} token counter reset(s) in the window (a relaunch); counted from zero after each"
 
 
-def digest_step_time(p50: float | None, p95: float | None) -> str:
-    """``0.120 s / 0.245 s``."""
-    return f"{_secs(p50)} / {_secs(p95)}"
-
-
 def _secs(value: float | None) -> str:
     return fmt.number(value, "{:.3f}", " s")
 
 
-def digest_restarts(ids: Sequence[str] | None) -> str:
+def _restarts(ids: Sequence[str] | None) -> str:
     """Restarts during the window (None: unknown)."""
     if ids is None:
         return NA

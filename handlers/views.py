@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 
 from handlers import grammar
 from handlers.alerts import job_owners
@@ -65,7 +64,7 @@ def _run_outcome(run: RunRecord) -> str:
     if verify is not None and verify.outcome in (Outcome.WAITING, Outcome.RUNNING):
         return RUN_AWAITING_VERDICT
     step = run.current_step
-    return in_progress(step.value if step else None)
+    return f"in flight ({step.value})" if step else "in flight"  # a run without verdict yet
 
 
 async def status_command(ctx: Context, job: str | None) -> Reply:
@@ -87,10 +86,11 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         sight = seen.get(name) or Sighting(JobProbe(job=name, error="no answer"), spec.expected_processes)
         if probe_slow(snap.watch.probe_s, spec) and spec.host not in slow_hosts:
             slow_hosts.add(spec.host)
-            lines.append(status_probe_slow(spec.host, snap.watch.probe_s or 0.0, spec.watch.interval))
+            slow = probe_slow_line(spec.host, snap.watch.probe_s or 0.0)
+            lines.append(f"{slow} at the last watch cycle (interval {spec.watch.interval:g} s)")
         if sight.probe.error is not None:
             state, procs = "unknown", "?"
-            lines.append(status_probe_failed(name, spec.host, sight.probe.error))
+            lines.append(f"{name}: state unknown - {spec.host}: {sight.probe.error}")
             tone = Status.ERROR
         else:
             state = sight.word or ("running" if sight.probe.count > 0 else "stopped")
@@ -105,13 +105,13 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         latest, last = snap.latest, ""
         if latest:
             ago = f"{fmt.duration(now - latest.created_at)} ago"
-            last = status_last_run(latest.id, latest.action, ago, latest.requested_by, _run_outcome(latest))
+            last = f"{latest.id} {latest.action} {ago} by {who(latest.requested_by)}: {_run_outcome(latest)}"
         held = Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
-        lock = status_lock(held.action, held.user, held.step) if held else ""
+        lock = f"{held.action} by {who(held.user)}, at {held.step}" if held else ""
         actor = latest.requested_by if latest is not None and latest.action in ("start", "restart") else None
         owners = job_owners(config, name, actor)
-        if owners:
-            lines.append(status_owners(name, owners))
+        if owners:  # their alerts page them
+            lines.append(f"{name} is owned by {', '.join(mention(o) for o in owners)}")
         cells = (name, state, sight.who or snap.pid, procs, uptime, last, lock, ", ".join(snap.patches))
         rows.append(tuple(cell or "-" for cell in cells))
     failure = await ctx.redis.open_store(Posts).last_failure()  # written by the Slack outbox
@@ -120,17 +120,21 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
             ago = f"{fmt.duration(now - float(failure.get('at', now)))} ago"
         except ValueError:
             ago = "?"
-        lines.append(status_delivery_failure(str(failure["line"]), ago))
+        lines.append(f"last Slack delivery failure {ago}: {failure['line']}")
     lost = await ctx.redis.open_store(UndeliveredAlerts).last()
     if lost is not None:
-        ago = f"{fmt.duration(now - lost.at)} ago"
-        lines.append(status_undelivered_alert(lost.title, lost.channel, lost.error, lost.told, ago))
+        ago = f"{fmt.duration(now - lost.at)} ago"  # and who got the alert instead
+        shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in lost.told]
+        instead = f"went to {', '.join(shown)} instead" if lost.told else "reached no one"
+        lines.append(
+            f"last undelivered alert {ago}: {lost.title} - {lost.error} in <#{lost.channel}>, {instead}"
+        )
     kept = await ctx.redis.persistence()
-    lines.append(
-        status_state_store(kept.where or ctx.redis.description, kept.aof, _when(config, kept.last_save))
-    )
+    how = "every write, fsynced each second (append-only file)" if kept.aof else "at snapshots only"
+    where, saved = kept.where or ctx.redis.description, _when(config, kept.last_save)
+    lines.append(f"state in {where}: persisted {how}; last snapshot {saved}")
     return Reply(
-        title=status_title(len(names)),
+        title=f"status of {len(names)} job{'s' if len(names) != 1 else ''}",
         status=tone,
         tables=(Table(STATUS_HEADERS, tuple(rows)),),
         lines=tuple(lines),
@@ -142,7 +146,7 @@ async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
     text = await ctx.restarter.log_tail(job, lines)
     title = logs_title(lines, ctx.config.jobs[job].log, job)
     if not text.strip():
-        return Reply(title=title, lines=(logs_empty(job),))
+        return Reply(title=title, lines=(f"the log of {job} is empty or missing",))
     return Reply(title=title, log=text)
 
 
@@ -156,20 +160,22 @@ async def patches_command(ctx: Context, job: str) -> Reply:
         in_effect = list(await ctx.restarter.patches_in_effect(job))
     except RemoteError as exc:
         in_effect = sorted(await ctx.records.stored_patches(job))
-        lines.append(patches_recorded_only(exc.message))
+        lines.append(
+            f"could not check the workdir ({exc.message}) - showing the set recorded by the last restart"
+        )
         tone = Status.WARNING
     hashes = []
     for name, path in spec.patches.items():  # what an approval would name: the file's bytes now
         try:
             hashes.append(f"{name} {(await asyncio.to_thread(patch_digest, name, path)).sha256[:12]}")
         except (OSError, UnicodeDecodeError) as exc:
-            lines.append(patches_unreadable(name, str(exc)))
+            lines.append(f"patch {name} cannot be read here, so it has no hash: {exc}")
     fields = [
-        (FIELD_AVAILABLE, patches_available(list(spec.patches))),
-        (FIELD_IN_EFFECT, patches_in_effect(in_effect)),
+        (FIELD_AVAILABLE, ", ".join(spec.patches) if spec.patches else "none configured"),
+        (FIELD_IN_EFFECT, ", ".join(in_effect) if in_effect else "none"),
     ]
     fields += [(FIELD_SHA256, ", ".join(hashes))] if hashes else []
-    return Reply(title=patches_title(job), status=tone, fields=tuple(fields), lines=tuple(lines))
+    return Reply(title=f"patches of {job}", status=tone, fields=tuple(fields), lines=tuple(lines))
 
 
 async def lock_command(ctx: Context, job: str) -> Reply:
@@ -247,7 +253,7 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
     return Reply(
         title=history_title(job, len(runs)),
         tables=(Table(HISTORY_HEADERS, tuple(rows)),) if rows else (),
-        lines=() if rows else (history_none(job),),
+        lines=() if rows else (f"no restarts{f' of {job}' if job else ''} recorded yet",),
         follow_ups=tuple(follow_ups),
     )
 
@@ -262,59 +268,23 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
     if topic is not None:
         spec = grammar.VERBS[topic]
         lines = [f"`{u}`" for u in spec.usages[1:]]
-        lines += [spec.summary, help_role(spec.role.label)]
+        lines += [spec.summary, f"needs the {spec.role.label} role"]
         if spec.examples:
-            lines.append(help_examples(spec.examples))
-        return Reply(title=help_verb_title(spec.usages[0]), lines=tuple(lines))
-    lines = [help_line(spec.usages[0], spec.summary, spec.role.label) for spec in grammar.GRAMMAR]
-    lines.append(help_footer(typed))
+            lines.append("examples: " + "; ".join(f"`{e}`" for e in spec.examples))
+        return Reply(title=f"usage: {spec.usages[0]}", lines=tuple(lines))
+    lines = [f"`{spec.usages[0]}` - {spec.summary} ({spec.role.label})" for spec in grammar.GRAMMAR]
+    lines.append(
+        f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
+    )
     return Reply(title=help_title(), lines=tuple(lines))
 
 
 # --- text ---------------------------------------------------------------------------------------
 
 
-def status_delivery_failure(line: str, ago: str) -> str:
-    """``status``'s line about the last post Slack refused."""
-    return f"last Slack delivery failure {ago}: {line}"
-
-
-def status_owners(job: str, owners: Sequence[str]) -> str:
-    """``status``'s line naming who owns ``job`` (its alerts page them)."""
-    return f"{job} is owned by {', '.join(mention(o) for o in owners)}"
-
-
-def status_undelivered_alert(title: str, channel: str, error: str, told: Sequence[str], ago: str) -> str:
-    """``status``'s line about the last alert Slack refused in its channel, and who got it instead."""
-    shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in told]
-    instead = f"went to {', '.join(shown)} instead" if told else "reached no one"
-    return f"last undelivered alert {ago}: {title} - {error} in <#{channel}>, {instead}"
-
-
-def status_state_store(where: str, aof: bool, last_save: str) -> str:
-    """``status``'s line on where the run state lives and when it was last persisted."""
-    kept = "every write, fsynced each second (append-only file)" if aof else "at snapshots only"
-    return f"state in {where}: persisted {kept}; last snapshot {last_save}"
-
-
 def help_title() -> str:
     """The heading of ``help``."""
     return "Pitstop commands"
-
-
-def help_footer(typed: str) -> str:
-    """The last line of ``help``; ``typed`` is what comes before a verb (``/train ``, or nothing)."""
-    return f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
-
-
-def help_verb_title(usage: str) -> str:
-    """The heading of ``help VERB``."""
-    return f"usage: {usage}"
-
-
-def help_role(role: str) -> str:
-    """Who may use a verb."""
-    return f"needs the {role} role"
 
 
 def lock_free(job: str) -> str:
@@ -342,34 +312,9 @@ def unlock_not_held(scope: str) -> str:
     return f"{scope} was not locked - nothing to release"
 
 
-def status_probe_slow(host: str, seconds: float, interval: float) -> str:
-    """A host whose last watch probe took longer than its jobs' watch interval (s)."""
-    return f"{probe_slow_line(host, seconds)} at the last watch cycle (interval {interval:g} s)"
-
-
-def status_probe_failed(job: str, host: str, error: str) -> str:
-    """A job whose host could not be probed for ``status``."""
-    return f"{job}: state unknown - {host}: {error}"
-
-
-def status_title(count: int) -> str:
-    """The heading of ``status``."""
-    return f"status of {count} job{'s' if count != 1 else ''}"
-
-
 def logs_title(lines: int, path: str, job: str) -> str:
     """What a ``logs`` excerpt is."""
     return f"last {lines} lines of {path} ({job})"
-
-
-def logs_empty(job: str) -> str:
-    """``logs JOB`` when the log is empty or missing."""
-    return f"the log of {job} is empty or missing"
-
-
-def patches_title(job: str) -> str:
-    """The heading of ``patches JOB``."""
-    return f"patches of {job}"
 
 
 def history_title(job: str | None, count: int) -> str:
@@ -378,57 +323,6 @@ def history_title(job: str | None, count: int) -> str:
     return f"history{of}: last {count} run{'s' if count != 1 else ''}"
 
 
-def history_none(job: str | None) -> str:
-    """``history`` when nothing happened yet."""
-    of = f" of {job}" if job else ""
-    return f"no restarts{of} recorded yet"
-
-
-def status_last_run(run_id: str, action: str, when_ago: str, user: str, outcome: str) -> str:
-    """A ``status`` cell: the job's last run."""
-    return f"{run_id} {action} {when_ago} by {who(user)}: {outcome}"
-
-
-def status_lock(action: str, user: str, step: str) -> str:
-    """A ``status`` cell: who holds the lock."""
-    return f"{action} by {who(user)}, at {step}"
-
-
-def in_progress(step: str | None) -> str:
-    """A run without verdict yet."""
-    return f"in flight ({step})" if step else "in flight"
-
-
-def patches_unreadable(name: str, error: str) -> str:
-    """A configured patch file that cannot be read (on this machine: no hash to show)."""
-    return f"patch {name} cannot be read here, so it has no hash: {error}"
-
-
-def patches_available(names: Sequence[str]) -> str:
-    """``patches JOB``: the configured patches."""
-    return ", ".join(names) if names else "none configured"
-
-
-def patches_in_effect(names: Sequence[str]) -> str:
-    """``patches JOB``: the patches applied now."""
-    return ", ".join(names) if names else "none"
-
-
-def patches_recorded_only(error: str) -> str:
-    """``patches JOB`` could not ask the host; the recorded set is shown."""
-    return f"could not check the workdir ({error}) - showing the set recorded by the last restart"
-
-
 def lock_forced_note(user: str) -> str:
     """Posted in a run's thread when ``unlock`` freed its lock."""
     return f"the lock of this run was forced free by {who(user)}"
-
-
-def help_line(usage: str, summary: str, role: str) -> str:
-    """One verb in ``help``."""
-    return f"`{usage}` - {summary} ({role})"
-
-
-def help_examples(examples: Sequence[str]) -> str:
-    """Examples in ``help VERB``."""
-    return "examples: " + "; ".join(f"`{e}`" for e in examples)

@@ -141,7 +141,10 @@ class Watcher:
             log.warning(probe_slow_line(host, probe_s))
         unreachable: str | None = None
         if any(s.probe.error for s in seen.values()):
-            unreachable = await self._confirm_unreachable(host)
+            try:  # confirmed over a fresh connection before it is reported
+                await self.ctx.ssh.check(host)
+            except (HostUnreachable, HostKeyRejected) as exc:
+                unreachable = exc.message
             if unreachable is None:  # the host answers a fresh connection: look at those jobs again
                 again = [v for v in views if (s := seen.get(v.name)) is None or s.probe.error]
                 seen = {**seen, **await self.ctx.restarter.sightings(entries(again), reads)}
@@ -185,14 +188,6 @@ class Watcher:
         if acting:
             await asyncio.gather(*(self._apply(v, d, now, rnd) for v, d in acting))
         return decisions
-
-    async def _confirm_unreachable(self, host: str) -> str | None:
-        """None if a fresh connection to ``host`` works, else why it does not."""
-        try:
-            await self.ctx.ssh.check(host)
-        except (HostUnreachable, HostKeyRejected) as exc:
-            return exc.message
-        return None
 
     @staticmethod
     def _observation(
