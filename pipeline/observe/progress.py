@@ -154,9 +154,7 @@ def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
         rank = int(key)
         if r.waiting_on or ages[rank] < threshold:
             continue
-        others_move = any(a < threshold for k, a in ages.items() if k != rank)
-        others_wait = any(w != rank for w in waiting)
-        if others_move or others_wait:
+        if any(a < threshold for k, a in ages.items() if k != rank) or any(w != rank for w in waiting):
             stuck.append(StuckRank(rank, r.role, r.step, ages[rank], r.pid))
     return Judgement(known=True, stuck=tuple(stuck), waiting=waiting, frozen_for=frozen_for)
 
