@@ -2,28 +2,8 @@
 and the verdict line: one owner that formats it and parses it.
 
 The verdict line is a contract for people and scripts alike (``pitstop say --wait`` prints it,
-the README lists its forms): one line, the verdict's name first, then the facts behind it::
-
-    RUNNING 8/8 processes pid 4242
-    RUNNING 8/8 processes pid 4242, resumed at step 12000
-    RUNNING 8/8 processes pid 4242, resumed at step 471; the previous run reached drafter step 1,004 — 533 drafter steps (about 4 min of training) lost since the checkpoint of 00:32:01 UTC
-    RUNNING 8/8 processes pid 4242, started from step 0 although checkpoint step 12000 exists
-    RUNNING 8/8 processes pid 4242, started from step 0; the previous run reached drafter step 45 — 45 drafter steps (about 30 s of training) lost
-    RUNNING 8/8 processes job 4242 on 2 nodes                 (Slurm; then the same clauses as a pid's)
-    PENDING reason Resources (job 4242 queued 2 min)           (Slurm)
-    WRONG_COUNT 5/8 processes pid 4242
-    WRONG_COUNT 7/8 processes job 4242 (n2: 3/4)
-    NO_PROGRESS 8/8 processes pid 4242 log silent 60 s
-    EXITED code 3 after 1.2 s  |  EXITED signal SIGKILL after 1.2 s  |  EXITED after 1.2 s (exit code unknown)
-    ERROR_IN_LOG pid 4242: RuntimeError: CUDA out of memory
-    PREFLIGHT_FAILED patch: topk does not apply: …
-    STOP_FAILED survivors pid 4242, 4243: survived SIGKILL
-    LAUNCH_FAILED cannot start ./run.sh: …
-    STALE_RECORD pid 4242 not signalled (start time differs); then: RUNNING 8/8 processes pid 5000
-    CANCELLED before stop - nothing was changed
-    CANCELLED after patch - the job is stopped and was not relaunched
-    INTERRUPTED during stop: the old run (pid 4242) is still alive, 8/8 processes
-    INTERRUPTED after launch: pid 5151 running 8/8 (unverified)
+the README lists its forms): one line, the verdict's name first, then the facts behind it; each
+builder (:func:`running`, …) shows its forms.
 
 :class:`VerdictLine` holds the facts; :func:`format_line` writes the line, :func:`parse_line` reads
 it back (``format_line(parse_line(s)) == s``); the engines call the builders (:func:`running`, …).
@@ -175,7 +155,7 @@ def _lost_clause(v: VerdictLine) -> str:
 
 
 def format_line(v: VerdictLine) -> str:
-    """The one-line text of a verdict (the forms in this module's docstring).
+    """The one-line text of a verdict (the forms the builders show).
 
     Free text (``detail``, ``check``, ``reason``) is written on one line (:func:`one_line`) and
     seconds are never negative, so every line written reads back with :func:`parse_line`.
@@ -287,12 +267,7 @@ def running(
     """``RUNNING 8/8 processes pid 4242`` (``, resumed at step N`` / ``, started from step 0 although …``;
     with ``lost``, what the previous run reached and what the restart lost)."""
     line = VerdictLine(
-        Verdict.RUNNING,
-        seen,
-        expected,
-        pid=pid,
-        resumed_at=resumed_at,
-        ignored_checkpoint=ignored_checkpoint,
+        Verdict.RUNNING, seen, expected, pid=pid, resumed_at=resumed_at, ignored_checkpoint=ignored_checkpoint
     )
     return format_line(lost.on(line) if lost is not None else line)
 
@@ -449,16 +424,12 @@ _FORMS: dict[Verdict, tuple[re.Pattern[str], ...]] = {
 }
 
 
-def _steps_read(value: str) -> int:
-    return int(value.replace(",", ""))
-
-
 #: regex group (named as its VerdictLine field) → how its text reads; the others are text
 _READ: dict[str, Callable[[str], Any]] = {
     **dict.fromkeys(
         ("seen", "expected", "pid", "job_id", "nodes", "resumed_at", "ignored_checkpoint", "code"), int
     ),
-    **dict.fromkeys(("reached", "lost"), _steps_read),
+    **dict.fromkeys(("reached", "lost"), lambda steps: int(steps.replace(",", ""))),
     **dict.fromkeys(("lost_s", "queued_s"), fmt.parse_duration),
     **dict.fromkeys(("after_s", "silent_s"), float),
     "survivors": lambda pids: tuple(int(p) for p in pids.split(", ")),

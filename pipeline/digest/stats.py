@@ -23,6 +23,10 @@ TARGET = "target"
 DRAFTER = "drafter"
 COMPARED = ("pipeline_tokens_per_s", "step_p50", "step_p95", "top1", "top4", "top8")
 MIN_TREND_S = 10.0  #: seconds: a window shorter than this (a rank's single line, its own rate) has no trend
+_HEADLINE = (  # DigestSummary.headline's keys, in order (window_s: its ``seconds``)
+    "pipeline_tokens_per_s target_tokens_per_s step_p50 step_p95 top1 top4 top8 loss_last window_end"
+    " window_s resets"
+).split()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -133,19 +137,7 @@ class DigestSummary:
 
     def headline(self) -> dict[str, float | None]:
         """The numbers a later digest compares against (stored in ``keys.digest_last``)."""
-        return {
-            "pipeline_tokens_per_s": self.pipeline_tokens_per_s,
-            "target_tokens_per_s": self.target_tokens_per_s,
-            "step_p50": self.step_p50,
-            "step_p95": self.step_p95,
-            "top1": self.top1,
-            "top4": self.top4,
-            "top8": self.top8,
-            "loss_last": self.loss_last,
-            "window_end": self.window_end,
-            "window_s": self.seconds,
-            "resets": self.resets,
-        }
+        return {k: getattr(self, "seconds" if k == "window_s" else k) for k in _HEADLINE}
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON-ready data."""

@@ -2,10 +2,7 @@
 
 An *attempt* is one launched run of a job; what it wrote lies in the job's metric file between its
 launch offset and the next attempt's.  :func:`read_attempt` is the one read (one helper ``read``
-call, at most :data:`MAX_READ` bytes); the rest is pure: :func:`reach_of` (how far it got),
-:func:`lost_work` (what a restart lost), :func:`median_throughput`, :func:`progress_toward` (the
-digest's ETA), :func:`no_progress_streak` (where automatic restarts stop), :func:`crash_words`
-(how an attempt ended, in people's words: ``CUDA out of memory on rank 6``).
+call); the rest is pure.
 """
 
 from __future__ import annotations
@@ -104,10 +101,9 @@ def compared_role(first: Mapping[str, int], high: Mapping[str, int]) -> str | No
 def resumed_role(first: Mapping[str, int], high: Mapping[str, int], resumed_at: int | None) -> str | None:
     """:func:`compared_role` of a new run's first lines if that role's first step follows
     ``resumed_at`` (±1); None otherwise (then the previous attempt's lines decide)."""
-    role = compared_role(first, high) if resumed_at else None
-    if role is None or resumed_at is None or abs(first[role] - (resumed_at + 1)) > 1:
+    if not resumed_at or (role := compared_role(first, high)) is None:
         return None
-    return role
+    return None if abs(first[role] - (resumed_at + 1)) > 1 else role
 
 
 def median_throughput(lines: Sequence[MetricLine], since: float | None = None) -> float | None:
@@ -136,8 +132,7 @@ def reach_of(
     :func:`compared_role` of these lines."""
     first, high = _by_role(lines)
     role = role if role is not None else compared_role(first, high)
-    times = [ln.ts for ln in lines if ln.ts is not None]
-    last_at = max(times) if times else None
+    last_at = max((ln.ts for ln in lines if ln.ts is not None), default=None)
     rate = None
     if role is not None:
         timed = [(ln.ts, ln.step) for ln in lines if ln.role == role and ln.ts is not None and ln.step]
@@ -145,13 +140,12 @@ def reach_of(
             (t0, s0), (t1, s1) = min(timed), max(timed)
             assert t0 is not None and t1 is not None and s0 is not None and s1 is not None
             rate = (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
-    since = last_at - window_s if last_at is not None else None
     return Reach(
         steps=high,
         role=role,
         step=high.get(role) if role is not None else None,
         steps_per_s=rate,
-        tokens_per_s=median_throughput(lines, since),
+        tokens_per_s=median_throughput(lines, last_at - window_s if last_at is not None else None),
         last_at=last_at,
         ended=ended,
     )
@@ -203,12 +197,11 @@ def checkpoint_interval(max_lost: int | LostDuration, steps_per_s: float | None)
 def progressed(run: RunRecord, min_progress: int) -> bool | None:
     """Whether an attempt advanced ``min_progress`` steps past where it resumed (None: unknown — its
     reach is not recorded yet, or it logged no step and did not say where it started)."""
-    reach = run.reach
-    if reach is None:
+    if run.reach is None:
         return None
-    if reach.step is None:  # a run that said where it resumed and logged no step did not advance
+    if run.reach.step is None:  # a run that said where it resumed and logged no step did not advance
         return False if run.resumed_at else None
-    return reach.step - (run.resumed_at or 0) >= min_progress
+    return run.reach.step - (run.resumed_at or 0) >= min_progress
 
 
 def no_progress_streak(attempts: Sequence[RunRecord], min_progress: int) -> list[RunRecord]:
@@ -263,8 +256,7 @@ async def record_dead(
     """
     if run.reach is not None:
         return run
-    start = attempt_start(run, job)
-    if start is None:
+    if (start := attempt_start(run, job)) is None:
         return None
     role = None
     if run.resumed_at:
@@ -297,25 +289,22 @@ async def account_previous(
     ended: str | None = None,
 ) -> Previous | None:
     """Record how far the attempt before ``run`` (the new, launched run) got — in the role of
-    :func:`resumed_role`, else the one recorded when it died — and what resuming at
-    ``resumed_at`` lost of it (0 or None: from scratch, so a restart lost every step; a start is
-    not compared).  ``checkpoint`` is the newest one its verification saw, at ``sampled_at``;
-    ``ended`` how the previous attempt ended (its recorded word wins).  None when there is no
-    previous attempt or its log range is unknown.
+    :func:`resumed_role`, else the one recorded when it died — and what resuming at ``resumed_at``
+    lost of it (0 or None: from scratch, so a restart lost every step; a start is not compared).
+    ``checkpoint``: the newest one its verification saw, at ``sampled_at``; ``ended``: how the
+    previous attempt ended (its recorded word wins).  None when there is no previous attempt or its
+    log range is unknown.
 
     :raises RemoteError: if the host cannot be read.
     """
-    end = attempt_start(run, job)
-    if end is None:
+    if (end := attempt_start(run, job)) is None:
         return None
     before = await runs.attempts(name, 1, before=run)
-    start = attempt_start(before[0], job) if before else None
-    if start is None:
+    if (start := attempt_start(before[0], job) if before else None) is None:
         return None
     prev = before[0]
     lines = await read_attempt(ssh, name, job, start, end)
-    fresh = await read_attempt(ssh, name, job, end)
-    first, high = _by_role(fresh)
+    first, high = _by_role(await read_attempt(ssh, name, job, end))
     role = resumed_role(first, high, resumed_at) or (prev.reach.role if prev.reach is not None else None)
     known = prev.reach.ended if prev.reach is not None else None
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=known or ended)

@@ -18,6 +18,7 @@ blocked in a collective or on a full queue; older logs name the role ``rank_role
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
@@ -106,15 +107,10 @@ def _json_records(data: bytes) -> list[dict[str, Any]]:
     """JSON objects of the complete lines holding a ``pid`` or an ``event`` (cheap pre-filter)."""
     out = []
     for line in data[: data.rfind(b"\n") + 1].splitlines():
-        if not line.startswith(b"{") or (b'"event"' not in line and b'"pid"' not in line):
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+        if line.startswith(b"{") and (b'"event"' in line or b'"pid"' in line):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return [rec for rec in out if isinstance(rec, dict)]
 
 
 @dataclass(frozen=True)
@@ -158,9 +154,7 @@ def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
         rank = int(key)
         if r.waiting_on or ages[rank] < threshold:
             continue
-        others_move = any(a < threshold for k, a in ages.items() if k != rank)
-        others_wait = any(w != rank for w in waiting)
-        if others_move or others_wait:
+        if any(a < threshold for k, a in ages.items() if k != rank) or any(w != rank for w in waiting):
             stuck.append(StuckRank(rank, r.role, r.step, ages[rank], r.pid))
     return Judgement(known=True, stuck=tuple(stuck), waiting=waiting, frozen_for=frozen_for)
 
@@ -176,13 +170,7 @@ def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
         + (f"; also stuck: ranks {', '.join(map(str, others))}" if others else "")
         + (f"; waiting on it: ranks {', '.join(map(str, steps.waiting))}" if steps.waiting else "")
     )
-    return {
-        "rank": first.rank,
-        "rank_role": first.role,
-        "rank_step": first.step,
-        "rank_pid": first.pid,
-        "cause": cause,
-    }
+    return dict(rank=first.rank, rank_role=first.role, rank_step=first.step, rank_pid=first.pid, cause=cause)
 
 
 def parse(raw: str | None) -> ProgressState:
@@ -200,14 +188,9 @@ def plan(
     if run_pid is not None and run_pid != state.run_pid:
         offset = launch_offset if launch_offset is not None and job.metrics_log is None else state.offset
         state = ProgressState(run_pid=run_pid, offset=offset, inode=state.inode)
-    read: LogRead = {
-        "path": job.metrics_path,
-        "offset": state.offset,
-        "max_bytes": MAX_READ,
-        "inode": state.inode,
-        "if_running": True,
-    }
-    return state, read
+    return state, LogRead(
+        path=job.metrics_path, offset=state.offset, max_bytes=MAX_READ, inode=state.inode, if_running=True
+    )
 
 
 def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> ProgressState:

@@ -1,14 +1,10 @@
 """Incidents, once each: what is wrong with a job, kept in Redis and changed only by compare-and-set.
 
-This is where an alert is de-duplicated.  A job has at most one open :class:`Incident`:
-:meth:`IncidentStore.open` creates and numbers it only if none is open, and every later change
-(a new kind, a reminder, an acknowledgement, an automatic restart, the resolution) is a
-compare-and-set on its revision ``rev``; changing an incident never opened raises
-:class:`~pipeline.errors.IllegalTransition`.  Of two processes deciding the same transition one
-applies it and posts, so each incident alerts once and resolves once, across restarts and leaders.
-
-Beside each incident the store keeps the watcher's memory of the job (:class:`WatchState`); which
-transition a cycle makes is decided by :func:`pipeline.observe.watch.assess`.
+This is where an alert is de-duplicated: a job has at most one open :class:`Incident`, opened
+only if none is, and every later change is a compare-and-set on its revision ``rev``, so of two
+processes deciding the same transition one applies it and posts.  Beside each incident the store
+keeps the watcher's memory of the job (:class:`WatchState`; :func:`pipeline.observe.watch.assess`
+decides the transitions).
 """
 
 from __future__ import annotations
@@ -134,25 +130,19 @@ redis.call('HSET', KEYS[1], 'n', n, 'rev', 1, unpack(ARGV))
 return n
 """
 
-# KEYS[1] incident hash; ARGV[1] expected n, ARGV[2] expected rev, ARGV[3..]: field, value, ….
-# Replaces the whole incident with rev+1 if n and rev match.  Returns the new rev, or 0.
-_UPDATE = """
+# KEYS[1] incident hash; ARGV[1] expected n, ARGV[2] expected rev: 0 unless they match
+_SAME = """
 if redis.call('HGET', KEYS[1], 'n') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'rev') ~= ARGV[2] then
   return 0
 end
-local rev = tonumber(ARGV[2]) + 1
+"""
+# ARGV[3..]: field, value, ….  Replaces the whole incident with rev+1; returns the new rev.
+_UPDATE = f"""{_SAME}local rev = tonumber(ARGV[2]) + 1
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'n', ARGV[1], 'rev', rev, unpack(ARGV, 3))
 return rev
 """
-
-# KEYS[1] incident hash; ARGV[1] expected n, ARGV[2] expected rev.  Deletes it if they match.
-_CLOSE = """
-if redis.call('HGET', KEYS[1], 'n') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'rev') ~= ARGV[2] then
-  return 0
-end
-return redis.call('DEL', KEYS[1])
-"""
+_CLOSE = _SAME + "return redis.call('DEL', KEYS[1])\n"  # deletes it
 
 
 def _opened(incident: Incident, wanted: str) -> None:
@@ -179,9 +169,8 @@ class IncidentStore(Store):
             pipe.hgetall(keys.watch_state(self.prefix, job))
             pipe.hgetall(keys.incident(self.prefix, job))
             raw_state, raw_incident = await pipe.execute()
-        state = WatchState.model_validate(raw_state or {})
         incident = Incident.model_validate(raw_incident) if raw_incident else None
-        return state, incident
+        return WatchState.model_validate(raw_state or {}), incident
 
     async def incident(self, job: str) -> Incident | None:
         """The job's open incident, or None."""

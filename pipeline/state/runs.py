@@ -429,10 +429,8 @@ class RunStore(Store):
         heartbeat deleted, so it is not taken for a dead process's.  A finished or unknown run is left."""
         self._owned.discard(run_id)
         raw = await self.client.get(keys.run(self.prefix, run_id))
-        if raw is None:
-            return
-        run = RunRecord.model_validate_json(raw)
-        if run.finished_at is not None or run.owner is None:
+        run = None if raw is None else RunRecord.model_validate_json(raw)
+        if run is None or run.finished_at is not None or run.owner is None:
             return
         run.owner = None
         async with self.client.pipeline(transaction=True) as pipe:
