@@ -4,38 +4,9 @@ A :class:`PitstopError` carries a message written for the user and is shown as i
 else is logged with its traceback under an incident id (:func:`new_incident_id`) and the user
 gets one line naming it (:func:`internal_error`).  Each class has a stable string ``code`` (it
 never changes once released), keeps its fields as attributes, builds its own text from them,
-and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its class.
-
-============================  =====================  ====  ===========================================
-class                         code                   exit  fields
-============================  =====================  ====  ===========================================
-:class:`PitstopError`         ``error``              1     message
-:class:`ConfigError`          ``config_invalid``     2     problems, source
-:class:`UsageError`           ``usage``              2     message
-:class:`RemoteError`          ``remote_error``       1     host
-:class:`HostUnreachable`      ``host_unreachable``   1     host, reason
-:class:`HostAuthRejected`     ``host_auth_rejected`` 1     host, user, reason
-:class:`HostKeyRejected`      ``host_key_rejected``  1     host, fingerprint, known_hosts
-:class:`RemoteCommandError`   ``remote_command``     1     host, argv, exit_status, exit_signal,
-                                                           stdout, stderr
-:class:`RemoteTimeout`        ``remote_timeout``     5     host, argv, timeout, stdout, stderr
-:class:`GpuQueryFailed`       ``gpu_query_failed``   1     host, detail
-:class:`UnknownHost`          ``unknown_host``       2     name, known
-:class:`UnknownRun`           ``unknown_run``        2     run_id
-:class:`SlackUnavailable`     ``slack_unavailable``  2     method, error
-:class:`IllegalTransition`    ``illegal_transition`` 1     what, current, wanted
-:class:`StateUnavailable`     ``state_unavailable``  1     detail
-:class:`SequenceAborted`      ``sequence_aborted``   1     verdict, line, evidence
-:class:`PreflightFailed`      ``preflight_failed``   1     job, check, detail (+ verdict, line)
-:class:`StopFailed`           ``stop_failed``        1     job, survivors, detail (+ verdict, line)
-:class:`LaunchFailed`         ``launch_failed``      1     job, detail (+ verdict, line)
-:class:`RunCancelled`         ``run_cancelled``      5     job, run_id, after_step (+ verdict, line)
-:class:`PatchChanged`         ``patch_changed``      1     job, patch, approved, found (+ check, line)
-``handlers.commands.ParseError``  ``parse_error``    2     message, verb
-``handlers.auth.Denied``      ``denied``             3     user, command, needed
-``handlers.lock.InFlight``    ``in_flight``          4     job, holder
-``bot.demo.DemoFailed``       ``demo_failed``        any   message, exit_code
-============================  =====================  ====  ===========================================
+and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its
+class.  Other packages' errors: ``handlers.commands.ParseError``, ``handlers.auth.Denied``,
+``handlers.lock.InFlight``, ``bot.demo.DemoFailed``.
 """
 
 from __future__ import annotations

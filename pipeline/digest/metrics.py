@@ -191,18 +191,10 @@ def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> lis
     """Metric lines from a plain-text log (UTF-8, undecodable bytes replaced): ``pattern``, whose
     named groups are the metric keys, searched in each complete line; in file order."""
     rx = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern.pattern)
-    out: list[MetricLine] = []
-    for line in _complete_lines(data):
-        m = rx.search(line.decode("utf-8", "replace"))
-        if m is None:
-            continue
-        groups = {k: v for k, v in m.groupdict().items() if v is not None}
-        if not groups:
-            continue
-        rec = _record(groups, DEFAULT_ROLE)
-        if rec is not None:
-            out.append(rec)
-    return out
+    found = (rx.search(line.decode("utf-8", "replace")) for line in _complete_lines(data))
+    groups = ({k: v for k, v in m.groupdict().items() if v is not None} for m in found if m is not None)
+    records = (_record(g, DEFAULT_ROLE) for g in groups if g)
+    return [rec for rec in records if rec is not None]
 
 
 def parse_metric_lines(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> list[MetricLine]:

@@ -254,9 +254,8 @@ class SSHPool:
         self._closed = True
         conns = list(self._conns.items())
         self._conns.clear()
-        jumped = [c for n, c in conns if self.config.hosts[n].jump]
-        direct = [c for n, c in conns if not self.config.hosts[n].jump]
-        for group in (jumped, direct):
+        for jumped in (True, False):
+            group = [c for n, c in conns if bool(self.config.hosts[n].jump) is jumped]
             for conn in group:
                 conn.close()
             for conn in group:
