@@ -218,13 +218,9 @@ class RemoteTimeout(RemoteCommandError):
 
 
 class SequenceAborted(PitstopError):
-    """A restart sequence ends here, with a verdict; base of the errors its steps raise.
-
-    The failing step records its detail and raises; the sequence catches this class and finishes
-    the run with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the verdict
-    line, formatted by :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says
-    more); it does not reach a person as such.
-    """
+    """A restart sequence ends here (the failing step recorded its detail): the sequence finishes
+    the run with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the verdict line,
+    :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says more)."""
 
     code = "sequence_aborted"
     verdict: ClassVar[str] = ""

@@ -136,12 +136,9 @@ def _json_record(raw: dict[str, Any]) -> MetricLine | None:
         step if type(step) is int or step is None else _int(step),
         role_rank if type(role_rank) is int or role_rank is None else _int(role_rank),
         device if type(device) is str and device else None,
+        *(v if type(v) is float or v is None else _num(v) for v in map(get, _FLOAT_KEYS)),
+        mem if type(mem := get("gpu_mem_bytes")) is int or mem is None else _int(mem),
     ]
-    for key in _FLOAT_KEYS:
-        value = get(key)
-        out.append(value if type(value) is float or value is None else _num(value))
-    mem = get("gpu_mem_bytes")
-    out.append(mem if type(mem) is int or mem is None else _int(mem))
     return _new_line(out)
 
 
@@ -239,8 +236,7 @@ def series_of(lines: Sequence[MetricLine]) -> list[RankSeries]:
     """The lines grouped per ``(role, rank)`` into columns, in order of each group's first line."""
     groups: dict[tuple[str, int], RankSeries] = {}
     for ln in lines:
-        s = groups.get((ln.role, ln.rank))
-        if s is None:
+        if (s := groups.get((ln.role, ln.rank))) is None:
             s = groups[(ln.role, ln.rank)] = RankSeries(ln.role, ln.rank)
         s.role_rank, s.device = ln.role_rank, ln.device
         for key in _COLUMNS:

@@ -139,10 +139,8 @@ class Digest:
 async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
     """The last scheduled digest's headline numbers (:meth:`DigestSummary.headline`), or None."""
     raw = await memory.last(job)
-    if not raw:
-        return None
     try:
-        data = json.loads(raw)
+        data = json.loads(raw) if raw else None
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

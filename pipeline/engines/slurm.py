@@ -171,9 +171,7 @@ class SlurmEngine:
     async def _scancel(self, name: str, job_id: int, *args: str) -> tuple[bool, SlurmJob | None]:
         """``scancel ARGS JOB_ID``: ``(True, None)`` once sent; ``(False, its state)`` when scancel
         refused a job that is no longer active (it ended since it was last looked at).
-
-        :raises RemoteError: if scancel failed and the job is still active (or cannot be asked).
-        """
+        :raises RemoteError: if scancel failed and the job is still active (or cannot be asked)."""
         try:
             await self.client.checked(name, ["scancel", *args, str(job_id)])
             return True, None
@@ -315,15 +313,14 @@ class SlurmEngine:
             f"{t.node} {t.count}/{per_node}" + (f" ({t.error})" if t.error else "") for t in tasks
         )
         facts.append(f"tasks matching {job.match!r}: {cells}")
-        new_bytes = out.new_bytes
-        grew = f"+{new_bytes} bytes since launch" if new_bytes is not None else "unreadable"
+        grew = f"+{out.new_bytes} bytes since launch" if out.new_bytes is not None else "unreadable"
         facts.append(f"output {path}: {grew}")
         return replace(
             base,
             count=sum(t.count for t in tasks),
             expected=job.expected_processes,
             short=tuple(short),
-            new_bytes=new_bytes,
+            new_bytes=out.new_bytes,
             error_line=out.error_line or None,
             facts=tuple(facts),
         )

@@ -341,7 +341,6 @@ class SlurmClient:
         and, for each job of ``tasks`` (id → ``match``) that squeue reports RUNNING, its task
         processes on every node (:meth:`node_tasks`' srun, all at once), in one call on the login
         node: what a watch cycle needs of the cluster.
-
         :returns: the jobs by id, sizes in bytes by path (a missing file is absent), each read's
             bytes by path (None: unreadable), and by RUNNING job id its tasks per node, or the
             :class:`RemoteCommandError` of its srun.
