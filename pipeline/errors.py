@@ -232,11 +232,9 @@ class SequenceAborted(PitstopError):
 
 
 class PreflightFailed(SequenceAborted):
-    """A pre-flight check failed; nothing was stopped (verdict ``PREFLIGHT_FAILED``).
-
-    :param check: ``host``, ``host_key``, ``workdir``, ``launch``, ``patch``, ``log_dir``, ``disk``,
-        ``running``; on Slurm also ``partition``, ``script``, ``sbatch``.
-    """
+    """A pre-flight check failed; nothing was stopped (verdict ``PREFLIGHT_FAILED``).  ``check``:
+    ``host``, ``host_key``, ``workdir``, ``launch``, ``patch``, ``log_dir``, ``disk``, ``running``;
+    on Slurm also ``partition``, ``script``, ``sbatch``."""
 
     code = "preflight_failed"
     verdict = "PREFLIGHT_FAILED"
@@ -281,8 +279,7 @@ class LaunchFailed(SequenceAborted):
 class PatchChanged(PreflightFailed):
     """A patch file no longer has the SHA-256 that was approved (the two-person rule): the run
     stops at pre-flight (verdict ``PREFLIGHT_FAILED``, check ``approval``).  ``approved`` and
-    ``found`` are 64 hex digits; ``found`` is empty when the file cannot be read.
-    """
+    ``found`` are 64 hex digits; ``found`` is empty when the file cannot be read."""
 
     code = "patch_changed"
 

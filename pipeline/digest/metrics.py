@@ -306,10 +306,7 @@ def _groups(objs: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, 
 
 def _objects(candidates: list[bytes]) -> list[Any]:
     """The candidate lines' JSON objects: one orjson call over them all as one array (a third of
-    the time), else a call per line.
-
-    :raises orjson.JSONDecodeError: for a line that is not one JSON value.
-    """
+    the time), else a call per line.  :raises orjson.JSONDecodeError: if a line is not one JSON value."""
     if not candidates:
         return []
     try:
