@@ -148,15 +148,18 @@ def _complete_lines(data: bytes) -> list[bytes]:
     return data[: end + 1].splitlines() if end >= 0 else []
 
 
+def _candidates(data: bytes) -> list[bytes]:
+    """The complete lines that start with ``{``, stripped when blanks come first."""
+    return [
+        c for c in (ln if ln[:1] == b"{" else ln.strip() for ln in _complete_lines(data)) if c[:1] == b"{"
+    ]
+
+
 def parse_jsonl(data: bytes) -> list[MetricLine]:
     """Metric lines from JSON-lines bytes (complete lines only), in file order."""
     out: list[MetricLine] = []
     loads = orjson.loads
-    for line in _complete_lines(data):
-        if line[:1] != b"{":
-            line = line.strip()
-            if not line.startswith(b"{"):
-                continue
+    for line in _candidates(data):
         try:
             raw = loads(line)
         except orjson.JSONDecodeError:
@@ -321,11 +324,8 @@ def _objects(candidates: list[bytes]) -> list[Any]:
 def _jsonl_series(data: bytes) -> list[RankSeries] | None:
     """:func:`parse_series` for JSON lines when every candidate line is plain JSON and every
     metric line's rank an integer; None when not (the caller takes the per-line path)."""
-    candidates = [
-        c for c in (ln if ln[:1] == b"{" else ln.strip() for ln in _complete_lines(data)) if c[:1] == b"{"
-    ]
     try:
-        objs = _objects(candidates)
+        objs = _objects(_candidates(data))
     except orjson.JSONDecodeError:
         return None  # NaN, huge integers, a broken line: read as the standard library reads them
     groups = _groups([o for o in objs if "event" not in o])
