@@ -4,38 +4,9 @@ A :class:`PitstopError` carries a message written for the user and is shown as i
 else is logged with its traceback under an incident id (:func:`new_incident_id`) and the user
 gets one line naming it (:func:`internal_error`).  Each class has a stable string ``code`` (it
 never changes once released), keeps its fields as attributes, builds its own text from them,
-and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its class.
-
-============================  =====================  ====  ===========================================
-class                         code                   exit  fields
-============================  =====================  ====  ===========================================
-:class:`PitstopError`         ``error``              1     message
-:class:`ConfigError`          ``config_invalid``     2     problems, source
-:class:`UsageError`           ``usage``              2     message
-:class:`RemoteError`          ``remote_error``       1     host
-:class:`HostUnreachable`      ``host_unreachable``   1     host, reason
-:class:`HostAuthRejected`     ``host_auth_rejected`` 1     host, user, reason
-:class:`HostKeyRejected`      ``host_key_rejected``  1     host, fingerprint, known_hosts
-:class:`RemoteCommandError`   ``remote_command``     1     host, argv, exit_status, exit_signal,
-                                                           stdout, stderr
-:class:`RemoteTimeout`        ``remote_timeout``     5     host, argv, timeout, stdout, stderr
-:class:`GpuQueryFailed`       ``gpu_query_failed``   1     host, detail
-:class:`UnknownHost`          ``unknown_host``       2     name, known
-:class:`UnknownRun`           ``unknown_run``        2     run_id
-:class:`SlackUnavailable`     ``slack_unavailable``  2     method, error
-:class:`IllegalTransition`    ``illegal_transition`` 1     what, current, wanted
-:class:`StateUnavailable`     ``state_unavailable``  1     detail
-:class:`SequenceAborted`      ``sequence_aborted``   1     verdict, line, evidence
-:class:`PreflightFailed`      ``preflight_failed``   1     job, check, detail (+ verdict, line)
-:class:`StopFailed`           ``stop_failed``        1     job, survivors, detail (+ verdict, line)
-:class:`LaunchFailed`         ``launch_failed``      1     job, detail (+ verdict, line)
-:class:`RunCancelled`         ``run_cancelled``      5     job, run_id, after_step (+ verdict, line)
-:class:`PatchChanged`         ``patch_changed``      1     job, patch, approved, found (+ check, line)
-``handlers.commands.ParseError``  ``parse_error``    2     message, verb
-``handlers.auth.Denied``      ``denied``             3     user, command, needed
-``handlers.lock.InFlight``    ``in_flight``          4     job, holder
-``bot.demo.DemoFailed``       ``demo_failed``        any   message, exit_code
-============================  =====================  ====  ===========================================
+and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its
+class.  Other packages' errors: ``handlers.commands.ParseError``, ``handlers.auth.Denied``,
+``handlers.lock.InFlight``, ``bot.demo.DemoFailed``.
 """
 
 from __future__ import annotations
@@ -247,13 +218,9 @@ class RemoteTimeout(RemoteCommandError):
 
 
 class SequenceAborted(PitstopError):
-    """A restart sequence ends here, with a verdict; base of the errors its steps raise.
-
-    The failing step records its detail and raises; the sequence catches this class and finishes
-    the run with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the verdict
-    line, formatted by :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says
-    more); it does not reach a person as such.
-    """
+    """A restart sequence ends here (the failing step recorded its detail): the sequence finishes
+    the run with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the verdict line,
+    :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says more)."""
 
     code = "sequence_aborted"
     verdict: ClassVar[str] = ""
@@ -265,11 +232,9 @@ class SequenceAborted(PitstopError):
 
 
 class PreflightFailed(SequenceAborted):
-    """A pre-flight check failed; nothing was stopped (verdict ``PREFLIGHT_FAILED``).
-
-    :param check: ``host``, ``host_key``, ``workdir``, ``launch``, ``patch``, ``log_dir``, ``disk``,
-        ``running``; on Slurm also ``partition``, ``script``, ``sbatch``.
-    """
+    """A pre-flight check failed; nothing was stopped (verdict ``PREFLIGHT_FAILED``).  ``check``:
+    ``host``, ``host_key``, ``workdir``, ``launch``, ``patch``, ``log_dir``, ``disk``, ``running``;
+    on Slurm also ``partition``, ``script``, ``sbatch``."""
 
     code = "preflight_failed"
     verdict = "PREFLIGHT_FAILED"
@@ -314,8 +279,7 @@ class LaunchFailed(SequenceAborted):
 class PatchChanged(PreflightFailed):
     """A patch file no longer has the SHA-256 that was approved (the two-person rule): the run
     stops at pre-flight (verdict ``PREFLIGHT_FAILED``, check ``approval``).  ``approved`` and
-    ``found`` are 64 hex digits; ``found`` is empty when the file cannot be read.
-    """
+    ``found`` are 64 hex digits; ``found`` is empty when the file cannot be read."""
 
     code = "patch_changed"
 

@@ -136,12 +136,9 @@ def _json_record(raw: dict[str, Any]) -> MetricLine | None:
         step if type(step) is int or step is None else _int(step),
         role_rank if type(role_rank) is int or role_rank is None else _int(role_rank),
         device if type(device) is str and device else None,
+        *(v if type(v) is float or v is None else _num(v) for v in map(get, _FLOAT_KEYS)),
+        mem if type(mem := get("gpu_mem_bytes")) is int or mem is None else _int(mem),
     ]
-    for key in _FLOAT_KEYS:
-        value = get(key)
-        out.append(value if type(value) is float or value is None else _num(value))
-    mem = get("gpu_mem_bytes")
-    out.append(mem if type(mem) is int or mem is None else _int(mem))
     return _new_line(out)
 
 
@@ -151,15 +148,18 @@ def _complete_lines(data: bytes) -> list[bytes]:
     return data[: end + 1].splitlines() if end >= 0 else []
 
 
+def _candidates(data: bytes) -> list[bytes]:
+    """The complete lines that start with ``{``, stripped when blanks come first."""
+    return [
+        c for c in (ln if ln[:1] == b"{" else ln.strip() for ln in _complete_lines(data)) if c[:1] == b"{"
+    ]
+
+
 def parse_jsonl(data: bytes) -> list[MetricLine]:
     """Metric lines from JSON-lines bytes (complete lines only), in file order."""
     out: list[MetricLine] = []
     loads = orjson.loads
-    for line in _complete_lines(data):
-        if line[:1] != b"{":
-            line = line.strip()
-            if not line.startswith(b"{"):
-                continue
+    for line in _candidates(data):
         try:
             raw = loads(line)
         except orjson.JSONDecodeError:
@@ -191,18 +191,10 @@ def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> lis
     """Metric lines from a plain-text log (UTF-8, undecodable bytes replaced): ``pattern``, whose
     named groups are the metric keys, searched in each complete line; in file order."""
     rx = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern.pattern)
-    out: list[MetricLine] = []
-    for line in _complete_lines(data):
-        m = rx.search(line.decode("utf-8", "replace"))
-        if m is None:
-            continue
-        groups = {k: v for k, v in m.groupdict().items() if v is not None}
-        if not groups:
-            continue
-        rec = _record(groups, DEFAULT_ROLE)
-        if rec is not None:
-            out.append(rec)
-    return out
+    found = (rx.search(line.decode("utf-8", "replace")) for line in _complete_lines(data))
+    groups = ({k: v for k, v in m.groupdict().items() if v is not None} for m in found if m is not None)
+    records = (_record(g, DEFAULT_ROLE) for g in groups if g)
+    return [rec for rec in records if rec is not None]
 
 
 def parse_metric_lines(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> list[MetricLine]:
@@ -247,8 +239,7 @@ def series_of(lines: Sequence[MetricLine]) -> list[RankSeries]:
     """The lines grouped per ``(role, rank)`` into columns, in order of each group's first line."""
     groups: dict[tuple[str, int], RankSeries] = {}
     for ln in lines:
-        s = groups.get((ln.role, ln.rank))
-        if s is None:
+        if (s := groups.get((ln.role, ln.rank))) is None:
             s = groups[(ln.role, ln.rank)] = RankSeries(ln.role, ln.rank)
         s.role_rank, s.device = ln.role_rank, ln.device
         for key in _COLUMNS:
@@ -318,10 +309,7 @@ def _groups(objs: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, 
 
 def _objects(candidates: list[bytes]) -> list[Any]:
     """The candidate lines' JSON objects: one orjson call over them all as one array (a third of
-    the time), else a call per line.
-
-    :raises orjson.JSONDecodeError: for a line that is not one JSON value.
-    """
+    the time), else a call per line.  :raises orjson.JSONDecodeError: if a line is not one JSON value."""
     if not candidates:
         return []
     try:
@@ -336,11 +324,8 @@ def _objects(candidates: list[bytes]) -> list[Any]:
 def _jsonl_series(data: bytes) -> list[RankSeries] | None:
     """:func:`parse_series` for JSON lines when every candidate line is plain JSON and every
     metric line's rank an integer; None when not (the caller takes the per-line path)."""
-    candidates = [
-        c for c in (ln if ln[:1] == b"{" else ln.strip() for ln in _complete_lines(data)) if c[:1] == b"{"
-    ]
     try:
-        objs = _objects(candidates)
+        objs = _objects(_candidates(data))
     except orjson.JSONDecodeError:
         return None  # NaN, huge integers, a broken line: read as the standard library reads them
     groups = _groups([o for o in objs if "event" not in o])

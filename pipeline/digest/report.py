@@ -1,12 +1,9 @@
 """Throughput digests: what a training job did since the last digest, from its metric log.
 
-:func:`build_digest` assembles a :class:`Digest`: one bounded read of the metric log
-(:mod:`~pipeline.digest.window`), parsed (:mod:`~pipeline.digest.metrics`) and aggregated
-(:mod:`~pipeline.digest.stats`); the ranks expected but silent; GPU statistics when the job has
-``gpus``; uptime and restarts from the job's state; a PNG chart (:mod:`~pipeline.digest.chart`);
-and the Redis bookkeeping (a scheduled digest moves the offset and stores its headline numbers
-in ``keys.digest_last`` for the next one's ±% change; an on-demand one moves nothing).  Its
-dependencies are passed in; it knows nothing of the handlers.
+:func:`build_digest` assembles a :class:`Digest` from a bounded read of the log
+(:mod:`~pipeline.digest.window`), parsed (:mod:`~pipeline.digest.metrics`), aggregated
+(:mod:`~pipeline.digest.stats`) and charted (:mod:`~pipeline.digest.chart`); its dependencies are
+passed in, it knows nothing of the handlers.
 """
 
 from __future__ import annotations
@@ -142,10 +139,8 @@ class Digest:
 async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
     """The last scheduled digest's headline numbers (:meth:`DigestSummary.headline`), or None."""
     raw = await memory.last(job)
-    if not raw:
-        return None
     try:
-        data = json.loads(raw)
+        data = json.loads(raw) if raw else None
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
@@ -191,8 +186,7 @@ async def restart_marks(runs: RunStore, job: str, start: float | None, end: floa
 
 
 def _prune_charts(directory: Path, job: str) -> None:
-    charts = sorted(directory.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)
-    for old in charts[:-CHARTS_KEPT]:
+    for old in sorted(directory.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)[:-CHARTS_KEPT]:
         old.unlink(missing_ok=True)
 
 
@@ -231,7 +225,8 @@ async def build_digest(
 ) -> Digest:
     """Read the job's new metric lines (``reader``: default the job's host over SSH), aggregate
     them, add GPU stats, uptime and a ``chart``; a scheduled digest stores the new offset and its
-    headline numbers, an on-demand one nothing but the chart; a ``digest`` event either way.
+    headline numbers (in ``keys.digest_last``, for the next one's ±% change), an on-demand one
+    nothing but the chart; a ``digest`` event either way.
 
     :param first_bytes: the most read by a first digest (no stored offset: the log's last bytes).
     :raises KeyError: if ``job`` (case-insensitive) is not configured.

@@ -1,14 +1,6 @@
-"""The Slurm engine: the restart sequence's steps on a Slurm cluster, through its login node.
-
-- ``preflight``: the partition is up (``sinfo``), the batch script exists, ``sbatch --test-only``
-  accepts it, and the host helper's checks pass on the login node (the workdir is shared).
-- ``stop``: ``scancel --signal=TERM --full ID``, up to ``stop_timeout``, then ``scancel ID``;
-  done once the old job id holds no allocation (its final state goes in the step's detail).
-- ``launch``: ``sbatch --parsable --hold`` (or, with ``requeue``, ``scontrol requeuehold ID``),
-  the output file measured, then ``scontrol release ID``.
-- ``observe``: the job's state, task processes on every node (the helper under ``srun
-  --overlap``) and the ssh engine's output evidence.  A job still queued is ``pending``, not a
-  failure: the runner verifies it again until it runs or ends.
+"""The Slurm engine: the restart sequence's steps on a Slurm cluster, through its login node (the
+host helper's checks run there: the workdir is shared).  A job still queued is ``pending``, not a
+failure: the runner verifies it again until it runs or ends.
 """
 
 from __future__ import annotations
@@ -151,7 +143,7 @@ class SlurmEngine:
         if "@@script=ok" not in result.stdout:
             raise await fail("script", f"{sl.script}: no such file on {job.host}")
         test = [ln for ln in sections.get("test", []) if not ln.startswith("@@rc=")]
-        if "@@rc=0" != (sections.get("test", ["@@rc=?"])[-1] if sections.get("test") else ""):
+        if sections.get("test", [""])[-1] != "@@rc=0":
             raise await fail("sbatch", "sbatch --test-only refused the job: " + " ".join(test)[-300:])
         helper = [c for c in answer.get("checks", []) if c.get("check") != "launch"]
         if failed := failed_checks(helper):
@@ -179,9 +171,7 @@ class SlurmEngine:
     async def _scancel(self, name: str, job_id: int, *args: str) -> tuple[bool, SlurmJob | None]:
         """``scancel ARGS JOB_ID``: ``(True, None)`` once sent; ``(False, its state)`` when scancel
         refused a job that is no longer active (it ended since it was last looked at).
-
-        :raises RemoteError: if scancel failed and the job is still active (or cannot be asked).
-        """
+        :raises RemoteError: if scancel failed and the job is still active (or cannot be asked)."""
         try:
             await self.client.checked(name, ["scancel", *args, str(job_id)])
             return True, None
@@ -323,15 +313,14 @@ class SlurmEngine:
             f"{t.node} {t.count}/{per_node}" + (f" ({t.error})" if t.error else "") for t in tasks
         )
         facts.append(f"tasks matching {job.match!r}: {cells}")
-        new_bytes = out.new_bytes
-        grew = f"+{new_bytes} bytes since launch" if new_bytes is not None else "unreadable"
+        grew = f"+{out.new_bytes} bytes since launch" if out.new_bytes is not None else "unreadable"
         facts.append(f"output {path}: {grew}")
         return replace(
             base,
             count=sum(t.count for t in tasks),
             expected=job.expected_processes,
             short=tuple(short),
-            new_bytes=new_bytes,
+            new_bytes=out.new_bytes,
             error_line=out.error_line or None,
             facts=tuple(facts),
         )

@@ -10,9 +10,7 @@ and raises :class:`~pipeline.errors.HostUnreachable` (refused, DNS, no answer wi
 Host keys are always verified (``known_hosts`` from the host's config, else
 ``~/.ssh/known_hosts``; a missing file trusts nothing); ``~/.ssh/config`` is not read.  A host
 with ``jump = "bastion"`` is reached through the bastion's pooled connection.  An argv is quoted
-once for the remote login shell (:mod:`pipeline.host.quoting`).  Files reach a job's side of its
-``exec`` wrapper as stdin of a job-side command; :meth:`SSHPool.put_file` (SFTP) writes on the
-host itself.
+once for the remote login shell (:mod:`pipeline.host.quoting`).
 """
 
 from __future__ import annotations
@@ -254,9 +252,8 @@ class SSHPool:
         self._closed = True
         conns = list(self._conns.items())
         self._conns.clear()
-        jumped = [c for n, c in conns if self.config.hosts[n].jump]
-        direct = [c for n, c in conns if not self.config.hosts[n].jump]
-        for group in (jumped, direct):
+        for jumped in (True, False):
+            group = [c for n, c in conns if bool(self.config.hosts[n].jump) is jumped]
             for conn in group:
                 conn.close()
             for conn in group:

@@ -213,10 +213,6 @@ def _int_or_none(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _count(text: str) -> int:
-    return int(text) if text.isdigit() else 0
-
-
 def _none(text: str | None) -> str:
     return "" if text in (None, "None") else str(text)
 
@@ -235,7 +231,7 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
         if len(f) >= 6 and f[0].isdigit():
             jobs[int(f[0])] = {
                 "state": f[1],
-                "nodes": _count(f[2]),
+                "nodes": _int_or_none(f[2]) or 0,
                 "nodelist": expand_nodelist(f[3]),
                 "reason": _none(f[4]),
                 "elapsed": parse_elapsed(f[5]),
@@ -245,7 +241,7 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
             code, sig = _exit(d.get("ExitCode"))
             jobs[int(d["JobId"])] = {
                 "state": d.get("JobState", "UNKNOWN"),
-                "nodes": _count(d.get("NumNodes", "")),
+                "nodes": _int_or_none(d.get("NumNodes", "")) or 0,
                 "nodelist": expand_nodelist(d.get("NodeList", "")),
                 "reason": _none(d.get("Reason")),
                 "elapsed": parse_elapsed(d.get("RunTime", "")),
@@ -262,7 +258,7 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
                 "exit_code": code,
                 "signal": sig,
                 "reason": _none(f[3]),
-                "nodes": _count(f[4]),
+                "nodes": _int_or_none(f[4]) or 0,
                 "nodelist": expand_nodelist(f[5]),
                 **jobs.get(int(f[0]), {}),
             }
@@ -316,15 +312,7 @@ def parse_tasks(host: str, text: str) -> dict[int, TasksOrError]:
 
 def _srun(job_id: int, nodes: int) -> list[str]:
     """Run once on each of the job's ``nodes`` nodes, inside its allocation, output lines labelled."""
-    return [
-        "srun",
-        f"--jobid={job_id}",
-        "--overlap",
-        f"-N{nodes}",
-        "--ntasks-per-node=1",
-        "--label",
-        "--quiet",
-    ]
+    return f"srun --jobid={job_id} --overlap -N{nodes} --ntasks-per-node=1 --label --quiet".split()
 
 
 class SlurmClient:
@@ -353,7 +341,6 @@ class SlurmClient:
         and, for each job of ``tasks`` (id → ``match``) that squeue reports RUNNING, its task
         processes on every node (:meth:`node_tasks`' srun, all at once), in one call on the login
         node: what a watch cycle needs of the cluster.
-
         :returns: the jobs by id, sizes in bytes by path (a missing file is absent), each read's
             bytes by path (None: unreadable), and by RUNNING job id its tasks per node, or the
             :class:`RemoteCommandError` of its srun.
@@ -378,10 +365,8 @@ class SlurmClient:
             raise RemoteCommandError(
                 result.host, ["squeue", "-j", joined], why, exit_status=result.exit_status
             )
-        jobs = parse_query(result.stdout)
-        wanted = set(ids)
         return (
-            {i: j for i, j in jobs.items() if i in wanted},
+            {i: j for i, j in parse_query(result.stdout).items() if i in ids},
             parse_sizes(result.stdout),
             parse_reads(result.stdout),
             parse_tasks(result.host, result.stdout),
@@ -448,7 +433,7 @@ class SlurmClient:
             by_task.setdefault(label.strip(), []).append(body)
         out: dict[str, str] = {}
         for lines in by_task.values():
-            if lines and lines[0].startswith("@@node "):
+            if lines[0].startswith("@@node "):
                 out[lines[0][7:].strip()] = "\n".join(lines[1:]) + "\n"
         if not out:
             raise RemoteCommandError(
