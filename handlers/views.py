@@ -71,12 +71,13 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     """``status [JOB]``: per job its state (running/stopped/unknown), PID, processes n/expected,
     uptime, last restart and who, lock holder, patches in effect.  Probes each host once; one that
     cannot be reached makes its jobs' state ``unknown`` (with the reason), not a failed answer."""
-    config, now = ctx.config, time.time()
+    config = ctx.config
     names = [job] if job else list(config.jobs)
     if not names:
         return Reply(title=STATUS_NONE, status=Status.WARNING)
     snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
     seen = await ctx.restarter.sightings([(n, config.jobs[n], dict(snaps[n].current) or None) for n in names])
+    now = time.time()  # after the probes: "ago" and uptimes as of the answer
     rows: list[tuple[str, ...]] = []
     lines: list[str] = []
     tone = Status.OK
