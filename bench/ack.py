@@ -12,7 +12,7 @@ the time to the ack:
 - ``restart``: a restart of a job on a host that refuses connections: "queued run …" (or the
   lock holder) follows through ``response_url`` while the remote part runs after the ack.
 
-Pitstop acks before it parses, dedupes, reads roles or audits (:mod:`bot.slack_app`), so its
+Pitstop acks before it parses, dedupes, reads roles or audits (:mod:`bot.slack.app`), so its
 ack should cost what Bolt's does.  The load runs in rounds, the four series interleaved (each
 round in a rotated order), and after each Pitstop round the benchmark waits until Slack has
 received every answer, so one server's follow-up work never lands in another's round.  A
@@ -81,7 +81,7 @@ async def _serve_slack() -> None:
 
 
 async def _serve_pitstop(state_dir: str, slack: str) -> None:
-    from bot.serve import http_app, open_runtime, start_http
+    from bot.runtime.serve import http_app, open_runtime, start_http
     from pipeline.config import parse_config
 
     config = parse_config(

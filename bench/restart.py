@@ -66,13 +66,13 @@ import aiohttp  # noqa: E402
 from benchlib import Checks  # noqa: E402
 from supervisor.xmlrpc import SupervisorTransport  # noqa: E402
 
-from bot.assembly import build_context, close_context  # noqa: E402
-from bot.serve import http_app, open_runtime, start_http  # noqa: E402
+from bot.runtime.assembly import build_context, close_context  # noqa: E402
+from bot.runtime.serve import http_app, open_runtime, start_http  # noqa: E402
 from devhost.sshhost import start_local_ssh_host  # noqa: E402
 from handlers.context import Context  # noqa: E402
-from handlers.dispatch import Dispatcher, Request  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
-from handlers.verdicts import deliver_verdict  # noqa: E402
+from handlers.request.dispatch import Dispatcher, Request  # noqa: E402
+from handlers.runs.verdicts import deliver_verdict  # noqa: E402
 from pipeline.config import AuthSettings, Config, JobConfig, RedisSettings, SlackSettings, StateSettings  # noqa: E402
 from pipeline.engines.runner import Runner as Restarter  # noqa: E402
 from pipeline.host.remote import SSHPool  # noqa: E402

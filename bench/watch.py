@@ -8,7 +8,7 @@ Every job is a real process (``sleep 9NNNNN``, matched by ``^sleep 9NNNNN$``) wi
 its host appends a step line to every :data:`WRITE_EVERY` s, so each cycle reads every job's new
 lines (per-rank progress); jobs are spread round-robin over the hosts.
 
-- **pitstop**: one :class:`~handlers.watching.Watcher` cycle per host, the hosts concurrently,
+- **pitstop**: one :class:`~handlers.watch.cycle.Watcher` cycle per host, the hosts concurrently,
   exactly as the scheduler runs them: Redis reads (embedded Redis, its own process), one probe
   per host covering all its jobs — processes, log sizes, metric-log bytes — over a pooled SSH
   connection, the state machine, Redis writes.  :data:`CYCLES` cycles back to back (harder than
@@ -62,9 +62,9 @@ if str(ROOT) not in sys.path:  # the stand-in Slack lives under tests/
 
 from benchlib import Checks  # noqa: E402
 
-from bot.assembly import build_context, build_watcher, close_context  # noqa: E402
-from bot.slack_api import web_client  # noqa: E402
-from bot.slack_outbox import SlackOutbox  # noqa: E402
+from bot.runtime.assembly import build_context, build_watcher, close_context  # noqa: E402
+from bot.slack.api import web_client  # noqa: E402
+from bot.slack.outbox import SlackOutbox  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
 from pipeline.config import (  # noqa: E402
     Config,

@@ -1,6 +1,9 @@
 """``bot``: the surfaces and the assembly, the top layer, imported by nothing of Pitstop's.
 
-Slack (:mod:`~bot.slack_app`, served by :mod:`~bot.serve`), the console chat (:mod:`~bot.console`,
-:mod:`~bot.say`), the assembly and scheduler (:mod:`~bot.assembly`, :mod:`~bot.scheduler`), the
-CLI (:mod:`~bot.cli`) and the demo (:mod:`~bot.demo`); surface text lives beside its surface.
+- :mod:`bot.slack` — the Slack surface (Bolt over HTTP and Socket Mode, Block Kit, the Web API);
+- :mod:`bot.console` — the console chat and ``pitstop say``;
+- :mod:`bot.runtime` — a running Pitstop: assembly, settings, scheduler, ``serve``, metrics, heartbeat;
+- :mod:`bot.demo` — ``pitstop demo``.
+
+Loose at the top: the CLI (:mod:`~bot.cli`) and the surfaces' constant words (:mod:`~bot.text`).
 """

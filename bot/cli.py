@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from bot import settings as settings_mod
+from bot.runtime import settings as settings_mod
 from pipeline.config import Config, load_config, resolve_path
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.state.redisconn import mask_url
@@ -118,28 +118,28 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
         return 0
     if verb == "demo":
-        from bot.demo import demo_main  # lazy: each verb loads only its own stack (SSH, Redis, Slack)
+        from bot.demo.run import demo_main  # lazy: each verb loads only its own stack (SSH, Redis, Slack)
 
         return run_async(lambda: demo_main(args, env))
     config = load_config(resolve_path(args.config, env.config_path))
     if verb == "parse":
-        from bot.say import parse_main  # lazy: as above
+        from bot.console.say import parse_main  # lazy: as above
 
         return parse_main(config, args.text)
     if verb == "say":
-        from bot.say import say_main  # lazy: as above
+        from bot.console.say import say_main  # lazy: as above
 
         user = env.acting_user(args.user)
         return run_async(lambda: say_main(config, args.text, user=user, wait=args.wait, as_json=args.as_json))
     if verb == "console":
-        from bot.console import run_console  # lazy: as above
+        from bot.console.chat import run_console  # lazy: as above
 
         user = env.acting_user(args.user)
         return run_async(lambda: run_console(config, user=user))
     if verb == "serve":
         return _serve(args, env, config)
     if verb == "check-slack":
-        from bot.slack_doctor import check_slack  # lazy: as above (slack_sdk, aiohttp)
+        from bot.slack.doctor import check_slack  # lazy: as above (slack_sdk, aiohttp)
 
         if not env.bot_token:
             return _fail(missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
@@ -149,7 +149,7 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
 
 
 def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config) -> int:
-    from bot import serve  # lazy: as above (slack_bolt, slack_sdk, aiohttp)
+    from bot.runtime import serve  # lazy: as above (slack_bolt, slack_sdk, aiohttp)
 
     if not env.bot_token:
         return _fail(missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)

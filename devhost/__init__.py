@@ -6,5 +6,5 @@ benchmarks — never part of a production deployment.
   as a GPU host.
 
 This package sits beside the three layers and imports ``pipeline`` only (never ``handlers`` or
-``bot``); ``bot/demo.py``, ``tests/`` and ``bench/`` import it.
+``bot``); ``bot/demo/run.py``, ``tests/`` and ``bench/`` import it.
 """

@@ -1,7 +1,7 @@
 """The transport-free reply model every handler returns, and its plain-text renderer.
 
-Surfaces render a :class:`Reply` and nothing else (``bot/blocks.py`` into Block Kit,
-``bot/console.py`` with rich, :func:`render_text` for ``pitstop say`` and logs).
+Surfaces render a :class:`Reply` and nothing else (``bot/slack/blocks.py`` into Block Kit,
+``bot/console/chat.py`` with rich, :func:`render_text` for ``pitstop say`` and logs).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ else is logged with its traceback under an incident id (:func:`new_incident_id`)
 gets one line naming it (:func:`internal_error`).  Each class has a stable string ``code`` (it
 never changes once released), keeps its fields as attributes, builds its own text from them,
 and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its
-class.  Other packages' errors: ``handlers.commands.ParseError``, ``handlers.auth.Denied``,
-``handlers.lock.InFlight``, ``bot.demo.DemoFailed``.
+class.  Other packages' errors: ``handlers.grammar.commands.ParseError``, ``handlers.request.auth.Denied``,
+``handlers.runs.lock.InFlight``, ``bot.demo.run.DemoFailed``.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from handlers import approval as policy
+from handlers.approval import policy
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Request
 from handlers.outbox import MemoryOutbox
-from handlers.verbs import queued
+from handlers.request.dispatch import Dispatcher, Request
+from handlers.request.verbs import queued
 from pipeline.config import Config, parse_config
 from pipeline.engines.runner import Runner
 from pipeline.engines.workdir import diffstat
@@ -393,7 +393,7 @@ async def test_the_schedulers_tick_expires_a_dead_processs_request(
     tmp_path: Path, redis_handle: RedisHandle
 ) -> None:
     """A request whose process went away is closed at its expiry by the leader's verify tick."""
-    from bot.scheduler import PitstopScheduler
+    from bot.runtime.scheduler import PitstopScheduler
 
     config = _config(tmp_path, expires=0.5)
     asker = Dispatcher(make_context(config, redis_handle), lock_ttl=5.0)
@@ -460,7 +460,7 @@ async def test_the_requester_may_withdraw_their_own_request(dispatcher: Dispatch
 def test_a_user_group_among_approvers_makes_slack_read_user_groups() -> None:
     """approvers = ["S…"] with no group in [auth]: Slack's surface still reads who is in which group,
     or nobody in the group could ever approve."""
-    from bot.slack_app import needs_groups
+    from bot.slack.app import needs_groups
 
     job = {"host": "h", "workdir": "/w", "launch": ["x"], "log": "/w/l", "match": "x"}
     base = {"hosts": {"h": {"address": "x"}}, "auth": {"admins": ["U0ADMIN0001"]}}

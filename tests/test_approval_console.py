@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 from rich.console import Console
 
-from bot.assembly import build_context, close_context
-from bot.console import ConsoleOutbox, ConsoleSession, make_console
-from bot.say import say_main
-from bot.scheduler import PitstopScheduler
+from bot.console.chat import ConsoleOutbox, ConsoleSession, make_console
+from bot.console.say import say_main
+from bot.runtime.assembly import build_context, close_context
+from bot.runtime.scheduler import PitstopScheduler
 from handlers.context import Context
-from handlers.dispatch import Dispatcher
+from handlers.request.dispatch import Dispatcher
 from pipeline.config import ApprovalSettings, Config
 from pipeline.errors import ExitCode
 from pipeline.verdict import Verdict

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot import blocks
-from bot.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_http
+from bot.runtime.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_http
+from bot.slack import blocks
 from pipeline.config import ApprovalSettings, Config
 from pipeline.verdict import Verdict
 from tests.fixtures.slack import (

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.assembly import build_context, close_context
+from bot.runtime.assembly import build_context, close_context
 from devhost.sshhost import start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
-from handlers.recovery import deliver_recoveries
 from handlers.reply import Reply
+from handlers.runs.followup import deliver_recoveries
 from pipeline import verdict
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration

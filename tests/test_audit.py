@@ -10,7 +10,7 @@ import pytest
 
 import pipeline.state.audit as audit_mod
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Request
+from handlers.request.dispatch import Dispatcher, Request
 from pipeline.state import keys
 from pipeline.state.audit import Audit, AuditOutcome
 from pipeline.state.redisconn import RedisHandle

@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from handlers.auth import SYSTEM_USER, Denied, authorise, denied, role_of
-from handlers.commands import parse
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Request
-from handlers.grammar import Role
+from handlers.grammar.commands import parse
+from handlers.grammar.parse import Role
+from handlers.request.auth import SYSTEM_USER, Denied, authorise, denied, role_of
+from handlers.request.dispatch import Dispatcher, Request
 from pipeline.config import parse_config
 from pipeline.state.audit import AuditOutcome
 from pipeline.state.redisconn import RedisHandle

@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot import blocks
-from bot.blocks import slack_rows_omitted
+from bot.slack import blocks
+from bot.slack.blocks import slack_rows_omitted
 from handlers.reply import Button, Reply, Status, StepLine, Table
 from tests.fixtures.slack import MAX_SECTION_TEXT, validate_blocks
 

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from bot.slack_doctor import check_slack
+from bot.slack.doctor import check_slack
 from pipeline.config import load_config
 from pipeline.errors import ExitCode
 from tests.fixtures.slack import BOT_TOKEN, Channel, FakeSlack

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 import pytest
 from rich.console import Console
 
-from bot import blocks
-from bot.assembly import build_context, close_context
-from bot.console import (
+from bot.console.chat import (
     ConsoleOutbox,
     ConsoleSession,
     Renderer,
@@ -19,12 +17,14 @@ from bot.console import (
     make_console,
     run_console,
 )
+from bot.runtime.assembly import build_context, close_context
+from bot.slack import blocks
 from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Request
 from handlers.reply import Button, Reply, Status, StepLine, Table
-from handlers.runview import run_reply
-from handlers.views import help_title
+from handlers.request.dispatch import Dispatcher, Request
+from handlers.runs.view import run_reply
+from handlers.views.read import help_title
 from pipeline.config import Config
 from tests.fixtures.slack import kill_matching, slack_config
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup

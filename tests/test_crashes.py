@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.scheduler import PitstopScheduler
-from handlers.crashcheck import CrashCheck, refusal
+from bot.runtime.scheduler import PitstopScheduler
+from handlers.watch.crashcheck import CrashCheck, refusal
 from pipeline.config import AutoRestart, Config, parse_config
 from pipeline.errors import ConfigError
 from pipeline.observe.crashes import TRANSIENT, Crash, CrashClass, classify, detect_cause, from_fields

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.demo_script import Kill, Say, Wait, WaitRanks, parse_script
+from bot.demo.script import Kill, Say, Wait, WaitRanks, parse_script
 from pipeline.errors import ExitCode, UsageError
 from pipeline.state.events import EventKind
 

@@ -18,7 +18,7 @@ from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status, render_text
-from handlers.reports import (
+from handlers.views.reports import (
     digest_all_title,
     digest_command,
     digest_reply,

@@ -17,7 +17,7 @@ import pytest
 from matplotlib.image import AxesImage
 
 from devhost.sshhost import LocalSSHHost
-from handlers.reports import digest_command
+from handlers.views.reports import digest_command
 from pipeline.digest.chart import (
     DAY_S,
     chart_reference_before,

@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from handlers.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Request, duplicate_delivery, unknown_action
 from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
-from handlers.sequences import cancel_nothing, cancel_requested, launch_summary, stop_summary
+from handlers.request.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
+from handlers.request.dispatch import Dispatcher, Request, duplicate_delivery, unknown_action
+from handlers.request.verbs import queued
+from handlers.runs.sequences import cancel_nothing, cancel_requested, launch_summary, stop_summary
+from handlers.runs.verdicts import deliver_verdict
 from handlers.text import CONFIRM_GONE, HISTORY_HEADERS, RUN_AWAITING_VERDICT
-from handlers.verbs import queued
-from handlers.verdicts import deliver_verdict
-from handlers.views import history_title, lock_free, logs_title
+from handlers.views.read import history_title, lock_free, logs_title
 from pipeline.config import Config
 from pipeline.engines.runner import Runner
 from pipeline.errors import HostUnreachable, internal_error
@@ -249,7 +249,7 @@ async def test_unexpected_failure_gives_an_incident_id_not_a_traceback(
     ctx = make_context(CONFIG, redis_handle)
     _restarter(ctx).log_error = RuntimeError("secret internals")
     d = Dispatcher(ctx)
-    with caplog.at_level(logging.ERROR, logger="handlers.dispatch"):
+    with caplog.at_level(logging.ERROR, logger="handlers.request.dispatch"):
         reply = await d.handle(_req("logs dflash", user=VIEWER))
     text = render_text(reply)
     assert "secret" not in text and "Traceback" not in text and reply.exit_code == 1
@@ -300,8 +300,8 @@ async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatc
 async def test_watch_and_ack_go_to_the_ack_handlers(
     ctx: Context, dispatcher: Dispatcher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """watch/ack are parsed, authorised and audited here, then handed to handlers.acks."""
-    import handlers.acks as acks
+    """watch/ack are parsed, authorised and audited here, then handed to handlers.watch.acks."""
+    import handlers.watch.acks as acks
     from handlers.reply import Reply
 
     seen: list[tuple[Any, ...]] = []
@@ -399,7 +399,7 @@ async def test_say_runs_the_slack_path_and_waits_for_the_verdict(
 ) -> None:
     """``pitstop say "start trainer" --wait --json`` acts through the dispatcher, waits for the verified
     verdict and exits 0; a denied request exits 3 and a bad one 2."""
-    from bot.say import say_main
+    from bot.console.say import say_main
 
     setup = job_factory(ssh_server)
     config = _with_redis(setup.config, redis_config).model_copy(
@@ -450,7 +450,7 @@ async def test_show_log_button_answers_with_the_log(ctx: Context, dispatcher: Di
 def test_run_view_shows_who_what_steps_and_verdict() -> None:
     """The live message reads who asked for what, each step with ✓/✗ and seconds, a waiting verify,
     and the verdict line last; the verdict post carries the evidence and a Show log button on failure."""
-    from handlers.runview import run_reply, verdict_reply
+    from handlers.runs.view import run_reply, verdict_reply
     from pipeline.state.runs import RunRecord, StepRecord
     from pipeline.verdict import Outcome
 

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-import bot.demo
-import handlers.auth
-import handlers.commands
-import handlers.lock
+import bot.demo.run
+import handlers.grammar.commands
+import handlers.request.auth
+import handlers.runs.lock
 from pipeline.errors import (
     ConfigError,
     ExitCode,
@@ -33,7 +33,12 @@ from pipeline.errors import (
 )
 from pipeline.verdict import Verdict
 
-_SURFACES = (bot.demo, handlers.auth, handlers.commands, handlers.lock)  # their errors are subclasses too
+_SURFACES = (
+    bot.demo.run,
+    handlers.request.auth,
+    handlers.grammar.commands,
+    handlers.runs.lock,
+)  # their errors are subclasses too
 
 
 def _all_errors() -> list[type[PitstopError]]:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from handlers.attempts import ATTEMPT_HEADERS, attempt_rows
-from handlers.commands import parse
-from handlers.reports import digest_command, digest_progress
-from handlers.verbs import VERBS
+from handlers.grammar.commands import parse
+from handlers.request.verbs import VERBS
+from handlers.runs.attempts import ATTEMPT_HEADERS, attempt_rows
+from handlers.views.reports import digest_command, digest_progress
 from pipeline.config import Config
 from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import TrainingProgress, progress_toward

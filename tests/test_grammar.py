@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.say import parse_main
-from handlers import grammar
-from handlers.commands import Command, ParseError, parse, parse_too_long
-from handlers.normalise import normalise
+from bot.console.say import parse_main
+from handlers.grammar import parse as grammar
+from handlers.grammar.commands import Command, ParseError, parse, parse_too_long
+from handlers.grammar.normalise import normalise
 from tests.support_handlers import handler_config
 
 CONFIG = handler_config()

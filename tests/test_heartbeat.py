@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bot.heartbeat import Heartbeat
-from bot.scheduler import PitstopScheduler
+from bot.runtime.heartbeat import Heartbeat
+from bot.runtime.scheduler import PitstopScheduler
 from pipeline.config import Config, HealthSettings, parse_config
 from pipeline.errors import ConfigError
 from tests.test_watch import Harness, open_harness

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bot.assembly import build_watcher
+from bot.runtime.assembly import build_watcher
 from pipeline.config import Config, GpuRoles, JobConfig
 from pipeline.observe.gpus import parse_query_gpu
 from pipeline.observe.idle import idle_since, watched

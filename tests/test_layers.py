@@ -302,3 +302,21 @@ def test_host_call_finder_reports_each_kind() -> None:
         "from pipeline.host.contract import HangAnswer\n"
     )
     assert [line for line, _ in host_calls(source)] == [1, 2, 3]
+
+
+def test_layers_are_packages_named_by_concept() -> None:
+    """bot/ and handlers/ each hold at least 3 packages and at most 6 loose modules, and every package
+    of bot/, handlers/ and pipeline/ says in its docstring what it owns and may import."""
+    for layer in ("bot", "handlers"):
+        top = ROOT / layer
+        packages = [p for p in top.iterdir() if (p / "__init__.py").is_file()]
+        loose = [p for p in top.glob("*.py")]
+        assert len(packages) >= 3, f"{layer}/ has {len(packages)} packages"
+        assert len(loose) <= 6, f"{layer}/ has {len(loose)} loose modules: {sorted(p.name for p in loose)}"
+    for init in sorted(
+        p for layer in ("bot", "handlers", "pipeline") for p in (ROOT / layer).glob("*/__init__.py")
+    ):
+        if "dflash" in init.parts:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        assert "import" in doc, f"{init.relative_to(ROOT)}: its docstring does not say what it may import"

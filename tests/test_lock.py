@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Request
-from handlers.lock import InFlight, JobLock
 from handlers.outbox import MemoryOutbox
-from handlers.sequences import run_lock_lost
-from handlers.verbs import queued
-from handlers.views import lock_forced_note, lock_free, unlock_not_held, unlocked
+from handlers.request.dispatch import Dispatcher, Request
+from handlers.request.verbs import queued
+from handlers.runs.lock import InFlight, JobLock
+from handlers.runs.sequences import run_lock_lost
+from handlers.views.read import lock_forced_note, lock_free, unlock_not_held, unlocked
 from pipeline.state import keys
 from pipeline.state.audit import AuditOutcome
 from pipeline.state.locks import Locks
@@ -195,7 +195,7 @@ async def test_unlock_forces_release_and_the_run_warns(ctx: Context) -> None:
 _HOLDER = """
 import asyncio, sys
 import redis.asyncio as aioredis
-from handlers.lock import JobLock
+from handlers.runs.lock import JobLock
 
 async def main() -> None:
     target, prefix = sys.argv[1], sys.argv[2]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from bot import blocks
-from bot.assembly import build_context, build_watcher
-from bot.slack_api import web_client
-from bot.slack_outbox import SlackOutbox
-from handlers.acks import ack_command
+from bot.runtime.assembly import build_context, build_watcher
+from bot.slack import blocks
+from bot.slack.api import web_client
+from bot.slack.outbox import SlackOutbox
 from handlers.reply import Reply, Status
-from handlers.views import status_command
+from handlers.views.read import status_command
+from handlers.watch.acks import ack_command
 from pipeline.config import Config
 from pipeline.state.posts import Posts
 from pipeline.state.undelivered import UndeliveredAlerts
@@ -49,7 +49,7 @@ async def test_thread_lookup_passes_oldest_and_pages_through_a_long_thread(
     fake_slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In a thread longer than one page, an ambiguous reply is found on a later page (with oldest), not resent."""
-    monkeypatch.setattr("bot.slack_send.PAGE", 3)
+    monkeypatch.setattr("bot.slack.send.PAGE", 3)
     fake_slack.rate_limits = False
     outbox = _outbox(fake_slack)
     await outbox.announce("run:r-1", Reply(title="headline"), ANNOUNCE)

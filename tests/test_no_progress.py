@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.scheduler import PitstopScheduler
-from handlers.attempts import attempts_command, auto_restart_no_progress, no_progress_warning
-from handlers.dispatch import Dispatcher, Request
+from bot.runtime.scheduler import PitstopScheduler
+from handlers.request.dispatch import Dispatcher, Request
+from handlers.runs.attempts import attempts_command, auto_restart_no_progress, no_progress_warning
 from pipeline.config import AutoRestart, Config, WatchSettings
 from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import crash_words, progressed, reach_of

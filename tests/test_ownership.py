@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from bot.assembly import build_context, close_context
-from bot.scheduler import PitstopScheduler
+from bot.runtime.assembly import build_context, close_context
+from bot.runtime.scheduler import PitstopScheduler
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
-from handlers.runview import thread_key
+from handlers.runs.view import thread_key
 from pipeline.config import Config
 from pipeline.state.events import EventKind
 from pipeline.state.runs import OWNER_TTL, RunRecord

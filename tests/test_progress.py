@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.assembly import build_context, build_watcher, close_context
+from bot.runtime.assembly import build_context, build_watcher, close_context
 from devhost.sshhost import start_local_ssh_host
 from handlers.outbox import MemoryOutbox
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
@@ -213,7 +213,7 @@ async def _sleep_rest(started: float, interval: float) -> None:
 
 def test_hang_reply_says_a_d_state_rank_needs_the_host_recycled_and_how_to_get_py_spy() -> None:
     """State D: 'a restart will not free rank 6; the host may need recycling'; no py-spy: the install line."""
-    from handlers.hangevidence import hang_reply
+    from handlers.watch.hangevidence import hang_reply
     from pipeline.state.incidents import Incident
 
     inc = Incident(

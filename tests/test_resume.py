@@ -137,7 +137,7 @@ async def test_verify_reads_the_resume_step_and_flags_an_ignored_checkpoint(
 
 async def test_a_flagged_run_gets_a_warning_beside_its_verdict(tmp_path: Path, redis_config: Config) -> None:
     """A RUNNING run that ignored its checkpoint: the verdict post, then a WARNING post in its thread."""
-    from handlers.verdicts import deliver_due
+    from handlers.runs.verdicts import deliver_due
     from pipeline.state import keys
     from tests.test_watch import open_harness
 

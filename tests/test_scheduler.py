@@ -13,7 +13,7 @@ import pytest
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.scheduler import PitstopScheduler
+from bot.runtime.scheduler import PitstopScheduler
 from handlers.outbox import MemoryOutbox
 from pipeline.config import AutoRestart, Config, DigestSettings
 from pipeline.observe.crashes import CrashClass
@@ -180,7 +180,7 @@ async def test_a_tick_longer_than_its_interval_skips_the_next_without_a_warning(
     async def three_ticks() -> bool:
         return len(ticks) >= 3
 
-    monkeypatch.setattr("bot.scheduler.deliver_due", slow_delivery)
+    monkeypatch.setattr("bot.runtime.scheduler.deliver_due", slow_delivery)
     sched = PitstopScheduler(harness.ctx, leader_ttl=3.0, poll_interval=0.1)
     with caplog.at_level(logging.INFO, logger="apscheduler"):
         await sched.start()

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot import blocks
-from bot.blocks import slack_continued, slack_part
-from bot.slack_api import ATTEMPTS, web_client
-from bot.slack_app import slack_home_no_role
-from bot.slack_outbox import SlackOutbox
-from handlers.alerts import alert_reply
-from handlers.confirm import confirm_expired
+from bot.slack import blocks
+from bot.slack.api import ATTEMPTS, web_client
+from bot.slack.app import slack_home_no_role
+from bot.slack.blocks import slack_continued, slack_part
+from bot.slack.outbox import SlackOutbox
 from handlers.reply import Reply, Status, Table
+from handlers.request.confirm import confirm_expired
+from handlers.watch.alerts import alert_reply
 from pipeline.config import AuthSettings, Config, SlackSettings
 from pipeline.errors import ExitCode
 from pipeline.state import keys
@@ -430,5 +430,7 @@ def test_12_manifest_scopes_are_all_used() -> None:
     """The manifest no longer asks for im:read; users:read and im:write are used (names, DMs)."""
     manifest = (ROOT / "slack-manifest.yml").read_text()
     assert "im:read" not in manifest
-    source = (ROOT / "bot" / "people.py").read_text() + (ROOT / "bot" / "slack_outbox.py").read_text()
+    source = (ROOT / "bot" / "slack" / "people.py").read_text() + (
+        ROOT / "bot" / "slack" / "outbox.py"
+    ).read_text()
     assert "users_info" in source and "conversations_open" in source

@@ -16,13 +16,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot import blocks
-from bot.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_http
-from bot.slack_api import web_client
-from bot.slack_outbox import SlackOutbox
+from bot.runtime.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_http
+from bot.slack import blocks
+from bot.slack.api import web_client
+from bot.slack.outbox import SlackOutbox
 from handlers.context import Context
 from handlers.reply import Reply, Status, StepLine
-from handlers.views import help_title
+from handlers.views.read import help_title
 from pipeline.config import Config
 from pipeline.errors import UnknownRun
 from pipeline.state import keys

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from bot.assembly import build_watcher
+from bot.runtime.assembly import build_watcher
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
-from handlers.reports import gpus_command
-from handlers.verdicts import deliver_due, deliver_verdict
-from handlers.views import history_command, logs_command, status_command
+from handlers.runs.verdicts import deliver_due, deliver_verdict
+from handlers.views.read import history_command, logs_command, status_command
+from handlers.views.reports import gpus_command
 from pipeline import verdict
 from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
 from pipeline.engines.runner import Runner
@@ -573,7 +573,7 @@ async def test_a_controller_that_does_not_answer_is_a_probe_error_not_a_dead_job
     dead.write_text(conf + "MessageTimeout=2\n")
     job = stack.config.jobs[stack.name]
     stack.config.jobs[stack.name] = job.model_copy(update={"exec": ["env", f"SLURM_CONF={dead}"]})
-    caplog.set_level(logging.WARNING, logger="handlers.watching")
+    caplog.set_level(logging.WARNING, logger="handlers.watch.cycle")
     for _ in range(2):
         decisions = await watcher.cycle("login")
         assert "trainer" not in decisions, decisions  # no verdict from a query that failed

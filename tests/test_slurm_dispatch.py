@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.serve import SlackRuntime, http_app, open_runtime, start_http
+from bot.runtime.serve import SlackRuntime, http_app, open_runtime, start_http
 from handlers.outbox import MemoryOutbox
-from handlers.sequences import launch_summary
-from handlers.verdicts import deliver_verdict, recover_runs
+from handlers.runs.sequences import launch_summary
+from handlers.runs.verdicts import deliver_verdict, recover_runs
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.events import EventKind

@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bot import blocks
-from bot.metrics import CONTENT_TYPE
-from bot.serve import SlackRuntime, connect_socket, open_runtime, serve_socket
-from bot.socket_mode import wait_after
-from handlers.views import help_title
+from bot.runtime.metrics import CONTENT_TYPE
+from bot.runtime.serve import SlackRuntime, connect_socket, open_runtime, serve_socket
+from bot.slack import blocks
+from bot.slack.socket_mode import wait_after
+from handlers.views.read import help_title
 from pipeline.config import Config
 from pipeline.errors import ExitCode, SlackUnavailable, UsageError
 from pipeline.state import keys

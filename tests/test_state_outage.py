@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from handlers.views import status_command
+from handlers.views.read import status_command
 from pipeline.config import Config, RedisSettings, StateSettings, WatchSettings
 from pipeline.state.incidents import IncidentStore
 from pipeline.state.outage import Outage, StoreWatch

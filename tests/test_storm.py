@@ -22,15 +22,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bot.assembly import build_context, build_watcher, close_context
-from bot.slack_api import web_client
-from bot.slack_outbox import SlackOutbox
-from handlers.acks import ack_command
+from bot.runtime.assembly import build_context, build_watcher, close_context
+from bot.slack.api import web_client
+from bot.slack.outbox import SlackOutbox
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status
-from handlers.storm import Round, Told, plan, plan_reminders, tell
-from handlers.watching import Watcher
+from handlers.watch.acks import ack_command
+from handlers.watch.cycle import Watcher
+from handlers.watch.storm import Round, Told, plan, plan_reminders, tell
 from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, SlackSettings, WatchSettings
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 from pipeline.state.posts import Posts

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.ackgate import AckGate
-from bot.slack_api import Pacer, web_client
-from bot.slack_outbox import SlackOutbox
+from bot.slack.ackgate import AckGate
+from bot.slack.api import Pacer, web_client
+from bot.slack.outbox import SlackOutbox
 from handlers.context import Context
 from handlers.reply import Reply, StepLine
 from pipeline.state.events import Event, EventKind

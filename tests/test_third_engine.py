@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import tests.localengine  # noqa: F401  (registers the "local" engine)
-from bot.assembly import build_context, build_watcher, close_context
+from bot.runtime.assembly import build_context, build_watcher, close_context
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Request
 from handlers.outbox import MemoryOutbox
-from handlers.verdicts import deliver_verdict, recover_runs
+from handlers.request.dispatch import Dispatcher, Request
+from handlers.runs.verdicts import deliver_verdict, recover_runs
 from pipeline.config import AuthSettings, Config, SlackSettings, load_config
 from pipeline.engines.runner import Runner
 from pipeline.errors import ConfigError

@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from handlers import grammar
 from handlers.context import Context
-from handlers.dispatch import Dispatcher, Flow, Next, Request
+from handlers.grammar import parse as grammar
 from handlers.reply import Reply
-from handlers.verbs import VERBS, Acted, Call, _table
+from handlers.request.dispatch import Dispatcher, Flow, Next, Request
+from handlers.request.verbs import VERBS, Acted, Call, _table
 from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import VIEWER, handler_config, make_context
 

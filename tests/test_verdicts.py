@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from handlers.outbox import MemoryOutbox
-from handlers.verdicts import deliver_due, deliver_verdict, due_run_ids
+from handlers.runs.verdicts import deliver_due, deliver_verdict, due_run_ids
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.events import EventKind

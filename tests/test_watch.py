@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from bot.assembly import build_context, build_watcher, close_context
-from handlers.acks import ack_command, watch_command
+from bot.runtime.assembly import build_context, build_watcher, close_context
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox, Posted
-from handlers.watching import Watcher
+from handlers.watch.acks import ack_command, watch_command
+from handlers.watch.cycle import Watcher
 from pipeline.config import (
     AuthSettings,
     AutoRestart,

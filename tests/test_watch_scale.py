@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.assembly import build_context, build_watcher, close_context
+from bot.runtime.assembly import build_context, build_watcher, close_context
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
-from handlers.views import status_command
+from handlers.views.read import status_command
 from pipeline.config import Config, JobConfig, WatchSettings
 from pipeline.host.contract import LogRead
 from pipeline.host.helper import op_probe
@@ -179,7 +179,7 @@ async def test_a_slow_host_does_not_delay_the_others_and_is_reported(
             "jobs": jobs,
         }
     )
-    caplog.set_level(logging.WARNING, logger="handlers.watching")
+    caplog.set_level(logging.WARNING, logger="handlers.watch.cycle")
     with sleepers(config):
         async with context(config) as ctx:
             watcher = build_watcher(ctx)

@@ -2,7 +2,7 @@
 
 :func:`assess` (pure, time passed in) turns an :class:`Observation` plus a :class:`Situation` into
 a :class:`Decision`; :class:`pipeline.state.incidents.IncidentStore` applies it once (a
-compare-and-set: where an alert is de-duplicated) and :mod:`handlers.watching` posts it.
+compare-and-set: where an alert is de-duplicated) and :mod:`handlers.watch.cycle` posts it.
 
 Conditions, in precedence order (``stuck_rank``, ``stalled`` and ``idle_gpus`` not during
 ``warmup`` s after a launch):

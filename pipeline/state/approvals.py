@@ -59,7 +59,7 @@ class ApprovalRequest:
     id: str  #: the reserved run id (``r-7``)
     job: str
     action: str  #: the policy's name for it (``restart_with_patch``, ``restart``, ``stop`` …)
-    command: str  #: the parsed command as JSON text (``handlers.commands.Command.dumps``)
+    command: str  #: the parsed command as JSON text (``handlers.grammar.commands.Command.dumps``)
     text: str  #: the command written out (``restart dflash with topk patch``)
     requester: str
     groups: tuple[str, ...]  #: the requester's user groups

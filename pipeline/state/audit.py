@@ -106,7 +106,7 @@ class Audit(Store):
         detail: str = "",
         run_id: str | None = None,
     ) -> str:
-        """Append one record (``command``: :meth:`handlers.commands.Command.dumps`); returns its stream id."""
+        """Append one record (``command``: :meth:`handlers.grammar.commands.Command.dumps`); returns its stream id."""
         fields = {
             "ts": repr(time.time()),
             "user": user,

@@ -1,0 +1,330 @@
+"""``pitstop console``: chat with Pitstop in a terminal, over the same handlers as Slack.
+:class:`ConsoleSession` sends lines (typed, or from an iterable: the demo) to the dispatcher and
+prints replies with :class:`Renderer`; the team's posts come through :class:`ConsoleOutbox`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sys
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import IO
+
+from rich.console import Console, Group, RenderableType
+from rich.rule import Rule
+from rich.table import Table as RichTable
+from rich.text import Text
+
+from bot.runtime.assembly import build_context, close_context
+from bot.runtime.scheduler import PitstopScheduler
+from bot.slack.blocks import plain, slack_earlier_omitted
+from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, CONSOLE_PROMPT
+from handlers.reply import Reply, Status, StepLine
+from handlers.request.dispatch import Dispatcher, Request
+from pipeline.config import Config
+
+STATUS_STYLE = {
+    Status.OK: "bold green",
+    Status.INFO: "bold cyan",
+    Status.WARNING: "bold yellow",
+    Status.ERROR: "bold red",
+}
+STEP_STYLE = {"ok": "green", "failed": "red", "skipped": "dim", "running": "yellow", "waiting": "yellow"}
+PREFIX_STYLE = "bold magenta"
+MAX_LOG_LINES = 200  #: lines of a log shown in the console (the end of it)
+DRAIN_TIMEOUT = 120.0  #: seconds ``run_console`` waits for restarts in flight when the chat ends
+_QUIT = frozenset({"quit", "exit", ":q", "bye"})
+
+Ask = Callable[[str], Awaitable[str | None]]
+
+
+def make_console(*, file: IO[str] | None = None, record: bool = False, width: int | None = None) -> Console:
+    """The rich Console the console chat prints to (``file``: default stdout; ``record``: keep what
+    was printed; ``width``: default the terminal's, 120 for a given file or piped output)."""
+    if file is not None and width is None:
+        width = 120
+    console = Console(file=file, record=record, width=width, highlight=False)
+    if file is None and not console.is_terminal:
+        console.soft_wrap = True  # piped output: whole lines, no hard wraps
+        if width is None:
+            console.width = 120  # a log or a pipe has no width of its own: as wide as a given file's
+    return console
+
+
+def key_prefix(key: str | None) -> str:
+    """``run:r-3`` → ``[run r-3]`` (the thread key a console line belongs to)."""
+    if not key:
+        return ""
+    head, _, rest = key.partition(":")
+    return f"[{head} {rest}]" if rest else f"[{head}]"
+
+
+def prefixed(prefix: str, text: Text) -> Text:
+    """``text`` behind a thread-key prefix (``[run r-3] ✓ stop 2.1 s``); ``text`` if no prefix."""
+    return Text.assemble((prefix, PREFIX_STYLE), " ", text) if prefix else text
+
+
+class Renderer:
+    """Reply → rich renderables; the console counterpart of :mod:`bot.slack.blocks`."""
+
+    def title(self, reply: Reply) -> Text:
+        """The title in its status colour."""
+        return Text(plain(reply.title), style=STATUS_STYLE[reply.status])
+
+    def step(self, step: StepLine) -> Text:
+        """``✓ stop 2.1 s - 8 processes stopped``, coloured by outcome."""
+        return Text(plain(step.text()), style=STEP_STYLE.get(step.outcome, ""))
+
+    def log(self, reply: Reply) -> Group:
+        """The log's last :data:`MAX_LOG_LINES` lines between rules (not a box: piped output would
+        crop long lines), the first titled ``log_title``."""
+        lines = (reply.log or "").rstrip("\n").splitlines()
+        body = "\n".join(lines[-MAX_LOG_LINES:])
+        if len(lines) > MAX_LOG_LINES:
+            omitted = sum(len(line) + 1 for line in lines[:-MAX_LOG_LINES])
+            body = slack_earlier_omitted(omitted) + "\n" + body
+        title = Text(reply.log_title) if reply.log_title else ""
+        return Group(Rule(title, align="left", style="dim"), Text(body), Rule(style="dim"))
+
+    def render(self, reply: Reply, prefix: str = "") -> RenderableType:
+        """Everything in ``reply``, ``prefix`` (the thread key, ``[run r-3]``) before the title."""
+        parts: list[RenderableType] = [prefixed(prefix, self.title(reply))]
+        parts += [self.step(s) for s in reply.steps]
+        parts += [Text(plain(line)) for line in reply.lines]
+        if reply.fields:
+            grid = RichTable.grid(padding=(0, 2))
+            grid.add_column(style="bold")
+            grid.add_column()
+            for label, value in reply.fields:
+                grid.add_row(Text(plain(label)), Text(plain(value)))
+            parts.append(grid)
+        for table in reply.tables:
+            rich_table = RichTable(*table.headers, show_edge=False, header_style="bold")
+            for row in table.rows:
+                rich_table.add_row(*(Text(plain(c)) for c in row))
+            parts.append(rich_table)
+        if reply.log:
+            parts.append(self.log(reply))
+        if reply.chart:
+            parts.append(Text(f"chart: {reply.chart}", style="dim"))
+        # a patch under review: its path here, its hash in the title
+        parts += [
+            Text(f"attached: {a.title or a.filename} ({a.path})", style="dim") for a in reply.attachments
+        ]
+        if reply.buttons:
+            hints = "  ".join(console_button(b.label, b.action) for b in reply.buttons)
+            parts.append(Text(hints, style="dim"))
+        for follow in reply.follow_ups:
+            parts += [Text(""), self.render(follow)]
+        return Group(*parts)
+
+
+class ConsoleOutbox:
+    """:class:`~handlers.outbox.Outbox` for the terminal: team-visible posts printed as they come;
+    a later ``announce`` of a key prints only what changed (the live step list)."""
+
+    def __init__(self, console: Console, renderer: Renderer | None = None) -> None:
+        self.console = console
+        self.renderer = renderer or Renderer()
+        self._shown: dict[str, Reply] = {}
+
+    async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Print a headline, or the steps and title that changed since the last one for ``key``."""
+        prefix = key_prefix(key)
+        before = self._shown.get(key)
+        self._shown[key] = reply
+        if before is None:
+            self.console.print(self.renderer.render(reply, prefix))
+            return
+        seen = {s.label: s for s in before.steps}
+        changed: list[RenderableType] = [self.renderer.step(s) for s in reply.steps if seen.get(s.label) != s]
+        if reply.title != before.title or reply.status != before.status:
+            changed.append(self.renderer.title(reply))
+        if reply.log and reply.log != before.log:
+            changed.append(self.renderer.log(reply))
+        for part in changed:  # a Text behind the prefix, anything else below it
+            if prefix and not isinstance(part, Text):
+                self.console.print(Text(prefix, style=PREFIX_STYLE))
+            self.console.print(prefixed(prefix, part) if isinstance(part, Text) else part)
+
+    async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Print a thread reply under its key."""
+        self.console.print(self.renderer.render(reply, key_prefix(key) + " ↳"))
+
+    async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
+        """Print a grouped post's member headline under the grouped post's key."""
+        self._shown[key] = reply
+        self.console.print(self.renderer.render(reply, key_prefix(key)))
+
+    async def post(self, reply: Reply, channel: str | None) -> None:
+        """Print a standalone post (a digest)."""
+        self.console.print(self.renderer.render(reply, key_prefix(reply.thread_key)))
+
+    async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
+        """Print a private message (the console has one reader)."""
+        self.console.print(self.renderer.render(reply, ""))
+
+
+class _StdinReader:
+    """Reads stdin in a daemon thread (so Ctrl-C and exit never wait for a pending ``input()``)."""
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[str, asyncio.Future[str | None], asyncio.AbstractEventLoop]]
+        self._requests = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.tty = sys.stdin.isatty()
+
+    async def read(self, prompt: str) -> str | None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str | None] = loop.create_future()
+        self._requests.put((prompt, fut, loop))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pitstop-stdin", daemon=True)
+            self._thread.start()
+        return await fut
+
+    def _run(self) -> None:
+        while True:
+            prompt, fut, loop = self._requests.get()
+            line: str | None
+            try:
+                if self.tty:
+                    line = input(prompt)
+                else:
+                    raw = sys.stdin.readline()
+                    line = raw.rstrip("\n") if raw else None
+            except (EOFError, OSError, ValueError):
+                line = None
+            with contextlib.suppress(RuntimeError):  # loop closed
+                loop.call_soon_threadsafe(_resolve, fut, line)
+
+
+def _resolve(fut: asyncio.Future[str | None], line: str | None) -> None:
+    if not fut.done():
+        fut.set_result(line)
+
+
+class ConsoleSession:
+    """One person chatting with Pitstop in a terminal (or a script driving it).
+
+    :param user: who the requests act as (a Slack user id, ``--as``/``PITSTOP_USER``).
+    :param ask: how to ask ``confirm? [y/N]`` (returns the answer, None for no answer);
+        default: the next input line in :meth:`repl`, the terminal otherwise, else "no".
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        user: str,
+        console: Console | None = None,
+        groups: tuple[str, ...] = (),
+        ask: Ask | None = None,
+        renderer: Renderer | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.user = user
+        self.console = console or make_console()
+        self.groups = groups
+        self.renderer = renderer or Renderer()
+        self._ask = ask
+        self._lines: Iterator[str] | None = None
+        self._stdin: _StdinReader | None = None
+
+    async def run_line(self, text: str) -> Reply:
+        """Send one line, print the reply, settle a confirmation it asks for; return the final reply."""
+        delivery = f"console:{uuid.uuid4().hex}"
+        req = Request(text=text, user=self.user, groups=self.groups, delivery_id=delivery, surface="console")
+        reply = await self.dispatcher.handle(req)
+        self.console.print(self.renderer.render(reply))
+        if (confirm := next((b for b in reply.buttons if b.action == "confirm"), None)) is None:
+            return reply
+        answer = await self.ask(CONSOLE_CONFIRM)
+        if answer is not None and answer.strip().lower() in ("y", "yes"):
+            action, value = "confirm", confirm.value
+        else:
+            cancel = next((b for b in reply.buttons if b.action == "cancel"), None)
+            action, value = "cancel", (cancel.value if cancel is not None else confirm.value)
+        outcome = await self.dispatcher.handle_action(action, value, self.user, f"console:{uuid.uuid4().hex}")
+        self.console.print(self.renderer.render(outcome))
+        return outcome
+
+    async def ask(self, prompt: str) -> str | None:
+        """An answer to ``prompt``: from ``ask``, the input lines, or the terminal; None if none."""
+        if self._ask is not None:
+            return await self._ask(prompt)
+        if self._lines is not None:
+            line = next(self._lines, None)
+            self.console.print(Text(prompt + (line or ""), style="bold"))
+            return line
+        if self._stdin is not None or sys.stdin.isatty():
+            return await self._read(prompt)
+        self.console.print(Text(prompt + "n", style="bold"))
+        return None
+
+    async def _read(self, prompt: str) -> str | None:
+        if self._stdin is None:
+            self._stdin = _StdinReader()
+        line = await self._stdin.read(prompt)
+        if line is not None and not self._stdin.tty:  # a terminal echoes the line itself
+            self.console.print(Text(prompt + line, style="bold"))
+        return line
+
+    async def repl(self, lines: Iterable[str] | None = None) -> int:
+        """Answer ``lines`` (None: stdin) until ``quit`` or end of input; return 0."""
+        self._lines = iter(lines) if lines is not None else None
+        while True:
+            if self._lines is not None:
+                line = next(self._lines, None)
+                if line is not None and line.strip():
+                    self.console.print(Text(CONSOLE_PROMPT + line.strip(), style="bold"))
+            else:
+                line = await self._read(CONSOLE_PROMPT)
+            if line is None:
+                break
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            if text.lower() in _QUIT:
+                break
+            await self.run_line(text)
+        self.console.print(Text(CONSOLE_BYE, style="dim"))
+        return 0
+
+
+async def run_console(
+    config: Config,
+    *,
+    user: str,
+    lines: Iterable[str] | None = None,
+    console: Console | None = None,
+    scheduler: bool = True,
+) -> int:
+    """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
+    chat (:meth:`ConsoleSession.repl`), wait for restarts in flight, close everything; return 0."""
+    console = console or make_console()
+    ctx = await build_context(config, ConsoleOutbox(console))
+    sched: PitstopScheduler | None = None
+    try:
+        if scheduler:
+            sched = PitstopScheduler(ctx)
+            await sched.start()
+        dispatcher = Dispatcher(ctx)
+        session = ConsoleSession(dispatcher, user=user, console=console)
+        code = await session.repl(lines)
+        await dispatcher.drain(DRAIN_TIMEOUT)
+        return code
+    finally:
+        if sched is not None:
+            with contextlib.suppress(Exception):
+                await sched.stop()
+        await close_context(ctx)
+
+
+def console_button(label: str, action: str) -> str:
+    """A button the console cannot click, shown as a hint."""
+    return f"[{label}] ({action})"

@@ -1,0 +1,178 @@
+"""``pitstop parse TEXT`` (the command as JSON, exit 0, or the error, exit 2) and ``pitstop say
+TEXT``: one request through the dispatcher as Slack sends it, with its thread posts and, with
+``--wait``, its verified verdict (``--json``: the reply model, those as follow-ups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+import threading
+import time
+import uuid
+from typing import IO, TYPE_CHECKING
+
+from bot.demo.script import demo_wait_timed_out
+from bot.text import CONSOLE_CONFIRM
+from handlers.grammar.commands import ParseError, parse
+from handlers.outbox import MemoryOutbox
+from handlers.reply import Reply, render_text
+from handlers.runs.view import thread_key, verdict_reply
+from pipeline.config import Config
+from pipeline.errors import ExitCode, PitstopError
+from pipeline.state.events import EventKind
+from pipeline.state.runs import RunRecord
+
+if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick
+    from handlers.context import Context
+
+SEQUENCE_SLACK = 300.0  #: seconds allowed for a sequence beyond the job's stop timeout
+VERDICT_SLACK = 120.0  #: seconds allowed for a verdict beyond the job's start window
+
+
+def parse_main(config: Config, text: str, *, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
+    """``pitstop parse TEXT``: print the parsed command as JSON to ``out`` (exit 0) or the error to
+    ``err`` (exit 2); default stdout and stderr."""
+    try:
+        command = parse(text, config)
+    except ParseError as exc:
+        print(exc.message, file=err or sys.stderr)
+        return int(exc.exit_code)
+    print(json.dumps(command.to_json()), file=out or sys.stdout)
+    return 0
+
+
+def _read_line(prompt: str, timeout: float, err: IO[str]) -> str | None:
+    """A line from stdin within ``timeout`` s (a daemon thread, so a silent stdin never blocks exit)."""
+    print(prompt, end="", file=err, flush=True)
+    box: list[str | None] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            line = sys.stdin.readline()
+            box.append(line if line else None)
+        except (OSError, ValueError):
+            box.append(None)
+        done.set()
+
+    threading.Thread(target=read, name="pitstop-say-stdin", daemon=True).start()
+    done.wait(timeout)
+    if not box:
+        print("", file=err)
+    return box[0] if box else None
+
+
+async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: float) -> RunRecord | None:
+    """The run once its verdict is recorded: delivered here when due, unless another process (a
+    ``pitstop serve``'s scheduler) claimed it first: then its VERDICT event is awaited."""
+    from handlers.runs.verdicts import deliver_verdict  # lazy: the request path, see TYPE_CHECKING above
+
+    deadline = time.monotonic() + timeout
+    due = await ctx.queue.due_at(run.id)
+    if due is not None:
+        await asyncio.sleep(max(0.0, min(due - time.time(), deadline - time.monotonic())))
+    delivered = await deliver_verdict(ctx, run.id)
+    if delivered is not None and delivered.verdict is not None:
+        return delivered
+    while (left := deadline - time.monotonic()) > 0:
+        current = await ctx.runs.get(run.id)
+        if current.verdict is not None:
+            return current
+        event = await ctx.events.wait_for(EventKind.VERDICT, run.job, after=after, timeout=min(left, 5.0))
+        if event is not None:
+            after = event.id
+            if event.data.get("run_id") == run.id:
+                return await ctx.runs.get(run.id)
+        elif await ctx.queue.due_at(run.id) is not None:
+            delivered = await deliver_verdict(ctx, run.id)  # retry after a failed verification
+            if delivered is not None and delivered.verdict is not None:
+                return delivered
+    return None
+
+
+async def say_main(
+    config: Config,
+    text: str,
+    *,
+    user: str,
+    wait: bool,
+    as_json: bool,
+    groups: tuple[str, ...] = (),
+    out: IO[str] | None = None,
+    err: IO[str] | None = None,
+) -> int:
+    """``pitstop say TEXT``: one request through the Slack path; print the reply (and verdict).
+
+    :param wait: also wait for the verified verdict of a restart/start and print it.
+    :param as_json: print :meth:`Reply.to_dict` instead of text.
+    """
+    from bot.runtime.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
+    from handlers.request.dispatch import Dispatcher, Request  # lazy: as above
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    outbox = MemoryOutbox()
+    ctx = await build_context(config, outbox, deliver_recovered=True)
+    dispatcher = Dispatcher(ctx)
+    for taken in outbox.of("thread"):  # runs of a dead Pitstop process this call took over
+        print(render_text(taken.reply), file=err, flush=True)
+    outbox.posted.clear()
+    try:
+        after = await ctx.events.last_id()
+        request = Request(
+            text=text, user=user, groups=groups, delivery_id=f"say:{uuid.uuid4().hex}", surface="say"
+        )
+        reply = await dispatcher.handle(request)
+        confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
+        if confirm is not None:
+            if not as_json:
+                print(render_text(reply), file=out, flush=True)
+            answer = await asyncio.to_thread(_read_line, CONSOLE_CONFIRM, dispatcher.confirm_window, err)
+            action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
+            reply = await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
+        if not as_json:
+            print(render_text(reply), file=out, flush=True)
+        if reply.run_id is None or reply.exit_code is not ExitCode.OK or not dispatcher.in_flight:
+            if as_json:
+                print(json.dumps(reply.to_dict()), file=out)
+            return int(reply.exit_code)
+        run = await ctx.runs.get(reply.run_id)
+        spec = config.jobs.get(run.job)
+        await dispatcher.drain((spec.stop_timeout if spec else 0.0) + SEQUENCE_SLACK)
+        run = await ctx.runs.get(reply.run_id)
+        posts = tuple(p.reply for p in outbox.of("thread") if p.key == thread_key(run.id))
+        if not as_json:
+            for post in posts:
+                print(render_text(post), file=out, flush=True)
+        code = ExitCode.OK  # the sequence ended; a verdict already recorded is a failure or a cancel
+        if run.verdict is not None:
+            code = ExitCode.CANCELLED if run.verdict.value == "CANCELLED" else ExitCode.FAILED
+        verdict: Reply | None = None
+        if wait and code is ExitCode.OK and run.verdict is None and run.launched:
+            window = spec.start_window if spec else 0.0
+            done = await _await_verdict(ctx, run, after, window + VERDICT_SLACK)
+            if done is None:
+                code = ExitCode.CANCELLED
+                print(demo_wait_timed_out("verdict", run.job, window + VERDICT_SLACK), file=err)
+            else:
+                run = done
+                verdict = verdict_reply(run)
+                code = verdict.exit_code
+                if not as_json:
+                    print(render_text(verdict), file=out, flush=True)
+        if as_json:
+            extra = posts + ((verdict,) if verdict is not None else ())
+            print(
+                json.dumps(dataclasses.replace(reply, follow_ups=reply.follow_ups + extra).to_dict()),
+                file=out,
+            )
+        return int(code)
+    except PitstopError as exc:
+        print(exc.message, file=err)
+        return int(exc.exit_code)
+    finally:
+        await dispatcher.drain(5.0)
+        await close_context(ctx)

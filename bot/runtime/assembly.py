@@ -1,0 +1,102 @@
+"""Assembly: open Redis and the SSH pool and build the one :class:`~handlers.context.Context` a
+process shares, close it all in reverse order; wire the watcher's automatic restarts through a
+:class:`~handlers.request.dispatch.Dispatcher` (:func:`build_watcher`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+
+from handlers.context import Context
+from handlers.outbox import Outbox
+from handlers.reply import Reply
+from handlers.request.dispatch import Dispatcher, Request
+from handlers.runs.verdicts import recover_runs
+from handlers.watch.cycle import AUTO_USER, Watcher
+from pipeline.config import Config
+from pipeline.engines.runner import Runner
+from pipeline.host.remote import SSHPool
+from pipeline.observe.watch import DEFAULT_REMIND_EVERY
+from pipeline.state.events import Events
+from pipeline.state.redisconn import open_redis
+from pipeline.state.runs import RunStore
+
+log = logging.getLogger(__name__)
+
+
+def new_instance_id() -> str:
+    """An id for this process: ``host:pid:random`` (leader lease, claims, logs)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+async def build_context(
+    config: Config,
+    outbox: Outbox,
+    *,
+    instance: str | None = None,
+    deliver_recovered: bool = False,
+) -> Context:
+    """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context, and
+    take over the runs whose owner died (:func:`handlers.runs.verdicts.recover_runs`).
+
+    :param deliver_recovered: also verify the taken-over runs now (no scheduler: ``pitstop say``).
+    :raises StateUnavailable: if a configured Redis does not answer.
+    """
+    handle = await open_redis(config)
+    if handle.embedded is not None:
+        log.info(embedded_redis_started(handle.description))
+    instance = instance or new_instance_id()
+    ssh = SSHPool(config)
+    runs = handle.open_store(RunStore, owner=instance)
+    events = handle.open_store(Events)
+    restarter = Runner(config, ssh, runs, events)
+    ctx = Context(
+        config=config,
+        redis=handle,
+        ssh=ssh,
+        runs=runs,
+        restarter=restarter,
+        events=events,
+        outbox=outbox,
+        instance=instance,
+    )
+    try:
+        await recover_runs(ctx, deliver=deliver_recovered)
+    except Exception:  # recovery must never keep a person from their command
+        log.exception("taking over the runs of a dead Pitstop process failed")
+    return ctx
+
+
+async def close_context(ctx: Context) -> None:
+    """Hand owned runs over, close the SSH pool, then Redis (the embedded server stops if this
+    was its last user)."""
+    try:
+        await ctx.runs.aclose()
+        await ctx.ssh.close()
+    finally:
+        await ctx.redis.aclose()
+
+
+class DispatchedRestarts(Dispatcher):
+    """The watcher's automatic restarts (:class:`handlers.watch.cycle.Restarts`): ``restart JOB``
+    through a dispatcher of its own, as :data:`handlers.watch.cycle.AUTO_USER`, audited as a person's."""
+
+    async def restart(self, job: str, channel: str | None) -> Reply:
+        """Request ``restart JOB``; the dispatcher's answer (it never raises)."""
+        return await self.handle(
+            Request(text=f"restart {job}", user=AUTO_USER, channel=channel, surface="scheduler")
+        )
+
+
+def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> Watcher:
+    """The process's :class:`~handlers.watch.cycle.Watcher` (``remind_every``: seconds between reminders
+    of an open incident), its automatic restarts dispatched."""
+    return Watcher(ctx, DispatchedRestarts(ctx), remind_every=remind_every)
+
+
+def embedded_redis_started(path: str) -> str:
+    """Start-up notice when no ``[redis] url`` is configured."""
+    return f"no [redis] url configured - using embedded Redis at {path}"

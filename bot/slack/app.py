@@ -1,0 +1,436 @@
+"""The Slack surface: a Bolt ``AsyncApp`` (slash command, mentions, DMs, buttons, App Home) over
+:class:`handlers.request.dispatch.Dispatcher`.  Every listener acks first and works after the ack in a
+tracked task; a stable delivery id per request (``trigger_id``, ``event_id``) makes Slack's
+retries no repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
+
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.slack import blocks
+from bot.slack.ackgate import AckGate
+from bot.slack.outbox import SlackOutbox, slack_not_posted
+from handlers.reply import Reply, Status
+from handlers.request.auth import role_of
+from handlers.request.dispatch import Dispatcher, Request, duplicate_delivery
+from handlers.runs.view import thread_key
+from pipeline import fmt
+from pipeline.config import Config
+from pipeline.errors import internal_error, new_incident_id
+
+log = logging.getLogger(__name__)
+
+GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
+HOME_TTL = 60.0  #: seconds the App Home's job listing is reused before the hosts are probed again
+RESPONSE_PARTS = 5  #: a response_url takes at most 5 posts (within 30 minutes)
+_MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
+_CONFIRMING = frozenset({"confirm", "cancel"})
+
+Respond = Callable[..., Awaitable[Any]]
+
+
+def needs_groups(config: Config) -> bool:
+    """True when a role list (global or per job) or ``[approval] approvers`` names a group (``S…``)."""
+    ids: list[str] = [*config.auth.admins, *config.auth.operators, *config.auth.viewers]
+    for job in config.jobs.values():
+        ids += [*(job.auth.admins or []), *(job.auth.operators or []), *(job.auth.viewers or [])]
+        ids += job.approval.approvers if job.approval is not None else []
+    return any(i.startswith("S") for i in ids)
+
+
+class GroupCache:
+    """Which user groups each user is in, from ``usergroups.list`` (``usergroups:read``).
+
+    :param ttl: seconds a listing is trusted; an older one is still served while a refresh runs.
+    :param enabled: False → every user is in no group and Slack is never asked.
+    """
+
+    def __init__(self, client: AsyncWebClient, *, ttl: float = GROUPS_TTL, enabled: bool = True) -> None:
+        self.client = client
+        self.ttl = ttl
+        self.enabled = enabled
+        self._members: dict[str, tuple[str, ...]] | None = None
+        self._loaded_at = 0.0
+        self._refreshing: asyncio.Task[None] | None = None
+
+    def cached(self, user: str) -> tuple[str, ...] | None:
+        """The user's groups from the cache (stale: refreshed in the background); None if none yet."""
+        if not self.enabled:
+            return ()
+        if self._members is None:
+            return None
+        if time.monotonic() - self._loaded_at > self.ttl:
+            self._start_refresh()
+        return self._members.get(user, ())
+
+    async def get(self, user: str) -> tuple[str, ...]:
+        """The user's groups, loading the listing first if there is none yet."""
+        if (got := self.cached(user)) is not None:
+            return got
+        await self.refresh()
+        return (self._members or {}).get(user, ())
+
+    def _start_refresh(self) -> asyncio.Task[None]:
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._load())
+        return self._refreshing
+
+    async def refresh(self) -> None:
+        """Load the listing now (one request at a time; concurrent callers share it)."""
+        if self.enabled:
+            await asyncio.shield(self._start_refresh())
+
+    async def _load(self) -> None:
+        try:
+            resp = await self.client.usergroups_list(include_users=True)
+        except Exception as exc:  # a failed lookup must not fail the request: no groups, retry later
+            log.warning("usergroups.list failed: %s", exc)
+            if self._members is None:
+                self._members = {}
+        else:
+            members: dict[str, list[str]] = {}
+            for group in resp.get("usergroups") or []:
+                for user in group.get("users") or []:
+                    members.setdefault(str(user), []).append(str(group["id"]))
+            self._members = {u: tuple(g) for u, g in members.items()}
+        self._loaded_at = time.monotonic()
+
+    async def close(self) -> None:
+        """Cancel a refresh in flight."""
+        if self._refreshing is not None and not self._refreshing.done():
+            self._refreshing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refreshing
+
+
+def response_type(reply: Reply) -> str:
+    """``ephemeral`` for input errors, denials, confirmations and run acks (the team sees the
+    run's own message); ``in_channel`` for the rest."""
+    if reply.ephemeral or reply.run_id is not None or any(b.action in _CONFIRMING for b in reply.buttons):
+        return "ephemeral"
+    return "in_channel"
+
+
+def internal_error_reply() -> Reply:
+    """What Slack shows for an unexpected failure (the traceback goes to the log)."""
+    incident = new_incident_id()
+    log.exception("incident %s", incident)
+    return Reply(title=internal_error(incident), status=Status.ERROR, ephemeral=True)
+
+
+def mention_text(text: str, bot_user: str | None) -> str:
+    """The command in a mention: the bot's ``<@U…>`` (or a leading mention) removed."""
+    if bot_user:
+        text = text.replace(f"<@{bot_user}>", " ")
+    text = text.strip()
+    if text.startswith("<@"):
+        text = _MENTION.sub(" ", text, count=1)
+    return " ".join(text.split())
+
+
+def _quiet_token_warning(record: logging.LogRecord) -> bool:
+    """Drop Bolt's notice that ``SLACK_BOT_TOKEN`` is unused beside our client (given deliberately)."""
+    return not str(record.msg).startswith("As you gave `client` as well")
+
+
+class SlackSurface:
+    """The Bolt app plus the state its listeners share (tasks after the ack, group cache).
+
+    :param signing_secret: HTTP mode's signing secret; None for Socket Mode (no signature check).
+    :param outbox: the Slack outbox, for uploading a chart that comes with an answer.
+    :param groups: default: one over ``client``, enabled when the config names a group.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        dispatcher: Dispatcher,
+        *,
+        client: AsyncWebClient,
+        signing_secret: str | None,
+        outbox: SlackOutbox | None = None,
+        groups: GroupCache | None = None,
+    ) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.client = client
+        self.outbox = outbox
+        self.groups = groups or GroupCache(client, enabled=needs_groups(config))
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._home: tuple[float, Reply] | None = None
+        self._home_lock = asyncio.Lock()
+        self.acks = AckGate()  #: the HTTP server counts requests being acked; follow-ups wait for a lull
+        bolt_log = logging.getLogger("pitstop.bolt")
+        bolt_log.addFilter(_quiet_token_warning)
+        self.app = AsyncApp(
+            name="pitstop",
+            client=client,
+            signing_secret=signing_secret or "",
+            request_verification_enabled=signing_secret is not None,
+            process_before_response=True,
+            logger=bolt_log,
+        )
+        self.app.command(config.slack.command)(self._on_command)
+        self.app.event("app_mention")(self._on_mention)
+        self.app.event("message")(self._on_message)
+        self.app.event("app_home_opened")(self._on_home)
+        self.app.action(re.compile("^" + re.escape(blocks.ACTION_PREFIX)))(self._on_action)
+        self.app.error(self._on_error)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` after the ack, tracked so :meth:`drain` can wait for it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Slack follow-up failed", exc_info=task.exception())
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for answers still being delivered, then cancel the rest."""
+        if self._tasks:
+            _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+        await self.groups.close()
+
+    async def _handle(self, req: Request) -> Reply:
+        try:
+            return await self.dispatcher.handle(req)
+        except Exception:
+            return internal_error_reply()
+
+    async def _on_command(
+        self, ack: Respond, body: dict[str, Any], respond: Respond, request: AsyncBoltRequest
+    ) -> None:
+        await ack()  # first: everything else (parse, dedupe, roles, audit, the answer) runs after it
+        self.spawn(self._command(body, respond, retry=self._is_retry(request)))
+
+    async def _command(self, body: dict[str, Any], respond: Respond, *, retry: bool = False) -> None:
+        """Act on an acked slash command after a lull in the acks (:class:`~bot.slack.ackgate.AckGate`),
+        then answer through its ``response_url`` outside the follow-up slot.  A second delivery of
+        one ``trigger_id`` is Slack's redelivery: nobody acts on or answers it (nor audits a retry)."""
+        user = str(body.get("user_id", ""))
+        text = str(body.get("text", ""))
+        channel = body.get("channel_id")
+        trigger = body.get("trigger_id") or f"{user}:{channel}:{text}"
+        async with self.acks.follow_up():
+            reply = await self._first(text, user, f"cmd:{trigger}", channel, retry)
+        if reply is None or reply.title == duplicate_delivery():
+            return  # Slack's redelivery: the first delivery acted and answers
+        await self._respond(respond, reply, user=user)
+        self._after_answer(reply, channel, user, respond)
+
+    async def _first(
+        self, text: str, user: str, delivery: str, channel: str | None, retry: bool
+    ) -> Reply | None:
+        """The answer to ``text``; None for Slack's retry of a delivery already acted on."""
+        groups = await self.groups.get(user)
+        req = Request(
+            text=text, user=user, groups=groups, delivery_id=delivery, channel=channel, surface="slack"
+        )
+        if retry and await self.dispatcher.seen(delivery):
+            return None
+        return await self._handle(req)
+
+    async def _names(self, reply: Reply) -> Mapping[str, str]:
+        return await self.outbox.names(reply) if self.outbox is not None else {}
+
+    async def _respond(
+        self,
+        respond: Respond,
+        reply: Reply,
+        *,
+        user: str,
+        replace: bool = False,
+        thread_ts: str | None = None,
+    ) -> None:
+        """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages), else by DM."""
+        payloads = blocks.parts(reply, names=await self._names(reply), max_parts=RESPONSE_PARTS)
+        extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
+        for i, payload in enumerate(payloads):
+            try:
+                resp = await respond(
+                    **payload,
+                    response_type=response_type(reply),
+                    replace_original=replace and i == 0,
+                    **extra,
+                )
+                status = getattr(resp, "status_code", 200)
+                error = "" if status == 200 else f"HTTP {status} {getattr(resp, 'body', '')}".strip()
+            except Exception as exc:
+                error = str(exc) or type(exc).__name__
+            if error:
+                await self._undelivered(user, reply, "response_url", error)
+                return
+
+    async def _undelivered(self, user: str, reply: Reply, where: str, error: str) -> None:
+        """An answer Slack refused: recorded (``/healthz``, ``status``) and sent to ``user`` by DM."""
+        if self.outbox is None:
+            log.warning(slack_not_posted(where, error))
+            return
+        await self.outbox.record_failure(where, error)
+        if user and not await self.outbox.dm(user, reply):
+            log.error("answer to %s lost: %s", user, slack_not_posted(where, error))
+
+    def _after_answer(
+        self, reply: Reply, channel: object, user: str = "", respond: Respond | None = None
+    ) -> None:
+        """Upload an answer's chart (a response_url cannot carry files); remember who asked for a
+        run (a refused post about it is told to them) and how to replace a confirmation prompt."""
+        if self.outbox is None:
+            return
+        if isinstance(channel, str) and channel:
+            for part in (reply, *reply.follow_ups):  # an all-jobs digest carries one chart per job
+                if part.chart:
+                    self.spawn(self.outbox.upload(part.chart, channel, thread_ts=None, title=part.title))
+        if reply.run_id and user:
+            self.outbox.requested_by(thread_key(reply.run_id), user)
+        if respond is not None:
+            for button in reply.buttons:
+                if button.action == "confirm":
+                    self.outbox.prompted(button.value, respond)
+
+    @staticmethod
+    def _is_retry(request: AsyncBoltRequest) -> bool:
+        """True for Slack's redelivery (``X-Slack-Retry-Num`` ≥ 1, also in Socket Mode)."""
+        raw = request.headers.get("x-slack-retry-num")
+        value = raw[0] if isinstance(raw, list | tuple) and raw else raw
+        try:
+            return int(str(value)) > 0
+        except ValueError:
+            return False
+
+    async def _on_mention(
+        self, body: dict[str, Any], event: dict[str, Any], request: AsyncBoltRequest, context: Any
+    ) -> None:
+        text = mention_text(str(event.get("text", "")), getattr(context, "bot_user_id", None))
+        self.spawn(self._converse(body, event, text, in_thread=True, retry=self._is_retry(request)))
+
+    async def _on_message(
+        self, body: dict[str, Any], event: dict[str, Any], request: AsyncBoltRequest
+    ) -> None:
+        if event.get("channel_type") != "im" or event.get("subtype") or event.get("bot_id"):
+            return
+        text = " ".join(str(event.get("text", "")).split())
+        if text:
+            self.spawn(self._converse(body, event, text, in_thread=False, retry=self._is_retry(request)))
+
+    async def _converse(
+        self, body: dict[str, Any], event: dict[str, Any], text: str, *, in_thread: bool, retry: bool
+    ) -> None:
+        user = str(event.get("user", ""))
+        channel = str(event.get("channel", ""))
+        event_id = body.get("event_id") or f"{channel}:{event.get('ts')}"
+        reply = await self._first(text, user, f"ev:{event_id}", channel, retry)
+        if reply is None:
+            return  # Slack's retry of an event already acted on: the first delivery answers it
+        thread_ts = event.get("thread_ts") or (event.get("ts") if in_thread else None)
+        payloads = blocks.parts(reply, names=await self._names(reply))
+        try:
+            for payload in payloads:
+                if reply.ephemeral:
+                    await self.client.chat_postEphemeral(
+                        channel=channel, user=user, thread_ts=thread_ts, **payload
+                    )
+                elif self.outbox is not None:
+                    ts = await self.outbox.post_payload(channel, payload, thread_ts=thread_ts)
+                    thread_ts = thread_ts or ts
+                else:
+                    await self.client.chat_postMessage(
+                        channel=channel, thread_ts=thread_ts, unfurl_links=False, **payload
+                    )
+        except Exception as exc:  # SlackApiError, Refused, a network error: tell the asker directly
+            error = str(exc.response.get("error")) if isinstance(exc, SlackApiError) else str(exc)
+            await self._undelivered(user, reply, channel, error)
+            return
+        self._after_answer(reply, channel, user)
+
+    async def _on_action(
+        self, ack: Respond, body: dict[str, Any], action: dict[str, Any], respond: Respond
+    ) -> None:
+        await ack()
+        user = str((body.get("user") or {}).get("id", ""))
+        name = blocks.action_of(str(action.get("action_id", "")))
+        delivery = body.get("trigger_id") or f"{action.get('action_ts')}:{user}"
+        self.spawn(self._act(name, str(action.get("value", "")), user, f"act:{delivery}", respond, body))
+
+    async def _act(
+        self, name: str, value: str, user: str, delivery_id: str, respond: Respond, body: dict[str, Any]
+    ) -> None:
+        try:
+            groups = await self.groups.get(user)  # roles may name user groups, as for typed commands
+            reply = await self.dispatcher.handle_action(name, value, user, delivery_id, groups=groups)
+        except Exception:
+            reply = internal_error_reply()
+        # "Show log" answers in the thread of the message it was clicked on (the run's thread)
+        message = body.get("message") or {}
+        container = body.get("container") or {}
+        in_thread = message.get("thread_ts") or container.get("thread_ts") or message.get("ts")
+        thread_ts = str(in_thread) if name == "show_log" and in_thread else None
+        await self._respond(respond, reply, user=user, replace=name in _CONFIRMING, thread_ts=thread_ts)
+        self._after_answer(reply, (body.get("channel") or {}).get("id"), user)
+
+    async def _on_home(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        if event.get("tab", "home") != "home":
+            return
+        delivery = str(body.get("event_id") or uuid.uuid4().hex)
+        self.spawn(self.publish_home(str(event.get("user", "")), delivery))
+
+    async def publish_home(self, user: str, delivery: str) -> None:
+        """Publish the App Home tab for ``user``: the ``status`` listing, shared by everyone who may
+        see it and reused for :data:`HOME_TTL` s; a user without a role sees a line saying so."""
+        groups = await self.groups.get(user)
+        if role_of(self.config, user, groups) is None:
+            reply = Reply(title=slack_home_no_role(), status=Status.INFO)
+            at = time.time()
+        else:
+            async with self._home_lock:
+                if self._home is None or time.time() - self._home[0] > HOME_TTL:
+                    req = Request(
+                        text="status",
+                        user=user,
+                        groups=groups,
+                        delivery_id=f"home:{delivery}",
+                        surface="home",
+                    )
+                    listing = await self._handle(req)
+                    self._home = (time.time(), listing)
+                at, reply = self._home
+        footer = slack_home_updated(fmt.clock(at, self.config.scheduler.timezone))
+        try:
+            view = blocks.home_view(reply, footer, names=await self._names(reply))
+            await self.client.views_publish(user_id=user, view=view)
+        except SlackApiError as exc:
+            log.warning(slack_not_posted(f"App Home of {user}", str(exc.response.get("error"))))
+
+    async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
+        log.error("incident %s: %s", new_incident_id(), error, exc_info=error)
+
+
+def slack_home_no_role() -> str:
+    """The App Home of someone who holds no role."""
+    return "you hold no Pitstop role yet - ask an admin to add you to [auth] viewers"
+
+
+def slack_home_updated(when: str) -> str:
+    """The App Home tab's footer."""
+    return f"updated {when} · type `/train help` for commands"

@@ -1,0 +1,487 @@
+"""The Slack :class:`~handlers.outbox.Outbox`: one headline per restart, claimed among replicas in
+:class:`~pipeline.state.posts.Posts` and updated in place, its thread, grouped posts (alert
+storms), and refusals told to a person with their fix, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.slack import blocks
+from bot.slack.api import BACKOFF, Refused, detail_of, error_of, refused_notice
+from bot.slack.people import People
+from bot.slack.send import SlackSender
+from handlers.reply import Reply, Status, render_text
+from pipeline.errors import UnknownRun
+from pipeline.state.posts import CLAIM_LEASE, Posts
+from pipeline.state.runs import RunStore
+from pipeline.state.undelivered import UndeliveredAlerts
+
+log = logging.getLogger(__name__)
+
+CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
+STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another replica has on its way
+SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
+T = TypeVar("T")
+_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
+
+
+class SlackOutbox(SlackSender):
+    """:class:`~handlers.outbox.Outbox` over the Slack Web API (``pace``, ``backoff``, ``settle``:
+    :class:`~bot.slack.send.SlackSender`'s, in seconds).
+
+    :param default_channel: where posts go when the caller passes no channel (``announce_channel``).
+    :param instance: this process's id, used to claim a headline across replicas.
+    :param fallback_channel: where an alert goes when its channel and ``default_channel`` refuse it.
+    :param page_by_dm: an alert's key → the user and user-group ids it goes to by DM when no
+        channel takes it (its job's owners, then the admins).
+
+    Until :meth:`bind` (once Redis is open) headline locations are kept in this process only.
+    """
+
+    def __init__(
+        self,
+        client: AsyncWebClient,
+        *,
+        default_channel: str | None,
+        pace: float = 1.0,
+        instance: str = "",
+        people: People | None = None,
+        backoff: float = BACKOFF,
+        settle: float = SETTLE,
+        fallback_channel: str | None = None,
+        page_by_dm: Callable[[str], Sequence[str]] | None = None,
+    ) -> None:
+        super().__init__(client, pace=pace, backoff=backoff, settle=settle)
+        self.default_channel = default_channel
+        self.instance = instance or "pitstop"
+        self.people = people or People(client)
+        self.fallback_channel = fallback_channel
+        self.page_by_dm = page_by_dm
+        #: the newest alert refused in its channel: at, title, channel, error, told (for /healthz)
+        self.last_undelivered: dict[str, Any] | None = None
+        self._undelivered: UndeliveredAlerts | None = None
+        self._rescued: dict[str, tuple[str, str]] = {}
+        self.failures: list[str] = []  #: refused posts, as logged (for /healthz and tests)
+        self.last_failure: dict[str, Any] | None = None  #: the newest refusal: at, where, error, line
+        self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
+        self._requesters: dict[str, str] = {}
+        self._prompts: dict[str, Any] = {}
+        self._posts: Posts | None = None
+        self._runs: RunStore | None = None
+        self._local: dict[str, tuple[str, str]] = {}
+        self._parents: dict[str, str] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._pending: dict[str, tuple[Reply, str | None]] = {}
+        self._for_thread: dict[object, tuple[str, float]] = {}  #: waiter → (channel, since): see announce_in
+
+    def bind(self, posts: Posts, runs: RunStore, undelivered: UndeliveredAlerts | None = None) -> None:
+        """Keep headline locations, runs' requesters and the last undelivered alert in Redis."""
+        self._posts, self._runs, self._undelivered = posts, runs, undelivered
+
+    def requested_by(self, key: str, user: str) -> None:
+        """Remember who asked for ``key``'s run: a refused post about it is told to them."""
+        self._requesters[key] = user
+        if len(self._requesters) > 1000:
+            self._requesters.pop(next(iter(self._requesters)))
+
+    async def names(self, reply: Reply) -> Mapping[str, str]:
+        """The names of the people ``reply`` mentions (never raises)."""
+        try:
+            return await self.people.names_for(reply)
+        except Exception:  # names are a nicety
+            return self.people.cached()
+
+    async def where(self, key: str) -> tuple[str, str] | None:
+        """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""
+        return self._local.get(key) if self._posts is None else await self._posts.where(key)
+
+    async def thread_of(self, key: str) -> tuple[str, str] | None:
+        """``(channel, thread ts)`` where replies about ``key`` go, or None if nothing was posted."""
+        if self._posts is not None:
+            return await self._posts.thread_of(key)
+        loc = self._local.get(key)
+        return None if loc is None else (loc[0], self._parents.get(key, loc[1]))
+
+    async def _remember(self, key: str, channel: str, ts: str, parent: str | None = None) -> None:
+        self._local[key] = (channel, ts)
+        if parent:
+            self._parents[key] = parent
+        if self._posts is not None:
+            await self._posts.remember(key, channel, ts, parent)
+
+    async def _claim(self, key: str) -> bool:
+        return self._posts is None or await self._posts.claim(key, self.instance)
+
+    async def _wait_elsewhere(self, key: str, live_claim: bool = False) -> tuple[str, str] | None:
+        """``key``'s headline once another replica posted it, waited for :data:`CLAIM_WAIT` s or,
+        with ``live_claim``, while its claim's lease is live (at most :data:`STORY_WAIT` s)."""
+        start = time.monotonic()
+        while (waited := time.monotonic() - start) < STORY_WAIT:
+            if (loc := await self.where(key)) is not None:
+                return loc
+            if waited >= CLAIM_WAIT and not (live_claim and self._posts and await self._posts.pending(key)):
+                return None
+            await asyncio.sleep(0.1)
+        return None
+
+    async def _renewing(self, key: str, sending: Awaitable[T]) -> T:
+        """Await ``sending`` (``key``'s headline) while renewing our claim on it every third of
+        :data:`~pipeline.state.posts.CLAIM_LEASE`, so waiting replicas see it on its way."""
+        posts = self._posts
+        if posts is None:
+            return await sending
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(CLAIM_LEASE / 3)
+                try:
+                    await posts.claim(key, self.instance)
+                except Exception as exc:  # Redis trouble: the post goes on, the lease may lapse
+                    log.warning("could not renew the claim on %s: %s", key, exc)
+
+        renewal = asyncio.ensure_future(renew())
+        try:
+            return await sending
+        finally:
+            renewal.cancel()
+
+    async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Post ``key``'s headline (``channel`` None: the default), or update it; the newest wins."""
+        self._pending[key] = (reply, channel)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            pending = self._pending.pop(key, None)
+            if pending is None:
+                return  # a later call already sent a newer version
+            await self._announce(key, *pending)
+
+    async def _announce(self, key: str, reply: Reply, channel: str | None) -> tuple[str, str] | None:
+        loc = await self.where(key)
+        if loc is None and not await self._claim(key):
+            loc = await self._wait_elsewhere(key)
+        if loc is not None:
+            try:
+                await self._update(loc, reply)
+                return loc
+            except Refused as exc:
+                if exc.error != "message_not_found":
+                    await self._refused(key, reply, loc[0], exc)
+                    self._rescued.pop(key, None)
+                    return loc
+        target = channel or self.default_channel
+        if target is None:
+            await self.record_failure(key, "no channel: set [slack] announce_channel")
+            return None
+        ts = await self._renewing(key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key))
+        if ts is None:
+            if (
+                rescued := self._rescued.pop(key, None)
+            ) is not None:  # the alert went to another channel: it lives there from now on
+                await self._remember(key, *rescued)
+                return rescued
+            await self._unclaim(key)
+            return None
+        await self._remember(key, target, ts)
+        await self._follow_ups(target, ts, reply, key, chart_ts=ts)
+        for f in reply.attachments:  # a patch under review: its exact text, as a snippet in the thread
+            await self.upload("", target, thread_ts=ts, title=f.title, content=f.content, filename=f.filename)
+        return target, ts
+
+    async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
+        """Post ``key``'s headline as a reply in the thread of the grouped post ``story`` when
+        ``channel`` (None: ``default_channel``) is the grouped post's, else as a message of its own;
+        nothing when already posted.  While ``story``'s headline is on its way (here, or claimed by
+        a live replica: at most :data:`STORY_WAIT` s) it waits, counted in :meth:`queue`."""
+        target = channel or self.default_channel
+        if await self.where(key) is not None:
+            return  # already told (by the story, or by what happened to its job since)
+        parent = await self.where(story)
+        if parent is None:
+            me = object()
+            self._for_thread[me] = (target or "", time.monotonic())
+            try:
+                async with self._locks.setdefault(story, asyncio.Lock()):  # held while it is posted
+                    parent = await self.where(story)
+                if parent is None and self._posts is not None:  # on its way from another replica?
+                    parent = await self._wait_elsewhere(story, live_claim=True)
+            finally:
+                del self._for_thread[me]
+        if parent is None or parent[0] != target:
+            await self.announce(key, reply, channel)
+            return
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if await self.where(key) is not None:
+                return  # already told (an earlier call)
+            if not await self._claim(key):
+                await self._wait_elsewhere(key)  # another replica posts it: what follows goes in its thread
+                return
+            ts = await self._send(parent[0], reply, thread_ts=parent[1], follow_ups=True, key=key)
+            if ts is None:
+                await self._unclaim(key)
+                return
+            await self._remember(key, parent[0], ts, parent=parent[1])
+
+    def backlog(self) -> dict[str, tuple[int, float]]:
+        """:meth:`SlackSender.backlog`, counting posts waiting for their grouped post's headline."""
+        waiting = super().backlog()
+        now = time.monotonic()
+        for channel, since in self._for_thread.values():
+            n, age = waiting.get(channel, (0, 0.0))
+            waiting[channel] = (n + 1, max(age, now - since))
+        return waiting
+
+    async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
+        """Post ``reply`` in the thread of ``key``'s headline; with none yet, as the headline."""
+        loc = await self.thread_of(key)
+        if loc is None:
+            async with self._locks.setdefault(key, asyncio.Lock()):
+                loc = await self.thread_of(key)
+                if loc is None:
+                    await self._announce(key, reply, channel)
+                    return
+        ts = await self._send(loc[0], reply, thread_ts=loc[1], follow_ups=True, key=key)
+        if ts is not None and reply.chart:
+            await self.upload(reply.chart, loc[0], thread_ts=loc[1], title=reply.title)
+
+    async def post(self, reply: Reply, channel: str | None) -> None:
+        """Post ``reply`` on its own (digests); follow-ups go in its thread with their charts, the
+        reply's own chart is uploaded to the channel."""
+        target = channel or self.default_channel
+        if target is None:
+            await self.record_failure("post", "no channel: set [slack] announce_channel")
+            return
+        ts = await self._send(target, reply, thread_ts=None, follow_ups=False)
+        if ts is not None:
+            await self._follow_ups(target, ts, reply, None, chart_ts=None)
+
+    async def _follow_ups(
+        self, target: str, ts: str, reply: Reply, key: str | None, chart_ts: str | None
+    ) -> None:
+        """Follow-ups with their charts in the thread ``ts``; ``reply``'s chart to ``chart_ts``."""
+        for follow in reply.follow_ups:  # an all-jobs digest: each job's digest and chart in the thread
+            await self._send(target, follow, thread_ts=ts, follow_ups=True, key=key)
+            if follow.chart:
+                await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
+        if reply.chart:
+            await self.upload(reply.chart, target, thread_ts=chart_ts, title=reply.title)
+
+    async def _unclaim(self, key: str) -> None:
+        if self._posts is not None:
+            await self._posts.unclaim(key)
+
+    async def _send(
+        self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool, key: str | None = None
+    ) -> str | None:
+        """Post ``reply`` (if long, the rest in the thread); the first ts, or None if refused."""
+        names = await self.names(reply)
+        payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
+        if too_long := len(payloads) > blocks.MAX_PARTS:  # cut, the whole answer attached below
+            payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, attached=True)
+        try:
+            ts = await self.post_payload(channel, payloads[0], thread_ts=thread_ts)
+            for more in payloads[1:]:
+                await self.post_payload(channel, more, thread_ts=thread_ts or ts)
+        except Refused as exc:
+            await self._refused(key, reply, channel, exc)
+            return None
+        if reply.owners:
+            await self._tell_owners(channel, reply)
+        if too_long:  # the whole answer, as text, in the thread
+            text = render_text(blocks.humanise(reply, names))
+            await self.upload("", channel, thread_ts=thread_ts or ts, title=reply.title, content=text)
+        return ts
+
+    async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
+        """``chat.update`` of a headline; :raises Refused: with Slack's error code."""
+        await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=await self.names(reply)))
+
+    async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
+        """Record a refused post; tell the run's requester (DM), else another channel."""
+        what = reply.title.splitlines()[0] if reply.title else (key or "post")
+        await self.record_failure(channel, exc)
+        notice = refused_notice(what, channel, exc.error)
+        user = self._requesters.get(key or "")
+        if user is None and key and key.startswith("run:"):
+            user = await self._requester_of_run(key)
+        if user is not None and await self.dm(user, Reply(title=notice, status=Status.WARNING)):
+            return
+        alert = bool(key and key.startswith("incident:"))
+        told = await self._elsewhere(key if alert else None, reply, channel, [notice])
+        if alert:
+            self.last_undelivered = dict(
+                at=time.time(), title=what, channel=channel, error=exc.error, told=told
+            )
+            if self._undelivered is not None:
+                try:
+                    await self._undelivered.record(what, channel, exc.error, told)
+                except Exception as err:  # Redis trouble must not hide the alert itself
+                    log.warning("could not store the last undelivered alert: %s", err)
+        if not told:
+            log.error("not told to anyone: %s", notice)
+
+    async def _elsewhere(self, alert: str | None, reply: Reply, channel: str, notes: list[str]) -> list[str]:
+        """Tell a refusal in the announce, else fallback channel; an alert (key ``alert``) itself goes
+        there after ``notes``, else by DM to its owners and admins.  Returns where it went."""
+        what = reply.title.splitlines()[0] if reply.title else "post"
+        for target in dict.fromkeys(c for c in (self.default_channel, self.fallback_channel) if c):
+            if target == channel:
+                continue
+            try:
+                if alert is None:
+                    await self.post_payload(target, blocks.text_message(notes[0]), thread_ts=None)
+                else:
+                    shown = replace(reply, lines=(*notes, *reply.lines), follow_ups=())
+                    payloads = blocks.parts(shown, names=await self.names(shown))
+                    ts = await self.post_payload(target, payloads[0], thread_ts=None)
+                    for more in payloads[1:]:
+                        await self.post_payload(target, more, thread_ts=ts)
+                    self._rescued[alert] = (target, ts)
+            except Refused as again:
+                await self.record_failure(target, again)
+                notes.append(refused_notice(what, target, again.error))
+                continue
+            self.notices.append((target, notes[0]))
+            return [target]
+        if alert is None:
+            return []
+        dm = replace(reply, lines=(*notes, *reply.lines), follow_ups=(), page=None)
+        owners = await self.people.expand(list(self.page_by_dm(alert)) if self.page_by_dm else [])
+        return [user for user in owners if await self.dm(user, dm)]
+
+    async def _tell_owners(self, channel: str, reply: Reply) -> None:
+        """DM ``reply`` to each owning user not a member of ``channel`` (all of them if unknown)."""
+        users = [u for u in reply.owners if u.startswith(("U", "W"))]
+        if not users:
+            return
+        members = await self.people.members(channel)
+        note = slack_owner_note(channel)
+        for user in users:
+            if members is None or user not in members:
+                await self.dm(user, replace(reply, lines=(note, *reply.lines), page=None, owners=()))
+
+    async def _requester_of_run(self, key: str) -> str | None:
+        if self._runs is None:
+            return None
+        try:
+            user = (await self._runs.get(key.removeprefix("run:"))).requested_by
+        except (UnknownRun, ValueError):  # no such run, or a record that does not read
+            return None
+        return user if user.startswith(("U", "W")) else None
+
+    async def dm(self, user: str, reply: Reply) -> bool:
+        """A direct message to ``user`` (needs ``im:write``), split if long; True if it was posted."""
+        try:
+            opened = await self.client.conversations_open(users=user)
+            dm = str(opened["channel"]["id"])
+            for payload in blocks.parts(reply, names=await self.names(reply)):
+                await self.post_payload(dm, payload, thread_ts=None)
+        except (*_ERRORS, Refused, KeyError) as exc:
+            log.warning(slack_not_posted(f"a direct message to {user}", str(exc)))
+            return False
+        self.notices.append((user, reply.title))
+        return True
+
+    async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
+        """Tell ``user`` privately: replace the prompt ``prompt`` (:meth:`prompted`), else by DM."""
+        respond = self._prompts.pop(prompt, None) if prompt else None
+        if respond is not None:
+            payload = blocks.message(reply, names=await self.names(reply))
+            try:
+                resp = await respond(**payload, response_type="ephemeral", replace_original=True)
+                if getattr(resp, "status_code", 200) == 200:
+                    self.notices.append((user, reply.title))
+                    return
+            except Exception as exc:  # the prompt may be gone (response_url expired): DM instead
+                log.info("replacing prompt %s failed: %s", prompt, exc)
+        await self.dm(user, reply)
+
+    def prompted(self, token: str, respond: Any) -> None:
+        """Remember how to replace the confirmation prompt ``token`` (Bolt's ``respond``)."""
+        self._prompts[token] = respond
+        if len(self._prompts) > 1000:
+            self._prompts.pop(next(iter(self._prompts)))
+
+    async def upload(
+        self,
+        path: str,
+        channel: str,
+        *,
+        thread_ts: str | None,
+        title: str | None = None,
+        content: str | None = None,
+        filename: str = "pitstop-answer.txt",
+    ) -> bool:
+        """Upload the file at ``path`` (or ``content`` as the text file ``filename``) with
+        files_upload_v2, joining a public channel the bot is not in; False if refused (told to a person)."""
+        file = Path(path)
+        if content is not None:
+            source: dict[str, Any] = {"content": content, "filename": filename}
+        elif await asyncio.to_thread(file.is_file):
+            source = {"file": str(file), "filename": file.name}
+        else:
+            await self.record_failure(channel, f"chart {path} does not exist")
+            return False
+        joined = False
+        while True:
+            await self.pacer.wait(channel)
+            try:
+                await self.client.files_upload_v2(
+                    channel=channel,
+                    thread_ts=thread_ts,
+                    title=(title or source["filename"])[:250],
+                    **source,
+                )
+                return True
+            except (*_ERRORS, OSError) as exc:
+                error = error_of(exc)[0] if not isinstance(exc, OSError) else "file_unreadable"
+                if error == "not_in_channel" and not joined and await self._join(channel):
+                    joined = True
+                    continue
+                refusal = Refused(error, detail_of(exc))
+                await self._refused(None, Reply(title=title or source["filename"]), channel, refusal)
+                return False
+
+    async def _join(self, channel: str) -> bool:
+        try:
+            await self.client.conversations_join(channel=channel)
+        except _ERRORS as exc:
+            log.info("conversations.join %s: %s", channel, error_of(exc)[0])
+            return False
+        return True
+
+    async def record_failure(self, where: str, error: object) -> str:
+        """Log a refused post and keep it as the last delivery failure (here and in Redis, for
+        ``/healthz`` and ``status``); return the logged line."""
+        detail = detail_of(error)
+        line = slack_not_posted(where, detail)
+        self.failures.append(line)
+        del self.failures[:-100]
+        code = error.error if isinstance(error, Refused) else detail.split(" ", 1)[0]
+        self.last_failure = {"at": time.time(), "where": where, "error": code, "line": line}
+        log.warning(line)
+        if self._posts is not None:
+            try:
+                await self._posts.record_failure({k: str(v) for k, v in self.last_failure.items()})
+            except Exception as exc:  # Redis trouble must not hide the refusal itself
+                log.warning("could not store the last delivery failure: %s", exc)
+        return line
+
+
+def slack_not_posted(where: str, error: str) -> str:
+    """A team-visible post that Slack refused (logged, never shown in Slack)."""
+    return f"Slack refused a post to {where}: {error}"
+
+
+def slack_owner_note(channel: str) -> str:
+    """The line above an alert DMed to an owner who is not in the channel it was posted in."""
+    return f"You own this job and are not in <#{channel}>, where this was posted; acknowledging it there stops these messages."

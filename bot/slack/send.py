@@ -1,0 +1,158 @@
+"""One message to Slack at most once, at Slack's pace: a post whose outcome is unknown (timeout,
+reset, 5xx, ``fatal_error``/``internal_error``) is looked up by its metadata id, twice ``settle``
+s apart, before it is sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.slack.api import ATTEMPTS, TIER3, TRANSIENT, Budget, Pacer, Refused, detail_of, error_of, retry_after
+
+PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
+METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
+_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
+
+
+async def _failed_try(exc: BaseException) -> tuple[str, bool]:
+    """:func:`~bot.slack.api.error_of` a try worth another (a 429 waited out); else raise Refused."""
+    error, maybe = error_of(exc)
+    if error == "ratelimited":
+        await asyncio.sleep(retry_after(exc))
+    elif not maybe and error not in TRANSIENT and error != "connection_failed":
+        raise Refused(error, detail_of(exc)) from None
+    return error, maybe
+
+
+class SlackSender:
+    """Posts and updates of single messages, at most once each, at Slack's pace.
+
+    :param pace: minimum seconds between posts to one channel, and between updates of one message.
+    :param backoff: seconds before a call's second try (doubled each time).
+    :param settle: seconds to wait before looking a post up a second time.
+    """
+
+    def __init__(self, client: AsyncWebClient, *, pace: float, backoff: float, settle: float) -> None:
+        self.client = client
+        self.pacer = Pacer(pace)  #: posts, per channel (chat.postMessage: about 1/s per channel)
+        self.edits = Pacer(pace)  #: updates, per message: successive states fold into the newest
+        self.updates = Budget(*TIER3)  #: ``chat.update``: Tier 3, per workspace
+        self.backoff = backoff
+        self.settle = settle
+
+    def queue(self) -> dict[str, Any]:
+        """What waits for Slack now (``/healthz`` ``slack.queue``, ``/metrics``): ``depth`` calls
+        waiting, ``oldest_s`` seconds the oldest has waited, and the same per :meth:`backlog` key."""
+        waiting = self.backlog()
+        return {
+            "depth": sum(n for n, _ in waiting.values()),
+            "oldest_s": round(max((age for _, age in waiting.values()), default=0.0), 3),
+            "channels": {k: {"depth": n, "oldest_s": round(age, 3)} for k, (n, age) in waiting.items()},
+        }
+
+    def backlog(self) -> dict[str, tuple[int, float]]:
+        """Channel (updates by message ``CHANNEL/TS``, the Tier 3 budget as ``chat.update``) →
+        (calls waiting, seconds the oldest has waited)."""
+        waiting = {**self.pacer.backlog(), **self.edits.backlog()}
+        budget = self.updates.backlog()
+        if budget[0]:
+            waiting["chat.update"] = budget
+        return waiting
+
+    async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
+        """``chat.postMessage`` of one rendered message at most once; its ts.  Transient errors are
+        retried after :attr:`backoff` s (doubling), an unknown outcome looked up before another try.
+
+        :raises Refused: if Slack refused it for good, or its outcome stayed unknown.
+        """
+        post_id = uuid.uuid4().hex
+        metadata = {"event_type": METADATA_TYPE, "event_payload": {"post_id": post_id}}
+        since = time.time() - 60  # Slack's clock may differ a little from ours
+        unknown = False
+        error = "unknown_error"
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            if unknown:
+                found = await self._find(channel, thread_ts, post_id, since)
+                if found:
+                    return found
+            await self.pacer.wait(channel)
+            try:
+                resp = await self.client.chat_postMessage(
+                    channel=channel,
+                    thread_ts=thread_ts,
+                    unfurl_links=False,
+                    unfurl_media=False,
+                    metadata=metadata,
+                    **payload,
+                )
+                return str(resp["ts"])
+            except _ERRORS as exc:
+                error, maybe = await _failed_try(exc)
+                unknown = unknown or maybe
+        if unknown:
+            found = await self._find(channel, thread_ts, post_id, since)
+            if found:
+                return found
+        raise Refused(error, slack_gave_up(ATTEMPTS))
+
+    async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
+        """The ts of the message carrying ``post_id``, or ``""``, after looking twice :attr:`settle` s
+        apart; a failed look-up raises Refused (``outcome_unknown``): sending again could post twice."""
+        found = await self._look(channel, thread_ts, post_id, since)
+        if not found and self.settle > 0:
+            await asyncio.sleep(self.settle)
+            found = await self._look(channel, thread_ts, post_id, since)
+        return found
+
+    async def _look(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
+        """One look-up of ``post_id`` among the messages since ``since`` (unix s), page by page."""
+        args: dict[str, Any] = dict(
+            channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=PAGE
+        )
+        for _ in range(PAGES):
+            try:
+                if thread_ts:
+                    resp = await self.client.conversations_replies(ts=thread_ts, **args)
+                else:
+                    resp = await self.client.conversations_history(**args)
+            except _ERRORS as exc:
+                raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
+            for msg in resp.get("messages") or []:
+                meta = msg.get("metadata") or {}
+                ours = (meta.get("event_payload") or {}).get("post_id") == post_id
+                if ours and meta.get("event_type") == METADATA_TYPE:
+                    return str(msg["ts"])
+            args["cursor"] = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
+            if not args["cursor"]:
+                break
+        return ""
+
+    async def update_payload(self, loc: tuple[str, str], payload: dict[str, Any]) -> None:
+        """``chat.update`` of the message at ``loc`` (``(channel, ts)``; safe to repeat), at most once
+        per ``pace`` s per message and within the Tier 3 budget; :raises Refused: with Slack's code."""
+        error = "unknown_error"
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            await self.edits.wait(f"{loc[0]}/{loc[1]}")
+            await self.updates.wait()
+            try:
+                await self.client.chat_update(channel=loc[0], ts=loc[1], **payload)
+                return
+            except _ERRORS as exc:
+                error, _ = await _failed_try(exc)
+        raise Refused(error, slack_gave_up(ATTEMPTS))
+
+
+def slack_gave_up(attempts: int) -> str:
+    """Why a post was given up after its retries."""
+    return f"gave up after {attempts} tries"

@@ -1,0 +1,6 @@
+"""``handlers.grammar`` — text to a typed command: the grammar (:mod:`~handlers.grammar.parse`), the
+normalisation of what Slack and terminals send (:mod:`~handlers.grammar.normalise`) and the typed
+commands with their validation and "did you mean" (:mod:`~handlers.grammar.commands`).
+
+May import: ``pipeline.config``, ``pipeline.errors``, ``pipeline.fmt``; nothing else of ``handlers``.
+"""

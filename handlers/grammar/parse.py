@@ -1,0 +1,445 @@
+"""The command table: every verb declared once, as format strings (StackStorm action aliases).
+
+``restart {job} [with {patches} [patch|patches]] [without {without} [patch|patches]] [fresh cache]``
+is at once the parser's input, the usage line shown when arguments are wrong
+(``restart JOB [with PATCH[, PATCH and PATCH] [patch(es)]] …``) and the ``help`` text.
+
+Format language:
+
+- a word matches itself, case-insensitively; ``a|b`` matches either;
+- ``{slot}`` matches one typed argument (:data:`SLOTS`): names are looked up in the config
+  later, numbers and durations are bounded, ``on|off`` is a choice — nothing else is accepted;
+- ``[ … ]`` is optional; consecutive optional groups may come in any order, each at most once
+  (``[ … ]...`` may repeat, as ``--patch a --patch b``), optionally joined by ``,``/``and``.
+
+This module only matches shapes; :mod:`handlers.grammar.commands` turns a match into a typed command.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cached_property
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  #: the shape of a job, host, patch or verb name
+NUMBER = re.compile(r"[0-9]{1,9}\Z")
+CONNECTORS = frozenset({",", "and", "&"})
+MAX_MATCHES = 16  #: complete matches collected per request before choosing one
+
+
+class Role(IntEnum):
+    """Roles nest: admin ⊇ operator ⊇ viewer."""
+
+    VIEWER = 1
+    OPERATOR = 2
+    ADMIN = 3
+
+    @property
+    def label(self) -> str:
+        """``viewer`` / ``operator`` / ``admin``."""
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class SlotType:
+    """What one ``{slot}`` accepts."""
+
+    #: ``name`` (one name), ``names`` (a list of names), ``int``, ``duration``, ``choice``,
+    #: ``text`` (one or more words of free text, a reason: never looked up, never run)
+    kind: str
+    metavar: str  #: how usage lines show it
+    low: int = 0  #: smallest accepted value (ints: the value; durations: seconds)
+    high: int = 0
+    choices: tuple[str, ...] = ()  #: the accepted words of a ``choice``
+
+
+SLOTS: dict[str, SlotType] = {
+    "job": SlotType("name", "JOB"),
+    "host": SlotType("name", "HOST"),
+    "topic": SlotType("name", "VERB"),
+    "patches": SlotType("names", "PATCH[, PATCH and PATCH]"),
+    "without": SlotType("names", "PATCH"),
+    "lines": SlotType("int", "N", 1, 500),
+    "count": SlotType("int", "N", 1, 100),
+    "for_s": SlotType("duration", "DURATION", 1, 7 * 86400),
+    "state": SlotType("choice", "on|off", choices=("on", "off")),
+    "run": SlotType("name", "RUN"),
+    "reason": SlotType("text", '"REASON"'),
+}
+
+FLAGS = frozenset({"fresh_cache", "attempts"})  #: options set by an optional group of words
+
+DEFAULT_LINES = 30  #: ``logs JOB`` without N
+DEFAULT_COUNT = 10  #: ``history`` without N
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerbSpec:
+    """One verb: its formats (tried in order), the least role it needs, a line for ``help``, examples."""
+
+    name: str
+    role: Role
+    formats: tuple[str, ...]
+    summary: str
+    examples: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    acts: bool = False  #: changes a job (it may need confirmation and takes the lock)
+
+    @cached_property
+    def patterns(self) -> tuple[Seq, ...]:
+        """The compiled formats."""
+        return tuple(compile_format(f) for f in self.formats)
+
+    @cached_property
+    def usages(self) -> tuple[str, ...]:
+        """One usage line per format: ``restart JOB [with PATCH[, PATCH and PATCH] [patch(es)]] …``."""
+        return tuple(render_usage(p) for p in self.patterns)
+
+
+GRAMMAR: tuple[VerbSpec, ...] = (
+    VerbSpec(
+        "restart",
+        Role.OPERATOR,
+        (
+            "restart {job} [with {patches} [patch|patches]] [without {without} [patch|patches]] [fresh cache]"
+            " [--patch|--patches {patches}]... [--without {without}]... [--fresh-cache]"
+            " [--break-glass {reason}]",
+        ),
+        "stop the job, clear caches and apply patches if asked, relaunch it, then verify",
+        (
+            "restart dflash",
+            "restart dflash with topk patch",
+            "restart dflash with topk and fast patches without old patch fresh cache",
+            "restart dflash --patch topk --fresh-cache",
+            'restart dflash --break-glass "NCCL hang, approvers asleep"',
+        ),
+        acts=True,
+    ),
+    VerbSpec(
+        "start",
+        Role.OPERATOR,
+        ("start {job}",),
+        "launch the job if it is not running",
+        ("start dflash",),
+        acts=True,
+    ),
+    VerbSpec(
+        "stop",
+        Role.OPERATOR,
+        ("stop {job}",),
+        "stop the job (SIGTERM, then SIGKILL)",
+        ("stop dflash",),
+        acts=True,
+    ),
+    VerbSpec(
+        "cancel",
+        Role.OPERATOR,
+        ("cancel {job}",),
+        "cancel the job's restart in flight at its next step boundary",
+        ("cancel dflash",),
+    ),
+    VerbSpec(
+        "status",
+        Role.VIEWER,
+        ("status [{job}]",),
+        "state, PID, processes, uptime, last restart, lock and patches of one job or all",
+        ("status", "status dflash"),
+    ),
+    VerbSpec(
+        "logs",
+        Role.VIEWER,
+        ("logs {job} [{lines} [lines]]",),
+        f"the last N lines of the job's log (default {DEFAULT_LINES}, at most {SLOTS['lines'].high})",
+        ("logs dflash", "logs dflash 100"),
+        aliases=("log", "tail"),
+    ),
+    VerbSpec(
+        "digest",
+        Role.VIEWER,
+        ("digest [{job}]",),
+        "throughput digest now: tokens/s, step time, top-k accuracy, per GPU, with a chart",
+        ("digest", "digest dflash"),
+    ),
+    VerbSpec(
+        "history",
+        Role.VIEWER,
+        ("history [{job}] [{count}] [--attempts]",),
+        f"the last N runs with their verdicts (default {DEFAULT_COUNT}) and recent refused requests; "
+        "--attempts: one row per attempt (started, resumed at, reached, steps/s, how it ended, steps lost)",
+        ("history", "history dflash", "history dflash 20", "history dflash --attempts"),
+    ),
+    VerbSpec(
+        "patches",
+        Role.VIEWER,
+        ("patches {job}",),
+        "the job's patches: available and in effect",
+        ("patches dflash",),
+    ),
+    VerbSpec(
+        "lock",
+        Role.VIEWER,
+        ("lock {job}",),
+        "who holds the job's restart lock, since when, at which step",
+        ("lock dflash",),
+    ),
+    VerbSpec(
+        "unlock",
+        Role.ADMIN,
+        ("unlock {job}",),
+        "force the job's restart lock free (audited)",
+        ("unlock dflash",),
+    ),
+    VerbSpec(
+        "approve",
+        Role.VIEWER,
+        ("approve {run}",),
+        "approve a request waiting under the two-person rule, and run it (approvers only, never your own)",
+        ("approve r-7",),
+    ),
+    VerbSpec(
+        "deny",
+        Role.VIEWER,
+        ("deny {run} [{reason}]",),
+        "deny a request waiting for approval, with a reason (approvers; its requester withdraws it)",
+        ("deny r-7", "deny r-7 not during the eval run"),
+    ),
+    VerbSpec(
+        "pending",
+        Role.VIEWER,
+        ("pending [{job}]",),
+        "requests waiting for approval: what, who asked, the patches' hashes, who may approve",
+        ("pending", "pending dflash"),
+    ),
+    VerbSpec(
+        "watch",
+        Role.OPERATOR,
+        ("watch {job} {state} [for {for_s}]",),
+        "turn liveness alerts on or off; off for a while expires by itself",
+        ("watch dflash off for 2h", "watch dflash on"),
+    ),
+    VerbSpec(
+        "ack",
+        Role.OPERATOR,
+        ("ack {job}",),
+        "acknowledge the job's open incident: no repeats until it resolves",
+        ("ack dflash",),
+    ),
+    VerbSpec(
+        "gpus",
+        Role.VIEWER,
+        ("gpus {host}",),
+        "GPU utilisation, memory, power and processes on a host",
+        ("gpus gpu1",),
+        aliases=("gpu",),
+    ),
+    VerbSpec(
+        "help",
+        Role.VIEWER,
+        ("help [{topic}]",),
+        "this list, or one command's usage",
+        ("help", "help restart"),
+    ),
+)
+
+VERBS: dict[str, VerbSpec] = {v.name: v for v in GRAMMAR}
+ALIASES: dict[str, str] = {a: v.name for v in GRAMMAR for a in (v.name, *v.aliases)}
+
+
+def verb_spec(name: str) -> VerbSpec | None:
+    """The spec of a verb or alias (case-insensitive), or None."""
+    canonical = ALIASES.get(name.lower())
+    return VERBS[canonical] if canonical else None
+
+
+# --- format strings -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A literal word (or alternatives)."""
+
+    words: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A typed argument."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Opt:
+    """An optional group; ``repeat`` when written ``[ … ]...``; ``flag`` when it sets one of
+    :data:`FLAGS` (a group of words only: ``[fresh cache]`` and ``[--fresh-cache]`` set ``fresh_cache``)."""
+
+    body: Seq
+    repeat: bool = False
+    flag: str | None = None
+
+
+@dataclass(frozen=True)
+class Seq:
+    """A sequence of items."""
+
+    items: tuple[Lit | Slot | Opt, ...]
+
+
+_FORMAT_TOKEN = re.compile(r"\]\.\.\.|\[|\]|\{[a-z_]+\}|[^\s\[\]{}]+")
+
+
+def _flag_of(body: Seq) -> str | None:
+    if not body.items or not all(isinstance(i, Lit) for i in body.items):
+        return None
+    name = "_".join(i.words[0].lstrip("-").replace("-", "_") for i in body.items if isinstance(i, Lit))
+    return name if name in FLAGS else None
+
+
+def compile_format(fmt: str) -> Seq:
+    """Compile one format string; ValueError if it is malformed or names an unknown slot."""
+    tokens = _FORMAT_TOKEN.findall(fmt)
+    if "".join(tokens) != "".join(fmt.split()):
+        raise ValueError(f"bad format {fmt!r}")
+    pos = 0
+
+    def seq(depth: int) -> Seq:
+        nonlocal pos
+        items: list[Lit | Slot | Opt] = []
+        while pos < len(tokens):
+            tok = tokens[pos]
+            pos += 1
+            if tok == "[":
+                body = seq(depth + 1)
+                items.append(Opt(body, repeat=tokens[pos - 1] == "]...", flag=_flag_of(body)))
+            elif tok in ("]", "]..."):
+                if depth == 0:
+                    raise ValueError(f"unbalanced ']' in {fmt!r}")
+                return Seq(tuple(items))
+            elif tok.startswith("{"):
+                name = tok[1:-1]
+                if name not in SLOTS:
+                    raise ValueError(f"unknown slot {name!r} in {fmt!r}")
+                items.append(Slot(name))
+            else:
+                items.append(Lit(tuple(w.lower() for w in tok.split("|"))))
+        if depth:
+            raise ValueError(f"unbalanced '[' in {fmt!r}")
+        return Seq(tuple(items))
+
+    return seq(0)
+
+
+def render_usage(pattern: Seq) -> str:
+    """A compiled format as a usage line (``{job}`` → ``JOB``, ``patch|patches`` → ``patch(es)``)."""
+    out: list[str] = []
+    for item in pattern.items:
+        if isinstance(item, Lit):
+            w = item.words
+            plural = w[1].removeprefix(w[0]) if len(w) == 2 else ""
+            out.append(f"{w[0]}({plural})" if plural in ("s", "es") else "|".join(w))
+        elif isinstance(item, Slot):
+            out.append(SLOTS[item.name].metavar)
+        else:
+            out.append(f"[{render_usage(item.body)}]" + ("..." if item.repeat else ""))
+    return " ".join(out)
+
+
+# --- matching -----------------------------------------------------------------------------------
+
+Binding = tuple[tuple[str, str | tuple[str, ...]], ...]
+
+
+def _names(tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, tuple[str, ...]]]:
+    """Lists of names from ``i``, shortest first: ``a``, ``a, b``, ``a and b``, ``a b``."""
+    if i >= len(tokens) or not NAME.match(tokens[i]):
+        return
+    names = [tokens[i]]
+    j = i + 1
+    yield j, tuple(names)
+    while j < len(tokens):
+        k = j
+        while k < len(tokens) and tokens[k].lower() in CONNECTORS:
+            k += 1
+        if k - j > 2 or k >= len(tokens) or not NAME.match(tokens[k]):
+            return
+        names.append(tokens[k])
+        j = k + 1
+        yield j, tuple(names)
+
+
+def _slot(slot: Slot, tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, str | tuple[str, ...]]]:
+    if i >= len(tokens):
+        return
+    kind, tok = SLOTS[slot.name], tokens[i]
+    if kind.kind == "names":
+        yield from _names(tokens, i)
+    elif kind.kind == "text":
+        for j in range(i + 1, len(tokens) + 1):  # shortest first: later options keep their words
+            yield j, tokens[i:j]
+    elif kind.kind == "choice":
+        if tok.lower() in kind.choices:
+            yield i + 1, tok.lower()
+    elif (NUMBER if kind.kind == "int" else NAME).match(tok) and (
+        kind.kind != "duration" or tok[0].isdigit()
+    ):
+        yield i + 1, tok
+
+
+def _seq(
+    items: tuple[Lit | Slot | Opt, ...], pos: int, tokens: tuple[str, ...], i: int, bound: Binding
+) -> Iterator[tuple[int, Binding]]:
+    if pos == len(items):
+        yield i, bound
+        return
+    item = items[pos]
+    if isinstance(item, Lit):
+        if i < len(tokens) and tokens[i].lower() in item.words:
+            yield from _seq(items, pos + 1, tokens, i + 1, bound)
+    elif isinstance(item, Slot):
+        for j, value in _slot(item, tokens, i):
+            yield from _seq(items, pos + 1, tokens, j, (*bound, (item.name, value)))
+    else:
+        end = pos
+        while end < len(items) and isinstance(items[end], Opt):
+            end += 1
+        group = tuple(o for o in items[pos:end] if isinstance(o, Opt))
+
+        def unordered(
+            remaining: frozenset[int], i: int, bound: Binding, first: bool
+        ) -> Iterator[tuple[int, Binding]]:
+            """The groups not yet used, in any order, then the items after them."""
+            starts = [i]
+            if not first and i < len(tokens) and tokens[i].lower() in CONNECTORS:
+                starts.append(i + 1)  # "… with topk patch and fresh cache"
+            for k in sorted(remaining):
+                opt = group[k]
+                for start in starts:
+                    for j, inner in _seq(opt.body.items, 0, tokens, start, bound):
+                        if j == start:
+                            continue  # consumed nothing: never loop
+                        if opt.flag is not None:
+                            inner = (*inner, (opt.flag, "on"))
+                        yield from unordered(remaining if opt.repeat else remaining - {k}, j, inner, False)
+            yield from _seq(items, end, tokens, i, bound)
+
+        yield from unordered(frozenset(range(len(group))), i, bound, True)
+
+
+def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:
+    """Every way (up to :data:`MAX_MATCHES`) ``tokens`` (the verb included) fit one of the verb's
+    formats, each as the slot values it binds, in the order the formats and slots prefer (none: [])."""
+    found: list[Binding] = []
+    for pattern in spec.patterns:
+        if not tokens or not isinstance(pattern.items[0], Lit):
+            continue
+        for j, bound in _seq(pattern.items, 1, tokens, 1, ()):
+            if j == len(tokens):
+                found.append(bound)
+                if len(found) >= MAX_MATCHES:
+                    return found
+    return found

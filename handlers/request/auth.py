@@ -1,0 +1,79 @@
+"""Who may do what: one check before any handler runs.
+
+Each verb needs a role (:attr:`handlers.grammar.parse.VerbSpec.role`).  A person holds a role when
+``[auth]`` lists their Slack user id, one of their user-group ids, or ``"*"``; for a command about
+a job, each list its ``[jobs.NAME.auth]`` sets replaces the global one.  The console and ``pitstop
+say`` user (``console`` unless ``--as``/``PITSTOP_USER``) has only the roles the config gives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from handlers.grammar.commands import Command
+from handlers.grammar.parse import Role
+from handlers.reply import who
+from pipeline.config import Config, JobAuth
+from pipeline.errors import ExitCode, PitstopError
+
+EVERYONE = "*"
+#: The principal of the watcher's automatic restarts (``handlers.watch.cycle.AUTO_USER``): an operator
+#: for every job, through the same lock, posts and audit as a person.  It counts only for requests
+#: from :data:`SYSTEM_SURFACE` (built in-process), so no Slack user nor ``--as pitstop-auto`` can claim it.
+SYSTEM_USER = "pitstop-auto"
+SYSTEM_SURFACE = "scheduler"  #: the only surface whose requests may act as :data:`SYSTEM_USER`
+SYSTEM_ROLE = Role.OPERATOR  #: what the system principal may do (restart, never unlock)
+
+
+class Denied(PitstopError):
+    """The requester lacks the role (at least ``needed``) the command needs."""
+
+    code = "denied"
+    exit_code = ExitCode.DENIED
+
+    def __init__(self, user: str, command: Command, needed: Role) -> None:
+        self.user = user
+        self.command = command
+        self.needed = needed
+        super().__init__(denied(user, command.verb, command.job or command.host, needed.label))
+
+
+def role_of(config: Config, user: str, groups: Sequence[str] = (), job: str | None = None) -> Role | None:
+    """The highest role ``user`` (a member of ``groups``) holds, for ``job`` (its
+    ``[jobs.NAME.auth]`` overrides) if given; None when the config gives them none."""
+    ids, a = {user, *groups, EVERYONE}, config.auth
+    own = config.jobs[job].auth if job is not None and job in config.jobs else JobAuth()
+    lists = (
+        (Role.ADMIN, own.admins, a.admins),
+        (Role.OPERATOR, own.operators, a.operators),
+        (Role.VIEWER, own.viewers, a.viewers),
+    )
+    return next((role for role, mine, every in lists if ids & set(every if mine is None else mine)), None)
+
+
+def authorise(
+    config: Config, command: Command, user: str, groups: Sequence[str] = (), *, system: bool = False
+) -> Role:
+    """The role ``user`` holds, checked to cover what ``command`` needs.
+
+    :param system: the request is Pitstop's own (as :data:`SYSTEM_USER`): it holds
+        :data:`SYSTEM_ROLE` whatever the config says.
+    :raises Denied: if they hold no role, or a lesser one than the verb needs.
+    """
+    needed = command.spec.role
+    held = SYSTEM_ROLE if system and user == SYSTEM_USER else role_of(config, user, groups, command.job)
+    if held is None or held < needed:
+        raise Denied(user, command, needed)
+    return held
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def denied(user: str, verb: str, job: str | None, role: str) -> str:
+    """A request refused for lack of a role."""
+    target = f" {job}" if job else ""
+    return (
+        f"{who(user)} may not `{verb}{target}` - it needs the {role} role "
+        "(roles come from [auth] in the config, or [jobs.NAME.auth] for one job)"
+    )

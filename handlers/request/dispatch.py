@@ -1,0 +1,370 @@
+"""The one path every request takes, from any surface: parse → dedupe → authorise → confirm → approval → act.
+
+:class:`Dispatcher` runs a typed command (:meth:`Dispatcher.handle`) or a button
+(:meth:`Dispatcher.handle_action`) through one list of middleware-like steps
+(:attr:`Dispatcher.steps`, as Bolt's ``async_process(req, resp, next)``), then the verb's handler
+(:data:`handlers.request.verbs.VERBS`); a cross-cutting rule is a step, not an ``if`` in each path.  Every
+request ends in one audit record and one :class:`~handlers.reply.Reply` whose ``exit_code`` the CLI
+uses.  restart/start/stop continue in a tracked background task; reads work inline.  An expected
+failure (:class:`~pipeline.errors.PitstopError`) is shown as its message; anything else is logged
+with its traceback and answered with an incident id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Coroutine
+from typing import Any
+
+from handlers.approval.twoperson import TwoPersonRule
+from handlers.context import Context
+from handlers.grammar.commands import Command, ParseError, parse
+from handlers.reply import Button, Reply, Status, refused
+from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
+from handlers.request.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
+from handlers.request.flow import Flow, Next, Request, Step
+from handlers.request.verbs import VERBS, Call
+from handlers.runs.lock import DEFAULT_TTL, InFlight
+from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON, CONFIRM_GONE
+from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
+from pipeline.state.audit import Audit, AuditOutcome
+from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
+from pipeline.state.deliveries import Deliveries
+
+__all__ = ["Dispatcher", "Flow", "Request", "duplicate_delivery", "unknown_action"]
+
+log = logging.getLogger(__name__)
+
+_RUN_ID = re.compile(r"r-[0-9]+\Z")
+
+
+def _error_reply(exc: PitstopError) -> Reply:
+    head, *rest = exc.message.splitlines() or [""]
+    tone = Status.WARNING if isinstance(exc, InFlight) else Status.ERROR
+    ephemeral = isinstance(exc, Denied | InFlight | ParseError)
+    return Reply(title=head, lines=tuple(rest), status=tone, ephemeral=ephemeral, exit_code=exc.exit_code)
+
+
+class Dispatcher:
+    """Parse, deduplicate, authorise, confirm, act and audit — for every surface, as one list of steps.
+
+    :param lock_ttl: seconds a restart lock lives without renewal (renewed every ``ttl / 3``).
+    :param confirm_window: seconds a confirmation waits for its requester.
+    """
+
+    def __init__(
+        self, ctx: Context, *, lock_ttl: float = DEFAULT_TTL, confirm_window: float = DEFAULT_WINDOW
+    ) -> None:
+        self.ctx = ctx
+        self.lock_ttl = lock_ttl
+        self.confirm_window = confirm_window
+        self.audit = ctx.redis.open_store(Audit)
+        self.deliveries = ctx.redis.open_store(Deliveries)
+        self.confirmations = ctx.redis.open_store(Confirmations)
+        #: the two-person rule's step (:mod:`handlers.approval.twoperson`)
+        self.two_person = TwoPersonRule(
+            ctx, self._audit, lambda coro, name: self._spawn(coro, name=name, timer=True)
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: set[asyncio.Task[Any]] = set()
+        #: the cross-cutting steps every request runs, in order, before the verb's handler
+        self.steps: tuple[Step, ...] = (
+            self._guard,
+            self._parse,
+            self._dedupe,
+            self._resolve,
+            self._authorise,
+            self._confirm,
+            self.two_person.step,
+        )
+
+    # --- background work ------------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], *, name: str, timer: bool = False) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        (self._timers if timer else self._tasks).add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        self._timers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
+
+    @property
+    def in_flight(self) -> int:
+        """Background sequences still running in this process."""
+        return len(self._tasks)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait for background sequences (at most ``timeout`` s), then cancel what is left,
+        including pending confirmation timers (their Redis records expire by themselves)."""
+        pending = set(self._tasks)
+        if pending:
+            _done, pending = await asyncio.wait(pending, timeout=timeout)
+        for left in (pending, self._timers):  # the timers as they are once the tasks are cancelled
+            left = set(left)
+            for task in left:
+                task.cancel()
+            if left:
+                await asyncio.wait(left, timeout=5.0)
+
+    async def expire_due(self) -> int:
+        """Close every approval request past its expiry; how many this call closed
+        (:meth:`TwoPersonRule.expire_due`)."""
+        return await self.two_person.expire_due()
+
+    async def seen(self, delivery_id: str | None) -> bool:
+        """True when ``delivery_id`` was already acted on (for surfaces deciding whether to answer a retry)."""
+        return bool(delivery_id) and await self.deliveries.seen(str(delivery_id))
+
+    async def _audit(
+        self,
+        req: Request,
+        outcome: AuditOutcome,
+        command: Command | None = None,
+        *,
+        detail: str = "",
+        run_id: str | None = None,
+    ) -> None:
+        try:
+            await self.audit.record(
+                user=req.user,
+                text=req.text,
+                outcome=outcome,
+                surface=req.surface,
+                channel=req.channel,
+                verb=command.verb if command else "",
+                job=command.job if command else None,
+                command=command.dumps() if command else "",
+                detail=detail,
+                run_id=run_id,
+            )
+        except Exception:  # the answer matters more than its record; the log keeps it
+            log.exception("could not write the audit record for %r (%s)", req.text, outcome.value)
+
+    # --- requests: every one runs the same steps ---------------------------------------------------
+
+    async def handle(self, req: Request) -> Reply:
+        """Answer one typed request; never raises (except cancellation).  The reply's ``exit_code``:
+        0 ok, 1 failed, 2 bad input, 3 denied, 4 in flight, 5 cancelled."""
+        system = req.surface == SYSTEM_SURFACE and req.user == SYSTEM_USER
+        return await self._run(Flow(req, user=req.user, groups=req.groups, system=system))
+
+    async def handle_action(
+        self, action: str, value: str, user: str, delivery_id: str | None = None, groups: tuple[str, ...] = ()
+    ) -> Reply:
+        """Answer a button: ``confirm``/``cancel`` (value: a confirmation token, or a run id to
+        cancel that run), ``show_log`` (value: a job).  Never raises (except cancellation).
+
+        :param delivery_id: the click's id (a double click arrives twice with the same id).
+        :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
+        """
+        req = Request(f"[{action}] {value}", user, groups, delivery_id, surface="action")
+        return await self._run(Flow(req, action=action, value=value, user=user, groups=groups))
+
+    async def _run(self, flow: Flow) -> Reply:
+        """Pass ``flow`` through :attr:`steps`, each calling the next, then to the verb's handler."""
+
+        async def at(i: int) -> Reply:
+            if i == len(self.steps):
+                return await self._act(flow)
+            return await self.steps[i](flow, lambda: at(i + 1))
+
+        return await at(0)
+
+    # --- the steps, in order ------------------------------------------------------------------------
+
+    async def _guard(self, flow: Flow, call_next: Next) -> Reply:
+        """Turn what the later steps raise into a reply and its audit record."""
+        try:
+            return await call_next()
+        except asyncio.CancelledError:
+            raise
+        except PitstopError as exc:
+            return await self._failed(flow.req, flow.command, exc)
+        except Exception:
+            return await self._internal(flow.req, flow.command)
+
+    async def _parse(self, flow: Flow, call_next: Next) -> Reply:
+        """Typed text → a :class:`Command` (buttons carry no text: they are resolved after dedupe)."""
+        if flow.action is None:
+            try:
+                flow.command = flow.run = parse(flow.req.text, self.ctx.config)
+            except ParseError as exc:
+                await self._audit(flow.req, AuditOutcome.INVALID, detail=exc.message)
+                return _error_reply(exc)
+        return await call_next()
+
+    async def _dedupe(self, flow: Flow, call_next: Next) -> Reply:
+        """Act on a delivery once: a retry of one already claimed is answered, not acted on."""
+        req = flow.req
+        if req.delivery_id and not await self.deliveries.claim(req.delivery_id, self.ctx.instance):
+            await self._audit(req, AuditOutcome.DUPLICATE, flow.command)
+            return Reply(title=duplicate_delivery(), status=Status.INFO, ephemeral=True)
+        return await call_next()
+
+    async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
+        """A button → the command it stands for (typed commands pass as they are)."""
+        action, value = flow.action, flow.value
+        if action == "show_log":
+            flow.command = flow.run = parse(f"logs {value}", self.ctx.config)
+        elif action == "cancel" and _RUN_ID.match(value):
+            flow.command = flow.run = Command("cancel", job=(await self.ctx.runs.get(value)).job)
+        elif action in ("confirm", "cancel"):
+            return await self._settle(flow, call_next)
+        elif action in ("approve", "deny") and _RUN_ID.match(value):
+            flow.command = flow.run = Command(action, options={"run": value})
+        elif action is not None:
+            await self._audit(flow.req, AuditOutcome.INVALID, detail=unknown_action(action))
+            return refused(unknown_action(action))
+        return await call_next()
+
+    async def _authorise(self, flow: Flow, call_next: Next) -> Reply:
+        """The requester's role must cover the verb's (:func:`handlers.request.auth.authorise` raises)."""
+        assert flow.run is not None
+        authorise(self.ctx.config, flow.run, flow.user, flow.groups, system=flow.system)
+        return await call_next()
+
+    async def _confirm(self, flow: Flow, call_next: Next) -> Reply:
+        """Ask first when the verb changes a job whose config wants confirmation."""
+        command = flow.run
+        assert command is not None
+        # a job's opt-in auto_restart is its standing confirmation: nobody could click for it
+        if (
+            flow.outcome is AuditOutcome.ACCEPTED
+            and command.spec.acts
+            and command.job is not None
+            and self.ctx.config.jobs[command.job].confirm
+            and not flow.system
+        ):
+            return await self._ask(flow.req, command)
+        return await call_next()
+
+    async def _act(self, flow: Flow) -> Reply:
+        """Run the verb's handler (:data:`handlers.request.verbs.VERBS`) and audit what came of it."""
+        req, command = flow.on_behalf or flow.req, flow.run
+        assert command is not None
+        call = Call(
+            self.ctx,
+            command,
+            req.user,
+            req.channel,
+            self.audit,
+            self.lock_ttl,
+            lambda coro, name: self._spawn(coro, name=name),
+            req.surface,
+            approval=flow.approval,
+            break_glass=flow.break_glass,
+        )
+        reply, audited = await VERBS[command.verb].handler(call)
+        if reply.exit_code is not ExitCode.OK and flow.outcome is AuditOutcome.ACCEPTED:
+            audited = AuditOutcome.FAILED
+        await self._audit(req, audited or flow.outcome, command, detail=reply.title, run_id=reply.run_id)
+        return reply
+
+    async def _failed(self, req: Request, command: Command | None, exc: PitstopError) -> Reply:
+        outcome = AuditOutcome.FAILED
+        if isinstance(exc, Denied | InFlight):
+            outcome = AuditOutcome.DENIED if isinstance(exc, Denied) else AuditOutcome.REFUSED
+        await self._audit(req, outcome, command, detail=exc.message)
+        return _error_reply(exc)
+
+    async def _internal(self, req: Request, command: Command | None) -> Reply:
+        incident = new_incident_id()
+        log.exception("incident %s: request %r from %s", incident, req.text, req.user)
+        await self._audit(req, AuditOutcome.ERROR, command, detail=f"incident {incident}")
+        return refused(internal_error(incident), ExitCode.FAILED)
+
+    # --- confirmation --------------------------------------------------------------------------
+
+    async def _ask(self, req: Request, command: Command) -> Reply:
+        pending = await self.confirmations.add(
+            user=req.user,
+            groups=req.groups,
+            text=command.text(),
+            command=command.dumps(),
+            channel=req.channel,
+            surface=req.surface,
+            window=self.confirm_window,
+        )
+        await self._audit(req, AuditOutcome.PENDING, command, detail=f"confirmation {pending.token}")
+        self._spawn(self._expire(pending), name=f"pitstop-confirm:{pending.token}", timer=True)
+        assert command.job is not None
+        return Reply(
+            title=confirm_ask(command.text(), command.job, self.confirm_window),
+            status=Status.WARNING,
+            ephemeral=True,
+            buttons=(
+                Button(CONFIRM_BUTTON, "confirm", pending.token, "primary"),
+                Button(CANCEL_BUTTON, "cancel", pending.token, "danger"),
+            ),
+        )
+
+    async def _expire(self, pending: Pending) -> None:
+        await asyncio.sleep(pending.window)
+        taken, found = await self.confirmations.take(pending.token, None)
+        if taken is not Take.TAKEN or found is None:
+            return
+        req = Request(found.text, found.user, found.groups, None, found.channel, found.surface)
+        command = Command.from_json(_loads(found.command))
+        text = confirm_expired(found.text, found.window)
+        await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
+        reply = refused(text, ExitCode.CANCELLED, Status.WARNING)
+        try:  # privately, replacing the prompt where the surface can: no public post, no live buttons
+            await self.ctx.outbox.tell(found.user, reply, pending.token)
+        except Exception:
+            log.warning("could not post the expiry of confirmation %s", pending.token, exc_info=True)
+
+    async def _settle(self, flow: Flow, call_next: Next) -> Reply:
+        """A click on a confirmation: end it here, or pass its stored command on, confirmed."""
+        req, action, token, user = flow.req, flow.action, flow.value, flow.user
+        taken, pending = await self.confirmations.take(token, user)
+        if taken is Take.GONE or pending is None:
+            await self._audit(req, AuditOutcome.CANCELLED, detail=CONFIRM_GONE)
+            return refused(CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
+        command = Command.from_json(_loads(pending.command))
+        original = Request(
+            pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
+        )
+        if taken is Take.NOT_YOURS:
+            text = confirm_not_yours(pending.user)
+            await self._audit(req, AuditOutcome.DENIED, command, detail=text)
+            return refused(text, ExitCode.DENIED)
+        if taken is Take.EXPIRED or action == "cancel":
+            expired = taken is Take.EXPIRED
+            text = (
+                confirm_expired(pending.text, pending.window)
+                if expired
+                else confirm_cancelled(pending.text, user)
+            )
+            await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
+            return refused(text, ExitCode.CANCELLED, Status.WARNING if expired else Status.INFO)
+        # roles may have changed since the request: authorised again, as who clicked
+        flow.run, flow.on_behalf, flow.outcome = command, original, AuditOutcome.CONFIRMED
+        flow.groups = req.groups or pending.groups
+        return await call_next()
+
+
+def _loads(raw: str) -> dict[str, Any]:
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("a stored command is not a JSON object")
+    return data
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def duplicate_delivery() -> str:
+    """A repeated delivery of a request that was already acted on."""
+    return "already handled (a repeated delivery of the same request) - nothing was done again"
+
+
+def unknown_action(action: str) -> str:
+    """A button whose action Pitstop does not know."""
+    return f"unknown action {action!r} - nothing was done"

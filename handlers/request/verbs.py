@@ -1,0 +1,182 @@
+"""The verb table: each verb's grammar entry beside the handler that answers it.
+
+:data:`VERBS` pairs each :class:`~handlers.grammar.parse.VerbSpec` of :data:`handlers.grammar.parse.GRAMMAR`
+with the handler the dispatcher runs once its steps have passed the request; the table refuses to
+build when the two disagree.  The specs stay in :mod:`handlers.grammar.parse`, a leaf the parser imports
+without the handlers' remote machinery (``pitstop parse`` stays quick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+from handlers.approval import policy as approval
+from handlers.context import Context
+from handlers.grammar import parse as grammar
+from handlers.grammar.commands import Command
+from handlers.grammar.parse import VerbSpec
+from handlers.reply import Reply, Status
+from handlers.request.auth import SYSTEM_USER
+from handlers.request.flow import Spawn
+from handlers.runs.attempts import attempts_command, no_progress_warning
+from handlers.runs.sequences import begin_sequence, cancel_command, run_sequence
+from handlers.views import read as views
+from handlers.views import reports
+from handlers.watch import acks
+from pipeline.state.approvals import ApprovalRequest, Approvals
+from pipeline.state.audit import Audit, AuditOutcome
+
+
+@dataclass(frozen=True)
+class Call:
+    """What a verb's handler is given once the request passed every cross-cutting step."""
+
+    ctx: Context
+    command: Command  #: parsed, authorised (and, where needed, confirmed)
+    user: str  #: who the command acts for (audited as such)
+    channel: str | None
+    audit: Audit  #: the dispatcher's audit trail (``history`` reads it)
+    lock_ttl: float  #: seconds a restart lock lives without renewal
+    spawn: Spawn  #: restart/start/stop sequences run as tasks the dispatcher tracks
+    surface: str = "slack"  #: ``slack``, ``home``, ``console``, ``say`` …
+    approval: ApprovalRequest | None = None  #: the approved request run under the two-person rule
+    break_glass: str | None = None  #: an admin's reason for acting without approval
+
+
+class Acted(NamedTuple):
+    """A handler's answer: the reply and, when it differs from the dispatcher's, the outcome to audit."""
+
+    reply: Reply
+    outcome: AuditOutcome | None = None
+
+
+Handler = Callable[[Call], Awaitable[Acted]]
+
+
+class Verb(NamedTuple):
+    """One row of the table: the grammar entry (formats, usage, role, ``help`` text) and its handler."""
+
+    spec: VerbSpec
+    handler: Handler
+
+
+async def _sequence(call: Call) -> Acted:
+    """restart, start, stop: take the lock, create and announce the run, continue in the background."""
+    ctx, command, user, glass = call.ctx, call.command, call.user, call.break_glass
+    run, lock, channel = await begin_sequence(
+        ctx, command, user, call.channel, lock_ttl=call.lock_ttl, approval=call.approval, break_glass=glass
+    )
+    if glass is not None:  # said in the channel before anything is touched
+        text = approval.break_glass_announce(user, command.text(), glass)
+        await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
+    call.spawn(run_sequence(ctx, run, command, lock, channel), f"pitstop-{command.verb}:{run.id}")
+    warned = None
+    if command.verb in ("restart", "start") and user != SYSTEM_USER:
+        warned = await no_progress_warning(ctx, run.job)  # a person's restart is warned, never blocked
+    reply = Reply(
+        title=queued(run.id, run.job) + (approval.break_glass_note(glass) if glass else ""),
+        lines=(queued_detail(command.verb, channel), *((warned,) if warned else ())),
+        status=Status.INFO,
+        run_id=run.id,
+        thread_key=f"run:{run.id}",
+    )
+    return Acted(reply)
+
+
+def _job(call: Call) -> str:
+    assert call.command.job is not None  # the verb's formats require a job
+    return call.command.job
+
+
+async def _acted(reply: Awaitable[Reply]) -> Acted:
+    return Acted(await reply)
+
+
+async def _history(call: Call) -> Acted:
+    ctx, command = call.ctx, call.command
+    if command.attempts:
+        return Acted(await attempts_command(ctx, command.job, command.count))
+    return Acted(await views.history_command(ctx, call.audit, command.job, command.count))
+
+
+async def _unlock(call: Call) -> Acted:
+    reply, holder = await views.unlock_command(call.ctx, _job(call), call.user)
+    return Acted(reply, AuditOutcome.FORCED if holder is not None else None)
+
+
+async def _watch(call: Call) -> Acted:
+    command = call.command
+    assert command.state is not None  # the format requires on|off
+    return Acted(await acks.watch_command(call.ctx, _job(call), command.state, command.for_s, call.user))
+
+
+async def _gpus(call: Call) -> Acted:
+    assert call.command.host is not None  # the format requires a host
+    return Acted(await reports.gpus_command(call.ctx, call.command.host))
+
+
+async def _approve(call: Call) -> Acted:
+    # the two-person rule's step decided it and, when approved, ran the request's own command
+    raise AssertionError("approve and deny are answered by handlers.approval.twoperson")
+
+
+async def _pending(call: Call) -> Acted:
+    requests = await call.ctx.redis.open_store(Approvals).pending(call.command.job)
+    return Acted(approval.pending_reply(call.ctx.config, requests, call.command.job))
+
+
+async def _help(call: Call) -> Acted:
+    # in Slack a verb is typed after the slash command; in the console and `pitstop say` alone
+    typed = f"{call.ctx.config.slack.command} " if call.surface in ("slack", "home") else ""
+    return Acted(views.help_command(call.command, typed=typed))
+
+
+def _table(*rows: tuple[str, Handler]) -> Mapping[str, Verb]:
+    """The rows in :data:`handlers.grammar.parse.GRAMMAR` order; ValueError if a row names no verb of the
+    grammar, or a verb of the grammar has no row."""
+    handlers = dict(rows)
+    missing = [spec.name for spec in grammar.GRAMMAR if spec.name not in handlers]
+    unknown = [name for name in handlers if name not in grammar.VERBS]
+    if missing or unknown or len(handlers) != len(rows):
+        raise ValueError(f"verb table and grammar disagree: no handler {missing}, no grammar {unknown}")
+    return MappingProxyType({spec.name: Verb(spec, handlers[spec.name]) for spec in grammar.GRAMMAR})
+
+
+VERBS: Mapping[str, Verb] = _table(
+    ("restart", _sequence),
+    ("start", _sequence),
+    ("stop", _sequence),
+    ("cancel", lambda c: _acted(cancel_command(c.ctx, _job(c), c.user))),
+    ("status", lambda c: _acted(views.status_command(c.ctx, c.command.job))),
+    ("logs", lambda c: _acted(views.logs_command(c.ctx, _job(c), c.command.lines))),
+    ("digest", lambda c: _acted(reports.digest_command(c.ctx, c.command.job))),
+    ("history", _history),
+    ("patches", lambda c: _acted(views.patches_command(c.ctx, _job(c)))),
+    ("lock", lambda c: _acted(views.lock_command(c.ctx, _job(c)))),
+    ("unlock", _unlock),
+    ("approve", _approve),
+    ("deny", _approve),
+    ("pending", _pending),
+    ("watch", _watch),
+    ("ack", lambda c: _acted(acks.ack_command(c.ctx, _job(c), c.user))),
+    ("gpus", _gpus),
+    ("help", _help),
+)
+"""verb → its grammar entry and handler, read-only, in ``help`` order."""
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def queued(run_id: str, job: str) -> str:
+    """The quick answer to restart/start/stop: the run is under way."""
+    return f"queued run {run_id} for {job}"
+
+
+def queued_detail(action: str, channel: str | None) -> str:
+    """Where the run's steps will appear."""
+    where = f" in <#{channel}>" if channel else ""
+    return f"the {action} runs step by step{where}; the verified result follows in its thread"

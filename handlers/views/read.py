@@ -1,0 +1,329 @@
+"""The read-only verbs: status, logs, patches, lock, history, help — and ``unlock``.
+
+They do their remote work inline (the Slack surface acks first) and return a :class:`~handlers.reply.Reply`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from handlers.context import Context
+from handlers.grammar import parse as grammar
+from handlers.grammar.commands import Command
+from handlers.reply import Reply, Status, Table, mention, who
+from handlers.runs.view import thread_key
+from handlers.text import (
+    FIELD_AVAILABLE,
+    FIELD_IN_EFFECT,
+    FIELD_RUN,
+    FIELD_SHA256,
+    FIELD_SINCE,
+    HISTORY_APPROVAL_HEADERS,
+    HISTORY_APPROVALS_TITLE,
+    HISTORY_BREAK_GLASS,
+    HISTORY_HEADERS,
+    HISTORY_REFUSAL_HEADERS,
+    HISTORY_REFUSALS_TITLE,
+    RUN_AWAITING_VERDICT,
+    RUN_DONE,
+    STATUS_HEADERS,
+    STATUS_NONE,
+)
+from handlers.watch.alerts import job_owners
+from handlers.watch.cycle import probe_slow_line
+from pipeline import fmt
+from pipeline.config import Config
+from pipeline.engines.base import Sighting
+from pipeline.engines.workdir import patch_digest
+from pipeline.errors import RemoteError
+from pipeline.host.probe import JobProbe
+from pipeline.observe.watch import probe_slow
+from pipeline.state.audit import APPROVALS, REFUSALS, Audit
+from pipeline.state.jobstate import scope_of
+from pipeline.state.locks import Holder
+from pipeline.state.posts import Posts
+from pipeline.state.runs import RunRecord
+from pipeline.state.undelivered import UndeliveredAlerts
+from pipeline.verdict import Outcome, Step
+
+_MAX_REFUSALS = 10
+
+
+def _when(config: Config, ts: float) -> str:
+    """``21:15:01 UTC`` today, with the date in front on another day (the configured timezone)."""
+    return fmt.clock(ts, config.scheduler.timezone)
+
+
+def _run_outcome(run: RunRecord) -> str:
+    if run.verdict is not None:
+        return run.verdict.value
+    if run.finished_at is not None:
+        return RUN_DONE
+    verify = run.step(Step.VERIFY)
+    if verify is not None and verify.outcome in (Outcome.WAITING, Outcome.RUNNING):
+        return RUN_AWAITING_VERDICT
+    step = run.current_step
+    return f"in flight ({step.value})" if step else "in flight"  # a run without verdict yet
+
+
+async def status_command(ctx: Context, job: str | None) -> Reply:
+    """``status [JOB]``: per job its state (running/stopped/unknown), PID, processes n/expected,
+    uptime, last restart and who, lock holder, patches in effect.  Probes each host once; one that
+    cannot be reached makes its jobs' state ``unknown`` (with the reason), not a failed answer."""
+    config = ctx.config
+    names = [job] if job else list(config.jobs)
+    if not names:
+        return Reply(title=STATUS_NONE, status=Status.WARNING)
+    snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
+    seen = await ctx.restarter.sightings([(n, config.jobs[n], dict(snaps[n].current) or None) for n in names])
+    now = time.time()  # after the probes: "ago" and uptimes as of the answer
+    rows: list[tuple[str, ...]] = []
+    lines: list[str] = []
+    tone = Status.OK
+    slow_hosts: set[str] = set()
+    for name in names:
+        spec, snap = config.jobs[name], snaps[name]
+        sight = seen.get(name) or Sighting(JobProbe(job=name, error="no answer"), spec.expected_processes)
+        if probe_slow(snap.watch.probe_s, spec) and spec.host not in slow_hosts:
+            slow_hosts.add(spec.host)
+            slow = probe_slow_line(spec.host, snap.watch.probe_s or 0.0)
+            lines.append(f"{slow} at the last watch cycle (interval {spec.watch.interval:g} s)")
+        if sight.probe.error is not None:
+            state, procs = "unknown", "?"
+            lines.append(f"{name}: state unknown - {spec.host}: {sight.probe.error}")
+            tone = Status.ERROR
+        else:
+            state = sight.word or ("running" if sight.probe.count > 0 else "stopped")
+            procs = f"{sight.probe.count}/{sight.expected}"
+            if sight.line:
+                lines.append(sight.line)
+            if not sight.healthy and tone is Status.OK:
+                tone = Status.WARNING
+        uptime = fmt.duration(sight.uptime_s) if sight.uptime_s else ""
+        if sight.uptime_s is None and state == "running" and snap.launched_at is not None:
+            uptime = fmt.duration(now - snap.launched_at)
+        latest, last = snap.latest, ""
+        if latest:
+            ago = f"{fmt.duration(now - latest.created_at)} ago"
+            last = f"{latest.id} {latest.action} {ago} by {who(latest.requested_by)}: {_run_outcome(latest)}"
+        held = Holder.from_hash(snap.scope, snap.lock_holder) if snap.lock_held and snap.lock_holder else None
+        lock = f"{held.action} by {who(held.user)}, at {held.step}" if held else ""
+        actor = latest.requested_by if latest is not None and latest.action in ("start", "restart") else None
+        owners = job_owners(config, name, actor)
+        if owners:  # their alerts page them
+            lines.append(f"{name} is owned by {', '.join(mention(o) for o in owners)}")
+        cells = (name, state, sight.who or snap.pid, procs, uptime, last, lock, ", ".join(snap.patches))
+        rows.append(tuple(cell or "-" for cell in cells))
+    failure = await ctx.redis.open_store(Posts).last_failure()  # written by the Slack outbox
+    if failure.get("line"):
+        try:
+            ago = f"{fmt.duration(now - float(failure.get('at', now)))} ago"
+        except ValueError:
+            ago = "?"
+        lines.append(f"last Slack delivery failure {ago}: {failure['line']}")
+    lost = await ctx.redis.open_store(UndeliveredAlerts).last()
+    if lost is not None:
+        ago = f"{fmt.duration(now - lost.at)} ago"  # and who got the alert instead
+        shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in lost.told]
+        instead = f"went to {', '.join(shown)} instead" if lost.told else "reached no one"
+        lines.append(
+            f"last undelivered alert {ago}: {lost.title} - {lost.error} in <#{lost.channel}>, {instead}"
+        )
+    kept = await ctx.redis.persistence()
+    how = "every write, fsynced each second (append-only file)" if kept.aof else "at snapshots only"
+    where, saved = kept.where or ctx.redis.description, _when(config, kept.last_save)
+    lines.append(f"state in {where}: persisted {how}; last snapshot {saved}")
+    return Reply(
+        title=f"status of {len(names)} job{'s' if len(names) != 1 else ''}",
+        status=tone,
+        tables=(Table(STATUS_HEADERS, tuple(rows)),),
+        lines=tuple(lines),
+    )
+
+
+async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
+    """``logs JOB [N]``: the last N lines of the job's log; :class:`RemoteError` if it cannot be read."""
+    text = await ctx.restarter.log_tail(job, lines)
+    title = logs_title(lines, ctx.config.jobs[job].log, job)
+    if not text.strip():
+        return Reply(title=title, lines=(f"the log of {job} is empty or missing",))
+    return Reply(title=title, log=text)
+
+
+async def patches_command(ctx: Context, job: str) -> Reply:
+    """``patches JOB``: the configured patches and those in effect in the workdir now (``git apply
+    --reverse --check`` on the host; if it cannot be reached, the set the last restart recorded)."""
+    spec = ctx.config.jobs[job]
+    lines: list[str] = []
+    tone = Status.INFO
+    try:
+        in_effect = list(await ctx.restarter.patches_in_effect(job))
+    except RemoteError as exc:
+        in_effect = sorted(await ctx.records.stored_patches(job))
+        lines.append(
+            f"could not check the workdir ({exc.message}) - showing the set recorded by the last restart"
+        )
+        tone = Status.WARNING
+    hashes = []
+    for name, path in spec.patches.items():  # what an approval would name: the file's bytes now
+        try:
+            hashes.append(f"{name} {(await asyncio.to_thread(patch_digest, name, path)).sha256[:12]}")
+        except (OSError, UnicodeDecodeError) as exc:
+            lines.append(f"patch {name} cannot be read here, so it has no hash: {exc}")
+    fields = [
+        (FIELD_AVAILABLE, ", ".join(spec.patches) if spec.patches else "none configured"),
+        (FIELD_IN_EFFECT, ", ".join(in_effect) if in_effect else "none"),
+    ]
+    fields += [(FIELD_SHA256, ", ".join(hashes))] if hashes else []
+    return Reply(title=f"patches of {job}", status=tone, fields=tuple(fields), lines=tuple(lines))
+
+
+async def lock_command(ctx: Context, job: str) -> Reply:
+    """``lock JOB``: who holds the job's restart lock, since when, which step."""
+    h = await ctx.locks.holder(scope_of(ctx.config, job))
+    if h is None:
+        return Reply(title=lock_free(job), status=Status.OK)
+    fields = ((FIELD_SINCE, _when(ctx.config, h.started_at)), *(((FIELD_RUN, h.run_id),) if h.run_id else ()))
+    return Reply(
+        title=lock_held(h.scope, h.action, h.job, h.user, h.age(), h.step, h.run_id),
+        status=Status.WARNING,
+        fields=fields,
+        run_id=h.run_id or None,
+    )
+
+
+async def unlock_command(ctx: Context, job: str, user: str) -> tuple[Reply, Holder | None]:
+    """``unlock JOB`` (admin): force the lock free; the holder's run learns it lost the lock.
+    Returns the reply and who held the lock (None if it was free)."""
+    scope = scope_of(ctx.config, job)
+    holder = await ctx.locks.force_release(scope)
+    if holder is None:
+        return Reply(title=unlock_not_held(scope), status=Status.INFO), None
+    if holder.run_id:
+        channel = ctx.config.channel_for(holder.job) if holder.job in ctx.config.jobs else None
+        key = thread_key(holder.run_id)
+        await ctx.outbox.thread(
+            key, Reply(title=lock_forced_note(user), status=Status.WARNING, thread_key=key), channel
+        )
+    return Reply(title=unlocked(scope, user, holder.user), status=Status.WARNING), holder
+
+
+async def history_command(ctx: Context, audit: Audit, job: str | None, count: int) -> Reply:
+    """``history [JOB] [N]``: the last N runs (run id, when, who, action, patches, verdict,
+    duration), newest first, and the recent denied/refused/failed requests from the audit trail."""
+    config, recent = ctx.config, min(count, _MAX_REFUSALS)
+    runs = await ctx.runs.recent(job, count)
+    rows = []
+    for run in runs:
+        end = run.finished_at or run.launched_at
+        rows.append(
+            (
+                run.id,
+                _when(config, run.created_at),
+                who(run.requested_by) + (f" + {who(run.approved_by)}" if run.approved_by else ""),
+                run.action + (f" ({HISTORY_BREAK_GLASS})" if run.break_glass else ""),
+                ", ".join(run.patches) or "-",
+                run.verdict_line or _run_outcome(run),
+                fmt.duration(end - run.created_at) if end else "-",
+            )
+        )
+    follow_ups = []
+    if refusals := await audit.recent(job=job, outcomes=REFUSALS, count=recent):
+        refused = tuple(
+            (
+                _when(config, e.ts),
+                who(e.user),
+                e.text[:80],
+                e.outcome.value,
+                e.detail.splitlines()[0][:120] if e.detail else "",
+            )
+            for e in refusals
+        )
+        follow_ups.append(
+            Reply(title=HISTORY_REFUSALS_TITLE, tables=(Table(HISTORY_REFUSAL_HEADERS, refused),))
+        )
+    if decisions := await audit.recent(job=job, outcomes=APPROVALS, count=recent):
+        decided = tuple(
+            (_when(config, e.ts), e.run_id or "-", who(e.user), e.outcome.value, e.detail[:200])
+            for e in decisions
+        )
+        follow_ups.append(
+            Reply(title=HISTORY_APPROVALS_TITLE, tables=(Table(HISTORY_APPROVAL_HEADERS, decided),))
+        )
+    return Reply(
+        title=history_title(job, len(runs)),
+        tables=(Table(HISTORY_HEADERS, tuple(rows)),) if rows else (),
+        lines=() if rows else (f"no restarts{f' of {job}' if job else ''} recorded yet",),
+        follow_ups=tuple(follow_ups),
+    )
+
+
+def help_command(command: Command, *, typed: str = "") -> Reply:
+    """``help [VERB]``: every verb's usage, what it does and the role it needs; or one verb's
+    usage lines and examples.  Derived from the command table (:data:`handlers.grammar.parse.GRAMMAR`).
+
+    :param typed: what comes before a verb on the surface (``/train `` in Slack, nothing in the console).
+    """
+    topic = command.topic
+    if topic is not None:
+        spec = grammar.VERBS[topic]
+        lines = [f"`{u}`" for u in spec.usages[1:]]
+        lines += [spec.summary, f"needs the {spec.role.label} role"]
+        if spec.examples:
+            lines.append("examples: " + "; ".join(f"`{e}`" for e in spec.examples))
+        return Reply(title=f"usage: {spec.usages[0]}", lines=tuple(lines))
+    lines = [f"`{spec.usages[0]}` - {spec.summary} ({spec.role.label})" for spec in grammar.GRAMMAR]
+    lines.append(
+        f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
+    )
+    return Reply(title=help_title(), lines=tuple(lines))
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def help_title() -> str:
+    """The heading of ``help``."""
+    return "Pitstop commands"
+
+
+def lock_free(job: str) -> str:
+    """``lock JOB`` when nothing holds it."""
+    return f"no restart of {job} in flight - the lock is free"
+
+
+def lock_held(scope: str, action: str, job: str, user: str, seconds: float, step: str, run_id: str) -> str:
+    """``lock JOB`` when something holds it."""
+    run = f" (run {run_id})" if run_id else ""
+    return (
+        f"{scope} is locked: {action} of {job}{run} started by {who(user)} {int(seconds)} s ago, "
+        f"now at: {step}"
+    )
+
+
+def unlocked(scope: str, user: str, holder: str | None) -> str:
+    """``unlock JOB`` forced the lock free."""
+    was = f" (was held by {who(holder)})" if holder else ""
+    return f"lock on {scope} released by {who(user)}{was}"
+
+
+def unlock_not_held(scope: str) -> str:
+    """``unlock JOB`` when nothing held the lock."""
+    return f"{scope} was not locked - nothing to release"
+
+
+def logs_title(lines: int, path: str, job: str) -> str:
+    """What a ``logs`` excerpt is."""
+    return f"last {lines} lines of {path} ({job})"
+
+
+def history_title(job: str | None, count: int) -> str:
+    """The heading of ``history``."""
+    of = f" of {job}" if job else ""
+    return f"history{of}: last {count} run{'s' if count != 1 else ''}"
+
+
+def lock_forced_note(user: str) -> str:
+    """Posted in a run's thread when ``unlock`` freed its lock."""
+    return f"the lock of this run was forced free by {who(user)}"

@@ -1,0 +1,412 @@
+"""Reports: throughput digests (``digest [JOB]``) and a host's GPUs (``gpus HOST``).
+
+The scheduler calls :func:`digest_command` with ``scheduled=True`` and posts the reply to the job's
+channel; a person's ``digest`` moves no offset (:mod:`pipeline.digest.report`).  Expected failures
+(host unreachable, log missing, nvidia-smi absent) become a reply saying so, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from handlers.context import Context
+from handlers.grammar.commands import close_names
+from handlers.reply import Reply, Status, Table, refused
+from handlers.runs.attempts import ATTEMPT_HEADERS, NA, attempt_rows
+from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
+from pipeline import fmt
+from pipeline.digest.report import Digest, GpuRow, build_digest
+from pipeline.digest.stats import TARGET, DigestSummary
+from pipeline.errors import ExitCode, PitstopError, RemoteError
+from pipeline.observe.attempts import TrainingProgress
+from pipeline.observe.gpus import (
+    QUERY_GPU_ARGV,
+    ComputeApp,
+    GpuStat,
+    compute_apps,
+    parse_query_gpu,
+    query_gpus,
+)
+
+
+def _change(change: dict[str, float], key: str) -> str:
+    pct = change.get(key)
+    return f" ({fmt.signed_pct(pct)})" if pct is not None else ""
+
+
+def _step_time(digest: Digest) -> str:
+    """Pipeline (drafter) step time with its change, then the targets' own (they include queue waits)."""
+    s = digest.summary
+    text = f"{_secs(s.step_p50)} / {_secs(s.step_p95)}" + _change(digest.change, "step_p50")
+    targets = s.role(TARGET)
+    if targets is not None:
+        text += f"; targets {_secs(targets.step_p50)} / {_secs(targets.step_p95)}"
+    return text
+
+
+def _topk(s: DigestSummary, change: dict[str, float]) -> str:
+    """Top-1/4/8 accuracy in percent (the mean of each drafter rank's last line), with their changes."""
+    keys = ("top1", "top4", "top8")
+    shown = " / ".join(fmt.number(v, "{:.1%}") for v in (s.top1, s.top4, s.top8))
+    moved = " / ".join(fmt.signed_pct(change[k]) if k in change else NA for k in keys)
+    return f"{shown} (each drafter's last line)" + (f" ({moved})" if any(k in change for k in keys) else "")
+
+
+def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
+    """The reply for a built digest: headline with ±%, fields, per-rank and per-GPU tables, chart.
+
+    :param digest: from :func:`pipeline.digest.report.build_digest`.
+    :param timezone: how the attempts' start times are shown (``[scheduler] timezone``).
+    :returns: the reply (``status`` WARNING when drafters are starved, no metric lines were
+        found, or GPU data is missing).
+    """
+    s = digest.summary
+    w = digest.window
+    lines: list[str] = []
+    warn = False
+    if (note := digest_window_note(w.kind.value, digest.path, digest.max_bytes)) is not None:
+        lines.append(note)
+    if w.skipped and w.kind.value == "since_last":
+        lines.append(
+            f"{fmt.size(w.skipped)} of metric log written since the last digest were not read "
+            f"(a digest reads the last {fmt.size(digest.max_bytes)} at most)"
+        )
+    if not s.metric_lines:
+        lines.append(
+            f"no metric lines for {digest.job} in the {fmt.size(s.bytes_read)} read from {digest.path}"
+        )
+        warn = True
+    if s.starved and s.queue_mean is not None:
+        lines.append(digest_starved(s.queue_mean))
+        warn = True
+    if digest.silent:
+        named = "; ".join(
+            f"rank {q.rank} ({q.role}) {digest_silent_cell(q.last_seen)}" for q in digest.silent
+        )
+        lines.append(f"{named}: no metric line in this window")
+        warn = True
+    if s.resets:
+        lines.append(digest_resets(s.resets))
+    if digest.gpu_note:
+        lines.append(digest.gpu_note)
+        warn = True
+    targets = s.role(TARGET)
+    fields: list[tuple[str, str]] = [
+        ("uptime", fmt.duration(digest.uptime_s)),
+        ("restarts", _restarts(digest.restarts)),
+        ("window", _window(s.window_start, s.window_end, s.bytes_read, w.skipped)),
+    ]
+    if targets is not None:
+        fields.append(("targets", digest_targets(s.target_tokens_per_s, targets.ranks)))
+    fields += [
+        ("step time p50/p95", _step_time(digest)),
+        ("queue depth", f"mean {fmt.number(s.queue_mean, '{:.1f}')}, max {fmt.number(s.queue_max)}"),
+        ("loss", f"{fmt.number(s.loss_last, '{:.3f}')} last, {fmt.number(s.loss_mean, '{:.3f}')} mean"),
+        ("top-1/4/8", _topk(s, digest.change)),
+    ]
+    if digest.progress is not None:
+        fields.append(("progress", digest_progress(digest.progress)))
+    tables = []
+    if s.ranks or digest.silent:
+        rows = [
+            (r.rank, str(r.rank), r.role, r.device or NA, fmt.number(r.tokens_per_s), _secs(r.step_p50))
+            for r in s.ranks
+        ]
+        rows += [
+            (q.rank, str(q.rank), q.role, NA, digest_silent_cell(q.last_seen), NA) for q in digest.silent
+        ]
+        rank_rows = tuple(row[1:] for row in sorted(rows))
+        tables.append(Table(("rank", "role", "device", "tokens/s", "step p50"), rank_rows))
+    if digest.gpus:
+        gpu_rows = tuple((str(g.index), g.role, *_gpu_use(g)) for g in digest.gpus)
+        tables.append(Table(("gpu", "role", "util", "memory used/total", "power"), gpu_rows))
+    if digest.attempts:  # the footer: one row per attempt
+        tables.append(
+            Table(ATTEMPT_HEADERS, attempt_rows(list(digest.attempts), timezone, live=digest.live_run))
+        )
+    tps = s.pipeline_tokens_per_s
+    if tps is None:
+        title = f"digest {digest.job}: no throughput in this window"
+    else:  # digest dflash: 1,234 tokens/s (+5.2%)
+        title = f"digest {digest.job}: {tps:,.0f} tokens/s{_change(digest.change, 'pipeline_tokens_per_s')}"
+    return Reply(
+        title=title,
+        status=Status.WARNING if warn else Status.OK,
+        lines=tuple(lines),
+        fields=tuple(fields),
+        tables=tuple(tables),
+        chart=str(digest.chart) if digest.chart else None,
+    )
+
+
+def _gpu_use(g: GpuStat | GpuRow, used: str | None = None) -> tuple[str, str, str]:
+    """A GPU's util, memory used/total (or, given a format, used only) and power cells."""
+    if used is not None:
+        memory = fmt.number(g.memory_used_mib, used, " MiB")
+    elif g.memory_used_mib is None and g.memory_total_mib is None:
+        memory = NA
+    else:
+        memory = f"{fmt.number(g.memory_used_mib)} / {fmt.number(g.memory_total_mib)} MiB"
+    return fmt.number(g.utilization_pct, "{:.0f}", "%"), memory, fmt.number(g.power_w, "{:.0f}", " W")
+
+
+async def _one_digest(ctx: Context, job: str, scheduled: bool) -> Reply:
+    try:
+        digest = await build_digest(
+            job, config=ctx.config, redis=ctx.redis, ssh=ctx.ssh, events=ctx.events, scheduled=scheduled
+        )
+    except PitstopError as exc:
+        title = f"digest {job}: could not be built - {exc.message}"
+        return Reply(title=title, status=Status.ERROR, exit_code=exc.exit_code)
+    return digest_reply(digest, ctx.config.scheduler.timezone)
+
+
+async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = False) -> Reply:
+    """``digest [JOB]``: a throughput digest of one job (any case), or of every configured job: a
+    short heading with one follow-up digest per job, each posted in its thread with its chart.
+
+    :param scheduled: the scheduler's digest: moves the job's offset and stores the numbers the
+        next digest compares against.  A person's digest is on demand (False).
+    :returns: the reply; an unknown job is an ephemeral usage error with a did-you-mean.
+    """
+    names = list(ctx.config.jobs)
+    if job is not None:
+        try:
+            name = ctx.config.job_name(job)
+        except KeyError:
+            return refused(digest_unknown_job(job, close_names(job, names, 2)))
+        return await _one_digest(ctx, name, scheduled)
+    if not names:
+        return Reply(title=DIGEST_NO_JOBS, status=Status.INFO)
+    if len(names) == 1:
+        return await _one_digest(ctx, names[0], scheduled)
+    follow = [await _one_digest(ctx, name, scheduled) for name in names]
+    worst = max((f.exit_code for f in follow), default=ExitCode.OK)
+    warned = any(f.status is Status.WARNING for f in follow)
+    return Reply(
+        title=digest_all_title(len(names)),
+        status=Status.ERROR if worst else Status.WARNING if warned else Status.OK,
+        lines=tuple(f.title for f in follow),
+        follow_ups=tuple(follow),
+        exit_code=worst,
+    )
+
+
+# --- gpus HOST ----------------------------------------------------------------------------------
+
+
+async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
+    """Host PIDs → job name, from each job's recorded pid/sid and its current process list."""
+    owners: dict[int, str] = {}
+    jobs = [(n, j) for n, j in ctx.config.jobs.items() if j.host == host]
+    if not jobs:
+        return owners
+    entries = []
+    snaps = await ctx.jobs.read_many([n for n, _ in jobs])
+    for (name, spec), snap in zip(jobs, snaps, strict=True):
+        entries.append((name, spec, snap.current or None))
+        for field in ("pid", "sid"):
+            value = snap.current.get(field)
+            if value and value.isdigit() and not snap.stopped:
+                owners[int(value)] = name
+    for name, sight in (await ctx.restarter.sightings(entries)).items():
+        for pid in (*sight.probe.session_pids, *sight.probe.pids):
+            owners[pid] = name
+    return owners
+
+
+def _gpu_table(gpus: Sequence[GpuStat], apps: Sequence[ComputeApp] | None, owners: dict[int, str]) -> Table:
+    per_gpu: dict[int, list[str]] = {}
+    for app in apps or ():
+        index = getattr(app, "gpu_index", None)
+        if isinstance(index, int):
+            job = owners.get(app.pid)
+            mem = f" {fmt.number(app.used_memory_mib)} MiB" if app.used_memory_mib is not None else ""
+            per_gpu.setdefault(index, []).append(f"{app.pid}{f' ({job})' if job else ''}{mem}")
+    rows = [(str(g.index), g.name or NA, *_gpu_use(g)) for g in gpus]
+    headers = ("gpu", "name", "util", "memory used/total", "power")
+    if not per_gpu:  # where each process runs is not known: no column for it
+        return Table(headers, tuple(rows))
+    placed = tuple((*r, ", ".join(per_gpu.get(g.index, [])) or "-") for g, r in zip(gpus, rows, strict=True))
+    return Table((*headers, "processes"), placed)
+
+
+async def _job_gpus(ctx: Context, name: str) -> Reply | None:
+    """``gpus JOB`` for a job whose run holds nodes of its own (a Slurm job): the GPUs of each,
+    one table per node; None for a job its host answers for.
+
+    :returns: a warning reply when the run holds no nodes now, an error reply when none answered.
+    """
+    try:
+        answer = await ctx.restarter.node_outputs(name, QUERY_GPU_ARGV)
+    except RemoteError as exc:
+        return Reply(title=gpus_unavailable(ctx.config.jobs[name].host, exc.message), status=Status.ERROR)
+    except PitstopError as exc:
+        return Reply(title=exc.message, status=Status.WARNING)
+    if answer is None:
+        return None
+    tables: list[Table] = []
+    lines: list[str] = []
+    for node, text in answer.outputs.items():
+        try:
+            gpus = parse_query_gpu(text)
+        except PitstopError as exc:
+            lines.append(f"{node}: {exc.message}")
+            continue
+        rows = tuple((node, str(g.index), g.name, *_gpu_use(g, "{:,.0f}")) for g in gpus)
+        tables.append(Table(("node", "gpu", "name", "util", "memory", "power"), rows))
+    count, nodes = sum(len(t.rows) for t in tables), len(answer.outputs)
+    return Reply(
+        title=f"GPUs of {name} ({answer.who}): {count} on {nodes} node{'s' if nodes != 1 else ''}",
+        status=Status.OK if not lines else Status.WARNING,
+        lines=tuple(lines),
+        tables=tuple(tables),
+    )
+
+
+async def gpus_command(ctx: Context, host: str) -> Reply:
+    """``gpus HOST``: the host's GPUs (utilisation, memory, power) and the processes on them.
+
+    Fields nvidia-smi reports as ``[N/A]`` / ``[Not Supported]`` show as ``n/a``.  Processes
+    holding GPU memory are mapped to jobs by the jobs' recorded pid/session and their current
+    process lists (host PIDs: processes inside a container show without a job).
+
+    :param host: a configured host name (case-insensitive), or a job whose run holds nodes.
+    :returns: the reply: one GPU table, and a process table when the per-GPU placement of
+        processes is not known; an error reply when the host gave no GPU data.
+    """
+    try:
+        name = ctx.config.host_name(host)
+    except KeyError:
+        job = next((j for j in ctx.config.jobs if j.lower() == host.lower()), None)
+        if job is not None and (reply := await _job_gpus(ctx, job)) is not None:
+            return reply
+        return refused(gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)))
+    try:
+        gpus = await query_gpus(ctx.ssh, name)
+    except PitstopError as exc:
+        return Reply(title=gpus_unavailable(name, exc.message), status=Status.ERROR, exit_code=exc.exit_code)
+    lines: list[str] = []
+    apps: list[ComputeApp] | None
+    try:
+        apps = await compute_apps(ctx.ssh, name)
+    except PitstopError as exc:
+        apps = None
+        lines.append(f"processes on the GPUs unknown: {exc.message}")
+    owners = await _pid_jobs(ctx, name) if apps else {}
+    tables = [_gpu_table(gpus, apps, owners)]
+    if apps is not None and not apps:
+        lines.append(GPUS_NO_PROCESSES)
+    elif apps and "processes" not in tables[0].headers:
+        rows = tuple(
+            (str(a.pid), owners.get(a.pid, "-"), fmt.number(a.used_memory_mib, "{:,.0f}", " MiB"))
+            for a in apps
+        )
+        tables.append(Table(("pid", "job", "gpu memory"), rows))
+    return Reply(
+        title=gpus_title(name, len(gpus)), status=Status.OK, lines=tuple(lines), tables=tuple(tables)
+    )
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def digest_progress(p: TrainingProgress) -> str:
+    """``drafter step 12,000 of 100,000 (12.0 %), ETA 3 h 5 min at 7.93 steps/s`` (the current rate)."""
+    role = f"{p.role} " if p.role else ""
+    done = f"{role}step {p.step:,} of {p.total:,} ({p.fraction * 100:.1f} %)"
+    if p.step >= p.total:
+        return f"{done}, done"
+    if p.eta_s is None:
+        return f"{done}, ETA unknown (no rate in this window)"
+    return f"{done}, ETA {fmt.duration(p.eta_s)} at {p.steps_per_s:.2f} steps/s"
+
+
+def digest_targets(tokens_per_s: float | None, ranks: int) -> str:
+    """The target ranks' own throughput, shown apart: the drafters consume what the targets produce."""
+    return (
+        f"{fmt.number(tokens_per_s)} tokens/s over {ranks} rank(s), not added to the pipeline's throughput"
+        " (the drafters consume what the targets produce)"
+    )
+
+
+def digest_silent_cell(last_seen: float | None) -> str:
+    """A silent rank's cell in the digest's rank table: ``silent since 02:06:13 UTC``."""
+    if last_seen is None:
+        return "silent (no metric line seen yet)"
+    return f"silent since {fmt.clock(last_seen, date=False)}"
+
+
+def _window(start: float | None, end: float | None, read: int, skipped: int) -> str:
+    """The window a digest covers: time span of its metric lines and bytes read."""
+    span = (
+        f"{fmt.duration(end - start)} ({fmt.clock(start, date=False)} to {fmt.clock(end, date=False)})"
+        if start is not None and end is not None
+        else "no timestamps"
+    )
+    more = f", {fmt.size(skipped)} earlier not read" if skipped else ""
+    return f"{span}, {fmt.size(read)} read{more}"
+
+
+def digest_window_note(kind: str, path: str, max_bytes: int) -> str | None:
+    """Why a window is not simply 'since the last digest' (``None`` when it is)."""
+    notes = {
+        "last_bytes": f"first digest of {path}: read its last {fmt.size(max_bytes)} at most",
+        "repeat": "nothing new since the last scheduled digest - showing its window again",
+        "truncated": f"{path} was truncated since the last digest - read from its start",
+        "rotated": f"{path} was replaced (rotated) since the last digest - read the new file from its start",
+    }
+    return notes.get(kind)
+
+
+def digest_starved(queue_mean: float) -> str:
+    """The drafters' hidden-state queue is ~empty: the targets cannot keep up."""
+    return (
+        f"drafters are starved: mean hidden-state queue depth {queue_mean:.2f} - "
+        "the target GPUs cannot keep up"
+    )
+
+
+def digest_resets(count: int) -> str:
+    """Token counters went down inside the window (a relaunch)."""
+    return f"{count} token counter reset(s) in the window (a relaunch); counted from zero after each"
+
+
+def _secs(value: float | None) -> str:
+    return fmt.number(value, "{:.3f}", " s")
+
+
+def _restarts(ids: Sequence[str] | None) -> str:
+    """Restarts during the window (None: unknown)."""
+    if ids is None:
+        return NA
+    if not ids:
+        return "none"
+    return f"{len(ids)} ({', '.join(ids[:5])}{', …' if len(ids) > 5 else ''})"
+
+
+def digest_all_title(jobs: int) -> str:
+    """Heading of ``digest`` without a job: one follow-up per job."""
+    return f"digest of {jobs} job(s)"
+
+
+def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
+    """``digest NAME`` for a job that is not configured."""
+    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
+    return f"no job named {job}{hint}"
+
+
+def gpus_unavailable(host: str, detail: str) -> str:
+    """``gpus HOST`` when the host gave no GPU data."""
+    return f"no GPU data from {host}: {detail}"
+
+
+def gpus_title(host: str, count: int) -> str:
+    """Heading of ``gpus HOST``."""
+    return f"GPUs on {host}: {count}"
+
+
+def gpus_unknown_host(host: str, suggestions: Sequence[str]) -> str:
+    """``gpus NAME`` for a host that is not configured."""
+    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
+    return f"no host named {host}{hint}"

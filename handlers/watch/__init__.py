@@ -1,0 +1,9 @@
+"""``handlers.watch`` — the watch cycle and its alerts: the cycle (:mod:`~handlers.watch.cycle`),
+alert replies (:mod:`~handlers.watch.alerts`), acks (:mod:`~handlers.watch.acks`), storms told as one
+story (:mod:`~handlers.watch.storm`), the cycle's own figures (:mod:`~handlers.watch.stats`), and the
+evidence an alert carries: crashes (:mod:`~handlers.watch.crashcheck`), hangs
+(:mod:`~handlers.watch.hangevidence`).
+
+May import: ``handlers.request.auth`` (the system user), ``handlers.runs``, the loose modules of
+``handlers``, and ``pipeline``.
+"""

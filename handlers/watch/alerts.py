@@ -1,0 +1,302 @@
+"""Replies for the watcher's posts: an incident's alert (the headline ``incident:JOB:N``), its
+headline updates (resolved, acknowledged) and its thread notes — built from the stored
+:class:`~pipeline.state.incidents.Incident` alone, so any process can rebuild them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from handlers.reply import Reply, Status, mention
+from handlers.text import ALERT_FIELD_LABELS, ALERT_NEVER_SEEN, ALERT_NO_LOG
+from pipeline import fmt
+from pipeline.config import AutoRestart, Config
+from pipeline.errors import ExitCode
+from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind
+
+
+def mention_of(config: Config) -> str | None:
+    """The configured ``alert_mention`` in Slack syntax, or None."""
+    target = config.slack.alert_mention
+    return mention(target) if target else None
+
+
+def job_owners(config: Config, job: str, last_actor: str | None) -> tuple[str, ...]:
+    """Who owns ``job``: ``[jobs.NAME] owners``, plus with ``notify_last_actor`` ``last_actor``
+    (the user who last started or restarted it, if a user id)."""
+    spec = config.jobs.get(job)
+    if spec is None:
+        return ()
+    actor = last_actor if spec.notify_last_actor else None
+    extra = [actor] if actor and actor.startswith(("U", "W")) else []
+    return tuple(dict.fromkeys([*spec.owners, *extra]))
+
+
+def paged(config: Config, incidents: Iterable[Incident]) -> tuple[tuple[str, ...], str]:
+    """The owners of the incidents' jobs (:func:`job_owners`, with the actor recorded when each
+    opened), and the mentions that page ``alert_mention`` and them ("" for nobody)."""
+    owners = tuple(dict.fromkeys(o for i in incidents for o in job_owners(config, i.job, i.last_actor)))
+    return owners, " ".join(w for w in (mention_of(config), *map(mention, owners)) if w)
+
+
+def page_by_dm(config: Config, key: str) -> list[str]:
+    """Who gets an alert (key ``incident:JOB:N``) by DM when no channel takes it: its job's owners,
+    then the admins (user and user-group ids, without ``"*"``)."""
+    job = key.removeprefix("incident:").rpartition(":")[0]
+    owners = config.jobs[job].owners if job in config.jobs else []
+    return [who for who in dict.fromkeys([*owners, *config.auth.admins]) if who != "*"]
+
+
+def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, str], ...]:
+    label, tz, seen = ALERT_FIELD_LABELS, config.scheduler.timezone, incident.last_alive_at
+    out = [
+        (label["job"], incident.job),
+        (label["host"], incident.host),
+        (label["processes"], f"{incident.count}/{incident.expected}"),
+    ]
+    if incident.last_pid is not None:
+        out.append((label["last_pid"], str(incident.last_pid)))
+    alive = (
+        f"{fmt.clock(seen, tz)} ({fmt.duration(now - seen)} ago)" if seen is not None else ALERT_NEVER_SEEN
+    )
+    out.append((label["last_alive"], alive))
+    if incident.exit_cause:
+        out.append((label["exit"], incident.exit_cause))
+    if incident.error:
+        out.append((label["error"], incident.error))
+    out.append((label["opened"], fmt.clock(incident.opened_at, tz)))
+    if incident.auto_restarts:
+        out.append((label["auto"], str(incident.auto_restarts)))
+    if incident.acked_by:
+        out.append((label["acked"], mention(incident.acked_by)))
+    return tuple(out)
+
+
+def _title(i: Incident, config: Config, now: float) -> str:
+    """The headline of a new alert, by incident kind."""
+    job, host, procs = i.job, i.host, f"{i.count}/{i.expected}"
+    if i.kind is IncidentKind.DEAD:
+        return f"{job} is down: no processes left on {host} (expected {i.expected})"
+    if i.kind is IncidentKind.DEGRADED:
+        return f"{job} is degraded: {procs} processes on {host}"
+    if i.kind is IncidentKind.STALLED:
+        quiet = config.jobs[job].watch.stall_after + (now - i.opened_at) if job in config.jobs else None
+        idle = f" for {fmt.duration(quiet)}" if quiet is not None else ""
+        return f"{job} has stalled: alive ({procs}) but no new log output{idle}"
+    if i.kind is IncidentKind.STUCK_RANK:
+        return f"{job} has a stuck rank on {host}: one rank stopped advancing while the others wait"
+    if i.kind is IncidentKind.UNREACHABLE:
+        return f"host {host} unreachable - cannot check {job}"
+    if i.kind is IncidentKind.CRASH_LOOP:
+        return f"{job} is crash-looping on {host} - automatic restarts given up"
+    if i.kind is IncidentKind.IDLE_GPUS:
+        return f"{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working"
+    return f"{job}: {i.kind.value} on {host}"
+
+
+def _status(incident: Incident) -> Status:
+    severe = incident.kind in (IncidentKind.DEAD, IncidentKind.CRASH_LOOP)
+    return Status.ERROR if severe else Status.WARNING
+
+
+def alert_reply(
+    incident: Incident, config: Config, *, now: float | None = None, mention: bool = True
+) -> Reply:
+    """The headline of an open incident: what, where, since when, the cause and the log tail.
+
+    :param now: unix s (default: the current time), for "N min ago".
+    :param mention: include ``alert_mention`` (the first post); headline updates leave it out.
+    :returns: a WARNING reply (ERROR for dead and crash loops) keyed ``incident:JOB:N``.
+    """
+    now = time.time() if now is None else now
+    if incident.story is not None:
+        return _member_reply(incident, config, now)
+    owners, who = paged(config, [incident]) if mention else ((), "")
+    job, policy = incident.job, _policy(incident, config)
+    lead = f"{who} " if who else ""
+    lines = [f"{lead}`ack {job}` to acknowledge, `watch {job} off for 2h` to pause watching"]
+    if incident.cause:
+        lines.append(alert_detected_cause(incident.cause))
+    if incident.kind is IncidentKind.CRASH_LOOP:
+        lines.append(crash_loop_gave_up(incident, config))
+    if incident.next_auto_at is not None:  # an automatic restart will follow
+        delay = fmt.duration(incident.next_auto_at - now)
+        limit = policy.max if policy else 0
+        lines.append(f"automatic restart {incident.auto_restarts + 1}/{limit} of {job} in {delay}")
+    log_path = config.jobs[job].log if job in config.jobs else ""
+    log = incident.log
+    if log is None and incident.kind is not IncidentKind.UNREACHABLE:
+        lines.append(ALERT_NO_LOG)
+    return Reply(
+        title=_title(incident, config, now),
+        page=config.slack.alert_mention if mention else None,
+        owners=owners,
+        status=_status(incident),
+        lines=tuple(lines),
+        fields=_fields(incident, config, now),
+        log=log or None,
+        log_title=f"last {LOG_LINES} lines of {log_path}" if log else "",
+        thread_key=incident.thread_key,
+        exit_code=ExitCode.FAILED,
+    )
+
+
+def _member_reply(incident: Incident, config: Config, now: float) -> Reply:
+    """An incident told in a grouped post (:mod:`handlers.watch.storm`): its own short message, one line
+    (and the cause found, who acknowledged it); the story's headline pages and says how to ack."""
+    lines = [alert_detected_cause(incident.cause)] if incident.cause else []
+    fields = ((ALERT_FIELD_LABELS["acked"], mention(incident.acked_by)),) if incident.acked_by else ()
+    return Reply(
+        title=_title(incident, config, now),
+        status=_status(incident),
+        lines=tuple(lines),
+        fields=fields,
+        thread_key=incident.thread_key,
+        exit_code=ExitCode.FAILED,
+    )
+
+
+def _policy(incident: Incident, config: Config) -> AutoRestart | None:
+    return config.jobs[incident.job].watch.auto_restart if incident.job in config.jobs else None
+
+
+def _open_for(incident: Incident, now: float) -> float:
+    """Seconds from the incident's opening to its resolution (or to ``now``)."""
+    return (incident.resolved_at if incident.resolved_at is not None else now) - incident.opened_at
+
+
+def resolved_headline(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
+    """The alert's headline updated in place once the incident resolved."""
+    now = time.time() if now is None else now
+    was = _WAS.get(incident.kind.value, f"was {incident.kind.value.replace('_', ' ')}")
+    return Reply(
+        title=f"resolved: {incident.job} {was} for {fmt.duration(_open_for(incident, now))}",
+        status=Status.OK,
+        lines=(incident_resolved(incident, now),),
+        fields=_fields(incident, config, now) if incident.story is None else (),
+        thread_key=incident.thread_key,
+    )
+
+
+def resolved_reply(incident: Incident, *, now: float | None = None) -> Reply:
+    """The thread note ``resolved after N min``."""
+    now = time.time() if now is None else now
+    return Reply(title=incident_resolved(incident, now), status=Status.OK, thread_key=incident.thread_key)
+
+
+def reminder_reply(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
+    """The thread re-post of an open, unacknowledged incident (mentions ``alert_mention`` and the
+    job's owners)."""
+    now = time.time() if now is None else now
+    owners, who = paged(config, [incident])
+    text = incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
+    return Reply(
+        title=f"{who} {text}" if who else text,
+        page=config.slack.alert_mention,
+        owners=owners,
+        status=Status.WARNING,
+        thread_key=incident.thread_key,
+    )
+
+
+def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:
+    """The thread note when the open incident became another kind."""
+    new, old = incident.kind.value.replace("_", " "), previous.value.replace("_", " ")
+    return Reply(
+        title=f"{incident.job} is now {new} (was {old}): {incident.count}/{incident.expected} processes",
+        status=Status.WARNING,
+        lines=(alert_detected_cause(incident.cause),) if incident.cause else (),
+        log=incident.log or None,
+        thread_key=incident.thread_key,
+    )
+
+
+def acked_reply(incident: Incident, user: str) -> Reply:
+    """The thread note and the requester's answer for ``ack JOB``."""
+    text = f"acknowledged by {mention(user)} - no more reminders for {incident.job} until it resolves"
+    return Reply(title=text, status=Status.OK, thread_key=incident.thread_key)
+
+
+def give_up_reply(incident: Incident, config: Config) -> Reply:
+    """The single crash-loop alert, in the incident's thread (mentions ``alert_mention``)."""
+    text = incident.no_auto or crash_loop_gave_up(incident, config)
+    if incident.no_auto is None and incident.cause:
+        text += f" ({alert_detected_cause(incident.cause)})"
+    who = mention_of(config)
+    return Reply(
+        title=f"{who} {text}" if who else text,
+        page=config.slack.alert_mention,
+        status=Status.ERROR,
+        thread_key=incident.thread_key,
+        exit_code=ExitCode.FAILED,
+    )
+
+
+def auto_restart_reply(incident: Incident, config: Config, answer: Reply) -> Reply:
+    """The thread note when an automatic restart was requested, with the dispatcher's answer."""
+    policy = _policy(incident, config)
+    attempt = f"{incident.auto_restarts}/{policy.max if policy else 0}"
+    return Reply(
+        title=f"automatic restart {attempt} of {incident.job}: {answer.title}",
+        status=Status.INFO,
+        thread_key=incident.thread_key,
+        run_id=answer.run_id,
+    )
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+#: how a resolved incident's headline says what the job was, by incident kind (else "was KIND")
+_WAS = {
+    "dead": "was down",
+    "stuck_rank": "had a stuck rank",
+    "crash_loop": "was crash-looping",
+    "idle_gpus": "had idle GPUs",
+}
+
+
+def alert_detected_cause(cause: str) -> str:
+    """The cause found in the log."""
+    return f"detected cause: {cause}"
+
+
+def alert_exit_cause(code: int | None, signal: str | None) -> str:
+    """How the job's launched process ended, from its waiter's record."""
+    if signal:
+        hint = " (the kernel's OOM killer, or someone's kill -9)" if signal == "SIGKILL" else ""
+        return f"killed by {signal}{hint}"
+    if code is None:
+        return "ended (status unknown)"
+    return f"exited with code {code}"
+
+
+def incident_resolved(i: Incident, now: float) -> str:
+    """The thread reply when an incident resolves."""
+    after = f"resolved after {fmt.duration(_open_for(i, now))}"
+    resolution = i.resolution or "running"
+    if resolution == "stopped":
+        return f"{after}: {i.job} was stopped on purpose"
+    if resolution == "reachable":
+        return f"{after}: the host of {i.job} is reachable again"
+    if i.kind is IncidentKind.IDLE_GPUS:
+        return f"{after}: the GPUs of {i.job} are working again"
+    return f"{after}: {i.job} is running again ({i.count}/{i.expected} processes)"
+
+
+def incident_reminder(job: str, kind: str, open_for: float) -> str:
+    """The thread re-post of an incident still open and not acknowledged."""
+    return (
+        f"still {kind.replace('_', ' ')}: {job}, for {fmt.duration(open_for)} - `ack {job}` to stop reminders"
+    )
+
+
+def crash_loop_gave_up(incident: Incident, config: Config) -> str:
+    """The single give-up alert of a crash loop."""
+    policy = _policy(incident, config)
+    within = fmt.duration(policy.within if policy else 0.0)
+    return (
+        f"{incident.job} crashed again after {incident.auto_restarts} automatic restarts within {within} - "
+        "crash loop, giving up; restart it by hand once the cause is fixed"
+    )

@@ -1,0 +1,410 @@
+"""Watching jobs: the watch cycle (one probe per host) and the incidents it opens and posts.
+
+:class:`Watcher` runs one cycle per host: every job's Redis view in one round trip, one probe of
+the host (processes, log size, new metric bytes, how a job short of processes ended; at most
+:data:`MAX_HOSTS_AT_ONCE` at a time), the pure :func:`pipeline.observe.watch.assess` per job, then
+its transitions, each a compare-and-set in Redis *before* its post, so of two processes deciding
+the same thing only one posts.  An unreachable host is confirmed over a fresh connection before it
+is reported.  Alerts are ``incident:JOB:N`` headlines; reminders, changes, automatic restarts and
+resolutions go in their thread, many at once told as one story (:mod:`handlers.watch.storm`).  Events:
+ALERT, RESOLVED, RESTART.  Automatic restarts go through the dispatcher (locked, posted, audited)
+as :data:`AUTO_USER` (:class:`Restarts`, injected by the assembly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from handlers.context import Context
+from handlers.reply import Reply
+from handlers.request.auth import SYSTEM_USER
+from handlers.runs.attempts import no_progress_refusal
+from handlers.watch.alerts import (
+    alert_exit_cause,
+    alert_reply,
+    auto_restart_reply,
+    changed_reply,
+    give_up_reply,
+)
+from handlers.watch.crashcheck import check_crash, refusal, with_crash
+from handlers.watch.hangevidence import KINDS as HANG_KINDS
+from handlers.watch.hangevidence import hang_evidence
+from handlers.watch.stats import WatchStats
+from handlers.watch.storm import Round, Storyteller, Told, line_first
+from pipeline import fmt
+from pipeline.engines.base import Entry, Sighting
+from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
+from pipeline.host.probe import JobProbe
+from pipeline.observe import progress
+from pipeline.observe.crashes import detect_cause
+from pipeline.observe.evidence import ended
+from pipeline.observe.idle import read_watched
+from pipeline.observe.watch import (
+    DEFAULT_REMIND_EVERY,
+    Action,
+    ActionKind,
+    Decision,
+    Observation,
+    Situation,
+    assess,
+    probe_slow,
+)
+from pipeline.state.events import EventKind
+from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore
+from pipeline.state.jobstate import JobSnapshot
+from pipeline.verdict import Verdict
+
+log = logging.getLogger(__name__)
+
+AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
+AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
+MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
+
+
+class Restarts(Protocol):
+    """Requests ``restart JOB`` as :data:`AUTO_USER` (the dispatcher's); ``drain`` waits at most
+    ``timeout`` s for them."""
+
+    async def restart(self, job: str, channel: str | None) -> Reply: ...
+
+    async def drain(self, timeout: float) -> None: ...
+
+
+class Watcher:
+    """Watch cycles and their posts for one Pitstop process.
+
+    :param remind_every: seconds between reminders of an open, unacknowledged incident.
+    """
+
+    def __init__(
+        self, ctx: Context, restarts: Restarts, *, remind_every: float = DEFAULT_REMIND_EVERY
+    ) -> None:
+        self.ctx = ctx
+        self.restarts = restarts
+        self.remind_every = remind_every
+        self.store = ctx.redis.open_store(IncidentStore)
+        self._auto_fired: dict[str, float] = {}
+        self._seen: dict[str, Sighting | None] = {}  #: job → what its engine saw in its last cycle
+        self._probing = asyncio.Semaphore(MAX_HOSTS_AT_ONCE)
+        self.teller = Storyteller(ctx, self.store)
+        self.stats = WatchStats()  #: probes and cycles measured, for ``/metrics``
+
+    async def cycle(
+        self, host: str, jobs: Sequence[str] | None = None, *, now: float | None = None
+    ) -> dict[str, Decision]:
+        """Probe ``host`` once and decide every watched job on it (default: every job on it).
+
+        :param now: unix s (default: the current time).
+        :returns: job name → the decision taken (paused and unprobeable jobs are absent).
+
+        Its posts are told when the last cycle of its round ends (:mod:`handlers.watch.storm`); it
+        returns once they are, or after ``storm.TELL_WAIT`` s.
+        """
+        rnd = self.teller.join()
+        began = time.monotonic()
+        try:
+            return await self._cycle(host, jobs, now, rnd)
+        finally:
+            self.stats.cycled(host, time.monotonic() - began)
+            await self.teller.leave(rnd)
+
+    async def _cycle(
+        self, host: str, jobs: Sequence[str] | None, now: float | None, rnd: Round
+    ) -> dict[str, Decision]:
+        cfgs = self.ctx.config.jobs
+        names = list(jobs) if jobs is not None else [n for n, j in cfgs.items() if j.host == host]
+        now = time.time() if now is None else now
+        views = [v for v in await self.ctx.jobs.read_many(names, now=now) if not v.paused]
+        if not views:
+            return {}
+        tracked = [
+            progress.Tracked(
+                v.name,
+                cfgs[v.name],
+                v.latest.pid if v.latest is not None else None,
+                v.latest.log_size_at_launch if v.latest is not None else None,
+            )
+            for v in views
+        ]
+        planned = await progress.plan_many(self.store, tracked)
+        reads = {name: read for name, (_, read) in planned.items()}
+
+        def entries(of: list[JobSnapshot]) -> list[Entry]:
+            return [(v.name, cfgs[v.name], v.current or None) for v in of]
+
+        async with self._probing:  # a slow host holds one slot
+            began = time.monotonic()
+            seen = await self.ctx.restarter.sightings(entries(views), reads)
+            probe_s = round(time.monotonic() - began, 3)
+        probing = time.monotonic() - probe_s
+        if any(probe_slow(probe_s, cfgs[v.name]) for v in views):
+            log.warning(probe_slow_line(host, probe_s))
+        unreachable: str | None = None
+        if any(s.probe.error for s in seen.values()):
+            try:  # confirmed over a fresh connection before it is reported
+                await self.ctx.ssh.check(host)
+            except (HostUnreachable, HostKeyRejected) as exc:
+                unreachable = exc.message
+            if unreachable is None:  # the host answers a fresh connection: look at those jobs again
+                again = [v for v in views if (s := seen.get(v.name)) is None or s.probe.error]
+                seen = {**seen, **await self.ctx.restarter.sightings(entries(again), reads)}
+        self.stats.probed(host, time.monotonic() - probing, failed=unreachable is not None)
+        decisions: dict[str, Decision] = {}
+        probes = {name: s.probe for name, s in seen.items()}
+        steps = await progress.judge_many(self.ctx.ssh, self.store, tracked, probes, planned, now)
+        gpus = await read_watched(  # one set of nvidia-smi calls for the host
+            self.ctx.ssh, host, [(v.name, cfgs[v.name], s.probe) for v in views if (s := seen.get(v.name))]
+        )
+        for view, judged in zip(views, steps, strict=True):
+            sight = seen.get(view.name)
+            probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
+            self._seen[view.name] = sight
+            if probe.error and unreachable is None:
+                log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
+                continue
+            if not probe.error:
+                self.stats.seen[view.name] = probe.count
+            leader = view.latest.pid if view.latest is not None else None
+            obs = dataclasses.replace(
+                self._observation(probe, now, unreachable, leader),
+                progress=judged,
+                gpus=gpus.get(view.name),
+                probe_s=probe_s,
+            )
+            cfg = cfgs[view.name]
+            if sight is not None and (sight.exit_cause or sight.detail):
+                obs = dataclasses.replace(obs, exit_cause=sight.exit_cause, detail=sight.detail)
+            if sight is not None and sight.expected != cfg.processes:
+                cfg = cfg.model_copy(update={"processes": sight.expected})
+            situation = self._situation(view, now)
+            decisions[view.name] = assess(
+                view.name, cfg, obs, view.watch, view.incident, situation, remind_every=self.remind_every
+            )
+        await self.store.save_states({name: d.state for name, d in decisions.items()})
+        by_name = {v.name: v for v in views}
+        acting = [
+            (by_name[n], d) for n, d in decisions.items() if d.actions or d.incident != by_name[n].incident
+        ]
+        if acting:
+            await asyncio.gather(*(self._apply(v, d, now, rnd) for v, d in acting))
+        return decisions
+
+    @staticmethod
+    def _observation(
+        probe: JobProbe, now: float, unreachable: str | None, leader: int | None = None
+    ) -> Observation:
+        """The probe as the rules see it; ``pids`` starts with the launched PID (the session
+        leader recorded at launch) while it lives, else the lowest."""
+        if probe.error:
+            return Observation(at=now, reachable=False, error=unreachable or probe.error)
+        pids = sorted(probe.pids)
+        if leader is not None and leader in (probe.session_pids or probe.pids):
+            pids = [leader, *(p for p in pids if p != leader)]
+        return Observation(at=now, count=probe.count, pids=tuple(pids), log_size=probe.log_size)
+
+    def _situation(self, view: JobSnapshot, now: float) -> Situation:
+        latest, holder = view.latest, view.lock_holder
+        running = latest is not None and latest.finished_at is None and latest.verdict is None
+        in_flight = view.unverified or running
+        if view.lock_held:
+            holder_job = holder.get("job")
+            same_job = holder_job is None or holder_job.lower() == view.name.lower()
+            same_run = latest is not None and (holder.get("run_id") or holder.get("run")) == latest.id
+            job_scope = self.ctx.config.jobs[view.name].lock_scope == "job"
+            in_flight = in_flight or job_scope or same_job or same_run
+        fired = self._auto_fired.get(view.name)
+        if fired is not None and now - fired < AUTO_GRACE and (latest is None or latest.created_at < fired):
+            in_flight = True
+        stopping = latest is not None and latest.action == "stop"
+        return Situation(
+            in_flight=in_flight,
+            stopped_at=(latest.finished_at or latest.created_at) if latest is not None and stopping else None,
+            running_verdict=latest is not None and latest.verdict is Verdict.RUNNING,
+            auto_restarts=view.auto_restarts,
+            launched_at=latest.launched_at if latest is not None else None,
+        )
+
+    async def _apply(self, view: JobSnapshot, decision: Decision, now: float, rnd: Round) -> None:
+        try:
+            await self._apply_actions(view, decision, now, rnd)
+        except PitstopError as exc:
+            log.warning("watch %s: %s", view.name, exc.message)
+        except Exception:
+            log.exception("watch %s: applying %s failed", view.name, [a.kind.value for a in decision.actions])
+
+    async def _apply_actions(self, view: JobSnapshot, decision: Decision, now: float, rnd: Round) -> None:
+        ctx, name = self.ctx, view.name
+        channel = ctx.config.channel_for(name)
+        current = view.incident
+        for action in decision.actions:
+            if action.kind is ActionKind.OPEN:
+                inc = await self._with_log(action.incident)
+                latest = view.latest
+                if latest is not None and latest.action in ("start", "restart"):
+                    inc = inc.model_copy(update={"last_actor": latest.requested_by})
+                opened = await self.store.open(inc)
+                if opened is None:
+                    return  # another process opened it: it posts
+                current = opened
+                rnd.opened.append(Told(opened, channel, now))  # posted when the round is told
+                await self._event(EventKind.ALERT, opened)
+                rnd.later.append(functools.partial(self._hang_evidence, opened, channel))
+            elif action.kind is ActionKind.RESOLVE:
+                if current is None or not await self.store.close(current):
+                    return
+                done = action.incident.model_copy(update={"n": current.n, "rev": current.rev})
+                current = None
+                rnd.resolved.append(Told(done, channel, now))
+                await self._event(EventKind.RESOLVED, done, after_s=round(now - done.opened_at, 3))
+            else:
+                if current is None:
+                    return
+                if action.kind is ActionKind.AUTO_RESTART:
+                    action = await self._gate(action)
+                    if action.kind is ActionKind.GIVE_UP:  # the incident ends as the gate left it
+                        decision = dataclasses.replace(decision, incident=action.incident)
+                new = action.incident
+                if action.kind is ActionKind.CHANGE and new.kind is not IncidentKind.UNREACHABLE:
+                    new = await self._with_log(new)
+                else:
+                    new = new.model_copy(update={"log": current.log, "cause": current.cause})
+                new = new.model_copy(update={"last_actor": current.last_actor})  # set when it opened
+                updated = await self.store.update(current, new)
+                if updated is None:
+                    return
+                current = updated
+                if action.kind is ActionKind.REMIND:
+                    rnd.reminded.append(Told(updated, channel, now))  # grouped like alerts
+                else:
+                    await self._post(action, updated, channel, now)
+                if action.kind is ActionKind.CHANGE:
+                    await self._hang_evidence(updated, channel)
+        if decision.incident is not None and current is not None:
+            kept = {k: getattr(current, k) for k in _TOLD}
+            wanted = decision.incident.model_copy(update={**kept, "last_actor": current.last_actor})
+            skip = {"n", "rev"}
+            if wanted.model_dump(exclude=skip) != current.model_dump(exclude=skip):
+                await self.store.update(current, wanted)
+
+    async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
+        ctx = self.ctx
+        await line_first(ctx, inc, channel)  # a member of a story still being told: its line first
+        if action.kind in (ActionKind.CHANGE, ActionKind.GIVE_UP):
+            prev = action.previous
+            note = changed_reply(inc, prev) if prev is not None else give_up_reply(inc, ctx.config)
+            await ctx.outbox.thread(inc.thread_key, note, channel)
+            headline = alert_reply(inc, ctx.config, now=now, mention=False)
+            await ctx.outbox.announce(inc.thread_key, headline, channel)
+            await self._event(EventKind.ALERT, inc, **({"change_from": prev.value} if prev else {}))
+        elif action.kind is ActionKind.AUTO_RESTART:
+            policy = ctx.config.jobs[inc.job].watch.auto_restart
+            await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
+            self._auto_fired[inc.job] = time.time()
+            answer = await self.restarts.restart(inc.job, channel)
+            await ctx.events.publish(
+                EventKind.RESTART,
+                inc.job,
+                auto=True,
+                attempt=inc.auto_restarts,
+                incident=inc.n,
+                run_id=answer.run_id,
+                answer=answer.title,
+                instance=ctx.instance,
+            )
+            await ctx.outbox.thread(inc.thread_key, auto_restart_reply(inc, ctx.config, answer), channel)
+
+    async def _hang_evidence(self, inc: Incident, channel: str | None) -> None:
+        """Post the hang evidence (stacks, /proc state) in a stuck-rank or stalled incident's thread."""
+        if inc.kind in HANG_KINDS and (reply := await hang_evidence(self.ctx, inc)) is not None:
+            await self.ctx.outbox.thread(inc.thread_key, reply, channel)
+
+    async def _gate(self, action: Action) -> Action:
+        """An automatic restart about to fire, unless the latest crash is not to be retried, or the
+        last ``no_progress_after`` attempts died without progress (:mod:`handlers.runs.attempts`): then
+        the give-up (no more automatic restarts, and why)."""
+        inc = action.incident
+        sight = self._seen.get(inc.job)
+        check = await check_crash(self.ctx, inc.job, sight.probe if sight is not None else None)
+        why = refusal(inc.job, check, self.ctx.config.jobs[inc.job].watch.auto_restart) if check else None
+        if why is None:
+            why = await no_progress_refusal(self.ctx, inc.job, check)
+        if why is None:
+            return action
+        give_up = {
+            "gave_up": True,
+            "no_auto": why,
+            "next_auto_at": None,
+            "auto_restarts": inc.auto_restarts - 1,
+        }
+        stopped = inc.model_copy(update=give_up)
+        return Action(ActionKind.GIVE_UP, with_crash(stopped, check) if check is not None else stopped)
+
+    async def _with_log(self, inc: Incident) -> Incident:
+        """The incident with the job's log tail, the cause found in it and, for a job launched by
+        Pitstop, how its process ended (the launch waiter's exit record): what the cycle's sighting
+        brought of a job short of processes, else the tail asked of its engine."""
+        if inc.kind is IncidentKind.UNREACHABLE:
+            return inc
+        name, cfg = inc.job, self.ctx.config.jobs[inc.job]
+        sight = self._seen.get(name)
+        probe = sight.probe if sight is not None else None
+        exit_cause, tail = inc.exit_cause, probe.tail if probe is not None else None
+        if probe is not None and (how := ended(probe.state, probe.exit_status)):
+            exit_cause = alert_exit_cause(how.code, how.signal)
+        if tail is None:
+            try:
+                tail = await self.ctx.restarter.log_tail(name, LOG_LINES)
+            except PitstopError as exc:
+                log.info("watch %s: no log tail: %s", name, exc.message)
+                return inc
+        kept = inc.kind in (IncidentKind.STUCK_RANK, IncidentKind.IDLE_GPUS)  # the watcher's own cause line
+        cause = inc.cause if kept else detect_cause(tail)
+        if inc.kind is IncidentKind.DEGRADED and sight is not None and sight.detail:
+            cause = sight.detail  # where the engine saw the count fall short (a node short of tasks)
+        inc = inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
+        if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name, probe)) is not None:
+            inc = with_crash(inc, check)
+            why = refusal(name, check, cfg.watch.auto_restart)
+            if why is not None:
+                inc = inc.model_copy(update={"no_auto": why, "next_auto_at": None})
+        return inc
+
+    async def _event(self, kind: EventKind, inc: Incident, **extra: Any) -> None:
+        about = dict(alert=inc.kind.value, n=inc.n, host=inc.host, count=inc.count, cause=inc.cause)
+        await self.ctx.events.publish(kind, inc.job, **about, instance=self.ctx.instance, **extra)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s each) for automatic restarts and posts still running in the
+        background."""
+        await self.restarts.drain(timeout)
+        await self.teller.drain(timeout)
+
+
+#: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what
+#: its alert told stays with it
+_TOLD = (
+    "log",
+    "cause",
+    "exit_cause",
+    "crash_class",
+    "crash_evidence",
+    "crash_exc_type",
+    "crash_message",
+    "crash_rank",
+    "crash_step",
+)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def probe_slow_line(host: str, seconds: float) -> str:
+    """Log line: a host's probe took longer than its jobs' watch interval."""
+    took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"
+    return f"probe slow: {host} took {took}"
