@@ -22,7 +22,7 @@ from handlers.runview import run_reply, thread_key, verdict_reply
 from pipeline.engines.recovery import Interruption, reconcile
 from pipeline.errors import IllegalTransition, PitstopError, UnknownRun
 from pipeline.state.events import EventKind
-from pipeline.state.runs import RunRecord
+from pipeline.state.runs import RunRecord, RunState
 from pipeline.state.verifications import Claim
 from pipeline.verdict import Verdict
 
@@ -36,8 +36,9 @@ async def deliver_verdict(ctx: Context, run_id: str) -> RunRecord | None:
     """Verify a launched run (not again if it has a verdict) and post its verdict in its thread,
     update its headline and publish a VERDICT event, unless another process claimed it.
 
-    :returns: the verified run, or None if someone else claimed it, the run is unknown, or
-        verification could not run (it is retried after :data:`RETRY_AFTER` s).
+    :returns: the verified run, or None if someone else claimed it, the run is unknown or was ended
+        by its sequence (or a take-over, which told it), or verification could not run (it is retried
+        after :data:`RETRY_AFTER` s; at the next poll when the run changed under it).
     """
     claim = await ctx.queue.claim(run_id, f"{ctx.instance}:{time.time():.3f}", CLAIM_TTL)
     if claim is None:
@@ -66,8 +67,10 @@ async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
     try:
         run = await ctx.runs.get(run_id)
     except UnknownRun:
-        await ctx.queue.drop(run_id)
-        await ctx.queue.release(claim)
+        await _drop(ctx, claim)
+        return None
+    if RunState.of(run) is RunState.ENDED:  # its sequence, or a take-over, ended it and told it
+        await _drop(ctx, claim)
         return None
     before = run.verdict
     try:
@@ -76,6 +79,14 @@ async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
     except asyncio.CancelledError:
         await asyncio.shield(ctx.queue.release(claim))
         raise
+    except IllegalTransition as exc:  # another process wrote the run first: nothing is posted here
+        log.info("%s: verdict not recorded: %s", run_id, exc.message)
+        if RunState.of(await ctx.runs.get(run_id)) is RunState.ENDED:
+            await _drop(ctx, claim)
+        else:  # it changed under the verification: verify the stored run again at the next poll
+            await ctx.queue.requeue(run_id, time.time())
+            await ctx.queue.release(claim)
+        return None
     except Exception as exc:
         text = exc.message if isinstance(exc, PitstopError) else f"{type(exc).__name__}: {exc}"
         log.warning(verdict_not_delivered(run_id, text), exc_info=not isinstance(exc, PitstopError))
@@ -93,6 +104,12 @@ async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
     except IllegalTransition as exc:  # the claim expired mid-post: its new holder finishes it
         log.warning("%s: %s", run_id, exc.message)
     return run
+
+
+async def _drop(ctx: Context, claim: Claim) -> None:
+    """The run has nothing (more) to verify here: out of the queue, the claim let go."""
+    await ctx.queue.drop(claim.run_id)
+    await ctx.queue.release(claim)
 
 
 async def _post(ctx: Context, run: RunRecord) -> None:
