@@ -65,12 +65,12 @@ async def _renew_claim(ctx: Context, claim: Claim) -> None:
 async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
     run_id = claim.run_id
     try:
-        run = await ctx.runs.get(run_id)
+        run: RunRecord | None = await ctx.runs.get(run_id)
     except UnknownRun:
-        await _drop(ctx, claim)
-        return None
-    if RunState.of(run) is RunState.ENDED:  # its sequence, or a take-over, ended it and told it
-        await _drop(ctx, claim)
+        run = None
+    if run is None or RunState.of(run) is RunState.ENDED:  # ended (and told) by its sequence or a take-over
+        await ctx.queue.drop(run_id)
+        await ctx.queue.release(claim)
         return None
     before = run.verdict
     try:
@@ -79,13 +79,10 @@ async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
     except asyncio.CancelledError:
         await asyncio.shield(ctx.queue.release(claim))
         raise
-    except IllegalTransition as exc:  # another process wrote the run first: nothing is posted here
+    except IllegalTransition as exc:  # another writer won: nothing posted; the next poll drops or re-verifies
         log.info("%s: verdict not recorded: %s", run_id, exc.message)
-        if RunState.of(await ctx.runs.get(run_id)) is RunState.ENDED:
-            await _drop(ctx, claim)
-        else:  # it changed under the verification: verify the stored run again at the next poll
-            await ctx.queue.requeue(run_id, time.time())
-            await ctx.queue.release(claim)
+        await ctx.queue.requeue(run_id, time.time())
+        await ctx.queue.release(claim)
         return None
     except Exception as exc:
         text = exc.message if isinstance(exc, PitstopError) else f"{type(exc).__name__}: {exc}"
@@ -104,12 +101,6 @@ async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
     except IllegalTransition as exc:  # the claim expired mid-post: its new holder finishes it
         log.warning("%s: %s", run_id, exc.message)
     return run
-
-
-async def _drop(ctx: Context, claim: Claim) -> None:
-    """The run has nothing (more) to verify here: out of the queue, the claim let go."""
-    await ctx.queue.drop(claim.run_id)
-    await ctx.queue.release(claim)
 
 
 async def _post(ctx: Context, run: RunRecord) -> None:

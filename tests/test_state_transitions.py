@@ -81,7 +81,7 @@ async def test_a_stale_copy_never_overwrites_a_newer_record(redis_handle: RedisH
     _refused(info, "decided at revision 2 (read at 1)", "decide")
     with pytest.raises(IllegalTransition) as info:
         await runs.finish(stale, Verdict.INTERRUPTED, "INTERRUPTED")
-    _refused(info, "decided", "finish")
+    _refused(info, "decided at revision 2 (read at 1)", "finish")
     assert stale.verdict is None and stale.rev == 1  # a refused copy is left as it was
     stored = await runs.get(run.id)
     assert (stored.verdict, stored.rev, stored.step(Step.VERIFY)) == (Verdict.RUNNING, 2, None)

@@ -106,4 +106,4 @@ async def test_verification_racing_a_take_over_tells_one_verdict(harness: Harnes
     events = await a.redis.client.xrange(keys.events(a.prefix))
     verdicts = [f for _, f in events if f["kind"] == EventKind.VERDICT.value and run.id in f["data"]]
     assert len(verdicts) == 1
-    assert await a.queue.due_at(run.id) is None and await deliver_verdict(a, run.id) is None
+    assert await deliver_verdict(a, run.id) is None and await a.queue.due_at(run.id) is None  # nothing more

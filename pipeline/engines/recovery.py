@@ -56,11 +56,8 @@ async def reconcile(restarter: RestartService, *, instance: str) -> list[Interru
         if not await runs.claim_orphan(run.id, instance):
             continue  # its owner came back, or another process is taking it over
         try:
-            fresh = await runs.get(run.id)
-            if fresh.finished_at is not None:
-                continue
-            out.append(await _take_over(restarter, fresh))
-        except IllegalTransition as exc:  # verified, or its owner wrote, while we looked: theirs to tell
+            out.append(await _take_over(restarter, run))
+        except IllegalTransition as exc:  # written since read (verified, ended, owner back): theirs to tell
             log.info("%s: not taken over: %s", run.id, exc.message)
         finally:
             await runs.unclaim(run.id)
@@ -95,7 +92,6 @@ async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
         if rec.ended_at is None or rec.outcome is Outcome.RUNNING:
             rec.ended_at, rec.outcome, rec.detail = now, Outcome.FAILED, "Pitstop stopped during this step"
     line = verdict.interrupted(step.value if step else None, found)
-    run.owner = None
     await restarter.runs.finish(run, Verdict.INTERRUPTED, line, run.evidence or line)
     return Interruption(run, line, False)
 

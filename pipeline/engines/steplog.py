@@ -143,10 +143,7 @@ class StepLog:
         if recheck_at is not None:
             rec.outcome = Outcome.WAITING
         await self.runs.decide(run, *decided)
-        if recheck_at is not None:
-            await self.queue.enqueue(run.id, recheck_at)
-        else:
-            await self.queue.settle(run.id)
+        await (self.queue.settle(run.id) if recheck_at is None else self.queue.enqueue(run.id, recheck_at))
         await self.publish(run, rec)
 
     async def boundary(self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None) -> None:

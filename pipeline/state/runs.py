@@ -71,14 +71,13 @@ _DECIDED = frozenset(
     | {Verdict.PENDING, Verdict.RUNNING}
 )
 
-_LIVE = frozenset({RunState.OPEN, RunState.AWAITING})
 #: each write of a run → the states of the stored record it is legal from
 TRANSITIONS: dict[str, frozenset[RunState]] = {
-    "finish": _LIVE,
-    "decide": _LIVE | {RunState.DECIDED},
-    "record a step": _LIVE | {RunState.DECIDED},
-    "be interrupted": _LIVE,
-    "be handed over": _LIVE,
+    "finish": frozenset({RunState.OPEN, RunState.AWAITING}),
+    "decide": frozenset({RunState.OPEN, RunState.AWAITING, RunState.DECIDED}),
+    "record a step": frozenset({RunState.OPEN, RunState.AWAITING, RunState.DECIDED}),
+    "be interrupted": frozenset({RunState.OPEN, RunState.AWAITING}),
+    "be handed over": frozenset({RunState.OPEN, RunState.AWAITING}),
     "be amended": frozenset(RunState),
 }
 
@@ -338,12 +337,9 @@ class RunStore(Store):
                     raise UnknownRun(run_id)
                 stored = RunRecord.model_validate_json(raw)
                 state = RunState.of(stored)
-                if state not in TRANSITIONS[wanted]:
-                    raise IllegalTransition(what, state.value, wanted)
-                if rev is not None and stored.rev != rev:
-                    raise IllegalTransition(
-                        what, f"{state.value} at revision {stored.rev} (read at {rev})", wanted
-                    )
+                if state not in TRANSITIONS[wanted] or rev not in (None, stored.rev):
+                    at = "" if rev in (None, stored.rev) else f" at revision {stored.rev} (read at {rev})"
+                    raise IllegalTransition(what, state.value + at, wanted)
                 new = change(stored).model_copy(update={"rev": stored.rev + 1})
                 pipe.multi()  # type: ignore[no-untyped-call]
                 pipe.set(key, new.model_dump_json())
