@@ -163,7 +163,7 @@ class StandInRestarter:
     ) -> None:
         rec = StepRecord(step=step, started_at=time.time())
         run.steps.append(rec)
-        await self.runs.save(run)
+        await self.runs.record_step(run)
         await self._tell(run, rec)
         if step is Step.LAUNCH:
             self.in_launch.set()
@@ -171,7 +171,7 @@ class StandInRestarter:
         rec.ended_at = time.time()
         rec.outcome = Outcome.OK
         rec.detail = f"{step.value} done"
-        await self.runs.save(run)
+        await self.runs.record_step(run)
         await self._tell(run, rec)
 
     async def _sequence(
@@ -198,13 +198,12 @@ class StandInRestarter:
                 run.launched_at = time.time()
                 rec = StepRecord(step=Step.VERIFY, started_at=time.time(), outcome=Outcome.WAITING)
                 run.steps.append(rec)
-                await self.runs.save(run)
+                await self.runs.record_step(run)
                 await self._tell(run, rec)
                 self.launched.set()
                 await asyncio.sleep(self.after_launch_s)
             else:
-                run.finished_at = time.time()
-                await self.runs.save(run)
+                await self.runs.finish(run)
             return run
         finally:
             await self.client.decr(self.active_key)

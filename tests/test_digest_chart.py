@@ -255,15 +255,15 @@ async def test_digest_marks_the_runs_launched_in_its_window(
     (tmp_path / "dflash.log").write_bytes(_jsonl(window))
     old = await ctx.runs.create("dflash", "U1")
     old.launched_at = start - 3600  # before the window: not marked
-    await ctx.runs.save(old)
+    await ctx.runs.record_step(old)
     r2 = await ctx.runs.create("dflash", "U1", patches=["topk"])
     r2.launched_at = start + 640
-    await ctx.runs.save(r2)
+    await ctx.runs.record_step(r2)
     await ctx.runs.create("dflash", "U1", action="stop")  # a stop launches nothing
     failed = await ctx.runs.create("dflash", "U1")  # a launch that failed has no launched_at
     r3 = await ctx.runs.create("dflash", "U1", action="auto-restart", patches=["topk"])
     r3.launched_at = start + 1480
-    await ctx.runs.save(r3)
+    await ctx.runs.record_step(r3)
     marks = await restart_marks(ctx.runs, "dflash", window[0].ts, now)
     assert marks == (
         RestartMark(start + 640, r2.id, f"{r2.id} topk"),

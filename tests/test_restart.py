@@ -714,7 +714,7 @@ async def test_reconcile_marks_mid_sequence_runs_interrupted_only(
         StepRecord(step=Step.PREFLIGHT, started_at=1.0, ended_at=2.0, outcome=Outcome.OK),
         StepRecord(step=Step.STOP, started_at=2.0),
     ]
-    await stack.runs.save(mid)
+    await stack.runs.record_step(mid)
 
     launched = await stack.run()
     launched.pid, launched.launched_at = 999999, time.time()
@@ -722,11 +722,11 @@ async def test_reconcile_marks_mid_sequence_runs_interrupted_only(
         StepRecord(step=Step.LAUNCH, started_at=1.0, ended_at=2.0, outcome=Outcome.OK),
         StepRecord(step=Step.VERIFY, started_at=2.0, outcome=Outcome.WAITING),
     ]
-    await stack.runs.save(launched)
+    await stack.runs.record_step(launched)
 
     held = await stack.run()
     held.steps = [StepRecord(step=Step.PATCH, started_at=1.0)]
-    await stack.runs.save(held)
+    await stack.runs.record_step(held)
     await client.set(keys.lock(prefix, f"job:{stack.setup.name}"), "token")
     other = await reconcile(stack.restarter, instance="tester")
     assert other == []  # the job's lock is held: a live Pitstop owns these runs

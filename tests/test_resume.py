@@ -146,7 +146,7 @@ async def test_a_flagged_run_gets_a_warning_beside_its_verdict(tmp_path: Path, r
         run = await h.launch("train")  # verified RUNNING
         assert run.verdict is Verdict.RUNNING
         run.warning = "⚠ train started from step 0 although checkpoint step 12000 exists (/c/latest.json)"
-        await ctx.runs.save(run)
+        await ctx.runs.record_step(run)
         await ctx.redis.client.zadd(keys.runs_unverified(ctx.prefix), {run.id: 0})
         assert [r.id for r in await deliver_due(ctx)] == [run.id]
         posts = [(p.key, p.reply.title, p.reply.status.value) for p in ctx.outbox.of("thread")]

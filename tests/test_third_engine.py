@@ -115,7 +115,7 @@ async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local:
     cut = await dead.create("train", "U0TEST")
     cut.owner = "replica-killed"
     cut.old_pid = launched.pid
-    await runner.runs.save(cut)
+    await runner.runs.record_step(cut)
     await runner.steps.begin(cut, Step.STOP)  # its owner died in the stop
     found = {i.run.id: (i.line, i.launched) for i in await recover_runs(ctx)}
     assert found == {

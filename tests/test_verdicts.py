@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from handlers.outbox import MemoryOutbox
-from handlers.runs.verdicts import deliver_due, deliver_verdict, due_run_ids
+from handlers.runs.verdicts import deliver_due, deliver_verdict, due_run_ids, recover_runs
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.events import EventKind
-from pipeline.verdict import Verdict
+from pipeline.state.runs import RunStore
+from pipeline.verdict import Outcome, Step, Verdict
 from tests.test_watch import Harness, open_harness
 
 
@@ -79,3 +80,30 @@ async def test_unknown_run_is_dropped(harness: Harness) -> None:
     await ctx.redis.client.zadd(keys.runs_unverified(ctx.prefix), {"r-999": 0})
     assert await deliver_verdict(ctx, "r-999") is None
     assert await due_run_ids(ctx) == [] and ctx.outbox.posted == []
+
+
+async def test_verification_racing_a_take_over_tells_one_verdict(harness: Harness) -> None:
+    """Verification deciding a run while another replica takes it over as INTERRUPTED: one wins, one verdict is told."""
+    h, a = harness, harness.ctx
+    b_box = MemoryOutbox()
+    b = await h.context("B", b_box)
+    dead = RunStore(a.redis.client, a.prefix)  # a replica that died mid-launch: no heartbeat
+    run = await dead.create("train", "U0TEST", action="start")
+    run.owner = "replica-killed"
+    run = await a.restarter.start(run)
+    launch = run.step(Step.LAUNCH)
+    assert launch is not None and await a.queue.due_at(run.id) is not None  # queued for verification
+    launch.outcome, launch.ended_at = Outcome.RUNNING, None  # it died before the launch step ended
+    await dead.record_step(run)
+    delivered, taken = await asyncio.gather(deliver_verdict(a, run.id), recover_runs(b))
+    stored = await a.runs.get(run.id)
+    told = [p.reply.title for p in h.outbox.of("thread") + b_box.of("thread") if p.key == f"run:{run.id}"]
+    assert told == [stored.verdict_line]
+    if delivered is None:  # the take-over won: verification wrote nothing and posted nothing
+        assert [i.run.id for i in taken] == [run.id] and stored.verdict is Verdict.INTERRUPTED
+    else:
+        assert taken == [] and stored.verdict is delivered.verdict is not Verdict.INTERRUPTED
+    events = await a.redis.client.xrange(keys.events(a.prefix))
+    verdicts = [f for _, f in events if f["kind"] == EventKind.VERDICT.value and run.id in f["data"]]
+    assert len(verdicts) == 1
+    assert await deliver_verdict(a, run.id) is None and await a.queue.due_at(run.id) is None  # nothing more

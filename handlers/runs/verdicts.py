@@ -22,7 +22,7 @@ from handlers.runs.view import run_reply, thread_key, verdict_reply
 from pipeline.engines.recovery import Interruption, reconcile
 from pipeline.errors import IllegalTransition, PitstopError, UnknownRun
 from pipeline.state.events import EventKind
-from pipeline.state.runs import RunRecord
+from pipeline.state.runs import RunRecord, RunState
 from pipeline.state.verifications import Claim
 from pipeline.verdict import Verdict
 
@@ -36,8 +36,9 @@ async def deliver_verdict(ctx: Context, run_id: str) -> RunRecord | None:
     """Verify a launched run (not again if it has a verdict) and post its verdict in its thread,
     update its headline and publish a VERDICT event, unless another process claimed it.
 
-    :returns: the verified run, or None if someone else claimed it, the run is unknown, or
-        verification could not run (it is retried after :data:`RETRY_AFTER` s).
+    :returns: the verified run, or None if someone else claimed it, the run is unknown or was ended
+        by its sequence (or a take-over, which told it), or verification could not run (it is retried
+        after :data:`RETRY_AFTER` s; at the next poll when the run changed under it).
     """
     claim = await ctx.queue.claim(run_id, f"{ctx.instance}:{time.time():.3f}", CLAIM_TTL)
     if claim is None:
@@ -64,8 +65,10 @@ async def _renew_claim(ctx: Context, claim: Claim) -> None:
 async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
     run_id = claim.run_id
     try:
-        run = await ctx.runs.get(run_id)
+        run: RunRecord | None = await ctx.runs.get(run_id)
     except UnknownRun:
+        run = None
+    if run is None or RunState.of(run) is RunState.ENDED:  # ended (and told) by its sequence or a take-over
         await ctx.queue.drop(run_id)
         await ctx.queue.release(claim)
         return None
@@ -76,6 +79,11 @@ async def _deliver_claimed(ctx: Context, claim: Claim) -> RunRecord | None:
     except asyncio.CancelledError:
         await asyncio.shield(ctx.queue.release(claim))
         raise
+    except IllegalTransition as exc:  # another writer won: nothing posted; the next poll drops or re-verifies
+        log.info("%s: verdict not recorded: %s", run_id, exc.message)
+        await ctx.queue.requeue(run_id, time.time())
+        await ctx.queue.release(claim)
+        return None
     except Exception as exc:
         text = exc.message if isinstance(exc, PitstopError) else f"{type(exc).__name__}: {exc}"
         log.warning(verdict_not_delivered(run_id, text), exc_info=not isinstance(exc, PitstopError))

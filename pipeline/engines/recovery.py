@@ -11,17 +11,21 @@ itself (its TTL is the heartbeat's).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 from pipeline import verdict
 from pipeline.engines.base import RestartService, Sighting
+from pipeline.errors import IllegalTransition
 from pipeline.host.probe import JobProbe
 from pipeline.state.jobstate import JobStore
 from pipeline.state.locks import Locks
 from pipeline.state.runs import RunRecord, identity
 from pipeline.state.verifications import VerifyQueue
 from pipeline.verdict import Outcome, Verdict
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ async def reconcile(restarter: RestartService, *, instance: str) -> list[Interru
     """Take over every open run whose owner is gone; probe each job and record what is true.
 
     :param instance: this process's id, written in the claim it takes on each run.
-    :returns: the runs taken over, oldest first; a run another process claimed is skipped.
+    :returns: the runs taken over, oldest first; a run another process claimed, or that changed
+        while it was looked at (verified, ended: :class:`~pipeline.errors.IllegalTransition`), is skipped.
     """
     runs = restarter.runs
     out: list[Interruption] = []
@@ -51,10 +56,9 @@ async def reconcile(restarter: RestartService, *, instance: str) -> list[Interru
         if not await runs.claim_orphan(run.id, instance):
             continue  # its owner came back, or another process is taking it over
         try:
-            fresh = await runs.get(run.id)
-            if fresh.finished_at is not None:
-                continue
-            out.append(await _take_over(restarter, fresh))
+            out.append(await _take_over(restarter, run))
+        except IllegalTransition as exc:  # written since read (verified, ended, owner back): theirs to tell
+            log.info("%s: not taken over: %s", run.id, exc.message)
         finally:
             await runs.unclaim(run.id)
     return out
@@ -74,11 +78,9 @@ async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
     job_id = run.slurm_job if run.launched else seen.job_id or run.old_slurm_job
     expected = seen.expected
     now = time.time()
-    run.owner = None
     if run.launched:
         line = verdict.interrupted_after_launch(state, seen.probe.count, expected, pid=pid, job_id=job_id)
-        run.interrupted = line
-        await restarter.runs.save(run)
+        await restarter.runs.interrupt_after_launch(run, line)
         await _queue_verification(restarter, run)
         return Interruption(run, line, True)
     step = run.current_step

@@ -31,7 +31,7 @@ CancelCheck = Callable[[], Awaitable[bool]]
 
 
 class StepLog:
-    """Records, saves and publishes the steps of runs (``runs``' Redis client and key prefix serve
+    """Records (compare-and-set, :class:`RunStore`) and publishes the steps of runs (``runs``' Redis client and key prefix serve
     the job's ``current`` record, patches and the verification queue too)."""
 
     def __init__(self, runs: RunStore, events: Events) -> None:
@@ -53,17 +53,21 @@ class StepLog:
     async def begin(
         self, run: RunRecord, step: Step, outcome: Outcome = Outcome.RUNNING, detail: str = ""
     ) -> StepRecord:
-        """Start ``step``: appended to the run, saved, published and reported."""
+        """Start ``step``: appended to the run, saved, published and reported.
+
+        :raises IllegalTransition: if the stored run ended or changed since ``run`` was read
+            (:meth:`RunStore.record_step`), as :meth:`end` and :meth:`verify_unreachable` do.
+        """
         rec = StepRecord(step=step, started_at=time.time(), outcome=outcome, detail=detail)
         run.steps.append(rec)
-        await self.runs.save(run)
+        await self.runs.record_step(run)
         await self.emit(run, rec)
         return rec
 
     async def end(self, run: RunRecord, rec: StepRecord, outcome: Outcome, detail: str) -> None:
         """End ``rec`` with ``outcome`` and ``detail`` (one line a person reads); saved and reported."""
         rec.ended_at, rec.outcome, rec.detail = time.time(), outcome, detail
-        await self.runs.save(run)
+        await self.runs.record_step(run)
         await self.emit(run, rec)
 
     async def fail(self, run: RunRecord, rec: StepRecord, detail: str) -> None:
@@ -116,7 +120,7 @@ class StepLog:
     async def verify_unreachable(self, run: RunRecord, rec: StepRecord, detail: str) -> None:
         """Record that the job could not be observed past its deadline (the run stays unverified)."""
         rec.outcome, rec.ended_at, rec.detail = Outcome.FAILED, time.time(), detail
-        await self.runs.save(run)
+        await self.runs.record_step(run)
         await self.publish(run, rec)
 
     async def verified(
@@ -130,7 +134,8 @@ class StepLog:
         """Save a decided verdict (``decided``: verdict, line, evidence): ``rec`` ends with the line;
         the run leaves the verification queue, or stays due at ``recheck_at`` (epoch s; PENDING).
 
-        :raises IllegalTransition: if the run was ended by its sequence.
+        :raises IllegalTransition: if the run was ended by its sequence, or changed since ``run`` was
+            read (another process won): nothing is written, queued or published.
         """
         verdict, line, _ = decided
         rec.ended_at, rec.detail = time.time(), line
@@ -138,10 +143,7 @@ class StepLog:
         if recheck_at is not None:
             rec.outcome = Outcome.WAITING
         await self.runs.decide(run, *decided)
-        if recheck_at is not None:
-            await self.queue.enqueue(run.id, recheck_at)
-        else:
-            await self.queue.settle(run.id)
+        await (self.queue.settle(run.id) if recheck_at is None else self.queue.enqueue(run.id, recheck_at))
         await self.publish(run, rec)
 
     async def boundary(self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None) -> None:

@@ -1,9 +1,11 @@
 """Run records: every restart is a run ``r-<n>`` kept in Redis with its steps (start, end, outcome,
 detail: "where did it stop" always has an answer) and verdict (:mod:`pipeline.verdict`).
 
-A run's state (:class:`RunState`) changes only through :class:`RunStore`'s transitions, legal from
-the states in :data:`TRANSITIONS`: ``finish`` (its sequence ended it) and ``decide`` (verification
-set the verdict; re-runnable).  Cancel requests live here too, and the throughput follow-up queue.
+A run's record changes only through :class:`RunStore`'s named writes, each one compare-and-set on
+the stored record: legal from the states in :data:`TRANSITIONS` (``finish``: its sequence ended it;
+``decide``: verification set the verdict, re-runnable; step records...) and, for a caller's copy,
+only at the revision it was read at, so two processes never both end one run and a stale copy
+never overwrites a newer record.  Cancel requests live here too, and the throughput follow-up queue.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from enum import StrEnum
 
 import redis.asyncio as aioredis
@@ -68,10 +71,14 @@ _DECIDED = frozenset(
     | {Verdict.PENDING, Verdict.RUNNING}
 )
 
-#: each transition of a run → the states it is legal from
+#: each write of a run → the states of the stored record it is legal from
 TRANSITIONS: dict[str, frozenset[RunState]] = {
     "finish": frozenset({RunState.OPEN, RunState.AWAITING}),
     "decide": frozenset({RunState.OPEN, RunState.AWAITING, RunState.DECIDED}),
+    "record a step": frozenset({RunState.OPEN, RunState.AWAITING, RunState.DECIDED}),
+    "be interrupted": frozenset({RunState.OPEN, RunState.AWAITING}),
+    "be handed over": frozenset({RunState.OPEN, RunState.AWAITING}),
+    "be amended": frozenset(RunState),
 }
 
 
@@ -155,6 +162,7 @@ class RunRecord(BaseModel):
     lost_s: float | None = None  #: the training time those steps took (s), at the previous run's rate
     reach: Reach | None = None  #: how far it got, recorded once it ended (the next attempt read its log)
     recovery: str | None = None  #: the throughput follow-up posted ``recovery_window`` after its verdict
+    rev: int = 0  #: the record's revision, bumped by every write (a copy writes only at the stored one)
 
     def step(self, step: Step) -> StepRecord | None:
         """The record of ``step``, or None if it has not started."""
@@ -178,11 +186,11 @@ class RunRecord(BaseModel):
 
 
 class RunStore(Store):
-    """Run records in Redis: create, save, read, list, and who owns each open run.
+    """Run records in Redis: create, change (compare-and-set), read, list, and who owns each open run.
 
     A run is *owned* by the process executing it: :meth:`create` records this store's ``owner``
     (None: no heartbeat, for tools and tests) on the run and sets its heartbeat (``keys.run_owner``,
-    TTL ``heartbeat_ttl`` s), renewed every ``heartbeat_ttl / 3`` s until the run is saved finished
+    TTL ``heartbeat_ttl`` s), renewed every ``heartbeat_ttl / 3`` s until the run is finished
     or :meth:`aclose` hands it over.  A dead process's runs' heartbeats lapse within
     ``heartbeat_ttl`` s and :meth:`unowned` finds them (see :mod:`pipeline.engines.recovery`).
     """
@@ -252,23 +260,11 @@ class RunStore(Store):
                 )
         return run
 
-    async def save(self, run: RunRecord) -> None:
-        """Write ``run`` back; a run with ``finished_at`` leaves the open set and its owner."""
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
-            if run.finished_at is not None:
-                pipe.srem(keys.runs_open(self.prefix), run.id)
-                pipe.delete(keys.run_owner(self.prefix, run.id))
-            await pipe.execute()
-        if run.finished_at is not None:
-            self._owned.discard(run.id)
-
-    @staticmethod
-    def check(run: RunRecord, transition: str) -> None:
-        """Refuse ``transition`` of ``run`` (:class:`IllegalTransition`) unless its state allows it (:data:`TRANSITIONS`)."""
-        state = RunState.of(run)
-        if state not in TRANSITIONS[transition]:
-            raise IllegalTransition(f"run {run.id}", state.value, transition)
+    async def record_step(self, run: RunRecord) -> None:
+        """Write ``run`` as its sequence or verification changed it (a step begun or ended, what it
+        launched); ``run.rev`` moves on.  :raises IllegalTransition: if the stored run ended, or was
+        written since ``run`` was read."""
+        await self._put(run, "record a step")
 
     async def finish(
         self,
@@ -278,22 +274,24 @@ class RunStore(Store):
         evidence: str | None = None,
     ) -> RunRecord:
         """End ``run``'s sequence now, with ``verdict`` (None: a stop that succeeded) and ``evidence``
-        (None: kept); saved and returned.  IllegalTransition if the run already ended or was verified."""
-        self.check(run, "finish")
-        run.verdict, run.verdict_line = verdict, line
-        run.evidence = run.evidence if evidence is None else evidence
-        run.finished_at = time.time()
-        await self.save(run)
-        return run
+        (None: kept); saved and returned.  IllegalTransition if the run already ended or was verified,
+        or was written since ``run`` was read (another process won)."""
+        evidence = run.evidence if evidence is None else evidence
+        return await self._put(
+            run, "finish", verdict=verdict, verdict_line=line, evidence=evidence, finished_at=time.time()
+        )
 
     async def decide(self, run: RunRecord, verdict: Verdict, line: str, evidence: str) -> RunRecord:
         """Record the verdict verification decided (``finished_at`` now); saved.  IllegalTransition if the
-        run was ended by its sequence (nothing to verify)."""
-        self.check(run, "decide")
-        run.verdict, run.verdict_line, run.evidence = verdict, line, evidence
-        run.finished_at = time.time()
-        await self.save(run)
-        return run
+        run was ended by its sequence (nothing to verify), or was written since ``run`` was read."""
+        return await self._put(
+            run, "decide", verdict=verdict, verdict_line=line, evidence=evidence, finished_at=time.time()
+        )
+
+    async def interrupt_after_launch(self, run: RunRecord, line: str) -> RunRecord:
+        """A launched run whose owner died: ``interrupted`` is ``line``, it has no owner now; saved.
+        IllegalTransition if it ended or was verified, or was written since ``run`` was read."""
+        return await self._put(run, "be interrupted", interrupted=line, owner=None)
 
     async def record_reach(self, run_id: str, reach: Reach) -> RunRecord | None:
         """Record how far an attempt got on its run; returns the run as saved, None if there is none."""
@@ -304,24 +302,59 @@ class RunStore(Store):
         return await self._amend(run_id, recovery=line)
 
     async def _amend(self, run_id: str, **fields: object) -> RunRecord | None:
-        """Set ``fields`` on the stored run (read, changed, written under WATCH: no other write lost)."""
-        key = keys.run(self.prefix, run_id)
+        """Set ``fields`` on the stored run, whatever its state (no other write lost); None if none."""
+        with contextlib.suppress(UnknownRun):
+            return await self._write(run_id, "be amended", lambda stored: stored.model_copy(update=fields))
+        return None
+
+    async def _put(self, run: RunRecord, wanted: str, **fields: object) -> RunRecord:
+        """Write the caller's copy ``run`` with ``fields`` if the store still has it at ``run.rev``;
+        ``run`` is changed (and returned) only once written."""
+        new = await self._write(run.id, wanted, lambda _: run.model_copy(update=fields), rev=run.rev)
+        for name in (*fields, "rev"):
+            setattr(run, name, getattr(new, name))
+        return run
+
+    async def _write(
+        self, run_id: str, wanted: str, change: Callable[[RunRecord], RunRecord], *, rev: int | None = None
+    ) -> RunRecord:
+        """The one write of a run record, a compare-and-set under WATCH: ``change(stored)`` is written,
+        its revision bumped, if the stored run's state allows ``wanted`` (:data:`TRANSITIONS`) and, with
+        ``rev``, it is still at revision ``rev``.  A finished run leaves the open set and its heartbeat;
+        one whose owner is cleared leaves its heartbeat.
+
+        :returns: the record as written.
+        :raises UnknownRun: if there is no such run.
+        :raises IllegalTransition: naming the stored state, if it refuses ``wanted``, or it is past
+            ``rev`` (another writer won), or it kept changing under concurrent writes.
+        """
+        key, what = keys.run(self.prefix, run_id), f"run {run_id}"
         async with self.client.pipeline(transaction=True) as pipe:
             for _ in range(5):
+                await pipe.watch(key)
+                raw = await pipe.get(key)
+                if raw is None:
+                    raise UnknownRun(run_id)
+                stored = RunRecord.model_validate_json(raw)
+                state = RunState.of(stored)
+                if state not in TRANSITIONS[wanted] or rev not in (None, stored.rev):
+                    at = "" if rev in (None, stored.rev) else f" at revision {stored.rev} (read at {rev})"
+                    raise IllegalTransition(what, state.value + at, wanted)
+                new = change(stored).model_copy(update={"rev": stored.rev + 1})
+                pipe.multi()  # type: ignore[no-untyped-call]
+                pipe.set(key, new.model_dump_json())
+                if new.finished_at is not None:
+                    pipe.srem(keys.runs_open(self.prefix), run_id)
+                if new.finished_at is not None or (stored.owner is not None and new.owner is None):
+                    pipe.delete(keys.run_owner(self.prefix, run_id))
                 try:
-                    await pipe.watch(key)
-                    raw = await pipe.get(key)
-                    if raw is None:
-                        await pipe.reset()  # type: ignore[no-untyped-call]
-                        return None
-                    run = RunRecord.model_validate_json(raw).model_copy(update=fields)
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    pipe.set(key, run.model_dump_json())
                     await pipe.execute()
-                    return run
                 except aioredis.WatchError:
-                    continue
-        raise IllegalTransition(f"run {run_id}", "changing under concurrent writes", "be amended")
+                    continue  # written meanwhile: read again (a copy at ``rev`` is refused then)
+                if new.finished_at is not None:
+                    self._owned.discard(run_id)
+                return new
+        raise IllegalTransition(what, "changing under concurrent writes", wanted)
 
     async def attempts(
         self, job: str, count: int = 10, *, before: RunRecord | None = None
@@ -428,15 +461,10 @@ class RunStore(Store):
         """Give up ownership of a launched run (the verification queue has it now): ``owner`` cleared,
         heartbeat deleted, so it is not taken for a dead process's.  A finished or unknown run is left."""
         self._owned.discard(run_id)
-        raw = await self.client.get(keys.run(self.prefix, run_id))
-        run = None if raw is None else RunRecord.model_validate_json(raw)
-        if run is None or run.finished_at is not None or run.owner is None:
-            return
-        run.owner = None
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
-            pipe.delete(keys.run_owner(self.prefix, run.id))
-            await pipe.execute()
+        with contextlib.suppress(UnknownRun, IllegalTransition):
+            await self._write(
+                run_id, "be handed over", lambda stored: stored.model_copy(update={"owner": None})
+            )
 
     async def aclose(self) -> None:
         """Stop the heartbeat and hand every run still owned over (a clean exit: a run mid-sequence was
