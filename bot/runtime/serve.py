@@ -30,6 +30,7 @@ from bot.runtime.scheduler import PitstopScheduler
 from bot.slack.api import web_client
 from bot.slack.app import SlackSurface
 from bot.slack.outbox import SlackOutbox
+from bot.slack.send import Delivery
 from bot.slack.socket_mode import CappedSocketModeHandler
 from handlers.context import Context
 from handlers.reply import Reply, Status
@@ -180,14 +181,16 @@ async def open_runtime(
                 raise SlackUnavailable("auth.test", str(exc) or type(exc).__name__) from None
             auth = {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
         instance = instance or new_instance_id()
-        outbox = SlackOutbox(
-            client,
-            default_channel=config.slack.announce_channel,
-            pace=config.slack.pace,
-            instance=instance,
-            fallback_channel=config.slack.fallback_channel,
-            page_by_dm=functools.partial(page_by_dm, config),
+        slack = config.slack
+        page = functools.partial(page_by_dm, config)
+        delivery = Delivery(
+            slack.announce_channel,
+            slack.pace,
+            instance,
+            fallback_channel=slack.fallback_channel,
+            page_by_dm=page,
         )
+        outbox = SlackOutbox(client, delivery)
         ctx = await build_context(config, outbox, instance=instance)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
