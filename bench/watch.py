@@ -65,6 +65,7 @@ from benchlib import Checks  # noqa: E402
 from bot.runtime.assembly import build_context, build_watcher, close_context  # noqa: E402
 from bot.slack.api import web_client  # noqa: E402
 from bot.slack.outbox import SlackOutbox  # noqa: E402
+from bot.slack.send import Delivery  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
 from pipeline.config import (  # noqa: E402
     Config,
@@ -389,7 +390,8 @@ async def storm(
         for team in teams:
             fake.add_channel(Channel(team))
         outbox = SlackOutbox(
-            web_client(BOT_TOKEN, base_url=fake.api_url), default_channel=teams[0], pace=PACE, settle=0.0
+            web_client(BOT_TOKEN, base_url=fake.api_url),
+            Delivery(default_channel=teams[0], pace=PACE, settle=0.0),
         )
         ctx = await build_context(config, outbox, instance="bench")
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs)

@@ -149,22 +149,19 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
 
 
 def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config) -> int:
-    from bot.runtime import serve  # lazy: as above (slack_bolt, slack_sdk, aiohttp)
+    from bot.runtime.serve import serve  # lazy: as above (slack_bolt, slack_sdk, aiohttp)
 
     if not env.bot_token:
         return _fail(missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
-    bot_token, app_token, secret = env.bot_token, env.app_token, env.signing_secret
-    if args.socket and not app_token:
+    if args.socket and not env.app_token:
         return _fail(missing_env("SLACK_APP_TOKEN"), ExitCode.USAGE)
-    if not args.socket and not secret:
+    if not args.socket and not env.signing_secret:
         return _fail(missing_env("SLACK_SIGNING_SECRET"), ExitCode.USAGE)
+    mode = {"app_token": env.app_token} if args.socket else {"signing_secret": env.signing_secret}
+    token = env.bot_token
 
     async def serving() -> int:
-        common = {"host": args.host, "port": args.port, "bot_token": bot_token, "api_url": env.api_url}
-        if args.socket and app_token:
-            await serve.serve_socket(config, app_token=app_token, **common)
-        elif secret:
-            await serve.serve_http(config, signing_secret=secret, **common)
+        await serve(config, bot_token=token, api_url=env.api_url, host=args.host, port=args.port, **mode)
         return 0
 
     return run_async(serving, on_signal=ExitCode.OK)

@@ -99,6 +99,7 @@ class Reply:
     #: whom else it pages: the job's owners (``U…``, ``S…``), kept live like ``page``; a surface
     #: also tells each owning user who cannot see the post
     owners: tuple[str, ...] = ()
+    redelivery: bool = False  #: the answer to a second delivery of a request already acted on
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (``pitstop say --json``)."""

@@ -11,6 +11,7 @@ from bot.runtime.assembly import build_context, build_watcher
 from bot.slack import blocks
 from bot.slack.api import web_client
 from bot.slack.outbox import SlackOutbox
+from bot.slack.send import Delivery
 from handlers.reply import Reply, Status
 from handlers.views.read import status_command
 from handlers.watch.acks import ack_command
@@ -25,7 +26,7 @@ from tests.test_watch import JOBS, cycles_for, open_harness, until
 def _outbox(fake: FakeSlack, **kw: object) -> SlackOutbox:
     options: dict[str, object] = {"backoff": 0.05, "settle": 0.0, **kw}
     return SlackOutbox(
-        web_client(BOT_TOKEN, base_url=fake.api_url), default_channel=ANNOUNCE, pace=0, **options
+        web_client(BOT_TOKEN, base_url=fake.api_url), Delivery(default_channel=ANNOUNCE, pace=0, **options)
     )  # type: ignore[arg-type]
 
 

@@ -20,6 +20,7 @@ from bot.slack.api import ATTEMPTS, web_client
 from bot.slack.app import slack_home_no_role
 from bot.slack.blocks import slack_continued, slack_part
 from bot.slack.outbox import SlackOutbox
+from bot.slack.send import Delivery
 from handlers.reply import Reply, Status, Table
 from handlers.request.confirm import confirm_expired
 from handlers.watch.alerts import alert_reply
@@ -57,7 +58,9 @@ async def build(make_stack: MakeStack) -> MakeStack:  # noqa: F811
 
 
 def _outbox(fake: FakeSlack, **kw: object) -> SlackOutbox:
-    return SlackOutbox(web_client(BOT_TOKEN, base_url=fake.api_url), default_channel=ANNOUNCE, pace=0, **kw)  # type: ignore[arg-type]
+    return SlackOutbox(
+        web_client(BOT_TOKEN, base_url=fake.api_url), Delivery(default_channel=ANNOUNCE, pace=0, **kw)
+    )  # type: ignore[arg-type]
 
 
 def _texts(msg: dict[str, object]) -> str:

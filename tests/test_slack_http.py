@@ -20,6 +20,7 @@ from bot.runtime.serve import HttpServer, SlackRuntime, http_app, open_runtime, 
 from bot.slack import blocks
 from bot.slack.api import web_client
 from bot.slack.outbox import SlackOutbox
+from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.reply import Reply, Status, StepLine
 from handlers.views.read import help_title
@@ -405,8 +406,8 @@ async def test_outbox_announce_posts_once_then_updates_from_any_replica(
 ) -> None:
     """The first announce posts, later ones update the same message in place, even from another replica."""
     client = web_client(BOT_TOKEN, base_url=fake_slack.api_url)
-    one = SlackOutbox(client, default_channel=CHANNEL, pace=0, instance="a")
-    two = SlackOutbox(client, default_channel=CHANNEL, pace=0, instance="b")
+    one = SlackOutbox(client, Delivery(default_channel=CHANNEL, pace=0, instance="a"))
+    two = SlackOutbox(client, Delivery(default_channel=CHANNEL, pace=0, instance="b"))
     one.bind(redis_handle.open_store(Posts), redis_handle.open_store(RunStore))
     two.bind(redis_handle.open_store(Posts), redis_handle.open_store(RunStore))
     await one.announce("run:r-7", _run_reply(1), None)
@@ -432,7 +433,7 @@ async def test_outbox_uploads_chart_with_upload_v2(fake_slack: FakeSlack, tmp_pa
     chart = tmp_path / "digest.png"
     chart.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 1000)
     client = web_client(BOT_TOKEN, base_url=fake_slack.api_url)
-    outbox = SlackOutbox(client, default_channel=CHANNEL, pace=0)
+    outbox = SlackOutbox(client, Delivery(default_channel=CHANNEL, pace=0))
     await outbox.post(Reply(title="digest dflash: 1,412 tokens/s", chart=str(chart)), None)
     (done,) = await fake_slack.wait_for("files.completeUploadExternal")
     (upload,) = await fake_slack.calls("upload")
@@ -444,7 +445,7 @@ async def test_outbox_uploads_chart_with_upload_v2(fake_slack: FakeSlack, tmp_pa
 async def test_outbox_waits_out_a_429(fake_slack: FakeSlack) -> None:
     """A 429 is answered by waiting Retry-After and trying again; the post arrives."""
     client = web_client(BOT_TOKEN, base_url=fake_slack.api_url)
-    outbox = SlackOutbox(client, default_channel=CHANNEL, pace=0)
+    outbox = SlackOutbox(client, Delivery(default_channel=CHANNEL, pace=0))
     fake_slack.rate_limit_next("chat.postMessage", retry_after=1)
     await outbox.post(Reply(title="hello"), None)
     limited, posted = await fake_slack.calls("chat.postMessage")
@@ -456,7 +457,7 @@ async def test_outbox_waits_out_a_429(fake_slack: FakeSlack) -> None:
 async def test_outbox_paces_posts_to_one_channel(fake_slack: FakeSlack) -> None:
     """Posts to one channel are at least [slack] pace apart; another channel is not held back."""
     client = web_client(BOT_TOKEN, base_url=fake_slack.api_url)
-    outbox = SlackOutbox(client, default_channel=CHANNEL, pace=2.0)
+    outbox = SlackOutbox(client, Delivery(default_channel=CHANNEL, pace=2.0))
 
     async def three() -> None:
         for i in range(3):
@@ -479,7 +480,7 @@ async def test_outbox_paces_posts_to_one_channel(fake_slack: FakeSlack) -> None:
 async def test_outbox_without_channel_logs_and_does_not_raise(fake_slack: FakeSlack) -> None:
     """With no channel configured a post is refused in the log, never as an exception."""
     client = web_client(BOT_TOKEN, base_url=fake_slack.api_url)
-    outbox = SlackOutbox(client, default_channel=None, pace=0)
+    outbox = SlackOutbox(client, Delivery(default_channel=None, pace=0))
     await outbox.announce("run:r-1", Reply(title="x"), None)
     await outbox.post(Reply(title="x"), None)
     assert len(outbox.failures) == 2 and "announce_channel" in outbox.failures[0]

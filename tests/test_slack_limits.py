@@ -10,6 +10,7 @@ import time
 
 from bot.slack.api import Budget, web_client
 from bot.slack.outbox import SlackOutbox
+from bot.slack.send import Delivery
 from handlers.reply import Reply
 from tests.fixtures.slack import ANNOUNCE, BOT_TOKEN, FakeSlack
 from tests.support_handlers import wait_until
@@ -17,7 +18,8 @@ from tests.support_handlers import wait_until
 
 def _outbox(fake: FakeSlack, pace: float = 1.0) -> SlackOutbox:
     return SlackOutbox(
-        web_client(BOT_TOKEN, base_url=fake.api_url), default_channel=ANNOUNCE, pace=pace, settle=0.0
+        web_client(BOT_TOKEN, base_url=fake.api_url),
+        Delivery(default_channel=ANNOUNCE, pace=pace, settle=0.0),
     )
 
 

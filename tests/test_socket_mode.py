@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.runtime.metrics import CONTENT_TYPE
-from bot.runtime.serve import SlackRuntime, connect_socket, open_runtime, serve_socket
+from bot.runtime.serve import SlackRuntime, connect_socket, open_runtime, serve
 from bot.slack import blocks
 from bot.slack.socket_mode import wait_after
 from handlers.views.read import help_title
@@ -239,7 +239,7 @@ async def test_socket_mode_serves_healthz_and_metrics_on_the_listen_port(
     setup = job_factory(ssh_server)
     config = slack_config(setup.config, redis_config)
     serving = asyncio.create_task(
-        serve_socket(
+        serve(
             config,
             bot_token=BOT_TOKEN,
             app_token=APP_TOKEN,
@@ -293,6 +293,6 @@ async def test_socket_mode_on_a_port_taken_says_so_and_opens_no_connection(
         kwargs = {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": fake_slack.api_url}
         with pytest.raises(UsageError, match=rf"cannot listen on 127\.0\.0\.1:{port} .*--port") as err:
             async with asyncio.timeout(60):
-                await serve_socket(config, **kwargs, host="127.0.0.1", port=port)
+                await serve(config, **kwargs, host="127.0.0.1", port=port)
     assert err.value.exit_code is ExitCode.USAGE
     assert fake_slack.connections_opened == 0

@@ -25,6 +25,7 @@ from typing import Any
 from bot.runtime.assembly import build_context, build_watcher, close_context
 from bot.slack.api import web_client
 from bot.slack.outbox import SlackOutbox
+from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status
@@ -257,10 +258,7 @@ async def _pitstop(
     )
     outbox = SlackOutbox(
         web_client(BOT_TOKEN, base_url=fake.api_url),
-        default_channel=ANNOUNCE,
-        pace=PACE,
-        settle=0.0,
-        instance=instance,
+        Delivery(default_channel=ANNOUNCE, pace=PACE, settle=0.0, instance=instance),
     )
     ctx = await build_context(config, outbox, instance=instance)
     outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))

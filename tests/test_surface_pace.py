@@ -10,6 +10,7 @@ import time
 from bot.slack.ackgate import AckGate
 from bot.slack.api import Pacer, web_client
 from bot.slack.outbox import SlackOutbox
+from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.reply import Reply, StepLine
 from pipeline.state.events import Event, EventKind
@@ -157,7 +158,9 @@ async def test_outbox_coalesces_updates_held_by_slack_and_threads_after_the_head
 ) -> None:
     """Announces of one message made while Slack holds its headline send only the newest state once
     released, and a thread reply made meanwhile lands under that headline, after it."""
-    outbox = SlackOutbox(web_client(BOT_TOKEN, base_url=fake_slack.api_url), default_channel=ANNOUNCE, pace=0)
+    outbox = SlackOutbox(
+        web_client(BOT_TOKEN, base_url=fake_slack.api_url), Delivery(default_channel=ANNOUNCE, pace=0)
+    )
     fake_slack.hold("chat.postMessage", "chat.update")
     first = asyncio.create_task(outbox.announce("run:r-9", _state(1), None))
     await fake_slack.wait_held("chat.postMessage")

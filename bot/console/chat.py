@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import sys
 import threading
 import uuid
@@ -169,38 +168,19 @@ class ConsoleOutbox:
         self.console.print(self.renderer.render(reply, ""))
 
 
-class _StdinReader:
-    """Reads stdin in a daemon thread (so Ctrl-C and exit never wait for a pending ``input()``)."""
-
-    def __init__(self) -> None:
-        self._requests: queue.Queue[tuple[str, asyncio.Future[str | None], asyncio.AbstractEventLoop]]
-        self._requests = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self.tty = sys.stdin.isatty()
-
-    async def read(self, prompt: str) -> str | None:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[str | None] = loop.create_future()
-        self._requests.put((prompt, fut, loop))
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="pitstop-stdin", daemon=True)
-            self._thread.start()
-        return await fut
-
-    def _run(self) -> None:
-        while True:
-            prompt, fut, loop = self._requests.get()
-            line: str | None
-            try:
-                if self.tty:
-                    line = input(prompt)
-                else:
-                    raw = sys.stdin.readline()
-                    line = raw.rstrip("\n") if raw else None
-            except (EOFError, OSError, ValueError):
-                line = None
-            with contextlib.suppress(RuntimeError):  # loop closed
-                loop.call_soon_threadsafe(_resolve, fut, line)
+def _read_stdin(prompt: str, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[str | None]) -> None:
+    """One line of stdin (``input`` with ``prompt`` on a terminal) into ``fut``; None at its end."""
+    line: str | None
+    try:
+        if sys.stdin.isatty():
+            line = input(prompt)
+        else:
+            raw = sys.stdin.readline()
+            line = raw.rstrip("\n") if raw else None
+    except (EOFError, OSError, ValueError):
+        line = None
+    with contextlib.suppress(RuntimeError):  # loop closed
+        loop.call_soon_threadsafe(_resolve, fut, line)
 
 
 def _resolve(fut: asyncio.Future[str | None], line: str | None) -> None:
@@ -233,7 +213,7 @@ class ConsoleSession:
         self.renderer = renderer or Renderer()
         self._ask = ask
         self._lines: Iterator[str] | None = None
-        self._stdin: _StdinReader | None = None
+        self._read_stdin = False  #: True once a line was read from stdin
 
     async def run_line(self, text: str) -> Reply:
         """Send one line, print the reply, settle a confirmation it asks for; return the final reply."""
@@ -261,16 +241,21 @@ class ConsoleSession:
             line = next(self._lines, None)
             self.console.print(Text(prompt + (line or ""), style="bold"))
             return line
-        if self._stdin is not None or sys.stdin.isatty():
+        if self._read_stdin or sys.stdin.isatty():
             return await self._read(prompt)
         self.console.print(Text(prompt + "n", style="bold"))
         return None
 
     async def _read(self, prompt: str) -> str | None:
-        if self._stdin is None:
-            self._stdin = _StdinReader()
-        line = await self._stdin.read(prompt)
-        if line is not None and not self._stdin.tty:  # a terminal echoes the line itself
+        """A line of stdin, read in a daemon thread (Ctrl-C and exit never wait for it)."""
+        self._read_stdin = True
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str | None] = loop.create_future()
+        threading.Thread(
+            target=_read_stdin, args=(prompt, loop, fut), name="pitstop-stdin", daemon=True
+        ).start()
+        line = await fut
+        if line is not None and not sys.stdin.isatty():  # a terminal echoes the line itself
             self.console.print(Text(prompt + line, style="bold"))
         return line
 

@@ -218,14 +218,12 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
         await _wait(ctx, Wait(EventKind.VERDICT, "dflash", 180, 0), cursor)
 
         if script is None and env.bot_token and env.app_token:
-            from bot.runtime.serve import (
-                serve_socket,  # lazy: Slack's libraries only when tokens hand over to Slack
-            )
+            from bot.runtime.serve import serve  # lazy: Slack's libraries only when tokens hand over to Slack
 
             # Slack takes over: its runtime runs the scheduler (and posts to Slack, not here)
             await scheduler.stop()
             scheduler = None
-            await serve_socket(config, bot_token=env.bot_token, app_token=env.app_token, api_url=env.api_url)
+            await serve(config, bot_token=env.bot_token, app_token=env.app_token, api_url=env.api_url)
             return 0
         if script is None:
             return await session.repl()

@@ -19,17 +19,16 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
-from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.runtime.assembly import build_context, close_context, new_instance_id
 from bot.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from bot.runtime.metrics import read_snapshot
 from bot.runtime.metrics import render as metrics_page
 from bot.runtime.scheduler import PitstopScheduler
-from bot.slack.api import web_client
+from bot.slack.api import ERRORS, error_text, web_client
 from bot.slack.app import SlackSurface
 from bot.slack.outbox import SlackOutbox
+from bot.slack.send import Delivery
 from bot.slack.socket_mode import CappedSocketModeHandler
 from handlers.context import Context
 from handlers.reply import Reply, Status
@@ -84,13 +83,7 @@ class SlackRuntime:
     async def slack_health(self) -> dict[str, Any]:
         """``auth.test`` (cached :data:`HEALTH_TTL` s) plus the Socket Mode connection state."""
         if time.monotonic() - self._auth_at > HEALTH_TTL:
-            try:
-                resp = await self.client.auth_test()
-                self.auth = {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
-            except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
-                error = exc.response.get("error") if isinstance(exc, SlackApiError) else str(exc)
-                self.auth = {"ok": False, "error": str(error or type(exc).__name__)}
-            self._auth_at = time.monotonic()
+            self.auth, self._auth_at = await auth_test(self.client), time.monotonic()
         out = dict(self.auth)
         if self.socket is not None:
             connected = await self.socket.client.is_connected()
@@ -125,7 +118,7 @@ class SlackRuntime:
     async def metrics(self) -> bytes:
         """The ``/metrics`` page (:mod:`bot.runtime.metrics`); :raises StateUnavailable: if Redis does not answer."""
         stats = self.scheduler.watcher.stats if self.scheduler is not None else None
-        return metrics_page(await read_snapshot(self.ctx, stats, self.outbox))
+        return await metrics_page(self.ctx, stats, self.outbox)
 
     async def health(self) -> dict[str, Any]:
         """``{"ok": bool, "redis": {...}, "slack": {...}}``."""
@@ -153,6 +146,15 @@ class SlackRuntime:
                 await self.session.close()
 
 
+async def auth_test(client: AsyncWebClient) -> dict[str, Any]:
+    """``auth.test``: ``{"ok": True, "team", "bot_user"}``, or ``{"ok": False, "error"}`` (Slack's code)."""
+    try:
+        resp = await client.auth_test()
+    except ERRORS as exc:
+        return {"ok": False, "error": error_text(exc)}
+    return {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
+
+
 async def open_runtime(
     config: Config,
     *,
@@ -170,24 +172,20 @@ async def open_runtime(
     ctx: Context | None = None
     try:
         client = web_client(bot_token, base_url=api_url, session=session)
-        auth: dict[str, Any] = {}
-        if check_auth:
-            try:
-                resp = await client.auth_test()
-            except SlackApiError as exc:
-                raise SlackUnavailable("auth.test", str(exc.response.get("error"))) from None
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                raise SlackUnavailable("auth.test", str(exc) or type(exc).__name__) from None
-            auth = {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
+        auth = await auth_test(client) if check_auth else {}
+        if not auth.get("ok", True):
+            raise SlackUnavailable("auth.test", auth["error"])
         instance = instance or new_instance_id()
-        outbox = SlackOutbox(
-            client,
-            default_channel=config.slack.announce_channel,
-            pace=config.slack.pace,
-            instance=instance,
-            fallback_channel=config.slack.fallback_channel,
-            page_by_dm=functools.partial(page_by_dm, config),
+        slack = config.slack
+        page = functools.partial(page_by_dm, config)
+        delivery = Delivery(
+            slack.announce_channel,
+            slack.pace,
+            instance,
+            fallback_channel=slack.fallback_channel,
+            page_by_dm=page,
         )
+        outbox = SlackOutbox(client, delivery)
         ctx = await build_context(config, outbox, instance=instance)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
@@ -289,24 +287,6 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
     return HttpServer(runner, host, int(sockets[0].getsockname()[1]) if sockets else port)
 
 
-async def serve_http(
-    config: Config, *, host: str, port: int, bot_token: str, signing_secret: str, api_url: str | None
-) -> None:
-    """Serve Slack over HTTP on ``host:port`` until cancelled (SIGINT/SIGTERM); raises
-    :class:`SlackUnavailable` if the bot token is refused."""
-    runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
-    try:
-        app = http_app(runtime.surface, runtime.health, runtime.metrics)
-        server = await start_http(app, host=host, port=port)
-        try:
-            print(serve_listening(server.url), file=sys.stderr, flush=True)
-            await asyncio.Event().wait()
-        finally:
-            await server.close()
-    finally:
-        await runtime.close()
-
-
 async def connect_socket(
     surface: SlackSurface, client: AsyncWebClient, *, app_token: str, ping_interval: float = 10.0
 ) -> CappedSocketModeHandler:
@@ -316,33 +296,41 @@ async def connect_socket(
     try:
         # here, so a refused app token fails at once (the client itself would retry forever)
         handler.client.wss_uri = await handler.client.issue_new_wss_url()
-    except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+    except ERRORS as exc:
         await handler.close_async()  # type: ignore[no-untyped-call]
-        error = exc.response.get("error") if isinstance(exc, SlackApiError) else str(exc)
-        raise SlackUnavailable("apps.connections.open", str(error or type(exc).__name__)) from None
+        raise SlackUnavailable("apps.connections.open", error_text(exc)) from None
     await handler.connect_async()  # type: ignore[no-untyped-call]
     return handler
 
 
-async def serve_socket(
+async def serve(
     config: Config,
     *,
     bot_token: str,
-    app_token: str,
     api_url: str | None,
+    signing_secret: str | None = None,
+    app_token: str | None = None,
     host: str | None = None,
     port: int = 0,
 ) -> None:
-    """Serve Slack over Socket Mode until cancelled (SIGINT/SIGTERM), ``GET /healthz`` and ``GET /metrics``
-    on ``host`` unless None.  :raises SlackUnavailable: if a token is refused (:class:`UsageError`: if
-    the address cannot be bound)."""
-    runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url)
+    """Serve Slack until cancelled (SIGINT/SIGTERM): over Socket Mode with ``app_token``, else over
+    HTTP (``POST /slack/events``, checked with ``signing_secret``); ``GET /healthz`` and ``GET
+    /metrics`` on ``host:port`` unless ``host`` is None.
+
+    :raises SlackUnavailable: if a token is refused.
+    :raises UsageError: if the address cannot be bound.
+    """
+    runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
     server: HttpServer | None = None
     try:
         if host is not None:  # first: a port taken opens no Socket Mode connection (an app has 10)
-            server = await start_http(http_app(None, runtime.health, runtime.metrics), host=host, port=port)
-        runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
-        print(serve_socket_connected(server.url if server else None), file=sys.stderr, flush=True)
+            app = http_app(None if app_token else runtime.surface, runtime.health, runtime.metrics)
+            server = await start_http(app, host=host, port=port)
+        if app_token:
+            runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
+            print(serve_socket_connected(server.url if server else None), file=sys.stderr, flush=True)
+        elif server is not None:
+            print(serve_listening(server.url), file=sys.stderr, flush=True)
         await asyncio.Event().wait()
     finally:
         if server is not None:

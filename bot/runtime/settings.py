@@ -16,7 +16,7 @@ class Settings:
     bot_token: str | None = field(default=None, repr=False)  #: ``SLACK_BOT_TOKEN`` (``xoxb-…``)
     signing_secret: str | None = field(default=None, repr=False)  #: ``SLACK_SIGNING_SECRET`` (HTTP mode)
     app_token: str | None = field(default=None, repr=False)  #: ``SLACK_APP_TOKEN`` (``xapp-…``, Socket Mode)
-    api_url: str | None = None  #: ``SLACK_API_URL``: the Web API base URL (proxies, tests)
+    api_url: str | None = None  #: ``SLACK_API_URL``: the Web API base URL (proxies, tests), for web_client
     config_path: str | None = None  #: ``PITSTOP_CONFIG``
     user: str | None = None  #: ``PITSTOP_USER``: who the console and ``pitstop say`` act as
 
@@ -33,14 +33,11 @@ def from_environ(environ: dict[str, str] | None = None) -> Settings:
         value = env.get(name, "").strip()
         return value or None
 
-    api_url = get("SLACK_API_URL")
-    if api_url and not api_url.endswith("/"):
-        api_url += "/"
     return Settings(
         bot_token=get("SLACK_BOT_TOKEN"),
         signing_secret=get("SLACK_SIGNING_SECRET"),
         app_token=get("SLACK_APP_TOKEN"),
-        api_url=api_url,
+        api_url=get("SLACK_API_URL"),  # its trailing "/" is web_client's to add
         config_path=get("PITSTOP_CONFIG"),
         user=get("PITSTOP_USER"),
     )

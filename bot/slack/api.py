@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import aiohttp
-from slack_sdk.errors import SlackApiError
+from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
@@ -19,11 +19,23 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 ATTEMPTS = 4  #: tries of one post (transient errors and unknown outcomes)
 BACKOFF = 0.5  #: seconds before the second try; doubled each time
-#: errors worth another try (Slack's own transient answers)
-TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
+#: errors worth another try: Slack's own transient answers, a connection not made, and 429s past
+#: the client's own retries (each of those waited ``Retry-After``)
+TRANSIENT = frozenset(
+    {
+        "internal_error",
+        "fatal_error",
+        "service_unavailable",
+        "request_timeout",
+        "connection_failed",
+        "ratelimited",
+    }
+)
 #: HTTP 200 errors after which "some aspect of the operation may have succeeded" (Slack's
 #: words): the outcome is unknown, as after a timeout
 AMBIGUOUS = frozenset({"internal_error", "fatal_error"})
+#: what a failed Web API call raises
+ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 
 
 def web_client(
@@ -73,18 +85,6 @@ def error_of(exc: BaseException) -> tuple[str, bool]:
     return type(exc).__name__, True
 
 
-def retry_after(exc: BaseException, default: float = 1.0) -> float:
-    """Seconds Slack asked a rate-limited call to wait (HTTP 429 ``Retry-After``), else ``default``."""
-    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
-    raw = next((v for k, v in dict(headers).items() if str(k).lower() == "retry-after"), None)
-    if isinstance(raw, list | tuple):
-        raw = raw[0] if raw else None
-    try:
-        return max(0.0, float(raw)) if raw is not None else default
-    except (TypeError, ValueError):
-        return default
-
-
 class Pacer:
     """At most one post per ``interval`` seconds (0: no pacing) to one channel, in the order they
     asked; what waits is the channel's queue (:meth:`backlog`, shown in ``/healthz``)."""
@@ -93,15 +93,13 @@ class Pacer:
         self.interval = interval
         self._next: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._waiting: dict[str, dict[int, float]] = {}  #: channel → waiter id → when it asked (monotonic s)
-        self._seq = 0
+        self._waiting: dict[str, dict[object, float]] = {}  #: channel → waiter → when it asked (monotonic s)
 
     async def wait(self, channel: str) -> None:
         """Return when a post to ``channel`` may go, reserving that slot (first come, first served)."""
         if self.interval <= 0:
             return
-        self._seq += 1
-        me, queue = self._seq, self._waiting.setdefault(channel, {})
+        me, queue = object(), self._waiting.setdefault(channel, {})
         queue[me] = time.monotonic()
         lock = self._locks.setdefault(channel, asyncio.Lock())
         try:
@@ -134,13 +132,11 @@ class Budget:
         self._tokens = burst
         self._at = time.monotonic()
         self._lock = asyncio.Lock()
-        self._waiting: dict[int, float] = {}  #: waiter id → when it asked (monotonic s)
-        self._seq = 0
+        self._waiting: dict[object, float] = {}  #: waiter → when it asked (monotonic s)
 
     async def wait(self) -> None:
         """Return when one call may go; takes its token."""
-        self._seq += 1
-        me = self._seq
+        me = object()
         self._waiting[me] = time.monotonic()
         try:
             async with self._lock:
@@ -167,8 +163,9 @@ class Budget:
 TIER3 = (40, 45 / 60)
 
 
-def fix_for(error: str, channel: str) -> str:
-    """What to do about a post Slack refused, by Slack's error code."""
+def refused_notice(what: str, channel: str, error: str) -> str:
+    """The notice a person gets when Slack refused a post: what, where, Slack's error, and what to
+    do about it, by Slack's error code."""
     where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
     fixes = {
         "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
@@ -200,21 +197,18 @@ def fix_for(error: str, channel: str) -> str:
         "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
         "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
     }
-    return fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
+    fix = fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
+    return f'Slack refused "{what}" in {where}: {error} - {fix}'
 
 
-def refused_notice(what: str, channel: str, error: str) -> str:
-    """The notice a person gets when Slack refused a post: what, where, Slack's error, the fix."""
-    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
-    return f'Slack refused "{what}" in {where}: {error} - {fix_for(error, channel)}'
+def error_text(error: object) -> str:
+    """Slack's error code of a failed call, else the error's text (its type's name if it has none)."""
+    if isinstance(error, SlackApiError):
+        return str(error.response.get("error", "unknown_error"))
+    return str(error) or type(error).__name__
 
 
 def detail_of(error: object) -> str:
-    """Slack's error code of a failed call, with its ``errors`` list when it has one."""
-    if isinstance(error, SlackApiError):
-        detail = str(error.response.get("error", error))
-        extra = error.response.get("errors")
-        if extra:
-            detail += f" {extra}"
-        return detail
-    return str(error) or type(error).__name__
+    """:func:`error_text`, with Slack's ``errors`` list when it has one."""
+    extra = error.response.get("errors") if isinstance(error, SlackApiError) else None
+    return f"{error_text(error)} {extra}" if extra else error_text(error)

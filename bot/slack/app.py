@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
@@ -22,10 +22,11 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
 from bot.slack.ackgate import AckGate
+from bot.slack.api import error_text
 from bot.slack.outbox import SlackOutbox, slack_not_posted
 from handlers.reply import Reply, Status
 from handlers.request.auth import role_of
-from handlers.request.dispatch import Dispatcher, Request, duplicate_delivery
+from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import thread_key
 from pipeline import fmt
 from pipeline.config import Config
@@ -150,7 +151,7 @@ class SlackSurface:
     """The Bolt app plus the state its listeners share (tasks after the ack, group cache).
 
     :param signing_secret: HTTP mode's signing secret; None for Socket Mode (no signature check).
-    :param outbox: the Slack outbox, for uploading a chart that comes with an answer.
+    :param outbox: the Slack outbox: names, posts, a chart that comes with an answer, refusals.
     :param groups: default: one over ``client``, enabled when the config names a group.
     """
 
@@ -161,7 +162,7 @@ class SlackSurface:
         *,
         client: AsyncWebClient,
         signing_secret: str | None,
-        outbox: SlackOutbox | None = None,
+        outbox: SlackOutbox,
         groups: GroupCache | None = None,
     ) -> None:
         self.config = config
@@ -234,7 +235,7 @@ class SlackSurface:
         trigger = body.get("trigger_id") or f"{user}:{channel}:{text}"
         async with self.acks.follow_up():
             reply = await self._first(text, user, f"cmd:{trigger}", channel, retry)
-        if reply is None or reply.title == duplicate_delivery():
+        if reply is None or reply.redelivery:
             return  # Slack's redelivery: the first delivery acted and answers
         await self._respond(respond, reply, user=user)
         self._after_answer(reply, channel, user, respond)
@@ -251,9 +252,6 @@ class SlackSurface:
             return None
         return await self._handle(req)
 
-    async def _names(self, reply: Reply) -> Mapping[str, str]:
-        return await self.outbox.names(reply) if self.outbox is not None else {}
-
     async def _respond(
         self,
         respond: Respond,
@@ -264,7 +262,7 @@ class SlackSurface:
         thread_ts: str | None = None,
     ) -> None:
         """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages), else by DM."""
-        payloads = blocks.parts(reply, names=await self._names(reply), max_parts=RESPONSE_PARTS)
+        payloads = blocks.parts(reply, names=await self.outbox.names(reply), max_parts=RESPONSE_PARTS)
         extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
         for i, payload in enumerate(payloads):
             try:
@@ -284,9 +282,6 @@ class SlackSurface:
 
     async def _undelivered(self, user: str, reply: Reply, where: str, error: str) -> None:
         """An answer Slack refused: recorded (``/healthz``, ``status``) and sent to ``user`` by DM."""
-        if self.outbox is None:
-            log.warning(slack_not_posted(where, error))
-            return
         await self.outbox.record_failure(where, error)
         if user and not await self.outbox.dm(user, reply):
             log.error("answer to %s lost: %s", user, slack_not_posted(where, error))
@@ -296,8 +291,6 @@ class SlackSurface:
     ) -> None:
         """Upload an answer's chart (a response_url cannot carry files); remember who asked for a
         run (a refused post about it is told to them) and how to replace a confirmation prompt."""
-        if self.outbox is None:
-            return
         if isinstance(channel, str) and channel:
             for part in (reply, *reply.follow_ups):  # an all-jobs digest carries one chart per job
                 if part.chart:
@@ -312,12 +305,8 @@ class SlackSurface:
     @staticmethod
     def _is_retry(request: AsyncBoltRequest) -> bool:
         """True for Slack's redelivery (``X-Slack-Retry-Num`` ≥ 1, also in Socket Mode)."""
-        raw = request.headers.get("x-slack-retry-num")
-        value = raw[0] if isinstance(raw, list | tuple) and raw else raw
-        try:
-            return int(str(value)) > 0
-        except ValueError:
-            return False
+        raw = request.headers.get("x-slack-retry-num") or ["0"]  # Bolt's headers: name → values
+        return str(raw[0]).isdigit() and int(raw[0]) > 0
 
     async def _on_mention(
         self, body: dict[str, Any], event: dict[str, Any], request: AsyncBoltRequest, context: Any
@@ -344,23 +333,17 @@ class SlackSurface:
         if reply is None:
             return  # Slack's retry of an event already acted on: the first delivery answers it
         thread_ts = event.get("thread_ts") or (event.get("ts") if in_thread else None)
-        payloads = blocks.parts(reply, names=await self._names(reply))
+        payloads = blocks.parts(reply, names=await self.outbox.names(reply))
         try:
-            for payload in payloads:
-                if reply.ephemeral:
+            if reply.ephemeral:
+                for payload in payloads:
                     await self.client.chat_postEphemeral(
                         channel=channel, user=user, thread_ts=thread_ts, **payload
                     )
-                elif self.outbox is not None:
-                    ts = await self.outbox.post_payload(channel, payload, thread_ts=thread_ts)
-                    thread_ts = thread_ts or ts
-                else:
-                    await self.client.chat_postMessage(
-                        channel=channel, thread_ts=thread_ts, unfurl_links=False, **payload
-                    )
+            else:
+                await self.outbox.post_parts(channel, payloads, thread_ts=thread_ts)
         except Exception as exc:  # SlackApiError, Refused, a network error: tell the asker directly
-            error = str(exc.response.get("error")) if isinstance(exc, SlackApiError) else str(exc)
-            await self._undelivered(user, reply, channel, error)
+            await self._undelivered(user, reply, channel, error_text(exc))
             return
         self._after_answer(reply, channel, user)
 
@@ -417,10 +400,10 @@ class SlackSurface:
                 at, reply = self._home
         footer = slack_home_updated(fmt.clock(at, self.config.scheduler.timezone))
         try:
-            view = blocks.home_view(reply, footer, names=await self._names(reply))
+            view = blocks.home_view(reply, footer, names=await self.outbox.names(reply))
             await self.client.views_publish(user_id=user, view=view)
         except SlackApiError as exc:
-            log.warning(slack_not_posted(f"App Home of {user}", str(exc.response.get("error"))))
+            log.warning(slack_not_posted(f"App Home of {user}", error_text(exc)))
 
     async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
         log.error("incident %s: %s", new_incident_id(), error, exc_info=error)

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import TextIO
 
 import aiohttp
-from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack.api import web_client
+from bot.slack.api import ERRORS, error_text, web_client
 from bot.slack.app import needs_groups
 from pipeline.config import Config
 from pipeline.errors import ExitCode
@@ -32,7 +31,6 @@ BASE_SCOPES = (
     "channels:history",
 )
 MANIFEST = Path(__file__).resolve().parents[2] / "slack-manifest.yml"
-_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 
 
 def needed_scopes(config: Config) -> list[str]:
@@ -49,12 +47,6 @@ def channels_of(config: Config) -> dict[str, list[str]]:
         if channel:
             out.setdefault(channel, []).append(user)
     return out
-
-
-def _error(exc: BaseException) -> str:
-    if isinstance(exc, SlackApiError):
-        return str(exc.response.get("error", "unknown_error"))
-    return str(exc) or type(exc).__name__
 
 
 def manifest_command(path: Path = MANIFEST) -> str | None:
@@ -90,8 +82,8 @@ class Doctor:
         """All the checks (``post``: also a test message to each channel); return the exit code."""
         try:
             auth = await self.client.auth_test()
-        except _ERRORS as exc:
-            self.line("FAIL", f"token: auth.test refused it ({_error(exc)}) - check SLACK_BOT_TOKEN")
+        except ERRORS as exc:
+            self.line("FAIL", f"token: auth.test refused it ({error_text(exc)}) - check SLACK_BOT_TOKEN")
             return int(ExitCode.FAILED)
         self.line("ok", f"token: bot {auth.get('user')} ({auth.get('user_id')}) in {auth.get('team')}")
         granted = {s.strip() for s in str(auth.headers.get("x-oauth-scopes", "")).split(",") if s.strip()}
@@ -125,8 +117,8 @@ class Doctor:
         there, found without posting."""
         try:
             info = (await self.client.conversations_info(channel=channel))["channel"]
-        except _ERRORS as exc:
-            error = _error(exc)
+        except ERRORS as exc:
+            error = error_text(exc)
             hint = (
                 "check the id, or /invite @pitstop if it is private" if error == "channel_not_found" else ""
             )
@@ -172,13 +164,13 @@ class Doctor:
             resp = await self.client.chat_postMessage(
                 channel=channel, text="pitstop check-slack: test message"
             )
-        except _ERRORS as exc:
-            self.line("FAIL", f"post to {channel}: {_error(exc)}")
+        except ERRORS as exc:
+            self.line("FAIL", f"post to {channel}: {error_text(exc)}")
             return
         try:
             await self.client.chat_delete(channel=channel, ts=str(resp["ts"]))
-        except _ERRORS as exc:
-            self.line("warn", f"post to {channel}: posted, but deleting it failed ({_error(exc)})")
+        except ERRORS as exc:
+            self.line("warn", f"post to {channel}: posted, but deleting it failed ({error_text(exc)})")
             return
         self.line("ok", f"post to {channel}: posted and deleted")
 

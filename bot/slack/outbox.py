@@ -6,21 +6,20 @@ storms), and refusals told to a person with their fix, never silently dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
-from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
-from bot.slack.api import BACKOFF, Refused, detail_of, error_of, refused_notice
+from bot.slack.api import ERRORS, Refused, detail_of, error_of, refused_notice
 from bot.slack.people import People
-from bot.slack.send import SlackSender
+from bot.slack.send import Delivery, SlackSender
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
 from pipeline.state.posts import CLAIM_LEASE, Posts
@@ -31,43 +30,19 @@ log = logging.getLogger(__name__)
 
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
 STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another replica has on its way
-SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
 T = TypeVar("T")
-_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 
 
 class SlackOutbox(SlackSender):
-    """:class:`~handlers.outbox.Outbox` over the Slack Web API (``pace``, ``backoff``, ``settle``:
-    :class:`~bot.slack.send.SlackSender`'s, in seconds).
-
-    :param default_channel: where posts go when the caller passes no channel (``announce_channel``).
-    :param instance: this process's id, used to claim a headline across replicas.
-    :param fallback_channel: where an alert goes when its channel and ``default_channel`` refuse it.
-    :param page_by_dm: an alert's key → the user and user-group ids it goes to by DM when no
-        channel takes it (its job's owners, then the admins).
+    """:class:`~handlers.outbox.Outbox` over the Slack Web API, as ``delivery`` says
+    (:class:`~bot.slack.send.Delivery`: channels, pace, this process's id for claims).
 
     Until :meth:`bind` (once Redis is open) headline locations are kept in this process only.
     """
 
-    def __init__(
-        self,
-        client: AsyncWebClient,
-        *,
-        default_channel: str | None,
-        pace: float = 1.0,
-        instance: str = "",
-        people: People | None = None,
-        backoff: float = BACKOFF,
-        settle: float = SETTLE,
-        fallback_channel: str | None = None,
-        page_by_dm: Callable[[str], Sequence[str]] | None = None,
-    ) -> None:
-        super().__init__(client, pace=pace, backoff=backoff, settle=settle)
-        self.default_channel = default_channel
-        self.instance = instance or "pitstop"
+    def __init__(self, client: AsyncWebClient, delivery: Delivery, people: People | None = None) -> None:
+        super().__init__(client, delivery)
         self.people = people or People(client)
-        self.fallback_channel = fallback_channel
-        self.page_by_dm = page_by_dm
         #: the newest alert refused in its channel: at, title, channel, error, told (for /healthz)
         self.last_undelivered: dict[str, Any] | None = None
         self._undelivered: UndeliveredAlerts | None = None
@@ -121,7 +96,7 @@ class SlackOutbox(SlackSender):
             await self._posts.remember(key, channel, ts, parent)
 
     async def _claim(self, key: str) -> bool:
-        return self._posts is None or await self._posts.claim(key, self.instance)
+        return self._posts is None or await self._posts.claim(key, self.delivery.instance)
 
     async def _wait_elsewhere(self, key: str, live_claim: bool = False) -> tuple[str, str] | None:
         """``key``'s headline once another replica posted it, waited for :data:`CLAIM_WAIT` s or,
@@ -146,7 +121,7 @@ class SlackOutbox(SlackSender):
             while True:
                 await asyncio.sleep(CLAIM_LEASE / 3)
                 try:
-                    await posts.claim(key, self.instance)
+                    await posts.claim(key, self.delivery.instance)
                 except Exception as exc:  # Redis trouble: the post goes on, the lease may lapse
                     log.warning("could not renew the claim on %s: %s", key, exc)
 
@@ -178,7 +153,7 @@ class SlackOutbox(SlackSender):
                     await self._refused(key, reply, loc[0], exc)
                     self._rescued.pop(key, None)
                     return loc
-        target = channel or self.default_channel
+        target = channel or self.delivery.default_channel
         if target is None:
             await self.record_failure(key, "no channel: set [slack] announce_channel")
             return None
@@ -202,7 +177,7 @@ class SlackOutbox(SlackSender):
         ``channel`` (None: ``default_channel``) is the grouped post's, else as a message of its own;
         nothing when already posted.  While ``story``'s headline is on its way (here, or claimed by
         a live replica: at most :data:`STORY_WAIT` s) it waits, counted in :meth:`queue`."""
-        target = channel or self.default_channel
+        target = channel or self.delivery.default_channel
         if await self.where(key) is not None:
             return  # already told (by the story, or by what happened to its job since)
         parent = await self.where(story)
@@ -256,7 +231,7 @@ class SlackOutbox(SlackSender):
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Post ``reply`` on its own (digests); follow-ups go in its thread with their charts, the
         reply's own chart is uploaded to the channel."""
-        target = channel or self.default_channel
+        target = channel or self.delivery.default_channel
         if target is None:
             await self.record_failure("post", "no channel: set [slack] announce_channel")
             return
@@ -288,9 +263,7 @@ class SlackOutbox(SlackSender):
         if too_long := len(payloads) > blocks.MAX_PARTS:  # cut, the whole answer attached below
             payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, attached=True)
         try:
-            ts = await self.post_payload(channel, payloads[0], thread_ts=thread_ts)
-            for more in payloads[1:]:
-                await self.post_payload(channel, more, thread_ts=thread_ts or ts)
+            ts = await self.post_parts(channel, payloads, thread_ts=thread_ts)
         except Refused as exc:
             await self._refused(key, reply, channel, exc)
             return None
@@ -311,12 +284,14 @@ class SlackOutbox(SlackSender):
         await self.record_failure(channel, exc)
         notice = refused_notice(what, channel, exc.error)
         user = self._requesters.get(key or "")
-        if user is None and key and key.startswith("run:"):
-            user = await self._requester_of_run(key)
+        if user is None and key and key.startswith("run:") and self._runs is not None:
+            with contextlib.suppress(UnknownRun, ValueError):  # no such run, or a record that does not read
+                user = (await self._runs.get(key.removeprefix("run:"))).requested_by
+                user = user if user.startswith(("U", "W")) else None
         if user is not None and await self.dm(user, Reply(title=notice, status=Status.WARNING)):
             return
         alert = bool(key and key.startswith("incident:"))
-        told = await self._elsewhere(key if alert else None, reply, channel, [notice])
+        told = await self._elsewhere(key if alert else None, what, reply, channel, [notice])
         if alert:
             self.last_undelivered = dict(
                 at=time.time(), title=what, channel=channel, error=exc.error, told=told
@@ -329,11 +304,13 @@ class SlackOutbox(SlackSender):
         if not told:
             log.error("not told to anyone: %s", notice)
 
-    async def _elsewhere(self, alert: str | None, reply: Reply, channel: str, notes: list[str]) -> list[str]:
-        """Tell a refusal in the announce, else fallback channel; an alert (key ``alert``) itself goes
-        there after ``notes``, else by DM to its owners and admins.  Returns where it went."""
-        what = reply.title.splitlines()[0] if reply.title else "post"
-        for target in dict.fromkeys(c for c in (self.default_channel, self.fallback_channel) if c):
+    async def _elsewhere(
+        self, alert: str | None, what: str, reply: Reply, channel: str, notes: list[str]
+    ) -> list[str]:
+        """Tell a refusal of ``what`` in the announce, else fallback channel; an alert (key ``alert``)
+        itself goes there after ``notes``, else by DM to its owners and admins.  Returns where it went."""
+        channels = (self.delivery.default_channel, self.delivery.fallback_channel)
+        for target in dict.fromkeys(c for c in channels if c):
             if target == channel:
                 continue
             try:
@@ -342,10 +319,7 @@ class SlackOutbox(SlackSender):
                 else:
                     shown = replace(reply, lines=(*notes, *reply.lines), follow_ups=())
                     payloads = blocks.parts(shown, names=await self.names(shown))
-                    ts = await self.post_payload(target, payloads[0], thread_ts=None)
-                    for more in payloads[1:]:
-                        await self.post_payload(target, more, thread_ts=ts)
-                    self._rescued[alert] = (target, ts)
+                    self._rescued[alert] = (target, await self.post_parts(target, payloads, thread_ts=None))
             except Refused as again:
                 await self.record_failure(target, again)
                 notes.append(refused_notice(what, target, again.error))
@@ -355,7 +329,8 @@ class SlackOutbox(SlackSender):
         if alert is None:
             return []
         dm = replace(reply, lines=(*notes, *reply.lines), follow_ups=(), page=None)
-        owners = await self.people.expand(list(self.page_by_dm(alert)) if self.page_by_dm else [])
+        page_by_dm = self.delivery.page_by_dm
+        owners = await self.people.expand(list(page_by_dm(alert)) if page_by_dm else [])
         return [user for user in owners if await self.dm(user, dm)]
 
     async def _tell_owners(self, channel: str, reply: Reply) -> None:
@@ -369,15 +344,6 @@ class SlackOutbox(SlackSender):
             if members is None or user not in members:
                 await self.dm(user, replace(reply, lines=(note, *reply.lines), page=None, owners=()))
 
-    async def _requester_of_run(self, key: str) -> str | None:
-        if self._runs is None:
-            return None
-        try:
-            user = (await self._runs.get(key.removeprefix("run:"))).requested_by
-        except (UnknownRun, ValueError):  # no such run, or a record that does not read
-            return None
-        return user if user.startswith(("U", "W")) else None
-
     async def dm(self, user: str, reply: Reply) -> bool:
         """A direct message to ``user`` (needs ``im:write``), split if long; True if it was posted."""
         try:
@@ -385,7 +351,7 @@ class SlackOutbox(SlackSender):
             dm = str(opened["channel"]["id"])
             for payload in blocks.parts(reply, names=await self.names(reply)):
                 await self.post_payload(dm, payload, thread_ts=None)
-        except (*_ERRORS, Refused, KeyError) as exc:
+        except (*ERRORS, Refused, KeyError) as exc:
             log.warning(slack_not_posted(f"a direct message to {user}", str(exc)))
             return False
         self.notices.append((user, reply.title))
@@ -442,22 +408,18 @@ class SlackOutbox(SlackSender):
                     **source,
                 )
                 return True
-            except (*_ERRORS, OSError) as exc:
+            except (*ERRORS, OSError) as exc:
                 error = error_of(exc)[0] if not isinstance(exc, OSError) else "file_unreadable"
-                if error == "not_in_channel" and not joined and await self._join(channel):
+                if error == "not_in_channel" and not joined:
                     joined = True
-                    continue
+                    try:
+                        await self.client.conversations_join(channel=channel)
+                        continue
+                    except ERRORS as again:
+                        log.info("conversations.join %s: %s", channel, error_of(again)[0])
                 refusal = Refused(error, detail_of(exc))
                 await self._refused(None, Reply(title=title or source["filename"]), channel, refusal)
                 return False
-
-    async def _join(self, channel: str) -> bool:
-        try:
-            await self.client.conversations_join(channel=channel)
-        except _ERRORS as exc:
-            log.info("conversations.join %s: %s", channel, error_of(exc)[0])
-            return False
-        return True
 
     async def record_failure(self, where: str, error: object) -> str:
         """Log a refused post and keep it as the last delivery failure (here and in Redis, for

@@ -9,11 +9,9 @@ import logging
 import re
 import time
 
-import aiohttp
-from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack.api import error_of
+from bot.slack.api import ERRORS, error_of
 from handlers.reply import Reply, render_text
 
 log = logging.getLogger(__name__)
@@ -22,7 +20,6 @@ TTL = 3600.0  #: seconds a resolved name is trusted
 MISS_TTL = 600.0  #: seconds before a failed lookup is tried again
 LOOKUPS = 20  #: most ids resolved for one reply
 PAGES, PAGE = 20, 200  #: most pages of members one look-up reads, and members per page
-_ASKED = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
 _USER = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 
 
@@ -68,7 +65,7 @@ class People:
                 resp = await self.client.conversations_members(
                     channel=channel, limit=PAGE, cursor=cursor or None
                 )
-            except _ASKED as exc:
+            except ERRORS as exc:
                 log.info("conversations.members %s: %s", channel, error_of(exc)[0])
                 return None
             members.update(str(m) for m in resp.get("members") or [])
@@ -85,7 +82,7 @@ class People:
             try:
                 resp = await self.client.usergroups_list(include_users=True)
                 groups = {str(g.get("id")): list(g.get("users") or []) for g in resp.get("usergroups") or []}
-            except _ASKED as exc:
+            except ERRORS as exc:
                 log.warning("usergroups.list: %s", error_of(exc)[0])
         users = [u for who in wanted for u in (groups.get(who, []) if who.startswith("S") else [who])]
         return [u for u in dict.fromkeys(users) if u.startswith(("U", "W"))]

@@ -8,44 +8,72 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from slack_sdk.errors import SlackApiError, SlackRequestError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.slack.api import ATTEMPTS, TIER3, TRANSIENT, Budget, Pacer, Refused, detail_of, error_of, retry_after
+from bot.slack.api import (
+    ATTEMPTS,
+    BACKOFF,
+    ERRORS,
+    TIER3,
+    TRANSIENT,
+    Budget,
+    Pacer,
+    Refused,
+    detail_of,
+    error_of,
+)
 
 PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
-_ERRORS = (SlackApiError, SlackRequestError, aiohttp.ClientError, TimeoutError)
+SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
 
 
-async def _failed_try(exc: BaseException) -> tuple[str, bool]:
-    """:func:`~bot.slack.api.error_of` a try worth another (a 429 waited out); else raise Refused."""
+def _failed_try(exc: BaseException) -> tuple[str, bool]:
+    """:func:`~bot.slack.api.error_of` a try worth another (:data:`~bot.slack.api.TRANSIENT`, or
+    its outcome unknown); else raise Refused."""
     error, maybe = error_of(exc)
-    if error == "ratelimited":
-        await asyncio.sleep(retry_after(exc))
-    elif not maybe and error not in TRANSIENT and error != "connection_failed":
+    if not maybe and error not in TRANSIENT:
         raise Refused(error, detail_of(exc)) from None
     return error, maybe
 
 
-class SlackSender:
-    """Posts and updates of single messages, at most once each, at Slack's pace.
+@dataclass(frozen=True)
+class Delivery:
+    """Where posts go and at what pace: the settings of a :class:`SlackSender` (and of its
+    :class:`~bot.slack.outbox.SlackOutbox`).
 
+    :param default_channel: where posts go when the caller passes no channel (``announce_channel``).
     :param pace: minimum seconds between posts to one channel, and between updates of one message.
+    :param instance: this process's id, used to claim a headline across replicas.
     :param backoff: seconds before a call's second try (doubled each time).
     :param settle: seconds to wait before looking a post up a second time.
+    :param fallback_channel: where an alert goes when its channel and ``default_channel`` refuse it.
+    :param page_by_dm: an alert's key → the user and user-group ids it goes to by DM when no
+        channel takes it (its job's owners, then the admins).
     """
 
-    def __init__(self, client: AsyncWebClient, *, pace: float, backoff: float, settle: float) -> None:
+    default_channel: str | None = None
+    pace: float = 1.0
+    instance: str = "pitstop"
+    backoff: float = BACKOFF
+    settle: float = SETTLE
+    fallback_channel: str | None = None
+    page_by_dm: Callable[[str], Sequence[str]] | None = None
+
+
+class SlackSender:
+    """Posts and updates of single messages, at most once each, at ``delivery``'s pace."""
+
+    def __init__(self, client: AsyncWebClient, delivery: Delivery) -> None:
         self.client = client
-        self.pacer = Pacer(pace)  #: posts, per channel (chat.postMessage: about 1/s per channel)
-        self.edits = Pacer(pace)  #: updates, per message: successive states fold into the newest
+        self.delivery = delivery
+        self.pacer = Pacer(delivery.pace)  #: posts, per channel (chat.postMessage: about 1/s per channel)
+        self.edits = Pacer(delivery.pace)  #: updates, per message: successive states fold into the newest
         self.updates = Budget(*TIER3)  #: ``chat.update``: Tier 3, per workspace
-        self.backoff = backoff
-        self.settle = settle
 
     def queue(self) -> dict[str, Any]:
         """What waits for Slack now (``/healthz`` ``slack.queue``, ``/metrics``): ``depth`` calls
@@ -68,7 +96,7 @@ class SlackSender:
 
     async def post_payload(self, channel: str, payload: dict[str, Any], *, thread_ts: str | None) -> str:
         """``chat.postMessage`` of one rendered message at most once; its ts.  Transient errors are
-        retried after :attr:`backoff` s (doubling), an unknown outcome looked up before another try.
+        retried after ``delivery.backoff`` s (doubling), an unknown outcome looked up before another try.
 
         :raises Refused: if Slack refused it for good, or its outcome stayed unknown.
         """
@@ -79,7 +107,7 @@ class SlackSender:
         error = "unknown_error"
         for attempt in range(ATTEMPTS):
             if attempt:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+                await asyncio.sleep(self.delivery.backoff * 2 ** (attempt - 1))
             if unknown:
                 found = await self._find(channel, thread_ts, post_id, since)
                 if found:
@@ -95,8 +123,8 @@ class SlackSender:
                     **payload,
                 )
                 return str(resp["ts"])
-            except _ERRORS as exc:
-                error, maybe = await _failed_try(exc)
+            except ERRORS as exc:
+                error, maybe = _failed_try(exc)
                 unknown = unknown or maybe
         if unknown:
             found = await self._find(channel, thread_ts, post_id, since)
@@ -104,12 +132,23 @@ class SlackSender:
                 return found
         raise Refused(error, slack_gave_up(ATTEMPTS))
 
+    async def post_parts(self, channel: str, payloads: list[dict[str, Any]], *, thread_ts: str | None) -> str:
+        """:meth:`post_payload` of each of ``payloads`` (:func:`bot.slack.blocks.parts`), the later
+        ones in the first's thread unless ``thread_ts``; the first one's ts.
+
+        :raises Refused: at the first one Slack refused.
+        """
+        ts = await self.post_payload(channel, payloads[0], thread_ts=thread_ts)
+        for more in payloads[1:]:
+            await self.post_payload(channel, more, thread_ts=thread_ts or ts)
+        return ts
+
     async def _find(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
-        """The ts of the message carrying ``post_id``, or ``""``, after looking twice :attr:`settle` s
+        """The ts of the message carrying ``post_id``, or ``""``, after looking twice ``settle`` s
         apart; a failed look-up raises Refused (``outcome_unknown``): sending again could post twice."""
         found = await self._look(channel, thread_ts, post_id, since)
-        if not found and self.settle > 0:
-            await asyncio.sleep(self.settle)
+        if not found and self.delivery.settle > 0:
+            await asyncio.sleep(self.delivery.settle)
             found = await self._look(channel, thread_ts, post_id, since)
         return found
 
@@ -124,7 +163,7 @@ class SlackSender:
                     resp = await self.client.conversations_replies(ts=thread_ts, **args)
                 else:
                     resp = await self.client.conversations_history(**args)
-            except _ERRORS as exc:
+            except ERRORS as exc:
                 raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
             for msg in resp.get("messages") or []:
                 meta = msg.get("metadata") or {}
@@ -142,14 +181,14 @@ class SlackSender:
         error = "unknown_error"
         for attempt in range(ATTEMPTS):
             if attempt:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+                await asyncio.sleep(self.delivery.backoff * 2 ** (attempt - 1))
             await self.edits.wait(f"{loc[0]}/{loc[1]}")
             await self.updates.wait()
             try:
                 await self.client.chat_update(channel=loc[0], ts=loc[1], **payload)
                 return
-            except _ERRORS as exc:
-                error, _ = await _failed_try(exc)
+            except ERRORS as exc:
+                error, _ = _failed_try(exc)
         raise Refused(error, slack_gave_up(ATTEMPTS))
 
 

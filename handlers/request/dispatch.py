@@ -205,7 +205,7 @@ class Dispatcher:
         req = flow.req
         if req.delivery_id and not await self.deliveries.claim(req.delivery_id, self.ctx.instance):
             await self._audit(req, AuditOutcome.DUPLICATE, flow.command)
-            return Reply(title=duplicate_delivery(), status=Status.INFO, ephemeral=True)
+            return Reply(title=duplicate_delivery(), status=Status.INFO, ephemeral=True, redelivery=True)
         return await call_next()
 
     async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
