@@ -93,6 +93,25 @@ async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: floa
     return None
 
 
+async def _follow(ctx: Context, run_id: str, shown: Reply, out: IO[str], err: IO[str]) -> int:
+    """``follow r-N`` after its answer (``shown``): each step change as it happens, then the verdict;
+    its exit code (0 for a stop that ended, 5 for a run that did not end in time)."""
+    from handlers.views.follow import ended, follow_run, fresh, within  # lazy: the request path
+
+    seen = set(shown.steps)
+    async for run in follow_run(ctx, run_id):
+        for step in fresh(run, seen):
+            print(step.text(), file=out, flush=True)
+    if not ended(run):
+        print(demo_wait_timed_out("verdict", run.job, within(ctx.config, run.job)), file=err)
+        return int(ExitCode.CANCELLED)
+    if run.verdict is None:
+        return int(ExitCode.OK)
+    verdict = verdict_reply(run)
+    print(render_text(verdict), file=out, flush=True)
+    return int(verdict.exit_code)
+
+
 async def say_main(
     config: Config,
     text: str,
@@ -111,6 +130,7 @@ async def say_main(
     """
     from bot.runtime.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
     from handlers.request.dispatch import Dispatcher, Request  # lazy: as above
+    from handlers.views.follow import followed  # lazy: as above
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -135,6 +155,8 @@ async def say_main(
             reply = await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
         if not as_json:
             print(render_text(reply), file=out, flush=True)
+            if reply.exit_code is ExitCode.OK and (run_id := followed(text, config)) is not None:
+                return await _follow(ctx, run_id, reply, out, err)
         if reply.run_id is None or reply.exit_code is not ExitCode.OK or not dispatcher.in_flight:
             if as_json:
                 print(json.dumps(reply.to_dict()), file=out)
