@@ -263,7 +263,7 @@ class ConsoleSession:
         restart's is printed here, then its verdict."""
         prefix = key_prefix(thread_key(run_id))
         seen = set(shown)
-        async for run in follow_run(self.dispatcher.ctx, run_id):
+        async for run in follow_run(self.dispatcher.ctx, run_id, deliver=False):
             for step in fresh(run, seen):
                 self.console.print(prefixed(prefix, self.renderer.step(step)))
         if run.verdict is not None:

@@ -8,7 +8,6 @@ change and the verdict, Slack keeps the run's message up to date.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -18,6 +17,7 @@ from handlers.reply import Reply, StepLine
 from handlers.runs.verdicts import deliver_verdict
 from handlers.runs.view import run_reply, step_lines
 from pipeline.config import Config
+from pipeline.state.events import BLOCK_S
 from pipeline.state.runs import RunRecord
 
 FOLLOW_SLACK = 420.0  #: seconds a follow waits beyond the job's stop timeout and start window
@@ -58,21 +58,25 @@ def fresh(run: RunRecord, seen: set[StepLine]) -> list[StepLine]:
     return steps
 
 
-async def follow_run(ctx: Context, run_id: str) -> AsyncIterator[RunRecord]:
-    """The run now and after each of its events (or a quiet read of at most
-    :data:`~pipeline.state.events.BLOCK_S` s), until it :func:`ended` or for at most :func:`within`
-    s.  A verification due is delivered here unless another process has it.
+async def follow_run(ctx: Context, run_id: str, *, deliver: bool = True) -> AsyncIterator[RunRecord]:
+    """The run now and after each of its events (or a quiet wait of at most
+    :data:`~pipeline.state.events.BLOCK_S` s, or until its verification is due), until it
+    :func:`ended` or for at most :func:`within` s.
+
+    :param deliver: deliver a verification due here (verify, post, publish) unless another process
+        has it; False where this process's scheduler does (the console, whose posts it prints).
 
     :raises UnknownRun: if there is no such run.
     """
-    run = await ctx.runs.get(run_id)
+    run, cursor = await ctx.runs.get(run_id), "0-0"
     deadline = time.monotonic() + within(ctx.config, run.job)
-    async with contextlib.aclosing(ctx.events.follow(run_id)) as reads:
-        while True:
-            yield run
-            if ended(run) or time.monotonic() > deadline:
-                return
-            await anext(reads)
-            if (due := await ctx.queue.due_at(run_id)) is not None and due <= time.time():
-                await deliver_verdict(ctx, run_id)  # none of the serve processes did (or none runs)
-            run = await ctx.runs.get(run_id)
+    while True:
+        yield run
+        if ended(run) or time.monotonic() > deadline:
+            return
+        due = await ctx.queue.due_at(run_id)
+        if not deliver or due is None or due > time.time() or await deliver_verdict(ctx, run_id) is None:
+            wait = BLOCK_S if due is None or due <= time.time() else due - time.time()
+            if events := await ctx.events.read_run(run_id, cursor, wait):
+                cursor = events[-1].id
+        run = await ctx.runs.get(run_id)

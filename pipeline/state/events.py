@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -74,15 +73,12 @@ class Events(Store):
             pipe.expire(run_key, RUN_TTL)
         return str((await pipe.execute())[0])
 
-    async def follow(self, run_id: str) -> AsyncGenerator[list[Event]]:
-        """The events of run ``run_id`` from its first: one list per read, each read blocking at most
-        :data:`BLOCK_S` s (an empty list when none came); endless: the caller stops."""
-        key, cursor = keys.run_events(self.prefix, run_id), "0-0"
-        while True:
-            got: Any = await self.client.xread({key: cursor}, count=100, block=int(BLOCK_S * 1000))
-            batch = [Event.read(i, f) for _stream, entries in got or [] for i, f in entries]
-            cursor = batch[-1].id if batch else cursor
-            yield batch
+    async def read_run(self, run_id: str, after: str = "0-0", block: float = BLOCK_S) -> list[Event]:
+        """The events of run ``run_id`` after stream id ``after`` (``0-0``: from its first); when there
+        is none yet, the first to come within ``block`` s (at most :data:`BLOCK_S`), else []."""
+        key, wait = keys.run_events(self.prefix, run_id), max(1, int(min(block, BLOCK_S) * 1000))
+        got: Any = await self.client.xread({key: after}, count=100, block=wait)
+        return [Event.read(i, f) for _stream, entries in got or [] for i, f in entries]
 
     async def last_id(self) -> str:
         """The id of the newest event, or ``0-0``: wait for events after it."""
