@@ -2,7 +2,7 @@
 
 The verb answers with the run's message as it is (:func:`follow_command`); the surface then shows
 what :func:`follow_run` yields, read from the run's own event stream
-(:meth:`pipeline.state.events.Events.follow`): ``pitstop say`` and the console print each step
+(:meth:`pipeline.state.events.Events.read_run`): ``pitstop say`` and the console print each step
 change and the verdict, Slack keeps the run's message up to date.
 """
 
