@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -216,3 +217,15 @@ async def test_run_console_end_to_end(
     out = console.export_text()
     assert "queued run r-1" in out and "[run r-1] ✓ launch" in out
     assert CONSOLE_BYE in out.splitlines()
+
+
+async def test_follow_prints_a_runs_steps_as_they_come_then_its_verdict(chat: Chat) -> None:
+    """`follow r-N` in the console prints the run's step changes under its key, then its verdict in its thread."""
+    session = ConsoleSession(chat.dispatcher, user="U0ADMIN", console=chat.console)
+    run = await chat.ctx.runs.create(chat.setup.name, "U0ADMIN", action="start")
+    following = asyncio.get_running_loop().create_task(session.run_line(f"follow {run.id}"))
+    run = await chat.ctx.restarter.verify(await chat.ctx.restarter.start(run))
+    assert (await asyncio.wait_for(following, 60)).exit_code == 0
+    out = chat.console.export_text()
+    assert f"{run.id}: start of {chat.setup.name}" in out and out.count("✓ launch") == 1
+    assert f"[run {run.id}] ↳ {run.verdict_line}" in out

@@ -263,6 +263,7 @@ def test_roles_cover_every_verb() -> None:
         "approve": "viewer",
         "deny": "viewer",
         "pending": "viewer",
+        "follow": "viewer",
     }
 
 

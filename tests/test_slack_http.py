@@ -234,6 +234,22 @@ async def test_restart_taking_20_s_is_acked_at_once_and_updated_step_by_step(mak
     assert stack.fake.warnings == []
 
 
+async def test_follow_answers_with_the_runs_message_and_keeps_it_updated_until_its_verdict(
+    stack: Stack,
+) -> None:
+    """`follow r-N` of a run started outside Slack is answered with the run's message, which is then
+    posted in the channel and updated step by step until its verdict."""
+    ctx = stack.runtime.ctx
+    run = await ctx.runs.create(stack.job, "U0OPERATOR1", action="start")
+    answer = await stack.answer(f"follow {run.id}")
+    assert answer["text"].startswith(f"{run.id}: start of {stack.job}")
+    await ctx.restarter.start(run)
+    (updated,) = await stack.fake.wait_for("chat.update", 1, where=lambda c: "RUNNING" in c.args["text"])
+    headline = await stack.runtime.outbox.where(f"run:{run.id}")
+    assert headline == (updated.args["channel"], updated.args["ts"]) and headline[0] == "C0COMMANDS"
+    assert "✓ launch" in updated.args["text"]
+
+
 async def test_retried_slash_command_acts_once(stack: Stack) -> None:
     """The same slash command delivered again with X-Slack-Retry-Num: 1 starts one run, not two, and is answered once."""
     url = stack.fake.response_url()

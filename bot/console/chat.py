@@ -24,7 +24,10 @@ from bot.slack.blocks import plain, slack_earlier_omitted
 from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, CONSOLE_PROMPT
 from handlers.reply import Reply, Status, StepLine
 from handlers.request.dispatch import Dispatcher, Request
+from handlers.runs.view import thread_key, verdict_reply
+from handlers.views.follow import follow_run, followed, fresh
 from pipeline.config import Config
+from pipeline.errors import ExitCode
 
 STATUS_STYLE = {
     Status.OK: "bold green",
@@ -221,6 +224,8 @@ class ConsoleSession:
         req = Request(text=text, user=self.user, groups=self.groups, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)
         self.console.print(self.renderer.render(reply))
+        if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.dispatcher.ctx.config)):
+            await self.follow(run_id, reply.steps)
         if (confirm := next((b for b in reply.buttons if b.action == "confirm"), None)) is None:
             return reply
         answer = await self.ask(CONSOLE_CONFIRM)
@@ -232,6 +237,17 @@ class ConsoleSession:
         outcome = await self.dispatcher.handle_action(action, value, self.user, f"console:{uuid.uuid4().hex}")
         self.console.print(self.renderer.render(outcome))
         return outcome
+
+    async def follow(self, run_id: str, shown: tuple[StepLine, ...]) -> None:
+        """``follow r-N`` after its answer (which showed ``shown``): each step change of the run as a
+        restart's is printed here, then its verdict."""
+        prefix = key_prefix(thread_key(run_id))
+        seen = set(shown)
+        async for run in follow_run(self.dispatcher.ctx, run_id, deliver=False):
+            for step in fresh(run, seen):
+                self.console.print(prefixed(prefix, self.renderer.step(step)))
+        if run.verdict is not None:
+            self.console.print(self.renderer.render(verdict_reply(run), prefix + " ↳"))
 
     async def ask(self, prompt: str) -> str | None:
         """An answer to ``prompt``: from ``ask``, the input lines, or the terminal; None if none."""

@@ -1,6 +1,7 @@
 """``pitstop parse TEXT`` (the command as JSON, exit 0, or the error, exit 2) and ``pitstop say
 TEXT``: one request through the dispatcher as Slack sends it, with its thread posts and, with
-``--wait``, its verified verdict (``--json``: the reply model, those as follow-ups).
+``--wait``, its verified verdict (``--json``: the reply model, those as follow-ups); ``follow r-N``
+prints the run's steps as they happen, then its verdict.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import dataclasses
 import json
 import sys
 import threading
-import time
 import uuid
 from typing import IO, TYPE_CHECKING
 
@@ -18,18 +18,15 @@ from bot.demo.script import demo_wait_timed_out
 from bot.text import CONSOLE_CONFIRM
 from handlers.grammar.commands import ParseError, parse
 from handlers.outbox import MemoryOutbox
-from handlers.reply import Reply, render_text
+from handlers.reply import Reply, StepLine, render_text
 from handlers.runs.view import thread_key, verdict_reply
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
-from pipeline.state.events import EventKind
-from pipeline.state.runs import RunRecord
 
 if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick
     from handlers.context import Context
 
 SEQUENCE_SLACK = 300.0  #: seconds allowed for a sequence beyond the job's stop timeout
-VERDICT_SLACK = 120.0  #: seconds allowed for a verdict beyond the job's start window
 
 
 def parse_main(config: Config, text: str, *, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
@@ -65,32 +62,30 @@ def _read_line(prompt: str, timeout: float, err: IO[str]) -> str | None:
     return box[0] if box else None
 
 
-async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: float) -> RunRecord | None:
-    """The run once its verdict is recorded: delivered here when due, unless another process (a
-    ``pitstop serve``'s scheduler) claimed it first: then its VERDICT event is awaited."""
-    from handlers.runs.verdicts import deliver_verdict  # lazy: the request path, see TYPE_CHECKING above
+async def _follow(
+    ctx: Context, run_id: str, seen: set[StepLine] | None, out: IO[str] | None, err: IO[str]
+) -> tuple[ExitCode, Reply | None]:
+    """Follow run ``run_id`` to its end (:func:`~handlers.views.follow.follow_run`: its verdict is
+    delivered here when due, unless another process has it), printing to ``out`` (None: nothing)
+    each step change not in ``seen`` (None: none), then the verdict.
 
-    deadline = time.monotonic() + timeout
-    due = await ctx.queue.due_at(run.id)
-    if due is not None:
-        await asyncio.sleep(max(0.0, min(due - time.time(), deadline - time.monotonic())))
-    delivered = await deliver_verdict(ctx, run.id)
-    if delivered is not None and delivered.verdict is not None:
-        return delivered
-    while (left := deadline - time.monotonic()) > 0:
-        current = await ctx.runs.get(run.id)
-        if current.verdict is not None:
-            return current
-        event = await ctx.events.wait_for(EventKind.VERDICT, run.job, after=after, timeout=min(left, 5.0))
-        if event is not None:
-            after = event.id
-            if event.data.get("run_id") == run.id:
-                return await ctx.runs.get(run.id)
-        elif await ctx.queue.due_at(run.id) is not None:
-            delivered = await deliver_verdict(ctx, run.id)  # retry after a failed verification
-            if delivered is not None and delivered.verdict is not None:
-                return delivered
-    return None
+    :returns: the exit code (the verdict's; 0 for a stop; 5 when the run did not end in time) and
+        the verdict's reply, if any.
+    """
+    from handlers.views.follow import ended, follow_run, fresh, within  # lazy: the request path
+
+    async for run in follow_run(ctx, run_id):
+        for step in fresh(run, seen) if seen is not None else ():
+            print(step.text(), file=out, flush=True)
+    if not ended(run):
+        print(demo_wait_timed_out("verdict", run.job, within(ctx.config, run.job)), file=err)
+        return ExitCode.CANCELLED, None
+    if run.verdict is None:
+        return ExitCode.OK, None
+    verdict = verdict_reply(run)
+    if out is not None:
+        print(render_text(verdict), file=out, flush=True)
+    return verdict.exit_code, verdict
 
 
 async def say_main(
@@ -111,6 +106,7 @@ async def say_main(
     """
     from bot.runtime.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
     from handlers.request.dispatch import Dispatcher, Request  # lazy: as above
+    from handlers.views.follow import followed  # lazy: as above
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -121,7 +117,6 @@ async def say_main(
         print(render_text(taken.reply), file=err, flush=True)
     outbox.posted.clear()
     try:
-        after = await ctx.events.last_id()
         request = Request(
             text=text, user=user, groups=groups, delivery_id=f"say:{uuid.uuid4().hex}", surface="say"
         )
@@ -135,6 +130,8 @@ async def say_main(
             reply = await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
         if not as_json:
             print(render_text(reply), file=out, flush=True)
+            if reply.exit_code is ExitCode.OK and (run_id := followed(text, config)) is not None:
+                return int((await _follow(ctx, run_id, set(reply.steps), out, err))[0])
         if reply.run_id is None or reply.exit_code is not ExitCode.OK or not dispatcher.in_flight:
             if as_json:
                 print(json.dumps(reply.to_dict()), file=out)
@@ -152,17 +149,7 @@ async def say_main(
             code = ExitCode.CANCELLED if run.verdict.value == "CANCELLED" else ExitCode.FAILED
         verdict: Reply | None = None
         if wait and code is ExitCode.OK and run.verdict is None and run.launched:
-            window = spec.start_window if spec else 0.0
-            done = await _await_verdict(ctx, run, after, window + VERDICT_SLACK)
-            if done is None:
-                code = ExitCode.CANCELLED
-                print(demo_wait_timed_out("verdict", run.job, window + VERDICT_SLACK), file=err)
-            else:
-                run = done
-                verdict = verdict_reply(run)
-                code = verdict.exit_code
-                if not as_json:
-                    print(render_text(verdict), file=out, flush=True)
+            code, verdict = await _follow(ctx, run.id, None, None if as_json else out, err)
         if as_json:
             extra = posts + ((verdict,) if verdict is not None else ())
             print(

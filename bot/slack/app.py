@@ -27,10 +27,11 @@ from bot.slack.outbox import SlackOutbox, slack_not_posted
 from handlers.reply import Reply, Status
 from handlers.request.auth import role_of
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.runs.view import thread_key
+from handlers.runs.view import run_reply, thread_key
+from handlers.views.follow import follow_run, followed
 from pipeline import fmt
 from pipeline.config import Config
-from pipeline.errors import internal_error, new_incident_id
+from pipeline.errors import ExitCode, internal_error, new_incident_id
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +251,17 @@ class SlackSurface:
         )
         if retry and await self.dispatcher.seen(delivery):
             return None
-        return await self._handle(req)
+        reply = await self._handle(req)
+        if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.config)) is not None:
+            self.spawn(self._follow(run_id, channel))
+        return reply
+
+    async def _follow(self, run_id: str, channel: str | None) -> None:
+        """``follow r-N``, after its answer: the run's message (where it was posted, else in
+        ``channel``) kept up to date until the run's verdict."""
+        async for run in follow_run(self.dispatcher.ctx, run_id):
+            if self.outbox is not None:
+                await self.outbox.announce(thread_key(run_id), run_reply(run, self.config), channel)
 
     async def _respond(
         self,

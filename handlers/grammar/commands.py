@@ -53,7 +53,7 @@ class Command:
     patches: tuple[str, ...] = ()  #: patch names to add (``restart … with P patch``)
     #: read-only, read through the properties below: ``without``, ``fresh_cache``, ``break_glass``
     #: (restart), ``lines`` (logs), ``count``, ``attempts`` (history), ``state``, ``for_s`` (watch),
-    #: ``run``, ``reason`` (approve, deny), ``topic`` (help)
+    #: ``run`` (approve, deny, follow), ``reason`` (approve, deny), ``topic`` (help)
     options: Mapping[str, OptionValue] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +102,7 @@ class Command:
 
     @property
     def run_ref(self) -> str | None:
-        """The run id a request is named by (approve, deny: ``r-7``), or None."""
+        """The run id a request is named by, or a run to follow (approve, deny, follow: ``r-7``), or None."""
         return self._str("run")
 
     @property
@@ -164,7 +164,7 @@ class Command:
                 words.append("fresh cache")
             if self.break_glass is not None:
                 words.append(f'--break-glass "{self.break_glass}"')
-        elif self.verb in ("approve", "deny"):
+        elif self.verb in ("approve", "deny", "follow"):
             words += [self.run_ref or "", self.reason or ""]
         elif self.verb == "logs":
             words.append(str(self.lines))
@@ -263,13 +263,11 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         options["fresh_cache"] = "fresh_cache" in raw
         if "reason" in raw:
             options["break_glass"] = _reason(raw["reason"])
-    elif verb in ("approve", "deny"):
+    elif verb in ("approve", "deny", "follow"):
         ref = one("run") or ""
         if not _RUN_REF.fullmatch(ref.lower()):
-            raise ParseError(
-                f"{ref!r} is not a run id - give it as Pitstop wrote it, e.g. `approve r-7` (see `pending`)",
-                verb,
-            )
+            hint = "`follow r-7` (see `history`)" if verb == "follow" else "`approve r-7` (see `pending`)"
+            raise ParseError(f"{ref!r} is not a run id - give it as Pitstop wrote it, e.g. {hint}", verb)
         options["run"] = ref.lower()
         if "reason" in raw:
             options["reason"] = _reason(raw["reason"])

@@ -174,6 +174,13 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         ("history", "history dflash", "history dflash 20", "history dflash --attempts"),
     ),
     VerbSpec(
+        "follow",
+        Role.VIEWER,
+        ("follow {run}",),
+        "a run's steps as they happen, then its verdict (from any process; the exit code is the verdict's)",
+        ("follow r-7",),
+    ),
+    VerbSpec(
         "patches",
         Role.VIEWER,
         ("patches {job}",),

@@ -25,6 +25,7 @@ from handlers.runs.attempts import attempts_command, no_progress_warning
 from handlers.runs.sequences import begin_sequence, cancel_command, run_sequence
 from handlers.views import read as views
 from handlers.views import reports
+from handlers.views.follow import follow_command
 from handlers.watch import acks
 from pipeline.state.approvals import ApprovalRequest, Approvals
 from pipeline.state.audit import Audit, AuditOutcome
@@ -154,6 +155,7 @@ VERBS: Mapping[str, Verb] = _table(
     ("logs", lambda c: _acted(views.logs_command(c.ctx, _job(c), c.command.lines))),
     ("digest", lambda c: _acted(reports.digest_command(c.ctx, c.command.job))),
     ("history", _history),
+    ("follow", lambda c: _acted(follow_command(c.ctx, c.command.run_ref or ""))),
     ("patches", lambda c: _acted(views.patches_command(c.ctx, _job(c)))),
     ("lock", lambda c: _acted(views.lock_command(c.ctx, _job(c)))),
     ("unlock", _unlock),

@@ -1,5 +1,6 @@
 """Events in a Redis stream: what happened (a verdict, an alert, a digest), for any process to await
-with a bound (``pitstop say --wait``, the demo's ``wait verdict dflash within 90``, tests)."""
+with a bound (``pitstop say --wait``, the demo's ``wait verdict dflash within 90``, tests).  An
+event about a run is also kept in the run's own stream, for ``follow r-N`` to replay and await."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pipeline.state import keys
 from pipeline.state.redisconn import Store
 
 STREAM_MAXLEN = 10_000
+RUN_MAXLEN = 1_000  #: events kept per run (a run has a few dozen)
+RUN_TTL = 7 * 86400  #: seconds a run's stream lives after its last event, well past any run's life
 BLOCK_S = 4.0  #: longest single XREAD block, under redis-py 8's 5 s default socket timeout
 
 
@@ -39,6 +42,17 @@ class Event:
     ts: float
     data: dict[str, Any]
 
+    @classmethod
+    def read(cls, entry_id: str, fields: dict[str, str]) -> Event:
+        """The event of a stream entry (its id and fields as :meth:`Events.publish` wrote them)."""
+        return cls(
+            str(entry_id),
+            EventKind(fields["kind"]),
+            fields["job"],
+            float(fields["ts"]),
+            json.loads(fields["data"]),
+        )
+
 
 class Events(Store):
     """Publish and await events on the ``events`` stream."""
@@ -48,9 +62,23 @@ class Events(Store):
         self.key = keys.events(prefix)
 
     async def publish(self, kind: EventKind, job: str, /, **data: Any) -> str:
-        """Append an event; returns its stream id."""
-        fields = {"kind": kind.value, "job": job, "ts": repr(time.time()), "data": json.dumps(data)}
-        return str(await self.client.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True))  # type: ignore[arg-type]
+        """Append an event (one with a ``run_id`` to the run's stream too, in one transaction); returns
+        its id on the shared stream."""
+        fields: Any = {"kind": kind.value, "job": job, "ts": repr(time.time()), "data": json.dumps(data)}
+        pipe = self.client.pipeline()
+        pipe.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True)
+        if data.get("run_id"):
+            run_key = keys.run_events(self.prefix, str(data["run_id"]))
+            pipe.xadd(run_key, fields, maxlen=RUN_MAXLEN, approximate=True)
+            pipe.expire(run_key, RUN_TTL)
+        return str((await pipe.execute())[0])
+
+    async def read_run(self, run_id: str, after: str = "0-0", block: float = BLOCK_S) -> list[Event]:
+        """The events of run ``run_id`` after stream id ``after`` (``0-0``: from its first); when there
+        is none yet, the first to come within ``block`` s (at most :data:`BLOCK_S`), else []."""
+        key, wait = keys.run_events(self.prefix, run_id), max(1, int(min(block, BLOCK_S) * 1000))
+        got: Any = await self.client.xread({key: after}, count=100, block=wait)
+        return [Event.read(i, f) for _stream, entries in got or [] for i, f in entries]
 
     async def last_id(self) -> str:
         """The id of the newest event, or ``0-0``: wait for events after it."""
@@ -72,6 +100,5 @@ class Events(Store):
                     if fields.get("kind") == kind.value and (
                         job is None or fields.get("job", "").lower() == job.lower()
                     ):
-                        data = json.loads(fields["data"])
-                        return Event(str(entry_id), kind, fields["job"], float(fields["ts"]), data)
+                        return Event.read(entry_id, fields)
         return None

@@ -154,6 +154,11 @@ def events(prefix: str) -> str:
     return f"{prefix}events"
 
 
+def run_events(prefix: str, run_id: str) -> str:
+    """Stream with TTL: one run's events (its steps, its verdict), from its first, for ``follow r-N``."""
+    return f"{prefix}events:{run_id}"
+
+
 def confirmation(prefix: str, token: str) -> str:
     """String with TTL: a request waiting for its requester's confirmation (JSON)."""
     return f"{prefix}confirm:{token}"
