@@ -28,7 +28,6 @@ from handlers.reply import Reply
 from pipeline import verdict
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration
-from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import (
     account_previous,
     checkpoint_interval,
@@ -44,6 +43,7 @@ from pipeline.observe.attempts import (
     recovery,
     resumed_role,
 )
+from pipeline.observe.metrics import MetricLine
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import RECOVERY_LEASE, Reach, RunRecord
 from pipeline.verdict import Lost, Verdict, format_line, parse_line

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Config, JobConfig, SlurmSettings
-from pipeline.digest.metrics import parse_metric_lines
 from pipeline.digest.stats import summarise
 from pipeline.digest.window import read_window, remote_reader
 from pipeline.engines.runner import Runner
 from pipeline.engines.slurm import SlurmEngine
 from pipeline.host.remote import SSHPool
+from pipeline.observe.metrics import parse_metric_lines
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunStore, Verdict

@@ -4,6 +4,10 @@ Every key is documented in ``pitstop.example.toml``; its names are Pitstop's int
 come one line per problem, naming its TOML path (``jobs.dflash.host: unknown host 'gpu2' (known:
 gpu1)``), never as a traceback.  The models live by table (``service``, ``jobs``, ``watch``,
 ``approval``); all are importable from here.
+
+May import :mod:`pipeline.errors` and :mod:`pipeline.fmt` only: every other package reads it, so it
+is the leaf of the package graph.  What a job's ``engine`` names, and its engine's own table, are
+checked by the engines (:func:`pipeline.engines.base.check_engines`), not here.
 """
 
 from __future__ import annotations

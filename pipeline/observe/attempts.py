@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pipeline import fmt
 from pipeline.config import JobConfig
 from pipeline.config.jobs import LostDuration
-from pipeline.digest.metrics import MetricLine, parse_metric_lines
-from pipeline.digest.stats import TARGET, percentile
 from pipeline.errors import PitstopError, RemoteCommandError
 from pipeline.host.probe import read_log_chunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.crashes import Crash, CrashClass
+from pipeline.observe.metrics import TARGET, MetricLine, parse_metric_lines, percentile
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord, RunStore
 from pipeline.verdict import Lost
