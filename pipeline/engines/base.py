@@ -91,6 +91,39 @@ class Engine(Protocol):
     async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """Stop the old run recorded in ``current`` (by its identity, never by pattern)."""
 
+    async def clear_cache(self, run: RunRecord, name: str, job: JobConfig, fresh: bool) -> None:
+        """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh``, else SKIPPED.
+
+        :raises LaunchFailed: if a path cannot be cleared.
+        """
+
+    async def patch(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        texts: Mapping[str, str],
+        applied: Mapping[str, bool],
+        add: Sequence[str],
+        remove: Sequence[str],
+    ) -> None:
+        """The ``patch`` step: apply ``add`` and revert ``remove`` (names of ``texts``: name → patch
+        text) in the job's workdir; ``applied`` is what pre-flight found in effect; records the patches
+        in effect (``run.patches``, ``StepLog.records.store_patches``).
+
+        :raises LaunchFailed: if a patch does not apply.
+        """
+
+    async def metrics_offset(self, name: str, job: JobConfig) -> int | None:
+        """The size of the job's ``metrics_log`` now (bytes; read just before a launch), 0 when it
+        is not written yet; None without a ``metrics_log`` or when it cannot be read."""
+
+    async def patches_applied(self, name: str, job: JobConfig, texts: Mapping[str, str]) -> list[str]:
+        """The names of ``texts`` (patch name → text) applied in the job's workdir now, sorted.
+
+        :raises RemoteError: if the workdir cannot be looked at.
+        """
+
     async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """Launch the new run; returns at once, its identity recorded (``StepLog.record_launch``)."""
 

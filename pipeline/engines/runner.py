@@ -10,7 +10,6 @@ between them, the verification loop and a step that aborts the run
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,17 +21,16 @@ import pipeline.engines.ssh  # noqa: F401
 from pipeline.config import Config, JobConfig
 from pipeline.engines.base import ENGINES, Engine, Entry, NodeOutputs, Observation, Reads, Sighting
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
-from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
+from pipeline.engines.workdir import patch_texts
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, call_helper
+from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import (
     Previous,
     account_previous,
     crash_words,
     lost_warning,
-    metrics_offset,
     over_max_lost,
 )
 from pipeline.observe.crashes import from_fields
@@ -122,11 +120,11 @@ class Runner:
             await steps.boundary(run, None, cancelled)
             await engine.stop(run, name, job, current)
             await steps.boundary(run, Step.STOP, cancelled)
-            await clear_cache(self.ssh, steps, run, name, job, fresh_cache)
+            await engine.clear_cache(run, name, job, fresh_cache)
             await steps.boundary(run, Step.CLEAR_CACHE, cancelled)
-            await patch(self.ssh, steps, run, name, job, texts, applied, add, remove)
+            await engine.patch(run, name, job, texts, applied, add, remove)
             await steps.boundary(run, Step.PATCH, cancelled)
-            run.metrics_size_at_launch = await metrics_offset(self.ssh, name, job)
+            run.metrics_size_at_launch = await engine.metrics_offset(name, job)
             await engine.launch(run, name, job, current)
             await steps.await_verify(run, job.start_window)
             return run
@@ -141,7 +139,7 @@ class Runner:
             await engine.preflight(run, name, job, {}, {}, running=current)
             await self.steps.boundary(run, None, cancelled)
             run.patches = sorted(await self.steps.records.stored_patches(name))
-            run.metrics_size_at_launch = await metrics_offset(self.ssh, name, job)
+            run.metrics_size_at_launch = await engine.metrics_offset(name, job)
             await engine.launch(run, name, job, current)
             await self.steps.await_verify(run, job.start_window)
             return run
@@ -272,22 +270,16 @@ class Runner:
         return await look(self.engines, entries, reads)
 
     async def patches_in_effect(self, job: str) -> list[str]:
-        """Patch names applied in the job's workdir now (``git apply --reverse --check``), stored in
-        ``keys.job_patches``.  :raises RemoteError: if the host cannot be reached or git fails."""
-        name = self.config.job_name(job)
-        spec = self.config.jobs[name]
+        """Patch names applied in the job's workdir now (:meth:`Engine.patches_applied
+        <pipeline.engines.base.Engine.patches_applied>`), stored in ``keys.job_patches``.
+
+        :raises RemoteError: if the workdir cannot be looked at.
+        """
+        name, spec, engine = self._job(job)
         if not spec.patches:
             return []
         texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in spec.patches.items()}
-        answer = await call_helper(
-            self.ssh,
-            "patches",
-            {"workdir": spec.workdir},
-            job=name,
-            stdin=json.dumps(texts),
-            timeout=CALL_TIMEOUT,
-        )
-        applied = sorted(n for n, on in (answer.get("applied") or {}).items() if on)
+        applied = await engine.patches_applied(name, spec, texts)
         await self.steps.records.store_patches(name, applied)
         return applied
 

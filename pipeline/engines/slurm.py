@@ -17,7 +17,7 @@ from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
 from pipeline.engines.steplog import STOP_NOTHING, StepLog, failed_checks, step_preflight_ok
-from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES
+from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES, WorkdirSteps
 from pipeline.errors import (
     LaunchFailed,
     PitstopError,
@@ -72,7 +72,7 @@ def _int(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-class SlurmEngine:
+class SlurmEngine(WorkdirSteps):
     """:class:`pipeline.engines.base.Engine` for ``engine = "slurm"`` jobs: a batch job on a cluster,
     driven through its login node (the job's ``host``)."""
 

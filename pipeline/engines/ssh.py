@@ -27,7 +27,7 @@ from pipeline.engines.steplog import (
     step_preflight_ok,
     step_stopped,
 )
-from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES
+from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES, WorkdirSteps
 from pipeline.errors import HostKeyRejected, LaunchFailed, RemoteError, RemoteTimeout, StopFailed
 from pipeline.host.contract import HangAnswer, LaunchArgs, PreflightArgs, StopArgs
 from pipeline.host.probe import JobProbe, call_helper, log_tail, probe_args, probe_host, recorded_identity
@@ -45,7 +45,7 @@ KILL_TIMEOUT = 10.0  #: seconds to wait for processes to vanish after SIGKILL
 LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under one)
 
 
-class SshEngine:
+class SshEngine(WorkdirSteps):
     """:class:`pipeline.engines.base.Engine` for ``engine = "ssh"`` jobs: one process group on one host.
 
     :param gpu_wait_timeout: seconds to wait for GPU memory of a stopped run to be released.
