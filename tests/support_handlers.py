@@ -15,7 +15,8 @@ from typing import Any
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, parse_config
-from pipeline.engines.base import ENGINES, Entry, NodeOutputs, Reads, RestartService, Sighting, StepListener
+from pipeline.engines import ENGINES
+from pipeline.engines.base import Entry, NodeOutputs, Reads, RestartService, Sighting, StepListener
 from pipeline.engines.runner import look
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostUnreachable

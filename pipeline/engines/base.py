@@ -1,8 +1,10 @@
-"""The one interface every engine implements (:class:`Engine`), and the registry of engines.
+"""The one interface every engine implements (:class:`Engine`), and what a registry of engines holds.
 
 A job's ``[jobs.NAME] engine`` names the engine that starts, stops and sees its processes:
-``"ssh"`` (the default), ``"slurm"``, or any engine added with :func:`register`.  The runner
-(:class:`pipeline.engines.runner.Runner`) is written once against this interface.
+``"ssh"`` (the default), ``"slurm"``, or any other :class:`EngineKind` in the registry a
+:class:`~pipeline.engines.runner.Runner` is built with (:data:`pipeline.engines.ENGINES`, the
+shipped ones); :func:`check_engines` checks a config against it.  The runner is written once against
+this interface.
 ``docs/engines.md`` maps the steps and states onto Slurm and, on paper, onto Kubernetes.
 """
 
@@ -12,16 +14,25 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pipeline import config as _config
 from pipeline.config import Config, JobConfig
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
+from pipeline.errors import ConfigError
 from pipeline.host.contract import HangAnswer, LogRead
 from pipeline.host.probe import JobProbe
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation, count_right
 from pipeline.state.runs import RunRecord, RunStore
 
-__all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener", "register"]
+__all__ = [
+    "CancelCheck",
+    "Engine",
+    "EngineKind",
+    "NodeOutputs",
+    "Observation",
+    "Sighting",
+    "StepListener",
+    "check_engines",
+]
 
 Entry = tuple[str, JobConfig, Mapping[str, str] | None]
 """``(job name, its config, its keys.job_current record or None)``: one job to observe."""
@@ -167,18 +178,35 @@ class Engine(Protocol):
         """
 
 
-EngineFactory = Callable[[RemoteHosts, StepLog], Engine]
-"""Builds an engine over the SSH pool and the step log every engine records through."""
+class EngineKind(Protocol):
+    """An engine as a registry holds it (its class): it builds the engine and checks a job's config
+    for it, its own table included (``[jobs.NAME.slurm]``)."""
 
-ENGINES: dict[str, EngineFactory] = {}
-"""Engine name (``[jobs.NAME] engine``) → its factory; :func:`register` adds one."""
+    def __call__(self, ssh: RemoteHosts, steps: StepLog) -> Engine:
+        """The engine, over the SSH pool and the step log every engine records through."""
+
+    def check(self, job: JobConfig, at: str) -> list[str]:
+        """What is wrong with ``job`` (the table at TOML path ``at``: ``jobs.NAME``) for this engine,
+        one line per problem naming its key; [] when nothing."""
 
 
-def register(name: str, factory: EngineFactory) -> None:
-    """Make ``name`` a valid ``[jobs.NAME] engine``, built by ``factory`` for every runner made after
-    (``register("local", LocalEngine)`` in the engine's own module)."""
-    ENGINES[name] = factory
-    _config.ENGINE_NAMES.add(name)
+def check_engines(config: Config, engines: Mapping[str, EngineKind]) -> None:
+    """Check every job's ``engine``: a name in ``engines`` (name → kind), and a job that suits it
+    (:meth:`EngineKind.check`).
+
+    :raises ConfigError: one line per problem (``jobs.j.engine: unknown engine 'k8s': use one of
+        "slurm", "ssh"``).
+    """
+    known = ", ".join(f'"{n}"' for n in sorted(engines))
+    problems = []
+    for name, job in config.jobs.items():
+        kind = engines.get(job.engine)
+        if kind is None:
+            problems.append(f"jobs.{name}.engine: unknown engine {job.engine!r}: use one of {known}")
+        else:
+            problems += kind.check(job, f"jobs.{name}")
+    if problems:
+        raise ConfigError(problems, config.source)
 
 
 class RestartService(Protocol):

@@ -15,11 +15,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-# the engines shipped with Pitstop register themselves on import
-import pipeline.engines.slurm
-import pipeline.engines.ssh  # noqa: F401
 from pipeline.config import Config, JobConfig
-from pipeline.engines.base import ENGINES, Engine, Entry, NodeOutputs, Observation, Reads, Sighting
+from pipeline.engines import ENGINES
+from pipeline.engines.base import (
+    Engine,
+    EngineKind,
+    Entry,
+    NodeOutputs,
+    Observation,
+    Reads,
+    Sighting,
+    check_engines,
+)
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.engines.workdir import patch_texts
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
@@ -53,6 +60,9 @@ class Runner:
 
     :param verify_poll: seconds between observations in :meth:`verify`.
     :param pending_recheck: seconds between verifications of a run posted as PENDING.
+    :param engines: the registry, engine name → kind (:data:`pipeline.engines.ENGINES`).
+    :raises ConfigError: if a job's ``engine`` is not in ``engines`` or its config does not suit
+        it (:func:`~pipeline.engines.base.check_engines`).
     """
 
     def __init__(
@@ -64,15 +74,17 @@ class Runner:
         *,
         verify_poll: float = VERIFY_POLL,
         pending_recheck: float = PENDING_RECHECK,
+        engines: Mapping[str, EngineKind] = ENGINES,
     ) -> None:
+        check_engines(config, engines)
         self.config = config
         self.ssh = ssh
         self.runs = runs
         self.verify_poll = verify_poll
         self.pending_recheck = pending_recheck
         self.steps = StepLog(runs, events)  #: records each step of every run
-        #: engine name → engine, one of each registered engine
-        self.engines: dict[str, Engine] = {name: make(ssh, self.steps) for name, make in ENGINES.items()}
+        #: engine name → engine, one of each in ``engines``
+        self.engines: dict[str, Engine] = {name: make(ssh, self.steps) for name, make in engines.items()}
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
         """:meth:`StepLog.subscribe <pipeline.engines.steplog.StepLog.subscribe>`."""
@@ -310,7 +322,7 @@ async def look(
             looks.append(engines[engine].observe_many(members, mine))
             continue
         for name, spec, _ in members:
-            out[name] = Sighting(JobProbe(job=name, error=engine_missing(engine)), spec.expected_processes)
+            out[name] = Sighting(JobProbe(job=name, error=engine_missing(engine)), spec.processes)
     for part in await asyncio.gather(*looks):
         out.update(part)
     return out

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from pipeline import verdict
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting
 from pipeline.engines.steplog import (
     STOP_NOTHING,
     StepLog,
@@ -64,6 +64,15 @@ class SshEngine(WorkdirSteps):
         self.steps = steps
         self.gpu_wait_timeout = gpu_wait_timeout
         self.min_free_bytes = min_free_bytes
+
+    @staticmethod
+    def check(job: JobConfig, at: str) -> list[str]:
+        """:meth:`EngineKind.check <pipeline.engines.base.EngineKind.check>`: ``launch`` is set and
+        no Slurm table is."""
+        problems = [f"{at}: launch: required key is missing"] if not job.launch else []
+        if job.slurm is not None:
+            problems.append(f'{at}: [jobs.NAME.slurm] is set but engine is "ssh" (set engine = "slurm")')
+        return problems
 
     def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
         """The old run's pid, from the job's current record."""
@@ -274,6 +283,3 @@ class SshEngine(WorkdirSteps):
         if not p.pids:
             return f"no process matching {job.match!r}"
         return f"{p.count} process(es) matching {job.match!r}: pid {', '.join(str(x) for x in p.pids[:10])}"
-
-
-register("ssh", SshEngine)

@@ -363,6 +363,9 @@ class JobProbe:
     #: with ``exit_status``, for a job with no process left that died recently and whose launch
     #: recorded its log's size (:func:`probe_args`): the last :data:`CRASH_BYTES` it wrote since
     crash: LogChunk | None = None
+    #: the job's GPUs are on its ``host`` (nvidia-smi there sees them); False when the engine runs it
+    #: elsewhere (a Slurm job's host is the login node)
+    host_gpus: bool = True
 
 
 def _int(value: str | None) -> int | None:
