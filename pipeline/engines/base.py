@@ -18,7 +18,7 @@ from pipeline.config import Config, JobConfig
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.errors import ConfigError
 from pipeline.host.contract import HangAnswer, LogRead
-from pipeline.host.probe import JobProbe
+from pipeline.host.probe import JobProbe, LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation, count_right
 from pipeline.state.runs import RunRecord, RunStore
@@ -125,9 +125,15 @@ class Engine(Protocol):
         :raises LaunchFailed: if a patch does not apply.
         """
 
-    async def metrics_offset(self, name: str, job: JobConfig) -> int | None:
-        """The size of the job's ``metrics_log`` now (bytes; read just before a launch), 0 when it
-        is not written yet; None without a ``metrics_log`` or when it cannot be read."""
+    async def read_chunk(
+        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
+    ) -> LogChunk:
+        """Up to ``max_bytes`` of the job's log (or ``path``, its metric log) from byte ``offset``
+        (negative: from the end), as :func:`pipeline.host.probe.read_log_chunk` reads them (a
+        :class:`~pipeline.host.probe.ChunkReader`: the metric-log offset at launch, attempts).
+
+        :raises PitstopError: if the file cannot be read (a missing one may read as empty).
+        """
 
     async def patches_applied(self, name: str, job: JobConfig, texts: Mapping[str, str]) -> list[str]:
         """The names of ``texts`` (patch name → text) applied in the job's workdir now, sorted.
@@ -255,6 +261,11 @@ class RestartService(Protocol):
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
         """Tell ``listener`` of every step change of every run.  :returns: its unsubscriber."""
+
+    async def read_chunk(
+        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
+    ) -> LogChunk:
+        """:meth:`Engine.read_chunk` of the job's engine (a :class:`~pipeline.host.probe.ChunkReader`)."""
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now.  :raises RemoteError: if unreadable."""

@@ -31,13 +31,14 @@ from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.engines.workdir import patch_texts
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe
+from pipeline.host.probe import JobProbe, LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import (
     Previous,
     account_previous,
     crash_words,
     lost_warning,
+    metrics_offset,
     over_max_lost,
 )
 from pipeline.observe.crashes import from_fields
@@ -136,7 +137,7 @@ class Runner:
             await steps.boundary(run, Step.CLEAR_CACHE, cancelled)
             await engine.patch(run, name, job, texts, applied, add, remove)
             await steps.boundary(run, Step.PATCH, cancelled)
-            run.metrics_size_at_launch = await engine.metrics_offset(name, job)
+            run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, name, job)
             await engine.launch(run, name, job, current)
             await steps.await_verify(run, job.start_window)
             return run
@@ -151,7 +152,7 @@ class Runner:
             await engine.preflight(run, name, job, {}, {}, running=current)
             await self.steps.boundary(run, None, cancelled)
             run.patches = sorted(await self.steps.records.stored_patches(name))
-            run.metrics_size_at_launch = await engine.metrics_offset(name, job)
+            run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, name, job)
             await engine.launch(run, name, job, current)
             await self.steps.await_verify(run, job.start_window)
             return run
@@ -201,7 +202,7 @@ class Runner:
             await asyncio.sleep(max(0.05, delay))
         if not obs.complete:
             obs = await engine.observe(run, name, job, complete=True)
-        previous = await self._previous(name, job, run, obs)
+        previous = await self._previous(name, job, engine, run, obs)
         decided = decide(run, obs, lost=previous.lost if previous is not None else None)
         ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
         if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
@@ -217,14 +218,16 @@ class Runner:
             await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
         return run
 
-    async def _previous(self, name: str, job: JobConfig, run: RunRecord, obs: Observation) -> Previous | None:
+    async def _previous(
+        self, name: str, job: JobConfig, engine: Engine, run: RunRecord, obs: Observation
+    ) -> Previous | None:
         """The attempt before ``run`` (its reach recorded) and what resuming lost of it; None when unknown."""
         if obs.state != "alive":
             return None
         try:
             crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(name)
             previous = await account_previous(
-                self.ssh,
+                engine.read_chunk,
                 self.runs,
                 name,
                 job,
@@ -280,6 +283,12 @@ class Runner:
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries``, by name (:func:`look`)."""
         return await look(self.engines, entries, reads)
+
+    async def read_chunk(
+        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
+    ) -> LogChunk:
+        """:meth:`~pipeline.engines.base.Engine.read_chunk` of the job's engine."""
+        return await self._job(job_name)[2].read_chunk(job_name, job, offset, max_bytes, path=path)
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now (:meth:`Engine.patches_applied

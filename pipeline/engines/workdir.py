@@ -1,4 +1,4 @@
-"""The workdir steps: patches and caches, and the size of the metric log before a launch.
+"""The workdir steps (patches and caches) and reading a job's files.
 
 Patch texts are read here, on the controller (:func:`patch_texts`), for every engine.  The steps
 on the workdir themselves are the engine's (:class:`~pipeline.engines.base.Engine`);
@@ -21,9 +21,8 @@ from pipeline import fmt, verdict
 from pipeline.config import JobConfig
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import LaunchFailed, PatchChanged, RemoteError, patch_changed
-from pipeline.host.probe import call_helper
+from pipeline.host.probe import LogChunk, call_helper, read_log_chunk
 from pipeline.host.remote import RemoteHosts
-from pipeline.observe.attempts import metrics_offset
 from pipeline.state.approvals import PatchDigest
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
@@ -210,9 +209,11 @@ class WorkdirSteps:
             raise LaunchFailed(name, why, line=verdict.launch_failed(why))
         await steps.end(run, rec, Outcome.OK, detail)
 
-    async def metrics_offset(self, name: str, job: JobConfig) -> int | None:
-        """:func:`pipeline.observe.attempts.metrics_offset` on the job's host."""
-        return await metrics_offset(self.ssh, name, job)
+    async def read_chunk(
+        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
+    ) -> LogChunk:
+        """:func:`~pipeline.host.probe.read_log_chunk` on the job's host."""
+        return await read_log_chunk(self.ssh, job_name, job, offset, max_bytes, path=path)
 
     async def patches_applied(self, name: str, job: JobConfig, texts: Mapping[str, str]) -> list[str]:
         """The names of ``texts`` (patch name → text) applied in the workdir now (``git apply

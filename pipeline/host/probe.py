@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Literal, TypedDict, Unpack, cast, overload
+from typing import Any, Literal, Protocol, TypedDict, Unpack, cast, overload
 
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteCommandError
@@ -490,6 +490,17 @@ class LogChunk:
     size: int
     inode: int | None
     reset: bool  #: reading started over at 0 (truncated, or a new file at the path)
+
+
+class ChunkReader(Protocol):
+    """:func:`read_log_chunk` without its SSH pool: how an engine reads a job's files
+    (:meth:`pipeline.engines.base.Engine.read_chunk`)."""
+
+    async def __call__(
+        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
+    ) -> LogChunk:
+        """Up to ``max_bytes`` of the job's log (or ``path``) from byte ``offset`` (negative: from the
+        end), as :func:`read_log_chunk` reads them.  :raises PitstopError: if it cannot be read."""
 
 
 async def read_log_chunk(
