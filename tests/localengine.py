@@ -111,10 +111,9 @@ class LocalEngine:
         """None: the local engine applies no patches."""
         return []
 
-    async def read_chunk(self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *,
-                         path: str | None = None) -> LogChunk:  # fmt: skip
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """The bytes of the local file, as the host helper reads them; a missing file reads empty."""
-        return _read(path or job.log, offset, max_bytes)
+        return _read(path, offset, length)
 
     async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Cur) -> None:
         """Start ``launch`` in the workdir, in a session of its own, output appended to ``log``."""

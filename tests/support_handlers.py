@@ -254,11 +254,9 @@ class StandInRestarter:
             raise self.log_error
         return self.log_text
 
-    async def read_chunk(
-        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
-    ) -> LogChunk:
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """The job's file over this stand-in's SSH."""
-        return await read_log_chunk(self.ssh, job_name, job, offset, max_bytes, path=path)
+        return await read_log_chunk(self.ssh, name, job, offset, length, path=path)
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """None applied."""

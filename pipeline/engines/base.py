@@ -23,16 +23,7 @@ from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation, count_right
 from pipeline.state.runs import RunRecord, RunStore
 
-__all__ = [
-    "CancelCheck",
-    "Engine",
-    "EngineKind",
-    "NodeOutputs",
-    "Observation",
-    "Sighting",
-    "StepListener",
-    "check_engines",
-]
+__all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener"]
 
 Entry = tuple[str, JobConfig, Mapping[str, str] | None]
 """``(job name, its config, its keys.job_current record or None)``: one job to observe."""
@@ -125,10 +116,8 @@ class Engine(Protocol):
         :raises LaunchFailed: if a patch does not apply.
         """
 
-    async def read_chunk(
-        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
-    ) -> LogChunk:
-        """Up to ``max_bytes`` of the job's log (or ``path``, its metric log) from byte ``offset``
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """Up to ``length`` bytes of the job's file ``path`` (its metric log) from byte ``offset``
         (negative: from the end), as :func:`pipeline.host.probe.read_log_chunk` reads them (a
         :class:`~pipeline.host.probe.ChunkReader`: the metric-log offset at launch, attempts).
 
@@ -220,7 +209,6 @@ class RestartService(Protocol):
     for any job, whatever its engine); tests' stand-ins implement it."""
 
     config: Config
-    ssh: RemoteHosts
     runs: RunStore
 
     async def restart(
@@ -262,9 +250,7 @@ class RestartService(Protocol):
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
         """Tell ``listener`` of every step change of every run.  :returns: its unsubscriber."""
 
-    async def read_chunk(
-        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
-    ) -> LogChunk:
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """:meth:`Engine.read_chunk` of the job's engine (a :class:`~pipeline.host.probe.ChunkReader`)."""
 
     async def patches_in_effect(self, job: str) -> list[str]:

@@ -79,7 +79,6 @@ class Runner:
     ) -> None:
         check_engines(config, engines)
         self.config = config
-        self.ssh = ssh
         self.runs = runs
         self.verify_poll = verify_poll
         self.pending_recheck = pending_recheck
@@ -92,13 +91,12 @@ class Runner:
         return self.steps.subscribe(listener)
 
     def _job(self, job: str) -> tuple[str, JobConfig, Engine]:
-        """The job's configured name, config and engine.  :raises KeyError: if not configured."""
+        """The job's configured name, config and engine (checked when the runner was built).
+
+        :raises KeyError: if the job is not configured.
+        """
         name = self.config.job_name(job)
-        spec = self.config.jobs[name]
-        engine = self.engines.get(spec.engine)
-        if engine is None:
-            raise PitstopError(engine_missing(spec.engine))
-        return name, spec, engine
+        return name, self.config.jobs[name], self.engines[self.config.jobs[name].engine]
 
     async def restart(
         self,
@@ -202,7 +200,7 @@ class Runner:
             await asyncio.sleep(max(0.05, delay))
         if not obs.complete:
             obs = await engine.observe(run, name, job, complete=True)
-        previous = await self._previous(name, job, engine, run, obs)
+        previous = await self._previous(run, obs)
         decided = decide(run, obs, lost=previous.lost if previous is not None else None)
         ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
         if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
@@ -218,12 +216,11 @@ class Runner:
             await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
         return run
 
-    async def _previous(
-        self, name: str, job: JobConfig, engine: Engine, run: RunRecord, obs: Observation
-    ) -> Previous | None:
+    async def _previous(self, run: RunRecord, obs: Observation) -> Previous | None:
         """The attempt before ``run`` (its reach recorded) and what resuming lost of it; None when unknown."""
         if obs.state != "alive":
             return None
+        name, job, engine = self._job(run.job)
         try:
             crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(name)
             previous = await account_previous(
@@ -284,11 +281,9 @@ class Runner:
         """Every job of ``entries``, by name (:func:`look`)."""
         return await look(self.engines, entries, reads)
 
-    async def read_chunk(
-        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
-    ) -> LogChunk:
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """:meth:`~pipeline.engines.base.Engine.read_chunk` of the job's engine."""
-        return await self._job(job_name)[2].read_chunk(job_name, job, offset, max_bytes, path=path)
+        return await self._job(name)[2].read_chunk(name, job, offset, length, path=path)
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now (:meth:`Engine.patches_applied
@@ -317,24 +312,16 @@ def _decided(obs: Observation, now: float, deadline: float, window: float) -> bo
 async def look(
     engines: Mapping[str, Engine], entries: Sequence[Entry], reads: Reads | None = None
 ) -> dict[str, Sighting]:
-    """Sightings of ``entries`` from ``engines`` (name → engine): one ``observe_many`` per engine
-    and host, concurrently, each given its jobs' ``reads``; a job whose engine is missing is
-    reported with ``probe.error``."""
+    """Sightings of ``entries`` from ``engines`` (name → engine, every entry's among them): one
+    ``observe_many`` per engine and host, concurrently, each given its jobs' ``reads``."""
     groups: dict[tuple[str, str], list[Entry]] = {}
     for entry in entries:
         groups.setdefault((entry[1].engine, entry[1].host), []).append(entry)
-    out: dict[str, Sighting] = {}
     looks = []
     for (engine, _), members in groups.items():
-        if engine in engines:
-            mine = {n: reads[n] for n, _, _ in members if reads and n in reads}
-            looks.append(engines[engine].observe_many(members, mine))
-            continue
-        for name, spec, _ in members:
-            out[name] = Sighting(JobProbe(job=name, error=engine_missing(engine)), spec.processes)
-    for part in await asyncio.gather(*looks):
-        out.update(part)
-    return out
+        mine = {n: reads[n] for n, _, _ in members if reads and n in reads}
+        looks.append(engines[engine].observe_many(members, mine))
+    return {name: sight for part in await asyncio.gather(*looks) for name, sight in part.items()}
 
 
 def ended_by(run: RunRecord) -> str:
@@ -345,8 +332,3 @@ def ended_by(run: RunRecord) -> str:
     if stop.outcome is Outcome.OK and stop.detail.startswith("stopped"):
         return f"stopped by {run.id} ({stop.detail})"
     return f"had ended when {run.id} began"
-
-
-def engine_missing(engine: str) -> str:
-    """A job's engine has no implementation registered (a wiring error)."""
-    return f'no "{engine}" engine is registered with this Pitstop; restart Pitstop after an upgrade'

@@ -111,8 +111,7 @@ class SlurmEngine(WorkdirSteps):
     driven through its login node (the job's ``host``)."""
 
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
-        self.ssh = ssh
-        self.steps = steps
+        super().__init__(ssh, steps)
         self.client = SlurmClient(ssh)
 
     @staticmethod

@@ -60,8 +60,7 @@ class SshEngine(WorkdirSteps):
         gpu_wait_timeout: float = GPU_WAIT_TIMEOUT,
         min_free_bytes: int = MIN_FREE_BYTES,
     ) -> None:
-        self.ssh = ssh
-        self.steps = steps
+        super().__init__(ssh, steps)
         self.gpu_wait_timeout = gpu_wait_timeout
         self.min_free_bytes = min_free_bytes
 

@@ -126,26 +126,26 @@ class WorkdirSteps:
     """The workdir steps of :class:`~pipeline.engines.base.Engine` over SSH, through the host helper
     on the job's ``host``: the ssh and Slurm engines' (the cluster's workdir is shared)."""
 
-    ssh: RemoteHosts
-    steps: StepLog
+    def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
+        self.ssh = ssh
+        self.steps = steps
 
     async def clear_cache(self, run: RunRecord, name: str, job: JobConfig, fresh: bool) -> None:
         """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh`` (else SKIPPED).
 
         :raises LaunchFailed: if the host cannot be reached or a path cannot be cleared.
         """
-        steps = self.steps
-        rec = await steps.begin(run, Step.CLEAR_CACHE)
+        rec = await self.steps.begin(run, Step.CLEAR_CACHE)
         if not fresh or not job.clear_cache:
             why = "asked for, but the job has no clear_cache paths" if fresh else "not asked for"
-            await steps.end(run, rec, Outcome.SKIPPED, why)
+            await self.steps.end(run, rec, Outcome.SKIPPED, why)
             return
         try:
             answer = await call_helper(
                 self.ssh, "clear", {"paths": list(job.clear_cache)}, job=name, timeout=CALL_TIMEOUT * 4
             )
         except RemoteError as exc:
-            await steps.fail(run, rec, exc.message)
+            await self.steps.fail(run, rec, exc.message)
             raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
         cleared = answer.get("cleared") or []
         parts = []  # per path: "/srv/cache: 120 files, 3.4 GiB removed" or "/srv/cache: not present"
@@ -156,9 +156,9 @@ class WorkdirSteps:
         errors = [e for c in cleared for e in c.get("errors", [])]
         if errors:
             why = f"cannot clear cache: {'; '.join(errors[:3])}"
-            await steps.fail(run, rec, f"{detail}; {why}")
+            await self.steps.fail(run, rec, f"{detail}; {why}")
             raise LaunchFailed(name, why, line=verdict.launch_failed(why))
-        await steps.end(run, rec, Outcome.OK, detail)
+        await self.steps.end(run, rec, Outcome.OK, detail)
 
     async def patch(
         self,
@@ -175,15 +175,14 @@ class WorkdirSteps:
 
         :raises LaunchFailed: if a patch does not apply or the host cannot be reached.
         """
-        steps = self.steps
-        rec = await steps.begin(run, Step.PATCH)
+        rec = await self.steps.begin(run, Step.PATCH)
         in_effect = sorted(n for n, on in applied.items() if on)
         to_apply = [p for p in add if not applied.get(p)]
         to_revert = [p for p in remove if applied.get(p)]
         if not to_apply and not to_revert:
             run.patches = in_effect
-            await steps.records.store_patches(name, in_effect)
-            await steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect))
+            await self.steps.records.store_patches(name, in_effect)
+            await self.steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect))
             return
         try:
             answer = await call_helper(
@@ -195,36 +194,30 @@ class WorkdirSteps:
                 timeout=CALL_TIMEOUT * 2,
             )
         except RemoteError as exc:
-            await steps.fail(run, rec, exc.message)
+            await self.steps.fail(run, rec, exc.message)
             raise LaunchFailed(
                 name, exc.message, line=verdict.launch_failed(patch_failed(exc.message))
             ) from None
         in_effect = sorted(answer.get("in_effect") or [])
         run.patches = in_effect
-        await steps.records.store_patches(name, in_effect)
+        await self.steps.records.store_patches(name, in_effect)
         detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
         if answer.get("failed"):
             why = patch_failed("; ".join(answer["failed"]))
-            await steps.fail(run, rec, f"{detail}; {why}")
+            await self.steps.fail(run, rec, f"{detail}; {why}")
             raise LaunchFailed(name, why, line=verdict.launch_failed(why))
-        await steps.end(run, rec, Outcome.OK, detail)
+        await self.steps.end(run, rec, Outcome.OK, detail)
 
-    async def read_chunk(
-        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
-    ) -> LogChunk:
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """:func:`~pipeline.host.probe.read_log_chunk` on the job's host."""
-        return await read_log_chunk(self.ssh, job_name, job, offset, max_bytes, path=path)
+        return await read_log_chunk(self.ssh, name, job, offset, length, path=path)
 
     async def patches_applied(self, name: str, job: JobConfig, texts: Mapping[str, str]) -> list[str]:
         """The names of ``texts`` (patch name → text) applied in the workdir now (``git apply
         --reverse --check``).  :raises RemoteError: if the host cannot be reached or git fails."""
+        stdin = json.dumps(dict(texts))
         answer = await call_helper(
-            self.ssh,
-            "patches",
-            {"workdir": job.workdir},
-            job=name,
-            stdin=json.dumps(dict(texts)),
-            timeout=CALL_TIMEOUT,
+            self.ssh, "patches", {"workdir": job.workdir}, job=name, stdin=stdin, timeout=CALL_TIMEOUT
         )
         return sorted(n for n, on in (answer.get("applied") or {}).items() if on)
 

@@ -496,10 +496,8 @@ class ChunkReader(Protocol):
     """:func:`read_log_chunk` without its SSH pool: how an engine reads a job's files
     (:meth:`pipeline.engines.base.Engine.read_chunk`)."""
 
-    async def __call__(
-        self, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, path: str | None = None
-    ) -> LogChunk:
-        """Up to ``max_bytes`` of the job's log (or ``path``) from byte ``offset`` (negative: from the
+    async def __call__(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """Up to ``length`` bytes of the job's file ``path`` from byte ``offset`` (negative: from the
         end), as :func:`read_log_chunk` reads them.  :raises PitstopError: if it cannot be read."""
 
 
