@@ -214,6 +214,9 @@ def test_slurm_engine_needs_its_table_and_the_table_needs_the_engine(tmp_path: P
         assert refused.value.problems == [problem]
     done = check_config(str(write(tmp_path, slurm)))
     assert done.returncode == ExitCode.USAGE and 'engine "slurm" needs' in done.stderr
+    done = check_config(str(write(tmp_path, slurm.replace('engine = "slurm"', 'engine = "k8s"'))))
+    assert done.returncode == ExitCode.USAGE
+    assert 'jobs.dflash.engine: unknown engine \'k8s\': use one of "slurm", "ssh"' in done.stderr
 
 
 def test_check_config_refuses_a_fallback_channel_that_is_not_a_channel_id(tmp_path: Path) -> None:
