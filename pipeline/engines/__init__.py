@@ -17,7 +17,7 @@ from pipeline.engines.base import EngineKind
 from pipeline.engines.slurm import SlurmEngine
 from pipeline.engines.ssh import SshEngine
 
+#: The engines Pitstop ships, by ``[jobs.NAME] engine`` name: the one registry, explicit; a
+#: :class:`~pipeline.engines.runner.Runner` is built with it unless given another (a test adds its
+#: own: ``{**ENGINES, "local": LocalEngine}``).
 ENGINES: Mapping[str, EngineKind] = {"ssh": SshEngine, "slurm": SlurmEngine}
-"""The engines Pitstop ships, by ``[jobs.NAME] engine`` name: the registry a
-:class:`~pipeline.engines.runner.Runner` is built with unless given another (a test adds its own:
-``{**ENGINES, "local": LocalEngine}``)."""

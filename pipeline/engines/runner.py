@@ -17,16 +17,7 @@ from pathlib import Path
 
 from pipeline.config import Config, JobConfig
 from pipeline.engines import ENGINES
-from pipeline.engines.base import (
-    Engine,
-    EngineKind,
-    Entry,
-    NodeOutputs,
-    Observation,
-    Reads,
-    Sighting,
-    check_engines,
-)
+from pipeline.engines.base import Engine, EngineKind, Entry, NodeOutputs, Reads, Sighting, check_engines
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.engines.workdir import patch_texts
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
@@ -42,7 +33,7 @@ from pipeline.observe.attempts import (
     over_max_lost,
 )
 from pipeline.observe.crashes import from_fields
-from pipeline.observe.evidence import decide
+from pipeline.observe.evidence import Observation, decide
 from pipeline.observe.resume import check_resume, resume_warning
 from pipeline.state.events import Events
 from pipeline.state.incidents import IncidentStore

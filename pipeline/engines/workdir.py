@@ -195,9 +195,8 @@ class WorkdirSteps:
             )
         except RemoteError as exc:
             await self.steps.fail(run, rec, exc.message)
-            raise LaunchFailed(
-                name, exc.message, line=verdict.launch_failed(patch_failed(exc.message))
-            ) from None
+            line = verdict.launch_failed(patch_failed(exc.message))
+            raise LaunchFailed(name, exc.message, line=line) from None
         in_effect = sorted(answer.get("in_effect") or [])
         run.patches = in_effect
         await self.steps.records.store_patches(name, in_effect)
