@@ -79,9 +79,8 @@ class SlurmSettings(_Model):
     """``[jobs.NAME.slurm]``: the job is a Slurm batch job; the job's ``host`` is the login node."""
 
     script: str  #: the batch script on the login node (absolute path)
-    sbatch_args: list[str] = Field(
-        default_factory=list
-    )  #: extra sbatch arguments, e.g. ["--partition", "gpu"]
+    #: extra sbatch arguments, e.g. ["--partition", "gpu"]
+    sbatch_args: list[str] = Field(default_factory=list)
     #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
     requeue: bool = False
     nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
