@@ -21,13 +21,13 @@ Beside them, the first digest's three steps on the 10 MB log — read the window
 aggregate — are timed against the reference path they replaced, interleaved, median of
 ``--repeat``: two helper calls (size, then the bytes) sending the last 8 MiB uncompressed, the
 standard library's ``json`` per line into a record per line
-(:func:`pipeline.digest.metrics.parse_jsonl_stdlib`), and the statistics over those records
+(:func:`pipeline.observe.metrics.parse_jsonl_stdlib`), and the statistics over those records
 (:func:`pipeline.digest.stats.summarise`; it now groups them into columns first, so the reference
 is already faster than the code before this path and the speedup shown is a lower bound).  Now:
 one call reading only the tail a first digest needs (the last
 :data:`~pipeline.digest.window.FIRST_WINDOW_BYTES`, 1 MiB, by a negative offset) zlib-compressed,
 orjson reading its lines in one call and only the keys the statistics use straight into columns per
-rank (:func:`pipeline.digest.metrics.parse_series`), and the statistics over the columns
+rank (:func:`pipeline.observe.metrics.parse_series`), and the statistics over the columns
 (:func:`pipeline.digest.stats.summarise_series`).  Target: 5x faster.  Both paths must agree:
 the reference's 8 MiB parsed by both parsers give the same metric lines.
 
@@ -63,7 +63,6 @@ from devhost.sshhost import start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
-from pipeline.digest.metrics import parse_jsonl_stdlib, parse_series
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import summarise, summarise_series
 from pipeline.digest.window import (
@@ -79,6 +78,7 @@ from pipeline.digest.window import (
 from pipeline.engines.runner import Runner as Restarter
 from pipeline.host.probe import call_helper
 from pipeline.host.remote import SSHPool
+from pipeline.observe.metrics import parse_jsonl_stdlib, parse_series
 from pipeline.state.events import Events
 from pipeline.state.redisconn import open_redis
 from pipeline.state.runs import RunStore

@@ -189,8 +189,8 @@ def attempt(work: Path, seconds: float, count: int, profile: str = "full") -> At
 
 def numbers(data: bytes) -> tuple[float | None, float | None, str]:
     """Pipeline tokens/s, step p50 (s) and ``top-1/4/8`` text from a log's metric lines."""
-    from pipeline.digest.metrics import parse_metric_lines
     from pipeline.digest.stats import summarise
+    from pipeline.observe.metrics import parse_metric_lines
 
     s = summarise(parse_metric_lines(data, "jsonl"))
     topk = "/".join("n/a" if v is None else f"{v:.1%}" for v in (s.top1, s.top4, s.top8))

@@ -114,6 +114,10 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     if verb == "check-config":
         path = resolve_path(args.file or args.config, env.config_path)
         config = load_config(path)
+        from pipeline.engines import ENGINES  # lazy: as below (the engines load SSH)
+        from pipeline.engines.base import check_engines
+
+        check_engines(config, ENGINES)
         redis = config.redis.url or f"embedded under {config.state.dir}"
         print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
         return 0

@@ -10,13 +10,16 @@ and ``bot`` import it, never the other way round.  Its packages, one concept eac
   the ssh and Slurm engines, recovery of runs whose owner died;
 - :mod:`pipeline.state` — run state with one owner: runs, incidents, events, the leader lease, every
   Redis key (the only code that touches Redis);
-- :mod:`pipeline.observe` — probes, evidence and verdicts: verification, the watcher's rules,
-  progress, crash classes, GPUs;
-- :mod:`pipeline.digest` — throughput digests: metric lines, the log window, statistics, the chart;
+- :mod:`pipeline.observe` — probes, evidence and verdicts: verification, metric lines, the
+  watcher's rules, progress, crash classes, GPUs;
+- :mod:`pipeline.digest` — throughput digests: the log window, statistics, the chart;
 - :mod:`pipeline.dflash` — the reference eight-GPU training workload (hosts run a copy of it);
 - :mod:`pipeline.config` — the TOML file, validated once, its models by table.
 
 Loose at the top, imported by all of them: :mod:`~pipeline.errors` (every error with its code),
 :mod:`~pipeline.fmt` (formatting for people) and :mod:`~pipeline.verdict` (the steps, the verdict
 set and the verdict line).  Text a person reads lives beside the code that produces it.
+
+The packages import one another one way only (config ← host, state ← observe ← digest, engines),
+each as its ``__init__`` docstring's "May import" says; ``tests/test_layers.py`` holds them to it.
 """

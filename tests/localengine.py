@@ -1,23 +1,27 @@
-"""A third engine, for tests only: a job's process group on this machine, started without SSH.
+"""A third engine, for tests only: a job's process group on this machine, with no SSH host at all.
 
-Implements :class:`pipeline.engines.base.Engine`, registered as ``engine = "local"`` on import; no other module knows it.
-"""
+An :class:`~pipeline.engines.base.EngineKind`: a runner built with ``{**ENGINES, "local": LocalEngine}``
+knows it; no other module does."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, Observation, Reads, Sighting, register
+from pipeline.engines.base import Entry, Observation, Reads, Sighting
 from pipeline.engines.steplog import StepLog
+from pipeline.engines.workdir import step_patches
 from pipeline.errors import PitstopError
 from pipeline.host.contract import HangAnswer
+from pipeline.host.helper import read_file
 from pipeline.host.probe import CRASH_BYTES, JobProbe, LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.runs import RunRecord
@@ -33,13 +37,16 @@ def _alive(pid: int | None) -> bool:
         return False
 
 
-def _pid(current: Mapping[str, str] | None) -> int | None:
+def _pid(current: Cur | None) -> int | None:
     live = current and current.get("state") != "stopped" and current.get("pid")
     return int(live) if live else None
 
 
-def _size(path: str) -> int:
-    return os.path.getsize(path) if os.path.exists(path) else 0
+def _read(path: str, offset: int, max_bytes: int, inode: int | None = None) -> LogChunk:
+    got = read_file(path, offset, max_bytes, inode, False)  # the host helper's read, run here
+    if "error" in got:  # not written yet
+        return LogChunk(b"", 0, 0, None, False)
+    return LogChunk(base64.b64decode(got["data"]), got["offset"], got["size"], got["inode"], got["reset"])
 
 
 class LocalEngine:
@@ -48,31 +55,30 @@ class LocalEngine:
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         self.steps = steps  # (no SSH: the processes are local)
 
-    def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
+    @staticmethod
+    def check(job: JobConfig, at: str) -> list[str]:
+        """Any job suits it."""
+        return []
+
+    def remember_old(self, run: RunRecord, current: Cur) -> None:
         """The old run's pid."""
         run.old_pid = _pid(current)
 
-    async def preflight(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        wants: Mapping[str, str],
-        texts: Mapping[str, str],
-        *,
-        running: Mapping[str, str] | None = None,
-    ) -> Mapping[str, bool]:
-        """The workdir exists; a ``running`` record's process is gone."""
+    async def preflight(self, run: RunRecord, name: str, job: JobConfig, wants: Cur, texts: Cur, *,
+                        running: Cur | None = None) -> Mapping[str, bool]:  # fmt: skip
+        """The workdir exists, no patch is to change; a ``running`` record's process is gone."""
         rec = await self.steps.begin(run, Step.PREFLIGHT)
         check, detail = "workdir", f"{job.workdir}: no such directory"
-        if Path(job.workdir).is_dir():
+        if any(w != "state" for w in wants.values()):
+            check, detail = "patch", "the local engine applies no patches"
+        elif Path(job.workdir).is_dir():
             check, detail = "running", f"{name} is already running (pid {_pid(running)}) - use restart"
             if not _alive(_pid(running)):
                 await self.steps.end(run, rec, Outcome.OK, "ok: workdir")
                 return {}
         raise await self.steps.refuse(run, rec, name, check, detail)
 
-    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Cur) -> None:
         """SIGTERM to the recorded session, until it is gone (``stop_timeout``), then SIGKILL."""
         rec = await self.steps.begin(run, Step.STOP)
         pid, detail = _pid(current), "nothing was running"  # by its recorded session, never by pattern
@@ -87,10 +93,32 @@ class LocalEngine:
         await self.steps.mark_stopped(name, run)
         await self.steps.end(run, rec, Outcome.OK, detail)
 
-    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+    async def clear_cache(self, run: RunRecord, name: str, job: JobConfig, fresh: bool) -> None:
+        """Remove the ``clear_cache`` paths when ``fresh``."""
+        rec = await self.steps.begin(run, Step.CLEAR_CACHE)
+        for path in job.clear_cache if fresh else ():
+            shutil.rmtree(path, ignore_errors=True)
+        done = "removed " + ", ".join(job.clear_cache) if fresh and job.clear_cache else None
+        await self.steps.end(run, rec, Outcome.OK if done else Outcome.SKIPPED, done or "not asked for")
+
+    async def patch(self, run: RunRecord, name: str, job: JobConfig, texts: Cur, applied: Mapping[str, bool],
+                    add: Sequence[str], remove: Sequence[str]) -> None:  # fmt: skip
+        """Nothing to change (pre-flight refused any): SKIPPED, no patch in effect."""
+        rec = await self.steps.begin(run, Step.PATCH)
+        await self.steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], []))
+
+    async def patches_applied(self, name: str, job: JobConfig, texts: Cur) -> list[str]:
+        """None: the local engine applies no patches."""
+        return []
+
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """The bytes of the local file, as the host helper reads them; a missing file reads empty."""
+        return _read(path, offset, length)
+
+    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Cur) -> None:
         """Start ``launch`` in the workdir, in a session of its own, output appended to ``log``."""
         rec = await self.steps.begin(run, Step.LAUNCH)
-        run.log_size_at_launch = _size(job.log)
+        run.log_size_at_launch = _read(job.log, 0, 0).size
         with open(job.log, "ab") as out:
             proc = await asyncio.create_subprocess_exec(
                 *job.launch, cwd=job.workdir, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
@@ -114,34 +142,34 @@ class LocalEngine:
         )  # fmt: skip
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """Each job's recorded pid and its log's size (``reads`` left to the watcher)."""
+        """Each job's recorded pid, its log's size and, while it runs, the bytes ``reads`` asks for."""
         out: dict[str, Sighting] = {}
         for name, job, current in entries:
             pid = _pid(current)
             pids = (pid,) if pid is not None and _alive(pid) else ()
-            probe = JobProbe(name, pids, len(pids), log_size=_size(job.log), sampled_at=time.time())
-            out[name] = Sighting(
-                probe, job.processes, "alive" if pids else "gone" if pid else "none", pid=pid
-            )
+            want = (reads or {}).get(name) if pids else None
+            read = _read(want["path"], want["offset"], want["max_bytes"], want["inode"]) if want else None
+            probe = JobProbe(name, pids, len(pids), log_size=_read(job.log, 0, 0).size, sampled_at=time.time(),
+                             read=read)  # fmt: skip
+            out[name] = Sighting(probe, job.processes, "alive" if pids else "gone" if pid else "none",
+                                 pid=pid)  # fmt: skip
         return out
 
-    async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
+    async def log_tail(self, name: str, job: JobConfig, current: Cur, lines: int) -> str:
         """The log's last ``lines`` lines."""
         return "\n".join(Path(job.log).read_text().splitlines()[-lines:])
 
     async def node_outputs(self, name: str, job: JobConfig, cur: Cur, argv: Sequence[str]) -> None:
         """None: the job holds no nodes of its own."""
 
-    async def crash_evidence(
-        self, name: str, job: JobConfig, cur: Cur, offset: int, seen: JobProbe | None
-    ) -> JobProbe:
+    async def crash_evidence(self, name: str, job: JobConfig, cur: Cur, offset: int,
+                             seen: JobProbe | None) -> JobProbe:  # fmt: skip
         """The log's last CRASH_BYTES since ``offset``; no exit record."""
-        data, size = Path(job.log).read_bytes()[offset:][-CRASH_BYTES:], _size(job.log)
-        return JobProbe(name, log_size=size, crash=LogChunk(data, size, size, None, False))
+        got = _read(job.log, offset, 1 << 40)
+        return JobProbe(
+            name, log_size=got.size, crash=LogChunk(got.data[-CRASH_BYTES:], got.size, got.size, None, False)
+        )
 
     async def hang_evidence(self, name: str, job: JobConfig, cur: Cur, pids: Sequence[int]) -> HangAnswer:
         """Not looked at for a local job."""
         raise PitstopError(f"no hang evidence for {name}: the local engine does not look")
-
-
-register("local", LocalEngine)

@@ -14,13 +14,14 @@ from typing import Any
 
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
-from pipeline.config import Config, parse_config
-from pipeline.engines.base import ENGINES, Entry, NodeOutputs, Reads, RestartService, Sighting, StepListener
+from pipeline.config import Config, JobConfig, parse_config
+from pipeline.engines import ENGINES
+from pipeline.engines.base import Entry, NodeOutputs, Reads, RestartService, Sighting, StepListener
 from pipeline.engines.runner import look
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostUnreachable
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe
+from pipeline.host.probe import JobProbe, LogChunk, read_log_chunk
 from pipeline.host.remote import RemoteHosts, RemoteResult
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
@@ -251,6 +252,10 @@ class StandInRestarter:
         if self.log_error is not None:
             raise self.log_error
         return self.log_text
+
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """The job's file over this stand-in's SSH."""
+        return await read_log_chunk(self.ssh, name, job, offset, length, path=path)
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """None applied."""

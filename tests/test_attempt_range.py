@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from functools import partial
 from pathlib import Path
 
 from pipeline.config import Config
-from pipeline.host.probe import CRASH_BYTES, JobProbe
+from pipeline.host.probe import CRASH_BYTES, JobProbe, read_log_chunk
 from pipeline.observe.attempts import read_attempt
 from pipeline.observe.evidence import crash_evidence
 from tests.test_watch import job_config, open_harness
@@ -32,12 +33,14 @@ async def test_a_range_truncated_since_is_not_read_as_the_attempts(
     metrics.write_bytes(_lines("drafter", range(1, 41)))  # the previous attempt's 40 steps
     end = metrics.stat().st_size  # the next launch noted this size
     async with open_harness(tmp_path, redis_config, {"m": job}) as h:
-        whole = await read_attempt(h.ctx.ssh, "m", job, 0, end)
+        whole = await read_attempt(partial(read_log_chunk, h.ctx.ssh), "m", job, 0, end)
         assert [ln.step for ln in whole] == list(range(1, 41))
         metrics.write_bytes(_lines("drafter", range(31, 36)))  # the next attempt's, written afresh
         assert metrics.stat().st_size < end
-        assert await read_attempt(h.ctx.ssh, "m", job, 0, end) == []
-        assert [ln.step for ln in await read_attempt(h.ctx.ssh, "m", job, end)] == list(range(31, 36))
+        assert await read_attempt(partial(read_log_chunk, h.ctx.ssh), "m", job, 0, end) == []
+        assert [
+            ln.step for ln in await read_attempt(partial(read_log_chunk, h.ctx.ssh), "m", job, end)
+        ] == list(range(31, 36))
 
 
 async def test_a_crash_read_of_a_log_truncated_since_launch_is_its_end(

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from handlers.runs.followup import deliver_recoveries
 from pipeline import verdict
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration
-from pipeline.digest.metrics import MetricLine
+from pipeline.host.probe import read_log_chunk
 from pipeline.observe.attempts import (
     account_previous,
     checkpoint_interval,
@@ -44,6 +45,7 @@ from pipeline.observe.attempts import (
     recovery,
     resumed_role,
 )
+from pipeline.observe.metrics import MetricLine
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import RECOVERY_LEASE, Reach, RunRecord
 from pipeline.verdict import Lost, Verdict, format_line, parse_line
@@ -300,7 +302,9 @@ async def test_attempts_of_a_job_with_a_metrics_log_are_read_there(
             with metrics.open("a") as f:
                 f.write(_metric_lines("drafter", range(1, 41)) + _metric_lines("target", range(1, 81)))
             await h.kill("m")
-            dead = await record_dead(ctx.ssh, ctx.runs, "m", job, first, ended="killed")
+            dead = await record_dead(
+                partial(read_log_chunk, ctx.ssh), ctx.runs, "m", job, first, ended="killed"
+            )
             assert dead is not None and dead.reach is not None
             assert (dead.reach.role, dead.reach.step, dead.reach.ended) == ("drafter", 40, "killed")
             await _until_gone(sids[0])
@@ -312,16 +316,20 @@ async def test_attempts_of_a_job_with_a_metrics_log_are_read_there(
             with metrics.open("a") as f:
                 f.write(_metric_lines("drafter", range(31, 36)) + _metric_lines("target", range(1, 11)))
             previous = await account_previous(
-                ctx.ssh, ctx.runs, "m", job, second, resumed_at=30, checkpoint=None,
+                partial(read_log_chunk, ctx.ssh), ctx.runs, "m", job, second, resumed_at=30, checkpoint=None,
                 sampled_at=time.time(), timezone="UTC",
             )  # fmt: skip
             assert previous is not None and previous.run.id == first.id
             assert previous.run.reach is not None and previous.run.reach.step == 40
             assert previous.lost is not None and (previous.lost.reached, previous.lost.steps) == (40, 10)
             assert previous.lost.role == "drafter"
-            assert await metrics_offset(ctx.ssh, "m", base) is None  # metric lines in the log: its offset
+            assert (
+                await metrics_offset(partial(read_log_chunk, ctx.ssh), "m", base) is None
+            )  # metric lines in the log: its offset
             gone = job.model_copy(update={"metrics_log": str(root / "m" / "not-yet.jsonl")})
-            assert await metrics_offset(ctx.ssh, "m", gone) == 0  # not written yet: all of it is new
+            assert (
+                await metrics_offset(partial(read_log_chunk, ctx.ssh), "m", gone) == 0
+            )  # not written yet: all of it is new
         finally:
             for sid in filter(None, sids):
                 with contextlib.suppress(OSError):

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config, parse_config, resolve_path, seconds_setting
+from pipeline.engines import ENGINES
+from pipeline.engines.base import check_engines
+from pipeline.engines.slurm import expected_processes
 from pipeline.errors import ConfigError, ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,19 +188,35 @@ def test_example_slurm_job_block_is_valid() -> None:
     lines = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in block.splitlines()[1:]]
     config = parse_config(tomllib.loads(head + "\n".join(lines) + "\n"), "example", Path.cwd())
     job = config.job("dflash-multi")
-    assert job.engine == "slurm" and job.slurm is not None and job.expected_processes == 8
+    check_engines(config, ENGINES)
+    assert job.engine == "slurm" and expected_processes(job) == 8
     assert config.job("dflash").engine == "ssh"
 
 
 def test_slurm_engine_needs_its_table_and_the_table_needs_the_engine(tmp_path: Path) -> None:
-    """engine = "slurm" without [jobs.NAME.slurm], or the table on an ssh job, is a clear error."""
+    """engine = "slurm" without [jobs.NAME.slurm], a bad key in it, the table on an ssh job, an ssh
+    job without launch: each a clear error naming its key, from the engines' check (and check-config)."""
     base = MINIMAL.replace('launch = ["./run.sh"]\n', "")
-    with pytest.raises(ConfigError) as missing:
-        load_config(write(tmp_path, base.replace("[jobs.dflash]\n", '[jobs.dflash]\nengine = "slurm"\n')))
-    assert 'engine "slurm" needs a [jobs.NAME.slurm] table' in str(missing.value)
-    with pytest.raises(ConfigError) as stray:
-        load_config(write(tmp_path, MINIMAL + '\n[jobs.dflash.slurm]\nscript = "/srv/job.sbatch"\n'))
-    assert 'engine is "ssh"' in str(stray.value)
+    slurm = base.replace("[jobs.dflash]\n", '[jobs.dflash]\nengine = "slurm"\n')
+    cases = {
+        slurm: 'jobs.dflash: engine "slurm" needs a [jobs.NAME.slurm] table with at least script',
+        slurm + '\n[jobs.dflash.slurm]\nscript = "job.sbatch"\n': (
+            "jobs.dflash.slurm.script: must be an absolute path on the login node"
+        ),
+        MINIMAL + '\n[jobs.dflash.slurm]\nscript = "/srv/job.sbatch"\n': (
+            'jobs.dflash: [jobs.NAME.slurm] is set but engine is "ssh" (set engine = "slurm")'
+        ),
+        base: "jobs.dflash: launch: required key is missing",
+    }
+    for text, problem in cases.items():
+        with pytest.raises(ConfigError) as refused:
+            check_engines(load_config(write(tmp_path, text)), ENGINES)
+        assert refused.value.problems == [problem]
+    done = check_config(str(write(tmp_path, slurm)))
+    assert done.returncode == ExitCode.USAGE and 'engine "slurm" needs' in done.stderr
+    done = check_config(str(write(tmp_path, slurm.replace('engine = "slurm"', 'engine = "k8s"'))))
+    assert done.returncode == ExitCode.USAGE
+    assert 'jobs.dflash.engine: unknown engine \'k8s\': use one of "slurm", "ssh"' in done.stderr
 
 
 def test_check_config_refuses_a_fallback_channel_that_is_not_a_channel_id(tmp_path: Path) -> None:

@@ -33,9 +33,8 @@ from handlers.views.reports import (
 )
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
 from pipeline.digest.chart import rank_rates, tokens_chart
-from pipeline.digest.metrics import MetricLine, parse_metric_lines
 from pipeline.digest.report import Digest, build_digest
-from pipeline.digest.stats import MIN_TREND_S, compare, counter_increase, percentile, summarise
+from pipeline.digest.stats import MIN_TREND_S, compare, counter_increase, summarise
 from pipeline.digest.window import (
     LogRead,
     LogWindow,
@@ -48,6 +47,7 @@ from pipeline.digest.window import (
 )
 from pipeline.engines.runner import Runner
 from pipeline.host.remote import SSHPool
+from pipeline.observe.metrics import MetricLine, parse_metric_lines, percentile
 from pipeline.state import keys
 from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events

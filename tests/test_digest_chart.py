@@ -25,9 +25,9 @@ from pipeline.digest.chart import (
     draw_chart,
     tokens_chart,
 )
-from pipeline.digest.metrics import MetricLine
 from pipeline.digest.report import build_digest, restart_marks
 from pipeline.digest.series import RestartMark, rank_intervals, restart_label, throughput
+from pipeline.observe.metrics import MetricLine
 from tests.test_digest import _config, gpu_host, make_ctx, nvidia_dir  # noqa: F401  (fixtures)
 
 T = 1_700_000_000.0

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import Config, JobConfig
-from pipeline.digest.metrics import parse_jsonl_stdlib, parse_series
 from pipeline.digest.report import build_digest
 from pipeline.digest.window import WindowKind, local_reader
+from pipeline.observe.metrics import parse_jsonl_stdlib, parse_series
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle, open_redis
 

@@ -18,8 +18,8 @@ from handlers.request.verbs import VERBS
 from handlers.runs.attempts import ATTEMPT_HEADERS, attempt_rows
 from handlers.views.reports import digest_command, digest_progress
 from pipeline.config import Config
-from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import TrainingProgress, progress_toward
+from pipeline.observe.metrics import MetricLine
 from pipeline.state.runs import Reach, RunRecord
 from tests.fixtures.dflash import SMALLEST, dflash_job
 from tests.support_handlers import handler_config

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import itertools
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,6 +168,47 @@ def test_no_import_cycles() -> None:
     """The modules' import graph (every import, lazy ones included) has no cycle."""
     cycles = _cycles(_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" → ".join(c) for c in cycles)
+
+
+#: pipeline's packages (each states what it may import in its ``__init__`` docstring) and loose modules
+PIPELINE_PARTS = ("config", "host", "engines", "state", "observe", "digest", "errors", "fmt", "verdict")
+
+
+def _package_graph() -> dict[str, dict[str, str]]:
+    """pipeline's package-level import graph (:data:`PIPELINE_PARTS`; ``pipeline.dflash`` left out):
+    part → the parts it imports, each with one module-level import that makes the edge."""
+    graph: dict[str, dict[str, str]] = {part: {} for part in PIPELINE_PARTS}
+    for source, edges in _graph().items():
+        here = source.split(".")
+        for target, line in edges.items():
+            there = target.split(".")
+            if here[0] == there[0] == "pipeline" and len(here) > 1 and len(there) > 1 and here[1] != there[1]:
+                if here[1] in graph and there[1] in graph:
+                    graph[here[1]].setdefault(there[1], f"{source} imports {target} (line {line})")
+    return graph
+
+
+def test_pipeline_packages_import_in_one_direction() -> None:
+    """pipeline's packages and loose modules import one another without a cycle (config is a leaf)."""
+    graph = _package_graph()
+    cycles = _cycles({part: dict.fromkeys(edges, 1) for part, edges in graph.items()})
+    shown = [" → ".join(c) + ": " + "; ".join(graph[a][b] for a, b in itertools.pairwise(c)) for c in cycles]
+    assert not cycles, "package import cycles in pipeline/:\n" + "\n".join(shown)
+
+
+def test_pipeline_packages_import_what_their_docstring_allows() -> None:
+    """Each pipeline package imports only the parts its ``__init__`` docstring's "May import" names."""
+    wrong = []
+    for part, edges in _package_graph().items():
+        path = ROOT / "pipeline" / part / "__init__.py"
+        if not path.exists():
+            continue  # a loose module: only the cycle rule
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        rule = re.search(r"May import (.*?)(?:\n\n|$)", doc, re.DOTALL)
+        assert rule is not None, f"pipeline/{part}/__init__.py: no 'May import' rule in its docstring"
+        allowed = set(re.findall(r":mod:`~?pipeline\.(\w+)`", rule.group(1)))
+        wrong += [edges[target] for target in sorted(edges) if target not in allowed]
+    assert not wrong, "imports a package's docstring does not allow:\n" + "\n".join(wrong)
 
 
 def test_cycle_finder_reports_a_cycle() -> None:

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.config import MetricsPattern, parse_config
-from pipeline.digest.metrics import (
+from pipeline.digest.stats import summarise, summarise_series
+from pipeline.observe.metrics import (
     DEFAULT_ROLE,
     MetricLine,
     _jsonl_series,
@@ -23,7 +24,6 @@ from pipeline.digest.metrics import (
     parse_series,
     series_of,
 )
-from pipeline.digest.stats import summarise, summarise_series
 
 DATA = Path(__file__).parent / "data"
 DFLASH_LOG = (DATA / "dflash_metrics.log").read_bytes()

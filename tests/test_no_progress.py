@@ -15,9 +15,9 @@ from bot.runtime.scheduler import PitstopScheduler
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.attempts import attempts_command, auto_restart_no_progress, no_progress_warning
 from pipeline.config import AutoRestart, Config, WatchSettings
-from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import crash_words, progressed, reach_of
 from pipeline.observe.crashes import Crash, CrashClass
+from pipeline.observe.metrics import MetricLine
 from pipeline.state.events import EventKind
 from pipeline.state.runs import Reach, RunRecord
 from tests.fixtures.dflash import SMALLEST, dflash_job

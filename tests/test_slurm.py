@@ -28,9 +28,9 @@ from handlers.runs.verdicts import deliver_due, deliver_verdict
 from handlers.views.read import history_command, logs_command, status_command
 from handlers.views.reports import gpus_command
 from pipeline import verdict
-from pipeline.config import Config, JobConfig, SlurmSettings, WatchSettings
+from pipeline.config import Config, JobConfig, WatchSettings
 from pipeline.engines.runner import Runner
-from pipeline.engines.slurm import SlurmEngine
+from pipeline.engines.slurm import SlurmEngine, SlurmSettings
 from pipeline.errors import ExitCode, RemoteCommandError
 from pipeline.host import slurm
 from pipeline.host.remote import SSHPool
@@ -157,7 +157,7 @@ async def make_slurm(
                 nodes=nodes,
                 tasks_per_node=tasks_per_node,
                 **slurm_fields,
-            ),
+            ).model_dump(),
             exec=slurm.exec_prefix,
             workdir=str(workdir),
             log=str(log),

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Config, JobConfig, SlurmSettings
-from pipeline.digest.metrics import parse_metric_lines
+from pipeline.config import Config, JobConfig
 from pipeline.digest.stats import summarise
 from pipeline.digest.window import read_window, remote_reader
 from pipeline.engines.runner import Runner
-from pipeline.engines.slurm import SlurmEngine
+from pipeline.engines.slurm import SlurmEngine, SlurmSettings
 from pipeline.host.remote import SSHPool
+from pipeline.observe.metrics import parse_metric_lines
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunStore, Verdict
@@ -73,7 +73,7 @@ async def test_dflash_restarts_through_slurm_with_eight_tasks_on_two_nodes(
             sbatch_args=["-N", "2", "--ntasks-per-node", "4", "-o", str(log), "--open-mode=append"],
             nodes=2,
             tasks_per_node=4,
-        ),
+        ).model_dump(),
         exec=[*slurm.exec_prefix, f"PYTHON={sys.executable}"],
         workdir=str(work),
         log=str(log),

@@ -1,31 +1,69 @@
-"""A third engine (tests/localengine.py, registered as ``engine = "local"``) is driven by the runner,
-the verdict, status, the watcher and recovery with no change outside its own module."""
+"""A third engine (tests/localengine.py, ``engine = "local"`` in the registry the runner is built
+with) is driven by the runner, the verdict, status, the watcher and recovery with no change outside
+its own module, and with no SSH host at all: every SSH call would be counted, and none is made."""
 
 from __future__ import annotations
 
 import os
 import signal
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-import tests.localengine  # noqa: F401  (registers the "local" engine)
+import bot.runtime.assembly
 from bot.runtime.assembly import build_context, build_watcher, close_context
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.verdicts import deliver_verdict, recover_runs
-from pipeline.config import AuthSettings, Config, SlackSettings, load_config
+from pipeline.config import AuthSettings, Config, HostConfig, SlackSettings, load_config
+from pipeline.engines import ENGINES
+from pipeline.engines.base import check_engines
 from pipeline.engines.runner import Runner
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, HostUnreachable
+from pipeline.host.remote import RemoteResult
 from pipeline.state.runs import RunStore
 from pipeline.verdict import Step, Verdict
-from tests.fixtures.ssh import start_in_process
+from tests.localengine import LocalEngine
 from tests.test_restart import processes
 from tests.test_watch import MENTION, job_config, until
+
+WITH_LOCAL = {**ENGINES, "local": LocalEngine}
+
+
+@dataclass
+class NoSSH:
+    """The SSH pool of a Pitstop process whose job has no SSH host: every call is counted and refused."""
+
+    config: Config
+    calls: list[str] = field(default_factory=list)
+
+    def _refuse(self, host: str, what: object) -> HostUnreachable:
+        self.calls.append(f"{host}: {what}")
+        return HostUnreachable(host, "no SSH in this test")
+
+    async def run(self, host: str, argv: Sequence[str], **kw: Any) -> RemoteResult:
+        """Refused."""
+        raise self._refuse(host, argv)
+
+    async def run_job(self, job: str, argv: Sequence[str], **kw: Any) -> RemoteResult:
+        """Refused."""
+        raise self._refuse(job, argv)
+
+    async def check(self, host: str) -> None:
+        """Refused."""
+        raise self._refuse(host, "check")
+
+    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
+        """Refused."""
+        raise self._refuse(host, remote_path)
+
+    async def close(self) -> None:
+        """Nothing to close."""
 
 
 @dataclass
@@ -35,6 +73,7 @@ class Local:
     ctx: Context
     outbox: MemoryOutbox
     dispatcher: Dispatcher
+    ssh: NoSSH
 
     async def say(self, text: str) -> str | None:
         """Dispatch ``text`` as the operator; wait for the sequence; the run id it started."""
@@ -44,27 +83,31 @@ class Local:
 
 
 @pytest.fixture
-async def local(tmp_path: Path, redis_config: Config) -> AsyncIterator[Local]:
-    """The job's worker script under ``tmp_path``, its host an in-process SSH host (for the watcher's
-    log reads), a context with the real runner."""
-    host = await start_in_process(tmp_path / "sshhost")
+async def local(
+    tmp_path: Path, redis_config: Config, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Local]:
+    """The job's worker script under ``tmp_path``, a context with the real runner and the local
+    engine, and an SSH pool that refuses (and counts) every call: its host is a name only."""
     job = job_config(tmp_path / "jobs", "train", uuid.uuid4().hex, stall_after=30)
+    pools: list[NoSSH] = []
+    monkeypatch.setattr(
+        bot.runtime.assembly, "SSHPool", lambda config: pools.append(NoSSH(config)) or pools[-1]
+    )
     config = redis_config.model_copy(
         update={
-            "hosts": {"local": host.host_config(connect_timeout=5)},
+            "hosts": {"local": HostConfig(address="no-ssh.invalid")},
             "jobs": {"train": job.model_copy(update={"engine": "local"})},
             "slack": SlackSettings(alert_mention="S0ONCALL", announce_channel="CANNOUNCE"),
             "auth": AuthSettings(operators=["U0TEST"], viewers=["*"]),
         }
     )
     outbox = MemoryOutbox()
-    ctx = await build_context(config, outbox, instance="A")
+    ctx = await build_context(config, outbox, instance="A", engines=WITH_LOCAL)
     assert isinstance(ctx.restarter, Runner)
     ctx.restarter.verify_poll = 0.1
-    yield Local(ctx, outbox, Dispatcher(ctx))
-    await Local(ctx, outbox, Dispatcher(ctx)).say("stop train")
+    yield Local(ctx, outbox, Dispatcher(ctx), pools[0])
+    await Local(ctx, outbox, Dispatcher(ctx), pools[0]).say("stop train")
     await close_context(ctx)
-    await host.host.close()
 
 
 async def alerted(local: Local) -> bool:
@@ -73,16 +116,21 @@ async def alerted(local: Local) -> bool:
 
 
 def test_config_accepts_a_registered_engine_and_refuses_an_unknown_one(tmp_path: Path) -> None:
-    """``engine = "local"`` loads once registered; ``engine = "k8s"`` is refused, naming the known ones."""
+    """``engine = "local"`` passes the check of a registry that has it, whatever was imported before;
+    ``engine = "k8s"`` is refused, naming the known ones; check-config knows the shipped ones only."""
     text = """[hosts.h]\naddress = "127.0.0.1"\nuser = "u"\n
 [jobs.j]\nhost = "h"\nengine = "{}"\nworkdir = "/w"\nlaunch = ["x"]\nlog = "/w/l"\nmatch = "x"\n"""
     good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
     good.write_text(text.format("local"))
     bad.write_text(text.format("k8s"))
-    assert load_config(good).jobs["j"].engine == "local"
+    check_engines(load_config(good), WITH_LOCAL)
     with pytest.raises(ConfigError) as refused:
-        load_config(bad)
-    assert "unknown engine 'k8s'" in str(refused.value) and '"local"' in str(refused.value)
+        check_engines(load_config(bad), WITH_LOCAL)
+    assert refused.value.problems == [
+        'jobs.j.engine: unknown engine \'k8s\': use one of "local", "slurm", "ssh"'
+    ]
+    with pytest.raises(ConfigError, match="unknown engine 'local'"):
+        check_engines(load_config(good), ENGINES)
 
 
 async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local: Local) -> None:
@@ -127,3 +175,4 @@ async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local:
     }
     verified = await deliver_verdict(ctx, launched.id)
     assert verified is not None and verified.verdict_line == f"RUNNING 1/1 processes pid {launched.pid}"
+    assert local.ssh.calls == []  # not one SSH call: the engine did everything

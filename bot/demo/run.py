@@ -28,9 +28,9 @@ from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.request.dispatch import Dispatcher
 from pipeline.config import HostConfig, load_config
-from pipeline.digest.metrics import parse_metric_lines
 from pipeline.digest.window import MAX_WINDOW_BYTES, remote_reader
 from pipeline.errors import ExitCode, PitstopError, UsageError
+from pipeline.observe.metrics import parse_metric_lines
 from pipeline.state.events import EventKind
 
 DEMO_USER = "demo-admin"

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 
 from handlers.context import Context
 from handlers.outbox import Outbox
@@ -17,6 +18,8 @@ from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.verdicts import recover_runs
 from handlers.watch.cycle import AUTO_USER, Watcher
 from pipeline.config import Config
+from pipeline.engines import ENGINES
+from pipeline.engines.base import EngineKind, check_engines
 from pipeline.engines.runner import Runner
 from pipeline.host.remote import SSHPool
 from pipeline.observe.watch import DEFAULT_REMIND_EVERY
@@ -38,13 +41,17 @@ async def build_context(
     *,
     instance: str | None = None,
     deliver_recovered: bool = False,
+    engines: Mapping[str, EngineKind] = ENGINES,
 ) -> Context:
     """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context, and
     take over the runs whose owner died (:func:`handlers.runs.verdicts.recover_runs`).
 
     :param deliver_recovered: also verify the taken-over runs now (no scheduler: ``pitstop say``).
+    :param engines: the engines' registry (:data:`pipeline.engines.ENGINES`).
     :raises StateUnavailable: if a configured Redis does not answer.
+    :raises ConfigError: if a job's engine is not in ``engines`` or its config does not suit it.
     """
+    check_engines(config, engines)  # before anything is opened (the Runner checks it again)
     handle = await open_redis(config)
     if handle.embedded is not None:
         log.info(embedded_redis_started(handle.description))
@@ -52,7 +59,7 @@ async def build_context(
     ssh = SSHPool(config)
     runs = handle.open_store(RunStore, owner=instance)
     events = handle.open_store(Events)
-    restarter = Runner(config, ssh, runs, events)
+    restarter = Runner(config, ssh, runs, events, engines=engines)
     ctx = Context(
         config=config,
         redis=handle,

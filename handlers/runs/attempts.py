@@ -39,7 +39,9 @@ async def record_dead_attempt(ctx: Context, name: str, check: CrashCheck | None)
         return None
     ended = crash_words(check.crash) if check is not None else None
     try:
-        return await record_dead(ctx.ssh, ctx.runs, name, ctx.config.jobs[name], run, ended=ended)
+        return await record_dead(
+            ctx.restarter.read_chunk, ctx.runs, name, ctx.config.jobs[name], run, ended=ended
+        )
     except PitstopError as exc:
         log.info("%s: how far %s got is unknown: %s", name, run.id, exc.message)
         return None

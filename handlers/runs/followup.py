@@ -83,7 +83,7 @@ async def recovery_reply(ctx: Context, run_id: str) -> Reply | None:
         before = (await ctx.runs.get(run.previous_run)).reach
     except UnknownRun:
         return None
-    lines = await read_attempt(ctx.ssh, run.job, job, start)
+    lines = await read_attempt(ctx.restarter.read_chunk, run.job, job, start)
     found = recovery(
         median_throughput(lines), before.tokens_per_s if before else None, job.watch.slow_after_restart
     )

@@ -84,7 +84,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     slow_hosts: set[str] = set()
     for name in names:
         spec, snap = config.jobs[name], snaps[name]
-        sight = seen.get(name) or Sighting(JobProbe(job=name, error="no answer"), spec.expected_processes)
+        sight = seen.get(name) or Sighting(JobProbe(job=name, error="no answer"), spec.processes)
         if probe_slow(snap.watch.probe_s, spec) and spec.host not in slow_hosts:
             slow_hosts.add(spec.host)
             slow = probe_slow_line(spec.host, snap.watch.probe_s or 0.0)

@@ -16,7 +16,7 @@ from handlers.runs.attempts import ATTEMPT_HEADERS, NA, attempt_rows
 from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
 from pipeline import fmt
 from pipeline.digest.report import Digest, GpuRow, build_digest
-from pipeline.digest.stats import TARGET, DigestSummary
+from pipeline.digest.stats import DigestSummary
 from pipeline.errors import ExitCode, PitstopError, RemoteError
 from pipeline.observe.attempts import TrainingProgress
 from pipeline.observe.gpus import (
@@ -27,6 +27,7 @@ from pipeline.observe.gpus import (
     parse_query_gpu,
     query_gpus,
 )
+from pipeline.observe.metrics import TARGET
 
 
 def _change(change: dict[str, float], key: str) -> str:

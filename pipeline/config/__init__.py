@@ -4,6 +4,10 @@ Every key is documented in ``pitstop.example.toml``; its names are Pitstop's int
 come one line per problem, naming its TOML path (``jobs.dflash.host: unknown host 'gpu2' (known:
 gpu1)``), never as a traceback.  The models live by table (``service``, ``jobs``, ``watch``,
 ``approval``); all are importable from here.
+
+May import :mod:`pipeline.errors` and :mod:`pipeline.fmt` only: every other package reads it, so it
+is the leaf of the package graph.  What a job's ``engine`` names, and its engine's own table, are
+checked by the engines (:func:`pipeline.engines.base.check_engines`), not here.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pydantic import ValidationError, model_validator
 
 from pipeline.config.approval import ApprovalSettings
 from pipeline.config.base import Seconds, _Model, seconds_setting
-from pipeline.config.jobs import ENGINE_NAMES, GpuRoles, JobAuth, JobConfig, MetricsPattern, SlurmSettings
+from pipeline.config.jobs import GpuRoles, JobAuth, JobConfig, MetricsPattern
 from pipeline.config.service import (
     AuthSettings,
     HealthSettings,
@@ -33,7 +37,6 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "DEFAULT_CONFIG",
-    "ENGINE_NAMES",
     "ApprovalSettings",
     "AuthSettings",
     "AutoRestart",
@@ -49,7 +52,6 @@ __all__ = [
     "SchedulerSettings",
     "Seconds",
     "SlackSettings",
-    "SlurmSettings",
     "StateSettings",
     "WatchSettings",
     "config_missing",
@@ -57,6 +59,7 @@ __all__ = [
     "parse_config",
     "resolve_path",
     "seconds_setting",
+    "validation_problems",
 ]
 
 DEFAULT_CONFIG = "pitstop.toml"
@@ -145,12 +148,15 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts)
 
 
-def _problems(exc: ValidationError) -> list[str]:
+def validation_problems(exc: ValidationError, at: str = "") -> list[str]:
+    """``exc``'s errors as config problems, one line each, naming the TOML path of its key (under
+    ``at``, the path of the table validated: ``jobs.dflash.slurm``)."""
     out: list[str] = []
     errors = exc.errors()
-    others = [_loc(e["loc"]) for e in errors if e["type"] != "literal_error"]
+    top = (at,) if at else ()
+    others = [_loc((*top, *e["loc"])) for e in errors if e["type"] != "literal_error"]
     for err in errors:
-        path = _loc(err["loc"])
+        path = _loc((*top, *err["loc"]))
         if err["type"] == "literal_error" and any(o.startswith(path + ".") for o in others):
             continue  # the other branch of a union explains the problem better
         msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
@@ -185,7 +191,7 @@ def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None =
     try:
         config = Config.model_validate({**data, "source": source})
     except ValidationError as exc:
-        problems = _problems(exc)
+        problems = validation_problems(exc)
         problems += [p for p in _raw_reference_problems(data) if p not in problems]
         raise ConfigError(problems, source) from None
     if base_dir is not None:

@@ -1,13 +1,14 @@
-"""A job's ``[jobs.NAME]`` table and its small sub-tables (``gpus``, ``metrics``, ``auth``,
-``slurm``; ``approval`` is :mod:`pipeline.config.approval`)."""
+"""A job's ``[jobs.NAME]`` table and its small sub-tables (``gpus``, ``metrics``, ``auth``;
+``approval`` is :mod:`pipeline.config.approval`).  What suits the job's ``engine``, and the engine's
+own table (``[jobs.NAME.slurm]``), the engine checks (:func:`pipeline.engines.base.check_engines`)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from pipeline.config.approval import ApprovalSettings
 from pipeline.config.base import Seconds, _Model, seconds_setting
@@ -57,34 +58,13 @@ class JobAuth(_Model):
     viewers: list[str] | None = None
 
 
-class SlurmSettings(_Model):
-    """``[jobs.NAME.slurm]``: the job is a Slurm batch job; the job's ``host`` is the login node."""
-
-    script: str  #: the batch script on the login node (absolute path)
-    sbatch_args: list[str] = []  #: extra sbatch arguments, e.g. ["--partition", "gpu"]
-    #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
-    requeue: bool = False
-    nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
-    tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
-
-    @field_validator("script")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path on the login node")
-        return v
-
-
-ENGINE_NAMES: set[str] = {"ssh", "slurm"}
-"""The valid ``[jobs.NAME] engine`` names (:func:`pipeline.engines.base.register` adds to it)."""
-
-
 class JobConfig(_Model):
     """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
     host: str
-    engine: str = "ssh"  #: one of :data:`ENGINE_NAMES`
-    slurm: SlurmSettings | None = None
+    engine: str = "ssh"  #: the engine's name in :data:`pipeline.engines.ENGINES`, which checks it
+    #: ``[jobs.NAME.slurm]`` as written: the Slurm engine's table (``pipeline.engines.slurm.SlurmSettings``)
+    slurm: dict[str, Any] | None = None
     exec: list[str] = []  #: argv prefix, e.g. ["pct","exec","200","--"]
     workdir: str
     launch: list[str] = []  #: argv run in workdir (the ssh engine's; unused on Slurm)
@@ -172,31 +152,6 @@ class JobConfig(_Model):
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
                 raise ValueError(f"patch name {name!r}: letters, digits, '_', '.', '-' only")
         return v
-
-    @field_validator("engine")
-    @classmethod
-    def _known_engine(cls, v: str) -> str:
-        if v not in ENGINE_NAMES:
-            known = ", ".join(f'"{n}"' for n in sorted(ENGINE_NAMES))
-            raise ValueError(f"unknown engine {v!r}: use one of {known}")
-        return v
-
-    @model_validator(mode="after")
-    def _engine(self) -> JobConfig:
-        if self.engine == "ssh" and not self.launch:
-            raise ValueError("launch: required key is missing")
-        if self.engine == "slurm" and self.slurm is None:
-            raise ValueError('engine "slurm" needs a [jobs.NAME.slurm] table with at least script')
-        if self.engine == "ssh" and self.slurm is not None:
-            raise ValueError('[jobs.NAME.slurm] is set but engine is "ssh" (set engine = "slurm")')
-        return self
-
-    @property
-    def expected_processes(self) -> int:
-        """Processes the job should have: Slurm's ``nodes`` × ``tasks_per_node``, else ``processes``."""
-        if self.slurm is not None and self.slurm.tasks_per_node is not None:
-            return self.slurm.nodes * self.slurm.tasks_per_node
-        return self.processes
 
     @property
     def metrics_path(self) -> str:

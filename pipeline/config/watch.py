@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Seconds, _Model
-from pipeline.observe.crashes import TRANSIENT, CrashClass
+
+
+class CrashClass(StrEnum):
+    """Why a job failed; the values appear in alerts and in ``auto_restart.on``."""
+
+    NCCL_TIMEOUT = "nccl_timeout"
+    NCCL_ERROR = "nccl_error"
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM = "host_oom"
+    XID = "xid"
+    PYTHON_EXCEPTION = "python_exception"
+    SIGNAL = "signal"
+    UNKNOWN = "unknown"
+
+
+#: The classes a restart may cure: ``auto_restart.on``'s default.
+TRANSIENT: tuple[CrashClass, ...] = (
+    CrashClass.NCCL_TIMEOUT,
+    CrashClass.NCCL_ERROR,
+    CrashClass.XID,
+    CrashClass.HOST_OOM,
+    CrashClass.UNKNOWN,
+)
 
 
 class AutoRestart(_Model):
@@ -14,7 +38,7 @@ class AutoRestart(_Model):
     max: int = Field(default=3, ge=1)  #: restarts allowed within ``within``
     within: Seconds = 3600.0  #: seconds
     backoff: Seconds = 10.0  #: first delay in seconds, doubled after each restart
-    #: crash classes restarted automatically (pipeline.observe.crashes)
+    #: crash classes restarted automatically (classified by :mod:`pipeline.observe.crashes`)
     on: list[CrashClass] = list(TRANSIENT)
 
 

@@ -1,7 +1,8 @@
-"""``pipeline.digest`` — throughput digests: what a training job did since the last one: metric
-lines (``metrics``), the log window read (``window``), statistics (``stats``), the digest
-(``report``), its chart (``chart``) and the chart's data (``series``).
+"""``pipeline.digest`` — throughput digests: what a training job did since the last one: the log
+window read (``window``), statistics over its metric lines (``stats``; the lines are
+:mod:`pipeline.observe.metrics`'), the digest (``report``), its chart (``chart``) and the chart's
+data (``series``).
 
-May import :mod:`pipeline.host`, :mod:`pipeline.observe`, :mod:`pipeline.state` and the loose
-modules of :mod:`pipeline`.
+May import :mod:`pipeline.config`, :mod:`pipeline.host`, :mod:`pipeline.observe`,
+:mod:`pipeline.state`, :mod:`pipeline.errors`, :mod:`pipeline.fmt` and :mod:`pipeline.verdict` only.
 """

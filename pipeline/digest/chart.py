@@ -25,7 +25,6 @@ from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
 
 from pipeline import fmt
-from pipeline.digest.metrics import MetricLine
 from pipeline.digest.series import (
     RankStrip,
     RestartMark,
@@ -34,7 +33,7 @@ from pipeline.digest.series import (
     rank_strip,
     throughput,
 )
-from pipeline.digest.stats import percentile
+from pipeline.observe.metrics import MetricLine, percentile
 
 STRIP_LABELS = 24  #: most ranks named on the strip (more: every n-th)
 STRIP_RANGE = (50.0, 150.0)  #: the strip's colour scale, percent of the role's median

@@ -1,7 +1,7 @@
 """Throughput digests: what a training job did since the last digest, from its metric log.
 
 :func:`build_digest` assembles a :class:`Digest` from a bounded read of the log
-(:mod:`~pipeline.digest.window`), parsed (:mod:`~pipeline.digest.metrics`), aggregated
+(:mod:`~pipeline.digest.window`), parsed (:mod:`~pipeline.observe.metrics`), aggregated
 (:mod:`~pipeline.digest.stats`) and charted (:mod:`~pipeline.digest.chart`); its dependencies are
 passed in, it knows nothing of the handlers.
 """
@@ -16,9 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import Config, JobConfig
-from pipeline.digest.metrics import parse_metric_lines, parse_series
 from pipeline.digest.series import RestartMark, restart_label
-from pipeline.digest.stats import DRAFTER, TARGET, DigestSummary, compare, summarise_series
+from pipeline.digest.stats import DigestSummary, compare, summarise_series
 from pipeline.digest.window import (
     FIRST_WINDOW_BYTES,
     MAX_WINDOW_BYTES,
@@ -33,6 +32,7 @@ from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import TrainingProgress, progress_toward
 from pipeline.observe.gpus import query_gpus
+from pipeline.observe.metrics import DRAFTER, TARGET, parse_metric_lines, parse_series
 from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobStore

@@ -16,8 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.digest.metrics import MetricLine
-from pipeline.digest.stats import TARGET, percentile
+from pipeline.observe.metrics import TARGET, MetricLine, percentile
 
 GAP_FACTOR = 4.0  #: an interval longer than this many median sampling intervals is a gap
 MAX_BINS = 300  #: most bins over the window (a longer window gets wider bins)

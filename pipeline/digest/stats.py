@@ -5,40 +5,25 @@ cumulative ``tokens`` counter (not an average of rates); a counter reset counts 
 Prometheus' ``increase()`` counts it (:func:`counter_increase`).  The pipeline's tokens/s is the
 sum over the ranks that are not ``target`` (the drafters, which consume what targets produce);
 targets are summed separately and never added in.  The work is done on columns
-(:class:`~pipeline.digest.metrics.RankSeries`), one builtin pass per number.
+(:class:`~pipeline.observe.metrics.RankSeries`), one builtin pass per number.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pipeline.digest.metrics import MetricLine, RankSeries, series_of
+from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, RankSeries, percentile, series_of
 
 STARVED_BELOW = 0.5  #: mean drafter queue depth under which drafters are starved of hidden states
-TARGET = "target"
-DRAFTER = "drafter"
 COMPARED = ("pipeline_tokens_per_s", "step_p50", "step_p95", "top1", "top4", "top8")
 MIN_TREND_S = 10.0  #: seconds: a window shorter than this (a rank's single line, its own rate) has no trend
 _HEADLINE = (  # DigestSummary.headline's keys, in order (window_s: its ``seconds``)
     "pipeline_tokens_per_s target_tokens_per_s step_p50 step_p95 top1 top4 top8 loss_last window_end"
     " window_s resets"
 ).split()
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-quantile (``q`` in [0, 1]) of ``values``, None for none: numpy's default, linear
-    interpolation at position ``(n - 1) * q`` of the sorted values."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -253,7 +238,7 @@ def summarise(
 def summarise_series(
     series: Sequence[RankSeries], *, lines_read: int | None = None, bytes_read: int = 0
 ) -> DigestSummary:
-    """:func:`summarise` from columns per rank (:func:`pipeline.digest.metrics.parse_series`)."""
+    """:func:`summarise` from columns per rank (:func:`pipeline.observe.metrics.parse_series`)."""
     pairs = sorted(((_rank_stats(s), s) for s in series), key=lambda p: (p[0].rank, p[0].role))
     ranks = [r for r, _ in pairs]
     role_names = sorted({r.role for r in ranks}, key=lambda name: (name != TARGET, name))

@@ -1,8 +1,23 @@
-"""``pipeline.engines`` — what runs a job: the engine seam and registry (:mod:`~pipeline.engines.base`),
+"""``pipeline.engines`` — what runs a job: the engine seam (:mod:`~pipeline.engines.base`), the
+registry of the shipped engines (:data:`ENGINES`),
 the runner written once against it (:mod:`~pipeline.engines.runner`), each step's record
 (:mod:`~pipeline.engines.steplog`), the shared workdir steps (:mod:`~pipeline.engines.workdir`), the
 ssh and Slurm engines, and recovery of runs whose owner died (:mod:`~pipeline.engines.recovery`).
 
-May import :mod:`pipeline.host`, :mod:`pipeline.observe`, :mod:`pipeline.state` and the loose
-modules of :mod:`pipeline`; nothing outside ``pipeline``.
+May import :mod:`pipeline.config`, :mod:`pipeline.host`, :mod:`pipeline.observe`,
+:mod:`pipeline.state`, :mod:`pipeline.errors`, :mod:`pipeline.fmt` and :mod:`pipeline.verdict`
+only; nothing outside ``pipeline``.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pipeline.engines.base import EngineKind
+from pipeline.engines.slurm import SlurmEngine
+from pipeline.engines.ssh import SshEngine
+
+#: The engines Pitstop ships, by ``[jobs.NAME] engine`` name: the one registry, explicit; a
+#: :class:`~pipeline.engines.runner.Runner` is built with it unless given another (a test adds its
+#: own: ``{**ENGINES, "local": LocalEngine}``).
+ENGINES: Mapping[str, EngineKind] = {"ssh": SshEngine, "slurm": SlurmEngine}

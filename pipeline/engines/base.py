@@ -1,8 +1,10 @@
-"""The one interface every engine implements (:class:`Engine`), and the registry of engines.
+"""The one interface every engine implements (:class:`Engine`), and what a registry of engines holds.
 
 A job's ``[jobs.NAME] engine`` names the engine that starts, stops and sees its processes:
-``"ssh"`` (the default), ``"slurm"``, or any engine added with :func:`register`.  The runner
-(:class:`pipeline.engines.runner.Runner`) is written once against this interface.
+``"ssh"`` (the default), ``"slurm"``, or any other :class:`EngineKind` in the registry a
+:class:`~pipeline.engines.runner.Runner` is built with (:data:`pipeline.engines.ENGINES`, the
+shipped ones); :func:`check_engines` checks a config against it.  The runner is written once against
+this interface.
 ``docs/engines.md`` maps the steps and states onto Slurm and, on paper, onto Kubernetes.
 """
 
@@ -12,16 +14,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pipeline import config as _config
 from pipeline.config import Config, JobConfig
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
+from pipeline.errors import ConfigError
 from pipeline.host.contract import HangAnswer, LogRead
-from pipeline.host.probe import JobProbe
+from pipeline.host.probe import JobProbe, LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation, count_right
 from pipeline.state.runs import RunRecord, RunStore
 
-__all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener", "register"]
+__all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener"]
 
 Entry = tuple[str, JobConfig, Mapping[str, str] | None]
 """``(job name, its config, its keys.job_current record or None)``: one job to observe."""
@@ -91,6 +93,43 @@ class Engine(Protocol):
     async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """Stop the old run recorded in ``current`` (by its identity, never by pattern)."""
 
+    async def clear_cache(self, run: RunRecord, name: str, job: JobConfig, fresh: bool) -> None:
+        """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh``, else SKIPPED.
+
+        :raises LaunchFailed: if a path cannot be cleared.
+        """
+
+    async def patch(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        texts: Mapping[str, str],
+        applied: Mapping[str, bool],
+        add: Sequence[str],
+        remove: Sequence[str],
+    ) -> None:
+        """The ``patch`` step: apply ``add`` and revert ``remove`` (names of ``texts``: name → patch
+        text) in the job's workdir; ``applied`` is what pre-flight found in effect; records the patches
+        in effect (``run.patches``, ``StepLog.records.store_patches``).
+
+        :raises LaunchFailed: if a patch does not apply.
+        """
+
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """Up to ``length`` bytes of the job's file ``path`` (its metric log) from byte ``offset``
+        (negative: from the end), as :func:`pipeline.host.probe.read_log_chunk` reads them (a
+        :class:`~pipeline.host.probe.ChunkReader`: the metric-log offset at launch, attempts).
+
+        :raises PitstopError: if the file cannot be read (a missing one may read as empty).
+        """
+
+    async def patches_applied(self, name: str, job: JobConfig, texts: Mapping[str, str]) -> list[str]:
+        """The names of ``texts`` (patch name → text) applied in the job's workdir now, sorted.
+
+        :raises RemoteError: if the workdir cannot be looked at.
+        """
+
     async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """Launch the new run; returns at once, its identity recorded (``StepLog.record_launch``)."""
 
@@ -134,18 +173,35 @@ class Engine(Protocol):
         """
 
 
-EngineFactory = Callable[[RemoteHosts, StepLog], Engine]
-"""Builds an engine over the SSH pool and the step log every engine records through."""
+class EngineKind(Protocol):
+    """An engine as a registry holds it (its class): it builds the engine and checks a job's config
+    for it, its own table included (``[jobs.NAME.slurm]``)."""
 
-ENGINES: dict[str, EngineFactory] = {}
-"""Engine name (``[jobs.NAME] engine``) → its factory; :func:`register` adds one."""
+    def __call__(self, ssh: RemoteHosts, steps: StepLog) -> Engine:
+        """The engine, over the SSH pool and the step log every engine records through."""
+
+    def check(self, job: JobConfig, at: str) -> list[str]:
+        """What is wrong with ``job`` (the table at TOML path ``at``: ``jobs.NAME``) for this engine,
+        one line per problem naming its key; [] when nothing."""
 
 
-def register(name: str, factory: EngineFactory) -> None:
-    """Make ``name`` a valid ``[jobs.NAME] engine``, built by ``factory`` for every runner made after
-    (``register("local", LocalEngine)`` in the engine's own module)."""
-    ENGINES[name] = factory
-    _config.ENGINE_NAMES.add(name)
+def check_engines(config: Config, engines: Mapping[str, EngineKind]) -> None:
+    """Check every job's ``engine``: a name in ``engines`` (name → kind), and a job that suits it
+    (:meth:`EngineKind.check`).
+
+    :raises ConfigError: one line per problem (``jobs.j.engine: unknown engine 'k8s': use one of
+        "slurm", "ssh"``).
+    """
+    known = ", ".join(f'"{n}"' for n in sorted(engines))
+    problems = []
+    for name, job in config.jobs.items():
+        kind = engines.get(job.engine)
+        if kind is None:
+            problems.append(f"jobs.{name}.engine: unknown engine {job.engine!r}: use one of {known}")
+        else:
+            problems += kind.check(job, f"jobs.{name}")
+    if problems:
+        raise ConfigError(problems, config.source)
 
 
 class RestartService(Protocol):
@@ -153,7 +209,6 @@ class RestartService(Protocol):
     for any job, whatever its engine); tests' stand-ins implement it."""
 
     config: Config
-    ssh: RemoteHosts
     runs: RunStore
 
     async def restart(
@@ -194,6 +249,9 @@ class RestartService(Protocol):
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
         """Tell ``listener`` of every step change of every run.  :returns: its unsubscriber."""
+
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """:meth:`Engine.read_chunk` of the job's engine (a :class:`~pipeline.host.probe.ChunkReader`)."""
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now.  :raises RemoteError: if unreadable."""

@@ -10,22 +10,19 @@ between them, the verification loop and a step that aborts the run
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-# the engines shipped with Pitstop register themselves on import
-import pipeline.engines.slurm
-import pipeline.engines.ssh  # noqa: F401
 from pipeline.config import Config, JobConfig
-from pipeline.engines.base import ENGINES, Engine, Entry, NodeOutputs, Observation, Reads, Sighting
+from pipeline.engines import ENGINES
+from pipeline.engines.base import Engine, EngineKind, Entry, NodeOutputs, Reads, Sighting, check_engines
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
-from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
+from pipeline.engines.workdir import patch_texts
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, call_helper
+from pipeline.host.probe import JobProbe, LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import (
     Previous,
@@ -36,7 +33,7 @@ from pipeline.observe.attempts import (
     over_max_lost,
 )
 from pipeline.observe.crashes import from_fields
-from pipeline.observe.evidence import decide
+from pipeline.observe.evidence import Observation, decide
 from pipeline.observe.resume import check_resume, resume_warning
 from pipeline.state.events import Events
 from pipeline.state.incidents import IncidentStore
@@ -55,6 +52,9 @@ class Runner:
 
     :param verify_poll: seconds between observations in :meth:`verify`.
     :param pending_recheck: seconds between verifications of a run posted as PENDING.
+    :param engines: the registry, engine name → kind (:data:`pipeline.engines.ENGINES`).
+    :raises ConfigError: if a job's ``engine`` is not in ``engines`` or its config does not suit
+        it (:func:`~pipeline.engines.base.check_engines`).
     """
 
     def __init__(
@@ -66,28 +66,28 @@ class Runner:
         *,
         verify_poll: float = VERIFY_POLL,
         pending_recheck: float = PENDING_RECHECK,
+        engines: Mapping[str, EngineKind] = ENGINES,
     ) -> None:
+        check_engines(config, engines)
         self.config = config
-        self.ssh = ssh
         self.runs = runs
         self.verify_poll = verify_poll
         self.pending_recheck = pending_recheck
         self.steps = StepLog(runs, events)  #: records each step of every run
-        #: engine name → engine, one of each registered engine
-        self.engines: dict[str, Engine] = {name: make(ssh, self.steps) for name, make in ENGINES.items()}
+        #: engine name → engine, one of each in ``engines``
+        self.engines: dict[str, Engine] = {name: make(ssh, self.steps) for name, make in engines.items()}
 
     def subscribe(self, listener: StepListener) -> Callable[[], None]:
         """:meth:`StepLog.subscribe <pipeline.engines.steplog.StepLog.subscribe>`."""
         return self.steps.subscribe(listener)
 
     def _job(self, job: str) -> tuple[str, JobConfig, Engine]:
-        """The job's configured name, config and engine.  :raises KeyError: if not configured."""
+        """The job's configured name, config and engine (checked when the runner was built).
+
+        :raises KeyError: if the job is not configured.
+        """
         name = self.config.job_name(job)
-        spec = self.config.jobs[name]
-        engine = self.engines.get(spec.engine)
-        if engine is None:
-            raise PitstopError(engine_missing(spec.engine))
-        return name, spec, engine
+        return name, self.config.jobs[name], self.engines[self.config.jobs[name].engine]
 
     async def restart(
         self,
@@ -122,11 +122,11 @@ class Runner:
             await steps.boundary(run, None, cancelled)
             await engine.stop(run, name, job, current)
             await steps.boundary(run, Step.STOP, cancelled)
-            await clear_cache(self.ssh, steps, run, name, job, fresh_cache)
+            await engine.clear_cache(run, name, job, fresh_cache)
             await steps.boundary(run, Step.CLEAR_CACHE, cancelled)
-            await patch(self.ssh, steps, run, name, job, texts, applied, add, remove)
+            await engine.patch(run, name, job, texts, applied, add, remove)
             await steps.boundary(run, Step.PATCH, cancelled)
-            run.metrics_size_at_launch = await metrics_offset(self.ssh, name, job)
+            run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, name, job)
             await engine.launch(run, name, job, current)
             await steps.await_verify(run, job.start_window)
             return run
@@ -141,7 +141,7 @@ class Runner:
             await engine.preflight(run, name, job, {}, {}, running=current)
             await self.steps.boundary(run, None, cancelled)
             run.patches = sorted(await self.steps.records.stored_patches(name))
-            run.metrics_size_at_launch = await metrics_offset(self.ssh, name, job)
+            run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, name, job)
             await engine.launch(run, name, job, current)
             await self.steps.await_verify(run, job.start_window)
             return run
@@ -191,7 +191,7 @@ class Runner:
             await asyncio.sleep(max(0.05, delay))
         if not obs.complete:
             obs = await engine.observe(run, name, job, complete=True)
-        previous = await self._previous(name, job, run, obs)
+        previous = await self._previous(run, obs)
         decided = decide(run, obs, lost=previous.lost if previous is not None else None)
         ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
         if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
@@ -207,14 +207,15 @@ class Runner:
             await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
         return run
 
-    async def _previous(self, name: str, job: JobConfig, run: RunRecord, obs: Observation) -> Previous | None:
+    async def _previous(self, run: RunRecord, obs: Observation) -> Previous | None:
         """The attempt before ``run`` (its reach recorded) and what resuming lost of it; None when unknown."""
         if obs.state != "alive":
             return None
+        name, job, engine = self._job(run.job)
         try:
             crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(name)
             previous = await account_previous(
-                self.ssh,
+                engine.read_chunk,
                 self.runs,
                 name,
                 job,
@@ -271,23 +272,21 @@ class Runner:
         """Every job of ``entries``, by name (:func:`look`)."""
         return await look(self.engines, entries, reads)
 
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """:meth:`~pipeline.engines.base.Engine.read_chunk` of the job's engine."""
+        return await self._job(name)[2].read_chunk(name, job, offset, length, path=path)
+
     async def patches_in_effect(self, job: str) -> list[str]:
-        """Patch names applied in the job's workdir now (``git apply --reverse --check``), stored in
-        ``keys.job_patches``.  :raises RemoteError: if the host cannot be reached or git fails."""
-        name = self.config.job_name(job)
-        spec = self.config.jobs[name]
+        """Patch names applied in the job's workdir now (:meth:`Engine.patches_applied
+        <pipeline.engines.base.Engine.patches_applied>`), stored in ``keys.job_patches``.
+
+        :raises RemoteError: if the workdir cannot be looked at.
+        """
+        name, spec, engine = self._job(job)
         if not spec.patches:
             return []
         texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in spec.patches.items()}
-        answer = await call_helper(
-            self.ssh,
-            "patches",
-            {"workdir": spec.workdir},
-            job=name,
-            stdin=json.dumps(texts),
-            timeout=CALL_TIMEOUT,
-        )
-        applied = sorted(n for n, on in (answer.get("applied") or {}).items() if on)
+        applied = await engine.patches_applied(name, spec, texts)
         await self.steps.records.store_patches(name, applied)
         return applied
 
@@ -304,24 +303,16 @@ def _decided(obs: Observation, now: float, deadline: float, window: float) -> bo
 async def look(
     engines: Mapping[str, Engine], entries: Sequence[Entry], reads: Reads | None = None
 ) -> dict[str, Sighting]:
-    """Sightings of ``entries`` from ``engines`` (name → engine): one ``observe_many`` per engine
-    and host, concurrently, each given its jobs' ``reads``; a job whose engine is missing is
-    reported with ``probe.error``."""
+    """Sightings of ``entries`` from ``engines`` (name → engine, every entry's among them): one
+    ``observe_many`` per engine and host, concurrently, each given its jobs' ``reads``."""
     groups: dict[tuple[str, str], list[Entry]] = {}
     for entry in entries:
         groups.setdefault((entry[1].engine, entry[1].host), []).append(entry)
-    out: dict[str, Sighting] = {}
     looks = []
     for (engine, _), members in groups.items():
-        if engine in engines:
-            mine = {n: reads[n] for n, _, _ in members if reads and n in reads}
-            looks.append(engines[engine].observe_many(members, mine))
-            continue
-        for name, spec, _ in members:
-            out[name] = Sighting(JobProbe(job=name, error=engine_missing(engine)), spec.expected_processes)
-    for part in await asyncio.gather(*looks):
-        out.update(part)
-    return out
+        mine = {n: reads[n] for n, _, _ in members if reads and n in reads}
+        looks.append(engines[engine].observe_many(members, mine))
+    return {name: sight for part in await asyncio.gather(*looks) for name, sight in part.items()}
 
 
 def ended_by(run: RunRecord) -> str:
@@ -332,8 +323,3 @@ def ended_by(run: RunRecord) -> str:
     if stop.outcome is Outcome.OK and stop.detail.startswith("stopped"):
         return f"stopped by {run.id} ({stop.detail})"
     return f"had ended when {run.id} began"
-
-
-def engine_missing(engine: str) -> str:
-    """A job's engine has no implementation registered (a wiring error)."""
-    return f'no "{engine}" engine is registered with this Pitstop; restart Pitstop after an upgrade'

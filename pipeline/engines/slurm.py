@@ -13,11 +13,14 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from pydantic import Field, ValidationError, field_validator
+
 from pipeline import verdict
-from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
+from pipeline.config import JobConfig, validation_problems
+from pipeline.config.base import _Model
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting
 from pipeline.engines.steplog import STOP_NOTHING, StepLog, failed_checks, step_preflight_ok
-from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES
+from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES, WorkdirSteps
 from pipeline.errors import (
     LaunchFailed,
     PitstopError,
@@ -72,14 +75,55 @@ def _int(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
-class SlurmEngine:
+class SlurmSettings(_Model):
+    """``[jobs.NAME.slurm]``: the job is a Slurm batch job; the job's ``host`` is the login node."""
+
+    script: str  #: the batch script on the login node (absolute path)
+    #: extra sbatch arguments, e.g. ["--partition", "gpu"]
+    sbatch_args: list[str] = Field(default_factory=list)
+    #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
+    requeue: bool = False
+    nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
+    tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
+
+    @field_validator("script")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path on the login node")
+        return v
+
+
+def settings(job: JobConfig) -> SlurmSettings:
+    """The job's ``[jobs.NAME.slurm]`` table (checked when the config was: :meth:`SlurmEngine.check`)."""
+    return SlurmSettings.model_validate(job.slurm or {})
+
+
+def expected_processes(job: JobConfig) -> int:
+    """Processes the job should have: ``nodes`` × ``tasks_per_node``, else ``processes``."""
+    sl = settings(job)
+    return sl.nodes * sl.tasks_per_node if sl.tasks_per_node is not None else job.processes
+
+
+class SlurmEngine(WorkdirSteps):
     """:class:`pipeline.engines.base.Engine` for ``engine = "slurm"`` jobs: a batch job on a cluster,
     driven through its login node (the job's ``host``)."""
 
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
-        self.ssh = ssh
-        self.steps = steps
+        super().__init__(ssh, steps)
         self.client = SlurmClient(ssh)
+
+    @staticmethod
+    def check(job: JobConfig, at: str) -> list[str]:
+        """:meth:`EngineKind.check <pipeline.engines.base.EngineKind.check>`: the job's
+        ``[jobs.NAME.slurm]`` table is there and valid (:class:`SlurmSettings`)."""
+        if job.slurm is None:
+            return [f'{at}: engine "slurm" needs a [jobs.NAME.slurm] table with at least script']
+        try:
+            settings(job)
+        except ValidationError as exc:
+            return validation_problems(exc, f"{at}.slurm")
+        return []
 
     def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
         """The old Slurm job id, from the job's current record."""
@@ -98,8 +142,7 @@ class SlurmEngine:
         """Partition, script, ``sbatch --test-only``, the helper's checks, and (``running``) the
         recorded job no longer active."""
         old = _int(running.get("slurm_job")) if running is not None else None
-        sl = job.slurm
-        assert sl is not None
+        sl = settings(job)
         rec = await self.steps.begin(run, Step.PREFLIGHT)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
@@ -221,8 +264,7 @@ class SlurmEngine:
     async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
         """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
         old = _int(current.get("slurm_job"))
-        sl = job.slurm
-        assert sl is not None
+        sl = settings(job)
         rec = await self.steps.begin(run, Step.LAUNCH)
         try:
             # held until measured: it cannot write before verification's offset is taken
@@ -301,8 +343,7 @@ class SlurmEngine:
                 ran_for=j.elapsed or 0,
                 facts=tuple(facts),
             )
-        sl = job.slurm
-        assert sl is not None
+        sl = settings(job)
         per_node = sl.tasks_per_node or max(1, job.processes // sl.nodes)
         tasks = await self.client.node_tasks(name, job_id, j.nodes, job.match)
         short = [f"{t.node}: {t.count}/{per_node}" for t in tasks if t.count != per_node]
@@ -318,7 +359,7 @@ class SlurmEngine:
         return replace(
             base,
             count=sum(t.count for t in tasks),
-            expected=job.expected_processes,
+            expected=expected_processes(job),
             short=tuple(short),
             new_bytes=out.new_bytes,
             error_line=out.error_line or None,
@@ -346,15 +387,15 @@ class SlurmEngine:
             )
         except RemoteError as exc:
             return {
-                n: Sighting(JobProbe(job=n, error=exc.message), c.expected_processes) for n, c, _ in entries
+                n: Sighting(JobProbe(job=n, error=exc.message), expected_processes(c)) for n, c, _ in entries
             }
 
         def one(name: str, cfg: JobConfig) -> Sighting:
-            expected, job_id, size = cfg.expected_processes, ids[name], sizes.get(paths[name])
+            expected, job_id, size = expected_processes(cfg), ids[name], sizes.get(paths[name])
             j = jobs.get(job_id) if job_id is not None else None
             if j is None:
                 gone = None if job_id is None else f"Slurm job {job_id} is no longer known to the cluster"
-                probe = JobProbe(job=name, log_size=size)
+                probe = JobProbe(job=name, log_size=size, host_gpus=False)
                 state = "none" if job_id is None else "gone"
                 return Sighting(
                     probe, expected, state, job_id=job_id, word="stopped", exit_cause=gone, ok=True
@@ -368,9 +409,7 @@ class SlurmEngine:
                 tasks = found if isinstance(found, list) else []
                 if not isinstance(found, list):
                     error = found.message if found else f"no task listing of Slurm job {j.id} came back"
-                want = (cfg.slurm.tasks_per_node if cfg.slurm else None) or max(
-                    1, expected // max(1, j.nodes)
-                )
+                want = settings(cfg).tasks_per_node or max(1, expected // max(1, j.nodes))
                 seen = {t.node: t.count for t in tasks}
                 nodes = sorted(j.nodelist or seen)
                 short = [f"{n} has {seen.get(n, 0)}/{want} processes" for n in nodes if seen.get(n, 0) < want]
@@ -391,6 +430,7 @@ class SlurmEngine:
                 error=error,
                 read=read,
                 read_error=read_error,
+                host_gpus=False,
             )
             return Sighting(
                 probe,
@@ -439,6 +479,3 @@ class SlurmEngine:
     ) -> HangAnswer:
         """The helper's ``hang`` on the login node (not inside the allocation)."""
         return await evidence.hang_evidence(self.ssh, name, job, current, pids)
-
-
-register("slurm", SlurmEngine)

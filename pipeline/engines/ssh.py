@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from pipeline import verdict
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting, register
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting
 from pipeline.engines.steplog import (
     STOP_NOTHING,
     StepLog,
@@ -27,7 +27,7 @@ from pipeline.engines.steplog import (
     step_preflight_ok,
     step_stopped,
 )
-from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES
+from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES, WorkdirSteps
 from pipeline.errors import HostKeyRejected, LaunchFailed, RemoteError, RemoteTimeout, StopFailed
 from pipeline.host.contract import HangAnswer, LaunchArgs, PreflightArgs, StopArgs
 from pipeline.host.probe import JobProbe, call_helper, log_tail, probe_args, probe_host, recorded_identity
@@ -45,7 +45,7 @@ KILL_TIMEOUT = 10.0  #: seconds to wait for processes to vanish after SIGKILL
 LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under one)
 
 
-class SshEngine:
+class SshEngine(WorkdirSteps):
     """:class:`pipeline.engines.base.Engine` for ``engine = "ssh"`` jobs: one process group on one host.
 
     :param gpu_wait_timeout: seconds to wait for GPU memory of a stopped run to be released.
@@ -60,10 +60,18 @@ class SshEngine:
         gpu_wait_timeout: float = GPU_WAIT_TIMEOUT,
         min_free_bytes: int = MIN_FREE_BYTES,
     ) -> None:
-        self.ssh = ssh
-        self.steps = steps
+        super().__init__(ssh, steps)
         self.gpu_wait_timeout = gpu_wait_timeout
         self.min_free_bytes = min_free_bytes
+
+    @staticmethod
+    def check(job: JobConfig, at: str) -> list[str]:
+        """:meth:`EngineKind.check <pipeline.engines.base.EngineKind.check>`: ``launch`` is set and
+        no Slurm table is."""
+        problems = [f"{at}: launch: required key is missing"] if not job.launch else []
+        if job.slurm is not None:
+            problems.append(f'{at}: [jobs.NAME.slurm] is set but engine is "ssh" (set engine = "slurm")')
+        return problems
 
     def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
         """The old run's pid, from the job's current record."""
@@ -274,6 +282,3 @@ class SshEngine:
         if not p.pids:
             return f"no process matching {job.match!r}"
         return f"{p.count} process(es) matching {job.match!r}: pid {', '.join(str(x) for x in p.pids[:10])}"
-
-
-register("ssh", SshEngine)

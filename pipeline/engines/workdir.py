@@ -1,6 +1,10 @@
-"""The steps every engine runs on the job's workdir (its host's, or the cluster's shared one)
-through the host helper: patches and caches.  Patch texts are read here and sent on stdin, never
-on a command line.
+"""The workdir steps (patches and caches) and reading a job's files.
+
+Patch texts are read here, on the controller (:func:`patch_texts`), for every engine.  The steps
+on the workdir themselves are the engine's (:class:`~pipeline.engines.base.Engine`);
+:class:`WorkdirSteps` does them on the job's workdir over SSH (its host's, or the cluster's shared
+one) through the host helper, for the ssh and Slurm engines.  Patch texts go on stdin, never on a
+command line.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pipeline import fmt, verdict
 from pipeline.config import JobConfig
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import LaunchFailed, PatchChanged, RemoteError, patch_changed
-from pipeline.host.probe import call_helper
+from pipeline.host.probe import LogChunk, call_helper, read_log_chunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.approvals import PatchDigest
 from pipeline.state.runs import RunRecord
@@ -118,85 +122,103 @@ def diffstat(text: str) -> tuple[str, ...]:
     return tuple(f"{path} | +{add} -{rem}" for path, (add, rem) in files.items())
 
 
-async def clear_cache(
-    ssh: RemoteHosts, steps: StepLog, run: RunRecord, name: str, job: JobConfig, fresh: bool
-) -> None:
-    """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh`` (else SKIPPED).
+class WorkdirSteps:
+    """The workdir steps of :class:`~pipeline.engines.base.Engine` over SSH, through the host helper
+    on the job's ``host``: the ssh and Slurm engines' (the cluster's workdir is shared)."""
 
-    :raises LaunchFailed: if the host cannot be reached or a path cannot be cleared.
-    """
-    rec = await steps.begin(run, Step.CLEAR_CACHE)
-    if not fresh or not job.clear_cache:
-        why = "asked for, but the job has no clear_cache paths" if fresh else "not asked for"
-        await steps.end(run, rec, Outcome.SKIPPED, why)
-        return
-    try:
-        answer = await call_helper(
-            ssh, "clear", {"paths": list(job.clear_cache)}, job=name, timeout=CALL_TIMEOUT * 4
-        )
-    except RemoteError as exc:
-        await steps.fail(run, rec, exc.message)
-        raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
-    cleared = answer.get("cleared") or []
-    parts = []  # per path: "/srv/cache: 120 files, 3.4 GiB removed" or "/srv/cache: not present"
-    for c in cleared:
-        removed = f"{int(c.get('files', 0))} files, {fmt.size(int(c.get('bytes', 0)))} removed"
-        parts.append(f"{c['path']}: {'not present' if c.get('missing') else removed}")
-    detail = "; ".join(parts)
-    errors = [e for c in cleared for e in c.get("errors", [])]
-    if errors:
-        why = f"cannot clear cache: {'; '.join(errors[:3])}"
-        await steps.fail(run, rec, f"{detail}; {why}")
-        raise LaunchFailed(name, why, line=verdict.launch_failed(why))
-    await steps.end(run, rec, Outcome.OK, detail)
+    def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
+        self.ssh = ssh
+        self.steps = steps
 
+    async def clear_cache(self, run: RunRecord, name: str, job: JobConfig, fresh: bool) -> None:
+        """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh`` (else SKIPPED).
 
-async def patch(
-    ssh: RemoteHosts,
-    steps: StepLog,
-    run: RunRecord,
-    name: str,
-    job: JobConfig,
-    texts: Mapping[str, str],
-    applied: Mapping[str, bool],
-    add: Sequence[str],
-    remove: Sequence[str],
-) -> None:
-    """The ``patch`` step: apply ``add`` and revert ``remove`` in the job's workdir (``git apply``);
-    ``applied`` is what pre-flight found in effect.  The patches in effect are recorded.
+        :raises LaunchFailed: if the host cannot be reached or a path cannot be cleared.
+        """
+        rec = await self.steps.begin(run, Step.CLEAR_CACHE)
+        if not fresh or not job.clear_cache:
+            why = "asked for, but the job has no clear_cache paths" if fresh else "not asked for"
+            await self.steps.end(run, rec, Outcome.SKIPPED, why)
+            return
+        try:
+            answer = await call_helper(
+                self.ssh, "clear", {"paths": list(job.clear_cache)}, job=name, timeout=CALL_TIMEOUT * 4
+            )
+        except RemoteError as exc:
+            await self.steps.fail(run, rec, exc.message)
+            raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
+        cleared = answer.get("cleared") or []
+        parts = []  # per path: "/srv/cache: 120 files, 3.4 GiB removed" or "/srv/cache: not present"
+        for c in cleared:
+            removed = f"{int(c.get('files', 0))} files, {fmt.size(int(c.get('bytes', 0)))} removed"
+            parts.append(f"{c['path']}: {'not present' if c.get('missing') else removed}")
+        detail = "; ".join(parts)
+        errors = [e for c in cleared for e in c.get("errors", [])]
+        if errors:
+            why = f"cannot clear cache: {'; '.join(errors[:3])}"
+            await self.steps.fail(run, rec, f"{detail}; {why}")
+            raise LaunchFailed(name, why, line=verdict.launch_failed(why))
+        await self.steps.end(run, rec, Outcome.OK, detail)
 
-    :raises LaunchFailed: if a patch does not apply or the host cannot be reached.
-    """
-    rec = await steps.begin(run, Step.PATCH)
-    in_effect = sorted(n for n, on in applied.items() if on)
-    to_apply = [p for p in add if not applied.get(p)]
-    to_revert = [p for p in remove if applied.get(p)]
-    if not to_apply and not to_revert:
+    async def patch(
+        self,
+        run: RunRecord,
+        name: str,
+        job: JobConfig,
+        texts: Mapping[str, str],
+        applied: Mapping[str, bool],
+        add: Sequence[str],
+        remove: Sequence[str],
+    ) -> None:
+        """The ``patch`` step: apply ``add`` and revert ``remove`` in the job's workdir (``git apply``);
+        ``applied`` is what pre-flight found in effect.  The patches in effect are recorded.
+
+        :raises LaunchFailed: if a patch does not apply or the host cannot be reached.
+        """
+        rec = await self.steps.begin(run, Step.PATCH)
+        in_effect = sorted(n for n, on in applied.items() if on)
+        to_apply = [p for p in add if not applied.get(p)]
+        to_revert = [p for p in remove if applied.get(p)]
+        if not to_apply and not to_revert:
+            run.patches = in_effect
+            await self.steps.records.store_patches(name, in_effect)
+            await self.steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect))
+            return
+        try:
+            answer = await call_helper(
+                self.ssh,
+                "patch",
+                {"workdir": job.workdir, "apply": to_apply, "revert": to_revert},
+                job=name,
+                stdin=json.dumps(dict(texts)),
+                timeout=CALL_TIMEOUT * 2,
+            )
+        except RemoteError as exc:
+            await self.steps.fail(run, rec, exc.message)
+            line = verdict.launch_failed(patch_failed(exc.message))
+            raise LaunchFailed(name, exc.message, line=line) from None
+        in_effect = sorted(answer.get("in_effect") or [])
         run.patches = in_effect
-        await steps.records.store_patches(name, in_effect)
-        await steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect))
-        return
-    try:
+        await self.steps.records.store_patches(name, in_effect)
+        detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
+        if answer.get("failed"):
+            why = patch_failed("; ".join(answer["failed"]))
+            await self.steps.fail(run, rec, f"{detail}; {why}")
+            raise LaunchFailed(name, why, line=verdict.launch_failed(why))
+        await self.steps.end(run, rec, Outcome.OK, detail)
+
+    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """:func:`~pipeline.host.probe.read_log_chunk` on the job's host."""
+        return await read_log_chunk(self.ssh, name, job, offset, length, path=path)
+
+    async def patches_applied(self, name: str, job: JobConfig, texts: Mapping[str, str]) -> list[str]:
+        """The names of ``texts`` (patch name → text) applied in the workdir now (``git apply
+        --reverse --check``).  :raises RemoteError: if the host cannot be reached or git fails."""
+        stdin = json.dumps(dict(texts))
         answer = await call_helper(
-            ssh,
-            "patch",
-            {"workdir": job.workdir, "apply": to_apply, "revert": to_revert},
-            job=name,
-            stdin=json.dumps(dict(texts)),
-            timeout=CALL_TIMEOUT * 2,
+            self.ssh, "patches", {"workdir": job.workdir}, job=name, stdin=stdin, timeout=CALL_TIMEOUT
         )
-    except RemoteError as exc:
-        await steps.fail(run, rec, exc.message)
-        raise LaunchFailed(name, exc.message, line=verdict.launch_failed(patch_failed(exc.message))) from None
-    in_effect = sorted(answer.get("in_effect") or [])
-    run.patches = in_effect
-    await steps.records.store_patches(name, in_effect)
-    detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
-    if answer.get("failed"):
-        why = patch_failed("; ".join(answer["failed"]))
-        await steps.fail(run, rec, f"{detail}; {why}")
-        raise LaunchFailed(name, why, line=verdict.launch_failed(why))
-    await steps.end(run, rec, Outcome.OK, detail)
+        return sorted(n for n, on in (answer.get("applied") or {}).items() if on)
 
 
 def step_patches(applied: Sequence[str], reverted: Sequence[str], in_effect: Sequence[str]) -> str:

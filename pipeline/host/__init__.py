@@ -4,5 +4,6 @@
 :mod:`~pipeline.host.helper` (sent to hosts, standard library only) with its typed contract
 :mod:`~pipeline.host.contract` and the calls built on it :mod:`~pipeline.host.probe`, and
 :mod:`~pipeline.host.slurm` (``sbatch``, ``squeue``, ``scancel``).
-May import the loose modules of :mod:`pipeline` (config, errors, fmt) only.
+
+May import :mod:`pipeline.config`, :mod:`pipeline.errors` and :mod:`pipeline.fmt` only.
 """

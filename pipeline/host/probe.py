@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Literal, TypedDict, Unpack, cast, overload
+from typing import Any, Literal, Protocol, TypedDict, Unpack, cast, overload
 
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteCommandError
@@ -363,6 +363,9 @@ class JobProbe:
     #: with ``exit_status``, for a job with no process left that died recently and whose launch
     #: recorded its log's size (:func:`probe_args`): the last :data:`CRASH_BYTES` it wrote since
     crash: LogChunk | None = None
+    #: the job's GPUs are on its ``host`` (nvidia-smi there sees them); False when the engine runs it
+    #: elsewhere (a Slurm job's host is the login node)
+    host_gpus: bool = True
 
 
 def _int(value: str | None) -> int | None:
@@ -487,6 +490,15 @@ class LogChunk:
     size: int
     inode: int | None
     reset: bool  #: reading started over at 0 (truncated, or a new file at the path)
+
+
+class ChunkReader(Protocol):
+    """:func:`read_log_chunk` without its SSH pool: how an engine reads a job's files
+    (:meth:`pipeline.engines.base.Engine.read_chunk`)."""
+
+    async def __call__(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
+        """Up to ``length`` bytes of the job's file ``path`` from byte ``offset`` (negative: from the
+        end), as :func:`read_log_chunk` reads them.  :raises PitstopError: if it cannot be read."""
 
 
 async def read_log_chunk(

@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from pipeline import fmt
 from pipeline.config import JobConfig
 from pipeline.config.jobs import LostDuration
-from pipeline.digest.metrics import MetricLine, parse_metric_lines
-from pipeline.digest.stats import TARGET, percentile
 from pipeline.errors import PitstopError, RemoteCommandError
-from pipeline.host.probe import read_log_chunk
-from pipeline.host.remote import RemoteHosts
+from pipeline.host.probe import ChunkReader
 from pipeline.observe.crashes import Crash, CrashClass
+from pipeline.observe.metrics import TARGET, MetricLine, parse_metric_lines, percentile
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord, RunStore
 from pipeline.verdict import Lost
@@ -28,14 +26,14 @@ from pipeline.verdict import Lost
 MAX_READ = 4 * 1024 * 1024  #: bytes of an attempt's log read at most (its last ones)
 
 
-async def metrics_offset(ssh: RemoteHosts, name: str, job: JobConfig) -> int | None:
-    """The size of the job's ``metrics_log`` now (bytes; read just before a launch), 0 when it
-    cannot be read (not written yet); None without a ``metrics_log`` (the engine's launch offset
-    serves) or when the host does not answer."""
+async def metrics_offset(read: ChunkReader, name: str, job: JobConfig) -> int | None:
+    """The size of the job's ``metrics_log`` now (bytes; read just before a launch, through the
+    engine's ``read``), 0 when it cannot be read (not written yet); None without a ``metrics_log``
+    (the engine's launch offset serves) or when the host does not answer."""
     if job.metrics_log is None:
         return None
     try:
-        return (await read_log_chunk(ssh, name, job, 0, 0, path=job.metrics_log)).size
+        return (await read(name, job, 0, 0, path=job.metrics_log)).size
     except RemoteCommandError:
         return 0
     except PitstopError:
@@ -49,10 +47,11 @@ def attempt_start(run: RunRecord, job: JobConfig) -> int | None:
 
 
 async def read_attempt(
-    ssh: RemoteHosts, name: str, job: JobConfig, start: int, end: int | None = None
+    read: ChunkReader, name: str, job: JobConfig, start: int, end: int | None = None
 ) -> list[MetricLine]:
     """The metric lines of the job's metric file between bytes ``start`` and ``end`` (None: its
-    end now; :func:`attempt_start`), of its last :data:`MAX_READ` bytes at most.  A log now shorter
+    end now; :func:`attempt_start`), of its last :data:`MAX_READ` bytes at most, read through
+    ``read`` (the job's engine's).  A log now shorter
     than ``start`` (truncated or rotated) is read from 0; one shorter than ``end``: no lines.
 
     :raises RemoteError: if the host cannot be read.
@@ -60,7 +59,7 @@ async def read_attempt(
     if end is not None and end <= start:
         return []
     if end is None:
-        tail = await read_log_chunk(ssh, name, job, -MAX_READ, MAX_READ, path=job.metrics_path)
+        tail = await read(name, job, -MAX_READ, MAX_READ, path=job.metrics_path)
         if tail.reset:
             return []
         if tail.size < start:
@@ -70,7 +69,7 @@ async def read_attempt(
             data, offset = data[start - offset :], start
     else:
         offset = max(start, end - MAX_READ)
-        chunk = await read_log_chunk(ssh, name, job, offset, end - offset, path=job.metrics_path)
+        chunk = await read(name, job, offset, end - offset, path=job.metrics_path)
         if chunk.reset or chunk.size < end:  # truncated since: what the range held is gone
             return []
         data = chunk.data
@@ -246,7 +245,7 @@ def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingPr
 
 
 async def record_dead(
-    ssh: RemoteHosts, runs: RunStore, name: str, job: JobConfig, run: RunRecord, *, ended: str | None
+    read: ChunkReader, runs: RunStore, name: str, job: JobConfig, run: RunRecord, *, ended: str | None
 ) -> RunRecord | None:
     """Record, once, how far ``run`` — the job's current attempt, now dead, ``ended`` as
     :func:`crash_words` says — got: in the role the attempt before it was compared in, when it
@@ -262,7 +261,7 @@ async def record_dead(
     if run.resumed_at:
         before = await runs.attempts(name, 1, before=run)
         role = before[0].reach.role if before and before[0].reach is not None else None
-    lines = await read_attempt(ssh, name, job, start)
+    lines = await read_attempt(read, name, job, start)
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
     return await runs.record_reach(run.id, reach)
 
@@ -276,7 +275,7 @@ class Previous:
 
 
 async def account_previous(
-    ssh: RemoteHosts,
+    read: ChunkReader,
     runs: RunStore,
     name: str,
     job: JobConfig,
@@ -303,8 +302,8 @@ async def account_previous(
     if (start := attempt_start(before[0], job) if before else None) is None:
         return None
     prev = before[0]
-    lines = await read_attempt(ssh, name, job, start, end)
-    first, high = _by_role(await read_attempt(ssh, name, job, end))
+    lines = await read_attempt(read, name, job, start, end)
+    first, high = _by_role(await read_attempt(read, name, job, end))
     role = resumed_role(first, high, resumed_at) or (prev.reach.role if prev.reach is not None else None)
     known = prev.reach.ended if prev.reach is not None else None
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=known or ended)

@@ -25,32 +25,10 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+
+from pipeline.config.watch import TRANSIENT, CrashClass
 
 MAX_EVIDENCE = 300  #: characters of the evidence line kept
-
-
-class CrashClass(StrEnum):
-    """Why a job failed; the values appear in alerts and in ``auto_restart.on``."""
-
-    NCCL_TIMEOUT = "nccl_timeout"
-    NCCL_ERROR = "nccl_error"
-    CUDA_OOM = "cuda_oom"
-    HOST_OOM = "host_oom"
-    XID = "xid"
-    PYTHON_EXCEPTION = "python_exception"
-    SIGNAL = "signal"
-    UNKNOWN = "unknown"
-
-
-#: The classes a restart may cure: ``auto_restart.on``'s default.
-TRANSIENT: tuple[CrashClass, ...] = (
-    CrashClass.NCCL_TIMEOUT,
-    CrashClass.NCCL_ERROR,
-    CrashClass.XID,
-    CrashClass.HOST_OOM,
-    CrashClass.UNKNOWN,
-)
 
 
 @dataclass(frozen=True)

@@ -94,15 +94,12 @@ async def read_watched(
     timeout: float = QUERY_TIMEOUT,
 ) -> dict[str, tuple[GpuReading, ...] | None]:
     """The watched GPUs of the jobs on ``host`` (``jobs``: name, config, this cycle's probe) that
-    set ``idle_gpu_below``, have processes and are not Slurm jobs (their host is the login node):
+    set ``idle_gpu_below``, have processes and have their GPUs on ``host`` (``probe.host_gpus``):
     name → readings, or None for each when nvidia-smi fails or the host cannot be reached."""
     wanted = [
         (name, cfg, {*probe.pids, *probe.session_pids})
         for name, cfg, probe in jobs
-        if cfg.watch.idle_gpu_below is not None
-        and cfg.engine != "slurm"
-        and not probe.error
-        and probe.count > 0
+        if cfg.watch.idle_gpu_below is not None and probe.host_gpus and not probe.error and probe.count > 0
     ]
     if not wanted:
         return {}

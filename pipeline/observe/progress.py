@@ -28,12 +28,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.config import JobConfig
-from pipeline.digest.metrics import parse_metric_lines
-from pipeline.digest.stats import percentile
 from pipeline.errors import PitstopError
 from pipeline.host.contract import LogRead
 from pipeline.host.probe import JobProbe, LogChunk, read_log_chunk
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.metrics import parse_metric_lines, percentile
 from pipeline.state.incidents import IncidentStore
 
 log = logging.getLogger(__name__)

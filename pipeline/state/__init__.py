@@ -9,6 +9,6 @@ A state changes only through its store's named transitions; an illegal one raise
 :class:`~pipeline.errors.IllegalTransition`, and Redis's own errors reach callers as
 :class:`~pipeline.errors.StateUnavailable` where they cross out of a store.
 
-May import the loose modules of :mod:`pipeline` (config, errors, fmt, verdict) and nothing else
-of Pitstop's.
+May import :mod:`pipeline.config`, :mod:`pipeline.errors`, :mod:`pipeline.fmt` and
+:mod:`pipeline.verdict` only.
 """

@@ -29,6 +29,8 @@ import orjson
 from pipeline.config import MetricsPattern
 
 DEFAULT_ROLE = "worker"  #: role of a plain-text metric line without a ``role`` group
+TARGET = "target"  #: the reference pipeline's target ranks (they produce; the drafters consume)
+DRAFTER = "drafter"
 _FLOAT_KEYS = ("tokens", "tokens_per_s", "step_time_s", "queue_depth", "loss", "top1", "top4", "top8")
 _NUMBER = re.compile(r"^[+-]?(\d[\d,_]*)?(\.\d*)?([eE][+-]?\d+)?$")
 
@@ -363,3 +365,15 @@ def parse_series(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> lis
     if mapping == "jsonl" and (fast := _jsonl_series(data)) is not None:
         return fast
     return series_of(parse_metric_lines(data, mapping))
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-quantile (``q`` in [0, 1]) of ``values``, None for none: numpy's default, linear
+    interpolation at position ``(n - 1) * q`` of the sorted values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
