@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
 
 from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
@@ -453,15 +454,17 @@ async def test_digest_reply_reads_like_the_brief(
     )
     ctx = make_ctx(_config(gpu_host, tmp_path))  # type: ignore[operator]
     (tmp_path / "dflash.log").write_bytes(DFLASH_LOG)
-    run = await ctx.runs.create("dflash", "U1")
-    await ctx.redis.client.hset(
-        keys.job_current(ctx.prefix, "dflash"), mapping={"launched_at": repr(T - 3600), "state": "running"}
-    )
-    reply = await digest_command(ctx, "dflash")
+    with time_machine.travel(T + 2 * 86400, tick=False):  # two days after the 2023 log lines
+        run = await ctx.runs.create("dflash", "U1")
+        await ctx.redis.client.hset(
+            keys.job_current(ctx.prefix, "dflash"),
+            mapping={"launched_at": repr(T - 3600), "state": "running"},
+        )
+        reply = await digest_command(ctx, "dflash")
     assert reply.title == "digest dflash: 500 tokens/s"
     assert reply.status is Status.WARNING  # the drafters are starved
     fields = dict(reply.fields)
-    assert " d " in fields["uptime"]  # launched an hour before the 2023 log lines: years ago
+    assert fields["uptime"] == "2 d 1 h"  # launched an hour before the log lines
     assert fields["restarts"] == f"1 ({run.id})"  # created after the window began
     assert fields["step time p50/p95"] == "0.120 s / 0.245 s; targets 0.060 s / 0.070 s"
     assert fields["queue depth"] == "mean 0.3, max 1"
@@ -493,16 +496,15 @@ async def test_uptime_and_restarts_come_from_redis(
     """Uptime is counted from job_current's launched_at; restarts are the runs created in the window."""
     ctx = make_ctx(_config(gpu_host, tmp_path, gpus=False))  # type: ignore[operator]
     log = tmp_path / "dflash.log"
-    import time
-
-    now = time.time()
-    log.write_bytes(_drafter(now - 60, 5, 0) + _drafter(now, 5, 6000))
-    run = await ctx.runs.create("dflash", "U1")
-    await ctx.redis.client.hset(
-        keys.job_current(ctx.prefix, "dflash"), mapping={"launched_at": repr(now - 7500), "state": "running"}
-    )
-    d = await _digest(ctx, "dflash", scheduled=False, chart=False)
-    assert d.uptime_s is not None and 7500 <= d.uptime_s < 7600
+    log.write_bytes(_drafter(T - 60, 5, 0) + _drafter(T, 5, 6000))
+    with time_machine.travel(T, tick=False):
+        run = await ctx.runs.create("dflash", "U1")
+        await ctx.redis.client.hset(
+            keys.job_current(ctx.prefix, "dflash"),
+            mapping={"launched_at": repr(T - 7500), "state": "running"},
+        )
+        d = await _digest(ctx, "dflash", scheduled=False, chart=False)
+    assert d.uptime_s == 7500.0
     assert d.restarts == (run.id,)
     assert d.gpus is None and d.gpu_note is None  # no gpus configured: no table, no note
     await ctx.redis.client.hset(keys.job_current(ctx.prefix, "dflash"), "state", "stopped")

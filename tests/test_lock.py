@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import pytest
+import time_machine
 
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
@@ -57,8 +58,9 @@ async def test_refusal_names_holder_age_and_step(redis_handle: RedisHandle) -> N
     client, prefix = redis_handle.client, redis_handle.prefix
     held = JobLock(client, prefix, "job:dflash", ttl=10)
     await held.acquire(job="dflash", action="restart", user=OPERATOR, run_id="r-42", step="launch")
-    await client.hset(keys.lock_holder(prefix, "job:dflash"), "started_at", repr(time.time() - 40.2))
-    with pytest.raises(InFlight) as info:
+    now = 1_796_133_731.0
+    await client.hset(keys.lock_holder(prefix, "job:dflash"), "started_at", repr(now - 40.2))
+    with pytest.raises(InFlight) as info, time_machine.travel(now, tick=False):
         await JobLock(client, prefix, "job:dflash", ttl=10).acquire(
             job="dflash", action="restart", user=ADMIN
         )

@@ -144,8 +144,10 @@ def make_world(
     """``async with make_world(opts=[...]) as world``: a job, its config file, an in-process Pitstop."""
 
     @contextlib.asynccontextmanager
-    async def make(opts: Sequence[str] = (), stop_timeout: float = 10.0) -> AsyncIterator[World]:
-        setup = job_factory(ssh_server, opts=opts, stop_timeout=stop_timeout, start_window=15.0)
+    async def make(
+        opts: Sequence[str] = (), stop_timeout: float = 10.0, start_window: float = 15.0
+    ) -> AsyncIterator[World]:
+        setup = job_factory(ssh_server, opts=opts, stop_timeout=stop_timeout, start_window=start_window)
         config = setup.config.model_copy(update={"redis": redis_config.redis, "state": redis_config.state})
         setup = JobSetup(config, setup.name, setup.token, setup.workdir, setup.log, setup.host)
         outbox = MemoryOutbox()
@@ -284,3 +286,19 @@ async def test_waiter_is_not_counted_nor_killed_by_the_jobs_pattern(world: World
     verified = await world.ctx.restarter.verify(run)
     assert verified.verdict is Verdict.EXITED
     assert verified.verdict_line is not None and verified.verdict_line.startswith("EXITED signal SIGKILL")
+
+
+@pytest.mark.timeout(300)
+async def test_say_wait_exits_without_a_warning(make_world: WorldFactory) -> None:
+    """``pitstop say "restart JOB" --wait`` under ``-W error``: exit 0 with the verdict, and nothing on stderr
+    (no ``coroutine … was never awaited`` at its exit)."""
+    async with make_world(start_window=3.0) as w:
+        await w.start()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-W", "error",
+            *pitstop(w.config_path, "say", f"restart {w.job}", "--wait", "--as", ADMIN)[1:],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0 and "RUNNING" in out.decode(), (out.decode(), err.decode())
+    assert err.decode() == ""
