@@ -68,13 +68,11 @@ def _read_line(prompt: str, timeout: float, err: IO[str]) -> str | None:
 async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: float) -> RunRecord | None:
     """The run once its verdict is recorded: delivered here when due, unless another process (a
     ``pitstop serve``'s scheduler) claimed it first: then its VERDICT event is awaited."""
-    from handlers.runs.verdicts import deliver_verdict  # lazy: the request path, see TYPE_CHECKING above
-
     deadline = time.monotonic() + timeout
-    due = await ctx.queue.due_at(run.id)
+    due = await ctx.service.queue.due_at(run.id)
     if due is not None:
         await asyncio.sleep(max(0.0, min(due - time.time(), deadline - time.monotonic())))
-    delivered = await deliver_verdict(ctx, run.id)
+    delivered = await ctx.service.deliver(run.id)
     if delivered is not None and delivered.verdict is not None:
         return delivered
     while (left := deadline - time.monotonic()) > 0:
@@ -86,8 +84,8 @@ async def _await_verdict(ctx: Context, run: RunRecord, after: str, timeout: floa
             after = event.id
             if event.data.get("run_id") == run.id:
                 return await ctx.runs.get(run.id)
-        elif await ctx.queue.due_at(run.id) is not None:
-            delivered = await deliver_verdict(ctx, run.id)  # retry after a failed verification
+        elif await ctx.service.queue.due_at(run.id) is not None:
+            delivered = await ctx.service.deliver(run.id)  # retry after a failed verification
             if delivered is not None and delivered.verdict is not None:
                 return delivered
     return None

@@ -149,7 +149,7 @@ def register(name: str, factory: EngineFactory) -> None:
 
 
 class RestartService(Protocol):
-    """What the handlers and :mod:`pipeline.engines.recovery` need from the runner (every operation
+    """What :mod:`pipeline.runs` needs from the runner (every operation
     for any job, whatever its engine); tests' stand-ins implement it."""
 
     config: Config
