@@ -34,9 +34,7 @@ class Context:
     @cached_property
     def service(self) -> RunService:
         """The run service of this process (its stores opened once), :attr:`posts` listening."""
-        service = RunService(
-            self.config, self.redis, self.ssh, self.runs, self.restarter, self.events, self.instance
-        )
+        service = RunService(self.restarter, self.redis, self.events, self.instance)
         service.subscribe(self.posts)
         return service
 

@@ -18,7 +18,7 @@ from pipeline.config import AutoRestart, Config, WatchSettings
 from pipeline.digest.metrics import MetricLine
 from pipeline.observe.attempts import crash_words, progressed, reach_of
 from pipeline.observe.crashes import Crash, CrashClass
-from pipeline.runs.policy import auto_restart_no_progress
+from pipeline.runs.attempts import auto_restart_no_progress
 from pipeline.state.events import EventKind
 from pipeline.state.runs import Reach, RunRecord
 from tests.fixtures.dflash import SMALLEST, dflash_job

@@ -1,5 +1,5 @@
 """``history JOB --attempts`` (:func:`attempts_command`): each attempt of a job, how far it got and
-how it ended (the no-progress rule that reads them is :mod:`pipeline.runs.policy`)."""
+how it ended (the no-progress rule that reads them is :mod:`pipeline.runs.attempts`)."""
 
 from __future__ import annotations
 

@@ -326,7 +326,7 @@ class Watcher:
 
     async def _gate(self, action: Action) -> Action:
         """An automatic restart about to fire, unless the latest crash is not to be retried, or the
-        last ``no_progress_after`` attempts died without progress (:mod:`pipeline.runs.policy`): then
+        last ``no_progress_after`` attempts died without progress (:mod:`pipeline.runs.attempts`): then
         the give-up (no more automatic restarts, and why)."""
         inc = action.incident
         sight = self._seen.get(inc.job)

@@ -13,14 +13,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pipeline.config import Config
 from pipeline.engines.base import RestartService
-from pipeline.host.remote import RemoteHosts
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobRecords, JobStore
 from pipeline.state.locks import JobLock, Locks
 from pipeline.state.redisconn import RedisHandle
-from pipeline.state.runs import RunRecord, RunStore
+from pipeline.state.runs import RunRecord
 from pipeline.state.verifications import VerifyQueue
 
 
@@ -53,25 +51,15 @@ Listener = Callable[[RunEvent], Awaitable[None] | None]
 class RunServiceBase:
     """The stores and listeners of the run service (one per process).
 
-    :param ssh: one connection per host (the attempts' logs).
-    :param runs: the run store (its ``owner`` is this process).
-    :param restarter: the engine runner: every step, verification and look at a host.
+    :param restarter: the engine runner: every step, verification and look at a host; its
+        ``config``, ``ssh`` (the attempts' logs) and ``runs`` (``owner``: this process) are the service's.
     :param instance: this process's id (claims, events).
     """
 
-    def __init__(
-        self,
-        config: Config,
-        redis: RedisHandle,
-        ssh: RemoteHosts,
-        runs: RunStore,
-        restarter: RestartService,
-        events: Events,
-        instance: str,
-    ) -> None:
-        self.config, self.redis, self.ssh, self.runs, self.restarter = config, redis, ssh, runs, restarter
-        self.events, self.instance = events, instance
-        self.jobs = redis.open_store(JobStore, config)
+    def __init__(self, restarter: RestartService, redis: RedisHandle, events: Events, instance: str) -> None:
+        self.restarter, self.redis, self.events, self.instance = restarter, redis, events, instance
+        self.config, self.ssh, self.runs = restarter.config, restarter.ssh, restarter.runs
+        self.jobs = redis.open_store(JobStore, self.config)
         self.records = redis.open_store(JobRecords)
         self.locks = redis.open_store(Locks)
         self.queue = redis.open_store(VerifyQueue)
@@ -107,12 +95,5 @@ class RunServiceBase:
 
     async def publish_verdict(self, run: RunRecord) -> None:
         """The ``verdict`` event of ``run`` in Redis, for ``pitstop say --wait`` and any other waiter."""
-        verdict = run.verdict.value if run.verdict else None
-        await self.events.publish(
-            EventKind.VERDICT,
-            run.job,
-            run_id=run.id,
-            verdict=verdict,
-            line=run.verdict_line,
-            instance=self.instance,
-        )
+        data = dict(run_id=run.id, verdict=run.verdict.value if run.verdict else None, line=run.verdict_line)
+        await self.events.publish(EventKind.VERDICT, run.job, **data, instance=self.instance)

@@ -6,8 +6,8 @@ requester's answer.  :meth:`RunService.execute` is the slow part, in a backgroun
 engine runner's steps, each told as a STEP event (a listener queues it: the sequence never waits
 for a surface) and kept in the lock's holder record; the lock is released as soon as the launch
 step ends; the sequence's end is told as ENDED.  Verification and the verdict
-(:mod:`pipeline.runs.verify`), the throughput follow-up (:mod:`pipeline.runs.followup`), the
-no-progress rule (:mod:`pipeline.runs.policy`) and the runs of a dead process
+(:mod:`pipeline.runs.verify`), the throughput follow-up and the no-progress rule
+(:mod:`pipeline.runs.attempts`) and the runs of a dead process
 (:mod:`pipeline.runs.orphans`, :meth:`RunService.recover`) are its other parts.  Surfaces
 subscribe (:meth:`~pipeline.runs.base.RunServiceBase.subscribe`) and render what it tells.
 """
@@ -20,10 +20,9 @@ import time
 from collections.abc import Sequence
 
 from pipeline.errors import PitstopError, internal_error, new_incident_id
+from pipeline.runs.attempts import Attempts
 from pipeline.runs.base import RunEvent, Told
-from pipeline.runs.followup import FollowUps
 from pipeline.runs.orphans import Interruption, reconcile
-from pipeline.runs.policy import Policy
 from pipeline.runs.verify import Verification
 from pipeline.state.approvals import ApprovalRequest
 from pipeline.state.jobstate import scope_of
@@ -36,7 +35,7 @@ log = logging.getLogger(__name__)
 CANCEL_TTL = 3600  #: seconds a cancel request is kept
 
 
-class RunService(Verification, FollowUps, Policy):
+class RunService(Verification, Attempts):
     """Restart, start and stop, cancel, verification, follow-ups, the no-progress rule and orphans
     of one Pitstop process (built once, by :class:`~pipeline.runs.base.RunServiceBase`'s arguments)."""
 
