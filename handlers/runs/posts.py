@@ -70,30 +70,24 @@ class RunPosts:
             line = Reply(title=event.line or "", status=Status.WARNING, thread_key=key, run_id=run.id)
             return self._post(key, channel, [line], run_reply(run, self.config), what="take-over")
         reply = followup_reply(event)
-        alert = alert_copy(reply, self.config.slack.alert_mention) if event.slow else None
-        return self._post(key, channel, [reply], alert=alert)
+        alert = [alert_copy(reply, self.config.slack.alert_mention)] if event.slow else []
+        return self._post(key, channel, [reply, *alert], None)
 
     async def _post(
-        self,
-        key: str,
-        channel: str | None,
-        replies: list[Reply],
-        headline: Reply | None = None,
-        *,
-        alert: Reply | None = None,
-        what: str | None = None,
+        self, key: str, channel: str | None, replies: list[Reply], head: Reply | None, what: str = ""
     ) -> None:
-        """``replies`` in the thread, then the headline updated and the alert posted in the channel;
-        with ``what``, a failure is logged (and the service goes on), else raised."""
+        """``replies`` in the thread, then the headline updated (``head``) or, a reply without a thread
+        key, posted in the channel; with ``what``, a failure is logged (the service goes on), else raised."""
         try:
             for reply in replies:
-                await self.outbox.thread(key, reply, channel)
-            if headline is not None:
-                await self.outbox.announce(key, headline, channel)
-            if alert is not None:
-                await self.outbox.post(alert, channel)
+                if reply.thread_key:
+                    await self.outbox.thread(key, reply, channel)
+                else:
+                    await self.outbox.post(reply, channel)
+            if head is not None:
+                await self.outbox.announce(key, head, channel)
         except Exception:
-            if what is None:
+            if not what:
                 raise
             log.warning("could not post the %s of %s", what, key, exc_info=True)
 
@@ -116,7 +110,7 @@ class RunPosts:
             reply = Reply(title=title, status=Status.OK, lines=lines, thread_key=key, run_id=final.id)
         else:
             return
-        await self._post(key, channel, [reply], what="summary")
+        await self._post(key, channel, [reply], None, "summary")
 
 
 def followup_reply(event: RunEvent) -> Reply:
