@@ -67,7 +67,9 @@ class Verb(NamedTuple):
 async def _sequence(call: Call) -> Acted:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
     ctx, command, user, glass = call.ctx, call.command, call.user, call.break_glass
-    job = _job(call)
+    job, warned = _job(call), None
+    if command.verb in ("restart", "start") and user != SYSTEM_USER:
+        warned = await ctx.service.no_progress_warning(job)  # a person's restart is warned, never blocked
     run = await ctx.service.request(
         job,
         command.verb,
@@ -84,9 +86,6 @@ async def _sequence(call: Call) -> Acted:
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
     ctx.posts.show(run, channel)
     call.spawn(ctx.service.execute(run, remove=command.without), f"pitstop-{command.verb}:{run.id}")
-    warned = None
-    if command.verb in ("restart", "start") and user != SYSTEM_USER:
-        warned = await ctx.service.no_progress_warning(run.job)  # a person's restart is warned, never blocked
     reply = Reply(
         title=queued(run.id, run.job) + (approval.break_glass_note(glass) if glass else ""),
         lines=(queued_detail(command.verb, channel), *((warned,) if warned else ())),
