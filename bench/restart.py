@@ -72,7 +72,6 @@ from devhost.sshhost import start_local_ssh_host  # noqa: E402
 from handlers.context import Context  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
 from handlers.request.dispatch import Dispatcher, Request  # noqa: E402
-from handlers.runs.verdicts import deliver_verdict  # noqa: E402
 from pipeline.config import AuthSettings, Config, JobConfig, RedisSettings, SlackSettings, StateSettings  # noqa: E402
 from pipeline.engines.runner import Runner as Restarter  # noqa: E402
 from pipeline.host.remote import SSHPool  # noqa: E402
@@ -314,7 +313,7 @@ class Typed:
         run = await launched(ctx, "bench", after, timeout)
         launch = run.step(Step.LAUNCH)
         took = (launch.ended_at or started) - started if launch is not None else math.nan
-        done = await deliver_verdict(ctx, run.id)
+        done = await ctx.service.deliver(run.id)
         return took, done if done is not None else await ctx.runs.get(run.id)
 
     async def settled(self) -> tuple[int, int, bool]:

@@ -180,10 +180,3 @@ def mention(target: str) -> str:
     if t.startswith(("U", "W")):
         return f"<@{t}>"
     return t
-
-
-def who(user: str) -> str:
-    """A Slack user id as a mention (``<@U012AB>``); any other requester (``console``) as it is."""
-    if user.startswith(("U", "W")) and user[1:].isalnum() and user.isupper() and len(user) > 2:
-        return f"<@{user}>"
-    return user

@@ -7,7 +7,9 @@ and ``bot`` import it, never the other way round.  Its packages, one concept eac
 - :mod:`pipeline.host` — reaching the hosts: SSH, the host-side helper and its contract, Slurm's
   login node;
 - :mod:`pipeline.engines` — what runs a job: the engine seam, the restart sequence written once,
-  the ssh and Slurm engines, recovery of runs whose owner died;
+  the ssh and Slurm engines;
+- :mod:`pipeline.runs` — the run service, the one owner of a run's life: its lock, steps,
+  cancellation, verdict, throughput follow-up, the no-progress rule and the runs whose owner died;
 - :mod:`pipeline.state` — run state with one owner: runs, incidents, events, the leader lease, every
   Redis key (the only code that touches Redis);
 - :mod:`pipeline.observe` — probes, evidence and verdicts: verification, metric lines, the

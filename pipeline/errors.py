@@ -6,7 +6,7 @@ gets one line naming it (:func:`internal_error`).  Each class has a stable strin
 never changes once released), keeps its fields as attributes, builds its own text from them,
 and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its
 class.  Other packages' errors: ``handlers.grammar.commands.ParseError``, ``handlers.request.auth.Denied``,
-``handlers.runs.lock.InFlight``, ``bot.demo.run.DemoFailed``.
+``pipeline.state.locks.InFlight``, ``bot.demo.run.DemoFailed``.
 """
 
 from __future__ import annotations

@@ -110,3 +110,10 @@ def number(value: float | None, fmt: str = "{:,.0f}", unit: str = "") -> str:
 def signed_pct(change: float | None) -> str:
     """A change in percent: ``+5.2%``, ``-3.0%``; ``""`` when unknown (None, NaN, infinity)."""
     return "" if change is None or not math.isfinite(change) else f"{change:+.1f}%"
+
+
+def who(user: str) -> str:
+    """A Slack user id as a mention (``<@U012AB>``); any other requester (``console``) as it is."""
+    if user.startswith(("U", "W")) and user[1:].isalnum() and user.isupper() and len(user) > 2:
+        return f"<@{user}>"
+    return user

@@ -25,7 +25,7 @@ from devhost.sshhost import start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Reply
-from handlers.runs.followup import deliver_recoveries
+from handlers.runs.posts import followup_reply
 from pipeline import verdict
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration
@@ -53,6 +53,11 @@ from tests.fixtures.ssh import BIN, GIT_ENV
 from tests.test_watch import job_config, open_harness
 
 DFLASH = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
+
+
+async def deliver_recoveries(ctx: Context, *, now: float) -> list[Reply]:
+    """The follow-ups the run service made at ``now``, as posted (:func:`followup_reply`)."""
+    return [followup_reply(e) for e in await ctx.service.followups_due(now=now)]
 
 
 def line(role: str, rank: int, step: int, ts: float, tps: float | None = 100.0) -> MetricLine:

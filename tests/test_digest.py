@@ -436,7 +436,7 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
     assert d3.window.kind is WindowKind.SINCE_LAST and d3.summary.metric_lines == 1
     state3 = await load_offset(ctx.redis.open_store(DigestMemory), "dflash")
     assert state3 is not None and state3.offset == end  # on demand left the offset alone
-    last = json.loads(await ctx.redis.client.get(keys.digest_last(ctx.prefix, "dflash")))
+    last = json.loads(await ctx.redis.client.get(keys.digest_last(ctx.redis.prefix, "dflash")))
     assert last["pipeline_tokens_per_s"] == pytest.approx(605.0)
 
     log.write_bytes(_drafter(T + 100, 5, 10) + _drafter(T + 110, 5, 1010))
@@ -457,7 +457,7 @@ async def test_digest_reply_reads_like_the_brief(
     with time_machine.travel(T + 2 * 86400, tick=False):  # two days after the 2023 log lines
         run = await ctx.runs.create("dflash", "U1")
         await ctx.redis.client.hset(
-            keys.job_current(ctx.prefix, "dflash"),
+            keys.job_current(ctx.redis.prefix, "dflash"),
             mapping={"launched_at": repr(T - 3600), "state": "running"},
         )
         reply = await digest_command(ctx, "dflash")
@@ -500,14 +500,14 @@ async def test_uptime_and_restarts_come_from_redis(
     with time_machine.travel(T, tick=False):
         run = await ctx.runs.create("dflash", "U1")
         await ctx.redis.client.hset(
-            keys.job_current(ctx.prefix, "dflash"),
+            keys.job_current(ctx.redis.prefix, "dflash"),
             mapping={"launched_at": repr(T - 7500), "state": "running"},
         )
         d = await _digest(ctx, "dflash", scheduled=False, chart=False)
     assert d.uptime_s == 7500.0
     assert d.restarts == (run.id,)
     assert d.gpus is None and d.gpu_note is None  # no gpus configured: no table, no note
-    await ctx.redis.client.hset(keys.job_current(ctx.prefix, "dflash"), "state", "stopped")
+    await ctx.redis.client.hset(keys.job_current(ctx.redis.prefix, "dflash"), "state", "stopped")
     assert (await _digest(ctx, "dflash", scheduled=False, chart=False)).uptime_s is None
 
 
@@ -581,7 +581,8 @@ async def test_gpus_command_shows_na_and_maps_processes_to_jobs(
     (nvidia_dir / "query-compute-apps.txt").write_text("4242, 81220\n4243, [N/A]\n")
     ctx = make_ctx(_config(gpu_host, tmp_path))  # type: ignore[operator]
     await ctx.redis.client.hset(
-        keys.job_current(ctx.prefix, "dflash"), mapping={"pid": "4242", "sid": "4242", "state": "running"}
+        keys.job_current(ctx.redis.prefix, "dflash"),
+        mapping={"pid": "4242", "sid": "4242", "state": "running"},
     )
     reply = await gpus_command(ctx, "GPU1")
     assert reply.title == gpus_title("gpu1", 8)
@@ -609,7 +610,7 @@ async def test_rank_silent_in_the_window_is_listed_with_when_it_was_last_seen(
     """A rank with no metric line in the window is a row `silent since HH:MM:SS UTC` and a warning, not a gap."""
     for with_gpus in (True, False):  # expected ranks from `gpus`, or from the ranks seen before
         ctx = make_ctx(_config(gpu_host, tmp_path / f"gpus-{with_gpus}", gpus=with_gpus))  # type: ignore[operator]
-        p = ctx.prefix
+        p = ctx.redis.prefix
         await ctx.redis.client.delete(keys.digest_ranks(p, "dflash"), keys.digest_offset(p, "dflash"))
         log = Path(ctx.config.jobs["dflash"].log)
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -18,9 +18,8 @@ from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
 from handlers.request.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
 from handlers.request.dispatch import Dispatcher, Request, duplicate_delivery, unknown_action
-from handlers.request.verbs import queued
-from handlers.runs.sequences import cancel_nothing, cancel_requested, launch_summary, stop_summary
-from handlers.runs.verdicts import deliver_verdict
+from handlers.request.verbs import cancel_nothing, cancel_requested, queued
+from handlers.runs.posts import launch_summary, stop_summary
 from handlers.text import CONFIRM_GONE, HISTORY_HEADERS, RUN_AWAITING_VERDICT
 from handlers.views.read import history_title, lock_free, logs_title
 from pipeline.config import Config
@@ -107,7 +106,7 @@ async def test_restart_answers_at_once_and_runs_in_background(ctx: Context, disp
     assert [s.mark for s in last.steps[:5]] == ["✓"] * 5
     thread = outbox.of("thread")
     assert [p.reply.title for p in thread] == [launch_summary("r-1", "dflash", "pid 4242", 1.0)]
-    assert await Locks(ctx.redis.client, ctx.prefix).holder("job:dflash") is None
+    assert await Locks(ctx.redis.client, ctx.redis.prefix).holder("job:dflash") is None
 
 
 async def test_same_delivery_twice_acts_once(ctx: Context, dispatcher: Dispatcher) -> None:
@@ -205,7 +204,7 @@ async def test_cancel_stops_the_run_at_the_next_step_boundary(ctx: Context, disp
     await dispatcher.handle(_req("restart dflash"))
 
     async def at_stop() -> bool:
-        holder = await Locks(ctx.redis.client, ctx.prefix).holder("job:dflash")
+        holder = await Locks(ctx.redis.client, ctx.redis.prefix).holder("job:dflash")
         return holder is not None and holder.step == "stop"
 
     await wait_until(at_stop)
@@ -349,7 +348,7 @@ async def test_real_restart_end_to_end(
         started = await d.handle(_req("start trainer"))
         assert started.run_id == "r-1", render_text(started)
         await d.drain(60)
-        run = await deliver_verdict(ctx, "r-1")
+        run = await ctx.service.deliver("r-1")
         assert run is not None and run.verdict is Verdict.RUNNING, run and run.evidence
 
         status = await d.handle(_req("status", user=VIEWER))
@@ -373,7 +372,7 @@ async def test_real_restart_end_to_end(
         again = await d.handle(_req("restart trainer"))
         assert again.run_id == "r-3"
         await d.drain(60)
-        second = await deliver_verdict(ctx, "r-3")
+        second = await ctx.service.deliver("r-3")
         assert second is not None and second.verdict is Verdict.RUNNING and second.old_pid == run.pid
         history = await d.handle(_req("history", user=VIEWER))
         rows = history.tables[0].rows

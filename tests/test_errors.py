@@ -9,7 +9,7 @@ import pytest
 import bot.demo.run
 import handlers.grammar.commands
 import handlers.request.auth
-import handlers.runs.lock
+import pipeline.state.locks
 from pipeline.errors import (
     ConfigError,
     ExitCode,
@@ -37,7 +37,7 @@ _SURFACES = (
     bot.demo.run,
     handlers.request.auth,
     handlers.grammar.commands,
-    handlers.runs.lock,
+    pipeline.state.locks,
 )  # their errors are subclasses too
 
 

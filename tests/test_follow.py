@@ -13,7 +13,6 @@ from collections.abc import Awaitable
 
 import pytest
 
-from handlers.runs.verdicts import deliver_verdict
 from pipeline.state.runs import RunRecord, StepRecord
 from pipeline.verdict import Outcome, Step
 from tests import test_ownership
@@ -82,7 +81,7 @@ async def test_follow_from_another_process_shows_stop_launch_and_verdict_as_they
         assert (await line_with(follower, "✓ launch")).startswith("✓ launch ")
         await asyncio.wait_for(restart, WAIT)
         assert (await world.ctx.runs.get(run.id)).verdict is None  # the launch was shown before any verdict
-        done = await deliver_verdict(world.ctx, run.id)
+        done = await world.ctx.service.deliver(run.id)
         assert done is not None and done.verdict_line is not None and "RUNNING" in done.verdict_line
         lines, code = await finish(follower)
         assert done.verdict_line in lines, lines

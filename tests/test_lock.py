@@ -18,12 +18,11 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.request.verbs import queued
-from handlers.runs.lock import InFlight, JobLock
-from handlers.runs.sequences import run_lock_lost
+from handlers.runs.posts import run_lock_lost
 from handlers.views.read import lock_forced_note, lock_free, unlock_not_held, unlocked
 from pipeline.state import keys
 from pipeline.state.audit import AuditOutcome
-from pipeline.state.locks import Locks
+from pipeline.state.locks import InFlight, JobLock, Locks
 from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import (
     ADMIN,
@@ -163,7 +162,7 @@ async def test_lock_is_released_when_the_launch_ends(ctx: Context) -> None:
         await d.handle(_req("restart dflash"))
         await asyncio.wait_for(_restarter(ctx).launched.wait(), 10)
         assert d.in_flight == 1
-        assert await Locks(ctx.redis.client, ctx.prefix).holder("job:dflash") is None
+        assert await Locks(ctx.redis.client, ctx.redis.prefix).holder("job:dflash") is None
         lock = await d.handle(_req("lock dflash"))
         assert lock.title == lock_free("dflash")
     finally:
@@ -197,7 +196,7 @@ async def test_unlock_forces_release_and_the_run_warns(ctx: Context) -> None:
 _HOLDER = """
 import asyncio, sys
 import redis.asyncio as aioredis
-from handlers.runs.lock import JobLock
+from pipeline.state.locks import JobLock
 
 async def main() -> None:
     target, prefix = sys.argv[1], sys.argv[2]
@@ -244,7 +243,7 @@ async def test_sigkilled_holder_frees_the_lock_within_its_ttl(
         killed_at = time.monotonic()
 
         async def free() -> bool:
-            return not await ctx.redis.client.exists(keys.lock(ctx.prefix, "job:dflash"))
+            return not await ctx.redis.client.exists(keys.lock(ctx.redis.prefix, "job:dflash"))
 
         await wait_until(free, timeout=5)
         assert time.monotonic() - killed_at <= 2.0 + 0.5  # the TTL, plus polling slack
@@ -281,6 +280,6 @@ async def test_fifty_concurrent_restarts_run_one_sequence(ctx: Context) -> None:
         assert await _restarter(ctx).peak() == 1
         records = await d.audit.recent(count=100)
         assert sorted(e.outcome.value for e in records) == ["accepted"] + ["refused"] * 49
-        assert await ctx.redis.client.get(keys.run_seq(ctx.prefix)) == "1"  # no orphan runs
+        assert await ctx.redis.client.get(keys.run_seq(ctx.redis.prefix)) == "1"  # no orphan runs
     finally:
         await d.drain(30)

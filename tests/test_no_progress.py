@@ -13,11 +13,12 @@ import pytest
 
 from bot.runtime.scheduler import PitstopScheduler
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.runs.attempts import attempts_command, auto_restart_no_progress, no_progress_warning
+from handlers.runs.attempts import attempts_command
 from pipeline.config import AutoRestart, Config, WatchSettings
 from pipeline.observe.attempts import crash_words, progressed, reach_of
 from pipeline.observe.crashes import Crash, CrashClass
 from pipeline.observe.metrics import MetricLine
+from pipeline.runs.attempts import auto_restart_no_progress
 from pipeline.state.events import EventKind
 from pipeline.state.runs import Reach, RunRecord
 from tests.fixtures.dflash import SMALLEST, dflash_job
@@ -105,7 +106,7 @@ async def test_three_attempts_dying_where_they_resumed_stop_automatic_restarts(
             attempts = await ctx.runs.attempts("dflash", 5)
             assert [a.resumed_at for a in attempts] == [40, 40, 40, 0]
             assert [a.reach.step if a.reach else None for a in attempts][3] == 40
-            warning = await no_progress_warning(ctx, "dflash")
+            warning = await ctx.service.no_progress_warning("dflash")
             assert warning is not None and warning.startswith(
                 "⚠ the last 3 attempts of dflash made no progress"
             )

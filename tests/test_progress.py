@@ -171,7 +171,7 @@ async def test_hung_rank_6_of_the_reference_pipeline_is_one_stuck_rank_alert(
             started = time.monotonic()
             decisions = await watcher.cycle("local")
             state = ProgressState.model_validate_json(
-                await ctx.redis.client.get(f"{ctx.prefix}progress:dflash") or "{}"
+                await ctx.redis.client.get(f"{ctx.redis.prefix}progress:dflash") or "{}"
             )
             r6 = state.ranks.get("6")
             if stuck_since is None and r6 is not None and r6.step == 40:

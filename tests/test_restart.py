@@ -18,13 +18,13 @@ import pytest
 
 from pipeline import verdict
 from pipeline.config import Config, GpuRoles
-from pipeline.engines.recovery import reconcile
 from pipeline.engines.runner import Runner
 from pipeline.engines.steplog import stale_record
 from pipeline.host.helper import proc_stat
 from pipeline.host.probe import JobProbe, probe_host, read_log, read_log_chunk
 from pipeline.host.remote import SSHPool
 from pipeline.observe.evidence import Observation, decide
+from pipeline.runs.orphans import reconcile
 from pipeline.state import keys
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle, open_redis

@@ -137,7 +137,6 @@ async def test_verify_reads_the_resume_step_and_flags_an_ignored_checkpoint(
 
 async def test_a_flagged_run_gets_a_warning_beside_its_verdict(tmp_path: Path, redis_config: Config) -> None:
     """A RUNNING run that ignored its checkpoint: the verdict post, then a WARNING post in its thread."""
-    from handlers.runs.verdicts import deliver_due
     from pipeline.state import keys
     from tests.test_watch import open_harness
 
@@ -147,8 +146,8 @@ async def test_a_flagged_run_gets_a_warning_beside_its_verdict(tmp_path: Path, r
         assert run.verdict is Verdict.RUNNING
         run.warning = "⚠ train started from step 0 although checkpoint step 12000 exists (/c/latest.json)"
         await ctx.runs.record_step(run)
-        await ctx.redis.client.zadd(keys.runs_unverified(ctx.prefix), {run.id: 0})
-        assert [r.id for r in await deliver_due(ctx)] == [run.id]
+        await ctx.redis.client.zadd(keys.runs_unverified(ctx.redis.prefix), {run.id: 0})
+        assert [r.id for r in await ctx.service.deliver_due()] == [run.id]
         posts = [(p.key, p.reply.title, p.reply.status.value) for p in ctx.outbox.of("thread")]
         assert posts == [
             (f"run:{run.id}", run.verdict_line, "ok"),

@@ -173,14 +173,15 @@ async def test_a_tick_longer_than_its_interval_skips_the_next_without_a_warning(
     of running instances reached" warning is not logged."""
     ticks: list[float] = []
 
-    async def slow_delivery(ctx: object) -> None:
+    async def slow_delivery() -> list[object]:
         ticks.append(time.monotonic())
         await asyncio.sleep(0.5)  # the slow work itself
+        return []
 
     async def three_ticks() -> bool:
         return len(ticks) >= 3
 
-    monkeypatch.setattr("bot.runtime.scheduler.deliver_due", slow_delivery)
+    monkeypatch.setattr(harness.ctx.service, "deliver_due", slow_delivery)
     sched = PitstopScheduler(harness.ctx, leader_ttl=3.0, poll_interval=0.1)
     with caplog.at_level(logging.INFO, logger="apscheduler"):
         await sched.start()
@@ -230,7 +231,7 @@ async def test_crash_loop_restarts_three_times_then_gives_up(tmp_path: Path, red
             assert len(h.alerts()) == 1
             runs = await ctx.runs.recent("loop", 10)
             assert [r.requested_by for r in runs[:3]] == ["pitstop-auto"] * 3
-            assert await ctx.redis.client.zcard(keys.auto_restarts(ctx.prefix, "loop")) == 3
+            assert await ctx.redis.client.zcard(keys.auto_restarts(ctx.redis.prefix, "loop")) == 3
         finally:
             await sched.stop()
 
@@ -260,7 +261,7 @@ async def test_scheduled_digests_come_from_the_leader_only(tmp_path: Path, redis
 
 
 async def _has_state(h: Harness, job: str = "train") -> bool:
-    state = await h.ctx.redis.client.hget(keys.watch_state(h.ctx.prefix, job), "last_alive_at")
+    state = await h.ctx.redis.client.hget(keys.watch_state(h.ctx.redis.prefix, job), "last_alive_at")
     return state is not None
 
 

@@ -413,7 +413,7 @@ async def test_12_app_home_opens_reuse_the_listing_and_write_one_audit_row(serve
         event = {"type": "app_home_opened", "user": "U0OPERATOR1", "channel": "D0DM", "tab": "home"}
         assert await served.event(event, event_id=f"EvHOME{i}") == 200
     await served.fake.wait_for("views.publish", count=3)
-    audit = await served.runtime.ctx.redis.client.xrange(keys.audit(served.runtime.ctx.prefix))
+    audit = await served.runtime.ctx.redis.client.xrange(keys.audit(served.runtime.ctx.redis.prefix))
     assert len(audit) == 1
 
 
@@ -426,7 +426,7 @@ async def test_12_app_home_of_someone_without_a_role_writes_no_audit_row(served:
         assert await served.event(event, event_id=f"EvNOROLE{i}") == 200
     published = await served.fake.wait_for("views.publish", count=2)
     assert slack_home_no_role() in "\n".join(blocks.block_texts(published[-1].args["view"]["blocks"]))
-    assert await served.runtime.ctx.redis.client.xrange(keys.audit(served.runtime.ctx.prefix)) == []
+    assert await served.runtime.ctx.redis.client.xrange(keys.audit(served.runtime.ctx.redis.prefix)) == []
 
 
 def test_12_manifest_scopes_are_all_used() -> None:

@@ -178,7 +178,7 @@ async def test_command_is_acked_empty_then_answered_on_response_url(stack: Stack
     assert body["response_type"] == "in_channel"
     assert body["text"].startswith(help_title())
     assert validate_blocks(body["blocks"]) == []
-    audit = await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.prefix))
+    audit = await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.redis.prefix))
     assert len(audit) == 1 and audit[0][1]["user"] == "U0OPERATOR1"
 
 
@@ -282,7 +282,7 @@ async def test_retried_event_is_answered_once(stack: Stack) -> None:
     assert await stack.event(event, event_id="EvRETRY", retry=1) == 200
     await stack.runtime.surface.drain(10)
     assert len(await stack.fake.calls("chat.postMessage")) == 1
-    assert len(await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.prefix))) == 1
+    assert len(await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.redis.prefix))) == 1
 
 
 async def test_ack_does_not_wait_for_the_answer(stack: Stack) -> None:
@@ -300,7 +300,7 @@ async def test_ack_does_not_wait_for_the_answer(stack: Stack) -> None:
     url = stack.fake.response_url()
     status, ack, _ = await stack.command(f"status {stack.job}", response_url=url)
     assert status == 200 and ack == ""
-    assert await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.prefix)) == []
+    assert await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.redis.prefix)) == []
     release.set()
     (late,) = await stack.answered(url)
     assert stack.job in "\n".join(blocks.block_texts(late["blocks"]))
@@ -357,7 +357,7 @@ async def test_direct_message_is_answered_and_bot_messages_ignored(stack: Stack)
     (posted,) = await stack.fake.wait_for("chat.postMessage")
     assert posted.args["channel"] == "D0DM" and "thread_ts" not in posted.args
     await stack.runtime.surface.drain(5)
-    assert len(await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.prefix))) == 1
+    assert len(await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.redis.prefix))) == 1
 
 
 async def test_confirm_button_starts_the_restart(make_stack: MakeStack) -> None:

@@ -24,7 +24,6 @@ import pytest
 from bot.runtime.assembly import build_watcher
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
-from handlers.runs.verdicts import deliver_due, deliver_verdict
 from handlers.views.read import history_command, logs_command, status_command
 from handlers.views.reports import gpus_command
 from pipeline import verdict
@@ -201,7 +200,7 @@ async def recheck_until_decided(
         if due is None:
             break
         await asyncio.sleep(max(0.0, float(due) - time.time()))
-        await deliver_due(ctx)
+        await ctx.service.deliver_due()
     return await stack.runs.get(run_id)
 
 
@@ -269,14 +268,14 @@ async def test_full_partition_is_pending_reason_resources_then_running_posted_in
     ).stdout.strip()
     run = await stack.restarter.restart(await stack.run())
     assert run.verdict is None, run.verdict_line
-    first = await deliver_verdict(ctx, run.id)
+    first = await ctx.service.deliver(run.id)
     assert first is not None and first.verdict is Verdict.PENDING, first and (
         first.verdict_line,
         first.evidence,
     )
     parsed = verdict.parse_line(first.verdict_line or "")
     assert (parsed.reason, parsed.job_id) == ("Resources", run.slurm_job), first.verdict_line
-    again = await deliver_verdict(ctx, run.id)  # still queued: checked again, not posted again
+    again = await ctx.service.deliver(run.id)  # still queued: checked again, not posted again
     assert again is not None and again.verdict is Verdict.PENDING
     stack.cluster.run("scancel", blocker)
     final = await recheck_until_decided(ctx, stack, run.id)
@@ -388,7 +387,7 @@ async def test_restart_with_requeue_keeps_the_job_id(make_slurm: MakeSlurm) -> N
     assert launch is not None and launch.detail.startswith(f"requeued Slurm job {first.slurm_job}")
     assert run.slurm_job == first.slurm_job
     ctx = context(stack, MemoryOutbox())
-    await deliver_verdict(ctx, run.id)
+    await ctx.service.deliver(run.id)
     final = await recheck_until_decided(ctx, stack, run.id)
     assert final.verdict_line == f"RUNNING 8/8 processes job {first.slurm_job} on 2 nodes", final.evidence
 

@@ -16,8 +16,7 @@ import pytest
 
 from bot.runtime.serve import SlackRuntime, http_app, open_runtime, start_http
 from handlers.outbox import MemoryOutbox
-from handlers.runs.sequences import launch_summary
-from handlers.runs.verdicts import deliver_verdict, recover_runs
+from handlers.runs.posts import launch_summary
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.events import EventKind
@@ -139,9 +138,9 @@ async def test_error_after_the_slurm_launch_leaves_the_run_awaiting_its_verdict(
     assert summary.startswith(launch_summary("r-1", "trainer", f"Slurm job {run.slurm_job}", 3.0)), summary
     verify = run.step(Step.VERIFY)
     assert verify is not None and verify.outcome is Outcome.WAITING
-    assert await ctx.redis.client.zscore(keys.runs_unverified(ctx.prefix), "r-1") is not None
+    assert await ctx.redis.client.zscore(keys.runs_unverified(ctx.redis.prefix), "r-1") is not None
     monkeypatch.undo()
-    final = await deliver_verdict(ctx, "r-1")
+    final = await ctx.service.deliver("r-1")
     assert final is not None and final.verdict is Verdict.RUNNING, final and (
         final.verdict_line,
         final.evidence,
@@ -181,7 +180,7 @@ async def test_run_of_a_killed_replica_after_the_launch_is_reconciled_with_the_c
         await _wait_state(stack, job, lambda s: s is None or s == "CANCELLED")
     outbox = MemoryOutbox()
     ctx = context(stack, outbox)
-    found = await recover_runs(ctx)
+    found = await ctx.service.recover()
     line = {
         "running": f"INTERRUPTED after launch: job {job} running 8/8 (unverified)",
         "pending": f"INTERRUPTED after launch: job {job} pending (unverified)",
@@ -191,8 +190,8 @@ async def test_run_of_a_killed_replica_after_the_launch_is_reconciled_with_the_c
     assert [p.reply.title for p in outbox.of("thread")] == [line]
     taken = await stack.runs.get(run.id)
     assert taken.owner is None and taken.interrupted == line and taken.verdict is None
-    assert await recover_runs(ctx) == []  # taken over once
-    final = await deliver_verdict(ctx, run.id)
+    assert await ctx.service.recover() == []  # taken over once
+    final = await ctx.service.deliver(run.id)
     assert final is not None, run.id
     if cluster == "running":
         assert final.verdict_line == f"RUNNING 8/8 processes job {job} on 2 nodes", final.evidence
@@ -214,7 +213,7 @@ async def test_run_of_a_killed_replica_during_the_slurm_stop_is_interrupted_nami
     run.owner = "replica-killed"
     run.old_slurm_job = first.slurm_job
     await stack.restarter.steps.begin(run, Step.STOP)  # the replica died here
-    found = await recover_runs(context(stack, MemoryOutbox()))
+    found = await context(stack, MemoryOutbox()).service.recover()
     line = f"INTERRUPTED during stop: the old run (Slurm job {first.slurm_job}) is still alive, 8/8 processes"
     assert [(i.line, i.launched) for i in found] == [(line, False)]
     taken = await stack.runs.get(run.id)

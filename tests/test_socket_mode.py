@@ -112,7 +112,7 @@ async def test_retried_event_envelope_is_answered_once(linked: Linked) -> None:
     await linked.runtime.surface.drain(10)
     assert len(await linked.fake.calls("chat.postMessage")) == 1
     ctx = linked.runtime.ctx
-    assert len(await ctx.redis.client.xrange(keys.audit(ctx.prefix))) == 1
+    assert len(await ctx.redis.client.xrange(keys.audit(ctx.redis.prefix))) == 1
 
 
 async def test_redelivered_slash_command_is_acted_on_once_without_a_duplicate_reply(linked: Linked) -> None:
@@ -126,7 +126,7 @@ async def test_redelivered_slash_command_is_acted_on_once_without_a_duplicate_re
     await linked.runtime.surface.drain(10)
     assert len(await linked.fake.calls("response_url")) == 1 and linked.fake.operation_timeouts == []
     ctx = linked.runtime.ctx
-    assert len(await ctx.redis.client.xrange(keys.audit(ctx.prefix))) == 1
+    assert len(await ctx.redis.client.xrange(keys.audit(ctx.redis.prefix))) == 1
 
 
 async def test_button_envelopes_confirm_a_restart(linked: Linked) -> None:

@@ -140,7 +140,7 @@ async def test_verification_due_during_the_outage_is_delivered_once(
     runtime, ctx = stack.runtime, stack.runtime.ctx
     started = await stack.answer(f"start {stack.job}")
     assert started["text"].startswith("queued run r-1")
-    due = await until(lambda: ctx.queue.due_at("r-1"), 60, "r-1 queued for verification")
+    due = await until(lambda: ctx.service.queue.due_at("r-1"), 60, "r-1 queued for verification")
     await asyncio.sleep(1.5)  # the AOF is fsynced every second: what Redis itself promises to keep
 
     watch = runtime.store_watch
@@ -160,7 +160,7 @@ async def test_verification_due_during_the_outage_is_delivered_once(
         1,
         where=lambda c: c.args.get("thread_ts") == ts and "RUNNING" in (c.args.get("text") or ""),
     )
-    assert await ctx.queue.due_at("r-1") is None  # delivered: dequeued, its claim done for good
+    assert await ctx.service.queue.due_at("r-1") is None  # delivered: dequeued, its claim done for good
     verdicts = [m for m in stack.fake.thread(channel, ts) if "RUNNING" in (m["text"] or "")]
     assert len(verdicts) == 1, verdicts
 

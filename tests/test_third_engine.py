@@ -19,7 +19,6 @@ from bot.runtime.assembly import build_context, build_watcher, close_context
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.runs.verdicts import deliver_verdict, recover_runs
 from pipeline.config import AuthSettings, Config, HostConfig, SlackSettings, load_config
 from pipeline.engines import ENGINES
 from pipeline.engines.base import check_engines
@@ -138,7 +137,7 @@ async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local:
     and runs of a dead owner are reconciled (before and after their launch) through the engine."""
     ctx, runner = local.ctx, local.ctx.restarter
     assert isinstance(runner, Runner)
-    first = await deliver_verdict(ctx, await local.say("start train") or "")
+    first = await ctx.service.deliver(await local.say("start train") or "")
     assert first is not None and first.verdict_line == f"RUNNING 1/1 processes pid {first.pid}", first
     assert first.evidence is not None and first.evidence.startswith(f"pid {first.pid}: alive")
 
@@ -146,7 +145,7 @@ async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local:
     row = dict(zip(status.tables[0].headers, status.tables[0].rows[0], strict=True))
     assert (row["state"], row["pid"], row["procs"]) == ("running", str(first.pid), "1/1"), row
 
-    second = await deliver_verdict(ctx, await local.say("restart train") or "")
+    second = await ctx.service.deliver(await local.say("restart train") or "")
     assert second is not None and second.verdict is Verdict.RUNNING and second.old_pid == first.pid
     assert second.pid != first.pid and (await processes(runner, "train")).pids == (second.pid,)
 
@@ -156,7 +155,7 @@ async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local:
     os.killpg(second.pid or 0, signal.SIGKILL)
     assert await until(lambda: alerted(local), 10, lambda: watcher.cycle("local", ["train"]))
 
-    dead = RunStore(ctx.redis.client, ctx.prefix)  # a replica that died: no heartbeat behind its runs
+    dead = RunStore(ctx.redis.client, ctx.redis.prefix)  # a replica that died: no heartbeat behind its runs
     launched = await dead.create("train", "U0TEST", action="start")
     launched.owner = "replica-killed"
     launched = await runner.start(launched)
@@ -165,7 +164,7 @@ async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local:
     cut.old_pid = launched.pid
     await runner.runs.record_step(cut)
     await runner.steps.begin(cut, Step.STOP)  # its owner died in the stop
-    found = {i.run.id: (i.line, i.launched) for i in await recover_runs(ctx)}
+    found = {i.run.id: (i.line, i.launched) for i in await ctx.service.recover()}
     assert found == {
         launched.id: (f"INTERRUPTED after launch: pid {launched.pid} running 1/1 (unverified)", True),
         cut.id: (
@@ -173,6 +172,6 @@ async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local:
             False,
         ),
     }
-    verified = await deliver_verdict(ctx, launched.id)
+    verified = await ctx.service.deliver(launched.id)
     assert verified is not None and verified.verdict_line == f"RUNNING 1/1 processes pid {launched.pid}"
     assert local.ssh.calls == []  # not one SSH call: the engine did everything

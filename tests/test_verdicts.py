@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from handlers.outbox import MemoryOutbox
-from handlers.runs.verdicts import deliver_due, deliver_verdict, due_run_ids, recover_runs
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.events import EventKind
@@ -32,8 +31,8 @@ async def test_two_processes_deliver_one_verdict(harness: Harness) -> None:
     b = await h.context("B", b_box)
     after = await a.events.last_id()
     run = await h.launch("train", verify=False)
-    assert await a.redis.client.zscore(keys.runs_unverified(a.prefix), run.id) is not None
-    got = await asyncio.gather(deliver_verdict(a, run.id), deliver_verdict(b, run.id))
+    assert await a.redis.client.zscore(keys.runs_unverified(a.redis.prefix), run.id) is not None
+    got = await asyncio.gather(a.service.deliver(run.id), b.service.deliver(run.id))
     delivered = [r for r in got if r is not None]
     assert len(delivered) == 1 and delivered[0].verdict is Verdict.RUNNING
     threads = h.outbox.of("thread") + b_box.of("thread")
@@ -42,10 +41,10 @@ async def test_two_processes_deliver_one_verdict(harness: Harness) -> None:
     assert len(headlines) == 1 and headlines[0].reply.run_id == run.id and headlines[0].channel == "CTRAIN"
     event = await a.events.wait_for(EventKind.VERDICT, "train", after=after, timeout=5)
     assert event is not None and event.data["verdict"] == "RUNNING" and event.data["run_id"] == run.id
-    assert await a.redis.client.zscore(keys.runs_unverified(a.prefix), run.id) is None
+    assert await a.redis.client.zscore(keys.runs_unverified(a.redis.prefix), run.id) is None
     # later attempts (a retry of `say --wait`, the next poll) post nothing more
-    assert await deliver_verdict(b, run.id) is None
-    assert await deliver_due(a) == []
+    assert await b.service.deliver(run.id) is None
+    assert await a.service.deliver_due() == []
     assert len(h.outbox.of("thread") + b_box.of("thread")) == 1
 
 
@@ -54,7 +53,7 @@ async def test_exited_job_gets_exited_verdict_with_evidence(harness: Harness) ->
     h, ctx = harness, harness.ctx
     h.set_mode("train", exit_after=0.3)
     run = await h.launch("train", verify=False)
-    got = await deliver_verdict(ctx, run.id)
+    got = await ctx.service.deliver(run.id)
     assert got is not None and got.verdict is Verdict.EXITED
     post = ctx.outbox.of("thread")[0]
     assert post.reply.title == got.verdict_line and post.reply.status.value == "error"
@@ -65,21 +64,21 @@ async def test_interrupted_delivery_is_posted_again_without_verifying_again(harn
     """A delivery that died after verifying (its claim expired) is posted by the next process, once."""
     h, ctx = harness, harness.ctx
     run = await h.launch("train")  # verified, verdict recorded, but never posted
-    await ctx.redis.client.zadd(keys.runs_unverified(ctx.prefix), {run.id: 0})
-    assert await due_run_ids(ctx) == [run.id]
-    delivered = await deliver_due(ctx)
+    await ctx.redis.client.zadd(keys.runs_unverified(ctx.redis.prefix), {run.id: 0})
+    assert await ctx.service.queue.due() == [run.id]
+    delivered = await ctx.service.deliver_due()
     assert [r.id for r in delivered] == [run.id]
     assert delivered[0].finished_at == run.finished_at  # not verified a second time
     assert len(ctx.outbox.of("thread")) == 1
-    assert await due_run_ids(ctx) == []
+    assert await ctx.service.queue.due() == []
 
 
 async def test_unknown_run_is_dropped(harness: Harness) -> None:
     """An unverified id without a run record is dropped from the set and posts nothing."""
     ctx = harness.ctx
-    await ctx.redis.client.zadd(keys.runs_unverified(ctx.prefix), {"r-999": 0})
-    assert await deliver_verdict(ctx, "r-999") is None
-    assert await due_run_ids(ctx) == [] and ctx.outbox.posted == []
+    await ctx.redis.client.zadd(keys.runs_unverified(ctx.redis.prefix), {"r-999": 0})
+    assert await ctx.service.deliver("r-999") is None
+    assert await ctx.service.queue.due() == [] and ctx.outbox.posted == []
 
 
 async def test_verification_racing_a_take_over_tells_one_verdict(harness: Harness) -> None:
@@ -87,15 +86,15 @@ async def test_verification_racing_a_take_over_tells_one_verdict(harness: Harnes
     h, a = harness, harness.ctx
     b_box = MemoryOutbox()
     b = await h.context("B", b_box)
-    dead = RunStore(a.redis.client, a.prefix)  # a replica that died mid-launch: no heartbeat
+    dead = RunStore(a.redis.client, a.redis.prefix)  # a replica that died mid-launch: no heartbeat
     run = await dead.create("train", "U0TEST", action="start")
     run.owner = "replica-killed"
     run = await a.restarter.start(run)
     launch = run.step(Step.LAUNCH)
-    assert launch is not None and await a.queue.due_at(run.id) is not None  # queued for verification
+    assert launch is not None and await a.service.queue.due_at(run.id) is not None  # queued for verification
     launch.outcome, launch.ended_at = Outcome.RUNNING, None  # it died before the launch step ended
     await dead.record_step(run)
-    delivered, taken = await asyncio.gather(deliver_verdict(a, run.id), recover_runs(b))
+    delivered, taken = await asyncio.gather(a.service.deliver(run.id), b.service.recover())
     stored = await a.runs.get(run.id)
     told = [p.reply.title for p in h.outbox.of("thread") + b_box.of("thread") if p.key == f"run:{run.id}"]
     assert told == [stored.verdict_line]
@@ -103,7 +102,9 @@ async def test_verification_racing_a_take_over_tells_one_verdict(harness: Harnes
         assert [i.run.id for i in taken] == [run.id] and stored.verdict is Verdict.INTERRUPTED
     else:
         assert taken == [] and stored.verdict is delivered.verdict is not Verdict.INTERRUPTED
-    events = await a.redis.client.xrange(keys.events(a.prefix))
+    events = await a.redis.client.xrange(keys.events(a.redis.prefix))
     verdicts = [f for _, f in events if f["kind"] == EventKind.VERDICT.value and run.id in f["data"]]
     assert len(verdicts) == 1
-    assert await deliver_verdict(a, run.id) is None and await a.queue.due_at(run.id) is None  # nothing more
+    assert (
+        await a.service.deliver(run.id) is None and await a.service.queue.due_at(run.id) is None
+    )  # nothing more

@@ -378,7 +378,7 @@ class Harness:
 
     async def sid(self, job: str) -> int:
         """The job's recorded session id."""
-        current = await self.ctx.redis.client.hgetall(keys.job_current(self.ctx.prefix, job))
+        current = await self.ctx.redis.client.hgetall(keys.job_current(self.ctx.redis.prefix, job))
         return int(current["sid"])
 
     async def kill(self, job: str) -> None:
@@ -699,7 +699,7 @@ async def test_watch_off_pauses_and_expires(harness: Harness) -> None:
     assert await watcher.cycle("local", ["train"]) == {}
     assert await until(lambda: _has(watcher), 5)
     await watch_command(ctx, "train", "off", None, "U0TEST")
-    ttl = await ctx.redis.client.ttl(keys.watch_off(ctx.prefix, "train"))
+    ttl = await ctx.redis.client.ttl(keys.watch_off(ctx.redis.prefix, "train"))
     assert 86000 < ttl <= 86400
     reply = await watch_command(ctx, "train", "on", None, "U0TEST")
     assert reply.title == "watching train again"

@@ -314,7 +314,7 @@ async def _run_script(
             await _wait_ranks(ctx, step)
         elif isinstance(step, Kill):
             cursor = await ctx.events.last_id()
-            current = (await ctx.jobs.read(step.job)).current
+            current = (await ctx.service.jobs.read(step.job)).current
             if not current.get("sid"):
                 raise UsageError(demo_unexpected(step.lineno, f"no recorded session for {step.job}"))
             sid = int(current["sid"])
@@ -338,7 +338,7 @@ async def _cleanup(
     if ctx is not None:
         sid: int | None = None
         with contextlib.suppress(Exception):
-            current = (await ctx.jobs.read("dflash")).current
+            current = (await ctx.service.jobs.read("dflash")).current
             sid = int(current["sid"]) if current.get("sid") else None
         if keep:
             with contextlib.suppress(Exception):  # a graceful stop first: a last checkpoint for the kept dir

@@ -15,7 +15,6 @@ from handlers.context import Context
 from handlers.outbox import Outbox
 from handlers.reply import Reply
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.runs.verdicts import recover_runs
 from handlers.watch.cycle import AUTO_USER, Watcher
 from pipeline.config import Config
 from pipeline.engines import ENGINES
@@ -44,7 +43,7 @@ async def build_context(
     engines: Mapping[str, EngineKind] = ENGINES,
 ) -> Context:
     """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context, and
-    take over the runs whose owner died (:func:`handlers.runs.verdicts.recover_runs`).
+    take over the runs whose owner died (:meth:`pipeline.runs.service.RunService.recover`).
 
     :param deliver_recovered: also verify the taken-over runs now (no scheduler: ``pitstop say``).
     :param engines: the engines' registry (:data:`pipeline.engines.ENGINES`).
@@ -71,7 +70,7 @@ async def build_context(
         instance=instance,
     )
     try:
-        await recover_runs(ctx, deliver=deliver_recovered)
+        await ctx.service.recover(deliver=deliver_recovered)
     except Exception:  # recovery must never keep a person from their command
         log.exception("taking over the runs of a dead Pitstop process failed")
     return ctx

@@ -67,7 +67,7 @@ async def render(ctx: Context, stats: WatchStats | None, outbox: SlackSender) ->
     """
     config = ctx.config
     names = list(config.jobs)
-    snaps = await ctx.jobs.read_many(names, now=time.time())
+    snaps = await ctx.service.jobs.read_many(names, now=time.time())
     digests = ctx.redis.open_store(DigestMemory)
     lasts, runs = await asyncio.gather(
         asyncio.gather(*(digests.last(n) for n in names)), ctx.runs.recent(None, RECENT_RUNS)

@@ -23,8 +23,6 @@ from bot.runtime.heartbeat import Heartbeat
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
-from handlers.runs.followup import deliver_recoveries
-from handlers.runs.verdicts import deliver_due, recover_runs
 from handlers.views.reports import digest_command
 from handlers.watch.cycle import Watcher
 from pipeline import fmt
@@ -218,7 +216,7 @@ class PitstopScheduler:
         """Take over runs a dead process left open, then deliver overdue verifications."""
         await self._recover()
         if self.is_leader:
-            await deliver_due(self.ctx)
+            await self.ctx.service.deliver_due()
 
     async def _recover(self) -> None:
         """Take over runs whose owner died (every lease tick while leader; one at a time)."""
@@ -226,7 +224,7 @@ class PitstopScheduler:
             return
         self._recovering = True
         try:
-            await recover_runs(self.ctx)
+            await self.ctx.service.recover()
         except Exception:
             log.exception("taking over the runs of a dead process failed")
         finally:
@@ -234,10 +232,10 @@ class PitstopScheduler:
 
     async def _verify_tick(self) -> None:
         if self.is_leader:
-            await deliver_due(self.ctx)
+            await self.ctx.service.deliver_due()
             await self.requests.expire_due()
         if self.is_leader:  # still, after the deliveries
-            await deliver_recoveries(self.ctx)
+            await self.ctx.service.followups_due()
 
     async def _watch_tick(self, host: str, names: list[str], group: str) -> None:
         if not self.is_leader:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from handlers.grammar.commands import Command
 from handlers.grammar.parse import Role
-from handlers.reply import Attachment, Button, Reply, Status, mention, who
+from handlers.reply import Attachment, Button, Reply, Status, mention
 from handlers.request.auth import role_of
 from handlers.text import APPROVE_BUTTON, DENY_BUTTON
 from pipeline import fmt
@@ -24,6 +24,7 @@ from pipeline.config import ApprovalSettings, Config
 from pipeline.config.approval import APPROVER_ROLES
 from pipeline.engines.workdir import patch_digest, patch_text
 from pipeline.errors import ExitCode, PitstopError
+from pipeline.fmt import who
 from pipeline.state.approvals import ApprovalRequest, ApprovalState, PatchDigest
 
 HASH_SHOWN = 12  #: hex digits of a SHA-256 shown in text (the whole hash is in the record)

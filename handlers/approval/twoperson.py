@@ -28,11 +28,11 @@ from handlers.grammar.parse import Role
 from handlers.reply import Reply, Status, refused
 from handlers.request.auth import Denied, role_of
 from handlers.request.flow import Flow, Next, Request, Spawn
-from handlers.runs.lock import InFlight
 from pipeline.errors import ExitCode, PitstopError
 from pipeline.state.approvals import ApprovalRequest, Approvals, ApprovalState, Decided
 from pipeline.state.audit import AuditOutcome
 from pipeline.state.jobstate import scope_of
+from pipeline.state.locks import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class TwoPersonRule:
             return refused(refusal, ExitCode.DENIED)
         if approving and request.state is ApprovalState.PENDING and asked.spec.acts:
             # a restart in flight would refuse it: the request stays open for after it, not spent
-            holder = await self.ctx.locks.holder(scope_of(self.ctx.config, request.job))
+            holder = await self.ctx.service.locks.holder(scope_of(self.ctx.config, request.job))
             if holder is not None:
                 raise InFlight(request.job, holder)
         state = ApprovalState.APPROVED if approving else ApprovalState.DENIED

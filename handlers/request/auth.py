@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from handlers.grammar.commands import Command
 from handlers.grammar.parse import Role
-from handlers.reply import who
 from pipeline.config import Config, JobAuth
 from pipeline.errors import ExitCode, PitstopError
+from pipeline.fmt import who
 
 EVERYONE = "*"
 #: The principal of the watcher's automatic restarts (``handlers.watch.cycle.AUTO_USER``): an operator

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handlers.reply import who
+from pipeline.fmt import who
 
 # --- text ---------------------------------------------------------------------------------------
 

@@ -27,12 +27,12 @@ from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.request.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
 from handlers.request.flow import Flow, Next, Request, Step
 from handlers.request.verbs import VERBS, Call
-from handlers.runs.lock import DEFAULT_TTL, InFlight
 from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON, CONFIRM_GONE
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.state.audit import Audit, AuditOutcome
 from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
 from pipeline.state.deliveries import Deliveries
+from pipeline.state.locks import DEFAULT_TTL, InFlight
 
 __all__ = ["Dispatcher", "Flow", "Request", "duplicate_delivery", "unknown_action"]
 

@@ -21,12 +21,13 @@ from handlers.grammar.parse import VerbSpec
 from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_USER
 from handlers.request.flow import Spawn
-from handlers.runs.attempts import attempts_command, no_progress_warning
-from handlers.runs.sequences import begin_sequence, cancel_command, run_sequence
+from handlers.runs.attempts import attempts_command
+from handlers.runs.view import thread_key
 from handlers.views import read as views
 from handlers.views import reports
 from handlers.views.follow import follow_command
 from handlers.watch import acks
+from pipeline.errors import ExitCode
 from pipeline.state.approvals import ApprovalRequest, Approvals
 from pipeline.state.audit import Audit, AuditOutcome
 
@@ -67,24 +68,43 @@ class Verb(NamedTuple):
 async def _sequence(call: Call) -> Acted:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
     ctx, command, user, glass = call.ctx, call.command, call.user, call.break_glass
-    run, lock, channel = await begin_sequence(
-        ctx, command, user, call.channel, lock_ttl=call.lock_ttl, approval=call.approval, break_glass=glass
+    job, warned = _job(call), None
+    if command.verb in ("restart", "start") and user != SYSTEM_USER:
+        warned = await ctx.service.no_progress_warning(job)  # a person's restart is warned, never blocked
+    run = await ctx.service.request(
+        job,
+        command.verb,
+        user,
+        lock_ttl=call.lock_ttl,
+        patches=command.patches,
+        fresh_cache=command.fresh_cache,
+        approval=call.approval,
+        break_glass=glass,
     )
+    channel = ctx.config.channel_for(job) or call.channel
     if glass is not None:  # said in the channel before anything is touched
         text = approval.break_glass_announce(user, command.text(), glass)
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
-    call.spawn(run_sequence(ctx, run, command, lock, channel), f"pitstop-{command.verb}:{run.id}")
-    warned = None
-    if command.verb in ("restart", "start") and user != SYSTEM_USER:
-        warned = await no_progress_warning(ctx, run.job)  # a person's restart is warned, never blocked
+    ctx.posts.show(run, channel)
+    call.spawn(ctx.service.execute(run, remove=command.without), f"pitstop-{command.verb}:{run.id}")
     reply = Reply(
         title=queued(run.id, run.job) + (approval.break_glass_note(glass) if glass else ""),
         lines=(queued_detail(command.verb, channel), *((warned,) if warned else ())),
         status=Status.INFO,
         run_id=run.id,
-        thread_key=f"run:{run.id}",
+        thread_key=thread_key(run.id),
     )
     return Acted(reply)
+
+
+async def _cancel(call: Call) -> Acted:
+    """``cancel JOB``: ask the job's in-flight sequence to stop at its next step boundary (exit 1 if none)."""
+    job = _job(call)
+    run_id = await call.ctx.service.cancel(job, call.user)
+    if run_id is None:
+        return Acted(Reply(title=cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED))
+    title = cancel_requested(run_id, job)
+    return Acted(Reply(title=title, status=Status.INFO, run_id=run_id, thread_key=thread_key(run_id)))
 
 
 def _job(call: Call) -> str:
@@ -150,7 +170,7 @@ VERBS: Mapping[str, Verb] = _table(
     ("restart", _sequence),
     ("start", _sequence),
     ("stop", _sequence),
-    ("cancel", lambda c: _acted(cancel_command(c.ctx, _job(c), c.user))),
+    ("cancel", _cancel),
     ("status", lambda c: _acted(views.status_command(c.ctx, c.command.job))),
     ("logs", lambda c: _acted(views.logs_command(c.ctx, _job(c), c.command.lines))),
     ("digest", lambda c: _acted(reports.digest_command(c.ctx, c.command.job))),
@@ -182,3 +202,13 @@ def queued_detail(action: str, channel: str | None) -> str:
     """Where the run's steps will appear."""
     where = f" in <#{channel}>" if channel else ""
     return f"the {action} runs step by step{where}; the verified result follows in its thread"
+
+
+def cancel_requested(run_id: str, job: str) -> str:
+    """``cancel JOB``: the run stops at its next step boundary."""
+    return f"cancel requested for run {run_id} of {job} - it stops at the next step boundary"
+
+
+def cancel_nothing(job: str) -> str:
+    """``cancel JOB`` with nothing in flight."""
+    return f"no restart of {job} in flight - nothing to cancel"

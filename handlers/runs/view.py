@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from handlers.grammar.commands import patch_phrase
-from handlers.reply import Button, Reply, Status, StepLine, who
+from handlers.reply import Button, Reply, Status, StepLine
 from handlers.text import SHOW_LOG_BUTTON
 from pipeline.config import Config
 from pipeline.errors import ExitCode
+from pipeline.fmt import who
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step, Verdict
 

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from handlers.context import Context
 from handlers.grammar.commands import ParseError, parse
 from handlers.reply import Reply, StepLine
-from handlers.runs.verdicts import deliver_verdict
 from handlers.runs.view import run_reply, step_lines
 from pipeline.config import Config
 from pipeline.state.events import BLOCK_S
@@ -74,8 +73,8 @@ async def follow_run(ctx: Context, run_id: str, *, deliver: bool = True) -> Asyn
         yield run
         if ended(run) or time.monotonic() > deadline:
             return
-        due = await ctx.queue.due_at(run_id)
-        if not deliver or due is None or due > time.time() or await deliver_verdict(ctx, run_id) is None:
+        due = await ctx.service.queue.due_at(run_id)
+        if not deliver or due is None or due > time.time() or await ctx.service.deliver(run_id) is None:
             wait = BLOCK_S if due is None or due <= time.time() else due - time.time()
             if events := await ctx.events.read_run(run_id, cursor, wait):
                 cursor = events[-1].id

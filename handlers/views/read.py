@@ -11,7 +11,7 @@ import time
 from handlers.context import Context
 from handlers.grammar import parse as grammar
 from handlers.grammar.commands import Command
-from handlers.reply import Reply, Status, Table, mention, who
+from handlers.reply import Reply, Status, Table, mention
 from handlers.runs.view import thread_key
 from handlers.text import (
     FIELD_AVAILABLE,
@@ -37,6 +37,7 @@ from pipeline.config import Config
 from pipeline.engines.base import Sighting
 from pipeline.engines.workdir import patch_digest
 from pipeline.errors import RemoteError
+from pipeline.fmt import who
 from pipeline.host.probe import JobProbe
 from pipeline.observe.watch import probe_slow
 from pipeline.state.audit import APPROVALS, REFUSALS, Audit
@@ -75,7 +76,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     names = [job] if job else list(config.jobs)
     if not names:
         return Reply(title=STATUS_NONE, status=Status.WARNING)
-    snaps = {s.name: s for s in await ctx.jobs.read_many(names)}
+    snaps = {s.name: s for s in await ctx.service.jobs.read_many(names)}
     seen = await ctx.restarter.sightings([(n, config.jobs[n], dict(snaps[n].current) or None) for n in names])
     now = time.time()  # after the probes: "ago" and uptimes as of the answer
     rows: list[tuple[str, ...]] = []
@@ -160,7 +161,7 @@ async def patches_command(ctx: Context, job: str) -> Reply:
     try:
         in_effect = list(await ctx.restarter.patches_in_effect(job))
     except RemoteError as exc:
-        in_effect = sorted(await ctx.records.stored_patches(job))
+        in_effect = sorted(await ctx.service.records.stored_patches(job))
         lines.append(
             f"could not check the workdir ({exc.message}) - showing the set recorded by the last restart"
         )
@@ -181,7 +182,7 @@ async def patches_command(ctx: Context, job: str) -> Reply:
 
 async def lock_command(ctx: Context, job: str) -> Reply:
     """``lock JOB``: who holds the job's restart lock, since when, which step."""
-    h = await ctx.locks.holder(scope_of(ctx.config, job))
+    h = await ctx.service.locks.holder(scope_of(ctx.config, job))
     if h is None:
         return Reply(title=lock_free(job), status=Status.OK)
     fields = ((FIELD_SINCE, _when(ctx.config, h.started_at)), *(((FIELD_RUN, h.run_id),) if h.run_id else ()))
@@ -197,7 +198,7 @@ async def unlock_command(ctx: Context, job: str, user: str) -> tuple[Reply, Hold
     """``unlock JOB`` (admin): force the lock free; the holder's run learns it lost the lock.
     Returns the reply and who held the lock (None if it was free)."""
     scope = scope_of(ctx.config, job)
-    holder = await ctx.locks.force_release(scope)
+    holder = await ctx.service.locks.force_release(scope)
     if holder is None:
         return Reply(title=unlock_not_held(scope), status=Status.INFO), None
     if holder.run_id:

@@ -203,7 +203,7 @@ async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
     if not jobs:
         return owners
     entries = []
-    snaps = await ctx.jobs.read_many([n for n, _ in jobs])
+    snaps = await ctx.service.jobs.read_many([n for n, _ in jobs])
     for (name, spec), snap in zip(jobs, snaps, strict=True):
         entries.append((name, spec, snap.current or None))
         for field in ("pid", "sid"):

@@ -4,6 +4,6 @@ story (:mod:`~handlers.watch.storm`), the cycle's own figures (:mod:`~handlers.w
 evidence an alert carries: crashes (:mod:`~handlers.watch.crashcheck`), hangs
 (:mod:`~handlers.watch.hangevidence`).
 
-May import: ``handlers.request.auth`` (the system user), ``handlers.runs``, the loose modules of
+May import: ``handlers.request.auth`` (the system user), the loose modules of
 ``handlers``, and ``pipeline``.
 """

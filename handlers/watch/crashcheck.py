@@ -43,7 +43,7 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
     """
     store = ctx.redis.open_store(IncidentStore)
     try:
-        current = (await ctx.jobs.read(name)).current
+        current = (await ctx.service.jobs.read(name)).current
         run_id = current.get("run_id")
         if not run_id:
             return None

@@ -24,7 +24,6 @@ from typing import Any, Protocol
 from handlers.context import Context
 from handlers.reply import Reply
 from handlers.request.auth import SYSTEM_USER
-from handlers.runs.attempts import no_progress_refusal
 from handlers.watch.alerts import (
     alert_exit_cause,
     alert_reply,
@@ -42,6 +41,7 @@ from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
 from pipeline.observe import progress
+from pipeline.observe.attempts import crash_words
 from pipeline.observe.crashes import detect_cause
 from pipeline.observe.evidence import ended
 from pipeline.observe.idle import read_watched
@@ -120,7 +120,7 @@ class Watcher:
         cfgs = self.ctx.config.jobs
         names = list(jobs) if jobs is not None else [n for n, j in cfgs.items() if j.host == host]
         now = time.time() if now is None else now
-        views = [v for v in await self.ctx.jobs.read_many(names, now=now) if not v.paused]
+        views = [v for v in await self.ctx.service.jobs.read_many(names, now=now) if not v.paused]
         if not views:
             return {}
         tracked = [
@@ -326,14 +326,15 @@ class Watcher:
 
     async def _gate(self, action: Action) -> Action:
         """An automatic restart about to fire, unless the latest crash is not to be retried, or the
-        last ``no_progress_after`` attempts died without progress (:mod:`handlers.runs.attempts`): then
+        last ``no_progress_after`` attempts died without progress (:mod:`pipeline.runs.attempts`): then
         the give-up (no more automatic restarts, and why)."""
         inc = action.incident
         sight = self._seen.get(inc.job)
         check = await check_crash(self.ctx, inc.job, sight.probe if sight is not None else None)
         why = refusal(inc.job, check, self.ctx.config.jobs[inc.job].watch.auto_restart) if check else None
         if why is None:
-            why = await no_progress_refusal(self.ctx, inc.job, check)
+            ended = crash_words(check.crash) if check is not None else None
+            why = await self.ctx.service.no_progress_refusal(inc.job, ended)
         if why is None:
             return action
         give_up = {

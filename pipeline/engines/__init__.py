@@ -1,8 +1,8 @@
 """``pipeline.engines`` — what runs a job: the engine seam (:mod:`~pipeline.engines.base`), the
 registry of the shipped engines (:data:`ENGINES`),
 the runner written once against it (:mod:`~pipeline.engines.runner`), each step's record
-(:mod:`~pipeline.engines.steplog`), the shared workdir steps (:mod:`~pipeline.engines.workdir`), the
-ssh and Slurm engines, and recovery of runs whose owner died (:mod:`~pipeline.engines.recovery`).
+(:mod:`~pipeline.engines.steplog`), the shared workdir steps (:mod:`~pipeline.engines.workdir`) and the
+ssh and Slurm engines.
 
 May import :mod:`pipeline.config`, :mod:`pipeline.host`, :mod:`pipeline.observe`,
 :mod:`pipeline.state`, :mod:`pipeline.errors`, :mod:`pipeline.fmt` and :mod:`pipeline.verdict`

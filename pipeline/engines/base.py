@@ -205,7 +205,7 @@ def check_engines(config: Config, engines: Mapping[str, EngineKind]) -> None:
 
 
 class RestartService(Protocol):
-    """What the handlers and :mod:`pipeline.engines.recovery` need from the runner (every operation
+    """What :mod:`pipeline.runs` needs from the runner (every operation
     for any job, whatever its engine); tests' stand-ins implement it."""
 
     config: Config

@@ -3,7 +3,7 @@
 :class:`JobLock` takes the lock without blocking, writes who holds it in a hash beside it
 (:func:`pipeline.state.keys.lock_holder`), and renews both every ``ttl / 3`` s while a sequence
 runs; if the process dies the lock frees itself within ``ttl``.  A refused acquire raises
-:class:`LockHeld` naming the holder.  :class:`Locks` reads and frees the locks of any scope.
+:class:`InFlight` naming the holder.  :class:`Locks` reads and frees the locks of any scope.
 
 Transitions: free → held (:meth:`JobLock.acquire`, once per object) → free (:meth:`JobLock.release`,
 the TTL, or :meth:`Locks.force_release`); releasing a lock never taken raises
@@ -23,8 +23,9 @@ import redis.asyncio as aioredis
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError, RedisError
 
+from pipeline import fmt
 from pipeline.config import Config
-from pipeline.errors import IllegalTransition
+from pipeline.errors import ExitCode, IllegalTransition, PitstopError
 from pipeline.state import keys
 from pipeline.state.redisconn import Store, as_float, ms
 
@@ -59,14 +60,20 @@ class Holder:
         return max(0.0, (time.time() if now is None else now) - self.started_at)
 
 
-class LockHeld(Exception):
-    """An acquire refused: someone else holds the ``scope``'s lock (``holder``: None if its record
-    could not be read in time)."""
+class InFlight(PitstopError):
+    """Refused: another restart of ``job`` (or on its host) holds the lock; ``holder`` None if its
+    record could not be read in time."""
 
-    def __init__(self, scope: str, holder: Holder | None) -> None:
-        super().__init__(scope)
-        self.scope = scope
+    code = "in_flight"
+    exit_code = ExitCode.IN_FLIGHT
+
+    def __init__(self, job: str, holder: Holder | None) -> None:
+        self.job = job
         self.holder = holder
+        h = holder or Holder("", job, "restart", "someone", "", "unknown", time.time())
+        super().__init__(
+            in_flight(h.action or "restart", h.job or job, h.user or "someone", h.age(), h.step or "unknown")
+        )
 
 
 class Locks(Store):
@@ -147,7 +154,7 @@ class JobLock(Store):
         :param run_id: the run, when already known (set later with :meth:`update`).
         :param step: the step shown to refused requests.
         :returns: the holder record written beside the lock.
-        :raises LockHeld: if someone else holds it (naming them).
+        :raises InFlight: if someone else holds it (naming them).
         :raises IllegalTransition: if this object took the lock before (locks are single-use).
         """
         if self._taken:
@@ -158,9 +165,9 @@ class JobLock(Store):
                 break
             holder = await Locks(self.client, self.prefix).holder(self.scope)
             if holder is not None:
-                raise LockHeld(self.scope, holder)
+                raise InFlight(job, holder)
             if time.monotonic() >= deadline:
-                raise LockHeld(self.scope, None)
+                raise InFlight(job, None)
             await asyncio.sleep(0.02)  # the holder writes its record right after taking the lock
         self._held = self._taken = True
         holder = Holder(self.scope, job, action, user, run_id, step, time.time())
@@ -237,3 +244,11 @@ class JobLock(Store):
             self._lost = True
         except RedisError:
             log.warning("could not release the lock %s; it frees itself within %g s", self.scope, self.ttl)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def in_flight(action: str, job: str, user: str, seconds: float, step: str) -> str:
+    """A restart refused because another is in flight (the exact wording people learn to read)."""
+    return f"{action} of {job} already in flight - started by {fmt.who(user)} {int(seconds)} s ago, now at: {step}"

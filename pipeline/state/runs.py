@@ -192,7 +192,7 @@ class RunStore(Store):
     (None: no heartbeat, for tools and tests) on the run and sets its heartbeat (``keys.run_owner``,
     TTL ``heartbeat_ttl`` s), renewed every ``heartbeat_ttl / 3`` s until the run is finished
     or :meth:`aclose` hands it over.  A dead process's runs' heartbeats lapse within
-    ``heartbeat_ttl`` s and :meth:`unowned` finds them (see :mod:`pipeline.engines.recovery`).
+    ``heartbeat_ttl`` s and :meth:`unowned` finds them (see :mod:`pipeline.runs.orphans`).
     """
 
     def __init__(

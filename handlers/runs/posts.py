@@ -1,0 +1,154 @@
+"""A run's life as the team sees it: what the run service tells (:mod:`pipeline.runs`), posted.
+
+:class:`RunPosts` listens to the process's :class:`~pipeline.runs.service.RunService`: a run it
+was asked to :meth:`~RunPosts.show` gets its live message, updated after every step at the
+surface's own pace (:class:`~handlers.latest.Latest`: the sequence never waits for it), and once its
+sequence ended the launch summary, the stop summary or its verdict in its thread.  A verdict
+delivered by verification, a run taken over from a dead process and a throughput follow-up are
+posted in the run's thread (a slower-since follow-up also in the job's channel, paging
+``[slack] alert_mention``); those posts are handed to the outbox before the service goes on, so a
+verdict's claim is done only once its posts are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+
+from handlers.latest import Latest
+from handlers.outbox import Outbox
+from handlers.reply import Reply, Status, mention
+from handlers.runs.view import run_reply, thread_key, verdict_reply
+from pipeline.config import Config
+from pipeline.runs.base import RunEvent, Told
+from pipeline.state.runs import RunRecord
+from pipeline.verdict import Step
+
+log = logging.getLogger(__name__)
+
+
+class RunPosts:
+    """The run service's listener that posts (one per process): live messages, summaries, verdicts,
+    take-overs and follow-ups, each in the run's thread (``run:r-42``)."""
+
+    def __init__(self, config: Config, outbox: Outbox) -> None:
+        self.config, self.outbox = config, outbox
+        self._live: dict[str, tuple[Latest[RunEvent], str | None]] = {}  #: run id → message, channel
+
+    def show(self, run: RunRecord, channel: str | None) -> None:
+        """Post ``run``'s live message in ``channel`` and keep it up to date until its sequence ends."""
+
+        async def deliver(event: RunEvent) -> None:
+            notes = (run_lock_lost(run.job),) if event.lock_lost else ()
+            await self.outbox.announce(
+                thread_key(run.id), run_reply(event.run, self.config, notes=notes), channel
+            )
+
+        message = Latest(deliver, f"run {run.id}")  # the live message, at the surface's pace
+        message.put(RunEvent(Told.STEP, run))
+        self._live[run.id] = (message, channel)
+
+    def __call__(self, event: RunEvent) -> Awaitable[None] | None:
+        """Take ``event``: a step is queued on its live message (nothing to await), anything else
+        returns its posts to await."""
+        run = event.run
+        if event.kind is Told.STEP:
+            if (live := self._live.get(run.id)) is not None:
+                live[0].put(event)  # queued: the sequence does not wait for the surface
+            return None
+        if event.kind is Told.ENDED:
+            live = self._live.pop(run.id, None)
+            return self._ended(event, *live) if live is not None else None
+        channel = self.config.channel_for(run.job) if run.job in self.config.jobs else None
+        key = thread_key(run.id)
+        if event.kind is Told.VERDICT:
+            replies = [verdict_reply(run)]
+            if run.warning:  # flagged beside the verdict, which stays as it is
+                replies.append(Reply(title=run.warning, status=Status.WARNING, thread_key=key, run_id=run.id))
+            return self._post(key, channel, replies, run_reply(run, self.config))
+        if event.kind is Told.INTERRUPTED:
+            line = Reply(title=event.line or "", status=Status.WARNING, thread_key=key, run_id=run.id)
+            return self._post(key, channel, [line], run_reply(run, self.config), what="take-over")
+        reply = followup_reply(event)
+        alert = [alert_copy(reply, self.config.slack.alert_mention)] if event.slow else []
+        return self._post(key, channel, [reply, *alert], None)
+
+    async def _post(
+        self, key: str, channel: str | None, replies: list[Reply], head: Reply | None, what: str = ""
+    ) -> None:
+        """``replies`` in the thread, then the headline updated (``head``) or, a reply without a thread
+        key, posted in the channel; with ``what``, a failure is logged (the service goes on), else raised."""
+        try:
+            for reply in replies:
+                if reply.thread_key:
+                    await self.outbox.thread(key, reply, channel)
+                else:
+                    await self.outbox.post(reply, channel)
+            if head is not None:
+                await self.outbox.announce(key, head, channel)
+        except Exception:
+            if not what:
+                raise
+            log.warning("could not post the %s of %s", what, key, exc_info=True)
+
+    async def _ended(self, event: RunEvent, message: Latest[RunEvent], channel: str | None) -> None:
+        """The sequence ended: the headline as it left it, then its summary or verdict in its thread."""
+        final, key = event.run, thread_key(event.run.id)
+        message.put(event)
+        await message.flush()  # the headline exists before anything is posted in its thread
+        notes = (run_lock_lost(final.job),) if event.lock_lost else ()
+        if final.verdict is not None:  # nobody else will post its verdict
+            reply = verdict_reply(final)
+        elif final.launched:
+            window = self.config.jobs[final.job].start_window if final.job in self.config.jobs else 0.0
+            title = launch_summary(final.id, final.job, final.launched_as, window)
+            reply = Reply(title=title, status=Status.INFO, lines=notes, thread_key=key, run_id=final.id)
+        elif final.action == "stop":
+            stop = final.step(Step.STOP)
+            lines = (stop.detail,) if stop is not None and stop.detail else ()
+            title = stop_summary(final.id, final.job)
+            reply = Reply(title=title, status=Status.OK, lines=lines, thread_key=key, run_id=final.id)
+        else:
+            return
+        await self._post(key, channel, [reply], None, "summary")
+
+
+def followup_reply(event: RunEvent) -> Reply:
+    """A throughput follow-up (FOLLOWUP) as posted in its run's thread: a warning when slower."""
+    status = Status.WARNING if event.slow else Status.OK
+    return Reply(
+        title=event.line or "", status=status, thread_key=thread_key(event.run.id), run_id=event.run.id
+    )
+
+
+def alert_copy(reply: Reply, page: str | None) -> Reply:
+    """The slower-since alert as a channel post of its own, paging ``page`` (``[slack] alert_mention``)."""
+    see = f"the restart's thread ({reply.run_id or '?'}) has its verdict and patches"
+    lines = (f"{mention(page)} {see}",) if page else ()
+    return Reply(title=reply.title, status=reply.status, run_id=reply.run_id, page=page, lines=lines)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def run_lock_lost(job: str) -> str:
+    """The sequence lost its lock (expired or forced) while it ran."""
+    return (
+        f"warning: the lock on {job} was lost while this run held it (expired or forced by unlock) - "
+        "another restart may have started; what follows is still this run's true outcome"
+    )
+
+
+def launch_summary(run_id: str, job: str, launched_as: str | None, window: float) -> str:
+    """Posted in the run's thread when the launch step ended well.
+
+    :param launched_as: the run's identity (:attr:`~pipeline.state.runs.RunRecord.launched_as`).
+    :param window: seconds until the verdict (the job's ``start_window``).
+    """
+    proc = f" as {launched_as}" if launched_as is not None else ""
+    return f"{run_id}: {job} launched{proc} - the verdict follows in about {window:g} s"
+
+
+def stop_summary(run_id: str, job: str) -> str:
+    """Posted in the run's thread when a stop finished."""
+    return f"{run_id}: {job} stopped"
