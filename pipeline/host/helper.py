@@ -24,51 +24,7 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any, cast
 
-from pipeline.host.contract import (
-    MARKER,
-    Checkpoint,
-    ClearAnswer,
-    ClearArgs,
-    ClearedPath,
-    ErrorAnswer,
-    EvidenceAnswer,
-    EvidenceArgs,
-    ExitRecord,
-    FileInfo,
-    GpuHolder,
-    GpuWaitAnswer,
-    GpuWaitArgs,
-    HangAnswer,
-    HangArgs,
-    HangProcess,
-    JobArgs,
-    JobState,
-    LaunchAnswer,
-    LaunchArgs,
-    PatchAnswer,
-    PatchArgs,
-    PatchesAnswer,
-    PatchesArgs,
-    PreflightAnswer,
-    PreflightArgs,
-    PreflightCheck,
-    ProbeAnswer,
-    ProbeArgs,
-    ProbeJob,
-    ProcInfo,
-    ProcStat,
-    ReadAnswer,
-    ReadArgs,
-    SlurmTasksAnswer,
-    SlurmTasksArgs,
-    StaleRecord,
-    StartStep,
-    StopAnswer,
-    StopArgs,
-    StopTarget,
-    TailAnswer,
-    TailArgs,
-)
+from pipeline.host.contract import *  # shipped inline in its place (helper_source)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -338,30 +338,6 @@ def recovery(now: float | None, before: float | None, slow_after: float) -> Reco
     return Recovery(now, before, now < slow_after * before)
 
 
-__all__ = [
-    "MAX_READ",
-    "Previous",
-    "Recovery",
-    "TrainingProgress",
-    "account_previous",
-    "attempt_start",
-    "checkpoint_interval",
-    "compared_role",
-    "crash_words",
-    "lost_work",
-    "median_throughput",
-    "metrics_offset",
-    "no_progress_streak",
-    "over_max_lost",
-    "progress_toward",
-    "progressed",
-    "reach_of",
-    "read_attempt",
-    "record_dead",
-    "recovery",
-]
-
-
 # --- text ---------------------------------------------------------------------------------------
 
 

@@ -279,6 +279,3 @@ def _last_exception(lines: list[str]) -> str | None:
         (ln.strip() for ln in rest if not ln.startswith((" ", "\t", "Traceback")) and _EXC_LINE.match(ln)),
         None,
     )
-
-
-__all__ = ["MAX_EVIDENCE", "TRANSIENT", "Crash", "CrashClass", "classify", "detect_cause", "from_fields"]
