@@ -83,17 +83,17 @@ def test_shipped_source_is_python38_self_contained_and_versioned() -> None:
 
 
 def test_every_operation_has_a_contract_and_a_typed_call() -> None:
-    """The helper's operations are exactly the contract's, and call_helper has one signature per
-    operation (all but slurm_tasks, which runs through srun) naming that operation's types."""
+    """The helper's operations are exactly the contract's, and call_helper has one typed operation
+    (``Ops``) per operation (all but slurm_tasks, which runs through srun) naming that operation's types."""
     assert set(OPS) == set(OPERATIONS)
     typed = {}
-    for fn in typing.get_overloads(hostprobe.call_helper):
-        ann = fn.__annotations__
-        op = ast.literal_eval(ast.parse(ann["op"], mode="eval").body.slice)
-        typed[op] = (ann["args"], ann["return"])
+    for attr, op in vars(hostprobe.Ops).items():
+        if isinstance(op, hostprobe.Op):
+            assert attr == op.name
+            typed[op.name] = typing.get_args(op.__orig_class__)  # type: ignore[attr-defined]
     assert set(typed) == set(OPERATIONS) - {"slurm_tasks"}
-    for op, (args, answer) in typed.items():
-        assert (args, answer) == (OPERATIONS[op][0].__name__, OPERATIONS[op][1].__name__)
+    for op_name, types in typed.items():
+        assert types == OPERATIONS[op_name]
 
 
 def test_proc_stat_is_a_named_record() -> None:

@@ -25,7 +25,7 @@ from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.engines.workdir import CALL_TIMEOUT, clear_cache, patch, patch_texts
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, call_helper
+from pipeline.host.probe import JobProbe, Ops, call_helper
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import (
     Previous,
@@ -281,8 +281,7 @@ class Runner:
         texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in spec.patches.items()}
         answer = await call_helper(
             self.ssh,
-            "patches",
-            {"workdir": spec.workdir},
+            Ops.patches({"workdir": spec.workdir}),
             job=name,
             stdin=json.dumps(texts),
             timeout=CALL_TIMEOUT,

@@ -28,7 +28,7 @@ from pipeline.errors import (
 )
 from pipeline.host import slurm
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, LogChunk, call_helper, log_tail
+from pipeline.host.probe import JobProbe, LogChunk, Ops, call_helper, log_tail
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
 from pipeline.observe import evidence
@@ -110,15 +110,16 @@ class SlurmEngine:
             result = await self.client.checked(name, [*script, *sl.sbatch_args])
             answer = await call_helper(
                 self.ssh,
-                "preflight",
-                {
-                    "workdir": job.workdir,
-                    "program": "sbatch",
-                    "log": job.log,
-                    "min_free": MIN_FREE_BYTES,
-                    "patches": dict(wants) if texts else {},
-                    "running": None,
-                },
+                Ops.preflight(
+                    {
+                        "workdir": job.workdir,
+                        "program": "sbatch",
+                        "log": job.log,
+                        "min_free": MIN_FREE_BYTES,
+                        "patches": dict(wants) if texts else {},
+                        "running": None,
+                    }
+                ),
                 job=name,
                 stdin=json.dumps(dict(texts)) if texts else None,
                 timeout=CALL_TIMEOUT,

@@ -17,7 +17,7 @@ from pipeline import fmt, verdict
 from pipeline.config import JobConfig
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import LaunchFailed, PatchChanged, RemoteError, patch_changed
-from pipeline.host.probe import call_helper
+from pipeline.host.probe import Ops, call_helper
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.approvals import PatchDigest
 from pipeline.state.runs import RunRecord
@@ -132,7 +132,7 @@ async def clear_cache(
         return
     try:
         answer = await call_helper(
-            ssh, "clear", {"paths": list(job.clear_cache)}, job=name, timeout=CALL_TIMEOUT * 4
+            ssh, Ops.clear({"paths": list(job.clear_cache)}), job=name, timeout=CALL_TIMEOUT * 4
         )
     except RemoteError as exc:
         await steps.fail(run, rec, exc.message)
@@ -179,8 +179,7 @@ async def patch(
     try:
         answer = await call_helper(
             ssh,
-            "patch",
-            {"workdir": job.workdir, "apply": to_apply, "revert": to_revert},
+            Ops.patch({"workdir": job.workdir, "apply": to_apply, "revert": to_revert}),
             job=name,
             stdin=json.dumps(dict(texts)),
             timeout=CALL_TIMEOUT * 2,
