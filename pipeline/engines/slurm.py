@@ -28,7 +28,7 @@ from pipeline.errors import (
 )
 from pipeline.host import slurm
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, LogChunk, Ops, call_helper, log_tail
+from pipeline.host.probe import JobProbe, Ops, call_helper, log_tail
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
 from pipeline.observe import evidence
@@ -379,11 +379,9 @@ class SlurmEngine:
                 pids = tuple(sorted(p for t in tasks for p in t.pids))
             read, read_error = None, None
             if name in wants and pids:
-                fb = got.get(wants[name].path)
-                if fb is None:
+                read = got.get(wants[name].path)
+                if read is None:
                     read_error = f"{wants[name].path} cannot be read on the login node"
-                else:
-                    read = LogChunk(fb.data, fb.offset + len(fb.data), fb.size, fb.inode, fb.reset)
             probe = JobProbe(
                 job=name,
                 pids=pids,
