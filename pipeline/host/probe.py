@@ -475,15 +475,6 @@ def _chunk(answer: c.ReadAnswer) -> LogChunk:
     )
 
 
-async def read_log(
-    ssh: RemoteHosts, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
-) -> tuple[bytes, int, int]:
-    """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest (a new offset
-    below ``offset + len(data)``: reading started over at 0)."""
-    chunk = await read_log_chunk(ssh, job_name, job, offset, max_bytes, inode=inode)
-    return chunk.data, chunk.offset, chunk.size
-
-
 async def log_tail(
     ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
 ) -> str:
