@@ -4,7 +4,7 @@
 the helper ships this module inside its source, so it stays standard library only and Python 3.8
 (``Optional``/``List``/``Dict``; 3.8 evaluates class-body annotations).  An operation takes
 ``OP`` + a JSON object of its :class:`…Args` and prints its :class:`…Answer` or
-``{"error": "..."}`` (:data:`OPERATIONS`).  A key of a ``total=False`` part may be left out;
+``{"error": "..."}`` (:class:`pipeline.host.probe.Ops` pairs them).  A key of a ``total=False`` part may be left out;
 ``Optional[...]`` may be ``null``.  Units: times are unix seconds on the host's clock, durations
 seconds, sizes bytes, ``start_time`` field 22 of ``/proc/PID/stat`` (clock ticks since boot).
 """
@@ -383,21 +383,3 @@ class ErrorAnswer(TypedDict):
     """What the helper prints, with exit status 3, when an operation fails."""
 
     error: str
-
-
-#: operation name → (its arguments, its answer)
-OPERATIONS: Dict[str, Tuple[type, type]] = {
-    "preflight": (PreflightArgs, PreflightAnswer),
-    "stop": (StopArgs, StopAnswer),
-    "gpu_wait": (GpuWaitArgs, GpuWaitAnswer),
-    "clear": (ClearArgs, ClearAnswer),
-    "patch": (PatchArgs, PatchAnswer),
-    "patches": (PatchesArgs, PatchesAnswer),
-    "launch": (LaunchArgs, LaunchAnswer),
-    "probe": (ProbeArgs, ProbeAnswer),
-    "evidence": (EvidenceArgs, EvidenceAnswer),
-    "read": (ReadArgs, ReadAnswer),
-    "tail": (TailArgs, TailAnswer),
-    "hang": (HangArgs, HangAnswer),
-    "slurm_tasks": (SlurmTasksArgs, SlurmTasksAnswer),
-}

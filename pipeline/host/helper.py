@@ -877,7 +877,7 @@ def op_hang(a: HangArgs) -> HangAnswer:
     return {"processes": out, "py_spy": spy, "time": time.time()}
 
 
-#: operation name → its function (arguments and answers: :data:`pipeline.host.contract.OPERATIONS`)
+#: operation name → its function (arguments and answers: :class:`pipeline.host.probe.Ops`)
 OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
     "slurm_tasks": op_slurm_tasks,
     "preflight": op_preflight,

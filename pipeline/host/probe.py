@@ -184,7 +184,7 @@ R = TypeVar("R", bound=Mapping[str, Any])
 
 class Op(Generic[A, R]):
     """A helper operation by ``name``, typed by its arguments ``A`` and its answer ``R``
-    (:data:`pipeline.host.contract.OPERATIONS`), so mypy checks :func:`call_helper`'s callers."""
+    (:mod:`pipeline.host.contract`), so mypy checks :func:`call_helper`'s callers."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -195,7 +195,8 @@ class Op(Generic[A, R]):
 
 
 class Ops:
-    """The operations :func:`call_helper` runs (all but ``slurm_tasks``, which runs through srun)."""
+    """Every operation of the helper with its contract; :func:`call_helper` runs them all but
+    ``slurm_tasks``, which runs through srun (:meth:`pipeline.host.slurm.SlurmClient.node_tasks`)."""
 
     preflight = Op[c.PreflightArgs, c.PreflightAnswer]("preflight")
     stop = Op[c.StopArgs, c.StopAnswer]("stop")
@@ -209,6 +210,7 @@ class Ops:
     read = Op[c.ReadArgs, c.ReadAnswer]("read")
     tail = Op[c.TailArgs, c.TailAnswer]("tail")
     hang = Op[c.HangArgs, c.HangAnswer]("hang")
+    slurm_tasks = Op[c.SlurmTasksArgs, c.SlurmTasksAnswer]("slurm_tasks")
 
 
 async def call_helper(
