@@ -717,7 +717,8 @@ def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
     if state["count"] == 0 and st and since is not None and time.time() - st["ended_at"] <= j["crash_within"]:
         size, most = state["log"]["size"] or 0, j["crash_bytes"]
         # from the launch on; a log truncated since (copytruncate) holds this run's only: its end
-        state["crash"] = read_file(log, max(since * (since <= size), size - most), most, None, True)
+        start = max(since * (since <= size), size - most)
+        state["crash"] = op_read({"path": log, "offset": start, "max_bytes": most, "zlib": True})
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
@@ -741,7 +742,7 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
         want = j.get("read")
         if want and (state["count"] > 0 or not want["if_running"]):
             try:
-                got = read_file(want["path"], want["offset"], want["max_bytes"], want["inode"], True)
+                got = op_read(cast("ReadArgs", {**want, "zlib": True}))  # if_running is ignored
             except Exception as exc:
                 got = {"error": f"{type(exc).__name__}: {exc}"}
             state["read"] = got
@@ -767,14 +768,9 @@ def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
 
 def op_read(a: ReadArgs) -> ReadAnswer | ErrorAnswer:
     """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set); a negative offset
-    counts from the end; starts over from 0 after truncation or a new inode."""
-    return read_file(a["path"], a["offset"], a["max_bytes"], a.get("inode"), bool(a.get("zlib")))
-
-
-def read_file(
-    path: str, offset: int, max_bytes: int, inode: int | None, packed: bool
-) -> ReadAnswer | ErrorAnswer:
-    """:func:`op_read`'s answer for one file (also a probe's ``read``)."""
+    counts from the end; starts over from 0 after truncation or a new inode (also a probe's
+    ``read`` and ``crash``)."""
+    path, offset, inode, packed = a["path"], a["offset"], a.get("inode"), bool(a.get("zlib"))
     info = file_info(path)
     size = info["size"]
     if size is None:
@@ -783,7 +779,7 @@ def read_file(
     reset = offset > size or (inode is not None and inode != info["inode"])
     if reset:
         offset = 0
-    data = read_range(path, offset, min(max_bytes, size - offset))
+    data = read_range(path, offset, min(a["max_bytes"], size - offset))
     return {
         "data": base64.b64encode(zlib.compress(data, 1) if packed else data).decode(),
         "zlib": packed,
@@ -803,11 +799,6 @@ def op_tail(a: TailArgs) -> TailAnswer | ErrorAnswer:
     return {"text": text.decode("utf-8", "replace"), "size": info["size"]}
 
 
-def proc_environ(pid: int) -> dict[bytes, bytes]:
-    """``/proc/PID/environ`` as a dict (empty if it cannot be read)."""
-    return dict(kv.split(b"=", 1) for kv in proc_file(pid, "environ").split(b"\0") if b"=" in kv)
-
-
 def op_slurm_tasks(a: SlurmTasksArgs) -> SlurmTasksAnswer:
     """Run on one node of a Slurm job (``srun --overlap``): its task processes here, those matching
     ``match`` whose environment holds ``SLURM_JOB_ID=job``, a ``SLURM_STEP_ID`` (not the batch
@@ -817,7 +808,8 @@ def op_slurm_tasks(a: SlurmTasksArgs) -> SlurmTasksAnswer:
     node = os.environ.get("SLURMD_NODENAME", "")
     pids: list[int] = []
     for pid, proc in scan().items():
-        env = proc_environ(pid) if matches(rx, proc.cmdline) else {}
+        environ = proc_file(pid, "environ") if matches(rx, proc.cmdline) else b""
+        env = dict(kv.split(b"=", 1) for kv in environ.split(b"\0") if b"=" in kv)
         if env.get(b"SLURM_JOB_ID") == job and b"SLURM_STEP_ID" in env:
             if env.get(b"SLURMD_NODENAME", b"").decode() == node:
                 pids.append(pid)
