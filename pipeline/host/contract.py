@@ -21,23 +21,15 @@ MARKER = "# pitstop-host-helper"  #: starts the shipped source: the helper's pro
 
 
 class ProcStat(NamedTuple):
-    """The fields of ``/proc/PID/stat`` the helper reads (fields 3, 4, 5, 6 and 22 of proc(5))."""
+    """The fields of ``/proc/PID/stat`` the helper reads (fields 3, 4, 5, 6 and 22 of proc(5)) and,
+    for a process its scan found, the command line."""
 
     state: str  #: ``R``, ``S``, ``D``, ``Z``, …
     ppid: int
     pgrp: int
     session: int
     start_time: int
-
-
-class ProcInfo(NamedTuple):
-    """One process seen by the helper's scan: who it belongs to and its command line."""
-
-    ppid: int
-    pgrp: int
-    session: int
-    start_time: int
-    cmdline: bytes  #: NULs read as spaces, trailing space stripped
+    cmdline: bytes = b""  #: a scan's: NULs read as spaces, trailing space stripped
 
 
 # --- pieces shared by several answers -------------------------------------------------------------

@@ -29,7 +29,7 @@ from pipeline.host.contract import *  # shipped inline in its place (helper_sour
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    Procs = dict[int, ProcInfo]
+    Procs = dict[int, ProcStat]
 
 MARK = MARKER.encode()
 
@@ -131,8 +131,9 @@ def ancestry() -> set[int]:
 
 def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
     """Live processes of the helper's user, minus its ancestry and other helpers: pid →
-    :class:`~pipeline.host.contract.ProcInfo`.  Only members of ``sessions`` / only command lines
-    ``keep`` accepts, when given: the others cost one ``stat`` each instead of two reads.
+    :class:`~pipeline.host.contract.ProcStat` with its ``cmdline``.  Only members of ``sessions`` /
+    only command lines ``keep`` accepts, when given: the others cost one ``stat`` each instead of
+    two reads.
     """
     me = os.getuid()
     skip = ancestry()
@@ -151,7 +152,7 @@ def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None 
             cmd = proc_cmdline(pid)
         if MARK in cmd or cmd.startswith(waiter):
             continue
-        out[pid] = ProcInfo(st.ppid, st.pgrp, st.session, st.start_time, cmd)
+        out[pid] = st._replace(cmdline=cmd)
     return out
 
 
@@ -717,8 +718,7 @@ def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
     if state["count"] == 0 and st and since is not None and time.time() - st["ended_at"] <= j["crash_within"]:
         size, most = state["log"]["size"] or 0, j["crash_bytes"]
         # from the launch on; a log truncated since (copytruncate) holds this run's only: its end
-        start = max(since * (since <= size), size - most)
-        state["crash"] = op_read({"path": log, "offset": start, "max_bytes": most, "zlib": True})
+        state["crash"] = read_file(log, max(since * (since <= size), size - most), most, None, True)
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
@@ -742,7 +742,7 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
         want = j.get("read")
         if want and (state["count"] > 0 or not want["if_running"]):
             try:
-                got = op_read(cast("ReadArgs", {**want, "zlib": True}))  # if_running is ignored
+                got = read_file(want["path"], want["offset"], want["max_bytes"], want["inode"], True)
             except Exception as exc:
                 got = {"error": f"{type(exc).__name__}: {exc}"}
             state["read"] = got
@@ -768,9 +768,14 @@ def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
 
 def op_read(a: ReadArgs) -> ReadAnswer | ErrorAnswer:
     """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set); a negative offset
-    counts from the end; starts over from 0 after truncation or a new inode (also a probe's
-    ``read`` and ``crash``)."""
-    path, offset, inode, packed = a["path"], a["offset"], a.get("inode"), bool(a.get("zlib"))
+    counts from the end; starts over from 0 after truncation or a new inode."""
+    return read_file(a["path"], a["offset"], a["max_bytes"], a.get("inode"), bool(a.get("zlib")))
+
+
+def read_file(
+    path: str, offset: int, max_bytes: int, inode: int | None, packed: bool
+) -> ReadAnswer | ErrorAnswer:
+    """:func:`op_read`'s answer for one file (also a probe's ``read``)."""
     info = file_info(path)
     size = info["size"]
     if size is None:
@@ -779,7 +784,7 @@ def op_read(a: ReadArgs) -> ReadAnswer | ErrorAnswer:
     reset = offset > size or (inode is not None and inode != info["inode"])
     if reset:
         offset = 0
-    data = read_range(path, offset, min(a["max_bytes"], size - offset))
+    data = read_range(path, offset, min(max_bytes, size - offset))
     return {
         "data": base64.b64encode(zlib.compress(data, 1) if packed else data).decode(),
         "zlib": packed,
