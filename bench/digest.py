@@ -76,7 +76,7 @@ from pipeline.digest.window import (
     remote_reader,
 )
 from pipeline.engines.runner import Runner as Restarter
-from pipeline.host.probe import call_helper
+from pipeline.host.probe import Ops, call_helper
 from pipeline.host.remote import SSHPool
 from pipeline.observe.metrics import parse_jsonl_stdlib, parse_series
 from pipeline.state.events import Events
@@ -159,7 +159,7 @@ def reference_reader(ssh: SSHPool, job: JobConfig) -> LogReader:
 
     async def reader(offset: int, max_bytes: int) -> LogRead:
         args = {"path": job.log, "offset": offset, "max_bytes": max_bytes, "inode": None}
-        answer = await call_helper(ssh, "read", args, host=job.host, exec_prefix=job.exec)
+        answer = await call_helper(ssh, Ops.read(args), host=job.host, exec_prefix=job.exec)
         data = base64.b64decode(answer["data"])
         return LogRead(data, int(answer["offset"]) - len(data), int(answer["size"]), answer.get("inode"))
 

@@ -272,11 +272,6 @@ def running(
     return format_line(lost.on(line) if lost is not None else line)
 
 
-def running_job(seen: int, expected: int, job_id: int, nodes: int) -> str:
-    """``RUNNING 8/8 processes job 4242 on 2 nodes`` (Slurm)."""
-    return format_line(VerdictLine(Verdict.RUNNING, seen, expected, job_id=job_id, nodes=nodes))
-
-
 def pending(reason: str, job_id: int, queued_s: float) -> str:
     """``PENDING reason Resources (job 4242 queued 2 min)`` (Slurm)."""
     return format_line(VerdictLine(Verdict.PENDING, job_id=job_id, reason=reason or None, queued_s=queued_s))

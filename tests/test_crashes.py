@@ -10,8 +10,9 @@ import pytest
 from bot.runtime.scheduler import PitstopScheduler
 from handlers.watch.crashcheck import CrashCheck, refusal
 from pipeline.config import AutoRestart, Config, parse_config
+from pipeline.config.watch import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError
-from pipeline.observe.crashes import TRANSIENT, Crash, CrashClass, classify, detect_cause, from_fields
+from pipeline.observe.crashes import Crash, classify, detect_cause, from_fields
 from pipeline.state.events import EventKind
 from pipeline.verdict import Verdict
 from tests.test_scheduler import _events

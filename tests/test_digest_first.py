@@ -11,10 +11,11 @@ import pytest
 
 from pipeline.config import Config, JobConfig
 from pipeline.digest.report import build_digest
-from pipeline.digest.window import WindowKind, local_reader
+from pipeline.digest.window import WindowKind
 from pipeline.observe.metrics import parse_jsonl_stdlib, parse_series
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle, open_redis
+from tests.fixtures.localread import local_reader
 
 
 def line(step: int, rank: int) -> bytes:

@@ -19,7 +19,6 @@ from pipeline.host import probe as hostprobe
 from pipeline.host.contract import (
     HELPER_VERSION,
     MARKER,
-    OPERATIONS,
     ExitRecord,
     FileInfo,
     HangProcess,
@@ -31,6 +30,13 @@ from pipeline.host.contract import (
 from pipeline.host.helper import OPS, proc_stat
 from pipeline.host.probe import helper_source
 from tests.fixtures.ssh import BIN
+
+#: operation name → (its arguments, its answer), as ``Ops`` types them
+OPERATIONS = {
+    op.name: typing.get_args(op.__orig_class__)
+    for op in vars(hostprobe.Ops).values()
+    if isinstance(op, hostprobe.Op)
+}
 
 
 def _python38() -> str | None:
@@ -83,17 +89,12 @@ def test_shipped_source_is_python38_self_contained_and_versioned() -> None:
 
 
 def test_every_operation_has_a_contract_and_a_typed_call() -> None:
-    """The helper's operations are exactly the contract's, and call_helper has one signature per
-    operation (all but slurm_tasks, which runs through srun) naming that operation's types."""
+    """The helper's operations are exactly those of ``Ops``, each typed by its contract's arguments
+    and answer (``FooArgs``, ``FooAnswer``)."""
     assert set(OPS) == set(OPERATIONS)
-    typed = {}
-    for fn in typing.get_overloads(hostprobe.call_helper):
-        ann = fn.__annotations__
-        op = ast.literal_eval(ast.parse(ann["op"], mode="eval").body.slice)
-        typed[op] = (ann["args"], ann["return"])
-    assert set(typed) == set(OPERATIONS) - {"slurm_tasks"}
-    for op, (args, answer) in typed.items():
-        assert (args, answer) == (OPERATIONS[op][0].__name__, OPERATIONS[op][1].__name__)
+    for name, (args, answer) in OPERATIONS.items():
+        stem = "".join(part.title() for part in name.split("_"))
+        assert (args.__name__, answer.__name__) == (f"{stem}Args", f"{stem}Answer")
 
 
 def test_proc_stat_is_a_named_record() -> None:

@@ -21,7 +21,7 @@ from pipeline.config import Config, GpuRoles
 from pipeline.engines.runner import Runner
 from pipeline.engines.steplog import stale_record
 from pipeline.host.helper import proc_stat
-from pipeline.host.probe import JobProbe, probe_host, read_log, read_log_chunk
+from pipeline.host.probe import JobProbe, probe_host, read_log_chunk
 from pipeline.host.remote import SSHPool
 from pipeline.observe.evidence import Observation, decide
 from pipeline.runs.orphans import reconcile
@@ -600,15 +600,15 @@ async def test_probe_host_counts_several_jobs_in_one_call(
 async def test_read_log_and_tail_follow_offsets_and_truncation(
     ssh_server: InProcessHost, job_factory: JobFactory, make_stack: MakeStack
 ) -> None:
-    """read_log returns bytes from an offset and starts over after truncation; log_tail gives the last lines."""
+    """read_log_chunk returns bytes from an offset and starts over after truncation; log_tail gives the last lines."""
     setup = job_factory(ssh_server)
     setup.log.write_bytes(b"one\ntwo\nthree\n")
     stack = await make_stack(setup)
-    data, offset, size = await read_log(stack.ssh, setup.name, setup.job, 4, 100)
-    assert (data, offset, size) == (b"two\nthree\n", 14, 14)
+    chunk = await read_log_chunk(stack.ssh, setup.name, setup.job, 4, 100)
+    assert (chunk.data, chunk.offset, chunk.size) == (b"two\nthree\n", 14, 14)
     setup.log.write_bytes(b"new\n")
-    data, offset, size = await read_log(stack.ssh, setup.name, setup.job, 14, 100)
-    assert (data, offset, size) == (b"new\n", 4, 4)
+    chunk = await read_log_chunk(stack.ssh, setup.name, setup.job, 14, 100)
+    assert (chunk.data, chunk.offset, chunk.size, chunk.reset) == (b"new\n", 4, 4, True)
     chunk = await read_log_chunk(stack.ssh, setup.name, setup.job, 0, 2)
     assert (chunk.data, chunk.offset, chunk.reset) == (b"ne", 2, False)
     setup.log.write_bytes(b"".join(b"line %d\n" % i for i in range(100)))

@@ -19,8 +19,14 @@ LINES = [
         verdict.running(8, 8, 4242, ignored_checkpoint=12000),
         "RUNNING 8/8 processes pid 4242, started from step 0 although checkpoint step 12000 exists",
     ),
-    (verdict.running_job(8, 8, 4242, 2), "RUNNING 8/8 processes job 4242 on 2 nodes"),
-    (verdict.running_job(4, 4, 7, 1), "RUNNING 4/4 processes job 7 on 1 node"),
+    (
+        str(verdict.VerdictLine(verdict.Verdict.RUNNING, 8, 8, job_id=4242, nodes=2)),
+        "RUNNING 8/8 processes job 4242 on 2 nodes",
+    ),
+    (
+        str(verdict.VerdictLine(verdict.Verdict.RUNNING, 4, 4, job_id=7, nodes=1)),
+        "RUNNING 4/4 processes job 7 on 1 node",
+    ),
     (
         format_line(
             Lost(1004, 533, "drafter", 250.0, "00:32:01 UTC").on(

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from handlers.context import Context
 from handlers.watch.alerts import alert_exit_cause
 from pipeline.config import AutoRestart
+from pipeline.config.watch import CrashClass
 from pipeline.errors import PitstopError
 from pipeline.host.probe import JobProbe
-from pipeline.observe.crashes import Crash, CrashClass, classify, from_fields
+from pipeline.observe.crashes import Crash, classify, from_fields
 from pipeline.observe.evidence import ended
 from pipeline.state.incidents import Incident, IncidentStore
 

@@ -41,30 +41,6 @@ STRAGGLER_BAND = (90.0, 110.0)  #: a rank whose median share is outside it is al
 DAY_S = 86_400.0
 
 
-def rank_rates(lines: Sequence[MetricLine]) -> dict[tuple[str, int], list[tuple[float, float]]]:
-    """(role, rank) → [(ts unix s, tokens/s), …]: Δtokens/Δts between consecutive lines of each
-    rank's counter (a counter that went down restarted from zero: the later value is the
-    increase); a line without a usable pair gives its reported ``tokens_per_s``; lines without
-    ``ts`` are left out.  (The chart reads :func:`pipeline.digest.series.rank_intervals`.)
-    """
-    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    prev: dict[tuple[str, int], tuple[float, float]] = {}  # the counter's last (ts, tokens)
-    for ln in lines:
-        if ln.ts is None:
-            continue
-        key = (ln.role, ln.rank)
-        before = prev.get(key)
-        rate = ln.tokens_per_s
-        if ln.tokens is not None:  # lines without a counter value do not break the pair
-            if before is not None and ln.ts > before[0]:
-                delta = ln.tokens - before[1] if ln.tokens >= before[1] else ln.tokens
-                rate = delta / (ln.ts - before[0])
-            prev[key] = (ln.ts, ln.tokens)
-        if rate is not None:
-            out.setdefault(key, []).append((ln.ts, rate))
-    return out
-
-
 def _days(ts: float) -> float:
     """Unix seconds as matplotlib's date numbers (days since its default epoch, 1970-01-01)."""
     return ts / DAY_S if math.isfinite(ts) else math.nan

@@ -8,8 +8,6 @@ read; an on-demand digest with nothing new reads the last scheduled window again
 
 from __future__ import annotations
 
-import asyncio
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -166,29 +164,6 @@ async def read_window(
         )
     # nothing complete since the offset: stay there, keeping the fingerprint of the bytes before it
     return LogWindow(b"", state.offset, state.offset, got.size, got.inode, WindowKind.SINCE_LAST, 0, fp)
-
-
-def local_reader(path: str | os.PathLike[str]) -> LogReader:
-    """A :data:`LogReader` over a file on this machine (benchmarks, tests), read in a worker thread.
-
-    :raises FileNotFoundError: (from the returned reader) if the file does not exist.
-    """
-
-    def _read(offset: int, max_bytes: int) -> LogRead:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if offset < 0:
-                offset = max(0, st.st_size + offset)
-            elif offset > st.st_size:
-                offset = 0
-            f.seek(offset)
-            data = f.read(max(0, min(max_bytes, st.st_size - offset)))
-        return LogRead(data, offset, st.st_size, st.st_ino)
-
-    async def reader(offset: int, max_bytes: int) -> LogRead:
-        return await asyncio.to_thread(_read, offset, max_bytes)
-
-    return reader
 
 
 def remote_reader(ssh: RemoteHosts, job_name: str, job: JobConfig) -> LogReader:

@@ -31,7 +31,7 @@ from pipeline.errors import (
 )
 from pipeline.host import slurm
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, LogChunk, call_helper, log_tail
+from pipeline.host.probe import JobProbe, Ops, call_helper, log_tail
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
 from pipeline.observe import evidence
@@ -153,15 +153,16 @@ class SlurmEngine(WorkdirSteps):
             result = await self.client.checked(name, [*script, *sl.sbatch_args])
             answer = await call_helper(
                 self.ssh,
-                "preflight",
-                {
-                    "workdir": job.workdir,
-                    "program": "sbatch",
-                    "log": job.log,
-                    "min_free": MIN_FREE_BYTES,
-                    "patches": dict(wants) if texts else {},
-                    "running": None,
-                },
+                Ops.preflight(
+                    {
+                        "workdir": job.workdir,
+                        "program": "sbatch",
+                        "log": job.log,
+                        "min_free": MIN_FREE_BYTES,
+                        "patches": dict(wants) if texts else {},
+                        "running": None,
+                    }
+                ),
                 job=name,
                 stdin=json.dumps(dict(texts)) if texts else None,
                 timeout=CALL_TIMEOUT,
@@ -417,11 +418,9 @@ class SlurmEngine(WorkdirSteps):
                 pids = tuple(sorted(p for t in tasks for p in t.pids))
             read, read_error = None, None
             if name in wants and pids:
-                fb = got.get(wants[name].path)
-                if fb is None:
+                read = got.get(wants[name].path)
+                if read is None:
                     read_error = f"{wants[name].path} cannot be read on the login node"
-                else:
-                    read = LogChunk(fb.data, fb.offset + len(fb.data), fb.size, fb.inode, fb.reset)
             probe = JobProbe(
                 job=name,
                 pids=pids,

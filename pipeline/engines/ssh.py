@@ -30,7 +30,15 @@ from pipeline.engines.steplog import (
 from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES, WorkdirSteps
 from pipeline.errors import HostKeyRejected, LaunchFailed, RemoteError, RemoteTimeout, StopFailed
 from pipeline.host.contract import HangAnswer, LaunchArgs, PreflightArgs, StopArgs
-from pipeline.host.probe import JobProbe, call_helper, log_tail, probe_args, probe_host, recorded_identity
+from pipeline.host.probe import (
+    JobProbe,
+    Ops,
+    call_helper,
+    log_tail,
+    probe_args,
+    probe_host,
+    recorded_identity,
+)
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe import evidence
 from pipeline.observe.evidence import gather
@@ -103,8 +111,7 @@ class SshEngine(WorkdirSteps):
         try:
             answer = await call_helper(
                 self.ssh,
-                "preflight",
-                args,
+                Ops.preflight(args),
                 job=name,
                 stdin=json.dumps(dict(texts)) if texts else None,
                 timeout=CALL_TIMEOUT,
@@ -136,7 +143,7 @@ class SshEngine(WorkdirSteps):
         }
         try:
             answer = await call_helper(
-                self.ssh, "stop", args, job=name, timeout=job.stop_timeout + 2 * KILL_TIMEOUT + CALL_TIMEOUT
+                self.ssh, Ops.stop(args), job=name, timeout=job.stop_timeout + 2 * KILL_TIMEOUT + CALL_TIMEOUT
             )
         except RemoteError as exc:
             await self.steps.fail(run, rec, exc.message)
@@ -163,8 +170,7 @@ class SshEngine(WorkdirSteps):
             try:
                 gpu = await call_helper(
                     self.ssh,
-                    "gpu_wait",
-                    {"targets": pairs, "timeout": self.gpu_wait_timeout},
+                    Ops.gpu_wait({"targets": pairs, "timeout": self.gpu_wait_timeout}),
                     host=job.host,
                     timeout=self.gpu_wait_timeout + CALL_TIMEOUT,
                 )
@@ -195,7 +201,7 @@ class SshEngine(WorkdirSteps):
             "run_id": run.id,
         }
         try:
-            answer = await call_helper(self.ssh, "launch", args, job=name, timeout=LAUNCH_TIMEOUT)
+            answer = await call_helper(self.ssh, Ops.launch(args), job=name, timeout=LAUNCH_TIMEOUT)
         except RemoteError as exc:
             if isinstance(exc, RemoteTimeout):
                 state = await self._state_text(name, job)

@@ -21,7 +21,7 @@ from pipeline import fmt, verdict
 from pipeline.config import JobConfig
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import LaunchFailed, PatchChanged, RemoteError, patch_changed
-from pipeline.host.probe import LogChunk, call_helper, read_log_chunk
+from pipeline.host.probe import LogChunk, Ops, call_helper, read_log_chunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.approvals import PatchDigest
 from pipeline.state.runs import RunRecord
@@ -142,7 +142,7 @@ class WorkdirSteps:
             return
         try:
             answer = await call_helper(
-                self.ssh, "clear", {"paths": list(job.clear_cache)}, job=name, timeout=CALL_TIMEOUT * 4
+                self.ssh, Ops.clear({"paths": list(job.clear_cache)}), job=name, timeout=CALL_TIMEOUT * 4
             )
         except RemoteError as exc:
             await self.steps.fail(run, rec, exc.message)
@@ -187,8 +187,7 @@ class WorkdirSteps:
         try:
             answer = await call_helper(
                 self.ssh,
-                "patch",
-                {"workdir": job.workdir, "apply": to_apply, "revert": to_revert},
+                Ops.patch({"workdir": job.workdir, "apply": to_apply, "revert": to_revert}),
                 job=name,
                 stdin=json.dumps(dict(texts)),
                 timeout=CALL_TIMEOUT * 2,
@@ -216,7 +215,7 @@ class WorkdirSteps:
         --reverse --check``).  :raises RemoteError: if the host cannot be reached or git fails."""
         stdin = json.dumps(dict(texts))
         answer = await call_helper(
-            self.ssh, "patches", {"workdir": job.workdir}, job=name, stdin=stdin, timeout=CALL_TIMEOUT
+            self.ssh, Ops.patches({"workdir": job.workdir}), job=name, stdin=stdin, timeout=CALL_TIMEOUT
         )
         return sorted(n for n, on in (answer.get("applied") or {}).items() if on)
 

@@ -4,7 +4,7 @@
 the helper ships this module inside its source, so it stays standard library only and Python 3.8
 (``Optional``/``List``/``Dict``; 3.8 evaluates class-body annotations).  An operation takes
 ``OP`` + a JSON object of its :class:`…Args` and prints its :class:`…Answer` or
-``{"error": "..."}`` (:data:`OPERATIONS`).  A key of a ``total=False`` part may be left out;
+``{"error": "..."}`` (:class:`pipeline.host.probe.Ops` pairs them).  A key of a ``total=False`` part may be left out;
 ``Optional[...]`` may be ``null``.  Units: times are unix seconds on the host's clock, durations
 seconds, sizes bytes, ``start_time`` field 22 of ``/proc/PID/stat`` (clock ticks since boot).
 """
@@ -21,23 +21,15 @@ MARKER = "# pitstop-host-helper"  #: starts the shipped source: the helper's pro
 
 
 class ProcStat(NamedTuple):
-    """The fields of ``/proc/PID/stat`` the helper reads (fields 3, 4, 5, 6 and 22 of proc(5))."""
+    """The fields of ``/proc/PID/stat`` the helper reads (fields 3, 4, 5, 6 and 22 of proc(5)) and,
+    for a process its scan found, the command line."""
 
     state: str  #: ``R``, ``S``, ``D``, ``Z``, …
     ppid: int
     pgrp: int
     session: int
     start_time: int
-
-
-class ProcInfo(NamedTuple):
-    """One process seen by the helper's scan: who it belongs to and its command line."""
-
-    ppid: int
-    pgrp: int
-    session: int
-    start_time: int
-    cmdline: bytes  #: NULs read as spaces, trailing space stripped
+    cmdline: bytes = b""  #: a scan's: NULs read as spaces, trailing space stripped
 
 
 # --- pieces shared by several answers -------------------------------------------------------------
@@ -383,21 +375,3 @@ class ErrorAnswer(TypedDict):
     """What the helper prints, with exit status 3, when an operation fails."""
 
     error: str
-
-
-#: operation name → (its arguments, its answer)
-OPERATIONS: Dict[str, Tuple[type, type]] = {
-    "preflight": (PreflightArgs, PreflightAnswer),
-    "stop": (StopArgs, StopAnswer),
-    "gpu_wait": (GpuWaitArgs, GpuWaitAnswer),
-    "clear": (ClearArgs, ClearAnswer),
-    "patch": (PatchArgs, PatchAnswer),
-    "patches": (PatchesArgs, PatchesAnswer),
-    "launch": (LaunchArgs, LaunchAnswer),
-    "probe": (ProbeArgs, ProbeAnswer),
-    "evidence": (EvidenceArgs, EvidenceAnswer),
-    "read": (ReadArgs, ReadAnswer),
-    "tail": (TailArgs, TailAnswer),
-    "hang": (HangArgs, HangAnswer),
-    "slurm_tasks": (SlurmTasksArgs, SlurmTasksAnswer),
-}

@@ -24,56 +24,12 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any, cast
 
-from pipeline.host.contract import (
-    MARKER,
-    Checkpoint,
-    ClearAnswer,
-    ClearArgs,
-    ClearedPath,
-    ErrorAnswer,
-    EvidenceAnswer,
-    EvidenceArgs,
-    ExitRecord,
-    FileInfo,
-    GpuHolder,
-    GpuWaitAnswer,
-    GpuWaitArgs,
-    HangAnswer,
-    HangArgs,
-    HangProcess,
-    JobArgs,
-    JobState,
-    LaunchAnswer,
-    LaunchArgs,
-    PatchAnswer,
-    PatchArgs,
-    PatchesAnswer,
-    PatchesArgs,
-    PreflightAnswer,
-    PreflightArgs,
-    PreflightCheck,
-    ProbeAnswer,
-    ProbeArgs,
-    ProbeJob,
-    ProcInfo,
-    ProcStat,
-    ReadAnswer,
-    ReadArgs,
-    SlurmTasksAnswer,
-    SlurmTasksArgs,
-    StaleRecord,
-    StartStep,
-    StopAnswer,
-    StopArgs,
-    StopTarget,
-    TailAnswer,
-    TailArgs,
-)
+from pipeline.host.contract import *  # shipped inline in its place (helper_source)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    Procs = dict[int, ProcInfo]
+    Procs = dict[int, ProcStat]
 
 MARK = MARKER.encode()
 
@@ -175,8 +131,9 @@ def ancestry() -> set[int]:
 
 def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
     """Live processes of the helper's user, minus its ancestry and other helpers: pid →
-    :class:`~pipeline.host.contract.ProcInfo`.  Only members of ``sessions`` / only command lines
-    ``keep`` accepts, when given: the others cost one ``stat`` each instead of two reads.
+    :class:`~pipeline.host.contract.ProcStat` with its ``cmdline``.  Only members of ``sessions`` /
+    only command lines ``keep`` accepts, when given: the others cost one ``stat`` each instead of
+    two reads.
     """
     me = os.getuid()
     skip = ancestry()
@@ -195,7 +152,7 @@ def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None 
             cmd = proc_cmdline(pid)
         if MARK in cmd or cmd.startswith(waiter):
             continue
-        out[pid] = ProcInfo(st.ppid, st.pgrp, st.session, st.start_time, cmd)
+        out[pid] = st._replace(cmdline=cmd)
     return out
 
 
@@ -847,11 +804,6 @@ def op_tail(a: TailArgs) -> TailAnswer | ErrorAnswer:
     return {"text": text.decode("utf-8", "replace"), "size": info["size"]}
 
 
-def proc_environ(pid: int) -> dict[bytes, bytes]:
-    """``/proc/PID/environ`` as a dict (empty if it cannot be read)."""
-    return dict(kv.split(b"=", 1) for kv in proc_file(pid, "environ").split(b"\0") if b"=" in kv)
-
-
 def op_slurm_tasks(a: SlurmTasksArgs) -> SlurmTasksAnswer:
     """Run on one node of a Slurm job (``srun --overlap``): its task processes here, those matching
     ``match`` whose environment holds ``SLURM_JOB_ID=job``, a ``SLURM_STEP_ID`` (not the batch
@@ -861,7 +813,8 @@ def op_slurm_tasks(a: SlurmTasksArgs) -> SlurmTasksAnswer:
     node = os.environ.get("SLURMD_NODENAME", "")
     pids: list[int] = []
     for pid, proc in scan().items():
-        env = proc_environ(pid) if matches(rx, proc.cmdline) else {}
+        environ = proc_file(pid, "environ") if matches(rx, proc.cmdline) else b""
+        env = dict(kv.split(b"=", 1) for kv in environ.split(b"\0") if b"=" in kv)
         if env.get(b"SLURM_JOB_ID") == job and b"SLURM_STEP_ID" in env:
             if env.get(b"SLURMD_NODENAME", b"").decode() == node:
                 pids.append(pid)
@@ -921,7 +874,7 @@ def op_hang(a: HangArgs) -> HangAnswer:
     return {"processes": out, "py_spy": spy, "time": time.time()}
 
 
-#: operation name → its function (arguments and answers: :data:`pipeline.host.contract.OPERATIONS`)
+#: operation name → its function (arguments and answers: :class:`pipeline.host.probe.Ops`)
 OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
     "slurm_tasks": op_slurm_tasks,
     "preflight": op_preflight,

@@ -18,43 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any, Literal, Protocol, TypedDict, Unpack, cast, overload
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteCommandError
-from pipeline.host.contract import (
-    HELPER_VERSION,
-    MARKER,
-    ClearAnswer,
-    ClearArgs,
-    EvidenceAnswer,
-    EvidenceArgs,
-    ExitRecord,
-    GpuWaitAnswer,
-    GpuWaitArgs,
-    HangAnswer,
-    HangArgs,
-    Identity,
-    JobState,
-    LaunchAnswer,
-    LaunchArgs,
-    LogRead,
-    PatchAnswer,
-    PatchArgs,
-    PatchesAnswer,
-    PatchesArgs,
-    PreflightAnswer,
-    PreflightArgs,
-    ProbeAnswer,
-    ProbeArgs,
-    ProbeJob,
-    ReadAnswer,
-    ReadArgs,
-    StopAnswer,
-    StopArgs,
-    TailAnswer,
-    TailArgs,
-)
+from pipeline.host import contract as c
 from pipeline.host.quoting import job_argv
 from pipeline.host.remote import RemoteHosts
 
@@ -83,7 +51,7 @@ def helper_source(op: str | None = None) -> str:
         else:
             body.append(node)
     helper.body = body if op is None else _only_op(body, op)
-    return f"{MARKER} v{HELPER_VERSION}\n" + ast.unparse(helper) + "\n"
+    return f"{c.MARKER} v{c.HELPER_VERSION}\n" + ast.unparse(helper) + "\n"
 
 
 def _only_op(body: list[ast.stmt], op: str) -> list[ast.stmt]:
@@ -210,77 +178,53 @@ def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:
     return [HELPER_PYTHON, "-E", "-S", "-c", helper_source(op), op, json.dumps(args, separators=(",", ":"))]
 
 
-class HelperCall(TypedDict, total=False):
-    """Where and how long a helper call runs: the keyword arguments of :func:`call_helper`."""
-
-    job: str | None
-    host: str | None
-    exec_prefix: Sequence[str] | None
-    stdin: str | None
-    timeout: float
+A = TypeVar("A", bound=Mapping[str, Any])
+R = TypeVar("R", bound=Mapping[str, Any])
 
 
-# one signature per operation (arguments and answer: pipeline.host.contract), so mypy checks callers
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["preflight"], args: PreflightArgs, **where: Unpack[HelperCall]
-) -> PreflightAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["stop"], args: StopArgs, **where: Unpack[HelperCall]
-) -> StopAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["gpu_wait"], args: GpuWaitArgs, **where: Unpack[HelperCall]
-) -> GpuWaitAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["clear"], args: ClearArgs, **where: Unpack[HelperCall]
-) -> ClearAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["patch"], args: PatchArgs, **where: Unpack[HelperCall]
-) -> PatchAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["patches"], args: PatchesArgs, **where: Unpack[HelperCall]
-) -> PatchesAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["launch"], args: LaunchArgs, **where: Unpack[HelperCall]
-) -> LaunchAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["probe"], args: ProbeArgs, **where: Unpack[HelperCall]
-) -> ProbeAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["evidence"], args: EvidenceArgs, **where: Unpack[HelperCall]
-) -> EvidenceAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["read"], args: ReadArgs, **where: Unpack[HelperCall]
-) -> ReadAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["tail"], args: TailArgs, **where: Unpack[HelperCall]
-) -> TailAnswer: ...
-@overload
-async def call_helper(
-    ssh: RemoteHosts, op: Literal["hang"], args: HangArgs, **where: Unpack[HelperCall]
-) -> HangAnswer: ...
+class Op(Generic[A, R]):
+    """A helper operation by ``name``, typed by its arguments ``A`` and its answer ``R``
+    (:mod:`pipeline.host.contract`), so mypy checks :func:`call_helper`'s callers."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, args: A) -> tuple[Op[A, R], A]:
+        """This operation with its ``args``, for :func:`call_helper`."""
+        return self, args
+
+
+class Ops:
+    """Every operation of the helper with its contract; :func:`call_helper` runs them all but
+    ``slurm_tasks``, which runs through srun (:meth:`pipeline.host.slurm.SlurmClient.node_tasks`)."""
+
+    preflight = Op[c.PreflightArgs, c.PreflightAnswer]("preflight")
+    stop = Op[c.StopArgs, c.StopAnswer]("stop")
+    gpu_wait = Op[c.GpuWaitArgs, c.GpuWaitAnswer]("gpu_wait")
+    clear = Op[c.ClearArgs, c.ClearAnswer]("clear")
+    patch = Op[c.PatchArgs, c.PatchAnswer]("patch")
+    patches = Op[c.PatchesArgs, c.PatchesAnswer]("patches")
+    launch = Op[c.LaunchArgs, c.LaunchAnswer]("launch")
+    probe = Op[c.ProbeArgs, c.ProbeAnswer]("probe")
+    evidence = Op[c.EvidenceArgs, c.EvidenceAnswer]("evidence")
+    read = Op[c.ReadArgs, c.ReadAnswer]("read")
+    tail = Op[c.TailArgs, c.TailAnswer]("tail")
+    hang = Op[c.HangArgs, c.HangAnswer]("hang")
+    slurm_tasks = Op[c.SlurmTasksArgs, c.SlurmTasksAnswer]("slurm_tasks")
+
+
 async def call_helper(
     ssh: RemoteHosts,
-    op: str,
-    args: Mapping[str, object],
+    call: tuple[Op[A, R], A],
     *,
     job: str | None = None,
     host: str | None = None,
     exec_prefix: Sequence[str] | None = None,
     stdin: str | None = None,
     timeout: float = PROBE_TIMEOUT,
-) -> Mapping[str, object]:
-    """Run one helper operation and return its JSON answer as it came (typed by the overloads).
+) -> R:
+    """Run one helper operation with its arguments (``Ops.NAME(args)``: :class:`Ops`) and return
+    its JSON answer as it came.
 
     Exactly one of ``job`` (the job's host behind its ``exec`` prefix) or ``host`` (the host
     itself, or behind ``exec_prefix`` when given) says where; ``timeout`` is in seconds.
@@ -289,8 +233,9 @@ async def call_helper(
         control shell was killed by a signal — named as such, never as empty output.
     :raises: as :meth:`pipeline.host.remote.SSHPool.run` (errors name the call without the source).
     """
-    argv = helper_argv(op, args)
-    shown = [HELPER_PYTHON, "-c", "<pitstop host helper>", op]  # the source is not worth showing
+    op, args = call
+    argv = helper_argv(op.name, args)
+    shown = [HELPER_PYTHON, "-c", "<pitstop host helper>", op.name]  # the source is not worth showing
     if job is not None:
         result = await ssh.run_job(job, argv, timeout=timeout, stdin=stdin, display=shown)
     else:
@@ -323,11 +268,11 @@ async def call_helper(
     elif answer.get("error"):
         detail = str(answer["error"])
     else:
-        return answer
+        return cast(R, answer)
     raise RemoteCommandError.helper_failed(
         result.host,
         shown,
-        op,
+        op.name,
         detail,
         exit_status=result.exit_status,
         stdout=result.stdout,
@@ -359,7 +304,7 @@ class JobProbe:
     read_error: str | None = None  #: why that read failed (the file is missing…)
     #: the log's last lines, for a job found short of processes when :func:`probe_host` asked
     tail: str | None = None
-    exit_status: ExitRecord | None = None  #: with ``tail``: the waiter's record of how the pid ended
+    exit_status: c.ExitRecord | None = None  #: with ``tail``: the waiter's record of how the pid ended
     #: with ``exit_status``, for a job with no process left that died recently and whose launch
     #: recorded its log's size (:func:`probe_args`): the last :data:`CRASH_BYTES` it wrote since
     crash: LogChunk | None = None
@@ -375,7 +320,7 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def recorded_identity(current: Mapping[str, str] | None) -> Identity:
+def recorded_identity(current: Mapping[str, str] | None) -> c.Identity:
     """``pid``, ``start_time``, ``sid`` from a ``keys.job_current`` hash (None each when absent
     or when the job is recorded as stopped)."""
     if not current or current.get("state") == "stopped":
@@ -391,9 +336,9 @@ def probe_args(
     name: str,
     job: JobConfig,
     current: Mapping[str, str] | None,
-    read: LogRead | None = None,
+    read: c.LogRead | None = None,
     tail_lines: int = 0,
-) -> ProbeJob:
+) -> c.ProbeJob:
     """The helper's per-job probe arguments (``read``: a file's bytes to read in the same call;
     ``tail_lines``: the log lines to bring back if the job is short of processes, with its log
     since the launch — ``log_size`` in ``current`` — if it died within :data:`CRASH_FRESH` s or
@@ -413,7 +358,7 @@ def probe_args(
     }
 
 
-def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
+def _to_probe(name: str, raw: c.JobState, sampled_at: float | None) -> JobProbe:
     if raw.get("error"):
         return JobProbe(job=name, error=str(raw.get("error")), sampled_at=sampled_at)
     log = raw.get("log")
@@ -431,11 +376,11 @@ def _to_probe(name: str, raw: JobState, sampled_at: float | None) -> JobProbe:
         log_inode=log["inode"] if log else None,
         sampled_at=sampled_at,
         error=None,
-        read=_chunk(cast(ReadAnswer, got)) if got and "error" not in got else None,
+        read=_chunk(cast(c.ReadAnswer, got)) if got and "error" not in got else None,
         read_error=str(got["error"]) if got and "error" in got else None,
         tail=raw.get("tail"),
         exit_status=raw.get("status"),
-        crash=_chunk(cast(ReadAnswer, crash)) if crash and "error" not in crash else None,
+        crash=_chunk(cast(c.ReadAnswer, crash)) if crash and "error" not in crash else None,
     )
 
 
@@ -443,7 +388,7 @@ async def probe_host(
     ssh: RemoteHosts,
     host: str,
     jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]],
-    reads: Mapping[str, LogRead] | None = None,
+    reads: Mapping[str, c.LogRead] | None = None,
     *,
     tail_lines: int = 0,
 ) -> dict[str, JobProbe]:
@@ -462,9 +407,11 @@ async def probe_host(
     async def one(
         prefix: tuple[str, ...], members: list[tuple[str, JobConfig, Mapping[str, str] | None]]
     ) -> dict[str, JobProbe]:
-        args: ProbeArgs = {"jobs": [probe_args(n, j, c, reads.get(n), tail_lines) for n, j, c in members]}
+        args: c.ProbeArgs = {
+            "jobs": [probe_args(n, j, cur, reads.get(n), tail_lines) for n, j, cur in members]
+        }
         try:
-            answer = await call_helper(ssh, "probe", args, host=host, exec_prefix=prefix)
+            answer = await call_helper(ssh, Ops.probe(args), host=host, exec_prefix=prefix)
         except Exception as exc:  # the watcher turns errors into "host unreachable", never raises
             message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             return {n: JobProbe(job=n, error=message) for n, _, _ in members}
@@ -520,17 +467,17 @@ async def read_log_chunk(
 
     :raises RemoteCommandError: if the file cannot be read; else as :func:`call_helper`.
     """
-    args: ReadArgs = {
+    args: c.ReadArgs = {
         "path": path or job.log,
         "offset": offset,
         "max_bytes": max(0, max_bytes),
         "inode": inode,
         "zlib": True,
     }
-    return _chunk(await call_helper(ssh, "read", args, host=job.host, exec_prefix=job.exec))
+    return _chunk(await call_helper(ssh, Ops.read(args), host=job.host, exec_prefix=job.exec))
 
 
-def _chunk(answer: ReadAnswer) -> LogChunk:
+def _chunk(answer: c.ReadAnswer) -> LogChunk:
     """A helper ``read`` answer (or a probe's) as a :class:`LogChunk`."""
     raw = base64.b64decode(answer["data"])
     return LogChunk(
@@ -542,25 +489,16 @@ def _chunk(answer: ReadAnswer) -> LogChunk:
     )
 
 
-async def read_log(
-    ssh: RemoteHosts, job_name: str, job: JobConfig, offset: int, max_bytes: int, *, inode: int | None = None
-) -> tuple[bytes, int, int]:
-    """``(data, new offset, file size)`` — :func:`read_log_chunk` for the digest (a new offset
-    below ``offset + len(data)``: reading started over at 0)."""
-    chunk = await read_log_chunk(ssh, job_name, job, offset, max_bytes, inode=inode)
-    return chunk.data, chunk.offset, chunk.size
-
-
 async def log_tail(
     ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
 ) -> str:
     """The last ``lines`` lines of the job's log written at or after byte ``since`` (at most
     :data:`TAIL_MAX_BYTES` read); raises as :func:`read_log_chunk`."""
-    args: TailArgs = {
+    args: c.TailArgs = {
         "path": path or job.log,
         "lines": max(0, lines),
         "start": since,
         "max_bytes": TAIL_MAX_BYTES,
     }
-    answer = await call_helper(ssh, "tail", args, host=job.host, exec_prefix=job.exec)
+    answer = await call_helper(ssh, Ops.tail(args), host=job.host, exec_prefix=job.exec)
     return str(answer.get("text", ""))

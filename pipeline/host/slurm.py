@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pipeline import fmt
 from pipeline.errors import RemoteCommandError
 from pipeline.host.contract import SlurmTasksArgs
-from pipeline.host.probe import helper_argv
+from pipeline.host.probe import LogChunk, helper_argv
 from pipeline.host.remote import RemoteHosts, RemoteResult
 
 QUERY_TIMEOUT = 30.0  #: seconds for one squeue/scontrol/sacct call
@@ -178,20 +178,10 @@ class FileRange:
     inode: int | None = None  #: read from 0 when the path now holds another file (None: not checked)
 
 
-@dataclass(frozen=True)
-class FileBytes:
-    """What a :class:`FileRange` read returned: the bytes from ``offset``, the file's size and inode."""
-
-    data: bytes
-    offset: int
-    size: int
-    inode: int | None
-    reset: bool  #: reading started over at 0 (truncated, or another file at the path)
-
-
-def parse_reads(text: str) -> dict[str, FileBytes | None]:
-    """The ``@@reads`` section of a ``_QUERY`` answer: path → its bytes (None: unreadable)."""
-    out: dict[str, FileBytes | None] = {}
+def parse_reads(text: str) -> dict[str, LogChunk | None]:
+    """The ``@@reads`` section of a ``_QUERY`` answer: path → its bytes from the range's ``offset``
+    (the chunk's ``offset``: where the next read starts; None: unreadable)."""
+    out: dict[str, LogChunk | None] = {}
     lines = iter(text.split("\n"))
     for line in lines:
         if line.strip() == "@@reads":
@@ -203,7 +193,7 @@ def parse_reads(text: str) -> dict[str, FileBytes | None]:
             f = head.split("|", 5)
             try:
                 data = base64.b64decode(body.strip())
-                out[f[5]] = FileBytes(data, int(f[1]), int(f[2]), _int_or_none(f[3]), f[4] == "1")
+                out[f[5]] = LogChunk(data, int(f[1]) + len(data), int(f[2]), _int_or_none(f[3]), f[4] == "1")
             except (ValueError, IndexError):
                 continue
     return out
@@ -336,7 +326,7 @@ class SlurmClient:
         paths: Sequence[str],
         reads: Sequence[FileRange],
         tasks: Mapping[int, str] | None = None,
-    ) -> tuple[dict[int, SlurmJob], dict[str, int], dict[str, FileBytes | None], dict[int, TasksOrError]]:
+    ) -> tuple[dict[int, SlurmJob], dict[str, int], dict[str, LogChunk | None], dict[int, TasksOrError]]:
         """:meth:`query`, the sizes of ``paths``, the byte ranges ``reads`` (the jobs' metric lines)
         and, for each job of ``tasks`` (id → ``match``) that squeue reports RUNNING, its task
         processes on every node (:meth:`node_tasks`' srun, all at once), in one call on the login

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pipeline import fmt
 from pipeline.config import JobConfig
 from pipeline.config.jobs import LostDuration
+from pipeline.config.watch import CrashClass
 from pipeline.errors import PitstopError, RemoteCommandError
 from pipeline.host.probe import ChunkReader
-from pipeline.observe.crashes import Crash, CrashClass
+from pipeline.observe.crashes import Crash
 from pipeline.observe.metrics import TARGET, MetricLine, parse_metric_lines, percentile
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord, RunStore
@@ -335,30 +336,6 @@ def recovery(now: float | None, before: float | None, slow_after: float) -> Reco
     if now is None or before is None or before <= 0:
         return None
     return Recovery(now, before, now < slow_after * before)
-
-
-__all__ = [
-    "MAX_READ",
-    "Previous",
-    "Recovery",
-    "TrainingProgress",
-    "account_previous",
-    "attempt_start",
-    "checkpoint_interval",
-    "compared_role",
-    "crash_words",
-    "lost_work",
-    "median_throughput",
-    "metrics_offset",
-    "no_progress_streak",
-    "over_max_lost",
-    "progress_toward",
-    "progressed",
-    "reach_of",
-    "read_attempt",
-    "record_dead",
-    "recovery",
-]
 
 
 # --- text ---------------------------------------------------------------------------------------

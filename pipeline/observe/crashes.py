@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.config.watch import TRANSIENT, CrashClass
+from pipeline.config.watch import CrashClass
 
 MAX_EVIDENCE = 300  #: characters of the evidence line kept
 
@@ -257,6 +257,3 @@ def _last_exception(lines: list[str]) -> str | None:
         (ln.strip() for ln in rest if not ln.startswith((" ", "\t", "Traceback")) and _EXC_LINE.match(ln)),
         None,
     )
-
-
-__all__ = ["MAX_EVIDENCE", "TRANSIENT", "Crash", "CrashClass", "classify", "detect_cause", "from_fields"]

@@ -18,7 +18,7 @@ from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteError
 from pipeline.host.contract import EvidenceArgs, HangAnswer, HangArgs
-from pipeline.host.probe import CRASH_BYTES, JobProbe, call_helper, read_log_chunk, recorded_identity
+from pipeline.host.probe import CRASH_BYTES, JobProbe, Ops, call_helper, read_log_chunk, recorded_identity
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.resume import ResumePoint, check_resume, checkpoint_fact
 from pipeline.state.runs import RunRecord
@@ -86,13 +86,13 @@ async def gather(
         "progress_offset": run.log_size_at_launch or 0,
         "checkpoint_dir": job.checkpoint_dir,
     }
-    raw = await call_helper(ssh, "evidence", args, job=run.job)
+    raw = await call_helper(ssh, Ops.evidence(args), job=run.job)
     for _ in range(10 if processes else 0):
         if raw.get("state") == "alive" or raw.get("status") is not None:
             break
         await asyncio.sleep(0.1)
         try:
-            raw = await call_helper(ssh, "evidence", args, job=run.job)
+            raw = await call_helper(ssh, Ops.evidence(args), job=run.job)
         except RemoteError:
             break
     state, count, pids = str(raw.get("state") or "gone"), int(raw.get("count") or 0), raw.get("pids") or []
@@ -232,7 +232,7 @@ async def crash_evidence(
             "start_time": ident["start_time"],
             "sid": ident["sid"],
         }
-        answer = await call_helper(ssh, "evidence", args, job=name)
+        answer = await call_helper(ssh, Ops.evidence(args), job=name)
         info = answer.get("log")
         size = int((info["size"] if info else None) or 0)
         seen = JobProbe(name, state=answer.get("state"), log_size=size, exit_status=answer.get("status"))
@@ -261,7 +261,7 @@ async def hang_evidence(
     }
     if pids:
         args["pids"] = list(pids)
-    return await call_helper(ssh, "hang", args, job=name, timeout=HANG_TIMEOUT)
+    return await call_helper(ssh, Ops.hang(args), job=name, timeout=HANG_TIMEOUT)
 
 
 # --- text ---------------------------------------------------------------------------------------

@@ -291,21 +291,3 @@ async def refresh(
     new = fold(state, chunk, job, now)
     await store.save_progress(name, new.model_dump_json())
     return new
-
-
-__all__ = [
-    "Judgement",
-    "ProgressState",
-    "RankState",
-    "StuckRank",
-    "Tracked",
-    "fold",
-    "judge",
-    "judge_many",
-    "parse",
-    "plan",
-    "plan_many",
-    "rank_stall_threshold",
-    "refresh",
-    "stuck_facts",
-]

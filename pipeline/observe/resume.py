@@ -54,9 +54,6 @@ def check_resume(
     return ResumeCheck(started_at, ignored)
 
 
-__all__ = ["ResumeCheck", "ResumePoint", "check_resume"]
-
-
 # --- text ---------------------------------------------------------------------------------------
 
 

@@ -8,11 +8,11 @@ refused and leaves it waiting.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
 from enum import StrEnum
+
+from pydantic import BaseModel
 
 from pipeline.state import keys
 from pipeline.state.redisconn import Store, ms
@@ -21,9 +21,8 @@ DEFAULT_WINDOW = 60.0  #: seconds a confirmation waits
 GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer settles first)
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A request waiting for confirmation."""
+class Pending(BaseModel, frozen=True):
+    """A request waiting for confirmation (kept as JSON: ``model_dump_json``)."""
 
     token: str  #: the id the buttons carry
     user: str
@@ -39,17 +38,6 @@ class Pending:
     def expired(self) -> bool:
         """True once the window has passed."""
         return time.time() > self.created_at + self.window
-
-    def dumps(self) -> str:
-        """As JSON text."""
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def loads(cls, raw: str | bytes) -> Pending:
-        """From :meth:`dumps` output."""
-        data = json.loads(raw)
-        data["groups"] = tuple(data.get("groups") or ())
-        return cls(**data)
 
 
 class Take(StrEnum):
@@ -89,7 +77,7 @@ class Confirmations(Store):
             window=window,
         )
         await self.client.set(
-            keys.confirmation(self.prefix, pending.token), pending.dumps(), px=ms(window + GRACE)
+            keys.confirmation(self.prefix, pending.token), pending.model_dump_json(), px=ms(window + GRACE)
         )
         return pending
 
@@ -100,11 +88,11 @@ class Confirmations(Store):
         raw = await self.client.get(key)
         if raw is None:
             return Take.GONE, None
-        pending = Pending.loads(raw)
+        pending = Pending.model_validate_json(raw)
         if user is not None and user != pending.user:
             return Take.NOT_YOURS, pending
         raw = await self.client.getdel(key)
         if raw is None:
             return Take.GONE, None
-        pending = Pending.loads(raw)
+        pending = Pending.model_validate_json(raw)
         return (Take.EXPIRED if user is not None and pending.expired else Take.TAKEN), pending
