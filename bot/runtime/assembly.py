@@ -10,6 +10,7 @@ import os
 import socket
 import uuid
 
+from bot.text import embedded_redis_started
 from handlers.context import Context
 from handlers.outbox import Outbox
 from handlers.reply import Reply
@@ -95,8 +96,3 @@ def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -
     """The process's :class:`~handlers.watch.cycle.Watcher` (``remind_every``: seconds between reminders
     of an open incident), its automatic restarts dispatched."""
     return Watcher(ctx, DispatchedRestarts(ctx), remind_every=remind_every)
-
-
-def embedded_redis_started(path: str) -> str:
-    """Start-up notice when no ``[redis] url`` is configured."""
-    return f"no [redis] url configured - using embedded Redis at {path}"
