@@ -5,5 +5,7 @@
 - :mod:`bot.runtime` — a running Pitstop: assembly, settings, scheduler, ``serve``, metrics, heartbeat;
 - :mod:`bot.demo` — ``pitstop demo``.
 
-Loose at the top: the CLI (:mod:`~bot.cli`) and the surfaces' constant words (:mod:`~bot.text`).
+Loose at the top: the CLI (:mod:`~bot.cli`) and the catalogue of every word a person reads from a
+surface (:mod:`~bot.text`: constants, and small functions where words take values; a leaf that
+imports nothing of ``bot``).
 """

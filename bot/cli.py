@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from bot.runtime import settings as settings_mod
+from bot.text import config_summary, missing_env
 from pipeline.config import Config, load_config, resolve_path
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.state.redisconn import mask_url
@@ -189,16 +190,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         incident = new_incident_id()
         log.exception("incident %s", incident)
         return _fail(internal_error(incident), ExitCode.FAILED)
-
-
-def config_summary(source: str, hosts: int, jobs: int, redis: str) -> str:
-    """The one-line summary ``pitstop check-config`` prints for a valid file."""
-    return f"{source}: ok - {hosts} host(s), {jobs} job(s), redis: {redis}"
-
-
-def missing_env(name: str) -> str:
-    """A required environment variable is unset."""
-    return f"{name} is not set - export it (secrets are read from the environment only)"
 
 
 if __name__ == "__main__":

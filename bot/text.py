@@ -1,10 +1,235 @@
-"""The constant words of the surfaces in ``bot/`` (words computed from values are functions
-beside their surface)."""
+"""The words a person reads from the surfaces in ``bot/``, in one catalogue (as Bolt's
+``logger/messages.py``): constants for fixed words, small functions where words take values.
+
+A leaf: it imports nothing of ``bot`` (every module of ``bot`` may import it), only the reply model
+and :mod:`pipeline.fmt` for the words that need them.
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from handlers.reply import Reply, Status
+from pipeline import fmt
+from pipeline.state.outage import Outage
+
+# --- Slack: the surface, split messages, refusals, the App Home, Socket Mode
+
 SLACK_UNTITLED = "(no text)"  #: what an empty reply shows (Slack refuses empty text)
 SLACK_HOME_TITLE = "Pitstop - jobs"  #: the heading of Pitstop's App Home tab
+
+
+def slack_earlier_omitted(chars: int) -> str:
+    """The visible marker in front of a log cut to fit a Slack section."""
+    return f"… ({chars:,} earlier characters omitted)"
+
+
+def slack_later_omitted(chars: int) -> str:
+    """The visible marker after text cut to fit a Slack section."""
+    return f"… ({chars:,} more characters omitted)"
+
+
+def slack_rows_omitted(rows: int) -> str:
+    """A table cut to fit one Slack message."""
+    return f"… ({rows:,} more rows omitted)"
+
+
+def slack_blocks_omitted(blocks: int) -> str:
+    """A reply cut to Slack's 50 blocks per message."""
+    return f"… ({blocks:,} more sections omitted - Slack shows at most 50 per message)"
+
+
+def slack_continued(more: int) -> str:
+    """The end of the first message of an answer split over several."""
+    return f"… continued in {more} more message{'s' if more != 1 else ''} below"
+
+
+def slack_attached(sections: int) -> str:
+    """The end of a split answer too long even for several messages."""
+    return f"… ({sections:,} more sections in the attached text file)"
+
+
+def slack_part(index: int, total: int, title: str) -> str:
+    """The head of a later message of a split answer."""
+    return f"({index}/{total}) {title}"
+
+
+def refused_notice(what: str, channel: str, error: str) -> str:
+    """The notice a person gets when Slack refused a post: what, where, Slack's error, and what to
+    do about it, by Slack's error code."""
+    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
+    fixes = {
+        "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
+        "channel_not_found": (
+            f"check the channel id {channel} in the config ([slack] announce_channel / jobs.*.channel), "
+            "or `/invite @pitstop` if it is private"
+        ),
+        "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
+        "msg_blocks_too_long": "the message was too long for Slack - please report this",
+        "outcome_unknown": f"Slack may have it or not: look in {where} (Pitstop does not post twice)",
+        "restricted_action": (
+            "posting there is restricted (read-only, threads only or admins only): allow the app "
+            "to post in the channel's settings or point the config at another channel"
+        ),
+        "ekm_access_denied": (
+            f"{where} is locked by an Enterprise Key Management policy: ask a Slack admin to "
+            "restore access or point the config at another channel"
+        ),
+        "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
+        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
+        "token_expired": (
+            "SLACK_BOT_TOKEN expired (token rotation is on): turn rotation off for the bot token "
+            "or refresh it, then update the token"
+        ),
+        "account_inactive": (
+            "the bot's token belongs to a deactivated app, user or workspace: reinstall the app "
+            "and update SLACK_BOT_TOKEN"
+        ),
+        "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
+        "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
+    }
+    fix = fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
+    return f'Slack refused "{what}" in {where}: {error} - {fix}'
+
+
+def slack_gave_up(attempts: int) -> str:
+    """Why a post was given up after its retries."""
+    return f"gave up after {attempts} tries"
+
+
+def slack_not_posted(where: str, error: str) -> str:
+    """A team-visible post that Slack refused (logged, never shown in Slack)."""
+    return f"Slack refused a post to {where}: {error}"
+
+
+def slack_owner_note(channel: str) -> str:
+    """The line above an alert DMed to an owner who is not in the channel it was posted in."""
+    return f"You own this job and are not in <#{channel}>, where this was posted; acknowledging it there stops these messages."
+
+
+def slack_home_no_role() -> str:
+    """The App Home of someone who holds no role."""
+    return "you hold no Pitstop role yet - ask an admin to add you to [auth] viewers"
+
+
+def slack_home_updated(when: str) -> str:
+    """The App Home tab's footer."""
+    return f"updated {when} · type `/train help` for commands"
+
+
+def too_many_websockets(max_wait: float) -> str:
+    """Log line: Slack refused the Socket Mode connection, and what to do (``max_wait``: the longest
+    backoff, in seconds)."""
+    return (
+        "Slack refused the Socket Mode connection (too_many_websockets): the app already has 10 open, Slack's "
+        "limit - stop other `pitstop serve --socket` processes (or other apps sharing this app token); "
+        f"trying again with a backoff of up to {max_wait:g} s"
+    )
+
+
+# --- the console
+
 CONSOLE_PROMPT = "pitstop> "  #: the console chat's input prompt
 CONSOLE_CONFIRM = "confirm? [y/N] "  #: the console's question for a reply that asks for confirmation
 CONSOLE_BYE = "bye"  #: the console's last line
+
+
+def console_button(label: str, action: str) -> str:
+    """A button the console cannot click, shown as a hint."""
+    return f"[{label}] ({action})"
+
+
+# --- pitstop demo and its script
+
+
+def demo_bad_line(lineno: int, line: str, expected: str) -> str:
+    """A demo script line that is not a command or a well-formed directive."""
+    return f"demo script line {lineno}: {line!r} - expected {expected}"
+
+
+def demo_wait_timed_out(kind: str, job: str, within: float) -> str:
+    """A ``wait`` directive's event did not come in time."""
+    return f"no {kind} for {job} within {within:g} s"
+
+
+def demo_dirs(tmp: Path, charts: Path) -> str:
+    """The demo's first line: its temp dir and where its charts are kept."""
+    return f"demo dir {tmp} (deleted at the end unless --keep); digest charts kept in {charts}"
+
+
+def demo_unexpected(lineno: int, what: str) -> str:
+    """A demo step did not behave as expected (line 0: the demo's own start of the job)."""
+    where = f"demo step at line {lineno}" if lineno else "the demo's initial start of the job"
+    return f"{where} did not behave as expected: {what}"
+
+
+def demo_done(steps: int, seconds: float) -> str:
+    """The demo's last line when every step behaved."""
+    return f"demo complete: {steps} steps behaved as expected in {seconds:.0f} s"
+
+
+def demo_script_unreadable(path: str, reason: str) -> str:
+    """The demo's ``--script`` file cannot be read."""
+    return f"cannot read demo script {path}: {reason}"
+
+
+# --- the CLI, serve and the scheduler
+
+
+def config_summary(source: str, hosts: int, jobs: int, redis: str) -> str:
+    """The one-line summary ``pitstop check-config`` prints for a valid file."""
+    return f"{source}: ok - {hosts} host(s), {jobs} job(s), redis: {redis}"
+
+
+def missing_env(name: str) -> str:
+    """A required environment variable is unset."""
+    return f"{name} is not set - export it (secrets are read from the environment only)"
+
+
+def embedded_redis_started(path: str) -> str:
+    """Start-up notice when no ``[redis] url`` is configured."""
+    return f"no [redis] url configured - using embedded Redis at {path}"
+
+
+def state_store_was_away(outage: Outage, timezone: str) -> Reply:
+    """The announce post once Redis is back after an outage longer than two watch intervals."""
+    return Reply(
+        f"state store was unreachable from {fmt.clock(outage.start, timezone)} to "
+        f"{fmt.clock(outage.end, timezone)} ({fmt.duration(outage.seconds)}); "
+        "watching, verifications and alerts resume now",
+        Status.WARNING,
+    )
+
+
+def serve_listening(url: str) -> str:
+    """``pitstop serve`` is up (HTTP mode)."""
+    return f"serving Slack on {url} (POST /slack/events, GET /healthz, GET /metrics)"
+
+
+def listen_failed(host: str, port: int, exc: OSError) -> str:
+    """``host:port`` cannot be listened on (the OS's reason: address already in use…)."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return f"cannot listen on {host}:{port} ({reason}) - pass another --host/--port (--port 0: any free port)"
+
+
+def serve_socket_connected(url: str | None) -> str:
+    """``pitstop serve --socket`` is up (listening on ``url`` for /healthz and /metrics, if any)."""
+    listening = f"; serving GET /healthz, GET /metrics on {url}" if url else ""
+    return f"connected to Slack over Socket Mode{listening}"
+
+
+def scheduler_leader(instance: str, acquired: bool) -> str:
+    """Log line: this process became, or stopped being, the scheduler leader."""
+    return f"{instance} {'is now' if acquired else 'is no longer'} the scheduler leader"
+
+
+def not_watching(start: float, end: float, found: dict[str, str], timezone: str) -> Reply:
+    """The announce post of a leader back after a gap (``start``/``end``: unix s, as in the
+    scheduler's ``_Gap``): when nobody watched, and what it found (``ok`` shows as RUNNING)."""
+    jobs = ", ".join(f"{name} {'RUNNING' if c == 'ok' else c.upper()}" for name, c in found.items())
+    return Reply(
+        f"Pitstop was not watching from {fmt.clock(start, timezone)} to {fmt.clock(end, timezone)} "
+        f"({fmt.duration(end - start)}); on return: {jobs or 'nothing to watch'}",
+        Status.WARNING,
+    )

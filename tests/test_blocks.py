@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.slack import blocks
-from bot.slack.blocks import slack_rows_omitted
+from bot.text import slack_rows_omitted
 from handlers.reply import Button, Reply, Status, StepLine, Table
 from tests.fixtures.slack import MAX_SECTION_TEXT, validate_blocks
 

@@ -17,10 +17,9 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.slack import blocks
 from bot.slack.api import ATTEMPTS, web_client
-from bot.slack.app import slack_home_no_role
-from bot.slack.blocks import slack_continued, slack_part
 from bot.slack.outbox import SlackOutbox
 from bot.slack.send import Delivery
+from bot.text import slack_continued, slack_home_no_role, slack_part
 from handlers.reply import Reply, Status, Table
 from handlers.request.confirm import confirm_expired
 from handlers.watch.alerts import alert_reply

@@ -1,6 +1,6 @@
 """``bot.console`` — Pitstop from a terminal: the console chat (:mod:`~bot.console.chat`) and
 ``pitstop say`` / ``parse`` (:mod:`~bot.console.say`).
 
-May import: ``bot.runtime``, ``bot.slack.blocks`` (text rendering), ``bot.demo.script`` (a wait's
-time-out line), ``bot.text``, ``handlers``, ``pipeline``.
+May import: ``bot.runtime``, ``bot.slack.blocks`` (text rendering), ``bot.text``, ``handlers``,
+``pipeline``.
 """

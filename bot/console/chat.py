@@ -20,8 +20,8 @@ from rich.text import Text
 
 from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
-from bot.slack.blocks import plain, slack_earlier_omitted
-from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, CONSOLE_PROMPT
+from bot.slack.blocks import plain
+from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, CONSOLE_PROMPT, console_button, slack_earlier_omitted
 from handlers.reply import Reply, Status, StepLine
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import thread_key, verdict_reply
@@ -324,8 +324,3 @@ async def run_console(
             with contextlib.suppress(Exception):
                 await sched.stop()
         await close_context(ctx)
-
-
-def console_button(label: str, action: str) -> str:
-    """A button the console cannot click, shown as a hint."""
-    return f"[{label}] ({action})"

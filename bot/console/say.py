@@ -14,8 +14,7 @@ import threading
 import uuid
 from typing import IO, TYPE_CHECKING
 
-from bot.demo.script import demo_wait_timed_out
-from bot.text import CONSOLE_CONFIRM
+from bot.text import CONSOLE_CONFIRM, demo_wait_timed_out
 from handlers.grammar.commands import ParseError, parse
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Reply, StepLine, render_text

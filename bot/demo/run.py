@@ -20,10 +20,18 @@ from importlib import resources
 from pathlib import Path
 
 from bot.console.chat import ConsoleOutbox, ConsoleSession, make_console
-from bot.demo.script import Kill, Say, Step, Wait, WaitRanks, demo_wait_timed_out, parse_line, parse_script
-from bot.runtime.assembly import build_context, close_context, embedded_redis_started
+from bot.demo.script import Kill, Say, Step, Wait, WaitRanks, parse_line, parse_script
+from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
 from bot.runtime.settings import Settings
+from bot.text import (
+    demo_dirs,
+    demo_done,
+    demo_script_unreadable,
+    demo_unexpected,
+    demo_wait_timed_out,
+    embedded_redis_started,
+)
 from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.request.dispatch import Dispatcher
@@ -354,24 +362,3 @@ async def _cleanup(
             await host.close()
     if not keep:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def demo_dirs(tmp: Path, charts: Path) -> str:
-    """The demo's first line: its temp dir and where its charts are kept."""
-    return f"demo dir {tmp} (deleted at the end unless --keep); digest charts kept in {charts}"
-
-
-def demo_unexpected(lineno: int, what: str) -> str:
-    """A demo step did not behave as expected (line 0: the demo's own start of the job)."""
-    where = f"demo step at line {lineno}" if lineno else "the demo's initial start of the job"
-    return f"{where} did not behave as expected: {what}"
-
-
-def demo_done(steps: int, seconds: float) -> str:
-    """The demo's last line when every step behaved."""
-    return f"demo complete: {steps} steps behaved as expected in {seconds:.0f} s"
-
-
-def demo_script_unreadable(path: str, reason: str) -> str:
-    """The demo's ``--script`` file cannot be read."""
-    return f"cannot read demo script {path}: {reason}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bot.text import demo_bad_line
 from pipeline.errors import UsageError
 from pipeline.state.events import EventKind
 
@@ -96,13 +97,3 @@ def parse_line(line: str, lineno: int) -> Step | None:
 def parse_script(text: str) -> list[Step]:
     """A whole script → its steps; :raises UsageError: at the first malformed directive."""
     return [step for n, line in enumerate(text.splitlines(), 1) if (step := parse_line(line, n)) is not None]
-
-
-def demo_bad_line(lineno: int, line: str, expected: str) -> str:
-    """A demo script line that is not a command or a well-formed directive."""
-    return f"demo script line {lineno}: {line!r} - expected {expected}"
-
-
-def demo_wait_timed_out(kind: str, job: str, within: float) -> str:
-    """A ``wait`` directive's event did not come in time."""
-    return f"no {kind} for {job} within {within:g} s"

@@ -3,5 +3,5 @@
 (:mod:`~bot.runtime.scheduler`), ``serve`` with ``/healthz`` and ``/metrics`` (:mod:`~bot.runtime.serve`,
 :mod:`~bot.runtime.metrics`) and the heartbeat (:mod:`~bot.runtime.heartbeat`).
 
-May import: ``bot.slack``, ``handlers`` and ``pipeline``.
+May import: ``bot.slack``, ``bot.text``, ``handlers`` and ``pipeline``.
 """

@@ -11,6 +11,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 
+from bot.text import embedded_redis_started
 from handlers.context import Context
 from handlers.outbox import Outbox
 from handlers.reply import Reply
@@ -101,8 +102,3 @@ def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -
     """The process's :class:`~handlers.watch.cycle.Watcher` (``remind_every``: seconds between reminders
     of an open incident), its automatic restarts dispatched."""
     return Watcher(ctx, DispatchedRestarts(ctx), remind_every=remind_every)
-
-
-def embedded_redis_started(path: str) -> str:
-    """Start-up notice when no ``[redis] url`` is configured."""
-    return f"no [redis] url configured - using embedded Redis at {path}"

@@ -20,12 +20,11 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.runtime.assembly import build_watcher
 from bot.runtime.heartbeat import Heartbeat
+from bot.text import not_watching, scheduler_leader
 from handlers.context import Context
-from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.views.reports import digest_command
 from handlers.watch.cycle import Watcher
-from pipeline import fmt
 from pipeline.errors import StateUnavailable
 from pipeline.observe.watch import DEFAULT_REMIND_EVERY, Decision
 from pipeline.state.incidents import IncidentKind
@@ -286,19 +285,3 @@ class PitstopScheduler:
         task = asyncio.get_running_loop().create_task(self._guarded(fn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def scheduler_leader(instance: str, acquired: bool) -> str:
-    """Log line: this process became, or stopped being, the scheduler leader."""
-    return f"{instance} {'is now' if acquired else 'is no longer'} the scheduler leader"
-
-
-def not_watching(start: float, end: float, found: dict[str, str], timezone: str) -> Reply:
-    """The announce post of a leader back after a gap (``start``/``end``: unix s, as in
-    :class:`_Gap`): when nobody watched, and what it found (``ok`` shows as RUNNING)."""
-    jobs = ", ".join(f"{name} {'RUNNING' if c == 'ok' else c.upper()}" for name, c in found.items())
-    return Reply(
-        f"Pitstop was not watching from {fmt.clock(start, timezone)} to {fmt.clock(end, timezone)} "
-        f"({fmt.duration(end - start)}); on return: {jobs or 'nothing to watch'}",
-        Status.WARNING,
-    )

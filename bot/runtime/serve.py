@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -30,8 +29,8 @@ from bot.slack.app import SlackSurface
 from bot.slack.outbox import SlackOutbox
 from bot.slack.send import Delivery
 from bot.slack.socket_mode import CappedSocketModeHandler
+from bot.text import listen_failed, serve_listening, serve_socket_connected, state_store_was_away
 from handlers.context import Context
-from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.watch.alerts import page_by_dm
 from pipeline import fmt
@@ -336,30 +335,3 @@ async def serve(
         if server is not None:
             await server.close()
         await runtime.close()
-
-
-def state_store_was_away(outage: Outage, timezone: str) -> Reply:
-    """The announce post once Redis is back after an outage longer than two watch intervals."""
-    return Reply(
-        f"state store was unreachable from {fmt.clock(outage.start, timezone)} to "
-        f"{fmt.clock(outage.end, timezone)} ({fmt.duration(outage.seconds)}); "
-        "watching, verifications and alerts resume now",
-        Status.WARNING,
-    )
-
-
-def serve_listening(url: str) -> str:
-    """``pitstop serve`` is up (HTTP mode)."""
-    return f"serving Slack on {url} (POST /slack/events, GET /healthz, GET /metrics)"
-
-
-def listen_failed(host: str, port: int, exc: OSError) -> str:
-    """``host:port`` cannot be listened on (the OS's reason: address already in use…)."""
-    reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    return f"cannot listen on {host}:{port} ({reason}) - pass another --host/--port (--port 0: any free port)"
-
-
-def serve_socket_connected(url: str | None) -> str:
-    """``pitstop serve --socket`` is up (listening on ``url`` for /healthz and /metrics, if any)."""
-    listening = f"; serving GET /healthz, GET /metrics on {url}" if url else ""
-    return f"connected to Slack over Socket Mode{listening}"

@@ -1,6 +1,6 @@
 """One call to Slack's Web API: the client (:func:`web_client`), pacing per channel
 (:class:`Pacer`) and per method (:class:`Budget`), failed calls named (:func:`error_of`), refusals
-(:class:`Refused`) and their fixes (:func:`refused_notice`).
+(:class:`Refused`) and their fixes (:func:`~bot.text.refused_notice`).
 """
 
 from __future__ import annotations
@@ -161,44 +161,6 @@ class Budget:
 #: (https://api.slack.com/apis/rate-limits), kept at 45 (calls reach Slack in another order than they
 #: left) after a burst of 40, below one minute's allowance (a 429 beyond it is waited out)
 TIER3 = (40, 45 / 60)
-
-
-def refused_notice(what: str, channel: str, error: str) -> str:
-    """The notice a person gets when Slack refused a post: what, where, Slack's error, and what to
-    do about it, by Slack's error code."""
-    where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
-    fixes = {
-        "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
-        "channel_not_found": (
-            f"check the channel id {channel} in the config ([slack] announce_channel / jobs.*.channel), "
-            "or `/invite @pitstop` if it is private"
-        ),
-        "is_archived": f"{where} is archived: unarchive it or point the config at another channel",
-        "msg_blocks_too_long": "the message was too long for Slack - please report this",
-        "outcome_unknown": f"Slack may have it or not: look in {where} (Pitstop does not post twice)",
-        "restricted_action": (
-            "posting there is restricted (read-only, threads only or admins only): allow the app "
-            "to post in the channel's settings or point the config at another channel"
-        ),
-        "ekm_access_denied": (
-            f"{where} is locked by an Enterprise Key Management policy: ask a Slack admin to "
-            "restore access or point the config at another channel"
-        ),
-        "invalid_auth": "SLACK_BOT_TOKEN is no longer valid: reinstall the app and update the token",
-        "token_revoked": "SLACK_BOT_TOKEN was revoked: reinstall the app and update the token",
-        "token_expired": (
-            "SLACK_BOT_TOKEN expired (token rotation is on): turn rotation off for the bot token "
-            "or refresh it, then update the token"
-        ),
-        "account_inactive": (
-            "the bot's token belongs to a deactivated app, user or workspace: reinstall the app "
-            "and update SLACK_BOT_TOKEN"
-        ),
-        "missing_scope": "the app lacks a scope: reinstall it from slack-manifest.yml",
-        "ratelimited": "Slack is rate-limiting the bot: fewer digests or a larger [slack] pace",
-    }
-    fix = fixes.get(error, "run `pitstop check-slack` to see what Slack refuses")
-    return f'Slack refused "{what}" in {where}: {error} - {fix}'
 
 
 def error_text(error: object) -> str:

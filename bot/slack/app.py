@@ -23,7 +23,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.slack import blocks
 from bot.slack.ackgate import AckGate
 from bot.slack.api import error_text
-from bot.slack.outbox import SlackOutbox, slack_not_posted
+from bot.slack.outbox import SlackOutbox
+from bot.text import slack_home_no_role, slack_home_updated, slack_not_posted
 from handlers.reply import Reply, Status
 from handlers.request.auth import role_of
 from handlers.request.dispatch import Dispatcher, Request
@@ -418,13 +419,3 @@ class SlackSurface:
 
     async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
         log.error("incident %s: %s", new_incident_id(), error, exc_info=error)
-
-
-def slack_home_no_role() -> str:
-    """The App Home of someone who holds no role."""
-    return "you hold no Pitstop role yet - ask an admin to add you to [auth] viewers"
-
-
-def slack_home_updated(when: str) -> str:
-    """The App Home tab's footer."""
-    return f"updated {when} · type `/train help` for commands"

@@ -11,6 +11,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from bot import text as words
 from bot.text import SLACK_HOME_TITLE, SLACK_UNTITLED
 from handlers.reply import Button, Reply, Status, Table, format_table, mention
 
@@ -124,19 +125,19 @@ def plain(text: str) -> str:
 
 def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str:
     """The end of ``text``, escaped, so that ``wrap[0] + result + wrap[1]`` fits ``limit`` characters;
-    when cut, behind :func:`slack_earlier_omitted` and from a line start where one is near."""
+    when cut, behind :func:`~bot.text.slack_earlier_omitted` and from a line start where one is near."""
     room = limit - len(wrap[0]) - len(wrap[1])
     text = unfence(text) if wrap[0].startswith(_FENCE) else text
     whole = escape(text)
     if len(whole) <= room:
         return whole
-    keep = max(room - len(slack_earlier_omitted(len(text))) - 1, 0)
+    keep = max(room - len(words.slack_earlier_omitted(len(text))) - 1, 0)
     while True:
         tail = text[len(text) - keep :] if keep else ""
         newline = tail.find("\n", 0, 200)
         if 0 <= newline < len(tail) - 1:
             tail = tail[newline + 1 :]
-        marker = slack_earlier_omitted(len(text) - len(tail))
+        marker = words.slack_earlier_omitted(len(text) - len(tail))
         out = f"{marker}\n{escape(tail)}" if tail else marker
         if len(out) <= room or keep == 0:
             return out[:room]
@@ -148,10 +149,10 @@ def keep_head(text: str, limit: int, *, refs: bool = True) -> str:
     whole = escape(text, refs=refs)
     if len(whole) <= limit:
         return whole
-    keep = max(limit - len(slack_later_omitted(len(text))) - 1, 0)
+    keep = max(limit - len(words.slack_later_omitted(len(text))) - 1, 0)
     while True:
         head = text[:keep]
-        out = f"{escape(head, refs=refs)} {slack_later_omitted(len(text) - len(head))}"
+        out = f"{escape(head, refs=refs)} {words.slack_later_omitted(len(text) - len(head))}"
         if len(out) <= limit or keep == 0:
             return out[:limit]
         keep = max(keep - (len(out) - limit), 0)
@@ -198,7 +199,7 @@ def _table(table: Table, max_sections: int) -> list[Block]:
     # keep as many rows as fit in max_sections - 1 sections, then say how many were left out
     kept = sections[: max(max_sections - 1, 1)]
     shown = sum(b["text"]["text"].count("\n") - 1 for b in kept)  # rows + header + rule
-    kept.append(_context(escape(slack_rows_omitted(len(table.rows) - max(shown - 2, 0)))))
+    kept.append(_context(escape(words.slack_rows_omitted(len(table.rows) - max(shown - 2, 0)))))
     return kept
 
 
@@ -263,7 +264,7 @@ def fit(blocks: list[Block], limit: int = MAX_BLOCKS, chars: int = MAX_MESSAGE_C
             break
         kept.append(block)
         budget -= size
-    return [*kept, _context(escape(slack_blocks_omitted(len(others) - len(kept)))), *actions]
+    return [*kept, _context(escape(words.slack_blocks_omitted(len(others) - len(kept)))), *actions]
 
 
 def _actions(reply: Reply, follow_ups: bool) -> Block | None:
@@ -284,8 +285,8 @@ def parts(
     """``reply`` as one or more messages (``{"text", "blocks"}``), each within Slack's limits.
 
     Nothing is cut while ``max_parts`` messages suffice (5 for a ``response_url``): the first holds
-    the title, the buttons and :func:`slack_continued`, each later one starts with
-    :func:`slack_part`.  Past that the last one says how many sections were left out, or with
+    the title, the buttons and :func:`~bot.text.slack_continued`, each later one starts with
+    :func:`~bot.text.slack_part`.  Past that the last one says how many sections were left out, or with
     ``attached`` (the caller attaches the whole answer as a file) that they are in the file.
     ``follow_ups`` and ``names``: as for :func:`reply_blocks`.  At least one payload.
     """
@@ -313,13 +314,13 @@ def parts(
         if len(chunks[-1]) + len(tail) + 3 > MAX_BLOCKS:
             dropped += 1
             chunks[-1].pop()
-        cut = slack_attached(dropped) if attached else slack_blocks_omitted(dropped)
+        cut = words.slack_attached(dropped) if attached else words.slack_blocks_omitted(dropped)
         chunks[-1].append(_context(escape(cut)))
     total = len(chunks)
-    more = [_context(escape(slack_continued(total - 1)))] if total > 1 else []
+    more = [_context(escape(words.slack_continued(total - 1)))] if total > 1 else []
     out: list[dict[str, Any]] = [{"text": fallback_text(reply), "blocks": chunks[0] + more + tail}]
     for i, chunk in enumerate(chunks[1:], 2):
-        label = slack_part(i, total, reply.title)
+        label = words.slack_part(i, total, reply.title)
         head = _context(keep_head(label, MAX_SECTION_TEXT))
         out.append({"text": keep_head(label, MAX_FALLBACK), "blocks": [head, *chunk]})
     return out
@@ -382,38 +383,3 @@ def block_texts(blocks: list[Block]) -> list[str]:
             elif isinstance(el.get("text"), str):
                 out.append(el["text"])
     return out
-
-
-def slack_earlier_omitted(chars: int) -> str:
-    """The visible marker in front of a log cut to fit a Slack section."""
-    return f"… ({chars:,} earlier characters omitted)"
-
-
-def slack_later_omitted(chars: int) -> str:
-    """The visible marker after text cut to fit a Slack section."""
-    return f"… ({chars:,} more characters omitted)"
-
-
-def slack_rows_omitted(rows: int) -> str:
-    """A table cut to fit one Slack message."""
-    return f"… ({rows:,} more rows omitted)"
-
-
-def slack_blocks_omitted(blocks: int) -> str:
-    """A reply cut to Slack's 50 blocks per message."""
-    return f"… ({blocks:,} more sections omitted - Slack shows at most 50 per message)"
-
-
-def slack_continued(more: int) -> str:
-    """The end of the first message of an answer split over several."""
-    return f"… continued in {more} more message{'s' if more != 1 else ''} below"
-
-
-def slack_attached(sections: int) -> str:
-    """The end of a split answer too long even for several messages."""
-    return f"… ({sections:,} more sections in the attached text file)"
-
-
-def slack_part(index: int, total: int, title: str) -> str:
-    """The head of a later message of a split answer."""
-    return f"({index}/{total}) {title}"

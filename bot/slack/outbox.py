@@ -17,9 +17,10 @@ from typing import Any, TypeVar
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
-from bot.slack.api import ERRORS, Refused, detail_of, error_of, refused_notice
+from bot.slack.api import ERRORS, Refused, detail_of, error_of
 from bot.slack.people import People
 from bot.slack.send import Delivery, SlackSender
+from bot.text import refused_notice, slack_not_posted, slack_owner_note
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
 from pipeline.state.posts import CLAIM_LEASE, Posts
@@ -437,13 +438,3 @@ class SlackOutbox(SlackSender):
             except Exception as exc:  # Redis trouble must not hide the refusal itself
                 log.warning("could not store the last delivery failure: %s", exc)
         return line
-
-
-def slack_not_posted(where: str, error: str) -> str:
-    """A team-visible post that Slack refused (logged, never shown in Slack)."""
-    return f"Slack refused a post to {where}: {error}"
-
-
-def slack_owner_note(channel: str) -> str:
-    """The line above an alert DMed to an owner who is not in the channel it was posted in."""
-    return f"You own this job and are not in <#{channel}>, where this was posted; acknowledging it there stops these messages."

@@ -26,6 +26,7 @@ from bot.slack.api import (
     detail_of,
     error_of,
 )
+from bot.text import slack_gave_up
 
 PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
@@ -190,8 +191,3 @@ class SlackSender:
             except ERRORS as exc:
                 error, _ = _failed_try(exc)
         raise Refused(error, slack_gave_up(ATTEMPTS))
-
-
-def slack_gave_up(attempts: int) -> str:
-    """Why a post was given up after its retries."""
-    return f"gave up after {attempts} tries"

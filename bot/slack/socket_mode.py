@@ -17,6 +17,8 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.text import too_many_websockets
+
 log = logging.getLogger(__name__)
 
 MAX_WAIT = 60.0  #: seconds between connection tries at most while Slack refuses them
@@ -52,7 +54,7 @@ class CappedSocketModeClient(SocketModeClient):
                     self.refused_at = time.time()
                     self._next_try = time.monotonic() + wait_after(self.refusals)
                     if self.refusals == 1:
-                        log.error(too_many_websockets())
+                        log.error(too_many_websockets(MAX_WAIT))
         elif '"hello"' in message.data:
             self.refusals, self.refused_at, self._next_try = 0, None, 0.0
 
@@ -87,12 +89,3 @@ class CappedSocketModeHandler(AsyncSocketModeHandler):
             app_token=app_token, logger=app.logger, web_client=web_client, ping_interval=ping_interval
         )
         self.client.socket_mode_request_listeners.append(self.handle)  # type: ignore[arg-type]
-
-
-def too_many_websockets() -> str:
-    """Log line: Slack refused the Socket Mode connection, and what to do."""
-    return (
-        f"Slack refused the Socket Mode connection ({REFUSED}): the app already has 10 open, Slack's "
-        "limit - stop other `pitstop serve --socket` processes (or other apps sharing this app token); "
-        f"trying again with a backoff of up to {MAX_WAIT:g} s"
-    )
