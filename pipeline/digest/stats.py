@@ -23,6 +23,7 @@ TARGET = "target"
 DRAFTER = "drafter"
 COMPARED = ("pipeline_tokens_per_s", "step_p50", "step_p95", "top1", "top4", "top8")
 MIN_TREND_S = 10.0  #: seconds: a window shorter than this (a rank's single line, its own rate) has no trend
+_LAST = ("loss", "top1", "top4", "top8")  #: taken from each rank's last line
 _HEADLINE = (  # DigestSummary.headline's keys, in order (window_s: its ``seconds``)
     "pipeline_tokens_per_s target_tokens_per_s step_p50 step_p95 top1 top4 top8 loss_last window_end"
     " window_s resets"
@@ -160,33 +161,33 @@ def _last(values: Sequence[float | None]) -> float | None:
     return next((v for v in reversed(values) if v is not None), None)
 
 
+def _flow(series: Sequence[RankSeries]) -> dict[str, Any]:
+    """The step-time percentiles (seconds) and queue depths over every line of ``series``."""
+    steps, queue = _column(series, "step_time_s"), _column(series, "queue_depth")
+    return {
+        "step_p50": percentile(steps, 0.5),
+        "step_p95": percentile(steps, 0.95),
+        "queue_mean": _mean(queue),
+        "queue_max": _float(max(queue)) if queue else None,
+    }
+
+
 def _rank_stats(s: RankSeries) -> RankStats:
-    complete = None not in s.ts and None not in s.tokens
-    counted = s.tokens if None not in s.tokens else _present(s.tokens)
-    increase, resets = counter_increase(counted)  # type: ignore[arg-type]
-    if complete:
-        timed_ts, timed_tokens = s.ts, counted
-    else:
-        pairs = [(t, n) for t, n in zip(s.ts, s.tokens, strict=True) if t is not None and n is not None]
-        timed_ts, timed_tokens = [p[0] for p in pairs], [p[1] for p in pairs]
-    tokens: float | None = None
+    counted = _present(s.tokens)
+    increase, resets = counter_increase(counted)
+    timed = [(t, n) for t, n in zip(s.ts, s.tokens, strict=True) if t is not None and n is not None]
+    tokens = increase if counted else None
     seconds: float | None = None
     rate: float | None = None
     rate_from = "none"
-    if len(timed_ts) >= 2:
-        first, last = timed_ts[0], timed_ts[-1]
-        assert first is not None and last is not None
-        seconds = float(last - first)
-        tokens = increase if complete else counter_increase(timed_tokens)[0]  # type: ignore[arg-type]
+    if len(timed) >= 2:
+        seconds = float(timed[-1][0] - timed[0][0])
+        tokens = counter_increase([n for _, n in timed])[0]
         if seconds > 0:
             rate, rate_from = tokens / seconds, "counter"
-    elif counted:
-        tokens = increase
     if rate is None and (reported := _present(s.tokens_per_s)):
         rate, rate_from = _mean(reported), "reported"
-    steps = _present(s.step_time_s)
-    queue = _present(s.queue_depth)
-    ts = s.ts if None not in s.ts else _present(s.ts)
+    ts = _present(s.ts)
     mem = _last(s.gpu_mem_bytes)
     return RankStats(
         rank=s.rank,
@@ -194,22 +195,16 @@ def _rank_stats(s: RankSeries) -> RankStats:
         role_rank=s.role_rank,
         device=s.device,
         lines=s.lines,
-        first_ts=_float(min(ts)) if ts else None,  # type: ignore[type-var]
-        last_ts=_float(max(ts)) if ts else None,  # type: ignore[type-var]
+        first_ts=_float(min(ts)) if ts else None,
+        last_ts=_float(max(ts)) if ts else None,
         tokens=tokens,
         seconds=seconds,
         tokens_per_s=rate,
         rate_from=rate_from,
         resets=resets,
-        step_p50=percentile(steps, 0.5),
-        step_p95=percentile(steps, 0.95),
-        queue_mean=_mean(queue),
-        queue_max=_float(max(queue)) if queue else None,
-        loss=_float(_last(s.loss)),
-        top1=_float(_last(s.top1)),
-        top4=_float(_last(s.top4)),
-        top8=_float(_last(s.top8)),
         gpu_mem_bytes=int(mem) if mem is not None else None,
+        **_flow([s]),
+        **{key: _float(_last(getattr(s, key))) for key in _LAST},
     )
 
 
@@ -227,21 +222,6 @@ def _column(series: Iterable[RankSeries], key: str) -> list[float]:
     return [v for s in series for v in getattr(s, key) if v is not None]
 
 
-def _role_stats(role: str, ranks: Sequence[RankStats], series: Sequence[RankSeries]) -> RoleStats:
-    steps = _column(series, "step_time_s")
-    queue = _column(series, "queue_depth")
-    return RoleStats(
-        role=role,
-        ranks=len(ranks),
-        lines=sum(s.lines for s in series),
-        tokens_per_s=_sum(r.tokens_per_s for r in ranks),
-        step_p50=percentile(steps, 0.5),
-        step_p95=percentile(steps, 0.95),
-        queue_mean=_mean(queue),
-        queue_max=_float(max(queue)) if queue else None,
-    )
-
-
 def summarise(
     lines: Sequence[MetricLine], *, lines_read: int | None = None, bytes_read: int = 0
 ) -> DigestSummary:
@@ -254,20 +234,24 @@ def summarise_series(
     series: Sequence[RankSeries], *, lines_read: int | None = None, bytes_read: int = 0
 ) -> DigestSummary:
     """:func:`summarise` from columns per rank (:func:`pipeline.digest.metrics.parse_series`)."""
-    pairs = sorted(((_rank_stats(s), s) for s in series), key=lambda p: (p[0].rank, p[0].role))
-    ranks = [r for r, _ in pairs]
+    ordered = sorted(series, key=lambda s: (s.rank, s.role))
+    ranks = [_rank_stats(s) for s in ordered]
     role_names = sorted({r.role for r in ranks}, key=lambda name: (name != TARGET, name))
     roles = tuple(
-        _role_stats(name, [r for r in ranks if r.role == name], [s for r, s in pairs if r.role == name])
+        RoleStats(
+            role=name,
+            ranks=len([r for r in ranks if r.role == name]),
+            lines=sum(s.lines for s in ordered if s.role == name),
+            tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == name),
+            **_flow([s for s in ordered if s.role == name]),
+        )
         for name in role_names
     )
     pipe = [s for s in series if s.role != TARGET]
     pipe_ranks = [r for r in ranks if r.role != TARGET]
     drafters = [r for r in ranks if r.role == DRAFTER] or pipe_ranks
     drafter_series = [s for s in series if s.role == DRAFTER] or pipe
-    pipe_steps = _column(pipe, "step_time_s")
-    pipe_queue = _column(pipe, "queue_depth")
-    queue_mean = _mean(pipe_queue)
+    flow = _flow(pipe)
     starts = [r.first_ts for r in ranks if r.first_ts is not None]
     ends = [r.last_ts for r in ranks if r.last_ts is not None]
     metric_lines = sum(s.lines for s in series)
@@ -278,23 +262,15 @@ def summarise_series(
         roles=roles,
         pipeline_tokens_per_s=_sum(r.tokens_per_s for r in pipe_ranks),
         target_tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == TARGET),
-        step_p50=percentile(pipe_steps, 0.5),
-        step_p95=percentile(pipe_steps, 0.95),
-        queue_mean=queue_mean,
-        queue_max=_float(max(pipe_queue)) if pipe_queue else None,
-        starved=queue_mean is not None and queue_mean < STARVED_BELOW,
+        starved=flow["queue_mean"] is not None and flow["queue_mean"] < STARVED_BELOW,
         loss_last=_mean(_present(r.loss for r in drafters)),
-        loss_mean=_mean(_column(drafter_series, "loss")),
-        top1=_mean(_present(r.top1 for r in drafters)),
-        top4=_mean(_present(r.top4 for r in drafters)),
-        top8=_mean(_present(r.top8 for r in drafters)),
-        top1_mean=_mean(_column(drafter_series, "top1")),
-        top4_mean=_mean(_column(drafter_series, "top4")),
-        top8_mean=_mean(_column(drafter_series, "top8")),
         resets=sum(r.resets for r in ranks),
         metric_lines=metric_lines,
         lines_read=metric_lines if lines_read is None else lines_read,
         bytes_read=bytes_read,
+        **flow,
+        **{key: _mean(_present(getattr(r, key) for r in drafters)) for key in _LAST[1:]},
+        **{f"{key}_mean": _mean(_column(drafter_series, key)) for key in _LAST},
     )
 
 
