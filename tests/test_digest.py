@@ -32,7 +32,7 @@ from handlers.views.reports import (
     gpus_unknown_host,
 )
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
-from pipeline.digest.chart import tokens_chart
+from pipeline.digest.chart import draw_chart
 from pipeline.digest.metrics import MetricLine, parse_metric_lines
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import MIN_TREND_S, compare, counter_increase, percentile, summarise
@@ -281,13 +281,13 @@ async def test_on_demand_with_nothing_new_repeats_the_last_window(tmp_path: Path
 
 
 def test_chart_is_a_png_with_a_line_per_rank(tmp_path: Path) -> None:
-    """tokens_chart writes a non-empty PNG, also for a window without lines."""
+    """draw_chart writes a non-empty PNG, also for a window without lines."""
     lines = parse_metric_lines(DFLASH_LOG, "jsonl")
-    out = tokens_chart(lines, tmp_path / "charts" / "c.png")
-    data = out.read_bytes()
+    draw_chart(lines, path=tmp_path / "charts" / "c.png")
+    data = (tmp_path / "charts" / "c.png").read_bytes()
     assert data.startswith(PNG) and len(data) > 10_000
-    empty = tokens_chart([], tmp_path / "empty.png")
-    assert empty.read_bytes().startswith(PNG)
+    draw_chart([], path=tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").read_bytes().startswith(PNG)
 
 
 # --- the digest over real Redis and a real SSH host ----------------------------------------------

@@ -201,13 +201,13 @@ def _draw(
     """Parse the window's lines and draw them (in a worker thread: both are slow); the PNG's path
     with links resolved (the demo's ``charts`` links to a lasting place)."""
     # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
-    from pipeline.digest.chart import chart_title, tokens_chart
+    from pipeline.digest.chart import chart_title, draw_chart
 
     path = path.parent.resolve() / path.name
     lines = parse_metric_lines(data, spec.metrics)
-    out = tokens_chart(lines, path, title=chart_title(job), restarts=marks, last_digest=last_digest)
+    draw_chart(lines, title=chart_title(job), restarts=marks, last_digest=last_digest, path=path)
     _prune_charts(path.parent, job)
-    return out
+    return path
 
 
 async def build_digest(

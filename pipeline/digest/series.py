@@ -170,14 +170,12 @@ def _bins(span: float, lines: Sequence[MetricLine]) -> tuple[float, int]:
     return width, max(1, round(span / width * SMOOTH_FRACTION)) | 1
 
 
-def throughput(
-    lines: Sequence[MetricLine],
-    marks: Sequence[RestartMark] = (),
-    intervals: dict[Key, list[Interval]] | None = None,
-) -> Throughput:
+def throughput(lines: Sequence[MetricLine], per_rank: dict[Key, list[Interval]]) -> Throughput:
     """The pipeline's tokens/s over the window, binned within segments (module docstring); empty
-    when no pipeline rank has two usable samples.  ``intervals``: :func:`rank_intervals`, if known."""
-    per_rank = intervals if intervals is not None else rank_intervals(lines, marks)
+    when no pipeline rank has two usable samples.
+
+    :param per_rank: the window's :func:`rank_intervals`.
+    """
     pipe = {k: v for k, v in per_rank.items() if k[0] != TARGET and v}
     segments = _union(iv for ivs in pipe.values() for iv in ivs)
     if not segments:
@@ -199,14 +197,9 @@ def throughput(
     return Throughput(x, raw, smooth, width, segments)
 
 
-def rank_strip(
-    lines: Sequence[MetricLine],
-    marks: Sequence[RestartMark] = (),
-    intervals: dict[Key, list[Interval]] | None = None,
-) -> RankStrip:
+def rank_strip(lines: Sequence[MetricLine], per_rank: dict[Key, list[Interval]]) -> RankStrip:
     """Every rank's tokens/s per bin as a percentage of its role's median; no rows when no rank
-    has two usable samples.  ``intervals`` as for :func:`throughput`."""
-    per_rank = intervals if intervals is not None else rank_intervals(lines, marks)
+    has two usable samples.  ``per_rank`` as for :func:`throughput`."""
     rows = sorted((k for k, v in per_rank.items() if v), key=lambda k: (k[0] != TARGET, k[0], k[1]))
     if not rows:
         return RankStrip([], [], [])
