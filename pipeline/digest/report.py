@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import Config, JobConfig
-from pipeline.digest.metrics import parse_metric_lines, parse_series
+from pipeline.digest.metrics import MetricLine, parse_metric_lines
 from pipeline.digest.series import RestartMark, restart_label
-from pipeline.digest.stats import DRAFTER, TARGET, DigestSummary, compare, summarise_series
+from pipeline.digest.stats import DRAFTER, TARGET, DigestSummary, compare, summarise
 from pipeline.digest.window import (
     FIRST_WINDOW_BYTES,
     MAX_WINDOW_BYTES,
@@ -88,14 +88,13 @@ def silent_ranks(
 
 async def load_seen_ranks(memory: DigestMemory, job: str) -> dict[int, tuple[str, float | None]]:
     """Ranks earlier digests saw: rank → (role, ``ts`` of its last metric line or None)."""
-    raw = await memory.ranks(job)
     out: dict[int, tuple[str, float | None]] = {}
-    for rank, value in raw.items():
+    for rank, value in (await memory.ranks(job)).items():
         try:
             data = json.loads(value)
             last = data.get("last_ts")
             out[int(rank)] = (str(data["role"]), float(last) if last is not None else None)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):  # not a JSON object with a role
             continue
     return out
 
@@ -185,28 +184,23 @@ async def restart_marks(runs: RunStore, job: str, start: float | None, end: floa
     )
 
 
-def _prune_charts(directory: Path, job: str) -> None:
-    for old in sorted(directory.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)[:-CHARTS_KEPT]:
-        old.unlink(missing_ok=True)
-
-
 def _draw(
-    data: bytes,
-    spec: JobConfig,
+    lines: Sequence[MetricLine],
     path: Path,
     job: str,
     marks: Sequence[RestartMark] = (),
     last_digest: float | None = None,
 ) -> Path:
-    """Parse the window's lines and draw them (in a worker thread: both are slow); the PNG's path
-    with links resolved (the demo's ``charts`` links to a lasting place)."""
+    """Draw the window's lines (in a worker thread: it is slow) and keep the job's last
+    :data:`CHARTS_KEPT` charts; the PNG's path with links resolved (the demo's ``charts`` links to a
+    lasting place)."""
     # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
     from pipeline.digest.chart import chart_title, draw_chart
 
     path = path.parent.resolve() / path.name
-    lines = parse_metric_lines(data, spec.metrics)
     draw_chart(lines, title=chart_title(job), restarts=marks, last_digest=last_digest, path=path)
-    _prune_charts(path.parent, job)
+    for old in sorted(path.parent.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)[:-CHARTS_KEPT]:
+        old.unlink(missing_ok=True)
     return path
 
 
@@ -241,10 +235,9 @@ async def build_digest(
     if state is None:
         max_bytes = min(max_bytes, first_bytes)
     window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
-    series = parse_series(window.data, spec.metrics)
-    summary = summarise_series(series, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
+    lines = await asyncio.to_thread(parse_metric_lines, window.data, spec.metrics)
+    summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
     seen = await load_seen_ranks(memory, name)
-    silent = silent_ranks(summary, expected_ranks(spec, seen), seen)
     if summary.ranks:
         await memory.add_ranks(name, seen_update(summary, seen))
     previous = await load_last(memory, name)
@@ -261,12 +254,9 @@ async def build_digest(
         until = (summary.window_end or now) if repeat else now
         marks = await restart_marks(runs, name, summary.window_start, until)
         last_rate = None if repeat else (previous or {}).get("pipeline_tokens_per_s")
-        path = await asyncio.to_thread(_draw, window.data, spec, where, name, marks, last_rate)
+        path = await asyncio.to_thread(_draw, lines, where, name, marks, last_rate)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
     snapshot = await redis.open_store(JobStore, config).read(name, now=now)
-    progress = None
-    if spec.total_steps is not None and summary.metric_lines:
-        progress = progress_toward(parse_metric_lines(window.data, spec.metrics), spec.total_steps)
     digest = Digest(
         job=name,
         scheduled=scheduled,
@@ -282,9 +272,9 @@ async def build_digest(
         uptime_s=snapshot.uptime(now),
         restarts=await _restarts_since(runs, name, since),
         built_at=now,
-        silent=silent,
+        silent=silent_ranks(summary, expected_ranks(spec, seen), seen),
         marks=marks,
-        progress=progress,
+        progress=progress_toward(lines, spec.total_steps) if spec.total_steps is not None and lines else None,
         attempts=tuple(await runs.attempts(name, ATTEMPTS_SHOWN)),
         live_run=snapshot.run_id,
     )
