@@ -16,8 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
@@ -171,53 +170,3 @@ def parse_metric_lines(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) 
         return parse_jsonl(data)
     assert isinstance(mapping, MetricsPattern)
     return parse_pattern(data, mapping)
-
-
-# --- columns per rank, for statistics -----------------------------------------------------------
-
-
-@dataclass
-class RankSeries:
-    """One rank's metric values over a window, one list per key with one entry per line (None
-    where it lacks the value), in file order; ``role_rank`` and ``device`` are the last line's."""
-
-    role: str
-    rank: int
-    role_rank: int | None = None
-    device: str | None = None
-    ts: list[float | None] = field(default_factory=list)
-    tokens: list[float | None] = field(default_factory=list)
-    tokens_per_s: list[float | None] = field(default_factory=list)
-    step_time_s: list[float | None] = field(default_factory=list)
-    queue_depth: list[float | None] = field(default_factory=list)
-    loss: list[float | None] = field(default_factory=list)
-    top1: list[float | None] = field(default_factory=list)
-    top4: list[float | None] = field(default_factory=list)
-    top8: list[float | None] = field(default_factory=list)
-    gpu_mem_bytes: list[int | None] = field(default_factory=list)
-
-    @property
-    def lines(self) -> int:
-        """Metric lines of the rank."""
-        return len(self.ts)
-
-
-def series_of(lines: Sequence[MetricLine]) -> list[RankSeries]:
-    """The lines grouped per ``(role, rank)`` into columns, in order of each group's first line."""
-    groups: dict[tuple[str, int], RankSeries] = {}
-    for ln in lines:
-        if (s := groups.get((ln.role, ln.rank))) is None:
-            s = groups[(ln.role, ln.rank)] = RankSeries(ln.role, ln.rank)
-        s.role_rank, s.device = ln.role_rank, ln.device
-        for key in _COLUMNS:
-            getattr(s, key).append(getattr(ln, key))
-    return list(groups.values())
-
-
-_COLUMNS = ("ts", *_FLOAT_KEYS, "gpu_mem_bytes")
-
-
-def parse_series(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> list[RankSeries]:
-    """:func:`series_of` of :func:`parse_metric_lines`: one series per ``(role, rank)``, in order of
-    each one's first line."""
-    return series_of(parse_metric_lines(data, mapping))

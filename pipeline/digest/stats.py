@@ -4,8 +4,7 @@ Per rank, tokens/s is Δtokens/Δtime between its first and last line in the win
 cumulative ``tokens`` counter (not an average of rates); a counter reset counts as
 Prometheus' ``increase()`` counts it (:func:`counter_increase`).  The pipeline's tokens/s is the
 sum over the ranks that are not ``target`` (the drafters, which consume what targets produce);
-targets are summed separately and never added in.  The work is done on columns
-(:class:`~pipeline.digest.metrics.RankSeries`), one builtin pass per number.
+targets are summed separately and never added in.
 """
 
 from __future__ import annotations
@@ -13,10 +12,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from pipeline.digest.metrics import MetricLine, RankSeries, series_of
+from pipeline.digest.metrics import MetricLine
 
 STARVED_BELOW = 0.5  #: mean drafter queue depth under which drafters are starved of hidden states
 TARGET = "target"
@@ -140,10 +139,6 @@ class DigestSummary:
         """The numbers a later digest compares against (stored in ``keys.digest_last``)."""
         return {k: getattr(self, "seconds" if k == "window_s" else k) for k in _HEADLINE}
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every field as JSON-ready data."""
-        return asdict(self)
-
 
 def counter_increase(values: Sequence[float]) -> tuple[float, int]:
     """(total increase, resets) of a cumulative counter's samples in time order: a sample lower
@@ -157,13 +152,14 @@ def counter_increase(values: Sequence[float]) -> tuple[float, int]:
     return increase, sum(cur < prev for prev, cur in pairs)
 
 
-def _last(values: Sequence[float | None]) -> float | None:
-    return next((v for v in reversed(values) if v is not None), None)
+def _last(values: Iterable[float | None]) -> float | None:
+    return next((v for v in values if v is not None), None)
 
 
-def _flow(series: Sequence[RankSeries]) -> dict[str, Any]:
-    """The step-time percentiles (seconds) and queue depths over every line of ``series``."""
-    steps, queue = _column(series, "step_time_s"), _column(series, "queue_depth")
+def _flow(ranks: Iterable[Sequence[MetricLine]]) -> dict[str, Any]:
+    """The step-time percentiles (seconds) and queue depths over every line of ``ranks``."""
+    ranks = list(ranks)
+    steps, queue = _column(ranks, "step_time_s"), _column(ranks, "queue_depth")
     return {
         "step_p50": percentile(steps, 0.5),
         "step_p95": percentile(steps, 0.95),
@@ -172,10 +168,11 @@ def _flow(series: Sequence[RankSeries]) -> dict[str, Any]:
     }
 
 
-def _rank_stats(s: RankSeries) -> RankStats:
-    counted = _present(s.tokens)
+def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
+    """One rank's numbers from its lines in file order (``role_rank`` and ``device``: its last line's)."""
+    counted = _column([lines], "tokens")
     increase, resets = counter_increase(counted)
-    timed = [(t, n) for t, n in zip(s.ts, s.tokens, strict=True) if t is not None and n is not None]
+    timed = [(ln.ts, ln.tokens) for ln in lines if ln.ts is not None and ln.tokens is not None]
     tokens = increase if counted else None
     seconds: float | None = None
     rate: float | None = None
@@ -185,16 +182,16 @@ def _rank_stats(s: RankSeries) -> RankStats:
         tokens = counter_increase([n for _, n in timed])[0]
         if seconds > 0:
             rate, rate_from = tokens / seconds, "counter"
-    if rate is None and (reported := _present(s.tokens_per_s)):
+    if rate is None and (reported := _column([lines], "tokens_per_s")):
         rate, rate_from = _mean(reported), "reported"
-    ts = _present(s.ts)
-    mem = _last(s.gpu_mem_bytes)
+    ts = _column([lines], "ts")
+    last, mem = lines[-1], _last(ln.gpu_mem_bytes for ln in reversed(lines))
     return RankStats(
-        rank=s.rank,
-        role=s.role,
-        role_rank=s.role_rank,
-        device=s.device,
-        lines=s.lines,
+        rank=last.rank,
+        role=last.role,
+        role_rank=last.role_rank,
+        device=last.device,
+        lines=len(lines),
         first_ts=_float(min(ts)) if ts else None,
         last_ts=_float(max(ts)) if ts else None,
         tokens=tokens,
@@ -203,8 +200,8 @@ def _rank_stats(s: RankSeries) -> RankStats:
         rate_from=rate_from,
         resets=resets,
         gpu_mem_bytes=int(mem) if mem is not None else None,
-        **_flow([s]),
-        **{key: _float(_last(getattr(s, key))) for key in _LAST},
+        **_flow([lines]),
+        **{key: _float(_last(getattr(ln, key) for ln in reversed(lines))) for key in _LAST},
     )
 
 
@@ -217,9 +214,9 @@ def _sum(values: Iterable[float | None]) -> float | None:
     return sum(present) if present else None
 
 
-def _column(series: Iterable[RankSeries], key: str) -> list[float]:
-    """Every present value of column ``key`` over ``series``."""
-    return [v for s in series for v in getattr(s, key) if v is not None]
+def _column(ranks: Iterable[Sequence[MetricLine]], key: str) -> list[float]:
+    """Every present value of ``key`` over the lines of ``ranks``."""
+    return [v for lines in ranks for ln in lines if (v := getattr(ln, key)) is not None]
 
 
 def summarise(
@@ -227,34 +224,30 @@ def summarise(
 ) -> DigestSummary:
     """Aggregate the metric lines of one window (``lines_read``: complete log lines read, metric
     or not; default the metric lines); numbers without data are None, never 0."""
-    return summarise_series(series_of(lines), lines_read=lines_read, bytes_read=bytes_read)
-
-
-def summarise_series(
-    series: Sequence[RankSeries], *, lines_read: int | None = None, bytes_read: int = 0
-) -> DigestSummary:
-    """:func:`summarise` from columns per rank (:func:`pipeline.digest.metrics.parse_series`)."""
-    ordered = sorted(series, key=lambda s: (s.rank, s.role))
-    ranks = [_rank_stats(s) for s in ordered]
+    by_rank: dict[tuple[str, int], list[MetricLine]] = {}
+    for ln in lines:
+        by_rank.setdefault((ln.role, ln.rank), []).append(ln)
+    series = list(by_rank.values())  # in order of each rank's first line
+    ordered = sorted(series, key=lambda g: (g[0].rank, g[0].role))
+    ranks = [_rank_stats(g) for g in ordered]
     role_names = sorted({r.role for r in ranks}, key=lambda name: (name != TARGET, name))
     roles = tuple(
         RoleStats(
             role=name,
             ranks=len([r for r in ranks if r.role == name]),
-            lines=sum(s.lines for s in ordered if s.role == name),
+            lines=sum(r.lines for r in ranks if r.role == name),
             tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == name),
-            **_flow([s for s in ordered if s.role == name]),
+            **_flow(g for g in ordered if g[0].role == name),
         )
         for name in role_names
     )
-    pipe = [s for s in series if s.role != TARGET]
+    pipe = [g for g in series if g[0].role != TARGET]
     pipe_ranks = [r for r in ranks if r.role != TARGET]
     drafters = [r for r in ranks if r.role == DRAFTER] or pipe_ranks
-    drafter_series = [s for s in series if s.role == DRAFTER] or pipe
+    drafter_series = [g for g in series if g[0].role == DRAFTER] or pipe
     flow = _flow(pipe)
     starts = [r.first_ts for r in ranks if r.first_ts is not None]
     ends = [r.last_ts for r in ranks if r.last_ts is not None]
-    metric_lines = sum(s.lines for s in series)
     return DigestSummary(
         window_start=min(starts) if starts else None,
         window_end=max(ends) if ends else None,
@@ -265,8 +258,8 @@ def summarise_series(
         starved=flow["queue_mean"] is not None and flow["queue_mean"] < STARVED_BELOW,
         loss_last=_mean(_present(r.loss for r in drafters)),
         resets=sum(r.resets for r in ranks),
-        metric_lines=metric_lines,
-        lines_read=metric_lines if lines_read is None else lines_read,
+        metric_lines=len(lines),
+        lines_read=len(lines) if lines_read is None else lines_read,
         bytes_read=bytes_read,
         **flow,
         **{key: _mean(_present(getattr(r, key) for r in drafters)) for key in _LAST[1:]},
