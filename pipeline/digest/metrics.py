@@ -49,24 +49,18 @@ class MetricLine(NamedTuple):
     gpu_mem_bytes: int | None = None  #: peak GPU memory allocated by the rank
 
 
-_new_line = MetricLine._make
-
-
 def _num(value: Any) -> float | None:
     """A finite float from a JSON number or a numeric string, else None (bools are not numbers)."""
-    kind = type(value)
-    if kind is float:
-        return value if math.isfinite(value) else None
-    if kind is int:
-        return float(value)
-    if kind is not str:
+    if type(value) is str:
+        value = value.strip()
+        if not value or not _NUMBER.match(value):
+            return None
+        value = value.replace(",", "").replace("_", "")
+    elif type(value) is not float and type(value) is not int:
         return None  # bool, None, list, dict
-    text = value.strip()
-    if not text or not _NUMBER.match(text):
-        return None
     try:
-        out = float(text.replace(",", "").replace("_", ""))
-    except ValueError:
+        out = float(value)
+    except (ValueError, OverflowError):  # "+", ".", an integer beyond a float
         return None
     return out if math.isfinite(out) else None
 
@@ -87,21 +81,17 @@ def _ts(value: Any) -> float | None:
         when = datetime.fromisoformat(value.strip().replace(",", "."))
     except ValueError:
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
+    return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
     """A :class:`MetricLine` from a dict of raw values, or None if it is not a metric record."""
     role = raw.get("role")
-    if type(role) is not str or not role:
-        if default_role is None:
-            return None
-        role = default_role
+    if (role := role if type(role) is str and role else default_role) is None:
+        return None
     get = raw.get
     rank, device = _int(get("rank")), get("device")
-    return _new_line(
+    return MetricLine._make(
         [
             _ts(get("ts")),
             role,
@@ -121,13 +111,6 @@ def _complete_lines(data: bytes) -> list[bytes]:
     return data[: end + 1].splitlines() if end >= 0 else []
 
 
-def _candidates(data: bytes) -> list[bytes]:
-    """The complete lines that start with ``{``, stripped when blanks come first."""
-    return [
-        c for c in (ln if ln[:1] == b"{" else ln.strip() for ln in _complete_lines(data)) if c[:1] == b"{"
-    ]
-
-
 def _json_line(line: bytes, loads: Callable[[bytes], Any]) -> MetricLine | None:
     """A line's metric record, or None; a line orjson refused (``NaN``, a huge integer, …) is read
     as the standard library reads it."""
@@ -143,7 +126,8 @@ def parse_jsonl(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> li
 
     :param loads: the JSON decoder tried first (a line it refuses is read by ``json.loads``).
     """
-    records = (_json_line(line, loads) for line in _candidates(data))
+    lines = (ln for ln in _complete_lines(data) if ln.lstrip()[:1] == b"{")  # no other line is an object
+    records = (_json_line(line, loads) for line in lines)
     return [rec for rec in records if rec is not None]
 
 
