@@ -50,7 +50,17 @@ def _present(values: Iterable[float | None]) -> list[float]:
 
 
 @dataclass(frozen=True)
-class RankStats:
+class Flow:
+    """Step-time percentiles (``step_time_s``, seconds) and queue depths over some metric lines."""
+
+    step_p50: float | None
+    step_p95: float | None
+    queue_mean: float | None
+    queue_max: float | None
+
+
+@dataclass(frozen=True)
+class RankStats(Flow):
     """One rank's numbers over the window: ``tokens`` between its first and last line (resets
     handled) over their ``seconds``, else the mean of its reported ``tokens_per_s`` (``rate_from``:
     ``counter``, ``reported`` or ``none``); ``step_p50``/``step_p95`` of its ``step_time_s``
@@ -68,10 +78,6 @@ class RankStats:
     tokens_per_s: float | None
     rate_from: str
     resets: int
-    step_p50: float | None
-    step_p95: float | None
-    queue_mean: float | None
-    queue_max: float | None
     loss: float | None
     top1: float | None
     top4: float | None
@@ -80,7 +86,7 @@ class RankStats:
 
 
 @dataclass(frozen=True)
-class RoleStats:
+class RoleStats(Flow):
     """One role's numbers over the window: the sum of its ranks' tokens/s, ``step_time_s`` and
     ``queue_depth`` over all its lines."""
 
@@ -88,14 +94,10 @@ class RoleStats:
     ranks: int
     lines: int
     tokens_per_s: float | None
-    step_p50: float | None
-    step_p95: float | None
-    queue_mean: float | None
-    queue_max: float | None
 
 
 @dataclass(frozen=True)
-class DigestSummary:
+class DigestSummary(Flow):
     """A window of metric lines, aggregated (module docstring).  The step and queue numbers are
     the pipeline (non-target) lines'; ``loss_last``, ``top1``… the mean over drafter ranks of
     each one's last value, ``loss_mean``, ``top1_mean``… over every drafter line."""
@@ -106,10 +108,6 @@ class DigestSummary:
     roles: tuple[RoleStats, ...]  #: targets first
     pipeline_tokens_per_s: float | None  #: the sum over every non-target rank (the drafters)
     target_tokens_per_s: float | None  #: shown apart, never added in
-    step_p50: float | None
-    step_p95: float | None
-    queue_mean: float | None
-    queue_max: float | None
     starved: bool  #: the drafters' mean queue depth is under :data:`STARVED_BELOW`: targets lag
     loss_last: float | None
     loss_mean: float | None
@@ -273,18 +271,13 @@ def compare(
     """The change of each :data:`COMPARED` number against a previous digest (a summary or its
     :meth:`DigestSummary.headline`), ``(cur - prev) / |prev| * 100``, for numbers in both with a
     non-zero previous value; empty unless both windows are :func:`steady` (a made-up trend else)."""
-    if prev is None:
-        return {}
-    before = prev.headline() if isinstance(prev, DigestSummary) else prev
+    before = prev.headline() if isinstance(prev, DigestSummary) else prev or {}  # no previous: no change
     now = cur.headline() if isinstance(cur, DigestSummary) else cur
     if not (steady(before) and steady(now)):
         return {}
-    out: dict[str, float] = {}
-    for key in COMPARED:
-        a, b = before.get(key), now.get(key)
-        if isinstance(a, int | float) and isinstance(b, int | float) and a != 0:
-            out[key] = (b - a) / abs(a) * 100.0
-    return out
+    pairs = ((key, before.get(key), now.get(key)) for key in COMPARED)
+    numbers = ((k, a, b) for k, a, b in pairs if isinstance(a, int | float) and isinstance(b, int | float))
+    return {k: (b - a) / abs(a) * 100.0 for k, a, b in numbers if a != 0}
 
 
 def steady(headline: Mapping[str, float | None]) -> bool:
