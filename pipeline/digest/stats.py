@@ -171,17 +171,13 @@ def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
     counted = _column([lines], "tokens")
     increase, resets = counter_increase(counted)
     timed = [(ln.ts, ln.tokens) for ln in lines if ln.ts is not None and ln.tokens is not None]
-    tokens = increase if counted else None
-    seconds: float | None = None
-    rate: float | None = None
-    rate_from = "none"
-    if len(timed) >= 2:
-        seconds = float(timed[-1][0] - timed[0][0])
-        tokens = counter_increase([n for _, n in timed])[0]
-        if seconds > 0:
-            rate, rate_from = tokens / seconds, "counter"
-    if rate is None and (reported := _column([lines], "tokens_per_s")):
-        rate, rate_from = _mean(reported), "reported"
+    seconds = float(timed[-1][0] - timed[0][0]) if len(timed) >= 2 else None
+    tokens = counter_increase([n for _, n in timed])[0] if len(timed) >= 2 else increase if counted else None
+    reported = _column([lines], "tokens_per_s")
+    if tokens is None or seconds is None or seconds <= 0:
+        rate, rate_from = (_mean(reported), "reported") if reported else (None, "none")
+    else:
+        rate, rate_from = tokens / seconds, "counter"
     ts = _column([lines], "ts")
     last, mem = lines[-1], _last(ln.gpu_mem_bytes for ln in reversed(lines))
     return RankStats(
@@ -244,11 +240,9 @@ def summarise(
     drafters = [r for r in ranks if r.role == DRAFTER] or pipe_ranks
     drafter_series = [g for g in series if g[0].role == DRAFTER] or pipe
     flow = _flow(pipe)
-    starts = [r.first_ts for r in ranks if r.first_ts is not None]
-    ends = [r.last_ts for r in ranks if r.last_ts is not None]
     return DigestSummary(
-        window_start=min(starts) if starts else None,
-        window_end=max(ends) if ends else None,
+        window_start=min((r.first_ts for r in ranks if r.first_ts is not None), default=None),
+        window_end=max((r.last_ts for r in ranks if r.last_ts is not None), default=None),
         ranks=tuple(ranks),
         roles=roles,
         pipeline_tokens_per_s=_sum(r.tokens_per_s for r in pipe_ranks),
