@@ -87,25 +87,13 @@ def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str,
     slow = [i for i, m in enumerate(medians) if m is not None and not low <= m <= high]
     regular = [i for i in range(0, len(strip.rows), every) if every == 1 or all(abs(i - j) > 1 for j in slow)]
     shown = sorted({*regular, *slow})
-    ax.set_yticks([i + 0.5 for i in shown])
     labels = [f"{k[1]} {k[0]} {devices.get(k, '')}".rstrip() for k in (strip.rows[i] for i in shown)]
-    ax.set_yticklabels(labels, fontsize="small")
+    ax.set_yticks([i + 0.5 for i in shown], labels, fontsize="small")
     for i, (above, below) in enumerate(itertools.pairwise(strip.rows), 1):
         if above[0] != below[0]:  # a line between roles
             ax.axhline(i, color="black", linewidth=0.8)
     bar = fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04)
     bar.set_label(CHART_STRIP_UNIT, fontsize="small")
-
-
-def _span(ax: Any, series: Throughput, strip: RankStrip, restarts: Sequence[RestartMark]) -> None:
-    """Set the time axis to hold the data and every restart line (one after the last line included)."""
-    times = [t for seg in series.segments for t in seg] + strip.edges[:1] + strip.edges[-1:]
-    times += [m.at for m in restarts]
-    if not times:
-        return
-    lo, hi = min(times), max(times)
-    pad = max((hi - lo) * 0.02, 1.0)
-    ax.set_xlim(_days(lo - pad), _days(hi + pad))
 
 
 def draw_chart(
@@ -134,7 +122,11 @@ def draw_chart(
         top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, max(1.2, strip_height)))
     else:
         top, bottom = fig.add_subplot(), None
-    _span(top, series, strip, restarts)
+    # the time axis holds the data and every restart line (one after the last line included)
+    times = [t for seg in series.segments for t in seg] + strip.edges[:1] + strip.edges[-1:]
+    if times := times + [m.at for m in restarts]:
+        pad = max((max(times) - min(times)) * 0.02, 1.0)
+        top.set_xlim(_days(min(times) - pad), _days(max(times) + pad))
     days = [_days(t) for t in series.x]
     if series.x:
         top.plot(days, series.raw, color="C0", alpha=0.3, linewidth=1.0, zorder=2, gid="pipeline-raw")
@@ -163,9 +155,7 @@ def draw_chart(
         label.set_in_layout(False)  # inside the axes: the layout needs no room for it
         if bottom is not None:
             bottom.axvline(x, color="C3", linewidth=1.0, gid=f"restart-strip:{mark.run}")
-    top.set_title(title)
-    top.set_ylabel("tokens/s")
-    top.set_ylim(bottom=0)
+    top.set(title=title, ylabel="tokens/s", ylim=(0, None))
     top.grid(True, alpha=0.3)
     axis = bottom if bottom is not None else top
     if bottom is not None:
