@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import Colormap
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
@@ -69,12 +68,11 @@ def reference(
 def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str, int], str]) -> None:
     from matplotlib import colormaps
 
-    cmap: Colormap = colormaps["RdBu"].with_extremes(bad="0.9")
     image = ax.imshow(
         strip.share,
         aspect="auto",
         interpolation="nearest",
-        cmap=cmap,
+        cmap=colormaps["RdBu"].with_extremes(bad="0.9"),
         vmin=STRIP_RANGE[0],
         vmax=STRIP_RANGE[1],
         extent=(_days(strip.edges[0]), _days(strip.edges[-1]), len(strip.rows), 0),
@@ -92,8 +90,7 @@ def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str,
     for i, (above, below) in enumerate(itertools.pairwise(strip.rows), 1):
         if above[0] != below[0]:  # a line between roles
             ax.axhline(i, color="black", linewidth=0.8)
-    bar = fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04)
-    bar.set_label(CHART_STRIP_UNIT, fontsize="small")
+    fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04).set_label(CHART_STRIP_UNIT, fontsize="small")
 
 
 def draw_chart(
@@ -149,10 +146,9 @@ def draw_chart(
     for mark in sorted(restarts, key=lambda m: m.at):
         x = _days(mark.at)
         top.axvline(x, color="C3", linewidth=1.2, zorder=4, gid=f"restart:{mark.run}")
-        label = top.text(
+        top.text(
             x, 0.98, f" {mark.label}", transform=on_top, rotation=90, ha="right", va="top", fontsize="small"
-        )
-        label.set_in_layout(False)  # inside the axes: the layout needs no room for it
+        ).set_in_layout(False)  # inside the axes: the layout needs no room for it
         if bottom is not None:
             bottom.axvline(x, color="C3", linewidth=1.0, gid=f"restart-strip:{mark.run}")
     top.set(title=title, ylabel="tokens/s", ylim=(0, None))

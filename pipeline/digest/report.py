@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import Config, JobConfig
@@ -65,19 +65,15 @@ class SilentRank:
     last_seen: float | None  #: ``ts`` of its last metric line in an earlier digest (unix s)
 
 
-def expected_ranks(spec: JobConfig, seen: Mapping[int, tuple[str, float | None]]) -> dict[int, str]:
-    """Every rank a digest of the job should list, rank → role: from its ``gpus`` (ranks ``0..T-1``
-    targets, then drafters: ``pipeline/dflash/README.md``), and every rank an earlier digest saw,
-    whose recorded role wins."""
+def silent_ranks(
+    spec: JobConfig, summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]
+) -> tuple[SilentRank, ...]:
+    """The ranks a digest of the job should list with no metric line in the window, by rank: from
+    its ``gpus`` (ranks ``0..T-1`` targets, then drafters: ``pipeline/dflash/README.md``), and every
+    rank an earlier digest saw (``seen``), whose recorded role wins."""
     gpus = spec.gpus
     roles = [TARGET] * len(gpus.target) + [DRAFTER] * len(gpus.drafter) if gpus is not None else []
-    return dict(enumerate(roles)) | {rank: role for rank, (role, _) in seen.items()}
-
-
-def silent_ranks(
-    summary: DigestSummary, expected: Mapping[int, str], seen: Mapping[int, tuple[str, float | None]]
-) -> tuple[SilentRank, ...]:
-    """The expected ranks with no metric line in the window, by rank."""
+    expected = dict(enumerate(roles)) | {rank: role for rank, (role, _) in seen.items()}
     present = {r.rank for r in summary.ranks}
     return tuple(
         SilentRank(rank, role, seen.get(rank, (role, None))[1])
@@ -104,8 +100,9 @@ def seen_update(summary: DigestSummary, seen: Mapping[int, tuple[str, float | No
     rank's last ``ts`` backwards)."""
     out: dict[str, str] = {}
     for r in summary.ranks:
-        before = seen.get(r.rank, (r.role, None))[1]
-        last = r.last_ts if before is None or (r.last_ts is not None and r.last_ts > before) else before
+        last = max(
+            (t for t in (seen.get(r.rank, (r.role, None))[1], r.last_ts) if t is not None), default=None
+        )
         out[str(r.rank)] = json.dumps({"role": r.role, "last_ts": last})
     return out
 
@@ -128,7 +125,7 @@ class Digest:
     uptime_s: float | None = None  #: seconds since the current run was launched; None if unknown or stopped
     restarts: tuple[str, ...] | None = None  #: run ids created since the window began, newest first
     built_at: float = 0.0
-    silent: tuple[SilentRank, ...] = ()  #: expected ranks (:func:`expected_ranks`) without a line
+    silent: tuple[SilentRank, ...] = ()  #: expected ranks without a line (:func:`silent_ranks`)
     marks: tuple[RestartMark, ...] = ()  #: the restarts drawn on the chart, oldest first
     progress: TrainingProgress | None = None  #: against ``total_steps`` (when set): the ETA
     attempts: tuple[RunRecord, ...] = ()  #: the last :data:`ATTEMPTS_SHOWN`, newest first (the footer)
@@ -155,12 +152,7 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
     if not stats:
         return None, digest_no_gpu_data("nvidia-smi listed no GPUs")
     roles = [(i, TARGET) for i in job.gpus.target] + [(i, DRAFTER) for i in job.gpus.drafter]
-    rows = tuple(
-        GpuRow(index, role, g.name, g.utilization_pct, g.memory_used_mib, g.memory_total_mib, g.power_w)
-        if (g := stats.get(index))
-        else GpuRow(index, role)
-        for index, role in roles
-    )
+    rows = tuple(GpuRow(i, role, *(astuple(stats[i])[1:] if i in stats else ())) for i, role in roles)
     missing = [i for i, _ in roles if i not in stats]
     return rows, digest_gpus_missing(missing) if missing else None
 
@@ -232,8 +224,7 @@ async def build_digest(
     memory = redis.open_store(DigestMemory)
     state = await load_offset(memory, name)
     read = reader if reader is not None else remote_reader(ssh, name, spec)
-    if state is None:
-        max_bytes = min(max_bytes, first_bytes)
+    max_bytes = min(max_bytes, first_bytes) if state is None else max_bytes
     window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     lines = await asyncio.to_thread(parse_metric_lines, window.data, spec.metrics)
     summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
@@ -272,7 +263,7 @@ async def build_digest(
         uptime_s=snapshot.uptime(now),
         restarts=await _restarts_since(runs, name, since),
         built_at=now,
-        silent=silent_ranks(summary, expected_ranks(spec, seen), seen),
+        silent=silent_ranks(spec, summary, seen),
         marks=marks,
         progress=progress_toward(lines, spec.total_steps) if spec.total_steps is not None and lines else None,
         attempts=tuple(await runs.attempts(name, ATTEMPTS_SHOWN)),
