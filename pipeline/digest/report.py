@@ -24,8 +24,8 @@ from pipeline.digest.window import (
     MAX_WINDOW_BYTES,
     LogReader,
     LogWindow,
+    OffsetState,
     WindowKind,
-    load_offset,
     read_window,
     remote_reader,
 )
@@ -222,7 +222,7 @@ async def build_digest(
     name = config.job_name(job)
     spec = config.jobs[name]
     memory = redis.open_store(DigestMemory)
-    state = await load_offset(memory, name)
+    state = OffsetState.from_hash(await memory.offset(name))
     read = reader if reader is not None else remote_reader(ssh, name, spec)
     max_bytes = min(max_bytes, first_bytes) if state is None else max_bytes
     window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)

@@ -53,7 +53,6 @@ class Throughput:
     x: list[float]  #: bin centres, unix s
     raw: list[float]  #: tokens/s per bin
     smooth: list[float]  #: the moving mean of ``raw`` within each segment
-    width: float  #: the nominal bin width, seconds
     segments: list[tuple[float, float]]  #: ``(start, end)`` of each stretch with data, unix s
 
     def median(self, start: float = -math.inf, end: float = math.inf) -> float | None:
@@ -171,7 +170,7 @@ def throughput(lines: Sequence[MetricLine], per_rank: dict[Key, list[Interval]])
     pipe = {k: v for k, v in per_rank.items() if k[0] != TARGET and v}
     segments = _union(iv for ivs in pipe.values() for iv in ivs)
     if not segments:
-        return Throughput([], [], [], 0.0, [])
+        return Throughput([], [], [], [])
     width, k = _bins(segments[-1][1] - segments[0][0], lines)
     x: list[float] = []
     raw: list[float] = []
@@ -184,7 +183,7 @@ def throughput(lines: Sequence[MetricLine], per_rank: dict[Key, list[Interval]])
         x += gap + [(a + b) / 2 for a, b in itertools.pairwise(edges)]
         raw += gap + values
         smooth += gap + _moving_mean(values, k)
-    return Throughput(x, raw, smooth, width, segments)
+    return Throughput(x, raw, smooth, segments)
 
 
 def rank_strip(lines: Sequence[MetricLine], per_rank: dict[Key, list[Interval]]) -> RankStrip:

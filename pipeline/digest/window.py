@@ -15,7 +15,6 @@ from enum import StrEnum
 from pipeline.config import JobConfig
 from pipeline.host.probe import read_log_chunk
 from pipeline.host.remote import RemoteHosts
-from pipeline.state.digests import DigestMemory
 
 MAX_WINDOW_BYTES = 8 * 1024 * 1024  #: most bytes of metric log read per digest
 FIRST_WINDOW_BYTES = 1024 * 1024
@@ -68,7 +67,8 @@ class OffsetState:
 
     @classmethod
     def from_hash(cls, raw: Mapping[str, str]) -> OffsetState | None:
-        """Parse the Redis hash; None when absent or unreadable (the digest starts afresh)."""
+        """Parse the Redis hash (``keys.digest_offset``); None when absent (empty) or unreadable
+        (the digest starts afresh)."""
         try:
             return cls(
                 offset=int(raw["offset"]),
@@ -169,9 +169,3 @@ def remote_reader(ssh: RemoteHosts, job_name: str, job: JobConfig) -> LogReader:
         return LogRead(chunk.data, chunk.offset - len(chunk.data), chunk.size, chunk.inode)
 
     return reader
-
-
-async def load_offset(memory: DigestMemory, job: str) -> OffsetState | None:
-    """The last scheduled digest's :class:`OffsetState`, or None."""
-    raw = await memory.offset(job)
-    return OffsetState.from_hash(raw) if raw else None
