@@ -22,13 +22,10 @@ aggregate — are timed against the reference path they replaced, interleaved, m
 ``--repeat``: two helper calls (size, then the bytes) sending the last 8 MiB uncompressed, the
 standard library's ``json`` per line into a record per line
 (:func:`pipeline.observe.metrics.parse_jsonl_stdlib`), and the statistics over those records
-(:func:`pipeline.digest.stats.summarise`; it now groups them into columns first, so the reference
-is already faster than the code before this path and the speedup shown is a lower bound).  Now:
-one call reading only the tail a first digest needs (the last
-:data:`~pipeline.digest.window.FIRST_WINDOW_BYTES`, 1 MiB, by a negative offset) zlib-compressed,
-orjson reading its lines in one call and only the keys the statistics use straight into columns per
-rank (:func:`pipeline.observe.metrics.parse_series`), and the statistics over the columns
-(:func:`pipeline.digest.stats.summarise_series`).  Target: 5x faster.  Both paths must agree:
+(:func:`pipeline.digest.stats.summarise`).  Now: one call reading only the tail a first digest
+needs (the last :data:`~pipeline.digest.window.FIRST_WINDOW_BYTES`, 1 MiB, by a negative offset)
+zlib-compressed, orjson reading its lines (:func:`pipeline.observe.metrics.parse_metric_lines`),
+and the same statistics.  Target: 5x faster.  Both paths must agree:
 the reference's 8 MiB parsed by both parsers give the same metric lines.
 
 The SSH host runs ``python3`` itself, as a GPU host does (not a version manager's shim, which
@@ -64,7 +61,7 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, JobConfig, RedisSettings, StateSettings
 from pipeline.digest.report import Digest, build_digest
-from pipeline.digest.stats import summarise, summarise_series
+from pipeline.digest.stats import summarise
 from pipeline.digest.window import (
     FIRST_WINDOW_BYTES,
     MAX_WINDOW_BYTES,
@@ -78,7 +75,7 @@ from pipeline.digest.window import (
 from pipeline.engines.runner import Runner as Restarter
 from pipeline.host.probe import Ops, call_helper
 from pipeline.host.remote import SSHPool
-from pipeline.observe.metrics import parse_jsonl_stdlib, parse_series
+from pipeline.observe.metrics import parse_jsonl_stdlib, parse_metric_lines
 from pipeline.state.events import Events
 from pipeline.state.redisconn import open_redis
 from pipeline.state.runs import RunStore
@@ -188,10 +185,10 @@ async def steps(
         lines = parse_jsonl_stdlib(window.data)
         t2 = time.perf_counter()
         s = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
-    else:  # only the keys the statistics use, straight into columns per rank
-        series = parse_series(window.data, spec.metrics)
+    else:  # orjson per line
+        lines = parse_metric_lines(window.data, spec.metrics)
         t2 = time.perf_counter()
-        s = summarise_series(series, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
+        s = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
     t3 = time.perf_counter()
     return t1 - t0, t2 - t1, t3 - t2, s.metric_lines, window.data
 
@@ -302,7 +299,7 @@ async def run(
                 path_times[path].append((took[0], took[1], took[2]))
                 ref_data = data if path == "reference" else ref_data
             counts = [
-                sum(s.lines for s in parse_series(ref_data, "jsonl")),
+                len(parse_metric_lines(ref_data, "jsonl")),
                 len(parse_jsonl_stdlib(ref_data)),
             ]
             checks.correct(

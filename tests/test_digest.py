@@ -33,7 +33,7 @@ from handlers.views.reports import (
     gpus_unknown_host,
 )
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
-from pipeline.digest.chart import tokens_chart
+from pipeline.digest.chart import draw_chart
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import MIN_TREND_S, compare, counter_increase, summarise
 from pipeline.digest.window import (
@@ -42,7 +42,6 @@ from pipeline.digest.window import (
     OffsetState,
     WindowKind,
     _read_from,
-    load_offset,
     read_window,
 )
 from pipeline.engines.runner import Runner
@@ -282,13 +281,13 @@ async def test_on_demand_with_nothing_new_repeats_the_last_window(tmp_path: Path
 
 
 def test_chart_is_a_png_with_a_line_per_rank(tmp_path: Path) -> None:
-    """tokens_chart writes a non-empty PNG, also for a window without lines."""
+    """draw_chart writes a non-empty PNG, also for a window without lines."""
     lines = parse_metric_lines(DFLASH_LOG, "jsonl")
-    out = tokens_chart(lines, tmp_path / "charts" / "c.png")
-    data = out.read_bytes()
+    draw_chart(lines, path=tmp_path / "charts" / "c.png")
+    data = (tmp_path / "charts" / "c.png").read_bytes()
     assert data.startswith(PNG) and len(data) > 10_000
-    empty = tokens_chart([], tmp_path / "empty.png")
-    assert empty.read_bytes().startswith(PNG)
+    draw_chart([], path=tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").read_bytes().startswith(PNG)
 
 
 # --- the digest over real Redis and a real SSH host ----------------------------------------------
@@ -390,7 +389,7 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
     d1 = await _digest(ctx, "DFlash", scheduled=True)
     assert d1.job == "dflash" and d1.window.kind is WindowKind.LAST_BYTES
     assert d1.summary.pipeline_tokens_per_s == 500.0 and d1.summary.bytes_read == len(COMPLETE)
-    state = await load_offset(ctx.redis.open_store(DigestMemory), "dflash")
+    state = OffsetState.from_hash(await ctx.redis.open_store(DigestMemory).offset("dflash"))
     assert state is not None and state.offset == len(COMPLETE) and state.size == len(DFLASH_LOG)
     assert state.inode == log.stat().st_ino
     event = await ctx.events.wait_for(EventKind.DIGEST, "dflash", after=after, timeout=10)
@@ -423,13 +422,13 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
     # top-1 of the drafters' last lines 0.25 against 0.5; top-4/8 unchanged
     assert dict(reply2.fields)["top-1/4/8"].endswith("(-50.0% / +0.0% / +0.0%)")
     end = len(DFLASH_LOG) + len(more) + len(steady)
-    assert (await load_offset(ctx.redis.open_store(DigestMemory), "dflash")).offset == end  # type: ignore[union-attr]
+    assert OffsetState.from_hash(await ctx.redis.open_store(DigestMemory).offset("dflash")).offset == end  # type: ignore[union-attr]
 
     with log.open("ab") as f:
         f.write(_drafter(T + 80, 5, 100_005_999))
     d3 = await _digest(ctx, "dflash", scheduled=False)
     assert d3.window.kind is WindowKind.SINCE_LAST and d3.summary.metric_lines == 1
-    state3 = await load_offset(ctx.redis.open_store(DigestMemory), "dflash")
+    state3 = OffsetState.from_hash(await ctx.redis.open_store(DigestMemory).offset("dflash"))
     assert state3 is not None and state3.offset == end  # on demand left the offset alone
     last = json.loads(await ctx.redis.client.get(keys.digest_last(ctx.redis.prefix, "dflash")))
     assert last["pipeline_tokens_per_s"] == pytest.approx(605.0)
@@ -533,7 +532,7 @@ async def test_missing_log_and_unknown_job_are_clear_errors(
     assert reply.title.startswith("digest dflash: could not be built") and "dflash.log" in reply.title
     unknown = await digest_command(ctx, "dflsh")
     assert unknown.ephemeral and unknown.title == digest_unknown_job("dflsh", ["dflash"])
-    assert await load_offset(ctx.redis.open_store(DigestMemory), "dflash") is None
+    assert OffsetState.from_hash(await ctx.redis.open_store(DigestMemory).offset("dflash")) is None
 
 
 async def test_digest_of_every_job_has_one_follow_up_each(
@@ -559,7 +558,7 @@ async def test_scheduled_digest_command_stores_offset_and_draws_chart(
     reply = await digest_command(ctx, "dflash", scheduled=True)
     assert reply.title == "digest dflash: 500 tokens/s"
     assert reply.chart is not None and Path(reply.chart).read_bytes().startswith(PNG)
-    state = await load_offset(ctx.redis.open_store(DigestMemory), "dflash")
+    state = OffsetState.from_hash(await ctx.redis.open_store(DigestMemory).offset("dflash"))
     assert state is not None and (state.start, state.offset) == (0, len(COMPLETE))
     again = await digest_command(ctx, "dflash")
     assert again.title == "digest dflash: 500 tokens/s"  # no "(+0.0%)" against itself

@@ -23,7 +23,6 @@ from pipeline.digest.chart import (
     chart_reference_before,
     chart_reference_last_digest,
     draw_chart,
-    tokens_chart,
 )
 from pipeline.digest.report import build_digest, restart_marks
 from pipeline.digest.series import RestartMark, rank_intervals, restart_label, throughput
@@ -127,7 +126,7 @@ def test_no_segment_spans_a_gap_or_a_restart() -> None:
                 for mark in MARKS:
                     assert not x0 < _days(mark.at) < x1
     # the diagonal of old: without the marks, the relaunch (counters back to zero) still breaks it
-    unmarked = throughput(WINDOW)
+    unmarked = throughput(WINDOW, rank_intervals(WINDOW))
     assert len(unmarked.segments) == 4
     assert all(
         iv.end <= T + 1201 or iv.start >= T + 1500 for ivs in rank_intervals(WINDOW).values() for iv in ivs
@@ -219,10 +218,8 @@ def test_a_restart_after_the_last_line_is_drawn_inside_the_chart(tmp_path: Path)
     (ref,) = _by_gid(fig.axes[0].collections, "reference")
     ((start, _), (end, _)) = ref.get_segments()[0]
     assert start == _days(late.at) and end > start  # the attempt before it, from it on
-    out = tokens_chart(
-        _launch(T, T + 600), tmp_path / "late.png", restarts=(late,)
-    )  # warnings are errors here
-    assert out.read_bytes().startswith(PNG)
+    draw_chart(_launch(T, T + 600), path=tmp_path / "late.png", restarts=(late,))  # warnings are errors here
+    assert (tmp_path / "late.png").read_bytes().startswith(PNG)
 
 
 def test_charts_without_rates_say_so() -> None:

@@ -6,23 +6,19 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.config import MetricsPattern, parse_config
-from pipeline.digest.stats import summarise, summarise_series
+from pipeline.digest.stats import summarise
 from pipeline.observe.metrics import (
     DEFAULT_ROLE,
     MetricLine,
-    _jsonl_series,
     parse_jsonl,
     parse_jsonl_stdlib,
     parse_metric_lines,
     parse_pattern,
-    parse_series,
-    series_of,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -98,7 +94,6 @@ def test_wait_events_are_not_metric_records_under_either_role_name() -> None:
         b'{"ts":5.0,"event":"waiting","rank":7,"rank_role":"drafter","step":40,"on":"all_reduce"}\n'
     )
     assert parse_jsonl(data) == parse_jsonl_stdlib(data) == parse_jsonl(metric)
-    assert parse_series(data, "jsonl") == parse_series(metric, "jsonl") == series_of(parse_jsonl(metric))
 
 
 def test_regex_mapping_reads_plain_text_log() -> None:
@@ -188,29 +183,3 @@ def test_fast_jsonl_parser_reads_exactly_as_the_stdlib_one(lines: list[bytes]) -
 def test_fast_jsonl_parser_on_the_recorded_log() -> None:
     """On the recorded dflash log (start-up line, traceback, malformed and partial lines) both parsers agree."""
     assert parse_jsonl(DFLASH_LOG) == parse_jsonl_stdlib(DFLASH_LOG)
-
-
-@given(st.lists(_LINES, max_size=30))
-def test_series_parser_reads_exactly_as_the_line_parser(lines: list[bytes]) -> None:
-    """parse_series gives the columns of the stdlib-parsed lines, and the same summary."""
-    data = b"\n".join(line.replace(b"\n", b" ") for line in lines) + b"\n"
-    reference = parse_jsonl_stdlib(data)
-    series = parse_series(data, "jsonl")
-    assert series == series_of(reference)
-    assert repr(summarise_series(series)) == repr(summarise(reference))  # repr: NaN equals NaN
-
-
-def test_series_parser_on_the_recorded_logs() -> None:
-    """On the recorded dflash and plain-text logs the column parser agrees with the line parsers."""
-    assert parse_series(DFLASH_LOG, "jsonl") == series_of(parse_jsonl_stdlib(DFLASH_LOG))
-    assert parse_series(PLAIN_LOG, PLAIN_PATTERN) == series_of(parse_pattern(PLAIN_LOG, PLAIN_PATTERN))
-    clean = b"".join(ln + b"\n" for ln in DFLASH_LOG.splitlines() if _orjson_object(ln))
-    assert len(clean.splitlines()) > 20 and _jsonl_series(clean) is not None  # the columns-only path
-    assert parse_series(clean, "jsonl") == series_of(parse_jsonl(clean))
-
-
-def _orjson_object(line: bytes) -> bool:
-    try:
-        return isinstance(orjson.loads(line), dict)
-    except orjson.JSONDecodeError:
-        return False

@@ -13,13 +13,13 @@ worker thread).  The artists carry ``gid``\\ s: ``pipeline``, ``pipeline-raw``, 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import Colormap
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 from matplotlib.transforms import blended_transform_factory
@@ -64,55 +64,32 @@ def reference(
     return None
 
 
-def _strip_label(key: tuple[str, int], devices: dict[tuple[str, int], str]) -> str:
-    device = devices.get(key)
-    return f"{key[1]} {key[0]}" + (f" {device}" if device else "")
-
-
-def _stragglers(strip: RankStrip) -> list[int]:
-    """The rows whose median share is outside :data:`STRAGGLER_BAND` percent of their role's median."""
-    medians = [percentile([v for v in row if math.isfinite(v)], 0.5) for row in strip.share]
-    low, high = STRAGGLER_BAND
-    return [i for i, m in enumerate(medians) if m is not None and not low <= m <= high]
-
-
 def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str, int], str]) -> None:
     from matplotlib import colormaps
 
-    cmap: Colormap = colormaps["RdBu"].with_extremes(bad="0.9")
     image = ax.imshow(
         strip.share,
         aspect="auto",
         interpolation="nearest",
-        cmap=cmap,
+        cmap=colormaps["RdBu"].with_extremes(bad="0.9"),
         vmin=STRIP_RANGE[0],
         vmax=STRIP_RANGE[1],
         extent=(_days(strip.edges[0]), _days(strip.edges[-1]), len(strip.rows), 0),
     )
     image.set_gid("strip")
     every = max(1, math.ceil(len(strip.rows) / STRIP_LABELS))  # many ranks: every n-th one named,
-    slow = _stragglers(strip)  # and every straggler, without a neighbour's label on top of its own
+    # and every straggler (its median share outside STRAGGLER_BAND), without a neighbour's label on top
+    medians = [percentile([v for v in row if math.isfinite(v)], 0.5) for row in strip.share]
+    low, high = STRAGGLER_BAND
+    slow = [i for i, m in enumerate(medians) if m is not None and not low <= m <= high]
     regular = [i for i in range(0, len(strip.rows), every) if every == 1 or all(abs(i - j) > 1 for j in slow)]
     shown = sorted({*regular, *slow})
-    ax.set_yticks([i + 0.5 for i in shown])
-    ax.set_yticklabels([_strip_label(strip.rows[i], devices) for i in shown], fontsize="small")
-    roles = [k[0] for k in strip.rows]
-    for i in range(1, len(roles)):
-        if roles[i] != roles[i - 1]:
+    labels = [f"{k[1]} {k[0]} {devices.get(k, '')}".rstrip() for k in (strip.rows[i] for i in shown)]
+    ax.set_yticks([i + 0.5 for i in shown], labels, fontsize="small")
+    for i, (above, below) in enumerate(itertools.pairwise(strip.rows), 1):
+        if above[0] != below[0]:  # a line between roles
             ax.axhline(i, color="black", linewidth=0.8)
-    bar = fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04)
-    bar.set_label(CHART_STRIP_UNIT, fontsize="small")
-
-
-def _span(ax: Any, series: Throughput, strip: RankStrip, restarts: Sequence[RestartMark]) -> None:
-    """Set the time axis to hold the data and every restart line (one after the last line included)."""
-    times = [t for seg in series.segments for t in seg] + strip.edges[:1] + strip.edges[-1:]
-    times += [m.at for m in restarts]
-    if not times:
-        return
-    lo, hi = min(times), max(times)
-    pad = max((hi - lo) * 0.02, 1.0)
-    ax.set_xlim(_days(lo - pad), _days(hi + pad))
+    fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04).set_label(CHART_STRIP_UNIT, fontsize="small")
 
 
 def draw_chart(
@@ -121,23 +98,31 @@ def draw_chart(
     title: str = "pipeline tokens/s",
     restarts: Sequence[RestartMark] = (),
     last_digest: float | None = None,
+    path: Path | None = None,
 ) -> Figure:
     """The digest chart as a figure on an Agg canvas: its first axes the throughput panel, the
     second (absent without any rank's rate) the straggler strip.
 
     :param restarts: the restarts launched within the window (a rank's interval holding one is a gap).
     :param last_digest: the last scheduled digest's pipeline tokens/s (:func:`reference`).
+    :param path: where to write it as a PNG too (its directory created if missing).
+    :raises OSError: if the file cannot be written.
     """
     intervals = rank_intervals(lines, restarts)
-    series = throughput(lines, restarts, intervals)
-    strip = rank_strip(lines, restarts, intervals)
-    rows = len(strip.rows)
-    fig = Figure(figsize=(10, 4.5 + min(0.22 * rows, 4.0)), dpi=100, layout="constrained")
+    series = throughput(lines, intervals)
+    strip = rank_strip(lines, intervals)
+    strip_height = min(0.22 * len(strip.rows), 4.0)
+    fig = Figure(figsize=(10, 4.5 + strip_height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     if strip.rows:
-        top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, max(1.2, min(0.22 * rows, 4.0))))
+        top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, max(1.2, strip_height)))
     else:
         top, bottom = fig.add_subplot(), None
+    # the time axis holds the data and every restart line (one after the last line included)
+    times = [t for seg in series.segments for t in seg] + strip.edges[:1] + strip.edges[-1:]
+    if times := times + [m.at for m in restarts]:
+        pad = max((max(times) - min(times)) * 0.02, 1.0)
+        top.set_xlim(_days(min(times) - pad), _days(max(times) + pad))
     days = [_days(t) for t in series.x]
     if series.x:
         top.plot(days, series.raw, color="C0", alpha=0.3, linewidth=1.0, zorder=2, gid="pipeline-raw")
@@ -147,19 +132,7 @@ def draw_chart(
     else:
         note = CHART_TOO_FEW if lines else CHART_NO_LINES
         top.text(0.5, 0.5, note, ha="center", va="center", transform=top.transAxes)
-    on_top = blended_transform_factory(top.transData, top.transAxes)
-    for mark in sorted(restarts, key=lambda m: m.at):
-        x = _days(mark.at)
-        top.axvline(x, color="C3", linewidth=1.2, zorder=4, gid=f"restart:{mark.run}")
-        label = top.text(
-            x, 0.98, f" {mark.label}", transform=on_top, rotation=90, ha="right", va="top", fontsize="small"
-        )
-        label.set_in_layout(False)  # inside the axes: the layout needs no room for it
-        if bottom is not None:
-            bottom.axvline(x, color="C3", linewidth=1.0, gid=f"restart-strip:{mark.run}")
-    _span(top, series, strip, restarts)
-    ref = reference(series, restarts, last_digest)
-    if ref is not None and series.x:
+    if series.x and (ref := reference(series, restarts, last_digest)) is not None:
         value, since, caption = ref
         start = _days(since) if since is not None else days[0]
         end = max(_days(series.segments[-1][1]), top.get_xlim()[1] if since is not None else start)
@@ -168,9 +141,16 @@ def draw_chart(
         )
     if series.x:
         top.legend(loc="lower left", fontsize="small", frameon=False)
-    top.set_title(title)
-    top.set_ylabel("tokens/s")
-    top.set_ylim(bottom=0)
+    on_top = blended_transform_factory(top.transData, top.transAxes)
+    for mark in sorted(restarts, key=lambda m: m.at):
+        x = _days(mark.at)
+        top.axvline(x, color="C3", linewidth=1.2, zorder=4, gid=f"restart:{mark.run}")
+        top.text(
+            x, 0.98, f" {mark.label}", transform=on_top, rotation=90, ha="right", va="top", fontsize="small"
+        ).set_in_layout(False)  # inside the axes: the layout needs no room for it
+        if bottom is not None:
+            bottom.axvline(x, color="C3", linewidth=1.0, gid=f"restart-strip:{mark.run}")
+    top.set(title=title, ylabel="tokens/s", ylim=(0, None))
     top.grid(True, alpha=0.3)
     axis = bottom if bottom is not None else top
     if bottom is not None:
@@ -183,25 +163,10 @@ def draw_chart(
         axis.xaxis.set_major_locator(locator)
         axis.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
     axis.set_xlabel("time (UTC)")
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
     return fig
-
-
-def tokens_chart(
-    lines: Sequence[MetricLine],
-    path: Path,
-    *,
-    title: str = "pipeline tokens/s",
-    restarts: Sequence[RestartMark] = (),
-    last_digest: float | None = None,
-) -> Path:
-    """Write :func:`draw_chart`'s figure as a PNG to ``path`` (its directory created if missing).
-
-    :raises OSError: if the file cannot be written.
-    """
-    fig = draw_chart(lines, title=title, restarts=restarts, last_digest=last_digest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
 
 
 # --- text ---------------------------------------------------------------------------------------

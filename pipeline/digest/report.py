@@ -12,19 +12,19 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import Config, JobConfig
 from pipeline.digest.series import RestartMark, restart_label
-from pipeline.digest.stats import DigestSummary, compare, summarise_series
+from pipeline.digest.stats import DigestSummary, compare, summarise
 from pipeline.digest.window import (
     FIRST_WINDOW_BYTES,
     MAX_WINDOW_BYTES,
     LogReader,
     LogWindow,
+    OffsetState,
     WindowKind,
-    load_offset,
     read_window,
     remote_reader,
 )
@@ -32,7 +32,7 @@ from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import TrainingProgress, progress_toward
 from pipeline.observe.gpus import query_gpus
-from pipeline.observe.metrics import DRAFTER, TARGET, parse_metric_lines, parse_series
+from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, parse_metric_lines
 from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobStore
@@ -65,19 +65,15 @@ class SilentRank:
     last_seen: float | None  #: ``ts`` of its last metric line in an earlier digest (unix s)
 
 
-def expected_ranks(spec: JobConfig, seen: Mapping[int, tuple[str, float | None]]) -> dict[int, str]:
-    """Every rank a digest of the job should list, rank → role: from its ``gpus`` (ranks ``0..T-1``
-    targets, then drafters: ``pipeline/dflash/README.md``), and every rank an earlier digest saw,
-    whose recorded role wins."""
+def silent_ranks(
+    spec: JobConfig, summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]
+) -> tuple[SilentRank, ...]:
+    """The ranks a digest of the job should list with no metric line in the window, by rank: from
+    its ``gpus`` (ranks ``0..T-1`` targets, then drafters: ``pipeline/dflash/README.md``), and every
+    rank an earlier digest saw (``seen``), whose recorded role wins."""
     gpus = spec.gpus
     roles = [TARGET] * len(gpus.target) + [DRAFTER] * len(gpus.drafter) if gpus is not None else []
-    return dict(enumerate(roles)) | {rank: role for rank, (role, _) in seen.items()}
-
-
-def silent_ranks(
-    summary: DigestSummary, expected: Mapping[int, str], seen: Mapping[int, tuple[str, float | None]]
-) -> tuple[SilentRank, ...]:
-    """The expected ranks with no metric line in the window, by rank."""
+    expected = dict(enumerate(roles)) | {rank: role for rank, (role, _) in seen.items()}
     present = {r.rank for r in summary.ranks}
     return tuple(
         SilentRank(rank, role, seen.get(rank, (role, None))[1])
@@ -88,14 +84,13 @@ def silent_ranks(
 
 async def load_seen_ranks(memory: DigestMemory, job: str) -> dict[int, tuple[str, float | None]]:
     """Ranks earlier digests saw: rank → (role, ``ts`` of its last metric line or None)."""
-    raw = await memory.ranks(job)
     out: dict[int, tuple[str, float | None]] = {}
-    for rank, value in raw.items():
+    for rank, value in (await memory.ranks(job)).items():
         try:
             data = json.loads(value)
             last = data.get("last_ts")
             out[int(rank)] = (str(data["role"]), float(last) if last is not None else None)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):  # not a JSON object with a role
             continue
     return out
 
@@ -105,8 +100,9 @@ def seen_update(summary: DigestSummary, seen: Mapping[int, tuple[str, float | No
     rank's last ``ts`` backwards)."""
     out: dict[str, str] = {}
     for r in summary.ranks:
-        before = seen.get(r.rank, (r.role, None))[1]
-        last = r.last_ts if before is None or (r.last_ts is not None and r.last_ts > before) else before
+        last = max(
+            (t for t in (seen.get(r.rank, (r.role, None))[1], r.last_ts) if t is not None), default=None
+        )
         out[str(r.rank)] = json.dumps({"role": r.role, "last_ts": last})
     return out
 
@@ -129,7 +125,7 @@ class Digest:
     uptime_s: float | None = None  #: seconds since the current run was launched; None if unknown or stopped
     restarts: tuple[str, ...] | None = None  #: run ids created since the window began, newest first
     built_at: float = 0.0
-    silent: tuple[SilentRank, ...] = ()  #: expected ranks (:func:`expected_ranks`) without a line
+    silent: tuple[SilentRank, ...] = ()  #: expected ranks without a line (:func:`silent_ranks`)
     marks: tuple[RestartMark, ...] = ()  #: the restarts drawn on the chart, oldest first
     progress: TrainingProgress | None = None  #: against ``total_steps`` (when set): the ETA
     attempts: tuple[RunRecord, ...] = ()  #: the last :data:`ATTEMPTS_SHOWN`, newest first (the footer)
@@ -156,12 +152,7 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
     if not stats:
         return None, digest_no_gpu_data("nvidia-smi listed no GPUs")
     roles = [(i, TARGET) for i in job.gpus.target] + [(i, DRAFTER) for i in job.gpus.drafter]
-    rows = tuple(
-        GpuRow(index, role, g.name, g.utilization_pct, g.memory_used_mib, g.memory_total_mib, g.power_w)
-        if (g := stats.get(index))
-        else GpuRow(index, role)
-        for index, role in roles
-    )
+    rows = tuple(GpuRow(i, role, *(astuple(stats[i])[1:] if i in stats else ())) for i, role in roles)
     missing = [i for i, _ in roles if i not in stats]
     return rows, digest_gpus_missing(missing) if missing else None
 
@@ -185,29 +176,24 @@ async def restart_marks(runs: RunStore, job: str, start: float | None, end: floa
     )
 
 
-def _prune_charts(directory: Path, job: str) -> None:
-    for old in sorted(directory.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)[:-CHARTS_KEPT]:
-        old.unlink(missing_ok=True)
-
-
 def _draw(
-    data: bytes,
-    spec: JobConfig,
+    lines: Sequence[MetricLine],
     path: Path,
     job: str,
     marks: Sequence[RestartMark] = (),
     last_digest: float | None = None,
 ) -> Path:
-    """Parse the window's lines and draw them (in a worker thread: both are slow); the PNG's path
-    with links resolved (the demo's ``charts`` links to a lasting place)."""
+    """Draw the window's lines (in a worker thread: it is slow) and keep the job's last
+    :data:`CHARTS_KEPT` charts; the PNG's path with links resolved (the demo's ``charts`` links to a
+    lasting place)."""
     # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
-    from pipeline.digest.chart import chart_title, tokens_chart
+    from pipeline.digest.chart import chart_title, draw_chart
 
     path = path.parent.resolve() / path.name
-    lines = parse_metric_lines(data, spec.metrics)
-    out = tokens_chart(lines, path, title=chart_title(job), restarts=marks, last_digest=last_digest)
-    _prune_charts(path.parent, job)
-    return out
+    draw_chart(lines, title=chart_title(job), restarts=marks, last_digest=last_digest, path=path)
+    for old in sorted(path.parent.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)[:-CHARTS_KEPT]:
+        old.unlink(missing_ok=True)
+    return path
 
 
 async def build_digest(
@@ -236,15 +222,13 @@ async def build_digest(
     name = config.job_name(job)
     spec = config.jobs[name]
     memory = redis.open_store(DigestMemory)
-    state = await load_offset(memory, name)
+    state = OffsetState.from_hash(await memory.offset(name))
     read = reader if reader is not None else remote_reader(ssh, name, spec)
-    if state is None:
-        max_bytes = min(max_bytes, first_bytes)
+    max_bytes = min(max_bytes, first_bytes) if state is None else max_bytes
     window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
-    series = parse_series(window.data, spec.metrics)
-    summary = summarise_series(series, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
+    lines = await asyncio.to_thread(parse_metric_lines, window.data, spec.metrics)
+    summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
     seen = await load_seen_ranks(memory, name)
-    silent = silent_ranks(summary, expected_ranks(spec, seen), seen)
     if summary.ranks:
         await memory.add_ranks(name, seen_update(summary, seen))
     previous = await load_last(memory, name)
@@ -261,12 +245,9 @@ async def build_digest(
         until = (summary.window_end or now) if repeat else now
         marks = await restart_marks(runs, name, summary.window_start, until)
         last_rate = None if repeat else (previous or {}).get("pipeline_tokens_per_s")
-        path = await asyncio.to_thread(_draw, window.data, spec, where, name, marks, last_rate)
+        path = await asyncio.to_thread(_draw, lines, where, name, marks, last_rate)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
     snapshot = await redis.open_store(JobStore, config).read(name, now=now)
-    progress = None
-    if spec.total_steps is not None and summary.metric_lines:
-        progress = progress_toward(parse_metric_lines(window.data, spec.metrics), spec.total_steps)
     digest = Digest(
         job=name,
         scheduled=scheduled,
@@ -282,9 +263,9 @@ async def build_digest(
         uptime_s=snapshot.uptime(now),
         restarts=await _restarts_since(runs, name, since),
         built_at=now,
-        silent=silent,
+        silent=silent_ranks(spec, summary, seen),
         marks=marks,
-        progress=progress,
+        progress=progress_toward(lines, spec.total_steps) if spec.total_steps is not None and lines else None,
         attempts=tuple(await runs.attempts(name, ATTEMPTS_SHOWN)),
         live_run=snapshot.run_id,
     )

@@ -52,7 +52,6 @@ class Throughput:
     x: list[float]  #: bin centres, unix s
     raw: list[float]  #: tokens/s per bin
     smooth: list[float]  #: the moving mean of ``raw`` within each segment
-    width: float  #: the nominal bin width, seconds
     segments: list[tuple[float, float]]  #: ``(start, end)`` of each stretch with data, unix s
 
     def median(self, start: float = -math.inf, end: float = math.inf) -> float | None:
@@ -86,27 +85,19 @@ def _samples(lines: Iterable[MetricLine]) -> dict[Key, list[tuple[float, MetricL
 
 
 def _rank_intervals(samples: list[tuple[float, MetricLine]], marks: Sequence[float]) -> list[Interval]:
-    counted = [(t, float(ln.tokens)) for t, ln in samples if ln.tokens is not None]
-    by_counter = len(counted) >= 2
-    points = (
-        counted
-        if by_counter
-        else [(t, float(ln.tokens_per_s)) for t, ln in samples if ln.tokens_per_s is not None]
-    )
+    points = [(t, float(ln.tokens)) for t, ln in samples if ln.tokens is not None]
+    if not (by_counter := len(points) >= 2):
+        points = [(t, float(ln.tokens_per_s)) for t, ln in samples if ln.tokens_per_s is not None]
     typical = percentile([b[0] - a[0] for a, b in itertools.pairwise(points) if b[0] > a[0]], 0.5)
     if typical is None:
         return []
     out = []
     for (t0, v0), (t1, v1) in itertools.pairwise(points):
-        dt = t1 - t0
-        if dt <= 0 or dt > GAP_FACTOR * typical:
-            continue
-        i = bisect.bisect_right(marks, t0)
-        if i < len(marks) and marks[i] <= t1:  # a restart inside: the two ends are two processes
-            continue
-        if by_counter and v1 < v0:
-            continue  # the counter restarted from zero: a relaunch
-        out.append(Interval(t0, t1, (v1 - v0) / dt if by_counter else v1))
+        i = bisect.bisect_right(marks, t0)  # a restart inside: the two ends are two processes
+        restarted = i < len(marks) and marks[i] <= t1
+        relaunched = by_counter and v1 < v0  # the counter restarted from zero
+        if 0 < t1 - t0 <= GAP_FACTOR * typical and not restarted and not relaunched:
+            out.append(Interval(t0, t1, (v1 - v0) / (t1 - t0) if by_counter else v1))
     return out
 
 
@@ -152,12 +143,12 @@ def _grid(start: float, end: float, width: float) -> list[float]:
 
 
 def _moving_mean(values: Sequence[float], k: int) -> list[float]:
+    """The centred mean over ``k`` bins of the finite values around each finite one; NaN stays NaN."""
     half = k // 2
-    out = []
-    for i in range(len(values)):
-        near = [v for v in values[max(0, i - half) : i + half + 1] if math.isfinite(v)]
-        out.append(sum(near) / len(near) if near and math.isfinite(values[i]) else NAN)
-    return out
+    near = (
+        [v for v in values[max(0, i - half) : i + half + 1] if math.isfinite(v)] for i in range(len(values))
+    )
+    return [sum(n) / len(n) if math.isfinite(v) else NAN for n, v in zip(near, values, strict=True)]
 
 
 def _bins(span: float, lines: Sequence[MetricLine]) -> tuple[float, int]:
@@ -169,43 +160,34 @@ def _bins(span: float, lines: Sequence[MetricLine]) -> tuple[float, int]:
     return width, max(1, round(span / width * SMOOTH_FRACTION)) | 1
 
 
-def throughput(
-    lines: Sequence[MetricLine],
-    marks: Sequence[RestartMark] = (),
-    intervals: dict[Key, list[Interval]] | None = None,
-) -> Throughput:
+def throughput(lines: Sequence[MetricLine], per_rank: dict[Key, list[Interval]]) -> Throughput:
     """The pipeline's tokens/s over the window, binned within segments (module docstring); empty
-    when no pipeline rank has two usable samples.  ``intervals``: :func:`rank_intervals`, if known."""
-    per_rank = intervals if intervals is not None else rank_intervals(lines, marks)
+    when no pipeline rank has two usable samples.
+
+    :param per_rank: the window's :func:`rank_intervals`.
+    """
     pipe = {k: v for k, v in per_rank.items() if k[0] != TARGET and v}
     segments = _union(iv for ivs in pipe.values() for iv in ivs)
     if not segments:
-        return Throughput([], [], [], 0.0, [])
+        return Throughput([], [], [], [])
     width, k = _bins(segments[-1][1] - segments[0][0], lines)
     x: list[float] = []
     raw: list[float] = []
     smooth: list[float] = []
     for start, end in segments:
-        if x:  # one NaN point between segments
-            for column in (x, raw, smooth):
-                column.append(NAN)
+        gap = [NAN] if x else []  # one NaN point between segments
         edges = _grid(start, end, width)
         columns = [_binned(ivs, edges) for ivs in pipe.values()]
         values = [sum(v for v in col if math.isfinite(v)) for col in zip(*columns, strict=True)]
-        x += [(a + b) / 2 for a, b in itertools.pairwise(edges)]
-        raw += values
-        smooth += _moving_mean(values, k)
-    return Throughput(x, raw, smooth, width, segments)
+        x += gap + [(a + b) / 2 for a, b in itertools.pairwise(edges)]
+        raw += gap + values
+        smooth += gap + _moving_mean(values, k)
+    return Throughput(x, raw, smooth, segments)
 
 
-def rank_strip(
-    lines: Sequence[MetricLine],
-    marks: Sequence[RestartMark] = (),
-    intervals: dict[Key, list[Interval]] | None = None,
-) -> RankStrip:
+def rank_strip(lines: Sequence[MetricLine], per_rank: dict[Key, list[Interval]]) -> RankStrip:
     """Every rank's tokens/s per bin as a percentage of its role's median; no rows when no rank
-    has two usable samples.  ``intervals`` as for :func:`throughput`."""
-    per_rank = intervals if intervals is not None else rank_intervals(lines, marks)
+    has two usable samples.  ``per_rank`` as for :func:`throughput`."""
     rows = sorted((k for k, v in per_rank.items() if v), key=lambda k: (k[0] != TARGET, k[0], k[1]))
     if not rows:
         return RankStrip([], [], [])

@@ -4,22 +4,22 @@ Per rank, tokens/s is Δtokens/Δtime between its first and last line in the win
 cumulative ``tokens`` counter (not an average of rates); a counter reset counts as
 Prometheus' ``increase()`` counts it (:func:`counter_increase`).  The pipeline's tokens/s is the
 sum over the ranks that are not ``target`` (the drafters, which consume what targets produce);
-targets are summed separately and never added in.  The work is done on columns
-(:class:`~pipeline.observe.metrics.RankSeries`), one builtin pass per number.
+targets are summed separately and never added in.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, RankSeries, percentile, series_of
+from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, percentile
 
 STARVED_BELOW = 0.5  #: mean drafter queue depth under which drafters are starved of hidden states
 COMPARED = ("pipeline_tokens_per_s", "step_p50", "step_p95", "top1", "top4", "top8")
 MIN_TREND_S = 10.0  #: seconds: a window shorter than this (a rank's single line, its own rate) has no trend
+_LAST = ("loss", "top1", "top4", "top8")  #: taken from each rank's last line
 _HEADLINE = (  # DigestSummary.headline's keys, in order (window_s: its ``seconds``)
     "pipeline_tokens_per_s target_tokens_per_s step_p50 step_p95 top1 top4 top8 loss_last window_end"
     " window_s resets"
@@ -35,7 +35,17 @@ def _present(values: Iterable[float | None]) -> list[float]:
 
 
 @dataclass(frozen=True)
-class RankStats:
+class Flow:
+    """Step-time percentiles (``step_time_s``, seconds) and queue depths over some metric lines."""
+
+    step_p50: float | None
+    step_p95: float | None
+    queue_mean: float | None
+    queue_max: float | None
+
+
+@dataclass(frozen=True)
+class RankStats(Flow):
     """One rank's numbers over the window: ``tokens`` between its first and last line (resets
     handled) over their ``seconds``, else the mean of its reported ``tokens_per_s`` (``rate_from``:
     ``counter``, ``reported`` or ``none``); ``step_p50``/``step_p95`` of its ``step_time_s``
@@ -53,10 +63,6 @@ class RankStats:
     tokens_per_s: float | None
     rate_from: str
     resets: int
-    step_p50: float | None
-    step_p95: float | None
-    queue_mean: float | None
-    queue_max: float | None
     loss: float | None
     top1: float | None
     top4: float | None
@@ -65,7 +71,7 @@ class RankStats:
 
 
 @dataclass(frozen=True)
-class RoleStats:
+class RoleStats(Flow):
     """One role's numbers over the window: the sum of its ranks' tokens/s, ``step_time_s`` and
     ``queue_depth`` over all its lines."""
 
@@ -73,14 +79,10 @@ class RoleStats:
     ranks: int
     lines: int
     tokens_per_s: float | None
-    step_p50: float | None
-    step_p95: float | None
-    queue_mean: float | None
-    queue_max: float | None
 
 
 @dataclass(frozen=True)
-class DigestSummary:
+class DigestSummary(Flow):
     """A window of metric lines, aggregated (module docstring).  The step and queue numbers are
     the pipeline (non-target) lines'; ``loss_last``, ``top1``… the mean over drafter ranks of
     each one's last value, ``loss_mean``, ``top1_mean``… over every drafter line."""
@@ -91,10 +93,6 @@ class DigestSummary:
     roles: tuple[RoleStats, ...]  #: targets first
     pipeline_tokens_per_s: float | None  #: the sum over every non-target rank (the drafters)
     target_tokens_per_s: float | None  #: shown apart, never added in
-    step_p50: float | None
-    step_p95: float | None
-    queue_mean: float | None
-    queue_max: float | None
     starved: bool  #: the drafters' mean queue depth is under :data:`STARVED_BELOW`: targets lag
     loss_last: float | None
     loss_mean: float | None
@@ -124,10 +122,6 @@ class DigestSummary:
         """The numbers a later digest compares against (stored in ``keys.digest_last``)."""
         return {k: getattr(self, "seconds" if k == "window_s" else k) for k in _HEADLINE}
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every field as JSON-ready data."""
-        return asdict(self)
-
 
 def counter_increase(values: Sequence[float]) -> tuple[float, int]:
     """(total increase, resets) of a cumulative counter's samples in time order: a sample lower
@@ -141,60 +135,52 @@ def counter_increase(values: Sequence[float]) -> tuple[float, int]:
     return increase, sum(cur < prev for prev, cur in pairs)
 
 
-def _last(values: Sequence[float | None]) -> float | None:
-    return next((v for v in reversed(values) if v is not None), None)
+def _last(values: Iterable[float | None]) -> float | None:
+    return next((v for v in values if v is not None), None)
 
 
-def _rank_stats(s: RankSeries) -> RankStats:
-    complete = None not in s.ts and None not in s.tokens
-    counted = s.tokens if None not in s.tokens else _present(s.tokens)
-    increase, resets = counter_increase(counted)  # type: ignore[arg-type]
-    if complete:
-        timed_ts, timed_tokens = s.ts, counted
+def _flow(ranks: Iterable[Sequence[MetricLine]]) -> dict[str, Any]:
+    """The step-time percentiles (seconds) and queue depths over every line of ``ranks``."""
+    ranks = list(ranks)
+    steps, queue = _column(ranks, "step_time_s"), _column(ranks, "queue_depth")
+    return {
+        "step_p50": percentile(steps, 0.5),
+        "step_p95": percentile(steps, 0.95),
+        "queue_mean": _mean(queue),
+        "queue_max": _float(max(queue)) if queue else None,
+    }
+
+
+def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
+    """One rank's numbers from its lines in file order (``role_rank`` and ``device``: its last line's)."""
+    counted = _column([lines], "tokens")
+    increase, resets = counter_increase(counted)
+    timed = [(ln.ts, ln.tokens) for ln in lines if ln.ts is not None and ln.tokens is not None]
+    seconds = float(timed[-1][0] - timed[0][0]) if len(timed) >= 2 else None
+    tokens = counter_increase([n for _, n in timed])[0] if len(timed) >= 2 else increase if counted else None
+    reported = _column([lines], "tokens_per_s")
+    if tokens is None or seconds is None or seconds <= 0:
+        rate, rate_from = (_mean(reported), "reported") if reported else (None, "none")
     else:
-        pairs = [(t, n) for t, n in zip(s.ts, s.tokens, strict=True) if t is not None and n is not None]
-        timed_ts, timed_tokens = [p[0] for p in pairs], [p[1] for p in pairs]
-    tokens: float | None = None
-    seconds: float | None = None
-    rate: float | None = None
-    rate_from = "none"
-    if len(timed_ts) >= 2:
-        first, last = timed_ts[0], timed_ts[-1]
-        assert first is not None and last is not None
-        seconds = float(last - first)
-        tokens = increase if complete else counter_increase(timed_tokens)[0]  # type: ignore[arg-type]
-        if seconds > 0:
-            rate, rate_from = tokens / seconds, "counter"
-    elif counted:
-        tokens = increase
-    if rate is None and (reported := _present(s.tokens_per_s)):
-        rate, rate_from = _mean(reported), "reported"
-    steps = _present(s.step_time_s)
-    queue = _present(s.queue_depth)
-    ts = s.ts if None not in s.ts else _present(s.ts)
-    mem = _last(s.gpu_mem_bytes)
+        rate, rate_from = tokens / seconds, "counter"
+    ts = _column([lines], "ts")
+    last, mem = lines[-1], _last(ln.gpu_mem_bytes for ln in reversed(lines))
     return RankStats(
-        rank=s.rank,
-        role=s.role,
-        role_rank=s.role_rank,
-        device=s.device,
-        lines=s.lines,
-        first_ts=_float(min(ts)) if ts else None,  # type: ignore[type-var]
-        last_ts=_float(max(ts)) if ts else None,  # type: ignore[type-var]
+        rank=last.rank,
+        role=last.role,
+        role_rank=last.role_rank,
+        device=last.device,
+        lines=len(lines),
+        first_ts=_float(min(ts)) if ts else None,
+        last_ts=_float(max(ts)) if ts else None,
         tokens=tokens,
         seconds=seconds,
         tokens_per_s=rate,
         rate_from=rate_from,
         resets=resets,
-        step_p50=percentile(steps, 0.5),
-        step_p95=percentile(steps, 0.95),
-        queue_mean=_mean(queue),
-        queue_max=_float(max(queue)) if queue else None,
-        loss=_float(_last(s.loss)),
-        top1=_float(_last(s.top1)),
-        top4=_float(_last(s.top4)),
-        top8=_float(_last(s.top8)),
         gpu_mem_bytes=int(mem) if mem is not None else None,
+        **_flow([lines]),
+        **{key: _float(_last(getattr(ln, key) for ln in reversed(lines))) for key in _LAST},
     )
 
 
@@ -207,24 +193,9 @@ def _sum(values: Iterable[float | None]) -> float | None:
     return sum(present) if present else None
 
 
-def _column(series: Iterable[RankSeries], key: str) -> list[float]:
-    """Every present value of column ``key`` over ``series``."""
-    return [v for s in series for v in getattr(s, key) if v is not None]
-
-
-def _role_stats(role: str, ranks: Sequence[RankStats], series: Sequence[RankSeries]) -> RoleStats:
-    steps = _column(series, "step_time_s")
-    queue = _column(series, "queue_depth")
-    return RoleStats(
-        role=role,
-        ranks=len(ranks),
-        lines=sum(s.lines for s in series),
-        tokens_per_s=_sum(r.tokens_per_s for r in ranks),
-        step_p50=percentile(steps, 0.5),
-        step_p95=percentile(steps, 0.95),
-        queue_mean=_mean(queue),
-        queue_max=_float(max(queue)) if queue else None,
-    )
+def _column(ranks: Iterable[Sequence[MetricLine]], key: str) -> list[float]:
+    """Every present value of ``key`` over the lines of ``ranks``."""
+    return [v for lines in ranks for ln in lines if (v := getattr(ln, key)) is not None]
 
 
 def summarise(
@@ -232,54 +203,44 @@ def summarise(
 ) -> DigestSummary:
     """Aggregate the metric lines of one window (``lines_read``: complete log lines read, metric
     or not; default the metric lines); numbers without data are None, never 0."""
-    return summarise_series(series_of(lines), lines_read=lines_read, bytes_read=bytes_read)
-
-
-def summarise_series(
-    series: Sequence[RankSeries], *, lines_read: int | None = None, bytes_read: int = 0
-) -> DigestSummary:
-    """:func:`summarise` from columns per rank (:func:`pipeline.observe.metrics.parse_series`)."""
-    pairs = sorted(((_rank_stats(s), s) for s in series), key=lambda p: (p[0].rank, p[0].role))
-    ranks = [r for r, _ in pairs]
+    by_rank: dict[tuple[str, int], list[MetricLine]] = {}
+    for ln in lines:
+        by_rank.setdefault((ln.role, ln.rank), []).append(ln)
+    series = list(by_rank.values())  # in order of each rank's first line
+    ordered = sorted(series, key=lambda g: (g[0].rank, g[0].role))
+    ranks = [_rank_stats(g) for g in ordered]
     role_names = sorted({r.role for r in ranks}, key=lambda name: (name != TARGET, name))
     roles = tuple(
-        _role_stats(name, [r for r in ranks if r.role == name], [s for r, s in pairs if r.role == name])
+        RoleStats(
+            role=name,
+            ranks=len([r for r in ranks if r.role == name]),
+            lines=sum(r.lines for r in ranks if r.role == name),
+            tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == name),
+            **_flow(g for g in ordered if g[0].role == name),
+        )
         for name in role_names
     )
-    pipe = [s for s in series if s.role != TARGET]
+    pipe = [g for g in series if g[0].role != TARGET]
     pipe_ranks = [r for r in ranks if r.role != TARGET]
     drafters = [r for r in ranks if r.role == DRAFTER] or pipe_ranks
-    drafter_series = [s for s in series if s.role == DRAFTER] or pipe
-    pipe_steps = _column(pipe, "step_time_s")
-    pipe_queue = _column(pipe, "queue_depth")
-    queue_mean = _mean(pipe_queue)
-    starts = [r.first_ts for r in ranks if r.first_ts is not None]
-    ends = [r.last_ts for r in ranks if r.last_ts is not None]
-    metric_lines = sum(s.lines for s in series)
+    drafter_series = [g for g in series if g[0].role == DRAFTER] or pipe
+    flow = _flow(pipe)
     return DigestSummary(
-        window_start=min(starts) if starts else None,
-        window_end=max(ends) if ends else None,
+        window_start=min((r.first_ts for r in ranks if r.first_ts is not None), default=None),
+        window_end=max((r.last_ts for r in ranks if r.last_ts is not None), default=None),
         ranks=tuple(ranks),
         roles=roles,
         pipeline_tokens_per_s=_sum(r.tokens_per_s for r in pipe_ranks),
         target_tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == TARGET),
-        step_p50=percentile(pipe_steps, 0.5),
-        step_p95=percentile(pipe_steps, 0.95),
-        queue_mean=queue_mean,
-        queue_max=_float(max(pipe_queue)) if pipe_queue else None,
-        starved=queue_mean is not None and queue_mean < STARVED_BELOW,
+        starved=flow["queue_mean"] is not None and flow["queue_mean"] < STARVED_BELOW,
         loss_last=_mean(_present(r.loss for r in drafters)),
-        loss_mean=_mean(_column(drafter_series, "loss")),
-        top1=_mean(_present(r.top1 for r in drafters)),
-        top4=_mean(_present(r.top4 for r in drafters)),
-        top8=_mean(_present(r.top8 for r in drafters)),
-        top1_mean=_mean(_column(drafter_series, "top1")),
-        top4_mean=_mean(_column(drafter_series, "top4")),
-        top8_mean=_mean(_column(drafter_series, "top8")),
         resets=sum(r.resets for r in ranks),
-        metric_lines=metric_lines,
-        lines_read=metric_lines if lines_read is None else lines_read,
+        metric_lines=len(lines),
+        lines_read=len(lines) if lines_read is None else lines_read,
         bytes_read=bytes_read,
+        **flow,
+        **{key: _mean(_present(getattr(r, key) for r in drafters)) for key in _LAST[1:]},
+        **{f"{key}_mean": _mean(_column(drafter_series, key)) for key in _LAST},
     )
 
 
@@ -289,18 +250,13 @@ def compare(
     """The change of each :data:`COMPARED` number against a previous digest (a summary or its
     :meth:`DigestSummary.headline`), ``(cur - prev) / |prev| * 100``, for numbers in both with a
     non-zero previous value; empty unless both windows are :func:`steady` (a made-up trend else)."""
-    if prev is None:
-        return {}
-    before = prev.headline() if isinstance(prev, DigestSummary) else prev
+    before = prev.headline() if isinstance(prev, DigestSummary) else prev or {}  # no previous: no change
     now = cur.headline() if isinstance(cur, DigestSummary) else cur
     if not (steady(before) and steady(now)):
         return {}
-    out: dict[str, float] = {}
-    for key in COMPARED:
-        a, b = before.get(key), now.get(key)
-        if isinstance(a, int | float) and isinstance(b, int | float) and a != 0:
-            out[key] = (b - a) / abs(a) * 100.0
-    return out
+    pairs = ((key, before.get(key), now.get(key)) for key in COMPARED)
+    numbers = ((k, a, b) for k, a, b in pairs if isinstance(a, int | float) and isinstance(b, int | float))
+    return {k: (b - a) / abs(a) * 100.0 for k, a, b in numbers if a != 0}
 
 
 def steady(headline: Mapping[str, float | None]) -> bool:

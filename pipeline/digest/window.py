@@ -9,13 +9,12 @@ read; an on-demand digest with nothing new reads the last scheduled window again
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 
 from pipeline.config import JobConfig
 from pipeline.host.probe import read_log_chunk
 from pipeline.host.remote import RemoteHosts
-from pipeline.state.digests import DigestMemory
 
 MAX_WINDOW_BYTES = 8 * 1024 * 1024  #: most bytes of metric log read per digest
 FIRST_WINDOW_BYTES = 1024 * 1024
@@ -62,19 +61,14 @@ class OffsetState:
     at: float  #: when it was stored (unix s)
 
     def to_hash(self) -> dict[str, str]:
-        """The Redis hash fields."""
-        return {
-            "offset": str(self.offset),
-            "start": str(self.start),
-            "size": str(self.size),
-            "inode": "" if self.inode is None else str(self.inode),
-            "fingerprint": self.fingerprint.hex(),
-            "at": repr(self.at),
-        }
+        """The Redis hash fields (``inode`` empty when unknown, ``fingerprint`` in hex)."""
+        hexed = {"fingerprint": self.fingerprint.hex()}
+        return {k: "" if v is None else str(v) for k, v in (asdict(self) | hexed).items()}
 
     @classmethod
     def from_hash(cls, raw: Mapping[str, str]) -> OffsetState | None:
-        """Parse the Redis hash; None when absent or unreadable (the digest starts afresh)."""
+        """Parse the Redis hash (``keys.digest_offset``); None when absent (empty) or unreadable
+        (the digest starts afresh)."""
         try:
             return cls(
                 offset=int(raw["offset"]),
@@ -159,9 +153,7 @@ async def read_window(
         return window
     if not scheduled and state.start < state.offset:
         again = await _read_from(reader, state.start, state.offset, max_bytes, WindowKind.REPEAT)
-        return LogWindow(
-            again.data, again.start, again.end, got.size, got.inode, WindowKind.REPEAT, again.skipped
-        )
+        return replace(again, size=got.size, inode=got.inode, fingerprint=b"")
     # nothing complete since the offset: stay there, keeping the fingerprint of the bytes before it
     return LogWindow(b"", state.offset, state.offset, got.size, got.inode, WindowKind.SINCE_LAST, 0, fp)
 
@@ -177,9 +169,3 @@ def remote_reader(ssh: RemoteHosts, job_name: str, job: JobConfig) -> LogReader:
         return LogRead(chunk.data, chunk.offset - len(chunk.data), chunk.size, chunk.inode)
 
     return reader
-
-
-async def load_offset(memory: DigestMemory, job: str) -> OffsetState | None:
-    """The last scheduled digest's :class:`OffsetState`, or None."""
-    raw = await memory.offset(job)
-    return OffsetState.from_hash(raw) if raw else None

@@ -13,15 +13,11 @@ the standard library, which reads the same); ``bench/digest.py`` measures both p
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from itertools import repeat
-from operator import contains, eq, itemgetter
 from typing import Any, Literal, NamedTuple
 
 import orjson
@@ -55,24 +51,18 @@ class MetricLine(NamedTuple):
     gpu_mem_bytes: int | None = None  #: peak GPU memory allocated by the rank
 
 
-_new_line = MetricLine._make
-
-
 def _num(value: Any) -> float | None:
     """A finite float from a JSON number or a numeric string, else None (bools are not numbers)."""
-    kind = type(value)
-    if kind is float:
-        return value if math.isfinite(value) else None
-    if kind is int:
-        return float(value)
-    if kind is not str:
+    if type(value) is str:
+        value = value.strip()
+        if not value or not _NUMBER.match(value):
+            return None
+        value = value.replace(",", "").replace("_", "")
+    elif type(value) is not float and type(value) is not int:
         return None  # bool, None, list, dict
-    text = value.strip()
-    if not text or not _NUMBER.match(text):
-        return None
     try:
-        out = float(text.replace(",", "").replace("_", ""))
-    except ValueError:
+        out = float(value)
+    except (ValueError, OverflowError):  # "+", ".", an integer beyond a float
         return None
     return out if math.isfinite(out) else None
 
@@ -93,21 +83,17 @@ def _ts(value: Any) -> float | None:
         when = datetime.fromisoformat(value.strip().replace(",", "."))
     except ValueError:
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp()
+    return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
     """A :class:`MetricLine` from a dict of raw values, or None if it is not a metric record."""
     role = raw.get("role")
-    if type(role) is not str or not role:
-        if default_role is None:
-            return None
-        role = default_role
+    if (role := role if type(role) is str and role else default_role) is None:
+        return None
     get = raw.get
     rank, device = _int(get("rank")), get("device")
-    return _new_line(
+    return MetricLine._make(
         [
             _ts(get("ts")),
             role,
@@ -121,72 +107,36 @@ def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
     )
 
 
-def _json_record(raw: dict[str, Any]) -> MetricLine | None:
-    """:func:`_record` for a decoded JSON object, values of the right type taken as they are (orjson
-    refuses ``NaN``, ``Infinity`` and overflow; integers beyond 64 bits arrive as floats)."""
-    get = raw.get
-    role = get("role")
-    if type(role) is not str or not role or "event" in raw:
-        return None
-    ts, rank, step, role_rank, device = get("ts"), get("rank"), get("step"), get("role_rank"), get("device")
-    if type(rank) is not int:
-        rank = _int(rank)
-    out: list[Any] = [
-        ts if type(ts) is float or ts is None else _ts(ts),
-        role,
-        0 if rank is None else rank,
-        step if type(step) is int or step is None else _int(step),
-        role_rank if type(role_rank) is int or role_rank is None else _int(role_rank),
-        device if type(device) is str and device else None,
-        *(v if type(v) is float or v is None else _num(v) for v in map(get, _FLOAT_KEYS)),
-        mem if type(mem := get("gpu_mem_bytes")) is int or mem is None else _int(mem),
-    ]
-    return _new_line(out)
-
-
 def _complete_lines(data: bytes) -> list[bytes]:
     """The newline-terminated lines of ``data``; a partial last line (no newline yet) is left out."""
     end = data.rfind(b"\n")
     return data[: end + 1].splitlines() if end >= 0 else []
 
 
-def _candidates(data: bytes) -> list[bytes]:
-    """The complete lines that start with ``{``, stripped when blanks come first."""
-    return [
-        c for c in (ln if ln[:1] == b"{" else ln.strip() for ln in _complete_lines(data)) if c[:1] == b"{"
-    ]
-
-
-def parse_jsonl(data: bytes) -> list[MetricLine]:
-    """Metric lines from JSON-lines bytes (complete lines only), in file order."""
-    out: list[MetricLine] = []
-    loads = orjson.loads
-    for line in _candidates(data):
-        try:
-            raw = loads(line)
-        except orjson.JSONDecodeError:
-            rec = _stdlib_record(line)
-        else:
-            rec = _json_record(raw) if type(raw) is dict else None
-        if rec is not None:
-            out.append(rec)
-    return out
-
-
-def _stdlib_record(line: bytes) -> MetricLine | None:
-    """A line orjson refused (``NaN``, a huge integer, …), read as the standard library reads it."""
+def _json_line(line: bytes, loads: Callable[[bytes], Any]) -> MetricLine | None:
+    """A line's metric record, or None; a line orjson refused (``NaN``, a huge integer, …) is read
+    as the standard library reads it."""
     try:
-        raw = json.loads(line)
-    except ValueError:  # includes UnicodeDecodeError
-        return None
-    return _record(raw, None) if isinstance(raw, dict) and "event" not in raw else None
+        raw = loads(line)
+    except ValueError:  # both decoders' errors, UnicodeDecodeError included
+        return None if loads is json.loads else _json_line(line, json.loads)
+    return _record(raw, None) if type(raw) is dict and "event" not in raw else None
+
+
+def parse_jsonl(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> list[MetricLine]:
+    """Metric lines from JSON-lines bytes (complete lines only), in file order.
+
+    :param loads: the JSON decoder tried first (a line it refuses is read by ``json.loads``).
+    """
+    lines = (ln for ln in _complete_lines(data) if ln.lstrip()[:1] == b"{")  # no other line is an object
+    records = (_json_line(line, loads) for line in lines)
+    return [rec for rec in records if rec is not None]
 
 
 def parse_jsonl_stdlib(data: bytes) -> list[MetricLine]:
     """:func:`parse_jsonl` with the standard library's ``json`` only: the reference the fast
     parser is tested and benchmarked against (same records, same order)."""
-    records = (_stdlib_record(ln) for ln in map(bytes.strip, _complete_lines(data)) if ln.startswith(b"{"))
-    return [rec for rec in records if rec is not None]
+    return parse_jsonl(data, json.loads)
 
 
 def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> list[MetricLine]:
@@ -206,165 +156,6 @@ def parse_metric_lines(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) 
         return parse_jsonl(data)
     assert isinstance(mapping, MetricsPattern)
     return parse_pattern(data, mapping)
-
-
-# --- columns per rank, for statistics -----------------------------------------------------------
-
-
-@dataclass
-class RankSeries:
-    """One rank's metric values over a window, one list per key with one entry per line (None
-    where it lacks the value), in file order; ``role_rank`` and ``device`` are the last line's."""
-
-    role: str
-    rank: int
-    role_rank: int | None = None
-    device: str | None = None
-    ts: list[float | None] = field(default_factory=list)
-    tokens: list[float | None] = field(default_factory=list)
-    tokens_per_s: list[float | None] = field(default_factory=list)
-    step_time_s: list[float | None] = field(default_factory=list)
-    queue_depth: list[float | None] = field(default_factory=list)
-    loss: list[float | None] = field(default_factory=list)
-    top1: list[float | None] = field(default_factory=list)
-    top4: list[float | None] = field(default_factory=list)
-    top8: list[float | None] = field(default_factory=list)
-    gpu_mem_bytes: list[int | None] = field(default_factory=list)
-
-    @property
-    def lines(self) -> int:
-        """Metric lines of the rank."""
-        return len(self.ts)
-
-
-def series_of(lines: Sequence[MetricLine]) -> list[RankSeries]:
-    """The lines grouped per ``(role, rank)`` into columns, in order of each group's first line."""
-    groups: dict[tuple[str, int], RankSeries] = {}
-    for ln in lines:
-        if (s := groups.get((ln.role, ln.rank))) is None:
-            s = groups[(ln.role, ln.rank)] = RankSeries(ln.role, ln.rank)
-        s.role_rank, s.device = ln.role_rank, ln.device
-        for key in _COLUMNS:
-            getattr(s, key).append(getattr(ln, key))
-    return list(groups.values())
-
-
-_COLUMNS = ("ts", *_FLOAT_KEYS, "gpu_mem_bytes")
-_MAX_GROUPS = 64  #: more distinct (role, rank) pairs than this are grouped line by line
-_NONE = type(None)
-
-
-def _column(raw: list[Any], fine: set[type], convert: Callable[[Any], Any]) -> list[Any]:
-    """``raw`` with ``convert`` applied to each value whose type is not in ``fine`` (None and the
-    ``fine`` types kept), checking the types in one C pass first."""
-    kinds = set(map(type, raw))
-    if kinds <= fine:
-        return raw
-    if kinds == {int} and convert is _num:
-        return list(map(float, raw))  # _num of an int is its float
-    return [v if type(v) in fine else convert(v) for v in raw]
-
-
-def _raw_columns(group: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Each :data:`_COLUMNS` key's values over the group, None where a line lacks it: one C pass per
-    key that every line has (:func:`operator.itemgetter`) or none has, a Python pass otherwise."""
-    first = group[0]
-    out: dict[str, list[Any]] = {}
-    for k in _COLUMNS:
-        if k in first:
-            try:
-                out[k] = list(map(itemgetter(k), group))
-                continue
-            except KeyError:
-                pass
-        elif not any(map(contains, group, repeat(k))):
-            out[k] = [None] * len(group)
-            continue
-        out[k] = [o.get(k) for o in group]
-    return out
-
-
-def _groups(objs: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]] | None:
-    """The objects by ``(role, rank)`` in order of first appearance (``(role, rank, type)`` when
-    some rank is not an ``int``, so that ``True`` is not grouped with ``1``); None when a role is
-    unhashable."""
-    try:
-        roles = list(map(itemgetter("role"), objs))
-        ranks = list(map(itemgetter("rank"), objs))
-    except KeyError:  # objects without a role or rank: not metric lines, or ranks read as 0
-        roles, ranks = [o.get("role") for o in objs], [o.get("rank") for o in objs]
-    try:
-        if set(map(type, ranks)) <= {int}:
-            keys: list[tuple[Any, ...]] = list(zip(roles, ranks, strict=True))
-        else:
-            keys = [(role, rank, type(rank)) for role, rank in zip(roles, ranks, strict=True)]
-        distinct = dict.fromkeys(keys)
-    except TypeError:  # an unhashable role or rank
-        return None
-    if len(distinct) <= _MAX_GROUPS:  # one C pass per group
-        return {k: list(itertools.compress(objs, map(eq, keys, repeat(k)))) for k in distinct}
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {k: [] for k in distinct}
-    for key, o in zip(keys, objs, strict=True):
-        groups[key].append(o)
-    return groups
-
-
-def _objects(candidates: list[bytes]) -> list[Any]:
-    """The candidate lines' JSON objects: one orjson call over them all as one array (a third of
-    the time), else a call per line.  :raises orjson.JSONDecodeError: if a line is not one JSON value."""
-    if not candidates:
-        return []
-    try:
-        objs = orjson.loads(b"[" + b",".join(candidates) + b"]")
-    except orjson.JSONDecodeError:
-        objs = None
-    if not isinstance(objs, list) or len(objs) != len(candidates):
-        objs = [orjson.loads(c) for c in candidates]
-    return objs
-
-
-def _jsonl_series(data: bytes) -> list[RankSeries] | None:
-    """:func:`parse_series` for JSON lines when every candidate line is plain JSON and every
-    metric line's rank an integer; None when not (the caller takes the per-line path)."""
-    try:
-        objs = _objects(_candidates(data))
-    except orjson.JSONDecodeError:
-        return None  # NaN, huge integers, a broken line: read as the standard library reads them
-    groups = _groups([o for o in objs if "event" not in o])
-    if groups is None:
-        return None
-    out = []
-    floats: set[type] = {float, _NONE}
-    ints: set[type] = {int, _NONE}
-    for key, group in groups.items():
-        role, rank = key[0], key[1]
-        if type(role) is not str or not role:
-            continue  # not a metric line
-        if type(rank) is not int:
-            return None  # a rank written as a string, or none: normalised line by line
-        last = group[-1]
-        role_rank, device = last.get("role_rank"), last.get("device")
-        cols = _raw_columns(group)
-        out.append(
-            RankSeries(
-                role,
-                rank,
-                role_rank if type(role_rank) in ints else _int(role_rank),
-                device if type(device) is str and device else None,
-                ts=_column(cols["ts"], floats, _ts),
-                gpu_mem_bytes=_column(cols["gpu_mem_bytes"], ints, _int),
-                **{key: _column(cols[key], floats, _num) for key in _FLOAT_KEYS},
-            )
-        )
-    return out
-
-
-def parse_series(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> list[RankSeries]:
-    """:func:`series_of` of :func:`parse_metric_lines`, without building a :class:`MetricLine`
-    per JSON line: one series per ``(role, rank)``, in order of each one's first line."""
-    if mapping == "jsonl" and (fast := _jsonl_series(data)) is not None:
-        return fast
-    return series_of(parse_metric_lines(data, mapping))
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
