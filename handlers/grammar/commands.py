@@ -117,30 +117,21 @@ class Command:
 
     def text(self) -> str:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
-        words = [self.verb, self.job or "", self.host or ""]
-        if self.verb == "restart":
-            if self.patches:
-                words.append("with " + patch_phrase(self.patches))
-            if self.without:
-                words.append("without " + patch_phrase(self.without))
-            if self.fresh_cache:
-                words.append("fresh cache")
-            if self.break_glass is not None:
-                words.append(f'--break-glass "{self.break_glass}"')
-        elif self.verb in ("approve", "deny"):
-            words += [self.run_ref or "", self.reason or ""]
-        elif self.verb == "logs":
-            words.append(str(self.lines))
-        elif self.verb == "history":
-            words.append(str(self.count))
-            if self.attempts:
-                words.append("--attempts")
-        elif self.verb == "watch":
-            words.append(self.state or "")
-            if self.for_s:
-                words.append(f"for {fmt.duration(self.for_s)}")
-        elif self.topic:
-            words.append(self.topic)
+        words = [self.verb, self.job, self.host, self.run_ref, self.reason, self.state, self.topic]
+        if self.verb in ("logs", "history"):
+            words.append(str(self.lines if self.verb == "logs" else self.count))
+        if self.patches:
+            words.append("with " + patch_phrase(self.patches))
+        if self.without:
+            words.append("without " + patch_phrase(self.without))
+        if self.fresh_cache:
+            words.append("fresh cache")
+        if self.break_glass is not None:
+            words.append(f'--break-glass "{self.break_glass}"')
+        if self.attempts:
+            words.append("--attempts")
+        if self.for_s:
+            words.append(f"for {fmt.duration(self.for_s)}")
         return " ".join(w for w in words if w)
 
 
