@@ -235,7 +235,7 @@ class PitstopScheduler:
     async def _verify_tick(self) -> None:
         if self.is_leader:
             await deliver_due(self.ctx)
-            await self.requests.expire_due()
+            await self.requests.two_person.expire_due()
         if self.is_leader:  # still, after the deliveries
             await deliver_recoveries(self.ctx)
 
