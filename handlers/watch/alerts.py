@@ -49,28 +49,23 @@ def page_by_dm(config: Config, key: str) -> list[str]:
 
 
 def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, str], ...]:
-    label, tz, seen = ALERT_FIELD_LABELS, config.scheduler.timezone, incident.last_alive_at
-    out = [
-        (label["job"], incident.job),
-        (label["host"], incident.host),
-        (label["processes"], f"{incident.count}/{incident.expected}"),
-    ]
-    if incident.last_pid is not None:
-        out.append((label["last_pid"], str(incident.last_pid)))
-    alive = (
-        f"{fmt.clock(seen, tz)} ({fmt.duration(now - seen)} ago)" if seen is not None else ALERT_NEVER_SEEN
-    )
-    out.append((label["last_alive"], alive))
-    if incident.exit_cause:
-        out.append((label["exit"], incident.exit_cause))
-    if incident.error:
-        out.append((label["error"], incident.error))
-    out.append((label["opened"], fmt.clock(incident.opened_at, tz)))
-    if incident.auto_restarts:
-        out.append((label["auto"], str(incident.auto_restarts)))
-    if incident.acked_by:
-        out.append((label["acked"], mention(incident.acked_by)))
-    return tuple(out)
+    """The alert's fields, those without a value left out."""
+    tz, seen, auto = config.scheduler.timezone, incident.last_alive_at, incident.auto_restarts
+    values = {
+        "job": incident.job,
+        "host": incident.host,
+        "processes": f"{incident.count}/{incident.expected}",
+        "last_pid": str(incident.last_pid) if incident.last_pid is not None else "",
+        "last_alive": f"{fmt.clock(seen, tz)} ({fmt.duration(now - seen)} ago)"
+        if seen is not None
+        else ALERT_NEVER_SEEN,
+        "exit": incident.exit_cause or "",
+        "error": incident.error or "",
+        "opened": fmt.clock(incident.opened_at, tz),
+        "auto": str(auto) if auto else "",
+        "acked": mention(incident.acked_by) if incident.acked_by else "",
+    }
+    return tuple((ALERT_FIELD_LABELS[key], value) for key, value in values.items() if value)
 
 
 def _title(i: Incident, config: Config, now: float) -> str:
