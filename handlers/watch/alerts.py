@@ -68,26 +68,25 @@ def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, 
     return tuple((ALERT_FIELD_LABELS[key], value) for key, value in values.items() if value)
 
 
+#: a new alert's headline by incident kind (fields: job, host, procs, expected, idle; else kind)
+_TITLES = {
+    IncidentKind.DEAD: "{job} is down: no processes left on {host} (expected {expected})",
+    IncidentKind.DEGRADED: "{job} is degraded: {procs} processes on {host}",
+    IncidentKind.STALLED: "{job} has stalled: alive ({procs}) but no new log output{idle}",
+    IncidentKind.STUCK_RANK: "{job} has a stuck rank on {host}: one rank stopped advancing while the others wait",
+    IncidentKind.UNREACHABLE: "host {host} unreachable - cannot check {job}",
+    IncidentKind.CRASH_LOOP: "{job} is crash-looping on {host} - automatic restarts given up",
+    IncidentKind.IDLE_GPUS: "{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working",
+}
+
+
 def _title(i: Incident, config: Config, now: float) -> str:
-    """The headline of a new alert, by incident kind."""
-    job, host, procs = i.job, i.host, f"{i.count}/{i.expected}"
-    if i.kind is IncidentKind.DEAD:
-        return f"{job} is down: no processes left on {host} (expected {i.expected})"
-    if i.kind is IncidentKind.DEGRADED:
-        return f"{job} is degraded: {procs} processes on {host}"
-    if i.kind is IncidentKind.STALLED:
-        quiet = config.jobs[job].watch.stall_after + (now - i.opened_at) if job in config.jobs else None
-        idle = f" for {fmt.duration(quiet)}" if quiet is not None else ""
-        return f"{job} has stalled: alive ({procs}) but no new log output{idle}"
-    if i.kind is IncidentKind.STUCK_RANK:
-        return f"{job} has a stuck rank on {host}: one rank stopped advancing while the others wait"
-    if i.kind is IncidentKind.UNREACHABLE:
-        return f"host {host} unreachable - cannot check {job}"
-    if i.kind is IncidentKind.CRASH_LOOP:
-        return f"{job} is crash-looping on {host} - automatic restarts given up"
-    if i.kind is IncidentKind.IDLE_GPUS:
-        return f"{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working"
-    return f"{job}: {i.kind.value} on {host}"
+    """The headline of a new alert, by incident kind (:data:`_TITLES`)."""
+    quiet = config.jobs[i.job].watch.stall_after + (now - i.opened_at) if i.job in config.jobs else None
+    idle = f" for {fmt.duration(quiet)}" if quiet is not None else ""
+    words = _TITLES.get(i.kind, "{job}: {kind} on {host}")
+    procs, kind = f"{i.count}/{i.expected}", i.kind.value
+    return words.format(job=i.job, host=i.host, procs=procs, expected=i.expected, idle=idle, kind=kind)
 
 
 def _status(incident: Incident) -> Status:
