@@ -6,7 +6,7 @@ headline updates (resolved, acknowledged) and its thread notes — built from th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from handlers.reply import Reply, Status, mention
 from handlers.text import ALERT_FIELD_LABELS, ALERT_NEVER_SEEN, ALERT_NO_LOG
@@ -160,9 +160,8 @@ def _open_for(incident: Incident, now: float) -> float:
     return (incident.resolved_at if incident.resolved_at is not None else now) - incident.opened_at
 
 
-def resolved_headline(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
+def resolved_headline(incident: Incident, config: Config, *, now: float) -> Reply:
     """The alert's headline updated in place once the incident resolved."""
-    now = time.time() if now is None else now
     was = _WAS.get(incident.kind.value, f"was {incident.kind.value.replace('_', ' ')}")
     return Reply(
         title=f"resolved: {incident.job} {was} for {fmt.duration(_open_for(incident, now))}",
@@ -173,25 +172,25 @@ def resolved_headline(incident: Incident, config: Config, *, now: float | None =
     )
 
 
-def resolved_reply(incident: Incident, *, now: float | None = None) -> Reply:
+def resolved_reply(incident: Incident, *, now: float) -> Reply:
     """The thread note ``resolved after N min``."""
-    now = time.time() if now is None else now
     return Reply(title=incident_resolved(incident, now), status=Status.OK, thread_key=incident.thread_key)
 
 
-def reminder_reply(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
+def reminder_reply(incident: Incident, config: Config, *, now: float) -> Reply:
     """The thread re-post of an open, unacknowledged incident (mentions ``alert_mention`` and the
     job's owners)."""
-    now = time.time() if now is None else now
-    owners, who = paged(config, [incident])
     text = incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
-    return Reply(
-        title=f"{who} {text}" if who else text,
-        page=config.slack.alert_mention,
-        owners=owners,
-        status=Status.WARNING,
-        thread_key=incident.thread_key,
-    )
+    return paging_reminder(config, [incident], text, incident.thread_key)
+
+
+def paging_reminder(
+    config: Config, incidents: Sequence[Incident], text: str, key: str, lines: tuple[str, ...] = ()
+) -> Reply:
+    """A reminder in the thread ``key``: ``text`` paging ``alert_mention`` and the incidents' owners again."""
+    owners, who = paged(config, incidents)
+    title = f"{who} {text}" if who else text
+    return Reply(title, Status.WARNING, lines, page=config.slack.alert_mention, owners=owners, thread_key=key)
 
 
 def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:

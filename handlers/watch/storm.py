@@ -28,6 +28,7 @@ from handlers.watch.alerts import (
     alert_reply,
     incident_reminder,
     paged,
+    paging_reminder,
     reminder_reply,
     resolved_headline,
     resolved_reply,
@@ -392,17 +393,10 @@ def story_resolved_reply(story: Story, *, now: float) -> Reply:
 def story_reminder_reply(story: Story, config: Config, *, now: float) -> Reply:
     """One grouped reminder: who is paged again, and a line per job still open and not acknowledged."""
     incidents = [t.incident for t in story.members]
-    owners, who = paged(config, incidents)
     parts = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in _kinds(incidents).most_common())
     title = f"still open, not acknowledged: {len(incidents)} jobs ({parts})"
-    return Reply(
-        title=f"{who} {title}" if who else title,
-        page=config.slack.alert_mention,
-        owners=owners,
-        status=Status.WARNING,
-        lines=tuple(incident_reminder(inc.job, inc.kind.value, now - inc.opened_at) for inc in incidents),
-        thread_key=story.key,
-    )
+    lines = tuple(incident_reminder(inc.job, inc.kind.value, now - inc.opened_at) for inc in incidents)
+    return paging_reminder(config, incidents, title, story.key, lines)
 
 
 def _kinds(incidents: Sequence[Incident]) -> Counter[str]:
