@@ -235,7 +235,7 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
             )
         options["for_s"] = parse_duration_seconds(one["for_s"], verb)
     if "topic" in one:
-        topic_spec = grammar.verb_spec(one["topic"])
+        topic_spec = grammar.ALIASES.get(one["topic"].lower())
         if topic_spec is None:
             raise _unknown("command", one["topic"], list(grammar.VERBS), verb)
         options["topic"] = topic_spec.name
@@ -271,7 +271,7 @@ def parse(text: str, config: Config) -> Command:
     tokens = tokenise(clean)
     if not tokens:
         return Command("help")
-    spec = grammar.verb_spec(tokens[0])
+    spec = grammar.ALIASES.get(tokens[0].lower())
     if spec is None:
         raise _unknown("command", tokens[0], list(grammar.VERBS), None)
     matches = grammar.match(spec, tokens) if len(tokens) <= MAX_TOKENS else []

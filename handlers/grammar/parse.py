@@ -247,13 +247,8 @@ GRAMMAR: tuple[VerbSpec, ...] = (
 )
 
 VERBS: dict[str, VerbSpec] = {v.name: v for v in GRAMMAR}
-ALIASES: dict[str, str] = {a: v.name for v in GRAMMAR for a in (v.name, *v.aliases)}
-
-
-def verb_spec(name: str) -> VerbSpec | None:
-    """The spec of a verb or alias (case-insensitive), or None."""
-    canonical = ALIASES.get(name.lower())
-    return VERBS[canonical] if canonical else None
+#: each verb and alias (lower case) → its verb's spec
+ALIASES: dict[str, VerbSpec] = {a: v for v in GRAMMAR for a in (v.name, *v.aliases)}
 
 
 # --- format strings -----------------------------------------------------------------------------
