@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cached_property
+from itertools import islice
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  #: the shape of a job, host, patch or verb name
 NUMBER = re.compile(r"[0-9]{1,9}\Z")
@@ -300,21 +301,18 @@ def compile_format(fmt: str) -> Seq:
     tokens = _FORMAT_TOKEN.findall(fmt)
     if "".join(tokens) != "".join(fmt.split()):
         raise ValueError(f"bad format {fmt!r}")
-    pos = 0
 
-    def seq(depth: int) -> Seq:
-        nonlocal pos
+    def seq(it: Iterator[str], depth: int) -> tuple[Seq, str]:
+        """The items up to the ``]`` or ``]...`` that closes them (returned with them; "" at the end)."""
         items: list[Lit | Slot | Opt] = []
-        while pos < len(tokens):
-            tok = tokens[pos]
-            pos += 1
+        for tok in it:
             if tok == "[":
-                body = seq(depth + 1)
-                items.append(Opt(body, repeat=tokens[pos - 1] == "]...", flag=_flag_of(body)))
+                body, closer = seq(it, depth + 1)
+                items.append(Opt(body, repeat=closer == "]...", flag=_flag_of(body)))
             elif tok in ("]", "]..."):
                 if depth == 0:
                     raise ValueError(f"unbalanced ']' in {fmt!r}")
-                return Seq(tuple(items))
+                return Seq(tuple(items)), tok
             elif tok.startswith("{"):
                 name = tok[1:-1]
                 if name not in SLOTS:
@@ -324,9 +322,9 @@ def compile_format(fmt: str) -> Seq:
                 items.append(Lit(tuple(w.lower() for w in tok.split("|"))))
         if depth:
             raise ValueError(f"unbalanced '[' in {fmt!r}")
-        return Seq(tuple(items))
+        return Seq(tuple(items)), ""
 
-    return seq(0)
+    return seq(iter(tokens), 0)[0]
 
 
 def render_usage(pattern: Seq) -> str:
@@ -428,13 +426,11 @@ def _seq(
 def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:
     """Every way (up to :data:`MAX_MATCHES`) ``tokens`` (the verb included) fit one of the verb's
     formats, each as the slot values it binds, in the order the formats and slots prefer (none: [])."""
-    found: list[Binding] = []
-    for pattern in spec.patterns:
-        if not tokens or not isinstance(pattern.items[0], Lit):
-            continue
-        for j, bound in _seq(pattern.items, 1, tokens, 1, ()):
-            if j == len(tokens):
-                found.append(bound)
-                if len(found) >= MAX_MATCHES:
-                    return found
-    return found
+    complete = (
+        bound
+        for pattern in spec.patterns
+        if tokens and isinstance(pattern.items[0], Lit)
+        for j, bound in _seq(pattern.items, 1, tokens, 1, ())
+        if j == len(tokens)
+    )
+    return list(islice(complete, MAX_MATCHES))
