@@ -349,20 +349,16 @@ Binding = tuple[tuple[str, str | tuple[str, ...]], ...]
 
 def _names(tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, tuple[str, ...]]]:
     """Lists of names from ``i``, shortest first: ``a``, ``a, b``, ``a and b``, ``a b``."""
-    if i >= len(tokens) or not NAME.match(tokens[i]):
-        return
-    names = [tokens[i]]
-    j = i + 1
-    yield j, tuple(names)
-    while j < len(tokens):
-        k = j
+    names: list[str] = []
+    while i < len(tokens) and NAME.match(tokens[i]):
+        names.append(tokens[i])
+        yield i + 1, tuple(names)
+        k = i + 1
         while k < len(tokens) and tokens[k].lower() in CONNECTORS:
             k += 1
-        if k - j > 2 or k >= len(tokens) or not NAME.match(tokens[k]):
+        if k - (i + 1) > 2:  # at most two connectors between names
             return
-        names.append(tokens[k])
-        j = k + 1
-        yield j, tuple(names)
+        i = k
 
 
 def _slot(slot: Slot, tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, str | tuple[str, ...]]]:
