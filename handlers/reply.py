@@ -104,26 +104,13 @@ class Reply:
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict (``pitstop say --json``)."""
         return {
-            "title": self.title,
-            "status": self.status.value,
-            "lines": list(self.lines),
+            **asdict(self),
             "fields": dict(self.fields),
-            "tables": [{"headers": list(t.headers), "rows": [list(r) for r in t.rows]} for t in self.tables],
-            "steps": [asdict(s) for s in self.steps],
-            "log": self.log,
-            "log_title": self.log_title,
-            "ephemeral": self.ephemeral,
-            "thread_key": self.thread_key,
-            "run_id": self.run_id,
-            "chart": self.chart,
             "buttons": [{"label": b.label, "action": b.action, "value": b.value} for b in self.buttons],
             "attachments": [
                 {"filename": a.filename, "title": a.title, "path": a.path} for a in self.attachments
             ],
             "follow_ups": [f.to_dict() for f in self.follow_ups],
-            "exit_code": int(self.exit_code),
-            "page": self.page,
-            "owners": list(self.owners),
         }
 
 

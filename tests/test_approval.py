@@ -305,7 +305,7 @@ async def test_a_request_outlives_its_process(tmp_path: Path, redis_handle: Redi
             return bool(await other.two_person.approvals.due())
 
         await wait_until(due, timeout=10)
-        assert await other.expire_due() == 1 and await other.expire_due() == 0
+        assert await other.two_person.expire_due() == 1 and await other.two_person.expire_due() == 0
         assert (await other.two_person.approvals.get(rid)).state is ApprovalState.EXPIRED
         assert await RunStore(redis_handle.client, redis_handle.prefix).unowned() == []
     finally:

@@ -232,7 +232,7 @@ class PitstopScheduler:
     async def _verify_tick(self) -> None:
         if self.is_leader:
             await self.ctx.service.deliver_due()
-            await self.requests.expire_due()
+            await self.requests.two_person.expire_due()
         if self.is_leader:  # still, after the deliveries
             await self.ctx.service.followups_due()
 

@@ -18,8 +18,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 from handlers.approval import policy
 from handlers.context import Context
@@ -37,20 +36,9 @@ from pipeline.state.locks import InFlight
 log = logging.getLogger(__name__)
 
 
-class AuditFn(Protocol):
-    """The dispatcher's audit step: one record per request (never raises)."""
-
-    def __call__(
-        self,
-        req: Request,
-        outcome: AuditOutcome,
-        command: Command | None = None,
-        *,
-        detail: str = "",
-        run_id: str | None = None,
-    ) -> Awaitable[None]:
-        """Record ``req``'s ``outcome``."""
-        ...
+#: the dispatcher's audit step, one record per request, never raising:
+#: ``audit(req, outcome, command=None, *, detail="", run_id=None)``
+AuditFn = Callable[..., Awaitable[None]]
 
 
 class TwoPersonRule:

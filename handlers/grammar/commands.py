@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from handlers.grammar import parse as grammar
 from handlers.grammar.normalise import normalise, tokenise
@@ -29,6 +29,8 @@ MAX_TEXT = 500  #: characters; longer requests are refused before parsing
 MAX_TOKENS = 64
 
 OptionValue = bool | int | str | tuple[str, ...] | None
+T = TypeVar("T")
+D = TypeVar("D")
 
 
 class ParseError(PitstopError):
@@ -43,6 +45,18 @@ class ParseError(PitstopError):
         self.verb = verb
 
 
+class _Option(Generic[T, D]):
+    """One of :attr:`Command.options`, read as an attribute: its value when it is of type ``kind``
+    exactly (so a bool is never read as an int), else ``default``."""
+
+    def __init__(self, key: str, kind: type[T], default: D) -> None:
+        self.key, self.kind, self.default = key, kind, default
+
+    def __get__(self, command: Command, owner: object = None) -> T | D:
+        value = command.options.get(self.key)
+        return value if type(value) is self.kind else self.default
+
+
 @dataclass(frozen=True)
 class Command:
     """A parsed, validated request; names in their configured spelling."""
@@ -51,7 +65,7 @@ class Command:
     job: str | None = None
     host: str | None = None  #: ``gpus``
     patches: tuple[str, ...] = ()  #: patch names to add (``restart … with P patch``)
-    #: read-only, read through the properties below: ``without``, ``fresh_cache``, ``break_glass``
+    #: read-only, read through the attributes below: ``without``, ``fresh_cache``, ``break_glass``
     #: (restart), ``lines`` (logs), ``count``, ``attempts`` (history), ``state``, ``for_s`` (watch),
     #: ``run`` (approve, deny, follow), ``reason`` (approve, deny), ``topic`` (help)
     options: Mapping[str, OptionValue] = field(default_factory=dict, hash=False)
@@ -64,69 +78,18 @@ class Command:
         """The verb's entry in the command table."""
         return grammar.VERBS[self.verb]
 
-    @property
-    def without(self) -> tuple[str, ...]:
-        """Patches to remove (restart)."""
-        value = self.options.get("without", ())
-        return value if isinstance(value, tuple) else ()
-
-    @property
-    def fresh_cache(self) -> bool:
-        """Clear the job's caches (restart)."""
-        return self.options.get("fresh_cache") is True
-
-    @property
-    def lines(self) -> int:
-        """Log lines asked for (logs)."""
-        return self._int("lines") or grammar.DEFAULT_LINES
-
-    @property
-    def count(self) -> int:
-        """Runs asked for (history)."""
-        return self._int("count") or grammar.DEFAULT_COUNT
-
-    @property
-    def attempts(self) -> bool:
-        """One row per attempt instead of per run (``history --attempts``)."""
-        return self.options.get("attempts") is True
-
-    @property
-    def for_s(self) -> int | None:
-        """Seconds watching stays off (watch … off for DURATION), or None."""
-        return self._int("for_s")
-
-    @property
-    def state(self) -> str | None:
-        """``on`` or ``off`` (watch)."""
-        return self._str("state")
-
-    @property
-    def run_ref(self) -> str | None:
-        """The run id a request is named by, or a run to follow (approve, deny, follow: ``r-7``), or None."""
-        return self._str("run")
-
-    @property
-    def reason(self) -> str | None:
-        """Free text: a denial's reason (deny), or None."""
-        return self._str("reason")
-
-    @property
-    def break_glass(self) -> str | None:
-        """An admin's reason for restarting without approval (``--break-glass "REASON"``), or None."""
-        return self._str("break_glass")
-
-    @property
-    def topic(self) -> str | None:
-        """The verb ``help`` was asked about, or None."""
-        return self._str("topic")
-
-    def _int(self, name: str) -> int | None:
-        value = self.options.get(name)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    def _str(self, name: str) -> str | None:
-        value = self.options.get(name)
-        return value if isinstance(value, str) else None
+    without = _Option("without", tuple, ())  #: patches to remove (restart)
+    fresh_cache = _Option("fresh_cache", bool, False)  #: clear the job's caches (restart)
+    lines = _Option("lines", int, grammar.DEFAULT_LINES)  #: log lines asked for (logs)
+    count = _Option("count", int, grammar.DEFAULT_COUNT)  #: runs asked for (history)
+    attempts = _Option("attempts", bool, False)  #: one row per attempt, not per run (``history --attempts``)
+    for_s = _Option("for_s", int, None)  #: seconds watching stays off (``watch … off for DURATION``)
+    state = _Option("state", str, None)  #: ``on`` or ``off`` (watch)
+    run_ref = _Option("run", str, None)  #: the run id a request is named by (approve, deny, follow: ``r-7``)
+    reason = _Option("reason", str, None)  #: free text: a denial's reason (deny)
+    #: an admin's reason for restarting without approval (``--break-glass "REASON"``)
+    break_glass = _Option("break_glass", str, None)
+    topic = _Option("topic", str, None)  #: the verb ``help`` was asked about
 
     def to_json(self) -> dict[str, Any]:
         """The command as a JSON-ready dict (``pitstop parse``, the audit trail, confirmations)."""
@@ -154,30 +117,21 @@ class Command:
 
     def text(self) -> str:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
-        words = [self.verb, self.job or "", self.host or ""]
-        if self.verb == "restart":
-            if self.patches:
-                words.append("with " + patch_phrase(self.patches))
-            if self.without:
-                words.append("without " + patch_phrase(self.without))
-            if self.fresh_cache:
-                words.append("fresh cache")
-            if self.break_glass is not None:
-                words.append(f'--break-glass "{self.break_glass}"')
-        elif self.verb in ("approve", "deny", "follow"):
-            words += [self.run_ref or "", self.reason or ""]
-        elif self.verb == "logs":
-            words.append(str(self.lines))
-        elif self.verb == "history":
-            words.append(str(self.count))
-            if self.attempts:
-                words.append("--attempts")
-        elif self.verb == "watch":
-            words.append(self.state or "")
-            if self.for_s:
-                words.append(f"for {fmt.duration(self.for_s)}")
-        elif self.topic:
-            words.append(self.topic)
+        words = [self.verb, self.job, self.host, self.run_ref, self.reason, self.state, self.topic]
+        if self.verb in ("logs", "history"):
+            words.append(str(self.lines if self.verb == "logs" else self.count))
+        if self.patches:
+            words.append("with " + patch_phrase(self.patches))
+        if self.without:
+            words.append("without " + patch_phrase(self.without))
+        if self.fresh_cache:
+            words.append("fresh cache")
+        if self.break_glass is not None:
+            words.append(f'--break-glass "{self.break_glass}"')
+        if self.attempts:
+            words.append("--attempts")
+        if self.for_s:
+            words.append(f"for {fmt.duration(self.for_s)}")
         return " ".join(w for w in words if w)
 
 
@@ -236,67 +190,55 @@ def _patches(raw: Sequence[str], job: str, config: Config, verb: str) -> tuple[s
     return tuple(dict.fromkeys(_lookup("patch", name, known, verb, f"for {job}") for name in raw))
 
 
+#: the options every command of a verb carries, typed or not
+_DEFAULTS: dict[str, dict[str, OptionValue]] = {
+    "restart": {"without": (), "fresh_cache": False},
+    "logs": {"lines": grammar.DEFAULT_LINES},
+    "history": {"count": grammar.DEFAULT_COUNT},
+}
+
+
 def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
     verb = spec.name
     raw: dict[str, list[str]] = {}
     for name, value in binding:
         raw.setdefault(name, []).extend([value] if isinstance(value, str) else value)
-
-    def one(name: str) -> str | None:
-        values = raw.get(name)
-        return values[0] if values else None
-
-    job_raw, host_raw = one("job"), one("host")
-    job = _lookup("job", job_raw, list(config.jobs), verb) if job_raw is not None else None
-    host = _lookup("host", host_raw, list(config.hosts), verb) if host_raw is not None else None
-    options: dict[str, OptionValue] = {}
-    patches: tuple[str, ...] = ()
-    if verb == "restart":
-        assert job is not None
-        patches = _patches(raw.get("patches", []), job, config, verb)
-        without = _patches(raw.get("without", []), job, config, verb)
-        both = [p for p in patches if p in without]
-        if both:
+    one = {name: values[0] for name, values in raw.items()}
+    job = _lookup("job", one["job"], list(config.jobs), verb) if "job" in one else None
+    host = _lookup("host", one["host"], list(config.hosts), verb) if "host" in one else None
+    options = dict(_DEFAULTS.get(verb, {}))
+    patches = _patches(raw.get("patches", []), job, config, verb) if job is not None else ()
+    if "without" in raw and job is not None:
+        options["without"] = without = _patches(raw["without"], job, config, verb)
+        if both := [p for p in patches if p in without]:
             named = ", ".join(repr(p) for p in both)
             raise ParseError(f"patch {named} cannot be both added and removed", verb)
-        options["without"] = without
-        options["fresh_cache"] = "fresh_cache" in raw
-        if "reason" in raw:
-            options["break_glass"] = _reason(raw["reason"])
-    elif verb in ("approve", "deny", "follow"):
-        ref = one("run") or ""
-        if not _RUN_REF.fullmatch(ref.lower()):
+    options.update(dict.fromkeys(grammar.FLAGS & raw.keys(), True))
+    for slot in ("lines", "count"):
+        if slot in one:
+            options[slot] = _int(slot, one[slot], verb)
+    if "reason" in raw:  # a restart's is its break glass
+        options["break_glass" if verb == "restart" else "reason"] = _reason(raw["reason"])
+    if "run" in one:
+        if not _RUN_REF.fullmatch(one["run"].lower()):
             hint = "`follow r-7` (see `history`)" if verb == "follow" else "`approve r-7` (see `pending`)"
-            raise ParseError(f"{ref!r} is not a run id - give it as Pitstop wrote it, e.g. {hint}", verb)
-        options["run"] = ref.lower()
-        if "reason" in raw:
-            options["reason"] = _reason(raw["reason"])
-    elif verb in ("logs", "history"):
-        slot, default = (
-            ("lines", grammar.DEFAULT_LINES) if verb == "logs" else ("count", grammar.DEFAULT_COUNT)
-        )
-        n = one(slot)
-        options[slot] = _int(slot, n, verb) if n is not None else default
-        if "attempts" in raw:
-            options["attempts"] = True
-    elif verb == "watch":
-        state = one("state")
-        assert state is not None and job is not None
-        options["state"] = state
-        duration = one("for_s")
-        if duration is not None:
-            if state != "off":  # a duration only makes sense when pausing
-                raise ParseError(
-                    f"`for DURATION` pauses watching for a while: say `watch {job} off for 2h`", verb
-                )
-            options["for_s"] = parse_duration_seconds(duration, verb)
-    elif verb == "help":
-        topic = one("topic")
-        if topic is not None:
-            topic_spec = grammar.verb_spec(topic)
-            if topic_spec is None:
-                raise _unknown("command", topic, list(grammar.VERBS), verb)
-            options["topic"] = topic_spec.name
+            raise ParseError(
+                f"{one['run']!r} is not a run id - give it as Pitstop wrote it, e.g. {hint}", verb
+            )
+        options["run"] = one["run"].lower()
+    if "state" in one:
+        options["state"] = one["state"]
+    if "for_s" in one:
+        if one.get("state") != "off":  # a duration only makes sense when pausing
+            raise ParseError(
+                f"`for DURATION` pauses watching for a while: say `watch {job} off for 2h`", verb
+            )
+        options["for_s"] = parse_duration_seconds(one["for_s"], verb)
+    if "topic" in one:
+        topic_spec = grammar.ALIASES.get(one["topic"].lower())
+        if topic_spec is None:
+            raise _unknown("command", one["topic"], list(grammar.VERBS), verb)
+        options["topic"] = topic_spec.name
     return Command(verb=verb, job=job, host=host, patches=patches, options=options)
 
 
@@ -329,7 +271,7 @@ def parse(text: str, config: Config) -> Command:
     tokens = tokenise(clean)
     if not tokens:
         return Command("help")
-    spec = grammar.verb_spec(tokens[0])
+    spec = grammar.ALIASES.get(tokens[0].lower())
     if spec is None:
         raise _unknown("command", tokens[0], list(grammar.VERBS), None)
     matches = grammar.match(spec, tokens) if len(tokens) <= MAX_TOKENS else []

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cached_property
+from itertools import islice
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  #: the shape of a job, host, patch or verb name
 NUMBER = re.compile(r"[0-9]{1,9}\Z")
@@ -254,13 +255,8 @@ GRAMMAR: tuple[VerbSpec, ...] = (
 )
 
 VERBS: dict[str, VerbSpec] = {v.name: v for v in GRAMMAR}
-ALIASES: dict[str, str] = {a: v.name for v in GRAMMAR for a in (v.name, *v.aliases)}
-
-
-def verb_spec(name: str) -> VerbSpec | None:
-    """The spec of a verb or alias (case-insensitive), or None."""
-    canonical = ALIASES.get(name.lower())
-    return VERBS[canonical] if canonical else None
+#: each verb and alias (lower case) → its verb's spec
+ALIASES: dict[str, VerbSpec] = {a: v for v in GRAMMAR for a in (v.name, *v.aliases)}
 
 
 # --- format strings -----------------------------------------------------------------------------
@@ -312,21 +308,18 @@ def compile_format(fmt: str) -> Seq:
     tokens = _FORMAT_TOKEN.findall(fmt)
     if "".join(tokens) != "".join(fmt.split()):
         raise ValueError(f"bad format {fmt!r}")
-    pos = 0
 
-    def seq(depth: int) -> Seq:
-        nonlocal pos
+    def seq(it: Iterator[str], depth: int) -> tuple[Seq, str]:
+        """The items up to the ``]`` or ``]...`` that closes them (returned with them; "" at the end)."""
         items: list[Lit | Slot | Opt] = []
-        while pos < len(tokens):
-            tok = tokens[pos]
-            pos += 1
+        for tok in it:
             if tok == "[":
-                body = seq(depth + 1)
-                items.append(Opt(body, repeat=tokens[pos - 1] == "]...", flag=_flag_of(body)))
+                body, closer = seq(it, depth + 1)
+                items.append(Opt(body, repeat=closer == "]...", flag=_flag_of(body)))
             elif tok in ("]", "]..."):
                 if depth == 0:
                     raise ValueError(f"unbalanced ']' in {fmt!r}")
-                return Seq(tuple(items))
+                return Seq(tuple(items)), tok
             elif tok.startswith("{"):
                 name = tok[1:-1]
                 if name not in SLOTS:
@@ -336,9 +329,9 @@ def compile_format(fmt: str) -> Seq:
                 items.append(Lit(tuple(w.lower() for w in tok.split("|"))))
         if depth:
             raise ValueError(f"unbalanced '[' in {fmt!r}")
-        return Seq(tuple(items))
+        return Seq(tuple(items)), ""
 
-    return seq(0)
+    return seq(iter(tokens), 0)[0]
 
 
 def render_usage(pattern: Seq) -> str:
@@ -363,20 +356,16 @@ Binding = tuple[tuple[str, str | tuple[str, ...]], ...]
 
 def _names(tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, tuple[str, ...]]]:
     """Lists of names from ``i``, shortest first: ``a``, ``a, b``, ``a and b``, ``a b``."""
-    if i >= len(tokens) or not NAME.match(tokens[i]):
-        return
-    names = [tokens[i]]
-    j = i + 1
-    yield j, tuple(names)
-    while j < len(tokens):
-        k = j
+    names: list[str] = []
+    while i < len(tokens) and NAME.match(tokens[i]):
+        names.append(tokens[i])
+        yield i + 1, tuple(names)
+        k = i + 1
         while k < len(tokens) and tokens[k].lower() in CONNECTORS:
             k += 1
-        if k - j > 2 or k >= len(tokens) or not NAME.match(tokens[k]):
+        if k - (i + 1) > 2:  # at most two connectors between names
             return
-        names.append(tokens[k])
-        j = k + 1
-        yield j, tuple(names)
+        i = k
 
 
 def _slot(slot: Slot, tokens: tuple[str, ...], i: int) -> Iterator[tuple[int, str | tuple[str, ...]]]:
@@ -440,13 +429,11 @@ def _seq(
 def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:
     """Every way (up to :data:`MAX_MATCHES`) ``tokens`` (the verb included) fit one of the verb's
     formats, each as the slot values it binds, in the order the formats and slots prefer (none: [])."""
-    found: list[Binding] = []
-    for pattern in spec.patterns:
-        if not tokens or not isinstance(pattern.items[0], Lit):
-            continue
-        for j, bound in _seq(pattern.items, 1, tokens, 1, ()):
-            if j == len(tokens):
-                found.append(bound)
-                if len(found) >= MAX_MATCHES:
-                    return found
-    return found
+    complete = (
+        bound
+        for pattern in spec.patterns
+        if tokens and isinstance(pattern.items[0], Lit)
+        for j, bound in _seq(pattern.items, 1, tokens, 1, ())
+        if j == len(tokens)
+    )
+    return list(islice(complete, MAX_MATCHES))

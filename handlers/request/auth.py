@@ -26,15 +26,12 @@ SYSTEM_ROLE = Role.OPERATOR  #: what the system principal may do (restart, never
 
 
 class Denied(PitstopError):
-    """The requester lacks the role (at least ``needed``) the command needs."""
+    """The requester lacks the role (at least ``needed``) the command needs; the message names both."""
 
     code = "denied"
     exit_code = ExitCode.DENIED
 
     def __init__(self, user: str, command: Command, needed: Role) -> None:
-        self.user = user
-        self.command = command
-        self.needed = needed
         super().__init__(denied(user, command.verb, command.job or command.host, needed.label))
 
 

@@ -17,6 +17,7 @@ import json
 import logging
 import re
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any
 
 from handlers.approval.twoperson import TwoPersonRule
@@ -65,9 +66,7 @@ class Dispatcher:
         self.deliveries = ctx.redis.open_store(Deliveries)
         self.confirmations = ctx.redis.open_store(Confirmations)
         #: the two-person rule's step (:mod:`handlers.approval.twoperson`)
-        self.two_person = TwoPersonRule(
-            ctx, self._audit, lambda coro, name: self._spawn(coro, name=name, timer=True)
-        )
+        self.two_person = TwoPersonRule(ctx, self._audit, partial(self._spawn, timer=True))
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.Task[Any]] = set()
         #: the cross-cutting steps every request runs, in order, before the verb's handler
@@ -83,7 +82,7 @@ class Dispatcher:
 
     # --- background work ------------------------------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], *, name: str, timer: bool = False) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, timer: bool = False) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         (self._timers if timer else self._tasks).add(task)
         task.add_done_callback(self._done)
@@ -113,11 +112,6 @@ class Dispatcher:
             if left:
                 await asyncio.wait(left, timeout=5.0)
 
-    async def expire_due(self) -> int:
-        """Close every approval request past its expiry; how many this call closed
-        (:meth:`TwoPersonRule.expire_due`)."""
-        return await self.two_person.expire_due()
-
     async def seen(self, delivery_id: str | None) -> bool:
         """True when ``delivery_id`` was already acted on (for surfaces deciding whether to answer a retry)."""
         return bool(delivery_id) and await self.deliveries.seen(str(delivery_id))
@@ -131,6 +125,9 @@ class Dispatcher:
         detail: str = "",
         run_id: str | None = None,
     ) -> None:
+        asked: dict[str, Any] = (
+            {"verb": command.verb, "job": command.job, "command": command.dumps()} if command else {}
+        )
         try:
             await self.audit.record(
                 user=req.user,
@@ -138,11 +135,9 @@ class Dispatcher:
                 outcome=outcome,
                 surface=req.surface,
                 channel=req.channel,
-                verb=command.verb if command else "",
-                job=command.job if command else None,
-                command=command.dumps() if command else "",
                 detail=detail,
                 run_id=run_id,
+                **asked,
             )
         except Exception:  # the answer matters more than its record; the log keeps it
             log.exception("could not write the audit record for %r (%s)", req.text, outcome.value)
@@ -256,7 +251,7 @@ class Dispatcher:
             req.channel,
             self.audit,
             self.lock_ttl,
-            lambda coro, name: self._spawn(coro, name=name),
+            self._spawn,
             req.surface,
             approval=flow.approval,
             break_glass=flow.break_glass,
@@ -268,10 +263,10 @@ class Dispatcher:
         return reply
 
     async def _failed(self, req: Request, command: Command | None, exc: PitstopError) -> Reply:
-        outcome = AuditOutcome.FAILED
-        if isinstance(exc, Denied | InFlight):
-            outcome = AuditOutcome.DENIED if isinstance(exc, Denied) else AuditOutcome.REFUSED
-        await self._audit(req, outcome, command, detail=exc.message)
+        refusal = AuditOutcome.REFUSED if isinstance(exc, InFlight) else AuditOutcome.FAILED
+        await self._audit(
+            req, AuditOutcome.DENIED if isinstance(exc, Denied) else refusal, command, detail=exc.message
+        )
         return _error_reply(exc)
 
     async def _internal(self, req: Request, command: Command | None) -> Reply:
@@ -293,7 +288,7 @@ class Dispatcher:
             window=self.confirm_window,
         )
         await self._audit(req, AuditOutcome.PENDING, command, detail=f"confirmation {pending.token}")
-        self._spawn(self._expire(pending), name=f"pitstop-confirm:{pending.token}", timer=True)
+        self._spawn(self._expire(pending), f"pitstop-confirm:{pending.token}", timer=True)
         assert command.job is not None
         return Reply(
             title=confirm_ask(command.text(), command.job, self.confirm_window),
@@ -311,7 +306,7 @@ class Dispatcher:
         if taken is not Take.TAKEN or found is None:
             return
         req = Request(found.text, found.user, found.groups, None, found.channel, found.surface)
-        command = Command.from_json(_loads(found.command))
+        command = Command.from_json(json.loads(found.command))
         text = confirm_expired(found.text, found.window)
         await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
         reply = refused(text, ExitCode.CANCELLED, Status.WARNING)
@@ -327,7 +322,7 @@ class Dispatcher:
         if taken is Take.GONE or pending is None:
             await self._audit(req, AuditOutcome.CANCELLED, detail=CONFIRM_GONE)
             return refused(CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
-        command = Command.from_json(_loads(pending.command))
+        command = Command.from_json(json.loads(pending.command))
         original = Request(
             pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
         )
@@ -348,13 +343,6 @@ class Dispatcher:
         flow.run, flow.on_behalf, flow.outcome = command, original, AuditOutcome.CONFIRMED
         flow.groups = req.groups or pending.groups
         return await call_next()
-
-
-def _loads(raw: str) -> dict[str, Any]:
-    data = json.loads(raw)
-    if not isinstance(data, dict):
-        raise ValueError("a stored command is not a JSON object")
-    return data
 
 
 # --- text ---------------------------------------------------------------------------------------

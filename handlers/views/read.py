@@ -40,7 +40,7 @@ from pipeline.errors import RemoteError
 from pipeline.fmt import who
 from pipeline.host.probe import JobProbe
 from pipeline.observe.watch import probe_slow
-from pipeline.state.audit import APPROVALS, REFUSALS, Audit
+from pipeline.state.audit import APPROVALS, REFUSALS, Audit, AuditEntry
 from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import Holder
 from pipeline.state.posts import Posts
@@ -230,34 +230,27 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
             )
         )
     follow_ups = []
-    if refusals := await audit.recent(job=job, outcomes=REFUSALS, count=recent):
-        refused = tuple(
-            (
-                _when(config, e.ts),
-                who(e.user),
-                e.text[:80],
-                e.outcome.value,
-                e.detail.splitlines()[0][:120] if e.detail else "",
-            )
-            for e in refusals
-        )
-        follow_ups.append(
-            Reply(title=HISTORY_REFUSALS_TITLE, tables=(Table(HISTORY_REFUSAL_HEADERS, refused),))
-        )
-    if decisions := await audit.recent(job=job, outcomes=APPROVALS, count=recent):
-        decided = tuple(
-            (_when(config, e.ts), e.run_id or "-", who(e.user), e.outcome.value, e.detail[:200])
-            for e in decisions
-        )
-        follow_ups.append(
-            Reply(title=HISTORY_APPROVALS_TITLE, tables=(Table(HISTORY_APPROVAL_HEADERS, decided),))
-        )
+    for outcomes, title, headers in (
+        (REFUSALS, HISTORY_REFUSALS_TITLE, HISTORY_REFUSAL_HEADERS),
+        (APPROVALS, HISTORY_APPROVALS_TITLE, HISTORY_APPROVAL_HEADERS),
+    ):
+        if entries := await audit.recent(job=job, outcomes=outcomes, count=recent):
+            rows_of = tuple(_audit_row(config, e, approvals=outcomes is APPROVALS) for e in entries)
+            follow_ups.append(Reply(title=title, tables=(Table(headers, rows_of),)))
     return Reply(
         title=history_title(job, len(runs)),
         tables=(Table(HISTORY_HEADERS, tuple(rows)),) if rows else (),
         lines=() if rows else (f"no restarts{f' of {job}' if job else ''} recorded yet",),
         follow_ups=tuple(follow_ups),
     )
+
+
+def _audit_row(config: Config, e: AuditEntry, *, approvals: bool) -> tuple[str, ...]:
+    """A refused request's row in ``history``, or an approval decision's."""
+    if approvals:
+        return (_when(config, e.ts), e.run_id or "-", who(e.user), e.outcome.value, e.detail[:200])
+    detail = e.detail.splitlines()[0][:120] if e.detail else ""
+    return (_when(config, e.ts), who(e.user), e.text[:80], e.outcome.value, detail)
 
 
 def help_command(command: Command, *, typed: str = "") -> Reply:

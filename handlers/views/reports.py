@@ -63,34 +63,23 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     """
     s = digest.summary
     w = digest.window
-    lines: list[str] = []
-    warn = False
-    if (note := digest_window_note(w.kind.value, digest.path, digest.max_bytes)) is not None:
-        lines.append(note)
-    if w.skipped and w.kind.value == "since_last":
-        lines.append(
-            f"{fmt.size(w.skipped)} of metric log written since the last digest were not read "
-            f"(a digest reads the last {fmt.size(digest.max_bytes)} at most)"
-        )
-    if not s.metric_lines:
-        lines.append(
-            f"no metric lines for {digest.job} in the {fmt.size(s.bytes_read)} read from {digest.path}"
-        )
-        warn = True
-    if s.starved and s.queue_mean is not None:
-        lines.append(digest_starved(s.queue_mean))
-        warn = True
-    if digest.silent:
-        named = "; ".join(
-            f"rank {q.rank} ({q.role}) {digest_silent_cell(q.last_seen)}" for q in digest.silent
-        )
-        lines.append(f"{named}: no metric line in this window")
-        warn = True
-    if s.resets:
-        lines.append(digest_resets(s.resets))
-    if digest.gpu_note:
-        lines.append(digest.gpu_note)
-        warn = True
+    skipped = (
+        f"{fmt.size(w.skipped)} of metric log written since the last digest were not read "
+        f"(a digest reads the last {fmt.size(digest.max_bytes)} at most)"
+    )
+    empty = f"no metric lines for {digest.job} in the {fmt.size(s.bytes_read)} read from {digest.path}"
+    silent = "; ".join(f"rank {q.rank} ({q.role}) {digest_silent_cell(q.last_seen)}" for q in digest.silent)
+    notes = (  # (a line or None, whether it makes the digest a warning)
+        (digest_window_note(w.kind.value, digest.path, digest.max_bytes), False),
+        (skipped if w.skipped and w.kind.value == "since_last" else None, False),
+        (empty if not s.metric_lines else None, True),
+        (digest_starved(s.queue_mean) if s.starved and s.queue_mean is not None else None, True),
+        (f"{silent}: no metric line in this window" if digest.silent else None, True),
+        (digest_resets(s.resets) if s.resets else None, False),
+        (digest.gpu_note or None, True),
+    )
+    lines = [line for line, _ in notes if line]
+    warn = any(warns for line, warns in notes if line)
     targets = s.role(TARGET)
     fields: list[tuple[str, str]] = [
         ("uptime", fmt.duration(digest.uptime_s)),

@@ -6,7 +6,7 @@ headline updates (resolved, acknowledged) and its thread notes — built from th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from handlers.reply import Reply, Status, mention
 from handlers.text import ALERT_FIELD_LABELS, ALERT_NEVER_SEEN, ALERT_NO_LOG
@@ -49,50 +49,44 @@ def page_by_dm(config: Config, key: str) -> list[str]:
 
 
 def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, str], ...]:
-    label, tz, seen = ALERT_FIELD_LABELS, config.scheduler.timezone, incident.last_alive_at
-    out = [
-        (label["job"], incident.job),
-        (label["host"], incident.host),
-        (label["processes"], f"{incident.count}/{incident.expected}"),
-    ]
-    if incident.last_pid is not None:
-        out.append((label["last_pid"], str(incident.last_pid)))
-    alive = (
-        f"{fmt.clock(seen, tz)} ({fmt.duration(now - seen)} ago)" if seen is not None else ALERT_NEVER_SEEN
-    )
-    out.append((label["last_alive"], alive))
-    if incident.exit_cause:
-        out.append((label["exit"], incident.exit_cause))
-    if incident.error:
-        out.append((label["error"], incident.error))
-    out.append((label["opened"], fmt.clock(incident.opened_at, tz)))
-    if incident.auto_restarts:
-        out.append((label["auto"], str(incident.auto_restarts)))
-    if incident.acked_by:
-        out.append((label["acked"], mention(incident.acked_by)))
-    return tuple(out)
+    """The alert's fields, those without a value left out."""
+    tz, seen, auto = config.scheduler.timezone, incident.last_alive_at, incident.auto_restarts
+    values = {
+        "job": incident.job,
+        "host": incident.host,
+        "processes": f"{incident.count}/{incident.expected}",
+        "last_pid": str(incident.last_pid) if incident.last_pid is not None else "",
+        "last_alive": f"{fmt.clock(seen, tz)} ({fmt.duration(now - seen)} ago)"
+        if seen is not None
+        else ALERT_NEVER_SEEN,
+        "exit": incident.exit_cause or "",
+        "error": incident.error or "",
+        "opened": fmt.clock(incident.opened_at, tz),
+        "auto": str(auto) if auto else "",
+        "acked": mention(incident.acked_by) if incident.acked_by else "",
+    }
+    return tuple((ALERT_FIELD_LABELS[key], value) for key, value in values.items() if value)
+
+
+#: a new alert's headline by incident kind (fields: job, host, procs, expected, idle; else kind)
+_TITLES = {
+    IncidentKind.DEAD: "{job} is down: no processes left on {host} (expected {expected})",
+    IncidentKind.DEGRADED: "{job} is degraded: {procs} processes on {host}",
+    IncidentKind.STALLED: "{job} has stalled: alive ({procs}) but no new log output{idle}",
+    IncidentKind.STUCK_RANK: "{job} has a stuck rank on {host}: one rank stopped advancing while the others wait",
+    IncidentKind.UNREACHABLE: "host {host} unreachable - cannot check {job}",
+    IncidentKind.CRASH_LOOP: "{job} is crash-looping on {host} - automatic restarts given up",
+    IncidentKind.IDLE_GPUS: "{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working",
+}
 
 
 def _title(i: Incident, config: Config, now: float) -> str:
-    """The headline of a new alert, by incident kind."""
-    job, host, procs = i.job, i.host, f"{i.count}/{i.expected}"
-    if i.kind is IncidentKind.DEAD:
-        return f"{job} is down: no processes left on {host} (expected {i.expected})"
-    if i.kind is IncidentKind.DEGRADED:
-        return f"{job} is degraded: {procs} processes on {host}"
-    if i.kind is IncidentKind.STALLED:
-        quiet = config.jobs[job].watch.stall_after + (now - i.opened_at) if job in config.jobs else None
-        idle = f" for {fmt.duration(quiet)}" if quiet is not None else ""
-        return f"{job} has stalled: alive ({procs}) but no new log output{idle}"
-    if i.kind is IncidentKind.STUCK_RANK:
-        return f"{job} has a stuck rank on {host}: one rank stopped advancing while the others wait"
-    if i.kind is IncidentKind.UNREACHABLE:
-        return f"host {host} unreachable - cannot check {job}"
-    if i.kind is IncidentKind.CRASH_LOOP:
-        return f"{job} is crash-looping on {host} - automatic restarts given up"
-    if i.kind is IncidentKind.IDLE_GPUS:
-        return f"{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working"
-    return f"{job}: {i.kind.value} on {host}"
+    """The headline of a new alert, by incident kind (:data:`_TITLES`)."""
+    quiet = config.jobs[i.job].watch.stall_after + (now - i.opened_at) if i.job in config.jobs else None
+    idle = f" for {fmt.duration(quiet)}" if quiet is not None else ""
+    words = _TITLES.get(i.kind, "{job}: {kind} on {host}")
+    procs, kind = f"{i.count}/{i.expected}", i.kind.value
+    return words.format(job=i.job, host=i.host, procs=procs, expected=i.expected, idle=idle, kind=kind)
 
 
 def _status(incident: Incident) -> Status:
@@ -166,9 +160,8 @@ def _open_for(incident: Incident, now: float) -> float:
     return (incident.resolved_at if incident.resolved_at is not None else now) - incident.opened_at
 
 
-def resolved_headline(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
+def resolved_headline(incident: Incident, config: Config, *, now: float) -> Reply:
     """The alert's headline updated in place once the incident resolved."""
-    now = time.time() if now is None else now
     was = _WAS.get(incident.kind.value, f"was {incident.kind.value.replace('_', ' ')}")
     return Reply(
         title=f"resolved: {incident.job} {was} for {fmt.duration(_open_for(incident, now))}",
@@ -179,25 +172,25 @@ def resolved_headline(incident: Incident, config: Config, *, now: float | None =
     )
 
 
-def resolved_reply(incident: Incident, *, now: float | None = None) -> Reply:
+def resolved_reply(incident: Incident, *, now: float) -> Reply:
     """The thread note ``resolved after N min``."""
-    now = time.time() if now is None else now
     return Reply(title=incident_resolved(incident, now), status=Status.OK, thread_key=incident.thread_key)
 
 
-def reminder_reply(incident: Incident, config: Config, *, now: float | None = None) -> Reply:
+def reminder_reply(incident: Incident, config: Config, *, now: float) -> Reply:
     """The thread re-post of an open, unacknowledged incident (mentions ``alert_mention`` and the
     job's owners)."""
-    now = time.time() if now is None else now
-    owners, who = paged(config, [incident])
     text = incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
-    return Reply(
-        title=f"{who} {text}" if who else text,
-        page=config.slack.alert_mention,
-        owners=owners,
-        status=Status.WARNING,
-        thread_key=incident.thread_key,
-    )
+    return paging_reminder(config, [incident], text, incident.thread_key)
+
+
+def paging_reminder(
+    config: Config, incidents: Sequence[Incident], text: str, key: str, lines: tuple[str, ...] = ()
+) -> Reply:
+    """A reminder in the thread ``key``: ``text`` paging ``alert_mention`` and the incidents' owners again."""
+    owners, who = paged(config, incidents)
+    title = f"{who} {text}" if who else text
+    return Reply(title, Status.WARNING, lines, page=config.slack.alert_mention, owners=owners, thread_key=key)
 
 
 def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:

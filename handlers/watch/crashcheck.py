@@ -94,15 +94,10 @@ def refusal(job: str, check: CrashCheck, policy: AutoRestart | None) -> str | No
 def with_crash(inc: Incident, check: CrashCheck) -> Incident:
     """The incident with the crash's class, evidence line (the alert's cause) and details."""
     c = check.crash
-    return inc.model_copy(
-        update={
-            "crash_class": c.kind.value,
-            "crash_evidence": c.evidence,
-            "crash_exc_type": c.exc_type,
-            "crash_message": c.message,
-            "crash_rank": c.rank,
-            "crash_step": c.step,
-            "cause": c.summary,
-            "exit_cause": check.exit_cause or inc.exit_cause,
-        }
-    )
+    details = {f"crash_{k}": getattr(c, k) for k in ("evidence", "exc_type", "message", "rank", "step")}
+    cause = {
+        "crash_class": c.kind.value,
+        "cause": c.summary,
+        "exit_cause": check.exit_cause or inc.exit_cause,
+    }
+    return inc.model_copy(update={**details, **cause})

@@ -28,6 +28,7 @@ from handlers.watch.alerts import (
     alert_reply,
     incident_reminder,
     paged,
+    paging_reminder,
     reminder_reply,
     resolved_headline,
     resolved_reply,
@@ -155,11 +156,11 @@ def plan(
     stories: list[Story] = []
     single_open: list[Told] = []
     for channel, told in _by_channel(opened, announce).items():
-        rest = [t for t in told if t.incident.kind is not IncidentKind.UNREACHABLE]
-        by_host: dict[str, list[Told]] = {}
+        by_host: dict[str | None, list[Told]] = {None: []}  # None: the incidents of no host story
         for t in told:
-            if t.incident.kind is IncidentKind.UNREACHABLE:
-                by_host.setdefault(t.incident.host, []).append(t)
+            unreachable = t.incident.kind is IncidentKind.UNREACHABLE
+            by_host.setdefault(t.incident.host if unreachable else None, []).append(t)
+        rest = by_host.pop(None)
         for host, same in by_host.items():
             if len(same) >= group_from:
                 stories.append(Story(_new_key(), "host", channel, tuple(same), host=host))
@@ -217,7 +218,7 @@ async def tell(ctx: Context, store: IncidentStore, rnd: Round) -> None:
     reminders, reminds = plan_reminders(rnd.reminded, group_from=group_from, announce=announce)
     work: list[Awaitable[None]] = [_open_story(ctx, store, s) for s in stories if s.kind != "resolved"]
     work += [_resolve_story(ctx, store, s) for s in stories if s.kind == "resolved"]
-    work += [_remind_story(ctx, s) for s in reminders]
+    work += [_follow_up(ctx, s, story_reminder_reply(s, ctx.config, now=s.members[0].at)) for s in reminders]
     work += [_open_one(ctx, t) for t in opens]
     work += [_resolve_one(ctx, store, t) for t in resolves]
     work += [_remind_one(ctx, t) for t in reminds]
@@ -265,8 +266,8 @@ async def _remind_one(ctx: Context, t: Told) -> None:
     await ctx.outbox.thread(inc.thread_key, reminder_reply(inc, ctx.config, now=t.at), t.channel)
 
 
-async def _remind_story(ctx: Context, story: Story) -> None:
-    reply = story_reminder_reply(story, ctx.config, now=story.members[0].at)
+async def _follow_up(ctx: Context, story: Story, reply: Reply) -> None:
+    """A grouped resolution or reminder: in the thread of the story its members were told in, else a post."""
     if story.thread:
         await ctx.outbox.thread(story.key, reply, story.channel)
     else:
@@ -320,16 +321,13 @@ async def _still_open(ctx: Context, store: IncidentStore, story: str) -> list[st
 
 async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> None:
     reply = story_resolved_reply(story, now=story.members[0].at)
-    if story.thread:
-        left = await _still_open(ctx, store, story.key)
-        if left:  # the headline stays an alert while any of its jobs is still down
-            more = f"still open: {len(left)} job{'' if len(left) == 1 else 's'} ({_listed(left)})"
-            reply = replace(reply, lines=(*reply.lines, more))
-        await ctx.outbox.thread(story.key, reply, story.channel)
-        if not left:
-            await ctx.outbox.announce(story.key, reply, story.channel)
-    else:
-        await ctx.outbox.post(reply, story.channel)
+    left = await _still_open(ctx, store, story.key) if story.thread else []
+    if left:  # the headline stays an alert while any of its jobs is still down
+        more = f"still open: {len(left)} job{'' if len(left) == 1 else 's'} ({_listed(left)})"
+        reply = replace(reply, lines=(*reply.lines, more))
+    await _follow_up(ctx, story, reply)
+    if story.thread and not left:
+        await ctx.outbox.announce(story.key, reply, story.channel)
 
     async def member(t: Told) -> None:
         await line_first(ctx, t.incident, t.channel)
@@ -395,17 +393,10 @@ def story_resolved_reply(story: Story, *, now: float) -> Reply:
 def story_reminder_reply(story: Story, config: Config, *, now: float) -> Reply:
     """One grouped reminder: who is paged again, and a line per job still open and not acknowledged."""
     incidents = [t.incident for t in story.members]
-    owners, who = paged(config, incidents)
     parts = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in _kinds(incidents).most_common())
     title = f"still open, not acknowledged: {len(incidents)} jobs ({parts})"
-    return Reply(
-        title=f"{who} {title}" if who else title,
-        page=config.slack.alert_mention,
-        owners=owners,
-        status=Status.WARNING,
-        lines=tuple(incident_reminder(inc.job, inc.kind.value, now - inc.opened_at) for inc in incidents),
-        thread_key=story.key,
-    )
+    lines = tuple(incident_reminder(inc.job, inc.kind.value, now - inc.opened_at) for inc in incidents)
+    return paging_reminder(config, incidents, title, story.key, lines)
 
 
 def _kinds(incidents: Sequence[Incident]) -> Counter[str]:
