@@ -17,9 +17,19 @@ from pathlib import Path
 
 from pipeline.config import Config, JobConfig
 from pipeline.engines import ENGINES
-from pipeline.engines.base import Engine, EngineKind, Entry, NodeOutputs, Reads, Sighting, check_engines
+from pipeline.engines.base import (
+    Engine,
+    EngineKind,
+    Entry,
+    NodeOutputs,
+    PatchPlan,
+    Reads,
+    Sighting,
+    Target,
+    check_engines,
+)
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
-from pipeline.engines.workdir import patch_texts
+from pipeline.engines.workdir import patch_plan
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.contract import HangAnswer
 from pipeline.host.probe import JobProbe, LogChunk
@@ -81,13 +91,15 @@ class Runner:
         """:meth:`StepLog.subscribe <pipeline.engines.steplog.StepLog.subscribe>`."""
         return self.steps.subscribe(listener)
 
-    def _job(self, job: str) -> tuple[str, JobConfig, Engine]:
-        """The job's configured name, config and engine (checked when the runner was built).
+    async def _target(self, job: str) -> tuple[Engine, Target]:
+        """The job's engine (checked when the runner was built), and the job as it acts on it (its
+        configured name, config and ``current`` record).
 
         :raises KeyError: if the job is not configured.
         """
         name = self.config.job_name(job)
-        return name, self.config.jobs[name], self.engines[self.config.jobs[name].engine]
+        spec = self.config.jobs[name]
+        return self.engines[spec.engine], Target(name, spec, await self.steps.records.current(name))
 
     async def restart(
         self,
@@ -109,53 +121,47 @@ class Runner:
         :param cancelled: awaited at each step boundary; True cancels the run (as does
             ``keys.cancel_request``).
         """
-        name, job, engine = self._job(run.job)
+        engine, t = await self._target(run.job)
         steps = self.steps
         run.fresh_cache = fresh_cache
         try:
-            current = await steps.current(name)
-            engine.remember_old(run, current)
-            texts = await patch_texts(steps, run, name, job, [*add, *remove])
-            wants = dict.fromkeys(job.patches, "state") | dict.fromkeys(remove, "revert")
-            wants |= dict.fromkeys(add, "apply")
-            applied = await engine.preflight(run, name, job, wants, texts)
+            plan = await patch_plan(steps, run, t, add, remove)
+            applied = await engine.preflight(run, t, plan)
             await steps.boundary(run, None, cancelled)
-            await engine.stop(run, name, job, current)
+            await engine.stop(run, t)
             await steps.boundary(run, Step.STOP, cancelled)
-            await engine.clear_cache(run, name, job, fresh_cache)
+            await engine.clear_cache(run, t)
             await steps.boundary(run, Step.CLEAR_CACHE, cancelled)
-            await engine.patch(run, name, job, texts, applied, add, remove)
+            await engine.patch(run, t, plan, applied)
             await steps.boundary(run, Step.PATCH, cancelled)
-            run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, name, job)
-            await engine.launch(run, name, job, current)
-            await steps.await_verify(run, job.start_window)
-            return run
+            return await self._launch(run, engine, t)
         except SequenceAborted as stop:
             return await steps.finish(run, stop)
 
     async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
         """Pre-flight (check ``running`` refuses a job that runs), launch; leave ``verify`` WAITING."""
-        name, job, engine = self._job(run.job)
+        engine, t = await self._target(run.job)
         try:
-            current = await self.steps.current(name)
-            await engine.preflight(run, name, job, {}, {}, running=current)
+            await engine.preflight(run, t, PatchPlan(), running=True)
             await self.steps.boundary(run, None, cancelled)
-            run.patches = sorted(await self.steps.records.stored_patches(name))
-            run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, name, job)
-            await engine.launch(run, name, job, current)
-            await self.steps.await_verify(run, job.start_window)
-            return run
+            run.patches = sorted(await self.steps.records.stored_patches(t.name))
+            return await self._launch(run, engine, t)
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
+
+    async def _launch(self, run: RunRecord, engine: Engine, t: Target) -> RunRecord:
+        """The launch step, after the metric log's size is taken; leaves ``verify`` WAITING."""
+        run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, t.name, t.job)
+        await engine.launch(run, t)
+        await self.steps.await_verify(run, t.job.start_window)
+        return run
 
     async def stop(self, run: RunRecord) -> RunRecord:
         """Stop the job (by its recorded identity) and nothing else; the run finishes with verdict
         None on success, ``STOP_FAILED`` when something survived."""
-        name, job, engine = self._job(run.job)
+        engine, t = await self._target(run.job)
         try:
-            current = await self.steps.current(name)
-            engine.remember_old(run, current)
-            await engine.stop(run, name, job, current)
+            await engine.stop(run, t)
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
         return await self.runs.finish(run)
@@ -173,12 +179,13 @@ class Runner:
         """
         if run.launched_as is None or run.launched_at is None:
             return run
-        name, job, engine = self._job(run.job)
+        engine, t = await self._target(run.job)
+        name, job = t.name, t.job
         rec = self.steps.verify_step(run)
         deadline = run.launched_at + job.start_window
         while True:
             try:
-                obs = await engine.observe(run, name, job, complete=False)
+                obs = await engine.observe(run, t, complete=False)
             except RemoteError as exc:
                 if time.time() >= deadline + VERIFY_GRACE:
                     await self.steps.verify_unreachable(run, rec, exc.message)
@@ -190,8 +197,8 @@ class Runner:
             delay = self.verify_poll if now >= deadline else min(self.verify_poll, deadline - now)
             await asyncio.sleep(max(0.05, delay))
         if not obs.complete:
-            obs = await engine.observe(run, name, job, complete=True)
-        previous = await self._previous(run, obs)
+            obs = await engine.observe(run, t, complete=True)
+        previous = await self._previous(run, engine, t, obs)
         decided = decide(run, obs, lost=previous.lost if previous is not None else None)
         ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
         if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
@@ -207,18 +214,17 @@ class Runner:
             await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
         return run
 
-    async def _previous(self, run: RunRecord, obs: Observation) -> Previous | None:
+    async def _previous(self, run: RunRecord, engine: Engine, t: Target, obs: Observation) -> Previous | None:
         """The attempt before ``run`` (its reach recorded) and what resuming lost of it; None when unknown."""
         if obs.state != "alive":
             return None
-        name, job, engine = self._job(run.job)
         try:
-            crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(name)
+            crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(t.name)
             previous = await account_previous(
                 engine.read_chunk,
                 self.runs,
-                name,
-                job,
+                t.name,
+                t.job,
                 run,
                 resumed_at=obs.start_step,
                 checkpoint=obs.checkpoint,
@@ -250,23 +256,23 @@ class Runner:
 
     async def log_tail(self, job: str, lines: int) -> str:
         """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
-        name, spec, engine = self._job(job)
-        return await engine.log_tail(name, spec, await self.steps.current(name), lines)
+        engine, t = await self._target(job)
+        return await engine.log_tail(t, lines)
 
     async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
         """:meth:`~pipeline.engines.base.Engine.node_outputs` for the job."""
-        name, spec, engine = self._job(job)
-        return await engine.node_outputs(name, spec, await self.steps.current(name), argv)
+        engine, t = await self._target(job)
+        return await engine.node_outputs(t, argv)
 
     async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
         """:meth:`~pipeline.engines.base.Engine.crash_evidence` for the job."""
-        name, spec, engine = self._job(job)
-        return await engine.crash_evidence(name, spec, await self.steps.current(name), offset, seen)
+        engine, t = await self._target(job)
+        return await engine.crash_evidence(t, offset, seen)
 
     async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
         """:meth:`~pipeline.engines.base.Engine.hang_evidence` for the job."""
-        name, spec, engine = self._job(job)
-        return await engine.hang_evidence(name, spec, await self.steps.current(name), pids)
+        engine, t = await self._target(job)
+        return await engine.hang_evidence(t, pids)
 
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries``, by name (:func:`look`)."""
@@ -274,7 +280,7 @@ class Runner:
 
     async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """:meth:`~pipeline.engines.base.Engine.read_chunk` of the job's engine."""
-        return await self._job(name)[2].read_chunk(name, job, offset, length, path=path)
+        return await self.engines[job.engine].read_chunk(name, job, offset, length, path=path)
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now (:meth:`Engine.patches_applied
@@ -282,11 +288,12 @@ class Runner:
 
         :raises RemoteError: if the workdir cannot be looked at.
         """
-        name, spec, engine = self._job(job)
+        name = self.config.job_name(job)
+        spec = self.config.jobs[name]
         if not spec.patches:
             return []
         texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in spec.patches.items()}
-        applied = await engine.patches_applied(name, spec, texts)
+        applied = await self.engines[spec.engine].patches_applied(name, spec, texts)
         await self.steps.records.store_patches(name, applied)
         return applied
 
