@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from pipeline import fmt
 
@@ -36,6 +37,20 @@ def seconds_setting(value: object) -> float:
 
 
 Seconds = Annotated[float, BeforeValidator(seconds_setting)]
+
+
+def matching(pattern: str, problem: str) -> AfterValidator:
+    """A string setting's check: the whole value matches ``pattern`` (a regular expression).
+
+    :param problem: the problem when it does not; ``{v!r}`` in it is the value.
+    """
+
+    def check(v: str) -> str:
+        if not re.fullmatch(pattern, v):
+            raise ValueError(problem.format(v=v))
+        return v
+
+    return AfterValidator(check)
 
 
 class _Model(BaseModel):

@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from pipeline.config.approval import ApprovalSettings
-from pipeline.config.base import Seconds, _Model, seconds_setting
+from pipeline.config.base import Seconds, _Model, matching, seconds_setting
 from pipeline.config.watch import DigestSettings, WatchSettings
+
+HostPath = Annotated[str, matching("(?s)/.*", "must be an absolute path on the host")]
+
+
+def _regex(v: str) -> str:
+    try:
+        re.compile(v)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from exc
+    return v
 
 
 class LostDuration(_Model):
@@ -36,16 +46,12 @@ class GpuRoles(_Model):
 class MetricsPattern(_Model):
     """``metrics = {pattern = '...'}``: a regex whose named groups are metric keys."""
 
-    pattern: str
+    pattern: Annotated[str, AfterValidator(_regex)]
 
     @field_validator("pattern")
     @classmethod
-    def _compiles(cls, v: str) -> str:
-        try:
-            rx = re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a regular expression: {exc}") from exc
-        if not rx.groupindex:
+    def _named_groups(cls, v: str) -> str:
+        if not re.compile(v).groupindex:
             raise ValueError("needs named groups, e.g. (?P<tokens_per_s>[0-9.]+)")
         return v
 
@@ -66,10 +72,10 @@ class JobConfig(_Model):
     #: ``[jobs.NAME.slurm]`` as written: the Slurm engine's table (``pipeline.engines.slurm.SlurmSettings``)
     slurm: dict[str, Any] | None = None
     exec: list[str] = []  #: argv prefix, e.g. ["pct","exec","200","--"]
-    workdir: str
+    workdir: HostPath
     launch: list[str] = []  #: argv run in workdir (the ssh engine's; unused on Slurm)
-    log: str  #: training log path on the host
-    match: str  #: regex searched in each process's full command line
+    log: HostPath  #: training log path on the host
+    match: Annotated[str, AfterValidator(_regex)]  #: regex searched in each process's full command line
     processes: int = Field(default=1, ge=1)
     start_window: Seconds = 10.0
     stop_timeout: Seconds = 30.0
@@ -80,7 +86,7 @@ class JobConfig(_Model):
     gpus: GpuRoles | None = None
     metrics: Literal["jsonl"] | MetricsPattern = "jsonl"
     metrics_log: str | None = None
-    checkpoint_dir: str | None = None  #: where the job's checkpoints are; verify checks the run resumed
+    checkpoint_dir: HostPath | None = None  #: where the job's checkpoints are; verify checks the run resumed
     total_steps: int | None = Field(default=None, ge=1)  #: the run's last step: digests give % and ETA
     #: the most a restart may lose: an int is steps, a duration string ("10m") is seconds of training
     max_lost: int | LostDuration | None = None
@@ -118,22 +124,6 @@ class JobConfig(_Model):
             return LostDuration(seconds=seconds_setting(v))
         if isinstance(v, bool) or (isinstance(v, int) and v < 0):
             raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
-        return v
-
-    @field_validator("workdir", "log", "checkpoint_dir")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("must be an absolute path on the host")
-        return v
-
-    @field_validator("match")
-    @classmethod
-    def _regex(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a regular expression: {exc}") from exc
         return v
 
     @field_validator("clear_cache")

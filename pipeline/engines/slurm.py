@@ -11,11 +11,12 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Annotated
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError
 
 from pipeline.config import JobConfig, validation_problems
-from pipeline.config.base import _Model
+from pipeline.config.base import _Model, matching
 from pipeline.engines.base import Entry, NodeOutputs, Observation, PatchPlan, Reads, Sighting, Target
 from pipeline.engines.steplog import STOP_NOTHING, StepLog, failed_checks, step_preflight_ok
 from pipeline.engines.workdir import WorkdirSteps
@@ -73,20 +74,14 @@ def _int(value: str | None) -> int | None:
 class SlurmSettings(_Model):
     """``[jobs.NAME.slurm]``: the job is a Slurm batch job; the job's ``host`` is the login node."""
 
-    script: str  #: the batch script on the login node (absolute path)
+    #: the batch script on the login node (absolute path)
+    script: Annotated[str, matching("(?s)/.*", "must be an absolute path on the login node")]
     #: extra sbatch arguments, e.g. ["--partition", "gpu"]
     sbatch_args: list[str] = Field(default_factory=list)
     #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
     requeue: bool = False
     nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
     tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
-
-    @field_validator("script")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path on the login node")
-        return v
 
 
 def settings(job: JobConfig) -> SlurmSettings:
