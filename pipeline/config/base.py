@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
@@ -39,18 +40,26 @@ def seconds_setting(value: object) -> float:
 Seconds = Annotated[float, BeforeValidator(seconds_setting)]
 
 
-def matching(pattern: str, problem: str) -> AfterValidator:
-    """A string setting's check: the whole value matches ``pattern`` (a regular expression).
+def must(ok: Callable[[Any], object], problem: str, *, each: bool = False) -> AfterValidator:
+    """A setting's check, for ``Annotated[T, must(...)]``: ``ok(value)`` is true, or with ``each``
+    true of each item of the value (a list's items, a table's keys).
 
-    :param problem: the problem when it does not; ``{v!r}`` in it is the value.
+    :param problem: the problem otherwise; ``{v!r}`` in it is the value (or the first item that
+        fails).
     """
 
-    def check(v: str) -> str:
-        if not re.fullmatch(pattern, v):
-            raise ValueError(problem.format(v=v))
-        return v
+    def check(value: Any) -> Any:
+        for v in value if each else [value]:
+            if not ok(v):
+                raise ValueError(problem.format(v=v))
+        return value
 
     return AfterValidator(check)
+
+
+def matching(pattern: str, problem: str, *, each: bool = False) -> AfterValidator:
+    """:func:`must`: the whole value (or each item) matches ``pattern``, a regular expression."""
+    return must(re.compile(pattern).fullmatch, problem, each=each)
 
 
 class _Model(BaseModel):

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from pipeline.config.base import Seconds, _Model, matching
+from pipeline.config.base import Seconds, _Model, must
 
 
 class CrashClass(StrEnum):
@@ -79,7 +79,7 @@ class DigestSettings(_Model):
     """``[jobs.NAME.digest]``: periodic throughput digests, ``every`` or ``cron``."""
 
     every: Seconds | None = None
-    cron: Annotated[str, matching(r"\s*\S+(\s+\S+){4}\s*", _NOT_CRON)] | None = None
+    cron: Annotated[str, must(lambda v: len(v.split()) == 5, _NOT_CRON)] | None = None
 
     @model_validator(mode="after")
     def _one(self) -> DigestSettings:
