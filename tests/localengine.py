@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, Observation, PatchPlan, Reads, Sighting, Target
+from pipeline.engines.base import Entry, Observation, Plan, Reads, Sighting, Target
 from pipeline.engines.steplog import StepLog
 from pipeline.engines.workdir import step_patches
 from pipeline.errors import PitstopError
@@ -60,11 +60,9 @@ class LocalEngine:
         """Any job suits it."""
         return []
 
-    async def preflight(
-        self, run: RunRecord, t: Target, plan: PatchPlan, *, running: bool = False
-    ) -> Mapping[str, bool]:
-        """The workdir exists, no patch is to change; (``running``) the recorded process is gone."""
-        name, job, running_pid = t.name, t.job, _pid(t.current) if running else None
+    async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
+        """The workdir exists, no patch is to change; (a start) the recorded process is gone."""
+        name, job, running_pid = t.name, t.job, _pid(t.current) if plan.start else None
         rec = await self.steps.begin(run, Step.PREFLIGHT)
         check, detail = "workdir", f"{job.workdir}: no such directory"
         if any(w != "state" for w in plan.wants.values()):
@@ -102,7 +100,7 @@ class LocalEngine:
         done = "removed " + ", ".join(job.clear_cache) if fresh and job.clear_cache else None
         await self.steps.end(run, rec, Outcome.OK if done else Outcome.SKIPPED, done or "not asked for")
 
-    async def patch(self, run: RunRecord, t: Target, plan: PatchPlan, applied: Mapping[str, bool]) -> None:
+    async def patch(self, run: RunRecord, t: Target, plan: Plan, applied: Mapping[str, bool]) -> None:
         """Nothing to change (pre-flight refused any): SKIPPED, no patch in effect."""
         rec = await self.steps.begin(run, Step.PATCH)
         await self.steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], []))

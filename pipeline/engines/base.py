@@ -76,14 +76,16 @@ class Target:
 
 
 @dataclass(frozen=True)
-class PatchPlan:
-    """What a restart does to the job's patches (:func:`~pipeline.engines.workdir.patch_plan`)."""
+class Plan:
+    """What a start or restart is to do before its launch: a start's plan is ``Plan(start=True)``, a
+    restart's says what it does to the job's patches (:func:`~pipeline.engines.workdir.patch_plan`)."""
 
     texts: Mapping[str, str] = field(default_factory=dict)  #: every configured patch's text, by name
     #: patch name → ``state`` (only looked at), ``apply`` or ``revert``: what pre-flight checks
     wants: Mapping[str, str] = field(default_factory=dict)
     add: Sequence[str] = ()  #: patch names to apply
     remove: Sequence[str] = ()  #: patch names to revert
+    start: bool = False  #: a start: pre-flight refuses a job whose recorded run still runs
 
 
 class Engine(Protocol):
@@ -94,11 +96,9 @@ class Engine(Protocol):
     it fails.  Looks raise :class:`~pipeline.errors.RemoteError` when the job cannot be seen.
     """
 
-    async def preflight(
-        self, run: RunRecord, t: Target, plan: PatchPlan, *, running: bool = False
-    ) -> Mapping[str, bool]:
-        """Check everything before anything is touched (``plan.wants``); refuse if ``running`` and
-        the run recorded in ``t.current`` still runs.  :returns: which configured patches are applied now."""
+    async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
+        """Check everything before anything is touched (``plan.wants``); refuse a start
+        (``plan.start``) if the run recorded in ``t.current`` still runs.  :returns: which configured patches are applied now."""
 
     async def stop(self, run: RunRecord, t: Target) -> None:
         """Stop the old run recorded in ``t.current`` (by its identity, never by pattern); record on
@@ -111,7 +111,7 @@ class Engine(Protocol):
         :raises LaunchFailed: if a path cannot be cleared.
         """
 
-    async def patch(self, run: RunRecord, t: Target, plan: PatchPlan, applied: Mapping[str, bool]) -> None:
+    async def patch(self, run: RunRecord, t: Target, plan: Plan, applied: Mapping[str, bool]) -> None:
         """The ``patch`` step: apply ``plan.add`` and revert ``plan.remove`` in the job's workdir;
         ``applied`` is what pre-flight found in effect; records the patches in effect
         (``run.patches``, ``StepLog.records.store_patches``).

@@ -22,7 +22,7 @@ from pipeline.engines.base import (
     EngineKind,
     Entry,
     NodeOutputs,
-    PatchPlan,
+    Plan,
     Reads,
     Sighting,
     Target,
@@ -142,7 +142,7 @@ class Runner:
         """Pre-flight (check ``running`` refuses a job that runs), launch; leave ``verify`` WAITING."""
         engine, t = await self._target(run.job)
         try:
-            await engine.preflight(run, t, PatchPlan(), running=True)
+            await engine.preflight(run, t, Plan(start=True))
             await self.steps.boundary(run, None, cancelled)
             run.patches = sorted(await self.steps.records.stored_patches(t.name))
             return await self._launch(run, engine, t)

@@ -17,7 +17,7 @@ from pydantic import Field, ValidationError
 
 from pipeline.config import JobConfig, validation_problems
 from pipeline.config.base import _Model, matching
-from pipeline.engines.base import Entry, NodeOutputs, Observation, PatchPlan, Reads, Sighting, Target
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Plan, Reads, Sighting, Target
 from pipeline.engines.steplog import STOP_NOTHING, StepLog, failed_checks, step_preflight_ok
 from pipeline.engines.workdir import WorkdirSteps
 from pipeline.errors import (
@@ -115,13 +115,11 @@ class SlurmEngine(WorkdirSteps):
             return validation_problems(exc, f"{at}.slurm")
         return []
 
-    async def preflight(
-        self, run: RunRecord, t: Target, plan: PatchPlan, *, running: bool = False
-    ) -> Mapping[str, bool]:
-        """Partition, script, ``sbatch --test-only``, the helper's checks, and (``running``) the
+    async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
+        """Partition, script, ``sbatch --test-only``, the helper's checks, and (a start) the
         recorded job no longer active."""
         name, job, sl = t.name, t.job, settings(t.job)
-        old = _int(t.current.get("slurm_job")) if running else None
+        old = _int(t.current.get("slurm_job")) if plan.start else None
         rec = await self.steps.begin(run, Step.PREFLIGHT)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
@@ -132,7 +130,7 @@ class SlurmEngine(WorkdirSteps):
             result = await self.client.checked(name, [*script, *sl.sbatch_args])
         except RemoteError as exc:
             raise await fail("host", exc.message) from None
-        answer = await self._preflight_call(run, rec, t, "sbatch", plan, False)
+        answer = await self._preflight_call(run, rec, t, "sbatch", replace(plan, start=False))
         sections: dict[str, list[str]] = {}
         current = "head"
         for line in result.stdout.splitlines():
@@ -202,29 +200,26 @@ class SlurmEngine(WorkdirSteps):
                 began, pending = time.monotonic(), j.state == "PENDING"
                 how = "scancel (pending)" if pending else "SIGTERM"
                 sent, j = await self._scancel(name, old, *([] if pending else ["--signal=TERM", "--full"]))
-            if old is None or not sent:
-                detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else STOP_NOTHING
-                await self.steps.records.mark_stopped(name, run.id)
-                await self.steps.end(run, rec, Outcome.OK, detail)
-                return
-            j = await self._wait_gone(name, old, job.stop_timeout)
-            if j is not None and j.active:
-                how = f"scancel after {job.stop_timeout:.0f} s"
-                sent, j = await self._scancel(name, old)
-                if sent:
-                    j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
+            if old is not None and sent:
+                j = await self._wait_gone(name, old, job.stop_timeout)
+                if j is not None and j.active:
+                    how = f"scancel after {job.stop_timeout:.0f} s"
+                    again, j = await self._scancel(name, old)
+                    if again:
+                        j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
         except RemoteError as exc:
             raise await self.steps.stop_failed(run, rec, name, exc.message) from None
-        took = time.monotonic() - began
         if j is not None and j.active:
             raise await self.steps.stop_failed(
                 run, rec, name, f"Slurm job {old} is still {j.state} after scancel"
             )
-        ended = slurm.job_ended(j) if j is not None else f"job {old} left the queue"
+        if sent:
+            ended = slurm.job_ended(j) if j is not None else f"job {old} left the queue"
+            detail = f"stopped Slurm job {old} in {time.monotonic() - began:.1f} s ({how}); {ended}"
+        else:  # it had ended (scancel refused it) or was never recorded
+            detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else STOP_NOTHING
         await self.steps.records.mark_stopped(name, run.id)
-        await self.steps.end(
-            run, rec, Outcome.OK, f"stopped Slurm job {old} in {took:.1f} s ({how}); {ended}"
-        )
+        await self.steps.end(run, rec, Outcome.OK, detail)
 
     async def launch(self, run: RunRecord, t: Target) -> None:
         """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from pipeline import verdict
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, NodeOutputs, Observation, PatchPlan, Reads, Sighting, Target
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Plan, Reads, Sighting, Target
 from pipeline.engines.steplog import (
     STOP_NOTHING,
     failed_checks,
@@ -56,13 +56,11 @@ class SshEngine(WorkdirSteps):
             problems.append(f'{at}: [jobs.NAME.slurm] is set but engine is "ssh" (set engine = "slurm")')
         return problems
 
-    async def preflight(
-        self, run: RunRecord, t: Target, plan: PatchPlan, *, running: bool = False
-    ) -> Mapping[str, bool]:
+    async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
         """One helper call checks host, workdir, program, patches, log directory and free space
-        (and, ``running``, that the recorded run's processes are gone)."""
+        (and, for a start, that the recorded run's processes are gone)."""
         rec = await self.steps.begin(run, Step.PREFLIGHT)
-        answer = await self._preflight_call(run, rec, t, t.job.launch[0], plan, running)
+        answer = await self._preflight_call(run, rec, t, t.job.launch[0], plan)
         if failed := failed_checks(answer.get("checks", [])):
             raise await self.steps.refuse(run, rec, t.name, *failed)
         seen = answer.get("running")
@@ -188,15 +186,11 @@ class SshEngine(WorkdirSteps):
         if not entries:
             return {}
         probes = await probe_host(self.ssh, entries[0][1].host, entries, reads, tail_lines=LOG_LINES)
-        return {
-            name: Sighting(
-                probes[name],
-                spec.processes,
-                probes[name].state or "none",
-                pid=recorded_identity(current)["pid"],
-            )
-            for name, spec, current in entries
-        }
+        out: dict[str, Sighting] = {}
+        for name, spec, current in entries:
+            p = probes[name]
+            out[name] = Sighting(p, spec.processes, p.state or "none", pid=recorded_identity(current)["pid"])
+        return out
 
     async def log_tail(self, t: Target, lines: int) -> str:
         """The last ``lines`` lines of the job's log."""

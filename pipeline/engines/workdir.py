@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from pipeline import fmt, verdict
 from pipeline.config import JobConfig
-from pipeline.engines.base import PatchPlan, Target
+from pipeline.engines.base import Plan, Target
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostKeyRejected, PatchChanged, RemoteError, patch_changed
 from pipeline.host.contract import HangAnswer, PreflightAnswer, PreflightArgs
@@ -36,7 +36,7 @@ MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the log (or
 
 async def patch_plan(
     steps: StepLog, run: RunRecord, t: Target, add: Sequence[str], remove: Sequence[str]
-) -> PatchPlan:
+) -> Plan:
     """What a restart does to the job's patches: every configured patch's text by name (read on the
     controller); the patches asked (``add``, ``remove``) must be known and readable.  An approved
     patch (``run.approved_patches``) must still have its SHA-256, taken of the very bytes whose
@@ -68,7 +68,7 @@ async def patch_plan(
     wants = (
         dict.fromkeys(job.patches, "state") | dict.fromkeys(remove, "revert") | dict.fromkeys(add, "apply")
     )
-    return PatchPlan(texts, wants, add, remove)
+    return Plan(texts, wants, add, remove)
 
 
 async def _refuse(steps: StepLog, run: RunRecord, name: str, detail: str) -> NoReturn:
@@ -168,7 +168,7 @@ class WorkdirSteps:
             raise await self.steps.launch_failed(run, rec, t.name, why, detail)
         await self.steps.end(run, rec, Outcome.OK, detail)
 
-    async def patch(self, run: RunRecord, t: Target, plan: PatchPlan, applied: Mapping[str, bool]) -> None:
+    async def patch(self, run: RunRecord, t: Target, plan: Plan, applied: Mapping[str, bool]) -> None:
         """The ``patch`` step: apply ``plan.add`` and revert ``plan.remove`` in the job's workdir
         (``git apply``); ``applied`` is what pre-flight found in effect.  The patches in effect are
         recorded.
@@ -220,10 +220,10 @@ class WorkdirSteps:
         return await evidence.hang_evidence(self.ssh, t.name, t.job, t.current, pids)
 
     async def _preflight_call(
-        self, run: RunRecord, rec: StepRecord, t: Target, program: str, plan: PatchPlan, running: bool
+        self, run: RunRecord, rec: StepRecord, t: Target, program: str, plan: Plan
     ) -> PreflightAnswer:
         """The host helper's pre-flight checks on the job's host (workdir, ``program``, the patches
-        ``plan.wants``, log directory, free space and, when ``running``, that the run recorded in
+        ``plan.wants``, log directory, free space and, for a start, that the run recorded in
         ``t.current`` is gone).
 
         :raises PreflightFailed: (check ``host`` or ``host_key``) if the host cannot be asked.
@@ -234,7 +234,7 @@ class WorkdirSteps:
             "log": t.job.log,
             "min_free": self.min_free_bytes,
             "patches": dict(plan.wants) if plan.texts else {},
-            "running": {**probe_args(t.name, t.job, t.current), "log": None} if running else None,
+            "running": {**probe_args(t.name, t.job, t.current), "log": None} if plan.start else None,
         }
         stdin = json.dumps(dict(plan.texts)) if plan.texts else None
         try:
