@@ -95,14 +95,9 @@ class SshEngine(WorkdirSteps):
         note = stale_record(stale["pid"], stale.get("recorded"), stale.get("found")) if stale else None
         targets = answer.get("targets") or []
         survivors = [int(p) for p in answer.get("survivors") or []]
-        if targets:
-            detail = step_stopped(
-                len(targets), float(answer.get("seconds") or 0), answer.get("killed") or [], job.stop_timeout
-            )
-        else:
-            detail = STOP_NOTHING
-        if note:
-            detail = f"{note}; {detail}"
+        seconds, killed = float(answer.get("seconds") or 0), answer.get("killed") or []
+        detail = step_stopped(len(targets), seconds, killed, job.stop_timeout) if targets else STOP_NOTHING
+        detail = f"{note}; {detail}" if note else detail
         if survivors:
             failure = StopFailed(name, survivors, line=verdict.stop_failed(survivors, "survived SIGKILL"))
             await self.steps.fail(run, rec, f"{detail}; {failure.message}")

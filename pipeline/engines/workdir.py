@@ -248,15 +248,8 @@ class WorkdirSteps:
 
 def step_patches(applied: Sequence[str], reverted: Sequence[str], in_effect: Sequence[str]) -> str:
     """What the patch step changed and what is in effect after it."""
-    parts = []
-    if applied:
-        parts.append("applied " + ", ".join(applied))
-    if reverted:
-        parts.append("reverted " + ", ".join(reverted))
-    if not parts:
-        parts.append("no change")
-    parts.append("in effect: " + (", ".join(in_effect) or "none"))
-    return "; ".join(parts)
+    done = [f"{verb} {', '.join(ps)}" for verb, ps in (("applied", applied), ("reverted", reverted)) if ps]
+    return "; ".join([*(done or ["no change"]), "in effect: " + (", ".join(in_effect) or "none")])
 
 
 def patch_failed(detail: str) -> str:
