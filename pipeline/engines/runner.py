@@ -180,9 +180,8 @@ class Runner:
         if run.launched_as is None or run.launched_at is None:
             return run
         engine, t = await self._target(run.job)
-        name, job = t.name, t.job
         rec = self.steps.verify_step(run)
-        deadline = run.launched_at + job.start_window
+        deadline = run.launched_at + t.job.start_window
         while True:
             try:
                 obs = await engine.observe(run, t, complete=False)
@@ -191,7 +190,7 @@ class Runner:
                     await self.steps.verify_unreachable(run, rec, exc.message)
                     raise
             else:
-                if _decided(obs, time.time(), deadline, job.start_window):
+                if _decided(obs, time.time(), deadline, t.job.start_window):
                     break
             now = time.time()
             delay = self.verify_poll if now >= deadline else min(self.verify_poll, deadline - now)
@@ -202,16 +201,16 @@ class Runner:
         decided = decide(run, obs, lost=previous.lost if previous is not None else None)
         ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
         if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
-            run.warning = resume_warning(name, ignored, obs.checkpoint.path)
+            run.warning = resume_warning(t.name, ignored, obs.checkpoint.path)
         if obs.start_step is not None:
             run.resumed_at = obs.start_step
         if previous is not None and decided[0] is Verdict.RUNNING:
-            self._note_lost(name, job, run, previous)
+            self._note_lost(t, run, previous)
         recheck = time.time() + self.pending_recheck if decided[0] is Verdict.PENDING else None
         await self.steps.verified(run, rec, decided, recheck_at=recheck)
         reach = previous.run.reach if previous is not None else None
         if decided[0] is Verdict.RUNNING and reach is not None and reach.tokens_per_s is not None:
-            await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
+            await self.runs.schedule_recovery(run.id, time.time() + t.job.watch.recovery_window)
         return run
 
     async def _previous(self, run: RunRecord, engine: Engine, t: Target, obs: Observation) -> Previous | None:
@@ -243,16 +242,15 @@ class Runner:
         return previous
 
     @staticmethod
-    def _note_lost(name: str, job: JobConfig, run: RunRecord, previous: Previous) -> None:
+    def _note_lost(t: Target, run: RunRecord, previous: Previous) -> None:
         """Keep what the restart lost on ``run``, with a thread warning over ``max_lost``."""
-        run.previous_run = previous.run.id
-        lost = previous.lost
+        run.previous_run, lost, most = previous.run.id, previous.lost, t.job.max_lost
         if lost is None:
             return
         run.lost, run.lost_s = lost.steps, lost.seconds
-        if job.max_lost is not None and over_max_lost(lost, job.max_lost) and run.warning is None:
+        if most is not None and over_max_lost(lost, most) and run.warning is None:
             rate = previous.run.reach.steps_per_s if previous.run.reach is not None else None
-            run.warning = lost_warning(name, lost, job.max_lost, rate)
+            run.warning = lost_warning(t.name, lost, most, rate)
 
     async def log_tail(self, job: str, lines: int) -> str:
         """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""

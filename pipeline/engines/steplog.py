@@ -176,10 +176,7 @@ class StepLog:
     async def boundary(self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None) -> None:
         """Between two steps: :raises RunCancelled: if someone asked (:meth:`RunStore.cancel_requested`)
         or ``cancelled()`` says so."""
-        asked = await self.runs.cancel_requested(run.id)
-        if not asked and cancelled is not None:
-            asked = await cancelled()
-        if asked:
+        if await self.runs.cancel_requested(run.id) or (cancelled is not None and await cancelled()):
             after_step = after.value if after else None
             raise RunCancelled(run.job, run.id, after_step, line=verdict.cancelled(after_step))
 
