@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from pipeline.config.base import _Model, matching
+from pipeline.config.base import _Model, matching, must
 
 _UNPAGEABLE = (
     '{v!r} cannot page anyone: use "here", "channel", a user-group id (S…) '
@@ -74,21 +74,22 @@ class StateSettings(_Model):
         return self.dir.expanduser()
 
 
+_UNKNOWN_ZONE = "unknown timezone {v!r} - use an IANA name such as 'UTC' or 'Europe/Paris'"
+
+
+def _known_zone(name: str) -> bool:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return False
+    return True
+
+
 class SchedulerSettings(_Model):
     """``[scheduler]``: the timezone cron digests are read in (and times are shown in)."""
 
-    timezone: str = "UTC"  #: an IANA timezone name (``Europe/Paris``)
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, v: str) -> str:
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError, OSError):
-            raise ValueError(
-                f"unknown timezone {v!r} - use an IANA name such as 'UTC' or 'Europe/Paris'"
-            ) from None
-        return v
+    #: an IANA timezone name (``Europe/Paris``)
+    timezone: Annotated[str, must(_known_zone, _UNKNOWN_ZONE)] = "UTC"
 
 
 class HostConfig(_Model):

@@ -98,7 +98,10 @@ class Engine(Protocol):
 
     async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
         """Check everything before anything is touched (``plan.wants``); refuse a start
-        (``plan.start``) if the run recorded in ``t.current`` still runs.  :returns: which configured patches are applied now."""
+        (``plan.start``) if the run recorded in ``t.current`` still runs.
+
+        :returns: which configured patches are applied now.
+        """
 
     async def stop(self, run: RunRecord, t: Target) -> None:
         """Stop the old run recorded in ``t.current`` (by its identity, never by pattern); record on

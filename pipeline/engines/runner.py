@@ -60,12 +60,13 @@ PENDING_RECHECK = 15.0  #: seconds between checks of a run still PENDING after i
 class Runner:
     """The restart / start / stop sequences and verification for configured jobs, any engine.
 
-    :param verify_poll: seconds between observations in :meth:`verify`.
-    :param pending_recheck: seconds between verifications of a run posted as PENDING.
     :param engines: the registry, engine name → kind (:data:`pipeline.engines.ENGINES`).
     :raises ConfigError: if a job's ``engine`` is not in ``engines`` or its config does not suit
         it (:func:`~pipeline.engines.base.check_engines`).
     """
+
+    verify_poll = VERIFY_POLL  #: seconds between observations in :meth:`verify`
+    pending_recheck = PENDING_RECHECK  #: seconds between verifications of a run posted as PENDING
 
     def __init__(
         self,
@@ -74,15 +75,11 @@ class Runner:
         runs: RunStore,
         events: Events,
         *,
-        verify_poll: float = VERIFY_POLL,
-        pending_recheck: float = PENDING_RECHECK,
         engines: Mapping[str, EngineKind] = ENGINES,
     ) -> None:
         check_engines(config, engines)
         self.config = config
         self.runs = runs
-        self.verify_poll = verify_poll
-        self.pending_recheck = pending_recheck
         self.steps = StepLog(runs, events)  #: records each step of every run
         #: engine name → engine, one of each in ``engines``
         self.engines: dict[str, Engine] = {name: make(ssh, self.steps) for name, make in engines.items()}

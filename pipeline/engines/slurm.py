@@ -6,6 +6,7 @@ failure: the runner verifies it again until it runs or ends.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import time
 from collections import Counter
@@ -131,13 +132,8 @@ class SlurmEngine(WorkdirSteps):
         except RemoteError as exc:
             raise await fail("host", exc.message) from None
         answer = await self._preflight_call(run, rec, t, "sbatch", replace(plan, start=False))
-        sections: dict[str, list[str]] = {}
-        current = "head"
-        for line in result.stdout.splitlines():
-            if line.startswith("@@") and "=" not in line:
-                current = line[2:]
-            else:
-                sections.setdefault(current, []).append(line)
+        chunks = re.split(r"^@@(\w+)\r?\n", result.stdout, flags=re.MULTILINE)  # @@NAME heads a section
+        sections = {head: text.splitlines() for head, text in zip(chunks[1::2], chunks[2::2], strict=True)}
         info = sections.get("sinfo", [])
         parts = {p.split("|")[0]: p.split("|")[1] for p in info if "|" in p}
         want = _partition(sl.sbatch_args) or next((p for p in parts if p.endswith("*")), None)
