@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, Observation, Reads, Sighting
+from pipeline.engines.base import Entry, Observation, Plan, Reads, Sighting, Target
 from pipeline.engines.steplog import StepLog
 from pipeline.engines.workdir import step_patches
 from pipeline.errors import PitstopError
@@ -60,28 +60,26 @@ class LocalEngine:
         """Any job suits it."""
         return []
 
-    def remember_old(self, run: RunRecord, current: Cur) -> None:
-        """The old run's pid."""
-        run.old_pid = _pid(current)
-
-    async def preflight(self, run: RunRecord, name: str, job: JobConfig, wants: Cur, texts: Cur, *,
-                        running: Cur | None = None) -> Mapping[str, bool]:  # fmt: skip
-        """The workdir exists, no patch is to change; a ``running`` record's process is gone."""
+    async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
+        """The workdir exists, no patch is to change; (a start) the recorded process is gone."""
+        name, job, running_pid = t.name, t.job, _pid(t.current) if plan.start else None
         rec = await self.steps.begin(run, Step.PREFLIGHT)
         check, detail = "workdir", f"{job.workdir}: no such directory"
-        if any(w != "state" for w in wants.values()):
+        if any(w != "state" for w in plan.wants.values()):
             check, detail = "patch", "the local engine applies no patches"
         elif Path(job.workdir).is_dir():
-            check, detail = "running", f"{name} is already running (pid {_pid(running)}) - use restart"
-            if not _alive(_pid(running)):
+            check, detail = "running", f"{name} is already running (pid {running_pid}) - use restart"
+            if not _alive(running_pid):
                 await self.steps.end(run, rec, Outcome.OK, "ok: workdir")
                 return {}
         raise await self.steps.refuse(run, rec, name, check, detail)
 
-    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Cur) -> None:
+    async def stop(self, run: RunRecord, t: Target) -> None:
         """SIGTERM to the recorded session, until it is gone (``stop_timeout``), then SIGKILL."""
+        job = t.job
+        run.old_pid = _pid(t.current)
         rec = await self.steps.begin(run, Step.STOP)
-        pid, detail = _pid(current), "nothing was running"  # by its recorded session, never by pattern
+        pid, detail = run.old_pid, "nothing was running"  # by its recorded session, never by pattern
         if pid is not None and _alive(pid):
             for sig, wait in ((signal.SIGTERM, job.stop_timeout), (signal.SIGKILL, 5.0)):
                 with contextlib.suppress(ProcessLookupError):
@@ -90,19 +88,19 @@ class LocalEngine:
                 while _alive(pid) and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
             detail = f"stopped pid {pid}"
-        await self.steps.mark_stopped(name, run)
+        await self.steps.records.mark_stopped(t.name, run.id)
         await self.steps.end(run, rec, Outcome.OK, detail)
 
-    async def clear_cache(self, run: RunRecord, name: str, job: JobConfig, fresh: bool) -> None:
-        """Remove the ``clear_cache`` paths when ``fresh``."""
+    async def clear_cache(self, run: RunRecord, t: Target) -> None:
+        """Remove the ``clear_cache`` paths when ``run.fresh_cache``."""
+        job, fresh = t.job, run.fresh_cache
         rec = await self.steps.begin(run, Step.CLEAR_CACHE)
         for path in job.clear_cache if fresh else ():
             shutil.rmtree(path, ignore_errors=True)
         done = "removed " + ", ".join(job.clear_cache) if fresh and job.clear_cache else None
         await self.steps.end(run, rec, Outcome.OK if done else Outcome.SKIPPED, done or "not asked for")
 
-    async def patch(self, run: RunRecord, name: str, job: JobConfig, texts: Cur, applied: Mapping[str, bool],
-                    add: Sequence[str], remove: Sequence[str]) -> None:  # fmt: skip
+    async def patch(self, run: RunRecord, t: Target, plan: Plan, applied: Mapping[str, bool]) -> None:
         """Nothing to change (pre-flight refused any): SKIPPED, no patch in effect."""
         rec = await self.steps.begin(run, Step.PATCH)
         await self.steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], []))
@@ -115,8 +113,9 @@ class LocalEngine:
         """The bytes of the local file, as the host helper reads them; a missing file reads empty."""
         return _read(path, offset, length)
 
-    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Cur) -> None:
+    async def launch(self, run: RunRecord, t: Target) -> None:
         """Start ``launch`` in the workdir, in a session of its own, output appended to ``log``."""
+        job = t.job
         rec = await self.steps.begin(run, Step.LAUNCH)
         run.log_size_at_launch = _read(job.log, 0, 0).size
         with open(job.log, "ab") as out:
@@ -127,11 +126,12 @@ class LocalEngine:
         pid = run.pid = run.sid = proc.pid
         run.launched_at = time.time()
         record = {"run_id": run.id, "pid": str(pid), "sid": str(pid), "state": "running", "log": job.log}
-        await self.steps.record_launch(run, name, record, run.launched_at + job.start_window)
+        await self.steps.records.record_launch(run.id, t.name, record, run.launched_at + job.start_window)
         await self.steps.end(run, rec, Outcome.OK, f"pid {pid}, log {job.log}")
 
-    async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
+    async def observe(self, run: RunRecord, t: Target, *, complete: bool) -> Observation:
         """Whether the pid lives, the output since launch, its first error line (no exit status)."""
+        job = t.job
         alive = _alive(run.pid)
         text = Path(job.log).read_bytes()[run.log_size_at_launch or 0 :].decode(errors="replace")
         return Observation(
@@ -155,21 +155,22 @@ class LocalEngine:
                                  pid=pid)  # fmt: skip
         return out
 
-    async def log_tail(self, name: str, job: JobConfig, current: Cur, lines: int) -> str:
+    async def log_tail(self, t: Target, lines: int) -> str:
         """The log's last ``lines`` lines."""
-        return "\n".join(Path(job.log).read_text().splitlines()[-lines:])
+        return "\n".join(Path(t.job.log).read_text().splitlines()[-lines:])
 
-    async def node_outputs(self, name: str, job: JobConfig, cur: Cur, argv: Sequence[str]) -> None:
+    async def node_outputs(self, t: Target, argv: Sequence[str]) -> None:
         """None: the job holds no nodes of its own."""
 
-    async def crash_evidence(self, name: str, job: JobConfig, cur: Cur, offset: int,
-                             seen: JobProbe | None) -> JobProbe:  # fmt: skip
+    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
         """The log's last CRASH_BYTES since ``offset``; no exit record."""
-        got = _read(job.log, offset, 1 << 40)
+        got = _read(t.job.log, offset, 1 << 40)
         return JobProbe(
-            name, log_size=got.size, crash=LogChunk(got.data[-CRASH_BYTES:], got.size, got.size, None, False)
+            t.name,
+            log_size=got.size,
+            crash=LogChunk(got.data[-CRASH_BYTES:], got.size, got.size, None, False),
         )
 
-    async def hang_evidence(self, name: str, job: JobConfig, cur: Cur, pids: Sequence[int]) -> HangAnswer:
+    async def hang_evidence(self, t: Target, pids: Sequence[int]) -> HangAnswer:
         """Not looked at for a local job."""
-        raise PitstopError(f"no hang evidence for {name}: the local engine does not look")
+        raise PitstopError(f"no hang evidence for {t.name}: the local engine does not look")

@@ -16,7 +16,16 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from pipeline.config import Config, JobConfig, parse_config
 from pipeline.engines import ENGINES
-from pipeline.engines.base import Entry, NodeOutputs, Reads, RestartService, Sighting, StepListener
+from pipeline.engines.base import (
+    Engine,
+    Entry,
+    NodeOutputs,
+    Reads,
+    RestartService,
+    Sighting,
+    StepListener,
+    Target,
+)
 from pipeline.engines.runner import look
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostUnreachable
@@ -271,17 +280,18 @@ class StandInRestarter:
 
     async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
         """What the job's engine finds over this stand-in's SSH."""
-        name, steps = self.config.job_name(job), self._steps()
-        spec = self.config.jobs[name]
-        engine = ENGINES[spec.engine](self.ssh, steps)
-        return await engine.crash_evidence(name, spec, await steps.current(name), offset, seen)
+        engine, t = await self._target(job)
+        return await engine.crash_evidence(t, offset, seen)
 
     async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
         """What the job's engine finds over this stand-in's SSH."""
+        engine, t = await self._target(job)
+        return await engine.hang_evidence(t, pids)
+
+    async def _target(self, job: str) -> tuple[Engine, Target]:
         name, steps = self.config.job_name(job), self._steps()
         spec = self.config.jobs[name]
-        engine = ENGINES[spec.engine](self.ssh, steps)
-        return await engine.hang_evidence(name, spec, await steps.current(name), pids)
+        return ENGINES[spec.engine](self.ssh, steps), Target(name, spec, await steps.records.current(name))
 
     def _steps(self) -> StepLog:
         return StepLog(self.runs, Events(self.runs.client, self.runs.prefix))

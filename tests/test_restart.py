@@ -113,7 +113,7 @@ MakeStack = Callable[..., Awaitable[Stack]]
 async def processes(runner: Runner, job: str) -> JobProbe:
     """The job's processes now, as ``status`` sees them (the runner's sighting of it)."""
     spec = runner.config.jobs[job]
-    return (await runner.sightings([(job, spec, await runner.steps.current(job))]))[job].probe
+    return (await runner.sightings([(job, spec, await runner.steps.records.current(job))]))[job].probe
 
 
 @pytest.fixture

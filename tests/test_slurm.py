@@ -169,14 +169,8 @@ async def make_slurm(
         ssh = SSHPool(config)
         pools.append(ssh)
         runs = RunStore(redis_handle.client, redis_handle.prefix)
-        restarter = Runner(
-            config,
-            ssh,
-            runs,
-            Events(redis_handle.client, redis_handle.prefix),
-            verify_poll=0.3,
-            pending_recheck=1.0,
-        )
+        restarter = Runner(config, ssh, runs, Events(redis_handle.client, redis_handle.prefix))
+        restarter.verify_poll, restarter.pending_recheck = 0.3, 1.0
         engine = restarter.engines["slurm"]
         assert isinstance(engine, SlurmEngine)
         return SlurmStack(config, name, token, workdir, slurm, ssh, runs, restarter, engine, redis_handle)

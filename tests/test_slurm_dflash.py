@@ -86,7 +86,8 @@ async def test_dflash_restarts_through_slurm_with_eight_tasks_on_two_nodes(
     ssh = SSHPool(config)
     pool.append(ssh)
     runs = RunStore(redis_handle.client, redis_handle.prefix)
-    restarter = Runner(config, ssh, runs, Events(redis_handle.client, redis_handle.prefix), verify_poll=1.0)
+    restarter = Runner(config, ssh, runs, Events(redis_handle.client, redis_handle.prefix))
+    restarter.verify_poll = 1.0
 
     first = await restarter.start(await runs.create("dflash", "U-tester", action="start"))
     assert first.verdict is None, (first.verdict_line, [s.detail for s in first.steps])

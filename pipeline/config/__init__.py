@@ -202,23 +202,20 @@ def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None =
             if not (base_dir / path).is_file()
         ]:
             raise ConfigError(missing, source)
+        at = base_dir.joinpath
+
+        def host_paths(host: HostConfig) -> dict[str, Any]:
+            known = at(host.known_hosts.expanduser()).resolve() if host.known_hosts else None
+            return {
+                "known_hosts": known,
+                "client_keys": [at(k.expanduser()).resolve() for k in host.client_keys],
+            }
+
         jobs = {
-            name: job.model_copy(
-                update={"patches": {p: (base_dir / path).resolve() for p, path in job.patches.items()}}
-            )
-            for name, job in config.jobs.items()
+            n: j.model_copy(update={"patches": {p: at(f).resolve() for p, f in j.patches.items()}})
+            for n, j in config.jobs.items()
         }
-        hosts = {
-            name: host.model_copy(
-                update={
-                    "known_hosts": (base_dir / host.known_hosts.expanduser()).resolve()
-                    if host.known_hosts
-                    else None,
-                    "client_keys": [(base_dir / k.expanduser()).resolve() for k in host.client_keys],
-                }
-            )
-            for name, host in config.hosts.items()
-        }
+        hosts = {name: host.model_copy(update=host_paths(host)) for name, host in config.hosts.items()}
         config = config.model_copy(update={"jobs": jobs, "hosts": hosts})
     return config
 

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from pipeline.config.base import Seconds, _Model
+from pipeline.config.base import Seconds, _Model, must
 
 #: what ``actions`` may list: ``restart_with_patch`` is a restart that applies or reverts a patch;
 #: ``restart`` is every restart (with or without patches)
@@ -20,6 +20,9 @@ APPROVER_ROLES = ("admin", "operator", "viewer")
 DEFAULT_EXPIRES = 900.0  #: seconds a request stays open (15 min)
 
 
+_TOO_LONG = "at most 7 days (a request older than that is stale)"
+
+
 class ApprovalSettings(_Model):
     """An action in ``actions`` becomes a request that waits until someone in ``approvers`` other than
     the requester approves it (or denies it, or ``expires`` seconds pass)."""
@@ -27,7 +30,7 @@ class ApprovalSettings(_Model):
     actions: list[ApprovalAction] = Field(min_length=1)
     #: role names (``admin``, ``operator``, ``viewer``), user ids (``U…``) or user-group ids (``S…``)
     approvers: list[str] = Field(min_length=1)
-    expires: Seconds = DEFAULT_EXPIRES
+    expires: Annotated[Seconds, must(lambda v: v <= 7 * 86400, _TOO_LONG)] = DEFAULT_EXPIRES
 
     @field_validator("approvers")
     @classmethod
@@ -40,11 +43,4 @@ class ApprovalSettings(_Model):
                     f"approver {who!r}: use a role ({', '.join(APPROVER_ROLES)}), a user id (U…) or a "
                     "user-group id (S…); '*' would let anyone approve"
                 )
-        return v
-
-    @field_validator("expires")
-    @classmethod
-    def _bounded(cls, v: float) -> float:
-        if v > 7 * 86400:
-            raise ValueError("at most 7 days (a request older than that is stale)")
         return v

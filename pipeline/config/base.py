@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+import re
+from collections.abc import Callable
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from pipeline import fmt
 
@@ -36,6 +38,28 @@ def seconds_setting(value: object) -> float:
 
 
 Seconds = Annotated[float, BeforeValidator(seconds_setting)]
+
+
+def must(ok: Callable[[Any], object], problem: str, *, each: bool = False) -> AfterValidator:
+    """A setting's check, for ``Annotated[T, must(...)]``: ``ok(value)`` is true, or with ``each``
+    true of each item of the value (a list's items, a table's keys).
+
+    :param problem: the problem otherwise; ``{v!r}`` in it is the value (or the first item that
+        fails).
+    """
+
+    def check(value: Any) -> Any:
+        for v in value if each else [value]:
+            if not ok(v):
+                raise ValueError(problem.format(v=v))
+        return value
+
+    return AfterValidator(check)
+
+
+def matching(pattern: str, problem: str, *, each: bool = False) -> AfterValidator:
+    """:func:`must`: the whole value (or each item) matches ``pattern``, a regular expression."""
+    return must(re.compile(pattern).fullmatch, problem, each=each)
 
 
 class _Model(BaseModel):

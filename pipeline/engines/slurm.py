@@ -6,32 +6,29 @@ failure: the runner verifies it again until it runs or ends.
 from __future__ import annotations
 
 import asyncio
-import json
+import re
 import signal
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Annotated
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError
 
-from pipeline import verdict
 from pipeline.config import JobConfig, validation_problems
-from pipeline.config.base import _Model
-from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting
+from pipeline.config.base import _Model, matching
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Plan, Reads, Sighting, Target
 from pipeline.engines.steplog import STOP_NOTHING, StepLog, failed_checks, step_preflight_ok
-from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES, WorkdirSteps
+from pipeline.engines.workdir import WorkdirSteps
 from pipeline.errors import (
-    LaunchFailed,
     PitstopError,
     PreflightFailed,
     RemoteCommandError,
     RemoteError,
-    StopFailed,
 )
 from pipeline.host import slurm
-from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, Ops, call_helper, log_tail
+from pipeline.host.probe import JobProbe, log_tail
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
 from pipeline.observe import evidence
@@ -78,20 +75,14 @@ def _int(value: str | None) -> int | None:
 class SlurmSettings(_Model):
     """``[jobs.NAME.slurm]``: the job is a Slurm batch job; the job's ``host`` is the login node."""
 
-    script: str  #: the batch script on the login node (absolute path)
+    #: the batch script on the login node (absolute path)
+    script: Annotated[str, matching("(?s)/.*", "must be an absolute path on the login node")]
     #: extra sbatch arguments, e.g. ["--partition", "gpu"]
     sbatch_args: list[str] = Field(default_factory=list)
     #: restart with ``scontrol requeuehold`` + ``release`` (same job id), else scancel + sbatch
     requeue: bool = False
     nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
     tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
-
-    @field_validator("script")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path on the login node")
-        return v
 
 
 def settings(job: JobConfig) -> SlurmSettings:
@@ -125,24 +116,11 @@ class SlurmEngine(WorkdirSteps):
             return validation_problems(exc, f"{at}.slurm")
         return []
 
-    def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
-        """The old Slurm job id, from the job's current record."""
-        run.old_slurm_job = _int(current.get("slurm_job"))
-
-    async def preflight(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        wants: Mapping[str, str],
-        texts: Mapping[str, str],
-        *,
-        running: Mapping[str, str] | None = None,
-    ) -> Mapping[str, bool]:
-        """Partition, script, ``sbatch --test-only``, the helper's checks, and (``running``) the
+    async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
+        """Partition, script, ``sbatch --test-only``, the helper's checks, and (a start) the
         recorded job no longer active."""
-        old = _int(running.get("slurm_job")) if running is not None else None
-        sl = settings(job)
+        name, job, sl = t.name, t.job, settings(t.job)
+        old = _int(t.current.get("slurm_job")) if plan.start else None
         rec = await self.steps.begin(run, Step.PREFLIGHT)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
@@ -151,31 +129,11 @@ class SlurmEngine(WorkdirSteps):
         script = ["bash", "-c", _PREFLIGHT, "pitstop-slurm-preflight", sl.script, "-D", job.workdir]
         try:
             result = await self.client.checked(name, [*script, *sl.sbatch_args])
-            answer = await call_helper(
-                self.ssh,
-                Ops.preflight(
-                    {
-                        "workdir": job.workdir,
-                        "program": "sbatch",
-                        "log": job.log,
-                        "min_free": MIN_FREE_BYTES,
-                        "patches": dict(wants) if texts else {},
-                        "running": None,
-                    }
-                ),
-                job=name,
-                stdin=json.dumps(dict(texts)) if texts else None,
-                timeout=CALL_TIMEOUT,
-            )
         except RemoteError as exc:
             raise await fail("host", exc.message) from None
-        sections: dict[str, list[str]] = {}
-        current = "head"
-        for line in result.stdout.splitlines():
-            if line.startswith("@@") and "=" not in line:
-                current = line[2:]
-            else:
-                sections.setdefault(current, []).append(line)
+        answer = await self._preflight_call(run, rec, t, "sbatch", replace(plan, start=False))
+        chunks = re.split(r"^@@(\w+)\r?\n", result.stdout, flags=re.MULTILINE)  # @@NAME heads a section
+        sections = {head: text.splitlines() for head, text in zip(chunks[1::2], chunks[2::2], strict=True)}
         info = sections.get("sinfo", [])
         parts = {p.split("|")[0]: p.split("|")[1] for p in info if "|" in p}
         want = _partition(sl.sbatch_args) or next((p for p in parts if p.endswith("*")), None)
@@ -225,10 +183,11 @@ class SlurmEngine(WorkdirSteps):
                 raise
             return False, j
 
-    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+    async def stop(self, run: RunRecord, t: Target) -> None:
         """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has
         left; a job that ended before its first scancel (scancel refuses it) had nothing to stop."""
-        old = run.old_slurm_job = _int(current.get("slurm_job"))
+        name, job = t.name, t.job
+        old = run.old_slurm_job = _int(t.current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.STOP)
         try:
             j = await self.client.one(name, old) if old is not None else None
@@ -237,35 +196,31 @@ class SlurmEngine(WorkdirSteps):
                 began, pending = time.monotonic(), j.state == "PENDING"
                 how = "scancel (pending)" if pending else "SIGTERM"
                 sent, j = await self._scancel(name, old, *([] if pending else ["--signal=TERM", "--full"]))
-            if old is None or not sent:
-                detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else STOP_NOTHING
-                await self.steps.mark_stopped(name, run)
-                await self.steps.end(run, rec, Outcome.OK, detail)
-                return
-            j = await self._wait_gone(name, old, job.stop_timeout)
-            if j is not None and j.active:
-                how = f"scancel after {job.stop_timeout:.0f} s"
-                sent, j = await self._scancel(name, old)
-                if sent:
-                    j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
+            if old is not None and sent:
+                j = await self._wait_gone(name, old, job.stop_timeout)
+                if j is not None and j.active:
+                    how = f"scancel after {job.stop_timeout:.0f} s"
+                    again, j = await self._scancel(name, old)
+                    if again:
+                        j = await self._wait_gone(name, old, KILL_TIMEOUT + KILL_WAIT)
         except RemoteError as exc:
-            await self.steps.fail(run, rec, exc.message)
-            raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
-        took = time.monotonic() - began
+            raise await self.steps.stop_failed(run, rec, name, exc.message) from None
         if j is not None and j.active:
-            why = f"Slurm job {old} is still {j.state} after scancel"
-            await self.steps.fail(run, rec, why)
-            raise StopFailed(name, [], why, line=verdict.stop_failed([], why))
-        ended = slurm.job_ended(j) if j is not None else f"job {old} left the queue"
-        await self.steps.mark_stopped(name, run)
-        await self.steps.end(
-            run, rec, Outcome.OK, f"stopped Slurm job {old} in {took:.1f} s ({how}); {ended}"
-        )
+            raise await self.steps.stop_failed(
+                run, rec, name, f"Slurm job {old} is still {j.state} after scancel"
+            )
+        if sent:
+            ended = slurm.job_ended(j) if j is not None else f"job {old} left the queue"
+            detail = f"stopped Slurm job {old} in {time.monotonic() - began:.1f} s ({how}); {ended}"
+        else:  # it had ended (scancel refused it) or was never recorded
+            detail = slurm.job_ended(j) + "; nothing to stop" if j is not None else STOP_NOTHING
+        await self.steps.records.mark_stopped(name, run.id)
+        await self.steps.end(run, rec, Outcome.OK, detail)
 
-    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+    async def launch(self, run: RunRecord, t: Target) -> None:
         """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
-        old = _int(current.get("slurm_job"))
-        sl = settings(job)
+        name, job, sl = t.name, t.job, settings(t.job)
+        old = _int(t.current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.LAUNCH)
         try:
             # held until measured: it cannot write before verification's offset is taken
@@ -282,8 +237,7 @@ class SlurmEngine(WorkdirSteps):
             finally:
                 await self.client.checked(name, ["scontrol", "release", str(job_id)])
         except RemoteError as exc:
-            await self.steps.fail(run, rec, exc.message)
-            raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
+            raise await self.steps.launch_failed(run, rec, name, exc.message) from None
         run.slurm_job = job_id
         run.log_size_at_launch = size
         run.launched_at = time.time()
@@ -296,12 +250,12 @@ class SlurmEngine(WorkdirSteps):
             "state": "running",
             "patches": ",".join(run.patches),
         }
-        await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
+        await self.steps.records.record_launch(run.id, name, current, run.launched_at + job.start_window)
         await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}")
 
-    async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
+    async def observe(self, run: RunRecord, t: Target, *, complete: bool) -> Observation:
         """The run's Slurm job: its state alone, or (``complete``) with its tasks and output since launch."""
-        job_id = run.slurm_job or 0
+        name, job, job_id = t.name, t.job, run.slurm_job or 0
         j = await self.client.one(name, job_id)
         now = time.time()
         if j is None:
@@ -447,34 +401,21 @@ class SlurmEngine(WorkdirSteps):
 
         return {name: one(name, cfg) for name, cfg, _ in entries}
 
-    async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
+    async def log_tail(self, t: Target, lines: int) -> str:
         """The last ``lines`` lines of the job's output (recorded ``StdOut``, else ``log``)."""
-        path = current.get("log") or job.log
-        return await log_tail(self.ssh, name, job.model_copy(update={"log": path}), lines)
+        return await log_tail(self.ssh, t.name, t.job, lines, path=t.current.get("log"))
 
-    async def node_outputs(
-        self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
-    ) -> NodeOutputs | None:
+    async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """``argv`` on every node of the recorded job, inside its allocation (``srun --overlap``).
         :raises PitstopError: if the job is not RUNNING."""
-        job_id = _int(current.get("slurm_job"))
-        j = await self.client.one(name, job_id) if job_id is not None else None
+        job_id = _int(t.current.get("slurm_job"))
+        j = await self.client.one(t.name, job_id) if job_id is not None else None
         if j is None or j.state != "RUNNING":
             why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"
-            raise PitstopError(slurm.gpus_not_running(name, why))
-        return NodeOutputs(f"Slurm job {j.id}", await self.client.node_gpus(name, j.id, j.nodes, argv))
+            raise PitstopError(slurm.gpus_not_running(t.name, why))
+        return NodeOutputs(f"Slurm job {j.id}", await self.client.node_gpus(t.name, j.id, j.nodes, argv))
 
-    async def crash_evidence(
-        self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
-    ) -> JobProbe:
+    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
         """The job's output (recorded ``StdOut``, else ``log``) since ``offset``; no exit record."""
-        path = current.get("log") or job.log
-        return await evidence.crash_evidence(
-            self.ssh, name, job.model_copy(update={"log": path}), current, offset, seen
-        )
-
-    async def hang_evidence(
-        self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
-    ) -> HangAnswer:
-        """The helper's ``hang`` on the login node (not inside the allocation)."""
-        return await evidence.hang_evidence(self.ssh, name, job, current, pids)
+        job = t.job.model_copy(update={"log": t.current.get("log") or t.job.log})
+        return await evidence.crash_evidence(self.ssh, t.name, job, t.current, offset, seen)

@@ -11,35 +11,24 @@ the recorded pid reused marks its step ``stale``, which makes the verdict ``STAL
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 
 from pipeline import verdict
 from pipeline.config import JobConfig
-from pipeline.engines.base import Entry, NodeOutputs, Observation, Reads, Sighting
+from pipeline.engines.base import Entry, NodeOutputs, Observation, Plan, Reads, Sighting, Target
 from pipeline.engines.steplog import (
     STOP_NOTHING,
-    StepLog,
     failed_checks,
     stale_record,
     step_preflight_ok,
     step_stopped,
 )
-from pipeline.engines.workdir import CALL_TIMEOUT, MIN_FREE_BYTES, WorkdirSteps
-from pipeline.errors import HostKeyRejected, LaunchFailed, RemoteError, RemoteTimeout, StopFailed
-from pipeline.host.contract import HangAnswer, LaunchArgs, PreflightArgs, StopArgs
-from pipeline.host.probe import (
-    JobProbe,
-    Ops,
-    call_helper,
-    log_tail,
-    probe_args,
-    probe_host,
-    recorded_identity,
-)
-from pipeline.host.remote import RemoteHosts
+from pipeline.engines.workdir import CALL_TIMEOUT, WorkdirSteps
+from pipeline.errors import HostKeyRejected, RemoteError, RemoteTimeout, StopFailed
+from pipeline.host.contract import LaunchArgs, StopArgs
+from pipeline.host.probe import JobProbe, Ops, call_helper, log_tail, probe_host, recorded_identity
 from pipeline.observe import evidence
 from pipeline.observe.evidence import gather
 from pipeline.state.incidents import LOG_LINES
@@ -54,23 +43,9 @@ LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under 
 
 
 class SshEngine(WorkdirSteps):
-    """:class:`pipeline.engines.base.Engine` for ``engine = "ssh"`` jobs: one process group on one host.
+    """:class:`pipeline.engines.base.Engine` for ``engine = "ssh"`` jobs: one process group on one host."""
 
-    :param gpu_wait_timeout: seconds to wait for GPU memory of a stopped run to be released.
-    :param min_free_bytes: pre-flight free-space threshold for the log's filesystem.
-    """
-
-    def __init__(
-        self,
-        ssh: RemoteHosts,
-        steps: StepLog,
-        *,
-        gpu_wait_timeout: float = GPU_WAIT_TIMEOUT,
-        min_free_bytes: int = MIN_FREE_BYTES,
-    ) -> None:
-        super().__init__(ssh, steps)
-        self.gpu_wait_timeout = gpu_wait_timeout
-        self.min_free_bytes = min_free_bytes
+    gpu_wait_timeout = GPU_WAIT_TIMEOUT  #: seconds to wait for GPU memory of a stopped run to be released
 
     @staticmethod
     def check(job: JobConfig, at: str) -> list[str]:
@@ -81,59 +56,27 @@ class SshEngine(WorkdirSteps):
             problems.append(f'{at}: [jobs.NAME.slurm] is set but engine is "ssh" (set engine = "slurm")')
         return problems
 
-    def remember_old(self, run: RunRecord, current: Mapping[str, str]) -> None:
-        """The old run's pid, from the job's current record."""
-        run.old_pid = recorded_identity(current)["pid"]
-
-    async def preflight(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        wants: Mapping[str, str],
-        texts: Mapping[str, str],
-        *,
-        running: Mapping[str, str] | None = None,
-    ) -> Mapping[str, bool]:
+    async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:
         """One helper call checks host, workdir, program, patches, log directory and free space
-        (and that the ``running`` record's processes are gone)."""
+        (and, for a start, that the recorded run's processes are gone)."""
         rec = await self.steps.begin(run, Step.PREFLIGHT)
-        args: PreflightArgs = {
-            "workdir": job.workdir,
-            "program": job.launch[0],
-            "log": job.log,
-            "min_free": self.min_free_bytes,
-            "patches": dict(wants) if texts else {},
-            "running": None,
-        }
-        if running is not None:
-            args["running"] = {**probe_args(name, job, running), "log": None}
-        try:
-            answer = await call_helper(
-                self.ssh,
-                Ops.preflight(args),
-                job=name,
-                stdin=json.dumps(dict(texts)) if texts else None,
-                timeout=CALL_TIMEOUT,
-            )
-        except RemoteError as exc:
-            check = "host_key" if isinstance(exc, HostKeyRejected) else "host"
-            raise await self.steps.refuse(run, rec, name, check, exc.message) from None
+        answer = await self._preflight_call(run, rec, t, t.job.launch[0], plan)
         if failed := failed_checks(answer.get("checks", [])):
-            raise await self.steps.refuse(run, rec, name, *failed)
+            raise await self.steps.refuse(run, rec, t.name, *failed)
         seen = answer.get("running")
         if seen and (seen.get("alive") or seen.get("count")):
-            pids = list(seen.get("pids") or []) or [int(recorded_identity(running)["pid"] or 0)]
-            detail = f"{name} is already running (pid {', '.join(str(p) for p in pids[:10])}) - use restart"
-            raise await self.steps.refuse(run, rec, name, "running", detail)
+            pids = list(seen.get("pids") or []) or [int(recorded_identity(t.current)["pid"] or 0)]
+            detail = f"{t.name} is already running (pid {', '.join(str(p) for p in pids[:10])}) - use restart"
+            raise await self.steps.refuse(run, rec, t.name, "running", detail)
         names = [c["check"] for c in answer.get("checks", [])]
         await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names))
         return answer.get("applied") or {}
 
-    async def stop(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+    async def stop(self, run: RunRecord, t: Target) -> None:
         """Stop the recorded process group (SIGTERM, ``stop_timeout``, SIGKILL), never by pattern."""
+        name, job, ident = t.name, t.job, recorded_identity(t.current)
+        run.old_pid = ident["pid"]
         rec = await self.steps.begin(run, Step.STOP)
-        ident = recorded_identity(current)
         args: StopArgs = {
             **ident,
             "match": job.match,
@@ -146,27 +89,21 @@ class SshEngine(WorkdirSteps):
                 self.ssh, Ops.stop(args), job=name, timeout=job.stop_timeout + 2 * KILL_TIMEOUT + CALL_TIMEOUT
             )
         except RemoteError as exc:
-            await self.steps.fail(run, rec, exc.message)
-            raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
+            raise await self.steps.stop_failed(run, rec, name, exc.message) from None
         stale = answer.get("stale")
         rec.stale = bool(stale)
         note = stale_record(stale["pid"], stale.get("recorded"), stale.get("found")) if stale else None
         targets = answer.get("targets") or []
         survivors = [int(p) for p in answer.get("survivors") or []]
-        if targets:
-            detail = step_stopped(
-                len(targets), float(answer.get("seconds") or 0), answer.get("killed") or [], job.stop_timeout
-            )
-        else:
-            detail = STOP_NOTHING
-        if note:
-            detail = f"{note}; {detail}"
+        seconds, killed = float(answer.get("seconds") or 0), answer.get("killed") or []
+        detail = step_stopped(len(targets), seconds, killed, job.stop_timeout) if targets else STOP_NOTHING
+        detail = f"{note}; {detail}" if note else detail
         if survivors:
             failure = StopFailed(name, survivors, line=verdict.stop_failed(survivors, "survived SIGKILL"))
             await self.steps.fail(run, rec, f"{detail}; {failure.message}")
             raise failure
         if job.gpus is not None and job.gpus.all and targets:
-            pairs: list[tuple[int, int | None]] = [(t["pid"], t["start_time"]) for t in targets]
+            pairs: list[tuple[int, int | None]] = [(x["pid"], x["start_time"]) for x in targets]
             try:
                 gpu = await call_helper(
                     self.ssh,
@@ -175,23 +112,21 @@ class SshEngine(WorkdirSteps):
                     timeout=self.gpu_wait_timeout + CALL_TIMEOUT,
                 )
             except RemoteError as exc:
-                await self.steps.fail(run, rec, f"{detail}; {exc.message}")
-                raise StopFailed(name, [], exc.message, line=verdict.stop_failed([], exc.message)) from None
-            holders = sorted({int(h["pid"]) for h in gpu.get("holders") or []})
-            if holders:
+                raise await self.steps.stop_failed(run, rec, name, exc.message, done=detail) from None
+            if holders := sorted({int(h["pid"]) for h in gpu.get("holders") or []}):
                 took = float(gpu.get("seconds") or self.gpu_wait_timeout)
                 pids = ", ".join(str(p) for p in holders)
                 held = f"GPU memory still held by old pid {pids} after {took:.0f} s - not relaunching"
-                await self.steps.fail(run, rec, f"{detail}; {held}")
-                raise StopFailed(name, holders, held, line=verdict.stop_failed(holders, held))
+                raise await self.steps.stop_failed(run, rec, name, held, holders, detail)
             detail += f"; GPU memory released ({float(gpu.get('seconds') or 0):.1f} s)"
-        await self.steps.mark_stopped(name, run)
+        await self.steps.records.mark_stopped(name, run.id)
         await self.steps.end(run, rec, Outcome.OK, detail)
         if note:
             log.info("%s: %s", run.id, note)
 
-    async def launch(self, run: RunRecord, name: str, job: JobConfig, current: Mapping[str, str]) -> None:
+    async def launch(self, run: RunRecord, t: Target) -> None:
         """Launch fully detached (new session); the SSH call returns at once."""
+        name, job = t.name, t.job
         rec = await self.steps.begin(run, Step.LAUNCH)
         args: LaunchArgs = {
             "workdir": job.workdir,
@@ -210,8 +145,7 @@ class SshEngine(WorkdirSteps):
                 detail = exc.message
                 if not isinstance(exc, HostKeyRejected):
                     detail += f"; process state: {await self._state_text(name, job)}"
-            await self.steps.fail(run, rec, detail)
-            raise LaunchFailed(name, detail, line=verdict.launch_failed(detail)) from None
+            raise await self.steps.launch_failed(run, rec, name, detail) from None
         run.pid = int(answer["pid"])
         run.pgid = int(answer.get("pgid") or run.pid)
         run.sid = int(answer.get("sid") or run.pid)
@@ -230,13 +164,13 @@ class SshEngine(WorkdirSteps):
             "patches": ",".join(run.patches),
             "log_size": str(run.log_size_at_launch),
         }
-        await self.steps.record_launch(run, name, current, run.launched_at + job.start_window)
+        await self.steps.records.record_launch(run.id, name, current, run.launched_at + job.start_window)
         detail = f"pid {run.pid} (new session), log {job.log} from byte {run.log_size_at_launch}"
         await self.steps.end(run, rec, Outcome.OK, detail)
 
-    async def observe(self, run: RunRecord, name: str, job: JobConfig, *, complete: bool) -> Observation:
+    async def observe(self, run: RunRecord, t: Target, *, complete: bool) -> Observation:
         """One helper ``evidence`` sample, always complete (:func:`~pipeline.observe.evidence.gather`)."""
-        return await gather(self.ssh, run, job)
+        return await gather(self.ssh, run, t.job)
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """One helper ``probe`` call per ``exec`` prefix for every job of one host, ``reads``
@@ -248,33 +182,21 @@ class SshEngine(WorkdirSteps):
         probes = await probe_host(self.ssh, entries[0][1].host, entries, reads, tail_lines=LOG_LINES)
         out: dict[str, Sighting] = {}
         for name, spec, current in entries:
-            probe = probes[name]
-            state = probe.state or "none"
-            pid = recorded_identity(current)["pid"]
-            out[name] = Sighting(probe, spec.processes, state, pid=pid)
+            p = probes[name]
+            out[name] = Sighting(p, spec.processes, p.state or "none", pid=recorded_identity(current)["pid"])
         return out
 
-    async def log_tail(self, name: str, job: JobConfig, current: Mapping[str, str], lines: int) -> str:
+    async def log_tail(self, t: Target, lines: int) -> str:
         """The last ``lines`` lines of the job's log."""
-        return await log_tail(self.ssh, name, job, lines)
+        return await log_tail(self.ssh, t.name, t.job, lines)
 
-    async def node_outputs(
-        self, name: str, job: JobConfig, current: Mapping[str, str], argv: Sequence[str]
-    ) -> NodeOutputs | None:
+    async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """None: the job runs on its host, which ``gpus HOST`` asks."""
         return None
 
-    async def crash_evidence(
-        self, name: str, job: JobConfig, current: Mapping[str, str], offset: int, seen: JobProbe | None
-    ) -> JobProbe:
+    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
         """:func:`pipeline.observe.evidence.crash_evidence` of the recorded session."""
-        return await evidence.crash_evidence(self.ssh, name, job, current, offset, seen)
-
-    async def hang_evidence(
-        self, name: str, job: JobConfig, current: Mapping[str, str], pids: Sequence[int]
-    ) -> HangAnswer:
-        """One helper ``hang`` call on the job's host."""
-        return await evidence.hang_evidence(self.ssh, name, job, current, pids)
+        return await evidence.crash_evidence(self.ssh, t.name, t.job, t.current, offset, seen)
 
     async def _state_text(self, name: str, job: JobConfig) -> str:
         """What runs for the job now, in words (for a launch that hung or lost its channel)."""

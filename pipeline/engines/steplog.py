@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pipeline import verdict
-from pipeline.errors import PreflightFailed, RunCancelled, SequenceAborted
+from pipeline.errors import LaunchFailed, PreflightFailed, RunCancelled, SequenceAborted, StopFailed
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobRecords
 from pipeline.state.runs import RunRecord, RunStore, StepRecord
@@ -83,6 +83,33 @@ class StepLog:
         line = verdict.preflight_failed(check, detail if shown is None else shown)
         return PreflightFailed(name, check, detail, line=line)
 
+    async def stop_failed(
+        self,
+        run: RunRecord,
+        rec: StepRecord,
+        name: str,
+        why: str,
+        survivors: Sequence[int] = (),
+        done: str = "",
+    ) -> StopFailed:
+        """End the stop ``rec`` FAILED with ``done`` (what it did first, if anything) and ``why``.
+
+        :returns: the :class:`StopFailed` (``survivors``: pids still alive) for the engine to raise.
+        """
+        await self.fail(run, rec, f"{done}; {why}" if done else why)
+        return StopFailed(name, survivors, why, line=verdict.stop_failed(survivors, why))
+
+    async def launch_failed(
+        self, run: RunRecord, rec: StepRecord, name: str, why: str, done: str = "", shown: str | None = None
+    ) -> LaunchFailed:
+        """End ``rec`` (launch, or the cache or patch step before it) FAILED with ``done`` (what it did
+        first, if anything) and ``why``; the verdict line says ``shown`` (default ``why``).
+
+        :returns: the :class:`LaunchFailed` for the engine to raise.
+        """
+        await self.fail(run, rec, f"{done}; {why}" if done else why)
+        return LaunchFailed(name, why, line=verdict.launch_failed(why if shown is None else shown))
+
     async def emit(self, run: RunRecord, rec: StepRecord) -> None:
         """Publish ``rec`` on the stream and tell every listener."""
         await self.publish(run, rec)
@@ -149,10 +176,7 @@ class StepLog:
     async def boundary(self, run: RunRecord, after: Step | None, cancelled: CancelCheck | None) -> None:
         """Between two steps: :raises RunCancelled: if someone asked (:meth:`RunStore.cancel_requested`)
         or ``cancelled()`` says so."""
-        asked = await self.runs.cancel_requested(run.id)
-        if not asked and cancelled is not None:
-            asked = await cancelled()
-        if asked:
+        if await self.runs.cancel_requested(run.id) or (cancelled is not None and await cancelled()):
             after_step = after.value if after else None
             raise RunCancelled(run.job, run.id, after_step, line=verdict.cancelled(after_step))
 
@@ -161,19 +185,6 @@ class StepLog:
         return await self.runs.finish(
             run, Verdict(aborted.verdict), aborted.line, aborted.evidence or aborted.line
         )
-
-    async def current(self, name: str) -> dict[str, str]:
-        """The job's ``current`` record (empty when none)."""
-        return await self.records.current(name)
-
-    async def record_launch(self, run: RunRecord, name: str, current: Mapping[str, str], due: float) -> None:
-        """Replace the job's ``current`` record with the launched run's and queue its verification
-        at ``due`` (epoch seconds), in one transaction."""
-        await self.records.record_launch(run.id, name, current, due)
-
-    async def mark_stopped(self, name: str, run: RunRecord) -> None:
-        """The job's ``current`` record says stopped (by ``run``), its process identity removed."""
-        await self.records.mark_stopped(name, run.id)
 
 
 def failed_checks(checks: Sequence[Mapping[str, Any]]) -> tuple[str, str, str] | None:

@@ -1,6 +1,6 @@
 """The workdir steps (patches and caches) and reading a job's files.
 
-Patch texts are read here, on the controller (:func:`patch_texts`), for every engine.  The steps
+Patch texts are read here, on the controller (:func:`patch_plan`), for every engine.  The steps
 on the workdir themselves are the engine's (:class:`~pipeline.engines.base.Engine`);
 :class:`WorkdirSteps` does them on the job's workdir over SSH (its host's, or the cluster's shared
 one) through the host helper, for the ssh and Slurm engines.  Patch texts go on stdin, never on a
@@ -15,32 +15,37 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pipeline import fmt, verdict
 from pipeline.config import JobConfig
+from pipeline.engines.base import Plan, Target
 from pipeline.engines.steplog import StepLog
-from pipeline.errors import LaunchFailed, PatchChanged, RemoteError, patch_changed
-from pipeline.host.probe import LogChunk, Ops, call_helper, read_log_chunk
+from pipeline.errors import HostKeyRejected, PatchChanged, RemoteError, patch_changed
+from pipeline.host.contract import HangAnswer, PreflightAnswer, PreflightArgs
+from pipeline.host.probe import LogChunk, Ops, call_helper, probe_args, read_log_chunk
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe import evidence
 from pipeline.state.approvals import PatchDigest
-from pipeline.state.runs import RunRecord
+from pipeline.state.runs import RunRecord, StepRecord
 from pipeline.verdict import Outcome, Step
 
 CALL_TIMEOUT = 30.0  #: seconds for a pre-flight, cache or patch call
 MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the log (or output) is written
 
 
-async def patch_texts(
-    steps: StepLog, run: RunRecord, name: str, job: JobConfig, asked: Sequence[str]
-) -> dict[str, str]:
-    """Every configured patch's text by name (read on the controller); ``asked`` must be known and
-    readable.  An approved patch (``run.approved_patches``) must still have its SHA-256, taken of
-    the very bytes whose text is returned.
+async def patch_plan(
+    steps: StepLog, run: RunRecord, t: Target, add: Sequence[str], remove: Sequence[str]
+) -> Plan:
+    """What a restart does to the job's patches: every configured patch's text by name (read on the
+    controller); the patches asked (``add``, ``remove``) must be known and readable.  An approved
+    patch (``run.approved_patches``) must still have its SHA-256, taken of the very bytes whose
+    text is returned.
 
     :raises PatchChanged: (check ``approval``) if an approved patch's bytes no longer match.
     :raises PreflightFailed: (check ``patch``) for an unknown patch or an unreadable asked one.
     """
+    name, job, asked = t.name, t.job, [*add, *remove]
     if unknown := [p for p in asked if p not in job.patches]:
         known = ", ".join(job.patches) or "none"
         await _refuse(steps, run, name, f"unknown patch {', '.join(unknown)} for {name} (known: {known})")
@@ -60,7 +65,10 @@ async def patch_texts(
         texts[patch] = patch_text(raw)
     if missing := [p for p in run.approved_patches if p not in job.patches]:
         await _changed(steps, run, name, missing[0], "")
-    return texts
+    wants = (
+        dict.fromkeys(job.patches, "state") | dict.fromkeys(remove, "revert") | dict.fromkeys(add, "apply")
+    )
+    return Plan(texts, wants, add, remove)
 
 
 async def _refuse(steps: StepLog, run: RunRecord, name: str, detail: str) -> NoReturn:
@@ -126,85 +134,74 @@ class WorkdirSteps:
     """The workdir steps of :class:`~pipeline.engines.base.Engine` over SSH, through the host helper
     on the job's ``host``: the ssh and Slurm engines' (the cluster's workdir is shared)."""
 
+    min_free_bytes = MIN_FREE_BYTES  #: pre-flight: free bytes needed where the log is written
+
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         self.ssh = ssh
         self.steps = steps
 
-    async def clear_cache(self, run: RunRecord, name: str, job: JobConfig, fresh: bool) -> None:
-        """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``fresh`` (else SKIPPED).
+    async def clear_cache(self, run: RunRecord, t: Target) -> None:
+        """The ``clear_cache`` step: empty the job's ``clear_cache`` paths when ``run.fresh_cache``
+        (else SKIPPED).
 
         :raises LaunchFailed: if the host cannot be reached or a path cannot be cleared.
         """
         rec = await self.steps.begin(run, Step.CLEAR_CACHE)
-        if not fresh or not job.clear_cache:
-            why = "asked for, but the job has no clear_cache paths" if fresh else "not asked for"
+        if not run.fresh_cache or not t.job.clear_cache:
+            why = "asked for, but the job has no clear_cache paths" if run.fresh_cache else "not asked for"
             await self.steps.end(run, rec, Outcome.SKIPPED, why)
             return
         try:
             answer = await call_helper(
-                self.ssh, Ops.clear({"paths": list(job.clear_cache)}), job=name, timeout=CALL_TIMEOUT * 4
+                self.ssh, Ops.clear({"paths": list(t.job.clear_cache)}), job=t.name, timeout=CALL_TIMEOUT * 4
             )
         except RemoteError as exc:
-            await self.steps.fail(run, rec, exc.message)
-            raise LaunchFailed(name, exc.message, line=verdict.launch_failed(exc.message)) from None
+            raise await self.steps.launch_failed(run, rec, t.name, exc.message) from None
         cleared = answer.get("cleared") or []
         parts = []  # per path: "/srv/cache: 120 files, 3.4 GiB removed" or "/srv/cache: not present"
         for c in cleared:
             removed = f"{int(c.get('files', 0))} files, {fmt.size(int(c.get('bytes', 0)))} removed"
             parts.append(f"{c['path']}: {'not present' if c.get('missing') else removed}")
         detail = "; ".join(parts)
-        errors = [e for c in cleared for e in c.get("errors", [])]
-        if errors:
+        if errors := [e for c in cleared for e in c.get("errors", [])]:
             why = f"cannot clear cache: {'; '.join(errors[:3])}"
-            await self.steps.fail(run, rec, f"{detail}; {why}")
-            raise LaunchFailed(name, why, line=verdict.launch_failed(why))
+            raise await self.steps.launch_failed(run, rec, t.name, why, detail)
         await self.steps.end(run, rec, Outcome.OK, detail)
 
-    async def patch(
-        self,
-        run: RunRecord,
-        name: str,
-        job: JobConfig,
-        texts: Mapping[str, str],
-        applied: Mapping[str, bool],
-        add: Sequence[str],
-        remove: Sequence[str],
-    ) -> None:
-        """The ``patch`` step: apply ``add`` and revert ``remove`` in the job's workdir (``git apply``);
-        ``applied`` is what pre-flight found in effect.  The patches in effect are recorded.
+    async def patch(self, run: RunRecord, t: Target, plan: Plan, applied: Mapping[str, bool]) -> None:
+        """The ``patch`` step: apply ``plan.add`` and revert ``plan.remove`` in the job's workdir
+        (``git apply``); ``applied`` is what pre-flight found in effect.  The patches in effect are
+        recorded.
 
         :raises LaunchFailed: if a patch does not apply or the host cannot be reached.
         """
         rec = await self.steps.begin(run, Step.PATCH)
         in_effect = sorted(n for n, on in applied.items() if on)
-        to_apply = [p for p in add if not applied.get(p)]
-        to_revert = [p for p in remove if applied.get(p)]
-        if not to_apply and not to_revert:
-            run.patches = in_effect
-            await self.steps.records.store_patches(name, in_effect)
-            await self.steps.end(run, rec, Outcome.SKIPPED, step_patches([], [], in_effect))
-            return
-        try:
-            answer = await call_helper(
-                self.ssh,
-                Ops.patch({"workdir": job.workdir, "apply": to_apply, "revert": to_revert}),
-                job=name,
-                stdin=json.dumps(dict(texts)),
-                timeout=CALL_TIMEOUT * 2,
-            )
-        except RemoteError as exc:
-            await self.steps.fail(run, rec, exc.message)
-            line = verdict.launch_failed(patch_failed(exc.message))
-            raise LaunchFailed(name, exc.message, line=line) from None
-        in_effect = sorted(answer.get("in_effect") or [])
-        run.patches = in_effect
-        await self.steps.records.store_patches(name, in_effect)
-        detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], in_effect)
+        to_apply = [p for p in plan.add if not applied.get(p)]
+        to_revert = [p for p in plan.remove if applied.get(p)]
+        answer: Mapping[str, Any] = {"in_effect": in_effect}
+        if to_apply or to_revert:
+            try:
+                answer = dict(
+                    await call_helper(
+                        self.ssh,
+                        Ops.patch({"workdir": t.job.workdir, "apply": to_apply, "revert": to_revert}),
+                        job=t.name,
+                        stdin=json.dumps(dict(plan.texts)),
+                        timeout=CALL_TIMEOUT * 2,
+                    )
+                )
+            except RemoteError as exc:
+                shown = patch_failed(exc.message)
+                raise await self.steps.launch_failed(run, rec, t.name, exc.message, shown=shown) from None
+        run.patches = sorted(answer.get("in_effect") or [])
+        await self.steps.records.store_patches(t.name, run.patches)
+        detail = step_patches(answer.get("applied") or [], answer.get("reverted") or [], run.patches)
         if answer.get("failed"):
-            why = patch_failed("; ".join(answer["failed"]))
-            await self.steps.fail(run, rec, f"{detail}; {why}")
-            raise LaunchFailed(name, why, line=verdict.launch_failed(why))
-        await self.steps.end(run, rec, Outcome.OK, detail)
+            raise await self.steps.launch_failed(
+                run, rec, t.name, patch_failed("; ".join(answer["failed"])), detail
+            )
+        await self.steps.end(run, rec, Outcome.OK if to_apply or to_revert else Outcome.SKIPPED, detail)
 
     async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """:func:`~pipeline.host.probe.read_log_chunk` on the job's host."""
@@ -219,18 +216,41 @@ class WorkdirSteps:
         )
         return sorted(n for n, on in (answer.get("applied") or {}).items() if on)
 
+    async def hang_evidence(self, t: Target, pids: Sequence[int]) -> HangAnswer:
+        """The helper's ``hang`` on the job's host (on Slurm the login node, not the allocation)."""
+        return await evidence.hang_evidence(self.ssh, t.name, t.job, t.current, pids)
+
+    async def _preflight_call(
+        self, run: RunRecord, rec: StepRecord, t: Target, program: str, plan: Plan
+    ) -> PreflightAnswer:
+        """The host helper's pre-flight checks on the job's host (workdir, ``program``, the patches
+        ``plan.wants``, log directory, free space and, for a start, that the run recorded in
+        ``t.current`` is gone).
+
+        :raises PreflightFailed: (check ``host`` or ``host_key``) if the host cannot be asked.
+        """
+        args: PreflightArgs = {
+            "workdir": t.job.workdir,
+            "program": program,
+            "log": t.job.log,
+            "min_free": self.min_free_bytes,
+            "patches": dict(plan.wants) if plan.texts else {},
+            "running": {**probe_args(t.name, t.job, t.current), "log": None} if plan.start else None,
+        }
+        stdin = json.dumps(dict(plan.texts)) if plan.texts else None
+        try:
+            return await call_helper(
+                self.ssh, Ops.preflight(args), job=t.name, stdin=stdin, timeout=CALL_TIMEOUT
+            )
+        except RemoteError as exc:
+            check = "host_key" if isinstance(exc, HostKeyRejected) else "host"
+            raise await self.steps.refuse(run, rec, t.name, check, exc.message) from None
+
 
 def step_patches(applied: Sequence[str], reverted: Sequence[str], in_effect: Sequence[str]) -> str:
     """What the patch step changed and what is in effect after it."""
-    parts = []
-    if applied:
-        parts.append("applied " + ", ".join(applied))
-    if reverted:
-        parts.append("reverted " + ", ".join(reverted))
-    if not parts:
-        parts.append("no change")
-    parts.append("in effect: " + (", ".join(in_effect) or "none"))
-    return "; ".join(parts)
+    done = [f"{verb} {', '.join(ps)}" for verb, ps in (("applied", applied), ("reverted", reverted)) if ps]
+    return "; ".join([*(done or ["no change"]), "in effect: " + (", ".join(in_effect) or "none")])
 
 
 def patch_failed(detail: str) -> str:
