@@ -56,8 +56,7 @@ def reference(
     if ordered and series.segments:
         last = ordered[-1]
         before = ordered[-2].at if len(ordered) > 1 else -math.inf
-        median = series.median(before, last.at)
-        if median is not None:
+        if (median := series.median(before, last.at)) is not None:
             return median, last.at, chart_reference_before(last.run, median)
     if last_digest is not None and math.isfinite(last_digest):
         return last_digest, None, chart_reference_last_digest(last_digest)

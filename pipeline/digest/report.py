@@ -16,18 +16,9 @@ from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import Config, JobConfig
+from pipeline.digest import window as windows
 from pipeline.digest.series import RestartMark, restart_label
 from pipeline.digest.stats import DigestSummary, compare, summarise
-from pipeline.digest.window import (
-    FIRST_WINDOW_BYTES,
-    MAX_WINDOW_BYTES,
-    LogReader,
-    LogWindow,
-    OffsetState,
-    WindowKind,
-    read_window,
-    remote_reader,
-)
 from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import TrainingProgress, progress_toward
@@ -114,7 +105,7 @@ class Digest:
     job: str
     scheduled: bool  #: built by the scheduler (moved the offset), else on demand
     summary: DigestSummary
-    window: LogWindow  #: without its bytes (``data`` is empty)
+    window: windows.LogWindow  #: without its bytes (``data`` is empty)
     path: str  #: the metric log on the host
     max_bytes: int  #: the read bound used
     change: dict[str, float] = field(default_factory=dict)  #: ±% against the last scheduled digest
@@ -134,9 +125,8 @@ class Digest:
 
 async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
     """The last scheduled digest's headline numbers (:meth:`DigestSummary.headline`), or None."""
-    raw = await memory.last(job)
     try:
-        data = json.loads(raw) if raw else None
+        data = json.loads(await memory.last(job) or "null")
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
@@ -204,9 +194,9 @@ async def build_digest(
     ssh: RemoteHosts,
     events: Events,
     scheduled: bool,
-    max_bytes: int = MAX_WINDOW_BYTES,
-    first_bytes: int = FIRST_WINDOW_BYTES,
-    reader: LogReader | None = None,
+    max_bytes: int = windows.MAX_WINDOW_BYTES,
+    first_bytes: int = windows.FIRST_WINDOW_BYTES,
+    reader: windows.LogReader | None = None,
     chart: bool = True,
 ) -> Digest:
     """Read the job's new metric lines (``reader``: default the job's host over SSH), aggregate
@@ -222,10 +212,10 @@ async def build_digest(
     name = config.job_name(job)
     spec = config.jobs[name]
     memory = redis.open_store(DigestMemory)
-    state = OffsetState.from_hash(await memory.offset(name))
-    read = reader if reader is not None else remote_reader(ssh, name, spec)
+    state = windows.OffsetState.from_hash(await memory.offset(name))
+    read = reader if reader is not None else windows.remote_reader(ssh, name, spec)
     max_bytes = min(max_bytes, first_bytes) if state is None else max_bytes
-    window = await read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
+    window = await windows.read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     lines = await asyncio.to_thread(parse_metric_lines, window.data, spec.metrics)
     summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
     seen = await load_seen_ranks(memory, name)
@@ -233,7 +223,7 @@ async def build_digest(
         await memory.add_ranks(name, seen_update(summary, seen))
     previous = await load_last(memory, name)
     # a repeated window is the last scheduled digest itself: no change to speak of
-    change = compare(previous, summary) if window.kind is not WindowKind.REPEAT else {}
+    change = compare(previous, summary) if window.kind is not windows.WindowKind.REPEAT else {}
     now = time.time()
     gpus, gpu_note = await _gpu_rows(ssh, spec)
     path: Path | None = None
@@ -241,7 +231,7 @@ async def build_digest(
     marks: tuple[RestartMark, ...] = ()
     if chart and summary.metric_lines:
         where = config.state.path / "charts" / f"{name.lower()}-{int(now * 1000)}.png"
-        repeat = window.kind is WindowKind.REPEAT  # the last scheduled window again: up to its end
+        repeat = window.kind is windows.WindowKind.REPEAT  # the last scheduled window again: up to its end
         until = (summary.window_end or now) if repeat else now
         marks = await restart_marks(runs, name, summary.window_start, until)
         last_rate = None if repeat else (previous or {}).get("pipeline_tokens_per_s")

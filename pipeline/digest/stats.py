@@ -139,9 +139,8 @@ def _last(values: Iterable[float | None]) -> float | None:
     return next((v for v in values if v is not None), None)
 
 
-def _flow(ranks: Iterable[Sequence[MetricLine]]) -> dict[str, Any]:
+def _flow(ranks: Sequence[Sequence[MetricLine]]) -> dict[str, Any]:
     """The step-time percentiles (seconds) and queue depths over every line of ``ranks``."""
-    ranks = list(ranks)
     steps, queue = _column(ranks, "step_time_s"), _column(ranks, "queue_depth")
     return {
         "step_p50": percentile(steps, 0.5),
@@ -216,7 +215,7 @@ def summarise(
             ranks=len([r for r in ranks if r.role == name]),
             lines=sum(r.lines for r in ranks if r.role == name),
             tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == name),
-            **_flow(g for g in ordered if g[0].role == name),
+            **_flow([g for g in ordered if g[0].role == name]),
         )
         for name in role_names
     )

@@ -109,8 +109,7 @@ def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
 
 def _complete_lines(data: bytes) -> list[bytes]:
     """The newline-terminated lines of ``data``; a partial last line (no newline yet) is left out."""
-    end = data.rfind(b"\n")
-    return data[: end + 1].splitlines() if end >= 0 else []
+    return data[: data.rfind(b"\n") + 1].splitlines()
 
 
 def _json_line(line: bytes, loads: Callable[[bytes], Any]) -> MetricLine | None:
@@ -128,8 +127,8 @@ def parse_jsonl(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> li
 
     :param loads: the JSON decoder tried first (a line it refuses is read by ``json.loads``).
     """
-    lines = (ln for ln in _complete_lines(data) if ln.lstrip()[:1] == b"{")  # no other line is an object
-    records = (_json_line(line, loads) for line in lines)
+    # a line whose first non-blank byte is not "{" holds no object
+    records = (_json_line(ln, loads) for ln in _complete_lines(data) if ln.lstrip()[:1] == b"{")
     return [rec for rec in records if rec is not None]
 
 
@@ -152,10 +151,7 @@ def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> lis
 def parse_metric_lines(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> list[MetricLine]:
     """Metric lines from log bytes (a partial last line is not read) in the job's configured
     format (``"jsonl"`` or a :class:`~pipeline.config.MetricsPattern`), in file order."""
-    if mapping == "jsonl":
-        return parse_jsonl(data)
-    assert isinstance(mapping, MetricsPattern)
-    return parse_pattern(data, mapping)
+    return parse_pattern(data, mapping) if isinstance(mapping, MetricsPattern) else parse_jsonl(data)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -166,5 +162,4 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     xs = sorted(values)
     pos = (len(xs) - 1) * q
     lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
