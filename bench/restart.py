@@ -72,6 +72,7 @@ from devhost.sshhost import start_local_ssh_host  # noqa: E402
 from handlers.context import Context  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
 from handlers.request.dispatch import Dispatcher, Request  # noqa: E402
+from handlers.views.follow import follow_run  # noqa: E402
 from pipeline.config import AuthSettings, Config, JobConfig, RedisSettings, SlackSettings, StateSettings  # noqa: E402
 from pipeline.engines.runner import Runner as Restarter  # noqa: E402
 from pipeline.host.remote import SSHPool  # noqa: E402
@@ -313,8 +314,10 @@ class Typed:
         run = await launched(ctx, "bench", after, timeout)
         launch = run.step(Step.LAUNCH)
         took = (launch.ended_at or started) - started if launch is not None else math.nan
-        done = await ctx.service.deliver(run.id)
-        return took, done if done is not None else await ctx.runs.get(run.id)
+        done = run
+        async for done in follow_run(ctx, run.id):  # noqa: B007  (its verdict delivered here when due, as say --wait does)
+            pass
+        return took, done
 
     async def settled(self) -> tuple[int, int, bool]:
         """Once the served app's sequences ended: of the newest run message in Slack, its

@@ -200,7 +200,11 @@ async def test_break_glass_is_announced(served: Served) -> None:
         f'restart {served.setup.name} with topk patch --break-glass "NCCL hang"', ADMIN
     )
     assert answer["text"].startswith("queued run")
-    (said,) = await served.fake.wait_for("chat.postMessage", where=lambda c: "break glass" in str(c.args))
+    # the announcement (the run's own message mentions the break glass too)
+    announced = await served.fake.wait_for(
+        "chat.postMessage", where=lambda c: str(c.args.get("text", "")).startswith("break glass:")
+    )
+    (said,) = announced
     assert said.args["channel"] == ANNOUNCE and "NCCL hang" in str(said.args)
     refused = await served.command(f'restart {served.setup.name} --break-glass "me too"', OPERATOR)
     assert refused["response_type"] == "ephemeral" and "admin" in refused["text"]
