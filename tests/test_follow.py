@@ -113,3 +113,16 @@ async def test_follow_of_an_unknown_run_is_a_usage_error(plain_world: World) -> 
     assert code == 2 and "did you mean 'follow'?" in lines[0], lines
     lines, code = await finish(await say(plain_world, "follow dflash"))
     assert code == 2 and "is not a run id" in lines[0] and "`follow r-7`" in lines[0], lines
+
+
+def test_a_cancelled_run_ends_a_follow_with_exit_code_5() -> None:
+    """A CANCELLED verdict answers with the cancel exit code (5), as the restart that was cancelled did, not 1."""
+    from handlers.runs.view import verdict_reply
+    from pipeline.errors import ExitCode
+    from pipeline.state.runs import RunRecord
+    from pipeline.verdict import Verdict
+
+    run = RunRecord(id="r-7", job="slow", requested_by="U0ADMIN", created_at=0.0, verdict=Verdict.CANCELLED)
+    assert verdict_reply(run).exit_code is ExitCode.CANCELLED
+    failed = run.model_copy(update={"verdict": Verdict.EXITED})
+    assert verdict_reply(failed).exit_code is ExitCode.FAILED

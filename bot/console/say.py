@@ -143,9 +143,8 @@ async def say_main(
         if not as_json:
             for post in posts:
                 print(render_text(post), file=out, flush=True)
-        code = ExitCode.OK  # the sequence ended; a verdict already recorded is a failure or a cancel
-        if run.verdict is not None:
-            code = ExitCode.CANCELLED if run.verdict.value == "CANCELLED" else ExitCode.FAILED
+        # the sequence ended; a verdict already recorded is a failure or a cancel
+        code = ExitCode.OK if run.verdict is None else verdict_reply(run).exit_code
         verdict: Reply | None = None
         if wait and code is ExitCode.OK and run.verdict is None and run.launched:
             code, verdict = await _follow(ctx, run.id, None, None if as_json else out, err)

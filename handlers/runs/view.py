@@ -87,10 +87,12 @@ def run_reply(run: RunRecord, config: Config, *, notes: Sequence[str] = ()) -> R
 
 def verdict_reply(run: RunRecord) -> Reply:
     """The thread post carrying a run's verdict: the verdict line as title, the evidence (log tail)
-    as the log; ok and exit code 0 for RUNNING, a warning for PENDING, else an error with a "Show
-    log" button (``show_log``, value: the job).  A run without a verdict reads as an error."""
+    as the log; ok and exit code 0 for RUNNING, a warning for PENDING (exit code 6), else an error
+    with a "Show log" button (``show_log``, value: the job), exit code 5 for CANCELLED and 1 for
+    the others.  A run without a verdict reads as an error."""
     ok = run.verdict is not None and run.verdict.ok
     pending = run.verdict is Verdict.PENDING
+    code = ExitCode.OK if ok else ExitCode.PENDING if pending else ExitCode.FAILED
     return Reply(
         title=verdict_line(run) or f"{run.id}: {run.job} no verdict",
         status=Status.OK if ok else Status.WARNING if pending else Status.ERROR,
@@ -99,7 +101,7 @@ def verdict_reply(run: RunRecord) -> Reply:
         thread_key=thread_key(run.id),
         run_id=run.id,
         buttons=() if ok or pending else (Button(SHOW_LOG_BUTTON, "show_log", run.job),),
-        exit_code=ExitCode.OK if ok else ExitCode.PENDING if pending else ExitCode.FAILED,
+        exit_code=ExitCode.CANCELLED if run.verdict is Verdict.CANCELLED else code,
     )
 
 
