@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP_TRAIN := $(VENV)/.installed-train
 STAMP_DEV   := $(VENV)/.installed-dev
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 
 .PHONY: demo test lint typecheck pytest bench bench-smoke gpu-check clean
 
@@ -33,7 +33,8 @@ lint: $(STAMP_DEV)
 typecheck: $(STAMP_DEV)
 	$(BIN)/mypy
 
-# two workers (pytest-xdist); the Slurm tests share one worker, so one cluster (tests/fixtures/slurm.py)
+# three workers (pytest-xdist): many tests wait on windows, not on the CPU; the Slurm tests share one
+# worker, so one cluster (tests/fixtures/slurm.py)
 pytest: $(STAMP_DEV)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
