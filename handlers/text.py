@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from pipeline import fmt
-from pipeline.config import AutoRestart
 from pipeline.config.approval import APPROVER_ROLES
-from pipeline.observe.attempts import TrainingProgress
-from pipeline.state.approvals import ApprovalRequest
-from pipeline.state.incidents import Incident, IncidentKind
+from pipeline.state.incidents import IncidentKind
+
+if TYPE_CHECKING:  # types only: ``pitstop parse`` (the grammar reads these words) stays quick
+    from pipeline.config import AutoRestart
+    from pipeline.observe.attempts import TrainingProgress
+    from pipeline.state.approvals import ApprovalRequest
+    from pipeline.state.incidents import Incident
 
 #: an alert whose log tail could not be read
 ALERT_NO_LOG = "the log could not be read"
