@@ -151,19 +151,3 @@ def render_text(reply: Reply) -> str:
     for follow in reply.follow_ups:
         out += ["", render_text(follow)]
     return "\n".join(out)
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def mention(target: str) -> str:
-    """A person (``U…``/``W…`` → ``<@U…>``), a user group (``S…`` → ``<!subteam^S…>``) or a broadcast
-    (``here`` → ``<!here>`` …) in Slack's markup, which every surface reads; anything else as it is."""
-    t = target.strip().lstrip("@")
-    if t in ("here", "channel", "everyone"):
-        return f"<!{t}>"
-    if t.startswith("S"):
-        return f"<!subteam^{t}>"
-    if t.startswith(("U", "W")):
-        return f"<@{t}>"
-    return t

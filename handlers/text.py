@@ -1,12 +1,26 @@
-"""The constant words of the replies ``handlers/`` builds: labels, titles and notes without arguments.
+"""The words a person reads from ``handlers/``, in one catalogue (as Bolt's ``logger/messages.py``):
+constants for fixed words, small functions where words take values.
 
-Words computed from values (a job, a count, a duration) stay functions beside the reply that
-shows them; only fixed strings live here, so a surface or a test can name them.
+A leaf of ``handlers``: it imports no module of ``handlers`` (every one of them may import it), only
+:mod:`pipeline.fmt` and the pipeline types its words are built from.  Replies, tables and the
+choices between words that need real logic stay in the module of the verb that answers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from pipeline import fmt
+from pipeline.config.approval import APPROVER_ROLES
+from pipeline.state.incidents import IncidentKind
+
+if TYPE_CHECKING:  # types only: ``pitstop parse`` (the grammar reads these words) stays quick
+    from pipeline.config import AutoRestart
+    from pipeline.observe.attempts import TrainingProgress
+    from pipeline.state.approvals import ApprovalRequest
+    from pipeline.state.incidents import Incident
 
 #: an alert whose log tail could not be read
 ALERT_NO_LOG = "the log could not be read"
@@ -27,6 +41,23 @@ ALERT_FIELD_LABELS = MappingProxyType(
         "auto": "automatic restarts",
     }
 )
+#: a new alert's headline by incident kind (fields: job, host, procs, expected, idle; else kind)
+ALERT_TITLES = {
+    IncidentKind.DEAD: "{job} is down: no processes left on {host} (expected {expected})",
+    IncidentKind.DEGRADED: "{job} is degraded: {procs} processes on {host}",
+    IncidentKind.STALLED: "{job} has stalled: alive ({procs}) but no new log output{idle}",
+    IncidentKind.STUCK_RANK: "{job} has a stuck rank on {host}: one rank stopped advancing while the others wait",
+    IncidentKind.UNREACHABLE: "host {host} unreachable - cannot check {job}",
+    IncidentKind.CRASH_LOOP: "{job} is crash-looping on {host} - automatic restarts given up",
+    IncidentKind.IDLE_GPUS: "{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working",
+}
+#: how a resolved incident's headline says what the job was, by incident kind (else "was KIND")
+ALERT_WAS = {
+    "dead": "was down",
+    "stuck_rank": "had a stuck rank",
+    "crash_loop": "was crash-looping",
+    "idle_gpus": "had idle GPUs",
+}
 #: the label of a failed run's show-log button
 SHOW_LOG_BUTTON = "Show log"
 #: the caption of the Python stacks under hang evidence
@@ -34,6 +65,7 @@ HANG_STACKS_TITLE = "Python stacks (py-spy dump)"
 #: the labels of an approval request's buttons (the two-person rule)
 APPROVE_BUTTON = "Approve"
 DENY_BUTTON = "Deny"
+HASH_SHOWN = 12  #: hex digits of a SHA-256 shown in text (the whole hash is in the record)
 #: ``history --attempts`` without a job
 ATTEMPTS_NEED_JOB = "history --attempts needs a job: `history dflash --attempts`"
 #: the labels of a confirmation's buttons
@@ -66,3 +98,394 @@ STATUS_HEADERS = ("job", "state", "pid", "procs", "uptime", "last restart", "loc
 HISTORY_HEADERS = ("run", "when", "who", "action", "patches", "verdict", "took")
 HISTORY_APPROVAL_HEADERS = ("when", "run", "who", "outcome", "what")
 HISTORY_REFUSAL_HEADERS = ("when", "who", "request", "outcome", "why")
+#: a grouped post's headline once the last of its jobs resolved on its own
+STORY_ALL_RESOLVED = "resolved: every job of this alert has recovered (each job's line says when)"
+
+
+# --- people, as every surface reads them
+
+
+def mention(target: str) -> str:
+    """A person (``U…``/``W…`` → ``<@U…>``), a user group (``S…`` → ``<!subteam^S…>``) or a broadcast
+    (``here`` → ``<!here>`` …) in Slack's markup, which every surface reads; anything else as it is."""
+    t = target.strip().lstrip("@")
+    if t in ("here", "channel", "everyone"):
+        return f"<!{t}>"
+    if t.startswith("S"):
+        return f"<!subteam^{t}>"
+    if t.startswith(("U", "W")):
+        return f"<@{t}>"
+    return t
+
+
+# --- a request's way: the dispatcher, confirmations, roles, the verb table
+
+
+def duplicate_delivery() -> str:
+    """A repeated delivery of a request that was already acted on."""
+    return "already handled (a repeated delivery of the same request) - nothing was done again"
+
+
+def unknown_action(action: str) -> str:
+    """A button whose action Pitstop does not know."""
+    return f"unknown action {action!r} - nothing was done"
+
+
+def confirm_ask(text: str, job: str, seconds: float) -> str:
+    """A job configured with ``confirm = true`` asks before acting."""
+    return f"`{text}` - {job} asks for confirmation: confirm within {seconds:g} s or it is cancelled"
+
+
+def confirm_expired(text: str, seconds: float) -> str:
+    """No confirmation came in time."""
+    return f"not confirmed within {seconds:g} s - `{text}` was cancelled, nothing was done"
+
+
+def confirm_not_yours(owner: str) -> str:
+    """Someone else clicked another person's confirmation."""
+    return f"only {fmt.who(owner)}, who asked, can answer this confirmation"
+
+
+def confirm_cancelled(text: str, user: str) -> str:
+    """The requester declined their own confirmation."""
+    return f"`{text}` cancelled by {fmt.who(user)} - nothing was done"
+
+
+def denied(user: str, verb: str, job: str | None, role: str) -> str:
+    """A request refused for lack of a role."""
+    target = f" {job}" if job else ""
+    return (
+        f"{fmt.who(user)} may not `{verb}{target}` - it needs the {role} role "
+        "(roles come from [auth] in the config, or [jobs.NAME.auth] for one job)"
+    )
+
+
+def queued(run_id: str, job: str) -> str:
+    """The quick answer to restart/start/stop: the run is under way."""
+    return f"queued run {run_id} for {job}"
+
+
+def queued_detail(action: str, channel: str | None) -> str:
+    """Where the run's steps will appear."""
+    where = f" in <#{channel}>" if channel else ""
+    return f"the {action} runs step by step{where}; the verified result follows in its thread"
+
+
+def cancel_requested(run_id: str, job: str) -> str:
+    """``cancel JOB``: the run stops at its next step boundary."""
+    return f"cancel requested for run {run_id} of {job} - it stops at the next step boundary"
+
+
+def cancel_nothing(job: str) -> str:
+    """``cancel JOB`` with nothing in flight."""
+    return f"no restart of {job} in flight - nothing to cancel"
+
+
+# --- grammar
+
+
+def patch_phrase(patches: Sequence[str]) -> str:
+    """``topk patch`` / ``topk and fast patches`` / ``a, b and c patches``."""
+    names = list(patches)
+    if len(names) == 1:
+        return f"{names[0]} patch"
+    return f"{', '.join(names[:-1])} and {names[-1]} patches"
+
+
+def parse_too_long(limit: int) -> str:
+    """A request longer than any command."""
+    return f"that is too long for a command (at most {limit} characters) - type `help`"
+
+
+# --- the two-person rule
+
+
+def hashes_text(request: ApprovalRequest) -> str:
+    """``topk sha256 1a2b3c4d5e6f`` for each patch, for the audit trail and ``history``."""
+    return ", ".join(f"{p.name} sha256 {p.sha256[:HASH_SHOWN]}" for p in request.patches) or "no patch"
+
+
+def approver_names(approvers: Sequence[str]) -> str:
+    """``admins, <@U012AB>, <!subteam^S0ONCALL>``: who may approve, as the message shows them."""
+    return ", ".join(f"{a}s" if a in APPROVER_ROLES else mention(a) for a in approvers)
+
+
+def approval_waiting_title(request_id: str, text: str, requester: str) -> str:
+    """The run's message while its request waits."""
+    return f"{request_id}: `{text}` by {fmt.who(requester)} is waiting for approval"
+
+
+def approval_asked(request_id: str, text: str) -> str:
+    """The requester's answer."""
+    return f"{request_id}: `{text}` waits for a second person's approval - nothing was done yet"
+
+
+def approval_patch(name: str, sha256: str, size: int) -> str:
+    """One patch under review: its name, hash and size (the whole diff is attached)."""
+    return f"patch {name}: sha256 {sha256[:HASH_SHOWN]}… ({fmt.size(size)}; whole diff attached)"
+
+
+def approval_who(approvers: Sequence[str]) -> str:
+    """Who may click Approve/Deny."""
+    return f"may approve: {approver_names(approvers)} (not the requester)"
+
+
+def approval_expires(when: str) -> str:
+    """When the request closes by itself."""
+    return f"closes unapproved at {when}"
+
+
+def approval_approved(request_id: str, by: str) -> str:
+    """The request was approved; the run follows in this message."""
+    return f"{request_id}: approved by {fmt.who(by)} - running"
+
+
+def approval_denied(request_id: str, by: str, reason: str) -> str:
+    """The request was denied."""
+    why = f": {reason}" if reason else ""
+    return f"{request_id}: denied by {fmt.who(by)}{why} - nothing was done"
+
+
+def approval_expired(request_id: str, seconds: float) -> str:
+    """Nobody decided in time."""
+    return f"{request_id}: expired after {fmt.duration(seconds)} without a decision - nothing was done"
+
+
+def approval_self(request_id: str) -> str:
+    """The requester clicked Approve on their own request."""
+    return f"you asked for {request_id}, so you cannot approve it - a second person must"
+
+
+def approval_not_approver(user: str, request_id: str, approvers: Sequence[str]) -> str:
+    """Someone without the right clicked Approve or Deny."""
+    return f"{fmt.who(user)} may not decide {request_id} - approvers: {approver_names(approvers)}"
+
+
+def approval_already(request_id: str, state: str, by: str) -> str:
+    """A decision came after another one (the first decision wins)."""
+    whom = f" by {fmt.who(by)}" if by else ""
+    return f"{request_id} was already {state}{whom} - nothing was done"
+
+
+def approval_not_request(request_id: str) -> str:
+    """``approve r-N`` for a run that was never a request."""
+    return f"{request_id} is not a request waiting for approval (see `pending`)"
+
+
+def approval_unreadable(name: str, path: str, error: str) -> str:
+    """A patch under review cannot be read: nothing can be shown, so nothing is asked."""
+    return f"cannot read patch {name} ({path}): {error} - nothing was asked or done"
+
+
+def approval_denied_ack(request_id: str) -> str:
+    """The denier's answer."""
+    return f"{request_id} denied - the requester sees it in the run's message"
+
+
+def approval_record(request: ApprovalRequest) -> str:
+    """The audit detail of a decision: requester, decision, hashes (``history`` shows it)."""
+    base = f"{request.id} {request.state.value}: `{request.text}` asked by {request.requester}"
+    by = f", {request.state.value} by {request.decided_by}" if request.decided_by else ""
+    why = f" ({request.reason})" if request.reason else ""
+    return f"{base}{by}{why}; {hashes_text(request)}"
+
+
+def break_glass_announce(user: str, text: str, reason: str) -> str:
+    """An admin acted without approval: said in the channel."""
+    return f"break glass: {fmt.who(user)} ran `{text}` without approval - reason: {reason}"
+
+
+def break_glass_note(reason: str) -> str:
+    """After the queued run's headline (and so in its audit record): it runs without approval."""
+    return f" - break glass, without approval: {reason}"
+
+
+def pending_title(n: int) -> str:
+    """``pending``'s headline."""
+    return f"{n} request{'s' if n != 1 else ''} waiting for approval"
+
+
+def pending_none(job: str | None) -> str:
+    """``pending`` with nothing waiting."""
+    return f"nothing waiting for approval{f' for {job}' if job else ''}"
+
+
+def pending_line(request_id: str, text: str, requester: str, hashes: str, left: str) -> str:
+    """One waiting request."""
+    return f"{request_id}: `{text}` by {fmt.who(requester)} · {hashes} · closes in {left}"
+
+
+# --- alerts
+
+
+def alert_detected_cause(cause: str) -> str:
+    """The cause found in the log."""
+    return f"detected cause: {cause}"
+
+
+def alert_exit_cause(code: int | None, signal: str | None) -> str:
+    """How the job's launched process ended, from its waiter's record."""
+    if signal:
+        hint = " (the kernel's OOM killer, or someone's kill -9)" if signal == "SIGKILL" else ""
+        return f"killed by {signal}{hint}"
+    if code is None:
+        return "ended (status unknown)"
+    return f"exited with code {code}"
+
+
+def incident_resolved(i: Incident, open_for: float) -> str:
+    """The thread reply when an incident resolves, ``open_for`` seconds after it opened."""
+    after = f"resolved after {fmt.duration(open_for)}"
+    resolution = i.resolution or "running"
+    if resolution == "stopped":
+        return f"{after}: {i.job} was stopped on purpose"
+    if resolution == "reachable":
+        return f"{after}: the host of {i.job} is reachable again"
+    if i.kind is IncidentKind.IDLE_GPUS:
+        return f"{after}: the GPUs of {i.job} are working again"
+    return f"{after}: {i.job} is running again ({i.count}/{i.expected} processes)"
+
+
+def incident_reminder(job: str, kind: str, open_for: float) -> str:
+    """The thread re-post of an incident still open and not acknowledged."""
+    return (
+        f"still {kind.replace('_', ' ')}: {job}, for {fmt.duration(open_for)} - `ack {job}` to stop reminders"
+    )
+
+
+def crash_loop_gave_up(incident: Incident, policy: AutoRestart | None) -> str:
+    """The single give-up alert of a crash loop (``policy``: the job's ``auto_restart``)."""
+    within = fmt.duration(policy.within if policy else 0.0)
+    return (
+        f"{incident.job} crashed again after {incident.auto_restarts} automatic restarts within {within} - "
+        "crash loop, giving up; restart it by hand once the cause is fixed"
+    )
+
+
+# --- read-only verbs: status, lock, unlock, logs, history, help
+
+
+def help_title() -> str:
+    """The heading of ``help``."""
+    return "Pitstop commands"
+
+
+def lock_free(job: str) -> str:
+    """``lock JOB`` when nothing holds it."""
+    return f"no restart of {job} in flight - the lock is free"
+
+
+def lock_held(scope: str, action: str, job: str, user: str, seconds: float, step: str, run_id: str) -> str:
+    """``lock JOB`` when something holds it."""
+    run = f" (run {run_id})" if run_id else ""
+    return (
+        f"{scope} is locked: {action} of {job}{run} started by {fmt.who(user)} {int(seconds)} s ago, "
+        f"now at: {step}"
+    )
+
+
+def unlocked(scope: str, user: str, holder: str | None) -> str:
+    """``unlock JOB`` forced the lock free."""
+    was = f" (was held by {fmt.who(holder)})" if holder else ""
+    return f"lock on {scope} released by {fmt.who(user)}{was}"
+
+
+def unlock_not_held(scope: str) -> str:
+    """``unlock JOB`` when nothing held the lock."""
+    return f"{scope} was not locked - nothing to release"
+
+
+def logs_title(lines: int, path: str, job: str) -> str:
+    """What a ``logs`` excerpt is."""
+    return f"last {lines} lines of {path} ({job})"
+
+
+def history_title(job: str | None, count: int) -> str:
+    """The heading of ``history``."""
+    of = f" of {job}" if job else ""
+    return f"history{of}: last {count} run{'s' if count != 1 else ''}"
+
+
+def lock_forced_note(user: str) -> str:
+    """Posted in a run's thread when ``unlock`` freed its lock."""
+    return f"the lock of this run was forced free by {fmt.who(user)}"
+
+
+# --- reports: digests and GPUs
+
+
+def digest_progress(p: TrainingProgress) -> str:
+    """``drafter step 12,000 of 100,000 (12.0 %), ETA 3 h 5 min at 7.93 steps/s`` (the current rate)."""
+    role = f"{p.role} " if p.role else ""
+    done = f"{role}step {p.step:,} of {p.total:,} ({p.fraction * 100:.1f} %)"
+    if p.step >= p.total:
+        return f"{done}, done"
+    if p.eta_s is None:
+        return f"{done}, ETA unknown (no rate in this window)"
+    return f"{done}, ETA {fmt.duration(p.eta_s)} at {p.steps_per_s:.2f} steps/s"
+
+
+def digest_targets(tokens_per_s: float | None, ranks: int) -> str:
+    """The target ranks' own throughput, shown apart: the drafters consume what the targets produce."""
+    return (
+        f"{fmt.number(tokens_per_s)} tokens/s over {ranks} rank(s), not added to the pipeline's throughput"
+        " (the drafters consume what the targets produce)"
+    )
+
+
+def digest_silent_cell(last_seen: float | None) -> str:
+    """A silent rank's cell in the digest's rank table: ``silent since 02:06:13 UTC``."""
+    if last_seen is None:
+        return "silent (no metric line seen yet)"
+    return f"silent since {fmt.clock(last_seen, date=False)}"
+
+
+def digest_window_note(kind: str, path: str, max_bytes: int) -> str | None:
+    """Why a window is not simply 'since the last digest' (``None`` when it is)."""
+    notes = {
+        "last_bytes": f"first digest of {path}: read its last {fmt.size(max_bytes)} at most",
+        "repeat": "nothing new since the last scheduled digest - showing its window again",
+        "truncated": f"{path} was truncated since the last digest - read from its start",
+        "rotated": f"{path} was replaced (rotated) since the last digest - read the new file from its start",
+    }
+    return notes.get(kind)
+
+
+def digest_starved(queue_mean: float) -> str:
+    """The drafters' hidden-state queue is ~empty: the targets cannot keep up."""
+    return (
+        f"drafters are starved: mean hidden-state queue depth {queue_mean:.2f} - "
+        "the target GPUs cannot keep up"
+    )
+
+
+def digest_resets(count: int) -> str:
+    """Token counters went down inside the window (a relaunch)."""
+    return f"{count} token counter reset(s) in the window (a relaunch); counted from zero after each"
+
+
+def digest_all_title(jobs: int) -> str:
+    """Heading of ``digest`` without a job: one follow-up per job."""
+    return f"digest of {jobs} job(s)"
+
+
+def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
+    """``digest NAME`` for a job that is not configured."""
+    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
+    return f"no job named {job}{hint}"
+
+
+def gpus_unavailable(host: str, detail: str) -> str:
+    """``gpus HOST`` when the host gave no GPU data."""
+    return f"no GPU data from {host}: {detail}"
+
+
+def gpus_title(host: str, count: int) -> str:
+    """Heading of ``gpus HOST``."""
+    return f"GPUs on {host}: {count}"
+
+
+def gpus_unknown_host(host: str, suggestions: Sequence[str]) -> str:
+    """``gpus NAME`` for a host that is not configured."""
+    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
+    return f"no host named {host}{hint}"

@@ -14,11 +14,17 @@ from typing import Any
 
 import pytest
 
-from handlers.approval import policy
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.request.verbs import queued
+from handlers.text import (
+    approval_denied,
+    approval_not_request,
+    approval_self,
+    pending_none,
+    pending_title,
+    queued,
+)
 from pipeline.config import Config, parse_config
 from pipeline.engines.runner import Runner
 from pipeline.engines.workdir import diffstat
@@ -208,11 +214,7 @@ async def test_requester_never_approves_their_own(dispatcher: Dispatcher, ctx: C
     typed = await dispatcher.handle(_req(f"approve {rid}", ADMIN))
     clicked = await dispatcher.handle_action("approve", rid, ADMIN, "act:self")
     for reply in (typed, clicked):
-        assert (
-            reply.title == policy.approval_self(rid)
-            and reply.exit_code is ExitCode.DENIED
-            and reply.ephemeral
-        )
+        assert reply.title == approval_self(rid) and reply.exit_code is ExitCode.DENIED and reply.ephemeral
     assert (await dispatcher.two_person.approvals.get(rid)).state is ApprovalState.PENDING
     assert await _restarter(ctx).calls() == []
     assert (await dispatcher.handle(_req(f"approve {rid}", SECOND))).title == queued(rid, "dflash")
@@ -258,7 +260,7 @@ async def test_deny_with_a_reason_ends_it(dispatcher: Dispatcher, ctx: Context) 
     request = await dispatcher.two_person.approvals.get(rid)
     assert request.state is ApprovalState.DENIED and request.reason == "not during the eval run"
     last = _outbox(ctx).of("announce")[-1].reply
-    assert last.title == policy.approval_denied(rid, SECOND, "not during the eval run") and last.buttons == ()
+    assert last.title == approval_denied(rid, SECOND, "not during the eval run") and last.buttons == ()
     rejected = await dispatcher.audit.recent(outcomes={AuditOutcome.REJECTED}, count=5)
     assert rejected[0].user == SECOND and "not during the eval run" in rejected[0].detail
     late = await dispatcher.handle(_req(f"approve {rid}", ADMIN))
@@ -317,9 +319,9 @@ async def test_pending_lists_waiting_requests(dispatcher: Dispatcher) -> None:
     rid = await _ask(dispatcher)
     sha = hashlib.sha256(TOPK.read_bytes()).hexdigest()
     reply = await dispatcher.handle(_req("pending", VIEWER))
-    assert reply.title == policy.pending_title(1)
+    assert reply.title == pending_title(1)
     assert rid in reply.lines[0] and f"topk {sha[:12]}" in reply.lines[0]
-    assert (await dispatcher.handle(_req("pending eagle", VIEWER))).title == policy.pending_none("eagle")
+    assert (await dispatcher.handle(_req("pending eagle", VIEWER))).title == pending_none("eagle")
 
 
 async def test_patch_edited_after_approval_stops_at_preflight(
@@ -427,7 +429,7 @@ async def test_unlock_waits_for_a_second_admin(tmp_path: Path, redis_handle: Red
         accepted = await dispatcher.audit.recent(outcomes={AuditOutcome.ACCEPTED}, count=5)
         assert accepted[0].user == ADMIN and accepted[0].verb == "unlock"
         unknown = await dispatcher.handle(_req("approve r-999", SECOND))
-        assert unknown.exit_code is ExitCode.USAGE and unknown.title == policy.approval_not_request("r-999")
+        assert unknown.exit_code is ExitCode.USAGE and unknown.title == approval_not_request("r-999")
     finally:
         await dispatcher.drain(30)
 

@@ -10,8 +10,9 @@ import pytest
 from handlers.context import Context
 from handlers.grammar.commands import parse
 from handlers.grammar.parse import Role
-from handlers.request.auth import SYSTEM_USER, Denied, authorise, denied, role_of
+from handlers.request.auth import SYSTEM_USER, Denied, authorise, role_of
 from handlers.request.dispatch import Dispatcher, Request
+from handlers.text import denied
 from pipeline.config import parse_config
 from pipeline.state.audit import AuditOutcome
 from pipeline.state.redisconn import RedisHandle

@@ -25,7 +25,7 @@ from handlers.context import Context
 from handlers.reply import Button, Reply, Status, StepLine, Table
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import run_reply
-from handlers.views.read import help_title
+from handlers.text import help_title
 from pipeline.config import Config
 from tests.fixtures.slack import kill_matching, slack_config
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup

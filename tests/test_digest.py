@@ -19,19 +19,17 @@ from devhost.sshhost import LocalSSHHost, start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status, render_text
-from handlers.views.reports import (
+from handlers.text import (
     digest_all_title,
-    digest_command,
-    digest_reply,
     digest_resets,
     digest_starved,
     digest_targets,
     digest_unknown_job,
     digest_window_note,
-    gpus_command,
     gpus_title,
     gpus_unknown_host,
 )
+from handlers.views.reports import digest_command, digest_reply, gpus_command
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
 from pipeline.digest.chart import draw_chart
 from pipeline.digest.report import Digest, build_digest

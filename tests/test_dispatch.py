@@ -16,12 +16,25 @@ import pytest
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
-from handlers.request.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
-from handlers.request.dispatch import Dispatcher, Request, duplicate_delivery, unknown_action
-from handlers.request.verbs import cancel_nothing, cancel_requested, queued
+from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.posts import launch_summary, stop_summary
-from handlers.text import CONFIRM_GONE, HISTORY_HEADERS, RUN_AWAITING_VERDICT
-from handlers.views.read import history_title, lock_free, logs_title
+from handlers.text import (
+    CONFIRM_GONE,
+    HISTORY_HEADERS,
+    RUN_AWAITING_VERDICT,
+    cancel_nothing,
+    cancel_requested,
+    confirm_ask,
+    confirm_cancelled,
+    confirm_expired,
+    confirm_not_yours,
+    duplicate_delivery,
+    history_title,
+    lock_free,
+    logs_title,
+    queued,
+    unknown_action,
+)
 from pipeline.config import Config
 from pipeline.engines.runner import Runner
 from pipeline.errors import HostUnreachable, internal_error

@@ -17,9 +17,8 @@ import time_machine
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.request.verbs import queued
 from handlers.runs.posts import run_lock_lost
-from handlers.views.read import lock_forced_note, lock_free, unlock_not_held, unlocked
+from handlers.text import lock_forced_note, lock_free, queued, unlock_not_held, unlocked
 from pipeline.state import keys
 from pipeline.state.audit import AuditOutcome
 from pipeline.state.locks import InFlight, JobLock, Locks

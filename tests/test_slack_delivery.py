@@ -21,7 +21,7 @@ from bot.slack.outbox import SlackOutbox
 from bot.slack.send import Delivery
 from bot.text import slack_continued, slack_home_no_role, slack_part
 from handlers.reply import Reply, Status, Table
-from handlers.request.confirm import confirm_expired
+from handlers.text import confirm_expired
 from handlers.watch.alerts import alert_reply
 from pipeline.config import AuthSettings, Config, SlackSettings
 from pipeline.errors import ExitCode

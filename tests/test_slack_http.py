@@ -23,7 +23,7 @@ from bot.slack.outbox import SlackOutbox
 from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.reply import Reply, Status, StepLine
-from handlers.views.read import help_title
+from handlers.text import help_title
 from pipeline.config import Config
 from pipeline.errors import UnknownRun
 from pipeline.state import keys

@@ -17,7 +17,7 @@ from bot.runtime.metrics import CONTENT_TYPE
 from bot.runtime.serve import SlackRuntime, connect_socket, open_runtime, serve
 from bot.slack import blocks
 from bot.slack.socket_mode import wait_after
-from handlers.views.read import help_title
+from handlers.text import help_title
 from pipeline.config import Config
 from pipeline.errors import ExitCode, SlackUnavailable, UsageError
 from pipeline.state import keys

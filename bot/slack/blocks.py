@@ -13,7 +13,8 @@ from typing import Any
 
 from bot import text as words
 from bot.text import SLACK_HOME_TITLE, SLACK_UNTITLED
-from handlers.reply import Button, Reply, Status, Table, format_table, mention
+from handlers.reply import Button, Reply, Status, Table, format_table
+from handlers.text import mention
 
 MAX_BLOCKS = 50  #: blocks per message (chat.postMessage, chat.update, response_url)
 MAX_HOME_BLOCKS = 100  #: blocks per App Home view

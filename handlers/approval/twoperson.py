@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from handlers import text as words
 from handlers.approval import policy
 from handlers.context import Context
 from handlers.grammar.commands import Command
@@ -92,7 +93,7 @@ class TwoPersonRule:
         files = await policy.attachments(self.ctx.config, request)
         await self._show(request, policy.request_reply(self.ctx.config, request, files))
         await self.audit(
-            req, AuditOutcome.AWAITING, command, detail=policy.approval_record(request), run_id=request.id
+            req, AuditOutcome.AWAITING, command, detail=words.approval_record(request), run_id=request.id
         )
         self.spawn(self._expire_at(request), f"pitstop-approval:{request.id}")
         return policy.waiting_reply(self.ctx.config, request)
@@ -111,20 +112,20 @@ class TwoPersonRule:
         assert command is not None and command.run_ref is not None
         request = await self.approvals.find(command.run_ref)
         if request is None:
-            text = policy.approval_not_request(command.run_ref)
+            text = words.approval_not_request(command.run_ref)
             await self.audit(req, AuditOutcome.INVALID, command, detail=text)
             return refused(text)
         approving, asked = command.verb == "approve", _asked(request)
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
         refusal = None
         if request.state is ApprovalState.PENDING and approving and user == request.requester:
-            refusal = policy.approval_self(request.id)
+            refusal = words.approval_self(request.id)
         elif (
             request.state is ApprovalState.PENDING
             and (approving or user != request.requester)  # the requester may withdraw their own
             and not policy.may_approve(self.ctx.config, request, user, flow.groups)
         ):
-            refusal = policy.approval_not_approver(user, request.id, settings.approvers if settings else [])
+            refusal = words.approval_not_approver(user, request.id, settings.approvers if settings else [])
         if refusal is not None:
             await self.audit(req, AuditOutcome.DENIED, asked, detail=refusal, run_id=request.id)
             return refused(refusal, ExitCode.DENIED)
@@ -136,18 +137,18 @@ class TwoPersonRule:
         state = ApprovalState.APPROVED if approving else ApprovalState.DENIED
         decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
         if decided is Decided.SELF:
-            text = policy.approval_self(request.id)
+            text = words.approval_self(request.id)
             await self.audit(req, AuditOutcome.DENIED, asked, detail=text, run_id=request.id)
             return refused(text, ExitCode.DENIED)
         if decided is Decided.LOST:
-            text = policy.approval_already(request.id, request.state.value, request.decided_by)
+            text = words.approval_already(request.id, request.state.value, request.decided_by)
             return refused(text, ExitCode.FAILED, Status.WARNING)
         await self._closed(request, req)
         if decided is Decided.EXPIRED:
-            text = policy.approval_expired(request.id, request.expires_at - request.created_at)
+            text = words.approval_expired(request.id, request.expires_at - request.created_at)
             return refused(text, ExitCode.CANCELLED, Status.WARNING)
         if not approving:
-            return Reply(title=policy.approval_denied_ack(request.id), status=Status.INFO, ephemeral=True)
+            return Reply(title=words.approval_denied_ack(request.id), status=Status.INFO, ephemeral=True)
         flow.run = asked
         flow.on_behalf = Request(
             request.text, request.requester, request.groups, req.delivery_id, request.channel, request.surface
@@ -169,7 +170,7 @@ class TwoPersonRule:
             ApprovalState.DENIED: AuditOutcome.REJECTED,
         }.get(request.state, AuditOutcome.EXPIRED)
         await self.audit(
-            req, outcome, _asked(request), detail=policy.approval_record(request), run_id=request.id
+            req, outcome, _asked(request), detail=words.approval_record(request), run_id=request.id
         )
         await self._show(request, policy.closed_reply(self.ctx.config, request))
 

@@ -2,5 +2,6 @@
 normalisation of what Slack and terminals send (:mod:`~handlers.grammar.normalise`) and the typed
 commands with their validation and "did you mean" (:mod:`~handlers.grammar.commands`).
 
-May import: ``pipeline.config``, ``pipeline.errors``, ``pipeline.fmt``; nothing else of ``handlers``.
+May import: ``pipeline.config``, ``pipeline.errors``, ``pipeline.fmt``, and the words
+:mod:`handlers.text`; nothing else of ``handlers``.
 """

@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 from handlers.grammar import parse as grammar
 from handlers.grammar.normalise import normalise, tokenise
 from handlers.grammar.parse import SLOTS, Binding, VerbSpec
+from handlers.text import parse_too_long, patch_phrase
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
@@ -287,19 +288,3 @@ def parse(text: str, config: Config) -> Command:
             first = first or exc
     assert first is not None
     raise first
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def patch_phrase(patches: Sequence[str]) -> str:
-    """``topk patch`` / ``topk and fast patches`` / ``a, b and c patches``."""
-    names = list(patches)
-    if len(names) == 1:
-        return f"{names[0]} patch"
-    return f"{', '.join(names[:-1])} and {names[-1]} patches"
-
-
-def parse_too_long(limit: int) -> str:
-    """A request longer than any command."""
-    return f"that is too long for a command (at most {limit} characters) - type `help`"

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from handlers.grammar.commands import Command
 from handlers.grammar.parse import Role
+from handlers.text import denied
 from pipeline.config import Config, JobAuth
 from pipeline.errors import ExitCode, PitstopError
-from pipeline.fmt import who
 
 EVERYONE = "*"
 #: The principal of the watcher's automatic restarts (``handlers.watch.cycle.AUTO_USER``): an operator
@@ -62,15 +62,3 @@ def authorise(
     if held is None or held < needed:
         raise Denied(user, command, needed)
     return held
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def denied(user: str, verb: str, job: str | None, role: str) -> str:
-    """A request refused for lack of a role."""
-    target = f" {job}" if job else ""
-    return (
-        f"{who(user)} may not `{verb}{target}` - it needs the {role} role "
-        "(roles come from [auth] in the config, or [jobs.NAME.auth] for one job)"
-    )

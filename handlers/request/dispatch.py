@@ -20,22 +20,21 @@ from collections.abc import Coroutine
 from functools import partial
 from typing import Any
 
+from handlers import text as words
 from handlers.approval.twoperson import TwoPersonRule
 from handlers.context import Context
 from handlers.grammar.commands import Command, ParseError, parse
 from handlers.reply import Button, Reply, Status, refused
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
-from handlers.request.confirm import confirm_ask, confirm_cancelled, confirm_expired, confirm_not_yours
 from handlers.request.flow import Flow, Next, Request, Step
 from handlers.request.verbs import VERBS, Call
-from handlers.text import CANCEL_BUTTON, CONFIRM_BUTTON, CONFIRM_GONE
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.state.audit import Audit, AuditOutcome
 from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
 from pipeline.state.deliveries import Deliveries
 from pipeline.state.locks import DEFAULT_TTL, InFlight
 
-__all__ = ["Dispatcher", "Flow", "Request", "duplicate_delivery", "unknown_action"]
+__all__ = ["Dispatcher", "Flow", "Request"]
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +199,9 @@ class Dispatcher:
         req = flow.req
         if req.delivery_id and not await self.deliveries.claim(req.delivery_id, self.ctx.instance):
             await self._audit(req, AuditOutcome.DUPLICATE, flow.command)
-            return Reply(title=duplicate_delivery(), status=Status.INFO, ephemeral=True, redelivery=True)
+            return Reply(
+                title=words.duplicate_delivery(), status=Status.INFO, ephemeral=True, redelivery=True
+            )
         return await call_next()
 
     async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
@@ -215,8 +216,8 @@ class Dispatcher:
         elif action in ("approve", "deny") and _RUN_ID.match(value):
             flow.command = flow.run = Command(action, options={"run": value})
         elif action is not None:
-            await self._audit(flow.req, AuditOutcome.INVALID, detail=unknown_action(action))
-            return refused(unknown_action(action))
+            await self._audit(flow.req, AuditOutcome.INVALID, detail=words.unknown_action(action))
+            return refused(words.unknown_action(action))
         return await call_next()
 
     async def _authorise(self, flow: Flow, call_next: Next) -> Reply:
@@ -291,12 +292,12 @@ class Dispatcher:
         self._spawn(self._expire(pending), f"pitstop-confirm:{pending.token}", timer=True)
         assert command.job is not None
         return Reply(
-            title=confirm_ask(command.text(), command.job, self.confirm_window),
+            title=words.confirm_ask(command.text(), command.job, self.confirm_window),
             status=Status.WARNING,
             ephemeral=True,
             buttons=(
-                Button(CONFIRM_BUTTON, "confirm", pending.token, "primary"),
-                Button(CANCEL_BUTTON, "cancel", pending.token, "danger"),
+                Button(words.CONFIRM_BUTTON, "confirm", pending.token, "primary"),
+                Button(words.CANCEL_BUTTON, "cancel", pending.token, "danger"),
             ),
         )
 
@@ -307,7 +308,7 @@ class Dispatcher:
             return
         req = Request(found.text, found.user, found.groups, None, found.channel, found.surface)
         command = Command.from_json(json.loads(found.command))
-        text = confirm_expired(found.text, found.window)
+        text = words.confirm_expired(found.text, found.window)
         await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
         reply = refused(text, ExitCode.CANCELLED, Status.WARNING)
         try:  # privately, replacing the prompt where the surface can: no public post, no live buttons
@@ -320,22 +321,22 @@ class Dispatcher:
         req, action, token, user = flow.req, flow.action, flow.value, flow.user
         taken, pending = await self.confirmations.take(token, user)
         if taken is Take.GONE or pending is None:
-            await self._audit(req, AuditOutcome.CANCELLED, detail=CONFIRM_GONE)
-            return refused(CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
+            await self._audit(req, AuditOutcome.CANCELLED, detail=words.CONFIRM_GONE)
+            return refused(words.CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
         command = Command.from_json(json.loads(pending.command))
         original = Request(
             pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
         )
         if taken is Take.NOT_YOURS:
-            text = confirm_not_yours(pending.user)
+            text = words.confirm_not_yours(pending.user)
             await self._audit(req, AuditOutcome.DENIED, command, detail=text)
             return refused(text, ExitCode.DENIED)
         if taken is Take.EXPIRED or action == "cancel":
             expired = taken is Take.EXPIRED
             text = (
-                confirm_expired(pending.text, pending.window)
+                words.confirm_expired(pending.text, pending.window)
                 if expired
-                else confirm_cancelled(pending.text, user)
+                else words.confirm_cancelled(pending.text, user)
             )
             await self._audit(original, AuditOutcome.CANCELLED, command, detail=text)
             return refused(text, ExitCode.CANCELLED, Status.WARNING if expired else Status.INFO)
@@ -343,16 +344,3 @@ class Dispatcher:
         flow.run, flow.on_behalf, flow.outcome = command, original, AuditOutcome.CONFIRMED
         flow.groups = req.groups or pending.groups
         return await call_next()
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def duplicate_delivery() -> str:
-    """A repeated delivery of a request that was already acted on."""
-    return "already handled (a repeated delivery of the same request) - nothing was done again"
-
-
-def unknown_action(action: str) -> str:
-    """A button whose action Pitstop does not know."""
-    return f"unknown action {action!r} - nothing was done"

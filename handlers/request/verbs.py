@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
+from handlers import text as words
 from handlers.approval import policy as approval
 from handlers.context import Context
 from handlers.grammar import parse as grammar
@@ -83,13 +84,13 @@ async def _sequence(call: Call) -> Acted:
     )
     channel = ctx.config.channel_for(job) or call.channel
     if glass is not None:  # said in the channel before anything is touched
-        text = approval.break_glass_announce(user, command.text(), glass)
+        text = words.break_glass_announce(user, command.text(), glass)
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
     ctx.posts.show(run, channel)
     call.spawn(ctx.service.execute(run, remove=command.without), f"pitstop-{command.verb}:{run.id}")
     reply = Reply(
-        title=queued(run.id, run.job) + (approval.break_glass_note(glass) if glass else ""),
-        lines=(queued_detail(command.verb, channel), *((warned,) if warned else ())),
+        title=words.queued(run.id, run.job) + (words.break_glass_note(glass) if glass else ""),
+        lines=(words.queued_detail(command.verb, channel), *((warned,) if warned else ())),
         status=Status.INFO,
         run_id=run.id,
         thread_key=thread_key(run.id),
@@ -102,8 +103,8 @@ async def _cancel(call: Call) -> Acted:
     job = _job(call)
     run_id = await call.ctx.service.cancel(job, call.user)
     if run_id is None:
-        return Acted(Reply(title=cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED))
-    title = cancel_requested(run_id, job)
+        return Acted(Reply(title=words.cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED))
+    title = words.cancel_requested(run_id, job)
     return Acted(Reply(title=title, status=Status.INFO, run_id=run_id, thread_key=thread_key(run_id)))
 
 
@@ -188,27 +189,3 @@ VERBS: Mapping[str, Verb] = _table(
     ("help", _help),
 )
 """verb → its grammar entry and handler, read-only, in ``help`` order."""
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def queued(run_id: str, job: str) -> str:
-    """The quick answer to restart/start/stop: the run is under way."""
-    return f"queued run {run_id} for {job}"
-
-
-def queued_detail(action: str, channel: str | None) -> str:
-    """Where the run's steps will appear."""
-    where = f" in <#{channel}>" if channel else ""
-    return f"the {action} runs step by step{where}; the verified result follows in its thread"
-
-
-def cancel_requested(run_id: str, job: str) -> str:
-    """``cancel JOB``: the run stops at its next step boundary."""
-    return f"cancel requested for run {run_id} of {job} - it stops at the next step boundary"
-
-
-def cancel_nothing(job: str) -> str:
-    """``cancel JOB`` with nothing in flight."""
-    return f"no restart of {job} in flight - nothing to cancel"

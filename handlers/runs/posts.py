@@ -17,8 +17,9 @@ from collections.abc import Awaitable
 
 from handlers.latest import Latest
 from handlers.outbox import Outbox
-from handlers.reply import Reply, Status, mention
+from handlers.reply import Reply, Status
 from handlers.runs.view import run_reply, thread_key, verdict_reply
+from handlers.text import mention
 from pipeline.config import Config
 from pipeline.runs.base import RunEvent, Told
 from pipeline.state.runs import RunRecord

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from handlers.grammar.commands import patch_phrase
 from handlers.reply import Button, Reply, Status, StepLine
-from handlers.text import SHOW_LOG_BUTTON
+from handlers.text import SHOW_LOG_BUTTON, patch_phrase
 from pipeline.config import Config
 from pipeline.errors import ExitCode
 from pipeline.fmt import who

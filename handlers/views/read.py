@@ -8,28 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+from handlers import text as words
 from handlers.context import Context
 from handlers.grammar import parse as grammar
 from handlers.grammar.commands import Command
-from handlers.reply import Reply, Status, Table, mention
+from handlers.reply import Reply, Status, Table
 from handlers.runs.view import thread_key
-from handlers.text import (
-    FIELD_AVAILABLE,
-    FIELD_IN_EFFECT,
-    FIELD_RUN,
-    FIELD_SHA256,
-    FIELD_SINCE,
-    HISTORY_APPROVAL_HEADERS,
-    HISTORY_APPROVALS_TITLE,
-    HISTORY_BREAK_GLASS,
-    HISTORY_HEADERS,
-    HISTORY_REFUSAL_HEADERS,
-    HISTORY_REFUSALS_TITLE,
-    RUN_AWAITING_VERDICT,
-    RUN_DONE,
-    STATUS_HEADERS,
-    STATUS_NONE,
-)
 from handlers.watch.alerts import job_owners
 from handlers.watch.cycle import probe_slow_line
 from pipeline import fmt
@@ -60,10 +44,10 @@ def _run_outcome(run: RunRecord) -> str:
     if run.verdict is not None:
         return run.verdict.value
     if run.finished_at is not None:
-        return RUN_DONE
+        return words.RUN_DONE
     verify = run.step(Step.VERIFY)
     if verify is not None and verify.outcome in (Outcome.WAITING, Outcome.RUNNING):
-        return RUN_AWAITING_VERDICT
+        return words.RUN_AWAITING_VERDICT
     step = run.current_step
     return f"in flight ({step.value})" if step else "in flight"  # a run without verdict yet
 
@@ -75,7 +59,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     config = ctx.config
     names = [job] if job else list(config.jobs)
     if not names:
-        return Reply(title=STATUS_NONE, status=Status.WARNING)
+        return Reply(title=words.STATUS_NONE, status=Status.WARNING)
     snaps = {s.name: s for s in await ctx.service.jobs.read_many(names)}
     seen = await ctx.restarter.sightings([(n, config.jobs[n], dict(snaps[n].current) or None) for n in names])
     now = time.time()  # after the probes: "ago" and uptimes as of the answer
@@ -113,7 +97,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         actor = latest.requested_by if latest is not None and latest.action in ("start", "restart") else None
         owners = job_owners(config, name, actor)
         if owners:  # their alerts page them
-            lines.append(f"{name} is owned by {', '.join(mention(o) for o in owners)}")
+            lines.append(f"{name} is owned by {', '.join(words.mention(o) for o in owners)}")
         cells = (name, state, sight.who or snap.pid, procs, uptime, last, lock, ", ".join(snap.patches))
         rows.append(tuple(cell or "-" for cell in cells))
     failure = await ctx.redis.open_store(Posts).last_failure()  # written by the Slack outbox
@@ -126,7 +110,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     lost = await ctx.redis.open_store(UndeliveredAlerts).last()
     if lost is not None:
         ago = f"{fmt.duration(now - lost.at)} ago"  # and who got the alert instead
-        shown = [mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in lost.told]
+        shown = [words.mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in lost.told]
         instead = f"went to {', '.join(shown)} instead" if lost.told else "reached no one"
         lines.append(
             f"last undelivered alert {ago}: {lost.title} - {lost.error} in <#{lost.channel}>, {instead}"
@@ -138,7 +122,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
     return Reply(
         title=f"status of {len(names)} job{'s' if len(names) != 1 else ''}",
         status=tone,
-        tables=(Table(STATUS_HEADERS, tuple(rows)),),
+        tables=(Table(words.STATUS_HEADERS, tuple(rows)),),
         lines=tuple(lines),
     )
 
@@ -146,7 +130,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
 async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
     """``logs JOB [N]``: the last N lines of the job's log; :class:`RemoteError` if it cannot be read."""
     text = await ctx.restarter.log_tail(job, lines)
-    title = logs_title(lines, ctx.config.jobs[job].log, job)
+    title = words.logs_title(lines, ctx.config.jobs[job].log, job)
     if not text.strip():
         return Reply(title=title, lines=(f"the log of {job} is empty or missing",))
     return Reply(title=title, log=text)
@@ -173,10 +157,10 @@ async def patches_command(ctx: Context, job: str) -> Reply:
         except (OSError, UnicodeDecodeError) as exc:
             lines.append(f"patch {name} cannot be read here, so it has no hash: {exc}")
     fields = [
-        (FIELD_AVAILABLE, ", ".join(spec.patches) if spec.patches else "none configured"),
-        (FIELD_IN_EFFECT, ", ".join(in_effect) if in_effect else "none"),
+        (words.FIELD_AVAILABLE, ", ".join(spec.patches) if spec.patches else "none configured"),
+        (words.FIELD_IN_EFFECT, ", ".join(in_effect) if in_effect else "none"),
     ]
-    fields += [(FIELD_SHA256, ", ".join(hashes))] if hashes else []
+    fields += [(words.FIELD_SHA256, ", ".join(hashes))] if hashes else []
     return Reply(title=f"patches of {job}", status=tone, fields=tuple(fields), lines=tuple(lines))
 
 
@@ -184,10 +168,11 @@ async def lock_command(ctx: Context, job: str) -> Reply:
     """``lock JOB``: who holds the job's restart lock, since when, which step."""
     h = await ctx.service.locks.holder(scope_of(ctx.config, job))
     if h is None:
-        return Reply(title=lock_free(job), status=Status.OK)
-    fields = ((FIELD_SINCE, _when(ctx.config, h.started_at)), *(((FIELD_RUN, h.run_id),) if h.run_id else ()))
+        return Reply(title=words.lock_free(job), status=Status.OK)
+    run = ((words.FIELD_RUN, h.run_id),) if h.run_id else ()
+    fields = ((words.FIELD_SINCE, _when(ctx.config, h.started_at)), *run)
     return Reply(
-        title=lock_held(h.scope, h.action, h.job, h.user, h.age(), h.step, h.run_id),
+        title=words.lock_held(h.scope, h.action, h.job, h.user, h.age(), h.step, h.run_id),
         status=Status.WARNING,
         fields=fields,
         run_id=h.run_id or None,
@@ -200,14 +185,14 @@ async def unlock_command(ctx: Context, job: str, user: str) -> tuple[Reply, Hold
     scope = scope_of(ctx.config, job)
     holder = await ctx.service.locks.force_release(scope)
     if holder is None:
-        return Reply(title=unlock_not_held(scope), status=Status.INFO), None
+        return Reply(title=words.unlock_not_held(scope), status=Status.INFO), None
     if holder.run_id:
         channel = ctx.config.channel_for(holder.job) if holder.job in ctx.config.jobs else None
         key = thread_key(holder.run_id)
         await ctx.outbox.thread(
-            key, Reply(title=lock_forced_note(user), status=Status.WARNING, thread_key=key), channel
+            key, Reply(title=words.lock_forced_note(user), status=Status.WARNING, thread_key=key), channel
         )
-    return Reply(title=unlocked(scope, user, holder.user), status=Status.WARNING), holder
+    return Reply(title=words.unlocked(scope, user, holder.user), status=Status.WARNING), holder
 
 
 async def history_command(ctx: Context, audit: Audit, job: str | None, count: int) -> Reply:
@@ -223,7 +208,7 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
                 run.id,
                 _when(config, run.created_at),
                 who(run.requested_by) + (f" + {who(run.approved_by)}" if run.approved_by else ""),
-                run.action + (f" ({HISTORY_BREAK_GLASS})" if run.break_glass else ""),
+                run.action + (f" ({words.HISTORY_BREAK_GLASS})" if run.break_glass else ""),
                 ", ".join(run.patches) or "-",
                 run.verdict_line or _run_outcome(run),
                 fmt.duration(end - run.created_at) if end else "-",
@@ -231,15 +216,15 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
         )
     follow_ups = []
     for outcomes, title, headers in (
-        (REFUSALS, HISTORY_REFUSALS_TITLE, HISTORY_REFUSAL_HEADERS),
-        (APPROVALS, HISTORY_APPROVALS_TITLE, HISTORY_APPROVAL_HEADERS),
+        (REFUSALS, words.HISTORY_REFUSALS_TITLE, words.HISTORY_REFUSAL_HEADERS),
+        (APPROVALS, words.HISTORY_APPROVALS_TITLE, words.HISTORY_APPROVAL_HEADERS),
     ):
         if entries := await audit.recent(job=job, outcomes=outcomes, count=recent):
             rows_of = tuple(_audit_row(config, e, approvals=outcomes is APPROVALS) for e in entries)
             follow_ups.append(Reply(title=title, tables=(Table(headers, rows_of),)))
     return Reply(
-        title=history_title(job, len(runs)),
-        tables=(Table(HISTORY_HEADERS, tuple(rows)),) if rows else (),
+        title=words.history_title(job, len(runs)),
+        tables=(Table(words.HISTORY_HEADERS, tuple(rows)),) if rows else (),
         lines=() if rows else (f"no restarts{f' of {job}' if job else ''} recorded yet",),
         follow_ups=tuple(follow_ups),
     )
@@ -271,53 +256,4 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
     lines.append(
         f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
     )
-    return Reply(title=help_title(), lines=tuple(lines))
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def help_title() -> str:
-    """The heading of ``help``."""
-    return "Pitstop commands"
-
-
-def lock_free(job: str) -> str:
-    """``lock JOB`` when nothing holds it."""
-    return f"no restart of {job} in flight - the lock is free"
-
-
-def lock_held(scope: str, action: str, job: str, user: str, seconds: float, step: str, run_id: str) -> str:
-    """``lock JOB`` when something holds it."""
-    run = f" (run {run_id})" if run_id else ""
-    return (
-        f"{scope} is locked: {action} of {job}{run} started by {who(user)} {int(seconds)} s ago, "
-        f"now at: {step}"
-    )
-
-
-def unlocked(scope: str, user: str, holder: str | None) -> str:
-    """``unlock JOB`` forced the lock free."""
-    was = f" (was held by {who(holder)})" if holder else ""
-    return f"lock on {scope} released by {who(user)}{was}"
-
-
-def unlock_not_held(scope: str) -> str:
-    """``unlock JOB`` when nothing held the lock."""
-    return f"{scope} was not locked - nothing to release"
-
-
-def logs_title(lines: int, path: str, job: str) -> str:
-    """What a ``logs`` excerpt is."""
-    return f"last {lines} lines of {path} ({job})"
-
-
-def history_title(job: str | None, count: int) -> str:
-    """The heading of ``history``."""
-    of = f" of {job}" if job else ""
-    return f"history{of}: last {count} run{'s' if count != 1 else ''}"
-
-
-def lock_forced_note(user: str) -> str:
-    """Posted in a run's thread when ``unlock`` freed its lock."""
-    return f"the lock of this run was forced free by {who(user)}"
+    return Reply(title=words.help_title(), lines=tuple(lines))

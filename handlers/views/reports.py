@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from handlers import text as words
 from handlers.context import Context
 from handlers.grammar.commands import close_names
 from handlers.reply import Reply, Status, Table, refused
 from handlers.runs.attempts import ATTEMPT_HEADERS, NA, attempt_rows
-from handlers.text import DIGEST_NO_JOBS, GPUS_NO_PROCESSES
 from pipeline import fmt
 from pipeline.digest.report import Digest, GpuRow, build_digest
 from pipeline.digest.stats import DigestSummary
 from pipeline.errors import ExitCode, PitstopError, RemoteError
-from pipeline.observe.attempts import TrainingProgress
 from pipeline.observe.gpus import (
     QUERY_GPU_ARGV,
     ComputeApp,
@@ -68,14 +67,16 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         f"(a digest reads the last {fmt.size(digest.max_bytes)} at most)"
     )
     empty = f"no metric lines for {digest.job} in the {fmt.size(s.bytes_read)} read from {digest.path}"
-    silent = "; ".join(f"rank {q.rank} ({q.role}) {digest_silent_cell(q.last_seen)}" for q in digest.silent)
+    silent = "; ".join(
+        f"rank {q.rank} ({q.role}) {words.digest_silent_cell(q.last_seen)}" for q in digest.silent
+    )
     notes = (  # (a line or None, whether it makes the digest a warning)
-        (digest_window_note(w.kind.value, digest.path, digest.max_bytes), False),
+        (words.digest_window_note(w.kind.value, digest.path, digest.max_bytes), False),
         (skipped if w.skipped and w.kind.value == "since_last" else None, False),
         (empty if not s.metric_lines else None, True),
-        (digest_starved(s.queue_mean) if s.starved and s.queue_mean is not None else None, True),
+        (words.digest_starved(s.queue_mean) if s.starved and s.queue_mean is not None else None, True),
         (f"{silent}: no metric line in this window" if digest.silent else None, True),
-        (digest_resets(s.resets) if s.resets else None, False),
+        (words.digest_resets(s.resets) if s.resets else None, False),
         (digest.gpu_note or None, True),
     )
     lines = [line for line, _ in notes if line]
@@ -87,7 +88,7 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         ("window", _window(s.window_start, s.window_end, s.bytes_read, w.skipped)),
     ]
     if targets is not None:
-        fields.append(("targets", digest_targets(s.target_tokens_per_s, targets.ranks)))
+        fields.append(("targets", words.digest_targets(s.target_tokens_per_s, targets.ranks)))
     fields += [
         ("step time p50/p95", _step_time(digest)),
         ("queue depth", f"mean {fmt.number(s.queue_mean, '{:.1f}')}, max {fmt.number(s.queue_max)}"),
@@ -95,7 +96,7 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         ("top-1/4/8", _topk(s, digest.change)),
     ]
     if digest.progress is not None:
-        fields.append(("progress", digest_progress(digest.progress)))
+        fields.append(("progress", words.digest_progress(digest.progress)))
     tables = []
     if s.ranks or digest.silent:
         rows = [
@@ -103,7 +104,8 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
             for r in s.ranks
         ]
         rows += [
-            (q.rank, str(q.rank), q.role, NA, digest_silent_cell(q.last_seen), NA) for q in digest.silent
+            (q.rank, str(q.rank), q.role, NA, words.digest_silent_cell(q.last_seen), NA)
+            for q in digest.silent
         ]
         rank_rows = tuple(row[1:] for row in sorted(rows))
         tables.append(Table(("rank", "role", "device", "tokens/s", "step p50"), rank_rows))
@@ -164,17 +166,17 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
         try:
             name = ctx.config.job_name(job)
         except KeyError:
-            return refused(digest_unknown_job(job, close_names(job, names, 2)))
+            return refused(words.digest_unknown_job(job, close_names(job, names, 2)))
         return await _one_digest(ctx, name, scheduled)
     if not names:
-        return Reply(title=DIGEST_NO_JOBS, status=Status.INFO)
+        return Reply(title=words.DIGEST_NO_JOBS, status=Status.INFO)
     if len(names) == 1:
         return await _one_digest(ctx, names[0], scheduled)
     follow = [await _one_digest(ctx, name, scheduled) for name in names]
     worst = max((f.exit_code for f in follow), default=ExitCode.OK)
     warned = any(f.status is Status.WARNING for f in follow)
     return Reply(
-        title=digest_all_title(len(names)),
+        title=words.digest_all_title(len(names)),
         status=Status.ERROR if worst else Status.WARNING if warned else Status.OK,
         lines=tuple(f.title for f in follow),
         follow_ups=tuple(follow),
@@ -230,7 +232,9 @@ async def _job_gpus(ctx: Context, name: str) -> Reply | None:
     try:
         answer = await ctx.restarter.node_outputs(name, QUERY_GPU_ARGV)
     except RemoteError as exc:
-        return Reply(title=gpus_unavailable(ctx.config.jobs[name].host, exc.message), status=Status.ERROR)
+        return Reply(
+            title=words.gpus_unavailable(ctx.config.jobs[name].host, exc.message), status=Status.ERROR
+        )
     except PitstopError as exc:
         return Reply(title=exc.message, status=Status.WARNING)
     if answer is None:
@@ -271,11 +275,13 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         job = next((j for j in ctx.config.jobs if j.lower() == host.lower()), None)
         if job is not None and (reply := await _job_gpus(ctx, job)) is not None:
             return reply
-        return refused(gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)))
+        return refused(words.gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)))
     try:
         gpus = await query_gpus(ctx.ssh, name)
     except PitstopError as exc:
-        return Reply(title=gpus_unavailable(name, exc.message), status=Status.ERROR, exit_code=exc.exit_code)
+        return Reply(
+            title=words.gpus_unavailable(name, exc.message), status=Status.ERROR, exit_code=exc.exit_code
+        )
     lines: list[str] = []
     apps: list[ComputeApp] | None
     try:
@@ -286,7 +292,7 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     owners = await _pid_jobs(ctx, name) if apps else {}
     tables = [_gpu_table(gpus, apps, owners)]
     if apps is not None and not apps:
-        lines.append(GPUS_NO_PROCESSES)
+        lines.append(words.GPUS_NO_PROCESSES)
     elif apps and "processes" not in tables[0].headers:
         rows = tuple(
             (str(a.pid), owners.get(a.pid, "-"), fmt.number(a.used_memory_mib, "{:,.0f}", " MiB"))
@@ -294,37 +300,8 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         )
         tables.append(Table(("pid", "job", "gpu memory"), rows))
     return Reply(
-        title=gpus_title(name, len(gpus)), status=Status.OK, lines=tuple(lines), tables=tuple(tables)
+        title=words.gpus_title(name, len(gpus)), status=Status.OK, lines=tuple(lines), tables=tuple(tables)
     )
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def digest_progress(p: TrainingProgress) -> str:
-    """``drafter step 12,000 of 100,000 (12.0 %), ETA 3 h 5 min at 7.93 steps/s`` (the current rate)."""
-    role = f"{p.role} " if p.role else ""
-    done = f"{role}step {p.step:,} of {p.total:,} ({p.fraction * 100:.1f} %)"
-    if p.step >= p.total:
-        return f"{done}, done"
-    if p.eta_s is None:
-        return f"{done}, ETA unknown (no rate in this window)"
-    return f"{done}, ETA {fmt.duration(p.eta_s)} at {p.steps_per_s:.2f} steps/s"
-
-
-def digest_targets(tokens_per_s: float | None, ranks: int) -> str:
-    """The target ranks' own throughput, shown apart: the drafters consume what the targets produce."""
-    return (
-        f"{fmt.number(tokens_per_s)} tokens/s over {ranks} rank(s), not added to the pipeline's throughput"
-        " (the drafters consume what the targets produce)"
-    )
-
-
-def digest_silent_cell(last_seen: float | None) -> str:
-    """A silent rank's cell in the digest's rank table: ``silent since 02:06:13 UTC``."""
-    if last_seen is None:
-        return "silent (no metric line seen yet)"
-    return f"silent since {fmt.clock(last_seen, date=False)}"
 
 
 def _window(start: float | None, end: float | None, read: int, skipped: int) -> str:
@@ -338,30 +315,6 @@ def _window(start: float | None, end: float | None, read: int, skipped: int) -> 
     return f"{span}, {fmt.size(read)} read{more}"
 
 
-def digest_window_note(kind: str, path: str, max_bytes: int) -> str | None:
-    """Why a window is not simply 'since the last digest' (``None`` when it is)."""
-    notes = {
-        "last_bytes": f"first digest of {path}: read its last {fmt.size(max_bytes)} at most",
-        "repeat": "nothing new since the last scheduled digest - showing its window again",
-        "truncated": f"{path} was truncated since the last digest - read from its start",
-        "rotated": f"{path} was replaced (rotated) since the last digest - read the new file from its start",
-    }
-    return notes.get(kind)
-
-
-def digest_starved(queue_mean: float) -> str:
-    """The drafters' hidden-state queue is ~empty: the targets cannot keep up."""
-    return (
-        f"drafters are starved: mean hidden-state queue depth {queue_mean:.2f} - "
-        "the target GPUs cannot keep up"
-    )
-
-
-def digest_resets(count: int) -> str:
-    """Token counters went down inside the window (a relaunch)."""
-    return f"{count} token counter reset(s) in the window (a relaunch); counted from zero after each"
-
-
 def _secs(value: float | None) -> str:
     return fmt.number(value, "{:.3f}", " s")
 
@@ -373,30 +326,3 @@ def _restarts(ids: Sequence[str] | None) -> str:
     if not ids:
         return "none"
     return f"{len(ids)} ({', '.join(ids[:5])}{', …' if len(ids) > 5 else ''})"
-
-
-def digest_all_title(jobs: int) -> str:
-    """Heading of ``digest`` without a job: one follow-up per job."""
-    return f"digest of {jobs} job(s)"
-
-
-def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
-    """``digest NAME`` for a job that is not configured."""
-    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
-    return f"no job named {job}{hint}"
-
-
-def gpus_unavailable(host: str, detail: str) -> str:
-    """``gpus HOST`` when the host gave no GPU data."""
-    return f"no GPU data from {host}: {detail}"
-
-
-def gpus_title(host: str, count: int) -> str:
-    """Heading of ``gpus HOST``."""
-    return f"GPUs on {host}: {count}"
-
-
-def gpus_unknown_host(host: str, suggestions: Sequence[str]) -> str:
-    """``gpus NAME`` for a host that is not configured."""
-    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
-    return f"no host named {host}{hint}"

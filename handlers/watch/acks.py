@@ -7,7 +7,8 @@ import difflib
 import time
 
 from handlers.context import Context
-from handlers.reply import Reply, Status, mention, refused
+from handlers.reply import Reply, Status, refused
+from handlers.text import mention
 from handlers.watch.alerts import acked_reply, alert_reply
 from handlers.watch.storm import line_first
 from pipeline import fmt

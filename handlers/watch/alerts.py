@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from handlers.reply import Reply, Status, mention
-from handlers.text import ALERT_FIELD_LABELS, ALERT_NEVER_SEEN, ALERT_NO_LOG
+from handlers import text as words
+from handlers.reply import Reply, Status
 from pipeline import fmt
 from pipeline.config import AutoRestart, Config
 from pipeline.errors import ExitCode
@@ -19,7 +19,7 @@ from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind
 def mention_of(config: Config) -> str | None:
     """The configured ``alert_mention`` in Slack syntax, or None."""
     target = config.slack.alert_mention
-    return mention(target) if target else None
+    return words.mention(target) if target else None
 
 
 def job_owners(config: Config, job: str, last_actor: str | None) -> tuple[str, ...]:
@@ -37,7 +37,7 @@ def paged(config: Config, incidents: Iterable[Incident]) -> tuple[tuple[str, ...
     """The owners of the incidents' jobs (:func:`job_owners`, with the actor recorded when each
     opened), and the mentions that page ``alert_mention`` and them ("" for nobody)."""
     owners = tuple(dict.fromkeys(o for i in incidents for o in job_owners(config, i.job, i.last_actor)))
-    return owners, " ".join(w for w in (mention_of(config), *map(mention, owners)) if w)
+    return owners, " ".join(w for w in (mention_of(config), *map(words.mention, owners)) if w)
 
 
 def page_by_dm(config: Config, key: str) -> list[str]:
@@ -58,35 +58,23 @@ def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, 
         "last_pid": str(incident.last_pid) if incident.last_pid is not None else "",
         "last_alive": f"{fmt.clock(seen, tz)} ({fmt.duration(now - seen)} ago)"
         if seen is not None
-        else ALERT_NEVER_SEEN,
+        else words.ALERT_NEVER_SEEN,
         "exit": incident.exit_cause or "",
         "error": incident.error or "",
         "opened": fmt.clock(incident.opened_at, tz),
         "auto": str(auto) if auto else "",
-        "acked": mention(incident.acked_by) if incident.acked_by else "",
+        "acked": words.mention(incident.acked_by) if incident.acked_by else "",
     }
-    return tuple((ALERT_FIELD_LABELS[key], value) for key, value in values.items() if value)
-
-
-#: a new alert's headline by incident kind (fields: job, host, procs, expected, idle; else kind)
-_TITLES = {
-    IncidentKind.DEAD: "{job} is down: no processes left on {host} (expected {expected})",
-    IncidentKind.DEGRADED: "{job} is degraded: {procs} processes on {host}",
-    IncidentKind.STALLED: "{job} has stalled: alive ({procs}) but no new log output{idle}",
-    IncidentKind.STUCK_RANK: "{job} has a stuck rank on {host}: one rank stopped advancing while the others wait",
-    IncidentKind.UNREACHABLE: "host {host} unreachable - cannot check {job}",
-    IncidentKind.CRASH_LOOP: "{job} is crash-looping on {host} - automatic restarts given up",
-    IncidentKind.IDLE_GPUS: "{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working",
-}
+    return tuple((words.ALERT_FIELD_LABELS[key], value) for key, value in values.items() if value)
 
 
 def _title(i: Incident, config: Config, now: float) -> str:
-    """The headline of a new alert, by incident kind (:data:`_TITLES`)."""
+    """The headline of a new alert, by incident kind (:data:`~handlers.text.ALERT_TITLES`)."""
     quiet = config.jobs[i.job].watch.stall_after + (now - i.opened_at) if i.job in config.jobs else None
     idle = f" for {fmt.duration(quiet)}" if quiet is not None else ""
-    words = _TITLES.get(i.kind, "{job}: {kind} on {host}")
+    said = words.ALERT_TITLES.get(i.kind, "{job}: {kind} on {host}")
     procs, kind = f"{i.count}/{i.expected}", i.kind.value
-    return words.format(job=i.job, host=i.host, procs=procs, expected=i.expected, idle=idle, kind=kind)
+    return said.format(job=i.job, host=i.host, procs=procs, expected=i.expected, idle=idle, kind=kind)
 
 
 def _status(incident: Incident) -> Status:
@@ -111,9 +99,9 @@ def alert_reply(
     lead = f"{who} " if who else ""
     lines = [f"{lead}`ack {job}` to acknowledge, `watch {job} off for 2h` to pause watching"]
     if incident.cause:
-        lines.append(alert_detected_cause(incident.cause))
+        lines.append(words.alert_detected_cause(incident.cause))
     if incident.kind is IncidentKind.CRASH_LOOP:
-        lines.append(crash_loop_gave_up(incident, config))
+        lines.append(words.crash_loop_gave_up(incident, policy))
     if incident.next_auto_at is not None:  # an automatic restart will follow
         delay = fmt.duration(incident.next_auto_at - now)
         limit = policy.max if policy else 0
@@ -121,7 +109,7 @@ def alert_reply(
     log_path = config.jobs[job].log if job in config.jobs else ""
     log = incident.log
     if log is None and incident.kind is not IncidentKind.UNREACHABLE:
-        lines.append(ALERT_NO_LOG)
+        lines.append(words.ALERT_NO_LOG)
     return Reply(
         title=_title(incident, config, now),
         page=config.slack.alert_mention if mention else None,
@@ -139,8 +127,10 @@ def alert_reply(
 def _member_reply(incident: Incident, config: Config, now: float) -> Reply:
     """An incident told in a grouped post (:mod:`handlers.watch.storm`): its own short message, one line
     (and the cause found, who acknowledged it); the story's headline pages and says how to ack."""
-    lines = [alert_detected_cause(incident.cause)] if incident.cause else []
-    fields = ((ALERT_FIELD_LABELS["acked"], mention(incident.acked_by)),) if incident.acked_by else ()
+    lines = [words.alert_detected_cause(incident.cause)] if incident.cause else []
+    fields = (
+        ((words.ALERT_FIELD_LABELS["acked"], words.mention(incident.acked_by)),) if incident.acked_by else ()
+    )
     return Reply(
         title=_title(incident, config, now),
         status=_status(incident),
@@ -162,11 +152,11 @@ def _open_for(incident: Incident, now: float) -> float:
 
 def resolved_headline(incident: Incident, config: Config, *, now: float) -> Reply:
     """The alert's headline updated in place once the incident resolved."""
-    was = _WAS.get(incident.kind.value, f"was {incident.kind.value.replace('_', ' ')}")
+    was = words.ALERT_WAS.get(incident.kind.value, f"was {incident.kind.value.replace('_', ' ')}")
     return Reply(
         title=f"resolved: {incident.job} {was} for {fmt.duration(_open_for(incident, now))}",
         status=Status.OK,
-        lines=(incident_resolved(incident, now),),
+        lines=(words.incident_resolved(incident, _open_for(incident, now)),),
         fields=_fields(incident, config, now) if incident.story is None else (),
         thread_key=incident.thread_key,
     )
@@ -174,13 +164,14 @@ def resolved_headline(incident: Incident, config: Config, *, now: float) -> Repl
 
 def resolved_reply(incident: Incident, *, now: float) -> Reply:
     """The thread note ``resolved after N min``."""
-    return Reply(title=incident_resolved(incident, now), status=Status.OK, thread_key=incident.thread_key)
+    text = words.incident_resolved(incident, _open_for(incident, now))
+    return Reply(title=text, status=Status.OK, thread_key=incident.thread_key)
 
 
 def reminder_reply(incident: Incident, config: Config, *, now: float) -> Reply:
     """The thread re-post of an open, unacknowledged incident (mentions ``alert_mention`` and the
     job's owners)."""
-    text = incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
+    text = words.incident_reminder(incident.job, incident.kind.value, now - incident.opened_at)
     return paging_reminder(config, [incident], text, incident.thread_key)
 
 
@@ -199,7 +190,7 @@ def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:
     return Reply(
         title=f"{incident.job} is now {new} (was {old}): {incident.count}/{incident.expected} processes",
         status=Status.WARNING,
-        lines=(alert_detected_cause(incident.cause),) if incident.cause else (),
+        lines=(words.alert_detected_cause(incident.cause),) if incident.cause else (),
         log=incident.log or None,
         thread_key=incident.thread_key,
     )
@@ -207,15 +198,15 @@ def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:
 
 def acked_reply(incident: Incident, user: str) -> Reply:
     """The thread note and the requester's answer for ``ack JOB``."""
-    text = f"acknowledged by {mention(user)} - no more reminders for {incident.job} until it resolves"
+    text = f"acknowledged by {words.mention(user)} - no more reminders for {incident.job} until it resolves"
     return Reply(title=text, status=Status.OK, thread_key=incident.thread_key)
 
 
 def give_up_reply(incident: Incident, config: Config) -> Reply:
     """The single crash-loop alert, in the incident's thread (mentions ``alert_mention``)."""
-    text = incident.no_auto or crash_loop_gave_up(incident, config)
+    text = incident.no_auto or words.crash_loop_gave_up(incident, _policy(incident, config))
     if incident.no_auto is None and incident.cause:
-        text += f" ({alert_detected_cause(incident.cause)})"
+        text += f" ({words.alert_detected_cause(incident.cause)})"
     who = mention_of(config)
     return Reply(
         title=f"{who} {text}" if who else text,
@@ -235,61 +226,4 @@ def auto_restart_reply(incident: Incident, config: Config, answer: Reply) -> Rep
         status=Status.INFO,
         thread_key=incident.thread_key,
         run_id=answer.run_id,
-    )
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-#: how a resolved incident's headline says what the job was, by incident kind (else "was KIND")
-_WAS = {
-    "dead": "was down",
-    "stuck_rank": "had a stuck rank",
-    "crash_loop": "was crash-looping",
-    "idle_gpus": "had idle GPUs",
-}
-
-
-def alert_detected_cause(cause: str) -> str:
-    """The cause found in the log."""
-    return f"detected cause: {cause}"
-
-
-def alert_exit_cause(code: int | None, signal: str | None) -> str:
-    """How the job's launched process ended, from its waiter's record."""
-    if signal:
-        hint = " (the kernel's OOM killer, or someone's kill -9)" if signal == "SIGKILL" else ""
-        return f"killed by {signal}{hint}"
-    if code is None:
-        return "ended (status unknown)"
-    return f"exited with code {code}"
-
-
-def incident_resolved(i: Incident, now: float) -> str:
-    """The thread reply when an incident resolves."""
-    after = f"resolved after {fmt.duration(_open_for(i, now))}"
-    resolution = i.resolution or "running"
-    if resolution == "stopped":
-        return f"{after}: {i.job} was stopped on purpose"
-    if resolution == "reachable":
-        return f"{after}: the host of {i.job} is reachable again"
-    if i.kind is IncidentKind.IDLE_GPUS:
-        return f"{after}: the GPUs of {i.job} are working again"
-    return f"{after}: {i.job} is running again ({i.count}/{i.expected} processes)"
-
-
-def incident_reminder(job: str, kind: str, open_for: float) -> str:
-    """The thread re-post of an incident still open and not acknowledged."""
-    return (
-        f"still {kind.replace('_', ' ')}: {job}, for {fmt.duration(open_for)} - `ack {job}` to stop reminders"
-    )
-
-
-def crash_loop_gave_up(incident: Incident, config: Config) -> str:
-    """The single give-up alert of a crash loop."""
-    policy = _policy(incident, config)
-    within = fmt.duration(policy.within if policy else 0.0)
-    return (
-        f"{incident.job} crashed again after {incident.auto_restarts} automatic restarts within {within} - "
-        "crash loop, giving up; restart it by hand once the cause is fixed"
     )

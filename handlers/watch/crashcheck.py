@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from handlers.context import Context
-from handlers.watch.alerts import alert_exit_cause
+from handlers.text import alert_exit_cause
 from pipeline.config import AutoRestart
 from pipeline.config.watch import CrashClass
 from pipeline.errors import PitstopError

@@ -24,13 +24,8 @@ from typing import Any, Protocol
 from handlers.context import Context
 from handlers.reply import Reply
 from handlers.request.auth import SYSTEM_USER
-from handlers.watch.alerts import (
-    alert_exit_cause,
-    alert_reply,
-    auto_restart_reply,
-    changed_reply,
-    give_up_reply,
-)
+from handlers.text import alert_exit_cause
+from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply, give_up_reply
 from handlers.watch.crashcheck import check_crash, refusal, with_crash
 from handlers.watch.hangevidence import KINDS as HANG_KINDS
 from handlers.watch.hangevidence import hang_evidence

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 
 from handlers.context import Context
 from handlers.reply import Reply, Status
+from handlers.text import STORY_ALL_RESOLVED, incident_reminder
 from handlers.watch.alerts import (
     alert_reply,
-    incident_reminder,
     paged,
     paging_reminder,
     reminder_reply,
@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 ROUND_JOIN_S = 1.0  #: seconds after a round began during which another host's cycle joins it
 TELL_WAIT = 5.0  #: seconds a cycle waits for its round's posts before it returns (they go on)
 NAMES_IN_TITLE = 5  #: job names a host story's title lists before "and N more"
-#: a grouped post's headline once the last of its jobs resolved on its own
-STORY_ALL_RESOLVED = "resolved: every job of this alert has recovered (each job's line says when)"
 
 
 @dataclass(frozen=True)
