@@ -18,12 +18,7 @@ from matplotlib.image import AxesImage
 
 from devhost.sshhost import LocalSSHHost
 from handlers.views.reports import digest_command
-from pipeline.digest.chart import (
-    DAY_S,
-    chart_reference_before,
-    chart_reference_last_digest,
-    draw_chart,
-)
+from pipeline.digest.chart import DAY_S, draw_chart
 from pipeline.digest.report import build_digest, restart_marks
 from pipeline.digest.series import RestartMark, rank_intervals, restart_label, throughput
 from pipeline.observe.metrics import MetricLine
@@ -156,11 +151,11 @@ def test_previous_attempts_median_is_the_reference() -> None:
     ((start, value), (end, same)) = ref.get_segments()[0]
     assert value == same == pytest.approx(750.0)  # r-2's attempt: 1.5 × (200 + 100 + 200)
     assert start == _days(MARKS[1].at) and end > start
-    assert ref.get_label() == chart_reference_before("r-3", 750.0) == "median before r-3: 750 tokens/s"
+    assert ref.get_label() == "median before r-3: 750 tokens/s"
     # no restart in the window: the last scheduled digest's number instead, over the whole window
     alone = draw_chart(_launch(T, T + 600), last_digest=500.0).axes[0]
     (ref,) = _by_gid(alone.collections, "reference")
-    assert ref.get_label() == chart_reference_last_digest(500.0) == "last digest: 500 tokens/s"
+    assert ref.get_label() == "last digest: 500 tokens/s"
     assert not _by_gid(draw_chart(_launch(T, T + 600)).axes[0].collections, "reference")
 
 
@@ -261,7 +256,7 @@ async def test_digest_marks_the_runs_launched_in_its_window(
     r3 = await ctx.runs.create("dflash", "U1", action="auto-restart", patches=["topk"])
     r3.launched_at = start + 1480
     await ctx.runs.record_step(r3)
-    marks = await restart_marks(ctx.runs, "dflash", window[0].ts, now)
+    marks = restart_marks(await ctx.runs.recent("dflash", 100), window[0].ts, now)
     assert marks == (
         RestartMark(start + 640, r2.id, f"{r2.id} topk"),
         RestartMark(start + 1480, r3.id, f"{r3.id} auto-restart topk"),

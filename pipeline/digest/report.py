@@ -9,6 +9,7 @@ passed in, it knows nothing of the handlers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -73,28 +74,13 @@ def silent_ranks(
     )
 
 
-async def load_seen_ranks(memory: DigestMemory, job: str) -> dict[int, tuple[str, float | None]]:
-    """Ranks earlier digests saw: rank → (role, ``ts`` of its last metric line or None)."""
-    out: dict[int, tuple[str, float | None]] = {}
-    for rank, value in (await memory.ranks(job)).items():
-        try:
-            data = json.loads(value)
-            last = data.get("last_ts")
-            out[int(rank)] = (str(data["role"]), float(last) if last is not None else None)
-        except (ValueError, KeyError, TypeError, AttributeError):  # not a JSON object with a role
-            continue
-    return out
-
-
 def seen_update(summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]) -> dict[str, str]:
     """The ``keys.digest_ranks`` fields to write for the ranks in this window (never moving a
     rank's last ``ts`` backwards)."""
     out: dict[str, str] = {}
     for r in summary.ranks:
-        last = max(
-            (t for t in (seen.get(r.rank, (r.role, None))[1], r.last_ts) if t is not None), default=None
-        )
-        out[str(r.rank)] = json.dumps({"role": r.role, "last_ts": last})
+        known = [t for t in (seen.get(r.rank, ("", None))[1], r.last_ts) if t is not None]
+        out[str(r.rank)] = json.dumps({"role": r.role, "last_ts": max(known, default=None)})
     return out
 
 
@@ -103,33 +89,21 @@ class Digest:
     """A built digest: the summary plus everything around it a reply shows."""
 
     job: str
-    scheduled: bool  #: built by the scheduler (moved the offset), else on demand
     summary: DigestSummary
     window: windows.LogWindow  #: without its bytes (``data`` is empty)
     path: str  #: the metric log on the host
     max_bytes: int  #: the read bound used
     change: dict[str, float] = field(default_factory=dict)  #: ±% against the last scheduled digest
-    previous: dict[str, float | None] | None = None  #: the last scheduled digest's headline numbers
     gpus: tuple[GpuRow, ...] | None = None  #: None when the job has no ``gpus`` or no data came back
     gpu_note: str | None = None  #: why there is no (or partial) GPU data
     chart: Path | None = None  #: the PNG written; None when the window had no metric lines
     uptime_s: float | None = None  #: seconds since the current run was launched; None if unknown or stopped
     restarts: tuple[str, ...] | None = None  #: run ids created since the window began, newest first
-    built_at: float = 0.0
     silent: tuple[SilentRank, ...] = ()  #: expected ranks without a line (:func:`silent_ranks`)
     marks: tuple[RestartMark, ...] = ()  #: the restarts drawn on the chart, oldest first
     progress: TrainingProgress | None = None  #: against ``total_steps`` (when set): the ETA
     attempts: tuple[RunRecord, ...] = ()  #: the last :data:`ATTEMPTS_SHOWN`, newest first (the footer)
     live_run: str | None = None  #: the attempt running now
-
-
-async def load_last(memory: DigestMemory, job: str) -> dict[str, float | None] | None:
-    """The last scheduled digest's headline numbers (:meth:`DigestSummary.headline`), or None."""
-    try:
-        data = json.loads(await memory.last(job) or "null")
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...] | None, str | None]:
@@ -138,49 +112,40 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
     try:
         stats = {g.index: g for g in await query_gpus(ssh, job.host)}
     except PitstopError as exc:
-        return None, digest_no_gpu_data(exc.message)
+        return None, f"no GPU data: {exc.message}"
     if not stats:
-        return None, digest_no_gpu_data("nvidia-smi listed no GPUs")
+        return None, "no GPU data: nvidia-smi listed no GPUs"
     roles = [(i, TARGET) for i in job.gpus.target] + [(i, DRAFTER) for i in job.gpus.drafter]
     rows = tuple(GpuRow(i, role, *(astuple(stats[i])[1:] if i in stats else ())) for i, role in roles)
-    missing = [i for i, _ in roles if i not in stats]
-    return rows, digest_gpus_missing(missing) if missing else None
+    missing = ", ".join(str(i) for i, _ in roles if i not in stats)
+    return rows, f"GPU index(es) {missing} configured but not reported by nvidia-smi" if missing else None
 
 
-async def _restarts_since(runs: RunStore, job: str, since: float | None) -> tuple[str, ...] | None:
-    if since is None:
-        return None
-    return tuple(r.id for r in await runs.recent(job, 100) if r.created_at >= since and r.action != "stop")
-
-
-async def restart_marks(runs: RunStore, job: str, start: float | None, end: float) -> tuple[RestartMark, ...]:
-    """The job's runs launched within ``[start, end]`` (unix s) as the chart's restart lines,
-    oldest first (a ``stop`` launches nothing; a failed launch has no ``launched_at``).  None for
-    ``start`` (no timestamps) marks nothing."""
-    if start is None:
-        return ()
+def restart_marks(recent: Sequence[RunRecord], start: float | None, end: float) -> tuple[RestartMark, ...]:
+    """The runs (``recent``: newest first) launched within ``[start, end]`` (unix s) as the chart's
+    restart lines, oldest first (a ``stop`` launches nothing; a failed launch has no
+    ``launched_at``).  None for ``start`` (no timestamps) marks nothing."""
     return tuple(
         RestartMark(r.launched_at, r.id, restart_label(r.id, r.action, r.patches))
-        for r in reversed(await runs.recent(job, 100))
-        if r.launched_at is not None and start <= r.launched_at <= end and r.action != "stop"
+        for r in reversed(recent)
+        if start is not None
+        and r.launched_at is not None
+        and start <= r.launched_at <= end
+        and r.action != "stop"
     )
 
 
 def _draw(
-    lines: Sequence[MetricLine],
-    path: Path,
-    job: str,
-    marks: Sequence[RestartMark] = (),
-    last_digest: float | None = None,
+    lines: Sequence[MetricLine], path: Path, job: str, marks: Sequence[RestartMark], last_digest: float | None
 ) -> Path:
     """Draw the window's lines (in a worker thread: it is slow) and keep the job's last
     :data:`CHARTS_KEPT` charts; the PNG's path with links resolved (the demo's ``charts`` links to a
     lasting place)."""
     # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
-    from pipeline.digest.chart import chart_title, draw_chart
+    from pipeline.digest.chart import draw_chart
 
     path = path.parent.resolve() / path.name
-    draw_chart(lines, title=chart_title(job), restarts=marks, last_digest=last_digest, path=path)
+    draw_chart(lines, title=f"{job}: pipeline tokens/s", restarts=marks, last_digest=last_digest, path=path)
     for old in sorted(path.parent.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)[:-CHARTS_KEPT]:
         old.unlink(missing_ok=True)
     return path
@@ -218,41 +183,50 @@ async def build_digest(
     window = await windows.read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     lines = await asyncio.to_thread(parse_metric_lines, window.data, spec.metrics)
     summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
-    seen = await load_seen_ranks(memory, name)
+    seen: dict[int, tuple[str, float | None]] = {}  # ranks earlier digests saw: rank → (role, last ts)
+    for rank, value in (await memory.ranks(name)).items():
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # not {"role", …}
+            data = json.loads(value)
+            last = data.get("last_ts")
+            seen[int(rank)] = (str(data["role"]), None if last is None else float(last))
     if summary.ranks:
         await memory.add_ranks(name, seen_update(summary, seen))
-    previous = await load_last(memory, name)
-    # a repeated window is the last scheduled digest itself: no change to speak of
-    change = compare(previous, summary) if window.kind is not windows.WindowKind.REPEAT else {}
+    try:  # the last scheduled digest's headline numbers (DigestSummary.headline)
+        previous = json.loads(await memory.last(name) or "null")
+    except ValueError:
+        previous = None
+    previous = previous if isinstance(previous, dict) else None
+    repeat = (
+        window.kind is windows.WindowKind.REPEAT
+    )  # the last scheduled digest itself: no change to speak of
+    change = compare(previous, summary) if not repeat else {}
     now = time.time()
     gpus, gpu_note = await _gpu_rows(ssh, spec)
-    path: Path | None = None
     runs = redis.open_store(RunStore)
+    recent = await runs.recent(name, 100)
+    path: Path | None = None
     marks: tuple[RestartMark, ...] = ()
     if chart and summary.metric_lines:
         where = config.state.path / "charts" / f"{name.lower()}-{int(now * 1000)}.png"
-        repeat = window.kind is windows.WindowKind.REPEAT  # the last scheduled window again: up to its end
-        until = (summary.window_end or now) if repeat else now
-        marks = await restart_marks(runs, name, summary.window_start, until)
+        marks = restart_marks(recent, summary.window_start, (summary.window_end or now) if repeat else now)
         last_rate = None if repeat else (previous or {}).get("pipeline_tokens_per_s")
         path = await asyncio.to_thread(_draw, lines, where, name, marks, last_rate)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
     snapshot = await redis.open_store(JobStore, config).read(name, now=now)
     digest = Digest(
         job=name,
-        scheduled=scheduled,
         summary=summary,
         window=replace(window, data=b""),
         path=spec.metrics_path,
         max_bytes=max_bytes,
         change=change,
-        previous=previous,
         gpus=gpus,
         gpu_note=gpu_note,
         chart=path,
         uptime_s=snapshot.uptime(now),
-        restarts=await _restarts_since(runs, name, since),
-        built_at=now,
+        restarts=None
+        if since is None
+        else tuple(r.id for r in recent if r.created_at >= since and r.action != "stop"),
         silent=silent_ranks(spec, summary, seen),
         marks=marks,
         progress=progress_toward(lines, spec.total_steps) if spec.total_steps is not None and lines else None,
@@ -275,16 +249,3 @@ async def build_digest(
         chart=str(path) if path else None,
     )
     return digest
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def digest_no_gpu_data(reason: str) -> str:
-    """A job with ``gpus`` whose host gave no GPU statistics (CPU host, nvidia-smi failing)."""
-    return f"no GPU data: {reason}"
-
-
-def digest_gpus_missing(indices: Sequence[int]) -> str:
-    """Configured GPU indices nvidia-smi did not list."""
-    return f"GPU index(es) {', '.join(str(i) for i in indices)} configured but not reported by nvidia-smi"
