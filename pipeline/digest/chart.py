@@ -38,12 +38,9 @@ from pipeline.observe.metrics import MetricLine, percentile
 STRIP_LABELS = 24  #: most ranks named on the strip (more: every n-th)
 STRIP_RANGE = (50.0, 150.0)  #: the strip's colour scale, percent of the role's median
 STRAGGLER_BAND = (90.0, 110.0)  #: a rank whose median share is outside it is always named on the strip
-DAY_S = 86_400.0
-
-
-def _days(ts: float) -> float:
-    """Unix seconds as matplotlib's date numbers (days since its default epoch, 1970-01-01)."""
-    return ts / DAY_S if math.isfinite(ts) else math.nan
+CHART_PIPELINE = "pipeline tokens/s (drafters), smoothed; raw behind"
+CHART_STRIP_TITLE = "stragglers: each rank's tokens/s as % of its role's median (red: slower)"
+DAY_S = 86_400.0  #: unix seconds per matplotlib date number (days since its epoch, 1970-01-01)
 
 
 def reference(
@@ -57,9 +54,9 @@ def reference(
         last = ordered[-1]
         before = ordered[-2].at if len(ordered) > 1 else -math.inf
         if (median := series.median(before, last.at)) is not None:
-            return median, last.at, chart_reference_before(last.run, median)
+            return median, last.at, f"median before {last.run}: {fmt.number(median)} tokens/s"
     if last_digest is not None and math.isfinite(last_digest):
-        return last_digest, None, chart_reference_last_digest(last_digest)
+        return last_digest, None, f"last digest: {fmt.number(last_digest)} tokens/s"
     return None
 
 
@@ -73,7 +70,7 @@ def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str,
         cmap=colormaps["RdBu"].with_extremes(bad="0.9"),
         vmin=STRIP_RANGE[0],
         vmax=STRIP_RANGE[1],
-        extent=(_days(strip.edges[0]), _days(strip.edges[-1]), len(strip.rows), 0),
+        extent=(strip.edges[0] / DAY_S, strip.edges[-1] / DAY_S, len(strip.rows), 0),
     )
     image.set_gid("strip")
     every = max(1, math.ceil(len(strip.rows) / STRIP_LABELS))  # many ranks: every n-th one named,
@@ -88,7 +85,7 @@ def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str,
     for i, (above, below) in enumerate(itertools.pairwise(strip.rows), 1):
         if above[0] != below[0]:  # a line between roles
             ax.axhline(i, color="black", linewidth=0.8)
-    fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04).set_label(CHART_STRIP_UNIT, fontsize="small")
+    fig.colorbar(image, ax=ax, pad=0.01, fraction=0.04).set_label("% of role median", fontsize="small")
 
 
 def draw_chart(
@@ -121,28 +118,34 @@ def draw_chart(
     times = [t for seg in series.segments for t in seg] + strip.edges[:1] + strip.edges[-1:]
     if times := times + [m.at for m in restarts]:
         pad = max((max(times) - min(times)) * 0.02, 1.0)
-        top.set_xlim(_days(min(times) - pad), _days(max(times) + pad))
-    days = [_days(t) for t in series.x]
+        top.set_xlim((min(times) - pad) / DAY_S, (max(times) + pad) / DAY_S)
+    days = [t / DAY_S for t in series.x]
     if series.x:
         top.plot(days, series.raw, color="C0", alpha=0.3, linewidth=1.0, zorder=2, gid="pipeline-raw")
         top.plot(
             days, series.smooth, color="C0", linewidth=2.0, zorder=3, gid="pipeline", label=CHART_PIPELINE
         )
-    else:
-        note = CHART_TOO_FEW if lines else CHART_NO_LINES
-        top.text(0.5, 0.5, note, ha="center", va="center", transform=top.transAxes)
-    if series.x and (ref := reference(series, restarts, last_digest)) is not None:
-        value, since, caption = ref
-        start = _days(since) if since is not None else days[0]
-        end = max(_days(series.segments[-1][1]), top.get_xlim()[1] if since is not None else start)
-        top.hlines(
-            value, start, end, colors="0.35", linestyles="--", linewidth=1.2, gid="reference", label=caption
-        )
-    if series.x:
+        if (ref := reference(series, restarts, last_digest)) is not None:
+            value, since, caption = ref
+            start = since / DAY_S if since is not None else days[0]
+            end = max(series.segments[-1][1] / DAY_S, top.get_xlim()[1] if since is not None else start)
+            top.hlines(
+                value,
+                start,
+                end,
+                colors="0.35",
+                linestyles="--",
+                linewidth=1.2,
+                gid="reference",
+                label=caption,
+            )
         top.legend(loc="lower left", fontsize="small", frameon=False)
+    else:
+        note = "too few metric lines in this window for a rate" if lines else "no metric lines in this window"
+        top.text(0.5, 0.5, note, ha="center", va="center", transform=top.transAxes)
     on_top = blended_transform_factory(top.transData, top.transAxes)
     for mark in sorted(restarts, key=lambda m: m.at):
-        x = _days(mark.at)
+        x = mark.at / DAY_S
         top.axvline(x, color="C3", linewidth=1.2, zorder=4, gid=f"restart:{mark.run}")
         top.text(
             x, 0.98, f" {mark.label}", transform=on_top, rotation=90, ha="right", va="top", fontsize="small"
@@ -166,27 +169,3 @@ def draw_chart(
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png")
     return fig
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-CHART_PIPELINE = "pipeline tokens/s (drafters), smoothed; raw behind"
-CHART_NO_LINES = "no metric lines in this window"
-CHART_TOO_FEW = "too few metric lines in this window for a rate"
-CHART_STRIP_TITLE = "stragglers: each rank's tokens/s as % of its role's median (red: slower)"
-CHART_STRIP_UNIT = "% of role median"
-
-
-def chart_title(job: str) -> str:
-    """The digest chart's title."""
-    return f"{job}: pipeline tokens/s"
-
-
-def chart_reference_before(run: str, median: float) -> str:
-    """The reference line's label: the median of the attempt before restart ``run``."""
-    return f"median before {run}: {fmt.number(median)} tokens/s"
-
-
-def chart_reference_last_digest(value: float) -> str:
-    """The reference line's label when there is no earlier attempt in the window."""
-    return f"last digest: {fmt.number(value)} tokens/s"
