@@ -20,47 +20,25 @@ from typing import Any
 
 from pydantic import ValidationError, model_validator
 
-from pipeline.config.approval import ApprovalSettings
-from pipeline.config.base import Seconds, _Model, seconds_setting
-from pipeline.config.jobs import GpuRoles, JobAuth, JobConfig, MetricsPattern
-from pipeline.config.service import (
-    AuthSettings,
-    HealthSettings,
-    HostConfig,
-    RedisSettings,
-    SchedulerSettings,
-    SlackSettings,
-    StateSettings,
-)
-from pipeline.config.watch import AutoRestart, DigestSettings, WatchSettings
+from pipeline.config.approval import ApprovalSettings as ApprovalSettings
+from pipeline.config.base import Seconds as Seconds
+from pipeline.config.base import _Model
+from pipeline.config.base import seconds_setting as seconds_setting
+from pipeline.config.jobs import GpuRoles as GpuRoles
+from pipeline.config.jobs import JobAuth as JobAuth
+from pipeline.config.jobs import JobConfig as JobConfig
+from pipeline.config.jobs import MetricsPattern as MetricsPattern
+from pipeline.config.service import AuthSettings as AuthSettings
+from pipeline.config.service import HealthSettings as HealthSettings
+from pipeline.config.service import HostConfig as HostConfig
+from pipeline.config.service import RedisSettings as RedisSettings
+from pipeline.config.service import SchedulerSettings as SchedulerSettings
+from pipeline.config.service import SlackSettings as SlackSettings
+from pipeline.config.service import StateSettings as StateSettings
+from pipeline.config.watch import AutoRestart as AutoRestart
+from pipeline.config.watch import DigestSettings as DigestSettings
+from pipeline.config.watch import WatchSettings as WatchSettings
 from pipeline.errors import ConfigError
-
-__all__ = [
-    "DEFAULT_CONFIG",
-    "ApprovalSettings",
-    "AuthSettings",
-    "AutoRestart",
-    "Config",
-    "DigestSettings",
-    "GpuRoles",
-    "HealthSettings",
-    "HostConfig",
-    "JobAuth",
-    "JobConfig",
-    "MetricsPattern",
-    "RedisSettings",
-    "SchedulerSettings",
-    "Seconds",
-    "SlackSettings",
-    "StateSettings",
-    "WatchSettings",
-    "config_missing",
-    "load_config",
-    "parse_config",
-    "resolve_path",
-    "seconds_setting",
-    "validation_problems",
-]
 
 DEFAULT_CONFIG = "pitstop.toml"
 
