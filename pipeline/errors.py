@@ -54,13 +54,10 @@ class PitstopError(Exception):
 
 def error_class(code: str) -> type[PitstopError]:
     """The error class with this ``code`` (among the classes defined so far).  :raises KeyError: if none."""
-    pending: list[type[PitstopError]] = [PitstopError]
-    while pending:
-        cls = pending.pop()
-        if cls.code == code:
-            return cls
-        pending.extend(cls.__subclasses__())
-    raise KeyError(code)
+    classes: list[type[PitstopError]] = [PitstopError]
+    for cls in classes:  # parents before their subclasses: a class that keeps its parent's code is not it
+        classes.extend(cls.__subclasses__())
+    return {c.code: c for c in reversed(classes)}[code]
 
 
 class ConfigError(PitstopError):
