@@ -135,7 +135,7 @@ def counter_increase(values: Sequence[float]) -> tuple[float, int]:
     return increase, sum(cur < prev for prev, cur in pairs)
 
 
-def _last(values: Iterable[float | None]) -> float | None:
+def _last(values: Iterable[Any]) -> Any:
     return next((v for v in values if v is not None), None)
 
 
@@ -146,7 +146,7 @@ def _flow(ranks: Sequence[Sequence[MetricLine]]) -> dict[str, Any]:
         "step_p50": percentile(steps, 0.5),
         "step_p95": percentile(steps, 0.95),
         "queue_mean": _mean(queue),
-        "queue_max": _float(max(queue)) if queue else None,
+        "queue_max": max(queue, default=None),
     }
 
 
@@ -163,28 +163,23 @@ def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
     else:
         rate, rate_from = tokens / seconds, "counter"
     ts = _column([lines], "ts")
-    last, mem = lines[-1], _last(ln.gpu_mem_bytes for ln in reversed(lines))
+    last = lines[-1]
     return RankStats(
         rank=last.rank,
         role=last.role,
         role_rank=last.role_rank,
         device=last.device,
         lines=len(lines),
-        first_ts=_float(min(ts)) if ts else None,
-        last_ts=_float(max(ts)) if ts else None,
+        first_ts=min(ts, default=None),
+        last_ts=max(ts, default=None),
         tokens=tokens,
         seconds=seconds,
         tokens_per_s=rate,
         rate_from=rate_from,
         resets=resets,
-        gpu_mem_bytes=int(mem) if mem is not None else None,
         **_flow([lines]),
-        **{key: _float(_last(getattr(ln, key) for ln in reversed(lines))) for key in _LAST},
+        **{key: _last(getattr(ln, key) for ln in reversed(lines)) for key in (*_LAST, "gpu_mem_bytes")},
     )
-
-
-def _float(value: float | None) -> float | None:
-    return None if value is None else float(value)
 
 
 def _sum(values: Iterable[float | None]) -> float | None:
