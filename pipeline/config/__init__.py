@@ -100,10 +100,7 @@ class Config(_Model):
 
 
 def _spelling(known: Iterable[str], name: str) -> str:
-    for key in known:
-        if key.lower() == name.lower():
-            return key
-    raise KeyError(name)
+    return {key.lower(): key for key in known}[name.lower()]
 
 
 def resolve_path(explicit: str | Path | None, env_value: str | None) -> Path:
