@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field
 
+from pipeline import fmt
 from pipeline.config.base import _Model, matching, must
 
 _UNPAGEABLE = (
@@ -77,19 +77,11 @@ class StateSettings(_Model):
 _UNKNOWN_ZONE = "unknown timezone {v!r} - use an IANA name such as 'UTC' or 'Europe/Paris'"
 
 
-def _known_zone(name: str) -> bool:
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        return False
-    return True
-
-
 class SchedulerSettings(_Model):
     """``[scheduler]``: the timezone cron digests are read in (and times are shown in)."""
 
     #: an IANA timezone name (``Europe/Paris``)
-    timezone: Annotated[str, must(_known_zone, _UNKNOWN_ZONE)] = "UTC"
+    timezone: Annotated[str, must(lambda v: fmt.timezone_of(v).key == v, _UNKNOWN_ZONE)] = "UTC"
 
 
 class HostConfig(_Model):
