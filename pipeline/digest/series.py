@@ -84,30 +84,27 @@ def _samples(lines: Iterable[MetricLine]) -> dict[Key, list[tuple[float, MetricL
     return out
 
 
-def _rank_intervals(samples: list[tuple[float, MetricLine]], marks: Sequence[float]) -> list[Interval]:
-    points = [(t, float(ln.tokens)) for t, ln in samples if ln.tokens is not None]
-    if not (by_counter := len(points) >= 2):
-        points = [(t, float(ln.tokens_per_s)) for t, ln in samples if ln.tokens_per_s is not None]
-    typical = percentile([b[0] - a[0] for a, b in itertools.pairwise(points) if b[0] > a[0]], 0.5)
-    if typical is None:
-        return []
-    out = []
-    for (t0, v0), (t1, v1) in itertools.pairwise(points):
-        i = bisect.bisect_right(marks, t0)  # a restart inside: the two ends are two processes
-        restarted = i < len(marks) and marks[i] <= t1
-        relaunched = by_counter and v1 < v0  # the counter restarted from zero
-        if 0 < t1 - t0 <= GAP_FACTOR * typical and not restarted and not relaunched:
-            out.append(Interval(t0, t1, (v1 - v0) / (t1 - t0) if by_counter else v1))
-    return out
-
-
 def rank_intervals(
     lines: Sequence[MetricLine], marks: Sequence[RestartMark] = ()
 ) -> dict[Key, list[Interval]]:
     """Each rank's stretches with a known rate, in time order, gaps left out (module docstring);
     lines without ``ts`` are ignored."""
     at = sorted(m.at for m in marks)
-    return {key: _rank_intervals(samples, at) for key, samples in _samples(lines).items()}
+    out: dict[Key, list[Interval]] = {}
+    for key, samples in _samples(lines).items():
+        points = [(t, float(ln.tokens)) for t, ln in samples if ln.tokens is not None]
+        if not (by_counter := len(points) >= 2):
+            points = [(t, float(ln.tokens_per_s)) for t, ln in samples if ln.tokens_per_s is not None]
+        # the median sampling interval (None, 0: no two samples apart, so no interval either)
+        typical = percentile([b[0] - a[0] for a, b in itertools.pairwise(points) if b[0] > a[0]], 0.5) or 0.0
+        out[key] = []
+        for (t0, v0), (t1, v1) in itertools.pairwise(points):
+            i = bisect.bisect_right(at, t0)  # a restart inside: the two ends are two processes
+            restarted = i < len(at) and at[i] <= t1
+            relaunched = by_counter and v1 < v0  # the counter restarted from zero
+            if 0 < t1 - t0 <= GAP_FACTOR * typical and not restarted and not relaunched:
+                out[key].append(Interval(t0, t1, (v1 - v0) / (t1 - t0) if by_counter else v1))
+    return out
 
 
 def _union(intervals: Iterable[Interval]) -> list[tuple[float, float]]:
