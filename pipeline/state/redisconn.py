@@ -70,6 +70,10 @@ class Store:
         self.client = client
         self.prefix = prefix
 
+    async def hash(self, key: str) -> dict[str, str]:
+        """The Redis hash at ``key``, field → value (empty when there is none)."""
+        return await self.client.hgetall(key)  # type: ignore[return-value]
+
     async def swap(
         self, key: str, change: Callable[[str | bytes | None, Pipeline], R], what: str, wanted: str
     ) -> R:
@@ -191,20 +195,18 @@ def _shutdown_embedded(server: Any, name: str | None = None) -> None:
     :data:`DISCONNECT_WAIT` s) until it lists none of this handle's connections (named ``name``)."""
     deadline = time.monotonic() + DISCONNECT_WAIT
     try:
-        while name and any(c.get("name") == name for c in server.client_list()):
-            if time.monotonic() >= deadline:
-                break
+        while (
+            name and time.monotonic() < deadline and any(c.get("name") == name for c in server.client_list())
+        ):
             time.sleep(0.02)
     except Exception:
         log.debug("embedded redis client list failed", exc_info=True)
-    try:
-        server._cleanup()  # shuts redis-server down when no other client is connected
-    except Exception:  # the server may already be gone (SIGKILL of a peer, say)
-        log.debug("embedded redis cleanup failed", exc_info=True)
-    try:
-        server.connection_pool.disconnect()
-    except Exception:
-        log.debug("embedded redis disconnect failed", exc_info=True)
+    # ``_cleanup`` shuts redis-server down when no other client is connected
+    for step in (server._cleanup, server.connection_pool.disconnect):
+        try:
+            step()
+        except Exception:  # the server may already be gone (SIGKILL of a peer, say)
+            log.debug("embedded redis %s failed", step.__name__, exc_info=True)
 
 
 def _start_embedded(db_path: Path, unix_socket: str | None = None) -> Any:
