@@ -94,10 +94,10 @@ def test_no_idle_alert_when_off_warming_up_or_unread() -> None:
 async def test_watch_state_keeps_idle_starts_in_redis(redis_handle: RedisHandle) -> None:
     """The per-GPU idle starts survive a round trip through the watcher's memory in Redis."""
     store = redis_handle.open_store(IncidentStore)
-    await store.save_state("job", WatchState(idle_gpus_since={1: T0, 6: T0 + 1.5}))
+    await store.save_states({"job": WatchState(idle_gpus_since={1: T0, 6: T0 + 1.5})})
     state, _ = await store.load("job")
     assert state.idle_gpus_since == {1: T0, 6: T0 + 1.5}
-    await store.save_state("job", WatchState())
+    await store.save_states({"job": WatchState()})
     assert (await store.load("job"))[0].idle_gpus_since is None
 
 

@@ -28,7 +28,7 @@ async def test_one_holder_at_a_time(redis_handle: RedisHandle) -> None:
     b = LeaderLease(redis_handle.client, redis_handle.prefix, "b", ttl=5)
     assert await a.acquire() is True and a.is_leader
     assert await b.acquire() is False and not b.is_leader
-    assert await a.renew() is True
+    assert await a.acquire() is True
     assert await a.current_holder() == "a"
     pttl = await redis_handle.client.pttl(keys.leader(redis_handle.prefix))
     assert 0 < pttl <= 5000
@@ -55,7 +55,7 @@ async def test_takeover_after_the_holder_stops_renewing(redis_handle: RedisHandl
     took = time.monotonic() - started
     assert 0.3 < took < 1.5
     assert not a.is_leader  # a trusts its lease only for ttl * SAFETY after its last renewal
-    assert await a.renew() is False  # the compare-and-extend refuses: b holds it now
+    assert await a.acquire() is False  # the compare-and-extend refuses: b holds it now
     assert await a.current_holder() == "b"
 
 

@@ -4,27 +4,31 @@ A request takes the id its run will have (``r-<n>``, reserved from the run count
 ``approve r-7`` names the run it starts.  It is not a run: no owner, no heartbeat, so it outlives
 the process that made it and is never taken for an orphaned run.
 
-Its state (:class:`ApprovalState`) changes only through :meth:`Approvals.decide`, one Lua script,
-so across replicas the first decision wins (``pending`` → ``approved`` | ``denied`` | ``expired``,
+Its state (:class:`ApprovalState`) changes only through :meth:`Approvals.decide`, one compare-and-set
+(:meth:`~pipeline.state.redisconn.Store.swap`), so across replicas the first decision wins (``pending`` → ``approved`` | ``denied`` | ``expired``,
 then never again); :meth:`Approvals.reopen` is the one way back.  Decided records are kept
 :data:`KEEP` s for ``history``.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, TypeVar
 
-import redis.asyncio as aioredis
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+from redis.asyncio.client import Pipeline
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
 from pipeline.state.redisconn import Store
 
 KEEP = 7 * 86400  #: seconds a decided request is kept (``history``)
+
+T = TypeVar("T")
+#: a tuple stored as a JSON list; records decided by the former Lua scripts hold ``{}`` for an empty one
+Items = Annotated[tuple[T, ...], BeforeValidator(lambda value: value or ())]
 
 
 class ApprovalState(StrEnum):
@@ -48,13 +52,14 @@ class PatchDigest:
 
     name: str  #: the patch's configured name
     sha256: str  #: SHA-256 of the file's bytes, 64 hex digits (``sha256sum`` of the file)
-    diffstat: tuple[str, ...] = ()  #: ``path | +3 -1`` lines, one per file the patch changes
+    diffstat: Items[str] = ()  #: ``path | +3 -1`` lines, one per file the patch changes
     size: int = 0  #: bytes
 
 
-@dataclass(frozen=True)
-class ApprovalRequest:
-    """A request waiting for (or past) a second person's decision.  Times are unix seconds."""
+class ApprovalRequest(BaseModel):
+    """A request waiting for (or past) a second person's decision, stored as JSON.  Times are unix seconds."""
+
+    model_config = ConfigDict(frozen=True)
 
     id: str  #: the reserved run id (``r-7``)
     job: str
@@ -62,12 +67,12 @@ class ApprovalRequest:
     command: str  #: the parsed command as JSON text (``handlers.grammar.commands.Command.dumps``)
     text: str  #: the command written out (``restart dflash with topk patch``)
     requester: str
-    groups: tuple[str, ...]  #: the requester's user groups
+    groups: Items[str]  #: the requester's user groups
     channel: str | None
     surface: str
     created_at: float
     expires_at: float
-    patches: tuple[PatchDigest, ...] = ()  #: applied or reverted, as shown (their hashes are approved)
+    patches: Items[PatchDigest] = ()  #: applied or reverted, as shown (their hashes are approved)
     state: ApprovalState = ApprovalState.PENDING
     decided_by: str = ""  #: who approved or denied (empty until decided, and for an expiry)
     decided_at: float | None = None
@@ -77,22 +82,6 @@ class ApprovalRequest:
     def hashes(self) -> dict[str, str]:
         """Patch name → the SHA-256 that was approved."""
         return {p.name: p.sha256 for p in self.patches}
-
-    def dumps(self) -> str:
-        """As JSON text."""
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def loads(cls, raw: str | bytes) -> ApprovalRequest:
-        """From :meth:`dumps` output."""
-        data: dict[str, Any] = json.loads(raw)
-        data["groups"] = tuple(data.get("groups") or ())
-        data["patches"] = tuple(
-            PatchDigest(**{**p, "diffstat": tuple(p.get("diffstat") or ())})
-            for p in data.get("patches") or ()
-        )
-        data["state"] = ApprovalState(data.get("state", "pending"))
-        return cls(**data)
 
 
 class Decided(StrEnum):
@@ -104,67 +93,17 @@ class Decided(StrEnum):
     EXPIRED = "expired"  #: it came after ``expires_at``: the request is closed as expired now
 
 
-# KEYS[1] record, KEYS[2] open set; ARGV: state, user, reason, now, keep (s).
-# Returns {outcome, record}: the record after the call.
-_DECIDE = """
-local raw = redis.call('GET', KEYS[1])
-if not raw then return {'missing', ''} end
-local r = cjson.decode(raw)
-if r.state ~= 'pending' then return {'lost', raw} end
-local now = tonumber(ARGV[4])
-if ARGV[1] == 'approved' and ARGV[2] == r.requester then return {'self', raw} end
-local outcome = 'won'
-if ARGV[1] ~= 'expired' and now > tonumber(r.expires_at) then
-  outcome = 'expired'
-  r.state = 'expired'
-  r.decided_by = ''
-else
-  r.state = ARGV[1]
-  r.decided_by = ARGV[2]
-  r.reason = ARGV[3]
-end
-r.decided_at = now
-local out = cjson.encode(r)
-redis.call('SET', KEYS[1], out, 'EX', tonumber(ARGV[5]))
-redis.call('ZREM', KEYS[2], r.id)
-return {outcome, out}
-"""
-
-
-# KEYS[1] record, KEYS[2] open set; ARGV: approver.  Approved → pending again, by its approver only.
-_REOPEN = """
-local raw = redis.call('GET', KEYS[1])
-if not raw then return '' end
-local r = cjson.decode(raw)
-if r.state ~= 'approved' or r.decided_by ~= ARGV[1] then return '' end
-r.state = 'pending'
-r.decided_by = ''
-r.reason = ''
-r.decided_at = nil
-local out = cjson.encode(r)
-redis.call('SET', KEYS[1], out, 'KEEPTTL')
-redis.call('ZADD', KEYS[2], r.expires_at, r.id)
-return out
-"""
-
-
 class Approvals(Store):
     """Approval requests in Redis."""
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        super().__init__(client, prefix)
-        self._decide = client.register_script(_DECIDE)
-        self._reopen = client.register_script(_REOPEN)
 
     async def open(self, request: ApprovalRequest) -> ApprovalRequest:
         """Store a new pending request under a freshly reserved run id (``request.id`` is ignored);
         returns it as stored."""
         n = await self.client.incr(keys.run_seq(self.prefix))
-        stored = replace(request, id=f"r-{n}", state=ApprovalState.PENDING)
+        stored = request.model_copy(update={"id": f"r-{n}", "state": ApprovalState.PENDING})
         ttl = max(1, int(stored.expires_at - time.time() + KEEP))
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(keys.approval(self.prefix, stored.id), stored.dumps(), ex=ttl)
-            pipe.zadd(keys.approvals_open(self.prefix), {stored.id: stored.expires_at})
+            self._put(pipe, stored, ex=ttl)
             await pipe.execute()
         return stored
 
@@ -177,7 +116,7 @@ class Approvals(Store):
     async def find(self, request_id: str) -> ApprovalRequest | None:
         """The request ``request_id``, or None (a run id that was never a request)."""
         raw = await self.client.get(keys.approval(self.prefix, request_id))
-        return None if raw is None else ApprovalRequest.loads(raw)
+        return None if raw is None else ApprovalRequest.model_validate_json(raw)
 
     async def decide(
         self, request_id: str, state: ApprovalState, user: str = "", reason: str = ""
@@ -190,24 +129,57 @@ class Approvals(Store):
         :raises UnknownRun: if there is no such request.
         :raises IllegalTransition: if ``state`` is not a decision (``pending``).
         """
+        what = f"approval {request_id}"
         if state not in TRANSITIONS:
-            raise IllegalTransition(f"approval {request_id}", "pending", state.value)
-        answer: Any = await self._decide(
-            keys=[keys.approval(self.prefix, request_id), keys.approvals_open(self.prefix)],
-            args=[state.value, user, reason[:500], repr(time.time()), KEEP],
-        )
-        outcome, raw = str(answer[0]), answer[1]
-        if outcome == "missing":
-            raise UnknownRun(request_id)
-        return Decided(outcome), ApprovalRequest.loads(raw)
+            raise IllegalTransition(what, "pending", state.value)
+
+        def settle(raw: str | bytes | None, pipe: Pipeline) -> tuple[Decided, ApprovalRequest]:
+            if raw is None:
+                raise UnknownRun(request_id)
+            request = ApprovalRequest.model_validate_json(raw)
+            if request.state is not ApprovalState.PENDING:
+                return Decided.LOST, request
+            if state is ApprovalState.APPROVED and user == request.requester:
+                return Decided.SELF, request
+            now, outcome = time.time(), Decided.WON
+            decision = {"state": state, "decided_by": user, "reason": reason[:500], "decided_at": now}
+            if state is not ApprovalState.EXPIRED and now > request.expires_at:
+                outcome, decision = (
+                    Decided.EXPIRED,
+                    {"state": ApprovalState.EXPIRED, "decided_by": "", "decided_at": now},
+                )
+            return outcome, self._put(pipe, request.model_copy(update=decision), ex=KEEP)
+
+        return await self.swap(keys.approval(self.prefix, request_id), settle, what, state.value)
 
     async def reopen(self, request_id: str, approver: str) -> ApprovalRequest | None:
         """Approved → pending again, atomically, when the approval could not be acted on (another
         restart took the job's lock meanwhile): returns it, or None if not approved by ``approver``."""
-        raw = await self._reopen(
-            keys=[keys.approval(self.prefix, request_id), keys.approvals_open(self.prefix)], args=[approver]
+
+        def back(raw: str | bytes | None, pipe: Pipeline) -> ApprovalRequest | None:
+            request = None if raw is None else ApprovalRequest.model_validate_json(raw)
+            if (
+                request is None
+                or request.state is not ApprovalState.APPROVED
+                or request.decided_by != approver
+            ):
+                return None
+            update = {"state": ApprovalState.PENDING, "decided_by": "", "reason": "", "decided_at": None}
+            return self._put(pipe, request.model_copy(update=update))
+
+        return await self.swap(
+            keys.approval(self.prefix, request_id), back, f"approval {request_id}", "reopen"
         )
-        return ApprovalRequest.loads(raw) if raw else None
+
+    def _put(self, pipe: Pipeline, request: ApprovalRequest, ex: int | None = None) -> ApprovalRequest:
+        """Queue the write of ``request`` on ``pipe``, kept ``ex`` s (None: its TTL kept), in the open set
+        while pending; returns it."""
+        pipe.set(keys.approval(self.prefix, request.id), request.model_dump_json(), ex=ex, keepttl=ex is None)
+        if request.state is ApprovalState.PENDING:
+            pipe.zadd(keys.approvals_open(self.prefix), {request.id: request.expires_at})
+        else:
+            pipe.zrem(keys.approvals_open(self.prefix), request.id)
+        return request
 
     async def pending(self, job: str | None = None) -> list[ApprovalRequest]:
         """Requests still pending (expired ones included until the sweep closes them), oldest first,
@@ -216,7 +188,7 @@ class Approvals(Store):
         if not ids:
             return []
         raws = await self.client.mget([keys.approval(self.prefix, str(i)) for i in ids])
-        found = [ApprovalRequest.loads(r) for r in raws if r is not None]
+        found = [ApprovalRequest.model_validate_json(r) for r in raws if r is not None]
         return [r for r in found if job is None or r.job.lower() == job.lower()]
 
     async def due(self, now: float | None = None) -> list[str]:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import redis.asyncio as aioredis
+from pydantic import BaseModel, BeforeValidator
 
 from pipeline.state import keys
-from pipeline.state.redisconn import Store, as_float
+from pipeline.state.redisconn import Store
 
 STREAM_MAXLEN = 10_000
 _SCAN_BATCH = 200
@@ -54,35 +54,26 @@ APPROVALS = frozenset(
 REFUSALS = frozenset({AuditOutcome.DENIED, AuditOutcome.REFUSED, AuditOutcome.FAILED, AuditOutcome.ERROR})
 
 
-@dataclass(frozen=True)
-class AuditEntry:
-    """One audit record."""
-
-    id: str  #: the stream id (time-ordered)
-    ts: float  #: unix s
-    user: str
-    surface: str
-    channel: str
-    text: str
-    verb: str
-    job: str
-    command: str  #: the parsed command as JSON text, or empty when it did not parse
-    outcome: AuditOutcome
-    detail: str
-    run_id: str
-
-    @classmethod
-    def from_fields(cls, entry_id: str, fields: dict[str, Any]) -> AuditEntry:
-        """An entry from its stream fields (unknown outcomes read as ``error``)."""
-        try:
-            outcome = AuditOutcome(fields.get("outcome", "error"))
-        except ValueError:
-            outcome = AuditOutcome.ERROR
-        text = {name: str(fields.get(name, "")) for name in _TEXT_FIELDS}
-        return cls(id=entry_id, ts=as_float(fields.get("ts")) or 0.0, outcome=outcome, **text)
+def _outcome(value: Any) -> AuditOutcome:
+    """An outcome as stored; one this version does not know reads as ``error``."""
+    return AuditOutcome(value) if value in AuditOutcome._value2member_map_ else AuditOutcome.ERROR
 
 
-_TEXT_FIELDS = ("user", "surface", "channel", "text", "verb", "job", "command", "detail", "run_id")
+class AuditEntry(BaseModel, frozen=True):
+    """One audit record, as its stream fields (missing ones read as empty)."""
+
+    id: str = ""  #: the stream id (time-ordered)
+    ts: float = 0.0  #: unix s
+    user: str = ""
+    surface: str = ""
+    channel: str = ""
+    text: str = ""
+    verb: str = ""
+    job: str = ""
+    command: str = ""  #: the parsed command as JSON text, or empty when it did not parse
+    outcome: Annotated[AuditOutcome, BeforeValidator(_outcome)] = AuditOutcome.ERROR
+    detail: str = ""
+    run_id: str = ""
 
 
 class Audit(Store):
@@ -107,20 +98,21 @@ class Audit(Store):
         run_id: str | None = None,
     ) -> str:
         """Append one record (``command``: :meth:`handlers.grammar.commands.Command.dumps`); returns its stream id."""
-        fields = {
-            "ts": repr(time.time()),
-            "user": user,
-            "surface": surface,
-            "channel": channel or "",
-            "text": text[:2000],
-            "verb": verb,
-            "job": job or "",
-            "command": command,
-            "outcome": outcome.value,
-            "detail": detail[:2000],
-            "run_id": run_id or "",
-        }
-        return str(await self.client.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True))  # type: ignore[arg-type]
+        entry = AuditEntry(
+            ts=time.time(),
+            user=user,
+            surface=surface,
+            channel=channel or "",
+            text=text[:2000],
+            verb=verb,
+            job=job or "",
+            command=command,
+            outcome=outcome,
+            detail=detail[:2000],
+            run_id=run_id or "",
+        )
+        fields: Any = entry.model_dump(mode="json", exclude={"id"})
+        return str(await self.client.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True))
 
     async def recent(
         self,
@@ -143,7 +135,7 @@ class Audit(Store):
                 if entry_id == upper:
                     continue
                 read += 1
-                entry = AuditEntry.from_fields(str(entry_id), fields)
+                entry = AuditEntry.model_validate({**fields, "id": str(entry_id)})
                 if (job is None or entry.job.lower() == job.lower()) and (
                     outcomes is None or entry.outcome in outcomes
                 ):

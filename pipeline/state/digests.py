@@ -12,11 +12,11 @@ class DigestMemory(Store):
 
     async def offset(self, job: str) -> dict[str, str]:
         """The last scheduled digest's log offset fields (empty if none)."""
-        return await self.client.hgetall(keys.digest_offset(self.prefix, job))  # type: ignore[return-value]
+        return await self.hash(keys.digest_offset(self.prefix, job))
 
     async def ranks(self, job: str) -> dict[str, str]:
         """Every rank a digest saw → its JSON ``{"role", "last_ts"}``."""
-        return await self.client.hgetall(keys.digest_ranks(self.prefix, job))  # type: ignore[return-value]
+        return await self.hash(keys.digest_ranks(self.prefix, job))
 
     async def add_ranks(self, job: str, fields: dict[str, str]) -> None:
         """Record ranks seen (rank → JSON)."""

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import redis.asyncio as aioredis
+from pydantic import BaseModel, Json
 
 from pipeline.state import keys
 from pipeline.state.redisconn import Store
@@ -32,26 +32,15 @@ class EventKind(StrEnum):
     RESTART = "restart"
 
 
-@dataclass(frozen=True)
-class Event:
-    """One event: its stream id, kind, job, time (unix s) and data."""
+class Event(BaseModel, frozen=True):
+    """One event: its stream id, kind, job, time (unix s) and data, read from a stream entry's fields
+    as :meth:`Events.publish` wrote them."""
 
     id: str
     kind: EventKind
     job: str
     ts: float
-    data: dict[str, Any]
-
-    @classmethod
-    def read(cls, entry_id: str, fields: dict[str, str]) -> Event:
-        """The event of a stream entry (its id and fields as :meth:`Events.publish` wrote them)."""
-        return cls(
-            str(entry_id),
-            EventKind(fields["kind"]),
-            fields["job"],
-            float(fields["ts"]),
-            json.loads(fields["data"]),
-        )
+    data: Json[dict[str, Any]]
 
 
 class Events(Store):
@@ -78,7 +67,7 @@ class Events(Store):
         is none yet, the first to come within ``block`` s (at most :data:`BLOCK_S`), else []."""
         key, wait = keys.run_events(self.prefix, run_id), max(1, int(min(block, BLOCK_S) * 1000))
         got: Any = await self.client.xread({key: after}, count=100, block=wait)
-        return [Event.read(i, f) for _stream, entries in got or [] for i, f in entries]
+        return [Event.model_validate({**f, "id": i}) for _stream, entries in got or [] for i, f in entries]
 
     async def last_id(self) -> str:
         """The id of the newest event, or ``0-0``: wait for events after it."""
@@ -100,5 +89,5 @@ class Events(Store):
                     if fields.get("kind") == kind.value and (
                         job is None or fields.get("job", "").lower() == job.lower()
                     ):
-                        return Event.read(entry_id, fields)
+                        return Event.model_validate({**fields, "id": entry_id})
         return None

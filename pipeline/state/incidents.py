@@ -177,19 +177,6 @@ class IncidentStore(Store):
         raw = await self.client.hgetall(keys.incident(self.prefix, job))
         return Incident.model_validate(raw) if raw else None
 
-    async def save_state(self, job: str, state: WatchState) -> None:
-        """Write the watcher memory (fields that became None are removed)."""
-        async with self.client.pipeline(transaction=True) as pipe:
-            self._write_state(pipe, job, state)
-            await pipe.execute()
-
-    def _write_state(self, pipe: Any, job: str, state: WatchState) -> None:
-        key, fields = keys.watch_state(self.prefix, job), state.to_hash()
-        if fields:
-            pipe.hset(key, mapping=fields)
-        if gone := [name for name in WatchState.model_fields if name not in fields]:
-            pipe.hdel(key, *gone)
-
     async def open(self, incident: Incident) -> Incident | None:
         """Open ``incident`` if the job has none open: returns it numbered at rev 1, or None if one was."""
         n = await self._open(
@@ -220,7 +207,11 @@ class IncidentStore(Store):
         removed; a job with nothing to store yet is left alone)."""
         async with self.client.pipeline(transaction=False) as pipe:
             for job, state in states.items():
-                self._write_state(pipe, job, state)
+                key, fields = keys.watch_state(self.prefix, job), state.to_hash()
+                if fields:
+                    pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                if gone := [name for name in WatchState.model_fields if name not in fields]:
+                    pipe.hdel(key, *gone)
             await pipe.execute()
 
     async def pause(self, job: str, user: str, seconds: int) -> None:
@@ -246,9 +237,7 @@ class IncidentStore(Store):
 
     async def last_crash(self, job: str) -> dict[str, str]:
         """The job's last classified crash (``crash_*`` fields, ``run_id``, ``repeat``; empty if none)."""
-        return {
-            str(k): str(v) for k, v in (await self.client.hgetall(keys.last_crash(self.prefix, job))).items()
-        }
+        return await self.hash(keys.last_crash(self.prefix, job))
 
     async def remember_crash(self, job: str, fields: dict[str, str]) -> None:
         """Replace the job's last classified crash."""

@@ -158,8 +158,7 @@ class JobRecords(Store):
 
     async def current(self, name: str) -> dict[str, str]:
         """The job's ``current`` record (empty when none)."""
-        raw = await self.client.hgetall(keys.job_current(self.prefix, name))
-        return {str(k): str(v) for k, v in raw.items()}
+        return await self.hash(keys.job_current(self.prefix, name))
 
     async def record_launch(self, run_id: str, name: str, current: Mapping[str, str], due: float) -> None:
         """Replace the job's ``current`` record with the launched run's and queue its verification

@@ -55,7 +55,8 @@ class LeaderLease:
         return time.monotonic() < self._valid_until
 
     async def acquire(self) -> bool:
-        """Take the lease if it is free, or extend it if this process holds it.
+        """Take the lease if it is free, or extend it if this process holds it (the renewal: one that
+        expired and nobody else took is taken back).
 
         :returns: whether this process holds the lease now.
         :raises StateUnavailable: if Redis cannot be reached (the local lease is dropped
@@ -73,11 +74,6 @@ class LeaderLease:
             return True
         self._valid_until = 0.0
         return False
-
-    async def renew(self) -> bool:
-        """:meth:`acquire`: extend the lease if this process still holds it, or take it back if it
-        expired and nobody else took it."""
-        return await self.acquire()
 
     async def release(self) -> bool:
         """Give the lease up if this process holds it (True), so another can take over at once

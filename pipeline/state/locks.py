@@ -71,8 +71,9 @@ class InFlight(PitstopError):
         self.job = job
         self.holder = holder
         h = holder or Holder("", job, "restart", "someone", "", "unknown", time.time())
-        super().__init__(
-            in_flight(h.action or "restart", h.job or job, h.user or "someone", h.age(), h.step or "unknown")
+        super().__init__(  # the exact wording people learn to read
+            f"{h.action or 'restart'} of {h.job or job} already in flight - started by "
+            f"{fmt.who(h.user or 'someone')} {int(h.age())} s ago, now at: {h.step or 'unknown'}"
         )
 
 
@@ -244,11 +245,3 @@ class JobLock(Store):
             self._lost = True
         except RedisError:
             log.warning("could not release the lock %s; it frees itself within %g s", self.scope, self.ttl)
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def in_flight(action: str, job: str, user: str, seconds: float, step: str) -> str:
-    """A restart refused because another is in flight (the exact wording people learn to read)."""
-    return f"{action} of {job} already in flight - started by {fmt.who(user)} {int(seconds)} s ago, now at: {step}"

@@ -98,18 +98,16 @@ class StoreWatch:
                 outage, self.down_since = Outage(self.down_since, time.time()), None
                 log.warning("Redis answers again after %.0f s", outage.seconds)
                 if outage.seconds > self.grace or self._revived:
-                    try:
-                        if await self._claim(outage):
+                    key = keys.outage_told(self.handle.prefix)
+                    try:  # told by the first replica whose outage no told one overlaps
+                        if await self.handle.client.eval(
+                            _CLAIM, 1, key, repr(outage.start), repr(outage.end)
+                        ):
                             await self.on_back(outage)
                     except Exception:
                         log.exception("telling of the Redis outage failed")
                 self.last_outage = outage
             await self._pause(self.every)
-
-    async def _claim(self, outage: Outage) -> bool:
-        """True if no replica has told of an outage overlapping this one yet (then this one tells)."""
-        key = keys.outage_told(self.handle.prefix)
-        return bool(await self.handle.client.eval(_CLAIM, 1, key, repr(outage.start), repr(outage.end)))
 
     async def _down(self, exc: StateUnavailable) -> None:
         """Note the outage, log it once it outlasts :attr:`grace`, and try to revive the server."""

@@ -76,6 +76,4 @@ class Posts(Store):
 
     async def last_failure(self) -> dict[str, str]:
         """The last post Slack refused, as :meth:`record_failure` kept it (empty if none)."""
-        return {
-            str(k): str(v) for k, v in (await self.client.hgetall(keys.delivery_failure(self.prefix))).items()
-        }
+        return await self.hash(keys.delivery_failure(self.prefix))

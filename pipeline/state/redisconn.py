@@ -24,15 +24,17 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError, WatchError
 
 from pipeline.config import Config
-from pipeline.errors import StateUnavailable
+from pipeline.errors import IllegalTransition, StateUnavailable
 
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 S = TypeVar("S")
+R = TypeVar("R")
 
 EMBEDDED_DB = "pitstop.rdb"
 DISCONNECT_WAIT = 5.0  #: seconds to wait for the embedded server to see this process's connections close
@@ -67,6 +69,34 @@ class Store:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
+
+    async def hash(self, key: str) -> dict[str, str]:
+        """The Redis hash at ``key``, field → value (empty when there is none)."""
+        return await self.client.hgetall(key)  # type: ignore[return-value]
+
+    async def swap(
+        self, key: str, change: Callable[[str | bytes | None, Pipeline], R], what: str, wanted: str
+    ) -> R:
+        """The one compare-and-set of a record kept as a string: ``key`` is read under ``WATCH`` and
+        ``change(raw, pipe)`` (``raw`` None when absent) queues its writes on ``pipe``, already in
+        ``MULTI``; they apply only if ``key`` was not written meanwhile, else it is read again.
+
+        :param what: the record, as :class:`~pipeline.errors.IllegalTransition` names it (``run r-7``).
+        :param wanted: the transition tried, likewise.
+        :returns: what ``change`` returned, once its writes applied.
+        :raises IllegalTransition: if ``key`` kept changing under concurrent writes (and whatever
+            ``change`` raises to refuse the transition).
+        """
+        async with self.client.pipeline(transaction=True) as pipe:
+            for _ in range(5):
+                await pipe.watch(key)
+                raw = await pipe.get(key)
+                pipe.multi()  # type: ignore[no-untyped-call]
+                out = change(raw, pipe)
+                with suppress(WatchError):  # written meanwhile: read again
+                    await pipe.execute()
+                    return out
+        raise IllegalTransition(what, "changing under concurrent writes", wanted)
 
 
 @dataclass(frozen=True)
@@ -165,20 +195,18 @@ def _shutdown_embedded(server: Any, name: str | None = None) -> None:
     :data:`DISCONNECT_WAIT` s) until it lists none of this handle's connections (named ``name``)."""
     deadline = time.monotonic() + DISCONNECT_WAIT
     try:
-        while name and any(c.get("name") == name for c in server.client_list()):
-            if time.monotonic() >= deadline:
-                break
+        while (
+            name and time.monotonic() < deadline and any(c.get("name") == name for c in server.client_list())
+        ):
             time.sleep(0.02)
     except Exception:
         log.debug("embedded redis client list failed", exc_info=True)
-    try:
-        server._cleanup()  # shuts redis-server down when no other client is connected
-    except Exception:  # the server may already be gone (SIGKILL of a peer, say)
-        log.debug("embedded redis cleanup failed", exc_info=True)
-    try:
-        server.connection_pool.disconnect()
-    except Exception:
-        log.debug("embedded redis disconnect failed", exc_info=True)
+    # ``_cleanup`` shuts redis-server down when no other client is connected
+    for step in (server._cleanup, server.connection_pool.disconnect):
+        try:
+            step()
+        except Exception:  # the server may already be gone (SIGKILL of a peer, say)
+            log.debug("embedded redis %s failed", step.__name__, exc_info=True)
 
 
 def _start_embedded(db_path: Path, unix_socket: str | None = None) -> Any:

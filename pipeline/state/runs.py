@@ -19,6 +19,7 @@ from enum import StrEnum
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict
+from redis.asyncio.client import Pipeline
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
@@ -328,33 +329,28 @@ class RunStore(Store):
         :raises IllegalTransition: naming the stored state, if it refuses ``wanted``, or it is past
             ``rev`` (another writer won), or it kept changing under concurrent writes.
         """
-        key, what = keys.run(self.prefix, run_id), f"run {run_id}"
-        async with self.client.pipeline(transaction=True) as pipe:
-            for _ in range(5):
-                await pipe.watch(key)
-                raw = await pipe.get(key)
-                if raw is None:
-                    raise UnknownRun(run_id)
-                stored = RunRecord.model_validate_json(raw)
-                state = RunState.of(stored)
-                if state not in TRANSITIONS[wanted] or rev not in (None, stored.rev):
-                    at = "" if rev in (None, stored.rev) else f" at revision {stored.rev} (read at {rev})"
-                    raise IllegalTransition(what, state.value + at, wanted)
-                new = change(stored).model_copy(update={"rev": stored.rev + 1})
-                pipe.multi()  # type: ignore[no-untyped-call]
-                pipe.set(key, new.model_dump_json())
-                if new.finished_at is not None:
-                    pipe.srem(keys.runs_open(self.prefix), run_id)
-                if new.finished_at is not None or (stored.owner is not None and new.owner is None):
-                    pipe.delete(keys.run_owner(self.prefix, run_id))
-                try:
-                    await pipe.execute()
-                except aioredis.WatchError:
-                    continue  # written meanwhile: read again (a copy at ``rev`` is refused then)
-                if new.finished_at is not None:
-                    self._owned.discard(run_id)
-                return new
-        raise IllegalTransition(what, "changing under concurrent writes", wanted)
+        key = keys.run(self.prefix, run_id)
+
+        def write(raw: str | bytes | None, pipe: Pipeline) -> RunRecord:
+            if raw is None:
+                raise UnknownRun(run_id)
+            stored = RunRecord.model_validate_json(raw)
+            state = RunState.of(stored)
+            if state not in TRANSITIONS[wanted] or rev not in (None, stored.rev):
+                at = "" if rev in (None, stored.rev) else f" at revision {stored.rev} (read at {rev})"
+                raise IllegalTransition(f"run {run_id}", state.value + at, wanted)
+            new = change(stored).model_copy(update={"rev": stored.rev + 1})
+            pipe.set(key, new.model_dump_json())
+            if new.finished_at is not None:
+                pipe.srem(keys.runs_open(self.prefix), run_id)
+            if new.finished_at is not None or (stored.owner is not None and new.owner is None):
+                pipe.delete(keys.run_owner(self.prefix, run_id))
+            return new
+
+        new = await self.swap(key, write, f"run {run_id}", wanted)
+        if new.finished_at is not None:
+            self._owned.discard(run_id)
+        return new
 
     async def attempts(
         self, job: str, count: int = 10, *, before: RunRecord | None = None
