@@ -31,7 +31,6 @@ from pipeline.state.runs import RunRecord, StepRecord
 from pipeline.verdict import Outcome, Step
 
 CALL_TIMEOUT = 30.0  #: seconds for a pre-flight, cache or patch call
-MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the log (or output) is written
 
 
 async def patch_plan(
@@ -134,7 +133,7 @@ class WorkdirSteps:
     """The workdir steps of :class:`~pipeline.engines.base.Engine` over SSH, through the host helper
     on the job's ``host``: the ssh and Slurm engines' (the cluster's workdir is shared)."""
 
-    min_free_bytes = MIN_FREE_BYTES  #: pre-flight: free bytes needed where the log is written
+    min_free_bytes = 100 * 10**6  #: pre-flight: free bytes needed where the log is written
 
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         self.ssh = ssh
