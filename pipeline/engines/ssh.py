@@ -137,13 +137,10 @@ class SshEngine(WorkdirSteps):
         try:
             answer = await call_helper(self.ssh, Ops.launch(args), job=name, timeout=LAUNCH_TIMEOUT)
         except RemoteError as exc:
-            if isinstance(exc, RemoteTimeout):
-                state = await self._state_text(name, job)
-                detail = f"launch channel hung for {exc.timeout:g} s; process state: {state}"
-            else:
-                detail = exc.message
-                if not isinstance(exc, HostKeyRejected):
-                    detail += f"; process state: {await self._state_text(name, job)}"
+            hung = f"launch channel hung for {exc.timeout:g} s" if isinstance(exc, RemoteTimeout) else None
+            detail = hung or exc.message
+            if not isinstance(exc, HostKeyRejected):
+                detail += f"; process state: {await self._state_text(name, job)}"
             raise await self.steps.launch_failed(run, rec, name, detail) from None
         run.pid = int(answer["pid"])
         run.pgid = int(answer.get("pgid") or run.pid)

@@ -181,15 +181,10 @@ class WorkdirSteps:
         answer: Mapping[str, Any] = {"in_effect": in_effect}
         if to_apply or to_revert:
             try:
-                answer = dict(
-                    await call_helper(
-                        self.ssh,
-                        Ops.patch({"workdir": t.job.workdir, "apply": to_apply, "revert": to_revert}),
-                        job=t.name,
-                        stdin=json.dumps(dict(plan.texts)),
-                        timeout=CALL_TIMEOUT * 2,
-                    )
-                )
+                patch = Ops.patch({"workdir": t.job.workdir, "apply": to_apply, "revert": to_revert})
+                stdin = json.dumps(dict(plan.texts))
+                asked = call_helper(self.ssh, patch, job=t.name, stdin=stdin, timeout=CALL_TIMEOUT * 2)
+                answer = dict(await asked)
             except RemoteError as exc:
                 shown = patch_failed(exc.message)
                 raise await self.steps.launch_failed(run, rec, t.name, exc.message, shown=shown) from None
