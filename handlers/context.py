@@ -10,7 +10,7 @@ from functools import cached_property
 from handlers.outbox import Outbox
 from handlers.runs.posts import RunPosts
 from pipeline.config import Config
-from pipeline.engines.base import RestartService
+from pipeline.engines.runner import Runner
 from pipeline.host.remote import RemoteHosts
 from pipeline.runs.service import RunService
 from pipeline.state.events import Events
@@ -26,7 +26,7 @@ class Context:
     redis: RedisHandle  #: client + key prefix
     ssh: RemoteHosts  #: one connection per host
     runs: RunStore
-    restarter: RestartService  #: the restart sequence and ``verify``
+    restarter: Runner  #: the restart sequence and ``verify``
     events: Events
     outbox: Outbox  #: where team-visible posts go (Slack, console, memory)
     instance: str  #: an id for this process (leader lease, claims, logs)

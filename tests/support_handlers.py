@@ -21,16 +21,14 @@ from pipeline.engines.base import (
     Entry,
     NodeOutputs,
     Reads,
-    RestartService,
     Sighting,
     StepListener,
     Target,
 )
-from pipeline.engines.runner import look
+from pipeline.engines.runner import Runner, look
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostUnreachable
-from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, LogChunk, read_log_chunk
+from pipeline.host.probe import LogChunk, read_log_chunk
 from pipeline.host.remote import RemoteHosts, RemoteResult
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
@@ -109,9 +107,9 @@ class FakeSSH:
         """Nothing to close."""
 
 
-class StandInRestarter:
+class StandInRestarter(Runner):
     """Real-Redis test double for :class:`pipeline.engines.ssh.Restarter` (implements
-    :class:`~pipeline.engines.base.RestartService`).
+    :class:`~pipeline.engines.runner.Runner`'s interface; its ``__init__`` is not called).
 
     Walks the steps (recording each on the run and telling the subscribed listeners as the real
     one does), checks cancel requests and ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``
@@ -278,16 +276,6 @@ class StandInRestarter:
         """What the registered engines see over this stand-in's SSH (a FakeSSH answers probes)."""
         return await look({n: make(self.ssh, self._steps()) for n, make in ENGINES.items()}, entries, reads)
 
-    async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
-        """What the job's engine finds over this stand-in's SSH."""
-        engine, t = await self._target(job)
-        return await engine.crash_evidence(t, offset, seen)
-
-    async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
-        """What the job's engine finds over this stand-in's SSH."""
-        engine, t = await self._target(job)
-        return await engine.hang_evidence(t, pids)
-
     async def _target(self, job: str) -> tuple[Engine, Target]:
         name, steps = self.config.job_name(job), self._steps()
         spec = self.config.jobs[name]
@@ -301,7 +289,7 @@ def make_context(
     config: Config,
     handle: RedisHandle,
     *,
-    restarter: RestartService | None = None,
+    restarter: Runner | None = None,
     outbox: MemoryOutbox | None = None,
 ) -> Context:
     """A Context on real Redis with the stand-in restarter (unless one is given)."""

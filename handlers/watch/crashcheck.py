@@ -39,7 +39,7 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
 
     :param seen: the watch cycle's probe of the job: when it brought the job's ending, it is used
         instead of asking the job's engine again
-        (:meth:`~pipeline.engines.base.RestartService.crash_evidence`).
+        (:meth:`~pipeline.engines.runner.Runner.crash_evidence`).
     :returns: the check, or None when the job has no recorded run or the host cannot be read.
     """
     store = ctx.redis.open_store(IncidentStore)

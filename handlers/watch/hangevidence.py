@@ -1,7 +1,7 @@
 """Evidence for a hang, posted in a stuck-rank or stalled incident's thread once it opens.
 
 What a person would run by hand on the host, in one look by the job's engine
-(:meth:`~pipeline.engines.base.RestartService.hang_evidence`): each stuck process's state and
+(:meth:`~pipeline.engines.runner.Runner.hang_evidence`): each stuck process's state and
 ``wchan`` from ``/proc``, and its Python stacks from ``py-spy dump --pid PID`` when py-spy is
 installed there.  A process in uninterruptible sleep (``D``) cannot be killed, so the post says a
 restart will not free it and the host may need recycling.

@@ -10,7 +10,7 @@ this interface.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,7 +21,7 @@ from pipeline.host.contract import HangAnswer, LogRead
 from pipeline.host.probe import JobProbe, LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation, count_right
-from pipeline.state.runs import RunRecord, RunStore
+from pipeline.state.runs import RunRecord
 
 __all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener"]
 
@@ -202,56 +202,3 @@ def check_engines(config: Config, engines: Mapping[str, EngineKind]) -> None:
             problems += kind.check(job, f"jobs.{name}")
     if problems:
         raise ConfigError(problems, config.source)
-
-
-class RestartService(Protocol):
-    """What :mod:`pipeline.runs` needs from the runner (every operation
-    for any job, whatever its engine); tests' stand-ins implement it."""
-
-    config: Config
-    runs: RunStore
-
-    async def restart(
-        self,
-        run: RunRecord,
-        *,
-        add: Sequence[str] = (),
-        remove: Sequence[str] = (),
-        fresh_cache: bool = False,
-        cancelled: CancelCheck | None = None,
-    ) -> RunRecord:
-        """preflight → stop → clear_cache → patch → launch; leaves ``verify`` WAITING."""
-
-    async def start(self, run: RunRecord, *, cancelled: CancelCheck | None = None) -> RunRecord:
-        """preflight (refusing a job that runs) → launch; leaves ``verify`` WAITING."""
-
-    async def stop(self, run: RunRecord) -> RunRecord:
-        """The ``stop`` step alone; verdict None on success, ``STOP_FAILED`` otherwise."""
-
-    async def verify(self, run: RunRecord) -> RunRecord:
-        """Decide the verdict from observations up to launch + ``start_window``.  :raises RemoteError:"""
-
-    async def log_tail(self, job: str, lines: int) -> str:
-        """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
-
-    async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
-        """Every job of ``entries`` in one look per host or cluster (watch, status), with ``reads``
-        (:meth:`Engine.observe_many`); never raises."""
-
-    async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
-        """:meth:`Engine.node_outputs` for the job.  :raises PitstopError: if it holds no nodes now."""
-
-    async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
-        """:meth:`Engine.crash_evidence` for the job.  :raises PitstopError: if unreadable."""
-
-    async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
-        """:meth:`Engine.hang_evidence` for the job.  :raises PitstopError: if not available."""
-
-    def subscribe(self, listener: StepListener) -> Callable[[], None]:
-        """Tell ``listener`` of every step change of every run.  :returns: its unsubscriber."""
-
-    async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
-        """:meth:`Engine.read_chunk` of the job's engine (a :class:`~pipeline.host.probe.ChunkReader`)."""
-
-    async def patches_in_effect(self, job: str) -> list[str]:
-        """Patch names applied in the job's workdir now.  :raises RemoteError: if unreadable."""

@@ -52,9 +52,7 @@ from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
 
-VERIFY_POLL = 0.5  #: seconds between observations while verifying
 VERIFY_GRACE = 30.0  #: seconds past the deadline an unobservable job is retried before giving up
-PENDING_RECHECK = 15.0  #: seconds between checks of a run still PENDING after its verdict was posted
 
 
 class Runner:
@@ -65,8 +63,8 @@ class Runner:
         it (:func:`~pipeline.engines.base.check_engines`).
     """
 
-    verify_poll = VERIFY_POLL  #: seconds between observations in :meth:`verify`
-    pending_recheck = PENDING_RECHECK  #: seconds between verifications of a run posted as PENDING
+    verify_poll = 0.5  #: seconds between observations in :meth:`verify`
+    pending_recheck = 15.0  #: seconds between verifications of a run posted as PENDING
 
     def __init__(
         self,
@@ -283,13 +281,12 @@ class Runner:
 
         :raises RemoteError: if the workdir cannot be looked at.
         """
-        name = self.config.job_name(job)
-        spec = self.config.jobs[name]
-        if not spec.patches:
+        engine, t = await self._target(job)
+        if not t.job.patches:
             return []
-        texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in spec.patches.items()}
-        applied = await self.engines[spec.engine].patches_applied(name, spec, texts)
-        await self.steps.records.store_patches(name, applied)
+        texts = {p: await asyncio.to_thread(Path(path).read_text) for p, path in t.job.patches.items()}
+        applied = await engine.patches_applied(t.name, t.job, texts)
+        await self.steps.records.store_patches(t.name, applied)
         return applied
 
 

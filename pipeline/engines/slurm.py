@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError
 
@@ -49,23 +49,14 @@ echo "@@test"; sbatch --test-only "$@" "$script" 2>&1; echo "@@rc=$?"
 
 
 def _partition(args: Sequence[str]) -> str | None:
-    for i, a in enumerate(args):
-        if a in ("-p", "--partition") and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith("--partition="):
-            return a.split("=", 1)[1]
-        if a.startswith("-p") and len(a) > 2:
-            return a[2:]
-    return None
+    """The partition ``args`` ask for (``-p P``, ``-pP``, ``--partition P``, ``--partition=P``), first one."""
+    found = re.search(r"(?:^|\0)(?:-p\0?|--partition[=\0])([^\0]+)", "\0".join(args))
+    return found[1] if found else None
 
 
 def _signame(number: int | None) -> str | None:
-    if not number:
-        return None
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    """``SIGTERM`` for 15 (``signal 99`` for a number without a name); None for none."""
+    return ({s.value: s.name for s in signal.Signals}.get(number) or f"signal {number}") if number else None
 
 
 def _int(value: str | None) -> int | None:
@@ -271,14 +262,35 @@ class SlurmEngine(WorkdirSteps):
                 facts=(fact,),
                 settling=j.state == "COMPLETING",
             )
-        started = now - (j.elapsed or 0.0)
-        state = "alive" if j.active else "gone"
+        started, state = now - (j.elapsed or 0.0), "alive" if j.active else "gone"
         if not complete:
             return Observation(state, job_id=job_id, sampled_at=now, started_at=started, complete=False)
         path = j.stdout or job.log
         out = await gather(self.ssh, run, job, log=path, processes=False)
         facts = [f"Slurm job {job_id}: {j.state} on {j.nodes} node(s) {','.join(j.nodelist)}".rstrip()]
-        base = Observation(
+        more: dict[str, Any]
+        if not j.active:
+            facts.append(slurm.job_ended(j))
+            more = dict(exit_code=j.exit_code, signal=_signame(j.signal), ran_for=j.elapsed or 0)
+        else:
+            sl = settings(job)
+            per_node = sl.tasks_per_node or max(1, job.processes // sl.nodes)
+            tasks = await self.client.node_tasks(name, job_id, j.nodes, job.match)
+            short = [f"{t.node}: {t.count}/{per_node}" for t in tasks if t.count != per_node]
+            short += [f"{n}: no answer" for n in j.nodelist if n not in {t.node for t in tasks}]
+            if j.nodes != sl.nodes:
+                short.insert(0, f"{j.nodes}/{sl.nodes} nodes")
+            cells = "; ".join(
+                f"{t.node} {t.count}/{per_node}" + (f" ({t.error})" if t.error else "") for t in tasks
+            )
+            facts.append(f"tasks matching {job.match!r}: {cells}")
+            grew = f"+{out.new_bytes} bytes since launch" if out.new_bytes is not None else "unreadable"
+            facts.append(f"output {path}: {grew}")
+            more = dict(
+                count=sum(t.count for t in tasks), expected=expected_processes(job), short=tuple(short)
+            )
+            more |= dict(new_bytes=out.new_bytes, error_line=out.error_line or None)
+        return Observation(
             state,
             job_id=job_id,
             nodes=j.nodes,
@@ -288,37 +300,8 @@ class SlurmEngine(WorkdirSteps):
             output="output",
             start_step=out.start_step,
             checkpoint=out.checkpoint,
-        )
-        if not j.active:
-            facts.append(slurm.job_ended(j))
-            return replace(
-                base,
-                exit_code=j.exit_code,
-                signal=_signame(j.signal),
-                ran_for=j.elapsed or 0,
-                facts=tuple(facts),
-            )
-        sl = settings(job)
-        per_node = sl.tasks_per_node or max(1, job.processes // sl.nodes)
-        tasks = await self.client.node_tasks(name, job_id, j.nodes, job.match)
-        short = [f"{t.node}: {t.count}/{per_node}" for t in tasks if t.count != per_node]
-        short += [f"{n}: no answer" for n in j.nodelist if n not in {t.node for t in tasks}]
-        if j.nodes != sl.nodes:
-            short.insert(0, f"{j.nodes}/{sl.nodes} nodes")
-        cells = "; ".join(
-            f"{t.node} {t.count}/{per_node}" + (f" ({t.error})" if t.error else "") for t in tasks
-        )
-        facts.append(f"tasks matching {job.match!r}: {cells}")
-        grew = f"+{out.new_bytes} bytes since launch" if out.new_bytes is not None else "unreadable"
-        facts.append(f"output {path}: {grew}")
-        return replace(
-            base,
-            count=sum(t.count for t in tasks),
-            expected=expected_processes(job),
-            short=tuple(short),
-            new_bytes=out.new_bytes,
-            error_line=out.error_line or None,
             facts=tuple(facts),
+            **more,
         )
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
@@ -356,10 +339,8 @@ class SlurmEngine(WorkdirSteps):
                     probe, expected, state, job_id=job_id, word="stopped", exit_cause=gone, ok=True
                 )
             pids: tuple[int, ...] = ()
-            detail, error, cause = None, None, None
-            if j.state != "RUNNING":
-                cause = slurm.state_cause(j)
-            else:
+            detail, error, cause = None, None, slurm.state_cause(j) if j.state != "RUNNING" else None
+            if j.state == "RUNNING":
                 found = listed.get(j.id)
                 tasks = found if isinstance(found, list) else []
                 if not isinstance(found, list):
@@ -370,11 +351,9 @@ class SlurmEngine(WorkdirSteps):
                 short = [f"{n} has {seen.get(n, 0)}/{want} processes" for n in nodes if seen.get(n, 0) < want]
                 detail = f"{'; '.join(short)} (Slurm job {j.id})" if short else None
                 pids = tuple(sorted(p for t in tasks for p in t.pids))
-            read, read_error = None, None
-            if name in wants and pids:
-                read = got.get(wants[name].path)
-                if read is None:
-                    read_error = f"{wants[name].path} cannot be read on the login node"
+            asked = wants.get(name) if pids else None
+            read = got.get(asked.path) if asked is not None else None
+            read_error = f"{asked.path} cannot be read on the login node" if asked and read is None else None
             probe = JobProbe(
                 job=name,
                 pids=pids,

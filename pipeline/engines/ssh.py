@@ -37,7 +37,6 @@ from pipeline.verdict import Outcome, Step
 
 log = logging.getLogger(__name__)
 
-GPU_WAIT_TIMEOUT = 60.0  #: seconds to wait for old processes to release GPU memory
 KILL_TIMEOUT = 10.0  #: seconds to wait for processes to vanish after SIGKILL
 LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under one)
 
@@ -45,7 +44,7 @@ LAUNCH_TIMEOUT = 15.0  #: seconds for the launch call (it returns in well under 
 class SshEngine(WorkdirSteps):
     """:class:`pipeline.engines.base.Engine` for ``engine = "ssh"`` jobs: one process group on one host."""
 
-    gpu_wait_timeout = GPU_WAIT_TIMEOUT  #: seconds to wait for GPU memory of a stopped run to be released
+    gpu_wait_timeout = 60.0  #: seconds to wait for GPU memory of a stopped run to be released
 
     @staticmethod
     def check(job: JobConfig, at: str) -> list[str]:
@@ -138,13 +137,10 @@ class SshEngine(WorkdirSteps):
         try:
             answer = await call_helper(self.ssh, Ops.launch(args), job=name, timeout=LAUNCH_TIMEOUT)
         except RemoteError as exc:
-            if isinstance(exc, RemoteTimeout):
-                state = await self._state_text(name, job)
-                detail = f"launch channel hung for {exc.timeout:g} s; process state: {state}"
-            else:
-                detail = exc.message
-                if not isinstance(exc, HostKeyRejected):
-                    detail += f"; process state: {await self._state_text(name, job)}"
+            hung = f"launch channel hung for {exc.timeout:g} s" if isinstance(exc, RemoteTimeout) else None
+            detail = hung or exc.message
+            if not isinstance(exc, HostKeyRejected):
+                detail += f"; process state: {await self._state_text(name, job)}"
             raise await self.steps.launch_failed(run, rec, name, detail) from None
         run.pid = int(answer["pid"])
         run.pgid = int(answer.get("pgid") or run.pid)

@@ -31,7 +31,6 @@ from pipeline.state.runs import RunRecord, StepRecord
 from pipeline.verdict import Outcome, Step
 
 CALL_TIMEOUT = 30.0  #: seconds for a pre-flight, cache or patch call
-MIN_FREE_BYTES = 100 * 10**6  #: pre-flight: free bytes needed where the log (or output) is written
 
 
 async def patch_plan(
@@ -134,7 +133,7 @@ class WorkdirSteps:
     """The workdir steps of :class:`~pipeline.engines.base.Engine` over SSH, through the host helper
     on the job's ``host``: the ssh and Slurm engines' (the cluster's workdir is shared)."""
 
-    min_free_bytes = MIN_FREE_BYTES  #: pre-flight: free bytes needed where the log is written
+    min_free_bytes = 100 * 10**6  #: pre-flight: free bytes needed where the log is written
 
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         self.ssh = ssh
@@ -182,15 +181,10 @@ class WorkdirSteps:
         answer: Mapping[str, Any] = {"in_effect": in_effect}
         if to_apply or to_revert:
             try:
-                answer = dict(
-                    await call_helper(
-                        self.ssh,
-                        Ops.patch({"workdir": t.job.workdir, "apply": to_apply, "revert": to_revert}),
-                        job=t.name,
-                        stdin=json.dumps(dict(plan.texts)),
-                        timeout=CALL_TIMEOUT * 2,
-                    )
-                )
+                patch = Ops.patch({"workdir": t.job.workdir, "apply": to_apply, "revert": to_revert})
+                stdin = json.dumps(dict(plan.texts))
+                asked = call_helper(self.ssh, patch, job=t.name, stdin=stdin, timeout=CALL_TIMEOUT * 2)
+                answer = dict(await asked)
             except RemoteError as exc:
                 shown = patch_failed(exc.message)
                 raise await self.steps.launch_failed(run, rec, t.name, exc.message, shown=shown) from None

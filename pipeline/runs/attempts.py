@@ -139,20 +139,16 @@ class Attempts(RunServiceBase):
                 pass
             except PitstopError as exc:
                 log.info("%s: how far %s got is unknown: %s", name, run_id, exc.message)
-        stuck = await self.stuck_attempts(name)
-        return (
-            auto_restart_no_progress(name, stuck, self.config.jobs[name].watch.min_progress)
-            if stuck
-            else None
-        )
+        if not (stuck := await self.stuck_attempts(name)):
+            return None
+        return auto_restart_no_progress(name, stuck, self.config.jobs[name].watch.min_progress)
 
     async def no_progress_warning(self, name: str) -> str | None:
         """The warning a person's restart carries when the last attempts made no progress (never a block)."""
         try:
-            stuck = await self.stuck_attempts(name)
+            if not (stuck := await self.stuck_attempts(name)):
+                return None
         except PitstopError:
-            return None
-        if not stuck:
             return None
         return (
             f"⚠ the last {len(stuck)} attempts of {name} made no progress ({_where(stuck)}); "

@@ -2,18 +2,16 @@
 
 :class:`RunServiceBase` is the part every piece of :class:`~pipeline.runs.service.RunService`
 shares: the stores, opened once, and the listeners it tells of each :class:`RunEvent` in order,
-awaiting what a listener returns (:meth:`RunServiceBase.subscribe`; :meth:`RunServiceBase.follow`
-is one run's events as an async iterator).
+awaiting what a listener returns (:meth:`RunServiceBase.subscribe`).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pipeline.engines.base import RestartService
+from pipeline.engines.runner import Runner
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobRecords, JobStore
 from pipeline.state.locks import JobLock, Locks
@@ -56,7 +54,7 @@ class RunServiceBase:
     :param instance: this process's id (claims, events).
     """
 
-    def __init__(self, restarter: RestartService, redis: RedisHandle, events: Events, instance: str) -> None:
+    def __init__(self, restarter: Runner, redis: RedisHandle, events: Events, instance: str) -> None:
         self.restarter, self.redis, self.events, self.instance = restarter, redis, events, instance
         self.config, self.runs = restarter.config, restarter.runs
         self.jobs = redis.open_store(JobStore, self.config)
@@ -73,16 +71,6 @@ class RunServiceBase:
         """
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
-
-    async def follow(self, run_id: str) -> AsyncIterator[RunEvent]:
-        """The events of ``run_id`` from now on, as they are told (the caller stops iterating)."""
-        queue: asyncio.Queue[RunEvent] = asyncio.Queue()
-        unsubscribe = self.subscribe(lambda e: queue.put_nowait(e) if e.run.id == run_id else None)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            unsubscribe()
 
     async def tell(self, event: RunEvent) -> None:
         """Tell every listener ``event``, in order, awaiting what each returns.

@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass
 
 from pipeline import verdict
-from pipeline.engines.base import RestartService, Sighting
+from pipeline.engines.base import Sighting
+from pipeline.engines.runner import Runner
 from pipeline.errors import IllegalTransition
 from pipeline.host.probe import JobProbe
-from pipeline.state.jobstate import JobStore
+from pipeline.state.jobstate import JobRecords
 from pipeline.state.locks import Locks
 from pipeline.state.runs import RunRecord, identity
 from pipeline.state.verifications import VerifyQueue
@@ -37,82 +38,65 @@ class Interruption:
     launched: bool  #: the run had launched: its verification is queued and still to come
 
 
-async def reconcile(restarter: RestartService, *, instance: str) -> list[Interruption]:
+async def reconcile(restarter: Runner, *, instance: str) -> list[Interruption]:
     """Take over every open run whose owner is gone; probe each job and record what is true.
 
     :param instance: this process's id, written in the claim it takes on each run.
     :returns: the runs taken over, oldest first; a run another process claimed, or that changed
         while it was looked at (verified, ended: :class:`~pipeline.errors.IllegalTransition`), is skipped.
     """
-    runs = restarter.runs
+    runs, config = restarter.runs, restarter.config
+    locks, queue = Locks(runs.client, runs.prefix), VerifyQueue(runs.client, runs.prefix)
     out: list[Interruption] = []
     for run in await runs.unowned():
-        if run.owner is None:
-            if run.launched:  # handed over on purpose: make sure the queue has it
-                await _queue_verification(restarter, run)
+        name = next((k for k in config.jobs if k.lower() == run.job.lower()), run.job)
+        spec = config.jobs.get(name)
+        if run.owner is None and not run.launched and await locks.any_held(config, name):
+            continue
+        # a launched run with no owner was handed over on purpose: make sure the queue has it
+        if run.owner is not None or not run.launched:
+            if not await runs.claim_orphan(run.id, instance):
+                continue  # its owner came back, or another process is taking it over
+            try:
+                out.append(await _take_over(restarter, run, name))
+            except IllegalTransition as exc:  # written since read (verified, ended, owner back)
+                log.info("%s: not taken over: %s", run.id, exc.message)
                 continue
-            if await _lock_held(restarter, run.job):
-                continue
-        if not await runs.claim_orphan(run.id, instance):
-            continue  # its owner came back, or another process is taking it over
-        try:
-            out.append(await _take_over(restarter, run))
-        except IllegalTransition as exc:  # written since read (verified, ended, owner back): theirs to tell
-            log.info("%s: not taken over: %s", run.id, exc.message)
-        finally:
-            await runs.unclaim(run.id)
+            finally:
+                await runs.unclaim(run.id)
+        if run.launched:
+            due = (run.launched_at or time.time()) + (spec.start_window if spec is not None else 0.0)
+            await queue.enqueue(run.id, due, keep=True)
     return out
 
 
-async def _take_over(restarter: RestartService, run: RunRecord) -> Interruption:
-    name = _job_key(restarter, run.job)
+async def _take_over(restarter: Runner, run: RunRecord, name: str) -> Interruption:
+    """Record what is true of ``run`` (of configured job ``name``, if it still is) on its host."""
     spec = restarter.config.jobs.get(name)
     if spec is None:
         seen = Sighting(JobProbe(job=name, error=f"job {name} is no longer configured"), 0)
     else:
-        jobs = JobStore(restarter.runs.client, restarter.runs.prefix, restarter.config)
-        current = dict((await jobs.read(name)).current)
+        current = await JobRecords(restarter.runs.client, restarter.runs.prefix).current(name)
         seen = (await restarter.sightings([(name, spec, current)]))[name]
     state = "unknown" if seen.probe.error else seen.state
-    pid = run.pid if run.launched else seen.pid or run.old_pid
-    job_id = run.slurm_job if run.launched else seen.job_id or run.old_slurm_job
-    expected = seen.expected
-    now = time.time()
     if run.launched:
-        line = verdict.interrupted_after_launch(state, seen.probe.count, expected, pid=pid, job_id=job_id)
+        line = verdict.interrupted_after_launch(
+            state, seen.probe.count, seen.expected, pid=run.pid, job_id=run.slurm_job
+        )
         await restarter.runs.interrupt_after_launch(run, line)
-        await _queue_verification(restarter, run)
         return Interruption(run, line, True)
-    step = run.current_step
-    who = identity(pid, job_id)
-    found = interrupted_found(step.value if step else None, who, state, seen.probe.count, expected)
+    step = run.current_step.value if run.current_step else None
+    who = identity(seen.pid or run.old_pid, seen.job_id or run.old_slurm_job)
+    found = interrupted_found(step, who, state, seen.probe.count, seen.expected)
     if seen.probe.error:
         found = f"the job's state on its host is unknown ({seen.probe.error})"
+    now = time.time()
     for rec in run.steps:
         if rec.ended_at is None or rec.outcome is Outcome.RUNNING:
             rec.ended_at, rec.outcome, rec.detail = now, Outcome.FAILED, "Pitstop stopped during this step"
-    line = verdict.interrupted(step.value if step else None, found)
+    line = verdict.interrupted(step, found)
     await restarter.runs.finish(run, Verdict.INTERRUPTED, line, run.evidence or line)
     return Interruption(run, line, False)
-
-
-async def _queue_verification(restarter: RestartService, run: RunRecord) -> None:
-    spec = restarter.config.jobs.get(_job_key(restarter, run.job))
-    window = spec.start_window if spec is not None else 0.0
-    due = (run.launched_at or time.time()) + window
-    await VerifyQueue(restarter.runs.client, restarter.runs.prefix).enqueue(run.id, due, keep=True)
-
-
-async def _lock_held(restarter: RestartService, job: str) -> bool:
-    locks = Locks(restarter.runs.client, restarter.runs.prefix)
-    return await locks.any_held(restarter.config, _job_key(restarter, job))
-
-
-def _job_key(restarter: RestartService, job: str) -> str:
-    try:
-        return restarter.config.job_name(job)
-    except KeyError:
-        return job
 
 
 def interrupted_found(step: str | None, who: str | None, state: str, count: int, expected: int) -> str:

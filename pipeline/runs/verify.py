@@ -45,12 +45,47 @@ class Verification(RunServiceBase):
         if claim is None:
             return None
         renewal = asyncio.get_running_loop().create_task(self._renew_claim(claim))
+        keep = False  # the claim is released (shielded) unless something was told
         try:
-            return await self._deliver_claimed(claim)
+            try:
+                run: RunRecord | None = await self.runs.get(run_id)
+            except UnknownRun:
+                run = None
+            # ended (and told) by its sequence or a take-over
+            if run is None or RunState.of(run) is RunState.ENDED:
+                await self.queue.drop(run_id)
+                return None
+            before = run.verdict
+            try:
+                if run.verdict is None or run.verdict is Verdict.PENDING:
+                    run = await self.restarter.verify(run)
+            except IllegalTransition as exc:  # another writer won: nothing told; the next poll tries again
+                log.info("%s: verdict not recorded: %s", run_id, exc.message)
+                await self.queue.requeue(run_id, time.time())
+                return None
+            except Exception as exc:
+                text = exc.message if isinstance(exc, PitstopError) else f"{type(exc).__name__}: {exc}"
+                log.warning(verdict_not_delivered(run_id, text), exc_info=not isinstance(exc, PitstopError))
+                await self.queue.requeue(run_id, time.time() + RETRY_AFTER)
+                return None
+            keep = True  # from here a failure (a listener's) leaves the claim to lapse: delivered again
+            if run.verdict is not Verdict.PENDING or before is not Verdict.PENDING:
+                await self.tell(RunEvent(Told.VERDICT, run))  # still queued while the claim is held
+                await self.publish_verdict(run)
+            if run.verdict is Verdict.PENDING:  # still queued (Slurm): the engine re-queued the check
+                await self.queue.release(claim)
+                return run
+            try:
+                await self.queue.done(claim)
+            except IllegalTransition as exc:  # the claim expired mid-post: its new holder finishes it
+                log.warning("%s: %s", run_id, exc.message)
+            return run
         finally:
             renewal.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
+            if not keep:
+                await asyncio.shield(self.queue.release(claim))
 
     async def _renew_claim(self, claim: Claim) -> None:
         """Extend a held claim every ``ttl / 3`` s: a live verifier keeps it, a dead one loses it in ``ttl``."""
@@ -61,71 +96,21 @@ class Verification(RunServiceBase):
             except Exception:
                 log.warning("could not extend the verification claim of %s", claim.run_id, exc_info=True)
 
-    async def _deliver_claimed(self, claim: Claim) -> RunRecord | None:
-        run_id = claim.run_id
-        try:
-            run: RunRecord | None = await self.runs.get(run_id)
-        except UnknownRun:
-            run = None
-        if (
-            run is None or RunState.of(run) is RunState.ENDED
-        ):  # ended (and told) by its sequence or a take-over
-            await self.queue.drop(run_id)
-            await self.queue.release(claim)
-            return None
-        before = run.verdict
-        try:
-            if run.verdict is None or run.verdict is Verdict.PENDING:
-                run = await self.restarter.verify(run)
-        except asyncio.CancelledError:
-            await asyncio.shield(self.queue.release(claim))
-            raise
-        except (
-            IllegalTransition
-        ) as exc:  # another writer won: nothing told; the next poll drops or re-verifies
-            log.info("%s: verdict not recorded: %s", run_id, exc.message)
-            await self.queue.requeue(run_id, time.time())
-            await self.queue.release(claim)
-            return None
-        except Exception as exc:
-            text = exc.message if isinstance(exc, PitstopError) else f"{type(exc).__name__}: {exc}"
-            log.warning(verdict_not_delivered(run_id, text), exc_info=not isinstance(exc, PitstopError))
-            await self.queue.requeue(run_id, time.time() + RETRY_AFTER)
-            await self.queue.release(claim)
-            return None
-        if run.verdict is Verdict.PENDING:  # still queued (Slurm): the engine re-queued the check
-            if before is not Verdict.PENDING:
-                await self._told(run)
-            await self.queue.release(claim)
-            return run
-        await self._told(run)  # still queued while the claim is held: delivered again if we die
-        try:
-            await self.queue.done(claim)
-        except IllegalTransition as exc:  # the claim expired mid-post: its new holder finishes it
-            log.warning("%s: %s", run_id, exc.message)
-        return run
-
-    async def _told(self, run: RunRecord) -> None:
-        await self.tell(RunEvent(Told.VERDICT, run))
-        await self.publish_verdict(run)
-
     async def deliver_due(self) -> list[RunRecord]:
         """Deliver every verification that is due now (concurrently, at most 100, oldest first);
         others' claims are skipped.
 
         :returns: the runs this process delivered.
         """
-        ids = await self.queue.due()
-        results = await asyncio.gather(*(self.deliver(i) for i in ids), return_exceptions=True)
-        delivered: list[RunRecord] = []
-        for run_id, result in zip(ids, results, strict=True):
-            if isinstance(result, RunRecord):
-                delivered.append(result)
-            elif isinstance(result, BaseException):
-                if isinstance(result, asyncio.CancelledError):
-                    raise result
-                log.error(verdict_not_delivered(run_id, repr(result)), exc_info=result)
-        return delivered
+
+        async def one(run_id: str) -> RunRecord | None:
+            try:
+                return await self.deliver(run_id)
+            except Exception as exc:
+                log.error(verdict_not_delivered(run_id, repr(exc)), exc_info=exc)
+                return None
+
+        return [run for run in await asyncio.gather(*map(one, await self.queue.due())) if run is not None]
 
 
 # --- text ---------------------------------------------------------------------------------------
