@@ -416,13 +416,8 @@ async def read_log_chunk(
 def _chunk(answer: c.ReadAnswer) -> LogChunk:
     """A helper ``read`` answer (or a probe's) as a :class:`LogChunk`."""
     raw = base64.b64decode(answer["data"])
-    return LogChunk(
-        data=zlib.decompress(raw) if answer.get("zlib") else raw,
-        offset=int(answer["offset"]),
-        size=int(answer["size"]),
-        inode=answer.get("inode"),
-        reset=bool(answer.get("reset")),
-    )
+    data = zlib.decompress(raw) if answer["zlib"] else raw
+    return LogChunk(data, answer["offset"], answer["size"], answer["inode"], answer["reset"])
 
 
 async def log_tail(
