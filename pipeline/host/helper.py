@@ -609,8 +609,7 @@ def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
     log_size = os.fstat(logfd).st_size
     rfd, wfd = os.pipe()
     child = os.fork()
-    if child == 0:
-        code = 0
+    if child == 0:  # the intermediate child, and a waiter that failed to start, end at its os._exit
         try:
             os.close(rfd)
             null = os.open(os.devnull, os.O_RDWR)
@@ -623,8 +622,6 @@ def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
             os.closerange(low, 1024)
             os.setsid()
             if os.fork() == 0:
-                os.set_inheritable(wfd, True)
-                os.set_inheritable(logfd, True)
                 spec = {
                     "workdir": workdir,
                     "argv": argv,
@@ -637,12 +634,11 @@ def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
                 specfile.write(json.dumps(spec).encode())
                 specfile.flush()
                 specfile.seek(0)
-                os.set_inheritable(specfile.fileno(), True)
+                for fd in (wfd, logfd, specfile.fileno()):
+                    os.set_inheritable(fd, True)
                 os.execv(sys.executable, [sys.executable, "-E", "-S", "-c", WAITER, str(specfile.fileno())])
-        except BaseException:
-            code = 1
         finally:
-            os._exit(code)
+            os._exit(0)  # nobody reads the status
     os.close(wfd)
     os.close(logfd)
     with os.fdopen(rfd, "rb") as pipe:
