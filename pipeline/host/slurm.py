@@ -238,10 +238,8 @@ def _node_tasks(host: str, job_id: int, status: int | None, stdout: str, stderr:
                 answer = json.loads(chunk)
             except ValueError:
                 continue
-            if answer.get("error"):
-                out.append(NodeTasks(str(answer.get("node") or "?"), (), str(answer["error"])))
-            else:
-                out.append(NodeTasks(str(answer["node"]), tuple(int(p) for p in answer["pids"])))
+            err = str(answer["error"]) if answer.get("error") else None
+            out.append(NodeTasks(str(answer.get("node") or "?"), () if err else tuple(answer["pids"]), err))
     if not out and status != 0:
         why = "timed out" if status in (124, 137) else "failed"
         raise RemoteCommandError(
