@@ -227,11 +227,11 @@ class ClearAnswer(TypedDict):
     cleared: List[ClearedPath]
 
 
-class _PatchArgs(TypedDict):
+class PatchesArgs(TypedDict):
     workdir: str
 
 
-class PatchArgs(_PatchArgs, total=False):
+class PatchArgs(PatchesArgs, total=False):
     apply: List[str]
     revert: List[str]
 
@@ -242,10 +242,6 @@ class PatchAnswer(TypedDict):
     kept: List[str]  #: asked to apply, applied already
     failed: List[str]  #: ``NAME: git's message``
     in_effect: List[str]
-
-
-class PatchesArgs(TypedDict):
-    workdir: str
 
 
 class PatchesAnswer(TypedDict):

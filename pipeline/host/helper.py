@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -111,13 +112,6 @@ def proc_file(pid: int, name: str) -> bytes:
         return b""
 
 
-def proc_uid(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
-
-
 def ancestry() -> set[int]:
     """The helper's own pid and every parent up to pid 1."""
     out: set[int] = set()
@@ -140,19 +134,19 @@ def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None 
     out: Procs = {}
     waiter = WAITER_TITLE.encode() + b" "
     for pid in [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]:
-        if pid in skip or proc_uid(pid) != me:
+        try:
+            if pid in skip or os.stat(f"/proc/{pid}").st_uid != me:
+                continue
+        except OSError:
             continue
-        cmd = b"" if keep is None else proc_cmdline(pid)
-        if keep is not None and not keep(cmd):
+        if keep is not None and not keep(proc_cmdline(pid)):
             continue
         st = proc_stat(pid)
         if st is None or st.state in ("Z", "X") or (sessions is not None and st.session not in sessions):
             continue
-        if keep is None:
-            cmd = proc_cmdline(pid)
-        if MARK in cmd or cmd.startswith(waiter):
-            continue
-        out[pid] = st._replace(cmdline=cmd)
+        cmd = proc_cmdline(pid)  # read again for those ``keep`` took: a few
+        if MARK not in cmd and not cmd.startswith(waiter):
+            out[pid] = st._replace(cmdline=cmd)
     return out
 
 
@@ -391,9 +385,7 @@ def op_preflight(a: PreflightArgs) -> PreflightAnswer:
             path = prog if prog.startswith("/") else os.path.normpath(os.path.join(workdir, prog))
             check("launch", executable(path), f"{path}: not an executable file")
         else:
-            paths = os.environ.get("PATH", "").split(os.pathsep)
-            found = [d for d in paths if executable(os.path.join(d, prog))]
-            check("launch", bool(found), f"{prog}: not found on PATH")
+            check("launch", shutil.which(prog) is not None, f"{prog}: not found on PATH")
     logdir = os.path.dirname(log) or "/"
     if not os.path.isdir(logdir):
         check("log_dir", False, f"{logdir}: no such directory")
@@ -431,12 +423,10 @@ def op_stop(a: StopArgs) -> StopAnswer:
     pid, start, sid = a.get("pid"), a.get("start_time"), a.get("sid")
     began = time.time()
     procs = scan()
+    state, now_start = identity(pid, start) if pid is not None else (None, None)
     stale: StaleRecord | None = None
-    state = None
-    if pid is not None:
-        state, now_start = identity(pid, start)
-        if state == "stale":
-            stale = {"pid": pid, "recorded": start, "found": now_start}
+    if state == "stale" and pid is not None:
+        stale = {"pid": pid, "recorded": start, "found": now_start}
     if sid is not None and stale is None:
         targets = {p: v for p, v in procs.items() if v.session == sid}
         scope = "session"
@@ -458,17 +448,12 @@ def op_stop(a: StopArgs) -> StopAnswer:
     def send(sig: int, pids: list[int], timeout: float) -> None:
         """``sig`` to ``pids`` still of the same start time (to their process groups in the session
         scope), then wait up to ``timeout`` s for them to end."""
-        kills: list[tuple[Callable[[int, int], None], int]] = []
-        groups: set[int] = set()
+        kills: set[tuple[Callable[[int, int], None], int]] = set()
         for p in pids:
             st = proc_stat(p)
-            if st is None or st.start_time != ident[p]:
-                continue
-            if scope == "session" and st.session == sid:
-                groups.add(st.pgrp)
-            else:
-                kills.append((os.kill, p))
-        for kill, target in [*kills, *((os.killpg, g) for g in groups)]:
+            if st is not None and st.start_time == ident[p]:
+                kills.add((os.killpg, st.pgrp) if scope == "session" and st.session == sid else (os.kill, p))
+        for kill, target in kills:
             try:
                 kill(target, sig)
             except (ProcessLookupError, PermissionError):
@@ -624,23 +609,19 @@ def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
     log_size = os.fstat(logfd).st_size
     rfd, wfd = os.pipe()
     child = os.fork()
-    if child == 0:
-        code = 0
+    if child == 0:  # the intermediate child, and a waiter that failed to start, end at its os._exit
         try:
             os.close(rfd)
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-            for fd in range(3, 1024):
-                if fd not in (wfd, logfd):
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+            low = 3
+            for fd in sorted((wfd, logfd)):
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, 1024)
             os.setsid()
             if os.fork() == 0:
-                os.set_inheritable(wfd, True)
-                os.set_inheritable(logfd, True)
                 spec = {
                     "workdir": workdir,
                     "argv": argv,
@@ -653,13 +634,11 @@ def op_launch(a: LaunchArgs) -> LaunchAnswer | ErrorAnswer:
                 specfile.write(json.dumps(spec).encode())
                 specfile.flush()
                 specfile.seek(0)
-                fd = specfile.fileno()
-                os.set_inheritable(fd, True)
-                os.execv(sys.executable, [sys.executable, "-E", "-S", "-c", WAITER, str(fd)])
-        except BaseException:
-            code = 1
+                for fd in (wfd, logfd, specfile.fileno()):
+                    os.set_inheritable(fd, True)
+                os.execv(sys.executable, [sys.executable, "-E", "-S", "-c", WAITER, str(specfile.fileno())])
         finally:
-            os._exit(code)
+            os._exit(0)  # nobody reads the status
     os.close(wfd)
     os.close(logfd)
     with os.fdopen(rfd, "rb") as pipe:
@@ -824,25 +803,13 @@ def op_slurm_tasks(a: SlurmTasksArgs) -> SlurmTasksAnswer:
 PY_SPY_TIMEOUT = 20  #: seconds for one ``py-spy dump``
 
 
-def find_py_spy() -> str | None:
-    """py-spy on PATH, next to the interpreter, or in ~/.local/bin (None if nowhere)."""
-    import shutil
-
-    for cand in (
-        shutil.which("py-spy"),
-        os.path.join(os.path.dirname(sys.executable), "py-spy"),
-        os.path.expanduser("~/.local/bin/py-spy"),
-    ):
-        if cand and executable(cand):
-            return cand
-    return None
-
-
 def op_hang(a: HangArgs) -> HangAnswer:
     """State, wchan, command line and (with py-spy) Python stacks of the job's processes (or ``pids``)."""
     procs = scan()
     pids = [int(p) for p in (a.get("pids") or probe_one(procs, a)["pids"])][: a.get("max_pids", 16)]
-    spy = find_py_spy()
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")  # else on PATH or in ~/.local/bin
+    where = (shutil.which("py-spy"), here, os.path.expanduser("~/.local/bin/py-spy"))
+    spy = next((path for path in where if path and executable(path)), None)
     out: list[HangProcess] = []
     for pid in pids:
         st = proc_stat(pid)

@@ -21,9 +21,8 @@ from importlib import resources
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 from pipeline.config import JobConfig
-from pipeline.errors import RemoteCommandError
+from pipeline.errors import CommandOutput, RemoteCommandError
 from pipeline.host import contract as c
-from pipeline.host.quoting import job_argv
 from pipeline.host.remote import RemoteHosts
 
 HELPER_PYTHON = "python3"  #: interpreter for the helper on the job's side (Python 3.8+)
@@ -46,10 +45,8 @@ def helper_source(op: str | None = None) -> str:
     contract = [node for node in _module_tree("contract.py").body if not _is_future(node)]
     body: list[ast.stmt] = []
     for node in helper.body:
-        if isinstance(node, ast.ImportFrom) and node.module == CONTRACT_MODULE:
-            body.extend(contract)
-        else:
-            body.append(node)
+        is_contract = isinstance(node, ast.ImportFrom) and node.module == CONTRACT_MODULE
+        body.extend(contract if is_contract else [node])
     helper.body = body if op is None else _only_op(body, op)
     return f"{c.MARKER} v{c.HELPER_VERSION}\n" + ast.unparse(helper) + "\n"
 
@@ -57,37 +54,30 @@ def helper_source(op: str | None = None) -> str:
 def _only_op(body: list[ast.stmt], op: str) -> list[ast.stmt]:
     """The helper's top-level statements that operation ``op`` needs, in their order: ``from
     __future__``, ``if`` blocks but ``if TYPE_CHECKING``, ``OPS`` with the one entry, and each
-    definition (function, class, assignment, imported name) a kept statement names when it runs."""
-    defs: dict[str, list[ast.stmt]] = {}
-    for node in body:
-        for name in _defined(node):
-            defs.setdefault(name, []).append(node)
+    definition (function, class, assignment, imported name) a kept statement names when it runs
+    (:func:`_module_tree` left no annotations to name but class fields)."""
     kept: list[ast.stmt] = []
     for node in body:
-        if _defined(node) == ["OPS"] and isinstance(node, ast.AnnAssign | ast.Assign):
-            value = node.value
-            assert isinstance(value, ast.Dict), "OPS is a dict literal"
-            pairs = [(k, v) for k, v in zip(value.keys, value.values, strict=True) if _is_str(k, op)]
+        if _defined(node) == ["OPS"] and isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            pairs = [
+                (k, v)
+                for k, v in zip(node.value.keys, node.value.values, strict=True)
+                if isinstance(k, ast.Constant) and k.value == op
+            ]
             node.value = ast.Dict(keys=[k for k, _ in pairs], values=[v for _, v in pairs])
             kept.append(node)
-        elif _is_future(node) or (
-            isinstance(node, ast.If) and not _names_used(node.test) & {"TYPE_CHECKING"}
-        ):
+        elif _is_future(node) or (isinstance(node, ast.If) and "TYPE_CHECKING" not in _names(node.test)):
             kept.append(node)
-    wanted: set[int] = {id(n) for n in kept}
     used: set[str] = set()
     todo = list(kept)
     while todo:
-        for name in _names_used(todo.pop()) - used:
+        for name in _names(todo.pop()) - used:
             used.add(name)
-            for node in defs.get(name, ()):
-                if id(node) not in wanted:
-                    wanted.add(id(node))
-                    todo.append(node)
+            todo += [node for node in body if name in _defined(node)]
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom) and not _is_future(node):
             node.names = [a for a in node.names if _bound(a) in used]
-    return [node for node in body if id(node) in wanted]
+    return [node for node in body if node in kept or used & set(_defined(node))]
 
 
 def _is_future(node: ast.stmt) -> bool:
@@ -104,72 +94,40 @@ def _defined(node: ast.stmt) -> list[str]:
         return [node.name]
     if isinstance(node, ast.Assign):
         return [t.id for t in node.targets if isinstance(t, ast.Name)]
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-        return [node.target.id]
     if isinstance(node, ast.Import | ast.ImportFrom) and not _is_future(node):
         return [_bound(a) for a in node.names]
     return []
 
 
-def _names_used(node: ast.AST) -> set[str]:
-    """Names a statement reads when it runs (annotations left out)."""
-    out: set[str] = set()
-    stack: list[ast.AST] = [node]
-    while stack:
-        cur = stack.pop()
-        if isinstance(cur, ast.Name):
-            out.add(cur.id)
-        for field, value in ast.iter_fields(cur):
-            if field in ("annotation", "returns") or (isinstance(cur, ast.AnnAssign) and field == "target"):
-                continue
-            if isinstance(value, ast.AST):
-                stack.append(value)
-            elif isinstance(value, list):
-                stack.extend(v for v in value if isinstance(v, ast.AST))
-    return out
-
-
-def _is_str(node: ast.expr | None, text: str) -> bool:
-    return isinstance(node, ast.Constant) and node.value == text
+def _names(node: ast.AST) -> set[str]:
+    """The names a statement holds (what it reads when it runs, and its own)."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _module_tree(filename: str) -> ast.Module:
     """A module of ``pipeline.host`` parsed, without what the helper never runs: docstrings, and
     annotations (``from __future__ import annotations``) but of class fields (TypedDict and
-    NamedTuple read those)."""
+    NamedTuple read those): ``x: T = v`` becomes ``x = v``, ``x: T`` goes (an emptied body: ``pass``)."""
     tree = ast.parse((resources.files("pipeline.host") / filename).read_text(encoding="utf-8"))
     for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef) and body and _is_doc(body[0]):
-            node.body = body[1:] or [ast.Pass()]
-    tree.body = _unannotated(tree.body)
-    for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
-        fn.returns = None
-        for arg in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs):
-            arg.annotation = None
-        for node in ast.walk(fn):
-            for field in ("body", "orelse", "finalbody"):
-                if isinstance(stmts := getattr(node, field, None), list):
-                    setattr(node, field, _unannotated(stmts))
+        if isinstance(node, ast.arg):
+            node.annotation = None
+        if isinstance(node, ast.FunctionDef):
+            node.returns = None
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef) and ast.get_docstring(node, False):
+            node.body = node.body[1:] or [ast.Pass()]
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and not isinstance(node, ast.ClassDef):
+                stmts = [
+                    ast.Assign([s.target], s.value, lineno=s.lineno)
+                    if isinstance(s, ast.AnnAssign) and s.value
+                    else s
+                    for s in stmts
+                    if not isinstance(s, ast.AnnAssign) or s.value
+                ]
+                setattr(node, field, stmts or [ast.Pass()])
     return tree
-
-
-def _is_doc(node: ast.stmt) -> bool:
-    return (
-        isinstance(node, ast.Expr)
-        and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
-    )
-
-
-def _unannotated(stmts: list[ast.stmt]) -> list[ast.stmt]:
-    """``x: T = v`` as ``x = v``, ``x: T`` left out (a body left empty: ``pass``)."""
-    out = [
-        ast.Assign([s.target], s.value, lineno=s.lineno) if isinstance(s, ast.AnnAssign) and s.value else s
-        for s in stmts
-        if not (isinstance(s, ast.AnnAssign) and s.value is None)
-    ]
-    return out if out or not stmts else [ast.Pass()]
 
 
 def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:
@@ -240,44 +198,30 @@ async def call_helper(
         result = await ssh.run_job(job, argv, timeout=timeout, stdin=stdin, display=shown)
     else:
         assert host is not None, "call_helper needs job or host"
-        prefix = list(exec_prefix or [])
+        prefix = exec_prefix or ()
         result = await ssh.run(
-            host, job_argv(prefix, argv), timeout=timeout, stdin=stdin, display=job_argv(prefix, shown)
+            host, [*prefix, *argv], timeout=timeout, stdin=stdin, display=[*prefix, *shown]
         )
+    out: CommandOutput = {
+        "exit_status": result.exit_status,
+        "exit_signal": result.exit_signal,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+    }
     if result.exit_signal is not None:
-        raise RemoteCommandError.shell_killed(
-            result.host,
-            shown,
-            result.exit_signal,
-            exit_signal=result.exit_signal,
-            stdout=result.stdout,
-            stderr=result.stderr,
-        )
+        raise RemoteCommandError.shell_killed(result.host, shown, result.exit_signal, **out)
     if result.exit_status == 127 and not result.stdout.strip():
-        raise RemoteCommandError.python_missing(
-            result.host, shown, HELPER_PYTHON, exit_status=127, stderr=result.stderr
-        )
-    answer: Any = None
+        raise RemoteCommandError.python_missing(result.host, shown, HELPER_PYTHON, **out)
     try:
-        answer = json.loads((result.stdout.strip().splitlines() or ["null"])[-1])
+        answer: Any = json.loads((result.stdout.strip().splitlines() or ["null"])[-1])
     except ValueError:
-        pass
-    if not isinstance(answer, dict):
-        err = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        detail = f"exit status {result.exit_status}, no answer: {err[:300]}"
-    elif answer.get("error"):
-        detail = str(answer["error"])
-    else:
+        answer = None
+    if isinstance(answer, dict) and not answer.get("error"):
         return cast(R, answer)
-    raise RemoteCommandError.helper_failed(
-        result.host,
-        shown,
-        op.name,
-        detail,
-        exit_status=result.exit_status,
-        stdout=result.stdout,
-        stderr=result.stderr,
-    )
+    err = (result.stderr.strip().splitlines() or ["no output"])[-1]
+    detail = f"exit status {result.exit_status}, no answer: {err[:300]}"
+    detail = str(answer["error"]) if isinstance(answer, dict) else detail
+    raise RemoteCommandError.helper_failed(result.host, shown, op.name, detail, **out)
 
 
 # --- the watcher's probe ------------------------------------------------------------------------
@@ -314,22 +258,14 @@ class JobProbe:
 
 
 def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value not in (None, "") else None
-    except ValueError:
-        return None
+    return int(value) if value and value.strip().lstrip("-").isdigit() else None
 
 
 def recorded_identity(current: Mapping[str, str] | None) -> c.Identity:
     """``pid``, ``start_time``, ``sid`` from a ``keys.job_current`` hash (None each when absent
     or when the job is recorded as stopped)."""
-    if not current or current.get("state") == "stopped":
-        current = {}
-    return {
-        "pid": _int(current.get("pid")),
-        "start_time": _int(current.get("start_time")),
-        "sid": _int(current.get("sid")),
-    }
+    cur = current if current and current.get("state") != "stopped" else {}
+    return cast(c.Identity, {key: _int(cur.get(key)) for key in c.Identity.__annotations__})
 
 
 def probe_args(
@@ -361,7 +297,7 @@ def probe_args(
 def _to_probe(name: str, raw: c.JobState, sampled_at: float | None) -> JobProbe:
     if raw.get("error"):
         return JobProbe(job=name, error=str(raw.get("error")), sampled_at=sampled_at)
-    log = raw.get("log")
+    log: Mapping[str, Any] = raw.get("log") or {}
     got: Mapping[str, Any] | None = raw.get("read")
     crash: Mapping[str, Any] | None = raw.get("crash")
     return JobProbe(
@@ -371,11 +307,10 @@ def _to_probe(name: str, raw: c.JobState, sampled_at: float | None) -> JobProbe:
         session_pids=tuple(raw.get("session_pids") or ()),
         alive=raw.get("alive"),
         state=raw.get("state"),
-        log_size=log["size"] if log else None,
-        log_mtime=log["mtime"] if log else None,
-        log_inode=log["inode"] if log else None,
+        log_size=log.get("size"),
+        log_mtime=log.get("mtime"),
+        log_inode=log.get("inode"),
         sampled_at=sampled_at,
-        error=None,
         read=_chunk(cast(c.ReadAnswer, got)) if got and "error" not in got else None,
         read_error=str(got["error"]) if got and "error" in got else None,
         tail=raw.get("tail"),
@@ -384,10 +319,14 @@ def _to_probe(name: str, raw: c.JobState, sampled_at: float | None) -> JobProbe:
     )
 
 
+#: a job to probe: its name, its config and its ``keys.job_current`` hash (None: no record)
+ProbeEntry = tuple[str, JobConfig, Mapping[str, str] | None]
+
+
 async def probe_host(
     ssh: RemoteHosts,
     host: str,
-    jobs: Sequence[tuple[str, JobConfig, Mapping[str, str] | None]],
+    jobs: Sequence[ProbeEntry],
     reads: Mapping[str, c.LogRead] | None = None,
     *,
     tail_lines: int = 0,
@@ -400,13 +339,11 @@ async def probe_host(
     A job whose call failed carries ``error`` (the failure's message) instead of raising.
     """
     reads = reads or {}
-    groups: dict[tuple[str, ...], list[tuple[str, JobConfig, Mapping[str, str] | None]]] = {}
+    groups: dict[tuple[str, ...], list[ProbeEntry]] = {}
     for entry in jobs:
         groups.setdefault(tuple(entry[1].exec), []).append(entry)
 
-    async def one(
-        prefix: tuple[str, ...], members: list[tuple[str, JobConfig, Mapping[str, str] | None]]
-    ) -> dict[str, JobProbe]:
+    async def one(prefix: tuple[str, ...], members: list[ProbeEntry]) -> dict[str, JobProbe]:
         args: c.ProbeArgs = {
             "jobs": [probe_args(n, j, cur, reads.get(n), tail_lines) for n, j, cur in members]
         }
@@ -419,10 +356,9 @@ async def probe_host(
         when = answer.get("time")
         return {n: _to_probe(n, raw.get(n) or {"error": "no answer"}, when) for n, _, _ in members}
 
-    out: dict[str, JobProbe] = {}
-    for part in await asyncio.gather(*(one(p, m) for p, m in groups.items())):
-        out.update(part)
-    return out
+    return {
+        n: p for part in await asyncio.gather(*(one(*g) for g in groups.items())) for n, p in part.items()
+    }
 
 
 # --- logs -----------------------------------------------------------------------------------------
@@ -480,13 +416,8 @@ async def read_log_chunk(
 def _chunk(answer: c.ReadAnswer) -> LogChunk:
     """A helper ``read`` answer (or a probe's) as a :class:`LogChunk`."""
     raw = base64.b64decode(answer["data"])
-    return LogChunk(
-        data=zlib.decompress(raw) if answer.get("zlib") else raw,
-        offset=int(answer["offset"]),
-        size=int(answer["size"]),
-        inode=answer.get("inode"),
-        reset=bool(answer.get("reset")),
-    )
+    data = zlib.decompress(raw) if answer["zlib"] else raw
+    return LogChunk(data, answer["offset"], answer["size"], answer["inode"], answer["reset"])
 
 
 async def log_tail(

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import asyncssh
 
-from pipeline.config import Config, HostConfig
+from pipeline.config import Config
 from pipeline.errors import (
     HostAuthRejected,
     HostKeyRejected,
@@ -68,10 +68,7 @@ class RemoteResult:
         """The exit status, or minus the signal number (as :mod:`subprocess` reports it)."""
         if self.exit_status is not None:
             return self.exit_status
-        try:
-            return -int(_signal.Signals[self.exit_signal or ""])
-        except KeyError:
-            return -1
+        return -int(_signal.Signals.__members__.get(self.exit_signal or "", 1))
 
 
 class RemoteHosts(Protocol):
@@ -162,7 +159,7 @@ class SSHPool:
         """
         name = self._host_name(host)
         command = command_line(argv)
-        args = tuple(display) if display is not None else tuple(argv)
+        args = tuple(argv if display is None else display)
         started = time.monotonic()
         async with self._slot(name):
             proc = await self._open_process(name, command)
@@ -188,9 +185,7 @@ class SSHPool:
                 with contextlib.suppress(Exception):  # a host may keep a hung channel open: don't wait long
                     await asyncio.wait_for(proc.wait_closed(), CLOSE_WAIT)
         duration = time.monotonic() - started
-        signal_name = done.exit_signal[0] if done.exit_signal else None
-        if signal_name is not None and not signal_name.startswith("SIG"):
-            signal_name = "SIG" + signal_name
+        signal_name = "SIG" + done.exit_signal[0].removeprefix("SIG") if done.exit_signal else None
         status = done.exit_status if signal_name is None else None
         stdout, stderr = _text(done.stdout), _text(done.stderr)
         if status is None and signal_name is None:
@@ -225,7 +220,7 @@ class SSHPool:
         name = self._host_name(host)
         chain: list[asyncssh.SSHClientConnection] = []
         try:
-            await self._connect_chain(name, chain, seen=set())
+            await self._connection(name, fresh=chain)
         finally:
             for conn in reversed(chain):
                 conn.close()
@@ -281,82 +276,67 @@ class SSHPool:
         return conn is None
 
     async def _connection(
-        self, name: str, seen: frozenset[str] = frozenset()
+        self,
+        name: str,
+        seen: frozenset[str] = frozenset(),
+        fresh: list[asyncssh.SSHClientConnection] | None = None,
     ) -> asyncssh.SSHClientConnection:
-        """The pooled connection to ``name``, opened (again) if needed."""
-        if self._closed:
+        """The pooled connection to ``name`` (through its bastion's), opened (again) if needed; given
+        ``fresh``, new connections to it and its bastions instead, appended there (outermost first)."""
+        if self._closed and fresh is None:
             raise HostUnreachable(name, "the SSH pool is closed")
-        async with self._locks.setdefault(name, asyncio.Lock()):
+        async with (
+            self._locks.setdefault(name, asyncio.Lock()) if fresh is None else contextlib.nullcontext()
+        ):
             conn = self._conns.get(name)
-            if conn is not None and not conn.is_closed():
+            if fresh is None and conn is not None and not conn.is_closed():
                 return conn
-            self._conns.pop(name, None)
             hc = self.config.hosts[name]
-            tunnel = None
-            if hc.jump:
-                if hc.jump in seen:
-                    raise HostUnreachable(name, f"jump host loop through {hc.jump}")
-                tunnel = await self._connection(hc.jump, seen | {name})
-            conn = await self._connect(name, hc, tunnel=tunnel, pooled=True)
-            self._conns[name] = conn
-            return conn
-
-    async def _connect_chain(
-        self, name: str, chain: list[asyncssh.SSHClientConnection], seen: set[str]
-    ) -> None:
-        """Fresh connections to ``name`` and its bastions, appended to ``chain`` (outermost first)."""
-        hc = self.config.hosts[name]
-        tunnel = None
-        if hc.jump:
             if hc.jump in seen:
                 raise HostUnreachable(name, f"jump host loop through {hc.jump}")
-            seen.add(name)
-            await self._connect_chain(hc.jump, chain, seen)
-            tunnel = chain[-1]
-        chain.append(await self._connect(name, hc, tunnel=tunnel, pooled=False))
-
-    async def _connect(
-        self, name: str, hc: HostConfig, *, tunnel: Any, pooled: bool
-    ) -> asyncssh.SSHClientConnection:
-        known_path = (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
-        found = await asyncio.to_thread(known_path.is_file)
-        known_label = str(known_path) if found else f"{known_path} (file not found)"
-        options: dict[str, Any] = {
-            "port": hc.port,
-            "known_hosts": str(known_path) if found else asyncssh.import_known_hosts(""),  # trusts nothing
-            "config": None,
-            "connect_timeout": hc.connect_timeout,
-            "keepalive_interval": KEEPALIVE_INTERVAL,
-            "keepalive_count_max": KEEPALIVE_COUNT_MAX,
-        }
-        given = {
-            "username": hc.user,
-            "client_keys": [str(k.expanduser()) for k in hc.client_keys],
-            "tunnel": tunnel,
-        }
-        options.update({key: value for key, value in given.items() if value})  # else asyncssh's defaults
-        client = _Client(self if pooled else None, name)
-        user = hc.user or "the local user"
-        try:
-            conn = await asyncio.wait_for(
-                asyncssh.connect(hc.address, client_factory=lambda: client, **options),
-                hc.connect_timeout + 2,
-            )
-        except asyncssh.HostKeyNotVerifiable:
-            raise HostKeyRejected(name, client.rejected_fingerprint or "unknown", known_label) from None
-        except asyncssh.PermissionDenied as exc:
-            raise HostAuthRejected(name, user, exc.reason or "permission denied") from None
-        except TimeoutError:
-            raise HostUnreachable(name, f"no SSH answer within {hc.connect_timeout:g} s") from None
-        except asyncssh.DisconnectError as exc:
-            raise HostUnreachable(name, exc.reason or type(exc).__name__) from None
-        except asyncssh.ChannelOpenError as exc:  # the bastion could not reach it
-            raise HostUnreachable(name, f"via {hc.jump}: {exc.reason}") from None
-        except OSError as exc:
-            raise HostUnreachable(name, _reason(exc)) from None
-        except ValueError as exc:  # unreadable key or known_hosts file
-            raise HostUnreachable(name, f"SSH configuration problem: {exc}") from None
-        return conn
+            tunnel = await self._connection(hc.jump, seen | {name}, fresh) if hc.jump else ()
+            known_path = (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
+            found = await asyncio.to_thread(known_path.is_file)
+            known = str(known_path) if found else asyncssh.import_known_hosts("")  # trusts nothing
+            client = _Client(self if fresh is None else None, name)
+            try:
+                conn = await asyncio.wait_for(
+                    asyncssh.connect(
+                        hc.address,
+                        client_factory=lambda: client,
+                        port=hc.port,
+                        known_hosts=known,
+                        config=None,
+                        connect_timeout=hc.connect_timeout,
+                        keepalive_interval=KEEPALIVE_INTERVAL,
+                        keepalive_count_max=KEEPALIVE_COUNT_MAX,
+                        username=hc.user or (),  # (): asyncssh's default
+                        client_keys=[str(k.expanduser()) for k in hc.client_keys] or (),
+                        tunnel=tunnel,
+                    ),
+                    hc.connect_timeout + 2,
+                )
+            except asyncssh.HostKeyNotVerifiable:
+                known_label = str(known_path) if found else f"{known_path} (file not found)"
+                raise HostKeyRejected(name, client.rejected_fingerprint or "unknown", known_label) from None
+            except asyncssh.PermissionDenied as exc:
+                user = hc.user or "the local user"
+                raise HostAuthRejected(name, user, exc.reason or "permission denied") from None
+            except TimeoutError:
+                raise HostUnreachable(name, f"no SSH answer within {hc.connect_timeout:g} s") from None
+            except asyncssh.DisconnectError as exc:
+                raise HostUnreachable(name, exc.reason or type(exc).__name__) from None
+            except asyncssh.ChannelOpenError as exc:  # the bastion could not reach it
+                raise HostUnreachable(name, f"via {hc.jump}: {exc.reason}") from None
+            except OSError as exc:
+                raise HostUnreachable(name, _reason(exc)) from None
+            except ValueError as exc:  # unreadable key or known_hosts file
+                raise HostUnreachable(name, f"SSH configuration problem: {exc}") from None
+            if fresh is None:
+                self._conns[name] = conn
+            else:
+                fresh.append(conn)
+            return conn
 
     async def _open_process(self, name: str, command: str) -> asyncssh.SSHClientProcess[str]:
         """A channel running ``command``; retried once on a fresh connection if the pooled one is stale."""

@@ -35,7 +35,7 @@ _QUERY = r"""
 ids="$1"; limit="$2"; n="$3"; shift 3
 helper=("${@:1:$n}"); shift "$n"
 declare -A tasks
-while [ $# -gt 0 ] && [ "$1" != "@@paths" ]; do tasks[$1]="$2"; shift 2; done
+while [ $# -gt 0 ] && [ "$1" != "@@reads" ]; do tasks[$1]="$2"; shift 2; done
 [ $# -gt 0 ] && shift
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT; running=()
 q=$(squeue -h -t all -j "$ids" -o '%i|%T|%D|%N|%r|%M' 2>"$dir/squeue.err") \
@@ -51,11 +51,6 @@ echo '@@scontrol'
 for id in ${ids//,/ }; do scontrol show job -o "$id" 2>/dev/null; done
 echo '@@sacct'
 sacct -X -n -P -j "$ids" -o JobID,State,ExitCode,Reason,NNodes,NodeList 2>/dev/null
-paths=()
-while [ $# -gt 0 ] && [ "$1" != "@@reads" ]; do paths+=("$1"); shift; done
-[ $# -gt 0 ] && shift
-echo '@@stat'
-for p in "${paths[@]}"; do stat -c '%s|%n' "$p" 2>/dev/null; done
 echo '@@reads'
 while [ $# -ge 4 ]; do
   p="$1"; off="$2"; max="$3"; want="$4"; shift 4
@@ -63,7 +58,7 @@ while [ $# -ge 4 ]; do
   size="${st%|*}"; ino="${st#*|}"; reset=0
   if [ "$off" -gt "$size" ] || { [ -n "$want" ] && [ "$want" != "$ino" ]; }; then off=0; reset=1; fi
   echo "R|$off|$size|$ino|$reset|$p"
-  tail -c "+$((off + 1))" "$p" 2>/dev/null | head -c "$max" | base64 -w0; echo
+  [ "$max" = 0 ] || tail -c "+$((off + 1))" "$p" 2>/dev/null | head -c "$max" | base64 -w0; echo
 done
 for r in "${running[@]}"; do
   id="${r%%:*}"; wait "${r#*:}"; rc=$?
@@ -137,14 +132,11 @@ def expand_nodelist(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _exit(text: str | None) -> tuple[int | None, int | None]:
-    if not text or ":" not in text:
-        return None, None
-    code, _, sig = text.partition(":")
-    try:
-        return int(code), (int(sig) or None)
-    except ValueError:
-        return None, None
+def _exit(text: str | None) -> dict[str, int | None]:
+    """``ExitCode`` ``3:0`` as ``exit_code`` 3 and ``signal`` None (None each when unreadable)."""
+    code, _, sig = (text or "").partition(":")
+    ok = code.isdigit() and sig.isdigit()
+    return {"exit_code": int(code) if ok else None, "signal": (int(sig) or None) if ok else None}
 
 
 def parse_scontrol(line: str) -> dict[str, str]:
@@ -153,18 +145,17 @@ def parse_scontrol(line: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(rf"(?:^|\s)({key})=(.*?)(?=\s+{key}=|$)", line)}
 
 
-def parse_sizes(text: str) -> dict[str, int]:
-    """File sizes (bytes) by path from a ``_QUERY`` answer's ``@@stat`` section."""
-    sizes: dict[str, int] = {}
-    on = False
-    for line in text.splitlines():
-        if line.startswith("@@"):
-            on = line.strip() == "@@stat"
-        elif on and "|" in line:
-            size, _, path = line.partition("|")
-            if size.isdigit():
-                sizes[path] = int(size)
-    return sizes
+def _sections(text: str) -> dict[str, list[str]]:
+    """The lines of a ``_QUERY`` answer by section: ``@@squeue`` (its first), ``@@scontrol``,
+    ``@@sacct``, ``@@reads`` (then the ``@@tasks|…`` lines)."""
+    parts: dict[str, list[str]] = {"@@squeue": []}
+    target = parts["@@squeue"]
+    for line in text.split("\n"):
+        if line.startswith("@@") and "|" not in line:
+            target = parts.setdefault(line.strip(), [])
+        else:
+            target.append(line)
+    return parts
 
 
 @dataclass(frozen=True)
@@ -182,10 +173,7 @@ def parse_reads(text: str) -> dict[str, LogChunk | None]:
     """The ``@@reads`` section of a ``_QUERY`` answer: path → its bytes from the range's ``offset``
     (the chunk's ``offset``: where the next read starts; None: unreadable)."""
     out: dict[str, LogChunk | None] = {}
-    lines = iter(text.split("\n"))
-    for line in lines:
-        if line.strip() == "@@reads":
-            break
+    lines = iter(_sections(text).get("@@reads", []))
     for head in lines:
         if head.startswith("E|"):
             out[head[2:]] = None
@@ -203,55 +191,37 @@ def _int_or_none(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _none(text: str | None) -> str:
-    return "" if text in (None, "None") else str(text)
-
-
 def parse_query(text: str) -> dict[int, SlurmJob]:
-    """The jobs in one ``_QUERY`` answer: squeue rows first, completed by scontrol, then sacct."""
-    parts: dict[str, list[str]] = {"@@squeue": []}
-    target = parts["@@squeue"]
-    for line in map(str.strip, text.splitlines()):
-        if line in ("@@scontrol", "@@sacct", "@@stat"):
-            target = parts.setdefault(line, [])
-        elif line:
-            target.append(line)
+    """The jobs in one ``_QUERY`` answer: each field from squeue if it has it, else scontrol, else sacct."""
+    parts = _sections(text)
     jobs: dict[int, dict[str, object]] = {}
-    for f in (row.split("|") for row in parts["@@squeue"]):
-        if len(f) >= 6 and f[0].isdigit():
-            jobs[int(f[0])] = {
-                "state": f[1],
-                "nodes": _int_or_none(f[2]) or 0,
-                "nodelist": expand_nodelist(f[3]),
-                "reason": _none(f[4]),
-                "elapsed": parse_elapsed(f[5]),
+
+    def add(jid: str, state: str, nodes: str, nodelist: str, reason: str, /, **more: object) -> None:
+        """Job ``jid`` as one more source reports it: what a source before it gave stays."""
+        if jid.isdigit():
+            fields = {
+                "state": (state.split() or ["UNKNOWN"])[0],  # sacct's ``CANCELLED by 0``: cut
+                "nodes": _int_or_none(nodes) or 0,
+                "nodelist": expand_nodelist(nodelist),
+                "reason": "" if reason == "None" else reason,
+                **more,
             }
-    for d in map(parse_scontrol, parts.get("@@scontrol", [])):  # fills in what squeue left out
-        if d.get("JobId", "").isdigit():
-            code, sig = _exit(d.get("ExitCode"))
-            jobs[int(d["JobId"])] = {
-                "state": d.get("JobState", "UNKNOWN"),
-                "nodes": _int_or_none(d.get("NumNodes", "")) or 0,
-                "nodelist": expand_nodelist(d.get("NodeList", "")),
-                "reason": _none(d.get("Reason")),
-                "elapsed": parse_elapsed(d.get("RunTime", "")),
-                **jobs.get(int(d["JobId"]), {}),
-                "exit_code": code,
-                "signal": sig,
-                "stdout": d.get("StdOut"),
-            }
-    for f in (row.split("|") for row in parts.get("@@sacct", [])):  # then sacct
-        if len(f) >= 6 and f[0].isdigit():
-            code, sig = _exit(f[2])
-            jobs[int(f[0])] = {
-                "state": f[1].split()[0] if f[1] else "UNKNOWN",
-                "exit_code": code,
-                "signal": sig,
-                "reason": _none(f[3]),
-                "nodes": _int_or_none(f[4]) or 0,
-                "nodelist": expand_nodelist(f[5]),
-                **jobs.get(int(f[0]), {}),
-            }
+            jobs[int(jid)] = {**fields, **jobs.get(int(jid), {})}
+
+    for f in (row.strip().split("|") for row in parts["@@squeue"]):
+        if len(f) >= 6:
+            add(*f[:5], elapsed=parse_elapsed(f[5]))
+    for d in map(parse_scontrol, parts.get("@@scontrol", [])):
+        fields = (d.get(k, "") for k in ("JobId", "JobState", "NumNodes", "NodeList", "Reason"))
+        add(
+            *fields,
+            elapsed=parse_elapsed(d.get("RunTime", "")),
+            stdout=d.get("StdOut"),
+            **_exit(d.get("ExitCode")),
+        )
+    for f in (row.strip().split("|") for row in parts.get("@@sacct", [])):
+        if len(f) >= 6:
+            add(f[0], f[1], f[4], f[5], f[3], **_exit(f[2]))
     return {jid: SlurmJob(id=jid, **v) for jid, v in jobs.items()}  # type: ignore[arg-type]
 
 
@@ -268,10 +238,8 @@ def _node_tasks(host: str, job_id: int, status: int | None, stdout: str, stderr:
                 answer = json.loads(chunk)
             except ValueError:
                 continue
-            if answer.get("error"):
-                out.append(NodeTasks(str(answer.get("node") or "?"), (), str(answer["error"])))
-            else:
-                out.append(NodeTasks(str(answer["node"]), tuple(int(p) for p in answer["pids"])))
+            err = str(answer["error"]) if answer.get("error") else None
+            out.append(NodeTasks(str(answer.get("node") or "?"), () if err else tuple(answer["pids"]), err))
     if not out and status != 0:
         why = "timed out" if status in (124, 137) else "failed"
         raise RemoteCommandError(
@@ -314,11 +282,6 @@ class SlurmClient:
     async def _run(self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> RemoteResult:
         return await self.ssh.run_job(job, list(argv), timeout=timeout)
 
-    async def query(self, job: str, ids: Sequence[int]) -> dict[int, SlurmJob]:
-        """State of jobs ``ids`` in one call (squeue, scontrol, sacct); an id the cluster no
-        longer knows is absent.  :raises RemoteError: as :meth:`query_with_reads`."""
-        return (await self.query_with_reads(job, ids, (), ()))[0] if ids else {}
-
     async def query_with_reads(
         self,
         job: str,
@@ -339,7 +302,7 @@ class SlurmClient:
         """
         joined = ",".join(str(i) for i in ids) or "0"
         extra: list[str] = []
-        for r in reads:
+        for r in [*(FileRange(p, 0, 0) for p in paths), *reads]:  # a path's size: a read of no bytes
             inode = "" if r.inode is None else str(r.inode)
             extra += [r.path, str(max(0, r.offset)), str(max(0, r.max_bytes)), inode]
         helper = helper_argv("slurm_tasks", {"job": 0, "match": ""})[:-1] if tasks else []
@@ -347,24 +310,26 @@ class SlurmClient:
         for job_id, match in (tasks or {}).items():
             args: SlurmTasksArgs = {"job": job_id, "match": match}
             wanted_tasks += [str(job_id), json.dumps(args, separators=(",", ":"))]
-        head = [joined, f"{TASKS_TIMEOUT:.0f}", str(len(helper)), *helper, *wanted_tasks, "@@paths"]
-        argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", *head, *paths, "@@reads", *extra]
+        head = [joined, f"{TASKS_TIMEOUT:.0f}", str(len(helper)), *helper, *wanted_tasks, "@@reads"]
+        argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", *head, *extra]
         result = await self._run(job, argv, QUERY_TIMEOUT + (TASKS_TIMEOUT + 5 if tasks else 0))
         if result.exit_status != 0:  # squeue failed, and not only for an id no longer known
             why = f"on {result.host}: squeue failed: {result.stderr.strip()[-300:] or 'no output'}"
             raise RemoteCommandError(
                 result.host, ["squeue", "-j", joined], why, exit_status=result.exit_status
             )
+        chunks = parse_reads(result.stdout)
         return (
             {i: j for i, j in parse_query(result.stdout).items() if i in ids},
-            parse_sizes(result.stdout),
-            parse_reads(result.stdout),
+            {path: chunk.size for path, chunk in chunks.items() if chunk is not None},
+            {r.path: chunks.get(r.path) for r in reads},
             parse_tasks(result.host, result.stdout),
         )
 
     async def one(self, job: str, job_id: int) -> SlurmJob | None:
-        """:meth:`query` for one job; None if the cluster does not know it."""
-        return (await self.query(job, [job_id])).get(job_id)
+        """State of job ``job_id`` (squeue, scontrol, sacct, in one call); None if the cluster no
+        longer knows it.  :raises RemoteError: as :meth:`query_with_reads`."""
+        return (await self.query_with_reads(job, [job_id], (), ()))[0].get(job_id)
 
     async def checked(self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> RemoteResult:
         """Run ``argv``; a non-zero exit raises :class:`RemoteCommandError` (with its stderr)."""
