@@ -22,6 +22,7 @@ from bot.runtime.assembly import build_watcher
 from bot.runtime.heartbeat import Heartbeat
 from bot.text import not_watching, scheduler_leader
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.views.reports import digest_command
 from handlers.watch.cycle import Watcher
@@ -265,8 +266,8 @@ class PitstopScheduler:
             return
         self._gap = None
         if self.is_leader:
-            post = not_watching(gap.start, gap.end, gap.found, self.ctx.config.scheduler.timezone)
-            await self.ctx.outbox.post(post, self.ctx.config.slack.announce_channel)
+            words = not_watching(gap.start, gap.end, gap.found, self.ctx.config.scheduler.timezone)
+            await self.ctx.outbox.post(Reply(words, Status.WARNING), self.ctx.config.slack.announce_channel)
 
     async def _beat(self, group: str, ok: bool) -> None:
         """Tell the heartbeat of one watch cycle (``[health] heartbeat_url``), while still leader."""

@@ -31,6 +31,7 @@ from bot.slack.send import Delivery
 from bot.slack.socket_mode import CappedSocketModeHandler
 from bot.text import listen_failed, serve_listening, serve_socket_connected, state_store_was_away
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.watch.alerts import page_by_dm
 from pipeline import fmt
@@ -77,7 +78,8 @@ class SlackRuntime:
         self._watching = asyncio.get_running_loop().create_task(self.store_watch.run())
 
     async def _store_back(self, outage: Outage) -> None:
-        await self.outbox.post(state_store_was_away(outage, self.config.scheduler.timezone), None)
+        words = state_store_was_away(outage.start, outage.end, self.config.scheduler.timezone)
+        await self.outbox.post(Reply(words, Status.WARNING), None)
 
     async def slack_health(self) -> dict[str, Any]:
         """``auth.test`` (cached :data:`HEALTH_TTL` s) plus the Socket Mode connection state."""

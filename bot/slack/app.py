@@ -69,21 +69,15 @@ class GroupCache:
         self._loaded_at = 0.0
         self._refreshing: asyncio.Task[None] | None = None
 
-    def cached(self, user: str) -> tuple[str, ...] | None:
-        """The user's groups from the cache (stale: refreshed in the background); None if none yet."""
+    async def get(self, user: str) -> tuple[str, ...]:
+        """The user's groups: from the cache (a stale one refreshed in the background), loading the
+        listing first if there is none yet."""
         if not self.enabled:
             return ()
         if self._members is None:
-            return None
-        if time.monotonic() - self._loaded_at > self.ttl:
+            await self.refresh()
+        elif time.monotonic() - self._loaded_at > self.ttl:
             self._start_refresh()
-        return self._members.get(user, ())
-
-    async def get(self, user: str) -> tuple[str, ...]:
-        """The user's groups, loading the listing first if there is none yet."""
-        if (got := self.cached(user)) is not None:
-            return got
-        await self.refresh()
         return (self._members or {}).get(user, ())
 
     def _start_refresh(self) -> asyncio.Task[None]:
@@ -125,13 +119,6 @@ def response_type(reply: Reply) -> str:
     if reply.ephemeral or reply.run_id is not None or any(b.action in _CONFIRMING for b in reply.buttons):
         return "ephemeral"
     return "in_channel"
-
-
-def internal_error_reply() -> Reply:
-    """What Slack shows for an unexpected failure (the traceback goes to the log)."""
-    incident = new_incident_id()
-    log.exception("incident %s", incident)
-    return Reply(title=internal_error(incident), status=Status.ERROR, ephemeral=True)
 
 
 def mention_text(text: str, bot_user: str | None) -> str:
@@ -215,11 +202,14 @@ class SlackSurface:
                 await asyncio.wait(pending, timeout=1.0)
         await self.groups.close()
 
-    async def _handle(self, req: Request) -> Reply:
+    async def _handle(self, answer: Awaitable[Reply]) -> Reply:
+        """``answer``'s reply; for an unexpected failure, what Slack shows (the traceback goes to the log)."""
         try:
-            return await self.dispatcher.handle(req)
+            return await answer
         except Exception:
-            return internal_error_reply()
+            incident = new_incident_id()
+            log.exception("incident %s", incident)
+            return Reply(title=internal_error(incident), status=Status.ERROR, ephemeral=True)
 
     async def _on_command(
         self, ack: Respond, body: dict[str, Any], respond: Respond, request: AsyncBoltRequest
@@ -252,7 +242,7 @@ class SlackSurface:
         )
         if retry and await self.dispatcher.seen(delivery):
             return None
-        reply = await self._handle(req)
+        reply = await self._handle(self.dispatcher.handle(req))
         if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.config)) is not None:
             self.spawn(self._follow(run_id, channel))
         return reply
@@ -261,8 +251,7 @@ class SlackSurface:
         """``follow r-N``, after its answer: the run's message (where it was posted, else in
         ``channel``) kept up to date until the run's verdict."""
         async for run in follow_run(self.dispatcher.ctx, run_id):
-            if self.outbox is not None:
-                await self.outbox.announce(thread_key(run_id), run_reply(run, self.config), channel)
+            await self.outbox.announce(thread_key(run_id), run_reply(run, self.config), channel)
 
     async def _respond(
         self,
@@ -274,7 +263,9 @@ class SlackSurface:
         thread_ts: str | None = None,
     ) -> None:
         """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages), else by DM."""
-        payloads = blocks.parts(reply, names=await self.outbox.names(reply), max_parts=RESPONSE_PARTS)
+        payloads = blocks.parts(
+            reply, names=await self.outbox.people.names_for(reply), max_parts=RESPONSE_PARTS
+        )
         extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
         for i, payload in enumerate(payloads):
             try:
@@ -345,7 +336,7 @@ class SlackSurface:
         if reply is None:
             return  # Slack's retry of an event already acted on: the first delivery answers it
         thread_ts = event.get("thread_ts") or (event.get("ts") if in_thread else None)
-        payloads = blocks.parts(reply, names=await self.outbox.names(reply))
+        payloads = blocks.parts(reply, names=await self.outbox.people.names_for(reply))
         try:
             if reply.ephemeral:
                 for payload in payloads:
@@ -371,11 +362,10 @@ class SlackSurface:
     async def _act(
         self, name: str, value: str, user: str, delivery_id: str, respond: Respond, body: dict[str, Any]
     ) -> None:
-        try:
-            groups = await self.groups.get(user)  # roles may name user groups, as for typed commands
-            reply = await self.dispatcher.handle_action(name, value, user, delivery_id, groups=groups)
-        except Exception:
-            reply = internal_error_reply()
+        groups = await self.groups.get(user)  # roles may name user groups, as for typed commands
+        reply = await self._handle(
+            self.dispatcher.handle_action(name, value, user, delivery_id, groups=groups)
+        )
         # "Show log" answers in the thread of the message it was clicked on (the run's thread)
         message = body.get("message") or {}
         container = body.get("container") or {}
@@ -407,12 +397,12 @@ class SlackSurface:
                         delivery_id=f"home:{delivery}",
                         surface="home",
                     )
-                    listing = await self._handle(req)
+                    listing = await self._handle(self.dispatcher.handle(req))
                     self._home = (time.time(), listing)
                 at, reply = self._home
         footer = slack_home_updated(fmt.clock(at, self.config.scheduler.timezone))
         try:
-            view = blocks.home_view(reply, footer, names=await self.outbox.names(reply))
+            view = blocks.home_view(reply, footer, names=await self.outbox.people.names_for(reply))
             await self.client.views_publish(user_id=user, view=view)
         except SlackApiError as exc:
             log.warning(slack_not_posted(f"App Home of {user}", error_text(exc)))

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -70,13 +70,6 @@ class SlackOutbox(SlackSender):
         self._requesters[key] = user
         if len(self._requesters) > 1000:
             self._requesters.pop(next(iter(self._requesters)))
-
-    async def names(self, reply: Reply) -> Mapping[str, str]:
-        """The names of the people ``reply`` mentions (never raises)."""
-        try:
-            return await self.people.names_for(reply)
-        except Exception:  # names are a nicety
-            return self.people.cached()
 
     async def where(self, key: str) -> tuple[str, str] | None:
         """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""
@@ -259,7 +252,7 @@ class SlackOutbox(SlackSender):
         self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool, key: str | None = None
     ) -> str | None:
         """Post ``reply`` (if long, the rest in the thread); the first ts, or None if refused."""
-        names = await self.names(reply)
+        names = await self.people.names_for(reply)
         payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
         if too_long := len(payloads) > blocks.MAX_PARTS:  # cut, the whole answer attached below
             payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, attached=True)
@@ -277,7 +270,9 @@ class SlackOutbox(SlackSender):
 
     async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
         """``chat.update`` of a headline; :raises Refused: with Slack's error code."""
-        await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=await self.names(reply)))
+        await self.update_payload(
+            loc, blocks.message(reply, follow_ups=False, names=await self.people.names_for(reply))
+        )
 
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
         """Record a refused post; tell the run's requester (DM), else another channel."""
@@ -319,7 +314,7 @@ class SlackOutbox(SlackSender):
                     await self.post_payload(target, blocks.text_message(notes[0]), thread_ts=None)
                 else:
                     shown = replace(reply, lines=(*notes, *reply.lines), follow_ups=())
-                    payloads = blocks.parts(shown, names=await self.names(shown))
+                    payloads = blocks.parts(shown, names=await self.people.names_for(shown))
                     self._rescued[alert] = (target, await self.post_parts(target, payloads, thread_ts=None))
             except Refused as again:
                 await self.record_failure(target, again)
@@ -350,7 +345,7 @@ class SlackOutbox(SlackSender):
         try:
             opened = await self.client.conversations_open(users=user)
             dm = str(opened["channel"]["id"])
-            for payload in blocks.parts(reply, names=await self.names(reply)):
+            for payload in blocks.parts(reply, names=await self.people.names_for(reply)):
                 await self.post_payload(dm, payload, thread_ts=None)
         except (*ERRORS, Refused, KeyError) as exc:
             log.warning(slack_not_posted(f"a direct message to {user}", str(exc)))
@@ -362,7 +357,7 @@ class SlackOutbox(SlackSender):
         """Tell ``user`` privately: replace the prompt ``prompt`` (:meth:`prompted`), else by DM."""
         respond = self._prompts.pop(prompt, None) if prompt else None
         if respond is not None:
-            payload = blocks.message(reply, names=await self.names(reply))
+            payload = blocks.message(reply, names=await self.people.names_for(reply))
             try:
                 resp = await respond(**payload, response_type="ephemeral", replace_original=True)
                 if getattr(resp, "status_code", 200) == 200:

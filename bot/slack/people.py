@@ -31,18 +31,14 @@ class People:
         self.client = client
         self._names: dict[str, tuple[str | None, float]] = {}
 
-    def cached(self) -> dict[str, str]:
-        """The names known now (id → name), without asking Slack."""
-        now = time.monotonic()
-        return {u: n for u, (n, until) in self._names.items() if n is not None and until > now}
-
     async def names_for(self, reply: Reply) -> dict[str, str]:
-        """Resolve the user ids ``reply`` mentions (those not cached), then return every known name."""
+        """Resolve the user ids ``reply`` mentions (those not cached), then return every known name
+        (never raises: a failed look-up shows the id)."""
         now = time.monotonic()
         wanted = {u for u in _USER.findall(render_text(reply)) if self._names.get(u, (None, 0.0))[1] <= now}
         if wanted:
             await asyncio.gather(*(self._lookup(u) for u in sorted(wanted)[:LOOKUPS]))
-        return self.cached()
+        return {u: n for u, (n, until) in self._names.items() if n is not None and until > now}
 
     async def _lookup(self, user: str) -> None:
         try:
