@@ -176,18 +176,15 @@ async def open_runtime(
         auth = await auth_test(client) if check_auth else {}
         if not auth.get("ok", True):
             raise SlackUnavailable("auth.test", auth["error"])
-        instance = instance or new_instance_id()
-        slack = config.slack
-        page = functools.partial(page_by_dm, config)
         delivery = Delivery(
-            slack.announce_channel,
-            slack.pace,
-            instance,
-            fallback_channel=slack.fallback_channel,
-            page_by_dm=page,
+            config.slack.announce_channel,
+            config.slack.pace,
+            instance or new_instance_id(),
+            fallback_channel=config.slack.fallback_channel,
+            page_by_dm=functools.partial(page_by_dm, config),
         )
         outbox = SlackOutbox(client, delivery)
-        ctx = await build_context(config, outbox, instance=instance)
+        ctx = await build_context(config, outbox, instance=delivery.instance)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
         surface = SlackSurface(

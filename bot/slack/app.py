@@ -266,14 +266,13 @@ class SlackSurface:
         payloads = blocks.parts(
             reply, names=await self.outbox.people.names_for(reply), max_parts=RESPONSE_PARTS
         )
-        extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
         for i, payload in enumerate(payloads):
             try:
                 resp = await respond(
                     **payload,
                     response_type=response_type(reply),
                     replace_original=replace and i == 0,
-                    **extra,
+                    thread_ts=thread_ts,
                 )
                 status = getattr(resp, "status_code", 200)
                 error = "" if status == 200 else f"HTTP {status} {getattr(resp, 'body', '')}".strip()

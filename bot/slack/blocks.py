@@ -354,8 +354,8 @@ def message(
     reply: Reply, *, follow_ups: bool = True, names: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """``{"text": …, "blocks": […]}`` for ``reply`` as one message, cut visibly if too long."""
-    reply = humanise(reply, names)
-    return {"text": fallback_text(reply), "blocks": reply_blocks(reply, follow_ups=follow_ups)}
+    blocks = reply_blocks(reply, follow_ups=follow_ups, names=names)
+    return {"text": fallback_text(humanise(reply, names)), "blocks": blocks}
 
 
 def text_message(text: str) -> dict[str, Any]:

@@ -140,7 +140,8 @@ class SlackOutbox(SlackSender):
             loc = await self._wait_elsewhere(key)
         if loc is not None:
             try:
-                await self._update(loc, reply)
+                names = await self.people.names_for(reply)
+                await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=names))
                 return loc
             except Refused as exc:
                 if exc.error != "message_not_found":
