@@ -202,13 +202,11 @@ class ConsoleSession:
             await self.follow(run_id, reply.steps)
         if (confirm := next((b for b in reply.buttons if b.action == "confirm"), None)) is None:
             return reply
-        answer = await self.ask(CONSOLE_CONFIRM)
-        if answer is not None and answer.strip().lower() in ("y", "yes"):
-            action, value = "confirm", confirm.value
-        else:
-            cancel = next((b for b in reply.buttons if b.action == "cancel"), None)
-            action, value = "cancel", (cancel.value if cancel is not None else confirm.value)
-        outcome = await self.dispatcher.handle_action(action, value, self.user, f"console:{uuid.uuid4().hex}")
+        answer = await self.ask(CONSOLE_CONFIRM)  # confirm and cancel carry one token, confirm's value
+        action = "confirm" if (answer or "").strip().lower() in ("y", "yes") else "cancel"
+        outcome = await self.dispatcher.handle_action(
+            action, confirm.value, self.user, f"console:{uuid.uuid4().hex}"
+        )
         self.console.print(self.renderer.render(outcome))
         return outcome
 

@@ -136,7 +136,7 @@ async def say_main(
             except TimeoutError:
                 print("", file=err)
                 answer = None
-            action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
+            action = "confirm" if (answer or "").strip().lower() in ("y", "yes") else "cancel"
             reply = await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
         if not as_json:
             print(render_text(reply), file=out, flush=True)
