@@ -25,8 +25,9 @@ from bot.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bot.runtime.metrics import render as metrics_page
 from bot.runtime.scheduler import PitstopScheduler
 from bot.slack.api import ERRORS, error_text, web_client
-from bot.slack.app import SlackSurface
+from bot.slack.app import SlackSurface, needs_groups
 from bot.slack.outbox import SlackOutbox
+from bot.slack.people import People
 from bot.slack.send import Delivery
 from bot.slack.socket_mode import CappedSocketModeHandler
 from bot.text import listen_failed, serve_listening, serve_socket_connected, state_store_was_away
@@ -183,7 +184,7 @@ async def open_runtime(
             fallback_channel=config.slack.fallback_channel,
             page_by_dm=functools.partial(page_by_dm, config),
         )
-        outbox = SlackOutbox(client, delivery)
+        outbox = SlackOutbox(client, delivery, People(client, group_roles=needs_groups(config)))
         ctx = await build_context(config, outbox, instance=delivery.instance)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
@@ -202,7 +203,7 @@ async def open_runtime(
             _auth_at=time.monotonic() if auth else 0.0,
         )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(surface.groups.refresh(), timeout=5.0)
+            await asyncio.wait_for(outbox.people.list_groups(), timeout=5.0)
         runtime.watch_store()
         if scheduler:
             runtime.scheduler = PitstopScheduler(ctx)

@@ -7,7 +7,6 @@ retries no repeats.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -36,7 +35,6 @@ from pipeline.errors import ExitCode, internal_error, new_incident_id
 
 log = logging.getLogger(__name__)
 
-GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
 HOME_TTL = 60.0  #: seconds the App Home's job listing is reused before the hosts are probed again
 RESPONSE_PARTS = 5  #: a response_url takes at most 5 posts (within 30 minutes)
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
@@ -52,65 +50,6 @@ def needs_groups(config: Config) -> bool:
         ids += [*(job.auth.admins or []), *(job.auth.operators or []), *(job.auth.viewers or [])]
         ids += job.approval.approvers if job.approval is not None else []
     return any(i.startswith("S") for i in ids)
-
-
-class GroupCache:
-    """Which user groups each user is in, from ``usergroups.list`` (``usergroups:read``).
-
-    :param ttl: seconds a listing is trusted; an older one is still served while a refresh runs.
-    :param enabled: False → every user is in no group and Slack is never asked.
-    """
-
-    def __init__(self, client: AsyncWebClient, *, ttl: float = GROUPS_TTL, enabled: bool = True) -> None:
-        self.client = client
-        self.ttl = ttl
-        self.enabled = enabled
-        self._members: dict[str, tuple[str, ...]] | None = None
-        self._loaded_at = 0.0
-        self._refreshing: asyncio.Task[None] | None = None
-
-    async def get(self, user: str) -> tuple[str, ...]:
-        """The user's groups: from the cache (a stale one refreshed in the background), loading the
-        listing first if there is none yet."""
-        if not self.enabled:
-            return ()
-        if self._members is None:
-            await self.refresh()
-        elif time.monotonic() - self._loaded_at > self.ttl:
-            self._start_refresh()
-        return (self._members or {}).get(user, ())
-
-    def _start_refresh(self) -> asyncio.Task[None]:
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.get_running_loop().create_task(self._load())
-        return self._refreshing
-
-    async def refresh(self) -> None:
-        """Load the listing now (one request at a time; concurrent callers share it)."""
-        if self.enabled:
-            await asyncio.shield(self._start_refresh())
-
-    async def _load(self) -> None:
-        try:
-            resp = await self.client.usergroups_list(include_users=True)
-        except Exception as exc:  # a failed lookup must not fail the request: no groups, retry later
-            log.warning("usergroups.list failed: %s", exc)
-            if self._members is None:
-                self._members = {}
-        else:
-            members: dict[str, list[str]] = {}
-            for group in resp.get("usergroups") or []:
-                for user in group.get("users") or []:
-                    members.setdefault(str(user), []).append(str(group["id"]))
-            self._members = {u: tuple(g) for u, g in members.items()}
-        self._loaded_at = time.monotonic()
-
-    async def close(self) -> None:
-        """Cancel a refresh in flight."""
-        if self._refreshing is not None and not self._refreshing.done():
-            self._refreshing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refreshing
 
 
 def response_type(reply: Reply) -> str:
@@ -140,8 +79,8 @@ class SlackSurface:
     """The Bolt app plus the state its listeners share (tasks after the ack, group cache).
 
     :param signing_secret: HTTP mode's signing secret; None for Socket Mode (no signature check).
-    :param outbox: the Slack outbox: names, posts, a chart that comes with an answer, refusals.
-    :param groups: default: one over ``client``, enabled when the config names a group.
+    :param outbox: the Slack outbox: names and user groups (its ``people``), posts, a chart that
+        comes with an answer, refusals.
     """
 
     def __init__(
@@ -152,13 +91,11 @@ class SlackSurface:
         client: AsyncWebClient,
         signing_secret: str | None,
         outbox: SlackOutbox,
-        groups: GroupCache | None = None,
     ) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.client = client
         self.outbox = outbox
-        self.groups = groups or GroupCache(client, enabled=needs_groups(config))
         self._tasks: set[asyncio.Task[Any]] = set()
         self._home: tuple[float, Reply] | None = None
         self._home_lock = asyncio.Lock()
@@ -200,7 +137,7 @@ class SlackSurface:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
-        await self.groups.close()
+        await self.outbox.people.aclose()
 
     async def _handle(self, answer: Awaitable[Reply]) -> Reply:
         """``answer``'s reply; for an unexpected failure, what Slack shows (the traceback goes to the log)."""
@@ -236,7 +173,7 @@ class SlackSurface:
         self, text: str, user: str, delivery: str, channel: str | None, retry: bool
     ) -> Reply | None:
         """The answer to ``text``; None for Slack's retry of a delivery already acted on."""
-        groups = await self.groups.get(user)
+        groups = await self.outbox.people.groups_of(user)
         req = Request(
             text=text, user=user, groups=groups, delivery_id=delivery, channel=channel, surface="slack"
         )
@@ -361,7 +298,7 @@ class SlackSurface:
     async def _act(
         self, name: str, value: str, user: str, delivery_id: str, respond: Respond, body: dict[str, Any]
     ) -> None:
-        groups = await self.groups.get(user)  # roles may name user groups, as for typed commands
+        groups = await self.outbox.people.groups_of(user)  # roles may name user groups, as for typed commands
         reply = await self._handle(
             self.dispatcher.handle_action(name, value, user, delivery_id, groups=groups)
         )
@@ -382,7 +319,7 @@ class SlackSurface:
     async def publish_home(self, user: str, delivery: str) -> None:
         """Publish the App Home tab for ``user``: the ``status`` listing, shared by everyone who may
         see it and reused for :data:`HOME_TTL` s; a user without a role sees a line saying so."""
-        groups = await self.groups.get(user)
+        groups = await self.outbox.people.groups_of(user)
         if role_of(self.config, user, groups) is None:
             reply = Reply(title=slack_home_no_role(), status=Status.INFO)
             at = time.time()
