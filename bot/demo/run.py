@@ -266,6 +266,12 @@ _AWAITED = {
 }
 
 
+async def _session_of(ctx: Context, job: str) -> int | None:
+    """The session id recorded for ``job``'s processes, or None."""
+    sid = (await ctx.service.jobs.read(job)).current.get("sid")
+    return int(sid) if sid else None
+
+
 async def _run_script(
     ctx: Context, session: ConsoleSession, steps: Sequence[Step], scheduler: PitstopScheduler | None = None
 ) -> None:
@@ -289,10 +295,8 @@ async def _run_script(
             await _wait_ranks(ctx, step)
         elif isinstance(step, Kill):
             cursor = await ctx.events.last_id()
-            current = (await ctx.service.jobs.read(step.job)).current
-            if not current.get("sid"):
+            if (sid := await _session_of(ctx, step.job)) is None:
                 raise UsageError(demo_unexpected(step.lineno, f"no recorded session for {step.job}"))
-            sid = int(current["sid"])
             n = kill_session(sid)
             session.console.print(
                 f"\n> kill {step.job}: SIGKILL to {n} processes of session {sid}", style="bold red"
@@ -313,8 +317,7 @@ async def _cleanup(
     if ctx is not None:
         sid: int | None = None
         with contextlib.suppress(Exception):
-            current = (await ctx.service.jobs.read("dflash")).current
-            sid = int(current["sid"]) if current.get("sid") else None
+            sid = await _session_of(ctx, "dflash")
         if keep:
             with contextlib.suppress(Exception):  # a graceful stop first: a last checkpoint for the kept dir
                 run = await ctx.runs.create("dflash", DEMO_USER, action="stop")
