@@ -34,6 +34,13 @@ STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another re
 T = TypeVar("T")
 
 
+def _keep(memo: dict[str, Any], key: str, value: Any) -> None:
+    """``memo[key] = value``, the oldest entry forgotten past 1,000."""
+    memo[key] = value
+    if len(memo) > 1000:
+        memo.pop(next(iter(memo)))
+
+
 class SlackOutbox(SlackSender):
     """:class:`~handlers.outbox.Outbox` over the Slack Web API, as ``delivery`` says
     (:class:`~bot.slack.send.Delivery`: channels, pace, this process's id for claims).
@@ -55,8 +62,7 @@ class SlackOutbox(SlackSender):
         self._prompts: dict[str, Any] = {}
         self._posts: Posts | None = None
         self._runs: RunStore | None = None
-        self._local: dict[str, tuple[str, str]] = {}
-        self._parents: dict[str, str] = {}
+        self._local: dict[str, tuple[str, str, str]] = {}  #: key → (channel, ts, thread ts), unbound
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, tuple[Reply, str | None]] = {}
         self._for_thread: dict[object, tuple[str, float]] = {}  #: waiter → (channel, since): see announce_in
@@ -67,25 +73,22 @@ class SlackOutbox(SlackSender):
 
     def requested_by(self, key: str, user: str) -> None:
         """Remember who asked for ``key``'s run: a refused post about it is told to them."""
-        self._requesters[key] = user
-        if len(self._requesters) > 1000:
-            self._requesters.pop(next(iter(self._requesters)))
+        _keep(self._requesters, key, user)
 
     async def where(self, key: str) -> tuple[str, str] | None:
         """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""
-        return self._local.get(key) if self._posts is None else await self._posts.where(key)
+        if self._posts is not None:
+            return await self._posts.where(key)
+        return self._local[key][:2] if key in self._local else None
 
     async def thread_of(self, key: str) -> tuple[str, str] | None:
         """``(channel, thread ts)`` where replies about ``key`` go, or None if nothing was posted."""
         if self._posts is not None:
             return await self._posts.thread_of(key)
-        loc = self._local.get(key)
-        return None if loc is None else (loc[0], self._parents.get(key, loc[1]))
+        return (self._local[key][0], self._local[key][2]) if key in self._local else None
 
     async def _remember(self, key: str, channel: str, ts: str, parent: str | None = None) -> None:
-        self._local[key] = (channel, ts)
-        if parent:
-            self._parents[key] = parent
+        self._local[key] = (channel, ts, parent or ts)
         if self._posts is not None:
             await self._posts.remember(key, channel, ts, parent)
 
@@ -154,9 +157,8 @@ class SlackOutbox(SlackSender):
             return None
         ts = await self._renewing(key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key))
         if ts is None:
-            if (
-                rescued := self._rescued.pop(key, None)
-            ) is not None:  # the alert went to another channel: it lives there from now on
+            # the alert went to another channel: it lives there from now on
+            if (rescued := self._rescued.pop(key, None)) is not None:
                 await self._remember(key, *rescued)
                 return rescued
             await self._unclaim(key)
@@ -370,9 +372,7 @@ class SlackOutbox(SlackSender):
 
     def prompted(self, token: str, respond: Any) -> None:
         """Remember how to replace the confirmation prompt ``token`` (Bolt's ``respond``)."""
-        self._prompts[token] = respond
-        if len(self._prompts) > 1000:
-            self._prompts.pop(next(iter(self._prompts)))
+        _keep(self._prompts, token, respond)
 
     async def upload(
         self,
