@@ -27,7 +27,7 @@ from handlers.request.dispatch import Dispatcher
 from handlers.views.reports import digest_command
 from handlers.watch.cycle import Watcher
 from pipeline.errors import StateUnavailable
-from pipeline.observe.watch import DEFAULT_REMIND_EVERY, Decision
+from pipeline.observe.watch import Decision
 from pipeline.state.incidents import IncidentKind
 from pipeline.state.leader import LeaderLease
 from pipeline.state.watchclock import WatchClock
@@ -68,7 +68,6 @@ class PitstopScheduler:
 
     :param leader_ttl: seconds the leader lease lives without renewal (renewed every third).
     :param poll_interval: seconds between polls of due verifications.
-    :param remind_every: seconds between reminders of an open, unacknowledged incident.
     """
 
     def __init__(
@@ -77,12 +76,11 @@ class PitstopScheduler:
         *,
         leader_ttl: float = 10.0,
         poll_interval: float = 1.0,
-        remind_every: float = DEFAULT_REMIND_EVERY,
     ) -> None:
         self.ctx = ctx
         self.poll_interval = poll_interval
         self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
-        self.watcher: Watcher = build_watcher(ctx, remind_every=remind_every)
+        self.watcher: Watcher = build_watcher(ctx)
         self.heartbeat: Heartbeat | None = None
         self.clock = ctx.redis.open_store(WatchClock)
         #: closes approval requests at their expiry, those of a process that died included
