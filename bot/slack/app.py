@@ -290,14 +290,14 @@ class SlackSurface:
         self, ack: Respond, body: dict[str, Any], action: dict[str, Any], respond: Respond
     ) -> None:
         await ack()
+        self.spawn(self._act(body, action, respond))
+
+    async def _act(self, body: dict[str, Any], action: dict[str, Any], respond: Respond) -> None:
+        """Act on an acked button click, and answer through its ``response_url``."""
         user = str((body.get("user") or {}).get("id", ""))
         name = blocks.action_of(str(action.get("action_id", "")))
-        delivery = body.get("trigger_id") or f"{action.get('action_ts')}:{user}"
-        self.spawn(self._act(name, str(action.get("value", "")), user, f"act:{delivery}", respond, body))
-
-    async def _act(
-        self, name: str, value: str, user: str, delivery_id: str, respond: Respond, body: dict[str, Any]
-    ) -> None:
+        value = str(action.get("value", ""))
+        delivery_id = "act:" + (body.get("trigger_id") or f"{action.get('action_ts')}:{user}")
         groups = await self.outbox.people.groups_of(user)  # roles may name user groups, as for typed commands
         reply = await self._handle(
             self.dispatcher.handle_action(name, value, user, delivery_id, groups=groups)
