@@ -282,8 +282,7 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
     except OSError as exc:
         await runner.cleanup()
         raise UsageError(listen_failed(host, port, exc)) from exc
-    sockets = getattr(site._server, "sockets", None)
-    return HttpServer(runner, host, int(sockets[0].getsockname()[1]) if sockets else port)
+    return HttpServer(runner, host, int(runner.addresses[0][1]))  # the port bound (port 0: a free one)
 
 
 async def connect_socket(
