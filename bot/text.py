@@ -10,9 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from handlers.reply import Reply, Status
 from pipeline import fmt
-from pipeline.state.outage import Outage
 
 # --- Slack: the surface, split messages, refusals, the App Home, Socket Mode
 
@@ -192,13 +190,12 @@ def embedded_redis_started(path: str) -> str:
     return f"no [redis] url configured - using embedded Redis at {path}"
 
 
-def state_store_was_away(outage: Outage, timezone: str) -> Reply:
-    """The announce post once Redis is back after an outage longer than two watch intervals."""
-    return Reply(
-        f"state store was unreachable from {fmt.clock(outage.start, timezone)} to "
-        f"{fmt.clock(outage.end, timezone)} ({fmt.duration(outage.seconds)}); "
-        "watching, verifications and alerts resume now",
-        Status.WARNING,
+def state_store_was_away(start: float, end: float, timezone: str) -> str:
+    """The announce post once Redis is back after an outage (``start``/``end``: unix s) longer than
+    two watch intervals."""
+    return (
+        f"state store was unreachable from {fmt.clock(start, timezone)} to {fmt.clock(end, timezone)} "
+        f"({fmt.duration(end - start)}); watching, verifications and alerts resume now"
     )
 
 
@@ -224,12 +221,11 @@ def scheduler_leader(instance: str, acquired: bool) -> str:
     return f"{instance} {'is now' if acquired else 'is no longer'} the scheduler leader"
 
 
-def not_watching(start: float, end: float, found: dict[str, str], timezone: str) -> Reply:
+def not_watching(start: float, end: float, found: dict[str, str], timezone: str) -> str:
     """The announce post of a leader back after a gap (``start``/``end``: unix s, as in the
     scheduler's ``_Gap``): when nobody watched, and what it found (``ok`` shows as RUNNING)."""
     jobs = ", ".join(f"{name} {'RUNNING' if c == 'ok' else c.upper()}" for name, c in found.items())
-    return Reply(
+    return (
         f"Pitstop was not watching from {fmt.clock(start, timezone)} to {fmt.clock(end, timezone)} "
-        f"({fmt.duration(end - start)}); on return: {jobs or 'nothing to watch'}",
-        Status.WARNING,
+        f"({fmt.duration(end - start)}); on return: {jobs or 'nothing to watch'}"
     )

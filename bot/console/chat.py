@@ -5,10 +5,8 @@ prints replies with :class:`Renderer`; the team's posts come through :class:`Con
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sys
-import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import IO
@@ -18,6 +16,7 @@ from rich.rule import Rule
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from bot.console.say import stdin_line
 from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
 from bot.slack.blocks import plain
@@ -47,9 +46,7 @@ Ask = Callable[[str], Awaitable[str | None]]
 def make_console(*, file: IO[str] | None = None, record: bool = False, width: int | None = None) -> Console:
     """The rich Console the console chat prints to (``file``: default stdout; ``record``: keep what
     was printed; ``width``: default the terminal's, 120 for a given file or piped output)."""
-    if file is not None and width is None:
-        width = 120
-    console = Console(file=file, record=record, width=width, highlight=False)
+    console = Console(file=file, record=record, width=width or (120 if file else None), highlight=False)
     if file is None and not console.is_terminal:
         console.soft_wrap = True  # piped output: whole lines, no hard wraps
         if width is None:
@@ -129,9 +126,9 @@ class ConsoleOutbox:
     """:class:`~handlers.outbox.Outbox` for the terminal: team-visible posts printed as they come;
     a later ``announce`` of a key prints only what changed (the live step list)."""
 
-    def __init__(self, console: Console, renderer: Renderer | None = None) -> None:
+    def __init__(self, console: Console) -> None:
         self.console = console
-        self.renderer = renderer or Renderer()
+        self.renderer = Renderer()
         self._shown: dict[str, Reply] = {}
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
@@ -171,26 +168,6 @@ class ConsoleOutbox:
         self.console.print(self.renderer.render(reply, ""))
 
 
-def _read_stdin(prompt: str, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[str | None]) -> None:
-    """One line of stdin (``input`` with ``prompt`` on a terminal) into ``fut``; None at its end."""
-    line: str | None
-    try:
-        if sys.stdin.isatty():
-            line = input(prompt)
-        else:
-            raw = sys.stdin.readline()
-            line = raw.rstrip("\n") if raw else None
-    except (EOFError, OSError, ValueError):
-        line = None
-    with contextlib.suppress(RuntimeError):  # loop closed
-        loop.call_soon_threadsafe(_resolve, fut, line)
-
-
-def _resolve(fut: asyncio.Future[str | None], line: str | None) -> None:
-    if not fut.done():
-        fut.set_result(line)
-
-
 class ConsoleSession:
     """One person chatting with Pitstop in a terminal (or a script driving it).
 
@@ -205,15 +182,12 @@ class ConsoleSession:
         *,
         user: str,
         console: Console | None = None,
-        groups: tuple[str, ...] = (),
         ask: Ask | None = None,
-        renderer: Renderer | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.user = user
         self.console = console or make_console()
-        self.groups = groups
-        self.renderer = renderer or Renderer()
+        self.renderer = Renderer()
         self._ask = ask
         self._lines: Iterator[str] | None = None
         self._read_stdin = False  #: True once a line was read from stdin
@@ -221,20 +195,18 @@ class ConsoleSession:
     async def run_line(self, text: str) -> Reply:
         """Send one line, print the reply, settle a confirmation it asks for; return the final reply."""
         delivery = f"console:{uuid.uuid4().hex}"
-        req = Request(text=text, user=self.user, groups=self.groups, delivery_id=delivery, surface="console")
+        req = Request(text=text, user=self.user, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)
         self.console.print(self.renderer.render(reply))
         if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.dispatcher.ctx.config)):
             await self.follow(run_id, reply.steps)
         if (confirm := next((b for b in reply.buttons if b.action == "confirm"), None)) is None:
             return reply
-        answer = await self.ask(CONSOLE_CONFIRM)
-        if answer is not None and answer.strip().lower() in ("y", "yes"):
-            action, value = "confirm", confirm.value
-        else:
-            cancel = next((b for b in reply.buttons if b.action == "cancel"), None)
-            action, value = "cancel", (cancel.value if cancel is not None else confirm.value)
-        outcome = await self.dispatcher.handle_action(action, value, self.user, f"console:{uuid.uuid4().hex}")
+        answer = await self.ask(CONSOLE_CONFIRM)  # confirm and cancel carry one token, confirm's value
+        action = "confirm" if (answer or "").strip().lower() in ("y", "yes") else "cancel"
+        outcome = await self.dispatcher.handle_action(
+            action, confirm.value, self.user, f"console:{uuid.uuid4().hex}"
+        )
         self.console.print(self.renderer.render(outcome))
         return outcome
 
@@ -265,12 +237,7 @@ class ConsoleSession:
     async def _read(self, prompt: str) -> str | None:
         """A line of stdin, read in a daemon thread (Ctrl-C and exit never wait for it)."""
         self._read_stdin = True
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[str | None] = loop.create_future()
-        threading.Thread(
-            target=_read_stdin, args=(prompt, loop, fut), name="pitstop-stdin", daemon=True
-        ).start()
-        line = await fut
+        line = await stdin_line(prompt)
         if line is not None and not sys.stdin.isatty():  # a terminal echoes the line itself
             self.console.print(Text(prompt + line, style="bold"))
         return line

@@ -7,6 +7,7 @@ prints the run's steps as they happen, then its verdict.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sys
@@ -40,25 +41,30 @@ def parse_main(config: Config, text: str, *, out: IO[str] | None = None, err: IO
     return 0
 
 
-def _read_line(prompt: str, timeout: float, err: IO[str]) -> str | None:
-    """A line from stdin within ``timeout`` s (a daemon thread, so a silent stdin never blocks exit)."""
-    print(prompt, end="", file=err, flush=True)
-    box: list[str | None] = []
-    done = threading.Event()
+def stdin_line(prompt: str | None = None) -> asyncio.Future[str | None]:
+    """One line of stdin, without its newline, read in a daemon thread (Ctrl-C and exit never wait
+    for it): with ``input(prompt)`` on a terminal when ``prompt`` is given, else ``readline``.
+
+    :returns: a future of the line; None at the end of input or if stdin cannot be read.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[str | None] = loop.create_future()
 
     def read() -> None:
+        line: str | None
         try:
-            line = sys.stdin.readline()
-            box.append(line if line else None)
-        except (OSError, ValueError):
-            box.append(None)
-        done.set()
+            if prompt is not None and sys.stdin.isatty():
+                line = input(prompt)
+            else:
+                raw = sys.stdin.readline()
+                line = raw.rstrip("\n") if raw else None
+        except (EOFError, OSError, ValueError):
+            line = None
+        with contextlib.suppress(RuntimeError):  # loop closed
+            loop.call_soon_threadsafe(lambda: None if fut.done() else fut.set_result(line))
 
-    threading.Thread(target=read, name="pitstop-say-stdin", daemon=True).start()
-    done.wait(timeout)
-    if not box:
-        print("", file=err)
-    return box[0] if box else None
+    threading.Thread(target=read, name="pitstop-stdin", daemon=True).start()
+    return fut
 
 
 async def _follow(
@@ -124,8 +130,13 @@ async def say_main(
         if confirm is not None:
             if not as_json:
                 print(render_text(reply), file=out, flush=True)
-            answer = await asyncio.to_thread(_read_line, CONSOLE_CONFIRM, dispatcher.confirm_window, err)
-            action = "confirm" if answer is not None and answer.strip().lower() in ("y", "yes") else "cancel"
+            print(CONSOLE_CONFIRM, end="", file=err, flush=True)
+            try:  # a silent stdin never blocks the answer
+                answer = await asyncio.wait_for(stdin_line(), dispatcher.confirm_window)
+            except TimeoutError:
+                print("", file=err)
+                answer = None
+            action = "confirm" if (answer or "").strip().lower() in ("y", "yes") else "cancel"
             reply = await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
         if not as_json:
             print(render_text(reply), file=out, flush=True)

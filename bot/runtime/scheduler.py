@@ -22,11 +22,12 @@ from bot.runtime.assembly import build_watcher
 from bot.runtime.heartbeat import Heartbeat
 from bot.text import not_watching, scheduler_leader
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.views.reports import digest_command
 from handlers.watch.cycle import Watcher
 from pipeline.errors import StateUnavailable
-from pipeline.observe.watch import DEFAULT_REMIND_EVERY, Decision
+from pipeline.observe.watch import Decision
 from pipeline.state.incidents import IncidentKind
 from pipeline.state.leader import LeaderLease
 from pipeline.state.watchclock import WatchClock
@@ -67,7 +68,6 @@ class PitstopScheduler:
 
     :param leader_ttl: seconds the leader lease lives without renewal (renewed every third).
     :param poll_interval: seconds between polls of due verifications.
-    :param remind_every: seconds between reminders of an open, unacknowledged incident.
     """
 
     def __init__(
@@ -76,12 +76,11 @@ class PitstopScheduler:
         *,
         leader_ttl: float = 10.0,
         poll_interval: float = 1.0,
-        remind_every: float = DEFAULT_REMIND_EVERY,
     ) -> None:
         self.ctx = ctx
         self.poll_interval = poll_interval
         self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
-        self.watcher: Watcher = build_watcher(ctx, remind_every=remind_every)
+        self.watcher: Watcher = build_watcher(ctx)
         self.heartbeat: Heartbeat | None = None
         self.clock = ctx.redis.open_store(WatchClock)
         #: closes approval requests at their expiry, those of a process that died included
@@ -265,8 +264,8 @@ class PitstopScheduler:
             return
         self._gap = None
         if self.is_leader:
-            post = not_watching(gap.start, gap.end, gap.found, self.ctx.config.scheduler.timezone)
-            await self.ctx.outbox.post(post, self.ctx.config.slack.announce_channel)
+            words = not_watching(gap.start, gap.end, gap.found, self.ctx.config.scheduler.timezone)
+            await self.ctx.outbox.post(Reply(words, Status.WARNING), self.ctx.config.slack.announce_channel)
 
     async def _beat(self, group: str, ok: bool) -> None:
         """Tell the heartbeat of one watch cycle (``[health] heartbeat_url``), while still leader."""

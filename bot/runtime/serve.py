@@ -25,12 +25,14 @@ from bot.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bot.runtime.metrics import render as metrics_page
 from bot.runtime.scheduler import PitstopScheduler
 from bot.slack.api import ERRORS, error_text, web_client
-from bot.slack.app import SlackSurface
+from bot.slack.app import SlackSurface, needs_groups
 from bot.slack.outbox import SlackOutbox
+from bot.slack.people import People
 from bot.slack.send import Delivery
 from bot.slack.socket_mode import CappedSocketModeHandler
 from bot.text import listen_failed, serve_listening, serve_socket_connected, state_store_was_away
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.watch.alerts import page_by_dm
 from pipeline import fmt
@@ -77,7 +79,8 @@ class SlackRuntime:
         self._watching = asyncio.get_running_loop().create_task(self.store_watch.run())
 
     async def _store_back(self, outage: Outage) -> None:
-        await self.outbox.post(state_store_was_away(outage, self.config.scheduler.timezone), None)
+        words = state_store_was_away(outage.start, outage.end, self.config.scheduler.timezone)
+        await self.outbox.post(Reply(words, Status.WARNING), None)
 
     async def slack_health(self) -> dict[str, Any]:
         """``auth.test`` (cached :data:`HEALTH_TTL` s) plus the Socket Mode connection state."""
@@ -174,18 +177,15 @@ async def open_runtime(
         auth = await auth_test(client) if check_auth else {}
         if not auth.get("ok", True):
             raise SlackUnavailable("auth.test", auth["error"])
-        instance = instance or new_instance_id()
-        slack = config.slack
-        page = functools.partial(page_by_dm, config)
         delivery = Delivery(
-            slack.announce_channel,
-            slack.pace,
-            instance,
-            fallback_channel=slack.fallback_channel,
-            page_by_dm=page,
+            config.slack.announce_channel,
+            config.slack.pace,
+            instance or new_instance_id(),
+            fallback_channel=config.slack.fallback_channel,
+            page_by_dm=functools.partial(page_by_dm, config),
         )
-        outbox = SlackOutbox(client, delivery)
-        ctx = await build_context(config, outbox, instance=instance)
+        outbox = SlackOutbox(client, delivery, People(client, group_roles=needs_groups(config)))
+        ctx = await build_context(config, outbox, instance=delivery.instance)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
         surface = SlackSurface(
@@ -203,7 +203,7 @@ async def open_runtime(
             _auth_at=time.monotonic() if auth else 0.0,
         )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(surface.groups.refresh(), timeout=5.0)
+            await asyncio.wait_for(outbox.people.list_groups(), timeout=5.0)
         runtime.watch_store()
         if scheduler:
             runtime.scheduler = PitstopScheduler(ctx)
@@ -282,8 +282,7 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
     except OSError as exc:
         await runner.cleanup()
         raise UsageError(listen_failed(host, port, exc)) from exc
-    sockets = getattr(site._server, "sockets", None)
-    return HttpServer(runner, host, int(sockets[0].getsockname()[1]) if sockets else port)
+    return HttpServer(runner, host, int(runner.addresses[0][1]))  # the port bound (port 0: a free one)
 
 
 async def connect_socket(

@@ -29,15 +29,12 @@ def from_environ(environ: dict[str, str] | None = None) -> Settings:
     """Read :class:`Settings` from ``environ`` (default: ``os.environ``); empty values count as unset."""
     env = os.environ if environ is None else environ
 
-    def get(name: str) -> str | None:
-        value = env.get(name, "").strip()
-        return value or None
-
-    return Settings(
-        bot_token=get("SLACK_BOT_TOKEN"),
-        signing_secret=get("SLACK_SIGNING_SECRET"),
-        app_token=get("SLACK_APP_TOKEN"),
-        api_url=get("SLACK_API_URL"),  # its trailing "/" is web_client's to add
-        config_path=get("PITSTOP_CONFIG"),
-        user=get("PITSTOP_USER"),
+    names = dict(
+        bot_token="SLACK_BOT_TOKEN",
+        signing_secret="SLACK_SIGNING_SECRET",
+        app_token="SLACK_APP_TOKEN",
+        api_url="SLACK_API_URL",  # its trailing "/" is web_client's to add
+        config_path="PITSTOP_CONFIG",
+        user="PITSTOP_USER",
     )
+    return Settings(**{field: env.get(name, "").strip() or None for field, name in names.items()})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
@@ -47,10 +46,8 @@ def web_client(
     """An ``AsyncWebClient`` that waits ``Retry-After`` on up to 3 HTTP 429s in a row and retries a
     connection that could not be made (nothing that may have reached Slack is retried here);
     ``session``: shared (closed by the caller), or None for one per call."""
-    kwargs: dict[str, Any] = {"token": token, "session": session}
-    if base_url:
-        kwargs["base_url"] = base_url if base_url.endswith("/") else base_url + "/"
-    client = AsyncWebClient(**kwargs)
+    base_url = base_url.rstrip("/") + "/" if base_url else AsyncWebClient.BASE_URL
+    client = AsyncWebClient(token=token, session=session, base_url=base_url)
     client.retry_handlers = [
         AsyncConnectionErrorRetryHandler(max_retry_count=2, error_types=[aiohttp.ClientConnectorError]),
         AsyncRateLimitErrorRetryHandler(max_retry_count=3),

@@ -7,7 +7,6 @@ retries no repeats.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -36,7 +35,6 @@ from pipeline.errors import ExitCode, internal_error, new_incident_id
 
 log = logging.getLogger(__name__)
 
-GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
 HOME_TTL = 60.0  #: seconds the App Home's job listing is reused before the hosts are probed again
 RESPONSE_PARTS = 5  #: a response_url takes at most 5 posts (within 30 minutes)
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
@@ -54,84 +52,12 @@ def needs_groups(config: Config) -> bool:
     return any(i.startswith("S") for i in ids)
 
 
-class GroupCache:
-    """Which user groups each user is in, from ``usergroups.list`` (``usergroups:read``).
-
-    :param ttl: seconds a listing is trusted; an older one is still served while a refresh runs.
-    :param enabled: False → every user is in no group and Slack is never asked.
-    """
-
-    def __init__(self, client: AsyncWebClient, *, ttl: float = GROUPS_TTL, enabled: bool = True) -> None:
-        self.client = client
-        self.ttl = ttl
-        self.enabled = enabled
-        self._members: dict[str, tuple[str, ...]] | None = None
-        self._loaded_at = 0.0
-        self._refreshing: asyncio.Task[None] | None = None
-
-    def cached(self, user: str) -> tuple[str, ...] | None:
-        """The user's groups from the cache (stale: refreshed in the background); None if none yet."""
-        if not self.enabled:
-            return ()
-        if self._members is None:
-            return None
-        if time.monotonic() - self._loaded_at > self.ttl:
-            self._start_refresh()
-        return self._members.get(user, ())
-
-    async def get(self, user: str) -> tuple[str, ...]:
-        """The user's groups, loading the listing first if there is none yet."""
-        if (got := self.cached(user)) is not None:
-            return got
-        await self.refresh()
-        return (self._members or {}).get(user, ())
-
-    def _start_refresh(self) -> asyncio.Task[None]:
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.get_running_loop().create_task(self._load())
-        return self._refreshing
-
-    async def refresh(self) -> None:
-        """Load the listing now (one request at a time; concurrent callers share it)."""
-        if self.enabled:
-            await asyncio.shield(self._start_refresh())
-
-    async def _load(self) -> None:
-        try:
-            resp = await self.client.usergroups_list(include_users=True)
-        except Exception as exc:  # a failed lookup must not fail the request: no groups, retry later
-            log.warning("usergroups.list failed: %s", exc)
-            if self._members is None:
-                self._members = {}
-        else:
-            members: dict[str, list[str]] = {}
-            for group in resp.get("usergroups") or []:
-                for user in group.get("users") or []:
-                    members.setdefault(str(user), []).append(str(group["id"]))
-            self._members = {u: tuple(g) for u, g in members.items()}
-        self._loaded_at = time.monotonic()
-
-    async def close(self) -> None:
-        """Cancel a refresh in flight."""
-        if self._refreshing is not None and not self._refreshing.done():
-            self._refreshing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refreshing
-
-
 def response_type(reply: Reply) -> str:
     """``ephemeral`` for input errors, denials, confirmations and run acks (the team sees the
     run's own message); ``in_channel`` for the rest."""
     if reply.ephemeral or reply.run_id is not None or any(b.action in _CONFIRMING for b in reply.buttons):
         return "ephemeral"
     return "in_channel"
-
-
-def internal_error_reply() -> Reply:
-    """What Slack shows for an unexpected failure (the traceback goes to the log)."""
-    incident = new_incident_id()
-    log.exception("incident %s", incident)
-    return Reply(title=internal_error(incident), status=Status.ERROR, ephemeral=True)
 
 
 def mention_text(text: str, bot_user: str | None) -> str:
@@ -153,8 +79,8 @@ class SlackSurface:
     """The Bolt app plus the state its listeners share (tasks after the ack, group cache).
 
     :param signing_secret: HTTP mode's signing secret; None for Socket Mode (no signature check).
-    :param outbox: the Slack outbox: names, posts, a chart that comes with an answer, refusals.
-    :param groups: default: one over ``client``, enabled when the config names a group.
+    :param outbox: the Slack outbox: names and user groups (its ``people``), posts, a chart that
+        comes with an answer, refusals.
     """
 
     def __init__(
@@ -165,13 +91,11 @@ class SlackSurface:
         client: AsyncWebClient,
         signing_secret: str | None,
         outbox: SlackOutbox,
-        groups: GroupCache | None = None,
     ) -> None:
         self.config = config
         self.dispatcher = dispatcher
         self.client = client
         self.outbox = outbox
-        self.groups = groups or GroupCache(client, enabled=needs_groups(config))
         self._tasks: set[asyncio.Task[Any]] = set()
         self._home: tuple[float, Reply] | None = None
         self._home_lock = asyncio.Lock()
@@ -213,13 +137,16 @@ class SlackSurface:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
-        await self.groups.close()
+        await self.outbox.people.aclose()
 
-    async def _handle(self, req: Request) -> Reply:
+    async def _handle(self, answer: Awaitable[Reply]) -> Reply:
+        """``answer``'s reply; for an unexpected failure, what Slack shows (the traceback goes to the log)."""
         try:
-            return await self.dispatcher.handle(req)
+            return await answer
         except Exception:
-            return internal_error_reply()
+            incident = new_incident_id()
+            log.exception("incident %s", incident)
+            return Reply(title=internal_error(incident), status=Status.ERROR, ephemeral=True)
 
     async def _on_command(
         self, ack: Respond, body: dict[str, Any], respond: Respond, request: AsyncBoltRequest
@@ -246,13 +173,13 @@ class SlackSurface:
         self, text: str, user: str, delivery: str, channel: str | None, retry: bool
     ) -> Reply | None:
         """The answer to ``text``; None for Slack's retry of a delivery already acted on."""
-        groups = await self.groups.get(user)
+        groups = await self.outbox.people.groups_of(user)
         req = Request(
             text=text, user=user, groups=groups, delivery_id=delivery, channel=channel, surface="slack"
         )
         if retry and await self.dispatcher.seen(delivery):
             return None
-        reply = await self._handle(req)
+        reply = await self._handle(self.dispatcher.handle(req))
         if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.config)) is not None:
             self.spawn(self._follow(run_id, channel))
         return reply
@@ -261,8 +188,7 @@ class SlackSurface:
         """``follow r-N``, after its answer: the run's message (where it was posted, else in
         ``channel``) kept up to date until the run's verdict."""
         async for run in follow_run(self.dispatcher.ctx, run_id):
-            if self.outbox is not None:
-                await self.outbox.announce(thread_key(run_id), run_reply(run, self.config), channel)
+            await self.outbox.announce(thread_key(run_id), run_reply(run, self.config), channel)
 
     async def _respond(
         self,
@@ -274,15 +200,16 @@ class SlackSurface:
         thread_ts: str | None = None,
     ) -> None:
         """Answer through the response_url (at most :data:`RESPONSE_PARTS` messages), else by DM."""
-        payloads = blocks.parts(reply, names=await self.outbox.names(reply), max_parts=RESPONSE_PARTS)
-        extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
+        payloads = blocks.parts(
+            reply, names=await self.outbox.people.names_for(reply), max_parts=RESPONSE_PARTS
+        )
         for i, payload in enumerate(payloads):
             try:
                 resp = await respond(
                     **payload,
                     response_type=response_type(reply),
                     replace_original=replace and i == 0,
-                    **extra,
+                    thread_ts=thread_ts,
                 )
                 status = getattr(resp, "status_code", 200)
                 error = "" if status == 200 else f"HTTP {status} {getattr(resp, 'body', '')}".strip()
@@ -345,7 +272,7 @@ class SlackSurface:
         if reply is None:
             return  # Slack's retry of an event already acted on: the first delivery answers it
         thread_ts = event.get("thread_ts") or (event.get("ts") if in_thread else None)
-        payloads = blocks.parts(reply, names=await self.outbox.names(reply))
+        payloads = blocks.parts(reply, names=await self.outbox.people.names_for(reply))
         try:
             if reply.ephemeral:
                 for payload in payloads:
@@ -363,19 +290,18 @@ class SlackSurface:
         self, ack: Respond, body: dict[str, Any], action: dict[str, Any], respond: Respond
     ) -> None:
         await ack()
+        self.spawn(self._act(body, action, respond))
+
+    async def _act(self, body: dict[str, Any], action: dict[str, Any], respond: Respond) -> None:
+        """Act on an acked button click, and answer through its ``response_url``."""
         user = str((body.get("user") or {}).get("id", ""))
         name = blocks.action_of(str(action.get("action_id", "")))
-        delivery = body.get("trigger_id") or f"{action.get('action_ts')}:{user}"
-        self.spawn(self._act(name, str(action.get("value", "")), user, f"act:{delivery}", respond, body))
-
-    async def _act(
-        self, name: str, value: str, user: str, delivery_id: str, respond: Respond, body: dict[str, Any]
-    ) -> None:
-        try:
-            groups = await self.groups.get(user)  # roles may name user groups, as for typed commands
-            reply = await self.dispatcher.handle_action(name, value, user, delivery_id, groups=groups)
-        except Exception:
-            reply = internal_error_reply()
+        value = str(action.get("value", ""))
+        delivery_id = "act:" + (body.get("trigger_id") or f"{action.get('action_ts')}:{user}")
+        groups = await self.outbox.people.groups_of(user)  # roles may name user groups, as for typed commands
+        reply = await self._handle(
+            self.dispatcher.handle_action(name, value, user, delivery_id, groups=groups)
+        )
         # "Show log" answers in the thread of the message it was clicked on (the run's thread)
         message = body.get("message") or {}
         container = body.get("container") or {}
@@ -393,7 +319,7 @@ class SlackSurface:
     async def publish_home(self, user: str, delivery: str) -> None:
         """Publish the App Home tab for ``user``: the ``status`` listing, shared by everyone who may
         see it and reused for :data:`HOME_TTL` s; a user without a role sees a line saying so."""
-        groups = await self.groups.get(user)
+        groups = await self.outbox.people.groups_of(user)
         if role_of(self.config, user, groups) is None:
             reply = Reply(title=slack_home_no_role(), status=Status.INFO)
             at = time.time()
@@ -407,12 +333,12 @@ class SlackSurface:
                         delivery_id=f"home:{delivery}",
                         surface="home",
                     )
-                    listing = await self._handle(req)
+                    listing = await self._handle(self.dispatcher.handle(req))
                     self._home = (time.time(), listing)
                 at, reply = self._home
         footer = slack_home_updated(fmt.clock(at, self.config.scheduler.timezone))
         try:
-            view = blocks.home_view(reply, footer, names=await self.outbox.names(reply))
+            view = blocks.home_view(reply, footer, names=await self.outbox.people.names_for(reply))
             await self.client.views_publish(user_id=user, view=view)
         except SlackApiError as exc:
             log.warning(slack_not_posted(f"App Home of {user}", error_text(exc)))

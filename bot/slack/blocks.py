@@ -1,6 +1,6 @@
 """Block Kit rendering of a :class:`~handlers.reply.Reply`, always within Slack's limits (50 blocks,
 3,000 characters a section, about 12,000 of block text a message): logs keep their tail behind a
-marker, :func:`fit` cuts, :func:`parts` splits over messages.  Nothing a job prints or a user types
+marker, :func:`reply_blocks` cuts, :func:`parts` splits over messages.  Nothing a job prints or a user types
 can ping anyone (:func:`escape`, :func:`humanise`) but the reply's own page.
 """
 
@@ -249,25 +249,6 @@ def block_chars(blocks: list[Block]) -> int:
     return sum(len(t) for t in block_texts(blocks))
 
 
-def fit(blocks: list[Block], limit: int = MAX_BLOCKS, chars: int = MAX_MESSAGE_CHARS) -> list[Block]:
-    """``blocks`` cut to ``limit`` blocks and ``chars`` characters of text: the first ones and every
-    actions block are kept, the rest is replaced by one context block saying how many were left out."""
-    if len(blocks) <= limit and block_chars(blocks) <= chars:
-        return blocks
-    actions = [b for b in blocks if b.get("type") == "actions"][: limit // 2]
-    others = [b for b in blocks if b.get("type") != "actions"]
-    room = limit - len(actions) - 1
-    budget = chars - block_chars(actions) - 120  # the marker
-    kept: list[Block] = []
-    for block in others[:room]:
-        size = block_chars([block])
-        if size > budget:
-            break
-        kept.append(block)
-        budget -= size
-    return [*kept, _context(escape(words.slack_blocks_omitted(len(others) - len(kept)))), *actions]
-
-
 def _actions(reply: Reply, follow_ups: bool) -> Block | None:
     below = reply.follow_ups if follow_ups else ()
     buttons = [*reply.buttons, *(b for follow in below for b in follow.buttons)]
@@ -282,17 +263,22 @@ def parts(
     names: Mapping[str, str] | None = None,
     max_parts: int = MAX_PARTS,
     attached: bool = False,
+    limit: int = MAX_BLOCKS,
+    chars: int = MAX_MESSAGE_CHARS,
+    table_sections: int = 10_000,
 ) -> list[dict[str, Any]]:
-    """``reply`` as one or more messages (``{"text", "blocks"}``), each within Slack's limits.
+    """``reply`` as one or more messages (``{"text", "blocks"}``), each within ``limit`` blocks and
+    ``chars`` characters of block text (Slack's limits for a message).
 
     Nothing is cut while ``max_parts`` messages suffice (5 for a ``response_url``): the first holds
     the title, the buttons and :func:`~bot.text.slack_continued`, each later one starts with
     :func:`~bot.text.slack_part`.  Past that the last one says how many sections were left out, or with
-    ``attached`` (the caller attaches the whole answer as a file) that they are in the file.
+    ``attached`` (the caller attaches the whole answer as a file) that they are in the file; a table
+    longer than ``table_sections`` sections says how many rows were left out.
     ``follow_ups`` and ``names``: as for :func:`reply_blocks`.  At least one payload.
     """
     reply = humanise(reply, names)
-    body = _body(reply, 10_000, follow_ups)
+    body = _body(reply, table_sections, follow_ups)
     actions = _actions(reply, follow_ups)
     tail = [actions] if actions else []
     reserve = block_chars(tail) + 200  # markers
@@ -301,7 +287,7 @@ def parts(
     for block in body:
         n = block_chars([block])
         chunk = chunks[-1]
-        if chunk and (len(chunk) + len(tail) + 2 > MAX_BLOCKS or size + n > MAX_MESSAGE_CHARS - reserve):
+        if chunk and (len(chunk) + len(tail) + 2 > limit or size + n > chars - reserve):
             chunks.append([])
             size = 0
         chunks[-1].append(block)
@@ -312,7 +298,7 @@ def parts(
     if len(chunks) > max_parts:
         dropped = sum(len(c) for c in chunks[max_parts:])
         chunks = chunks[:max_parts]
-        if len(chunks[-1]) + len(tail) + 3 > MAX_BLOCKS:
+        if len(chunks[-1]) + len(tail) + 3 > limit:
             dropped += 1
             chunks[-1].pop()
         cut = words.slack_attached(dropped) if attached else words.slack_blocks_omitted(dropped)
@@ -331,16 +317,22 @@ def reply_blocks(
     reply: Reply, *, follow_ups: bool = True, limit: int = MAX_BLOCKS, names: Mapping[str, str] | None = None
 ) -> list[Block]:
     """The Block Kit blocks of ``reply`` for one message, cut to ``limit`` blocks (50 for messages,
-    100 for the App Home view) and :data:`MAX_MESSAGE_CHARS` characters (:func:`parts` splits);
+    100 for the App Home view) and :data:`MAX_MESSAGE_CHARS` characters, what is cut said in a last
+    section (:func:`parts` splits instead);
     ``follow_ups``: also ``reply.follow_ups`` below a divider; ``names``: id → name for :func:`humanise`."""
-    reply = humanise(reply, names)
     messages_cap = MAX_MESSAGE_CHARS // MAX_SECTION_TEXT if limit <= MAX_BLOCKS else limit
     table_sections = max(2, min(limit // 5, messages_cap))
-    blocks = _body(reply, table_sections, follow_ups)
-    actions = _actions(reply, follow_ups)
-    if actions:
-        blocks.append(actions)
-    return fit(blocks, limit, MAX_MESSAGE_CHARS if limit <= MAX_BLOCKS else 10**9)
+    chars = MAX_MESSAGE_CHARS if limit <= MAX_BLOCKS else 10**9
+    one = parts(
+        reply,
+        follow_ups=follow_ups,
+        names=names,
+        max_parts=1,
+        limit=limit,
+        chars=chars,
+        table_sections=table_sections,
+    )
+    return list(one[0]["blocks"])
 
 
 def fallback_text(reply: Reply) -> str:
@@ -354,8 +346,8 @@ def message(
     reply: Reply, *, follow_ups: bool = True, names: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """``{"text": …, "blocks": […]}`` for ``reply`` as one message, cut visibly if too long."""
-    reply = humanise(reply, names)
-    return {"text": fallback_text(reply), "blocks": reply_blocks(reply, follow_ups=follow_ups)}
+    blocks = reply_blocks(reply, follow_ups=follow_ups, names=names)
+    return {"text": fallback_text(humanise(reply, names)), "blocks": blocks}
 
 
 def text_message(text: str) -> dict[str, Any]:

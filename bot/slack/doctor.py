@@ -6,10 +6,12 @@ one ``ok``/``warn``/``FAIL`` line each, exit 1 if any failed.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
 import aiohttp
+import yaml
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.api import ERRORS, error_text, web_client
@@ -53,11 +55,8 @@ def manifest_command(path: Path = MANIFEST) -> str | None:
     """The slash command ``slack-manifest.yml`` declares, or None if the file is not there."""
     if not path.is_file():
         return None
-    for line in path.read_text().splitlines():
-        stripped = line.strip()
-        if stripped.startswith("- command:"):
-            return stripped.removeprefix("- command:").strip()
-    return None
+    commands = yaml.safe_load(path.read_text()).get("features", {}).get("slash_commands") or []
+    return next((str(c["command"]) for c in commands), None)
 
 
 class Doctor:
@@ -67,15 +66,11 @@ class Doctor:
         self.config = config
         self.client = client
         self.out = out
-        self.failed = 0
-        self.warned = 0
+        self.marks: Counter[str] = Counter()  #: checks by result (``ok``, ``warn``, ``FAIL``)
 
     def line(self, mark: str, text: str) -> None:
         """Print one check's result; ``mark`` is ``ok``, ``warn`` or ``FAIL``."""
-        if mark == "FAIL":
-            self.failed += 1
-        elif mark == "warn":
-            self.warned += 1
+        self.marks[mark] += 1
         print(f"{mark:<4} {text}", file=self.out, flush=True)
 
     async def run(self, *, post: bool) -> int:
@@ -108,8 +103,9 @@ class Doctor:
         if post:
             for channel in channels:
                 await self.try_post(channel)
-        self.line("FAIL" if self.failed else "ok", f"{self.failed} failed, {self.warned} warning(s)")
-        return int(ExitCode.FAILED) if self.failed else 0
+        failed = self.marks["FAIL"]
+        self.line("FAIL" if failed else "ok", f"{failed} failed, {self.marks['warn']} warning(s)")
+        return int(ExitCode.FAILED) if failed else 0
 
     async def check_channel(self, channel: str, used_by: str, *, public: bool, joins: bool) -> None:
         """``conversations.info``: the channel exists, is not archived, read-only, threads-only or

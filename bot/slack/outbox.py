@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +34,13 @@ STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another re
 T = TypeVar("T")
 
 
+def _keep(memo: dict[str, Any], key: str, value: Any) -> None:
+    """``memo[key] = value``, the oldest entry forgotten past 1,000."""
+    memo[key] = value
+    if len(memo) > 1000:
+        memo.pop(next(iter(memo)))
+
+
 class SlackOutbox(SlackSender):
     """:class:`~handlers.outbox.Outbox` over the Slack Web API, as ``delivery`` says
     (:class:`~bot.slack.send.Delivery`: channels, pace, this process's id for claims).
@@ -55,8 +62,7 @@ class SlackOutbox(SlackSender):
         self._prompts: dict[str, Any] = {}
         self._posts: Posts | None = None
         self._runs: RunStore | None = None
-        self._local: dict[str, tuple[str, str]] = {}
-        self._parents: dict[str, str] = {}
+        self._local: dict[str, tuple[str, str, str]] = {}  #: key → (channel, ts, thread ts), unbound
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, tuple[Reply, str | None]] = {}
         self._for_thread: dict[object, tuple[str, float]] = {}  #: waiter → (channel, since): see announce_in
@@ -67,32 +73,22 @@ class SlackOutbox(SlackSender):
 
     def requested_by(self, key: str, user: str) -> None:
         """Remember who asked for ``key``'s run: a refused post about it is told to them."""
-        self._requesters[key] = user
-        if len(self._requesters) > 1000:
-            self._requesters.pop(next(iter(self._requesters)))
-
-    async def names(self, reply: Reply) -> Mapping[str, str]:
-        """The names of the people ``reply`` mentions (never raises)."""
-        try:
-            return await self.people.names_for(reply)
-        except Exception:  # names are a nicety
-            return self.people.cached()
+        _keep(self._requesters, key, user)
 
     async def where(self, key: str) -> tuple[str, str] | None:
         """``(channel, ts)`` of ``key``'s headline, or None if none was posted."""
-        return self._local.get(key) if self._posts is None else await self._posts.where(key)
+        if self._posts is not None:
+            return await self._posts.where(key)
+        return self._local[key][:2] if key in self._local else None
 
     async def thread_of(self, key: str) -> tuple[str, str] | None:
         """``(channel, thread ts)`` where replies about ``key`` go, or None if nothing was posted."""
         if self._posts is not None:
             return await self._posts.thread_of(key)
-        loc = self._local.get(key)
-        return None if loc is None else (loc[0], self._parents.get(key, loc[1]))
+        return (self._local[key][0], self._local[key][2]) if key in self._local else None
 
     async def _remember(self, key: str, channel: str, ts: str, parent: str | None = None) -> None:
-        self._local[key] = (channel, ts)
-        if parent:
-            self._parents[key] = parent
+        self._local[key] = (channel, ts, parent or ts)
         if self._posts is not None:
             await self._posts.remember(key, channel, ts, parent)
 
@@ -147,7 +143,8 @@ class SlackOutbox(SlackSender):
             loc = await self._wait_elsewhere(key)
         if loc is not None:
             try:
-                await self._update(loc, reply)
+                names = await self.people.names_for(reply)
+                await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=names))
                 return loc
             except Refused as exc:
                 if exc.error != "message_not_found":
@@ -160,9 +157,8 @@ class SlackOutbox(SlackSender):
             return None
         ts = await self._renewing(key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key))
         if ts is None:
-            if (
-                rescued := self._rescued.pop(key, None)
-            ) is not None:  # the alert went to another channel: it lives there from now on
+            # the alert went to another channel: it lives there from now on
+            if (rescued := self._rescued.pop(key, None)) is not None:
                 await self._remember(key, *rescued)
                 return rescued
             await self._unclaim(key)
@@ -259,7 +255,7 @@ class SlackOutbox(SlackSender):
         self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool, key: str | None = None
     ) -> str | None:
         """Post ``reply`` (if long, the rest in the thread); the first ts, or None if refused."""
-        names = await self.names(reply)
+        names = await self.people.names_for(reply)
         payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, max_parts=10**6)
         if too_long := len(payloads) > blocks.MAX_PARTS:  # cut, the whole answer attached below
             payloads = blocks.parts(reply, follow_ups=follow_ups, names=names, attached=True)
@@ -277,7 +273,9 @@ class SlackOutbox(SlackSender):
 
     async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
         """``chat.update`` of a headline; :raises Refused: with Slack's error code."""
-        await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=await self.names(reply)))
+        await self.update_payload(
+            loc, blocks.message(reply, follow_ups=False, names=await self.people.names_for(reply))
+        )
 
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
         """Record a refused post; tell the run's requester (DM), else another channel."""
@@ -319,7 +317,7 @@ class SlackOutbox(SlackSender):
                     await self.post_payload(target, blocks.text_message(notes[0]), thread_ts=None)
                 else:
                     shown = replace(reply, lines=(*notes, *reply.lines), follow_ups=())
-                    payloads = blocks.parts(shown, names=await self.names(shown))
+                    payloads = blocks.parts(shown, names=await self.people.names_for(shown))
                     self._rescued[alert] = (target, await self.post_parts(target, payloads, thread_ts=None))
             except Refused as again:
                 await self.record_failure(target, again)
@@ -350,7 +348,7 @@ class SlackOutbox(SlackSender):
         try:
             opened = await self.client.conversations_open(users=user)
             dm = str(opened["channel"]["id"])
-            for payload in blocks.parts(reply, names=await self.names(reply)):
+            for payload in blocks.parts(reply, names=await self.people.names_for(reply)):
                 await self.post_payload(dm, payload, thread_ts=None)
         except (*ERRORS, Refused, KeyError) as exc:
             log.warning(slack_not_posted(f"a direct message to {user}", str(exc)))
@@ -362,7 +360,7 @@ class SlackOutbox(SlackSender):
         """Tell ``user`` privately: replace the prompt ``prompt`` (:meth:`prompted`), else by DM."""
         respond = self._prompts.pop(prompt, None) if prompt else None
         if respond is not None:
-            payload = blocks.message(reply, names=await self.names(reply))
+            payload = blocks.message(reply, names=await self.people.names_for(reply))
             try:
                 resp = await respond(**payload, response_type="ephemeral", replace_original=True)
                 if getattr(resp, "status_code", 200) == 200:
@@ -374,9 +372,7 @@ class SlackOutbox(SlackSender):
 
     def prompted(self, token: str, respond: Any) -> None:
         """Remember how to replace the confirmation prompt ``token`` (Bolt's ``respond``)."""
-        self._prompts[token] = respond
-        if len(self._prompts) > 1000:
-            self._prompts.pop(next(iter(self._prompts)))
+        _keep(self._prompts, token, respond)
 
     async def upload(
         self,

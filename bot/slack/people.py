@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -17,6 +18,7 @@ from handlers.reply import Reply, render_text
 log = logging.getLogger(__name__)
 
 TTL = 3600.0  #: seconds a resolved name is trusted
+GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
 MISS_TTL = 600.0  #: seconds before a failed lookup is tried again
 LOOKUPS = 20  #: most ids resolved for one reply
 PAGES, PAGE = 20, 200  #: most pages of members one look-up reads, and members per page
@@ -25,24 +27,30 @@ _USER = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 
 class People:
     """User id → display name, from ``users.info`` (``users:read``), at most :data:`LOOKUPS` per
-    reply, each kept :data:`TTL` s (a failed one :data:`MISS_TTL` s, showing the id meanwhile)."""
+    reply, each kept :data:`TTL` s (a failed one :data:`MISS_TTL` s, showing the id meanwhile); the
+    user groups, from ``usergroups.list`` (``usergroups:read``), listed at most every
+    :data:`GROUPS_TTL` s for :meth:`groups_of` (a staler listing is served while a refresh runs).
 
-    def __init__(self, client: AsyncWebClient) -> None:
+    :param group_roles: False → :meth:`groups_of` puts every user in no group and never asks Slack
+        (no role names a group).
+    """
+
+    def __init__(self, client: AsyncWebClient, *, group_roles: bool = True) -> None:
         self.client = client
+        self.group_roles = group_roles
         self._names: dict[str, tuple[str | None, float]] = {}
-
-    def cached(self) -> dict[str, str]:
-        """The names known now (id → name), without asking Slack."""
-        now = time.monotonic()
-        return {u: n for u, (n, until) in self._names.items() if n is not None and until > now}
+        self._groups: dict[str, list[str]] | None = None  #: group id → its user ids, as last listed
+        self._listed_at = 0.0
+        self._listing: asyncio.Task[None] | None = None
 
     async def names_for(self, reply: Reply) -> dict[str, str]:
-        """Resolve the user ids ``reply`` mentions (those not cached), then return every known name."""
+        """Resolve the user ids ``reply`` mentions (those not cached), then return every known name
+        (never raises: a failed look-up shows the id)."""
         now = time.monotonic()
         wanted = {u for u in _USER.findall(render_text(reply)) if self._names.get(u, (None, 0.0))[1] <= now}
         if wanted:
             await asyncio.gather(*(self._lookup(u) for u in sorted(wanted)[:LOOKUPS]))
-        return self.cached()
+        return {u: n for u, (n, until) in self._names.items() if n is not None and until > now}
 
     async def _lookup(self, user: str) -> None:
         try:
@@ -74,15 +82,49 @@ class People:
                 break
         return members
 
+    async def groups_of(self, user: str) -> tuple[str, ...]:
+        """The user groups ``user`` is in, from the last listing (listed first if there is none)."""
+        if not self.group_roles:
+            return ()
+        if self._groups is None:
+            await self.list_groups()
+        elif time.monotonic() - self._listed_at > GROUPS_TTL:
+            self._list()
+        return tuple(group for group, users in (self._groups or {}).items() if user in users)
+
+    async def list_groups(self) -> None:
+        """List the user groups now, if a role names one (one request at a time; callers share it)."""
+        if self.group_roles:
+            await asyncio.shield(self._list())
+
+    def _list(self) -> asyncio.Task[None]:
+        if self._listing is None or self._listing.done():
+            self._listing = asyncio.get_running_loop().create_task(self._load_groups())
+        return self._listing
+
+    async def _load_groups(self) -> None:
+        try:
+            resp = await self.client.usergroups_list(include_users=True)
+        except Exception as exc:  # a failed listing must not fail the request: the last one, retry later
+            log.warning("usergroups.list failed: %s", exc)
+            self._groups = self._groups or {}
+        else:
+            listed = resp.get("usergroups") or []
+            self._groups = {str(g.get("id")): [str(u) for u in g.get("users") or []] for g in listed}
+        self._listed_at = time.monotonic()
+
     async def expand(self, wanted: list[str]) -> list[str]:
         """``wanted`` (user ids ``U…``/``W…`` and user group ids ``S…``) as user ids, each once,
-        groups expanded through ``usergroups.list`` (a group Slack will not list adds no one)."""
-        groups: dict[str, list[str]] = {}
+        groups expanded through a fresh ``usergroups.list`` (a group Slack will not list adds no one)."""
         if any(w.startswith("S") for w in wanted):
-            try:
-                resp = await self.client.usergroups_list(include_users=True)
-                groups = {str(g.get("id")): list(g.get("users") or []) for g in resp.get("usergroups") or []}
-            except ERRORS as exc:
-                log.warning("usergroups.list: %s", error_of(exc)[0])
+            await asyncio.shield(self._list())
+        groups = self._groups or {}
         users = [u for who in wanted for u in (groups.get(who, []) if who.startswith("S") else [who])]
         return [u for u in dict.fromkeys(users) if u.startswith(("U", "W"))]
+
+    async def aclose(self) -> None:
+        """Cancel a listing in flight."""
+        if self._listing is not None and not self._listing.done():
+            self._listing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listing

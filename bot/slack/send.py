@@ -106,13 +106,12 @@ class SlackSender:
         since = time.time() - 60  # Slack's clock may differ a little from ours
         unknown = False
         error = "unknown_error"
-        for attempt in range(ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(self.delivery.backoff * 2 ** (attempt - 1))
-            if unknown:
-                found = await self._find(channel, thread_ts, post_id, since)
-                if found:
-                    return found
+        for attempt in range(ATTEMPTS + 1):  # the last round only looks for a post of unknown outcome
+            await self._backoff(attempt)
+            if unknown and (found := await self._find(channel, thread_ts, post_id, since)):
+                return found
+            if attempt == ATTEMPTS:
+                break
             await self.pacer.wait(channel)
             try:
                 resp = await self.client.chat_postMessage(
@@ -127,11 +126,13 @@ class SlackSender:
             except ERRORS as exc:
                 error, maybe = _failed_try(exc)
                 unknown = unknown or maybe
-        if unknown:
-            found = await self._find(channel, thread_ts, post_id, since)
-            if found:
-                return found
         raise Refused(error, slack_gave_up(ATTEMPTS))
+
+    async def _backoff(self, attempt: int) -> None:
+        """Wait before try ``attempt`` (0: the first, and :data:`ATTEMPTS`: the last look-up, go at
+        once): ``delivery.backoff`` s, doubled each time."""
+        if 0 < attempt < ATTEMPTS:
+            await asyncio.sleep(self.delivery.backoff * 2 ** (attempt - 1))
 
     async def post_parts(self, channel: str, payloads: list[dict[str, Any]], *, thread_ts: str | None) -> str:
         """:meth:`post_payload` of each of ``payloads`` (:func:`bot.slack.blocks.parts`), the later
@@ -181,8 +182,7 @@ class SlackSender:
         per ``pace`` s per message and within the Tier 3 budget; :raises Refused: with Slack's code."""
         error = "unknown_error"
         for attempt in range(ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(self.delivery.backoff * 2 ** (attempt - 1))
+            await self._backoff(attempt)
             await self.edits.wait(f"{loc[0]}/{loc[1]}")
             await self.updates.wait()
             try:
