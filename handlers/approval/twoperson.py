@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -203,4 +202,4 @@ class TwoPersonRule:
 
 def _asked(request: ApprovalRequest) -> Command:
     """The command ``request`` asked for (as Pitstop stored it)."""
-    return Command.from_json(json.loads(request.command))
+    return Command.loads(request.command)

@@ -107,14 +107,11 @@ class Command:
         return json.dumps(self.to_json(), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Command:
-        """The inverse of :meth:`to_json` (for records Pitstop itself wrote); KeyError without a verb."""
-        options = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in dict(data.get("options", {})).items()
-        }
-        return cls(
-            str(data["verb"]), data.get("job"), data.get("host"), tuple(data.get("patches", ())), options
-        )
+    def loads(cls, text: str) -> Command:
+        """The inverse of :meth:`dumps` (for records Pitstop itself wrote); KeyError without a verb."""
+        data = json.loads(text)
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in data.get("options", {}).items()}
+        return cls(data["verb"], data.get("job"), data.get("host"), tuple(data.get("patches", ())), options)
 
     def text(self) -> str:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""

@@ -13,7 +13,6 @@ with its traceback and answered with an incident id.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Coroutine
@@ -27,7 +26,7 @@ from handlers.grammar.commands import Command, ParseError, parse
 from handlers.reply import Button, Reply, Status, refused
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.request.flow import Flow, Next, Request, Step
-from handlers.request.verbs import VERBS, Call
+from handlers.request.verbs import VERBS, Acted, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.state.audit import Audit, AuditOutcome
 from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
@@ -180,9 +179,15 @@ class Dispatcher:
         except asyncio.CancelledError:
             raise
         except PitstopError as exc:
-            return await self._failed(flow.req, flow.command, exc)
+            refusal = AuditOutcome.REFUSED if isinstance(exc, InFlight) else AuditOutcome.FAILED
+            outcome = AuditOutcome.DENIED if isinstance(exc, Denied) else refusal
+            await self._audit(flow.req, outcome, flow.command, detail=exc.message)
+            return _error_reply(exc)
         except Exception:
-            return await self._internal(flow.req, flow.command)
+            incident = new_incident_id()
+            log.exception("incident %s: request %r from %s", incident, flow.req.text, flow.req.user)
+            await self._audit(flow.req, AuditOutcome.ERROR, flow.command, detail=f"incident {incident}")
+            return refused(internal_error(incident), ExitCode.FAILED)
 
     async def _parse(self, flow: Flow, call_next: Next) -> Reply:
         """Typed text → a :class:`Command` (buttons carry no text: they are resolved after dedupe)."""
@@ -257,24 +262,12 @@ class Dispatcher:
             approval=flow.approval,
             break_glass=flow.break_glass,
         )
-        reply, audited = await VERBS[command.verb].handler(call)
+        answer = await VERBS[command.verb](call)
+        reply, audited = answer if isinstance(answer, Acted) else (answer, None)
         if reply.exit_code is not ExitCode.OK and flow.outcome is AuditOutcome.ACCEPTED:
             audited = AuditOutcome.FAILED
         await self._audit(req, audited or flow.outcome, command, detail=reply.title, run_id=reply.run_id)
         return reply
-
-    async def _failed(self, req: Request, command: Command | None, exc: PitstopError) -> Reply:
-        refusal = AuditOutcome.REFUSED if isinstance(exc, InFlight) else AuditOutcome.FAILED
-        await self._audit(
-            req, AuditOutcome.DENIED if isinstance(exc, Denied) else refusal, command, detail=exc.message
-        )
-        return _error_reply(exc)
-
-    async def _internal(self, req: Request, command: Command | None) -> Reply:
-        incident = new_incident_id()
-        log.exception("incident %s: request %r from %s", incident, req.text, req.user)
-        await self._audit(req, AuditOutcome.ERROR, command, detail=f"incident {incident}")
-        return refused(internal_error(incident), ExitCode.FAILED)
 
     # --- confirmation --------------------------------------------------------------------------
 
@@ -307,7 +300,7 @@ class Dispatcher:
         if taken is not Take.TAKEN or found is None:
             return
         req = Request(found.text, found.user, found.groups, None, found.channel, found.surface)
-        command = Command.from_json(json.loads(found.command))
+        command = Command.loads(found.command)
         text = words.confirm_expired(found.text, found.window)
         await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
         reply = refused(text, ExitCode.CANCELLED, Status.WARNING)
@@ -323,7 +316,7 @@ class Dispatcher:
         if taken is Take.GONE or pending is None:
             await self._audit(req, AuditOutcome.CANCELLED, detail=words.CONFIRM_GONE)
             return refused(words.CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
-        command = Command.from_json(json.loads(pending.command))
+        command = Command.loads(pending.command)
         original = Request(
             pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
         )

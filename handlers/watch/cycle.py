@@ -384,17 +384,7 @@ class Watcher:
 
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what
 #: its alert told stays with it
-_TOLD = (
-    "log",
-    "cause",
-    "exit_cause",
-    "crash_class",
-    "crash_evidence",
-    "crash_exc_type",
-    "crash_message",
-    "crash_rank",
-    "crash_step",
-)
+_TOLD = ("log", "cause", "exit_cause", *(f for f in Incident.model_fields if f.startswith("crash_")))
 
 
 # --- text ---------------------------------------------------------------------------------------
