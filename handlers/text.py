@@ -362,6 +362,12 @@ def crash_loop_gave_up(incident: Incident, policy: AutoRestart | None) -> str:
     )
 
 
+def probe_slow_line(host: str, seconds: float) -> str:
+    """Log line: a host's probe took longer than its jobs' watch interval."""
+    took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"
+    return f"probe slow: {host} took {took}"
+
+
 # --- read-only verbs: status, lock, unlock, logs, history, help
 
 

@@ -8,7 +8,7 @@ the same thing only one posts.  An unreachable host is confirmed over a fresh co
 is reported.  Alerts are ``incident:JOB:N`` headlines; reminders, changes, automatic restarts and
 resolutions go in their thread, many at once told as one story (:mod:`handlers.watch.storm`).  Events:
 ALERT, RESOLVED, RESTART.  Automatic restarts go through the dispatcher (locked, posted, audited)
-as :data:`AUTO_USER` (:class:`Restarts`, injected by the assembly).
+as :data:`AUTO_USER`, through a dispatcher of the watcher's own.
 """
 
 from __future__ import annotations
@@ -19,19 +19,18 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from handlers.context import Context
-from handlers.reply import Reply
-from handlers.request.auth import SYSTEM_USER
-from handlers.text import alert_exit_cause
+from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
+from handlers.request.dispatch import Dispatcher, Request
+from handlers.text import alert_exit_cause, probe_slow_line
 from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply, give_up_reply
 from handlers.watch.crashcheck import check_crash, refusal, with_crash
 from handlers.watch.hangevidence import KINDS as HANG_KINDS
 from handlers.watch.hangevidence import hang_evidence
 from handlers.watch.stats import WatchStats
 from handlers.watch.storm import Round, Storyteller, Told, line_first
-from pipeline import fmt
 from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
@@ -62,26 +61,16 @@ AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before it
 MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
 
 
-class Restarts(Protocol):
-    """Requests ``restart JOB`` as :data:`AUTO_USER` (the dispatcher's); ``drain`` waits at most
-    ``timeout`` s for them."""
-
-    async def restart(self, job: str, channel: str | None) -> Reply: ...
-
-    async def drain(self, timeout: float) -> None: ...
-
-
 class Watcher:
     """Watch cycles and their posts for one Pitstop process.
 
     :param remind_every: seconds between reminders of an open, unacknowledged incident.
     """
 
-    def __init__(
-        self, ctx: Context, restarts: Restarts, *, remind_every: float = DEFAULT_REMIND_EVERY
-    ) -> None:
+    def __init__(self, ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> None:
         self.ctx = ctx
-        self.restarts = restarts
+        #: the automatic restarts' own dispatcher: ``restart JOB`` as :data:`AUTO_USER`, audited as a person's
+        self.restarts = Dispatcher(ctx)
         self.remind_every = remind_every
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
@@ -301,7 +290,8 @@ class Watcher:
             policy = ctx.config.jobs[inc.job].watch.auto_restart
             await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
             self._auto_fired[inc.job] = time.time()
-            answer = await self.restarts.restart(inc.job, channel)
+            asked = Request(f"restart {inc.job}", AUTO_USER, channel=channel, surface=SYSTEM_SURFACE)
+            answer = await self.restarts.handle(asked)
             await ctx.events.publish(
                 EventKind.RESTART,
                 inc.job,
@@ -385,12 +375,3 @@ class Watcher:
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what
 #: its alert told stays with it
 _TOLD = ("log", "cause", "exit_cause", *(f for f in Incident.model_fields if f.startswith("crash_")))
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def probe_slow_line(host: str, seconds: float) -> str:
-    """Log line: a host's probe took longer than its jobs' watch interval."""
-    took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"
-    return f"probe slow: {host} took {took}"
