@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from handlers.grammar import parse as grammar
 from handlers.grammar.normalise import normalise, tokenise
@@ -92,19 +92,11 @@ class Command:
     break_glass = _Option("break_glass", str, None)
     topic = _Option("topic", str, None)  #: the verb ``help`` was asked about
 
-    def to_json(self) -> dict[str, Any]:
-        """The command as a JSON-ready dict (``pitstop parse``, the audit trail, confirmations)."""
-        return {
-            "verb": self.verb,
-            "job": self.job,
-            "host": self.host,
-            "patches": list(self.patches),
-            "options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()},
-        }
-
-    def dumps(self) -> str:
-        """:meth:`to_json` as compact JSON text."""
-        return json.dumps(self.to_json(), separators=(",", ":"))
+    def dumps(self, separators: tuple[str, str] = (",", ":")) -> str:
+        """The command as JSON text, compact unless ``separators`` say otherwise (``pitstop parse``,
+        the audit trail, confirmations)."""
+        shown = {"verb": self.verb, "job": self.job, "host": self.host, "patches": self.patches}
+        return json.dumps({**shown, "options": dict(self.options)}, separators=separators)
 
     @classmethod
     def loads(cls, text: str) -> Command:

@@ -204,9 +204,7 @@ class Dispatcher:
         req = flow.req
         if req.delivery_id and not await self.deliveries.claim(req.delivery_id, self.ctx.instance):
             await self._audit(req, AuditOutcome.DUPLICATE, flow.command)
-            return Reply(
-                title=words.duplicate_delivery(), status=Status.INFO, ephemeral=True, redelivery=True
-            )
+            return Reply(title=words.DUPLICATE_DELIVERY, status=Status.INFO, ephemeral=True, redelivery=True)
         return await call_next()
 
     async def _resolve(self, flow: Flow, call_next: Next) -> Reply:

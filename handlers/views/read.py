@@ -255,4 +255,4 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
     lines.append(
         f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
     )
-    return Reply(title=words.help_title(), lines=tuple(lines))
+    return Reply(title=words.HELP_TITLE, lines=tuple(lines))
