@@ -107,21 +107,16 @@ class Command:
 
     def text(self) -> str:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
-        words = [self.verb, self.job, self.host, self.run_ref, self.reason, self.state, self.topic]
-        if self.verb in ("logs", "history"):
-            words.append(str(self.lines if self.verb == "logs" else self.count))
-        if self.patches:
-            words.append("with " + patch_phrase(self.patches))
-        if self.without:
-            words.append("without " + patch_phrase(self.without))
-        if self.fresh_cache:
-            words.append("fresh cache")
-        if self.break_glass is not None:
-            words.append(f'--break-glass "{self.break_glass}"')
-        if self.attempts:
-            words.append("--attempts")
-        if self.for_s:
-            words.append(f"for {fmt.duration(self.for_s)}")
+        count = {"logs": str(self.lines), "history": str(self.count)}.get(self.verb)
+        words = (
+            *(self.verb, self.job, self.host, self.run_ref, self.reason, self.state, self.topic, count),
+            f"with {patch_phrase(self.patches)}" if self.patches else "",
+            f"without {patch_phrase(self.without)}" if self.without else "",
+            "fresh cache" if self.fresh_cache else "",
+            f'--break-glass "{self.break_glass}"' if self.break_glass is not None else "",
+            "--attempts" if self.attempts else "",
+            f"for {fmt.duration(self.for_s)}" if self.for_s else "",
+        )
         return " ".join(w for w in words if w)
 
 

@@ -249,16 +249,7 @@ class Dispatcher:
         req, command = flow.on_behalf or flow.req, flow.run
         assert command is not None
         call = Call(
-            self.ctx,
-            command,
-            req.user,
-            req.channel,
-            self.audit,
-            self.lock_ttl,
-            self._spawn,
-            req.surface,
-            approval=flow.approval,
-            break_glass=flow.break_glass,
+            self.ctx, command, req, self.audit, self.lock_ttl, self._spawn, flow.approval, flow.break_glass
         )
         answer = await VERBS[command.verb](call)
         reply, audited = answer if isinstance(answer, Acted) else (answer, None)

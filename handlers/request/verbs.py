@@ -20,7 +20,7 @@ from handlers.grammar import parse as grammar
 from handlers.grammar.commands import Command
 from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_USER
-from handlers.request.flow import Spawn
+from handlers.request.flow import Request, Spawn
 from handlers.runs.attempts import attempts_command
 from handlers.runs.view import thread_key
 from handlers.views import read as views
@@ -38,12 +38,10 @@ class Call:
 
     ctx: Context
     command: Command  #: parsed, authorised (and, where needed, confirmed)
-    user: str  #: who the command acts for (audited as such)
-    channel: str | None
+    req: Request  #: the request the command acts and is audited for (its user, channel, surface)
     audit: Audit  #: the dispatcher's audit trail (``history`` reads it)
     lock_ttl: float  #: seconds a restart lock lives without renewal
     spawn: Spawn  #: restart/start/stop sequences run as tasks the dispatcher tracks
-    surface: str = "slack"  #: ``slack``, ``home``, ``console``, ``say`` …
     approval: ApprovalRequest | None = None  #: the approved request run under the two-person rule
     break_glass: str | None = None  #: an admin's reason for acting without approval
 
@@ -61,7 +59,7 @@ Handler = Callable[[Call], Awaitable[Reply | Acted]]
 
 async def _sequence(call: Call) -> Reply:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
-    ctx, command, user, glass = call.ctx, call.command, call.user, call.break_glass
+    ctx, command, user, glass = call.ctx, call.command, call.req.user, call.break_glass
     job, warned = _job(call), None
     if command.verb in ("restart", "start") and user != SYSTEM_USER:
         warned = await ctx.service.no_progress_warning(job)  # a person's restart is warned, never blocked
@@ -75,7 +73,7 @@ async def _sequence(call: Call) -> Reply:
         approval=call.approval,
         break_glass=glass,
     )
-    channel = ctx.config.channel_for(job) or call.channel
+    channel = ctx.config.channel_for(job) or call.req.channel
     if glass is not None:  # said in the channel before anything is touched
         text = words.break_glass_announce(user, command.text(), glass)
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
@@ -93,7 +91,7 @@ async def _sequence(call: Call) -> Reply:
 async def _cancel(call: Call) -> Reply:
     """``cancel JOB``: ask the job's in-flight sequence to stop at its next step boundary (exit 1 if none)."""
     job = _job(call)
-    run_id = await call.ctx.service.cancel(job, call.user)
+    run_id = await call.ctx.service.cancel(job, call.req.user)
     if run_id is None:
         return Reply(title=words.cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED)
     title = words.cancel_requested(run_id, job)
@@ -106,7 +104,7 @@ def _job(call: Call) -> str:
 
 
 async def _unlock(call: Call) -> Acted:
-    reply, holder = await views.unlock_command(call.ctx, _job(call), call.user)
+    reply, holder = await views.unlock_command(call.ctx, _job(call), call.req.user)
     return Acted(reply, AuditOutcome.FORCED if holder is not None else None)
 
 
@@ -122,7 +120,7 @@ async def _pending(call: Call) -> Reply:
 
 async def _help(call: Call) -> Reply:
     # in Slack a verb is typed after the slash command; in the console and `pitstop say` alone
-    typed = f"{call.ctx.config.slack.command} " if call.surface in ("slack", "home") else ""
+    typed = f"{call.ctx.config.slack.command} " if call.req.surface in ("slack", "home") else ""
     return views.help_command(call.command, typed=typed)
 
 
@@ -147,8 +145,10 @@ VERBS: Mapping[str, Handler] = MappingProxyType(
         "approve": _approve,
         "deny": _approve,
         "pending": _pending,
-        "watch": lambda c: acks.watch_command(c.ctx, _job(c), c.command.state or "", c.command.for_s, c.user),
-        "ack": lambda c: acks.ack_command(c.ctx, _job(c), c.user),
+        "watch": lambda c: acks.watch_command(
+            c.ctx, _job(c), c.command.state or "", c.command.for_s, c.req.user
+        ),
+        "ack": lambda c: acks.ack_command(c.ctx, _job(c), c.req.user),
         "gpus": lambda c: reports.gpus_command(c.ctx, c.command.host or ""),
         "help": _help,
     }
