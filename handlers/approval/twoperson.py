@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from handlers import text as words
 from handlers.approval import policy
 from handlers.context import Context
-from handlers.grammar.commands import Command
+from handlers.grammar.commands import Command, ParseError
 from handlers.grammar.parse import Role
 from handlers.reply import Reply, Status, refused
 from handlers.request.auth import Denied, role_of
@@ -111,9 +111,7 @@ class TwoPersonRule:
         assert command is not None and command.run_ref is not None
         request = await self.approvals.find(command.run_ref)
         if request is None:
-            text = words.approval_not_request(command.run_ref)
-            await self.audit(req, AuditOutcome.INVALID, command, detail=text)
-            return refused(text)
+            raise ParseError(words.approval_not_request(command.run_ref))
         approving, asked = command.verb == "approve", _asked(request)
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
         refusal = None

@@ -38,6 +38,8 @@ __all__ = ["Dispatcher", "Flow", "Request"]
 log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(r"r-[0-9]+\Z")
+#: how an expected failure is audited (any other: ``failed``)
+_OUTCOMES = {Denied: AuditOutcome.DENIED, InFlight: AuditOutcome.REFUSED, ParseError: AuditOutcome.INVALID}
 
 
 def _error_reply(exc: PitstopError) -> Reply:
@@ -179,8 +181,7 @@ class Dispatcher:
         except asyncio.CancelledError:
             raise
         except PitstopError as exc:
-            refusal = AuditOutcome.REFUSED if isinstance(exc, InFlight) else AuditOutcome.FAILED
-            outcome = AuditOutcome.DENIED if isinstance(exc, Denied) else refusal
+            outcome = _OUTCOMES.get(type(exc), AuditOutcome.FAILED)
             await self._audit(flow.req, outcome, flow.command, detail=exc.message)
             return _error_reply(exc)
         except Exception:
@@ -190,13 +191,10 @@ class Dispatcher:
             return refused(internal_error(incident), ExitCode.FAILED)
 
     async def _parse(self, flow: Flow, call_next: Next) -> Reply:
-        """Typed text → a :class:`Command` (buttons carry no text: they are resolved after dedupe)."""
+        """Typed text → a :class:`Command` (buttons carry no text: they are resolved after dedupe);
+        :class:`ParseError` if it is not one."""
         if flow.action is None:
-            try:
-                flow.command = flow.run = parse(flow.req.text, self.ctx.config)
-            except ParseError as exc:
-                await self._audit(flow.req, AuditOutcome.INVALID, detail=exc.message)
-                return _error_reply(exc)
+            flow.command = flow.run = parse(flow.req.text, self.ctx.config)
         return await call_next()
 
     async def _dedupe(self, flow: Flow, call_next: Next) -> Reply:
@@ -219,8 +217,7 @@ class Dispatcher:
         elif action in ("approve", "deny") and _RUN_ID.match(value):
             flow.command = flow.run = Command(action, options={"run": value})
         elif action is not None:
-            await self._audit(flow.req, AuditOutcome.INVALID, detail=words.unknown_action(action))
-            return refused(words.unknown_action(action))
+            raise ParseError(words.unknown_action(action))
         return await call_next()
 
     async def _authorise(self, flow: Flow, call_next: Next) -> Reply:

@@ -189,21 +189,13 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
 
 async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
     """Host PIDs → job name, from each job's recorded pid/sid and its current process list."""
-    owners: dict[int, str] = {}
     jobs = [(n, j) for n, j in ctx.config.jobs.items() if j.host == host]
-    if not jobs:
-        return owners
-    entries = []
     snaps = await ctx.service.jobs.read_many([n for n, _ in jobs])
-    for (name, spec), snap in zip(jobs, snaps, strict=True):
-        entries.append((name, spec, snap.current or None))
-        for field in ("pid", "sid"):
-            value = snap.current.get(field)
-            if value and value.isdigit() and not snap.stopped:
-                owners[int(value)] = name
+    ids = ((s.name, s.current.get(field)) for s in snaps if not s.stopped for field in ("pid", "sid"))
+    owners = {int(value): name for name, value in ids if value and value.isdigit()}
+    entries = [(name, spec, snap.current or None) for (name, spec), snap in zip(jobs, snaps, strict=True)]
     for name, sight in (await ctx.restarter.sightings(entries)).items():
-        for pid in (*sight.probe.session_pids, *sight.probe.pids):
-            owners[pid] = name
+        owners.update(dict.fromkeys((*sight.probe.session_pids, *sight.probe.pids), name))
     return owners
 
 
