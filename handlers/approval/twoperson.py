@@ -114,29 +114,27 @@ class TwoPersonRule:
             raise ParseError(words.approval_not_request(command.run_ref))
         approving, asked = command.verb == "approve", _asked(request)
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
-        refusal = None
-        if request.state is ApprovalState.PENDING and approving and user == request.requester:
+        pending, refusal = request.state is ApprovalState.PENDING, None
+        if pending and approving and user == request.requester:
             refusal = words.approval_self(request.id)
         elif (
-            request.state is ApprovalState.PENDING
+            pending
             and (approving or user != request.requester)  # the requester may withdraw their own
             and not policy.may_approve(self.ctx.config, request, user, flow.groups)
         ):
             refusal = words.approval_not_approver(user, request.id, settings.approvers if settings else [])
-        if refusal is not None:
-            await self.audit(req, AuditOutcome.DENIED, asked, detail=refusal, run_id=request.id)
-            return refused(refusal, ExitCode.DENIED)
-        if approving and request.state is ApprovalState.PENDING and asked.spec.acts:
+        elif approving and pending and asked.spec.acts:
             # a restart in flight would refuse it: the request stays open for after it, not spent
             holder = await self.ctx.service.locks.holder(scope_of(self.ctx.config, request.job))
             if holder is not None:
                 raise InFlight(request.job, holder)
-        state = ApprovalState.APPROVED if approving else ApprovalState.DENIED
-        decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
-        if decided is Decided.SELF:
-            text = words.approval_self(request.id)
-            await self.audit(req, AuditOutcome.DENIED, asked, detail=text, run_id=request.id)
-            return refused(text, ExitCode.DENIED)
+        if refusal is None:
+            state = ApprovalState.APPROVED if approving else ApprovalState.DENIED
+            decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
+            refusal = words.approval_self(request.id) if decided is Decided.SELF else None
+        if refusal is not None:
+            await self.audit(req, AuditOutcome.DENIED, asked, detail=refusal, run_id=request.id)
+            return refused(refusal, ExitCode.DENIED)
         if decided is Decided.LOST:
             text = words.approval_already(request.id, request.state.value, request.decided_by)
             return refused(text, ExitCode.FAILED, Status.WARNING)
