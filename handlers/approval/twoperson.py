@@ -63,8 +63,8 @@ class TwoPersonRule:
         if flow.approval is not None or flow.system:
             return await call_next()
         if command.break_glass is not None:
-            if role_of(self.ctx.config, flow.user, flow.groups, command.job) is not Role.ADMIN:
-                raise Denied(flow.user, command, Role.ADMIN)
+            if role_of(self.ctx.config, flow.req.user, flow.groups, command.job) is not Role.ADMIN:
+                raise Denied(flow.req.user, command, Role.ADMIN)
             flow.break_glass, flow.outcome = command.break_glass, AuditOutcome.BREAK_GLASS
             return await call_next()
         settings = policy.approval_for(self.ctx.config, command)
@@ -107,7 +107,7 @@ class TwoPersonRule:
 
     async def _decide(self, flow: Flow, call_next: Next) -> Reply:
         """``approve r-N`` / ``deny r-N [reason]`` (typed or clicked): the rules, then the first decision wins."""
-        command, req, user = flow.run, flow.req, flow.user
+        command, req, user = flow.run, flow.req, flow.req.user
         assert command is not None and command.run_ref is not None
         request = await self.approvals.find(command.run_ref)
         if request is None:

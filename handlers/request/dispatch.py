@@ -148,7 +148,7 @@ class Dispatcher:
         """Answer one typed request; never raises (except cancellation).  The reply's ``exit_code``:
         0 ok, 1 failed, 2 bad input, 3 denied, 4 in flight, 5 cancelled."""
         system = req.surface == SYSTEM_SURFACE and req.user == SYSTEM_USER
-        return await self._run(Flow(req, user=req.user, groups=req.groups, system=system))
+        return await self._run(Flow(req, groups=req.groups, system=system))
 
     async def handle_action(
         self, action: str, value: str, user: str, delivery_id: str | None = None, groups: tuple[str, ...] = ()
@@ -160,7 +160,7 @@ class Dispatcher:
         :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
         """
         req = Request(f"[{action}] {value}", user, groups, delivery_id, surface="action")
-        return await self._run(Flow(req, action=action, value=value, user=user, groups=groups))
+        return await self._run(Flow(req, action=action, value=value, groups=groups))
 
     async def _run(self, flow: Flow) -> Reply:
         """Pass ``flow`` through :attr:`steps`, each calling the next, then to the verb's handler."""
@@ -223,7 +223,7 @@ class Dispatcher:
     async def _authorise(self, flow: Flow, call_next: Next) -> Reply:
         """The requester's role must cover the verb's (:func:`handlers.request.auth.authorise` raises)."""
         assert flow.run is not None
-        authorise(self.ctx.config, flow.run, flow.user, flow.groups, system=flow.system)
+        authorise(self.ctx.config, flow.run, flow.req.user, flow.groups, system=flow.system)
         return await call_next()
 
     async def _confirm(self, flow: Flow, call_next: Next) -> Reply:
@@ -297,7 +297,7 @@ class Dispatcher:
 
     async def _settle(self, flow: Flow, call_next: Next) -> Reply:
         """A click on a confirmation: end it here, or pass its stored command on, confirmed."""
-        req, action, token, user = flow.req, flow.action, flow.value, flow.user
+        req, action, token, user = flow.req, flow.action, flow.value, flow.req.user
         taken, pending = await self.confirmations.take(token, user)
         if taken is Take.GONE or pending is None:
             await self._audit(req, AuditOutcome.CANCELLED, detail=words.CONFIRM_GONE)
