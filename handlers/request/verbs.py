@@ -1,8 +1,7 @@
-"""The verb table: each verb's grammar entry beside the handler that answers it.
+"""The verb table: the handler that answers each verb of the grammar.
 
-:data:`VERBS` pairs each :class:`~handlers.grammar.parse.VerbSpec` of :data:`handlers.grammar.parse.GRAMMAR`
-with the handler the dispatcher runs once its steps have passed the request; the table refuses to
-build when the two disagree.  The specs stay in :mod:`handlers.grammar.parse`, a leaf the parser imports
+:data:`VERBS` maps each verb of :data:`handlers.grammar.parse.GRAMMAR` to the handler the dispatcher
+runs once its steps have passed the request; the module refuses to load when the two disagree.  The specs stay in :mod:`handlers.grammar.parse`, a leaf the parser imports
 without the handlers' remote machinery (``pitstop parse`` stays quick).
 """
 
