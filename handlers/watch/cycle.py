@@ -7,8 +7,8 @@ its transitions, each a compare-and-set in Redis *before* its post, so of two pr
 the same thing only one posts.  An unreachable host is confirmed over a fresh connection before it
 is reported.  Alerts are ``incident:JOB:N`` headlines; reminders, changes, automatic restarts and
 resolutions go in their thread, many at once told as one story (:mod:`handlers.watch.storm`).  Events:
-ALERT, RESOLVED, RESTART.  Automatic restarts go through the dispatcher (locked, posted, audited)
-as :data:`AUTO_USER`, through a dispatcher of the watcher's own.
+ALERT, RESOLVED, RESTART.  Automatic restarts go through a dispatcher of the watcher's own (locked,
+posted, audited) as :data:`~handlers.request.auth.SYSTEM_USER`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ from handlers.request.dispatch import Dispatcher, Request
 from handlers.text import alert_exit_cause, probe_slow_line
 from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply, give_up_reply
 from handlers.watch.crashcheck import check_crash, refusal, with_crash
-from handlers.watch.hangevidence import KINDS as HANG_KINDS
-from handlers.watch.hangevidence import hang_evidence
+from handlers.watch.hangevidence import post_hang_evidence
 from handlers.watch.stats import WatchStats
 from handlers.watch.storm import Round, Storyteller, Told, line_first
 from pipeline.engines.base import Entry, Sighting
@@ -56,7 +55,6 @@ from pipeline.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
-AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
 AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
 MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
 
@@ -69,7 +67,7 @@ class Watcher:
 
     def __init__(self, ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> None:
         self.ctx = ctx
-        #: the automatic restarts' own dispatcher: ``restart JOB`` as :data:`AUTO_USER`, audited as a person's
+        #: the automatic restarts' own dispatcher: ``restart JOB`` as the system user, audited as a person's
         self.restarts = Dispatcher(ctx)
         self.remind_every = remind_every
         self.store = ctx.redis.open_store(IncidentStore)
@@ -238,7 +236,7 @@ class Watcher:
                 current = opened
                 rnd.opened.append(Told(opened, channel, now))  # posted when the round is told
                 await self._event(EventKind.ALERT, opened)
-                rnd.later.append(functools.partial(self._hang_evidence, opened, channel))
+                rnd.later.append(functools.partial(post_hang_evidence, self.ctx, opened, channel))
             elif action.kind is ActionKind.RESOLVE:
                 if current is None or not await self.store.close(current):
                     return
@@ -268,7 +266,7 @@ class Watcher:
                 else:
                     await self._post(action, updated, channel, now)
                 if action.kind is ActionKind.CHANGE:
-                    await self._hang_evidence(updated, channel)
+                    await post_hang_evidence(self.ctx, updated, channel)
         if decision.incident is not None and current is not None:
             kept = {k: getattr(current, k) for k in _TOLD}
             wanted = decision.incident.model_copy(update={**kept, "last_actor": current.last_actor})
@@ -290,7 +288,7 @@ class Watcher:
             policy = ctx.config.jobs[inc.job].watch.auto_restart
             await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
             self._auto_fired[inc.job] = time.time()
-            asked = Request(f"restart {inc.job}", AUTO_USER, channel=channel, surface=SYSTEM_SURFACE)
+            asked = Request(f"restart {inc.job}", SYSTEM_USER, channel=channel, surface=SYSTEM_SURFACE)
             answer = await self.restarts.handle(asked)
             await ctx.events.publish(
                 EventKind.RESTART,
@@ -303,11 +301,6 @@ class Watcher:
                 instance=ctx.instance,
             )
             await ctx.outbox.thread(inc.thread_key, auto_restart_reply(inc, ctx.config, answer), channel)
-
-    async def _hang_evidence(self, inc: Incident, channel: str | None) -> None:
-        """Post the hang evidence (stacks, /proc state) in a stuck-rank or stalled incident's thread."""
-        if inc.kind in HANG_KINDS and (reply := await hang_evidence(self.ctx, inc)) is not None:
-            await self.ctx.outbox.thread(inc.thread_key, reply, channel)
 
     async def _gate(self, action: Action) -> Action:
         """An automatic restart about to fire, unless the latest crash is not to be retried, or the
