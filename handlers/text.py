@@ -98,6 +98,10 @@ STATUS_HEADERS = ("job", "state", "pid", "procs", "uptime", "last restart", "loc
 HISTORY_HEADERS = ("run", "when", "who", "action", "patches", "verdict", "took")
 HISTORY_APPROVAL_HEADERS = ("when", "run", "who", "outcome", "what")
 HISTORY_REFUSAL_HEADERS = ("when", "who", "request", "outcome", "why")
+#: a repeated delivery of a request that was already acted on
+DUPLICATE_DELIVERY = "already handled (a repeated delivery of the same request) - nothing was done again"
+#: the heading of ``help``
+HELP_TITLE = "Pitstop commands"
 #: a grouped post's headline once the last of its jobs resolved on its own
 STORY_ALL_RESOLVED = "resolved: every job of this alert has recovered (each job's line says when)"
 
@@ -119,11 +123,6 @@ def mention(target: str) -> str:
 
 
 # --- a request's way: the dispatcher, confirmations, roles, the verb table
-
-
-def duplicate_delivery() -> str:
-    """A repeated delivery of a request that was already acted on."""
-    return "already handled (a repeated delivery of the same request) - nothing was done again"
 
 
 def unknown_action(action: str) -> str:
@@ -362,12 +361,13 @@ def crash_loop_gave_up(incident: Incident, policy: AutoRestart | None) -> str:
     )
 
 
+def probe_slow_line(host: str, seconds: float) -> str:
+    """Log line: a host's probe took longer than its jobs' watch interval."""
+    took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"
+    return f"probe slow: {host} took {took}"
+
+
 # --- read-only verbs: status, lock, unlock, logs, history, help
-
-
-def help_title() -> str:
-    """The heading of ``help``."""
-    return "Pitstop commands"
 
 
 def lock_free(job: str) -> str:
@@ -469,10 +469,10 @@ def digest_all_title(jobs: int) -> str:
     return f"digest of {jobs} job(s)"
 
 
-def digest_unknown_job(job: str, suggestions: Sequence[str]) -> str:
-    """``digest NAME`` for a job that is not configured."""
+def unknown_name(kind: str, name: str, suggestions: Sequence[str]) -> str:
+    """``digest NAME`` or ``gpus NAME`` for a ``kind`` (``job``, ``host``) that is not configured."""
     hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
-    return f"no job named {job}{hint}"
+    return f"no {kind} named {name}{hint}"
 
 
 def gpus_unavailable(host: str, detail: str) -> str:
@@ -483,9 +483,3 @@ def gpus_unavailable(host: str, detail: str) -> str:
 def gpus_title(host: str, count: int) -> str:
     """Heading of ``gpus HOST``."""
     return f"GPUs on {host}: {count}"
-
-
-def gpus_unknown_host(host: str, suggestions: Sequence[str]) -> str:
-    """``gpus NAME`` for a host that is not configured."""
-    hint = f" - did you mean {' or '.join(suggestions)}?" if suggestions else ""
-    return f"no host named {host}{hint}"

@@ -25,7 +25,7 @@ from handlers.context import Context
 from handlers.reply import Button, Reply, Status, StepLine, Table
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import run_reply
-from handlers.text import help_title
+from handlers.text import HELP_TITLE
 from pipeline.config import Config
 from tests.fixtures.slack import kill_matching, slack_config
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
@@ -194,7 +194,7 @@ async def test_repl_runs_from_lines_without_a_terminal(chat: Chat) -> None:
     assert code == 0
     out = chat.console.export_text()
     assert f"pitstop> start {job}" in out and f"{CONSOLE_CONFIRM}y" in out
-    assert out.count(help_title()) == 1  # nothing after quit ran
+    assert out.count(HELP_TITLE) == 1  # nothing after quit ran
     assert "queued run r-1" in out
     assert "[run r-1] ✓ launch" in out
     assert CONSOLE_BYE in out.splitlines()

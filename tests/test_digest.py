@@ -24,10 +24,9 @@ from handlers.text import (
     digest_resets,
     digest_starved,
     digest_targets,
-    digest_unknown_job,
     digest_window_note,
     gpus_title,
-    gpus_unknown_host,
+    unknown_name,
 )
 from handlers.views.reports import digest_command, digest_reply, gpus_command
 from pipeline.config import Config, GpuRoles, JobConfig, StateSettings
@@ -529,7 +528,7 @@ async def test_missing_log_and_unknown_job_are_clear_errors(
     assert reply.status is Status.ERROR and reply.exit_code != 0
     assert reply.title.startswith("digest dflash: could not be built") and "dflash.log" in reply.title
     unknown = await digest_command(ctx, "dflsh")
-    assert unknown.ephemeral and unknown.title == digest_unknown_job("dflsh", ["dflash"])
+    assert unknown.ephemeral and unknown.title == unknown_name("job", "dflsh", ["dflash"])
     assert OffsetState.from_hash(await ctx.redis.open_store(DigestMemory).offset("dflash")) is None
 
 
@@ -584,7 +583,7 @@ async def test_gpus_command_shows_na_and_maps_processes_to_jobs(
     procs = reply.tables[-1]
     assert procs.rows == (("4242", "dflash", "81,220 MiB"), ("4243", "-", "n/a"))
     unknown = await gpus_command(ctx, "gpu2")
-    assert unknown.ephemeral and unknown.title == gpus_unknown_host("gpu2", ["gpu1"])
+    assert unknown.ephemeral and unknown.title == unknown_name("host", "gpu2", ["gpu1"])
 
 
 def _line(ts: float, rank: int, tokens: int) -> bytes:

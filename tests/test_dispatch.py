@@ -20,6 +20,7 @@ from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.posts import launch_summary, stop_summary
 from handlers.text import (
     CONFIRM_GONE,
+    DUPLICATE_DELIVERY,
     HISTORY_HEADERS,
     RUN_AWAITING_VERDICT,
     cancel_nothing,
@@ -28,7 +29,6 @@ from handlers.text import (
     confirm_cancelled,
     confirm_expired,
     confirm_not_yours,
-    duplicate_delivery,
     history_title,
     lock_free,
     logs_title,
@@ -129,7 +129,7 @@ async def test_same_delivery_twice_acts_once(ctx: Context, dispatcher: Dispatche
         dispatcher.handle(_req("restart dflash", delivery_id="ev:Ev0001")),
     )
     titles = sorted([a.title, b.title])
-    assert titles == sorted([queued("r-1", "dflash"), duplicate_delivery()])
+    assert titles == sorted([queued("r-1", "dflash"), DUPLICATE_DELIVERY])
     await dispatcher.drain(30)
     assert len(await _restarter(ctx).calls()) == 1
     assert await dispatcher.seen("ev:Ev0001")

@@ -269,9 +269,9 @@ def test_roles_cover_every_verb() -> None:
 
 
 def test_command_json_round_trip() -> None:
-    """A command survives to_json/from_json (confirmations and the audit trail store it so)."""
+    """A command survives dumps/loads (confirmations and the audit trail store it so)."""
     cmd = parse("restart dflash with topk patch without old patch fresh cache", CONFIG)
-    assert Command.from_json(json.loads(cmd.dumps())) == cmd
+    assert Command.loads(cmd.dumps()) == cmd
     assert cmd.text() == "restart dflash with topk patch without old patch fresh cache"
     assert parse(cmd.text(), CONFIG) == cmd
 

@@ -23,7 +23,7 @@ from bot.slack.outbox import SlackOutbox
 from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.reply import Reply, Status, StepLine
-from handlers.text import help_title
+from handlers.text import HELP_TITLE
 from pipeline.config import Config
 from pipeline.errors import UnknownRun
 from pipeline.state import keys
@@ -176,7 +176,7 @@ async def test_command_is_acked_empty_then_answered_on_response_url(stack: Stack
     assert status == 200 and ack == ""
     (body,) = await stack.answered(url)
     assert body["response_type"] == "in_channel"
-    assert body["text"].startswith(help_title())
+    assert body["text"].startswith(HELP_TITLE)
     assert validate_blocks(body["blocks"]) == []
     audit = await stack.runtime.ctx.redis.client.xrange(keys.audit(stack.runtime.ctx.redis.prefix))
     assert len(audit) == 1 and audit[0][1]["user"] == "U0OPERATOR1"
@@ -334,7 +334,7 @@ async def test_mention_is_answered_in_its_thread_and_errors_privately(stack: Sta
         assert await stack.event(event, event_id=event_id) == 200
     (posted,) = await stack.fake.wait_for("chat.postMessage")
     assert posted.args["thread_ts"] == "1700000001.000100"
-    assert posted.args["text"].startswith(help_title())
+    assert posted.args["text"].startswith(HELP_TITLE)
     (private,) = await stack.fake.wait_for("chat.postEphemeral")
     assert private.args["user"] == "U0OPERATOR1" and "nosuchjob" in private.args["text"]
     assert validate_blocks(private.args["blocks"]) == []

@@ -17,7 +17,7 @@ from bot.runtime.metrics import CONTENT_TYPE
 from bot.runtime.serve import SlackRuntime, connect_socket, open_runtime, serve
 from bot.slack import blocks
 from bot.slack.socket_mode import wait_after
-from handlers.text import help_title
+from handlers.text import HELP_TITLE
 from pipeline.config import Config
 from pipeline.errors import ExitCode, SlackUnavailable, UsageError
 from pipeline.state import keys
@@ -72,7 +72,7 @@ async def test_slash_command_envelope_is_acked_then_answered(linked: Linked) -> 
     ack = await linked.fake.wait_ack(env["envelope_id"])
     assert not ack.get("payload")
     (answer,) = await linked.fake.wait_for("response_url")
-    assert answer.args["text"].startswith(help_title())
+    assert answer.args["text"].startswith(HELP_TITLE)
     assert validate_blocks(answer.args["blocks"]) == []
     assert linked.fake.connections_opened == 1
 
@@ -91,7 +91,7 @@ async def test_event_envelope_is_acked_then_answered(linked: Linked) -> None:
     ack = await linked.fake.wait_ack(env["envelope_id"])
     assert not ack.get("payload")
     (posted,) = await linked.fake.wait_for("chat.postMessage")
-    assert posted.args["thread_ts"] == "1.5" and posted.args["text"].startswith(help_title())
+    assert posted.args["thread_ts"] == "1.5" and posted.args["text"].startswith(HELP_TITLE)
 
 
 async def test_retried_event_envelope_is_answered_once(linked: Linked) -> None:
@@ -159,7 +159,7 @@ async def test_disconnect_makes_the_client_reconnect_and_keep_serving(linked: Li
     await linked.fake.socket_send(env)
     await linked.fake.wait_ack(env["envelope_id"], timeout=20)
     (answer,) = await linked.fake.wait_for("response_url", timeout=20)
-    assert answer.args["text"].startswith(help_title())
+    assert answer.args["text"].startswith(HELP_TITLE)
     assert linked.fake.open_sockets()[-1] is linked.fake._ws[-1]
     health = await linked.runtime.slack_health()
     assert health["socket_mode"] == "connected"
@@ -191,7 +191,7 @@ async def test_disconnect_warning_keeps_serving_and_link_disabled_shows_in_healt
     await linked.fake.socket_send(env)
     await linked.fake.wait_ack(env["envelope_id"], timeout=20)
     (answer,) = await linked.fake.wait_for("response_url", timeout=20)  # acked empty, answered after
-    assert answer.args["text"].startswith(help_title())
+    assert answer.args["text"].startswith(HELP_TITLE)
     await linked.fake.socket_disconnect("link_disabled")
     await linked.fake.wait_for("apps.connections.open", ok=False, timeout=30)  # it tried, and was refused
     health = await linked.runtime.slack_health()

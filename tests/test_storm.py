@@ -31,7 +31,7 @@ from handlers.outbox import MemoryOutbox
 from handlers.reply import Status
 from handlers.watch.acks import ack_command
 from handlers.watch.cycle import Watcher
-from handlers.watch.storm import Round, Told, plan, plan_reminders, tell
+from handlers.watch.storm import Round, Told, plan, plan_follow_ups, tell
 from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, SlackSettings, WatchSettings
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 from pipeline.state.posts import Posts
@@ -136,7 +136,7 @@ def test_reminders_of_one_round_are_grouped_like_alerts() -> None:
         Told(t.incident.model_copy(update={"story": "story:abc"}), t.channel, t.at)
         for t in (_told(f"j{i}", IncidentKind.DEAD) for i in range(4))
     ]
-    (story,), alone = plan_reminders(members, group_from=3, announce=ANNOUNCE)
+    (story,), alone = plan_follow_ups("reminder", members, group_from=3, announce=ANNOUNCE)
     assert (story.kind, story.key, story.thread, len(story.members), alone) == (
         "reminder",
         "story:abc",
@@ -144,7 +144,7 @@ def test_reminders_of_one_round_are_grouped_like_alerts() -> None:
         4,
         [],
     )
-    assert plan_reminders(members[:2], group_from=3, announce=ANNOUNCE) == ([], members[:2])
+    assert plan_follow_ups("reminder", members[:2], group_from=3, announce=ANNOUNCE) == ([], members[:2])
 
 
 # --- end to end -----------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def parse_main(config: Config, text: str, *, out: IO[str] | None = None, err: IO
     except ParseError as exc:
         print(exc.message, file=err or sys.stderr)
         return int(exc.exit_code)
-    print(json.dumps(command.to_json()), file=out or sys.stdout)
+    print(command.dumps((", ", ": ")), file=out or sys.stdout)
     return 0
 
 

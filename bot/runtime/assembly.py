@@ -14,9 +14,7 @@ from collections.abc import Mapping
 from bot.text import embedded_redis_started
 from handlers.context import Context
 from handlers.outbox import Outbox
-from handlers.reply import Reply
-from handlers.request.dispatch import Dispatcher, Request
-from handlers.watch.cycle import AUTO_USER, Watcher
+from handlers.watch.cycle import Watcher
 from pipeline.config import Config
 from pipeline.engines import ENGINES
 from pipeline.engines.base import EngineKind, check_engines
@@ -87,18 +85,7 @@ async def close_context(ctx: Context) -> None:
         await ctx.redis.aclose()
 
 
-class DispatchedRestarts(Dispatcher):
-    """The watcher's automatic restarts (:class:`handlers.watch.cycle.Restarts`): ``restart JOB``
-    through a dispatcher of its own, as :data:`handlers.watch.cycle.AUTO_USER`, audited as a person's."""
-
-    async def restart(self, job: str, channel: str | None) -> Reply:
-        """Request ``restart JOB``; the dispatcher's answer (it never raises)."""
-        return await self.handle(
-            Request(text=f"restart {job}", user=AUTO_USER, channel=channel, surface="scheduler")
-        )
-
-
 def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> Watcher:
     """The process's :class:`~handlers.watch.cycle.Watcher` (``remind_every``: seconds between reminders
     of an open incident), its automatic restarts dispatched."""
-    return Watcher(ctx, DispatchedRestarts(ctx), remind_every=remind_every)
+    return Watcher(ctx, remind_every=remind_every)

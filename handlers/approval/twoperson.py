@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from handlers import text as words
 from handlers.approval import policy
 from handlers.context import Context
-from handlers.grammar.commands import Command
+from handlers.grammar.commands import Command, ParseError
 from handlers.grammar.parse import Role
 from handlers.reply import Reply, Status, refused
 from handlers.request.auth import Denied, role_of
@@ -64,8 +63,8 @@ class TwoPersonRule:
         if flow.approval is not None or flow.system:
             return await call_next()
         if command.break_glass is not None:
-            if role_of(self.ctx.config, flow.user, flow.groups, command.job) is not Role.ADMIN:
-                raise Denied(flow.user, command, Role.ADMIN)
+            if role_of(self.ctx.config, flow.req.user, flow.groups, command.job) is not Role.ADMIN:
+                raise Denied(flow.req.user, command, Role.ADMIN)
             flow.break_glass, flow.outcome = command.break_glass, AuditOutcome.BREAK_GLASS
             return await call_next()
         settings = policy.approval_for(self.ctx.config, command)
@@ -108,38 +107,34 @@ class TwoPersonRule:
 
     async def _decide(self, flow: Flow, call_next: Next) -> Reply:
         """``approve r-N`` / ``deny r-N [reason]`` (typed or clicked): the rules, then the first decision wins."""
-        command, req, user = flow.run, flow.req, flow.user
+        command, req, user = flow.run, flow.req, flow.req.user
         assert command is not None and command.run_ref is not None
         request = await self.approvals.find(command.run_ref)
         if request is None:
-            text = words.approval_not_request(command.run_ref)
-            await self.audit(req, AuditOutcome.INVALID, command, detail=text)
-            return refused(text)
+            raise ParseError(words.approval_not_request(command.run_ref))
         approving, asked = command.verb == "approve", _asked(request)
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
-        refusal = None
-        if request.state is ApprovalState.PENDING and approving and user == request.requester:
+        pending, refusal = request.state is ApprovalState.PENDING, None
+        if pending and approving and user == request.requester:
             refusal = words.approval_self(request.id)
         elif (
-            request.state is ApprovalState.PENDING
+            pending
             and (approving or user != request.requester)  # the requester may withdraw their own
             and not policy.may_approve(self.ctx.config, request, user, flow.groups)
         ):
             refusal = words.approval_not_approver(user, request.id, settings.approvers if settings else [])
-        if refusal is not None:
-            await self.audit(req, AuditOutcome.DENIED, asked, detail=refusal, run_id=request.id)
-            return refused(refusal, ExitCode.DENIED)
-        if approving and request.state is ApprovalState.PENDING and asked.spec.acts:
+        elif approving and pending and asked.spec.acts:
             # a restart in flight would refuse it: the request stays open for after it, not spent
             holder = await self.ctx.service.locks.holder(scope_of(self.ctx.config, request.job))
             if holder is not None:
                 raise InFlight(request.job, holder)
-        state = ApprovalState.APPROVED if approving else ApprovalState.DENIED
-        decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
-        if decided is Decided.SELF:
-            text = words.approval_self(request.id)
-            await self.audit(req, AuditOutcome.DENIED, asked, detail=text, run_id=request.id)
-            return refused(text, ExitCode.DENIED)
+        if refusal is None:
+            state = ApprovalState.APPROVED if approving else ApprovalState.DENIED
+            decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
+            refusal = words.approval_self(request.id) if decided is Decided.SELF else None
+        if refusal is not None:
+            await self.audit(req, AuditOutcome.DENIED, asked, detail=refusal, run_id=request.id)
+            return refused(refusal, ExitCode.DENIED)
         if decided is Decided.LOST:
             text = words.approval_already(request.id, request.state.value, request.decided_by)
             return refused(text, ExitCode.FAILED, Status.WARNING)
@@ -203,4 +198,4 @@ class TwoPersonRule:
 
 def _asked(request: ApprovalRequest) -> Command:
     """The command ``request`` asked for (as Pitstop stored it)."""
-    return Command.from_json(json.loads(request.command))
+    return Command.loads(request.command)

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from handlers.grammar import parse as grammar
 from handlers.grammar.normalise import normalise, tokenise
@@ -92,47 +92,31 @@ class Command:
     break_glass = _Option("break_glass", str, None)
     topic = _Option("topic", str, None)  #: the verb ``help`` was asked about
 
-    def to_json(self) -> dict[str, Any]:
-        """The command as a JSON-ready dict (``pitstop parse``, the audit trail, confirmations)."""
-        return {
-            "verb": self.verb,
-            "job": self.job,
-            "host": self.host,
-            "patches": list(self.patches),
-            "options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()},
-        }
-
-    def dumps(self) -> str:
-        """:meth:`to_json` as compact JSON text."""
-        return json.dumps(self.to_json(), separators=(",", ":"))
+    def dumps(self, separators: tuple[str, str] = (",", ":")) -> str:
+        """The command as JSON text, compact unless ``separators`` say otherwise (``pitstop parse``,
+        the audit trail, confirmations)."""
+        shown = {"verb": self.verb, "job": self.job, "host": self.host, "patches": self.patches}
+        return json.dumps({**shown, "options": dict(self.options)}, separators=separators)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Command:
-        """The inverse of :meth:`to_json` (for records Pitstop itself wrote); KeyError without a verb."""
-        options = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in dict(data.get("options", {})).items()
-        }
-        return cls(
-            str(data["verb"]), data.get("job"), data.get("host"), tuple(data.get("patches", ())), options
-        )
+    def loads(cls, text: str) -> Command:
+        """The inverse of :meth:`dumps` (for records Pitstop itself wrote); KeyError without a verb."""
+        data = json.loads(text)
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in data.get("options", {}).items()}
+        return cls(data["verb"], data.get("job"), data.get("host"), tuple(data.get("patches", ())), options)
 
     def text(self) -> str:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
-        words = [self.verb, self.job, self.host, self.run_ref, self.reason, self.state, self.topic]
-        if self.verb in ("logs", "history"):
-            words.append(str(self.lines if self.verb == "logs" else self.count))
-        if self.patches:
-            words.append("with " + patch_phrase(self.patches))
-        if self.without:
-            words.append("without " + patch_phrase(self.without))
-        if self.fresh_cache:
-            words.append("fresh cache")
-        if self.break_glass is not None:
-            words.append(f'--break-glass "{self.break_glass}"')
-        if self.attempts:
-            words.append("--attempts")
-        if self.for_s:
-            words.append(f"for {fmt.duration(self.for_s)}")
+        count = {"logs": str(self.lines), "history": str(self.count)}.get(self.verb)
+        words = (
+            *(self.verb, self.job, self.host, self.run_ref, self.reason, self.state, self.topic, count),
+            f"with {patch_phrase(self.patches)}" if self.patches else "",
+            f"without {patch_phrase(self.without)}" if self.without else "",
+            "fresh cache" if self.fresh_cache else "",
+            f'--break-glass "{self.break_glass}"' if self.break_glass is not None else "",
+            "--attempts" if self.attempts else "",
+            f"for {fmt.duration(self.for_s)}" if self.for_s else "",
+        )
         return " ".join(w for w in words if w)
 
 

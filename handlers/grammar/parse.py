@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from functools import cached_property
 from itertools import islice
+from typing import TypeAlias
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  #: the shape of a job, host, patch or verb name
 NUMBER = re.compile(r"[0-9]{1,9}\Z")
@@ -286,20 +287,17 @@ class Opt:
     flag: str | None = None
 
 
-@dataclass(frozen=True)
-class Seq:
-    """A sequence of items."""
-
-    items: tuple[Lit | Slot | Opt, ...]
+#: a sequence of items: a format, or the body of an optional group
+Seq: TypeAlias = "tuple[Lit | Slot | Opt, ...]"
 
 
 _FORMAT_TOKEN = re.compile(r"\]\.\.\.|\[|\]|\{[a-z_]+\}|[^\s\[\]{}]+")
 
 
 def _flag_of(body: Seq) -> str | None:
-    if not body.items or not all(isinstance(i, Lit) for i in body.items):
+    if not body or not all(isinstance(i, Lit) for i in body):
         return None
-    name = "_".join(i.words[0].lstrip("-").replace("-", "_") for i in body.items if isinstance(i, Lit))
+    name = "_".join(i.words[0].lstrip("-").replace("-", "_") for i in body if isinstance(i, Lit))
     return name if name in FLAGS else None
 
 
@@ -319,7 +317,7 @@ def compile_format(fmt: str) -> Seq:
             elif tok in ("]", "]..."):
                 if depth == 0:
                     raise ValueError(f"unbalanced ']' in {fmt!r}")
-                return Seq(tuple(items)), tok
+                return tuple(items), tok
             elif tok.startswith("{"):
                 name = tok[1:-1]
                 if name not in SLOTS:
@@ -329,7 +327,7 @@ def compile_format(fmt: str) -> Seq:
                 items.append(Lit(tuple(w.lower() for w in tok.split("|"))))
         if depth:
             raise ValueError(f"unbalanced '[' in {fmt!r}")
-        return Seq(tuple(items)), ""
+        return tuple(items), ""
 
     return seq(iter(tokens), 0)[0]
 
@@ -337,7 +335,7 @@ def compile_format(fmt: str) -> Seq:
 def render_usage(pattern: Seq) -> str:
     """A compiled format as a usage line (``{job}`` → ``JOB``, ``patch|patches`` → ``patch(es)``)."""
     out: list[str] = []
-    for item in pattern.items:
+    for item in pattern:
         if isinstance(item, Lit):
             w = item.words
             plural = w[1].removeprefix(w[0]) if len(w) == 2 else ""
@@ -415,7 +413,7 @@ def _seq(
             for k in sorted(remaining):
                 opt = group[k]
                 for start in starts:
-                    for j, inner in _seq(opt.body.items, 0, tokens, start, bound):
+                    for j, inner in _seq(opt.body, 0, tokens, start, bound):
                         if j == start:
                             continue  # consumed nothing: never loop
                         if opt.flag is not None:
@@ -432,8 +430,8 @@ def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:
     complete = (
         bound
         for pattern in spec.patterns
-        if tokens and isinstance(pattern.items[0], Lit)
-        for j, bound in _seq(pattern.items, 1, tokens, 1, ())
+        if tokens and isinstance(pattern[0], Lit)
+        for j, bound in _seq(pattern, 1, tokens, 1, ())
         if j == len(tokens)
     )
     return list(islice(complete, MAX_MATCHES))

@@ -17,7 +17,7 @@ from pipeline.config import Config, JobAuth
 from pipeline.errors import ExitCode, PitstopError
 
 EVERYONE = "*"
-#: The principal of the watcher's automatic restarts (``handlers.watch.cycle.AUTO_USER``): an operator
+#: The principal of the watcher's automatic restarts (:class:`handlers.watch.cycle.Watcher`): an operator
 #: for every job, through the same lock, posts and audit as a person.  It counts only for requests
 #: from :data:`SYSTEM_SURFACE` (built in-process), so no Slack user nor ``--as pitstop-auto`` can claim it.
 SYSTEM_USER = "pitstop-auto"

@@ -13,7 +13,6 @@ with its traceback and answered with an incident id.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Coroutine
@@ -27,7 +26,7 @@ from handlers.grammar.commands import Command, ParseError, parse
 from handlers.reply import Button, Reply, Status, refused
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.request.flow import Flow, Next, Request, Step
-from handlers.request.verbs import VERBS, Call
+from handlers.request.verbs import VERBS, Acted, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
 from pipeline.state.audit import Audit, AuditOutcome
 from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
@@ -39,6 +38,8 @@ __all__ = ["Dispatcher", "Flow", "Request"]
 log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(r"r-[0-9]+\Z")
+#: how an expected failure is audited (any other: ``failed``)
+_OUTCOMES = {Denied: AuditOutcome.DENIED, InFlight: AuditOutcome.REFUSED, ParseError: AuditOutcome.INVALID}
 
 
 def _error_reply(exc: PitstopError) -> Reply:
@@ -147,7 +148,7 @@ class Dispatcher:
         """Answer one typed request; never raises (except cancellation).  The reply's ``exit_code``:
         0 ok, 1 failed, 2 bad input, 3 denied, 4 in flight, 5 cancelled."""
         system = req.surface == SYSTEM_SURFACE and req.user == SYSTEM_USER
-        return await self._run(Flow(req, user=req.user, groups=req.groups, system=system))
+        return await self._run(Flow(req, groups=req.groups, system=system))
 
     async def handle_action(
         self, action: str, value: str, user: str, delivery_id: str | None = None, groups: tuple[str, ...] = ()
@@ -159,7 +160,7 @@ class Dispatcher:
         :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
         """
         req = Request(f"[{action}] {value}", user, groups, delivery_id, surface="action")
-        return await self._run(Flow(req, action=action, value=value, user=user, groups=groups))
+        return await self._run(Flow(req, action=action, value=value, groups=groups))
 
     async def _run(self, flow: Flow) -> Reply:
         """Pass ``flow`` through :attr:`steps`, each calling the next, then to the verb's handler."""
@@ -180,18 +181,20 @@ class Dispatcher:
         except asyncio.CancelledError:
             raise
         except PitstopError as exc:
-            return await self._failed(flow.req, flow.command, exc)
+            outcome = _OUTCOMES.get(type(exc), AuditOutcome.FAILED)
+            await self._audit(flow.req, outcome, flow.command, detail=exc.message)
+            return _error_reply(exc)
         except Exception:
-            return await self._internal(flow.req, flow.command)
+            incident = new_incident_id()
+            log.exception("incident %s: request %r from %s", incident, flow.req.text, flow.req.user)
+            await self._audit(flow.req, AuditOutcome.ERROR, flow.command, detail=f"incident {incident}")
+            return refused(internal_error(incident), ExitCode.FAILED)
 
     async def _parse(self, flow: Flow, call_next: Next) -> Reply:
-        """Typed text → a :class:`Command` (buttons carry no text: they are resolved after dedupe)."""
+        """Typed text → a :class:`Command` (buttons carry no text: they are resolved after dedupe);
+        :class:`ParseError` if it is not one."""
         if flow.action is None:
-            try:
-                flow.command = flow.run = parse(flow.req.text, self.ctx.config)
-            except ParseError as exc:
-                await self._audit(flow.req, AuditOutcome.INVALID, detail=exc.message)
-                return _error_reply(exc)
+            flow.command = flow.run = parse(flow.req.text, self.ctx.config)
         return await call_next()
 
     async def _dedupe(self, flow: Flow, call_next: Next) -> Reply:
@@ -199,9 +202,7 @@ class Dispatcher:
         req = flow.req
         if req.delivery_id and not await self.deliveries.claim(req.delivery_id, self.ctx.instance):
             await self._audit(req, AuditOutcome.DUPLICATE, flow.command)
-            return Reply(
-                title=words.duplicate_delivery(), status=Status.INFO, ephemeral=True, redelivery=True
-            )
+            return Reply(title=words.DUPLICATE_DELIVERY, status=Status.INFO, ephemeral=True, redelivery=True)
         return await call_next()
 
     async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
@@ -216,14 +217,13 @@ class Dispatcher:
         elif action in ("approve", "deny") and _RUN_ID.match(value):
             flow.command = flow.run = Command(action, options={"run": value})
         elif action is not None:
-            await self._audit(flow.req, AuditOutcome.INVALID, detail=words.unknown_action(action))
-            return refused(words.unknown_action(action))
+            raise ParseError(words.unknown_action(action))
         return await call_next()
 
     async def _authorise(self, flow: Flow, call_next: Next) -> Reply:
         """The requester's role must cover the verb's (:func:`handlers.request.auth.authorise` raises)."""
         assert flow.run is not None
-        authorise(self.ctx.config, flow.run, flow.user, flow.groups, system=flow.system)
+        authorise(self.ctx.config, flow.run, flow.req.user, flow.groups, system=flow.system)
         return await call_next()
 
     async def _confirm(self, flow: Flow, call_next: Next) -> Reply:
@@ -246,35 +246,14 @@ class Dispatcher:
         req, command = flow.on_behalf or flow.req, flow.run
         assert command is not None
         call = Call(
-            self.ctx,
-            command,
-            req.user,
-            req.channel,
-            self.audit,
-            self.lock_ttl,
-            self._spawn,
-            req.surface,
-            approval=flow.approval,
-            break_glass=flow.break_glass,
+            self.ctx, command, req, self.audit, self.lock_ttl, self._spawn, flow.approval, flow.break_glass
         )
-        reply, audited = await VERBS[command.verb].handler(call)
+        answer = await VERBS[command.verb](call)
+        reply, audited = answer if isinstance(answer, Acted) else (answer, None)
         if reply.exit_code is not ExitCode.OK and flow.outcome is AuditOutcome.ACCEPTED:
             audited = AuditOutcome.FAILED
         await self._audit(req, audited or flow.outcome, command, detail=reply.title, run_id=reply.run_id)
         return reply
-
-    async def _failed(self, req: Request, command: Command | None, exc: PitstopError) -> Reply:
-        refusal = AuditOutcome.REFUSED if isinstance(exc, InFlight) else AuditOutcome.FAILED
-        await self._audit(
-            req, AuditOutcome.DENIED if isinstance(exc, Denied) else refusal, command, detail=exc.message
-        )
-        return _error_reply(exc)
-
-    async def _internal(self, req: Request, command: Command | None) -> Reply:
-        incident = new_incident_id()
-        log.exception("incident %s: request %r from %s", incident, req.text, req.user)
-        await self._audit(req, AuditOutcome.ERROR, command, detail=f"incident {incident}")
-        return refused(internal_error(incident), ExitCode.FAILED)
 
     # --- confirmation --------------------------------------------------------------------------
 
@@ -307,7 +286,7 @@ class Dispatcher:
         if taken is not Take.TAKEN or found is None:
             return
         req = Request(found.text, found.user, found.groups, None, found.channel, found.surface)
-        command = Command.from_json(json.loads(found.command))
+        command = Command.loads(found.command)
         text = words.confirm_expired(found.text, found.window)
         await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
         reply = refused(text, ExitCode.CANCELLED, Status.WARNING)
@@ -318,12 +297,12 @@ class Dispatcher:
 
     async def _settle(self, flow: Flow, call_next: Next) -> Reply:
         """A click on a confirmation: end it here, or pass its stored command on, confirmed."""
-        req, action, token, user = flow.req, flow.action, flow.value, flow.user
+        req, action, token, user = flow.req, flow.action, flow.value, flow.req.user
         taken, pending = await self.confirmations.take(token, user)
         if taken is Take.GONE or pending is None:
             await self._audit(req, AuditOutcome.CANCELLED, detail=words.CONFIRM_GONE)
             return refused(words.CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
-        command = Command.from_json(json.loads(pending.command))
+        command = Command.loads(pending.command)
         original = Request(
             pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
         )

@@ -36,8 +36,7 @@ class Flow:
     run: Command | None = None  #: the command the verb's handler runs (a confirmation's stored one)
     on_behalf: Request | None = None  #: the request acted and audited for (default: ``req``)
     outcome: AuditOutcome = AuditOutcome.ACCEPTED  #: audited when the handler succeeds
-    user: str = ""  #: who is authorised
-    groups: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()  #: the user groups of who is authorised (``req.user``)
     system: bool = False  #: the system principal (automatic restarts): never asked to confirm
     approval: ApprovalRequest | None = None  #: the approved request run (the two-person rule)
     break_glass: str | None = None  #: an admin's reason for acting without approval

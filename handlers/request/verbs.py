@@ -1,8 +1,7 @@
-"""The verb table: each verb's grammar entry beside the handler that answers it.
+"""The verb table: the handler that answers each verb of the grammar.
 
-:data:`VERBS` pairs each :class:`~handlers.grammar.parse.VerbSpec` of :data:`handlers.grammar.parse.GRAMMAR`
-with the handler the dispatcher runs once its steps have passed the request; the table refuses to
-build when the two disagree.  The specs stay in :mod:`handlers.grammar.parse`, a leaf the parser imports
+:data:`VERBS` maps each verb of :data:`handlers.grammar.parse.GRAMMAR` to the handler the dispatcher
+runs once its steps have passed the request; the module refuses to load when the two disagree.  The specs stay in :mod:`handlers.grammar.parse`, a leaf the parser imports
 without the handlers' remote machinery (``pitstop parse`` stays quick).
 """
 
@@ -18,10 +17,9 @@ from handlers.approval import policy as approval
 from handlers.context import Context
 from handlers.grammar import parse as grammar
 from handlers.grammar.commands import Command
-from handlers.grammar.parse import VerbSpec
 from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_USER
-from handlers.request.flow import Spawn
+from handlers.request.flow import Request, Spawn
 from handlers.runs.attempts import attempts_command
 from handlers.runs.view import thread_key
 from handlers.views import read as views
@@ -39,12 +37,10 @@ class Call:
 
     ctx: Context
     command: Command  #: parsed, authorised (and, where needed, confirmed)
-    user: str  #: who the command acts for (audited as such)
-    channel: str | None
+    req: Request  #: the request the command acts and is audited for (its user, channel, surface)
     audit: Audit  #: the dispatcher's audit trail (``history`` reads it)
     lock_ttl: float  #: seconds a restart lock lives without renewal
     spawn: Spawn  #: restart/start/stop sequences run as tasks the dispatcher tracks
-    surface: str = "slack"  #: ``slack``, ``home``, ``console``, ``say`` …
     approval: ApprovalRequest | None = None  #: the approved request run under the two-person rule
     break_glass: str | None = None  #: an admin's reason for acting without approval
 
@@ -56,19 +52,13 @@ class Acted(NamedTuple):
     outcome: AuditOutcome | None = None
 
 
-Handler = Callable[[Call], Awaitable[Acted]]
+#: a verb's handler: its reply, or an :class:`Acted` when the outcome to audit differs
+Handler = Callable[[Call], Awaitable[Reply | Acted]]
 
 
-class Verb(NamedTuple):
-    """One row of the table: the grammar entry (formats, usage, role, ``help`` text) and its handler."""
-
-    spec: VerbSpec
-    handler: Handler
-
-
-async def _sequence(call: Call) -> Acted:
+async def _sequence(call: Call) -> Reply:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
-    ctx, command, user, glass = call.ctx, call.command, call.user, call.break_glass
+    ctx, command, user, glass = call.ctx, call.command, call.req.user, call.break_glass
     job, warned = _job(call), None
     if command.verb in ("restart", "start") and user != SYSTEM_USER:
         warned = await ctx.service.no_progress_warning(job)  # a person's restart is warned, never blocked
@@ -82,30 +72,29 @@ async def _sequence(call: Call) -> Acted:
         approval=call.approval,
         break_glass=glass,
     )
-    channel = ctx.config.channel_for(job) or call.channel
+    channel = ctx.config.channel_for(job) or call.req.channel
     if glass is not None:  # said in the channel before anything is touched
         text = words.break_glass_announce(user, command.text(), glass)
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
     ctx.posts.show(run, channel)
     call.spawn(ctx.service.execute(run, remove=command.without), f"pitstop-{command.verb}:{run.id}")
-    reply = Reply(
+    return Reply(
         title=words.queued(run.id, run.job) + (words.break_glass_note(glass) if glass else ""),
         lines=(words.queued_detail(command.verb, channel), *((warned,) if warned else ())),
         status=Status.INFO,
         run_id=run.id,
         thread_key=thread_key(run.id),
     )
-    return Acted(reply)
 
 
-async def _cancel(call: Call) -> Acted:
+async def _cancel(call: Call) -> Reply:
     """``cancel JOB``: ask the job's in-flight sequence to stop at its next step boundary (exit 1 if none)."""
     job = _job(call)
-    run_id = await call.ctx.service.cancel(job, call.user)
+    run_id = await call.ctx.service.cancel(job, call.req.user)
     if run_id is None:
-        return Acted(Reply(title=words.cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED))
+        return Reply(title=words.cancel_nothing(job), status=Status.WARNING, exit_code=ExitCode.FAILED)
     title = words.cancel_requested(run_id, job)
-    return Acted(Reply(title=title, status=Status.INFO, run_id=run_id, thread_key=thread_key(run_id)))
+    return Reply(title=title, status=Status.INFO, run_id=run_id, thread_key=thread_key(run_id))
 
 
 def _job(call: Call) -> str:
@@ -113,31 +102,9 @@ def _job(call: Call) -> str:
     return call.command.job
 
 
-async def _acted(reply: Awaitable[Reply]) -> Acted:
-    return Acted(await reply)
-
-
-async def _history(call: Call) -> Acted:
-    ctx, command = call.ctx, call.command
-    if command.attempts:
-        return Acted(await attempts_command(ctx, command.job, command.count))
-    return Acted(await views.history_command(ctx, call.audit, command.job, command.count))
-
-
 async def _unlock(call: Call) -> Acted:
-    reply, holder = await views.unlock_command(call.ctx, _job(call), call.user)
+    reply, holder = await views.unlock_command(call.ctx, _job(call), call.req.user)
     return Acted(reply, AuditOutcome.FORCED if holder is not None else None)
-
-
-async def _watch(call: Call) -> Acted:
-    command = call.command
-    assert command.state is not None  # the format requires on|off
-    return Acted(await acks.watch_command(call.ctx, _job(call), command.state, command.for_s, call.user))
-
-
-async def _gpus(call: Call) -> Acted:
-    assert call.command.host is not None  # the format requires a host
-    return Acted(await reports.gpus_command(call.ctx, call.command.host))
 
 
 async def _approve(call: Call) -> Acted:
@@ -145,47 +112,46 @@ async def _approve(call: Call) -> Acted:
     raise AssertionError("approve and deny are answered by handlers.approval.twoperson")
 
 
-async def _pending(call: Call) -> Acted:
+async def _pending(call: Call) -> Reply:
     requests = await call.ctx.redis.open_store(Approvals).pending(call.command.job)
-    return Acted(approval.pending_reply(call.ctx.config, requests, call.command.job))
+    return approval.pending_reply(call.ctx.config, requests, call.command.job)
 
 
-async def _help(call: Call) -> Acted:
+async def _help(call: Call) -> Reply:
     # in Slack a verb is typed after the slash command; in the console and `pitstop say` alone
-    typed = f"{call.ctx.config.slack.command} " if call.surface in ("slack", "home") else ""
-    return Acted(views.help_command(call.command, typed=typed))
+    typed = f"{call.ctx.config.slack.command} " if call.req.surface in ("slack", "home") else ""
+    return views.help_command(call.command, typed=typed)
 
 
-def _table(*rows: tuple[str, Handler]) -> Mapping[str, Verb]:
-    """The rows in :data:`handlers.grammar.parse.GRAMMAR` order; ValueError if a row names no verb of the
-    grammar, or a verb of the grammar has no row."""
-    handlers = dict(rows)
-    missing = [spec.name for spec in grammar.GRAMMAR if spec.name not in handlers]
-    unknown = [name for name in handlers if name not in grammar.VERBS]
-    if missing or unknown or len(handlers) != len(rows):
-        raise ValueError(f"verb table and grammar disagree: no handler {missing}, no grammar {unknown}")
-    return MappingProxyType({spec.name: Verb(spec, handlers[spec.name]) for spec in grammar.GRAMMAR})
-
-
-VERBS: Mapping[str, Verb] = _table(
-    ("restart", _sequence),
-    ("start", _sequence),
-    ("stop", _sequence),
-    ("cancel", _cancel),
-    ("status", lambda c: _acted(views.status_command(c.ctx, c.command.job))),
-    ("logs", lambda c: _acted(views.logs_command(c.ctx, _job(c), c.command.lines))),
-    ("digest", lambda c: _acted(reports.digest_command(c.ctx, c.command.job))),
-    ("history", _history),
-    ("follow", lambda c: _acted(follow_command(c.ctx, c.command.run_ref or ""))),
-    ("patches", lambda c: _acted(views.patches_command(c.ctx, _job(c)))),
-    ("lock", lambda c: _acted(views.lock_command(c.ctx, _job(c)))),
-    ("unlock", _unlock),
-    ("approve", _approve),
-    ("deny", _approve),
-    ("pending", _pending),
-    ("watch", _watch),
-    ("ack", lambda c: _acted(acks.ack_command(c.ctx, _job(c), c.user))),
-    ("gpus", _gpus),
-    ("help", _help),
+VERBS: Mapping[str, Handler] = MappingProxyType(
+    {
+        "restart": _sequence,
+        "start": _sequence,
+        "stop": _sequence,
+        "cancel": _cancel,
+        "status": lambda c: views.status_command(c.ctx, c.command.job),
+        "logs": lambda c: views.logs_command(c.ctx, _job(c), c.command.lines),
+        "digest": lambda c: reports.digest_command(c.ctx, c.command.job),
+        "history": lambda c: (
+            attempts_command(c.ctx, c.command.job, c.command.count)
+            if c.command.attempts
+            else views.history_command(c.ctx, c.audit, c.command.job, c.command.count)
+        ),
+        "follow": lambda c: follow_command(c.ctx, c.command.run_ref or ""),
+        "patches": lambda c: views.patches_command(c.ctx, _job(c)),
+        "lock": lambda c: views.lock_command(c.ctx, _job(c)),
+        "unlock": _unlock,
+        "approve": _approve,
+        "deny": _approve,
+        "pending": _pending,
+        "watch": lambda c: acks.watch_command(
+            c.ctx, _job(c), c.command.state or "", c.command.for_s, c.req.user
+        ),
+        "ack": lambda c: acks.ack_command(c.ctx, _job(c), c.req.user),
+        "gpus": lambda c: reports.gpus_command(c.ctx, c.command.host or ""),
+        "help": _help,
+    }
 )
-"""verb → its grammar entry and handler, read-only, in ``help`` order."""
+"""verb → its handler, read-only."""
+if VERBS.keys() != grammar.VERBS.keys():
+    raise ValueError(f"verb table and grammar disagree: {sorted(VERBS.keys() ^ grammar.VERBS.keys())}")

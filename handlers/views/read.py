@@ -15,7 +15,6 @@ from handlers.grammar.commands import Command
 from handlers.reply import Reply, Status, Table
 from handlers.runs.view import thread_key
 from handlers.watch.alerts import job_owners
-from handlers.watch.cycle import probe_slow_line
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.engines.base import Sighting
@@ -72,7 +71,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         sight = seen.get(name) or Sighting(JobProbe(job=name, error="no answer"), spec.processes)
         if probe_slow(snap.watch.probe_s, spec) and spec.host not in slow_hosts:
             slow_hosts.add(spec.host)
-            slow = probe_slow_line(spec.host, snap.watch.probe_s or 0.0)
+            slow = words.probe_slow_line(spec.host, snap.watch.probe_s or 0.0)
             lines.append(f"{slow} at the last watch cycle (interval {spec.watch.interval:g} s)")
         if sight.probe.error is not None:
             state, procs = "unknown", "?"
@@ -256,4 +255,4 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
     lines.append(
         f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
     )
-    return Reply(title=words.help_title(), lines=tuple(lines))
+    return Reply(title=words.HELP_TITLE, lines=tuple(lines))

@@ -166,7 +166,7 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
         try:
             name = ctx.config.job_name(job)
         except KeyError:
-            return refused(words.digest_unknown_job(job, close_names(job, names, 2)))
+            return refused(words.unknown_name("job", job, close_names(job, names, 2)))
         return await _one_digest(ctx, name, scheduled)
     if not names:
         return Reply(title=words.DIGEST_NO_JOBS, status=Status.INFO)
@@ -189,38 +189,14 @@ async def digest_command(ctx: Context, job: str | None, *, scheduled: bool = Fal
 
 async def _pid_jobs(ctx: Context, host: str) -> dict[int, str]:
     """Host PIDs → job name, from each job's recorded pid/sid and its current process list."""
-    owners: dict[int, str] = {}
     jobs = [(n, j) for n, j in ctx.config.jobs.items() if j.host == host]
-    if not jobs:
-        return owners
-    entries = []
     snaps = await ctx.service.jobs.read_many([n for n, _ in jobs])
-    for (name, spec), snap in zip(jobs, snaps, strict=True):
-        entries.append((name, spec, snap.current or None))
-        for field in ("pid", "sid"):
-            value = snap.current.get(field)
-            if value and value.isdigit() and not snap.stopped:
-                owners[int(value)] = name
+    ids = ((s.name, s.current.get(field)) for s in snaps if not s.stopped for field in ("pid", "sid"))
+    owners = {int(value): name for name, value in ids if value and value.isdigit()}
+    entries = [(name, spec, snap.current or None) for (name, spec), snap in zip(jobs, snaps, strict=True)]
     for name, sight in (await ctx.restarter.sightings(entries)).items():
-        for pid in (*sight.probe.session_pids, *sight.probe.pids):
-            owners[pid] = name
+        owners.update(dict.fromkeys((*sight.probe.session_pids, *sight.probe.pids), name))
     return owners
-
-
-def _gpu_table(gpus: Sequence[GpuStat], apps: Sequence[ComputeApp] | None, owners: dict[int, str]) -> Table:
-    per_gpu: dict[int, list[str]] = {}
-    for app in apps or ():
-        index = getattr(app, "gpu_index", None)
-        if isinstance(index, int):
-            job = owners.get(app.pid)
-            mem = f" {fmt.number(app.used_memory_mib)} MiB" if app.used_memory_mib is not None else ""
-            per_gpu.setdefault(index, []).append(f"{app.pid}{f' ({job})' if job else ''}{mem}")
-    rows = [(str(g.index), g.name or NA, *_gpu_use(g)) for g in gpus]
-    headers = ("gpu", "name", "util", "memory used/total", "power")
-    if not per_gpu:  # where each process runs is not known: no column for it
-        return Table(headers, tuple(rows))
-    placed = tuple((*r, ", ".join(per_gpu.get(g.index, [])) or "-") for g, r in zip(gpus, rows, strict=True))
-    return Table((*headers, "processes"), placed)
 
 
 async def _job_gpus(ctx: Context, name: str) -> Reply | None:
@@ -266,8 +242,8 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     process lists (host PIDs: processes inside a container show without a job).
 
     :param host: a configured host name (case-insensitive), or a job whose run holds nodes.
-    :returns: the reply: one GPU table, and a process table when the per-GPU placement of
-        processes is not known; an error reply when the host gave no GPU data.
+    :returns: the reply: one GPU table and a process table; an error reply when the host gave no
+        GPU data.
     """
     try:
         name = ctx.config.host_name(host)
@@ -275,7 +251,7 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
         job = next((j for j in ctx.config.jobs if j.lower() == host.lower()), None)
         if job is not None and (reply := await _job_gpus(ctx, job)) is not None:
             return reply
-        return refused(words.gpus_unknown_host(host, close_names(host, ctx.config.hosts, 2)))
+        return refused(words.unknown_name("host", host, close_names(host, ctx.config.hosts, 2)))
     try:
         gpus = await query_gpus(ctx.ssh, name)
     except PitstopError as exc:
@@ -289,11 +265,16 @@ async def gpus_command(ctx: Context, host: str) -> Reply:
     except PitstopError as exc:
         apps = None
         lines.append(f"processes on the GPUs unknown: {exc.message}")
-    owners = await _pid_jobs(ctx, name) if apps else {}
-    tables = [_gpu_table(gpus, apps, owners)]
+    tables = [
+        Table(
+            ("gpu", "name", "util", "memory used/total", "power"),
+            tuple((str(g.index), g.name or NA, *_gpu_use(g)) for g in gpus),
+        )
+    ]
     if apps is not None and not apps:
         lines.append(words.GPUS_NO_PROCESSES)
-    elif apps and "processes" not in tables[0].headers:
+    elif apps:  # where each process runs is not known: a table of its own
+        owners = await _pid_jobs(ctx, name)
         rows = tuple(
             (str(a.pid), owners.get(a.pid, "-"), fmt.number(a.used_memory_mib, "{:,.0f}", " MiB"))
             for a in apps

@@ -4,6 +4,6 @@ story (:mod:`~handlers.watch.storm`), the cycle's own figures (:mod:`~handlers.w
 evidence an alert carries: crashes (:mod:`~handlers.watch.crashcheck`), hangs
 (:mod:`~handlers.watch.hangevidence`).
 
-May import: ``handlers.request.auth`` (the system user), the loose modules of
-``handlers``, and ``pipeline``.
+May import: ``handlers.request`` (the system user; the dispatcher the cycle's automatic restarts go
+through), the loose modules of ``handlers``, and ``pipeline``.
 """

@@ -77,9 +77,7 @@ def _title(i: Incident, config: Config, now: float) -> str:
     return said.format(job=i.job, host=i.host, procs=procs, expected=i.expected, idle=idle, kind=kind)
 
 
-def _status(incident: Incident) -> Status:
-    severe = incident.kind in (IncidentKind.DEAD, IncidentKind.CRASH_LOOP)
-    return Status.ERROR if severe else Status.WARNING
+_SEVERE = (IncidentKind.DEAD, IncidentKind.CRASH_LOOP)  #: alerts shown as errors, the others as warnings
 
 
 def alert_reply(
@@ -92,50 +90,35 @@ def alert_reply(
     :returns: a WARNING reply (ERROR for dead and crash loops) keyed ``incident:JOB:N``.
     """
     now = time.time() if now is None else now
-    if incident.story is not None:
-        return _member_reply(incident, config, now)
-    owners, who = paged(config, [incident]) if mention else ((), "")
     job, policy = incident.job, _policy(incident, config)
-    lead = f"{who} " if who else ""
-    lines = [f"{lead}`ack {job}` to acknowledge, `watch {job} off for 2h` to pause watching"]
-    if incident.cause:
-        lines.append(words.alert_detected_cause(incident.cause))
-    if incident.kind is IncidentKind.CRASH_LOOP:
-        lines.append(words.crash_loop_gave_up(incident, policy))
-    if incident.next_auto_at is not None:  # an automatic restart will follow
-        delay = fmt.duration(incident.next_auto_at - now)
-        limit = policy.max if policy else 0
-        lines.append(f"automatic restart {incident.auto_restarts + 1}/{limit} of {job} in {delay}")
+    fields = _fields(incident, config, now)
+    lines = [words.alert_detected_cause(incident.cause)] if incident.cause else []
+    if incident.story is not None:  # told in a grouped post, whose headline pages and says how to ack
+        acked = words.ALERT_FIELD_LABELS["acked"]
+        fields, log, mention = tuple((k, v) for k, v in fields if k == acked), None, False
+    else:
+        log = incident.log
+        lines.insert(0, f"`ack {job}` to acknowledge, `watch {job} off for 2h` to pause watching")
+        if incident.kind is IncidentKind.CRASH_LOOP:
+            lines.append(words.crash_loop_gave_up(incident, policy))
+        if incident.next_auto_at is not None:  # an automatic restart will follow
+            delay, limit = fmt.duration(incident.next_auto_at - now), policy.max if policy else 0
+            lines.append(f"automatic restart {incident.auto_restarts + 1}/{limit} of {job} in {delay}")
+        if log is None and incident.kind is not IncidentKind.UNREACHABLE:
+            lines.append(words.ALERT_NO_LOG)
+    owners, who = paged(config, [incident]) if mention else ((), "")
+    if who:
+        lines[0] = f"{who} {lines[0]}"
     log_path = config.jobs[job].log if job in config.jobs else ""
-    log = incident.log
-    if log is None and incident.kind is not IncidentKind.UNREACHABLE:
-        lines.append(words.ALERT_NO_LOG)
     return Reply(
         title=_title(incident, config, now),
         page=config.slack.alert_mention if mention else None,
         owners=owners,
-        status=_status(incident),
-        lines=tuple(lines),
-        fields=_fields(incident, config, now),
-        log=log or None,
-        log_title=f"last {LOG_LINES} lines of {log_path}" if log else "",
-        thread_key=incident.thread_key,
-        exit_code=ExitCode.FAILED,
-    )
-
-
-def _member_reply(incident: Incident, config: Config, now: float) -> Reply:
-    """An incident told in a grouped post (:mod:`handlers.watch.storm`): its own short message, one line
-    (and the cause found, who acknowledged it); the story's headline pages and says how to ack."""
-    lines = [words.alert_detected_cause(incident.cause)] if incident.cause else []
-    fields = (
-        ((words.ALERT_FIELD_LABELS["acked"], words.mention(incident.acked_by)),) if incident.acked_by else ()
-    )
-    return Reply(
-        title=_title(incident, config, now),
-        status=_status(incident),
+        status=Status.ERROR if incident.kind in _SEVERE else Status.WARNING,
         lines=tuple(lines),
         fields=fields,
+        log=log or None,
+        log_title=f"last {LOG_LINES} lines of {log_path}" if log else "",
         thread_key=incident.thread_key,
         exit_code=ExitCode.FAILED,
     )

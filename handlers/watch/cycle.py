@@ -7,8 +7,8 @@ its transitions, each a compare-and-set in Redis *before* its post, so of two pr
 the same thing only one posts.  An unreachable host is confirmed over a fresh connection before it
 is reported.  Alerts are ``incident:JOB:N`` headlines; reminders, changes, automatic restarts and
 resolutions go in their thread, many at once told as one story (:mod:`handlers.watch.storm`).  Events:
-ALERT, RESOLVED, RESTART.  Automatic restarts go through the dispatcher (locked, posted, audited)
-as :data:`AUTO_USER` (:class:`Restarts`, injected by the assembly).
+ALERT, RESOLVED, RESTART.  Automatic restarts go through a dispatcher of the watcher's own (locked,
+posted, audited) as :data:`~handlers.request.auth.SYSTEM_USER`.
 """
 
 from __future__ import annotations
@@ -19,19 +19,17 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from handlers.context import Context
-from handlers.reply import Reply
-from handlers.request.auth import SYSTEM_USER
-from handlers.text import alert_exit_cause
+from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
+from handlers.request.dispatch import Dispatcher, Request
+from handlers.text import alert_exit_cause, probe_slow_line
 from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply, give_up_reply
 from handlers.watch.crashcheck import check_crash, refusal, with_crash
-from handlers.watch.hangevidence import KINDS as HANG_KINDS
-from handlers.watch.hangevidence import hang_evidence
+from handlers.watch.hangevidence import post_hang_evidence
 from handlers.watch.stats import WatchStats
 from handlers.watch.storm import Round, Storyteller, Told, line_first
-from pipeline import fmt
 from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
@@ -57,18 +55,8 @@ from pipeline.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
-AUTO_USER = SYSTEM_USER  #: the principal automatic restarts are requested (and audited) as
 AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
 MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
-
-
-class Restarts(Protocol):
-    """Requests ``restart JOB`` as :data:`AUTO_USER` (the dispatcher's); ``drain`` waits at most
-    ``timeout`` s for them."""
-
-    async def restart(self, job: str, channel: str | None) -> Reply: ...
-
-    async def drain(self, timeout: float) -> None: ...
 
 
 class Watcher:
@@ -77,11 +65,10 @@ class Watcher:
     :param remind_every: seconds between reminders of an open, unacknowledged incident.
     """
 
-    def __init__(
-        self, ctx: Context, restarts: Restarts, *, remind_every: float = DEFAULT_REMIND_EVERY
-    ) -> None:
+    def __init__(self, ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> None:
         self.ctx = ctx
-        self.restarts = restarts
+        #: the automatic restarts' own dispatcher: ``restart JOB`` as the system user, audited as a person's
+        self.restarts = Dispatcher(ctx)
         self.remind_every = remind_every
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
@@ -249,7 +236,7 @@ class Watcher:
                 current = opened
                 rnd.opened.append(Told(opened, channel, now))  # posted when the round is told
                 await self._event(EventKind.ALERT, opened)
-                rnd.later.append(functools.partial(self._hang_evidence, opened, channel))
+                rnd.later.append(functools.partial(post_hang_evidence, self.ctx, opened, channel))
             elif action.kind is ActionKind.RESOLVE:
                 if current is None or not await self.store.close(current):
                     return
@@ -279,7 +266,7 @@ class Watcher:
                 else:
                     await self._post(action, updated, channel, now)
                 if action.kind is ActionKind.CHANGE:
-                    await self._hang_evidence(updated, channel)
+                    await post_hang_evidence(self.ctx, updated, channel)
         if decision.incident is not None and current is not None:
             kept = {k: getattr(current, k) for k in _TOLD}
             wanted = decision.incident.model_copy(update={**kept, "last_actor": current.last_actor})
@@ -301,7 +288,8 @@ class Watcher:
             policy = ctx.config.jobs[inc.job].watch.auto_restart
             await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
             self._auto_fired[inc.job] = time.time()
-            answer = await self.restarts.restart(inc.job, channel)
+            asked = Request(f"restart {inc.job}", SYSTEM_USER, channel=channel, surface=SYSTEM_SURFACE)
+            answer = await self.restarts.handle(asked)
             await ctx.events.publish(
                 EventKind.RESTART,
                 inc.job,
@@ -313,11 +301,6 @@ class Watcher:
                 instance=ctx.instance,
             )
             await ctx.outbox.thread(inc.thread_key, auto_restart_reply(inc, ctx.config, answer), channel)
-
-    async def _hang_evidence(self, inc: Incident, channel: str | None) -> None:
-        """Post the hang evidence (stacks, /proc state) in a stuck-rank or stalled incident's thread."""
-        if inc.kind in HANG_KINDS and (reply := await hang_evidence(self.ctx, inc)) is not None:
-            await self.ctx.outbox.thread(inc.thread_key, reply, channel)
 
     async def _gate(self, action: Action) -> Action:
         """An automatic restart about to fire, unless the latest crash is not to be retried, or the
@@ -384,23 +367,4 @@ class Watcher:
 
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what
 #: its alert told stays with it
-_TOLD = (
-    "log",
-    "cause",
-    "exit_cause",
-    "crash_class",
-    "crash_evidence",
-    "crash_exc_type",
-    "crash_message",
-    "crash_rank",
-    "crash_step",
-)
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def probe_slow_line(host: str, seconds: float) -> str:
-    """Log line: a host's probe took longer than its jobs' watch interval."""
-    took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"
-    return f"probe slow: {host} took {took}"
+_TOLD = ("log", "cause", "exit_cause", *(f for f in Incident.model_fields if f.startswith("crash_")))

@@ -24,23 +24,26 @@ KINDS = (IncidentKind.STUCK_RANK, IncidentKind.STALLED)  #: incidents that get h
 _STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible sleep", "T": "stopped", "Z": "zombie"}
 
 
-async def hang_evidence(ctx: Context, inc: Incident) -> Reply | None:
-    """The thread post with the hang evidence of ``inc``'s job (the stuck rank's process, or all).
+async def post_hang_evidence(ctx: Context, inc: Incident, channel: str | None) -> None:
+    """Post the hang evidence of ``inc``'s job (the stuck rank's process, or all) in its thread, if
+    it is a stuck-rank or stalled incident (:data:`KINDS`) and the host could be asked (else logged).
 
-    :param inc: a stuck-rank or stalled incident (numbered).
-    :returns: the reply, or None if the host could not be asked (logged).
+    :param inc: a numbered incident.
+    :param channel: its job's channel (None: the announce channel).
     """
+    if inc.kind not in KINDS:
+        return
     pids = [inc.rank_pid] if inc.kind is IncidentKind.STUCK_RANK and inc.rank_pid is not None else []
     try:
         answer = await ctx.restarter.hang_evidence(inc.job, pids)
     except PitstopError as exc:
         log.warning("hang evidence for %s: %s", inc.job, exc.message)
-        return None
-    return hang_reply(inc, answer)
+        return
+    await ctx.outbox.thread(inc.thread_key, hang_reply(inc, answer), channel)
 
 
 def hang_reply(inc: Incident, answer: HangAnswer) -> Reply:
-    """The post from the helper's ``hang`` answer (pure; see :func:`hang_evidence`)."""
+    """The post from the helper's ``hang`` answer (pure; see :func:`post_hang_evidence`)."""
     procs = answer.get("processes") or []
     who = f"rank {inc.rank}" if inc.kind is IncidentKind.STUCK_RANK and inc.rank is not None else inc.job
     lines: list[str] = []

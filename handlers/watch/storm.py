@@ -168,14 +168,21 @@ def plan(
             stories.append(Story(_new_key(), "failures", channel, tuple(rest)))
         else:
             single_open.extend(rest)
-    single_resolved = _follow_ups("resolved", resolved, stories, group_from, announce)
-    return stories, single_open, single_resolved
+    grouped, single_resolved = plan_follow_ups("resolved", resolved, group_from=group_from, announce=announce)
+    return stories + grouped, single_open, single_resolved
 
 
-def _follow_ups(
-    kind: str, told: Sequence[Told], stories: list[Story], group_from: int, announce: str | None
-) -> list[Told]:
-    """Group resolutions or reminders into ``stories`` as :func:`plan` does; returns the rest."""
+def plan_follow_ups(
+    kind: str, told: Sequence[Told], *, group_from: int, announce: str | None
+) -> tuple[list[Story], list[Told]]:
+    """Group one round's resolutions or reminders (``kind``) per channel (pure): ``group_from`` or
+    more of a channel are one story, in the thread of the story they were all told in, if one.
+
+    :returns: the grouped ones, then those told one by one.
+    """
+    if group_from <= 0:
+        return [], list(told)
+    stories: list[Story] = []
     alone: list[Told] = []
     for channel, same in _by_channel(told, announce).items():
         if len(same) < group_from:
@@ -184,20 +191,7 @@ def _follow_ups(
         common = {t.incident.story for t in same}
         told_in = common.pop() if len(common) == 1 else None
         stories.append(Story(told_in or _new_key(), kind, channel, tuple(same), thread=told_in is not None))
-    return alone
-
-
-def plan_reminders(
-    reminded: Sequence[Told], *, group_from: int, announce: str | None
-) -> tuple[list[Story], list[Told]]:
-    """Group one round's reminders like its resolutions (pure).
-
-    :returns: the grouped reminders, then the reminders told one by one.
-    """
-    if group_from <= 0:
-        return [], list(reminded)
-    stories: list[Story] = []
-    return stories, _follow_ups("reminder", reminded, stories, group_from, announce)
+    return stories, alone
 
 
 def _by_channel(told: Sequence[Told], announce: str | None) -> dict[str | None, list[Told]]:
@@ -213,7 +207,7 @@ async def tell(ctx: Context, store: IncidentStore, rnd: Round) -> None:
     channels in parallel, then :attr:`Round.later`.  Never raises: a post that fails is logged."""
     group_from, announce = ctx.config.slack.group_from, ctx.config.slack.announce_channel
     stories, opens, resolves = plan(rnd.opened, rnd.resolved, group_from=group_from, announce=announce)
-    reminders, reminds = plan_reminders(rnd.reminded, group_from=group_from, announce=announce)
+    reminders, reminds = plan_follow_ups("reminder", rnd.reminded, group_from=group_from, announce=announce)
     work: list[Awaitable[None]] = [_open_story(ctx, store, s) for s in stories if s.kind != "resolved"]
     work += [_resolve_story(ctx, store, s) for s in stories if s.kind == "resolved"]
     work += [_follow_up(ctx, s, story_reminder_reply(s, ctx.config, now=s.members[0].at)) for s in reminders]
