@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from bot.slack.ackgate import AckGate
+from bot.slack.app import AckGate
 
 
 async def test_lull_returns_at_once_when_nothing_is_being_acked() -> None:

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bot.runtime.heartbeat import Heartbeat
-from bot.runtime.scheduler import PitstopScheduler
+from bot.runtime.scheduler import Heartbeat, PitstopScheduler
 from pipeline.config import Config, HealthSettings, parse_config
 from pipeline.errors import ConfigError
 from tests.test_watch import Harness, open_harness

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.slack.ackgate import AckGate
 from bot.slack.api import Pacer, web_client
+from bot.slack.app import AckGate
 from bot.slack.outbox import SlackOutbox
 from bot.slack.send import Delivery
 from handlers.context import Context

@@ -1,7 +1,7 @@
 """The scheduler (APScheduler 3 in the event loop): ``leader`` (the lease; take over runs of dead
 owners), ``verify`` (due verifications, expired approvals, recovery follow-ups), ``watch:HOST:INTERVAL``
 (one watch cycle; the heartbeat; a post after a gap of :data:`GAP_INTERVALS` intervals) and
-``digest:JOB``.  Only the lease holder does the work; claims in Redis keep a post from happening
+``digest:JOB``; the :class:`Heartbeat` of the watch cycles.  Only the lease holder does the work; claims in Redis keep a post from happening
 twice.  Every job sets ``misfire_grace_time``, ``coalesce`` and ``max_instances=1``.
 """
 
@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.runtime.assembly import build_watcher
-from bot.runtime.heartbeat import Heartbeat
 from bot.text import not_watching, scheduler_leader
 from handlers.context import Context
 from handlers.reply import Reply, Status
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 DIGEST_CRON_GRACE = 3600.0  #: seconds a cron digest may start late and still run
 DRAIN_TIMEOUT = 30.0  #: seconds :meth:`PitstopScheduler.stop` waits for automatic restarts
+PING_TIMEOUT = 10.0  #: seconds one heartbeat ping may take
 GAP_INTERVALS = 3  #: watch intervals without a cycle after which the returning leader says it was away
 
 
@@ -51,6 +52,46 @@ def _quiet_overlap(record: logging.LogRecord) -> bool:
 #: this module's schedulers log here (a child of ``apscheduler.scheduler``: same levels and handlers)
 APS_LOG = logging.getLogger("apscheduler.scheduler.pitstop")
 APS_LOG.addFilter(_quiet_overlap)
+
+
+class Heartbeat:
+    """``[health] heartbeat_url``: pings ``url`` once every group in ``groups`` (the scheduler's
+    ``watch:…`` job ids) has reported a cycle (``URL/fail`` if one raised or found its host
+    unreachable), as Healthchecks.io and Cronitor expect; ``timeout``: seconds one ping may take."""
+
+    def __init__(self, url: str, groups: Iterable[str], *, timeout: float = PING_TIMEOUT) -> None:
+        self.url = url
+        self.groups = frozenset(groups)
+        self.timeout = timeout
+        self._round: dict[str, bool] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def cycle_done(self, group: str, ok: bool) -> None:
+        """Note one group's cycle (``ok``: False if it raised or could not probe its host); ping
+        when the round is complete."""
+        self._round[group] = self._round.get(group, True) and ok
+        if self.groups <= set(self._round):
+            fine = all(self._round.values())
+            self._round.clear()
+            await self.ping(fine)
+
+    async def ping(self, ok: bool) -> None:
+        """GET the URL (``URL/fail`` if not ``ok``); a failure is logged."""
+        url = self.url if ok else self.url.rstrip("/") + "/fail"
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        try:
+            async with self._session.get(url) as resp:
+                if resp.status >= 400:
+                    log.warning("heartbeat %s answered HTTP %d", url, resp.status)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("heartbeat %s failed: %s", url, str(exc) or type(exc).__name__)
+
+    async def aclose(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 @dataclass

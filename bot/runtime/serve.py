@@ -227,7 +227,7 @@ def http_app(
 
     async def events(request: web.Request) -> web.Response:
         assert surface is not None
-        with surface.acks.acking():  # work after an ack waits for these (bot.slack.ackgate)
+        with surface.acks.acking():  # work after an ack waits for these (bot.slack.app.AckGate)
             bolt_req = await to_bolt_request(request)
             bolt_resp = await surface.app.async_dispatch(bolt_req)
             return await to_aiohttp_response(bolt_resp)

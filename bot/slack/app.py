@@ -1,17 +1,19 @@
 """The Slack surface: a Bolt ``AsyncApp`` (slash command, mentions, DMs, buttons, App Home) over
 :class:`handlers.request.dispatch.Dispatcher`.  Every listener acks first and works after the ack in a
-tracked task; a stable delivery id per request (``trigger_id``, ``event_id``) makes Slack's
+tracked task, after a lull in the acks (:class:`AckGate`); a stable delivery id per request (``trigger_id``, ``event_id``) makes Slack's
 retries no repeats.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
@@ -20,7 +22,6 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
-from bot.slack.ackgate import AckGate
 from bot.slack.api import error_text
 from bot.slack.outbox import SlackOutbox
 from bot.text import slack_home_no_role, slack_home_updated, slack_not_posted
@@ -39,6 +40,9 @@ HOME_TTL = 60.0  #: seconds the App Home's job listing is reused before the host
 RESPONSE_PARTS = 5  #: a response_url takes at most 5 posts (within 30 minutes)
 _MENTION = re.compile(r"<@[A-Z0-9]+(?:\|[^>]*)?>")
 _CONFIRMING = frozenset({"confirm", "cancel"})
+PATIENCE = 0.5  #: seconds a follow-up (work after a Slack ack) waits at most for a lull in the acks
+QUIET = 0.02  #: seconds with no request being acked that make a lull
+CONCURRENCY = 16  #: follow-ups running at once
 
 Respond = Callable[..., Awaitable[Any]]
 
@@ -73,6 +77,60 @@ def mention_text(text: str, bot_user: str | None) -> str:
 def _quiet_token_warning(record: logging.LogRecord) -> bool:
     """Drop Bolt's notice that ``SLACK_BOT_TOKEN`` is unused beside our client (given deliberately)."""
     return not str(record.msg).startswith("As you gave `client` as well")
+
+
+class AckGate:
+    """Acks before follow-ups: the number of requests being acked, a wait for none, and slots for
+    the work after them.  Work after a Slack ack (3 s) waits for a lull in the acks still being made
+    (none for ``quiet`` s) or at most ``patience`` s, and at most ``concurrency`` follow-ups run at
+    once (redis-py's pool refuses the 101st connection).  Wrap Bolt's dispatch in :meth:`acking` and
+    the work after the ack in :meth:`follow_up`."""
+
+    def __init__(
+        self, patience: float = PATIENCE, concurrency: int = CONCURRENCY, *, quiet: float = QUIET
+    ) -> None:
+        self.patience = patience
+        self.quiet = quiet
+        self.in_flight = 0
+        self._last_ack = -math.inf  #: time.monotonic() when the last request finished being acked
+        self._slots = asyncio.Semaphore(concurrency)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def acking(self) -> Iterator[None]:
+        """Count one request as being acked while the block runs."""
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self._last_ack = time.monotonic()
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def lull(self) -> None:
+        """Return once none was being acked for :attr:`quiet` s, or after :attr:`patience` s."""
+        deadline = time.monotonic() + self.patience
+        while (now := time.monotonic()) < deadline:
+            if self.in_flight:
+                try:
+                    await asyncio.wait_for(self._idle.wait(), deadline - now)
+                except TimeoutError:
+                    return
+                continue
+            calm = now - self._last_ack
+            if calm >= self.quiet:
+                return
+            await asyncio.sleep(min(self.quiet - calm, deadline - now))
+
+    @contextlib.asynccontextmanager
+    async def follow_up(self) -> AsyncIterator[None]:
+        """Run the block after a lull (:meth:`lull`), holding one of the follow-up slots."""
+        await self.lull()
+        async with self._slots:
+            yield
 
 
 class SlackSurface:
@@ -155,7 +213,7 @@ class SlackSurface:
         self.spawn(self._command(body, respond, retry=self._is_retry(request)))
 
     async def _command(self, body: dict[str, Any], respond: Respond, *, retry: bool = False) -> None:
-        """Act on an acked slash command after a lull in the acks (:class:`~bot.slack.ackgate.AckGate`),
+        """Act on an acked slash command after a lull in the acks (:class:`AckGate`),
         then answer through its ``response_url`` outside the follow-up slot.  A second delivery of
         one ``trigger_id`` is Slack's redelivery: nobody acts on or answers it (nor audits a retry)."""
         user = str(body.get("user_id", ""))

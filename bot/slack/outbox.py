@@ -271,12 +271,6 @@ class SlackOutbox(SlackSender):
             await self.upload("", channel, thread_ts=thread_ts or ts, title=reply.title, content=text)
         return ts
 
-    async def _update(self, loc: tuple[str, str], reply: Reply) -> None:
-        """``chat.update`` of a headline; :raises Refused: with Slack's error code."""
-        await self.update_payload(
-            loc, blocks.message(reply, follow_ups=False, names=await self.people.names_for(reply))
-        )
-
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
         """Record a refused post; tell the run's requester (DM), else another channel."""
         what = reply.title.splitlines()[0] if reply.title else (key or "post")

@@ -21,7 +21,7 @@ TTL = 3600.0  #: seconds a resolved name is trusted
 GROUPS_TTL = 60.0  #: seconds a user-group listing is trusted
 MISS_TTL = 600.0  #: seconds before a failed lookup is tried again
 LOOKUPS = 20  #: most ids resolved for one reply
-PAGES, PAGE = 20, 200  #: most pages of members one look-up reads, and members per page
+PAGE = 200  #: members per page of a look-up
 _USER = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 
 
@@ -67,19 +67,12 @@ class People:
     async def members(self, channel: str) -> set[str] | None:
         """The members of ``channel`` (user ids), page by page, or None when Slack would not say."""
         members: set[str] = set()
-        cursor = ""
-        for _ in range(PAGES):
-            try:
-                resp = await self.client.conversations_members(
-                    channel=channel, limit=PAGE, cursor=cursor or None
-                )
-            except ERRORS as exc:
-                log.info("conversations.members %s: %s", channel, error_of(exc)[0])
-                return None
-            members.update(str(m) for m in resp.get("members") or [])
-            cursor = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
-            if not cursor:
-                break
+        try:
+            async for resp in await self.client.conversations_members(channel=channel, limit=PAGE):
+                members.update(str(m) for m in resp.get("members") or [])
+        except ERRORS as exc:
+            log.info("conversations.members %s: %s", channel, error_of(exc)[0])
+            return None
         return members
 
     async def groups_of(self, user: str) -> tuple[str, ...]:

@@ -28,7 +28,7 @@ from bot.slack.api import (
 )
 from bot.text import slack_gave_up
 
-PAGES, PAGE = 20, 200  #: most pages one look-up reads, and messages per page
+PAGE = 200  #: messages per page of a look-up
 METADATA_TYPE = "pitstop_post"  #: message metadata event_type carrying a post's id
 SETTLE = 2.0  #: seconds to wait for a message Slack stored but does not list yet, before resending
 
@@ -155,26 +155,25 @@ class SlackSender:
         return found
 
     async def _look(self, channel: str, thread_ts: str | None, post_id: str, since: float) -> str:
-        """One look-up of ``post_id`` among the messages since ``since`` (unix s), page by page."""
+        """One look-up of ``post_id`` among the messages since ``since`` (unix s), page by page
+        (slack_sdk follows the cursor)."""
         args: dict[str, Any] = dict(
             channel=channel, oldest=f"{since:.6f}", include_all_metadata=True, limit=PAGE
         )
-        for _ in range(PAGES):
-            try:
-                if thread_ts:
-                    resp = await self.client.conversations_replies(ts=thread_ts, **args)
-                else:
-                    resp = await self.client.conversations_history(**args)
-            except ERRORS as exc:
-                raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
-            for msg in resp.get("messages") or []:
-                meta = msg.get("metadata") or {}
-                ours = (meta.get("event_payload") or {}).get("post_id") == post_id
-                if ours and meta.get("event_type") == METADATA_TYPE:
-                    return str(msg["ts"])
-            args["cursor"] = str((resp.get("response_metadata") or {}).get("next_cursor") or "")
-            if not args["cursor"]:
-                break
+        try:
+            pages = await (
+                self.client.conversations_replies(ts=thread_ts, **args)
+                if thread_ts
+                else self.client.conversations_history(**args)
+            )
+            async for resp in pages:
+                for msg in resp.get("messages") or []:
+                    meta = msg.get("metadata") or {}
+                    ours = (meta.get("event_payload") or {}).get("post_id") == post_id
+                    if ours and meta.get("event_type") == METADATA_TYPE:
+                        return str(msg["ts"])
+        except ERRORS as exc:
+            raise Refused("outcome_unknown", f"looking it up failed: {error_of(exc)[0]}") from None
         return ""
 
     async def update_payload(self, loc: tuple[str, str], payload: dict[str, Any]) -> None:
