@@ -164,35 +164,12 @@ def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None =
     :raises ConfigError: one problem per invalid key.
     """
     try:
-        config = Config.model_validate({**data, "source": source})
+        context = {"base": base_dir} if base_dir is not None else None
+        return Config.model_validate({**data, "source": source}, context=context)
     except ValidationError as exc:
         problems = validation_problems(exc)
         problems += [p for p in _raw_reference_problems(data) if p not in problems]
         raise ConfigError(problems, source) from None
-    if base_dir is not None:
-        if missing := [
-            f"jobs.{name}.patches.{patch}: file not found: {base_dir / path}"
-            for name, job in config.jobs.items()
-            for patch, path in job.patches.items()
-            if not (base_dir / path).is_file()
-        ]:
-            raise ConfigError(missing, source)
-        at = base_dir.joinpath
-
-        def host_paths(host: HostConfig) -> dict[str, Any]:
-            known = at(host.known_hosts.expanduser()).resolve() if host.known_hosts else None
-            return {
-                "known_hosts": known,
-                "client_keys": [at(k.expanduser()).resolve() for k in host.client_keys],
-            }
-
-        jobs = {
-            n: j.model_copy(update={"patches": {p: at(f).resolve() for p, f in j.patches.items()}})
-            for n, j in config.jobs.items()
-        }
-        hosts = {name: host.model_copy(update=host_paths(host)) for name, host in config.hosts.items()}
-        config = config.model_copy(update={"jobs": jobs, "hosts": hosts})
-    return config
 
 
 def load_config(path: str | Path) -> Config:

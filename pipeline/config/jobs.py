@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator
 
 from pipeline.config.approval import ApprovalSettings
-from pipeline.config.base import Seconds, _Model, matching, must, seconds_setting
+from pipeline.config.base import LocalPath, Seconds, _Model, matching, must, seconds_setting
 from pipeline.config.watch import DigestSettings, WatchSettings
 
 HostPath = Annotated[str, matching("(?s)/.*", "must be an absolute path on the host")]
@@ -31,6 +31,12 @@ _NOT_PERSON = (
 )
 _UNSAFE = "{v!r}: must be an absolute path, not '/', without '..'"
 _PATCH_NAME = "patch name {v!r}: letters, digits, '_', '.', '-' only"
+
+
+def _found(path: Path, info: ValidationInfo) -> Path:
+    if info.context and not path.is_file():  # read from a file: a patch it names must be there
+        raise ValueError(f"file not found: {path}")
+    return path
 
 
 def _safe(path: str) -> bool:
@@ -100,7 +106,10 @@ class JobConfig(_Model):
     total_steps: int | None = Field(default=None, ge=1)  #: the run's last step: digests give % and ETA
     #: the most a restart may lose: an int is steps, a duration string ("10m") is seconds of training
     max_lost: int | LostDuration | None = None
-    patches: Annotated[dict[str, Path], matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", _PATCH_NAME, each=True)] = {}
+    patches: Annotated[
+        dict[str, Annotated[LocalPath, AfterValidator(_found)]],
+        matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", _PATCH_NAME, each=True),
+    ] = {}
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
     auth: JobAuth = JobAuth()
