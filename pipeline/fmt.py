@@ -6,6 +6,7 @@ A leaf module: standard library only, so ``pipeline``, ``handlers`` and ``bot`` 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -23,16 +24,10 @@ def duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return UNKNOWN
     s = round(seconds)
-    if s < 60:
-        return f"{s} s"
-    m = s // 60
-    if m < 60:
-        return f"{m} min"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h} h {m} min" if m else f"{h} h"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h" if h else f"{d} d"
+    for (big, n), (small, m) in itertools.pairwise(_UNITS[:3]):  # days and hours, hours and minutes
+        if s >= n:
+            return f"{s // n} {big} {s % n // m} {small}" if s % n // m else f"{s // n} {big}"
+    return f"{s // 60} min" if s >= 60 else f"{s} s"
 
 
 _SHORT = re.compile(
