@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import Config, JobConfig
@@ -23,7 +23,7 @@ from pipeline.digest.stats import DigestSummary, compare, summarise
 from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import TrainingProgress, progress_toward
-from pipeline.observe.gpus import query_gpus
+from pipeline.observe.gpus import GpuStat, query_gpus
 from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, parse_metric_lines
 from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
@@ -36,16 +36,11 @@ ATTEMPTS_SHOWN = 3  #: attempts in a digest's footer
 
 
 @dataclass(frozen=True)
-class GpuRow:
-    """One configured GPU of a job, with its role and nvidia-smi's numbers (None = n/a)."""
+class GpuRow(GpuStat):
+    """One configured GPU of a job: nvidia-smi's numbers (None = n/a; ``name`` empty when it did
+    not report the GPU) and the GPU's role."""
 
-    index: int
     role: str
-    name: str | None = None
-    utilization_pct: float | None = None
-    memory_used_mib: float | None = None
-    memory_total_mib: float | None = None
-    power_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +111,10 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
     if not stats:
         return None, "no GPU data: nvidia-smi listed no GPUs"
     roles = [(i, TARGET) for i in job.gpus.target] + [(i, DRAFTER) for i in job.gpus.drafter]
-    rows = tuple(GpuRow(i, role, *(astuple(stats[i])[1:] if i in stats else ())) for i, role in roles)
+    rows = tuple(
+        GpuRow(**asdict(stats.get(i) or GpuStat(i, "", None, None, None, None)), role=role)
+        for i, role in roles
+    )
     missing = ", ".join(str(i) for i, _ in roles if i not in stats)
     return rows, f"GPU index(es) {missing} configured but not reported by nvidia-smi" if missing else None
 
