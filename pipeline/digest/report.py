@@ -189,14 +189,11 @@ async def build_digest(
             seen[int(rank)] = (str(data["role"]), None if last is None else float(last))
     if summary.ranks:
         await memory.add_ranks(name, seen_update(summary, seen))
-    try:  # the last scheduled digest's headline numbers (DigestSummary.headline)
+    previous = None  # the last scheduled digest's headline numbers (DigestSummary.headline)
+    with contextlib.suppress(ValueError):
         previous = json.loads(await memory.last(name) or "null")
-    except ValueError:
-        previous = None
     previous = previous if isinstance(previous, dict) else None
-    repeat = (
-        window.kind is windows.WindowKind.REPEAT
-    )  # the last scheduled digest itself: no change to speak of
+    repeat = window.kind is windows.WindowKind.REPEAT  # the last scheduled digest again: no change
     change = compare(previous, summary) if not repeat else {}
     now = time.time()
     gpus, gpu_note = await _gpu_rows(ssh, spec)
