@@ -51,11 +51,8 @@ def parse_duration(text: str) -> float:
     if m := _SHORT.match(text.lower()):
         unit = m.group(2) or "s"
         return float(m.group(1)) * _SHORT_UNITS["ms" if unit == "ms" else unit[0]]
-    if m := _LONG.match(text.lower()):
-        seconds = float(int(m.group(1)) * _LONG_UNITS[m.group(2)])
-        if m.group(3) is not None:
-            seconds += int(m.group(3)) * _LONG_UNITS[m.group(4)]
-        return seconds
+    if m := _LONG.match(text.lower()):  # one or two (number, unit) pairs
+        return float(sum(int(n) * _LONG_UNITS[u] for n, u in (m.group(1, 2), m.group(3, 4)) if n is not None))
     raise ValueError(f"expected a duration such as '30m', '2h' or '90s', got {text!r}")
 
 
