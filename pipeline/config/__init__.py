@@ -145,31 +145,19 @@ def validation_problems(exc: ValidationError, at: str = "") -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _raw_reference_problems(data: dict[str, Any]) -> list[str]:
-    """Unknown-host references, found even when other keys fail validation."""
-    hosts: dict[str, Any] = data["hosts"] if isinstance(data.get("hosts"), dict) else {}
-    jobs: dict[str, Any] = data["jobs"] if isinstance(data.get("jobs"), dict) else {}
-    known = ", ".join(hosts) or "none"
-    return [
-        f"jobs.{name}.host: unknown host '{host}' (known: {known})"
-        for name, job in jobs.items()
-        if isinstance(job, dict) and isinstance(host := job.get("host"), str) and host not in hosts
-    ]
-
-
 def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:
     """Validate a TOML document already parsed into a dict; patch paths, ``known_hosts`` and
-    ``client_keys`` are resolved relative to ``base_dir`` (the config file's directory).
+    ``client_keys`` are resolved relative to ``base_dir`` (the config file's directory).  The
+    validation context carries it and the hosts as written, so that a job's unknown ``host`` is
+    reported even when other keys fail too.
 
     :raises ConfigError: one problem per invalid key.
     """
     try:
-        context = {"base": base_dir} if base_dir is not None else None
+        context = {"base": base_dir, "hosts": data.get("hosts")}
         return Config.model_validate({**data, "source": source}, context=context)
     except ValidationError as exc:
-        problems = validation_problems(exc)
-        problems += [p for p in _raw_reference_problems(data) if p not in problems]
-        raise ConfigError(problems, source) from None
+        raise ConfigError(validation_problems(exc), source) from None
 
 
 def load_config(path: str | Path) -> Config:

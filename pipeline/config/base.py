@@ -66,7 +66,7 @@ def matching(pattern: str, problem: str, *, each: bool = False) -> AfterValidato
 def _local(path: Path, info: ValidationInfo) -> Path:
     """A local file named in the config, resolved against the config file's directory (the
     validation context's ``base``; as written without one)."""
-    base = (info.context or {}).get("base")
+    base = (info.context or {}).get("base")  # None: built in code, or parsed without a directory
     return path if base is None else (base / path.expanduser()).resolve()
 
 

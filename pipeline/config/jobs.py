@@ -33,8 +33,17 @@ _UNSAFE = "{v!r}: must be an absolute path, not '/', without '..'"
 _PATCH_NAME = "patch name {v!r}: letters, digits, '_', '.', '-' only"
 
 
+def _known(host: str, info: ValidationInfo) -> str:
+    hosts = (info.context or {}).get("hosts")  # as read from the file (Config checks it again)
+    if isinstance(hosts, dict) and host not in hosts:
+        raise ValueError(f"unknown host '{host}' (known: {', '.join(hosts) or 'none'})")
+    return host
+
+
 def _found(path: Path, info: ValidationInfo) -> Path:
-    if info.context and not path.is_file():  # read from a file: a patch it names must be there
+    if (info.context or {}).get(
+        "base"
+    ) and not path.is_file():  # read from a file: a patch it names must be there
         raise ValueError(f"file not found: {path}")
     return path
 
@@ -82,7 +91,7 @@ class JobAuth(_Model):
 class JobConfig(_Model):
     """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
-    host: str
+    host: Annotated[str, AfterValidator(_known)]
     engine: str = "ssh"  #: the engine's name in :data:`pipeline.engines.ENGINES`, which checks it
     #: ``[jobs.NAME.slurm]`` as written: the Slurm engine's table (``pipeline.engines.slurm.SlurmSettings``)
     slurm: dict[str, Any] | None = None
