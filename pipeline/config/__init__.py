@@ -116,9 +116,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             parts[-1:] = [f"{parts[-1]}[{part}]"] if parts else [f"[{part}]"]
-        elif part in _BRANCH_TAGS or "[" in part:
-            continue  # a union branch's class or validator name, not a TOML key
-        else:
+        elif part not in _BRANCH_TAGS and "[" not in part:  # not a union branch's class or validator
             parts.append(part)
     return ".".join(parts)
 

@@ -73,6 +73,7 @@ def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str,
         extent=(strip.edges[0] / DAY_S, strip.edges[-1] / DAY_S, len(strip.rows), 0),
     )
     image.set_gid("strip")
+    ax.set_title(CHART_STRIP_TITLE, fontsize="small", loc="left")
     every = max(1, math.ceil(len(strip.rows) / STRIP_LABELS))  # many ranks: every n-th one named,
     # and every straggler (its median share outside STRAGGLER_BAND), without a neighbour's label on top
     medians = [percentile([v for v in row if math.isfinite(v)], 0.5) for row in strip.share]
@@ -156,10 +157,8 @@ def draw_chart(
     top.grid(True, alpha=0.3)
     axis = bottom if bottom is not None else top
     if bottom is not None:
-        devices = {(ln.role, ln.rank): ln.device for ln in lines if ln.device}
-        _draw_strip(fig, bottom, strip, devices)
+        _draw_strip(fig, bottom, strip, {(ln.role, ln.rank): ln.device for ln in lines if ln.device})
         top.tick_params(labelbottom=False)
-        bottom.set_title(CHART_STRIP_TITLE, fontsize="small", loc="left")
     if series.x or strip.rows:
         locator = AutoDateLocator()  # type: ignore[no-untyped-call]
         axis.xaxis.set_major_locator(locator)
