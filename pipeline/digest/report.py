@@ -53,28 +53,24 @@ class SilentRank:
 
 
 def silent_ranks(
-    spec: JobConfig, summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]
+    spec: JobConfig, summary: DigestSummary, seen: Mapping[int, SilentRank]
 ) -> tuple[SilentRank, ...]:
     """The ranks a digest of the job should list with no metric line in the window, by rank: from
     its ``gpus`` (ranks ``0..T-1`` targets, then drafters: ``pipeline/dflash/README.md``), and every
     rank an earlier digest saw (``seen``), whose recorded role wins."""
     gpus = spec.gpus
     roles = [TARGET] * len(gpus.target) + [DRAFTER] * len(gpus.drafter) if gpus is not None else []
-    expected = dict(enumerate(roles)) | {rank: role for rank, (role, _) in seen.items()}
+    expected = {rank: SilentRank(rank, role, None) for rank, role in enumerate(roles)} | dict(seen)
     present = {r.rank for r in summary.ranks}
-    return tuple(
-        SilentRank(rank, role, seen.get(rank, (role, None))[1])
-        for rank, role in sorted(expected.items())
-        if rank not in present
-    )
+    return tuple(silent for rank, silent in sorted(expected.items()) if rank not in present)
 
 
-def seen_update(summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]) -> dict[str, str]:
+def seen_update(summary: DigestSummary, seen: Mapping[int, SilentRank]) -> dict[str, str]:
     """The ``keys.digest_ranks`` fields to write for the ranks in this window (never moving a
     rank's last ``ts`` backwards)."""
     out: dict[str, str] = {}
     for r in summary.ranks:
-        known = [t for t in (seen.get(r.rank, ("", None))[1], r.last_ts) if t is not None]
+        known = [t for t in (seen[r.rank].last_seen if r.rank in seen else None, r.last_ts) if t is not None]
         out[str(r.rank)] = json.dumps({"role": r.role, "last_ts": max(known, default=None)})
     return out
 
@@ -181,12 +177,12 @@ async def build_digest(
     window = await windows.read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     lines = await asyncio.to_thread(parse_metric_lines, window.data, spec.metrics)
     summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
-    seen: dict[int, tuple[str, float | None]] = {}  # ranks earlier digests saw: rank → (role, last ts)
+    seen: dict[int, SilentRank] = {}  # the ranks earlier digests saw, with their role and last ts
     for rank, value in (await memory.ranks(name)).items():
         with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # not {"role", …}
             data = json.loads(value)
             last = data.get("last_ts")
-            seen[int(rank)] = (str(data["role"]), None if last is None else float(last))
+            seen[int(rank)] = SilentRank(int(rank), str(data["role"]), None if last is None else float(last))
     if summary.ranks:
         await memory.add_ranks(name, seen_update(summary, seen))
     previous = None  # the last scheduled digest's headline numbers (DigestSummary.headline)
