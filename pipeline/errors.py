@@ -295,12 +295,10 @@ class RunCancelled(SequenceAborted):
         self.job = job
         self.run_id = run_id
         self.after_step = after_step
-        if after_step is None:
-            text = f"run {run_id} for {job} cancelled before anything was changed"
-        else:
-            text = f"run {run_id} for {job} cancelled after step {after_step} - the job may be stopped"
-        super().__init__(text, line=line)
-        self.evidence = text
+        done = "before anything was changed" if after_step is None else f"after step {after_step}"
+        tail = "" if after_step is None else " - the job may be stopped"
+        super().__init__(f"run {run_id} for {job} cancelled {done}{tail}", line=line)
+        self.evidence = self.message
 
 
 class UnknownRun(PitstopError):

@@ -22,7 +22,6 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
-from matplotlib.transforms import blended_transform_factory
 
 from pipeline import fmt
 from pipeline.digest.series import (
@@ -144,7 +143,7 @@ def draw_chart(
     else:
         note = "too few metric lines in this window for a rate" if lines else "no metric lines in this window"
         top.text(0.5, 0.5, note, ha="center", va="center", transform=top.transAxes)
-    on_top = blended_transform_factory(top.transData, top.transAxes)
+    on_top = top.get_xaxis_transform()  # x in data, y in axes coordinates
     for mark in sorted(restarts, key=lambda m: m.at):
         x = mark.at / DAY_S
         top.axvline(x, color="C3", linewidth=1.2, zorder=4, gid=f"restart:{mark.run}")
