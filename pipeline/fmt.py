@@ -56,17 +56,16 @@ def parse_duration(text: str) -> float:
     raise ValueError(f"expected a duration such as '30m', '2h' or '90s', got {text!r}")
 
 
+_SIZES = (("B", 0, 0), ("KiB", 1, 1), ("MiB", 2, 1), ("GiB", 3, 2), ("TiB", 4, 2))  # unit, power, digits
+
+
 def size(n: float) -> str:
     """Bytes in binary units (as ``du -h`` counts): ``512 B``, ``1.5 KiB``, ``8.0 MiB``, ``1.00 GiB``,
     ``2.00 TiB``; NaN or infinity: ``n/a``."""
     if not math.isfinite(n):
         return UNKNOWN
-    if round(n) < 1024:
-        return f"{n:.0f} B"
-    for unit, power, digits in (("KiB", 1, 1), ("MiB", 2, 1), ("GiB", 3, 2)):
-        if round(n / 1024**power, digits) < 1024:
-            return f"{n / 1024**power:.{digits}f} {unit}"
-    return f"{n / 1024**4:.2f} TiB"
+    unit, power, digits = next(u for u in _SIZES if round(n / 1024 ** u[1], u[2]) < 1024 or u[0] == "TiB")
+    return f"{n / 1024**power:.{digits}f} {unit}"
 
 
 def timezone_of(name: str) -> ZoneInfo:
