@@ -70,11 +70,9 @@ class ConfigError(PitstopError):
     def __init__(self, problems: Sequence[str], source: str = "") -> None:
         self.problems = list(problems)
         self.source = source
-        if len(self.problems) == 1 and (not source or self.problems[0].startswith(source)):
-            super().__init__(self.problems[0])
-        else:
-            head = f"{source}: invalid configuration" if source else "invalid configuration"
-            super().__init__("\n".join([head, *self.problems]))
+        alone = len(self.problems) == 1 and (not source or self.problems[0].startswith(source))
+        head = [] if alone else [f"{source}: invalid configuration" if source else "invalid configuration"]
+        super().__init__("\n".join([*head, *self.problems]))
 
 
 class UsageError(PitstopError):
