@@ -110,7 +110,7 @@ def draw_chart(
     strip_height = min(0.22 * len(strip.rows), 4.0)
     fig = Figure(figsize=(10, 4.5 + strip_height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    if strip.rows:
+    if strip.rows:  # sharing x, only the strip's tick labels are shown
         top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, max(1.2, strip_height)))
     else:
         top, bottom = fig.add_subplot(), None
@@ -157,7 +157,6 @@ def draw_chart(
     axis = bottom if bottom is not None else top
     if bottom is not None:
         _draw_strip(fig, bottom, strip, {(ln.role, ln.rank): ln.device for ln in lines if ln.device})
-        top.tick_params(labelbottom=False)
     if series.x or strip.rows:
         locator = AutoDateLocator()  # type: ignore[no-untyped-call]
         axis.xaxis.set_major_locator(locator)
