@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
 
 from pipeline.config.approval import ApprovalSettings
 from pipeline.config.base import LocalPath, Seconds, _Model, matching, must, seconds_setting
@@ -56,6 +56,14 @@ class LostDuration(_Model):
     """``max_lost = "10m"``: the most training time a restart may lose, in seconds."""
 
     seconds: float
+
+
+def _lost(v: object) -> object:
+    if isinstance(v, str):
+        return LostDuration(seconds=seconds_setting(v))
+    if isinstance(v, bool) or (isinstance(v, int) and v < 0):
+        raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
+    return v
 
 
 class GpuRoles(_Model):
@@ -114,7 +122,7 @@ class JobConfig(_Model):
     checkpoint_dir: HostPath | None = None  #: where the job's checkpoints are; verify checks the run resumed
     total_steps: int | None = Field(default=None, ge=1)  #: the run's last step: digests give % and ETA
     #: the most a restart may lose: an int is steps, a duration string ("10m") is seconds of training
-    max_lost: int | LostDuration | None = None
+    max_lost: Annotated[int | LostDuration | None, BeforeValidator(_lost)] = None
     patches: Annotated[
         dict[str, Annotated[LocalPath, AfterValidator(_found)]],
         matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", _PATCH_NAME, each=True),
@@ -126,15 +134,6 @@ class JobConfig(_Model):
     #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
     owners: Annotated[list[str], matching(r"[SUW][A-Z0-9]{2,}", _NOT_PERSON, each=True)] = []
     notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too
-
-    @field_validator("max_lost", mode="before")
-    @classmethod
-    def _max_lost(cls, v: object) -> object:
-        if isinstance(v, str):
-            return LostDuration(seconds=seconds_setting(v))
-        if isinstance(v, bool) or (isinstance(v, int) and v < 0):
-            raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
-        return v
 
     @property
     def metrics_path(self) -> str:
