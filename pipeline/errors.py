@@ -15,7 +15,7 @@ import shlex
 import uuid
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import ClassVar, Self, TypedDict, Unpack
+from typing import ClassVar, TypedDict
 
 
 class ExitCode(IntEnum):
@@ -70,11 +70,9 @@ class ConfigError(PitstopError):
     def __init__(self, problems: Sequence[str], source: str = "") -> None:
         self.problems = list(problems)
         self.source = source
-        if len(self.problems) == 1 and (not source or self.problems[0].startswith(source)):
-            super().__init__(self.problems[0])
-        else:
-            head = f"{source}: invalid configuration" if source else "invalid configuration"
-            super().__init__("\n".join([head, *self.problems]))
+        alone = len(self.problems) == 1 and (not source or self.problems[0].startswith(source))
+        head = [] if alone else [f"{source}: invalid configuration" if source else "invalid configuration"]
+        super().__init__("\n".join([*head, *self.problems]))
 
 
 class UsageError(PitstopError):
@@ -121,7 +119,9 @@ class HostKeyRejected(RemoteError):
 
 class RemoteCommandError(RemoteError):
     """A remote command failed in a way its caller did not expect; keeps what asyncssh's
-    ``ProcessError`` keeps: the command, the exit status or signal, and the (partial) output."""
+    ``ProcessError`` keeps: the command, the exit status or signal, and the (partial) output.
+    Its text is one of this module's (:func:`connection_lost`, :func:`shell_killed` …) or its
+    caller's."""
 
     code = "remote_command"
 
@@ -143,48 +143,6 @@ class RemoteCommandError(RemoteError):
         self.stderr = stderr
         super().__init__(host, message)
 
-    @classmethod
-    def connection_lost(
-        cls, host: str, argv: Sequence[str], reason: str, **output: Unpack[CommandOutput]
-    ) -> Self:
-        """The SSH connection dropped while ``argv`` ran: its outcome is unknown."""
-        text = f"on {host}: connection lost while running `{_short(argv)}`: {reason} - its outcome is unknown"
-        return cls(host, argv, text, **output)
-
-    @classmethod
-    def channel_closed(cls, host: str, argv: Sequence[str], **output: Unpack[CommandOutput]) -> Self:
-        """The command's channel closed without an exit status or signal (the connection is up)."""
-        text = f"on {host}: `{_short(argv)}` ended without an exit status (channel closed by the host)"
-        return cls(host, argv, text, **output)
-
-    @classmethod
-    def shell_killed(
-        cls, host: str, argv: Sequence[str], signal: str, **output: Unpack[CommandOutput]
-    ) -> Self:
-        """The shell running the command was killed by ``signal`` (e.g. ``SIGKILL``)."""
-        text = f"on {host}: the control shell running `{_short(argv)}` was killed by {signal}"
-        return cls(host, argv, text, **output)
-
-    @classmethod
-    def upload_failed(cls, host: str, local: str, remote: str, reason: str) -> Self:
-        """An SFTP upload of ``local`` to ``remote`` failed."""
-        return cls(host, ["sftp", "put", local, remote], f"on {host}: cannot upload to {remote}: {reason}")
-
-    @classmethod
-    def helper_failed(
-        cls, host: str, argv: Sequence[str], op: str, detail: str, **output: Unpack[CommandOutput]
-    ) -> Self:
-        """Pitstop's host helper failed at operation ``op`` or gave no answer."""
-        return cls(host, argv, f"on {host}: Pitstop's host helper ({op}) failed: {detail}", **output)
-
-    @classmethod
-    def python_missing(
-        cls, host: str, argv: Sequence[str], python: str, **output: Unpack[CommandOutput]
-    ) -> Self:
-        """The job's side has no ``python`` for the host helper (exit status 127)."""
-        text = f"on {host}: `{python}` not found - Pitstop's host helper needs Python 3.8+ on the job's side"
-        return cls(host, argv, text, **output)
-
 
 class CommandOutput(TypedDict, total=False):
     """What a failed remote command left behind, as :class:`RemoteCommandError` keeps it."""
@@ -198,6 +156,36 @@ class CommandOutput(TypedDict, total=False):
 def _short(argv: Sequence[str], limit: int = 120) -> str:
     text = shlex.join(argv)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def connection_lost(host: str, argv: Sequence[str], reason: str) -> str:
+    """:class:`RemoteCommandError`'s text: the SSH connection dropped while ``argv`` ran."""
+    return f"on {host}: connection lost while running `{_short(argv)}`: {reason} - its outcome is unknown"
+
+
+def channel_closed(host: str, argv: Sequence[str]) -> str:
+    """:class:`RemoteCommandError`'s text: the channel closed without an exit status or signal."""
+    return f"on {host}: `{_short(argv)}` ended without an exit status (channel closed by the host)"
+
+
+def shell_killed(host: str, argv: Sequence[str], signal: str) -> str:
+    """:class:`RemoteCommandError`'s text: the shell running ``argv`` was killed by ``signal``."""
+    return f"on {host}: the control shell running `{_short(argv)}` was killed by {signal}"
+
+
+def upload_failed(host: str, remote: str, reason: str) -> str:
+    """:class:`RemoteCommandError`'s text: an SFTP upload to ``remote`` failed."""
+    return f"on {host}: cannot upload to {remote}: {reason}"
+
+
+def helper_failed(host: str, op: str, detail: str) -> str:
+    """:class:`RemoteCommandError`'s text: Pitstop's host helper failed at ``op`` or gave no answer."""
+    return f"on {host}: Pitstop's host helper ({op}) failed: {detail}"
+
+
+def python_missing(host: str, python: str) -> str:
+    """:class:`RemoteCommandError`'s text: no ``python`` for the host helper (exit status 127)."""
+    return f"on {host}: `{python}` not found - Pitstop's host helper needs Python 3.8+ on the job's side"
 
 
 class RemoteTimeout(RemoteCommandError):
@@ -305,12 +293,10 @@ class RunCancelled(SequenceAborted):
         self.job = job
         self.run_id = run_id
         self.after_step = after_step
-        if after_step is None:
-            text = f"run {run_id} for {job} cancelled before anything was changed"
-        else:
-            text = f"run {run_id} for {job} cancelled after step {after_step} - the job may be stopped"
-        super().__init__(text, line=line)
-        self.evidence = text
+        done = "before anything was changed" if after_step is None else f"after step {after_step}"
+        tail = "" if after_step is None else " - the job may be stopped"
+        super().__init__(f"run {run_id} for {job} cancelled {done}{tail}", line=line)
+        self.evidence = self.message
 
 
 class UnknownRun(PitstopError):

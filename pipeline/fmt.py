@@ -6,6 +6,7 @@ A leaf module: standard library only, so ``pipeline``, ``handlers`` and ``bot`` 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -23,16 +24,10 @@ def duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return UNKNOWN
     s = round(seconds)
-    if s < 60:
-        return f"{s} s"
-    m = s // 60
-    if m < 60:
-        return f"{m} min"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h} h {m} min" if m else f"{h} h"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h" if h else f"{d} d"
+    for (big, n), (small, m) in itertools.pairwise(_UNITS[:3]):  # days and hours, hours and minutes
+        if s >= n:
+            return f"{s // n} {big} {s % n // m} {small}" if s % n // m else f"{s // n} {big}"
+    return f"{s // 60} min" if s >= 60 else f"{s} s"
 
 
 _SHORT = re.compile(
@@ -56,12 +51,12 @@ def parse_duration(text: str) -> float:
     if m := _SHORT.match(text.lower()):
         unit = m.group(2) or "s"
         return float(m.group(1)) * _SHORT_UNITS["ms" if unit == "ms" else unit[0]]
-    if m := _LONG.match(text.lower()):
-        seconds = float(int(m.group(1)) * _LONG_UNITS[m.group(2)])
-        if m.group(3) is not None:
-            seconds += int(m.group(3)) * _LONG_UNITS[m.group(4)]
-        return seconds
+    if m := _LONG.match(text.lower()):  # one or two (number, unit) pairs
+        return float(sum(int(n) * _LONG_UNITS[u] for n, u in (m.group(1, 2), m.group(3, 4)) if n is not None))
     raise ValueError(f"expected a duration such as '30m', '2h' or '90s', got {text!r}")
+
+
+_SIZES = (("B", 0, 0), ("KiB", 1, 1), ("MiB", 2, 1), ("GiB", 3, 2), ("TiB", 4, 2))  # unit, power, digits
 
 
 def size(n: float) -> str:
@@ -69,12 +64,8 @@ def size(n: float) -> str:
     ``2.00 TiB``; NaN or infinity: ``n/a``."""
     if not math.isfinite(n):
         return UNKNOWN
-    if round(n) < 1024:
-        return f"{n:.0f} B"
-    for unit, power, digits in (("KiB", 1, 1), ("MiB", 2, 1), ("GiB", 3, 2)):
-        if round(n / 1024**power, digits) < 1024:
-            return f"{n / 1024**power:.{digits}f} {unit}"
-    return f"{n / 1024**4:.2f} TiB"
+    unit, power, digits = next(u for u in _SIZES if round(n / 1024 ** u[1], u[2]) < 1024 or u[0] == "TiB")
+    return f"{n / 1024**power:.{digits}f} {unit}"
 
 
 def timezone_of(name: str) -> ZoneInfo:

@@ -15,7 +15,7 @@ from handlers.grammar.commands import close_names
 from handlers.reply import Reply, Status, Table, refused
 from handlers.runs.attempts import ATTEMPT_HEADERS, NA, attempt_rows
 from pipeline import fmt
-from pipeline.digest.report import Digest, GpuRow, build_digest
+from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import DigestSummary
 from pipeline.errors import ExitCode, PitstopError, RemoteError
 from pipeline.observe.gpus import (
@@ -131,7 +131,7 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     )
 
 
-def _gpu_use(g: GpuStat | GpuRow, used: str | None = None) -> tuple[str, str, str]:
+def _gpu_use(g: GpuStat, used: str | None = None) -> tuple[str, str, str]:
     """A GPU's util, memory used/total (or, given a format, used only) and power cells."""
     if used is not None:
         memory = fmt.number(g.memory_used_mib, used, " MiB")

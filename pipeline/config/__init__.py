@@ -116,9 +116,7 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             parts[-1:] = [f"{parts[-1]}[{part}]"] if parts else [f"[{part}]"]
-        elif part in _BRANCH_TAGS or "[" in part:
-            continue  # a union branch's class or validator name, not a TOML key
-        else:
+        elif part not in _BRANCH_TAGS and "[" not in part:  # not a union branch's class or validator
             parts.append(part)
     return ".".join(parts)
 
@@ -145,54 +143,19 @@ def validation_problems(exc: ValidationError, at: str = "") -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _raw_reference_problems(data: dict[str, Any]) -> list[str]:
-    """Unknown-host references, found even when other keys fail validation."""
-    hosts: dict[str, Any] = data["hosts"] if isinstance(data.get("hosts"), dict) else {}
-    jobs: dict[str, Any] = data["jobs"] if isinstance(data.get("jobs"), dict) else {}
-    known = ", ".join(hosts) or "none"
-    return [
-        f"jobs.{name}.host: unknown host '{host}' (known: {known})"
-        for name, job in jobs.items()
-        if isinstance(job, dict) and isinstance(host := job.get("host"), str) and host not in hosts
-    ]
-
-
 def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None = None) -> Config:
     """Validate a TOML document already parsed into a dict; patch paths, ``known_hosts`` and
-    ``client_keys`` are resolved relative to ``base_dir`` (the config file's directory).
+    ``client_keys`` are resolved relative to ``base_dir`` (the config file's directory).  The
+    validation context carries it and the hosts as written, so that a job's unknown ``host`` is
+    reported even when other keys fail too.
 
     :raises ConfigError: one problem per invalid key.
     """
     try:
-        config = Config.model_validate({**data, "source": source})
+        context = {"base": base_dir, "hosts": data.get("hosts")}
+        return Config.model_validate({**data, "source": source}, context=context)
     except ValidationError as exc:
-        problems = validation_problems(exc)
-        problems += [p for p in _raw_reference_problems(data) if p not in problems]
-        raise ConfigError(problems, source) from None
-    if base_dir is not None:
-        if missing := [
-            f"jobs.{name}.patches.{patch}: file not found: {base_dir / path}"
-            for name, job in config.jobs.items()
-            for patch, path in job.patches.items()
-            if not (base_dir / path).is_file()
-        ]:
-            raise ConfigError(missing, source)
-        at = base_dir.joinpath
-
-        def host_paths(host: HostConfig) -> dict[str, Any]:
-            known = at(host.known_hosts.expanduser()).resolve() if host.known_hosts else None
-            return {
-                "known_hosts": known,
-                "client_keys": [at(k.expanduser()).resolve() for k in host.client_keys],
-            }
-
-        jobs = {
-            n: j.model_copy(update={"patches": {p: at(f).resolve() for p, f in j.patches.items()}})
-            for n, j in config.jobs.items()
-        }
-        hosts = {name: host.model_copy(update=host_paths(host)) for name, host in config.hosts.items()}
-        config = config.model_copy(update={"jobs": jobs, "hosts": hosts})
-    return config
+        raise ConfigError(validation_problems(exc), source) from None
 
 
 def load_config(path: str | Path) -> Config:

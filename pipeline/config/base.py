@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationInfo
 
 from pipeline import fmt
 
@@ -60,6 +61,16 @@ def must(ok: Callable[[Any], object], problem: str, *, each: bool = False) -> Af
 def matching(pattern: str, problem: str, *, each: bool = False) -> AfterValidator:
     """:func:`must`: the whole value (or each item) matches ``pattern``, a regular expression."""
     return must(re.compile(pattern).fullmatch, problem, each=each)
+
+
+def _local(path: Path, info: ValidationInfo) -> Path:
+    """A local file named in the config, resolved against the config file's directory (the
+    validation context's ``base``; as written without one)."""
+    base = (info.context or {}).get("base")  # None: built in code, or parsed without a directory
+    return path if base is None else (base / path.expanduser()).resolve()
+
+
+LocalPath = Annotated[Path, AfterValidator(_local)]
 
 
 class _Model(BaseModel):

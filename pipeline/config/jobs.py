@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
 
 from pipeline.config.approval import ApprovalSettings
-from pipeline.config.base import Seconds, _Model, matching, must, seconds_setting
+from pipeline.config.base import LocalPath, Seconds, _Model, matching, must, seconds_setting
 from pipeline.config.watch import DigestSettings, WatchSettings
 
 HostPath = Annotated[str, matching("(?s)/.*", "must be an absolute path on the host")]
@@ -33,6 +33,21 @@ _UNSAFE = "{v!r}: must be an absolute path, not '/', without '..'"
 _PATCH_NAME = "patch name {v!r}: letters, digits, '_', '.', '-' only"
 
 
+def _known(host: str, info: ValidationInfo) -> str:
+    hosts = (info.context or {}).get("hosts")  # as read from the file (Config checks it again)
+    if isinstance(hosts, dict) and host not in hosts:
+        raise ValueError(f"unknown host '{host}' (known: {', '.join(hosts) or 'none'})")
+    return host
+
+
+def _found(path: Path, info: ValidationInfo) -> Path:
+    if (info.context or {}).get(
+        "base"
+    ) and not path.is_file():  # read from a file: a patch it names must be there
+        raise ValueError(f"file not found: {path}")
+    return path
+
+
 def _safe(path: str) -> bool:
     return path.startswith("/") and path.rstrip("/") != "" and ".." not in path.split("/")
 
@@ -41,6 +56,14 @@ class LostDuration(_Model):
     """``max_lost = "10m"``: the most training time a restart may lose, in seconds."""
 
     seconds: float
+
+
+def _lost(v: object) -> object:
+    if isinstance(v, str):
+        return LostDuration(seconds=seconds_setting(v))
+    if isinstance(v, bool) or (isinstance(v, int) and v < 0):
+        raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
+    return v
 
 
 class GpuRoles(_Model):
@@ -76,7 +99,7 @@ class JobAuth(_Model):
 class JobConfig(_Model):
     """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
-    host: str
+    host: Annotated[str, AfterValidator(_known)]
     engine: str = "ssh"  #: the engine's name in :data:`pipeline.engines.ENGINES`, which checks it
     #: ``[jobs.NAME.slurm]`` as written: the Slurm engine's table (``pipeline.engines.slurm.SlurmSettings``)
     slurm: dict[str, Any] | None = None
@@ -99,8 +122,11 @@ class JobConfig(_Model):
     checkpoint_dir: HostPath | None = None  #: where the job's checkpoints are; verify checks the run resumed
     total_steps: int | None = Field(default=None, ge=1)  #: the run's last step: digests give % and ETA
     #: the most a restart may lose: an int is steps, a duration string ("10m") is seconds of training
-    max_lost: int | LostDuration | None = None
-    patches: Annotated[dict[str, Path], matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", _PATCH_NAME, each=True)] = {}
+    max_lost: Annotated[int | LostDuration | None, BeforeValidator(_lost)] = None
+    patches: Annotated[
+        dict[str, Annotated[LocalPath, AfterValidator(_found)]],
+        matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", _PATCH_NAME, each=True),
+    ] = {}
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
     auth: JobAuth = JobAuth()
@@ -108,15 +134,6 @@ class JobConfig(_Model):
     #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
     owners: Annotated[list[str], matching(r"[SUW][A-Z0-9]{2,}", _NOT_PERSON, each=True)] = []
     notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too
-
-    @field_validator("max_lost", mode="before")
-    @classmethod
-    def _max_lost(cls, v: object) -> object:
-        if isinstance(v, str):
-            return LostDuration(seconds=seconds_setting(v))
-        if isinstance(v, bool) or (isinstance(v, int) and v < 0):
-            raise ValueError("a number of steps (int >= 0) or a duration such as '10m'")
-        return v
 
     @property
     def metrics_path(self) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import Field
 
 from pipeline import fmt
-from pipeline.config.base import _Model, matching, must
+from pipeline.config.base import LocalPath, _Model, matching, must
 
 _UNPAGEABLE = (
     '{v!r} cannot page anyone: use "here", "channel", a user-group id (S…) '
@@ -90,7 +90,7 @@ class HostConfig(_Model):
     address: str
     port: int = Field(default=22, ge=1, le=65535)
     user: str | None = None
-    known_hosts: Path | None = None  #: pinned keys; None → ``~/.ssh/known_hosts``
-    client_keys: list[Path] = []
+    known_hosts: LocalPath | None = None  #: pinned keys; None → ``~/.ssh/known_hosts``
+    client_keys: list[LocalPath] = []
     connect_timeout: float = Field(default=10.0, gt=0)  #: seconds
     jump: str | None = None  #: another host's name, used as a bastion

@@ -22,7 +22,6 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
-from matplotlib.transforms import blended_transform_factory
 
 from pipeline import fmt
 from pipeline.digest.series import (
@@ -73,6 +72,7 @@ def _draw_strip(fig: Figure, ax: Any, strip: RankStrip, devices: dict[tuple[str,
         extent=(strip.edges[0] / DAY_S, strip.edges[-1] / DAY_S, len(strip.rows), 0),
     )
     image.set_gid("strip")
+    ax.set_title(CHART_STRIP_TITLE, fontsize="small", loc="left")
     every = max(1, math.ceil(len(strip.rows) / STRIP_LABELS))  # many ranks: every n-th one named,
     # and every straggler (its median share outside STRAGGLER_BAND), without a neighbour's label on top
     medians = [percentile([v for v in row if math.isfinite(v)], 0.5) for row in strip.share]
@@ -110,7 +110,7 @@ def draw_chart(
     strip_height = min(0.22 * len(strip.rows), 4.0)
     fig = Figure(figsize=(10, 4.5 + strip_height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    if strip.rows:
+    if strip.rows:  # sharing x, only the strip's tick labels are shown
         top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, max(1.2, strip_height)))
     else:
         top, bottom = fig.add_subplot(), None
@@ -143,7 +143,7 @@ def draw_chart(
     else:
         note = "too few metric lines in this window for a rate" if lines else "no metric lines in this window"
         top.text(0.5, 0.5, note, ha="center", va="center", transform=top.transAxes)
-    on_top = blended_transform_factory(top.transData, top.transAxes)
+    on_top = top.get_xaxis_transform()  # x in data, y in axes coordinates
     for mark in sorted(restarts, key=lambda m: m.at):
         x = mark.at / DAY_S
         top.axvline(x, color="C3", linewidth=1.2, zorder=4, gid=f"restart:{mark.run}")
@@ -156,10 +156,7 @@ def draw_chart(
     top.grid(True, alpha=0.3)
     axis = bottom if bottom is not None else top
     if bottom is not None:
-        devices = {(ln.role, ln.rank): ln.device for ln in lines if ln.device}
-        _draw_strip(fig, bottom, strip, devices)
-        top.tick_params(labelbottom=False)
-        bottom.set_title(CHART_STRIP_TITLE, fontsize="small", loc="left")
+        _draw_strip(fig, bottom, strip, {(ln.role, ln.rank): ln.device for ln in lines if ln.device})
     if series.x or strip.rows:
         locator = AutoDateLocator()  # type: ignore[no-untyped-call]
         axis.xaxis.set_major_locator(locator)

@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import Config, JobConfig
@@ -23,7 +23,7 @@ from pipeline.digest.stats import DigestSummary, compare, summarise
 from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import TrainingProgress, progress_toward
-from pipeline.observe.gpus import query_gpus
+from pipeline.observe.gpus import GpuStat, query_gpus
 from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, parse_metric_lines
 from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
@@ -36,16 +36,11 @@ ATTEMPTS_SHOWN = 3  #: attempts in a digest's footer
 
 
 @dataclass(frozen=True)
-class GpuRow:
-    """One configured GPU of a job, with its role and nvidia-smi's numbers (None = n/a)."""
+class GpuRow(GpuStat):
+    """One configured GPU of a job: nvidia-smi's numbers (None = n/a; ``name`` empty when it did
+    not report the GPU) and the GPU's role."""
 
-    index: int
     role: str
-    name: str | None = None
-    utilization_pct: float | None = None
-    memory_used_mib: float | None = None
-    memory_total_mib: float | None = None
-    power_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -58,28 +53,24 @@ class SilentRank:
 
 
 def silent_ranks(
-    spec: JobConfig, summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]
+    spec: JobConfig, summary: DigestSummary, seen: Mapping[int, SilentRank]
 ) -> tuple[SilentRank, ...]:
     """The ranks a digest of the job should list with no metric line in the window, by rank: from
     its ``gpus`` (ranks ``0..T-1`` targets, then drafters: ``pipeline/dflash/README.md``), and every
     rank an earlier digest saw (``seen``), whose recorded role wins."""
     gpus = spec.gpus
     roles = [TARGET] * len(gpus.target) + [DRAFTER] * len(gpus.drafter) if gpus is not None else []
-    expected = dict(enumerate(roles)) | {rank: role for rank, (role, _) in seen.items()}
+    expected = {rank: SilentRank(rank, role, None) for rank, role in enumerate(roles)} | dict(seen)
     present = {r.rank for r in summary.ranks}
-    return tuple(
-        SilentRank(rank, role, seen.get(rank, (role, None))[1])
-        for rank, role in sorted(expected.items())
-        if rank not in present
-    )
+    return tuple(silent for rank, silent in sorted(expected.items()) if rank not in present)
 
 
-def seen_update(summary: DigestSummary, seen: Mapping[int, tuple[str, float | None]]) -> dict[str, str]:
+def seen_update(summary: DigestSummary, seen: Mapping[int, SilentRank]) -> dict[str, str]:
     """The ``keys.digest_ranks`` fields to write for the ranks in this window (never moving a
     rank's last ``ts`` backwards)."""
     out: dict[str, str] = {}
     for r in summary.ranks:
-        known = [t for t in (seen.get(r.rank, ("", None))[1], r.last_ts) if t is not None]
+        known = [t for t in (seen[r.rank].last_seen if r.rank in seen else None, r.last_ts) if t is not None]
         out[str(r.rank)] = json.dumps({"role": r.role, "last_ts": max(known, default=None)})
     return out
 
@@ -116,7 +107,10 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
     if not stats:
         return None, "no GPU data: nvidia-smi listed no GPUs"
     roles = [(i, TARGET) for i in job.gpus.target] + [(i, DRAFTER) for i in job.gpus.drafter]
-    rows = tuple(GpuRow(i, role, *(astuple(stats[i])[1:] if i in stats else ())) for i, role in roles)
+    rows = tuple(
+        GpuRow(**asdict(stats.get(i) or GpuStat(i, "", None, None, None, None)), role=role)
+        for i, role in roles
+    )
     missing = ", ".join(str(i) for i, _ in roles if i not in stats)
     return rows, f"GPU index(es) {missing} configured but not reported by nvidia-smi" if missing else None
 
@@ -183,22 +177,19 @@ async def build_digest(
     window = await windows.read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     lines = await asyncio.to_thread(parse_metric_lines, window.data, spec.metrics)
     summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
-    seen: dict[int, tuple[str, float | None]] = {}  # ranks earlier digests saw: rank → (role, last ts)
+    seen: dict[int, SilentRank] = {}  # the ranks earlier digests saw, with their role and last ts
     for rank, value in (await memory.ranks(name)).items():
         with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # not {"role", …}
             data = json.loads(value)
             last = data.get("last_ts")
-            seen[int(rank)] = (str(data["role"]), None if last is None else float(last))
+            seen[int(rank)] = SilentRank(int(rank), str(data["role"]), None if last is None else float(last))
     if summary.ranks:
         await memory.add_ranks(name, seen_update(summary, seen))
-    try:  # the last scheduled digest's headline numbers (DigestSummary.headline)
+    previous = None  # the last scheduled digest's headline numbers (DigestSummary.headline)
+    with contextlib.suppress(ValueError):
         previous = json.loads(await memory.last(name) or "null")
-    except ValueError:
-        previous = None
     previous = previous if isinstance(previous, dict) else None
-    repeat = (
-        window.kind is windows.WindowKind.REPEAT
-    )  # the last scheduled digest itself: no change to speak of
+    repeat = window.kind is windows.WindowKind.REPEAT  # the last scheduled digest again: no change
     change = compare(previous, summary) if not repeat else {}
     now = time.time()
     gpus, gpu_note = await _gpu_rows(ssh, spec)

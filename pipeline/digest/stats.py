@@ -26,12 +26,9 @@ _HEADLINE = (  # DigestSummary.headline's keys, in order (window_s: its ``second
 ).split()
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def _present(values: Iterable[float | None]) -> list[float]:
-    return [v for v in values if v is not None]
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 @dataclass(frozen=True)
@@ -163,12 +160,8 @@ def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
     else:
         rate, rate_from = tokens / seconds, "counter"
     ts = _column([lines], "ts")
-    last = lines[-1]
     return RankStats(
-        rank=last.rank,
-        role=last.role,
-        role_rank=last.role_rank,
-        device=last.device,
+        **{key: getattr(lines[-1], key) for key in ("rank", "role", "role_rank", "device")},
         lines=len(lines),
         first_ts=min(ts, default=None),
         last_ts=max(ts, default=None),
@@ -183,7 +176,7 @@ def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
 
 
 def _sum(values: Iterable[float | None]) -> float | None:
-    present = _present(values)
+    present = [v for v in values if v is not None]
     return sum(present) if present else None
 
 
@@ -227,13 +220,13 @@ def summarise(
         pipeline_tokens_per_s=_sum(r.tokens_per_s for r in pipe_ranks),
         target_tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == TARGET),
         starved=flow["queue_mean"] is not None and flow["queue_mean"] < STARVED_BELOW,
-        loss_last=_mean(_present(r.loss for r in drafters)),
+        loss_last=_mean(r.loss for r in drafters),
         resets=sum(r.resets for r in ranks),
         metric_lines=len(lines),
         lines_read=len(lines) if lines_read is None else lines_read,
         bytes_read=bytes_read,
         **flow,
-        **{key: _mean(_present(getattr(r, key) for r in drafters)) for key in _LAST[1:]},
+        **{key: _mean(getattr(r, key) for r in drafters) for key in _LAST[1:]},
         **{f"{key}_mean": _mean(_column(drafter_series, key)) for key in _LAST},
     )
 

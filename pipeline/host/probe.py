@@ -20,6 +20,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, Generic, Protocol, TypeVar, cast
 
+from pipeline import errors
 from pipeline.config import JobConfig
 from pipeline.errors import CommandOutput, RemoteCommandError
 from pipeline.host import contract as c
@@ -209,9 +210,11 @@ async def call_helper(
         "stderr": result.stderr,
     }
     if result.exit_signal is not None:
-        raise RemoteCommandError.shell_killed(result.host, shown, result.exit_signal, **out)
+        raise RemoteCommandError(
+            result.host, shown, errors.shell_killed(result.host, shown, result.exit_signal), **out
+        )
     if result.exit_status == 127 and not result.stdout.strip():
-        raise RemoteCommandError.python_missing(result.host, shown, HELPER_PYTHON, **out)
+        raise RemoteCommandError(result.host, shown, errors.python_missing(result.host, HELPER_PYTHON), **out)
     try:
         answer: Any = json.loads((result.stdout.strip().splitlines() or ["null"])[-1])
     except ValueError:
@@ -221,7 +224,7 @@ async def call_helper(
     err = (result.stderr.strip().splitlines() or ["no output"])[-1]
     detail = f"exit status {result.exit_status}, no answer: {err[:300]}"
     detail = str(answer["error"]) if isinstance(answer, dict) else detail
-    raise RemoteCommandError.helper_failed(result.host, shown, op.name, detail, **out)
+    raise RemoteCommandError(result.host, shown, errors.helper_failed(result.host, op.name, detail), **out)
 
 
 # --- the watcher's probe ------------------------------------------------------------------------

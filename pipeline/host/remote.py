@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import asyncssh
 
+from pipeline import errors
 from pipeline.config import Config
 from pipeline.errors import (
     HostAuthRejected,
@@ -177,9 +178,8 @@ class SSHPool:
             except (asyncssh.Error, OSError) as exc:
                 out, err = proc.collect_output()
                 self._drop_if_closed(name)
-                raise RemoteCommandError.connection_lost(
-                    name, args, _reason(exc), stdout=_text(out), stderr=_text(err)
-                ) from None
+                text = errors.connection_lost(name, args, _reason(exc))
+                raise RemoteCommandError(name, args, text, stdout=_text(out), stderr=_text(err)) from None
             finally:
                 proc.close()
                 with contextlib.suppress(Exception):  # a host may keep a hung channel open: don't wait long
@@ -190,10 +190,11 @@ class SSHPool:
         stdout, stderr = _text(done.stdout), _text(done.stderr)
         if status is None and signal_name is None:
             if self._drop_if_closed(name):
-                raise RemoteCommandError.connection_lost(
-                    name, args, "the connection closed", stdout=stdout, stderr=stderr
-                )
-            raise RemoteCommandError.channel_closed(name, args, stdout=stdout, stderr=stderr)
+                text = errors.connection_lost(name, args, "the connection closed")
+                raise RemoteCommandError(name, args, text, stdout=stdout, stderr=stderr)
+            raise RemoteCommandError(
+                name, args, errors.channel_closed(name, args), stdout=stdout, stderr=stderr
+            )
         log.debug("%s: %s -> %s in %.3f s", name, command[:200], status or signal_name, duration)
         return RemoteResult(name, tuple(argv), status, signal_name, stdout, stderr, duration)
 
@@ -238,9 +239,8 @@ class SSHPool:
                     await sftp.put(str(local_path), remote_path)
             except (asyncssh.Error, OSError) as exc:
                 self._drop_if_closed(name)
-                raise RemoteCommandError.upload_failed(
-                    name, str(local_path), remote_path, _reason(exc)
-                ) from None
+                text = errors.upload_failed(name, remote_path, _reason(exc))
+                raise RemoteCommandError(name, ["sftp", "put", str(local_path), remote_path], text) from None
 
     async def close(self) -> None:
         """Close every pooled connection (targets before their bastions); idempotent."""
