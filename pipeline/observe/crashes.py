@@ -59,32 +59,17 @@ class Crash:
 
     def to_fields(self) -> dict[str, str]:
         """Flat string fields (``crash_*``) to keep in a Redis hash; :func:`from_fields` reads them."""
-        out = {"crash_class": self.kind.value}
-        for name in ("evidence", "exc_type", "message", "rank", "step"):
-            value = getattr(self, name)
-            if value is not None:
-                out[f"crash_{name}"] = str(value)
-        return out
+        out = {f"crash_{k}": str(v) for k, v in vars(self).items() if v is not None and k != "kind"}
+        return {"crash_class": self.kind.value, **out}
 
 
 def from_fields(fields: Mapping[str, str]) -> Crash | None:
     """The :class:`Crash` stored by :meth:`Crash.to_fields`, or None if there is none."""
-    kind = fields.get("crash_class")
-    if not kind or kind not in CrashClass.__members__.values():
+    if not (kind := fields.get("crash_class")) or kind not in CrashClass.__members__.values():
         return None
-
-    def num(name: str) -> int | None:
-        v = fields.get(f"crash_{name}")
-        return int(v) if v not in (None, "") else None
-
-    return Crash(
-        CrashClass(kind),
-        fields.get("crash_evidence"),
-        fields.get("crash_exc_type"),
-        fields.get("crash_message"),
-        num("rank"),
-        num("step"),
-    )
+    rank, step = (int(v) if (v := fields.get(f"crash_{k}")) else None for k in ("rank", "step"))
+    evidence, exc_type, message = (fields.get(f"crash_{k}") for k in ("evidence", "exc_type", "message"))
+    return Crash(CrashClass(kind), evidence, exc_type, message, rank, step)
 
 
 # _CUDA_OOM and _KILLED serve both classify() and detect_cause()
@@ -106,10 +91,6 @@ _EXC = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _RANK = re.compile(r"\brank[ _]?(\d+)\b", re.IGNORECASE)
 _LAUNCHER_EXIT = re.compile(r"\b(\w+) rank (\d+) \(pid \d+\) exited with code (-?\d+)")
 _SIGNAL_LINE = re.compile(r"Segmentation fault|Fatal Python error|Aborted \(core dumped\)|Bus error")
-
-
-def _lines(data: bytes) -> list[str]:
-    return [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
 
 
 def _short(line: str) -> str:
@@ -181,7 +162,7 @@ def _first_failure(lines: list[str]) -> tuple[int, CrashClass, str | None, str |
 def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | None = None) -> Crash:
     """Classify a failure from the new log bytes of all ranks (the rules: module docstring), and
     the signal (``SIGKILL``) or exit code that ended the launched process, when known."""
-    lines = _lines(data)
+    lines = [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
     for i, ln in enumerate(lines):
         if _XID.search(ln):
             rank = _rank_near(lines, i)
@@ -220,6 +201,7 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
 
 # --- causes found in a log tail ------------------------------------------------------------------
 
+_INDENT = (" ", "\t", "Traceback")
 _EXC_LINE = re.compile(
     r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Warning|Failure)\b.*$|^[A-Za-z_][\w.]*: .+$"
 )
@@ -233,27 +215,13 @@ def detect_cause(log_tail: str) -> str | None:
     of memory (``CUDA out of memory: torch.OutOfMemoryError: …``), an NCCL timeout or watchdog, a
     Python traceback (its last exception line), ``Killed`` (the kernel's OOM killer)."""
     lines = [ln.rstrip() for ln in log_tail.splitlines() if ln.strip()]
-    exception = _last_exception(lines)
-    for ln in reversed(lines):
-        if _CUDA_OOM.search(ln):
-            return f"CUDA out of memory: {ln.strip()}"
-    for ln in reversed(lines):
-        if _NCCL.search(ln):
-            return f"NCCL timeout/watchdog: {ln.strip()}"
-    if exception is not None:
-        return f"Python exception: {exception}"
+    for rx, what in ((_CUDA_OOM, "CUDA out of memory"), (_NCCL, "NCCL timeout/watchdog")):
+        if found := next((ln for ln in reversed(lines) if rx.search(ln)), None):
+            return f"{what}: {found.strip()}"
+    starts = [i for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
+    after = lines[starts[-1] + 1 :] if starts else []  # the exception line closing the last traceback
+    if exc := next((ln.strip() for ln in after if not ln.startswith(_INDENT) and _EXC_LINE.match(ln)), None):
+        return f"Python exception: {exc}"
     if _KILLED.search("\n".join(lines[-5:])):
         return "killed (likely the kernel's OOM killer: `Killed`)"
     return None
-
-
-def _last_exception(lines: list[str]) -> str | None:
-    """The exception line closing the last traceback in ``lines``, if any."""
-    starts = [i for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
-    if not starts:
-        return None
-    rest = lines[starts[-1] + 1 :]
-    return next(
-        (ln.strip() for ln in rest if not ln.startswith((" ", "\t", "Traceback")) and _EXC_LINE.match(ln)),
-        None,
-    )

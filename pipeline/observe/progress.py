@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,12 +172,6 @@ def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
     return dict(rank=first.rank, rank_role=first.role, rank_step=first.step, rank_pid=first.pid, cause=cause)
 
 
-def parse(raw: str | None) -> ProgressState:
-    """A stored progress (JSON, as :meth:`~pipeline.state.incidents.IncidentStore.progress` returns
-    it) as a :class:`ProgressState`; empty when None."""
-    return ProgressState.model_validate_json(raw) if raw else ProgressState()
-
-
 def plan(
     state: ProgressState, job: JobConfig, *, run_pid: int | None, launch_offset: int | None
 ) -> tuple[ProgressState, LogRead]:
@@ -222,8 +216,11 @@ Planned = dict[str, tuple[ProgressState, LogRead]]
 async def plan_many(store: IncidentStore, tracked: Sequence[Tracked]) -> Planned:
     """:func:`plan` for every job of a cycle, their stored progress read in one Redis round trip."""
     stored = await store.progress_many([t.name for t in tracked])
+    states = {name: ProgressState.model_validate_json(raw) for name, raw in stored.items() if raw}
     return {
-        t.name: plan(parse(stored.get(t.name)), t.job, run_pid=t.run_pid, launch_offset=t.launch_offset)
+        t.name: plan(
+            states.get(t.name, ProgressState()), t.job, run_pid=t.run_pid, launch_offset=t.launch_offset
+        )
         for t in tracked
     }
 
@@ -237,57 +234,32 @@ async def judge_many(
     now: float,
 ) -> list[Judgement | None]:
     """Each job's :class:`Judgement` after its probe (``probes``: by job name), in ``tracked``'s
-    order: the bytes the probe read folded into ``planned`` (:func:`plan_many`), every new state
-    stored in one round trip (a job whose engine did not read them: :func:`refresh`).  None for a
-    job with no process, not seen, or whose metric log could not be read (logged)."""
-    out: list[Judgement | None] = [None] * len(tracked)
-    folded: dict[str, str] = {}
-    alone: dict[int, Awaitable[Judgement | None]] = {}
-    for i, t in enumerate(tracked):
-        probe = probes.get(t.name)
+    order: the bytes the probe read (a job whose engine did not read them: read in a call of its
+    own) folded into ``planned`` (:func:`plan_many`), every new state stored in one round trip.
+    None for a job with no process, not seen, or whose metric log could not be read (logged)."""
+
+    async def read(t: Tracked) -> LogChunk | None:
+        probe, (_, r) = probes.get(t.name), planned[t.name]
         if probe is None or probe.error or probe.count == 0:
-            continue
-        if probe.read_error is not None:
-            log.info("watch %s: no step progress: %s", t.name, probe.read_error)
-        elif probe.read is not None:
-            state = fold(planned[t.name][0], probe.read, t.job, now)
-            folded[t.name] = state.model_dump_json()
-            out[i] = judge(state, now, rank_stall_threshold(t.job, state.gaps))
-        else:
-            alone[i] = _judge_alone(ssh, store, t, now)
-    _, *read_alone = await asyncio.gather(store.save_progress_many(folded), *alone.values())
-    for i, judged in zip(alone, read_alone, strict=True):
-        out[i] = judged
-    return out
-
-
-async def _judge_alone(ssh: RemoteHosts, store: IncidentStore, t: Tracked, now: float) -> Judgement | None:
-    try:
-        state = await refresh(
-            ssh, store, t.name, t.job, run_pid=t.run_pid, launch_offset=t.launch_offset, now=now
-        )
-    except PitstopError as exc:
-        log.info("watch %s: no step progress: %s", t.name, exc.message)
+            return None
+        why = probe.read_error
+        if why is None and probe.read is not None:
+            return probe.read
+        try:
+            if why is None:  # the engine did not read it with the probe
+                at = (r["offset"], r["max_bytes"])
+                return await read_log_chunk(ssh, t.name, t.job, *at, inode=r["inode"], path=r["path"])
+        except PitstopError as exc:
+            why = exc.message
+        log.info("watch %s: no step progress: %s", t.name, why)
         return None
-    return judge(state, now, rank_stall_threshold(t.job, state.gaps))
 
-
-async def refresh(
-    ssh: RemoteHosts,
-    store: IncidentStore,
-    name: str,
-    job: JobConfig,
-    *,
-    run_pid: int | None,
-    launch_offset: int | None,
-    now: float,
-) -> ProgressState:
-    """Read the metric log's new bytes in a call of its own, fold them in, store and return the
-    progress.  :raises RemoteError: if the host cannot be read (the stored state is kept)."""
-    state, read = plan(parse(await store.progress(name)), job, run_pid=run_pid, launch_offset=launch_offset)
-    chunk = await read_log_chunk(
-        ssh, name, job, read["offset"], read["max_bytes"], inode=read["inode"], path=read["path"]
-    )
-    new = fold(state, chunk, job, now)
-    await store.save_progress(name, new.model_dump_json())
-    return new
+    out: list[Judgement | None] = []
+    folded: dict[str, str] = {}
+    for t, chunk in zip(tracked, await asyncio.gather(*map(read, tracked)), strict=True):
+        state = fold(planned[t.name][0], chunk, t.job, now) if chunk is not None else None
+        if state is not None:
+            folded[t.name] = state.model_dump_json()
+        out.append(judge(state, now, rank_stall_threshold(t.job, state.gaps)) if state is not None else None)
+    await store.save_progress_many(folded)
+    return out
