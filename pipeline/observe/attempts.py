@@ -133,18 +133,13 @@ def reach_of(
     first, high = _by_role(lines)
     role = role if role is not None else compared_role(first, high)
     last_at = max((ln.ts for ln in lines if ln.ts is not None), default=None)
-    rate = None
-    if role is not None:
-        timed = [(ln.ts, ln.step) for ln in lines if ln.role == role and ln.ts is not None and ln.step]
-        if len(timed) >= 2:
-            (t0, s0), (t1, s1) = min(timed), max(timed)
-            assert t0 is not None and t1 is not None and s0 is not None and s1 is not None
-            rate = (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+    timed = [(ln.ts, ln.step) for ln in lines if ln.role == role and ln.ts is not None and ln.step]
+    (t0, s0), (t1, s1) = min(timed, default=(0.0, 0)), max(timed, default=(0.0, 0))
     return Reach(
         steps=high,
         role=role,
         step=high.get(role) if role is not None else None,
-        steps_per_s=rate,
+        steps_per_s=(s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None,
         tokens_per_s=median_throughput(lines, last_at - window_s if last_at is not None else None),
         last_at=last_at,
         ended=ended,
@@ -240,9 +235,9 @@ def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingPr
         return None
     pipeline = {r: s for r, s in high.items() if r != TARGET} or high
     role = max(pipeline, key=lambda r: (pipeline[r], r))
-    reach = reach_of(lines, window_s=math.inf, role=role)
-    assert reach.step is not None
-    return TrainingProgress(reach.step, total_steps, role, reach.steps_per_s)
+    return TrainingProgress(
+        high[role], total_steps, role, reach_of(lines, window_s=math.inf, role=role).steps_per_s
+    )
 
 
 async def record_dead(

@@ -178,16 +178,8 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
         decided = Verdict.NO_PROGRESS
     else:
         resume = check_resume(obs.start_step, obs.checkpoint, since)
-        running = VerdictLine(
-            Verdict.RUNNING,
-            obs.count,
-            obs.expected,
-            pid=pid,
-            job_id=job_id,
-            nodes=obs.nodes,
-            resumed_at=resume.started_at,
-            ignored_checkpoint=resume.ignored,
-        )
+        seen = (obs.count, obs.expected, pid, job_id, obs.nodes)  # VerdictLine's fields in order
+        running = VerdictLine(Verdict.RUNNING, *seen, resume.started_at, resume.ignored)
         if lost is not None and resume.started_at:
             running = lost.on(running)
         decided, line = Verdict.RUNNING, verdict.format_line(running)

@@ -57,13 +57,6 @@ def idle_since(
     }
 
 
-def idle_now(
-    readings: Sequence[GpuReading], since: Mapping[int, float], idle_for: float, now: float
-) -> list[GpuReading]:
-    """The readings of the GPUs idle for at least ``idle_for`` seconds, in reading order."""
-    return [r for r in readings if r.index in since and now - since[r.index] >= idle_for]
-
-
 def idle_facts(
     idle: Sequence[GpuReading], watched_count: int, since: Mapping[int, float], below: float, now: float
 ) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline.config import JobConfig
-from pipeline.observe.idle import GpuReading, idle_facts, idle_now, idle_since
+from pipeline.observe.idle import GpuReading, idle_facts, idle_since
 from pipeline.observe.progress import Judgement, stuck_facts
 from pipeline.state.incidents import Incident, IncidentKind, WatchState
 
@@ -117,32 +117,42 @@ def assess(
 ) -> Decision:
     """Decide one watch cycle for one job (the conditions: module docstring); ``obs.at`` is "now",
     ``state`` the watcher memory from the previous cycle, ``incident`` the job's open one."""
-    now = obs.at
-    w = cfg.watch
+    now, w = obs.at, cfg.watch
+    actions: list[Action] = []
+
+    def done(inc: Incident | None, condition: str, *acts: Action) -> Decision:
+        return Decision(st, inc, (*actions, *acts), str(condition))
+
+    def remind(inc: Incident, condition: str) -> Decision:
+        """Re-post an open incident nobody acknowledged, every ``remind_every`` s."""
+        if inc.acked_by is not None or now - inc.notified_at < remind_every:
+            return done(inc, condition)
+        inc = inc.model_copy(update={"notified_at": now})
+        return done(inc, condition, Action(ActionKind.REMIND, inc))
+
     if not obs.reachable:
         since = state.unreachable_since if state.unreachable_since is not None else now
         fails = (state.probe_failures or 0) + 1
-        state = state.model_copy(update={"probe_failures": fails, "unreachable_since": since})
+        st = state.model_copy(update={"probe_failures": fails, "unreachable_since": since})
         if fails < w.unreachable_after or now - since < 2 * w.interval:
-            return Decision(state, incident, (), "probe_failed")  # one lost probe is no verdict
-        if incident is None:
-            new = Incident(
-                job=job,
-                host=cfg.host,
-                kind=IncidentKind.UNREACHABLE,
-                opened_at=now,
-                notified_at=now,
-                count=state.last_count or 0,
-                expected=cfg.processes,
-                last_pid=state.last_pid,
-                last_alive_at=state.last_alive_at,
-                error=obs.error,
-            )
-            return Decision(state, new, (Action(ActionKind.OPEN, new),), IncidentKind.UNREACHABLE.value)
-        return _remind(state, incident, now, remind_every, IncidentKind.UNREACHABLE.value)
+            return done(incident, "probe_failed")  # one lost probe is no verdict
+        if incident is not None:
+            return remind(incident, IncidentKind.UNREACHABLE)
+        new = Incident(
+            job=job,
+            host=cfg.host,
+            kind=IncidentKind.UNREACHABLE,
+            opened_at=now,
+            notified_at=now,
+            count=st.last_count or 0,
+            expected=cfg.processes,
+            last_pid=st.last_pid,
+            last_alive_at=st.last_alive_at,
+            error=obs.error,
+        )
+        return done(new, IncidentKind.UNREACHABLE, Action(ActionKind.OPEN, new))
 
     st = state.model_copy(update={"probe_failures": None, "unreachable_since": None, "probe_s": obs.probe_s})
-    actions: list[Action] = []
     if incident is not None and incident.kind is IncidentKind.UNREACHABLE:
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": "reachable"})
         actions.append(Action(ActionKind.RESOLVE, resolved))
@@ -171,7 +181,7 @@ def assess(
         st.idle_gpus_since = None
         if incident is not None and incident.next_auto_at is not None:
             incident = incident.model_copy(update={"next_auto_at": None})
-        return Decision(st, incident, tuple(actions), "in_flight")
+        return done(incident, "in_flight")
 
     expected = _expected(st, situation)
     warming = situation.launched_at is not None and now - situation.launched_at < w.warmup
@@ -210,48 +220,37 @@ def assess(
     if condition is IncidentKind.IDLE_GPUS and obs.gpus and w.idle_gpu_below is not None:
         facts.update(idle_facts(idle, len(obs.gpus), st.idle_gpus_since or {}, w.idle_gpu_below, now))
     if incident is None:
-        if isinstance(condition, IncidentKind):
-            new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
-            new = _plan_auto_restart(new, cfg, situation, now)
-            actions.append(Action(ActionKind.OPEN, new))
-            return Decision(st, new, tuple(actions), condition.value)
-        return Decision(st, None, tuple(actions), str(condition))
-
+        if not isinstance(condition, IncidentKind):
+            return done(None, condition)
+        new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
+        new = _plan_auto_restart(new, cfg, situation, now)
+        return done(new, condition, Action(ActionKind.OPEN, new))
     if condition == "ok" or condition == "idle":
         why = "running" if condition == "ok" else "stopped"
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": why, **facts})
-        actions.append(Action(ActionKind.RESOLVE, resolved))
-        return Decision(st, None, tuple(actions), str(condition))
-    if condition == "pending":
-        return _remind(st, incident, now, remind_every, "pending", actions)
-
-    assert isinstance(condition, IncidentKind)
+        return done(None, condition, Action(ActionKind.RESOLVE, resolved))
     current = incident.kind
-    if current is IncidentKind.CRASH_LOOP and condition is IncidentKind.DEAD:
-        return _remind(st, incident, now, remind_every, condition.value, actions)
+    if condition == "pending" or (current is IncidentKind.CRASH_LOOP and condition is IncidentKind.DEAD):
+        return remind(incident, condition)
     if condition is not current:
         changed = incident.model_copy(update={"kind": condition, "changed_at": now, **facts})
         changed = _plan_auto_restart(changed, cfg, situation, now)
-        actions.append(Action(ActionKind.CHANGE, changed, previous=current))
-        return Decision(st, changed, tuple(actions), condition.value)
+        return done(changed, condition, Action(ActionKind.CHANGE, changed, previous=current))
 
     # the same condition persists: maybe restart automatically, maybe remind
-    if condition is IncidentKind.DEAD and cfg.watch.auto_restart is not None and not incident.gave_up:
+    if condition is IncidentKind.DEAD and w.auto_restart is not None and not incident.gave_up:
         if incident.no_auto:  # its crash class is not restarted automatically: say so, once
             incident = incident.model_copy(update={"gave_up": True, "next_auto_at": None, "changed_at": now})
-            actions.append(Action(ActionKind.GIVE_UP, incident))
-            return Decision(st, incident, tuple(actions), condition.value)
+            return done(incident, condition, Action(ActionKind.GIVE_UP, incident))
         incident = _plan_auto_restart(incident, cfg, situation, now)
         if incident.gave_up:
-            actions.append(Action(ActionKind.GIVE_UP, incident))
-            return Decision(st, incident, tuple(actions), IncidentKind.CRASH_LOOP.value)
+            return done(incident, IncidentKind.CRASH_LOOP, Action(ActionKind.GIVE_UP, incident))
         if incident.next_auto_at is not None and now >= incident.next_auto_at:
             fired = incident.model_copy(
                 update={"next_auto_at": None, "auto_restarts": incident.auto_restarts + 1}
             )
-            actions.append(Action(ActionKind.AUTO_RESTART, fired))
-            return Decision(st, fired, tuple(actions), condition.value)
-    return _remind(st, incident, now, remind_every, condition.value, actions)
+            return done(fired, condition, Action(ActionKind.AUTO_RESTART, fired))
+    return remind(incident, condition)
 
 
 def _idle_gpus(
@@ -264,8 +263,8 @@ def _idle_gpus(
         return []
     if obs.gpus is None:
         return []
-    st.idle_gpus_since = idle_since(obs.gpus, below, st.idle_gpus_since or {}, obs.at) or None
-    return idle_now(obs.gpus, st.idle_gpus_since or {}, idle_for, obs.at)
+    since = st.idle_gpus_since = idle_since(obs.gpus, below, st.idle_gpus_since or {}, obs.at) or None
+    return [r for r in obs.gpus if since and r.index in since and obs.at - since[r.index] >= idle_for]
 
 
 def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation, now: float) -> Incident:
@@ -281,18 +280,3 @@ def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation,
         delay = policy.backoff * (2**situation.auto_restarts)
         return incident.model_copy(update={"next_auto_at": now + delay})
     return incident
-
-
-def _remind(
-    state: WatchState,
-    incident: Incident,
-    now: float,
-    remind_every: float,
-    condition: str,
-    actions: list[Action] | None = None,
-) -> Decision:
-    acts = list(actions or [])
-    if incident.acked_by is None and now - incident.notified_at >= remind_every:
-        incident = incident.model_copy(update={"notified_at": now})
-        acts.append(Action(ActionKind.REMIND, incident))
-    return Decision(state, incident, tuple(acts), condition)
