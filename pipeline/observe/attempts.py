@@ -174,11 +174,9 @@ def lost_work(
 
 def over_max_lost(lost: Lost, max_lost: int | LostDuration | None) -> bool:
     """Whether ``lost`` exceeds ``[jobs.NAME] max_lost`` (steps, or seconds of training)."""
-    if max_lost is None:
-        return False
     if isinstance(max_lost, LostDuration):
-        return lost.seconds is not None and lost.seconds > max_lost.seconds
-    return lost.steps > max_lost
+        return (lost.seconds or 0.0) > max_lost.seconds
+    return max_lost is not None and lost.steps > max_lost
 
 
 def checkpoint_interval(max_lost: int | LostDuration, steps_per_s: float | None) -> int | None:

@@ -21,12 +21,12 @@ step is the last ``step`` that rank logged (JSON metric lines) before the failur
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.config.watch import CrashClass
+from pipeline.observe.metrics import parse_jsonl
 
 MAX_EVIDENCE = 300  #: characters of the evidence line kept
 
@@ -122,17 +122,8 @@ def _launcher_rank(lines: list[str]) -> int | None:
 
 def _last_step(lines: list[str], before: int, rank: int | None) -> int | None:
     """The last ``step`` of ``rank`` in JSON metric lines before line ``before`` (no rank: the highest)."""
-    steps: list[int] = []
-    for ln in lines[:before]:
-        if not ln.startswith("{") or '"step"' not in ln:
-            continue
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        metric = isinstance(rec, dict) and "role" in rec and "event" not in rec
-        if metric and isinstance(rec.get("step"), int) and (rank is None or rec.get("rank") == rank):
-            steps.append(rec["step"])
+    data = "".join(f"{ln}\n" for ln in lines[:before] if ln.startswith("{") and '"step"' in ln).encode()
+    steps = [m.step for m in parse_jsonl(data) if m.step is not None and rank in (None, m.rank)]
     return max(steps, default=None) if rank is None else (steps[-1] if steps else None)
 
 
@@ -181,12 +172,10 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
         return Crash(kind, _short(lines[i]), etype, msg, rank, _last_step(lines, i, rank))
     rank = _launcher_rank(lines)
     for i, ln in enumerate(lines):
-        m = _LAUNCHER_EXIT.search(ln)
-        code = int(m.group(3)) if m else None
-        if _KILLED.search(ln) or code == -9:
-            return Crash(CrashClass.HOST_OOM, _short(ln), rank=rank, step=_last_step(lines, i, rank))
-        if _SIGNAL_LINE.search(ln) or (code is not None and code < 0):
-            return Crash(CrashClass.SIGNAL, _short(ln), rank=rank, step=_last_step(lines, i, rank))
+        code = int(m.group(3)) if (m := _LAUNCHER_EXIT.search(ln)) else 0
+        kind = CrashClass.HOST_OOM if _KILLED.search(ln) or code == -9 else CrashClass.SIGNAL
+        if kind is CrashClass.HOST_OOM or _SIGNAL_LINE.search(ln) or code < 0:
+            return Crash(kind, _short(ln), rank=rank, step=_last_step(lines, i, rank))
     step = _last_step(lines, len(lines), rank)
     if exit_signal == "SIGKILL":
         # no kernel line said so: most SIGKILLs of a training job are the OOM killer's, but a

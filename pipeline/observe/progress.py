@@ -53,7 +53,6 @@ class RankState(BaseModel):
     advanced_at: float  #: when (Pitstop's clock, unix s) its step last went up
     pid: int | None = None
     waiting_on: str | None = None  #: what it reported waiting on since its last advance (``all_reduce``)
-    waiting_at: float | None = None
 
 
 class ProgressState(BaseModel):
@@ -83,7 +82,7 @@ class ProgressState(BaseModel):
                 if now > r.advanced_at:
                     gaps.append(now - r.advanced_at)
                 r.step, r.advanced_at, r.role = line.step, now, line.role
-                r.waiting_on = r.waiting_at = None
+                r.waiting_on = None
         for rec in _json_records(data):
             rank = rec.get("rank")
             if not isinstance(rank, int):
@@ -98,7 +97,7 @@ class ProgressState(BaseModel):
                         step=int(rec.get("step") or 0),
                         advanced_at=now,
                     )
-                r.waiting_on, r.waiting_at = str(rec.get("on") or "?"), now
+                r.waiting_on = str(rec.get("on") or "?")
         return self.model_copy(update={"ranks": ranks, "gaps": gaps[-GAPS_KEPT:]})
 
 
@@ -137,8 +136,7 @@ def rank_stall_threshold(job: JobConfig, gaps: Sequence[float]) -> float:
     """``watch.rank_stall_after``, else max(60 s, 20 × the p95 of ``gaps``) (seconds)."""
     if job.watch.rank_stall_after is not None:
         return job.watch.rank_stall_after
-    p95 = percentile(list(gaps), 0.95) if gaps else None
-    return max(MIN_RANK_STALL, STALL_FACTOR * p95) if p95 else MIN_RANK_STALL
+    return max(MIN_RANK_STALL, STALL_FACTOR * (percentile(gaps, 0.95) or 0.0))
 
 
 def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
