@@ -315,9 +315,7 @@ def running(
 ) -> str:
     """``RUNNING 8/8 processes pid 4242`` (``, resumed at step N`` / ``, started from step 0 although …``;
     with ``lost``, what the previous run reached and what the restart lost)."""
-    line = VerdictLine(
-        Verdict.RUNNING, seen, expected, pid=pid, resumed_at=resumed_at, ignored_checkpoint=ignored_checkpoint
-    )
+    line = VerdictLine(Verdict.RUNNING, seen, expected, pid, None, None, resumed_at, ignored_checkpoint)
     return format_line(lost.on(line) if lost is not None else line)
 
 

@@ -251,13 +251,12 @@ async def record_dead(
         return run
     if (start := attempt_start(run, job)) is None:
         return None
-    role = None
-    if run.resumed_at:
-        before = await runs.attempts(name, 1, before=run)
-        role = before[0].reach.role if before and before[0].reach is not None else None
+    before = await runs.attempts(name, 1, before=run) if run.resumed_at else []
+    role = before[0].reach.role if before and before[0].reach is not None else None
     lines = await read_attempt(read, name, job, start)
-    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
-    return await runs.record_reach(run.id, reach)
+    return await runs.record_reach(
+        run.id, reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
+    )
 
 
 @dataclass(frozen=True)

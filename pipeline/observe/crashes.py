@@ -49,13 +49,8 @@ class Crash:
 
     def same_failure(self, other: Crash) -> bool:
         """Whether ``other`` is this Python exception again: same type at the same step."""
-        return (
-            self.kind is CrashClass.PYTHON_EXCEPTION
-            and other.kind is CrashClass.PYTHON_EXCEPTION
-            and self.exc_type == other.exc_type
-            and self.step is not None
-            and self.step == other.step
-        )
+        same = (self.kind, self.exc_type, self.step) == (other.kind, other.exc_type, other.step)
+        return same and self.kind is CrashClass.PYTHON_EXCEPTION and self.step is not None
 
     def to_fields(self) -> dict[str, str]:
         """Flat string fields (``crash_*``) to keep in a Redis hash; :func:`from_fields` reads them."""

@@ -22,7 +22,7 @@ from pipeline.host.probe import CRASH_BYTES, JobProbe, Ops, call_helper, read_lo
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.resume import ResumePoint, check_resume, checkpoint_fact
 from pipeline.state.runs import RunRecord
-from pipeline.verdict import Lost, Step, Verdict, VerdictLine
+from pipeline.verdict import ERROR_LINE_LIMIT, Lost, Step, Verdict, VerdictLine
 
 RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
 TAIL_LINES = 30  #: log lines kept as evidence
@@ -165,37 +165,36 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     if obs.state == "pending":
         line = verdict.pending(obs.pending_reason or "", obs.job_id or 0, since)
         return Verdict.PENDING, line, "\n".join(facts)
-    if obs.state not in ("alive", "pending"):
+    seen = (obs.count, obs.expected, pid, job_id)  # VerdictLine's fields in order
+    if obs.state != "alive":
         after = obs.ran_for if obs.ran_for is not None else since
-        decided, line = Verdict.EXITED, verdict.exited(obs.exit_code, obs.signal, after)
+        v = VerdictLine(Verdict.EXITED, code=obs.exit_code, signal=obs.signal, after_s=after)
     elif obs.error_line:
-        decided, line = Verdict.ERROR_IN_LOG, verdict.error_in_log(obs.error_line, pid=pid, job_id=job_id)
+        v = VerdictLine(
+            Verdict.ERROR_IN_LOG, pid=pid, job_id=job_id, detail=obs.error_line[:ERROR_LINE_LIMIT]
+        )
     elif not count_right(obs.count, obs.expected, obs.short):
-        line = verdict.wrong_count(obs.count, obs.expected, pid=pid, job_id=job_id, short=obs.short)
-        decided = Verdict.WRONG_COUNT
+        v = VerdictLine(Verdict.WRONG_COUNT, *seen, detail=", ".join(obs.short))
     elif not obs.new_bytes or obs.new_bytes <= 0:
-        line = verdict.no_progress(obs.count, obs.expected, ran, pid=pid, job_id=job_id)
-        decided = Verdict.NO_PROGRESS
+        v = VerdictLine(Verdict.NO_PROGRESS, *seen, silent_s=ran)
     else:
         resume = check_resume(obs.start_step, obs.checkpoint, since)
-        seen = (obs.count, obs.expected, pid, job_id, obs.nodes)  # VerdictLine's fields in order
-        running = VerdictLine(Verdict.RUNNING, *seen, resume.started_at, resume.ignored)
+        v = VerdictLine(Verdict.RUNNING, *seen, obs.nodes, resume.started_at, resume.ignored)
         if lost is not None and resume.started_at:
-            running = lost.on(running)
-        decided, line = Verdict.RUNNING, verdict.format_line(running)
+            v = lost.on(v)
     if obs.checkpoint is not None:
         facts.append(checkpoint_fact(obs.checkpoint.path, obs.checkpoint.step, obs.checkpoint.age_s))
     stop = run.step(Step.STOP)
     if stop is not None and stop.stale:
         facts.insert(0, stop.detail)
-        decided, line = Verdict.STALE_RECORD, verdict.stale_record(run.old_pid or 0, line)
+        v = VerdictLine(Verdict.STALE_RECORD, pid=run.old_pid or 0, then=v)
     evidence = "\n".join(facts)
-    if decided is not Verdict.RUNNING:
+    if v.verdict is not Verdict.RUNNING:
         evidence += f"\n--- last {TAIL_LINES} {obs.output} lines since launch ---\n{tail}"
     elif obs.tail.strip():  # healthy: a glimpse of the output is enough
         last = tail.rstrip("\n").splitlines()[-RUNNING_TAIL_LINES:]
         evidence += f"\n--- last {len(last)} {obs.output} lines ---\n" + "\n".join(last)
-    return decided, line, evidence
+    return v.verdict, str(v), evidence
 
 
 async def crash_evidence(

@@ -74,9 +74,7 @@ class ProgressState(BaseModel):
         for line in parse_metric_lines(data, job.metrics):
             if line.step is None:
                 continue
-            key = str(line.rank)
-            r = ranks.get(key)
-            if r is None:
+            if (r := ranks.get(key := str(line.rank))) is None:
                 ranks[key] = RankState(role=line.role, step=line.step, advanced_at=now)
             elif line.step > r.step:
                 if now > r.advanced_at:
@@ -87,16 +85,13 @@ class ProgressState(BaseModel):
             rank = rec.get("rank")
             if not isinstance(rank, int):
                 continue
-            r = ranks.get(str(rank))
+            r = ranks.get(key := str(rank))
             if isinstance(rec.get("pid"), int) and r is not None:
                 r.pid = rec["pid"]
             if rec.get("event") == "waiting":
                 if r is None:
-                    r = ranks[str(rank)] = RankState(
-                        role=str(rec.get("role") or rec.get("rank_role") or "worker"),
-                        step=int(rec.get("step") or 0),
-                        advanced_at=now,
-                    )
+                    role = str(rec.get("role") or rec.get("rank_role") or "worker")
+                    r = ranks[key] = RankState(role=role, step=int(rec.get("step") or 0), advanced_at=now)
                 r.waiting_on = str(rec.get("on") or "?")
         return self.model_copy(update={"ranks": ranks, "gaps": gaps[-GAPS_KEPT:]})
 

@@ -130,6 +130,11 @@ def assess(
         inc = inc.model_copy(update={"notified_at": now})
         return done(inc, condition, Action(ActionKind.REMIND, inc))
 
+    def opened(kind: IncidentKind, **facts: Any) -> Decision:
+        new = Incident(job=job, host=cfg.host, kind=kind, opened_at=now, notified_at=now, **facts)
+        new = _plan_auto_restart(new, cfg, situation, now)
+        return done(new, kind, Action(ActionKind.OPEN, new))
+
     if not obs.reachable:
         since = state.unreachable_since if state.unreachable_since is not None else now
         fails = (state.probe_failures or 0) + 1
@@ -138,19 +143,8 @@ def assess(
             return done(incident, "probe_failed")  # one lost probe is no verdict
         if incident is not None:
             return remind(incident, IncidentKind.UNREACHABLE)
-        new = Incident(
-            job=job,
-            host=cfg.host,
-            kind=IncidentKind.UNREACHABLE,
-            opened_at=now,
-            notified_at=now,
-            count=st.last_count or 0,
-            expected=cfg.processes,
-            last_pid=st.last_pid,
-            last_alive_at=st.last_alive_at,
-            error=obs.error,
-        )
-        return done(new, IncidentKind.UNREACHABLE, Action(ActionKind.OPEN, new))
+        known = {"expected": cfg.processes, **st.model_dump(include={"last_pid", "last_alive_at"})}
+        return opened(IncidentKind.UNREACHABLE, count=st.last_count or 0, error=obs.error, **known)
 
     st = state.model_copy(update={"probe_failures": None, "unreachable_since": None, "probe_s": obs.probe_s})
     if incident is not None and incident.kind is IncidentKind.UNREACHABLE:
@@ -159,25 +153,21 @@ def assess(
         incident = None
 
     if obs.count > 0:
-        st.last_alive_at = now
+        st.last_alive_at, st.last_count = now, obs.count
         st.last_pid = obs.pids[0] if obs.pids else st.last_pid
-        st.last_count = obs.count
-    if obs.exit_cause:
-        st.exit_cause = obs.exit_cause
-    if obs.log_size is not None and obs.log_size != st.log_size:
-        st.progress_at = now  # grew, or rotated/truncated: either way the job wrote
-        st.log_size = obs.log_size
-    if st.progress_at is None or obs.count == 0:
-        st.progress_at = now  # no baseline yet, or nothing running to stall
-    if obs.count == 0 or obs.count >= cfg.processes:
+    st.exit_cause = obs.exit_cause or st.exit_cause
+    wrote = obs.log_size is not None and obs.log_size != st.log_size  # grew, or rotated/truncated
+    # the job wrote, no baseline yet, nothing running to stall, or a planned restart (no alerts:
+    # progress and degradation are measured from its end)
+    if wrote or st.progress_at is None or obs.count == 0 or situation.in_flight:
+        st.progress_at = now
+    st.log_size = obs.log_size if obs.log_size is not None else st.log_size
+    if obs.count == 0 or obs.count >= cfg.processes or situation.in_flight:
         st.degraded_since = None
     elif st.degraded_since is None:
         st.degraded_since = now
 
     if situation.in_flight:
-        # a planned restart: no alerts; progress and degradation are measured from its end
-        st.progress_at = now
-        st.degraded_since = None
         st.idle_gpus_since = None
         if incident is not None and incident.next_auto_at is not None:
             incident = incident.model_copy(update={"next_auto_at": None})
@@ -222,9 +212,7 @@ def assess(
     if incident is None:
         if not isinstance(condition, IncidentKind):
             return done(None, condition)
-        new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
-        new = _plan_auto_restart(new, cfg, situation, now)
-        return done(new, condition, Action(ActionKind.OPEN, new))
+        return opened(condition, **facts)
     if condition == "ok" or condition == "idle":
         why = "running" if condition == "ok" else "stopped"
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": why, **facts})
