@@ -2,13 +2,13 @@
 and the verdict line: one owner that formats it and parses it.
 
 The verdict line is a contract for people and scripts alike (``pitstop say --wait`` prints it,
-the README lists its forms): one line, the verdict's name first, then the facts behind it; each
-builder (:func:`running`, …) shows its forms.
+the README lists its forms): one line, the verdict's name first, then the facts behind it; the
+table of forms (``_TEMPLATES``) shows them all.
 
 :class:`VerdictLine` holds the facts; :func:`format_line` writes the line, :func:`parse_line` reads
 it back (``format_line(parse_line(s)) == s``), both from one table of forms (``_TEMPLATES``: each
-``{name}`` a codec that writes a field and the regex that reads it); the engines call the builders
-(:func:`running`, …).
+``{name}`` a codec that writes a field and the regex that reads it); the engines write a line with
+``str(VerdictLine(...))`` or a builder (:func:`stop_failed`, …).
 Imports :mod:`pipeline.fmt` and the standard library only.
 """
 
@@ -123,7 +123,8 @@ def _who(v: VerdictLine) -> str:
     return f"job {v.job_id}" if v.job_id is not None else f"pid {v.pid}"
 
 
-def _steps(n: int, role: str | None) -> str:
+def steps_of(n: int, role: str | None = None) -> str:
+    """``1 step``, ``1,004 drafter steps``: ``n`` steps (of ``role``, when named) as a line says them."""
     word = f"{role} step" if role else "step"
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
@@ -134,9 +135,7 @@ def _lost_clause(v: VerdictLine) -> str | None:
     if v.reached is None or v.lost is None:
         return None
     role = one_line(v.lost_role or "").replace(" ", "_") or None
-    text = (
-        f"; the previous run reached {role + ' ' if role else ''}step {v.reached:,} — {_steps(v.lost, role)}"
-    )
+    text = f"; the previous run reached {role + ' ' if role else ''}step {v.reached:,} — {steps_of(v.lost, role)}"
     if v.lost and v.lost_s is not None and math.isfinite(v.lost_s) and v.lost_s >= 1:  # never "about 0 s"
         text += f" (about {fmt.duration(v.lost_s)} of training)"
     text += " lost"
@@ -156,22 +155,14 @@ def _step(v: VerdictLine) -> str:
     return one_line(v.step or "").replace(" ", "_")
 
 
-def _int(field: str, rx: str = "[0-9]+") -> _Codec:
-    return (lambda v: None if (x := getattr(v, field)) is None else str(x)), rf"(?P<{field}>{rx})"
-
-
-def _text(field: str, rx: str) -> _Codec:
-    return (lambda v: one_line(getattr(v, field) or "") or None), rf"(?P<{field}>{rx})"
-
-
-def _seconds(field: str, show: Callable[[float], str], rx: str) -> _Codec:
+def _secs(seconds: float) -> float:
     """Seconds as a line shows them: never negative (a host clock stepped back), never NaN."""
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
-    def write(v: VerdictLine) -> str | None:
-        x = getattr(v, field)
-        return None if x is None else show(x if math.isfinite(x) and x > 0 else 0.0)
 
-    return write, rf"(?P<{field}>{rx})"
+def _field(field: str, rx: str = "[0-9]+", show: Callable[[Any], str | None] = str) -> _Codec:
+    """A field written by ``show`` (absent when None) and read back as the named group ``rx``."""
+    return (lambda v: None if (x := getattr(v, field)) is None else show(x)), rf"(?P<{field}>{rx})"
 
 
 def _state(state: str, text: str, rx: str) -> _Codec:
@@ -189,19 +180,19 @@ _LOST = (
 #: a template's ``{name}`` → how a line writes it (None: this form does not apply), and the regex
 #: (its groups named as VerdictLine fields) that reads it back
 _CODECS: dict[str, _Codec] = {
-    **{f: _int(f) for f in ("seen", "expected", "pid", "job_id", "ignored_checkpoint")},
-    "code": _int("code", rf"-?{_N}"),
+    **{f: _field(f) for f in ("seen", "expected", "pid", "job_id", "ignored_checkpoint")},
+    "code": _field("code", rf"-?{_N}"),
     "resumed_at": (lambda v: str(v.resumed_at) if v.resumed_at else None, rf"(?P<resumed_at>{_N})"),
     "who": (_who, rf"(?:pid (?P<pid>{_N})|job (?P<job_id>{_N}))"),
     "where": (_where, rf"(?:pid (?P<pid>{_N})|job (?P<job_id>{_N}) on (?P<nodes>{_N}) nodes?)"),
     "lost": (_lost_clause, _LOST),
     "all_lost": (lambda v: _lost_clause(v) if v.lost else None, _LOST),  # from scratch: none is no clause
-    "silent_s": _seconds("silent_s", lambda s: f"{s:.0f}", _N),
-    "after_s": _seconds("after_s", lambda s: f"{s:.1f}", r"[0-9]+(?:\.[0-9])?"),
-    "queued_s": _seconds("queued_s", fmt.duration, r"[^)]+"),
+    "silent_s": _field("silent_s", _N, lambda s: f"{_secs(s):.0f}"),
+    "after_s": _field("after_s", r"[0-9]+(?:\.[0-9])?", lambda s: f"{_secs(s):.1f}"),
+    "queued_s": _field("queued_s", r"[^)]+", lambda s: fmt.duration(_secs(s))),
     "reason": (lambda v: one_line(v.reason or "") or "None", r"(?P<reason>.+)"),
-    "signal": _text("signal", r"\S+"),
-    "detail": _text("detail", ".+"),
+    "signal": _field("signal", r"\S+", lambda t: one_line(t) or None),
+    "detail": _field("detail", ".+", lambda t: one_line(t) or None),
     "cut": (lambda v: one_line(v.detail)[:ERROR_LINE_LIMIT].rstrip() or None, "(?P<detail>.+)"),
     "check": (lambda v: one_line(v.check or "").replace(":", ""), "(?P<check>[^:]*)"),
     "survivors": (lambda v: ", ".join(map(str, v.survivors)) or None, rf"(?P<survivors>{_N}(?:, {_N})*)"),
@@ -304,52 +295,6 @@ class Lost:
 # --- the builders the engines call -----------------------------------------------------------------
 
 
-def running(
-    seen: int,
-    expected: int,
-    pid: int,
-    *,
-    resumed_at: int | None = None,
-    ignored_checkpoint: int | None = None,
-    lost: Lost | None = None,
-) -> str:
-    """``RUNNING 8/8 processes pid 4242`` (``, resumed at step N`` / ``, started from step 0 although …``;
-    with ``lost``, what the previous run reached and what the restart lost)."""
-    line = VerdictLine(Verdict.RUNNING, seen, expected, pid, None, None, resumed_at, ignored_checkpoint)
-    return format_line(lost.on(line) if lost is not None else line)
-
-
-def pending(reason: str, job_id: int, queued_s: float) -> str:
-    """``PENDING reason Resources (job 4242 queued 2 min)`` (Slurm)."""
-    return format_line(VerdictLine(Verdict.PENDING, job_id=job_id, reason=reason or None, queued_s=queued_s))
-
-
-def wrong_count(
-    seen: int, expected: int, *, pid: int | None = None, job_id: int | None = None, short: Sequence[str] = ()
-) -> str:
-    """``WRONG_COUNT 5/8 processes pid 4242`` or ``WRONG_COUNT 7/8 processes job 4242 (n2: 3/4)``."""
-    return str(
-        VerdictLine(Verdict.WRONG_COUNT, seen, expected, pid=pid, job_id=job_id, detail=", ".join(short))
-    )
-
-
-def no_progress(
-    seen: int, expected: int, silent_s: float, *, pid: int | None = None, job_id: int | None = None
-) -> str:
-    """``NO_PROGRESS 8/8 processes pid 4242 log silent 60 s`` (``silent_s``: seconds)."""
-    return str(VerdictLine(Verdict.NO_PROGRESS, seen, expected, pid=pid, job_id=job_id, silent_s=silent_s))
-
-
-def exited(code: int | None, signal: str | None, after_s: float) -> str:
-    """``EXITED code 3 after 1.2 s`` (or ``signal SIGKILL``, or ``(exit code unknown)``); ``after_s``: seconds."""
-    return format_line(VerdictLine(Verdict.EXITED, code=code, signal=signal or None, after_s=after_s))
-
-
-def error_in_log(line: str, *, pid: int | None = None, job_id: int | None = None) -> str:
-    """``ERROR_IN_LOG pid 4242: RuntimeError: CUDA out of memory`` (the line cut to 200 characters)."""
-    return str(VerdictLine(Verdict.ERROR_IN_LOG, pid=pid, job_id=job_id, detail=line[:ERROR_LINE_LIMIT]))
-
-
 def preflight_failed(check: str, detail: str) -> str:
     """``PREFLIGHT_FAILED patch: topk does not apply: …``."""
     return format_line(VerdictLine(Verdict.PREFLIGHT_FAILED, check=check, detail=detail))
@@ -363,11 +308,6 @@ def stop_failed(survivors: Sequence[int], detail: str) -> str:
 def launch_failed(detail: str) -> str:
     """``LAUNCH_FAILED cannot start ./run.sh: …``."""
     return format_line(VerdictLine(Verdict.LAUNCH_FAILED, detail=detail))
-
-
-def stale_record(pid: int, then: str) -> str:
-    """``STALE_RECORD pid 4242 not signalled (start time differs); then: <the line it had apart from that>``."""
-    return format_line(VerdictLine(Verdict.STALE_RECORD, pid=pid, then=parse_line(then)))
 
 
 def cancelled(after_step: str | None) -> str:

@@ -22,7 +22,7 @@ from pipeline.observe.crashes import Crash
 from pipeline.observe.metrics import TARGET, MetricLine, parse_metric_lines, percentile
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord, RunStore
-from pipeline.verdict import Lost
+from pipeline.verdict import Lost, steps_of
 
 MAX_READ = 4 * 1024 * 1024  #: bytes of an attempt's log read at most (its last ones)
 
@@ -297,9 +297,9 @@ async def account_previous(
     prev = before[0]
     lines = await read_attempt(read, name, job, start, end)
     first, high = _by_role(await read_attempt(read, name, job, end))
-    role = resumed_role(first, high, resumed_at) or (prev.reach.role if prev.reach is not None else None)
-    known = prev.reach.ended if prev.reach is not None else None
-    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=known or ended)
+    had = prev.reach or Reach()
+    role = resumed_role(first, high, resumed_at) or had.role
+    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended or ended)
     saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
     lost = None
     if resumed_at:
@@ -336,12 +336,9 @@ def recovery(now: float | None, before: float | None, slow_after: float) -> Reco
 def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s: float | None) -> str:
     """The thread's warning for a restart that lost more than ``[jobs.NAME] max_lost``, with the
     checkpoint interval that would have kept it under."""
-    steps = f"{lost.steps:,} {lost.role + ' ' if lost.role else ''}step{'' if lost.steps == 1 else 's'}"
     took = f" (about {fmt.duration(lost.seconds)} of training)" if (lost.seconds or 0) >= 1 else ""
     limit = (
-        f"{fmt.duration(max_lost.seconds)} of training"
-        if isinstance(max_lost, LostDuration)
-        else f"{max_lost:,} step{'' if max_lost == 1 else 's'}"
+        steps_of(max_lost) if isinstance(max_lost, int) else f"{fmt.duration(max_lost.seconds)} of training"
     )
     every = checkpoint_interval(max_lost, steps_per_s)
     if every is None:
@@ -350,8 +347,8 @@ def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s
         at = (
             f", about {fmt.duration(every / steps_per_s)} at {steps_per_s:.2f} steps/s" if steps_per_s else ""
         )
-        hint = f"checkpointing every {every:,} step{'' if every == 1 else 's'}{at} would have kept it under"
-    return f"⚠ {job} lost {steps}{took} at this restart, more than max_lost ({limit}): {hint}"
+        hint = f"checkpointing every {steps_of(every)}{at} would have kept it under"
+    return f"⚠ {job} lost {steps_of(lost.steps, lost.role)}{took} at this restart, more than max_lost ({limit}): {hint}"
 
 
 _CLASS_WORDS = {

@@ -156,14 +156,11 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
     first = _first_failure(lines)
     if first is not None:
         i, kind, etype, msg = first
-        rank = None
-        if etype is not None:  # the lines just before its traceback name the rank
-            tb = max(k for k in range(i + 1) if lines[k].startswith(_TRACEBACK))
-            rank = _rank_near(lines, tb - 1) if tb > 0 else None
-        if rank is None:  # the launcher names the process that died (a ``[rankN]`` may be a group rank)
-            rank = _launcher_rank(lines)
-        if rank is None:
-            rank = _rank_near(lines, i)
+        tb = max(k for k in range(i + 1) if lines[k].startswith(_TRACEBACK)) if etype is not None else 0
+        # the lines just before its traceback name the rank, else the launcher names the process
+        # that died (a ``[rankN]`` may be a group rank), else the lines around the failure line
+        ranks = (_rank_near(lines, tb - 1) if tb > 0 else None, _launcher_rank(lines), _rank_near(lines, i))
+        rank = next((r for r in ranks if r is not None), None)
         return Crash(kind, _short(lines[i]), etype, msg, rank, _last_step(lines, i, rank))
     rank = _launcher_rank(lines)
     for i, ln in enumerate(lines):

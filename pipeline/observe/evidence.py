@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteError
 from pipeline.host.contract import EvidenceArgs, HangAnswer, HangArgs
@@ -98,6 +97,7 @@ async def gather(
     state, count, pids = str(raw.get("state") or "gone"), int(raw.get("count") or 0), raw.get("pids") or []
     how = ended(state, raw.get("status")) or Exit(None, None, None)
     info, grew, started = raw.get("log"), raw.get("new_bytes"), raw.get("start_step")
+    start = None if not started else started["said"] if started["said"] is not None else started["first"]
     listed = f" (pids {', '.join(str(p) for p in pids[:20])})" if pids else ""
     return Observation(
         state,
@@ -118,9 +118,7 @@ async def gather(
             f"log {path}: "
             + (f"+{grew} bytes since launch" if grew is not None else f"{info and info['error']}"),
         ),
-        start_step=(started["said"] if started["said"] is not None else started["first"])
-        if started
-        else None,
+        start_step=start,
         checkpoint=ResumePoint.from_helper(raw.get("checkpoint"), raw.get("time")),
     )
 
@@ -163,8 +161,10 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     tail = obs.tail.strip() or NO_LOG_SINCE_LAUNCH
     facts = list(obs.facts)
     if obs.state == "pending":
-        line = verdict.pending(obs.pending_reason or "", obs.job_id or 0, since)
-        return Verdict.PENDING, line, "\n".join(facts)
+        queued = VerdictLine(
+            Verdict.PENDING, job_id=obs.job_id or 0, reason=obs.pending_reason, queued_s=since
+        )
+        return Verdict.PENDING, str(queued), "\n".join(facts)
     seen = (obs.count, obs.expected, pid, job_id)  # VerdictLine's fields in order
     if obs.state != "alive":
         after = obs.ran_for if obs.ran_for is not None else since

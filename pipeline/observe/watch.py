@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline.config import JobConfig
+from pipeline.config.watch import WatchSettings
 from pipeline.observe.idle import GpuReading, idle_facts, idle_since
 from pipeline.observe.progress import Judgement, stuck_facts
 from pipeline.state.incidents import Incident, IncidentKind, WatchState
@@ -98,13 +99,6 @@ class Decision:
     condition: str  #: ``ok``, ``pending``, ``idle``, ``in_flight`` or an :class:`IncidentKind` value
 
 
-def _expected(state: WatchState, situation: Situation) -> bool:
-    """Should the job be running: a RUNNING verdict or seen alive, and not stopped on purpose since."""
-    if situation.stopped_at is not None and (state.last_alive_at or 0.0) <= situation.stopped_at:
-        return False
-    return situation.running_verdict or state.last_alive_at is not None
-
-
 def assess(
     job: str,
     cfg: JobConfig,
@@ -173,12 +167,16 @@ def assess(
             incident = incident.model_copy(update={"next_auto_at": None})
         return done(incident, "in_flight")
 
-    expected = _expected(st, situation)
+    # should it run: a RUNNING verdict or seen alive, and not stopped on purpose since
+    stopped = situation.stopped_at is not None and (st.last_alive_at or 0.0) <= situation.stopped_at
+    expected = not stopped and (situation.running_verdict or st.last_alive_at is not None)
     warming = situation.launched_at is not None and now - situation.launched_at < w.warmup
     steps = obs.progress if obs.progress is not None and obs.progress.known else None
-    idle = _idle_gpus(st, w.idle_gpu_below, w.idle_gpu_for, obs, warming)
+    idle = _idle_gpus(st, w, obs, warming)
     # GPUs not read this cycle (nvidia-smi failed): an open idle incident stays as it is
     unread = w.idle_gpu_below is not None and obs.gpus is None and bool(st.idle_gpus_since)
+    # the ranks' steps (not while warming up), else the log's bytes (:mod:`pipeline.observe.progress`)
+    silent = now - (st.progress_at or now) if steps is None else 0.0 if warming else steps.frozen_for or 0.0
     condition: IncidentKind | str
     if obs.count == 0:
         condition = IncidentKind.DEAD if expected else "idle"
@@ -186,9 +184,7 @@ def assess(
         condition = IncidentKind.DEGRADED
     elif not warming and steps is not None and steps.stuck:
         condition = IncidentKind.STUCK_RANK
-    elif not warming and steps is not None and (steps.frozen_for or 0.0) >= w.stall_after:
-        condition = IncidentKind.STALLED
-    elif steps is None and now - (st.progress_at or now) >= w.stall_after:
+    elif silent >= w.stall_after:
         condition = IncidentKind.STALLED
     elif idle or (unread and incident is not None and incident.kind is IncidentKind.IDLE_GPUS):
         condition = IncidentKind.IDLE_GPUS
@@ -197,14 +193,9 @@ def assess(
     else:
         condition = "ok"
 
-    facts: dict[str, Any] = {
-        "count": obs.count,
-        "expected": cfg.processes,
-        "last_pid": st.last_pid,
-        "last_alive_at": st.last_alive_at,
-        "exit_cause": st.exit_cause,
-        **({"cause": obs.detail} if obs.detail else {}),
-    }
+    last = st.model_dump(include={"last_pid", "last_alive_at", "exit_cause"})
+    facts: dict[str, Any] = {"count": obs.count, "expected": cfg.processes, **last}
+    facts.update({"cause": obs.detail} if obs.detail else {})
     if condition is IncidentKind.STUCK_RANK and steps is not None:
         facts.update(stuck_facts(steps, cfg.host))
     if condition is IncidentKind.IDLE_GPUS and obs.gpus and w.idle_gpu_below is not None:
@@ -241,11 +232,10 @@ def assess(
     return remind(incident, condition)
 
 
-def _idle_gpus(
-    st: WatchState, below: float | None, idle_for: float | None, obs: Observation, warming: bool
-) -> list[GpuReading]:
-    """Carry each watched GPU's idle start in ``st`` and return those idle for ``idle_for`` s;
+def _idle_gpus(st: WatchState, w: WatchSettings, obs: Observation, warming: bool) -> list[GpuReading]:
+    """Carry each watched GPU's idle start in ``st`` and return those idle for ``idle_gpu_for`` s;
     nothing running or warming up forgets them, GPUs not read keep them."""
+    below, idle_for = w.idle_gpu_below, w.idle_gpu_for
     if below is None or idle_for is None or obs.count == 0 or warming:
         st.idle_gpus_since = None
         return []
