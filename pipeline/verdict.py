@@ -327,9 +327,8 @@ def interrupted_after_launch(
 ) -> str:
     """``INTERRUPTED after launch: pid 5151 running 8/8 (unverified)`` (or ``job 42 pending``): the
     owner died after the launch; ``state``: ``alive``, ``gone``, ``unknown`` or ``pending`` (Slurm)."""
-    return str(
-        VerdictLine(Verdict.INTERRUPTED, seen, expected, pid=pid, job_id=job_id, step="launch", state=state)
-    )
+    line = VerdictLine(Verdict.INTERRUPTED, seen, expected, pid, job_id, step="launch", state=state)
+    return format_line(line)
 
 
 #: regex group (named as its VerdictLine field) → how its text reads; the others are text
@@ -342,6 +341,7 @@ _READ: dict[str, Callable[[str], Any]] = {
     **dict.fromkeys(("after_s", "silent_s"), float),
     "survivors": lambda pids: tuple(int(p) for p in pids.split(", ")),
     "then": lambda line: parse_line(line),
+    "reason": lambda reason: None if reason == "None" else reason,
 }
 
 
@@ -359,7 +359,5 @@ def parse_line(text: str) -> VerdictLine:
             facts = {k: _READ.get(k, str)(v) for k, v in m.groupdict().items() if v is not None}
             if (state := facts.pop("state", None)) is not None:  # after launch: no step group
                 facts.update(step="launch", state="alive" if state == "running" else state)
-            if facts.get("reason") == "None":
-                del facts["reason"]
             return VerdictLine(verdict, **facts)
     raise ValueError(f"not a {verdict} verdict line: {text[:120]!r}")

@@ -131,20 +131,6 @@ def _named_class(text: str) -> CrashClass | None:
     return CrashClass.NCCL_ERROR if _NCCL_ERROR.search(text) else None
 
 
-def _first_failure(lines: list[str]) -> tuple[int, CrashClass, str | None, str | None] | None:
-    """(line index, class, exception type, message) of the earliest failure line."""
-    for i, ln in enumerate(lines):
-        if ln.startswith(_TRACEBACK):
-            exc = _exception_at(lines, i)
-            if exc is None:
-                continue
-            j, etype, msg = exc
-            return j, _named_class(lines[j]) or CrashClass.PYTHON_EXCEPTION, etype, msg
-        if kind := _named_class(ln):
-            return i, kind, None, None
-    return None
-
-
 def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | None = None) -> Crash:
     """Classify a failure from the new log bytes of all ranks (the rules: module docstring), and
     the signal (``SIGKILL``) or exit code that ended the launched process, when known."""
@@ -153,9 +139,15 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
         if _XID.search(ln):
             rank = _rank_near(lines, i)
             return Crash(CrashClass.XID, _short(ln), rank=rank, step=_last_step(lines, i, rank))
-    first = _first_failure(lines)
-    if first is not None:
-        i, kind, etype, msg = first
+    for i, ln in enumerate(lines):  # the earliest failure line: one naming its class, or a traceback's
+        etype = msg = None
+        if ln.startswith(_TRACEBACK):
+            if (exc := _exception_at(lines, i)) is None:
+                continue
+            i, etype, msg = exc  # its exception line
+        kind = _named_class(lines[i]) or (CrashClass.PYTHON_EXCEPTION if etype is not None else None)
+        if kind is None:
+            continue
         tb = max(k for k in range(i + 1) if lines[k].startswith(_TRACEBACK)) if etype is not None else 0
         # the lines just before its traceback name the rank, else the launcher names the process
         # that died (a ``[rankN]`` may be a group rank), else the lines around the failure line

@@ -178,9 +178,9 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     elif not obs.new_bytes or obs.new_bytes <= 0:
         v = VerdictLine(Verdict.NO_PROGRESS, *seen, silent_s=ran)
     else:
-        resume = check_resume(obs.start_step, obs.checkpoint, since)
-        v = VerdictLine(Verdict.RUNNING, *seen, obs.nodes, resume.started_at, resume.ignored)
-        if lost is not None and resume.started_at:
+        ignored = check_resume(obs.start_step, obs.checkpoint, since)
+        v = VerdictLine(Verdict.RUNNING, *seen, obs.nodes, obs.start_step, ignored)
+        if lost is not None and obs.start_step:
             v = lost.on(v)
     if obs.checkpoint is not None:
         facts.append(checkpoint_fact(obs.checkpoint.path, obs.checkpoint.step, obs.checkpoint.age_s))

@@ -247,12 +247,10 @@ async def judge_many(
         log.info("watch %s: no step progress: %s", t.name, why)
         return None
 
-    out: list[Judgement | None] = []
-    folded: dict[str, str] = {}
-    for t, chunk in zip(tracked, await asyncio.gather(*map(read, tracked)), strict=True):
-        state = fold(planned[t.name][0], chunk, t.job, now) if chunk is not None else None
-        if state is not None:
-            folded[t.name] = state.model_dump_json()
-        out.append(judge(state, now, rank_stall_threshold(t.job, state.gaps)) if state is not None else None)
-    await store.save_progress_many(folded)
-    return out
+    chunks = zip(tracked, await asyncio.gather(*map(read, tracked)), strict=True)
+    states = {t.name: fold(planned[t.name][0], chunk, t.job, now) for t, chunk in chunks if chunk is not None}
+    await store.save_progress_many({name: state.model_dump_json() for name, state in states.items()})
+    return [
+        judge(st, now, rank_stall_threshold(t.job, st.gaps)) if (st := states.get(t.name)) else None
+        for t in tracked
+    ]
