@@ -349,11 +349,9 @@ def parse_line(text: str) -> VerdictLine:
     """The facts of a verdict line written by :func:`format_line` (which gives ``text`` back from them;
     surrounding whitespace is ignored).  ValueError if ``text`` is not a verdict line."""
     text = text.strip()
-    head = text.split(" ", 1)[0].rstrip(":")
-    try:
-        verdict = Verdict(head)
-    except ValueError:
-        raise ValueError(f"not a verdict line (no verdict first): {text[:80]!r}") from None
+    if (head := text.split(" ", 1)[0].rstrip(":")) not in Verdict.__members__:
+        raise ValueError(f"not a verdict line (no verdict first): {text[:80]!r}")
+    verdict = Verdict(head)
     for _, _, form in _FORMS[verdict]:
         if m := form.match(text):
             facts = {k: _READ.get(k, str)(v) for k, v in m.groupdict().items() if v is not None}

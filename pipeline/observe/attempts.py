@@ -63,11 +63,10 @@ async def read_attempt(
         tail = await read(name, job, -MAX_READ, MAX_READ, path=job.metrics_path)
         if tail.reset:
             return []
-        if tail.size < start:
-            start = 0  # truncated or rotated since the launch (copytruncate): all it holds is this attempt's
-        data, offset = tail.data, tail.offset - len(tail.data)  # a chunk's offset is where it ends
-        if offset < start:
-            data, offset = data[start - offset :], start
+        # truncated or rotated since the launch (copytruncate): all it holds is this attempt's
+        start = 0 if tail.size < start else start
+        offset = tail.offset - len(tail.data)  # a chunk's offset is where it ends
+        data, offset = tail.data[max(0, start - offset) :], max(offset, start)
     else:
         offset = max(start, end - MAX_READ)
         chunk = await read(name, job, offset, end - offset, path=job.metrics_path)

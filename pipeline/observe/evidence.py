@@ -98,6 +98,7 @@ async def gather(
     how = ended(state, raw.get("status")) or Exit(None, None, None)
     info, grew, started = raw.get("log"), raw.get("new_bytes"), raw.get("start_step")
     start = None if not started else started["said"] if started["said"] is not None else started["first"]
+    wrote = f"+{grew} bytes since launch" if grew is not None else f"{info and info['error']}"
     listed = f" (pids {', '.join(str(p) for p in pids[:20])})" if pids else ""
     return Observation(
         state,
@@ -115,8 +116,7 @@ async def gather(
         facts=(
             f"pid {run.pid or 0}: {state}",
             f"processes matching {job.match!r} in session {run.sid}: {count}/{job.processes}{listed}",
-            f"log {path}: "
-            + (f"+{grew} bytes since launch" if grew is not None else f"{info and info['error']}"),
+            f"log {path}: {wrote}",
         ),
         start_step=start,
         checkpoint=ResumePoint.from_helper(raw.get("checkpoint"), raw.get("time")),

@@ -69,9 +69,7 @@ def parse_number(value: Any) -> float | None:
 
 
 def _int(value: Any) -> int | None:
-    if type(value) is int:
-        return value
-    out = parse_number(value)
+    out = value if type(value) is int else parse_number(value)
     return int(out) if out is not None and out == int(out) else None
 
 

@@ -138,17 +138,16 @@ def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
     """Decide which ranks are stuck (module docstring); ``threshold``: ``rank_stall_after``, s."""
     if not state.ranks:
         return Judgement(known=False)
-    ages = {int(k): now - r.advanced_at for k, r in state.ranks.items()}
-    waiting = tuple(sorted(int(k) for k, r in state.ranks.items() if r.waiting_on))
+    ranks = sorted((int(k), r) for k, r in state.ranks.items())
+    ages = {rank: now - r.advanced_at for rank, r in ranks}
+    waiting = tuple(rank for rank, r in ranks if r.waiting_on)
     frozen_for = min(ages.values())
-    stuck: list[StuckRank] = []
-    for key, r in sorted(state.ranks.items(), key=lambda kv: int(kv[0])):
-        rank = int(key)
-        if r.waiting_on or ages[rank] < threshold:
-            continue
-        if any(a < threshold for k, a in ages.items() if k != rank) or any(w != rank for w in waiting):
-            stuck.append(StuckRank(rank, r.role, r.step, ages[rank], r.pid))
-    return Judgement(known=True, stuck=tuple(stuck), waiting=waiting, frozen_for=frozen_for)
+    # a rank past the threshold is stuck when another advanced within it (the freshest did) or waits
+    if frozen_for >= threshold and not waiting:
+        return Judgement(known=True, frozen_for=frozen_for)
+    late = [(rank, r) for rank, r in ranks if not r.waiting_on and ages[rank] >= threshold]
+    stuck = tuple(StuckRank(rank, r.role, r.step, ages[rank], r.pid) for rank, r in late)
+    return Judgement(known=True, stuck=stuck, waiting=waiting, frozen_for=frozen_for)
 
 
 def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
@@ -186,9 +185,8 @@ def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> P
     end = chunk.data.rfind(b"\n") + 1
     base = ProgressState(run_pid=state.run_pid, gaps=state.gaps) if chunk.reset else state
     new = base.ingest(chunk.data[:end], job, now)
-    offset = chunk.offset - (len(chunk.data) - end)
-    if chunk.size - offset > MAX_READ:  # far behind (a long log first seen): only the recent lines matter
-        offset = chunk.size - MAX_READ
+    # far behind (a long log first seen): only the recent lines matter
+    offset = max(chunk.offset - (len(chunk.data) - end), chunk.size - MAX_READ)
     return new.model_copy(update={"offset": offset, "inode": chunk.inode})
 
 

@@ -255,6 +255,5 @@ def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation,
             update={"kind": IncidentKind.CRASH_LOOP, "gave_up": True, "next_auto_at": None, "changed_at": now}
         )
     if incident.next_auto_at is None:
-        delay = policy.backoff * (2**situation.auto_restarts)
-        return incident.model_copy(update={"next_auto_at": now + delay})
+        return incident.model_copy(update={"next_auto_at": now + policy.backoff * 2**situation.auto_restarts})
     return incident
