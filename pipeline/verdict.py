@@ -138,10 +138,8 @@ def _lost_clause(v: VerdictLine) -> str | None:
     text = f"; the previous run reached {role + ' ' if role else ''}step {v.reached:,} — {steps_of(v.lost, role)}"
     if v.lost and v.lost_s is not None and math.isfinite(v.lost_s) and v.lost_s >= 1:  # never "about 0 s"
         text += f" (about {fmt.duration(v.lost_s)} of training)"
-    text += " lost"
-    if v.checkpoint_at:
-        text += f" since the checkpoint of {one_line(v.checkpoint_at)}"
-    return text
+    since = f" since the checkpoint of {one_line(v.checkpoint_at)}" if v.checkpoint_at else ""
+    return f"{text} lost{since}"
 
 
 def _where(v: VerdictLine) -> str | None:
@@ -204,6 +202,7 @@ _CODECS: dict[str, _Codec] = {
     "pending": _state("pending", "pending", "(?P<state>pending)"),
     "gone": _state("gone", "gone", "(?P<state>gone)"),
 }
+_COUNT = "{seen}/{expected} processes {who}"
 _RUNNING = "RUNNING {seen}/{expected} processes {where}"
 _AFTER_LAUNCH = "INTERRUPTED after launch: {who} "
 #: each verdict's forms, the first that applies is written (and the first that matches read)
@@ -216,11 +215,8 @@ _TEMPLATES: dict[Verdict, tuple[str, ...]] = {
         _RUNNING,
     ),
     Verdict.PENDING: ("PENDING reason {reason} (job {job_id} queued {queued_s})",),
-    Verdict.WRONG_COUNT: (
-        "WRONG_COUNT {seen}/{expected} processes {who} ({detail})",
-        "WRONG_COUNT {seen}/{expected} processes {who}",
-    ),
-    Verdict.NO_PROGRESS: ("NO_PROGRESS {seen}/{expected} processes {who} log silent {silent_s} s",),
+    Verdict.WRONG_COUNT: ("WRONG_COUNT " + _COUNT + " ({detail})", "WRONG_COUNT " + _COUNT),
+    Verdict.NO_PROGRESS: ("NO_PROGRESS " + _COUNT + " log silent {silent_s} s",),
     Verdict.EXITED: (
         "EXITED signal {signal} after {after_s} s",
         "EXITED code {code} after {after_s} s",

@@ -113,8 +113,7 @@ def median_throughput(lines: Sequence[MetricLine], since: float | None = None) -
     pipe = [ln for ln in lines if ln.role != TARGET] or list(lines)
     per_rank: dict[tuple[str, int], list[float]] = {}
     for line in pipe:
-        key = (line.role, line.rank)
-        if key not in per_rank:
+        if (key := (line.role, line.rank)) not in per_rank:
             per_rank[key] = []  # its first line is left out
         elif line.tokens_per_s is not None and (since is None or (line.ts is not None and line.ts >= since)):
             per_rank[key].append(line.tokens_per_s)

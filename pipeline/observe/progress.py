@@ -79,8 +79,7 @@ class ProgressState(BaseModel):
             elif line.step > r.step:
                 if now > r.advanced_at:
                     gaps.append(now - r.advanced_at)
-                r.step, r.advanced_at, r.role = line.step, now, line.role
-                r.waiting_on = None
+                r.step, r.advanced_at, r.role, r.waiting_on = line.step, now, line.role, None
         for rec in _json_records(data):
             rank = rec.get("rank")
             if not isinstance(rank, int):

@@ -201,9 +201,7 @@ def assess(
     if condition is IncidentKind.IDLE_GPUS and obs.gpus and w.idle_gpu_below is not None:
         facts.update(idle_facts(idle, len(obs.gpus), st.idle_gpus_since or {}, w.idle_gpu_below, now))
     if incident is None:
-        if not isinstance(condition, IncidentKind):
-            return done(None, condition)
-        return opened(condition, **facts)
+        return opened(condition, **facts) if isinstance(condition, IncidentKind) else done(None, condition)
     if condition == "ok" or condition == "idle":
         why = "running" if condition == "ok" else "stopped"
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": why, **facts})
