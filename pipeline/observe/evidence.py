@@ -157,7 +157,6 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     now = obs.sampled_at
     since = now - (run.launched_at or now)
     ran = now - (obs.started_at or run.launched_at or now)
-    pid, job_id = obs.pid, obs.job_id
     tail = obs.tail.strip() or NO_LOG_SINCE_LAUNCH
     facts = list(obs.facts)
     if obs.state == "pending":
@@ -165,14 +164,13 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
             Verdict.PENDING, job_id=obs.job_id or 0, reason=obs.pending_reason, queued_s=since
         )
         return Verdict.PENDING, str(queued), "\n".join(facts)
-    seen = (obs.count, obs.expected, pid, job_id)  # VerdictLine's fields in order
+    who = (obs.pid, obs.job_id)
+    seen = (obs.count, obs.expected, *who)  # VerdictLine's fields in order
     if obs.state != "alive":
         after = obs.ran_for if obs.ran_for is not None else since
         v = VerdictLine(Verdict.EXITED, code=obs.exit_code, signal=obs.signal, after_s=after)
     elif obs.error_line:
-        v = VerdictLine(
-            Verdict.ERROR_IN_LOG, pid=pid, job_id=job_id, detail=obs.error_line[:ERROR_LINE_LIMIT]
-        )
+        v = VerdictLine(Verdict.ERROR_IN_LOG, None, None, *who, detail=obs.error_line[:ERROR_LINE_LIMIT])
     elif not count_right(obs.count, obs.expected, obs.short):
         v = VerdictLine(Verdict.WRONG_COUNT, *seen, detail=", ".join(obs.short))
     elif not obs.new_bytes or obs.new_bytes <= 0:

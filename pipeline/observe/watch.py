@@ -175,23 +175,19 @@ def assess(
     idle = _idle_gpus(st, w, obs, warming)
     # GPUs not read this cycle (nvidia-smi failed): an open idle incident stays as it is
     unread = w.idle_gpu_below is not None and obs.gpus is None and bool(st.idle_gpus_since)
+    kept = unread and incident is not None and incident.kind is IncidentKind.IDLE_GPUS
     # the ranks' steps (not while warming up), else the log's bytes (:mod:`pipeline.observe.progress`)
     silent = now - (st.progress_at or now) if steps is None else 0.0 if warming else steps.frozen_for or 0.0
-    condition: IncidentKind | str
-    if obs.count == 0:
-        condition = IncidentKind.DEAD if expected else "idle"
-    elif st.degraded_since is not None and now - st.degraded_since >= w.degraded_after:
-        condition = IncidentKind.DEGRADED
-    elif not warming and steps is not None and steps.stuck:
-        condition = IncidentKind.STUCK_RANK
-    elif silent >= w.stall_after:
-        condition = IncidentKind.STALLED
-    elif idle or (unread and incident is not None and incident.kind is IncidentKind.IDLE_GPUS):
-        condition = IncidentKind.IDLE_GPUS
-    elif obs.count < cfg.processes:
-        condition = "pending"
-    else:
-        condition = "ok"
+    degraded = st.degraded_since is not None and now - st.degraded_since >= w.degraded_after
+    rules: tuple[tuple[bool, IncidentKind | str], ...] = (  # in precedence order
+        (obs.count == 0, IncidentKind.DEAD if expected else "idle"),
+        (degraded, IncidentKind.DEGRADED),
+        (not warming and steps is not None and bool(steps.stuck), IncidentKind.STUCK_RANK),
+        (silent >= w.stall_after, IncidentKind.STALLED),
+        (bool(idle) or kept, IncidentKind.IDLE_GPUS),
+        (obs.count < cfg.processes, "pending"),
+    )
+    condition = next((kind for hit, kind in rules if hit), "ok")
 
     last = st.model_dump(include={"last_pid", "last_alive_at", "exit_cause"})
     facts: dict[str, Any] = {"count": obs.count, "expected": cfg.processes, **last}
