@@ -290,9 +290,8 @@ async def account_previous(
     if (end := attempt_start(run, job)) is None:
         return None
     before = await runs.attempts(name, 1, before=run)
-    if (start := attempt_start(before[0], job) if before else None) is None:
+    if not before or (start := attempt_start(prev := before[0], job)) is None:
         return None
-    prev = before[0]
     lines = await read_attempt(read, name, job, start, end)
     first, high = _by_role(await read_attempt(read, name, job, end))
     had = prev.reach or Reach()
