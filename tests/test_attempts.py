@@ -26,7 +26,6 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Reply
 from handlers.runs.posts import followup_reply
-from pipeline import verdict
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration
 from pipeline.host.probe import read_log_chunk
@@ -48,7 +47,7 @@ from pipeline.observe.attempts import (
 from pipeline.observe.metrics import MetricLine
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import RECOVERY_LEASE, Reach, RunRecord
-from pipeline.verdict import Lost, Verdict, format_line, parse_line
+from pipeline.verdict import Lost, Verdict, VerdictLine, format_line, parse_line
 from tests.fixtures.dflash import SMALLEST
 from tests.fixtures.ssh import BIN, GIT_ENV
 from tests.test_watch import job_config, open_harness
@@ -96,7 +95,7 @@ def line(role: str, rank: int, step: int, ts: float, tps: float | None = 100.0) 
 )
 def test_the_lost_clause_is_written_and_read_back(lost: Lost, expected: str) -> None:
     """'N steps … lost' (a role word between, 0 said too) reads back to the same facts and line."""
-    built = verdict.running(8, 8, 4242, resumed_at=471, lost=lost)
+    built = format_line(lost.on(VerdictLine(Verdict.RUNNING, 8, 8, 4242, resumed_at=471)))
     assert built == expected
     parsed = parse_line(built)
     assert (parsed.resumed_at, parsed.reached, parsed.lost, parsed.lost_role) == (
@@ -120,7 +119,11 @@ def test_lost_clauses_round_trip_for_any_numbers(
     resumed: int, reached: int, lost: int, role: str | None, seconds: float | None, at: str | None
 ) -> None:
     """Any steps, role word, training time and checkpoint time survive a write and a read."""
-    built = verdict.running(8, 8, 4242, resumed_at=resumed, lost=Lost(reached, lost, role, seconds, at))
+    built = format_line(
+        Lost(reached, lost, role, seconds, at).on(
+            VerdictLine(Verdict.RUNNING, 8, 8, 4242, resumed_at=resumed)
+        )
+    )
     parsed = parse_line(built)
     assert (parsed.reached, parsed.lost, parsed.lost_role, parsed.checkpoint_at) == (reached, lost, role, at)
     assert format_line(parsed) == built
@@ -171,7 +174,7 @@ def test_reach_and_lost_work_from_the_previous_runs_lines() -> None:
 
 def test_a_restart_from_scratch_says_what_it_lost() -> None:
     """A restart that started from step 0 after a run that reached step 45 lost all 45, and says so."""
-    built = verdict.running(8, 8, 4242, lost=Lost(45, 45, "drafter", 30.0))
+    built = format_line(Lost(45, 45, "drafter", 30.0).on(VerdictLine(Verdict.RUNNING, 8, 8, 4242)))
     assert built == (
         "RUNNING 8/8 processes pid 4242, started from step 0; the previous run reached drafter step 45 "
         "— 45 drafter steps (about 30 s of training) lost"
@@ -179,7 +182,7 @@ def test_a_restart_from_scratch_says_what_it_lost() -> None:
     parsed = parse_line(built)
     assert (parsed.resumed_at, parsed.reached, parsed.lost) == (None, 45, 45)
     assert format_line(parsed) == built
-    assert verdict.running(8, 8, 4242) == "RUNNING 8/8 processes pid 4242"
+    assert format_line(VerdictLine(Verdict.RUNNING, 8, 8, 4242)) == "RUNNING 8/8 processes pid 4242"
 
 
 def test_median_throughput_sums_non_target_ranks_and_skips_each_ranks_first_line() -> None:

@@ -45,7 +45,7 @@ def test_parses_eight_h200s() -> None:
     assert [g.index for g in gpus] == list(range(8))
     assert gpus[0] == GpuStat(0, "NVIDIA H200", 97.0, 81234.0, 143771.0, 612.45)
     assert all(g.power_w is not None and g.utilization_pct is not None for g in gpus)
-    assert gpus[5].memory_fraction == pytest.approx(64410 / 143771)
+    assert (gpus[5].memory_used_mib, gpus[5].memory_total_mib) == (64410.0, 143771.0)
 
 
 def test_na_power_is_none_not_zero() -> None:
@@ -63,7 +63,7 @@ def test_not_supported_fields_are_none() -> None:
     assert {g.name for g in gpus} == {"NVIDIA H100 80GB HBM3"}
     assert all(g.power_w is None for g in gpus)
     assert [g.utilization_pct for g in gpus[5:]] == [None, None, None]
-    assert gpus[5].memory_fraction == pytest.approx(41230 / 81559)
+    assert (gpus[5].memory_used_mib, gpus[5].memory_total_mib) == (41230.0, 81559.0)
 
 
 @pytest.mark.parametrize("text", ["[N/A]", "[Not Supported]", "N/A", "", "  ", "[Unknown Error]", "abc"])

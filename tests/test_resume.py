@@ -47,9 +47,9 @@ def test_verdict_line_says_where_the_run_started() -> None:
 def test_a_checkpoint_written_after_the_launch_does_not_count() -> None:
     """Only a checkpoint that existed at the launch (older than the time since it) can be ignored."""
     mine = ResumePoint("/w/ckpt/latest.json", 20, age_s=3.0)
-    assert check_resume(0, mine, since_launch_s=10.0).ignored is None
-    assert check_resume(0, mine, since_launch_s=2.0).ignored == 20
-    assert check_resume(0, ResumePoint("/w/ckpt/x.pt", None, 99.0), 10.0).ignored is None  # no step known
+    assert check_resume(0, mine, since_launch_s=10.0) is None
+    assert check_resume(0, mine, since_launch_s=2.0) == 20
+    assert check_resume(0, ResumePoint("/w/ckpt/x.pt", None, 99.0), 10.0) is None  # no step known
     assert check_resume(20, mine, 2.0) == check_resume(20, None, 2.0)
     assert ResumePoint.from_helper({"step": 5, "mtime": 100.0, "file": "/c/latest.json"}, 130.0) == (
         ResumePoint("/c/latest.json", 5, 30.0)

@@ -11,12 +11,15 @@ from hypothesis import strategies as st
 from pipeline import verdict
 from pipeline.verdict import Lost, Verdict, VerdictLine, format_line, parse_line
 
-#: every form the engines write, built by the builders they call
+#: every form the engines write, built from its facts or by the builders they call
 LINES = [
-    (verdict.running(8, 8, 4242), "RUNNING 8/8 processes pid 4242"),
-    (verdict.running(8, 8, 4242, resumed_at=12000), "RUNNING 8/8 processes pid 4242, resumed at step 12000"),
+    (str(VerdictLine(Verdict.RUNNING, 8, 8, 4242)), "RUNNING 8/8 processes pid 4242"),
     (
-        verdict.running(8, 8, 4242, ignored_checkpoint=12000),
+        str(VerdictLine(Verdict.RUNNING, 8, 8, 4242, resumed_at=12000)),
+        "RUNNING 8/8 processes pid 4242, resumed at step 12000",
+    ),
+    (
+        str(VerdictLine(Verdict.RUNNING, 8, 8, 4242, ignored_checkpoint=12000)),
         "RUNNING 8/8 processes pid 4242, started from step 0 although checkpoint step 12000 exists",
     ),
     (
@@ -40,23 +43,35 @@ LINES = [
         format_line(VerdictLine(Verdict.RUNNING, 8, 8, job_id=7, nodes=2, ignored_checkpoint=30)),
         "RUNNING 8/8 processes job 7 on 2 nodes, started from step 0 although checkpoint step 30 exists",
     ),
-    (verdict.pending("Resources", 4242, 125), "PENDING reason Resources (job 4242 queued 2 min)"),
-    (verdict.pending("", 7, 12), "PENDING reason None (job 7 queued 12 s)"),
-    (verdict.pending("Priority", 7, 3900), "PENDING reason Priority (job 7 queued 1 h 5 min)"),
-    (verdict.wrong_count(5, 8, pid=4242), "WRONG_COUNT 5/8 processes pid 4242"),
     (
-        verdict.wrong_count(7, 8, job_id=4242, short=["n2: 3/4", "n3: no answer"]),
+        str(VerdictLine(Verdict.PENDING, job_id=4242, reason="Resources", queued_s=125)),
+        "PENDING reason Resources (job 4242 queued 2 min)",
+    ),
+    (
+        str(VerdictLine(Verdict.PENDING, job_id=7, reason="", queued_s=12)),
+        "PENDING reason None (job 7 queued 12 s)",
+    ),
+    (
+        str(VerdictLine(Verdict.PENDING, job_id=7, reason="Priority", queued_s=3900)),
+        "PENDING reason Priority (job 7 queued 1 h 5 min)",
+    ),
+    (str(VerdictLine(Verdict.WRONG_COUNT, 5, 8, 4242)), "WRONG_COUNT 5/8 processes pid 4242"),
+    (
+        str(VerdictLine(Verdict.WRONG_COUNT, 7, 8, job_id=4242, detail="n2: 3/4, n3: no answer")),
         "WRONG_COUNT 7/8 processes job 4242 (n2: 3/4, n3: no answer)",
     ),
-    (verdict.no_progress(8, 8, 60.2, pid=4242), "NO_PROGRESS 8/8 processes pid 4242 log silent 60 s"),
-    (verdict.exited(3, None, 1.23), "EXITED code 3 after 1.2 s"),
-    (verdict.exited(None, "SIGKILL", 1.2), "EXITED signal SIGKILL after 1.2 s"),
-    (verdict.exited(None, None, 0.04), "EXITED after 0.0 s (exit code unknown)"),
     (
-        verdict.error_in_log("RuntimeError: CUDA out of memory", pid=4242),
+        str(VerdictLine(Verdict.NO_PROGRESS, 8, 8, 4242, silent_s=60.2)),
+        "NO_PROGRESS 8/8 processes pid 4242 log silent 60 s",
+    ),
+    (str(VerdictLine(Verdict.EXITED, code=3, after_s=1.23)), "EXITED code 3 after 1.2 s"),
+    (str(VerdictLine(Verdict.EXITED, signal="SIGKILL", after_s=1.2)), "EXITED signal SIGKILL after 1.2 s"),
+    (str(VerdictLine(Verdict.EXITED, after_s=0.04)), "EXITED after 0.0 s (exit code unknown)"),
+    (
+        str(VerdictLine(Verdict.ERROR_IN_LOG, pid=4242, detail="RuntimeError: CUDA out of memory")),
         "ERROR_IN_LOG pid 4242: RuntimeError: CUDA out of memory",
     ),
-    (verdict.error_in_log("x" * 300, job_id=9), "ERROR_IN_LOG job 9: " + "x" * 200),
+    (str(VerdictLine(Verdict.ERROR_IN_LOG, job_id=9, detail="x" * 300)), "ERROR_IN_LOG job 9: " + "x" * 200),
     (
         verdict.preflight_failed("patch", "topk does not apply: hunk 2 failed"),
         "PREFLIGHT_FAILED patch: topk does not apply: hunk 2 failed",
@@ -72,7 +87,7 @@ LINES = [
         "LAUNCH_FAILED cannot start ./run.sh: no such file",
     ),
     (
-        verdict.stale_record(4242, "RUNNING 8/8 processes pid 5000"),
+        str(VerdictLine(Verdict.STALE_RECORD, pid=4242, then=parse_line("RUNNING 8/8 processes pid 5000"))),
         "STALE_RECORD pid 4242 not signalled (start time differs); then: RUNNING 8/8 processes pid 5000",
     ),
     (verdict.cancelled(None), "CANCELLED before stop - nothing was changed"),
@@ -157,7 +172,7 @@ def test_running_lines_round_trip_for_any_numbers(
     seen: int, expected: int, pid: int, resumed: int | None
 ) -> None:
     """Any counts, pid and resume step survive a write and a read."""
-    line = verdict.running(seen, expected, pid, resumed_at=resumed)
+    line = str(VerdictLine(Verdict.RUNNING, seen, expected, pid, resumed_at=resumed))
     assert parse_line(line) == VerdictLine(Verdict.RUNNING, seen, expected, pid=pid, resumed_at=resumed)
 
 
@@ -168,10 +183,10 @@ def test_free_text_details_round_trip(detail: str) -> None:
         verdict.launch_failed(detail),
         verdict.preflight_failed("disk", detail),
         verdict.stop_failed([7], detail),
-        verdict.error_in_log(detail, pid=3),
+        str(VerdictLine(Verdict.ERROR_IN_LOG, pid=3, detail=detail)),
         verdict.interrupted("stop", detail),
-        verdict.wrong_count(1, 2, job_id=5, short=[detail]),
-        verdict.pending(detail, 9, 30),
+        str(VerdictLine(Verdict.WRONG_COUNT, 1, 2, job_id=5, detail=detail)),
+        str(VerdictLine(Verdict.PENDING, job_id=9, reason=detail, queued_s=30)),
     ):
         assert "\n" not in line and line == line.strip()
         assert format_line(parse_line(line)) == line
@@ -190,17 +205,22 @@ def test_odd_seconds_never_make_an_unreadable_line(
     """A host clock stepped back (negative seconds) or a NaN is shown as 0, and the line still reads back,
     also nested in a STALE_RECORD line."""
     for line in (
-        verdict.exited(code, signal, seconds),
-        verdict.no_progress(8, 8, seconds, pid=pid),
-        verdict.pending("Resources", pid, seconds),
+        str(VerdictLine(Verdict.EXITED, code=code, signal=signal, after_s=seconds)),
+        str(VerdictLine(Verdict.NO_PROGRESS, 8, 8, pid, silent_s=seconds)),
+        str(VerdictLine(Verdict.PENDING, job_id=pid, reason="Resources", queued_s=seconds)),
     ):
         assert format_line(parse_line(line)) == line
-        assert format_line(parse_line(verdict.stale_record(pid, line))) == verdict.stale_record(pid, line)
+        stale = str(VerdictLine(Verdict.STALE_RECORD, pid=pid, then=parse_line(line)))
+        assert format_line(parse_line(stale)) == stale
 
 
 def test_slurm_reasons_with_spaces_read_back() -> None:
     """squeue's reason may hold spaces and brackets: the PENDING line still reads back."""
-    line = verdict.pending("ReqNodeNotAvail, UnavailableNodes:n[01-02]", 4242, 120)
+    line = str(
+        VerdictLine(
+            Verdict.PENDING, job_id=4242, reason="ReqNodeNotAvail, UnavailableNodes:n[01-02]", queued_s=120
+        )
+    )
     assert parse_line(line).reason == "ReqNodeNotAvail, UnavailableNodes:n[01-02]"
     assert format_line(parse_line(line)) == line
 

@@ -194,7 +194,7 @@ class Runner:
             obs = await engine.observe(run, t, complete=True)
         previous = await self._previous(run, engine, t, obs)
         decided = decide(run, obs, lost=previous.lost if previous is not None else None)
-        ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at).ignored
+        ignored = check_resume(obs.start_step, obs.checkpoint, obs.sampled_at - run.launched_at)
         if decided[0] is Verdict.RUNNING and ignored is not None and obs.checkpoint is not None:
             run.warning = resume_warning(t.name, ignored, obs.checkpoint.path)
         if obs.start_step is not None:

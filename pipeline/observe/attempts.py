@@ -22,7 +22,7 @@ from pipeline.observe.crashes import Crash
 from pipeline.observe.metrics import TARGET, MetricLine, parse_metric_lines, percentile
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord, RunStore
-from pipeline.verdict import Lost
+from pipeline.verdict import Lost, steps_of
 
 MAX_READ = 4 * 1024 * 1024  #: bytes of an attempt's log read at most (its last ones)
 
@@ -63,11 +63,10 @@ async def read_attempt(
         tail = await read(name, job, -MAX_READ, MAX_READ, path=job.metrics_path)
         if tail.reset:
             return []
-        if tail.size < start:
-            start = 0  # truncated or rotated since the launch (copytruncate): all it holds is this attempt's
-        data, offset = tail.data, tail.offset - len(tail.data)  # a chunk's offset is where it ends
-        if offset < start:
-            data, offset = data[start - offset :], start
+        # truncated or rotated since the launch (copytruncate): all it holds is this attempt's
+        start = 0 if tail.size < start else start
+        offset = tail.offset - len(tail.data)  # a chunk's offset is where it ends
+        data, offset = tail.data[max(0, start - offset) :], max(offset, start)
     else:
         offset = max(start, end - MAX_READ)
         chunk = await read(name, job, offset, end - offset, path=job.metrics_path)
@@ -114,8 +113,7 @@ def median_throughput(lines: Sequence[MetricLine], since: float | None = None) -
     pipe = [ln for ln in lines if ln.role != TARGET] or list(lines)
     per_rank: dict[tuple[str, int], list[float]] = {}
     for line in pipe:
-        key = (line.role, line.rank)
-        if key not in per_rank:
+        if (key := (line.role, line.rank)) not in per_rank:
             per_rank[key] = []  # its first line is left out
         elif line.tokens_per_s is not None and (since is None or (line.ts is not None and line.ts >= since)):
             per_rank[key].append(line.tokens_per_s)
@@ -133,18 +131,13 @@ def reach_of(
     first, high = _by_role(lines)
     role = role if role is not None else compared_role(first, high)
     last_at = max((ln.ts for ln in lines if ln.ts is not None), default=None)
-    rate = None
-    if role is not None:
-        timed = [(ln.ts, ln.step) for ln in lines if ln.role == role and ln.ts is not None and ln.step]
-        if len(timed) >= 2:
-            (t0, s0), (t1, s1) = min(timed), max(timed)
-            assert t0 is not None and t1 is not None and s0 is not None and s1 is not None
-            rate = (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+    timed = [(ln.ts, ln.step) for ln in lines if ln.role == role and ln.ts is not None and ln.step]
+    (t0, s0), (t1, s1) = min(timed, default=(0.0, 0)), max(timed, default=(0.0, 0))
     return Reach(
         steps=high,
         role=role,
         step=high.get(role) if role is not None else None,
-        steps_per_s=rate,
+        steps_per_s=(s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None,
         tokens_per_s=median_throughput(lines, last_at - window_s if last_at is not None else None),
         last_at=last_at,
         ended=ended,
@@ -179,11 +172,9 @@ def lost_work(
 
 def over_max_lost(lost: Lost, max_lost: int | LostDuration | None) -> bool:
     """Whether ``lost`` exceeds ``[jobs.NAME] max_lost`` (steps, or seconds of training)."""
-    if max_lost is None:
-        return False
     if isinstance(max_lost, LostDuration):
-        return lost.seconds is not None and lost.seconds > max_lost.seconds
-    return lost.steps > max_lost
+        return (lost.seconds or 0.0) > max_lost.seconds
+    return max_lost is not None and lost.steps > max_lost
 
 
 def checkpoint_interval(max_lost: int | LostDuration, steps_per_s: float | None) -> int | None:
@@ -240,9 +231,9 @@ def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingPr
         return None
     pipeline = {r: s for r, s in high.items() if r != TARGET} or high
     role = max(pipeline, key=lambda r: (pipeline[r], r))
-    reach = reach_of(lines, window_s=math.inf, role=role)
-    assert reach.step is not None
-    return TrainingProgress(reach.step, total_steps, role, reach.steps_per_s)
+    return TrainingProgress(
+        high[role], total_steps, role, reach_of(lines, window_s=math.inf, role=role).steps_per_s
+    )
 
 
 async def record_dead(
@@ -258,13 +249,12 @@ async def record_dead(
         return run
     if (start := attempt_start(run, job)) is None:
         return None
-    role = None
-    if run.resumed_at:
-        before = await runs.attempts(name, 1, before=run)
-        role = before[0].reach.role if before and before[0].reach is not None else None
+    before = await runs.attempts(name, 1, before=run) if run.resumed_at else []
+    role = before[0].reach.role if before and before[0].reach is not None else None
     lines = await read_attempt(read, name, job, start)
-    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
-    return await runs.record_reach(run.id, reach)
+    return await runs.record_reach(
+        run.id, reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
+    )
 
 
 @dataclass(frozen=True)
@@ -300,14 +290,13 @@ async def account_previous(
     if (end := attempt_start(run, job)) is None:
         return None
     before = await runs.attempts(name, 1, before=run)
-    if (start := attempt_start(before[0], job) if before else None) is None:
+    if not before or (start := attempt_start(prev := before[0], job)) is None:
         return None
-    prev = before[0]
     lines = await read_attempt(read, name, job, start, end)
     first, high = _by_role(await read_attempt(read, name, job, end))
-    role = resumed_role(first, high, resumed_at) or (prev.reach.role if prev.reach is not None else None)
-    known = prev.reach.ended if prev.reach is not None else None
-    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=known or ended)
+    had = prev.reach or Reach()
+    role = resumed_role(first, high, resumed_at) or had.role
+    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended or ended)
     saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
     lost = None
     if resumed_at:
@@ -344,12 +333,9 @@ def recovery(now: float | None, before: float | None, slow_after: float) -> Reco
 def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s: float | None) -> str:
     """The thread's warning for a restart that lost more than ``[jobs.NAME] max_lost``, with the
     checkpoint interval that would have kept it under."""
-    steps = f"{lost.steps:,} {lost.role + ' ' if lost.role else ''}step{'' if lost.steps == 1 else 's'}"
     took = f" (about {fmt.duration(lost.seconds)} of training)" if (lost.seconds or 0) >= 1 else ""
     limit = (
-        f"{fmt.duration(max_lost.seconds)} of training"
-        if isinstance(max_lost, LostDuration)
-        else f"{max_lost:,} step{'' if max_lost == 1 else 's'}"
+        steps_of(max_lost) if isinstance(max_lost, int) else f"{fmt.duration(max_lost.seconds)} of training"
     )
     every = checkpoint_interval(max_lost, steps_per_s)
     if every is None:
@@ -358,8 +344,8 @@ def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s
         at = (
             f", about {fmt.duration(every / steps_per_s)} at {steps_per_s:.2f} steps/s" if steps_per_s else ""
         )
-        hint = f"checkpointing every {every:,} step{'' if every == 1 else 's'}{at} would have kept it under"
-    return f"⚠ {job} lost {steps}{took} at this restart, more than max_lost ({limit}): {hint}"
+        hint = f"checkpointing every {steps_of(every)}{at} would have kept it under"
+    return f"⚠ {job} lost {steps_of(lost.steps, lost.role)}{took} at this restart, more than max_lost ({limit}): {hint}"
 
 
 _CLASS_WORDS = {

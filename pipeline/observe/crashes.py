@@ -21,12 +21,12 @@ step is the last ``step`` that rank logged (JSON metric lines) before the failur
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.config.watch import CrashClass
+from pipeline.observe.metrics import parse_jsonl
 
 MAX_EVIDENCE = 300  #: characters of the evidence line kept
 
@@ -49,42 +49,22 @@ class Crash:
 
     def same_failure(self, other: Crash) -> bool:
         """Whether ``other`` is this Python exception again: same type at the same step."""
-        return (
-            self.kind is CrashClass.PYTHON_EXCEPTION
-            and other.kind is CrashClass.PYTHON_EXCEPTION
-            and self.exc_type == other.exc_type
-            and self.step is not None
-            and self.step == other.step
-        )
+        same = (self.kind, self.exc_type, self.step) == (other.kind, other.exc_type, other.step)
+        return same and self.kind is CrashClass.PYTHON_EXCEPTION and self.step is not None
 
     def to_fields(self) -> dict[str, str]:
         """Flat string fields (``crash_*``) to keep in a Redis hash; :func:`from_fields` reads them."""
-        out = {"crash_class": self.kind.value}
-        for name in ("evidence", "exc_type", "message", "rank", "step"):
-            value = getattr(self, name)
-            if value is not None:
-                out[f"crash_{name}"] = str(value)
-        return out
+        out = {f"crash_{k}": str(v) for k, v in vars(self).items() if v is not None and k != "kind"}
+        return {"crash_class": self.kind.value, **out}
 
 
 def from_fields(fields: Mapping[str, str]) -> Crash | None:
     """The :class:`Crash` stored by :meth:`Crash.to_fields`, or None if there is none."""
-    kind = fields.get("crash_class")
-    if not kind or kind not in CrashClass.__members__.values():
+    if not (kind := fields.get("crash_class")) or kind not in CrashClass.__members__.values():
         return None
-
-    def num(name: str) -> int | None:
-        v = fields.get(f"crash_{name}")
-        return int(v) if v not in (None, "") else None
-
-    return Crash(
-        CrashClass(kind),
-        fields.get("crash_evidence"),
-        fields.get("crash_exc_type"),
-        fields.get("crash_message"),
-        num("rank"),
-        num("step"),
-    )
+    rank, step = (int(v) if (v := fields.get(f"crash_{k}")) else None for k in ("rank", "step"))
+    evidence, exc_type, message = (fields.get(f"crash_{k}") for k in ("evidence", "exc_type", "message"))
+    return Crash(CrashClass(kind), evidence, exc_type, message, rank, step)
 
 
 # _CUDA_OOM and _KILLED serve both classify() and detect_cause()
@@ -106,10 +86,6 @@ _EXC = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _RANK = re.compile(r"\brank[ _]?(\d+)\b", re.IGNORECASE)
 _LAUNCHER_EXIT = re.compile(r"\b(\w+) rank (\d+) \(pid \d+\) exited with code (-?\d+)")
 _SIGNAL_LINE = re.compile(r"Segmentation fault|Fatal Python error|Aborted \(core dumped\)|Bus error")
-
-
-def _lines(data: bytes) -> list[str]:
-    return [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
 
 
 def _short(line: str) -> str:
@@ -141,17 +117,8 @@ def _launcher_rank(lines: list[str]) -> int | None:
 
 def _last_step(lines: list[str], before: int, rank: int | None) -> int | None:
     """The last ``step`` of ``rank`` in JSON metric lines before line ``before`` (no rank: the highest)."""
-    steps: list[int] = []
-    for ln in lines[:before]:
-        if not ln.startswith("{") or '"step"' not in ln:
-            continue
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        metric = isinstance(rec, dict) and "role" in rec and "event" not in rec
-        if metric and isinstance(rec.get("step"), int) and (rank is None or rec.get("rank") == rank):
-            steps.append(rec["step"])
+    data = "".join(f"{ln}\n" for ln in lines[:before] if ln.startswith("{") and '"step"' in ln).encode()
+    steps = [m.step for m in parse_jsonl(data) if m.step is not None and rank in (None, m.rank)]
     return max(steps, default=None) if rank is None else (steps[-1] if steps else None)
 
 
@@ -164,48 +131,35 @@ def _named_class(text: str) -> CrashClass | None:
     return CrashClass.NCCL_ERROR if _NCCL_ERROR.search(text) else None
 
 
-def _first_failure(lines: list[str]) -> tuple[int, CrashClass, str | None, str | None] | None:
-    """(line index, class, exception type, message) of the earliest failure line."""
-    for i, ln in enumerate(lines):
-        if ln.startswith(_TRACEBACK):
-            exc = _exception_at(lines, i)
-            if exc is None:
-                continue
-            j, etype, msg = exc
-            return j, _named_class(lines[j]) or CrashClass.PYTHON_EXCEPTION, etype, msg
-        if kind := _named_class(ln):
-            return i, kind, None, None
-    return None
-
-
 def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | None = None) -> Crash:
     """Classify a failure from the new log bytes of all ranks (the rules: module docstring), and
     the signal (``SIGKILL``) or exit code that ended the launched process, when known."""
-    lines = _lines(data)
+    lines = [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
     for i, ln in enumerate(lines):
         if _XID.search(ln):
             rank = _rank_near(lines, i)
             return Crash(CrashClass.XID, _short(ln), rank=rank, step=_last_step(lines, i, rank))
-    first = _first_failure(lines)
-    if first is not None:
-        i, kind, etype, msg = first
-        rank = None
-        if etype is not None:  # the lines just before its traceback name the rank
-            tb = max(k for k in range(i + 1) if lines[k].startswith(_TRACEBACK))
-            rank = _rank_near(lines, tb - 1) if tb > 0 else None
-        if rank is None:  # the launcher names the process that died (a ``[rankN]`` may be a group rank)
-            rank = _launcher_rank(lines)
-        if rank is None:
-            rank = _rank_near(lines, i)
+    for i, ln in enumerate(lines):  # the earliest failure line: one naming its class, or a traceback's
+        etype = msg = None
+        if ln.startswith(_TRACEBACK):
+            if (exc := _exception_at(lines, i)) is None:
+                continue
+            i, etype, msg = exc  # its exception line
+        kind = _named_class(lines[i]) or (CrashClass.PYTHON_EXCEPTION if etype is not None else None)
+        if kind is None:
+            continue
+        tb = max(k for k in range(i + 1) if lines[k].startswith(_TRACEBACK)) if etype is not None else 0
+        # the lines just before its traceback name the rank, else the launcher names the process
+        # that died (a ``[rankN]`` may be a group rank), else the lines around the failure line
+        ranks = (_rank_near(lines, tb - 1) if tb > 0 else None, _launcher_rank(lines), _rank_near(lines, i))
+        rank = next((r for r in ranks if r is not None), None)
         return Crash(kind, _short(lines[i]), etype, msg, rank, _last_step(lines, i, rank))
     rank = _launcher_rank(lines)
     for i, ln in enumerate(lines):
-        m = _LAUNCHER_EXIT.search(ln)
-        code = int(m.group(3)) if m else None
-        if _KILLED.search(ln) or code == -9:
-            return Crash(CrashClass.HOST_OOM, _short(ln), rank=rank, step=_last_step(lines, i, rank))
-        if _SIGNAL_LINE.search(ln) or (code is not None and code < 0):
-            return Crash(CrashClass.SIGNAL, _short(ln), rank=rank, step=_last_step(lines, i, rank))
+        code = int(m.group(3)) if (m := _LAUNCHER_EXIT.search(ln)) else 0
+        kind = CrashClass.HOST_OOM if _KILLED.search(ln) or code == -9 else CrashClass.SIGNAL
+        if kind is CrashClass.HOST_OOM or _SIGNAL_LINE.search(ln) or code < 0:
+            return Crash(kind, _short(ln), rank=rank, step=_last_step(lines, i, rank))
     step = _last_step(lines, len(lines), rank)
     if exit_signal == "SIGKILL":
         # no kernel line said so: most SIGKILLs of a training job are the OOM killer's, but a
@@ -220,6 +174,7 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
 
 # --- causes found in a log tail ------------------------------------------------------------------
 
+_INDENT = (" ", "\t", "Traceback")
 _EXC_LINE = re.compile(
     r"^(?:[A-Za-z_][\w.]*)(?:Error|Exception|Interrupt|Exit|Warning|Failure)\b.*$|^[A-Za-z_][\w.]*: .+$"
 )
@@ -233,27 +188,13 @@ def detect_cause(log_tail: str) -> str | None:
     of memory (``CUDA out of memory: torch.OutOfMemoryError: …``), an NCCL timeout or watchdog, a
     Python traceback (its last exception line), ``Killed`` (the kernel's OOM killer)."""
     lines = [ln.rstrip() for ln in log_tail.splitlines() if ln.strip()]
-    exception = _last_exception(lines)
-    for ln in reversed(lines):
-        if _CUDA_OOM.search(ln):
-            return f"CUDA out of memory: {ln.strip()}"
-    for ln in reversed(lines):
-        if _NCCL.search(ln):
-            return f"NCCL timeout/watchdog: {ln.strip()}"
-    if exception is not None:
-        return f"Python exception: {exception}"
+    for rx, what in ((_CUDA_OOM, "CUDA out of memory"), (_NCCL, "NCCL timeout/watchdog")):
+        if found := next((ln for ln in reversed(lines) if rx.search(ln)), None):
+            return f"{what}: {found.strip()}"
+    starts = [i for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
+    after = lines[starts[-1] + 1 :] if starts else []  # the exception line closing the last traceback
+    if exc := next((ln.strip() for ln in after if not ln.startswith(_INDENT) and _EXC_LINE.match(ln)), None):
+        return f"Python exception: {exc}"
     if _KILLED.search("\n".join(lines[-5:])):
         return "killed (likely the kernel's OOM killer: `Killed`)"
     return None
-
-
-def _last_exception(lines: list[str]) -> str | None:
-    """The exception line closing the last traceback in ``lines``, if any."""
-    starts = [i for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
-    if not starts:
-        return None
-    rest = lines[starts[-1] + 1 :]
-    return next(
-        (ln.strip() for ln in rest if not ln.startswith((" ", "\t", "Traceback")) and _EXC_LINE.match(ln)),
-        None,
-    )

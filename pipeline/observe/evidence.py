@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from pipeline import verdict
 from pipeline.config import JobConfig
 from pipeline.errors import RemoteError
 from pipeline.host.contract import EvidenceArgs, HangAnswer, HangArgs
@@ -22,7 +21,7 @@ from pipeline.host.probe import CRASH_BYTES, JobProbe, Ops, call_helper, read_lo
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.resume import ResumePoint, check_resume, checkpoint_fact
 from pipeline.state.runs import RunRecord
-from pipeline.verdict import Lost, Step, Verdict, VerdictLine
+from pipeline.verdict import ERROR_LINE_LIMIT, Lost, Step, Verdict, VerdictLine
 
 RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
 TAIL_LINES = 30  #: log lines kept as evidence
@@ -98,6 +97,8 @@ async def gather(
     state, count, pids = str(raw.get("state") or "gone"), int(raw.get("count") or 0), raw.get("pids") or []
     how = ended(state, raw.get("status")) or Exit(None, None, None)
     info, grew, started = raw.get("log"), raw.get("new_bytes"), raw.get("start_step")
+    start = None if not started else started["said"] if started["said"] is not None else started["first"]
+    wrote = f"+{grew} bytes since launch" if grew is not None else f"{info and info['error']}"
     listed = f" (pids {', '.join(str(p) for p in pids[:20])})" if pids else ""
     return Observation(
         state,
@@ -115,12 +116,9 @@ async def gather(
         facts=(
             f"pid {run.pid or 0}: {state}",
             f"processes matching {job.match!r} in session {run.sid}: {count}/{job.processes}{listed}",
-            f"log {path}: "
-            + (f"+{grew} bytes since launch" if grew is not None else f"{info and info['error']}"),
+            f"log {path}: {wrote}",
         ),
-        start_step=(started["said"] if started["said"] is not None else started["first"])
-        if started
-        else None,
+        start_step=start,
         checkpoint=ResumePoint.from_helper(raw.get("checkpoint"), raw.get("time")),
     )
 
@@ -159,51 +157,42 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     now = obs.sampled_at
     since = now - (run.launched_at or now)
     ran = now - (obs.started_at or run.launched_at or now)
-    pid, job_id = obs.pid, obs.job_id
     tail = obs.tail.strip() or NO_LOG_SINCE_LAUNCH
     facts = list(obs.facts)
     if obs.state == "pending":
-        line = verdict.pending(obs.pending_reason or "", obs.job_id or 0, since)
-        return Verdict.PENDING, line, "\n".join(facts)
-    if obs.state not in ("alive", "pending"):
-        after = obs.ran_for if obs.ran_for is not None else since
-        decided, line = Verdict.EXITED, verdict.exited(obs.exit_code, obs.signal, after)
-    elif obs.error_line:
-        decided, line = Verdict.ERROR_IN_LOG, verdict.error_in_log(obs.error_line, pid=pid, job_id=job_id)
-    elif not count_right(obs.count, obs.expected, obs.short):
-        line = verdict.wrong_count(obs.count, obs.expected, pid=pid, job_id=job_id, short=obs.short)
-        decided = Verdict.WRONG_COUNT
-    elif not obs.new_bytes or obs.new_bytes <= 0:
-        line = verdict.no_progress(obs.count, obs.expected, ran, pid=pid, job_id=job_id)
-        decided = Verdict.NO_PROGRESS
-    else:
-        resume = check_resume(obs.start_step, obs.checkpoint, since)
-        running = VerdictLine(
-            Verdict.RUNNING,
-            obs.count,
-            obs.expected,
-            pid=pid,
-            job_id=job_id,
-            nodes=obs.nodes,
-            resumed_at=resume.started_at,
-            ignored_checkpoint=resume.ignored,
+        queued = VerdictLine(
+            Verdict.PENDING, job_id=obs.job_id or 0, reason=obs.pending_reason, queued_s=since
         )
-        if lost is not None and resume.started_at:
-            running = lost.on(running)
-        decided, line = Verdict.RUNNING, verdict.format_line(running)
+        return Verdict.PENDING, str(queued), "\n".join(facts)
+    who = (obs.pid, obs.job_id)
+    seen = (obs.count, obs.expected, *who)  # VerdictLine's fields in order
+    if obs.state != "alive":
+        after = obs.ran_for if obs.ran_for is not None else since
+        v = VerdictLine(Verdict.EXITED, code=obs.exit_code, signal=obs.signal, after_s=after)
+    elif obs.error_line:
+        v = VerdictLine(Verdict.ERROR_IN_LOG, None, None, *who, detail=obs.error_line[:ERROR_LINE_LIMIT])
+    elif not count_right(obs.count, obs.expected, obs.short):
+        v = VerdictLine(Verdict.WRONG_COUNT, *seen, detail=", ".join(obs.short))
+    elif not obs.new_bytes or obs.new_bytes <= 0:
+        v = VerdictLine(Verdict.NO_PROGRESS, *seen, silent_s=ran)
+    else:
+        ignored = check_resume(obs.start_step, obs.checkpoint, since)
+        v = VerdictLine(Verdict.RUNNING, *seen, obs.nodes, obs.start_step, ignored)
+        if lost is not None and obs.start_step:
+            v = lost.on(v)
     if obs.checkpoint is not None:
         facts.append(checkpoint_fact(obs.checkpoint.path, obs.checkpoint.step, obs.checkpoint.age_s))
     stop = run.step(Step.STOP)
     if stop is not None and stop.stale:
         facts.insert(0, stop.detail)
-        decided, line = Verdict.STALE_RECORD, verdict.stale_record(run.old_pid or 0, line)
+        v = VerdictLine(Verdict.STALE_RECORD, pid=run.old_pid or 0, then=v)
     evidence = "\n".join(facts)
-    if decided is not Verdict.RUNNING:
+    if v.verdict is not Verdict.RUNNING:
         evidence += f"\n--- last {TAIL_LINES} {obs.output} lines since launch ---\n{tail}"
     elif obs.tail.strip():  # healthy: a glimpse of the output is enough
         last = tail.rstrip("\n").splitlines()[-RUNNING_TAIL_LINES:]
         evidence += f"\n--- last {len(last)} {obs.output} lines ---\n" + "\n".join(last)
-    return decided, line, evidence
+    return v.verdict, str(v), evidence
 
 
 async def crash_evidence(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.errors import GpuQueryFailed
+from pipeline.observe.metrics import parse_number
 
 if TYPE_CHECKING:
     from pipeline.host.remote import RemoteHosts
@@ -37,13 +38,6 @@ class GpuStat:
     memory_total_mib: float | None
     power_w: float | None
 
-    @property
-    def memory_fraction(self) -> float | None:
-        """Memory used / total (0..1), or None if either is unknown."""
-        if self.memory_used_mib is None or not self.memory_total_mib:
-            return None
-        return self.memory_used_mib / self.memory_total_mib
-
 
 @dataclass(frozen=True)
 class ComputeApp:
@@ -51,17 +45,6 @@ class ComputeApp:
 
     pid: int
     used_memory_mib: float | None
-
-
-def parse_number(field: str) -> float | None:
-    """A numeric CSV field, or None for ``[N/A]``, ``[Not Supported]``, ``N/A``, empty or junk."""
-    text = field.strip()
-    if not text or text.startswith("[") or text.upper() == "N/A":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def csv_rows(text: str, count: int) -> Iterator[list[str]]:

@@ -57,13 +57,6 @@ def idle_since(
     }
 
 
-def idle_now(
-    readings: Sequence[GpuReading], since: Mapping[int, float], idle_for: float, now: float
-) -> list[GpuReading]:
-    """The readings of the GPUs idle for at least ``idle_for`` seconds, in reading order."""
-    return [r for r in readings if r.index in since and now - since[r.index] >= idle_for]
-
-
 def idle_facts(
     idle: Sequence[GpuReading], watched_count: int, since: Mapping[int, float], below: float, now: float
 ) -> dict[str, Any]:
@@ -87,11 +80,7 @@ def _held(uuids: str, apps: str, pids: Collection[int]) -> set[int]:
 
 
 async def read_watched(
-    ssh: RemoteHosts,
-    host: str,
-    jobs: Sequence[tuple[str, JobConfig, JobProbe]],
-    *,
-    timeout: float = QUERY_TIMEOUT,
+    ssh: RemoteHosts, host: str, jobs: Sequence[tuple[str, JobConfig, JobProbe]]
 ) -> dict[str, tuple[GpuReading, ...] | None]:
     """The watched GPUs of the jobs on ``host`` (``jobs``: name, config, this cycle's probe) that
     set ``idle_gpu_below``, have processes and have their GPUs on ``host`` (``probe.host_gpus``):
@@ -104,12 +93,12 @@ async def read_watched(
     if not wanted:
         return {}
     try:
-        stats = await query_gpus(ssh, host, timeout=timeout)
+        stats = await query_gpus(ssh, host)
         held: dict[str, set[int]] = {}
         by_process = [(n, pids) for n, cfg, pids in wanted if cfg.gpus is None or not cfg.gpus.all]
         if by_process:
-            uuids = await query_csv(ssh, host, QUERY_UUID_ARGV, timeout)
-            apps = await query_csv(ssh, host, QUERY_HELD_ARGV, timeout)
+            uuids = await query_csv(ssh, host, QUERY_UUID_ARGV, QUERY_TIMEOUT)
+            apps = await query_csv(ssh, host, QUERY_HELD_ARGV, QUERY_TIMEOUT)
             held = {n: _held(uuids, apps, pids) for n, pids in by_process}
     except PitstopError:
         return {name: None for name, _, _ in wanted}

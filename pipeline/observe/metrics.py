@@ -51,8 +51,9 @@ class MetricLine(NamedTuple):
     gpu_mem_bytes: int | None = None  #: peak GPU memory allocated by the rank
 
 
-def _num(value: Any) -> float | None:
-    """A finite float from a JSON number or a numeric string, else None (bools are not numbers)."""
+def parse_number(value: Any) -> float | None:
+    """A finite float from a JSON number or a numeric string (``"1,234"``, ``" 2.5e3 "``), else None:
+    for ``[N/A]``, ``NaN``, an empty string, a bool (not a number) or anything else."""
     if type(value) is str:
         value = value.strip()
         if not value or not _NUMBER.match(value):
@@ -68,15 +69,13 @@ def _num(value: Any) -> float | None:
 
 
 def _int(value: Any) -> int | None:
-    if type(value) is int:
-        return value
-    out = _num(value)
+    out = value if type(value) is int else parse_number(value)
     return int(out) if out is not None and out == int(out) else None
 
 
 def _ts(value: Any) -> float | None:
     """Unix seconds from a number, a numeric string or an ISO 8601 time (UTC if naive)."""
-    out = _num(value)
+    out = parse_number(value)
     if out is not None or type(value) is not str:
         return out
     try:
@@ -101,7 +100,7 @@ def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
             _int(get("step")),
             _int(get("role_rank")),
             device if type(device) is str and device else None,
-            *(_num(get(key)) for key in _FLOAT_KEYS),
+            *(parse_number(get(key)) for key in _FLOAT_KEYS),
             _int(get("gpu_mem_bytes")),
         ]
     )

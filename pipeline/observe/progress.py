@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +53,6 @@ class RankState(BaseModel):
     advanced_at: float  #: when (Pitstop's clock, unix s) its step last went up
     pid: int | None = None
     waiting_on: str | None = None  #: what it reported waiting on since its last advance (``all_reduce``)
-    waiting_at: float | None = None
 
 
 class ProgressState(BaseModel):
@@ -75,30 +74,24 @@ class ProgressState(BaseModel):
         for line in parse_metric_lines(data, job.metrics):
             if line.step is None:
                 continue
-            key = str(line.rank)
-            r = ranks.get(key)
-            if r is None:
+            if (r := ranks.get(key := str(line.rank))) is None:
                 ranks[key] = RankState(role=line.role, step=line.step, advanced_at=now)
             elif line.step > r.step:
                 if now > r.advanced_at:
                     gaps.append(now - r.advanced_at)
-                r.step, r.advanced_at, r.role = line.step, now, line.role
-                r.waiting_on = r.waiting_at = None
+                r.step, r.advanced_at, r.role, r.waiting_on = line.step, now, line.role, None
         for rec in _json_records(data):
             rank = rec.get("rank")
             if not isinstance(rank, int):
                 continue
-            r = ranks.get(str(rank))
+            r = ranks.get(key := str(rank))
             if isinstance(rec.get("pid"), int) and r is not None:
                 r.pid = rec["pid"]
             if rec.get("event") == "waiting":
                 if r is None:
-                    r = ranks[str(rank)] = RankState(
-                        role=str(rec.get("role") or rec.get("rank_role") or "worker"),
-                        step=int(rec.get("step") or 0),
-                        advanced_at=now,
-                    )
-                r.waiting_on, r.waiting_at = str(rec.get("on") or "?"), now
+                    role = str(rec.get("role") or rec.get("rank_role") or "worker")
+                    r = ranks[key] = RankState(role=role, step=int(rec.get("step") or 0), advanced_at=now)
+                r.waiting_on = str(rec.get("on") or "?")
         return self.model_copy(update={"ranks": ranks, "gaps": gaps[-GAPS_KEPT:]})
 
 
@@ -137,25 +130,23 @@ def rank_stall_threshold(job: JobConfig, gaps: Sequence[float]) -> float:
     """``watch.rank_stall_after``, else max(60 s, 20 × the p95 of ``gaps``) (seconds)."""
     if job.watch.rank_stall_after is not None:
         return job.watch.rank_stall_after
-    p95 = percentile(list(gaps), 0.95) if gaps else None
-    return max(MIN_RANK_STALL, STALL_FACTOR * p95) if p95 else MIN_RANK_STALL
+    return max(MIN_RANK_STALL, STALL_FACTOR * (percentile(gaps, 0.95) or 0.0))
 
 
 def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
     """Decide which ranks are stuck (module docstring); ``threshold``: ``rank_stall_after``, s."""
     if not state.ranks:
         return Judgement(known=False)
-    ages = {int(k): now - r.advanced_at for k, r in state.ranks.items()}
-    waiting = tuple(sorted(int(k) for k, r in state.ranks.items() if r.waiting_on))
+    ranks = sorted((int(k), r) for k, r in state.ranks.items())
+    ages = {rank: now - r.advanced_at for rank, r in ranks}
+    waiting = tuple(rank for rank, r in ranks if r.waiting_on)
     frozen_for = min(ages.values())
-    stuck: list[StuckRank] = []
-    for key, r in sorted(state.ranks.items(), key=lambda kv: int(kv[0])):
-        rank = int(key)
-        if r.waiting_on or ages[rank] < threshold:
-            continue
-        if any(a < threshold for k, a in ages.items() if k != rank) or any(w != rank for w in waiting):
-            stuck.append(StuckRank(rank, r.role, r.step, ages[rank], r.pid))
-    return Judgement(known=True, stuck=tuple(stuck), waiting=waiting, frozen_for=frozen_for)
+    # a rank past the threshold is stuck when another advanced within it (the freshest did) or waits
+    if frozen_for >= threshold and not waiting:
+        return Judgement(known=True, frozen_for=frozen_for)
+    late = [(rank, r) for rank, r in ranks if not r.waiting_on and ages[rank] >= threshold]
+    stuck = tuple(StuckRank(rank, r.role, r.step, ages[rank], r.pid) for rank, r in late)
+    return Judgement(known=True, stuck=stuck, waiting=waiting, frozen_for=frozen_for)
 
 
 def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
@@ -170,12 +161,6 @@ def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
         + (f"; waiting on it: ranks {', '.join(map(str, steps.waiting))}" if steps.waiting else "")
     )
     return dict(rank=first.rank, rank_role=first.role, rank_step=first.step, rank_pid=first.pid, cause=cause)
-
-
-def parse(raw: str | None) -> ProgressState:
-    """A stored progress (JSON, as :meth:`~pipeline.state.incidents.IncidentStore.progress` returns
-    it) as a :class:`ProgressState`; empty when None."""
-    return ProgressState.model_validate_json(raw) if raw else ProgressState()
 
 
 def plan(
@@ -199,9 +184,8 @@ def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> P
     end = chunk.data.rfind(b"\n") + 1
     base = ProgressState(run_pid=state.run_pid, gaps=state.gaps) if chunk.reset else state
     new = base.ingest(chunk.data[:end], job, now)
-    offset = chunk.offset - (len(chunk.data) - end)
-    if chunk.size - offset > MAX_READ:  # far behind (a long log first seen): only the recent lines matter
-        offset = chunk.size - MAX_READ
+    # far behind (a long log first seen): only the recent lines matter
+    offset = max(chunk.offset - (len(chunk.data) - end), chunk.size - MAX_READ)
     return new.model_copy(update={"offset": offset, "inode": chunk.inode})
 
 
@@ -222,8 +206,11 @@ Planned = dict[str, tuple[ProgressState, LogRead]]
 async def plan_many(store: IncidentStore, tracked: Sequence[Tracked]) -> Planned:
     """:func:`plan` for every job of a cycle, their stored progress read in one Redis round trip."""
     stored = await store.progress_many([t.name for t in tracked])
+    states = {name: ProgressState.model_validate_json(raw) for name, raw in stored.items() if raw}
     return {
-        t.name: plan(parse(stored.get(t.name)), t.job, run_pid=t.run_pid, launch_offset=t.launch_offset)
+        t.name: plan(
+            states.get(t.name, ProgressState()), t.job, run_pid=t.run_pid, launch_offset=t.launch_offset
+        )
         for t in tracked
     }
 
@@ -237,57 +224,30 @@ async def judge_many(
     now: float,
 ) -> list[Judgement | None]:
     """Each job's :class:`Judgement` after its probe (``probes``: by job name), in ``tracked``'s
-    order: the bytes the probe read folded into ``planned`` (:func:`plan_many`), every new state
-    stored in one round trip (a job whose engine did not read them: :func:`refresh`).  None for a
-    job with no process, not seen, or whose metric log could not be read (logged)."""
-    out: list[Judgement | None] = [None] * len(tracked)
-    folded: dict[str, str] = {}
-    alone: dict[int, Awaitable[Judgement | None]] = {}
-    for i, t in enumerate(tracked):
-        probe = probes.get(t.name)
+    order: the bytes the probe read (a job whose engine did not read them: read in a call of its
+    own) folded into ``planned`` (:func:`plan_many`), every new state stored in one round trip.
+    None for a job with no process, not seen, or whose metric log could not be read (logged)."""
+
+    async def read(t: Tracked) -> LogChunk | None:
+        probe, (_, r) = probes.get(t.name), planned[t.name]
         if probe is None or probe.error or probe.count == 0:
-            continue
-        if probe.read_error is not None:
-            log.info("watch %s: no step progress: %s", t.name, probe.read_error)
-        elif probe.read is not None:
-            state = fold(planned[t.name][0], probe.read, t.job, now)
-            folded[t.name] = state.model_dump_json()
-            out[i] = judge(state, now, rank_stall_threshold(t.job, state.gaps))
-        else:
-            alone[i] = _judge_alone(ssh, store, t, now)
-    _, *read_alone = await asyncio.gather(store.save_progress_many(folded), *alone.values())
-    for i, judged in zip(alone, read_alone, strict=True):
-        out[i] = judged
-    return out
-
-
-async def _judge_alone(ssh: RemoteHosts, store: IncidentStore, t: Tracked, now: float) -> Judgement | None:
-    try:
-        state = await refresh(
-            ssh, store, t.name, t.job, run_pid=t.run_pid, launch_offset=t.launch_offset, now=now
-        )
-    except PitstopError as exc:
-        log.info("watch %s: no step progress: %s", t.name, exc.message)
+            return None
+        why = probe.read_error
+        if why is None and probe.read is not None:
+            return probe.read
+        try:
+            if why is None:  # the engine did not read it with the probe
+                at = (r["offset"], r["max_bytes"])
+                return await read_log_chunk(ssh, t.name, t.job, *at, inode=r["inode"], path=r["path"])
+        except PitstopError as exc:
+            why = exc.message
+        log.info("watch %s: no step progress: %s", t.name, why)
         return None
-    return judge(state, now, rank_stall_threshold(t.job, state.gaps))
 
-
-async def refresh(
-    ssh: RemoteHosts,
-    store: IncidentStore,
-    name: str,
-    job: JobConfig,
-    *,
-    run_pid: int | None,
-    launch_offset: int | None,
-    now: float,
-) -> ProgressState:
-    """Read the metric log's new bytes in a call of its own, fold them in, store and return the
-    progress.  :raises RemoteError: if the host cannot be read (the stored state is kept)."""
-    state, read = plan(parse(await store.progress(name)), job, run_pid=run_pid, launch_offset=launch_offset)
-    chunk = await read_log_chunk(
-        ssh, name, job, read["offset"], read["max_bytes"], inode=read["inode"], path=read["path"]
-    )
-    new = fold(state, chunk, job, now)
-    await store.save_progress(name, new.model_dump_json())
-    return new
+    chunks = zip(tracked, await asyncio.gather(*map(read, tracked)), strict=True)
+    states = {t.name: fold(planned[t.name][0], chunk, t.job, now) for t, chunk in chunks if chunk is not None}
+    await store.save_progress_many({name: state.model_dump_json() for name, state in states.items()})
+    return [
+        judge(st, now, rank_stall_threshold(t.job, st.gaps)) if (st := states.get(t.name)) else None
+        for t in tracked
+    ]

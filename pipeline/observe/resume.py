@@ -28,30 +28,18 @@ class ResumePoint:
         """From the helper's ``checkpoint`` answer (``{"step", "mtime", "file"}``) and its ``time``."""
         if not raw or raw.get("mtime") is None or host_time is None:
             return None
-        step = raw.get("step")
-        return cls(
-            str(raw.get("file") or "?"), int(step) if step is not None else None, host_time - raw["mtime"]
-        )
+        step = int(raw["step"]) if raw.get("step") is not None else None
+        return cls(str(raw.get("file") or "?"), step, host_time - raw["mtime"])
 
 
-@dataclass(frozen=True)
-class ResumeCheck:
-    """Where a run started (0: from scratch; None: not seen), measured against its checkpoint."""
-
-    started_at: int | None
-    ignored: int | None  #: the checkpoint step it should have resumed from but did not
-
-
-def check_resume(
-    started_at: int | None, checkpoint: ResumePoint | None, since_launch_s: float
-) -> ResumeCheck:
-    """Decide whether a new run ignored its checkpoint: it started from step 0 while a checkpoint
-    with a step > 0 was there at its launch (older than ``since_launch_s``, the seconds from the
-    launch to the check; one the new run wrote itself does not count)."""
-    ignored = None
+def check_resume(started_at: int | None, checkpoint: ResumePoint | None, since_launch_s: float) -> int | None:
+    """The checkpoint step a new run that started at ``started_at`` (0: from scratch; None: not
+    seen) should have resumed from but did not: it started from step 0 while a checkpoint with a
+    step > 0 was there at its launch (older than ``since_launch_s``, the seconds from the launch to
+    the check; one the new run wrote itself does not count).  None when it did not ignore one."""
     if started_at == 0 and checkpoint is not None and checkpoint.step and checkpoint.age_s >= since_launch_s:
-        ignored = checkpoint.step
-    return ResumeCheck(started_at, ignored)
+        return checkpoint.step
+    return None
 
 
 # --- text ---------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline.config import JobConfig
-from pipeline.observe.idle import GpuReading, idle_facts, idle_now, idle_since
+from pipeline.config.watch import WatchSettings
+from pipeline.observe.idle import GpuReading, idle_facts, idle_since
 from pipeline.observe.progress import Judgement, stuck_facts
 from pipeline.state.incidents import Incident, IncidentKind, WatchState
 
@@ -98,13 +99,6 @@ class Decision:
     condition: str  #: ``ok``, ``pending``, ``idle``, ``in_flight`` or an :class:`IncidentKind` value
 
 
-def _expected(state: WatchState, situation: Situation) -> bool:
-    """Should the job be running: a RUNNING verdict or seen alive, and not stopped on purpose since."""
-    if situation.stopped_at is not None and (state.last_alive_at or 0.0) <= situation.stopped_at:
-        return False
-    return situation.running_verdict or state.last_alive_at is not None
-
-
 def assess(
     job: str,
     cfg: JobConfig,
@@ -117,155 +111,132 @@ def assess(
 ) -> Decision:
     """Decide one watch cycle for one job (the conditions: module docstring); ``obs.at`` is "now",
     ``state`` the watcher memory from the previous cycle, ``incident`` the job's open one."""
-    now = obs.at
-    w = cfg.watch
+    now, w = obs.at, cfg.watch
+    actions: list[Action] = []
+
+    def done(inc: Incident | None, condition: str, *acts: Action) -> Decision:
+        return Decision(st, inc, (*actions, *acts), str(condition))
+
+    def remind(inc: Incident, condition: str) -> Decision:
+        """Re-post an open incident nobody acknowledged, every ``remind_every`` s."""
+        if inc.acked_by is not None or now - inc.notified_at < remind_every:
+            return done(inc, condition)
+        inc = inc.model_copy(update={"notified_at": now})
+        return done(inc, condition, Action(ActionKind.REMIND, inc))
+
+    def opened(kind: IncidentKind, **facts: Any) -> Decision:
+        new = Incident(job=job, host=cfg.host, kind=kind, opened_at=now, notified_at=now, **facts)
+        new = _plan_auto_restart(new, cfg, situation, now)
+        return done(new, kind, Action(ActionKind.OPEN, new))
+
     if not obs.reachable:
         since = state.unreachable_since if state.unreachable_since is not None else now
         fails = (state.probe_failures or 0) + 1
-        state = state.model_copy(update={"probe_failures": fails, "unreachable_since": since})
+        st = state.model_copy(update={"probe_failures": fails, "unreachable_since": since})
         if fails < w.unreachable_after or now - since < 2 * w.interval:
-            return Decision(state, incident, (), "probe_failed")  # one lost probe is no verdict
-        if incident is None:
-            new = Incident(
-                job=job,
-                host=cfg.host,
-                kind=IncidentKind.UNREACHABLE,
-                opened_at=now,
-                notified_at=now,
-                count=state.last_count or 0,
-                expected=cfg.processes,
-                last_pid=state.last_pid,
-                last_alive_at=state.last_alive_at,
-                error=obs.error,
-            )
-            return Decision(state, new, (Action(ActionKind.OPEN, new),), IncidentKind.UNREACHABLE.value)
-        return _remind(state, incident, now, remind_every, IncidentKind.UNREACHABLE.value)
+            return done(incident, "probe_failed")  # one lost probe is no verdict
+        if incident is not None:
+            return remind(incident, IncidentKind.UNREACHABLE)
+        known = {"expected": cfg.processes, **st.model_dump(include={"last_pid", "last_alive_at"})}
+        return opened(IncidentKind.UNREACHABLE, count=st.last_count or 0, error=obs.error, **known)
 
     st = state.model_copy(update={"probe_failures": None, "unreachable_since": None, "probe_s": obs.probe_s})
-    actions: list[Action] = []
     if incident is not None and incident.kind is IncidentKind.UNREACHABLE:
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": "reachable"})
         actions.append(Action(ActionKind.RESOLVE, resolved))
         incident = None
 
     if obs.count > 0:
-        st.last_alive_at = now
+        st.last_alive_at, st.last_count = now, obs.count
         st.last_pid = obs.pids[0] if obs.pids else st.last_pid
-        st.last_count = obs.count
-    if obs.exit_cause:
-        st.exit_cause = obs.exit_cause
-    if obs.log_size is not None and obs.log_size != st.log_size:
-        st.progress_at = now  # grew, or rotated/truncated: either way the job wrote
-        st.log_size = obs.log_size
-    if st.progress_at is None or obs.count == 0:
-        st.progress_at = now  # no baseline yet, or nothing running to stall
-    if obs.count == 0 or obs.count >= cfg.processes:
+    st.exit_cause = obs.exit_cause or st.exit_cause
+    wrote = obs.log_size is not None and obs.log_size != st.log_size  # grew, or rotated/truncated
+    # the job wrote, no baseline yet, nothing running to stall, or a planned restart (no alerts:
+    # progress and degradation are measured from its end)
+    if wrote or st.progress_at is None or obs.count == 0 or situation.in_flight:
+        st.progress_at = now
+    st.log_size = obs.log_size if obs.log_size is not None else st.log_size
+    if obs.count == 0 or obs.count >= cfg.processes or situation.in_flight:
         st.degraded_since = None
     elif st.degraded_since is None:
         st.degraded_since = now
 
     if situation.in_flight:
-        # a planned restart: no alerts; progress and degradation are measured from its end
-        st.progress_at = now
-        st.degraded_since = None
         st.idle_gpus_since = None
         if incident is not None and incident.next_auto_at is not None:
             incident = incident.model_copy(update={"next_auto_at": None})
-        return Decision(st, incident, tuple(actions), "in_flight")
+        return done(incident, "in_flight")
 
-    expected = _expected(st, situation)
+    # should it run: a RUNNING verdict or seen alive, and not stopped on purpose since
+    stopped = situation.stopped_at is not None and (st.last_alive_at or 0.0) <= situation.stopped_at
+    expected = not stopped and (situation.running_verdict or st.last_alive_at is not None)
     warming = situation.launched_at is not None and now - situation.launched_at < w.warmup
     steps = obs.progress if obs.progress is not None and obs.progress.known else None
-    idle = _idle_gpus(st, w.idle_gpu_below, w.idle_gpu_for, obs, warming)
+    idle = _idle_gpus(st, w, obs, warming)
     # GPUs not read this cycle (nvidia-smi failed): an open idle incident stays as it is
     unread = w.idle_gpu_below is not None and obs.gpus is None and bool(st.idle_gpus_since)
-    condition: IncidentKind | str
-    if obs.count == 0:
-        condition = IncidentKind.DEAD if expected else "idle"
-    elif st.degraded_since is not None and now - st.degraded_since >= w.degraded_after:
-        condition = IncidentKind.DEGRADED
-    elif not warming and steps is not None and steps.stuck:
-        condition = IncidentKind.STUCK_RANK
-    elif not warming and steps is not None and (steps.frozen_for or 0.0) >= w.stall_after:
-        condition = IncidentKind.STALLED
-    elif steps is None and now - (st.progress_at or now) >= w.stall_after:
-        condition = IncidentKind.STALLED
-    elif idle or (unread and incident is not None and incident.kind is IncidentKind.IDLE_GPUS):
-        condition = IncidentKind.IDLE_GPUS
-    elif obs.count < cfg.processes:
-        condition = "pending"
-    else:
-        condition = "ok"
+    kept = unread and incident is not None and incident.kind is IncidentKind.IDLE_GPUS
+    # the ranks' steps (not while warming up), else the log's bytes (:mod:`pipeline.observe.progress`)
+    silent = now - (st.progress_at or now) if steps is None else 0.0 if warming else steps.frozen_for or 0.0
+    degraded = st.degraded_since is not None and now - st.degraded_since >= w.degraded_after
+    rules: tuple[tuple[bool, IncidentKind | str], ...] = (  # in precedence order
+        (obs.count == 0, IncidentKind.DEAD if expected else "idle"),
+        (degraded, IncidentKind.DEGRADED),
+        (not warming and steps is not None and bool(steps.stuck), IncidentKind.STUCK_RANK),
+        (silent >= w.stall_after, IncidentKind.STALLED),
+        (bool(idle) or kept, IncidentKind.IDLE_GPUS),
+        (obs.count < cfg.processes, "pending"),
+    )
+    condition = next((kind for hit, kind in rules if hit), "ok")
 
-    facts: dict[str, Any] = {
-        "count": obs.count,
-        "expected": cfg.processes,
-        "last_pid": st.last_pid,
-        "last_alive_at": st.last_alive_at,
-        "exit_cause": st.exit_cause,
-        **({"cause": obs.detail} if obs.detail else {}),
-    }
+    last = st.model_dump(include={"last_pid", "last_alive_at", "exit_cause"})
+    facts: dict[str, Any] = {"count": obs.count, "expected": cfg.processes, **last}
+    facts.update({"cause": obs.detail} if obs.detail else {})
     if condition is IncidentKind.STUCK_RANK and steps is not None:
         facts.update(stuck_facts(steps, cfg.host))
     if condition is IncidentKind.IDLE_GPUS and obs.gpus and w.idle_gpu_below is not None:
         facts.update(idle_facts(idle, len(obs.gpus), st.idle_gpus_since or {}, w.idle_gpu_below, now))
     if incident is None:
-        if isinstance(condition, IncidentKind):
-            new = Incident(job=job, host=cfg.host, kind=condition, opened_at=now, notified_at=now, **facts)
-            new = _plan_auto_restart(new, cfg, situation, now)
-            actions.append(Action(ActionKind.OPEN, new))
-            return Decision(st, new, tuple(actions), condition.value)
-        return Decision(st, None, tuple(actions), str(condition))
-
+        return opened(condition, **facts) if isinstance(condition, IncidentKind) else done(None, condition)
     if condition == "ok" or condition == "idle":
         why = "running" if condition == "ok" else "stopped"
         resolved = incident.model_copy(update={"resolved_at": now, "resolution": why, **facts})
-        actions.append(Action(ActionKind.RESOLVE, resolved))
-        return Decision(st, None, tuple(actions), str(condition))
-    if condition == "pending":
-        return _remind(st, incident, now, remind_every, "pending", actions)
-
-    assert isinstance(condition, IncidentKind)
+        return done(None, condition, Action(ActionKind.RESOLVE, resolved))
     current = incident.kind
-    if current is IncidentKind.CRASH_LOOP and condition is IncidentKind.DEAD:
-        return _remind(st, incident, now, remind_every, condition.value, actions)
+    if condition == "pending" or (current is IncidentKind.CRASH_LOOP and condition is IncidentKind.DEAD):
+        return remind(incident, condition)
     if condition is not current:
         changed = incident.model_copy(update={"kind": condition, "changed_at": now, **facts})
         changed = _plan_auto_restart(changed, cfg, situation, now)
-        actions.append(Action(ActionKind.CHANGE, changed, previous=current))
-        return Decision(st, changed, tuple(actions), condition.value)
+        return done(changed, condition, Action(ActionKind.CHANGE, changed, previous=current))
 
     # the same condition persists: maybe restart automatically, maybe remind
-    if condition is IncidentKind.DEAD and cfg.watch.auto_restart is not None and not incident.gave_up:
+    if condition is IncidentKind.DEAD and w.auto_restart is not None and not incident.gave_up:
         if incident.no_auto:  # its crash class is not restarted automatically: say so, once
             incident = incident.model_copy(update={"gave_up": True, "next_auto_at": None, "changed_at": now})
-            actions.append(Action(ActionKind.GIVE_UP, incident))
-            return Decision(st, incident, tuple(actions), condition.value)
+            return done(incident, condition, Action(ActionKind.GIVE_UP, incident))
         incident = _plan_auto_restart(incident, cfg, situation, now)
         if incident.gave_up:
-            actions.append(Action(ActionKind.GIVE_UP, incident))
-            return Decision(st, incident, tuple(actions), IncidentKind.CRASH_LOOP.value)
+            return done(incident, IncidentKind.CRASH_LOOP, Action(ActionKind.GIVE_UP, incident))
         if incident.next_auto_at is not None and now >= incident.next_auto_at:
             fired = incident.model_copy(
                 update={"next_auto_at": None, "auto_restarts": incident.auto_restarts + 1}
             )
-            actions.append(Action(ActionKind.AUTO_RESTART, fired))
-            return Decision(st, fired, tuple(actions), condition.value)
-    return _remind(st, incident, now, remind_every, condition.value, actions)
+            return done(fired, condition, Action(ActionKind.AUTO_RESTART, fired))
+    return remind(incident, condition)
 
 
-def _idle_gpus(
-    st: WatchState, below: float | None, idle_for: float | None, obs: Observation, warming: bool
-) -> list[GpuReading]:
-    """Carry each watched GPU's idle start in ``st`` and return those idle for ``idle_for`` s;
+def _idle_gpus(st: WatchState, w: WatchSettings, obs: Observation, warming: bool) -> list[GpuReading]:
+    """Carry each watched GPU's idle start in ``st`` and return those idle for ``idle_gpu_for`` s;
     nothing running or warming up forgets them, GPUs not read keep them."""
+    below, idle_for = w.idle_gpu_below, w.idle_gpu_for
     if below is None or idle_for is None or obs.count == 0 or warming:
         st.idle_gpus_since = None
         return []
     if obs.gpus is None:
         return []
-    st.idle_gpus_since = idle_since(obs.gpus, below, st.idle_gpus_since or {}, obs.at) or None
-    return idle_now(obs.gpus, st.idle_gpus_since or {}, idle_for, obs.at)
+    since = st.idle_gpus_since = idle_since(obs.gpus, below, st.idle_gpus_since or {}, obs.at) or None
+    return [r for r in obs.gpus if since and r.index in since and obs.at - since[r.index] >= idle_for]
 
 
 def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation, now: float) -> Incident:
@@ -278,21 +249,5 @@ def _plan_auto_restart(incident: Incident, cfg: JobConfig, situation: Situation,
             update={"kind": IncidentKind.CRASH_LOOP, "gave_up": True, "next_auto_at": None, "changed_at": now}
         )
     if incident.next_auto_at is None:
-        delay = policy.backoff * (2**situation.auto_restarts)
-        return incident.model_copy(update={"next_auto_at": now + delay})
+        return incident.model_copy(update={"next_auto_at": now + policy.backoff * 2**situation.auto_restarts})
     return incident
-
-
-def _remind(
-    state: WatchState,
-    incident: Incident,
-    now: float,
-    remind_every: float,
-    condition: str,
-    actions: list[Action] | None = None,
-) -> Decision:
-    acts = list(actions or [])
-    if incident.acked_by is None and now - incident.notified_at >= remind_every:
-        incident = incident.model_copy(update={"notified_at": now})
-        acts.append(Action(ActionKind.REMIND, incident))
-    return Decision(state, incident, tuple(acts), condition)
