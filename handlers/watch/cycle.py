@@ -29,7 +29,7 @@ from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply
 from handlers.watch.crashcheck import check_crash, refusal, with_crash
 from handlers.watch.hangevidence import post_hang_evidence
 from handlers.watch.stats import WatchStats
-from handlers.watch.storm import Round, Storyteller, Told, line_first
+from handlers.watch.storm import Round, Storyteller, Told, about
 from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
@@ -276,15 +276,13 @@ class Watcher:
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx
-        await line_first(ctx, inc, channel)  # a member of a story still being told: its line first
         if action.kind in (ActionKind.CHANGE, ActionKind.GIVE_UP):
             prev = action.previous
             note = changed_reply(inc, prev) if prev is not None else give_up_reply(inc, ctx.config)
-            await ctx.outbox.thread(inc.thread_key, note, channel)
-            headline = alert_reply(inc, ctx.config, now=now, mention=False)
-            await ctx.outbox.announce(inc.thread_key, headline, channel)
+            await about(ctx, inc, channel, note, alert_reply(inc, ctx.config, now=now, mention=False))
             await self._event(EventKind.ALERT, inc, **({"change_from": prev.value} if prev else {}))
         elif action.kind is ActionKind.AUTO_RESTART:
+            await about(ctx, inc, channel)  # a member of a story still being told: its line first
             policy = ctx.config.jobs[inc.job].watch.auto_restart
             await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
             self._auto_fired[inc.job] = time.time()
