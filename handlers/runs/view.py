@@ -22,6 +22,11 @@ def thread_key(run_id: str) -> str:
     return f"run:{run_id}"
 
 
+def run_note(run: RunRecord, title: str, status: Status, lines: tuple[str, ...] = ()) -> Reply:
+    """A post in ``run``'s thread (``run:r-42``): a summary, a take-over, a follow-up, a warning."""
+    return Reply(title=title, status=status, lines=lines, thread_key=thread_key(run.id), run_id=run.id)
+
+
 def step_lines(run: RunRecord) -> tuple[StepLine, ...]:
     """The run's steps as :class:`StepLine` s, in order, plus ``verify: waiting`` for a run whose
     launch ended well but whose verify step is not recorded yet (and has no verdict)."""
