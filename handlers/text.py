@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # types only: ``pitstop parse`` (the grammar reads these word
     from pipeline.observe.attempts import TrainingProgress
     from pipeline.state.approvals import ApprovalRequest
     from pipeline.state.incidents import Incident
+    from pipeline.state.runs import RunRecord
 
 #: an alert whose log tail could not be read
 ALERT_NO_LOG = "the log could not be read"
@@ -168,6 +169,14 @@ def queued_detail(action: str, channel: str | None) -> str:
     """Where the run's steps will appear."""
     where = f" in <#{channel}>" if channel else ""
     return f"the {action} runs step by step{where}; the verified result follows in its thread"
+
+
+def run_headline(run: RunRecord) -> str:
+    """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch, fresh cache``."""
+    extra = [f"with {patch_phrase(run.patches)}"] if run.patches else []
+    extra += ["fresh cache"] if run.fresh_cache else []
+    tail = (" " + ", ".join(extra)) if extra else ""
+    return f"{run.id}: {run.action} of {run.job} by {fmt.who(run.requested_by)}{tail}"
 
 
 def cancel_requested(run_id: str, job: str) -> str:
