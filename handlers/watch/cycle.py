@@ -26,8 +26,7 @@ from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.text import alert_exit_cause, probe_slow_line
 from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply, give_up_reply
-from handlers.watch.crashcheck import check_crash, refusal, with_crash
-from handlers.watch.hangevidence import post_hang_evidence
+from handlers.watch.evidence import check_crash, post_hang_evidence, refusal, with_crash
 from handlers.watch.stats import WatchStats
 from handlers.watch.storm import Round, Storyteller, Told, about
 from pipeline.engines.base import Entry, Sighting
