@@ -110,8 +110,8 @@ class Storyteller:
         alert's event shows the alert before its next command)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                if self._round is not None and self._round.members > 0:
-                    await self._round.ended.wait()  # its cycles are still probing or deciding
+                while (rnd := self._round) is not None and rnd.members > 0:
+                    await rnd.ended.wait()  # its cycles are still probing or deciding
                 if self._telling:
                     await asyncio.wait(set(self._telling))
 
