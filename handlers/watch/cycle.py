@@ -359,7 +359,7 @@ class Watcher:
         """Wait (at most ``timeout`` s each) for automatic restarts and posts still running in the
         background."""
         await self.restarts.drain(timeout)
-        await self.teller.drain(timeout)
+        await self.teller.told(timeout)
 
 
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what

@@ -107,18 +107,13 @@ class Storyteller:
     async def told(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until the round open now, if any, has ended and every round
         begun was told: what a cycle decided is then in the outbox (a script that waits for an
-        alert's event shows the alert before its next command)."""
+        alert's event shows the alert before its next command; a watcher that stops drains its posts)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 while (rnd := self._round) is not None and rnd.members > 0:
                     await rnd.ended.wait()  # its cycles are still probing or deciding
                 if self._telling:
                     await asyncio.wait(set(self._telling))
-
-    async def drain(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) until every round begun was told."""
-        if self._telling:
-            await asyncio.wait(set(self._telling), timeout=timeout)
 
 
 @dataclass(frozen=True)
