@@ -123,7 +123,6 @@ class Watcher:
             began = time.monotonic()
             seen = await self.ctx.restarter.sightings(entries(views), reads)
             probe_s = round(time.monotonic() - began, 3)
-        probing = time.monotonic() - probe_s
         if any(probe_slow(probe_s, cfgs[v.name]) for v in views):
             log.warning(probe_slow_line(host, probe_s))
         unreachable: str | None = None
@@ -135,7 +134,7 @@ class Watcher:
             if unreachable is None:  # the host answers a fresh connection: look at those jobs again
                 again = [v for v in views if (s := seen.get(v.name)) is None or s.probe.error]
                 seen = {**seen, **await self.ctx.restarter.sightings(entries(again), reads)}
-        self.stats.probed(host, time.monotonic() - probing, failed=unreachable is not None)
+        self.stats.probed(host, time.monotonic() - began, failed=unreachable is not None)
         decisions: dict[str, Decision] = {}
         probes = {name: s.probe for name, s in seen.items()}
         steps = await progress.judge_many(self.ctx.ssh, self.store, tracked, probes, planned, now)
@@ -256,16 +255,15 @@ class Watcher:
                 else:
                     new = new.model_copy(update={"log": current.log, "cause": current.cause})
                 new = new.model_copy(update={"last_actor": current.last_actor})  # set when it opened
-                updated = await self.store.update(current, new)
-                if updated is None:
+                current = await self.store.update(current, new)
+                if current is None:
                     return
-                current = updated
                 if action.kind is ActionKind.REMIND:
-                    rnd.reminded.append(Told(updated, channel, now))  # grouped like alerts
+                    rnd.reminded.append(Told(current, channel, now))  # grouped like alerts
                 else:
-                    await self._post(action, updated, channel, now)
+                    await self._post(action, current, channel, now)
                 if action.kind is ActionKind.CHANGE:
-                    await post_hang_evidence(self.ctx, updated, channel)
+                    await post_hang_evidence(self.ctx, current, channel)
         if decision.incident is not None and current is not None:
             kept = {k: getattr(current, k) for k in _TOLD}
             wanted = decision.incident.model_copy(update={**kept, "last_actor": current.last_actor})
