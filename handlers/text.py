@@ -179,6 +179,29 @@ def run_headline(run: RunRecord) -> str:
     return f"{run.id}: {run.action} of {run.job} by {fmt.who(run.requested_by)}{tail}"
 
 
+def run_lock_lost(job: str) -> str:
+    """The sequence lost its lock (expired or forced) while it ran."""
+    return (
+        f"warning: the lock on {job} was lost while this run held it (expired or forced by unlock) - "
+        "another restart may have started; what follows is still this run's true outcome"
+    )
+
+
+def launch_summary(run_id: str, job: str, launched_as: str | None, window: float) -> str:
+    """Posted in the run's thread when the launch step ended well.
+
+    :param launched_as: the run's identity (:attr:`~pipeline.state.runs.RunRecord.launched_as`).
+    :param window: seconds until the verdict (the job's ``start_window``).
+    """
+    proc = f" as {launched_as}" if launched_as is not None else ""
+    return f"{run_id}: {job} launched{proc} - the verdict follows in about {window:g} s"
+
+
+def stop_summary(run_id: str, job: str) -> str:
+    """Posted in the run's thread when a stop finished."""
+    return f"{run_id}: {job} stopped"
+
+
 def cancel_requested(run_id: str, job: str) -> str:
     """``cancel JOB``: the run stops at its next step boundary."""
     return f"cancel requested for run {run_id} of {job} - it stops at the next step boundary"

@@ -19,7 +19,7 @@ from handlers.latest import Latest
 from handlers.outbox import Outbox
 from handlers.reply import Reply, Status
 from handlers.runs.view import run_note, run_reply, thread_key, verdict_reply
-from handlers.text import mention
+from handlers.text import launch_summary, mention, run_lock_lost, stop_summary
 from pipeline.config import Config
 from pipeline.runs.base import RunEvent, Told
 from pipeline.state.runs import RunRecord
@@ -121,29 +121,3 @@ def alert_copy(reply: Reply, page: str | None) -> Reply:
     see = f"the restart's thread ({reply.run_id or '?'}) has its verdict and patches"
     lines = (f"{mention(page)} {see}",) if page else ()
     return Reply(title=reply.title, status=reply.status, run_id=reply.run_id, page=page, lines=lines)
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def run_lock_lost(job: str) -> str:
-    """The sequence lost its lock (expired or forced) while it ran."""
-    return (
-        f"warning: the lock on {job} was lost while this run held it (expired or forced by unlock) - "
-        "another restart may have started; what follows is still this run's true outcome"
-    )
-
-
-def launch_summary(run_id: str, job: str, launched_as: str | None, window: float) -> str:
-    """Posted in the run's thread when the launch step ended well.
-
-    :param launched_as: the run's identity (:attr:`~pipeline.state.runs.RunRecord.launched_as`).
-    :param window: seconds until the verdict (the job's ``start_window``).
-    """
-    proc = f" as {launched_as}" if launched_as is not None else ""
-    return f"{run_id}: {job} launched{proc} - the verdict follows in about {window:g} s"
-
-
-def stop_summary(run_id: str, job: str) -> str:
-    """Posted in the run's thread when a stop finished."""
-    return f"{run_id}: {job} stopped"
