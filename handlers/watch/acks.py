@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import time
 
 from handlers.context import Context
@@ -16,15 +17,23 @@ from pipeline.state.incidents import IncidentStore
 DEFAULT_OFF_S = 24 * 3600  #: ``watch JOB off`` without ``for``: paused this long (s), then on again
 
 
+def _job_or_error(ctx: Context, job: str) -> str | Reply:
+    """The job's configured name, or the USAGE reply for a job that is not configured."""
+    try:
+        return ctx.config.job_name(job)
+    except KeyError:
+        close = difflib.get_close_matches(job, list(ctx.config.jobs), n=1)
+        hint = f" - did you mean {close[0]}?" if close else ""
+        return refused(f"no job called {job!r}{hint}")
+
+
 async def ack_command(ctx: Context, job: str, user: str) -> Reply:
     """``ack JOB`` (any case): acknowledge the job's open incident — no more reminders until it
     resolves — noting who in its thread and on its headline.  INFO when nothing is open or it
-    was already acknowledged.
-
-    :param job: a configured job (any case; the parser has checked it).
-    :raises KeyError: if no job is called ``job``.
-    """
-    name = ctx.config.job_name(job)
+    was already acknowledged."""
+    name = _job_or_error(ctx, job)
+    if isinstance(name, Reply):
+        return name
     store = ctx.redis.open_store(IncidentStore)
     for _ in range(5):
         incident = await store.incident(name)
@@ -52,10 +61,11 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
     watcher's stall and degradation clocks, so a pause is not mistaken for a stall.
 
     :param user: the requester's id (recorded as the pause's value).
-    :returns: the answer; USAGE error for another state.
-    :raises KeyError: if no job is called ``job`` (the parser has checked it).
+    :returns: the answer; USAGE error for another state or unknown job.
     """
-    name = ctx.config.job_name(job)
+    name = _job_or_error(ctx, job)
+    if isinstance(name, Reply):
+        return name
     store = ctx.redis.open_store(IncidentStore)
     if state == "off":
         seconds = int(for_s or DEFAULT_OFF_S)
