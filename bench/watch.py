@@ -406,7 +406,7 @@ async def storm(
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             await asyncio.gather(*(watcher.cycle(h) for h in hosts))
-            await watcher.teller.drain(4 * jobs * PACE + 120)
+            await watcher.teller.told(4 * jobs * PACE + 120)
             calls = await fake.calls("chat.postMessage")
             posted = [c for c in calls if c.ok]
             heads = [c for c in posted if not c.args.get("thread_ts")]

@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # types only: ``pitstop parse`` (the grammar reads these word
     from pipeline.observe.attempts import TrainingProgress
     from pipeline.state.approvals import ApprovalRequest
     from pipeline.state.incidents import Incident
+    from pipeline.state.runs import RunRecord
 
 #: an alert whose log tail could not be read
 ALERT_NO_LOG = "the log could not be read"
@@ -168,6 +169,37 @@ def queued_detail(action: str, channel: str | None) -> str:
     """Where the run's steps will appear."""
     where = f" in <#{channel}>" if channel else ""
     return f"the {action} runs step by step{where}; the verified result follows in its thread"
+
+
+def run_headline(run: RunRecord) -> str:
+    """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch, fresh cache``."""
+    extra = [f"with {patch_phrase(run.patches)}"] if run.patches else []
+    extra += ["fresh cache"] if run.fresh_cache else []
+    tail = (" " + ", ".join(extra)) if extra else ""
+    return f"{run.id}: {run.action} of {run.job} by {fmt.who(run.requested_by)}{tail}"
+
+
+def run_lock_lost(job: str) -> str:
+    """The sequence lost its lock (expired or forced) while it ran."""
+    return (
+        f"warning: the lock on {job} was lost while this run held it (expired or forced by unlock) - "
+        "another restart may have started; what follows is still this run's true outcome"
+    )
+
+
+def launch_summary(run_id: str, job: str, launched_as: str | None, window: float) -> str:
+    """Posted in the run's thread when the launch step ended well.
+
+    :param launched_as: the run's identity (:attr:`~pipeline.state.runs.RunRecord.launched_as`).
+    :param window: seconds until the verdict (the job's ``start_window``).
+    """
+    proc = f" as {launched_as}" if launched_as is not None else ""
+    return f"{run_id}: {job} launched{proc} - the verdict follows in about {window:g} s"
+
+
+def stop_summary(run_id: str, job: str) -> str:
+    """Posted in the run's thread when a stop finished."""
+    return f"{run_id}: {job} stopped"
 
 
 def cancel_requested(run_id: str, job: str) -> str:

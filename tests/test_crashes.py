@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.runtime.scheduler import PitstopScheduler
-from handlers.watch.crashcheck import CrashCheck, refusal
+from handlers.watch.evidence import CrashCheck, refusal
 from pipeline.config import AutoRestart, Config, parse_config
 from pipeline.config.watch import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError

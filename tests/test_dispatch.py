@@ -17,7 +17,6 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.runs.posts import launch_summary, stop_summary
 from handlers.text import (
     CONFIRM_GONE,
     DUPLICATE_DELIVERY,
@@ -30,9 +29,11 @@ from handlers.text import (
     confirm_expired,
     confirm_not_yours,
     history_title,
+    launch_summary,
     lock_free,
     logs_title,
     queued,
+    stop_summary,
     unknown_action,
 )
 from pipeline.config import Config

@@ -17,8 +17,7 @@ import time_machine
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.runs.posts import run_lock_lost
-from handlers.text import lock_forced_note, lock_free, queued, unlock_not_held, unlocked
+from handlers.text import lock_forced_note, lock_free, queued, run_lock_lost, unlock_not_held, unlocked
 from pipeline.state import keys
 from pipeline.state.audit import AuditOutcome
 from pipeline.state.locks import InFlight, JobLock, Locks

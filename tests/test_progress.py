@@ -213,7 +213,7 @@ async def _sleep_rest(started: float, interval: float) -> None:
 
 def test_hang_reply_says_a_d_state_rank_needs_the_host_recycled_and_how_to_get_py_spy() -> None:
     """State D: 'a restart will not free rank 6; the host may need recycling'; no py-spy: the install line."""
-    from handlers.watch.hangevidence import hang_reply
+    from handlers.watch.evidence import hang_reply
     from pipeline.state.incidents import Incident
 
     inc = Incident(

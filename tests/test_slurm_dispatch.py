@@ -16,7 +16,7 @@ import pytest
 
 from bot.runtime.serve import SlackRuntime, http_app, open_runtime, start_http
 from handlers.outbox import MemoryOutbox
-from handlers.runs.posts import launch_summary
+from handlers.text import launch_summary
 from pipeline.config import Config
 from pipeline.state import keys
 from pipeline.state.events import EventKind

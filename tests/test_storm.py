@@ -340,7 +340,7 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
                 {d.condition for d in (await watcher.cycle("gpu07", now=T0 + k * 1.5)).values()}
                 for k in (1, 2, 3)
             ]
-            await watcher.teller.drain(120)  # a cycle waits for its story at most storm.TELL_WAIT s
+            await watcher.teller.told(120)  # a cycle waits for its story at most storm.TELL_WAIT s
             took = time.monotonic() - began
             assert conditions == [{"probe_failed"}, {"probe_failed"}, {"unreachable"}]
             (alert,) = _top(fake_slack, team)
@@ -356,7 +356,7 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
             # still unreachable at the next reminder: the 40 reminders are one post in the story's thread
             posts_before = len(await fake_slack.calls("chat.postMessage", ok=True))
             await watcher.cycle("gpu07", now=T0 + 6)
-            await watcher.teller.drain(120)
+            await watcher.teller.told(120)
             reminded = (await fake_slack.calls("chat.postMessage", ok=True))[posts_before:]
             assert len(reminded) == 1 and reminded[0].args["thread_ts"] == alert["ts"]
             assert "still open, not acknowledged: 40 jobs (40 unreachable)" in str(reminded[0].args["text"])
@@ -373,7 +373,7 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
             posts_before = len(await fake_slack.calls("chat.postMessage", ok=True))
             await gate.open()
             back = await watcher.cycle("gpu07", now=T0 + 6.5)
-            await watcher.teller.drain(120)
+            await watcher.teller.told(120)
             assert {d.condition for d in back.values()} == {"ok"}
             new_posts = (await fake_slack.calls("chat.postMessage", ok=True))[posts_before:]
             assert len(new_posts) == 1 and new_posts[0].args["thread_ts"] == alert["ts"]
@@ -410,7 +410,7 @@ async def test_60_jobs_crashing_across_6_hosts_reach_slack_grouped_and_complete(
             jobs.kill(n)
         began = time.monotonic()
         assert await _round_at(watcher, hosts, T0 + 2) == {"dead"}
-        await watcher.teller.drain(120)
+        await watcher.teller.told(120)
         took = time.monotonic() - began
         told: list[str] = []
         for team in teams:
@@ -446,7 +446,7 @@ async def test_200_incidents_in_one_round_reach_slack_completely_each_429_waited
         for _ in range(3):
             fake_slack.rate_limit_next("chat.postMessage", retry_after=1)
         assert await _round_at(watcher, hosts, T0 + 2) == {"dead"}
-        await watcher.teller.drain(300)  # a hang bound only: at pace, 20 lines a channel take about 20 s
+        await watcher.teller.told(300)  # a hang bound only: at pace, 20 lines a channel take about 20 s
         told: list[str] = []
         for team in teams:
             (post,) = _top(fake_slack, team)

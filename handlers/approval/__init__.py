@@ -1,5 +1,5 @@
-"""``handlers.approval`` — the two-person rule: which actions wait and who may decide them
-(:mod:`~handlers.approval.policy`) and its step in the dispatcher (:mod:`~handlers.approval.twoperson`).
+"""``handlers.approval`` — the two-person rule: which actions wait, who may decide them and its
+step in the dispatcher (:mod:`~handlers.approval.twoperson`).
 Requests are stored by :mod:`pipeline.state.approvals`.
 
 May import: ``handlers.request.auth`` and ``handlers.request.flow`` (roles, the step protocol),

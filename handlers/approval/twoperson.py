@@ -1,4 +1,9 @@
-"""The two-person rule's step in the dispatcher (:class:`TwoPersonRule`, after confirmation).
+"""The two-person rule: which requests wait, who may decide them, what they are shown, and its step
+in the dispatcher (:class:`TwoPersonRule`, after confirmation).
+
+A job's ``[jobs.NAME.approval]`` (:class:`~pipeline.config.ApprovalSettings`) lists the actions
+that wait for a second person (:func:`approval_for`); :func:`may_approve` is the right to decide.
+The state lives in :mod:`pipeline.state.approvals`.
 
 - an action the job's ``[jobs.NAME.approval]`` holds becomes a request (id ``r-N``, the run it will
   be): its message shows what would change and who may approve; the requester gets exit code 7;
@@ -15,25 +20,168 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from handlers import text as words
-from handlers.approval import policy
 from handlers.context import Context
 from handlers.grammar.commands import Command, ParseError
 from handlers.grammar.parse import Role
-from handlers.reply import Reply, Status, refused
+from handlers.reply import Attachment, Button, Reply, Status, refused
 from handlers.request.auth import Denied, role_of
 from handlers.request.flow import Flow, Next, Request, Spawn
+from pipeline import fmt
+from pipeline.config import ApprovalSettings, Config
+from pipeline.config.approval import APPROVER_ROLES
+from pipeline.engines.workdir import patch_digest, patch_text
 from pipeline.errors import ExitCode, PitstopError
-from pipeline.state.approvals import ApprovalRequest, Approvals, ApprovalState, Decided
+from pipeline.state.approvals import ApprovalRequest, Approvals, ApprovalState, Decided, PatchDigest
 from pipeline.state.audit import AuditOutcome
 from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import InFlight
 
 log = logging.getLogger(__name__)
+
+
+def policy_action(command: Command) -> str | None:
+    """The command's action in ``[jobs.NAME.approval] actions`` words (a restart that applies or
+    reverts a patch is ``restart_with_patch``), or None for a verb no policy can hold (reads, ``approve``)."""
+    if command.verb == "restart":
+        return "restart_with_patch" if command.patches or command.without else "restart"
+    return command.verb if command.verb in ("start", "stop", "unlock") else None
+
+
+def approval_for(config: Config, command: Command) -> ApprovalSettings | None:
+    """The job's approval policy when ``command`` must wait for it, else None (``restart`` in
+    ``actions`` holds every restart, patched or not)."""
+    if command.job is None or command.job not in config.jobs:
+        return None
+    settings, action = config.jobs[command.job].approval, policy_action(command)
+    if settings is None or action is None:
+        return None
+    held = set(settings.actions)
+    return settings if action in held or (action == "restart_with_patch" and "restart" in held) else None
+
+
+def may_approve(config: Config, request: ApprovalRequest, user: str, groups: Sequence[str]) -> bool:
+    """Whether ``user`` (a member of ``groups``) may decide ``request``: ``approvers`` names them,
+    one of their groups, or a role they hold for the job (roles nest: ``operator`` lets admins in)."""
+    settings = config.jobs[request.job].approval if request.job in config.jobs else None
+    if settings is None:
+        return False
+    if {user, *groups} & set(settings.approvers):
+        return True
+    held = role_of(config, user, groups, request.job)
+    wanted = [Role[r.upper()] for r in settings.approvers if r in APPROVER_ROLES]
+    return held is not None and any(held >= r for r in wanted)
+
+
+async def digests(config: Config, command: Command) -> tuple[PatchDigest, ...]:
+    """The patches ``command`` applies or reverts, as they are now: SHA-256, diffstat, size.
+    :class:`PitstopError` if a patch file cannot be read (nothing is asked for then)."""
+    assert command.job is not None
+    paths = config.jobs[command.job].patches
+    out = []
+    for name in (*command.patches, *command.without):
+        try:
+            out.append(await asyncio.to_thread(patch_digest, name, paths[name]))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PitstopError(words.approval_unreadable(name, str(paths[name]), str(exc))) from None
+    return tuple(out)
+
+
+async def attachments(config: Config, request: ApprovalRequest) -> tuple[Attachment, ...]:
+    """Each patch's whole diff as a file: the text ``git apply`` would be given, read again and kept
+    only when the file's bytes still have the hash shown (a file edited since is left out, and
+    pre-flight would refuse it anyway)."""
+    files = []
+    for digest in request.patches:
+        path = config.jobs[request.job].patches.get(digest.name)
+        if path is None:
+            continue
+        try:
+            raw = await asyncio.to_thread(path.read_bytes)
+            text = patch_text(raw)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if hashlib.sha256(raw).hexdigest() == digest.sha256:
+            files.append(Attachment(path.name, text, f"{path.name} · sha256 {digest.sha256}", str(path)))
+    return tuple(files)
+
+
+def request_reply(config: Config, request: ApprovalRequest, files: tuple[Attachment, ...] = ()) -> Reply:
+    """The run's message while its request waits: what would change (each patch's diffstat and
+    SHA-256, the whole diff attached as ``files``), Approve/Deny, who may click."""
+    return Reply(
+        title=words.approval_waiting_title(request.id, request.text, request.requester),
+        status=Status.WARNING,
+        lines=_waiting_lines(config, request),
+        buttons=(
+            Button(words.APPROVE_BUTTON, "approve", request.id, "primary"),
+            Button(words.DENY_BUTTON, "deny", request.id, "danger"),
+        ),
+        attachments=files,
+        thread_key=f"run:{request.id}",
+    )
+
+
+def closed_reply(config: Config, request: ApprovalRequest) -> Reply:
+    """The request's message once decided or expired: the same facts, a line saying how it ended, no buttons."""
+    if request.state is ApprovalState.APPROVED:
+        head, tone = words.approval_approved(request.id, request.decided_by), Status.OK
+    elif request.state is ApprovalState.DENIED:
+        head, tone = words.approval_denied(request.id, request.decided_by, request.reason), Status.ERROR
+    else:
+        waited = request.expires_at - request.created_at
+        head, tone = words.approval_expired(request.id, waited), Status.WARNING
+    asked = words.approval_waiting_title(request.id, request.text, request.requester)
+    return Reply(
+        title=head,
+        status=tone,
+        lines=(asked, *_patch_lines(request)),
+        thread_key=f"run:{request.id}",
+    )
+
+
+def waiting_reply(config: Config, request: ApprovalRequest) -> Reply:
+    """The requester's answer: it waits (exit code :attr:`ExitCode.AWAITING_APPROVAL`)."""
+    return Reply(
+        title=words.approval_asked(request.id, request.text),
+        status=Status.WARNING,
+        lines=_waiting_lines(config, request),
+        ephemeral=True,
+        thread_key=f"run:{request.id}",
+        exit_code=ExitCode.AWAITING_APPROVAL,
+    )
+
+
+def pending_reply(config: Config, requests: Sequence[ApprovalRequest], job: str | None) -> Reply:
+    """``pending [JOB]``: every request still waiting, oldest first."""
+    if not requests:
+        return Reply(title=words.pending_none(job), status=Status.INFO)
+    lines = []
+    for r in requests:
+        hashes = ", ".join(f"{p.name} {p.sha256[: words.HASH_SHOWN]}" for p in r.patches) or "no patch"
+        left = fmt.duration(max(0.0, r.expires_at - time.time()))
+        lines.append(words.pending_line(r.id, r.text, r.requester, hashes, left))
+    return Reply(title=words.pending_title(len(requests)), lines=tuple(lines), status=Status.INFO)
+
+
+def _patch_lines(request: ApprovalRequest) -> list[str]:
+    return [
+        line
+        for p in request.patches
+        for line in (words.approval_patch(p.name, p.sha256, p.size), *(f"    {d}" for d in p.diffstat))
+    ]
+
+
+def _waiting_lines(config: Config, request: ApprovalRequest) -> tuple[str, ...]:
+    settings = config.jobs[request.job].approval
+    approvers = settings.approvers if settings is not None else []
+    expires = fmt.clock(request.expires_at, config.scheduler.timezone)
+    return (*_patch_lines(request), words.approval_who(approvers), words.approval_expires(expires))
 
 
 #: the dispatcher's audit step, one record per request, never raising:
@@ -52,7 +200,7 @@ class TwoPersonRule:
 
     async def step(self, flow: Flow, call_next: Next) -> Reply:
         """A decision on a request runs it (or ends it); an action the job's policy holds waits for
-        a second person; an admin's break glass passes, marked (:mod:`handlers.approval.policy`)."""
+        a second person; an admin's break glass passes, marked (:func:`approval_for`)."""
         command = flow.run
         assert command is not None
         if command.verb == "pending":
@@ -67,7 +215,7 @@ class TwoPersonRule:
                 raise Denied(flow.req.user, command, Role.ADMIN)
             flow.break_glass, flow.outcome = command.break_glass, AuditOutcome.BREAK_GLASS
             return await call_next()
-        settings = policy.approval_for(self.ctx.config, command)
+        settings = approval_for(self.ctx.config, command)
         if settings is None:
             return await call_next()
         req = flow.on_behalf or flow.req
@@ -77,7 +225,7 @@ class TwoPersonRule:
             ApprovalRequest(
                 id="",
                 job=command.job,
-                action=policy.policy_action(command) or command.verb,
+                action=policy_action(command) or command.verb,
                 command=command.dumps(),
                 text=command.text(),
                 requester=req.user,
@@ -86,16 +234,16 @@ class TwoPersonRule:
                 surface=req.surface,
                 created_at=now,
                 expires_at=now + settings.expires,
-                patches=await policy.digests(self.ctx.config, command),
+                patches=await digests(self.ctx.config, command),
             )
         )
-        files = await policy.attachments(self.ctx.config, request)
-        await self._show(request, policy.request_reply(self.ctx.config, request, files))
+        files = await attachments(self.ctx.config, request)
+        await self._show(request, request_reply(self.ctx.config, request, files))
         await self.audit(
             req, AuditOutcome.AWAITING, command, detail=words.approval_record(request), run_id=request.id
         )
         self.spawn(self._expire_at(request), f"pitstop-approval:{request.id}")
-        return policy.waiting_reply(self.ctx.config, request)
+        return waiting_reply(self.ctx.config, request)
 
     async def _show(self, request: ApprovalRequest, reply: Reply) -> None:
         """The request's message (the run's, ``run:r-N``), posted or updated in place."""
@@ -120,7 +268,7 @@ class TwoPersonRule:
         elif (
             pending
             and (approving or user != request.requester)  # the requester may withdraw their own
-            and not policy.may_approve(self.ctx.config, request, user, flow.groups)
+            and not may_approve(self.ctx.config, request, user, flow.groups)
         ):
             refusal = words.approval_not_approver(user, request.id, settings.approvers if settings else [])
         elif approving and pending and asked.spec.acts:
@@ -154,7 +302,7 @@ class TwoPersonRule:
         except InFlight:  # another restart took the lock after the check: the approval is not spent
             reopened = await self.approvals.reopen(request.id, user)
             if reopened is not None:
-                await self._show(reopened, policy.request_reply(self.ctx.config, reopened))
+                await self._show(reopened, request_reply(self.ctx.config, reopened))
             raise
 
     async def _closed(self, request: ApprovalRequest, req: Request) -> None:
@@ -167,7 +315,7 @@ class TwoPersonRule:
         await self.audit(
             req, outcome, _asked(request), detail=words.approval_record(request), run_id=request.id
         )
-        await self._show(request, policy.closed_reply(self.ctx.config, request))
+        await self._show(request, closed_reply(self.ctx.config, request))
 
     async def _expire_at(self, request: ApprovalRequest) -> None:
         await asyncio.sleep(max(0.0, request.expires_at - time.time()))

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from handlers import text as words
-from handlers.approval import policy as approval
+from handlers.approval import twoperson as approval
 from handlers.context import Context
 from handlers.grammar import parse as grammar
 from handlers.grammar.commands import Command

@@ -18,8 +18,8 @@ from collections.abc import Awaitable
 from handlers.latest import Latest
 from handlers.outbox import Outbox
 from handlers.reply import Reply, Status
-from handlers.runs.view import run_reply, thread_key, verdict_reply
-from handlers.text import mention
+from handlers.runs.view import run_note, run_reply, thread_key, verdict_reply
+from handlers.text import launch_summary, mention, run_lock_lost, stop_summary
 from pipeline.config import Config
 from pipeline.runs.base import RunEvent, Told
 from pipeline.state.runs import RunRecord
@@ -61,40 +61,38 @@ class RunPosts:
             live = self._live.pop(run.id, None)
             return self._ended(event, *live) if live is not None else None
         channel = self.config.channel_for(run.job) if run.job in self.config.jobs else None
-        key = thread_key(run.id)
-        if event.kind is Told.VERDICT:
-            replies = [verdict_reply(run)]
-            if run.warning:  # flagged beside the verdict, which stays as it is
-                replies.append(Reply(title=run.warning, status=Status.WARNING, thread_key=key, run_id=run.id))
-            return self._post(key, channel, replies, run_reply(run, self.config))
+        if event.kind is Told.VERDICT:  # a warning is flagged beside the verdict, which stays as it is
+            warned = [run_note(run, run.warning, Status.WARNING)] if run.warning else []
+            return self._post(channel, [verdict_reply(run), *warned], run_reply(run, self.config))
         if event.kind is Told.INTERRUPTED:
-            line = Reply(title=event.line or "", status=Status.WARNING, thread_key=key, run_id=run.id)
-            return self._post(key, channel, [line], run_reply(run, self.config), what="take-over")
+            take_over = run_note(run, event.line or "", Status.WARNING)
+            return self._post(channel, [take_over], run_reply(run, self.config), what="take-over")
         reply = followup_reply(event)
         alert = [alert_copy(reply, self.config.slack.alert_mention)] if event.slow else []
-        return self._post(key, channel, [reply, *alert], None)
+        return self._post(channel, [reply, *alert], None)
 
     async def _post(
-        self, key: str, channel: str | None, replies: list[Reply], head: Reply | None, what: str = ""
+        self, channel: str | None, replies: list[Reply], head: Reply | None, what: str = ""
     ) -> None:
-        """``replies`` in the thread, then the headline updated (``head``) or, a reply without a thread
-        key, posted in the channel; with ``what``, a failure is logged (the service goes on), else raised."""
+        """``replies`` in their run's thread, then its headline updated (``head``) or, a reply without
+        a thread key, posted in the channel; with ``what``, a failure is logged (the service goes
+        on), else raised."""
         try:
             for reply in replies:
                 if reply.thread_key:
-                    await self.outbox.thread(key, reply, channel)
+                    await self.outbox.thread(reply.thread_key, reply, channel)
                 else:
                     await self.outbox.post(reply, channel)
-            if head is not None:
-                await self.outbox.announce(key, head, channel)
+            if head is not None and head.thread_key:
+                await self.outbox.announce(head.thread_key, head, channel)
         except Exception:
             if not what:
                 raise
-            log.warning("could not post the %s of %s", what, key, exc_info=True)
+            log.warning("could not post the %s of run:%s", what, replies[0].run_id, exc_info=True)
 
     async def _ended(self, event: RunEvent, message: Latest[RunEvent], channel: str | None) -> None:
         """The sequence ended: the headline as it left it, then its summary or verdict in its thread."""
-        final, key = event.run, thread_key(event.run.id)
+        final = event.run
         message.put(event)
         await message.flush()  # the headline exists before anything is posted in its thread
         notes = (run_lock_lost(final.job),) if event.lock_lost else ()
@@ -103,23 +101,19 @@ class RunPosts:
         elif final.launched:
             window = self.config.jobs[final.job].start_window if final.job in self.config.jobs else 0.0
             title = launch_summary(final.id, final.job, final.launched_as, window)
-            reply = Reply(title=title, status=Status.INFO, lines=notes, thread_key=key, run_id=final.id)
+            reply = run_note(final, title, Status.INFO, notes)
         elif final.action == "stop":
             stop = final.step(Step.STOP)
             lines = (stop.detail,) if stop is not None and stop.detail else ()
-            title = stop_summary(final.id, final.job)
-            reply = Reply(title=title, status=Status.OK, lines=lines, thread_key=key, run_id=final.id)
+            reply = run_note(final, stop_summary(final.id, final.job), Status.OK, lines)
         else:
             return
-        await self._post(key, channel, [reply], None, "summary")
+        await self._post(channel, [reply], None, "summary")
 
 
 def followup_reply(event: RunEvent) -> Reply:
     """A throughput follow-up (FOLLOWUP) as posted in its run's thread: a warning when slower."""
-    status = Status.WARNING if event.slow else Status.OK
-    return Reply(
-        title=event.line or "", status=status, thread_key=thread_key(event.run.id), run_id=event.run.id
-    )
+    return run_note(event.run, event.line or "", Status.WARNING if event.slow else Status.OK)
 
 
 def alert_copy(reply: Reply, page: str | None) -> Reply:
@@ -127,29 +121,3 @@ def alert_copy(reply: Reply, page: str | None) -> Reply:
     see = f"the restart's thread ({reply.run_id or '?'}) has its verdict and patches"
     lines = (f"{mention(page)} {see}",) if page else ()
     return Reply(title=reply.title, status=reply.status, run_id=reply.run_id, page=page, lines=lines)
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def run_lock_lost(job: str) -> str:
-    """The sequence lost its lock (expired or forced) while it ran."""
-    return (
-        f"warning: the lock on {job} was lost while this run held it (expired or forced by unlock) - "
-        "another restart may have started; what follows is still this run's true outcome"
-    )
-
-
-def launch_summary(run_id: str, job: str, launched_as: str | None, window: float) -> str:
-    """Posted in the run's thread when the launch step ended well.
-
-    :param launched_as: the run's identity (:attr:`~pipeline.state.runs.RunRecord.launched_as`).
-    :param window: seconds until the verdict (the job's ``start_window``).
-    """
-    proc = f" as {launched_as}" if launched_as is not None else ""
-    return f"{run_id}: {job} launched{proc} - the verdict follows in about {window:g} s"
-
-
-def stop_summary(run_id: str, job: str) -> str:
-    """Posted in the run's thread when a stop finished."""
-    return f"{run_id}: {job} stopped"

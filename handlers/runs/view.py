@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from handlers.reply import Button, Reply, Status, StepLine
-from handlers.text import SHOW_LOG_BUTTON, patch_phrase
+from handlers.text import SHOW_LOG_BUTTON, run_headline
 from pipeline.config import Config
 from pipeline.errors import ExitCode
 from pipeline.fmt import who
@@ -20,6 +20,11 @@ _WARNING_VERDICTS = frozenset({Verdict.CANCELLED, Verdict.INTERRUPTED, Verdict.P
 def thread_key(run_id: str) -> str:
     """The key of a run's headline message and thread (``run:r-42``)."""
     return f"run:{run_id}"
+
+
+def run_note(run: RunRecord, title: str, status: Status, lines: tuple[str, ...] = ()) -> Reply:
+    """A post in ``run``'s thread (``run:r-42``): a summary, a take-over, a follow-up, a warning."""
+    return Reply(title=title, status=status, lines=lines, thread_key=thread_key(run.id), run_id=run.id)
 
 
 def step_lines(run: RunRecord) -> tuple[StepLine, ...]:
@@ -74,7 +79,7 @@ def run_reply(run: RunRecord, config: Config, *, notes: Sequence[str] = ()) -> R
         fields.append(("break glass", run.break_glass))
     line = verdict_line(run)
     return Reply(
-        title=run_headline(run.id, run.action, run.job, run.requested_by, run.patches, run.fresh_cache),
+        title=run_headline(run),
         status=run_status(run),
         steps=step_lines(run),
         lines=(*notes, line) if line else tuple(notes),
@@ -102,17 +107,3 @@ def verdict_reply(run: RunRecord) -> Reply:
         buttons=() if ok or pending else (Button(SHOW_LOG_BUTTON, "show_log", run.job),),
         exit_code=ExitCode.CANCELLED if run.verdict is Verdict.CANCELLED else code,
     )
-
-
-# --- text ---------------------------------------------------------------------------------------
-
-
-def run_headline(
-    run_id: str, action: str, job: str, user: str, patches: Sequence[str], fresh_cache: bool
-) -> str:
-    """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch``."""
-    extra = [f"with {patch_phrase(patches)}"] if patches else []
-    if fresh_cache:
-        extra.append("fresh cache")
-    tail = (" " + ", ".join(extra)) if extra else ""
-    return f"{run_id}: {action} of {job} by {who(user)}{tail}"

@@ -10,7 +10,7 @@ from handlers.context import Context
 from handlers.reply import Reply, Status, refused
 from handlers.text import mention
 from handlers.watch.alerts import acked_reply, alert_reply
-from handlers.watch.storm import line_first
+from handlers.watch.storm import about
 from pipeline import fmt
 from pipeline.state.incidents import IncidentStore
 
@@ -47,11 +47,9 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
         )
         if acked is None:
             continue  # changed meanwhile (a reminder, a resolve): read it again
-        channel = ctx.config.channel_for(name)
         reply = acked_reply(acked, user)
-        await line_first(ctx, acked, channel)
-        await ctx.outbox.thread(acked.thread_key, reply, channel)
-        await ctx.outbox.announce(acked.thread_key, alert_reply(acked, ctx.config, mention=False), channel)
+        channel = ctx.config.channel_for(name)
+        await about(ctx, acked, channel, reply, alert_reply(acked, ctx.config, mention=False))
         return reply
     return Reply(title=f"no open incident for {name} - nothing to acknowledge", status=Status.INFO)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from handlers import text as words
 from handlers.reply import Reply, Status
@@ -14,12 +15,6 @@ from pipeline import fmt
 from pipeline.config import AutoRestart, Config
 from pipeline.errors import ExitCode
 from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind
-
-
-def mention_of(config: Config) -> str | None:
-    """The configured ``alert_mention`` in Slack syntax, or None."""
-    target = config.slack.alert_mention
-    return words.mention(target) if target else None
 
 
 def job_owners(config: Config, job: str, last_actor: str | None) -> tuple[str, ...]:
@@ -37,7 +32,8 @@ def paged(config: Config, incidents: Iterable[Incident]) -> tuple[tuple[str, ...
     """The owners of the incidents' jobs (:func:`job_owners`, with the actor recorded when each
     opened), and the mentions that page ``alert_mention`` and them ("" for nobody)."""
     owners = tuple(dict.fromkeys(o for i in incidents for o in job_owners(config, i.job, i.last_actor)))
-    return owners, " ".join(w for w in (mention_of(config), *map(words.mention, owners)) if w)
+    page = config.slack.alert_mention
+    return owners, " ".join(w for w in (page and words.mention(page), *map(words.mention, owners)) if w)
 
 
 def page_by_dm(config: Config, key: str) -> list[str]:
@@ -190,13 +186,8 @@ def give_up_reply(incident: Incident, config: Config) -> Reply:
     text = incident.no_auto or words.crash_loop_gave_up(incident, _policy(incident, config))
     if incident.no_auto is None and incident.cause:
         text += f" ({words.alert_detected_cause(incident.cause)})"
-    who = mention_of(config)
-    return Reply(
-        title=f"{who} {text}" if who else text,
-        page=config.slack.alert_mention,
-        status=Status.ERROR,
-        thread_key=incident.thread_key,
-        exit_code=ExitCode.FAILED,
+    return replace(
+        paging_reminder(config, [], text, incident.thread_key), status=Status.ERROR, exit_code=ExitCode.FAILED
     )
 
 

@@ -26,10 +26,9 @@ from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.text import alert_exit_cause, probe_slow_line
 from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply, give_up_reply
-from handlers.watch.crashcheck import check_crash, refusal, with_crash
-from handlers.watch.hangevidence import post_hang_evidence
+from handlers.watch.evidence import check_crash, post_hang_evidence, refusal, with_crash
 from handlers.watch.stats import WatchStats
-from handlers.watch.storm import Round, Storyteller, Told, line_first
+from handlers.watch.storm import Round, Storyteller, Told, about
 from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
@@ -124,7 +123,6 @@ class Watcher:
             began = time.monotonic()
             seen = await self.ctx.restarter.sightings(entries(views), reads)
             probe_s = round(time.monotonic() - began, 3)
-        probing = time.monotonic() - probe_s
         if any(probe_slow(probe_s, cfgs[v.name]) for v in views):
             log.warning(probe_slow_line(host, probe_s))
         unreachable: str | None = None
@@ -136,7 +134,7 @@ class Watcher:
             if unreachable is None:  # the host answers a fresh connection: look at those jobs again
                 again = [v for v in views if (s := seen.get(v.name)) is None or s.probe.error]
                 seen = {**seen, **await self.ctx.restarter.sightings(entries(again), reads)}
-        self.stats.probed(host, time.monotonic() - probing, failed=unreachable is not None)
+        self.stats.probed(host, time.monotonic() - began, failed=unreachable is not None)
         decisions: dict[str, Decision] = {}
         probes = {name: s.probe for name, s in seen.items()}
         steps = await progress.judge_many(self.ctx.ssh, self.store, tracked, probes, planned, now)
@@ -257,16 +255,15 @@ class Watcher:
                 else:
                     new = new.model_copy(update={"log": current.log, "cause": current.cause})
                 new = new.model_copy(update={"last_actor": current.last_actor})  # set when it opened
-                updated = await self.store.update(current, new)
-                if updated is None:
+                current = await self.store.update(current, new)
+                if current is None:
                     return
-                current = updated
                 if action.kind is ActionKind.REMIND:
-                    rnd.reminded.append(Told(updated, channel, now))  # grouped like alerts
+                    rnd.reminded.append(Told(current, channel, now))  # grouped like alerts
                 else:
-                    await self._post(action, updated, channel, now)
+                    await self._post(action, current, channel, now)
                 if action.kind is ActionKind.CHANGE:
-                    await post_hang_evidence(self.ctx, updated, channel)
+                    await post_hang_evidence(self.ctx, current, channel)
         if decision.incident is not None and current is not None:
             kept = {k: getattr(current, k) for k in _TOLD}
             wanted = decision.incident.model_copy(update={**kept, "last_actor": current.last_actor})
@@ -276,15 +273,13 @@ class Watcher:
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx
-        await line_first(ctx, inc, channel)  # a member of a story still being told: its line first
         if action.kind in (ActionKind.CHANGE, ActionKind.GIVE_UP):
             prev = action.previous
             note = changed_reply(inc, prev) if prev is not None else give_up_reply(inc, ctx.config)
-            await ctx.outbox.thread(inc.thread_key, note, channel)
-            headline = alert_reply(inc, ctx.config, now=now, mention=False)
-            await ctx.outbox.announce(inc.thread_key, headline, channel)
+            await about(ctx, inc, channel, note, alert_reply(inc, ctx.config, now=now, mention=False))
             await self._event(EventKind.ALERT, inc, **({"change_from": prev.value} if prev else {}))
         elif action.kind is ActionKind.AUTO_RESTART:
+            await about(ctx, inc, channel)  # a member of a story still being told: its line first
             policy = ctx.config.jobs[inc.job].watch.auto_restart
             await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
             self._auto_fired[inc.job] = time.time()
@@ -362,7 +357,7 @@ class Watcher:
         """Wait (at most ``timeout`` s each) for automatic restarts and posts still running in the
         background."""
         await self.restarts.drain(timeout)
-        await self.teller.drain(timeout)
+        await self.teller.told(timeout)
 
 
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what

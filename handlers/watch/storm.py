@@ -8,7 +8,7 @@ are one **host story**, other incidents one **grouped post**, resolutions and re
 fewer are told one by one.  A story is one headline (``story:ID``, paging ``alert_mention`` and
 every member's owners); each member keeps a one-line message of its own in its thread
 (:meth:`~handlers.outbox.Outbox.announce_in`), recorded on its incident (``story``) so any
-process renders it as a member, and what is posted about it later goes there (:func:`line_first`).
+process renders it as a member, and what is posted about it later goes there (:func:`about`).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class Round:
     reminded: list[Told] = field(default_factory=list)
     #: posts that follow an opened incident's headline (hang evidence), in order
     later: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  #: set when its last cycle left
 
     def joinable(self, now: float) -> bool:
         """True while another cycle may still join (:data:`ROUND_JOIN_S` since it began)."""
@@ -95,6 +96,7 @@ class Storyteller:
         rnd.members -= 1
         if rnd.members > 0:
             return
+        rnd.ended.set()
         if self._round is rnd:
             self._round = None
         task = asyncio.get_running_loop().create_task(tell(self.ctx, self.store, rnd))
@@ -105,18 +107,13 @@ class Storyteller:
     async def told(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until the round open now, if any, has ended and every round
         begun was told: what a cycle decided is then in the outbox (a script that waits for an
-        alert's event shows the alert before its next command)."""
+        alert's event shows the alert before its next command; a watcher that stops drains its posts)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                while self._round is not None and self._round.members > 0:
-                    await asyncio.sleep(0.05)  # its cycles are still probing or deciding
+                while (rnd := self._round) is not None and rnd.members > 0:
+                    await rnd.ended.wait()  # its cycles are still probing or deciding
                 if self._telling:
                     await asyncio.wait(set(self._telling))
-
-    async def drain(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) until every round begun was told."""
-        if self._telling:
-            await asyncio.wait(set(self._telling), timeout=timeout)
 
 
 @dataclass(frozen=True)
@@ -224,16 +221,23 @@ async def tell(ctx: Context, store: IncidentStore, rnd: Round) -> None:
             log.exception("a post after an alert failed")
 
 
-async def line_first(ctx: Context, incident: Incident, channel: str | None) -> None:
-    """Before anything is posted about ``incident`` (an acknowledgement, a resolution, a reminder,
-    a change): if it is told in a grouped post, its own line there comes first (posted now if the
-    story has not reached it yet), so what follows goes in the story's thread, in order.
+async def about(
+    ctx: Context, inc: Incident, channel: str | None, note: Reply | None = None, head: Reply | None = None
+) -> None:
+    """Post about ``inc`` (an acknowledgement, a resolution, a reminder, a change): if it is told in
+    a grouped post, its own line there comes first (posted now if the story has not reached it
+    yet), so what follows goes in the story's thread, in order; then ``note`` in its thread and its
+    headline updated to ``head``.
 
     :param channel: its job's channel (None: the announce channel).
     """
-    if incident.story is not None:
-        reply = alert_reply(incident, ctx.config, mention=False)
-        await ctx.outbox.announce_in(incident.thread_key, reply, incident.story, channel)
+    key = inc.thread_key
+    if inc.story is not None:
+        await ctx.outbox.announce_in(key, alert_reply(inc, ctx.config, mention=False), inc.story, channel)
+    if note is not None:
+        await ctx.outbox.thread(key, note, channel)
+    if head is not None:
+        await ctx.outbox.announce(key, head, channel)
 
 
 async def _open_one(ctx: Context, t: Told) -> None:
@@ -243,9 +247,9 @@ async def _open_one(ctx: Context, t: Told) -> None:
 
 async def _resolve_one(ctx: Context, store: IncidentStore, t: Told) -> None:
     inc = t.incident
-    await line_first(ctx, inc, t.channel)
-    await ctx.outbox.thread(inc.thread_key, resolved_reply(inc, now=t.at), t.channel)
-    await ctx.outbox.announce(inc.thread_key, resolved_headline(inc, ctx.config, now=t.at), t.channel)
+    await about(
+        ctx, inc, t.channel, resolved_reply(inc, now=t.at), resolved_headline(inc, ctx.config, now=t.at)
+    )
     if inc.story is not None and not await _still_open(ctx, store, inc.story):
         # the last open job of a grouped post: its headline turns resolved too
         done = Reply(title=STORY_ALL_RESOLVED, status=Status.OK, thread_key=inc.story)
@@ -253,9 +257,7 @@ async def _resolve_one(ctx: Context, store: IncidentStore, t: Told) -> None:
 
 
 async def _remind_one(ctx: Context, t: Told) -> None:
-    inc = t.incident
-    await line_first(ctx, inc, t.channel)
-    await ctx.outbox.thread(inc.thread_key, reminder_reply(inc, ctx.config, now=t.at), t.channel)
+    await about(ctx, t.incident, t.channel, reminder_reply(t.incident, ctx.config, now=t.at))
 
 
 async def _follow_up(ctx: Context, story: Story, reply: Reply) -> None:
@@ -292,7 +294,7 @@ async def _in_channels(members: Sequence[Told], post: Callable[[Told], Awaitable
 async def _open_story(ctx: Context, store: IncidentStore, story: Story) -> None:
     reply = story_reply(story, story.members, ctx.config, now=story.members[0].at)
     # the headline's post starts (its outbox key taken) before the story is recorded on any member,
-    # so a member acknowledged meanwhile waits for it (line_first) rather than posting on its own
+    # so a member acknowledged meanwhile waits for it (:func:`about`) rather than posting on its own
     headline = asyncio.ensure_future(ctx.outbox.announce(story.key, reply, story.channel))
     members = await asyncio.gather(*(_join(store, t, story.key) for t in story.members))
     await headline
@@ -322,9 +324,7 @@ async def _resolve_story(ctx: Context, store: IncidentStore, story: Story) -> No
         await ctx.outbox.announce(story.key, reply, story.channel)
 
     async def member(t: Told) -> None:
-        await line_first(ctx, t.incident, t.channel)
-        headline = resolved_headline(t.incident, ctx.config, now=t.at)
-        await ctx.outbox.announce(t.incident.thread_key, headline, t.channel)
+        await about(ctx, t.incident, t.channel, head=resolved_headline(t.incident, ctx.config, now=t.at))
 
     await _in_channels(story.members, member)
 

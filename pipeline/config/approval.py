@@ -1,5 +1,5 @@
 """``[jobs.NAME.approval]``: the two-person rule — which actions on a job wait for a second person
-(the rules: :mod:`handlers.approval.policy`; the record: :mod:`pipeline.state.approvals`)."""
+(the rules: :mod:`handlers.approval.twoperson`; the record: :mod:`pipeline.state.approvals`)."""
 
 from __future__ import annotations
 
