@@ -221,7 +221,7 @@ Planned = dict[str, tuple[ProgressState, LogRead]]
 
 async def plan_many(store: IncidentStore, tracked: Sequence[Tracked]) -> Planned:
     """:func:`plan` for every job of a cycle, their stored progress read in one Redis round trip."""
-    stored = await store.progress_many([t.name for t in tracked])
+    stored = await store.progress([t.name for t in tracked])
     return {
         t.name: plan(parse(stored.get(t.name)), t.job, run_pid=t.run_pid, launch_offset=t.launch_offset)
         for t in tracked
@@ -255,7 +255,7 @@ async def judge_many(
             out[i] = judge(state, now, rank_stall_threshold(t.job, state.gaps))
         else:
             alone[i] = _judge_alone(ssh, store, t, now)
-    _, *read_alone = await asyncio.gather(store.save_progress_many(folded), *alone.values())
+    _, *read_alone = await asyncio.gather(store.save_progress(folded), *alone.values())
     for i, judged in zip(alone, read_alone, strict=True):
         out[i] = judged
     return out
@@ -284,10 +284,12 @@ async def refresh(
 ) -> ProgressState:
     """Read the metric log's new bytes in a call of its own, fold them in, store and return the
     progress.  :raises RemoteError: if the host cannot be read (the stored state is kept)."""
-    state, read = plan(parse(await store.progress(name)), job, run_pid=run_pid, launch_offset=launch_offset)
+    state, read = plan(
+        parse((await store.progress([name]))[name]), job, run_pid=run_pid, launch_offset=launch_offset
+    )
     chunk = await read_log_chunk(
         ssh, name, job, read["offset"], read["max_bytes"], inode=read["inode"], path=read["path"]
     )
     new = fold(state, chunk, job, now)
-    await store.save_progress(name, new.model_dump_json())
+    await store.save_progress({name: new.model_dump_json()})
     return new

@@ -65,6 +65,11 @@ class RunService(Verification, Attempts):
         await lock.acquire(job=job, action=action, user=user)
         try:
             lock.start_renewal()
+            approved = (
+                {}
+                if approval is None
+                else dict(approved_by=approval.decided_by, approved_patches=approval.hashes)
+            )
             run = await self.runs.create(
                 job,
                 user,
@@ -72,9 +77,8 @@ class RunService(Verification, Attempts):
                 patches=list(patches),
                 fresh_cache=fresh_cache,
                 run_id=approval.id if approval is not None else None,
-                approved_by=approval.decided_by if approval is not None else None,
-                approved_patches=approval.hashes if approval is not None else None,
                 break_glass=break_glass,
+                **approved,
             )
             await lock.update(run_id=run.id)
         except BaseException:

@@ -12,7 +12,7 @@ import secrets
 import time
 from enum import StrEnum
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from pipeline.state import keys
 from pipeline.state.redisconn import Store, ms
@@ -24,15 +24,15 @@ GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer se
 class Pending(BaseModel, frozen=True):
     """A request waiting for confirmation (kept as JSON: ``model_dump_json``)."""
 
-    token: str  #: the id the buttons carry
+    token: str = Field(default_factory=lambda: secrets.token_urlsafe(12))  #: the id the buttons carry
     user: str
     groups: tuple[str, ...]
     text: str
     command: str  #: the parsed command as JSON text
     channel: str | None
     surface: str
-    created_at: float  #: unix s
-    window: float  #: seconds it may wait
+    created_at: float = Field(default_factory=time.time)  #: unix s
+    window: float = DEFAULT_WINDOW  #: seconds it may wait
 
     @property
     def expired(self) -> bool:
@@ -52,33 +52,10 @@ class Take(StrEnum):
 class Confirmations(Store):
     """Pending confirmations in Redis."""
 
-    async def add(
-        self,
-        *,
-        user: str,
-        groups: tuple[str, ...],
-        text: str,
-        command: str,
-        channel: str | None,
-        surface: str,
-        window: float = DEFAULT_WINDOW,
-    ) -> Pending:
-        """Store a request waiting ``window`` s for ``user``'s confirmation; returns it (its token goes on
-        the buttons)."""
-        pending = Pending(
-            token=secrets.token_urlsafe(12),
-            user=user,
-            groups=groups,
-            text=text,
-            command=command,
-            channel=channel,
-            surface=surface,
-            created_at=time.time(),
-            window=window,
-        )
-        await self.client.set(
-            keys.confirmation(self.prefix, pending.token), pending.model_dump_json(), px=ms(window + GRACE)
-        )
+    async def add(self, pending: Pending) -> Pending:
+        """Store ``pending`` for its ``window`` s (and :data:`GRACE`); returns it (its token goes on the buttons)."""
+        key = keys.confirmation(self.prefix, pending.token)
+        await self.client.set(key, pending.model_dump_json(), px=ms(pending.window + GRACE))
         return pending
 
     async def take(self, token: str, user: str | None) -> tuple[Take, Pending | None]:

@@ -246,22 +246,15 @@ class IncidentStore(Store):
             pipe.hset(keys.last_crash(self.prefix, job), mapping=fields)  # type: ignore[arg-type]
             await pipe.execute()
 
-    async def progress(self, job: str) -> str | None:
-        """The job's per-rank progress as stored (JSON :class:`pipeline.observe.progress.ProgressState`)."""
-        return (await self.progress_many([job]))[job]
-
-    async def save_progress(self, job: str, state_json: str) -> None:
-        """Store the job's per-rank progress (JSON)."""
-        await self.save_progress_many({job: state_json})
-
-    async def progress_many(self, jobs: Sequence[str]) -> dict[str, str | None]:
-        """:meth:`progress` of many jobs in one round trip (job → JSON, None when none is stored)."""
+    async def progress(self, jobs: Sequence[str]) -> dict[str, str | None]:
+        """The per-rank progress of ``jobs`` as stored, in one round trip: job → JSON
+        (:class:`pipeline.observe.progress.ProgressState`), None when none is stored."""
         if not jobs:
             return {}
         raw = await self.client.mget([keys.rank_progress(self.prefix, job) for job in jobs])
         return {job: None if value is None else str(value) for job, value in zip(jobs, raw, strict=True)}
 
-    async def save_progress_many(self, states: Mapping[str, str]) -> None:
-        """:meth:`save_progress` of many jobs in one round trip (job → JSON)."""
+    async def save_progress(self, states: Mapping[str, str]) -> None:
+        """Store the per-rank progress of many jobs in one round trip (job → JSON)."""
         if states:
             await self.client.mset({keys.rank_progress(self.prefix, job): raw for job, raw in states.items()})

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict
@@ -213,37 +214,22 @@ class RunStore(Store):
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def create(
-        self,
-        job: str,
-        requested_by: str,
-        *,
-        action: str = "restart",
-        patches: list[str] | None = None,
-        fresh_cache: bool = False,
-        run_id: str | None = None,
-        approved_by: str | None = None,
-        approved_patches: dict[str, str] | None = None,
-        break_glass: str | None = None,
+        self, job: str, requested_by: str, *, run_id: str | None = None, **fields: Any
     ) -> RunRecord:
-        """A new run, saved and marked open (the two-person rule's fields as on :class:`RunRecord`), as
-        ``run_id`` (one reserved by an approval request: IllegalTransition if it names a run) or ``r-<n>``."""
+        """A new run of ``job``, saved and marked open, owned by this store's ``owner``.
+
+        :param run_id: one reserved by an approval request, else a new ``r-<n>``.
+        :param fields: the rest of the run as :class:`RunRecord` names it (``action``, ``patches``,
+            ``fresh_cache``, the two-person rule's ``approved_by``, ``approved_patches``, ``break_glass``).
+        :raises IllegalTransition: if ``run_id`` already names a run.
+        """
         if run_id is None:
             run_id = f"r-{await self.client.incr(keys.run_seq(self.prefix))}"
         elif await self.client.exists(keys.run(self.prefix, run_id)):
             raise IllegalTransition(f"run {run_id}", "created", "create")
         now = time.time()
         run = RunRecord(
-            id=run_id,
-            job=job,
-            action=action,
-            requested_by=requested_by,
-            created_at=now,
-            patches=list(patches or []),
-            fresh_cache=fresh_cache,
-            owner=self.owner,
-            approved_by=approved_by,
-            approved_patches=dict(approved_patches or {}),
-            break_glass=break_glass,
+            id=run_id, job=job, requested_by=requested_by, created_at=now, owner=self.owner, **fields
         )
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
