@@ -111,24 +111,16 @@ class Audit(Store):
         ``outcomes``, reading at most ``scan`` records looking for matches."""
         out: list[AuditEntry] = []
         upper = "+"
-        read = 0
-        while len(out) < count and read < scan:
+        for _ in range(0, scan, _SCAN_BATCH):
             batch: Any = await self.client.xrevrange(self.key, max=upper, count=_SCAN_BATCH)
-            if not batch:
+            entries = (AuditEntry.model_validate({**fields, "id": i}) for i, fields in batch)
+            out += [
+                e
+                for e in entries
+                if (job is None or e.job.lower() == job.lower())
+                and (outcomes is None or e.outcome in outcomes)
+            ]
+            if len(out) >= count or len(batch) < _SCAN_BATCH:
                 break
-            for entry_id, fields in batch:
-                if entry_id == upper:
-                    continue
-                read += 1
-                entry = AuditEntry.model_validate({**fields, "id": str(entry_id)})
-                if (job is None or entry.job.lower() == job.lower()) and (
-                    outcomes is None or entry.outcome in outcomes
-                ):
-                    out.append(entry)
-                    if len(out) >= count:
-                        break
-            last = str(batch[-1][0])
-            if last == upper:
-                break
-            upper = last
-        return out
+            upper = f"({batch[-1][0]}"  # exclusive: the next page starts below the last entry read
+        return out[:count]

@@ -22,6 +22,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
+from urllib.parse import quote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -245,12 +246,8 @@ def _revive_embedded(server: Any) -> Any:
 
 def mask_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (for logs and ``/healthz``)."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}" if ":" in creds else url
-    return url
+    password = urlsplit(url).password
+    return url if password is None else url.replace(f":{password}@", ":***@", 1)
 
 
 #: connections one Pitstop process opens to Redis at most; a burst of commands beyond it (a watch
@@ -268,23 +265,19 @@ async def open_redis(config: Config, *, url: str | None = None, prefix: str | No
     """
     url = url if url is not None else config.redis.url
     prefix = prefix if prefix is not None else config.redis.prefix
-    if url:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT
-        )
-        handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, mask_url(url))
-    else:
+    server, description = None, mask_url(url or "")
+    if not url:
         db_path = config.state.path / "redis" / EMBEDDED_DB
         server = await asyncio.to_thread(_start_embedded, db_path)
-        pool = aioredis.BlockingConnectionPool(
-            connection_class=aioredis.UnixDomainSocketConnection,
-            path=str(server.socket_file),
-            decode_responses=True,
-            client_name=f"pitstop-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-            max_connections=MAX_CONNECTIONS,
-            timeout=POOL_WAIT,
-        )
-        handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, f"embedded ({db_path})", server)
+        url, description = f"unix://{quote(str(server.socket_file))}", f"embedded ({db_path})"
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        decode_responses=True,
+        client_name=None if server is None else f"pitstop-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        max_connections=MAX_CONNECTIONS,
+        timeout=POOL_WAIT,
+    )
+    handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, description, server)
     try:
         with unavailable():
             await handle.client.ping()
