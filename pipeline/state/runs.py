@@ -192,24 +192,14 @@ class RunStore(Store):
 
     A run is *owned* by the process executing it: :meth:`create` records this store's ``owner``
     (None: no heartbeat, for tools and tests) on the run and sets its heartbeat (``keys.run_owner``,
-    TTL ``heartbeat_ttl`` s), renewed every ``heartbeat_ttl / 3`` s until the run is finished
+    TTL :data:`OWNER_TTL` s), renewed every third of it until the run is finished
     or :meth:`aclose` hands it over.  A dead process's runs' heartbeats lapse within
-    ``heartbeat_ttl`` s and :meth:`unowned` finds them (see :mod:`pipeline.runs.orphans`).
+    :data:`OWNER_TTL` s and :meth:`unowned` finds them (see :mod:`pipeline.runs.orphans`).
     """
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        prefix: str,
-        *,
-        owner: str | None = None,
-        heartbeat_ttl: float = OWNER_TTL,
-    ) -> None:
-        if heartbeat_ttl <= 0:
-            raise ValueError("heartbeat_ttl must be positive")
+    def __init__(self, client: aioredis.Redis, prefix: str, *, owner: str | None = None) -> None:
         super().__init__(client, prefix)
         self.owner = owner
-        self.heartbeat_ttl = heartbeat_ttl
         self._owned: set[str] = set()
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -237,7 +227,7 @@ class RunStore(Store):
             pipe.zadd(keys.runs_all(self.prefix), {run.id: now})
             pipe.sadd(keys.runs_open(self.prefix), run.id)
             if self.owner is not None:
-                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=ms(self.heartbeat_ttl))
+                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=ms(OWNER_TTL))
             await pipe.execute()
         if self.owner is not None:
             self._owned.add(run.id)
@@ -403,7 +393,7 @@ class RunStore(Store):
 
     async def _beat(self) -> None:
         while self._owned:
-            await asyncio.sleep(self.heartbeat_ttl / 3)
+            await asyncio.sleep(OWNER_TTL / 3)
             try:
                 await self.renew()
             except Exception:  # a Redis hiccup must not end the heartbeat: the next beat retries
@@ -416,9 +406,7 @@ class RunStore(Store):
             return set()
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
-                pipe.eval(
-                    EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(self.heartbeat_ttl)
-                )
+                pipe.eval(EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(OWNER_TTL))
             for run_id in ids:
                 pipe.sismember(keys.runs_open(self.prefix), run_id)
             answers = await pipe.execute()
@@ -430,10 +418,10 @@ class RunStore(Store):
         return set(self._owned)
 
     async def claim_orphan(self, run_id: str, instance: str) -> bool:
-        """Claim an open run whose owner is gone, for ``heartbeat_ttl`` s (``SET NX`` on its lapsed
+        """Claim an open run whose owner is gone, for :data:`OWNER_TTL` s (``SET NX`` on its lapsed
         heartbeat, ``recovering:INSTANCE``); False if its owner came back or another claimed it first."""
         key = keys.run_owner(self.prefix, run_id)
-        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=ms(self.heartbeat_ttl)))
+        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=ms(OWNER_TTL)))
 
     async def unclaim(self, run_id: str) -> None:
         """Drop the claim of :meth:`claim_orphan` (the take-over is recorded)."""
