@@ -107,14 +107,8 @@ class Approvals(Store):
             await pipe.execute()
         return stored
 
-    async def get(self, request_id: str) -> ApprovalRequest:
-        """The request ``request_id`` (UnknownRun if there is none: never made, or older than :data:`KEEP`)."""
-        if (request := await self.find(request_id)) is None:
-            raise UnknownRun(request_id)
-        return request
-
     async def find(self, request_id: str) -> ApprovalRequest | None:
-        """The request ``request_id``, or None (a run id that was never a request)."""
+        """The request ``request_id``, or None (a run id that was never a request, or one older than :data:`KEEP`)."""
         raw = await self.client.get(keys.approval(self.prefix, request_id))
         return None if raw is None else ApprovalRequest.model_validate_json(raw)
 

@@ -163,15 +163,6 @@ class IncidentStore(Store):
         self._update = client.register_script(_UPDATE)
         self._close = client.register_script(_CLOSE)
 
-    async def load(self, job: str) -> tuple[WatchState, Incident | None]:
-        """The job's watcher memory and open incident (None if none)."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.hgetall(keys.watch_state(self.prefix, job))
-            pipe.hgetall(keys.incident(self.prefix, job))
-            raw_state, raw_incident = await pipe.execute()
-        incident = Incident.model_validate(raw_incident) if raw_incident else None
-        return WatchState.model_validate(raw_state or {}), incident
-
     async def incident(self, job: str) -> Incident | None:
         """The job's open incident, or None."""
         raw = await self.client.hgetall(keys.incident(self.prefix, job))
