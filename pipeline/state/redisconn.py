@@ -17,7 +17,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,11 +76,19 @@ class Store:
         return await self.client.hgetall(key)  # type: ignore[return-value]
 
     async def swap(
-        self, key: str, change: Callable[[str | bytes | None, Pipeline], R], what: str, wanted: str
+        self,
+        key: str,
+        change: Callable[[Any, Pipeline], R],
+        what: str,
+        wanted: str,
+        *,
+        read: Callable[[Pipeline], Awaitable[Any]] | None = None,
+        watch: Sequence[str] = (),
     ) -> R:
-        """The one compare-and-set of a record kept as a string: ``key`` is read under ``WATCH`` and
-        ``change(raw, pipe)`` (``raw`` None when absent) queues its writes on ``pipe``, already in
-        ``MULTI``; they apply only if ``key`` was not written meanwhile, else it is read again.
+        """The one compare-and-set of a record: ``key`` (and the keys of ``watch``) are watched, the
+        record is read (``read(pipe)``, default ``GET key``: None when absent) and ``change(raw, pipe)``
+        queues its writes on ``pipe``, already in ``MULTI``; they apply only if no watched key was
+        written meanwhile, else it is read again.
 
         :param what: the record, as :class:`~pipeline.errors.IllegalTransition` names it (``run r-7``).
         :param wanted: the transition tried, likewise.
@@ -90,8 +98,8 @@ class Store:
         """
         async with self.client.pipeline(transaction=True) as pipe:
             for _ in range(5):
-                await pipe.watch(key)
-                raw = await pipe.get(key)
+                await pipe.watch(key, *watch)
+                raw = await (pipe.get(key) if read is None else read(pipe))
                 pipe.multi()  # type: ignore[no-untyped-call]
                 out = change(raw, pipe)
                 with suppress(WatchError):  # written meanwhile: read again
