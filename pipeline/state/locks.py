@@ -119,7 +119,8 @@ class JobLock(Store):
         self._lock: Lock = client.lock(
             self.name, timeout=ttl, blocking=False, thread_local=False, lock_class=Lock
         )
-        self._held = self._taken = self._lost = False
+        self._held = self._taken = False
+        self.lost = False  #: the lock expired or was forced free while this object held it
         self._renewal: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.holder: Holder | None = None
@@ -127,12 +128,7 @@ class JobLock(Store):
     @property
     def held(self) -> bool:
         """True between a successful :meth:`acquire` and :meth:`release`, unless lost."""
-        return self._held and not self._lost
-
-    @property
-    def lost(self) -> bool:
-        """True when the lock expired or was forced free while this object held it."""
-        return self._lost
+        return self._held and not self.lost
 
     async def acquire(
         self, *, job: str, action: str, user: str, run_id: str = "", step: str = "queued"
@@ -181,7 +177,7 @@ class JobLock(Store):
             if await self._lock.owned():
                 await self.client.hset(self.holder_key, mapping=fields)  # type: ignore[arg-type]
             else:
-                self._lost = True
+                self.lost = True
         except RedisError:
             log.warning("could not update the holder of %s", self.scope, exc_info=True)
 
@@ -203,7 +199,7 @@ class JobLock(Store):
                 await self._lock.extend(self.ttl, replace_ttl=True)
                 await self.client.pexpire(self.holder_key, ms(self.ttl))
             except LockError:
-                self._lost = True
+                self.lost = True
                 log.warning("lost the lock %s (expired or forced free)", self.scope)
                 return
             except RedisError:
@@ -228,8 +224,8 @@ class JobLock(Store):
                 await self.client.delete(self.holder_key)
                 await self._lock.release()
             else:
-                self._lost = True
+                self.lost = True
         except LockError:
-            self._lost = True
+            self.lost = True
         except RedisError:
             log.warning("could not release the lock %s; it frees itself within %g s", self.scope, self.ttl)

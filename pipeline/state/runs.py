@@ -453,7 +453,7 @@ class RunStore(Store):
     async def unowned(self) -> list[RunRecord]:
         """Open runs no live process heartbeats: their owner died, or they have none (handed over, or
         created by a store without one).  Runs already finished leave the open set here."""
-        ids = sorted(await self.open_ids())
+        ids = sorted(str(m) for m in await self.client.smembers(keys.runs_open(self.prefix)))
         if not ids:
             return []
         async with self.client.pipeline(transaction=False) as pipe:
@@ -486,7 +486,3 @@ class RunStore(Store):
             return []
         raws = await self.client.mget([keys.run(self.prefix, str(i)) for i in ids])
         return [RunRecord.model_validate_json(r) for r in raws if r is not None]
-
-    async def open_ids(self) -> set[str]:
-        """Ids of runs whose sequence has not finished."""
-        return {str(m) for m in await self.client.smembers(keys.runs_open(self.prefix))}
