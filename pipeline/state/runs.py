@@ -399,11 +399,12 @@ class RunStore(Store):
             except Exception:  # a Redis hiccup must not end the heartbeat: the next beat retries
                 log.warning("could not renew the heartbeat of runs %s", sorted(self._owned), exc_info=True)
 
-    async def renew(self) -> set[str]:
-        """Renew the heartbeat of every run this store owns, forget finished ones; returns those still owned."""
+    async def renew(self) -> None:
+        """Renew the heartbeat of every run this store owns, and forget finished ones and those another
+        process took over."""
         ids = sorted(self._owned)
         if not ids or self.owner is None:
-            return set()
+            return
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
                 pipe.eval(EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(OWNER_TTL))
@@ -415,7 +416,6 @@ class RunStore(Store):
                 if still_open:
                     log.warning("run %s: its heartbeat lapsed and another process took it over", run_id)
                 self._owned.discard(run_id)
-        return set(self._owned)
 
     async def claim_orphan(self, run_id: str, instance: str) -> bool:
         """Claim an open run whose owner is gone, for :data:`OWNER_TTL` s (``SET NX`` on its lapsed
