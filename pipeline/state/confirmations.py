@@ -1,7 +1,7 @@
 """Confirmations: a job with ``confirm = true`` acts only when the same person confirms in time.
 
 The request waits in Redis under a random token carried by the Confirm/Cancel buttons, so any
-replica can take the click.  :meth:`Confirmations.take` settles it atomically (``GETDEL``): one
+replica can take the click.  :meth:`Confirmations.take` settles it atomically (compare-and-set): one
 of the requester's click, a double click and the expiry timer wins; someone else's click is
 refused and leaves it waiting.
 """
@@ -13,6 +13,7 @@ import time
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
+from redis.asyncio.client import Pipeline
 
 from pipeline.state import keys
 from pipeline.state.redisconn import Store, ms
@@ -33,11 +34,6 @@ class Pending(BaseModel, frozen=True):
     surface: str
     created_at: float = Field(default_factory=time.time)  #: unix s
     window: float = DEFAULT_WINDOW  #: seconds it may wait
-
-    @property
-    def expired(self) -> bool:
-        """True once the window has passed."""
-        return time.time() > self.created_at + self.window
 
 
 class Take(StrEnum):
@@ -61,15 +57,14 @@ class Confirmations(Store):
     async def take(self, token: str, user: str | None) -> tuple[Take, Pending | None]:
         """Settle a confirmation clicked by ``user`` (None: the expiry timer, always allowed); returns the
         outcome and the pending request (None when gone)."""
+
+        def settle(raw: str | bytes | None, pipe: Pipeline) -> tuple[Take, Pending | None]:
+            pending = None if raw is None else Pending.model_validate_json(raw)
+            if pending is None or (user is not None and user != pending.user):
+                return (Take.GONE if pending is None else Take.NOT_YOURS), pending
+            pipe.delete(key)
+            late = user is not None and time.time() > pending.created_at + pending.window
+            return (Take.EXPIRED if late else Take.TAKEN), pending
+
         key = keys.confirmation(self.prefix, token)
-        raw = await self.client.get(key)
-        if raw is None:
-            return Take.GONE, None
-        pending = Pending.model_validate_json(raw)
-        if user is not None and user != pending.user:
-            return Take.NOT_YOURS, pending
-        raw = await self.client.getdel(key)
-        if raw is None:
-            return Take.GONE, None
-        pending = Pending.model_validate_json(raw)
-        return (Take.EXPIRED if user is not None and pending.expired else Take.TAKEN), pending
+        return await self.swap(key, settle, f"confirmation {token}", "take")
