@@ -162,7 +162,7 @@ async def test_request_waits_and_shows_what_would_change(
     (attached,) = reply.attachments
     assert attached.content.encode() == raw and sha in attached.title
     assert await _restarter(ctx).calls() == []
-    request = await dispatcher.two_person.approvals.get(rid)
+    request = await dispatcher.two_person.approvals.find(rid)
     assert request.state is ApprovalState.PENDING and request.hashes == {"topk": sha}
     awaiting = await dispatcher.audit.recent(outcomes={AuditOutcome.AWAITING}, count=5)
     assert [e.run_id for e in awaiting] == [rid] and sha[:12] in awaiting[0].detail
@@ -215,7 +215,7 @@ async def test_requester_never_approves_their_own(dispatcher: Dispatcher, ctx: C
     clicked = await dispatcher.handle_action("approve", rid, ADMIN, "act:self")
     for reply in (typed, clicked):
         assert reply.title == approval_self(rid) and reply.exit_code is ExitCode.DENIED and reply.ephemeral
-    assert (await dispatcher.two_person.approvals.get(rid)).state is ApprovalState.PENDING
+    assert (await dispatcher.two_person.approvals.find(rid)).state is ApprovalState.PENDING
     assert await _restarter(ctx).calls() == []
     assert (await dispatcher.handle(_req(f"approve {rid}", SECOND))).title == queued(rid, "dflash")
 
@@ -227,7 +227,7 @@ async def test_a_click_without_the_right_is_refused_privately(dispatcher: Dispat
         groups = (OPS_GROUP,) if user == "U0OPSMEMBER" else ()
         reply = await dispatcher.handle_action(action, rid, user, f"act:{user}:{action}", groups=groups)
         assert reply.ephemeral and reply.exit_code is ExitCode.DENIED and "may not decide" in reply.title
-    assert (await dispatcher.two_person.approvals.get(rid)).state is ApprovalState.PENDING
+    assert (await dispatcher.two_person.approvals.find(rid)).state is ApprovalState.PENDING
     assert await _restarter(ctx).calls() == []
     denied = await dispatcher.audit.recent(outcomes={AuditOutcome.DENIED}, count=5)
     assert {e.user for e in denied} == {VIEWER, "U0OPSMEMBER"}
@@ -257,7 +257,7 @@ async def test_deny_with_a_reason_ends_it(dispatcher: Dispatcher, ctx: Context) 
     rid = await _ask(dispatcher)
     reply = await dispatcher.handle(_req(f"deny {rid} not during the eval run", SECOND))
     assert reply.exit_code is ExitCode.OK
-    request = await dispatcher.two_person.approvals.get(rid)
+    request = await dispatcher.two_person.approvals.find(rid)
     assert request.state is ApprovalState.DENIED and request.reason == "not during the eval run"
     last = _outbox(ctx).of("announce")[-1].reply
     assert last.title == approval_denied(rid, SECOND, "not during the eval run") and last.buttons == ()
@@ -279,7 +279,7 @@ async def test_a_request_expires_with_a_line_and_no_buttons(
         rid = await _ask(dispatcher)
 
         async def closed() -> bool:
-            return (await dispatcher.two_person.approvals.get(rid)).state is ApprovalState.EXPIRED
+            return (await dispatcher.two_person.approvals.find(rid)).state is ApprovalState.EXPIRED
 
         await wait_until(closed, timeout=10)
         last = [p for p in _outbox(ctx).of("announce") if p.key == f"run:{rid}"][-1].reply
@@ -308,7 +308,7 @@ async def test_a_request_outlives_its_process(tmp_path: Path, redis_handle: Redi
 
         await wait_until(due, timeout=10)
         assert await other.two_person.expire_due() == 1 and await other.two_person.expire_due() == 0
-        assert (await other.two_person.approvals.get(rid)).state is ApprovalState.EXPIRED
+        assert (await other.two_person.approvals.find(rid)).state is ApprovalState.EXPIRED
         assert await RunStore(redis_handle.client, redis_handle.prefix).unowned() == []
     finally:
         await other.drain(30)
@@ -408,7 +408,7 @@ async def test_the_schedulers_tick_expires_a_dead_processs_request(
         approvals = ctx.redis.open_store(Approvals)
 
         async def closed() -> bool:
-            return (await approvals.get(rid)).state is ApprovalState.EXPIRED
+            return (await approvals.find(rid)).state is ApprovalState.EXPIRED
 
         await wait_until(closed, timeout=15)
     finally:
@@ -444,7 +444,7 @@ async def test_approval_while_a_restart_is_in_flight_keeps_the_request(
     assert other.exit_code is ExitCode.OK
     busy = await dispatcher.handle(_req(f"approve {rid}", ADMIN))
     assert busy.exit_code is ExitCode.IN_FLIGHT
-    assert (await dispatcher.two_person.approvals.get(rid)).state is ApprovalState.PENDING
+    assert (await dispatcher.two_person.approvals.find(rid)).state is ApprovalState.PENDING
     await dispatcher.drain(30)
     assert (await dispatcher.handle(_req(f"approve {rid}", ADMIN))).title == queued(rid, "dflash")
 
@@ -454,7 +454,7 @@ async def test_the_requester_may_withdraw_their_own_request(dispatcher: Dispatch
     rid = await _ask(dispatcher)
     reply = await dispatcher.handle(_req(f"deny {rid} wrong patch", OPERATOR))
     assert reply.exit_code is ExitCode.OK
-    request = await dispatcher.two_person.approvals.get(rid)
+    request = await dispatcher.two_person.approvals.find(rid)
     assert request.state is ApprovalState.DENIED and request.decided_by == OPERATOR
     assert await _restarter(ctx).calls() == []
 
@@ -493,11 +493,11 @@ async def test_an_approval_whose_run_finds_the_lock_taken_is_not_spent(
     finally:
         store.decide = real  # type: ignore[method-assign]
     assert reply.exit_code is ExitCode.IN_FLIGHT, reply.title
-    assert (await store.get(rid)).state is ApprovalState.PENDING
+    assert (await store.find(rid)).state is ApprovalState.PENDING
     await dispatcher.drain(30)
     before = len(await _restarter(ctx).calls())
     again = await dispatcher.handle(_req(f"approve {rid}", SECOND))
     assert again.exit_code is ExitCode.OK, again.title
     await dispatcher.drain(30)
     assert len(await _restarter(ctx).calls()) == before + 1
-    assert (await store.get(rid)).state is ApprovalState.APPROVED
+    assert (await store.find(rid)).state is ApprovalState.APPROVED

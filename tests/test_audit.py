@@ -12,7 +12,7 @@ import pipeline.state.audit as audit_mod
 from handlers.context import Context
 from handlers.request.dispatch import Dispatcher, Request
 from pipeline.state import keys
-from pipeline.state.audit import Audit, AuditOutcome
+from pipeline.state.audit import Audit, AuditEntry, AuditOutcome
 from pipeline.state.redisconn import RedisHandle
 from tests.support_handlers import ADMIN, OPERATOR, VIEWER, handler_config, make_context
 
@@ -69,10 +69,12 @@ async def test_recent_filters_by_job_and_outcome_across_pages(redis_handle: Redi
     audit = Audit(redis_handle.client, redis_handle.prefix)
     for i in range(450):
         await audit.record(
-            user=f"U{i}",
-            text=f"t{i}",
-            outcome=AuditOutcome.DENIED if i % 50 == 0 else AuditOutcome.ACCEPTED,
-            job="dflash" if i % 2 == 0 else "eagle",
+            AuditEntry(
+                user=f"U{i}",
+                text=f"t{i}",
+                outcome=AuditOutcome.DENIED if i % 50 == 0 else AuditOutcome.ACCEPTED,
+                job="dflash" if i % 2 == 0 else "eagle",
+            )
         )
     denied = await audit.recent(job="DFLASH", outcomes={AuditOutcome.DENIED}, count=20)
     assert [e.text for e in denied] == [f"t{i}" for i in range(400, -1, -50)]
@@ -87,7 +89,7 @@ async def test_stream_is_capped(redis_handle: RedisHandle, monkeypatch: pytest.M
     monkeypatch.setattr(audit_mod, "STREAM_MAXLEN", 100)
     audit = Audit(redis_handle.client, redis_handle.prefix)
     for i in range(1000):
-        await audit.record(user="U1", text=f"t{i}", outcome=AuditOutcome.ACCEPTED)
+        await audit.record(AuditEntry(user="U1", text=f"t{i}", outcome=AuditOutcome.ACCEPTED))
     length = await redis_handle.client.xlen(keys.audit(redis_handle.prefix))
     assert 100 <= length < 300
     assert (await audit.recent(count=1))[0].text == "t999"

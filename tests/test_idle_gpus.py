@@ -12,6 +12,7 @@ from pipeline.config import Config, GpuRoles, JobConfig
 from pipeline.observe.gpus import parse_query_gpu
 from pipeline.observe.idle import idle_since, watched
 from pipeline.observe.watch import ActionKind, Observation, Situation
+from pipeline.state import keys
 from pipeline.state.incidents import IncidentKind, IncidentStore, WatchState
 from pipeline.state.redisconn import RedisHandle
 from pipeline.verdict import Verdict
@@ -95,10 +96,13 @@ async def test_watch_state_keeps_idle_starts_in_redis(redis_handle: RedisHandle)
     """The per-GPU idle starts survive a round trip through the watcher's memory in Redis."""
     store = redis_handle.open_store(IncidentStore)
     await store.save_states({"job": WatchState(idle_gpus_since={1: T0, 6: T0 + 1.5})})
-    state, _ = await store.load("job")
+    state = WatchState.model_validate(await store.hash(keys.watch_state(store.prefix, "job")))
     assert state.idle_gpus_since == {1: T0, 6: T0 + 1.5}
     await store.save_states({"job": WatchState()})
-    assert (await store.load("job"))[0].idle_gpus_since is None
+    assert (
+        WatchState.model_validate(await store.hash(keys.watch_state(store.prefix, "job"))).idle_gpus_since
+        is None
+    )
 
 
 async def test_idle_gpus_end_to_end_alert_and_resolution(tmp_path: Path, redis_config: Config) -> None:

@@ -217,7 +217,7 @@ async def test_sigkilled_holder_frees_the_lock_within_its_ttl(
 ) -> None:
     """A separate process holding (and renewing) the lock is SIGKILLed: the lock is free within the
     2 s TTL, and until then requests are refused naming that holder."""
-    target = redis_url or redis_handle.socket_path
+    target = redis_url or str(redis_handle.embedded.socket_file)
     assert target
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

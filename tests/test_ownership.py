@@ -27,6 +27,7 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.runs.view import thread_key
 from pipeline.config import Config
+from pipeline.state import keys
 from pipeline.state.events import EventKind
 from pipeline.state.runs import OWNER_TTL, RunRecord
 from pipeline.verdict import Verdict
@@ -206,7 +207,9 @@ async def test_holder_killed_mid_stop_next_cli_call_says_what_the_host_shows(wor
         f"INTERRUPTED during stop: the old run (pid {first.pid}) is still alive, 1/1 processes"
     ), run.verdict_line
     assert run.verdict_line in out  # the call that took it over says so
-    assert run.finished_at is not None and run.id not in await world.ctx.runs.open_ids()
+    assert run.finished_at is not None and not await world.ctx.runs.client.sismember(
+        keys.runs_open(world.ctx.runs.prefix), run.id
+    )
 
 
 @pytest.mark.timeout(300)

@@ -31,7 +31,7 @@ async def test_embedded_shared_and_shut_down_by_last_user(tmp_path: Path) -> Non
     await first.client.set("k", "v")
     assert await second.client.get("k") == "v"
     assert first.description.startswith("embedded")
-    socket = first.socket_path
+    socket = str(first.embedded.socket_file)
     assert socket is not None and os.path.exists(socket)
     await first.aclose()
     assert await second.client.get("k") == "v"
@@ -47,7 +47,7 @@ from pipeline.state.redisconn import open_redis
 
 async def main():
     handle = await open_redis(Config(state=StateSettings(dir=sys.argv[1])))
-    print(handle.socket_path, flush=True)
+    print(handle.embedded.socket_file, flush=True)
     try:
         await asyncio.Event().wait()
     finally:

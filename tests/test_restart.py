@@ -740,7 +740,7 @@ async def test_reconcile_marks_mid_sequence_runs_interrupted_only(
     assert step(stored, Step.STOP).outcome is Outcome.FAILED
     assert (await stack.runs.get(launched.id)).verdict is None
     assert launched.id in await client.zrange(keys.runs_unverified(prefix), 0, -1)
-    assert await stack.runs.open_ids() == {launched.id}
+    assert await stack.runs.client.smembers(keys.runs_open(stack.runs.prefix)) == {launched.id}
 
 
 async def test_step_events_are_published_as_steps_happen(

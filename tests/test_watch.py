@@ -312,15 +312,26 @@ async def test_store_opens_once_and_updates_by_compare_and_set(redis_handle: Red
     assert second is not None and second.n == 2
 
 
+async def test_racing_opens_open_one_incident_numbered_without_gaps(redis_handle: RedisHandle) -> None:
+    """Of many processes opening an incident at once one opens it; the numbers have no gaps."""
+    store = IncidentStore(redis_handle.client, redis_handle.prefix)
+    inc = Incident(job="dflash", host="gpu1", kind=IncidentKind.DEAD, opened_at=T0, notified_at=T0)
+    for n in (1, 2, 3):
+        opened = [i for i in await asyncio.gather(*(store.open(inc) for _ in range(8))) if i is not None]
+        assert [i.n for i in opened] == [n] and await store.incident("dflash") == opened[0]
+        assert await store.close(opened[0])
+
+
 async def test_store_state_round_trip_removes_cleared_fields(redis_handle: RedisHandle) -> None:
     """Watcher memory survives a round trip; fields set back to None are removed."""
     store = IncidentStore(redis_handle.client, redis_handle.prefix)
     st = WatchState(last_alive_at=T0, last_pid=42, log_size=10, progress_at=T0, degraded_since=T0)
     await store.save_states({"dflash": st})
-    got, incident = await store.load("dflash")
+    got = WatchState.model_validate(await store.hash(keys.watch_state(store.prefix, "dflash")))
+    incident = await store.incident("dflash")
     assert got == st and incident is None
     await store.save_states({"dflash": st.model_copy(update={"degraded_since": None})})
-    got, _ = await store.load("dflash")
+    got = WatchState.model_validate(await store.hash(keys.watch_state(store.prefix, "dflash")))
     assert got.degraded_since is None and got.last_pid == 42
 
 

@@ -148,7 +148,7 @@ async def test_a_cycle_makes_one_helper_call_per_host_whatever_its_jobs(
                 assert sorted(decisions) == sorted(jobs)
                 assert {d.condition for d in decisions.values()} == {"ok"}, decisions
                 for name in jobs:
-                    state = ProgressState.model_validate_json(await store.progress(name) or "{}")
+                    state = ProgressState.model_validate_json((await store.progress([name]))[name] or "{}")
                     assert {r: s.step for r, s in state.ranks.items()} == {"0": step, "1": step}, name
 
 

@@ -28,7 +28,7 @@ from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.request.flow import Flow, Next, Request, Step
 from handlers.request.verbs import VERBS, Acted, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
-from pipeline.state.audit import Audit, AuditOutcome
+from pipeline.state.audit import Audit, AuditEntry, AuditOutcome
 from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
 from pipeline.state.deliveries import Deliveries
 from pipeline.state.locks import DEFAULT_TTL, InFlight
@@ -130,14 +130,16 @@ class Dispatcher:
         )
         try:
             await self.audit.record(
-                user=req.user,
-                text=req.text,
-                outcome=outcome,
-                surface=req.surface,
-                channel=req.channel,
-                detail=detail,
-                run_id=run_id,
-                **asked,
+                AuditEntry(
+                    user=req.user,
+                    text=req.text,
+                    outcome=outcome,
+                    surface=req.surface,
+                    channel=req.channel or "",
+                    detail=detail,
+                    run_id=run_id or "",
+                    **asked,
+                )
             )
         except Exception:  # the answer matters more than its record; the log keeps it
             log.exception("could not write the audit record for %r (%s)", req.text, outcome.value)
@@ -259,13 +261,15 @@ class Dispatcher:
 
     async def _ask(self, req: Request, command: Command) -> Reply:
         pending = await self.confirmations.add(
-            user=req.user,
-            groups=req.groups,
-            text=command.text(),
-            command=command.dumps(),
-            channel=req.channel,
-            surface=req.surface,
-            window=self.confirm_window,
+            Pending(
+                user=req.user,
+                groups=req.groups,
+                text=command.text(),
+                command=command.dumps(),
+                channel=req.channel,
+                surface=req.surface,
+                window=self.confirm_window,
+            )
         )
         await self._audit(req, AuditOutcome.PENDING, command, detail=f"confirmation {pending.token}")
         self._spawn(self._expire(pending), f"pitstop-confirm:{pending.token}", timer=True)

@@ -205,7 +205,7 @@ Planned = dict[str, tuple[ProgressState, LogRead]]
 
 async def plan_many(store: IncidentStore, tracked: Sequence[Tracked]) -> Planned:
     """:func:`plan` for every job of a cycle, their stored progress read in one Redis round trip."""
-    stored = await store.progress_many([t.name for t in tracked])
+    stored = await store.progress([t.name for t in tracked])
     states = {name: ProgressState.model_validate_json(raw) for name, raw in stored.items() if raw}
     return {
         t.name: plan(
@@ -246,7 +246,7 @@ async def judge_many(
 
     chunks = zip(tracked, await asyncio.gather(*map(read, tracked)), strict=True)
     states = {t.name: fold(planned[t.name][0], chunk, t.job, now) for t, chunk in chunks if chunk is not None}
-    await store.save_progress_many({name: state.model_dump_json() for name, state in states.items()})
+    await store.save_progress({name: state.model_dump_json() for name, state in states.items()})
     return [
         judge(st, now, rank_stall_threshold(t.job, st.gaps)) if (st := states.get(t.name)) else None
         for t in tracked

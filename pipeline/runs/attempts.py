@@ -101,9 +101,8 @@ class Attempts(RunServiceBase):
         if found is None:
             return None
         pct = f"{found.ratio * 100:.0f} %"
-        if (
-            found.slow
-        ):  # dflash is slower since r-7: 2,516 tokens/s, 43 % of the 5,905 before (patches now: topk)
+        # dflash is slower since r-7: 2,516 tokens/s, 43 % of the 5,905 before (patches now: topk)
+        if found.slow:
             patches = ", ".join(run.patches) if run.patches else "none"
             line = (
                 f"{run.job} is slower since {run.id}: {found.now:,.0f} tokens/s, {pct} of the "

@@ -65,16 +65,16 @@ class RunService(Verification, Attempts):
         await lock.acquire(job=job, action=action, user=user)
         try:
             lock.start_renewal()
+            approved = {"run_id": approval.id, "approved_by": approval.decided_by} if approval else {}
             run = await self.runs.create(
                 job,
                 user,
                 action=action,
                 patches=list(patches),
                 fresh_cache=fresh_cache,
-                run_id=approval.id if approval is not None else None,
-                approved_by=approval.decided_by if approval is not None else None,
-                approved_patches=approval.hashes if approval is not None else None,
                 break_glass=break_glass,
+                approved_patches=approval.hashes if approval else {},
+                **approved,
             )
             await lock.update(run_id=run.id)
         except BaseException:

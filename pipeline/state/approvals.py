@@ -107,14 +107,8 @@ class Approvals(Store):
             await pipe.execute()
         return stored
 
-    async def get(self, request_id: str) -> ApprovalRequest:
-        """The request ``request_id`` (UnknownRun if there is none: never made, or older than :data:`KEEP`)."""
-        if (request := await self.find(request_id)) is None:
-            raise UnknownRun(request_id)
-        return request
-
     async def find(self, request_id: str) -> ApprovalRequest | None:
-        """The request ``request_id``, or None (a run id that was never a request)."""
+        """The request ``request_id``, or None (a run id that was never a request, or one older than :data:`KEEP`)."""
         raw = await self.client.get(keys.approval(self.prefix, request_id))
         return None if raw is None else ApprovalRequest.model_validate_json(raw)
 
@@ -141,13 +135,12 @@ class Approvals(Store):
                 return Decided.LOST, request
             if state is ApprovalState.APPROVED and user == request.requester:
                 return Decided.SELF, request
-            now, outcome = time.time(), Decided.WON
-            decision = {"state": state, "decided_by": user, "reason": reason[:500], "decided_at": now}
-            if state is not ApprovalState.EXPIRED and now > request.expires_at:
-                outcome, decision = (
-                    Decided.EXPIRED,
-                    {"state": ApprovalState.EXPIRED, "decided_by": "", "decided_at": now},
-                )
+            now = time.time()
+            if late := state is not ApprovalState.EXPIRED and now > request.expires_at:
+                decision = {"state": ApprovalState.EXPIRED, "decided_by": "", "decided_at": now}
+            else:
+                decision = {"state": state, "decided_by": user, "reason": reason[:500], "decided_at": now}
+            outcome = Decided.EXPIRED if late else Decided.WON
             return outcome, self._put(pipe, request.model_copy(update=decision), ex=KEEP)
 
         return await self.swap(keys.approval(self.prefix, request_id), settle, what, state.value)
@@ -158,11 +151,7 @@ class Approvals(Store):
 
         def back(raw: str | bytes | None, pipe: Pipeline) -> ApprovalRequest | None:
             request = None if raw is None else ApprovalRequest.model_validate_json(raw)
-            if (
-                request is None
-                or request.state is not ApprovalState.APPROVED
-                or request.decided_by != approver
-            ):
+            if request is None or (request.state, request.decided_by) != (ApprovalState.APPROVED, approver):
                 return None
             update = {"state": ApprovalState.PENDING, "decided_by": "", "reason": "", "decided_at": None}
             return self._put(pipe, request.model_copy(update=update))

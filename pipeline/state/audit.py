@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator
 
 from pipeline.state import keys
 from pipeline.state.redisconn import Store
@@ -60,20 +60,28 @@ def _outcome(value: Any) -> AuditOutcome:
 
 
 class AuditEntry(BaseModel, frozen=True):
-    """One audit record, as its stream fields (missing ones read as empty)."""
+    """One audit record, as its stream fields (missing ones, and None, read as empty; ``text`` and
+    ``detail`` are cut at 2,000 characters)."""
 
     id: str = ""  #: the stream id (time-ordered)
-    ts: float = 0.0  #: unix s
+    ts: float = Field(default_factory=time.time)  #: unix s
     user: str = ""
     surface: str = ""
     channel: str = ""
     text: str = ""
     verb: str = ""
     job: str = ""
-    command: str = ""  #: the parsed command as JSON text, or empty when it did not parse
+    command: str = (
+        ""  #: the parsed command as JSON text (:meth:`handlers.grammar.commands.Command.dumps`), or empty
+    )
     outcome: Annotated[AuditOutcome, BeforeValidator(_outcome)] = AuditOutcome.ERROR
     detail: str = ""
     run_id: str = ""
+
+    @field_validator("channel", "text", "job", "detail", "run_id", mode="before")
+    @classmethod
+    def _text(cls, value: str | None) -> str:
+        return (value or "")[:2000]
 
 
 class Audit(Store):
@@ -83,34 +91,11 @@ class Audit(Store):
         super().__init__(client, prefix)
         self.key = keys.audit(prefix)
 
-    async def record(
-        self,
-        *,
-        user: str,
-        text: str,
-        outcome: AuditOutcome,
-        surface: str = "",
-        channel: str | None = None,
-        verb: str = "",
-        job: str | None = None,
-        command: str = "",
-        detail: str = "",
-        run_id: str | None = None,
-    ) -> str:
-        """Append one record (``command``: :meth:`handlers.grammar.commands.Command.dumps`); returns its stream id."""
-        entry = AuditEntry(
-            ts=time.time(),
-            user=user,
-            surface=surface,
-            channel=channel or "",
-            text=text[:2000],
-            verb=verb,
-            job=job or "",
-            command=command,
-            outcome=outcome,
-            detail=detail[:2000],
-            run_id=run_id or "",
-        )
+    async def record(self, entry: AuditEntry) -> str:
+        """Append ``entry`` to the stream (its ``id`` is the stream's to give).
+
+        :returns: its stream id.
+        """
         fields: Any = entry.model_dump(mode="json", exclude={"id"})
         return str(await self.client.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True))
 
@@ -126,24 +111,16 @@ class Audit(Store):
         ``outcomes``, reading at most ``scan`` records looking for matches."""
         out: list[AuditEntry] = []
         upper = "+"
-        read = 0
-        while len(out) < count and read < scan:
+        for _ in range(0, scan, _SCAN_BATCH):
             batch: Any = await self.client.xrevrange(self.key, max=upper, count=_SCAN_BATCH)
-            if not batch:
+            entries = (AuditEntry.model_validate({**fields, "id": i}) for i, fields in batch)
+            out += [
+                e
+                for e in entries
+                if (job is None or e.job.lower() == job.lower())
+                and (outcomes is None or e.outcome in outcomes)
+            ]
+            if len(out) >= count or len(batch) < _SCAN_BATCH:
                 break
-            for entry_id, fields in batch:
-                if entry_id == upper:
-                    continue
-                read += 1
-                entry = AuditEntry.model_validate({**fields, "id": str(entry_id)})
-                if (job is None or entry.job.lower() == job.lower()) and (
-                    outcomes is None or entry.outcome in outcomes
-                ):
-                    out.append(entry)
-                    if len(out) >= count:
-                        break
-            last = str(batch[-1][0])
-            if last == upper:
-                break
-            upper = last
-        return out
+            upper = f"({batch[-1][0]}"  # exclusive: the next page starts below the last entry read
+        return out[:count]

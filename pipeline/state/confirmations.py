@@ -1,7 +1,7 @@
 """Confirmations: a job with ``confirm = true`` acts only when the same person confirms in time.
 
 The request waits in Redis under a random token carried by the Confirm/Cancel buttons, so any
-replica can take the click.  :meth:`Confirmations.take` settles it atomically (``GETDEL``): one
+replica can take the click.  :meth:`Confirmations.take` settles it atomically (compare-and-set): one
 of the requester's click, a double click and the expiry timer wins; someone else's click is
 refused and leaves it waiting.
 """
@@ -12,7 +12,8 @@ import secrets
 import time
 from enum import StrEnum
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from redis.asyncio.client import Pipeline
 
 from pipeline.state import keys
 from pipeline.state.redisconn import Store, ms
@@ -24,20 +25,15 @@ GRACE = 5.0  #: extra seconds the Redis record outlives the window (the timer se
 class Pending(BaseModel, frozen=True):
     """A request waiting for confirmation (kept as JSON: ``model_dump_json``)."""
 
-    token: str  #: the id the buttons carry
+    token: str = Field(default_factory=lambda: secrets.token_urlsafe(12))  #: the id the buttons carry
     user: str
     groups: tuple[str, ...]
     text: str
     command: str  #: the parsed command as JSON text
     channel: str | None
     surface: str
-    created_at: float  #: unix s
-    window: float  #: seconds it may wait
-
-    @property
-    def expired(self) -> bool:
-        """True once the window has passed."""
-        return time.time() > self.created_at + self.window
+    created_at: float = Field(default_factory=time.time)  #: unix s
+    window: float = DEFAULT_WINDOW  #: seconds it may wait
 
 
 class Take(StrEnum):
@@ -52,47 +48,23 @@ class Take(StrEnum):
 class Confirmations(Store):
     """Pending confirmations in Redis."""
 
-    async def add(
-        self,
-        *,
-        user: str,
-        groups: tuple[str, ...],
-        text: str,
-        command: str,
-        channel: str | None,
-        surface: str,
-        window: float = DEFAULT_WINDOW,
-    ) -> Pending:
-        """Store a request waiting ``window`` s for ``user``'s confirmation; returns it (its token goes on
-        the buttons)."""
-        pending = Pending(
-            token=secrets.token_urlsafe(12),
-            user=user,
-            groups=groups,
-            text=text,
-            command=command,
-            channel=channel,
-            surface=surface,
-            created_at=time.time(),
-            window=window,
-        )
-        await self.client.set(
-            keys.confirmation(self.prefix, pending.token), pending.model_dump_json(), px=ms(window + GRACE)
-        )
+    async def add(self, pending: Pending) -> Pending:
+        """Store ``pending`` for its ``window`` s (and :data:`GRACE`); returns it (its token goes on the buttons)."""
+        key = keys.confirmation(self.prefix, pending.token)
+        await self.client.set(key, pending.model_dump_json(), px=ms(pending.window + GRACE))
         return pending
 
     async def take(self, token: str, user: str | None) -> tuple[Take, Pending | None]:
         """Settle a confirmation clicked by ``user`` (None: the expiry timer, always allowed); returns the
         outcome and the pending request (None when gone)."""
+
+        def settle(raw: str | bytes | None, pipe: Pipeline) -> tuple[Take, Pending | None]:
+            pending = None if raw is None else Pending.model_validate_json(raw)
+            if pending is None or (user is not None and user != pending.user):
+                return (Take.GONE if pending is None else Take.NOT_YOURS), pending
+            pipe.delete(key)
+            late = user is not None and time.time() > pending.created_at + pending.window
+            return (Take.EXPIRED if late else Take.TAKEN), pending
+
         key = keys.confirmation(self.prefix, token)
-        raw = await self.client.get(key)
-        if raw is None:
-            return Take.GONE, None
-        pending = Pending.model_validate_json(raw)
-        if user is not None and user != pending.user:
-            return Take.NOT_YOURS, pending
-        raw = await self.client.getdel(key)
-        if raw is None:
-            return Take.GONE, None
-        pending = Pending.model_validate_json(raw)
-        return (Take.EXPIRED if user is not None and pending.expired else Take.TAKEN), pending
+        return await self.swap(key, settle, f"confirmation {token}", "take")

@@ -65,7 +65,12 @@ class Events(Store):
     async def read_run(self, run_id: str, after: str = "0-0", block: float = BLOCK_S) -> list[Event]:
         """The events of run ``run_id`` after stream id ``after`` (``0-0``: from its first); when there
         is none yet, the first to come within ``block`` s (at most :data:`BLOCK_S`), else []."""
-        key, wait = keys.run_events(self.prefix, run_id), max(1, int(min(block, BLOCK_S) * 1000))
+        return await self._read(keys.run_events(self.prefix, run_id), after, block)
+
+    async def _read(self, key: str, after: str, block: float) -> list[Event]:
+        """Up to 100 events of the stream ``key`` after ``after``, waiting up to ``block`` s (at most
+        :data:`BLOCK_S`) for the first."""
+        wait = max(1, int(min(block, BLOCK_S) * 1000))
         got: Any = await self.client.xread({key: after}, count=100, block=wait)
         return [Event.model_validate({**f, "id": i}) for _stream, entries in got or [] for i, f in entries]
 
@@ -78,16 +83,9 @@ class Events(Store):
         """The first event of ``kind`` (for ``job``, any job if None) after stream id ``after``, or None
         if none came within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        cursor = after
         while (left := deadline - time.monotonic()) > 0:
-            got: Any = await self.client.xread(
-                {self.key: cursor}, count=100, block=max(1, int(min(left, BLOCK_S) * 1000))
-            )
-            for _stream, entries in got or []:
-                for entry_id, fields in entries:
-                    cursor = entry_id
-                    if fields.get("kind") == kind.value and (
-                        job is None or fields.get("job", "").lower() == job.lower()
-                    ):
-                        return Event.model_validate({**fields, "id": entry_id})
+            for event in await self._read(self.key, after, left):
+                after = event.id
+                if event.kind is kind and (job is None or event.job.lower() == job.lower()):
+                    return event
         return None

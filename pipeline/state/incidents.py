@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, field_validator
+from redis.asyncio.client import Pipeline
 
 from pipeline.errors import IllegalTransition
 from pipeline.state import keys
@@ -121,56 +121,14 @@ class Incident(_Stored):
 
 # --- Redis storage -------------------------------------------------------------------------------
 
-# KEYS[1] incident hash, KEYS[2] watch state hash; ARGV: field, value, ….  Opens the incident
-# only if none is open; numbers it with HINCRBY watch_state.seq.  Returns n, or 0 if one is open.
-_OPEN = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local n = redis.call('HINCRBY', KEYS[2], 'incident_seq', 1)
-redis.call('HSET', KEYS[1], 'n', n, 'rev', 1, unpack(ARGV))
-return n
-"""
-
-# KEYS[1] incident hash; ARGV[1] expected n, ARGV[2] expected rev: 0 unless they match
-_SAME = """
-if redis.call('HGET', KEYS[1], 'n') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'rev') ~= ARGV[2] then
-  return 0
-end
-"""
-# ARGV[3..]: field, value, ….  Replaces the whole incident with rev+1; returns the new rev.
-_UPDATE = f"""{_SAME}local rev = tonumber(ARGV[2]) + 1
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'n', ARGV[1], 'rev', rev, unpack(ARGV, 3))
-return rev
-"""
-_CLOSE = _SAME + "return redis.call('DEL', KEYS[1])\n"  # deletes it
-
 
 def _opened(incident: Incident, wanted: str) -> None:
     if incident.n < 1:
         raise IllegalTransition(f"incident of {incident.job}", "never opened", wanted)
 
 
-def _flat(fields: dict[str, str]) -> list[str]:
-    return [x for k, v in fields.items() if k not in ("n", "rev") for x in (k, v)]
-
-
 class IncidentStore(Store):
-    """Incidents and watcher memory in Redis, changed only by compare-and-set."""
-
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        super().__init__(client, prefix)
-        self._open = client.register_script(_OPEN)
-        self._update = client.register_script(_UPDATE)
-        self._close = client.register_script(_CLOSE)
-
-    async def load(self, job: str) -> tuple[WatchState, Incident | None]:
-        """The job's watcher memory and open incident (None if none)."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.hgetall(keys.watch_state(self.prefix, job))
-            pipe.hgetall(keys.incident(self.prefix, job))
-            raw_state, raw_incident = await pipe.execute()
-        incident = Incident.model_validate(raw_incident) if raw_incident else None
-        return WatchState.model_validate(raw_state or {}), incident
+    """Incidents and watcher memory in Redis, changed only by compare-and-set (:meth:`Store.swap`)."""
 
     async def incident(self, job: str) -> Incident | None:
         """The job's open incident, or None."""
@@ -178,29 +136,53 @@ class IncidentStore(Store):
         return Incident.model_validate(raw) if raw else None
 
     async def open(self, incident: Incident) -> Incident | None:
-        """Open ``incident`` if the job has none open: returns it numbered at rev 1, or None if one was."""
-        n = await self._open(
-            keys=[keys.incident(self.prefix, incident.job), keys.watch_state(self.prefix, incident.job)],
-            args=_flat(incident.to_hash()),
-        )
-        return incident.model_copy(update={"n": int(n), "rev": 1}) if n else None
+        """Open ``incident`` if the job has none open: returns it at rev 1, numbered after the job's
+        last (``incident_seq`` in its watch state, raised in the same transaction: no gaps), or None
+        if one was open."""
+        key, state = keys.incident(self.prefix, incident.job), keys.watch_state(self.prefix, incident.job)
+
+        async def read(pipe: Pipeline) -> tuple[int, str | bytes | None]:
+            return await pipe.exists(key), await pipe.hget(state, "incident_seq")
+
+        def write(found: tuple[int, str | bytes | None], pipe: Pipeline) -> Incident | None:
+            if found[0]:
+                return None
+            opened = incident.model_copy(update={"n": int(found[1] or 0) + 1, "rev": 1})
+            pipe.hset(key, mapping=opened.to_hash())  # type: ignore[arg-type]
+            pipe.hset(state, "incident_seq", opened.n)
+            return opened
+
+        return await self.swap(key, write, f"incident of {incident.job}", "open", read=read, watch=(state,))
 
     async def update(self, expected: Incident, new: Incident) -> Incident | None:
         """Replace the open incident ``expected`` (same ``n`` and ``rev``) by ``new``: returns ``new`` with its
         revision bumped, None if it changed meanwhile; IllegalTransition if ``expected`` was never opened."""
         _opened(expected, "change")
-        rev = await self._update(
-            keys=[keys.incident(self.prefix, expected.job)],
-            args=[str(expected.n), str(expected.rev), *_flat(new.to_hash())],
-        )
-        return new.model_copy(update={"n": expected.n, "rev": int(rev)}) if rev else None
+        changed = new.model_copy(update={"n": expected.n, "rev": expected.rev + 1})
+        return changed if await self._replace(expected, "change", changed) else None
 
     async def close(self, expected: Incident) -> bool:
         """Delete the open incident ``expected`` (same ``n`` and ``rev``): False if it changed or closed
         meanwhile; IllegalTransition if ``expected`` was never opened."""
         _opened(expected, "resolve")
-        args = [str(expected.n), str(expected.rev)]
-        return bool(await self._close(keys=[keys.incident(self.prefix, expected.job)], args=args))
+        return await self._replace(expected, "resolve", None)
+
+    async def _replace(self, expected: Incident, wanted: str, new: Incident | None) -> bool:
+        """The compare-and-set of an open incident: if it is still ``expected`` (same ``n`` and ``rev``),
+        it becomes ``new`` (None: deleted) and True is returned, else False."""
+        key = keys.incident(self.prefix, expected.job)
+
+        def write(raw: dict[str, str], pipe: Pipeline) -> bool:
+            if raw.get("n") != str(expected.n) or raw.get("rev") != str(expected.rev):
+                return False
+            pipe.delete(key)
+            if new is not None:
+                pipe.hset(key, mapping=new.to_hash())  # type: ignore[arg-type]
+            return True
+
+        return await self.swap(
+            key, write, f"incident of {expected.job}", wanted, read=lambda p: p.hgetall(key)
+        )
 
     async def save_states(self, states: dict[str, WatchState]) -> None:
         """Write the watcher memory of many jobs in one round trip (fields that became None are
@@ -246,22 +228,15 @@ class IncidentStore(Store):
             pipe.hset(keys.last_crash(self.prefix, job), mapping=fields)  # type: ignore[arg-type]
             await pipe.execute()
 
-    async def progress(self, job: str) -> str | None:
-        """The job's per-rank progress as stored (JSON :class:`pipeline.observe.progress.ProgressState`)."""
-        return (await self.progress_many([job]))[job]
-
-    async def save_progress(self, job: str, state_json: str) -> None:
-        """Store the job's per-rank progress (JSON)."""
-        await self.save_progress_many({job: state_json})
-
-    async def progress_many(self, jobs: Sequence[str]) -> dict[str, str | None]:
-        """:meth:`progress` of many jobs in one round trip (job → JSON, None when none is stored)."""
+    async def progress(self, jobs: Sequence[str]) -> dict[str, str | None]:
+        """The per-rank progress of ``jobs`` as stored, in one round trip: job → JSON
+        (:class:`pipeline.observe.progress.ProgressState`), None when none is stored."""
         if not jobs:
             return {}
         raw = await self.client.mget([keys.rank_progress(self.prefix, job) for job in jobs])
         return {job: None if value is None else str(value) for job, value in zip(jobs, raw, strict=True)}
 
-    async def save_progress_many(self, states: Mapping[str, str]) -> None:
-        """:meth:`save_progress` of many jobs in one round trip (job → JSON)."""
+    async def save_progress(self, states: Mapping[str, str]) -> None:
+        """Store the per-rank progress of many jobs in one round trip (job → JSON)."""
         if states:
             await self.client.mset({keys.rank_progress(self.prefix, job): raw for job, raw in states.items()})

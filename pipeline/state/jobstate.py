@@ -21,7 +21,6 @@ from pipeline.state import keys
 from pipeline.state.incidents import Incident, WatchState
 from pipeline.state.redisconn import Store, as_float
 from pipeline.state.runs import RunRecord
-from pipeline.state.verifications import VerifyQueue
 
 _PER_JOB = 9  #: commands per job in the pipelined read
 
@@ -167,7 +166,7 @@ class JobRecords(Store):
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(key)
             pipe.hset(key, mapping=dict(current))  # type: ignore[arg-type]
-            VerifyQueue(self.client, self.prefix).enqueue_in(pipe, run_id, due)
+            pipe.zadd(keys.runs_unverified(self.prefix), {run_id: due})
             await pipe.execute()
 
     async def mark_stopped(self, name: str, run_id: str) -> None:

@@ -85,8 +85,3 @@ class LeaderLease:
     def forget(self) -> None:
         """Stop trusting the lease locally without touching Redis (it expires by itself)."""
         self._valid_until = 0.0
-
-    async def current_holder(self) -> str | None:
-        """The id of the process holding the lease now, or None if it is free."""
-        value = await self.client.get(self.key)
-        return None if value is None else str(value)

@@ -17,9 +17,9 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
 
 import redis.asyncio as aioredis
+from pydantic import BaseModel, Field
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError, RedisError
 
@@ -27,7 +27,7 @@ from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import ExitCode, IllegalTransition, PitstopError
 from pipeline.state import keys
-from pipeline.state.redisconn import Store, as_float, ms
+from pipeline.state.redisconn import Store, ms
 
 log = logging.getLogger(__name__)
 
@@ -36,24 +36,21 @@ HOLDER_WAIT = 1.0  #: seconds a refused request waits for the holder's record to
 RENEWAL_STOP_TIMEOUT = 5.0  #: seconds release waits for the renewal task to end
 
 
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lock: the record beside it."""
+class Holder(BaseModel, frozen=True):
+    """Who holds a lock: the record beside it (missing fields read as empty)."""
 
-    scope: str  #: ``job:dflash`` or ``host:gpu1``
-    job: str
-    action: str
-    user: str
-    run_id: str
-    step: str
-    started_at: float  #: unix s when the lock was taken
+    scope: str = ""  #: ``job:dflash`` or ``host:gpu1`` (the lock's, not stored in the record)
+    job: str = ""
+    action: str = "restart"
+    user: str = ""
+    run_id: str = ""
+    step: str = ""
+    started_at: float = Field(default_factory=time.time)  #: unix s when the lock was taken
 
     @classmethod
     def from_hash(cls, scope: str, data: Mapping[str, str]) -> Holder:
-        """A holder from its Redis hash (missing fields read as empty)."""
-        text = {name: data.get(name, "") for name in ("job", "user", "run_id", "step")}
-        started_at = as_float(data.get("started_at")) or 0.0
-        return cls(scope=scope, action=data.get("action", "restart"), started_at=started_at, **text)
+        """A holder from its Redis hash."""
+        return cls.model_validate({"started_at": 0.0, **data, "scope": scope})
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the lock was taken."""
@@ -70,7 +67,7 @@ class InFlight(PitstopError):
     def __init__(self, job: str, holder: Holder | None) -> None:
         self.job = job
         self.holder = holder
-        h = holder or Holder("", job, "restart", "someone", "", "unknown", time.time())
+        h = holder or Holder(job=job, user="someone", step="unknown")
         super().__init__(  # the exact wording people learn to read
             f"{h.action or 'restart'} of {h.job or job} already in flight - started by "
             f"{fmt.who(h.user or 'someone')} {int(h.age())} s ago, now at: {h.step or 'unknown'}"
@@ -109,29 +106,21 @@ class Locks(Store):
 
 class JobLock(Store):
     """The restart lock of one scope (:func:`pipeline.state.jobstate.scope_of`), with holder metadata and
-    renewal every ``renew_every`` s (default ``ttl / 3``); ``ttl``: seconds it lives without renewal."""
+    renewal every ``ttl / 3`` s; ``ttl``: seconds it lives without renewal."""
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        prefix: str,
-        scope: str,
-        *,
-        ttl: float = DEFAULT_TTL,
-        renew_every: float | None = None,
-    ) -> None:
+    def __init__(self, client: aioredis.Redis, prefix: str, scope: str, *, ttl: float = DEFAULT_TTL) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
         super().__init__(client, prefix)
         self.scope = scope
         self.ttl = ttl
-        self.renew_every = renew_every if renew_every is not None else ttl / 3
         self.name = keys.lock(prefix, scope)
         self.holder_key = keys.lock_holder(prefix, scope)
         self._lock: Lock = client.lock(
             self.name, timeout=ttl, blocking=False, thread_local=False, lock_class=Lock
         )
-        self._held = self._taken = self._lost = False
+        self._held = self._taken = False
+        self.lost = False  #: the lock expired or was forced free while this object held it
         self._renewal: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.holder: Holder | None = None
@@ -139,12 +128,7 @@ class JobLock(Store):
     @property
     def held(self) -> bool:
         """True between a successful :meth:`acquire` and :meth:`release`, unless lost."""
-        return self._held and not self._lost
-
-    @property
-    def lost(self) -> bool:
-        """True when the lock expired or was forced free while this object held it."""
-        return self._lost
+        return self._held and not self.lost
 
     async def acquire(
         self, *, job: str, action: str, user: str, run_id: str = "", step: str = "queued"
@@ -171,11 +155,11 @@ class JobLock(Store):
                 raise InFlight(job, None)
             await asyncio.sleep(0.02)  # the holder writes its record right after taking the lock
         self._held = self._taken = True
-        holder = Holder(self.scope, job, action, user, run_id, step, time.time())
+        holder = Holder(scope=self.scope, job=job, action=action, user=user, run_id=run_id, step=step)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(self.holder_key)
-            # str of a float is its repr: ``started_at`` reads back exactly
-            pipe.hset(self.holder_key, mapping={k: str(v) for k, v in asdict(holder).items() if k != "scope"})
+            # a float is written as its repr: ``started_at`` reads back exactly
+            pipe.hset(self.holder_key, mapping=holder.model_dump(exclude={"scope"}))  # type: ignore[arg-type]
             pipe.pexpire(self.holder_key, ms(self.ttl))
             await pipe.execute()
         self.holder = holder
@@ -188,17 +172,17 @@ class JobLock(Store):
         fields = {k: v for k, v in (("run_id", run_id), ("step", step)) if v is not None}
         if not fields:
             return
-        self.holder = replace(self.holder, **fields)  # type: ignore[arg-type]
+        self.holder = self.holder.model_copy(update=fields)
         try:
             if await self._lock.owned():
                 await self.client.hset(self.holder_key, mapping=fields)  # type: ignore[arg-type]
             else:
-                self._lost = True
+                self.lost = True
         except RedisError:
             log.warning("could not update the holder of %s", self.scope, exc_info=True)
 
     def start_renewal(self) -> None:
-        """Extend the lock and its holder record every ``renew_every`` seconds until :meth:`release`."""
+        """Extend the lock and its holder record every ``ttl / 3`` seconds until :meth:`release`."""
         if self._renewal is None and self._held:
             self._renewal = asyncio.get_running_loop().create_task(
                 self._renew(), name=f"pitstop-lock-renewal:{self.scope}"
@@ -207,7 +191,7 @@ class JobLock(Store):
     async def _renew(self) -> None:
         while True:
             try:  # a stop request ends the loop even when redis-py swallowed the task's cancel
-                await asyncio.wait_for(self._stopping.wait(), self.renew_every)
+                await asyncio.wait_for(self._stopping.wait(), self.ttl / 3)
                 return
             except TimeoutError:
                 pass
@@ -215,7 +199,7 @@ class JobLock(Store):
                 await self._lock.extend(self.ttl, replace_ttl=True)
                 await self.client.pexpire(self.holder_key, ms(self.ttl))
             except LockError:
-                self._lost = True
+                self.lost = True
                 log.warning("lost the lock %s (expired or forced free)", self.scope)
                 return
             except RedisError:
@@ -240,8 +224,8 @@ class JobLock(Store):
                 await self.client.delete(self.holder_key)
                 await self._lock.release()
             else:
-                self._lost = True
+                self.lost = True
         except LockError:
-            self._lost = True
+            self.lost = True
         except RedisError:
             log.warning("could not release the lock %s; it frees itself within %g s", self.scope, self.ttl)

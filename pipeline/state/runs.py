@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Any
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict
@@ -191,59 +192,34 @@ class RunStore(Store):
 
     A run is *owned* by the process executing it: :meth:`create` records this store's ``owner``
     (None: no heartbeat, for tools and tests) on the run and sets its heartbeat (``keys.run_owner``,
-    TTL ``heartbeat_ttl`` s), renewed every ``heartbeat_ttl / 3`` s until the run is finished
+    TTL :data:`OWNER_TTL` s), renewed every third of it until the run is finished
     or :meth:`aclose` hands it over.  A dead process's runs' heartbeats lapse within
-    ``heartbeat_ttl`` s and :meth:`unowned` finds them (see :mod:`pipeline.runs.orphans`).
+    :data:`OWNER_TTL` s and :meth:`unowned` finds them (see :mod:`pipeline.runs.orphans`).
     """
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        prefix: str,
-        *,
-        owner: str | None = None,
-        heartbeat_ttl: float = OWNER_TTL,
-    ) -> None:
-        if heartbeat_ttl <= 0:
-            raise ValueError("heartbeat_ttl must be positive")
+    def __init__(self, client: aioredis.Redis, prefix: str, *, owner: str | None = None) -> None:
         super().__init__(client, prefix)
         self.owner = owner
-        self.heartbeat_ttl = heartbeat_ttl
         self._owned: set[str] = set()
         self._heartbeat: asyncio.Task[None] | None = None
 
     async def create(
-        self,
-        job: str,
-        requested_by: str,
-        *,
-        action: str = "restart",
-        patches: list[str] | None = None,
-        fresh_cache: bool = False,
-        run_id: str | None = None,
-        approved_by: str | None = None,
-        approved_patches: dict[str, str] | None = None,
-        break_glass: str | None = None,
+        self, job: str, requested_by: str, *, run_id: str | None = None, **fields: Any
     ) -> RunRecord:
-        """A new run, saved and marked open (the two-person rule's fields as on :class:`RunRecord`), as
-        ``run_id`` (one reserved by an approval request: IllegalTransition if it names a run) or ``r-<n>``."""
+        """A new run of ``job``, saved and marked open, owned by this store's ``owner``.
+
+        :param run_id: one reserved by an approval request, else a new ``r-<n>``.
+        :param fields: the rest of the run as :class:`RunRecord` names it (``action``, ``patches``,
+            ``fresh_cache``, the two-person rule's ``approved_by``, ``approved_patches``, ``break_glass``).
+        :raises IllegalTransition: if ``run_id`` already names a run.
+        """
         if run_id is None:
             run_id = f"r-{await self.client.incr(keys.run_seq(self.prefix))}"
         elif await self.client.exists(keys.run(self.prefix, run_id)):
             raise IllegalTransition(f"run {run_id}", "created", "create")
         now = time.time()
         run = RunRecord(
-            id=run_id,
-            job=job,
-            action=action,
-            requested_by=requested_by,
-            created_at=now,
-            patches=list(patches or []),
-            fresh_cache=fresh_cache,
-            owner=self.owner,
-            approved_by=approved_by,
-            approved_patches=dict(approved_patches or {}),
-            break_glass=break_glass,
+            id=run_id, job=job, requested_by=requested_by, created_at=now, owner=self.owner, **fields
         )
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.set(keys.run(self.prefix, run.id), run.model_dump_json())
@@ -251,7 +227,7 @@ class RunStore(Store):
             pipe.zadd(keys.runs_all(self.prefix), {run.id: now})
             pipe.sadd(keys.runs_open(self.prefix), run.id)
             if self.owner is not None:
-                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=ms(self.heartbeat_ttl))
+                pipe.set(keys.run_owner(self.prefix, run.id), self.owner, px=ms(OWNER_TTL))
             await pipe.execute()
         if self.owner is not None:
             self._owned.add(run.id)
@@ -417,22 +393,21 @@ class RunStore(Store):
 
     async def _beat(self) -> None:
         while self._owned:
-            await asyncio.sleep(self.heartbeat_ttl / 3)
+            await asyncio.sleep(OWNER_TTL / 3)
             try:
                 await self.renew()
             except Exception:  # a Redis hiccup must not end the heartbeat: the next beat retries
                 log.warning("could not renew the heartbeat of runs %s", sorted(self._owned), exc_info=True)
 
-    async def renew(self) -> set[str]:
-        """Renew the heartbeat of every run this store owns, forget finished ones; returns those still owned."""
+    async def renew(self) -> None:
+        """Renew the heartbeat of every run this store owns, and forget finished ones and those another
+        process took over."""
         ids = sorted(self._owned)
         if not ids or self.owner is None:
-            return set()
+            return
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
-                pipe.eval(
-                    EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(self.heartbeat_ttl)
-                )
+                pipe.eval(EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(OWNER_TTL))
             for run_id in ids:
                 pipe.sismember(keys.runs_open(self.prefix), run_id)
             answers = await pipe.execute()
@@ -441,13 +416,12 @@ class RunStore(Store):
                 if still_open:
                     log.warning("run %s: its heartbeat lapsed and another process took it over", run_id)
                 self._owned.discard(run_id)
-        return set(self._owned)
 
     async def claim_orphan(self, run_id: str, instance: str) -> bool:
-        """Claim an open run whose owner is gone, for ``heartbeat_ttl`` s (``SET NX`` on its lapsed
+        """Claim an open run whose owner is gone, for :data:`OWNER_TTL` s (``SET NX`` on its lapsed
         heartbeat, ``recovering:INSTANCE``); False if its owner came back or another claimed it first."""
         key = keys.run_owner(self.prefix, run_id)
-        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=ms(self.heartbeat_ttl)))
+        return bool(await self.client.set(key, f"recovering:{instance}", nx=True, px=ms(OWNER_TTL)))
 
     async def unclaim(self, run_id: str) -> None:
         """Drop the claim of :meth:`claim_orphan` (the take-over is recorded)."""
@@ -479,7 +453,7 @@ class RunStore(Store):
     async def unowned(self) -> list[RunRecord]:
         """Open runs no live process heartbeats: their owner died, or they have none (handed over, or
         created by a store without one).  Runs already finished leave the open set here."""
-        ids = sorted(await self.open_ids())
+        ids = sorted(str(m) for m in await self.client.smembers(keys.runs_open(self.prefix)))
         if not ids:
             return []
         async with self.client.pipeline(transaction=False) as pipe:
@@ -512,7 +486,3 @@ class RunStore(Store):
             return []
         raws = await self.client.mget([keys.run(self.prefix, str(i)) for i in ids])
         return [RunRecord.model_validate_json(r) for r in raws if r is not None]
-
-    async def open_ids(self) -> set[str]:
-        """Ids of runs whose sequence has not finished."""
-        return {str(m) for m in await self.client.smembers(keys.runs_open(self.prefix))}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -51,10 +50,6 @@ class VerifyQueue(Store):
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         super().__init__(client, prefix)
         self.key = keys.runs_unverified(prefix)
-
-    def enqueue_in(self, pipe: Any, run_id: str, due: float) -> None:
-        """Queue ``run_id``, due at ``due`` (unix s), inside the caller's transaction ``pipe``."""
-        pipe.zadd(self.key, {run_id: due})
 
     async def enqueue(self, run_id: str, due: float, *, keep: bool = False) -> None:
         """Queue ``run_id``, due at ``due`` (unix s); with ``keep`` one already queued keeps its due time."""
