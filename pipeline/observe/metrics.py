@@ -131,12 +131,6 @@ def parse_jsonl(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> li
     return [rec for rec in records if rec is not None]
 
 
-def parse_jsonl_stdlib(data: bytes) -> list[MetricLine]:
-    """:func:`parse_jsonl` with the standard library's ``json`` only: the reference the fast
-    parser is tested and benchmarked against (same records, same order)."""
-    return parse_jsonl(data, json.loads)
-
-
 def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> list[MetricLine]:
     """Metric lines from a plain-text log (UTF-8, undecodable bytes replaced): ``pattern``, whose
     named groups are the metric keys, searched in each complete line; in file order."""
