@@ -19,12 +19,10 @@ from pipeline.config.watch import CrashClass
 from pipeline.errors import PitstopError, RemoteCommandError
 from pipeline.host.probe import ChunkReader
 from pipeline.observe.crashes import Crash
-from pipeline.observe.metrics import TARGET, MetricLine, parse_metric_lines, percentile
+from pipeline.observe.metrics import MAX_READ, TARGET, MetricLine, parse_metric_lines, percentile
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord, RunStore
 from pipeline.verdict import Lost, steps_of
-
-MAX_READ = 4 * 1024 * 1024  #: bytes of an attempt's log read at most (its last ones)
 
 
 async def metrics_offset(read: ChunkReader, name: str, job: JobConfig) -> int | None:
@@ -164,7 +162,7 @@ def lost_work(
     steps = reached - resumed_at
     seconds = steps / previous.steps_per_s if previous.steps_per_s else None
     at = None
-    if checkpoint is not None and checkpoint.step == resumed_at and sampled_at is not None:
+    if checkpoint is not None and resumed_at and checkpoint.step == resumed_at and sampled_at is not None:
         at = fmt.clock(sampled_at - checkpoint.age_s, timezone, now=sampled_at)
     role = previous.role if len(previous.steps) > 1 else None
     return Lost(reached, steps, role, seconds, at)
@@ -229,8 +227,7 @@ def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingPr
     _, high = _by_role(lines)
     if not high:
         return None
-    pipeline = {r: s for r, s in high.items() if r != TARGET} or high
-    role = max(pipeline, key=lambda r: (pipeline[r], r))
+    role = max(high, key=lambda r: (r != TARGET, high[r], r))  # not target when there is another
     return TrainingProgress(
         high[role], total_steps, role, reach_of(lines, window_s=math.inf, role=role).steps_per_s
     )
@@ -298,12 +295,10 @@ async def account_previous(
     role = resumed_role(first, high, resumed_at) or had.role
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended or ended)
     saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
-    lost = None
-    if resumed_at:
-        lost = lost_work(reach, resumed_at, checkpoint=checkpoint, sampled_at=sampled_at, timezone=timezone)
-    elif run.action in ("restart", "auto-restart") and reach.step:
-        lost = lost_work(reach, 0, timezone=timezone)  # started over: all of the previous run's steps
-    return Previous(saved, lost)
+    # started over (a restart, not a start): all of the previous run's steps
+    over = not resumed_at and run.action in ("restart", "auto-restart") and bool(reach.step)
+    lost = lost_work(reach, resumed_at or 0, checkpoint=checkpoint, sampled_at=sampled_at, timezone=timezone)
+    return Previous(saved, lost if resumed_at or over else None)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ DEFAULT_ROLE = "worker"  #: role of a plain-text metric line without a ``role`` 
 TARGET = "target"  #: the reference pipeline's target ranks (they produce; the drafters consume)
 DRAFTER = "drafter"
 _FLOAT_KEYS = ("tokens", "tokens_per_s", "step_time_s", "queue_depth", "loss", "top1", "top4", "top8")
+MAX_READ = 4 * 1024 * 1024  #: bytes of a metric log read at once at most (its last ones)
 _NUMBER = re.compile(r"^[+-]?(\d[\d,_]*)?(\.\d*)?([eE][+-]?\d+)?$")
 
 

@@ -32,7 +32,7 @@ from pipeline.errors import PitstopError
 from pipeline.host.contract import LogRead
 from pipeline.host.probe import JobProbe, LogChunk, read_log_chunk
 from pipeline.host.remote import RemoteHosts
-from pipeline.observe.metrics import parse_metric_lines, percentile
+from pipeline.observe.metrics import MAX_READ, parse_metric_lines, percentile
 from pipeline.state.incidents import IncidentStore
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 MIN_RANK_STALL = 60.0  #: seconds: the smallest default ``rank_stall_after``
 STALL_FACTOR = 20.0  #: default ``rank_stall_after`` = this × the p95 time between advances
 GAPS_KEPT = 200  #: advance gaps (s) kept for the p95
-MAX_READ = 4 * 1024 * 1024  #: bytes read per cycle at most; further behind, older bytes are skipped
 
 
 class RankState(BaseModel):
