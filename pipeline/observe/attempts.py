@@ -273,13 +273,11 @@ async def account_previous(
     checkpoint: ResumePoint | None,
     sampled_at: float,
     timezone: str,
-    ended: str | None = None,
 ) -> Previous | None:
     """Record how far the attempt before ``run`` (the new, launched run) got — in the role of
     :func:`resumed_role`, else the one recorded when it died — and what resuming at ``resumed_at``
     lost of it (0 or None: from scratch, so a restart lost every step; a start is not compared).
-    ``checkpoint``: the newest one its verification saw, at ``sampled_at``; ``ended``: how the
-    previous attempt ended (its recorded word wins).  None when there is no previous attempt or its
+    ``checkpoint``: the newest one its verification saw, at ``sampled_at``.  None when there is no previous attempt or its
     log range is unknown.
 
     :raises RemoteError: if the host cannot be read.
@@ -293,7 +291,7 @@ async def account_previous(
     first, high = _by_role(await read_attempt(read, name, job, end))
     had = prev.reach or Reach()
     role = resumed_role(first, high, resumed_at) or had.role
-    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended or ended)
+    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended)
     saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
     # started over (a restart, not a start): all of the previous run's steps
     over = not resumed_at and run.action in ("restart", "auto-restart") and bool(reach.step)
@@ -332,10 +330,8 @@ def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s
     limit = (
         steps_of(max_lost) if isinstance(max_lost, int) else f"{fmt.duration(max_lost.seconds)} of training"
     )
-    every = checkpoint_interval(max_lost, steps_per_s)
-    if every is None:
-        hint = "checkpoint more often (the previous run's rate is unknown, so no interval can be named)"
-    else:
+    hint = "checkpoint more often (the previous run's rate is unknown, so no interval can be named)"
+    if (every := checkpoint_interval(max_lost, steps_per_s)) is not None:
         at = (
             f", about {fmt.duration(every / steps_per_s)} at {steps_per_s:.2f} steps/s" if steps_per_s else ""
         )

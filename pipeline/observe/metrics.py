@@ -91,18 +91,17 @@ def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
     role = raw.get("role")
     if (role := role if type(role) is str and role else default_role) is None:
         return None
-    get = raw.get
-    rank, device = _int(get("rank")), get("device")
+    rank, device = _int(raw.get("rank")), raw.get("device")
     return MetricLine._make(
         [
-            _ts(get("ts")),
+            _ts(raw.get("ts")),
             role,
             rank if rank is not None else 0,
-            _int(get("step")),
-            _int(get("role_rank")),
+            _int(raw.get("step")),
+            _int(raw.get("role_rank")),
             device if type(device) is str and device else None,
-            *(parse_number(get(key)) for key in _FLOAT_KEYS),
-            _int(get("gpu_mem_bytes")),
+            *(parse_number(raw.get(key)) for key in _FLOAT_KEYS),
+            _int(raw.get("gpu_mem_bytes")),
         ]
     )
 
