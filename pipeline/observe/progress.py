@@ -1,6 +1,6 @@
 """Per-rank progress from the metric stream: which rank stopped advancing, and for how long.
 
-Each watch cycle reads the job's metric log from where the last one stopped (:func:`plan`: the read
+Each watch cycle reads the job's metric log from where the last one stopped (:func:`plan_many`: the read
 rides on the host's probe) and folds the new lines into a :class:`ProgressState` kept in Redis
 (``keys.rank_progress``): per rank its last ``step``, when it last went up (Pitstop's clock: one
 watch interval's precision), its pid, and whether it reported waiting since (a JSON line
@@ -162,22 +162,8 @@ def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
     return dict(rank=first.rank, rank_role=first.role, rank_step=first.step, rank_pid=first.pid, cause=cause)
 
 
-def plan(
-    state: ProgressState, job: JobConfig, *, run_pid: int | None, launch_offset: int | None
-) -> tuple[ProgressState, LogRead]:
-    """The state to pass to :func:`fold`, and this cycle's read of the metric log (it goes with
-    the host's probe).  A new ``run_pid`` starts with no ranks, from ``launch_offset`` (the log's
-    size at its launch) when the metric lines are in the job's log."""
-    if run_pid is not None and run_pid != state.run_pid:
-        offset = launch_offset if launch_offset is not None and job.metrics_log is None else state.offset
-        state = ProgressState(run_pid=run_pid, offset=offset, inode=state.inode)
-    return state, LogRead(
-        path=job.metrics_path, offset=state.offset, max_bytes=MAX_READ, inode=state.inode, if_running=True
-    )
-
-
 def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> ProgressState:
-    """The progress after the bytes :func:`plan`'s read returned, at ``now`` (unix s): complete
+    """The progress after the bytes :func:`plan_many`'s read returned, at ``now`` (unix s): complete
     lines only (a partial last line is read again); a log far behind skips to its last
     :data:`MAX_READ` bytes."""
     end = chunk.data.rfind(b"\n") + 1
@@ -203,15 +189,22 @@ Planned = dict[str, tuple[ProgressState, LogRead]]
 
 
 async def plan_many(store: IncidentStore, tracked: Sequence[Tracked]) -> Planned:
-    """:func:`plan` for every job of a cycle, their stored progress read in one Redis round trip."""
+    """For every job of a cycle (their stored progress read in one Redis round trip) the state to
+    pass to :func:`fold`, and this cycle's read of its metric log (it goes with the host's probe).
+    A new ``run_pid`` starts with no ranks, from ``launch_offset`` (the log's size at its launch)
+    when the metric lines are in the job's log."""
     stored = await store.progress_many([t.name for t in tracked])
-    states = {name: ProgressState.model_validate_json(raw) for name, raw in stored.items() if raw}
-    return {
-        t.name: plan(
-            states.get(t.name, ProgressState()), t.job, run_pid=t.run_pid, launch_offset=t.launch_offset
+    planned: Planned = {}
+    for t in tracked:
+        st = ProgressState.model_validate_json(raw) if (raw := stored.get(t.name)) else ProgressState()
+        if t.run_pid is not None and t.run_pid != st.run_pid:
+            at = t.launch_offset if t.launch_offset is not None and t.job.metrics_log is None else st.offset
+            st = ProgressState(run_pid=t.run_pid, offset=at, inode=st.inode)
+        read = LogRead(
+            path=t.job.metrics_path, offset=st.offset, max_bytes=MAX_READ, inode=st.inode, if_running=True
         )
-        for t in tracked
-    }
+        planned[t.name] = st, read
+    return planned
 
 
 async def judge_many(
