@@ -141,9 +141,8 @@ def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
     waiting = tuple(rank for rank, r in ranks if r.waiting_on)
     frozen_for = min(ages.values())
     # a rank past the threshold is stuck when another advanced within it (the freshest did) or waits
-    if frozen_for >= threshold and not waiting:
-        return Judgement(known=True, frozen_for=frozen_for)
-    late = [(rank, r) for rank, r in ranks if not r.waiting_on and ages[rank] >= threshold]
+    live = frozen_for < threshold or bool(waiting)
+    late = [(rank, r) for rank, r in ranks if live and not r.waiting_on and ages[rank] >= threshold]
     stuck = tuple(StuckRank(rank, r.role, r.step, ages[rank], r.pid) for rank, r in late)
     return Judgement(known=True, stuck=stuck, waiting=waiting, frozen_for=frozen_for)
 
