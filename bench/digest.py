@@ -21,7 +21,7 @@ Beside them, the first digest's three steps on the 10 MB log — read the window
 aggregate — are timed against the reference path they replaced, interleaved, median of
 ``--repeat``: two helper calls (size, then the bytes) sending the last 8 MiB uncompressed, the
 standard library's ``json`` per line into a record per line
-(:func:`pipeline.observe.metrics.parse_jsonl_stdlib`), and the statistics over those records
+(:func:`pipeline.observe.metrics.parse_jsonl` with ``json.loads``), and the statistics over those records
 (:func:`pipeline.digest.stats.summarise`).  Now: one call reading only the tail a first digest
 needs (the last :data:`~pipeline.digest.window.FIRST_WINDOW_BYTES`, 1 MiB, by a negative offset)
 zlib-compressed, orjson reading its lines (:func:`pipeline.observe.metrics.parse_metric_lines`),
@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
 import statistics
 import sys
@@ -75,7 +76,7 @@ from pipeline.digest.window import (
 from pipeline.engines.runner import Runner as Restarter
 from pipeline.host.probe import Ops, call_helper
 from pipeline.host.remote import SSHPool
-from pipeline.observe.metrics import parse_jsonl_stdlib, parse_metric_lines
+from pipeline.observe.metrics import parse_jsonl, parse_metric_lines
 from pipeline.state.events import Events
 from pipeline.state.redisconn import open_redis
 from pipeline.state.runs import RunStore
@@ -182,7 +183,7 @@ async def steps(
         )
     t1 = time.perf_counter()
     if reference:  # a MetricLine per line, then the statistics over them
-        lines = parse_jsonl_stdlib(window.data)
+        lines = parse_jsonl(window.data, json.loads)
         t2 = time.perf_counter()
         s = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
     else:  # orjson per line
@@ -300,7 +301,7 @@ async def run(
                 ref_data = data if path == "reference" else ref_data
             counts = [
                 len(parse_metric_lines(ref_data, "jsonl")),
-                len(parse_jsonl_stdlib(ref_data)),
+                len(parse_jsonl(ref_data, json.loads)),
             ]
             checks.correct(
                 f"run {i}: both parsers find the same metric lines in the reference's window",

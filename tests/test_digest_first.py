@@ -12,7 +12,7 @@ import pytest
 from pipeline.config import Config, JobConfig
 from pipeline.digest.report import build_digest
 from pipeline.digest.window import WindowKind
-from pipeline.observe.metrics import parse_jsonl_stdlib, parse_metric_lines
+from pipeline.observe.metrics import parse_jsonl, parse_metric_lines
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle, open_redis
 from tests.fixtures.localread import local_reader
@@ -72,4 +72,4 @@ def test_lines_parsed_in_one_call_read_as_line_by_line() -> None:
     nan = plain + b'{"step": 4, "role": "drafter", "rank": 5, "tokens_per_s": NaN}\n'
     for data in (plain, two, event, nan):
         ours = len(parse_metric_lines(data, "jsonl"))
-        assert ours == len(parse_jsonl_stdlib(data)), data
+        assert ours == len(parse_jsonl(data, json.loads)), data

@@ -16,7 +16,6 @@ from pipeline.observe.metrics import (
     DEFAULT_ROLE,
     MetricLine,
     parse_jsonl,
-    parse_jsonl_stdlib,
     parse_metric_lines,
     parse_pattern,
 )
@@ -93,7 +92,7 @@ def test_wait_events_are_not_metric_records_under_either_role_name() -> None:
         metric + b'{"ts":3.0,"event":"waiting","rank":5,"role":"drafter","step":40,"on":"all_reduce"}\n'
         b'{"ts":5.0,"event":"waiting","rank":7,"rank_role":"drafter","step":40,"on":"all_reduce"}\n'
     )
-    assert parse_jsonl(data) == parse_jsonl_stdlib(data) == parse_jsonl(metric)
+    assert parse_jsonl(data) == parse_jsonl(data, json.loads) == parse_jsonl(metric)
 
 
 def test_regex_mapping_reads_plain_text_log() -> None:
@@ -177,9 +176,9 @@ _LINES = st.one_of(
 def test_fast_jsonl_parser_reads_exactly_as_the_stdlib_one(lines: list[bytes]) -> None:
     """orjson-based parse_jsonl gives the same records as the standard-library reference, line for line."""
     data = b"\n".join(line.replace(b"\n", b" ") for line in lines) + b"\n"
-    assert parse_jsonl(data) == parse_jsonl_stdlib(data)
+    assert parse_jsonl(data) == parse_jsonl(data, json.loads)
 
 
 def test_fast_jsonl_parser_on_the_recorded_log() -> None:
     """On the recorded dflash log (start-up line, traceback, malformed and partial lines) both parsers agree."""
-    assert parse_jsonl(DFLASH_LOG) == parse_jsonl_stdlib(DFLASH_LOG)
+    assert parse_jsonl(DFLASH_LOG) == parse_jsonl(DFLASH_LOG, json.loads)

@@ -19,12 +19,10 @@ from pipeline.config.watch import CrashClass
 from pipeline.errors import PitstopError, RemoteCommandError
 from pipeline.host.probe import ChunkReader
 from pipeline.observe.crashes import Crash
-from pipeline.observe.metrics import TARGET, MetricLine, parse_metric_lines, percentile
+from pipeline.observe.metrics import MAX_READ, TARGET, MetricLine, parse_metric_lines, percentile
 from pipeline.observe.resume import ResumePoint
 from pipeline.state.runs import Reach, RunRecord, RunStore
 from pipeline.verdict import Lost, steps_of
-
-MAX_READ = 4 * 1024 * 1024  #: bytes of an attempt's log read at most (its last ones)
 
 
 async def metrics_offset(read: ChunkReader, name: str, job: JobConfig) -> int | None:
@@ -164,7 +162,7 @@ def lost_work(
     steps = reached - resumed_at
     seconds = steps / previous.steps_per_s if previous.steps_per_s else None
     at = None
-    if checkpoint is not None and checkpoint.step == resumed_at and sampled_at is not None:
+    if checkpoint is not None and resumed_at and checkpoint.step == resumed_at and sampled_at is not None:
         at = fmt.clock(sampled_at - checkpoint.age_s, timezone, now=sampled_at)
     role = previous.role if len(previous.steps) > 1 else None
     return Lost(reached, steps, role, seconds, at)
@@ -229,8 +227,7 @@ def progress_toward(lines: Sequence[MetricLine], total_steps: int) -> TrainingPr
     _, high = _by_role(lines)
     if not high:
         return None
-    pipeline = {r: s for r, s in high.items() if r != TARGET} or high
-    role = max(pipeline, key=lambda r: (pipeline[r], r))
+    role = max(high, key=lambda r: (r != TARGET, high[r], r))  # not target when there is another
     return TrainingProgress(
         high[role], total_steps, role, reach_of(lines, window_s=math.inf, role=role).steps_per_s
     )
@@ -276,13 +273,11 @@ async def account_previous(
     checkpoint: ResumePoint | None,
     sampled_at: float,
     timezone: str,
-    ended: str | None = None,
 ) -> Previous | None:
     """Record how far the attempt before ``run`` (the new, launched run) got — in the role of
     :func:`resumed_role`, else the one recorded when it died — and what resuming at ``resumed_at``
     lost of it (0 or None: from scratch, so a restart lost every step; a start is not compared).
-    ``checkpoint``: the newest one its verification saw, at ``sampled_at``; ``ended``: how the
-    previous attempt ended (its recorded word wins).  None when there is no previous attempt or its
+    ``checkpoint``: the newest one its verification saw, at ``sampled_at``.  None when there is no previous attempt or its
     log range is unknown.
 
     :raises RemoteError: if the host cannot be read.
@@ -296,14 +291,12 @@ async def account_previous(
     first, high = _by_role(await read_attempt(read, name, job, end))
     had = prev.reach or Reach()
     role = resumed_role(first, high, resumed_at) or had.role
-    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended or ended)
+    reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended)
     saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
-    lost = None
-    if resumed_at:
-        lost = lost_work(reach, resumed_at, checkpoint=checkpoint, sampled_at=sampled_at, timezone=timezone)
-    elif run.action in ("restart", "auto-restart") and reach.step:
-        lost = lost_work(reach, 0, timezone=timezone)  # started over: all of the previous run's steps
-    return Previous(saved, lost)
+    # started over (a restart, not a start): all of the previous run's steps
+    over = not resumed_at and run.action in ("restart", "auto-restart") and bool(reach.step)
+    lost = lost_work(reach, resumed_at or 0, checkpoint=checkpoint, sampled_at=sampled_at, timezone=timezone)
+    return Previous(saved, lost if resumed_at or over else None)
 
 
 @dataclass(frozen=True)
@@ -337,10 +330,8 @@ def lost_warning(job: str, lost: Lost, max_lost: int | LostDuration, steps_per_s
     limit = (
         steps_of(max_lost) if isinstance(max_lost, int) else f"{fmt.duration(max_lost.seconds)} of training"
     )
-    every = checkpoint_interval(max_lost, steps_per_s)
-    if every is None:
-        hint = "checkpoint more often (the previous run's rate is unknown, so no interval can be named)"
-    else:
+    hint = "checkpoint more often (the previous run's rate is unknown, so no interval can be named)"
+    if (every := checkpoint_interval(max_lost, steps_per_s)) is not None:
         at = (
             f", about {fmt.duration(every / steps_per_s)} at {steps_per_s:.2f} steps/s" if steps_per_s else ""
         )

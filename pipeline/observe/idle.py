@@ -74,11 +74,6 @@ def idle_facts(
     return {"idle_gpus": ",".join(str(r.index) for r in idle), "cause": cause}
 
 
-def _held(uuids: str, apps: str, pids: Collection[int]) -> set[int]:
-    index = {p[1]: int(p[0]) for p in csv_rows(uuids, 2)}
-    return {index[p[1]] for p in csv_rows(apps, 2) if int(p[0]) in pids and p[1] in index}
-
-
 async def read_watched(
     ssh: RemoteHosts, host: str, jobs: Sequence[tuple[str, JobConfig, JobProbe]]
 ) -> dict[str, tuple[GpuReading, ...] | None]:
@@ -98,8 +93,10 @@ async def read_watched(
         by_process = [(n, pids) for n, cfg, pids in wanted if cfg.gpus is None or not cfg.gpus.all]
         if by_process:
             uuids = await query_csv(ssh, host, QUERY_UUID_ARGV, QUERY_TIMEOUT)
-            apps = await query_csv(ssh, host, QUERY_HELD_ARGV, QUERY_TIMEOUT)
-            held = {n: _held(uuids, apps, pids) for n, pids in by_process}
+            index = {p[1]: int(p[0]) for p in csv_rows(uuids, 2)}  # GPU UUID → index
+            apps = csv_rows(await query_csv(ssh, host, QUERY_HELD_ARGV, QUERY_TIMEOUT), 2)
+            gpu_of = [(int(p[0]), index[p[1]]) for p in apps if p[1] in index]  # (pid, GPU index)
+            held = {n: {gpu for pid, gpu in gpu_of if pid in pids} for n, pids in by_process}
     except PitstopError:
         return {name: None for name, _, _ in wanted}
     return {name: watched(cfg, stats, held.get(name, ())) for name, cfg, _ in wanted}

@@ -28,6 +28,7 @@ DEFAULT_ROLE = "worker"  #: role of a plain-text metric line without a ``role`` 
 TARGET = "target"  #: the reference pipeline's target ranks (they produce; the drafters consume)
 DRAFTER = "drafter"
 _FLOAT_KEYS = ("tokens", "tokens_per_s", "step_time_s", "queue_depth", "loss", "top1", "top4", "top8")
+MAX_READ = 4 * 1024 * 1024  #: bytes of a metric log read at once at most (its last ones)
 _NUMBER = re.compile(r"^[+-]?(\d[\d,_]*)?(\.\d*)?([eE][+-]?\d+)?$")
 
 
@@ -90,18 +91,17 @@ def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
     role = raw.get("role")
     if (role := role if type(role) is str and role else default_role) is None:
         return None
-    get = raw.get
-    rank, device = _int(get("rank")), get("device")
+    rank, device = _int(raw.get("rank")), raw.get("device")
     return MetricLine._make(
         [
-            _ts(get("ts")),
+            _ts(raw.get("ts")),
             role,
             rank if rank is not None else 0,
-            _int(get("step")),
-            _int(get("role_rank")),
+            _int(raw.get("step")),
+            _int(raw.get("role_rank")),
             device if type(device) is str and device else None,
-            *(parse_number(get(key)) for key in _FLOAT_KEYS),
-            _int(get("gpu_mem_bytes")),
+            *(parse_number(raw.get(key)) for key in _FLOAT_KEYS),
+            _int(raw.get("gpu_mem_bytes")),
         ]
     )
 
@@ -129,12 +129,6 @@ def parse_jsonl(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> li
     # a line whose first non-blank byte is not "{" holds no object
     records = (_json_line(ln, loads) for ln in _complete_lines(data) if ln.lstrip()[:1] == b"{")
     return [rec for rec in records if rec is not None]
-
-
-def parse_jsonl_stdlib(data: bytes) -> list[MetricLine]:
-    """:func:`parse_jsonl` with the standard library's ``json`` only: the reference the fast
-    parser is tested and benchmarked against (same records, same order)."""
-    return parse_jsonl(data, json.loads)
 
 
 def parse_pattern(data: bytes, pattern: MetricsPattern | re.Pattern[str]) -> list[MetricLine]:

@@ -1,6 +1,6 @@
 """Per-rank progress from the metric stream: which rank stopped advancing, and for how long.
 
-Each watch cycle reads the job's metric log from where the last one stopped (:func:`plan`: the read
+Each watch cycle reads the job's metric log from where the last one stopped (:func:`plan_many`: the read
 rides on the host's probe) and folds the new lines into a :class:`ProgressState` kept in Redis
 (``keys.rank_progress``): per rank its last ``step``, when it last went up (Pitstop's clock: one
 watch interval's precision), its pid, and whether it reported waiting since (a JSON line
@@ -32,7 +32,7 @@ from pipeline.errors import PitstopError
 from pipeline.host.contract import LogRead
 from pipeline.host.probe import JobProbe, LogChunk, read_log_chunk
 from pipeline.host.remote import RemoteHosts
-from pipeline.observe.metrics import parse_metric_lines, percentile
+from pipeline.observe.metrics import MAX_READ, parse_metric_lines, percentile
 from pipeline.state.incidents import IncidentStore
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 MIN_RANK_STALL = 60.0  #: seconds: the smallest default ``rank_stall_after``
 STALL_FACTOR = 20.0  #: default ``rank_stall_after`` = this × the p95 time between advances
 GAPS_KEPT = 200  #: advance gaps (s) kept for the p95
-MAX_READ = 4 * 1024 * 1024  #: bytes read per cycle at most; further behind, older bytes are skipped
 
 
 class RankState(BaseModel):
@@ -142,9 +141,8 @@ def judge(state: ProgressState, now: float, threshold: float) -> Judgement:
     waiting = tuple(rank for rank, r in ranks if r.waiting_on)
     frozen_for = min(ages.values())
     # a rank past the threshold is stuck when another advanced within it (the freshest did) or waits
-    if frozen_for >= threshold and not waiting:
-        return Judgement(known=True, frozen_for=frozen_for)
-    late = [(rank, r) for rank, r in ranks if not r.waiting_on and ages[rank] >= threshold]
+    live = frozen_for < threshold or bool(waiting)
+    late = [(rank, r) for rank, r in ranks if live and not r.waiting_on and ages[rank] >= threshold]
     stuck = tuple(StuckRank(rank, r.role, r.step, ages[rank], r.pid) for rank, r in late)
     return Judgement(known=True, stuck=stuck, waiting=waiting, frozen_for=frozen_for)
 
@@ -163,22 +161,8 @@ def stuck_facts(steps: Judgement, host: str) -> dict[str, Any]:
     return dict(rank=first.rank, rank_role=first.role, rank_step=first.step, rank_pid=first.pid, cause=cause)
 
 
-def plan(
-    state: ProgressState, job: JobConfig, *, run_pid: int | None, launch_offset: int | None
-) -> tuple[ProgressState, LogRead]:
-    """The state to pass to :func:`fold`, and this cycle's read of the metric log (it goes with
-    the host's probe).  A new ``run_pid`` starts with no ranks, from ``launch_offset`` (the log's
-    size at its launch) when the metric lines are in the job's log."""
-    if run_pid is not None and run_pid != state.run_pid:
-        offset = launch_offset if launch_offset is not None and job.metrics_log is None else state.offset
-        state = ProgressState(run_pid=run_pid, offset=offset, inode=state.inode)
-    return state, LogRead(
-        path=job.metrics_path, offset=state.offset, max_bytes=MAX_READ, inode=state.inode, if_running=True
-    )
-
-
 def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> ProgressState:
-    """The progress after the bytes :func:`plan`'s read returned, at ``now`` (unix s): complete
+    """The progress after the bytes :func:`plan_many`'s read returned, at ``now`` (unix s): complete
     lines only (a partial last line is read again); a log far behind skips to its last
     :data:`MAX_READ` bytes."""
     end = chunk.data.rfind(b"\n") + 1
@@ -204,15 +188,22 @@ Planned = dict[str, tuple[ProgressState, LogRead]]
 
 
 async def plan_many(store: IncidentStore, tracked: Sequence[Tracked]) -> Planned:
-    """:func:`plan` for every job of a cycle, their stored progress read in one Redis round trip."""
+    """For every job of a cycle (their stored progress read in one Redis round trip) the state to
+    pass to :func:`fold`, and this cycle's read of its metric log (it goes with the host's probe).
+    A new ``run_pid`` starts with no ranks, from ``launch_offset`` (the log's size at its launch)
+    when the metric lines are in the job's log."""
     stored = await store.progress([t.name for t in tracked])
-    states = {name: ProgressState.model_validate_json(raw) for name, raw in stored.items() if raw}
-    return {
-        t.name: plan(
-            states.get(t.name, ProgressState()), t.job, run_pid=t.run_pid, launch_offset=t.launch_offset
+    planned: Planned = {}
+    for t in tracked:
+        st = ProgressState.model_validate_json(raw) if (raw := stored.get(t.name)) else ProgressState()
+        if t.run_pid is not None and t.run_pid != st.run_pid:
+            at = t.launch_offset if t.launch_offset is not None and t.job.metrics_log is None else st.offset
+            st = ProgressState(run_pid=t.run_pid, offset=at, inode=st.inode)
+        read = LogRead(
+            path=t.job.metrics_path, offset=st.offset, max_bytes=MAX_READ, inode=st.inode, if_running=True
         )
-        for t in tracked
-    }
+        planned[t.name] = st, read
+    return planned
 
 
 async def judge_many(

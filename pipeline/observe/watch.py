@@ -214,10 +214,9 @@ def assess(
     if condition is IncidentKind.DEAD and w.auto_restart is not None and not incident.gave_up:
         if incident.no_auto:  # its crash class is not restarted automatically: say so, once
             incident = incident.model_copy(update={"gave_up": True, "next_auto_at": None, "changed_at": now})
-            return done(incident, condition, Action(ActionKind.GIVE_UP, incident))
-        incident = _plan_auto_restart(incident, cfg, situation, now)
+        incident = _plan_auto_restart(incident, cfg, situation, now)  # or a crash loop, given up
         if incident.gave_up:
-            return done(incident, IncidentKind.CRASH_LOOP, Action(ActionKind.GIVE_UP, incident))
+            return done(incident, incident.kind, Action(ActionKind.GIVE_UP, incident))
         if incident.next_auto_at is not None and now >= incident.next_auto_at:
             fired = incident.model_copy(
                 update={"next_auto_at": None, "auto_restarts": incident.auto_restarts + 1}
