@@ -114,7 +114,6 @@ async def test_control_shell_killed_by_a_signal_is_reported_as_such(pool: SSHPoo
     result = await pool.run("local", ["bash", "-c", "echo before; kill -KILL $$; echo after"], timeout=10)
     assert result.exit_signal == "SIGKILL"
     assert result.exit_status is None and not result.ok
-    assert result.returncode == -9
     assert result.stdout == "before\n"
 
 

@@ -28,7 +28,7 @@ from pipeline.errors import (
     RemoteError,
 )
 from pipeline.host import slurm
-from pipeline.host.probe import JobProbe, log_tail
+from pipeline.host.probe import JobProbe, log_tail, parse_int
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
 from pipeline.observe import evidence
@@ -57,10 +57,6 @@ def _partition(args: Sequence[str]) -> str | None:
 def _signame(number: int | None) -> str | None:
     """``SIGTERM`` for 15 (``signal 99`` for a number without a name); None for none."""
     return ({s.value: s.name for s in signal.Signals}.get(number) or f"signal {number}") if number else None
-
-
-def _int(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
 
 
 class SlurmSettings(_Model):
@@ -111,7 +107,7 @@ class SlurmEngine(WorkdirSteps):
         """Partition, script, ``sbatch --test-only``, the helper's checks, and (a start) the
         recorded job no longer active."""
         name, job, sl = t.name, t.job, settings(t.job)
-        old = _int(t.current.get("slurm_job")) if plan.start else None
+        old = parse_int(t.current.get("slurm_job")) if plan.start else None
         rec = await self.steps.begin(run, Step.PREFLIGHT)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
@@ -178,7 +174,7 @@ class SlurmEngine(WorkdirSteps):
         """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has
         left; a job that ended before its first scancel (scancel refuses it) had nothing to stop."""
         name, job = t.name, t.job
-        old = run.old_slurm_job = _int(t.current.get("slurm_job"))
+        old = run.old_slurm_job = parse_int(t.current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.STOP)
         try:
             j = await self.client.one(name, old) if old is not None else None
@@ -211,7 +207,7 @@ class SlurmEngine(WorkdirSteps):
     async def launch(self, run: RunRecord, t: Target) -> None:
         """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
         name, job, sl = t.name, t.job, settings(t.job)
-        old = _int(t.current.get("slurm_job"))
+        old = parse_int(t.current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.LAUNCH)
         try:
             # held until measured: it cannot write before verification's offset is taken
@@ -275,7 +271,7 @@ class SlurmEngine(WorkdirSteps):
         else:
             sl = settings(job)
             per_node = sl.tasks_per_node or max(1, job.processes // sl.nodes)
-            tasks = await self.client.node_tasks(name, job_id, j.nodes, job.match)
+            tasks = await self.client.node_tasks(name, job_id, job.match)
             short = [f"{t.node}: {t.count}/{per_node}" for t in tasks if t.count != per_node]
             short += [f"{n}: no answer" for n in j.nodelist if n not in {t.node for t in tasks}]
             if j.nodes != sl.nodes:
@@ -308,7 +304,7 @@ class SlurmEngine(WorkdirSteps):
         """One call on the login node for every job of its cluster: ``squeue``/``scontrol``/``sacct``,
         output sizes, ``reads`` and one ``srun`` per RUNNING job for its tasks (its error, if any,
         in its sighting)."""
-        ids = {name: _int((cur or {}).get("slurm_job")) for name, _, cur in entries}
+        ids = {name: parse_int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
         wants = {
             name: FileRange(r["path"], r["offset"], r["max_bytes"], r["inode"])
@@ -387,7 +383,7 @@ class SlurmEngine(WorkdirSteps):
     async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """``argv`` on every node of the recorded job, inside its allocation (``srun --overlap``).
         :raises PitstopError: if the job is not RUNNING."""
-        job_id = _int(t.current.get("slurm_job"))
+        job_id = parse_int(t.current.get("slurm_job"))
         j = await self.client.one(t.name, job_id) if job_id is not None else None
         if j is None or j.state != "RUNNING":
             why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"

@@ -154,7 +154,7 @@ class Op(Generic[A, R]):
 
 class Ops:
     """Every operation of the helper with its contract; :func:`call_helper` runs them all but
-    ``slurm_tasks``, which runs through srun (:meth:`pipeline.host.slurm.SlurmClient.node_tasks`)."""
+    ``slurm_tasks``, which runs through srun (:meth:`pipeline.host.slurm.SlurmClient.query_with_reads`)."""
 
     preflight = Op[c.PreflightArgs, c.PreflightAnswer]("preflight")
     stop = Op[c.StopArgs, c.StopAnswer]("stop")
@@ -202,12 +202,7 @@ async def call_helper(
         result = await ssh.run(
             host, [*prefix, *argv], timeout=timeout, stdin=stdin, display=[*prefix, *shown]
         )
-    out: CommandOutput = {
-        "exit_status": result.exit_status,
-        "exit_signal": result.exit_signal,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-    }
+    out = cast(CommandOutput, {key: getattr(result, key) for key in CommandOutput.__annotations__})
     if result.exit_signal is not None:
         raise RemoteCommandError.shell_killed(result.host, shown, result.exit_signal, **out)
     if result.exit_status == 127 and not result.stdout.strip():
@@ -257,7 +252,8 @@ class JobProbe:
     host_gpus: bool = True
 
 
-def _int(value: str | None) -> int | None:
+def parse_int(value: str | None) -> int | None:
+    """``value`` as an int (``-3`` too); None when it is absent or not a whole number."""
     return int(value) if value and value.strip().lstrip("-").isdigit() else None
 
 
@@ -265,7 +261,7 @@ def recorded_identity(current: Mapping[str, str] | None) -> c.Identity:
     """``pid``, ``start_time``, ``sid`` from a ``keys.job_current`` hash (None each when absent
     or when the job is recorded as stopped)."""
     cur = current if current and current.get("state") != "stopped" else {}
-    return cast(c.Identity, {key: _int(cur.get(key)) for key in c.Identity.__annotations__})
+    return cast(c.Identity, {key: parse_int(cur.get(key)) for key in c.Identity.__annotations__})
 
 
 def probe_args(
@@ -287,7 +283,7 @@ def probe_args(
         "read": read,
         "processes": job.processes,
         "tail_lines": tail_lines,
-        "crash_from": _int((current or {}).get("log_size")),
+        "crash_from": parse_int((current or {}).get("log_size")),
         "crash_bytes": CRASH_BYTES,
         "crash_within": max(CRASH_FRESH, 3 * job.watch.interval),
         **recorded_identity(current),

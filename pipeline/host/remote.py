@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal as _signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,13 +61,6 @@ class RemoteResult:
     def ok(self) -> bool:
         """True if the command exited with status 0."""
         return self.exit_status == 0
-
-    @property
-    def returncode(self) -> int:
-        """The exit status, or minus the signal number (as :mod:`subprocess` reports it)."""
-        if self.exit_status is not None:
-            return self.exit_status
-        return -int(_signal.Signals.__members__.get(self.exit_signal or "", 1))
 
 
 class RemoteHosts(Protocol):
