@@ -54,16 +54,6 @@ class JobArgs(_JobMatch, total=False):
     workdir: Optional[str]
 
 
-class LogRead(TypedDict):
-    """Bytes of a file to read in the same call as a probe (the metric log's new lines)."""
-
-    path: str
-    offset: int  #: negative: from the end
-    max_bytes: int
-    inode: Optional[int]  #: start over at 0 when the path now holds another file
-    if_running: bool  #: read only when the job has processes
-
-
 class ProbeJob(JobArgs, total=False):
     """A job to probe, its log file to look at, and a file to read (its metric log's new bytes)."""
 
@@ -306,6 +296,13 @@ class _ReadArgs(TypedDict):
 class ReadArgs(_ReadArgs, total=False):
     inode: Optional[int]  #: start over at 0 when the path now holds another file
     zlib: bool
+
+
+class LogRead(ReadArgs):
+    """Bytes of a file to read in the same call as a probe (the metric log's new lines; always
+    zlib-compressed)."""
+
+    if_running: bool  #: read only when the job has processes
 
 
 class ReadAnswer(TypedDict):

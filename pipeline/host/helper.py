@@ -326,18 +326,6 @@ def status_path(log: str) -> str:
     return os.path.join(d, f".{base}.pitstop-exit")
 
 
-def read_status(log: str, pid: int, start_time: int | None) -> ExitRecord | None:
-    """The recorded end of the job ``pid`` (None while it runs, or for another job)."""
-    try:
-        with open(status_path(log)) as f:
-            st: ExitRecord = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if st.get("pid") != pid or (start_time is not None and st.get("start_time") != start_time):
-        return None
-    return st
-
-
 # --- operations -------------------------------------------------------------------------------
 
 NO_STDIN = "no patch text arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)"
@@ -494,12 +482,8 @@ def nvidia_apps(nvidia_smi: str) -> list[tuple[int, int | None]]:
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()
         raise RuntimeError(f"nvidia-smi exit {proc.returncode}: {msg[:200]}")
-    rows = [
-        [p.strip() for p in line.split(",")] for line in proc.stdout.decode("utf-8", "replace").splitlines()
-    ]
-    return [
-        (int(r[0]), int(r[1]) if r[1].isdigit() else None) for r in rows if len(r) >= 2 and r[0].isdigit()
-    ]
+    rows = [line.replace(" ", "").split(",") + [""] for line in proc.stdout.decode().splitlines()]
+    return [(int(r[0]), int(r[1]) if r[1].isdigit() else None) for r in rows if r[0].isdigit()]
 
 
 def ns_identity(host_pid: int) -> tuple[int, int | None]:
@@ -684,8 +668,14 @@ def ending(out: JobState, j: JobArgs, log: str, offset: int, lines: int) -> None
     """Put in ``out`` how the job's run ended: the last ``lines`` lines of ``log`` written after
     byte ``offset`` (``tail``) and the waiter's exit record of the recorded pid (``status``)."""
     out["tail"] = tail_bytes(log, offset, lines).decode("utf-8", "replace")
-    pid = j.get("pid")
-    out["status"] = read_status(log, pid, j.get("start_time")) if pid else None
+    pid, start = j.get("pid"), j.get("start_time")
+    try:
+        with open(status_path(log)) as f:
+            st: ExitRecord | None = json.load(f)
+    except (OSError, ValueError):
+        st = None
+    mine = pid and st and st.get("pid") == pid and (start is None or st.get("start_time") == start)
+    out["status"] = st if mine else None
 
 
 def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
@@ -697,7 +687,8 @@ def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
     if state["count"] == 0 and st and since is not None and time.time() - st["ended_at"] <= j["crash_within"]:
         size, most = state["log"]["size"] or 0, j["crash_bytes"]
         # from the launch on; a log truncated since (copytruncate) holds this run's only: its end
-        state["crash"] = read_file(log, max(since * (since <= size), size - most), most, None, True)
+        start = max(since * (since <= size), size - most)
+        state["crash"] = op_read({"path": log, "offset": start, "max_bytes": most}, True)
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
@@ -721,7 +712,7 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
         want = j.get("read")
         if want and (state["count"] > 0 or not want["if_running"]):
             try:
-                got = read_file(want["path"], want["offset"], want["max_bytes"], want["inode"], True)
+                got = op_read(want, True)
             except Exception as exc:
                 got = {"error": f"{type(exc).__name__}: {exc}"}
             state["read"] = got
@@ -745,25 +736,18 @@ def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
     return res
 
 
-def op_read(a: ReadArgs) -> ReadAnswer | ErrorAnswer:
-    """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set); a negative offset
-    counts from the end; starts over from 0 after truncation or a new inode."""
-    return read_file(a["path"], a["offset"], a["max_bytes"], a.get("inode"), bool(a.get("zlib")))
-
-
-def read_file(
-    path: str, offset: int, max_bytes: int, inode: int | None, packed: bool
-) -> ReadAnswer | ErrorAnswer:
-    """:func:`op_read`'s answer for one file (also a probe's ``read``)."""
-    info = file_info(path)
-    size = info["size"]
+def op_read(a: ReadArgs, packed: bool = False) -> ReadAnswer | ErrorAnswer:
+    """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set or ``packed``); a
+    negative offset counts from the end; starts over from 0 after truncation or a new inode."""
+    info = file_info(a["path"])
+    size, inode, packed = info["size"], a.get("inode"), packed or bool(a.get("zlib"))
     if size is None:
         return {"error": str(info["error"])}
-    offset = max(0, size + offset) if offset < 0 else offset
+    offset = max(0, size + a["offset"]) if a["offset"] < 0 else a["offset"]
     reset = offset > size or (inode is not None and inode != info["inode"])
     if reset:
         offset = 0
-    data = read_range(path, offset, min(max_bytes, size - offset))
+    data = read_range(a["path"], offset, min(a["max_bytes"], size - offset))
     return {
         "data": base64.b64encode(zlib.compress(data, 1) if packed else data).decode(),
         "zlib": packed,
