@@ -227,17 +227,7 @@ class SlurmEngine(WorkdirSteps):
             raise await self.steps.launch_failed(run, rec, name, exc.message) from None
         run.slurm_job = job_id
         run.log_size_at_launch = size
-        run.launched_at = time.time()
-        current = {
-            "run_id": run.id,
-            "engine": "slurm",
-            "slurm_job": str(job_id),
-            "launched_at": repr(run.launched_at),
-            "log": stdout,
-            "state": "running",
-            "patches": ",".join(run.patches),
-        }
-        await self.steps.records.record_launch(run.id, name, current, run.launched_at + job.start_window)
+        await self.steps.launched(run, name, job.start_window, engine="slurm", slurm_job=job_id, log=stdout)
         await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}")
 
     async def observe(self, run: RunRecord, t: Target, *, complete: bool) -> Observation:

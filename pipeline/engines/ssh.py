@@ -12,7 +12,6 @@ the recorded pid reused marks its step ``stale``, which makes the verdict ``STAL
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 
 from pipeline import verdict
@@ -142,25 +141,10 @@ class SshEngine(WorkdirSteps):
             if not isinstance(exc, HostKeyRejected):
                 detail += f"; process state: {await self._state_text(name, job)}"
             raise await self.steps.launch_failed(run, rec, name, detail) from None
-        run.pid = int(answer["pid"])
-        run.pgid = int(answer.get("pgid") or run.pid)
-        run.sid = int(answer.get("sid") or run.pid)
-        run.start_time = answer.get("start_time")
-        run.log_size_at_launch = int(answer.get("log_size") or 0)
-        run.launched_at = time.time()
-        current = {
-            "run_id": run.id,
-            "pid": str(run.pid),
-            "start_time": str(run.start_time if run.start_time is not None else ""),
-            "sid": str(run.sid),
-            "pgid": str(run.pgid),
-            "launched_at": repr(run.launched_at),
-            "log": job.log,
-            "state": "running",
-            "patches": ",".join(run.patches),
-            "log_size": str(run.log_size_at_launch),
-        }
-        await self.steps.records.record_launch(run.id, name, current, run.launched_at + job.start_window)
+        run.pid, run.pgid, run.sid = answer["pid"], answer["pgid"], answer["sid"]
+        run.start_time, run.log_size_at_launch = answer["start_time"], answer["log_size"]
+        ident = dict(pid=run.pid, start_time=run.start_time, sid=run.sid, pgid=run.pgid, log=job.log)
+        await self.steps.launched(run, name, job.start_window, log_size=run.log_size_at_launch, **ident)
         detail = f"pid {run.pid} (new session), log {job.log} from byte {run.log_size_at_launch}"
         await self.steps.end(run, rec, Outcome.OK, detail)
 

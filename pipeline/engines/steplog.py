@@ -131,6 +131,16 @@ class StepLog:
             detail=rec.detail,
         )
 
+    async def launched(self, run: RunRecord, name: str, start_window: float, **fields: object) -> None:
+        """The run launched now (``run.launched_at``): job ``name``'s ``current`` record becomes the
+        run's (``run_id``, ``launched_at``, ``state`` running, ``patches`` and ``fields``, None as
+        ""), its verification due ``start_window`` s on (:meth:`JobRecords.record_launch`)."""
+        run.launched_at = time.time()
+        fields |= {"run_id": run.id, "launched_at": run.launched_at, "state": "running"}
+        fields["patches"] = ",".join(run.patches)
+        current = {k: "" if v is None else str(v) for k, v in fields.items()}  # str(float) is repr(float)
+        await self.records.record_launch(run.id, name, current, run.launched_at + start_window)
+
     async def await_verify(self, run: RunRecord, start_window: float) -> None:
         """Add the ``verify`` step, WAITING for ``start_window`` seconds after the launch."""
         await self.begin(run, Step.VERIFY, Outcome.WAITING, f"checking for {start_window:g} s after launch")

@@ -482,7 +482,7 @@ def nvidia_apps(nvidia_smi: str) -> list[tuple[int, int | None]]:
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()
         raise RuntimeError(f"nvidia-smi exit {proc.returncode}: {msg[:200]}")
-    rows = [line.replace(" ", "").split(",") + [""] for line in proc.stdout.decode().splitlines()]
+    rows = [[*line.replace(" ", "").split(","), ""] for line in proc.stdout.decode().splitlines()]
     return [(int(r[0]), int(r[1]) if r[1].isdigit() else None) for r in rows if r[0].isdigit()]
 
 
