@@ -28,10 +28,9 @@ from pipeline.errors import (
     RemoteError,
 )
 from pipeline.host import slurm
-from pipeline.host.probe import JobProbe, log_tail, parse_int
+from pipeline.host.probe import JobProbe, parse_int
 from pipeline.host.remote import RemoteHosts
 from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
-from pipeline.observe import evidence
 from pipeline.observe.evidence import gather
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
@@ -366,10 +365,6 @@ class SlurmEngine(WorkdirSteps):
 
         return {name: one(name, cfg) for name, cfg, _ in entries}
 
-    async def log_tail(self, t: Target, lines: int) -> str:
-        """The last ``lines`` lines of the job's output (recorded ``StdOut``, else ``log``)."""
-        return await log_tail(self.ssh, t.name, t.job, lines, path=t.current.get("log"))
-
     async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """``argv`` on every node of the recorded job, inside its allocation (``srun --overlap``).
         :raises PitstopError: if the job is not RUNNING."""
@@ -379,8 +374,3 @@ class SlurmEngine(WorkdirSteps):
             why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"
             raise PitstopError(slurm.gpus_not_running(t.name, why))
         return NodeOutputs(f"Slurm job {j.id}", await self.client.node_gpus(t.name, j.id, j.nodes, argv))
-
-    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
-        """The job's output (recorded ``StdOut``, else ``log``) since ``offset``; no exit record."""
-        job = t.job.model_copy(update={"log": t.current.get("log") or t.job.log})
-        return await evidence.crash_evidence(self.ssh, t.name, job, t.current, offset, seen)

@@ -27,8 +27,7 @@ from pipeline.engines.steplog import (
 from pipeline.engines.workdir import CALL_TIMEOUT, WorkdirSteps
 from pipeline.errors import HostKeyRejected, RemoteError, RemoteTimeout, StopFailed
 from pipeline.host.contract import LaunchArgs, StopArgs
-from pipeline.host.probe import JobProbe, Ops, call_helper, log_tail, probe_host, recorded_identity
-from pipeline.observe import evidence
+from pipeline.host.probe import Ops, call_helper, probe_host, recorded_identity
 from pipeline.observe.evidence import gather
 from pipeline.state.incidents import LOG_LINES
 from pipeline.state.runs import RunRecord
@@ -166,17 +165,9 @@ class SshEngine(WorkdirSteps):
             out[name] = Sighting(p, spec.processes, p.state or "none", pid=recorded_identity(current)["pid"])
         return out
 
-    async def log_tail(self, t: Target, lines: int) -> str:
-        """The last ``lines`` lines of the job's log."""
-        return await log_tail(self.ssh, t.name, t.job, lines)
-
     async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """None: the job runs on its host, which ``gpus HOST`` asks."""
         return None
-
-    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
-        """:func:`pipeline.observe.evidence.crash_evidence` of the recorded session."""
-        return await evidence.crash_evidence(self.ssh, t.name, t.job, t.current, offset, seen)
 
     async def _state_text(self, name: str, job: JobConfig) -> str:
         """What runs for the job now, in words (for a launch that hung or lost its channel)."""

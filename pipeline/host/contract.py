@@ -317,14 +317,9 @@ class ReadAnswer(TypedDict):
 ReadResult = Union[ReadAnswer, "ErrorAnswer"]  #: a probe's ``read``: the bytes, or why not
 
 
-class _TailArgs(TypedDict):
+class TailArgs(TypedDict):
     path: str
-    lines: int
-
-
-class TailArgs(_TailArgs, total=False):
-    start: int  #: only bytes at or after this offset count
-    max_bytes: int
+    lines: int  #: the last lines, of the file's last 64 KiB at most
 
 
 class TailAnswer(TypedDict):

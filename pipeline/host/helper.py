@@ -240,9 +240,9 @@ def read_since(path: str, start: int, max_bytes: int, last: bool = True) -> tupl
     return read_range(path, begin, min(max_bytes, size - begin)), begin > start
 
 
-def tail_bytes(path: str, start: int, lines: int, max_bytes: int = 65536) -> bytes:
-    """The last ``lines`` lines of ``path`` written at or after byte ``start``."""
-    got = read_since(path, start, max_bytes)
+def tail_bytes(path: str, start: int, lines: int) -> bytes:
+    """The last ``lines`` lines of ``path`` written at or after byte ``start`` (of its last 64 KiB)."""
+    got = read_since(path, start, 65536)
     if got is None:
         return b""
     data, cut = got
@@ -763,7 +763,7 @@ def op_tail(a: TailArgs) -> TailAnswer | ErrorAnswer:
     info = file_info(a["path"])
     if info["size"] is None:
         return {"error": str(info["error"])}
-    text = tail_bytes(a["path"], a.get("start", 0), a["lines"], a.get("max_bytes", 65536))
+    text = tail_bytes(a["path"], 0, a["lines"])
     return {"text": text.decode("utf-8", "replace"), "size": info["size"]}
 
 

@@ -28,7 +28,6 @@ from pipeline.host.remote import RemoteHosts
 HELPER_PYTHON = "python3"  #: interpreter for the helper on the job's side (Python 3.8+)
 CONTRACT_MODULE = "pipeline.host.contract"  #: the helper's one Pitstop import, shipped inside it
 PROBE_TIMEOUT = 20.0  #: seconds for one probe / read / tail call
-TAIL_MAX_BYTES = 65536  #: a tail reads at most this many bytes from the end of the log
 CRASH_BYTES = 2 * 1024 * 1024  #: log bytes since the launch a crash is classified from (the last ones)
 CRASH_FRESH = 60.0  #: seconds (at least 3 watch intervals) a death's log comes with the probe
 
@@ -414,18 +413,3 @@ def _chunk(answer: c.ReadAnswer) -> LogChunk:
     raw = base64.b64decode(answer["data"])
     data = zlib.decompress(raw) if answer["zlib"] else raw
     return LogChunk(data, answer["offset"], answer["size"], answer["inode"], answer["reset"])
-
-
-async def log_tail(
-    ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
-) -> str:
-    """The last ``lines`` lines of the job's log written at or after byte ``since`` (at most
-    :data:`TAIL_MAX_BYTES` read); raises as :func:`read_log_chunk`."""
-    args: c.TailArgs = {
-        "path": path or job.log,
-        "lines": max(0, lines),
-        "start": since,
-        "max_bytes": TAIL_MAX_BYTES,
-    }
-    answer = await call_helper(ssh, Ops.tail(args), host=job.host, exec_prefix=job.exec)
-    return str(answer.get("text", ""))
