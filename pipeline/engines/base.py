@@ -24,7 +24,7 @@ from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation, count_right
 from pipeline.state.runs import RunRecord
 
-__all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener"]
+__all__ = ["CancelCheck", "Engine", "Entry", "NodeOutputs", "Observation", "Sighting", "StepListener"]
 
 Reads = Mapping[str, LogRead]
 """Job name → a file range to read in the same look (the watcher's metric-log bytes)."""
