@@ -144,12 +144,9 @@ class PreflightAnswer(TypedDict):
     running: Optional[JobState]
 
 
-class _StopArgs(_JobMatch):
+class StopArgs(_JobMatch):
     term_timeout: float  #: seconds between SIGTERM and SIGKILL
     kill_timeout: float  #: seconds to wait after SIGKILL
-
-
-class StopArgs(_StopArgs, total=False):
     workdir: Optional[str]
 
 
@@ -201,16 +198,13 @@ class ClearArgs(TypedDict):
     paths: List[str]
 
 
-class _ClearedPath(TypedDict):
+class ClearedPath(TypedDict):
     path: str
     missing: bool  #: the path did not exist
     files: int  #: files removed
     bytes: int  #: their size
+    dirs: int  #: directories removed
     errors: List[str]
-
-
-class ClearedPath(_ClearedPath, total=False):
-    dirs: int
 
 
 class ClearAnswer(TypedDict):
@@ -238,13 +232,10 @@ class PatchesAnswer(TypedDict):
     applied: Dict[str, bool]
 
 
-class _LaunchArgs(TypedDict):
+class LaunchArgs(TypedDict):
     workdir: str
     argv: List[str]
     log: str
-
-
-class LaunchArgs(_LaunchArgs, total=False):
     name: str  #: for the waiter's title
     run_id: str
 

@@ -537,12 +537,10 @@ def op_clear(a: ClearArgs) -> ClearAnswer:
     """Remove the contents of each cache path (the path itself stays); count files and bytes."""
     out: list[ClearedPath] = []
     for path in a["paths"]:
-        missing = not os.path.lexists(path)
-        entry: ClearedPath = {"path": path, "missing": missing, "files": 0, "bytes": 0, "errors": []}
+        entry = ClearedPath(path=path, missing=not os.path.lexists(path), errors=[], files=0, bytes=0, dirs=0)
         out.append(entry)
-        if missing:
+        if entry["missing"]:
             continue
-        entry["dirs"] = 0
         if os.path.isdir(path) and not os.path.islink(path):
             for root, dnames, fnames in os.walk(path, topdown=False):
                 for name in fnames:
