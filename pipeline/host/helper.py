@@ -184,14 +184,11 @@ def identity(pid: int, start_time: int | None) -> tuple[str, int | None]:
 
 def in_workdir(pid: int, workdir: str | None) -> bool:
     """True if ``workdir`` is None, or the process's working directory lies inside it."""
-    if not workdir:
-        return True
     try:
-        cwd = os.readlink(f"/proc/{pid}/cwd")
+        cwd = os.readlink(f"/proc/{pid}/cwd") if workdir else ""
     except OSError:
         return False
-    root = os.path.realpath(workdir).rstrip("/") + "/"
-    return (cwd.rstrip("/") + "/").startswith(root)
+    return not workdir or (cwd.rstrip("/") + "/").startswith(os.path.realpath(workdir).rstrip("/") + "/")
 
 
 def user_matching(procs: Procs, rx: re.Pattern[str], workdir: str | None = None) -> list[int]:
@@ -242,10 +239,7 @@ def read_since(path: str, start: int, max_bytes: int, last: bool = True) -> tupl
 
 def tail_bytes(path: str, start: int, lines: int) -> bytes:
     """The last ``lines`` lines of ``path`` written at or after byte ``start`` (of its last 64 KiB)."""
-    got = read_since(path, start, 65536)
-    if got is None:
-        return b""
-    data, cut = got
+    data, cut = read_since(path, start, 65536) or (b"", False)
     if cut and b"\n" in data:
         data = data[data.index(b"\n") + 1 :]
     return b"\n".join(data.splitlines()[-lines:]) if lines > 0 else b""
@@ -666,13 +660,13 @@ def ending(out: JobState, j: JobArgs, log: str, offset: int, lines: int) -> None
     """Put in ``out`` how the job's run ended: the last ``lines`` lines of ``log`` written after
     byte ``offset`` (``tail``) and the waiter's exit record of the recorded pid (``status``)."""
     out["tail"] = tail_bytes(log, offset, lines).decode("utf-8", "replace")
-    pid, start = j.get("pid"), j.get("start_time")
     try:
         with open(status_path(log)) as f:
             st: ExitRecord | None = json.load(f)
     except (OSError, ValueError):
         st = None
-    mine = pid and st and st.get("pid") == pid and (start is None or st.get("start_time") == start)
+    pid, start = j.get("pid"), j.get("start_time")
+    mine = st and pid and st.get("pid") == pid and start in (None, st.get("start_time"))
     out["status"] = st if mine else None
 
 
@@ -738,11 +732,11 @@ def op_read(a: ReadArgs, packed: bool = False) -> ReadAnswer | ErrorAnswer:
     """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set or ``packed``); a
     negative offset counts from the end; starts over from 0 after truncation or a new inode."""
     info = file_info(a["path"])
-    size, inode, packed = info["size"], a.get("inode"), packed or bool(a.get("zlib"))
+    size, packed = info["size"], packed or bool(a.get("zlib"))
     if size is None:
         return {"error": str(info["error"])}
-    offset = max(0, size + a["offset"]) if a["offset"] < 0 else a["offset"]
-    reset = offset > size or (inode is not None and inode != info["inode"])
+    offset = max(0, a["offset"] + size * (a["offset"] < 0))
+    reset = offset > size or a.get("inode") not in (None, info["inode"])
     if reset:
         offset = 0
     data = read_range(a["path"], offset, min(a["max_bytes"], size - offset))

@@ -306,10 +306,9 @@ class SlurmClient:
             inode = "" if r.inode is None else str(r.inode)
             extra += [r.path, str(max(0, r.offset)), str(max(0, r.max_bytes)), inode]
         helper = helper_argv("slurm_tasks", {"job": 0, "match": ""})[:-1] if tasks else []
-        wanted_tasks: list[str] = []
-        for job_id, match in (tasks or {}).items():
-            args: SlurmTasksArgs = {"job": job_id, "match": match}
-            wanted_tasks += [str(job_id), json.dumps(args, separators=(",", ":"))]
+        wanted_tasks = [
+            x for i, m in (tasks or {}).items() for x in (str(i), json.dumps(SlurmTasksArgs(job=i, match=m)))
+        ]
         head = [joined, f"{TASKS_TIMEOUT:.0f}", str(len(helper)), *helper, *wanted_tasks, "@@reads"]
         argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", *head, *extra]
         result = await self._run(job, argv, QUERY_TIMEOUT + (TASKS_TIMEOUT + 5 if tasks else 0))
