@@ -295,21 +295,6 @@ async def test_check_opens_a_fresh_connection(ssh_server: InProcessHost) -> None
         await pool.close()
 
 
-async def test_put_file_uploads_over_sftp(any_ssh_host: HostUnderTest, tmp_path: Path) -> None:
-    """put_file copies a local file to a path on the host."""
-    src = tmp_path / "src.txt"
-    src.write_text("payload $HOME\n")
-    dest = tmp_path / "dest.txt"
-    pool = SSHPool(Config(hosts={"local": any_ssh_host.host_config()}))
-    try:
-        await pool.put_file("local", src, str(dest))
-        assert dest.read_text() == "payload $HOME\n"
-        with pytest.raises(RemoteCommandError):
-            await pool.put_file("local", src, str(tmp_path / "no" / "such" / "dir" / "x"))
-    finally:
-        await pool.close()
-
-
 async def test_jump_host_tunnels_through_the_bastion(any_ssh_host: HostUnderTest) -> None:
     """A host with jump = "bastion" is reached through the bastion's connection."""
     config = Config(

@@ -93,9 +93,6 @@ class RemoteHosts(Protocol):
     async def check(self, host: str) -> None:
         """Return if ``host`` can be reached now (a fresh connection); raise if not."""
 
-    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
-        """Copy a local file to ``remote_path`` on the host itself."""
-
     async def close(self) -> None:
         """Close every connection; idempotent."""
 
@@ -218,21 +215,6 @@ class SSHPool:
                 conn.close()
                 with contextlib.suppress(Exception):
                     await conn.wait_closed()
-
-    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
-        """Copy a local file to ``remote_path`` on the host itself (SFTP; not for paths inside a
-        job's container).  :raises RemoteCommandError: if the upload fails."""
-        name = self._host_name(host)
-        async with self._slot(name):
-            conn = await self._connection(name)
-            try:
-                async with conn.start_sftp_client() as sftp:
-                    await sftp.put(str(local_path), remote_path)
-            except (asyncssh.Error, OSError) as exc:
-                self._drop_if_closed(name)
-                raise RemoteCommandError.upload_failed(
-                    name, str(local_path), remote_path, _reason(exc)
-                ) from None
 
     async def close(self) -> None:
         """Close every pooled connection (targets before their bastions); idempotent."""
