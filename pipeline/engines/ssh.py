@@ -97,7 +97,7 @@ class SshEngine(WorkdirSteps):
         detail = f"{note}; {detail}" if note else detail
         if survivors:
             failure = StopFailed(name, survivors, line=verdict.stop_failed(survivors, "survived SIGKILL"))
-            await self.steps.fail(run, rec, f"{detail}; {failure.message}")
+            await self.steps.end(run, rec, Outcome.FAILED, f"{detail}; {failure.message}")
             raise failure
         if job.gpus is not None and job.gpus.all and targets:
             pairs: list[tuple[int, int | None]] = [(x["pid"], x["start_time"]) for x in targets]

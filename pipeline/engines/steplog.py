@@ -70,16 +70,12 @@ class StepLog:
         await self.runs.record_step(run)
         await self.emit(run, rec)
 
-    async def fail(self, run: RunRecord, rec: StepRecord, detail: str) -> None:
-        """End ``rec`` as FAILED with ``detail``."""
-        await self.end(run, rec, Outcome.FAILED, detail)
-
     async def refuse(
         self, run: RunRecord, rec: StepRecord, name: str, check: str, detail: str, shown: str | None = None
     ) -> PreflightFailed:
         """End the pre-flight ``rec`` FAILED with ``detail``; the verdict line says ``shown`` (default
         ``detail``).  :returns: the :class:`PreflightFailed` for the engine to raise."""
-        await self.fail(run, rec, detail)
+        await self.end(run, rec, Outcome.FAILED, detail)
         line = verdict.preflight_failed(check, detail if shown is None else shown)
         return PreflightFailed(name, check, detail, line=line)
 
@@ -96,7 +92,7 @@ class StepLog:
 
         :returns: the :class:`StopFailed` (``survivors``: pids still alive) for the engine to raise.
         """
-        await self.fail(run, rec, f"{done}; {why}" if done else why)
+        await self.end(run, rec, Outcome.FAILED, f"{done}; {why}" if done else why)
         return StopFailed(name, survivors, why, line=verdict.stop_failed(survivors, why))
 
     async def launch_failed(
@@ -107,7 +103,7 @@ class StepLog:
 
         :returns: the :class:`LaunchFailed` for the engine to raise.
         """
-        await self.fail(run, rec, f"{done}; {why}" if done else why)
+        await self.end(run, rec, Outcome.FAILED, f"{done}; {why}" if done else why)
         return LaunchFailed(name, why, line=verdict.launch_failed(why if shown is None else shown))
 
     async def emit(self, run: RunRecord, rec: StepRecord) -> None:

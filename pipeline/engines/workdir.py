@@ -81,7 +81,7 @@ async def _changed(steps: StepLog, run: RunRecord, name: str, patch: str, found:
     approved = run.approved_patches[patch]
     rec = await steps.begin(run, Step.PREFLIGHT)
     detail = patch_changed(patch, approved, found)
-    await steps.fail(run, rec, detail)
+    await steps.end(run, rec, Outcome.FAILED, detail)
     raise PatchChanged(name, patch, approved, found, line=verdict.preflight_failed("approval", detail))
 
 
