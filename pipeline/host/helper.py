@@ -401,7 +401,6 @@ def op_stop(a: StopArgs) -> StopAnswer:
     ``match`` finds inside ``workdir``, and theirs), SIGKILL to what is left after
     ``term_timeout`` s and to what joined the session meanwhile, then confirm nothing is left.
     Never signals a recorded pid whose start time differs (``stale``), nor its session."""
-    rx = re.compile(a["match"])
     pid, start, sid = a.get("pid"), a.get("start_time"), a.get("sid")
     began = time.time()
     procs = scan()
@@ -413,7 +412,7 @@ def op_stop(a: StopArgs) -> StopAnswer:
         targets = {p: v for p, v in procs.items() if v.session == sid}
         scope = "session"
     else:
-        roots = user_matching(procs, rx, a.get("workdir"))
+        roots = user_matching(procs, re.compile(a["match"]), a.get("workdir"))
         if stale is not None:
             roots = [p for p in roots if p != pid and procs[p].session != pid]
         targets = {p: procs[p] for p in descendants(procs, roots)}
@@ -781,8 +780,7 @@ PY_SPY_TIMEOUT = 20  #: seconds for one ``py-spy dump``
 
 def op_hang(a: HangArgs) -> HangAnswer:
     """State, wchan, command line and (with py-spy) Python stacks of the job's processes (or ``pids``)."""
-    procs = scan()
-    pids = [int(p) for p in (a.get("pids") or probe_one(procs, a)["pids"])][: a.get("max_pids", 16)]
+    pids = [int(p) for p in (a.get("pids") or probe_one(scan(), a)["pids"])][: a.get("max_pids", 16)]
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")  # else on PATH or in ~/.local/bin
     where = (shutil.which("py-spy"), here, os.path.expanduser("~/.local/bin/py-spy"))
     spy = next((path for path in where if path and executable(path)), None)
