@@ -30,7 +30,7 @@ from pipeline.errors import (
 from pipeline.host import slurm
 from pipeline.host.probe import JobProbe, parse_int
 from pipeline.host.remote import RemoteHosts
-from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
+from pipeline.host.slurm import SlurmClient, SlurmJob
 from pipeline.observe.evidence import gather
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
@@ -41,8 +41,8 @@ KILL_WAIT = 60.0  #: seconds a job may take to leave after a plain scancel (cove
 
 _PREFLIGHT = r"""
 script="$1"; shift
-echo "@@sinfo"; sinfo -h -o '%P|%a' 2>&1; echo "@@rc=$?"
-if [ -r "$script" ]; then echo "@@script=ok"; else echo "@@script=missing"; fi
+[ -r "$script" ] && echo "@@script=ok"
+sinfo -h -o '%P|%a' 2>&1
 echo "@@test"; sbatch --test-only "$@" "$script" 2>&1; echo "@@rc=$?"
 """
 
@@ -118,21 +118,19 @@ class SlurmEngine(WorkdirSteps):
         except RemoteError as exc:
             raise await fail("host", exc.message) from None
         answer = await self._preflight_call(run, rec, t, "sbatch", replace(plan, start=False))
-        chunks = re.split(r"^@@(\w+)\r?\n", result.stdout, flags=re.MULTILINE)  # @@NAME heads a section
-        sections = {head: text.splitlines() for head, text in zip(chunks[1::2], chunks[2::2], strict=True)}
-        info = sections.get("sinfo", [])
+        head, _, test = result.stdout.partition("@@test\n")  # the script's check and sinfo's lines first
+        info = [line for line in head.splitlines() if line != "@@script=ok"]
         parts = {p.split("|")[0]: p.split("|")[1] for p in info if "|" in p}
         want = _partition(sl.sbatch_args) or next((p for p in parts if p.endswith("*")), None)
-        state = parts.get(want or "", parts.get(f"{want}*", "")) if want else ""
-        if not want or state != "up":
+        if not want or parts.get(want, parts.get(f"{want}*")) != "up":
             known = ", ".join(f"{p.rstrip('*')} {s}" for p, s in parts.items()) or " ".join(info)[:200]
             shown = want.rstrip("*") if want else "(default)"
             raise await fail("partition", f"partition {shown} is not up ({known or 'none'})")
-        if "@@script=ok" not in result.stdout:
+        if "@@script=ok" not in head:
             raise await fail("script", f"{sl.script}: no such file on {job.host}")
-        test = [ln for ln in sections.get("test", []) if not ln.startswith("@@rc=")]
-        if sections.get("test", [""])[-1] != "@@rc=0":
-            raise await fail("sbatch", "sbatch --test-only refused the job: " + " ".join(test)[-300:])
+        *said, rc = test.splitlines() or [""]
+        if rc != "@@rc=0":
+            raise await fail("sbatch", "sbatch --test-only refused the job: " + " ".join(said)[-300:])
         helper = [c for c in answer.get("checks", []) if c.get("check") != "launch"]
         if failed := failed_checks(helper):
             raise await self.steps.refuse(run, rec, name, *failed)
@@ -295,13 +293,9 @@ class SlurmEngine(WorkdirSteps):
         in its sighting)."""
         ids = {name: parse_int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
-        wants = {
-            name: FileRange(r["path"], r["offset"], r["max_bytes"], r["inode"])
-            for name, r in (reads or {}).items()
-            if r["offset"] >= 0
-        }
-        shared = {p for p, n in Counter(w.path for w in wants.values()).items() if n > 1}
-        wants = {name: w for name, w in wants.items() if w.path not in shared}  # those read alone
+        wants = {name: r for name, r in (reads or {}).items() if r["offset"] >= 0}
+        shared = {p for p, n in Counter(w["path"] for w in wants.values()).items() if n > 1}
+        wants = {name: w for name, w in wants.items() if w["path"] not in shared}  # those read alone
         try:
             known = [i for i in ids.values() if i is not None]
             matches = {i: c.match for n, c, _ in entries if (i := ids[n]) is not None}
@@ -337,8 +331,10 @@ class SlurmEngine(WorkdirSteps):
                 detail = f"{'; '.join(short)} (Slurm job {j.id})" if short else None
                 pids = tuple(sorted(p for t in tasks for p in t.pids))
             asked = wants.get(name) if pids else None
-            read = got.get(asked.path) if asked is not None else None
-            read_error = f"{asked.path} cannot be read on the login node" if asked and read is None else None
+            read = got.get(asked["path"]) if asked is not None else None
+            read_error = (
+                f"{asked['path']} cannot be read on the login node" if asked and read is None else None
+            )
             probe = JobProbe(
                 job=name,
                 pids=pids,

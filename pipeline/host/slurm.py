@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pipeline import fmt
 from pipeline.errors import RemoteCommandError
-from pipeline.host.contract import SlurmTasksArgs
+from pipeline.host.contract import ReadArgs, SlurmTasksArgs
 from pipeline.host.probe import LogChunk, helper_argv, parse_int
 from pipeline.host.remote import RemoteHosts, RemoteResult
 
@@ -158,17 +158,6 @@ def _sections(text: str) -> dict[str, list[str]]:
     return parts
 
 
-@dataclass(frozen=True)
-class FileRange:
-    """Bytes of a file on the login node to read with the cluster query (a job's metric lines):
-    at most ``max_bytes`` from byte ``offset``."""
-
-    path: str
-    offset: int
-    max_bytes: int
-    inode: int | None = None  #: read from 0 when the path now holds another file (None: not checked)
-
-
 def parse_reads(text: str) -> dict[str, LogChunk | None]:
     """The ``@@reads`` section of a ``_QUERY`` answer: path → its bytes from the range's ``offset``
     (the chunk's ``offset``: where the next read starts; None: unreadable)."""
@@ -287,7 +276,7 @@ class SlurmClient:
         job: str,
         ids: Sequence[int],
         paths: Sequence[str],
-        reads: Sequence[FileRange],
+        reads: Sequence[ReadArgs],
         tasks: Mapping[int, str] | None = None,
     ) -> tuple[dict[int, SlurmJob], dict[str, int], dict[str, LogChunk | None], dict[int, TasksOrError]]:
         """:meth:`query`, the sizes of ``paths``, the byte ranges ``reads`` (the jobs' metric lines)
@@ -302,9 +291,9 @@ class SlurmClient:
         """
         joined = ",".join(str(i) for i in ids) or "0"
         extra: list[str] = []
-        for r in [*(FileRange(p, 0, 0) for p in paths), *reads]:  # a path's size: a read of no bytes
-            inode = "" if r.inode is None else str(r.inode)
-            extra += [r.path, str(max(0, r.offset)), str(max(0, r.max_bytes)), inode]
+        for r in [*(ReadArgs(path=p, offset=0, max_bytes=0) for p in paths), *reads]:  # a size: no bytes
+            inode = "" if r.get("inode") is None else str(r.get("inode"))
+            extra += [r["path"], str(max(0, r["offset"])), str(max(0, r["max_bytes"])), inode]
         helper = helper_argv("slurm_tasks", {"job": 0, "match": ""})[:-1] if tasks else []
         wanted_tasks = [
             x for i, m in (tasks or {}).items() for x in (str(i), json.dumps(SlurmTasksArgs(job=i, match=m)))
@@ -321,7 +310,7 @@ class SlurmClient:
         return (
             {i: j for i, j in parse_query(result.stdout).items() if i in ids},
             {path: chunk.size for path, chunk in chunks.items() if chunk is not None},
-            {r.path: chunks.get(r.path) for r in reads},
+            {r["path"]: chunks.get(r["path"]) for r in reads},
             parse_tasks(result.host, result.stdout),
         )
 
