@@ -481,11 +481,9 @@ def nvidia_apps(nvidia_smi: str) -> list[tuple[int, int | None]]:
 
 def ns_identity(host_pid: int) -> tuple[int, int | None]:
     """(innermost-namespace pid, start time) of a host pid; (host_pid, None) if it is gone."""
-    try:
-        with open(f"/proc/{host_pid}/status") as f:
-            nspid = [line.split() for line in f if line.startswith("NSpid:")]
-    except OSError:
-        return host_pid, None
+    nspid = [
+        line.split() for line in proc_file(host_pid, "status").splitlines() if line.startswith(b"NSpid:")
+    ]
     st = proc_stat(host_pid)
     return (int(nspid[0][-1]) if nspid else host_pid), (st.start_time if st else None)
 
