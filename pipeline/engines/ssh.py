@@ -87,14 +87,11 @@ class SshEngine(WorkdirSteps):
             )
         except RemoteError as exc:
             raise await self.steps.stop_failed(run, rec, name, exc.message) from None
-        stale = answer.get("stale")
-        rec.stale = bool(stale)
-        note = stale_record(stale["pid"], stale.get("recorded"), stale.get("found")) if stale else None
-        targets = answer.get("targets") or []
-        survivors = [int(p) for p in answer.get("survivors") or []]
-        seconds, killed = float(answer.get("seconds") or 0), answer.get("killed") or []
-        detail = step_stopped(len(targets), seconds, killed, job.stop_timeout) if targets else STOP_NOTHING
-        detail = f"{note}; {detail}" if note else detail
+        stale, targets, survivors = answer["stale"], answer["targets"], answer["survivors"]
+        rec.stale = stale is not None
+        note = stale_record(stale["pid"], stale["recorded"], stale["found"]) if stale else None
+        stopped = step_stopped(len(targets), answer["seconds"], answer["killed"], job.stop_timeout)
+        detail = (f"{note}; " if note else "") + (stopped if targets else STOP_NOTHING)
         if survivors:
             failure = StopFailed(name, survivors, line=verdict.stop_failed(survivors, "survived SIGKILL"))
             await self.steps.end(run, rec, Outcome.FAILED, f"{detail}; {failure.message}")
@@ -110,12 +107,11 @@ class SshEngine(WorkdirSteps):
                 )
             except RemoteError as exc:
                 raise await self.steps.stop_failed(run, rec, name, exc.message, done=detail) from None
-            if holders := sorted({int(h["pid"]) for h in gpu.get("holders") or []}):
-                took = float(gpu.get("seconds") or self.gpu_wait_timeout)
-                pids = ", ".join(str(p) for p in holders)
+            if holders := sorted({h["pid"] for h in gpu["holders"]}):
+                took, pids = gpu["seconds"], ", ".join(str(p) for p in holders)
                 held = f"GPU memory still held by old pid {pids} after {took:.0f} s - not relaunching"
                 raise await self.steps.stop_failed(run, rec, name, held, holders, detail)
-            detail += f"; GPU memory released ({float(gpu.get('seconds') or 0):.1f} s)"
+            detail += f"; GPU memory released ({gpu['seconds']:.1f} s)"
         await self.steps.records.mark_stopped(name, run.id)
         await self.steps.end(run, rec, Outcome.OK, detail)
         if note:
