@@ -101,7 +101,7 @@ class SshEngine(WorkdirSteps):
             try:
                 gpu = await call_helper(
                     self.ssh,
-                    Ops.gpu_wait({"targets": pairs, "timeout": self.gpu_wait_timeout}),
+                    Ops.gpu_wait({"targets": pairs, "timeout": self.gpu_wait_timeout, "nvidia_smi": None}),
                     host=job.host,
                     timeout=self.gpu_wait_timeout + CALL_TIMEOUT,
                 )

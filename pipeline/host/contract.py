@@ -174,13 +174,10 @@ class StopAnswer(TypedDict):
     seconds: float
 
 
-class _GpuWaitArgs(TypedDict):
+class GpuWaitArgs(TypedDict):
     targets: List[Tuple[int, Optional[int]]]  #: ``(pid, start_time)`` as the job's side sees them
     timeout: float
-
-
-class GpuWaitArgs(_GpuWaitArgs, total=False):
-    nvidia_smi: Optional[str]
+    nvidia_smi: Optional[str]  #: None: ``nvidia-smi`` on PATH
 
 
 class GpuHolder(TypedDict):
@@ -319,8 +316,7 @@ class TailAnswer(TypedDict):
 
 
 class HangArgs(JobArgs, total=False):
-    pids: List[int]  #: these processes instead of the job's
-    max_pids: int
+    pids: List[int]  #: these processes instead of the job's (16 at most are looked at)
 
 
 class HangProcess(TypedDict):

@@ -123,7 +123,7 @@ def ancestry() -> set[int]:
     return out
 
 
-def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
+def scan(sessions: set[int | None] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
     """Live processes of the helper's user, minus its ancestry and other helpers: pid →
     :class:`~pipeline.host.contract.ProcStat` with its ``cmdline``.  Only members of ``sessions`` /
     only command lines ``keep`` accepts, when given: the others cost one ``stat`` each instead of
@@ -155,7 +155,7 @@ def probe_scan(jobs: list[ProbeJob]) -> Procs:
     one, the command lines one of their ``match`` patterns finds when none has; else everything."""
     sids = {j.get("sid") for j in jobs}
     if jobs and None not in sids:
-        return scan(sessions={int(s) for s in sids if s is not None})
+        return scan(sessions=sids)
     if jobs and sids == {None}:
         rxs = []
         for j in jobs:
@@ -169,7 +169,7 @@ def probe_scan(jobs: list[ProbeJob]) -> Procs:
 
 def matches(rx: re.Pattern[str], cmd: bytes) -> bool:
     """True if ``rx`` is found in the command line (read as UTF-8)."""
-    return rx.search(cmd.decode("utf-8", "replace")) is not None
+    return rx.search(cmd.decode(errors="replace")) is not None
 
 
 def identity(pid: int, start_time: int | None) -> tuple[str, int | None]:
@@ -266,12 +266,10 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
     largest first ``step`` among the ranks' JSON metric lines, minus one (a rank that resumed
     from N logs N+1 first; one that started afresh logs 1).  None each when not found.
     """
-    got = read_since(path, start, max_bytes, last=False)
-    if got is None:
-        return {"said": None, "first": None}
-    m = RESUME_RX.search(got[0])
+    data = (read_since(path, start, max_bytes, last=False) or (b"", False))[0]  # unreadable: None each
+    m = RESUME_RX.search(data)
     firsts = {}  # type: dict[object, int]
-    for line in got[0].splitlines():
+    for line in data.splitlines():
         if not line.startswith(b"{") or b'"step"' not in line:
             continue
         try:
@@ -641,7 +639,6 @@ def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
     state = identity(pid, j.get("start_time"))[0] if pid is not None else None
     out: JobState = {
         "name": j.get("name"),
-        "error": None,
         "session_pids": members,
         "pids": matching,
         "count": len(matching),
@@ -656,7 +653,7 @@ def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
 def ending(out: JobState, j: JobArgs, log: str, offset: int, lines: int) -> None:
     """Put in ``out`` how the job's run ended: the last ``lines`` lines of ``log`` written after
     byte ``offset`` (``tail``) and the waiter's exit record of the recorded pid (``status``)."""
-    out["tail"] = tail_bytes(log, offset, lines).decode("utf-8", "replace")
+    out["tail"] = tail_bytes(log, offset, lines).decode(errors="replace")
     try:
         with open(status_path(log)) as f:
             st: ExitRecord | None = json.load(f)
@@ -729,7 +726,7 @@ def op_read(a: ReadArgs, packed: bool = False) -> ReadAnswer | ErrorAnswer:
     """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set or ``packed``); a
     negative offset counts from the end; starts over from 0 after truncation or a new inode."""
     info = file_info(a["path"])
-    size, packed = info["size"], packed or bool(a.get("zlib"))
+    size, packed = info["size"], packed or a.get("zlib", False)
     if size is None:
         return {"error": str(info["error"])}
     offset = max(0, a["offset"] + size * (a["offset"] < 0))
@@ -778,7 +775,7 @@ PY_SPY_TIMEOUT = 20  #: seconds for one ``py-spy dump``
 
 def op_hang(a: HangArgs) -> HangAnswer:
     """State, wchan, command line and (with py-spy) Python stacks of the job's processes (or ``pids``)."""
-    pids = [int(p) for p in (a.get("pids") or probe_one(scan(), a)["pids"])][: a.get("max_pids", 16)]
+    pids = [int(p) for p in (a.get("pids") or probe_one(scan(), a)["pids"])][:16]
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")  # else on PATH or in ~/.local/bin
     where = (shutil.which("py-spy"), here, os.path.expanduser("~/.local/bin/py-spy"))
     spy = next((path for path in where if path and executable(path)), None)
