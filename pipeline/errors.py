@@ -173,11 +173,6 @@ def shell_killed(host: str, argv: Sequence[str], signal: str) -> str:
     return f"on {host}: the control shell running `{_short(argv)}` was killed by {signal}"
 
 
-def upload_failed(host: str, remote: str, reason: str) -> str:
-    """:class:`RemoteCommandError`'s text: an SFTP upload to ``remote`` failed."""
-    return f"on {host}: cannot upload to {remote}: {reason}"
-
-
 def helper_failed(host: str, op: str, detail: str) -> str:
     """:class:`RemoteCommandError`'s text: Pitstop's host helper failed at ``op`` or gave no answer."""
     return f"on {host}: Pitstop's host helper ({op}) failed: {detail}"

@@ -21,7 +21,7 @@ from pipeline.engines.steplog import StepLog
 from pipeline.engines.workdir import step_patches
 from pipeline.errors import PitstopError
 from pipeline.host.contract import HangAnswer
-from pipeline.host.helper import read_file
+from pipeline.host.helper import op_read
 from pipeline.host.probe import CRASH_BYTES, JobProbe, LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.state.runs import RunRecord
@@ -43,7 +43,9 @@ def _pid(current: Cur | None) -> int | None:
 
 
 def _read(path: str, offset: int, max_bytes: int, inode: int | None = None) -> LogChunk:
-    got = read_file(path, offset, max_bytes, inode, False)  # the host helper's read, run here
+    got = op_read(
+        {"path": path, "offset": offset, "max_bytes": max_bytes, "inode": inode}
+    )  # the helper's read, here
     if "error" in got:  # not written yet
         return LogChunk(b"", 0, 0, None, False)
     return LogChunk(base64.b64decode(got["data"]), got["offset"], got["size"], got["inode"], got["reset"])

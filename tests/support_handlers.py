@@ -9,7 +9,6 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from handlers.context import Context
@@ -96,10 +95,6 @@ class FakeSSH:
         raise HostUnreachable(job, "the test's stand-in reaches no host")
 
     async def check(self, host: str) -> None:
-        """Raise :class:`HostUnreachable`."""
-        raise HostUnreachable(host, "the test's stand-in reaches no host")
-
-    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
         """Raise :class:`HostUnreachable`."""
         raise HostUnreachable(host, "the test's stand-in reaches no host")
 

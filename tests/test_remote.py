@@ -114,7 +114,6 @@ async def test_control_shell_killed_by_a_signal_is_reported_as_such(pool: SSHPoo
     result = await pool.run("local", ["bash", "-c", "echo before; kill -KILL $$; echo after"], timeout=10)
     assert result.exit_signal == "SIGKILL"
     assert result.exit_status is None and not result.ok
-    assert result.returncode == -9
     assert result.stdout == "before\n"
 
 
@@ -292,21 +291,6 @@ async def test_check_opens_a_fresh_connection(ssh_server: InProcessHost) -> None
         await pool.check("local")
         assert ssh_server.host.accepted == before + 1
         assert pool._conns["local"] is pooled and not pooled.is_closed()
-    finally:
-        await pool.close()
-
-
-async def test_put_file_uploads_over_sftp(any_ssh_host: HostUnderTest, tmp_path: Path) -> None:
-    """put_file copies a local file to a path on the host."""
-    src = tmp_path / "src.txt"
-    src.write_text("payload $HOME\n")
-    dest = tmp_path / "dest.txt"
-    pool = SSHPool(Config(hosts={"local": any_ssh_host.host_config()}))
-    try:
-        await pool.put_file("local", src, str(dest))
-        assert dest.read_text() == "payload $HOME\n"
-        with pytest.raises(RemoteCommandError):
-            await pool.put_file("local", src, str(tmp_path / "no" / "such" / "dir" / "x"))
     finally:
         await pool.close()
 

@@ -300,7 +300,7 @@ async def test_task_killed_on_one_node_is_degraded_naming_the_node(make_slurm: M
     watcher = build_watcher(context(stack, outbox))
     first = await watcher.cycle("login")
     assert first["trainer"].condition == "ok", first
-    tasks = await stack.engine.client.node_tasks(stack.name, run.slurm_job or 0, 2, stack.token)
+    tasks = await stack.engine.client.node_tasks(stack.name, run.slurm_job or 0, stack.token)
     victim = next(t for t in tasks if t.node == "n2").pids[0]
     os.kill(victim, signal.SIGKILL)
     decisions = await watcher.cycle("login")
@@ -475,7 +475,7 @@ async def test_a_watch_cycle_of_two_running_jobs_is_one_call_on_the_login_node(
         decisions = await watcher.cycle("login")
         assert ssh_server.host.commands - before == 1
         assert (decisions["alpha"].condition, decisions["beta"].condition) == ("ok", "ok"), decisions
-        tasks = await b.engine.client.node_tasks(b.name, run_b.slurm_job or 0, 2, b.token)
+        tasks = await b.engine.client.node_tasks(b.name, run_b.slurm_job or 0, b.token)
         os.kill(next(t for t in tasks if t.node == "n2").pids[0], signal.SIGKILL)
         engine = restarter.engines["slurm"]
         entries = [(n, config.jobs[n], await s.current()) for n, s in (("alpha", a), ("beta", b))]

@@ -98,7 +98,7 @@ async def test_dflash_restarts_through_slurm_with_eight_tasks_on_two_nodes(
     await _until_steps(log, 0, 40)  # past the checkpoints of steps 10, 20, 30
     engine = restarter.engines["slurm"]
     assert isinstance(engine, SlurmEngine)
-    tasks = await engine.client.node_tasks("dflash", first.slurm_job or 0, 2, job.match)
+    tasks = await engine.client.node_tasks("dflash", first.slurm_job or 0, job.match)
     pids = [p for t in tasks for p in t.pids]
     assert len(pids) == 8, tasks
     for pid in pids:  # mid-run: the kernel's OOM killer, a kill -9 on every task

@@ -172,7 +172,7 @@ async def test_run_of_a_killed_replica_after_the_launch_is_reconciled_with_the_c
     if cluster == "running":
         await _wait_state(stack, job, lambda s: s == "RUNNING")
         deadline = time.monotonic() + 60
-        while sum(t.count for t in await stack.engine.client.node_tasks(stack.name, job, 2, stack.token)) < 8:
+        while sum(t.count for t in await stack.engine.client.node_tasks(stack.name, job, stack.token)) < 8:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.2)
     elif cluster == "gone":

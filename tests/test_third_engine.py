@@ -57,10 +57,6 @@ class NoSSH:
         """Refused."""
         raise self._refuse(host, "check")
 
-    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
-        """Refused."""
-        raise self._refuse(host, remote_path)
-
     async def close(self) -> None:
         """Nothing to close."""
 

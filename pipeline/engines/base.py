@@ -19,14 +19,12 @@ from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.errors import ConfigError
 from pipeline.host.contract import HangAnswer, LogRead
 from pipeline.host.probe import JobProbe, LogChunk
+from pipeline.host.probe import ProbeEntry as Entry  # (job name, its config, its current record or None)
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.evidence import Observation, count_right
 from pipeline.state.runs import RunRecord
 
-__all__ = ["CancelCheck", "Engine", "NodeOutputs", "Observation", "Sighting", "StepListener"]
-
-Entry = tuple[str, JobConfig, Mapping[str, str] | None]
-"""``(job name, its config, its keys.job_current record or None)``: one job to observe."""
+__all__ = ["CancelCheck", "Engine", "Entry", "NodeOutputs", "Observation", "Sighting", "StepListener"]
 
 Reads = Mapping[str, LogRead]
 """Job name → a file range to read in the same look (the watcher's metric-log bytes)."""

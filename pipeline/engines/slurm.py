@@ -28,10 +28,9 @@ from pipeline.errors import (
     RemoteError,
 )
 from pipeline.host import slurm
-from pipeline.host.probe import JobProbe, log_tail
+from pipeline.host.probe import JobProbe, parse_int
 from pipeline.host.remote import RemoteHosts
-from pipeline.host.slurm import FileRange, SlurmClient, SlurmJob
-from pipeline.observe import evidence
+from pipeline.host.slurm import SlurmClient, SlurmJob
 from pipeline.observe.evidence import gather
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
@@ -42,8 +41,8 @@ KILL_WAIT = 60.0  #: seconds a job may take to leave after a plain scancel (cove
 
 _PREFLIGHT = r"""
 script="$1"; shift
-echo "@@sinfo"; sinfo -h -o '%P|%a' 2>&1; echo "@@rc=$?"
-if [ -r "$script" ]; then echo "@@script=ok"; else echo "@@script=missing"; fi
+[ -r "$script" ] && echo "@@script=ok"
+sinfo -h -o '%P|%a' 2>&1
 echo "@@test"; sbatch --test-only "$@" "$script" 2>&1; echo "@@rc=$?"
 """
 
@@ -57,10 +56,6 @@ def _partition(args: Sequence[str]) -> str | None:
 def _signame(number: int | None) -> str | None:
     """``SIGTERM`` for 15 (``signal 99`` for a number without a name); None for none."""
     return ({s.value: s.name for s in signal.Signals}.get(number) or f"signal {number}") if number else None
-
-
-def _int(value: str | None) -> int | None:
-    return int(value) if value and value.isdigit() else None
 
 
 class SlurmSettings(_Model):
@@ -111,7 +106,7 @@ class SlurmEngine(WorkdirSteps):
         """Partition, script, ``sbatch --test-only``, the helper's checks, and (a start) the
         recorded job no longer active."""
         name, job, sl = t.name, t.job, settings(t.job)
-        old = _int(t.current.get("slurm_job")) if plan.start else None
+        old = parse_int(t.current.get("slurm_job")) if plan.start else None
         rec = await self.steps.begin(run, Step.PREFLIGHT)
 
         async def fail(check: str, detail: str) -> PreflightFailed:
@@ -123,21 +118,19 @@ class SlurmEngine(WorkdirSteps):
         except RemoteError as exc:
             raise await fail("host", exc.message) from None
         answer = await self._preflight_call(run, rec, t, "sbatch", replace(plan, start=False))
-        chunks = re.split(r"^@@(\w+)\r?\n", result.stdout, flags=re.MULTILINE)  # @@NAME heads a section
-        sections = {head: text.splitlines() for head, text in zip(chunks[1::2], chunks[2::2], strict=True)}
-        info = sections.get("sinfo", [])
+        head, _, test = result.stdout.partition("@@test\n")  # the script's check and sinfo's lines first
+        info = [line for line in head.splitlines() if line != "@@script=ok"]
         parts = {p.split("|")[0]: p.split("|")[1] for p in info if "|" in p}
         want = _partition(sl.sbatch_args) or next((p for p in parts if p.endswith("*")), None)
-        state = parts.get(want or "", parts.get(f"{want}*", "")) if want else ""
-        if not want or state != "up":
+        if not want or parts.get(want, parts.get(f"{want}*")) != "up":
             known = ", ".join(f"{p.rstrip('*')} {s}" for p, s in parts.items()) or " ".join(info)[:200]
             shown = want.rstrip("*") if want else "(default)"
             raise await fail("partition", f"partition {shown} is not up ({known or 'none'})")
-        if "@@script=ok" not in result.stdout:
+        if "@@script=ok" not in head:
             raise await fail("script", f"{sl.script}: no such file on {job.host}")
-        test = [ln for ln in sections.get("test", []) if not ln.startswith("@@rc=")]
-        if sections.get("test", [""])[-1] != "@@rc=0":
-            raise await fail("sbatch", "sbatch --test-only refused the job: " + " ".join(test)[-300:])
+        *said, rc = test.splitlines() or [""]
+        if rc != "@@rc=0":
+            raise await fail("sbatch", "sbatch --test-only refused the job: " + " ".join(said)[-300:])
         helper = [c for c in answer.get("checks", []) if c.get("check") != "launch"]
         if failed := failed_checks(helper):
             raise await self.steps.refuse(run, rec, name, *failed)
@@ -178,7 +171,7 @@ class SlurmEngine(WorkdirSteps):
         """``scancel --signal=TERM --full``, ``stop_timeout``, ``scancel``, until the old job id has
         left; a job that ended before its first scancel (scancel refuses it) had nothing to stop."""
         name, job = t.name, t.job
-        old = run.old_slurm_job = _int(t.current.get("slurm_job"))
+        old = run.old_slurm_job = parse_int(t.current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.STOP)
         try:
             j = await self.client.one(name, old) if old is not None else None
@@ -211,7 +204,7 @@ class SlurmEngine(WorkdirSteps):
     async def launch(self, run: RunRecord, t: Target) -> None:
         """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
         name, job, sl = t.name, t.job, settings(t.job)
-        old = _int(t.current.get("slurm_job"))
+        old = parse_int(t.current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.LAUNCH)
         try:
             # held until measured: it cannot write before verification's offset is taken
@@ -231,17 +224,7 @@ class SlurmEngine(WorkdirSteps):
             raise await self.steps.launch_failed(run, rec, name, exc.message) from None
         run.slurm_job = job_id
         run.log_size_at_launch = size
-        run.launched_at = time.time()
-        current = {
-            "run_id": run.id,
-            "engine": "slurm",
-            "slurm_job": str(job_id),
-            "launched_at": repr(run.launched_at),
-            "log": stdout,
-            "state": "running",
-            "patches": ",".join(run.patches),
-        }
-        await self.steps.records.record_launch(run.id, name, current, run.launched_at + job.start_window)
+        await self.steps.launched(run, name, job.start_window, engine="slurm", slurm_job=job_id, log=stdout)
         await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}")
 
     async def observe(self, run: RunRecord, t: Target, *, complete: bool) -> Observation:
@@ -275,7 +258,7 @@ class SlurmEngine(WorkdirSteps):
         else:
             sl = settings(job)
             per_node = sl.tasks_per_node or max(1, job.processes // sl.nodes)
-            tasks = await self.client.node_tasks(name, job_id, j.nodes, job.match)
+            tasks = await self.client.node_tasks(name, job_id, job.match)
             short = [f"{t.node}: {t.count}/{per_node}" for t in tasks if t.count != per_node]
             short += [f"{n}: no answer" for n in j.nodelist if n not in {t.node for t in tasks}]
             if j.nodes != sl.nodes:
@@ -308,15 +291,11 @@ class SlurmEngine(WorkdirSteps):
         """One call on the login node for every job of its cluster: ``squeue``/``scontrol``/``sacct``,
         output sizes, ``reads`` and one ``srun`` per RUNNING job for its tasks (its error, if any,
         in its sighting)."""
-        ids = {name: _int((cur or {}).get("slurm_job")) for name, _, cur in entries}
+        ids = {name: parse_int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
-        wants = {
-            name: FileRange(r["path"], r["offset"], r["max_bytes"], r["inode"])
-            for name, r in (reads or {}).items()
-            if r["offset"] >= 0
-        }
-        shared = {p for p, n in Counter(w.path for w in wants.values()).items() if n > 1}
-        wants = {name: w for name, w in wants.items() if w.path not in shared}  # those read alone
+        wants = {name: r for name, r in (reads or {}).items() if r["offset"] >= 0}
+        shared = {p for p, n in Counter(w["path"] for w in wants.values()).items() if n > 1}
+        wants = {name: w for name, w in wants.items() if w["path"] not in shared}  # those read alone
         try:
             known = [i for i in ids.values() if i is not None]
             matches = {i: c.match for n, c, _ in entries if (i := ids[n]) is not None}
@@ -352,8 +331,10 @@ class SlurmEngine(WorkdirSteps):
                 detail = f"{'; '.join(short)} (Slurm job {j.id})" if short else None
                 pids = tuple(sorted(p for t in tasks for p in t.pids))
             asked = wants.get(name) if pids else None
-            read = got.get(asked.path) if asked is not None else None
-            read_error = f"{asked.path} cannot be read on the login node" if asked and read is None else None
+            read = got.get(asked["path"]) if asked is not None else None
+            read_error = (
+                f"{asked['path']} cannot be read on the login node" if asked and read is None else None
+            )
             probe = JobProbe(
                 job=name,
                 pids=pids,
@@ -380,21 +361,12 @@ class SlurmEngine(WorkdirSteps):
 
         return {name: one(name, cfg) for name, cfg, _ in entries}
 
-    async def log_tail(self, t: Target, lines: int) -> str:
-        """The last ``lines`` lines of the job's output (recorded ``StdOut``, else ``log``)."""
-        return await log_tail(self.ssh, t.name, t.job, lines, path=t.current.get("log"))
-
     async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """``argv`` on every node of the recorded job, inside its allocation (``srun --overlap``).
         :raises PitstopError: if the job is not RUNNING."""
-        job_id = _int(t.current.get("slurm_job"))
+        job_id = parse_int(t.current.get("slurm_job"))
         j = await self.client.one(t.name, job_id) if job_id is not None else None
         if j is None or j.state != "RUNNING":
             why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"
             raise PitstopError(slurm.gpus_not_running(t.name, why))
         return NodeOutputs(f"Slurm job {j.id}", await self.client.node_gpus(t.name, j.id, j.nodes, argv))
-
-    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
-        """The job's output (recorded ``StdOut``, else ``log``) since ``offset``; no exit record."""
-        job = t.job.model_copy(update={"log": t.current.get("log") or t.job.log})
-        return await evidence.crash_evidence(self.ssh, t.name, job, t.current, offset, seen)

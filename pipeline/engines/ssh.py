@@ -12,7 +12,6 @@ the recorded pid reused marks its step ``stale``, which makes the verdict ``STAL
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 
 from pipeline import verdict
@@ -28,8 +27,7 @@ from pipeline.engines.steplog import (
 from pipeline.engines.workdir import CALL_TIMEOUT, WorkdirSteps
 from pipeline.errors import HostKeyRejected, RemoteError, RemoteTimeout, StopFailed
 from pipeline.host.contract import LaunchArgs, StopArgs
-from pipeline.host.probe import JobProbe, Ops, call_helper, log_tail, probe_host, recorded_identity
-from pipeline.observe import evidence
+from pipeline.host.probe import Ops, call_helper, probe_host, recorded_identity
 from pipeline.observe.evidence import gather
 from pipeline.state.incidents import LOG_LINES
 from pipeline.state.runs import RunRecord
@@ -89,35 +87,31 @@ class SshEngine(WorkdirSteps):
             )
         except RemoteError as exc:
             raise await self.steps.stop_failed(run, rec, name, exc.message) from None
-        stale = answer.get("stale")
-        rec.stale = bool(stale)
-        note = stale_record(stale["pid"], stale.get("recorded"), stale.get("found")) if stale else None
-        targets = answer.get("targets") or []
-        survivors = [int(p) for p in answer.get("survivors") or []]
-        seconds, killed = float(answer.get("seconds") or 0), answer.get("killed") or []
-        detail = step_stopped(len(targets), seconds, killed, job.stop_timeout) if targets else STOP_NOTHING
-        detail = f"{note}; {detail}" if note else detail
+        stale, targets, survivors = answer["stale"], answer["targets"], answer["survivors"]
+        rec.stale = stale is not None
+        note = stale_record(stale["pid"], stale["recorded"], stale["found"]) if stale else None
+        stopped = step_stopped(len(targets), answer["seconds"], answer["killed"], job.stop_timeout)
+        detail = (f"{note}; " if note else "") + (stopped if targets else STOP_NOTHING)
         if survivors:
             failure = StopFailed(name, survivors, line=verdict.stop_failed(survivors, "survived SIGKILL"))
-            await self.steps.fail(run, rec, f"{detail}; {failure.message}")
+            await self.steps.end(run, rec, Outcome.FAILED, f"{detail}; {failure.message}")
             raise failure
         if job.gpus is not None and job.gpus.all and targets:
             pairs: list[tuple[int, int | None]] = [(x["pid"], x["start_time"]) for x in targets]
             try:
                 gpu = await call_helper(
                     self.ssh,
-                    Ops.gpu_wait({"targets": pairs, "timeout": self.gpu_wait_timeout}),
+                    Ops.gpu_wait({"targets": pairs, "timeout": self.gpu_wait_timeout, "nvidia_smi": None}),
                     host=job.host,
                     timeout=self.gpu_wait_timeout + CALL_TIMEOUT,
                 )
             except RemoteError as exc:
                 raise await self.steps.stop_failed(run, rec, name, exc.message, done=detail) from None
-            if holders := sorted({int(h["pid"]) for h in gpu.get("holders") or []}):
-                took = float(gpu.get("seconds") or self.gpu_wait_timeout)
-                pids = ", ".join(str(p) for p in holders)
+            if holders := sorted({h["pid"] for h in gpu["holders"]}):
+                took, pids = gpu["seconds"], ", ".join(str(p) for p in holders)
                 held = f"GPU memory still held by old pid {pids} after {took:.0f} s - not relaunching"
                 raise await self.steps.stop_failed(run, rec, name, held, holders, detail)
-            detail += f"; GPU memory released ({float(gpu.get('seconds') or 0):.1f} s)"
+            detail += f"; GPU memory released ({gpu['seconds']:.1f} s)"
         await self.steps.records.mark_stopped(name, run.id)
         await self.steps.end(run, rec, Outcome.OK, detail)
         if note:
@@ -142,25 +136,10 @@ class SshEngine(WorkdirSteps):
             if not isinstance(exc, HostKeyRejected):
                 detail += f"; process state: {await self._state_text(name, job)}"
             raise await self.steps.launch_failed(run, rec, name, detail) from None
-        run.pid = int(answer["pid"])
-        run.pgid = int(answer.get("pgid") or run.pid)
-        run.sid = int(answer.get("sid") or run.pid)
-        run.start_time = answer.get("start_time")
-        run.log_size_at_launch = int(answer.get("log_size") or 0)
-        run.launched_at = time.time()
-        current = {
-            "run_id": run.id,
-            "pid": str(run.pid),
-            "start_time": str(run.start_time if run.start_time is not None else ""),
-            "sid": str(run.sid),
-            "pgid": str(run.pgid),
-            "launched_at": repr(run.launched_at),
-            "log": job.log,
-            "state": "running",
-            "patches": ",".join(run.patches),
-            "log_size": str(run.log_size_at_launch),
-        }
-        await self.steps.records.record_launch(run.id, name, current, run.launched_at + job.start_window)
+        run.pid, run.pgid, run.sid = answer["pid"], answer["pgid"], answer["sid"]
+        run.start_time, run.log_size_at_launch = answer["start_time"], answer["log_size"]
+        ident = dict(pid=run.pid, start_time=run.start_time, sid=run.sid, pgid=run.pgid, log=job.log)
+        await self.steps.launched(run, name, job.start_window, log_size=run.log_size_at_launch, **ident)
         detail = f"pid {run.pid} (new session), log {job.log} from byte {run.log_size_at_launch}"
         await self.steps.end(run, rec, Outcome.OK, detail)
 
@@ -182,17 +161,9 @@ class SshEngine(WorkdirSteps):
             out[name] = Sighting(p, spec.processes, p.state or "none", pid=recorded_identity(current)["pid"])
         return out
 
-    async def log_tail(self, t: Target, lines: int) -> str:
-        """The last ``lines`` lines of the job's log."""
-        return await log_tail(self.ssh, t.name, t.job, lines)
-
     async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """None: the job runs on its host, which ``gpus HOST`` asks."""
         return None
-
-    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
-        """:func:`pipeline.observe.evidence.crash_evidence` of the recorded session."""
-        return await evidence.crash_evidence(self.ssh, t.name, t.job, t.current, offset, seen)
 
     async def _state_text(self, name: str, job: JobConfig) -> str:
         """What runs for the job now, in words (for a launch that hung or lost its channel)."""

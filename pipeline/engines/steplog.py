@@ -70,16 +70,12 @@ class StepLog:
         await self.runs.record_step(run)
         await self.emit(run, rec)
 
-    async def fail(self, run: RunRecord, rec: StepRecord, detail: str) -> None:
-        """End ``rec`` as FAILED with ``detail``."""
-        await self.end(run, rec, Outcome.FAILED, detail)
-
     async def refuse(
         self, run: RunRecord, rec: StepRecord, name: str, check: str, detail: str, shown: str | None = None
     ) -> PreflightFailed:
         """End the pre-flight ``rec`` FAILED with ``detail``; the verdict line says ``shown`` (default
         ``detail``).  :returns: the :class:`PreflightFailed` for the engine to raise."""
-        await self.fail(run, rec, detail)
+        await self.end(run, rec, Outcome.FAILED, detail)
         line = verdict.preflight_failed(check, detail if shown is None else shown)
         return PreflightFailed(name, check, detail, line=line)
 
@@ -96,7 +92,7 @@ class StepLog:
 
         :returns: the :class:`StopFailed` (``survivors``: pids still alive) for the engine to raise.
         """
-        await self.fail(run, rec, f"{done}; {why}" if done else why)
+        await self.end(run, rec, Outcome.FAILED, f"{done}; {why}" if done else why)
         return StopFailed(name, survivors, why, line=verdict.stop_failed(survivors, why))
 
     async def launch_failed(
@@ -107,7 +103,7 @@ class StepLog:
 
         :returns: the :class:`LaunchFailed` for the engine to raise.
         """
-        await self.fail(run, rec, f"{done}; {why}" if done else why)
+        await self.end(run, rec, Outcome.FAILED, f"{done}; {why}" if done else why)
         return LaunchFailed(name, why, line=verdict.launch_failed(why if shown is None else shown))
 
     async def emit(self, run: RunRecord, rec: StepRecord) -> None:
@@ -130,6 +126,16 @@ class StepLog:
             outcome=rec.outcome.value,
             detail=rec.detail,
         )
+
+    async def launched(self, run: RunRecord, name: str, start_window: float, **fields: object) -> None:
+        """The run launched now (``run.launched_at``): job ``name``'s ``current`` record becomes the
+        run's (``run_id``, ``launched_at``, ``state`` running, ``patches`` and ``fields``, None as
+        ""), its verification due ``start_window`` s on (:meth:`JobRecords.record_launch`)."""
+        run.launched_at = time.time()
+        fields |= {"run_id": run.id, "launched_at": run.launched_at, "state": "running"}
+        fields["patches"] = ",".join(run.patches)
+        current = {k: "" if v is None else str(v) for k, v in fields.items()}  # str(float) is repr(float)
+        await self.records.record_launch(run.id, name, current, run.launched_at + start_window)
 
     async def await_verify(self, run: RunRecord, start_window: float) -> None:
         """Add the ``verify`` step, WAITING for ``start_window`` seconds after the launch."""

@@ -22,8 +22,8 @@ from pipeline.config import JobConfig
 from pipeline.engines.base import Plan, Target
 from pipeline.engines.steplog import StepLog
 from pipeline.errors import HostKeyRejected, PatchChanged, RemoteError, patch_changed
-from pipeline.host.contract import HangAnswer, PreflightAnswer, PreflightArgs
-from pipeline.host.probe import LogChunk, Ops, call_helper, probe_args, read_log_chunk
+from pipeline.host.contract import HangAnswer, PreflightAnswer, PreflightArgs, TailArgs
+from pipeline.host.probe import JobProbe, LogChunk, Ops, call_helper, probe_args, read_log_chunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe import evidence
 from pipeline.state.approvals import PatchDigest
@@ -81,7 +81,7 @@ async def _changed(steps: StepLog, run: RunRecord, name: str, patch: str, found:
     approved = run.approved_patches[patch]
     rec = await steps.begin(run, Step.PREFLIGHT)
     detail = patch_changed(patch, approved, found)
-    await steps.fail(run, rec, detail)
+    await steps.end(run, rec, Outcome.FAILED, detail)
     raise PatchChanged(name, patch, approved, found, line=verdict.preflight_failed("approval", detail))
 
 
@@ -209,6 +209,19 @@ class WorkdirSteps:
             self.ssh, Ops.patches({"workdir": job.workdir}), job=name, stdin=stdin, timeout=CALL_TIMEOUT
         )
         return sorted(n for n, on in (answer.get("applied") or {}).items() if on)
+
+    async def log_tail(self, t: Target, lines: int) -> str:
+        """The last ``lines`` lines of the job's output (the recorded run's ``log``, else the configured
+        one; the helper reads at most its last 64 KiB).  :raises RemoteCommandError: if it cannot be read."""
+        args: TailArgs = {"path": t.current.get("log") or t.job.log, "lines": max(0, lines)}
+        return (await call_helper(self.ssh, Ops.tail(args), host=t.job.host, exec_prefix=t.job.exec))["text"]
+
+    async def crash_evidence(self, t: Target, offset: int, seen: JobProbe | None) -> JobProbe:
+        """:func:`pipeline.observe.evidence.crash_evidence` of the recorded run: its session, its
+        output (the recorded ``log``: a Slurm job's ``StdOut``; else the configured one) since
+        ``offset``."""
+        job = t.job.model_copy(update={"log": t.current.get("log") or t.job.log})
+        return await evidence.crash_evidence(self.ssh, t.name, job, t.current, offset, seen)
 
     async def hang_evidence(self, t: Target, pids: Sequence[int]) -> HangAnswer:
         """The helper's ``hang`` on the job's host (on Slurm the login node, not the allocation)."""

@@ -54,16 +54,6 @@ class JobArgs(_JobMatch, total=False):
     workdir: Optional[str]
 
 
-class LogRead(TypedDict):
-    """Bytes of a file to read in the same call as a probe (the metric log's new lines)."""
-
-    path: str
-    offset: int  #: negative: from the end
-    max_bytes: int
-    inode: Optional[int]  #: start over at 0 when the path now holds another file
-    if_running: bool  #: read only when the job has processes
-
-
 class ProbeJob(JobArgs, total=False):
     """A job to probe, its log file to look at, and a file to read (its metric log's new bytes)."""
 
@@ -154,12 +144,9 @@ class PreflightAnswer(TypedDict):
     running: Optional[JobState]
 
 
-class _StopArgs(_JobMatch):
+class StopArgs(_JobMatch):
     term_timeout: float  #: seconds between SIGTERM and SIGKILL
     kill_timeout: float  #: seconds to wait after SIGKILL
-
-
-class StopArgs(_StopArgs, total=False):
     workdir: Optional[str]
 
 
@@ -187,13 +174,10 @@ class StopAnswer(TypedDict):
     seconds: float
 
 
-class _GpuWaitArgs(TypedDict):
+class GpuWaitArgs(TypedDict):
     targets: List[Tuple[int, Optional[int]]]  #: ``(pid, start_time)`` as the job's side sees them
     timeout: float
-
-
-class GpuWaitArgs(_GpuWaitArgs, total=False):
-    nvidia_smi: Optional[str]
+    nvidia_smi: Optional[str]  #: None: ``nvidia-smi`` on PATH
 
 
 class GpuHolder(TypedDict):
@@ -211,16 +195,13 @@ class ClearArgs(TypedDict):
     paths: List[str]
 
 
-class _ClearedPath(TypedDict):
+class ClearedPath(TypedDict):
     path: str
     missing: bool  #: the path did not exist
     files: int  #: files removed
     bytes: int  #: their size
+    dirs: int  #: directories removed
     errors: List[str]
-
-
-class ClearedPath(_ClearedPath, total=False):
-    dirs: int
 
 
 class ClearAnswer(TypedDict):
@@ -248,13 +229,10 @@ class PatchesAnswer(TypedDict):
     applied: Dict[str, bool]
 
 
-class _LaunchArgs(TypedDict):
+class LaunchArgs(TypedDict):
     workdir: str
     argv: List[str]
     log: str
-
-
-class LaunchArgs(_LaunchArgs, total=False):
     name: str  #: for the waiter's title
     run_id: str
 
@@ -308,6 +286,13 @@ class ReadArgs(_ReadArgs, total=False):
     zlib: bool
 
 
+class LogRead(ReadArgs):
+    """Bytes of a file to read in the same call as a probe (the metric log's new lines; always
+    zlib-compressed)."""
+
+    if_running: bool  #: read only when the job has processes
+
+
 class ReadAnswer(TypedDict):
     data: str  #: base64 (of zlib-compressed bytes when ``zlib``)
     zlib: bool
@@ -320,14 +305,9 @@ class ReadAnswer(TypedDict):
 ReadResult = Union[ReadAnswer, "ErrorAnswer"]  #: a probe's ``read``: the bytes, or why not
 
 
-class _TailArgs(TypedDict):
+class TailArgs(TypedDict):
     path: str
-    lines: int
-
-
-class TailArgs(_TailArgs, total=False):
-    start: int  #: only bytes at or after this offset count
-    max_bytes: int
+    lines: int  #: the last lines, of the file's last 64 KiB at most
 
 
 class TailAnswer(TypedDict):
@@ -336,8 +316,7 @@ class TailAnswer(TypedDict):
 
 
 class HangArgs(JobArgs, total=False):
-    pids: List[int]  #: these processes instead of the job's
-    max_pids: int
+    pids: List[int]  #: these processes instead of the job's (16 at most are looked at)
 
 
 class HangProcess(TypedDict):

@@ -123,7 +123,7 @@ def ancestry() -> set[int]:
     return out
 
 
-def scan(sessions: set[int] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
+def scan(sessions: set[int | None] | None = None, keep: Callable[[bytes], bool] | None = None) -> Procs:
     """Live processes of the helper's user, minus its ancestry and other helpers: pid →
     :class:`~pipeline.host.contract.ProcStat` with its ``cmdline``.  Only members of ``sessions`` /
     only command lines ``keep`` accepts, when given: the others cost one ``stat`` each instead of
@@ -155,7 +155,7 @@ def probe_scan(jobs: list[ProbeJob]) -> Procs:
     one, the command lines one of their ``match`` patterns finds when none has; else everything."""
     sids = {j.get("sid") for j in jobs}
     if jobs and None not in sids:
-        return scan(sessions={int(s) for s in sids if s is not None})
+        return scan(sessions=sids)
     if jobs and sids == {None}:
         rxs = []
         for j in jobs:
@@ -169,7 +169,7 @@ def probe_scan(jobs: list[ProbeJob]) -> Procs:
 
 def matches(rx: re.Pattern[str], cmd: bytes) -> bool:
     """True if ``rx`` is found in the command line (read as UTF-8)."""
-    return rx.search(cmd.decode("utf-8", "replace")) is not None
+    return rx.search(cmd.decode(errors="replace")) is not None
 
 
 def identity(pid: int, start_time: int | None) -> tuple[str, int | None]:
@@ -184,14 +184,11 @@ def identity(pid: int, start_time: int | None) -> tuple[str, int | None]:
 
 def in_workdir(pid: int, workdir: str | None) -> bool:
     """True if ``workdir`` is None, or the process's working directory lies inside it."""
-    if not workdir:
-        return True
     try:
-        cwd = os.readlink(f"/proc/{pid}/cwd")
+        cwd = os.readlink(f"/proc/{pid}/cwd") if workdir else ""
     except OSError:
         return False
-    root = os.path.realpath(workdir).rstrip("/") + "/"
-    return (cwd.rstrip("/") + "/").startswith(root)
+    return not workdir or (cwd.rstrip("/") + "/").startswith(os.path.realpath(workdir).rstrip("/") + "/")
 
 
 def user_matching(procs: Procs, rx: re.Pattern[str], workdir: str | None = None) -> list[int]:
@@ -240,12 +237,9 @@ def read_since(path: str, start: int, max_bytes: int, last: bool = True) -> tupl
     return read_range(path, begin, min(max_bytes, size - begin)), begin > start
 
 
-def tail_bytes(path: str, start: int, lines: int, max_bytes: int = 65536) -> bytes:
-    """The last ``lines`` lines of ``path`` written at or after byte ``start``."""
-    got = read_since(path, start, max_bytes)
-    if got is None:
-        return b""
-    data, cut = got
+def tail_bytes(path: str, start: int, lines: int) -> bytes:
+    """The last ``lines`` lines of ``path`` written at or after byte ``start`` (of its last 64 KiB)."""
+    data, cut = read_since(path, start, 65536) or (b"", False)
     if cut and b"\n" in data:
         data = data[data.index(b"\n") + 1 :]
     return b"\n".join(data.splitlines()[-lines:]) if lines > 0 else b""
@@ -272,12 +266,10 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
     largest first ``step`` among the ranks' JSON metric lines, minus one (a rank that resumed
     from N logs N+1 first; one that started afresh logs 1).  None each when not found.
     """
-    got = read_since(path, start, max_bytes, last=False)
-    if got is None:
-        return {"said": None, "first": None}
-    m = RESUME_RX.search(got[0])
+    data = (read_since(path, start, max_bytes, last=False) or (b"", False))[0]  # unreadable: None each
+    m = RESUME_RX.search(data)
     firsts = {}  # type: dict[object, int]
-    for line in got[0].splitlines():
+    for line in data.splitlines():
         if not line.startswith(b"{") or b'"step"' not in line:
             continue
         try:
@@ -324,18 +316,6 @@ def status_path(log: str) -> str:
     """The file the waiter writes the job's exit status to: ``.LOGNAME.pitstop-exit`` beside the log."""
     d, base = os.path.split(log)
     return os.path.join(d, f".{base}.pitstop-exit")
-
-
-def read_status(log: str, pid: int, start_time: int | None) -> ExitRecord | None:
-    """The recorded end of the job ``pid`` (None while it runs, or for another job)."""
-    try:
-        with open(status_path(log)) as f:
-            st: ExitRecord = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if st.get("pid") != pid or (start_time is not None and st.get("start_time") != start_time):
-        return None
-    return st
 
 
 # --- operations -------------------------------------------------------------------------------
@@ -419,7 +399,6 @@ def op_stop(a: StopArgs) -> StopAnswer:
     ``match`` finds inside ``workdir``, and theirs), SIGKILL to what is left after
     ``term_timeout`` s and to what joined the session meanwhile, then confirm nothing is left.
     Never signals a recorded pid whose start time differs (``stale``), nor its session."""
-    rx = re.compile(a["match"])
     pid, start, sid = a.get("pid"), a.get("start_time"), a.get("sid")
     began = time.time()
     procs = scan()
@@ -431,7 +410,7 @@ def op_stop(a: StopArgs) -> StopAnswer:
         targets = {p: v for p, v in procs.items() if v.session == sid}
         scope = "session"
     else:
-        roots = user_matching(procs, rx, a.get("workdir"))
+        roots = user_matching(procs, re.compile(a["match"]), a.get("workdir"))
         if stale is not None:
             roots = [p for p in roots if p != pid and procs[p].session != pid]
         targets = {p: procs[p] for p in descendants(procs, roots)}
@@ -494,21 +473,15 @@ def nvidia_apps(nvidia_smi: str) -> list[tuple[int, int | None]]:
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()
         raise RuntimeError(f"nvidia-smi exit {proc.returncode}: {msg[:200]}")
-    rows = [
-        [p.strip() for p in line.split(",")] for line in proc.stdout.decode("utf-8", "replace").splitlines()
-    ]
-    return [
-        (int(r[0]), int(r[1]) if r[1].isdigit() else None) for r in rows if len(r) >= 2 and r[0].isdigit()
-    ]
+    rows = [[*line.replace(" ", "").split(","), ""] for line in proc.stdout.decode().splitlines()]
+    return [(int(r[0]), int(r[1]) if r[1].isdigit() else None) for r in rows if r[0].isdigit()]
 
 
 def ns_identity(host_pid: int) -> tuple[int, int | None]:
     """(innermost-namespace pid, start time) of a host pid; (host_pid, None) if it is gone."""
-    try:
-        with open(f"/proc/{host_pid}/status") as f:
-            nspid = [line.split() for line in f if line.startswith("NSpid:")]
-    except OSError:
-        return host_pid, None
+    nspid = [
+        line.split() for line in proc_file(host_pid, "status").splitlines() if line.startswith(b"NSpid:")
+    ]
     st = proc_stat(host_pid)
     return (int(nspid[0][-1]) if nspid else host_pid), (st.start_time if st else None)
 
@@ -553,12 +526,10 @@ def op_clear(a: ClearArgs) -> ClearAnswer:
     """Remove the contents of each cache path (the path itself stays); count files and bytes."""
     out: list[ClearedPath] = []
     for path in a["paths"]:
-        missing = not os.path.lexists(path)
-        entry: ClearedPath = {"path": path, "missing": missing, "files": 0, "bytes": 0, "errors": []}
+        entry = ClearedPath(path=path, missing=not os.path.lexists(path), errors=[], files=0, bytes=0, dirs=0)
         out.append(entry)
-        if missing:
+        if entry["missing"]:
             continue
-        entry["dirs"] = 0
         if os.path.isdir(path) and not os.path.islink(path):
             for root, dnames, fnames in os.walk(path, topdown=False):
                 for name in fnames:
@@ -668,7 +639,6 @@ def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
     state = identity(pid, j.get("start_time"))[0] if pid is not None else None
     out: JobState = {
         "name": j.get("name"),
-        "error": None,
         "session_pids": members,
         "pids": matching,
         "count": len(matching),
@@ -683,9 +653,15 @@ def probe_one(procs: Procs, j: JobArgs, log: str | None = None) -> JobState:
 def ending(out: JobState, j: JobArgs, log: str, offset: int, lines: int) -> None:
     """Put in ``out`` how the job's run ended: the last ``lines`` lines of ``log`` written after
     byte ``offset`` (``tail``) and the waiter's exit record of the recorded pid (``status``)."""
-    out["tail"] = tail_bytes(log, offset, lines).decode("utf-8", "replace")
-    pid = j.get("pid")
-    out["status"] = read_status(log, pid, j.get("start_time")) if pid else None
+    out["tail"] = tail_bytes(log, offset, lines).decode(errors="replace")
+    try:
+        with open(status_path(log)) as f:
+            st: ExitRecord | None = json.load(f)
+    except (OSError, ValueError):
+        st = None
+    pid, start = j.get("pid"), j.get("start_time")
+    mine = st and pid and st.get("pid") == pid and start in (None, st.get("start_time"))
+    out["status"] = st if mine else None
 
 
 def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
@@ -697,7 +673,8 @@ def probe_ending(state: JobState, j: ProbeJob, log: str, lines: int) -> None:
     if state["count"] == 0 and st and since is not None and time.time() - st["ended_at"] <= j["crash_within"]:
         size, most = state["log"]["size"] or 0, j["crash_bytes"]
         # from the launch on; a log truncated since (copytruncate) holds this run's only: its end
-        state["crash"] = read_file(log, max(since * (since <= size), size - most), most, None, True)
+        start = max(since * (since <= size), size - most)
+        state["crash"] = op_read({"path": log, "offset": start, "max_bytes": most}, True)
 
 
 def op_probe(a: ProbeArgs) -> ProbeAnswer:
@@ -721,7 +698,7 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
         want = j.get("read")
         if want and (state["count"] > 0 or not want["if_running"]):
             try:
-                got = read_file(want["path"], want["offset"], want["max_bytes"], want["inode"], True)
+                got = op_read(want, True)
             except Exception as exc:
                 got = {"error": f"{type(exc).__name__}: {exc}"}
             state["read"] = got
@@ -745,25 +722,18 @@ def op_evidence(a: EvidenceArgs) -> EvidenceAnswer:
     return res
 
 
-def op_read(a: ReadArgs) -> ReadAnswer | ErrorAnswer:
-    """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set); a negative offset
-    counts from the end; starts over from 0 after truncation or a new inode."""
-    return read_file(a["path"], a["offset"], a["max_bytes"], a.get("inode"), bool(a.get("zlib")))
-
-
-def read_file(
-    path: str, offset: int, max_bytes: int, inode: int | None, packed: bool
-) -> ReadAnswer | ErrorAnswer:
-    """:func:`op_read`'s answer for one file (also a probe's ``read``)."""
-    info = file_info(path)
-    size = info["size"]
+def op_read(a: ReadArgs, packed: bool = False) -> ReadAnswer | ErrorAnswer:
+    """Log bytes from an offset (base64, zlib-compressed when ``zlib`` is set or ``packed``); a
+    negative offset counts from the end; starts over from 0 after truncation or a new inode."""
+    info = file_info(a["path"])
+    size, packed = info["size"], packed or a.get("zlib", False)
     if size is None:
         return {"error": str(info["error"])}
-    offset = max(0, size + offset) if offset < 0 else offset
-    reset = offset > size or (inode is not None and inode != info["inode"])
+    offset = max(0, a["offset"] + size * (a["offset"] < 0))
+    reset = offset > size or a.get("inode") not in (None, info["inode"])
     if reset:
         offset = 0
-    data = read_range(path, offset, min(max_bytes, size - offset))
+    data = read_range(a["path"], offset, min(a["max_bytes"], size - offset))
     return {
         "data": base64.b64encode(zlib.compress(data, 1) if packed else data).decode(),
         "zlib": packed,
@@ -779,7 +749,7 @@ def op_tail(a: TailArgs) -> TailAnswer | ErrorAnswer:
     info = file_info(a["path"])
     if info["size"] is None:
         return {"error": str(info["error"])}
-    text = tail_bytes(a["path"], a.get("start", 0), a["lines"], a.get("max_bytes", 65536))
+    text = tail_bytes(a["path"], 0, a["lines"])
     return {"text": text.decode("utf-8", "replace"), "size": info["size"]}
 
 
@@ -805,8 +775,7 @@ PY_SPY_TIMEOUT = 20  #: seconds for one ``py-spy dump``
 
 def op_hang(a: HangArgs) -> HangAnswer:
     """State, wchan, command line and (with py-spy) Python stacks of the job's processes (or ``pids``)."""
-    procs = scan()
-    pids = [int(p) for p in (a.get("pids") or probe_one(procs, a)["pids"])][: a.get("max_pids", 16)]
+    pids = [int(p) for p in (a.get("pids") or probe_one(scan(), a)["pids"])][:16]
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")  # else on PATH or in ~/.local/bin
     where = (shutil.which("py-spy"), here, os.path.expanduser("~/.local/bin/py-spy"))
     spy = next((path for path in where if path and executable(path)), None)

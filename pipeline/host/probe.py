@@ -29,7 +29,6 @@ from pipeline.host.remote import RemoteHosts
 HELPER_PYTHON = "python3"  #: interpreter for the helper on the job's side (Python 3.8+)
 CONTRACT_MODULE = "pipeline.host.contract"  #: the helper's one Pitstop import, shipped inside it
 PROBE_TIMEOUT = 20.0  #: seconds for one probe / read / tail call
-TAIL_MAX_BYTES = 65536  #: a tail reads at most this many bytes from the end of the log
 CRASH_BYTES = 2 * 1024 * 1024  #: log bytes since the launch a crash is classified from (the last ones)
 CRASH_FRESH = 60.0  #: seconds (at least 3 watch intervals) a death's log comes with the probe
 
@@ -155,7 +154,7 @@ class Op(Generic[A, R]):
 
 class Ops:
     """Every operation of the helper with its contract; :func:`call_helper` runs them all but
-    ``slurm_tasks``, which runs through srun (:meth:`pipeline.host.slurm.SlurmClient.node_tasks`)."""
+    ``slurm_tasks``, which runs through srun (:meth:`pipeline.host.slurm.SlurmClient.query_with_reads`)."""
 
     preflight = Op[c.PreflightArgs, c.PreflightAnswer]("preflight")
     stop = Op[c.StopArgs, c.StopAnswer]("stop")
@@ -203,12 +202,7 @@ async def call_helper(
         result = await ssh.run(
             host, [*prefix, *argv], timeout=timeout, stdin=stdin, display=[*prefix, *shown]
         )
-    out: CommandOutput = {
-        "exit_status": result.exit_status,
-        "exit_signal": result.exit_signal,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-    }
+    out = cast(CommandOutput, {key: getattr(result, key) for key in CommandOutput.__annotations__})
     if result.exit_signal is not None:
         raise RemoteCommandError(
             result.host, shown, errors.shell_killed(result.host, shown, result.exit_signal), **out
@@ -260,7 +254,8 @@ class JobProbe:
     host_gpus: bool = True
 
 
-def _int(value: str | None) -> int | None:
+def parse_int(value: str | None) -> int | None:
+    """``value`` as an int (``-3`` too); None when it is absent or not a whole number."""
     return int(value) if value and value.strip().lstrip("-").isdigit() else None
 
 
@@ -268,7 +263,7 @@ def recorded_identity(current: Mapping[str, str] | None) -> c.Identity:
     """``pid``, ``start_time``, ``sid`` from a ``keys.job_current`` hash (None each when absent
     or when the job is recorded as stopped)."""
     cur = current if current and current.get("state") != "stopped" else {}
-    return cast(c.Identity, {key: _int(cur.get(key)) for key in c.Identity.__annotations__})
+    return cast(c.Identity, {key: parse_int(cur.get(key)) for key in c.Identity.__annotations__})
 
 
 def probe_args(
@@ -290,7 +285,7 @@ def probe_args(
         "read": read,
         "processes": job.processes,
         "tail_lines": tail_lines,
-        "crash_from": _int((current or {}).get("log_size")),
+        "crash_from": parse_int((current or {}).get("log_size")),
         "crash_bytes": CRASH_BYTES,
         "crash_within": max(CRASH_FRESH, 3 * job.watch.interval),
         **recorded_identity(current),
@@ -421,18 +416,3 @@ def _chunk(answer: c.ReadAnswer) -> LogChunk:
     raw = base64.b64decode(answer["data"])
     data = zlib.decompress(raw) if answer["zlib"] else raw
     return LogChunk(data, answer["offset"], answer["size"], answer["inode"], answer["reset"])
-
-
-async def log_tail(
-    ssh: RemoteHosts, job_name: str, job: JobConfig, lines: int, *, since: int = 0, path: str | None = None
-) -> str:
-    """The last ``lines`` lines of the job's log written at or after byte ``since`` (at most
-    :data:`TAIL_MAX_BYTES` read); raises as :func:`read_log_chunk`."""
-    args: c.TailArgs = {
-        "path": path or job.log,
-        "lines": max(0, lines),
-        "start": since,
-        "max_bytes": TAIL_MAX_BYTES,
-    }
-    answer = await call_helper(ssh, Ops.tail(args), host=job.host, exec_prefix=job.exec)
-    return str(answer.get("text", ""))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal as _signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,13 +63,6 @@ class RemoteResult:
         """True if the command exited with status 0."""
         return self.exit_status == 0
 
-    @property
-    def returncode(self) -> int:
-        """The exit status, or minus the signal number (as :mod:`subprocess` reports it)."""
-        if self.exit_status is not None:
-            return self.exit_status
-        return -int(_signal.Signals.__members__.get(self.exit_signal or "", 1))
-
 
 class RemoteHosts(Protocol):
     """What Pitstop needs from its connections to the hosts: :class:`SSHPool` in production,
@@ -102,9 +94,6 @@ class RemoteHosts(Protocol):
     async def check(self, host: str) -> None:
         """Return if ``host`` can be reached now (a fresh connection); raise if not."""
 
-    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
-        """Copy a local file to ``remote_path`` on the host itself."""
-
     async def close(self) -> None:
         """Close every connection; idempotent."""
 
@@ -112,7 +101,7 @@ class RemoteHosts(Protocol):
 class _Client(asyncssh.SSHClient):
     """Records the fingerprint of a host key that known_hosts does not trust."""
 
-    def __init__(self, pool: SSHPool | None, host: str) -> None:
+    def __init__(self, pool: SSHPool, host: str) -> None:
         self.pool = pool
         self.host = host
         self.conn: asyncssh.SSHClientConnection | None = None
@@ -122,7 +111,7 @@ class _Client(asyncssh.SSHClient):
         self.conn = conn
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.pool is not None and self.conn is not None:
+        if self.conn is not None:
             self.pool._forget(self.host, self.conn)
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
@@ -219,28 +208,11 @@ class SSHPool:
         """Open and close a *fresh* connection (never the pooled one): is the host reachable now?
         Raises :class:`HostUnreachable` or :class:`HostKeyRejected` if not."""
         name = self._host_name(host)
-        chain: list[asyncssh.SSHClientConnection] = []
+        fresh = SSHPool(self.config)  # a pool of its own: new connections to the host and its bastions
         try:
-            await self._connection(name, fresh=chain)
+            await fresh._connection(name)
         finally:
-            for conn in reversed(chain):
-                conn.close()
-                with contextlib.suppress(Exception):
-                    await conn.wait_closed()
-
-    async def put_file(self, host: str, local_path: str | Path, remote_path: str) -> None:
-        """Copy a local file to ``remote_path`` on the host itself (SFTP; not for paths inside a
-        job's container).  :raises RemoteCommandError: if the upload fails."""
-        name = self._host_name(host)
-        async with self._slot(name):
-            conn = await self._connection(name)
-            try:
-                async with conn.start_sftp_client() as sftp:
-                    await sftp.put(str(local_path), remote_path)
-            except (asyncssh.Error, OSError) as exc:
-                self._drop_if_closed(name)
-                text = errors.upload_failed(name, remote_path, _reason(exc))
-                raise RemoteCommandError(name, ["sftp", "put", str(local_path), remote_path], text) from None
+            await fresh.close()
 
     async def close(self) -> None:
         """Close every pooled connection (targets before their bastions); idempotent."""
@@ -276,29 +248,24 @@ class SSHPool:
         return conn is None
 
     async def _connection(
-        self,
-        name: str,
-        seen: frozenset[str] = frozenset(),
-        fresh: list[asyncssh.SSHClientConnection] | None = None,
+        self, name: str, seen: frozenset[str] = frozenset()
     ) -> asyncssh.SSHClientConnection:
-        """The pooled connection to ``name`` (through its bastion's), opened (again) if needed; given
-        ``fresh``, new connections to it and its bastions instead, appended there (outermost first)."""
-        if self._closed and fresh is None:
+        """The pooled connection to ``name`` (through its bastion's), opened (again) if needed.
+        :raises HostUnreachable: if the pool is closed; else as :meth:`run`'s connection errors."""
+        if self._closed:
             raise HostUnreachable(name, "the SSH pool is closed")
-        async with (
-            self._locks.setdefault(name, asyncio.Lock()) if fresh is None else contextlib.nullcontext()
-        ):
+        async with self._locks.setdefault(name, asyncio.Lock()):
             conn = self._conns.get(name)
-            if fresh is None and conn is not None and not conn.is_closed():
+            if conn is not None and not conn.is_closed():
                 return conn
             hc = self.config.hosts[name]
             if hc.jump in seen:
                 raise HostUnreachable(name, f"jump host loop through {hc.jump}")
-            tunnel = await self._connection(hc.jump, seen | {name}, fresh) if hc.jump else ()
+            tunnel = await self._connection(hc.jump, seen | {name}) if hc.jump else ()
             known_path = (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
             found = await asyncio.to_thread(known_path.is_file)
             known = str(known_path) if found else asyncssh.import_known_hosts("")  # trusts nothing
-            client = _Client(self if fresh is None else None, name)
+            client = _Client(self, name)
             try:
                 conn = await asyncio.wait_for(
                     asyncssh.connect(
@@ -332,10 +299,7 @@ class SSHPool:
                 raise HostUnreachable(name, _reason(exc)) from None
             except ValueError as exc:  # unreadable key or known_hosts file
                 raise HostUnreachable(name, f"SSH configuration problem: {exc}") from None
-            if fresh is None:
-                self._conns[name] = conn
-            else:
-                fresh.append(conn)
+            self._conns[name] = conn
             return conn
 
     async def _open_process(self, name: str, command: str) -> asyncssh.SSHClientProcess[str]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from pipeline import fmt
 from pipeline.errors import RemoteCommandError
-from pipeline.host.contract import SlurmTasksArgs
-from pipeline.host.probe import LogChunk, helper_argv
+from pipeline.host.contract import ReadArgs, SlurmTasksArgs
+from pipeline.host.probe import LogChunk, helper_argv, parse_int
 from pipeline.host.remote import RemoteHosts, RemoteResult
 
 QUERY_TIMEOUT = 30.0  #: seconds for one squeue/scontrol/sacct call
@@ -158,17 +158,6 @@ def _sections(text: str) -> dict[str, list[str]]:
     return parts
 
 
-@dataclass(frozen=True)
-class FileRange:
-    """Bytes of a file on the login node to read with the cluster query (a job's metric lines):
-    at most ``max_bytes`` from byte ``offset``."""
-
-    path: str
-    offset: int
-    max_bytes: int
-    inode: int | None = None  #: read from 0 when the path now holds another file (None: not checked)
-
-
 def parse_reads(text: str) -> dict[str, LogChunk | None]:
     """The ``@@reads`` section of a ``_QUERY`` answer: path → its bytes from the range's ``offset``
     (the chunk's ``offset``: where the next read starts; None: unreadable)."""
@@ -181,14 +170,10 @@ def parse_reads(text: str) -> dict[str, LogChunk | None]:
             f = head.split("|", 5)
             try:
                 data = base64.b64decode(body.strip())
-                out[f[5]] = LogChunk(data, int(f[1]) + len(data), int(f[2]), _int_or_none(f[3]), f[4] == "1")
+                out[f[5]] = LogChunk(data, int(f[1]) + len(data), int(f[2]), parse_int(f[3]), f[4] == "1")
             except (ValueError, IndexError):
                 continue
     return out
-
-
-def _int_or_none(text: str) -> int | None:
-    return int(text) if text.isdigit() else None
 
 
 def parse_query(text: str) -> dict[int, SlurmJob]:
@@ -201,7 +186,7 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
         if jid.isdigit():
             fields = {
                 "state": (state.split() or ["UNKNOWN"])[0],  # sacct's ``CANCELLED by 0``: cut
-                "nodes": _int_or_none(nodes) or 0,
+                "nodes": parse_int(nodes) or 0,
                 "nodelist": expand_nodelist(nodelist),
                 "reason": "" if reason == "None" else reason,
                 **more,
@@ -225,15 +210,31 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
     return {jid: SlurmJob(id=jid, **v) for jid, v in jobs.items()}  # type: ignore[arg-type]
 
 
+def _by_task(stdout: str) -> list[list[str]]:
+    """The lines of ``srun --label`` output, label cut, grouped by task (unlabelled lines dropped)."""
+    tasks: dict[str, list[str]] = {}
+    for label, _, body in (line.partition(": ") for line in stdout.splitlines()):
+        if label.strip().isdigit():
+            tasks.setdefault(label.strip(), []).append(body)
+    return list(tasks.values())
+
+
+def _srun_failed(
+    host: str, job_id: int, what: Sequence[str], status: int | None, stderr: str
+) -> RemoteCommandError:
+    """An srun into job ``job_id`` on login node ``host`` that gave no answer (``what``: what it ran)."""
+    why = "timed out" if status in (124, 137) else "failed"
+    message = f"on {host}: srun into job {job_id} {why}: {stderr.strip()[-300:] or 'no output'}"
+    argv = ["srun", f"--jobid={job_id}", "--overlap", *what]
+    return RemoteCommandError(host, argv, message, exit_status=status, stderr=stderr)
+
+
 def _node_tasks(host: str, job_id: int, status: int | None, stdout: str, stderr: str) -> list[NodeTasks]:
     """The per-node answers of the helper under ``srun --label`` (one JSON object per node).
     :raises RemoteCommandError: if none came back and srun exited non-zero."""
     out: list[NodeTasks] = []
-    for line in stdout.splitlines():
-        label, _, body = line.partition(": ")
-        if not label.strip().isdigit():
-            continue
-        for chunk in re.findall(r"\{.*?\}(?=\{|$)", body.strip()):
+    for lines in _by_task(stdout):
+        for chunk in re.findall(r"\{.*?\}(?=\{|$)", "".join(lines).strip()):
             try:
                 answer = json.loads(chunk)
             except ValueError:
@@ -241,14 +242,7 @@ def _node_tasks(host: str, job_id: int, status: int | None, stdout: str, stderr:
             err = str(answer["error"]) if answer.get("error") else None
             out.append(NodeTasks(str(answer.get("node") or "?"), () if err else tuple(answer["pids"]), err))
     if not out and status != 0:
-        why = "timed out" if status in (124, 137) else "failed"
-        raise RemoteCommandError(
-            host,
-            ["srun", f"--jobid={job_id}", "--overlap", "<pitstop host helper>", "slurm_tasks"],
-            f"on {host}: srun into job {job_id} {why}: {stderr.strip()[-300:]}",
-            exit_status=status,
-            stderr=stderr,
-        )
+        raise _srun_failed(host, job_id, ["<pitstop host helper>", "slurm_tasks"], status, stderr)
     return sorted(out, key=lambda n: n.node)
 
 
@@ -260,17 +254,12 @@ def parse_tasks(host: str, text: str) -> dict[int, TasksOrError]:
         if line.startswith("@@tasks|") and len(f := line.split("|")) == 5 and f[1].isdigit():
             try:
                 out, err = (base64.b64decode(x).decode(errors="replace") for x in f[3:5])
-                found[int(f[1])] = _node_tasks(host, int(f[1]), _int_or_none(f[2]), out, err)
+                found[int(f[1])] = _node_tasks(host, int(f[1]), parse_int(f[2]), out, err)
             except ValueError:
                 continue
             except RemoteCommandError as exc:
                 found[int(f[1])] = exc
     return found
-
-
-def _srun(job_id: int, nodes: int) -> list[str]:
-    """Run once on each of the job's ``nodes`` nodes, inside its allocation, output lines labelled."""
-    return f"srun --jobid={job_id} --overlap -N{nodes} --ntasks-per-node=1 --label --quiet".split()
 
 
 class SlurmClient:
@@ -287,7 +276,7 @@ class SlurmClient:
         job: str,
         ids: Sequence[int],
         paths: Sequence[str],
-        reads: Sequence[FileRange],
+        reads: Sequence[ReadArgs],
         tasks: Mapping[int, str] | None = None,
     ) -> tuple[dict[int, SlurmJob], dict[str, int], dict[str, LogChunk | None], dict[int, TasksOrError]]:
         """:meth:`query`, the sizes of ``paths``, the byte ranges ``reads`` (the jobs' metric lines)
@@ -302,14 +291,13 @@ class SlurmClient:
         """
         joined = ",".join(str(i) for i in ids) or "0"
         extra: list[str] = []
-        for r in [*(FileRange(p, 0, 0) for p in paths), *reads]:  # a path's size: a read of no bytes
-            inode = "" if r.inode is None else str(r.inode)
-            extra += [r.path, str(max(0, r.offset)), str(max(0, r.max_bytes)), inode]
+        for r in [*(ReadArgs(path=p, offset=0, max_bytes=0) for p in paths), *reads]:  # a size: no bytes
+            inode = "" if r.get("inode") is None else str(r.get("inode"))
+            extra += [r["path"], str(max(0, r["offset"])), str(max(0, r["max_bytes"])), inode]
         helper = helper_argv("slurm_tasks", {"job": 0, "match": ""})[:-1] if tasks else []
-        wanted_tasks: list[str] = []
-        for job_id, match in (tasks or {}).items():
-            args: SlurmTasksArgs = {"job": job_id, "match": match}
-            wanted_tasks += [str(job_id), json.dumps(args, separators=(",", ":"))]
+        wanted_tasks = [
+            x for i, m in (tasks or {}).items() for x in (str(i), json.dumps(SlurmTasksArgs(job=i, match=m)))
+        ]
         head = [joined, f"{TASKS_TIMEOUT:.0f}", str(len(helper)), *helper, *wanted_tasks, "@@reads"]
         argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", *head, *extra]
         result = await self._run(job, argv, QUERY_TIMEOUT + (TASKS_TIMEOUT + 5 if tasks else 0))
@@ -322,7 +310,7 @@ class SlurmClient:
         return (
             {i: j for i, j in parse_query(result.stdout).items() if i in ids},
             {path: chunk.size for path, chunk in chunks.items() if chunk is not None},
-            {r.path: chunks.get(r.path) for r in reads},
+            {r["path"]: chunks.get(r["path"]) for r in reads},
             parse_tasks(result.host, result.stdout),
         )
 
@@ -366,38 +354,28 @@ class SlurmClient:
         text = result.stdout.strip()
         return int(text) if result.exit_status == 0 and text.isdigit() else 0
 
-    async def node_tasks(self, job: str, job_id: int, nodes: int, match: str) -> list[NodeTasks]:
-        """The job's task processes on each of its ``nodes`` nodes (the host helper under
-        :func:`_srun`).  :raises RemoteCommandError: if srun fails (its stderr in the message)."""
-        tasks: SlurmTasksArgs = {"job": job_id, "match": match}
-        result = await self._run(
-            job, [*_srun(job_id, nodes), *helper_argv("slurm_tasks", tasks)], TASKS_TIMEOUT
-        )
-        return _node_tasks(result.host, job_id, result.exit_status, result.stdout, result.stderr)
+    async def node_tasks(self, job: str, job_id: int, match: str) -> list[NodeTasks]:
+        """The job's task processes on each of its nodes, if it is RUNNING (:meth:`query_with_reads`).
+        :raises RemoteCommandError: if srun fails (its stderr in the message)."""
+        found = (await self.query_with_reads(job, [job_id], (), (), {job_id: match}))[3].get(job_id, [])
+        if isinstance(found, RemoteCommandError):
+            raise found
+        return found
 
     async def node_gpus(self, job: str, job_id: int, nodes: int, argv: Sequence[str]) -> dict[str, str]:
-        """``argv`` (an ``nvidia-smi`` query) run under :func:`_srun`: its output by node name.
+        """``argv`` (an ``nvidia-smi`` query) run once on each of the job's ``nodes`` nodes, inside its
+        allocation: its output by node name.
         :raises RemoteCommandError: if srun fails on every node (its stderr in the message)."""
+        srun = f"srun --jobid={job_id} --overlap -N{nodes} --ntasks-per-node=1 --label --quiet".split()
         script = 'echo "@@node $SLURMD_NODENAME"; exec "$@"'
-        result = await self._run(
-            job, [*_srun(job_id, nodes), "bash", "-c", script, "pitstop-gpus", *argv], TASKS_TIMEOUT
-        )
-        by_task: dict[str, list[str]] = {}
-        for line in result.stdout.splitlines():
-            label, _, body = line.partition(": ")
-            by_task.setdefault(label.strip(), []).append(body)
-        out: dict[str, str] = {}
-        for lines in by_task.values():
-            if lines[0].startswith("@@node "):
-                out[lines[0][7:].strip()] = "\n".join(lines[1:]) + "\n"
+        result = await self._run(job, [*srun, "bash", "-c", script, "pitstop-gpus", *argv], TASKS_TIMEOUT)
+        out = {
+            ls[0][7:].strip(): "\n".join(ls[1:]) + "\n"
+            for ls in _by_task(result.stdout)
+            if ls[0].startswith("@@node ")
+        }
         if not out:
-            raise RemoteCommandError(
-                result.host,
-                ["srun", f"--jobid={job_id}", "--overlap", *argv],
-                f"on {result.host}: srun into job {job_id} failed: {result.stderr.strip()[-300:] or 'no output'}",
-                exit_status=result.exit_status,
-                stderr=result.stderr,
-            )
+            raise _srun_failed(result.host, job_id, argv, result.exit_status, result.stderr)
         return dict(sorted(out.items()))
 
 
