@@ -155,7 +155,10 @@ async def test_auto_restart_retries_nccl_timeout_and_gives_up_on_a_repeating_exc
         try:
             after = await ctx.events.last_id()
             h.set_mode("job", crash=kind)
-            run = await h.launch("job")  # verified RUNNING: the job is expected to be up
+            # verified RUNNING by the scheduler (the verification's one claimant): the job is expected to be up
+            run = await h.launch("job", verify=False)
+            assert await _events(h, EventKind.VERDICT, "job", after, count=1, timeout=30)
+            run = await ctx.runs.get(run.id)
             assert run.verdict is Verdict.RUNNING, run.evidence
             (h.root / "job" / "crash.now").write_text("")  # from now on every run fails after step 2
             [alert] = await _events(h, EventKind.ALERT, "job", after, count=1, timeout=20)
