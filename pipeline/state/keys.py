@@ -145,7 +145,7 @@ def delivery_failure(prefix: str) -> str:
 
 
 def undelivered_alert(prefix: str) -> str:
-    """String: JSON of the last alert refused in its channel (:mod:`pipeline.state.undelivered`)."""
+    """String: JSON of the last alert refused in its channel (:mod:`pipeline.state.deliveries`)."""
     return f"{prefix}slack:undelivered_alert"
 
 
