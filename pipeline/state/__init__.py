@@ -2,9 +2,9 @@
 
 Key names live in :mod:`~pipeline.state.keys` (imported by this package only), the connection in
 :mod:`~pipeline.state.redisconn`, whose handle opens every store; each other module is one store
-(runs, verifications, locks, jobstate, incidents, digests, events, leader and the watch clock,
-audit, Slack deliveries (exactly-once, headline posts, refused alerts), confirmations, approvals,
-outage).
+(runs, verifications, locks, jobstate and the digests' memory, incidents, events, leader and the
+watch clock, audit, Slack deliveries (exactly-once, headline posts, refused alerts), confirmations,
+approvals, outage).
 
 A state changes only through its store's named transitions; an illegal one raises
 :class:`~pipeline.errors.IllegalTransition`, and Redis's own errors reach callers as
