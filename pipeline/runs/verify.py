@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 
-from pipeline.errors import IllegalTransition, PitstopError, UnknownRun
+from pipeline.errors import IllegalTransition, PitstopError
 from pipeline.runs.base import RunEvent, RunServiceBase, Told
 from pipeline.state.runs import RunRecord, RunState
 from pipeline.state.verifications import Claim
@@ -47,10 +47,7 @@ class Verification(RunServiceBase):
         renewal = asyncio.get_running_loop().create_task(self._renew_claim(claim))
         keep = False  # the claim is released (shielded) unless something was told
         try:
-            try:
-                run: RunRecord | None = await self.runs.get(run_id)
-            except UnknownRun:
-                run = None
+            run = await self.runs.find(run_id)
             # ended (and told) by its sequence or a take-over
             if run is None or RunState.of(run) is RunState.ENDED:
                 await self.queue.drop(run_id)

@@ -348,23 +348,19 @@ class RunStore(Store):
         """Queue ``run_id``'s throughput follow-up, due at ``due`` (unix s)."""
         await self.client.zadd(keys.runs_recovery(self.prefix), {run_id: due})
 
-    async def due_recoveries(self, now: float | None = None, limit: int = 100) -> list[str]:
-        """Ids of runs whose follow-up is due by ``now`` (default: now), oldest first."""
-        now = time.time() if now is None else now
+    async def due_recoveries(self, now: float, limit: int = 100) -> list[str]:
+        """Ids of runs whose follow-up is due by ``now`` (unix s), oldest first."""
         found = await self.client.zrangebyscore(
             keys.runs_recovery(self.prefix), "-inf", now, start=0, num=limit
         )
         return [str(i) for i in found]
 
-    async def claim_recovery(
-        self, run_id: str, *, now: float | None = None, lease: float = RECOVERY_LEASE
-    ) -> float | None:
-        """Claim a due follow-up for ``lease`` s: its due time moves to the lease's end, so it is due
-        again if its claimant dies before :meth:`recovery_done` (posted at least once).
+    async def claim_recovery(self, run_id: str, *, now: float, lease: float = RECOVERY_LEASE) -> float | None:
+        """Claim a follow-up due by ``now`` (unix s) for ``lease`` s: its due time moves to the lease's
+        end, so it is due again if its claimant dies before :meth:`recovery_done` (posted at least once).
 
         :returns: the claim (the lease's end, unix s), or None when not due, held, or done.
         """
-        now = time.time() if now is None else now
         end = now + lease
         key = keys.runs_recovery(self.prefix)
         return end if await self.client.eval(_CLAIM_RECOVERY, 1, key, run_id, repr(now), repr(end)) else None
@@ -408,10 +404,9 @@ class RunStore(Store):
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
                 pipe.eval(EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(OWNER_TTL))
-            for run_id in ids:
                 pipe.sismember(keys.runs_open(self.prefix), run_id)
             answers = await pipe.execute()
-        for run_id, renewed, still_open in zip(ids, answers[: len(ids)], answers[len(ids) :], strict=True):
+        for run_id, renewed, still_open in zip(ids, answers[::2], answers[1::2], strict=True):
             if not still_open or not renewed:
                 if still_open:
                     log.warning("run %s: its heartbeat lapsed and another process took it over", run_id)
@@ -459,11 +454,10 @@ class RunStore(Store):
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
                 pipe.get(keys.run(self.prefix, run_id))
-            for run_id in ids:
                 pipe.exists(keys.run_owner(self.prefix, run_id))
             answers = await pipe.execute()
         out: list[RunRecord] = []
-        for run_id, raw, beating in zip(ids, answers[: len(ids)], answers[len(ids) :], strict=True):
+        for run_id, raw, beating in zip(ids, answers[::2], answers[1::2], strict=True):
             run = None if raw is None else RunRecord.model_validate_json(raw)
             if run is None or run.finished_at is not None:
                 await self.client.srem(keys.runs_open(self.prefix), run_id)
@@ -471,12 +465,16 @@ class RunStore(Store):
                 out.append(run)
         return out
 
+    async def find(self, run_id: str) -> RunRecord | None:
+        """The run ``run_id``, or None if there is none."""
+        raw = await self.client.get(keys.run(self.prefix, run_id))
+        return None if raw is None else RunRecord.model_validate_json(raw)
+
     async def get(self, run_id: str) -> RunRecord:
         """The run ``run_id`` (:class:`~pipeline.errors.UnknownRun` if there is none)."""
-        raw = await self.client.get(keys.run(self.prefix, run_id))
-        if raw is None:
+        if (run := await self.find(run_id)) is None:
             raise UnknownRun(run_id)
-        return RunRecord.model_validate_json(raw)
+        return run
 
     async def recent(self, job: str | None = None, count: int = 10) -> list[RunRecord]:
         """Up to ``count`` runs, newest first, of one job or of all jobs."""
