@@ -109,10 +109,8 @@ class RunService(Verification, Attempts):
                 final = await self.restarter.restart(
                     run, add=run.patches, remove=remove, fresh_cache=run.fresh_cache
                 )
-            elif run.action == "start":
-                final = await self.restarter.start(run)
             else:
-                final = await self.restarter.stop(run)
+                final = await (self.restarter.start if run.action == "start" else self.restarter.stop)(run)
         except PitstopError as exc:
             error = exc.message
         except Exception:
