@@ -39,7 +39,7 @@ from pipeline import fmt
 from pipeline.config import Config, WatchSettings
 from pipeline.errors import SlackUnavailable, StateUnavailable, UsageError
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
-from pipeline.state.outage import Outage, StoreWatch
+from pipeline.state.redisconn import Outage, StoreWatch
 
 log = logging.getLogger(__name__)
 

@@ -180,5 +180,5 @@ def watched_at(prefix: str) -> str:
 
 
 def outage_told(prefix: str) -> str:
-    """String: unix s at which the last state-store outage that was posted ended (:mod:`pipeline.state.outage`)."""
+    """String: unix s at which the last state-store outage that was posted ended (:mod:`pipeline.state.redisconn`)."""
     return f"{prefix}store:outage_told"
