@@ -1,6 +1,6 @@
 """Delivering a run's verdict: verify once, tell once, whichever process gets there first.
 
-A launched run waits in the verification queue (:mod:`pipeline.state.verifications`), due at
+A launched run waits in the verification queue (:class:`pipeline.state.runs.VerifyQueue`), due at
 launch + ``start_window`` (overdue after a restart of Pitstop: the first poll delivers it).  The
 scheduler leader or ``pitstop say --wait`` calls :meth:`Verification.deliver`; the queue's claim
 makes one of them verify and tell.  The claim lives ``CLAIM_TTL`` s unless renewed and is made
@@ -19,8 +19,7 @@ import time
 
 from pipeline.errors import IllegalTransition, PitstopError
 from pipeline.runs.base import RunEvent, RunServiceBase, Told
-from pipeline.state.runs import RunRecord, RunState
-from pipeline.state.verifications import Claim
+from pipeline.state.runs import Claim, RunRecord, RunState
 from pipeline.verdict import Verdict
 
 log = logging.getLogger(__name__)
