@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from pipeline.state import keys
@@ -30,17 +29,13 @@ DEFAULT_TTL = 3600  #: seconds a delivery id is remembered (Slack retries within
 
 
 class Deliveries(Store):
-    """Claim delivery ids, each kept ``ttl`` s."""
-
-    def __init__(self, client: aioredis.Redis, prefix: str, *, ttl: int = DEFAULT_TTL) -> None:
-        super().__init__(client, prefix)
-        self.ttl = ttl
+    """Claim delivery ids, each kept :data:`DEFAULT_TTL` s."""
 
     async def claim(self, delivery_id: str, owner: str = "1") -> bool:
         """Claim ``delivery_id`` for ``owner`` (the instance that acts on it): True for the first delivery,
         False for a repeat."""
         return bool(
-            await self.client.set(keys.delivery(self.prefix, delivery_id), owner, nx=True, ex=self.ttl)
+            await self.client.set(keys.delivery(self.prefix, delivery_id), owner, nx=True, ex=DEFAULT_TTL)
         )
 
     async def seen(self, delivery_id: str) -> bool:

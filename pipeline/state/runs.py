@@ -543,10 +543,9 @@ class VerifyQueue(Store):
         score = await self.client.zscore(self.key, run_id)
         return None if score is None else float(score)
 
-    async def due(self, *, now: float | None = None, limit: int = 100) -> list[str]:
-        """Ids of queued runs due by ``now`` (default: now), oldest first."""
-        now = time.time() if now is None else now
-        return [str(i) for i in await self.client.zrangebyscore(self.key, "-inf", now, start=0, num=limit)]
+    async def due(self, limit: int = 100) -> list[str]:
+        """Ids of queued runs due now, oldest first."""
+        return [str(i) for i in await self.client.zrangebyscore(self.key, "-inf", time.time(), 0, limit)]
 
     async def claim(self, run_id: str, holder: str, ttl: float) -> Claim | None:
         """Claim delivering ``run_id``'s verdict for ``ttl`` s; None if another delivery holds it (or did it)."""
