@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pipeline.errors import PitstopError, UnknownRun
+from pipeline.errors import PitstopError
 from pipeline.observe.attempts import (
     attempt_start,
     median_throughput,
@@ -125,14 +125,11 @@ class Attempts(RunServiceBase):
 
         :param ended: how it ended, as :func:`~pipeline.observe.attempts.crash_words` says (None: unknown).
         """
-        if run_id := (await self.jobs.read(name)).run_id:
+        if (run_id := (await self.jobs.read(name)).run_id) and (run := await self.runs.find(run_id)):
             try:
-                run = await self.runs.get(run_id)
                 await record_dead(
                     self.restarter.read_chunk, self.runs, name, self.config.jobs[name], run, ended=ended
                 )
-            except UnknownRun:
-                pass
             except PitstopError as exc:
                 log.info("%s: how far %s got is unknown: %s", name, run_id, exc.message)
         if not (stuck := await self.stuck_attempts(name)):

@@ -63,18 +63,13 @@ class LeaderLease:
         :raises StateUnavailable: if Redis cannot be reached (the local lease is dropped
             first, so :attr:`is_leader` turns False).
         """
-        started = time.monotonic()
+        started, held = time.monotonic(), 0
         try:
             with unavailable():
                 held = await self._acquire(keys=[self.key], args=[self.holder, ms(self.ttl)])
-        except BaseException:
-            self._valid_until = 0.0
-            raise
-        if held == 1:
-            self._valid_until = started + self.ttl * SAFETY
-            return True
-        self._valid_until = 0.0
-        return False
+        finally:  # a failed renewal drops the local lease too
+            self._valid_until = started + self.ttl * SAFETY if held == 1 else 0.0
+        return bool(held == 1)
 
     async def release(self) -> bool:
         """Give the lease up if this process holds it (True), so another can take over at once
