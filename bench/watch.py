@@ -76,7 +76,7 @@ from pipeline.config import (  # noqa: E402
     StateSettings,
     WatchSettings,
 )
-from pipeline.state.posts import Posts  # noqa: E402
+from pipeline.state.deliveries import Posts  # noqa: E402
 from tests.fixtures.slack import BOT_TOKEN, Channel, FakeSlack  # noqa: E402
 
 SIZES = ((200, 4), (1000, 50))  #: (jobs, hosts): today's size, and the scale target

@@ -45,8 +45,8 @@ from pipeline.engines.runner import Runner
 from pipeline.host.remote import SSHPool
 from pipeline.observe.metrics import MetricLine, parse_metric_lines, percentile
 from pipeline.state import keys
-from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
+from pipeline.state.jobstate import DigestMemory
 from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunStore
 from tests.fixtures.localread import local_reader

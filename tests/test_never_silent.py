@@ -16,8 +16,7 @@ from handlers.reply import Reply, Status
 from handlers.views.read import status_command
 from handlers.watch.acks import ack_command
 from pipeline.config import Config
-from pipeline.state.posts import Posts
-from pipeline.state.undelivered import UndeliveredAlerts
+from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from tests.fixtures.slack import ANNOUNCE, BOT_TOKEN, Channel, FakeSlack
 from tests.test_slack_http import MakeStack, make_stack  # noqa: F401 (a fixture)
 from tests.test_watch import JOBS, cycles_for, open_harness, until

@@ -27,7 +27,7 @@ from handlers.text import HELP_TITLE
 from pipeline.config import Config
 from pipeline.errors import UnknownRun
 from pipeline.state import keys
-from pipeline.state.posts import Posts
+from pipeline.state.deliveries import Posts
 from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunStore
 from tests.fixtures.slack import (

@@ -17,8 +17,7 @@ import pytest
 from handlers.views.read import status_command
 from pipeline.config import Config, RedisSettings, StateSettings, WatchSettings
 from pipeline.state.incidents import IncidentStore
-from pipeline.state.outage import Outage, StoreWatch
-from pipeline.state.redisconn import open_redis
+from pipeline.state.redisconn import Outage, StoreWatch, open_redis
 from tests.fixtures.slack import kill_matching
 from tests.test_slack_http import MakeStack, _verdict, make_stack
 

@@ -15,8 +15,7 @@ from pipeline.errors import IllegalTransition, error_class
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 from pipeline.state.locks import JobLock
 from pipeline.state.redisconn import RedisHandle
-from pipeline.state.runs import RunRecord, RunState, RunStore, StepRecord
-from pipeline.state.verifications import Claim, VerifyQueue
+from pipeline.state.runs import Claim, RunRecord, RunState, RunStore, StepRecord, VerifyQueue
 from pipeline.verdict import Outcome, Step, Verdict
 
 

@@ -33,10 +33,9 @@ from handlers.watch.acks import ack_command
 from handlers.watch.cycle import Watcher
 from handlers.watch.storm import Round, Told, plan, plan_follow_ups, tell
 from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, SlackSettings, WatchSettings
+from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
-from pipeline.state.posts import Posts
 from pipeline.state.redisconn import RedisHandle
-from pipeline.state.undelivered import UndeliveredAlerts
 from tests.fixtures.slack import BOT_TOKEN, Channel, FakeSlack
 from tests.fixtures.ssh import InProcessHost, start_in_process
 from tests.support_handlers import wait_until

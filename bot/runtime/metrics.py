@@ -16,8 +16,8 @@ from prometheus_client.registry import Collector
 from bot.slack.send import SlackSender
 from handlers.context import Context
 from handlers.watch.stats import WatchStats
-from pipeline.state.digests import DigestMemory
 from pipeline.state.incidents import IncidentKind
+from pipeline.state.jobstate import DigestMemory
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  #: the Prometheus text format's media type
 RECENT_RUNS = 500  #: runs (all jobs, newest first) counted by ``pitstop_runs_recent``

@@ -29,8 +29,7 @@ from handlers.watch.cycle import Watcher
 from pipeline.errors import StateUnavailable
 from pipeline.observe.watch import Decision
 from pipeline.state.incidents import IncidentKind
-from pipeline.state.leader import LeaderLease
-from pipeline.state.watchclock import WatchClock
+from pipeline.state.leader import LeaderLease, WatchClock
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,8 @@ from handlers.watch.alerts import page_by_dm
 from pipeline import fmt
 from pipeline.config import Config, WatchSettings
 from pipeline.errors import SlackUnavailable, StateUnavailable, UsageError
-from pipeline.state.outage import Outage, StoreWatch
-from pipeline.state.posts import Posts
-from pipeline.state.undelivered import UndeliveredAlerts
+from pipeline.state.deliveries import Posts, UndeliveredAlerts
+from pipeline.state.redisconn import Outage, StoreWatch
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The Slack :class:`~handlers.outbox.Outbox`: one headline per restart, claimed among replicas in
-:class:`~pipeline.state.posts.Posts` and updated in place, its thread, grouped posts (alert
+:class:`~pipeline.state.deliveries.Posts` and updated in place, its thread, grouped posts (alert
 storms), and refusals told to a person with their fix, never silently dropped.
 """
 
@@ -23,9 +23,8 @@ from bot.slack.send import Delivery, SlackSender
 from bot.text import refused_notice, slack_not_posted, slack_owner_note
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
-from pipeline.state.posts import CLAIM_LEASE, Posts
+from pipeline.state.deliveries import CLAIM_LEASE, Posts, UndeliveredAlerts
 from pipeline.state.runs import RunStore
-from pipeline.state.undelivered import UndeliveredAlerts
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ class SlackOutbox(SlackSender):
 
     async def _renewing(self, key: str, sending: Awaitable[T]) -> T:
         """Await ``sending`` (``key``'s headline) while renewing our claim on it every third of
-        :data:`~pipeline.state.posts.CLAIM_LEASE`, so waiting replicas see it on its way."""
+        :data:`~pipeline.state.deliveries.CLAIM_LEASE`, so waiting replicas see it on its way."""
         posts = self._posts
         if posts is None:
             return await sending

@@ -28,8 +28,8 @@ from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
 from handlers.request.flow import Flow, Next, Request, Step
 from handlers.request.verbs import VERBS, Acted, Call
 from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
+from pipeline.state.approvals import DEFAULT_WINDOW, Confirmations, Pending, Take
 from pipeline.state.audit import Audit, AuditEntry, AuditOutcome
-from pipeline.state.confirmations import DEFAULT_WINDOW, Confirmations, Pending, Take
 from pipeline.state.deliveries import Deliveries
 from pipeline.state.locks import DEFAULT_TTL, InFlight
 

@@ -24,11 +24,10 @@ from pipeline.fmt import who
 from pipeline.host.probe import JobProbe
 from pipeline.observe.watch import probe_slow
 from pipeline.state.audit import APPROVALS, REFUSALS, Audit, AuditEntry
+from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import Holder
-from pipeline.state.posts import Posts
 from pipeline.state.runs import RunRecord
-from pipeline.state.undelivered import UndeliveredAlerts
 from pipeline.verdict import Outcome, Step
 
 _MAX_REFUSALS = 10

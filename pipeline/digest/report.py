@@ -25,9 +25,8 @@ from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import TrainingProgress, progress_toward
 from pipeline.observe.gpus import GpuStat, query_gpus
 from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, parse_metric_lines
-from pipeline.state.digests import DigestMemory
 from pipeline.state.events import EventKind, Events
-from pipeline.state.jobstate import JobStore
+from pipeline.state.jobstate import DigestMemory, JobStore
 from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunRecord, RunStore
 

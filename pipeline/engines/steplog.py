@@ -17,8 +17,7 @@ from pipeline import verdict
 from pipeline.errors import LaunchFailed, PreflightFailed, RunCancelled, SequenceAborted, StopFailed
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobRecords
-from pipeline.state.runs import RunRecord, RunStore, StepRecord
-from pipeline.state.verifications import VerifyQueue
+from pipeline.state.runs import RunRecord, RunStore, StepRecord, VerifyQueue
 from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pipeline.errors import PitstopError, UnknownRun
+from pipeline.errors import PitstopError
 from pipeline.observe.attempts import (
     attempt_start,
     median_throughput,
@@ -80,9 +80,7 @@ class Attempts(RunServiceBase):
     async def _followup(self, run_id: str) -> RunEvent | None:
         """The follow-up of ``run_id``: throughput since its launch against its previous attempt's;
         None when there is nothing to compare.  :raises PitstopError: if the job's log cannot be read."""
-        try:
-            run = await self.runs.get(run_id)
-        except UnknownRun:
+        if (run := await self.runs.find(run_id)) is None:
             return None
         job = self.config.jobs.get(run.job)
         start = attempt_start(run, job) if job is not None else None
@@ -90,10 +88,9 @@ class Attempts(RunServiceBase):
             return None
         if (await self.jobs.read(run.job)).run_id != run.id:
             return None  # restarted or stopped since: this run's throughput is no longer the job's
-        try:
-            before = (await self.runs.get(run.previous_run)).reach
-        except UnknownRun:
+        if (previous := await self.runs.find(run.previous_run)) is None:
             return None
+        before = previous.reach
         lines = await read_attempt(self.restarter.read_chunk, run.job, job, start)
         found = recovery(
             median_throughput(lines), before.tokens_per_s if before else None, job.watch.slow_after_restart
@@ -128,14 +125,11 @@ class Attempts(RunServiceBase):
 
         :param ended: how it ended, as :func:`~pipeline.observe.attempts.crash_words` says (None: unknown).
         """
-        if run_id := (await self.jobs.read(name)).run_id:
+        if (run_id := (await self.jobs.read(name)).run_id) and (run := await self.runs.find(run_id)):
             try:
-                run = await self.runs.get(run_id)
                 await record_dead(
                     self.restarter.read_chunk, self.runs, name, self.config.jobs[name], run, ended=ended
                 )
-            except UnknownRun:
-                pass
             except PitstopError as exc:
                 log.info("%s: how far %s got is unknown: %s", name, run_id, exc.message)
         if not (stuck := await self.stuck_attempts(name)):

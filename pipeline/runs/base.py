@@ -16,8 +16,7 @@ from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import JobRecords, JobStore
 from pipeline.state.locks import JobLock, Locks
 from pipeline.state.redisconn import RedisHandle
-from pipeline.state.runs import RunRecord
-from pipeline.state.verifications import VerifyQueue
+from pipeline.state.runs import RunRecord, VerifyQueue
 
 
 class Told(StrEnum):

@@ -22,8 +22,7 @@ from pipeline.errors import IllegalTransition
 from pipeline.host.probe import JobProbe
 from pipeline.state.jobstate import JobRecords
 from pipeline.state.locks import Locks
-from pipeline.state.runs import RunRecord, identity
-from pipeline.state.verifications import VerifyQueue
+from pipeline.state.runs import RunRecord, VerifyQueue, identity
 from pipeline.verdict import Outcome, Verdict
 
 log = logging.getLogger(__name__)

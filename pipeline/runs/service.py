@@ -109,10 +109,8 @@ class RunService(Verification, Attempts):
                 final = await self.restarter.restart(
                     run, add=run.patches, remove=remove, fresh_cache=run.fresh_cache
                 )
-            elif run.action == "start":
-                final = await self.restarter.start(run)
             else:
-                final = await self.restarter.stop(run)
+                final = await (self.restarter.start if run.action == "start" else self.restarter.stop)(run)
         except PitstopError as exc:
             error = exc.message
         except Exception:
@@ -160,11 +158,9 @@ class RunService(Verification, Attempts):
         """
         holder = await self.locks.holder(scope_of(self.config, job))
         run_id = holder.run_id if holder is not None and holder.job == job and holder.run_id else None
-        if run_id is None:
-            for run in await self.runs.recent(job, 5):
-                if run.finished_at is None and run.verdict is None and run.step(Step.LAUNCH) is None:
-                    run_id = run.id
-                    break
+        if run_id is None:  # not launched yet, nothing ended it
+            fresh = [r for r in await self.runs.recent(job, 5) if r.finished_at is None and r.verdict is None]
+            run_id = next((r.id for r in fresh if r.step(Step.LAUNCH) is None), None)
         if run_id is not None:
             await self.runs.request_cancel(run_id, user, CANCEL_TTL)
         return run_id

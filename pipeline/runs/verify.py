@@ -1,6 +1,6 @@
 """Delivering a run's verdict: verify once, tell once, whichever process gets there first.
 
-A launched run waits in the verification queue (:mod:`pipeline.state.verifications`), due at
+A launched run waits in the verification queue (:class:`pipeline.state.runs.VerifyQueue`), due at
 launch + ``start_window`` (overdue after a restart of Pitstop: the first poll delivers it).  The
 scheduler leader or ``pitstop say --wait`` calls :meth:`Verification.deliver`; the queue's claim
 makes one of them verify and tell.  The claim lives ``CLAIM_TTL`` s unless renewed and is made
@@ -17,10 +17,9 @@ import contextlib
 import logging
 import time
 
-from pipeline.errors import IllegalTransition, PitstopError, UnknownRun
+from pipeline.errors import IllegalTransition, PitstopError
 from pipeline.runs.base import RunEvent, RunServiceBase, Told
-from pipeline.state.runs import RunRecord, RunState
-from pipeline.state.verifications import Claim
+from pipeline.state.runs import Claim, RunRecord, RunState
 from pipeline.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -47,10 +46,7 @@ class Verification(RunServiceBase):
         renewal = asyncio.get_running_loop().create_task(self._renew_claim(claim))
         keep = False  # the claim is released (shielded) unless something was told
         try:
-            try:
-                run: RunRecord | None = await self.runs.get(run_id)
-            except UnknownRun:
-                run = None
+            run = await self.runs.find(run_id)
             # ended (and told) by its sequence or a take-over
             if run is None or RunState.of(run) is RunState.ENDED:
                 await self.queue.drop(run_id)

@@ -1,4 +1,7 @@
-"""Approval requests: an action under the two-person rule waits here until a second person decides.
+"""Requests waiting for a person: an approval (a second person's, under the two-person rule) and a
+confirmation (the requester's own, in time).
+
+Approval requests: an action under the two-person rule waits here until a second person decides.
 
 A request takes the id its run will have (``r-<n>``, reserved from the run counter), so
 ``approve r-7`` names the run it starts.  It is not a run: no owner, no heartbeat, so it outlives
@@ -8,23 +11,32 @@ Its state (:class:`ApprovalState`) changes only through :meth:`Approvals.decide`
 (:meth:`~pipeline.state.redisconn.Store.swap`), so across replicas the first decision wins (``pending`` → ``approved`` | ``denied`` | ``expired``,
 then never again); :meth:`Approvals.reopen` is the one way back.  Decided records are kept
 :data:`KEEP` s for ``history``.
+
+Confirmations: a job with ``confirm = true`` acts only when the same person confirms in time.  The
+request waits in Redis under a random token carried by the Confirm/Cancel buttons, so any replica
+can take the click.  :meth:`Confirmations.take` settles it atomically (compare-and-set): one of the
+requester's click, a double click and the expiry timer wins; someone else's click is refused and
+leaves it waiting.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from redis.asyncio.client import Pipeline
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
-from pipeline.state.redisconn import Store
+from pipeline.state.redisconn import Store, ms
 
 KEEP = 7 * 86400  #: seconds a decided request is kept (``history``)
+DEFAULT_WINDOW = 60.0  #: seconds a confirmation waits
+GRACE = 5.0  #: extra seconds a confirmation's Redis record outlives the window (the timer settles first)
 
 T = TypeVar("T")
 #: a tuple stored as a JSON list; records decided by the former Lua scripts hold ``{}`` for an empty one
@@ -184,3 +196,54 @@ class Approvals(Store):
         """Ids of pending requests whose ``expires_at`` has passed (for the expiry sweep)."""
         at = time.time() if now is None else now
         return [str(i) for i in await self.client.zrangebyscore(keys.approvals_open(self.prefix), "-inf", at)]
+
+
+# --- confirmations --------------------------------------------------------------------------------
+
+
+class Pending(BaseModel, frozen=True):
+    """A request waiting for confirmation (kept as JSON: ``model_dump_json``)."""
+
+    token: str = Field(default_factory=lambda: secrets.token_urlsafe(12))  #: the id the buttons carry
+    user: str
+    groups: tuple[str, ...]
+    text: str
+    command: str  #: the parsed command as JSON text
+    channel: str | None
+    surface: str
+    created_at: float = Field(default_factory=time.time)  #: unix s
+    window: float = DEFAULT_WINDOW  #: seconds it may wait
+
+
+class Take(StrEnum):
+    """What :meth:`Confirmations.take` found."""
+
+    TAKEN = "taken"  #: this caller settled it
+    GONE = "gone"  #: expired, or already settled by someone else
+    NOT_YOURS = "not_yours"  #: another user's confirmation: left waiting
+    EXPIRED = "expired"  #: found, but its window had passed (settled as expired)
+
+
+class Confirmations(Store):
+    """Pending confirmations in Redis."""
+
+    async def add(self, pending: Pending) -> Pending:
+        """Store ``pending`` for its ``window`` s (and :data:`GRACE`); returns it (its token goes on the buttons)."""
+        key = keys.confirmation(self.prefix, pending.token)
+        await self.client.set(key, pending.model_dump_json(), px=ms(pending.window + GRACE))
+        return pending
+
+    async def take(self, token: str, user: str | None) -> tuple[Take, Pending | None]:
+        """Settle a confirmation clicked by ``user`` (None: the expiry timer, always allowed); returns the
+        outcome and the pending request (None when gone)."""
+
+        def settle(raw: str | bytes | None, pipe: Pipeline) -> tuple[Take, Pending | None]:
+            pending = None if raw is None else Pending.model_validate_json(raw)
+            if pending is None or (user is not None and user != pending.user):
+                return (Take.GONE if pending is None else Take.NOT_YOURS), pending
+            pipe.delete(key)
+            late = user is not None and time.time() > pending.created_at + pending.window
+            return (Take.EXPIRED if late else Take.TAKEN), pending
+
+        key = keys.confirmation(self.prefix, token)
+        return await self.swap(key, settle, f"confirmation {token}", "take")

@@ -12,7 +12,6 @@ from collections.abc import Collection
 from enum import StrEnum
 from typing import Annotated, Any
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel, BeforeValidator, Field, field_validator
 
 from pipeline.state import keys
@@ -87,17 +86,15 @@ class AuditEntry(BaseModel, frozen=True):
 class Audit(Store):
     """Write and read the audit stream."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        super().__init__(client, prefix)
-        self.key = keys.audit(prefix)
-
     async def record(self, entry: AuditEntry) -> str:
         """Append ``entry`` to the stream (its ``id`` is the stream's to give).
 
         :returns: its stream id.
         """
         fields: Any = entry.model_dump(mode="json", exclude={"id"})
-        return str(await self.client.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True))
+        return str(
+            await self.client.xadd(keys.audit(self.prefix), fields, maxlen=STREAM_MAXLEN, approximate=True)
+        )
 
     async def recent(
         self,
@@ -112,7 +109,7 @@ class Audit(Store):
         out: list[AuditEntry] = []
         upper = "+"
         for _ in range(0, scan, _SCAN_BATCH):
-            batch: Any = await self.client.xrevrange(self.key, max=upper, count=_SCAN_BATCH)
+            batch: Any = await self.client.xrevrange(keys.audit(self.prefix), max=upper, count=_SCAN_BATCH)
             entries = (AuditEntry.model_validate({**fields, "id": i}) for i, fields in batch)
             out += [
                 e

@@ -9,7 +9,6 @@ import time
 from enum import StrEnum
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel, Json
 
 from pipeline.state import keys
@@ -46,16 +45,12 @@ class Event(BaseModel, frozen=True):
 class Events(Store):
     """Publish and await events on the ``events`` stream."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        super().__init__(client, prefix)
-        self.key = keys.events(prefix)
-
     async def publish(self, kind: EventKind, job: str, /, **data: Any) -> str:
         """Append an event (one with a ``run_id`` to the run's stream too, in one transaction); returns
         its id on the shared stream."""
         fields: Any = {"kind": kind.value, "job": job, "ts": repr(time.time()), "data": json.dumps(data)}
         pipe = self.client.pipeline()
-        pipe.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True)
+        pipe.xadd(keys.events(self.prefix), fields, maxlen=STREAM_MAXLEN, approximate=True)
         if data.get("run_id"):
             run_key = keys.run_events(self.prefix, str(data["run_id"]))
             pipe.xadd(run_key, fields, maxlen=RUN_MAXLEN, approximate=True)
@@ -76,7 +71,7 @@ class Events(Store):
 
     async def last_id(self) -> str:
         """The id of the newest event, or ``0-0``: wait for events after it."""
-        newest = await self.client.xrevrange(self.key, count=1)
+        newest = await self.client.xrevrange(keys.events(self.prefix), count=1)
         return str(newest[0][0]) if newest else "0-0"
 
     async def wait_for(self, kind: EventKind, job: str | None, *, after: str, timeout: float) -> Event | None:
@@ -84,7 +79,7 @@ class Events(Store):
         if none came within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
-            for event in await self._read(self.key, after, left):
+            for event in await self._read(keys.events(self.prefix), after, left):
                 after = event.id
                 if event.kind is kind and (job is None or event.job.lower() == job.lower()):
                     return event

@@ -5,7 +5,9 @@ all of them for one or many jobs in **one** pipelined round trip into a frozen
 :class:`JobSnapshot`, and the watcher, ``status``, ``gpus``, the crash check and digests read a
 job's state through it and nowhere else.  :class:`JobRecords` writes the ``job_current`` record
 and the patches in effect (for the engines).  :func:`scope_of` is the one definition of a job's
-lock scope.
+lock scope.  :class:`DigestMemory` is what scheduled digests remember of a job between runs: where
+the metric log was read to, the ranks seen so far, and the last digest's headline numbers (for the
+±% change).
 """
 
 from __future__ import annotations
@@ -191,3 +193,32 @@ class JobRecords(Store):
     async def stored_patches(self, name: str) -> set[str]:
         """The patch names last recorded in effect for the job."""
         return {str(m) for m in await self.client.smembers(keys.job_patches(self.prefix, name))}
+
+
+class DigestMemory(Store):
+    """Digest bookkeeping in Redis (stored as the digest modules write it)."""
+
+    async def offset(self, job: str) -> dict[str, str]:
+        """The last scheduled digest's log offset fields (empty if none)."""
+        return await self.hash(keys.digest_offset(self.prefix, job))
+
+    async def ranks(self, job: str) -> dict[str, str]:
+        """Every rank a digest saw → its JSON ``{"role", "last_ts"}``."""
+        return await self.hash(keys.digest_ranks(self.prefix, job))
+
+    async def add_ranks(self, job: str, fields: dict[str, str]) -> None:
+        """Record ranks seen (rank → JSON)."""
+        await self.client.hset(keys.digest_ranks(self.prefix, job), mapping=fields)  # type: ignore[arg-type]
+
+    async def last(self, job: str) -> str | None:
+        """The last scheduled digest's headline (JSON), or None."""
+        raw = await self.client.get(keys.digest_last(self.prefix, job))
+        return None if raw is None else str(raw)
+
+    async def save(self, job: str, offset: dict[str, str], last: str | None) -> None:
+        """A scheduled digest is done: its log offset, and its headline when it had metric lines."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.digest_offset(self.prefix, job), mapping=offset)  # type: ignore[arg-type]
+            if last is not None:
+                pipe.set(keys.digest_last(self.prefix, job), last)
+            await pipe.execute()

@@ -145,7 +145,7 @@ def delivery_failure(prefix: str) -> str:
 
 
 def undelivered_alert(prefix: str) -> str:
-    """String: JSON of the last alert refused in its channel (:mod:`pipeline.state.undelivered`)."""
+    """String: JSON of the last alert refused in its channel (:mod:`pipeline.state.deliveries`)."""
     return f"{prefix}slack:undelivered_alert"
 
 
@@ -180,5 +180,5 @@ def watched_at(prefix: str) -> str:
 
 
 def outage_told(prefix: str) -> str:
-    """String: unix s at which the last state-store outage that was posted ended (:mod:`pipeline.state.outage`)."""
+    """String: unix s at which the last state-store outage that was posted ended (:mod:`pipeline.state.redisconn`)."""
     return f"{prefix}store:outage_told"

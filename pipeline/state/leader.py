@@ -1,4 +1,5 @@
-"""The scheduler leader lease: one Pitstop process among replicas runs scheduled jobs.
+"""The scheduler leader lease: one Pitstop process among replicas runs scheduled jobs; and when it
+last watched (a gap between two watch cycles is a time nobody was watching).
 
 Only the holder of the lease (``keys.leader``: the holder's id, with a TTL) runs verifications,
 watch cycles and digests; it renews it every ``ttl / 3``, and if it dies another process takes
@@ -14,7 +15,7 @@ import time
 import redis.asyncio as aioredis
 
 from pipeline.state import keys
-from pipeline.state.redisconn import DELETE_IF_HELD, ms, unavailable
+from pipeline.state.redisconn import DELETE_IF_HELD, Store, ms, unavailable
 
 SAFETY = 0.8  #: fraction of the TTL a holder trusts its lease after a successful renewal
 
@@ -62,18 +63,13 @@ class LeaderLease:
         :raises StateUnavailable: if Redis cannot be reached (the local lease is dropped
             first, so :attr:`is_leader` turns False).
         """
-        started = time.monotonic()
+        started, held = time.monotonic(), 0
         try:
             with unavailable():
                 held = await self._acquire(keys=[self.key], args=[self.holder, ms(self.ttl)])
-        except BaseException:
-            self._valid_until = 0.0
-            raise
-        if held == 1:
-            self._valid_until = started + self.ttl * SAFETY
-            return True
-        self._valid_until = 0.0
-        return False
+        finally:  # a failed renewal drops the local lease too
+            self._valid_until = started + self.ttl * SAFETY if held == 1 else 0.0
+        return bool(held == 1)
 
     async def release(self) -> bool:
         """Give the lease up if this process holds it (True), so another can take over at once
@@ -85,3 +81,13 @@ class LeaderLease:
     def forget(self) -> None:
         """Stop trusting the lease locally without touching Redis (it expires by itself)."""
         self._valid_until = 0.0
+
+
+class WatchClock(Store):
+    """The time of the last finished watch cycle, of any leader (``keys.watched_at``)."""
+
+    async def mark(self, now: float) -> float | None:
+        """Record a cycle finished at ``now`` (unix s); returns the previous cycle's time (None for the
+        first), swapped atomically so that among replicas one caller sees each gap."""
+        previous = await self.client.set(keys.watched_at(self.prefix), repr(now), get=True)
+        return None if previous is None else float(previous)

@@ -167,10 +167,8 @@ class JobLock(Store):
 
     async def update(self, *, run_id: str | None = None, step: str | None = None) -> None:
         """Change the holder record (the run id once created, the step as the sequence moves)."""
-        if not self.held or self.holder is None:
-            return
         fields = {k: v for k, v in (("run_id", run_id), ("step", step)) if v is not None}
-        if not fields:
+        if not self.held or self.holder is None or not fields:
             return
         self.holder = self.holder.model_copy(update=fields)
         try:

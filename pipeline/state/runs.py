@@ -6,6 +6,14 @@ the stored record: legal from the states in :data:`TRANSITIONS` (``finish``: its
 ``decide``: verification set the verdict, re-runnable; step records...) and, for a caller's copy,
 only at the revision it was read at, so two processes never both end one run and a stale copy
 never overwrites a newer record.  Cancel requests live here too, and the throughput follow-up queue.
+
+The verification queue (:class:`VerifyQueue`): launched runs awaiting their verdict, and the one
+claim that delivers each.  A launched run is *queued* in ``keys.runs_unverified``, scored by its due
+time (unix s).  Whoever comes first (the scheduler leader, ``pitstop say --wait``) *claims* it
+(``SET NX`` with a short TTL its holder renews), verifies, posts, and marks it *done* (only the
+claim's holder may, else :class:`~pipeline.errors.IllegalTransition`): dequeued, the claim kept as
+``done:…`` for :data:`DONE_TTL` s so it is never delivered twice.  A *released* claim leaves the run
+queued.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -24,7 +33,7 @@ from redis.asyncio.client import Pipeline
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
-from pipeline.state.redisconn import EXTEND_IF_HELD, Store, ms
+from pipeline.state.redisconn import DELETE_IF_HELD, EXTEND_IF_HELD, Store, ms
 from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
@@ -348,23 +357,19 @@ class RunStore(Store):
         """Queue ``run_id``'s throughput follow-up, due at ``due`` (unix s)."""
         await self.client.zadd(keys.runs_recovery(self.prefix), {run_id: due})
 
-    async def due_recoveries(self, now: float | None = None, limit: int = 100) -> list[str]:
-        """Ids of runs whose follow-up is due by ``now`` (default: now), oldest first."""
-        now = time.time() if now is None else now
+    async def due_recoveries(self, now: float, limit: int = 100) -> list[str]:
+        """Ids of runs whose follow-up is due by ``now`` (unix s), oldest first."""
         found = await self.client.zrangebyscore(
             keys.runs_recovery(self.prefix), "-inf", now, start=0, num=limit
         )
         return [str(i) for i in found]
 
-    async def claim_recovery(
-        self, run_id: str, *, now: float | None = None, lease: float = RECOVERY_LEASE
-    ) -> float | None:
-        """Claim a due follow-up for ``lease`` s: its due time moves to the lease's end, so it is due
-        again if its claimant dies before :meth:`recovery_done` (posted at least once).
+    async def claim_recovery(self, run_id: str, *, now: float, lease: float = RECOVERY_LEASE) -> float | None:
+        """Claim a follow-up due by ``now`` (unix s) for ``lease`` s: its due time moves to the lease's
+        end, so it is due again if its claimant dies before :meth:`recovery_done` (posted at least once).
 
         :returns: the claim (the lease's end, unix s), or None when not due, held, or done.
         """
-        now = time.time() if now is None else now
         end = now + lease
         key = keys.runs_recovery(self.prefix)
         return end if await self.client.eval(_CLAIM_RECOVERY, 1, key, run_id, repr(now), repr(end)) else None
@@ -408,10 +413,9 @@ class RunStore(Store):
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
                 pipe.eval(EXTEND_IF_HELD, 1, keys.run_owner(self.prefix, run_id), self.owner, ms(OWNER_TTL))
-            for run_id in ids:
                 pipe.sismember(keys.runs_open(self.prefix), run_id)
             answers = await pipe.execute()
-        for run_id, renewed, still_open in zip(ids, answers[: len(ids)], answers[len(ids) :], strict=True):
+        for run_id, renewed, still_open in zip(ids, answers[::2], answers[1::2], strict=True):
             if not still_open or not renewed:
                 if still_open:
                     log.warning("run %s: its heartbeat lapsed and another process took it over", run_id)
@@ -459,11 +463,10 @@ class RunStore(Store):
         async with self.client.pipeline(transaction=False) as pipe:
             for run_id in ids:
                 pipe.get(keys.run(self.prefix, run_id))
-            for run_id in ids:
                 pipe.exists(keys.run_owner(self.prefix, run_id))
             answers = await pipe.execute()
         out: list[RunRecord] = []
-        for run_id, raw, beating in zip(ids, answers[: len(ids)], answers[len(ids) :], strict=True):
+        for run_id, raw, beating in zip(ids, answers[::2], answers[1::2], strict=True):
             run = None if raw is None else RunRecord.model_validate_json(raw)
             if run is None or run.finished_at is not None:
                 await self.client.srem(keys.runs_open(self.prefix), run_id)
@@ -471,12 +474,16 @@ class RunStore(Store):
                 out.append(run)
         return out
 
+    async def find(self, run_id: str) -> RunRecord | None:
+        """The run ``run_id``, or None if there is none."""
+        raw = await self.client.get(keys.run(self.prefix, run_id))
+        return None if raw is None else RunRecord.model_validate_json(raw)
+
     async def get(self, run_id: str) -> RunRecord:
         """The run ``run_id`` (:class:`~pipeline.errors.UnknownRun` if there is none)."""
-        raw = await self.client.get(keys.run(self.prefix, run_id))
-        if raw is None:
+        if (run := await self.find(run_id)) is None:
             raise UnknownRun(run_id)
-        return RunRecord.model_validate_json(raw)
+        return run
 
     async def recent(self, job: str | None = None, count: int = 10) -> list[RunRecord]:
         """Up to ``count`` runs, newest first, of one job or of all jobs."""
@@ -486,3 +493,89 @@ class RunStore(Store):
             return []
         raws = await self.client.mget([keys.run(self.prefix, str(i)) for i in ids])
         return [RunRecord.model_validate_json(r) for r in raws if r is not None]
+
+
+# --- the verification queue ----------------------------------------------------------------------
+
+DONE_TTL = 7 * 86400.0  #: seconds a delivered claim is remembered
+
+# KEYS[1] claim, KEYS[2] queue; ARGV[1] holder, ARGV[2] done ttl in ms, ARGV[3] run id.
+_DONE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[2])
+redis.call('ZREM', KEYS[2], ARGV[3])
+return 1
+"""
+
+# KEYS[1] claim, KEYS[2] queue; ARGV[1] run id.  Dequeues unless a delivery holds the claim.
+_SETTLE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return redis.call('ZREM', KEYS[2], ARGV[1])
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A held claim on delivering one run's verdict."""
+
+    run_id: str
+    holder: str  #: the value stored in the claim (instance id and time)
+    ttl: float  #: seconds the claim lives without :meth:`VerifyQueue.extend`
+
+
+class VerifyQueue(Store):
+    """Launched runs awaiting verification, and the claims that deliver them."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        super().__init__(client, prefix)
+        self.key = keys.runs_unverified(prefix)
+
+    async def enqueue(self, run_id: str, due: float, *, keep: bool = False) -> None:
+        """Queue ``run_id``, due at ``due`` (unix s); with ``keep`` one already queued keeps its due time."""
+        await self.client.zadd(self.key, {run_id: due}, nx=keep)
+
+    async def requeue(self, run_id: str, due: float) -> None:
+        """Move a queued run's due time to ``due`` (unix s); a run not queued stays out."""
+        await self.client.zadd(self.key, {run_id: due}, xx=True)
+
+    async def due_at(self, run_id: str) -> float | None:
+        """When ``run_id``'s verification is due (unix s), or None if it is not queued."""
+        score = await self.client.zscore(self.key, run_id)
+        return None if score is None else float(score)
+
+    async def due(self, limit: int = 100) -> list[str]:
+        """Ids of queued runs due now, oldest first."""
+        return [str(i) for i in await self.client.zrangebyscore(self.key, "-inf", time.time(), 0, limit)]
+
+    async def claim(self, run_id: str, holder: str, ttl: float) -> Claim | None:
+        """Claim delivering ``run_id``'s verdict for ``ttl`` s; None if another delivery holds it (or did it)."""
+        name = keys.verify_claim(self.prefix, run_id)
+        return (
+            Claim(run_id, holder, ttl) if await self.client.set(name, holder, nx=True, px=ms(ttl)) else None
+        )
+
+    async def extend(self, claim: Claim) -> bool:
+        """Extend a held claim by its TTL; False if it was lost (expired, taken by another)."""
+        name = keys.verify_claim(self.prefix, claim.run_id)
+        return bool(await self.client.eval(EXTEND_IF_HELD, 1, name, claim.holder, ms(claim.ttl)))
+
+    async def release(self, claim: Claim) -> None:
+        """Give a claim up, leaving the run as it is in the queue (delivered again when due)."""
+        await self.client.eval(DELETE_IF_HELD, 1, keys.verify_claim(self.prefix, claim.run_id), claim.holder)
+
+    async def done(self, claim: Claim) -> None:
+        """The verdict is delivered: the run leaves the queue and its claim is kept as done
+        (IllegalTransition if this holder no longer holds the claim)."""
+        name = keys.verify_claim(self.prefix, claim.run_id)
+        if not await self.client.eval(_DONE, 2, name, self.key, claim.holder, ms(DONE_TTL), claim.run_id):
+            raise IllegalTransition(
+                f"verification of {claim.run_id}", "not claimed by this holder", "be done"
+            )
+
+    async def settle(self, run_id: str) -> None:
+        """A verdict was decided: dequeue the run unless a delivery holds its claim (it will, when done)."""
+        await self.client.eval(_SETTLE, 2, keys.verify_claim(self.prefix, run_id), self.key, run_id)
+
+    async def drop(self, run_id: str) -> None:
+        """Forget a queued run that no longer exists."""
+        await self.client.zrem(self.key, run_id)
