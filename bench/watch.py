@@ -63,9 +63,8 @@ if str(ROOT) not in sys.path:  # the stand-in Slack lives under tests/
 from benchlib import Checks  # noqa: E402
 
 from bot.runtime.assembly import build_context, build_watcher, close_context  # noqa: E402
-from bot.slack.api import web_client  # noqa: E402
+from bot.slack.api import Delivery, web_client  # noqa: E402
 from bot.slack.outbox import SlackOutbox  # noqa: E402
-from bot.slack.send import Delivery  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
 from pipeline.config import (  # noqa: E402
     Config,

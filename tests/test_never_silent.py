@@ -9,9 +9,8 @@ import pytest
 
 from bot.runtime.assembly import build_context, build_watcher
 from bot.slack import blocks
-from bot.slack.api import web_client
+from bot.slack.api import Delivery, web_client
 from bot.slack.outbox import SlackOutbox
-from bot.slack.send import Delivery
 from handlers.reply import Reply, Status
 from handlers.views.read import status_command
 from handlers.watch.acks import ack_command
@@ -50,7 +49,7 @@ async def test_thread_lookup_passes_oldest_and_pages_through_a_long_thread(
     fake_slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In a thread longer than one page, an ambiguous reply is found on a later page (with oldest), not resent."""
-    monkeypatch.setattr("bot.slack.send.PAGE", 3)
+    monkeypatch.setattr("bot.slack.api.PAGE", 3)
     fake_slack.rate_limits = False
     outbox = _outbox(fake_slack)
     await outbox.announce("run:r-1", Reply(title="headline"), ANNOUNCE)

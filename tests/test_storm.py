@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bot.runtime.assembly import build_context, build_watcher, close_context
-from bot.slack.api import web_client
+from bot.slack.api import Delivery, web_client
 from bot.slack.outbox import SlackOutbox
-from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status

@@ -140,11 +140,6 @@ class PitstopScheduler:
         """True while this process holds a lease it can trust and is not stopping."""
         return not self._stopping and self.lease.is_leader
 
-    @property
-    def apscheduler(self) -> AsyncIOScheduler | None:
-        """The underlying APScheduler scheduler while started (for inspection), else None."""
-        return self._scheduler
-
     async def start(self) -> None:
         """Schedule every job in the running loop, try for the lease (RuntimeError if started)."""
         if self._scheduler is not None:
@@ -322,6 +317,4 @@ class PitstopScheduler:
         await self.ctx.outbox.post(reply, self.ctx.config.channel_for(job))
 
     def _spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
-        task = asyncio.get_running_loop().create_task(self._guarded(fn))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.add(asyncio.get_running_loop().create_task(self._guarded(fn)))  # dropped when it ends

@@ -24,11 +24,10 @@ from bot.runtime.assembly import build_context, close_context, new_instance_id
 from bot.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bot.runtime.metrics import render as metrics_page
 from bot.runtime.scheduler import PitstopScheduler
-from bot.slack.api import ERRORS, error_text, web_client
+from bot.slack.api import ERRORS, Delivery, error_text, web_client
 from bot.slack.app import SlackSurface, needs_groups
 from bot.slack.outbox import SlackOutbox
 from bot.slack.people import People
-from bot.slack.send import Delivery
 from bot.slack.socket_mode import CappedSocketModeHandler
 from bot.text import listen_failed, serve_listening, serve_socket_connected, state_store_was_away
 from handlers.context import Context
