@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bot.runtime.assembly import build_context, build_watcher
+from bot.runtime.assembly import build_context
 from bot.slack import blocks
 from bot.slack.api import Delivery, web_client
 from bot.slack.outbox import SlackOutbox
 from handlers.reply import Reply, Status
 from handlers.views.read import status_command
 from handlers.watch.acks import ack_command
+from handlers.watch.cycle import Watcher
 from pipeline.config import Config
 from pipeline.state.posts import Posts
 from pipeline.state.undelivered import UndeliveredAlerts
@@ -210,7 +211,7 @@ async def test_owners_are_mentioned_and_those_outside_the_channel_dmed_until_ack
         h.extra.append(ctx)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         ctx.restarter.verify_poll = 0.1
-        watcher = build_watcher(ctx, remind_every=0.4)
+        watcher = Watcher(ctx, remind_every=0.4)
         await h.launch("train", ctx=ctx)  # started by U0TEST
         await watcher.cycle("local", ["train"])
         await h.kill("train")

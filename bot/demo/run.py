@@ -89,12 +89,10 @@ def demo_config_text(
     # checkpoint every 20 drafter steps: a kill loses fewer than 20, and the restart says how many
     launch += ["--checkpoint-dir", str(workdir / "checkpoints"), "--checkpoint-every", "20"]
     return string.Template(CONFIG_TEMPLATE.read_text()).substitute(
+        hc.model_dump(),  # address, port, known_hosts
         admin=DEMO_USER,
         state_dir=state_dir,
-        address=hc.address,
-        port=hc.port,
         user=hc.user or "",
-        known_hosts=hc.known_hosts,
         client_key=hc.client_keys[0],
         workdir=workdir,
         launch=", ".join(f'"{a}"' for a in launch),
@@ -113,16 +111,10 @@ def kill_session(sid: int) -> int:
     launcher long enough to see it gone and log a traceback; then any other member of the session.
     """
     members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[3]) == sid:  # fields after comm: state ppid pgrp session …
-            members.append(int(entry))
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):  # gone since it was listed
+            if os.getsid(int(entry)) == sid:
+                members.append(int(entry))
     with contextlib.suppress(ProcessLookupError):
         os.killpg(sid, signal.SIGKILL)
     for pid in members:

@@ -19,7 +19,6 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.runtime.assembly import build_watcher
 from bot.text import not_watching, scheduler_leader
 from handlers.context import Context
 from handlers.reply import Reply, Status
@@ -57,12 +56,11 @@ APS_LOG.addFilter(_quiet_overlap)
 class Heartbeat:
     """``[health] heartbeat_url``: pings ``url`` once every group in ``groups`` (the scheduler's
     ``watch:…`` job ids) has reported a cycle (``URL/fail`` if one raised or found its host
-    unreachable), as Healthchecks.io and Cronitor expect; ``timeout``: seconds one ping may take."""
+    unreachable), as Healthchecks.io and Cronitor expect, each within :data:`PING_TIMEOUT` s."""
 
-    def __init__(self, url: str, groups: Iterable[str], *, timeout: float = PING_TIMEOUT) -> None:
+    def __init__(self, url: str, groups: Iterable[str]) -> None:
         self.url = url
         self.groups = frozenset(groups)
-        self.timeout = timeout
         self._round: dict[str, bool] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -79,7 +77,7 @@ class Heartbeat:
         """GET the URL (``URL/fail`` if not ``ok``); a failure is logged."""
         url = self.url if ok else self.url.rstrip("/") + "/fail"
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PING_TIMEOUT))
         try:
             async with self._session.get(url) as resp:
                 if resp.status >= 400:
@@ -121,7 +119,7 @@ class PitstopScheduler:
         self.ctx = ctx
         self.poll_interval = poll_interval
         self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
-        self.watcher: Watcher = build_watcher(ctx)
+        self.watcher: Watcher = Watcher(ctx)
         self.heartbeat: Heartbeat | None = None
         self.clock = ctx.redis.open_store(WatchClock)
         #: closes approval requests at their expiry, those of a process that died included

@@ -187,9 +187,7 @@ async def open_runtime(
         ctx = await build_context(config, outbox, instance=delivery.instance)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
-        surface = SlackSurface(
-            config, dispatcher, client=client, signing_secret=signing_secret, outbox=outbox
-        )
+        surface = SlackSurface(dispatcher, signing_secret=signing_secret, outbox=outbox)
         runtime = SlackRuntime(
             config=config,
             client=client,

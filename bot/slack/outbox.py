@@ -407,9 +407,9 @@ class SlackOutbox(SlackSender):
                 await self._refused(None, Reply(title=title or source["filename"]), channel, refusal)
                 return False
 
-    async def record_failure(self, where: str, error: object) -> str:
+    async def record_failure(self, where: str, error: object) -> None:
         """Log a refused post and keep it as the last delivery failure (here and in Redis, for
-        ``/healthz`` and ``status``); return the logged line."""
+        ``/healthz`` and ``status``)."""
         detail = detail_of(error)
         line = slack_not_posted(where, detail)
         self.failures.append(line)
@@ -422,4 +422,3 @@ class SlackOutbox(SlackSender):
                 await self._posts.record_failure({k: str(v) for k, v in self.last_failure.items()})
             except Exception as exc:  # Redis trouble must not hide the refusal itself
                 log.warning("could not store the last delivery failure: %s", exc)
-        return line
