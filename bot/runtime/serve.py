@@ -252,16 +252,11 @@ def http_app(
 
 @dataclass
 class HttpServer:
-    """A running HTTP listener; :attr:`url` is its base URL."""
+    """A running HTTP listener."""
 
     runner: web.AppRunner
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT`` (the address actually bound)."""
-        return f"http://{self.host}:{self.port}"
+    url: str  #: its base URL, ``http://HOST:PORT`` (the address actually bound)
+    port: int  #: the port bound (``port`` 0: a free one)
 
     async def close(self) -> None:
         """Stop listening and close open connections."""
@@ -279,15 +274,14 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
     except OSError as exc:
         await runner.cleanup()
         raise UsageError(listen_failed(host, port, exc)) from exc
-    return HttpServer(runner, host, int(runner.addresses[0][1]))  # the port bound (port 0: a free one)
+    port = int(runner.addresses[0][1])  # the port bound (port 0: a free one)
+    return HttpServer(runner, f"http://{host}:{port}", port)
 
 
-async def connect_socket(
-    surface: SlackSurface, client: AsyncWebClient, *, app_token: str, ping_interval: float = 10.0
-) -> CappedSocketModeHandler:
-    """Connect ``surface``'s Bolt app over Socket Mode (close the handler with ``close_async()``);
-    raises :class:`SlackUnavailable` if Slack refuses the app token."""
-    handler = CappedSocketModeHandler(surface.app, app_token, web_client=client, ping_interval=ping_interval)
+async def connect_socket(surface: SlackSurface, *, app_token: str) -> CappedSocketModeHandler:
+    """Connect ``surface``'s Bolt app over Socket Mode, through its Web API client (close the
+    handler with ``close_async()``); raises :class:`SlackUnavailable` if Slack refuses the app token."""
+    handler = CappedSocketModeHandler(surface.app, app_token, web_client=surface.client)
     try:
         # here, so a refused app token fails at once (the client itself would retry forever)
         handler.client.wss_uri = await handler.client.issue_new_wss_url()
@@ -322,7 +316,7 @@ async def serve(
             app = http_app(None if app_token else runtime.surface, runtime.health, runtime.metrics)
             server = await start_http(app, host=host, port=port)
         if app_token:
-            runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
+            runtime.socket = await connect_socket(runtime.surface, app_token=app_token)
             print(serve_socket_connected(server.url if server else None), file=sys.stderr, flush=True)
         elif server is not None:
             print(serve_listening(server.url), file=sys.stderr, flush=True)

@@ -65,12 +65,12 @@ def web_client(
 
 
 class Refused(Exception):
-    """Slack refused a post for good (or its outcome stayed unknown): ``error`` is Slack's code."""
+    """Slack refused a post for good (or its outcome stayed unknown): ``error`` is Slack's code,
+    ``detail`` (what else is known) follows it in the text."""
 
     def __init__(self, error: str, detail: str = "") -> None:
         super().__init__(error if not detail or detail == error else f"{error} ({detail})")
         self.error = error
-        self.detail = detail
 
 
 def error_of(exc: BaseException) -> tuple[str, bool]:

@@ -115,11 +115,7 @@ def plain(text: str) -> str:
         ref, _, label = m.group(0)[1:-1].partition("|")
         if label:
             return ("#" if ref.startswith("#") else "@") + label
-        if ref.startswith("!subteam^"):
-            return "@" + ref.removeprefix("!subteam^")
-        if ref.startswith("!"):
-            return "@" + ref[1:]
-        return ref
+        return "@" + ref[1:].removeprefix("subteam^") if ref.startswith("!") else ref
 
     return _REFS.sub(name, text)
 
