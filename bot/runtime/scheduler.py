@@ -198,8 +198,7 @@ class PitstopScheduler:
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.watcher.drain(drain_timeout)
         if self.heartbeat is not None:
             await self.heartbeat.aclose()
