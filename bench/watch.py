@@ -62,11 +62,11 @@ if str(ROOT) not in sys.path:  # the stand-in Slack lives under tests/
 
 from benchlib import Checks  # noqa: E402
 
-from bot.runtime.assembly import build_context, build_watcher, close_context  # noqa: E402
-from bot.slack.api import web_client  # noqa: E402
+from bot.runtime.assembly import build_context, close_context  # noqa: E402
+from bot.slack.api import Delivery, web_client  # noqa: E402
 from bot.slack.outbox import SlackOutbox  # noqa: E402
-from bot.slack.send import Delivery  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
+from handlers.watch.cycle import Watcher  # noqa: E402
 from pipeline.config import (  # noqa: E402
     Config,
     HostConfig,
@@ -273,7 +273,7 @@ async def pitstop_cycles(config: Config, cycles: int, host_pids: list[int]) -> M
     ctx = await build_context(config, MemoryOutbox(), instance="bench")
     out = Measured()
     try:
-        watcher = build_watcher(ctx)
+        watcher = Watcher(ctx)
         hosts = sorted({j.host for j in config.jobs.values()})
         calls: Counter[str] = Counter()
         run = ctx.ssh.run
@@ -396,7 +396,7 @@ async def storm(
         ctx = await build_context(config, outbox, instance="bench")
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs)
         try:
-            watcher = build_watcher(ctx)
+            watcher = Watcher(ctx)
             hosts = sorted({j.host for j in config.jobs.values()})
             for _ in range(2):  # connect, learn the jobs (seen alive)
                 await asyncio.gather(*(watcher.cycle(h) for h in hosts))

@@ -17,7 +17,7 @@ from typing import Any
 from bot.runtime import settings as settings_mod
 from bot.text import config_summary, missing_env
 from pipeline.config import Config, load_config, resolve_path
-from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
+from pipeline.errors import ExitCode, PitstopError, UsageError, internal_error, new_incident_id
 from pipeline.state.redisconn import mask_url
 
 log = logging.getLogger("pitstop")
@@ -146,27 +146,30 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     if verb == "check-slack":
         from bot.slack.doctor import check_slack  # lazy: as above (slack_sdk, aiohttp)
 
-        if not env.bot_token:
-            return _fail(missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
-        token = env.bot_token
+        (token,) = _require(env, "bot_token")
         return run_async(lambda: check_slack(config, bot_token=token, api_url=env.api_url, post=args.post))
     raise AssertionError(verb)  # argparse rejects unknown verbs
+
+
+def _require(env: settings_mod.Settings, *fields: str) -> list[str]:
+    """The values of ``env``'s ``fields`` (``bot_token`` …), in order; :raises UsageError: naming the
+    environment variable of the first one unset."""
+    for name in fields:
+        if not getattr(env, name):
+            raise UsageError(missing_env(settings_mod.ENVIRON[name]))
+    return [getattr(env, name) for name in fields]
 
 
 def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config) -> int:
     from bot.runtime.serve import serve  # lazy: as above (slack_bolt, slack_sdk, aiohttp)
 
-    if not env.bot_token:
-        return _fail(missing_env("SLACK_BOT_TOKEN"), ExitCode.USAGE)
-    if args.socket and not env.app_token:
-        return _fail(missing_env("SLACK_APP_TOKEN"), ExitCode.USAGE)
-    if not args.socket and not env.signing_secret:
-        return _fail(missing_env("SLACK_SIGNING_SECRET"), ExitCode.USAGE)
-    mode = {"app_token": env.app_token} if args.socket else {"signing_secret": env.signing_secret}
-    token = env.bot_token
+    mode = "app_token" if args.socket else "signing_secret"
+    token, secret = _require(env, "bot_token", mode)
 
     async def serving() -> int:
-        await serve(config, bot_token=token, api_url=env.api_url, host=args.host, port=args.port, **mode)
+        await serve(
+            config, bot_token=token, api_url=env.api_url, host=args.host, port=args.port, **{mode: secret}
+        )
         return 0
 
     return run_async(serving, on_signal=ExitCode.OK)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bot.runtime.assembly import build_watcher
+from handlers.watch.cycle import Watcher
 from pipeline.config import Config, GpuRoles, JobConfig
 from pipeline.observe.gpus import parse_query_gpu
 from pipeline.observe.idle import idle_since, watched
@@ -116,7 +116,7 @@ async def test_idle_gpus_end_to_end_alert_and_resolution(tmp_path: Path, redis_c
         spec = h.config.jobs["pipe"].model_copy(update={"gpus": ROLES})
         h.config.jobs["pipe"] = spec
         (host.nvidia_dir / "query-gpu.txt").write_text(BUSY)
-        watcher = build_watcher(h.ctx)
+        watcher = Watcher(h.ctx)
         run = await h.launch("pipe")
         assert run.verdict is Verdict.RUNNING
         await watcher.cycle("local", ["pipe"])
@@ -149,7 +149,7 @@ async def test_without_gpu_roles_the_gpus_its_processes_hold_are_watched(
         host = h.host
         assert isinstance(host, InProcessHost)
         (host.nvidia_dir / "query-gpu.txt").write_text(IDLE)
-        watcher = build_watcher(h.ctx)
+        watcher = Watcher(h.ctx)
         run = await h.launch("solo")
         assert run.pid is not None
         uuids = dict(

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bot.runtime.assembly import build_context, build_watcher
+from bot.runtime.assembly import build_context
 from bot.slack import blocks
-from bot.slack.api import web_client
+from bot.slack.api import Delivery, web_client
 from bot.slack.outbox import SlackOutbox
-from bot.slack.send import Delivery
 from handlers.reply import Reply, Status
 from handlers.views.read import status_command
 from handlers.watch.acks import ack_command
+from handlers.watch.cycle import Watcher
 from pipeline.config import Config
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from tests.fixtures.slack import ANNOUNCE, BOT_TOKEN, Channel, FakeSlack
@@ -49,7 +49,7 @@ async def test_thread_lookup_passes_oldest_and_pages_through_a_long_thread(
     fake_slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In a thread longer than one page, an ambiguous reply is found on a later page (with oldest), not resent."""
-    monkeypatch.setattr("bot.slack.send.PAGE", 3)
+    monkeypatch.setattr("bot.slack.api.PAGE", 3)
     fake_slack.rate_limits = False
     outbox = _outbox(fake_slack)
     await outbox.announce("run:r-1", Reply(title="headline"), ANNOUNCE)
@@ -210,7 +210,7 @@ async def test_owners_are_mentioned_and_those_outside_the_channel_dmed_until_ack
         h.extra.append(ctx)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         ctx.restarter.verify_poll = 0.1
-        watcher = build_watcher(ctx, remind_every=0.4)
+        watcher = Watcher(ctx, remind_every=0.4)
         await h.launch("train", ctx=ctx)  # started by U0TEST
         await watcher.cycle("local", ["train"])
         await h.kill("train")

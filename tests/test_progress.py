@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.runtime.assembly import build_context, build_watcher, close_context
+from bot.runtime.assembly import build_context, close_context
 from devhost.sshhost import start_local_ssh_host
 from handlers.outbox import MemoryOutbox
+from handlers.watch.cycle import Watcher
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.observe.progress import ProgressState, judge, rank_stall_threshold
 from pipeline.observe.watch import ActionKind, Observation, Situation, assess
@@ -158,7 +159,7 @@ async def test_hung_rank_6_of_the_reference_pipeline_is_one_stuck_rank_alert(
     )
     outbox = MemoryOutbox()
     ctx = await build_context(config, outbox, instance="A")
-    watcher = build_watcher(ctx)
+    watcher = Watcher(ctx)
     run = None
     try:
         run = await ctx.restarter.start(await ctx.runs.create("dflash", "U0TEST", action="start"))

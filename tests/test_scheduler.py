@@ -152,7 +152,7 @@ async def test_jobs_are_scheduled_with_explicit_misfire_and_coalesce(
         sched = PitstopScheduler(h.ctx, leader_ttl=3.0, poll_interval=0.5)
         await sched.start()
         try:
-            aps = sched.apscheduler
+            aps = sched._scheduler
             assert aps is not None
             jobs = {j.id: j for j in aps.get_jobs()}
             assert set(jobs) == {"leader", "verify", "watch:local:0.3", "digest:one", "digest:two"}

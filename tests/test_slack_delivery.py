@@ -16,9 +16,8 @@ import pytest
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.slack import blocks
-from bot.slack.api import ATTEMPTS, web_client
+from bot.slack.api import ATTEMPTS, Delivery, web_client
 from bot.slack.outbox import SlackOutbox
-from bot.slack.send import Delivery
 from bot.text import slack_continued, slack_home_no_role, slack_part
 from handlers.reply import Reply, Status, Table
 from handlers.text import confirm_expired

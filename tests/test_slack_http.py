@@ -18,9 +18,8 @@ import pytest
 
 from bot.runtime.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_http
 from bot.slack import blocks
-from bot.slack.api import web_client
+from bot.slack.api import Delivery, web_client
 from bot.slack.outbox import SlackOutbox
-from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.reply import Reply, Status, StepLine
 from handlers.text import HELP_TITLE

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.slack.api import Budget, web_client
+from bot.slack.api import Budget, Delivery, web_client
 from bot.slack.outbox import SlackOutbox
-from bot.slack.send import Delivery
 from handlers.reply import Reply
 from tests.fixtures.slack import ANNOUNCE, BOT_TOKEN, FakeSlack
 from tests.support_handlers import wait_until

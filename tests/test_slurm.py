@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from bot.runtime.assembly import build_watcher
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.views.read import history_command, logs_command, status_command
 from handlers.views.reports import gpus_command
+from handlers.watch.cycle import Watcher
 from pipeline import verdict
 from pipeline.config import Config, JobConfig, WatchSettings
 from pipeline.engines.runner import Runner
@@ -297,7 +297,7 @@ async def test_task_killed_on_one_node_is_degraded_naming_the_node(make_slurm: M
     stack = await make_slurm(watch=WatchSettings(degraded_after=0.001, stall_after=600))
     run = await stack.start()
     outbox = MemoryOutbox()
-    watcher = build_watcher(context(stack, outbox))
+    watcher = Watcher(context(stack, outbox))
     first = await watcher.cycle("login")
     assert first["trainer"].condition == "ok", first
     tasks = await stack.engine.client.node_tasks(stack.name, run.slurm_job or 0, stack.token)
@@ -320,7 +320,7 @@ async def test_scancel_from_outside_is_one_incident_with_the_slurm_state(make_sl
     stack = await make_slurm()
     run = await stack.start()
     outbox = MemoryOutbox()
-    watcher = build_watcher(context(stack, outbox))
+    watcher = Watcher(context(stack, outbox))
     assert (await watcher.cycle("login"))["trainer"].condition == "ok"
     stack.cluster.run("scancel", str(run.slurm_job))
     deadline = time.time() + 60
@@ -415,7 +415,7 @@ async def test_stop_by_pitstop_is_no_incident(make_slurm: MakeSlurm) -> None:
     stack = await make_slurm()
     run = await stack.start()
     outbox = MemoryOutbox()
-    watcher = build_watcher(context(stack, outbox))
+    watcher = Watcher(context(stack, outbox))
     assert (await watcher.cycle("login"))["trainer"].condition == "ok"
     stopped = await stack.restarter.stop(await stack.run("stop"))
     assert stopped.verdict is None, stopped.verdict_line
@@ -441,7 +441,7 @@ async def test_a_watch_cycle_reads_the_metric_lines_with_the_cluster_query(
     own, and the stored step advances from cycle to cycle."""
     stack = await make_slurm(body=METRICS_BODY, watch=WatchSettings(stall_after=600))
     await stack.start()
-    watcher = build_watcher(context(stack, MemoryOutbox()))
+    watcher = Watcher(context(stack, MemoryOutbox()))
     steps: list[int] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(set(steps)) < 3:
@@ -470,7 +470,7 @@ async def test_a_watch_cycle_of_two_running_jobs_is_one_call_on_the_login_node(
         events = Events(redis_handle.client, redis_handle.prefix)
         restarter = Runner(config, ssh, a.runs, events)
         ctx = dataclasses.replace(make_context(config, redis_handle, restarter=restarter), ssh=ssh)
-        watcher = build_watcher(ctx)
+        watcher = Watcher(ctx)
         before = ssh_server.host.commands
         decisions = await watcher.cycle("login")
         assert ssh_server.host.commands - before == 1
@@ -556,7 +556,7 @@ async def test_a_controller_that_does_not_answer_is_a_probe_error_not_a_dead_job
     stack = await make_slurm(nodes=1, tasks_per_node=1)
     await stack.start()
     outbox = MemoryOutbox()
-    watcher = build_watcher(context(stack, outbox))
+    watcher = Watcher(context(stack, outbox))
     assert (await watcher.cycle("login"))["trainer"].condition == "ok"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -57,7 +57,7 @@ async def linked(
     config = slack_config(setup.config, redis_config)
     runtime = await open_runtime(config, bot_token=BOT_TOKEN, api_url=fake_slack.api_url)
     try:
-        runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=APP_TOKEN)
+        runtime.socket = await connect_socket(runtime.surface, app_token=APP_TOKEN)
         await fake_slack.wait_connected(1)
         yield Linked(fake_slack, runtime, setup)
     finally:
@@ -172,7 +172,7 @@ async def test_refused_app_token_fails_at_once(fake_slack: FakeSlack, redis_conf
     )
     try:
         with pytest.raises(SlackUnavailable, match=r"apps\.connections\.open failed: invalid_auth"):
-            await connect_socket(runtime.surface, runtime.client, app_token="xapp-wrong")
+            await connect_socket(runtime.surface, app_token="xapp-wrong")
     finally:
         with contextlib.suppress(Exception):
             await runtime.close(5)
@@ -209,7 +209,7 @@ async def test_too_many_websockets_backs_off_shows_in_health_and_connects_when_o
     async with aiohttp.ClientSession() as http:
         others = [await open_app_socket(http, fake_slack) for _ in range(MAX_SOCKETS)]
         try:
-            runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=APP_TOKEN)
+            runtime.socket = await connect_socket(runtime.surface, app_token=APP_TOKEN)
             tries = await fake_slack.wait_for("apps.connections.open", 2 + MAX_SOCKETS, timeout=30)
             first, second = (c.at for c in tries[MAX_SOCKETS:])
             assert second - first >= wait_after(1) * 0.9  # not at once, as slack_sdk alone would

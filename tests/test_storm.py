@@ -22,10 +22,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bot.runtime.assembly import build_context, build_watcher, close_context
-from bot.slack.api import web_client
+from bot.runtime.assembly import build_context, close_context
+from bot.slack.api import Delivery, web_client
 from bot.slack.outbox import SlackOutbox
-from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status
@@ -303,7 +302,7 @@ async def _storm(
         for n in names:
             jobs.start(n)
         async with _pitstop(fake_slack, redis_config, host_cfgs, cfgs) as (ctx, outbox):
-            watcher = build_watcher(ctx)
+            watcher = Watcher(ctx)
             assert await _round_at(watcher, host_cfgs, T0) == {"ok"}
             yield names, jobs, watcher, host_cfgs, outbox
     finally:
@@ -330,7 +329,7 @@ async def test_a_host_gone_with_40_jobs_is_one_host_alert_40_thread_lines_and_on
         for n in names:
             jobs.start(n)
         async with _pitstop(fake_slack, redis_config, hosts, cfgs) as (ctx, outbox):
-            watcher = build_watcher(ctx, remind_every=1.0)
+            watcher = Watcher(ctx, remind_every=1.0)
             seen = await watcher.cycle("gpu07", now=T0)
             assert {d.condition for d in seen.values()} == {"ok"} and len(seen) == 40
             await gate.cut()

@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bot.slack.api import Pacer, web_client
+from bot.slack.api import Delivery, Pacer, web_client
 from bot.slack.app import AckGate
 from bot.slack.outbox import SlackOutbox
-from bot.slack.send import Delivery
 from handlers.context import Context
 from handlers.reply import Reply, StepLine
 from pipeline.state.events import Event, EventKind

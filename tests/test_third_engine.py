@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 import bot.runtime.assembly
-from bot.runtime.assembly import build_context, build_watcher, close_context
+from bot.runtime.assembly import build_context, close_context
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.request.dispatch import Dispatcher, Request
+from handlers.watch.cycle import Watcher
 from pipeline.config import AuthSettings, Config, HostConfig, SlackSettings, load_config
 from pipeline.engines import ENGINES
 from pipeline.engines.base import check_engines
@@ -145,7 +146,7 @@ async def test_restart_verify_status_watch_and_recovery_on_a_third_engine(local:
     assert second is not None and second.verdict is Verdict.RUNNING and second.old_pid == first.pid
     assert second.pid != first.pid and (await processes(runner, "train")).pids == (second.pid,)
 
-    watcher = build_watcher(ctx)
+    watcher = Watcher(ctx)
     await watcher.cycle("local", ["train"])
     assert not await alerted(local)
     os.killpg(second.pid or 0, signal.SIGKILL)

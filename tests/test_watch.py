@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bot.runtime.assembly import build_context, build_watcher, close_context
+from bot.runtime.assembly import build_context, close_context
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox, Posted
 from handlers.watch.acks import ack_command, watch_command
@@ -565,7 +565,7 @@ async def test_kill_alerts_once_and_restart_resolves_once(
 
 async def _kill_alerts_once_and_restart_resolves_once(h: Harness) -> None:
     ctx = h.ctx
-    watcher = build_watcher(ctx)
+    watcher = Watcher(ctx)
     run = await h.launch("train")
     assert run.verdict is Verdict.RUNNING
     await watcher.cycle("local", ["train"])
@@ -606,7 +606,7 @@ async def _kill_alerts_once_and_restart_resolves_once(h: Harness) -> None:
 async def test_no_alert_during_a_planned_restart(harness: Harness) -> None:
     """A restart in flight (job down between stop and launch) is never reported as dead."""
     h, ctx = harness, harness.ctx
-    watcher = build_watcher(ctx)
+    watcher = Watcher(ctx)
     await h.launch("train")
     await watcher.cycle("local", ["train"])
     rerun = await ctx.runs.create("train", "U0TEST")
@@ -624,7 +624,7 @@ async def test_no_alert_during_a_planned_restart(harness: Harness) -> None:
 async def test_stalled_job_alerts_once(harness: Harness) -> None:
     """A job that stays alive but stops writing its log gets one stalled alert."""
     h, ctx = harness, harness.ctx
-    watcher = build_watcher(ctx)
+    watcher = Watcher(ctx)
     h.set_mode("train", lines=3, period=0.05)
     run = await h.launch("train")
     assert run.verdict is Verdict.RUNNING
@@ -639,7 +639,7 @@ async def test_five_of_eight_is_one_degraded_alert_and_ack_silences_reminders(ha
     """Eight processes dropping to five for degraded_after gives one degraded alert; reminders
     repeat until ``ack``, then stop; the headline says who acknowledged."""
     h, ctx = harness, harness.ctx
-    watcher = build_watcher(ctx, remind_every=0.4)
+    watcher = Watcher(ctx, remind_every=0.4)
     h.set_mode("pipe", procs=8)
     run = await h.launch("pipe")
     assert run.verdict is Verdict.RUNNING, run.verdict_line
@@ -668,7 +668,7 @@ async def test_five_of_eight_is_one_degraded_alert_and_ack_silences_reminders(ha
 async def test_unreachable_host_is_its_own_incident(harness: Harness) -> None:
     """A host that stops answering (confirmed on a fresh connection) is 'host unreachable', not dead."""
     h, ctx = harness, harness.ctx
-    watcher = build_watcher(ctx)
+    watcher = Watcher(ctx)
     await h.launch("train")
     await watcher.cycle("local", ["train"])
     assert isinstance(h.host, InProcessHost)
@@ -689,7 +689,7 @@ async def test_unreachable_host_is_its_own_incident(harness: Harness) -> None:
 async def test_host_down_from_the_first_cycle_is_unreachable(harness: Harness) -> None:
     """A host that never answered (no watch state stored yet) is reported unreachable after its failed probes; no cycle fails."""
     h, ctx = harness, harness.ctx
-    watcher = build_watcher(ctx)
+    watcher = Watcher(ctx)
     assert isinstance(h.host, InProcessHost)
     await h.host.host.close()
     interval, start = ctx.config.jobs["train"].watch.interval, time.time()
@@ -704,7 +704,7 @@ async def test_host_down_from_the_first_cycle_is_unreachable(harness: Harness) -
 async def test_watch_off_pauses_and_expires(harness: Harness) -> None:
     """``watch JOB off for N`` skips the job until it expires; ``on`` resumes at once."""
     ctx = harness.ctx
-    watcher = build_watcher(ctx)
+    watcher = Watcher(ctx)
     reply = await watch_command(ctx, "train", "off", 1, "U0TEST")
     assert reply.title.startswith("watching train paused for 1 s")
     assert await watcher.cycle("local", ["train"]) == {}

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from bot.runtime.assembly import build_context, build_watcher, close_context
+from bot.runtime.assembly import build_context, close_context
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.views.read import status_command
+from handlers.watch.cycle import Watcher
 from pipeline.config import Config, JobConfig, WatchSettings
 from pipeline.host.contract import LogRead
 from pipeline.host.helper import op_probe
@@ -135,7 +136,7 @@ async def test_a_cycle_makes_one_helper_call_per_host_whatever_its_jobs(
     )
     with sleepers(config):
         async with context(config) as ctx:
-            watcher = build_watcher(ctx)
+            watcher = Watcher(ctx)
             store = ctx.redis.open_store(IncidentStore)
             for step in (2, 3, 4):
                 for spec in jobs.values():
@@ -182,7 +183,7 @@ async def test_a_slow_host_does_not_delay_the_others_and_is_reported(
     caplog.set_level(logging.WARNING, logger="handlers.watch.cycle")
     with sleepers(config):
         async with context(config) as ctx:
-            watcher = build_watcher(ctx)
+            watcher = Watcher(ctx)
             began = time.monotonic()
             held = asyncio.ensure_future(watcher.cycle("slow"))
             quick = await asyncio.wait_for(watcher.cycle("fast"), 60)
@@ -212,7 +213,7 @@ async def test_a_crash_is_told_with_its_evidence_from_the_cycles_one_helper_call
     and the DEAD incident it opens carries the log's last lines, how the process ended (the
     launch waiter's record) and the crash class from the log since launch — all from that probe."""
     async with open_harness(tmp_path, redis_config, {"train": {}}) as h:
-        watcher = build_watcher(h.ctx)
+        watcher = Watcher(h.ctx)
         run = await h.launch("train")
         assert run.verdict is Verdict.RUNNING, run.verdict_line
         assert (await watcher.cycle("local", ["train"]))["train"].condition == "ok"

@@ -48,6 +48,10 @@ DEMO_USER = "demo-admin"
 DEMO_CHARTS = "pitstop-demo-charts"
 DEFAULT_SCRIPT = Path(__file__).resolve().parents[2] / "demo" / "script.txt"
 CONFIG_TEMPLATE = Path(__file__).with_name("config.toml")  #: the demo's config, ``$``-placeholders filled in
+#: the demo's windows in seconds: ``start_window`` (the launcher spawns its 8 workers before any
+#: torch import, so they are up within seconds even on a loaded machine), ``watch_interval``,
+#: ``digest_every``; shorter ones for tests from ``PITSTOP_DEMO_START_WINDOW`` etc.
+WINDOWS = {"start_window": 10, "watch_interval": 1, "digest_every": 600}
 
 
 def dflash_source() -> Path:
@@ -68,41 +72,24 @@ def deploy_dflash(workdir: Path) -> None:
         subprocess.run(argv, cwd=workdir, check=True, env=env, capture_output=True)
 
 
-def demo_config_text(
-    hc: HostConfig,
-    *,
-    workdir: Path,
-    state_dir: Path,
-    python: str,
-    start_window: float = 10,
-    watch_interval: float = 1,
-    digest_every: float = 600,
-) -> str:
+def demo_config_text(hc: HostConfig, *, workdir: Path, state_dir: Path, python: str) -> str:
     """The demo's TOML config: host ``local`` (``hc``), job ``dflash`` (5 target + 3 drafter CPU
-    processes, tiny sizes).
-
-    ``start_window`` (the launcher spawns its 8 workers before any torch import, so they are up
-    within seconds even on a loaded machine), ``watch_interval`` and ``digest_every`` are seconds.
-    """
+    processes, tiny sizes), its windows :data:`WINDOWS` (or ``PITSTOP_DEMO_…``)."""
     log = workdir / "train.log"
     launch = ["/usr/bin/env", f"PYTHON={python}", "./run.sh", "--cpu", "--profile", "tiny", "--log", str(log)]
     # checkpoint every 20 drafter steps: a kill loses fewer than 20, and the restart says how many
     launch += ["--checkpoint-dir", str(workdir / "checkpoints"), "--checkpoint-every", "20"]
     return string.Template(CONFIG_TEMPLATE.read_text()).substitute(
+        hc.model_dump(),  # address, port, known_hosts
         admin=DEMO_USER,
         state_dir=state_dir,
-        address=hc.address,
-        port=hc.port,
         user=hc.user or "",
-        known_hosts=hc.known_hosts,
         client_key=hc.client_keys[0],
         workdir=workdir,
         launch=", ".join(f'"{a}"' for a in launch),
         log=log,
-        start_window=start_window,
         patches=dflash_source() / "patches",
-        watch_interval=watch_interval,
-        digest_every=digest_every,
+        **_windows(),
     )
 
 
@@ -113,16 +100,10 @@ def kill_session(sid: int) -> int:
     launcher long enough to see it gone and log a traceback; then any other member of the session.
     """
     members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[3]) == sid:  # fields after comm: state ppid pgrp session …
-            members.append(int(entry))
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):  # gone since it was listed
+            if os.getsid(int(entry)) == sid:
+                members.append(int(entry))
     with contextlib.suppress(ProcessLookupError):
         os.killpg(sid, signal.SIGKILL)
     for pid in members:
@@ -177,7 +158,6 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
             workdir=workdir,
             state_dir=tmp / "state",
             python=sys.executable,
-            **_overrides(),
         )
         config_path.write_text(config_text)
         config = load_config(config_path)
@@ -209,13 +189,34 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
         console.print(f"[bold red]{exc.message}[/bold red]")
         return int(exc.exit_code)
     finally:
-        await _cleanup(ctx, scheduler, host, tmp, keep=getattr(args, "keep", False))
+        keep = getattr(args, "keep", False)
+        with contextlib.suppress(Exception):
+            if scheduler is not None:
+                await scheduler.stop()
+        if ctx is not None:
+            sid: int | None = None
+            with contextlib.suppress(Exception):
+                sid = await _session_of(ctx, "dflash")
+            if keep:  # a graceful stop first: a last checkpoint for the kept dir
+                with contextlib.suppress(Exception):
+                    run = await ctx.runs.create("dflash", DEMO_USER, action="stop")
+                    await asyncio.wait_for(ctx.restarter.stop(run), timeout=90)
+            if sid is not None:
+                # then whatever is left, the hard way: without --keep the temp dir is deleted next
+                kill_session(sid)
+            with contextlib.suppress(Exception):
+                await close_context(ctx)
+        if host is not None:
+            with contextlib.suppress(Exception):
+                await host.close()
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _overrides() -> dict[str, float]:
-    """Shorter windows for tests: ``PITSTOP_DEMO_START_WINDOW`` etc. (seconds)."""
-    names = {k: f"PITSTOP_DEMO_{k.upper()}" for k in ("start_window", "watch_interval", "digest_every")}
-    return {k: float(os.environ[n]) for k, n in names.items() if os.environ.get(n)}
+def _windows() -> dict[str, float]:
+    """:data:`WINDOWS`, each replaced by its ``PITSTOP_DEMO_START_WINDOW`` etc. when set (tests)."""
+    names = {k: f"PITSTOP_DEMO_{k.upper()}" for k in WINDOWS}
+    return {k: float(os.environ[names[k]]) if os.environ.get(names[k]) else v for k, v in WINDOWS.items()}
 
 
 async def _say(session: ConsoleSession, text: str, lineno: int) -> None:
@@ -301,34 +302,3 @@ async def _run_script(
             session.console.print(
                 f"\n> kill {step.job}: SIGKILL to {n} processes of session {sid}", style="bold red"
             )
-
-
-async def _cleanup(
-    ctx: Context | None,
-    scheduler: PitstopScheduler | None,
-    host: LocalSSHHost | None,
-    tmp: Path,
-    *,
-    keep: bool,
-) -> None:
-    with contextlib.suppress(Exception):
-        if scheduler is not None:
-            await scheduler.stop()
-    if ctx is not None:
-        sid: int | None = None
-        with contextlib.suppress(Exception):
-            sid = await _session_of(ctx, "dflash")
-        if keep:
-            with contextlib.suppress(Exception):  # a graceful stop first: a last checkpoint for the kept dir
-                run = await ctx.runs.create("dflash", DEMO_USER, action="stop")
-                await asyncio.wait_for(ctx.restarter.stop(run), timeout=90)
-        if sid is not None:
-            # then whatever is left, the hard way: without --keep the temp dir is deleted next
-            kill_session(sid)
-        with contextlib.suppress(Exception):
-            await close_context(ctx)
-    if host is not None:
-        with contextlib.suppress(Exception):
-            await host.close()
-    if not keep:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,5 @@
 """Assembly: open Redis and the SSH pool and build the one :class:`~handlers.context.Context` a
-process shares, close it all in reverse order; wire the watcher's automatic restarts through a
-:class:`~handlers.request.dispatch.Dispatcher` (:func:`build_watcher`).
+process shares, close it all in reverse order.
 """
 
 from __future__ import annotations
@@ -14,13 +13,11 @@ from collections.abc import Mapping
 from bot.text import embedded_redis_started
 from handlers.context import Context
 from handlers.outbox import Outbox
-from handlers.watch.cycle import Watcher
 from pipeline.config import Config
 from pipeline.engines import ENGINES
 from pipeline.engines.base import EngineKind, check_engines
 from pipeline.engines.runner import Runner
 from pipeline.host.remote import SSHPool
-from pipeline.observe.watch import DEFAULT_REMIND_EVERY
 from pipeline.state.events import Events
 from pipeline.state.redisconn import open_redis
 from pipeline.state.runs import RunStore
@@ -83,9 +80,3 @@ async def close_context(ctx: Context) -> None:
         await ctx.ssh.close()
     finally:
         await ctx.redis.aclose()
-
-
-def build_watcher(ctx: Context, *, remind_every: float = DEFAULT_REMIND_EVERY) -> Watcher:
-    """The process's :class:`~handlers.watch.cycle.Watcher` (``remind_every``: seconds between reminders
-    of an open incident), its automatic restarts dispatched."""
-    return Watcher(ctx, remind_every=remind_every)

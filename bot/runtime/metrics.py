@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bot.slack.send import SlackSender
+from bot.slack.api import SlackSender
 from handlers.context import Context
 from handlers.watch.stats import WatchStats
 from pipeline.state.incidents import IncidentKind
@@ -31,6 +31,16 @@ _HOSTS = (
     ("failures", "pitstop_host_probe_failures", "probes that could not reach the host", _COUNTER),
     ("cycle_s", "pitstop_watch_cycle_seconds", "duration of the host's last watch cycle", _GAUGE),
     ("cycles", "pitstop_watch_cycles", "watch cycles of the host", _COUNTER),
+)
+
+#: the outbox's queue: the :meth:`~bot.slack.api.SlackSender.queue` key, the metric, its help
+_QUEUE = (
+    ("depth", "pitstop_outbox_queue_depth", "posts and updates waiting for Slack's pace"),
+    (
+        "oldest_s",
+        "pitstop_outbox_queue_oldest_seconds",
+        "how long the oldest waiting post or update has waited",
+    ),
 )
 
 
@@ -108,14 +118,5 @@ async def render(ctx: Context, stats: WatchStats | None, outbox: SlackSender) ->
         values = {host: v for host, h in sorted(watch.hosts.items()) if (v := getattr(h, attr)) is not None}
         families.append(_by("host", name, doc, values, kind))
     queue = outbox.queue()
-    families += [
-        GaugeMetricFamily(
-            "pitstop_outbox_queue_depth", "posts and updates waiting for Slack's pace", value=queue["depth"]
-        ),
-        GaugeMetricFamily(
-            "pitstop_outbox_queue_oldest_seconds",
-            "how long the oldest waiting post or update has waited",
-            value=queue["oldest_s"],
-        ),
-    ]
+    families += [GaugeMetricFamily(name, doc, value=queue[key]) for key, name, doc in _QUEUE]
     return generate_latest(_Scrape(families))

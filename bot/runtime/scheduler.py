@@ -19,7 +19,6 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.runtime.assembly import build_watcher
 from bot.text import not_watching, scheduler_leader
 from handlers.context import Context
 from handlers.reply import Reply, Status
@@ -56,12 +55,11 @@ APS_LOG.addFilter(_quiet_overlap)
 class Heartbeat:
     """``[health] heartbeat_url``: pings ``url`` once every group in ``groups`` (the scheduler's
     ``watch:…`` job ids) has reported a cycle (``URL/fail`` if one raised or found its host
-    unreachable), as Healthchecks.io and Cronitor expect; ``timeout``: seconds one ping may take."""
+    unreachable), as Healthchecks.io and Cronitor expect, each within :data:`PING_TIMEOUT` s."""
 
-    def __init__(self, url: str, groups: Iterable[str], *, timeout: float = PING_TIMEOUT) -> None:
+    def __init__(self, url: str, groups: Iterable[str]) -> None:
         self.url = url
         self.groups = frozenset(groups)
-        self.timeout = timeout
         self._round: dict[str, bool] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -78,7 +76,7 @@ class Heartbeat:
         """GET the URL (``URL/fail`` if not ``ok``); a failure is logged."""
         url = self.url if ok else self.url.rstrip("/") + "/fail"
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PING_TIMEOUT))
         try:
             async with self._session.get(url) as resp:
                 if resp.status >= 400:
@@ -120,7 +118,7 @@ class PitstopScheduler:
         self.ctx = ctx
         self.poll_interval = poll_interval
         self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
-        self.watcher: Watcher = build_watcher(ctx)
+        self.watcher: Watcher = Watcher(ctx)
         self.heartbeat: Heartbeat | None = None
         self.clock = ctx.redis.open_store(WatchClock)
         #: closes approval requests at their expiry, those of a process that died included
@@ -138,11 +136,6 @@ class PitstopScheduler:
     def is_leader(self) -> bool:
         """True while this process holds a lease it can trust and is not stopping."""
         return not self._stopping and self.lease.is_leader
-
-    @property
-    def apscheduler(self) -> AsyncIOScheduler | None:
-        """The underlying APScheduler scheduler while started (for inspection), else None."""
-        return self._scheduler
 
     async def start(self) -> None:
         """Schedule every job in the running loop, try for the lease (RuntimeError if started)."""
@@ -204,8 +197,7 @@ class PitstopScheduler:
         tasks = [t for t in self._tasks if t is not asyncio.current_task()]
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.watcher.drain(drain_timeout)
         if self.heartbeat is not None:
             await self.heartbeat.aclose()
@@ -321,6 +313,4 @@ class PitstopScheduler:
         await self.ctx.outbox.post(reply, self.ctx.config.channel_for(job))
 
     def _spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
-        task = asyncio.get_running_loop().create_task(self._guarded(fn))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.add(asyncio.get_running_loop().create_task(self._guarded(fn)))  # dropped when it ends

@@ -24,11 +24,10 @@ from bot.runtime.assembly import build_context, close_context, new_instance_id
 from bot.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bot.runtime.metrics import render as metrics_page
 from bot.runtime.scheduler import PitstopScheduler
-from bot.slack.api import ERRORS, error_text, web_client
+from bot.slack.api import ERRORS, Delivery, error_text, web_client
 from bot.slack.app import SlackSurface, needs_groups
 from bot.slack.outbox import SlackOutbox
 from bot.slack.people import People
-from bot.slack.send import Delivery
 from bot.slack.socket_mode import CappedSocketModeHandler
 from bot.text import listen_failed, serve_listening, serve_socket_connected, state_store_was_away
 from handlers.context import Context
@@ -187,9 +186,7 @@ async def open_runtime(
         ctx = await build_context(config, outbox, instance=delivery.instance)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
-        surface = SlackSurface(
-            config, dispatcher, client=client, signing_secret=signing_secret, outbox=outbox
-        )
+        surface = SlackSurface(dispatcher, signing_secret=signing_secret, outbox=outbox)
         runtime = SlackRuntime(
             config=config,
             client=client,
@@ -254,16 +251,11 @@ def http_app(
 
 @dataclass
 class HttpServer:
-    """A running HTTP listener; :attr:`url` is its base URL."""
+    """A running HTTP listener."""
 
     runner: web.AppRunner
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT`` (the address actually bound)."""
-        return f"http://{self.host}:{self.port}"
+    url: str  #: its base URL, ``http://HOST:PORT`` (the address actually bound)
+    port: int  #: the port bound (``port`` 0: a free one)
 
     async def close(self) -> None:
         """Stop listening and close open connections."""
@@ -281,15 +273,14 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
     except OSError as exc:
         await runner.cleanup()
         raise UsageError(listen_failed(host, port, exc)) from exc
-    return HttpServer(runner, host, int(runner.addresses[0][1]))  # the port bound (port 0: a free one)
+    port = int(runner.addresses[0][1])  # the port bound (port 0: a free one)
+    return HttpServer(runner, f"http://{host}:{port}", port)
 
 
-async def connect_socket(
-    surface: SlackSurface, client: AsyncWebClient, *, app_token: str, ping_interval: float = 10.0
-) -> CappedSocketModeHandler:
-    """Connect ``surface``'s Bolt app over Socket Mode (close the handler with ``close_async()``);
-    raises :class:`SlackUnavailable` if Slack refuses the app token."""
-    handler = CappedSocketModeHandler(surface.app, app_token, web_client=client, ping_interval=ping_interval)
+async def connect_socket(surface: SlackSurface, *, app_token: str) -> CappedSocketModeHandler:
+    """Connect ``surface``'s Bolt app over Socket Mode, through its Web API client (close the
+    handler with ``close_async()``); raises :class:`SlackUnavailable` if Slack refuses the app token."""
+    handler = CappedSocketModeHandler(surface.app, app_token, web_client=surface.client)
     try:
         # here, so a refused app token fails at once (the client itself would retry forever)
         handler.client.wss_uri = await handler.client.issue_new_wss_url()
@@ -324,7 +315,7 @@ async def serve(
             app = http_app(None if app_token else runtime.surface, runtime.health, runtime.metrics)
             server = await start_http(app, host=host, port=port)
         if app_token:
-            runtime.socket = await connect_socket(runtime.surface, runtime.client, app_token=app_token)
+            runtime.socket = await connect_socket(runtime.surface, app_token=app_token)
             print(serve_socket_connected(server.url if server else None), file=sys.stderr, flush=True)
         elif server is not None:
             print(serve_listening(server.url), file=sys.stderr, flush=True)

@@ -7,6 +7,15 @@ import os
 from dataclasses import dataclass, field
 
 DEFAULT_USER = "console"
+#: :class:`Settings` field → the environment variable it is read from
+ENVIRON = dict(
+    bot_token="SLACK_BOT_TOKEN",
+    signing_secret="SLACK_SIGNING_SECRET",
+    app_token="SLACK_APP_TOKEN",
+    api_url="SLACK_API_URL",  # its trailing "/" is web_client's to add
+    config_path="PITSTOP_CONFIG",
+    user="PITSTOP_USER",
+)
 
 
 @dataclass(frozen=True)
@@ -28,13 +37,4 @@ class Settings:
 def from_environ(environ: dict[str, str] | None = None) -> Settings:
     """Read :class:`Settings` from ``environ`` (default: ``os.environ``); empty values count as unset."""
     env = os.environ if environ is None else environ
-
-    names = dict(
-        bot_token="SLACK_BOT_TOKEN",
-        signing_secret="SLACK_SIGNING_SECRET",
-        app_token="SLACK_APP_TOKEN",
-        api_url="SLACK_API_URL",  # its trailing "/" is web_client's to add
-        config_path="PITSTOP_CONFIG",
-        user="PITSTOP_USER",
-    )
-    return Settings(**{field: env.get(name, "").strip() or None for field, name in names.items()})
+    return Settings(**{field: env.get(name, "").strip() or None for field, name in ENVIRON.items()})

@@ -19,7 +19,6 @@ from typing import Any
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.errors import SlackApiError
-from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
 from bot.slack.api import error_text
@@ -134,25 +133,18 @@ class AckGate:
 
 
 class SlackSurface:
-    """The Bolt app plus the state its listeners share (tasks after the ack, group cache).
+    """The Bolt app over ``dispatcher`` (and its config) plus the state its listeners share (tasks
+    after the ack, group cache).
 
     :param signing_secret: HTTP mode's signing secret; None for Socket Mode (no signature check).
-    :param outbox: the Slack outbox: names and user groups (its ``people``), posts, a chart that
+    :param outbox: the Slack outbox: its Web API client, names and user groups (its ``people``), posts, a chart that
         comes with an answer, refusals.
     """
 
-    def __init__(
-        self,
-        config: Config,
-        dispatcher: Dispatcher,
-        *,
-        client: AsyncWebClient,
-        signing_secret: str | None,
-        outbox: SlackOutbox,
-    ) -> None:
-        self.config = config
+    def __init__(self, dispatcher: Dispatcher, *, signing_secret: str | None, outbox: SlackOutbox) -> None:
+        self.config = config = dispatcher.ctx.config
         self.dispatcher = dispatcher
-        self.client = client
+        self.client = client = outbox.client
         self.outbox = outbox
         self._tasks: set[asyncio.Task[Any]] = set()
         self._home: tuple[float, Reply] | None = None

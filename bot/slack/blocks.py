@@ -115,11 +115,7 @@ def plain(text: str) -> str:
         ref, _, label = m.group(0)[1:-1].partition("|")
         if label:
             return ("#" if ref.startswith("#") else "@") + label
-        if ref.startswith("!subteam^"):
-            return "@" + ref.removeprefix("!subteam^")
-        if ref.startswith("!"):
-            return "@" + ref[1:]
-        return ref
+        return "@" + ref[1:].removeprefix("subteam^") if ref.startswith("!") else ref
 
     return _REFS.sub(name, text)
 
@@ -365,14 +361,11 @@ def home_view(reply: Reply, footer: str, names: Mapping[str, str] | None = None)
 
 def block_texts(blocks: list[Block]) -> list[str]:
     """Every text in ``blocks`` (sections, fields, context elements, header, buttons)."""
-    out: list[str] = []
-    for block in blocks:
-        if isinstance(block.get("text"), dict):
-            out.append(str(block["text"].get("text", "")))
-        out += [str(item.get("text", "")) for item in block.get("fields", []) or []]
-        for el in block.get("elements", []) or []:
-            if isinstance(el.get("text"), dict):
-                out.append(str(el["text"].get("text", "")))
-            elif isinstance(el.get("text"), str):
-                out.append(el["text"])
-    return out
+
+    def texts(part: Block) -> list[str]:  # a text object's text, or a field's or element's own
+        text = part.get("text")
+        text = text.get("text", "") if isinstance(text, dict) else text
+        return [text] if isinstance(text, str) else []
+
+    parts = [p for b in blocks for p in (b, *(b.get("fields") or []), *(b.get("elements") or []))]
+    return [t for p in parts for t in texts(p)]

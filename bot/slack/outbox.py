@@ -17,9 +17,8 @@ from typing import Any, TypeVar
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack import blocks
-from bot.slack.api import ERRORS, Refused, detail_of, error_of
+from bot.slack.api import ERRORS, Delivery, Refused, SlackSender, detail_of, error_of
 from bot.slack.people import People
-from bot.slack.send import Delivery, SlackSender
 from bot.text import refused_notice, slack_not_posted, slack_owner_note
 from handlers.reply import Reply, Status, render_text
 from pipeline.errors import UnknownRun
@@ -42,7 +41,7 @@ def _keep(memo: dict[str, Any], key: str, value: Any) -> None:
 
 class SlackOutbox(SlackSender):
     """:class:`~handlers.outbox.Outbox` over the Slack Web API, as ``delivery`` says
-    (:class:`~bot.slack.send.Delivery`: channels, pace, this process's id for claims).
+    (:class:`~bot.slack.api.Delivery`: channels, pace, this process's id for claims).
 
     Until :meth:`bind` (once Redis is open) headline locations are kept in this process only.
     """
@@ -56,7 +55,6 @@ class SlackOutbox(SlackSender):
         self._rescued: dict[str, tuple[str, str]] = {}
         self.failures: list[str] = []  #: refused posts, as logged (for /healthz and tests)
         self.last_failure: dict[str, Any] | None = None  #: the newest refusal: at, where, error, line
-        self.notices: list[tuple[str, str]] = []  #: (channel or user, line) of refusals told to a person
         self._requesters: dict[str, str] = {}
         self._prompts: dict[str, Any] = {}
         self._posts: Posts | None = None
@@ -316,7 +314,6 @@ class SlackOutbox(SlackSender):
                 await self.record_failure(target, again)
                 notes.append(refused_notice(what, target, again.error))
                 continue
-            self.notices.append((target, notes[0]))
             return [target]
         if alert is None:
             return []
@@ -346,7 +343,6 @@ class SlackOutbox(SlackSender):
         except (*ERRORS, Refused, KeyError) as exc:
             log.warning(slack_not_posted(f"a direct message to {user}", str(exc)))
             return False
-        self.notices.append((user, reply.title))
         return True
 
     async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
@@ -357,7 +353,6 @@ class SlackOutbox(SlackSender):
             try:
                 resp = await respond(**payload, response_type="ephemeral", replace_original=True)
                 if getattr(resp, "status_code", 200) == 200:
-                    self.notices.append((user, reply.title))
                     return
             except Exception as exc:  # the prompt may be gone (response_url expired): DM instead
                 log.info("replacing prompt %s failed: %s", prompt, exc)
@@ -411,9 +406,9 @@ class SlackOutbox(SlackSender):
                 await self._refused(None, Reply(title=title or source["filename"]), channel, refusal)
                 return False
 
-    async def record_failure(self, where: str, error: object) -> str:
+    async def record_failure(self, where: str, error: object) -> None:
         """Log a refused post and keep it as the last delivery failure (here and in Redis, for
-        ``/healthz`` and ``status``); return the logged line."""
+        ``/healthz`` and ``status``)."""
         detail = detail_of(error)
         line = slack_not_posted(where, detail)
         self.failures.append(line)
@@ -426,4 +421,3 @@ class SlackOutbox(SlackSender):
                 await self._posts.record_failure({k: str(v) for k, v in self.last_failure.items()})
             except Exception as exc:  # Redis trouble must not hide the refusal itself
                 log.warning("could not store the last delivery failure: %s", exc)
-        return line

@@ -76,16 +76,14 @@ class CappedSocketModeClient(SocketModeClient):
 
 
 class CappedSocketModeHandler(AsyncSocketModeHandler):
-    """Bolt's :class:`AsyncSocketModeHandler` on a :class:`CappedSocketModeClient`."""
+    """Bolt's :class:`AsyncSocketModeHandler` on a :class:`CappedSocketModeClient` (a ping every 10 s)."""
 
     client: CappedSocketModeClient
 
-    def __init__(
-        self, app: AsyncApp, app_token: str, *, web_client: AsyncWebClient, ping_interval: float = 10.0
-    ) -> None:
+    def __init__(self, app: AsyncApp, app_token: str, *, web_client: AsyncWebClient) -> None:
         self.app = app
         self.app_token = app_token
         self.client = CappedSocketModeClient(
-            app_token=app_token, logger=app.logger, web_client=web_client, ping_interval=ping_interval
+            app_token=app_token, logger=app.logger, web_client=web_client, ping_interval=10.0
         )
         self.client.socket_mode_request_listeners.append(self.handle)  # type: ignore[arg-type]
