@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -40,7 +39,6 @@ from pipeline.errors import SlackUnavailable, StateUnavailable, UsageError
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from pipeline.state.redisconn import Outage, StoreWatch
 
-log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
