@@ -39,7 +39,6 @@ from pipeline.errors import SlackUnavailable, StateUnavailable, UsageError
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from pipeline.state.redisconn import Outage, StoreWatch
 
-
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
 METRICS_PATH = "/metrics"
