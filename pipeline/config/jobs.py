@@ -1,6 +1,8 @@
-"""A job's ``[jobs.NAME]`` table and its small sub-tables (``gpus``, ``metrics``, ``auth``;
-``approval`` is :mod:`pipeline.config.approval`).  What suits the job's ``engine``, and the engine's
-own table (``[jobs.NAME.slurm]``), the engine checks (:func:`pipeline.engines.base.check_engines`)."""
+"""A job's ``[jobs.NAME]`` table and its small sub-tables (``gpus``, ``metrics``, ``auth``, and
+``approval``: the two-person rule — which actions on a job wait for a second person; the rules:
+:mod:`handlers.approval.twoperson`, the record: :mod:`pipeline.state.approvals`).  What suits the
+job's ``engine``, and the engine's own table (``[jobs.NAME.slurm]``), the engine checks
+(:func:`pipeline.engines.base.check_engines`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
 
-from pipeline.config.approval import ApprovalSettings
 from pipeline.config.base import LocalPath, Seconds, _Model, matching, must, seconds_setting
 from pipeline.config.watch import DigestSettings, WatchSettings
 
@@ -96,6 +97,42 @@ class JobAuth(_Model):
     viewers: list[str] | None = None
 
 
+#: what ``actions`` may list: ``restart_with_patch`` is a restart that applies or reverts a patch;
+#: ``restart`` is every restart (with or without patches)
+ApprovalAction = Literal["restart_with_patch", "restart", "start", "stop", "unlock"]
+
+#: the role names ``approvers`` may list besides user and user-group ids (roles of ``[auth]``,
+#: or of ``[jobs.NAME.auth]`` where the job sets them)
+APPROVER_ROLES = ("admin", "operator", "viewer")
+
+DEFAULT_EXPIRES = 900.0  #: seconds a request stays open (15 min)
+
+
+_TOO_LONG = "at most 7 days (a request older than that is stale)"
+
+
+def _approvers(v: list[str]) -> list[str]:
+    for who in v:
+        if who.endswith("s") and who[:-1] in APPROVER_ROLES:
+            raise ValueError(f"approver {who!r}: the role is written {who[:-1]!r}")
+        if not who.strip() or who != who.strip() or who == "*":
+            raise ValueError(
+                f"approver {who!r}: use a role ({', '.join(APPROVER_ROLES)}), a user id (U…) or a "
+                "user-group id (S…); '*' would let anyone approve"
+            )
+    return v
+
+
+class ApprovalSettings(_Model):
+    """An action in ``actions`` becomes a request that waits until someone in ``approvers`` other than
+    the requester approves it (or denies it, or ``expires`` seconds pass)."""
+
+    actions: list[ApprovalAction] = Field(min_length=1)
+    #: role names (``admin``, ``operator``, ``viewer``), user ids (``U…``) or user-group ids (``S…``)
+    approvers: Annotated[list[str], AfterValidator(_approvers)] = Field(min_length=1)
+    expires: Annotated[Seconds, must(lambda v: v <= 7 * 86400, _TOO_LONG)] = DEFAULT_EXPIRES
+
+
 class JobConfig(_Model):
     """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
@@ -130,7 +167,7 @@ class JobConfig(_Model):
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
     auth: JobAuth = JobAuth()
-    approval: ApprovalSettings | None = None  #: the two-person rule (:mod:`pipeline.config.approval`)
+    approval: ApprovalSettings | None = None  #: the two-person rule (:class:`ApprovalSettings`)
     #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
     owners: Annotated[list[str], matching(r"[SUW][A-Z0-9]{2,}", _NOT_PERSON, each=True)] = []
     notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too
