@@ -2,8 +2,8 @@
 
 Every key is documented in ``pitstop.example.toml``; its names are Pitstop's interface.  Errors
 come one line per problem, naming its TOML path (``jobs.dflash.host: unknown host 'gpu2' (known:
-gpu1)``), never as a traceback.  The models live by table (``service``, ``jobs`` with its
-``approval``, ``watch``); all are importable from here.
+gpu1)``), never as a traceback.  The models live by table (``service``; ``jobs`` with its
+``watch``, ``digest`` and ``approval``); all are importable from here.
 
 May import :mod:`pipeline.errors` and :mod:`pipeline.fmt` only: every other package reads it, so it
 is the leaf of the package graph.  What a job's ``engine`` names, and its engine's own table, are
@@ -20,14 +20,15 @@ from typing import Any
 
 from pydantic import ValidationError, model_validator
 
-from pipeline.config.base import Seconds as Seconds
 from pipeline.config.base import _Model
-from pipeline.config.base import seconds_setting as seconds_setting
 from pipeline.config.jobs import ApprovalSettings as ApprovalSettings
+from pipeline.config.jobs import AutoRestart as AutoRestart
+from pipeline.config.jobs import DigestSettings as DigestSettings
 from pipeline.config.jobs import GpuRoles as GpuRoles
 from pipeline.config.jobs import JobAuth as JobAuth
 from pipeline.config.jobs import JobConfig as JobConfig
 from pipeline.config.jobs import MetricsPattern as MetricsPattern
+from pipeline.config.jobs import WatchSettings as WatchSettings
 from pipeline.config.service import AuthSettings as AuthSettings
 from pipeline.config.service import HealthSettings as HealthSettings
 from pipeline.config.service import HostConfig as HostConfig
@@ -35,9 +36,6 @@ from pipeline.config.service import RedisSettings as RedisSettings
 from pipeline.config.service import SchedulerSettings as SchedulerSettings
 from pipeline.config.service import SlackSettings as SlackSettings
 from pipeline.config.service import StateSettings as StateSettings
-from pipeline.config.watch import AutoRestart as AutoRestart
-from pipeline.config.watch import DigestSettings as DigestSettings
-from pipeline.config.watch import WatchSettings as WatchSettings
 from pipeline.errors import ConfigError
 
 DEFAULT_CONFIG = "pitstop.toml"
