@@ -192,13 +192,14 @@ class RemoteTimeout(RemoteCommandError, code="remote_timeout", exit_code=ExitCod
 
 class SequenceAborted(PitstopError, code="sequence_aborted"):
     """A restart sequence ends here (the failing step recorded its detail): the sequence finishes
-    the run with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the verdict line,
-    :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says more)."""
+    the run of ``job`` with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the
+    verdict line, :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says more)."""
 
     verdict: ClassVar[str] = ""
 
-    def __init__(self, message: str, *, line: str) -> None:
+    def __init__(self, job: str, message: str, *, line: str) -> None:
         super().__init__(message)
+        self.job = job
         self.line = line
         self.evidence = line
 
@@ -211,11 +212,10 @@ class PreflightFailed(SequenceAborted, code="preflight_failed"):
     verdict = "PREFLIGHT_FAILED"
 
     def __init__(self, job: str, check: str, detail: str, *, line: str) -> None:
-        self.job = job
         self.check = check
         self.detail = detail
         super().__init__(
-            f"pre-flight check '{check}' failed for {job}: {detail} - nothing was stopped", line=line
+            job, f"pre-flight check '{check}' failed for {job}: {detail} - nothing was stopped", line=line
         )
 
 
@@ -226,12 +226,12 @@ class StopFailed(SequenceAborted, code="stop_failed"):
     verdict = "STOP_FAILED"
 
     def __init__(self, job: str, survivors: Sequence[int], detail: str = "", *, line: str) -> None:
-        self.job = job
         self.survivors = list(survivors)
         self.detail = detail
         pids = ", ".join(str(p) for p in self.survivors) or "none listed"
         tail = f" ({detail})" if detail else ""
-        super().__init__(f"could not stop {job}: still alive: pid {pids}{tail} - not relaunching", line=line)
+        text = f"could not stop {job}: still alive: pid {pids}{tail} - not relaunching"
+        super().__init__(job, text, line=line)
 
 
 class LaunchFailed(SequenceAborted, code="launch_failed"):
@@ -240,9 +240,8 @@ class LaunchFailed(SequenceAborted, code="launch_failed"):
     verdict = "LAUNCH_FAILED"
 
     def __init__(self, job: str, detail: str, *, line: str) -> None:
-        self.job = job
         self.detail = detail
-        super().__init__(f"launch of {job} failed: {detail}", line=line)
+        super().__init__(job, f"launch of {job} failed: {detail}", line=line)
 
 
 class PatchChanged(PreflightFailed, code="patch_changed"):
@@ -270,12 +269,11 @@ class RunCancelled(SequenceAborted, code="run_cancelled", exit_code=ExitCode.CAN
     verdict = "CANCELLED"
 
     def __init__(self, job: str, run_id: str, after_step: str | None, *, line: str) -> None:
-        self.job = job
         self.run_id = run_id
         self.after_step = after_step
         done = "before anything was changed" if after_step is None else f"after step {after_step}"
         tail = "" if after_step is None else " - the job may be stopped"
-        super().__init__(f"run {run_id} for {job} cancelled {done}{tail}", line=line)
+        super().__init__(job, f"run {run_id} for {job} cancelled {done}{tail}", line=line)
         self.evidence = self.message
 
 
