@@ -90,11 +90,12 @@ class RemoteError(PitstopError, code="remote_error"):
 
 
 class HostUnreachable(RemoteError, code="host_unreachable"):
-    """The host could not be reached (refused, timed out, DNS, lost connection); ``reason`` in a few words."""
+    """The host could not be reached (refused, timed out, DNS, lost connection); ``reason`` in a few
+    words (``message``: a subclass's text in place of the usual one)."""
 
-    def __init__(self, host: str, reason: str) -> None:
+    def __init__(self, host: str, reason: str, message: str = "") -> None:
         self.reason = reason
-        super().__init__(host, f"host {host} unreachable: {reason}")
+        super().__init__(host, message or f"host {host} unreachable: {reason}")
 
 
 class HostKeyRejected(RemoteError, code="host_key_rejected"):
@@ -331,8 +332,7 @@ class HostAuthRejected(HostUnreachable, code="host_auth_rejected"):
     def __init__(self, host: str, user: str, reason: str) -> None:
         self.user = user
         text = f"host {host} refused login as {user}: {reason} - check client_keys and the host's authorized_keys"
-        RemoteError.__init__(self, host, text)
-        self.reason = reason
+        super().__init__(host, reason, text)
 
 
 class GpuQueryFailed(RemoteError, code="gpu_query_failed"):
