@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from pipeline import fmt
-from pipeline.config.approval import APPROVER_ROLES
+from pipeline.config.jobs import APPROVER_ROLES
 from pipeline.state.incidents import IncidentKind
 
 if TYPE_CHECKING:  # types only: ``pitstop parse`` (the grammar reads these words) stays quick

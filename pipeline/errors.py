@@ -15,7 +15,7 @@ import shlex
 import uuid
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 
 class ExitCode(IntEnum):
@@ -47,6 +47,11 @@ class PitstopError(Exception):
     code: ClassVar[str] = "error"
     exit_code: ExitCode = ExitCode.FAILED
 
+    def __init_subclass__(cls, code: str = "", exit_code: ExitCode | None = None, **kw: Any) -> None:
+        """A subclass names its ``code`` (else keeps its parent's) and ``exit_code`` in its bases."""
+        super().__init_subclass__(**kw)
+        cls.code, cls.exit_code = code or cls.code, exit_code or cls.exit_code
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
@@ -60,12 +65,9 @@ def error_class(code: str) -> type[PitstopError]:
     return {c.code: c for c in reversed(classes)}[code]
 
 
-class ConfigError(PitstopError):
+class ConfigError(PitstopError, code="config_invalid", exit_code=ExitCode.USAGE):
     """The configuration file is missing or invalid: ``problems``, one line each naming its TOML
     path or line, in ``source`` (the file; "" if unknown)."""
-
-    code = "config_invalid"
-    exit_code = ExitCode.USAGE
 
     def __init__(self, problems: Sequence[str], source: str = "") -> None:
         self.problems = list(problems)
@@ -75,37 +77,29 @@ class ConfigError(PitstopError):
         super().__init__("\n".join([*head, *self.problems]))
 
 
-class UsageError(PitstopError):
+class UsageError(PitstopError, code="usage", exit_code=ExitCode.USAGE):
     """A CLI invocation that cannot be carried out as given: what is wrong, how to call it instead."""
 
-    code = "usage"
-    exit_code = ExitCode.USAGE
 
-
-class RemoteError(PitstopError):
+class RemoteError(PitstopError, code="remote_error"):
     """Base of every failure talking to a host (``host``: its configured name)."""
-
-    code = "remote_error"
 
     def __init__(self, host: str, message: str) -> None:
         self.host = host
         super().__init__(message)
 
 
-class HostUnreachable(RemoteError):
-    """The host could not be reached (refused, timed out, DNS, lost connection); ``reason`` in a few words."""
+class HostUnreachable(RemoteError, code="host_unreachable"):
+    """The host could not be reached (refused, timed out, DNS, lost connection); ``reason`` in a few
+    words (``message``: a subclass's text in place of the usual one)."""
 
-    code = "host_unreachable"
-
-    def __init__(self, host: str, reason: str) -> None:
+    def __init__(self, host: str, reason: str, message: str = "") -> None:
         self.reason = reason
-        super().__init__(host, f"host {host} unreachable: {reason}")
+        super().__init__(host, message or f"host {host} unreachable: {reason}")
 
 
-class HostKeyRejected(RemoteError):
+class HostKeyRejected(RemoteError, code="host_key_rejected"):
     """The host's key (``fingerprint``) is unknown or differs from the one pinned in ``known_hosts``."""
-
-    code = "host_key_rejected"
 
     def __init__(self, host: str, fingerprint: str, known_hosts: str) -> None:
         self.fingerprint = fingerprint
@@ -117,13 +111,11 @@ class HostKeyRejected(RemoteError):
         )
 
 
-class RemoteCommandError(RemoteError):
+class RemoteCommandError(RemoteError, code="remote_command"):
     """A remote command failed in a way its caller did not expect; keeps what asyncssh's
     ``ProcessError`` keeps: the command, the exit status or signal, and the (partial) output.
     Its text is one of this module's (:func:`connection_lost`, :func:`shell_killed` …) or its
     caller's."""
-
-    code = "remote_command"
 
     def __init__(
         self,
@@ -183,11 +175,8 @@ def python_missing(host: str, python: str) -> str:
     return f"on {host}: `{python}` not found - Pitstop's host helper needs Python 3.8+ on the job's side"
 
 
-class RemoteTimeout(RemoteCommandError):
+class RemoteTimeout(RemoteCommandError, code="remote_timeout", exit_code=ExitCode.CANCELLED):
     """A remote command did not finish within ``timeout`` seconds; keeps the partial output."""
-
-    code = "remote_timeout"
-    exit_code = ExitCode.CANCELLED
 
     def __init__(
         self, host: str, argv: Sequence[str], timeout: float, *, stdout: str = "", stderr: str = ""
@@ -197,71 +186,64 @@ class RemoteTimeout(RemoteCommandError):
         self.timeout = timeout
 
 
-class SequenceAborted(PitstopError):
+class SequenceAborted(PitstopError, code="sequence_aborted"):
     """A restart sequence ends here (the failing step recorded its detail): the sequence finishes
-    the run with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the verdict line,
-    :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says more)."""
+    the run of ``job`` with ``verdict`` (a :class:`pipeline.verdict.Verdict` value), ``line`` (the
+    verdict line, :mod:`pipeline.verdict`) and ``evidence`` (the line, unless a subclass says more)."""
 
-    code = "sequence_aborted"
     verdict: ClassVar[str] = ""
 
-    def __init__(self, message: str, *, line: str) -> None:
+    def __init__(self, job: str, message: str, *, line: str) -> None:
         super().__init__(message)
+        self.job = job
         self.line = line
         self.evidence = line
 
 
-class PreflightFailed(SequenceAborted):
+class PreflightFailed(SequenceAborted, code="preflight_failed"):
     """A pre-flight check failed; nothing was stopped (verdict ``PREFLIGHT_FAILED``).  ``check``:
     ``host``, ``host_key``, ``workdir``, ``launch``, ``patch``, ``log_dir``, ``disk``, ``running``;
     on Slurm also ``partition``, ``script``, ``sbatch``."""
 
-    code = "preflight_failed"
     verdict = "PREFLIGHT_FAILED"
 
     def __init__(self, job: str, check: str, detail: str, *, line: str) -> None:
-        self.job = job
         self.check = check
         self.detail = detail
         super().__init__(
-            f"pre-flight check '{check}' failed for {job}: {detail} - nothing was stopped", line=line
+            job, f"pre-flight check '{check}' failed for {job}: {detail} - nothing was stopped", line=line
         )
 
 
-class StopFailed(SequenceAborted):
+class StopFailed(SequenceAborted, code="stop_failed"):
     """The old run could not be stopped (verdict ``STOP_FAILED``); ``survivors``: pids still alive
     (empty when unknown)."""
 
-    code = "stop_failed"
     verdict = "STOP_FAILED"
 
     def __init__(self, job: str, survivors: Sequence[int], detail: str = "", *, line: str) -> None:
-        self.job = job
         self.survivors = list(survivors)
         self.detail = detail
         pids = ", ".join(str(p) for p in self.survivors) or "none listed"
         tail = f" ({detail})" if detail else ""
-        super().__init__(f"could not stop {job}: still alive: pid {pids}{tail} - not relaunching", line=line)
+        text = f"could not stop {job}: still alive: pid {pids}{tail} - not relaunching"
+        super().__init__(job, text, line=line)
 
 
-class LaunchFailed(SequenceAborted):
+class LaunchFailed(SequenceAborted, code="launch_failed"):
     """The launch (or the cache clearing or patching before it) failed (verdict ``LAUNCH_FAILED``)."""
 
-    code = "launch_failed"
     verdict = "LAUNCH_FAILED"
 
     def __init__(self, job: str, detail: str, *, line: str) -> None:
-        self.job = job
         self.detail = detail
-        super().__init__(f"launch of {job} failed: {detail}", line=line)
+        super().__init__(job, f"launch of {job} failed: {detail}", line=line)
 
 
-class PatchChanged(PreflightFailed):
+class PatchChanged(PreflightFailed, code="patch_changed"):
     """A patch file no longer has the SHA-256 that was approved (the two-person rule): the run
     stops at pre-flight (verdict ``PREFLIGHT_FAILED``, check ``approval``).  ``approved`` and
     ``found`` are 64 hex digits; ``found`` is empty when the file cannot be read."""
-
-    code = "patch_changed"
 
     def __init__(self, job: str, patch: str, approved: str, found: str, *, line: str) -> None:
         self.patch = patch
@@ -276,40 +258,32 @@ def patch_changed(patch: str, approved: str, found: str) -> str:
     return f"patch changed since approval: {patch} was approved as sha256 {approved[:12]}, {now}"
 
 
-class RunCancelled(SequenceAborted):
+class RunCancelled(SequenceAborted, code="run_cancelled", exit_code=ExitCode.CANCELLED):
     """A run was cancelled at a step boundary (verdict ``CANCELLED``); its evidence is its text.
     ``after_step``: the last step done (a :class:`pipeline.verdict.Step` value), None if none."""
 
-    code = "run_cancelled"
     verdict = "CANCELLED"
-    exit_code = ExitCode.CANCELLED
 
     def __init__(self, job: str, run_id: str, after_step: str | None, *, line: str) -> None:
-        self.job = job
         self.run_id = run_id
         self.after_step = after_step
         done = "before anything was changed" if after_step is None else f"after step {after_step}"
         tail = "" if after_step is None else " - the job may be stopped"
-        super().__init__(f"run {run_id} for {job} cancelled {done}{tail}", line=line)
+        super().__init__(job, f"run {run_id} for {job} cancelled {done}{tail}", line=line)
         self.evidence = self.message
 
 
-class UnknownRun(PitstopError):
+class UnknownRun(PitstopError, code="unknown_run", exit_code=ExitCode.USAGE):
     """No run record with that id."""
-
-    code = "unknown_run"
-    exit_code = ExitCode.USAGE
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"no run {run_id}")
 
 
-class IllegalTransition(PitstopError):
+class IllegalTransition(PitstopError, code="illegal_transition"):
     """A state change its store refuses: ``what`` (``run r-42``, ``lock job:dflash``) is ``current``
     (``finished``, ``free``), so it cannot do ``wanted`` (``finish``, ``release``)."""
-
-    code = "illegal_transition"
 
     def __init__(self, what: str, current: str, wanted: str) -> None:
         self.what = what
@@ -318,22 +292,17 @@ class IllegalTransition(PitstopError):
         super().__init__(f"{what} is {current}: it cannot {wanted} - reload it and try again")
 
 
-class StateUnavailable(PitstopError):
+class StateUnavailable(PitstopError, code="state_unavailable"):
     """Redis did not answer or refused a command (``detail``: the Redis client's error)."""
-
-    code = "state_unavailable"
 
     def __init__(self, detail: str) -> None:
         self.detail = detail
         super().__init__(f"run state unavailable (Redis): {detail} - check that [redis] url answers")
 
 
-class SlackUnavailable(PitstopError):
+class SlackUnavailable(PitstopError, code="slack_unavailable", exit_code=ExitCode.USAGE):
     """Slack refused the tokens or could not be reached at start-up (``pitstop serve``): the Web
     API ``method`` that failed, Slack's ``error`` code or the connection error."""
-
-    code = "slack_unavailable"
-    exit_code = ExitCode.USAGE
 
     def __init__(self, method: str, error: str) -> None:
         self.method = method
@@ -343,11 +312,8 @@ class SlackUnavailable(PitstopError):
         )
 
 
-class UnknownHost(PitstopError):
+class UnknownHost(PitstopError, code="unknown_host", exit_code=ExitCode.USAGE):
     """A host ``name`` that is not configured (``known``: the configured names)."""
-
-    code = "unknown_host"
-    exit_code = ExitCode.USAGE
 
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
@@ -355,22 +321,17 @@ class UnknownHost(PitstopError):
         super().__init__(f"no host {name!r} in the configuration (known: {', '.join(self.known) or 'none'})")
 
 
-class HostAuthRejected(HostUnreachable):
+class HostAuthRejected(HostUnreachable, code="host_auth_rejected"):
     """The host answered but refused the login as ``user`` (keys, user); a kind of unreachable."""
-
-    code = "host_auth_rejected"
 
     def __init__(self, host: str, user: str, reason: str) -> None:
         self.user = user
         text = f"host {host} refused login as {user}: {reason} - check client_keys and the host's authorized_keys"
-        RemoteError.__init__(self, host, text)
-        self.reason = reason
+        super().__init__(host, reason, text)
 
 
-class GpuQueryFailed(RemoteError):
+class GpuQueryFailed(RemoteError, code="gpu_query_failed"):
     """``nvidia-smi`` could not be run or its output read."""
-
-    code = "gpu_query_failed"
 
     def __init__(self, host: str, detail: str) -> None:
         self.detail = detail

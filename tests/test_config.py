@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config, parse_config, resolve_path, seconds_setting
+from pipeline.config import load_config, parse_config, resolve_path
+from pipeline.config.base import seconds_setting
 from pipeline.engines import ENGINES
 from pipeline.engines.base import check_engines
 from pipeline.engines.slurm import expected_processes

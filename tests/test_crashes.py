@@ -10,7 +10,7 @@ import pytest
 from bot.runtime.scheduler import PitstopScheduler
 from handlers.watch.evidence import CrashCheck, refusal
 from pipeline.config import AutoRestart, Config, parse_config
-from pipeline.config.watch import TRANSIENT, CrashClass
+from pipeline.config.jobs import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError
 from pipeline.observe.crashes import Crash, classify, detect_cause, from_fields
 from pipeline.state.events import EventKind

@@ -299,7 +299,7 @@ CRASH_PRINTS = {
 @pytest.mark.parametrize("kind", sorted(CRASH_PRINTS))
 def test_crash_kind_prints_what_the_real_failure_prints(tmp_path: Path, jobs: list[Job], kind: str) -> None:
     """--crash-rank 6 --crash-at-step 3 --crash KIND: the job fails, printing KIND's real messages."""
-    from pipeline.config.watch import CrashClass
+    from pipeline.config.jobs import CrashClass
     from pipeline.observe.crashes import classify
 
     job = Job(tmp_path, "--crash-rank", "6", "--crash-at-step", "3", "--crash", kind, "--metric-every", "1")

@@ -18,9 +18,8 @@ from matplotlib.image import AxesImage
 
 from devhost.sshhost import LocalSSHHost
 from handlers.views.reports import digest_command
-from pipeline.digest.chart import DAY_S, draw_chart
+from pipeline.digest.chart import DAY_S, RestartMark, draw_chart, rank_intervals, restart_label, throughput
 from pipeline.digest.report import build_digest, restart_marks
-from pipeline.digest.series import RestartMark, rank_intervals, restart_label, throughput
 from pipeline.observe.metrics import MetricLine
 from tests.test_digest import _config, gpu_host, make_ctx, nvidia_dir  # noqa: F401  (fixtures)
 

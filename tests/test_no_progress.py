@@ -15,7 +15,7 @@ from bot.runtime.scheduler import PitstopScheduler
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.attempts import attempts_command
 from pipeline.config import AutoRestart, Config, WatchSettings
-from pipeline.config.watch import CrashClass
+from pipeline.config.jobs import CrashClass
 from pipeline.observe.attempts import crash_words, progressed, reach_of
 from pipeline.observe.crashes import Crash
 from pipeline.observe.metrics import MetricLine

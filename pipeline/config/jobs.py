@@ -1,18 +1,20 @@
-"""A job's ``[jobs.NAME]`` table and its small sub-tables (``gpus``, ``metrics``, ``auth``;
-``approval`` is :mod:`pipeline.config.approval`).  What suits the job's ``engine``, and the engine's
-own table (``[jobs.NAME.slurm]``), the engine checks (:func:`pipeline.engines.base.check_engines`)."""
+"""A job's ``[jobs.NAME]`` table and its sub-tables (``gpus``, ``metrics``, ``auth``, ``watch`` with
+``auto_restart`` and the crash classes, ``digest``, and ``approval``: the two-person rule — which
+actions on a job wait for a second person; the rules: :mod:`handlers.approval.twoperson`, the
+record: :mod:`pipeline.state.approvals`).  What suits the
+job's ``engine``, and the engine's own table (``[jobs.NAME.slurm]``), the engine checks
+(:func:`pipeline.engines.base.check_engines`)."""
 
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
-from pipeline.config.approval import ApprovalSettings
 from pipeline.config.base import LocalPath, Seconds, _Model, matching, must, seconds_setting
-from pipeline.config.watch import DigestSettings, WatchSettings
 
 HostPath = Annotated[str, matching("(?s)/.*", "must be an absolute path on the host")]
 
@@ -96,6 +98,120 @@ class JobAuth(_Model):
     viewers: list[str] | None = None
 
 
+#: what ``actions`` may list: ``restart_with_patch`` is a restart that applies or reverts a patch;
+#: ``restart`` is every restart (with or without patches)
+ApprovalAction = Literal["restart_with_patch", "restart", "start", "stop", "unlock"]
+
+#: the role names ``approvers`` may list besides user and user-group ids (roles of ``[auth]``,
+#: or of ``[jobs.NAME.auth]`` where the job sets them)
+APPROVER_ROLES = ("admin", "operator", "viewer")
+
+DEFAULT_EXPIRES = 900.0  #: seconds a request stays open (15 min)
+
+
+_TOO_LONG = "at most 7 days (a request older than that is stale)"
+
+
+def _approvers(v: list[str]) -> list[str]:
+    for who in v:
+        if who.endswith("s") and who[:-1] in APPROVER_ROLES:
+            raise ValueError(f"approver {who!r}: the role is written {who[:-1]!r}")
+        if not who.strip() or who != who.strip() or who == "*":
+            raise ValueError(
+                f"approver {who!r}: use a role ({', '.join(APPROVER_ROLES)}), a user id (U…) or a "
+                "user-group id (S…); '*' would let anyone approve"
+            )
+    return v
+
+
+class ApprovalSettings(_Model):
+    """An action in ``actions`` becomes a request that waits until someone in ``approvers`` other than
+    the requester approves it (or denies it, or ``expires`` seconds pass)."""
+
+    actions: list[ApprovalAction] = Field(min_length=1)
+    #: role names (``admin``, ``operator``, ``viewer``), user ids (``U…``) or user-group ids (``S…``)
+    approvers: Annotated[list[str], AfterValidator(_approvers)] = Field(min_length=1)
+    expires: Annotated[Seconds, must(lambda v: v <= 7 * 86400, _TOO_LONG)] = DEFAULT_EXPIRES
+
+
+class CrashClass(StrEnum):
+    """Why a job failed; the values appear in alerts and in ``auto_restart.on``."""
+
+    NCCL_TIMEOUT = "nccl_timeout"
+    NCCL_ERROR = "nccl_error"
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM = "host_oom"
+    XID = "xid"
+    PYTHON_EXCEPTION = "python_exception"
+    SIGNAL = "signal"
+    UNKNOWN = "unknown"
+
+
+#: The classes a restart may cure: ``auto_restart.on``'s default.
+TRANSIENT: tuple[CrashClass, ...] = (
+    CrashClass.NCCL_TIMEOUT,
+    CrashClass.NCCL_ERROR,
+    CrashClass.XID,
+    CrashClass.HOST_OOM,
+    CrashClass.UNKNOWN,
+)
+
+
+class AutoRestart(_Model):
+    """``auto_restart = {max, within, backoff, on}``: restart a crashed job, bounded."""
+
+    max: int = Field(default=3, ge=1)  #: restarts allowed within ``within``
+    within: Seconds = 3600.0  #: seconds
+    backoff: Seconds = 10.0  #: first delay in seconds, doubled after each restart
+    #: crash classes restarted automatically (classified by :mod:`pipeline.observe.crashes`)
+    on: list[CrashClass] = list(TRANSIENT)
+
+
+class WatchSettings(_Model):
+    """``[jobs.NAME.watch]``: liveness and progress checks."""
+
+    interval: Seconds = 15.0
+    stall_after: Seconds = 600.0
+    degraded_after: Seconds = 120.0
+    rank_stall_after: Seconds | None = None  #: None: max(60 s, 20 × observed p95 time between advances)
+    warmup: Seconds = 120.0  #: seconds after a launch without stuck-rank or stalled alerts
+    unreachable_after: int = Field(default=3, ge=1)  #: consecutive failed probes (over >= 2 intervals)
+    auto_restart: AutoRestart | None = None
+    #: seconds after a RUNNING verdict when throughput since the restart is compared with before it
+    recovery_window: Seconds = 300.0
+    #: below this fraction of the previous run's median throughput → a "slower since" alert
+    slow_after_restart: float = Field(default=0.8, gt=0, le=1)
+    #: automatic restarts stop after this many consecutive attempts that made no progress
+    no_progress_after: int = Field(default=3, ge=1)
+    #: steps past its resume step an attempt must advance to count as progress
+    min_progress: int = Field(default=1, ge=1)
+    #: a job GPU under this utilisation (percent) for ``idle_gpu_for`` → an ``idle_gpus`` incident
+    idle_gpu_below: float | None = Field(default=None, gt=0, le=100)
+    idle_gpu_for: Seconds | None = None  #: seconds; both idle keys set, or neither (off)
+
+    @model_validator(mode="after")
+    def _idle_pair(self) -> WatchSettings:
+        if (self.idle_gpu_below is None) != (self.idle_gpu_for is None):
+            raise ValueError("set both idle_gpu_below and idle_gpu_for, or neither")
+        return self
+
+
+_NOT_CRON = "a cron expression has 5 fields: minute hour day month weekday"
+
+
+class DigestSettings(_Model):
+    """``[jobs.NAME.digest]``: periodic throughput digests, ``every`` or ``cron``."""
+
+    every: Seconds | None = None
+    cron: Annotated[str, must(lambda v: len(v.split()) == 5, _NOT_CRON)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> DigestSettings:
+        if self.every is not None and self.cron is not None:
+            raise ValueError("set either every or cron, not both")
+        return self
+
+
 class JobConfig(_Model):
     """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
@@ -130,7 +246,7 @@ class JobConfig(_Model):
     watch: WatchSettings = WatchSettings()
     digest: DigestSettings = DigestSettings()
     auth: JobAuth = JobAuth()
-    approval: ApprovalSettings | None = None  #: the two-person rule (:mod:`pipeline.config.approval`)
+    approval: ApprovalSettings | None = None  #: the two-person rule (:class:`ApprovalSettings`)
     #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
     owners: Annotated[list[str], matching(r"[SUW][A-Z0-9]{2,}", _NOT_PERSON, each=True)] = []
     notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too

@@ -2,7 +2,7 @@
 
 :func:`build_digest` assembles a :class:`Digest` from a bounded read of the log
 (:mod:`~pipeline.digest.window`), parsed (:mod:`~pipeline.observe.metrics`), aggregated
-(:mod:`~pipeline.digest.stats`) and charted (:mod:`~pipeline.digest.chart`); its dependencies are
+(:mod:`~pipeline.digest.stats`) and charted (:mod:`~pipeline.digest.chart`, which imports matplotlib on its first chart); its dependencies are
 passed in, it knows nothing of the handlers.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline.config import Config, JobConfig
 from pipeline.digest import window as windows
-from pipeline.digest.series import RestartMark, restart_label
+from pipeline.digest.chart import RestartMark, draw_chart, restart_label
 from pipeline.digest.stats import DigestSummary, compare, summarise
 from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
@@ -134,9 +134,6 @@ def _draw(
     """Draw the window's lines (in a worker thread: it is slow) and keep the job's last
     :data:`CHARTS_KEPT` charts; the PNG's path with links resolved (the demo's ``charts`` links to a
     lasting place)."""
-    # matplotlib is imported on the first chart, not when a surface starts (its ack latency)
-    from pipeline.digest.chart import draw_chart
-
     path = path.parent.resolve() / path.name
     draw_chart(lines, title=f"{job}: pipeline tokens/s", restarts=marks, last_digest=last_digest, path=path)
     for old in sorted(path.parent.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)[:-CHARTS_KEPT]:

@@ -26,9 +26,10 @@ _HEADLINE = (  # DigestSummary.headline's keys, in order (window_s: its ``second
 ).split()
 
 
-def _mean(values: Iterable[float | None]) -> float | None:
+def _sum(values: Iterable[float | None], *, mean: bool = False) -> float | None:
+    """The sum of the values present (with ``mean``: their mean); None if none is."""
     present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
+    return (sum(present) / len(present) if mean else sum(present)) if present else None
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def _flow(ranks: Sequence[Sequence[MetricLine]]) -> dict[str, Any]:
     return {
         "step_p50": percentile(steps, 0.5),
         "step_p95": percentile(steps, 0.95),
-        "queue_mean": _mean(queue),
+        "queue_mean": _sum(queue, mean=True),
         "queue_max": max(queue, default=None),
     }
 
@@ -156,7 +157,7 @@ def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
     tokens = counter_increase([n for _, n in timed])[0] if len(timed) >= 2 else increase if counted else None
     reported = _column([lines], "tokens_per_s")
     if tokens is None or seconds is None or seconds <= 0:
-        rate, rate_from = (_mean(reported), "reported") if reported else (None, "none")
+        rate, rate_from = (_sum(reported, mean=True), "reported") if reported else (None, "none")
     else:
         rate, rate_from = tokens / seconds, "counter"
     ts = _column([lines], "ts")
@@ -173,11 +174,6 @@ def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
         **_flow([lines]),
         **{key: _last(getattr(ln, key) for ln in reversed(lines)) for key in (*_LAST, "gpu_mem_bytes")},
     )
-
-
-def _sum(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return sum(present) if present else None
 
 
 def _column(ranks: Iterable[Sequence[MetricLine]], key: str) -> list[float]:
@@ -220,14 +216,14 @@ def summarise(
         pipeline_tokens_per_s=_sum(r.tokens_per_s for r in pipe_ranks),
         target_tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == TARGET),
         starved=flow["queue_mean"] is not None and flow["queue_mean"] < STARVED_BELOW,
-        loss_last=_mean(r.loss for r in drafters),
+        loss_last=_sum([r.loss for r in drafters], mean=True),
         resets=sum(r.resets for r in ranks),
         metric_lines=len(lines),
         lines_read=len(lines) if lines_read is None else lines_read,
         bytes_read=bytes_read,
         **flow,
-        **{key: _mean(getattr(r, key) for r in drafters) for key in _LAST[1:]},
-        **{f"{key}_mean": _mean(_column(drafter_series, key)) for key in _LAST},
+        **{key: _sum([getattr(r, key) for r in drafters], mean=True) for key in _LAST[1:]},
+        **{f"{key}_mean": _sum(_column(drafter_series, key), mean=True) for key in _LAST},
     )
 
 

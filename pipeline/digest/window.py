@@ -70,14 +70,10 @@ class OffsetState:
         """Parse the Redis hash (``keys.digest_offset``); None when absent (empty) or unreadable
         (the digest starts afresh)."""
         try:
-            return cls(
-                offset=int(raw["offset"]),
-                start=int(raw.get("start") or 0),
-                size=int(raw.get("size") or 0),
-                inode=int(raw["inode"]) if raw.get("inode") else None,
-                fingerprint=bytes.fromhex(raw.get("fingerprint") or ""),
-                at=float(raw.get("at") or 0.0),
-            )
+            start, size = (int(raw.get(key) or 0) for key in ("start", "size"))
+            inode = int(raw["inode"]) if raw.get("inode") else None
+            fingerprint = bytes.fromhex(raw.get("fingerprint") or "")
+            return cls(int(raw["offset"]), start, size, inode, fingerprint, float(raw.get("at") or 0.0))
         except (KeyError, ValueError):
             return None
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from pipeline import fmt
 from pipeline.config import JobConfig
-from pipeline.config.jobs import LostDuration
-from pipeline.config.watch import CrashClass
+from pipeline.config.jobs import CrashClass, LostDuration
 from pipeline.errors import PitstopError, RemoteCommandError
 from pipeline.host.probe import ChunkReader
 from pipeline.observe.crashes import Crash

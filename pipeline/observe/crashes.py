@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.config.watch import CrashClass
+from pipeline.config.jobs import CrashClass
 from pipeline.observe.metrics import parse_jsonl
 
 MAX_EVIDENCE = 300  #: characters of the evidence line kept

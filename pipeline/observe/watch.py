@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline.config import JobConfig
-from pipeline.config.watch import WatchSettings
+from pipeline.config.jobs import WatchSettings
 from pipeline.observe.idle import GpuReading, idle_facts, idle_since
 from pipeline.observe.progress import Judgement, stuck_facts
 from pipeline.state.incidents import Incident, IncidentKind, WatchState
