@@ -103,8 +103,8 @@ class FakeSSH:
 
 
 class StandInRestarter(Runner):
-    """Real-Redis test double for :class:`pipeline.engines.ssh.Restarter` (implements
-    :class:`~pipeline.engines.runner.Runner`'s interface; its ``__init__`` is not called).
+    """Real-Redis test double for the run service's :class:`~pipeline.engines.runner.Runner`
+    (its interface; its ``__init__`` is not called).
 
     Walks the steps (recording each on the run and telling the subscribed listeners as the real
     one does), checks cancel requests and ``cancelled`` at step boundaries, sleeps ``step_s`` per step (``launch_s``
