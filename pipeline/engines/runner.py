@@ -232,7 +232,7 @@ class Runner:
             found = from_fields(crash) if crash.get("run_id") == previous.run.id else None
             ended = crash_words(found) if found is not None else ended_by(run)
             reach = previous.run.reach.model_copy(update={"ended": ended})
-            saved = await self.runs.record_reach(previous.run.id, reach)
+            saved = await self.runs.amend(previous.run.id, reach=reach)
             previous = Previous(saved or previous.run, previous.lost)
         return previous
 

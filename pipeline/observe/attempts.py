@@ -248,8 +248,8 @@ async def record_dead(
     before = await runs.attempts(name, 1, before=run) if run.resumed_at else []
     role = before[0].reach.role if before and before[0].reach is not None else None
     lines = await read_attempt(read, name, job, start)
-    return await runs.record_reach(
-        run.id, reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
+    return await runs.amend(
+        run.id, reach=reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=ended)
     )
 
 
@@ -291,7 +291,7 @@ async def account_previous(
     had = prev.reach or Reach()
     role = resumed_role(first, high, resumed_at) or had.role
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended)
-    saved = await runs.record_reach(prev.id, reach) or prev.model_copy(update={"reach": reach})
+    saved = await runs.amend(prev.id, reach=reach) or prev.model_copy(update={"reach": reach})
     # started over (a restart, not a start): all of the previous run's steps
     over = not resumed_at and run.action in ("restart", "auto-restart") and bool(reach.step)
     lost = lost_work(reach, resumed_at or 0, checkpoint=checkpoint, sampled_at=sampled_at, timezone=timezone)

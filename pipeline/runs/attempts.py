@@ -68,7 +68,7 @@ class Attempts(RunServiceBase):
                 log.warning("throughput follow-up of %s not made: %s", run_id, exc.message)
                 event = None
             if event is not None:
-                await self.runs.record_recovery(run_id, event.line or "")
+                await self.runs.amend(run_id, recovery=event.line or "")
                 await self.tell(event)
                 told.append(event)
             if not await self.runs.recovery_done(run_id, claim):

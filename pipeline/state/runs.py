@@ -279,16 +279,12 @@ class RunStore(Store):
         IllegalTransition if it ended or was verified, or was written since ``run`` was read."""
         return await self._put(run, "be interrupted", interrupted=line, owner=None)
 
-    async def record_reach(self, run_id: str, reach: Reach) -> RunRecord | None:
-        """Record how far an attempt got on its run; returns the run as saved, None if there is none."""
-        return await self._amend(run_id, reach=reach)
+    async def amend(self, run_id: str, **fields: object) -> RunRecord | None:
+        """Set ``fields`` on the stored run, whatever its state (no other write lost): ``reach`` (how far an
+        attempt got, a :class:`Reach`), ``recovery`` (the throughput follow-up's line).
 
-    async def record_recovery(self, run_id: str, line: str) -> RunRecord | None:
-        """Record the throughput follow-up's line on a run, like :meth:`record_reach`."""
-        return await self._amend(run_id, recovery=line)
-
-    async def _amend(self, run_id: str, **fields: object) -> RunRecord | None:
-        """Set ``fields`` on the stored run, whatever its state (no other write lost); None if none."""
+        :returns: the run as saved, None if there is none.
+        """
         with contextlib.suppress(UnknownRun):
             return await self._write(run_id, "be amended", lambda stored: stored.model_copy(update=fields))
         return None
@@ -467,8 +463,7 @@ class RunStore(Store):
             answers = await pipe.execute()
         out: list[RunRecord] = []
         for run_id, raw, beating in zip(ids, answers[::2], answers[1::2], strict=True):
-            run = None if raw is None else RunRecord.model_validate_json(raw)
-            if run is None or run.finished_at is not None:
+            if raw is None or (run := RunRecord.model_validate_json(raw)).finished_at is not None:
                 await self.client.srem(keys.runs_open(self.prefix), run_id)
             elif not beating:
                 out.append(run)
