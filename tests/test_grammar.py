@@ -234,12 +234,11 @@ def test_normalise_undoes_slack_markup() -> None:
 def test_usage_and_help_come_from_the_table() -> None:
     """Every verb's usage line is rendered from its format string, so help and errors agree with parsing."""
     for spec in grammar.GRAMMAR:
-        assert spec.usages, spec.name
-        assert spec.usages[0].split()[0] == spec.name
+        assert spec.usage.split()[0] == spec.name
         for example in spec.examples:
             assert parse(example, CONFIG).verb == spec.name, example
-    assert grammar.VERBS["logs"].usages == ("logs JOB [N [lines]]",)
-    assert grammar.VERBS["watch"].usages == ("watch JOB on|off [for DURATION]",)
+    assert grammar.VERBS["logs"].usage == "logs JOB [N [lines]]"
+    assert grammar.VERBS["watch"].usage == "watch JOB on|off [for DURATION]"
 
 
 def test_roles_cover_every_verb() -> None:

@@ -260,9 +260,8 @@ def parse(text: str, config: Config) -> Command:
     if spec is None:
         raise _unknown("command", tokens[0], list(grammar.VERBS), None)
     matches = grammar.match(spec, tokens) if len(tokens) <= MAX_TOKENS else []
-    if not matches:  # its usage line(s), aligned under the first
-        usage = "\n       ".join(spec.usages)
-        raise ParseError(f"usage: {usage}\n(type `help {spec.name}` for examples)", spec.name)
+    if not matches:  # its usage line
+        raise ParseError(f"usage: {spec.usage}\n(type `help {spec.name}` for examples)", spec.name)
     first: ParseError | None = None
     matches.sort(key=_numbers_as_names)  # "history 1000" means N, so its error is the one to show
     for binding in matches:

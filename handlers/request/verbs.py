@@ -98,7 +98,7 @@ async def _cancel(call: Call) -> Reply:
 
 
 def _job(call: Call) -> str:
-    assert call.command.job is not None  # the verb's formats require a job
+    assert call.command.job is not None  # the verb's format requires a job
     return call.command.job
 
 

@@ -246,12 +246,11 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
     topic = command.topic
     if topic is not None:
         spec = grammar.VERBS[topic]
-        lines = [f"`{u}`" for u in spec.usages[1:]]
-        lines += [spec.summary, f"needs the {spec.role.label} role"]
+        lines = [spec.summary, f"needs the {spec.role.label} role"]
         if spec.examples:
             lines.append("examples: " + "; ".join(f"`{e}`" for e in spec.examples))
-        return Reply(title=f"usage: {spec.usages[0]}", lines=tuple(lines))
-    lines = [f"`{spec.usages[0]}` - {spec.summary} ({spec.role.label})" for spec in grammar.GRAMMAR]
+        return Reply(title=f"usage: {spec.usage}", lines=tuple(lines))
+    lines = [f"`{spec.usage}` - {spec.summary} ({spec.role.label})" for spec in grammar.GRAMMAR]
     lines.append(
         f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
     )
