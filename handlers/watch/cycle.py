@@ -27,7 +27,6 @@ from handlers.request.dispatch import Dispatcher, Request
 from handlers.text import alert_exit_cause, probe_slow_line
 from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply, give_up_reply
 from handlers.watch.evidence import check_crash, post_hang_evidence, refusal, with_crash
-from handlers.watch.stats import WatchStats
 from handlers.watch.storm import Round, Storyteller, Told, about
 from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
@@ -56,6 +55,41 @@ log = logging.getLogger(__name__)
 
 AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before its run shows up
 MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
+
+
+@dataclasses.dataclass
+class HostStats:
+    """One host's watching, since this process started."""
+
+    probe_s: float | None = None  #: seconds the last probe took (every job of the host in one call)
+    probes: int = 0
+    failures: int = 0  #: probes that could not reach the host (confirmed over a fresh connection)
+    #: seconds the last watch cycle took, probe, decisions and Redis writes included (not its posts)
+    cycle_s: float | None = None
+    cycles: int = 0
+
+
+@dataclasses.dataclass
+class WatchStats:
+    """What the watcher measured of its own work, for ``/metrics`` (``bot/runtime/metrics.py``): per
+    host its probes and watch cycles, per job the processes its last probe saw.  Kept in memory by
+    :class:`Watcher`: a replica that does not lead the scheduler reports nothing."""
+
+    hosts: dict[str, HostStats] = dataclasses.field(default_factory=dict)
+    seen: dict[str, int] = dataclasses.field(default_factory=dict)  #: job → processes its last probe saw
+
+    def probed(self, host: str, seconds: float, *, failed: bool) -> None:
+        """Record one probe of ``host`` that took ``seconds``."""
+        stats = self.hosts.setdefault(host, HostStats())
+        stats.probe_s = seconds
+        stats.probes += 1
+        stats.failures += int(failed)
+
+    def cycled(self, host: str, seconds: float) -> None:
+        """Record one watch cycle of ``host`` that took ``seconds``."""
+        stats = self.hosts.setdefault(host, HostStats())
+        stats.cycle_s = seconds
+        stats.cycles += 1
 
 
 class Watcher:
