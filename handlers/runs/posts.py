@@ -2,7 +2,7 @@
 
 :class:`RunPosts` listens to the process's :class:`~pipeline.runs.service.RunService`: a run it
 was asked to :meth:`~RunPosts.show` gets its live message, updated after every step at the
-surface's own pace (:class:`~handlers.latest.Latest`: the sequence never waits for it), and once its
+surface's own pace (:class:`Latest`: the sequence never waits for it), and once its
 sequence ended the launch summary, the stop summary or its verdict in its thread.  A verdict
 delivered by verification, a run taken over from a dead process and a throughput follow-up are
 posted in the run's thread (a slower-since follow-up also in the job's channel, paging
@@ -12,10 +12,11 @@ verdict's claim is done only once its posts are.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
-from handlers.latest import Latest
 from handlers.outbox import Outbox
 from handlers.reply import Reply, Status
 from handlers.runs.view import run_note, run_reply, thread_key, verdict_reply
@@ -26,6 +27,45 @@ from pipeline.state.runs import RunRecord
 from pipeline.verdict import Step
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Latest(Generic[T]):
+    """Deliver the newest value put, one delivery at a time, in a task of its own: last state wins,
+    a value delivered at the consumer's pace, never at the producer's (a restart's steps change
+    faster than Slack takes updates of one message; states that arrive meanwhile are coalesced
+    into one delivery of the last of them).
+
+    :param deliver: awaited with the newest value; an exception it raises is logged and the
+        next value is still delivered.
+    :param what: names the deliveries in the log.
+    """
+
+    def __init__(self, deliver: Callable[[T], Awaitable[object]], what: str) -> None:
+        self._deliver = deliver
+        self._what = what
+        self._next: list[T] = []  #: the value not delivered yet, if any
+        self._task: asyncio.Task[None] | None = None
+
+    def put(self, value: T) -> None:
+        """Make ``value`` the next one delivered (replacing one not delivered yet); returns at once."""
+        self._next = [value]
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self._next:
+            value = self._next.pop()
+            try:
+                await self._deliver(value)
+            except Exception:
+                log.warning("could not deliver %s", self._what, exc_info=True)
+
+    async def flush(self) -> None:
+        """Wait until the newest value put so far was delivered."""
+        if self._task is not None:
+            await self._task
 
 
 class RunPosts:
