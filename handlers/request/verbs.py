@@ -20,7 +20,6 @@ from handlers.grammar.commands import Command
 from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_USER
 from handlers.request.flow import Request, Spawn
-from handlers.runs.attempts import attempts_command
 from handlers.runs.view import thread_key
 from handlers.views import read as views
 from handlers.views import reports
@@ -133,7 +132,7 @@ VERBS: Mapping[str, Handler] = MappingProxyType(
         "logs": lambda c: views.logs_command(c.ctx, _job(c), c.command.lines),
         "digest": lambda c: reports.digest_command(c.ctx, c.command.job),
         "history": lambda c: (
-            attempts_command(c.ctx, c.command.job, c.command.count)
+            views.attempts_command(c.ctx, c.command.job, c.command.count)
             if c.command.attempts
             else views.history_command(c.ctx, c.audit, c.command.job, c.command.count)
         ),

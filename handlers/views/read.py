@@ -1,4 +1,5 @@
-"""The read-only verbs: status, logs, patches, lock, history, help — and ``unlock``.
+"""The read-only verbs: status, logs, patches, lock, history (``--attempts``: one row per attempt), help
+— and ``unlock``.
 
 They do their remote work inline (the Slack surface acks first) and return a :class:`~handlers.reply.Reply`.
 """
@@ -12,7 +13,7 @@ from handlers import text as words
 from handlers.context import Context
 from handlers.grammar import parse as grammar
 from handlers.grammar.commands import Command
-from handlers.reply import Reply, Status, Table
+from handlers.reply import Reply, Status, Table, refused
 from handlers.runs.view import thread_key
 from handlers.watch.alerts import job_owners
 from pipeline import fmt
@@ -32,6 +33,7 @@ from pipeline.state.undelivered import UndeliveredAlerts
 from pipeline.verdict import Outcome, Step
 
 _MAX_REFUSALS = 10
+NA = fmt.UNKNOWN
 
 
 def _when(config: Config, ts: float) -> str:
@@ -227,6 +229,54 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
         lines=() if rows else (f"no restarts{f' of {job}' if job else ''} recorded yet",),
         follow_ups=tuple(follow_ups),
     )
+
+
+def attempt_rows(
+    attempts: list[RunRecord], timezone: str, *, live: str | None = None
+) -> tuple[tuple[str, ...], ...]:
+    """One row per attempt, newest first: run, started, resumed at, reached, steps/s, how it ended,
+    steps lost (what the restart after it lost of its work: the next attempt's ``lost``).
+
+    :param attempts: the job's attempts, newest first.
+    :param live: the id of the attempt running now (``running`` in its "ended" column).
+    """
+    rows = []
+    for i, run in enumerate(attempts):
+        reach = run.reach
+        newer = attempts[i - 1] if i > 0 else None
+        lost = newer.lost if newer is not None and newer.previous_run == run.id else None
+        ended = (
+            "running" if run.id == live and reach is None else (reach.ended if reach and reach.ended else NA)
+        )
+        rows.append(
+            (
+                run.id,
+                fmt.clock(run.launched_at, timezone) if run.launched_at is not None else NA,
+                fmt.number(run.resumed_at, "{:,}"),
+                fmt.number(reach.step if reach else None, "{:,}"),
+                fmt.number(reach.steps_per_s if reach else None, "{:.2f}"),
+                ended,
+                fmt.number(lost, "{:,}"),
+            )
+        )
+    return tuple(rows)
+
+
+async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
+    """``history JOB --attempts``: the job's last ``count`` attempts, one row each (:func:`attempt_rows`).
+
+    :param job: a configured job (the verb needs one with ``--attempts``).
+    :returns: the table, or an ERROR reply (usage) without a job.
+    """
+    if job is None:
+        return refused(words.ATTEMPTS_NEED_JOB)
+    attempts = await ctx.runs.attempts(job, count)
+    live = (await ctx.service.jobs.read(job)).run_id
+    title = f"history of {job}: last {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
+    if not attempts:
+        return Reply(title=title, lines=(f"{job} has not been launched by Pitstop yet",))
+    rows = attempt_rows(attempts, ctx.config.scheduler.timezone, live=live)
+    return Reply(title=title, tables=(Table(words.ATTEMPT_HEADERS, rows),))
 
 
 def _audit_row(config: Config, e: AuditEntry, *, approvals: bool) -> tuple[str, ...]:
