@@ -23,7 +23,6 @@ from handlers.request.flow import Request, Spawn
 from handlers.runs.view import thread_key
 from handlers.views import read as views
 from handlers.views import reports
-from handlers.views.follow import follow_command
 from handlers.watch import acks
 from pipeline.errors import ExitCode
 from pipeline.state.approvals import ApprovalRequest, Approvals
@@ -136,7 +135,7 @@ VERBS: Mapping[str, Handler] = MappingProxyType(
             if c.command.attempts
             else views.history_command(c.ctx, c.audit, c.command.job, c.command.count)
         ),
-        "follow": lambda c: follow_command(c.ctx, c.command.run_ref or ""),
+        "follow": lambda c: views.follow_command(c.ctx, c.command.run_ref or ""),
         "patches": lambda c: views.patches_command(c.ctx, _job(c)),
         "lock": lambda c: views.lock_command(c.ctx, _job(c)),
         "unlock": _unlock,
