@@ -199,9 +199,7 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
             named = ", ".join(repr(p) for p in both)
             raise ParseError(f"patch {named} cannot be both added and removed", verb)
     options.update(dict.fromkeys(grammar.FLAGS & raw.keys(), True))
-    for slot in ("lines", "count"):
-        if slot in one:
-            options[slot] = _int(slot, one[slot], verb)
+    options.update((slot, _int(slot, one[slot], verb)) for slot in ("lines", "count") if slot in one)
     if "reason" in raw:  # a restart's is its break glass
         options["break_glass" if verb == "restart" else "reason"] = _reason(raw["reason"])
     if "run" in one:
