@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from bot.console.say import parse_main
 from handlers.grammar import parse as grammar
-from handlers.grammar.commands import Command, ParseError, parse
-from handlers.grammar.normalise import normalise
+from handlers.grammar.commands import Command, ParseError, normalise, parse
 from handlers.text import parse_too_long
 from tests.support_handlers import handler_config
 
