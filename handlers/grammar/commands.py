@@ -202,10 +202,9 @@ def _unknown(kind: str, given: str, known: Sequence[str], verb: str | None, wher
 
 
 def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str = "") -> str:
-    for name in known:
-        if name.lower() == given.lower():
-            return name
-    raise _unknown(kind, given, known, verb, where)
+    if (name := next((n for n in known if n.lower() == given.lower()), None)) is None:
+        raise _unknown(kind, given, known, verb, where)
+    return name
 
 
 def _int(slot: str, raw: str, verb: str) -> int:

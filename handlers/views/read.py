@@ -252,9 +252,6 @@ def attempt_rows(
         reach = run.reach
         newer = attempts[i - 1] if i > 0 else None
         lost = newer.lost if newer is not None and newer.previous_run == run.id else None
-        ended = (
-            "running" if run.id == live and reach is None else (reach.ended if reach and reach.ended else NA)
-        )
         rows.append(
             (
                 run.id,
@@ -262,7 +259,9 @@ def attempt_rows(
                 fmt.number(run.resumed_at, "{:,}"),
                 fmt.number(reach.step if reach else None, "{:,}"),
                 fmt.number(reach.steps_per_s if reach else None, "{:.2f}"),
-                ended,
+                "running"
+                if run.id == live and reach is None
+                else (reach.ended if reach and reach.ended else NA),
                 fmt.number(lost, "{:,}"),
             )
         )
