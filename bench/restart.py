@@ -72,7 +72,7 @@ from devhost.sshhost import start_local_ssh_host  # noqa: E402
 from handlers.context import Context  # noqa: E402
 from handlers.outbox import MemoryOutbox  # noqa: E402
 from handlers.request.dispatch import Dispatcher, Request  # noqa: E402
-from handlers.views.follow import follow_run  # noqa: E402
+from handlers.views.read import follow_run  # noqa: E402
 from pipeline.config import AuthSettings, Config, JobConfig, RedisSettings, SlackSettings, StateSettings  # noqa: E402
 from pipeline.engines.runner import Runner as Restarter  # noqa: E402
 from pipeline.host.remote import SSHPool  # noqa: E402

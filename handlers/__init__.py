@@ -14,8 +14,8 @@ what it owns and may import):
 - :mod:`handlers.views` — the read-only verbs and reports.
 
 Loose at the top, read by all of them: the reply model :mod:`~handlers.reply`, where replies go
-:mod:`~handlers.outbox`, a message updated at its surface's pace :mod:`~handlers.latest`, what a
-handler is given :mod:`~handlers.context`, and the words a person reads :mod:`~handlers.text` — one
+:mod:`~handlers.outbox`, what a handler is given :mod:`~handlers.context`, and the words a person
+reads :mod:`~handlers.text` — one
 catalogue for the layer (as Bolt's ``logger/messages.py``): constants for fixed words, small functions
 where words take values; it imports no module of ``handlers``, and each module builds its replies from it.
 """

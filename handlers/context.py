@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from handlers.outbox import Outbox
-from handlers.runs.posts import RunPosts
+from handlers.runs.view import RunPosts
 from pipeline.config import Config
 from pipeline.engines.runner import Runner
 from pipeline.host.remote import RemoteHosts

@@ -2,7 +2,7 @@
 
 ``bot/`` implements :class:`Outbox` for Slack and the console; tests use :class:`MemoryOutbox`.
 Keys name a headline message: ``run:r-42`` (a restart), ``incident:dflash:7`` (an alert),
-``story:ID`` (a grouped post of an alert storm, :mod:`handlers.watch.storm`).
+``story:ID`` (a grouped post of an alert storm, :mod:`handlers.watch.alerts`).
 """
 
 from __future__ import annotations

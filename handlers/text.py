@@ -98,6 +98,8 @@ RUN_AWAITING_VERDICT = "launched, awaiting verdict"
 STATUS_HEADERS = ("job", "state", "pid", "procs", "uptime", "last restart", "lock", "patches")
 HISTORY_HEADERS = ("run", "when", "who", "action", "patches", "verdict", "took")
 HISTORY_APPROVAL_HEADERS = ("when", "run", "who", "outcome", "what")
+#: the columns of ``history JOB --attempts``
+ATTEMPT_HEADERS = ("run", "started", "resumed at", "reached", "steps/s", "ended", "steps lost")
 HISTORY_REFUSAL_HEADERS = ("when", "who", "request", "outcome", "why")
 #: a repeated delivery of a request that was already acted on
 DUPLICATE_DELIVERY = "already handled (a repeated delivery of the same request) - nothing was done again"

@@ -25,7 +25,7 @@ from devhost.sshhost import start_local_ssh_host
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Reply
-from handlers.runs.posts import followup_reply
+from handlers.runs.view import followup_reply
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration
 from pipeline.host.probe import read_log_chunk

@@ -15,8 +15,8 @@ import pytest
 
 from handlers.grammar.commands import parse
 from handlers.request.verbs import VERBS
-from handlers.runs.attempts import ATTEMPT_HEADERS, attempt_rows
-from handlers.text import digest_progress
+from handlers.text import ATTEMPT_HEADERS, digest_progress
+from handlers.views.read import attempt_rows
 from handlers.views.reports import digest_command
 from pipeline.config import Config
 from pipeline.observe.attempts import TrainingProgress, progress_toward

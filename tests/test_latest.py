@@ -1,10 +1,10 @@
-"""Last state wins: handlers.latest.Latest delivers at the consumer's pace, coalescing what waited."""
+"""Last state wins: handlers.runs.view.Latest delivers at the consumer's pace, coalescing what waited."""
 
 from __future__ import annotations
 
 import asyncio
 
-from handlers.latest import Latest
+from handlers.runs.view import Latest
 
 
 async def test_puts_while_a_delivery_is_slow_are_coalesced_into_the_last() -> None:

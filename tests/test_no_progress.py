@@ -13,7 +13,7 @@ import pytest
 
 from bot.runtime.scheduler import PitstopScheduler
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.runs.attempts import attempts_command
+from handlers.views.read import attempts_command
 from pipeline.config import AutoRestart, Config, WatchSettings
 from pipeline.config.jobs import CrashClass
 from pipeline.observe.attempts import crash_words, progressed, reach_of

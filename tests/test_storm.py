@@ -29,8 +29,8 @@ from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import Status
 from handlers.watch.acks import ack_command
+from handlers.watch.alerts import Round, Told, plan, plan_follow_ups, tell
 from handlers.watch.cycle import Watcher
-from handlers.watch.storm import Round, Told, plan, plan_follow_ups, tell
 from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, SlackSettings, WatchSettings
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore

@@ -24,7 +24,7 @@ from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, CONSOLE_PROMPT, console_butto
 from handlers.reply import Reply, Status, StepLine
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import thread_key, verdict_reply
-from handlers.views.follow import follow_run, followed, fresh
+from handlers.views.read import follow_run, followed, fresh
 from pipeline.config import Config
 from pipeline.errors import ExitCode
 

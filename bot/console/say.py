@@ -70,14 +70,14 @@ def stdin_line(prompt: str | None = None) -> asyncio.Future[str | None]:
 async def _follow(
     ctx: Context, run_id: str, seen: set[StepLine] | None, out: IO[str] | None, err: IO[str]
 ) -> tuple[ExitCode, Reply | None]:
-    """Follow run ``run_id`` to its end (:func:`~handlers.views.follow.follow_run`: its verdict is
+    """Follow run ``run_id`` to its end (:func:`~handlers.views.read.follow_run`: its verdict is
     delivered here when due, unless another process has it), printing to ``out`` (None: nothing)
     each step change not in ``seen`` (None: none), then the verdict.
 
     :returns: the exit code (the verdict's; 0 for a stop; 5 when the run did not end in time) and
         the verdict's reply, if any.
     """
-    from handlers.views.follow import ended, follow_run, fresh, within  # lazy: the request path
+    from handlers.views.read import ended, follow_run, fresh, within  # lazy: the request path
 
     async for run in follow_run(ctx, run_id):
         for step in fresh(run, seen) if seen is not None else ():
@@ -111,7 +111,7 @@ async def say_main(
     """
     from bot.runtime.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
     from handlers.request.dispatch import Dispatcher, Request  # lazy: as above
-    from handlers.views.follow import followed  # lazy: as above
+    from handlers.views.read import followed  # lazy: as above
 
     out = out or sys.stdout
     err = err or sys.stderr

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from bot.slack.api import SlackSender
 from handlers.context import Context
-from handlers.watch.stats import WatchStats
+from handlers.watch.cycle import WatchStats
 from pipeline.state.incidents import IncidentKind
 from pipeline.state.jobstate import DigestMemory
 
@@ -24,7 +24,7 @@ RECENT_RUNS = 500  #: runs (all jobs, newest first) counted by ``pitstop_runs_re
 #: values of ``pitstop_job_state``'s ``state``
 JOB_STATES = ("ok", "paused", *(k.value for k in IncidentKind))
 _GAUGE, _COUNTER = GaugeMetricFamily, CounterMetricFamily
-#: per host: the :class:`~handlers.watch.stats.HostStats` attribute, the metric, its help, its kind
+#: per host: the :class:`~handlers.watch.cycle.HostStats` attribute, the metric, its help, its kind
 _HOSTS = (
     ("probe_s", "pitstop_host_probe_seconds", "duration of the host's last probe", _GAUGE),
     ("probes", "pitstop_host_probes", "probes of the host", _COUNTER),

@@ -28,7 +28,7 @@ from handlers.reply import Reply, Status
 from handlers.request.auth import role_of
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import run_reply, thread_key
-from handlers.views.follow import follow_run, followed
+from handlers.views.read import follow_run, followed
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.errors import ExitCode, internal_error, new_incident_id

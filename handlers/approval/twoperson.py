@@ -260,7 +260,7 @@ class TwoPersonRule:
         request = await self.approvals.find(command.run_ref)
         if request is None:
             raise ParseError(words.approval_not_request(command.run_ref))
-        approving, asked = command.verb == "approve", _asked(request)
+        approving, asked = command.verb == "approve", Command.loads(request.command)
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
         pending, refusal = request.state is ApprovalState.PENDING, None
         if pending and approving and user == request.requester:
@@ -312,9 +312,8 @@ class TwoPersonRule:
             ApprovalState.APPROVED: AuditOutcome.APPROVED,
             ApprovalState.DENIED: AuditOutcome.REJECTED,
         }.get(request.state, AuditOutcome.EXPIRED)
-        await self.audit(
-            req, outcome, _asked(request), detail=words.approval_record(request), run_id=request.id
-        )
+        asked = Command.loads(request.command)
+        await self.audit(req, outcome, asked, detail=words.approval_record(request), run_id=request.id)
         await self._show(request, closed_reply(self.ctx.config, request))
 
     async def _expire_at(self, request: ApprovalRequest) -> None:
@@ -342,8 +341,3 @@ class TwoPersonRule:
             except PitstopError:
                 log.warning("could not expire approval request %s", request_id, exc_info=True)
         return closed
-
-
-def _asked(request: ApprovalRequest) -> Command:
-    """The command ``request`` asked for (as Pitstop stored it)."""
-    return Command.loads(request.command)

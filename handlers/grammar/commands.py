@@ -1,8 +1,10 @@
 """Typed commands: what a person asked for, checked against the config, or one clear error.
 
 :func:`parse` turns text into a frozen :class:`Command` or raises :class:`ParseError`, never
-anything else.  Jobs, hosts and patches come back in their configured spelling, numbers and
-durations are bounded integers, ``on|off`` is a choice: nothing typed ever reaches a command line::
+anything else; what a person typed is first read as the grammar reads it: Slack's markup and
+typography undone (:func:`normalise`), then split into words (:func:`tokenise`).  Jobs, hosts
+and patches come back in their configured spelling, numbers and durations are bounded integers,
+``on|off`` is a choice: nothing typed ever reaches a command line::
 
     parse("restart DFlash with topk patch", config) == Command("restart", job="dflash",
         patches=("topk",), options={"without": (), "fresh_cache": False})
@@ -13,13 +15,13 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from handlers.grammar import parse as grammar
-from handlers.grammar.normalise import normalise, tokenise
 from handlers.grammar.parse import SLOTS, Binding, VerbSpec
 from handlers.text import parse_too_long, patch_phrase
 from pipeline import fmt
@@ -120,6 +122,66 @@ class Command:
         return " ".join(w for w in words if w)
 
 
+# --- what a person typed, as the grammar reads it: Slack's markup and typography undone, then words
+
+_LEADING_MENTION = re.compile(r"^\s*<@[UW][A-Z0-9]+(?:\|[^>]*)?>[\s:,]*")
+_MARKUP = re.compile(r"<([^<>]*)>")
+#: smart quotes → straight; em dash (Slack's rendering of --), en dash (some clients') → --; minus → -
+_SMART = str.maketrans(
+    dict.fromkeys("‘’‚‛′", "'")
+    | dict.fromkeys("“”„‟«»", '"')
+    | dict.fromkeys("—–―", "--")
+    | dict.fromkeys("−‐‑", "-")
+)
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad"), None)
+_FLAG_VALUE = re.compile(r"(?<!\S)(--[A-Za-z][A-Za-z0-9-]*)=")
+_QUOTES = "'\"`"
+_TOKEN = re.compile(r",|[^\s,]+")
+
+
+def _markup(m: re.Match[str]) -> str:
+    target, _, label = m.group(1).partition("|")
+    if target.startswith("@"):  # <@U012AB> or <@U012AB|name>
+        return target
+    if target.startswith("#"):  # <#C012AB|general>
+        return f"#{label}" if label else target
+    if target.startswith("!subteam^"):  # <!subteam^S012AB|@oncall>
+        return label if label.startswith("@") else f"@{label or target.removeprefix('!subteam^')}"
+    if target.startswith("!"):  # <!here>, <!channel>, <!date^…|fallback>
+        return label or f"@{target[1:]}"
+    return label or target  # <https://…|label> → label, <https://…> → the URL
+
+
+def normalise(text: str, *, command: str | None = None) -> str:
+    """Plain words from Slack text, stripped.
+
+    Applies, in order: drop a leading bot mention (``<@U…>``) and a leading ``command``
+    (``/train``); mentions → ``@U…``, channels → ``#name``, user groups → ``@handle``, links
+    → their label (else the URL); unescape ``&amp; &lt; &gt;``; Unicode NFKC; smart quotes →
+    straight; em/en dashes → ``--``; invisible characters dropped; control characters and
+    runs of whitespace → one space; ``--flag=value`` → ``--flag value``.
+    """
+    text = _LEADING_MENTION.sub("", text, count=1)
+    text = _MARKUP.sub(_markup, text)
+    text = text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    text = unicodedata.normalize("NFKC", text).translate(_SMART).translate(_INVISIBLE)
+    text = "".join(" " if unicodedata.category(c)[0] in "CZ" else c for c in text)
+    text = " ".join(text.split())
+    if command:
+        head, _, rest = text.partition(" ")
+        if head.lower() == command.lower():
+            text = rest
+    return _FLAG_VALUE.sub(r"\1 ", text).strip()
+
+
+def tokenise(text: str) -> tuple[str, ...]:
+    """Words and commas of normalised text, each word stripped of surrounding quotes/backticks.
+
+    ``"dflash"``, ```restart``` and ``'topk',`` read as ``dflash``, ``restart``, ``topk`` ``,``.
+    """
+    return tuple(word for tok in _TOKEN.findall(text) if (word := tok.strip(_QUOTES)))
+
+
 # --- parsing -------------------------------------------------------------------------------------
 
 
@@ -140,10 +202,9 @@ def _unknown(kind: str, given: str, known: Sequence[str], verb: str | None, wher
 
 
 def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str = "") -> str:
-    for name in known:
-        if name.lower() == given.lower():
-            return name
-    raise _unknown(kind, given, known, verb, where)
+    if (name := next((n for n in known if n.lower() == given.lower()), None)) is None:
+        raise _unknown(kind, given, known, verb, where)
+    return name
 
 
 def _int(slot: str, raw: str, verb: str) -> int:
@@ -199,9 +260,7 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
             named = ", ".join(repr(p) for p in both)
             raise ParseError(f"patch {named} cannot be both added and removed", verb)
     options.update(dict.fromkeys(grammar.FLAGS & raw.keys(), True))
-    for slot in ("lines", "count"):
-        if slot in one:
-            options[slot] = _int(slot, one[slot], verb)
+    options.update((slot, _int(slot, one[slot], verb)) for slot in ("lines", "count") if slot in one)
     if "reason" in raw:  # a restart's is its break glass
         options["break_glass" if verb == "restart" else "reason"] = _reason(raw["reason"])
     if "run" in one:
@@ -260,9 +319,8 @@ def parse(text: str, config: Config) -> Command:
     if spec is None:
         raise _unknown("command", tokens[0], list(grammar.VERBS), None)
     matches = grammar.match(spec, tokens) if len(tokens) <= MAX_TOKENS else []
-    if not matches:  # its usage line(s), aligned under the first
-        usage = "\n       ".join(spec.usages)
-        raise ParseError(f"usage: {usage}\n(type `help {spec.name}` for examples)", spec.name)
+    if not matches:  # its usage line
+        raise ParseError(f"usage: {spec.usage}\n(type `help {spec.name}` for examples)", spec.name)
     first: ParseError | None = None
     matches.sort(key=_numbers_as_names)  # "history 1000" means N, so its error is the one to show
     for binding in matches:

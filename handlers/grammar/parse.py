@@ -82,36 +82,38 @@ DEFAULT_COUNT = 10  #: ``history`` without N
 
 @dataclass(frozen=True)
 class VerbSpec:
-    """One verb: its formats (tried in order), the least role it needs, a line for ``help``, examples."""
+    """One verb: its format (its first word is the verb's name), the least role it needs, a line
+    for ``help``, examples."""
 
-    name: str
+    format: str
     role: Role
-    formats: tuple[str, ...]
     summary: str
     examples: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     acts: bool = False  #: changes a job (it may need confirmation and takes the lock)
 
-    @cached_property
-    def patterns(self) -> tuple[Seq, ...]:
-        """The compiled formats."""
-        return tuple(compile_format(f) for f in self.formats)
+    @property
+    def name(self) -> str:
+        """The verb (``restart``): the format's first word."""
+        return self.format.split()[0]
 
     @cached_property
-    def usages(self) -> tuple[str, ...]:
-        """One usage line per format: ``restart JOB [with PATCH[, PATCH and PATCH] [patch(es)]] …``."""
-        return tuple(render_usage(p) for p in self.patterns)
+    def pattern(self) -> Seq:
+        """The compiled format."""
+        return compile_format(self.format)
+
+    @cached_property
+    def usage(self) -> str:
+        """The usage line: ``restart JOB [with PATCH[, PATCH and PATCH] [patch(es)]] …``."""
+        return render_usage(self.pattern)
 
 
 GRAMMAR: tuple[VerbSpec, ...] = (
     VerbSpec(
-        "restart",
+        "restart {job} [with {patches} [patch|patches]] [without {without} [patch|patches]] [fresh cache]"
+        " [--patch|--patches {patches}]... [--without {without}]... [--fresh-cache]"
+        " [--break-glass {reason}]",
         Role.OPERATOR,
-        (
-            "restart {job} [with {patches} [patch|patches]] [without {without} [patch|patches]] [fresh cache]"
-            " [--patch|--patches {patches}]... [--without {without}]... [--fresh-cache]"
-            " [--break-glass {reason}]",
-        ),
         "stop the job, clear caches and apply patches if asked, relaunch it, then verify",
         (
             "restart dflash",
@@ -123,133 +125,115 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         acts=True,
     ),
     VerbSpec(
-        "start",
+        "start {job}",
         Role.OPERATOR,
-        ("start {job}",),
         "launch the job if it is not running",
         ("start dflash",),
         acts=True,
     ),
     VerbSpec(
-        "stop",
+        "stop {job}",
         Role.OPERATOR,
-        ("stop {job}",),
         "stop the job (SIGTERM, then SIGKILL)",
         ("stop dflash",),
         acts=True,
     ),
     VerbSpec(
-        "cancel",
+        "cancel {job}",
         Role.OPERATOR,
-        ("cancel {job}",),
         "cancel the job's restart in flight at its next step boundary",
         ("cancel dflash",),
     ),
     VerbSpec(
-        "status",
+        "status [{job}]",
         Role.VIEWER,
-        ("status [{job}]",),
         "state, PID, processes, uptime, last restart, lock and patches of one job or all",
         ("status", "status dflash"),
     ),
     VerbSpec(
-        "logs",
+        "logs {job} [{lines} [lines]]",
         Role.VIEWER,
-        ("logs {job} [{lines} [lines]]",),
         f"the last N lines of the job's log (default {DEFAULT_LINES}, at most {SLOTS['lines'].high})",
         ("logs dflash", "logs dflash 100"),
         aliases=("log", "tail"),
     ),
     VerbSpec(
-        "digest",
+        "digest [{job}]",
         Role.VIEWER,
-        ("digest [{job}]",),
         "throughput digest now: tokens/s, step time, top-k accuracy, per GPU, with a chart",
         ("digest", "digest dflash"),
     ),
     VerbSpec(
-        "history",
+        "history [{job}] [{count}] [--attempts]",
         Role.VIEWER,
-        ("history [{job}] [{count}] [--attempts]",),
         f"the last N runs with their verdicts (default {DEFAULT_COUNT}) and recent refused requests; "
         "--attempts: one row per attempt (started, resumed at, reached, steps/s, how it ended, steps lost)",
         ("history", "history dflash", "history dflash 20", "history dflash --attempts"),
     ),
     VerbSpec(
-        "follow",
+        "follow {run}",
         Role.VIEWER,
-        ("follow {run}",),
         "a run's steps as they happen, then its verdict (from any process; the exit code is the verdict's)",
         ("follow r-7",),
     ),
     VerbSpec(
-        "patches",
+        "patches {job}",
         Role.VIEWER,
-        ("patches {job}",),
         "the job's patches: available and in effect",
         ("patches dflash",),
     ),
     VerbSpec(
-        "lock",
+        "lock {job}",
         Role.VIEWER,
-        ("lock {job}",),
         "who holds the job's restart lock, since when, at which step",
         ("lock dflash",),
     ),
     VerbSpec(
-        "unlock",
+        "unlock {job}",
         Role.ADMIN,
-        ("unlock {job}",),
         "force the job's restart lock free (audited)",
         ("unlock dflash",),
     ),
     VerbSpec(
-        "approve",
+        "approve {run}",
         Role.VIEWER,
-        ("approve {run}",),
         "approve a request waiting under the two-person rule, and run it (approvers only, never your own)",
         ("approve r-7",),
     ),
     VerbSpec(
-        "deny",
+        "deny {run} [{reason}]",
         Role.VIEWER,
-        ("deny {run} [{reason}]",),
         "deny a request waiting for approval, with a reason (approvers; its requester withdraws it)",
         ("deny r-7", "deny r-7 not during the eval run"),
     ),
     VerbSpec(
-        "pending",
+        "pending [{job}]",
         Role.VIEWER,
-        ("pending [{job}]",),
         "requests waiting for approval: what, who asked, the patches' hashes, who may approve",
         ("pending", "pending dflash"),
     ),
     VerbSpec(
-        "watch",
+        "watch {job} {state} [for {for_s}]",
         Role.OPERATOR,
-        ("watch {job} {state} [for {for_s}]",),
         "turn liveness alerts on or off; off for a while expires by itself",
         ("watch dflash off for 2h", "watch dflash on"),
     ),
     VerbSpec(
-        "ack",
+        "ack {job}",
         Role.OPERATOR,
-        ("ack {job}",),
         "acknowledge the job's open incident: no repeats until it resolves",
         ("ack dflash",),
     ),
     VerbSpec(
-        "gpus",
+        "gpus {host}",
         Role.VIEWER,
-        ("gpus {host}",),
         "GPU utilisation, memory, power and processes on a host",
         ("gpus gpu1",),
         aliases=("gpu",),
     ),
     VerbSpec(
-        "help",
+        "help [{topic}]",
         Role.VIEWER,
-        ("help [{topic}]",),
         "this list, or one command's usage",
         ("help", "help restart"),
     ),
@@ -425,13 +409,7 @@ def _seq(
 
 
 def match(spec: VerbSpec, tokens: tuple[str, ...]) -> list[Binding]:
-    """Every way (up to :data:`MAX_MATCHES`) ``tokens`` (the verb included) fit one of the verb's
-    formats, each as the slot values it binds, in the order the formats and slots prefer (none: [])."""
-    complete = (
-        bound
-        for pattern in spec.patterns
-        if tokens and isinstance(pattern[0], Lit)
-        for j, bound in _seq(pattern, 1, tokens, 1, ())
-        if j == len(tokens)
-    )
+    """Every way (up to :data:`MAX_MATCHES`) ``tokens`` (the verb included) fit the verb's format,
+    each as the slot values it binds, in the order the slots prefer (none: [])."""
+    complete = (bound for j, bound in _seq(spec.pattern, 1, tokens, 1, ()) if j == len(tokens))
     return list(islice(complete, MAX_MATCHES))

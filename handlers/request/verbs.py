@@ -20,11 +20,9 @@ from handlers.grammar.commands import Command
 from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_USER
 from handlers.request.flow import Request, Spawn
-from handlers.runs.attempts import attempts_command
 from handlers.runs.view import thread_key
 from handlers.views import read as views
 from handlers.views import reports
-from handlers.views.follow import follow_command
 from handlers.watch import acks
 from pipeline.errors import ExitCode
 from pipeline.state.approvals import ApprovalRequest, Approvals
@@ -98,7 +96,7 @@ async def _cancel(call: Call) -> Reply:
 
 
 def _job(call: Call) -> str:
-    assert call.command.job is not None  # the verb's formats require a job
+    assert call.command.job is not None  # the verb's format requires a job
     return call.command.job
 
 
@@ -133,11 +131,11 @@ VERBS: Mapping[str, Handler] = MappingProxyType(
         "logs": lambda c: views.logs_command(c.ctx, _job(c), c.command.lines),
         "digest": lambda c: reports.digest_command(c.ctx, c.command.job),
         "history": lambda c: (
-            attempts_command(c.ctx, c.command.job, c.command.count)
+            views.attempts_command(c.ctx, c.command.job, c.command.count)
             if c.command.attempts
             else views.history_command(c.ctx, c.audit, c.command.job, c.command.count)
         ),
-        "follow": lambda c: follow_command(c.ctx, c.command.run_ref or ""),
+        "follow": lambda c: views.follow_command(c.ctx, c.command.run_ref or ""),
         "patches": lambda c: views.patches_command(c.ctx, _job(c)),
         "lock": lambda c: views.lock_command(c.ctx, _job(c)),
         "unlock": _unlock,

@@ -1,7 +1,6 @@
-"""``handlers.runs`` — runs as people see them: what the run service (:mod:`pipeline.runs`) tells,
-posted (:mod:`~handlers.runs.posts`: the live message, summaries, verdicts, take-overs, follow-ups),
-the run's live message and verdict as replies (:mod:`~handlers.runs.view`) and ``history JOB
---attempts`` (:mod:`~handlers.runs.attempts`).
+"""``handlers.runs`` — runs as people see them (:mod:`~handlers.runs.view`): the run's live message
+and verdict as replies, and what the run service (:mod:`pipeline.runs`) tells, posted (the live
+message, summaries, verdicts, take-overs, follow-ups).
 
 May import: ``handlers.grammar``, the loose modules of ``handlers``, and ``pipeline``.
 """

@@ -1,6 +1,5 @@
-"""``handlers.views`` — what people read: the read-only verbs (status, logs, patches, lock, history,
-help, and ``unlock``: :mod:`~handlers.views.read`), ``follow r-N`` (:mod:`~handlers.views.follow`)
-and reports (digests, GPUs: :mod:`~handlers.views.reports`).
+"""``handlers.views`` — what people read: the read-only verbs (status, logs, patches, lock, history
+with ``--attempts``, help, ``follow r-N`` and ``unlock``: :mod:`~handlers.views.read`) and reports (digests, GPUs: :mod:`~handlers.views.reports`).
 
 May import: ``handlers.grammar``, ``handlers.runs``, ``handlers.watch``, the loose modules of ``handlers``,
 and ``pipeline``.

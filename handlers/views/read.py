@@ -1,19 +1,26 @@
-"""The read-only verbs: status, logs, patches, lock, history, help — and ``unlock``.
+"""The read-only verbs: status, logs, patches, lock, history (``--attempts``: one row per attempt), help,
+``follow r-N`` — and ``unlock``.
 
 They do their remote work inline (the Slack surface acks first) and return a :class:`~handlers.reply.Reply`.
+
+``follow r-N`` answers with the run's message as it is (:func:`follow_command`); the surface then
+shows what :func:`follow_run` yields, read from the run's own event stream
+(:meth:`pipeline.state.events.Events.read_run`): ``pitstop say`` and the console print each step
+change and the verdict, Slack keeps the run's message up to date.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 from handlers import text as words
 from handlers.context import Context
 from handlers.grammar import parse as grammar
-from handlers.grammar.commands import Command
-from handlers.reply import Reply, Status, Table
-from handlers.runs.view import thread_key
+from handlers.grammar.commands import Command, ParseError, parse
+from handlers.reply import Reply, Status, StepLine, Table, refused
+from handlers.runs.view import run_reply, step_lines, thread_key
 from handlers.watch.alerts import job_owners
 from pipeline import fmt
 from pipeline.config import Config
@@ -25,12 +32,14 @@ from pipeline.host.probe import JobProbe
 from pipeline.observe.watch import probe_slow
 from pipeline.state.audit import APPROVALS, REFUSALS, Audit, AuditEntry
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
+from pipeline.state.events import BLOCK_S
 from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import Holder
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
 _MAX_REFUSALS = 10
+NA = fmt.UNKNOWN
 
 
 def _when(config: Config, ts: float) -> str:
@@ -228,6 +237,53 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
     )
 
 
+def attempt_rows(
+    attempts: list[RunRecord], timezone: str, *, live: str | None = None
+) -> tuple[tuple[str, ...], ...]:
+    """One row per attempt, newest first: run, started, resumed at, reached, steps/s, how it ended,
+    steps lost (what the restart after it lost of its work: the next attempt's ``lost``).
+
+    :param attempts: the job's attempts, newest first.
+    :param live: the id of the attempt running now (``running`` in its "ended" column).
+    """
+    rows = []
+    for i, run in enumerate(attempts):
+        reach = run.reach
+        newer = attempts[i - 1] if i > 0 else None
+        lost = newer.lost if newer is not None and newer.previous_run == run.id else None
+        rows.append(
+            (
+                run.id,
+                fmt.clock(run.launched_at, timezone) if run.launched_at is not None else NA,
+                fmt.number(run.resumed_at, "{:,}"),
+                fmt.number(reach.step if reach else None, "{:,}"),
+                fmt.number(reach.steps_per_s if reach else None, "{:.2f}"),
+                "running"
+                if run.id == live and reach is None
+                else (reach.ended if reach and reach.ended else NA),
+                fmt.number(lost, "{:,}"),
+            )
+        )
+    return tuple(rows)
+
+
+async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
+    """``history JOB --attempts``: the job's last ``count`` attempts, one row each (:func:`attempt_rows`).
+
+    :param job: a configured job (the verb needs one with ``--attempts``).
+    :returns: the table, or an ERROR reply (usage) without a job.
+    """
+    if job is None:
+        return refused(words.ATTEMPTS_NEED_JOB)
+    attempts = await ctx.runs.attempts(job, count)
+    live = (await ctx.service.jobs.read(job)).run_id
+    title = f"history of {job}: last {len(attempts)} attempt{'s' if len(attempts) != 1 else ''}"
+    if not attempts:
+        return Reply(title=title, lines=(f"{job} has not been launched by Pitstop yet",))
+    rows = attempt_rows(attempts, ctx.config.scheduler.timezone, live=live)
+    return Reply(title=title, tables=(Table(words.ATTEMPT_HEADERS, rows),))
+
+
 def _audit_row(config: Config, e: AuditEntry, *, approvals: bool) -> tuple[str, ...]:
     """A refused request's row in ``history``, or an approval decision's."""
     if approvals:
@@ -245,13 +301,76 @@ def help_command(command: Command, *, typed: str = "") -> Reply:
     topic = command.topic
     if topic is not None:
         spec = grammar.VERBS[topic]
-        lines = [f"`{u}`" for u in spec.usages[1:]]
-        lines += [spec.summary, f"needs the {spec.role.label} role"]
+        lines = [spec.summary, f"needs the {spec.role.label} role"]
         if spec.examples:
             lines.append("examples: " + "; ".join(f"`{e}`" for e in spec.examples))
-        return Reply(title=f"usage: {spec.usages[0]}", lines=tuple(lines))
-    lines = [f"`{spec.usages[0]}` - {spec.summary} ({spec.role.label})" for spec in grammar.GRAMMAR]
+        return Reply(title=f"usage: {spec.usage}", lines=tuple(lines))
+    lines = [f"`{spec.usage}` - {spec.summary} ({spec.role.label})" for spec in grammar.GRAMMAR]
     lines.append(
         f"type `{typed}help VERB` for one command; names ignore case; roles: viewer < operator < admin"
     )
     return Reply(title=words.HELP_TITLE, lines=tuple(lines))
+
+
+# --- follow r-N: a run's steps as they happen, then its verdict, from any process ----------------
+
+FOLLOW_SLACK = 420.0  #: seconds a follow waits beyond the job's stop timeout and start window
+
+
+def followed(text: str, config: Config) -> str | None:
+    """The run ``text`` asks to follow (``follow r-7`` → ``r-7``); None for anything else."""
+    try:
+        command = parse(text, config)
+    except ParseError:
+        return None
+    return command.run_ref if command.verb == "follow" else None
+
+
+def ended(run: RunRecord) -> bool:
+    """The run has its verdict, or its sequence ended with nothing launched (a stop)."""
+    return run.verdict is not None or (run.finished_at is not None and not run.launched)
+
+
+def within(config: Config, job: str) -> float:
+    """Seconds a follow of a run of ``job`` waits at most: its stop timeout, start window and :data:`FOLLOW_SLACK`."""
+    spec = config.jobs.get(job)
+    return FOLLOW_SLACK + (spec.stop_timeout + spec.start_window if spec else 0.0)
+
+
+async def follow_command(ctx: Context, run_id: str) -> Reply:
+    """``follow r-N``: the run's message as it is now.
+
+    :raises UnknownRun: if there is no such run.
+    """
+    return run_reply(await ctx.runs.get(run_id), ctx.config)
+
+
+def fresh(run: RunRecord, seen: set[StepLine]) -> list[StepLine]:
+    """The run's step lines (:func:`~handlers.runs.view.step_lines`) not in ``seen``, now added to it."""
+    steps = [s for s in step_lines(run) if s not in seen]
+    seen.update(steps)
+    return steps
+
+
+async def follow_run(ctx: Context, run_id: str, *, deliver: bool = True) -> AsyncIterator[RunRecord]:
+    """The run now and after each of its events (or a quiet wait of at most
+    :data:`~pipeline.state.events.BLOCK_S` s, or until its verification is due), until it
+    :func:`ended` or for at most :func:`within` s.
+
+    :param deliver: deliver a verification due here (verify, post, publish) unless another process
+        has it; False where this process's scheduler does (the console, whose posts it prints).
+
+    :raises UnknownRun: if there is no such run.
+    """
+    run, cursor = await ctx.runs.get(run_id), "0-0"
+    deadline = time.monotonic() + within(ctx.config, run.job)
+    while True:
+        yield run
+        if ended(run) or time.monotonic() > deadline:
+            return
+        due = await ctx.service.queue.due_at(run_id)
+        if not deliver or due is None or due > time.time() or await ctx.service.deliver(run_id) is None:
+            wait = BLOCK_S if due is None or due <= time.time() else due - time.time()
+            if events := await ctx.events.read_run(run_id, cursor, wait):
+                cursor = events[-1].id
+        run = await ctx.runs.get(run_id)

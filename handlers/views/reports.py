@@ -13,7 +13,7 @@ from handlers import text as words
 from handlers.context import Context
 from handlers.grammar.commands import close_names
 from handlers.reply import Reply, Status, Table, refused
-from handlers.runs.attempts import ATTEMPT_HEADERS, NA, attempt_rows
+from handlers.views.read import NA, attempt_rows
 from pipeline import fmt
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import DigestSummary
@@ -114,7 +114,7 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         tables.append(Table(("gpu", "role", "util", "memory used/total", "power"), gpu_rows))
     if digest.attempts:  # the footer: one row per attempt
         tables.append(
-            Table(ATTEMPT_HEADERS, attempt_rows(list(digest.attempts), timezone, live=digest.live_run))
+            Table(words.ATTEMPT_HEADERS, attempt_rows(list(digest.attempts), timezone, live=digest.live_run))
         )
     tps = s.pipeline_tokens_per_s
     if tps is None:

@@ -1,7 +1,7 @@
-"""``handlers.watch`` — the watch cycle and its alerts: the cycle (:mod:`~handlers.watch.cycle`),
-alert replies (:mod:`~handlers.watch.alerts`), acks (:mod:`~handlers.watch.acks`), storms told as one
-story (:mod:`~handlers.watch.storm`), the cycle's own figures (:mod:`~handlers.watch.stats`), and the
-evidence an alert carries, crashes and hangs (:mod:`~handlers.watch.evidence`).
+"""``handlers.watch`` — the watch cycle and its alerts: the cycle and its own figures
+(:mod:`~handlers.watch.cycle`), alert replies and storms told as one story
+(:mod:`~handlers.watch.alerts`), acks (:mod:`~handlers.watch.acks`), and the evidence an alert
+carries, crashes and hangs (:mod:`~handlers.watch.evidence`).
 
 May import: ``handlers.request`` (the system user; the dispatcher the cycle's automatic restarts go
 through), the loose modules of ``handlers``, and ``pipeline``.

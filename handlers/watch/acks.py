@@ -9,8 +9,7 @@ import time
 from handlers.context import Context
 from handlers.reply import Reply, Status, refused
 from handlers.text import mention
-from handlers.watch.alerts import acked_reply, alert_reply
-from handlers.watch.storm import about
+from handlers.watch.alerts import about, acked_reply, alert_reply
 from pipeline import fmt
 from pipeline.state.incidents import IncidentStore
 

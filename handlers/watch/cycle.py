@@ -6,7 +6,7 @@ the host (processes, log size, new metric bytes, how a job short of processes en
 its transitions, each a compare-and-set in Redis *before* its post, so of two processes deciding
 the same thing only one posts.  An unreachable host is confirmed over a fresh connection before it
 is reported.  Alerts are ``incident:JOB:N`` headlines; reminders, changes, automatic restarts and
-resolutions go in their thread, many at once told as one story (:mod:`handlers.watch.storm`).  Events:
+resolutions go in their thread, many at once told as one story (:mod:`handlers.watch.alerts`).  Events:
 ALERT, RESOLVED, RESTART.  Automatic restarts go through a dispatcher of the watcher's own (locked,
 posted, audited) as :data:`~handlers.request.auth.SYSTEM_USER`.
 """
@@ -25,10 +25,17 @@ from handlers.context import Context
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.text import alert_exit_cause, probe_slow_line
-from handlers.watch.alerts import alert_reply, auto_restart_reply, changed_reply, give_up_reply
+from handlers.watch.alerts import (
+    Round,
+    Storyteller,
+    Told,
+    about,
+    alert_reply,
+    auto_restart_reply,
+    changed_reply,
+    give_up_reply,
+)
 from handlers.watch.evidence import check_crash, post_hang_evidence, refusal, with_crash
-from handlers.watch.stats import WatchStats
-from handlers.watch.storm import Round, Storyteller, Told, about
 from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
@@ -58,6 +65,41 @@ AUTO_GRACE = 15.0  #: seconds an automatic restart counts as in flight before it
 MAX_HOSTS_AT_ONCE = 32  #: hosts one process probes at the same time; the others wait for a slot
 
 
+@dataclasses.dataclass
+class HostStats:
+    """One host's watching, since this process started."""
+
+    probe_s: float | None = None  #: seconds the last probe took (every job of the host in one call)
+    probes: int = 0
+    failures: int = 0  #: probes that could not reach the host (confirmed over a fresh connection)
+    #: seconds the last watch cycle took, probe, decisions and Redis writes included (not its posts)
+    cycle_s: float | None = None
+    cycles: int = 0
+
+
+@dataclasses.dataclass
+class WatchStats:
+    """What the watcher measured of its own work, for ``/metrics`` (``bot/runtime/metrics.py``): per
+    host its probes and watch cycles, per job the processes its last probe saw.  Kept in memory by
+    :class:`Watcher`: a replica that does not lead the scheduler reports nothing."""
+
+    hosts: dict[str, HostStats] = dataclasses.field(default_factory=dict)
+    seen: dict[str, int] = dataclasses.field(default_factory=dict)  #: job → processes its last probe saw
+
+    def probed(self, host: str, seconds: float, *, failed: bool) -> None:
+        """Record one probe of ``host`` that took ``seconds``."""
+        stats = self.hosts.setdefault(host, HostStats())
+        stats.probe_s = seconds
+        stats.probes += 1
+        stats.failures += int(failed)
+
+    def cycled(self, host: str, seconds: float) -> None:
+        """Record one watch cycle of ``host`` that took ``seconds``."""
+        stats = self.hosts.setdefault(host, HostStats())
+        stats.cycle_s = seconds
+        stats.cycles += 1
+
+
 class Watcher:
     """Watch cycles and their posts for one Pitstop process.
 
@@ -84,8 +126,8 @@ class Watcher:
         :param now: unix s (default: the current time).
         :returns: job name → the decision taken (paused and unprobeable jobs are absent).
 
-        Its posts are told when the last cycle of its round ends (:mod:`handlers.watch.storm`); it
-        returns once they are, or after ``storm.TELL_WAIT`` s.
+        Its posts are told when the last cycle of its round ends (:mod:`handlers.watch.alerts`); it
+        returns once they are, or after ``alerts.TELL_WAIT`` s.
         """
         rnd = self.teller.join()
         began = time.monotonic()
