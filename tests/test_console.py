@@ -164,7 +164,7 @@ async def test_console_and_slack_render_the_same_handler_output(chat: Chat) -> N
             assert blocks.escape(blocks.humanise_text(text), refs=True) in slack, text
 
 
-async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat) -> None:
+async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reply with a confirm button asks `confirm? [y/N]`; y starts the run, anything else cancels it."""
     answers = iter(["y", "n"])
     asked: list[str] = []
@@ -173,7 +173,8 @@ async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat) -> None:
         asked.append(prompt)
         return next(answers)
 
-    session = ConsoleSession(chat.dispatcher, user="U0ADMIN", console=chat.console, ask=ask)
+    session = ConsoleSession(chat.dispatcher, user="U0ADMIN", console=chat.console)
+    monkeypatch.setattr(session, "ask", ask)
     job = chat.setup.name
     yes = await session.run_line(f"start {job}")
     await chat.dispatcher.drain(30)

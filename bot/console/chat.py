@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
@@ -39,8 +39,6 @@ PREFIX_STYLE = "bold magenta"
 MAX_LOG_LINES = 200  #: lines of a log shown in the console (the end of it)
 DRAIN_TIMEOUT = 120.0  #: seconds ``run_console`` waits for restarts in flight when the chat ends
 _QUIT = frozenset({"quit", "exit", ":q", "bye"})
-
-Ask = Callable[[str], Awaitable[str | None]]
 
 
 def make_console(*, file: IO[str] | None = None, record: bool = False, width: int | None = None) -> Console:
@@ -172,23 +170,15 @@ class ConsoleSession:
     """One person chatting with Pitstop in a terminal (or a script driving it).
 
     :param user: who the requests act as (a Slack user id, ``--as``/``PITSTOP_USER``).
-    :param ask: how to ask ``confirm? [y/N]`` (returns the answer, None for no answer);
-        default: the next input line in :meth:`repl`, the terminal otherwise, else "no".
+    ``confirm? [y/N]`` is answered by the next input line in :meth:`repl`, the terminal otherwise,
+    else "no".
     """
 
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        *,
-        user: str,
-        console: Console | None = None,
-        ask: Ask | None = None,
-    ) -> None:
+    def __init__(self, dispatcher: Dispatcher, *, user: str, console: Console | None = None) -> None:
         self.dispatcher = dispatcher
         self.user = user
         self.console = console or make_console()
         self.renderer = Renderer()
-        self._ask = ask
         self._lines: Iterator[str] | None = None
         self._read_stdin = False  #: True once a line was read from stdin
 
@@ -222,9 +212,7 @@ class ConsoleSession:
             self.console.print(self.renderer.render(verdict_reply(run), prefix + " ↳"))
 
     async def ask(self, prompt: str) -> str | None:
-        """An answer to ``prompt``: from ``ask``, the input lines, or the terminal; None if none."""
-        if self._ask is not None:
-            return await self._ask(prompt)
+        """An answer to ``prompt``: from the input lines, or the terminal; None if none."""
         if self._lines is not None:
             line = next(self._lines, None)
             self.console.print(Text(prompt + (line or ""), style="bold"))
@@ -265,29 +253,20 @@ class ConsoleSession:
 
 
 async def run_console(
-    config: Config,
-    *,
-    user: str,
-    lines: Iterable[str] | None = None,
-    console: Console | None = None,
-    scheduler: bool = True,
+    config: Config, *, user: str, lines: Iterable[str] | None = None, console: Console | None = None
 ) -> int:
     """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
     chat (:meth:`ConsoleSession.repl`), wait for restarts in flight, close everything; return 0."""
     console = console or make_console()
     ctx = await build_context(config, ConsoleOutbox(console))
-    sched: PitstopScheduler | None = None
+    sched = PitstopScheduler(ctx)
     try:
-        if scheduler:
-            sched = PitstopScheduler(ctx)
-            await sched.start()
+        await sched.start()
         dispatcher = Dispatcher(ctx)
-        session = ConsoleSession(dispatcher, user=user, console=console)
-        code = await session.repl(lines)
+        code = await ConsoleSession(dispatcher, user=user, console=console).repl(lines)
         await dispatcher.drain(DRAIN_TIMEOUT)
         return code
     finally:
-        if sched is not None:
-            with contextlib.suppress(Exception):
-                await sched.stop()
+        with contextlib.suppress(Exception):
+            await sched.stop()
         await close_context(ctx)
