@@ -74,11 +74,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fail(message: str, code: ExitCode) -> int:
-    print(message, file=sys.stderr)
-    return int(code)
-
-
 def run_async(
     make: Callable[[], Coroutine[Any, Any, int]], *, on_signal: ExitCode = ExitCode.CANCELLED
 ) -> int:
@@ -186,13 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args, env)
     except PitstopError as exc:
-        return _fail(exc.message, exc.exit_code)
+        print(exc.message, file=sys.stderr)
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         return int(ExitCode.CANCELLED)
     except Exception:
         incident = new_incident_id()
         log.exception("incident %s", incident)
-        return _fail(internal_error(incident), ExitCode.FAILED)
+        print(internal_error(incident), file=sys.stderr)
+        return int(ExitCode.FAILED)
 
 
 if __name__ == "__main__":

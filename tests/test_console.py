@@ -13,9 +13,9 @@ from rich.console import Console
 from bot.console.chat import (
     ConsoleOutbox,
     ConsoleSession,
-    Renderer,
     key_prefix,
     make_console,
+    render,
     run_console,
 )
 from bot.runtime.assembly import build_context, close_context
@@ -58,7 +58,7 @@ def _restart_reply() -> Reply:
 def test_renderer_shows_every_part_of_a_reply() -> None:
     """Title, steps with ✓/✗/- and durations, lines, fields, table cells, log panel, chart path and buttons all print."""
     console = _console()
-    console.print(Renderer().render(_restart_reply()))
+    console.print(render(_restart_reply()))
     out = console.export_text()
     for expected in (
         "restart dflash (r-3) by U0OPERATOR1: RUNNING 8/8 processes pid 4242",
@@ -82,7 +82,7 @@ def test_console_and_slack_render_the_same_reply() -> None:
     """The same handler output shows the same title, lines and step texts in the console and in Slack's blocks."""
     reply = _restart_reply()
     console = _console()
-    console.print(Renderer().render(reply))
+    console.print(render(reply))
     shown = console.export_text()
     slack = "\n".join(blocks.block_texts(blocks.reply_blocks(reply)))
     for text in (reply.title, *reply.lines, *(s.text() for s in reply.steps), "step 2 loss 1.9"):
@@ -156,7 +156,7 @@ async def test_console_and_slack_render_the_same_handler_output(chat: Chat) -> N
     assert replies[-1].steps, "a started run has steps"
     for reply in replies:
         console = _console()
-        console.print(Renderer().render(reply))
+        console.print(render(reply))
         shown = " ".join(console.export_text().split())  # the console wraps long lines
         slack = "\n".join(blocks.block_texts(blocks.reply_blocks(reply)))
         for text in (reply.title, *reply.lines, *(s.text() for s in reply.steps)):
@@ -164,7 +164,7 @@ async def test_console_and_slack_render_the_same_handler_output(chat: Chat) -> N
             assert blocks.escape(blocks.humanise_text(text), refs=True) in slack, text
 
 
-async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat) -> None:
+async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reply with a confirm button asks `confirm? [y/N]`; y starts the run, anything else cancels it."""
     answers = iter(["y", "n"])
     asked: list[str] = []
@@ -173,7 +173,8 @@ async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat) -> None:
         asked.append(prompt)
         return next(answers)
 
-    session = ConsoleSession(chat.dispatcher, user="U0ADMIN", console=chat.console, ask=ask)
+    session = ConsoleSession(chat.dispatcher, user="U0ADMIN", console=chat.console)
+    monkeypatch.setattr(session, "ask", ask)
     job = chat.setup.name
     yes = await session.run_line(f"start {job}")
     await chat.dispatcher.drain(30)

@@ -1,6 +1,6 @@
 """``pitstop console``: chat with Pitstop in a terminal, over the same handlers as Slack.
 :class:`ConsoleSession` sends lines (typed, or from an iterable: the demo) to the dispatcher and
-prints replies with :class:`Renderer`; the team's posts come through :class:`ConsoleOutbox`.
+prints replies with :func:`render`; the team's posts come through :class:`ConsoleOutbox`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
@@ -40,8 +40,6 @@ MAX_LOG_LINES = 200  #: lines of a log shown in the console (the end of it)
 DRAIN_TIMEOUT = 120.0  #: seconds ``run_console`` waits for restarts in flight when the chat ends
 _QUIT = frozenset({"quit", "exit", ":q", "bye"})
 
-Ask = Callable[[str], Awaitable[str | None]]
-
 
 def make_console(*, file: IO[str] | None = None, record: bool = False, width: int | None = None) -> Console:
     """The rich Console the console chat prints to (``file``: default stdout; ``record``: keep what
@@ -67,59 +65,58 @@ def prefixed(prefix: str, text: Text) -> Text:
     return Text.assemble((prefix, PREFIX_STYLE), " ", text) if prefix else text
 
 
-class Renderer:
-    """Reply → rich renderables; the console counterpart of :mod:`bot.slack.blocks`."""
+def render_title(reply: Reply) -> Text:
+    """The title in its status colour."""
+    return Text(plain(reply.title), style=STATUS_STYLE[reply.status])
 
-    def title(self, reply: Reply) -> Text:
-        """The title in its status colour."""
-        return Text(plain(reply.title), style=STATUS_STYLE[reply.status])
 
-    def step(self, step: StepLine) -> Text:
-        """``✓ stop 2.1 s - 8 processes stopped``, coloured by outcome."""
-        return Text(plain(step.text()), style=STEP_STYLE.get(step.outcome, ""))
+def render_step(step: StepLine) -> Text:
+    """``✓ stop 2.1 s - 8 processes stopped``, coloured by outcome."""
+    return Text(plain(step.text()), style=STEP_STYLE.get(step.outcome, ""))
 
-    def log(self, reply: Reply) -> Group:
-        """The log's last :data:`MAX_LOG_LINES` lines between rules (not a box: piped output would
-        crop long lines), the first titled ``log_title``."""
-        lines = (reply.log or "").rstrip("\n").splitlines()
-        body = "\n".join(lines[-MAX_LOG_LINES:])
-        if len(lines) > MAX_LOG_LINES:
-            omitted = sum(len(line) + 1 for line in lines[:-MAX_LOG_LINES])
-            body = slack_earlier_omitted(omitted) + "\n" + body
-        title = Text(reply.log_title) if reply.log_title else ""
-        return Group(Rule(title, align="left", style="dim"), Text(body), Rule(style="dim"))
 
-    def render(self, reply: Reply, prefix: str = "") -> RenderableType:
-        """Everything in ``reply``, ``prefix`` (the thread key, ``[run r-3]``) before the title."""
-        parts: list[RenderableType] = [prefixed(prefix, self.title(reply))]
-        parts += [self.step(s) for s in reply.steps]
-        parts += [Text(plain(line)) for line in reply.lines]
-        if reply.fields:
-            grid = RichTable.grid(padding=(0, 2))
-            grid.add_column(style="bold")
-            grid.add_column()
-            for label, value in reply.fields:
-                grid.add_row(Text(plain(label)), Text(plain(value)))
-            parts.append(grid)
-        for table in reply.tables:
-            rich_table = RichTable(*table.headers, show_edge=False, header_style="bold")
-            for row in table.rows:
-                rich_table.add_row(*(Text(plain(c)) for c in row))
-            parts.append(rich_table)
-        if reply.log:
-            parts.append(self.log(reply))
-        if reply.chart:
-            parts.append(Text(f"chart: {reply.chart}", style="dim"))
-        # a patch under review: its path here, its hash in the title
-        parts += [
-            Text(f"attached: {a.title or a.filename} ({a.path})", style="dim") for a in reply.attachments
-        ]
-        if reply.buttons:
-            hints = "  ".join(console_button(b.label, b.action) for b in reply.buttons)
-            parts.append(Text(hints, style="dim"))
-        for follow in reply.follow_ups:
-            parts += [Text(""), self.render(follow)]
-        return Group(*parts)
+def render_log(reply: Reply) -> Group:
+    """The log's last :data:`MAX_LOG_LINES` lines between rules (not a box: piped output would
+    crop long lines), the first titled ``log_title``."""
+    lines = (reply.log or "").rstrip("\n").splitlines()
+    body = "\n".join(lines[-MAX_LOG_LINES:])
+    if len(lines) > MAX_LOG_LINES:
+        omitted = sum(len(line) + 1 for line in lines[:-MAX_LOG_LINES])
+        body = slack_earlier_omitted(omitted) + "\n" + body
+    title = Text(reply.log_title) if reply.log_title else ""
+    return Group(Rule(title, align="left", style="dim"), Text(body), Rule(style="dim"))
+
+
+def render(reply: Reply, prefix: str = "") -> RenderableType:
+    """Everything in ``reply`` as rich renderables (the console counterpart of :mod:`bot.slack.blocks`),
+    ``prefix`` (the thread key, ``[run r-3]``) before the title."""
+    parts: list[RenderableType] = [prefixed(prefix, render_title(reply))]
+    parts += [render_step(s) for s in reply.steps]
+    parts += [Text(plain(line)) for line in reply.lines]
+    if reply.fields:
+        grid = RichTable.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column()
+        for label, value in reply.fields:
+            grid.add_row(Text(plain(label)), Text(plain(value)))
+        parts.append(grid)
+    for table in reply.tables:
+        rich_table = RichTable(*table.headers, show_edge=False, header_style="bold")
+        for row in table.rows:
+            rich_table.add_row(*(Text(plain(c)) for c in row))
+        parts.append(rich_table)
+    if reply.log:
+        parts.append(render_log(reply))
+    if reply.chart:
+        parts.append(Text(f"chart: {reply.chart}", style="dim"))
+    # a patch under review: its path here, its hash in the title
+    parts += [Text(f"attached: {a.title or a.filename} ({a.path})", style="dim") for a in reply.attachments]
+    if reply.buttons:
+        hints = "  ".join(console_button(b.label, b.action) for b in reply.buttons)
+        parts.append(Text(hints, style="dim"))
+    for follow in reply.follow_ups:
+        parts += [Text(""), render(follow)]
+    return Group(*parts)
 
 
 class ConsoleOutbox:
@@ -128,7 +125,6 @@ class ConsoleOutbox:
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.renderer = Renderer()
         self._shown: dict[str, Reply] = {}
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
@@ -137,14 +133,14 @@ class ConsoleOutbox:
         before = self._shown.get(key)
         self._shown[key] = reply
         if before is None:
-            self.console.print(self.renderer.render(reply, prefix))
+            self.console.print(render(reply, prefix))
             return
         seen = {s.label: s for s in before.steps}
-        changed: list[RenderableType] = [self.renderer.step(s) for s in reply.steps if seen.get(s.label) != s]
+        changed: list[RenderableType] = [render_step(s) for s in reply.steps if seen.get(s.label) != s]
         if reply.title != before.title or reply.status != before.status:
-            changed.append(self.renderer.title(reply))
+            changed.append(render_title(reply))
         if reply.log and reply.log != before.log:
-            changed.append(self.renderer.log(reply))
+            changed.append(render_log(reply))
         for part in changed:  # a Text behind the prefix, anything else below it
             if prefix and not isinstance(part, Text):
                 self.console.print(Text(prefix, style=PREFIX_STYLE))
@@ -152,43 +148,34 @@ class ConsoleOutbox:
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a thread reply under its key."""
-        self.console.print(self.renderer.render(reply, key_prefix(key) + " ↳"))
+        self.console.print(render(reply, key_prefix(key) + " ↳"))
 
     async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
         """Print a grouped post's member headline under the grouped post's key."""
         self._shown[key] = reply
-        self.console.print(self.renderer.render(reply, key_prefix(key)))
+        self.console.print(render(reply, key_prefix(key)))
 
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Print a standalone post (a digest)."""
-        self.console.print(self.renderer.render(reply, key_prefix(reply.thread_key)))
+        self.console.print(render(reply, key_prefix(reply.thread_key)))
 
     async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
         """Print a private message (the console has one reader)."""
-        self.console.print(self.renderer.render(reply, ""))
+        self.console.print(render(reply, ""))
 
 
 class ConsoleSession:
     """One person chatting with Pitstop in a terminal (or a script driving it).
 
     :param user: who the requests act as (a Slack user id, ``--as``/``PITSTOP_USER``).
-    :param ask: how to ask ``confirm? [y/N]`` (returns the answer, None for no answer);
-        default: the next input line in :meth:`repl`, the terminal otherwise, else "no".
+    ``confirm? [y/N]`` is answered by the next input line in :meth:`repl`, the terminal otherwise,
+    else "no".
     """
 
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        *,
-        user: str,
-        console: Console | None = None,
-        ask: Ask | None = None,
-    ) -> None:
+    def __init__(self, dispatcher: Dispatcher, *, user: str, console: Console | None = None) -> None:
         self.dispatcher = dispatcher
         self.user = user
         self.console = console or make_console()
-        self.renderer = Renderer()
-        self._ask = ask
         self._lines: Iterator[str] | None = None
         self._read_stdin = False  #: True once a line was read from stdin
 
@@ -197,7 +184,7 @@ class ConsoleSession:
         delivery = f"console:{uuid.uuid4().hex}"
         req = Request(text=text, user=self.user, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)
-        self.console.print(self.renderer.render(reply))
+        self.console.print(render(reply))
         if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.dispatcher.ctx.config)):
             await self.follow(run_id, reply.steps)
         if (confirm := next((b for b in reply.buttons if b.action == "confirm"), None)) is None:
@@ -207,7 +194,7 @@ class ConsoleSession:
         outcome = await self.dispatcher.handle_action(
             action, confirm.value, self.user, f"console:{uuid.uuid4().hex}"
         )
-        self.console.print(self.renderer.render(outcome))
+        self.console.print(render(outcome))
         return outcome
 
     async def follow(self, run_id: str, shown: tuple[StepLine, ...]) -> None:
@@ -217,14 +204,12 @@ class ConsoleSession:
         seen = set(shown)
         async for run in follow_run(self.dispatcher.ctx, run_id, deliver=False):
             for step in fresh(run, seen):
-                self.console.print(prefixed(prefix, self.renderer.step(step)))
+                self.console.print(prefixed(prefix, render_step(step)))
         if run.verdict is not None:
-            self.console.print(self.renderer.render(verdict_reply(run), prefix + " ↳"))
+            self.console.print(render(verdict_reply(run), prefix + " ↳"))
 
     async def ask(self, prompt: str) -> str | None:
-        """An answer to ``prompt``: from ``ask``, the input lines, or the terminal; None if none."""
-        if self._ask is not None:
-            return await self._ask(prompt)
+        """An answer to ``prompt``: from the input lines, or the terminal; None if none."""
         if self._lines is not None:
             line = next(self._lines, None)
             self.console.print(Text(prompt + (line or ""), style="bold"))
@@ -265,29 +250,20 @@ class ConsoleSession:
 
 
 async def run_console(
-    config: Config,
-    *,
-    user: str,
-    lines: Iterable[str] | None = None,
-    console: Console | None = None,
-    scheduler: bool = True,
+    config: Config, *, user: str, lines: Iterable[str] | None = None, console: Console | None = None
 ) -> int:
     """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
     chat (:meth:`ConsoleSession.repl`), wait for restarts in flight, close everything; return 0."""
     console = console or make_console()
     ctx = await build_context(config, ConsoleOutbox(console))
-    sched: PitstopScheduler | None = None
+    sched = PitstopScheduler(ctx)
     try:
-        if scheduler:
-            sched = PitstopScheduler(ctx)
-            await sched.start()
+        await sched.start()
         dispatcher = Dispatcher(ctx)
-        session = ConsoleSession(dispatcher, user=user, console=console)
-        code = await session.repl(lines)
+        code = await ConsoleSession(dispatcher, user=user, console=console).repl(lines)
         await dispatcher.drain(DRAIN_TIMEOUT)
         return code
     finally:
-        if sched is not None:
-            with contextlib.suppress(Exception):
-                await sched.stop()
+        with contextlib.suppress(Exception):
+            await sched.stop()
         await close_context(ctx)

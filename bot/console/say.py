@@ -100,7 +100,6 @@ async def say_main(
     user: str,
     wait: bool,
     as_json: bool,
-    groups: tuple[str, ...] = (),
     out: IO[str] | None = None,
     err: IO[str] | None = None,
 ) -> int:
@@ -122,9 +121,7 @@ async def say_main(
         print(render_text(taken.reply), file=err, flush=True)
     outbox.posted.clear()
     try:
-        request = Request(
-            text=text, user=user, groups=groups, delivery_id=f"say:{uuid.uuid4().hex}", surface="say"
-        )
+        request = Request(text=text, user=user, delivery_id=f"say:{uuid.uuid4().hex}", surface="say")
         reply = await dispatcher.handle(request)
         confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
         if confirm is not None:

@@ -159,23 +159,21 @@ async def open_runtime(
     api_url: str | None,
     signing_secret: str | None = None,
     scheduler: bool = True,
-    check_auth: bool = True,
-    instance: str | None = None,
 ) -> SlackRuntime:
     """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler
-    (``signing_secret``: None for Socket Mode; ``check_auth``: ``auth.test`` first, so a wrong token
-    fails at once).  :raises SlackUnavailable: if ``auth.test`` fails."""
+    (``signing_secret``: None for Socket Mode), ``auth.test`` first, so a wrong token fails at
+    once.  :raises SlackUnavailable: if ``auth.test`` fails."""
     session = aiohttp.ClientSession()
     ctx: Context | None = None
     try:
         client = web_client(bot_token, base_url=api_url, session=session)
-        auth = await auth_test(client) if check_auth else {}
-        if not auth.get("ok", True):
+        auth = await auth_test(client)
+        if not auth["ok"]:
             raise SlackUnavailable("auth.test", auth["error"])
         delivery = Delivery(
             config.slack.announce_channel,
             config.slack.pace,
-            instance or new_instance_id(),
+            new_instance_id(),
             fallback_channel=config.slack.fallback_channel,
             page_by_dm=functools.partial(page_by_dm, config),
         )
@@ -193,7 +191,7 @@ async def open_runtime(
             dispatcher=dispatcher,
             surface=surface,
             auth=auth,
-            _auth_at=time.monotonic() if auth else 0.0,
+            _auth_at=time.monotonic(),
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(outbox.people.list_groups(), timeout=5.0)

@@ -316,17 +316,15 @@ def reply_blocks(
     100 for the App Home view) and :data:`MAX_MESSAGE_CHARS` characters, what is cut said in a last
     section (:func:`parts` splits instead);
     ``follow_ups``: also ``reply.follow_ups`` below a divider; ``names``: id → name for :func:`humanise`."""
-    messages_cap = MAX_MESSAGE_CHARS // MAX_SECTION_TEXT if limit <= MAX_BLOCKS else limit
-    table_sections = max(2, min(limit // 5, messages_cap))
-    chars = MAX_MESSAGE_CHARS if limit <= MAX_BLOCKS else 10**9
+    home = limit > MAX_BLOCKS  # the App Home: no character cap, a table in a fifth of its blocks
     one = parts(
         reply,
         follow_ups=follow_ups,
         names=names,
         max_parts=1,
         limit=limit,
-        chars=chars,
-        table_sections=table_sections,
+        chars=10**9 if home else MAX_MESSAGE_CHARS,
+        table_sections=max(2, limit // 5) if home else MAX_MESSAGE_CHARS // MAX_SECTION_TEXT,
     )
     return list(one[0]["blocks"])
 

@@ -35,11 +35,6 @@ BASE_SCOPES = (
 MANIFEST = Path(__file__).resolve().parents[2] / "slack-manifest.yml"
 
 
-def needed_scopes(config: Config) -> list[str]:
-    """:data:`BASE_SCOPES`, plus ``usergroups:read`` when ``config`` names a user group."""
-    return [*BASE_SCOPES, *(["usergroups:read"] if needs_groups(config) else [])]
-
-
 def channels_of(config: Config) -> dict[str, list[str]]:
     """Channel id → what posts there (``announce``, job names and/or ``fallback``)."""
     out: dict[str, list[str]] = {}
@@ -82,16 +77,16 @@ class Doctor:
             return int(ExitCode.FAILED)
         self.line("ok", f"token: bot {auth.get('user')} ({auth.get('user_id')}) in {auth.get('team')}")
         granted = {s.strip() for s in str(auth.headers.get("x-oauth-scopes", "")).split(",") if s.strip()}
-        missing = [s for s in needed_scopes(self.config) if s not in granted]
+        # and ``usergroups:read`` when the config names a user group
+        needed = [*BASE_SCOPES, *(["usergroups:read"] if needs_groups(self.config) else [])]
+        missing = [s for s in needed if s not in granted]
         if missing:
             self.line(
                 "FAIL",
                 f"scopes: missing {', '.join(missing)} - add them from slack-manifest.yml and reinstall the app",
             )
         else:
-            self.line(
-                "ok", f"scopes: {len(granted)} granted, all {len(needed_scopes(self.config))} needed present"
-            )
+            self.line("ok", f"scopes: {len(granted)} granted, all {len(needed)} needed present")
         public = "chat:write.public" in granted
         joins = "channels:join" in granted
         channels = channels_of(self.config)

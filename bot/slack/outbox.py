@@ -134,7 +134,7 @@ class SlackOutbox(SlackSender):
                 return  # a later call already sent a newer version
             await self._announce(key, *pending)
 
-    async def _announce(self, key: str, reply: Reply, channel: str | None) -> tuple[str, str] | None:
+    async def _announce(self, key: str, reply: Reply, channel: str | None) -> None:
         loc = await self.where(key)
         if loc is None and not await self._claim(key):
             loc = await self._wait_elsewhere(key)
@@ -142,29 +142,28 @@ class SlackOutbox(SlackSender):
             try:
                 names = await self.people.names_for(reply)
                 await self.update_payload(loc, blocks.message(reply, follow_ups=False, names=names))
-                return loc
+                return
             except Refused as exc:
                 if exc.error != "message_not_found":
                     await self._refused(key, reply, loc[0], exc)
                     self._rescued.pop(key, None)
-                    return loc
+                    return
         target = channel or self.delivery.default_channel
         if target is None:
             await self.record_failure(key, "no channel: set [slack] announce_channel")
-            return None
+            return
         ts = await self._renewing(key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key))
         if ts is None:
             # the alert went to another channel: it lives there from now on
             if (rescued := self._rescued.pop(key, None)) is not None:
                 await self._remember(key, *rescued)
-                return rescued
-            await self._unclaim(key)
-            return None
+            elif self._posts is not None:
+                await self._posts.unclaim(key)
+            return
         await self._remember(key, target, ts)
         await self._follow_ups(target, ts, reply, key, chart_ts=ts)
         for f in reply.attachments:  # a patch under review: its exact text, as a snippet in the thread
             await self.upload("", target, thread_ts=ts, title=f.title, content=f.content, filename=f.filename)
-        return target, ts
 
     async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
         """Post ``key``'s headline as a reply in the thread of the grouped post ``story`` when
@@ -195,10 +194,10 @@ class SlackOutbox(SlackSender):
                 await self._wait_elsewhere(key)  # another replica posts it: what follows goes in its thread
                 return
             ts = await self._send(parent[0], reply, thread_ts=parent[1], follow_ups=True, key=key)
-            if ts is None:
-                await self._unclaim(key)
-                return
-            await self._remember(key, parent[0], ts, parent=parent[1])
+            if ts is not None:
+                await self._remember(key, parent[0], ts, parent=parent[1])
+            elif self._posts is not None:
+                await self._posts.unclaim(key)
 
     def backlog(self) -> dict[str, tuple[int, float]]:
         """:meth:`SlackSender.backlog`, counting posts waiting for their grouped post's headline."""
@@ -243,10 +242,6 @@ class SlackOutbox(SlackSender):
                 await self.upload(follow.chart, target, thread_ts=ts, title=follow.title)
         if reply.chart:
             await self.upload(reply.chart, target, thread_ts=chart_ts, title=reply.title)
-
-    async def _unclaim(self, key: str) -> None:
-        if self._posts is not None:
-            await self._posts.unclaim(key)
 
     async def _send(
         self, channel: str, reply: Reply, *, thread_ts: str | None, follow_ups: bool, key: str | None = None
