@@ -178,12 +178,10 @@ class SSHPool:
         status = done.exit_status if signal_name is None else None
         stdout, stderr = _text(done.stdout), _text(done.stderr)
         if status is None and signal_name is None:
+            why = errors.channel_closed(name, args)
             if self._drop_if_closed(name):
-                text = errors.connection_lost(name, args, "the connection closed")
-                raise RemoteCommandError(name, args, text, stdout=stdout, stderr=stderr)
-            raise RemoteCommandError(
-                name, args, errors.channel_closed(name, args), stdout=stdout, stderr=stderr
-            )
+                why = errors.connection_lost(name, args, "the connection closed")
+            raise RemoteCommandError(name, args, why, stdout=stdout, stderr=stderr)
         log.debug("%s: %s -> %s in %.3f s", name, command[:200], status or signal_name, duration)
         return RemoteResult(name, tuple(argv), status, signal_name, stdout, stderr, duration)
 
@@ -291,11 +289,9 @@ class SSHPool:
                 raise HostAuthRejected(name, user, exc.reason or "permission denied") from None
             except TimeoutError:
                 raise HostUnreachable(name, f"no SSH answer within {hc.connect_timeout:g} s") from None
-            except asyncssh.DisconnectError as exc:
-                raise HostUnreachable(name, exc.reason or type(exc).__name__) from None
             except asyncssh.ChannelOpenError as exc:  # the bastion could not reach it
                 raise HostUnreachable(name, f"via {hc.jump}: {exc.reason}") from None
-            except OSError as exc:
+            except (asyncssh.DisconnectError, OSError) as exc:
                 raise HostUnreachable(name, _reason(exc)) from None
             except ValueError as exc:  # unreadable key or known_hosts file
                 raise HostUnreachable(name, f"SSH configuration problem: {exc}") from None
