@@ -29,6 +29,7 @@ import asyncssh
 from pipeline import errors
 from pipeline.config import Config
 from pipeline.errors import (
+    CommandOutput,
     HostAuthRejected,
     HostKeyRejected,
     HostUnreachable,
@@ -62,6 +63,12 @@ class RemoteResult:
     def ok(self) -> bool:
         """True if the command exited with status 0."""
         return self.exit_status == 0
+
+    def error(self, argv: Sequence[str], message: str) -> RemoteCommandError:
+        """A :class:`RemoteCommandError` saying ``message`` that keeps this result's exit status,
+        signal and output; ``argv``: the command as the error names it."""
+        out = {key: getattr(self, key) for key in CommandOutput.__annotations__}
+        return RemoteCommandError(self.host, argv, message, **out)
 
 
 class RemoteHosts(Protocol):
