@@ -116,6 +116,7 @@ class SlurmEngine(WorkdirSteps):
         script = ["bash", "-c", _PREFLIGHT, "pitstop-slurm-preflight", sl.script, "-D", job.workdir]
         try:
             result = await self.client.checked(name, [*script, *sl.sbatch_args])
+            j = await self.client.one(name, old) if old is not None else None
         except RemoteError as exc:
             raise await fail("host", exc.message) from None
         answer = await self._preflight_call(run, rec, t, "sbatch", replace(plan, start=False))
@@ -135,13 +136,8 @@ class SlurmEngine(WorkdirSteps):
         helper = [c for c in answer.get("checks", []) if c.get("check") != "launch"]
         if failed := failed_checks(helper):
             raise await self.steps.refuse(run, rec, name, *failed)
-        if old is not None:
-            try:
-                j = await self.client.one(name, old)
-            except RemoteError as exc:
-                raise await fail("host", exc.message) from None
-            if j is not None and j.active:
-                raise await fail("running", f"{name} is already {j.state} as Slurm job {j.id}")
+        if j is not None and j.active:
+            raise await fail("running", f"{name} is already {j.state} as Slurm job {j.id}")
         names = ["partition", "script", "sbatch", *(c["check"] for c in helper)]
         await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names))
         return answer.get("applied") or {}

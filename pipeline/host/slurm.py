@@ -373,13 +373,8 @@ class SlurmClient:
 
 def job_ended(j: SlurmJob) -> str:
     """``job 4242 ended FAILED (exit code 3, reason NonZeroExitCode)``."""
-    bits = []
-    if j.signal:
-        bits.append(f"signal {j.signal}")
-    elif j.exit_code is not None:
-        bits.append(f"exit code {j.exit_code}")
-    if j.reason:
-        bits.append(f"reason {j.reason}")
+    how = f"signal {j.signal}" if j.signal else None if j.exit_code is None else f"exit code {j.exit_code}"
+    bits = [bit for bit in (how, j.reason and f"reason {j.reason}") if bit]
     return f"job {j.id} ended {j.state}" + (f" ({', '.join(bits)})" if bits else "")
 
 
