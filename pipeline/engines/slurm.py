@@ -278,10 +278,9 @@ class SlurmEngine(WorkdirSteps):
         shared = {p for p, n in Counter(w["path"] for w in wants.values()).items() if n > 1}
         wants = {name: w for name, w in wants.items() if w["path"] not in shared}  # those read alone
         try:
-            known = [i for i in ids.values() if i is not None]
-            matches = {i: c.match for n, c, _ in entries if (i := ids[n]) is not None}
+            matches = {i: c.match for n, c, _ in entries if (i := ids[n]) is not None}  # id → its match
             jobs, sizes, got, listed = await self.client.query_with_reads(
-                entries[0][0], known, sorted(set(paths.values())), list(wants.values()), matches
+                entries[0][0], list(matches), sorted(set(paths.values())), list(wants.values()), matches
             )
         except RemoteError as exc:
             return {

@@ -698,10 +698,9 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
         want = j.get("read")
         if want and (state["count"] > 0 or not want["if_running"]):
             try:
-                got = op_read(want, True)
+                state["read"] = op_read(want, True)
             except Exception as exc:
-                got = {"error": f"{type(exc).__name__}: {exc}"}
-            state["read"] = got
+                state["read"] = {"error": f"{type(exc).__name__}: {exc}"}
     return {"jobs": out, "time": time.time()}
 
 

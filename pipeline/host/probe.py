@@ -338,11 +338,9 @@ async def probe_host(
         groups.setdefault(tuple(entry[1].exec), []).append(entry)
 
     async def one(prefix: tuple[str, ...], members: list[ProbeEntry]) -> dict[str, JobProbe]:
-        args: c.ProbeArgs = {
-            "jobs": [probe_args(n, j, cur, reads.get(n), tail_lines) for n, j, cur in members]
-        }
+        jobs = [probe_args(n, j, cur, reads.get(n), tail_lines) for n, j, cur in members]
         try:
-            answer = await call_helper(ssh, Ops.probe(args), host=host, exec_prefix=prefix)
+            answer = await call_helper(ssh, Ops.probe({"jobs": jobs}), host=host, exec_prefix=prefix)
         except Exception as exc:  # the watcher turns errors into "host unreachable", never raises
             message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             return {n: JobProbe(job=n, error=message) for n, _, _ in members}

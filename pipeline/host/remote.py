@@ -158,7 +158,7 @@ class SSHPool:
         command = command_line(argv)
         args = tuple(argv if display is None else display)
         started = time.monotonic()
-        async with self._slot(name):
+        async with self._slots.setdefault(name, asyncio.Semaphore(MAX_CHANNELS)):
             proc = await self._open_process(name, command)
             try:
                 if stdin:
@@ -237,9 +237,6 @@ class SSHPool:
             return self.config.host_name(host)
         except KeyError:
             raise UnknownHost(host, list(self.config.hosts)) from None
-
-    def _slot(self, name: str) -> asyncio.Semaphore:
-        return self._slots.setdefault(name, asyncio.Semaphore(MAX_CHANNELS))
 
     def _forget(self, name: str, conn: asyncssh.SSHClientConnection) -> None:
         if self._conns.get(name) is conn:
