@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
@@ -249,12 +249,6 @@ class StandInRestarter(Runner):
         """Not simulated: the handler tests that verify use the real Restarter."""
         raise NotImplementedError("StandInRestarter does not verify")
 
-    async def log_tail(self, job: str, lines: int) -> str:
-        """The configured text (or raise the configured error)."""
-        if self.log_error is not None:
-            raise self.log_error
-        return self.log_text
-
     async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """The job's file over this stand-in's SSH."""
         return await read_log_chunk(self.ssh, name, job, offset, length, path=path)
@@ -263,21 +257,40 @@ class StandInRestarter(Runner):
         """None applied."""
         return []
 
-    async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
-        """None: every job's host answers ``gpus HOST``."""
-        return None
-
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """What the registered engines see over this stand-in's SSH (a FakeSSH answers probes)."""
         return await look({n: make(self.ssh, self._steps()) for n, make in ENGINES.items()}, entries, reads)
 
     async def _target(self, job: str) -> tuple[Engine, Target]:
+        """The registered engine over this stand-in's SSH, with the stand-in's looks (:class:`_Looks`)."""
         name, steps = self.config.job_name(job), self._steps()
         spec = self.config.jobs[name]
-        return ENGINES[spec.engine](self.ssh, steps), Target(name, spec, await steps.records.current(name))
+        looks = _Looks(ENGINES[spec.engine](self.ssh, steps), self)
+        return cast(Engine, looks), Target(name, spec, await steps.records.current(name))
 
     def _steps(self) -> StepLog:
         return StepLog(self.runs, Events(self.runs.client, self.runs.prefix))
+
+
+class _Looks:
+    """An engine whose ``log_tail`` is the stand-in's configured text (or error) and whose
+    ``node_outputs`` is None (every job's host answers ``gpus HOST``); the rest is ``engine``'s."""
+
+    def __init__(self, engine: Engine, restarter: StandInRestarter) -> None:
+        self.engine, self.restarter = engine, restarter
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def log_tail(self, t: Target, lines: int) -> str:
+        """The configured text (or raise the configured error)."""
+        if self.restarter.log_error is not None:
+            raise self.restarter.log_error
+        return self.restarter.log_text
+
+    async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
+        """None: every job's host answers ``gpus HOST``."""
+        return None
 
 
 def make_context(

@@ -612,7 +612,9 @@ async def test_read_log_and_tail_follow_offsets_and_truncation(
     chunk = await read_log_chunk(stack.ssh, setup.name, setup.job, 0, 2)
     assert (chunk.data, chunk.offset, chunk.reset) == (b"ne", 2, False)
     setup.log.write_bytes(b"".join(b"line %d\n" % i for i in range(100)))
-    assert await stack.restarter.log_tail(setup.name, 3) == "line 97\nline 98\nline 99"
+    assert (
+        await stack.restarter.on_job(setup.name, lambda e, t: e.log_tail(t, 3)) == "line 97\nline 98\nline 99"
+    )
 
 
 # --- verdicts, precedence, reconcile ---------------------------------------------------------------

@@ -136,7 +136,7 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
 
 async def logs_command(ctx: Context, job: str, lines: int) -> Reply:
     """``logs JOB [N]``: the last N lines of the job's log; :class:`RemoteError` if it cannot be read."""
-    text = await ctx.restarter.log_tail(job, lines)
+    text = await ctx.restarter.on_job(job, lambda e, t: e.log_tail(t, lines))
     title = words.logs_title(lines, ctx.config.jobs[job].log, job)
     if not text.strip():
         return Reply(title=title, lines=(f"the log of {job} is empty or missing",))

@@ -206,7 +206,7 @@ async def _job_gpus(ctx: Context, name: str) -> Reply | None:
     :returns: a warning reply when the run holds no nodes now, an error reply when none answered.
     """
     try:
-        answer = await ctx.restarter.node_outputs(name, QUERY_GPU_ARGV)
+        answer = await ctx.restarter.on_job(name, lambda e, t: e.node_outputs(t, QUERY_GPU_ARGV))
     except RemoteError as exc:
         return Reply(
             title=words.gpus_unavailable(ctx.config.jobs[name].host, exc.message), status=Status.ERROR

@@ -375,7 +375,7 @@ class Watcher:
             exit_cause = alert_exit_cause(how.code, how.signal)
         if tail is None:
             try:
-                tail = await self.ctx.restarter.log_tail(name, LOG_LINES)
+                tail = await self.ctx.restarter.on_job(name, lambda e, t: e.log_tail(t, LOG_LINES))
             except PitstopError as exc:
                 log.info("watch %s: no log tail: %s", name, exc.message)
                 return inc

@@ -60,7 +60,7 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
             return None
         run = await ctx.runs.get(run_id)
         offset = run.log_size_at_launch or 0
-        seen = await ctx.restarter.crash_evidence(name, offset, seen)
+        seen = await ctx.restarter.on_job(name, lambda e, t: e.crash_evidence(t, offset, seen))
         how = ended(seen.state, seen.exit_status)  # the waiter's record
         signal, code = (how.signal, how.code) if how else (None, None)
         exit_cause = alert_exit_cause(code, signal) if how else None
@@ -128,7 +128,7 @@ async def post_hang_evidence(ctx: Context, inc: Incident, channel: str | None) -
         return
     pids = [inc.rank_pid] if inc.kind is IncidentKind.STUCK_RANK and inc.rank_pid is not None else []
     try:
-        answer = await ctx.restarter.hang_evidence(inc.job, pids)
+        answer = await ctx.restarter.on_job(inc.job, lambda e, t: e.hang_evidence(t, pids))
     except PitstopError as exc:
         log.warning("hang evidence for %s: %s", inc.job, exc.message)
         return

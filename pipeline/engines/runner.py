@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from pipeline.config import Config, JobConfig
 from pipeline.engines import ENGINES
@@ -21,7 +22,6 @@ from pipeline.engines.base import (
     Engine,
     EngineKind,
     Entry,
-    NodeOutputs,
     Plan,
     Reads,
     Sighting,
@@ -31,8 +31,7 @@ from pipeline.engines.base import (
 from pipeline.engines.steplog import CancelCheck, StepListener, StepLog
 from pipeline.engines.workdir import patch_plan
 from pipeline.errors import PitstopError, RemoteError, SequenceAborted
-from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe, LogChunk
+from pipeline.host.probe import LogChunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import (
     Previous,
@@ -52,6 +51,7 @@ from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 VERIFY_GRACE = 30.0  #: seconds past the deadline an unobservable job is retried before giving up
 
 
@@ -247,25 +247,15 @@ class Runner:
             rate = previous.run.reach.steps_per_s if previous.run.reach is not None else None
             run.warning = lost_warning(t.name, lost, most, rate)
 
-    async def log_tail(self, job: str, lines: int) -> str:
-        """The last ``lines`` lines of the job's output.  :raises RemoteError: if unreadable."""
-        engine, t = await self._target(job)
-        return await engine.log_tail(t, lines)
+    async def on_job(self, job: str, call: Callable[[Engine, Target], Awaitable[T]]) -> T:
+        """``call`` given the job's engine and the job as it acts on it: one of the engine's looks
+        (:meth:`~pipeline.engines.base.Engine.log_tail`, ``node_outputs``, ``crash_evidence``,
+        ``hang_evidence``), as ``await runner.on_job(name, lambda e, t: e.log_tail(t, 30))``.
 
-    async def node_outputs(self, job: str, argv: Sequence[str]) -> NodeOutputs | None:
-        """:meth:`~pipeline.engines.base.Engine.node_outputs` for the job."""
+        :raises KeyError: if the job is not configured; else what ``call`` raises.
+        """
         engine, t = await self._target(job)
-        return await engine.node_outputs(t, argv)
-
-    async def crash_evidence(self, job: str, offset: int, seen: JobProbe | None) -> JobProbe:
-        """:meth:`~pipeline.engines.base.Engine.crash_evidence` for the job."""
-        engine, t = await self._target(job)
-        return await engine.crash_evidence(t, offset, seen)
-
-    async def hang_evidence(self, job: str, pids: Sequence[int]) -> HangAnswer:
-        """:meth:`~pipeline.engines.base.Engine.hang_evidence` for the job."""
-        engine, t = await self._target(job)
-        return await engine.hang_evidence(t, pids)
+        return await call(engine, t)
 
     async def sightings(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """Every job of ``entries``, by name (:func:`look`)."""

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Annotated, Any
 
 from pydantic import Field, ValidationError
@@ -115,6 +116,7 @@ class SlurmEngine(WorkdirSteps):
         script = ["bash", "-c", _PREFLIGHT, "pitstop-slurm-preflight", sl.script, "-D", job.workdir]
         try:
             result = await self.client.checked(name, [*script, *sl.sbatch_args])
+            j = await self.client.one(name, old) if old is not None else None
         except RemoteError as exc:
             raise await fail("host", exc.message) from None
         answer = await self._preflight_call(run, rec, t, "sbatch", replace(plan, start=False))
@@ -134,13 +136,8 @@ class SlurmEngine(WorkdirSteps):
         helper = [c for c in answer.get("checks", []) if c.get("check") != "launch"]
         if failed := failed_checks(helper):
             raise await self.steps.refuse(run, rec, name, *failed)
-        if old is not None:
-            try:
-                j = await self.client.one(name, old)
-            except RemoteError as exc:
-                raise await fail("host", exc.message) from None
-            if j is not None and j.active:
-                raise await fail("running", f"{name} is already {j.state} as Slurm job {j.id}")
+        if j is not None and j.active:
+            raise await fail("running", f"{name} is already {j.state} as Slurm job {j.id}")
         names = ["partition", "script", "sbatch", *(c["check"] for c in helper)]
         await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names))
         return answer.get("applied") or {}
@@ -212,7 +209,7 @@ class SlurmEngine(WorkdirSteps):
                 await self.client.checked(name, ["scontrol", "requeuehold", str(old)])
                 job_id, how = old, f"requeued Slurm job {old}"
             else:
-                job_id = await self.client.submit(name, job.workdir, sl.script, sl.sbatch_args, hold=True)
+                job_id = await self.client.submit(name, job.workdir, sl.script, sl.sbatch_args)
                 how = f"submitted Slurm job {job_id}"
             try:
                 j = await self.client.one(name, job_id)
@@ -232,22 +229,17 @@ class SlurmEngine(WorkdirSteps):
         name, job, job_id = t.name, t.job, run.slurm_job or 0
         j = await self.client.one(name, job_id)
         now = time.time()
+        seen = partial(Observation, job_id=job_id, sampled_at=now)
         if j is None:
-            gone = (f"Slurm job {job_id} is no longer known to the cluster",)
-            return Observation("gone", job_id=job_id, sampled_at=now, facts=gone, output="output")
+            gone = f"Slurm job {job_id} is no longer known to the cluster"
+            return seen("gone", facts=(gone,), output="output")
         if j.active and j.state != "RUNNING":
             fact = f"Slurm job {job_id}: {j.state}, reason {j.reason or 'None'}"
-            return Observation(
-                "pending",
-                job_id=job_id,
-                sampled_at=now,
-                pending_reason=j.reason or j.state,
-                facts=(fact,),
-                settling=j.state == "COMPLETING",
-            )
+            why, settling = j.reason or j.state, j.state == "COMPLETING"
+            return seen("pending", pending_reason=why, facts=(fact,), settling=settling)
         started, state = now - (j.elapsed or 0.0), "alive" if j.active else "gone"
         if not complete:
-            return Observation(state, job_id=job_id, sampled_at=now, started_at=started, complete=False)
+            return seen(state, started_at=started, complete=False)
         path = j.stdout or job.log
         out = await gather(self.ssh, run, job, log=path, processes=False)
         facts = [f"Slurm job {job_id}: {j.state} on {j.nodes} node(s) {','.join(j.nodelist)}".rstrip()]
@@ -273,19 +265,8 @@ class SlurmEngine(WorkdirSteps):
                 count=sum(t.count for t in tasks), expected=expected_processes(job), short=tuple(short)
             )
             more |= dict(new_bytes=out.new_bytes, error_line=out.error_line or None)
-        return Observation(
-            state,
-            job_id=job_id,
-            nodes=j.nodes,
-            sampled_at=now,
-            started_at=started,
-            tail=out.tail,
-            output="output",
-            start_step=out.start_step,
-            checkpoint=out.checkpoint,
-            facts=tuple(facts),
-            **more,
-        )
+        more |= dict(tail=out.tail, start_step=out.start_step, checkpoint=out.checkpoint)
+        return seen(state, nodes=j.nodes, started_at=started, output="output", facts=tuple(facts), **more)
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:
         """One call on the login node for every job of its cluster: ``squeue``/``scontrol``/``sacct``,
@@ -297,10 +278,9 @@ class SlurmEngine(WorkdirSteps):
         shared = {p for p, n in Counter(w["path"] for w in wants.values()).items() if n > 1}
         wants = {name: w for name, w in wants.items() if w["path"] not in shared}  # those read alone
         try:
-            known = [i for i in ids.values() if i is not None]
-            matches = {i: c.match for n, c, _ in entries if (i := ids[n]) is not None}
+            matches = {i: c.match for n, c, _ in entries if (i := ids[n]) is not None}  # id → its match
             jobs, sizes, got, listed = await self.client.query_with_reads(
-                entries[0][0], known, sorted(set(paths.values())), list(wants.values()), matches
+                entries[0][0], list(matches), sorted(set(paths.values())), list(wants.values()), matches
             )
         except RemoteError as exc:
             return {
@@ -310,12 +290,12 @@ class SlurmEngine(WorkdirSteps):
         def one(name: str, cfg: JobConfig) -> Sighting:
             expected, job_id, size = expected_processes(cfg), ids[name], sizes.get(paths[name])
             j = jobs.get(job_id) if job_id is not None else None
+            probe = partial(JobProbe, job=name, log_size=size, host_gpus=False)
             if j is None:
                 gone = None if job_id is None else f"Slurm job {job_id} is no longer known to the cluster"
-                probe = JobProbe(job=name, log_size=size, host_gpus=False)
                 state = "none" if job_id is None else "gone"
                 return Sighting(
-                    probe, expected, state, job_id=job_id, word="stopped", exit_cause=gone, ok=True
+                    probe(), expected, state, job_id=job_id, word="stopped", exit_cause=gone, ok=True
                 )
             pids: tuple[int, ...] = ()
             detail, error, cause = None, None, slurm.state_cause(j) if j.state != "RUNNING" else None
@@ -335,18 +315,8 @@ class SlurmEngine(WorkdirSteps):
             read_error = (
                 f"{asked['path']} cannot be read on the login node" if asked and read is None else None
             )
-            probe = JobProbe(
-                job=name,
-                pids=pids,
-                count=len(pids),
-                log_size=size,
-                error=error,
-                read=read,
-                read_error=read_error,
-                host_gpus=False,
-            )
             return Sighting(
-                probe,
+                probe(pids=pids, count=len(pids), error=error, read=read, read_error=read_error),
                 expected,
                 "alive" if j.state == "RUNNING" else "pending" if j.active else "gone",
                 job_id=j.id,

@@ -167,11 +167,7 @@ class SshEngine(WorkdirSteps):
 
     async def _state_text(self, name: str, job: JobConfig) -> str:
         """What runs for the job now, in words (for a launch that hung or lost its channel)."""
-        try:
-            probes = await probe_host(self.ssh, job.host, [(name, job, None)])
-        except Exception as exc:  # evidence gathering must not hide the original failure
-            return f"unknown ({type(exc).__name__})"
-        p = probes[name]
+        p = (await probe_host(self.ssh, job.host, [(name, job, None)]))[name]  # never raises: p.error
         if p.error:
             return f"unknown ({p.error})"
         if not p.pids:

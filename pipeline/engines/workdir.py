@@ -175,10 +175,9 @@ class WorkdirSteps:
         :raises LaunchFailed: if a patch does not apply or the host cannot be reached.
         """
         rec = await self.steps.begin(run, Step.PATCH)
-        in_effect = sorted(n for n, on in applied.items() if on)
         to_apply = [p for p in plan.add if not applied.get(p)]
         to_revert = [p for p in plan.remove if applied.get(p)]
-        answer: Mapping[str, Any] = {"in_effect": in_effect}
+        answer: Mapping[str, Any] = {"in_effect": sorted(n for n, on in applied.items() if on)}
         if to_apply or to_revert:
             try:
                 patch = Ops.patch({"workdir": t.job.workdir, "apply": to_apply, "revert": to_revert})

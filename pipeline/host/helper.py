@@ -528,15 +528,13 @@ def op_clear(a: ClearArgs) -> ClearAnswer:
     for path in a["paths"]:
         entry = ClearedPath(path=path, missing=not os.path.lexists(path), errors=[], files=0, bytes=0, dirs=0)
         out.append(entry)
-        if entry["missing"]:
-            continue
         if os.path.isdir(path) and not os.path.islink(path):
             for root, dnames, fnames in os.walk(path, topdown=False):
                 for name in fnames:
                     remove(os.path.join(root, name), entry)
                 for name in dnames:
                     remove(os.path.join(root, name), entry, directory=True)
-        else:
+        elif not entry["missing"]:
             remove(path, entry)
     return {"cleared": out}
 
@@ -698,10 +696,9 @@ def op_probe(a: ProbeArgs) -> ProbeAnswer:
         want = j.get("read")
         if want and (state["count"] > 0 or not want["if_running"]):
             try:
-                got = op_read(want, True)
+                state["read"] = op_read(want, True)
             except Exception as exc:
-                got = {"error": f"{type(exc).__name__}: {exc}"}
-            state["read"] = got
+                state["read"] = {"error": f"{type(exc).__name__}: {exc}"}
     return {"jobs": out, "time": time.time()}
 
 

@@ -22,7 +22,6 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from pipeline import errors
 from pipeline.config import JobConfig
-from pipeline.errors import CommandOutput, RemoteCommandError
 from pipeline.host import contract as c
 from pipeline.host.remote import RemoteHosts
 
@@ -202,13 +201,10 @@ async def call_helper(
         result = await ssh.run(
             host, [*prefix, *argv], timeout=timeout, stdin=stdin, display=[*prefix, *shown]
         )
-    out = cast(CommandOutput, {key: getattr(result, key) for key in CommandOutput.__annotations__})
     if result.exit_signal is not None:
-        raise RemoteCommandError(
-            result.host, shown, errors.shell_killed(result.host, shown, result.exit_signal), **out
-        )
+        raise result.error(shown, errors.shell_killed(result.host, shown, result.exit_signal))
     if result.exit_status == 127 and not result.stdout.strip():
-        raise RemoteCommandError(result.host, shown, errors.python_missing(result.host, HELPER_PYTHON), **out)
+        raise result.error(shown, errors.python_missing(result.host, HELPER_PYTHON))
     try:
         answer: Any = json.loads((result.stdout.strip().splitlines() or ["null"])[-1])
     except ValueError:
@@ -218,7 +214,7 @@ async def call_helper(
     err = (result.stderr.strip().splitlines() or ["no output"])[-1]
     detail = f"exit status {result.exit_status}, no answer: {err[:300]}"
     detail = str(answer["error"]) if isinstance(answer, dict) else detail
-    raise RemoteCommandError(result.host, shown, errors.helper_failed(result.host, op.name, detail), **out)
+    raise result.error(shown, errors.helper_failed(result.host, op.name, detail))
 
 
 # --- the watcher's probe ------------------------------------------------------------------------
@@ -342,11 +338,9 @@ async def probe_host(
         groups.setdefault(tuple(entry[1].exec), []).append(entry)
 
     async def one(prefix: tuple[str, ...], members: list[ProbeEntry]) -> dict[str, JobProbe]:
-        args: c.ProbeArgs = {
-            "jobs": [probe_args(n, j, cur, reads.get(n), tail_lines) for n, j, cur in members]
-        }
+        jobs = [probe_args(n, j, cur, reads.get(n), tail_lines) for n, j, cur in members]
         try:
-            answer = await call_helper(ssh, Ops.probe(args), host=host, exec_prefix=prefix)
+            answer = await call_helper(ssh, Ops.probe({"jobs": jobs}), host=host, exec_prefix=prefix)
         except Exception as exc:  # the watcher turns errors into "host unreachable", never raises
             message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
             return {n: JobProbe(job=n, error=message) for n, _, _ in members}

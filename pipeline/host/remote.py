@@ -29,6 +29,7 @@ import asyncssh
 from pipeline import errors
 from pipeline.config import Config
 from pipeline.errors import (
+    CommandOutput,
     HostAuthRejected,
     HostKeyRejected,
     HostUnreachable,
@@ -62,6 +63,12 @@ class RemoteResult:
     def ok(self) -> bool:
         """True if the command exited with status 0."""
         return self.exit_status == 0
+
+    def error(self, argv: Sequence[str], message: str) -> RemoteCommandError:
+        """A :class:`RemoteCommandError` saying ``message`` that keeps this result's exit status,
+        signal and output; ``argv``: the command as the error names it."""
+        out = {key: getattr(self, key) for key in CommandOutput.__annotations__}
+        return RemoteCommandError(self.host, argv, message, **out)
 
 
 class RemoteHosts(Protocol):
@@ -151,7 +158,7 @@ class SSHPool:
         command = command_line(argv)
         args = tuple(argv if display is None else display)
         started = time.monotonic()
-        async with self._slot(name):
+        async with self._slots.setdefault(name, asyncio.Semaphore(MAX_CHANNELS)):
             proc = await self._open_process(name, command)
             try:
                 if stdin:
@@ -178,12 +185,10 @@ class SSHPool:
         status = done.exit_status if signal_name is None else None
         stdout, stderr = _text(done.stdout), _text(done.stderr)
         if status is None and signal_name is None:
+            why = errors.channel_closed(name, args)
             if self._drop_if_closed(name):
-                text = errors.connection_lost(name, args, "the connection closed")
-                raise RemoteCommandError(name, args, text, stdout=stdout, stderr=stderr)
-            raise RemoteCommandError(
-                name, args, errors.channel_closed(name, args), stdout=stdout, stderr=stderr
-            )
+                why = errors.connection_lost(name, args, "the connection closed")
+            raise RemoteCommandError(name, args, why, stdout=stdout, stderr=stderr)
         log.debug("%s: %s -> %s in %.3f s", name, command[:200], status or signal_name, duration)
         return RemoteResult(name, tuple(argv), status, signal_name, stdout, stderr, duration)
 
@@ -232,9 +237,6 @@ class SSHPool:
             return self.config.host_name(host)
         except KeyError:
             raise UnknownHost(host, list(self.config.hosts)) from None
-
-    def _slot(self, name: str) -> asyncio.Semaphore:
-        return self._slots.setdefault(name, asyncio.Semaphore(MAX_CHANNELS))
 
     def _forget(self, name: str, conn: asyncssh.SSHClientConnection) -> None:
         if self._conns.get(name) is conn:
@@ -291,11 +293,9 @@ class SSHPool:
                 raise HostAuthRejected(name, user, exc.reason or "permission denied") from None
             except TimeoutError:
                 raise HostUnreachable(name, f"no SSH answer within {hc.connect_timeout:g} s") from None
-            except asyncssh.DisconnectError as exc:
-                raise HostUnreachable(name, exc.reason or type(exc).__name__) from None
             except asyncssh.ChannelOpenError as exc:  # the bastion could not reach it
                 raise HostUnreachable(name, f"via {hc.jump}: {exc.reason}") from None
-            except OSError as exc:
+            except (asyncssh.DisconnectError, OSError) as exc:
                 raise HostUnreachable(name, _reason(exc)) from None
             except ValueError as exc:  # unreadable key or known_hosts file
                 raise HostUnreachable(name, f"SSH configuration problem: {exc}") from None

@@ -303,9 +303,7 @@ class SlurmClient:
         result = await self._run(job, argv, QUERY_TIMEOUT + (TASKS_TIMEOUT + 5 if tasks else 0))
         if result.exit_status != 0:  # squeue failed, and not only for an id no longer known
             why = f"on {result.host}: squeue failed: {result.stderr.strip()[-300:] or 'no output'}"
-            raise RemoteCommandError(
-                result.host, ["squeue", "-j", joined], why, exit_status=result.exit_status
-            )
+            raise result.error(["squeue", "-j", joined], why)
         chunks = parse_reads(result.stdout)
         return (
             {i: j for i, j in parse_query(result.stdout).items() if i in ids},
@@ -324,27 +322,18 @@ class SlurmClient:
         result = await self._run(job, argv, timeout)
         if result.exit_status != 0:
             err = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()
-            raise RemoteCommandError(
-                result.host,
-                list(argv),
-                f"on {result.host}: {argv[0]} exited with status {result.exit_status}: {' '.join(err[-3:])[:400]}",
-                exit_status=result.exit_status,
-                stdout=result.stdout,
-                stderr=result.stderr,
-            )
+            why = f"{argv[0]} exited with status {result.exit_status}: {' '.join(err[-3:])[:400]}"
+            raise result.error(argv, f"on {result.host}: {why}")
         return result
 
-    async def submit(
-        self, job: str, workdir: str, script: str, args: Sequence[str], *, hold: bool = False
-    ) -> int:
-        """``sbatch --parsable [--hold] -D WORKDIR ARGS SCRIPT``: the new job id (returned at once;
-        held, it waits for ``scontrol release ID``).  :raises RemoteCommandError: if sbatch refuses."""
-        held = ["--hold"] if hold else []
-        result = await self.checked(job, ["sbatch", "--parsable", *held, "-D", workdir, *args, script])
+    async def submit(self, job: str, workdir: str, script: str, args: Sequence[str]) -> int:
+        """``sbatch --parsable --hold -D WORKDIR ARGS SCRIPT``: the new job id (returned at once, held:
+        it waits for ``scontrol release ID``).  :raises RemoteCommandError: if sbatch refuses."""
+        result = await self.checked(job, ["sbatch", "--parsable", "--hold", "-D", workdir, *args, script])
         head = result.stdout.strip().split(";")[0]
         if not head.isdigit():
-            raise RemoteCommandError(
-                result.host, ["sbatch"], f"on {result.host}: sbatch gave no job id: {result.stdout[:200]!r}"
+            raise result.error(
+                ["sbatch"], f"on {result.host}: sbatch gave no job id: {result.stdout[:200]!r}"
             )
         return int(head)
 
@@ -384,13 +373,8 @@ class SlurmClient:
 
 def job_ended(j: SlurmJob) -> str:
     """``job 4242 ended FAILED (exit code 3, reason NonZeroExitCode)``."""
-    bits = []
-    if j.signal:
-        bits.append(f"signal {j.signal}")
-    elif j.exit_code is not None:
-        bits.append(f"exit code {j.exit_code}")
-    if j.reason:
-        bits.append(f"reason {j.reason}")
+    how = f"signal {j.signal}" if j.signal else None if j.exit_code is None else f"exit code {j.exit_code}"
+    bits = [bit for bit in (how, j.reason and f"reason {j.reason}") if bit]
     return f"job {j.id} ended {j.state}" + (f" ({', '.join(bits)})" if bits else "")
 
 
