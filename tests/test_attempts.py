@@ -28,6 +28,7 @@ from handlers.reply import Reply
 from handlers.runs.view import followup_reply
 from pipeline.config import AuthSettings, Config, JobConfig, SlackSettings, WatchSettings
 from pipeline.config.jobs import LostDuration
+from pipeline.errors import IllegalTransition
 from pipeline.host.probe import read_log_chunk
 from pipeline.observe.attempts import (
     account_previous,
@@ -473,10 +474,15 @@ async def _verified(ctx: Context, run: RunRecord, timeout: float = 150.0) -> Run
     """Verify ``run`` until RUNNING (bounded): eight workers need a while to start on a busy 2-core
     machine, longer than a start window worth waiting in every test (verification is re-runnable)."""
     deadline = time.monotonic() + timeout
-    run = await ctx.restarter.verify(run)
-    while run.verdict is not Verdict.RUNNING and time.monotonic() < deadline:
+    while True:
+        try:
+            run = await ctx.restarter.verify(run)
+        except IllegalTransition:  # a running scheduler verified it first: its verdict stands
+            run = await ctx.runs.get(run.id)
+        if run.verdict is Verdict.RUNNING or time.monotonic() >= deadline:
+            break
         await asyncio.sleep(0.5)
-        run = await ctx.restarter.verify(run)
+        run = await ctx.runs.get(run.id)
     assert run.verdict is Verdict.RUNNING, run.evidence
     return run
 
