@@ -12,7 +12,7 @@ COPY devhost ./devhost
 RUN pip install --no-cache-dir . && useradd --create-home pitstop
 USER pitstop
 ENV PITSTOP_CONFIG=/etc/pitstop/pitstop.toml
-HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:3000/healthz', timeout=4)" || exit 1
-EXPOSE 3000
+HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:9300/healthz', timeout=4)" || exit 1
+EXPOSE 3000 9300
 ENTRYPOINT ["pitstop"]
 CMD ["serve", "--port", "3000"]

@@ -15,8 +15,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from bot.runtime import settings as settings_mod
-from bot.text import config_summary, missing_env
-from pipeline.config import Config, load_config, resolve_path
+from bot.runtime.settings import ADMIN_HOST, ADMIN_PORT, PUBLIC_HOST, PUBLIC_PORT
+from bot.text import bad_env, config_summary, missing_env, socket_has_no_public_listener
+from pipeline.config import HEARTBEAT_URL_RULE, Config, HealthSettings, load_config, resolve_path
 from pipeline.errors import ExitCode, PitstopError, UsageError, internal_error, new_incident_id
 from pipeline.state.redisconn import mask_url
 
@@ -48,10 +49,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", action="store_true", help="use Socket Mode (needs SLACK_APP_TOKEN)")
     serve.add_argument(
         "--host",
-        default="0.0.0.0",
-        help="HTTP listen address (default 0.0.0.0; with --socket: /healthz, /metrics)",
+        help=f"public listen address: /slack/events, bare /healthz (default {PUBLIC_HOST}; not with --socket)",
     )
-    serve.add_argument("--port", type=int, default=3000, help="HTTP listen port (default 3000)")
+    serve.add_argument(
+        "--port", type=int, help=f"public listen port (default {PUBLIC_PORT}; not with --socket)"
+    )
+    serve.add_argument(
+        "--admin-host",
+        default=ADMIN_HOST,
+        help=f"admin listen address: /healthz, /healthz/details, /metrics (default {ADMIN_HOST})",
+    )
+    serve.add_argument(
+        "--admin-port", type=int, default=ADMIN_PORT, help=f"admin listen port (default {ADMIN_PORT})"
+    )
 
     say = sub.add_parser("say", parents=[common], help="run one request as Slack would and print the reply")
     say.add_argument("text", metavar="TEXT")
@@ -158,12 +168,27 @@ def _require(env: settings_mod.Settings, *fields: str) -> list[str]:
 def _serve(args: argparse.Namespace, env: settings_mod.Settings, config: Config) -> int:
     from bot.runtime.serve import serve  # lazy: as above (slack_bolt, slack_sdk, aiohttp)
 
+    if args.socket and (args.host is not None or args.port is not None):
+        raise UsageError(socket_has_no_public_listener())
+    if env.heartbeat_url:
+        try:
+            health = HealthSettings(heartbeat_url=env.heartbeat_url)
+        except ValueError as exc:  # pydantic's ValidationError; the URL itself is a secret, never shown
+            raise UsageError(bad_env("PITSTOP_HEARTBEAT_URL", HEARTBEAT_URL_RULE)) from exc
+        config = config.model_copy(update={"health": health})
     mode = "app_token" if args.socket else "signing_secret"
     token, secret = _require(env, "bot_token", mode)
 
     async def serving() -> int:
         await serve(
-            config, bot_token=token, api_url=env.api_url, host=args.host, port=args.port, **{mode: secret}
+            config,
+            bot_token=token,
+            api_url=env.api_url,
+            admin_host=args.admin_host,
+            admin_port=args.admin_port,
+            host=args.host or PUBLIC_HOST,
+            port=PUBLIC_PORT if args.port is None else args.port,
+            **{mode: secret},
         )
         return 0
 

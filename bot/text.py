@@ -126,6 +126,14 @@ def too_many_websockets(max_wait: float) -> str:
     )
 
 
+def slack_bot_ignored(bot: str, kind: str, channel: str) -> str:
+    """Log line: an event from another bot (``bot``: its bot or app id) that runs nothing."""
+    return (
+        f"ignored a {kind} from bot {bot} in {channel or '?'}: bots run nothing"
+        f" - list {bot} in [auth] bots to let it act as its bot user"
+    )
+
+
 # --- the console
 
 CONSOLE_PROMPT = "pitstop> "  #: the console chat's input prompt
@@ -185,6 +193,11 @@ def missing_env(name: str) -> str:
     return f"{name} is not set - export it (secrets are read from the environment only)"
 
 
+def bad_env(name: str, rule: str) -> str:
+    """An environment variable's value breaks ``rule`` (the value is not shown: it may be a secret)."""
+    return f"{name} {rule}"
+
+
 def embedded_redis_started(path: str) -> str:
     """Start-up notice when no ``[redis] url`` is configured."""
     return f"no [redis] url configured - using embedded Redis at {path}"
@@ -199,21 +212,59 @@ def state_store_was_away(start: float, end: float, timezone: str) -> str:
     )
 
 
-def serve_listening(url: str) -> str:
-    """``pitstop serve`` is up (HTTP mode)."""
-    return f"serving Slack on {url} (POST /slack/events, GET /healthz, GET /metrics)"
+def serve_listening(url: str, admin: str | None) -> str:
+    """``pitstop serve`` is up (HTTP mode; ``admin``: the admin listener's URL, if it listens)."""
+    return f"serving Slack on {url} (POST /slack/events, GET /healthz){_admin_at(admin, '; ')}"
 
 
-def listen_failed(host: str, port: int, exc: OSError) -> str:
-    """``host:port`` cannot be listened on (the OS's reason: address already in use…)."""
+def _admin_at(url: str | None, lead: str) -> str:
+    return f"{lead}serving GET /healthz, GET /healthz/details, GET /metrics on {url}" if url else ""
+
+
+def listen_failed(host: str, port: int, exc: OSError, flags: str = "--host/--port") -> str:
+    """``host:port`` cannot be listened on (the OS's reason: address already in use…), and the
+    options (``flags``) that choose another."""
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    return f"cannot listen on {host}:{port} ({reason}) - pass another --host/--port (--port 0: any free port)"
+    free = flags.split("/")[-1]
+    return f"cannot listen on {host}:{port} ({reason}) - pass another {flags} ({free} 0: any free port)"
 
 
-def serve_socket_connected(url: str | None) -> str:
-    """``pitstop serve --socket`` is up (listening on ``url`` for /healthz and /metrics, if any)."""
-    listening = f"; serving GET /healthz, GET /metrics on {url}" if url else ""
-    return f"connected to Slack over Socket Mode{listening}"
+def socket_has_no_public_listener() -> str:
+    """``serve --socket`` given ``--host``/``--port``, which only HTTP mode listens on."""
+    return (
+        "--host/--port are HTTP mode's public listener; Socket Mode has none - its /healthz and"
+        " /metrics are on --admin-host/--admin-port"
+    )
+
+
+def admin_listen_failed(problem: str) -> str:
+    """Log line: the admin listener could not start (``problem``: :func:`listen_failed`'s words)."""
+    return f"{problem}; serving Slack without /healthz/details and /metrics"
+
+
+def serve_socket_connected(admin: str | None) -> str:
+    """``pitstop serve --socket`` is up (``admin``: the admin listener's URL, if it listens)."""
+    return f"connected to Slack over Socket Mode{_admin_at(admin, '; ')}"
+
+
+def heartbeat_slack_refused(error: str) -> str:
+    """Heartbeat failure: Slack's ``auth.test`` is not ok (``error``: Slack's code)."""
+    return f"Slack refuses Pitstop's token or cannot be reached (auth.test: {error}): alerts reach no one"
+
+
+def heartbeat_untold(title: str, channel: str, error: str, at: float) -> str:
+    """Heartbeat failure: an alert reached no one after the whole fallback chain (``at``: unix s)."""
+    return f"an alert reached no one at {fmt.clock(at, date=True)}: {title!r} ({channel}: {error}, every fallback too)"
+
+
+def heartbeat_watch_failed(host: str, error: str) -> str:
+    """Heartbeat failure: a watch cycle of ``host``'s jobs failed in Pitstop itself."""
+    return f"the watch cycle of {host} failed: {error}"
+
+
+def heartbeat_no_answer(host: str, error: str) -> str:
+    """Log line: the heartbeat service (only its ``host``: the URL is a secret) did not take a ping."""
+    return f"heartbeat to {host} failed: {error}"
 
 
 def scheduler_leader(instance: str, acquired: bool) -> str:

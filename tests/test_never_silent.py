@@ -171,15 +171,14 @@ async def test_an_alert_no_channel_takes_goes_to_owners_then_admins_by_dm(fake_s
 
 
 async def test_healthz_and_status_show_the_last_undelivered_alert(make_stack: MakeStack) -> None:  # noqa: F811
-    """With every channel refusing, the job's owner gets the alert by DM and /healthz and `status` show the undelivered alert."""
+    """With every channel refusing, the job's owner gets the alert by DM and /healthz/details and `status` show the undelivered alert."""
     served = await make_stack(owners=["U0OWNER01"])
     served.fake.channels[ANNOUNCE].read_only = True
     key = f"incident:{served.job}:1"
     await served.runtime.outbox.announce(key, Reply(title=f"{served.job} is down", thread_key=key), ANNOUNCE)
     (dm,) = served.fake.posted_to("D0OWNER01")
     assert str(dm["text"]).startswith(f"{served.job} is down")
-    async with served.http.get(f"{served.server.url}/healthz") as resp:
-        state = await resp.json()
+    state = await served.details()
     last = state["slack"]["last_undelivered_alert"]
     assert (
         last["channel"] == ANNOUNCE and last["error"] == "restricted_action" and last["told"] == ["U0OWNER01"]

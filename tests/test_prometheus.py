@@ -1,6 +1,7 @@
 """Issue 23: ``pitstop serve`` exposes ``/metrics`` in the Prometheus text format — per job its state,
 processes expected and seen, open incidents by kind, runs by verdict; per host its probes; the
-outbox queue; the watch cycle — and ``/healthz`` shows the outbox queue with its age."""
+outbox queue; the watch cycle — and ``/healthz/details`` shows the outbox queue with its age; both on
+the admin listener."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bot.runtime.serve import FRESH
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 from tests.test_slack_http import MakeStack, Stack, make_stack  # noqa: F401 (a fixture)
 
@@ -31,7 +33,8 @@ NAMES = {
 
 
 async def _scrape(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    async with stack.http.get(f"{stack.server.url}/metrics") as resp:
+    stack.clock.now += FRESH  # past the reuse of the last scrape
+    async with stack.http.get(f"{stack.admin.url}/metrics") as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = await resp.text()
@@ -41,7 +44,7 @@ async def _scrape(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 
 
 async def test_metrics_show_jobs_hosts_incidents_runs_and_the_queue(make_stack: MakeStack) -> None:  # noqa: F811
-    """After one watch cycle, /metrics reads the job ok with its expected and seen processes, its host's probe and cycle; an open incident shows by kind and as the job's state; /healthz shows an empty queue."""
+    """After one watch cycle, /metrics reads the job ok with its expected and seen processes, its host's probe and cycle; an open incident shows by kind and as the job's state; /healthz/details shows an empty queue."""
     stack = await make_stack()
     runtime, job = stack.runtime, stack.job
     host = runtime.config.jobs[job].host
@@ -69,8 +72,7 @@ async def test_metrics_show_jobs_hosts_incidents_runs_and_the_queue(make_stack: 
     assert got[("pitstop_incidents_open", (("kind", "dead"),))] == 1
     assert got[("pitstop_job_state", (("job", job), ("state", "dead")))] == 1.0
     assert got[("pitstop_job_state", (("job", job), ("state", "ok")))] == 0.0
-    async with stack.http.get(f"{stack.server.url}/healthz") as resp:
-        health = await resp.json()
+    health = await stack.details()
     assert health["slack"]["queue"] == {"depth": 0, "oldest_s": 0.0, "channels": {}}
 
 

@@ -205,10 +205,9 @@ async def test_3_transient_errors_are_retried_and_ratelimited_exhaustion_is_repo
 
 
 async def test_3_healthz_and_status_show_the_last_delivery_failure(served: Stack) -> None:
-    """After a refused post, /healthz carries it and `status` has a line about it."""
+    """After a refused post, /healthz/details carries it and `status` has a line about it."""
     await served.runtime.outbox.post(Reply(title="digest"), "C0NOSUCH")
-    async with served.http.get(f"{served.server.url}/healthz") as resp:
-        state = await resp.json()
+    state = await served.details()
     assert state["slack"]["last_delivery_failure"]["error"] == "channel_not_found"
     answer = await served.answer(f"status {served.job}")
     assert "last Slack delivery failure" in "\n".join(blocks.block_texts(answer["blocks"]))

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.runtime.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_http
+from bot.runtime.serve import FRESH, HttpServer, SlackRuntime, admin_app, http_app, open_runtime, start_http
 from bot.slack import blocks
 from bot.slack.api import Delivery, web_client
 from bot.slack.outbox import SlackOutbox
@@ -51,19 +51,40 @@ JSON = "application/json"
 
 
 @dataclass
+class Ticks:
+    """A monotonic clock a test moves (seconds)."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
 class Stack:
-    """``pitstop serve`` (HTTP) on a free port with a real job on the in-process SSH host."""
+    """``pitstop serve`` (HTTP) on a free port with a real job on the in-process SSH host, and its
+    admin listener on another; the health and metrics reuse is timed by :attr:`clock`."""
 
     fake: FakeSlack
     server: HttpServer
     runtime: SlackRuntime
     setup: JobSetup
     http: aiohttp.ClientSession
+    admin: HttpServer
+    clock: Ticks
 
     @property
     def job(self) -> str:
         """The job's name."""
         return self.setup.name
+
+    async def details(self) -> dict[str, Any]:
+        """``GET /healthz/details`` on the admin listener, read afresh (the clock moved past :data:`FRESH`)."""
+        self.clock.now += FRESH
+        async with self.http.get(f"{self.admin.url}/healthz/details") as resp:
+            state: dict[str, Any] = await resp.json()
+            assert resp.status == (200 if state["ok"] else 503)
+            return state
 
     async def post(
         self,
@@ -133,7 +154,7 @@ async def _verdict(ctx: Context, run_id: str, *, timeout: float) -> str | None:
 async def make_stack(
     fake_slack: FakeSlack, redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
 ) -> AsyncIterator[MakeStack]:
-    """Builds the served stack: ``make_stack(opts=(), operators=("*",), extra_jobs=0, **job_fields)``."""
+    """Builds the served stack: ``make_stack(opts=(), operators=("*",), extra_jobs=0, bots=(), **job_fields)``."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def make(
@@ -141,23 +162,29 @@ async def make_stack(
             opts: tuple[str, ...] = (),
             operators: tuple[str, ...] = ("*",),
             extra_jobs: int = 0,
+            bots: tuple[str, ...] = (),
             **job_fields: Any,
         ) -> Stack:
             setup = job_factory(ssh_server, opts=opts, **job_fields)
             stack.callback(kill_matching, setup.token)
-            config = slack_config(setup.config, redis_config, operators=operators, extra_jobs=extra_jobs)
+            config = slack_config(
+                setup.config, redis_config, operators=operators, extra_jobs=extra_jobs, bots=bots
+            )
+            clock = Ticks()
             runtime = await open_runtime(
                 config,
                 bot_token=BOT_TOKEN,
                 api_url=fake_slack.api_url,
                 signing_secret=SIGNING_SECRET,
+                clock=clock,
             )
             stack.push_async_callback(runtime.close, 30)
-            app = http_app(runtime.surface, runtime.health, runtime.metrics)
-            server = await start_http(app, host="127.0.0.1", port=0)
+            server = await start_http(http_app(runtime.surface, runtime.health), host="127.0.0.1", port=0)
             stack.push_async_callback(server.close)
+            admin = await start_http(admin_app(runtime.health, runtime.metrics), host="127.0.0.1", port=0)
+            stack.push_async_callback(admin.close)
             http = await stack.enter_async_context(aiohttp.ClientSession())
-            return Stack(fake_slack, server, runtime, setup, http)
+            return Stack(fake_slack, server, runtime, setup, http, admin, clock)
 
         yield make
 
@@ -395,11 +422,9 @@ async def test_user_groups_decide_roles(make_stack: MakeStack) -> None:
     assert len(await stack.fake.calls("usergroups.list")) == 1
 
 
-async def test_healthz_reports_redis_and_slack(stack: Stack) -> None:
-    """/healthz answers JSON with Redis and Slack state, 200 when both are fine."""
-    async with stack.http.get(f"{stack.server.url}/healthz") as resp:
-        assert resp.status == 200
-        state = await resp.json()
+async def test_healthz_details_report_redis_and_slack(stack: Stack) -> None:
+    """The admin listener's /healthz/details answers JSON with Redis and Slack state, 200 when both are fine."""
+    state = await stack.details()
     assert state["ok"] is True
     assert state["redis"]["ok"] is True and state["redis"]["ms"] >= 0
     assert state["slack"]["ok"] is True and state["slack"]["bot_user"] == "U0PITSTOPBOT"

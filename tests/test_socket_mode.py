@@ -1,5 +1,5 @@
 """Pitstop over Socket Mode against the fake Slack's websocket, on real parts: envelopes in, acks out,
-a `disconnect` answered by reconnecting; /healthz and /metrics still served on the listen port."""
+a `disconnect` answered by reconnecting; /healthz and /metrics served on the admin listener, its only one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -19,7 +20,7 @@ from bot.slack import blocks
 from bot.slack.socket_mode import wait_after
 from handlers.text import HELP_TITLE
 from pipeline.config import Config
-from pipeline.errors import ExitCode, SlackUnavailable, UsageError
+from pipeline.errors import ExitCode, SlackUnavailable
 from pipeline.state import keys
 from tests.fixtures.slack import (
     APP_TOKEN,
@@ -227,37 +228,36 @@ async def test_too_many_websockets_backs_off_shows_in_health_and_connects_when_o
             await runtime.close(10)
 
 
-async def test_socket_mode_serves_healthz_and_metrics_on_the_listen_port(
+async def _said(serving: asyncio.Task[None], capsys: pytest.CaptureFixture[str], words: str) -> str:
+    """What ``serve`` printed to stderr until it said ``words`` (bounded)."""
+    said = ""
+    async with asyncio.timeout(60):
+        while words not in said:
+            assert not serving.done(), serving
+            await asyncio.sleep(0.05)
+            said += capsys.readouterr().err
+    return said
+
+
+async def test_socket_mode_serves_healthz_and_metrics_on_the_admin_listener(
     fake_slack: FakeSlack,
     redis_config: Config,
     ssh_server: InProcessHost,
     job_factory: JobFactory,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`pitstop serve --socket` connected over Socket Mode also listens on its port: GET /metrics
-    answers the Prometheus page, GET /healthz the JSON with the socket's state; no /slack/events."""
+    """`pitstop serve --socket` connected over Socket Mode listens only on its admin address: GET
+    /metrics answers the Prometheus page, GET /healthz/details the JSON with the socket's state, GET
+    /healthz a bare ok; no /slack/events."""
     setup = job_factory(ssh_server)
     config = slack_config(setup.config, redis_config)
-    serving = asyncio.create_task(
-        serve(
-            config,
-            bot_token=BOT_TOKEN,
-            app_token=APP_TOKEN,
-            api_url=fake_slack.api_url,
-            host="127.0.0.1",
-            port=0,
-        )
-    )
-    said = ""
+    kwargs = {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": fake_slack.api_url}
+    serving = asyncio.create_task(serve(config, **kwargs, admin_host="127.0.0.1", admin_port=0))
     try:
-        async with asyncio.timeout(60):  # until it says where it listens
-            while " on http://" not in said:
-                assert not serving.done(), serving
-                await asyncio.sleep(0.05)
-                said += capsys.readouterr().err
+        said = await _said(serving, capsys, " on http://")
         url = said.split(" on ", 1)[1].split()[0]
         assert said.startswith(
-            "connected to Slack over Socket Mode; serving GET /healthz, GET /metrics on "
+            "connected to Slack over Socket Mode; serving GET /healthz, GET /healthz/details, GET /metrics on "
         ), said
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{url}/metrics") as resp:
@@ -266,9 +266,11 @@ async def test_socket_mode_serves_healthz_and_metrics_on_the_listen_port(
             assert {f.name for f in families} == NAMES
             seen = {s.labels.get("job") for f in families if f.name == "pitstop_job_state" for s in f.samples}
             assert seen == {setup.name}, seen
-            async with http.get(f"{url}/healthz") as resp:
+            async with http.get(f"{url}/healthz/details") as resp:
                 health = await resp.json()
             assert health["slack"]["socket_mode"] == "connected", health
+            async with http.get(f"{url}/healthz") as resp:
+                assert (resp.status, await resp.text()) == (200, "ok")
             async with http.post(f"{url}/slack/events", data=b"{}") as resp:
                 assert resp.status == 404
     finally:
@@ -278,21 +280,48 @@ async def test_socket_mode_serves_healthz_and_metrics_on_the_listen_port(
         kill_matching(setup.token)
 
 
-async def test_socket_mode_on_a_port_taken_says_so_and_opens_no_connection(
-    fake_slack: FakeSlack, redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
+async def test_socket_mode_with_its_admin_port_taken_logs_it_and_serves_slack(
+    fake_slack: FakeSlack,
+    redis_config: Config,
+    ssh_server: InProcessHost,
+    job_factory: JobFactory,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """`pitstop serve --socket` whose listen port is taken (another replica on the host, say) fails
-    as a usage error naming the address and ``--port``, before it opens a Socket Mode connection
-    (an app has 10 of them), not as an internal error after."""
+    """`pitstop serve --socket` whose admin port is taken (another replica on the host, say) logs the
+    address and the options to change it, and serves Slack all the same: a command is answered."""
     setup = job_factory(ssh_server)
     config = slack_config(setup.config, redis_config)
+    kwargs = {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": fake_slack.api_url}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        kwargs = {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": fake_slack.api_url}
-        with pytest.raises(UsageError, match=rf"cannot listen on 127\.0\.0\.1:{port} .*--port") as err:
-            async with asyncio.timeout(60):
-                await serve(config, **kwargs, host="127.0.0.1", port=port)
-    assert err.value.exit_code is ExitCode.USAGE
-    assert fake_slack.connections_opened == 0
+        serving = asyncio.create_task(serve(config, **kwargs, admin_host="127.0.0.1", admin_port=port))
+        try:
+            said = await _said(serving, capsys, "connected to Slack over Socket Mode")
+            assert "GET /metrics" not in said
+            (line,) = [r.getMessage() for r in caplog.records if "cannot listen" in r.getMessage()]
+            assert f"cannot listen on 127.0.0.1:{port} " in line and "--admin-host/--admin-port" in line
+            assert line.endswith("serving Slack without /healthz/details and /metrics")
+            env = envelope("slash_commands", slash_command("help", response_url=fake_slack.response_url()))
+            await fake_slack.socket_send(env)
+            (answer,) = await fake_slack.wait_for("response_url", timeout=30)
+            assert answer.args["text"].startswith(HELP_TITLE)
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+            kill_matching(setup.token)
+
+
+def test_cli_refuses_a_public_listener_in_socket_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pitstop serve --socket --port 3000` is a usage error saying Socket Mode has no public listener."""
+    from bot.cli import main
+
+    (tmp_path / "pitstop.toml").write_text("")
+    argv = ["serve", "--socket", "--port", "3000", "--config", str(tmp_path / "pitstop.toml")]
+    assert main(argv) == ExitCode.USAGE
+    assert "Socket Mode has none" in capsys.readouterr().err

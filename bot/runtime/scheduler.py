@@ -1,7 +1,7 @@
 """The scheduler (APScheduler 3 in the event loop): ``leader`` (the lease; take over runs of dead
 owners), ``verify`` (due verifications, expired approvals, recovery follow-ups), ``watch:HOST:INTERVAL``
 (one watch cycle; the heartbeat; a post after a gap of :data:`GAP_INTERVALS` intervals) and
-``digest:JOB``; the :class:`Heartbeat` of the watch cycles.  Only the lease holder does the work; claims in Redis keep a post from happening
+``digest:JOB``; the :class:`Heartbeat` of the watch rounds, whose state :func:`heartbeat_state` decides.  Only the lease holder does the work; claims in Redis keep a post from happening
 twice.  Every job sets ``misfire_grace_time``, ``coalesce`` and ``max_instances=1``.
 """
 
@@ -13,13 +13,21 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.text import not_watching, scheduler_leader
+from bot.text import (
+    heartbeat_no_answer,
+    heartbeat_slack_refused,
+    heartbeat_untold,
+    heartbeat_watch_failed,
+    not_watching,
+    scheduler_leader,
+)
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
@@ -27,7 +35,7 @@ from handlers.views.reports import digest_command
 from handlers.watch.cycle import Watcher
 from pipeline.errors import StateUnavailable
 from pipeline.observe.watch import Decision
-from pipeline.state.incidents import IncidentKind
+from pipeline.state.deliveries import UndeliveredAlert, UndeliveredAlerts
 from pipeline.state.leader import LeaderLease, WatchClock
 
 log = logging.getLogger(__name__)
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 DIGEST_CRON_GRACE = 3600.0  #: seconds a cron digest may start late and still run
 DRAIN_TIMEOUT = 30.0  #: seconds :meth:`PitstopScheduler.stop` waits for automatic restarts
 PING_TIMEOUT = 10.0  #: seconds one heartbeat ping may take
+UNTOLD_HOLD = 3600.0  #: seconds an alert that reached no one keeps the heartbeat failing
 GAP_INTERVALS = 3  #: watch intervals without a cycle after which the returning leader says it was away
 
 
@@ -52,37 +61,85 @@ APS_LOG = logging.getLogger("apscheduler.scheduler.pitstop")
 APS_LOG.addFilter(_quiet_overlap)
 
 
-class Heartbeat:
-    """``[health] heartbeat_url``: pings ``url`` once every group in ``groups`` (the scheduler's
-    ``watch:…`` job ids) has reported a cycle (``URL/fail`` if one raised or found its host
-    unreachable), as Healthchecks.io and Cronitor expect, each within :data:`PING_TIMEOUT` s."""
+@dataclass(frozen=True)
+class Vitals:
+    """What the heartbeat's state is decided from (:func:`heartbeat_state`): each field one way a
+    job's death could be told to no one.  A surface that learns of another adds a field here."""
 
-    def __init__(self, url: str, groups: Iterable[str]) -> None:
+    now: float  #: unix s
+    watch: str | None = None  #: why a watch cycle of this round failed (Pitstop's own failure), or None
+    slack: dict[str, Any] | None = None  #: the last ``auth.test``: ``{"ok", "error"}``; None when not asked
+    untold: UndeliveredAlert | None = None  #: the last undelivered alert, or None
+
+
+def heartbeat_state(vitals: Vitals) -> str | None:
+    """The heartbeat's one decision: why a job's death would be told to no one now (the body of a
+    ``URL/fail`` ping), or None when someone will be told (the plain ping).
+
+    Fails when a watch cycle failed, when Slack's ``auth.test`` is not ok (``token_revoked``,
+    ``invalid_auth``…), or while an alert that reached no one after the whole fallback chain is
+    younger than :data:`UNTOLD_HOLD` s.  A host that cannot be reached is a job incident, told like
+    any other: it never fails the heartbeat.
+
+    :returns: the reasons, one per line, or None.
+    """
+    reasons: list[str] = []
+    if vitals.slack is not None and not vitals.slack.get("ok"):
+        reasons.append(heartbeat_slack_refused(str(vitals.slack.get("error"))))
+    untold = vitals.untold
+    if untold is not None and not untold.told and vitals.now - untold.at < UNTOLD_HOLD:
+        reasons.append(heartbeat_untold(untold.title, untold.channel, untold.error, untold.at))
+    if vitals.watch:
+        reasons.append(vitals.watch)
+    return "\n".join(reasons) or None
+
+
+class Heartbeat:
+    """``[health] heartbeat_url`` (or ``PITSTOP_HEARTBEAT_URL``): once every group in ``groups``
+    (the scheduler's ``watch:…`` job ids) has reported a cycle, ``vitals`` are read and
+    :func:`heartbeat_state` decides: a GET of ``url``, or a POST of the reason to ``URL/fail``, as
+    Healthchecks.io and Cronitor expect, each within :data:`PING_TIMEOUT` s.  The URL is a secret:
+    only its host is ever logged.
+
+    :param vitals: reads :class:`Vitals` given the round's watch failure (None: only that is known).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        groups: Iterable[str],
+        vitals: Callable[[str | None], Awaitable[Vitals]] | None = None,
+    ) -> None:
         self.url = url
         self.groups = frozenset(groups)
-        self._round: dict[str, bool] = {}
+        self.vitals = vitals
+        self._round: dict[str, str | None] = {}
         self._session: aiohttp.ClientSession | None = None
 
-    async def cycle_done(self, group: str, ok: bool) -> None:
-        """Note one group's cycle (``ok``: False if it raised or could not probe its host); ping
-        when the round is complete."""
-        self._round[group] = self._round.get(group, True) and ok
+    async def cycle_done(self, group: str, failure: str | None = None) -> None:
+        """Note one group's cycle (``failure``: why it failed, None if it ran); ping when the round
+        is complete."""
+        self._round[group] = self._round.get(group) or failure
         if self.groups <= set(self._round):
-            fine = all(self._round.values())
+            watch = "\n".join(f for f in self._round.values() if f) or None
             self._round.clear()
-            await self.ping(fine)
+            vitals = await self.vitals(watch) if self.vitals is not None else Vitals(time.time(), watch)
+            await self.ping(heartbeat_state(vitals))
 
-    async def ping(self, ok: bool) -> None:
-        """GET the URL (``URL/fail`` if not ``ok``); a failure is logged."""
-        url = self.url if ok else self.url.rstrip("/") + "/fail"
+    async def ping(self, reason: str | None = None) -> None:
+        """GET the URL, or with a ``reason`` POST it to ``URL/fail``; a failure is logged (host only)."""
+        url = self.url if reason is None else self.url.rstrip("/") + "/fail"
+        host = urlsplit(self.url).hostname or "?"
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PING_TIMEOUT))
         try:
-            async with self._session.get(url) as resp:
+            sending = self._session.get(url) if reason is None else self._session.post(url, data=reason)
+            async with sending as resp:
                 if resp.status >= 400:
-                    log.warning("heartbeat %s answered HTTP %d", url, resp.status)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("heartbeat %s failed: %s", url, str(exc) or type(exc).__name__)
+                    log.warning(heartbeat_no_answer(host, f"HTTP {resp.status}"))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            detail = (str(exc) or type(exc).__name__).replace(url, host).replace(self.url, host)
+            log.warning(heartbeat_no_answer(host, detail))
 
     async def aclose(self) -> None:
         """Close the HTTP session."""
@@ -106,6 +163,8 @@ class PitstopScheduler:
 
     :param leader_ttl: seconds the leader lease lives without renewal (renewed every third).
     :param poll_interval: seconds between polls of due verifications.
+    :param slack_check: ``auth.test``'s answer (``{"ok", "error"}``) for the heartbeat; None
+        without Slack.
     """
 
     def __init__(
@@ -114,8 +173,10 @@ class PitstopScheduler:
         *,
         leader_ttl: float = 10.0,
         poll_interval: float = 1.0,
+        slack_check: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.slack_check = slack_check
         self.poll_interval = poll_interval
         self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
         self.watcher: Watcher = Watcher(ctx)
@@ -174,7 +235,7 @@ class PitstopScheduler:
         for ((host, interval), names), group in zip(groups.items(), self._groups, strict=True):
             add(self._watch_tick, every(interval), group, interval, host, names, group)
         if config.health.heartbeat_url and groups:
-            self.heartbeat = Heartbeat(config.health.heartbeat_url, self._groups)
+            self.heartbeat = Heartbeat(config.health.heartbeat_url, self._groups, self._vitals)
         for name, job in config.jobs.items():
             if job.digest.every is not None:
                 add(self._digest_tick, every(job.digest.every), f"digest:{name}", job.digest.every, name)
@@ -277,13 +338,13 @@ class PitstopScheduler:
         decisions: dict[str, Decision] = {}
         try:
             decisions = await self.watcher.cycle(host, names)
-        except Exception:
-            await self._beat(group, False)
+        except Exception as exc:
+            await self._beat(group, heartbeat_watch_failed(host, str(exc) or type(exc).__name__))
             raise
         finally:
             await self._gap_seen(group, {name: d.condition for name, d in decisions.items()})
         await self.clock.mark(time.time())
-        await self._beat(group, all(d.condition != IncidentKind.UNREACHABLE for d in decisions.values()))
+        await self._beat(group, None)  # an unreachable host is the job's incident, told as such
 
     async def _gap_seen(self, group: str, found: dict[str, str]) -> None:
         """Add one group's first cycle after a gap; post the return once every group has had one."""
@@ -299,10 +360,19 @@ class PitstopScheduler:
             words = not_watching(gap.start, gap.end, gap.found, self.ctx.config.scheduler.timezone)
             await self.ctx.outbox.post(Reply(words, Status.WARNING), self.ctx.config.slack.announce_channel)
 
-    async def _beat(self, group: str, ok: bool) -> None:
+    async def _beat(self, group: str, failure: str | None) -> None:
         """Tell the heartbeat of one watch cycle (``[health] heartbeat_url``), while still leader."""
         if self.heartbeat is not None and self.is_leader:
-            await self.heartbeat.cycle_done(group, ok)
+            await self.heartbeat.cycle_done(group, failure)
+
+    async def _vitals(self, watch: str | None) -> Vitals:
+        """The heartbeat's :class:`Vitals`: Slack's ``auth.test``, the last undelivered alert."""
+        slack = await self.slack_check() if self.slack_check is not None else None
+        try:
+            untold = await self.ctx.redis.open_store(UndeliveredAlerts).last()
+        except StateUnavailable:
+            untold = None  # Redis away: the watch cycles fail and say so
+        return Vitals(time.time(), watch, slack, untold)
 
     async def _digest_tick(self, job: str) -> None:
         if not self.is_leader:

@@ -1,6 +1,8 @@
-"""``pitstop serve``: the Slack surface over HTTP (``POST /slack/events``, ``GET /healthz``, ``GET
-/metrics``) or Socket Mode (the last two only), sharing :class:`SlackRuntime`; on shutdown answers
-in flight are delivered (bounded), then everything is closed in reverse order.
+"""``pitstop serve``: the Slack surface on two listeners sharing :class:`SlackRuntime`.  The public
+one (HTTP mode only) serves ``POST /slack/events`` and a bare ``GET /healthz``; the admin one
+(loopback by default, the only one in Socket Mode) ``GET /healthz``, ``GET /healthz/details`` and
+``GET /metrics``, from state read at most once per :data:`FRESH` s.  On shutdown answers in flight
+are delivered (bounded), then everything is closed in reverse order.
 """
 
 from __future__ import annotations
@@ -8,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -23,12 +26,19 @@ from bot.runtime.assembly import build_context, close_context, new_instance_id
 from bot.runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from bot.runtime.metrics import render as metrics_page
 from bot.runtime.scheduler import PitstopScheduler
+from bot.runtime.settings import ADMIN_HOST, ADMIN_PORT, PUBLIC_HOST, PUBLIC_PORT
 from bot.slack.api import ERRORS, Delivery, error_text, web_client
 from bot.slack.app import SlackSurface, needs_groups
 from bot.slack.outbox import SlackOutbox
 from bot.slack.people import People
 from bot.slack.socket_mode import CappedSocketModeHandler
-from bot.text import listen_failed, serve_listening, serve_socket_connected, state_store_was_away
+from bot.text import (
+    admin_listen_failed,
+    listen_failed,
+    serve_listening,
+    serve_socket_connected,
+    state_store_was_away,
+)
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
@@ -39,11 +49,50 @@ from pipeline.errors import SlackUnavailable, StateUnavailable, UsageError
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from pipeline.state.redisconn import Outage, StoreWatch
 
+log = logging.getLogger(__name__)
+
 EVENTS_PATH = "/slack/events"
-HEALTH_PATH = "/healthz"
-METRICS_PATH = "/metrics"
+HEALTH_PATH = "/healthz"  #: bare: ``ok`` (200) or ``unavailable`` (503), on both listeners
+DETAILS_PATH = "/healthz/details"  #: the health JSON, on the admin listener only
+METRICS_PATH = "/metrics"  #: the Prometheus page, on the admin listener only
 HEALTH_TTL = 30.0  #: seconds an ``auth.test`` result is reused by /healthz
+FRESH = 1.0  #: seconds a health check or scrape reuses the state the last one read
 DRAIN_TIMEOUT = 10.0  #: seconds given to answers and restarts in flight at shutdown
+T = TypeVar("T")
+
+
+class Fresh(Generic[T]):
+    """``read()``'s outcome (value or exception) reused for ``ttl`` s; callers at once share one read.
+
+    :param read: the reading (Redis, Slack…).
+    :param ttl: seconds an outcome is reused.
+    :param clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[T]],
+        ttl: float = FRESH,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read, self.ttl, self._clock = read, ttl, clock
+        self._lock = asyncio.Lock()
+        self._at: float | None = None
+        self._outcome: T | BaseException | None = None
+
+    async def __call__(self) -> T:
+        """The last outcome if younger than ``ttl`` s, else a new read's; :raises: what the read raised."""
+        async with self._lock:
+            if self._at is None or self._clock() - self._at >= self.ttl:
+                try:
+                    self._outcome = await self._read()
+                except Exception as exc:
+                    self._outcome = exc
+                self._at = self._clock()
+            outcome = self._outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome  # type: ignore[return-value]
 
 
 @dataclass
@@ -63,6 +112,14 @@ class SlackRuntime:
     auth: dict[str, Any] = field(default_factory=dict)
     _auth_at: float = 0.0
     _watching: asyncio.Task[None] | None = None
+    clock: Callable[[], float] = time.monotonic  #: monotonic s: the reuse of ``auth.test``, health, metrics
+    #: :meth:`read_health` and :meth:`read_metrics` as the listeners read them: at most once per :data:`FRESH` s
+    health: Callable[[], Awaitable[dict[str, Any]]] = field(init=False)
+    metrics: Callable[[], Awaitable[bytes]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.health = Fresh(self.read_health, clock=self.clock)
+        self.metrics = Fresh(self.read_metrics, clock=self.clock)
 
     def watch_store(self) -> None:
         """Start watching Redis: a dead embedded server is restarted, an outage longer than two
@@ -77,11 +134,15 @@ class SlackRuntime:
         words = state_store_was_away(outage.start, outage.end, self.config.scheduler.timezone)
         await self.outbox.post(Reply(words, Status.WARNING), None)
 
+    async def slack_check(self) -> dict[str, Any]:
+        """:func:`auth_test`'s answer, reused for :data:`HEALTH_TTL` s (health, the heartbeat)."""
+        if self.clock() - self._auth_at >= HEALTH_TTL:
+            self.auth, self._auth_at = await auth_test(self.client), self.clock()
+        return self.auth
+
     async def slack_health(self) -> dict[str, Any]:
-        """``auth.test`` (cached :data:`HEALTH_TTL` s) plus the Socket Mode connection state."""
-        if time.monotonic() - self._auth_at > HEALTH_TTL:
-            self.auth, self._auth_at = await auth_test(self.client), time.monotonic()
-        out = dict(self.auth)
+        """``auth.test`` (:meth:`slack_check`) plus the Socket Mode connection state."""
+        out = dict(await self.slack_check())
         if self.socket is not None:
             connected = await self.socket.client.is_connected()
             out["socket_mode"] = "connected" if connected else "reconnecting"
@@ -112,13 +173,13 @@ class SlackRuntime:
             "persisted": "every second (append-only file)" if kept.aof and kept.aof_ok else "at snapshots",
         }
 
-    async def metrics(self) -> bytes:
+    async def read_metrics(self) -> bytes:
         """The ``/metrics`` page (:mod:`bot.runtime.metrics`); :raises StateUnavailable: if Redis does not answer."""
         stats = self.scheduler.watcher.stats if self.scheduler is not None else None
         return await metrics_page(self.ctx, stats, self.outbox)
 
-    async def health(self) -> dict[str, Any]:
-        """``{"ok": bool, "redis": {...}, "slack": {...}}``."""
+    async def read_health(self) -> dict[str, Any]:
+        """``{"ok": bool, "redis": {...}, "slack": {...}}`` (``/healthz/details``)."""
         redis, slack = await asyncio.gather(self.redis_health(), self.slack_health())
         return {"ok": bool(redis["ok"] and slack["ok"]), "redis": redis, "slack": slack}
 
@@ -159,10 +220,13 @@ async def open_runtime(
     api_url: str | None,
     signing_secret: str | None = None,
     scheduler: bool = True,
+    clock: Callable[[], float] = time.monotonic,
 ) -> SlackRuntime:
     """Build the serving process: Web API client, outbox, Context, dispatcher, Bolt app, scheduler
     (``signing_secret``: None for Socket Mode), ``auth.test`` first, so a wrong token fails at
-    once.  :raises SlackUnavailable: if ``auth.test`` fails."""
+    once; ``clock`` (monotonic s) times the health and metrics reuse (:class:`Fresh`).
+
+    :raises SlackUnavailable: if ``auth.test`` fails."""
     session = aiohttp.ClientSession()
     ctx: Context | None = None
     try:
@@ -191,13 +255,14 @@ async def open_runtime(
             dispatcher=dispatcher,
             surface=surface,
             auth=auth,
-            _auth_at=time.monotonic(),
+            _auth_at=clock(),
+            clock=clock,
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(outbox.people.list_groups(), timeout=5.0)
         runtime.watch_store()
         if scheduler:
-            runtime.scheduler = PitstopScheduler(ctx)
+            runtime.scheduler = PitstopScheduler(ctx, slack_check=runtime.slack_check)
             await runtime.scheduler.start()
         return runtime
     except BaseException:
@@ -208,13 +273,26 @@ async def open_runtime(
         raise
 
 
-def http_app(
-    surface: SlackSurface | None,
-    health: Callable[[], Awaitable[dict[str, Any]]],
-    metrics: Callable[[], Awaitable[bytes]] | None = None,
-) -> web.Application:
-    """The aiohttp application: ``POST /slack/events`` through Bolt (none when ``surface`` is None,
-    Socket Mode), ``GET /healthz`` (``ok`` decides 200 or 503), with ``metrics`` ``GET /metrics``."""
+Health = Callable[[], Awaitable[dict[str, Any]]]
+
+
+def _bare_health(health: Health) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``GET /healthz``: ``ok`` (200) or ``unavailable`` (503), as ``health()["ok"]`` says; nothing else."""
+
+    async def healthz(request: web.Request) -> web.Response:
+        try:
+            ok = bool((await health()).get("ok"))
+        except Exception:
+            log.exception("health check failed")
+            ok = False
+        return web.Response(status=200 if ok else 503, text="ok" if ok else "unavailable")
+
+    return healthz
+
+
+def http_app(surface: SlackSurface | None, health: Health) -> web.Application:
+    """The public listener: ``POST /slack/events`` through Bolt (none when ``surface`` is None) and
+    the bare ``GET /healthz``."""
 
     async def events(request: web.Request) -> web.Response:
         assert surface is not None
@@ -223,12 +301,22 @@ def http_app(
             bolt_resp = await surface.app.async_dispatch(bolt_req)
             return await to_aiohttp_response(bolt_resp)
 
-    async def healthz(request: web.Request) -> web.Response:
+    app = web.Application()
+    if surface is not None:
+        app.router.add_post(EVENTS_PATH, events)
+    app.router.add_get(HEALTH_PATH, _bare_health(health))
+    return app
+
+
+def admin_app(health: Health, metrics: Callable[[], Awaitable[bytes]]) -> web.Application:
+    """The admin listener: the bare ``GET /healthz``, ``GET /healthz/details`` (``health()``'s JSON;
+    ``ok`` decides 200 or 503) and ``GET /metrics`` (503 while Redis does not answer)."""
+
+    async def details(request: web.Request) -> web.Response:
         state = await health()
         return web.json_response(state, status=200 if state.get("ok") else 503)
 
     async def prometheus(request: web.Request) -> web.Response:
-        assert metrics is not None
         try:
             page = await metrics()
         except StateUnavailable as exc:
@@ -236,11 +324,9 @@ def http_app(
         return web.Response(body=page, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     app = web.Application()
-    if surface is not None:
-        app.router.add_post(EVENTS_PATH, events)
-    app.router.add_get(HEALTH_PATH, healthz)
-    if metrics is not None:
-        app.router.add_get(METRICS_PATH, prometheus)
+    app.router.add_get(HEALTH_PATH, _bare_health(health))
+    app.router.add_get(DETAILS_PATH, details)
+    app.router.add_get(METRICS_PATH, prometheus)
     return app
 
 
@@ -257,9 +343,11 @@ class HttpServer:
         await self.runner.cleanup()
 
 
-async def start_http(app: web.Application, *, host: str, port: int) -> HttpServer:
+async def start_http(
+    app: web.Application, *, host: str, port: int, flags: str = "--host/--port"
+) -> HttpServer:
     """Listen on ``host:port`` (0 → a free port); close the server before the runtime.  Raises
-    :class:`UsageError` if ``host:port`` cannot be bound, naming it and ``--port``."""
+    :class:`UsageError` if ``host:port`` cannot be bound, naming it and the options ``flags``."""
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -267,7 +355,7 @@ async def start_http(app: web.Application, *, host: str, port: int) -> HttpServe
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise UsageError(listen_failed(host, port, exc)) from exc
+        raise UsageError(listen_failed(host, port, exc, flags)) from exc
     port = int(runner.addresses[0][1])  # the port bound (port 0: a free one)
     return HttpServer(runner, f"http://{host}:{port}", port)
 
@@ -293,29 +381,45 @@ async def serve(
     api_url: str | None,
     signing_secret: str | None = None,
     app_token: str | None = None,
-    host: str | None = None,
-    port: int = 0,
+    host: str = PUBLIC_HOST,
+    port: int = PUBLIC_PORT,
+    admin_host: str | None = ADMIN_HOST,
+    admin_port: int = ADMIN_PORT,
 ) -> None:
     """Serve Slack until cancelled (SIGINT/SIGTERM): over Socket Mode with ``app_token``, else over
-    HTTP (``POST /slack/events``, checked with ``signing_secret``); ``GET /healthz`` and ``GET
-    /metrics`` on ``host:port`` unless ``host`` is None.
+    HTTP on ``host:port`` (``POST /slack/events``, checked with ``signing_secret``, and a bare ``GET
+    /healthz``).  The admin listener (:func:`admin_app`) on ``admin_host:admin_port`` (none when
+    ``admin_host`` is None); one that cannot be bound is logged and Slack is served without it.
+    Port 0: a free one.
 
     :raises SlackUnavailable: if a token is refused.
-    :raises UsageError: if the address cannot be bound.
+    :raises UsageError: if ``host:port`` cannot be bound (HTTP mode).
     """
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
-    server: HttpServer | None = None
+    servers: list[HttpServer] = []
     try:
-        if host is not None:  # first: a port taken opens no Socket Mode connection (an app has 10)
-            app = http_app(None if app_token else runtime.surface, runtime.health, runtime.metrics)
-            server = await start_http(app, host=host, port=port)
+        public: HttpServer | None = None
+        if not app_token:  # first: a port taken fails before anything listens
+            public = await start_http(http_app(runtime.surface, runtime.health), host=host, port=port)
+            servers.append(public)
+        admin: HttpServer | None = None
+        if admin_host is not None:
+            app = admin_app(runtime.health, runtime.metrics)
+            try:
+                admin = await start_http(
+                    app, host=admin_host, port=admin_port, flags="--admin-host/--admin-port"
+                )
+                servers.append(admin)
+            except UsageError as exc:
+                log.error(admin_listen_failed(exc.message))
+        admin_url = admin.url if admin is not None else None
         if app_token:
             runtime.socket = await connect_socket(runtime.surface, app_token=app_token)
-            print(serve_socket_connected(server.url if server else None), file=sys.stderr, flush=True)
-        elif server is not None:
-            print(serve_listening(server.url), file=sys.stderr, flush=True)
+            print(serve_socket_connected(admin_url), file=sys.stderr, flush=True)
+        elif public is not None:
+            print(serve_listening(public.url, admin_url), file=sys.stderr, flush=True)
         await asyncio.Event().wait()
     finally:
-        if server is not None:
+        for server in reversed(servers):
             await server.close()
         await runtime.close()

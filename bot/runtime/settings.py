@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 
 DEFAULT_USER = "console"
+PUBLIC_HOST, PUBLIC_PORT = "0.0.0.0", 3000  #: ``serve``'s public listener (/slack/events), by default
+ADMIN_HOST, ADMIN_PORT = "127.0.0.1", 9300  #: ``serve``'s admin listener (/healthz/details, /metrics)
 #: :class:`Settings` field → the environment variable it is read from
 ENVIRON = dict(
     bot_token="SLACK_BOT_TOKEN",
@@ -15,6 +17,7 @@ ENVIRON = dict(
     api_url="SLACK_API_URL",  # its trailing "/" is web_client's to add
     config_path="PITSTOP_CONFIG",
     user="PITSTOP_USER",
+    heartbeat_url="PITSTOP_HEARTBEAT_URL",
 )
 
 
@@ -28,6 +31,8 @@ class Settings:
     api_url: str | None = None  #: ``SLACK_API_URL``: the Web API base URL (proxies, tests), for web_client
     config_path: str | None = None  #: ``PITSTOP_CONFIG``
     user: str | None = None  #: ``PITSTOP_USER``: who the console and ``pitstop say`` act as
+    #: ``PITSTOP_HEARTBEAT_URL``: ``[health] heartbeat_url``'s value kept out of the file (wins over it)
+    heartbeat_url: str | None = field(default=None, repr=False)
 
     def acting_user(self, explicit: str | None) -> str:
         """Who a console/CLI request acts as: ``--as``, else ``PITSTOP_USER``, else ``console``."""

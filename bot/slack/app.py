@@ -23,7 +23,7 @@ from slack_sdk.errors import SlackApiError
 from bot.slack import blocks
 from bot.slack.api import error_text
 from bot.slack.outbox import SlackOutbox
-from bot.text import slack_home_no_role, slack_home_updated, slack_not_posted
+from bot.text import slack_bot_ignored, slack_home_no_role, slack_home_updated, slack_not_posted
 from handlers.reply import Reply, Status
 from handlers.request.auth import role_of
 from handlers.request.dispatch import Dispatcher, Request
@@ -53,6 +53,17 @@ def needs_groups(config: Config) -> bool:
         ids += [*(job.auth.admins or []), *(job.auth.operators or []), *(job.auth.viewers or [])]
         ids += job.approval.approvers if job.approval is not None else []
     return any(i.startswith("S") for i in ids)
+
+
+def bot_ids(event: dict[str, Any]) -> list[str] | None:
+    """The ids an Events API ``event`` from a bot carries (``bot_id``, ``app_id``, its
+    ``bot_profile``'s ``id`` and ``app_id``; maybe none, for a bare ``bot_message``), or None for a
+    person's event."""
+    profile = event.get("bot_profile")
+    fields = profile if isinstance(profile, dict) else {}
+    found = (event.get("bot_id"), event.get("app_id"), fields.get("id"), fields.get("app_id"))
+    ids = list(dict.fromkeys(str(i) for i in found if i))
+    return ids if ids or profile or event.get("subtype") == "bot_message" else None
 
 
 def response_type(reply: Reply) -> str:
@@ -160,12 +171,26 @@ class SlackSurface:
             process_before_response=True,
             logger=bolt_log,
         )
+        self.app.middleware(self._people_only)
         self.app.command(config.slack.command)(self._on_command)
         self.app.event("app_mention")(self._on_mention)
         self.app.event("message")(self._on_message)
         self.app.event("app_home_opened")(self._on_home)
         self.app.action(re.compile("^" + re.escape(blocks.ACTION_PREFIX)))(self._on_action)
         self.app.error(self._on_error)
+
+    async def _people_only(self, req: AsyncBoltRequest, next: Callable[[], Awaitable[Any]]) -> Any:
+        """Bolt middleware: an event from a bot (:func:`bot_ids`) not listed in ``[auth] bots`` is
+        acked, logged and runs nothing (Pitstop's own events Bolt drops before this)."""
+        event = req.body.get("event")
+        if not isinstance(event, dict):
+            return await next()  # a command, a button: people only
+        ids = bot_ids(event)
+        if ids is None or set(ids) & set(self.config.auth.bots):
+            return await next()
+        bot = ids[0] if ids else "bot_message"
+        log.warning(slack_bot_ignored(bot, str(event.get("type")), str(event.get("channel") or "")))
+        return await req.context.ack()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``coro`` after the ack, tracked so :meth:`drain` can wait for it."""
@@ -306,8 +331,8 @@ class SlackSurface:
     async def _on_message(
         self, body: dict[str, Any], event: dict[str, Any], request: AsyncBoltRequest
     ) -> None:
-        if event.get("channel_type") != "im" or event.get("subtype") or event.get("bot_id"):
-            return
+        if event.get("channel_type") != "im" or event.get("subtype") not in (None, "bot_message"):
+            return  # edits, joins…; bots are refused before this unless [auth] bots lists them
         text = " ".join(str(event.get("text", "")).split())
         if text:
             self.spawn(self._converse(body, event, text, in_thread=False, retry=self._is_retry(request)))

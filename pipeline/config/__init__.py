@@ -41,6 +41,7 @@ _UNPAGEABLE = (
     "or a user id (U…), as Slack shows them in a profile's ⋮ → Copy member ID"
 )
 _NOT_CHANNEL = "{v!r} is not a channel id: use the id (C…) from the channel's details"
+_NOT_BOT = "{v!r} is not a bot id: use the bot's id (B…) or its app's id (A…), as an event from it carries"
 
 
 class SlackSettings(_Model):
@@ -65,6 +66,9 @@ class AuthSettings(_Model):
     admins: list[str] = []
     operators: list[str] = []
     viewers: list[str] = []
+    #: bots (``B…``) or apps (``A…``) whose mentions and DMs are read as commands; every other bot's
+    #: are logged and run nothing.  A listed bot acts as its bot user, with that user's roles.
+    bots: Annotated[list[str], matching(r"[AB][A-Z0-9]{2,}", _NOT_BOT, each=True)] = []
 
 
 _NOT_REDIS = "must start with redis://, rediss:// or unix://"
@@ -77,15 +81,16 @@ class RedisSettings(_Model):
     prefix: str = "pitstop:"
 
 
-_NOT_HTTP = "must be an http:// or https:// URL, such as 'https://hc-ping.com/UUID'"
+HEARTBEAT_URL_RULE = "must be an http:// or https:// URL, such as 'https://hc-ping.com/UUID'"
 
 
 class HealthSettings(_Model):
     """``[health]``: a watcher for the watcher."""
 
-    #: pinged (HTTP GET) after each watch round that probed every host, ``URL/fail`` after a failed
-    #: one (the Healthchecks.io / Cronitor / Dead Man's Snitch convention)
-    heartbeat_url: Annotated[str, matching(r"https?://[^/\s]+(/\S*)?", _NOT_HTTP)] | None = None
+    #: pinged (HTTP GET) after each watch round while a job's death would reach someone, else the
+    #: reason POSTed to ``URL/fail`` (the Healthchecks.io / Cronitor convention); env
+    #: ``PITSTOP_HEARTBEAT_URL`` wins over it
+    heartbeat_url: Annotated[str, matching(r"https?://[^/\s]+(/\S*)?", HEARTBEAT_URL_RULE)] | None = None
 
 
 class StateSettings(_Model):
