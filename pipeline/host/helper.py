@@ -322,6 +322,7 @@ def status_path(log: str) -> str:
 # --- operations -------------------------------------------------------------------------------
 
 NO_STDIN = "no %s arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)"
+USAGE = "usage: helper OP <JSON (ops: %s; docker exec needs -i)"
 
 
 def git(workdir: str, args: list[str], text: str) -> tuple[bool, str]:
@@ -828,18 +829,11 @@ OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
 
 def main(argv: list[str]) -> int:
     """Run ``OP`` with the JSON arguments on stdin's first line; print one JSON object (exit
-    status 3 with ``error``)."""
+    status 3 with ``error``: also when ``OP`` is unknown or stdin brings no arguments)."""
     result: Mapping[str, object]
     try:
-        if len(argv) != 2 or argv[1] not in OPS:
-            result = {
-                "error": "usage: helper OP, its JSON arguments on stdin (ops: {})".format(
-                    ", ".join(sorted(OPS))
-                )
-            }
-        else:
-            line = sys.stdin.readline()
-            result = OPS[argv[1]](json.loads(line)) if line.strip() else {"error": NO_STDIN % "arguments"}
+        op, line = OPS.get(argv[-1]), sys.stdin.readline()
+        result = op(json.loads(line)) if op and line.strip() else {"error": USAGE % ", ".join(OPS)}
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(result))
