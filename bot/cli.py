@@ -1,4 +1,4 @@
-"""The ``pitstop`` command: ``demo | console | serve | say | parse | check-config | check-slack``.
+"""The ``pitstop`` command: ``demo | console | serve | say | parse | check-config | check-slack | trust-host``.
 
 Exit codes are :class:`pipeline.errors.ExitCode`'s (README); errors are one line on stderr.
 """
@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--post", action="store_true", help="also post a test message to each channel and delete it"
     )
+
+    trust = sub.add_parser(
+        "trust-host", parents=[common], help="show a host's key fingerprint and add it to its known_hosts"
+    )
+    trust.add_argument("host", metavar="HOST", help="a host name of the config")
+    trust.add_argument("--yes", action="store_true", help="trust the key without asking (for scripts)")
     return p
 
 
@@ -124,6 +130,9 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         from pipeline.engines.base import check_engines
 
         check_engines(config, ENGINES)
+        from pipeline.host.trust import HostKeys  # lazy: as above
+
+        HostKeys(config).check_client_keys()
         redis = config.redis.url or f"embedded under {config.state.dir}"
         print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
         return 0
@@ -153,7 +162,50 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
 
         (token,) = _require(env, "bot_token")
         return run_async(lambda: check_slack(config, bot_token=token, api_url=env.api_url, post=args.post))
+    if verb == "trust-host":
+        return run_async(lambda: _trust_host(config, args.host, yes=args.yes))
     raise AssertionError(verb)  # argparse rejects unknown verbs
+
+
+async def _trust_host(config: Config, host: str, *, yes: bool) -> int:
+    """``trust-host``: show the host's key as ``ssh`` does on first contact; pin it once confirmed
+    (``yes``: without asking).  Exit 0 when pinned or already trusted, 5 when declined."""
+    from bot import text
+    from pipeline.host.trust import HostKeys  # lazy: as above (asyncssh)
+
+    keys = HostKeys(config)
+    key = await keys.presented(host)
+    shown = str(key.known_hosts)
+    if key.state == "trusted":
+        print(text.host_key_already(key.host, key.fingerprint, shown))
+        return int(ExitCode.OK)
+    if key.state == "unknown":
+        print(text.host_key_prompt(key.host, key.where, key.key_type, key.fingerprint))
+    answer = "yes" if yes or key.state == "changed" else _ask(text.host_key_question(shown), key.fingerprint)
+    if answer != "yes":
+        print(text.HOST_KEY_DECLINED)
+        return int(ExitCode.CANCELLED)
+    keys.trust(key)  # a changed key raises its warning: never pinned over the old one
+    print(text.host_key_added(key.host, shown))
+    return int(ExitCode.OK)
+
+
+def _ask(question: str, fingerprint: str) -> str:
+    """``yes`` or ``no``, as ``ssh`` asks: the fingerprint counts as yes, end of input as no."""
+    from bot import text
+
+    prompt = question
+    while True:
+        try:
+            reply = input(prompt).strip()
+        except EOFError:
+            print()
+            return "no"
+        if reply in ("yes", "no"):
+            return reply
+        if reply == fingerprint:
+            return "yes"
+        prompt = text.HOST_KEY_ASK_AGAIN
 
 
 def _require(env: settings_mod.Settings, *fields: str) -> list[str]:

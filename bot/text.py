@@ -280,3 +280,33 @@ def not_watching(start: float, end: float, found: dict[str, str], timezone: str)
         f"Pitstop was not watching from {fmt.clock(start, timezone)} to {fmt.clock(end, timezone)} "
         f"({fmt.duration(end - start)}); on return: {jobs or 'nothing to watch'}"
     )
+
+
+# --- trust-host
+
+
+def host_key_prompt(host: str, where: str, key_type: str, fingerprint: str) -> str:
+    """What ``pitstop trust-host`` shows of a host whose key is not pinned yet, as ``ssh`` does."""
+    return (
+        f"The authenticity of host '{host}' ({where}) can't be established.\n"
+        f"{key_type} key fingerprint is {fingerprint}."
+    )
+
+
+def host_key_question(known_hosts: str) -> str:
+    """``trust-host``'s question (without ``--yes``)."""
+    return f"Trust it and add it to {known_hosts} (yes/no/[fingerprint])? "
+
+
+HOST_KEY_ASK_AGAIN = "Please type 'yes', 'no' or the fingerprint: "
+HOST_KEY_DECLINED = "not trusted - nothing was changed"
+
+
+def host_key_added(host: str, known_hosts: str) -> str:
+    """``trust-host`` pinned the key."""
+    return f"Added host {host}'s key to {known_hosts}: Pitstop now connects to it."
+
+
+def host_key_already(host: str, fingerprint: str, known_hosts: str) -> str:
+    """``trust-host`` of a host whose key is already pinned."""
+    return f"host {host}'s key {fingerprint} is already trusted in {known_hosts} - nothing to do"

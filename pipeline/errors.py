@@ -99,16 +99,24 @@ class HostUnreachable(RemoteError, code="host_unreachable"):
 
 
 class HostKeyRejected(RemoteError, code="host_key_rejected"):
-    """The host's key (``fingerprint``) is unknown or differs from the one pinned in ``known_hosts``."""
+    """The host's key (``fingerprint``) is unknown (``unknown``: ``known_hosts`` holds no key for the
+    host, or is missing) or differs from the one pinned in ``known_hosts``."""
 
-    def __init__(self, host: str, fingerprint: str, known_hosts: str) -> None:
+    def __init__(self, host: str, fingerprint: str, known_hosts: str, *, unknown: bool = False) -> None:
         self.fingerprint = fingerprint
         self.known_hosts = known_hosts
-        super().__init__(
-            host,
-            f"host {host} presented key {fingerprint}, which does not match {known_hosts} - "
-            "refusing to connect; if the host was rebuilt, verify the key and update known_hosts",
-        )
+        self.unknown = unknown
+        if unknown:
+            text = (
+                f"host {host}'s key {fingerprint} is unknown: {known_hosts} has no key for it - "
+                f"refusing to connect; check the fingerprint and trust it with `pitstop trust-host {host}`"
+            )
+        else:
+            text = (
+                f"host {host} presented key {fingerprint}, which does not match {known_hosts} - "
+                "refusing to connect; if the host was rebuilt, verify the key and update known_hosts"
+            )
+        super().__init__(host, text)
 
 
 class RemoteCommandError(RemoteError, code="remote_command"):

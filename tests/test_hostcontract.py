@@ -69,8 +69,9 @@ def assert_shape(answer: Mapping[str, object], td: type, what: str) -> None:
 
 def run_helper(python: str, op: str, args: Mapping[str, object], stdin: str = "") -> dict[str, object]:
     """Run the shipped helper source as a host runs it; its JSON answer (exit status 0)."""
-    argv = [python, *hostprobe.helper_argv(op, args)[1:]]
-    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, check=False)
+    argv = [python, *hostprobe.helper_argv(op)[1:]]
+    text = hostprobe.helper_input(args, stdin)
+    proc = subprocess.run(argv, input=text, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, (op, proc.stdout, proc.stderr)
     answer: dict[str, object] = json.loads(proc.stdout)
     return answer

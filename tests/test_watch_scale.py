@@ -25,13 +25,14 @@ from handlers.outbox import MemoryOutbox
 from handlers.views.read import status_command
 from handlers.watch.cycle import Watcher
 from pipeline.config import Config, JobConfig, WatchSettings
-from pipeline.host.contract import LogRead
+from pipeline.host.contract import MARKER, LogRead
 from pipeline.host.helper import op_probe
-from pipeline.host.probe import helper_source
+from pipeline.host.probe import helper_argv, helper_input, helper_source, probe_args, probe_host
+from pipeline.host.remote import SSHPool
 from pipeline.observe.progress import ProgressState
 from pipeline.state.incidents import IncidentStore
 from pipeline.verdict import Verdict
-from tests.fixtures.ssh import InProcessHost, start_in_process
+from tests.fixtures.ssh import HostUnderTest, InProcessHost, start_in_process
 from tests.test_watch import open_harness, until
 
 TOKEN = 91_000  #: the jobs' sleepers run ``sleep 91NNN`` (one number per job)
@@ -350,3 +351,64 @@ def test_each_operation_ships_only_what_it_runs() -> None:
     assert len(probe) * 4 < len(whole)
     assert "def op_probe" in probe and "def op_launch" not in probe and "pitstop-waiter" in probe
     assert "'probe': op_probe" in probe and "'launch'" not in probe
+
+
+def helper_command_lines(env_mark: Path) -> list[list[bytes]]:
+    """The argv of every running copy of the host helper (its marker in the command line) whose
+    environment holds ``env_mark`` (a test's hosts put their own directory in it)."""
+    found = []
+    for pid in [e for e in os.listdir("/proc") if e.isdigit()]:
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            mine = str(env_mark).encode() in Path(f"/proc/{pid}/environ").read_bytes()
+            if mine and any(MARKER.encode() in a for a in argv):
+                found.append(argv)
+    return found
+
+
+def release(fifo: Path) -> bool:
+    """Open ``fifo`` for writing and close it, if a reader holds it open (its read then ends)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:  # ENXIO: no reader yet
+        return False
+    return True
+
+
+async def test_a_probe_of_500_jobs_keeps_every_argument_off_the_command_line(
+    tmp_path: Path, any_ssh_host: HostUnderTest
+) -> None:
+    """500 running jobs on one host, whose arguments are past the kernel's 128 KiB a string: one
+    probe counts each, and while the helper runs (held on a FIFO it reads) no command line on the
+    host holds any of them — its argv is the program and the operation's name, nothing more."""
+    jobs = {f"j{n}": job(tmp_path, "local", n) for n in range(500)}
+    config = Config(hosts={"local": any_ssh_host.host_config(connect_timeout=10)}, jobs=jobs)
+    fifo = tmp_path / "held.fifo"
+    os.mkfifo(fifo)
+    read: LogRead = {"path": str(fifo), "offset": 0, "max_bytes": 10, "inode": None, "if_running": True}
+    entries = [(name, spec, None) for name, spec in jobs.items()]
+    args = {"jobs": [probe_args(name, spec, None) for name, spec, _ in entries]}
+    assert len(helper_input(args)) > 128 * 1024  # once refused by execve (E2BIG) as one argument
+    want = [a.encode() for a in helper_argv("probe")[1:]] + [b""]  # its argv after argv[0]
+    pool = SSHPool(config)
+    try:
+        with sleepers(config):
+            probing = asyncio.create_task(probe_host(pool, "local", entries, {"j0": read}))
+            try:
+                seen: list[list[bytes]] = []
+
+                async def helper_runs() -> bool:  # the helper itself, past any python3 shim
+                    seen[:] = await asyncio.to_thread(helper_command_lines, tmp_path)
+                    return want in [argv[1:] for argv in seen]
+
+                assert await until(helper_runs, 30)
+            finally:
+                assert await until(lambda: asyncio.to_thread(release, fifo), 30)
+            found = await asyncio.wait_for(probing, 60)
+    finally:
+        await pool.close()
+    words = [str(tmp_path).encode(), b"91000", b"j499", b'"jobs"']
+    assert all(w not in a for argv in seen for a in argv for w in words), seen
+    assert sorted(found) == sorted(jobs)
+    assert {p.error for p in found.values()} == {None}
+    assert {p.count for p in found.values()} == {1}

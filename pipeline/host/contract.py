@@ -3,7 +3,7 @@
 :mod:`pipeline.host.helper` and :func:`pipeline.host.probe.call_helper` import these types, and
 the helper ships this module inside its source, so it stays standard library only and Python 3.8
 (``Optional``/``List``/``Dict``; 3.8 evaluates class-body annotations).  An operation takes
-``OP`` + a JSON object of its :class:`…Args` and prints its :class:`…Answer` or
+``OP`` (its argv) and a JSON object of its :class:`…Args` (stdin's first line) and prints its :class:`…Answer` or
 ``{"error": "..."}`` (:class:`pipeline.host.probe.Ops` pairs them).  A key of a ``total=False`` part may be left out;
 ``Optional[...]`` may be ``null``.  Units: times are unix seconds on the host's clock, durations
 seconds, sizes bytes, ``start_time`` field 22 of ``/proc/PID/stat`` (clock ticks since boot).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Optional, Tuple, TypedDict, Union
 
-HELPER_VERSION = 3  #: the helper protocol's version, on the first line of the shipped source
+HELPER_VERSION = 4  #: the helper protocol's version, on the first line of the shipped source
 MARKER = "# pitstop-host-helper"  #: starts the shipped source: the helper's processes carry it
 
 

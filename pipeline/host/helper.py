@@ -1,8 +1,9 @@
 # pitstop-host-helper (the protocol and its version: pipeline/host/contract.py)
 """Pitstop's helper on the GPU host: one program, standard library only (Python 3.8+).
 
-Run as ``python3 -c SOURCE OP JSON`` (behind the job's ``exec`` wrapper; larger inputs such as
-diffs on stdin), it prints one JSON object and exits 0, or ``{"error": "..."}`` with status 3.
+Run as ``python3 -c SOURCE OP`` (behind the job's ``exec`` wrapper) with its JSON arguments on
+stdin's first line (then any larger input, such as diffs: nothing of them shows in ``ps`` and no
+size bounds them), it prints one JSON object and exits 0, or ``{"error": "..."}`` with status 3.
 It reads ``/proc`` itself and looks only at its user's processes, minus its own ancestry and
 any copy of the helper (the marker on its first line), so it never counts or signals itself.
 The operations (``OPS``) and their arguments and answers are typed in
@@ -320,7 +321,8 @@ def status_path(log: str) -> str:
 
 # --- operations -------------------------------------------------------------------------------
 
-NO_STDIN = "no patch text arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)"
+NO_STDIN = "no %s arrived on stdin (does the exec wrapper forward stdin? docker exec needs -i)"
+USAGE = "usage: helper OP <JSON (ops: %s; docker exec needs -i)"
 
 
 def git(workdir: str, args: list[str], text: str) -> tuple[bool, str]:
@@ -340,7 +342,7 @@ def patch_state(workdir: str, text: str) -> tuple[str, str]:
 
 
 def read_stdin_json() -> Any:
-    """The JSON document on stdin, or None if stdin is empty."""
+    """The JSON document on stdin after the arguments' line, or None if there is none."""
     data = sys.stdin.read()
     return json.loads(data) if data.strip() else None
 
@@ -381,7 +383,7 @@ def op_preflight(a: PreflightArgs) -> PreflightAnswer:
     wants = a.get("patches") or {}
     texts = read_stdin_json() if wants else {}
     if texts is None:
-        check("patch", False, NO_STDIN)
+        check("patch", False, NO_STDIN % "patch text")
     elif os.path.isdir(workdir):
         for name in sorted(wants):
             state, msg = patch_state(workdir, texts[name])
@@ -543,7 +545,7 @@ def op_patch(a: PatchArgs) -> PatchAnswer | ErrorAnswer:
     """Revert then apply named diffs (texts on stdin); report the patches in effect after."""
     texts = read_stdin_json()
     if texts is None:
-        return {"error": NO_STDIN}
+        return {"error": NO_STDIN % "patch text"}
     workdir = a["workdir"]
     done: PatchAnswer = {"applied": [], "reverted": [], "kept": [], "failed": [], "in_effect": []}
     for name in a.get("revert", []):
@@ -564,7 +566,7 @@ def op_patches(a: PatchesArgs) -> PatchesAnswer | ErrorAnswer:
     """Which of the named diffs (texts on stdin) are applied in ``workdir`` now."""
     texts = read_stdin_json()
     if texts is None:
-        return {"error": NO_STDIN}
+        return {"error": NO_STDIN % "patch text"}
     return {"applied": {n: patch_state(a["workdir"], t)[0] == "applied" for n, t in texts.items()}}
 
 
@@ -826,13 +828,12 @@ OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
 
 
 def main(argv: list[str]) -> int:
-    """Run ``OP`` with its JSON arguments; print one JSON object (exit status 3 with ``error``)."""
+    """Run ``OP`` with the JSON arguments on stdin's first line; print one JSON object (exit
+    status 3 with ``error``: also when ``OP`` is unknown or stdin brings no arguments)."""
     result: Mapping[str, object]
     try:
-        if len(argv) != 3 or argv[1] not in OPS:
-            result = {"error": "usage: helper OP JSON (ops: {})".format(", ".join(sorted(OPS)))}
-        else:
-            result = OPS[argv[1]](json.loads(argv[2]))
+        op, line = OPS.get(argv[-1]), sys.stdin.readline()
+        result = op(json.loads(line)) if op and line.strip() else {"error": USAGE % ", ".join(OPS)}
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(result))

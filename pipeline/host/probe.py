@@ -129,10 +129,20 @@ def _module_tree(filename: str) -> ast.Module:
     return tree
 
 
-def helper_argv(op: str, args: Mapping[str, object]) -> list[str]:
-    """``[python3, -E, -S, -c, SOURCE, OP, JSON]``: the helper invocation for one operation
-    (``-E -S``: no ``PYTHON*`` variables, no site-packages; it starts twice as fast without)."""
-    return [HELPER_PYTHON, "-E", "-S", "-c", helper_source(op), op, json.dumps(args, separators=(",", ":"))]
+def helper_argv(op: str) -> list[str]:
+    """``[python3, -E, -S, -c, SOURCE, OP]``: the helper invocation for one operation, whose
+    arguments go on its stdin (:func:`helper_input`), never on its command line (``-E -S``: no
+    ``PYTHON*`` variables, no site-packages; it starts twice as fast without)."""
+    return [HELPER_PYTHON, "-E", "-S", "-c", helper_source(op), op]
+
+
+def helper_input(args: Mapping[str, object], stdin: str | None = None) -> str:
+    """The helper's stdin: ``args`` as one line of JSON, then ``stdin`` (the operation's own input).
+
+    On stdin, the arguments show in no ``ps`` of a shared host and no ``ARG_MAX`` (128 KiB a
+    string on Linux) bounds them: a probe of 500 jobs is one call.
+    """
+    return json.dumps(args, separators=(",", ":")) + "\n" + (stdin or "")
 
 
 A = TypeVar("A", bound=Mapping[str, Any])
@@ -183,7 +193,8 @@ async def call_helper(
     """Run one helper operation with its arguments (``Ops.NAME(args)``: :class:`Ops`) and return
     its JSON answer as it came.
 
-    Exactly one of ``job`` (the job's host behind its ``exec`` prefix) or ``host`` (the host
+    The arguments and ``stdin`` (the operation's own input) reach the helper on its stdin
+    (:func:`helper_input`).  Exactly one of ``job`` (the job's host behind its ``exec`` prefix) or ``host`` (the host
     itself, or behind ``exec_prefix`` when given) says where; ``timeout`` is in seconds.
 
     :raises RemoteCommandError: the helper failed (its ``error``), gave no answer, or its
@@ -191,7 +202,7 @@ async def call_helper(
     :raises: as :meth:`pipeline.host.remote.SSHPool.run` (errors name the call without the source).
     """
     op, args = call
-    argv = helper_argv(op.name, args)
+    argv, stdin = helper_argv(op.name), helper_input(args, stdin)
     shown = [HELPER_PYTHON, "-c", "<pitstop host helper>", op.name]  # the source is not worth showing
     if job is not None:
         result = await ssh.run_job(job, argv, timeout=timeout, stdin=stdin, display=shown)

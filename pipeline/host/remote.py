@@ -3,7 +3,8 @@
 :meth:`SSHPool.run` returns a :class:`RemoteResult` (a non-zero exit or a signal is returned)
 and raises :class:`~pipeline.errors.HostUnreachable` (refused, DNS, no answer within
 ``connect_timeout``; :class:`~pipeline.errors.HostAuthRejected`: login refused),
-:class:`~pipeline.errors.HostKeyRejected` (the key is not the one pinned in ``known_hosts``),
+:class:`~pipeline.errors.HostKeyRejected` (the key is not the one pinned in ``known_hosts``:
+``unknown`` when no key is pinned for the host),
 :class:`~pipeline.errors.RemoteTimeout` (partial output kept) or
 :class:`~pipeline.errors.RemoteCommandError` (connection lost, or no exit status).
 
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 import asyncssh
 
 from pipeline import errors
-from pipeline.config import Config
+from pipeline.config import Config, HostConfig
 from pipeline.errors import (
     CommandOutput,
     HostAuthRejected,
@@ -106,13 +107,14 @@ class RemoteHosts(Protocol):
 
 
 class _Client(asyncssh.SSHClient):
-    """Records the fingerprint of a host key that known_hosts does not trust."""
+    """Records the fingerprint and peer address of a host key that known_hosts does not trust."""
 
     def __init__(self, pool: SSHPool, host: str) -> None:
         self.pool = pool
         self.host = host
         self.conn: asyncssh.SSHClientConnection | None = None
         self.rejected_fingerprint: str | None = None
+        self.rejected_addr = ""
 
     def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
         self.conn = conn
@@ -122,7 +124,7 @@ class _Client(asyncssh.SSHClient):
             self.pool._forget(self.host, self.conn)
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        self.rejected_fingerprint = key.get_fingerprint("sha256")
+        self.rejected_fingerprint, self.rejected_addr = key.get_fingerprint("sha256"), addr
         return False
 
 
@@ -219,6 +221,30 @@ class SSHPool:
         finally:
             await fresh.close()
 
+    async def host_key(self, host: str) -> asyncssh.SSHKey:
+        """The key ``host`` presents, trusting nothing of it (to show and pin it: ``trust-host``);
+        its bastion, if any, is reached and verified as for :meth:`run`.
+
+        :raises UnknownHost: if ``host`` is not configured.
+        :raises HostUnreachable: if it gives no key within its ``connect_timeout``, or cannot be reached.
+        :raises HostKeyRejected: if its bastion's key is not trusted.
+        """
+        name = self._host_name(host)
+        hc = self.config.hosts[name]
+        tunnel = await self._connection(hc.jump) if hc.jump else ()
+        try:
+            key = await asyncio.wait_for(
+                asyncssh.get_server_host_key(hc.address, hc.port, tunnel=tunnel, config=None),
+                hc.connect_timeout,
+            )
+        except TimeoutError:
+            raise HostUnreachable(name, f"no SSH answer within {hc.connect_timeout:g} s") from None
+        except (asyncssh.Error, OSError) as exc:
+            raise HostUnreachable(name, _reason(exc)) from None
+        if key is None:
+            raise HostUnreachable(name, "it presented no host key")
+        return key
+
     async def close(self) -> None:
         """Close every pooled connection (targets before their bastions); idempotent."""
         self._closed = True
@@ -264,7 +290,7 @@ class SSHPool:
             if hc.jump in seen:
                 raise HostUnreachable(name, f"jump host loop through {hc.jump}")
             tunnel = await self._connection(hc.jump, seen | {name}) if hc.jump else ()
-            known_path = (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
+            known_path = known_hosts_path(hc)
             found = await asyncio.to_thread(known_path.is_file)
             known = str(known_path) if found else asyncssh.import_known_hosts("")  # trusts nothing
             client = _Client(self, name)
@@ -287,7 +313,10 @@ class SSHPool:
                 )
             except asyncssh.HostKeyNotVerifiable:
                 known_label = str(known_path) if found else f"{known_path} (file not found)"
-                raise HostKeyRejected(name, client.rejected_fingerprint or "unknown", known_label) from None
+                where = (known_path, hc.address, client.rejected_addr, hc.port)
+                pinned = await asyncio.to_thread(pinned_keys, *where) if found else []
+                fingerprint = client.rejected_fingerprint or "unknown"
+                raise HostKeyRejected(name, fingerprint, known_label, unknown=not pinned) from None
             except asyncssh.PermissionDenied as exc:
                 user = hc.user or "the local user"
                 raise HostAuthRejected(name, user, exc.reason or "permission denied") from None
@@ -314,6 +343,24 @@ class SSHPool:
                 if attempt == 2:
                     raise HostUnreachable(name, _reason(exc)) from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def known_hosts_path(hc: HostConfig) -> Path:
+    """The ``known_hosts`` file a host's key is checked against: its own, else ``~/.ssh/known_hosts``."""
+    return (hc.known_hosts or Path("~/.ssh/known_hosts")).expanduser()
+
+
+def pinned_keys(known_hosts: Path, address: str, addr: str, port: int) -> list[asyncssh.SSHKey]:
+    """The keys (and CA keys) ``known_hosts`` pins for a host at ``address`` (its configured name
+    or IP; ``addr``: the IP it answered from, or "") and ``port``, as asyncssh matches them (an
+    entry without a port counts for any); [] if none.
+
+    :raises ValueError: if the file cannot be parsed (as asyncssh's connect raises it).
+    """
+    found = asyncssh.match_known_hosts(
+        str(known_hosts), address, addr or address, port if port != 22 else None
+    )
+    return [*found[0], *found[1]]
 
 
 def _text(data: Any) -> str:

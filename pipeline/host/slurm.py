@@ -32,6 +32,7 @@ ACTIVE = frozenset(
 )
 
 _QUERY = r"""
+mapfile -d '' -t args; set -- "${args[@]}"
 ids="$1"; limit="$2"; n="$3"; shift 3
 helper=("${@:1:$n}"); shift "$n"
 declare -A tasks
@@ -44,7 +45,7 @@ q=$(squeue -h -t all -j "$ids" -o '%i|%T|%D|%N|%r|%M' 2>"$dir/squeue.err") \
 while IFS='|' read -r id st nodes _; do
   [ "$st" = RUNNING ] && [ -n "${tasks[$id]:-}" ] || continue
   timeout -k 5 "$limit" srun --jobid="$id" --overlap -N"$nodes" --ntasks-per-node=1 --label \
-    --quiet "${helper[@]}" "${tasks[$id]}" </dev/null >"$dir/$id.out" 2>"$dir/$id.err" &
+    --quiet --input=all "${helper[@]}" <<< "${tasks[$id]}" >"$dir/$id.out" 2>"$dir/$id.err" &
   running+=("$id:$!")
 done <<< "$q"
 echo '@@scontrol'
@@ -268,8 +269,10 @@ class SlurmClient:
     def __init__(self, ssh: RemoteHosts) -> None:
         self.ssh = ssh
 
-    async def _run(self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT) -> RemoteResult:
-        return await self.ssh.run_job(job, list(argv), timeout=timeout)
+    async def _run(
+        self, job: str, argv: Sequence[str], timeout: float = QUERY_TIMEOUT, stdin: str | None = None
+    ) -> RemoteResult:
+        return await self.ssh.run_job(job, list(argv), timeout=timeout, stdin=stdin)
 
     async def query_with_reads(
         self,
@@ -294,13 +297,14 @@ class SlurmClient:
         for r in [*(ReadArgs(path=p, offset=0, max_bytes=0) for p in paths), *reads]:  # a size: no bytes
             inode = "" if r.get("inode") is None else str(r.get("inode"))
             extra += [r["path"], str(max(0, r["offset"])), str(max(0, r["max_bytes"])), inode]
-        helper = helper_argv("slurm_tasks", {"job": 0, "match": ""})[:-1] if tasks else []
+        helper = helper_argv("slurm_tasks") if tasks else []
         wanted_tasks = [
             x for i, m in (tasks or {}).items() for x in (str(i), json.dumps(SlurmTasksArgs(job=i, match=m)))
         ]
         head = [joined, f"{TASKS_TIMEOUT:.0f}", str(len(helper)), *helper, *wanted_tasks, "@@reads"]
-        argv = ["bash", "-c", _QUERY, "pitstop-slurm-query", *head, *extra]
-        result = await self._run(job, argv, QUERY_TIMEOUT + (TASKS_TIMEOUT + 5 if tasks else 0))
+        argv = ["bash", "-c", _QUERY, "pitstop-slurm-query"]  # its arguments on stdin, NUL-ended
+        stdin = "".join(f"{a}\0" for a in [*head, *extra])
+        result = await self._run(job, argv, QUERY_TIMEOUT + (TASKS_TIMEOUT + 5 if tasks else 0), stdin)
         if result.exit_status != 0:  # squeue failed, and not only for an id no longer known
             why = f"on {result.host}: squeue failed: {result.stderr.strip()[-300:] or 'no output'}"
             raise result.error(["squeue", "-j", joined], why)
