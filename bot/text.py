@@ -133,6 +133,11 @@ CONSOLE_CONFIRM = "confirm? [y/N] "  #: the console's question for a reply that 
 CONSOLE_BYE = "bye"  #: the console's last line
 
 
+def console_awaiting(run_id: str, within: float) -> str:
+    """Before ``bye``: a run this console started still awaits its verdict."""
+    return f"waiting for the verdict of {run_id} (at most {within:g} s; Ctrl-C hands it over to the next pitstop)"
+
+
 def console_button(label: str, action: str) -> str:
     """A button the console cannot click, shown as a hint."""
     return f"[{label}] ({action})"
