@@ -15,8 +15,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from bot.runtime import settings as settings_mod
-from bot.text import config_summary, missing_env
-from pipeline.config import Config, load_config, resolve_path
+from bot.text import config_summary, config_warning, missing_env
+from pipeline.config import Config, alerts_nowhere, load_config, resolve_path
 from pipeline.errors import ExitCode, PitstopError, UsageError, internal_error, new_incident_id
 from pipeline.state.redisconn import mask_url
 
@@ -116,6 +116,8 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         check_engines(config, ENGINES)
         redis = config.redis.url or f"embedded under {config.state.dir}"
         print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
+        if unalerted := config.unalerted():  # `serve` refuses this config
+            print(config_warning(alerts_nowhere(unalerted)), file=sys.stderr)
         return 0
     if verb == "demo":
         from bot.demo.run import demo_main  # lazy: each verb loads only its own stack (SSH, Redis, Slack)

@@ -56,6 +56,8 @@ def slack_part(index: int, total: int, title: str) -> str:
 def refused_notice(what: str, channel: str, error: str) -> str:
     """The notice a person gets when Slack refused a post: what, where, Slack's error, and what to
     do about it, by Slack's error code."""
+    if not channel:  # nowhere configured (``no_channel``)
+        return f'"{what}" had no channel to go to - set [slack] announce_channel (or the job\'s channel)'
     where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
     fixes = {
         "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
@@ -183,6 +185,11 @@ def demo_script_unreadable(path: str, reason: str) -> str:
 def config_summary(source: str, hosts: int, jobs: int, redis: str) -> str:
     """The one-line summary ``pitstop check-config`` prints for a valid file."""
     return f"{source}: ok - {hosts} host(s), {jobs} job(s), redis: {redis}"
+
+
+def config_warning(problem: str) -> str:
+    """A problem ``pitstop check-config`` reports without failing (``serve`` refuses it)."""
+    return f"warning: {problem} (pitstop serve refuses to start until it is fixed)"
 
 
 def missing_env(name: str) -> str:

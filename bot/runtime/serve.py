@@ -34,8 +34,8 @@ from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.watch.alerts import page_by_dm
 from pipeline import fmt
-from pipeline.config import Config, WatchSettings
-from pipeline.errors import SlackUnavailable, StateUnavailable, UsageError
+from pipeline.config import Config, WatchSettings, alerts_nowhere
+from pipeline.errors import ConfigError, SlackUnavailable, StateUnavailable, UsageError
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from pipeline.state.redisconn import Outage, StoreWatch
 
@@ -300,9 +300,12 @@ async def serve(
     HTTP (``POST /slack/events``, checked with ``signing_secret``); ``GET /healthz`` and ``GET
     /metrics`` on ``host:port`` unless ``host`` is None.
 
+    :raises ConfigError: if a job's alerts would reach no channel (:meth:`Config.unalerted`).
     :raises SlackUnavailable: if a token is refused.
     :raises UsageError: if the address cannot be bound.
     """
+    if unalerted := config.unalerted():  # alerts to nobody, with everything green: refused at start
+        raise ConfigError([alerts_nowhere(unalerted)], config.source)
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
     server: HttpServer | None = None
     try:

@@ -120,7 +120,8 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         shown = [words.mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in lost.told]
         instead = f"went to {', '.join(shown)} instead" if lost.told else "reached no one"
         lines.append(
-            f"last undelivered alert {ago}: {lost.title} - {lost.error} in <#{lost.channel}>, {instead}"
+            f"last undelivered alert {ago}: {lost.title} - {lost.error}"
+            f"{f' in <#{lost.channel}>' if lost.channel else ''}, {instead}"
         )
     kept = await ctx.redis.persistence()
     how = "every write, fsynced each second (append-only file)" if kept.aof else "at snapshots only"

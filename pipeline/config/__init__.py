@@ -176,6 +176,13 @@ class Config(_Model):
         """The channel a job's posts go to: its ``channel``, else ``announce_channel``."""
         return self.jobs[job].channel or self.slack.announce_channel
 
+    def unalerted(self) -> list[str]:
+        """Jobs whose alerts would reach no channel: no ``channel`` of their own, no
+        ``[slack] announce_channel`` and no ``fallback_channel`` (configured order)."""
+        if self.slack.announce_channel or self.slack.fallback_channel:
+            return []
+        return [name for name, job in self.jobs.items() if not job.channel]
+
 
 def _spelling(known: Iterable[str], name: str) -> str:
     return {key.lower(): key for key in known}[name.lower()]
@@ -263,4 +270,14 @@ def config_missing(path: str) -> str:
     return (
         f"{path}: config file not found - pass --config FILE, set PITSTOP_CONFIG, "
         "or copy pitstop.example.toml to ./pitstop.toml"
+    )
+
+
+def alerts_nowhere(jobs: Iterable[str]) -> str:
+    """Alerts of ``jobs`` would reach no channel (``serve`` refuses; ``check-config`` warns)."""
+    names = list(jobs)
+    job = f"[jobs.{names[0]}] channel" if len(names) == 1 else "each job's channel"
+    return (
+        f"alerts of {', '.join(names)} would reach no channel: set [slack] announce_channel "
+        f"(a channel id, C…), or {job}"
     )
