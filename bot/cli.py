@@ -150,10 +150,9 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
 
 def _require(env: settings_mod.Settings, *fields: str) -> list[str]:
     """The values of ``env``'s ``fields`` (``bot_token`` …), in order; :raises UsageError: naming the
-    environment variable of the first one unset."""
-    for name in fields:
-        if not getattr(env, name):
-            raise UsageError(missing_env(settings_mod.ENVIRON[name]))
+    environment variable of every one unset, at once."""
+    if missing := [settings_mod.ENVIRON[name] for name in fields if not getattr(env, name)]:
+        raise UsageError(missing_env(*missing))
     return [getattr(env, name) for name in fields]
 
 

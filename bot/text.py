@@ -192,9 +192,11 @@ def config_warning(problem: str) -> str:
     return f"warning: {problem} (pitstop serve refuses to start until it is fixed)"
 
 
-def missing_env(name: str) -> str:
-    """A required environment variable is unset."""
-    return f"{name} is not set - export it (secrets are read from the environment only)"
+def missing_env(*names: str) -> str:
+    """Required environment variables are unset (every one named)."""
+    if len(names) == 1:
+        return f"{names[0]} is not set - export it (secrets are read from the environment only)"
+    return f"{', '.join(names[:-1])} and {names[-1]} are not set - export them (secrets are read from the environment only)"
 
 
 def embedded_redis_started(path: str) -> str:

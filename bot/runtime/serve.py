@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.runtime.assembly import build_context, close_context, new_instance_id
@@ -144,11 +145,14 @@ class SlackRuntime:
 
 
 async def auth_test(client: AsyncWebClient) -> dict[str, Any]:
-    """``auth.test``: ``{"ok": True, "team", "bot_user"}``, or ``{"ok": False, "error"}`` (Slack's code)."""
+    """``auth.test``: ``{"ok": True, "team", "bot_user"}``, or ``{"ok": False, "error"}`` (Slack's code,
+    or with ``"unreachable": True`` the connection error: Slack did not answer)."""
     try:
         resp = await client.auth_test()
     except ERRORS as exc:
-        return {"ok": False, "error": error_text(exc)}
+        return {"ok": False, "error": error_text(exc)} | (
+            {} if isinstance(exc, SlackApiError) else {"unreachable": True}
+        )
     return {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
 
 
@@ -169,7 +173,7 @@ async def open_runtime(
         client = web_client(bot_token, base_url=api_url, session=session)
         auth = await auth_test(client)
         if not auth["ok"]:
-            raise SlackUnavailable("auth.test", auth["error"])
+            raise SlackUnavailable("auth.test", auth["error"], unreachable=bool(auth.get("unreachable")))
         delivery = Delivery(
             config.slack.announce_channel,
             config.slack.pace,
@@ -281,7 +285,9 @@ async def connect_socket(surface: SlackSurface, *, app_token: str) -> CappedSock
         handler.client.wss_uri = await handler.client.issue_new_wss_url()
     except ERRORS as exc:
         await handler.close_async()  # type: ignore[no-untyped-call]
-        raise SlackUnavailable("apps.connections.open", error_text(exc)) from None
+        raise SlackUnavailable(
+            "apps.connections.open", error_text(exc), unreachable=not isinstance(exc, SlackApiError)
+        ) from None
     await handler.connect_async()  # type: ignore[no-untyped-call]
     return handler
 
