@@ -135,6 +135,14 @@ CONSOLE_CONFIRM = "confirm? [y/N] "  #: the console's question for a reply that 
 CONSOLE_BYE = "bye"  #: the console's last line
 
 
+def console_no_role(user: str) -> str:
+    """The console's user is in no role of ``[auth]``: every request of theirs would be denied."""
+    return (
+        f"{user} is in no role of [auth]: add {user!r} to [auth] operators (or viewers, admins) in the config, "
+        "or chat as a listed user with --as USER_ID (or PITSTOP_USER)"
+    )
+
+
 def console_awaiting(run_id: str, within: float) -> str:
     """Before ``bye``: a run this console started still awaits its verdict."""
     return f"waiting for the verdict of {run_id} (at most {within:g} s; Ctrl-C hands it over to the next pitstop)"

@@ -1,5 +1,5 @@
 """Words made for a terminal (issue 38, part 6): `serve`'s start-up errors say whose fault they are and
-name every missing secret at once."""
+name every missing secret at once; `help` examples name the config's own jobs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from bot.runtime.serve import serve
+from handlers.grammar.commands import Command
+from handlers.views.read import help_command
 from pipeline.config import Config
 from pipeline.errors import ExitCode, SlackUnavailable
 from tests.fixtures.slack import BOT_TOKEN, FakeSlack, slack_config
@@ -53,3 +55,19 @@ def test_serve_names_every_missing_secret_at_once() -> None:
     assert done.stderr.strip() == (
         "SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET are not set - export them (secrets are read from the environment only)"
     )
+
+
+def test_help_examples_name_the_configs_own_jobs() -> None:
+    """`help stop` shows `stop tj` for a config whose job is tj, and the reference `stop dflash` where dflash is
+    a job (or none is configured)."""
+    command = Command("help", options={"topic": "stop"})
+    (mine,) = [
+        line for line in help_command(command, jobs=["tj", "other"]).lines if line.startswith("examples")
+    ]
+    assert "`stop tj`" in mine and "dflash" not in mine
+    (ref,) = [
+        line for line in help_command(command, jobs=["eagle", "dflash"]).lines if line.startswith("examples")
+    ]
+    assert "`stop dflash`" in ref
+    restart = help_command(Command("help", options={"topic": "restart"}), jobs=["tj"])
+    assert "`restart tj with topk patch`" in " ".join(restart.lines)

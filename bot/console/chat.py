@@ -26,9 +26,11 @@ from bot.text import (
     CONSOLE_PROMPT,
     console_awaiting,
     console_button,
+    console_no_role,
     slack_earlier_omitted,
 )
 from handlers.reply import Reply, Status, StepLine
+from handlers.request.auth import role_of
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import thread_key, verdict_reply
 from handlers.views.read import ended, follow_run, followed, fresh, within
@@ -291,6 +293,8 @@ async def run_console(
     """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
     chat (:meth:`ConsoleSession.repl`: it waits for its runs' verdicts), close everything; return 0."""
     console = console or make_console()
+    if all(role_of(config, user, job=job) is None for job in [None, *config.jobs]):  # each request denied
+        console.print(Text(console_no_role(user), style="bold yellow"))
     ctx = await build_context(config, ConsoleOutbox(console))
     sched = PitstopScheduler(ctx)
     try:
