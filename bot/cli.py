@@ -16,8 +16,15 @@ from typing import Any
 
 from bot.runtime import settings as settings_mod
 from bot.runtime.settings import ADMIN_HOST, ADMIN_PORT, PUBLIC_HOST, PUBLIC_PORT
-from bot.text import bad_env, config_summary, missing_env, socket_has_no_public_listener
-from pipeline.config import HEARTBEAT_URL_RULE, Config, HealthSettings, load_config, resolve_path
+from bot.text import bad_env, config_summary, config_warning, missing_env, socket_has_no_public_listener
+from pipeline.config import (
+    HEARTBEAT_URL_RULE,
+    Config,
+    HealthSettings,
+    alerts_nowhere,
+    load_config,
+    resolve_path,
+)
 from pipeline.errors import ExitCode, PitstopError, UsageError, internal_error, new_incident_id
 from pipeline.state.redisconn import mask_url
 
@@ -135,6 +142,8 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         HostKeys(config).check_client_keys()
         redis = config.redis.url or f"embedded under {config.state.dir}"
         print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
+        if unalerted := config.unalerted():  # `serve` refuses this config
+            print(config_warning(alerts_nowhere(unalerted)), file=sys.stderr)
         return 0
     if verb == "demo":
         from bot.demo.run import demo_main  # lazy: each verb loads only its own stack (SSH, Redis, Slack)
@@ -210,10 +219,9 @@ def _ask(question: str, fingerprint: str) -> str:
 
 def _require(env: settings_mod.Settings, *fields: str) -> list[str]:
     """The values of ``env``'s ``fields`` (``bot_token`` …), in order; :raises UsageError: naming the
-    environment variable of the first one unset."""
-    for name in fields:
-        if not getattr(env, name):
-            raise UsageError(missing_env(settings_mod.ENVIRON[name]))
+    environment variable of every one unset, at once."""
+    if missing := [settings_mod.ENVIRON[name] for name in fields if not getattr(env, name)]:
+        raise UsageError(missing_env(*missing))
     return [getattr(env, name) for name in fields]
 
 

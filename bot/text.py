@@ -56,6 +56,8 @@ def slack_part(index: int, total: int, title: str) -> str:
 def refused_notice(what: str, channel: str, error: str) -> str:
     """The notice a person gets when Slack refused a post: what, where, Slack's error, and what to
     do about it, by Slack's error code."""
+    if not channel:  # nowhere configured (``no_channel``)
+        return f'"{what}" had no channel to go to - set [slack] announce_channel (or the job\'s channel)'
     where = f"<#{channel}>" if channel.startswith(("C", "G")) else channel
     fixes = {
         "not_in_channel": f"invite the bot: `/invite @pitstop` in {where}",
@@ -141,6 +143,19 @@ CONSOLE_CONFIRM = "confirm? [y/N] "  #: the console's question for a reply that 
 CONSOLE_BYE = "bye"  #: the console's last line
 
 
+def console_no_role(user: str) -> str:
+    """The console's user is in no role of ``[auth]``: every request of theirs would be denied."""
+    return (
+        f"{user} is in no role of [auth]: add {user!r} to [auth] operators (or viewers, admins) in the config, "
+        "or chat as a listed user with --as USER_ID (or PITSTOP_USER)"
+    )
+
+
+def console_awaiting(run_id: str, within: float) -> str:
+    """Before ``bye``: a run this console started still awaits its verdict."""
+    return f"waiting for the verdict of {run_id} (at most {within:g} s; Ctrl-C hands it over to the next pitstop)"
+
+
 def console_button(label: str, action: str) -> str:
     """A button the console cannot click, shown as a hint."""
     return f"[{label}] ({action})"
@@ -188,9 +203,16 @@ def config_summary(source: str, hosts: int, jobs: int, redis: str) -> str:
     return f"{source}: ok - {hosts} host(s), {jobs} job(s), redis: {redis}"
 
 
-def missing_env(name: str) -> str:
-    """A required environment variable is unset."""
-    return f"{name} is not set - export it (secrets are read from the environment only)"
+def config_warning(problem: str) -> str:
+    """A problem ``pitstop check-config`` reports without failing (``serve`` refuses it)."""
+    return f"warning: {problem} (pitstop serve refuses to start until it is fixed)"
+
+
+def missing_env(*names: str) -> str:
+    """Required environment variables are unset (every one named)."""
+    if len(names) == 1:
+        return f"{names[0]} is not set - export it (secrets are read from the environment only)"
+    return f"{', '.join(names[:-1])} and {names[-1]} are not set - export them (secrets are read from the environment only)"
 
 
 def bad_env(name: str, rule: str) -> str:

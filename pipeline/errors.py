@@ -310,14 +310,20 @@ class StateUnavailable(PitstopError, code="state_unavailable"):
 
 class SlackUnavailable(PitstopError, code="slack_unavailable", exit_code=ExitCode.USAGE):
     """Slack refused the tokens or could not be reached at start-up (``pitstop serve``): the Web
-    API ``method`` that failed, Slack's ``error`` code or the connection error."""
+    API ``method`` that failed, Slack's ``error`` code or the connection error, and ``unreachable``
+    (True: no answer came, the network's fault, not the tokens')."""
 
-    def __init__(self, method: str, error: str) -> None:
+    def __init__(self, method: str, error: str, *, unreachable: bool = False) -> None:
         self.method = method
         self.error = error
-        super().__init__(
-            f"Slack {method} failed: {error} - check SLACK_BOT_TOKEN / SLACK_APP_TOKEN (and SLACK_API_URL if set)"
+        self.unreachable = unreachable
+        fix = (
+            "Slack could not be reached (the tokens were not checked): check this host's network, DNS "
+            "and proxy (HTTPS_PROXY), and SLACK_API_URL if set"
+            if unreachable
+            else "check SLACK_BOT_TOKEN / SLACK_APP_TOKEN (and SLACK_API_URL if set)"
         )
+        super().__init__(f"Slack {method} failed: {error} - {fix}")
 
 
 class UnknownHost(PitstopError, code="unknown_host", exit_code=ExitCode.USAGE):

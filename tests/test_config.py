@@ -76,6 +76,39 @@ def test_bad_file_names_every_problem(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_misspelt_keys_get_a_did_you_mean_from_their_own_table(tmp_path: Path) -> None:
+    """A misspelt key (in [slack], a job, a job's watch table) is named with the key of its own table it is
+    closest to; a key like none gets no guess."""
+    text = MINIMAL.replace(
+        "processes = 8", "processes = 8\nstop_timout = 3\nzzzz = 1\n[jobs.dflash.watch]\nintervall = 5"
+    )
+    done = check_config(str(write(tmp_path, "[slack]\nanounce_channel = 'C1'\n" + text)))
+    assert done.returncode == ExitCode.USAGE
+    assert (
+        "jobs.dflash.stop_timout: unknown key (see pitstop.example.toml for the keys) - did you mean stop_timeout?"
+        in done.stderr
+    )
+    assert (
+        "slack.anounce_channel: unknown key" in done.stderr
+        and "did you mean announce_channel?" in done.stderr
+    )
+    assert (
+        "jobs.dflash.watch.intervall: unknown key" in done.stderr and "did you mean interval?" in done.stderr
+    )
+    (zzzz,) = [line for line in done.stderr.splitlines() if "zzzz" in line]
+    assert "did you mean" not in zzzz
+
+
+def test_check_config_warns_when_alerts_reach_no_channel(tmp_path: Path) -> None:
+    """check-config passes a config with no announce channel and no job channel, with a warning naming the
+    key to set; an announce channel silences it."""
+    done = check_config(str(write(tmp_path, MINIMAL)))
+    assert done.returncode == 0 and "warning: alerts of dflash would reach no channel" in done.stderr
+    assert "set [slack] announce_channel" in done.stderr
+    quiet = check_config(str(write(tmp_path, "[slack]\nannounce_channel = 'C0123'\n" + MINIMAL)))
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
 def test_toml_syntax_error_names_line(tmp_path: Path) -> None:
     """A TOML syntax error exits 2 with the line it is on, no traceback."""
     done = check_config(str(write(tmp_path, MINIMAL + "\n[jobs.x\n")))

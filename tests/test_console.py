@@ -20,13 +20,13 @@ from bot.console.chat import (
 )
 from bot.runtime.assembly import build_context, close_context
 from bot.slack import blocks
-from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM
+from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, console_awaiting, console_no_role
 from handlers.context import Context
 from handlers.reply import Button, Reply, Status, StepLine, Table
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import run_reply
 from handlers.text import HELP_TITLE
-from pipeline.config import Config
+from pipeline.config import AuthSettings, Config
 from tests.fixtures.slack import kill_matching, slack_config
 from tests.fixtures.ssh import InProcessHost, JobFactory, JobSetup
 
@@ -218,6 +218,48 @@ async def test_run_console_end_to_end(
     out = console.export_text()
     assert "queued run r-1" in out and "[run r-1] ✓ launch" in out
     assert CONSOLE_BYE in out.splitlines()
+
+
+async def test_console_at_end_of_input_waits_for_its_runs_verdict_before_bye(
+    redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
+) -> None:
+    """A console whose input ends between a launch and its verdict says it waits, prints the verdict, then
+    `bye`: the run has its verdict when the console has exited."""
+    setup = job_factory(ssh_server, start_window=2.0)
+    config = slack_config(setup.config, redis_config, admins=("U0ADMIN",))
+    console = _console()
+    try:
+        code = await run_console(config, user="U0ADMIN", lines=[f"start {setup.name}"], console=console)
+        ctx = await build_context(config, ConsoleOutbox(_console()))
+        try:
+            run = await ctx.runs.get("r-1")
+        finally:
+            await close_context(ctx)
+    finally:
+        kill_matching(setup.token)
+    assert code == 0
+    assert run.verdict_line is not None and run.verdict_line.startswith("RUNNING"), run
+    lines = console.export_text().splitlines()
+    waiting = next(i for i, line in enumerate(lines) if line.startswith(console_awaiting("r-1", 0)[:30]))
+    shown = next(i for i, line in enumerate(lines) if run.verdict_line in line)
+    assert waiting < shown < lines.index(CONSOLE_BYE), lines
+
+
+async def test_console_says_when_its_user_is_in_no_role(
+    redis_config: Config, ssh_server: InProcessHost, job_factory: JobFactory
+) -> None:
+    """A console whose user is in no role of [auth] says so, naming the fix, before its first answer; a listed
+    user hears nothing of it."""
+    setup = job_factory(ssh_server)
+    config = slack_config(setup.config, redis_config, operators=(), admins=("U0ADMIN",))
+    config = config.model_copy(update={"auth": AuthSettings(admins=["U0ADMIN"])})
+    outsider, admin = _console(), _console()
+    assert await run_console(config, user="console", lines=["help"], console=outsider) == 0
+    assert await run_console(config, user="U0ADMIN", lines=["help"], console=admin) == 0
+    said = outsider.export_text()
+    assert said.splitlines()[0].startswith(console_no_role("console")[:40])
+    assert "add 'console' to [auth] operators" in " ".join(said.split())
+    assert "is in no role" not in admin.export_text()
 
 
 async def test_follow_prints_a_runs_steps_as_they_come_then_its_verdict(chat: Chat) -> None:

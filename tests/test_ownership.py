@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -305,3 +306,43 @@ async def test_say_wait_exits_without_a_warning(make_world: WorldFactory) -> Non
         out, err = await asyncio.wait_for(proc.communicate(), 240)
     assert proc.returncode == 0 and "RUNNING" in out.decode(), (out.decode(), err.decode())
     assert err.decode() == ""
+
+
+@pytest.mark.timeout(300)
+async def test_say_wait_into_head_then_history_the_run_has_its_verdict(make_world: WorldFactory) -> None:
+    """``pitstop say "restart JOB" --wait | head -1`` (a real pipe): the first line only, no traceback, and
+    after a plain ``history`` the run has its verdict (a reader that leaves never aborts a run)."""
+    async with make_world(start_window=3.0) as w:
+        await w.start()
+        say = " ".join(
+            shlex.quote(a) for a in pitstop(w.config_path, "say", f"restart {w.job}", "--wait", "--as", ADMIN)
+        )
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", f"set -o pipefail; {say} | head -1",
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 240)
+        assert out.decode().startswith("queued run r-2") and out.decode().count("\n") == 1, out.decode()
+        assert "Traceback" not in err.decode() and "went wrong" not in err.decode(), err.decode()
+        assert proc.returncode == 0, err.decode()
+        history = await w.cli(f"history {w.job}")
+        run = await w.ctx.runs.get("r-2")
+    assert run.verdict is Verdict.RUNNING, (run.verdict_line, history)
+    assert run.verdict_line is not None and run.verdict_line in " ".join(history.split())
+
+
+@pytest.mark.timeout(300)
+async def test_any_cli_call_verifies_a_handed_over_run_that_is_due(plain_world: World) -> None:
+    """A run handed over by a process that exited after its launch, its verification due, is verified by the
+    next ``pitstop say`` of any verb (here ``history``), not left ``launched, awaiting verdict``."""
+    w = plain_world
+    gone = await build_context(w.ctx.config, MemoryOutbox())
+    run = await gone.restarter.start(await gone.runs.create(w.job, ADMIN, action="start"))
+    await close_context(gone)  # a clean exit: the launched run is handed over, still queued
+    assert (await w.ctx.runs.get(run.id)).owner is None
+    await w.ctx.service.queue.requeue(run.id, 0.0)  # its start window has passed
+    history = await w.cli(f"history {w.job}")
+    verified = await w.ctx.runs.get(run.id)
+    assert verified.verdict is Verdict.RUNNING, history
+    assert verified.verdict_line is not None and verified.verdict_line in " ".join(history.split())
+    assert await w.ctx.service.queue.due_at(run.id) is None

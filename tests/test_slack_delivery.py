@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
+from bot.runtime.serve import serve
 from bot.slack import blocks
 from bot.slack.api import ATTEMPTS, Delivery, web_client
 from bot.slack.outbox import SlackOutbox
@@ -23,7 +24,7 @@ from handlers.reply import Reply, Status, Table
 from handlers.text import confirm_expired
 from handlers.watch.alerts import alert_reply
 from pipeline.config import AuthSettings, Config, SlackSettings
-from pipeline.errors import ExitCode
+from pipeline.errors import ConfigError, ExitCode
 from pipeline.state import keys
 from pipeline.state.audit import AuditOutcome
 from pipeline.state.incidents import Incident, IncidentKind
@@ -38,6 +39,8 @@ from tests.fixtures.slack import (
     manifest_scopes,
     validate_blocks,
 )
+from tests.fixtures.ssh import InProcessHost, JobFactory
+from tests.test_ownership import write_config
 from tests.test_slack_http import MakeStack, Stack, make_stack  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -187,6 +190,56 @@ async def test_3_refused_alert_goes_to_the_announce_channel(fake_slack: FakeSlac
     await outbox.announce("incident:dflash:1", Reply(title="dflash is down"), "C0ARCHIVED")
     (notice,) = fake_slack.posted_to(ANNOUNCE)
     assert "is_archived" in str(notice["text"]) and "dflash is down" in str(notice["text"])
+
+
+async def test_3_alert_with_no_channel_goes_down_the_chain_to_the_admins_by_dm(fake_slack: FakeSlack) -> None:
+    """With no job channel and no announce channel an alert goes to the fallback channel; with no fallback
+    either, to the admins by DM; one that reaches no one is recorded as undelivered (for /healthz)."""
+    client = web_client(BOT_TOKEN, base_url=fake_slack.api_url)
+    fallback = SlackOutbox(client, Delivery(pace=0, fallback_channel=ANNOUNCE))
+    await fallback.announce("incident:tj:1", Reply(title="tj is down"), None)
+    assert [m["text"] for m in fake_slack.posted_to(ANNOUNCE)] == ["tj is down"]
+
+    admins = SlackOutbox(client, Delivery(pace=0, page_by_dm=lambda key: ["U0ADMIN"]))
+    await admins.announce("incident:tj:2", Reply(title="tj is down again"), None)
+    (dm,) = await fake_slack.wait_for("chat.postMessage", where=lambda c: c.args["channel"].startswith("D"))
+    assert (await fake_slack.calls("conversations.open"))[-1].args["users"] == "U0ADMIN"
+    assert "tj is down again" in dm.args["text"] and "set [slack] announce_channel" in dm.args["text"]
+    assert admins.last_undelivered is not None and admins.last_undelivered["told"] == ["U0ADMIN"]
+
+    nobody = SlackOutbox(client, Delivery(pace=0))
+    await nobody.announce("incident:tj:3", Reply(title="tj is down once more"), None)
+    assert nobody.last_undelivered is not None
+    assert (
+        nobody.last_undelivered["title"] == "tj is down once more" and nobody.last_undelivered["told"] == []
+    )
+    assert nobody.last_undelivered["error"] == "no_channel"
+
+
+async def test_3_serve_refuses_a_config_whose_alerts_reach_no_channel(
+    fake_slack: FakeSlack,
+    redis_config: Config,
+    ssh_server: InProcessHost,
+    job_factory: JobFactory,
+    tmp_path: Path,
+) -> None:
+    """`serve` with no announce channel and a job without a channel refuses to start, naming the key to set
+    (before it opens anything); `check-config` says ok with a warning about the same."""
+    setup = job_factory(ssh_server)
+    config = setup.config.model_copy(update={"redis": redis_config.redis, "state": redis_config.state})
+    assert not config.slack.announce_channel and not config.jobs[setup.name].channel
+    with pytest.raises(
+        ConfigError, match=r"alerts of .* would reach no channel: set \[slack\] announce_channel"
+    ):
+        await serve(config, bot_token=BOT_TOKEN, api_url=fake_slack.api_url, signing_secret="s", host=None)
+    assert await fake_slack.calls("auth.test") == []
+    path = write_config(tmp_path / "pitstop.toml", setup, redis_config)
+    done = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "check-config", str(path)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and ": ok - " in done.stdout, done
+    assert f"warning: alerts of {setup.name} would reach no channel" in done.stderr
+    assert f"[jobs.{setup.name}] channel" in done.stderr
 
 
 async def test_3_transient_errors_are_retried_and_ratelimited_exhaustion_is_reported(

@@ -16,15 +16,24 @@ from rich.rule import Rule
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from bot.console.say import stdin_line
+from bot.console.say import Output, stdin_line
 from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
 from bot.slack.blocks import plain
-from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, CONSOLE_PROMPT, console_button, slack_earlier_omitted
+from bot.text import (
+    CONSOLE_BYE,
+    CONSOLE_CONFIRM,
+    CONSOLE_PROMPT,
+    console_awaiting,
+    console_button,
+    console_no_role,
+    slack_earlier_omitted,
+)
 from handlers.reply import Reply, Status, StepLine
+from handlers.request.auth import role_of
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import thread_key, verdict_reply
-from handlers.views.read import follow_run, followed, fresh
+from handlers.views.read import ended, follow_run, followed, fresh, within
 from pipeline.config import Config
 from pipeline.errors import ExitCode
 
@@ -42,9 +51,15 @@ _QUIT = frozenset({"quit", "exit", ":q", "bye"})
 
 
 def make_console(*, file: IO[str] | None = None, record: bool = False, width: int | None = None) -> Console:
-    """The rich Console the console chat prints to (``file``: default stdout; ``record``: keep what
-    was printed; ``width``: default the terminal's, 120 for a given file or piped output)."""
-    console = Console(file=file, record=record, width=width or (120 if file else None), highlight=False)
+    """The rich Console the console chat prints to (``file``: default stdout, whose reader may leave
+    without ending the chat's runs; ``record``: keep what was printed; ``width``: default the
+    terminal's, 120 for a given file or piped output)."""
+    console = Console(
+        file=file or Output.over(sys.stdout),
+        record=record,
+        width=width or (120 if file else None),
+        highlight=False,
+    )
     if file is None and not console.is_terminal:
         console.soft_wrap = True  # piped output: whole lines, no hard wraps
         if width is None:
@@ -169,7 +184,7 @@ class ConsoleSession:
 
     :param user: who the requests act as (a Slack user id, ``--as``/``PITSTOP_USER``).
     ``confirm? [y/N]`` is answered by the next input line in :meth:`repl`, the terminal otherwise,
-    else "no".
+    else "no".  The runs it starts get their verdict before it says ``bye`` (:meth:`settle`).
     """
 
     def __init__(self, dispatcher: Dispatcher, *, user: str, console: Console | None = None) -> None:
@@ -178,12 +193,14 @@ class ConsoleSession:
         self.console = console or make_console()
         self._lines: Iterator[str] | None = None
         self._read_stdin = False  #: True once a line was read from stdin
+        self.runs: list[str] = []  #: ids of the runs this session started, oldest first
 
     async def run_line(self, text: str) -> Reply:
         """Send one line, print the reply, settle a confirmation it asks for; return the final reply."""
         delivery = f"console:{uuid.uuid4().hex}"
         req = Request(text=text, user=self.user, delivery_id=delivery, surface="console")
         reply = await self.dispatcher.handle(req)
+        self._started(reply)
         self.console.print(render(reply))
         if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.dispatcher.ctx.config)):
             await self.follow(run_id, reply.steps)
@@ -194,8 +211,28 @@ class ConsoleSession:
         outcome = await self.dispatcher.handle_action(
             action, confirm.value, self.user, f"console:{uuid.uuid4().hex}"
         )
+        self._started(outcome)
         self.console.print(render(outcome))
         return outcome
+
+    def _started(self, reply: Reply) -> None:
+        if reply.run_id is not None and reply.exit_code is ExitCode.OK and reply.run_id not in self.runs:
+            self.runs.append(reply.run_id)
+
+    async def settle(self) -> None:
+        """Before ``bye``: let the sequences in flight end, then wait for the verdict of each launched
+        run this session started, at most its job's follow bound (:func:`~handlers.views.read.within`);
+        this process verifies it when due unless another has it, and the verdict is printed as a post.
+        Ctrl-C (cancel) instead hands the runs over: the next ``pitstop`` process verifies them."""
+        ctx = self.dispatcher.ctx
+        await self.dispatcher.drain(DRAIN_TIMEOUT)
+        for run_id in self.runs:
+            run = await ctx.runs.get(run_id)
+            if ended(run) or not run.launched:
+                continue
+            self.console.print(Text(console_awaiting(run_id, within(ctx.config, run.job)), style="dim"))
+            async for _ in follow_run(ctx, run_id):
+                pass
 
     async def follow(self, run_id: str, shown: tuple[StepLine, ...]) -> None:
         """``follow r-N`` after its answer (which showed ``shown``): each step change of the run as a
@@ -245,6 +282,7 @@ class ConsoleSession:
             if text.lower() in _QUIT:
                 break
             await self.run_line(text)
+        await self.settle()
         self.console.print(Text(CONSOLE_BYE, style="dim"))
         return 0
 
@@ -253,16 +291,16 @@ async def run_console(
     config: Config, *, user: str, lines: Iterable[str] | None = None, console: Console | None = None
 ) -> int:
     """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
-    chat (:meth:`ConsoleSession.repl`), wait for restarts in flight, close everything; return 0."""
+    chat (:meth:`ConsoleSession.repl`: it waits for its runs' verdicts), close everything; return 0."""
     console = console or make_console()
+    if all(role_of(config, user, job=job) is None for job in [None, *config.jobs]):  # each request denied
+        console.print(Text(console_no_role(user), style="bold yellow"))
     ctx = await build_context(config, ConsoleOutbox(console))
     sched = PitstopScheduler(ctx)
     try:
         await sched.start()
         dispatcher = Dispatcher(ctx)
-        code = await ConsoleSession(dispatcher, user=user, console=console).repl(lines)
-        await dispatcher.drain(DRAIN_TIMEOUT)
-        return code
+        return await ConsoleSession(dispatcher, user=user, console=console).repl(lines)
     finally:
         with contextlib.suppress(Exception):
             await sched.stop()

@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import io
 import json
+import os
 import sys
 import threading
 import uuid
-from typing import IO, TYPE_CHECKING
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, cast
 
 from bot.text import CONSOLE_CONFIRM, demo_wait_timed_out
 from handlers.grammar.commands import ParseError, parse
@@ -39,6 +42,61 @@ def parse_main(config: Config, text: str, *, out: IO[str] | None = None, err: IO
         return int(exc.exit_code)
     print(command.dumps((", ", ": ")), file=out or sys.stdout)
     return 0
+
+
+class Output(io.TextIOBase):
+    """A text stream whose reader may leave (``pitstop say … | head -1``): after the first
+    :class:`BrokenPipeError` (or a closed stream) what is written is dropped, never raised, so the
+    request and its run go on to their verdict; the stream's descriptor is pointed at
+    ``/dev/null`` so the interpreter's last flush stays quiet too.  Anything else (``isatty``,
+    ``encoding``, ``fileno``) is the wrapped stream's.
+
+    :param stream: the stream written to (stdout).
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__()
+        self.stream = stream
+        self.gone = False  #: True once the reader left
+
+    @classmethod
+    def over(cls, stream: IO[str]) -> IO[str]:
+        """``stream`` wrapped, typed as the stream it stands for."""
+        return cast("IO[str]", cls(stream))
+
+    def write(self, text: str) -> int:
+        """Write ``text`` unless the reader left; :returns: its length either way."""
+        self._guard(lambda: self.stream.write(text))
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush unless the reader left."""
+        self._guard(self.stream.flush)
+
+    def isatty(self) -> bool:
+        """Whether the wrapped stream is a terminal (False once its reader left)."""
+        return not self.gone and self.stream.isatty()
+
+    def fileno(self) -> int:
+        """The wrapped stream's descriptor."""
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        """The wrapped stream's encoding."""
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    def _guard(self, op: Callable[[], object]) -> None:
+        if self.gone:
+            return
+        try:
+            op()
+        except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+            self.gone = True
+            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation, AttributeError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+                os.close(devnull)
 
 
 def stdin_line(prompt: str | None = None) -> asyncio.Future[str | None]:
@@ -112,8 +170,7 @@ async def say_main(
     from handlers.request.dispatch import Dispatcher, Request  # lazy: as above
     from handlers.views.read import followed  # lazy: as above
 
-    out = out or sys.stdout
-    err = err or sys.stderr
+    out, err = Output.over(out or sys.stdout), Output.over(err or sys.stderr)  # `| head` ends no run
     outbox = MemoryOutbox()
     ctx = await build_context(config, outbox, deliver_recovered=True)
     dispatcher = Dispatcher(ctx)

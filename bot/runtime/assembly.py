@@ -41,7 +41,8 @@ async def build_context(
     """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context, and
     take over the runs whose owner died (:meth:`pipeline.runs.service.RunService.recover`).
 
-    :param deliver_recovered: also verify the taken-over runs now (no scheduler: ``pitstop say``).
+    :param deliver_recovered: also verify the taken-over runs now, and the due ones no live process owns
+        (no scheduler: ``pitstop say``).
     :param engines: the engines' registry (:data:`pipeline.engines.ENGINES`).
     :raises StateUnavailable: if a configured Redis does not answer.
     :raises ConfigError: if a job's engine is not in ``engines`` or its config does not suit it.

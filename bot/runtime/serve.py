@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.runtime.assembly import build_context, close_context, new_instance_id
@@ -44,8 +45,8 @@ from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.watch.alerts import page_by_dm
 from pipeline import fmt
-from pipeline.config import Config, WatchSettings
-from pipeline.errors import SlackUnavailable, StateUnavailable, UsageError
+from pipeline.config import Config, WatchSettings, alerts_nowhere
+from pipeline.errors import ConfigError, SlackUnavailable, StateUnavailable, UsageError
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
 from pipeline.state.redisconn import Outage, StoreWatch
 
@@ -205,11 +206,14 @@ class SlackRuntime:
 
 
 async def auth_test(client: AsyncWebClient) -> dict[str, Any]:
-    """``auth.test``: ``{"ok": True, "team", "bot_user"}``, or ``{"ok": False, "error"}`` (Slack's code)."""
+    """``auth.test``: ``{"ok": True, "team", "bot_user"}``, or ``{"ok": False, "error"}`` (Slack's code,
+    or with ``"unreachable": True`` the connection error: Slack did not answer)."""
     try:
         resp = await client.auth_test()
     except ERRORS as exc:
-        return {"ok": False, "error": error_text(exc)}
+        return {"ok": False, "error": error_text(exc)} | (
+            {} if isinstance(exc, SlackApiError) else {"unreachable": True}
+        )
     return {"ok": True, "team": resp.get("team"), "bot_user": resp.get("user_id")}
 
 
@@ -233,7 +237,7 @@ async def open_runtime(
         client = web_client(bot_token, base_url=api_url, session=session)
         auth = await auth_test(client)
         if not auth["ok"]:
-            raise SlackUnavailable("auth.test", auth["error"])
+            raise SlackUnavailable("auth.test", auth["error"], unreachable=bool(auth.get("unreachable")))
         delivery = Delivery(
             config.slack.announce_channel,
             config.slack.pace,
@@ -369,7 +373,9 @@ async def connect_socket(surface: SlackSurface, *, app_token: str) -> CappedSock
         handler.client.wss_uri = await handler.client.issue_new_wss_url()
     except ERRORS as exc:
         await handler.close_async()  # type: ignore[no-untyped-call]
-        raise SlackUnavailable("apps.connections.open", error_text(exc)) from None
+        raise SlackUnavailable(
+            "apps.connections.open", error_text(exc), unreachable=not isinstance(exc, SlackApiError)
+        ) from None
     await handler.connect_async()  # type: ignore[no-untyped-call]
     return handler
 
@@ -392,9 +398,12 @@ async def serve(
     ``admin_host`` is None); one that cannot be bound is logged and Slack is served without it.
     Port 0: a free one.
 
+    :raises ConfigError: if a job's alerts would reach no channel (:meth:`Config.unalerted`).
     :raises SlackUnavailable: if a token is refused.
     :raises UsageError: if ``host:port`` cannot be bound (HTTP mode).
     """
+    if unalerted := config.unalerted():  # alerts to nobody, with everything green: refused at start
+        raise ConfigError([alerts_nowhere(unalerted)], config.source)
     runtime = await open_runtime(config, bot_token=bot_token, api_url=api_url, signing_secret=signing_secret)
     servers: list[HttpServer] = []
     try:

@@ -27,6 +27,8 @@ from pipeline.state.runs import RunStore
 
 log = logging.getLogger(__name__)
 
+#: the refusal of a post with no channel configured (none, no announce, no fallback), and its fix
+NO_CHANNEL, NO_CHANNEL_FIX = "no_channel", "set [slack] announce_channel"
 CLAIM_WAIT = 5.0  #: seconds to wait for another replica's headline before posting our own
 STORY_WAIT = 300.0  #: most seconds a member waits for a grouped post another replica has on its way
 T = TypeVar("T")
@@ -148,12 +150,15 @@ class SlackOutbox(SlackSender):
                     await self._refused(key, reply, loc[0], exc)
                     self._rescued.pop(key, None)
                     return
-        target = channel or self.delivery.default_channel
-        if target is None:
-            await self.record_failure(key, "no channel: set [slack] announce_channel")
-            return
-        ts = await self._renewing(key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key))
-        if ts is None:
+        target = channel or self.delivery.default_channel or self.delivery.fallback_channel
+        ts: str | None = None
+        if target is None:  # nowhere to post: the rest of the chain (the requester, owners and admins by DM)
+            await self._refused(key, reply, "", Refused(NO_CHANNEL, NO_CHANNEL_FIX))
+        else:
+            ts = await self._renewing(
+                key, self._send(target, reply, thread_ts=None, follow_ups=False, key=key)
+            )
+        if target is None or ts is None:
             # the alert went to another channel: it lives there from now on
             if (rescued := self._rescued.pop(key, None)) is not None:
                 await self._remember(key, *rescued)
@@ -170,7 +175,7 @@ class SlackOutbox(SlackSender):
         ``channel`` (None: ``default_channel``) is the grouped post's, else as a message of its own;
         nothing when already posted.  While ``story``'s headline is on its way (here, or claimed by
         a live replica: at most :data:`STORY_WAIT` s) it waits, counted in :meth:`queue`."""
-        target = channel or self.delivery.default_channel
+        target = channel or self.delivery.default_channel or self.delivery.fallback_channel
         if await self.where(key) is not None:
             return  # already told (by the story, or by what happened to its job since)
         parent = await self.where(story)
@@ -224,9 +229,9 @@ class SlackOutbox(SlackSender):
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Post ``reply`` on its own (digests); follow-ups go in its thread with their charts, the
         reply's own chart is uploaded to the channel."""
-        target = channel or self.delivery.default_channel
+        target = channel or self.delivery.default_channel or self.delivery.fallback_channel
         if target is None:
-            await self.record_failure("post", "no channel: set [slack] announce_channel")
+            await self._refused(None, reply, "", Refused(NO_CHANNEL, NO_CHANNEL_FIX))
             return
         ts = await self._send(target, reply, thread_ts=None, follow_ups=False)
         if ts is not None:
@@ -264,9 +269,10 @@ class SlackOutbox(SlackSender):
         return ts
 
     async def _refused(self, key: str | None, reply: Reply, channel: str, exc: Refused) -> None:
-        """Record a refused post; tell the run's requester (DM), else another channel."""
+        """Record a refused post (``channel`` "": it had none); tell the run's requester (DM), else
+        another channel; an alert itself goes down the chain, ending with its owners and admins by DM."""
         what = reply.title.splitlines()[0] if reply.title else (key or "post")
-        await self.record_failure(channel, exc)
+        await self.record_failure(channel or key or "post", exc)
         notice = refused_notice(what, channel, exc.error)
         user = self._requesters.get(key or "")
         if user is None and key and key.startswith("run:") and self._runs is not None:

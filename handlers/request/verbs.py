@@ -118,7 +118,7 @@ async def _pending(call: Call) -> Reply:
 async def _help(call: Call) -> Reply:
     # in Slack a verb is typed after the slash command; in the console and `pitstop say` alone
     typed = f"{call.ctx.config.slack.command} " if call.req.surface in ("slack", "home") else ""
-    return views.help_command(call.command, typed=typed)
+    return views.help_command(call.command, typed=typed, jobs=list(call.ctx.config.jobs))
 
 
 VERBS: Mapping[str, Handler] = MappingProxyType(

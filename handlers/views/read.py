@@ -12,8 +12,9 @@ change and the verdict, Slack keeps the run's message up to date.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from handlers import text as words
 from handlers.context import Context
@@ -120,7 +121,8 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         shown = [words.mention(t) if t.startswith(("U", "W")) else f"<#{t}>" for t in lost.told]
         instead = f"went to {', '.join(shown)} instead" if lost.told else "reached no one"
         lines.append(
-            f"last undelivered alert {ago}: {lost.title} - {lost.error} in <#{lost.channel}>, {instead}"
+            f"last undelivered alert {ago}: {lost.title} - {lost.error}"
+            f"{f' in <#{lost.channel}>' if lost.channel else ''}, {instead}"
         )
     kept = await ctx.redis.persistence()
     how = "every write, fsynced each second (append-only file)" if kept.aof else "at snapshots only"
@@ -292,18 +294,25 @@ def _audit_row(config: Config, e: AuditEntry, *, approvals: bool) -> tuple[str, 
     return (_when(config, e.ts), who(e.user), e.text[:80], e.outcome.value, detail)
 
 
-def help_command(command: Command, *, typed: str = "") -> Reply:
+EXAMPLE_JOB = "dflash"  #: the job the grammar's examples name (the reference pipeline)
+
+
+def help_command(command: Command, *, typed: str = "", jobs: Sequence[str] = ()) -> Reply:
     """``help [VERB]``: every verb's usage, what it does and the role it needs; or one verb's
     usage lines and examples.  Derived from the command table (:data:`handlers.grammar.parse.GRAMMAR`).
 
     :param typed: what comes before a verb on the surface (``/train `` in Slack, nothing in the console).
+    :param jobs: the configured jobs: examples name the first (``stop tj``) unless the reference
+        job :data:`EXAMPLE_JOB` is one of them.
     """
     topic = command.topic
     if topic is not None:
         spec = grammar.VERBS[topic]
         lines = [spec.summary, f"needs the {spec.role.label} role"]
-        if spec.examples:
-            lines.append("examples: " + "; ".join(f"`{e}`" for e in spec.examples))
+        job = EXAMPLE_JOB if not jobs or EXAMPLE_JOB in jobs else jobs[0]
+        examples = [re.sub(rf"\b{EXAMPLE_JOB}\b", job, e) for e in spec.examples]
+        if examples:
+            lines.append("examples: " + "; ".join(f"`{e}`" for e in examples))
         return Reply(title=f"usage: {spec.usage}", lines=tuple(lines))
     lines = [f"`{spec.usage}` - {spec.summary} ({spec.role.label})" for spec in grammar.GRAMMAR]
     lines.append(

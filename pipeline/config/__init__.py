@@ -14,13 +14,15 @@ checked by the engines (:func:`pipeline.engines.base.check_engines`), not here.
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
+import types
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipeline import fmt
 from pipeline.config.base import LocalPath, _Model, matching, must
@@ -181,6 +183,13 @@ class Config(_Model):
         """The channel a job's posts go to: its ``channel``, else ``announce_channel``."""
         return self.jobs[job].channel or self.slack.announce_channel
 
+    def unalerted(self) -> list[str]:
+        """Jobs whose alerts would reach no channel: no ``channel`` of their own, no
+        ``[slack] announce_channel`` and no ``fallback_channel`` (configured order)."""
+        if self.slack.announce_channel or self.slack.fallback_channel:
+            return []
+        return [name for name, job in self.jobs.items() if not job.channel]
+
 
 def _spelling(known: Iterable[str], name: str) -> str:
     return {key.lower(): key for key in known}[name.lower()]
@@ -204,9 +213,42 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts)
 
 
-def validation_problems(exc: ValidationError, at: str = "") -> list[str]:
+def _unwrap(tp: Any) -> list[Any]:
+    """The types an annotation may hold: ``Annotated`` and unions taken apart."""
+    if get_origin(tp) is Annotated:
+        return _unwrap(get_args(tp)[0])
+    if get_origin(tp) in (Union, types.UnionType):
+        return [t for arg in get_args(tp) for t in _unwrap(arg)]
+    return [tp]
+
+
+def _keys_beside(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the table(s) that hold ``loc``'s last key, following ``loc`` from ``model``
+    through tables, ``dict`` values (``[jobs.NAME]``) and union branches."""
+    held: list[Any] = [model]
+    for part in loc[:-1]:
+        if isinstance(part, str) and part in _BRANCH_TAGS:
+            continue
+        inner: list[Any] = []
+        for t in (t for tp in held for t in _unwrap(tp)):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                if isinstance(part, str) and part in t.model_fields:
+                    inner.append(t.model_fields[part].annotation)
+            elif get_origin(t) is dict or (get_origin(t) is list and isinstance(part, int)):
+                inner.append(get_args(t)[-1])
+        held = inner
+    fields = (
+        t.model_fields for tp in held for t in _unwrap(tp) if isinstance(t, type) and issubclass(t, BaseModel)
+    )
+    return sorted({name for f in fields for name in f if name != "source"})
+
+
+def validation_problems(
+    exc: ValidationError, at: str = "", model: type[BaseModel] | None = None
+) -> list[str]:
     """``exc``'s errors as config problems, one line each, naming the TOML path of its key (under
-    ``at``, the path of the table validated: ``jobs.dflash.slurm``)."""
+    ``at``, the path of the table validated: ``jobs.dflash.slurm``); an unknown key of ``model``'s
+    tables gets a did-you-mean (``stop_timout`` → ``stop_timeout``)."""
     out: list[str] = []
     errors = exc.errors()
     top = (at,) if at else ()
@@ -218,6 +260,9 @@ def validation_problems(exc: ValidationError, at: str = "") -> list[str]:
         msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key (see pitstop.example.toml for the keys)"
+            known = _keys_beside(model, err["loc"]) if model is not None else []
+            if close := difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.7):
+                msg += f" - did you mean {close[0]}?"
         elif err["type"] == "missing":
             msg = "required key is missing"
         for line in msg.splitlines():
@@ -238,7 +283,7 @@ def parse_config(data: dict[str, Any], source: str = "", base_dir: Path | None =
         context = {"base": base_dir, "hosts": data.get("hosts")}
         return Config.model_validate({**data, "source": source}, context=context)
     except ValidationError as exc:
-        raise ConfigError(validation_problems(exc), source) from None
+        raise ConfigError(validation_problems(exc, model=Config), source) from None
 
 
 def load_config(path: str | Path) -> Config:
@@ -268,4 +313,14 @@ def config_missing(path: str) -> str:
     return (
         f"{path}: config file not found - pass --config FILE, set PITSTOP_CONFIG, "
         "or copy pitstop.example.toml to ./pitstop.toml"
+    )
+
+
+def alerts_nowhere(jobs: Iterable[str]) -> str:
+    """Alerts of ``jobs`` would reach no channel (``serve`` refuses; ``check-config`` warns)."""
+    names = list(jobs)
+    job = f"[jobs.{names[0]}] channel" if len(names) == 1 else "each job's channel"
+    return (
+        f"alerts of {', '.join(names)} would reach no channel: set [slack] announce_channel "
+        f"(a channel id, C…), or {job}"
     )

@@ -100,7 +100,7 @@ class SlurmEngine(WorkdirSteps):
         try:
             settings(job)
         except ValidationError as exc:
-            return validation_problems(exc, f"{at}.slurm")
+            return validation_problems(exc, f"{at}.slurm", SlurmSettings)
         return []
 
     async def preflight(self, run: RunRecord, t: Target, plan: Plan) -> Mapping[str, bool]:

@@ -170,7 +170,9 @@ class RunService(Verification, Attempts):
         (INTERRUPTED); one that ended before its launch also publishes its ``verdict`` event, one
         that launched is queued for verification.
 
-        :param deliver: verify and tell the launched ones here (a process without a scheduler).
+        :param deliver: verify and tell here the launched ones, and every launched run that no live
+            process owns (handed over by a process that exited) whose verification is due: a process
+            without a scheduler (``pitstop say``, whatever its verb) leaves no run awaiting its verdict.
         :returns: the runs taken over.
         """
         found = await reconcile(self.restarter, instance=self.instance)
@@ -181,4 +183,10 @@ class RunService(Verification, Attempts):
                 await self.publish_verdict(item.run)
             elif deliver:
                 await self.deliver(item.run.id)
+        if deliver:
+            now = time.time()
+            for run in await self.runs.unowned():
+                due = await self.queue.due_at(run.id) if run.launched else None
+                if due is not None and due <= now:
+                    await self.deliver(run.id)
         return found
