@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bot.console.identity import CliIdentity
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
@@ -421,7 +422,13 @@ async def test_say_runs_the_slack_path_and_waits_for_the_verdict(
     out, err = io.StringIO(), io.StringIO()
     try:
         code = await say_main(
-            config, "start trainer", user="U0SAYER0001", wait=True, as_json=True, out=out, err=err
+            config,
+            "start trainer",
+            who=CliIdentity("U0SAYER0001", "tester"),
+            wait=True,
+            as_json=True,
+            out=out,
+            err=err,
         )
         assert code == 0, out.getvalue() + err.getvalue()
         data = json.loads(out.getvalue())
@@ -433,20 +440,40 @@ async def test_say_runs_the_slack_path_and_waits_for_the_verdict(
         out = io.StringIO()
         assert (
             await say_main(
-                config, "stop trainer", user="console", wait=False, as_json=False, out=out, err=err
+                config,
+                "stop trainer",
+                who=CliIdentity("console", "tester"),
+                wait=False,
+                as_json=False,
+                out=out,
+                err=err,
             )
             == 3
         )
         assert "may not `stop trainer`" in out.getvalue()
         out = io.StringIO()
         assert (
-            await say_main(config, "stop trainr", user="console", wait=False, as_json=False, out=out, err=err)
+            await say_main(
+                config,
+                "stop trainr",
+                who=CliIdentity("console", "tester"),
+                wait=False,
+                as_json=False,
+                out=out,
+                err=err,
+            )
             == 2
         )
     finally:
         out = io.StringIO()
         await say_main(
-            config, "stop trainer", user="U0SAYER0001", wait=False, as_json=False, out=out, err=err
+            config,
+            "stop trainer",
+            who=CliIdentity("U0SAYER0001", "tester"),
+            wait=False,
+            as_json=False,
+            out=out,
+            err=err,
         )
 
 

@@ -16,13 +16,14 @@ from rich.rule import Rule
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from bot.console.identity import CliIdentity
 from bot.console.say import stdin_line
 from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
 from bot.slack.blocks import plain
 from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, CONSOLE_PROMPT, console_button, slack_earlier_omitted
 from handlers.reply import Reply, Status, StepLine
-from handlers.request.dispatch import Dispatcher, Request
+from handlers.request.dispatch import Dispatcher
 from handlers.runs.view import thread_key, verdict_reply
 from handlers.views.read import follow_run, followed, fresh
 from pipeline.config import Config
@@ -167,14 +168,14 @@ class ConsoleOutbox:
 class ConsoleSession:
     """One person chatting with Pitstop in a terminal (or a script driving it).
 
-    :param user: who the requests act as (a Slack user id, ``--as``/``PITSTOP_USER``).
+    :param who: who the requests act as (:func:`bot.console.identity.cli_identity`).
     ``confirm? [y/N]`` is answered by the next input line in :meth:`repl`, the terminal otherwise,
     else "no".
     """
 
-    def __init__(self, dispatcher: Dispatcher, *, user: str, console: Console | None = None) -> None:
+    def __init__(self, dispatcher: Dispatcher, *, who: CliIdentity, console: Console | None = None) -> None:
         self.dispatcher = dispatcher
-        self.user = user
+        self.who = who
         self.console = console or make_console()
         self._lines: Iterator[str] | None = None
         self._read_stdin = False  #: True once a line was read from stdin
@@ -182,7 +183,7 @@ class ConsoleSession:
     async def run_line(self, text: str) -> Reply:
         """Send one line, print the reply, settle a confirmation it asks for; return the final reply."""
         delivery = f"console:{uuid.uuid4().hex}"
-        req = Request(text=text, user=self.user, delivery_id=delivery, surface="console")
+        req = self.who.request(text, delivery, "console")
         reply = await self.dispatcher.handle(req)
         self.console.print(render(reply))
         if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.dispatcher.ctx.config)):
@@ -192,7 +193,7 @@ class ConsoleSession:
         answer = await self.ask(CONSOLE_CONFIRM)  # confirm and cancel carry one token, confirm's value
         action = "confirm" if (answer or "").strip().lower() in ("y", "yes") else "cancel"
         outcome = await self.dispatcher.handle_action(
-            action, confirm.value, self.user, f"console:{uuid.uuid4().hex}"
+            action, confirm.value, self.who.user, f"console:{uuid.uuid4().hex}", via=req
         )
         self.console.print(render(outcome))
         return outcome
@@ -250,7 +251,7 @@ class ConsoleSession:
 
 
 async def run_console(
-    config: Config, *, user: str, lines: Iterable[str] | None = None, console: Console | None = None
+    config: Config, *, who: CliIdentity, lines: Iterable[str] | None = None, console: Console | None = None
 ) -> int:
     """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
     chat (:meth:`ConsoleSession.repl`), wait for restarts in flight, close everything; return 0."""
@@ -260,7 +261,7 @@ async def run_console(
     try:
         await sched.start()
         dispatcher = Dispatcher(ctx)
-        code = await ConsoleSession(dispatcher, user=user, console=console).repl(lines)
+        code = await ConsoleSession(dispatcher, who=who, console=console).repl(lines)
         await dispatcher.drain(DRAIN_TIMEOUT)
         return code
     finally:
