@@ -294,7 +294,8 @@ async def test_reads_answer_inline(ctx: Context, dispatcher: Dispatcher) -> None
 
 
 async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatcher) -> None:
-    """``history`` is a table of the last runs with their verdicts, plus recent denied/refused requests."""
+    """``history`` is a table of the last runs with their verdicts and who asked through which surface,
+    plus recent denied/refused requests."""
     await dispatcher.handle(_req("restart dflash with topk patch"))
     await dispatcher.handle(_req("restart dflash", user=VIEWER))  # denied
     await dispatcher.handle(_req("restart dflash", user=ADMIN))  # refused: in flight
@@ -304,11 +305,12 @@ async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatc
     (runs,) = reply.tables
     assert runs.headers == HISTORY_HEADERS
     row = runs.rows[0]
-    assert row[0] == "r-1" and row[2] == "<@U0OPERATOR1>" and row[3] == "restart" and row[4] == "topk"
+    assert row[0] == "r-1" and row[2] == "<@U0OPERATOR1> (slack)" and row[3] == "restart" and row[4] == "topk"
     assert row[5] == RUN_AWAITING_VERDICT
     (refusals,) = reply.follow_ups
     outcomes = [r[3] for r in refusals.tables[0].rows]
     assert outcomes == ["refused", "denied"]
+    assert [r[1] for r in refusals.tables[0].rows] == [f"<@{ADMIN}> (slack)", f"<@{VIEWER}> (slack)"]
 
 
 async def test_watch_and_ack_go_to_the_ack_handlers(

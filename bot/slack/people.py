@@ -9,6 +9,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Callable
 
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -37,11 +38,15 @@ class People:
 
     :param group_roles: False → :meth:`groups_of` puts every user in no group and never asks Slack
         (no role names a group).
+    :param clock: monotonic seconds (tests pass their own).
     """
 
-    def __init__(self, client: AsyncWebClient, *, group_roles: bool = True) -> None:
+    def __init__(
+        self, client: AsyncWebClient, *, group_roles: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.client = client
         self.group_roles = group_roles
+        self.clock = clock
         self._names: dict[str, tuple[str | None, float]] = {}
         self._groups: dict[str, list[str]] | None = None  #: group id → its user ids, as last listed
         self._listed_at: float | None = None  #: monotonic s of the last listing Slack answered
@@ -86,7 +91,7 @@ class People:
             return ()
         if self._groups is None:
             await self.list_groups()
-        elif time.monotonic() - self._tried_at > GROUPS_TTL:
+        elif self.clock() - self._tried_at > GROUPS_TTL:
             self._list()
         return tuple(group for group, users in (self._groups or {}).items() if user in users)
 
@@ -107,7 +112,7 @@ class People:
 
     def _age(self) -> float:
         """Seconds since the last good listing (infinite if none)."""
-        return float("inf") if self._listed_at is None else time.monotonic() - self._listed_at
+        return float("inf") if self._listed_at is None else self.clock() - self._listed_at
 
     async def list_groups(self) -> None:
         """List the user groups now, if a role names one (one request at a time; callers share it)."""
@@ -120,7 +125,7 @@ class People:
         return self._listing
 
     async def _load_groups(self) -> None:
-        self._tried_at = time.monotonic()
+        self._tried_at = self.clock()
         try:
             resp = await self.client.usergroups_list(include_users=True)
         except Exception as exc:  # a failed listing must not fail the request: the last one, retry later
@@ -129,7 +134,7 @@ class People:
             return
         listed = resp.get("usergroups") or []
         self._groups = {str(g.get("id")): [str(u) for u in g.get("users") or []] for g in listed}
-        self._listed_at = time.monotonic()
+        self._listed_at = self.clock()
 
     async def expand(self, wanted: list[str]) -> list[str]:
         """``wanted`` (user ids ``U…``/``W…`` and user group ids ``S…``) as user ids, each once,
