@@ -179,7 +179,8 @@ def run_headline(run: RunRecord) -> str:
     extra = [f"with {patch_phrase(run.patches)}"] if run.patches else []
     extra += ["fresh cache"] if run.fresh_cache else []
     tail = (" " + ", ".join(extra)) if extra else ""
-    return f"{run.id}: {run.action} of {run.job} by {fmt.who(run.requested_by)}{tail}"
+    by = acting(run.actor) if run.actor is not None else fmt.who(run.requested_by)
+    return f"{run.id}: {run.action} of {run.job} by {by}{tail}"
 
 
 def run_lock_lost(job: str) -> str:
@@ -244,9 +245,10 @@ def approver_names(approvers: Sequence[str]) -> str:
     return ", ".join(f"{a}s" if a in APPROVER_ROLES else mention(a) for a in approvers)
 
 
-def approval_waiting_title(request_id: str, text: str, requester: str) -> str:
-    """The run's message while its request waits."""
-    return f"{request_id}: `{text}` by {fmt.who(requester)} is waiting for approval"
+def approval_waiting_title(request: ApprovalRequest) -> str:
+    """The run's message while its request waits: who asked (``<@A> as <@B>`` for an admin's ``--as``)."""
+    by = acting(request.actor) if request.actor is not None else fmt.who(request.requester)
+    return f"{request.id}: `{request.text}` by {by} is waiting for approval"
 
 
 def approval_asked(request_id: str, text: str) -> str:

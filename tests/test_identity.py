@@ -17,6 +17,7 @@ from bot.console.identity import CliIdentity, IdentityRefused, cli_identity
 from bot.slack.api import web_client
 from bot.slack.people import GROUPS_TTL, People
 from handlers.context import Context
+from handlers.outbox import MemoryOutbox
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.text import approval_self
 from pipeline.config import Config, parse_config
@@ -139,6 +140,13 @@ async def test_an_admin_as_the_requester_cannot_approve_it(config: Config, dispa
     )
     request = await dispatcher.two_person.approvals.find(rid)
     assert request is not None and request.requester == OPERATOR and request.real_requester == ADMIN
+    outbox = dispatcher.ctx.outbox
+    assert isinstance(outbox, MemoryOutbox)
+
+    def titles() -> list[str]:
+        return [p.reply.title for p in outbox.of("announce") if p.key == f"run:{rid}"]
+
+    assert titles()[0].endswith(f"by <@{ADMIN}> as <@{OPERATOR}> is waiting for approval")
     for req in (_say(cli_identity(config, "boss"), f"approve {rid}"), _slack(f"approve {rid}", ADMIN)):
         reply = await dispatcher.handle(req)
         assert reply.exit_code is ExitCode.DENIED and reply.title == approval_self(rid)
@@ -148,6 +156,7 @@ async def test_an_admin_as_the_requester_cannot_approve_it(config: Config, dispa
     run = await dispatcher.ctx.runs.get(rid)
     assert run.actor == Actor(user=OPERATOR, surface="say", by=ADMIN, os_user="boss")
     assert run.approver == Actor(user=SECOND, surface="say", os_user="two")
+    assert any(t.startswith(f"{rid}: restart of dflash by <@{ADMIN}> as <@{OPERATOR}>") for t in titles())
     history = await dispatcher.handle(_slack("history dflash", VIEWER))
     who = history.tables[0].rows[0][2]
     assert who == f"<@{ADMIN}> as <@{OPERATOR}> (cli: boss) + <@{SECOND}> (cli: two)"
@@ -175,7 +184,9 @@ async def test_approval_reauthorises_the_requester_with_fresh_groups(
     assert request is not None and request.state is ApprovalState.REFUSED and "operator" in request.reason
     with pytest.raises(Exception, match=leaves):
         await dispatcher.ctx.runs.get(leaves)
-    shown = [p.reply for p in dispatcher.ctx.outbox.of("announce") if p.key == f"run:{leaves}"]  # type: ignore[attr-defined]
+    outbox = dispatcher.ctx.outbox
+    assert isinstance(outbox, MemoryOutbox)
+    shown = [p.reply for p in outbox.of("announce") if p.key == f"run:{leaves}"]
     assert "closed without running" in shown[-1].title and shown[-1].buttons == ()
 
 
@@ -216,7 +227,7 @@ async def test_a_surface_without_slack_cannot_decide_when_roles_name_groups(
 def _with(
     auth: dict[str, Any], approvers: list[str], job_auth: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    job = {"host": "h", "workdir": "/w", "launch": ["x"], "log": "/w/l", "match": "x"}
+    job: dict[str, Any] = {"host": "h", "workdir": "/w", "launch": ["x"], "log": "/w/l", "match": "x"}
     job["approval"] = {"actions": ["restart"], "approvers": approvers}
     if job_auth is not None:
         job["auth"] = job_auth

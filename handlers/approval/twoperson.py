@@ -115,7 +115,7 @@ def request_reply(config: Config, request: ApprovalRequest, files: tuple[Attachm
     """The run's message while its request waits: what would change (each patch's diffstat and
     SHA-256, the whole diff attached as ``files``), Approve/Deny, who may click."""
     return Reply(
-        title=words.approval_waiting_title(request.id, request.text, request.requester),
+        title=words.approval_waiting_title(request),
         status=Status.WARNING,
         lines=_waiting_lines(config, request),
         buttons=(
@@ -138,7 +138,7 @@ def closed_reply(config: Config, request: ApprovalRequest) -> Reply:
     else:
         waited = request.expires_at - request.created_at
         head, tone = words.approval_expired(request.id, waited), Status.WARNING
-    asked = words.approval_waiting_title(request.id, request.text, request.requester)
+    asked = words.approval_waiting_title(request)
     return Reply(
         title=head,
         status=tone,
