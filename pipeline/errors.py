@@ -5,8 +5,9 @@ else is logged with its traceback under an incident id (:func:`new_incident_id`)
 gets one line naming it (:func:`internal_error`).  Each class has a stable string ``code`` (it
 never changes once released), keeps its fields as attributes, builds its own text from them,
 and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its
-class.  Other packages' errors: ``handlers.grammar.commands.ParseError``, ``handlers.request.auth.Denied``,
-``pipeline.state.locks.InFlight``, ``bot.demo.run.DemoFailed``.
+class.  Other packages' errors: ``handlers.grammar.commands.ParseError``, ``handlers.request.auth.Denied``
+(and ``NotYourself``), ``bot.console.identity.IdentityRefused``, ``pipeline.state.locks.InFlight``,
+``bot.demo.run.DemoFailed``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Each verb needs a role (:attr:`handlers.grammar.parse.VerbSpec.role`).  A person holds a role when
 ``[auth]`` lists their Slack user id, one of their user-group ids, or ``"*"``; for a command about
 a job, each list its ``[jobs.NAME.auth]`` sets replaces the global one.  The console and ``pitstop
-say`` user (``console`` unless ``--as``/``PITSTOP_USER``) has only the roles the config gives it.
+say`` act as the Slack id ``[auth.cli]`` maps their OS user to (:mod:`bot.console.identity`), with
+only the roles the config gives it.  ``approve``, ``deny`` and ``--break-glass`` are done only as
+oneself, proven (:func:`own_act`); approvals read user groups fresh (:func:`fresh_groups`).
 """
 
 from __future__ import annotations
