@@ -29,6 +29,8 @@ from pipeline.errors import ExitCode, PitstopError, UsageError, internal_error, 
 from pipeline.state.redisconn import mask_url
 
 log = logging.getLogger("pitstop")
+#: ``--as``: who may use it is :mod:`bot.console.identity`'s rule
+AS_HELP = "act as this Slack user id (with [auth.cli]: admins only; never for approve, deny, --break-glass)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
 
     console = sub.add_parser("console", parents=[common], help="chat with Pitstop in this terminal")
-    console.add_argument("--as", dest="user", metavar="USER_ID", help="act as this Slack user id")
+    console.add_argument("--as", dest="user", metavar="USER_ID", help=AS_HELP)
 
     serve = sub.add_parser("serve", parents=[common], help="serve Slack (HTTP, or Socket Mode with --socket)")
     serve.add_argument("--socket", action="store_true", help="use Socket Mode (needs SLACK_APP_TOKEN)")
@@ -72,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
 
     say = sub.add_parser("say", parents=[common], help="run one request as Slack would and print the reply")
     say.add_argument("text", metavar="TEXT")
-    say.add_argument("--as", dest="user", metavar="USER_ID", help="act as this Slack user id")
+    say.add_argument("--as", dest="user", metavar="USER_ID", help=AS_HELP)
     say.add_argument("--wait", action="store_true", help="also wait for and print the verdict line")
     say.add_argument("--json", dest="as_json", action="store_true", help="print the reply model as JSON")
 
@@ -154,16 +156,18 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         from bot.console.say import parse_main  # lazy: as above
 
         return parse_main(config, args.text)
+    if verb in ("say", "console"):
+        from bot.console.identity import cli_identity  # lazy: as above
+
+        who = cli_identity(config, env.os_user, args.user or env.user)
     if verb == "say":
         from bot.console.say import say_main  # lazy: as above
 
-        user = env.acting_user(args.user)
-        return run_async(lambda: say_main(config, args.text, user=user, wait=args.wait, as_json=args.as_json))
+        return run_async(lambda: say_main(config, args.text, who=who, wait=args.wait, as_json=args.as_json))
     if verb == "console":
         from bot.console.chat import run_console  # lazy: as above
 
-        user = env.acting_user(args.user)
-        return run_async(lambda: run_console(config, user=user))
+        return run_async(lambda: run_console(config, who=who))
     if verb == "serve":
         return _serve(args, env, config)
     if verb == "check-slack":

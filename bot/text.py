@@ -164,6 +164,22 @@ def console_button(label: str, action: str) -> str:
 # --- pitstop demo and its script
 
 
+def cli_unmapped(os_user: str, source: str) -> str:
+    """``[auth.cli]`` is set and does not map the OS user running Pitstop."""
+    return (
+        f"OS user {os_user!r} is not in [auth.cli] of {source or 'the config'}, so Pitstop does not know "
+        f'who you are in Slack - add `{os_user} = "U0123ABCD"` (your member id) there'
+    )
+
+
+def cli_as_refused(os_user: str, mine: str, other: str) -> str:
+    """``--as`` (or ``PITSTOP_USER``) from an OS user whose mapped id is not an admin."""
+    return (
+        f"--as {other} is refused: OS user {os_user!r} is {mine} in [auth.cli], and only an admin may act "
+        "as someone else - run it without --as (or unset PITSTOP_USER)"
+    )
+
+
 def demo_bad_line(lineno: int, line: str, expected: str) -> str:
     """A demo script line that is not a command or a well-formed directive."""
     return f"demo script line {lineno}: {line!r} - expected {expected}"

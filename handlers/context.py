@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 from handlers.outbox import Outbox
 from handlers.runs.view import RunPosts
@@ -16,6 +17,17 @@ from pipeline.runs.service import RunService
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
 from pipeline.state.runs import RunStore
+
+
+class Directory(Protocol):
+    """Who is in which Slack user group, read fresh (Slack's :class:`bot.slack.people.People`)."""
+
+    async def fresh_groups(self, user: str) -> tuple[str, ...]:
+        """The user groups ``user`` is in now (a listing at most its TTL old, read again if older).
+
+        :raises pipeline.errors.GroupsUnknown: if no listing that recent can be had.
+        """
+        ...
 
 
 @dataclass
@@ -30,6 +42,8 @@ class Context:
     events: Events
     outbox: Outbox  #: where team-visible posts go (Slack, console, memory)
     instance: str  #: an id for this process (leader lease, claims, logs)
+    #: user groups read fresh, for approvals (None: a surface without Slack, which reads none)
+    directory: Directory | None = None
 
     @cached_property
     def service(self) -> RunService:

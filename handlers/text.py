@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # types only: ``pitstop parse`` (the grammar reads these word
     from pipeline.config import AutoRestart
     from pipeline.observe.attempts import TrainingProgress
     from pipeline.state.approvals import ApprovalRequest
+    from pipeline.state.audit import Actor
     from pipeline.state.incidents import Incident
     from pipeline.state.runs import RunRecord
 
@@ -178,7 +179,8 @@ def run_headline(run: RunRecord) -> str:
     extra = [f"with {patch_phrase(run.patches)}"] if run.patches else []
     extra += ["fresh cache"] if run.fresh_cache else []
     tail = (" " + ", ".join(extra)) if extra else ""
-    return f"{run.id}: {run.action} of {run.job} by {fmt.who(run.requested_by)}{tail}"
+    by = acting(run.actor) if run.actor is not None else fmt.who(run.requested_by)
+    return f"{run.id}: {run.action} of {run.job} by {by}{tail}"
 
 
 def run_lock_lost(job: str) -> str:
@@ -243,9 +245,10 @@ def approver_names(approvers: Sequence[str]) -> str:
     return ", ".join(f"{a}s" if a in APPROVER_ROLES else mention(a) for a in approvers)
 
 
-def approval_waiting_title(request_id: str, text: str, requester: str) -> str:
-    """The run's message while its request waits."""
-    return f"{request_id}: `{text}` by {fmt.who(requester)} is waiting for approval"
+def approval_waiting_title(request: ApprovalRequest) -> str:
+    """The run's message while its request waits: who asked (``<@A> as <@B>`` for an admin's ``--as``)."""
+    by = acting(request.actor) if request.actor is not None else fmt.who(request.requester)
+    return f"{request.id}: `{request.text}` by {by} is waiting for approval"
 
 
 def approval_asked(request_id: str, text: str) -> str:
@@ -323,9 +326,56 @@ def approval_record(request: ApprovalRequest) -> str:
     return f"{base}{by}{why}; {hashes_text(request)}"
 
 
-def break_glass_announce(user: str, text: str, reason: str) -> str:
+def break_glass_announce(actor: Actor, text: str, reason: str) -> str:
     """An admin acted without approval: said in the channel."""
-    return f"break glass: {fmt.who(user)} ran `{text}` without approval - reason: {reason}"
+    return f"break glass: {acting(actor)} ran `{text}` without approval - reason: {reason}"
+
+
+# --- who acted, as the surface proved it
+
+
+def acting(actor: Actor) -> str:
+    """``<@U0MAYA>``, or ``<@U0ADMIN> as <@U0OPS>`` when an admin acted for someone (``--as``)."""
+    return f"{fmt.who(actor.by)} as {fmt.who(actor.user)}" if actor.by else fmt.who(actor.user)
+
+
+def actor_text(actor: Actor | None, user: str) -> str:
+    """Who acted and through which door, as ``history`` shows it: ``<@U0MAYA> (cli: maya)``,
+    ``<@U0ADMIN> as <@U0OPS> (console: root)``, ``<@U0LEE> (slack)``; ``user`` alone for a record
+    older than these (``actor`` None or without a surface)."""
+    if actor is None:
+        return fmt.who(user)
+    return f"{acting(actor)} ({actor.door})" if actor.door else acting(actor)
+
+
+#: the verbs that must be done as oneself, proven: ``--as`` is refused for them
+OWN_ACTS = ("approve", "deny", "--break-glass")
+
+
+def unproven_actor(verb: str, os_user: str) -> str:
+    """``approve``/``deny``/``--break-glass`` from a CLI or console that nothing proves the identity of."""
+    return (
+        f"{verb} is refused from the CLI and console until they know who you are: map OS users to Slack "
+        f'ids in [auth.cli] (e.g. `{os_user or "maya"} = "U0123ABCD"`), or {verb} in Slack'
+    )
+
+
+def impersonated(verb: str, by: str, user: str) -> str:
+    """``--as`` for a verb done only as oneself."""
+    return (
+        f"{verb} acts as yourself ({fmt.who(by)}), never --as {user}: run it without --as "
+        f"({', '.join(OWN_ACTS)} are refused --as)"
+    )
+
+
+def approval_refused(request_id: str, reason: str) -> str:
+    """An approved request closed unrun: its requester no longer holds the role it needs."""
+    return f"{request_id}: closed without running - {reason}"
+
+
+def requester_lost_role(requester: str, denied: str) -> str:
+    """Why an approved request was not run: the requester, authorised again with fresh groups, was refused."""
+    return f"its requester {fmt.who(requester)} may no longer do it ({denied})"
 
 
 def break_glass_note(reason: str) -> str:

@@ -5,8 +5,9 @@ else is logged with its traceback under an incident id (:func:`new_incident_id`)
 gets one line naming it (:func:`internal_error`).  Each class has a stable string ``code`` (it
 never changes once released), keeps its fields as attributes, builds its own text from them,
 and maps to a CLI exit code (:class:`ExitCode`).  :func:`error_class` turns a code back into its
-class.  Other packages' errors: ``handlers.grammar.commands.ParseError``, ``handlers.request.auth.Denied``,
-``pipeline.state.locks.InFlight``, ``bot.demo.run.DemoFailed``.
+class.  Other packages' errors: ``handlers.grammar.commands.ParseError``, ``handlers.request.auth.Denied``
+(and ``NotYourself``), ``bot.console.identity.IdentityRefused``, ``pipeline.state.locks.InFlight``,
+``bot.demo.run.DemoFailed``.
 """
 
 from __future__ import annotations
@@ -324,6 +325,26 @@ class SlackUnavailable(PitstopError, code="slack_unavailable", exit_code=ExitCod
             else "check SLACK_BOT_TOKEN / SLACK_APP_TOKEN (and SLACK_API_URL if set)"
         )
         super().__init__(f"Slack {method} failed: {error} - {fix}")
+
+
+class GroupsUnknown(PitstopError, code="groups_unknown", exit_code=ExitCode.DENIED):
+    """Who is in which Slack user group is not known well enough to decide an approval, so it is
+    refused (fails closed): Slack's listing has failed for longer than a listing is trusted
+    (``age``: seconds since the last good one; None: never listed), or the surface cannot list
+    them at all (``surface``: its name)."""
+
+    def __init__(self, age: float | None, surface: str = "") -> None:
+        self.age = age
+        self.surface = surface
+        if surface:
+            why = f"{surface} cannot read Slack user groups, which [auth] or the approvers name - decide it in Slack"
+        else:
+            when = "never listed" if age is None else f"last listed {age:.0f} s ago"
+            why = (
+                f"Slack's user groups cannot be read (usergroups.list keeps failing; {when}), so approvals "
+                "are refused until they can be - check the token's usergroups:read scope and Slack's status"
+            )
+        super().__init__(f"{why}; nothing was decided")
 
 
 class UnknownHost(PitstopError, code="unknown_host", exit_code=ExitCode.USAGE):

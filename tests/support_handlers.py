@@ -26,7 +26,7 @@ from pipeline.engines.base import (
 )
 from pipeline.engines.runner import Runner, look
 from pipeline.engines.steplog import StepLog
-from pipeline.errors import HostUnreachable
+from pipeline.errors import GroupsUnknown, HostUnreachable
 from pipeline.host.probe import LogChunk, read_log_chunk
 from pipeline.host.remote import RemoteHosts, RemoteResult
 from pipeline.state.events import Events
@@ -293,14 +293,32 @@ class _Looks:
         return None
 
 
+class GroupBook:
+    """A :class:`handlers.context.Directory` as Slack's ``usergroups.list`` would answer it: group id
+    → its members, editable by a test (someone leaves a group); ``down`` makes every look-up fail
+    closed, as :class:`bot.slack.people.People` does once the listing has failed past its TTL."""
+
+    def __init__(self, groups: dict[str, list[str]] | None = None) -> None:
+        self.groups = {OPS_GROUP: ["U0OPSMEMBER"]} if groups is None else groups
+        self.down = False
+
+    async def fresh_groups(self, user: str) -> tuple[str, ...]:
+        """The groups ``user`` is in.  :raises GroupsUnknown: while ``down``."""
+        if self.down:
+            raise GroupsUnknown(120.0)
+        return tuple(g for g, members in self.groups.items() if user in members)
+
+
 def make_context(
     config: Config,
     handle: RedisHandle,
     *,
     restarter: Runner | None = None,
     outbox: MemoryOutbox | None = None,
+    directory: GroupBook | None = None,
 ) -> Context:
-    """A Context on real Redis with the stand-in restarter (unless one is given)."""
+    """A Context on real Redis with the stand-in restarter (unless one is given) and a
+    :class:`GroupBook` (``U0OPSMEMBER`` in ``OPS_GROUP``, unless one is given)."""
     runs = RunStore(handle.client, handle.prefix)
     return Context(
         config=config,
@@ -311,6 +329,7 @@ def make_context(
         events=Events(handle.client, handle.prefix),
         outbox=outbox if outbox is not None else MemoryOutbox(),
         instance="test-instance",
+        directory=directory if directory is not None else GroupBook(),
     )
 
 

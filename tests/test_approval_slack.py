@@ -20,6 +20,7 @@ import pytest
 from bot.runtime.serve import HttpServer, SlackRuntime, http_app, open_runtime, start_http
 from bot.slack import blocks
 from pipeline.config import ApprovalSettings, Config
+from pipeline.state.audit import Actor
 from pipeline.verdict import Verdict
 from tests.fixtures.slack import (
     ANNOUNCE,
@@ -169,7 +170,7 @@ async def test_request_message_shows_the_patch_and_refuses_the_wrong_clicks(serv
 
 async def test_second_person_approves_and_two_replicas_run_it_once(served: Served) -> None:
     """Two admins click Approve at the same moment on two replicas: one run, with the approved hash
-    recorded, verified RUNNING; the other click hears it was already approved; the buttons go."""
+    and the signed requester and approver recorded, verified RUNNING; the other click hears it was already approved; the buttons go."""
     rid = await _request(served)
     first, second = await asyncio.gather(
         served.click("approve", rid, ADMIN, replica=0), served.click("approve", rid, SECOND, replica=1)
@@ -187,6 +188,9 @@ async def test_second_person_approves_and_two_replicas_run_it_once(served: Serve
     (run,) = await ctx.runs.recent(served.setup.name)
     assert run.id == rid and run.verdict is Verdict.RUNNING and run.approved_patches == {"topk": SHA}
     assert run.approved_by in (ADMIN, SECOND) and run.requested_by == OPERATOR and run.patches == ["topk"]
+    # who acted is the signed user, through Slack: the slash command's, then the button's
+    assert run.actor == Actor(user=OPERATOR, surface="slack")
+    assert run.approver == Actor(user=run.approved_by, surface="action")
     assert "topk = 8" in (served.setup.workdir / "settings.txt").read_text()
     updates = await served.fake.calls("chat.update")
     assert any(

@@ -18,6 +18,7 @@ from bot.console.chat import (
     render,
     run_console,
 )
+from bot.console.identity import CliIdentity
 from bot.runtime.assembly import build_context, close_context
 from bot.slack import blocks
 from bot.text import CONSOLE_BYE, CONSOLE_CONFIRM, console_awaiting, console_no_role
@@ -173,7 +174,7 @@ async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat, monkeypatch
         asked.append(prompt)
         return next(answers)
 
-    session = ConsoleSession(chat.dispatcher, user="U0ADMIN", console=chat.console)
+    session = ConsoleSession(chat.dispatcher, who=CliIdentity("U0ADMIN", "tester"), console=chat.console)
     monkeypatch.setattr(session, "ask", ask)
     job = chat.setup.name
     yes = await session.run_line(f"start {job}")
@@ -188,7 +189,7 @@ async def test_confirmation_asks_and_confirms_or_cancels(chat: Chat, monkeypatch
 async def test_repl_runs_from_lines_without_a_terminal(chat: Chat) -> None:
     """The REPL reads lines from an iterable, takes the confirmation answer from the next line, and stops at quit;
     the run's live steps arrive under its key."""
-    session = ConsoleSession(chat.dispatcher, user="U0ADMIN", console=chat.console)
+    session = ConsoleSession(chat.dispatcher, who=CliIdentity("U0ADMIN", "tester"), console=chat.console)
     job = chat.setup.name
     code = await session.repl(["help", "", "# a comment", f"start {job}", "y", "quit", "help"])
     await chat.dispatcher.drain(30)
@@ -210,7 +211,10 @@ async def test_run_console_end_to_end(
     console = _console()
     try:
         code = await run_console(
-            config, user="U0ADMIN", lines=[f"start {setup.name}", f"status {setup.name}"], console=console
+            config,
+            who=CliIdentity("U0ADMIN", "tester"),
+            lines=[f"start {setup.name}", f"status {setup.name}"],
+            console=console,
         )
     finally:
         kill_matching(setup.token)
@@ -264,7 +268,7 @@ async def test_console_says_when_its_user_is_in_no_role(
 
 async def test_follow_prints_a_runs_steps_as_they_come_then_its_verdict(chat: Chat) -> None:
     """`follow r-N` in the console prints the run's step changes under its key, then its verdict in its thread."""
-    session = ConsoleSession(chat.dispatcher, user="U0ADMIN", console=chat.console)
+    session = ConsoleSession(chat.dispatcher, who=CliIdentity("U0ADMIN", "tester"), console=chat.console)
     run = await chat.ctx.runs.create(chat.setup.name, "U0ADMIN", action="start")
     following = asyncio.get_running_loop().create_task(session.run_line(f"follow {run.id}"))
     run = await chat.ctx.restarter.verify(await chat.ctx.restarter.start(run))

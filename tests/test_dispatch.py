@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bot.console.identity import CliIdentity
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
 from handlers.reply import render_text
@@ -293,7 +294,8 @@ async def test_reads_answer_inline(ctx: Context, dispatcher: Dispatcher) -> None
 
 
 async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatcher) -> None:
-    """``history`` is a table of the last runs with their verdicts, plus recent denied/refused requests."""
+    """``history`` is a table of the last runs with their verdicts and who asked through which surface,
+    plus recent denied/refused requests."""
     await dispatcher.handle(_req("restart dflash with topk patch"))
     await dispatcher.handle(_req("restart dflash", user=VIEWER))  # denied
     await dispatcher.handle(_req("restart dflash", user=ADMIN))  # refused: in flight
@@ -303,11 +305,12 @@ async def test_history_shows_runs_and_refusals(ctx: Context, dispatcher: Dispatc
     (runs,) = reply.tables
     assert runs.headers == HISTORY_HEADERS
     row = runs.rows[0]
-    assert row[0] == "r-1" and row[2] == "<@U0OPERATOR1>" and row[3] == "restart" and row[4] == "topk"
+    assert row[0] == "r-1" and row[2] == "<@U0OPERATOR1> (slack)" and row[3] == "restart" and row[4] == "topk"
     assert row[5] == RUN_AWAITING_VERDICT
     (refusals,) = reply.follow_ups
     outcomes = [r[3] for r in refusals.tables[0].rows]
     assert outcomes == ["refused", "denied"]
+    assert [r[1] for r in refusals.tables[0].rows] == [f"<@{ADMIN}> (slack)", f"<@{VIEWER}> (slack)"]
 
 
 async def test_watch_and_ack_go_to_the_ack_handlers(
@@ -421,7 +424,13 @@ async def test_say_runs_the_slack_path_and_waits_for_the_verdict(
     out, err = io.StringIO(), io.StringIO()
     try:
         code = await say_main(
-            config, "start trainer", user="U0SAYER0001", wait=True, as_json=True, out=out, err=err
+            config,
+            "start trainer",
+            who=CliIdentity("U0SAYER0001", "tester"),
+            wait=True,
+            as_json=True,
+            out=out,
+            err=err,
         )
         assert code == 0, out.getvalue() + err.getvalue()
         data = json.loads(out.getvalue())
@@ -433,20 +442,40 @@ async def test_say_runs_the_slack_path_and_waits_for_the_verdict(
         out = io.StringIO()
         assert (
             await say_main(
-                config, "stop trainer", user="console", wait=False, as_json=False, out=out, err=err
+                config,
+                "stop trainer",
+                who=CliIdentity("console", "tester"),
+                wait=False,
+                as_json=False,
+                out=out,
+                err=err,
             )
             == 3
         )
         assert "may not `stop trainer`" in out.getvalue()
         out = io.StringIO()
         assert (
-            await say_main(config, "stop trainr", user="console", wait=False, as_json=False, out=out, err=err)
+            await say_main(
+                config,
+                "stop trainr",
+                who=CliIdentity("console", "tester"),
+                wait=False,
+                as_json=False,
+                out=out,
+                err=err,
+            )
             == 2
         )
     finally:
         out = io.StringIO()
         await say_main(
-            config, "stop trainer", user="U0SAYER0001", wait=False, as_json=False, out=out, err=err
+            config,
+            "stop trainer",
+            who=CliIdentity("U0SAYER0001", "tester"),
+            wait=False,
+            as_json=False,
+            out=out,
+            err=err,
         )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from bot.console.identity import CliIdentity
 from bot.console.say import say_main
 from pipeline.config import Config
 from pipeline.runs.base import RunEvent, RunServiceBase, Told
@@ -68,7 +69,13 @@ async def test_ssh_restart_from_the_cli_goes_through_the_run_service(
     out, err = io.StringIO(), io.StringIO()
     try:
         code = await say_main(
-            config, "restart trainer", user="U0SAYER0001", wait=True, as_json=True, out=out, err=err
+            config,
+            "restart trainer",
+            who=CliIdentity("U0SAYER0001", "tester"),
+            wait=True,
+            as_json=True,
+            out=out,
+            err=err,
         )
         assert code == 0, out.getvalue() + err.getvalue()
         assert len({service for service, _ in told}) == 1
@@ -77,5 +84,11 @@ async def test_ssh_restart_from_the_cli_goes_through_the_run_service(
         assert verdict.verdict is Verdict.RUNNING and verdict.pid is not None and verdict.action == "restart"
     finally:
         await say_main(
-            config, "stop trainer", user="U0SAYER0001", wait=False, as_json=False, out=out, err=err
+            config,
+            "stop trainer",
+            who=CliIdentity("U0SAYER0001", "tester"),
+            wait=False,
+            as_json=False,
+            out=out,
+            err=err,
         )

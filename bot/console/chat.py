@@ -16,6 +16,7 @@ from rich.rule import Rule
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from bot.console.identity import CliIdentity
 from bot.console.say import Output, stdin_line
 from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
@@ -31,7 +32,7 @@ from bot.text import (
 )
 from handlers.reply import Reply, Status, StepLine
 from handlers.request.auth import role_of
-from handlers.request.dispatch import Dispatcher, Request
+from handlers.request.dispatch import Dispatcher
 from handlers.runs.view import thread_key, verdict_reply
 from handlers.views.read import ended, follow_run, followed, fresh, within
 from pipeline.config import Config
@@ -182,14 +183,14 @@ class ConsoleOutbox:
 class ConsoleSession:
     """One person chatting with Pitstop in a terminal (or a script driving it).
 
-    :param user: who the requests act as (a Slack user id, ``--as``/``PITSTOP_USER``).
+    :param who: who the requests act as (:func:`bot.console.identity.cli_identity`).
     ``confirm? [y/N]`` is answered by the next input line in :meth:`repl`, the terminal otherwise,
     else "no".  The runs it starts get their verdict before it says ``bye`` (:meth:`settle`).
     """
 
-    def __init__(self, dispatcher: Dispatcher, *, user: str, console: Console | None = None) -> None:
+    def __init__(self, dispatcher: Dispatcher, *, who: CliIdentity, console: Console | None = None) -> None:
         self.dispatcher = dispatcher
-        self.user = user
+        self.who = who
         self.console = console or make_console()
         self._lines: Iterator[str] | None = None
         self._read_stdin = False  #: True once a line was read from stdin
@@ -198,7 +199,7 @@ class ConsoleSession:
     async def run_line(self, text: str) -> Reply:
         """Send one line, print the reply, settle a confirmation it asks for; return the final reply."""
         delivery = f"console:{uuid.uuid4().hex}"
-        req = Request(text=text, user=self.user, delivery_id=delivery, surface="console")
+        req = self.who.request(text, delivery, "console")
         reply = await self.dispatcher.handle(req)
         self._started(reply)
         self.console.print(render(reply))
@@ -209,7 +210,7 @@ class ConsoleSession:
         answer = await self.ask(CONSOLE_CONFIRM)  # confirm and cancel carry one token, confirm's value
         action = "confirm" if (answer or "").strip().lower() in ("y", "yes") else "cancel"
         outcome = await self.dispatcher.handle_action(
-            action, confirm.value, self.user, f"console:{uuid.uuid4().hex}"
+            action, confirm.value, self.who.user, f"console:{uuid.uuid4().hex}", via=req
         )
         self._started(outcome)
         self.console.print(render(outcome))
@@ -288,19 +289,19 @@ class ConsoleSession:
 
 
 async def run_console(
-    config: Config, *, user: str, lines: Iterable[str] | None = None, console: Console | None = None
+    config: Config, *, who: CliIdentity, lines: Iterable[str] | None = None, console: Console | None = None
 ) -> int:
     """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
     chat (:meth:`ConsoleSession.repl`: it waits for its runs' verdicts), close everything; return 0."""
     console = console or make_console()
-    if all(role_of(config, user, job=job) is None for job in [None, *config.jobs]):  # each request denied
-        console.print(Text(console_no_role(user), style="bold yellow"))
+    if all(role_of(config, who.user, job=job) is None for job in [None, *config.jobs]):  # each request denied
+        console.print(Text(console_no_role(who.user), style="bold yellow"))
     ctx = await build_context(config, ConsoleOutbox(console))
     sched = PitstopScheduler(ctx)
     try:
         await sched.start()
         dispatcher = Dispatcher(ctx)
-        return await ConsoleSession(dispatcher, user=user, console=console).repl(lines)
+        return await ConsoleSession(dispatcher, who=who, console=console).repl(lines)
     finally:
         with contextlib.suppress(Exception):
             await sched.stop()

@@ -27,6 +27,7 @@ from pipeline.config import Config
 from pipeline.errors import ExitCode, PitstopError
 
 if TYPE_CHECKING:  # the request path (SSH, Redis) is imported only by ``say``, keeping ``parse`` quick
+    from bot.console.identity import CliIdentity
     from handlers.context import Context
 
 SEQUENCE_SLACK = 300.0  #: seconds allowed for a sequence beyond the job's stop timeout
@@ -155,7 +156,7 @@ async def say_main(
     config: Config,
     text: str,
     *,
-    user: str,
+    who: CliIdentity,
     wait: bool,
     as_json: bool,
     out: IO[str] | None = None,
@@ -163,11 +164,12 @@ async def say_main(
 ) -> int:
     """``pitstop say TEXT``: one request through the Slack path; print the reply (and verdict).
 
+    :param who: who the request acts as (:func:`bot.console.identity.cli_identity`).
     :param wait: also wait for the verified verdict of a restart/start and print it.
     :param as_json: print :meth:`Reply.to_dict` instead of text.
     """
     from bot.runtime.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
-    from handlers.request.dispatch import Dispatcher, Request  # lazy: as above
+    from handlers.request.dispatch import Dispatcher  # lazy: as above
     from handlers.views.read import followed  # lazy: as above
 
     out, err = Output.over(out or sys.stdout), Output.over(err or sys.stderr)  # `| head` ends no run
@@ -178,7 +180,7 @@ async def say_main(
         print(render_text(taken.reply), file=err, flush=True)
     outbox.posted.clear()
     try:
-        request = Request(text=text, user=user, delivery_id=f"say:{uuid.uuid4().hex}", surface="say")
+        request = who.request(text, f"say:{uuid.uuid4().hex}", "say")
         reply = await dispatcher.handle(request)
         confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
         if confirm is not None:
@@ -191,7 +193,9 @@ async def say_main(
                 print("", file=err)
                 answer = None
             action = "confirm" if (answer or "").strip().lower() in ("y", "yes") else "cancel"
-            reply = await dispatcher.handle_action(action, confirm.value, user, f"say:{uuid.uuid4().hex}")
+            reply = await dispatcher.handle_action(
+                action, confirm.value, who.user, f"say:{uuid.uuid4().hex}", via=request
+            )
         if not as_json:
             print(render_text(reply), file=out, flush=True)
             if reply.exit_code is ExitCode.OK and (run_id := followed(text, config)) is not None:

@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from bot.console.chat import ConsoleOutbox, ConsoleSession, make_console
+from bot.console.identity import cli_identity
 from bot.demo.script import Kill, Say, Step, Wait, WaitRanks, parse_line, parse_script
 from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
@@ -42,7 +43,7 @@ from pipeline.errors import ExitCode, PitstopError, UsageError
 from pipeline.observe.metrics import parse_metric_lines
 from pipeline.state.events import EventKind
 
-DEMO_USER = "demo-admin"
+DEMO_USER = "U0DEMO"  #: the demo's admin: the Slack id ``[auth.cli]`` maps the OS user running it to
 #: where the demo's digest charts are kept, under the working directory: the printed chart paths
 #: stay valid after the demo, whose temp dir (state, Redis, checkpoints) is deleted unless --keep
 DEMO_CHARTS = "pitstop-demo-charts"
@@ -72,9 +73,10 @@ def deploy_dflash(workdir: Path) -> None:
         subprocess.run(argv, cwd=workdir, check=True, env=env, capture_output=True)
 
 
-def demo_config_text(hc: HostConfig, *, workdir: Path, state_dir: Path, python: str) -> str:
+def demo_config_text(hc: HostConfig, *, workdir: Path, state_dir: Path, python: str, os_user: str) -> str:
     """The demo's TOML config: host ``local`` (``hc``), job ``dflash`` (5 target + 3 drafter CPU
-    processes, tiny sizes), its windows :data:`WINDOWS` (or ``PITSTOP_DEMO_…``)."""
+    processes, tiny sizes), its windows :data:`WINDOWS` (or ``PITSTOP_DEMO_…``); ``[auth.cli]``
+    maps ``os_user`` (who runs the demo) to the admin :data:`DEMO_USER`."""
     log = workdir / "train.log"
     launch = ["/usr/bin/env", f"PYTHON={python}", "./run.sh", "--cpu", "--profile", "tiny", "--log", str(log)]
     # checkpoint every 20 drafter steps: a kill loses fewer than 20, and the restart says how many
@@ -82,6 +84,7 @@ def demo_config_text(hc: HostConfig, *, workdir: Path, state_dir: Path, python: 
     return string.Template(CONFIG_TEMPLATE.read_text()).substitute(
         hc.model_dump(),  # address, port, known_hosts
         admin=DEMO_USER,
+        os_user=os_user,
         state_dir=state_dir,
         user=hc.user or "",
         client_key=hc.client_keys[0],
@@ -158,6 +161,7 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
             workdir=workdir,
             state_dir=tmp / "state",
             python=sys.executable,
+            os_user=env.os_user,
         )
         config_path.write_text(config_text)
         config = load_config(config_path)
@@ -166,7 +170,7 @@ async def demo_main(args: argparse.Namespace, env: Settings) -> int:
         scheduler = PitstopScheduler(ctx)
         await scheduler.start()
         dispatcher = Dispatcher(ctx)
-        session = ConsoleSession(dispatcher, user=DEMO_USER, console=console)
+        session = ConsoleSession(dispatcher, who=cli_identity(config, env.os_user), console=console)
 
         cursor = await ctx.events.last_id()
         await _say(session, "start dflash", 0)

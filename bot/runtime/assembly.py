@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping
 
 from bot.text import embedded_redis_started
-from handlers.context import Context
+from handlers.context import Context, Directory
 from handlers.outbox import Outbox
 from pipeline.config import Config
 from pipeline.engines import ENGINES
@@ -37,6 +37,7 @@ async def build_context(
     instance: str | None = None,
     deliver_recovered: bool = False,
     engines: Mapping[str, EngineKind] = ENGINES,
+    directory: Directory | None = None,
 ) -> Context:
     """Open Redis (embedded when ``[redis] url`` is unset) and the SSH pool; build the Context, and
     take over the runs whose owner died (:meth:`pipeline.runs.service.RunService.recover`).
@@ -44,6 +45,7 @@ async def build_context(
     :param deliver_recovered: also verify the taken-over runs now, and the due ones no live process owns
         (no scheduler: ``pitstop say``).
     :param engines: the engines' registry (:data:`pipeline.engines.ENGINES`).
+    :param directory: Slack's user groups, read fresh for approvals (None: a surface without Slack).
     :raises StateUnavailable: if a configured Redis does not answer.
     :raises ConfigError: if a job's engine is not in ``engines`` or its config does not suit it.
     """
@@ -65,6 +67,7 @@ async def build_context(
         events=events,
         outbox=outbox,
         instance=instance,
+        directory=directory,
     )
     try:
         await ctx.service.recover(deliver=deliver_recovered)

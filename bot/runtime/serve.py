@@ -246,7 +246,7 @@ async def open_runtime(
             page_by_dm=functools.partial(page_by_dm, config),
         )
         outbox = SlackOutbox(client, delivery, People(client, group_roles=needs_groups(config)))
-        ctx = await build_context(config, outbox, instance=delivery.instance)
+        ctx = await build_context(config, outbox, instance=delivery.instance, directory=outbox.people)
         outbox.bind(ctx.redis.open_store(Posts), ctx.runs, ctx.redis.open_store(UndeliveredAlerts))
         dispatcher = Dispatcher(ctx)
         surface = SlackSurface(dispatcher, signing_secret=signing_secret, outbox=outbox)

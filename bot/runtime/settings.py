@@ -4,9 +4,9 @@ are never logged or echoed."""
 from __future__ import annotations
 
 import os
+import pwd
 from dataclasses import dataclass, field
 
-DEFAULT_USER = "console"
 PUBLIC_HOST, PUBLIC_PORT = "0.0.0.0", 3000  #: ``serve``'s public listener (/slack/events), by default
 ADMIN_HOST, ADMIN_PORT = "127.0.0.1", 9300  #: ``serve``'s admin listener (/healthz/details, /metrics)
 #: :class:`Settings` field → the environment variable it is read from
@@ -30,16 +30,26 @@ class Settings:
     app_token: str | None = field(default=None, repr=False)  #: ``SLACK_APP_TOKEN`` (``xapp-…``, Socket Mode)
     api_url: str | None = None  #: ``SLACK_API_URL``: the Web API base URL (proxies, tests), for web_client
     config_path: str | None = None  #: ``PITSTOP_CONFIG``
-    user: str | None = None  #: ``PITSTOP_USER``: who the console and ``pitstop say`` act as
+    user: str | None = None  #: ``PITSTOP_USER``: who the console and ``pitstop say`` act as (as ``--as``)
+    #: the OS user running Pitstop, from the process's real uid (not ``$USER``, which anyone can set)
+    os_user: str = ""
     #: ``PITSTOP_HEARTBEAT_URL``: ``[health] heartbeat_url``'s value kept out of the file (wins over it)
     heartbeat_url: str | None = field(default=None, repr=False)
 
-    def acting_user(self, explicit: str | None) -> str:
-        """Who a console/CLI request acts as: ``--as``, else ``PITSTOP_USER``, else ``console``."""
-        return explicit or self.user or DEFAULT_USER
+
+def os_user() -> str:
+    """The name of the OS user running this process (its real uid's ``passwd`` entry; the uid as
+    digits when it has none)."""
+    uid = os.getuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def from_environ(environ: dict[str, str] | None = None) -> Settings:
-    """Read :class:`Settings` from ``environ`` (default: ``os.environ``); empty values count as unset."""
+    """Read :class:`Settings` from ``environ`` (default: ``os.environ``), empty values counting as
+    unset, and the OS user from the process's uid."""
     env = os.environ if environ is None else environ
-    return Settings(**{field: env.get(name, "").strip() or None for field, name in ENVIRON.items()})
+    values = {field: env.get(name, "").strip() or None for field, name in ENVIRON.items()}
+    return Settings(**values, os_user=os_user())

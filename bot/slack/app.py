@@ -25,7 +25,7 @@ from bot.slack.api import error_text
 from bot.slack.outbox import SlackOutbox
 from bot.text import slack_bot_ignored, slack_home_no_role, slack_home_updated, slack_not_posted
 from handlers.reply import Reply, Status
-from handlers.request.auth import role_of
+from handlers.request.auth import names_groups, role_of
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.runs.view import run_reply, thread_key
 from handlers.views.read import follow_run, followed
@@ -48,11 +48,7 @@ Respond = Callable[..., Awaitable[Any]]
 
 def needs_groups(config: Config) -> bool:
     """True when a role list (global or per job) or ``[approval] approvers`` names a group (``S…``)."""
-    ids: list[str] = [*config.auth.admins, *config.auth.operators, *config.auth.viewers]
-    for job in config.jobs.values():
-        ids += [*(job.auth.admins or []), *(job.auth.operators or []), *(job.auth.viewers or [])]
-        ids += job.approval.approvers if job.approval is not None else []
-    return any(i.startswith("S") for i in ids)
+    return names_groups(config)
 
 
 def bot_ids(event: dict[str, Any]) -> list[str] | None:

@@ -9,11 +9,13 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Callable
 
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.api import ERRORS, error_of
 from handlers.reply import Reply, render_text
+from pipeline.errors import GroupsUnknown
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +31,26 @@ class People:
     """User id → display name, from ``users.info`` (``users:read``), at most :data:`LOOKUPS` per
     reply, each kept :data:`TTL` s (a failed one :data:`MISS_TTL` s, showing the id meanwhile); the
     user groups, from ``usergroups.list`` (``usergroups:read``), listed at most every
-    :data:`GROUPS_TTL` s for :meth:`groups_of` (a staler listing is served while a refresh runs).
+    :data:`GROUPS_TTL` s for :meth:`groups_of` (a staler listing is served while a refresh runs),
+    and read fresh for approvals by :meth:`fresh_groups`, which fails closed once the listing has
+    failed for longer than :data:`GROUPS_TTL` s (a failed listing keeps the last good one and its
+    time: it is never taken for a fresh one).
 
     :param group_roles: False → :meth:`groups_of` puts every user in no group and never asks Slack
         (no role names a group).
+    :param clock: monotonic seconds (tests pass their own).
     """
 
-    def __init__(self, client: AsyncWebClient, *, group_roles: bool = True) -> None:
+    def __init__(
+        self, client: AsyncWebClient, *, group_roles: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.client = client
         self.group_roles = group_roles
+        self.clock = clock
         self._names: dict[str, tuple[str | None, float]] = {}
         self._groups: dict[str, list[str]] | None = None  #: group id → its user ids, as last listed
-        self._listed_at = 0.0
+        self._listed_at: float | None = None  #: monotonic s of the last listing Slack answered
+        self._tried_at = 0.0  #: monotonic s of the last listing asked for
         self._listing: asyncio.Task[None] | None = None
 
     async def names_for(self, reply: Reply) -> dict[str, str]:
@@ -81,9 +91,28 @@ class People:
             return ()
         if self._groups is None:
             await self.list_groups()
-        elif time.monotonic() - self._listed_at > GROUPS_TTL:
+        elif self.clock() - self._tried_at > GROUPS_TTL:
             self._list()
         return tuple(group for group, users in (self._groups or {}).items() if user in users)
+
+    async def fresh_groups(self, user: str) -> tuple[str, ...]:
+        """The user groups ``user`` is in, from a listing at most :data:`GROUPS_TTL` s old (listed
+        again now if older): what approvals trust.
+
+        :raises GroupsUnknown: if Slack will not list them and the last listing is older than that
+            (the lookup fails closed, saying since when).
+        """
+        if not self.group_roles:
+            return ()
+        if self._age() > GROUPS_TTL:
+            await self.list_groups()
+        if (age := self._age()) > GROUPS_TTL:
+            raise GroupsUnknown(None if self._listed_at is None else age)
+        return tuple(group for group, users in (self._groups or {}).items() if user in users)
+
+    def _age(self) -> float:
+        """Seconds since the last good listing (infinite if none)."""
+        return float("inf") if self._listed_at is None else self.clock() - self._listed_at
 
     async def list_groups(self) -> None:
         """List the user groups now, if a role names one (one request at a time; callers share it)."""
@@ -96,15 +125,16 @@ class People:
         return self._listing
 
     async def _load_groups(self) -> None:
+        self._tried_at = self.clock()
         try:
             resp = await self.client.usergroups_list(include_users=True)
         except Exception as exc:  # a failed listing must not fail the request: the last one, retry later
             log.warning("usergroups.list failed: %s", exc)
             self._groups = self._groups or {}
-        else:
-            listed = resp.get("usergroups") or []
-            self._groups = {str(g.get("id")): [str(u) for u in g.get("users") or []] for g in listed}
-        self._listed_at = time.monotonic()
+            return
+        listed = resp.get("usergroups") or []
+        self._groups = {str(g.get("id")): [str(u) for u in g.get("users") or []] for g in listed}
+        self._listed_at = self.clock()
 
     async def expand(self, wanted: list[str]) -> list[str]:
         """``wanted`` (user ids ``U…``/``W…`` and user group ids ``S…``) as user ids, each once,

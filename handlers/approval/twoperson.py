@@ -30,7 +30,7 @@ from handlers.context import Context
 from handlers.grammar.commands import Command, ParseError
 from handlers.grammar.parse import Role
 from handlers.reply import Attachment, Button, Reply, Status, refused
-from handlers.request.auth import Denied, role_of
+from handlers.request.auth import Denied, authorise, fresh_groups, own_act, role_of
 from handlers.request.flow import Flow, Next, Request, Spawn
 from pipeline import fmt
 from pipeline.config import ApprovalSettings, Config
@@ -115,7 +115,7 @@ def request_reply(config: Config, request: ApprovalRequest, files: tuple[Attachm
     """The run's message while its request waits: what would change (each patch's diffstat and
     SHA-256, the whole diff attached as ``files``), Approve/Deny, who may click."""
     return Reply(
-        title=words.approval_waiting_title(request.id, request.text, request.requester),
+        title=words.approval_waiting_title(request),
         status=Status.WARNING,
         lines=_waiting_lines(config, request),
         buttons=(
@@ -133,10 +133,12 @@ def closed_reply(config: Config, request: ApprovalRequest) -> Reply:
         head, tone = words.approval_approved(request.id, request.decided_by), Status.OK
     elif request.state is ApprovalState.DENIED:
         head, tone = words.approval_denied(request.id, request.decided_by, request.reason), Status.ERROR
+    elif request.state is ApprovalState.REFUSED:
+        head, tone = words.approval_refused(request.id, request.reason), Status.ERROR
     else:
         waited = request.expires_at - request.created_at
         head, tone = words.approval_expired(request.id, waited), Status.WARNING
-    asked = words.approval_waiting_title(request.id, request.text, request.requester)
+    asked = words.approval_waiting_title(request)
     return Reply(
         title=head,
         status=tone,
@@ -207,10 +209,12 @@ class TwoPersonRule:
             await self.expire_due()
             return await call_next()
         if command.verb in ("approve", "deny"):
+            own_act(flow.req.actor, command.verb)
             return await self._decide(flow, call_next)
         if flow.approval is not None or flow.system:
             return await call_next()
         if command.break_glass is not None:
+            own_act(flow.req.actor, "--break-glass")
             if role_of(self.ctx.config, flow.req.user, flow.groups, command.job) is not Role.ADMIN:
                 raise Denied(flow.req.user, command, Role.ADMIN)
             flow.break_glass, flow.outcome = command.break_glass, AuditOutcome.BREAK_GLASS
@@ -232,6 +236,7 @@ class TwoPersonRule:
                 groups=flow.groups,
                 channel=req.channel,
                 surface=req.surface,
+                actor=req.actor,
                 created_at=now,
                 expires_at=now + settings.expires,
                 patches=await digests(self.ctx.config, command),
@@ -254,7 +259,10 @@ class TwoPersonRule:
             log.warning("could not show approval request %s", request.id, exc_info=True)
 
     async def _decide(self, flow: Flow, call_next: Next) -> Reply:
-        """``approve r-N`` / ``deny r-N [reason]`` (typed or clicked): the rules, then the first decision wins."""
+        """``approve r-N`` / ``deny r-N [reason]`` (typed or clicked): the rules, then the first
+        decision wins.  Who decides is checked with their user groups read fresh, and an approval
+        re-authorises the requester with theirs (a requester who lost the role closes it unrun);
+        groups that cannot be read fresh refuse the decision (:class:`GroupsUnknown`)."""
         command, req, user = flow.run, flow.req, flow.req.user
         assert command is not None and command.run_ref is not None
         request = await self.approvals.find(command.run_ref)
@@ -262,23 +270,39 @@ class TwoPersonRule:
             raise ParseError(words.approval_not_request(command.run_ref))
         approving, asked = command.verb == "approve", Command.loads(request.command)
         settings = self.ctx.config.jobs[request.job].approval if request.job in self.ctx.config.jobs else None
-        pending, refusal = request.state is ApprovalState.PENDING, None
-        if pending and approving and user == request.requester:
+        pending, refusal, lost = request.state is ApprovalState.PENDING, None, ""
+        own = user in (request.requester, request.real_requester)
+        if pending and approving and own:
             refusal = words.approval_self(request.id)
-        elif (
-            pending
-            and (approving or user != request.requester)  # the requester may withdraw their own
-            and not may_approve(self.ctx.config, request, user, flow.groups)
-        ):
-            refusal = words.approval_not_approver(user, request.id, settings.approvers if settings else [])
-        elif approving and pending and asked.spec.acts:
-            # a restart in flight would refuse it: the request stays open for after it, not spent
-            holder = await self.ctx.service.locks.holder(scope_of(self.ctx.config, request.job))
-            if holder is not None:
-                raise InFlight(request.job, holder)
+        elif pending and (approving or not own):  # the requester may withdraw their own
+            groups = await fresh_groups(self.ctx, user)
+            if not may_approve(self.ctx.config, request, user, groups):
+                refusal = words.approval_not_approver(
+                    user, request.id, settings.approvers if settings else []
+                )
+        if refusal is None and approving and pending:
+            try:  # the requester's role, as it is now: requests live for days
+                authorise(
+                    self.ctx.config, asked, request.requester, await fresh_groups(self.ctx, request.requester)
+                )
+            except Denied as exc:
+                lost = words.requester_lost_role(request.requester, exc.message)
+            if asked.spec.acts and not lost:
+                # a restart in flight would refuse it: the request stays open for after it, not spent
+                holder = await self.ctx.service.locks.holder(scope_of(self.ctx.config, request.job))
+                if holder is not None:
+                    raise InFlight(request.job, holder)
         if refusal is None:
-            state = ApprovalState.APPROVED if approving else ApprovalState.DENIED
-            decided, request = await self.approvals.decide(request.id, state, user, command.reason or "")
+            state = (
+                ApprovalState.REFUSED
+                if lost
+                else ApprovalState.APPROVED
+                if approving
+                else ApprovalState.DENIED
+            )
+            decided, request = await self.approvals.decide(
+                request.id, state, "" if lost else user, lost or command.reason or "", decider=req.actor
+            )
             refusal = words.approval_self(request.id) if decided is Decided.SELF else None
         if refusal is not None:
             await self.audit(req, AuditOutcome.DENIED, asked, detail=refusal, run_id=request.id)
@@ -290,11 +314,19 @@ class TwoPersonRule:
         if decided is Decided.EXPIRED:
             text = words.approval_expired(request.id, request.expires_at - request.created_at)
             return refused(text, ExitCode.CANCELLED, Status.WARNING)
+        if lost:
+            return refused(words.approval_refused(request.id, lost), ExitCode.DENIED)
         if not approving:
             return Reply(title=words.approval_denied_ack(request.id), status=Status.INFO, ephemeral=True)
         flow.run = asked
-        flow.on_behalf = Request(
-            request.text, request.requester, request.groups, req.delivery_id, request.channel, request.surface
+        flow.on_behalf = Request.acting(
+            request.actor,
+            request.text,
+            request.requester,
+            request.groups,
+            req.delivery_id,
+            request.channel,
+            request.surface,
         )
         flow.approval, flow.outcome = request, AuditOutcome.ACCEPTED
         try:
@@ -311,6 +343,7 @@ class TwoPersonRule:
         outcome = {
             ApprovalState.APPROVED: AuditOutcome.APPROVED,
             ApprovalState.DENIED: AuditOutcome.REJECTED,
+            ApprovalState.REFUSED: AuditOutcome.DENIED,
         }.get(request.state, AuditOutcome.EXPIRED)
         asked = Command.loads(request.command)
         await self.audit(req, outcome, asked, detail=words.approval_record(request), run_id=request.id)
@@ -326,7 +359,15 @@ class TwoPersonRule:
         decided, request = await self.approvals.decide(request_id, ApprovalState.EXPIRED)
         if decided is not Decided.WON:
             return False
-        req = Request(request.text, request.requester, request.groups, None, request.channel, request.surface)
+        req = Request.acting(
+            request.actor,
+            request.text,
+            request.requester,
+            request.groups,
+            None,
+            request.channel,
+            request.surface,
+        )
         await self._closed(request, req)
         return True
 

@@ -13,6 +13,7 @@ with its traceback and answered with an incident id.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 from collections.abc import Coroutine
@@ -24,10 +25,10 @@ from handlers.approval.twoperson import TwoPersonRule
 from handlers.context import Context
 from handlers.grammar.commands import Command, ParseError, parse
 from handlers.reply import Button, Reply, Status, refused
-from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, authorise
+from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, NotYourself, authorise
 from handlers.request.flow import Flow, Next, Request, Step
 from handlers.request.verbs import VERBS, Acted, Call
-from pipeline.errors import ExitCode, PitstopError, internal_error, new_incident_id
+from pipeline.errors import ExitCode, GroupsUnknown, PitstopError, internal_error, new_incident_id
 from pipeline.state.approvals import DEFAULT_WINDOW, Confirmations, Pending, Take
 from pipeline.state.audit import Audit, AuditEntry, AuditOutcome
 from pipeline.state.deliveries import Deliveries
@@ -39,7 +40,13 @@ log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(r"r-[0-9]+\Z")
 #: how an expected failure is audited (any other: ``failed``)
-_OUTCOMES = {Denied: AuditOutcome.DENIED, InFlight: AuditOutcome.REFUSED, ParseError: AuditOutcome.INVALID}
+_OUTCOMES = {
+    Denied: AuditOutcome.DENIED,
+    NotYourself: AuditOutcome.DENIED,
+    GroupsUnknown: AuditOutcome.DENIED,
+    InFlight: AuditOutcome.REFUSED,
+    ParseError: AuditOutcome.INVALID,
+}
 
 
 def _error_reply(exc: PitstopError) -> Reply:
@@ -138,6 +145,8 @@ class Dispatcher:
                     channel=req.channel or "",
                     detail=detail,
                     run_id=run_id or "",
+                    by=req.by,
+                    os_user=req.os_user,
                     **asked,
                 )
             )
@@ -153,15 +162,29 @@ class Dispatcher:
         return await self._run(Flow(req, groups=req.groups, system=system))
 
     async def handle_action(
-        self, action: str, value: str, user: str, delivery_id: str | None = None, groups: tuple[str, ...] = ()
+        self,
+        action: str,
+        value: str,
+        user: str,
+        delivery_id: str | None = None,
+        groups: tuple[str, ...] = (),
+        *,
+        via: Request | None = None,
     ) -> Reply:
         """Answer a button: ``confirm``/``cancel`` (value: a confirmation token, or a run id to
         cancel that run), ``show_log`` (value: a job).  Never raises (except cancellation).
 
         :param delivery_id: the click's id (a double click arrives twice with the same id).
         :param groups: the user groups of who clicked (roles may name groups, as for typed commands).
+        :param via: a request of the session that answers (the console's, ``pitstop say``'s): the
+            click is its actor's, through its surface; None: a Slack click (surface ``action``).
         """
-        req = Request(f"[{action}] {value}", user, groups, delivery_id, surface="action")
+        text = f"[{action}] {value}"
+        req = (
+            Request(text, user, groups, delivery_id, surface="action")
+            if via is None
+            else dataclasses.replace(via, text=text, user=user, groups=groups, delivery_id=delivery_id)
+        )
         return await self._run(Flow(req, action=action, value=value, groups=groups))
 
     async def _run(self, flow: Flow) -> Reply:
@@ -269,6 +292,7 @@ class Dispatcher:
                 channel=req.channel,
                 surface=req.surface,
                 window=self.confirm_window,
+                actor=req.actor,
             )
         )
         await self._audit(req, AuditOutcome.PENDING, command, detail=f"confirmation {pending.token}")
@@ -289,7 +313,9 @@ class Dispatcher:
         taken, found = await self.confirmations.take(pending.token, None)
         if taken is not Take.TAKEN or found is None:
             return
-        req = Request(found.text, found.user, found.groups, None, found.channel, found.surface)
+        req = Request.acting(
+            found.actor, found.text, found.user, found.groups, None, found.channel, found.surface
+        )
         command = Command.loads(found.command)
         text = words.confirm_expired(found.text, found.window)
         await self._audit(req, AuditOutcome.CANCELLED, command, detail=text)
@@ -307,8 +333,14 @@ class Dispatcher:
             await self._audit(req, AuditOutcome.CANCELLED, detail=words.CONFIRM_GONE)
             return refused(words.CONFIRM_GONE, ExitCode.CANCELLED, Status.WARNING)
         command = Command.loads(pending.command)
-        original = Request(
-            pending.text, user, pending.groups, req.delivery_id, pending.channel, pending.surface
+        original = Request.acting(
+            pending.actor,
+            pending.text,
+            user,
+            pending.groups,
+            req.delivery_id,
+            pending.channel,
+            pending.surface,
         )
         if taken is Take.NOT_YOURS:
             text = words.confirm_not_yours(pending.user)

@@ -10,19 +10,58 @@ from typing import Any
 from handlers.grammar.commands import Command
 from handlers.reply import Reply
 from pipeline.state.approvals import ApprovalRequest
-from pipeline.state.audit import AuditOutcome
+from pipeline.state.audit import Actor, AuditOutcome
 
 
 @dataclass(frozen=True)
 class Request:
-    """One request from a surface, already stripped of its transport."""
+    """One request from a surface, already stripped of its transport, with who is acting as the
+    surface proved it (:class:`~pipeline.state.audit.Actor`: Slack's signed user id; the CLI's OS
+    user mapped by ``[auth.cli]``)."""
 
     text: str  #: what the person typed (Slack markup is normalised by the parser)
-    user: str  #: the requester's Slack user id (or the console's ``--as`` id)
+    user: str  #: the Slack user id acted as (the CLI's mapped id, or its ``--as`` id)
     groups: tuple[str, ...] = ()  #: the requester's Slack user-group ids (for ``[auth]``)
     delivery_id: str | None = None  #: event id, trigger id … for exactly-once; None = no dedupe
     channel: str | None = None
     surface: str = "slack"  #: ``slack`` | ``console`` | ``say`` | ``home`` …
+    by: str = ""  #: the real actor's Slack id when acting for ``user`` (an admin's ``--as``)
+    os_user: str = ""  #: the OS user running the CLI or console ("" in Slack)
+    proven: bool = True  #: False: a CLI or console without ``[auth.cli]`` (nothing proves ``user``)
+
+    @property
+    def actor(self) -> Actor:
+        """Who is acting, through which surface (kept on runs, approvals and audit records)."""
+        return Actor(
+            user=self.user, surface=self.surface, by=self.by, os_user=self.os_user, proven=self.proven
+        )
+
+    @classmethod
+    def acting(
+        cls,
+        actor: Actor | None,
+        text: str,
+        user: str,
+        groups: tuple[str, ...] = (),
+        delivery_id: str | None = None,
+        channel: str | None = None,
+        surface: str = "slack",
+    ) -> Request:
+        """A request made again from a stored one (a confirmation, an approval request): ``actor`` as
+        recorded (None, for an older record: ``user`` through ``surface``, unproven)."""
+        if actor is None:
+            return cls(text, user, groups, delivery_id, channel, surface, proven=False)
+        return cls(
+            text,
+            actor.user,
+            groups,
+            delivery_id,
+            channel,
+            actor.surface,
+            actor.by,
+            actor.os_user,
+            actor.proven,
+        )
 
 
 @dataclass

@@ -69,10 +69,11 @@ async def _sequence(call: Call) -> Reply:
         fresh_cache=command.fresh_cache,
         approval=call.approval,
         break_glass=glass,
+        actor=call.req.actor,
     )
     channel = ctx.config.channel_for(job) or call.req.channel
     if glass is not None:  # said in the channel before anything is touched
-        text = words.break_glass_announce(user, command.text(), glass)
+        text = words.break_glass_announce(call.req.actor, command.text(), glass)
         await ctx.outbox.post(Reply(title=text, status=Status.WARNING, run_id=run.id), channel)
     ctx.posts.show(run, channel)
     call.spawn(ctx.service.execute(run, remove=command.without), f"pitstop-{command.verb}:{run.id}")

@@ -216,7 +216,8 @@ async def history_command(ctx: Context, audit: Audit, job: str | None, count: in
             (
                 run.id,
                 _when(config, run.created_at),
-                who(run.requested_by) + (f" + {who(run.approved_by)}" if run.approved_by else ""),
+                words.actor_text(run.actor, run.requested_by)
+                + (f" + {words.actor_text(run.approver, run.approved_by)}" if run.approved_by else ""),
                 run.action + (f" ({words.HISTORY_BREAK_GLASS})" if run.break_glass else ""),
                 ", ".join(run.patches) or "-",
                 run.verdict_line or _run_outcome(run),
@@ -289,9 +290,15 @@ async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
 def _audit_row(config: Config, e: AuditEntry, *, approvals: bool) -> tuple[str, ...]:
     """A refused request's row in ``history``, or an approval decision's."""
     if approvals:
-        return (_when(config, e.ts), e.run_id or "-", who(e.user), e.outcome.value, e.detail[:200])
+        return (
+            _when(config, e.ts),
+            e.run_id or "-",
+            words.actor_text(e.actor, e.user),
+            e.outcome.value,
+            e.detail[:200],
+        )
     detail = e.detail.splitlines()[0][:120] if e.detail else ""
-    return (_when(config, e.ts), who(e.user), e.text[:80], e.outcome.value, detail)
+    return (_when(config, e.ts), words.actor_text(e.actor, e.user), e.text[:80], e.outcome.value, detail)
 
 
 EXAMPLE_JOB = "dflash"  #: the job the grammar's examples name (the reference pipeline)

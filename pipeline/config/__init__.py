@@ -25,7 +25,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipeline import fmt
-from pipeline.config.base import LocalPath, _Model, matching, must
+from pipeline.config.base import LocalPath, Members, _Model, matching, must
+from pipeline.config.jobs import APPROVER_ROLES
 from pipeline.config.jobs import ApprovalSettings as ApprovalSettings
 from pipeline.config.jobs import AutoRestart as AutoRestart
 from pipeline.config.jobs import DigestSettings as DigestSettings
@@ -62,12 +63,23 @@ class SlackSettings(_Model):
     group_from: int = Field(default=3, ge=0)
 
 
-class AuthSettings(_Model):
-    """``[auth]``: roles by immutable Slack user id or user-group id (``"*"`` = everyone)."""
+_NOT_USER = "{v!r} is not a Slack user id: use the id (U…/W…) from the person's profile, ⋮ → Copy member ID"
+_NOT_LOGIN = "{v!r} is not an OS user name (letters, digits, '_', '.', '-')"
 
-    admins: list[str] = []
-    operators: list[str] = []
-    viewers: list[str] = []
+
+class AuthSettings(_Model):
+    """``[auth]``: roles by immutable Slack user id or user-group id (``"*"`` = everyone), and who
+    the CLI and console act as (``[auth.cli]``)."""
+
+    admins: Members = []
+    operators: Members = []
+    viewers: Members = []
+    #: ``[auth.cli]``: OS user running ``pitstop say``/``console`` → their Slack user id; set, it is
+    #: who the CLI acts as (``--as`` is an admin's only); unset, the CLI may not approve, deny nor break glass
+    cli: dict[
+        Annotated[str, matching(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?", _NOT_LOGIN)],
+        Annotated[str, matching(r"[UW][A-Z0-9]{2,}", _NOT_USER)],
+    ] = {}
     #: bots (``B…``) or apps (``A…``) whose mentions and DMs are read as commands; every other bot's
     #: are logged and run nothing.  A listed bot acts as its bot user, with that user's roles.
     bots: Annotated[list[str], matching(r"[AB][A-Z0-9]{2,}", _NOT_BOT, each=True)] = []
@@ -163,9 +175,43 @@ class Config(_Model):
         for name, job in self.jobs.items():
             if job.host not in self.hosts:
                 problems.append(f"jobs.{name}.host: unknown host '{job.host}' (known: {known})")
+            problems += self._approver_problems(name)
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def members(self, role: str, job: str | None = None) -> list[str]:
+        """Who holds ``role`` (``admin``, ``operator``, ``viewer``) or a higher one, for ``job`` if
+        given (its ``[jobs.NAME.auth]`` lists replace the global ones): Slack ids and ``"*"``."""
+        own = self.jobs[job].auth if job is not None else None
+        higher = APPROVER_ROLES[: APPROVER_ROLES.index(role) + 1]  # admin, operator, viewer: highest first
+        out: list[str] = []
+        for r in higher:
+            mine = getattr(own, f"{r}s") if own is not None else None
+            out += getattr(self.auth, f"{r}s") if mine is None else mine
+        return out
+
+    def _approver_problems(self, job: str) -> list[str]:
+        """``[jobs.NAME.approval] approvers`` that would let anyone approve (a role ``"*"`` holds) or no one."""
+        rule = self.jobs[job].approval
+        if rule is None:
+            return []
+        at, ids = f"jobs.{job}.approval.approvers", [a for a in rule.approvers if a not in APPROVER_ROLES]
+        problems, anyone = [], bool(ids)
+        for role in (a for a in rule.approvers if a in APPROVER_ROLES):
+            members = self.members(role, job)
+            if "*" in members:
+                problems.append(
+                    f'{at}: {role!r} lets anyone approve ({role}s or a higher role include "*") - '
+                    "name the approvers' user or user-group ids, or a role that lists them"
+                )
+            anyone = anyone or bool(members)
+        if not anyone:
+            problems.append(
+                f"{at}: no one can approve ({', '.join(rule.approvers)} list no one) - add their ids to "
+                "[auth] or to the approvers"
+            )
+        return problems
 
     def job(self, name: str) -> JobConfig:
         """The job called ``name`` (case-insensitive).  :raises KeyError: if there is none."""

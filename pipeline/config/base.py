@@ -63,6 +63,16 @@ def matching(pattern: str, problem: str, *, each: bool = False) -> AfterValidato
     return must(re.compile(pattern).fullmatch, problem, each=each)
 
 
+#: a Slack user id (``U…``/``W…``) or user-group id (``S…``), as Slack shows them
+SLACK_ID = r"[SUW][A-Z0-9]{2,}"
+_NOT_MEMBER = (
+    "{v!r} is not a Slack id: use a user id (U…/W…) or a user-group id (S…), as Slack shows them "
+    'in a profile\'s ⋮ → Copy member ID, or "*" for everyone'
+)
+#: a role's members in ``[auth]`` or ``[jobs.NAME.auth]``: Slack ids, or ``"*"`` (everyone)
+Members = Annotated[list[str], matching(rf"{SLACK_ID}|\*", _NOT_MEMBER, each=True)]
+
+
 def _local(path: Path, info: ValidationInfo) -> Path:
     """A local file named in the config, resolved against the config file's directory (the
     validation context's ``base``; as written without one)."""

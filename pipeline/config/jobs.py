@@ -14,7 +14,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
-from pipeline.config.base import LocalPath, Seconds, _Model, matching, must, seconds_setting
+from pipeline.config.base import (
+    SLACK_ID,
+    LocalPath,
+    Members,
+    Seconds,
+    _Model,
+    matching,
+    must,
+    seconds_setting,
+)
 
 HostPath = Annotated[str, matching("(?s)/.*", "must be an absolute path on the host")]
 
@@ -28,7 +37,7 @@ def _regex(v: str) -> str:
 
 
 _NOT_PERSON = (
-    "owner {v!r}: use a user id (U…) or a user-group id (S…), as Slack shows them "
+    "owner {v!r}: use a user id (U…/W…) or a user-group id (S…), as Slack shows them "
     "in a profile's ⋮ → Copy member ID"
 )
 _UNSAFE = "{v!r}: must be an absolute path, not '/', without '..'"
@@ -93,9 +102,9 @@ class MetricsPattern(_Model):
 class JobAuth(_Model):
     """``[jobs.NAME.auth]``: per-job role overrides (replace the global list when set)."""
 
-    admins: list[str] | None = None
-    operators: list[str] | None = None
-    viewers: list[str] | None = None
+    admins: Members | None = None
+    operators: Members | None = None
+    viewers: Members | None = None
 
 
 #: what ``actions`` may list: ``restart_with_patch`` is a restart that applies or reverts a patch;
@@ -120,6 +129,11 @@ def _approvers(v: list[str]) -> list[str]:
             raise ValueError(
                 f"approver {who!r}: use a role ({', '.join(APPROVER_ROLES)}), a user id (U…) or a "
                 "user-group id (S…); '*' would let anyone approve"
+            )
+        if who not in APPROVER_ROLES and not re.fullmatch(SLACK_ID, who):
+            raise ValueError(
+                f"approver {who!r} is not a role ({', '.join(APPROVER_ROLES)}) nor a Slack id: use a user "
+                "id (U…/W…) or a user-group id (S…), as Slack shows them in a profile's ⋮ → Copy member ID"
             )
     return v
 

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from pipeline.errors import PitstopError, internal_error, new_incident_id
 from pipeline.runs.attempts import Attempts
@@ -25,6 +26,7 @@ from pipeline.runs.base import RunEvent, Told
 from pipeline.runs.orphans import Interruption, reconcile
 from pipeline.runs.verify import Verification
 from pipeline.state.approvals import ApprovalRequest
+from pipeline.state.audit import Actor
 from pipeline.state.jobstate import scope_of
 from pipeline.state.locks import JobLock
 from pipeline.state.runs import RunRecord, StepRecord
@@ -50,6 +52,7 @@ class RunService(Verification, Attempts):
         fresh_cache: bool = False,
         approval: ApprovalRequest | None = None,
         break_glass: str | None = None,
+        actor: Actor | None = None,
     ) -> RunRecord:
         """Take the job's lock and create the run (no remote command); :meth:`execute` runs it.
 
@@ -58,6 +61,7 @@ class RunService(Verification, Attempts):
         :param approval: the approved request (the two-person rule): the run takes its id, approver
             and patch hashes (re-checked at pre-flight).
         :param break_glass: an admin's reason for acting without approval, marked on the run.
+        :param actor: who asks, as their surface proved them (kept on the run).
         :returns: the new run; its lock is held (renewing) until :meth:`execute` releases it.
         :raises InFlight: if another restart of the job (or on its host) holds the lock.
         """
@@ -65,7 +69,11 @@ class RunService(Verification, Attempts):
         await lock.acquire(job=job, action=action, user=user)
         try:
             lock.start_renewal()
-            approved = {"run_id": approval.id, "approved_by": approval.decided_by} if approval else {}
+            approved: dict[str, Any] = (
+                {"run_id": approval.id, "approved_by": approval.decided_by, "approver": approval.decider}
+                if approval
+                else {}
+            )
             run = await self.runs.create(
                 job,
                 user,
@@ -73,6 +81,7 @@ class RunService(Verification, Attempts):
                 patches=list(patches),
                 fresh_cache=fresh_cache,
                 break_glass=break_glass,
+                actor=actor,
                 approved_patches=approval.hashes if approval else {},
                 **approved,
             )

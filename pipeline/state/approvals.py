@@ -32,6 +32,7 @@ from redis.asyncio.client import Pipeline
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
+from pipeline.state.audit import Actor
 from pipeline.state.redisconn import Store, ms
 
 KEEP = 7 * 86400  #: seconds a decided request is kept (``history``)
@@ -50,11 +51,13 @@ class ApprovalState(StrEnum):
     APPROVED = "approved"  #: approved: its action ran (or was started) in the approver's process
     DENIED = "denied"  #: denied by an approver (with a reason, when given)
     EXPIRED = "expired"  #: nobody decided within ``expires``
+    REFUSED = "refused"  #: approved, but the requester no longer holds the role: closed unrun (``reason``)
 
 
 #: each decision → the states it is legal from (only a pending request is decided)
 TRANSITIONS: dict[ApprovalState, frozenset[ApprovalState]] = dict.fromkeys(
-    (ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED), frozenset({ApprovalState.PENDING})
+    (ApprovalState.APPROVED, ApprovalState.DENIED, ApprovalState.EXPIRED, ApprovalState.REFUSED),
+    frozenset({ApprovalState.PENDING}),
 )
 
 
@@ -89,6 +92,13 @@ class ApprovalRequest(BaseModel):
     decided_by: str = ""  #: who approved or denied (empty until decided, and for an expiry)
     decided_at: float | None = None
     reason: str = ""
+    actor: Actor | None = None  #: the requester as their surface proved them (None: older records)
+    decider: Actor | None = None  #: who decided, as their surface proved them
+
+    @property
+    def real_requester(self) -> str:
+        """The Slack id of who really asked (an admin's own id when they asked ``--as`` someone)."""
+        return self.actor.real if self.actor is not None else self.requester
 
     @property
     def hashes(self) -> dict[str, str]:
@@ -125,12 +135,20 @@ class Approvals(Store):
         return None if raw is None else ApprovalRequest.model_validate_json(raw)
 
     async def decide(
-        self, request_id: str, state: ApprovalState, user: str = "", reason: str = ""
+        self,
+        request_id: str,
+        state: ApprovalState,
+        user: str = "",
+        reason: str = "",
+        decider: Actor | None = None,
     ) -> tuple[Decided, ApprovalRequest]:
-        """Decide a pending request, atomically: the first decision wins across replicas.
+        """Decide a pending request, atomically: the first decision wins across replicas.  The
+        requester never approves their own: ``user`` is compared with both who it was asked as and
+        who really asked (:attr:`ApprovalRequest.real_requester`).
 
-        :param state: ``approved``, ``denied`` or ``expired`` (by the expiry sweep: ``user`` empty).
+        :param state: ``approved``, ``denied``, ``refused`` or ``expired`` (by the expiry sweep: ``user`` empty).
         :param reason: why (a denial's reason), at most 500 characters kept.
+        :param decider: who decided, as their surface proved them (kept on the request).
         :returns: the outcome and the request as it stands after the call.
         :raises UnknownRun: if there is no such request.
         :raises IllegalTransition: if ``state`` is not a decision (``pending``).
@@ -145,13 +163,14 @@ class Approvals(Store):
             request = ApprovalRequest.model_validate_json(raw)
             if request.state is not ApprovalState.PENDING:
                 return Decided.LOST, request
-            if state is ApprovalState.APPROVED and user == request.requester:
+            if state is ApprovalState.APPROVED and user in (request.requester, request.real_requester):
                 return Decided.SELF, request
             now = time.time()
             if late := state is not ApprovalState.EXPIRED and now > request.expires_at:
                 decision = {"state": ApprovalState.EXPIRED, "decided_by": "", "decided_at": now}
             else:
                 decision = {"state": state, "decided_by": user, "reason": reason[:500], "decided_at": now}
+                decision |= {"decider": decider}
             outcome = Decided.EXPIRED if late else Decided.WON
             return outcome, self._put(pipe, request.model_copy(update=decision), ex=KEEP)
 
@@ -166,6 +185,7 @@ class Approvals(Store):
             if request is None or (request.state, request.decided_by) != (ApprovalState.APPROVED, approver):
                 return None
             update = {"state": ApprovalState.PENDING, "decided_by": "", "reason": "", "decided_at": None}
+            update |= {"decider": None}
             return self._put(pipe, request.model_copy(update=update))
 
         return await self.swap(
@@ -213,6 +233,7 @@ class Pending(BaseModel, frozen=True):
     surface: str
     created_at: float = Field(default_factory=time.time)  #: unix s
     window: float = DEFAULT_WINDOW  #: seconds it may wait
+    actor: Actor | None = None  #: the requester as their surface proved them (None: older records)
 
 
 class Take(StrEnum):

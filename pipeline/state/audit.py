@@ -53,6 +53,37 @@ APPROVALS = frozenset(
 REFUSALS = frozenset({AuditOutcome.DENIED, AuditOutcome.REFUSED, AuditOutcome.FAILED, AuditOutcome.ERROR})
 
 
+#: what ``history`` calls each surface (``say`` is ``pitstop say``: the CLI)
+SURFACE_NAMES = {"slack": "slack", "action": "slack", "home": "slack", "say": "cli", "console": "console"}
+
+
+class Actor(BaseModel, frozen=True):
+    """Who acted and through which door, as the surface proved it (sudo's ``SUDO_USER`` beside the
+    user it runs as): kept on every run, approval request and audit record.
+
+    In Slack the actor is the signed user id; in the CLI and console it is the OS user running
+    Pitstop, mapped to a Slack id by ``[auth.cli]`` (unproven without it).
+    """
+
+    user: str  #: the Slack id acted as (roles are this id's)
+    surface: str = ""  #: ``slack`` | ``action`` | ``home`` | ``console`` | ``say`` | ``scheduler``
+    by: str = ""  #: the real actor's Slack id when acting for ``user`` (an admin's ``--as``): "by as user"
+    os_user: str = ""  #: the OS user running the CLI or console ("" in Slack)
+    proven: bool = True  #: False: a CLI or console without ``[auth.cli]``, whose ``user`` nothing proves
+
+    @property
+    def real(self) -> str:
+        """The Slack id of who really acted (``by``, else ``user``): the two-person rule compares these."""
+        return self.by or self.user
+
+    @property
+    def door(self) -> str:
+        """``cli: maya``, ``console: maya``, ``slack`` (the surface as ``history`` names it, with the
+        OS user for the CLI and console); "" when the surface is unknown (older records)."""
+        name = SURFACE_NAMES.get(self.surface, self.surface)
+        return f"{name}: {self.os_user}" if self.os_user else name
+
+
 def _outcome(value: Any) -> AuditOutcome:
     """An outcome as stored; one this version does not know reads as ``error``."""
     return AuditOutcome(value) if value in AuditOutcome._value2member_map_ else AuditOutcome.ERROR
@@ -76,6 +107,13 @@ class AuditEntry(BaseModel, frozen=True):
     outcome: Annotated[AuditOutcome, BeforeValidator(_outcome)] = AuditOutcome.ERROR
     detail: str = ""
     run_id: str = ""
+    by: str = ""  #: the real actor when acting for ``user`` (:attr:`Actor.by`)
+    os_user: str = ""  #: the OS user of a CLI or console request (:attr:`Actor.os_user`)
+
+    @property
+    def actor(self) -> Actor:
+        """Who made the request, through which surface."""
+        return Actor(user=self.user, surface=self.surface, by=self.by, os_user=self.os_user)
 
     @field_validator("channel", "text", "job", "detail", "run_id", mode="before")
     @classmethod

@@ -33,6 +33,7 @@ from redis.asyncio.client import Pipeline
 
 from pipeline.errors import IllegalTransition, UnknownRun
 from pipeline.state import keys
+from pipeline.state.audit import Actor
 from pipeline.state.redisconn import DELETE_IF_HELD, EXTEND_IF_HELD, Store, ms
 from pipeline.verdict import Outcome, Step, Verdict
 
@@ -165,6 +166,8 @@ class RunRecord(BaseModel):
     #: the two-person rule (:mod:`pipeline.state.approvals`): who approved the run's request, and
     #: patch name → the SHA-256 approved, re-checked at pre-flight against the file's bytes
     approved_by: str | None = None
+    approver: Actor | None = None  #: who approved, as their surface proved them
+    actor: Actor | None = None  #: who asked for the run, as their surface proved them (None: older runs)
     approved_patches: dict[str, str] = {}
     break_glass: str | None = None  #: the reason an admin gave for acting without approval
     previous_run: str | None = None  #: the attempt this run followed (the job's previous launched run)
