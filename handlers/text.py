@@ -401,6 +401,36 @@ def probe_slow_line(host: str, seconds: float) -> str:
     return f"probe slow: {host} took {took}"
 
 
+# --- escalation: an unacknowledged incident told to more people, step by step
+
+#: how a ``notify`` entry of an escalation step is named where it is not a mention
+NOTIFY_WORDS = MappingProxyType({"owners": "the owners", "channel": "the channel", "pager": "the pager"})
+
+
+def notified(entries: Sequence[str]) -> str:
+    """The people an escalation step tells, as words and mentions: ``<!subteam^S0LEADS>, the pager``."""
+    return ", ".join(NOTIFY_WORDS.get(e) or mention(e) for e in entries)
+
+
+def escalation_next(entries: Sequence[str], at: float, now: float, timezone: str) -> str:
+    """When the next escalation step of an open incident is due, and whom it tells."""
+    when = "now" if at <= now else f"at {fmt.clock(at, timezone, now=now)} (in {fmt.duration(at - now)})"
+    return f"escalates to {notified(entries)} {when} unless acknowledged"
+
+
+def escalated(job: str, step: int, steps: int, open_for: float, told: str) -> str:
+    """The thread note of an escalation step taken (``step`` counted from 1)."""
+    return (
+        f"escalated ({step}/{steps}): {job} not acknowledged after {fmt.duration(open_for)} - "
+        f"telling {told}; `ack {job}` stops it"
+    )
+
+
+def escalation_stopped(job: str) -> str:
+    """``watch JOB off`` with an incident open: its escalation ends there."""
+    return f"escalation of the {job} incident stopped (watching paused)"
+
+
 # --- read-only verbs: status, lock, unlock, logs, history, help
 
 

@@ -1,7 +1,7 @@
 """The scheduler (APScheduler 3 in the event loop): ``leader`` (the lease; take over runs of dead
 owners), ``verify`` (due verifications, expired approvals, recovery follow-ups), ``watch:HOST:INTERVAL``
-(one watch cycle; the heartbeat; a post after a gap of :data:`GAP_INTERVALS` intervals) and
-``digest:JOB``; the :class:`Heartbeat` of the watch cycles.  Only the lease holder does the work; claims in Redis keep a post from happening
+(one watch cycle; the heartbeat; a post after a gap of :data:`GAP_INTERVALS` intervals),
+``escalate`` (due escalation steps, :mod:`handlers.watch.escalate`) and ``digest:JOB``; the :class:`Heartbeat` of the watch cycles.  Only the lease holder does the work; claims in Redis keep a post from happening
 twice.  Every job sets ``misfire_grace_time``, ``coalesce`` and ``max_instances=1``.
 """
 
@@ -25,6 +25,7 @@ from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.views.reports import digest_command
 from handlers.watch.cycle import Watcher
+from handlers.watch.escalate import escalate_due
 from pipeline.errors import StateUnavailable
 from pipeline.observe.watch import Decision
 from pipeline.state.incidents import IncidentKind
@@ -105,7 +106,8 @@ class PitstopScheduler:
     """Scheduled work of one Pitstop process, done only while it holds the leader lease.
 
     :param leader_ttl: seconds the leader lease lives without renewal (renewed every third).
-    :param poll_interval: seconds between polls of due verifications.
+    :param poll_interval: seconds between polls of due verifications (and escalation steps).
+    :param now: the clock escalation steps are due by (unix s).
     """
 
     def __init__(
@@ -114,8 +116,10 @@ class PitstopScheduler:
         *,
         leader_ttl: float = 10.0,
         poll_interval: float = 1.0,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.ctx = ctx
+        self.now = now  #: the clock escalation steps are due by (unix s; tests pass a faster one)
         self.poll_interval = poll_interval
         self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
         self.watcher: Watcher = Watcher(ctx)
@@ -167,6 +171,8 @@ class PitstopScheduler:
         renew = self.lease.renew_every
         add(self._lease_tick, every(renew), "leader", renew)
         add(self._verify_tick, every(self.poll_interval), "verify", max(5.0, self.poll_interval * 5))
+        if any(config.escalation_for(name) for name in config.jobs):
+            add(self._escalate_tick, every(self.poll_interval), "escalate", max(5.0, self.poll_interval * 5))
         groups: dict[tuple[str, float], list[str]] = {}
         for name, job in config.jobs.items():
             groups.setdefault((job.host, job.watch.interval), []).append(name)
@@ -266,6 +272,10 @@ class PitstopScheduler:
             await self.requests.two_person.expire_due()
         if self.is_leader:  # still, after the deliveries
             await self.ctx.service.followups_due()
+
+    async def _escalate_tick(self) -> None:
+        if self.is_leader:
+            await escalate_due(self.ctx, now=self.now())
 
     async def _watch_tick(self, host: str, names: list[str], group: str) -> None:
         if not self.is_leader:

@@ -1,15 +1,18 @@
-"""A person's attention to a job's incidents: ``ack JOB`` (no more reminders until it resolves) and
-``watch JOB on|off [for DURATION]`` (pause the watcher, which resumes by itself)."""
+"""A person's attention to a job's incidents: ``ack JOB`` (no more reminders or escalation until it
+resolves) and ``watch JOB on|off [for DURATION]`` (pause the watcher, which resumes by itself; ``off``
+ends the open incident's escalation)."""
 
 from __future__ import annotations
 
 import difflib
 import time
 
+from handlers import text as words
 from handlers.context import Context
 from handlers.reply import Reply, Status, refused
 from handlers.text import mention
 from handlers.watch.alerts import about, acked_reply, alert_reply
+from handlers.watch.escalate import stop
 from pipeline import fmt
 from pipeline.state.incidents import IncidentStore
 
@@ -69,6 +72,12 @@ async def watch_command(ctx: Context, job: str, state: str, for_s: int | None, u
     if state == "off":
         seconds = int(for_s or DEFAULT_OFF_S)
         await store.pause(name, user, seconds)
+        if (stopped := await stop(store, ctx.config, name)) is not None:
+            note = Reply(
+                title=words.escalation_stopped(name), status=Status.INFO, thread_key=stopped.thread_key
+            )
+            head = alert_reply(stopped, ctx.config, mention=False)
+            await about(ctx, stopped, ctx.config.channel_for(name), note, head)
         until = fmt.clock(time.time() + seconds, ctx.config.scheduler.timezone)
         paused = f"paused for {fmt.duration(seconds)} (until {until}) - `watch {name} on` resumes it"
         return Reply(title=f"watching {name} {paused}", status=Status.OK)

@@ -212,6 +212,41 @@ class DigestSettings(_Model):
         return self
 
 
+_NOT_NOTIFIED = (
+    'notify {v!r}: use "owners", "channel" (@here in the job\'s channel), "pager", a user id (U…) '
+    "or a user-group id (S…)"
+)
+
+
+class EscalationStep(_Model):
+    """One step of an escalation policy: ``{ after = "30m", notify = ["S0LEADS", "pager"] }``."""
+
+    after: Seconds  #: seconds from the incident's start after which it is taken, if nobody acked
+    #: who is told: ``owners``, ``channel`` (@here), ``pager``, user ids (``U…``/``W…``), user-group ids (``S…``)
+    notify: Annotated[
+        list[str], matching(r"owners|channel|pager|[SUW][A-Z0-9]{2,}", _NOT_NOTIFIED, each=True)
+    ] = Field(min_length=1)
+
+
+class EscalationPolicy(_Model):
+    """``[jobs.NAME.escalation]`` or ``[escalation.NAME]``: the steps an unacknowledged incident
+    escalates through, each taken once at its ``after`` (:mod:`handlers.watch.escalate`)."""
+
+    steps: list[EscalationStep] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _in_order(self) -> EscalationPolicy:
+        afters = [step.after for step in self.steps]
+        if afters != sorted(set(afters)):
+            raise ValueError("steps: each step's after must be later than the one before")
+        return self
+
+    @property
+    def pages(self) -> bool:
+        """True if a step notifies the pager."""
+        return any("pager" in step.notify for step in self.steps)
+
+
 class JobConfig(_Model):
     """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
@@ -250,6 +285,8 @@ class JobConfig(_Model):
     #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
     owners: Annotated[list[str], matching(r"[SUW][A-Z0-9]{2,}", _NOT_PERSON, each=True)] = []
     notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too
+    #: how its unacknowledged incidents escalate: a table, or the name of an ``[escalation.NAME]``
+    escalation: EscalationPolicy | str | None = None
 
     @property
     def metrics_path(self) -> str:

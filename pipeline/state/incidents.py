@@ -112,6 +112,9 @@ class Incident(_Stored):
     no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
     idle_gpus: str | None = None  #: idle GPUs: their indices, comma-separated (``cause`` names them)
     story: str | None = None  #: the outbox key of the grouped post it was told in (an alert storm), if any
+    escalated: int = (
+        0  #: escalation steps taken (or ended: ``watch JOB off``), :mod:`handlers.watch.escalate`
+    )
 
     @property
     def thread_key(self) -> str:

@@ -1,0 +1,114 @@
+"""Escalation: an incident nobody acknowledges is told to more people, step by step.
+
+A job's policy (``[jobs.NAME.escalation]`` or the ``[escalation.NAME]`` it names) lists steps, each
+``after`` seconds from the incident's start.  The scheduler's leader calls :func:`escalate_due` with
+its clock; a step that came due is recorded on the incident (``escalated``: the steps taken) by the
+incident's compare-and-set *before* it is told, so across replicas and leader changes each step is
+taken once, and one that came due while nobody led is taken on return.  Each step is a note in the
+incident's thread mentioning whom it names, a DM to each user it names, and the page it asks for.
+``ack`` (``acked_by``), a resolution (the incident is gone) and ``watch JOB off`` (which marks
+every step taken, :func:`stop`) end the chain.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from handlers import text as words
+from handlers.context import Context
+from handlers.reply import Reply, Status
+from handlers.watch.alerts import about, alert_reply, job_owners, next_step_line
+from pipeline.config import Config, EscalationStep
+from pipeline.state.events import EventKind
+from pipeline.state.incidents import Incident, IncidentStore
+
+log = logging.getLogger(__name__)
+
+TRIES = 3  #: compare-and-set attempts per job and call before the next call tries again
+
+
+async def escalate_due(ctx: Context, *, now: float) -> int:
+    """Take every escalation step that came due by ``now`` on every open, unacknowledged incident
+    (the scheduler's leader calls it; a step is recorded before it is told, so it is told once).
+
+    :param now: unix s, from the scheduler's clock.
+    :returns: the number of steps taken by this call.
+    """
+    store = ctx.redis.open_store(IncidentStore)
+    taken = 0
+    for name in ctx.config.jobs:
+        if ctx.config.escalation_for(name) is not None:
+            try:
+                taken += await _escalate(ctx, store, name, now)
+            except Exception:  # one job's trouble never holds another's escalation
+                log.exception("escalating the %s incident failed", name)
+    return taken
+
+
+async def _escalate(ctx: Context, store: IncidentStore, job: str, now: float) -> int:
+    policy = ctx.config.escalation_for(job)
+    assert policy is not None
+    for _ in range(TRIES):
+        inc = await store.incident(job)
+        if inc is None or inc.acked_by is not None:
+            return 0
+        due = sum(1 for step in policy.steps if inc.opened_at + step.after <= now)
+        if due <= inc.escalated:
+            return 0
+        stored = await store.update(inc, inc.model_copy(update={"escalated": due}))
+        if stored is None:
+            continue  # changed meanwhile (a cycle, an ack, another replica): read it again
+        for index in range(inc.escalated, due):
+            await _tell(ctx, stored, index, policy.steps[index], now)
+        return due - inc.escalated
+    return 0
+
+
+async def _tell(ctx: Context, inc: Incident, index: int, step: EscalationStep, now: float) -> None:
+    """One step: its note in the incident's thread, a DM to each user it names, its page."""
+    config = ctx.config
+    steps = len(policy.steps) if (policy := config.escalation_for(inc.job)) else 0
+    people: list[str] = []
+    for entry in step.notify:
+        if entry == "owners":
+            people += job_owners(config, inc.job, inc.last_actor)
+        elif entry not in ("channel", "pager"):
+            people.append(entry)
+    people = list(dict.fromkeys(people))
+    told = [words.mention(p) for p in people]
+    told += [words.NOTIFY_WORDS[e] for e in ("pager",) if e in step.notify]
+    here = "channel" in step.notify
+    if here:
+        told.insert(0, words.mention("here"))
+    title = words.escalated(inc.job, index + 1, steps, now - inc.opened_at, ", ".join(told) or "nobody")
+    lines = (line,) if (line := next_step_line(inc, config, now)) else ()
+    note = Reply(title, Status.WARNING, lines, page="here" if here else None, thread_key=inc.thread_key)
+    channel = config.channel_for(inc.job)
+    await about(ctx, inc, channel, note, alert_reply(inc, config, now=now, mention=False))  # its next step
+    for user in people:
+        if user.startswith(("U", "W")):
+            await ctx.outbox.tell(user, note)
+    await ctx.events.publish(
+        EventKind.ESCALATED,
+        inc.job,
+        n=inc.n,
+        step=index + 1,
+        notify=",".join(step.notify),
+        instance=ctx.instance,
+    )
+
+
+async def stop(store: IncidentStore, config: Config, job: str) -> Incident | None:
+    """End the escalation of ``job``'s open incident (``watch JOB off``): every step marked taken.
+
+    :returns: the incident as stored after, or None when none was open or nothing was left to take.
+    """
+    policy = config.escalation_for(job)
+    for _ in range(TRIES):
+        inc = await store.incident(job)
+        if inc is None or policy is None or inc.escalated >= len(policy.steps):
+            return None
+        stopped = await store.update(inc, inc.model_copy(update={"escalated": len(policy.steps)}))
+        if stopped is not None:
+            return stopped
+    return None
