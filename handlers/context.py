@@ -12,6 +12,7 @@ from handlers.runs.view import RunPosts
 from pipeline.config import Config
 from pipeline.engines.runner import Runner
 from pipeline.host.remote import RemoteHosts
+from pipeline.pager import Pager
 from pipeline.runs.service import RunService
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
@@ -30,6 +31,7 @@ class Context:
     events: Events
     outbox: Outbox  #: where team-visible posts go (Slack, console, memory)
     instance: str  #: an id for this process (leader lease, claims, logs)
+    pager: Pager | None = None  #: ``[pager]``, where escalation steps page (None: not configured)
 
     @cached_property
     def service(self) -> RunService:

@@ -31,6 +31,7 @@ from pipeline.errors import ConfigError
 from pipeline.state import keys
 from pipeline.state.events import EventKind
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
+from tests.fixtures.pagers import ROUTING_KEY, PagerDutyStandIn
 
 T0 = 1_800_000_000.0  #: when the test incident opened (unix s); the clock is the test's
 STEPS = [
@@ -41,9 +42,9 @@ JOB = "train"
 OWNER = "U0OWNER01"
 
 
-def _config(redis_config: Config, **escalation: Any) -> Config:
+def _config(redis_config: Config, pager_url: str) -> Config:
     """One job on an unused host (never probed: its watch interval is an hour), owned by
-    :data:`OWNER`, escalating through :data:`STEPS`."""
+    :data:`OWNER`, escalating through :data:`STEPS`, paging PagerDuty at ``pager_url``."""
     job = JobConfig(
         host="gpu1",
         workdir="/w",
@@ -53,7 +54,7 @@ def _config(redis_config: Config, **escalation: Any) -> Config:
         owners=[OWNER],
         channel="CTRAIN",
         watch={"interval": 3600},  # type: ignore[arg-type]
-        escalation=escalation or {"steps": STEPS},  # type: ignore[arg-type]
+        escalation={"steps": STEPS},  # type: ignore[arg-type]
     )
     return redis_config.model_copy(
         update={
@@ -62,15 +63,19 @@ def _config(redis_config: Config, **escalation: Any) -> Config:
             },  # refused: never probed but by status
             "jobs": {JOB: job},
             "slack": SlackSettings(announce_channel="CANNOUNCE"),
-            "pager": PagerSettings(kind="pagerduty"),
+            "pager": PagerSettings(kind="pagerduty", url=pager_url),
         }
     )
 
 
 @pytest.fixture
-async def ctx(redis_config: Config) -> AsyncIterator[Context]:
-    """A Context of instance A on a fresh prefix, its posts in a MemoryOutbox."""
-    built = await build_context(_config(redis_config), MemoryOutbox(), instance="A")
+async def ctx(
+    redis_config: Config, pagerduty: PagerDutyStandIn, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Context]:
+    """A Context of instance A on a fresh prefix, its posts in a MemoryOutbox, its pager the
+    PagerDuty stand-in (the routing key in the environment, as in production)."""
+    monkeypatch.setenv("PAGERDUTY_ROUTING_KEY", ROUTING_KEY)
+    built = await build_context(_config(redis_config, pagerduty.url), MemoryOutbox(), instance="A")
     try:
         yield built
     finally:
@@ -184,9 +189,9 @@ def test_the_example_escalation_and_pager_validate_once_uncommented() -> None:
 # --- the chain -----------------------------------------------------------------------------------
 
 
-async def test_each_step_is_taken_once_at_its_time(ctx: Context) -> None:
+async def test_each_step_is_taken_once_at_its_time(ctx: Context, pagerduty: PagerDutyStandIn) -> None:
     """Nothing before 10 min; at 10 min the owners (mentioned in the thread and DMed); at 30 min the
-    leads, @here and the pager; never twice; the headline and status show the next step."""
+    leads, @here and the pager (one PagerDuty alert); never twice; the headline shows the next step."""
     await _open(ctx)
     assert await escalate_due(ctx, now=T0 + 599) == 0 and _notes(ctx) == []
     assert await escalate_due(ctx, now=T0 + 600) == 1
@@ -207,6 +212,8 @@ async def test_each_step_is_taken_once_at_its_time(ctx: Context) -> None:
     note = next(p for p in _box(ctx).of("thread") if p.reply.title == second)
     assert note.reply.page == "here" and note.channel == "CTRAIN"
     assert await escalate_due(ctx, now=T0 + 7200) == 0 and len(_notes(ctx)) == 2
+    await pagerduty.wait(lambda: pagerduty.pages == 1)
+    assert [e["dedup_key"] for e in pagerduty.accepted] == ["incident:train:1"]
     assert [e["step"] for e in await _escalations(ctx)] == [1, 2]
     stored = await ctx.redis.open_store(IncidentStore).incident(JOB)
     assert stored is not None and stored.escalated == 2
@@ -285,10 +292,10 @@ asyncio.run(main())
 
 
 async def test_two_replicas_and_a_sigkilled_leader_take_each_step_once(
-    ctx: Context, redis_config: Config, tmp_path: Path
+    ctx: Context, redis_config: Config, tmp_path: Path, pagerduty: PagerDutyStandIn
 ) -> None:
     """Leader A (its own process) takes step 1; it is SIGKILLed; step 2 comes due while nobody
-    leads; replica B takes the lease and step 2, once; step 1 is never taken again."""
+    leads; replica B takes the lease and step 2 (its page too), once; step 1 is never taken again."""
     clock = tmp_path / "clock"
     clock.write_text(repr(T0))
     target = redis_config.redis.url or f"unix://{ctx.redis.embedded.socket_file}"  # type: ignore[union-attr]
@@ -325,6 +332,8 @@ async def test_two_replicas_and_a_sigkilled_leader_take_each_step_once(
         assert await escalate_due(b, now=T0 + 7200) == 0
         assert [(e["step"], e["instance"]) for e in await _escalations(ctx)] == [(1, "A"), (2, "B")]
         assert [n[:16] for n in _notes(b)] == ["escalated (2/2):"]
+        await pagerduty.wait(lambda: pagerduty.pages == 1)
+        assert len(pagerduty.accepted) == 1
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -15,6 +15,7 @@ ENVIRON = dict(
     api_url="SLACK_API_URL",  # its trailing "/" is web_client's to add
     config_path="PITSTOP_CONFIG",
     user="PITSTOP_USER",
+    pagerduty_routing_key="PAGERDUTY_ROUTING_KEY",
 )
 
 
@@ -28,6 +29,8 @@ class Settings:
     api_url: str | None = None  #: ``SLACK_API_URL``: the Web API base URL (proxies, tests), for web_client
     config_path: str | None = None  #: ``PITSTOP_CONFIG``
     user: str | None = None  #: ``PITSTOP_USER``: who the console and ``pitstop say`` act as
+    #: ``PAGERDUTY_ROUTING_KEY``: the Events API v2 integration key (``[pager] kind = "pagerduty"``)
+    pagerduty_routing_key: str | None = field(default=None, repr=False)
 
     def acting_user(self, explicit: str | None) -> str:
         """Who a console/CLI request acts as: ``--as``, else ``PITSTOP_USER``, else ``console``."""

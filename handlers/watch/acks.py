@@ -11,7 +11,7 @@ from handlers import text as words
 from handlers.context import Context
 from handlers.reply import Reply, Status, refused
 from handlers.text import mention
-from handlers.watch.alerts import about, acked_reply, alert_reply
+from handlers.watch.alerts import about, acked_reply, alert_reply, pager_alert
 from handlers.watch.escalate import stop
 from pipeline import fmt
 from pipeline.state.incidents import IncidentStore
@@ -50,6 +50,8 @@ async def ack_command(ctx: Context, job: str, user: str) -> Reply:
         if acked is None:
             continue  # changed meanwhile (a reminder, a resolve): read it again
         reply = acked_reply(acked, user)
+        if acked.paged and ctx.pager is not None:  # acknowledged at the pager too
+            ctx.pager.acknowledge(pager_alert(acked, ctx.config))
         channel = ctx.config.channel_for(name)
         await about(ctx, acked, channel, reply, alert_reply(acked, ctx.config, mention=False))
         return reply

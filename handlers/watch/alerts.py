@@ -33,6 +33,7 @@ from handlers.reply import Reply, Status
 from pipeline import fmt
 from pipeline.config import AutoRestart, Config, EscalationStep
 from pipeline.errors import ExitCode
+from pipeline.pager import PagerAlert
 from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,22 @@ def alert_reply(
         log_title=f"last {LOG_LINES} lines of {log_path}" if log else "",
         thread_key=incident.thread_key,
         exit_code=ExitCode.FAILED,
+    )
+
+
+def pager_alert(incident: Incident, config: Config) -> PagerAlert:
+    """The incident as the pager sees it: keyed by its id (``incident:JOB:N``), critical for dead
+    jobs and crash loops, its headline as the summary."""
+    severity = "critical" if incident.kind in _SEVERE else "warning"
+    summary = _title(incident, config, incident.opened_at)
+    return PagerAlert(
+        incident.thread_key,
+        incident.job,
+        incident.kind.value,
+        severity,
+        summary,
+        incident.host,
+        incident.opened_at,
     )
 
 

@@ -17,7 +17,7 @@ import logging
 from handlers import text as words
 from handlers.context import Context
 from handlers.reply import Reply, Status
-from handlers.watch.alerts import about, alert_reply, job_owners, next_step_line
+from handlers.watch.alerts import about, alert_reply, job_owners, next_step_line, pager_alert
 from pipeline.config import Config, EscalationStep
 from pipeline.state.events import EventKind
 from pipeline.state.incidents import Incident, IncidentStore
@@ -50,12 +50,15 @@ async def _escalate(ctx: Context, store: IncidentStore, job: str, now: float) ->
     assert policy is not None
     for _ in range(TRIES):
         inc = await store.incident(job)
+        if inc is not None and inc.paged and ctx.pager is not None:
+            ctx.pager.keep(pager_alert(inc, ctx.config))  # an open alert its pager expects again
         if inc is None or inc.acked_by is not None:
             return 0
         due = sum(1 for step in policy.steps if inc.opened_at + step.after <= now)
         if due <= inc.escalated:
             return 0
-        stored = await store.update(inc, inc.model_copy(update={"escalated": due}))
+        pages = inc.paged or any("pager" in step.notify for step in policy.steps[inc.escalated : due])
+        stored = await store.update(inc, inc.model_copy(update={"escalated": due, "paged": pages}))
         if stored is None:
             continue  # changed meanwhile (a cycle, an ack, another replica): read it again
         for index in range(inc.escalated, due):
@@ -84,6 +87,8 @@ async def _tell(ctx: Context, inc: Incident, index: int, step: EscalationStep, n
     lines = (line,) if (line := next_step_line(inc, config, now)) else ()
     note = Reply(title, Status.WARNING, lines, page="here" if here else None, thread_key=inc.thread_key)
     channel = config.channel_for(inc.job)
+    if "pager" in step.notify and ctx.pager is not None:  # sent in the background: never holds Slack
+        ctx.pager.trigger(pager_alert(inc, config))
     await about(ctx, inc, channel, note, alert_reply(inc, config, now=now, mention=False))  # its next step
     for user in people:
         if user.startswith(("U", "W")):
