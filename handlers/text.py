@@ -426,6 +426,11 @@ def escalated(job: str, step: int, steps: int, open_for: float, told: str) -> st
     )
 
 
+def not_paged(hours: str) -> str:
+    """An escalation step's pager, outside the policy's ``hours``."""
+    return f"not the pager (it pages {hours} only)"
+
+
 def escalation_stopped(job: str) -> str:
     """``watch JOB off`` with an incident open: its escalation ends there."""
     return f"escalation of the {job} incident stopped (watching paused)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -42,7 +43,7 @@ JOB = "train"
 OWNER = "U0OWNER01"
 
 
-def _config(redis_config: Config, pager_url: str) -> Config:
+def _config(redis_config: Config, pager_url: str, hours: str | None = None) -> Config:
     """One job on an unused host (never probed: its watch interval is an hour), owned by
     :data:`OWNER`, escalating through :data:`STEPS`, paging PagerDuty at ``pager_url``."""
     job = JobConfig(
@@ -54,7 +55,7 @@ def _config(redis_config: Config, pager_url: str) -> Config:
         owners=[OWNER],
         channel="CTRAIN",
         watch={"interval": 3600},  # type: ignore[arg-type]
-        escalation={"steps": STEPS},  # type: ignore[arg-type]
+        escalation={"steps": STEPS, "hours": hours},  # type: ignore[arg-type]
     )
     return redis_config.model_copy(
         update={
@@ -168,6 +169,7 @@ def test_a_bad_policy_is_refused_naming_its_key(
 def test_the_example_escalation_and_pager_validate_once_uncommented() -> None:
     """The commented [pager], [jobs.dflash.escalation] and [escalation.standard] of the example config validate."""
     wanted = (
+        "# hours = ",
         "# [pager]",
         '# kind = "alertmanager"',
         '# url = "http://alertmanager',
@@ -182,6 +184,7 @@ def test_the_example_escalation_and_pager_validate_once_uncommented() -> None:
     config = parse_config(tomllib.loads("\n".join(lines)), "example", Path.cwd())
     policy = config.escalation_for("dflash")
     assert policy is not None and [s.notify for s in policy.steps] == [["owners"], ["S0MLLEADS01", "pager"]]
+    assert policy.hours is not None and policy.hours.text == "mon-fri 09:00-19:00 Europe/Berlin"
     assert config.pager is not None and config.pager.kind == "alertmanager"
     assert [s.after for s in config.escalation["standard"].steps] == [900, 2700]
 
@@ -241,6 +244,42 @@ async def test_next_step_in_the_alert_and_in_status(ctx: Context) -> None:
     assert any(line.startswith(f"train: escalates to the owners at {due[:5]}") for line in status.lines), (
         status.lines
     )
+
+
+@pytest.mark.parametrize(
+    ("hours", "pages"), [("fri 09:00-10:00 Europe/Berlin", True), ("sat,sun 00:00-24:00 UTC", False)]
+)
+async def test_a_step_pages_only_within_the_policy_hours(
+    ctx: Context, pagerduty: PagerDutyStandIn, hours: str, pages: bool
+) -> None:
+    """The step due Friday 09:30 Berlin pages within "fri 09:00-10:00 Europe/Berlin"; outside
+    "sat,sun …" it is told in Slack only, saying so, and nothing reaches PagerDuty."""
+    ctx.config = _config(ctx.config, pagerduty.url, hours)
+    await _open(ctx)
+    assert await escalate_due(ctx, now=T0 + 1800) == 2
+    stored = await ctx.redis.open_store(IncidentStore).incident(JOB)
+    assert stored is not None and stored.paged is pages
+    second = _notes(ctx)[1]
+    if pages:
+        assert second.endswith("the pager; `ack train` stops it")
+        await pagerduty.wait(lambda: pagerduty.pages == 1)
+    else:
+        assert "not the pager (it pages sat,sun 00:00-24:00 UTC only)" in second
+        assert ctx.pager is not None
+        await ctx.pager.drain(5)
+        assert pagerduty.requests == []
+
+
+def test_hours_that_do_not_read_are_refused() -> None:
+    """A malformed ``hours`` (no timezone, an unknown day or zone, an empty range) is a config error naming the example."""
+    for bad in (
+        "mon-fri 09:00-19:00",
+        "mon-fry 09:00-19:00 UTC",
+        "mon 09:00-19:00 Mars/Base",
+        "mon 10:00-10:00 UTC",
+    ):
+        with pytest.raises(ConfigError, match=re.escape("e.g. 'mon-fri 09:00-19:00 Europe/Berlin'")):
+            _parse({"steps": STEPS[:1], "hours": bad})
 
 
 @pytest.mark.parametrize("how", ["ack", "watch off", "resolved"])

@@ -5,7 +5,8 @@ A job's policy (``[jobs.NAME.escalation]`` or the ``[escalation.NAME]`` it names
 its clock; a step that came due is recorded on the incident (``escalated``: the steps taken) by the
 incident's compare-and-set *before* it is told, so across replicas and leader changes each step is
 taken once, and one that came due while nobody led is taken on return.  Each step is a note in the
-incident's thread mentioning whom it names, a DM to each user it names, and the page it asks for.
+incident's thread mentioning whom it names, a DM to each user it names, and the page it asks for
+(within the policy's ``hours`` only: outside them the step is told in Slack alone).
 ``ack`` (``acked_by``), a resolution (the incident is gone) and ``watch JOB off`` (which marks
 every step taken, :func:`stop`) end the chain.
 """
@@ -57,7 +58,8 @@ async def _escalate(ctx: Context, store: IncidentStore, job: str, now: float) ->
         due = sum(1 for step in policy.steps if inc.opened_at + step.after <= now)
         if due <= inc.escalated:
             return 0
-        pages = inc.paged or any("pager" in step.notify for step in policy.steps[inc.escalated : due])
+        pages = any("pager" in step.notify for step in policy.steps[inc.escalated : due])
+        pages = inc.paged or (pages and policy.may_page(now))
         stored = await store.update(inc, inc.model_copy(update={"escalated": due, "paged": pages}))
         if stored is None:
             continue  # changed meanwhile (a cycle, an ack, another replica): read it again
@@ -70,7 +72,9 @@ async def _escalate(ctx: Context, store: IncidentStore, job: str, now: float) ->
 async def _tell(ctx: Context, inc: Incident, index: int, step: EscalationStep, now: float) -> None:
     """One step: its note in the incident's thread, a DM to each user it names, its page."""
     config = ctx.config
-    steps = len(policy.steps) if (policy := config.escalation_for(inc.job)) else 0
+    policy = config.escalation_for(inc.job)
+    assert policy is not None
+    paging = "pager" in step.notify and policy.may_page(now)
     people: list[str] = []
     for entry in step.notify:
         if entry == "owners":
@@ -79,15 +83,22 @@ async def _tell(ctx: Context, inc: Incident, index: int, step: EscalationStep, n
             people.append(entry)
     people = list(dict.fromkeys(people))
     told = [words.mention(p) for p in people]
-    told += [words.NOTIFY_WORDS[e] for e in ("pager",) if e in step.notify]
+    if "pager" in step.notify:  # outside its hours, Slack only
+        told.append(
+            words.NOTIFY_WORDS["pager"]
+            if paging or policy.hours is None
+            else words.not_paged(policy.hours.text)
+        )
     here = "channel" in step.notify
     if here:
         told.insert(0, words.mention("here"))
-    title = words.escalated(inc.job, index + 1, steps, now - inc.opened_at, ", ".join(told) or "nobody")
+    title = words.escalated(
+        inc.job, index + 1, len(policy.steps), now - inc.opened_at, ", ".join(told) or "nobody"
+    )
     lines = (line,) if (line := next_step_line(inc, config, now)) else ()
     note = Reply(title, Status.WARNING, lines, page="here" if here else None, thread_key=inc.thread_key)
     channel = config.channel_for(inc.job)
-    if "pager" in step.notify and ctx.pager is not None:  # sent in the background: never holds Slack
+    if paging and ctx.pager is not None:  # sent in the background: never holds Slack
         ctx.pager.trigger(pager_alert(inc, config))
     await about(ctx, inc, channel, note, alert_reply(inc, config, now=now, mention=False))  # its next step
     for user in people:
