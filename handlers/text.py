@@ -426,6 +426,15 @@ def escalated(job: str, step: int, steps: int, open_for: float, told: str) -> st
     )
 
 
+ONCALL_HEADERS = ("job", "incident", "host", "open for", "acknowledged", "next escalation")
+ONCALL_NONE = "nothing open: no incident on any job"
+
+
+def oncall_title(open_: int, unacked: int) -> str:
+    """The ``oncall`` answer's headline."""
+    return f"on call: {open_} open incident{'' if open_ == 1 else 's'}, {unacked} not acknowledged"
+
+
 def not_paged(hours: str) -> str:
     """An escalation step's pager, outside the policy's ``hours``."""
     return f"not the pager (it pages {hours} only)"

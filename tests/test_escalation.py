@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import tomllib
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,22 @@ from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
 from handlers.context import Context
 from handlers.outbox import MemoryOutbox
+from handlers.reply import Reply, Status
+from handlers.request.dispatch import Dispatcher, Request
 from handlers.views.read import status_command
 from handlers.watch.acks import ack_command, watch_command
 from handlers.watch.alerts import alert_reply
 from handlers.watch.escalate import escalate_due
 from pipeline import fmt
-from pipeline.config import Config, HostConfig, JobConfig, PagerSettings, SlackSettings, parse_config
+from pipeline.config import (
+    AuthSettings,
+    Config,
+    HostConfig,
+    JobConfig,
+    PagerSettings,
+    SlackSettings,
+    parse_config,
+)
 from pipeline.errors import ConfigError
 from pipeline.state import keys
 from pipeline.state.events import EventKind
@@ -306,6 +317,32 @@ async def test_ack_watch_off_or_a_resolution_ends_the_chain(ctx: Context, how: s
         )
 
 
+async def test_oncall_lists_what_is_open_and_when_it_escalates(ctx: Context) -> None:
+    """``oncall`` (any viewer): nothing open says so; an open incident shows its kind, age and next
+    step; acknowledged, it shows who and nothing next."""
+    ctx.config = ctx.config.model_copy(update={"auth": AuthSettings(viewers=["*"])})
+    dispatcher = Dispatcher(ctx)
+
+    async def oncall() -> Reply:
+        return await dispatcher.handle(
+            Request(text="oncall", user="U0VIEWER01", delivery_id=uuid.uuid4().hex)
+        )
+
+    quiet = await oncall()
+    assert quiet.title == "nothing open: no incident on any job" and quiet.status is Status.OK
+    now = time.time()
+    await _open(ctx, opened_at=now - 120)
+    due = fmt.clock(now + 480, "UTC", now=now)
+    answer = await oncall()
+    assert answer.title == "on call: 1 open incident, 1 not acknowledged" and answer.status is Status.WARNING
+    [row] = answer.tables[0].rows
+    assert row[:5] == ("train", "dead", "gpu1", "2 min", "no")
+    assert row[5].startswith(f"escalates to the owners at {due[:5]}")
+    await ack_command(ctx, JOB, "U0ACKER01")
+    [row] = (await oncall()).tables[0].rows
+    assert row[4:] == ("<@U0ACKER01>", "-")
+
+
 # --- replicas and a SIGKILLed leader -------------------------------------------------------------
 
 _REPLICA = """
@@ -314,8 +351,10 @@ from pathlib import Path
 from bot.runtime.assembly import build_context
 from bot.runtime.scheduler import PitstopScheduler
 from handlers.outbox import MemoryOutbox
+from handlers.reply import Reply, Status
+from handlers.request.dispatch import Dispatcher, Request
 from pipeline import fmt
-from pipeline.config import Config
+from pipeline.config import AuthSettings, Config
 
 async def main() -> None:
     config = Config.model_validate_json(Path(sys.argv[1]).read_text())

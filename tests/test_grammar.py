@@ -258,6 +258,7 @@ def test_roles_cover_every_verb() -> None:
         "cancel": "operator",
         "watch": "operator",
         "ack": "operator",
+        "oncall": "viewer",
         "unlock": "admin",
         "approve": "viewer",
         "deny": "viewer",

@@ -225,6 +225,12 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         ("ack dflash",),
     ),
     VerbSpec(
+        "oncall",
+        Role.VIEWER,
+        "what is open: each incident, who acknowledged it, and when and to whom it escalates next",
+        ("oncall",),
+    ),
+    VerbSpec(
         "gpus {host}",
         Role.VIEWER,
         "GPU utilisation, memory, power and processes on a host",

@@ -13,12 +13,15 @@ every step taken, :func:`stop`) end the chain.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from handlers import text as words
 from handlers.context import Context
-from handlers.reply import Reply, Status
-from handlers.watch.alerts import about, alert_reply, job_owners, next_step_line, pager_alert
+from handlers.reply import Reply, Status, Table
+from handlers.watch.alerts import about, alert_reply, job_owners, next_step, next_step_line, pager_alert
+from pipeline import fmt
 from pipeline.config import Config, EscalationStep
 from pipeline.state.events import EventKind
 from pipeline.state.incidents import Incident, IncidentStore
@@ -111,6 +114,35 @@ async def _tell(ctx: Context, inc: Incident, index: int, step: EscalationStep, n
         step=index + 1,
         notify=",".join(step.notify),
         instance=ctx.instance,
+    )
+
+
+async def oncall_command(ctx: Context, *, now: float | None = None) -> Reply:
+    """``oncall``: every open incident — its job, kind, host, how long it has been open, who
+    acknowledged it — and when and to whom it escalates next; unacknowledged ones first, oldest first.
+
+    :param now: unix s (default: the current time).
+    :returns: OK when nothing is open, WARNING while one is not acknowledged, else INFO.
+    """
+    now = time.time() if now is None else now
+    config, store = ctx.config, ctx.redis.open_store(IncidentStore)
+    names = list(config.jobs)
+    found = [i for i in await asyncio.gather(*(store.incident(n) for n in names)) if i is not None]
+    if not found:
+        return Reply(title=words.ONCALL_NONE, status=Status.OK)
+    found.sort(key=lambda i: (i.acked_by is not None, i.opened_at))
+    rows = []
+    for inc in found:
+        due = next_step(inc, config)
+        when = words.escalation_next(due[1].notify, due[0], now, config.scheduler.timezone) if due else "-"
+        acked = words.mention(inc.acked_by) if inc.acked_by else "no"
+        since = fmt.duration(now - inc.opened_at)
+        rows.append((inc.job, inc.kind.value.replace("_", " "), inc.host, since, acked, when))
+    unacked = sum(1 for i in found if i.acked_by is None)
+    return Reply(
+        title=words.oncall_title(len(found), unacked),
+        status=Status.WARNING if unacked else Status.INFO,
+        tables=(Table(words.ONCALL_HEADERS, tuple(rows)),),
     )
 
 
