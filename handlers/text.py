@@ -435,6 +435,17 @@ def oncall_title(open_: int, unacked: int) -> str:
     return f"on call: {open_} open incident{'' if open_ == 1 else 's'}, {unacked} not acknowledged"
 
 
+def maintenance_announced(job: str, length: str, until: str, who: str, reason: str | None) -> str:
+    """``maintenance JOB DURATION "REASON"``: the window, announced in the job's channel."""
+    why = f": {reason}" if reason else ""
+    return f"maintenance of {job} for {length} (until {until}), by {who}{why} - no alerts, no escalation"
+
+
+def maintenance_ends(job: str) -> str:
+    """How a maintenance window ends early."""
+    return f"it ends by itself; `watch {job} on` ends it now"
+
+
 def not_paged(hours: str) -> str:
     """An escalation step's pager, outside the policy's ``hours``."""
     return f"not the pager (it pages {hours} only)"

@@ -343,6 +343,28 @@ async def test_oncall_lists_what_is_open_and_when_it_escalates(ctx: Context) -> 
     assert row[4:] == ("<@U0ACKER01>", "-")
 
 
+async def test_maintenance_silences_alerts_and_escalation_announced_and_recorded(ctx: Context) -> None:
+    """``maintenance train 2h "driver upgrade"`` (an operator): watching paused, the open incident's
+    escalation ended, the window announced in the job's channel with who and why, audited."""
+    ctx.config = ctx.config.model_copy(update={"auth": AuthSettings(operators=["U0OPS0001"])})
+    dispatcher = Dispatcher(ctx)
+    await _open(ctx)
+    assert await escalate_due(ctx, now=T0 + 600) == 1
+    text = 'maintenance train 2h "driver upgrade"'
+    answer = await dispatcher.handle(Request(text=text, user="U0OPS0001", delivery_id=uuid.uuid4().hex))
+    assert answer.title.startswith("maintenance of train for 2 h (until ")
+    assert answer.title.endswith("by <@U0OPS0001>: driver upgrade - no alerts, no escalation")
+    [announced] = _box(ctx).of("post")
+    assert announced.channel == "CTRAIN" and announced.reply.title == answer.title
+    [view] = await ctx.service.jobs.read_many([JOB])
+    assert view.paused
+    assert await escalate_due(ctx, now=T0 + 3600) == 0 and len(_notes(ctx)) == 1
+    [entry] = await dispatcher.audit.recent(job=JOB, count=1)
+    assert entry.verb == "maintenance" and entry.user == "U0OPS0001" and "driver upgrade" in entry.text
+    refused = await dispatcher.handle(Request(text="maintenance train", user="U0OPS0001", delivery_id="x1"))
+    assert refused.title.startswith("usage: maintenance JOB [for] DURATION")
+
+
 # --- replicas and a SIGKILLed leader -------------------------------------------------------------
 
 _REPLICA = """

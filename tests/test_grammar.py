@@ -259,6 +259,7 @@ def test_roles_cover_every_verb() -> None:
         "watch": "operator",
         "ack": "operator",
         "oncall": "viewer",
+        "maintenance": "operator",
         "unlock": "admin",
         "approve": "viewer",
         "deny": "viewer",

@@ -146,6 +146,9 @@ VERBS: Mapping[str, Handler] = MappingProxyType(
             c.ctx, _job(c), c.command.state or "", c.command.for_s, c.req.user
         ),
         "ack": lambda c: acks.ack_command(c.ctx, _job(c), c.req.user),
+        "maintenance": lambda c: acks.maintenance_command(
+            c.ctx, _job(c), c.command.for_s or 0, c.command.reason, c.req.user
+        ),
         "oncall": lambda c: escalate.oncall_command(c.ctx),
         "gpus": lambda c: reports.gpus_command(c.ctx, c.command.host or ""),
         "help": _help,
