@@ -446,6 +446,11 @@ def maintenance_ends(job: str) -> str:
     return f"it ends by itself; `watch {job} on` ends it now"
 
 
+def pager_acker(name: str) -> str:
+    """Who acknowledged an incident in PagerDuty, as its ``acked_by`` shows them."""
+    return f"{name} (in PagerDuty)"
+
+
 def not_paged(hours: str) -> str:
     """An escalation step's pager, outside the policy's ``hours``."""
     return f"not the pager (it pages {hours} only)"

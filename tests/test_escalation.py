@@ -40,10 +40,11 @@ from pipeline.config import (
     parse_config,
 )
 from pipeline.errors import ConfigError
+from pipeline.pager import open_pager
 from pipeline.state import keys
 from pipeline.state.events import EventKind
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
-from tests.fixtures.pagers import ROUTING_KEY, PagerDutyStandIn
+from tests.fixtures.pagers import API_TOKEN, ROUTING_KEY, PagerDutyStandIn
 
 T0 = 1_800_000_000.0  #: when the test incident opened (unix s); the clock is the test's
 STEPS = [
@@ -181,6 +182,9 @@ def test_the_example_escalation_and_pager_validate_once_uncommented() -> None:
     """The commented [pager], [jobs.dflash.escalation] and [escalation.standard] of the example config validate."""
     wanted = (
         "# hours = ",
+        "# sync_acks = ",
+        "# sync_every = ",
+        "# api_url = ",
         "# [pager]",
         '# kind = "alertmanager"',
         '# url = "http://alertmanager',
@@ -196,7 +200,7 @@ def test_the_example_escalation_and_pager_validate_once_uncommented() -> None:
     policy = config.escalation_for("dflash")
     assert policy is not None and [s.notify for s in policy.steps] == [["owners"], ["S0MLLEADS01", "pager"]]
     assert policy.hours is not None and policy.hours.text == "mon-fri 09:00-19:00 Europe/Berlin"
-    assert config.pager is not None and config.pager.kind == "alertmanager"
+    assert config.pager is not None and config.pager.kind == "alertmanager" and config.pager.sync_every == 30
     assert [s.after for s in config.escalation["standard"].steps] == [900, 2700]
 
 
@@ -363,6 +367,49 @@ async def test_maintenance_silences_alerts_and_escalation_announced_and_recorded
     assert entry.verb == "maintenance" and entry.user == "U0OPS0001" and "driver upgrade" in entry.text
     refused = await dispatcher.handle(Request(text="maintenance train", user="U0OPS0001", delivery_id="x1"))
     assert refused.title.startswith("usage: maintenance JOB [for] DURATION")
+
+
+async def test_an_ack_made_in_pagerduty_acknowledges_in_slack(
+    ctx: Context, pagerduty: PagerDutyStandIn
+) -> None:
+    """``sync_acks``: someone acks the page in PagerDuty; the next poll (REST API, paged) acknowledges
+    the incident in Slack naming them, and nothing is sent back to PagerDuty; a wrong API key reads nothing."""
+    settings = PagerSettings(
+        kind="pagerduty", url=pagerduty.url, sync_acks=True, sync_every=0.001, api_url=pagerduty.api_url
+    )
+    ctx.config = ctx.config.model_copy(update={"pager": settings})
+    assert ctx.pager is not None
+    await ctx.pager.aclose()
+    ctx.pager = open_pager(settings, ROUTING_KEY, api_token="wrong")
+    await _open(ctx)
+    assert await escalate_due(ctx, now=T0 + 1800) == 2
+    await pagerduty.wait(lambda: pagerduty.pages == 1)
+    pagerduty.ack("incident:train:1", "Jane Doe")
+    await escalate_due(ctx, now=T0 + 1801)
+    stored = await ctx.redis.open_store(IncidentStore).incident(JOB)
+    assert stored is not None and stored.acked_by is None and pagerduty.reads == 0  # 401: nothing read
+    await ctx.pager.aclose()
+    ctx.pager = open_pager(settings, ROUTING_KEY, api_token=API_TOKEN)
+    await escalate_due(ctx, now=T0 + 1802)
+    stored = await ctx.redis.open_store(IncidentStore).incident(JOB)
+    assert stored is not None and stored.acked_by == "Jane Doe (in PagerDuty)"
+    said = [p.reply.title for p in _box(ctx).of("thread")]
+    assert "acknowledged by Jane Doe (in PagerDuty) - no more reminders for train until it resolves" in said
+    await ctx.pager.drain(5)
+    assert [e["event_action"] for e in pagerduty.accepted] == ["trigger"]
+
+
+def test_sync_acks_needs_its_api_token() -> None:
+    """``sync_acks`` without PAGERDUTY_API_TOKEN is a config error saying so; Alertmanager has none to sync."""
+    settings = PagerSettings(kind="pagerduty", sync_acks=True)
+    with pytest.raises(
+        ConfigError, match=re.escape("pager.sync_acks: needs PAGERDUTY_API_TOKEN in the environment")
+    ):
+        open_pager(settings, ROUTING_KEY)
+    with pytest.raises(ConfigError, match="sync_acks: PagerDuty only"):
+        parse_config(
+            {"pager": {"kind": "alertmanager", "url": "http://am:9093/api/v2/alerts", "sync_acks": True}}
+        )
 
 
 # --- replicas and a SIGKILLed leader -------------------------------------------------------------

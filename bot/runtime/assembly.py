@@ -50,7 +50,8 @@ async def build_context(
     :param engines: the engines' registry (:data:`pipeline.engines.ENGINES`).
     :raises StateUnavailable: if a configured Redis does not answer.
     :raises ConfigError: if a job's engine is not in ``engines`` or its config does not suit it, or
-        ``[pager] kind = "pagerduty"`` without ``PAGERDUTY_ROUTING_KEY``.
+        ``[pager] kind = "pagerduty"`` without ``PAGERDUTY_ROUTING_KEY`` (or ``sync_acks`` without
+        ``PAGERDUTY_API_TOKEN``).
     """
     check_engines(config, engines)  # before anything is opened (the Runner checks it again)
     pager = None
@@ -59,7 +60,10 @@ async def build_context(
         async def refusing(line: str) -> None:
             await outbox.post(Reply(title=line, status=Status.ERROR), config.slack.announce_channel)
 
-        pager = open_pager(config.pager, from_environ().pagerduty_routing_key, refusing)
+        env = from_environ()
+        pager = open_pager(
+            config.pager, env.pagerduty_routing_key, refusing, api_token=env.pagerduty_api_token
+        )
     handle = await open_redis(config)
     if handle.embedded is not None:
         log.info(embedded_redis_started(handle.description))

@@ -16,6 +16,7 @@ ENVIRON = dict(
     config_path="PITSTOP_CONFIG",
     user="PITSTOP_USER",
     pagerduty_routing_key="PAGERDUTY_ROUTING_KEY",
+    pagerduty_api_token="PAGERDUTY_API_TOKEN",
 )
 
 
@@ -31,6 +32,8 @@ class Settings:
     user: str | None = None  #: ``PITSTOP_USER``: who the console and ``pitstop say`` act as
     #: ``PAGERDUTY_ROUTING_KEY``: the Events API v2 integration key (``[pager] kind = "pagerduty"``)
     pagerduty_routing_key: str | None = field(default=None, repr=False)
+    #: ``PAGERDUTY_API_TOKEN``: a REST API key that reads incidents (``[pager] sync_acks``)
+    pagerduty_api_token: str | None = field(default=None, repr=False)
 
     def acting_user(self, explicit: str | None) -> str:
         """Who a console/CLI request acts as: ``--as``, else ``PITSTOP_USER``, else ``console``."""

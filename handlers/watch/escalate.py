@@ -20,7 +20,15 @@ import time
 from handlers import text as words
 from handlers.context import Context
 from handlers.reply import Reply, Status, Table
-from handlers.watch.alerts import about, alert_reply, job_owners, next_step, next_step_line, pager_alert
+from handlers.watch.alerts import (
+    about,
+    acked_reply,
+    alert_reply,
+    job_owners,
+    next_step,
+    next_step_line,
+    pager_alert,
+)
 from pipeline import fmt
 from pipeline.config import Config, EscalationStep
 from pipeline.state.events import EventKind
@@ -39,17 +47,18 @@ async def escalate_due(ctx: Context, *, now: float) -> int:
     :returns: the number of steps taken by this call.
     """
     store = ctx.redis.open_store(IncidentStore)
+    acked = await ctx.pager.acknowledged() if ctx.pager is not None else {}  # ``sync_acks``
     taken = 0
     for name in ctx.config.jobs:
         if ctx.config.escalation_for(name) is not None:
             try:
-                taken += await _escalate(ctx, store, name, now)
+                taken += await _escalate(ctx, store, name, now, acked)
             except Exception:  # one job's trouble never holds another's escalation
                 log.exception("escalating the %s incident failed", name)
     return taken
 
 
-async def _escalate(ctx: Context, store: IncidentStore, job: str, now: float) -> int:
+async def _escalate(ctx: Context, store: IncidentStore, job: str, now: float, acked: dict[str, str]) -> int:
     policy = ctx.config.escalation_for(job)
     assert policy is not None
     for _ in range(TRIES):
@@ -57,6 +66,9 @@ async def _escalate(ctx: Context, store: IncidentStore, job: str, now: float) ->
         if inc is not None and inc.paged and ctx.pager is not None:
             ctx.pager.keep(pager_alert(inc, ctx.config))  # an open alert its pager expects again
         if inc is None or inc.acked_by is not None:
+            return 0
+        if inc.paged and (who := acked.get(inc.thread_key)) is not None:
+            await _acked_at_pager(ctx, store, inc, who, now)
             return 0
         due = sum(1 for step in policy.steps if inc.opened_at + step.after <= now)
         if due <= inc.escalated:
@@ -115,6 +127,17 @@ async def _tell(ctx: Context, inc: Incident, index: int, step: EscalationStep, n
         notify=",".join(step.notify),
         instance=ctx.instance,
     )
+
+
+async def _acked_at_pager(ctx: Context, store: IncidentStore, inc: Incident, who: str, now: float) -> None:
+    """Acknowledge ``inc`` as acknowledged in PagerDuty by ``who`` (a name there): no more reminders
+    or escalation, said in its thread and on its headline (compare-and-set: a Slack ack meanwhile wins)."""
+    by = words.pager_acker(who)
+    acked = await store.update(inc, inc.model_copy(update={"acked_by": by, "acked_at": now}))
+    if acked is not None:
+        reply = acked_reply(acked, by)
+        head = alert_reply(acked, ctx.config, now=now, mention=False)
+        await about(ctx, acked, ctx.config.channel_for(inc.job), reply, head)
 
 
 async def oncall_command(ctx: Context, *, now: float | None = None) -> Reply:

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from pipeline import fmt
-from pipeline.config.base import LocalPath, _Model, matching, must
+from pipeline.config.base import LocalPath, Seconds, _Model, matching, must
 from pipeline.config.jobs import ApprovalSettings as ApprovalSettings
 from pipeline.config.jobs import AutoRestart as AutoRestart
 from pipeline.config.jobs import DigestSettings as DigestSettings
@@ -125,6 +125,7 @@ class HostConfig(_Model):
 
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"  #: ``[pager] url``'s PagerDuty default
+PAGERDUTY_API_URL = "https://api.pagerduty.com"  #: ``[pager] api_url``'s default: PagerDuty's REST API
 
 
 class PagerSettings(_Model):
@@ -135,11 +136,19 @@ class PagerSettings(_Model):
     #: the endpoint events are POSTed to (PagerDuty: its Events API v2 by default; Alertmanager:
     #: required, ``http://alertmanager:9093/api/v2/alerts``)
     url: Annotated[str, matching(r"https?://[^/\s]+(/\S*)?", _NOT_HTTP)] | None = None
+    #: PagerDuty: acknowledgements made there acknowledge the incident in Slack, polled through its REST
+    #: API with ``PAGERDUTY_API_TOKEN`` (every ``sync_every`` seconds)
+    sync_acks: bool = False
+    sync_every: Seconds = 30.0
+    #: PagerDuty's REST API base (for proxies and tests)
+    api_url: Annotated[str, matching(r"https?://[^/\s]+(/\S*)?", _NOT_HTTP)] = PAGERDUTY_API_URL
 
     @model_validator(mode="after")
     def _url(self) -> PagerSettings:
         if self.kind == "alertmanager" and self.url is None:
             raise ValueError("url: required for alertmanager, e.g. 'http://alertmanager:9093/api/v2/alerts'")
+        if self.kind != "pagerduty" and self.sync_acks:
+            raise ValueError("sync_acks: PagerDuty only (Alertmanager has no acknowledgements)")
         return self
 
     @property

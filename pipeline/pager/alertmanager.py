@@ -51,6 +51,10 @@ class Alertmanager:
             one["endsAt"] = iso(max(now, alert.started_at))
         return [one]
 
+    async def acknowledged(self, session: aiohttp.ClientSession) -> dict[str, str]:
+        """Nothing: Alertmanager has no acknowledgements."""
+        return {}
+
     async def send(
         self, session: aiohttp.ClientSession, action: Action, alert: PagerAlert, now: float
     ) -> None:

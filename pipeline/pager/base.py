@@ -74,6 +74,13 @@ class PagerKind(Protocol):
     #: seconds between re-sends of an open alert (its API expects them), None: never re-sent
     resend_every: float | None
 
+    async def acknowledged(self, session: aiohttp.ClientSession) -> dict[str, str]:
+        """Dedup key → who acknowledged it, of the alerts acknowledged at the pager ({}: it cannot tell).
+
+        :raises PagerRetry: for an answer to retry later.
+        :raises PagerRefused: for a refusal.
+        """
+
     async def send(
         self, session: aiohttp.ClientSession, action: Action, alert: PagerAlert, now: float
     ) -> None:
@@ -107,7 +114,8 @@ class Pager:
     :param on_trouble: awaited with a line when a send is refused for good or its tries are spent,
         once until a send succeeds again.
     :param backoff: seconds before the first retry (doubled each time, at most :data:`MAX_BACKOFF`).
-    :param clock: unix s now (re-sends, end times).
+    :param clock: unix s now (re-sends, end times, polls).
+    :param sync_every: seconds between two reads of the pager's acknowledgements.
     """
 
     def __init__(
@@ -118,12 +126,15 @@ class Pager:
         backoff: float = BACKOFF,
         tries: int = TRIES,
         clock: Callable[[], float] = time.time,
+        sync_every: float = 30.0,
     ) -> None:
         self.kind = kind
         self.on_trouble = on_trouble
         self.backoff = backoff
         self.tries = tries
         self.clock = clock
+        self.sync_every = sync_every
+        self._synced: float | None = None  #: when acknowledgements were last read (:meth:`acknowledged`)
         #: the last refusal while the pager keeps refusing (None once it accepts): for a heartbeat
         self.refusing: str | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -150,6 +161,21 @@ class Pager:
         if every is not None and (last is None or self.clock() - last >= every):
             self._sent[alert.key] = self.clock()  # not twice while this one is on its way
             self._submit(Action.TRIGGER, alert)
+
+    async def acknowledged(self) -> dict[str, str]:
+        """Dedup key → who acknowledged it at the pager, read at most every ``sync_every`` s ({}
+        between reads, for a kind that cannot tell, and when the read fails: logged, tried next time)."""
+        now = self.clock()
+        if self._synced is not None and now - self._synced < self.sync_every:
+            return {}
+        self._synced = now
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+        try:
+            return await self.kind.acknowledged(self._session)
+        except (PagerRetry, PagerRefused, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("pager %s: reading acknowledgements failed: %s", self.kind.name, exc)
+            return {}
 
     def _submit(self, action: Action, alert: PagerAlert) -> None:
         task = asyncio.get_running_loop().create_task(self._deliver(action, alert))
