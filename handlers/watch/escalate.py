@@ -7,8 +7,9 @@ incident's compare-and-set *before* it is told, so across replicas and leader ch
 taken once, and one that came due while nobody led is taken on return.  Each step is a note in the
 incident's thread mentioning whom it names, a DM to each user it names, and the page it asks for
 (within the policy's ``hours`` only: outside them the step is told in Slack alone).
-``ack`` (``acked_by``), a resolution (the incident is gone) and ``watch JOB off`` (which marks
-every step taken, :func:`stop`) end the chain.
+``ack`` (``acked_by``; in PagerDuty too with ``[pager] sync_acks``), a resolution (the incident is
+gone), ``watch JOB off`` and ``maintenance`` (which mark every step taken, :func:`stop`) end the
+chain.  ``oncall`` (:func:`oncall_command`) lists what is open and when each escalates next.
 """
 
 from __future__ import annotations
