@@ -13,6 +13,7 @@ from handlers.runs.view import RunPosts
 from pipeline.config import Config
 from pipeline.engines.runner import Runner
 from pipeline.host.remote import RemoteHosts
+from pipeline.pager import Pager
 from pipeline.runs.service import RunService
 from pipeline.state.events import Events
 from pipeline.state.redisconn import RedisHandle
@@ -44,6 +45,7 @@ class Context:
     instance: str  #: an id for this process (leader lease, claims, logs)
     #: user groups read fresh, for approvals (None: a surface without Slack, which reads none)
     directory: Directory | None = None
+    pager: Pager | None = None  #: ``[pager]``, where escalation steps page (None: not configured)
 
     @cached_property
     def service(self) -> RunService:

@@ -451,6 +451,66 @@ def probe_slow_line(host: str, seconds: float) -> str:
     return f"probe slow: {host} took {took}"
 
 
+# --- escalation: an unacknowledged incident told to more people, step by step
+
+#: how a ``notify`` entry of an escalation step is named where it is not a mention
+NOTIFY_WORDS = MappingProxyType({"owners": "the owners", "channel": "the channel", "pager": "the pager"})
+
+
+def notified(entries: Sequence[str]) -> str:
+    """The people an escalation step tells, as words and mentions: ``<!subteam^S0LEADS>, the pager``."""
+    return ", ".join(NOTIFY_WORDS.get(e) or mention(e) for e in entries)
+
+
+def escalation_next(entries: Sequence[str], at: float, now: float, timezone: str) -> str:
+    """When the next escalation step of an open incident is due, and whom it tells."""
+    when = "now" if at <= now else f"at {fmt.clock(at, timezone, now=now)} (in {fmt.duration(at - now)})"
+    return f"escalates to {notified(entries)} {when} unless acknowledged"
+
+
+def escalated(job: str, step: int, steps: int, open_for: float, told: str) -> str:
+    """The thread note of an escalation step taken (``step`` counted from 1)."""
+    return (
+        f"escalated ({step}/{steps}): {job} not acknowledged after {fmt.duration(open_for)} - "
+        f"telling {told}; `ack {job}` stops it"
+    )
+
+
+ONCALL_HEADERS = ("job", "incident", "host", "open for", "acknowledged", "next escalation")
+ONCALL_NONE = "nothing open: no incident on any job"
+
+
+def oncall_title(open_: int, unacked: int) -> str:
+    """The ``oncall`` answer's headline."""
+    return f"on call: {open_} open incident{'' if open_ == 1 else 's'}, {unacked} not acknowledged"
+
+
+def maintenance_announced(job: str, length: str, until: str, who: str, reason: str | None) -> str:
+    """``maintenance JOB DURATION "REASON"``: the window, announced in the job's channel."""
+    why = f": {reason}" if reason else ""
+    return f"maintenance of {job} for {length} (until {until}), by {who}{why} - no alerts, no escalation"
+
+
+def maintenance_ends(job: str) -> str:
+    """How a maintenance window ends early."""
+    return f"it ends by itself; `watch {job} on` ends it now"
+
+
+def pager_acker(name: str) -> str:
+    """Who acknowledged an incident in PagerDuty, as its ``acked_by`` shows them."""
+    return f"{name} (in PagerDuty)"
+
+
+def not_paged(hours: str) -> str:
+    """An escalation step's pager, outside the policy's ``hours``."""
+    return f"not the pager (it pages {hours} only)"
+
+
+def escalation_stopped(job: str) -> str:
+    """``watch JOB off`` with an incident open: its escalation ends there."""
+    return f"escalation of the {job} incident stopped (watching paused)"
+
+
 # --- read-only verbs: status, lock, unlock, logs, history, help
 
 

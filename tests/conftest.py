@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.fixtures.ssh",
     "tests.fixtures.slack",
     "tests.fixtures.slurm",
+    "tests.fixtures.pagers",
 ]

@@ -258,6 +258,8 @@ def test_roles_cover_every_verb() -> None:
         "cancel": "operator",
         "watch": "operator",
         "ack": "operator",
+        "oncall": "viewer",
+        "maintenance": "operator",
         "unlock": "admin",
         "approve": "viewer",
         "deny": "viewer",

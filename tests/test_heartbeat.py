@@ -278,6 +278,8 @@ def test_heartbeat_state_is_ok_only_while_someone_will_be_told() -> None:
     lines = reason.splitlines()
     assert len(lines) == 3 and "invalid_auth" in lines[0] and "'a is down'" in lines[1]
     assert lines[2] == "the watch cycle of gpu1 failed: boom"
+    refusing = "the pager (pagerduty) refuses incidents: trigger of incident:a:1: HTTP 400"
+    assert heartbeat_state(Vitals(now, slack=fine, pager=refusing)) == refusing  # a pager refusing pages
 
 
 def test_the_heartbeat_url_may_come_from_the_environment_and_is_never_shown(

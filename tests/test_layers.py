@@ -171,7 +171,18 @@ def test_no_import_cycles() -> None:
 
 
 #: pipeline's packages (each states what it may import in its ``__init__`` docstring) and loose modules
-PIPELINE_PARTS = ("config", "host", "engines", "state", "observe", "digest", "errors", "fmt", "verdict")
+PIPELINE_PARTS = (
+    "config",
+    "host",
+    "engines",
+    "state",
+    "observe",
+    "digest",
+    "pager",
+    "errors",
+    "fmt",
+    "verdict",
+)
 
 
 def _package_graph() -> dict[str, dict[str, str]]:

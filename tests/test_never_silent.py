@@ -3,6 +3,7 @@ words for every permanent error, an alert that always reaches a person, and the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,21 @@ async def test_an_alert_refused_in_the_announce_channel_goes_to_the_fallback_and
     await outbox.thread(ALERT, Reply(title="reminder"), ANNOUNCE)
     assert len(fake_slack.posted_to("C0FALLBACK")) == 2 and posted["updates"] == 1
     assert fake_slack.thread("C0FALLBACK", str(posted["ts"]))[0]["text"] == "reminder"
+
+
+async def test_an_alert_rescued_to_the_fallback_channel_dms_the_owners_outside_it(
+    fake_slack: FakeSlack,
+) -> None:
+    """An alert refused in the announce channel and rescued to fallback_channel still DMs each owner not in that channel."""
+    fake_slack.channels[ANNOUNCE].read_only = True
+    fake_slack.add_channel(Channel("C0FALLBACK", users={"U0INSIDE"}))
+    outbox = _outbox(fake_slack, fallback_channel="C0FALLBACK")
+    alert = replace(_alert(), owners=("U0INSIDE", "U0OUTSIDE"))
+    await outbox.announce(ALERT, alert, ANNOUNCE)
+    assert len(fake_slack.posted_to("C0FALLBACK")) == 1
+    (dm,) = fake_slack.posted_to("D0OUTSIDE")
+    assert str(dm["text"]).startswith("dflash is down")
+    assert fake_slack.posted_to("D0INSIDE") == []
 
 
 async def test_an_alert_no_channel_takes_goes_to_owners_then_admins_by_dm(fake_slack: FakeSlack) -> None:

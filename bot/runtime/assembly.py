@@ -10,19 +10,24 @@ import socket
 import uuid
 from collections.abc import Mapping
 
+from bot.runtime.settings import from_environ
 from bot.text import embedded_redis_started
 from handlers.context import Context, Directory
 from handlers.outbox import Outbox
+from handlers.reply import Reply, Status
 from pipeline.config import Config
 from pipeline.engines import ENGINES
 from pipeline.engines.base import EngineKind, check_engines
 from pipeline.engines.runner import Runner
 from pipeline.host.remote import SSHPool
+from pipeline.pager import open_pager
 from pipeline.state.events import Events
 from pipeline.state.redisconn import open_redis
 from pipeline.state.runs import RunStore
 
 log = logging.getLogger(__name__)
+
+PAGER_DRAIN_S = 10.0  #: seconds a closing process waits for pages still on their way
 
 
 def new_instance_id() -> str:
@@ -47,9 +52,21 @@ async def build_context(
     :param engines: the engines' registry (:data:`pipeline.engines.ENGINES`).
     :param directory: Slack's user groups, read fresh for approvals (None: a surface without Slack).
     :raises StateUnavailable: if a configured Redis does not answer.
-    :raises ConfigError: if a job's engine is not in ``engines`` or its config does not suit it.
+    :raises ConfigError: if a job's engine is not in ``engines`` or its config does not suit it, or
+        ``[pager] kind = "pagerduty"`` without ``PAGERDUTY_ROUTING_KEY`` (or ``sync_acks`` without
+        ``PAGERDUTY_API_TOKEN``).
     """
     check_engines(config, engines)  # before anything is opened (the Runner checks it again)
+    pager = None
+    if config.pager is not None:  # before anything is opened: a missing routing key is a config error
+
+        async def refusing(line: str) -> None:
+            await outbox.post(Reply(title=line, status=Status.ERROR), config.slack.announce_channel)
+
+        env = from_environ()
+        pager = open_pager(
+            config.pager, env.pagerduty_routing_key, refusing, api_token=env.pagerduty_api_token
+        )
     handle = await open_redis(config)
     if handle.embedded is not None:
         log.info(embedded_redis_started(handle.description))
@@ -68,6 +85,7 @@ async def build_context(
         outbox=outbox,
         instance=instance,
         directory=directory,
+        pager=pager,
     )
     try:
         await ctx.service.recover(deliver=deliver_recovered)
@@ -77,9 +95,12 @@ async def build_context(
 
 
 async def close_context(ctx: Context) -> None:
-    """Hand owned runs over, close the SSH pool, then Redis (the embedded server stops if this
+    """Send the pages on their way (bounded), hand owned runs over, close the SSH pool, then Redis (the embedded server stops if this
     was its last user)."""
     try:
+        if ctx.pager is not None:
+            await ctx.pager.drain(PAGER_DRAIN_S)
+            await ctx.pager.aclose()
         await ctx.runs.aclose()
         await ctx.ssh.close()
     finally:

@@ -1,7 +1,8 @@
 """The scheduler (APScheduler 3 in the event loop): ``leader`` (the lease; take over runs of dead
 owners), ``verify`` (due verifications, expired approvals, recovery follow-ups), ``watch:HOST:INTERVAL``
-(one watch cycle; the heartbeat; a post after a gap of :data:`GAP_INTERVALS` intervals) and
-``digest:JOB``; the :class:`Heartbeat` of the watch rounds, whose state :func:`heartbeat_state` decides.  Only the lease holder does the work; claims in Redis keep a post from happening
+(one watch cycle; the heartbeat; a post after a gap of :data:`GAP_INTERVALS` intervals),
+``escalate`` (due escalation steps, :mod:`handlers.watch.escalate`) and ``digest:JOB``; the
+:class:`Heartbeat` of the watch rounds, whose state :func:`heartbeat_state` decides.  Only the lease holder does the work; claims in Redis keep a post from happening
 twice.  Every job sets ``misfire_grace_time``, ``coalesce`` and ``max_instances=1``.
 """
 
@@ -33,6 +34,7 @@ from handlers.reply import Reply, Status
 from handlers.request.dispatch import Dispatcher
 from handlers.views.reports import digest_command
 from handlers.watch.cycle import Watcher
+from handlers.watch.escalate import escalate_due
 from pipeline.errors import StateUnavailable
 from pipeline.observe.watch import Decision
 from pipeline.state.deliveries import UndeliveredAlert, UndeliveredAlerts
@@ -70,13 +72,14 @@ class Vitals:
     watch: str | None = None  #: why a watch cycle of this round failed (Pitstop's own failure), or None
     slack: dict[str, Any] | None = None  #: the last ``auth.test``: ``{"ok", "error"}``; None when not asked
     untold: UndeliveredAlert | None = None  #: the last undelivered alert, or None
+    pager: str | None = None  #: why the pager keeps refusing (:attr:`pipeline.pager.Pager.refusing`), or None
 
 
 def heartbeat_state(vitals: Vitals) -> str | None:
     """The heartbeat's one decision: why a job's death would be told to no one now (the body of a
     ``URL/fail`` ping), or None when someone will be told (the plain ping).
 
-    Fails when a watch cycle failed, when Slack's ``auth.test`` is not ok (``token_revoked``,
+    Fails when a watch cycle failed, when the pager keeps refusing, when Slack's ``auth.test`` is not ok (``token_revoked``,
     ``invalid_auth``…), or while an alert that reached no one after the whole fallback chain is
     younger than :data:`UNTOLD_HOLD` s.  A host that cannot be reached is a job incident, told like
     any other: it never fails the heartbeat.
@@ -89,6 +92,8 @@ def heartbeat_state(vitals: Vitals) -> str | None:
     untold = vitals.untold
     if untold is not None and not untold.told and vitals.now - untold.at < UNTOLD_HOLD:
         reasons.append(heartbeat_untold(untold.title, untold.channel, untold.error, untold.at))
+    if vitals.pager:
+        reasons.append(vitals.pager)  # the pager's own line says what refuses
     if vitals.watch:
         reasons.append(vitals.watch)
     return "\n".join(reasons) or None
@@ -162,7 +167,8 @@ class PitstopScheduler:
     """Scheduled work of one Pitstop process, done only while it holds the leader lease.
 
     :param leader_ttl: seconds the leader lease lives without renewal (renewed every third).
-    :param poll_interval: seconds between polls of due verifications.
+    :param poll_interval: seconds between polls of due verifications (and escalation steps).
+    :param now: the clock escalation steps are due by (unix s).
     :param slack_check: ``auth.test``'s answer (``{"ok", "error"}``) for the heartbeat; None
         without Slack.
     """
@@ -174,9 +180,11 @@ class PitstopScheduler:
         leader_ttl: float = 10.0,
         poll_interval: float = 1.0,
         slack_check: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.ctx = ctx
         self.slack_check = slack_check
+        self.now = now  #: the clock escalation steps are due by (unix s; tests pass a faster one)
         self.poll_interval = poll_interval
         self.lease = ctx.redis.open_store(LeaderLease, ctx.instance, leader_ttl)
         self.watcher: Watcher = Watcher(ctx)
@@ -228,6 +236,8 @@ class PitstopScheduler:
         renew = self.lease.renew_every
         add(self._lease_tick, every(renew), "leader", renew)
         add(self._verify_tick, every(self.poll_interval), "verify", max(5.0, self.poll_interval * 5))
+        if any(config.escalation_for(name) for name in config.jobs):
+            add(self._escalate_tick, every(self.poll_interval), "escalate", max(5.0, self.poll_interval * 5))
         groups: dict[tuple[str, float], list[str]] = {}
         for name, job in config.jobs.items():
             groups.setdefault((job.host, job.watch.interval), []).append(name)
@@ -328,6 +338,10 @@ class PitstopScheduler:
         if self.is_leader:  # still, after the deliveries
             await self.ctx.service.followups_due()
 
+    async def _escalate_tick(self) -> None:
+        if self.is_leader:
+            await escalate_due(self.ctx, now=self.now())
+
     async def _watch_tick(self, host: str, names: list[str], group: str) -> None:
         if not self.is_leader:
             return
@@ -372,7 +386,8 @@ class PitstopScheduler:
             untold = await self.ctx.redis.open_store(UndeliveredAlerts).last()
         except StateUnavailable:
             untold = None  # Redis away: the watch cycles fail and say so
-        return Vitals(time.time(), watch, slack, untold)
+        pager = self.ctx.pager.refusing if self.ctx.pager is not None else None
+        return Vitals(time.time(), watch, slack, untold, pager)
 
     async def _digest_tick(self, job: str) -> None:
         if not self.is_leader:

@@ -18,6 +18,8 @@ ENVIRON = dict(
     config_path="PITSTOP_CONFIG",
     user="PITSTOP_USER",
     heartbeat_url="PITSTOP_HEARTBEAT_URL",
+    pagerduty_routing_key="PAGERDUTY_ROUTING_KEY",
+    pagerduty_api_token="PAGERDUTY_API_TOKEN",
 )
 
 
@@ -35,6 +37,10 @@ class Settings:
     os_user: str = ""
     #: ``PITSTOP_HEARTBEAT_URL``: ``[health] heartbeat_url``'s value kept out of the file (wins over it)
     heartbeat_url: str | None = field(default=None, repr=False)
+    #: ``PAGERDUTY_ROUTING_KEY``: the Events API v2 integration key (``[pager] kind = "pagerduty"``)
+    pagerduty_routing_key: str | None = field(default=None, repr=False)
+    #: ``PAGERDUTY_API_TOKEN``: a REST API key that reads incidents (``[pager] sync_acks``)
+    pagerduty_api_token: str | None = field(default=None, repr=False)
 
 
 def os_user() -> str:

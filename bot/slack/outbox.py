@@ -315,6 +315,8 @@ class SlackOutbox(SlackSender):
                 await self.record_failure(target, again)
                 notes.append(refused_notice(what, target, again.error))
                 continue
+            if alert is not None and reply.owners:  # owners outside the channel it landed in: by DM
+                await self._tell_owners(target, reply)
             return [target]
         if alert is None:
             return []

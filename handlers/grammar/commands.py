@@ -111,13 +111,14 @@ class Command:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
         count = {"logs": str(self.lines), "history": str(self.count)}.get(self.verb)
         words = (
-            *(self.verb, self.job, self.host, self.run_ref, self.reason, self.state, self.topic, count),
+            *(self.verb, self.job, self.host, self.run_ref, self.state, self.topic, count),
             f"with {patch_phrase(self.patches)}" if self.patches else "",
             f"without {patch_phrase(self.without)}" if self.without else "",
             "fresh cache" if self.fresh_cache else "",
             f'--break-glass "{self.break_glass}"' if self.break_glass is not None else "",
             "--attempts" if self.attempts else "",
             f"for {fmt.duration(self.for_s)}" if self.for_s else "",
+            self.reason or "",
         )
         return " ".join(w for w in words if w)
 
@@ -273,7 +274,7 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
     if "state" in one:
         options["state"] = one["state"]
     if "for_s" in one:
-        if one.get("state") != "off":  # a duration only makes sense when pausing
+        if verb == "watch" and one.get("state") != "off":  # a duration only makes sense when pausing
             raise ParseError(
                 f"`for DURATION` pauses watching for a while: say `watch {job} off for 2h`", verb
             )

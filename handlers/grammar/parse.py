@@ -225,6 +225,19 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         ("ack dflash",),
     ),
     VerbSpec(
+        "maintenance {job} [for] {for_s} [{reason}]",
+        Role.OPERATOR,
+        "a planned window: no alerts and no escalation for the job for DURATION, announced in its "
+        "channel with the reason",
+        ('maintenance dflash 2h "driver upgrade"', "maintenance dflash for 30m"),
+    ),
+    VerbSpec(
+        "oncall",
+        Role.VIEWER,
+        "what is open: each incident, who acknowledged it, and when and to whom it escalates next",
+        ("oncall",),
+    ),
+    VerbSpec(
         "gpus {host}",
         Role.VIEWER,
         "GPU utilisation, memory, power and processes on a host",

@@ -23,7 +23,7 @@ from handlers.request.flow import Request, Spawn
 from handlers.runs.view import thread_key
 from handlers.views import read as views
 from handlers.views import reports
-from handlers.watch import acks
+from handlers.watch import acks, escalate
 from pipeline.errors import ExitCode
 from pipeline.state.approvals import ApprovalRequest, Approvals
 from pipeline.state.audit import Audit, AuditOutcome
@@ -147,6 +147,10 @@ VERBS: Mapping[str, Handler] = MappingProxyType(
             c.ctx, _job(c), c.command.state or "", c.command.for_s, c.req.user
         ),
         "ack": lambda c: acks.ack_command(c.ctx, _job(c), c.req.user),
+        "maintenance": lambda c: acks.maintenance_command(
+            c.ctx, _job(c), c.command.for_s or 0, c.command.reason, c.req.user
+        ),
+        "oncall": lambda c: escalate.oncall_command(c.ctx),
         "gpus": lambda c: reports.gpus_command(c.ctx, c.command.host or ""),
         "help": _help,
     }

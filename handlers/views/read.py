@@ -22,7 +22,7 @@ from handlers.grammar import parse as grammar
 from handlers.grammar.commands import Command, ParseError, parse
 from handlers.reply import Reply, Status, StepLine, Table, refused
 from handlers.runs.view import run_reply, step_lines, thread_key
-from handlers.watch.alerts import job_owners
+from handlers.watch.alerts import job_owners, next_step_line
 from pipeline import fmt
 from pipeline.config import Config
 from pipeline.engines.base import Sighting
@@ -106,6 +106,8 @@ async def status_command(ctx: Context, job: str | None) -> Reply:
         owners = job_owners(config, name, actor)
         if owners:  # their alerts page them
             lines.append(f"{name} is owned by {', '.join(words.mention(o) for o in owners)}")
+        if snap.incident is not None and (escalation := next_step_line(snap.incident, config, now)):
+            lines.append(f"{name}: {escalation}")
         cells = (name, state, sight.who or snap.pid, procs, uptime, last, lock, ", ".join(snap.patches))
         rows.append(tuple(cell or "-" for cell in cells))
     failure = await ctx.redis.open_store(Posts).last_failure()  # written by the Slack outbox

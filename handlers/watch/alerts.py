@@ -31,8 +31,9 @@ from handlers import text as words
 from handlers.context import Context
 from handlers.reply import Reply, Status
 from pipeline import fmt
-from pipeline.config import AutoRestart, Config
+from pipeline.config import AutoRestart, Config, EscalationStep
 from pipeline.errors import ExitCode
+from pipeline.pager import PagerAlert
 from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,24 @@ def page_by_dm(config: Config, key: str) -> list[str]:
     job = key.removeprefix("incident:").rpartition(":")[0]
     owners = config.jobs[job].owners if job in config.jobs else []
     return [who for who in dict.fromkeys([*owners, *config.auth.admins]) if who != "*"]
+
+
+def next_step(incident: Incident, config: Config) -> tuple[float, EscalationStep] | None:
+    """The next escalation step of an open incident and when it is due (unix s), or None: its job
+    has no policy, it was acknowledged, or every step was taken."""
+    policy = config.escalation_for(incident.job) if incident.job in config.jobs else None
+    if policy is None or incident.acked_by is not None or incident.escalated >= len(policy.steps):
+        return None
+    step = policy.steps[incident.escalated]
+    return incident.opened_at + step.after, step
+
+
+def next_step_line(incident: Incident, config: Config, now: float) -> str | None:
+    """ "escalates to … at 17:46 (in 20 min) unless acknowledged", or None when nothing follows."""
+    due = next_step(incident, config)
+    if due is None:
+        return None
+    return words.escalation_next(due[1].notify, due[0], now, config.scheduler.timezone)
 
 
 def _fields(incident: Incident, config: Config, now: float) -> tuple[tuple[str, str], ...]:
@@ -123,6 +142,8 @@ def alert_reply(
             lines.append(f"automatic restart {incident.auto_restarts + 1}/{limit} of {job} in {delay}")
         if log is None and incident.kind is not IncidentKind.UNREACHABLE:
             lines.append(words.ALERT_NO_LOG)
+        if escalation := next_step_line(incident, config, now):
+            lines.append(escalation)
     owners, who = paged(config, [incident]) if mention else ((), "")
     if who:
         lines[0] = f"{who} {lines[0]}"
@@ -138,6 +159,22 @@ def alert_reply(
         log_title=f"last {LOG_LINES} lines of {log_path}" if log else "",
         thread_key=incident.thread_key,
         exit_code=ExitCode.FAILED,
+    )
+
+
+def pager_alert(incident: Incident, config: Config) -> PagerAlert:
+    """The incident as the pager sees it: keyed by its id (``incident:JOB:N``), critical for dead
+    jobs and crash loops, its headline as the summary."""
+    severity = "critical" if incident.kind in _SEVERE else "warning"
+    summary = _title(incident, config, incident.opened_at)
+    return PagerAlert(
+        incident.thread_key,
+        incident.job,
+        incident.kind.value,
+        severity,
+        summary,
+        incident.host,
+        incident.opened_at,
     )
 
 

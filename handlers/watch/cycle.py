@@ -34,6 +34,7 @@ from handlers.watch.alerts import (
     auto_restart_reply,
     changed_reply,
     give_up_reply,
+    pager_alert,
 )
 from handlers.watch.evidence import check_crash, post_hang_evidence, refusal, with_crash
 from pipeline.engines.base import Entry, Sighting
@@ -280,6 +281,8 @@ class Watcher:
             elif action.kind is ActionKind.RESOLVE:
                 if current is None or not await self.store.close(current):
                     return
+                if current.paged and ctx.pager is not None:  # its pager's alert resolves too
+                    ctx.pager.resolve(pager_alert(current, ctx.config))
                 done = action.incident.model_copy(update={"n": current.n, "rev": current.rev})
                 current = None
                 rnd.resolved.append(Told(done, channel, now))

@@ -20,16 +20,18 @@ import tomllib
 import types
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipeline import fmt
-from pipeline.config.base import LocalPath, Members, _Model, matching, must
+from pipeline.config.base import LocalPath, Members, Seconds, _Model, matching, must
 from pipeline.config.jobs import APPROVER_ROLES
 from pipeline.config.jobs import ApprovalSettings as ApprovalSettings
 from pipeline.config.jobs import AutoRestart as AutoRestart
 from pipeline.config.jobs import DigestSettings as DigestSettings
+from pipeline.config.jobs import EscalationPolicy as EscalationPolicy
+from pipeline.config.jobs import EscalationStep as EscalationStep
 from pipeline.config.jobs import GpuRoles as GpuRoles
 from pipeline.config.jobs import JobAuth as JobAuth
 from pipeline.config.jobs import JobConfig as JobConfig
@@ -95,6 +97,7 @@ class RedisSettings(_Model):
     prefix: str = "pitstop:"
 
 
+_NOT_HTTP = "must be an http:// or https:// URL"
 HEARTBEAT_URL_RULE = "must be an http:// or https:// URL, such as 'https://hc-ping.com/UUID'"
 
 
@@ -140,6 +143,39 @@ class HostConfig(_Model):
     jump: str | None = None  #: another host's name, used as a bastion
 
 
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"  #: ``[pager] url``'s PagerDuty default
+PAGERDUTY_API_URL = "https://api.pagerduty.com"  #: ``[pager] api_url``'s default: PagerDuty's REST API
+
+
+class PagerSettings(_Model):
+    """``[pager]``: where incidents are paged (a step's ``"pager"``, :mod:`pipeline.pager`).  PagerDuty's
+    routing key comes from the environment (``PAGERDUTY_ROUTING_KEY``), never from this file."""
+
+    kind: Literal["pagerduty", "alertmanager"]
+    #: the endpoint events are POSTed to (PagerDuty: its Events API v2 by default; Alertmanager:
+    #: required, ``http://alertmanager:9093/api/v2/alerts``)
+    url: Annotated[str, matching(r"https?://[^/\s]+(/\S*)?", _NOT_HTTP)] | None = None
+    #: PagerDuty: acknowledgements made there acknowledge the incident in Slack, polled through its REST
+    #: API with ``PAGERDUTY_API_TOKEN`` (every ``sync_every`` seconds)
+    sync_acks: bool = False
+    sync_every: Seconds = 30.0
+    #: PagerDuty's REST API base (for proxies and tests)
+    api_url: Annotated[str, matching(r"https?://[^/\s]+(/\S*)?", _NOT_HTTP)] = PAGERDUTY_API_URL
+
+    @model_validator(mode="after")
+    def _url(self) -> PagerSettings:
+        if self.kind == "alertmanager" and self.url is None:
+            raise ValueError("url: required for alertmanager, e.g. 'http://alertmanager:9093/api/v2/alerts'")
+        if self.kind != "pagerduty" and self.sync_acks:
+            raise ValueError("sync_acks: PagerDuty only (Alertmanager has no acknowledgements)")
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        """The URL events are POSTed to."""
+        return self.url or PAGERDUTY_EVENTS_URL
+
+
 class Config(_Model):
     """The whole validated configuration."""
 
@@ -151,6 +187,9 @@ class Config(_Model):
     scheduler: SchedulerSettings = SchedulerSettings()
     hosts: dict[str, HostConfig] = {}
     jobs: dict[str, JobConfig] = {}
+    #: ``[escalation.NAME]``: escalation policies jobs name with ``escalation = "NAME"``
+    escalation: dict[str, EscalationPolicy] = {}
+    pager: PagerSettings | None = None
     source: str = ""  #: the file it was read from (resolved), or ``""`` when built in code
 
     @model_validator(mode="after")
@@ -172,10 +211,18 @@ class Config(_Model):
                 problems.append(f"hosts.{name}.jump: unknown host '{host.jump}' (known: {known})")
             if host.jump == name:
                 problems.append(f"hosts.{name}.jump: a host cannot be its own bastion")
+        policies = ", ".join(self.escalation) or "none"
         for name, job in self.jobs.items():
             if job.host not in self.hosts:
                 problems.append(f"jobs.{name}.host: unknown host '{job.host}' (known: {known})")
             problems += self._approver_problems(name)
+            if isinstance(job.escalation, str) and job.escalation not in self.escalation:
+                close = difflib.get_close_matches(job.escalation, list(self.escalation), n=1)
+                hint = f" - did you mean '{close[0]}'?" if close else f" (known: {policies})"
+                problems.append(f"jobs.{name}.escalation: no [escalation.{job.escalation}]{hint}")
+            policy = self.escalation_for(name)
+            if policy is not None and policy.pages and self.pager is None:
+                problems.append(f'jobs.{name}.escalation: a step notifies "pager" but there is no [pager]')
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -225,6 +272,12 @@ class Config(_Model):
         """The configured spelling of a host name (case-insensitive).  :raises KeyError: if none."""
         return _spelling(self.hosts, name)
 
+    def escalation_for(self, job: str) -> EscalationPolicy | None:
+        """How ``job``'s unacknowledged incidents escalate (its own table or the ``[escalation.NAME]``
+        it names), or None.  :raises KeyError: if there is no such job."""
+        policy = self.jobs[job].escalation
+        return self.escalation.get(policy) if isinstance(policy, str) else policy
+
     def channel_for(self, job: str) -> str | None:
         """The channel a job's posts go to: its ``channel``, else ``announce_channel``."""
         return self.jobs[job].channel or self.slack.announce_channel
@@ -246,7 +299,12 @@ def resolve_path(explicit: str | Path | None, env_value: str | None) -> Path:
     return Path(explicit or env_value or DEFAULT_CONFIG)
 
 
-_BRANCH_TAGS = {"MetricsPattern", "LostDuration"}  # pydantic names a union branch by its class
+_BRANCH_TAGS = {
+    "MetricsPattern",
+    "LostDuration",
+    "EscalationPolicy",
+    "str",
+}  # pydantic names a union branch by its class
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -298,10 +356,11 @@ def validation_problems(
     out: list[str] = []
     errors = exc.errors()
     top = (at,) if at else ()
-    others = [_loc((*top, *e["loc"])) for e in errors if e["type"] != "literal_error"]
+    branches = ("literal_error", "string_type")  # a union's other branch: explained by the errors under it
+    others = [_loc((*top, *e["loc"])) for e in errors if e["type"] not in branches]
     for err in errors:
         path = _loc((*top, *err["loc"]))
-        if err["type"] == "literal_error" and any(o.startswith(path + ".") for o in others):
+        if err["type"] in branches and any(o == path or o.startswith(path + ".") for o in others):
             continue  # the other branch of a union explains the problem better
         msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if err["type"] == "extra_forbidden":

@@ -7,6 +7,7 @@ job's ``engine``, and the engine's own table (``[jobs.NAME.slurm]``), the engine
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
+from pipeline import fmt
 from pipeline.config.base import (
     SLACK_ID,
     LocalPath,
@@ -226,6 +228,99 @@ class DigestSettings(_Model):
         return self
 
 
+_NOT_NOTIFIED = (
+    'notify {v!r}: use "owners", "channel" (@here in the job\'s channel), "pager", a user id (U…) '
+    "or a user-group id (S…)"
+)
+
+
+class EscalationStep(_Model):
+    """One step of an escalation policy: ``{ after = "30m", notify = ["S0LEADS", "pager"] }``."""
+
+    after: Seconds  #: seconds from the incident's start after which it is taken, if nobody acked
+    #: who is told: ``owners``, ``channel`` (@here), ``pager``, user ids (``U…``/``W…``), user-group ids (``S…``)
+    notify: Annotated[
+        list[str], matching(r"owners|channel|pager|[SUW][A-Z0-9]{2,}", _NOT_NOTIFIED, each=True)
+    ] = Field(min_length=1)
+
+
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_BAD_HOURS = (
+    "hours {v!r}: write days, a time range and a timezone, e.g. 'mon-fri 09:00-19:00 Europe/Berlin' "
+    "(days: mon…sun, ranges and lists such as 'mon-fri' or 'sat,sun'; a range past midnight such as "
+    "'22:00-06:00' belongs to the day it starts)"
+)
+
+
+class PageHours(_Model):
+    """``hours = "mon-fri 09:00-19:00 Europe/Berlin"``: when an escalation step may page."""
+
+    text: str  #: as written
+    days: frozenset[int]  #: weekdays, Monday 0
+    start: int  #: minutes after midnight
+    end: int  #: minutes after midnight (<= start: the window ends the next day)
+    timezone: str  #: an IANA name
+
+    def contains(self, ts: float) -> bool:
+        """True if the moment ``ts`` (unix s) is within these hours."""
+        local = dt.datetime.fromtimestamp(ts, fmt.timezone_of(self.timezone))
+        minute, day = local.hour * 60 + local.minute, local.weekday()
+        if self.start < self.end:
+            return day in self.days and self.start <= minute < self.end
+        if minute >= self.start:
+            return day in self.days
+        return minute < self.end and (day - 1) % 7 in self.days
+
+
+def _page_hours(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    problem = ValueError(_BAD_HOURS.format(v=value))
+    parts = value.split()
+    if len(parts) != 3:
+        raise problem
+    days: set[int] = set()
+    for item in parts[0].lower().split(","):
+        first, _, last = item.partition("-")
+        if first not in _DAYS or (last and last not in _DAYS):
+            raise problem
+        a, b = _DAYS.index(first), _DAYS.index(last or first)
+        days.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(0, b + 1)])
+    times = re.fullmatch(r"([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)", parts[1])
+    if times is None or fmt.timezone_of(parts[2]).key != parts[2]:
+        raise problem
+    h1, m1, h2, m2 = (int(g) for g in times.groups())
+    start, end = h1 * 60 + m1, h2 * 60 + m2
+    if start == end or end > 24 * 60:
+        raise problem
+    return PageHours(text=value, days=frozenset(days), start=start, end=end, timezone=parts[2])
+
+
+class EscalationPolicy(_Model):
+    """``[jobs.NAME.escalation]`` or ``[escalation.NAME]``: the steps an unacknowledged incident
+    escalates through, each taken once at its ``after`` (:mod:`handlers.watch.escalate`)."""
+
+    steps: list[EscalationStep] = Field(min_length=1)
+    #: when a step may page (``"mon-fri 09:00-19:00 Europe/Berlin"``); outside them it goes to Slack only
+    hours: Annotated[PageHours | None, BeforeValidator(_page_hours)] = None
+
+    @model_validator(mode="after")
+    def _in_order(self) -> EscalationPolicy:
+        afters = [step.after for step in self.steps]
+        if afters != sorted(set(afters)):
+            raise ValueError("steps: each step's after must be later than the one before")
+        return self
+
+    @property
+    def pages(self) -> bool:
+        """True if a step notifies the pager."""
+        return any("pager" in step.notify for step in self.steps)
+
+    def may_page(self, ts: float) -> bool:
+        """True if a step taken at ``ts`` (unix s) may page: within ``hours``, or always without."""
+        return self.hours is None or self.hours.contains(ts)
+
+
 class JobConfig(_Model):
     """``[jobs.NAME]``: a training job on a host (``engine = "ssh"``) or a Slurm cluster's login node."""
 
@@ -264,6 +359,8 @@ class JobConfig(_Model):
     #: who the job's alerts page and DM: user ids (``U…``/``W…``) or user-group ids (``S…``)
     owners: Annotated[list[str], matching(r"[SUW][A-Z0-9]{2,}", _NOT_PERSON, each=True)] = []
     notify_last_actor: bool = False  #: the user who last started or restarted it is an owner too
+    #: how its unacknowledged incidents escalate: a table, or the name of an ``[escalation.NAME]``
+    escalation: EscalationPolicy | str | None = None
 
     @property
     def metrics_path(self) -> str:

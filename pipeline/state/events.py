@@ -29,6 +29,7 @@ class EventKind(StrEnum):
     RESOLVED = "resolved"
     DIGEST = "digest"
     RESTART = "restart"
+    ESCALATED = "escalated"  #: an escalation step of an unacknowledged incident was taken
 
 
 class Event(BaseModel, frozen=True):

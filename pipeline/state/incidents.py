@@ -112,6 +112,11 @@ class Incident(_Stored):
     no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
     idle_gpus: str | None = None  #: idle GPUs: their indices, comma-separated (``cause`` names them)
     story: str | None = None  #: the outbox key of the grouped post it was told in (an alert storm), if any
+    paged: bool = (
+        False  #: an escalation step sent it to the pager (``[pager]``): its resolution goes there too
+    )
+    #: escalation steps taken (all of them once ``watch JOB off`` ended it), :mod:`handlers.watch.escalate`
+    escalated: int = 0
 
     @property
     def thread_key(self) -> str:
