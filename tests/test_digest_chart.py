@@ -150,7 +150,7 @@ def test_previous_attempts_median_is_the_reference() -> None:
     ((start, value), (end, same)) = ref.get_segments()[0]
     assert value == same == pytest.approx(750.0)  # r-2's attempt: 1.5 × (200 + 100 + 200)
     assert start == _days(MARKS[1].at) and end > start
-    assert ref.get_label() == "median before r-3: 750 tokens/s"
+    assert ref.get_label() == "before r-3: 750 tokens/s"
     # no restart in the window: the last scheduled digest's number instead, over the whole window
     alone = draw_chart(_launch(T, T + 600), last_digest=500.0).axes[0]
     (ref,) = _by_gid(alone.collections, "reference")

@@ -178,7 +178,7 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     else:
         ignored = check_resume(obs.start_step, obs.checkpoint, since)
         v = VerdictLine(Verdict.RUNNING, *seen, obs.nodes, obs.start_step, ignored)
-        if lost is not None and obs.start_step:
+        if lost is not None:  # resumed, or started over after a run that advanced (all its steps)
             v = lost.on(v)
     if obs.checkpoint is not None:
         facts.append(checkpoint_fact(obs.checkpoint.path, obs.checkpoint.step, obs.checkpoint.age_s))
