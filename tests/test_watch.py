@@ -542,7 +542,7 @@ async def cycles_for(watcher: Watcher, seconds: float) -> None:
 
 
 JOBS: dict[str, dict[str, Any]] = {
-    "train": {"stall_after": 1.5},
+    "train": {"stall_after": 1.5, "warmup": 0.5},  # its worker logs steps: no warm-up to wait out
     "pipe": {"processes": 8, "degraded_after": 1.0, "start_window": 1.5},
 }
 
