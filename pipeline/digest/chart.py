@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pipeline import fmt
 from pipeline.observe.metrics import TARGET, MetricLine, percentile
@@ -52,9 +52,9 @@ class RestartMark:
     label: str  #: what the chart writes beside its line (:func:`restart_label`)
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A stretch of one rank's log with a known rate: ``(start, end]`` in unix s, tokens/s."""
+class Interval(NamedTuple):
+    """A stretch of one rank's log with a known rate: ``(start, end]`` in unix s, tokens/s (a tuple:
+    a digest makes one per pair of a rank's lines)."""
 
     start: float
     end: float
