@@ -506,15 +506,14 @@ def digest_empty(job: str, read: int, path: str, why: str | None) -> str:
 
 
 def digest_reported(timed: bool) -> str:
-    """Rates taken from the lines' own per-second fields rather than measured between them."""
+    """Rates taken from the lines' own per-second fields rather than measured between them
+    (``timed``: the lines have ``ts``, so only samples/s is)."""
     if not timed:
         return (
             "the metric lines have no ts: rates are their own tokens_per_s / samples_per_s, "
             "averaged (add ts to measure them)"
         )
-    return (
-        "rates are the metric lines' own tokens_per_s / samples_per_s (no tokens counter to measure them by)"
-    )
+    return "samples/s is the metric lines' own samples_per_s, averaged"
 
 
 def digest_all_title(jobs: int) -> str:

@@ -137,6 +137,26 @@ def test_single_line_rank_falls_back_to_reported_rate() -> None:
     assert not s.starved
 
 
+def test_a_job_counting_samples_has_samples_per_s_and_only_its_own_rows() -> None:
+    """Timed lines with ``samples_per_s`` and ``loss`` only: the title is samples/s (reported, and
+    said so), no tokens/s, and no row for what the lines lack (step time, queue depth, top-k)."""
+    data = b"".join(
+        json.dumps(
+            {"ts": T + i, "step": i, "samples_per_s": 30.0 + i % 2 * 2, "loss": 2.0 - i / 100}
+        ).encode()
+        + b"\n"
+        for i in range(1, 11)
+    )
+    s = summarise(parse_metric_lines(data, "jsonl"))
+    assert (s.pipeline_tokens_per_s, s.samples_per_s, s.reported) == (None, 31.0, True)
+    window = LogWindow(data, 0, len(data), len(data), None, WindowKind.LAST_BYTES)
+    reply = digest_reply(Digest("tj", s, window, "/srv/tj/train.log", len(data)))
+    assert reply.title == "digest tj: 31 samples/s"
+    assert [label for label, _ in reply.fields] == ["uptime", "restarts", "window", "samples/s", "loss"]
+    assert dict(reply.fields)["loss"] == "1.900 last, 1.945 mean"
+    assert "samples/s is the metric lines' own samples_per_s, averaged" in reply.lines
+
+
 def test_empty_window_has_no_numbers() -> None:
     """No metric lines: every number is None (shown as n/a), never 0."""
     s = summarise([])

@@ -99,7 +99,7 @@ class DigestSummary(Flow):
     pipeline_tokens_per_s: float | None  #: the sum over every non-target rank (the drafters)
     target_tokens_per_s: float | None  #: shown apart, never added in
     samples_per_s: float | None  #: the non-target ranks' reported ``samples_per_s``, summed
-    reported: bool  #: a rate is the lines' own (no ``ts`` to measure it by): the digest says so
+    reported: bool  #: a rate shown is the lines' own (no ``ts`` to measure it by, or ``samples_per_s``)
     starved: bool  #: the drafters' mean queue depth is under :data:`STARVED_BELOW`: targets lag
     loss_last: float | None
     loss_mean: float | None
@@ -235,7 +235,11 @@ def summarise(
         pipeline_tokens_per_s=_sum(r.tokens_per_s for r in pipe_ranks),
         target_tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == TARGET),
         samples_per_s=_sum(r.samples_per_s for r in pipe_ranks),
-        reported=any(r.rate_from == "reported" for r in ranks) or any(r.samples_per_s for r in pipe_ranks),
+        # no ts to measure a rate by, or samples/s (only ever reported): the digest says so
+        reported=(
+            not any(r.last_ts is not None for r in ranks) and any(r.rate_from == "reported" for r in ranks)
+        )
+        or any(r.samples_per_s is not None for r in pipe_ranks),
         starved=flow["queue_mean"] is not None and flow["queue_mean"] < STARVED_BELOW,
         loss_last=_sum([r.loss for r in drafters], mean=True),
         resets=sum(r.resets for r in ranks),
