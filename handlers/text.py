@@ -608,6 +608,24 @@ def digest_resets(count: int) -> str:
     return f"{count} token counter reset(s) in the window (a relaunch); counted from zero after each"
 
 
+def digest_empty(job: str, read: int, path: str, why: str | None) -> str:
+    """No metric line in the window: ``no metric lines for tj in the 1.1 KiB read from /srv/m.log
+    (40 JSON lines, none with step)`` — ``why`` from :func:`pipeline.observe.metrics.why_none`."""
+    because = f" ({why})" if why else ""
+    return f"no metric lines for {job} in the {fmt.size(read)} read from {path}{because}"
+
+
+def digest_reported(timed: bool) -> str:
+    """Rates taken from the lines' own per-second fields rather than measured between them
+    (``timed``: the lines have ``ts``, so only samples/s is)."""
+    if not timed:
+        return (
+            "the metric lines have no ts: rates are their own tokens_per_s / samples_per_s, "
+            "averaged (add ts to measure them)"
+        )
+    return "samples/s is the metric lines' own samples_per_s, averaged"
+
+
 def digest_all_title(jobs: int) -> str:
     """Heading of ``digest`` without a job: one follow-up per job."""
     return f"digest of {jobs} job(s)"

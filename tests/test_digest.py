@@ -75,15 +75,17 @@ def test_summary_equals_hand_computed_numbers() -> None:
         (4, "target", 18_000, 20.0, 900.0),
     ]
     assert s.target_tokens_per_s == 3500.0
-    # drafter 5: (8000 - 2000) / 30 = 200; drafter 6 restarts: 2000 + 500 + 2000 = 4500 / 30 = 150;
-    # drafter 7: (5500 - 1000) / 30 = 150 — the pipeline is the drafters only: 500, not 4000
-    assert [(r.rank, r.tokens, r.tokens_per_s, r.resets) for r in s.ranks[5:]] == [
-        (5, 6000, 200.0, 0),
-        (6, 4500, 150.0, 1),
-        (7, 4500, 150.0, 0),
+    # drafter 5: (8000 - 2000) / 30 = 200; drafter 6 relaunched between its 2nd and 3rd line: its
+    # counter went 2000 + 500 + 2000 = 4500, but it has a rate only while it ran, 2000 + 2000 over
+    # the 20 s either side of the relaunch = 200 (the chart's gap is no time of its);
+    # drafter 7: (5500 - 1000) / 30 = 150 — the pipeline is the drafters only: 550, not 4050
+    assert [(r.rank, r.tokens, r.seconds, r.tokens_per_s, r.resets) for r in s.ranks[5:]] == [
+        (5, 6000, 30.0, 200.0, 0),
+        (6, 4500, 20.0, 200.0, 1),
+        (7, 4500, 30.0, 150.0, 0),
     ]
     assert all(r.rate_from == "counter" for r in s.ranks)
-    assert s.pipeline_tokens_per_s == 500.0
+    assert s.pipeline_tokens_per_s == 550.0 and not s.reported
     assert s.resets == 1
     # drafter step times sorted: .10 .10 .10 .11 .12 .12 .12 .13 .14 .16 .20 .30
     assert s.step_p50 == pytest.approx(0.12)
@@ -92,7 +94,7 @@ def test_summary_equals_hand_computed_numbers() -> None:
     assert target is not None and (target.ranks, target.lines) == (5, 15)
     assert (target.step_p50, target.step_p95) == (pytest.approx(0.06), pytest.approx(0.07))
     drafter = s.role("drafter")
-    assert drafter is not None and (drafter.ranks, drafter.lines, drafter.tokens_per_s) == (3, 13, 500.0)
+    assert drafter is not None and (drafter.ranks, drafter.lines, drafter.tokens_per_s) == (3, 13, 550.0)
     # drafter queue depth: 4 items over 12 lines, max 1 → starved
     assert s.queue_mean == pytest.approx(1 / 3) and s.queue_max == 1.0 and s.starved
     assert s.loss_last == pytest.approx(2.5)  # (2.0 + 3.0 + 2.5) / 3
@@ -135,6 +137,26 @@ def test_single_line_rank_falls_back_to_reported_rate() -> None:
     assert not s.starved
 
 
+def test_a_job_counting_samples_has_samples_per_s_and_only_its_own_rows() -> None:
+    """Timed lines with ``samples_per_s`` and ``loss`` only: the title is samples/s (reported, and
+    said so), no tokens/s, and no row for what the lines lack (step time, queue depth, top-k)."""
+    data = b"".join(
+        json.dumps(
+            {"ts": T + i, "step": i, "samples_per_s": 30.0 + i % 2 * 2, "loss": 2.0 - i / 100}
+        ).encode()
+        + b"\n"
+        for i in range(1, 11)
+    )
+    s = summarise(parse_metric_lines(data, "jsonl"))
+    assert (s.pipeline_tokens_per_s, s.samples_per_s, s.reported) == (None, 31.0, True)
+    window = LogWindow(data, 0, len(data), len(data), None, WindowKind.LAST_BYTES)
+    reply = digest_reply(Digest("tj", s, window, "/srv/tj/train.log", len(data)))
+    assert reply.title == "digest tj: 31 samples/s"
+    assert [label for label, _ in reply.fields] == ["uptime", "restarts", "window", "samples/s", "loss"]
+    assert dict(reply.fields)["loss"] == "1.900 last, 1.945 mean"
+    assert "samples/s is the metric lines' own samples_per_s, averaged" in reply.lines
+
+
 def test_empty_window_has_no_numbers() -> None:
     """No metric lines: every number is None (shown as n/a), never 0."""
     s = summarise([])
@@ -147,7 +169,7 @@ def test_compare_gives_signed_percent() -> None:
     cur = {**summarise(parse_metric_lines(DFLASH_LOG, "jsonl")).headline(), "resets": 0}  # a steady window
     prev = {**cur, "pipeline_tokens_per_s": 400.0, "top1": 0.5, "step_p50": None, "top8": 0.0}
     change = compare(prev, cur)
-    assert change["pipeline_tokens_per_s"] == pytest.approx(25.0)
+    assert change["pipeline_tokens_per_s"] == pytest.approx(37.5)  # 550 against 400
     assert change["top1"] == pytest.approx(-25.0)
     assert "step_p50" not in change and "top8" not in change
     assert compare(None, cur) == {}
@@ -385,12 +407,12 @@ async def test_scheduled_digests_move_the_offset_on_demand_does_not(
 
     d1 = await _digest(ctx, "DFlash", scheduled=True)
     assert d1.job == "dflash" and d1.window.kind is WindowKind.LAST_BYTES
-    assert d1.summary.pipeline_tokens_per_s == 500.0 and d1.summary.bytes_read == len(COMPLETE)
+    assert d1.summary.pipeline_tokens_per_s == 550.0 and d1.summary.bytes_read == len(COMPLETE)
     state = OffsetState.from_hash(await ctx.redis.open_store(DigestMemory).offset("dflash"))
     assert state is not None and state.offset == len(COMPLETE) and state.size == len(DFLASH_LOG)
     assert state.inode == log.stat().st_ino
     event = await ctx.events.wait_for(EventKind.DIGEST, "dflash", after=after, timeout=10)
-    assert event is not None and event.data["tokens_per_s"] == 500.0 and event.data["scheduled"] is True
+    assert event is not None and event.data["tokens_per_s"] == 550.0 and event.data["scheduled"] is True
 
     # the writer finishes the partial line (rank 5 at ts+40: 99,999,999 tokens) and goes on
     more = b'me_s":0.1,"queue_depth":2}\n'
@@ -452,7 +474,7 @@ async def test_digest_reply_reads_like_the_brief(
             mapping={"launched_at": repr(T - 3600), "state": "running"},
         )
         reply = await digest_command(ctx, "dflash")
-    assert reply.title == "digest dflash: 500 tokens/s"
+    assert reply.title == "digest dflash: 550 tokens/s"
     assert reply.status is Status.WARNING  # the drafters are starved
     fields = dict(reply.fields)
     assert fields["uptime"] == "2 d 1 h"  # launched an hour before the log lines
@@ -478,7 +500,7 @@ async def test_digest_reply_reads_like_the_brief(
     chart = Path(reply.chart)
     assert chart.parent == tmp_path / "state" / "charts"
     assert chart.read_bytes().startswith(PNG) and chart.stat().st_size > 10_000
-    assert "digest dflash: 500 tokens/s" in render_text(reply)
+    assert "digest dflash: 550 tokens/s" in render_text(reply)
 
 
 async def test_uptime_and_restarts_come_from_redis(
@@ -514,7 +536,7 @@ async def test_host_without_nvidia_smi_says_no_gpu_data(tmp_path: Path, make_ctx
         reply = await digest_command(ctx, "dflash")
     finally:
         await host.close()
-    assert reply.title == "digest dflash: 500 tokens/s"
+    assert reply.title == "digest dflash: 550 tokens/s"
     assert len(reply.tables) == 1 and reply.tables[0].headers[0] == "rank"
     assert any(line.startswith("no GPU data:") and "nvidia-smi" in line for line in reply.lines)
 
@@ -541,7 +563,7 @@ async def test_digest_of_every_job_has_one_follow_up_each(
     reply = await digest_command(ctx, None)
     assert reply.title == digest_all_title(2)
     first, second = reply.follow_ups
-    assert first.title == "digest dflash: 500 tokens/s"
+    assert first.title == "digest dflash: 550 tokens/s"
     assert second.status is Status.ERROR  # other.log does not exist
     assert reply.exit_code == second.exit_code != 0
 
@@ -553,12 +575,12 @@ async def test_scheduled_digest_command_stores_offset_and_draws_chart(
     ctx = make_ctx(_config(gpu_host, tmp_path, gpus=False))  # type: ignore[operator]
     (tmp_path / "dflash.log").write_bytes(COMPLETE)
     reply = await digest_command(ctx, "dflash", scheduled=True)
-    assert reply.title == "digest dflash: 500 tokens/s"
+    assert reply.title == "digest dflash: 550 tokens/s"
     assert reply.chart is not None and Path(reply.chart).read_bytes().startswith(PNG)
     state = OffsetState.from_hash(await ctx.redis.open_store(DigestMemory).offset("dflash"))
     assert state is not None and (state.start, state.offset) == (0, len(COMPLETE))
     again = await digest_command(ctx, "dflash")
-    assert again.title == "digest dflash: 500 tokens/s"  # no "(+0.0%)" against itself
+    assert again.title == "digest dflash: 550 tokens/s"  # no "(+0.0%)" against itself
     assert digest_window_note("repeat", str(tmp_path / "dflash.log"), 0) in again.lines
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,17 @@ from matplotlib.image import AxesImage
 
 from devhost.sshhost import LocalSSHHost
 from handlers.views.reports import digest_command
-from pipeline.digest.chart import DAY_S, RestartMark, draw_chart, rank_intervals, restart_label, throughput
+from pipeline.digest.chart import (
+    DAY_S,
+    RestartMark,
+    draw_chart,
+    pipeline_rate,
+    rank_intervals,
+    restart_label,
+    throughput,
+)
 from pipeline.digest.report import build_digest, restart_marks
+from pipeline.digest.stats import summarise
 from pipeline.observe.metrics import MetricLine
 from tests.test_digest import _config, gpu_host, make_ctx, nvidia_dir  # noqa: F401  (fixtures)
 
@@ -150,12 +160,47 @@ def test_previous_attempts_median_is_the_reference() -> None:
     ((start, value), (end, same)) = ref.get_segments()[0]
     assert value == same == pytest.approx(750.0)  # r-2's attempt: 1.5 × (200 + 100 + 200)
     assert start == _days(MARKS[1].at) and end > start
-    assert ref.get_label() == "median before r-3: 750 tokens/s"
+    assert ref.get_label() == "before r-3: 750 tokens/s"
     # no restart in the window: the last scheduled digest's number instead, over the whole window
     alone = draw_chart(_launch(T, T + 600), last_digest=500.0).axes[0]
     (ref,) = _by_gid(alone.collections, "reference")
     assert ref.get_label() == "last digest: 500 tokens/s"
     assert not _by_gid(draw_chart(_launch(T, T + 600)).axes[0].collections, "reference")
+
+
+def test_the_headline_is_the_charts_tokens_per_s() -> None:
+    """The digest's headline and the chart share one definition (the drafters' tokens over the time
+    they had a rate, gaps and restarts left out): it lies within the bins the chart draws, unlike
+    tokens over the whole window; the reference is the same definition before the restart."""
+    per_rank = rank_intervals(WINDOW, MARKS)
+    headline = summarise(WINDOW, restarts=MARKS).pipeline_tokens_per_s
+    assert headline == pytest.approx(pipeline_rate(per_rank))
+    bins = [v for v in throughput(WINDOW, per_rank).raw if math.isfinite(v)]
+    assert min(bins) <= headline <= max(bins)  # 600 (r-1), 750 (r-2), 900 (r-3)
+    # by hand: each drafter's tokens while it had a rate over those seconds (r-1 200 tokens/s,
+    # then 300, then 300; rank 6 at half speed in r-2), summed
+    seconds = {k: sum(iv.end - iv.start for iv in ivs) for k, ivs in per_rank.items()}
+    tokens = {k: sum(iv.rate * (iv.end - iv.start) for iv in ivs) for k, ivs in per_rank.items()}
+    assert headline == pytest.approx(sum(tokens[k] / seconds[k] for k in per_rank if k[0] == "drafter"))
+    ref = draw_chart(WINDOW, restarts=MARKS).axes[0]
+    (line,) = _by_gid(ref.collections, "reference")
+    assert line.get_segments()[0][0][1] == pytest.approx(pipeline_rate(per_rank, MARKS[0].at, MARKS[1].at))
+
+
+def test_the_time_axis_shows_clock_times_in_the_configured_zone() -> None:
+    """Tick labels are ``HH:MM:SS`` in ``[scheduler] timezone`` (not bare seconds), the zone named."""
+    from zoneinfo import ZoneInfo
+
+    fig = draw_chart(_launch(T, T + 120), timezone="Europe/Paris")
+    fig.canvas.draw()
+    axis = fig.axes[1]  # the strip under the throughput panel (the colour bar is last)
+    assert axis.get_xlabel() == "time (Europe/Paris)"
+    zone = ZoneInfo("Europe/Paris")
+    shown = [(t.get_text(), t.get_position()[0]) for t in axis.get_xticklabels() if t.get_text()]
+    assert len(shown) >= 2
+    for label, days in shown:
+        assert label == datetime.fromtimestamp(days * DAY_S, zone).strftime("%H:%M:%S")
+    assert shown[0][0].startswith("23:1")  # T is 22:13:20 UTC, 23:13:20 in Paris
 
 
 def test_stragglers_are_a_strip_not_eight_lines() -> None:

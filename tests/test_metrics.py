@@ -18,6 +18,7 @@ from pipeline.observe.metrics import (
     parse_jsonl,
     parse_metric_lines,
     parse_pattern,
+    why_none,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -83,6 +84,56 @@ def test_jsonl_without_role_or_with_binary_junk_is_skipped() -> None:
     data = b'{"ts":1,"rank":0}\n{"role":5}\n"text"\n\xff\xfe{"role":"x"\n{"role":"drafter","rank":"7"}\n'
     (rec,) = parse_jsonl(data)
     assert (rec.role, rec.rank, rec.ts) == ("drafter", 7, None)
+
+
+def test_plain_json_lines_with_a_step_and_a_rate_or_loss_are_metric_lines() -> None:
+    """``{"step", "tokens_per_s"|"samples_per_s"|"loss"}`` without role or ts is a worker rank-0 line;
+    a step alone, or a rate alone, is not."""
+    data = (
+        b'{"step": 1, "tokens_per_s": 900, "loss": 1.0}\n{"step": 2, "samples_per_s": 32.5}\n'
+        b'{"step": 3, "loss": "0.9"}\n{"step": 4}\n{"tokens_per_s": 900}\n{"step": 5, "loss": null}\n'
+        b'{"step": 6, "tokens_per_s": 900, "rank": 3, "event": "waiting"}\n'
+    )
+    lines = parse_jsonl(data)
+    assert [(ln.role, ln.rank, ln.step, ln.ts) for ln in lines] == [
+        (DEFAULT_ROLE, 0, s, None) for s in (1, 2, 3)
+    ]
+    assert (lines[0].tokens_per_s, lines[0].loss, lines[1].samples_per_s, lines[2].loss) == (
+        900.0,
+        1.0,
+        32.5,
+        0.9,
+    )
+    assert parse_jsonl(data, json.loads) == lines
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"".join(b'{"epoch": %d}\n' % i for i in range(40)), "40 JSON lines, none with step"),
+        (
+            b'{"step": 1}\n{"step": 2, "lr": 0.1}\n',
+            "2 JSON lines, none with step and one of tokens_per_s, samples_per_s, loss (or a role)",
+        ),
+        (b'{"event": "waiting", "step": 1}\n', "1 JSON line, all events"),
+        (b"epoch 1 done\nepoch 2 done\n[1, 2]\n", "3 lines, none a JSON object"),
+        (b'{"step": 1, "loss": 1.0}', "no complete line"),
+    ],
+)
+def test_why_no_line_counts(data: bytes, why: str) -> None:
+    """When lines are read and none counts, the reason names what the lines lacked."""
+    assert parse_metric_lines(data, "jsonl") == []
+    assert why_none(data, "jsonl") == why
+
+
+def test_why_no_line_matches_the_pattern() -> None:
+    """A plain-text log none of whose lines matches: the count of lines and the pattern."""
+    data = b"epoch 1 done\nepoch 2 done\n"
+    pattern = MetricsPattern(pattern=r"step (?P<step>\d+)")
+    assert (
+        parse_metric_lines(data, pattern) == []
+        and why_none(data, pattern) == "2 lines, none matching the pattern"
+    )
 
 
 def test_wait_events_are_not_metric_records_under_either_role_name() -> None:

@@ -71,6 +71,9 @@ def test_helper_reads_the_start_step_and_the_newest_checkpoint(tmp_path: Path) -
     log.write_bytes(old + b'{"step":1,"role":"target","rank":0}\n{"step":1,"role":"drafter","rank":5}\n')
     assert start_step(str(log), len(old)) == {"said": None, "first": 0}
     assert start_step(str(tmp_path / "missing.log"), 0) == {"said": None, "first": None}
+    # a team's plain JSON lines (no role): a step and a rate or loss; other objects with a step are not
+    log.write_bytes(old + b'{"step":3,"epoch":1}\n{"step":38,"tokens_per_s":900,"loss":1.0}\n')
+    assert start_step(str(log), len(old)) == {"said": None, "first": 37}
 
     ckpt = tmp_path / "ckpt"
     assert checkpoint_info(str(ckpt)) is None

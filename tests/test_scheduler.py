@@ -210,7 +210,9 @@ async def test_crash_loop_restarts_three_times_then_gives_up(tmp_path: Path, red
             [first] = await _events(h, EventKind.VERDICT, "loop", after, count=1, timeout=10)
             assert first.data["verdict"] == "RUNNING"
             assert await until(lambda: _has_state(h, "loop"), 5)
-            h.set_mode("loop", exit_after=0.3)  # every launch from now on crashes
+            # every launch from now on crashes, each at a later step (the same exception at the same
+            # step would be a bug no restart fixes: no automatic restart at all)
+            h.set_mode("loop", exit_after=0.3, resume=True)
             await h.kill("loop")
             restarts = await _events(h, EventKind.RESTART, "loop", after, count=3, timeout=40)
             assert [e.data["attempt"] for e in restarts] == [1, 2, 3]

@@ -350,11 +350,15 @@ with open(os.path.join(here, "mode.json")) as f:
     mode = json.load(f)
 kids = [subprocess.Popen([sys.executable, __file__, token, "child"]) for _ in range(mode.get("procs", 1) - 1)]
 start = time.time()
-i = 0
+saved = os.path.join(here, "step.txt")  # with mode resume: steps go on from the last launch's
+i = int(open(saved).read()) if mode.get("resume") and os.path.exists(saved) else 0
 while True:
     if mode.get("lines") is None or i < mode["lines"]:
         print(json.dumps({"step": i, "tokens_per_s": 1000.0}), flush=True)
     i += 1
+    if mode.get("resume"):
+        with open(saved, "w") as f:
+            f.write(str(i))
     if mode.get("exit_after") is not None and time.time() - start > mode["exit_after"]:
         raise RuntimeError("synthetic crash at step %d" % i)
     time.sleep(mode.get("period", 0.1))
@@ -374,7 +378,8 @@ class Harness:
     extra: list[Context] = field(default_factory=list)
 
     def set_mode(self, job: str, **mode: object) -> None:
-        """What the job's worker does on its next launch (procs, lines, exit_after, period)."""
+        """What the job's worker does on its next launch (procs, lines, exit_after, period, resume:
+        its steps go on from where its last launch got, as from a checkpoint)."""
         (self.root / job / "mode.json").write_text(json.dumps(mode))
 
     async def launch(self, job: str, *, verify: bool = True, ctx: Context | None = None) -> RunRecord:
@@ -542,7 +547,7 @@ async def cycles_for(watcher: Watcher, seconds: float) -> None:
 
 
 JOBS: dict[str, dict[str, Any]] = {
-    "train": {"stall_after": 1.5},
+    "train": {"stall_after": 1.5, "warmup": 0.5},  # its worker logs steps: no warm-up to wait out
     "pipe": {"processes": 8, "degraded_after": 1.0, "start_window": 1.5},
 }
 

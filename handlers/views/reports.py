@@ -44,6 +44,11 @@ def _step_time(digest: Digest) -> str:
     return text
 
 
+def _has_step_time(s: DigestSummary) -> bool:
+    """Whether any line of the window had a ``step_time_s``, the pipeline's or the targets'."""
+    return s.step_p50 is not None or any(r.step_p50 is not None for r in s.roles)
+
+
 def _topk(s: DigestSummary, change: dict[str, float]) -> str:
     """Top-1/4/8 accuracy in percent (the mean of each drafter rank's last line), with their changes."""
     keys = ("top1", "top4", "top8")
@@ -66,7 +71,7 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         f"{fmt.size(w.skipped)} of metric log written since the last digest were not read "
         f"(a digest reads the last {fmt.size(digest.max_bytes)} at most)"
     )
-    empty = f"no metric lines for {digest.job} in the {fmt.size(s.bytes_read)} read from {digest.path}"
+    empty = words.digest_empty(digest.job, s.bytes_read, digest.path, digest.empty_why)
     silent = "; ".join(
         f"rank {q.rank} ({q.role}) {words.digest_silent_cell(q.last_seen)}" for q in digest.silent
     )
@@ -74,6 +79,7 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         (words.digest_window_note(w.kind.value, digest.path, digest.max_bytes), False),
         (skipped if w.skipped and w.kind.value == "since_last" else None, False),
         (empty if not s.metric_lines else None, True),
+        (words.digest_reported(s.window_start is not None) if s.reported else None, False),
         (words.digest_starved(s.queue_mean) if s.starved and s.queue_mean is not None else None, True),
         (f"{silent}: no metric line in this window" if digest.silent else None, True),
         (words.digest_resets(s.resets) if s.resets else None, False),
@@ -89,11 +95,26 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
     ]
     if targets is not None:
         fields.append(("targets", words.digest_targets(s.target_tokens_per_s, targets.ranks)))
+    # a row the window's lines have nothing for is left out (a generic job has no queue, no top-k)
+    loss = f"{fmt.number(s.loss_last, '{:.3f}')} last, {fmt.number(s.loss_mean, '{:.3f}')} mean"
     fields += [
-        ("step time p50/p95", _step_time(digest)),
-        ("queue depth", f"mean {fmt.number(s.queue_mean, '{:.1f}')}, max {fmt.number(s.queue_max)}"),
-        ("loss", f"{fmt.number(s.loss_last, '{:.3f}')} last, {fmt.number(s.loss_mean, '{:.3f}')} mean"),
-        ("top-1/4/8", _topk(s, digest.change)),
+        (label, value)
+        for label, value, has in (
+            ("samples/s", fmt.number(s.samples_per_s), s.samples_per_s is not None),
+            ("step time p50/p95", _step_time(digest), _has_step_time(s)),
+            (
+                "queue depth",
+                f"mean {fmt.number(s.queue_mean, '{:.1f}')}, max {fmt.number(s.queue_max)}",
+                s.queue_max is not None,
+            ),
+            ("loss", loss, s.loss_mean is not None),
+            (
+                "top-1/4/8",
+                _topk(s, digest.change),
+                any(v is not None for v in (s.top1_mean, s.top4_mean, s.top8_mean)),
+            ),
+        )
+        if has
     ]
     if digest.progress is not None:
         fields.append(("progress", words.digest_progress(digest.progress)))
@@ -117,10 +138,12 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
             Table(words.ATTEMPT_HEADERS, attempt_rows(list(digest.attempts), timezone, live=digest.live_run))
         )
     tps = s.pipeline_tokens_per_s
-    if tps is None:
-        title = f"digest {digest.job}: no throughput in this window"
-    else:  # digest dflash: 1,234 tokens/s (+5.2%)
+    if tps is not None:  # digest dflash: 1,234 tokens/s (+5.2%)
         title = f"digest {digest.job}: {tps:,.0f} tokens/s{_change(digest.change, 'pipeline_tokens_per_s')}"
+    elif s.samples_per_s is not None:
+        title = f"digest {digest.job}: {s.samples_per_s:,.0f} samples/s"
+    else:
+        title = f"digest {digest.job}: no throughput in this window"
     return Reply(
         title=title,
         status=Status.WARNING if warn else Status.OK,

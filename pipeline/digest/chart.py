@@ -1,8 +1,9 @@
-"""The digest chart (PNG): two panels on one time axis (UTC), and its data (pure functions).
+"""The digest chart (PNG): two panels on one time axis (clock times, ``10:16:20``, in the
+configured ``[scheduler] timezone``), and its data (pure functions).
 
 - **the pipeline's tokens/s**: smoothed in a solid line, the raw bins faint behind it, broken at
   every gap; each restart in the window a labelled vertical line (``r-2 topk``); the previous
-  attempt's median (:func:`reference`) a dashed line;
+  attempt's tokens/s (:func:`reference`, the headline's definition: :func:`pipeline_rate`) a dashed line;
 - **the straggler strip**: one row per rank, each bin coloured by the rank's tokens/s as a
   percentage of its role's median then (red below 100%, blue above, grey without data).
 
@@ -26,7 +27,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pipeline import fmt
 from pipeline.observe.metrics import TARGET, MetricLine, percentile
@@ -51,9 +52,9 @@ class RestartMark:
     label: str  #: what the chart writes beside its line (:func:`restart_label`)
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A stretch of one rank's log with a known rate: ``(start, end]`` in unix s, tokens/s."""
+class Interval(NamedTuple):
+    """A stretch of one rank's log with a known rate: ``(start, end]`` in unix s, tokens/s (a tuple:
+    a digest makes one per pair of a rank's lines)."""
 
     start: float
     end: float
@@ -69,11 +70,6 @@ class Throughput:
     raw: list[float]  #: tokens/s per bin
     smooth: list[float]  #: the moving mean of ``raw`` within each segment
     segments: list[tuple[float, float]]  #: ``(start, end)`` of each stretch with data, unix s
-
-    def median(self, start: float = -math.inf, end: float = math.inf) -> float | None:
-        """The median of the bins whose centre is in ``[start, end)``, tokens/s; None if none."""
-        values = [v for t, v in zip(self.x, self.raw, strict=True) if start <= t < end and math.isfinite(v)]
-        return percentile(values, 0.5)
 
 
 @dataclass(frozen=True)
@@ -121,6 +117,40 @@ def rank_intervals(
             if 0 < t1 - t0 <= GAP_FACTOR * typical and not restarted and not relaunched:
                 out[key].append(Interval(t0, t1, (v1 - v0) / (t1 - t0) if by_counter else v1))
     return out
+
+
+def covered(
+    intervals: Iterable[Interval], start: float = -math.inf, end: float = math.inf
+) -> tuple[float, float]:
+    """(tokens, seconds) of a rank's ``intervals`` within ``[start, end]`` (unix s): the tokens it
+    processed while it had a known rate there, and for how long."""
+    tokens = seconds = 0.0
+    for iv in intervals:
+        if (overlap := min(iv.end, end) - max(iv.start, start)) > 0:
+            tokens, seconds = tokens + iv.rate * overlap, seconds + overlap
+    return tokens, seconds
+
+
+def rate_over(intervals: Iterable[Interval], start: float = -math.inf, end: float = math.inf) -> float | None:
+    """A rank's tokens/s within ``[start, end]``: :func:`covered` tokens over its seconds (gaps,
+    relaunches and restarts left out); None without an interval there."""
+    tokens, seconds = covered(intervals, start, end)
+    return tokens / seconds if seconds > 0 else None
+
+
+def pipeline_rate(
+    per_rank: dict[Key, list[Interval]], start: float = -math.inf, end: float = math.inf
+) -> float | None:
+    """The pipeline's tokens/s within ``[start, end]`` (unix s), the one definition the digest's
+    headline and its chart share: every non-``target`` rank's :func:`rate_over`, summed; None when
+    none has an interval there.
+
+    :param per_rank: the window's :func:`rank_intervals`.
+    """
+    rates = [
+        r for k, ivs in per_rank.items() if k[0] != TARGET and (r := rate_over(ivs, start, end)) is not None
+    ]
+    return sum(rates) if rates else None
 
 
 def _union(intervals: Iterable[Interval]) -> list[tuple[float, float]]:
@@ -225,21 +255,23 @@ STRIP_RANGE = (50.0, 150.0)  #: the strip's colour scale, percent of the role's 
 STRAGGLER_BAND = (90.0, 110.0)  #: a rank whose median share is outside it is always named on the strip
 CHART_PIPELINE = "pipeline tokens/s (drafters), smoothed; raw behind"
 CHART_STRIP_TITLE = "stragglers: each rank's tokens/s as % of its role's median (red: slower)"
+CHART_CLOCK = "%H:%M:%S"  #: the time axis's tick labels: clock times, ``10:16:20``
 DAY_S = 86_400.0  #: unix seconds per matplotlib date number (days since its epoch, 1970-01-01)
 
 
 def reference(
-    series: Throughput, marks: Sequence[RestartMark], last_digest: float | None
+    per_rank: dict[Key, list[Interval]], marks: Sequence[RestartMark], last_digest: float | None
 ) -> tuple[float, float | None, str] | None:
     """The dashed reference: (tokens/s, from when (unix s; None: the whole window), its label):
-    the median of the bins between the last two restarts in the window (or its start and the
-    last one), else the last scheduled digest's pipeline tokens/s (``last_digest``), else None."""
+    the pipeline's tokens/s (:func:`pipeline_rate`, as the headline) between the last two restarts
+    in the window (or its start and the last one), else the last scheduled digest's headline
+    (``last_digest``), else None."""
     ordered = sorted(marks, key=lambda m: m.at)
-    if ordered and series.segments:
+    if ordered:
         last = ordered[-1]
         before = ordered[-2].at if len(ordered) > 1 else -math.inf
-        if (median := series.median(before, last.at)) is not None:
-            return median, last.at, f"median before {last.run}: {fmt.number(median)} tokens/s"
+        if (rate := pipeline_rate(per_rank, before, last.at)) is not None:
+            return rate, last.at, f"before {last.run}: {fmt.number(rate)} tokens/s"
     if last_digest is not None and math.isfinite(last_digest):
         return last_digest, None, f"last digest: {fmt.number(last_digest)} tokens/s"
     return None
@@ -281,6 +313,7 @@ def draw_chart(
     restarts: Sequence[RestartMark] = (),
     last_digest: float | None = None,
     path: Path | None = None,
+    timezone: str = "UTC",
 ) -> Figure:
     """The digest chart as a figure on an Agg canvas: its first axes the throughput panel, the
     second (absent without any rank's rate) the straggler strip.
@@ -288,10 +321,11 @@ def draw_chart(
     :param restarts: the restarts launched within the window (a rank's interval holding one is a gap).
     :param last_digest: the last scheduled digest's pipeline tokens/s (:func:`reference`).
     :param path: where to write it as a PNG too (its directory created if missing).
+    :param timezone: the zone of the time axis's clock times (``[scheduler] timezone``).
     :raises OSError: if the file cannot be written.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+    from matplotlib.dates import AutoDateLocator, DateFormatter
     from matplotlib.figure import Figure
 
     intervals = rank_intervals(lines, restarts)
@@ -315,7 +349,7 @@ def draw_chart(
         top.plot(
             days, series.smooth, color="C0", linewidth=2.0, zorder=3, gid="pipeline", label=CHART_PIPELINE
         )
-        if (ref := reference(series, restarts, last_digest)) is not None:
+        if (ref := reference(intervals, restarts, last_digest)) is not None:
             value, since, caption = ref
             start = since / DAY_S if since is not None else days[0]
             end = max(series.segments[-1][1] / DAY_S, top.get_xlim()[1] if since is not None else start)
@@ -348,10 +382,10 @@ def draw_chart(
     if bottom is not None:
         _draw_strip(fig, bottom, strip, {(ln.role, ln.rank): ln.device for ln in lines if ln.device})
     if series.x or strip.rows:
-        locator = AutoDateLocator()  # type: ignore[no-untyped-call]
-        axis.xaxis.set_major_locator(locator)
-        axis.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
-    axis.set_xlabel("time (UTC)")
+        zone = fmt.timezone_of(timezone)
+        axis.xaxis.set_major_locator(AutoDateLocator(tz=zone))  # type: ignore[no-untyped-call]
+        axis.xaxis.set_major_formatter(DateFormatter(CHART_CLOCK, tz=zone))  # type: ignore[no-untyped-call]
+    axis.set_xlabel(f"time ({timezone})")
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png")

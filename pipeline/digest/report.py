@@ -24,7 +24,7 @@ from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe.attempts import TrainingProgress, progress_toward
 from pipeline.observe.gpus import GpuStat, query_gpus
-from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, parse_metric_lines
+from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, parse_metric_lines, why_none
 from pipeline.state.events import EventKind, Events
 from pipeline.state.jobstate import DigestMemory, JobStore
 from pipeline.state.redisconn import RedisHandle
@@ -86,7 +86,8 @@ class Digest:
     change: dict[str, float] = field(default_factory=dict)  #: ±% against the last scheduled digest
     gpus: tuple[GpuRow, ...] | None = None  #: None when the job has no ``gpus`` or no data came back
     gpu_note: str | None = None  #: why there is no (or partial) GPU data
-    chart: Path | None = None  #: the PNG written; None when the window had no metric lines
+    chart: Path | None = None  #: the PNG written; None when the window had no timed metric lines
+    empty_why: str | None = None  #: why no line of the window counts (:func:`why_none`), when none does
     uptime_s: float | None = None  #: seconds since the current run was launched; None if unknown or stopped
     restarts: tuple[str, ...] | None = None  #: run ids created since the window began, newest first
     silent: tuple[SilentRank, ...] = ()  #: expected ranks without a line (:func:`silent_ranks`)
@@ -114,14 +115,17 @@ async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...
     return rows, f"GPU index(es) {missing} configured but not reported by nvidia-smi" if missing else None
 
 
-def restart_marks(recent: Sequence[RunRecord], start: float | None, end: float) -> tuple[RestartMark, ...]:
+def restart_marks(
+    recent: Sequence[RunRecord], start: float | None, end: float | None
+) -> tuple[RestartMark, ...]:
     """The runs (``recent``: newest first) launched within ``[start, end]`` (unix s) as the chart's
     restart lines, oldest first (a ``stop`` launches nothing; a failed launch has no
-    ``launched_at``).  None for ``start`` (no timestamps) marks nothing."""
+    ``launched_at``).  None for ``start`` or ``end`` (no timestamps) marks nothing."""
     return tuple(
         RestartMark(r.launched_at, r.id, restart_label(r.id, r.action, r.patches))
         for r in reversed(recent)
         if start is not None
+        and end is not None
         and r.launched_at is not None
         and start <= r.launched_at <= end
         and r.action != "stop"
@@ -129,13 +133,25 @@ def restart_marks(recent: Sequence[RunRecord], start: float | None, end: float) 
 
 
 def _draw(
-    lines: Sequence[MetricLine], path: Path, job: str, marks: Sequence[RestartMark], last_digest: float | None
+    lines: Sequence[MetricLine],
+    path: Path,
+    job: str,
+    marks: Sequence[RestartMark],
+    last_digest: float | None,
+    timezone: str,
 ) -> Path:
     """Draw the window's lines (in a worker thread: it is slow) and keep the job's last
     :data:`CHARTS_KEPT` charts; the PNG's path with links resolved (the demo's ``charts`` links to a
     lasting place)."""
     path = path.parent.resolve() / path.name
-    draw_chart(lines, title=f"{job}: pipeline tokens/s", restarts=marks, last_digest=last_digest, path=path)
+    draw_chart(
+        lines,
+        title=f"{job}: pipeline tokens/s",
+        restarts=marks,
+        last_digest=last_digest,
+        path=path,
+        timezone=timezone,
+    )
     for old in sorted(path.parent.glob(f"{job.lower()}-*.png"), key=lambda p: p.name)[:-CHARTS_KEPT]:
         old.unlink(missing_ok=True)
     return path
@@ -172,7 +188,16 @@ async def build_digest(
     max_bytes = min(max_bytes, first_bytes) if state is None else max_bytes
     window = await windows.read_window(read, state, scheduled=scheduled, max_bytes=max_bytes)
     lines = await asyncio.to_thread(parse_metric_lines, window.data, spec.metrics)
-    summary = summarise(lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data))
+    repeat = window.kind is windows.WindowKind.REPEAT  # the last scheduled digest again: no change
+    now = time.time()
+    runs = redis.open_store(RunStore)
+    recent = await runs.recent(name, 100)
+    timed = [ln.ts for ln in lines if ln.ts is not None]
+    # the restarts in the window: the chart's lines, and where a rank's rate has a gap
+    marks = restart_marks(recent, min(timed, default=None), (max(timed, default=now) if repeat else now))
+    summary = summarise(
+        lines, lines_read=window.data.count(b"\n"), bytes_read=len(window.data), restarts=marks
+    )
     seen: dict[int, SilentRank] = {}  # the ranks earlier digests saw, with their role and last ts
     for rank, value in (await memory.ranks(name)).items():
         with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # not {"role", …}
@@ -185,19 +210,14 @@ async def build_digest(
     with contextlib.suppress(ValueError):
         previous = json.loads(await memory.last(name) or "null")
     previous = previous if isinstance(previous, dict) else None
-    repeat = window.kind is windows.WindowKind.REPEAT  # the last scheduled digest again: no change
     change = compare(previous, summary) if not repeat else {}
-    now = time.time()
     gpus, gpu_note = await _gpu_rows(ssh, spec)
-    runs = redis.open_store(RunStore)
-    recent = await runs.recent(name, 100)
     path: Path | None = None
-    marks: tuple[RestartMark, ...] = ()
-    if chart and summary.metric_lines:
+    if chart and timed:  # lines without ts have no time axis: no chart
         where = config.state.path / "charts" / f"{name.lower()}-{int(now * 1000)}.png"
-        marks = restart_marks(recent, summary.window_start, (summary.window_end or now) if repeat else now)
         last_rate = None if repeat else (previous or {}).get("pipeline_tokens_per_s")
-        path = await asyncio.to_thread(_draw, lines, where, name, marks, last_rate)
+        zone = config.scheduler.timezone
+        path = await asyncio.to_thread(_draw, lines, where, name, marks, last_rate, zone)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
     snapshot = await redis.open_store(JobStore, config).read(name, now=now)
     digest = Digest(
@@ -210,6 +230,7 @@ async def build_digest(
         gpus=gpus,
         gpu_note=gpu_note,
         chart=path,
+        empty_why=why_none(window.data, spec.metrics) if not lines and window.data else None,
         uptime_s=snapshot.uptime(now),
         restarts=None
         if since is None

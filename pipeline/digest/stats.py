@@ -1,10 +1,14 @@
 """Digest statistics (pure): a window's metric lines aggregated per rank, per role and overall.
 
-Per rank, tokens/s is Δtokens/Δtime between its first and last line in the window from the
-cumulative ``tokens`` counter (not an average of rates); a counter reset counts as
-Prometheus' ``increase()`` counts it (:func:`counter_increase`).  The pipeline's tokens/s is the
-sum over the ranks that are not ``target`` (the drafters, which consume what targets produce);
-targets are summed separately and never added in.
+Per rank, tokens/s is the tokens it processed over the time it had a known rate in the window
+(the chart's intervals, :func:`pipeline.digest.chart.rank_intervals`: Δtokens/Δts of its cumulative
+``tokens`` counter, else its reported ``tokens_per_s``; gaps, relaunches and restarts left out).
+The pipeline's tokens/s is the sum over the ranks that are not ``target`` (the drafters, which
+consume what targets produce) — the headline, and the chart's line, by one definition
+(:func:`pipeline.digest.chart.pipeline_rate`); targets are summed separately and never added in.
+A rank whose lines carry no ``ts`` (or one line only) has the mean of its reported
+``tokens_per_s`` instead (``rate_from``), and its ``samples_per_s`` likewise.  The ``tokens``
+increase and its resets count as Prometheus' ``increase()`` counts them (:func:`counter_increase`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.digest.chart import Interval, RestartMark, covered, rank_intervals
 from pipeline.observe.metrics import DRAFTER, TARGET, MetricLine, percentile
 
 STARVED_BELOW = 0.5  #: mean drafter queue depth under which drafters are starved of hidden states
@@ -45,9 +50,10 @@ class Flow:
 @dataclass(frozen=True)
 class RankStats(Flow):
     """One rank's numbers over the window: ``tokens`` between its first and last line (resets
-    handled) over their ``seconds``, else the mean of its reported ``tokens_per_s`` (``rate_from``:
-    ``counter``, ``reported`` or ``none``); ``step_p50``/``step_p95`` of its ``step_time_s``
-    (seconds); ``loss`` and ``top1``… from its last line."""
+    handled); ``tokens_per_s`` over the ``seconds`` it had a known rate (module docstring), else
+    the mean of its reported ``tokens_per_s`` (``rate_from``: ``counter``, ``reported`` or
+    ``none``); ``samples_per_s`` the mean of its reported ones; ``step_p50``/``step_p95`` of its
+    ``step_time_s`` (seconds); ``loss`` and ``top1``… from its last line."""
 
     rank: int
     role: str
@@ -60,6 +66,7 @@ class RankStats(Flow):
     seconds: float | None
     tokens_per_s: float | None
     rate_from: str
+    samples_per_s: float | None
     resets: int
     loss: float | None
     top1: float | None
@@ -91,6 +98,8 @@ class DigestSummary(Flow):
     roles: tuple[RoleStats, ...]  #: targets first
     pipeline_tokens_per_s: float | None  #: the sum over every non-target rank (the drafters)
     target_tokens_per_s: float | None  #: shown apart, never added in
+    samples_per_s: float | None  #: the non-target ranks' reported ``samples_per_s``, summed
+    reported: bool  #: a rate shown is the lines' own (no ``ts`` to measure it by, or ``samples_per_s``)
     starved: bool  #: the drafters' mean queue depth is under :data:`STARVED_BELOW`: targets lag
     loss_last: float | None
     loss_mean: float | None
@@ -148,18 +157,20 @@ def _flow(ranks: Sequence[Sequence[MetricLine]]) -> dict[str, Any]:
     }
 
 
-def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
-    """One rank's numbers from its lines in file order (``role_rank`` and ``device``: its last line's)."""
+def _rank_stats(lines: Sequence[MetricLine], intervals: Sequence[Interval]) -> RankStats:
+    """One rank's numbers from its lines in file order and its chart intervals (``role_rank`` and
+    ``device``: its last line's)."""
     counted = _column([lines], "tokens")
     increase, resets = counter_increase(counted)
     timed = [(ln.ts, ln.tokens) for ln in lines if ln.ts is not None and ln.tokens is not None]
-    seconds = float(timed[-1][0] - timed[0][0]) if len(timed) >= 2 else None
     tokens = counter_increase([n for _, n in timed])[0] if len(timed) >= 2 else increase if counted else None
     reported = _column([lines], "tokens_per_s")
-    if tokens is None or seconds is None or seconds <= 0:
-        rate, rate_from = (_sum(reported, mean=True), "reported") if reported else (None, "none")
+    measured, seconds = covered(intervals)
+    rate: float | None
+    if seconds > 0:
+        rate, rate_from = measured / seconds, "counter" if len(timed) >= 2 else "reported"
     else:
-        rate, rate_from = tokens / seconds, "counter"
+        rate, rate_from = (_sum(reported, mean=True), "reported") if reported else (None, "none")
     ts = _column([lines], "ts")
     return RankStats(
         **{key: getattr(lines[-1], key) for key in ("rank", "role", "role_rank", "device")},
@@ -167,9 +178,10 @@ def _rank_stats(lines: Sequence[MetricLine]) -> RankStats:
         first_ts=min(ts, default=None),
         last_ts=max(ts, default=None),
         tokens=tokens,
-        seconds=seconds,
+        seconds=seconds if seconds > 0 else None,
         tokens_per_s=rate,
         rate_from=rate_from,
+        samples_per_s=_sum(_column([lines], "samples_per_s"), mean=True),
         resets=resets,
         **_flow([lines]),
         **{key: _last(getattr(ln, key) for ln in reversed(lines)) for key in (*_LAST, "gpu_mem_bytes")},
@@ -182,16 +194,22 @@ def _column(ranks: Iterable[Sequence[MetricLine]], key: str) -> list[float]:
 
 
 def summarise(
-    lines: Sequence[MetricLine], *, lines_read: int | None = None, bytes_read: int = 0
+    lines: Sequence[MetricLine],
+    *,
+    lines_read: int | None = None,
+    bytes_read: int = 0,
+    restarts: Sequence[RestartMark] = (),
 ) -> DigestSummary:
     """Aggregate the metric lines of one window (``lines_read``: complete log lines read, metric
-    or not; default the metric lines); numbers without data are None, never 0."""
+    or not, default the metric lines; ``restarts``: the runs launched in it, as the chart marks
+    them); numbers without data are None, never 0."""
     by_rank: dict[tuple[str, int], list[MetricLine]] = {}
     for ln in lines:
         by_rank.setdefault((ln.role, ln.rank), []).append(ln)
     series = list(by_rank.values())  # in order of each rank's first line
     ordered = sorted(series, key=lambda g: (g[0].rank, g[0].role))
-    ranks = [_rank_stats(g) for g in ordered]
+    per_rank = rank_intervals(lines, restarts)
+    ranks = [_rank_stats(g, per_rank.get((g[0].role, g[0].rank), [])) for g in ordered]
     role_names = sorted({r.role for r in ranks}, key=lambda name: (name != TARGET, name))
     roles = tuple(
         RoleStats(
@@ -213,8 +231,15 @@ def summarise(
         window_end=max((r.last_ts for r in ranks if r.last_ts is not None), default=None),
         ranks=tuple(ranks),
         roles=roles,
+        # the chart's definition; without intervals (no ts, one line): the ranks' own rates
         pipeline_tokens_per_s=_sum(r.tokens_per_s for r in pipe_ranks),
         target_tokens_per_s=_sum(r.tokens_per_s for r in ranks if r.role == TARGET),
+        samples_per_s=_sum(r.samples_per_s for r in pipe_ranks),
+        # no ts to measure a rate by, or samples/s (only ever reported): the digest says so
+        reported=(
+            not any(r.last_ts is not None for r in ranks) and any(r.rate_from == "reported" for r in ranks)
+        )
+        or any(r.samples_per_s is not None for r in pipe_ranks),
         starved=flow["queue_mean"] is not None and flow["queue_mean"] < STARVED_BELOW,
         loss_last=_sum([r.loss for r in drafters], mean=True),
         resets=sum(r.resets for r in ranks),

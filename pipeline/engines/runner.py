@@ -50,6 +50,7 @@ from pipeline.state.runs import RunRecord, RunStore
 from pipeline.verdict import Outcome, Step, Verdict
 
 log = logging.getLogger(__name__)
+BETWEEN_RUNS = 20  #: the job's recent runs searched for the one that stopped the previous attempt
 
 T = TypeVar("T")
 VERIFY_GRACE = 30.0  #: seconds past the deadline an unobservable job is retried before giving up
@@ -230,7 +231,9 @@ class Runner:
             return None
         if previous is not None and previous.run.reach is not None and previous.run.reach.ended is None:
             found = from_fields(crash) if crash.get("run_id") == previous.run.id else None
-            ended = crash_words(found) if found is not None else ended_by(run)
+            recent = await self.runs.recent(t.name, BETWEEN_RUNS) if found is None else []
+            between = [r for r in recent if previous.run.created_at < r.created_at < run.created_at]
+            ended = crash_words(found) if found is not None else ended_by(run, between)
             reach = previous.run.reach.model_copy(update={"ended": ended})
             saved = await self.runs.amend(previous.run.id, reach=reach)
             previous = Previous(saved or previous.run, previous.lost)
@@ -304,11 +307,14 @@ async def look(
     return {name: sight for part in await asyncio.gather(*looks) for name, sight in part.items()}
 
 
-def ended_by(run: RunRecord) -> str:
-    """How the attempt before ``run`` ended, as ``run``'s stop step saw it."""
-    stop = run.step(Step.STOP)
-    if stop is None:
+def ended_by(run: RunRecord, between: Sequence[RunRecord] = ()) -> str:
+    """How the attempt before ``run`` ended: ``stopped by r-8 (…)`` when a run created between the
+    two (``between``: a plain ``stop``, or a restart whose launch failed) or ``run`` itself stopped
+    it, else as ``run``'s stop step saw it."""
+    for stopper in [*sorted(between, key=lambda r: r.created_at), run]:
+        stop = stopper.step(Step.STOP)
+        if stop is not None and stop.outcome is Outcome.OK and stop.detail.startswith("stopped"):
+            return f"stopped by {stopper.id} ({stop.detail})"
+    if run.step(Step.STOP) is None:
         return "ended before " + run.id
-    if stop.outcome is Outcome.OK and stop.detail.startswith("stopped"):
-        return f"stopped by {run.id} ({stop.detail})"
     return f"had ended when {run.id} began"

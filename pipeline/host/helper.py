@@ -257,6 +257,8 @@ def first_error(path: str, start: int, max_bytes: int = 1 << 20) -> str | None:
     return line.decode("utf-8", "replace").strip()[:300]
 
 
+#: with ``step``, a JSON line without ``role`` is a metric line (``pipeline/observe/metrics.py``)
+METRIC_KEYS = ("tokens_per_s", "samples_per_s", "loss")
 RESUME_RX = re.compile(rb"\bresume_step=(\d+)|\bresum(?:ed|ing) (?:at|from) step (\d+)", re.IGNORECASE)
 
 
@@ -264,7 +266,8 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
     """Where a run started, from the first bytes it wrote after ``start``.
 
     ``said``: the step a ``resume_step=N`` / ``resumed at step N`` line names; ``first``: the
-    largest first ``step`` among the ranks' JSON metric lines, minus one (a rank that resumed
+    largest first ``step`` among the ranks' JSON metric lines (a ``role``, or one of
+    :data:`METRIC_KEYS`), minus one (a rank that resumed
     from N logs N+1 first; one that started afresh logs 1).  None each when not found.
     """
     data = (read_since(path, start, max_bytes, last=False) or (b"", False))[0]  # unreadable: None each
@@ -279,7 +282,7 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
             continue
         if (
             isinstance(rec, dict)
-            and "role" in rec
+            and ("role" in rec or any(k in rec for k in METRIC_KEYS))
             and "event" not in rec
             and isinstance(rec.get("step"), int)
         ):

@@ -152,7 +152,8 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     """The verdict, verdict line and evidence text of a launched run from one complete
     observation, for every engine.  Precedence: ``PENDING``, ``EXITED``, ``ERROR_IN_LOG``,
     ``WRONG_COUNT``, ``NO_PROGRESS`` (output silent), else ``RUNNING`` (with where it resumed, and
-    what the restart ``lost``: :func:`pipeline.observe.attempts.lost_work`); a run whose stop found
+    what the restart ``lost``: :func:`pipeline.observe.attempts.lost_work`, every step of an
+    advanced run when it started from step 0); a run whose stop found
     a stale record is ``STALE_RECORD``."""
     now = obs.sampled_at
     since = now - (run.launched_at or now)
@@ -178,7 +179,7 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     else:
         ignored = check_resume(obs.start_step, obs.checkpoint, since)
         v = VerdictLine(Verdict.RUNNING, *seen, obs.nodes, obs.start_step, ignored)
-        if lost is not None and obs.start_step:
+        if lost is not None:  # resumed, or started over after a run that advanced (all its steps)
             v = lost.on(v)
     if obs.checkpoint is not None:
         facts.append(checkpoint_fact(obs.checkpoint.path, obs.checkpoint.step, obs.checkpoint.age_s))

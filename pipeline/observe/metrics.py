@@ -1,8 +1,11 @@
 """Metric lines: the training log's throughput records, parsed from bytes, in the job's
 ``metrics`` format:
 
-- ``"jsonl"`` (the default): JSON objects with a string ``role`` and no ``event`` key, keyed as
-  :class:`MetricLine` (``pipeline/dflash/README.md``); other lines are skipped;
+- ``"jsonl"`` (the default): JSON objects without an ``event`` key, keyed as :class:`MetricLine`
+  (``pipeline/dflash/README.md``), that have a string ``role`` — or, any JSON job's lines, a
+  ``step`` and one of ``tokens_per_s``, ``samples_per_s`` or ``loss`` (then role ``worker``, rank 0
+  unless given: ``{"step": 12, "tokens_per_s": 900, "loss": 1.0}``); other lines are skipped,
+  and :func:`why_none` says why when none counts;
 - ``{pattern = '...'}``: a regular expression whose named groups are those keys (role ``worker``
   and rank 0 when absent; ``"1,234"``, ``"2.5e3"``, and for ``ts`` ISO 8601 times, UTC when naive).
 
@@ -13,6 +16,7 @@ the standard library, which reads the same); ``bench/digest.py`` measures both p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -24,10 +28,25 @@ import orjson
 
 from pipeline.config import MetricsPattern
 
-DEFAULT_ROLE = "worker"  #: role of a plain-text metric line without a ``role`` group
+DEFAULT_ROLE = "worker"  #: role of a metric line without a ``role`` (group)
 TARGET = "target"  #: the reference pipeline's target ranks (they produce; the drafters consume)
 DRAFTER = "drafter"
-_FLOAT_KEYS = ("tokens", "tokens_per_s", "step_time_s", "queue_depth", "loss", "top1", "top4", "top8")
+_FLOAT_KEYS = (
+    "tokens",
+    "tokens_per_s",
+    "step_time_s",
+    "queue_depth",
+    "loss",
+    "top1",
+    "top4",
+    "top8",
+    "samples_per_s",
+)
+RATE_KEYS = (
+    "tokens_per_s",
+    "samples_per_s",
+    "loss",
+)  #: one of these and ``step``: a line without ``role`` counts
 MAX_READ = 4 * 1024 * 1024  #: bytes of a metric log read at once at most (its last ones)
 _NUMBER = re.compile(r"^[+-]?(\d[\d,_]*)?(\.\d*)?([eE][+-]?\d+)?$")
 
@@ -49,6 +68,7 @@ class MetricLine(NamedTuple):
     top1: float | None = None  #: drafter top-1 accuracy in [0, 1] (likewise ``top4``, ``top8``)
     top4: float | None = None
     top8: float | None = None
+    samples_per_s: float | None = None  #: the rank's own rate in samples (a job that counts no tokens)
     gpu_mem_bytes: int | None = None  #: peak GPU memory allocated by the rank
 
 
@@ -118,7 +138,14 @@ def _json_line(line: bytes, loads: Callable[[bytes], Any]) -> MetricLine | None:
         raw = loads(line)
     except ValueError:  # both decoders' errors, UnicodeDecodeError included
         return None if loads is json.loads else _json_line(line, json.loads)
-    return _record(raw, None) if type(raw) is dict and "event" not in raw else None
+    if type(raw) is not dict or "event" in raw:
+        return None
+    return _record(raw, DEFAULT_ROLE if _generic(raw) else None)
+
+
+def _generic(raw: dict[str, Any]) -> bool:
+    """Whether a JSON object without ``role`` is a metric line: a ``step`` and a rate or loss."""
+    return _int(raw.get("step")) is not None and any(parse_number(raw.get(k)) is not None for k in RATE_KEYS)
 
 
 def parse_jsonl(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> list[MetricLine]:
@@ -156,3 +183,34 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     pos = (len(xs) - 1) * q
     lo = math.floor(pos)
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def why_none(data: bytes, mapping: Literal["jsonl"] | MetricsPattern) -> str:
+    """Why the complete lines of ``data`` hold no metric line, in words for the digest:
+    ``40 JSON lines, none with step``, ``12 lines, none matching the pattern``, ``no complete line``.
+    Call it only when :func:`parse_metric_lines` found none."""
+    lines = _complete_lines(data)
+    if not lines:
+        return "no complete line"
+    if isinstance(mapping, MetricsPattern):
+        return f"{_count(len(lines), 'line')}, none matching the pattern"
+    objects = []
+    for ln in lines:
+        with contextlib.suppress(ValueError):
+            if ln.lstrip()[:1] == b"{" and type(raw := json.loads(ln)) is dict:
+                objects.append(raw)
+    if not objects:
+        return f"{_count(len(lines), 'line')}, none a JSON object"
+    found = _count(len(objects), "JSON line")
+    if all("event" in raw for raw in objects):
+        return f"{found}, all events"
+    if not any(_int(raw.get("step")) is not None for raw in objects):
+        return f"{found}, none with step"
+    return f"{found}, none with step and one of {', '.join(RATE_KEYS)} (or a role)"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
