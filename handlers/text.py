@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import fmt
 from pipeline.config.jobs import APPROVER_ROLES
+from pipeline.digest.goodput import incident_cost
 from pipeline.state.incidents import IncidentKind
 
 if TYPE_CHECKING:  # types only: ``pitstop parse`` (the grammar reads these words) stays quick
@@ -416,8 +417,14 @@ def alert_exit_cause(code: int | None, signal: str | None) -> str:
     return f"exited with code {code}"
 
 
-def incident_resolved(i: Incident, open_for: float) -> str:
-    """The thread reply when an incident resolves, ``open_for`` seconds after it opened."""
+def incident_resolved(i: Incident, open_for: float, gpus: int | None = None) -> str:
+    """The thread reply when an incident resolves, ``open_for`` seconds after it opened; with the
+    job's GPU count, what it cost (``- cost 0.6 GPU-h``, :func:`~pipeline.digest.goodput.incident_cost`)."""
+    cost = incident_cost(i.kind.value, open_for, gpus)
+    return _resolved_how(i, open_for) + (f" - {cost}" if cost else "")
+
+
+def _resolved_how(i: Incident, open_for: float) -> str:
     after = f"resolved after {fmt.duration(open_for)}"
     resolution = i.resolution or "running"
     if resolution == "stopped":

@@ -25,6 +25,7 @@ from handlers.runs.view import run_reply, step_lines, thread_key
 from handlers.watch.alerts import job_owners, next_step_line
 from pipeline import fmt
 from pipeline.config import Config
+from pipeline.digest.goodput import DAY_S, GOODPUT_RUNS, goodput_line, job_goodput
 from pipeline.engines.base import Sighting
 from pipeline.engines.workdir import patch_digest
 from pipeline.errors import RemoteError
@@ -286,7 +287,26 @@ async def attempts_command(ctx: Context, job: str | None, count: int) -> Reply:
     if not attempts:
         return Reply(title=title, lines=(f"{job} has not been launched by Pitstop yet",))
     rows = attempt_rows(attempts, ctx.config.scheduler.timezone, live=live)
-    return Reply(title=title, tables=(Table(words.ATTEMPT_HEADERS, rows),))
+    return Reply(
+        title=title,
+        lines=tuple(line for line in [await _attempts_goodput(ctx, job, attempts)] if line),
+        tables=(Table(words.ATTEMPT_HEADERS, rows),),
+    )
+
+
+async def _attempts_goodput(ctx: Context, job: str, attempts: list[RunRecord]) -> str | None:
+    """Goodput from the launch of the oldest attempt shown (at most :data:`DAY_S` ago) to now."""
+    now = time.time()
+    launched = [a.launched_at for a in attempts if a.launched_at is not None]
+    if not launched:
+        return None
+    start = max(min(launched), now - DAY_S)
+    oldest = next(a.id for a in reversed(attempts) if a.launched_at is not None)
+    over = f"since {oldest}'s launch" if start == min(launched) else None
+    name = ctx.config.job_name(job)
+    runs = await ctx.runs.recent(name, GOODPUT_RUNS)
+    g = await job_goodput(ctx.redis, name, ctx.config.jobs[name], runs, start=start, end=now)
+    return goodput_line(g, over)
 
 
 def _audit_row(config: Config, e: AuditEntry, *, approvals: bool) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from handlers.grammar.commands import close_names
 from handlers.reply import Reply, Status, Table, refused
 from handlers.views.read import NA, attempt_rows
 from pipeline import fmt
+from pipeline.digest.goodput import goodput_line
 from pipeline.digest.report import Digest, build_digest
 from pipeline.digest.stats import DigestSummary
 from pipeline.errors import ExitCode, PitstopError, RemoteError
@@ -76,6 +77,7 @@ def digest_reply(digest: Digest, timezone: str = "UTC") -> Reply:
         f"rank {q.rank} ({q.role}) {words.digest_silent_cell(q.last_seen)}" for q in digest.silent
     )
     notes = (  # (a line or None, whether it makes the digest a warning)
+        (goodput_line(digest.goodput) if digest.goodput is not None else None, False),
         (words.digest_window_note(w.kind.value, digest.path, digest.max_bytes), False),
         (skipped if w.skipped and w.kind.value == "since_last" else None, False),
         (empty if not s.metric_lines else None, True),

@@ -32,6 +32,7 @@ from handlers.context import Context
 from handlers.reply import Reply, Status
 from pipeline import fmt
 from pipeline.config import AutoRestart, Config, EscalationStep
+from pipeline.digest.goodput import gpu_count
 from pipeline.errors import ExitCode
 from pipeline.pager import PagerAlert
 from pipeline.state.incidents import LOG_LINES, Incident, IncidentKind, IncidentStore
@@ -193,15 +194,20 @@ def resolved_headline(incident: Incident, config: Config, *, now: float) -> Repl
     return Reply(
         title=f"resolved: {incident.job} {was} for {fmt.duration(_open_for(incident, now))}",
         status=Status.OK,
-        lines=(words.incident_resolved(incident, _open_for(incident, now)),),
+        lines=(words.incident_resolved(incident, _open_for(incident, now), _gpus(incident, config)),),
         fields=_fields(incident, config, now) if incident.story is None else (),
         thread_key=incident.thread_key,
     )
 
 
-def resolved_reply(incident: Incident, *, now: float) -> Reply:
-    """The thread note ``resolved after N min``."""
-    text = words.incident_resolved(incident, _open_for(incident, now))
+def _gpus(incident: Incident, config: Config) -> int | None:
+    """The incident's job's GPU count (:func:`~pipeline.digest.goodput.gpu_count`), None if unknown."""
+    return gpu_count(config.jobs[incident.job]) if incident.job in config.jobs else None
+
+
+def resolved_reply(incident: Incident, *, now: float, gpus: int | None = None) -> Reply:
+    """The thread note ``resolved after N min`` (with its cost in GPU-hours given the job's ``gpus``)."""
+    text = words.incident_resolved(incident, _open_for(incident, now), gpus)
     return Reply(title=text, status=Status.OK, thread_key=incident.thread_key)
 
 
@@ -471,7 +477,11 @@ async def _open_one(ctx: Context, t: Told) -> None:
 async def _resolve_one(ctx: Context, store: IncidentStore, t: Told) -> None:
     inc = t.incident
     await about(
-        ctx, inc, t.channel, resolved_reply(inc, now=t.at), resolved_headline(inc, ctx.config, now=t.at)
+        ctx,
+        inc,
+        t.channel,
+        resolved_reply(inc, now=t.at, gpus=_gpus(inc, ctx.config)),
+        resolved_headline(inc, ctx.config, now=t.at),
     )
     if inc.story is not None and not await _still_open(ctx, store, inc.story):
         # the last open job of a grouped post: its headline turns resolved too

@@ -279,7 +279,9 @@ class Watcher:
                 await self._event(EventKind.ALERT, opened)
                 rnd.later.append(functools.partial(post_hang_evidence, self.ctx, opened, channel))
             elif action.kind is ActionKind.RESOLVE:
-                if current is None or not await self.store.close(current):
+                if current is None or not await self.store.close(
+                    current, at=action.incident.resolved_at or now
+                ):
                     return
                 if current.paged and ctx.pager is not None:  # its pager's alert resolves too
                     ctx.pager.resolve(pager_alert(current, ctx.config))

@@ -19,6 +19,7 @@ from pathlib import Path
 from pipeline.config import Config, JobConfig
 from pipeline.digest import window as windows
 from pipeline.digest.chart import RestartMark, draw_chart, restart_label
+from pipeline.digest.goodput import Goodput, job_goodput
 from pipeline.digest.stats import DigestSummary, compare, summarise
 from pipeline.errors import PitstopError
 from pipeline.host.remote import RemoteHosts
@@ -95,6 +96,7 @@ class Digest:
     progress: TrainingProgress | None = None  #: against ``total_steps`` (when set): the ETA
     attempts: tuple[RunRecord, ...] = ()  #: the last :data:`ATTEMPTS_SHOWN`, newest first (the footer)
     live_run: str | None = None  #: the attempt running now
+    goodput: Goodput | None = None  #: over the window: since the last scheduled digest (else its first line)
 
 
 async def _gpu_rows(ssh: RemoteHosts, job: JobConfig) -> tuple[tuple[GpuRow, ...] | None, str | None]:
@@ -219,6 +221,11 @@ async def build_digest(
         zone = config.scheduler.timezone
         path = await asyncio.to_thread(_draw, lines, where, name, marks, last_rate, zone)
     since = summary.window_start if summary.window_start is not None else (state.at if state else None)
+    # goodput over the window: since the last scheduled digest, else since the window's first line
+    began = state.at if state is not None and not repeat else summary.window_start
+    good = None
+    if began is not None and began < now:
+        good = await job_goodput(redis, name, spec, recent, start=began, end=now, lines=lines)
     snapshot = await redis.open_store(JobStore, config).read(name, now=now)
     digest = Digest(
         job=name,
@@ -240,6 +247,7 @@ async def build_digest(
         progress=progress_toward(lines, spec.total_steps) if spec.total_steps is not None and lines else None,
         attempts=tuple(await runs.attempts(name, ATTEMPTS_SHOWN)),
         live_run=snapshot.run_id,
+        goodput=good,
     )
     if scheduled:
         last = json.dumps({**summary.headline(), "at": now}) if summary.metric_lines else None

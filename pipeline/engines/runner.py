@@ -200,6 +200,8 @@ class Runner:
             run.warning = resume_warning(t.name, ignored, obs.checkpoint.path)
         if obs.start_step is not None:
             run.resumed_at = obs.start_step
+        if obs.started_at is not None and decided[0] is not Verdict.PENDING:
+            run.running_at = obs.started_at
         if previous is not None and decided[0] is Verdict.RUNNING:
             self._note_lost(t, run, previous)
         recheck = time.time() + self.pending_recheck if decided[0] is Verdict.PENDING else None

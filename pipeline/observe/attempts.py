@@ -128,6 +128,7 @@ def reach_of(
     first, high = _by_role(lines)
     role = role if role is not None else compared_role(first, high)
     last_at = max((ln.ts for ln in lines if ln.ts is not None), default=None)
+    first_at = min((ln.ts for ln in lines if ln.ts is not None), default=None)
     timed = [(ln.ts, ln.step) for ln in lines if ln.role == role and ln.ts is not None and ln.step]
     (t0, s0), (t1, s1) = min(timed, default=(0.0, 0)), max(timed, default=(0.0, 0))
     return Reach(
@@ -137,6 +138,7 @@ def reach_of(
         steps_per_s=(s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None,
         tokens_per_s=median_throughput(lines, last_at - window_s if last_at is not None else None),
         last_at=last_at,
+        first_at=first_at,
         ended=ended,
     )
 

@@ -10,6 +10,7 @@ decides the transitions).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
@@ -22,6 +23,7 @@ from pipeline.state import keys
 from pipeline.state.redisconn import Store
 
 LOG_LINES = 30  #: log lines shown in an alert
+HISTORY_S = 8 * 86400.0  #: seconds a resolved incident is kept for goodput (a week's windows and a day)
 
 
 class IncidentKind(StrEnum):
@@ -124,6 +126,17 @@ class Incident(_Stored):
         return f"incident:{self.job}:{self.n}"
 
 
+class IncidentSpan(BaseModel):
+    """An incident's kind and when it was open (unix s; ``resolved_at`` None: open still), for goodput."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    n: int
+    kind: str  #: an :class:`IncidentKind` value (kinds other engineers add are kept by name)
+    opened_at: float
+    resolved_at: float | None = None
+
+
 # --- Redis storage -------------------------------------------------------------------------------
 
 
@@ -166,16 +179,33 @@ class IncidentStore(Store):
         changed = new.model_copy(update={"n": expected.n, "rev": expected.rev + 1})
         return changed if await self._replace(expected, "change", changed) else None
 
-    async def close(self, expected: Incident) -> bool:
-        """Delete the open incident ``expected`` (same ``n`` and ``rev``): False if it changed or closed
-        meanwhile; IllegalTransition if ``expected`` was never opened."""
+    async def close(self, expected: Incident, *, at: float | None = None) -> bool:
+        """Delete the open incident ``expected`` (same ``n`` and ``rev``), keeping its span (resolved
+        ``at``, unix s; default its ``resolved_at``, else the clock) for :data:`HISTORY_S` s: False if
+        it changed or closed meanwhile; IllegalTransition if ``expected`` was never opened."""
         _opened(expected, "resolve")
-        return await self._replace(expected, "resolve", None)
+        at = (
+            at
+            if at is not None
+            else expected.resolved_at
+            if expected.resolved_at is not None
+            else time.time()
+        )
+        return await self._replace(expected, "resolve", None, resolved_at=at)
 
-    async def _replace(self, expected: Incident, wanted: str, new: Incident | None) -> bool:
+    async def history(self, job: str, *, since: float) -> list[IncidentSpan]:
+        """The job's incidents resolved at or after ``since`` (unix s), oldest first."""
+        raw = await self.client.zrangebyscore(keys.incident_history(self.prefix, job), since, "+inf")
+        return [IncidentSpan.model_validate_json(str(item)) for item in raw]
+
+    async def _replace(
+        self, expected: Incident, wanted: str, new: Incident | None, *, resolved_at: float | None = None
+    ) -> bool:
         """The compare-and-set of an open incident: if it is still ``expected`` (same ``n`` and ``rev``),
-        it becomes ``new`` (None: deleted) and True is returned, else False."""
+        it becomes ``new`` (None: deleted, its span kept as resolved at ``resolved_at``) and True is
+        returned, else False."""
         key = keys.incident(self.prefix, expected.job)
+        done = keys.incident_history(self.prefix, expected.job)
 
         def write(raw: dict[str, str], pipe: Pipeline) -> bool:
             if raw.get("n") != str(expected.n) or raw.get("rev") != str(expected.rev):
@@ -183,6 +213,13 @@ class IncidentStore(Store):
             pipe.delete(key)
             if new is not None:
                 pipe.hset(key, mapping=new.to_hash())  # type: ignore[arg-type]
+            if resolved_at is not None:
+                kind = raw.get("kind", expected.kind.value)
+                span = IncidentSpan(
+                    n=expected.n, kind=kind, opened_at=expected.opened_at, resolved_at=resolved_at
+                )
+                pipe.zadd(done, {span.model_dump_json(): resolved_at})
+                pipe.zremrangebyscore(done, "-inf", resolved_at - HISTORY_S)
             return True
 
         return await self.swap(

@@ -104,6 +104,12 @@ def auto_restarts(prefix: str, job: str) -> str:
     return f"{prefix}autorestart:{job.lower()}"
 
 
+def incident_history(prefix: str, job: str) -> str:
+    """Sorted set: the job's resolved incidents (JSON :class:`~pipeline.state.incidents.IncidentSpan`),
+    scored by when each resolved (unix s), for goodput."""
+    return f"{prefix}incidents-done:{job.lower()}"
+
+
 def digest_offset(prefix: str, job: str) -> str:
     """Hash: byte offset and inode of the metric log read by the last scheduled digest."""
     return f"{prefix}digest:{job.lower()}:offset"

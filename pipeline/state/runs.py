@@ -129,6 +129,7 @@ class Reach(BaseModel):
     #: median throughput (tokens/s) over the last ``recovery_window`` (:func:`~pipeline.observe.attempts.median_throughput`)
     tokens_per_s: float | None = None
     last_at: float | None = None  #: the ``ts`` of its last metric line (unix s)
+    first_at: float | None = None  #: the ``ts`` of its first metric line (unix s)
     ended: str | None = None  #: how it ended, as people read it (``nccl_timeout: …``, ``stopped by r-5``)
 
 
@@ -151,6 +152,9 @@ class RunRecord(BaseModel):
     sid: int | None = None
     start_time: int | None = None
     launched_at: float | None = None
+    running_at: float | None = (
+        None  #: when it started running, as verification saw it (a Slurm job left the queue)
+    )
     log_size_at_launch: int | None = None
     metrics_size_at_launch: int | None = None  #: bytes of the job's ``metrics_log`` at the launch
     slurm_job: int | None = None  #: the Slurm job id launched (engine "slurm")
