@@ -29,6 +29,8 @@ NAMES = {
     "pitstop_watch_cycles",
     "pitstop_outbox_queue_depth",
     "pitstop_outbox_queue_oldest_seconds",
+    "pitstop_goodput_ratio",
+    "pitstop_gpu_hours_lost_total",
 }
 
 

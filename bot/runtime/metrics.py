@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from bot.slack.api import SlackSender
 from handlers.context import Context
 from handlers.watch.cycle import WatchStats
+from pipeline.digest.goodput import DAY_S, job_goodput
 from pipeline.state.incidents import IncidentKind
 from pipeline.state.jobstate import DigestMemory
 
@@ -105,6 +106,20 @@ async def render(ctx: Context, stats: WatchStats | None, outbox: SlackSender) ->
     seen = {snap.name: watch.seen[snap.name] for snap in snaps if watch.seen.get(snap.name) is not None}
     auto = {snap.name: snap.auto_restarts for snap in snaps}
     open_kinds = {kind.value: incidents[kind.value] for kind in IncidentKind}
+    at = time.time()
+    goods = await asyncio.gather(
+        *(job_goodput(ctx.redis, n, config.jobs[n], runs, start=at - DAY_S, end=at) for n in names)
+    )
+    ratio = {n: r for n, g in zip(names, goods, strict=True) if (r := g.ratio) is not None}
+    gpu_h = GaugeMetricFamily(
+        "pitstop_gpu_hours_lost_total",
+        "GPU-hours the job lost over the last 24 h, by cause (jobs with a known GPU count)",
+        labels=["job", "cause"],
+    )
+    for n, g in zip(names, goods, strict=True):
+        for cause, seconds in g.by_cause().items():
+            if (hours := g.gpu_hours(seconds)) is not None:
+                gpu_h.add_metric([n, cause.value], hours)
     families = [
         state,
         _by("job", "pitstop_job_processes_expected", "processes the job should run", expected),
@@ -113,6 +128,8 @@ async def render(ctx: Context, stats: WatchStats | None, outbox: SlackSender) ->
         _by("job", "pitstop_job_tokens_per_second", "the last scheduled digest's pipeline tokens/s", rates),
         _by("kind", "pitstop_incidents_open", "open incidents by kind", open_kinds),
         by_verdict,
+        _by("job", "pitstop_goodput_ratio", "productive time over the job's time in the last 24 h", ratio),
+        gpu_h,
     ]
     for attr, name, doc, kind in _HOSTS:
         values = {host: v for host, h in sorted(watch.hosts.items()) if (v := getattr(h, attr)) is not None}
