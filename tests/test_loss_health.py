@@ -24,10 +24,9 @@ from pipeline.observe.watch import ActionKind, Observation, Situation
 from pipeline.state.events import EventKind
 from pipeline.state.incidents import IncidentKind
 from pipeline.verdict import Verdict
-from tests.fixtures.dflash import SMALLEST, dflash_job
+from tests.fixtures.dflash import DFLASH, SMALLEST, dflash_job
+from tests.test_dflash import load_module
 from tests.test_watch import T0, Harness, job_cfg, open_harness, run_cycles, until
-
-sys_path_dflash = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
 
 
 def _line(step: int, loss: object, rank: int = 1, **extra: object) -> bytes:
@@ -192,13 +191,7 @@ def test_a_loss_alert_says_nan_and_offers_the_rollback_and_its_resolution_says_h
 
 def test_the_pipeline_fault_flags_are_checked() -> None:
     """--nan-at-step and --loss-spike-at-step plan as asked (+N after the resume); bad values are named."""
-    import sys
-
-    sys.path.insert(0, str(sys_path_dflash))
-    try:
-        import faults  # the pipeline's own module (standard library only)
-    finally:
-        sys.path.remove(str(sys_path_dflash))
+    faults = load_module(DFLASH / "faults.py", "dflash_faults")
 
     def plan(*argv: str, resume: int = 0) -> dict[str, object]:
         p = argparse.ArgumentParser()
