@@ -44,7 +44,8 @@ ALERT_FIELD_LABELS = MappingProxyType(
         "auto": "automatic restarts",
     }
 )
-#: a new alert's headline by incident kind (fields: job, host, procs, expected, idle; else kind)
+#: a new alert's headline by incident kind (fields: job, host, procs, expected, idle, and for a
+#: loss incident loss, rank, step; else kind)
 ALERT_TITLES = {
     IncidentKind.DEAD: "{job} is down: no processes left on {host} (expected {expected})",
     IncidentKind.DEGRADED: "{job} is degraded: {procs} processes on {host}",
@@ -53,6 +54,8 @@ ALERT_TITLES = {
     IncidentKind.UNREACHABLE: "host {host} unreachable - cannot check {job}",
     IncidentKind.CRASH_LOOP: "{job} is crash-looping on {host} - automatic restarts given up",
     IncidentKind.IDLE_GPUS: "{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working",
+    IncidentKind.LOSS_NAN: "{job} is training on garbage: its loss is {loss} on rank {rank} since step {step}",
+    IncidentKind.LOSS_SPIKE: "{job}'s loss spiked: {loss} on rank {rank} since step {step}",
 }
 #: how a resolved incident's headline says what the job was, by incident kind (else "was KIND")
 ALERT_WAS = {
@@ -60,6 +63,8 @@ ALERT_WAS = {
     "stuck_rank": "had a stuck rank",
     "crash_loop": "was crash-looping",
     "idle_gpus": "had idle GPUs",
+    "loss_nan": "had a NaN or infinite loss",
+    "loss_spike": "had a loss spike",
 }
 #: the label of a failed run's show-log button
 SHOW_LOG_BUTTON = "Show log"
@@ -433,7 +438,21 @@ def _resolved_how(i: Incident, open_for: float) -> str:
         return f"{after}: the host of {i.job} is reachable again"
     if i.kind is IncidentKind.IDLE_GPUS:
         return f"{after}: the GPUs of {i.job} are working again"
+    if i.kind in (IncidentKind.LOSS_NAN, IncidentKind.LOSS_SPIKE):
+        return f"{after}: the loss of {i.job} is healthy again"
     return f"{after}: {i.job} is running again ({i.count}/{i.expected} processes)"
+
+
+def loss_rollback(job: str, rollback_step: int | None, since: int | None) -> str:
+    """A loss alert's way back: the newest checkpoint before its trouble began (step ``since``)."""
+    if rollback_step is None:
+        return f"no checkpoint of {job} from before step {since} was found to roll back to"
+    return f"`restart {job} from step {rollback_step}` rolls back to checkpoint step {rollback_step}, the newest before step {since}"
+
+
+def loss_stopping(job: str, loss: str | None, answer: str) -> str:
+    """The thread note when a NaN loss stops the job (``on_loss_nan = "stop"``), with the dispatcher's answer."""
+    return f'stopping {job}: its loss is {loss or "NaN"} (on_loss_nan = "stop"): {answer}'
 
 
 def incident_reminder(job: str, kind: str, open_for: float) -> str:

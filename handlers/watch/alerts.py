@@ -111,10 +111,13 @@ def _title(i: Incident, config: Config, now: float) -> str:
     idle = f" for {fmt.duration(quiet)}" if quiet is not None else ""
     said = words.ALERT_TITLES.get(i.kind, "{job}: {kind} on {host}")
     procs, kind = f"{i.count}/{i.expected}", i.kind.value
-    return said.format(job=i.job, host=i.host, procs=procs, expected=i.expected, idle=idle, kind=kind)
+    loss = dict(loss=i.loss_value, rank=i.rank, step=i.loss_step)
+    return said.format(job=i.job, host=i.host, procs=procs, expected=i.expected, idle=idle, kind=kind, **loss)
 
 
-_SEVERE = (IncidentKind.DEAD, IncidentKind.CRASH_LOOP)  #: alerts shown as errors, the others as warnings
+#: alerts shown as errors (critical for the pager), the others as warnings
+_SEVERE = (IncidentKind.DEAD, IncidentKind.CRASH_LOOP, IncidentKind.LOSS_NAN)
+_LOSS = (IncidentKind.LOSS_NAN, IncidentKind.LOSS_SPIKE)
 
 
 def alert_reply(
@@ -138,6 +141,8 @@ def alert_reply(
         lines.insert(0, f"`ack {job}` to acknowledge, `watch {job} off for 2h` to pause watching")
         if incident.kind is IncidentKind.CRASH_LOOP:
             lines.append(words.crash_loop_gave_up(incident, policy))
+        if incident.kind in _LOSS:
+            lines.append(words.loss_rollback(job, incident.rollback_step, incident.loss_step))
         if incident.next_auto_at is not None:  # an automatic restart will follow
             delay, limit = fmt.duration(incident.next_auto_at - now), policy.max if policy else 0
             lines.append(f"automatic restart {incident.auto_restarts + 1}/{limit} of {job} in {delay}")
@@ -236,6 +241,17 @@ def changed_reply(incident: Incident, previous: IncidentKind) -> Reply:
         lines=(words.alert_detected_cause(incident.cause),) if incident.cause else (),
         log=incident.log or None,
         thread_key=incident.thread_key,
+    )
+
+
+def loss_stop_reply(incident: Incident, answer: Reply) -> Reply:
+    """The thread note when a NaN loss stops the job (``on_loss_nan = "stop"``), with the dispatcher's answer."""
+    return Reply(
+        title=words.loss_stopping(incident.job, incident.loss_value, answer.title),
+        status=Status.WARNING,
+        lines=(words.loss_rollback(incident.job, incident.rollback_step, incident.loss_step),),
+        thread_key=incident.thread_key,
+        run_id=answer.run_id,
     )
 
 
@@ -585,7 +601,13 @@ def story_reply(story: Story, members: Sequence[Told], config: Config, *, now: f
             ago = f"last seen {fmt.duration(now - seen)} ago" if seen is not None else "never seen"
             lines.append(f"{inc.job}: {inc.count}/{inc.expected} processes, {ago}")
     else:  # 60 jobs need attention on 6 hosts: 58 down, 2 degraded
-        said = {"dead": "down", "stuck_rank": "with a stuck rank", "crash_loop": "crash-looping"}
+        said = {
+            "dead": "down",
+            "stuck_rank": "with a stuck rank",
+            "crash_loop": "crash-looping",
+            "loss_nan": "with a NaN loss",
+            "loss_spike": "with a loss spike",
+        }
         parts = ", ".join(f"{n} {said.get(kind, kind)}" for kind, n in _kinds(incidents).most_common())
         hosts = len({inc.host for inc in incidents})
         where = f"{hosts} hosts" if hosts != 1 else "1 host"

@@ -7,8 +7,10 @@ its transitions, each a compare-and-set in Redis *before* its post, so of two pr
 the same thing only one posts.  An unreachable host is confirmed over a fresh connection before it
 is reported.  Alerts are ``incident:JOB:N`` headlines; reminders, changes, automatic restarts and
 resolutions go in their thread, many at once told as one story (:mod:`handlers.watch.alerts`).  Events:
-ALERT, RESOLVED, RESTART.  Automatic restarts go through a dispatcher of the watcher's own (locked,
-posted, audited) as :data:`~handlers.request.auth.SYSTEM_USER`.
+ALERT, RESOLVED, RESTART.  Automatic restarts, and the stop of a job whose loss went NaN under
+``on_loss_nan = "stop"``, go through a dispatcher of the watcher's own (locked, posted, audited) as
+:data:`~handlers.request.auth.SYSTEM_USER`.  A loss incident names the checkpoint to roll back to
+(:func:`pipeline.observe.loss.checkpoint_before`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from handlers.watch.alerts import (
     auto_restart_reply,
     changed_reply,
     give_up_reply,
+    loss_stop_reply,
     pager_alert,
 )
 from handlers.watch.evidence import check_crash, post_hang_evidence, refusal, with_crash
@@ -45,6 +48,7 @@ from pipeline.observe.attempts import crash_words
 from pipeline.observe.crashes import detect_cause
 from pipeline.observe.evidence import ended
 from pipeline.observe.idle import read_watched
+from pipeline.observe.loss import checkpoint_before
 from pipeline.observe.watch import (
     DEFAULT_REMIND_EVERY,
     Action,
@@ -267,7 +271,7 @@ class Watcher:
         current = view.incident
         for action in decision.actions:
             if action.kind is ActionKind.OPEN:
-                inc = await self._with_log(action.incident)
+                inc = await self._with_rollback(await self._with_log(action.incident))
                 latest = view.latest
                 if latest is not None and latest.action in ("start", "restart"):
                     inc = inc.model_copy(update={"last_actor": latest.requested_by})
@@ -289,6 +293,9 @@ class Watcher:
                 current = None
                 rnd.resolved.append(Told(done, channel, now))
                 await self._event(EventKind.RESOLVED, done, after_s=round(now - done.opened_at, 3))
+            elif action.kind is ActionKind.STOP:
+                if current is not None:  # after the alert's post: the stop's note goes in its thread
+                    rnd.later.append(functools.partial(self._stop, current, channel))
             else:
                 if current is None:
                     return
@@ -298,7 +305,7 @@ class Watcher:
                         decision = dataclasses.replace(decision, incident=action.incident)
                 new = action.incident
                 if action.kind is ActionKind.CHANGE and new.kind is not IncidentKind.UNREACHABLE:
-                    new = await self._with_log(new)
+                    new = await self._with_rollback(await self._with_log(new))
                 else:
                     new = new.model_copy(update={"log": current.log, "cause": current.cause})
                 new = new.model_copy(update={"last_actor": current.last_actor})  # set when it opened
@@ -344,6 +351,27 @@ class Watcher:
             )
             await ctx.outbox.thread(inc.thread_key, auto_restart_reply(inc, ctx.config, answer), channel)
 
+    async def _stop(self, inc: Incident, channel: str | None) -> None:
+        """``on_loss_nan = "stop"``: stop the job through the run service as the system user (a
+        ``stop`` run, locked, recorded, audited and announced), and say so in the incident's thread."""
+        asked = Request(f"stop {inc.job}", SYSTEM_USER, channel=channel, surface=SYSTEM_SURFACE)
+        answer = await self.restarts.handle(asked)
+        await about(self.ctx, inc, channel, loss_stop_reply(inc, answer))
+
+    async def _with_rollback(self, inc: Incident) -> Incident:
+        """A loss incident with the checkpoint to roll back to (the newest before its trouble
+        began); as it is when the host cannot say (logged)."""
+        if inc.kind not in (IncidentKind.LOSS_NAN, IncidentKind.LOSS_SPIKE) or inc.loss_step is None:
+            return inc
+        try:
+            step = await checkpoint_before(
+                self.ctx.ssh, inc.job, self.ctx.config.jobs[inc.job], inc.loss_step
+            )
+        except PitstopError as exc:
+            log.info("watch %s: no checkpoint to roll back to: %s", inc.job, exc.message)
+            return inc
+        return inc.model_copy(update={"rollback_step": step})
+
     async def _gate(self, action: Action) -> Action:
         """An automatic restart about to fire, unless the latest crash is not to be retried, or the
         last ``no_progress_after`` attempts died without progress (:mod:`pipeline.runs.attempts`): then
@@ -384,7 +412,13 @@ class Watcher:
             except PitstopError as exc:
                 log.info("watch %s: no log tail: %s", name, exc.message)
                 return inc
-        kept = inc.kind in (IncidentKind.STUCK_RANK, IncidentKind.IDLE_GPUS)  # the watcher's own cause line
+        # the watcher's own cause line
+        kept = inc.kind in (
+            IncidentKind.STUCK_RANK,
+            IncidentKind.IDLE_GPUS,
+            IncidentKind.LOSS_NAN,
+            IncidentKind.LOSS_SPIKE,
+        )
         cause = inc.cause if kept else detect_cause(tail)
         if inc.kind is IncidentKind.DEGRADED and sight is not None and sight.detail:
             cause = sight.detail  # where the engine saw the count fall short (a node short of tasks)
@@ -409,4 +443,10 @@ class Watcher:
 
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what
 #: its alert told stays with it
-_TOLD = ("log", "cause", "exit_cause", *(f for f in Incident.model_fields if f.startswith("crash_")))
+_TOLD = (
+    "log",
+    "cause",
+    "exit_cause",
+    "rollback_step",
+    *(f for f in Incident.model_fields if f.startswith("crash_")),
+)

@@ -204,6 +204,13 @@ class WatchSettings(_Model):
     #: a job GPU under this utilisation (percent) for ``idle_gpu_for`` → an ``idle_gpus`` incident
     idle_gpu_below: float | None = Field(default=None, gt=0, le=100)
     idle_gpu_for: Seconds | None = None  #: seconds; both idle keys set, or neither (off)
+    #: a loss above this many times its rolling median (over ``loss_window`` steps) for
+    #: ``loss_spike_steps`` steps → a ``loss_spike`` incident (:mod:`pipeline.observe.loss`)
+    loss_spike: float = Field(default=3.0, gt=1)
+    loss_window: int = Field(default=200, ge=2)  #: steps whose losses make the rolling median
+    loss_spike_steps: int = Field(default=20, ge=1)  #: steps a spike lasts before it is an incident
+    #: a NaN or infinite loss (``loss_nan``): ``alert`` only, or ``stop`` the job too (no GPU hours on garbage)
+    on_loss_nan: Literal["alert", "stop"] = "alert"
 
     @model_validator(mode="after")
     def _idle_pair(self) -> WatchSettings:

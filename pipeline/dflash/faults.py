@@ -18,6 +18,13 @@ failure does, printing what the real failure prints:
 time after each step): a bad patch or a degraded GPU, as throughput shows it while every process
 is alive.  One slow drafter slows them all (they all-reduce at every step boundary).
 
+``--nan-at-step S``: from its step S on, every drafter reports its loss as NaN (JSON ``NaN``), as a
+run whose weights went NaN does; the training itself goes on unchanged (only the reported value).
+
+``--loss-spike-at-step S [--loss-spike-factor F] [--loss-spike-for N]``: from step S, every drafter
+reports its loss F times as high (default 10), for N steps (default: for good), then its true loss
+again: a loss spike, and with ``--loss-spike-for`` its recovery.
+
 ``--step-time S``: every drafter holds each of its training steps to S seconds (it sleeps out what
 the step left of them; a step that took longer is not made up for): a steady pace on a CPU shared
 with other work, so the drafters' rate and the ETA a digest shows are known in advance (1/S steps/s,
@@ -63,12 +70,20 @@ def add_arguments(p: Any) -> None:
     p.add_argument(
         "--step-time", type=float, default=None, help="seconds each drafter step is held to (a steady pace)"
     )
+    p.add_argument("--nan-at-step", default=None, help="the step from which the loss reported is NaN (+N)")
+    p.add_argument(
+        "--loss-spike-at-step", default=None, help="the step from which the loss reported spikes (+N)"
+    )
+    p.add_argument("--loss-spike-factor", type=float, default=None, help="times the true loss (default 10)")
+    p.add_argument(
+        "--loss-spike-for", type=int, default=None, help="steps the spike lasts (default: for good)"
+    )
 
 
 def plan(args: Any, world: int, resume_step: int = 0) -> dict[str, Any]:
     """The faults asked for on the command line, checked: ``{"hang": (rank, step) | None, "crash": …}``,
-    ``"slow": (rank | None, step, factor)`` when a slowdown is asked for and ``"pace": seconds``
-    when a step time is.
+    ``"slow": (rank | None, step, factor)`` when a slowdown is asked for, ``"pace": seconds``
+    when a step time is, ``"nan": step`` and ``"spike": (step, factor, steps | None)`` when asked for.
 
     A step written ``+N`` counts from the step the run resumes at (``resume_step + N``).
 
@@ -106,6 +121,22 @@ def plan(args: Any, world: int, resume_step: int = 0) -> dict[str, Any]:
         if not pace > 0:
             raise SystemExit(f"--step-time {pace}: seconds per step, more than 0")
         out["pace"] = pace
+    if getattr(args, "nan_at_step", None) is not None:
+        out["nan"] = _first_step(_step(args.nan_at_step, resume_step, "--nan"), "--nan")
+    spike = (getattr(args, "loss_spike_factor", None), getattr(args, "loss_spike_for", None))
+    if getattr(args, "loss_spike_at_step", None) is None:
+        if any(v is not None for v in spike):
+            raise SystemExit("--loss-spike-factor and --loss-spike-for go with --loss-spike-at-step")
+    else:
+        at = _first_step(_step(args.loss_spike_at_step, resume_step, "--loss-spike"), "--loss-spike")
+        factor = 10.0 if spike[0] is None else spike[0]
+        if not factor > 1.0:
+            raise SystemExit(
+                f"--loss-spike-factor {factor}: more than 1 (10: the loss reported 10 times as high)"
+            )
+        if spike[1] is not None and spike[1] < 1:
+            raise SystemExit(f"--loss-spike-for {spike[1]}: steps, 1 or more")
+        out["spike"] = (at, factor, spike[1])
     return out
 
 
@@ -121,9 +152,25 @@ def _step(text: str, resume_step: int, flag: str) -> int:
 def _checked(rank: int, step: int, world: int, flag: str) -> tuple[int, int]:
     if not 0 <= rank < world:
         raise SystemExit(f"{flag}-rank {rank}: ranks are 0..{world - 1}")
+    return rank, _first_step(step, flag)
+
+
+def _first_step(step: int, flag: str) -> int:
     if step < 1:
         raise SystemExit(f"{flag}-at-step {step}: steps start at 1")
-    return rank, step
+    return step
+
+
+def reported_loss(spec: dict[str, Any], step: int, loss: float) -> float:
+    """The loss a drafter reports for ``step``: NaN from ``--nan-at-step`` on, times
+    ``--loss-spike-factor`` during a spike, else ``loss`` itself (see the module docstring)."""
+    found = spec.get("faults", {})
+    if found.get("nan") is not None and step >= found["nan"]:
+        return float("nan")
+    spike = found.get("spike")
+    if spike and step >= spike[0] and (spike[2] is None or step < spike[0] + spike[2]):
+        return round(loss * spike[1], 6)
+    return loss
 
 
 def crash_if_due(spec: dict[str, Any], log: Any, step: int) -> None:

@@ -456,7 +456,8 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
                 labels.flatten(),
                 cfg["topk_chunk"],
             )
-            log.metric(meter.record(step, q, {"loss": round(loss.item(), 6), **acc}))
+            reported = faults.reported_loss(spec, step, round(loss.item(), 6))
+            log.metric(meter.record(step, q, {"loss": reported, **acc}))
         every = spec["checkpoint_every"]
         if spec["role_rank"] == 0 and spec["checkpoint_dir"] and every and step % every == 0:
             _save_checkpoint(spec, model, opt, step)

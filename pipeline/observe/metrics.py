@@ -10,7 +10,9 @@
   and rank 0 when absent; ``"1,234"``, ``"2.5e3"``, and for ``ts`` ISO 8601 times, UTC when naive).
 
 Parsing never raises on log content: a value of the wrong type (``NaN``, ``true``, a string where
-a number belongs) is read as ``None``, never 0.  JSON is decoded with orjson (a line it refuses by
+a number belongs) is read as ``None``, never 0; a ``loss`` that is NaN or infinite (JSON ``NaN``,
+``Infinity``, the strings ``"nan"``, ``"inf"``) is kept aside as ``loss_not_finite`` (the loss-health
+rule's, :mod:`pipeline.observe.loss`).  JSON is decoded with orjson (a line it refuses by
 the standard library, which reads the same); ``bench/digest.py`` measures both paths.
 """
 
@@ -70,6 +72,8 @@ class MetricLine(NamedTuple):
     top8: float | None = None
     samples_per_s: float | None = None  #: the rank's own rate in samples (a job that counts no tokens)
     gpu_mem_bytes: int | None = None  #: peak GPU memory allocated by the rank
+    #: ``NaN``, ``Inf`` or ``-Inf`` when the line's ``loss`` was not finite (``loss`` is then None)
+    loss_not_finite: str | None = None
 
 
 def parse_number(value: Any) -> float | None:
@@ -87,6 +91,21 @@ def parse_number(value: Any) -> float | None:
     except (ValueError, OverflowError):  # "+", ".", an integer beyond a float
         return None
     return out if math.isfinite(out) else None
+
+
+_NOT_FINITE = re.compile(r"^([+-]?)(nan|inf|infinity)$", re.IGNORECASE)
+
+
+def not_finite(value: Any) -> str | None:
+    """``NaN``, ``Inf`` or ``-Inf`` for a float or string that is NaN or infinite (``NaN``,
+    ``Infinity`` as Python's json writes them, ``"nan"``, ``"-inf"``), else None."""
+    if type(value) is float:
+        return (
+            None if math.isfinite(value) else "NaN" if math.isnan(value) else "Inf" if value > 0 else "-Inf"
+        )
+    if type(value) is str and (m := _NOT_FINITE.match(value.strip())):
+        return "NaN" if m.group(2).lower() == "nan" else f"{'-' if m.group(1) == '-' else ''}Inf"
+    return None
 
 
 def _int(value: Any) -> int | None:
@@ -122,6 +141,7 @@ def _record(raw: dict[str, Any], default_role: str | None) -> MetricLine | None:
             device if type(device) is str and device else None,
             *(parse_number(raw.get(key)) for key in _FLOAT_KEYS),
             _int(raw.get("gpu_mem_bytes")),
+            not_finite(raw.get("loss")),
         ]
     )
 
@@ -144,8 +164,10 @@ def _json_line(line: bytes, loads: Callable[[bytes], Any]) -> MetricLine | None:
 
 
 def _generic(raw: dict[str, Any]) -> bool:
-    """Whether a JSON object without ``role`` is a metric line: a ``step`` and a rate or loss."""
-    return _int(raw.get("step")) is not None and any(parse_number(raw.get(k)) is not None for k in RATE_KEYS)
+    """Whether a JSON object without ``role`` is a metric line: a ``step`` and a rate or loss (a NaN
+    loss too)."""
+    rated = any(parse_number(raw.get(k)) is not None for k in RATE_KEYS) or not_finite(raw.get("loss"))
+    return _int(raw.get("step")) is not None and bool(rated)
 
 
 def parse_jsonl(data: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> list[MetricLine]:

@@ -13,12 +13,16 @@ blocked in a collective or on a full queue; older logs name the role ``rank_role
   since, while another rank advanced within that time or waits → **stuck** (``stuck_rank``);
 - no rank advanced for ``stall_after`` s and none is stuck → the job is **frozen** (``stalled``:
   a log that keeps growing with warnings or wait reports is not progress).
+
+The same lines feed the ranks' losses (:mod:`pipeline.observe.loss`): :func:`judge_many` reports
+their trouble, if any, with the judgement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -32,6 +36,7 @@ from pipeline.errors import PitstopError
 from pipeline.host.contract import LogRead
 from pipeline.host.probe import JobProbe, LogChunk, read_log_chunk
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.loss import LossState, LossTrouble, trouble
 from pipeline.observe.metrics import MAX_READ, parse_metric_lines, percentile
 from pipeline.state.incidents import IncidentStore
 
@@ -64,13 +69,15 @@ class ProgressState(BaseModel):
     inode: int | None = None
     ranks: dict[str, RankState] = {}  #: keyed by rank as a string
     gaps: list[float] = []  #: recent seconds between a rank's advances (for the default threshold)
+    loss: LossState = LossState()  #: the ranks' losses (:mod:`pipeline.observe.loss`)
 
     def ingest(self, data: bytes, job: JobConfig, now: float) -> ProgressState:
         """The copy with the metric log's new bytes folded in (complete lines only; the caller
         keeps the offset), read at ``now`` (Pitstop's clock, unix s)."""
         ranks = {k: v.model_copy() for k, v in self.ranks.items()}
         gaps = list(self.gaps)
-        for line in parse_metric_lines(data, job.metrics):
+        lines = parse_metric_lines(data, job.metrics)
+        for line in lines:
             if line.step is None:
                 continue
             if (r := ranks.get(key := str(line.rank))) is None:
@@ -91,7 +98,8 @@ class ProgressState(BaseModel):
                     role = str(rec.get("role") or rec.get("rank_role") or "worker")
                     r = ranks[key] = RankState(role=role, step=int(rec.get("step") or 0), advanced_at=now)
                 r.waiting_on = str(rec.get("on") or "?")
-        return self.model_copy(update={"ranks": ranks, "gaps": gaps[-GAPS_KEPT:]})
+        loss = self.loss.ingest(lines, job.watch)
+        return self.model_copy(update={"ranks": ranks, "gaps": gaps[-GAPS_KEPT:], "loss": loss})
 
 
 def _json_records(data: bytes) -> list[dict[str, Any]]:
@@ -123,6 +131,7 @@ class Judgement:
     stuck: tuple[StuckRank, ...] = ()  #: lowest rank first
     waiting: tuple[int, ...] = ()  #: ranks that report waiting
     frozen_for: float | None = None  #: seconds since any rank last advanced
+    loss: LossTrouble | None = None  #: what is wrong with the ranks' loss, if anything
 
 
 def rank_stall_threshold(job: JobConfig, gaps: Sequence[float]) -> float:
@@ -166,7 +175,7 @@ def fold(state: ProgressState, chunk: LogChunk, job: JobConfig, now: float) -> P
     lines only (a partial last line is read again); a log far behind skips to its last
     :data:`MAX_READ` bytes."""
     end = chunk.data.rfind(b"\n") + 1
-    base = ProgressState(run_pid=state.run_pid, gaps=state.gaps) if chunk.reset else state
+    base = ProgressState(run_pid=state.run_pid, gaps=state.gaps, loss=state.loss) if chunk.reset else state
     new = base.ingest(chunk.data[:end], job, now)
     # far behind (a long log first seen): only the recent lines matter
     offset = max(chunk.offset - (len(chunk.data) - end), chunk.size - MAX_READ)
@@ -214,8 +223,8 @@ async def judge_many(
     planned: Planned,
     now: float,
 ) -> list[Judgement | None]:
-    """Each job's :class:`Judgement` after its probe (``probes``: by job name), in ``tracked``'s
-    order: the bytes the probe read (a job whose engine did not read them: read in a call of its
+    """Each job's :class:`Judgement` after its probe (``probes``: by job name), with its loss
+    trouble (:func:`pipeline.observe.loss.trouble`), in ``tracked``'s order: the bytes the probe read (a job whose engine did not read them: read in a call of its
     own) folded into ``planned`` (:func:`plan_many`), every new state stored in one round trip.
     None for a job with no process, not seen, or whose metric log could not be read (logged)."""
 
@@ -239,6 +248,10 @@ async def judge_many(
     states = {t.name: fold(planned[t.name][0], chunk, t.job, now) for t, chunk in chunks if chunk is not None}
     await store.save_progress({name: state.model_dump_json() for name, state in states.items()})
     return [
-        judge(st, now, rank_stall_threshold(t.job, st.gaps)) if (st := states.get(t.name)) else None
+        dataclasses.replace(
+            judge(st, now, rank_stall_threshold(t.job, st.gaps)), loss=trouble(st.loss, t.job.watch)
+        )
+        if (st := states.get(t.name))
+        else None
         for t in tracked
     ]

@@ -15,6 +15,11 @@ Conditions, in precedence order (``stuck_rank``, ``stalled`` and ``idle_gpus`` n
 - ``degraded``: fewer than ``processes`` (but some) for ``degraded_after`` s;
 - ``stuck_rank``: :mod:`pipeline.observe.progress`'s stuck rank;
 - ``stalled``: no rank's step advanced for ``stall_after`` s (a log without steps: no new bytes);
+- ``loss_nan``: a rank logged a NaN or infinite loss; with ``on_loss_nan = "stop"`` the job is
+  stopped too (a ``stop`` action after the alert);
+- ``loss_spike``: a rank's loss stayed above ``loss_spike`` × its rolling median for
+  ``loss_spike_steps`` steps (both: :mod:`pipeline.observe.loss`; an open one stays while the
+  metric log cannot be read);
 - ``idle_gpus`` (opt-in): some GPUs under ``idle_gpu_below`` percent for ``idle_gpu_for`` s
   (:mod:`pipeline.observe.idle`);
 - ``crash_loop``: dead again after ``auto_restart.max`` automatic restarts within ``within``.
@@ -29,6 +34,7 @@ from typing import Any
 from pipeline.config import JobConfig
 from pipeline.config.jobs import WatchSettings
 from pipeline.observe.idle import GpuReading, idle_facts, idle_since
+from pipeline.observe.loss import loss_facts
 from pipeline.observe.progress import Judgement, stuck_facts
 from pipeline.state.incidents import Incident, IncidentKind, WatchState
 
@@ -44,6 +50,7 @@ class ActionKind(StrEnum):
     RESOLVE = "resolve"  #: the job is healthy again (or was stopped on purpose)
     AUTO_RESTART = "auto_restart"  #: restart the job through the locked sequence
     GIVE_UP = "give_up"  #: crash loop: no more automatic restarts
+    STOP = "stop"  #: stop the job (a NaN loss under ``on_loss_nan = "stop"``)
 
 
 @dataclass(frozen=True)
@@ -127,7 +134,7 @@ def assess(
     def opened(kind: IncidentKind, **facts: Any) -> Decision:
         new = Incident(job=job, host=cfg.host, kind=kind, opened_at=now, notified_at=now, **facts)
         new = _plan_auto_restart(new, cfg, situation, now)
-        return done(new, kind, Action(ActionKind.OPEN, new))
+        return done(new, kind, Action(ActionKind.OPEN, new), *_stop(new, w.on_loss_nan))
 
     if not obs.reachable:
         since = state.unreachable_since if state.unreachable_since is not None else now
@@ -176,6 +183,10 @@ def assess(
     # GPUs not read this cycle (nvidia-smi failed): an open idle incident stays as it is
     unread = w.idle_gpu_below is not None and obs.gpus is None and bool(st.idle_gpus_since)
     kept = unread and incident is not None and incident.kind is IncidentKind.IDLE_GPUS
+    # the metric log not read this cycle: an open loss incident stays as it is
+    loss = obs.progress.loss if obs.progress is not None else None
+    losing = incident is not None and incident.kind in _LOSS and obs.progress is None
+    loss_kind = loss.kind if loss is not None else incident.kind if incident is not None and losing else None
     # the ranks' steps (not while warming up), else the log's bytes (:mod:`pipeline.observe.progress`)
     silent = now - (st.progress_at or now) if steps is None else 0.0 if warming else steps.frozen_for or 0.0
     degraded = st.degraded_since is not None and now - st.degraded_since >= w.degraded_after
@@ -184,6 +195,8 @@ def assess(
         (degraded, IncidentKind.DEGRADED),
         (not warming and steps is not None and bool(steps.stuck), IncidentKind.STUCK_RANK),
         (silent >= w.stall_after, IncidentKind.STALLED),
+        (loss_kind is IncidentKind.LOSS_NAN, IncidentKind.LOSS_NAN),
+        (loss_kind is IncidentKind.LOSS_SPIKE, IncidentKind.LOSS_SPIKE),
         (bool(idle) or kept, IncidentKind.IDLE_GPUS),
         (obs.count < cfg.processes, "pending"),
     )
@@ -194,6 +207,8 @@ def assess(
     facts.update({"cause": obs.detail} if obs.detail else {})
     if condition is IncidentKind.STUCK_RANK and steps is not None:
         facts.update(stuck_facts(steps, cfg.host))
+    if condition in _LOSS and loss is not None:
+        facts.update(loss_facts(loss, w))
     if condition is IncidentKind.IDLE_GPUS and obs.gpus and w.idle_gpu_below is not None:
         facts.update(idle_facts(idle, len(obs.gpus), st.idle_gpus_since or {}, w.idle_gpu_below, now))
     if incident is None:
@@ -208,7 +223,8 @@ def assess(
     if condition is not current:
         changed = incident.model_copy(update={"kind": condition, "changed_at": now, **facts})
         changed = _plan_auto_restart(changed, cfg, situation, now)
-        return done(changed, condition, Action(ActionKind.CHANGE, changed, previous=current))
+        change = Action(ActionKind.CHANGE, changed, previous=current)
+        return done(changed, condition, change, *_stop(changed, w.on_loss_nan))
 
     # the same condition persists: maybe restart automatically, maybe remind
     if condition is IncidentKind.DEAD and w.auto_restart is not None and not incident.gave_up:
@@ -223,6 +239,15 @@ def assess(
             )
             return done(fired, condition, Action(ActionKind.AUTO_RESTART, fired))
     return remind(incident, condition)
+
+
+_LOSS = (IncidentKind.LOSS_NAN, IncidentKind.LOSS_SPIKE)
+
+
+def _stop(incident: Incident, policy: str) -> tuple[Action, ...]:
+    """The stop that follows a ``loss_nan`` incident's alert under ``on_loss_nan = "stop"``."""
+    wanted = incident.kind is IncidentKind.LOSS_NAN and policy == "stop"
+    return (Action(ActionKind.STOP, incident),) if wanted else ()
 
 
 def _idle_gpus(st: WatchState, w: WatchSettings, obs: Observation, warming: bool) -> list[GpuReading]:

@@ -36,6 +36,8 @@ class IncidentKind(StrEnum):
     UNREACHABLE = "unreachable"
     CRASH_LOOP = "crash_loop"
     IDLE_GPUS = "idle_gpus"  #: a running job's GPUs under ``idle_gpu_below`` for ``idle_gpu_for``
+    LOSS_NAN = "loss_nan"  #: a rank logged a NaN or infinite loss (:mod:`pipeline.observe.loss`)
+    LOSS_SPIKE = "loss_spike"  #: a rank's loss stayed above ``loss_spike`` × its rolling median
 
 
 class _Stored(BaseModel):
@@ -100,7 +102,9 @@ class Incident(_Stored):
     gave_up: bool = False
     resolved_at: float | None = None
     resolution: str | None = None  #: why it resolved: running | stopped | reachable
-    rank: int | None = None  #: a stuck rank: its global rank, role, last step and pid
+    rank: int | None = (
+        None  #: a stuck rank (or a loss incident's rank): its global rank, role, last step and pid
+    )
     rank_role: str | None = None
     rank_step: int | None = None
     rank_pid: int | None = None
@@ -112,6 +116,10 @@ class Incident(_Stored):
     crash_rank: int | None = None
     crash_step: int | None = None
     no_auto: str | None = None  #: why no automatic restart follows (the give-up alert's text)
+    loss_value: str | None = None  #: a loss incident: the loss shown (``NaN``, ``Inf``, ``41.3``)
+    loss_step: int | None = None  #: the first step of its trouble
+    #: the newest checkpoint step before ``loss_step`` (:func:`pipeline.observe.loss.checkpoint_before`)
+    rollback_step: int | None = None
     idle_gpus: str | None = None  #: idle GPUs: their indices, comma-separated (``cause`` names them)
     story: str | None = None  #: the outbox key of the grouped post it was told in (an alert storm), if any
     paged: bool = (
