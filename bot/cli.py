@@ -16,6 +16,7 @@ from typing import Any
 
 from bot.runtime import settings as settings_mod
 from bot.runtime.settings import ADMIN_HOST, ADMIN_PORT, PUBLIC_HOST, PUBLIC_PORT
+from bot.slack.blocks import plain
 from bot.text import bad_env, config_summary, config_warning, missing_env, socket_has_no_public_listener
 from pipeline.config import (
     HEARTBEAT_URL_RULE,
@@ -158,16 +159,20 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         return parse_main(config, args.text)
     if verb in ("say", "console"):
         from bot.console.identity import cli_identity  # lazy: as above
+        from bot.console.words import TerminalNames  # lazy: as above
 
         who = cli_identity(config, env.os_user, args.user or env.user)
+        names = TerminalNames.from_settings(env)
     if verb == "say":
         from bot.console.say import say_main  # lazy: as above
 
-        return run_async(lambda: say_main(config, args.text, who=who, wait=args.wait, as_json=args.as_json))
+        return run_async(
+            lambda: say_main(config, args.text, who=who, wait=args.wait, as_json=args.as_json, names=names)
+        )
     if verb == "console":
         from bot.console.chat import run_console  # lazy: as above
 
-        return run_async(lambda: run_console(config, who=who))
+        return run_async(lambda: run_console(config, who=who, names=names))
     if verb == "serve":
         return _serve(args, env, config)
     if verb == "check-slack":
@@ -270,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args, env)
     except PitstopError as exc:
-        print(exc.message, file=sys.stderr)
+        print(plain(exc.message), file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return int(ExitCode.CANCELLED)
