@@ -233,7 +233,9 @@ async def test_console_at_end_of_input_waits_for_its_runs_verdict_before_bye(
     config = slack_config(setup.config, redis_config, admins=("U0ADMIN",))
     console = _console()
     try:
-        code = await run_console(config, who=CliIdentity("U0ADMIN", "tester"), lines=[f"start {setup.name}"], console=console)
+        code = await run_console(
+            config, who=CliIdentity("U0ADMIN", "tester"), lines=[f"start {setup.name}"], console=console
+        )
         ctx = await build_context(config, ConsoleOutbox(_console()))
         try:
             run = await ctx.runs.get("r-1")
@@ -258,7 +260,9 @@ async def test_console_says_when_its_user_is_in_no_role(
     config = slack_config(setup.config, redis_config, operators=(), admins=("U0ADMIN",))
     config = config.model_copy(update={"auth": AuthSettings(admins=["U0ADMIN"])})
     outsider, admin = _console(), _console()
-    assert await run_console(config, who=CliIdentity("console", "tester"), lines=["help"], console=outsider) == 0
+    assert (
+        await run_console(config, who=CliIdentity("console", "tester"), lines=["help"], console=outsider) == 0
+    )
     assert await run_console(config, who=CliIdentity("U0ADMIN", "tester"), lines=["help"], console=admin) == 0
     said = outsider.export_text()
     assert said.splitlines()[0].startswith(console_no_role("console")[:40])
