@@ -1,4 +1,5 @@
-"""The ``pitstop`` command: ``demo | console | serve | say | parse | check-config | check-slack | trust-host``.
+"""The ``pitstop`` command: ``demo | console | serve | say | parse | init | check-config | check-slack |
+trust-host``.
 
 Exit codes are :class:`pipeline.errors.ExitCode`'s (README); errors are one line on stderr.
 """
@@ -12,10 +13,13 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
+from bot.console.init import DEFAULT_OUT, InitRequest, check_config, init_main
 from bot.runtime import settings as settings_mod
 from bot.runtime.settings import ADMIN_HOST, ADMIN_PORT, PUBLIC_HOST, PUBLIC_PORT
+from bot.slack.blocks import plain
 from bot.text import bad_env, config_summary, config_warning, missing_env, socket_has_no_public_listener
 from pipeline.config import (
     HEARTBEAT_URL_RULE,
@@ -81,6 +85,58 @@ def _parser() -> argparse.ArgumentParser:
     parse = sub.add_parser("parse", parents=[common], help="print the command TEXT parses to, as JSON")
     parse.add_argument("text", metavar="TEXT")
 
+    init = sub.add_parser(
+        "init",
+        help="write a commented config for one host and one job, checked (then: trust-host, say, serve)",
+    )
+    init.add_argument(
+        "--host", required=True, metavar="ADDRESS", help="the GPU host's address (gpu1.example.com)"
+    )
+    init.add_argument("--user", metavar="USER", help="SSH user on the host (default: the local user)")
+    init.add_argument("--port", type=int, default=22, help="the host's sshd port (default 22)")
+    init.add_argument(
+        "--name", metavar="NAME", help="the host's name in the config (default: ADDRESS's first label)"
+    )
+    init.add_argument("--job", required=True, metavar="JOB", help="the job's name (tj)")
+    init.add_argument(
+        "--launch",
+        required=True,
+        metavar="COMMAND",
+        help='its command line, run in WORKDIR ("python3 train.py")',
+    )
+    init.add_argument("--log", required=True, metavar="PATH", help="its training log on the host")
+    init.add_argument(
+        "--workdir", metavar="DIR", help="where it runs on the host (default: the log's directory)"
+    )
+    init.add_argument("--match", metavar="REGEX", help="its processes' command line (default: from --launch)")
+    init.add_argument("--processes", type=int, default=1, metavar="N", help="how many processes it runs (1)")
+    init.add_argument(
+        "--channel", metavar="CHANNEL_ID", help="the Slack channel (C…) its posts and alerts go to"
+    )
+    init.add_argument(
+        "--admin", metavar="USER_ID", help="your Slack user id (U…): an admin, and who this OS user acts as"
+    )
+    init.add_argument(
+        "--key", metavar="FILE", help="the private key to log in with (default: ssh-agent, ~/.ssh/id_*)"
+    )
+    init.add_argument(
+        "--known-hosts",
+        default="~/.ssh/known_hosts",
+        metavar="FILE",
+        help="pinned host keys (~/.ssh/known_hosts)",
+    )
+    init.add_argument(
+        "--state-dir", metavar="DIR", help="Pitstop's local state (default ~/.local/state/pitstop)"
+    )
+    init.add_argument(
+        "--redis", metavar="URL", help="a Redis URL (default: an embedded Redis under the state dir)"
+    )
+    init.add_argument(
+        "--out", default=str(DEFAULT_OUT), metavar="FILE", help=f"where to write ({DEFAULT_OUT})"
+    )
+    init.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    init.add_argument("-v", "--verbose", action="store_true", help="log debug detail to stderr")
+
     check = sub.add_parser("check-config", parents=[common], help="validate a config file")
     check.add_argument("file", nargs="?", metavar="FILE")
 
@@ -132,16 +188,11 @@ def run_async(
 
 def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     verb: str = args.verb
+    if verb == "init":
+        return init_main(_init_request(args, env), Path(args.out), force=args.force)
     if verb == "check-config":
         path = resolve_path(args.file or args.config, env.config_path)
-        config = load_config(path)
-        from pipeline.engines import ENGINES  # lazy: as below (the engines load SSH)
-        from pipeline.engines.base import check_engines
-
-        check_engines(config, ENGINES)
-        from pipeline.host.trust import HostKeys  # lazy: as above
-
-        HostKeys(config).check_client_keys()
+        config = check_config(path)
         redis = config.redis.url or f"embedded under {config.state.dir}"
         print(config_summary(str(path), len(config.hosts), len(config.jobs), mask_url(redis)))
         if unalerted := config.unalerted():  # `serve` refuses this config
@@ -158,16 +209,20 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
         return parse_main(config, args.text)
     if verb in ("say", "console"):
         from bot.console.identity import cli_identity  # lazy: as above
+        from bot.console.words import TerminalNames  # lazy: as above
 
         who = cli_identity(config, env.os_user, args.user or env.user)
+        names = TerminalNames.from_settings(env)
     if verb == "say":
         from bot.console.say import say_main  # lazy: as above
 
-        return run_async(lambda: say_main(config, args.text, who=who, wait=args.wait, as_json=args.as_json))
+        return run_async(
+            lambda: say_main(config, args.text, who=who, wait=args.wait, as_json=args.as_json, names=names)
+        )
     if verb == "console":
         from bot.console.chat import run_console  # lazy: as above
 
-        return run_async(lambda: run_console(config, who=who))
+        return run_async(lambda: run_console(config, who=who, names=names))
     if verb == "serve":
         return _serve(args, env, config)
     if verb == "check-slack":
@@ -178,6 +233,29 @@ def _dispatch(args: argparse.Namespace, env: settings_mod.Settings) -> int:
     if verb == "trust-host":
         return run_async(lambda: _trust_host(config, args.host, yes=args.yes))
     raise AssertionError(verb)  # argparse rejects unknown verbs
+
+
+def _init_request(args: argparse.Namespace, env: settings_mod.Settings) -> InitRequest:
+    """``pitstop init``'s flags as an :class:`InitRequest`, for the OS user running it."""
+    return InitRequest(
+        address=args.host,
+        job=args.job,
+        launch=args.launch,
+        log=args.log,
+        os_user=env.os_user,
+        port=args.port,
+        user=args.user,
+        workdir=args.workdir,
+        name=args.name,
+        match=args.match,
+        processes=args.processes,
+        channel=args.channel,
+        admin=args.admin,
+        key=args.key,
+        known_hosts=args.known_hosts,
+        state_dir=args.state_dir,
+        redis=args.redis,
+    )
 
 
 async def _trust_host(config: Config, host: str, *, yes: bool) -> int:
@@ -270,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args, env)
     except PitstopError as exc:
-        print(exc.message, file=sys.stderr)
+        print(plain(exc.message), file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return int(ExitCode.CANCELLED)

@@ -348,3 +348,119 @@ def host_key_added(host: str, known_hosts: str) -> str:
 def host_key_already(host: str, fingerprint: str, known_hosts: str) -> str:
     """``trust-host`` of a host whose key is already pinned."""
     return f"host {host}'s key {fingerprint} is already trusted in {known_hosts} - nothing to do"
+
+
+# --- pitstop init: a commented config for one host and one job
+
+#: the config ``pitstop init`` writes; ``{…}`` are TOML values (strings JSON-quoted) or whole lines
+INIT_CONFIG = """\
+# Pitstop configuration for job {job} on {address}, written by `pitstop init`.
+# Every key, with its default, is described in pitstop.example.toml. Check it with `pitstop check-config`.
+# Secrets never go here: SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET (or SLACK_APP_TOKEN) come from the
+# environment.
+
+[slack]
+# Channel id (C…) where restarts, alerts and digests are posted (right-click a channel → Copy link).
+# `pitstop serve` refuses to start without one: a dead job's alert would reach no one.
+{channel}
+
+[auth]
+# Immutable Slack user ids (U…) or user-group ids (S…), never display names; "*" is everyone.
+# Roles nest: admin ⊇ operator ⊇ viewer. operator: restart, start, stop, cancel, watch, ack;
+# viewer: status, logs, digest, history, follow, patches, lock, gpus, help.
+{admins}
+# operators = ["S0123456789"]
+viewers = ["*"]
+
+# Who `pitstop say` and `pitstop console` act as: the OS user running them (its uid; $USER is not
+# believed) → their Slack user id, which needs a role above. An OS user not listed is refused.
+{cli}
+
+[state]
+# Local state: the embedded Redis (unless [redis] url is set) and digest charts.
+{state}
+{redis}
+[hosts.{host}]
+# Address and port of the GPU host's sshd, and the SSH user (default: the local user).
+address = {address_value}
+port = {port}
+{user}
+# Pinned host keys: `pitstop trust-host {host}` shows the host's key fingerprint, as ssh does on first
+# contact, and adds it here once confirmed.
+known_hosts = {known_hosts}
+# Private keys to log in with (default: ssh-agent and ~/.ssh/id_*); check-config refuses a missing one.
+{client_keys}
+
+[jobs.{job}]
+host = {host_value}
+# Where the job runs on the host (a git checkout, if named patches are to apply).
+workdir = {workdir}
+# The launch argv, run in workdir, fully detached (new session, output appended to log).
+launch = {launch}
+# The training log on the host; never truncated.
+log = {log}
+# Regular expression searched in each process's full command line: the job's processes.
+match = {match}
+# How many matching processes a running job has.
+processes = {processes}
+# Seconds a launch must stay up to count as started; seconds from SIGTERM to SIGKILL on stop.
+start_window = 10
+stop_timeout = 30
+# Metric lines: JSON lines in the log, one per step, e.g.
+#   {{"step": 120, "tokens_per_s": 900.0, "loss": 1.93}}
+# A line with "step" and any of "tokens_per_s", "samples_per_s" or "loss" counts (optional: "rank",
+# "role", "ts" in Unix seconds); digests, progress and the steps a restart lost come from them.
+# Another format: metrics = {{ pattern = 'step (?P<step>\\d+) .* (?P<tokens_per_s>[0-9.]+) tok/s' }}
+metrics = "jsonl"
+"""
+INIT_NO_CHANNEL = '# announce_channel = "C0123456789"'
+INIT_NO_ADMIN = '# admins = ["U0123456789"]'
+INIT_STATE_DEFAULT = '# dir = "~/.local/state/pitstop"'
+INIT_NO_USER = '# user = "train"'
+
+
+def init_cli_unmapped(os_user: str) -> str:
+    """``[auth.cli]`` when ``pitstop init`` was given no admin id: the line to fill in."""
+    return f'# [auth.cli]\n# {os_user} = "U0123456789"'
+
+
+def init_no_client_key(path: str | None) -> str:
+    """``client_keys`` left commented: none given, or the given file is not there (yet)."""
+    if path is None:
+        return '# client_keys = ["~/.ssh/id_ed25519"]'
+    return f"# client_keys = [{path}]   # not found when this file was written: uncomment once it exists"
+
+
+def init_exists(path: str) -> str:
+    """``pitstop init`` would overwrite a file."""
+    return f"{path} exists - pass --force to overwrite it, or --out FILE to write another"
+
+
+def init_bad_launch(launch: str) -> str:
+    """``--launch`` that is no command."""
+    return (
+        f'--launch {launch!r} is not a command - give the program and its arguments, e.g. "python3 train.py"'
+    )
+
+
+def init_written(path: str, host: str, where: str, job: str) -> str:
+    """``pitstop init``'s first line: what it wrote, checked."""
+    return f"wrote {path}: host {host} ({where}), job {job} - checked as check-config does"
+
+
+def init_next_steps(host: str, job: str, config: str | None, serve_ready: bool) -> str:
+    """The commands that come after ``pitstop init`` (``config``: the ``--config`` to add, if any)."""
+    flag = f" --config {config}" if config else ""
+    steps = [
+        (f"pitstop trust-host {host}{flag}", "check the host's key fingerprint and pin it"),
+        (f"pitstop check-config{' ' + config if config else ''}", "check the file again after each edit"),
+        (f'pitstop say "start {job}" --wait{flag}', "start the job and wait for its verified verdict"),
+        (f"pitstop serve{flag}", "serve Slack (export SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET first)"),
+    ]
+    width = max(len(command) for command, _ in steps) + 3
+    lines = [f"  {command.ljust(width)}{why}" for command, why in steps]
+    if not serve_ready:
+        lines.append(
+            "  (set [slack] announce_channel first: serve refuses to start while alerts reach no one)"
+        )
+    return "next:\n" + "\n".join(lines)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
@@ -18,9 +18,10 @@ from rich.text import Text
 
 from bot.console.identity import CliIdentity
 from bot.console.say import Output, stdin_line
+from bot.console.words import TerminalNames
 from bot.runtime.assembly import build_context, close_context
 from bot.runtime.scheduler import PitstopScheduler
-from bot.slack.blocks import plain
+from bot.slack.blocks import plain, terminal
 from bot.text import (
     CONSOLE_BYE,
     CONSOLE_CONFIRM,
@@ -82,13 +83,14 @@ def prefixed(prefix: str, text: Text) -> Text:
 
 
 def render_title(reply: Reply) -> Text:
-    """The title in its status colour."""
-    return Text(plain(reply.title), style=STATUS_STYLE[reply.status])
+    """The title (in terminal words already: :func:`render` made them) in its status colour."""
+    return Text(reply.title, style=STATUS_STYLE[reply.status])
 
 
-def render_step(step: StepLine) -> Text:
-    """``✓ stop 2.1 s - 8 processes stopped``, coloured by outcome."""
-    return Text(plain(step.text()), style=STEP_STYLE.get(step.outcome, ""))
+def render_step(step: StepLine, names: Mapping[str, str] | None = None) -> Text:
+    """``✓ stop 2.1 s - 8 processes stopped``, coloured by outcome, in terminal words (``names``:
+    id → name, else ids)."""
+    return Text(plain(step.text(), names), style=STEP_STYLE.get(step.outcome, ""))
 
 
 def render_log(reply: Reply) -> Group:
@@ -103,23 +105,28 @@ def render_log(reply: Reply) -> Group:
     return Group(Rule(title, align="left", style="dim"), Text(body), Rule(style="dim"))
 
 
-def render(reply: Reply, prefix: str = "") -> RenderableType:
+def render(reply: Reply, prefix: str = "", names: Mapping[str, str] | None = None) -> RenderableType:
     """Everything in ``reply`` as rich renderables (the console counterpart of :mod:`bot.slack.blocks`),
-    ``prefix`` (the thread key, ``[run r-3]``) before the title."""
+    ``prefix`` (the thread key, ``[run r-3]``) before the title; in words for a terminal
+    (:func:`~bot.slack.blocks.terminal`: ``names``, id → name, else ids; never Slack's markup)."""
+    return _render(terminal(reply, names), prefix)
+
+
+def _render(reply: Reply, prefix: str = "") -> RenderableType:
     parts: list[RenderableType] = [prefixed(prefix, render_title(reply))]
     parts += [render_step(s) for s in reply.steps]
-    parts += [Text(plain(line)) for line in reply.lines]
+    parts += [Text(line) for line in reply.lines]
     if reply.fields:
         grid = RichTable.grid(padding=(0, 2))
         grid.add_column(style="bold")
         grid.add_column()
         for label, value in reply.fields:
-            grid.add_row(Text(plain(label)), Text(plain(value)))
+            grid.add_row(Text(label), Text(value))
         parts.append(grid)
     for table in reply.tables:
         rich_table = RichTable(*table.headers, show_edge=False, header_style="bold")
         for row in table.rows:
-            rich_table.add_row(*(Text(plain(c)) for c in row))
+            rich_table.add_row(*(Text(c) for c in row))
         parts.append(rich_table)
     if reply.log:
         parts.append(render_log(reply))
@@ -131,25 +138,28 @@ def render(reply: Reply, prefix: str = "") -> RenderableType:
         hints = "  ".join(console_button(b.label, b.action) for b in reply.buttons)
         parts.append(Text(hints, style="dim"))
     for follow in reply.follow_ups:
-        parts += [Text(""), render(follow)]
+        parts += [Text(""), _render(follow)]
     return Group(*parts)
 
 
 class ConsoleOutbox:
-    """:class:`~handlers.outbox.Outbox` for the terminal: team-visible posts printed as they come;
-    a later ``announce`` of a key prints only what changed (the live step list)."""
+    """:class:`~handlers.outbox.Outbox` for the terminal: team-visible posts printed as they come, in
+    terminal words (``names``: default ids); a later ``announce`` of a key prints only what changed
+    (the live step list)."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, names: TerminalNames | None = None) -> None:
         self.console = console
+        self.names = names or TerminalNames()
         self._shown: dict[str, Reply] = {}
 
     async def announce(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a headline, or the steps and title that changed since the last one for ``key``."""
         prefix = key_prefix(key)
+        reply = await self.names.reply(reply)
         before = self._shown.get(key)
         self._shown[key] = reply
         if before is None:
-            self.console.print(render(reply, prefix))
+            self.console.print(_render(reply, prefix))
             return
         seen = {s.label: s for s in before.steps}
         changed: list[RenderableType] = [render_step(s) for s in reply.steps if seen.get(s.label) != s]
@@ -164,34 +174,43 @@ class ConsoleOutbox:
 
     async def thread(self, key: str, reply: Reply, channel: str | None) -> None:
         """Print a thread reply under its key."""
-        self.console.print(render(reply, key_prefix(key) + " ↳"))
+        self.console.print(_render(await self.names.reply(reply), key_prefix(key) + " ↳"))
 
     async def announce_in(self, key: str, reply: Reply, story: str, channel: str | None) -> None:
         """Print a grouped post's member headline under the grouped post's key."""
-        self._shown[key] = reply
-        self.console.print(render(reply, key_prefix(key)))
+        self._shown[key] = reply = await self.names.reply(reply)
+        self.console.print(_render(reply, key_prefix(key)))
 
     async def post(self, reply: Reply, channel: str | None) -> None:
         """Print a standalone post (a digest)."""
-        self.console.print(render(reply, key_prefix(reply.thread_key)))
+        self.console.print(_render(await self.names.reply(reply), key_prefix(reply.thread_key)))
 
     async def tell(self, user: str, reply: Reply, prompt: str | None = None) -> None:
         """Print a private message (the console has one reader)."""
-        self.console.print(render(reply, ""))
+        self.console.print(_render(await self.names.reply(reply)))
 
 
 class ConsoleSession:
     """One person chatting with Pitstop in a terminal (or a script driving it).
 
     :param who: who the requests act as (:func:`bot.console.identity.cli_identity`).
+    :param names: where people's and channels' names come from (default: ids shown).
     ``confirm? [y/N]`` is answered by the next input line in :meth:`repl`, the terminal otherwise,
     else "no".  The runs it starts get their verdict before it says ``bye`` (:meth:`settle`).
     """
 
-    def __init__(self, dispatcher: Dispatcher, *, who: CliIdentity, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        who: CliIdentity,
+        console: Console | None = None,
+        names: TerminalNames | None = None,
+    ) -> None:
         self.dispatcher = dispatcher
         self.who = who
         self.console = console or make_console()
+        self.names = names or TerminalNames()
         self._lines: Iterator[str] | None = None
         self._read_stdin = False  #: True once a line was read from stdin
         self.runs: list[str] = []  #: ids of the runs this session started, oldest first
@@ -202,7 +221,7 @@ class ConsoleSession:
         req = self.who.request(text, delivery, "console")
         reply = await self.dispatcher.handle(req)
         self._started(reply)
-        self.console.print(render(reply))
+        self.console.print(await self.show(reply))
         if reply.exit_code is ExitCode.OK and (run_id := followed(text, self.dispatcher.ctx.config)):
             await self.follow(run_id, reply.steps)
         if (confirm := next((b for b in reply.buttons if b.action == "confirm"), None)) is None:
@@ -213,8 +232,12 @@ class ConsoleSession:
             action, confirm.value, self.who.user, f"console:{uuid.uuid4().hex}", via=req
         )
         self._started(outcome)
-        self.console.print(render(outcome))
+        self.console.print(await self.show(outcome))
         return outcome
+
+    async def show(self, reply: Reply, prefix: str = "") -> RenderableType:
+        """``reply`` rendered in terminal words, with the names it refers to."""
+        return _render(await self.names.reply(reply), prefix)
 
     def _started(self, reply: Reply) -> None:
         if reply.run_id is not None and reply.exit_code is ExitCode.OK and reply.run_id not in self.runs:
@@ -242,9 +265,9 @@ class ConsoleSession:
         seen = set(shown)
         async for run in follow_run(self.dispatcher.ctx, run_id, deliver=False):
             for step in fresh(run, seen):
-                self.console.print(prefixed(prefix, render_step(step)))
+                self.console.print(prefixed(prefix, render_step(step, self.names.names)))
         if run.verdict is not None:
-            self.console.print(render(verdict_reply(run), prefix + " ↳"))
+            self.console.print(await self.show(verdict_reply(run), prefix + " ↳"))
 
     async def ask(self, prompt: str) -> str | None:
         """An answer to ``prompt``: from the input lines, or the terminal; None if none."""
@@ -289,19 +312,26 @@ class ConsoleSession:
 
 
 async def run_console(
-    config: Config, *, who: CliIdentity, lines: Iterable[str] | None = None, console: Console | None = None
+    config: Config,
+    *,
+    who: CliIdentity,
+    lines: Iterable[str] | None = None,
+    console: Console | None = None,
+    names: TerminalNames | None = None,
 ) -> int:
     """``pitstop console``: build the Context with a :class:`ConsoleOutbox`, start the scheduler,
-    chat (:meth:`ConsoleSession.repl`: it waits for its runs' verdicts), close everything; return 0."""
+    chat (:meth:`ConsoleSession.repl`: it waits for its runs' verdicts), close everything; return 0.
+    ``names``: where people's and channels' names come from (default: ids shown)."""
     console = console or make_console()
+    names = names or TerminalNames()
     if all(role_of(config, who.user, job=job) is None for job in [None, *config.jobs]):  # each request denied
         console.print(Text(console_no_role(who.user), style="bold yellow"))
-    ctx = await build_context(config, ConsoleOutbox(console))
+    ctx = await build_context(config, ConsoleOutbox(console, names))
     sched = PitstopScheduler(ctx)
     try:
         await sched.start()
         dispatcher = Dispatcher(ctx)
-        return await ConsoleSession(dispatcher, who=who, console=console).repl(lines)
+        return await ConsoleSession(dispatcher, who=who, console=console, names=names).repl(lines)
     finally:
         with contextlib.suppress(Exception):
             await sched.stop()

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, cast
 
+from bot.console.words import TerminalNames
 from bot.text import CONSOLE_CONFIRM, demo_wait_timed_out
 from handlers.grammar.commands import ParseError, parse
 from handlers.outbox import MemoryOutbox
@@ -127,11 +128,16 @@ def stdin_line(prompt: str | None = None) -> asyncio.Future[str | None]:
 
 
 async def _follow(
-    ctx: Context, run_id: str, seen: set[StepLine] | None, out: IO[str] | None, err: IO[str]
+    ctx: Context,
+    run_id: str,
+    seen: set[StepLine] | None,
+    out: IO[str] | None,
+    err: IO[str],
+    names: TerminalNames,
 ) -> tuple[ExitCode, Reply | None]:
     """Follow run ``run_id`` to its end (:func:`~handlers.views.read.follow_run`: its verdict is
     delivered here when due, unless another process has it), printing to ``out`` (None: nothing)
-    each step change not in ``seen`` (None: none), then the verdict.
+    each step change not in ``seen`` (None: none), then the verdict, in ``names``' words.
 
     :returns: the exit code (the verdict's; 0 for a stop; 5 when the run did not end in time) and
         the verdict's reply, if any.
@@ -140,7 +146,7 @@ async def _follow(
 
     async for run in follow_run(ctx, run_id):
         for step in fresh(run, seen) if seen is not None else ():
-            print(step.text(), file=out, flush=True)
+            print(names.text(step.text()), file=out, flush=True)
     if not ended(run):
         print(demo_wait_timed_out("verdict", run.job, within(ctx.config, run.job)), file=err)
         return ExitCode.CANCELLED, None
@@ -148,7 +154,7 @@ async def _follow(
         return ExitCode.OK, None
     verdict = verdict_reply(run)
     if out is not None:
-        print(render_text(verdict), file=out, flush=True)
+        print(render_text(await names.reply(verdict)), file=out, flush=True)
     return verdict.exit_code, verdict
 
 
@@ -161,23 +167,31 @@ async def say_main(
     as_json: bool,
     out: IO[str] | None = None,
     err: IO[str] | None = None,
+    names: TerminalNames | None = None,
 ) -> int:
-    """``pitstop say TEXT``: one request through the Slack path; print the reply (and verdict).
+    """``pitstop say TEXT``: one request through the Slack path; print the reply (and verdict) in
+    words for a terminal (``@name``, ``#name``; never Slack's markup).
 
     :param who: who the request acts as (:func:`bot.console.identity.cli_identity`).
     :param wait: also wait for the verified verdict of a restart/start and print it.
-    :param as_json: print :meth:`Reply.to_dict` instead of text.
+    :param as_json: print :meth:`Reply.to_dict` instead of text (the reply model, as it is).
+    :param names: where people's and channels' names come from (default: none, ids shown).
     """
     from bot.runtime.assembly import build_context, close_context  # lazy: the request path (SSH, Redis)
     from handlers.request.dispatch import Dispatcher  # lazy: as above
     from handlers.views.read import followed  # lazy: as above
 
     out, err = Output.over(out or sys.stdout), Output.over(err or sys.stderr)  # `| head` ends no run
+    names = names or TerminalNames()
+
+    async def shown(reply: Reply) -> str:
+        return render_text(await names.reply(reply))
+
     outbox = MemoryOutbox()
     ctx = await build_context(config, outbox, deliver_recovered=True)
     dispatcher = Dispatcher(ctx)
     for taken in outbox.of("thread"):  # runs of a dead Pitstop process this call took over
-        print(render_text(taken.reply), file=err, flush=True)
+        print(await shown(taken.reply), file=err, flush=True)
     outbox.posted.clear()
     try:
         request = who.request(text, f"say:{uuid.uuid4().hex}", "say")
@@ -185,7 +199,7 @@ async def say_main(
         confirm = next((b for b in reply.buttons if b.action == "confirm"), None)
         if confirm is not None:
             if not as_json:
-                print(render_text(reply), file=out, flush=True)
+                print(await shown(reply), file=out, flush=True)
             print(CONSOLE_CONFIRM, end="", file=err, flush=True)
             try:  # a silent stdin never blocks the answer
                 answer = await asyncio.wait_for(stdin_line(), dispatcher.confirm_window)
@@ -197,9 +211,9 @@ async def say_main(
                 action, confirm.value, who.user, f"say:{uuid.uuid4().hex}", via=request
             )
         if not as_json:
-            print(render_text(reply), file=out, flush=True)
+            print(await shown(reply), file=out, flush=True)
             if reply.exit_code is ExitCode.OK and (run_id := followed(text, config)) is not None:
-                return int((await _follow(ctx, run_id, set(reply.steps), out, err))[0])
+                return int((await _follow(ctx, run_id, set(reply.steps), out, err, names))[0])
         if reply.run_id is None or reply.exit_code is not ExitCode.OK or not dispatcher.in_flight:
             if as_json:
                 print(json.dumps(reply.to_dict()), file=out)
@@ -211,12 +225,12 @@ async def say_main(
         posts = tuple(p.reply for p in outbox.of("thread") if p.key == thread_key(run.id))
         if not as_json:
             for post in posts:
-                print(render_text(post), file=out, flush=True)
+                print(await shown(post), file=out, flush=True)
         # the sequence ended; a verdict already recorded is a failure or a cancel
         code = ExitCode.OK if run.verdict is None else verdict_reply(run).exit_code
         verdict: Reply | None = None
         if wait and code is ExitCode.OK and run.verdict is None and run.launched:
-            code, verdict = await _follow(ctx, run.id, None, None if as_json else out, err)
+            code, verdict = await _follow(ctx, run.id, None, None if as_json else out, err, names)
         if as_json:
             extra = posts + ((verdict,) if verdict is not None else ())
             print(
@@ -225,7 +239,7 @@ async def say_main(
             )
         return int(code)
     except PitstopError as exc:
-        print(exc.message, file=err)
+        print(names.text(exc.message), file=err)
         return int(exc.exit_code)
     finally:
         await dispatcher.drain(5.0)

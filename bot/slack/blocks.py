@@ -7,8 +7,9 @@ can ping anyone (:func:`escape`, :func:`humanise`) but the reply's own page.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from bot import text as words
@@ -46,6 +47,8 @@ _REFS = re.compile(r"<(?:@[UW][A-Z0-9]+|#C[A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!
 _REFS_SPLIT = re.compile(f"({_REFS.pattern})")
 _PEOPLE = re.compile(r"<(@[UW][A-Z0-9]+|!subteam\^S[A-Z0-9]+|!here|!channel|!everyone)(?:\|([^<>|]*))?>")
 _TICKS = re.compile(r"`{3,}")
+#: every reference :func:`plain` turns into words: people, channels, groups, broadcasts, dates
+_WORDS = re.compile(r"<(?:@[UW][A-Z0-9]+|#[CG][A-Z0-9]+|![a-z]+(?:\^[^<>|]*)?)(?:\|[^<>]*)?>")
 
 
 def humanise_text(
@@ -73,11 +76,24 @@ def humanise_text(
 def humanise(reply: Reply, names: Mapping[str, str] | None = None) -> Reply:
     """``reply`` with :func:`humanise_text` applied to all its text but the log; only
     ``reply.page``'s and ``reply.owners``' references stay live."""
-    keep = {mention(who) for who in (*([reply.page] if reply.page else []), *reply.owners)}
 
-    def h(text: str) -> str:
-        return humanise_text(text, names, keep)
+    def words_of(one: Reply) -> Callable[[str], str]:
+        keep = {mention(who) for who in (*([one.page] if one.page else []), *one.owners)}
+        return lambda text: humanise_text(text, names, keep)
 
+    return map_text(reply, words_of)
+
+
+def terminal(reply: Reply, names: Mapping[str, str] | None = None) -> Reply:
+    """``reply`` in words for a terminal: :func:`plain` applied to all its text but the log (what the
+    job wrote stays as written); ``names``: id → name (``U…``, ``C…``), else the ids are shown."""
+    return map_text(reply, lambda _: functools.partial(plain, names=names))
+
+
+def map_text(reply: Reply, words_of: Callable[[Reply], Callable[[str], str]]) -> Reply:
+    """``reply`` with ``words_of(reply)`` applied to every text a person reads but the log: title,
+    lines, fields, table cells, step details, the log's title; its follow-ups each with their own."""
+    h = words_of(reply)
     return dataclasses.replace(
         reply,
         title=h(reply.title),
@@ -89,7 +105,7 @@ def humanise(reply: Reply, names: Mapping[str, str] | None = None) -> Reply:
         ),
         steps=tuple(dataclasses.replace(st, detail=h(st.detail)) for st in reply.steps),
         log_title=h(reply.log_title),
-        follow_ups=tuple(humanise(f, names) for f in reply.follow_ups),
+        follow_ups=tuple(map_text(f, words_of) for f in reply.follow_ups),
     )
 
 
@@ -107,17 +123,23 @@ def escape(text: str, *, refs: bool = False) -> str:
     return "".join(p if i % 2 else escape(p) for i, p in enumerate(_REFS_SPLIT.split(text)))
 
 
-def plain(text: str) -> str:
-    """Pitstop's Slack references made readable in the console: ``<@U1>`` → ``@U1``, ``<#C1>`` →
-    ``#C1``, ``<!subteam^S1>`` → ``@S1``, ``<!here>`` → ``@here``."""
+def plain(text: str, names: Mapping[str, str] | None = None) -> str:
+    """``text`` with Slack's references made words for a terminal: ``<@U1>`` → ``@maya`` (the name in
+    ``names``, else the reference's label, else ``@U1``), ``<#C1>`` → ``#ops`` or ``#C1``,
+    ``<!subteam^S1|@oncall>`` → ``@oncall`` or ``@S1``, ``<!here>`` → ``@here``, ``<!date^…|fallback>``
+    → its fallback."""
+    names = names or {}
 
-    def name(m: re.Match[str]) -> str:
+    def word(m: re.Match[str]) -> str:
         ref, _, label = m.group(0)[1:-1].partition("|")
-        if label:
-            return ("#" if ref.startswith("#") else "@") + label
-        return "@" + ref[1:].removeprefix("subteam^") if ref.startswith("!") else ref
+        sigil, ident = ref[0], ref[1:]
+        if sigil == "!":
+            if not ident.startswith("subteam^") and "^" in ident:
+                return label or ident.partition("^")[0]
+            sigil, ident = "@", ident.removeprefix("subteam^")
+        return sigil + (names.get(ident) or label.lstrip("@#") or ident)
 
-    return _REFS.sub(name, text)
+    return _WORDS.sub(word, text)
 
 
 def keep_tail(text: str, limit: int, *, wrap: tuple[str, str] = ("", "")) -> str:

@@ -1,6 +1,7 @@
-"""Who is who on Slack: people's names (``users.info``, cached), a channel's members
-(``conversations.members``) and user groups expanded (``usergroups.list``); names let
-:func:`bot.slack.blocks.humanise` show ``@name`` instead of a ping."""
+"""Who is who on Slack: people's and channels' names (``users.info``, ``conversations.info``, cached),
+a channel's members (``conversations.members``) and user groups expanded (``usergroups.list``); names
+let :func:`bot.slack.blocks.humanise` show ``@name`` instead of a ping, and a terminal show ``@name``
+and ``#name`` (:func:`bot.slack.blocks.terminal`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ MISS_TTL = 600.0  #: seconds before a failed lookup is tried again
 LOOKUPS = 20  #: most ids resolved for one reply
 PAGE = 200  #: members per page of a look-up
 _USER = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
+_CHANNEL = re.compile(r"<#([CG][A-Z0-9]+)(?:\|[^>]*)?>")
 
 
 class People:
@@ -53,26 +55,32 @@ class People:
         self._tried_at = 0.0  #: monotonic s of the last listing asked for
         self._listing: asyncio.Task[None] | None = None
 
-    async def names_for(self, reply: Reply) -> dict[str, str]:
-        """Resolve the user ids ``reply`` mentions (those not cached), then return every known name
-        (never raises: a failed look-up shows the id)."""
+    async def names_for(self, reply: Reply, *, channels: bool = False) -> dict[str, str]:
+        """Resolve the user ids ``reply`` mentions (with ``channels``, the channel ids it links too:
+        ``conversations.info``, ``channels:read``), those not cached, at most :data:`LOOKUPS`; then
+        return every known name, id → name (never raises: a failed look-up shows the id)."""
+        text = render_text(reply)
         now = time.monotonic()
-        wanted = {u for u in _USER.findall(render_text(reply)) if self._names.get(u, (None, 0.0))[1] <= now}
+        refs = _USER.findall(text) + (_CHANNEL.findall(text) if channels else [])
+        wanted = {ref for ref in refs if self._names.get(ref, (None, 0.0))[1] <= now}
         if wanted:
-            await asyncio.gather(*(self._lookup(u) for u in sorted(wanted)[:LOOKUPS]))
+            await asyncio.gather(*(self._lookup(ref) for ref in sorted(wanted)[:LOOKUPS]))
         return {u: n for u, (n, until) in self._names.items() if n is not None and until > now}
 
-    async def _lookup(self, user: str) -> None:
+    async def _lookup(self, ref: str) -> None:
         try:
-            resp = await self.client.users_info(user=user)
+            if ref.startswith(("C", "G")):
+                channel = (await self.client.conversations_info(channel=ref)).get("channel") or {}
+                name = channel.get("name") or ref
+            else:
+                info = (await self.client.users_info(user=ref)).get("user") or {}
+                profile = info.get("profile") or {}
+                name = profile.get("display_name") or profile.get("real_name") or info.get("name") or ref
         except Exception as exc:  # a name is a nicety: show the id, try again later
-            log.info("users.info %s failed: %s", user, exc)
-            self._names[user] = (None, time.monotonic() + MISS_TTL)
+            log.info("looking up %s failed: %s", ref, exc)
+            self._names[ref] = (None, time.monotonic() + MISS_TTL)
             return
-        info = resp.get("user") or {}
-        profile = info.get("profile") or {}
-        name = profile.get("display_name") or profile.get("real_name") or info.get("name") or user
-        self._names[user] = (str(name), time.monotonic() + TTL)
+        self._names[ref] = (str(name), time.monotonic() + TTL)
 
     async def members(self, channel: str) -> set[str] | None:
         """The members of ``channel`` (user ids), page by page, or None when Slack would not say."""
