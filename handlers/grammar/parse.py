@@ -242,7 +242,7 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         Role.VIEWER,
         "the nodes of a Slurm cluster (a job's, a login node's, or every one Pitstop knows): Slurm's"
         " state and reason, the jobs on each, what Pitstop holds against it",
-        ("nodes", "nodes dflash", "nodes login1"),
+        ("nodes", "nodes dflash", "nodes gpu1"),
         aliases=("node",),
     ),
     VerbSpec(
