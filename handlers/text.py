@@ -671,3 +671,68 @@ def gpus_unavailable(host: str, detail: str) -> str:
 def gpus_title(host: str, count: int) -> str:
     """Heading of ``gpus HOST``."""
     return f"GPUs on {host}: {count}"
+
+
+# --- Slurm nodes: nodes, drain, undrain --------------------------------------------------------------
+
+#: the columns of ``nodes``: Slurm's state (``scontrol``) and short state (``sinfo``), its reason,
+#: the jobs on the node (Pitstop's by name), what Pitstop holds against it
+NODES_HEADERS = ("node", "state", "sinfo", "reason", "jobs", "pitstop")
+#: ``nodes`` when no job Pitstop knows runs on Slurm
+NODES_NO_SLURM = "no Slurm job is configured: `nodes` lists the nodes of the clusters Slurm jobs run on"
+
+
+def nodes_title(cluster: str, jobs: Sequence[str], count: int) -> str:
+    """``nodes of the cluster of trainer, eagle (login): 3``."""
+    return f"nodes of the cluster of {', '.join(jobs)} ({cluster}): {count}"
+
+
+def nodes_unavailable(cluster: str, detail: str) -> str:
+    """A cluster whose nodes could not be listed."""
+    return f"the nodes of {cluster} could not be listed: {detail}"
+
+
+def nodes_not_slurm(job: str) -> str:
+    """``nodes JOB`` for a job that is not a Slurm job."""
+    return f"{job} is not a Slurm job: `nodes` lists a Slurm cluster's nodes (`nodes` alone lists every one)"
+
+
+def nodes_no_cluster(host: str) -> str:
+    """``nodes HOST`` for a host no Slurm job logs in to."""
+    return f"no Slurm job runs through {host}: `nodes` alone lists every cluster Pitstop knows"
+
+
+def node_held(by: str, reason: str, at: float) -> str:
+    """What Pitstop holds against a node it drained: ``drained by <@U1> at 12:03 UTC: bad ECC``."""
+    return f"drained by {fmt.who(by)} at {fmt.clock(at)}: {reason}"
+
+
+def node_unknown(node: str, where: str, suggestions: Sequence[str], known: Sequence[str]) -> str:
+    """A node verb for a node the cluster(s) do not have, with did-you-mean."""
+    hint = f" - did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+    return f"unknown node {node!r} on {where}{hint} (known: {', '.join(known) or 'none'})"
+
+
+def node_ambiguous(node: str, verb: str, jobs: Sequence[str]) -> str:
+    """A node name several clusters have: the verb must say which."""
+    return (
+        f"{node} is a node of several Slurm clusters (those of {', '.join(jobs)}): "
+        f"say `{verb} {node} … on JOB` with JOB one of them"
+    )
+
+
+def node_done(verb: str, node: str, job: str, state: str, reason: str) -> str:
+    """After ``drain``/``undrain``: ``drained n2 on the cluster of trainer: now MIXED+DRAIN (bad ECC)``."""
+    why = f" ({reason})" if reason else ""
+    return f"{verb}ed {node} on the cluster of {job}: now {state}{why}"
+
+
+def node_announce(user: str, verb: str, node: str, job: str, reason: str | None) -> str:
+    """Said in the channel of the jobs on the node: ``<@U1> drained n2 (cluster of trainer): bad ECC``."""
+    why = f": {reason}" if reason else ""
+    return f"{fmt.who(user)} {verb}ed Slurm node {node} (cluster of {job}){why}"
+
+
+def node_refused(verb: str, node: str, detail: str) -> str:
+    """Slurm refused a drain or undrain."""
+    return f"could not {verb} {node}: {detail}"

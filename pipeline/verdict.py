@@ -106,6 +106,8 @@ class VerdictLine:
     #: free text: the log's error line, a failure's detail, what a probe found, a Slurm job's short nodes
     detail: str = ""
     then: VerdictLine | None = None  #: STALE_RECORD: the verdict the run had apart from the stale record
+    #: the nodes a Slurm job runs on (RUNNING), named after their count when a restart excluded some
+    nodelist: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return format_line(self)
@@ -143,10 +145,12 @@ def _lost_clause(v: VerdictLine) -> str | None:
 
 
 def _where(v: VerdictLine) -> str | None:
-    """A RUNNING line's who: ``pid 4242``, or a Slurm job and its nodes (``job 42 on 2 nodes``)."""
+    """A RUNNING line's who: ``pid 4242``, or a Slurm job and its nodes (``job 42 on 2 nodes``,
+    ``job 42 on 2 nodes (n1, n3)`` when they are named)."""
     if v.job_id is None or v.nodes is None:
         return None if v.job_id is not None else _who(v)
-    return f"job {v.job_id} on {v.nodes} node{'s' if v.nodes != 1 else ''}"
+    named = f" ({', '.join(v.nodelist)})" if v.nodelist else ""
+    return f"job {v.job_id} on {v.nodes} node{'s' if v.nodes != 1 else ''}{named}"
 
 
 def _step(v: VerdictLine) -> str:
@@ -182,7 +186,11 @@ _CODECS: dict[str, _Codec] = {
     "code": _field("code", rf"-?{_N}"),
     "resumed_at": (lambda v: str(v.resumed_at) if v.resumed_at else None, rf"(?P<resumed_at>{_N})"),
     "who": (_who, rf"(?:pid (?P<pid>{_N})|job (?P<job_id>{_N}))"),
-    "where": (_where, rf"(?:pid (?P<pid>{_N})|job (?P<job_id>{_N}) on (?P<nodes>{_N}) nodes?)"),
+    "where": (
+        _where,
+        rf"(?:pid (?P<pid>{_N})|job (?P<job_id>{_N}) on (?P<nodes>{_N}) nodes?"
+        r"(?: \((?P<nodelist>[A-Za-z0-9_.-]+(?:, [A-Za-z0-9_.-]+)*)\))?)",
+    ),
     "lost": (_lost_clause, _LOST),
     "all_lost": (lambda v: _lost_clause(v) if v.lost else None, _LOST),  # from scratch: none is no clause
     "silent_s": _field("silent_s", _N, lambda s: f"{_secs(s):.0f}"),
@@ -336,6 +344,7 @@ _READ: dict[str, Callable[[str], Any]] = {
     **dict.fromkeys(("lost_s", "queued_s"), fmt.parse_duration),
     **dict.fromkeys(("after_s", "silent_s"), float),
     "survivors": lambda pids: tuple(int(p) for p in pids.split(", ")),
+    "nodelist": lambda nodes: tuple(nodes.split(", ")),
     "then": lambda line: parse_line(line),
     "reason": lambda reason: None if reason == "None" else reason,
 }

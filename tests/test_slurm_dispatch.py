@@ -52,10 +52,10 @@ class Served:
     url: str
     http: aiohttp.ClientSession
 
-    async def command(self, text: str) -> str:
-        """A signed slash command; the answer that follows its empty ack on the response_url."""
+    async def command(self, text: str, user: str = "U0OPERATOR1") -> str:
+        """A signed slash command by ``user``; the answer that follows its empty ack on the response_url."""
         response_url = self.fake.response_url()
-        body = form_body(slash_command(text, response_url=response_url))
+        body = form_body(slash_command(text, user=user, response_url=response_url))
         headers = {"Content-Type": "application/x-www-form-urlencoded", **sign(SIGNING_SECRET, body)}
         async with self.http.post(f"{self.url}/slack/events", data=body.encode(), headers=headers) as resp:
             assert resp.status == 200 and await resp.text() == ""
@@ -82,12 +82,12 @@ async def serve(
     fake_slack: FakeSlack,
     redis_config: Config,
 ) -> AsyncIterator[Serve]:
-    """``await serve(scheduler=True, **make_slurm_args)``: a Slurm job served over HTTP."""
+    """``await serve(scheduler=True, admins=(), **make_slurm_args)``: a Slurm job served over HTTP."""
     async with contextlib.AsyncExitStack() as exits:
 
-        async def make(*, scheduler: bool = True, **kw: Any) -> Served:
+        async def make(*, scheduler: bool = True, admins: tuple[str, ...] = (), **kw: Any) -> Served:
             stack = await make_slurm(**kw)
-            config = slack_config(stack.config, redis_config)
+            config = slack_config(stack.config, redis_config, admins=admins)
             runtime = await open_runtime(
                 config,
                 bot_token=BOT_TOKEN,

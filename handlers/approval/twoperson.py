@@ -47,9 +47,11 @@ log = logging.getLogger(__name__)
 
 def policy_action(command: Command) -> str | None:
     """The command's action in ``[jobs.NAME.approval] actions`` words (a restart that applies or
-    reverts a patch is ``restart_with_patch``), or None for a verb no policy can hold (reads, ``approve``)."""
+    reverts a patch is ``restart_with_patch``; ``drain`` and ``undrain`` are ``drain``), or None for a verb no policy can hold (reads, ``approve``)."""
     if command.verb == "restart":
         return "restart_with_patch" if command.patches or command.without else "restart"
+    if command.verb in ("drain", "undrain"):  # a node of the job's cluster taken out or returned
+        return "drain"
     return command.verb if command.verb in ("start", "stop", "unlock") else None
 
 

@@ -93,6 +93,8 @@ class Command:
     #: an admin's reason for restarting without approval (``--break-glass "REASON"``)
     break_glass = _Option("break_glass", str, None)
     topic = _Option("topic", str, None)  #: the verb ``help`` was asked about
+    node = _Option("node", str, None)  #: the Slurm node a node verb acts on (drain, undrain)
+    exclude = _Option("exclude", tuple, ())  #: nodes the relaunch leaves out (``restart … excluding n2``)
 
     def dumps(self, separators: tuple[str, str] = (",", ":")) -> str:
         """The command as JSON text, compact unless ``separators`` say otherwise (``pitstop parse``,
@@ -110,6 +112,8 @@ class Command:
     def text(self) -> str:
         """The command written out canonically (``restart dflash with topk patch fresh cache``)."""
         count = {"logs": str(self.lines), "history": str(self.count)}.get(self.verb)
+        if self.node is not None:  # drain NODE REASON on JOB
+            return " ".join(w for w in (self.verb, self.node, self.reason, f"on {self.job}") if w)
         words = (
             *(self.verb, self.job, self.host, self.run_ref, self.state, self.topic, count),
             f"with {patch_phrase(self.patches)}" if self.patches else "",
@@ -118,6 +122,7 @@ class Command:
             f'--break-glass "{self.break_glass}"' if self.break_glass is not None else "",
             "--attempts" if self.attempts else "",
             f"for {fmt.duration(self.for_s)}" if self.for_s else "",
+            f"excluding {','.join(self.exclude)}" if self.exclude else "",
             self.reason or "",
         )
         return " ".join(w for w in words if w)
@@ -253,7 +258,16 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
     one = {name: values[0] for name, values in raw.items()}
     job = _lookup("job", one["job"], list(config.jobs), verb) if "job" in one else None
     host = _lookup("host", one["host"], list(config.hosts), verb) if "host" in one else None
+    if "target" in one:  # a job, else a host
+        job, host = _target(one["target"], config, verb)
     options = dict(_DEFAULTS.get(verb, {}))
+    if "node" in one:
+        options["node"] = one["node"]
+        job = _node_job(job, config, verb)
+    if "exclude" in raw and job is not None:
+        if config.jobs[job].engine != "slurm":
+            raise ParseError(f"`excluding NODE` leaves Slurm nodes out; {job} is not a Slurm job", verb)
+        options["exclude"] = tuple(dict.fromkeys(raw["exclude"]))
     patches = _patches(raw.get("patches", []), job, config, verb) if job is not None else ()
     if "without" in raw and job is not None:
         options["without"] = without = _patches(raw["without"], job, config, verb)
@@ -288,6 +302,27 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
 
 
 _RUN_REF = re.compile(r"r-[0-9]{1,12}")
+
+
+def _target(given: str, config: Config, verb: str) -> tuple[str | None, str | None]:
+    """``(job, None)`` when ``given`` names a job, else ``(None, host)``; ParseError if neither."""
+    for known, pick in ((config.jobs, 0), (config.hosts, 1)):
+        if name := next((n for n in known if n.lower() == given.lower()), None):
+            return (name, None) if pick == 0 else (None, name)
+    raise _unknown("job or host", given, [*config.jobs, *config.hosts], verb)
+
+
+def _node_job(job: str | None, config: Config, verb: str) -> str | None:
+    """The Slurm job a node verb runs through: ``on JOB`` (a Slurm job), else the first Slurm job
+    when Pitstop knows one cluster; None when it knows several (the dispatcher asks each).
+    :raises ParseError: if ``JOB`` is not a Slurm job, or no Slurm job is configured."""
+    slurm_jobs = [n for n, j in config.jobs.items() if j.engine == "slurm"]
+    if job is not None and job not in slurm_jobs:
+        raise ParseError(f"{job} is not a Slurm job: `{verb}` acts on the nodes of a Slurm cluster", verb)
+    if not slurm_jobs:
+        raise ParseError(f"no Slurm job is configured: `{verb}` acts on the clusters of Slurm jobs", verb)
+    one_cluster = len({(config.jobs[n].host, *config.jobs[n].exec) for n in slurm_jobs}) == 1
+    return job or (slurm_jobs[0] if one_cluster else None)
 
 
 def _reason(words: Sequence[str]) -> str:

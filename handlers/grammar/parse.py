@@ -69,6 +69,9 @@ SLOTS: dict[str, SlotType] = {
     "state": SlotType("choice", "on|off", choices=("on", "off")),
     "run": SlotType("name", "RUN"),
     "reason": SlotType("text", '"REASON"'),
+    "target": SlotType("name", "JOB|HOST"),  #: a job or, failing that, a host
+    "node": SlotType("name", "NODE"),  #: a node of a Slurm cluster, as Slurm names it
+    "exclude": SlotType("names", "NODE[,NODE]"),  #: nodes a relaunch leaves out
 }
 
 FLAGS = frozenset({"fresh_cache", "attempts"})  #: options set by an optional group of words
@@ -112,11 +115,14 @@ GRAMMAR: tuple[VerbSpec, ...] = (
     VerbSpec(
         "restart {job} [with {patches} [patch|patches]] [without {without} [patch|patches]] [fresh cache]"
         " [--patch|--patches {patches}]... [--without {without}]... [--fresh-cache]"
-        " [--break-glass {reason}]",
+        " [--break-glass {reason}]"
+        " [excluding {exclude}] [--exclude {exclude}]...",
         Role.OPERATOR,
-        "stop the job, clear caches and apply patches if asked, relaunch it, then verify",
+        "stop the job, clear caches and apply patches if asked, relaunch it, then verify"
+        " (a Slurm job: excluding nodes leaves them out)",
         (
             "restart dflash",
+            "restart dflash excluding n2,n3",
             "restart dflash with topk patch",
             "restart dflash with topk and fast patches without old patch fresh cache",
             "restart dflash --patch topk --fresh-cache",
@@ -243,6 +249,27 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         "GPU utilisation, memory, power and processes on a host",
         ("gpus gpu1",),
         aliases=("gpu",),
+    ),
+    VerbSpec(
+        "nodes [{target}]",
+        Role.VIEWER,
+        "the nodes of a Slurm cluster (a job's, a login node's, or every one Pitstop knows): Slurm's"
+        " state and reason, the jobs on each, what Pitstop holds against it",
+        ("nodes", "nodes dflash", "nodes gpu1"),
+        aliases=("node",),
+    ),
+    VerbSpec(
+        "drain {node} {reason} [on {job}]",
+        Role.ADMIN,
+        "drain a Slurm node with a reason (scontrol update State=DRAIN); on JOB: the cluster of that"
+        " job, where several have the node (audited, announced)",
+        ("drain n2 ECC errors on GPU 3", "drain n2 flaky NIC on dflash"),
+    ),
+    VerbSpec(
+        "undrain {node} [on {job}]",
+        Role.ADMIN,
+        "return a drained Slurm node to service (scontrol update State=RESUME; audited, announced)",
+        ("undrain n2", "undrain n2 on dflash"),
     ),
     VerbSpec(
         "help [{topic}]",

@@ -28,6 +28,7 @@ from handlers.reply import Button, Reply, Status, refused
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER, Denied, NotYourself, authorise
 from handlers.request.flow import Flow, Next, Request, Step
 from handlers.request.verbs import VERBS, Acted, Call
+from handlers.views.nodes import resolve_node
 from pipeline.errors import ExitCode, GroupsUnknown, PitstopError, internal_error, new_incident_id
 from pipeline.state.approvals import DEFAULT_WINDOW, Confirmations, Pending, Take
 from pipeline.state.audit import Audit, AuditEntry, AuditOutcome
@@ -231,7 +232,9 @@ class Dispatcher:
         return await call_next()
 
     async def _resolve(self, flow: Flow, call_next: Next) -> Reply:
-        """A button → the command it stands for (typed commands pass as they are)."""
+        """A button → the command it stands for; a node verb without its job → the job of the one
+        cluster that has the node (:func:`~handlers.views.nodes.resolve_node`); other typed commands
+        pass as they are."""
         action, value = flow.action, flow.value
         if action == "show_log":
             flow.command = flow.run = parse(f"logs {value}", self.ctx.config)
@@ -243,6 +246,8 @@ class Dispatcher:
             flow.command = flow.run = Command(action, options={"run": value})
         elif action is not None:
             raise ParseError(words.unknown_action(action))
+        if flow.run is not None and flow.run.node is not None:  # a node verb: the cluster that has it
+            flow.command = flow.run = await resolve_node(self.ctx, flow.run)
         return await call_next()
 
     async def _authorise(self, flow: Flow, call_next: Next) -> Reply:

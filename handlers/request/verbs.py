@@ -21,8 +21,8 @@ from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_USER
 from handlers.request.flow import Request, Spawn
 from handlers.runs.view import thread_key
+from handlers.views import nodes, reports
 from handlers.views import read as views
-from handlers.views import reports
 from handlers.watch import acks, escalate
 from pipeline.errors import ExitCode
 from pipeline.state.approvals import ApprovalRequest, Approvals
@@ -67,6 +67,7 @@ async def _sequence(call: Call) -> Reply:
         lock_ttl=call.lock_ttl,
         patches=command.patches,
         fresh_cache=command.fresh_cache,
+        exclude=command.exclude,
         approval=call.approval,
         break_glass=glass,
         actor=call.req.actor,
@@ -152,6 +153,9 @@ VERBS: Mapping[str, Handler] = MappingProxyType(
         ),
         "oncall": lambda c: escalate.oncall_command(c.ctx),
         "gpus": lambda c: reports.gpus_command(c.ctx, c.command.host or ""),
+        "nodes": lambda c: nodes.nodes_command(c.ctx, c.command.job, c.command.host),
+        "drain": lambda c: nodes.node_command(c.ctx, c.command, c.req.user),
+        "undrain": lambda c: nodes.node_command(c.ctx, c.command, c.req.user),
         "help": _help,
     }
 )

@@ -110,8 +110,9 @@ class JobAuth(_Model):
 
 
 #: what ``actions`` may list: ``restart_with_patch`` is a restart that applies or reverts a patch;
-#: ``restart`` is every restart (with or without patches)
-ApprovalAction = Literal["restart_with_patch", "restart", "start", "stop", "unlock"]
+#: ``restart`` is every restart (with or without patches); ``drain``: ``drain`` and ``undrain`` of a node
+#: of the job's Slurm cluster
+ApprovalAction = Literal["restart_with_patch", "restart", "start", "stop", "unlock", "drain"]
 
 #: the role names ``approvers`` may list besides user and user-group ids (roles of ``[auth]``,
 #: or of ``[jobs.NAME.auth]`` where the job sets them)

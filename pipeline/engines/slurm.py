@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError
 
-from pipeline.config import JobConfig, validation_problems
+from pipeline.config import Config, JobConfig, validation_problems
 from pipeline.config.base import _Model, matching
 from pipeline.engines.base import Entry, NodeOutputs, Observation, Plan, Reads, Sighting, Target
 from pipeline.engines.steplog import STOP_NOTHING, StepLog, failed_checks, step_preflight_ok
@@ -81,6 +81,23 @@ def expected_processes(job: JobConfig) -> int:
     """Processes the job should have: ``nodes`` × ``tasks_per_node``, else ``processes``."""
     sl = settings(job)
     return sl.nodes * sl.tasks_per_node if sl.tasks_per_node is not None else job.processes
+
+
+def clusters(config: Config) -> dict[str, tuple[str, ...]]:
+    """The Slurm clusters Pitstop knows, each named by its login node and ``exec`` prefix (``login``,
+    ``login env SLURM_CONF=/etc/b.conf``), with its Slurm jobs in config order: node verbs run
+    through the first (its host, its ``exec``)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, job in config.jobs.items():
+        if job.engine == "slurm":
+            key = " ".join([job.host, *job.exec])
+            out[key] = (*out.get(key, ()), name)
+    return out
+
+
+def cluster_of(config: Config, job: str) -> str:
+    """The name of the cluster of Slurm job ``job`` (as :func:`clusters` names it)."""
+    return next(key for key, jobs in clusters(config).items() if job in jobs)
 
 
 class SlurmEngine(WorkdirSteps):
@@ -199,18 +216,25 @@ class SlurmEngine(WorkdirSteps):
         await self.steps.end(run, rec, Outcome.OK, detail)
 
     async def launch(self, run: RunRecord, t: Target) -> None:
-        """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``."""
+        """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``;
+        the run's ``exclude`` nodes as ``--exclude`` (a requeued job: its ``ExcNodeList``)."""
         name, job, sl = t.name, t.job, settings(t.job)
         old = parse_int(t.current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.LAUNCH)
+        left_out = ",".join(run.exclude)
         try:
             # held until measured: it cannot write before verification's offset is taken
             if sl.requeue and old is not None:
                 await self.client.checked(name, ["scontrol", "requeuehold", str(old)])
+                if left_out:
+                    update = ["scontrol", "update", f"JobId={old}", f"ExcNodeList={left_out}"]
+                    await self.client.checked(name, update)
                 job_id, how = old, f"requeued Slurm job {old}"
             else:
-                job_id = await self.client.submit(name, job.workdir, sl.script, sl.sbatch_args)
+                args = [*sl.sbatch_args, *([f"--exclude={left_out}"] if left_out else [])]
+                job_id = await self.client.submit(name, job.workdir, sl.script, args)
                 how = f"submitted Slurm job {job_id}"
+            how += f" excluding {', '.join(run.exclude)}" if run.exclude else ""
             try:
                 j = await self.client.one(name, job_id)
                 stdout = (j.stdout if j is not None else None) or job.log
@@ -266,6 +290,7 @@ class SlurmEngine(WorkdirSteps):
             )
             more |= dict(new_bytes=out.new_bytes, error_line=out.error_line or None)
         more |= dict(tail=out.tail, start_step=out.start_step, checkpoint=out.checkpoint)
+        more |= dict(nodelist=j.nodelist)
         return seen(state, nodes=j.nodes, started_at=started, output="output", facts=tuple(facts), **more)
 
     async def observe_many(self, entries: Sequence[Entry], reads: Reads | None = None) -> dict[str, Sighting]:

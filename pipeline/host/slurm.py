@@ -263,6 +263,49 @@ def parse_tasks(host: str, text: str) -> dict[int, TasksOrError]:
     return found
 
 
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node of a cluster as Slurm shows it."""
+
+    name: str
+    state: str  #: ``scontrol show node``'s ``State``: ``MIXED+DRAIN``, ``IDLE``, ``DOWN*``…
+    short: str = ""  #: ``sinfo``'s ``%t``: ``mix``, ``drng``, ``idle``, ``down*``…
+    reason: str = ""  #: why it is drained or down (``Reason``), empty when none
+    jobs: tuple[int, ...] = ()  #: the ids of the jobs running on it
+
+
+_NODES = """scontrol show node -o || exit 3
+echo '@@sinfo'; sinfo -h -N -o '%N|%t'
+echo '@@squeue'; squeue -h -t RUNNING,COMPLETING,SUSPENDED -o '%i|%N'
+"""
+
+
+def parse_nodes(text: str) -> list[SlurmNode]:
+    """The nodes of one ``_NODES`` answer (``scontrol show node -o``, then ``@@sinfo`` and
+    ``@@squeue`` lines), sorted by name; a node ``sinfo`` lists in several partitions counts once."""
+    parts = _sections(text)
+    short = dict(line.split("|", 1) for line in parts.get("@@sinfo", []) if line.count("|") == 1)
+    jobs: dict[str, list[int]] = {}
+    for line in parts.get("@@squeue", []):
+        jid, _, nodelist = line.partition("|")
+        for node in expand_nodelist(nodelist) if jid.isdigit() else ():
+            jobs.setdefault(node, []).append(int(jid))
+    out = []
+    for d in map(parse_scontrol, parts["@@squeue"]):  # _sections' first section: scontrol's lines
+        if name := d.get("NodeName", "").strip():
+            reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", d.get("Reason", "").strip())  # [root@time]: cut
+            out.append(
+                SlurmNode(
+                    name,
+                    d.get("State", "UNKNOWN").strip(),
+                    short.get(name, "").strip(),
+                    "" if reason in ("", "(null)", "None") else reason,
+                    tuple(sorted(jobs.get(name, []))),
+                )
+            )
+    return sorted(out, key=lambda n: n.name)
+
+
 class SlurmClient:
     """Slurm's clients on a job's login node: every call is :meth:`SSHPool.run_job` for ``job``."""
 
@@ -340,6 +383,22 @@ class SlurmClient:
                 ["sbatch"], f"on {result.host}: sbatch gave no job id: {result.stdout[:200]!r}"
             )
         return int(head)
+
+    async def nodes(self, job: str) -> list[SlurmNode]:
+        """Every node of the cluster ``job`` runs on: its state, reason and the jobs running on it.
+        :raises RemoteError: if the login node cannot be reached or ``scontrol`` fails."""
+        result = await self.checked(job, ["bash", "-c", _NODES, "pitstop-slurm-nodes"])
+        return parse_nodes(result.stdout)
+
+    async def drain(self, job: str, node: str, reason: str) -> None:
+        """``scontrol update NodeName=NODE State=DRAIN Reason=REASON`` on ``job``'s cluster.
+        :raises RemoteCommandError: if scontrol refuses (an unknown node, no right to update)."""
+        await self.checked(job, ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+
+    async def resume(self, job: str, node: str) -> None:
+        """``scontrol update NodeName=NODE State=RESUME`` on ``job``'s cluster.
+        :raises RemoteCommandError: if scontrol refuses (an unknown node, one not drained or down)."""
+        await self.checked(job, ["scontrol", "update", f"NodeName={node}", "State=RESUME"])
 
     async def file_size(self, job: str, path: str) -> int:
         """Size of ``path`` on the login node in bytes (0 if it does not exist yet)."""

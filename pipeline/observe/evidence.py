@@ -43,6 +43,9 @@ class Observation:
     pid: int | None = None
     job_id: int | None = None
     nodes: int | None = None
+    nodelist: tuple[
+        str, ...
+    ] = ()  #: the nodes it runs on (a scheduler's), named in the verdict when some were excluded
     sampled_at: float = 0.0  #: Pitstop's clock when the answer came (unix s)
     started_at: float | None = None  #: when the run started running (unix s; None while pending)
     complete: bool = True  #: False for a cheap look (state only) the runner polls with until it decides
@@ -179,6 +182,8 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     else:
         ignored = check_resume(obs.start_step, obs.checkpoint, since)
         v = VerdictLine(Verdict.RUNNING, *seen, obs.nodes, obs.start_step, ignored)
+        if run.exclude:  # the person asked to leave nodes out: where it runs now is named
+            v = replace(v, nodelist=obs.nodelist)
         if lost is not None:  # resumed, or started over after a run that advanced (all its steps)
             v = lost.on(v)
     if obs.checkpoint is not None:

@@ -50,6 +50,7 @@ class RunService(Verification, Attempts):
         lock_ttl: float,
         patches: Sequence[str] = (),
         fresh_cache: bool = False,
+        exclude: Sequence[str] = (),
         approval: ApprovalRequest | None = None,
         break_glass: str | None = None,
         actor: Actor | None = None,
@@ -58,6 +59,7 @@ class RunService(Verification, Attempts):
 
         :param action: ``restart`` | ``start`` | ``stop``.
         :param lock_ttl: seconds the lock lives without renewal.
+        :param exclude: nodes the relaunch leaves out (a Slurm job's ``--exclude``).
         :param approval: the approved request (the two-person rule): the run takes its id, approver
             and patch hashes (re-checked at pre-flight).
         :param break_glass: an admin's reason for acting without approval, marked on the run.
@@ -80,6 +82,7 @@ class RunService(Verification, Attempts):
                 action=action,
                 patches=list(patches),
                 fresh_cache=fresh_cache,
+                exclude=list(exclude),
                 break_glass=break_glass,
                 actor=actor,
                 approved_patches=approval.hashes if approval else {},

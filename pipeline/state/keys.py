@@ -188,3 +188,8 @@ def watched_at(prefix: str) -> str:
 def outage_told(prefix: str) -> str:
     """String: unix s at which the last state-store outage that was posted ended (:mod:`pipeline.state.redisconn`)."""
     return f"{prefix}store:outage_told"
+
+
+def node_notes(prefix: str, cluster: str) -> str:
+    """Hash: node name → what Pitstop holds against it on one Slurm cluster (JSON, :class:`pipeline.state.nodes.NodeNote`)."""
+    return f"{prefix}nodes:{cluster}"

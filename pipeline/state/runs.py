@@ -146,6 +146,7 @@ class RunRecord(BaseModel):
     created_at: float
     patches: list[str] = []  #: patch names in effect after this run
     fresh_cache: bool = False
+    exclude: list[str] = []  #: nodes the relaunch must leave out (``restart JOB excluding n2``; Slurm)
     old_pid: int | None = None
     pid: int | None = None
     pgid: int | None = None
