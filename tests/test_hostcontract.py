@@ -184,3 +184,4 @@ def test_every_answer_has_its_contracts_keys(python: str, tmp_path: Path) -> Non
     check("patch", {"workdir": str(tmp_path), "apply": [], "revert": []}, stdin="{}")
     check("gpu_wait", {"targets": [[pid, start]], "timeout": 0, "nvidia_smi": str(BIN / "nvidia-smi")})
     check("slurm_tasks", {"job": 1, "match": "(?!x)x"})
+    check("kernel_oom", {"lines": 5})

@@ -334,6 +334,16 @@ class HangAnswer(TypedDict):
     time: float
 
 
+class KernelOomArgs(TypedDict):
+    lines: int  #: the newest OOM-killer lines kept
+
+
+class KernelOomAnswer(TypedDict):
+    lines: Optional[List[str]]  #: the kernel's OOM-killer lines (``dmesg``), oldest first; None: unreadable
+    unreadable: Optional[str]  #: why ``dmesg`` could not be read (``dmesg_restrict``, not installed)
+    time: float
+
+
 class SlurmTasksArgs(TypedDict):
     job: Union[str, int]  #: the Slurm job id
     match: str

@@ -807,6 +807,26 @@ def op_hang(a: HangArgs) -> HangAnswer:
     return {"processes": out, "py_spy": spy, "time": time.time()}
 
 
+OOM_RX = re.compile(r"oom-kill|out of memory|oom_reaper", re.IGNORECASE)
+
+
+def op_kernel_oom(a: KernelOomArgs) -> KernelOomAnswer:
+    """The kernel's OOM-killer lines from ``dmesg`` (the newest ``lines``), or why it cannot be read."""
+    path = os.environ.get("PATH", "") + ":/bin:/usr/bin:/sbin"  # a login shell's PATH may lack it
+    out: KernelOomAnswer = {"lines": None, "unreadable": None, "time": time.time()}
+    try:
+        env = {**os.environ, "PATH": path}
+        r = subprocess.run(["dmesg"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10, env=env)
+        lines = r.stdout.decode("utf-8", "replace").splitlines()
+        why = r.stderr.decode("utf-8", "replace").strip().splitlines() or [f"dmesg exited {r.returncode}"]
+        out["unreadable"] = why[-1][:300] if r.returncode else None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        lines, out["unreadable"] = [], f"dmesg: {exc}"
+    if not out["unreadable"]:
+        out["lines"] = [ln.strip()[:500] for ln in lines if OOM_RX.search(ln)][-max(1, a["lines"]) :]
+    return out
+
+
 #: operation name → its function (arguments and answers: :class:`pipeline.host.probe.Ops`)
 OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
     "slurm_tasks": op_slurm_tasks,
@@ -822,6 +842,7 @@ OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
     "read": op_read,
     "tail": op_tail,
     "hang": op_hang,
+    "kernel_oom": op_kernel_oom,
 }
 
 
