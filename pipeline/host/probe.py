@@ -168,6 +168,7 @@ class Ops:
     tail = Op[c.TailArgs, c.TailAnswer]("tail")
     hang = Op[c.HangArgs, c.HangAnswer]("hang")
     kernel_oom = Op[c.KernelOomArgs, c.KernelOomAnswer]("kernel_oom")
+    checkpoints = Op[c.CheckpointsArgs, c.CheckpointsAnswer]("checkpoints")
     slurm_tasks = Op[c.SlurmTasksArgs, c.SlurmTasksAnswer]("slurm_tasks")
 
 
