@@ -3,22 +3,26 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from bot.runtime.scheduler import PitstopScheduler
-from handlers.watch.evidence import CrashCheck, refusal
+from handlers.watch.evidence import CrashCheck, check_crash, refusal
 from pipeline.config import AutoRestart, Config, parse_config
 from pipeline.config.jobs import TRANSIENT, CrashClass
 from pipeline.errors import ConfigError
+from pipeline.host.helper import OOM_RX
 from pipeline.observe.crashes import Crash, classify, detect_cause, from_fields
 from pipeline.state.events import EventKind
 from pipeline.verdict import Verdict
+from tests.fixtures.ssh import start_in_process
 from tests.test_scheduler import _events
-from tests.test_watch import MENTION, open_harness
+from tests.test_watch import MENTION, open_harness, until
 
 DFLASH = Path(__file__).resolve().parents[1] / "pipeline" / "dflash"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def metric(rank: int, step: int) -> str:
@@ -32,9 +36,9 @@ def test_each_class_from_what_the_failure_prints() -> None:
     assert xid.kind is CrashClass.XID and xid.evidence is not None and "Xid" in xid.evidence
     wait = '{"event":"waiting","rank":6,"role":"drafter","step":41,"on":"queue"}'  # an event, not a step
     killed = f"{metric(6, 40)}\n{wait}\ndflash-main: drafter rank 6 (pid 77) exited with code -9; stopping the job\n"
-    host_oom = classify(killed.encode())
-    assert (host_oom.kind, host_oom.rank, host_oom.step) == (CrashClass.HOST_OOM, 6, 40)
-    assert classify(b"x\n", exit_signal="SIGKILL").kind is CrashClass.HOST_OOM
+    sigkill = classify(killed.encode())
+    assert (sigkill.kind, sigkill.rank, sigkill.step) == (CrashClass.KILLED, 6, 40)
+    assert classify(b"x\n", exit_signal="SIGKILL").kind is CrashClass.KILLED
     segv = classify(b"dflash-main: target rank 2 (pid 9) exited with code -11; stopping the job\n")
     assert (segv.kind, segv.rank) == (CrashClass.SIGNAL, 2)
     nccl = classify(b"RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n")
@@ -53,7 +57,53 @@ def test_cublas_allocation_failure_and_the_oom_reaper_are_out_of_memory() -> Non
     assert classify(cublas).kind is CrashClass.CUDA_OOM
     assert detect_cause(cublas.decode()) == f"CUDA out of memory: {cublas.decode().strip()}"
     reaper = "step 3\noom_reaper: reaped process 4242 (python3), now anon-rss:0kB\n"
-    assert detect_cause(reaper) == "killed (likely the kernel's OOM killer: `Killed`)"
+    assert classify(reaper.encode()).kind is CrashClass.HOST_OOM
+    assert detect_cause(reaper) == "killed by the kernel's OOM killer: " + reaper.splitlines()[1]
+
+
+#: a real kernel's OOM report (6.18, a memory cgroup's limit), recorded with ``dmesg``: it killed pid 29343
+RECORDED_DMESG = (FIXTURES / "kernel" / "dmesg_oom_memcg.txt").read_text()
+RECORDED_PID = 29343
+
+
+def kernel_oom_lines(text: str) -> list[str]:
+    """The lines of a dmesg output the helper's ``kernel_oom`` keeps (its own filter)."""
+    return [ln.strip() for ln in text.splitlines() if OOM_RX.search(ln)]
+
+
+def test_a_sigkill_is_killed_unless_the_kernel_logged_an_oom_kill_of_that_pid() -> None:
+    """A bare SIGKILL is ``killed`` with the signal as evidence; only the kernel's own OOM line for one
+    of the killed pids (in the log, or in the host's dmesg) makes it ``host_oom``."""
+
+    def launcher(pid: int) -> bytes:
+        return f"{metric(6, 40)}\ndflash-main: drafter rank 6 (pid {pid}) exited with code -9; stopping\n".encode()
+
+    kernel = kernel_oom_lines(RECORDED_DMESG)
+    assert len(kernel) == 3  # invoked oom-killer, oom-kill:, Memory cgroup out of memory: Killed process
+    oom = classify(launcher(RECORDED_PID), kernel=kernel)
+    assert (oom.kind, oom.rank, oom.step) == (CrashClass.HOST_OOM, 6, 40)
+    assert oom.evidence is not None
+    assert oom.evidence.startswith(
+        "[27841.141530] Memory cgroup out of memory: Killed process 29343 (python3)"
+    )
+    other = classify(launcher(77), kernel=kernel)  # the kernel killed someone else
+    assert other.kind is CrashClass.KILLED
+    assert other.evidence == (
+        "dflash-main: drafter rank 6 (pid 77) exited with code -9; stopping: killed by SIGKILL, and the "
+        "host's dmesg has no OOM kill of pid 77"
+    )
+    leader = classify(b"step 3\n", exit_signal="SIGKILL", pids=[RECORDED_PID], kernel=kernel)
+    assert leader.kind is CrashClass.HOST_OOM  # the recorded pid itself was the one killed
+    denied = "dmesg: read kernel buffer failed: Operation not permitted"
+    blind = classify(b"step 3\n", exit_signal="SIGKILL", pids=[5], kernel_unreadable=denied)
+    assert (blind.kind, blind.evidence) == (
+        CrashClass.KILLED,
+        f"killed by SIGKILL, and the host's dmesg could not be read ({denied}), so "
+        "it shows no OOM kill of pid 5",
+    )
+    shell = classify(b"step 3\n./run.sh: line 7:  4242 Killed    python3 train.py\n")
+    assert shell.kind is CrashClass.KILLED and shell.evidence and "no OOM kill of pid 4242" in shell.evidence
+    assert CrashClass.KILLED in TRANSIENT and CrashClass.KILLED in AutoRestart().on
 
 
 def test_the_earliest_failure_of_any_rank_wins_over_the_collateral() -> None:
@@ -179,3 +229,53 @@ async def test_auto_restart_retries_nccl_timeout_and_gives_up_on_a_repeating_exc
             assert len(h.alerts()) == 1
         finally:
             await sched.stop()
+
+
+async def test_crash_check_reads_the_hosts_dmesg_to_tell_an_oom_kill_from_a_kill(
+    tmp_path: Path, redis_config: Config
+) -> None:
+    """Over SSH, a job killed by SIGKILL is ``killed`` while the host's dmesg (the stand-in replaying
+    a recorded real OOM report) names another pid, ``host_oom`` once it names the job's, and
+    ``killed`` saying why when dmesg cannot be read."""
+    host = await start_in_process(tmp_path / "ssh")
+    assert host.kernel_dir is not None
+    kernel = host.kernel_dir
+    try:
+        async with open_harness(tmp_path, redis_config, {"job": {}}, host=host) as h:
+            status = h.root / "job" / ".train.log.pitstop-exit"
+
+            async def crash_of(job_pid: int) -> Crash:
+                await h.kill("job")
+
+                async def recorded() -> bool:  # the waiter's exit record of this run
+                    return status.exists() and json.loads(status.read_text() or "{}").get("pid") == job_pid
+
+                assert await until(recorded, timeout=20)
+                check = await check_crash(h.ctx, "job")
+                assert check is not None and (check.exit_cause or "").startswith("killed by SIGKILL")
+                return check.crash
+
+            (kernel / "dmesg.txt").write_text(RECORDED_DMESG)  # the kernel killed pid 29343, not ours
+            run = await h.launch("job")
+            assert run.pid is not None and run.pid != RECORDED_PID
+            killed = await crash_of(run.pid)
+            assert killed.kind is CrashClass.KILLED and killed.evidence is not None
+            assert f"the host's dmesg has no OOM kill of pid {run.pid}" in killed.evidence
+
+            run = await h.launch("job")
+            assert run.pid is not None
+            (kernel / "dmesg.txt").write_text(RECORDED_DMESG.replace(str(RECORDED_PID), str(run.pid)))
+            oom = await crash_of(run.pid)
+            assert oom.kind is CrashClass.HOST_OOM and oom.evidence is not None
+            assert f"Memory cgroup out of memory: Killed process {run.pid} (python3)" in oom.evidence
+
+            (kernel / "denied").write_text("")  # kernel.dmesg_restrict=1
+            run = await h.launch("job")
+            assert run.pid is not None
+            blind = await crash_of(run.pid)
+            assert blind.kind is CrashClass.KILLED and blind.evidence is not None
+            assert "dmesg could not be read (dmesg: read kernel buffer failed: Operation not permitted)" in (
+                blind.evidence
+            )
+    finally:
+        await host.host.close()

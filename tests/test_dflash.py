@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
 import os
@@ -421,3 +422,87 @@ def test_topk_metrics_identical_with_and_without_patch(
     expected = reference_topk(logits, labels)
     assert before.topk_accuracy(logits, head, labels, chunk) == expected
     assert after.topk_accuracy(logits, head, labels, chunk) == expected
+
+
+# ----------------------------------------------------------------------------------------------------
+# checkpoints with a manifest (checkpoints.py: the convention Pitstop reads)
+
+
+def _checkpoints_module() -> Any:
+    sys.path.insert(0, str(DFLASH))
+    try:
+        import checkpoints  # the pipeline's own module, standard library only
+
+        return checkpoints
+    finally:
+        sys.path.remove(str(DFLASH))
+
+
+def test_a_save_is_a_renamed_directory_with_its_manifest_and_the_newest_k_are_kept(tmp_path: Path) -> None:
+    """Each save is ``step-NNNNNN/`` with a manifest of names, sizes and SHA-256; a save that dies
+    mid-write leaves only a temporary directory (not ``step-``), removed by the next; ``keep`` prunes."""
+    ck = _checkpoints_module()
+    root = tmp_path / "ckpt"
+    for step in (10, 20, 30):
+        ck.save(root, step, lambda d, s=step: (d / "drafter.pt").write_bytes(b"x" * s), keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["latest.json", "step-000020", "step-000030"]
+    manifest = json.loads((root / "step-000030" / "manifest.json").read_text())
+    digest = hashlib.sha256(b"x" * 30).hexdigest()
+    assert manifest["step"] == 30 and manifest["files"] == [
+        {"name": "drafter.pt", "size": 30, "sha256": digest}
+    ]
+    assert json.loads((root / "latest.json").read_text())["dir"] == "step-000030"
+
+    def dies(d: Path) -> None:
+        (d / "drafter.pt").write_bytes(b"half")
+        raise KeyboardInterrupt  # killed mid-save
+
+    with pytest.raises(KeyboardInterrupt):
+        ck.save(root, 40, dies)
+    assert ck.steps(root) == [30, 20] and any(p.name.startswith(".tmp-step-000040") for p in root.iterdir())
+    (root / "step-000030" / "drafter.pt").write_bytes(b"x" * 11)  # truncated afterwards
+    assert ck.problem(root / "step-000030") == "drafter.pt is 11 bytes of 30"
+    assert ck.newest_complete(root) == 20
+    (root / "step-000020" / "drafter.pt").write_bytes(b"y" * 20)  # same size, other bytes
+    assert ck.problem(root / "step-000020") is None
+    assert ck.problem(root / "step-000020", hashes=True) == "drafter.pt does not match its SHA-256"
+    ck.save(root, 50, lambda d: (d / "drafter.pt").write_bytes(b"z"), keep=1)
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["latest.json", "step-000050"]  # the killed save's temporary directory is gone too
+
+
+@pytest.mark.timeout(300)
+def test_resume_passes_over_a_damaged_checkpoint_and_resume_step_picks_one(
+    tmp_path: Path, jobs: list[Job]
+) -> None:
+    """The newest checkpoint truncated: a start resumes from the newest whole one and says why;
+    ``--resume-step`` of the damaged one exits 2 listing the whole ones; of a whole one, resumes there."""
+    job = Job(tmp_path, "--checkpoint-every", "5", "--max-steps", "15", "--keep-checkpoints", "2")
+    jobs.append(job)
+    assert job.wait_exit(150) == 0, job.text()[-3000:]
+    assert sorted(p.name for p in job.ckpt.glob("step-*")) == ["step-000010", "step-000015"]
+    pt = job.ckpt / "step-000015" / "drafter.pt"
+    size = pt.stat().st_size
+    os.truncate(pt, size // 2)
+
+    refused = Job(tmp_path, "--resume-step", "15", ckpt=job.ckpt)
+    jobs.append(refused)
+    assert refused.wait_exit(60) == 2
+    assert (
+        f"checkpoint step 15 in {job.ckpt}: drafter.pt is {size // 2} bytes of {size} (whole checkpoints: 10)"
+        in (refused.text())
+    )
+
+    again = Job(tmp_path, "--max-steps", "12", "--metric-every", "1", ckpt=job.ckpt)
+    jobs.append(again)
+    assert again.wait_exit(150) == 0, again.text()[-3000:]
+    said = f"dflash-main: checkpoint step 15 is incomplete: drafter.pt is {size // 2} bytes of {size}; not resuming"
+    assert said in again.text() and "resume_step=10" in again.text()
+    assert min(m["step"] for m in again.metrics() if m["role"] == "drafter") == 11
+    # its save at step 12 removed the abandoned step 15
+    assert sorted(p.name for p in job.ckpt.glob("step-*")) == ["step-000010", "step-000012"]
+
+    chosen = Job(tmp_path, "--resume-step", "10", "--max-steps", "11", "--metric-every", "1", ckpt=job.ckpt)
+    jobs.append(chosen)
+    assert chosen.wait_exit(150) == 0, chosen.text()[-3000:]
+    assert "resume_step=10" in chosen.text()

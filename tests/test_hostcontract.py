@@ -19,6 +19,8 @@ from pipeline.host import probe as hostprobe
 from pipeline.host.contract import (
     HELPER_VERSION,
     MARKER,
+    CheckpointDamage,
+    CheckpointEntry,
     ExitRecord,
     FileInfo,
     HangProcess,
@@ -185,3 +187,14 @@ def test_every_answer_has_its_contracts_keys(python: str, tmp_path: Path) -> Non
     check("patch", {"workdir": str(tmp_path), "apply": [], "revert": []}, stdin="{}")
     check("gpu_wait", {"targets": [[pid, start]], "timeout": 0, "nvidia_smi": str(BIN / "nvidia-smi")})
     check("slurm_tasks", {"job": 1, "match": "(?!x)x"})
+    check("kernel_oom", {"lines": 5})
+    step = ckpt / "step-000002"
+    step.mkdir()
+    (step / "a.pt").write_bytes(b"ab")
+    (step / "manifest.json").write_text(
+        json.dumps({"step": 2, "time": 1.0, "files": [{"name": "a.pt", "size": 2, "sha256": "0"}]})
+    )
+    listed = check("checkpoints", {"dir": str(ckpt), "sha256": True, "step": None})
+    for e in listed["checkpoints"]:
+        assert_shape(e, CheckpointEntry, "checkpoint")
+        assert_shape(e["damage"], CheckpointDamage, "checkpoint damage")

@@ -277,9 +277,9 @@ def test_in_flight_clears_a_planned_auto_restart() -> None:
         ),
         (
             "step 5 loss 2.1\n./run.sh: line 7:  4242 Killed                  python3 train.py\n",
-            "killed (likely the kernel's OOM killer: `Killed`)",
+            "killed by SIGKILL (`Killed`; no OOM line in the log)",
         ),
-        ("step 5 loss 2.1\nKilled\n", "killed (likely the kernel's OOM killer: `Killed`)"),
+        ("step 5 loss 2.1\nKilled\n", "killed by SIGKILL (`Killed`; no OOM line in the log)"),
         ("step 1\nstep 2\n", None),
     ],
 )

@@ -210,9 +210,10 @@ async def test_a_slow_host_does_not_delay_the_others_and_is_reported(
 async def test_a_crash_is_told_with_its_evidence_from_the_cycles_one_helper_call(
     tmp_path: Path, redis_config: Config
 ) -> None:
-    """A running job killed (SIGKILL): the cycle that finds it dead runs one command on its host,
-    and the DEAD incident it opens carries the log's last lines, how the process ended (the
-    launch waiter's record) and the crash class from the log since launch — all from that probe."""
+    """A running job killed (SIGKILL): the cycle that finds it dead runs one probe on its host (and,
+    the log naming no OOM kill, one read of the kernel's log), and the DEAD incident it opens
+    carries the log's last lines, how the process ended (the launch waiter's record) and the crash
+    class from the log since launch — all from that probe — and ``killed``, dmesg having no OOM kill."""
     async with open_harness(tmp_path, redis_config, {"train": {}}) as h:
         watcher = Watcher(h.ctx)
         run = await h.launch("train")
@@ -228,13 +229,14 @@ async def test_a_crash_is_told_with_its_evidence_from_the_cycles_one_helper_call
         assert isinstance(h.host, InProcessHost)
         before = h.host.host.commands
         decision = (await watcher.cycle("local", ["train"]))["train"]
-        assert h.host.host.commands - before == 1
+        # the probe, and for a SIGKILL with no OOM line in the log the host's kernel log (dmesg)
+        assert h.host.host.commands - before == 2
         assert decision.condition == "dead"
         incident = await h.ctx.redis.open_store(IncidentStore).incident("train")
         assert incident is not None and incident.kind.value == "dead"
         assert incident.exit_cause is not None and incident.exit_cause.startswith("killed by SIGKILL")
         assert incident.log is not None and '"step"' in incident.log.splitlines()[-1]
-        assert incident.crash_class == "host_oom" and incident.crash_evidence
+        assert incident.crash_class == "killed" and incident.crash_evidence
 
 
 def _open_gate(gate: Path) -> None:

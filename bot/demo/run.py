@@ -97,7 +97,7 @@ def demo_config_text(hc: HostConfig, *, workdir: Path, state_dir: Path, python: 
 
 
 def kill_session(sid: int) -> int:
-    """SIGKILL every process of session ``sid`` (from outside, as an OOM kill would); return how many.
+    """SIGKILL every process of session ``sid`` (from outside, as a kill -9 would); return how many.
 
     Its process group (the session leader's) is killed in one ``killpg``, so no worker outlives its
     launcher long enough to see it gone and log a traceback; then any other member of the session.

@@ -72,7 +72,15 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
     except PitstopError as exc:
         log.info("crash check %s: %s", name, exc.message)
         return None
-    crash = classify(data, exit_signal=signal, exit_code=code)
+    pid = current.get("pid")
+    crash = classify(
+        data,
+        exit_signal=signal,
+        exit_code=code,
+        pids=[int(pid)] if pid and pid.isdigit() else [],
+        kernel=seen.kernel,
+        kernel_unreadable=seen.kernel_unreadable,
+    )
     repeat = previous is not None and previous.same_failure(crash)
     fields = {**crash.to_fields(), "run_id": run_id, "repeat": "1" if repeat else "0"}
     await store.remember_crash(name, fields)

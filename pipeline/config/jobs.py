@@ -157,7 +157,8 @@ class CrashClass(StrEnum):
     NCCL_TIMEOUT = "nccl_timeout"
     NCCL_ERROR = "nccl_error"
     CUDA_OOM = "cuda_oom"
-    HOST_OOM = "host_oom"
+    HOST_OOM = "host_oom"  #: the kernel's OOM killer, by its own line (log or dmesg)
+    KILLED = "killed"  #: a SIGKILL with no OOM kill in the kernel's log (kill -9, a scheduler, a preemption)
     XID = "xid"
     PYTHON_EXCEPTION = "python_exception"
     SIGNAL = "signal"
@@ -170,6 +171,7 @@ TRANSIENT: tuple[CrashClass, ...] = (
     CrashClass.NCCL_ERROR,
     CrashClass.XID,
     CrashClass.HOST_OOM,
+    CrashClass.KILLED,
     CrashClass.UNKNOWN,
 )
 

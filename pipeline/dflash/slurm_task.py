@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-    resume_step = read_resume_step(args.checkpoint_dir)
+    resume_step = read_resume_step(args.checkpoint_dir, args.resume_step, lambda line: None)
     spec = {
         **rank_specs(
             args,

@@ -24,6 +24,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+import checkpoints
 import faults
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +33,6 @@ STOP_GRACE_S = 60.0  # after a stop request, how long the launcher waits before 
 FAIL_GRACE_S = 1.0  # after a worker failed, how long the launcher waits for the peers it broke to exit
 CHECKPOINT_FILE = "drafter.pt"
 TARGET_FILE = "target.pt"
-LATEST_FILE = "latest.json"
 
 _signalled = False  # set by the SIGTERM/SIGINT handler, in the launcher and in every worker
 
@@ -89,14 +89,36 @@ def load_profile(name: str) -> dict[str, Any]:
     return cfg
 
 
-def read_resume_step(ckpt_dir: str | None) -> int:
-    """Drafter step of the checkpoint in ``ckpt_dir`` (from latest.json; 0 when there is none)."""
-    if not ckpt_dir:
+def read_resume_step(ckpt_dir: str | None, asked: int | None = None, say: Any = print) -> int:
+    """The drafter step to resume from: ``asked`` (``--resume-step``; 0: from scratch) when its
+    checkpoint is whole, else the newest checkpoint in ``ckpt_dir`` whose manifest matches its
+    files, sizes and SHA-256 (0 when there is none).  A damaged newer checkpoint passed over is
+    said through ``say`` (``checkpoint step 540 is incomplete: …; resuming from step 530``).
+
+    :raises SystemExit: if ``asked`` names a step without a whole checkpoint (the message lists
+        the steps that have one).
+    """
+    if not ckpt_dir or asked == 0:
         return 0
-    latest = Path(ckpt_dir) / LATEST_FILE
-    if not latest.exists():
-        return 0
-    return int(json.loads(latest.read_text())["step"])
+    if asked is not None:
+        why = checkpoints.problem(checkpoints.step_dir(ckpt_dir, asked), hashes=True)
+        if why is None:
+            return asked
+        whole = [
+            s
+            for s in checkpoints.steps(ckpt_dir)
+            if checkpoints.problem(checkpoints.step_dir(ckpt_dir, s)) is None
+        ]
+        have = ", ".join(map(str, whole)) or "none"
+        raise SystemExit(
+            f"--resume-step {asked}: checkpoint step {asked} in {ckpt_dir}: {why} (whole checkpoints: {have})"
+        )
+    for step in checkpoints.steps(ckpt_dir):
+        why = checkpoints.problem(checkpoints.step_dir(ckpt_dir, step), hashes=True)
+        if why is None:
+            return step
+        say(f"dflash-main: checkpoint step {step} is incomplete: {why}; not resuming from it")
+    return 0
 
 
 def free_port() -> int:
@@ -120,6 +142,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metric-every", type=int, default=0, help="steps between metric lines (0: profile's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the target weights, data order, drafter init")
     p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (profile's)")
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="complete checkpoints kept (the newest K)")
+    p.add_argument(
+        "--resume-step",
+        type=int,
+        default=None,
+        help="resume from this step's checkpoint (default: the newest whole one)",
+    )
     faults.add_arguments(p)
     return p.parse_args(argv)
 
@@ -347,23 +376,20 @@ def run_target(spec: dict[str, Any], log: Log, q: Any, targets_stop: Any) -> Non
 
 
 def _save_checkpoint(spec: dict[str, Any], model: Any, opt: Any, step: int) -> None:
-    """Atomically write checkpoint-dir/drafter.pt (drafter, optimizer, step), then latest.json."""
+    """Write checkpoint-dir/step-NNNNNN/drafter.pt (drafter, optimizer, step) with its manifest
+    (:func:`checkpoints.save`: a temporary directory renamed, the newest ``keep_checkpoints`` kept)."""
     import torch  # lazy: torch after the process title is set (module docstring)
 
-    d = Path(spec["checkpoint_dir"])
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f"{CHECKPOINT_FILE}.tmp{os.getpid()}"
     state = {
         "step": step,
         "profile": spec["profile"],
         "drafter": model.state_dict(),
         "optimizer": opt.state_dict(),
     }
-    torch.save(state, tmp)
-    os.replace(tmp, d / CHECKPOINT_FILE)
-    tmp_json = d / f"{LATEST_FILE}.tmp{os.getpid()}"
-    tmp_json.write_text(json.dumps({"step": step, "file": CHECKPOINT_FILE, "ts": time.time()}) + "\n")
-    os.replace(tmp_json, d / LATEST_FILE)
+    keep = spec["keep_checkpoints"]
+    checkpoints.save(
+        spec["checkpoint_dir"], step, lambda d: torch.save(state, d / CHECKPOINT_FILE), keep=keep
+    )
 
 
 def _get_item(spec: dict[str, Any], q: Any) -> bytes:
@@ -413,7 +439,7 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     step = spec["resume_step"]
     if step:
-        path = Path(spec["checkpoint_dir"]) / CHECKPOINT_FILE
+        path = checkpoints.step_dir(spec["checkpoint_dir"], step) / CHECKPOINT_FILE
         state = torch.load(path, map_location=dev, weights_only=True)
         if state["profile"] != spec["profile"]:
             raise RuntimeError(f"{path} is for profile {state['profile']!r}, not {spec['profile']!r}")
@@ -509,6 +535,7 @@ def rank_specs(
         "profile": args.profile,
         "log": args.log,
         "checkpoint_dir": args.checkpoint_dir,
+        "keep_checkpoints": max(1, args.keep_checkpoints),
         "seed": args.seed,
         "resume_step": resume_step,
         "max_steps": args.max_steps,
@@ -540,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
 
     :param argv: command-line arguments (default: ``sys.argv[1:]``).
     :returns: the exit code: 0 when every worker exited 0, 1 when one failed or a stop timed out,
-        2 when CUDA is missing without ``--cpu``.
+        2 when CUDA is missing without ``--cpu`` or ``--resume-step`` names no whole checkpoint.
     """
     args = parse_args(argv)
     set_title("dflash-main")
@@ -552,7 +579,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     target_devs = _devices(args.target_devices, args.cpu)
     drafter_devs = _devices(args.drafter_devices, args.cpu)
-    resume_step = read_resume_step(args.checkpoint_dir)
+    try:
+        resume_step = read_resume_step(args.checkpoint_dir, args.resume_step, log.line)
+    except SystemExit as exc:  # --resume-step names a damaged or missing checkpoint
+        log.line(f"dflash-main: {exc}")
+        return 2
     fault_plan = faults.plan(args, len(target_devs) + len(drafter_devs), resume_step)
     banner = (
         f"dflash-main pid {os.getpid()} targets={_describe(target_devs)} drafters={_describe(drafter_devs)} "

@@ -104,6 +104,8 @@ class SlurmEngine(WorkdirSteps):
     """:class:`pipeline.engines.base.Engine` for ``engine = "slurm"`` jobs: a batch job on a cluster,
     driven through its login node (the job's ``host``)."""
 
+    kernel_log = False  #: its tasks run on compute nodes: the login node's dmesg says nothing of them
+
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         super().__init__(ssh, steps)
         self.client = SlurmClient(ssh)

@@ -134,6 +134,8 @@ class WorkdirSteps:
     on the job's ``host``: the ssh and Slurm engines' (the cluster's workdir is shared)."""
 
     min_free_bytes = 100 * 10**6  #: pre-flight: free bytes needed where the log is written
+    #: the job's processes run on ``host``, so its kernel log (``dmesg``) says whether it OOM-killed them
+    kernel_log = True
 
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         self.ssh = ssh
@@ -220,7 +222,9 @@ class WorkdirSteps:
         output (the recorded ``log``: a Slurm job's ``StdOut``; else the configured one) since
         ``offset``."""
         job = t.job.model_copy(update={"log": t.current.get("log") or t.job.log})
-        return await evidence.crash_evidence(self.ssh, t.name, job, t.current, offset, seen)
+        return await evidence.crash_evidence(
+            self.ssh, t.name, job, t.current, offset, seen, kernel=self.kernel_log
+        )
 
     async def hang_evidence(self, t: Target, pids: Sequence[int]) -> HangAnswer:
         """The helper's ``hang`` on the job's host (on Slurm the login node, not the allocation)."""

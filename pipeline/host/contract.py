@@ -120,6 +120,29 @@ class Checkpoint(TypedDict):
     file: str
 
 
+class CheckpointDamage(TypedDict):
+    """What is wrong with a checkpoint directory: ``why`` is ``manifest`` (none, or unreadable),
+    ``missing`` (``file`` is not there), ``size`` (``file`` has ``size`` bytes of ``expected``) or
+    ``sha256`` (``file``'s bytes differ from its manifest's hash)."""
+
+    why: str
+    file: Optional[str]
+    size: Optional[int]
+    expected: Optional[int]
+
+
+class CheckpointEntry(TypedDict):
+    """One ``step-NNNNNN`` checkpoint directory (the convention: ``pipeline/dflash/checkpoints.py``)."""
+
+    step: int
+    path: str
+    time: Optional[float]  #: its manifest's ``time`` (unix s, host clock), else the directory's mtime
+    files: int  #: files its manifest names
+    bytes: int  #: their sizes' sum, as the manifest says
+    damage: Optional[CheckpointDamage]  #: None: intact
+    verified: Optional[str]  #: ``size`` or ``sha256``: how it was checked and found intact; None: not
+
+
 # --- operations -------------------------------------------------------------------------------------
 
 
@@ -331,6 +354,27 @@ class HangProcess(TypedDict):
 class HangAnswer(TypedDict):
     processes: List[HangProcess]
     py_spy: Optional[str]  #: py-spy's path, None when it is not installed
+    time: float
+
+
+class KernelOomArgs(TypedDict):
+    lines: int  #: the newest OOM-killer lines kept
+
+
+class KernelOomAnswer(TypedDict):
+    lines: Optional[List[str]]  #: the kernel's OOM-killer lines (``dmesg``), oldest first; None: unreadable
+    unreadable: Optional[str]  #: why ``dmesg`` could not be read (``dmesg_restrict``, not installed)
+    time: float
+
+
+class CheckpointsArgs(TypedDict):
+    dir: str
+    sha256: bool  #: hash too: ``step``'s files, else each newest one down to the first intact
+    step: Optional[int]
+
+
+class CheckpointsAnswer(TypedDict):
+    checkpoints: List[CheckpointEntry]  #: newest step first
     time: float
 
 

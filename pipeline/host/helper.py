@@ -14,6 +14,7 @@ The operations (``OPS``) and their arguments and answers are typed in
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -291,12 +292,89 @@ def start_step(path: str, start: int, max_bytes: int = 1 << 20) -> StartStep:
     return {"said": int(m.group(1) or m.group(2)) if m else None, "first": first}
 
 
+STEP_DIR_RX = re.compile(r"^step-(\d{6,})$")
+
+
+def sha256_of(path: str) -> str:
+    """The file's SHA-256, hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_entry(path: str, step: int, hashes: bool) -> CheckpointEntry:
+    """``path`` (a ``step-NNNNNN`` directory) checked against its ``manifest.json``: each file there
+    with its size (and, with ``hashes``, its SHA-256)."""
+    out: CheckpointEntry = {
+        "step": step,
+        "path": path,
+        "time": None,
+        "files": 0,
+        "bytes": 0,
+        "damage": None,
+        "verified": None,
+    }
+    try:
+        with open(os.path.join(path, "manifest.json"), "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8", "replace"))
+        files = [(str(e["name"]), int(e["size"]), str(e["sha256"])) for e in manifest["files"]]
+        out["time"] = float(manifest.get("time") or os.stat(path).st_mtime)
+        out["files"], out["bytes"] = len(files), sum(size for _, size, _ in files)
+    except (OSError, ValueError, KeyError, TypeError):
+        out["damage"] = {"why": "manifest", "file": None, "size": None, "expected": None}
+        return out
+    for name, size, digest in files:
+        try:
+            have = os.stat(os.path.join(path, name)).st_size  # type: int | None
+        except OSError:
+            have = None
+        why = "missing" if have is None else "size" if have != size else None
+        if why is None and hashes and sha256_of(os.path.join(path, name)) != digest:
+            why = "sha256"
+        if why:
+            out["damage"] = {"why": why, "file": name, "size": have, "expected": size}
+            return out
+    out["verified"] = "sha256" if hashes else "size"
+    return out
+
+
+def checkpoint_dirs(directory: str) -> list[tuple[int, str]]:
+    """(step, path) of each ``step-NNNNNN`` directory in ``directory``, newest step first."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found = [(int(m.group(1)), os.path.join(directory, n)) for n in names if (m := STEP_DIR_RX.match(n))]
+    return sorted(found, reverse=True)
+
+
+def op_checkpoints(a: CheckpointsArgs) -> CheckpointsAnswer:
+    """Every ``step-NNNNNN`` checkpoint in ``dir``, newest first, each checked against its manifest;
+    with ``sha256`` the files of ``step`` are hashed too, else of each newest one down to the first intact."""
+    out: list[CheckpointEntry] = []
+    hashing = a["sha256"]
+    for step, path in checkpoint_dirs(a["dir"]):
+        want = a.get("step")
+        entry = checkpoint_entry(path, step, hashing and want in (None, step))
+        hashing = hashing and (want is not None or entry["damage"] is not None)
+        out.append(entry)
+    return {"checkpoints": out, "time": time.time()}
+
+
 def checkpoint_info(directory: str) -> Checkpoint | None:
     """The newest checkpoint in ``directory``, or None if there is none.
 
-    ``latest.json`` (``{"step": N}``, the reference pipeline's) decides when present; otherwise the
-    newest file, its step the last number in its name (``step_12000.pt``; None without one).
+    The newest ``step-NNNNNN`` directory whose manifest matches its files' sizes decides (its
+    manifest dates it); else ``latest.json`` (``{"step": N}``) when present; else the newest file,
+    its step the last number in its name (``step_12000.pt``; None without one).
     """
+    for step, path in checkpoint_dirs(directory):
+        entry = checkpoint_entry(path, step, False)
+        if entry["damage"] is None:
+            manifest = os.path.join(path, "manifest.json")
+            return {"step": step, "mtime": os.stat(manifest).st_mtime, "file": manifest}
     latest = os.path.join(directory, "latest.json")
     try:
         with open(latest, "rb") as f:
@@ -812,6 +890,26 @@ def op_hang(a: HangArgs) -> HangAnswer:
     return {"processes": out, "py_spy": spy, "time": time.time()}
 
 
+OOM_RX = re.compile(r"oom-kill|out of memory|oom_reaper", re.IGNORECASE)
+
+
+def op_kernel_oom(a: KernelOomArgs) -> KernelOomAnswer:
+    """The kernel's OOM-killer lines from ``dmesg`` (the newest ``lines``), or why it cannot be read."""
+    path = os.environ.get("PATH", "") + ":/bin:/usr/bin:/sbin"  # a login shell's PATH may lack it
+    out: KernelOomAnswer = {"lines": None, "unreadable": None, "time": time.time()}
+    try:
+        env = {**os.environ, "PATH": path}
+        r = subprocess.run(["dmesg"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10, env=env)
+        lines = r.stdout.decode("utf-8", "replace").splitlines()
+        why = r.stderr.decode("utf-8", "replace").strip().splitlines() or [f"dmesg exited {r.returncode}"]
+        out["unreadable"] = why[-1][:300] if r.returncode else None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        lines, out["unreadable"] = [], f"dmesg: {exc}"
+    if not out["unreadable"]:
+        out["lines"] = [ln.strip()[:500] for ln in lines if OOM_RX.search(ln)][-max(1, a["lines"]) :]
+    return out
+
+
 #: operation name → its function (arguments and answers: :class:`pipeline.host.probe.Ops`)
 OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
     "slurm_tasks": op_slurm_tasks,
@@ -827,6 +925,8 @@ OPS: dict[str, Callable[[Any], Mapping[str, object]]] = {
     "read": op_read,
     "tail": op_tail,
     "hang": op_hang,
+    "kernel_oom": op_kernel_oom,
+    "checkpoints": op_checkpoints,
 }
 
 

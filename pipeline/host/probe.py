@@ -177,6 +177,8 @@ class Ops:
     read = Op[c.ReadArgs, c.ReadAnswer]("read")
     tail = Op[c.TailArgs, c.TailAnswer]("tail")
     hang = Op[c.HangArgs, c.HangAnswer]("hang")
+    kernel_oom = Op[c.KernelOomArgs, c.KernelOomAnswer]("kernel_oom")
+    checkpoints = Op[c.CheckpointsArgs, c.CheckpointsAnswer]("checkpoints")
     slurm_tasks = Op[c.SlurmTasksArgs, c.SlurmTasksAnswer]("slurm_tasks")
 
 
@@ -256,6 +258,10 @@ class JobProbe:
     #: with ``exit_status``, for a job with no process left that died recently and whose launch
     #: recorded its log's size (:func:`probe_args`): the last :data:`CRASH_BYTES` it wrote since
     crash: LogChunk | None = None
+    #: read for a crash check whose log shows a SIGKILL without the kernel's own line: the host
+    #: kernel's OOM-killer lines (``dmesg``); None when not read (or unreadable: ``kernel_unreadable``)
+    kernel: tuple[str, ...] | None = None
+    kernel_unreadable: str | None = None
     #: the job's GPUs are on its ``host`` (nvidia-smi there sees them); False when the engine runs it
     #: elsewhere (a Slurm job's host is the login node)
     host_gpus: bool = True

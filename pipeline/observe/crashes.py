@@ -9,9 +9,13 @@ failure line.  The rules, in order:
    timeout → ``nccl_timeout``; another NCCL error → ``nccl_error``; a Python traceback → its
    exception line decides (an OOM or NCCL exception is that class, anything else
    ``python_exception`` with the exception's type and message);
-3. else how a process ended: SIGKILL (the launcher's ``exited with code -9``, the job's exit signal,
-   ``Killed``, the kernel's ``Out of memory: Killed process``) → ``host_oom``; another signal or
-   ``Segmentation fault`` / ``Fatal Python error`` → ``signal``;
+3. else how a process ended: the kernel's own OOM line in the log (``Out of memory: Killed
+   process``, ``oom-kill``, ``oom_reaper``) → ``host_oom``; a SIGKILL (the launcher's ``exited with
+   code -9``, the shell's ``Killed``, the job's exit signal) → ``host_oom`` only when the host's
+   kernel log (``dmesg``, read at classification: ``kernel``) has an OOM kill of one of the killed
+   pids, else ``killed`` with the signal as evidence (an operator's ``kill -9``, a scheduler's
+   kill at a time limit, a preemption); another signal or ``Segmentation fault`` / ``Fatal Python
+   error`` → ``signal``;
 4. else ``unknown``.
 
 The failing rank comes from the lines just before the traceback (``dflash-worker drafter rank 6
@@ -22,7 +26,7 @@ step is the last ``step`` that rank logged (JSON metric lines) before the failur
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.config.jobs import CrashClass
@@ -67,11 +71,12 @@ def from_fields(fields: Mapping[str, str]) -> Crash | None:
     return Crash(CrashClass(kind), evidence, exc_type, message, rank, step)
 
 
-# _CUDA_OOM and _KILLED serve both classify() and detect_cause()
+# _CUDA_OOM, _KERNEL_OOM and _SIGKILLED serve both classify() and detect_cause()
 _CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
-_KILLED = re.compile(
-    r"^\s*Killed\s*$|\s\d+\s+Killed(?:\s|$)|Out of memory: Killed process|oom-kill|oom_reaper", re.MULTILINE
-)
+_KERNEL_OOM = re.compile(r"Out of memory: Killed process|oom-kill|oom_reaper", re.IGNORECASE)
+_SIGKILLED = re.compile(r"^\s*Killed\s*$|\s(\d+)\s+Killed(?:\s|$)", re.MULTILINE)  #: the shell's line
+#: the killed pid a kernel OOM line names (``Killed process 29343``, ``pid=29343``, ``reaped process 29343``)
+_OOM_PID = re.compile(r"Killed process (\d+)|\bpid=(\d+)|reaped process (\d+)")
 _XID = re.compile(r"NVRM: Xid|\bXid\b.*\d|uncorrectable ECC|ECC error|fallen off the bus", re.IGNORECASE)
 _NCCL_TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout|NCCL.{0,80}(?:timed out|timeout)|Timeout at NCCL work",
@@ -84,7 +89,7 @@ _TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 _EXC = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _RANK = re.compile(r"\brank[ _]?(\d+)\b", re.IGNORECASE)
-_LAUNCHER_EXIT = re.compile(r"\b(\w+) rank (\d+) \(pid \d+\) exited with code (-?\d+)")
+_LAUNCHER_EXIT = re.compile(r"\b(\w+) rank (\d+) \(pid (\d+)\) exited with code (-?\d+)")
 _SIGNAL_LINE = re.compile(r"Segmentation fault|Fatal Python error|Aborted \(core dumped\)|Bus error")
 
 
@@ -111,7 +116,7 @@ def _rank_near(lines: list[str], i: int) -> int | None:
 
 
 def _launcher_rank(lines: list[str]) -> int | None:
-    found = (m for ln in lines if (m := _LAUNCHER_EXIT.search(ln)) and m.group(3) != "0")
+    found = (m for ln in lines if (m := _LAUNCHER_EXIT.search(ln)) and m.group(4) != "0")
     return next((int(m.group(2)) for m in found), None)
 
 
@@ -131,9 +136,42 @@ def _named_class(text: str) -> CrashClass | None:
     return CrashClass.NCCL_ERROR if _NCCL_ERROR.search(text) else None
 
 
-def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | None = None) -> Crash:
+def _oom_pid(line: str) -> int | None:
+    m = _OOM_PID.search(line) if _KERNEL_OOM.search(line) else None
+    return int(next(g for g in m.groups() if g)) if m else None
+
+
+def _killed(
+    line: str, pids: Collection[int], kernel: Sequence[str] | None, unreadable: str | None
+) -> tuple[CrashClass, str]:
+    """``host_oom`` with the kernel's line when it OOM-killed one of ``pids``, else ``killed``
+    with the log's SIGKILL ``line`` (``''``: none, the exit signal said it) and what the kernel log
+    said (the evidence)."""
+    oom = [ln for ln in kernel or () if _oom_pid(ln) in pids]
+    if oom:  # the kernel's own "Killed process" line says most, else its oom-kill: line
+        return CrashClass.HOST_OOM, next((ln for ln in oom if "Killed process" in ln), oom[-1])
+    who = ", ".join(f"pid {p}" for p in sorted(pids)) or "its processes"
+    seen = kernel_words(kernel is not None, unreadable)
+    return CrashClass.KILLED, f"{line}killed by SIGKILL, and {seen} no OOM kill of {who}"
+
+
+def classify(
+    data: bytes,
+    *,
+    exit_signal: str | None = None,
+    exit_code: int | None = None,
+    pids: Collection[int] = (),
+    kernel: Sequence[str] | None = None,
+    kernel_unreadable: str | None = None,
+) -> Crash:
     """Classify a failure from the new log bytes of all ranks (the rules: module docstring), and
-    the signal (``SIGKILL``) or exit code that ended the launched process, when known."""
+    the signal (``SIGKILL``) or exit code that ended the launched process, when known.
+
+    :param pids: the run's recorded pids (its session leader), added to those the log names as
+        killed (the launcher's ``(pid P) exited with code -9``, the shell's ``P Killed``).
+    :param kernel: the host's kernel OOM-killer lines (``dmesg``); None when they were not read.
+    :param kernel_unreadable: why ``dmesg`` could not be read (said in a ``killed`` evidence).
+    """
     lines = [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
     for i, ln in enumerate(lines):
         if _XID.search(ln):
@@ -155,17 +193,23 @@ def classify(data: bytes, *, exit_signal: str | None = None, exit_code: int | No
         rank = next((r for r in ranks if r is not None), None)
         return Crash(kind, _short(lines[i]), etype, msg, rank, _last_step(lines, i, rank))
     rank = _launcher_rank(lines)
+    for i, ln in enumerate(lines):  # the kernel's own line in the log
+        if _KERNEL_OOM.search(ln):
+            return Crash(CrashClass.HOST_OOM, _short(ln), rank=rank, step=_last_step(lines, i, rank))
+    killed = {int(m.group(3)) for ln in lines if (m := _LAUNCHER_EXIT.search(ln)) and m.group(4) == "-9"}
+    killed |= {int(m.group(1)) for m in _SIGKILLED.finditer("\n".join(lines)) if m.group(1)}
+    killed |= set(pids)
     for i, ln in enumerate(lines):
-        code = int(m.group(3)) if (m := _LAUNCHER_EXIT.search(ln)) else 0
-        kind = CrashClass.HOST_OOM if _KILLED.search(ln) or code == -9 else CrashClass.SIGNAL
-        if kind is CrashClass.HOST_OOM or _SIGNAL_LINE.search(ln) or code < 0:
-            return Crash(kind, _short(ln), rank=rank, step=_last_step(lines, i, rank))
+        code = int(m.group(4)) if (m := _LAUNCHER_EXIT.search(ln)) else 0
+        if _SIGKILLED.search(ln) or code == -9:
+            kind, why = _killed(f"{ln.strip()}: ", killed, kernel, kernel_unreadable)
+            return Crash(kind, _short(why), rank=rank, step=_last_step(lines, i, rank))
+        if _SIGNAL_LINE.search(ln) or code < 0:
+            return Crash(CrashClass.SIGNAL, _short(ln), rank=rank, step=_last_step(lines, i, rank))
     step = _last_step(lines, len(lines), rank)
     if exit_signal == "SIGKILL":
-        # no kernel line said so: most SIGKILLs of a training job are the OOM killer's, but a
-        # person's kill -9 looks the same from here, and the evidence says so
-        why = f"the job was killed by {exit_signal} with no OOM line in its log (the kernel's OOM killer, or a kill -9)"
-        return Crash(CrashClass.HOST_OOM, why, rank=rank, step=step)
+        kind, why = _killed("", killed, kernel, kernel_unreadable)
+        return Crash(kind, _short(why), rank=rank, step=step)
     if exit_signal:
         return Crash(CrashClass.SIGNAL, f"the job was ended by {exit_signal}", rank=rank, step=step)
     evidence = f"exit code {exit_code}, no failure line in the log" if exit_code is not None else None
@@ -195,6 +239,21 @@ def detect_cause(log_tail: str) -> str | None:
     after = lines[starts[-1] + 1 :] if starts else []  # the exception line closing the last traceback
     if exc := next((ln.strip() for ln in after if not ln.startswith(_INDENT) and _EXC_LINE.match(ln)), None):
         return f"Python exception: {exc}"
-    if _KILLED.search("\n".join(lines[-5:])):
-        return "killed (likely the kernel's OOM killer: `Killed`)"
+    last = lines[-5:]
+    if oom := next((ln.strip() for ln in reversed(last) if _KERNEL_OOM.search(ln)), None):
+        return f"killed by the kernel's OOM killer: {oom}"
+    if _SIGKILLED.search("\n".join(last)):
+        return "killed by SIGKILL (`Killed`; no OOM line in the log)"
     return None
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def kernel_words(read: bool, unreadable: str | None) -> str:
+    """How the host's kernel log was consulted, before "no OOM kill of …": ``the host's dmesg has``,
+    or ``the host's dmesg could not be read (WHY), so it shows``."""
+    if read:
+        return "the host's dmesg has"
+    why = f" ({unreadable})" if unreadable else ""
+    return f"the host's dmesg could not be read{why}, so it shows"

@@ -15,16 +15,19 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from pipeline.config import JobConfig
+from pipeline.config.jobs import CrashClass
 from pipeline.errors import RemoteError
 from pipeline.host.contract import EvidenceArgs, HangAnswer, HangArgs
 from pipeline.host.probe import CRASH_BYTES, JobProbe, Ops, call_helper, read_log_chunk, recorded_identity
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.crashes import classify
 from pipeline.observe.resume import ResumePoint, check_resume, checkpoint_fact
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import ERROR_LINE_LIMIT, Lost, Step, Verdict, VerdictLine
 
 RUNNING_TAIL_LINES = 3  #: log lines kept as evidence of a healthy start
 TAIL_LINES = 30  #: log lines kept as evidence
+KERNEL_LINES = 200  #: the newest kernel OOM-killer lines read for a crash check
 HANG_TIMEOUT = 120.0  #: seconds for a ``hang`` call (py-spy dumps of up to 16 processes)
 
 
@@ -208,10 +211,14 @@ async def crash_evidence(
     current: Mapping[str, str],
     offset: int,
     seen: JobProbe | None,
+    *,
+    kernel: bool = True,
 ) -> JobProbe:
     """What the job's dead run left, for the crash check: ``state``, ``exit_status``, ``log_size``
     (``seen``'s when it brought ``tail``, else one helper ``evidence`` call) and ``crash``: the last
-    :data:`CRASH_BYTES` of its log since byte ``offset`` (``seen``'s, else read).
+    :data:`CRASH_BYTES` of its log since byte ``offset`` (``seen``'s, else read); and, when it was
+    killed by SIGKILL with no OOM line in its log and ``kernel`` (the job runs on this host), the
+    host kernel's OOM-killer lines (``kernel``; or ``kernel_unreadable``: why not).
 
     :raises RemoteCommandError: if the log cannot be read; connection errors as ``SSHPool.run``.
     """
@@ -231,11 +238,24 @@ async def crash_evidence(
         info = answer.get("log")
         size = int((info["size"] if info else None) or 0)
         seen = JobProbe(name, state=answer.get("state"), log_size=size, exit_status=answer.get("status"))
-    if seen.crash is not None:
+    if seen.crash is None:
+        size = seen.log_size or 0
+        start = max(offset if size >= offset else 0, size - CRASH_BYTES)  # truncated since launch: its end
+        seen = replace(seen, crash=await read_log_chunk(ssh, name, job, start, CRASH_BYTES))
+    how = ended(seen.state, seen.exit_status)
+    killed = classify(seen.crash.data if seen.crash else b"", exit_signal=how.signal if how else None)
+    if not kernel:
+        return replace(seen, kernel_unreadable=ELSEWHERE)
+    if seen.kernel is not None or seen.kernel_unreadable or killed.kind is not CrashClass.KILLED:
         return seen
-    size = seen.log_size or 0
-    start = max(offset if size >= offset else 0, size - CRASH_BYTES)  # truncated since launch: its end
-    return replace(seen, crash=await read_log_chunk(ssh, name, job, start, CRASH_BYTES))
+    try:  # a SIGKILL with no OOM line in the log: did the kernel's OOM killer send it?
+        oom = await call_helper(ssh, Ops.kernel_oom({"lines": KERNEL_LINES}), job=name)
+    except RemoteError as exc:
+        return replace(seen, kernel_unreadable=exc.message)
+    lines = oom.get("lines")
+    return replace(
+        seen, kernel=None if lines is None else tuple(lines), kernel_unreadable=oom.get("unreadable")
+    )
 
 
 async def hang_evidence(
@@ -261,4 +281,5 @@ async def hang_evidence(
 
 # --- text ---------------------------------------------------------------------------------------
 
-NO_LOG_SINCE_LAUNCH = "(no log output since launch)"  #: evidence when the job wrote nothing since its launch
+NO_LOG_SINCE_LAUNCH = "(no log output since launch)"
+ELSEWHERE = "not asked: the job's processes run on other nodes"  #: why a job's kernel log was not read  #: evidence when the job wrote nothing since its launch
