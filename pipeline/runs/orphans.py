@@ -63,7 +63,8 @@ async def reconcile(restarter: Runner, *, instance: str) -> list[Interruption]:
                 continue
             finally:
                 await runs.unclaim(run.id)
-        if run.launched:
+        # read again: a verifier may have decided it (and left the queue) while it was taken over
+        if run.launched and (fresh := await runs.find(run.id)) is not None and fresh.finished_at is None:
             due = (run.launched_at or time.time()) + (spec.start_window if spec is not None else 0.0)
             await queue.enqueue(run.id, due, keep=True)
     return out
