@@ -68,6 +68,8 @@ async def _sequence(call: Call) -> Reply:
         patches=command.patches,
         fresh_cache=command.fresh_cache,
         exclude=command.exclude,
+        from_step=command.from_step,
+        auto=user == SYSTEM_USER,
         approval=call.approval,
         break_glass=glass,
         actor=call.req.actor,
