@@ -141,6 +141,7 @@ VERBS: Mapping[str, Handler] = MappingProxyType(
         ),
         "follow": lambda c: views.follow_command(c.ctx, c.command.run_ref or ""),
         "patches": lambda c: views.patches_command(c.ctx, _job(c)),
+        "checkpoints": lambda c: views.checkpoints_command(c.ctx, _job(c)),
         "lock": lambda c: views.lock_command(c.ctx, _job(c)),
         "unlock": _unlock,
         "approve": _approve,

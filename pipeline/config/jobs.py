@@ -42,7 +42,7 @@ _NOT_PERSON = (
     "owner {v!r}: use a user id (U…/W…) or a user-group id (S…), as Slack shows them "
     "in a profile's ⋮ → Copy member ID"
 )
-_NO_STEP = "names no {{step}}: give the step as an argument, e.g. [\"--resume-step\", \"{{step}}\"]"
+_NO_STEP = 'names no {{step}}: give the step as an argument, e.g. ["--resume-step", "{{step}}"]'
 _UNSAFE = "{v!r}: must be an absolute path, not '/', without '..'"
 _PATCH_NAME = "patch name {v!r}: letters, digits, '_', '.', '-' only"
 

@@ -52,7 +52,11 @@ async def list_checkpoints(
     """
     if job.checkpoint_dir is None:
         return []
-    args: CheckpointsArgs = {"dir": job.checkpoint_dir, "sha256": job.verify_checkpoint == "sha256", "step": step}
+    args: CheckpointsArgs = {
+        "dir": job.checkpoint_dir,
+        "sha256": job.verify_checkpoint == "sha256",
+        "step": step,
+    }
     answer = await call_helper(ssh, Ops.checkpoints(args), job=name, timeout=HASH_TIMEOUT)
     return [
         Checkpoint(c["step"], c.get("time"), c["files"], c["bytes"], c.get("damage"), c.get("verified"))
@@ -70,7 +74,9 @@ class Choice:
     fell_back: str | None = None  #: an automatic restart's fallback, as its thread says it
 
 
-def choose(name: str, job: JobConfig, found: Sequence[Checkpoint], asked: int | None, *, auto: bool) -> Choice:
+def choose(
+    name: str, job: JobConfig, found: Sequence[Checkpoint], asked: int | None, *, auto: bool
+) -> Choice:
     """Pre-flight's rule for the checkpoint a (re)start of job ``name`` resumes from (module docstring).
 
     :param found: :func:`list_checkpoints`, newest first.
