@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.config import JobConfig
 from pipeline.config.jobs import WatchSettings
-from pipeline.observe.checkpoints import list_checkpoints
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.checkpoints import list_checkpoints
 from pipeline.observe.metrics import MetricLine
 from pipeline.state.incidents import IncidentKind
 
