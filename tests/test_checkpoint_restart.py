@@ -7,6 +7,7 @@ back to the newest intact checkpoint by itself."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import uuid
@@ -128,6 +129,12 @@ async def _ran(h: Harness, d: Dispatcher, text: str, user: str = "U0TEST", **kw:
     return await h.ctx.runs.get(reply.run_id)
 
 
+def _fact(ckpt: Path, step: int) -> str:
+    """``1 file, 1.7 MiB``: what the verdict says of checkpoint ``step``, from its manifest."""
+    files = json.loads((ckpt / f"step-{step:06d}" / "manifest.json").read_text())["files"]
+    return f"{len(files)} file{'' if len(files) == 1 else 's'}, {fmt.size(sum(f['size'] for f in files))}"
+
+
 def _steps(ckpt: Path) -> list[int]:
     return sorted((int(p.name[5:]) for p in ckpt.glob("step-*")), reverse=True)
 
@@ -153,6 +160,8 @@ async def test_a_truncated_checkpoint_refuses_a_person_from_step_resumes_there_a
             assert run.verdict is Verdict.RUNNING and run.sid is not None, run.verdict_line
             sids.append(run.sid)
             assert await until(lambda: _checkpoints(ckpt, 3), 120)
+            watcher = Watcher(ctx)
+            await watcher.cycle("local")  # seen alive: its death is a crash
             await h.kill("dflash")
             newest, intact = _steps(ckpt)[0], _steps(ckpt)[1]
             drafter = ckpt / f"step-{newest:06d}" / "drafter.pt"
@@ -174,12 +183,11 @@ async def test_a_truncated_checkpoint_refuses_a_person_from_step_resumes_there_a
                 f"step 5 has no intact checkpoint; steps with one: {steps_with_one}"
             )
 
-            watcher = Watcher(ctx)
-
             async def auto_run() -> bool:
                 return any(r.requested_by == SYSTEM_USER for r in await ctx.runs.recent("dflash", 20))
 
-            assert await until(auto_run, 60, lambda: watcher.cycle("local"))
+            shown = [(p.kind, p.reply.title) for p in h.outbox.posted]
+            assert await until(auto_run, 60, lambda: watcher.cycle("local")), shown
             await watcher.drain(60)
             [auto] = [r for r in await ctx.runs.recent("dflash", 20) if r.requested_by == SYSTEM_USER]
             assert auto.auto and auto.resume_step == intact and auto.sid is not None, auto.verdict_line
@@ -191,7 +199,7 @@ async def test_a_truncated_checkpoint_refuses_a_person_from_step_resumes_there_a
             auto = await ctx.restarter.verify(await ctx.runs.get(auto.id)) if auto.verdict is None else auto
             facts = parse_line(auto.verdict_line or "")
             assert facts.verdict is Verdict.RUNNING and facts.resumed_at == intact, auto.verdict_line
-            assert facts.verified is not None and facts.verified.startswith("2 files, ")
+            assert facts.verified == _fact(ckpt, intact), auto.verdict_line
 
             back = min(_steps(ckpt))
             rolled = await _ran(h, d, f"restart dflash from step {back}")
@@ -199,7 +207,7 @@ async def test_a_truncated_checkpoint_refuses_a_person_from_step_resumes_there_a
             sids.append(rolled.sid)
             rolled = await ctx.restarter.verify(rolled)
             facts = parse_line(rolled.verdict_line or "")
-            assert facts.resumed_at == back and facts.verified is not None, rolled.verdict_line
+            assert facts.resumed_at == back and facts.verified == _fact(ckpt, back), rolled.verdict_line
             assert f", resumed at step {back} (checkpoint verified: {facts.verified})" in (
                 rolled.verdict_line or ""
             )
