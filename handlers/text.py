@@ -106,6 +106,7 @@ STATUS_HEADERS = ("job", "state", "pid", "procs", "uptime", "last restart", "loc
 HISTORY_HEADERS = ("run", "when", "who", "action", "patches", "verdict", "took")
 HISTORY_APPROVAL_HEADERS = ("when", "run", "who", "outcome", "what")
 #: the columns of ``history JOB --attempts``
+CHECKPOINT_HEADERS = ("step", "written", "size", "files", "state")
 ATTEMPT_HEADERS = ("run", "started", "resumed at", "reached", "steps/s", "ended", "steps lost")
 HISTORY_REFUSAL_HEADERS = ("when", "who", "request", "outcome", "why")
 #: a repeated delivery of a request that was already acted on
@@ -538,6 +539,32 @@ def escalation_stopped(job: str) -> str:
 
 
 # --- read-only verbs: status, lock, unlock, logs, history, help
+
+
+def checkpoints_title(job: str, directory: str, count: int, intact: Sequence[int]) -> str:
+    """``checkpoints JOB``'s headline: ``checkpoints of dflash in /srv/ckpt: 3, newest intact step 530``."""
+    newest = f"newest intact step {intact[0]}" if intact else "none intact"
+    return f"checkpoints of {job} in {directory}: {count}, {newest}"
+
+
+def checkpoint_state(verified: str | None, damage: str | None) -> str:
+    """A checkpoint's state cell: ``verified (size)``, ``verified (sha256)``, ``damaged: drafter.pt is …``."""
+    return f"damaged: {damage}" if damage is not None else f"verified ({verified or 'size'})"
+
+
+def checkpoints_none_configured(job: str) -> str:
+    """``checkpoints JOB`` of a job without ``checkpoint_dir``."""
+    return f"{job} has no checkpoint_dir: set [jobs.{job}] checkpoint_dir to list its checkpoints"
+
+
+def checkpoints_none(job: str, directory: str) -> str:
+    """``checkpoints JOB`` when the directory holds no ``step-NNNNNN`` checkpoint."""
+    return f"no step-NNNNNN checkpoint of {job} in {directory}"
+
+
+def checkpoints_unreadable(job: str, error: str) -> str:
+    """``checkpoints JOB`` when the host cannot be asked."""
+    return f"cannot list the checkpoints of {job}: {error}"
 
 
 def lock_free(job: str) -> str:

@@ -82,6 +82,8 @@ class VerdictLine:
     nodes: int | None = None  #: the node count a Slurm job runs on (RUNNING)
     resumed_at: int | None = None  #: the step resumed at (RUNNING), when not 0
     ignored_checkpoint: int | None = None  #: the checkpoint's step a run started from 0 in spite of
+    #: the checkpoint pre-flight verified, when the run resumed at its step (RUNNING): ``3 files, 2.30 GiB``
+    verified: str | None = None
     #: the resumed RUNNING line's :class:`Lost` clause: the step the previous run reached, the steps
     #: lost, the role compared (None: one role), their training time (s) and the checkpoint's time
     #: (as :func:`pipeline.fmt.clock` shows it)
@@ -185,6 +187,10 @@ _CODECS: dict[str, _Codec] = {
     **{f: _field(f) for f in ("seen", "expected", "pid", "job_id", "ignored_checkpoint")},
     "code": _field("code", rf"-?{_N}"),
     "resumed_at": (lambda v: str(v.resumed_at) if v.resumed_at else None, rf"(?P<resumed_at>{_N})"),
+    "verified": (
+        lambda v: one_line(v.verified or "") or None,
+        r"(?P<verified>[0-9]+ files?, [0-9.]+ [KMGT]?i?B)",
+    ),
     "who": (_who, rf"(?:pid (?P<pid>{_N})|job (?P<job_id>{_N}))"),
     "where": (
         _where,
@@ -217,6 +223,8 @@ _AFTER_LAUNCH = "INTERRUPTED after launch: {who} "
 _TEMPLATES: dict[Verdict, tuple[str, ...]] = {
     Verdict.RUNNING: (
         _RUNNING + ", started from step 0 although checkpoint step {ignored_checkpoint} exists",
+        _RUNNING + ", resumed at step {resumed_at} (checkpoint verified: {verified}){lost}",
+        _RUNNING + ", resumed at step {resumed_at} (checkpoint verified: {verified})",
         _RUNNING + ", resumed at step {resumed_at}{lost}",
         _RUNNING + ", resumed at step {resumed_at}",
         _RUNNING + ", started from step 0{all_lost}",

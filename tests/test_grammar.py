@@ -134,7 +134,7 @@ VERBS = ", ".join(v.name for v in grammar.GRAMMAR)
 RESTART_USAGE = (
     "usage: restart JOB [with PATCH[, PATCH and PATCH] [patch(es)]] [without PATCH [patch(es)]] [fresh cache]"
     " [--patch(es) PATCH[, PATCH and PATCH]]... [--without PATCH]... [--fresh-cache]"
-    ' [--break-glass "REASON"] [excluding NODE[,NODE]] [--exclude NODE[,NODE]]...\n'
+    ' [--break-glass "REASON"] [excluding NODE[,NODE]] [--exclude NODE[,NODE]]... [from step S]\n'
     "(type `help restart` for examples)"
 )
 
@@ -235,10 +235,12 @@ def test_usage_and_help_come_from_the_table() -> None:
     parsing (the examples read with dflash a Slurm job: node verbs need one)."""
     dflash = CONFIG.jobs["dflash"].model_copy(update={"engine": "slurm", "slurm": {"script": "/s"}})
     slurm = CONFIG.model_copy(update={"jobs": {**CONFIG.jobs, "dflash": dflash}})
+    rolls = CONFIG.jobs["dflash"].model_copy(update={"resume_from": ["--resume-step", "{step}"]})
+    rollback = CONFIG.model_copy(update={"jobs": {**CONFIG.jobs, "dflash": rolls}})  # from step S: ssh
     for spec in grammar.GRAMMAR:
         assert spec.usage.split()[0] == spec.name
         for example in spec.examples:
-            assert parse(example, slurm).verb == spec.name, example
+            assert parse(example, rollback if " from step " in example else slurm).verb == spec.name, example
     assert grammar.VERBS["logs"].usage == "logs JOB [N [lines]]"
     assert grammar.VERBS["watch"].usage == "watch JOB on|off [for DURATION]"
 
@@ -253,6 +255,7 @@ def test_roles_cover_every_verb() -> None:
         "history": "viewer",
         "patches": "viewer",
         "lock": "viewer",
+        "checkpoints": "viewer",
         "gpus": "viewer",
         "help": "viewer",
         "restart": "operator",

@@ -238,7 +238,9 @@ async def test_nan_at_step_35_alerts_with_rank_step_and_rollback_and_the_stop_po
     resolves as stopped on purpose."""
     args = [*PACED, "--checkpoint-every", "30", "--step-time", "0.3", "--nan-at-step", "35"]
     watch = WatchSettings(interval=0.5, stall_after=600, degraded_after=600, warmup=1, on_loss_nan="stop")
-    job = dflash_job(tmp_path / "dflash", args, 3, watch=watch, channel="CDFLASH")
+    job = dflash_job(
+        tmp_path / "dflash", args, 3, watch=watch, channel="CDFLASH", resume_from=["--resume-step", "{step}"]
+    )
     async with open_harness(tmp_path, redis_config, {"dflash": job}) as h:
         ctx, watcher, run = h.ctx, Watcher(h.ctx), None
         try:
@@ -297,7 +299,9 @@ async def test_a_loss_spike_from_the_pipelines_own_flag_is_one_incident_resolved
     args = [*PACED, "--checkpoint-every", "35", "--step-time", "0.25"]
     args += ["--loss-spike-at-step", "40", "--loss-spike-factor", "10", "--loss-spike-for", "30"]
     watch = WatchSettings(interval=0.5, stall_after=600, degraded_after=600, warmup=1, loss_spike_steps=6)
-    job = dflash_job(tmp_path / "dflash", args, 3, watch=watch, channel="CDFLASH")
+    job = dflash_job(
+        tmp_path / "dflash", args, 3, watch=watch, channel="CDFLASH", resume_from=["--resume-step", "{step}"]
+    )
     async with open_harness(tmp_path, redis_config, {"dflash": job}) as h:
         ctx, watcher, run = h.ctx, Watcher(h.ctx), None
         try:

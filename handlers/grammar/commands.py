@@ -95,6 +95,9 @@ class Command:
     topic = _Option("topic", str, None)  #: the verb ``help`` was asked about
     node = _Option("node", str, None)  #: the Slurm node a node verb acts on (drain, undrain)
     exclude = _Option("exclude", tuple, ())  #: nodes the relaunch leaves out (``restart … excluding n2``)
+    from_step = _Option(
+        "from_step", int, None
+    )  #: the checkpoint step to resume at (``restart … from step S``)
 
     def dumps(self, separators: tuple[str, str] = (",", ":")) -> str:
         """The command as JSON text, compact unless ``separators`` say otherwise (``pitstop parse``,
@@ -123,6 +126,7 @@ class Command:
             "--attempts" if self.attempts else "",
             f"for {fmt.duration(self.for_s)}" if self.for_s else "",
             f"excluding {','.join(self.exclude)}" if self.exclude else "",
+            f"from step {self.from_step}" if self.from_step is not None else "",
             self.reason or "",
         )
         return " ".join(w for w in words if w)
@@ -213,10 +217,26 @@ def _lookup(kind: str, given: str, known: Sequence[str], verb: str, where: str =
     return name
 
 
+def _from_step(job: str, raw: str, config: Config, verb: str) -> int:
+    """The step of ``from step S``: the job must be one whose launch can be told it (ssh, ``resume_from``)."""
+    spec = config.jobs[job]
+    if not spec.resume_from:
+        raise ParseError(
+            f"`from step S` needs [jobs.{job}] resume_from, the arguments that make {job} resume at a step "
+            '(e.g. ["--resume-step", "{step}"]); see `checkpoints ' + job + "`",
+            verb,
+        )
+    if spec.engine != "ssh":
+        raise ParseError(
+            f"`from step S` passes the step to the launch of an ssh job; {job} is a {spec.engine} job", verb
+        )
+    return _int("from_step", raw, verb)
+
+
 def _int(slot: str, raw: str, verb: str) -> int:
     kind, value = SLOTS[slot], int(raw)
     if not kind.low <= value <= kind.high:
-        what = "lines" if slot == "lines" else "N"
+        what = {"lines": "lines", "from_step": "the step"}.get(slot, "N")
         raise ParseError(f"{what} must be between {kind.low} and {kind.high}, got {value}", verb)
     return value
 
@@ -268,6 +288,8 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         if config.jobs[job].engine != "slurm":
             raise ParseError(f"`excluding NODE` leaves Slurm nodes out; {job} is not a Slurm job", verb)
         options["exclude"] = tuple(dict.fromkeys(raw["exclude"]))
+    if "from_step" in one and job is not None:
+        options["from_step"] = _from_step(job, one["from_step"], config, verb)
     patches = _patches(raw.get("patches", []), job, config, verb) if job is not None else ()
     if "without" in raw and job is not None:
         options["without"] = without = _patches(raw["without"], job, config, verb)

@@ -72,6 +72,7 @@ SLOTS: dict[str, SlotType] = {
     "target": SlotType("name", "JOB|HOST"),  #: a job or, failing that, a host
     "node": SlotType("name", "NODE"),  #: a node of a Slurm cluster, as Slurm names it
     "exclude": SlotType("names", "NODE[,NODE]"),  #: nodes a relaunch leaves out
+    "from_step": SlotType("int", "S", 0, 10**12),  #: the checkpoint step a restart resumes at
 }
 
 FLAGS = frozenset({"fresh_cache", "attempts"})  #: options set by an optional group of words
@@ -116,13 +117,15 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         "restart {job} [with {patches} [patch|patches]] [without {without} [patch|patches]] [fresh cache]"
         " [--patch|--patches {patches}]... [--without {without}]... [--fresh-cache]"
         " [--break-glass {reason}]"
-        " [excluding {exclude}] [--exclude {exclude}]...",
+        " [excluding {exclude}] [--exclude {exclude}]..."
+        " [from step {from_step}]",
         Role.OPERATOR,
         "stop the job, clear caches and apply patches if asked, relaunch it, then verify"
-        " (a Slurm job: excluding nodes leaves them out)",
+        " (a Slurm job: excluding nodes leaves them out; from step S: resume at checkpoint S)",
         (
             "restart dflash",
             "restart dflash excluding n2,n3",
+            "restart dflash from step 530",
             "restart dflash with topk patch",
             "restart dflash with topk and fast patches without old patch fresh cache",
             "restart dflash --patch topk --fresh-cache",
@@ -187,6 +190,13 @@ GRAMMAR: tuple[VerbSpec, ...] = (
         Role.VIEWER,
         "the job's patches: available and in effect",
         ("patches dflash",),
+    ),
+    VerbSpec(
+        "checkpoints {job}",
+        Role.VIEWER,
+        "the job's checkpoints, newest first: step, time, size, files, verified or damaged",
+        ("checkpoints dflash",),
+        aliases=("checkpoint", "ckpt"),
     ),
     VerbSpec(
         "lock {job}",

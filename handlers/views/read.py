@@ -28,9 +28,10 @@ from pipeline.config import Config
 from pipeline.digest.goodput import DAY_S, GOODPUT_RUNS, goodput_line, job_goodput
 from pipeline.engines.base import Sighting
 from pipeline.engines.workdir import patch_digest
-from pipeline.errors import RemoteError
+from pipeline.errors import ExitCode, RemoteError
 from pipeline.fmt import who
 from pipeline.host.probe import JobProbe
+from pipeline.observe.checkpoints import damage_text
 from pipeline.observe.watch import probe_slow
 from pipeline.state.audit import APPROVALS, REFUSALS, Audit, AuditEntry
 from pipeline.state.deliveries import Posts, UndeliveredAlerts
@@ -174,6 +175,41 @@ async def patches_command(ctx: Context, job: str) -> Reply:
     ]
     fields += [(words.FIELD_SHA256, ", ".join(hashes))] if hashes else []
     return Reply(title=f"patches of {job}", status=tone, fields=tuple(fields), lines=tuple(lines))
+
+
+async def checkpoints_command(ctx: Context, job: str) -> Reply:
+    """``checkpoints JOB``: the job's ``step-NNNNNN`` checkpoints, newest first (step, time, size,
+    files, verified or what is damaged); WARNING when the newest is damaged, ERROR when the host
+    cannot be asked."""
+    spec = ctx.config.jobs[job]
+    if spec.checkpoint_dir is None:
+        return Reply(title=words.checkpoints_none_configured(job), status=Status.INFO)
+    try:
+        found = await ctx.restarter.checkpoints(job)
+    except RemoteError as exc:
+        return Reply(
+            title=words.checkpoints_unreadable(job, exc.message),
+            status=Status.ERROR,
+            exit_code=ExitCode.FAILED,
+        )
+    if not found:
+        return Reply(title=words.checkpoints_none(job, spec.checkpoint_dir), status=Status.INFO)
+    rows = tuple(
+        (
+            str(c.step),
+            _when(ctx.config, c.time) if c.time is not None else "?",
+            fmt.size(c.bytes),
+            str(c.files),
+            words.checkpoint_state(c.verified, damage_text(c.damage) if c.damage else None),
+        )
+        for c in found
+    )
+    intact = [c.step for c in found if c.intact]
+    return Reply(
+        title=words.checkpoints_title(job, spec.checkpoint_dir, len(found), intact),
+        status=Status.OK if found[0].intact else Status.WARNING,
+        tables=(Table(words.CHECKPOINT_HEADERS, rows),),
+    )
 
 
 async def lock_command(ctx: Context, job: str) -> Reply:

@@ -42,6 +42,7 @@ _NOT_PERSON = (
     "owner {v!r}: use a user id (U…/W…) or a user-group id (S…), as Slack shows them "
     "in a profile's ⋮ → Copy member ID"
 )
+_NO_STEP = 'names no {{step}}: give the step as an argument, e.g. ["--resume-step", "{{step}}"]'
 _UNSAFE = "{v!r}: must be an absolute path, not '/', without '..'"
 _PATCH_NAME = "patch name {v!r}: letters, digits, '_', '.', '-' only"
 
@@ -355,6 +356,11 @@ class JobConfig(_Model):
     metrics: Literal["jsonl"] | MetricsPattern = "jsonl"
     metrics_log: str | None = None
     checkpoint_dir: HostPath | None = None  #: where the job's checkpoints are; verify checks the run resumed
+    #: how pre-flight checks the checkpoint a restart resumes from: its manifest's sizes, or SHA-256 too
+    verify_checkpoint: Literal["size", "sha256"] = "size"
+    #: argv appended to ``launch`` by ``restart JOB from step S`` (``{step}`` is S), e.g.
+    #: ``["--resume-step", "{step}"]``; empty: the job cannot be rolled back
+    resume_from: Annotated[list[str], must(lambda v: not v or any("{step}" in a for a in v), _NO_STEP)] = []
     total_steps: int | None = Field(default=None, ge=1)  #: the run's last step: digests give % and ETA
     #: the most a restart may lose: an int is steps, a duration string ("10m") is seconds of training
     max_lost: Annotated[int | LostDuration | None, BeforeValidator(_lost)] = None

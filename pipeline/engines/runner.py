@@ -41,6 +41,7 @@ from pipeline.observe.attempts import (
     metrics_offset,
     over_max_lost,
 )
+from pipeline.observe.checkpoints import Checkpoint, list_checkpoints
 from pipeline.observe.crashes import from_fields
 from pipeline.observe.evidence import Observation, decide
 from pipeline.observe.resume import check_resume, resume_warning
@@ -78,6 +79,7 @@ class Runner:
     ) -> None:
         check_engines(config, engines)
         self.config = config
+        self.ssh = ssh
         self.runs = runs
         self.steps = StepLog(runs, events)  #: records each step of every run
         #: engine name → engine, one of each in ``engines``
@@ -269,6 +271,16 @@ class Runner:
     async def read_chunk(self, name: str, job: JobConfig, offset: int, length: int, *, path: str) -> LogChunk:
         """:meth:`~pipeline.engines.base.Engine.read_chunk` of the job's engine."""
         return await self.engines[job.engine].read_chunk(name, job, offset, length, path=path)
+
+    async def checkpoints(self, job: str) -> list[Checkpoint]:
+        """The job's ``step-NNNNNN`` checkpoints, newest first, each checked against its manifest
+        (:func:`~pipeline.observe.checkpoints.list_checkpoints`; empty without ``checkpoint_dir``).
+
+        :raises KeyError: if the job is not configured.
+        :raises RemoteError: if the host cannot be asked.
+        """
+        name = self.config.job_name(job)
+        return await list_checkpoints(self.ssh, name, self.config.jobs[name])
 
     async def patches_in_effect(self, job: str) -> list[str]:
         """Patch names applied in the job's workdir now (:meth:`Engine.patches_applied

@@ -28,6 +28,7 @@ from pipeline.engines.workdir import CALL_TIMEOUT, WorkdirSteps
 from pipeline.errors import HostKeyRejected, RemoteError, RemoteTimeout, StopFailed
 from pipeline.host.contract import LaunchArgs, StopArgs
 from pipeline.host.probe import Ops, call_helper, probe_host, recorded_identity
+from pipeline.observe.checkpoints import resume_argv
 from pipeline.observe.evidence import gather
 from pipeline.state.incidents import LOG_LINES
 from pipeline.state.runs import RunRecord
@@ -66,7 +67,9 @@ class SshEngine(WorkdirSteps):
             detail = f"{t.name} is already running (pid {', '.join(str(p) for p in pids[:10])}) - use restart"
             raise await self.steps.refuse(run, rec, t.name, "running", detail)
         names = [c["check"] for c in answer.get("checks", [])]
-        await self.steps.end(run, rec, Outcome.OK, step_preflight_ok(names))
+        checked = await self.checkpoint_check(run, rec, t)
+        done = step_preflight_ok([*names, *(["checkpoint"] if checked else [])])
+        await self.steps.end(run, rec, Outcome.OK, f"{done}; {checked}" if checked else done)
         return answer.get("applied") or {}
 
     async def stop(self, run: RunRecord, t: Target) -> None:
@@ -123,7 +126,7 @@ class SshEngine(WorkdirSteps):
         rec = await self.steps.begin(run, Step.LAUNCH)
         args: LaunchArgs = {
             "workdir": job.workdir,
-            "argv": list(job.launch),
+            "argv": resume_argv(job, run.resume_step),
             "log": job.log,
             "name": name,
             "run_id": run.id,
@@ -141,6 +144,8 @@ class SshEngine(WorkdirSteps):
         ident = dict(pid=run.pid, start_time=run.start_time, sid=run.sid, pgid=run.pgid, log=job.log)
         await self.steps.launched(run, name, job.start_window, log_size=run.log_size_at_launch, **ident)
         detail = f"pid {run.pid} (new session), log {job.log} from byte {run.log_size_at_launch}"
+        if run.resume_step is not None:
+            detail += f"; resume_from step {run.resume_step}"
         await self.steps.end(run, rec, Outcome.OK, detail)
 
     async def observe(self, run: RunRecord, t: Target, *, complete: bool) -> Observation:

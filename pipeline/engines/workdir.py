@@ -26,6 +26,7 @@ from pipeline.host.contract import HangAnswer, PreflightAnswer, PreflightArgs, T
 from pipeline.host.probe import JobProbe, LogChunk, Ops, call_helper, probe_args, read_log_chunk
 from pipeline.host.remote import RemoteHosts
 from pipeline.observe import evidence
+from pipeline.observe.checkpoints import choose, list_checkpoints, verified_fact
 from pipeline.state.approvals import PatchDigest
 from pipeline.state.runs import RunRecord, StepRecord
 from pipeline.verdict import Outcome, Step
@@ -229,6 +230,33 @@ class WorkdirSteps:
     async def hang_evidence(self, t: Target, pids: Sequence[int]) -> HangAnswer:
         """The helper's ``hang`` on the job's host (on Slurm the login node, not the allocation)."""
         return await evidence.hang_evidence(self.ssh, t.name, t.job, t.current, pids)
+
+    async def checkpoint_check(self, run: RunRecord, rec: StepRecord, t: Target) -> str | None:
+        """Pre-flight's ``checkpoint`` check (:func:`pipeline.observe.checkpoints.choose`): the
+        checkpoint the run resumes from is intact (``run.from_step``'s, else the newest; an
+        automatic restart, ``run.auto``, falls back to the newest intact one).  Records on ``run``
+        the step handed to the launch (``resume_step``) and the checkpoint verified.
+
+        :returns: the check's note for the step's detail (``checkpoint step 540 verified``, the
+            fallback), or None when the job has no ``step-NNNNNN`` checkpoint to check.
+        :raises PreflightFailed: (check ``checkpoint``) if it is damaged, or the host cannot be asked.
+        """
+        if t.job.checkpoint_dir is None and run.from_step is None:
+            return None
+        try:
+            found = await list_checkpoints(self.ssh, t.name, t.job, step=run.from_step)
+        except RemoteError as exc:
+            raise await self.steps.refuse(run, rec, t.name, "checkpoint", exc.message) from None
+        chosen = choose(t.name, t.job, found, run.from_step, auto=run.auto)
+        if chosen.refused is not None:
+            raise await self.steps.refuse(run, rec, t.name, "checkpoint", chosen.refused)
+        if (ckpt := chosen.checkpoint) is None:
+            return None
+        run.resume_step, run.verified_step, run.verified = chosen.pass_step, ckpt.step, verified_fact(ckpt)
+        if chosen.fell_back is not None:
+            run.warning = chosen.fell_back
+            return chosen.fell_back
+        return f"checkpoint step {ckpt.step} verified ({ckpt.verified or 'size'}: {run.verified})"
 
     async def _preflight_call(
         self, run: RunRecord, rec: StepRecord, t: Target, program: str, plan: Plan

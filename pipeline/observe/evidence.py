@@ -185,6 +185,8 @@ def decide(run: RunRecord, obs: Observation, *, lost: Lost | None = None) -> tup
     else:
         ignored = check_resume(obs.start_step, obs.checkpoint, since)
         v = VerdictLine(Verdict.RUNNING, *seen, obs.nodes, obs.start_step, ignored)
+        if run.verified is not None and obs.start_step and obs.start_step == run.verified_step:
+            v = replace(v, verified=run.verified)
         if run.exclude:  # the person asked to leave nodes out: where it runs now is named
             v = replace(v, nodelist=obs.nodelist)
         if lost is not None:  # resumed, or started over after a run that advanced (all its steps)

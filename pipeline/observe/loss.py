@@ -26,14 +26,12 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.config import JobConfig
 from pipeline.config.jobs import WatchSettings
-from pipeline.host.contract import EvidenceArgs
-from pipeline.host.probe import Ops, call_helper
 from pipeline.host.remote import RemoteHosts
+from pipeline.observe.checkpoints import list_checkpoints
 from pipeline.observe.metrics import MetricLine
 from pipeline.state.incidents import IncidentKind
 
 MIN_BASELINE = 5  #: finite losses a rank must have logged in the window before a line to judge a spike
-_NO_PROCESS = "(?!x)x"  #: a ``match`` no command line matches (the checkpoint look-up counts none)
 
 
 class RankLoss(BaseModel):
@@ -118,31 +116,17 @@ def trouble(state: LossState, watch: WatchSettings) -> LossTrouble | None:
 
 
 async def checkpoint_before(ssh: RemoteHosts, name: str, job: JobConfig, step: int) -> int | None:
-    """The step of the newest checkpoint of job ``name`` written before ``step`` (where its trouble
-    began): the one to roll back to with ``restart JOB from step S``.  The one place that looks.
+    """The step of the newest intact checkpoint of job ``name`` written before ``step`` (where its
+    trouble began): the one to roll back to with ``restart JOB from step S``.  The one place that looks.
 
-    Today the host reports only the newest checkpoint in ``checkpoint_dir`` (``latest.json``, else
-    the newest file: :func:`pipeline.host.helper.checkpoint_info`), so an older one is not seen.
+    The host lists the ``step-NNNNNN`` checkpoints in ``checkpoint_dir``, each checked against its
+    manifest (:func:`pipeline.observe.checkpoints.list_checkpoints`).
 
-    :returns: the step, or None: no ``checkpoint_dir``, no checkpoint with a step, or the newest is
-        at or after ``step``.
+    :returns: the step, or None: no ``checkpoint_dir``, or no intact checkpoint before ``step``.
     :raises RemoteError: if the host cannot be asked.
     """
-    if job.checkpoint_dir is None:
-        return None
-    args: EvidenceArgs = {
-        "name": name,
-        "match": _NO_PROCESS,
-        "pid": None,
-        "start_time": None,
-        "sid": None,
-        "log": job.log,
-        "tail_lines": 0,
-        "checkpoint_dir": job.checkpoint_dir,
-    }
-    found = (await call_helper(ssh, Ops.evidence(args), job=name)).get("checkpoint")
-    at = found["step"] if found else None
-    return at if at is not None and at < step else None
+    found = await list_checkpoints(ssh, name, job)
+    return next((c.step for c in found if c.intact and c.step < step), None)
 
 
 # --- text ---------------------------------------------------------------------------------------

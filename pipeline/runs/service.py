@@ -51,6 +51,8 @@ class RunService(Verification, Attempts):
         patches: Sequence[str] = (),
         fresh_cache: bool = False,
         exclude: Sequence[str] = (),
+        from_step: int | None = None,
+        auto: bool = False,
         approval: ApprovalRequest | None = None,
         break_glass: str | None = None,
         actor: Actor | None = None,
@@ -60,6 +62,10 @@ class RunService(Verification, Attempts):
         :param action: ``restart`` | ``start`` | ``stop``.
         :param lock_ttl: seconds the lock lives without renewal.
         :param exclude: nodes the relaunch leaves out (a Slurm job's ``--exclude``).
+        :param from_step: the step to resume at (``restart JOB from step S``; pre-flight checks its
+            checkpoint, the launch passes it through ``resume_from``).
+        :param auto: Pitstop's own restart: a damaged newest checkpoint makes it fall back to the
+            newest intact one instead of refusing.
         :param approval: the approved request (the two-person rule): the run takes its id, approver
             and patch hashes (re-checked at pre-flight).
         :param break_glass: an admin's reason for acting without approval, marked on the run.
@@ -83,6 +89,8 @@ class RunService(Verification, Attempts):
                 patches=list(patches),
                 fresh_cache=fresh_cache,
                 exclude=list(exclude),
+                from_step=from_step,
+                auto=auto,
                 break_glass=break_glass,
                 actor=actor,
                 approved_patches=approval.hashes if approval else {},

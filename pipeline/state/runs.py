@@ -147,6 +147,12 @@ class RunRecord(BaseModel):
     patches: list[str] = []  #: patch names in effect after this run
     fresh_cache: bool = False
     exclude: list[str] = []  #: nodes the relaunch must leave out (``restart JOB excluding n2``; Slurm)
+    from_step: int | None = None  #: the step ``restart JOB from step S`` asked to resume at
+    auto: bool = False  #: Pitstop's own restart (auto_restart): it falls back to an intact checkpoint itself
+    resume_step: int | None = None  #: the step handed to the launch through ``[jobs.NAME] resume_from``
+    #: the checkpoint pre-flight verified (its step, and ``3 files, 2.30 GiB`` as the verdict says it)
+    verified_step: int | None = None
+    verified: str | None = None
     old_pid: int | None = None
     pid: int | None = None
     pgid: int | None = None
