@@ -8,23 +8,33 @@ The nvidia-smi and dmesg texts replayed here (``tests/fixtures/nvidia/ecc_*.txt`
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
+from handlers.outbox import MemoryOutbox
+from handlers.request.dispatch import Dispatcher, Request
 from handlers.watch.alerts import alert_reply
+from handlers.watch.cycle import Watcher
 from handlers.watch.suspects import excluding
-from pipeline.config import Config, HostConfig, JobConfig, parse_config
-from pipeline.config.jobs import CrashClass
+from pipeline.config import AuthSettings, Config, HostConfig, JobConfig, parse_config
+from pipeline.config.jobs import AutoRestart, CrashClass, WatchSettings
+from pipeline.engines.slurm import cluster_of
+from pipeline.fmt import clock
 from pipeline.host.helper import OOM_RX
 from pipeline.observe.crashes import classify
 from pipeline.observe.suspects import ecc_words, failed_nodes, node_of_rank, parse_ecc, short_node, xid
-from pipeline.state.incidents import Incident, IncidentKind
+from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 from pipeline.state.nodes import NodeNote, NodeNotes, Suspicion
 from pipeline.state.redisconn import RedisHandle
+from tests.test_slurm import MakeSlurm, context, make_slurm, redis_handle, shared_redis_url  # noqa: F401
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DMESG_XID = (FIXTURES / "kernel" / "dmesg_xid79.txt").read_text()
+ADMIN = "U0ADMIN1"
 T0 = 1_780_000_000.0  #: 2026-05-28 20:26:40 UTC (an injected clock: no test reads the wall clock)
 
 
@@ -78,7 +88,7 @@ def test_suspect_for_is_a_service_wide_watch_key_with_a_day_by_default() -> None
     assert parse_config({**base, "watch": {"suspect_for": "6h"}}, "t", Path.cwd()).watch.suspect_for == 21600
 
 
-async def test_a_suspicion_is_kept_beside_drains_and_expires_by_itself(redis_handle: RedisHandle) -> None:
+async def test_a_suspicion_is_kept_beside_drains_and_expires_by_itself(redis_handle: RedisHandle) -> None:  # noqa: F811
     """A suspect node is kept with its evidence, beside a drain of the same node; past its `until`
     (an injected clock) it is gone, and forgotten; the drain stays."""
     notes = redis_handle.open_store(NodeNotes)
@@ -129,3 +139,62 @@ def test_the_alert_says_which_nodes_are_suspect_and_why(story: str | None) -> No
         story=story,
     )
     assert line in alert_reply(inc, config, now=T0).lines
+
+
+# --- on the cluster -----------------------------------------------------------------------------
+
+
+async def test_a_degraded_node_is_suspect_shown_by_nodes_and_left_out_by_the_automatic_restart(
+    make_slurm: MakeSlurm,  # noqa: F811
+) -> None:
+    """A task killed on n2: the degraded alert names n2 as suspect and why, `nodes` shows it, a
+    person's restart is told; when the job then dies, the automatic restart excludes n2 and the
+    verdict names the nodes it runs on now."""
+    policy = AutoRestart(max=3, within=600, backoff=0.001, on=list(CrashClass))
+    stack = await make_slurm(watch=WatchSettings(degraded_after=0.001, stall_after=600, auto_restart=policy))
+    run = await stack.start()
+    assert run.verdict_line == f"RUNNING 8/8 processes job {run.slurm_job} on 2 nodes"
+    stack.config = stack.config.model_copy(update={"auth": AuthSettings(admins=[ADMIN], viewers=["*"])})
+    stack.restarter.config = stack.config
+    outbox = MemoryOutbox()
+    ctx = context(stack, outbox)
+    watcher = Watcher(ctx)
+    assert (await watcher.cycle("login"))["trainer"].condition == "ok"
+    tasks = await stack.engine.client.node_tasks(stack.name, run.slurm_job or 0, stack.token)
+    os.kill(next(t for t in tasks if t.node == "n2").pids[0], signal.SIGKILL)
+    for _ in range(2):
+        decisions = await watcher.cycle("login")
+    assert decisions["trainer"].condition == "degraded", decisions
+    [alert] = outbox.of("announce")
+    why = f"degraded: n2 has 3/4 processes (Slurm job {run.slurm_job})"
+    told = [ln for ln in alert.reply.lines if ln.startswith("suspect until ")]
+    assert told and told[0].endswith(f"(automatic restarts leave them out): n2 ({why})"), alert.reply.lines
+    inc = await ctx.redis.open_store(IncidentStore).incident("trainer")
+    assert inc is not None
+    held = await ctx.redis.open_store(NodeNotes).suspects(cluster_of(ctx.config, "trainer"), inc.opened_at)
+    assert list(held) == ["n2"] and held["n2"].why == why and held["n2"].until == inc.opened_at + 86400
+
+    dispatcher = Dispatcher(ctx)
+    listed = await dispatcher.handle(Request("nodes trainer", "U0VIEWER"))
+    cell = next((r for t in listed.tables for r in t.rows if r[0] == "n2"), (listed.title,))[-1]
+    assert cell.startswith("suspect until ") and cell.endswith(
+        f": {why} (seen {clock(inc.opened_at, date=False)})"
+    )
+
+    stack.cluster.run("scancel", str(run.slurm_job))
+    deadline = time.monotonic() + 60
+    while not [r for r in await ctx.runs.recent("trainer") if r.id != run.id]:
+        assert time.monotonic() < deadline, outbox.of("thread")
+        await watcher.cycle("login")
+    await watcher.drain(120)
+    [auto] = [r for r in await ctx.runs.recent("trainer") if r.id != run.id]
+    assert auto.exclude == ["n2"], auto
+    verified = await stack.restarter.verify(await ctx.runs.get(auto.id))
+    assert verified.verdict_line == f"RUNNING 8/8 processes job {verified.slurm_job} on 2 nodes (n1, n3)", (
+        verified.evidence
+    )
+
+    asked = await dispatcher.handle(Request("restart trainer", ADMIN))
+    at = clock(inc.opened_at, date=False)
+    assert f"n2 is suspect ({why} at {at}): restart trainer excluding n2" in asked.lines, asked.lines
+    await dispatcher.drain(120)
