@@ -59,7 +59,8 @@ Handler = Callable[[Call], Awaitable[Reply | Acted]]
 async def _sequence(call: Call) -> Reply:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
     ctx, command, user, glass = call.ctx, call.command, call.req.user, call.break_glass
-    job, warned = _job(call), tuple[str, ...]()
+    job = _job(call)
+    warned: tuple[str, ...] = ()
     if command.verb in ("restart", "start") and user != SYSTEM_USER:  # warned, never blocked
         suspects = await suspect_nodes(ctx, job, time.time())
         said = (await ctx.service.no_progress_warning(job), excluding(job, suspects, command.exclude))
