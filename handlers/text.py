@@ -8,7 +8,7 @@ choices between words that need real logic stay in the module of the verb that a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -732,6 +732,43 @@ def nodes_no_cluster(host: str) -> str:
 def node_held(by: str, reason: str, at: float) -> str:
     """What Pitstop holds against a node it drained: ``drained by <@U1> at 12:03 UTC: bad ECC``."""
     return f"drained by {fmt.who(by)} at {fmt.clock(at)}: {reason}"
+
+
+def node_suspect(why: str, at: float, until: float) -> str:
+    """A suspect node in the ``nodes`` table: ``suspect until 10:14 UTC: Xid 79 (seen 10:14 UTC)``."""
+    return f"suspect until {fmt.clock(until, date=True)}: {why} (seen {fmt.clock(at, date=False)})"
+
+
+def node_failed(state: str | None, reason: str | None) -> str:
+    """Why a node Slurm saw fail is suspect: ``NODE_FAIL (DOWN*, Not responding)``."""
+    said = ", ".join(b for b in (state, reason) if b)
+    return f"NODE_FAIL ({said})" if said else "NODE_FAIL"
+
+
+def suspect_stuck(rank: int, step: int | None) -> str:
+    """Why a stuck rank's node is suspect: ``rank 5 stuck at step 120``."""
+    return f"rank {rank} stuck" + (f" at step {step}" if step is not None else "")
+
+
+def suspect_degraded(cause: str) -> str:
+    """Why a node short of processes is suspect: ``degraded: n2 has 0/4 processes (Slurm job 12)``."""
+    return f"degraded: {cause}"
+
+
+def suspects_told(clues: Mapping[str, str], until: float) -> str:
+    """The alert's line on the nodes its evidence made suspect: ``suspect until 10:14 UTC (automatic
+    restarts leave them out): n2 (Xid 79)``."""
+    named = ", ".join(f"{n} ({why})" for n, why in sorted(clues.items()))
+    return f"suspect until {fmt.clock(until, date=True)} (automatic restarts leave them out): {named}"
+
+
+def suspect_warning(job: str, suspects: Mapping[str, tuple[str, float]], exclude: Sequence[str]) -> str:
+    """A person's restart of a job whose cluster has suspect nodes it does not leave out:
+    ``n2 is suspect (Xid 79 at 10:14): restart dflash excluding n2``."""
+    said = "; ".join(
+        f"{n} is suspect ({why} at {fmt.clock(at, date=False)})" for n, (why, at) in suspects.items()
+    )
+    return f"{said}: restart {job} excluding {','.join(exclude)}"
 
 
 def node_unknown(node: str, where: str, suggestions: Sequence[str], known: Sequence[str]) -> str:

@@ -7,6 +7,7 @@ without the handlers' remote machinery (``pitstop parse`` stays quick).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -24,6 +25,7 @@ from handlers.runs.view import thread_key
 from handlers.views import nodes, reports
 from handlers.views import read as views
 from handlers.watch import acks, escalate
+from handlers.watch.suspects import excluding, suspect_nodes
 from pipeline.errors import ExitCode
 from pipeline.state.approvals import ApprovalRequest, Approvals
 from pipeline.state.audit import Audit, AuditOutcome
@@ -57,9 +59,12 @@ Handler = Callable[[Call], Awaitable[Reply | Acted]]
 async def _sequence(call: Call) -> Reply:
     """restart, start, stop: take the lock, create and announce the run, continue in the background."""
     ctx, command, user, glass = call.ctx, call.command, call.req.user, call.break_glass
-    job, warned = _job(call), None
-    if command.verb in ("restart", "start") and user != SYSTEM_USER:
-        warned = await ctx.service.no_progress_warning(job)  # a person's restart is warned, never blocked
+    job = _job(call)
+    warned: tuple[str, ...] = ()
+    if command.verb in ("restart", "start") and user != SYSTEM_USER:  # warned, never blocked
+        suspects = await suspect_nodes(ctx, job, time.time())
+        said = (await ctx.service.no_progress_warning(job), excluding(job, suspects, command.exclude))
+        warned = tuple(w for w in said if w)
     run = await ctx.service.request(
         job,
         command.verb,
@@ -82,7 +87,7 @@ async def _sequence(call: Call) -> Reply:
     call.spawn(ctx.service.execute(run, remove=command.without), f"pitstop-{command.verb}:{run.id}")
     return Reply(
         title=words.queued(run.id, run.job) + (words.break_glass_note(glass) if glass else ""),
-        lines=(words.queued_detail(command.verb, channel), *((warned,) if warned else ())),
+        lines=(words.queued_detail(command.verb, channel), *warned),
         status=Status.INFO,
         run_id=run.id,
         thread_key=thread_key(run.id),

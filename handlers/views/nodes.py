@@ -23,7 +23,7 @@ from pipeline.engines.slurm import SlurmEngine, cluster_of, clusters
 from pipeline.errors import ExitCode, RemoteError
 from pipeline.host.slurm import SlurmNode
 from pipeline.state.jobstate import JobRecords
-from pipeline.state.nodes import NodeNote, NodeNotes
+from pipeline.state.nodes import NodeNote, NodeNotes, Suspicion
 
 
 def _engine(ctx: Context) -> SlurmEngine:
@@ -46,7 +46,7 @@ async def _running(ctx: Context, jobs: tuple[str, ...]) -> dict[int, str]:
 async def nodes_command(ctx: Context, job: str | None, host: str | None) -> Reply:
     """``nodes [JOB|HOST]``: one table per cluster (a job's, those a login node serves, else every
     one): each node's Slurm state (``MIXED+DRAIN``) and ``sinfo`` state (``drng``), its reason, the
-    jobs on it (Pitstop's by name) and what Pitstop holds against it.
+    jobs on it (Pitstop's by name) and what Pitstop holds against it (its drain, why it is suspect).
 
     :returns: the tables; an error reply (exit 1) when a cluster could not be listed, a refusal
         (exit 2) for a job that is not a Slurm job or a host no Slurm job logs in to.
@@ -77,6 +77,7 @@ async def nodes_command(ctx: Context, job: str | None, host: str | None) -> Repl
         if isinstance(found, BaseException):
             raise found
         held, ours = await notes.of(cluster), await _running(ctx, jobs)
+        suspect = await notes.suspects(cluster, time.time())
         lines.append(words.nodes_title(cluster, jobs, len(found)))
         rows = tuple(
             (
@@ -85,7 +86,7 @@ async def nodes_command(ctx: Context, job: str | None, host: str | None) -> Repl
                 n.short,
                 n.reason or "-",
                 ", ".join(ours.get(j, str(j)) for j in n.jobs) or "-",
-                words.node_held(h.by, h.reason, h.at) if (h := held.get(n.name)) else "-",
+                _held(held.get(n.name), suspect.get(n.name)),
             )
             for n in found
         )
@@ -121,6 +122,13 @@ async def resolve_node(ctx: Context, command: Command) -> Command:
             words.node_unknown(command.node, where, close_names(command.node, every), every), command.verb
         )
     return dataclasses.replace(command, job=having[0])
+
+
+def _held(drain: NodeNote | None, suspicion: Suspicion | None) -> str:
+    """The ``pitstop`` cell: the drain Pitstop made and why the node is suspect, or ``-``."""
+    said = [words.node_held(drain.by, drain.reason, drain.at)] if drain else []
+    said += [words.node_suspect(suspicion.why, suspicion.at, suspicion.until)] if suspicion else []
+    return "; ".join(said) or "-"
 
 
 def _names(nodes: list[SlurmNode]) -> list[str]:

@@ -133,6 +133,7 @@ def alert_reply(
     job, policy = incident.job, _policy(incident, config)
     fields = _fields(incident, config, now)
     lines = [words.alert_detected_cause(incident.cause)] if incident.cause else []
+    lines += [incident.suspects] if incident.suspects else []
     if incident.story is not None:  # told in a grouped post, whose headline pages and says how to ack
         acked = words.ALERT_FIELD_LABELS["acked"]
         fields, log, mention = tuple((k, v) for k, v in fields if k == acked), None, False

@@ -40,6 +40,7 @@ from handlers.watch.alerts import (
     pager_alert,
 )
 from handlers.watch.evidence import check_crash, post_hang_evidence, refusal, with_crash
+from handlers.watch.suspects import note_suspects, suspect_nodes
 from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
@@ -337,7 +338,9 @@ class Watcher:
             policy = ctx.config.jobs[inc.job].watch.auto_restart
             await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
             self._auto_fired[inc.job] = time.time()
-            asked = Request(f"restart {inc.job}", SYSTEM_USER, channel=channel, surface=SYSTEM_SURFACE)
+            left_out = await suspect_nodes(ctx, inc.job, now)
+            text = f"restart {inc.job}" + (f" excluding {','.join(sorted(left_out))}" if left_out else "")
+            asked = Request(text, SYSTEM_USER, channel=channel, surface=SYSTEM_SURFACE)
             answer = await self.restarts.handle(asked)
             await ctx.events.publish(
                 EventKind.RESTART,
@@ -428,7 +431,7 @@ class Watcher:
             why = refusal(name, check, cfg.watch.auto_restart)
             if why is not None:
                 inc = inc.model_copy(update={"no_auto": why, "next_auto_at": None})
-        return inc
+        return await note_suspects(self.ctx, inc)
 
     async def _event(self, kind: EventKind, inc: Incident, **extra: Any) -> None:
         about = dict(alert=inc.kind.value, n=inc.n, host=inc.host, count=inc.count, cause=inc.cause)
@@ -448,5 +451,6 @@ _TOLD = (
     "cause",
     "exit_cause",
     "rollback_step",
+    "suspects",
     *(f for f in Incident.model_fields if f.startswith("crash_")),
 )

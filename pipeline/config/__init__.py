@@ -131,6 +131,14 @@ class SchedulerSettings(_Model):
     timezone: Annotated[str, must(lambda v: fmt.timezone_of(v).key == v, _UNKNOWN_ZONE)] = "UTC"
 
 
+class ServiceWatch(_Model):
+    """``[watch]``: settings of the watcher that hold for every job."""
+
+    #: seconds a node named by evidence (an Xid, uncorrected ECC errors, ``NODE_FAIL``, a stuck rank
+    #: or a degraded count on one node) stays suspect: automatic restarts leave it out
+    suspect_for: Seconds = 86400.0
+
+
 class HostConfig(_Model):
     """``[hosts.NAME]``: an SSH endpoint."""
 
@@ -185,6 +193,7 @@ class Config(_Model):
     state: StateSettings = StateSettings()
     health: HealthSettings = HealthSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    watch: ServiceWatch = ServiceWatch()
     hosts: dict[str, HostConfig] = {}
     jobs: dict[str, JobConfig] = {}
     #: ``[escalation.NAME]``: escalation policies jobs name with ``escalation = "NAME"``

@@ -362,7 +362,9 @@ class KernelOomArgs(TypedDict):
 
 
 class KernelOomAnswer(TypedDict):
-    lines: Optional[List[str]]  #: the kernel's OOM-killer lines (``dmesg``), oldest first; None: unreadable
+    lines: Optional[
+        List[str]
+    ]  #: the kernel's OOM-killer and Xid lines (``dmesg``), oldest first; None: unreadable
     unreadable: Optional[str]  #: why ``dmesg`` could not be read (``dmesg_restrict``, not installed)
     time: float
 

@@ -890,11 +890,13 @@ def op_hang(a: HangArgs) -> HangAnswer:
     return {"processes": out, "py_spy": spy, "time": time.time()}
 
 
-OOM_RX = re.compile(r"oom-kill|out of memory|oom_reaper", re.IGNORECASE)
+#: the kernel lines a crash is classified by: the OOM killer's, and NVIDIA's Xid (a GPU error)
+OOM_RX = re.compile(r"oom-kill|out of memory|oom_reaper|NVRM: Xid", re.IGNORECASE)
 
 
 def op_kernel_oom(a: KernelOomArgs) -> KernelOomAnswer:
-    """The kernel's OOM-killer lines from ``dmesg`` (the newest ``lines``), or why it cannot be read."""
+    """The kernel's OOM-killer and NVIDIA Xid lines from ``dmesg`` (the newest ``lines``), or why it
+    cannot be read."""
     path = os.environ.get("PATH", "") + ":/bin:/usr/bin:/sbin"  # a login shell's PATH may lack it
     out: KernelOomAnswer = {"lines": None, "unreadable": None, "time": time.time()}
     try:

@@ -4,7 +4,8 @@
 eight ranks in one log the last lines are collateral damage; the cause is one rank's first
 failure line.  The rules, in order:
 
-1. an ``Xid`` / ECC / "fallen off the bus" line anywhere → ``xid`` (the hardware explains the rest);
+1. an ``Xid`` / ECC / "fallen off the bus" line anywhere, in the log or the host's kernel log
+   (``dmesg``, when read: ``kernel``) → ``xid`` (the hardware explains the rest);
 2. else the *earliest* failure line: a CUDA out-of-memory line → ``cuda_oom``; the NCCL watchdog's
    timeout → ``nccl_timeout``; another NCCL error → ``nccl_error``; a Python traceback → its
    exception line decides (an OOM or NCCL exception is that class, anything else
@@ -169,7 +170,7 @@ def classify(
 
     :param pids: the run's recorded pids (its session leader), added to those the log names as
         killed (the launcher's ``(pid P) exited with code -9``, the shell's ``P Killed``).
-    :param kernel: the host's kernel OOM-killer lines (``dmesg``); None when they were not read.
+    :param kernel: the host's kernel OOM-killer and Xid lines (``dmesg``); None when they were not read.
     :param kernel_unreadable: why ``dmesg`` could not be read (said in a ``killed`` evidence).
     """
     lines = [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
@@ -177,6 +178,9 @@ def classify(
         if _XID.search(ln):
             rank = _rank_near(lines, i)
             return Crash(CrashClass.XID, _short(ln), rank=rank, step=_last_step(lines, i, rank))
+    if found := next((ln for ln in kernel or () if _XID.search(ln)), None):
+        rank = _launcher_rank(lines)
+        return Crash(CrashClass.XID, _short(found), rank=rank, step=_last_step(lines, len(lines), rank))
     for i, ln in enumerate(lines):  # the earliest failure line: one naming its class, or a traceback's
         etype = msg = None
         if ln.startswith(_TRACEBACK):

@@ -120,6 +120,8 @@ class Incident(_Stored):
     loss_step: int | None = None  #: the first step of its trouble
     #: the newest checkpoint step before ``loss_step`` (:func:`pipeline.observe.loss.checkpoint_before`)
     rollback_step: int | None = None
+    #: nodes its evidence made suspect and why (``n2: Xid 79``), told in the alert (:mod:`handlers.watch.suspects`)
+    suspects: str | None = None
     idle_gpus: str | None = None  #: idle GPUs: their indices, comma-separated (``cause`` names them)
     story: str | None = None  #: the outbox key of the grouped post it was told in (an alert storm), if any
     paged: bool = (

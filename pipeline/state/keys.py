@@ -193,3 +193,8 @@ def outage_told(prefix: str) -> str:
 def node_notes(prefix: str, cluster: str) -> str:
     """Hash: node name → what Pitstop holds against it on one Slurm cluster (JSON, :class:`pipeline.state.nodes.NodeNote`)."""
     return f"{prefix}nodes:{cluster}"
+
+
+def node_suspects(prefix: str, cluster: str) -> str:
+    """Hash: node name → why it is suspect on one Slurm cluster, until when (JSON, :class:`pipeline.state.nodes.Suspicion`)."""
+    return f"{prefix}suspects:{cluster}"
