@@ -354,6 +354,9 @@ class SlurmEngine(WorkdirSteps):
                 exit_cause=cause,
                 detail=detail,
                 ok=j.state == "RUNNING" and len(pids) == expected and not detail,
+                end_state=None if j.active else j.state,
+                exit_code=None if j.active or j.signal else j.exit_code,
+                nodes=j.nodelist,
             )
 
         return {name: one(name, cfg) for name, cfg, _ in entries}
