@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
 from handlers.request.dispatch import Dispatcher, Request
 from handlers.text import alert_exit_cause, probe_slow_line, scheduled_restart
@@ -195,6 +196,8 @@ class Watcher:
             sight = seen.get(view.name)
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
             self._seen[view.name] = sight
+            if sight is not None and sight.requeued and sight.job_id is not None:
+                await self._requeued(view.name, sight.job_id, sight.restarts, sight.requeued)
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
@@ -327,6 +330,15 @@ class Watcher:
             skip = {"n", "rev"}
             if wanted.model_dump(exclude=skip) != current.model_dump(exclude=skip):
                 await self.store.update(current, wanted)
+
+    async def _requeued(self, name: str, slurm_job: int, restarts: int, line: str) -> None:
+        """Tell a requeue by the scheduler once in the job's channel (whichever process claims it)."""
+        if await self.store.claim_requeue(name, slurm_job, restarts):
+            reply = Reply(title=line, status=Status.WARNING)
+            await self.ctx.outbox.post(reply, self.ctx.config.channel_for(name))
+            await self.ctx.events.publish(
+                EventKind.REQUEUED, name, slurm_job=slurm_job, restarts=restarts, instance=self.ctx.instance
+            )
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx

@@ -51,6 +51,8 @@ class Sighting:
     end_state: str | None = None
     exit_code: int | None = None
     nodes: tuple[str, ...] = ()
+    restarts: int = 0  #: how many times the scheduler requeued the job (Slurm's ``Restarts``)
+    requeued: str | None = None  #: with ``restarts``: the post telling the last requeue
 
     @property
     def healthy(self) -> bool:

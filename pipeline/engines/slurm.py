@@ -357,6 +357,8 @@ class SlurmEngine(WorkdirSteps):
                 end_state=None if j.active else j.state,
                 exit_code=None if j.active or j.signal else j.exit_code,
                 nodes=j.nodelist,
+                restarts=j.restarts,
+                requeued=slurm.requeued_line(name, j) if j.restarts else None,
             )
 
         return {name: one(name, cfg) for name, cfg, _ in entries}
