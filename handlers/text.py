@@ -472,6 +472,34 @@ def crash_loop_gave_up(incident: Incident, policy: AutoRestart | None) -> str:
     )
 
 
+#: what the default ``exit_codes`` mean, as the tool that exits with them defines it
+EXIT_CODE_MEANINGS = {
+    93: "nvidia-resiliency-ext gave up: no progress",
+    17: "Megatron-LM's rerun state machine: a validation failed",
+    16: "Megatron-LM's rerun state machine: rerun on other hardware",
+}
+
+
+def exit_code_refusal(job: str, code: int, summary: str) -> str:
+    """Why a job whose own exit code is ``no_restart`` in ``exit_codes`` is not restarted automatically."""
+    meaning = f" ({EXIT_CODE_MEANINGS[code]})" if code in EXIT_CODE_MEANINGS else ""
+    return (
+        f"{job} exited with code {code}{meaning}, which exit_codes maps to no_restart - no automatic "
+        f"restarts; restart it by hand once the cause is fixed. Cause: {summary}"
+    )
+
+
+_SCHEDULED_END = {"preempted": "its preemption", "time_limit": "reaching its time limit"}
+
+
+def scheduled_restart(job: str, kind: str, used: int, limit: int, answer: str) -> str:
+    """The thread note of an automatic restart after a preemption or a time limit: not counted."""
+    return (
+        f"automatic restart of {job} after {_SCHEDULED_END.get(kind, kind)} (not a crash: not counted, "
+        f"{used}/{limit} attempts used): {answer}"
+    )
+
+
 def probe_slow_line(host: str, seconds: float) -> str:
     """Log line: a host's probe took longer than its jobs' watch interval."""
     took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"

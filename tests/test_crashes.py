@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bot.runtime.scheduler import PitstopScheduler
-from handlers.watch.evidence import CrashCheck, check_crash, refusal
+from handlers.watch.evidence import CrashCheck, check_crash, elsewhere, refusal
 from pipeline.config import AutoRestart, Config, parse_config
-from pipeline.config.jobs import TRANSIENT, CrashClass
+from pipeline.config.jobs import DEFAULT_EXIT_CODES, TRANSIENT, CrashClass, ExitPolicy
 from pipeline.errors import ConfigError
 from pipeline.host.helper import OOM_RX
+from pipeline.observe.attempts import crash_words
 from pipeline.observe.crashes import Crash, classify, detect_cause, from_fields
 from pipeline.state.events import EventKind
 from pipeline.verdict import Verdict
@@ -154,6 +156,65 @@ def test_unknown_class_in_on_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config({"hosts": {"h": {"address": "a"}}, "jobs": {"j": job}})
     assert "jobs.j.watch.auto_restart.on[0]" in str(err.value.problems)
+
+
+def test_preemptions_and_time_limits_are_their_own_kind_and_never_refused() -> None:
+    """Slurm's PREEMPTED and TIMEOUT decide the class before any log line (a preempted job's log
+    may say ``Killed``); they are restarted whatever ``on`` says, and their words name them."""
+    log = f"{metric(0, 12)}\nKilled\n".encode()
+    preempted = classify(log, exit_code=0, end_state="PREEMPTED")
+    assert (preempted.kind, preempted.step, preempted.exit_code) == (CrashClass.PREEMPTED, 12, 0)
+    assert preempted.evidence == "Slurm ended the job PREEMPTED"
+    timeout = classify(log, end_state="TIMEOUT")
+    assert timeout.kind is CrashClass.TIME_LIMIT
+    assert classify(log, end_state="FAILED").kind is CrashClass.KILLED  # any other state: the log decides
+    only_oom = AutoRestart(on=[CrashClass.CUDA_OOM])
+    for crash in (preempted, timeout):
+        assert refusal("dflash", CrashCheck(crash, False, None), only_oom, DEFAULT_EXIT_CODES) is None
+    assert (crash_words(preempted), crash_words(timeout)) == ("preempted (exit code 0)", "time limit")
+    assert from_fields(preempted.to_fields()) == preempted
+
+
+def test_exit_code_policy() -> None:
+    """93 and 17 stop automatic restarts and say why; 16 restarts excluding the failing rank's node,
+    whatever ``on`` says; a code not in the table leaves the class to decide."""
+    policy = AutoRestart(on=[CrashClass.NCCL_TIMEOUT])
+    gave_up = Crash(CrashClass.UNKNOWN, "exit code 93, no failure line in the log", exit_code=93)
+    why = refusal("dflash", CrashCheck(gave_up, False, None, "n2"), policy, DEFAULT_EXIT_CODES)
+    assert why is not None and why.startswith(
+        "dflash exited with code 93 (nvidia-resiliency-ext gave up: no progress), which exit_codes maps "
+        "to no_restart - no automatic restarts"
+    )
+    check = CrashCheck(Crash(CrashClass.NCCL_TIMEOUT, "Watchdog …", exit_code=17), False, None, "n1")
+    why = refusal("dflash", check, policy, DEFAULT_EXIT_CODES)
+    assert why is not None and "a validation failed" in why
+    assert elsewhere(check, DEFAULT_EXIT_CODES) == ()  # no_restart: nothing to leave out
+    rerun = CrashCheck(Crash(CrashClass.PYTHON_EXCEPTION, "x", rank=5, exit_code=16), False, None, "n2")
+    assert refusal("dflash", rerun, policy, DEFAULT_EXIT_CODES) is None
+    assert elsewhere(rerun, DEFAULT_EXIT_CODES) == ("n2",)
+    assert elsewhere(replace(rerun, node=None), DEFAULT_EXIT_CODES) == ()  # the node is unknown
+    # the job's own table replaces the default: 93 is then only an exit code
+    mine = {42: ExitPolicy.NO_RESTART}
+    assert refusal("dflash", CrashCheck(gave_up, False, None), AutoRestart(), mine) is None
+    assert "exited with code 42, which" in (
+        refusal("dflash", CrashCheck(replace(gave_up, exit_code=42), False, None), AutoRestart(), mine) or ""
+    )
+    assert refusal("dflash", CrashCheck(gave_up, False, None), None, mine) is None  # no auto_restart at all
+
+
+def test_exit_codes_in_the_config() -> None:
+    """``exit_codes`` defaults to the three; a table of the job's own replaces it; a policy or a code
+    Pitstop does not know is refused with its TOML path."""
+    job = {"host": "h", "workdir": "/w", "launch": ["x"], "log": "/w/l", "match": "m"}
+    config = parse_config({"hosts": {"h": {"address": "a"}}, "jobs": {"j": job}})
+    assert config.jobs["j"].exit_codes == DEFAULT_EXIT_CODES
+    mine = {**job, "exit_codes": {"42": "restart_elsewhere"}}
+    config = parse_config({"hosts": {"h": {"address": "a"}}, "jobs": {"j": mine}})
+    assert config.jobs["j"].exit_codes == {42: ExitPolicy.RESTART_ELSEWHERE}
+    for bad in ({"42": "no_restrat"}, {"300": "no_restart"}):
+        with pytest.raises(ConfigError) as err:
+            parse_config({"hosts": {"h": {"address": "a"}}, "jobs": {"j": {**job, "exit_codes": bad}}})
+        assert any("jobs.j.exit_codes" in p for p in err.value.problems), err.value.problems
 
 
 # --- end to end: processes that fail as the reference pipeline does --------------------------------

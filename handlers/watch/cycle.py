@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from handlers.context import Context
+from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.text import alert_exit_cause, probe_slow_line
+from handlers.text import alert_exit_cause, probe_slow_line, scheduled_restart
 from handlers.watch.alerts import (
     Round,
     Storyteller,
@@ -39,8 +40,9 @@ from handlers.watch.alerts import (
     loss_stop_reply,
     pager_alert,
 )
-from handlers.watch.evidence import check_crash, post_hang_evidence, refusal, with_crash
+from handlers.watch.evidence import check_crash, elsewhere, post_hang_evidence, refusal, with_crash
 from handlers.watch.suspects import note_suspects, suspect_nodes
+from pipeline.config.jobs import SCHEDULED
 from pipeline.engines.base import Entry, Sighting
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
@@ -120,6 +122,8 @@ class Watcher:
         self.store = ctx.redis.open_store(IncidentStore)
         self._auto_fired: dict[str, float] = {}
         self._seen: dict[str, Sighting | None] = {}  #: job → what its engine saw in its last cycle
+        #: job → the nodes its automatic restart about to fire leaves out (``restart_elsewhere``)
+        self._elsewhere: dict[str, tuple[str, ...]] = {}
         self._probing = asyncio.Semaphore(MAX_HOSTS_AT_ONCE)
         self.teller = Storyteller(ctx, self.store)
         self.stats = WatchStats()  #: probes and cycles measured, for ``/metrics``
@@ -193,6 +197,8 @@ class Watcher:
             sight = seen.get(view.name)
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
             self._seen[view.name] = sight
+            if sight is not None and sight.requeued and sight.job_id is not None:
+                await self._requeued(view.name, sight.job_id, sight.restarts, sight.requeued)
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
@@ -326,6 +332,15 @@ class Watcher:
             if wanted.model_dump(exclude=skip) != current.model_dump(exclude=skip):
                 await self.store.update(current, wanted)
 
+    async def _requeued(self, name: str, slurm_job: int, restarts: int, line: str) -> None:
+        """Tell a requeue by the scheduler once in the job's channel (whichever process claims it)."""
+        if await self.store.claim_requeue(name, slurm_job, restarts):
+            reply = Reply(title=line, status=Status.WARNING)
+            await self.ctx.outbox.post(reply, self.ctx.config.channel_for(name))
+            await self.ctx.events.publish(
+                EventKind.REQUEUED, name, slurm_job=slurm_job, restarts=restarts, instance=self.ctx.instance
+            )
+
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx
         if action.kind in (ActionKind.CHANGE, ActionKind.GIVE_UP):
@@ -336,9 +351,12 @@ class Watcher:
         elif action.kind is ActionKind.AUTO_RESTART:
             await about(ctx, inc, channel)  # a member of a story still being told: its line first
             policy = ctx.config.jobs[inc.job].watch.auto_restart
-            await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
+            scheduled = inc.crash_class in SCHEDULED  # a preemption or a time limit: not counted
+            if not scheduled:
+                await self.store.count_auto_restart(inc, now, policy.within if policy is not None else None)
             self._auto_fired[inc.job] = time.time()
-            left_out = await suspect_nodes(ctx, inc.job, now)
+            # the failing rank's node (exit code restart_elsewhere) and the suspect nodes are left out
+            left_out = set(self._elsewhere.pop(inc.job, ())) | set(await suspect_nodes(ctx, inc.job, now))
             text = f"restart {inc.job}" + (f" excluding {','.join(sorted(left_out))}" if left_out else "")
             asked = Request(text, SYSTEM_USER, channel=channel, surface=SYSTEM_SURFACE)
             answer = await self.restarts.handle(asked)
@@ -352,7 +370,12 @@ class Watcher:
                 answer=answer.title,
                 instance=ctx.instance,
             )
-            await ctx.outbox.thread(inc.thread_key, auto_restart_reply(inc, ctx.config, answer), channel)
+            note = auto_restart_reply(inc, ctx.config, answer)
+            if scheduled:
+                used, limit = inc.auto_restarts, policy.max if policy is not None else 0
+                title = scheduled_restart(inc.job, inc.crash_class or "", used, limit, answer.title)
+                note = dataclasses.replace(note, title=title)
+            await ctx.outbox.thread(inc.thread_key, note, channel)
 
     async def _stop(self, inc: Incident, channel: str | None) -> None:
         """``on_loss_nan = "stop"``: stop the job through the run service as the system user (a
@@ -379,14 +402,17 @@ class Watcher:
         """An automatic restart about to fire, unless the latest crash is not to be retried, or the
         last ``no_progress_after`` attempts died without progress (:mod:`pipeline.runs.attempts`): then
         the give-up (no more automatic restarts, and why)."""
-        inc = action.incident
-        sight = self._seen.get(inc.job)
-        check = await check_crash(self.ctx, inc.job, sight.probe if sight is not None else None)
-        why = refusal(inc.job, check, self.ctx.config.jobs[inc.job].watch.auto_restart) if check else None
+        inc, cfg = action.incident, self.ctx.config.jobs[action.incident.job]
+        check = await check_crash(self.ctx, inc.job, self._seen.get(inc.job))
+        why = refusal(inc.job, check, cfg.watch.auto_restart, cfg.exit_codes) if check else None
         if why is None:
             ended = crash_words(check.crash) if check is not None else None
             why = await self.ctx.service.no_progress_refusal(inc.job, ended)
+        if check is not None and check.crash.kind in SCHEDULED:  # not a crash: no attempt spent, no rule
+            free = with_crash(inc, check).model_copy(update={"auto_restarts": inc.auto_restarts - 1})
+            return Action(ActionKind.AUTO_RESTART, free)
         if why is None:
+            self._elsewhere[inc.job] = elsewhere(check, cfg.exit_codes)
             return action
         give_up = {
             "gave_up": True,
@@ -426,9 +452,9 @@ class Watcher:
         if inc.kind is IncidentKind.DEGRADED and sight is not None and sight.detail:
             cause = sight.detail  # where the engine saw the count fall short (a node short of tasks)
         inc = inc.model_copy(update={"log": tail or None, "cause": cause, "exit_cause": exit_cause})
-        if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name, probe)) is not None:
+        if inc.kind is IncidentKind.DEAD and (check := await check_crash(self.ctx, name, sight)) is not None:
             inc = with_crash(inc, check)
-            why = refusal(name, check, cfg.watch.auto_restart)
+            why = refusal(name, check, cfg.watch.auto_restart, cfg.exit_codes)
             if why is not None:
                 inc = inc.model_copy(update={"no_auto": why, "next_auto_at": None})
         return await note_suspects(self.ctx, inc)

@@ -18,16 +18,17 @@ restart will not free it and the host may need recycling.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from handlers.context import Context
 from handlers.reply import Reply, Status
-from handlers.text import HANG_STACKS_TITLE, alert_exit_cause
+from handlers.text import HANG_STACKS_TITLE, alert_exit_cause, exit_code_refusal
 from pipeline.config import AutoRestart
-from pipeline.config.jobs import CrashClass
+from pipeline.config.jobs import SCHEDULED, CrashClass, ExitPolicy
+from pipeline.engines.base import Sighting
 from pipeline.errors import PitstopError
 from pipeline.host.contract import HangAnswer
-from pipeline.host.probe import JobProbe
 from pipeline.observe.crashes import Crash, classify, from_fields
 from pipeline.observe.evidence import ended
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
@@ -42,17 +43,20 @@ class CrashCheck:
     crash: Crash
     repeat: bool  #: the previous run failed with the same Python exception type at the same step
     exit_cause: str | None  #: how the launched process ended, when its waiter recorded it
+    node: str | None = None  #: the node the failing rank (else the first rank) ran on, when known
 
 
-async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> CrashCheck | None:
-    """Classify how the job's current run failed, from all ranks' log bytes since its launch.
+async def check_crash(ctx: Context, name: str, sight: Sighting | None = None) -> CrashCheck | None:
+    """Classify how the job's current run failed, from all ranks' log bytes since its launch, and
+    how its scheduler says it ended (the sighting's ``end_state``, ``exit_code``).
 
-    :param seen: the watch cycle's probe of the job: when it brought the job's ending, it is used
-        instead of asking the job's engine again
+    :param sight: the watch cycle's sighting of the job: when its probe brought the job's ending,
+        it is used instead of asking the job's engine again
         (:meth:`~pipeline.engines.runner.Runner.crash_evidence`).
     :returns: the check, or None when the job has no recorded run or the host cannot be read.
     """
     store = ctx.redis.open_store(IncidentStore)
+    seen = sight.probe if sight is not None else None
     try:
         current = (await ctx.service.jobs.read(name)).current
         run_id = current.get("run_id")
@@ -63,11 +67,12 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
         seen = await ctx.restarter.on_job(name, lambda e, t: e.crash_evidence(t, offset, seen))
         how = ended(seen.state, seen.exit_status)  # the waiter's record
         signal, code = (how.signal, how.code) if how else (None, None)
+        code = sight.exit_code if code is None and signal is None and sight is not None else code
         exit_cause = alert_exit_cause(code, signal) if how else None
         stored = await store.last_crash(name)
         previous = from_fields(stored)
-        if stored.get("run_id") == run_id and previous is not None:
-            return CrashCheck(previous, stored.get("repeat") == "1", exit_cause)  # this run, seen before
+        if stored.get("run_id") == run_id and previous is not None:  # this run, seen before
+            return CrashCheck(previous, stored.get("repeat") == "1", exit_cause, _node(previous, sight))
         data = seen.crash.data if seen.crash is not None else b""  # (an engine always reads it)
     except PitstopError as exc:
         log.info("crash check %s: %s", name, exc.message)
@@ -80,21 +85,55 @@ async def check_crash(ctx: Context, name: str, seen: JobProbe | None = None) -> 
         pids=[int(pid)] if pid and pid.isdigit() else [],
         kernel=seen.kernel,
         kernel_unreadable=seen.kernel_unreadable,
+        end_state=sight.end_state if sight is not None else None,
     )
     repeat = previous is not None and previous.same_failure(crash)
     fields = {**crash.to_fields(), "run_id": run_id, "repeat": "1" if repeat else "0"}
     await store.remember_crash(name, fields)
-    return CrashCheck(crash, repeat, exit_cause)
+    return CrashCheck(crash, repeat, exit_cause, _node(crash, sight))
 
 
-def refusal(job: str, check: CrashCheck, policy: AutoRestart | None) -> str | None:
+def _node(crash: Crash, sight: Sighting | None) -> str | None:
+    """The node ``crash``'s failing rank ran on (ranks in blocks of ``expected / nodes`` per node,
+    Slurm's default distribution; no rank: the first node), None when the nodes are unknown."""
+    if sight is None or not sight.nodes:
+        return None
+    per_node = max(1, -(-sight.expected // len(sight.nodes)))
+    return sight.nodes[min(len(sight.nodes) - 1, (crash.rank or 0) // per_node)]
+
+
+def elsewhere(check: CrashCheck | None, exit_codes: Mapping[int, ExitPolicy]) -> tuple[str, ...]:
+    """The nodes the automatic restart after ``check`` leaves out: the failing rank's node when
+    the job's own exit code is ``restart_elsewhere`` in ``exit_codes`` and that node is known;
+    else none."""
+    if check is None or check.node is None or check.crash.exit_code is None:
+        return ()
+    return (check.node,) if exit_codes.get(check.crash.exit_code) is ExitPolicy.RESTART_ELSEWHERE else ()
+
+
+def refusal(
+    job: str,
+    check: CrashCheck,
+    policy: AutoRestart | None,
+    exit_codes: Mapping[int, ExitPolicy] | None = None,
+) -> str | None:
     """Why the job must not be restarted automatically after this crash, or None if it may.
 
+    A preemption or a time limit (:data:`~pipeline.config.jobs.SCHEDULED`) is never refused; a
+    job's own exit code that ``exit_codes`` maps to ``no_restart`` always is, and one it maps to
+    ``restart_elsewhere`` is restarted whatever ``auto_restart.on`` says.
+
     :param policy: the job's ``auto_restart`` (None: no automatic restarts at all — nothing to refuse).
+    :param exit_codes: the job's ``exit_codes`` (None: none).
     """
     if policy is None:
         return None
     crash = check.crash
+    wants = (exit_codes or {}).get(crash.exit_code) if crash.exit_code is not None else None
+    if crash.kind in SCHEDULED or wants is ExitPolicy.RESTART_ELSEWHERE:
+        return None
+    if wants is ExitPolicy.NO_RESTART and crash.exit_code is not None:
+        return exit_code_refusal(job, crash.exit_code, crash.summary)
     if check.repeat and crash.kind is CrashClass.PYTHON_EXCEPTION:
         return (
             f"{job} failed again with {crash.exc_type or '?'} at step {crash.step} - the same exception at "

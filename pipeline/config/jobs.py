@@ -164,6 +164,30 @@ class CrashClass(StrEnum):
     PYTHON_EXCEPTION = "python_exception"
     SIGNAL = "signal"
     UNKNOWN = "unknown"
+    PREEMPTED = "preempted"  #: the scheduler preempted it (Slurm's ``PREEMPTED``): not a crash
+    TIME_LIMIT = "time_limit"  #: it reached its time limit (Slurm's ``TIMEOUT``): not a crash
+
+
+#: Stops the scheduler made, never crashes: restarted automatically whatever ``auto_restart.on``
+#: says, without spending an attempt, and never stopped by the no-progress rule.
+SCHEDULED: tuple[CrashClass, ...] = (CrashClass.PREEMPTED, CrashClass.TIME_LIMIT)
+
+
+class ExitPolicy(StrEnum):
+    """What a job's own exit code asks of the next automatic restart (``[jobs.NAME] exit_codes``)."""
+
+    NO_RESTART = "no_restart"  #: no automatic restart: the job said another would not help
+    RESTART_ELSEWHERE = "restart_elsewhere"  #: restart without the node the failing rank ran on
+
+
+#: ``exit_codes``' default, as the resiliency tools define them: nvidia-resiliency-ext exits 93 when
+#: it gives up on no progress; Megatron-LM's rerun state machine exits 17 on a failed validation and
+#: 16 to be rerun on other hardware.
+DEFAULT_EXIT_CODES: dict[int, ExitPolicy] = {
+    93: ExitPolicy.NO_RESTART,
+    17: ExitPolicy.NO_RESTART,
+    16: ExitPolicy.RESTART_ELSEWHERE,
+}
 
 
 #: The classes a restart may cure: ``auto_restart.on``'s default.
@@ -369,6 +393,8 @@ class JobConfig(_Model):
         matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", _PATCH_NAME, each=True),
     ] = {}
     watch: WatchSettings = WatchSettings()
+    #: the job's own exit codes (1-255) → what the next automatic restart does; replaces the default
+    exit_codes: dict[Annotated[int, Field(ge=1, le=255)], ExitPolicy] = dict(DEFAULT_EXIT_CODES)
     digest: DigestSettings = DigestSettings()
     auth: JobAuth = JobAuth()
     approval: ApprovalSettings | None = None  #: the two-person rule (:class:`ApprovalSettings`)

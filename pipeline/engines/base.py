@@ -46,6 +46,13 @@ class Sighting:
     exit_cause: str | None = None  #: how the run ended, when it no longer runs
     detail: str | None = None  #: where the count falls short (kept as an incident's cause)
     ok: bool | None = None  #: whether the job is as it should be, when the engine judges it itself
+    #: how the scheduler says it ended (Slurm's ``PREEMPTED``, ``TIMEOUT``, ``FAILED``…), its own
+    #: exit code, and the nodes it ran on, in rank order: what the crash check cannot read in its log
+    end_state: str | None = None
+    exit_code: int | None = None
+    nodes: tuple[str, ...] = ()
+    restarts: int = 0  #: how many times the scheduler requeued the job (Slurm's ``Restarts``)
+    requeued: str | None = None  #: with ``restarts``: the post telling the last requeue
 
     @property
     def healthy(self) -> bool:

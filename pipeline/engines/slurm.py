@@ -247,7 +247,10 @@ class SlurmEngine(WorkdirSteps):
             raise await self.steps.launch_failed(run, rec, name, exc.message) from None
         run.slurm_job = job_id
         run.log_size_at_launch = size
-        await self.steps.launched(run, name, job.start_window, engine="slurm", slurm_job=job_id, log=stdout)
+        restarts = j.restarts if j is not None else 0  # Pitstop's own requeue is no requeue to tell
+        await self.steps.launched(
+            run, name, job.start_window, engine="slurm", slurm_job=job_id, log=stdout, slurm_restarts=restarts
+        )
         await self.steps.end(run, rec, Outcome.OK, f"{how}; output {stdout} from byte {size}")
 
     async def observe(self, run: RunRecord, t: Target, *, complete: bool) -> Observation:
@@ -301,6 +304,8 @@ class SlurmEngine(WorkdirSteps):
         in its sighting)."""
         ids = {name: parse_int((cur or {}).get("slurm_job")) for name, _, cur in entries}
         paths = {name: (cur or {}).get("log") or cfg.log for name, cfg, cur in entries}
+        #: Slurm's requeues of each job when Pitstop launched it (its own ``requeuehold`` counts)
+        known = {name: parse_int((cur or {}).get("slurm_restarts")) or 0 for name, _, cur in entries}
         wants = {name: r for name, r in (reads or {}).items() if r["offset"] >= 0}
         shared = {p for p, n in Counter(w["path"] for w in wants.values()).items() if n > 1}
         wants = {name: w for name, w in wants.items() if w["path"] not in shared}  # those read alone
@@ -354,6 +359,11 @@ class SlurmEngine(WorkdirSteps):
                 exit_cause=cause,
                 detail=detail,
                 ok=j.state == "RUNNING" and len(pids) == expected and not detail,
+                end_state=None if j.active else j.state,
+                exit_code=None if j.active or j.signal else j.exit_code,
+                nodes=j.nodelist,
+                restarts=j.restarts,
+                requeued=slurm.requeued_line(name, j) if j.restarts > known[name] else None,
             )
 
         return {name: one(name, cfg) for name, cfg, _ in entries}

@@ -52,6 +52,8 @@ echo '@@scontrol'
 for id in ${ids//,/ }; do scontrol show job -o "$id" 2>/dev/null; done
 echo '@@sacct'
 sacct -X -n -P -j "$ids" -o JobID,State,ExitCode,Reason,NNodes,NodeList 2>/dev/null
+echo '@@requeues'
+sacct -D -X -n -P -j "$ids" -o JobID,State,End,NodeList 2>/dev/null
 echo '@@reads'
 while [ $# -ge 4 ]; do
   p="$1"; off="$2"; max="$3"; want="$4"; shift 4
@@ -70,6 +72,15 @@ true
 
 
 @dataclass(frozen=True)
+class Requeue:
+    """One earlier run of a requeued job, as accounting keeps it (``sacct -D``)."""
+
+    state: str  #: how that run ended: ``PREEMPTED``, ``NODE_FAIL``, ``REQUEUED`` (``scontrol requeue``)
+    ended: str = ""  #: when (Slurm's ``End``, ``2024-05-01T12:00:03``)
+    nodes: tuple[str, ...] = ()  #: where it ran
+
+
+@dataclass(frozen=True)
 class SlurmJob:
     """One job as the cluster reports it (None: unknown)."""
 
@@ -82,6 +93,9 @@ class SlurmJob:
     exit_code: int | None = None  #: the batch script's exit code (``ExitCode`` ``3:0`` → 3)
     signal: int | None = None  #: the signal that ended it (``0:15`` → 15), None if none
     stdout: str | None = None  #: its output file (``StdOut``)
+    restarts: int = 0  #: how many times Slurm requeued it (``scontrol``'s ``Restarts``)
+    #: its ended records before the current one (``sacct -D``), oldest first: why it was requeued
+    requeues: tuple[Requeue, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -177,6 +191,12 @@ def parse_reads(text: str) -> dict[str, LogChunk | None]:
     return out
 
 
+def _ended_run(state: str) -> bool:
+    """Whether a ``sacct -D`` record's state is that of a run that ended (``REQUEUED``: by an admin)."""
+    word = (state.split() or [""])[0]
+    return word == "REQUEUED" or word not in ACTIVE
+
+
 def parse_query(text: str) -> dict[int, SlurmJob]:
     """The jobs in one ``_QUERY`` answer: each field from squeue if it has it, else scontrol, else sacct."""
     parts = _sections(text)
@@ -203,11 +223,19 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
             *fields,
             elapsed=parse_elapsed(d.get("RunTime", "")),
             stdout=d.get("StdOut"),
+            restarts=parse_int(d.get("Restarts")) or 0,
             **_exit(d.get("ExitCode")),
         )
     for f in (row.strip().split("|") for row in parts.get("@@sacct", [])):
         if len(f) >= 6:
             add(f[0], f[1], f[4], f[5], f[3], **_exit(f[2]))
+    earlier: dict[int, list[Requeue]] = {}
+    for f in (row.strip().split("|") for row in parts.get("@@requeues", [])):
+        if len(f) >= 4 and f[0].isdigit() and int(f[0]) in jobs and _ended_run(f[1]):
+            state = f[1].split()[0]
+            earlier.setdefault(int(f[0]), []).append(Requeue(state, f[2], expand_nodelist(f[3])))
+    for jid, runs in earlier.items():
+        jobs[jid]["requeues"] = tuple(runs[: int(str(jobs[jid].get("restarts") or 0))])  # not its own end
     return {jid: SlurmJob(id=jid, **v) for jid, v in jobs.items()}  # type: ignore[arg-type]
 
 
@@ -455,6 +483,31 @@ def status_line(job: str, j: SlurmJob) -> str:
     elapsed = f", elapsed {fmt.duration(j.elapsed)}" if j.elapsed else ""
     reason = f", reason {j.reason}" if j.reason and j.state != "RUNNING" else ""
     return f"{job}: Slurm job {j.id} {j.state}{where}{elapsed}{reason}"
+
+
+_REQUEUED_WHY = {"PREEMPTED": "preempted", "NODE_FAIL": "a node failed", "REQUEUED": "requeued by an admin"}
+
+
+def requeued_line(job: str, j: SlurmJob) -> str:
+    """The post of a job Slurm requeued: why (the last earlier run's state and nodes), when, and
+    what it is now: ``requeued: dflash (Slurm job 12, restart 1): preempted on n1, n2 at
+    2024-05-01T12:00:03 (Slurm: PREEMPTED); now PENDING, reason BeginTime``."""
+    last = j.requeues[-1] if j.requeues else None
+    if last is None:
+        why = "requeued by Slurm"
+    elif last.state == "NODE_FAIL" and last.nodes:
+        why = f"node {', '.join(last.nodes)} failed"
+    else:
+        why = _REQUEUED_WHY.get(last.state, last.state.lower()) + (
+            f" on {', '.join(last.nodes)}" if last.nodes else ""
+        )
+    when = f" at {last.ended}" if last is not None and last.ended not in ("", "Unknown") else ""
+    slurm_said = f" (Slurm: {last.state})" if last is not None else ""
+    now = f"{j.state}" + (f", reason {j.reason}" if j.reason and j.state != "RUNNING" else "")
+    where = f" on {', '.join(j.nodelist)}" if j.state == "RUNNING" and j.nodelist else ""
+    return (
+        f"requeued: {job} (Slurm job {j.id}, restart {j.restarts}): {why}{when}{slurm_said}; now {now}{where}"
+    )
 
 
 def gpus_not_running(job: str, why: str) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pipeline import fmt
 from pipeline.config import JobConfig
-from pipeline.config.jobs import CrashClass, LostDuration
+from pipeline.config.jobs import SCHEDULED, CrashClass, LostDuration
 from pipeline.errors import PitstopError, RemoteCommandError
 from pipeline.host.probe import ChunkReader
 from pipeline.observe.crashes import Crash
@@ -349,6 +349,8 @@ _CLASS_WORDS = {
     CrashClass.XID: "GPU Xid error",
     CrashClass.SIGNAL: "killed by a signal",
     CrashClass.UNKNOWN: "an unknown cause",
+    CrashClass.PREEMPTED: "preempted",
+    CrashClass.TIME_LIMIT: "time limit",
 }
 
 
@@ -358,4 +360,6 @@ def crash_words(crash: Crash) -> str:
         what = f"{crash.exc_type or 'an exception'}" + (f": {crash.message}" if crash.message else "")
     else:
         what = _CLASS_WORDS[crash.kind]
-    return what + (f" on rank {crash.rank}" if crash.rank is not None else "")
+    where = f" on rank {crash.rank}" if crash.rank is not None and crash.kind not in SCHEDULED else ""
+    code = f" (exit code {crash.exit_code})" if crash.exit_code is not None else ""
+    return what + where + code

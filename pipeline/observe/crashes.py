@@ -19,6 +19,9 @@ failure line.  The rules, in order:
    error`` → ``signal``;
 4. else ``unknown``.
 
+0. Before them all, the scheduler's own word: a job it ended ``PREEMPTED`` → ``preempted``, one
+   that reached its time limit (``TIMEOUT``) → ``time_limit``; neither is a crash.
+
 The failing rank comes from the lines just before the traceback (``dflash-worker drafter rank 6
 failed:``), the evidence line, or the launcher's ``ROLE rank R (pid P) exited with code C``; the
 step is the last ``step`` that rank logged (JSON metric lines) before the failure line.  Pure.
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.config.jobs import CrashClass
 from pipeline.observe.metrics import parse_jsonl
@@ -46,6 +49,7 @@ class Crash:
     message: str | None = None
     rank: int | None = None  #: the failing global rank, when the log names it
     step: int | None = None  #: the last step that rank (without a rank: any rank) logged before it
+    exit_code: int | None = None  #: the job's own exit code, when known (a signal: None)
 
     @property
     def summary(self) -> str:
@@ -67,9 +71,11 @@ def from_fields(fields: Mapping[str, str]) -> Crash | None:
     """The :class:`Crash` stored by :meth:`Crash.to_fields`, or None if there is none."""
     if not (kind := fields.get("crash_class")) or kind not in CrashClass.__members__.values():
         return None
-    rank, step = (int(v) if (v := fields.get(f"crash_{k}")) else None for k in ("rank", "step"))
+    rank, step, code = (
+        int(v) if (v := fields.get(f"crash_{k}")) else None for k in ("rank", "step", "exit_code")
+    )
     evidence, exc_type, message = (fields.get(f"crash_{k}") for k in ("evidence", "exc_type", "message"))
-    return Crash(CrashClass(kind), evidence, exc_type, message, rank, step)
+    return Crash(CrashClass(kind), evidence, exc_type, message, rank, step, code)
 
 
 # _CUDA_OOM, _KERNEL_OOM and _SIGKILLED serve both classify() and detect_cause()
@@ -91,6 +97,8 @@ _CHAINED = ("During handling of the above exception", "The above exception was t
 _EXC = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _RANK = re.compile(r"\brank[ _]?(\d+)\b", re.IGNORECASE)
 _LAUNCHER_EXIT = re.compile(r"\b(\w+) rank (\d+) \(pid (\d+)\) exited with code (-?\d+)")
+#: the scheduler's end states that are its own stops, not crashes
+_SCHEDULED = {"PREEMPTED": CrashClass.PREEMPTED, "TIMEOUT": CrashClass.TIME_LIMIT}
 _SIGNAL_LINE = re.compile(r"Segmentation fault|Fatal Python error|Aborted \(core dumped\)|Bus error")
 
 
@@ -164,6 +172,7 @@ def classify(
     pids: Collection[int] = (),
     kernel: Sequence[str] | None = None,
     kernel_unreadable: str | None = None,
+    end_state: str | None = None,
 ) -> Crash:
     """Classify a failure from the new log bytes of all ranks (the rules: module docstring), and
     the signal (``SIGKILL``) or exit code that ended the launched process, when known.
@@ -172,8 +181,31 @@ def classify(
         killed (the launcher's ``(pid P) exited with code -9``, the shell's ``P Killed``).
     :param kernel: the host's kernel OOM-killer and Xid lines (``dmesg``); None when they were not read.
     :param kernel_unreadable: why ``dmesg`` could not be read (said in a ``killed`` evidence).
+    :param end_state: the state the scheduler ended the job in (Slurm's ``PREEMPTED``, ``TIMEOUT``…).
+    :returns: the crash, with ``exit_code``.
     """
+    return replace(
+        _classify(data, exit_signal, exit_code, pids, kernel, kernel_unreadable, end_state),
+        exit_code=exit_code,
+    )
+
+
+def _classify(
+    data: bytes,
+    exit_signal: str | None,
+    exit_code: int | None,
+    pids: Collection[int],
+    kernel: Sequence[str] | None,
+    kernel_unreadable: str | None,
+    end_state: str | None,
+) -> Crash:
+    """:func:`classify` without the exit code kept."""
     lines = [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
+    if (scheduled := _SCHEDULED.get(end_state or "")) is not None:
+        rank = _launcher_rank(lines)
+        return Crash(
+            scheduled, f"Slurm ended the job {end_state}", rank=rank, step=_last_step(lines, len(lines), rank)
+        )
     for i, ln in enumerate(lines):
         if _XID.search(ln):
             rank = _rank_near(lines, i)

@@ -30,6 +30,7 @@ class EventKind(StrEnum):
     DIGEST = "digest"
     RESTART = "restart"
     ESCALATED = "escalated"  #: an escalation step of an unacknowledged incident was taken
+    REQUEUED = "requeued"  #: the scheduler requeued a job (told once in its channel)
 
 
 class Event(BaseModel, frozen=True):

@@ -155,6 +155,9 @@ def _opened(incident: Incident, wanted: str) -> None:
         raise IllegalTransition(f"incident of {incident.job}", "never opened", wanted)
 
 
+REQUEUE_TOLD_S = 7 * 86400  #: seconds a requeue is remembered as told
+
+
 class IncidentStore(Store):
     """Incidents and watcher memory in Redis, changed only by compare-and-set (:meth:`Store.swap`)."""
 
@@ -268,6 +271,12 @@ class IncidentStore(Store):
         await self.client.zadd(key, {f"{now!r}:{incident.n}": now})
         if within is not None:
             await self.client.zremrangebyscore(key, "-inf", now - within)
+
+    async def claim_requeue(self, job: str, slurm_job: int, restarts: int) -> bool:
+        """Whether this process is the one to tell Slurm's requeue number ``restarts`` of
+        ``slurm_job`` (True once, for a week: it is told once whoever watches)."""
+        key = keys.requeue_told(self.prefix, job, slurm_job, restarts)
+        return bool(await self.client.set(key, "1", nx=True, ex=REQUEUE_TOLD_S))
 
     async def last_crash(self, job: str) -> dict[str, str]:
         """The job's last classified crash (``crash_*`` fields, ``run_id``, ``repeat``; empty if none)."""

@@ -104,6 +104,11 @@ def auto_restarts(prefix: str, job: str) -> str:
     return f"{prefix}autorestart:{job.lower()}"
 
 
+def requeue_told(prefix: str, job: str, slurm_job: int, restarts: int) -> str:
+    """String with TTL: Slurm's requeue number ``restarts`` of ``slurm_job`` has been told."""
+    return f"{prefix}requeued:{job.lower()}:{slurm_job}:{restarts}"
+
+
 def incident_history(prefix: str, job: str) -> str:
     """Sorted set: the job's resolved incidents (JSON :class:`~pipeline.state.incidents.IncidentSpan`),
     scored by when each resolved (unix s), for goodput."""
