@@ -106,14 +106,16 @@ async def test_a_crashed_node_is_node_fail_suspect_and_left_out_by_the_automatic
             assert time.monotonic() < deadline, [p.reply.title for p in outbox.posted]
             await watcher.cycle("login")
         await watcher.drain(120)
+        [auto] = [r for r in await ctx.runs.recent("dflash") if r.id != first.id]
+        assert auto.exclude == [victim] and auto.requested_by != ADMIN, auto
+        done = {s.step.value: s.outcome.value for s in auto.steps}
+        assert done["stop"] == done["launch"] == "ok", [s.detail for s in auto.steps]
         ended = await stack.engine.client.one("dflash", first.slurm_job or 0)
         assert ended is not None and ended.state == "NODE_FAIL", ended
         inc = await ctx.redis.open_store(IncidentStore).incident("dflash")
         assert inc is not None and inc.crash_class == CrashClass.NODE_FAIL, inc
         assert inc.suspects and f"{victim} (NODE_FAIL (DOWN" in inc.suspects, inc.suspects
 
-        [auto] = [r for r in await ctx.runs.recent("dflash") if r.id != first.id]
-        assert auto.exclude == [victim] and auto.requested_by != ADMIN, auto
         run = await recheck_until_decided(ctx, stack, auto.id, timeout=180)
         assert run.verdict is Verdict.RUNNING, (run.verdict_line, run.evidence)
         line = run.verdict_line or ""
