@@ -21,6 +21,7 @@ from pipeline.config.jobs import AutoRestart, CrashClass, WatchSettings
 from pipeline.engines.runner import Runner
 from pipeline.engines.slurm import SlurmEngine, SlurmSettings
 from pipeline.host.remote import SSHPool
+from pipeline.observe.crashes import classify
 from pipeline.state.events import Events
 from pipeline.state.incidents import IncidentStore
 from pipeline.state.redisconn import RedisHandle
@@ -33,6 +34,20 @@ from tests.test_slurm import SlurmStack, context, recheck_until_decided, redis_h
 from tests.test_slurm_dflash import DFLASH, WRAPPER, pool  # noqa: F401 (a fixture)
 
 ADMIN, VIEWER = "U0ADMIN1", "U0VIEWER1"
+
+
+def test_a_job_slurm_ended_node_fail_is_node_fail_whatever_its_other_ranks_wrote() -> None:
+    """The ranks a node's failure leaves behind die of its collateral (a lost peer); Slurm's word
+    decides: ``node_fail``, restarted automatically by default."""
+    lost_peer = (
+        b"dflash-slurm job 12: 8 tasks on n1 n2\nTraceback (most recent call last):\n"
+        b'  File "train.py", line 9, in <module>\nConnectionResetError: [Errno 104] Connection reset by peer\n'
+        b"srun: error: Node failure on n2\n"
+    )
+    crash = classify(lost_peer, exit_signal=None, exit_code=0, pids=[], end_state="NODE_FAIL")
+    assert (crash.kind, crash.evidence) == (CrashClass.NODE_FAIL, "Slurm ended the job NODE_FAIL")
+    assert classify(lost_peer, exit_signal=None, exit_code=0, pids=[]).kind is CrashClass.PYTHON_EXCEPTION
+    assert CrashClass.NODE_FAIL in AutoRestart().on
 
 
 def _stack(
@@ -83,8 +98,8 @@ async def test_a_crashed_node_is_node_fail_suspect_and_left_out_by_the_automatic
     tmp_path: Path,
     pool: list[SSHPool],  # noqa: F811
 ) -> None:
-    """n2 (the job's second node) crashes: within about SlurmdTimeout the job is NODE_FAIL; the
-    alert says so (class node_fail) and names n2 suspect with Slurm's word for it; the automatic
+    """The job's second node (n2) crashes: within about SlurmdTimeout the job is NODE_FAIL; the
+    incident says so (class node_fail) and names n2 suspect with Slurm's word for it; the automatic
     restart runs `restart dflash excluding n2` and its verdict says it runs on n1, n3; `nodes`
     shows n2 down and why it is suspect.  n2 comes back idle afterwards."""
     stack = _stack(slurm, ssh_server, redis_handle, tmp_path, pool)
