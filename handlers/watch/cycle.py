@@ -202,6 +202,8 @@ class Watcher:
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
+            if sight is not None and sight.word == "completing":
+                continue  # Slurm is ending it: decided once it has left, by how it ended (NODE_FAIL…)
             if not probe.error:
                 self.stats.seen[view.name] = probe.count
             leader = view.latest.pid if view.latest is not None else None

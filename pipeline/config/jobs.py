@@ -166,6 +166,7 @@ class CrashClass(StrEnum):
     UNKNOWN = "unknown"
     PREEMPTED = "preempted"  #: the scheduler preempted it (Slurm's ``PREEMPTED``): not a crash
     TIME_LIMIT = "time_limit"  #: it reached its time limit (Slurm's ``TIMEOUT``): not a crash
+    NODE_FAIL = "node_fail"  #: a node of it failed (Slurm's ``NODE_FAIL``): the node is suspect
 
 
 #: Stops the scheduler made, never crashes: restarted automatically whatever ``auto_restart.on``
@@ -198,6 +199,7 @@ TRANSIENT: tuple[CrashClass, ...] = (
     CrashClass.HOST_OOM,
     CrashClass.KILLED,
     CrashClass.UNKNOWN,
+    CrashClass.NODE_FAIL,
 )
 
 

@@ -351,6 +351,7 @@ _CLASS_WORDS = {
     CrashClass.UNKNOWN: "an unknown cause",
     CrashClass.PREEMPTED: "preempted",
     CrashClass.TIME_LIMIT: "time limit",
+    CrashClass.NODE_FAIL: "a node failure (Slurm's NODE_FAIL)",
 }
 
 

@@ -20,7 +20,8 @@ failure line.  The rules, in order:
 4. else ``unknown``.
 
 0. Before them all, the scheduler's own word: a job it ended ``PREEMPTED`` → ``preempted``, one
-   that reached its time limit (``TIMEOUT``) → ``time_limit``; neither is a crash.
+   that reached its time limit (``TIMEOUT``) → ``time_limit``; neither is a crash.  One it ended
+   ``NODE_FAIL`` (a node of it failed) → ``node_fail``.
 
 The failing rank comes from the lines just before the traceback (``dflash-worker drafter rank 6
 failed:``), the evidence line, or the launcher's ``ROLE rank R (pid P) exited with code C``; the
@@ -99,6 +100,9 @@ _RANK = re.compile(r"\brank[ _]?(\d+)\b", re.IGNORECASE)
 _LAUNCHER_EXIT = re.compile(r"\b(\w+) rank (\d+) \(pid (\d+)\) exited with code (-?\d+)")
 #: the scheduler's end states that are its own stops, not crashes
 _SCHEDULED = {"PREEMPTED": CrashClass.PREEMPTED, "TIMEOUT": CrashClass.TIME_LIMIT}
+#: the scheduler's end states that decide the class whatever the log says (the ranks a node's
+#: failure left behind die of its collateral: a lost peer, a cancelled step)
+_SLURM_SAID = {**_SCHEDULED, "NODE_FAIL": CrashClass.NODE_FAIL}
 _SIGNAL_LINE = re.compile(r"Segmentation fault|Fatal Python error|Aborted \(core dumped\)|Bus error")
 
 
@@ -201,10 +205,10 @@ def _classify(
 ) -> Crash:
     """:func:`classify` without the exit code kept."""
     lines = [ln.rstrip() for ln in data.decode("utf-8", "replace").splitlines()]
-    if (scheduled := _SCHEDULED.get(end_state or "")) is not None:
+    if (said := _SLURM_SAID.get(end_state or "")) is not None:
         rank = _launcher_rank(lines)
         return Crash(
-            scheduled, f"Slurm ended the job {end_state}", rank=rank, step=_last_step(lines, len(lines), rank)
+            said, f"Slurm ended the job {end_state}", rank=rank, step=_last_step(lines, len(lines), rank)
         )
     for i, ln in enumerate(lines):
         if _XID.search(ln):
