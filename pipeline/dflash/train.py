@@ -453,7 +453,8 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
     ``stop_event``, launcher gone, or ``max_steps`` reached), so all of them stop after the same step;
     rank 0 then writes the checkpoint and every rank exits 0.  A save flag (the checkpoint signal
     seen, e.g. Slurm's ``--signal=USR1@120`` before the time limit) is all-reduced with it: rank 0
-    writes the checkpoint of that step and every rank trains on.
+    writes the checkpoint of that step (of the first step trained, when it came before) and every
+    rank trains on.
     """
     global _save_asked
     torch = _setup_torch(spec)
@@ -507,7 +508,7 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
         stop, save = flag.tolist()
         if stop:
             break
-        if save:  # every rank saw the same flag: one checkpoint of this step, then on
+        if save and step > spec["resume_step"]:  # one checkpoint of this step (once it trained), then on
             _save_asked = False
             if spec["role_rank"] == 0 and spec["checkpoint_dir"]:
                 _save_checkpoint(spec, model, opt, step)

@@ -107,6 +107,11 @@ def settings(job: JobConfig) -> SlurmSettings:
     return SlurmSettings.model_validate(job.slurm or {})
 
 
+def resubmits_on_timeout(job: JobConfig) -> bool:
+    """Whether ``job`` is a Slurm job to resubmit when it reaches its time limit (``resubmit_on_timeout``)."""
+    return job.engine == "slurm" and settings(job).resubmit_on_timeout
+
+
 def expected_processes(job: JobConfig) -> int:
     """Processes the job should have: ``nodes`` × ``tasks_per_node``, else ``processes``."""
     sl = settings(job)
