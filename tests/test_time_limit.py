@@ -147,15 +147,17 @@ async def test_time_limited_job_checkpoints_on_the_warning_is_told_and_resubmitt
     for argv in (["git", "init", "-q"], ["git", "add", "-A"]):
         subprocess.run(argv, cwd=work, check=True, capture_output=True)
     log, ckpt = work / "train.log", work / "ckpt"
-    args = ["-N", "2", "--ntasks-per-node", "4", "--time=1", "-o", str(log), "--open-mode=append"]
+    # one node, n3: the session's other Slurm tests use n1 and n2 (on a machine several sessions share,
+    # their tasks there carry the same node names and job ids)
+    args = ["-N", "1", "-w", "n3", "--ntasks-per-node", "8", "--time=1", "-o", str(log), "--open-mode=append"]
     job = JobConfig(
         host="login",
         engine="slurm",
         slurm=SlurmSettings(
             script=str(work / "pitstop.sbatch"),
             sbatch_args=args,
-            nodes=2,
-            tasks_per_node=4,
+            nodes=1,
+            tasks_per_node=8,
             signal="USR1@1",
             resubmit_on_timeout=True,
         ).model_dump(),
@@ -218,7 +220,9 @@ async def test_time_limited_job_checkpoints_on_the_warning_is_told_and_resubmitt
     auto_ids = await _until("the resubmission", 60, resubmitted)
     assert isinstance(auto_ids, list) and len(auto_ids) == 1, auto_ids
     auto_id = auto_ids[0]
-    [alert] = [p.reply for p in outbox.of("announce")]
+    alerts = [p.reply for p in outbox.of("announce") if (p.key or "").startswith("incident:")]
+    assert len(alerts) == 1, [(p.key, p.reply.title) for p in outbox.posted]
+    alert = alerts[0]
     told = f"time_limit: reached its time limit at step {reached}, checkpoint at step {kept} (Slurm: TIMEOUT)"
     assert f"detected cause: {told}" in alert.lines, alert.lines
     notes = [p.reply.title for p in outbox.of("thread")]
