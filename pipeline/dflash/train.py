@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import traceback
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -635,6 +636,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_args(argv)
     set_title("dflash-main")
+    if (
+        args.checkpoint_signal
+    ):  # ignored by the resource tracker it starts (a group-wide one must not kill it)
+        signal.signal(args.checkpoint_signal, signal.SIG_IGN)
+        resource_tracker.ensure_running()
     catch_signals(args.checkpoint_signal)
     cfg = load_profile(args.profile)
     log = Log(args.log)
