@@ -500,6 +500,11 @@ def scheduled_restart(job: str, kind: str, used: int, limit: int, answer: str) -
     )
 
 
+def timeout_resubmit(job: str, answer: str) -> str:
+    """The thread note of ``resubmit_on_timeout``'s resubmission: not an ``auto_restart`` attempt."""
+    return f"resubmitted {job} after reaching its time limit (resubmit_on_timeout; not a crash: not counted): {answer}"
+
+
 def probe_slow_line(host: str, seconds: float) -> str:
     """Log line: a host's probe took longer than its jobs' watch interval."""
     took = fmt.duration(seconds) if seconds >= 10 else f"{seconds:.1f} s"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -225,6 +227,50 @@ def test_sigterm_checkpoints_exits_zero_and_resumes(tmp_path: Path, jobs: list[J
     drafter_steps = [m["step"] for m in again.metrics() if m["role"] == "drafter"]
     assert sorted(set(drafter_steps)) == list(range(step + 1, step + 11))
     assert json.loads((job.ckpt / "latest.json").read_text())["step"] == step + 10
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("target", ["launcher", "process-group"])
+def test_checkpoint_signal_saves_once_and_training_goes_on(
+    tmp_path: Path, jobs: list[Job], target: str
+) -> None:
+    """SIGUSR1 (Slurm's --signal warning; to the launcher or the whole group) -> one whole checkpoint of
+    the step the drafters agreed on, said in the log; training goes on until SIGTERM."""
+    job = Job(tmp_path, "--metric-every", "1")
+    jobs.append(job)
+    job.wait_for("a drafter metric line", lambda: any(m["role"] == "drafter" for m in job.metrics()), 90)
+    if target == "launcher":
+        os.kill(job.pid, signal.SIGUSR1)
+    else:
+        os.killpg(job.pid, signal.SIGUSR1)
+    said = re.compile(r"drafter rank 5: checkpoint step (\d+) on SIGUSR1 in \S+; training goes on")
+    job.wait_for("the signal's checkpoint", lambda: said.search(job.text()) is not None, 30)
+    step = int(said.findall(job.text())[0])
+    ck = _checkpoints_module()
+    assert ck.problem(ck.step_dir(job.ckpt, step), hashes=True) is None
+    assert json.loads((job.ckpt / "latest.json").read_text())["step"] == step
+
+    def drafter_max() -> int:
+        return max((m["step"] for m in job.metrics() if m["role"] == "drafter"), default=0)
+
+    job.wait_for("training past the save", lambda: drafter_max() >= step + 3, 60)
+    assert len(said.findall(job.text())) == 1  # one save, though a group-wide signal reached each twice
+    os.kill(job.pid, signal.SIGTERM)
+    assert job.wait_exit(10) == 0, job.text()[-3000:]
+    assert "Traceback" not in job.text()
+
+
+def test_checkpoint_signal_option_is_checked() -> None:
+    """--checkpoint-signal takes a catchable signal's name or number, or none; TERM or a typo is refused, named."""
+    sys.path.insert(0, str(DFLASH))  # train.py imports its siblings (checkpoints, faults)
+    try:
+        train = load_module(DFLASH / "train.py", "dflash_train_signal")
+    finally:
+        sys.path.remove(str(DFLASH))
+    assert [train.save_signal(s) for s in ("USR1", "sigusr2", "10", "none")] == [10, 12, 10, 0]
+    for bad, why in (("USR3", "'USR3' is not a signal"), ("TERM", "TERM kills or stops the job")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            train.save_signal(bad)
 
 
 @pytest.mark.timeout(180)

@@ -27,7 +27,7 @@ from handlers.context import Context
 from handlers.reply import Reply, Status
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
 from handlers.request.dispatch import Dispatcher, Request
-from handlers.text import alert_exit_cause, probe_slow_line, scheduled_restart
+from handlers.text import alert_exit_cause, probe_slow_line, scheduled_restart, timeout_resubmit
 from handlers.watch.alerts import (
     Round,
     Storyteller,
@@ -42,8 +42,10 @@ from handlers.watch.alerts import (
 )
 from handlers.watch.evidence import check_crash, elsewhere, post_hang_evidence, refusal, with_crash
 from handlers.watch.suspects import note_suspects, suspect_nodes
-from pipeline.config.jobs import SCHEDULED
+from pipeline.config import AutoRestart, JobConfig
+from pipeline.config.jobs import SCHEDULED, CrashClass
 from pipeline.engines.base import Entry, Sighting
+from pipeline.engines.slurm import resubmits_on_timeout
 from pipeline.errors import HostKeyRejected, HostUnreachable, PitstopError
 from pipeline.host.probe import JobProbe
 from pipeline.observe import progress
@@ -218,6 +220,7 @@ class Watcher:
                 obs = dataclasses.replace(obs, exit_cause=sight.exit_cause, detail=sight.detail)
             if sight is not None and sight.expected != cfg.processes:
                 cfg = cfg.model_copy(update={"processes": sight.expected})
+            cfg = _resubmitting(cfg, view.incident)
             situation = self._situation(view, now)
             decisions[view.name] = assess(
                 view.name, cfg, obs, view.watch, view.incident, situation, remind_every=self.remind_every
@@ -373,7 +376,9 @@ class Watcher:
                 instance=ctx.instance,
             )
             note = auto_restart_reply(inc, ctx.config, answer)
-            if scheduled:
+            if scheduled and policy is None:  # only resubmit_on_timeout restarts it
+                note = dataclasses.replace(note, title=timeout_resubmit(inc.job, answer.title))
+            elif scheduled:
                 used, limit = inc.auto_restarts, policy.max if policy is not None else 0
                 title = scheduled_restart(inc.job, inc.crash_class or "", used, limit, answer.title)
                 note = dataclasses.replace(note, title=title)
@@ -470,6 +475,21 @@ class Watcher:
         background."""
         await self.restarts.drain(timeout)
         await self.teller.told(timeout)
+
+
+#: the automatic restart a job that reached its time limit gets from ``resubmit_on_timeout`` alone:
+#: at the next cycle, for ``time_limit`` only (never counted: :meth:`Watcher._gate`)
+_RESUBMIT = AutoRestart(backoff=0.001, on=[CrashClass.TIME_LIMIT])
+
+
+def _resubmitting(cfg: JobConfig, incident: Incident | None) -> JobConfig:
+    """The job's config as the watch rules see it: a job without ``auto_restart`` whose open
+    incident is its time limit, under ``[jobs.NAME.slurm] resubmit_on_timeout``, is restarted
+    automatically (:data:`_RESUBMIT`); any other as configured."""
+    reached = incident is not None and incident.crash_class == CrashClass.TIME_LIMIT.value
+    if not reached or cfg.watch.auto_restart is not None or not resubmits_on_timeout(cfg):
+        return cfg
+    return cfg.model_copy(update={"watch": cfg.watch.model_copy(update={"auto_restart": _RESUBMIT})})
 
 
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what

@@ -29,7 +29,8 @@ from pipeline.config.jobs import SCHEDULED, CrashClass, ExitPolicy
 from pipeline.engines.base import Sighting
 from pipeline.errors import PitstopError
 from pipeline.host.contract import HangAnswer
-from pipeline.observe.crashes import Crash, classify, from_fields
+from pipeline.observe.checkpoints import list_checkpoints
+from pipeline.observe.crashes import Crash, at_time_limit, classify, from_fields
 from pipeline.observe.evidence import ended
 from pipeline.state.incidents import Incident, IncidentKind, IncidentStore
 
@@ -87,10 +88,23 @@ async def check_crash(ctx: Context, name: str, sight: Sighting | None = None) ->
         kernel_unreadable=seen.kernel_unreadable,
         end_state=sight.end_state if sight is not None else None,
     )
+    if crash.kind is CrashClass.TIME_LIMIT:
+        crash = at_time_limit(crash, await _newest_checkpoint(ctx, name))
     repeat = previous is not None and previous.same_failure(crash)
     fields = {**crash.to_fields(), "run_id": run_id, "repeat": "1" if repeat else "0"}
     await store.remember_crash(name, fields)
     return CrashCheck(crash, repeat, exit_cause, _node(crash, sight))
+
+
+async def _newest_checkpoint(ctx: Context, name: str) -> int | None:
+    """The step of job ``name``'s newest intact checkpoint (its manifests, as pre-flight reads
+    them); None when it has none or the host cannot say (logged)."""
+    try:
+        found = await list_checkpoints(ctx.ssh, name, ctx.config.jobs[name])
+    except PitstopError as exc:
+        log.info("checkpoints of %s: %s", name, exc.message)
+        return None
+    return next((c.step for c in found if c.intact), None)
 
 
 def _node(crash: Crash, sight: Sighting | None) -> str | None:

@@ -13,7 +13,7 @@ import time
 from multiprocessing.managers import BaseManager
 
 import faults
-from train import _devices, load_profile, parse_args, rank_specs, read_resume_step, worker_main
+from train import _devices, catch_signals, load_profile, parse_args, rank_specs, read_resume_step, worker_main
 
 SERVER_GRACE_S = 3.0  # task 0 keeps serving the queue this long after the targets stop
 CONNECT_S = 120.0  # how long tasks other than 0 try to reach task 0's queue server
@@ -29,10 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     ``MASTER_PORT + 1`` of ``DRAFTER_ADDR`` (the node of the first drafter; default ``MASTER_ADDR``).
     A GPU task uses ``cuda:SLURM_LOCALID``.  SIGTERM (``scancel --signal=TERM --full``) reaches every
     task: the drafters stop together at a step boundary (checkpoint as usual), then release the targets.
+    The checkpoint signal (``--checkpoint-signal``, SIGUSR1: ``sbatch --signal=USR1@120`` without
+    ``B:``) reaches every task too: the drafters checkpoint at the next step boundary and train on.
 
     :returns: 2 on a task count that does not match the roles (never returns otherwise: the worker exits).
     """
     args = parse_args(argv)
+    catch_signals(args.checkpoint_signal)  # at once: Slurm's warning signal may come early in a short job
     cfg = load_profile(args.profile)
     if args.cpu:
         os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import traceback
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,50 @@ CHECKPOINT_FILE = "drafter.pt"
 TARGET_FILE = "target.pt"
 
 _signalled = False  # set by the SIGTERM/SIGINT handler, in the launcher and in every worker
+_save_asked = False  # set by the --checkpoint-signal handler in every worker: save, keep training
+_children: list[int] = []  # the launcher's workers, which it passes --checkpoint-signal on to
 
 
 def _on_signal(signum: int, frame: object) -> None:
     global _signalled
     _signalled = True
+
+
+def _on_save_signal(signum: int, frame: object) -> None:
+    global _save_asked
+    _save_asked = True
+    for pid in _children:  # the launcher's: every worker saves (a group-wide signal arrives twice: one save)
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def save_signal(text: str) -> int:
+    """``--checkpoint-signal``'s value as a signal number: a name (``USR1``, ``SIGUSR1``) or a number; 0
+    for ``none``.
+
+    :raises argparse.ArgumentTypeError: if ``text`` is no signal, or one the job must not catch (KILL,
+        STOP, TERM, INT).
+    """
+    if text.lower() == "none":
+        return 0
+    name = text.upper() if text.upper().startswith("SIG") else f"SIG{text.upper()}"
+    try:
+        num = int(text) if text.isdigit() else int(signal.Signals[name])
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a signal name (USR1) or number") from None
+    if num in (signal.SIGKILL, signal.SIGSTOP, *STOP_SIGNALS):
+        raise argparse.ArgumentTypeError(f"{text} kills or stops the job: use USR1 or USR2")
+    return num
+
+
+def catch_signals(save: int) -> None:
+    """Handle the stop signals (recorded, never fatal) and ``save``, the checkpoint signal (0: none)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_signal)
+    if save:
+        signal.signal(save, _on_save_signal)
 
 
 def set_title(title: str) -> None:
@@ -144,6 +184,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (profile's)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="complete checkpoints kept (the newest K)")
     p.add_argument(
+        "--checkpoint-signal",
+        type=save_signal,
+        default="USR1",
+        help="signal that makes the drafters checkpoint and keep training (Slurm's --signal; none: off)",
+    )
+    p.add_argument(
         "--resume-step",
         type=int,
         default=None,
@@ -166,9 +212,8 @@ def worker_main(spec: dict[str, Any], q: Any, stop_event: Any, targets_stop: Any
     set_title(f"dflash-worker {spec['role']} rank {spec['rank']}")
     if spec.get("slurm"):
         _plain_comm("dflash-worker")
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _on_signal)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the launcher blocked them across spawn
+    catch_signals(spec["save_signal"])
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _blocked(spec["save_signal"]))  # blocked across spawn
     log = Log(spec["log"])
     try:
         if spec["role"] == "target":
@@ -407,8 +452,12 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
 
     At every step boundary the ranks all-reduce (MAX) a local stop flag (SIGTERM seen, the launcher's
     ``stop_event``, launcher gone, or ``max_steps`` reached), so all of them stop after the same step;
-    rank 0 then writes the checkpoint and every rank exits 0.
+    rank 0 then writes the checkpoint and every rank exits 0.  A save flag (the checkpoint signal
+    seen, e.g. Slurm's ``--signal=USR1@120`` before the time limit) is all-reduced with it: rank 0
+    writes the checkpoint of that step (of the first step trained, when it came before) and every
+    rank trains on.
     """
+    global _save_asked
     torch = _setup_torch(spec)
     import torch.distributed as dist  # lazy: torch after the process title is set (module docstring)
     import torch.nn.functional as F
@@ -450,15 +499,25 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and cfg["dtype"] == "bfloat16")
     meter = Meter(spec)
     first_step = step + 1
-    flag = torch.zeros(1, dtype=torch.int32, device=dev)
+    flag = torch.zeros(2, dtype=torch.int32, device=dev)  # [stop, save]
     max_steps = spec["max_steps"]
     while True:
         local_stop = _signalled or stop_event.is_set() or _orphaned(spec) or 0 < max_steps <= step
-        flag.fill_(1 if local_stop else 0)
+        flag[0], flag[1] = int(local_stop), int(_save_asked)
         work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
         faults.wait_work(work, faults.WaitReporter(spec, log, "all_reduce"), step, lambda: _orphaned(spec))
-        if flag.item():
+        stop, save = flag.tolist()
+        if stop:
             break
+        if save and step > spec["resume_step"]:  # one checkpoint of this step (once it trained), then on
+            _save_asked = False
+            if spec["role_rank"] == 0 and spec["checkpoint_dir"]:
+                _save_checkpoint(spec, model, opt, step)
+                name = signal.Signals(spec["save_signal"]).name
+                log.line(
+                    f"dflash-worker drafter rank {spec['rank']}: checkpoint step {step} on {name} in "
+                    f"{spec['checkpoint_dir']}; training goes on"
+                )
         began = time.monotonic()
         item = torch.load(io.BytesIO(_get_item(spec, q)), weights_only=True)
         step += 1
@@ -500,6 +559,11 @@ def run_drafter(spec: dict[str, Any], log: Log, q: Any, stop_event: Any) -> None
 
 # ----------------------------------------------------------------------------------------------------
 # launcher
+
+
+def _blocked(save: int) -> set[int]:
+    """The signals blocked while workers are spawned: the stop signals and the checkpoint signal."""
+    return {*STOP_SIGNALS, *([save] if save else [])}
 
 
 def _devices(arg: str, cpu: bool) -> list[str]:
@@ -547,6 +611,7 @@ def rank_specs(
         "launcher_pid": launcher_pid,
         "port": port,
         "world_size": len(drafter_devs),
+        "save_signal": args.checkpoint_signal,
     }
     roles = [("target", d) for d in target_devs] + [("drafter", d) for d in drafter_devs]
     return [
@@ -571,8 +636,12 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = parse_args(argv)
     set_title("dflash-main")
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _on_signal)
+    if (
+        args.checkpoint_signal
+    ):  # ignored by the resource tracker it starts (a group-wide one must not kill it)
+        signal.signal(args.checkpoint_signal, signal.SIG_IGN)
+        resource_tracker.ensure_running()
+    catch_signals(args.checkpoint_signal)
     cfg = load_profile(args.profile)
     log = Log(args.log)
     if args.cpu:
@@ -611,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[tuple[str, int, Any]] = []
     # Block the stop signals while spawning: the children inherit the mask, so a SIGTERM to the process
     # group during their start-up stays pending until their handler is installed.
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _blocked(args.checkpoint_signal))
     try:
         specs = rank_specs(
             args,
@@ -627,8 +696,9 @@ def main(argv: list[str] | None = None) -> int:
             p = ctx.Process(target=worker_main, args=(spec, q, stop_event, targets_stop))
             p.start()
             procs.append((spec["role"], spec["rank"], p))
+            _children.append(p.pid)
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _blocked(args.checkpoint_signal))
     try:
         return _watch(procs, log, stop_event, targets_stop)
     finally:

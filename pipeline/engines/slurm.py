@@ -6,6 +6,7 @@ failure: the runner verifies it again until it runs or ends.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import re
 import signal
 import time
@@ -15,7 +16,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 
 from pipeline.config import Config, JobConfig, validation_problems
 from pipeline.config.base import _Model, matching
@@ -59,6 +60,25 @@ def _signame(number: int | None) -> str | None:
     return ({s.value: s.name for s in signal.Signals}.get(number) or f"signal {number}") if number else None
 
 
+def _warning_signal(value: str) -> str:
+    """``[jobs.NAME.slurm] signal``: ``SIG[@SECONDS]`` as ``sbatch --signal`` takes it, the signal
+    a name (``USR1``, ``SIGUSR1``) or number (1-64), the seconds before the time limit 0-65535
+    (Slurm's default 60); no ``B:`` (it would reach only the batch shell).
+
+    :raises ValueError: naming what is wrong and the fix.
+    """
+    if value[:2].upper() == "B:":
+        raise ValueError(_no_batch_only(value))
+    sig, at, seconds = value.removeprefix("R:").partition("@")
+    names = {s.name.removeprefix("SIG") for s in signal.Signals}
+    if not (sig.isdigit() and 1 <= int(sig) <= 64) and sig.upper().removeprefix("SIG") not in names:
+        close = difflib.get_close_matches(sig.upper().removeprefix("SIG"), sorted(names), n=1)
+        raise ValueError(_unknown_signal(value, sig, close[0] if close else None))
+    if at and not (seconds.isdigit() and int(seconds) <= 65535):
+        raise ValueError(_bad_signal_time(value, seconds))
+    return value
+
+
 class SlurmSettings(_Model):
     """``[jobs.NAME.slurm]``: the job is a Slurm batch job; the job's ``host`` is the login node."""
 
@@ -70,11 +90,26 @@ class SlurmSettings(_Model):
     requeue: bool = False
     nodes: int = Field(default=1, ge=1)  #: nodes the job runs on
     tasks_per_node: int | None = Field(default=None, ge=1)  #: processes per node (else ``processes``)
+    #: ``sbatch --signal``: ``USR1@120`` sends SIGUSR1 to every job step 120 s (up to 60 s more)
+    #: before the time limit, so the job can save its work (None: none)
+    signal: Annotated[str, AfterValidator(_warning_signal)] | None = None
+    #: resubmit the job when it ends at its time limit (Slurm's ``TIMEOUT``), verified like a restart
+    resubmit_on_timeout: bool = False
+
+    @property
+    def submit_args(self) -> list[str]:
+        """``sbatch_args`` with ``--signal=…`` when a ``signal`` is set."""
+        return [*self.sbatch_args, *([f"--signal={self.signal}"] if self.signal else [])]
 
 
 def settings(job: JobConfig) -> SlurmSettings:
     """The job's ``[jobs.NAME.slurm]`` table (checked when the config was: :meth:`SlurmEngine.check`)."""
     return SlurmSettings.model_validate(job.slurm or {})
+
+
+def resubmits_on_timeout(job: JobConfig) -> bool:
+    """Whether ``job`` is a Slurm job to resubmit when it reaches its time limit (``resubmit_on_timeout``)."""
+    return job.engine == "slurm" and settings(job).resubmit_on_timeout
 
 
 def expected_processes(job: JobConfig) -> int:
@@ -134,7 +169,7 @@ class SlurmEngine(WorkdirSteps):
 
         script = ["bash", "-c", _PREFLIGHT, "pitstop-slurm-preflight", sl.script, "-D", job.workdir]
         try:
-            result = await self.client.checked(name, [*script, *sl.sbatch_args])
+            result = await self.client.checked(name, [*script, *sl.submit_args])
             j = await self.client.one(name, old) if old is not None else None
         except RemoteError as exc:
             raise await fail("host", exc.message) from None
@@ -233,7 +268,7 @@ class SlurmEngine(WorkdirSteps):
                     await self.client.checked(name, update)
                 job_id, how = old, f"requeued Slurm job {old}"
             else:
-                args = [*sl.sbatch_args, *([f"--exclude={left_out}"] if left_out else [])]
+                args = [*sl.submit_args, *([f"--exclude={left_out}"] if left_out else [])]
                 job_id = await self.client.submit(name, job.workdir, sl.script, args)
                 how = f"submitted Slurm job {job_id}"
             how += f" excluding {', '.join(run.exclude)}" if run.exclude else ""
@@ -377,3 +412,25 @@ class SlurmEngine(WorkdirSteps):
             why = f"Slurm job {j.id} is {j.state}" if j is not None else "no Slurm job is recorded"
             raise PitstopError(slurm.gpus_not_running(t.name, why))
         return NodeOutputs(f"Slurm job {j.id}", await self.client.node_gpus(t.name, j.id, j.nodes, argv))
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def _no_batch_only(value: str) -> str:
+    """``signal = "B:USR1@120"``: refused, with why and the fix."""
+    return (
+        f"{value!r}: no B: here - B: sends the signal only to the batch shell, which does not pass it "
+        f"on to the training; write {value[2:]!r} and every job step (the training's tasks) gets it"
+    )
+
+
+def _unknown_signal(value: str, sig: str, close: str | None) -> str:
+    """``signal = "USR9@60"``: not a signal."""
+    hint = f" - did you mean {close}?" if close else ""
+    return f"{value!r}: {sig!r} is not a signal: write a name (USR1, TERM) or a number, then @SECONDS{hint}"
+
+
+def _bad_signal_time(value: str, seconds: str) -> str:
+    """``signal = "USR1@-5"``: not seconds Slurm takes."""
+    return f"{value!r}: {seconds!r} after @ must be whole seconds before the time limit, 0 to 65535"

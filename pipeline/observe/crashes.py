@@ -287,7 +287,25 @@ def detect_cause(log_tail: str) -> str | None:
     return None
 
 
+def at_time_limit(crash: Crash, checkpoint: int | None) -> Crash:
+    """A ``time_limit`` crash told with the step it reached and the newest intact checkpoint
+    (``reached its time limit at step 412, checkpoint at step 400 (Slurm: TIMEOUT)``); any other as it is.
+
+    :param checkpoint: the newest intact checkpoint's step (None: none, or none could be read).
+    """
+    if crash.kind is not CrashClass.TIME_LIMIT:
+        return crash
+    return replace(crash, evidence=time_limit_words(crash.step, checkpoint))
+
+
 # --- text ---------------------------------------------------------------------------------------
+
+
+def time_limit_words(step: int | None, checkpoint: int | None) -> str:
+    """``reached its time limit at step 412, checkpoint at step 400 (Slurm: TIMEOUT)``."""
+    at = f" at step {step}" if step is not None else ""
+    saved = f"checkpoint at step {checkpoint}" if checkpoint is not None else "no checkpoint"
+    return f"reached its time limit{at}, {saved} (Slurm: TIMEOUT)"
 
 
 def kernel_words(read: bool, unreadable: str | None) -> str:
