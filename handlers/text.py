@@ -182,7 +182,10 @@ def queued_detail(action: str, channel: str | None) -> str:
 
 
 def run_headline(run: RunRecord) -> str:
-    """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch, fresh cache``."""
+    """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch, fresh cache``
+    (a requeue by the scheduler: ``r-43: requeued: dflash (Slurm job 12, restart 1): …``, its post)."""
+    if run.action == "requeue" and run.requeued:
+        return f"{run.id}: {run.requeued}"
     extra = [f"with {patch_phrase(run.patches)}"] if run.patches else []
     extra += ["fresh cache"] if run.fresh_cache else []
     tail = (" " + ", ".join(extra)) if extra else ""

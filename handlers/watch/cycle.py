@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from handlers.context import Context
-from handlers.reply import Reply, Status
+from handlers.reply import Status
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
 from handlers.request.dispatch import Dispatcher, Request
+from handlers.runs.view import run_reply, thread_key
 from handlers.text import alert_exit_cause, probe_slow_line, scheduled_restart
 from handlers.watch.alerts import (
     Round,
@@ -198,7 +199,7 @@ class Watcher:
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
             self._seen[view.name] = sight
             if sight is not None and sight.requeued and sight.job_id is not None:
-                await self._requeued(view.name, sight.job_id, sight.restarts, sight.requeued)
+                await self._requeued(view.name, sight)
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
@@ -332,14 +333,24 @@ class Watcher:
             if wanted.model_dump(exclude=skip) != current.model_dump(exclude=skip):
                 await self.store.update(current, wanted)
 
-    async def _requeued(self, name: str, slurm_job: int, restarts: int, line: str) -> None:
-        """Tell a requeue by the scheduler once in the job's channel (whichever process claims it)."""
-        if await self.store.claim_requeue(name, slurm_job, restarts):
-            reply = Reply(title=line, status=Status.WARNING)
-            await self.ctx.outbox.post(reply, self.ctx.config.channel_for(name))
-            await self.ctx.events.publish(
-                EventKind.REQUEUED, name, slurm_job=slurm_job, restarts=restarts, instance=self.ctx.instance
-            )
+    async def _requeued(self, name: str, sight: Sighting) -> None:
+        """Tell a requeue by the scheduler once in the job's channel (whichever process claims it), as
+        the headline of a run of its own (:meth:`RunService.requeued
+        <pipeline.runs.service.RunService.requeued>`): its verdict follows in its thread."""
+        slurm_job, restarts, line = sight.job_id or 0, sight.restarts, sight.requeued or ""
+        if not await self.store.claim_requeue(name, slurm_job, restarts):
+            return
+        run = await self.ctx.service.requeued(name, line, sight.requeue_cause)
+        reply = dataclasses.replace(run_reply(run, self.ctx.config), status=Status.WARNING)
+        await self.ctx.outbox.announce(thread_key(run.id), reply, self.ctx.config.channel_for(name))
+        await self.ctx.events.publish(
+            EventKind.REQUEUED,
+            name,
+            slurm_job=slurm_job,
+            restarts=restarts,
+            run_id=run.id,
+            instance=self.ctx.instance,
+        )
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx

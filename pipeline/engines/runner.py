@@ -147,6 +147,17 @@ class Runner:
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
 
+    async def requeued(self, run: RunRecord) -> RunRecord:
+        """Record a relaunch the scheduler made itself (``run.action`` ``requeue``: Slurm requeued the
+        job, ``run.requeued`` its post): no step of Pitstop's runs but the launch, which records the
+        job as the scheduler relaunched it; leaves ``verify`` WAITING, verified like a restart.
+        A failed launch step sets the verdict (not raised)."""
+        engine, t = await self._target(run.job)
+        try:
+            return await self._launch(run, engine, t)
+        except SequenceAborted as stop:
+            return await self.steps.finish(run, stop)
+
     async def _launch(self, run: RunRecord, engine: Engine, t: Target) -> RunRecord:
         """The launch step, after the metric log's size is taken; leaves ``verify`` WAITING."""
         run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, t.name, t.job)
