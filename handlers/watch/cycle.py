@@ -218,6 +218,8 @@ class Watcher:
             if sight is not None and sight.expected != cfg.processes:
                 cfg = cfg.model_copy(update={"processes": sight.expected})
             situation = self._situation(view, now)
+            if sight is not None and sight.state == "pending":  # the scheduler holds it: not dead
+                situation = dataclasses.replace(situation, in_flight=True)
             decisions[view.name] = assess(
                 view.name, cfg, obs, view.watch, view.incident, situation, remind_every=self.remind_every
             )

@@ -373,7 +373,8 @@ class SlurmEngine(WorkdirSteps):
             return Sighting(
                 probe(pids=pids, count=len(pids), error=error, read=read, read_error=read_error),
                 expected,
-                "alive" if j.state == "RUNNING" else "pending" if j.active else "gone",
+                # being preempted: Slurm holds it (it requeues it or ends it PREEMPTED), as when queued
+                "alive" if j.state == "RUNNING" and not j.preempting else "pending" if j.active else "gone",
                 job_id=j.id,
                 word=j.state.lower(),
                 who=f"job {j.id}",

@@ -97,6 +97,7 @@ class SlurmJob:
     partition: str = ""  #: its partition (``scontrol``'s ``Partition``)
     started: str = ""  #: when its current run started (``StartTime``, ``2024-05-01T12:00:03``)
     submitted: str = ""  #: when it was (re)queued: Slurm resets ``SubmitTime`` at a requeue
+    preempting: bool = False  #: a preemption is under way (``PreemptTime`` set): it is about to be requeued
     #: its ended records before the current one (``sacct -D``), oldest first: why it was requeued
     requeues: tuple[Requeue, ...] = ()
 
@@ -230,6 +231,7 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
             partition=d.get("Partition", ""),
             started=d.get("StartTime", ""),
             submitted=d.get("SubmitTime", ""),
+            preempting=d.get("PreemptTime", "None") not in ("", "None", "Unknown"),
             **_exit(d.get("ExitCode")),
         )
     for f in (row.strip().split("|") for row in parts.get("@@sacct", [])):
