@@ -56,6 +56,7 @@ ALERT_TITLES = {
     IncidentKind.IDLE_GPUS: "{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working",
     IncidentKind.LOSS_NAN: "{job} is training on garbage: its loss is {loss} on rank {rank} since step {step}",
     IncidentKind.LOSS_SPIKE: "{job}'s loss spiked: {loss} on rank {rank} since step {step}",
+    IncidentKind.QUEUED: "{job} is still queued since the scheduler requeued it: nothing runs (expected {expected})",
 }
 #: how a resolved incident's headline says what the job was, by incident kind (else "was KIND")
 ALERT_WAS = {
@@ -65,6 +66,7 @@ ALERT_WAS = {
     "idle_gpus": "had idle GPUs",
     "loss_nan": "had a NaN or infinite loss",
     "loss_spike": "had a loss spike",
+    "queued": "was queued after its requeue",
 }
 #: the label of a failed run's show-log button
 SHOW_LOG_BUTTON = "Show log"

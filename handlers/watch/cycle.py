@@ -219,7 +219,7 @@ class Watcher:
                 cfg = cfg.model_copy(update={"processes": sight.expected})
             situation = self._situation(view, now)
             if sight is not None and sight.state == "pending":  # the scheduler holds it: not dead
-                situation = dataclasses.replace(situation, in_flight=True)
+                situation = dataclasses.replace(situation, in_flight=True, **_queued(view, sight, now))
             decisions[view.name] = assess(
                 view.name, cfg, obs, view.watch, view.incident, situation, remind_every=self.remind_every
             )
@@ -481,6 +481,15 @@ class Watcher:
         background."""
         await self.restarts.drain(timeout)
         await self.teller.told(timeout)
+
+
+def _queued(view: JobSnapshot, sight: Sighting, now: float) -> dict[str, Any]:
+    """A PENDING job the scheduler requeued (its newest run a ``requeue``): how long since (s) and
+    why, as :class:`~pipeline.observe.watch.Situation` takes them; nothing for another pending job."""
+    latest = view.latest
+    if latest is None or latest.action != "requeue" or latest.launched_at is None:
+        return {}
+    return {"queued_for": now - latest.launched_at, "pending_reason": sight.line}
 
 
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what
