@@ -178,8 +178,8 @@ def assess(
     queued = incident is not None and incident.kind is IncidentKind.QUEUED
     if situation.queued_for is not None and situation.queued_for >= w.pending_after:
         if incident is None:
-            facts = {"count": 0, "expected": cfg.processes, "cause": situation.pending_reason}
-            return opened(IncidentKind.QUEUED, **facts)
+            why = situation.pending_reason
+            return opened(IncidentKind.QUEUED, count=0, expected=cfg.processes, cause=why)
         if queued:
             return remind(incident, IncidentKind.QUEUED)
     elif queued and incident is not None and situation.queued_for is None and obs.count > 0:
