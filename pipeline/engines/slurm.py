@@ -39,6 +39,9 @@ from pipeline.verdict import Outcome, Step
 
 log = logging.getLogger(__name__)
 
+#: seconds a requeue whose cause the cluster does not show yet waits to be told: the preempting job
+#: starts once the preempted one has left its nodes, a little after the requeue
+CAUSE_WAIT = 15.0
 KILL_TIMEOUT = 10.0  #: seconds for a job to leave after a second scancel, beyond ``KILL_WAIT``
 STOP_POLL = 0.5  #: seconds between state checks while a job stops
 KILL_WAIT = 60.0  #: seconds a job may take to leave after a plain scancel (covers Slurm's KillWait)
@@ -115,6 +118,8 @@ class SlurmEngine(WorkdirSteps):
         #: Slurm job id → the nodes and ``StartTime`` of its run last seen RUNNING: where a requeue
         #: happened, read when Slurm's ``Restarts`` grows (:func:`pipeline.host.slurm.requeue_cause`)
         self._ran: dict[int, tuple[tuple[str, ...], str]] = {}
+        #: Slurm job id → when (monotonic s) its requeue was first seen without a cause to tell
+        self._unexplained: dict[int, float] = {}
 
     @staticmethod
     def check(job: JobConfig, at: str) -> list[str]:
@@ -333,13 +338,20 @@ class SlurmEngine(WorkdirSteps):
                 n: Sighting(JobProbe(job=n, error=exc.message), expected_processes(c)) for n, c, _ in entries
             }
 
-        causes: dict[str, str | None] = {}
+        causes: dict[str, str | None] = {}  #: the jobs whose requeue is told now, and why
+        requeued = {
+            i for name, _, _ in entries if (i := ids[name]) in jobs and jobs[i].restarts > known[name]
+        }
         for name, _, _ in entries:
-            j = jobs.get(ids[name] or -1)
-            if j is not None and j.restarts > known[name]:
-                causes[name] = await self._requeue_cause(name, j)
+            if (j := jobs.get(ids[name] or -1)) is not None and j.id in requeued:
+                cause = await self._requeue_cause(name, j)
+                first = self._unexplained.setdefault(j.id, time.monotonic())
+                unknown = j.requeues or j.id not in self._ran  # accounting said, or it will never tell
+                if cause is not None or unknown or time.monotonic() - first >= CAUSE_WAIT:
+                    causes[name] = cause
+                    self._unexplained.pop(j.id, None)
         for j in jobs.values():
-            if j.state == "RUNNING" and j.nodelist:
+            if j.state == "RUNNING" and j.nodelist and j.id not in requeued:  # kept until told
                 self._ran[j.id] = (j.nodelist, j.started)
 
         def one(name: str, cfg: JobConfig) -> Sighting:
