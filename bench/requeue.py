@@ -173,7 +173,18 @@ async def run(args: argparse.Namespace) -> int:
         ]
         node = expand_nodelist(_show(cluster, job_id)["NodeList"])[0]  # all of its CPUs: preempted
         high = cluster.run(
-            "sbatch", "--parsable", "-p", HIGH, "-w", node, "-N1", "-n8", "--wrap", "sleep 600"
+            "sbatch",
+            "--parsable",
+            "-o",
+            "/dev/null",
+            "-p",
+            HIGH,
+            "-w",
+            node,
+            "-N1",
+            "-n8",
+            "--wrap",
+            "sleep 600",
         )
         high_id = int(high.stdout.strip().split(";")[0])
 

@@ -61,8 +61,6 @@ async def test_a_preempted_pipeline_is_told_once_then_verified_with_no_step_lost
     args = [
         "-p",
         LOW,
-        "-w",
-        "n1,n2",
         "-N",
         "2",
         "--ntasks-per-node",
@@ -113,7 +111,18 @@ async def test_a_preempted_pipeline_is_told_once_then_verified_with_no_step_lost
         assert held is not None and len(held.nodelist) == 2, held
         node = held.nodelist[0]  # a high job asking for all of its 8 CPUs
         out = slurm.run(
-            "sbatch", "--parsable", "-p", HIGH, "-w", node, "-N1", "-n8", "--wrap", "sleep 600"
+            "sbatch",
+            "--parsable",
+            "-o",
+            "/dev/null",
+            "-p",
+            HIGH,
+            "-w",
+            node,
+            "-N1",
+            "-n8",
+            "--wrap",
+            "sleep 600",
         ).stdout
         high = int(out.strip().split(";")[0])
         requeue = await _requeue_run(watcher, ctx.runs, first)
