@@ -335,7 +335,9 @@ async def look(
 def ended_by(run: RunRecord, between: Sequence[RunRecord] = ()) -> str:
     """How the attempt before ``run`` ended: ``stopped by r-8 (…)`` when a run created between the
     two (``between``: a plain ``stop``, or a restart whose launch failed) or ``run`` itself stopped
-    it, else as ``run``'s stop step saw it."""
+    it, else as ``run``'s stop step saw it; before a requeue by the scheduler, why it was requeued."""
+    if run.action == "requeue":
+        return f"{run.requeue_cause or 'requeued'} (requeued by the scheduler: {run.id})"
     for stopper in [*sorted(between, key=lambda r: r.created_at), run]:
         stop = stopper.step(Step.STOP)
         if stop is not None and stop.outcome is Outcome.OK and stop.detail.startswith("stopped"):
