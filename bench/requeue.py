@@ -14,8 +14,10 @@ pipeline's does).  Measured, wall clock:
 - **verdict**: its verdict in that post's thread (``RUNNING 8/8 processes …``), which waits for
   Slurm's own delay before a requeued job may start (``BeginTime``) and ``start_window``.
 
-Conditions: the post names the preempting job and the verdict is RUNNING with every process
-(always); the post within two watch intervals and 10 s (bound), within one interval (target).
+The preempting job is submitted just after a watch cycle: the post's figure is the worst case, a
+whole interval (a requeue lands anywhere in one: half of it on average).  Conditions: the post
+names the preempting job and the verdict is RUNNING with every process (always); the post within
+two watch intervals and 10 s (bound), within one interval and 2 s, the cycle's own time (target).
 ``--quick``: a 1 s interval, a 2 s ``start_window``, no speed checks.  Ends with ONE summary line
 starting ``requeue:``.
 """
@@ -232,7 +234,7 @@ async def run(args: argparse.Namespace) -> int:
         verdict_reply.title[:120],
     )
     checks.bound("post within 2 intervals + 10 s", to_post <= 2 * args.interval + 10, f"{to_post:.1f} s")
-    checks.target("post within one watch interval", to_post <= args.interval, f"{to_post:.1f} s")
+    checks.target("post within one watch interval + 2 s", to_post <= args.interval + 2, f"{to_post:.1f} s")
     line = (
         f"requeue: Slurm's requeue → Pitstop's post {to_post:.1f} s (watch interval {args.interval:g} s), "
         f"→ verdict {to_verdict:.1f} s (Slurm's BeginTime delay {delay:.0f} s + start_window {args.window:g} s)"
