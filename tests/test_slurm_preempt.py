@@ -23,7 +23,7 @@ from handlers.watch.cycle import Watcher
 from pipeline.config import AuthSettings, Config, JobConfig
 from pipeline.config.jobs import AutoRestart, CrashClass, WatchSettings
 from pipeline.engines.runner import Runner
-from pipeline.engines.slurm import SlurmSettings
+from pipeline.engines.slurm import SlurmEngine, SlurmSettings
 from pipeline.host.remote import SSHPool
 from pipeline.state.events import Events
 from pipeline.state.incidents import IncidentStore
@@ -104,10 +104,12 @@ async def test_a_preempted_pipeline_is_told_once_then_verified_with_no_step_lost
         )
         assert first.verdict is Verdict.RUNNING, (first.verdict_line, first.evidence)
         watcher = Watcher(ctx)
-        assert (await watcher.cycle("login"))["dflash"].condition == "ok"  # seen running on n1, n2
+        assert (await watcher.cycle("login"))["dflash"].condition == "ok"  # seen running: its nodes known
 
         await _until_steps(log, 0, 15)  # past the checkpoint of step 10
-        held = await restarter.engines["slurm"].client.one("dflash", first.slurm_job or 0)  # type: ignore[attr-defined]
+        engine = restarter.engines["slurm"]
+        assert isinstance(engine, SlurmEngine)
+        held = await engine.client.one("dflash", first.slurm_job or 0)
         assert held is not None and len(held.nodelist) == 2, held
         node = held.nodelist[0]  # a high job asking for all of its 8 CPUs
         out = slurm.run(
