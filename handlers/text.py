@@ -56,6 +56,7 @@ ALERT_TITLES = {
     IncidentKind.IDLE_GPUS: "{job} has idle GPUs on {host}: alive ({procs}) but GPUs it holds are not working",
     IncidentKind.LOSS_NAN: "{job} is training on garbage: its loss is {loss} on rank {rank} since step {step}",
     IncidentKind.LOSS_SPIKE: "{job}'s loss spiked: {loss} on rank {rank} since step {step}",
+    IncidentKind.QUEUED: "{job} is still queued since the scheduler requeued it: nothing runs (expected {expected})",
 }
 #: how a resolved incident's headline says what the job was, by incident kind (else "was KIND")
 ALERT_WAS = {
@@ -65,6 +66,7 @@ ALERT_WAS = {
     "idle_gpus": "had idle GPUs",
     "loss_nan": "had a NaN or infinite loss",
     "loss_spike": "had a loss spike",
+    "queued": "was queued after its requeue",
 }
 #: the label of a failed run's show-log button
 SHOW_LOG_BUTTON = "Show log"
@@ -182,7 +184,10 @@ def queued_detail(action: str, channel: str | None) -> str:
 
 
 def run_headline(run: RunRecord) -> str:
-    """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch, fresh cache``."""
+    """The headline of a run's live message: ``r-42: restart of dflash by <@U1> with topk patch, fresh cache``
+    (a requeue by the scheduler: ``r-43: requeued: dflash (Slurm job 12, restart 1): …``, its post)."""
+    if run.action == "requeue" and run.requeued:
+        return f"{run.id}: {run.requeued}"
     extra = [f"with {patch_phrase(run.patches)}"] if run.patches else []
     extra += ["fresh cache"] if run.fresh_cache else []
     tail = (" " + ", ".join(extra)) if extra else ""

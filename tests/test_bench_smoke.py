@@ -14,9 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SUMMARY = {"ack": "ack:", "digest": "digest:", "restart": "restart:", "topk": "topk:", "watch": "watch:"}
+SUMMARY["requeue"] = "requeue:"  # on its own test cluster (tests/fixtures/slurm.py)
 SUMMARY["gpu_check"] = "gpu-check:"  # without CUDA: "gpu-check: no GPU (…)", exit 0
 #: seconds a quick run may take (with CUDA, gpu_check launches the tiny profile twice: ~1 min)
-TIMEOUT = {"gpu_check": 300}
+TIMEOUT = {"gpu_check": 300, "requeue": 200}
 
 
 def test_every_benchmark_has_a_smoke_run() -> None:

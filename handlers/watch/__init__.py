@@ -4,5 +4,6 @@
 carries, crashes and hangs (:mod:`~handlers.watch.evidence`).
 
 May import: ``handlers.request`` (the system user; the dispatcher the cycle's automatic restarts go
-through), the loose modules of ``handlers``, and ``pipeline``.
+through), ``handlers.runs`` (a requeue's run headline), the loose modules of ``handlers``, and
+``pipeline``.
 """

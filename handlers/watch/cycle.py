@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from handlers.context import Context
-from handlers.reply import Reply, Status
+from handlers.reply import Status
 from handlers.request.auth import SYSTEM_SURFACE, SYSTEM_USER
 from handlers.request.dispatch import Dispatcher, Request
+from handlers.runs.view import run_reply, thread_key
 from handlers.text import alert_exit_cause, probe_slow_line, scheduled_restart, timeout_resubmit
 from handlers.watch.alerts import (
     Round,
@@ -200,7 +201,7 @@ class Watcher:
             probe = sight.probe if sight else JobProbe(job=view.name, error="no answer")
             self._seen[view.name] = sight
             if sight is not None and sight.requeued and sight.job_id is not None:
-                await self._requeued(view.name, sight.job_id, sight.restarts, sight.requeued)
+                await self._requeued(view.name, sight)
             if probe.error and unreachable is None:
                 log.warning("watch %s: probe failed but %s answers: %s", view.name, host, probe.error)
                 continue
@@ -222,6 +223,8 @@ class Watcher:
                 cfg = cfg.model_copy(update={"processes": sight.expected})
             cfg = _resubmitting(cfg, view.incident)
             situation = self._situation(view, now)
+            if sight is not None and sight.state == "pending":  # the scheduler holds it: not dead
+                situation = dataclasses.replace(situation, in_flight=True, **_queued(view, sight, now))
             decisions[view.name] = assess(
                 view.name, cfg, obs, view.watch, view.incident, situation, remind_every=self.remind_every
             )
@@ -337,14 +340,24 @@ class Watcher:
             if wanted.model_dump(exclude=skip) != current.model_dump(exclude=skip):
                 await self.store.update(current, wanted)
 
-    async def _requeued(self, name: str, slurm_job: int, restarts: int, line: str) -> None:
-        """Tell a requeue by the scheduler once in the job's channel (whichever process claims it)."""
-        if await self.store.claim_requeue(name, slurm_job, restarts):
-            reply = Reply(title=line, status=Status.WARNING)
-            await self.ctx.outbox.post(reply, self.ctx.config.channel_for(name))
-            await self.ctx.events.publish(
-                EventKind.REQUEUED, name, slurm_job=slurm_job, restarts=restarts, instance=self.ctx.instance
-            )
+    async def _requeued(self, name: str, sight: Sighting) -> None:
+        """Tell a requeue by the scheduler once in the job's channel (whichever process claims it), as
+        the headline of a run of its own (:meth:`RunService.requeued
+        <pipeline.runs.service.RunService.requeued>`): its verdict follows in its thread."""
+        slurm_job, restarts, line = sight.job_id or 0, sight.restarts, sight.requeued or ""
+        if not await self.store.claim_requeue(name, slurm_job, restarts):
+            return
+        run = await self.ctx.service.requeued(name, line, sight.requeue_cause)
+        reply = dataclasses.replace(run_reply(run, self.ctx.config), status=Status.WARNING)
+        await self.ctx.outbox.announce(thread_key(run.id), reply, self.ctx.config.channel_for(name))
+        await self.ctx.events.publish(
+            EventKind.REQUEUED,
+            name,
+            slurm_job=slurm_job,
+            restarts=restarts,
+            run_id=run.id,
+            instance=self.ctx.instance,
+        )
 
     async def _post(self, action: Action, inc: Incident, channel: str | None, now: float) -> None:
         ctx = self.ctx
@@ -490,6 +503,15 @@ def _resubmitting(cfg: JobConfig, incident: Incident | None) -> JobConfig:
     if not reached or cfg.watch.auto_restart is not None or not resubmits_on_timeout(cfg):
         return cfg
     return cfg.model_copy(update={"watch": cfg.watch.model_copy(update={"auto_restart": _RESUBMIT})})
+
+
+def _queued(view: JobSnapshot, sight: Sighting, now: float) -> dict[str, Any]:
+    """A PENDING job the scheduler requeued (its newest run a ``requeue``): how long since (s) and
+    why, as :class:`~pipeline.observe.watch.Situation` takes them; nothing for another pending job."""
+    latest = view.latest
+    if latest is None or latest.action != "requeue" or latest.launched_at is None:
+        return {}
+    return {"queued_for": now - latest.launched_at, "pending_reason": sight.line}
 
 
 #: the incident's evidence set when it opened or changed kind (:meth:`Watcher._with_log`): what

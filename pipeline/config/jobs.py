@@ -219,6 +219,8 @@ class WatchSettings(_Model):
     interval: Seconds = 15.0
     stall_after: Seconds = 600.0
     degraded_after: Seconds = 120.0
+    #: seconds a job the scheduler requeued (a preemption) may stay PENDING before it is an incident
+    pending_after: Seconds = 600.0
     rank_stall_after: Seconds | None = None  #: None: max(60 s, 20 × observed p95 time between advances)
     warmup: Seconds = 120.0  #: seconds after a launch without stuck-rank or stalled alerts
     unreachable_after: int = Field(default=3, ge=1)  #: consecutive failed probes (over >= 2 intervals)

@@ -53,6 +53,7 @@ class Sighting:
     nodes: tuple[str, ...] = ()
     restarts: int = 0  #: how many times the scheduler requeued the job (Slurm's ``Restarts``)
     requeued: str | None = None  #: with ``restarts``: the post telling the last requeue
+    requeue_cause: str = ""  #: why the scheduler requeued it (``preempted by job 13 (partition high) on n1``)
 
     @property
     def healthy(self) -> bool:

@@ -147,6 +147,17 @@ class Runner:
         except SequenceAborted as stop:
             return await self.steps.finish(run, stop)
 
+    async def requeued(self, run: RunRecord) -> RunRecord:
+        """Record a relaunch the scheduler made itself (``run.action`` ``requeue``: Slurm requeued the
+        job, ``run.requeued`` its post): no step of Pitstop's runs but the launch, which records the
+        job as the scheduler relaunched it; leaves ``verify`` WAITING, verified like a restart.
+        A failed launch step sets the verdict (not raised)."""
+        engine, t = await self._target(run.job)
+        try:
+            return await self._launch(run, engine, t)
+        except SequenceAborted as stop:
+            return await self.steps.finish(run, stop)
+
     async def _launch(self, run: RunRecord, engine: Engine, t: Target) -> RunRecord:
         """The launch step, after the metric log's size is taken; leaves ``verify`` WAITING."""
         run.metrics_size_at_launch = await metrics_offset(engine.read_chunk, t.name, t.job)
@@ -324,7 +335,9 @@ async def look(
 def ended_by(run: RunRecord, between: Sequence[RunRecord] = ()) -> str:
     """How the attempt before ``run`` ended: ``stopped by r-8 (…)`` when a run created between the
     two (``between``: a plain ``stop``, or a restart whose launch failed) or ``run`` itself stopped
-    it, else as ``run``'s stop step saw it."""
+    it, else as ``run``'s stop step saw it; before a requeue by the scheduler, why it was requeued."""
+    if run.action == "requeue":
+        return f"{run.requeue_cause or 'requeued'} (requeued by the scheduler: {run.id})"
     for stopper in [*sorted(between, key=lambda r: r.created_at), run]:
         stop = stopper.step(Step.STOP)
         if stop is not None and stop.outcome is Outcome.OK and stop.detail.startswith("stopped"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import logging
 import re
 import signal
 import time
@@ -37,6 +38,11 @@ from pipeline.observe.evidence import gather
 from pipeline.state.runs import RunRecord
 from pipeline.verdict import Outcome, Step
 
+log = logging.getLogger(__name__)
+
+#: seconds a requeue whose cause the cluster does not show yet waits to be told: the preempting job
+#: starts once the preempted one has left its nodes, a little after the requeue
+CAUSE_WAIT = 15.0
 KILL_TIMEOUT = 10.0  #: seconds for a job to leave after a second scancel, beyond ``KILL_WAIT``
 STOP_POLL = 0.5  #: seconds between state checks while a job stops
 KILL_WAIT = 60.0  #: seconds a job may take to leave after a plain scancel (covers Slurm's KillWait)
@@ -144,6 +150,11 @@ class SlurmEngine(WorkdirSteps):
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         super().__init__(ssh, steps)
         self.client = SlurmClient(ssh)
+        #: Slurm job id → the nodes and ``StartTime`` of its run last seen RUNNING: where a requeue
+        #: happened, read when Slurm's ``Restarts`` grows (:func:`pipeline.host.slurm.requeue_cause`)
+        self._ran: dict[int, tuple[tuple[str, ...], str]] = {}
+        #: Slurm job id → when (monotonic s) its requeue was first seen without a cause to tell
+        self._unexplained: dict[int, float] = {}
 
     @staticmethod
     def check(job: JobConfig, at: str) -> list[str]:
@@ -254,14 +265,21 @@ class SlurmEngine(WorkdirSteps):
 
     async def launch(self, run: RunRecord, t: Target) -> None:
         """``sbatch --hold`` (or ``scontrol requeuehold``), measure the output, ``scontrol release``;
-        the run's ``exclude`` nodes as ``--exclude`` (a requeued job: its ``ExcNodeList``)."""
+        the run's ``exclude`` nodes as ``--exclude`` (a requeued job: its ``ExcNodeList``).  A
+        ``requeue`` run (Slurm requeued the recorded job itself) submits nothing: the job is
+        recorded as Slurm relaunched it, its output measured now."""
         name, job, sl = t.name, t.job, settings(t.job)
         old = parse_int(t.current.get("slurm_job"))
         rec = await self.steps.begin(run, Step.LAUNCH)
         left_out = ",".join(run.exclude)
+        requeue = run.action == "requeue"  # Slurm relaunched the recorded job itself: nothing to submit
+        if requeue and old is None:
+            raise await self.steps.launch_failed(run, rec, name, "no Slurm job is recorded")
         try:
             # held until measured: it cannot write before verification's offset is taken
-            if sl.requeue and old is not None:
+            if requeue and old is not None:
+                job_id, how = old, f"Slurm requeued job {old}"
+            elif sl.requeue and old is not None:
                 await self.client.checked(name, ["scontrol", "requeuehold", str(old)])
                 if left_out:
                     update = ["scontrol", "update", f"JobId={old}", f"ExcNodeList={left_out}"]
@@ -277,7 +295,8 @@ class SlurmEngine(WorkdirSteps):
                 stdout = (j.stdout if j is not None else None) or job.log
                 size = await self.client.file_size(name, stdout)
             finally:
-                await self.client.checked(name, ["scontrol", "release", str(job_id)])
+                if not requeue:
+                    await self.client.checked(name, ["scontrol", "release", str(job_id)])
         except RemoteError as exc:
             raise await self.steps.launch_failed(run, rec, name, exc.message) from None
         run.slurm_job = job_id
@@ -354,6 +373,22 @@ class SlurmEngine(WorkdirSteps):
                 n: Sighting(JobProbe(job=n, error=exc.message), expected_processes(c)) for n, c, _ in entries
             }
 
+        causes: dict[str, str | None] = {}  #: the jobs whose requeue is told now, and why
+        requeued = {
+            i for name, _, _ in entries if (i := ids[name]) in jobs and jobs[i].restarts > known[name]
+        }
+        for name, _, _ in entries:
+            if (j := jobs.get(ids[name] or -1)) is not None and j.id in requeued:
+                cause = await self._requeue_cause(name, j)
+                first = self._unexplained.setdefault(j.id, time.monotonic())
+                unknown = j.requeues or j.id not in self._ran  # accounting said, or it will never tell
+                if cause is not None or unknown or time.monotonic() - first >= CAUSE_WAIT:
+                    causes[name] = cause
+                    self._unexplained.pop(j.id, None)
+        for j in jobs.values():
+            if j.state == "RUNNING" and j.nodelist and j.id not in requeued:  # kept until told
+                self._ran[j.id] = (j.nodelist, j.started)
+
         def one(name: str, cfg: JobConfig) -> Sighting:
             expected, job_id, size = expected_processes(cfg), ids[name], sizes.get(paths[name])
             j = jobs.get(job_id) if job_id is not None else None
@@ -385,7 +420,8 @@ class SlurmEngine(WorkdirSteps):
             return Sighting(
                 probe(pids=pids, count=len(pids), error=error, read=read, read_error=read_error),
                 expected,
-                "alive" if j.state == "RUNNING" else "pending" if j.active else "gone",
+                # being preempted: Slurm holds it (it requeues it or ends it PREEMPTED), as when queued
+                "alive" if j.state == "RUNNING" and not j.preempting else "pending" if j.active else "gone",
                 job_id=j.id,
                 word=j.state.lower(),
                 who=f"job {j.id}",
@@ -398,10 +434,23 @@ class SlurmEngine(WorkdirSteps):
                 exit_code=None if j.active or j.signal else j.exit_code,
                 nodes=j.nodelist,
                 restarts=j.restarts,
-                requeued=slurm.requeued_line(name, j) if j.restarts > known[name] else None,
+                requeued=slurm.requeued_line(name, j, causes.get(name)) if name in causes else None,
+                requeue_cause=slurm.requeue_why(j, causes.get(name)) if name in causes else "",
             )
 
         return {name: one(name, cfg) for name, cfg, _ in entries}
+
+    async def _requeue_cause(self, name: str, j: SlurmJob) -> str | None:
+        """Why Slurm requeued ``j`` (:meth:`SlurmClient.requeue_cause`, on the nodes this engine last
+        saw it run on); None when unknown (never seen running, or the cluster cannot be asked)."""
+        ran = self._ran.get(j.id)
+        if ran is None:
+            return None
+        try:
+            return await self.client.requeue_cause(name, j, *ran)
+        except RemoteError as exc:
+            log.info("%s: why Slurm requeued job %s is unknown: %s", name, j.id, exc.message)
+            return None
 
     async def node_outputs(self, t: Target, argv: Sequence[str]) -> NodeOutputs | None:
         """``argv`` on every node of the recorded job, inside its allocation (``srun --overlap``).

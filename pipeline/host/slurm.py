@@ -94,6 +94,10 @@ class SlurmJob:
     signal: int | None = None  #: the signal that ended it (``0:15`` → 15), None if none
     stdout: str | None = None  #: its output file (``StdOut``)
     restarts: int = 0  #: how many times Slurm requeued it (``scontrol``'s ``Restarts``)
+    partition: str = ""  #: its partition (``scontrol``'s ``Partition``)
+    started: str = ""  #: when its current run started (``StartTime``, ``2024-05-01T12:00:03``)
+    submitted: str = ""  #: when it was (re)queued: Slurm resets ``SubmitTime`` at a requeue
+    preempting: bool = False  #: a preemption is under way (``PreemptTime`` set): it is about to be requeued
     #: its ended records before the current one (``sacct -D``), oldest first: why it was requeued
     requeues: tuple[Requeue, ...] = ()
 
@@ -224,6 +228,10 @@ def parse_query(text: str) -> dict[int, SlurmJob]:
             elapsed=parse_elapsed(d.get("RunTime", "")),
             stdout=d.get("StdOut"),
             restarts=parse_int(d.get("Restarts")) or 0,
+            partition=d.get("Partition", ""),
+            started=d.get("StartTime", ""),
+            submitted=d.get("SubmitTime", ""),
+            preempting=d.get("PreemptTime", "None") not in ("", "None", "Unknown"),
             **_exit(d.get("ExitCode")),
         )
     for f in (row.strip().split("|") for row in parts.get("@@sacct", [])):
@@ -334,6 +342,41 @@ def parse_nodes(text: str) -> list[SlurmNode]:
     return sorted(out, key=lambda n: n.name)
 
 
+#: what the cluster still shows of a requeue: the running jobs, each partition's tier, each node's state
+_WHY = """squeue -h -t RUNNING -o '%i|%P|%S|%N' || exit 3
+echo '@@tiers'; sinfo -h -o '%R|%p'
+echo '@@nodes'; sinfo -h -N -o '%N|%T'
+"""
+
+_FAILED_NODE = ("DOWN", "NOT_RESPONDING", "FAIL", "FAILING")  #: ``sinfo %T`` words of a failed node
+
+
+def requeue_cause(text: str, j: SlurmJob, nodes: Sequence[str], since: str) -> str | None:
+    """Why Slurm requeued ``j``, read from what the cluster still shows (one ``_WHY`` answer), for a
+    cluster without accounting: ``preempted by job 13 (partition high) on n1`` when a job of a
+    partition of a higher tier than ``j``'s now RUNS on one of ``nodes`` (where ``j`` last ran) and
+    started at or after ``since`` (``j``'s last ``StartTime``); else ``node n2 failed`` when one of
+    ``nodes`` is down, not responding or failing; else None (requeued by an admin or by Slurm)."""
+    parts = _sections(text)
+    tiers = {p: parse_int(t) or 0 for p, _, t in (ln.partition("|") for ln in parts.get("@@tiers", [])) if t}
+    mine, where = tiers.get(j.partition, 0), set(nodes)
+    found: dict[int, tuple[str, list[str]]] = {}
+    for f in (ln.strip().split("|") for ln in parts["@@squeue"]):
+        if len(f) == 4 and f[0].isdigit() and int(f[0]) != j.id and tiers.get(f[1], 0) > mine:
+            on = [n for n in expand_nodelist(f[3]) if n in where]
+            if on and (not since or f[2] >= since):  # Slurm's ISO times compare as strings
+                found[int(f[0])] = (f[1], on)
+    if found:
+        jid, (partition, on) = min(found.items())
+        return f"preempted by job {jid} (partition {partition}) on {', '.join(on)}"
+    failed = sorted(
+        n
+        for n, _, st in (ln.partition("|") for ln in parts.get("@@nodes", []))
+        if n in where and ("*" in st or any(word in st.upper() for word in _FAILED_NODE))  # *: not responding
+    )
+    return f"node {', '.join(dict.fromkeys(failed))} failed" if failed else None
+
+
 class SlurmClient:
     """Slurm's clients on a job's login node: every call is :meth:`SSHPool.run_job` for ``job``."""
 
@@ -418,6 +461,12 @@ class SlurmClient:
         result = await self.checked(job, ["bash", "-c", _NODES, "pitstop-slurm-nodes"])
         return parse_nodes(result.stdout)
 
+    async def requeue_cause(self, job: str, j: SlurmJob, nodes: Sequence[str], since: str) -> str | None:
+        """:func:`requeue_cause` of ``j`` on ``job``'s cluster (one call: squeue, sinfo).
+        :raises RemoteError: if the login node cannot be reached or ``squeue`` fails."""
+        result = await self.checked(job, ["bash", "-c", _WHY, "pitstop-slurm-why"])
+        return requeue_cause(result.stdout, j, nodes, since)
+
     async def drain(self, job: str, node: str, reason: str) -> None:
         """``scontrol update NodeName=NODE State=DRAIN Reason=REASON`` on ``job``'s cluster.
         :raises RemoteCommandError: if scontrol refuses (an unknown node, no right to update)."""
@@ -485,23 +534,37 @@ def status_line(job: str, j: SlurmJob) -> str:
     return f"{job}: Slurm job {j.id} {j.state}{where}{elapsed}{reason}"
 
 
+REQUEUED_UNKNOWN = "requeued by an admin or by Slurm"  #: a requeue whose cause the cluster no longer shows
 _REQUEUED_WHY = {"PREEMPTED": "preempted", "NODE_FAIL": "a node failed", "REQUEUED": "requeued by an admin"}
 
 
-def requeued_line(job: str, j: SlurmJob) -> str:
-    """The post of a job Slurm requeued: why (the last earlier run's state and nodes), when, and
-    what it is now: ``requeued: dflash (Slurm job 12, restart 1): preempted on n1, n2 at
-    2024-05-01T12:00:03 (Slurm: PREEMPTED); now PENDING, reason BeginTime``."""
+def requeue_why(j: SlurmJob, cause: str | None = None) -> str:
+    """Why Slurm requeued ``j``: ``cause`` (:func:`requeue_cause`), else its last earlier run as
+    accounting keeps it (``preempted on n1, n2``, ``node n2 failed``), else :data:`REQUEUED_UNKNOWN`."""
     last = j.requeues[-1] if j.requeues else None
+    if cause is not None:
+        return cause
     if last is None:
-        why = "requeued by Slurm"
-    elif last.state == "NODE_FAIL" and last.nodes:
-        why = f"node {', '.join(last.nodes)} failed"
-    else:
-        why = _REQUEUED_WHY.get(last.state, last.state.lower()) + (
-            f" on {', '.join(last.nodes)}" if last.nodes else ""
-        )
-    when = f" at {last.ended}" if last is not None and last.ended not in ("", "Unknown") else ""
+        return REQUEUED_UNKNOWN
+    if last.state == "NODE_FAIL" and last.nodes:
+        return f"node {', '.join(last.nodes)} failed"
+    on = f" on {', '.join(last.nodes)}" if last.nodes else ""
+    return _REQUEUED_WHY.get(last.state, last.state.lower()) + on
+
+
+def requeued_line(job: str, j: SlurmJob, cause: str | None = None) -> str:
+    """The post of a job Slurm requeued: why, when, and what it is now: ``requeued: dflash (Slurm
+    job 12, restart 1): preempted by job 13 (partition high) on n1 at 2024-05-01T12:00:03; now
+    PENDING, reason BeginTime``.
+
+    Why: ``cause`` (:func:`requeue_cause`, what the cluster still shows), else the last earlier run
+    as accounting keeps it (``sacct -D``: ``preempted on n1, n2 … (Slurm: PREEMPTED)``), else
+    ``requeued by an admin or by Slurm``.  When: that run's end, else the requeue's ``SubmitTime``.
+    """
+    last = j.requeues[-1] if j.requeues else None
+    why = requeue_why(j, cause)
+    at = last.ended if last is not None and last.ended not in ("", "Unknown") else j.submitted
+    when = f" at {at}" if at and at != "Unknown" else ""
     slurm_said = f" (Slurm: {last.state})" if last is not None else ""
     now = f"{j.state}" + (f", reason {j.reason}" if j.reason and j.state != "RUNNING" else "")
     where = f" on {', '.join(j.nodelist)}" if j.state == "RUNNING" and j.nodelist else ""

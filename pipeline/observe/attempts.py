@@ -295,7 +295,7 @@ async def account_previous(
     reach = reach_of(lines, window_s=job.watch.recovery_window, role=role, ended=had.ended)
     saved = await runs.amend(prev.id, reach=reach) or prev.model_copy(update={"reach": reach})
     # started over (a restart, not a start): all of the previous run's steps
-    over = not resumed_at and run.action in ("restart", "auto-restart") and bool(reach.step)
+    over = not resumed_at and run.action in ("restart", "auto-restart", "requeue") and bool(reach.step)
     lost = lost_work(reach, resumed_at or 0, checkpoint=checkpoint, sampled_at=sampled_at, timezone=timezone)
     return Previous(saved, lost if resumed_at or over else None)
 

@@ -10,6 +10,9 @@ Conditions, in precedence order (``stuck_rank``, ``stalled`` and ``idle_gpus`` n
 - ``unreachable``: the host could not be reached, over a fresh connection too, in
   ``unreachable_after`` cycles spanning at least 2 intervals (fewer: ``probe_failed``); it never
   leads to an automatic restart;
+- ``queued``: requeued by the scheduler (a preemption) and PENDING for ``pending_after`` s (until
+  then, and while it is being preempted, the scheduler holds it: ``in_flight``, never ``dead``);
+  resolved once it runs;
 - ``dead``: no process while the job should run (a RUNNING verdict or seen alive, and not
   stopped on purpose since);
 - ``degraded``: fewer than ``processes`` (but some) for ``degraded_after`` s;
@@ -85,6 +88,9 @@ class Situation:
     running_verdict: bool = False  #: the newest run's verdict is RUNNING
     auto_restarts: int = 0  #: automatic restarts within ``auto_restart.within`` so far
     launched_at: float | None = None  #: when the newest run was launched (for ``watch.warmup``)
+    #: seconds the job has been PENDING since the scheduler requeued it (None: it is not), and why
+    queued_for: float | None = None
+    pending_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,19 @@ def assess(
         st.degraded_since = None
     elif st.degraded_since is None:
         st.degraded_since = now
+
+    # requeued by the scheduler: PENDING too long is an incident, one that resolves once it runs
+    queued = incident is not None and incident.kind is IncidentKind.QUEUED
+    if situation.queued_for is not None and situation.queued_for >= w.pending_after:
+        if incident is None:
+            why = situation.pending_reason
+            return opened(IncidentKind.QUEUED, count=0, expected=cfg.processes, cause=why)
+        if queued:
+            return remind(incident, IncidentKind.QUEUED)
+    elif queued and incident is not None and situation.queued_for is None and obs.count > 0:
+        ran = {"resolved_at": now, "resolution": "running", "count": obs.count}
+        actions.append(Action(ActionKind.RESOLVE, incident.model_copy(update=ran)))
+        incident = None
 
     if situation.in_flight:
         st.idle_gpus_since = None

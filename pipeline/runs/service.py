@@ -35,6 +35,8 @@ from pipeline.verdict import Outcome, Step, Verdict
 log = logging.getLogger(__name__)
 
 CANCEL_TTL = 3600  #: seconds a cancel request is kept
+#: who a requeue by the cluster's scheduler is recorded as (its run's ``requested_by`` and actor)
+REQUEUED_BY = Actor(user="slurm", surface="scheduler")
 
 
 class RunService(Verification, Attempts):
@@ -102,6 +104,27 @@ class RunService(Verification, Attempts):
             raise
         self._held[run.id] = lock
         return run
+
+    async def requeued(self, job: str, line: str, cause: str) -> RunRecord:
+        """Record a relaunch by the cluster's scheduler (Slurm requeued the job) as a run of its own,
+        action ``requeue``, by :data:`REQUEUED_BY`: launched now (:meth:`Runner.requeued
+        <pipeline.engines.runner.Runner.requeued>`), then verified and told like a restart (processes
+        per node, where it resumed and the steps lost) by :meth:`deliver`; it spends no
+        ``auto_restart`` attempt and takes no lock (Pitstop did not act).
+
+        :param line: the requeue's post (``requeued: dflash (Slurm job 12, restart 1): …``).
+        :param cause: why (``preempted by job 13 (partition high) on n1``).
+        :returns: the run, launched (or ended by a failed launch step).
+        """
+        run = await self.runs.create(
+            job,
+            REQUEUED_BY.user,
+            action="requeue",
+            actor=REQUEUED_BY,
+            requeued=line,
+            requeue_cause=cause,
+        )
+        return await self.restarter.requeued(run)
 
     async def execute(self, run: RunRecord, *, remove: Sequence[str] = ()) -> RunRecord:
         """Run the sequence of a run :meth:`request` created (its ``action``, ``patches`` added and

@@ -38,6 +38,8 @@ class IncidentKind(StrEnum):
     IDLE_GPUS = "idle_gpus"  #: a running job's GPUs under ``idle_gpu_below`` for ``idle_gpu_for``
     LOSS_NAN = "loss_nan"  #: a rank logged a NaN or infinite loss (:mod:`pipeline.observe.loss`)
     LOSS_SPIKE = "loss_spike"  #: a rank's loss stayed above ``loss_spike`` × its rolling median
+    #: requeued by the scheduler (a preemption) and PENDING for ``[jobs.NAME.watch] pending_after`` s
+    QUEUED = "queued"
 
 
 class _Stored(BaseModel):

@@ -141,7 +141,7 @@ class RunRecord(BaseModel):
 
     id: str
     job: str
-    action: str = "restart"  #: restart | start | stop | auto-restart
+    action: str = "restart"  #: restart | start | stop | auto-restart | requeue (the scheduler's own)
     requested_by: str
     created_at: float
     patches: list[str] = []  #: patch names in effect after this run
@@ -186,6 +186,10 @@ class RunRecord(BaseModel):
     lost: int | None = None  #: steps lost since the checkpoint it resumed from (its verdict's clause)
     lost_s: float | None = None  #: the training time those steps took (s), at the previous run's rate
     reach: Reach | None = None  #: how far it got, recorded once it ended (the next attempt read its log)
+    #: a requeue by the scheduler (action ``requeue``): its post (``requeued: dflash (Slurm job 12,
+    #: restart 1): … now PENDING, reason BeginTime``) and why (``preempted by job 13 (partition high) on n1``)
+    requeued: str | None = None
+    requeue_cause: str | None = None
     recovery: str | None = None  #: the throughput follow-up posted ``recovery_window`` after its verdict
     rev: int = 0  #: the record's revision, bumped by every write (a copy writes only at the stored one)
 
