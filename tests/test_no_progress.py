@@ -52,6 +52,13 @@ def test_the_alert_names_the_step_and_the_common_cause() -> None:
     text = auto_restart_no_progress("dflash", [_attempt(n, 1210, oom) for n in (9, 8, 7)], 1)
     assert text.startswith("dflash: automatic restarts stopped - the last 3 attempts (r-7, r-8, r-9) died")
     assert "every attempt died at step 1,210: CUDA out of memory on rank 6" in text
+    # a peer's watchdog may fire first: the same cause on another rank is still the one cause
+    nccl = [_attempt(n, 40, f"NCCL timeout on rank {r} (exit code 1)") for n, r in ((4, 1), (3, 2), (2, 2))]
+    assert "every attempt died at step 40: NCCL timeout on ranks 1, 2." in auto_restart_no_progress(
+        "dflash", nccl, 1
+    )
+    mixed = [_attempt(2, 40, "NCCL timeout on rank 1"), _attempt(3, 40, "CUDA out of memory on rank 1")]
+    assert "every attempt died at step 40." in auto_restart_no_progress("dflash", mixed, 1)
 
 
 def test_an_attempt_dying_before_its_resumed_role_logged_made_no_progress() -> None:
@@ -101,7 +108,7 @@ async def test_three_attempts_dying_where_they_resumed_stop_automatic_restarts(
             dbg = [(a.id, a.resumed_at, a.reach) for a in await ctx.runs.attempts("dflash", 8)]
             assert len(posts) == 1, ([p.reply.title for p in h.outbox.of("thread")], dbg)
             assert "the last 3 attempts" in posts[0] and "died before advancing 1 step past" in posts[0]
-            assert "every attempt died at step 40: NCCL timeout" in posts[0], posts[0]
+            assert "every attempt died at step 40: NCCL timeout" in posts[0], (posts[0], dbg)
             more = await _events(h, EventKind.RESTART, "dflash", restarts[-1].id, count=1, timeout=2.0)
             assert more == []
             attempts = await ctx.runs.attempts("dflash", 5)

@@ -23,6 +23,7 @@ warned (:meth:`Attempts.no_progress_warning`).
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from pipeline.errors import PitstopError
@@ -156,12 +157,25 @@ def _where(stuck: list[RunRecord]) -> str:
     """``every attempt died at step 1,210: CUDA out of memory on rank 6`` (or each attempt's step)."""
     steps = [r.reach.step if r.reach and r.reach.step is not None else r.resumed_at or 0 for r in stuck]
     causes = {r.reach.ended for r in stuck if r.reach is not None}
-    cause = next(iter(causes)) if len(causes) == 1 else None
+    cause = next(iter(causes)) if len(causes) == 1 else _common(causes)
     if len(set(steps)) == 1:
         text = f"every attempt died at step {steps[0]:,}"
     else:
         text = "the attempts died at steps " + ", ".join(f"{s:,}" for s in reversed(steps))
     return f"{text}: {cause}" if cause else text
+
+
+_RANK_CODE = re.compile(r" on rank (\d+)| \(exit code -?\d+\)")
+
+
+def _common(causes: set[str | None]) -> str | None:
+    """The one cause of attempts told apart only by the rank that failed first or the exit code
+    (``NCCL timeout on ranks 1, 2``: a peer's watchdog may fire first), else None."""
+    if None in causes or len(whats := {_RANK_CODE.sub("", c) for c in causes if c}) != 1:
+        return None
+    ranks = sorted({int(r) for c in causes if c for r in _RANK_CODE.findall(c) if r})
+    where = f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
+    return next(iter(whats)) + where
 
 
 def auto_restart_no_progress(job: str, stuck: list[RunRecord], min_progress: int) -> str:
