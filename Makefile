@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP_TRAIN := $(VENV)/.installed-train
 STAMP_DEV   := $(VENV)/.installed-dev
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 
 .PHONY: demo test lint typecheck pytest bench bench-smoke gpu-check clean
 
