@@ -360,8 +360,16 @@ def _only_config_values(cmd: Command) -> None:
             assert value in ("on", "off")
         elif key == "topic":
             assert value in grammar.VERBS
-        elif key == "fresh_cache":
+        elif key in ("fresh_cache", "attempts"):
             assert isinstance(value, bool)
+        elif key == "run":  # approve, deny, follow: a run id, lower-cased
+            assert isinstance(value, str) and value.startswith("r-") and value == value.lower()
+        elif key in ("reason", "break_glass", "node"):  # free text, or a node name Slurm is asked about
+            assert isinstance(value, str) and value
+        elif key == "exclude":
+            assert isinstance(value, tuple) and all(isinstance(n, str) and n for n in value)
+        elif key == "from_step":
+            assert isinstance(value, int) and value >= 0
         else:
             assert key == "without"
 
