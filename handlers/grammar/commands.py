@@ -26,6 +26,7 @@ from handlers.grammar.parse import SLOTS, Binding, VerbSpec
 from handlers.text import parse_too_long, patch_phrase
 from pipeline import fmt
 from pipeline.config import Config
+from pipeline.engines import on_nodes, resumes_at_step
 from pipeline.errors import ExitCode, PitstopError
 
 MAX_TEXT = 500  #: characters; longer requests are refused before parsing
@@ -226,7 +227,7 @@ def _from_step(job: str, raw: str, config: Config, verb: str) -> int:
             '(e.g. ["--resume-step", "{step}"]); see `checkpoints ' + job + "`",
             verb,
         )
-    if spec.engine != "ssh":
+    if not resumes_at_step(spec):
         raise ParseError(
             f"`from step S` passes the step to the launch of an ssh job; {job} is a {spec.engine} job", verb
         )
@@ -285,7 +286,7 @@ def _convert(spec: VerbSpec, binding: Binding, config: Config) -> Command:
         options["node"] = one["node"]
         job = _node_job(job, config, verb)
     if "exclude" in raw and job is not None:
-        if config.jobs[job].engine != "slurm":
+        if not on_nodes(config.jobs[job]):
             raise ParseError(f"`excluding NODE` leaves Slurm nodes out; {job} is not a Slurm job", verb)
         options["exclude"] = tuple(dict.fromkeys(raw["exclude"]))
     if "from_step" in one and job is not None:
@@ -338,7 +339,7 @@ def _node_job(job: str | None, config: Config, verb: str) -> str | None:
     """The Slurm job a node verb runs through: ``on JOB`` (a Slurm job), else the first Slurm job
     when Pitstop knows one cluster; None when it knows several (the dispatcher asks each).
     :raises ParseError: if ``JOB`` is not a Slurm job, or no Slurm job is configured."""
-    slurm_jobs = [n for n, j in config.jobs.items() if j.engine == "slurm"]
+    slurm_jobs = [n for n, j in config.jobs.items() if on_nodes(j)]
     if job is not None and job not in slurm_jobs:
         raise ParseError(f"{job} is not a Slurm job: `{verb}` acts on the nodes of a Slurm cluster", verb)
     if not slurm_jobs:

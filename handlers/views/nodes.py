@@ -19,6 +19,7 @@ from handlers import text as words
 from handlers.context import Context
 from handlers.grammar.commands import Command, ParseError, close_names
 from handlers.reply import Reply, Status, Table, refused
+from pipeline.engines import on_nodes
 from pipeline.engines.slurm import SlurmEngine, cluster_of, clusters
 from pipeline.errors import ExitCode, RemoteError
 from pipeline.host.slurm import SlurmNode
@@ -52,7 +53,7 @@ async def nodes_command(ctx: Context, job: str | None, host: str | None) -> Repl
         (exit 2) for a job that is not a Slurm job or a host no Slurm job logs in to.
     """
     known = clusters(ctx.config)
-    if job is not None and ctx.config.jobs[job].engine != "slurm":
+    if job is not None and not on_nodes(ctx.config.jobs[job]):
         return refused(words.nodes_not_slurm(job))
     if not known:
         return refused(words.NODES_NO_SLURM)

@@ -23,6 +23,7 @@ import logging
 
 from handlers import text as words
 from handlers.context import Context
+from pipeline.engines import on_nodes
 from pipeline.engines.slurm import SlurmEngine, cluster_of, expected_processes
 from pipeline.errors import PitstopError
 from pipeline.host.slurm import SlurmJob
@@ -46,7 +47,7 @@ async def suspect_nodes(ctx: Context, job: str, now: float) -> dict[str, Suspici
     """The suspect nodes of ``job``'s Slurm cluster at ``now`` (unix s), node → why; none for a job
     that is not a Slurm job.  The automatic restart leaves them out (``--exclude``)."""
     cfg = ctx.config.jobs.get(job)
-    if cfg is None or cfg.engine != "slurm":
+    if cfg is None or not on_nodes(cfg):
         return {}
     return await ctx.redis.open_store(NodeNotes).suspects(cluster_of(ctx.config, job), now)
 
@@ -66,7 +67,7 @@ async def note_suspects(ctx: Context, inc: Incident) -> Incident:
     is not a Slurm job, or when nothing points at one node.  A cluster that cannot be asked is
     logged, never raised."""
     cfg = ctx.config.jobs.get(inc.job)
-    if cfg is None or cfg.engine != "slurm" or inc.kind is IncidentKind.UNREACHABLE:
+    if cfg is None or not on_nodes(cfg) or inc.kind is IncidentKind.UNREACHABLE:
         return inc
     try:
         clues = await _clues(ctx, inc)

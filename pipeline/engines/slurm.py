@@ -146,6 +146,8 @@ class SlurmEngine(WorkdirSteps):
     driven through its login node (the job's ``host``)."""
 
     kernel_log = False  #: its tasks run on compute nodes: the login node's dmesg says nothing of them
+    nodes = True  #: a cluster's nodes: ``nodes``, ``drain``, ``restart … excluding``, suspects
+    resume_step = False  #: the batch script is submitted as configured (``resume_from`` is not appended)
 
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         super().__init__(ssh, steps)

@@ -137,6 +137,10 @@ class WorkdirSteps:
     min_free_bytes = 100 * 10**6  #: pre-flight: free bytes needed where the log is written
     #: the job's processes run on ``host``, so its kernel log (``dmesg``) says whether it OOM-killed them
     kernel_log = True
+    #: its jobs run on cluster nodes Pitstop can name, drain and leave out (``nodes``, ``excluding``)
+    nodes = False
+    #: its launch can be told a step to resume from (``restart JOB from step S``: ``resume_from``)
+    resume_step = True
 
     def __init__(self, ssh: RemoteHosts, steps: StepLog) -> None:
         self.ssh = ssh
