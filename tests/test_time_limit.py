@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -38,8 +38,8 @@ from tests.fixtures.ssh import InProcessHost
 from tests.support_handlers import make_context
 from tests.test_attempts import _drafter_steps
 from tests.test_slurm import redis_handle, shared_redis_url  # noqa: F401  (the module's Redis)
+from tests.test_slurm_dflash import DFLASH, pool  # noqa: F401 (a fixture)
 
-DFLASH = Path(__file__).resolve().parent.parent / "pipeline" / "dflash"
 WRAPPER = """\
 #!/bin/bash
 exec bash slurm.sbatch --cpu --profile tiny --checkpoint-dir ckpt --metric-every 1
@@ -120,22 +120,13 @@ async def _until(what: str, timeout: float, check: Callable[[], Awaitable[object
     return value
 
 
-@pytest.fixture
-async def pool() -> AsyncIterator[list[SSHPool]]:
-    """SSH pools to close after the test."""
-    pools: list[SSHPool] = []
-    yield pools
-    for p in pools:
-        await p.close()
-
-
 @pytest.mark.timeout(300)
 async def test_time_limited_job_checkpoints_on_the_warning_is_told_and_resubmitted(
     slurm: SlurmCluster,
     ssh_server: InProcessHost,
     redis_handle: RedisHandle,  # noqa: F811
     tmp_path: Path,
-    pool: list[SSHPool],
+    pool: list[SSHPool],  # noqa: F811
 ) -> None:
     """dflash with ``--time=1``, ``signal = "USR1@1"``, ``resubmit_on_timeout``: a checkpoint on
     SIGUSR1 while the job still runs; Slurm ends it TIMEOUT; the alert says the step it reached and
